@@ -1,0 +1,90 @@
+//! ADD: checkpoint the attachment and make this sandbox the owner of its pod key.
+
+use crate::commands::Invocation;
+use crate::env::Attachment;
+use crate::error::{GuardError, Kind, Result};
+use crate::log::Level;
+use crate::ownership::{self, Ownership};
+use crate::prev_result::ResultView;
+use crate::store::checkpoint::{self, Checkpoint};
+use crate::store::{Access, Loaded, Store};
+
+/// Returns the primary's result, byte for byte: a chained plugin that changes nothing must
+/// not drop fields it does not know.
+pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
+    let prev_result = inv.conf.prev_result.as_ref().ok_or_else(|| {
+        GuardError::new(
+            Kind::InvalidConfig,
+            "no prevResult: sandbox-guard is a chained plugin; list it LAST in the conflist's \
+             \"plugins\", after the primary plugin that sets up the interface",
+        )
+    })?;
+    ResultView::parse(prev_result)?;
+
+    let id = inv.attachment_id(attachment);
+    let pod = &attachment.pod;
+    let pod_key = checkpoint::pod_key(&id.network, pod.namespace.as_deref(), pod.name.as_deref(), &id.if_name);
+    let subject = inv.subject(Some(attachment), pod_key.as_ref().map(|k| k.pod()));
+
+    let store = Store::open(&inv.conf.state_dir, Access::Exclusive)?;
+    let previous = match store.load_record(&id)? {
+        Loaded::Valid(record) => Some(record),
+        Loaded::Missing => None,
+        Loaded::Corrupt { path, reason } => {
+            let kept = store.set_aside(&path, &store.set_aside_path_for_record(&id), false)?;
+            inv.log.event(Level::Warn, inv.verb, &subject, "set-aside",
+                &format!("previous checkpoint failed verification ({reason}); kept at {}; this ADD writes a fresh one", kept.display()));
+            None
+        }
+    };
+    let owner = match &pod_key {
+        None => None,
+        Some(key) => match store.load_owner(key)? {
+            Loaded::Valid(owner) => Some(owner),
+            Loaded::Missing => None,
+            Loaded::Corrupt { path, reason } => {
+                let kept = store.set_aside(&path, &store.set_aside_path_for_owner(key), false)?;
+                inv.log.event(Level::Warn, inv.verb, &subject, "set-aside",
+                    &format!("ownership record failed verification ({reason}); kept at {}; this ADD takes ownership", kept.display()));
+                None
+            }
+        },
+    };
+
+    let generation = ownership::next_generation(
+        store.generation_counter(),
+        owner.as_ref(),
+        previous.as_ref().map(|r| r.generation),
+    );
+    let now = crate::clock::now_rfc3339();
+    let record = Checkpoint {
+        network: id.network.clone(),
+        container_id: id.container_id.clone(),
+        if_name: id.if_name.clone(),
+        pod_namespace: pod.namespace.clone(),
+        pod_name: pod.name.clone(),
+        pod_uid: pod.uid.clone(),
+        infra_container_id: pod.infra_container_id.clone(),
+        netns: attachment.netns.clone(),
+        cni_version: inv.conf.cni_version.clone(),
+        generation,
+        created_at: previous.map_or_else(|| now.clone(), |r| r.created_at),
+        updated_at: now,
+        prev_result: prev_result.clone(),
+    };
+    // Record first, ownership second: a crash in between leaves a record nobody points
+    // to, never an owner pointing at nothing.
+    store.save_record(&record)?;
+    if let Some(key) = pod_key {
+        store.save_owner(&Ownership { key, container_id: id.container_id.clone(), pod_uid: pod.uid.clone(), generation })?;
+    }
+    store.sync()?;
+    store.set_generation_counter(generation);
+
+    let took_over = owner.filter(|o| o.container_id != id.container_id).map(|o| {
+        format!("; took the pod key over from sandbox {} (generation {})", o.container_id, o.generation)
+    });
+    inv.log.event(Level::Info, inv.verb, &subject, "added",
+        &format!("generation={generation} netns={}{}", attachment.netns, took_over.unwrap_or_default()));
+    Ok(prev_result.get().to_string())
+}

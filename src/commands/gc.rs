@@ -1,0 +1,86 @@
+//! GC: forget every attachment of this network that the runtime no longer lists, and the
+//! ownership those attachments held. The one verb that may cost more as the store grows.
+
+use std::collections::HashSet;
+
+use crate::commands::Invocation;
+use crate::config::ValidAttachment;
+use crate::error::{GuardError, Kind, Result};
+use crate::log::Level;
+use crate::store::checkpoint::AttachmentId;
+use crate::store::{Access, Loaded, Store};
+
+pub fn run(inv: &Invocation) -> Result<()> {
+    let valid: HashSet<&ValidAttachment> = inv
+        .conf
+        .valid_attachments
+        .as_ref()
+        .ok_or_else(|| {
+            // Treating a missing list as empty would forget every pod on the node.
+            GuardError::new(
+                Kind::InvalidConfig,
+                "GC needs cni.dev/valid-attachments (or the legacy cni.dev/attachments) in the config",
+            )
+        })?
+        .iter()
+        .collect();
+    let network = &inv.conf.network;
+    let is_valid = |container_id: &str, if_name: &str| {
+        valid.contains(&ValidAttachment { container_id: container_id.to_string(), ifname: if_name.to_string() })
+    };
+
+    let store = Store::open(&inv.conf.state_dir, Access::Exclusive)?;
+    let temp_files = store.remove_stale_temp_files()?;
+    let mut removed_records = 0;
+    let mut set_aside = 0;
+    for (path, loaded) in store.list_records()? {
+        match loaded {
+            Loaded::Valid(record) if record.network == *network && !is_valid(&record.container_id, &record.if_name) => {
+                store.remove_record(&record.id())?;
+                removed_records += 1;
+            }
+            Loaded::Corrupt { .. } => {
+                let Some(id) = id_from_file_name(&path) else { continue };
+                if id.network == *network {
+                    // Kept either way; it blocks DELs only while the runtime still lists it.
+                    let blocking = is_valid(&id.container_id, &id.if_name);
+                    store.set_aside(&path, &store.set_aside_path_for_record(&id), blocking)?;
+                    set_aside += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut released = 0;
+    for (_, loaded) in store.list_owners()? {
+        if let Loaded::Valid(owner) = loaded {
+            if owner.key.network == *network && !is_valid(&owner.container_id, &owner.key.if_name) {
+                store.remove_owner(&owner.key)?;
+                released += 1;
+            }
+        }
+    }
+    store.sync()?;
+    inv.log.event(
+        Level::Info,
+        inv.verb,
+        &inv.subject(None, None),
+        "collected",
+        &format!(
+            "kept {} valid attachments; removed {removed_records} records, released {released} pod keys, \
+             set aside {set_aside} corrupt records, removed {temp_files} temp files",
+            valid.len()
+        ),
+    );
+    Ok(())
+}
+
+fn id_from_file_name(path: &std::path::Path) -> Option<AttachmentId> {
+    let name = path.file_name()?.to_str()?;
+    let mut parts = name.splitn(3, ':');
+    Some(AttachmentId {
+        network: parts.next()?.to_string(),
+        container_id: parts.next()?.to_string(),
+        if_name: parts.next()?.to_string(),
+    })
+}

@@ -1,0 +1,38 @@
+//! One file per CNI verb. Each gets the parsed invocation and returns what goes to stdout.
+
+pub mod add;
+pub mod check;
+pub mod del;
+pub mod gc;
+pub mod status;
+
+use crate::config::NetConf;
+use crate::env::{Attachment, Verb};
+use crate::log::{Log, Subject};
+use crate::store::checkpoint::AttachmentId;
+
+/// What every verb needs besides its attachment: the config and the log.
+pub struct Invocation {
+    pub verb: Verb,
+    pub conf: NetConf,
+    pub log: Log,
+}
+
+impl Invocation {
+    pub fn attachment_id(&self, attachment: &Attachment) -> AttachmentId {
+        AttachmentId {
+            network: self.conf.network.clone(),
+            container_id: attachment.container_id.clone(),
+            if_name: attachment.ifname.clone(),
+        }
+    }
+
+    pub fn subject<'a>(&'a self, attachment: Option<&'a Attachment>, pod: Option<String>) -> Subject<'a> {
+        Subject {
+            network: &self.conf.network,
+            container_id: attachment.map_or("-", |a| a.container_id.as_str()),
+            if_name: attachment.map_or("-", |a| a.ifname.as_str()),
+            pod,
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! The plugin's entry of the conflist, as libcni hands it on stdin (with `name`,
+//! `cniVersion` and, when chained, `prevResult` filled in by the runtime).
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::error::{GuardError, Kind, Result};
+use crate::names::{self, MAX_NETWORK};
+
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/sandbox-guard";
+/// A conflist entry is a few KiB; more is a runaway writer, not a config.
+pub const MAX_STDIN: u64 = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StaleDelPolicy {
+    /// Fail the stale DEL so the primary plugin never sees it.
+    Refuse,
+    /// Let it pass and log what would have been refused (for rollouts).
+    Audit,
+}
+
+#[derive(Debug, Deserialize, PartialEq, Eq, Hash, Clone)]
+pub struct ValidAttachment {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    #[serde(rename = "ifname")]
+    pub ifname: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawConf {
+    #[serde(rename = "cniVersion")]
+    cni_version: Option<String>,
+    name: Option<String>,
+    #[serde(rename = "stateDir")]
+    state_dir: Option<PathBuf>,
+    #[serde(rename = "staleDel")]
+    stale_del: Option<String>,
+    #[serde(rename = "logFile")]
+    log_file: Option<PathBuf>,
+    #[serde(rename = "prevResult")]
+    prev_result: Option<Box<RawValue>>,
+    #[serde(rename = "cni.dev/valid-attachments")]
+    valid_attachments: Option<Vec<ValidAttachment>>,
+    #[serde(rename = "cni.dev/attachments")]
+    legacy_attachments: Option<Vec<ValidAttachment>>,
+}
+
+#[derive(Debug)]
+pub struct NetConf {
+    pub cni_version: String,
+    pub network: String,
+    pub state_dir: PathBuf,
+    pub stale_del: StaleDelPolicy,
+    pub log_file: Option<PathBuf>,
+    /// Kept as the exact bytes the runtime sent, so ADD can hand them on unchanged.
+    pub prev_result: Option<Box<RawValue>>,
+    /// GC's list; `None` when the runtime sent neither key.
+    pub valid_attachments: Option<Vec<ValidAttachment>>,
+}
+
+/// Reads stdin up to the limit; the bytes are parsed by `NetConf::parse`.
+pub fn read_stdin() -> Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(4096);
+    std::io::stdin()
+        .lock()
+        .take(MAX_STDIN + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| GuardError::new(Kind::Io, format!("cannot read the network configuration from stdin: {e}")))?;
+    if bytes.len() as u64 > MAX_STDIN {
+        return Err(GuardError::new(
+            Kind::Decode,
+            format!("the network configuration on stdin is larger than {MAX_STDIN} bytes: it cannot be a conflist entry"),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Just the version, read first so that even a config we reject is answered in a version
+/// the runtime speaks.
+pub fn peek_version(bytes: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Peek {
+        #[serde(rename = "cniVersion")]
+        cni_version: Option<String>,
+    }
+    serde_json::from_slice::<Peek>(bytes).ok().and_then(|p| p.cni_version)
+}
+
+impl NetConf {
+    pub fn parse(bytes: &[u8]) -> Result<NetConf> {
+        // Like the reference plugins: what does not unmarshal is a decode failure (6), what
+        // unmarshals but is wrong is an invalid config (7).
+        let raw: RawConf = serde_json::from_slice(bytes).map_err(|e| {
+            GuardError::new(Kind::Decode, format!("cannot decode the network configuration: {e}"))
+        })?;
+        let cni_version = raw.cni_version.ok_or_else(|| {
+            GuardError::new(Kind::InvalidConfig, "the network configuration has no cniVersion")
+        })?;
+        let network = raw.name.ok_or_else(|| {
+            GuardError::new(Kind::InvalidConfig, "the network configuration has no name: give the conflist a \"name\"")
+        })?;
+        names::check_plain("network name", &network, MAX_NETWORK, Kind::InvalidConfig)?;
+        let stale_del = match raw.stale_del.as_deref() {
+            None | Some("refuse") => StaleDelPolicy::Refuse,
+            Some("audit") => StaleDelPolicy::Audit,
+            Some(other) => {
+                return Err(GuardError::new(
+                    Kind::InvalidConfig,
+                    format!("staleDel {:?} is not valid: use \"refuse\" or \"audit\"", names::shorten(other)),
+                ))
+            }
+        };
+        let state_dir = raw.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        require_absolute("stateDir", &state_dir)?;
+        if let Some(log_file) = &raw.log_file {
+            require_absolute("logFile", log_file)?;
+        }
+        Ok(NetConf {
+            cni_version,
+            network,
+            state_dir,
+            stale_del,
+            log_file: raw.log_file,
+            prev_result: raw.prev_result,
+            valid_attachments: raw.valid_attachments.or(raw.legacy_attachments),
+        })
+    }
+}
+
+fn require_absolute(key: &str, path: &std::path::Path) -> Result<()> {
+    let text = path.to_string_lossy();
+    if !path.is_absolute() || text.split('/').any(|c| c == "..") {
+        return Err(GuardError::new(
+            Kind::InvalidConfig,
+            format!("{key} {:?} must be an absolute path without \"..\"", names::shorten(&text)),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults() {
+        let conf = NetConf::parse(br#"{"cniVersion":"1.0.0","name":"net","type":"sandbox-guard"}"#).unwrap();
+        assert_eq!(conf.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
+        assert_eq!(conf.stale_del, StaleDelPolicy::Refuse);
+        assert!(conf.prev_result.is_none());
+    }
+
+    #[test]
+    fn codes_for_bad_configs() {
+        let cases: [(&[u8], u32); 6] = [
+            (b"{not json", 6),
+            (br#"{"cniVersion":"1.0.0"}"#, 7),
+            (br#"{"cniVersion":1,"name":"n"}"#, 6),
+            (br#"{"cniVersion":"1.0.0","name":"n","staleDel":"maybe"}"#, 7),
+            (br#"{"cniVersion":"1.0.0","name":"n","stateDir":"relative/dir"}"#, 7),
+            (br#"{"cniVersion":"1.0.0","name":"../n"}"#, 7),
+        ];
+        for (bytes, code) in cases {
+            assert_eq!(NetConf::parse(bytes).unwrap_err().code(), code, "{}", String::from_utf8_lossy(bytes));
+        }
+    }
+
+    #[test]
+    fn legacy_gc_key_is_accepted() {
+        let conf = NetConf::parse(
+            br#"{"cniVersion":"1.1.0","name":"n","cni.dev/attachments":[{"containerID":"a","ifname":"eth0"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(conf.valid_attachments.unwrap().len(), 1);
+    }
+}

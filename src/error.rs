@@ -1,0 +1,105 @@
+//! The one error type of the plugin and its mapping to CNI error codes.
+//!
+//! Every failure a runtime or an operator can cause ends here, so the code a runtime sees
+//! is decided in exactly one place (`GuardError::code`).
+
+use std::fmt;
+use std::io;
+use std::path::Path;
+
+/// What went wrong, in the terms the CNI spec gives error codes for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The config asks for a CNI version or verb this version does not support.
+    IncompatibleVersion,
+    /// A `CNI_*` variable is missing or not plain.
+    InvalidEnvironment,
+    /// The state directory or a file in it could not be used.
+    Io,
+    /// Input that is not the JSON (or the result) it claims to be.
+    Decode,
+    /// JSON that decodes but is not a valid configuration for this plugin.
+    InvalidConfig,
+    /// A DEL for a sandbox that no longer owns its pod; the runtime should retry later.
+    StaleDel,
+    /// STATUS: the plugin cannot serve ADDs now.
+    NotAvailable,
+    /// CHECK found the attachment different from its checkpoint.
+    CheckFailed,
+    /// A checkpoint failed its checksum; it was set aside and a DEL needing it is refused.
+    SetAside,
+}
+
+#[derive(Debug)]
+pub struct GuardError {
+    pub kind: Kind,
+    pub msg: String,
+    pub details: String,
+}
+
+pub type Result<T> = std::result::Result<T, GuardError>;
+
+impl GuardError {
+    pub fn new(kind: Kind, msg: impl Into<String>) -> GuardError {
+        GuardError { kind, msg: msg.into(), details: String::new() }
+    }
+
+    pub fn with_details(mut self, details: impl Into<String>) -> GuardError {
+        self.details = details.into();
+        self
+    }
+
+    /// An I/O failure on `path`, with the fix spelled out for the failures operators meet.
+    pub fn io(action: &str, path: &Path, err: io::Error) -> GuardError {
+        let hint = match err.raw_os_error() {
+            Some(nix::libc::ENOSPC) | Some(nix::libc::EDQUOT) => {
+                "; the filesystem is full: free space there or point stateDir at another filesystem"
+            }
+            Some(nix::libc::EROFS) => "; the filesystem is read-only: point stateDir at a writable one",
+            Some(nix::libc::EACCES) | Some(nix::libc::EPERM) => {
+                "; the plugin runs as root from the runtime: check the mode and owner of the state dir"
+            }
+            Some(nix::libc::ELOOP) => {
+                "; it is a symbolic link, which the state dir never follows: remove the link"
+            }
+            _ => "",
+        };
+        GuardError::new(Kind::Io, format!("cannot {action} {}: {err}{hint}", path.display()))
+    }
+
+    /// The CNI error code; plugin-specific codes start at 100 as the spec reserves.
+    pub fn code(&self) -> u32 {
+        match self.kind {
+            Kind::IncompatibleVersion => 1,
+            Kind::InvalidEnvironment => 4,
+            Kind::Io => 5,
+            Kind::Decode => 6,
+            Kind::InvalidConfig => 7,
+            Kind::StaleDel => 11,
+            Kind::NotAvailable => 50,
+            Kind::CheckFailed => 100,
+            Kind::SetAside => 101,
+        }
+    }
+
+    /// The error object a runtime reads from stdout.
+    pub fn to_cni_json(&self, cni_version: &str) -> String {
+        serde_json::json!({
+            "cniVersion": cni_version,
+            "code": self.code(),
+            "msg": self.msg,
+            "details": self.details,
+        })
+        .to_string()
+    }
+}
+
+impl fmt::Display for GuardError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.msg)?;
+        if !self.details.is_empty() {
+            write!(f, " ({})", self.details)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,94 @@
+//! sandbox-guard: a chained CNI plugin that checkpoints pod attachments and refuses the
+//! stale DEL of an old sandbox once a newer sandbox owns the same pod name.
+
+mod cli;
+mod clock;
+mod commands;
+mod config;
+mod dump;
+mod env;
+mod error;
+mod log;
+mod names;
+mod ownership;
+mod prev_result;
+mod store;
+mod version;
+
+use std::io::{IsTerminal, Write};
+
+use commands::Invocation;
+use config::NetConf;
+use env::{CniEnv, Verb};
+use error::{GuardError, Kind, Result};
+
+fn main() {
+    let args: Vec<String> = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
+    let status = if args.is_empty() { run_cni() } else { cli::run(&args) };
+    std::process::exit(status);
+}
+
+/// Runs one CNI verb. The result goes to stdout; an error goes to stdout as CNI error JSON
+/// (what the runtime reads) and to stderr (what a person reads).
+fn run_cni() -> i32 {
+    // A person who runs the binary in a terminal gets an error, not a hang on stdin.
+    let stdin = if std::io::stdin().is_terminal() { Ok(Vec::new()) } else { config::read_stdin() };
+    let requested_version = stdin.as_deref().ok().and_then(config::peek_version);
+    let outcome = stdin.and_then(|bytes| dispatch(&bytes, requested_version.as_deref()));
+    let mut stdout = std::io::stdout().lock();
+    match outcome {
+        Ok(output) => {
+            if let Some(output) = output {
+                let _ = writeln!(stdout, "{output}");
+            }
+            0
+        }
+        Err(err) => {
+            let _ = writeln!(stdout, "{}", err.to_cni_json(version::for_reply(requested_version.as_deref())));
+            1
+        }
+    }
+}
+
+fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<String>> {
+    let parsed = CniEnv::from_process().and_then(|env| {
+        if env.verb == Verb::Version {
+            return Ok((env, None));
+        }
+        let conf = NetConf::parse(stdin)?;
+        version::check_verb_allowed(env.verb, &conf.cni_version)?;
+        Ok((env, Some(conf)))
+    });
+    let (env, conf) = parsed.inspect_err(|err| eprintln!("sandbox-guard: {err}"))?;
+    let Some(conf) = conf else {
+        return Ok(Some(version::version_reply(requested_version)));
+    };
+    let log = log::Log::open(conf.log_file.as_deref());
+    let inv = Invocation { verb: env.verb, conf, log };
+    let result = match (env.verb, &env.attachment) {
+        (Verb::Add, Some(attachment)) => commands::add::run(&inv, attachment).map(Some),
+        (Verb::Del, Some(attachment)) => commands::del::run(&inv, attachment).map(|()| None),
+        (Verb::Check, Some(attachment)) => commands::check::run(&inv, attachment).map(|()| None),
+        (Verb::Gc, _) => commands::gc::run(&inv).map(|()| None),
+        (Verb::Status, _) => commands::status::run(&inv).map(|()| None),
+        (verb, _) => Err(GuardError::new(Kind::InvalidEnvironment, format!("{} without its attachment", verb.name()))),
+    };
+    if let Err(err) = &result {
+        // The verbs log their own refusals (to stderr too); everything else is logged here.
+        if !matches!(err.kind, Kind::StaleDel | Kind::SetAside | Kind::CheckFailed) {
+            inv.log.event(log::Level::Error, inv.verb, &inv.subject(env.attachment.as_ref(), None), "error", &err.msg);
+        }
+    }
+    result
+}
+
+/// Lower-case hex, for checksums and digests.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        out.push(DIGITS[usize::from(byte >> 4)] as char);
+        out.push(DIGITS[usize::from(byte & 0xf)] as char);
+    }
+    out
+}

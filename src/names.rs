@@ -1,0 +1,89 @@
+//! Checks that a name coming from a runtime is plain before it is used in a path, a log
+//! line or a comparison. The limits keep `<network>:<containerID>:<ifname>` under the
+//! 255-byte file-name limit.
+
+use crate::error::{GuardError, Kind, Result};
+
+pub const MAX_NETWORK: usize = 100;
+pub const MAX_CONTAINER_ID: usize = 128;
+pub const MAX_IFNAME: usize = 15;
+pub const MAX_POD_FIELD: usize = 253;
+
+/// The CNI spec's rule for container IDs and network names: an alphanumeric first, then
+/// alphanumerics, `_`, `.` and `-`. `..` is refused too so that no name reads as a path.
+pub fn check_plain(what: &str, value: &str, max: usize, kind: Kind) -> Result<()> {
+    let first_ok = value.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+    let rest_ok = value
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    if value.len() > max || !first_ok || !rest_ok || value.contains("..") {
+        return Err(GuardError::new(
+            kind,
+            format!(
+                "{what} {:?} is not plain: use at most {max} characters from [A-Za-z0-9_.-], \
+                 starting with a letter or digit, without \"..\"",
+                shorten(value)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Linux interface names: 1 to 15 bytes, no `/`, `:`, white space or control characters,
+/// and not `.` or `..` (what the kernel's dev_valid_name accepts, minus `:` aliases).
+pub fn check_ifname(value: &str) -> Result<()> {
+    let bad_char = value
+        .chars()
+        .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control() || !c.is_ascii());
+    if value.is_empty() || value.len() > MAX_IFNAME || bad_char || value == "." || value == ".." {
+        return Err(GuardError::new(
+            Kind::InvalidEnvironment,
+            format!(
+                "CNI_IFNAME {:?} is not a valid interface name: use 1 to {MAX_IFNAME} ASCII \
+                 characters without '/', ':' or spaces",
+                shorten(value)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Keeps hostile input from flooding an error message or a log line.
+pub fn shorten(value: &str) -> String {
+    const SHOWN: usize = 64;
+    if value.chars().count() <= SHOWN {
+        value.to_string()
+    } else {
+        let head: String = value.chars().take(SHOWN).collect();
+        format!("{head}...")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_names_pass() {
+        for name in ["etcd1-0", "a", "0b1c", "pod.with.dots", "under_score"] {
+            check_plain("x", name, 253, Kind::InvalidEnvironment).unwrap();
+        }
+    }
+
+    #[test]
+    fn names_that_could_escape_a_path_fail() {
+        let long = "a".repeat(254);
+        for name in ["", "../etc", "a/b", "a..b", ".hidden", "-flag", "a\0b", "a b", long.as_str()] {
+            assert!(check_plain("x", name, 253, Kind::InvalidEnvironment).is_err(), "{name:?}");
+        }
+    }
+
+    #[test]
+    fn ifnames() {
+        check_ifname("eth0").unwrap();
+        check_ifname("net1@x").unwrap();
+        for name in ["", ".", "..", "a/b", "eth0:1", "with space", "sixteen-chars-xx"] {
+            assert!(check_ifname(name).is_err(), "{name:?}");
+        }
+    }
+}

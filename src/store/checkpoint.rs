@@ -1,0 +1,67 @@
+//! The checkpoint of one attachment: what the runtime and the primary plugin told us at ADD.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::ownership::PodKey;
+
+/// Names one attachment the way libcni does: network, container, interface.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AttachmentId {
+    pub network: String,
+    pub container_id: String,
+    pub if_name: String,
+}
+
+impl AttachmentId {
+    /// `:` occurs in none of the three (they are validated), so the name is unambiguous
+    /// and an operator can read it in `ls`.
+    pub fn file_name(&self) -> String {
+        format!("{}:{}:{}", self.network, self.container_id, self.if_name)
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Checkpoint {
+    pub network: String,
+    pub container_id: String,
+    pub if_name: String,
+    pub pod_namespace: Option<String>,
+    pub pod_name: Option<String>,
+    pub pod_uid: Option<String>,
+    pub infra_container_id: Option<String>,
+    pub netns: String,
+    pub cni_version: String,
+    /// Grows with every ADD of this attachment and of its pod key.
+    pub generation: u64,
+    pub created_at: String,
+    pub updated_at: String,
+    /// The primary's result exactly as the runtime passed it.
+    pub prev_result: Box<RawValue>,
+}
+
+impl Checkpoint {
+    pub fn id(&self) -> AttachmentId {
+        AttachmentId {
+            network: self.network.clone(),
+            container_id: self.container_id.clone(),
+            if_name: self.if_name.clone(),
+        }
+    }
+
+    pub fn pod_key(&self) -> Option<PodKey> {
+        pod_key(&self.network, self.pod_namespace.as_deref(), self.pod_name.as_deref(), &self.if_name)
+    }
+}
+
+/// A pod key needs both namespace and name: podman, for one, passes only K8S_POD_NAME,
+/// and a bare container name is no pod identity to guard.
+pub fn pod_key(network: &str, namespace: Option<&str>, name: Option<&str>, if_name: &str) -> Option<PodKey> {
+    Some(PodKey {
+        network: network.to_string(),
+        pod_namespace: namespace?.to_string(),
+        pod_name: name?.to_string(),
+        if_name: if_name.to_string(),
+    })
+}

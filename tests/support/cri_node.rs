@@ -1,0 +1,587 @@
+//! A private containerd 1.6 with its CRI plugin, driven the way kubelet drives it, so the
+//! end-to-end test sees CNI calls exactly as a node makes them (libcni's result cache,
+//! reverse-order DEL, the second DEL from RemovePodSandbox, the error text kubelet gets).
+//! Everything lives under one temp dir; `Drop` kills the containers, shims and containerd,
+//! unmounts what they mounted there and deletes the host links, also when a test panics.
+//! Needs `sys` (tests/support/sys.rs) included by the test crate as `mod sys`.
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::sys;
+
+/// Tools the harness runs besides cargo; a test passes them to `sys::require`.
+pub const TOOLS: &[&str] = &[
+    "containerd",
+    "containerd-shim-runc-v2",
+    "runc",
+    "ctr",
+    "catatonit",
+    "protoc",
+    "ip",
+    "nsenter",
+    "flock",
+    "ping",
+    "tar",
+    "sha256sum",
+    "timeout",
+    "umount",
+    "/usr/lib/cni/loopback",
+];
+
+const PAUSE_IMAGE: &str = "localhost/sandbox-guard-pause:e2e";
+const K8S_NAMESPACE: &str = "k8s.io";
+/// Upper bound for one CRI call or ctr run: a hung containerd must fail the test, not stall CI.
+const CALL_TIMEOUT_SECS: &str = "90";
+
+/// Paths and names of one node that the test's conflist refers to.
+pub struct NodeLayout {
+    pub dir: PathBuf,
+    /// State dir of the test's primary plugin (tests/cri/podname-keyed-plugin).
+    pub primary_state: PathBuf,
+    pub guard_state: PathBuf,
+    pub guard_log: PathBuf,
+    /// Prefix of every host link the primary creates, unique to this node so the links can
+    /// be swept on drop and never collide with a concurrently running test.
+    pub veth_prefix: String,
+    /// A /24 of this node's pod addresses, distinct per node for the same reason.
+    pub subnet: String,
+    /// cgroupfs parent of this node's sandboxes (containerd would otherwise share /k8s.io).
+    pub cgroup_parent: String,
+}
+
+pub struct CriNode {
+    pub layout: NodeLayout,
+    socket: PathBuf,
+    cri_client: PathBuf,
+    containerd: Option<Child>,
+    // Last field: removed only after everything inside it was unmounted.
+    _dir: sys::TempDir,
+}
+
+/// A failed CRI call: gRPC code and the message kubelet would log.
+#[derive(Debug)]
+pub struct CriError {
+    pub code: Option<i64>,
+    pub message: String,
+}
+
+impl CriNode {
+    /// Starts containerd with the conflist `conflist(layout)` as its only CNI network and
+    /// the catatonit pause image imported, and waits until CRI reports the network ready.
+    pub fn start(conflist: impl FnOnce(&NodeLayout) -> Value) -> CriNode {
+        let cri_client = cri_client_binary();
+        let dir = sys::TempDir::new("sgcri");
+        let root = dir.path.clone();
+        let unique = sys::unique("s");
+        let layout = NodeLayout {
+            primary_state: root.join("primary"),
+            guard_state: root.join("guard"),
+            guard_log: root.join("guard.log"),
+            subnet: free_subnet(),
+            cgroup_parent: format!("/sandbox-guard-e2e-{unique}"),
+            veth_prefix: unique,
+            dir: root.clone(),
+        };
+        for sub in ["bin", "net.d", "primary", "opt"] {
+            fs::create_dir_all(root.join(sub)).expect("create node dir");
+        }
+        link_cni_plugins(&root.join("bin"));
+        let conflist_text = serde_json::to_string_pretty(&conflist(&layout)).unwrap();
+        fs::write(root.join("net.d/10-e2e.conflist"), conflist_text).expect("write conflist");
+        fs::write(root.join("config.toml"), containerd_config(&root)).expect("write config");
+
+        let log = fs::File::create(root.join("containerd.log")).expect("containerd log");
+        let containerd = Command::new("containerd")
+            .arg("--config")
+            .arg(root.join("config.toml"))
+            .env("PATH", plugin_path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn containerd");
+        let node = CriNode {
+            socket: root.join("containerd.sock"),
+            cri_client,
+            containerd: Some(containerd),
+            layout,
+            _dir: dir,
+        };
+        node.wait_until("containerd serves CRI", || node.cri(&["version"]).is_ok());
+        node.import_pause_image();
+        node.wait_until("CRI reports the CNI network ready", || {
+            node.cri(&["status"])
+                .is_ok_and(|status| network_ready(&status))
+        });
+        node
+    }
+
+    /// RunPodSandbox; returns the sandbox id.
+    pub fn run_pod(&self, name: &str, namespace: &str, uid: &str) -> Result<String, CriError> {
+        let log_dir = self.layout.dir.join("pod-logs").join(uid);
+        let log_dir = log_dir.to_str().unwrap();
+        let args = [
+            "run-pod",
+            "--name",
+            name,
+            "--namespace",
+            namespace,
+            "--uid",
+            uid,
+            "--log-dir",
+            log_dir,
+            "--cgroup-parent",
+            &self.layout.cgroup_parent,
+        ];
+        self.cri(&args)
+            .map(|reply| reply["id"].as_str().expect("sandbox id").to_string())
+    }
+
+    pub fn stop_pod(&self, id: &str) -> Result<(), CriError> {
+        self.cri(&["stop-pod", id]).map(drop)
+    }
+
+    pub fn remove_pod(&self, id: &str) -> Result<(), CriError> {
+        self.cri(&["remove-pod", id]).map(drop)
+    }
+
+    /// PodSandboxStatus as {id, state, ip, name, namespace, uid}.
+    pub fn pod_status(&self, id: &str) -> Value {
+        self.cri(&["pod-status", id])
+            .unwrap_or_else(|e| panic!("PodSandboxStatus {id}: {e:?}"))
+    }
+
+    /// Makes the primary plugin's next DEL fail once, before it touches anything.
+    pub fn fail_next_primary_del(&self) {
+        fs::write(self.layout.primary_state.join("fail-next-del"), "").expect("write marker");
+    }
+
+    /// The primary plugin's own trace: one line per call, plus which container's endpoint
+    /// each DEL really removed.
+    pub fn primary_calls(&self) -> String {
+        fs::read_to_string(self.layout.primary_state.join("calls.log")).unwrap_or_default()
+    }
+
+    /// What happened on this node, for a failing test's output.
+    pub fn diagnostics(&self) -> String {
+        let root = &self.layout.dir;
+        let mut out = String::new();
+        for (title, path) in [
+            (
+                "primary plugin calls",
+                self.layout.primary_state.join("calls.log"),
+            ),
+            ("sandbox-guard log", self.layout.guard_log.clone()),
+            ("containerd log (tail)", root.join("containerd.log")),
+        ] {
+            let text = fs::read_to_string(&path).unwrap_or_else(|e| format!("({e})"));
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(60)..];
+            out.push_str(&format!(
+                "--- {title} ({})\n{}\n",
+                path.display(),
+                tail.join("\n")
+            ));
+        }
+        out
+    }
+
+    fn cri(&self, args: &[&str]) -> Result<Value, CriError> {
+        let out = Command::new("timeout")
+            .arg(CALL_TIMEOUT_SECS)
+            .arg(&self.cri_client)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("run cri-client");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let reply: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
+            panic!(
+                "cri-client {args:?}: {} with unparsable stdout {stdout:?}, stderr {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        if out.status.success() {
+            return Ok(reply);
+        }
+        Err(CriError {
+            code: reply["error"]["code"].as_i64(),
+            message: reply["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        })
+    }
+
+    fn ctr(&self, args: &[&str]) {
+        let mut full = vec![
+            CALL_TIMEOUT_SECS,
+            "ctr",
+            "--address",
+            self.socket.to_str().unwrap(),
+        ];
+        full.extend_from_slice(&["--namespace", K8S_NAMESPACE]);
+        full.extend_from_slice(args);
+        sys::run("timeout", &full);
+    }
+
+    fn import_pause_image(&self) {
+        let tarball = build_pause_image(&self.layout.dir.join("pause-image"));
+        self.ctr(&[
+            "images",
+            "import",
+            "--snapshotter",
+            "overlayfs",
+            tarball.to_str().unwrap(),
+        ]);
+    }
+
+    fn wait_until(&self, what: &str, mut ready: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ready() {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting until {what}\n{}",
+                self.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn runc_root(&self) -> PathBuf {
+        self.layout.dir.join("runc").join(K8S_NAMESPACE)
+    }
+
+    /// Kills every container of this node with runc directly: going through CRI would send
+    /// DELs that a test may have set up to fail.
+    fn kill_containers(&self) {
+        let root = self.runc_root();
+        let root = root.to_str().unwrap();
+        let Ok(out) = Command::new("runc")
+            .args(["--root", root, "list", "-q"])
+            .output()
+        else {
+            return;
+        };
+        for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            sys::try_run("runc", &["--root", root, "kill", id, "KILL"]);
+            sys::try_run("runc", &["--root", root, "delete", "--force", id]);
+        }
+    }
+
+    /// Shims outlive containerd by design; ours are the ones serving our socket.
+    fn kill_shims(&self) {
+        let socket = self.socket.to_str().unwrap();
+        for pid in processes_with_args(&["containerd-shim-runc-v2", socket]) {
+            sys::try_run("kill", &["-KILL", &pid.to_string()]);
+        }
+    }
+
+    fn stop_containerd(&mut self) {
+        let Some(mut child) = self.containerd.take() else {
+            return;
+        };
+        sys::try_run("kill", &["-TERM", &child.id().to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// runc deletes each sandbox's cgroup but not the parent the node chose.
+    fn remove_cgroups(&self) {
+        let Ok(hierarchies) = fs::read_dir("/sys/fs/cgroup") else {
+            return;
+        };
+        let relative = self.layout.cgroup_parent.trim_start_matches('/');
+        for hierarchy in hierarchies.flatten() {
+            let parent = hierarchy.path().join(relative);
+            if let Ok(children) = fs::read_dir(&parent) {
+                for child in children.flatten().filter(|c| c.path().is_dir()) {
+                    let _ = fs::remove_dir(child.path());
+                }
+            }
+            let _ = fs::remove_dir(&parent);
+        }
+    }
+
+    fn delete_host_links(&self) {
+        let out = Command::new("ip").args(["-o", "link", "show"]).output();
+        let Ok(out) = out else { return };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            // "12: name@if11: <...": the name ends at '@' or ':'.
+            let Some(name) = line.split(": ").nth(1) else {
+                continue;
+            };
+            let name = name.split('@').next().unwrap_or(name);
+            if name.starts_with(&self.layout.veth_prefix) {
+                sys::try_run("ip", &["link", "delete", name]);
+            }
+        }
+    }
+}
+
+impl Drop for CriNode {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.diagnostics());
+        }
+        self.kill_containers();
+        self.kill_shims();
+        self.stop_containerd();
+        unmount_below(&self.layout.dir);
+        self.delete_host_links();
+        self.remove_cgroups();
+    }
+}
+
+/// Builds tests/cri-client once per test process, in its own target dir: its tonic stack
+/// must stay out of the plugin's dependency graph.
+fn cri_client_binary() -> PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY
+        .get_or_init(|| {
+            let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let target_dir = manifest_dir.join("target/cri-client");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let manifest = manifest_dir.join("tests/cri-client/Cargo.toml");
+            let status = Command::new(cargo)
+                .args(["build", "--release", "--quiet", "--manifest-path"])
+                .arg(&manifest)
+                .env("CARGO_TARGET_DIR", &target_dir)
+                .status()
+                .expect("run cargo build for tests/cri-client");
+            assert!(status.success(), "building {} failed", manifest.display());
+            target_dir.join("release/cri-client")
+        })
+        .clone()
+}
+
+/// containerd runs each CNI plugin with its own PATH; the primary plugin needs ip, nsenter,
+/// flock and coreutils, which sudo's or CI's PATH may lack the sbin part of.
+fn plugin_path() -> String {
+    let inherited = std::env::var("PATH").unwrap_or_default();
+    format!("{inherited}:/usr/local/sbin:/usr/sbin:/sbin:/usr/bin:/bin")
+}
+
+fn link_cni_plugins(bin_dir: &Path) {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let plugins = [
+        ("loopback", PathBuf::from("/usr/lib/cni/loopback")),
+        (
+            "podname-keyed",
+            manifest_dir.join("tests/cri/podname-keyed-plugin"),
+        ),
+        (
+            "sandbox-guard",
+            PathBuf::from(env!("CARGO_BIN_EXE_sandbox-guard")),
+        ),
+    ];
+    for (name, target) in plugins {
+        std::os::unix::fs::symlink(&target, bin_dir.join(name)).expect("link CNI plugin");
+    }
+}
+
+fn containerd_config(root: &Path) -> String {
+    let r = root.display();
+    // Everything containerd would put in /var/lib, /run, /opt or /var/run/netns goes under
+    // `root`, so nodes of concurrent tests never share state and drop can find every mount.
+    format!(
+        r#"version = 2
+root = "{r}/root"
+state = "{r}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "{r}/containerd.sock"
+[ttrpc]
+  address = "{r}/containerd.sock.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{r}/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # No CAP_SYS_RESOURCE on these machines.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{r}/bin"
+    conf_dir = "{r}/net.d"
+    max_conf_num = 1
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = "{r}/runc"
+"#
+    )
+}
+
+fn network_ready(status: &Value) -> bool {
+    status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "NetworkReady" && c["status"] == true)
+}
+
+/// A /24 of 100.64.0.0/16 (shared address space, which the other tests leave alone) that
+/// no other node of this process took and no host address or route uses yet: two nodes
+/// with the same pod addresses would fight over the host routes.
+fn free_subnet() -> String {
+    static TAKEN: Mutex<BTreeSet<u8>> = Mutex::new(BTreeSet::new());
+    let mut taken = TAKEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let host_state = format!(
+        "{}{}",
+        String::from_utf8_lossy(&sys::run("ip", &["-4", "route", "show", "table", "all"]).stdout),
+        String::from_utf8_lossy(&sys::run("ip", &["-4", "-o", "addr", "show"]).stdout)
+    );
+    let seed = std::process::id();
+    for step in 0..256 {
+        let octet = (seed.wrapping_add(step * 97) % 256) as u8;
+        if !taken.contains(&octet) && !host_state.contains(&format!("100.64.{octet}.")) {
+            taken.insert(octet);
+            return format!("100.64.{octet}.0/24");
+        }
+    }
+    panic!("no free 100.64.x.0/24 for a test node");
+}
+
+/// A docker-archive image whose only file is Debian's static catatonit, run as `catatonit -P`
+/// (pause mode): the sandbox image without a registry.
+fn build_pause_image(dir: &Path) -> PathBuf {
+    let layer_root = dir.join("rootfs");
+    fs::create_dir_all(&layer_root).expect("create image dir");
+    fs::copy("/usr/bin/catatonit", layer_root.join("catatonit")).expect("copy catatonit");
+    sys::run(
+        "tar",
+        &[
+            "--numeric-owner",
+            "--owner=0",
+            "--group=0",
+            "-C",
+            layer_root.to_str().unwrap(),
+            "-cf",
+            dir.join("layer.tar").to_str().unwrap(),
+            "catatonit",
+        ],
+    );
+    let layer_digest = hex(&Sha256::digest(fs::read(dir.join("layer.tar")).unwrap()));
+    let architecture = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let config = json!({
+        "architecture": architecture,
+        "os": "linux",
+        "config": {"Entrypoint": ["/catatonit", "-P"], "Env": ["PATH=/"]},
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
+    });
+    fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let manifest =
+        json!([{"Config": "config.json", "RepoTags": [PAUSE_IMAGE], "Layers": ["layer.tar"]}]);
+    fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
+    let tarball = dir.join("pause.tar");
+    sys::run(
+        "tar",
+        &[
+            "-C",
+            dir.to_str().unwrap(),
+            "-cf",
+            tarball.to_str().unwrap(),
+            "manifest.json",
+            "config.json",
+            "layer.tar",
+        ],
+    );
+    tarball
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Pids whose command line contains every one of `needles` as a whole argument.
+fn processes_with_args(needles: &[&str]) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let matches = needles
+                .iter()
+                .all(|needle| args.iter().any(|arg| arg.ends_with(needle.as_bytes())));
+            matches.then_some(pid)
+        })
+        .collect()
+}
+
+/// Unmounts everything mounted at or below `dir`, deepest first (rootfs overlays, the sandbox
+/// /dev/shm, the netns bind mounts), so the directory can be removed.
+fn unmount_below(dir: &Path) {
+    let prefix = dir.to_str().unwrap();
+    for _ in 0..5 {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut points: Vec<String> = mountinfo
+            .lines()
+            .filter_map(|line| line.split(' ').nth(4))
+            .map(unescape_mount_point)
+            .filter(|point| point == prefix || point.starts_with(&format!("{prefix}/")))
+            .collect();
+        if points.is_empty() {
+            return;
+        }
+        points.sort_by_key(|point| std::cmp::Reverse(point.len()));
+        for point in points {
+            sys::try_run("umount", &["--lazy", &point]);
+        }
+    }
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape_mount_point(field: &str) -> String {
+    let mut out = String::new();
+    let mut chars = field.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            let code: String = chars.by_ref().take(3).collect();
+            if let Ok(byte) = u8::from_str_radix(&code, 8) {
+                out.push(byte as char);
+                continue;
+            }
+            out.push('\\');
+            out.push_str(&code);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

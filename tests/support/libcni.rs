@@ -1,0 +1,409 @@
+//! Drives sandbox-guard through the real libcni (tests/libcni-driver, built from Debian's
+//! libcni source): the library that containerd and CRI-O call, so plugin lookup, prevResult
+//! injection, the result cache and DEL's reverse order are libcni's own, not a test's guess.
+//! Needs `crate::sys` (include tests/support/sys.rs as `mod sys` next to this module).
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+use serde_json::{Value, json};
+
+use crate::sys::{self, HostLink, Netns, TempDir};
+
+pub const GUARD_BIN: &str = env!("CARGO_BIN_EXE_sandbox-guard");
+const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+pub const IFNAME: &str = "eth0";
+
+/// What a libcni test needs on the machine, for `sys::require`.
+pub const TOOLS: &[&str] = &[
+    "go",
+    "ip",
+    "ping",
+    "/usr/share/gocode/src/github.com/containernetworking/cni/libcni",
+    "/usr/lib/cni/bridge",
+    "/usr/lib/cni/macvlan",
+    "/usr/lib/cni/host-local",
+];
+
+/// The driver binary, built once per test process. It lives in cargo's target tmp dir like
+/// any other build output; the build script renames atomically, so parallel runs are safe.
+pub fn driver() -> &'static Path {
+    static DRIVER: OnceLock<PathBuf> = OnceLock::new();
+    DRIVER.get_or_init(|| {
+        let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("libcni-driver");
+        let script = Path::new(REPO).join("scripts/build-libcni-driver.sh");
+        sys::run("bash", &[script.to_str().unwrap(), out_dir.to_str().unwrap()]);
+        out_dir.join("libcni-driver")
+    })
+}
+
+/// A /24 no other test of this process holds and no route or address of the host overlaps,
+/// so a bridge gateway or a macvlan pod never answers for somebody else's network.
+#[derive(Clone, Copy, Debug)]
+pub struct Subnet {
+    second: u8,
+    third: u8,
+}
+
+impl Subnet {
+    pub fn unique() -> Subnet {
+        static TAKEN: Mutex<Option<HashSet<(u8, u8)>>> = Mutex::new(None);
+        let mut taken = TAKEN.lock().unwrap();
+        let taken = taken.get_or_insert_with(HashSet::new);
+        let host_state = format!(
+            "{}{}",
+            String::from_utf8_lossy(&sys::run("ip", &["-4", "route", "show", "table", "all"]).stdout),
+            String::from_utf8_lossy(&sys::run("ip", &["-4", "-o", "addr"]).stdout)
+        );
+        let seed = std::process::id() as usize;
+        for step in 0..(55 * 256) {
+            let slot = (seed + step * 7919) % (55 * 256);
+            let candidate = (200 + (slot / 256) as u8, (slot % 256) as u8);
+            let prefix = format!("10.{}.{}.", candidate.0, candidate.1);
+            if !taken.contains(&candidate) && !host_state.contains(&prefix) {
+                taken.insert(candidate);
+                return Subnet { second: candidate.0, third: candidate.1 };
+            }
+        }
+        panic!("no free 10.200-254.x.0/24 subnet on this host");
+    }
+
+    pub fn cidr(&self) -> String {
+        format!("10.{}.{}.0/24", self.second, self.third)
+    }
+
+    pub fn host(&self, last: u8) -> String {
+        format!("10.{}.{}.{last}", self.second, self.third)
+    }
+}
+
+/// A pod sandbox as kubelet describes it to the runtime: its own netns and container id,
+/// and the pod identity containerd passes in CNI_ARGS.
+pub struct Sandbox {
+    pub container_id: String,
+    pub netns: Netns,
+    pub namespace: String,
+    pub pod: String,
+    pub uid: String,
+}
+
+impl Sandbox {
+    pub fn new(namespace: &str, pod: &str, uid: &str) -> Sandbox {
+        Sandbox {
+            container_id: format!("{}{}", sys::unique("sbx"), sys::unique("")),
+            netns: Netns::new("sgpod"),
+            namespace: namespace.to_string(),
+            pod: pod.to_string(),
+            uid: uid.to_string(),
+        }
+    }
+
+    pub fn netns_path(&self) -> String {
+        self.netns.path().to_string_lossy().into_owned()
+    }
+
+    fn cni_args(&self) -> String {
+        format!(
+            "K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_UID={};K8S_POD_INFRA_CONTAINER_ID={}",
+            self.namespace, self.pod, self.uid, self.container_id
+        )
+    }
+
+    /// Pings from inside this sandbox; a few tries, because the first packets may race ARP
+    /// and the bridge port coming up.
+    pub fn can_ping(&self, ip: &str) -> bool {
+        (0..3).any(|_| self.netns.try_exec(&["ping", "-c", "1", "-W", "2", ip]))
+    }
+}
+
+/// How a libcni operation failed: the plugin's CNI error code when one reached libcni, and
+/// everything the driver printed.
+#[derive(Debug)]
+pub struct CniFailure {
+    pub code: Option<u32>,
+    pub stderr: String,
+}
+
+/// The CNI_NETNS an operation carries: ADD, CHECK and StopPodSandbox's DEL pass the
+/// sandbox's; containerd's RemovePodSandbox repeats the DEL with none.
+#[derive(Clone, Copy)]
+pub enum NetnsArg {
+    Sandbox,
+    Empty,
+}
+
+/// One network's world: its conflist (rewritten from conf-examples/), plugin dir, libcni
+/// cache, guard state and host-local store, all private to this test and removed on drop.
+pub struct Network {
+    pub name: String,
+    pub subnet: Subnet,
+    pub conflist: PathBuf,
+    /// The same network with the guard left out, to compare the guarded chain with its primary.
+    pub primary_only_conflist: PathBuf,
+    pub cache_dir: PathBuf,
+    pub state_dir: PathBuf,
+    ipam_dir: PathBuf,
+    bin_dir: PathBuf,
+    // Declared before `dir`: links go first, then the files that describe them.
+    _links: Vec<HostLink>,
+    dir: TempDir,
+}
+
+impl Network {
+    /// Loads `conf-examples/<example>`, makes every host-global name private to this run and
+    /// lets `rewrite_primary` point the primary plugin at this test's links.
+    pub fn from_example(
+        example: &str,
+        links: Vec<HostLink>,
+        rewrite_primary: impl FnOnce(&mut Value, &Subnet),
+    ) -> Network {
+        let dir = TempDir::new("sglcn");
+        let name = sys::unique("sgnet");
+        let subnet = Subnet::unique();
+        let (cache_dir, state_dir, ipam_dir, bin_dir) = (
+            dir.path.join("cache"),
+            dir.path.join("state"),
+            dir.path.join("ipam"),
+            dir.path.join("bin"),
+        );
+        std::fs::create_dir_all(&bin_dir).unwrap();
+
+        let text = std::fs::read_to_string(Path::new(REPO).join("conf-examples").join(example))
+            .unwrap_or_else(|e| panic!("read conf-examples/{example}: {e}"));
+        let mut conf: Value = serde_json::from_str(&text).unwrap();
+        conf["name"] = json!(name);
+        let plugins = conf["plugins"].as_array_mut().expect("plugins");
+        let guard = plugins.last_mut().unwrap();
+        assert_eq!(guard["type"], "sandbox-guard", "{example}: sandbox-guard must be last");
+        guard["stateDir"] = json!(state_dir);
+        // The guard must not append to the node's real log from a test.
+        guard.as_object_mut().unwrap().remove("logFile");
+        let primary = &mut plugins[0];
+        primary["ipam"]["dataDir"] = json!(ipam_dir);
+        primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr() }]]);
+        if let Some(routes) = primary["ipam"]["routes"].as_array_mut() {
+            for route in routes.iter_mut().filter(|r| r.get("gw").is_some()) {
+                route["gw"] = json!(subnet.host(1));
+            }
+        }
+        rewrite_primary(primary, &subnet);
+
+        for plugin in conf["plugins"].as_array().unwrap() {
+            let kind = plugin["type"].as_str().unwrap();
+            for needed in [kind, plugin["ipam"]["type"].as_str().unwrap_or(kind)] {
+                let target = if needed == "sandbox-guard" {
+                    PathBuf::from(GUARD_BIN)
+                } else {
+                    Path::new(REFERENCE_PLUGINS).join(needed)
+                };
+                let link = bin_dir.join(needed);
+                if link.symlink_metadata().is_err() {
+                    std::os::unix::fs::symlink(&target, &link).unwrap();
+                }
+            }
+        }
+
+        let conflist = dir.path.join(example);
+        std::fs::write(&conflist, serde_json::to_vec_pretty(&conf).unwrap()).unwrap();
+        let mut primary_only = conf.clone();
+        primary_only["plugins"].as_array_mut().unwrap().truncate(1);
+        let primary_only_conflist = dir.path.join(format!("primary-only-{example}"));
+        std::fs::write(&primary_only_conflist, serde_json::to_vec_pretty(&primary_only).unwrap())
+            .unwrap();
+
+        Network {
+            name,
+            subnet,
+            conflist,
+            primary_only_conflist,
+            cache_dir,
+            state_dir,
+            ipam_dir,
+            bin_dir,
+            _links: links,
+            dir,
+        }
+    }
+
+    pub fn add(&self, sandbox: &Sandbox) -> Result<Value, CniFailure> {
+        self.add_with(&self.conflist, sandbox)
+    }
+
+    /// ADD through a given conflist of this network (the guarded one or the primary alone).
+    pub fn add_with(&self, conflist: &Path, sandbox: &Sandbox) -> Result<Value, CniFailure> {
+        let stdout = self.libcni(conflist, "add", sandbox, NetnsArg::Sandbox)?;
+        Ok(serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("libcni ADD printed no result JSON ({e}): {stdout}")))
+    }
+
+    pub fn check(&self, sandbox: &Sandbox) -> Result<(), CniFailure> {
+        self.libcni(&self.conflist, "check", sandbox, NetnsArg::Sandbox).map(drop)
+    }
+
+    pub fn del(&self, sandbox: &Sandbox, netns: NetnsArg) -> Result<(), CniFailure> {
+        self.del_with(&self.conflist, sandbox, netns)
+    }
+
+    pub fn del_with(&self, conflist: &Path, sandbox: &Sandbox, netns: NetnsArg) -> Result<(), CniFailure> {
+        self.libcni(conflist, "del", sandbox, netns).map(drop)
+    }
+
+    fn libcni(&self, conflist: &Path, verb: &str, sandbox: &Sandbox, netns: NetnsArg) -> Result<String, CniFailure> {
+        let netns = match netns {
+            NetnsArg::Sandbox => sandbox.netns_path(),
+            NetnsArg::Empty => String::new(),
+        };
+        let bin_dir = self.bin_dir.to_str().unwrap();
+        let cache_dir = self.cache_dir.to_str().unwrap();
+        let cni_args = sandbox.cni_args();
+        let out = Command::new(driver())
+            .args(["-conflist", conflist.to_str().unwrap(), "-bin-dir", bin_dir])
+            .args(["-cache-dir", cache_dir, "-container-id", &sandbox.container_id])
+            .args(["-netns", &netns, "-ifname", IFNAME, "-args", &cni_args, verb])
+            .output()
+            .expect("run libcni-driver");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        if out.status.success() {
+            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        let code = stderr
+            .lines()
+            .find_map(|line| line.strip_prefix("CNI error code "))
+            .and_then(|rest| rest.split(':').next())
+            .and_then(|code| code.parse().ok());
+        Err(CniFailure { code, stderr })
+    }
+
+    /// libcni's cached result for the sandbox (what containerd hands back on CHECK and DEL).
+    pub fn cached_result(&self, sandbox: &Sandbox) -> Option<Value> {
+        let file = self
+            .cache_dir
+            .join("results")
+            .join(format!("{}-{}-{IFNAME}", self.name, sandbox.container_id));
+        let text = std::fs::read_to_string(file).ok()?;
+        let cached: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(cached["kind"], "cniCacheV1");
+        Some(cached["result"].clone())
+    }
+
+    /// The guard's checkpoints for this network, as `--dump-checkpoints --output json` shows them.
+    pub fn checkpoints(&self) -> Vec<Value> {
+        let out = sys::run(
+            GUARD_BIN,
+            &["--dump-checkpoints", "--state-dir", self.state_dir.to_str().unwrap(), "--output", "json"],
+        );
+        let all: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("--dump-checkpoints json ({e}): {}", String::from_utf8_lossy(&out.stdout))
+        });
+        let all = all.as_array().expect("dump is an array").clone();
+        all.into_iter().filter(|r| r["network"] == json!(self.name)).collect()
+    }
+
+    pub fn checkpoint(&self, sandbox: &Sandbox) -> Option<Value> {
+        self.checkpoints()
+            .into_iter()
+            .find(|r| r["containerId"] == json!(sandbox.container_id))
+    }
+
+    /// The record file the contract's state layout names for this sandbox.
+    pub fn record_file(&self, sandbox: &Sandbox) -> PathBuf {
+        self.state_dir
+            .join("records")
+            .join(format!("{}:{}:{IFNAME}", self.name, sandbox.container_id))
+    }
+
+    /// The container host-local has reserved `ip` (without prefix length) for, if any.
+    pub fn ip_holder(&self, ip: &str) -> Option<String> {
+        let text = std::fs::read_to_string(self.ipam_dir.join(&self.name).join(ip)).ok()?;
+        text.lines().next().map(|id| id.trim().to_string())
+    }
+}
+
+/// Addresses of a result without prefix length, e.g. ["10.200.3.2"].
+pub fn result_ips(result: &Value) -> Vec<String> {
+    result["ips"]
+        .as_array()
+        .map(|ips| ips.iter().map(|ip| ip["address"].as_str().unwrap().to_string()).collect())
+        .unwrap_or_default()
+}
+
+pub fn bare_ip(cidr: &str) -> &str {
+    cidr.split('/').next().unwrap()
+}
+
+/// The JSON structure with the per-attachment values (names, MACs, addresses) blanked out:
+/// two ADDs of the same network must agree on it whatever they were allocated.
+pub fn shape(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(map.iter().map(|(k, v)| (k.clone(), shape(v))).collect()),
+        Value::Array(items) => Value::Array(items.iter().map(shape).collect()),
+        Value::String(_) => json!("<string>"),
+        Value::Number(_) => json!("<number>"),
+        other => other.clone(),
+    }
+}
+
+fn ip_json(netns: Option<&Netns>, args: &[&str]) -> Value {
+    let mut cmd = vec!["-j"];
+    cmd.extend_from_slice(args);
+    let out = match netns {
+        Some(ns) => {
+            let mut full = vec!["ip"];
+            full.extend_from_slice(&cmd);
+            ns.exec(&full)
+        }
+        None => sys::run("ip", &cmd),
+    };
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Asserts that every interface and address a result claims is what the kernel holds: a
+/// result that merely looks right (e.g. replayed from a stale checkpoint) fails here.
+pub fn assert_result_matches_kernel(result: &Value, sandbox: &Sandbox) {
+    let interfaces = result["interfaces"].as_array().expect("result interfaces");
+    let pod_addrs = ip_json(Some(&sandbox.netns), &["addr", "show"]);
+    let host_links = ip_json(None, &["link", "show"]);
+    for iface in interfaces {
+        let name = iface["name"].as_str().unwrap();
+        let mac = iface["mac"].as_str().unwrap();
+        let links = match iface.get("sandbox").and_then(Value::as_str) {
+            Some(netns) => {
+                assert_eq!(netns, sandbox.netns_path(), "interface {name} claims another netns");
+                &pod_addrs
+            }
+            None => &host_links,
+        };
+        let link = links
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["ifname"] == json!(name))
+            .unwrap_or_else(|| panic!("result interface {name} does not exist"));
+        assert_eq!(link["address"], json!(mac), "MAC of {name}");
+    }
+    for ip in result["ips"].as_array().expect("result ips") {
+        let index = ip["interface"].as_u64().expect("ip names its interface") as usize;
+        let iface = &interfaces[index];
+        assert!(iface.get("sandbox").is_some(), "pod IP on a host interface: {ip}");
+        let (addr, prefix) = ip["address"].as_str().unwrap().split_once('/').unwrap();
+        let link = pod_addrs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["ifname"] == iface["name"])
+            .unwrap();
+        let configured = link["addr_info"].as_array().unwrap().iter().any(|a| {
+            a["local"] == json!(addr) && a["prefixlen"].as_u64().map(|p| p.to_string()) == Some(prefix.to_string())
+        });
+        assert!(configured, "{addr}/{prefix} not configured on {} in the pod", iface["name"]);
+    }
+}
+
+/// Whether the sandbox's netns still has `ifname` (a DEL that reached the primary removes it).
+pub fn pod_has_link(sandbox: &Sandbox, ifname: &str) -> bool {
+    sandbox.netns.try_exec(&["ip", "link", "show", ifname])
+}

@@ -99,9 +99,9 @@ fn stale_error(id: &AttachmentId, key: &PodKey, owner: &Ownership) -> GuardError
     let msg = format!(
         "stale DEL refused: sandbox {} is no longer pod {}'s sandbox on network {} ({}); sandbox {} \
          (pod UID {uid}, generation {}) owns it now, and passing this DEL on would let the primary \
-         plugin release that sandbox's IP and endpoint. Stop and remove sandbox {} first and this DEL \
-         will pass; set \"staleDel\": \"audit\" to let such DELs through",
-        id.container_id, key.pod(), key.network, key.if_name, owner.container_id, owner.generation, owner.container_id
+         plugin release that sandbox's IP and endpoint. This DEL will pass once the newer sandbox \
+         is stopped and removed; set \"staleDel\": \"audit\" to let such DELs through",
+        id.container_id, key.pod(), key.network, key.if_name, owner.container_id, owner.generation
     );
     let details = serde_json::json!({
         "ownerContainerId": owner.container_id,

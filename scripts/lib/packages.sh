@@ -1,0 +1,32 @@
+# Sourced by the scripts: installs what a fresh Debian machine lacks, so that the demo, the
+# tests and the benchmarks need no hand steps. Packages already installed are left alone.
+
+# need_root WHAT: the kernel and runtime work (netns, links, containerd) needs root.
+need_root() {
+  if [ "$(id -u)" != 0 ]; then
+    echo "$1 needs root: it creates network namespaces and links (run it with sudo)" >&2
+    exit 1
+  fi
+}
+
+# need_packages PKG...: apt-get installs the missing ones.
+need_packages() {
+  local missing=() pkg
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "installing Debian packages: ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q -o DPkg::Lock::Timeout=600 >/dev/null
+  apt-get install -y -q -o DPkg::Lock::Timeout=600 "${missing[@]}" >/dev/null
+}
+
+# need_cargo: the Rust toolchain cannot be fetched by a script here; say so plainly.
+need_cargo() {
+  [ -d "$HOME/.cargo/bin" ] && PATH="$HOME/.cargo/bin:$PATH"
+  if ! command -v cargo >/dev/null; then
+    echo "cargo is not installed: install a Rust toolchain >= 1.89 (rustup) and rerun" >&2
+    exit 1
+  fi
+}

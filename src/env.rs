@@ -37,6 +37,13 @@ pub struct PodArgs {
     pub infra_container_id: Option<String>,
 }
 
+impl PodArgs {
+    /// `namespace/name` for log lines, when the runtime gave both.
+    pub fn label(&self) -> Option<String> {
+        Some(format!("{}/{}", self.namespace.as_deref()?, self.name.as_deref()?))
+    }
+}
+
 /// The attachment an ADD, DEL or CHECK is about.
 #[derive(Debug, Clone)]
 pub struct Attachment {

@@ -76,7 +76,8 @@ fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<Stri
     if let Err(err) = &result {
         // The verbs log their own refusals (to stderr too); everything else is logged here.
         if !matches!(err.kind, Kind::StaleDel | Kind::SetAside | Kind::CheckFailed) {
-            inv.log.event(log::Level::Error, inv.verb, &inv.subject(env.attachment.as_ref(), None), "error", &err.msg);
+            let pod = env.attachment.as_ref().and_then(|a| a.pod.label());
+            inv.log.event(log::Level::Error, inv.verb, &inv.subject(env.attachment.as_ref(), pod), "error", &err.msg);
         }
     }
     result

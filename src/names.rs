@@ -1,10 +1,11 @@
 //! Checks that a name coming from a runtime is plain before it is used in a path, a log
-//! line or a comparison. The limits keep `<network>:<containerID>:<ifname>` under the
-//! 255-byte file-name limit.
+//! line or a comparison. The limits keep `<network>:<containerID>:<ifname>`, and the
+//! names derived from it (a set-aside copy adds `~<nanoseconds>`), under the 255-byte
+//! file-name limit.
 
 use crate::error::{GuardError, Kind, Result};
 
-pub const MAX_NETWORK: usize = 100;
+pub const MAX_NETWORK: usize = 64;
 pub const MAX_CONTAINER_ID: usize = 128;
 pub const MAX_IFNAME: usize = 15;
 pub const MAX_POD_FIELD: usize = 253;
@@ -76,6 +77,13 @@ mod tests {
         for name in ["", "../etc", "a/b", "a..b", ".hidden", "-flag", "a\0b", "a b", long.as_str()] {
             assert!(check_plain("x", name, 253, Kind::InvalidEnvironment).is_err(), "{name:?}");
         }
+    }
+
+    #[test]
+    fn longest_derived_file_name_fits() {
+        let record = MAX_NETWORK + 1 + MAX_CONTAINER_ID + 1 + MAX_IFNAME;
+        let set_aside_suffix = 1 + u128::MAX.to_string().len();
+        assert!(record + set_aside_suffix <= 255);
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub mod sealed;
 use std::cell::Cell;
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::{GuardError, Kind, Result};
@@ -192,13 +192,14 @@ impl Store {
         let _ = self.lock.write_at(format!("{value:020}").as_bytes(), 0);
     }
 
-    /// Every record file, for GC and the dump.
+    /// Every record file, for GC and the dump. A file that cannot even be opened safely (a
+    /// planted symlink, a FIFO) is listed as corrupt: the tools that list must keep working.
     pub fn list_records(&self) -> Result<Vec<(PathBuf, Loaded<Checkpoint>)>> {
-        list(&self.records, |path| sealed::read(path))
+        list(&self.records, |path| Ok(read_for_listing(path)))
     }
 
     pub fn list_owners(&self) -> Result<Vec<(PathBuf, Loaded<Ownership>)>> {
-        list(&self.owners, |path| sealed::read(path))
+        list(&self.owners, |path| Ok(read_for_listing(path)))
     }
 
     /// The set-aside files, for the dump.
@@ -224,6 +225,10 @@ impl Store {
     }
 }
 
+fn read_for_listing<T: serde::de::DeserializeOwned>(path: &Path) -> Loaded<T> {
+    sealed::read(path).unwrap_or_else(|e| Loaded::Corrupt { path: path.to_path_buf(), reason: e.msg })
+}
+
 /// Lists a directory's files, skipping the temp files of writers in flight.
 fn list<T>(dir: &Path, mut load: impl FnMut(&Path) -> Result<T>) -> Result<Vec<(PathBuf, T)>> {
     let entries = fs::read_dir(dir).map_err(|e| GuardError::io("list", dir, e))?;
@@ -241,7 +246,7 @@ fn list<T>(dir: &Path, mut load: impl FnMut(&Path) -> Result<T>) -> Result<Vec<(
     Ok(out)
 }
 
-fn remove(path: &Path) -> Result<()> {
+pub(crate) fn remove(path: &Path) -> Result<()> {
     match fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -249,8 +254,9 @@ fn remove(path: &Path) -> Result<()> {
     }
 }
 
-/// Creates `dir` (0700) if missing; refuses it if it is a symlink or not a directory.
-fn ensure_dir(dir: &Path) -> Result<()> {
+/// Creates `dir` (0700) if missing, tightens it to 0700 if it is looser (checkpoints name
+/// every pod on the node); refuses it if it is a symlink or not a directory.
+pub(crate) fn ensure_dir(dir: &Path) -> Result<()> {
     match fs::symlink_metadata(dir) {
         Ok(meta) if meta.file_type().is_symlink() => Err(GuardError::new(
             Kind::Io,
@@ -260,6 +266,8 @@ fn ensure_dir(dir: &Path) -> Result<()> {
             Kind::Io,
             format!("{} is not a directory: move it away or set stateDir to a directory", dir.display()),
         )),
+        Ok(meta) if meta.permissions().mode() & 0o077 != 0 => fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .map_err(|e| GuardError::io("restrict the mode of", dir, e)),
         Ok(_) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => DirBuilder::new()
             .recursive(true)

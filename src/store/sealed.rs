@@ -81,7 +81,9 @@ pub fn seal<T: Serialize>(value: &T) -> Vec<u8> {
 /// for all its renames (see `Store::sync`).
 pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<()> {
     let target = dir.join(name);
-    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    // Named by pid alone: a process writes one file at a time, and deriving the temp name
+    // from `name` could push it past the 255-byte limit.
+    let temp = dir.join(format!(".{}.tmp", std::process::id()));
     let written = write_temp(&temp, &seal(value)).and_then(|()| fs::rename(&temp, &target));
     written.map_err(|e| {
         // Leave nothing half-written behind, even on ENOSPC.

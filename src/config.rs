@@ -22,6 +22,14 @@ pub enum StaleDelPolicy {
     Audit,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpConflictPolicy {
+    /// Log the conflict and let the ADD pass: the primary plugin's IPAM has the last word.
+    Warn,
+    /// Fail the ADD, naming the sandbox whose namespace still holds the address.
+    Refuse,
+}
+
 #[derive(Debug, Deserialize, PartialEq, Eq, Hash, Clone)]
 pub struct ValidAttachment {
     #[serde(rename = "containerID")]
@@ -41,6 +49,8 @@ struct RawConf {
     stale_del: Option<String>,
     #[serde(rename = "logFile")]
     log_file: Option<PathBuf>,
+    #[serde(rename = "ipConflict")]
+    ip_conflict: Option<String>,
     #[serde(rename = "prevResult")]
     prev_result: Option<Box<RawValue>>,
     #[serde(rename = "cni.dev/valid-attachments")]
@@ -56,6 +66,7 @@ pub struct NetConf {
     pub state_dir: PathBuf,
     pub stale_del: StaleDelPolicy,
     pub log_file: Option<PathBuf>,
+    pub ip_conflict: IpConflictPolicy,
     /// Kept as the exact bytes the runtime sent, so ADD can hand them on unchanged.
     pub prev_result: Option<Box<RawValue>>,
     /// GC's list; `None` when the runtime sent neither key.
@@ -114,6 +125,16 @@ impl NetConf {
                 ))
             }
         };
+        let ip_conflict = match raw.ip_conflict.as_deref() {
+            None | Some("warn") => IpConflictPolicy::Warn,
+            Some("refuse") => IpConflictPolicy::Refuse,
+            Some(other) => {
+                return Err(GuardError::new(
+                    Kind::InvalidConfig,
+                    format!("ipConflict {:?} is not valid: use \"warn\" or \"refuse\"", names::shorten(other)),
+                ))
+            }
+        };
         let state_dir = raw.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
         require_absolute("stateDir", &state_dir)?;
         if let Some(log_file) = &raw.log_file {
@@ -125,6 +146,7 @@ impl NetConf {
             state_dir,
             stale_del,
             log_file: raw.log_file,
+            ip_conflict,
             prev_result: raw.prev_result,
             valid_attachments: raw.valid_attachments.or(raw.legacy_attachments),
         })
@@ -151,18 +173,21 @@ mod tests {
         let conf = NetConf::parse(br#"{"cniVersion":"1.0.0","name":"net","type":"sandbox-guard"}"#).unwrap();
         assert_eq!(conf.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
         assert_eq!(conf.stale_del, StaleDelPolicy::Refuse);
+        assert_eq!(conf.ip_conflict, IpConflictPolicy::Warn);
         assert!(conf.prev_result.is_none());
     }
 
     #[test]
     fn codes_for_bad_configs() {
-        let cases: [(&[u8], u32); 6] = [
+        let cases: [(&[u8], u32); 8] = [
             (b"{not json", 6),
             (br#"{"cniVersion":"1.0.0"}"#, 7),
             (br#"{"cniVersion":1,"name":"n"}"#, 6),
             (br#"{"cniVersion":"1.0.0","name":"n","staleDel":"maybe"}"#, 7),
             (br#"{"cniVersion":"1.0.0","name":"n","stateDir":"relative/dir"}"#, 7),
             (br#"{"cniVersion":"1.0.0","name":"../n"}"#, 7),
+            (br#"{"cniVersion":"1.0.0","name":"n","ipConflict":"maybe"}"#, 7),
+            (br#"{"cniVersion":"1.0.0","name":"n","ipConflict":true}"#, 6),
         ];
         for (bytes, code) in cases {
             assert_eq!(NetConf::parse(bytes).unwrap_err().code(), code, "{}", String::from_utf8_lossy(bytes));

@@ -115,6 +115,8 @@ fn record_row(record: &Checkpoint, owner: bool) -> Value {
         "setAside": false,
         "status": "ok",
         "prevResult": serde_json::from_str::<Value>(record.prev_result.get()).unwrap_or(Value::Null),
+        // Null for records from before link facts; {"state":"unavailable",...} when ADD could not read them.
+        "links": record.links,
     })
 }
 

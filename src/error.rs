@@ -28,6 +28,12 @@ pub enum Kind {
     CheckFailed,
     /// A checkpoint failed its checksum; it was set aside and a DEL needing it is refused.
     SetAside,
+    /// ADD: another sandbox's live network namespace still holds one of the new addresses.
+    IpConflict,
+    /// The kernel refused or could not answer a netlink request (link facts, CHECK, restore).
+    Netlink,
+    /// A sandbox's netns path no longer exists: the sandbox is dead.
+    NetnsGone,
 }
 
 #[derive(Debug)]
@@ -79,6 +85,8 @@ impl GuardError {
             Kind::NotAvailable => 50,
             Kind::CheckFailed => 100,
             Kind::SetAside => 101,
+            Kind::IpConflict => 102,
+            Kind::Netlink | Kind::NetnsGone => 5,
         }
     }
 

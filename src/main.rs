@@ -5,13 +5,18 @@ mod cli;
 mod clock;
 mod commands;
 mod config;
+mod conflict;
+mod doctor;
 mod dump;
 mod env;
 mod error;
+mod link_facts;
 mod log;
 mod names;
+mod netlink;
 mod ownership;
 mod prev_result;
+mod restore;
 mod store;
 mod version;
 

@@ -3,6 +3,7 @@
 use crate::commands::Invocation;
 use crate::env::Attachment;
 use crate::error::{GuardError, Kind, Result};
+use crate::link_facts::LinkFacts;
 use crate::log::Level;
 use crate::ownership::{self, Ownership};
 use crate::prev_result::ResultView;
@@ -20,6 +21,8 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
         )
     })?;
     ResultView::parse(prev_result)?;
+    // Read on another thread while this one takes the lock and reads the store.
+    let links = crate::link_facts::start_at_add(attachment);
 
     let id = inv.attachment_id(attachment);
     let pod = &attachment.pod;
@@ -56,6 +59,9 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
         owner.as_ref(),
         previous.as_ref().map(|r| r.generation),
     );
+    // Before the record and the ownership are written: an ADD refused for an address that
+    // another live namespace holds must not take the pod key.
+    let address_claim = crate::conflict::check_addresses(inv, &store, attachment, prev_result)?;
     let now = crate::clock::now_rfc3339();
     let record = Checkpoint {
         network: id.network.clone(),
@@ -71,6 +77,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
         created_at: previous.map_or_else(|| now.clone(), |r| r.created_at),
         updated_at: now,
         prev_result: prev_result.clone(),
+        links: Some(links.finish()),
     };
     // Record first, ownership second: a crash in between leaves a record nobody points
     // to, never an owner pointing at nothing.
@@ -80,11 +87,19 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
     }
     store.sync()?;
     store.set_generation_counter(generation);
+    let ip_conflict = address_claim.record(&store);
 
     let took_over = owner.filter(|o| o.container_id != id.container_id).map(|o| {
         format!("; took the pod key over from sandbox {} (generation {})", o.container_id, o.generation)
     });
-    inv.log.event(Level::Info, inv.verb, &subject, "added",
-        &format!("generation={generation} netns={}{}", attachment.netns, took_over.unwrap_or_default()));
+    let facts_missing = record.links.as_ref().and_then(LinkFacts::missing_note);
+    let level = if ip_conflict.is_some() || facts_missing.is_some() { Level::Warn } else { Level::Info };
+    inv.log.event(level, inv.verb, &subject, "added", &format!(
+        "generation={generation} netns={}{}{}{}",
+        attachment.netns,
+        took_over.unwrap_or_default(),
+        ip_conflict.unwrap_or_default(),
+        facts_missing.unwrap_or_default()
+    ));
     Ok(prev_result.get().to_string())
 }

@@ -60,6 +60,7 @@ pub fn run(inv: &Invocation) -> Result<()> {
             }
         }
     }
+    let forgotten = crate::conflict::forget_released(&store, network);
     store.sync()?;
     inv.log.event(
         Level::Info,
@@ -68,7 +69,8 @@ pub fn run(inv: &Invocation) -> Result<()> {
         "collected",
         &format!(
             "kept {} valid attachments; removed {removed_records} records, released {released} pod keys, \
-             set aside {set_aside} corrupt records, removed {temp_files} temp files",
+             set aside {set_aside} corrupt records, removed {temp_files} temp files, forgot {forgotten} \
+             released addresses",
             valid.len()
         ),
     );

@@ -39,6 +39,10 @@ pub struct Checkpoint {
     pub updated_at: String,
     /// The primary's result exactly as the runtime passed it.
     pub prev_result: Box<RawValue>,
+    /// What the kernel showed of the interface and its host parent at ADD; absent in
+    /// records written before link facts existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub links: Option<crate::link_facts::LinkFacts>,
 }
 
 impl Checkpoint {

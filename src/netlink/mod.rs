@@ -1,0 +1,182 @@
+//! The plugin's only way into the kernel's network state: rtnetlink, read and written from a
+//! dedicated thread that holds one socket in the host netns and one in a pod's netns.
+//!
+//! Only ADD (link facts), CHECK and `--restore` come here; VERSION, DEL, GC, STATUS and the
+//! dump never start a runtime or open a socket, so they keep their start-up cost.
+//!
+//! A netlink socket answers for the netns it was opened in, and setns() changes the calling
+//! thread only. So a session opens the host socket first, then enters the pod's netns on its
+//! own thread and opens the second socket there; the process's other threads never leave
+//! the host netns. Everything async stays inside this module: callers get plain values.
+
+pub mod garp;
+mod read;
+mod write;
+
+use std::fs::File;
+use std::future::Future;
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use ipnetwork::IpNetwork;
+use nix::sched::{CloneFlags, setns};
+use rtnetlink::Handle;
+use tokio::runtime::Runtime;
+
+use crate::error::{GuardError, Kind, Result};
+
+pub use read::Side;
+pub use write::NewMacvlan;
+
+/// A link as the kernel reports it, reduced to what the guard records and compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkState {
+    pub index: u32,
+    pub name: String,
+    /// `macvlan`, `veth`, `vlan`, ...; None for a link without a driver kind (a real NIC).
+    pub kind: Option<String>,
+    /// `bridge`, `private`, `vepa`, `passthru` or `source`, for a macvlan.
+    pub macvlan_mode: Option<String>,
+    /// The VLAN ID, for a vlan link.
+    pub vlan_id: Option<u16>,
+    pub mtu: u32,
+    /// Lower-case `aa:bb:...`, as CNI results write it.
+    pub mac: Option<String>,
+    /// IFLA_LINK: the master of a macvlan or vlan, the peer of a veth.
+    pub parent_index: Option<u32>,
+    /// The parent lives in another netns (IFLA_LINK_NETNSID is set): for a pod's interface,
+    /// the host's.
+    pub parent_elsewhere: bool,
+    pub up: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteState {
+    pub dst: IpNetwork,
+    pub gateway: Option<IpAddr>,
+    pub oif: Option<u32>,
+    /// Scope link: the destination is on the wire, no gateway.
+    pub link_scope: bool,
+    pub metric: Option<u32>,
+    /// Added by the kernel itself (the connected route of an address, IPv6 link-local):
+    /// it comes back with the address and must not be recorded as the pod's own.
+    pub by_kernel: bool,
+    pub main_table: bool,
+}
+
+/// An open pair of netlink sockets: one in the host netns, one in a pod's.
+pub struct Kernel {
+    runtime: Runtime,
+    host: Handle,
+    pod: Handle,
+    /// Kept open: it names the pod's netns when a link is created straight into it.
+    pod_netns: File,
+}
+
+/// Runs `job` on a dedicated thread that has entered the netns at `netns_path`, with
+/// sockets in both that netns and the host's. The caller's thread stays where it is.
+pub fn with_pod_netns<T: Send>(netns_path: &Path, job: impl FnOnce(&Kernel) -> Result<T> + Send) -> Result<T> {
+    // Opened on the caller's thread so that "no such netns" is told apart from netlink
+    // failures without a thread.
+    let pod_netns = open_netns(netns_path)?;
+    std::thread::scope(|scope| {
+        let worker = worker_thread()
+            .spawn_scoped(scope, move || Kernel::open(pod_netns, netns_path).and_then(|kernel| job(&kernel)))
+            .map_err(thread_error)?;
+        worker.join().unwrap_or_else(|_| Err(died()))
+    })
+}
+
+/// A `with_pod_netns` whose caller goes on with other work (ADD: the store) meanwhile.
+pub struct InPodNetns<T>(std::result::Result<std::thread::JoinHandle<Result<T>>, GuardError>);
+
+impl<T> InPodNetns<T> {
+    pub fn wait(self) -> Result<T> {
+        self.0?.join().unwrap_or_else(|_| Err(died()))
+    }
+}
+
+pub fn start_in_pod_netns<T: Send + 'static>(
+    netns_path: PathBuf,
+    job: impl FnOnce(&Kernel) -> Result<T> + Send + 'static,
+) -> InPodNetns<T> {
+    let spawned = open_netns(&netns_path).and_then(|pod_netns| {
+        worker_thread()
+            .spawn(move || Kernel::open(pod_netns, &netns_path).and_then(|kernel| job(&kernel)))
+            .map_err(thread_error)
+    });
+    InPodNetns(spawned)
+}
+
+fn worker_thread() -> std::thread::Builder {
+    // A few netlink messages and their parsing: far below the 2 MiB default stack.
+    std::thread::Builder::new().name("sg-netns".into()).stack_size(256 * 1024)
+}
+
+fn thread_error(err: io::Error) -> GuardError {
+    GuardError::new(Kind::Netlink, format!("cannot start the netns thread: {err}"))
+}
+
+fn died() -> GuardError {
+    GuardError::new(Kind::Netlink, "the netns thread died")
+}
+
+/// Why a netns path cannot be used; `NotFound` is how a dead sandbox looks.
+pub fn open_netns(path: &Path) -> Result<File> {
+    File::open(path).map_err(|e| {
+        let kind = if e.kind() == io::ErrorKind::NotFound { Kind::NetnsGone } else { Kind::Netlink };
+        GuardError::new(kind, format!("cannot open netns {}: {e}", path.display()))
+    })
+}
+
+impl Kernel {
+    fn open(pod_netns: File, netns_path: &Path) -> Result<Kernel> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| GuardError::new(Kind::Netlink, format!("cannot start the netlink runtime: {e}")))?;
+        // Sockets register with the runtime's reactor, which needs the runtime entered.
+        let _entered = runtime.enter();
+        let host = connect(&runtime)?;
+        setns(&pod_netns, CloneFlags::CLONE_NEWNET).map_err(|e| {
+            GuardError::new(Kind::Netlink, format!("cannot enter netns {}: {e}", netns_path.display()))
+        })?;
+        let pod = connect(&runtime)?;
+        drop(_entered);
+        Ok(Kernel { runtime, host, pod, pod_netns })
+    }
+
+    fn block_on<F: Future>(&self, future: F) -> F::Output {
+        self.runtime.block_on(future)
+    }
+
+    fn pod_netns_fd(&self) -> i32 {
+        self.pod_netns.as_raw_fd()
+    }
+}
+
+fn connect(runtime: &Runtime) -> Result<Handle> {
+    let (connection, handle, _) = rtnetlink::new_connection()
+        .map_err(|e| GuardError::new(Kind::Netlink, format!("cannot open a netlink socket: {e}")))?;
+    runtime.spawn(connection);
+    Ok(handle)
+}
+
+/// The errno of a kernel refusal, to tell "not there" and "busy" from real failures.
+fn errno(err: &rtnetlink::Error) -> Option<i32> {
+    match err {
+        rtnetlink::Error::NetlinkError(message) => Some(message.raw_code().abs()),
+        _ => None,
+    }
+}
+
+fn failed(action: &str, err: rtnetlink::Error) -> GuardError {
+    let text = match &err {
+        rtnetlink::Error::NetlinkError(message) => message.to_io().to_string(),
+        other => other.to_string(),
+    };
+    GuardError::new(Kind::Netlink, format!("cannot {action}: {text}"))
+}

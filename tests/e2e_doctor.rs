@@ -1,0 +1,352 @@
+//! `--doctor` and the `ipConflict` check at ADD against real links and namespaces: the
+//! enslaved macvlan master (seed 000), the node without a default route (seed 003), two
+//! namespaces with one address and a namespace that outlived its DEL (seed 004), stale DELs
+//! per pod, and a clean node that reports clean.
+
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/cni.rs"]
+mod cni;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use cni::{Pod, Store, container_id, prev_result_for};
+use serde_json::{Value, json};
+use sys::{Netns, TempDir};
+
+const TOOLS: &[&str] = &["ip", "sleep"];
+
+/// What one doctor run said.
+struct Diagnosis {
+    status: i32,
+    findings: Vec<Value>,
+    raw: String,
+}
+
+impl Diagnosis {
+    fn of(check: &str, findings: &[Value]) -> Vec<Value> {
+        findings.iter().filter(|f| f["check"] == check).cloned().collect()
+    }
+
+    fn with(&self, check: &str, severity: &str) -> Vec<Value> {
+        Diagnosis::of(check, &self.findings).into_iter().filter(|f| f["severity"] == severity).collect()
+    }
+
+    /// The one finding of `check` at `severity`, panicking with the whole report otherwise.
+    fn one(&self, check: &str, severity: &str) -> Value {
+        let found = self.with(check, severity);
+        assert_eq!(found.len(), 1, "expected one {severity} {check} finding:\n{}", self.raw);
+        found.into_iter().next().unwrap()
+    }
+
+    fn none(&self, check: &str, severity: &str) {
+        assert!(self.with(check, severity).is_empty(), "expected no {severity} {check} finding:\n{}", self.raw);
+    }
+}
+
+/// The finding as one string (summary, evidence, fix), for "does it say X" checks.
+fn text(finding: &Value) -> String {
+    let evidence: Vec<&str> = finding["evidence"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    format!("{}\n{}\n{}", finding["summary"].as_str().unwrap_or(""), evidence.join("\n"), finding["fix"].as_str().unwrap_or(""))
+}
+
+/// Runs `--doctor --output json` with `args`, inside `netns` when given (through `ip netns
+/// exec`, which also gives it that namespace's /sys/class/net).
+fn doctor(netns: Option<&Netns>, args: &[&str]) -> Diagnosis {
+    let mut command = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &ns.name, cni::BIN]);
+            c
+        }
+        None => Command::new(cni::BIN),
+    };
+    command.args(["--doctor", "--output", "json"]).args(args);
+    let out = command.output().expect("run the doctor");
+    let raw = format!(
+        "status {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let body: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("the report is not JSON ({e}): {raw}"));
+    let findings = body["findings"].as_array().cloned().unwrap_or_else(|| panic!("no findings array: {raw}"));
+    Diagnosis { status: out.status.code().unwrap_or(-1), findings, raw }
+}
+
+/// A conflist dir with one network: `plugins` first, sandbox-guard last, using `store`.
+fn conf_dir(store: &Store, plugins: Vec<Value>) -> TempDir {
+    let dir = TempDir::new("sgcnf");
+    let mut plugins = plugins;
+    plugins.push(json!({"type": "sandbox-guard", "stateDir": store.state_dir, "logFile": store.log_file}));
+    let conflist = json!({"cniVersion": "1.0.0", "name": cni::NETWORK, "plugins": plugins});
+    std::fs::write(dir.path.join("10-net.conflist"), conflist.to_string()).unwrap();
+    dir
+}
+
+fn path_arg(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// A namespace with the pod end of a veth named `eth0` in it, as a primary plugin leaves it.
+/// The host end goes with the namespace.
+fn pod_netns() -> Netns {
+    let ns = Netns::new("sgdp");
+    let host_end = sys::unique("sgh");
+    sys::run("ip", &["link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &ns.name]);
+    ns.exec(&["ip", "link", "set", "eth0", "up"]);
+    ns
+}
+
+/// ADD of `container` for `pod` into `netns` with `address` as the primary's result.
+fn add(store: &Store, container: &str, pod: &Pod, netns: &Netns, address: &str) -> cni::Cni {
+    let netns_path = netns.path().to_string_lossy().into_owned();
+    let mut result = prev_result_for(cni::LATEST_VERSION, container, "eth0", &netns_path);
+    result["ips"][0]["address"] = json!(address);
+    store.add(container, pod).netns(&netns_path).prev_result(&result)
+}
+
+/// A process kept in a namespace, killed on drop.
+struct Resident(Child);
+
+impl Resident {
+    fn start(netns: &Netns) -> Resident {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &netns.name, "sleep", "600"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start sleep in the namespace");
+        // Until `ip` has exec'd sleep inside the namespace, it is not in it.
+        let target = std::fs::read_link("/proc/self/ns/net").unwrap();
+        for _ in 0..200 {
+            let now = std::fs::read_link(format!("/proc/{}/ns/net", child.id()));
+            let comm = std::fs::read_to_string(format!("/proc/{}/comm", child.id())).unwrap_or_default();
+            if now.is_ok_and(|n| n != target) && comm.trim() == "sleep" {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Resident(child)
+    }
+}
+
+impl Drop for Resident {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn macvlan_on_a_bridge_port_is_reported_as_device_busy() {
+    if !sys::require("macvlan_on_a_bridge_port_is_reported_as_device_busy", true, TOOLS) {
+        return;
+    }
+    // A namespace of its own: the links and /sys/class/net the doctor reads are the test's.
+    let node = Netns::new("sgdn");
+    let (lower, peer, bridge) = (sys::unique("sgl"), sys::unique("sgp"), sys::unique("sgb"));
+    let (free, free_peer) = (sys::unique("sgf"), sys::unique("sgq"));
+    node.exec(&["ip", "link", "add", &lower, "type", "veth", "peer", "name", &peer]);
+    node.exec(&["ip", "link", "add", &free, "type", "veth", "peer", "name", &free_peer]);
+    node.exec(&["ip", "link", "add", &bridge, "type", "bridge"]);
+    node.exec(&["ip", "link", "set", &lower, "master", &bridge]);
+    for link in [&lower, &peer, &bridge, &free, &free_peer] {
+        node.exec(&["ip", "link", "set", link, "up"]);
+    }
+    // What the doctor predicts is what the kernel does (seed 000's "device or resource busy").
+    let probe = Command::new("ip")
+        .args(["netns", "exec", &node.name, "ip", "link", "add", "link", &lower, "name", "sgmv", "type", "macvlan", "mode", "bridge"])
+        .output()
+        .unwrap();
+    assert!(!probe.status.success(), "this kernel let a macvlan onto a bridge port");
+    assert!(String::from_utf8_lossy(&probe.stderr).to_lowercase().contains("busy"), "{probe:?}");
+
+    let store = Store::new();
+    let conf = conf_dir(&store, vec![json!({"type": "macvlan", "master": lower, "mode": "bridge", "ipam": {"type": "host-local"}})]);
+    let other = TempDir::new("sgcnf");
+    std::fs::write(other.path.join("20-free.conflist"),
+        json!({"cniVersion": "1.0.0", "name": "free", "plugins": [{"type": "ipvlan", "master": free}]}).to_string()).unwrap();
+    std::fs::copy(conf.path.join("10-net.conflist"), other.path.join("10-net.conflist")).unwrap();
+
+    let report = doctor(Some(&node), &["--conf-dir", path_arg(&other.path)]);
+    assert_eq!(report.status, 1, "an error must make the exit status 1:\n{}", report.raw);
+    let busy = text(&report.one("lower-link", "error"));
+    assert!(busy.contains(&format!("macvlan on {lower} will fail with \"device or resource busy\": {lower} is a slave of {bridge} (a bridge)")), "{busy}");
+    assert!(busy.contains(&format!("ip link set {lower} nomaster")), "the fix must say how to free it: {busy}");
+    let fine = text(&report.one("lower-link", "ok"));
+    assert!(fine.contains(&free), "the free ipvlan master is fine: {fine}");
+}
+
+#[test]
+fn a_node_without_default_route_cannot_reach_cluster_ips() {
+    if !sys::require("a_node_without_default_route_cannot_reach_cluster_ips", true, TOOLS) {
+        return;
+    }
+    let node = Netns::new("sgdr");
+    let conf = TempDir::new("sgcnf");
+    let store = Store::new();
+    let args = ["--conf-dir", path_arg(&conf.path), "--state-dir", path_arg(&store.state_dir)];
+
+    let report = doctor(Some(&node), &args);
+    assert_eq!(report.status, 1, "{}", report.raw);
+    let unreachable = text(&report.one("service-route", "error"));
+    for needed in ["10.96.0.1", "10.96.0.0/12", "unreachable", "no default route", "DNAT", "ip route add 10.96.0.0/12"] {
+        assert!(unreachable.contains(needed), "the finding must mention {needed:?}: {unreachable}");
+    }
+
+    // An uplink with a default route (seed 003's fix) makes ClusterIPs routable again.
+    let (uplink, far) = (sys::unique("sgu"), sys::unique("sgg"));
+    node.exec(&["ip", "link", "add", &uplink, "type", "veth", "peer", "name", &far]);
+    node.exec(&["ip", "addr", "add", "192.168.213.2/24", "dev", &uplink]);
+    node.exec(&["ip", "link", "set", &uplink, "up"]);
+    node.exec(&["ip", "link", "set", &far, "up"]);
+    node.exec(&["ip", "route", "add", "default", "via", "192.168.213.1"]);
+    let report = doctor(Some(&node), &args);
+    report.none("service-route", "error");
+    let routed = text(&report.one("service-route", "ok"));
+    assert!(routed.contains(&format!("default via 192.168.213.1 dev {uplink}")), "{routed}");
+}
+
+#[test]
+fn two_namespaces_with_one_address_are_a_conflict() {
+    if !sys::require("two_namespaces_with_one_address_are_a_conflict", true, TOOLS) {
+        return;
+    }
+    let store = Store::new();
+    let (ns_a, ns_b, ns_c) = (pod_netns(), pod_netns(), pod_netns());
+    let (a, b, c) = (container_id(), container_id(), container_id());
+    let (pod_a, pod_b, pod_c) = (Pod::new("shop", "cart-0"), Pod::new("shop", "cart-1"), Pod::new("shop", "cart-2"));
+    add(&store, &a, &pod_a, &ns_a, "10.77.0.5/24").run().assert_ok();
+
+    // Default "warn": the ADD passes and says why it should not have been needed.
+    let warned = add(&store, &b, &pod_b, &ns_b, "10.77.0.5/24").run();
+    warned.assert_ok();
+    assert!(warned.stderr.contains("IP conflict") && warned.stderr.contains(&a), "{}", warned.stderr);
+    // In the ADD's one log line, at WARN.
+    let line = store.log_lines().into_iter().find(|l| l.container == b).expect("a log line for the ADD");
+    assert!(line.outcome == "added" && line.level == "WARN" && line.raw.contains("IP conflict"), "{line:?}");
+
+    // "refuse": the ADD fails naming the sandbox, pod and netns that hold the address, and
+    // takes nothing.
+    let error = add(&store, &c, &pod_c, &ns_c, "10.77.0.5/24").config("ipConflict", Some(json!("refuse"))).run().assert_error(102);
+    let said = error.text();
+    for needed in [b.as_str(), "shop/cart-1", path_arg(&ns_b.path()), "10.77.0.5"] {
+        assert!(said.contains(needed), "the refusal must name {needed}: {said}");
+    }
+    assert!(store.entry(&c, "eth0").is_none(), "a refused ADD leaves no record");
+    // Another address passes in refuse mode.
+    add(&store, &c, &pod_c, &ns_c, "10.77.0.6/24").config("ipConflict", Some(json!("refuse"))).run().assert_ok();
+
+    let conf = conf_dir(&store, vec![json!({"type": "bridge"})]);
+    let report = doctor(None, &["--conf-dir", path_arg(&conf.path)]);
+    assert_eq!(report.status, 1, "{}", report.raw);
+    let conflict = text(&report.one("ip-conflict", "error"));
+    for needed in [a.as_str(), b.as_str(), "10.77.0.5", "shop/cart-0", "shop/cart-1"] {
+        assert!(conflict.contains(needed), "the conflict must name {needed}: {conflict}");
+    }
+    assert!(!conflict.contains(&c), "{conflict}");
+
+    // An interface gone from a live sandbox (the CHECK of the restore issue).
+    ns_c.exec(&["ip", "link", "delete", "eth0"]);
+    let report = doctor(None, &["--conf-dir", path_arg(&conf.path)]);
+    let missing = text(&report.one("sandbox-interfaces", "error"));
+    assert!(missing.contains(&c) && missing.contains("eth0") && missing.contains("--restore"), "{missing}");
+}
+
+#[test]
+fn a_namespace_that_outlives_its_del_still_holds_the_address() {
+    if !sys::require("a_namespace_that_outlives_its_del_still_holds_the_address", true, TOOLS) {
+        return;
+    }
+    let store = Store::new();
+    let conf = conf_dir(&store, vec![json!({"type": "bridge"})]);
+    let ns_old = pod_netns();
+    let ns_new = pod_netns();
+    let (old, new) = (container_id(), container_id());
+    let (pod_old, pod_new) = (Pod::new("pay", "api-7d9f"), Pod::new("pay", "api-5c2a"));
+    add(&store, &old, &pod_old, &ns_old, "10.77.1.5/24").run().assert_ok();
+    // The pod is force-deleted; its DEL passes but the namespace stays (seed 004).
+    store.del(&old, &pod_old).netns(path_arg(&ns_old.path())).run().assert_ok();
+
+    let report = doctor(None, &["--conf-dir", path_arg(&conf.path)]);
+    assert_eq!(report.status, 1, "{}", report.raw);
+    let leaked = text(&report.one("deleted-netns", "error"));
+    for needed in [old.as_str(), "pay/api-7d9f", "10.77.1.5", "still mounted"] {
+        assert!(leaked.contains(needed), "the finding must name {needed}: {leaked}");
+    }
+
+    // The IPAM hands the address out again: "refuse" stops the ADD before the pod breaks.
+    let error = add(&store, &new, &pod_new, &ns_new, "10.77.1.5/24").config("ipConflict", Some(json!("refuse"))).run().assert_error(102);
+    assert!(error.msg.contains(&old) && error.msg.contains("deleted"), "{error:?}");
+
+    // Unmounted, but a process is still in it (the D-state container): found by inode.
+    let resident = Resident::start(&ns_old);
+    sys::run("ip", &["netns", "delete", &ns_old.name]);
+    let report = doctor(None, &["--conf-dir", path_arg(&conf.path)]);
+    let held = text(&report.one("deleted-netns", "error"));
+    assert!(held.contains("unmounted") && held.contains(&format!("pid {}", resident.0.id())) && held.contains("sleep"), "{held}");
+
+    // Once the last process is gone, so is the finding.
+    drop(resident);
+    let report = doctor(None, &["--conf-dir", path_arg(&conf.path)]);
+    report.none("deleted-netns", "error");
+    report.one("deleted-netns", "ok");
+}
+
+#[test]
+fn stale_dels_are_reported_per_pod_with_the_owner_they_protected() {
+    if !sys::require("stale_dels_are_reported_per_pod_with_the_owner_they_protected", true, TOOLS) {
+        return;
+    }
+    let store = Store::new();
+    let conf = conf_dir(&store, vec![json!({"type": "bridge"})]);
+    let (a, b) = (container_id(), container_id());
+    let (pod_a, pod_b) = (Pod::new("lijiaob", "etcd1-0"), Pod::new("lijiaob", "etcd1-0"));
+    store.add(&a, &pod_a).run().assert_ok();
+    store.add(&b, &pod_b).run().assert_ok();
+    for _ in 0..3 {
+        store.del(&a, &pod_a).run().assert_error(11);
+    }
+    let report = doctor(None, &["--conf-dir", path_arg(&conf.path)]);
+    let stale = text(&report.one("stale-dels", "warning"));
+    for needed in ["lijiaob/etcd1-0", "3 stale DELs refused", b.as_str(), a.as_str()] {
+        assert!(stale.contains(needed), "the finding must name {needed}: {stale}");
+    }
+
+    // Once the owner is gone the refusals are history, not a warning.
+    store.del(&b, &pod_b).run().assert_ok();
+    store.del(&a, &pod_a).run().assert_ok();
+    let report = doctor(None, &["--conf-dir", path_arg(&conf.path)]);
+    report.none("stale-dels", "warning");
+    assert!(text(&report.one("stale-dels", "info")).contains("history"), "{}", report.raw);
+}
+
+#[test]
+fn a_clean_node_reports_clean() {
+    if !sys::require("a_clean_node_reports_clean", true, TOOLS) {
+        return;
+    }
+    let node = Netns::new("sgdc");
+    let (uplink, far) = (sys::unique("sgu"), sys::unique("sgg"));
+    node.exec(&["ip", "link", "add", &uplink, "type", "veth", "peer", "name", &far]);
+    node.exec(&["ip", "addr", "add", "192.168.214.2/24", "dev", &uplink]);
+    node.exec(&["ip", "link", "set", &uplink, "up"]);
+    node.exec(&["ip", "link", "set", &far, "up"]);
+    node.exec(&["ip", "route", "add", "default", "via", "192.168.214.1"]);
+
+    let store = Store::new();
+    let conf = conf_dir(&store, vec![json!({"type": "macvlan", "master": uplink, "ipam": {"type": "host-local"}})]);
+    let pod_ns = pod_netns();
+    add(&store, &container_id(), &Pod::new("web", "front-0"), &pod_ns, "10.77.2.5/24").run().assert_ok();
+
+    let report = doctor(Some(&node), &["--conf-dir", path_arg(&conf.path)]);
+    let bad: Vec<&Value> = report.findings.iter().filter(|f| f["severity"] != "ok").collect();
+    assert!(bad.is_empty(), "a clean node must report clean:\n{}", report.raw);
+    assert_eq!(report.status, 0, "{}", report.raw);
+    for check in ["cni-config", "lower-link", "service-route", "store-permissions", "store-checksums", "sandbox-netns",
+        "ip-conflict", "deleted-netns", "sandbox-interfaces", "stale-dels"] {
+        report.one(check, "ok");
+    }
+}

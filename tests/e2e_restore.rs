@@ -1,0 +1,244 @@
+//! The NIC driver reload, end to end with real links: a macvlan pod set up through libcni on
+//! a veth end that stands in for the node's NIC (or its vlan link), then that master deleted
+//! and re-created, which takes the pod's macvlan away exactly as a driver reload does. CHECK
+//! must name the loss, `--restore` must bring the interface back with the same MAC, addresses
+//! and routes so that traffic passes, and a second `--restore` must change nothing.
+//!
+//! This kernel has no vlan module, so the path that re-creates a lost vlan parent is covered
+//! by the unit tests of the restore plan (src/restore.rs), not here.
+
+#[path = "support/sys.rs"]
+mod sys;
+
+#[path = "support/libcni.rs"]
+mod libcni;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use libcni::{GUARD_BIN, IFNAME, Network, NetnsArg, Sandbox, assert_result_matches_kernel, bare_ip, pod_has_link};
+use serde_json::{Value, json};
+use sys::{HostLink, Netns};
+
+/// The node's NIC stand-in and the LAN behind it: `master` in the host, its peer in `lan`
+/// as the LAN's router at .1 (the gateway conf-examples routes through).
+struct Lan {
+    netns: Netns,
+    master: String,
+    uplink: String,
+}
+
+impl Lan {
+    fn new() -> Lan {
+        let netns = Netns::new("sglan");
+        // A gratuitous ARP creates a neighbour entry only where arp_accept is on: that is how
+        // the test sees the restore's announcement arrive.
+        netns.exec(&["sysctl", "-q", "-w", "net.ipv4.conf.all.arp_accept=1"]);
+        Lan { netns, master: sys::unique("sgmv"), uplink: sys::unique("sgup") }
+    }
+
+    /// Creates the master and the router end; what a driver (re)load does for a real NIC.
+    fn plug(&self, router_cidr: &str) {
+        sys::run("ip", &["link", "add", &self.master, "type", "veth", "peer", "name", &self.uplink]);
+        sys::run("ip", &["link", "set", &self.uplink, "netns", &self.netns.name]);
+        sys::run("ip", &["link", "set", &self.master, "up"]);
+        self.netns.exec(&["ip", "addr", "add", router_cidr, "dev", &self.uplink]);
+        self.netns.exec(&["ip", "link", "set", &self.uplink, "up"]);
+    }
+
+    /// The driver unload: the master goes, and with it every macvlan on it.
+    fn unplug(&self) {
+        sys::run("ip", &["link", "delete", &self.master]);
+    }
+
+    fn neighbour_mac(&self, ip: &str) -> Option<String> {
+        let out = self.netns.exec(&["ip", "-j", "neigh", "show", ip]);
+        let entries: Value = serde_json::from_slice(&out.stdout).ok()?;
+        entries.as_array()?.iter().find_map(|e| e["lladdr"].as_str().map(str::to_string))
+    }
+}
+
+/// The guard's own CHECK, given what libcni gives it: its conflist entry with the cached
+/// result as prevResult. Through libcni the primary's CHECK runs first and, with the
+/// interface gone, fails with its own words (macvlan: "eth0 not found"), so the guard's
+/// diagnosis is read here directly.
+fn guard_check(net: &Network, sandbox: &Sandbox) -> Output {
+    let conflist: Value = serde_json::from_slice(&std::fs::read(&net.conflist).unwrap()).unwrap();
+    let mut entry = conflist["plugins"].as_array().unwrap().last().unwrap().clone();
+    entry["name"] = conflist["name"].clone();
+    entry["cniVersion"] = conflist["cniVersion"].clone();
+    entry["prevResult"] = net.cached_result(sandbox).expect("libcni's cached result");
+    let mut child = Command::new(GUARD_BIN)
+        .env_clear()
+        .envs([
+            ("CNI_COMMAND", "CHECK"),
+            ("CNI_CONTAINERID", sandbox.container_id.as_str()),
+            ("CNI_NETNS", &sandbox.netns_path()),
+            ("CNI_IFNAME", IFNAME),
+            ("CNI_PATH", "/usr/lib/cni"),
+            ("CNI_ARGS", ""),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run sandbox-guard CHECK");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), entry.to_string().as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn guard(args: &[&str]) -> Output {
+    Command::new(GUARD_BIN).args(args).output().expect("run sandbox-guard")
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+fn pod_json(sandbox: &Sandbox, args: &[&str]) -> Value {
+    let mut cmd = vec!["ip", "-j"];
+    cmd.extend_from_slice(args);
+    serde_json::from_slice(&sandbox.netns.exec(&cmd).stdout).expect("ip -j output")
+}
+
+/// The pod interface's routes without the kernel's bookkeeping fields, sorted.
+fn pod_routes(sandbox: &Sandbox) -> Vec<Value> {
+    let mut routes: Vec<Value> = ["-4", "-6"]
+        .iter()
+        .flat_map(|family| pod_json(sandbox, &[family, "route", "show", "dev", IFNAME]).as_array().cloned().unwrap_or_default())
+        .filter(|r| r["dst"].as_str().is_some_and(|d| !d.starts_with("fe80")))
+        .map(|r| json!({"dst": r["dst"], "gateway": r["gateway"], "scope": r["scope"], "metric": r["metric"]}))
+        .collect();
+    routes.sort_by_key(|r| r.to_string());
+    routes
+}
+
+fn pod_ifindex(sandbox: &Sandbox) -> Value {
+    pod_json(sandbox, &["link", "show", IFNAME])[0]["ifindex"].clone()
+}
+
+#[test]
+fn a_driver_reload_is_seen_by_check_and_undone_by_restore() {
+    if !sys::require("a_driver_reload_is_seen_by_check_and_undone_by_restore", true, libcni::TOOLS) {
+        return;
+    }
+    let lan = Lan::new();
+    // The Network owns the master's cleanup; by name, so the re-created master goes too.
+    let net = Network::from_example(
+        "20-macvlan-guarded.conflist",
+        vec![HostLink { name: lan.master.clone() }],
+        |primary, _| primary["master"] = json!(lan.master),
+    );
+    let router = net.subnet.host(1);
+    lan.plug(&format!("{router}/24"));
+    let state_dir = net.state_dir.to_str().unwrap().to_string();
+
+    let pod = Sandbox::new("kube-system", "etcd-node1", "uid-etcd");
+    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    let pod_ip = bare_ip(result["ips"][0]["address"].as_str().unwrap()).to_string();
+    let pod_mac = result["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["sandbox"].is_string())
+        .map(|i| i["mac"].as_str().unwrap().to_string())
+        .unwrap();
+    net.check(&pod).unwrap_or_else(|e| panic!("CHECK of a healthy pod failed: {}", e.stderr));
+    assert!(guard_check(&net, &pod).status.success());
+    assert!(pod.can_ping(&router), "pod -> router before the reload");
+    let routes_before = pod_routes(&pod);
+    assert!(routes_before.iter().any(|r| r["dst"] == "default" && r["gateway"] == json!(router)), "{routes_before:?}");
+
+    // ADD recorded what a restore needs, and the dump shows it.
+    let record = net.checkpoint(&pod).expect("checkpoint");
+    let links = &record["links"];
+    assert_eq!(links["state"], "observed", "{links}");
+    assert_eq!(links["kind"], "macvlan");
+    assert_eq!(links["macvlanMode"], "bridge");
+    assert_eq!(links["mac"], json!(pod_mac));
+    assert_eq!(links["parent"]["name"], json!(lan.master));
+    assert!(links["addresses"].as_array().unwrap().contains(&result["ips"][0]["address"]), "{links}");
+    assert!(
+        links["routes"].as_array().unwrap().iter().any(|r| r["dst"] == "0.0.0.0/0" && r["gateway"] == json!(router)),
+        "{links}"
+    );
+
+    // The reload: the master and the pod's macvlan vanish; the master comes back, the macvlan does not.
+    lan.unplug();
+    assert!(!pod_has_link(&pod, IFNAME), "the macvlan should vanish with its master");
+    lan.plug(&format!("{router}/24"));
+    assert!(!pod_has_link(&pod, IFNAME));
+
+    net.check(&pod).expect_err("libcni CHECK must fail while the interface is gone");
+    let failed = guard_check(&net, &pod);
+    let reply: Value = serde_json::from_slice(&failed.stdout).unwrap_or_else(|e| panic!("CHECK reply ({e}): {}", text(&failed)));
+    assert_eq!(reply["code"], 100, "{reply}");
+    let msg = reply["msg"].as_str().unwrap();
+    for needle in [
+        format!("interface {IFNAME} is missing from netns {}", pod.netns_path()),
+        format!("parent link {} was re-created", lan.master),
+        format!("sandbox-guard --restore --state-dir {state_dir} {}", pod.container_id),
+    ] {
+        assert!(msg.contains(&needle), "CHECK should say {needle:?}: {msg}");
+    }
+
+    let dry = guard(&["--restore", "--dry-run", "--state-dir", &state_dir, &pod.container_id]);
+    assert!(dry.status.success(), "{}", text(&dry));
+    assert!(text(&dry).contains("would restore"), "{}", text(&dry));
+    assert!(text(&dry).contains(&format!("address {pod_mac}")), "{}", text(&dry));
+    assert!(!pod_has_link(&pod, IFNAME), "a dry run changed the pod");
+
+    let restored = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
+    assert!(restored.status.success(), "{}", text(&restored));
+    assert!(text(&restored).contains("restored"), "{}", text(&restored));
+    eprintln!("{}", text(&restored));
+
+    // Same MAC, addresses and routes as libcni's result says, in the same netns.
+    assert_result_matches_kernel(&result, &pod);
+    assert_eq!(pod_routes(&pod), routes_before, "routes after the restore");
+    // The router learnt the pod's MAC from the gratuitous ARP, before the pod sent anything.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while lan.neighbour_mac(&pod_ip).is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(lan.neighbour_mac(&pod_ip), Some(pod_mac.clone()), "gratuitous ARP not seen by the router");
+    assert!(pod.can_ping(&router), "pod -> router after the restore");
+    net.check(&pod).unwrap_or_else(|e| panic!("CHECK after the restore failed: {}", e.stderr));
+
+    // Again: nothing to do, nothing touched.
+    let ifindex = pod_ifindex(&pod);
+    let again = guard(&["--restore", "--state-dir", &state_dir, "--all"]);
+    assert!(again.status.success(), "{}", text(&again));
+    assert!(text(&again).contains("intact"), "{}", text(&again));
+    assert!(text(&again).contains("0 restored"), "{}", text(&again));
+    assert_eq!(pod_ifindex(&pod), ifindex, "a second restore re-created the interface");
+
+    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+}
+
+/// A veth's host end belongs to the primary (here a bridge port): restore must say it cannot
+/// rebuild it, and why, rather than half-build it.
+#[test]
+fn a_lost_veth_is_reported_not_restorable() {
+    if !sys::require("a_lost_veth_is_reported_not_restorable", true, libcni::TOOLS) {
+        return;
+    }
+    let bridge = sys::unique("sgbr");
+    let net = Network::from_example("30-bridge-guarded.conflist", vec![HostLink { name: bridge.clone() }], |primary, _| {
+        primary["bridge"] = json!(bridge);
+        primary["ipMasq"] = json!(false);
+    });
+    let pod = Sandbox::new("default", "web-0", "uid-web-0");
+    net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    assert_eq!(net.checkpoint(&pod).expect("checkpoint")["links"]["kind"], "veth");
+    pod.netns.exec(&["ip", "link", "delete", IFNAME]);
+
+    let state_dir = net.state_dir.to_str().unwrap();
+    let out = guard(&["--restore", "--state-dir", state_dir, &pod.container_id]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("NOT RESTORABLE"), "{}", text(&out));
+    assert!(text(&out).contains("veth's host end belongs to the primary plugin"), "{}", text(&out));
+    assert!(!pod_has_link(&pod, IFNAME), "restore must not touch what it cannot rebuild");
+
+    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+}

@@ -1,0 +1,149 @@
+//! Many runtimes' worth of concurrent plugin execs on the same pods. The log file is appended
+//! under the store lock, so its lines are the serial order in which operations took effect:
+//! replaying them through a few-line model must give every logged outcome and the final store.
+
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/cni.rs"]
+mod cni;
+
+use cni::{NETWORK, Pod, PodNetns, Reply, SeededRng, Store, container_id, verify_envelope};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+const WORKERS: u64 = 8;
+const OPS_PER_WORKER: usize = 200;
+const PODS: usize = 3;
+const SANDBOXES: usize = 12;
+/// Fixed so that a failure replays the same operation sequences.
+const SEED: u64 = 0x5a9d_b0c5;
+
+struct Sandbox {
+    container: String,
+    pod: Pod,
+    netns: PodNetns,
+}
+
+struct Done {
+    verb: &'static str,
+    sandbox: usize,
+    reply: Reply,
+}
+
+/// The guard's rules, serially: ADD checkpoints and takes the pod key; a DEL by anyone but the
+/// key's owner is refused; any other DEL drops the checkpoint and the ownership it held.
+#[derive(Default)]
+struct Model {
+    records: BTreeSet<String>,
+    owner_by_pod: BTreeMap<String, String>,
+}
+
+impl Model {
+    fn apply(&mut self, verb: &str, container: &str, pod: &str) -> &'static str {
+        match verb {
+            "ADD" => {
+                self.records.insert(container.to_string());
+                self.owner_by_pod.insert(pod.to_string(), container.to_string());
+                "added"
+            }
+            "DEL" => match self.owner_by_pod.get(pod) {
+                Some(owner) if owner != container => "refused",
+                owner => {
+                    if owner.is_some() {
+                        self.owner_by_pod.remove(pod);
+                    }
+                    self.records.remove(container);
+                    "deleted"
+                }
+            },
+            other => panic!("unexpected verb {other}"),
+        }
+    }
+}
+
+#[test]
+fn concurrent_execs_match_a_serial_replay_of_the_log() {
+    // Real sandbox namespaces: an ADD into a path to nothing is another situation (and logs
+    // more than the operation's line).
+    if !sys::require("concurrent_execs_match_a_serial_replay_of_the_log", true, &["ip"]) {
+        return;
+    }
+    let store = Store::new();
+    let sandboxes: Vec<Sandbox> = (0..SANDBOXES)
+        .map(|i| {
+            let (container, pod) = (container_id(), Pod::new("conc", &format!("web-{}", i % PODS)));
+            let (_, netns) = store.add(&container, &pod).in_pod_netns();
+            Sandbox { container, pod, netns }
+        })
+        .collect();
+    let started = Instant::now();
+
+    let done: Vec<Done> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..WORKERS)
+            .map(|worker| {
+                let (store, sandboxes) = (&store, &sandboxes);
+                scope.spawn(move || {
+                    let mut rng = SeededRng::new(SEED + worker);
+                    (0..OPS_PER_WORKER)
+                        .map(|_| {
+                            let sandbox = rng.below(SANDBOXES as u64) as usize;
+                            let verb = if rng.below(2) == 0 { "ADD" } else { "DEL" };
+                            let Sandbox { container, pod, netns } = &sandboxes[sandbox];
+                            let reply = store.cni(verb, container).pod(pod).netns(&netns.path()).run();
+                            Done { verb, sandbox, reply }
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    });
+    eprintln!("{} execs in {:?}", done.len(), started.elapsed());
+
+    for op in &done {
+        if !op.reply.succeeded() {
+            op.reply.assert_error(11);
+        }
+    }
+
+    let op_by_pid: BTreeMap<u32, &Done> = done.iter().map(|op| (op.reply.pid, op)).collect();
+    assert_eq!(op_by_pid.len(), done.len(), "pids were reused within the run; cannot match log lines to execs");
+    let lines = store.log_lines();
+    assert_eq!(lines.len(), done.len(), "one log line per operation");
+
+    let mut model = Model::default();
+    for (index, line) in lines.iter().enumerate() {
+        let op = op_by_pid.get(&line.pid).unwrap_or_else(|| panic!("line {index} from no exec of ours: {line:?}"));
+        let sandbox = &sandboxes[op.sandbox];
+        let pod = format!("{}/{}", sandbox.pod.namespace, sandbox.pod.name);
+        assert_eq!(
+            (line.verb.as_str(), line.network.as_str(), line.container.as_str(), line.ifname.as_str(), line.pod.as_str()),
+            (op.verb, NETWORK, sandbox.container.as_str(), "eth0", pod.as_str()),
+            "line {index} does not describe its exec: {line:?}"
+        );
+        let expected = model.apply(op.verb, &sandbox.container, &pod);
+        assert_eq!(line.outcome, expected, "line {index}: the serial replay disagrees: {line:?}");
+        assert_eq!(op.reply.succeeded(), expected != "refused", "line {index}: exit status vs outcome: {:?}", op.reply);
+    }
+
+    let dumped: BTreeSet<(String, String, bool)> = store
+        .dump()
+        .iter()
+        .map(|e| (e["containerId"].as_str().unwrap().to_string(), e["ifName"].as_str().unwrap().to_string(), e["owner"] == true))
+        .collect();
+    let owners: BTreeSet<&String> = model.owner_by_pod.values().collect();
+    let modelled: BTreeSet<(String, String, bool)> =
+        model.records.iter().map(|c| (c.clone(), "eth0".to_string(), owners.contains(c))).collect();
+    assert_eq!(dumped, modelled, "final store vs model");
+
+    let owner_files: BTreeSet<String> = store
+        .owner_files()
+        .iter()
+        .map(|path| {
+            let owner = verify_envelope(path).unwrap_or_else(|e| panic!("{e}"));
+            owner["containerId"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(owner_files, owners.into_iter().cloned().collect(), "owners/ vs model");
+    assert_eq!(store.owner_files().len(), model.owner_by_pod.len());
+}

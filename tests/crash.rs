@@ -1,0 +1,133 @@
+//! A node can lose the plugin at any instruction (OOM killer, kubelet timeout, power): SIGKILL
+//! execs at random moments and show that what stays on disk is always readable and
+//! consistent, and that the plugin carries on from it.
+
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/cni.rs"]
+mod cni;
+
+use cni::{NETWORK, Pod, SeededRng, Store, container_id, files_in, verify_envelope};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::process::ExitStatusExt;
+use std::time::{Duration, Instant};
+
+const WORKERS: u64 = 2;
+const OPS_PER_WORKER: usize = 200;
+const PODS: usize = 3;
+const SANDBOXES: usize = 9;
+/// Kills land anywhere from before exec to after exit.
+const MAX_KILL_DELAY_MICROS: u64 = 3000;
+const SEED: u64 = 0xc4a5_4e11;
+
+struct Sandbox {
+    container: String,
+    pod: Pod,
+}
+
+fn file_name(path: &std::path::Path) -> String {
+    path.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+#[test]
+fn sigkill_at_random_moments_leaves_a_consistent_store() {
+    let store = Store::new();
+    let sandboxes: Vec<Sandbox> = (0..SANDBOXES)
+        .map(|i| Sandbox { container: container_id(), pod: Pod::new("crash", &format!("db-{}", i % PODS)) })
+        .collect();
+    let started = Instant::now();
+
+    let killed: usize = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..WORKERS)
+            .map(|worker| {
+                let (store, sandboxes) = (&store, &sandboxes);
+                scope.spawn(move || {
+                    let mut rng = SeededRng::new(SEED + worker);
+                    let mut killed = 0;
+                    for _ in 0..OPS_PER_WORKER {
+                        let Sandbox { container, pod } = &sandboxes[rng.below(SANDBOXES as u64) as usize];
+                        let verb = if rng.below(2) == 0 { "ADD" } else { "DEL" };
+                        let mut running = store.cni(verb, container).pod(pod).spawn();
+                        std::thread::sleep(Duration::from_micros(rng.below(MAX_KILL_DELAY_MICROS)));
+                        let was_killed = running.kill();
+                        let reply = running.wait();
+                        if was_killed && reply.status.signal().is_some() {
+                            killed += 1;
+                        } else if !reply.succeeded() {
+                            reply.assert_error(11);
+                        }
+                    }
+                    killed
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    let total = WORKERS as usize * OPS_PER_WORKER;
+    eprintln!("{total} execs, {killed} killed, in {:?}", started.elapsed());
+    assert!(killed >= total / 10, "only {killed} of {total} execs were killed in flight: the test proves little");
+
+    let dump = store.dump();
+    let ours: BTreeMap<String, &Sandbox> = sandboxes.iter().map(|s| (format!("{NETWORK}:{}:eth0", s.container), s)).collect();
+    let flagged: BTreeSet<String> =
+        dump.iter().filter(|e| e["setAside"] == true).filter_map(|e| e["containerId"].as_str().map(String::from)).collect();
+
+    // records/: every file named like a record verifies (or the dump flagged it); anything
+    // else is a write that never got renamed into place and must be invisible.
+    let mut valid_records: BTreeMap<String, Value> = BTreeMap::new();
+    let mut leftovers = Vec::new();
+    for path in files_in(&store.state_dir.join("records")) {
+        let name = file_name(&path);
+        let Some(sandbox) = ours.get(&name) else {
+            leftovers.push(name);
+            continue;
+        };
+        match verify_envelope(&path) {
+            Ok(record) => {
+                valid_records.insert(sandbox.container.clone(), record);
+            }
+            Err(e) => assert!(flagged.contains(&sandbox.container), "unreadable record not flagged by the dump: {e}"),
+        }
+    }
+    let listed: BTreeSet<String> =
+        dump.iter().filter(|e| e["setAside"] != true).map(|e| e["containerId"].as_str().unwrap().to_string()).collect();
+    assert_eq!(listed, valid_records.keys().cloned().collect(), "the dump lists exactly the valid records");
+
+    // owners/: every ownership verifies and points at a valid record of the same pod; one owner per pod key.
+    let mut owned_keys = BTreeSet::new();
+    let mut owners = BTreeSet::new();
+    for path in store.owner_files() {
+        let name = file_name(&path);
+        if !(name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())) {
+            leftovers.push(format!("owners/{name}"));
+            continue;
+        }
+        let owner = verify_envelope(&path).unwrap_or_else(|e| panic!("ownership file does not verify: {e}"));
+        let container = owner["containerId"].as_str().unwrap_or_else(|| panic!("owner without containerId: {owner}"));
+        let record = valid_records.get(container).unwrap_or_else(|| panic!("{name} names {container}, which has no valid record"));
+        for field in ["network", "podNamespace", "podName", "ifName"] {
+            assert_eq!(owner[field], record[field], "{name}: owner and record disagree on {field}");
+        }
+        let key = (owner["network"].to_string(), owner["podNamespace"].to_string(), owner["podName"].to_string(), owner["ifName"].to_string());
+        assert!(owned_keys.insert(key.clone()), "two owners for {key:?}");
+        owners.insert(container.to_string());
+    }
+    let flagged_owners: BTreeSet<String> =
+        dump.iter().filter(|e| e["owner"] == true).map(|e| e["containerId"].as_str().unwrap().to_string()).collect();
+    assert_eq!(flagged_owners, owners, "the dump's owner flags vs owners/");
+    eprintln!("{} records, {} owners, {} set aside, leftovers ignored: {leftovers:?}", valid_records.len(), owners.len(), flagged.len());
+
+    // The plugin carries on: a new sandbox per pod comes and goes, then every old one can go.
+    for pod in sandboxes.iter().take(PODS).map(|s| Pod::new("crash", &s.pod.name)) {
+        let fresh = container_id();
+        store.add(&fresh, &pod).run().assert_ok();
+        assert!(store.is_owner(&fresh, "eth0"));
+        store.del(&fresh, &pod).run().assert_ok();
+    }
+    for Sandbox { container, pod } in &sandboxes {
+        store.del(container, pod).run().assert_ok();
+    }
+    assert!(store.dump().iter().all(|e| e["setAside"] == true), "every DEL went through");
+    assert!(store.owner_files().iter().all(|p| file_name(p).len() != 64), "no ownership left");
+}

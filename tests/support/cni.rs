@@ -1,0 +1,708 @@
+//! Runs the built plugin exactly as a container runtime does: the six CNI_* variables that
+//! libcni always sets (empty when they do not apply), the plugin's entry of a conflist on stdin
+//! with `name`, `cniVersion` and `prevResult` filled in, and nothing else inherited from the
+//! test's own environment. Also reads back what the plugin leaves behind: its checkpoint
+//! store, its dump and its log file.
+//! Needs `#[path = "support/sys.rs"] mod sys;` in the including test crate.
+#![allow(dead_code)]
+
+use crate::sys::{HostLink, Netns, TempDir, run, unique};
+use serde_json::{Map, Value, json, value::RawValue};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-guard");
+pub const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+pub const LATEST_VERSION: &str = "1.1.0";
+pub const NETWORK: &str = "k8s-pod-network";
+const CNI_PATH: &str = "/opt/cni/bin:/usr/lib/cni";
+/// A plugin that has not answered by then is hung (for instance on the store lock); failing
+/// beats blocking the whole test run.
+const EXEC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A fresh 64-hex-digit sandbox id, shaped like containerd's.
+pub fn container_id() -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let seed = format!("{}-{}-{:?}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed), Instant::now());
+    hex(&Sha256::digest(seed.as_bytes()))
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One incarnation of a Kubernetes pod: a StatefulSet pod re-created under the same name gets
+/// a new UID, which is exactly the situation of the stale-DEL incident.
+#[derive(Clone, Debug)]
+pub struct Pod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl Pod {
+    pub fn new(namespace: &str, name: &str) -> Pod {
+        let id = container_id();
+        let uid = format!("{}-{}-{}-{}-{}", &id[0..8], &id[8..12], &id[12..16], &id[16..20], &id[20..32]);
+        Pod { namespace: namespace.into(), name: name.into(), uid }
+    }
+
+    /// CNI_ARGS as containerd's CRI plugin builds it for this pod's sandbox `container`.
+    pub fn cni_args(&self, container: &str) -> String {
+        format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={container};K8S_POD_UID={}",
+            self.namespace, self.name, self.uid
+        )
+    }
+}
+
+/// A checkpoint store of its own (state dir + log file) in a temporary directory.
+pub struct Store {
+    _root: Option<TempDir>,
+    pub state_dir: PathBuf,
+    pub log_file: PathBuf,
+}
+
+impl Store {
+    pub fn new() -> Store {
+        let root = TempDir::new("sgst");
+        // A state dir that does not exist yet, so the plugin creates it with the modes it wants.
+        let state_dir = root.path.join("state");
+        let log_file = root.path.join("guard.log");
+        Store { _root: Some(root), state_dir, log_file }
+    }
+
+    /// A store whose state dir lives elsewhere (a small tmpfs, a bind mount); the log file
+    /// stays in `log_dir` so that logging is not what fails.
+    pub fn with_state_dir(state_dir: PathBuf, log_dir: &Path) -> Store {
+        Store { _root: None, state_dir, log_file: log_dir.join(format!("{}.log", unique("sglog"))) }
+    }
+
+    pub fn cni(&self, verb: &str, container: &str) -> Cni {
+        Cni {
+            verb: verb.into(),
+            container: container.into(),
+            cni_version: LATEST_VERSION.into(),
+            network: NETWORK.into(),
+            ifname: "eth0".into(),
+            netns: None,
+            cni_args: String::new(),
+            prev_result: PrevResult::Default,
+            config_overrides: Vec::new(),
+            env_overrides: Vec::new(),
+            stdin_override: None,
+            wrapper: Vec::new(),
+            state_dir: self.state_dir.clone(),
+            log_file: self.log_file.clone(),
+        }
+    }
+
+    pub fn add(&self, container: &str, pod: &Pod) -> Cni {
+        self.cni("ADD", container).pod(pod)
+    }
+
+    pub fn del(&self, container: &str, pod: &Pod) -> Cni {
+        self.cni("DEL", container).pod(pod)
+    }
+
+    /// `--dump-checkpoints --output json` with extra filter arguments; panics unless it exits 0
+    /// with a JSON array.
+    pub fn dump_filtered(&self, filters: &[&str]) -> Vec<Value> {
+        let state_dir = self.state_dir.to_str().unwrap();
+        let mut args = vec!["--dump-checkpoints", "--state-dir", state_dir, "--output", "json"];
+        args.extend_from_slice(filters);
+        let out = Command::new(BIN).args(&args).env_clear().output().expect("run the dump");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "dump {args:?} failed: {}\nstdout: {stdout}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        match serde_json::from_str(&stdout) {
+            Ok(Value::Array(entries)) => entries,
+            other => panic!("dump output is not a JSON array ({other:?}): {stdout}"),
+        }
+    }
+
+    pub fn dump(&self) -> Vec<Value> {
+        self.dump_filtered(&[])
+    }
+
+    /// The dump entry of one attachment, if the dump lists it.
+    pub fn entry(&self, container: &str, ifname: &str) -> Option<Value> {
+        self.dump().into_iter().find(|e| e["containerId"] == container && e["ifName"] == ifname)
+    }
+
+    pub fn is_owner(&self, container: &str, ifname: &str) -> bool {
+        self.entry(container, ifname).is_some_and(|e| e["owner"] == true)
+    }
+
+    pub fn record_path(&self, network: &str, container: &str, ifname: &str) -> PathBuf {
+        self.state_dir.join("records").join(format!("{network}:{container}:{ifname}"))
+    }
+
+    pub fn owner_files(&self) -> Vec<PathBuf> {
+        files_in(&self.state_dir.join("owners"))
+    }
+
+    pub fn log_lines(&self) -> Vec<LogLine> {
+        let text = std::fs::read_to_string(&self.log_file).unwrap_or_default();
+        text.lines().map(LogLine::parse).collect()
+    }
+
+    /// Every non-directory entry under the state dir (symlinks as their target) except the
+    /// lock file, whose mere existence says nothing. Comparing two snapshots catches temp
+    /// files and records left behind whatever they are named.
+    pub fn snapshot(&self) -> BTreeMap<PathBuf, Vec<u8>> {
+        let mut files = BTreeMap::new();
+        for path in walk(&self.state_dir) {
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let relative = path.strip_prefix(&self.state_dir).unwrap().to_path_buf();
+            if meta.is_dir() || relative == Path::new("lock") {
+                continue;
+            }
+            let content = if meta.file_type().is_symlink() {
+                format!("symlink -> {}", std::fs::read_link(&path).unwrap().display()).into_bytes()
+            } else {
+                std::fs::read(&path).unwrap()
+            };
+            files.insert(relative, content);
+        }
+        files
+    }
+}
+
+/// Every path below `dir` (not following symlinks), `dir` excluded; empty if it is missing.
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return found };
+    for entry in entries {
+        let path = entry.unwrap().path();
+        let is_dir = std::fs::symlink_metadata(&path).map(|m| m.is_dir()).unwrap_or(false);
+        found.push(path.clone());
+        if is_dir {
+            found.extend(walk(&path));
+        }
+    }
+    found
+}
+
+/// The direct entries of `dir`, sorted; empty if it is missing.
+pub fn files_in(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries.map(|e| e.unwrap().path()).collect(),
+        Err(_) => Vec::new(),
+    };
+    files.sort();
+    files
+}
+
+pub fn mode(path: &Path) -> u32 {
+    std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// Parses a store file `{"checksum":"sha256:<hex>","record":{...}}` and checks the checksum
+/// against the exact bytes of `record`; returns the record.
+pub fn verify_envelope(path: &Path) -> Result<Value, String> {
+    #[derive(serde::Deserialize)]
+    struct Envelope<'a> {
+        checksum: String,
+        #[serde(borrow)]
+        record: &'a RawValue,
+    }
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let envelope: Envelope = serde_json::from_str(text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let expected = format!("sha256:{}", sha256_hex(envelope.record.get().as_bytes()));
+    if envelope.checksum != expected {
+        return Err(format!("{}: checksum {} but the record hashes to {expected}", path.display(), envelope.checksum));
+    }
+    serde_json::from_str(envelope.record.get()).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[derive(Clone)]
+enum PrevResult {
+    /// What libcni would pass: the primary plugin's result on ADD and CHECK, and the cached
+    /// one on DEL from 0.4.0 on.
+    Default,
+    Absent,
+    Raw(String),
+}
+
+/// One plugin invocation, built up like a runtime would and run with `run()` or `spawn()`.
+#[derive(Clone)]
+pub struct Cni {
+    verb: String,
+    container: String,
+    cni_version: String,
+    network: String,
+    ifname: String,
+    netns: Option<String>,
+    cni_args: String,
+    prev_result: PrevResult,
+    config_overrides: Vec<(String, Option<Value>)>,
+    env_overrides: Vec<(String, Option<String>)>,
+    stdin_override: Option<Vec<u8>>,
+    wrapper: Vec<String>,
+    state_dir: PathBuf,
+    log_file: PathBuf,
+}
+
+impl Cni {
+    pub fn pod(mut self, pod: &Pod) -> Cni {
+        self.cni_args = pod.cni_args(&self.container);
+        self
+    }
+
+    pub fn cni_args(mut self, args: &str) -> Cni {
+        self.cni_args = args.into();
+        self
+    }
+
+    pub fn version(mut self, version: &str) -> Cni {
+        self.cni_version = version.into();
+        self
+    }
+
+    pub fn network(mut self, network: &str) -> Cni {
+        self.network = network.into();
+        self
+    }
+
+    pub fn ifname(mut self, ifname: &str) -> Cni {
+        self.ifname = ifname.into();
+        self
+    }
+
+    pub fn netns(mut self, netns: &str) -> Cni {
+        self.netns = Some(netns.into());
+        self
+    }
+
+    pub fn no_prev_result(mut self) -> Cni {
+        self.prev_result = PrevResult::Absent;
+        self
+    }
+
+    /// The prevResult exactly as these bytes, spliced into stdin untouched.
+    pub fn prev_result_raw(mut self, raw: &str) -> Cni {
+        self.prev_result = PrevResult::Raw(raw.into());
+        self
+    }
+
+    pub fn prev_result(self, result: &Value) -> Cni {
+        let raw = result.to_string();
+        self.prev_result_raw(&raw)
+    }
+
+    /// Sets (or with `None` removes) a top-level key of the plugin's config.
+    pub fn config(mut self, key: &str, value: Option<Value>) -> Cni {
+        self.config_overrides.push((key.into(), value));
+        self
+    }
+
+    /// Sets (or with `None` removes) an environment variable after the runtime-like defaults.
+    pub fn env(mut self, key: &str, value: Option<&str>) -> Cni {
+        self.env_overrides.push((key.into(), value.map(String::from)));
+        self
+    }
+
+    pub fn stdin(mut self, bytes: Vec<u8>) -> Cni {
+        self.stdin_override = Some(bytes);
+        self
+    }
+
+    /// Runs the plugin as the last argument of `wrapper` (a shell setting a umask, an
+    /// unshare placing it at a chosen pid); the wrapper must pass stdin and stdout through.
+    pub fn wrapped_in(mut self, wrapper: &[&str]) -> Cni {
+        self.wrapper = wrapper.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    pub fn container(&self) -> &str {
+        &self.container
+    }
+
+    pub fn network_name(&self) -> &str {
+        &self.network
+    }
+
+    pub fn netns_path(&self) -> String {
+        self.netns.clone().unwrap_or_else(|| default_netns(&self.container))
+    }
+
+    /// The primary plugin's result this invocation passes by default.
+    pub fn default_prev_result(&self) -> Value {
+        prev_result_for(&self.cni_version, &self.container, &self.ifname, &self.netns_path())
+    }
+
+    fn attachment_scoped(&self) -> bool {
+        matches!(self.verb.as_str(), "ADD" | "DEL" | "CHECK")
+    }
+
+    fn environment(&self) -> Vec<(String, Option<String>)> {
+        let (container, netns, ifname, args) = if self.verb == "VERSION" {
+            // libcni's GetVersionInfo fills these with fake values for old skel-based plugins.
+            (String::new(), "dummy".to_string(), "dummy".to_string(), String::new())
+        } else if self.attachment_scoped() {
+            (self.container.clone(), self.netns_path(), self.ifname.clone(), self.cni_args.clone())
+        } else {
+            Default::default()
+        };
+        let mut env = vec![
+            ("PATH".to_string(), Some("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string())),
+            ("CNI_COMMAND".to_string(), Some(self.verb.clone())),
+            ("CNI_CONTAINERID".to_string(), Some(container)),
+            ("CNI_NETNS".to_string(), Some(netns)),
+            ("CNI_ARGS".to_string(), Some(args)),
+            ("CNI_IFNAME".to_string(), Some(ifname)),
+            ("CNI_PATH".to_string(), Some(CNI_PATH.to_string())),
+        ];
+        for (key, value) in &self.env_overrides {
+            env.retain(|(k, _)| k != key);
+            env.push((key.clone(), value.clone()));
+        }
+        env
+    }
+
+    /// The plugin entry as libcni hands it over, prevResult spliced in as raw bytes.
+    pub fn stdin_bytes(&self) -> Vec<u8> {
+        if let Some(bytes) = &self.stdin_override {
+            return bytes.clone();
+        }
+        if self.verb == "VERSION" {
+            return format!(r#"{{"cniVersion":"{}"}}"#, self.cni_version).into_bytes();
+        }
+        let mut config = Map::new();
+        config.insert("cniVersion".into(), json!(self.cni_version));
+        config.insert("name".into(), json!(self.network));
+        config.insert("type".into(), json!("sandbox-guard"));
+        config.insert("stateDir".into(), json!(self.state_dir));
+        config.insert("staleDel".into(), json!("refuse"));
+        config.insert("logFile".into(), json!(self.log_file));
+        for (key, value) in &self.config_overrides {
+            match value {
+                Some(value) => config.insert(key.clone(), value.clone()),
+                None => config.remove(key),
+            };
+        }
+        let mut text = Value::Object(config).to_string();
+        let prev_result = match &self.prev_result {
+            PrevResult::Raw(raw) => Some(raw.clone()),
+            PrevResult::Default if self.passes_cached_result() => Some(self.default_prev_result().to_string()),
+            _ => None,
+        };
+        if let Some(raw) = prev_result {
+            text.pop();
+            text.push_str(&format!(r#","prevResult":{raw}}}"#));
+        }
+        text.into_bytes()
+    }
+
+    fn passes_cached_result(&self) -> bool {
+        match self.verb.as_str() {
+            "ADD" | "CHECK" => true,
+            "DEL" => !self.cni_version.starts_with("0.3."),
+            _ => false,
+        }
+    }
+
+    fn describe(&self) -> String {
+        let args = if self.cni_args.is_empty() { "-" } else { &self.cni_args };
+        format!(
+            "{} v{} network={} container={} ifname={} args={args}",
+            self.verb, self.cni_version, self.network, self.container, self.ifname
+        )
+    }
+
+    /// Gives this attachment a real sandbox netns, as the runtime and the primary plugin
+    /// leave it before the guard runs: the interface inside, up, with the MAC, address and
+    /// default route of the default prevResult. The plugin reads the kernel at ADD and
+    /// CHECK; a path to nothing would test another situation. Needs root.
+    pub fn in_pod_netns(self) -> (Cni, PodNetns) {
+        let netns = Netns::new("sgpod");
+        let call = self.netns(netns.path().to_str().unwrap());
+        let result = call.default_prev_result();
+        let (mac, address) = (result["interfaces"][0]["mac"].as_str().unwrap(), result["ips"][0]["address"].as_str().unwrap());
+        let gateway = result["ips"][0]["gateway"].as_str().unwrap();
+        let host_end = HostLink { name: unique("sgh") };
+        let pod_end = unique("sgp");
+        run("ip", &["link", "add", &host_end.name, "type", "veth", "peer", "name", &pod_end]);
+        run("ip", &["link", "set", &pod_end, "netns", &netns.name]);
+        run("ip", &["link", "set", &host_end.name, "up"]);
+        let ifname = call.ifname.as_str();
+        netns.exec(&["ip", "link", "set", &pod_end, "name", ifname]);
+        netns.exec(&["ip", "link", "set", ifname, "address", mac, "up"]);
+        netns.exec(&["ip", "addr", "add", address, "dev", ifname]);
+        netns.exec(&["ip", "route", "add", "default", "via", gateway, "dev", ifname]);
+        (call, PodNetns { _host_end: host_end, netns })
+    }
+
+    pub fn spawn(&self) -> Running {
+        let mut command = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut wrapped = Command::new(program);
+                wrapped.args(args).arg(BIN);
+                wrapped
+            }
+            None => Command::new(BIN),
+        };
+        command.env_clear().stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        for (key, value) in self.environment() {
+            if let Some(value) = value {
+                command.env(key, value);
+            }
+        }
+        let mut child = command.spawn().unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"));
+        let stdin = self.stdin_bytes();
+        let mut pipe = child.stdin.take().unwrap();
+        // A plugin may stop reading early (oversized input) and exit: a broken pipe is its answer.
+        let writer = std::thread::spawn(move || {
+            let _ = pipe.write_all(&stdin);
+        });
+        let stdout = drain(child.stdout.take().unwrap());
+        let stderr = drain(child.stderr.take().unwrap());
+        Running { pid: child.id(), child, writer, stdout, stderr, what: self.describe() }
+    }
+
+    pub fn run(&self) -> Reply {
+        self.spawn().wait()
+    }
+}
+
+fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        bytes
+    })
+}
+
+pub fn default_netns(container: &str) -> String {
+    let short: String = container.chars().filter(|c| c.is_ascii_alphanumeric()).take(12).collect();
+    format!("/var/run/netns/cni-{short}")
+}
+
+/// A primary plugin's result (calico/bridge-like) for `version`: one interface in the sandbox,
+/// one IPv4 address derived from the attachment, a default route.
+pub fn prev_result_for(version: &str, container: &str, ifname: &str, netns: &str) -> Value {
+    let digest = Sha256::digest(format!("{container}/{ifname}").as_bytes());
+    let address = format!("10.22.{}.{}/16", digest[0], digest[1].max(2));
+    let mac = format!("0a:58:{:02x}:{:02x}:{:02x}:{:02x}", digest[2], digest[3], digest[4], digest[5]);
+    let mut ip = json!({"address": address, "gateway": "10.22.0.1", "interface": 0});
+    if version.starts_with("0.") {
+        ip["version"] = json!("4");
+    }
+    json!({
+        "cniVersion": version,
+        "interfaces": [{"name": ifname, "mac": mac, "sandbox": netns}],
+        "ips": [ip],
+        "routes": [{"dst": "0.0.0.0/0", "gw": "10.22.0.1"}],
+        "dns": {}
+    })
+}
+
+/// A sandbox's network namespace with its interface; both go away on drop.
+pub struct PodNetns {
+    // Declared first, so dropped first: the veth pair goes before its namespace.
+    _host_end: HostLink,
+    pub netns: Netns,
+}
+
+impl PodNetns {
+    pub fn path(&self) -> String {
+        self.netns.path().to_str().unwrap().to_string()
+    }
+}
+
+/// A plugin process in flight.
+pub struct Running {
+    pub pid: u32,
+    child: Child,
+    writer: JoinHandle<()>,
+    stdout: JoinHandle<Vec<u8>>,
+    stderr: JoinHandle<Vec<u8>>,
+    what: String,
+}
+
+impl Running {
+    /// SIGKILLs the plugin unless it already exited; true when the kill landed.
+    pub fn kill(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None)) && self.child.kill().is_ok()
+    }
+
+    pub fn wait(mut self) -> Reply {
+        let deadline = Instant::now() + EXEC_TIMEOUT;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the plugin") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("{} hung for {EXEC_TIMEOUT:?} (pid {})", self.what, self.pid);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        };
+        let _ = self.writer.join();
+        Reply {
+            status,
+            stdout: String::from_utf8_lossy(&self.stdout.join().unwrap()).into_owned(),
+            stderr: String::from_utf8_lossy(&self.stderr.join().unwrap()).into_owned(),
+            pid: self.pid,
+            what: self.what,
+        }
+    }
+}
+
+/// What one invocation answered.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub pid: u32,
+    pub what: String,
+}
+
+/// The CNI error object a failed invocation printed.
+#[derive(Debug)]
+pub struct CniError {
+    pub code: u64,
+    pub msg: String,
+    pub details: String,
+}
+
+impl CniError {
+    /// msg and details together, for "does the answer mention X" checks.
+    pub fn text(&self) -> String {
+        format!("{}\n{}", self.msg, self.details)
+    }
+}
+
+impl Reply {
+    fn context(&self) -> String {
+        format!("{}\nstatus: {}\nstdout: {}\nstderr: {}", self.what, self.status, self.stdout, self.stderr)
+    }
+
+    pub fn succeeded(&self) -> bool {
+        self.status.success()
+    }
+
+    pub fn assert_ok(&self) -> &Reply {
+        assert!(self.status.success(), "expected success:\n{}", self.context());
+        self
+    }
+
+    /// stdout parsed as exactly one JSON value.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not one JSON value ({e}):\n{}", self.context()))
+    }
+
+    /// A CNI error as the spec shapes it: no crash, non-zero exit, stdout one JSON object with
+    /// a string cniVersion, a numeric code and a non-empty msg.
+    pub fn assert_cni_error(&self) -> CniError {
+        assert!(self.status.signal().is_none(), "the plugin died of a signal:\n{}", self.context());
+        assert!(!self.status.success(), "expected a CNI error:\n{}", self.context());
+        let body = self.json();
+        assert!(body.is_object(), "the error is not a JSON object:\n{}", self.context());
+        assert!(body["cniVersion"].is_string(), "the error has no cniVersion:\n{}", self.context());
+        let code = body["code"].as_u64().unwrap_or_else(|| panic!("the error has no numeric code:\n{}", self.context()));
+        let msg = body["msg"].as_str().unwrap_or_default().to_string();
+        assert!(!msg.is_empty(), "the error has no msg:\n{}", self.context());
+        let details = body["details"].as_str().unwrap_or_default().to_string();
+        CniError { code, msg, details }
+    }
+
+    pub fn assert_error(&self, code: u64) -> CniError {
+        self.assert_error_in(&[code])
+    }
+
+    pub fn assert_error_in(&self, codes: &[u64]) -> CniError {
+        let error = self.assert_cni_error();
+        assert!(codes.contains(&error.code), "expected error code {codes:?}, got {}:\n{}", error.code, self.context());
+        error
+    }
+}
+
+/// One line of the plugin's log file:
+/// `<time> sandbox-guard[<pid>] <LEVEL> <VERB> network=.. container=.. ifname=.. pod=ns/name|- outcome=.. <text>`
+#[derive(Clone, Debug)]
+pub struct LogLine {
+    pub time: String,
+    pub pid: u32,
+    pub level: String,
+    pub verb: String,
+    pub network: String,
+    pub container: String,
+    pub ifname: String,
+    pub pod: String,
+    pub outcome: String,
+    pub raw: String,
+}
+
+impl LogLine {
+    pub fn parse(line: &str) -> LogLine {
+        let mut words = line.split(' ');
+        let mut next = |what: &str| words.next().unwrap_or_else(|| panic!("log line lacks {what}: {line}")).to_string();
+        let time = next("the time");
+        let program = next("sandbox-guard[pid]");
+        let pid = program
+            .strip_prefix("sandbox-guard[")
+            .and_then(|rest| rest.strip_suffix(']'))
+            .and_then(|pid| pid.parse().ok())
+            .unwrap_or_else(|| panic!("log line lacks sandbox-guard[<pid>]: {line}"));
+        let level = next("the level");
+        let verb = next("the verb");
+        let mut fields = BTreeMap::new();
+        for word in line.split(' ').skip(4) {
+            let Some((key, value)) = word.split_once('=') else { break };
+            fields.entry(key).or_insert(value);
+            if key == "outcome" {
+                break;
+            }
+        }
+        let field = |key: &str| fields.get(key).unwrap_or_else(|| panic!("log line lacks {key}=: {line}")).to_string();
+        LogLine {
+            time,
+            pid,
+            level,
+            verb,
+            network: field("network"),
+            container: field("container"),
+            ifname: field("ifname"),
+            pod: field("pod"),
+            outcome: field("outcome"),
+            raw: line.to_string(),
+        }
+    }
+}
+
+/// A small seeded generator (xorshift64*), so a failing random sequence can be replayed.
+pub struct SeededRng(u64);
+
+impl SeededRng {
+    pub fn new(seed: u64) -> SeededRng {
+        SeededRng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % bound
+    }
+}

@@ -21,10 +21,9 @@
 //! missed warning), and a damaged one is ignored.
 
 use std::collections::HashMap;
-use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
+use std::fs;
 use std::net::IpAddr;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -246,7 +245,7 @@ impl Claim {
         }
         for holder in self.holders {
             let name = entry_name(&holder.network, holder.address);
-            if let Err(e) = write_entry(&dir, &name, &sealed::seal(&holder)) {
+            if let Err(e) = sealed::replace(&dir, &name, &sealed::seal(&holder), sealed::Durability::Hint) {
                 eprintln!("sandbox-guard: cannot record the holder of {} in {}: {e}", holder.address, dir.display());
             }
         }
@@ -359,26 +358,6 @@ pub fn list_entries(state_dir: &Path) -> Vec<(PathBuf, Option<IpHolder>)> {
         .collect();
     found.sort_by(|a, b| a.0.cmp(&b.0));
     found
-}
-
-/// Temp file and rename, so a reader sees the old entry or the new one; no fsync (see the
-/// module comment).
-fn write_entry(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    let target = dir.join(name);
-    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let _ = fs::remove_file(&temp);
-    let written = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-        .open(&temp)
-        .and_then(|mut file| file.write_all(bytes))
-        .and_then(|()| fs::rename(&temp, &target));
-    if written.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    written
 }
 
 // ---------------------------------------------------------------------------------------

@@ -53,11 +53,12 @@ pub fn run(inv: &Invocation) -> Result<()> {
     }
     let mut released = 0;
     for (_, loaded) in store.list_owners()? {
-        if let Loaded::Valid(owner) = loaded {
-            if owner.key.network == *network && !is_valid(&owner.container_id, &owner.key.if_name) {
-                store.remove_owner(&owner.key)?;
-                released += 1;
-            }
+        if let Loaded::Valid(owner) = loaded
+            && owner.key.network == *network
+            && !is_valid(&owner.container_id, &owner.key.if_name)
+        {
+            store.remove_owner(&owner.key)?;
+            released += 1;
         }
     }
     let forgotten = crate::conflict::forget_released(&store, network);

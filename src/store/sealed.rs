@@ -80,19 +80,33 @@ pub fn seal<T: Serialize>(value: &T) -> Vec<u8> {
 /// mix: a temp file in the same directory, fsync, rename. The caller fsyncs `dir` once
 /// for all its renames (see `Store::sync`).
 pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<()> {
-    let target = dir.join(name);
+    replace(dir, name, &seal(value), Durability::Durable)
+        .map_err(|e| GuardError::io("write checkpoint", &dir.join(name), e))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync before the rename: the file survives a power cut.
+    Durable,
+    /// No fsync: for hints that every reader verifies anyway, where a power cut may lose
+    /// the newest version but never leaves a torn one.
+    Hint,
+}
+
+/// Replaces `dir/name` atomically with `bytes` (temp file in the same directory, rename).
+pub fn replace(dir: &Path, name: &str, bytes: &[u8], durability: Durability) -> io::Result<()> {
     // Named by pid alone: a process writes one file at a time, and deriving the temp name
     // from `name` could push it past the 255-byte limit.
     let temp = dir.join(format!(".{}.tmp", std::process::id()));
-    let written = write_temp(&temp, &seal(value)).and_then(|()| fs::rename(&temp, &target));
-    written.map_err(|e| {
+    let written = write_temp(&temp, bytes, durability).and_then(|()| fs::rename(&temp, dir.join(name)));
+    if written.is_err() {
         // Leave nothing half-written behind, even on ENOSPC.
         let _ = fs::remove_file(&temp);
-        GuardError::io("write checkpoint", &target, e)
-    })
+    }
+    written
 }
 
-fn write_temp(temp: &Path, bytes: &[u8]) -> io::Result<()> {
+fn write_temp(temp: &Path, bytes: &[u8], durability: Durability) -> io::Result<()> {
     // A temp file left by a killed process with our pid would make create_new fail; it is
     // ours to replace (remove_file removes a link itself, never its target).
     let _ = fs::remove_file(temp);
@@ -103,7 +117,10 @@ fn write_temp(temp: &Path, bytes: &[u8]) -> io::Result<()> {
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
         .open(temp)?;
     file.write_all(bytes)?;
-    file.sync_data()
+    match durability {
+        Durability::Durable => file.sync_data(),
+        Durability::Hint => Ok(()),
+    }
 }
 
 #[cfg(test)]

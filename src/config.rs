@@ -115,26 +115,16 @@ impl NetConf {
             GuardError::new(Kind::InvalidConfig, "the network configuration has no name: give the conflist a \"name\"")
         })?;
         names::check_plain("network name", &network, MAX_NETWORK, Kind::InvalidConfig)?;
-        let stale_del = match raw.stale_del.as_deref() {
-            None | Some("refuse") => StaleDelPolicy::Refuse,
-            Some("audit") => StaleDelPolicy::Audit,
-            Some(other) => {
-                return Err(GuardError::new(
-                    Kind::InvalidConfig,
-                    format!("staleDel {:?} is not valid: use \"refuse\" or \"audit\"", names::shorten(other)),
-                ))
-            }
-        };
-        let ip_conflict = match raw.ip_conflict.as_deref() {
-            None | Some("warn") => IpConflictPolicy::Warn,
-            Some("refuse") => IpConflictPolicy::Refuse,
-            Some(other) => {
-                return Err(GuardError::new(
-                    Kind::InvalidConfig,
-                    format!("ipConflict {:?} is not valid: use \"warn\" or \"refuse\"", names::shorten(other)),
-                ))
-            }
-        };
+        let stale_del = choice(
+            "staleDel",
+            raw.stale_del.as_deref(),
+            &[("refuse", StaleDelPolicy::Refuse), ("audit", StaleDelPolicy::Audit)],
+        )?;
+        let ip_conflict = choice(
+            "ipConflict",
+            raw.ip_conflict.as_deref(),
+            &[("warn", IpConflictPolicy::Warn), ("refuse", IpConflictPolicy::Refuse)],
+        )?;
         let state_dir = raw.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
         require_absolute("stateDir", &state_dir)?;
         if let Some(log_file) = &raw.log_file {
@@ -151,6 +141,18 @@ impl NetConf {
             valid_attachments: raw.valid_attachments.or(raw.legacy_attachments),
         })
     }
+}
+
+/// A key that takes one of a few words; the first is the default.
+fn choice<T: Copy>(key: &str, value: Option<&str>, options: &[(&str, T)]) -> Result<T> {
+    let Some(value) = value else { return Ok(options[0].1) };
+    options.iter().find(|(word, _)| *word == value).map(|(_, policy)| *policy).ok_or_else(|| {
+        let words: Vec<String> = options.iter().map(|(word, _)| format!("{word:?}")).collect();
+        GuardError::new(
+            Kind::InvalidConfig,
+            format!("{key} {:?} is not valid: use {}", names::shorten(value), words.join(" or ")),
+        )
+    })
 }
 
 fn require_absolute(key: &str, path: &std::path::Path) -> Result<()> {

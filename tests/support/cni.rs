@@ -6,7 +6,7 @@
 //! Needs `#[path = "support/sys.rs"] mod sys;` in the including test crate.
 #![allow(dead_code)]
 
-use crate::sys::{HostLink, Netns, TempDir, run, unique};
+use crate::sys::{HostLink, Netns, TempDir, hex, run, unique};
 use serde_json::{Map, Value, json, value::RawValue};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -37,10 +37,6 @@ pub fn container_id() -> String {
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// One incarnation of a Kubernetes pod: a StatefulSet pod re-created under the same name gets

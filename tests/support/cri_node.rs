@@ -6,11 +6,10 @@
 //! Needs `sys` (tests/support/sys.rs) included by the test crate as `mod sys`.
 #![allow(dead_code)]
 
-use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -450,24 +449,8 @@ fn network_ready(status: &Value) -> bool {
 /// no other node of this process took and no host address or route uses yet: two nodes
 /// with the same pod addresses would fight over the host routes.
 fn free_subnet() -> String {
-    static TAKEN: Mutex<BTreeSet<u8>> = Mutex::new(BTreeSet::new());
-    let mut taken = TAKEN
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let host_state = format!(
-        "{}{}",
-        String::from_utf8_lossy(&sys::run("ip", &["-4", "route", "show", "table", "all"]).stdout),
-        String::from_utf8_lossy(&sys::run("ip", &["-4", "-o", "addr", "show"]).stdout)
-    );
-    let seed = std::process::id();
-    for step in 0..256 {
-        let octet = (seed.wrapping_add(step * 97) % 256) as u8;
-        if !taken.contains(&octet) && !host_state.contains(&format!("100.64.{octet}.")) {
-            taken.insert(octet);
-            return format!("100.64.{octet}.0/24");
-        }
-    }
-    panic!("no free 100.64.x.0/24 for a test node");
+    let [a, b, c] = sys::free_subnet(100, 64..=64);
+    format!("{a}.{b}.{c}.0/24")
 }
 
 /// A docker-archive image whose only file is Debian's static catatonit, run as `catatonit -P`
@@ -489,7 +472,7 @@ fn build_pause_image(dir: &Path) -> PathBuf {
             "catatonit",
         ],
     );
-    let layer_digest = hex(&Sha256::digest(fs::read(dir.join("layer.tar")).unwrap()));
+    let layer_digest = sys::hex(&Sha256::digest(fs::read(dir.join("layer.tar")).unwrap()));
     let architecture = match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
@@ -521,10 +504,6 @@ fn build_pause_image(dir: &Path) -> PathBuf {
     tarball
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// Pids whose command line contains every one of `needles` as a whole argument.
 fn processes_with_args(needles: &[&str]) -> Vec<u32> {
     let Ok(entries) = fs::read_dir("/proc") else {
@@ -547,41 +526,13 @@ fn processes_with_args(needles: &[&str]) -> Vec<u32> {
 /// Unmounts everything mounted at or below `dir`, deepest first (rootfs overlays, the sandbox
 /// /dev/shm, the netns bind mounts), so the directory can be removed.
 fn unmount_below(dir: &Path) {
-    let prefix = dir.to_str().unwrap();
     for _ in 0..5 {
-        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut points: Vec<String> = mountinfo
-            .lines()
-            .filter_map(|line| line.split(' ').nth(4))
-            .map(unescape_mount_point)
-            .filter(|point| point == prefix || point.starts_with(&format!("{prefix}/")))
-            .collect();
+        let points = sys::mounts_below(dir);
         if points.is_empty() {
             return;
         }
-        points.sort_by_key(|point| std::cmp::Reverse(point.len()));
         for point in points {
-            sys::try_run("umount", &["--lazy", &point]);
+            sys::try_run("umount", &["--lazy", &point.to_string_lossy()]);
         }
     }
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape_mount_point(field: &str) -> String {
-    let mut out = String::new();
-    let mut chars = field.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\\' {
-            let code: String = chars.by_ref().take(3).collect();
-            if let Ok(byte) = u8::from_str_radix(&code, 8) {
-                out.push(byte as char);
-                continue;
-            }
-            out.push('\\');
-            out.push_str(&code);
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }

@@ -4,10 +4,9 @@
 //! Needs `crate::sys` (include tests/support/sys.rs as `mod sys` next to this module).
 #![allow(dead_code)]
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 
@@ -51,25 +50,8 @@ pub struct Subnet {
 
 impl Subnet {
     pub fn unique() -> Subnet {
-        static TAKEN: Mutex<Option<HashSet<(u8, u8)>>> = Mutex::new(None);
-        let mut taken = TAKEN.lock().unwrap();
-        let taken = taken.get_or_insert_with(HashSet::new);
-        let host_state = format!(
-            "{}{}",
-            String::from_utf8_lossy(&sys::run("ip", &["-4", "route", "show", "table", "all"]).stdout),
-            String::from_utf8_lossy(&sys::run("ip", &["-4", "-o", "addr"]).stdout)
-        );
-        let seed = std::process::id() as usize;
-        for step in 0..(55 * 256) {
-            let slot = (seed + step * 7919) % (55 * 256);
-            let candidate = (200 + (slot / 256) as u8, (slot % 256) as u8);
-            let prefix = format!("10.{}.{}.", candidate.0, candidate.1);
-            if !taken.contains(&candidate) && !host_state.contains(&prefix) {
-                taken.insert(candidate);
-                return Subnet { second: candidate.0, third: candidate.1 };
-            }
-        }
-        panic!("no free 10.200-254.x.0/24 subnet on this host");
+        let [_, second, third] = sys::free_subnet(10, 200..=254);
+        Subnet { second, third }
     }
 
     pub fn cidr(&self) -> String {

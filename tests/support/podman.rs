@@ -351,8 +351,8 @@ impl Drop for PodmanEnv {
         }
         // Per-container shm tmpfs mounts are left behind when podman itself could not
         // clean up; remove_dir_all cannot cross them.
-        for mount in mounts_under(&self.dir.path).iter().rev() {
-            sys::try_run("umount", &["--lazy", mount]);
+        for mount in sys::mounts_below(&self.dir.path) {
+            sys::try_run("umount", &["--lazy", &mount.to_string_lossy()]);
         }
         if let Ok(entries) = std::fs::read_dir(LIBCNI_RESULTS) {
             let prefix = format!("{}-", self.network);
@@ -365,35 +365,11 @@ impl Drop for PodmanEnv {
     }
 }
 
-/// A /24 in 10.0.0.0/8 that no host address or route overlaps yet; seeded by the process id
-/// and a per-call counter so parallel tests and concurrent runs start at different places.
+/// A /24 of 10.100.0.0-10.199.255.255 that no host address or route overlaps yet and no
+/// other network of this process took.
 fn free_subnet() -> String {
-    let taken = |needle: &str| {
-        let addrs = sys::run("ip", &["-4", "-o", "addr", "show"]).stdout;
-        let routes = sys::run("ip", &["-4", "route", "show", "table", "all"]).stdout;
-        String::from_utf8_lossy(&addrs).contains(needle)
-            || String::from_utf8_lossy(&routes).contains(needle)
-    };
-    let seed = u32::from_str_radix(&sys::unique("")[..], 16).expect("unique() is hex");
-    for attempt in 0..256u32 {
-        let n = seed.wrapping_add(attempt.wrapping_mul(7919));
-        let (second, third) = (100 + n % 100, (n / 100) % 256);
-        if !taken(&format!("10.{second}.{third}.")) {
-            return format!("10.{second}.{third}.0/24");
-        }
-    }
-    panic!("no free 10.x.y.0/24 found for the test network");
-}
-
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let prefix = format!("{}/", dir.display());
-    mountinfo
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .filter(|mount_point| mount_point.starts_with(&prefix))
-        .map(str::to_string)
-        .collect()
+    let [a, b, c] = sys::free_subnet(10, 100..=199);
+    format!("{a}.{b}.{c}.0/24")
 }
 
 fn write(path: &Path, contents: &str) {

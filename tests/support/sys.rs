@@ -3,8 +3,13 @@
 //! here is released by `Drop`, so a failing assertion still cleans up.
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::ops::RangeInclusive;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// True when the test may go on. Outside CI a missing privilege or tool skips the test
@@ -150,4 +155,77 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
     }
+}
+
+/// Lower-case hex of `bytes`, as sha256sum and image digests print them.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The first three octets of a /24 `first.second.x.0/24`, `second` in `seconds`, that no other
+/// caller in this process took and no host route or address uses yet: two tests with the same
+/// pod addresses would fight over the host routes, and a bridge gateway or macvlan pod must
+/// never answer for somebody else's network. Each harness passes its own range, chosen apart
+/// from the others', so suites running side by side never contend for the same /24s. The
+/// search starts at a pid-seeded slot so concurrent test processes start at different places.
+pub fn free_subnet(first: u8, seconds: RangeInclusive<u8>) -> [u8; 3] {
+    static TAKEN: Mutex<BTreeSet<[u8; 3]>> = Mutex::new(BTreeSet::new());
+    let mut taken = TAKEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let host_state = format!(
+        "{}{}",
+        String::from_utf8_lossy(&run("ip", &["-4", "route", "show", "table", "all"]).stdout),
+        String::from_utf8_lossy(&run("ip", &["-4", "-o", "addr", "show"]).stdout)
+    );
+    let (low, high) = (*seconds.start() as usize, *seconds.end() as usize);
+    assert!(low <= high, "empty range {seconds:?}");
+    let slots = (high - low + 1) * 256;
+    let seed = std::process::id() as usize;
+    // 7919 is prime, so coprime with every slot count (at most 256 * 256): the walk visits
+    // every slot once.
+    for step in 0..slots {
+        let slot = (seed + step * 7919) % slots;
+        let octets = [first, (low + slot / 256) as u8, (slot % 256) as u8];
+        let prefix = format!("{}.{}.{}.", octets[0], octets[1], octets[2]);
+        if !taken.contains(&octets) && !host_state.contains(&prefix) {
+            taken.insert(octets);
+            return octets;
+        }
+    }
+    panic!("no free {first}.{low}-{high}.x.0/24 on this host");
+}
+
+/// Mount points at or below `dir` in this process's mount namespace, deepest first (so each
+/// can be unmounted before what it sits on) and unescaped (mountinfo writes space, tab,
+/// newline and backslash as `\ooo`).
+pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    let mountinfo = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
+    let mut points: Vec<PathBuf> = mountinfo
+        .split(|b| *b == b'\n')
+        .filter_map(|line| line.split(|b| *b == b' ').nth(4))
+        .map(|field| PathBuf::from(OsString::from_vec(unescape_mount_point(field))))
+        .filter(|point| point.starts_with(dir))
+        .collect();
+    points.sort_by_key(|point| std::cmp::Reverse(point.as_os_str().len()));
+    points
+}
+
+fn unescape_mount_point(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut rest = field;
+    while let Some((&byte, tail)) = rest.split_first() {
+        let code = tail.get(..3).and_then(|c| std::str::from_utf8(c).ok());
+        match code.and_then(|c| u8::from_str_radix(c, 8).ok()) {
+            Some(unescaped) if byte == b'\\' => {
+                out.push(unescaped);
+                rest = &tail[3..];
+            }
+            _ => {
+                out.push(byte);
+                rest = tail;
+            }
+        }
+    }
+    out
 }

@@ -62,6 +62,9 @@ pub struct CriNode {
     socket: PathBuf,
     cri_client: PathBuf,
     containerd: Option<Child>,
+    /// Sandboxes this node ran: libcni caches their results under /var/lib/cni/results
+    /// (containerd 1.6 offers no other cache dir), outside the temp dir.
+    sandboxes: std::cell::RefCell<Vec<String>>,
     // Last field: removed only after everything inside it was unmounted.
     _dir: sys::TempDir,
 }
@@ -112,6 +115,7 @@ impl CriNode {
             socket: root.join("containerd.sock"),
             cri_client,
             containerd: Some(containerd),
+            sandboxes: Default::default(),
             layout,
             _dir: dir,
         };
@@ -141,8 +145,11 @@ impl CriNode {
             "--cgroup-parent",
             &self.layout.cgroup_parent,
         ];
-        self.cri(&args)
-            .map(|reply| reply["id"].as_str().expect("sandbox id").to_string())
+        let id = self
+            .cri(&args)
+            .map(|reply| reply["id"].as_str().expect("sandbox id").to_string())?;
+        self.sandboxes.borrow_mut().push(id.clone());
+        Ok(id)
     }
 
     pub fn stop_pod(&self, id: &str) -> Result<(), CriError> {
@@ -336,6 +343,21 @@ impl CriNode {
     }
 }
 
+impl CriNode {
+    fn remove_libcni_cache(&self) {
+        let Ok(entries) = fs::read_dir("/var/lib/cni/results") else {
+            return;
+        };
+        let sandboxes = self.sandboxes.borrow();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if sandboxes.iter().any(|id| name.contains(&format!("-{id}-"))) {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
 impl Drop for CriNode {
     fn drop(&mut self) {
         if std::thread::panicking() {
@@ -347,6 +369,7 @@ impl Drop for CriNode {
         unmount_below(&self.layout.dir);
         self.delete_host_links();
         self.remove_cgroups();
+        self.remove_libcni_cache();
     }
 }
 

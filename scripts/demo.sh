@@ -23,28 +23,13 @@ die() {
 }
 
 . "$repo/scripts/lib/packages.sh"
+. "$repo/scripts/lib/build.sh"
 need_root "scripts/demo.sh"
 
 # --- what the demo needs ------------------------------------------------------------------
-# Builds as the user who ran sudo when they own the checkout, so the demo leaves no
-# root-owned files in their target/ directory.
 build_guard() {
-	local home cargo_bin=''
-	if [[ -n ${SUDO_USER:-} && $SUDO_USER != root && $(stat -c %U "$repo") == "$SUDO_USER" ]]; then
-		home=$(getent passwd "$SUDO_USER" | cut -d: -f6)
-		# A login shell picks up rustup's PATH from the user's profile.
-		cargo_bin=$(runuser -u "$SUDO_USER" -- env HOME="$home" bash -lc 'command -v cargo' 2>/dev/null) || cargo_bin=''
-		[[ -z $cargo_bin && -x $home/.cargo/bin/cargo ]] && cargo_bin=$home/.cargo/bin/cargo
-	fi
-	if [[ -n $cargo_bin ]]; then
-		(cd "$repo" && runuser -u "$SUDO_USER" -- env HOME="$home" PATH="$(dirname "$cargo_bin"):$PATH" \
-			cargo build --release --quiet)
-	else
-		need_cargo
-		(cd "$repo" && cargo build --release --quiet)
-	fi
-	guard_bin="${CARGO_TARGET_DIR:-$repo/target}/release/sandbox-guard"
-	[[ -x $guard_bin ]] || die "cargo built no $guard_bin"
+	guard_bin=$(build_plugin "$repo") || die "cargo build failed"
+	[[ -x $guard_bin ]] || die "cargo built no sandbox-guard binary"
 }
 
 # --- throwaway world, removed on any exit -------------------------------------------------

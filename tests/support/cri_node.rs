@@ -383,14 +383,22 @@ fn cri_client_binary() -> PathBuf {
             let target_dir = manifest_dir.join("target/cri-client");
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let manifest = manifest_dir.join("tests/cri-client/Cargo.toml");
-            let status = Command::new(cargo)
-                .args(["build", "--release", "--quiet", "--manifest-path"])
+            // Cargo names the executable: .cargo/config.toml's build target moves it out of
+            // <target>/release.
+            let out = Command::new(cargo)
+                .args(["build", "--release", "--message-format=json-render-diagnostics", "--manifest-path"])
                 .arg(&manifest)
                 .env("CARGO_TARGET_DIR", &target_dir)
-                .status()
+                .stderr(Stdio::inherit())
+                .output()
                 .expect("run cargo build for tests/cri-client");
-            assert!(status.success(), "building {} failed", manifest.display());
-            target_dir.join("release/cri-client")
+            assert!(out.status.success(), "building {} failed", manifest.display());
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+                .filter_map(|msg| msg["executable"].as_str().map(PathBuf::from))
+                .find(|exe| exe.ends_with("cri-client"))
+                .expect("cargo reported no cri-client executable")
         })
         .clone()
 }

@@ -1,0 +1,317 @@
+#!/usr/bin/env bash
+# Per-execution latency and peak memory of sandbox-guard, side by side with Debian's Go reference plugin
+# `tuning`, in one run (the machines are shared and noisy: only numbers taken together compare).
+#
+#   sudo bash scripts/bench.sh
+#
+# Needs root (network namespace, state under /var/lib). Builds the release binary, installs missing Debian
+# packages, prints PASS/FAIL per target and a markdown table for the README. Exit status: 0 when every
+# target passes, 1 when one fails, 2 when the benchmark itself could not run.
+#
+# Knobs (environment): ITERATIONS (400) timed rounds, WARMUP (20) discarded rounds, LARGE_RECORDS (10000),
+# SMALL_RECORDS (10), DUMP_RUNS (7), RSS_RUNS (5), BENCH_BASE_DIR (/var/lib) where the state dirs live,
+# SANDBOX_GUARD_BIN to benchmark an already built binary instead of building one.
+#
+# Why a bash loop on $EPOCHREALTIME rather than hyperfine: hyperfine runs one case after the other, so on a
+# machine shared with compilers a burst of load lands on one case and skews the ratios; it also cannot give
+# each ADD/DEL a fresh container ID without wrapping the command in a shell, whose cost it then estimates and
+# subtracts (more noise than the differences measured). Here every round runs every case, in a random order,
+# with no process but the plugin forked per sample; the spawn baseline (/bin/true through the same path) shows
+# the fixed cost that every row includes.
+set -euo pipefail
+export LC_ALL=C # $EPOCHREALTIME's decimal separator follows the locale
+
+ITERATIONS=${ITERATIONS:-400}
+WARMUP=${WARMUP:-20}
+LARGE_RECORDS=${LARGE_RECORDS:-10000}
+SMALL_RECORDS=${SMALL_RECORDS:-10}
+DUMP_RUNS=${DUMP_RUNS:-7}
+RSS_RUNS=${RSS_RUNS:-5}
+BENCH_BASE_DIR=${BENCH_BASE_DIR:-/var/lib}
+
+# Targets (README): ours must cost less than a no-op reference plugin in the same chain.
+readonly MAX_VERSION_RATIO=0.5 MAX_GROWTH_RATIO=1.20 MAX_DUMP_MS=500 MAX_RSS_KIB=4096
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+readonly repo
+. "$repo/scripts/lib/packages.sh"
+. "$repo/scripts/lib/build.sh"
+readonly cni_dir=/usr/lib/cni
+readonly tuning_bin=$cni_dir/tuning
+readonly network=benchnet ifname=eth0 pod_namespace=bench
+
+say() { printf '%s\n' "$*" >&2; }
+die() { say "bench: $*"; exit 2; }
+
+[[ $EUID -eq 0 ]] || die "needs root (ip netns, state dirs under $BENCH_BASE_DIR): sudo bash scripts/bench.sh"
+((BASH_VERSINFO[0] >= 5)) || die "needs bash >= 5 for \$EPOCHREALTIME"
+
+
+build_release() {
+  if [[ -n ${SANDBOX_GUARD_BIN:-} ]]; then
+    guard_bin=$SANDBOX_GUARD_BIN
+  else
+    say "building the release binary"
+    guard_bin=$(build_plugin "$repo") || die "cargo build failed"
+  fi
+  [[ -x $guard_bin ]] || die "no executable at $guard_bin"
+}
+
+work='' netns=''
+# shellcheck disable=SC2317 # run by the EXIT trap
+cleanup() {
+  [[ -n $netns ]] && ip netns del "$netns" 2>/dev/null # takes the veth pair with it
+  [[ -n $work ]] && rm -rf -- "$work"
+  return 0
+}
+trap cleanup EXIT
+trap 'exit 2' INT TERM HUP
+
+need_packages containernetworking-plugins time iproute2 jq
+build_release
+
+mkdir -p "$BENCH_BASE_DIR"
+work=$(mktemp -d "$BENCH_BASE_DIR/sandbox-guard-bench.XXXXXX")
+fs_type=$(stat -f -c %T "$work")
+# ADD and DEL fsync their records: on a RAM file system that cost would vanish and flatter the plugin.
+case $fs_type in tmpfs | ramfs) die "$BENCH_BASE_DIR is on $fs_type; point BENCH_BASE_DIR at a disk" ;; esac
+
+# A real netns with the pod end of a veth named as in prevResult: tuning's ADD enters it and must succeed.
+netns=sgbench-$$
+netns_path=/run/netns/$netns
+ip netns add "$netns"
+ip link add "sgb$$" type veth peer name "$ifname" netns "$netns"
+
+version_input='{"cniVersion":"1.0.0"}'
+small_state=$work/state-small large_state=$work/state-large
+
+# One pod attachment: container, pod, UID, address and MACs all derive from a serial, so no two ADDs of the
+# run share any of them (a shared address would make every ADD look like the IP reuse the guard reports).
+# Kinds keep the serials of the phases below apart.
+readonly preflight_kind=1 fill_kind=2 round_kind=3 rss_kind=4
+attachment() { # kind serial -> cid pod uid prev_result
+  local serial=$(($1 * 1000000 + $2)) hex
+  local a=$((serial >> 16 & 255)) b=$((serial >> 8 & 255)) c=$((serial & 255))
+  printf -v cid '%064x' "$serial"
+  printf -v uid '%08x-0000-4000-8000-%012x' "$1" "$2"
+  pod=pod-$1-$2
+  printf -v hex '%02x:%02x:%02x' "$a" "$b" "$c"
+  # What a bridge + host-local primary hands to the chained plugins.
+  prev_result='{"cniVersion":"1.0.0","interfaces":[{"name":"cni0","mac":"0a:58:0a:00:00:01"},{"name":"veth'${cid: -8}'","mac":"6e:58:0a:'$hex'"},{"name":"'$ifname'","mac":"0a:58:0a:'$hex'","sandbox":"'$netns_path'"}],"ips":[{"address":"10.'$a.$b.$c'/8","gateway":"10.0.0.1","interface":2}],"routes":[{"dst":"0.0.0.0/0","gw":"10.0.0.1"}],"dns":{"nameservers":["10.96.0.10"],"search":["bench.svc.cluster.local","svc.cluster.local","cluster.local"],"options":["ndots:5"]}}'
+}
+# Stdin for a plugin, with the current attachment's prevResult; into a variable, as a fork would be timed
+# (or slow down populating).
+plugin_config() { # variable type [extra keys]
+  printf -v "$1" '{"cniVersion":"1.0.0","name":"%s","type":"%s"%s,"prevResult":%s}' "$network" "$2" "${3:-}" "$prev_result"
+}
+guard_config() { plugin_config "$1" sandbox-guard ",\"stateDir\":\"$2\""; } # variable state-dir
+
+# Prepended to every plugin run; the RSS pass puts GNU time here.
+launcher=()
+
+# The config goes in through a pipe (a here-string that small is one in bash 5), as a runtime passes it.
+cni() { # binary verb stdin-text; the current attachment
+  CNI_COMMAND=$2 CNI_CONTAINERID=$cid CNI_NETNS=$netns_path CNI_IFNAME=$ifname CNI_PATH=$cni_dir \
+    CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=$pod_namespace;K8S_POD_NAME=$pod;K8S_POD_INFRA_CONTAINER_ID=$cid;K8S_POD_UID=$uid" \
+    "${launcher[@]}" "$1" <<<"$3"
+}
+guard() { cni "$guard_bin" "$@"; }
+tuning() { cni "$tuning_bin" "$@"; }
+
+declare -A samples=() # case label -> space-separated microseconds
+timed() { # label command...
+  local label=$1 start rc=0
+  shift
+  start=${EPOCHREALTIME/./}
+  "$@" >/dev/null || rc=$?
+  samples[$label]+="$((${EPOCHREALTIME/./} - start)) "
+  ((rc == 0)) || { say "$label failed with exit $rc; rerun: $(printf '%q ' "$@")"; "$@" >&2 || true; exit 2; }
+}
+
+contract_problems=()
+contract() { contract_problems+=("$*"); say "CONTRACT: $*"; }
+record_file() { printf '%s/records/%s:%s:%s' "$1" "$network" "$cid" "$ifname"; } # state dir
+count_records() { find "$1/records" -maxdepth 1 -type f 2>/dev/null | wc -l; }
+
+# --- Preflight: every case must do its real work once, untimed, before any number means anything. ---
+attachment "$preflight_kind" 1
+out=$(tuning VERSION "$version_input") || die "tuning VERSION failed: $out"
+out=$(guard VERSION "$version_input") || die "sandbox-guard VERSION failed: $out"
+for v in 0.3.0 0.3.1 0.4.0 1.0.0 1.1.0; do
+  jq -e --arg v "$v" '.supportedVersions | index($v)' <<<"$out" >/dev/null || contract "VERSION does not list $v: $out"
+done
+plugin_config config tuning
+out=$(tuning ADD "$config") || die "tuning no-op ADD failed: $out"
+jq -e '.interfaces[2].sandbox' <<<"$out" >/dev/null || die "tuning ADD returned no result: $out"
+
+guard_config config "$small_state"
+out=$(guard ADD "$config") || die "sandbox-guard ADD failed: $out"
+# $(...) drops a trailing newline, which a runtime's JSON decoder ignores too.
+[[ $out == "$prev_result" ]] || contract "ADD did not print prevResult byte for byte: $out"
+[[ -f $(record_file "$small_state") ]] || contract "ADD wrote no $(record_file "$small_state")"
+out=$(guard DEL "$config") || die "sandbox-guard DEL failed: $out"
+[[ ! -e $(record_file "$small_state") ]] || contract "DEL left $(record_file "$small_state")"
+out=$(guard DEL "$config") || contract "a repeated DEL failed (DEL must be idempotent): $out"
+
+populate() { # state count
+  local n start=$SECONDS config
+  say "populating $(basename "$1") with $2 records"
+  for ((n = 1; n <= $2; n++)); do
+    attachment "$fill_kind" "$n"
+    guard_config config "$1"
+    guard ADD "$config" >/dev/null || die "populating ADD #$n failed"
+    ((n % 2000)) || say "  $n records, $((SECONDS - start)) s"
+  done
+  local have
+  have=$(count_records "$1")
+  ((have == $2)) || contract "$2 ADDs left $have files in $1/records"
+}
+populate "$small_state" "$SMALL_RECORDS"
+populate "$large_state" "$LARGE_RECORDS"
+
+# --- Latency: one round runs every case once, in a fresh random order. A fixed order would charge costs one
+# case defers to the same next case every time: an fsync also flushes whatever an earlier run left unsynced.
+# Each round is a fresh attachment, so ADD creates a record and DEL removes it and the stores keep their
+# size; tuning gets the same prevResult as sandbox-guard.
+run_case() { # case
+  case $1 in
+  spawn) timed spawn /bin/true ;;
+  tuning_version) timed tuning_version tuning VERSION "$version_input" ;;
+  guard_version) timed guard_version guard VERSION "$version_input" ;;
+  tuning_add) timed tuning_add tuning ADD "${round_input[tuning]}" ;;
+  small | large)
+    timed "guard_add_$1" guard ADD "${round_input[$1]}"
+    timed "guard_del_$1" guard DEL "${round_input[$1]}"
+    ;;
+  esac
+}
+cases=(spawn tuning_version guard_version tuning_add small large)
+declare -A round_input=() # tuning, small, large -> stdin text
+say "timing $ITERATIONS rounds (+$WARMUP warm-up) of: ${cases[*]}"
+for ((round = 0; round < WARMUP + ITERATIONS; round++)); do
+  ((round != WARMUP)) || samples=()
+  attachment "$round_kind" "$round"
+  # Built before the clock starts: only the plugins' own work is timed.
+  plugin_config 'round_input[tuning]' tuning
+  guard_config 'round_input[small]' "$small_state"
+  guard_config 'round_input[large]' "$large_state"
+  order=("${cases[@]}")
+  for ((k = ${#order[@]} - 1; k > 0; k--)); do
+    j=$((RANDOM % (k + 1)))
+    swap=${order[k]} order[k]=${order[j]} order[j]=$swap
+  done
+  for case in "${order[@]}"; do run_case "$case"; done
+done
+[[ $(count_records "$large_state") -eq $LARGE_RECORDS ]] || contract "the ADD/DEL rounds changed the record count of the large store"
+
+# --- Dump over the large store. ---
+dump() { "${launcher[@]}" "$guard_bin" --dump-checkpoints --state-dir "$large_state" --output "$1"; }
+dumped=$(dump json | jq length) || contract "--dump-checkpoints --output json is not a JSON array"
+[[ ${dumped:-0} -eq $LARGE_RECORDS ]] || contract "the JSON dump lists ${dumped:-0} records, the store holds $LARGE_RECORDS"
+lines=$(dump table | wc -l) || contract "--dump-checkpoints --output table failed"
+((lines >= LARGE_RECORDS)) || contract "the table dump has $lines lines for $LARGE_RECORDS records"
+say "timing $DUMP_RUNS dumps of each output over $LARGE_RECORDS records"
+for ((run = 0; run < DUMP_RUNS; run++)); do
+  timed dump_json dump json
+  timed dump_table dump table
+done
+
+# --- Peak RSS (GNU time's %M, KiB): the highest of RSS_RUNS runs of each. ---
+declare -A rss=()
+rss_run() { # label command...
+  local label=$1 file=$work/rss.$1
+  shift
+  launcher=(/usr/bin/time -f %M -a -o "$file")
+  "$@" >/dev/null || die "$label failed under /usr/bin/time"
+  launcher=()
+  rss[$label]=$(sort -n "$file" | tail -n 1)
+}
+say "measuring peak RSS"
+for ((run = 0; run < RSS_RUNS; run++)); do
+  attachment "$rss_kind" "$run"
+  rss_run tuning_version tuning VERSION "$version_input"
+  rss_run guard_version guard VERSION "$version_input"
+  plugin_config config tuning
+  rss_run tuning_add tuning ADD "$config"
+  for store in small large; do
+    state=${store}_state
+    guard_config config "${!state}"
+    rss_run "guard_add_$store" guard ADD "$config"
+    rss_run "guard_del_$store" guard DEL "$config"
+  done
+  rss_run dump_json dump json
+  rss_run dump_table dump table
+done
+# The kernel carries the forked GNU time's own RSS into the child's peak across exec: nothing reads lower.
+rss_floor=$(/usr/bin/time -f %M /bin/true 2>&1)
+
+# --- Report. ---
+declare -A p50=() p90=()
+for label in "${!samples[@]}"; do
+  read -r "p50[$label]" "p90[$label]" < <(tr ' ' '\n' <<<"${samples[$label]}" | grep . | sort -n | awk '
+    { v[NR] = $1 }
+    END {
+      median = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+      p = int(NR * 0.9); if (p < NR * 0.9) p++
+      printf "%.3f %.3f\n", median / 1000, v[p] / 1000
+    }')
+done
+calc() { awk "BEGIN { printf \"%.2f\", $* }"; }
+holds() { awk "BEGIN { exit !($*) }"; }
+
+failed=0
+verdict() { # description condition
+  local result=PASS
+  holds "$2" || { result=FAIL; failed=1; }
+  printf '%s  %s\n' "$result" "$1"
+}
+version_ratio=$(calc "${p50[guard_version]} / ${p50[tuning_version]}")
+add_growth=$(calc "${p50[guard_add_large]} / ${p50[guard_add_small]}")
+del_growth=$(calc "${p50[guard_del_large]} / ${p50[guard_del_small]}")
+
+echo
+echo "## Targets"
+verdict "ADD median ${p50[guard_add_small]} ms < tuning no-op ADD ${p50[tuning_add]} ms" "${p50[guard_add_small]} < ${p50[tuning_add]}"
+verdict "DEL median ${p50[guard_del_small]} ms < tuning no-op ADD ${p50[tuning_add]} ms" "${p50[guard_del_small]} < ${p50[tuning_add]}"
+verdict "VERSION ${p50[guard_version]} ms is ${version_ratio}x tuning's ${p50[tuning_version]} ms (<= $MAX_VERSION_RATIO)" \
+  "${p50[guard_version]} <= $MAX_VERSION_RATIO * ${p50[tuning_version]}"
+verdict "ADD with $LARGE_RECORDS records is ${add_growth}x ADD with $SMALL_RECORDS (<= $MAX_GROWTH_RATIO)" \
+  "${p50[guard_add_large]} <= $MAX_GROWTH_RATIO * ${p50[guard_add_small]}"
+verdict "DEL with $LARGE_RECORDS records is ${del_growth}x DEL with $SMALL_RECORDS (<= $MAX_GROWTH_RATIO)" \
+  "${p50[guard_del_large]} <= $MAX_GROWTH_RATIO * ${p50[guard_del_small]}"
+for output in json table; do
+  verdict "dump --output $output of $LARGE_RECORDS records ${p50[dump_$output]} ms (<= $MAX_DUMP_MS ms)" \
+    "${p50[dump_$output]} <= $MAX_DUMP_MS"
+done
+for label in guard_version guard_add_small guard_del_small guard_add_large guard_del_large dump_json dump_table; do
+  verdict "peak RSS of $label ${rss[$label]} KiB (<= $MAX_RSS_KIB KiB)" "${rss[$label]} <= $MAX_RSS_KIB"
+done
+if ((${#contract_problems[@]})); then
+  failed=1
+  echo
+  echo "## Contract problems seen"
+  printf -- '- %s\n' "${contract_problems[@]}"
+fi
+
+row() { # name label ratio
+  printf '| %s | %.2f | %.2f | %.2f | %s | %s |\n' "$1" "${p50[$2]}" "${p90[$2]}" \
+    "$(calc "${p50[$2]} - ${p50[spawn]}")" "$3" "${rss[$2]:--}"
+}
+echo
+echo "## Results"
+echo
+echo "$(date -u +%Y-%m-%d), $(nproc) cores ($(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)), kernel $(uname -r), state on $fs_type; $ITERATIONS interleaved rounds, $DUMP_RUNS dumps, peak RSS the highest of $RSS_RUNS runs (GNU time, floor $rss_floor KiB). \"Median - spawn\" leaves out the cost of starting any process, which every row pays."
+echo
+echo "| Case | Median (ms) | p90 (ms) | Median - spawn (ms) | Ratio of medians | Peak RSS (KiB) |"
+echo "| --- | ---: | ---: | ---: | --- | ---: |"
+row "spawn baseline (\`/bin/true\`)" spawn '-'
+row 'tuning VERSION (Go reference)' tuning_version '1.00'
+row 'sandbox-guard VERSION' guard_version "$version_ratio x tuning VERSION"
+row 'tuning chained no-op ADD (Go reference)' tuning_add '1.00'
+row "sandbox-guard ADD, $SMALL_RECORDS records" guard_add_small "$(calc "${p50[guard_add_small]} / ${p50[tuning_add]}") x tuning ADD"
+row "sandbox-guard DEL, $SMALL_RECORDS records" guard_del_small "$(calc "${p50[guard_del_small]} / ${p50[tuning_add]}") x tuning ADD"
+row "sandbox-guard ADD, $LARGE_RECORDS records" guard_add_large "$add_growth x ADD, $SMALL_RECORDS records"
+row "sandbox-guard DEL, $LARGE_RECORDS records" guard_del_large "$del_growth x DEL, $SMALL_RECORDS records"
+row "\`--dump-checkpoints --output json\`, $LARGE_RECORDS records" dump_json '-'
+row "\`--dump-checkpoints --output table\`, $LARGE_RECORDS records" dump_table '-'
+exit "$failed"

@@ -192,10 +192,20 @@ impl Store {
         let _ = self.lock.write_at(format!("{value:020}").as_bytes(), 0);
     }
 
-    /// Every record file, for GC and the dump. A file that cannot even be opened safely (a
+    /// Every record file, for GC and the doctor. A file that cannot even be opened safely (a
     /// planted symlink, a FIFO) is listed as corrupt: the tools that list must keep working.
     pub fn list_records(&self) -> Result<Vec<(PathBuf, Loaded<Checkpoint>)>> {
         list(&self.records, |path| Ok(read_for_listing(path)))
+    }
+
+    /// The record files' paths, sorted, for a reader that loads them one at a time.
+    pub fn record_paths(&self) -> Result<Vec<PathBuf>> {
+        Ok(list(&self.records, |_| Ok(()))?.into_iter().map(|(path, ())| path).collect())
+    }
+
+    /// Reads one path of `record_paths` as `list_records` would.
+    pub fn load_record_at(&self, path: &Path) -> Loaded<Checkpoint> {
+        read_for_listing(path)
     }
 
     pub fn list_owners(&self) -> Result<Vec<(PathBuf, Loaded<Ownership>)>> {

@@ -1,7 +1,8 @@
 //! `--dump-checkpoints`: every checkpoint with its ownership, for people or for tools.
 //!
-//! Streams: one record is read, verified and written at a time, so a node with ten thousand
-//! pods dumps in constant memory, and the primary's result is copied through as raw bytes.
+//! Streams: one record is read, verified and written at a time, in directory order, so a
+//! node with ten thousand pods dumps in constant memory (sort the JSON, or `sort` the table,
+//! for another order); the primary's result is copied through as raw bytes.
 
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -103,16 +104,23 @@ pub fn run(state_dir: &Path, format: Format, filter: &Filter) -> Result<()> {
         Format::Table => Box::new(TableSink::default()),
     };
     let mut out = BufWriter::with_capacity(64 * 1024, io::stdout().lock());
-    write_rows(&store, filter, &records, &set_aside, sink.as_mut(), &mut out)
+    write_rows(&store, filter, records, &set_aside, sink.as_mut(), &mut out)
         .and_then(|()| out.flush())
         // A reader that stops early (`| head`) is not an error.
         .or_else(|e| if e.kind() == io::ErrorKind::BrokenPipe { Ok(()) } else { Err(e) })
         .map_err(|e| GuardError::new(Kind::Io, format!("cannot write the dump: {e}")))
 }
 
-fn write_rows(store: &Store, filter: &Filter, records: &[PathBuf], set_aside: &[PathBuf], sink: &mut dyn Sink, out: &mut dyn Write) -> io::Result<()> {
+fn write_rows(
+    store: &Store,
+    filter: &Filter,
+    records: impl Iterator<Item = io::Result<PathBuf>>,
+    set_aside: &[PathBuf],
+    sink: &mut dyn Sink,
+    out: &mut dyn Write,
+) -> io::Result<()> {
     for path in records {
-        match store.load_record_at(path) {
+        match store.load_record_at(&path?) {
             Loaded::Valid(record) if filter.admits(&record) => {
                 let view = ResultView::parse(&record.prev_result).ok();
                 sink.row(out, &record_row(&record, owns_its_pod_key(store, &record), &view))?;

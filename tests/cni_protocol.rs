@@ -575,6 +575,64 @@ fn corrupted_ownership_refuses_the_del_with_101() {
     assert!(kept.iter().any(|p| p.is_file() && std::fs::read(p).unwrap() == bytes), "the ownership is kept: {kept:?}");
 }
 
+#[test]
+fn a_new_add_ends_the_refusals_a_corrupt_file_caused_and_del_stays_idempotent() {
+    let store = Store::new();
+    let (pod, recreated) = etcd_incarnations();
+    let a = container_id();
+    store.add(&a, &pod).run().assert_ok();
+    let owner = store.owner_files().remove(0);
+    let mut bytes = std::fs::read(&owner).unwrap();
+    let at = find(&bytes, a.as_bytes()).expect("the ownership names its container");
+    bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
+    std::fs::write(&owner, &bytes).unwrap();
+    store.del(&a, &pod).run().assert_error(101);
+
+    // The pod is re-created: its ADD makes ownership known again, so the set-aside file,
+    // still kept, must stop refusing DELs, or the repeat of a DEL that succeeded would fail.
+    let b = container_id();
+    store.add(&b, &recreated).run().assert_ok();
+    store.del(&b, &recreated).run().assert_ok();
+    store.del(&b, &recreated).run().assert_ok();
+    store.del(&a, &pod).run().assert_ok();
+    let kept = walk(&store.state_dir.join("set-aside"));
+    assert!(kept.iter().any(|p| p.is_file() && std::fs::read(p).unwrap() == bytes), "still kept: {kept:?}");
+}
+
+#[test]
+fn a_corrupt_record_del_did_not_need_blocks_nothing_later() {
+    let store = Store::new();
+    let pod = Pod::new("lijiaob", "etcd1-0");
+    let a = container_id();
+    store.add(&a, &pod).run().assert_ok();
+    let record = store.record_path(NETWORK, &a, "eth0");
+    let mut bytes = std::fs::read(&record).unwrap();
+    let at = find(&bytes, pod.uid.as_bytes()).expect("the record holds the pod UID");
+    bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
+    std::fs::write(&record, &bytes).unwrap();
+
+    // CNI_ARGS name the pod, so the record was not needed: the DEL passes and keeps it...
+    store.del(&a, &pod).run().assert_ok();
+    // ...and containerd's second DEL, which may lack the pod's identity, passes too.
+    store.cni("DEL", &a).cni_args("IgnoreUnknown=1").run().assert_ok();
+    let kept = walk(&store.state_dir.join("set-aside"));
+    assert!(kept.iter().any(|p| p.is_file() && std::fs::read(p).unwrap() == bytes), "kept: {kept:?}");
+}
+
+#[test]
+fn a_huge_file_in_the_store_is_untrusted_not_a_crash() {
+    let store = Store::new();
+    let pod = Pod::new("lijiaob", "etcd1-0");
+    let a = container_id();
+    store.add(&a, &pod).run().assert_ok();
+    // Sparse: 8 TiB that cost no disk, which a whole-file read would try to allocate.
+    let record = store.record_path(NETWORK, &a, "eth0");
+    std::fs::OpenOptions::new().write(true).open(&record).unwrap().set_len(8 << 40).unwrap();
+
+    let error = store.cni("DEL", &a).cni_args("IgnoreUnknown=1").run().assert_error(101);
+    assert!(error.text().contains("larger than any checkpoint"), "{error:?}");
+}
+
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }

@@ -79,13 +79,16 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
         prev_result: prev_result.clone(),
         links: Some(links.finish()),
     };
-    // Record first, ownership second: a crash in between leaves a record nobody points
-    // to, never an owner pointing at nothing.
+    store.unblock(&store.set_aside_path_for_record(&id))?;
+    // The record is durable before the ownership that points at it, so no crash leaves an
+    // owner without its record (two directory fsyncs either way).
     store.save_record(&record)?;
-    if let Some(key) = pod_key {
-        store.save_owner(&Ownership { key, container_id: id.container_id.clone(), pod_uid: pod.uid.clone(), generation })?;
-    }
     store.sync()?;
+    if let Some(key) = pod_key {
+        store.unblock(&store.set_aside_path_for_owner(&key))?;
+        store.save_owner(&Ownership { key, container_id: id.container_id.clone(), pod_uid: pod.uid.clone(), generation })?;
+        store.sync()?;
+    }
     store.set_generation_counter(generation);
     let ip_conflict = address_claim.record(&store);
 

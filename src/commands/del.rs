@@ -30,7 +30,8 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             None
         }
         Loaded::Corrupt { path, reason } => {
-            let kept = store.set_aside(&path, &store.set_aside_path_for_record(&id), true)?;
+            // It blocks later DELs only when it was needed: CNI_ARGS lacked the pod key.
+            let kept = store.set_aside(&path, &store.set_aside_path_for_record(&id), key_from_args.is_none())?;
             store.sync()?;
             if key_from_args.is_none() {
                 return Err(set_aside_error(inv, attachment, &kept, &reason, None));
@@ -56,8 +57,11 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             }
         },
         DelVerdict::Release => {
-            // Ownership first: a crash in between leaves an unowned record, which is harmless.
+            // The release is durable before the record goes: a crash can leave an unowned
+            // record (harmless, the retried DEL removes it) but never an owner whose record
+            // is gone, which would refuse the DELs of every other sandbox of the pod forever.
             store.remove_owner(&key)?;
+            store.sync()?;
             remove_record(inv, &store, attachment, &id, Some(&key), ("deleted", "released the pod key"))
         }
         DelVerdict::Proceed => remove_record(inv, &store, attachment, &id, Some(&key), ("deleted", "pod key not owned")),

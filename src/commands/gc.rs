@@ -51,6 +51,13 @@ pub fn run(inv: &Invocation) -> Result<()> {
             _ => {}
         }
     }
+    // A record blocker of an attachment the runtime no longer lists guards nothing.
+    for path in store.list_set_aside()? {
+        let Some(id) = id_from_file_name(&path) else { continue };
+        if id.network == *network && !id.if_name.contains('~') && !is_valid(&id.container_id, &id.if_name) {
+            store.unblock(&path)?;
+        }
+    }
     let mut released = 0;
     for (_, loaded) in store.list_owners()? {
         if let Loaded::Valid(owner) = loaded

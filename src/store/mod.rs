@@ -154,8 +154,23 @@ impl Store {
         }
         fs::rename(from, &target).map_err(|e| GuardError::io("set aside corrupt checkpoint", from, e))?;
         self.mark_dirty(2);
-        self.mark_dirty(if from.starts_with(&self.records) { 0 } else { 1 });
+        if from.starts_with(&self.records) {
+            self.mark_dirty(0);
+        } else if from.starts_with(&self.owners) {
+            self.mark_dirty(1);
+        }
         Ok(target)
+    }
+
+    /// Keeps a blocking set-aside file but stops it blocking, once the state it stood for is
+    /// known again (an ADD rewrote the record or took the pod key, or GC learnt that the
+    /// attachment is gone). Left in place, it would refuse every later DEL, even repeats of
+    /// one that already succeeded.
+    pub fn unblock(&self, blocker: &Path) -> Result<()> {
+        if fs::symlink_metadata(blocker).is_ok() {
+            self.set_aside(blocker, blocker, false)?;
+        }
+        Ok(())
     }
 
     /// Makes every rename and unlink since the last sync durable (one fsync a directory).

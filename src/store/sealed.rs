@@ -5,7 +5,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
@@ -14,6 +14,8 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::error::{GuardError, Result};
+
+const MAX_SEALED_FILE: u64 = 4 << 20;
 
 /// What reading a sealed file found.
 #[derive(Debug)]
@@ -33,21 +35,29 @@ pub fn open_nofollow(path: &Path) -> io::Result<File> {
 }
 
 pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
-    let mut file = match open_nofollow(path) {
+    let file = match open_nofollow(path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Loaded::Missing),
         Err(e) => return Err(GuardError::io("open checkpoint", path, e)),
     };
     let meta = file.metadata().map_err(|e| GuardError::io("stat checkpoint", path, e))?;
-    if !meta.file_type().is_file() || meta.file_type().is_fifo() {
+    if !meta.file_type().is_file() {
         return Err(GuardError::io(
             "read checkpoint",
             path,
             io::Error::other("not a regular file: remove it from the state dir"),
         ));
     }
+    // No checkpoint comes near this (a prevResult is at most 1 MiB): a larger file was not
+    // written by the plugin, and reading it whole could exhaust memory.
+    if meta.len() > MAX_SEALED_FILE {
+        return Ok(Loaded::Corrupt {
+            path: path.to_path_buf(),
+            reason: format!("it is {} bytes, larger than any checkpoint ({MAX_SEALED_FILE})", meta.len()),
+        });
+    }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.read_to_end(&mut bytes).map_err(|e| GuardError::io("read checkpoint", path, e))?;
+    file.take(MAX_SEALED_FILE).read_to_end(&mut bytes).map_err(|e| GuardError::io("read checkpoint", path, e))?;
     Ok(match verify::<T>(&bytes) {
         Ok(value) => Loaded::Valid(value),
         Err(reason) => Loaded::Corrupt { path: path.to_path_buf(), reason },

@@ -19,6 +19,8 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
 
 use ipnetwork::IpNetwork;
 use nix::sched::{CloneFlags, setns};
@@ -90,11 +92,22 @@ pub fn with_pod_netns<T: Send>(netns_path: &Path, job: impl FnOnce(&Kernel) -> R
 }
 
 /// A `with_pod_netns` whose caller goes on with other work (ADD: the store) meanwhile.
-pub struct InPodNetns<T>(std::result::Result<std::thread::JoinHandle<Result<T>>, GuardError>);
+pub struct InPodNetns<T>(std::result::Result<mpsc::Receiver<Result<T>>, GuardError>);
+
+/// ADD holds the store lock while it waits: a netns that does not answer must not stall
+/// every ADD and DEL on the node behind it.
+const IN_POD_NETNS_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl<T> InPodNetns<T> {
     pub fn wait(self) -> Result<T> {
-        self.0?.join().unwrap_or_else(|_| Err(died()))
+        match self.0?.recv_timeout(IN_POD_NETNS_TIMEOUT) {
+            Ok(result) => result,
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(GuardError::new(
+                Kind::Netlink,
+                format!("the pod's netns did not answer within {} s", IN_POD_NETNS_TIMEOUT.as_secs()),
+            )),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(died()),
+        }
     }
 }
 
@@ -102,12 +115,16 @@ pub fn start_in_pod_netns<T: Send + 'static>(
     netns_path: PathBuf,
     job: impl FnOnce(&Kernel) -> Result<T> + Send + 'static,
 ) -> InPodNetns<T> {
+    let (sender, receiver) = mpsc::channel();
     let spawned = open_netns(&netns_path).and_then(|pod_netns| {
         worker_thread()
-            .spawn(move || Kernel::open(pod_netns, &netns_path).and_then(|kernel| job(&kernel)))
+            .spawn(move || {
+                // The receiver is gone only when ADD stopped waiting; nothing is left to tell.
+                let _ = sender.send(Kernel::open(pod_netns, &netns_path).and_then(|kernel| job(&kernel)));
+            })
             .map_err(thread_error)
     });
-    InPodNetns(spawned)
+    InPodNetns(spawned.map(|_| receiver))
 }
 
 fn worker_thread() -> std::thread::Builder {

@@ -200,6 +200,7 @@ pub fn check_addresses(inv: &Invocation, store: &Store, attachment: &Attachment,
     let dir = index_dir(store.root());
     let own_inode = netns_inode(&attachment.netns);
     let mut addresses: Vec<IpAddr> = view.ips.iter().map(|ip| ip.address.ip()).collect();
+    addresses.sort();
     addresses.dedup();
 
     let conflicts: Vec<Conflict> = addresses
@@ -338,9 +339,17 @@ fn conflict_error(id: &AttachmentId, pod: &str, netns: &str, conflicts: &[Confli
 
 pub fn read_entry(path: &Path) -> Option<IpHolder> {
     match sealed::read::<IpHolder>(path) {
-        Ok(Loaded::Valid(holder)) => Some(holder),
+        // A checksum is no signature: names from the file are checked before they make a path.
+        Ok(Loaded::Valid(holder)) if plain_names(&holder) => Some(holder),
         _ => None,
     }
+}
+
+fn plain_names(holder: &IpHolder) -> bool {
+    use crate::names::{check_ifname, check_plain, MAX_CONTAINER_ID, MAX_NETWORK};
+    check_plain("network", &holder.network, MAX_NETWORK, Kind::Io).is_ok()
+        && check_plain("container", &holder.container_id, MAX_CONTAINER_ID, Kind::Io).is_ok()
+        && check_ifname(&holder.if_name).is_ok()
 }
 
 /// Every entry of the index (the doctor and GC; never ADD).

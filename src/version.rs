@@ -50,10 +50,11 @@ fn parse(version: &str) -> (u32, u32, u32) {
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
-/// The VERSION reply. libcni sends `{"cniVersion": ...}` on stdin; the reply echoes it.
+/// The VERSION reply. libcni sends `{"cniVersion": ...}` on stdin; the reply echoes it when
+/// the plugin speaks it.
 pub fn version_reply(requested: Option<&str>) -> String {
     serde_json::json!({
-        "cniVersion": requested.unwrap_or(LATEST),
+        "cniVersion": for_reply(requested),
         "supportedVersions": SUPPORTED,
     })
     .to_string()

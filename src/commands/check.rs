@@ -41,7 +41,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             ),
         )),
         (Loaded::Corrupt { path, reason }, _) => Some(GuardError::new(
-            Kind::SetAside,
+            Kind::CheckFailed,
             format!(
                 "the checkpoint {} failed verification ({reason}); the next ADD or DEL sets it aside; \
                  re-create the pod sandbox to checkpoint it again",

@@ -525,11 +525,7 @@ fn corrupted_record_is_set_aside_and_an_identityless_del_refused_with_101() {
     let a = container_id();
     store.add(&a, &pod).run().assert_ok();
     let record = store.record_path(NETWORK, &a, "eth0");
-    let mut bytes = std::fs::read(&record).unwrap();
-    // Still valid JSON, only the checksum can tell: one hex digit of the pod UID changed.
-    let at = find(&bytes, pod.uid.as_bytes()).expect("the record holds the pod UID");
-    bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
-    std::fs::write(&record, &bytes).unwrap();
+    let bytes = corrupt_one_digit(&record, pod.uid.as_bytes());
 
     let identityless_del = store.cni("DEL", &a).cni_args("IgnoreUnknown=1");
     let error = identityless_del.run().assert_error(101);
@@ -564,10 +560,7 @@ fn corrupted_ownership_refuses_the_del_with_101() {
     store.add(&a, &pod).run().assert_ok();
     let owners = store.owner_files();
     assert_eq!(owners.len(), 1);
-    let mut bytes = std::fs::read(&owners[0]).unwrap();
-    let at = find(&bytes, a.as_bytes()).expect("the ownership names its container");
-    bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
-    std::fs::write(&owners[0], &bytes).unwrap();
+    let bytes = corrupt_one_digit(&owners[0], a.as_bytes());
 
     // Without a trustworthy owner the guard cannot tell a stale DEL from a good one.
     store.del(&a, &pod).run().assert_error(101);
@@ -582,10 +575,7 @@ fn a_new_add_ends_the_refusals_a_corrupt_file_caused_and_del_stays_idempotent() 
     let a = container_id();
     store.add(&a, &pod).run().assert_ok();
     let owner = store.owner_files().remove(0);
-    let mut bytes = std::fs::read(&owner).unwrap();
-    let at = find(&bytes, a.as_bytes()).expect("the ownership names its container");
-    bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
-    std::fs::write(&owner, &bytes).unwrap();
+    let bytes = corrupt_one_digit(&owner, a.as_bytes());
     store.del(&a, &pod).run().assert_error(101);
 
     // The pod is re-created: its ADD makes ownership known again, so the set-aside file,
@@ -606,10 +596,7 @@ fn a_corrupt_record_del_did_not_need_blocks_nothing_later() {
     let a = container_id();
     store.add(&a, &pod).run().assert_ok();
     let record = store.record_path(NETWORK, &a, "eth0");
-    let mut bytes = std::fs::read(&record).unwrap();
-    let at = find(&bytes, pod.uid.as_bytes()).expect("the record holds the pod UID");
-    bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
-    std::fs::write(&record, &bytes).unwrap();
+    let bytes = corrupt_one_digit(&record, pod.uid.as_bytes());
 
     // CNI_ARGS name the pod, so the record was not needed: the DEL passes and keeps it...
     store.del(&a, &pod).run().assert_ok();
@@ -631,6 +618,16 @@ fn a_huge_file_in_the_store_is_untrusted_not_a_crash() {
 
     let error = store.cni("DEL", &a).cni_args("IgnoreUnknown=1").run().assert_error(101);
     assert!(error.text().contains("larger than any checkpoint"), "{error:?}");
+}
+
+/// Changes one hex digit inside `needle` in the file: still valid JSON, so only the checksum
+/// can tell. Returns the corrupted bytes, to find them again under set-aside/.
+fn corrupt_one_digit(path: &std::path::Path, needle: &[u8]) -> Vec<u8> {
+    let mut bytes = std::fs::read(path).unwrap();
+    let at = find(&bytes, needle).unwrap_or_else(|| panic!("{} does not hold the value to corrupt", path.display()));
+    bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
+    std::fs::write(path, &bytes).unwrap();
+    bytes
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {

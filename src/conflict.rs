@@ -27,7 +27,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 
 use crate::commands::Invocation;
 use crate::config::IpConflictPolicy;
@@ -194,9 +193,7 @@ pub struct Claim {
 /// Called by ADD before it writes anything: finds the live holders of the new addresses and
 /// warns or refuses as `ipConflict` says. Reads one index entry, at most one record and one
 /// namespace per address: the cost does not depend on how many records the store holds.
-pub fn check_addresses(inv: &Invocation, store: &Store, attachment: &Attachment, prev_result: &RawValue) -> Result<Claim> {
-    let view = ResultView::parse(prev_result)?;
-    let id = inv.attachment_id(attachment);
+pub fn check_addresses(inv: &Invocation, store: &Store, attachment: &Attachment, id: &AttachmentId, view: &ResultView) -> Result<Claim> {
     let dir = index_dir(store.root());
     let own_inode = netns_inode(&attachment.netns);
     let mut addresses: Vec<IpAddr> = view.ips.iter().map(|ip| ip.address.ip()).collect();
@@ -205,12 +202,12 @@ pub fn check_addresses(inv: &Invocation, store: &Store, attachment: &Attachment,
 
     let conflicts: Vec<Conflict> = addresses
         .iter()
-        .filter_map(|&address| live_holder(store, &dir, &id, address, own_inode))
+        .filter_map(|&address| live_holder(store, &dir, id, address, own_inode))
         .collect();
     let pod = pod_text(attachment.pod.namespace.as_deref(), attachment.pod.name.as_deref());
     let mut warning = None;
     if !conflicts.is_empty() {
-        let err = conflict_error(&id, &pod, &attachment.netns, &conflicts, inv.conf.ip_conflict);
+        let err = conflict_error(id, &pod, &attachment.netns, &conflicts, inv.conf.ip_conflict);
         match inv.conf.ip_conflict {
             IpConflictPolicy::Refuse => return Err(err),
             IpConflictPolicy::Warn => warning = Some(format!("; {}", err.msg)),

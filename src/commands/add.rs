@@ -20,7 +20,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
              \"plugins\", after the primary plugin that sets up the interface",
         )
     })?;
-    ResultView::parse(prev_result)?;
+    let view = ResultView::parse(prev_result)?;
     // Read on another thread while this one takes the lock and reads the store.
     let links = crate::link_facts::start_at_add(attachment);
 
@@ -61,7 +61,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
     );
     // Before the record and the ownership are written: an ADD refused for an address that
     // another live namespace holds must not take the pod key.
-    let address_claim = crate::conflict::check_addresses(inv, &store, attachment, prev_result)?;
+    let address_claim = crate::conflict::check_addresses(inv, &store, attachment, &id, &view)?;
     let now = crate::clock::now_rfc3339();
     let record = Checkpoint {
         network: id.network.clone(),

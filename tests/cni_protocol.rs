@@ -530,11 +530,7 @@ fn corrupted_record_is_set_aside_and_an_identityless_del_refused_with_101() {
     let identityless_del = store.cni("DEL", &a).cni_args("IgnoreUnknown=1");
     let error = identityless_del.run().assert_error(101);
     assert!(!record.exists(), "the corrupted record leaves records/");
-    let set_aside: Vec<_> = walk(&store.state_dir.join("set-aside")).into_iter().filter(|p| p.is_file()).collect();
-    let kept = set_aside
-        .iter()
-        .find(|p| std::fs::read(p).unwrap() == bytes)
-        .unwrap_or_else(|| panic!("the corrupted bytes are kept under set-aside/: {set_aside:?}"));
+    let kept = kept_copy(&store, &bytes);
     assert!(
         error.text().contains(kept.to_str().unwrap()),
         "the error must say where the record went, so the operator can recover: {error:?}"
@@ -564,8 +560,7 @@ fn corrupted_ownership_refuses_the_del_with_101() {
 
     // Without a trustworthy owner the guard cannot tell a stale DEL from a good one.
     store.del(&a, &pod).run().assert_error(101);
-    let kept = walk(&store.state_dir.join("set-aside"));
-    assert!(kept.iter().any(|p| p.is_file() && std::fs::read(p).unwrap() == bytes), "the ownership is kept: {kept:?}");
+    kept_copy(&store, &bytes);
 }
 
 #[test]
@@ -585,8 +580,7 @@ fn a_new_add_ends_the_refusals_a_corrupt_file_caused_and_del_stays_idempotent() 
     store.del(&b, &recreated).run().assert_ok();
     store.del(&b, &recreated).run().assert_ok();
     store.del(&a, &pod).run().assert_ok();
-    let kept = walk(&store.state_dir.join("set-aside"));
-    assert!(kept.iter().any(|p| p.is_file() && std::fs::read(p).unwrap() == bytes), "still kept: {kept:?}");
+    kept_copy(&store, &bytes);
 }
 
 #[test]
@@ -602,8 +596,7 @@ fn a_corrupt_record_del_did_not_need_blocks_nothing_later() {
     store.del(&a, &pod).run().assert_ok();
     // ...and containerd's second DEL, which may lack the pod's identity, passes too.
     store.cni("DEL", &a).cni_args("IgnoreUnknown=1").run().assert_ok();
-    let kept = walk(&store.state_dir.join("set-aside"));
-    assert!(kept.iter().any(|p| p.is_file() && std::fs::read(p).unwrap() == bytes), "kept: {kept:?}");
+    kept_copy(&store, &bytes);
 }
 
 #[test]
@@ -628,6 +621,16 @@ fn corrupt_one_digit(path: &std::path::Path, needle: &[u8]) -> Vec<u8> {
     bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
     std::fs::write(path, &bytes).unwrap();
     bytes
+}
+
+/// The file under set-aside/ that holds exactly `bytes`: a corrupt file is kept, never deleted.
+fn kept_copy(store: &Store, bytes: &[u8]) -> std::path::PathBuf {
+    let set_aside: Vec<_> = walk(&store.state_dir.join("set-aside")).into_iter().filter(|p| p.is_file()).collect();
+    set_aside
+        .iter()
+        .find(|p| std::fs::read(p).unwrap() == bytes)
+        .cloned()
+        .unwrap_or_else(|| panic!("the corrupted bytes are kept under set-aside/: {set_aside:?}"))
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {

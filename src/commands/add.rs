@@ -10,8 +10,9 @@ use crate::prev_result::ResultView;
 use crate::store::checkpoint::{self, Checkpoint};
 use crate::store::{Access, Loaded, Store};
 
-/// Returns the primary's result, byte for byte: a chained plugin that changes nothing must
-/// not drop fields it does not know.
+/// Returns the primary's result in the config's cniVersion: byte for byte when it is in that
+/// version already (a chained plugin that changes nothing must not drop fields it does not
+/// know), else converted, unknown fields kept.
 pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
     let prev_result = inv.conf.prev_result.as_ref().ok_or_else(|| {
         GuardError::new(
@@ -20,7 +21,9 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
              \"plugins\", after the primary plugin that sets up the interface",
         )
     })?;
-    let view = ResultView::parse(prev_result)?;
+    // Both before the store is opened: a result that is not one must leave no trace.
+    let view = ResultView::validated(prev_result, &inv.conf.cni_version)?;
+    let output = crate::prev_result::as_version(prev_result, &inv.conf.cni_version)?;
     // Read on another thread while this one takes the lock and reads the store.
     let links = crate::link_facts::start_at_add(attachment);
 
@@ -104,5 +107,5 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
         ip_conflict.unwrap_or_default(),
         facts_missing.unwrap_or_default()
     ));
-    Ok(prev_result.get().to_string())
+    Ok(output.into_owned())
 }

@@ -19,7 +19,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
     let prev_result = inv.conf.prev_result.as_ref().ok_or_else(|| {
         GuardError::new(Kind::InvalidConfig, "CHECK needs a prevResult: the runtime passes the cached ADD result")
     })?;
-    let current = ResultView::parse(prev_result)?;
+    let current = ResultView::validated(prev_result, &inv.conf.cni_version)?;
     let id = inv.attachment_id(attachment);
     // The lock is held for the read only: the netlink round trips below must not hold up
     // the ADDs and DELs of other pods.

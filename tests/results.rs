@@ -1,0 +1,220 @@
+//! The primary plugin's result as ADD and CHECK receive it: checked against the result shape
+//! of its cniVersion (code 6, and nothing written, when it is not a result), and printed by
+//! ADD in the config's cniVersion, converted as libcni converts results when the versions
+//! differ. DEL never checks it: a malformed cached result must not block a teardown.
+
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/cni.rs"]
+mod cni;
+
+use cni::{NETWORK, Pod, Store, container_id};
+use serde_json::{Value, json};
+
+/// Results that are not results, with what the error must name.
+const NOT_RESULTS: [(&str, &str, &str); 8] = [
+    ("an array", "[]", "prevResult"),
+    ("an empty object", "{}", "cniVersion"),
+    ("interfaces a string, no cniVersion", r#"{"interfaces":"0"}"#, "cniVersion"),
+    ("interfaces a string", r#"{"cniVersion":"1.0.0","interfaces":"0"}"#, "prevResult.interfaces"),
+    (
+        "an IP on an interface the result does not have",
+        r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/24","interface":3}]}"#,
+        "prevResult.ips[0].interface",
+    ),
+    (
+        "a route dst without prefix",
+        r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.0.0.2/24","interface":0}],"routes":[{"dst":"10.96.0.0"}]}"#,
+        "prevResult.routes[0].dst",
+    ),
+    (
+        "a route dst that is no CIDR",
+        r#"{"cniVersion":"1.0.0","routes":[{"dst":"default","gw":"10.0.0.1"}]}"#,
+        "prevResult.routes[0].dst",
+    ),
+    (
+        "a bare address",
+        r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.0.0.2","interface":0}]}"#,
+        "prevResult.ips[0].address",
+    ),
+];
+
+/// Runs `call`, expects code `code` and an unchanged store; returns the error's text.
+fn assert_refused_untouched(store: &Store, call: cni::Cni, code: u64, what: &str) -> cni::CniError {
+    let before = store.snapshot();
+    let existed = store.state_dir.exists();
+    let reply = call.run();
+    let error = reply.assert_error(code);
+    assert_eq!(store.snapshot(), before, "{what}: the state dir changed");
+    assert_eq!(store.state_dir.exists(), existed, "{what}: the state dir was created");
+    error
+}
+
+#[test]
+fn add_refuses_what_is_not_a_result_with_code_6_and_writes_nothing() {
+    // One store that holds a checkpoint; for each case also a fresh one whose state dir does
+    // not exist yet and must not be created.
+    let settled = Store::new();
+    settled.add(&container_id(), &Pod::new("default", "settled-0")).version("1.0.0").run().assert_ok();
+    let mut failures = Vec::new();
+    for (what, raw, names) in NOT_RESULTS {
+        let fresh = Store::new();
+        for store in [&fresh, &settled] {
+            let container = container_id();
+            let call = store.add(&container, &Pod::new("default", "web-0")).version("1.0.0").prev_result_raw(raw);
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let error = assert_refused_untouched(store, call, 6, what);
+                assert!(error.msg.contains(names), "{what}: msg must name {names}: {error:?}");
+                assert!(error.msg.len() <= 200 && !error.msg.contains('\n'), "{what}: msg must be one short sentence: {error:?}");
+                assert!(
+                    error.details.contains("must return a valid CNI") && error.details.contains("1.0.0"),
+                    "{what}: details must say the way out: {error:?}"
+                );
+            }));
+            if let Err(panic) = outcome {
+                let why = panic.downcast_ref::<String>().cloned().unwrap_or_else(|| "panic".into());
+                let which = if std::ptr::eq(store, &fresh) { "fresh" } else { "settled" };
+                failures.push(format!("{what} ({which} store): {why}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} results mishandled:\n{}", failures.len(), failures.join("\n\n"));
+}
+
+#[test]
+fn the_out_of_range_interface_is_named_with_its_count() {
+    let store = Store::new();
+    let raw = r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.0.0.2/24","interface":3}]}"#;
+    let call = store.add(&container_id(), &Pod::new("default", "web-0")).version("1.0.0").prev_result_raw(raw);
+    let error = assert_refused_untouched(&store, call, 6, "interface 3 of 1");
+    assert!(
+        error.msg.contains("prevResult.ips[0].interface 3 is out of range: the result has 1 interface"),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn add_refuses_a_pre_1_0_version_field_of_the_wrong_family() {
+    let store = Store::new();
+    let raw = r#"{"cniVersion":"0.4.0","interfaces":[{"name":"eth0"}],"ips":[{"version":"6","address":"10.0.0.2/24","interface":0}]}"#;
+    let call = store.add(&container_id(), &Pod::new("default", "web-0")).version("0.4.0").prev_result_raw(raw);
+    let error = assert_refused_untouched(&store, call, 6, "version 6 on an IPv4 address");
+    assert!(error.msg.contains("prevResult.ips[0].version"), "{error:?}");
+}
+
+#[test]
+fn check_refuses_what_is_not_a_result_before_reading_the_store() {
+    let store = Store::new();
+    let pod = Pod::new("default", "web-0");
+    let a = container_id();
+    store.add(&a, &pod).version("1.0.0").run().assert_ok();
+    for (what, raw, names) in NOT_RESULTS {
+        let call = store.cni("CHECK", &a).pod(&pod).version("1.0.0").prev_result_raw(raw);
+        let error = assert_refused_untouched(&store, call, 6, what);
+        assert!(error.msg.contains(names), "CHECK, {what}: msg must name {names}: {error:?}");
+    }
+}
+
+#[test]
+fn del_does_not_check_the_cached_result() {
+    let store = Store::new();
+    let pod = Pod::new("default", "web-0");
+    for (what, raw, _) in NOT_RESULTS {
+        let a = container_id();
+        store.add(&a, &pod).version("1.0.0").run().assert_ok();
+        let reply = store.del(&a, &pod).version("1.0.0").prev_result_raw(raw).run();
+        assert!(reply.succeeded(), "DEL with {what} as prevResult must tear down: {reply:?}");
+        assert!(!store.record_path(NETWORK, &a, "eth0").exists(), "DEL with {what}: the record stays");
+    }
+}
+
+#[test]
+fn a_result_in_a_version_the_guard_cannot_read_is_code_1() {
+    let store = Store::new();
+    let raw = r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24","gateway":"10.0.0.1"}}"#;
+    let call = store.add(&container_id(), &Pod::new("default", "web-0")).version("0.4.0").prev_result_raw(raw);
+    let error = assert_refused_untouched(&store, call, 1, "a 0.2.0 result");
+    assert!(error.msg.contains("0.2.0"), "{error:?}");
+}
+
+/// ADD's output parsed, and the checkpoint's copy of the prevResult.
+fn add_output_and_checkpoint(store: &Store, version: &str, raw: &str) -> (Value, Value) {
+    let a = container_id();
+    let reply = store.add(&a, &Pod::new("default", &format!("conv-{}", version.replace('.', "-")))).version(version).prev_result_raw(raw).run();
+    reply.assert_ok();
+    let entry = store.entry(&a, "eth0").expect("the ADD is checkpointed");
+    (reply.json(), entry["prevResult"].clone())
+}
+
+#[test]
+fn add_converts_a_0_4_0_result_to_a_1_0_0_config() {
+    let store = Store::new();
+    let raw = r#"{"cniVersion":"0.4.0","interfaces":[{"name":"eth0","mac":"0a:58:0a:16:00:05","sandbox":"/var/run/netns/x"}],"ips":[{"version":"4","address":"10.22.0.5/16","gateway":"10.22.0.1","interface":0},{"version":"6","address":"fd00::5/64","interface":0}],"routes":[{"dst":"0.0.0.0/0"}],"dns":{"nameservers":["10.96.0.10"]},"x-vendor":{"big":123456789012345678901234567890,"f":1.0e2}}"#;
+    let a = container_id();
+    let reply = store.add(&a, &Pod::new("default", "web-0")).version("1.0.0").prev_result_raw(raw).run();
+    reply.assert_ok();
+    // Unknown members keep their very text, numbers no double can hold included.
+    assert!(reply.stdout.contains(r#""x-vendor":{"big":123456789012345678901234567890,"f":1.0e2}"#), "{}", reply.stdout);
+    let out = reply.json();
+    assert_eq!(out["cniVersion"], "1.0.0");
+    assert_eq!(
+        out["ips"],
+        json!([
+            {"address": "10.22.0.5/16", "gateway": "10.22.0.1", "interface": 0},
+            {"address": "fd00::5/64", "interface": 0}
+        ]),
+        "1.0.0 has no ips[].version"
+    );
+    let input: Value = serde_json::from_str(raw).unwrap();
+    for key in ["interfaces", "routes", "dns"] {
+        assert_eq!(out[key], input[key], "{key} is unchanged");
+    }
+    // The checkpoint keeps what the runtime passed.
+    assert_eq!(store.entry(&a, "eth0").unwrap()["prevResult"], input);
+}
+
+#[test]
+fn add_converts_a_1_0_0_result_to_a_0_4_0_config() {
+    let store = Store::new();
+    let raw = r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","mac":"0a:58:0a:16:00:05","sandbox":"/var/run/netns/x","x-if":"kept"}],"ips":[{"address":"10.22.0.5/16","gateway":"10.22.0.1","interface":0},{"address":"fd00::5/64"}],"routes":[{"dst":"0.0.0.0/0","gw":"10.22.0.1"}],"x-vendor":[1,"two"]}"#;
+    let (out, stored) = add_output_and_checkpoint(&store, "0.4.0", raw);
+    assert_eq!(out["cniVersion"], "0.4.0");
+    assert_eq!(out["ips"][0]["version"], "4");
+    assert_eq!(out["ips"][1]["version"], "6");
+    assert_eq!(out["ips"][0]["address"], "10.22.0.5/16");
+    assert_eq!(out["x-vendor"], json!([1, "two"]));
+    assert_eq!(out["interfaces"][0]["x-if"], "kept");
+    assert_eq!(stored, serde_json::from_str::<Value>(raw).unwrap(), "the checkpoint keeps what the runtime passed");
+}
+
+#[test]
+fn add_converts_a_1_1_0_result_down_as_libcni_does() {
+    let store = Store::new();
+    let raw = r#"{"cniVersion":"1.1.0","interfaces":[{"name":"eth0","mac":"0a:58:0a:16:00:05","mtu":1450,"socketPath":"/run/vhu.sock","pciID":"0000:03:00.1","sandbox":"/var/run/netns/x"}],"ips":[{"address":"10.22.0.5/16","interface":0}],"routes":[{"dst":"0.0.0.0/0","mtu":1400,"table":100}]}"#;
+    let (out, _) = add_output_and_checkpoint(&store, "0.3.1", raw);
+    assert_eq!(out["cniVersion"], "0.3.1");
+    assert_eq!(out["interfaces"], json!([{"name":"eth0","mac":"0a:58:0a:16:00:05","sandbox":"/var/run/netns/x"}]));
+    assert_eq!(out["ips"], json!([{"version":"4","address":"10.22.0.5/16","interface":0}]));
+    assert_eq!(out["routes"], json!([{"dst":"0.0.0.0/0","mtu":1400,"table":100}]));
+    // 1.1.0 -> 1.0.0 changes the version only.
+    let (out, _) = add_output_and_checkpoint(&store, "1.0.0", raw);
+    let mut expected: Value = serde_json::from_str(raw).unwrap();
+    expected["cniVersion"] = json!("1.0.0");
+    assert_eq!(out, expected);
+}
+
+#[test]
+fn same_version_output_is_byte_identical() {
+    let store = Store::new();
+    let results = [
+        ("0.3.0", "{\"cniVersion\":\"0.3.0\", \"ips\" : [ {\"version\":\"4\",\"address\":\"10.22.0.5/16\"} ],\n\"x\":1.50}"),
+        ("0.4.0", "{ \"x-first\": [1.0e2, \"\\u00fc\"], \"cniVersion\" : \"0.4.0\",\"interfaces\":[{\"name\":\"eth0\",\"mtu\":\"anything\"}],\"ips\":[{\"version\":\"6\",\"address\":\"fd00::5/64\",\"interface\":0}] }"),
+        ("1.1.0", "{\"cniVersion\":\"1.1.0\",\"interfaces\":[{\"name\":\"eth0\",\"mtu\":1450,\"x\":{}}],\"ips\":[{\"address\":\"10.22.0.5/16\",\"interface\":0}],\"routes\":[{\"dst\":\"0.0.0.0/0\",\"scope\":253}],\"dns\":{\"domain\":\"cluster.local\"}}\t"),
+    ];
+    for (version, raw) in results {
+        let a = container_id();
+        let reply = store.add(&a, &Pod::new("default", &format!("same-{}", version.replace('.', "-")))).version(version).prev_result_raw(raw).run();
+        reply.assert_ok();
+        assert_eq!(reply.stdout.strip_suffix('\n').unwrap_or(&reply.stdout), raw.trim_end(), "{version}");
+    }
+}

@@ -42,6 +42,8 @@ config on stdin); list it LAST in the conflist. By hand:
   sandbox-guard --version    the plugin version and the CNI versions it speaks
 ";
 
+const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub fn run(args: &[String]) -> i32 {
     match parse(args) {
         Ok(Command::Help) => {
@@ -57,8 +59,8 @@ pub fn run(args: &[String]) -> i32 {
             0
         }
         Ok(Command::Doctor(options)) => doctor::run(&options),
-        Ok(Command::Restore { state_dir, selection, dry_run }) => restore::run(&state_dir, &selection, dry_run),
-        Ok(Command::Dump { state_dir, format, filter }) => match dump::run(&state_dir, format, &filter) {
+        Ok(Command::Restore { state_dir, selection, dry_run }) => restore::run(&state_dir, &selection, dry_run, LOCK_TIMEOUT),
+        Ok(Command::Dump { state_dir, format, filter }) => match dump::run(&state_dir, format, &filter, LOCK_TIMEOUT) {
             Ok(()) => 0,
             Err(err) => {
                 eprintln!("sandbox-guard: {err}");
@@ -137,7 +139,7 @@ fn parse(args: &[String]) -> Result<Command, String> {
             }
             // The conflists' stateDirs unless the operator named one.
             let state_dir = args.iter().any(|a| a == "--state-dir").then_some(state_dir);
-            Ok(Command::Doctor(doctor::Options { conf_dir, state_dir, log_file, service_cidrs, format }))
+            Ok(Command::Doctor(doctor::Options { conf_dir, state_dir, log_file, service_cidrs, format, lock_timeout: LOCK_TIMEOUT }))
         }
         Some("doctor") => Err(format!("unexpected argument {:?}", container_ids[0])),
         _ => Err("no command given: use --dump-checkpoints, --restore, --doctor, --help or --version".to_string()),

@@ -3,6 +3,7 @@
 
 use std::io::Read;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -11,6 +12,10 @@ use crate::error::{GuardError, Kind, Result};
 use crate::names::{self, MAX_NETWORK};
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/sandbox-guard";
+/// How long a verb waits for the store's lock. Operations hold it for milliseconds; seconds
+/// of waiting mean a stuck holder, and the runtime's retry is better than a hung pod start.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+const MAX_LOCK_TIMEOUT_SECONDS: f64 = 600.0;
 /// A conflist entry is a few KiB; more is a runaway writer, not a config.
 pub const MAX_STDIN: u64 = 1 << 20;
 
@@ -51,6 +56,8 @@ struct RawConf {
     log_file: Option<PathBuf>,
     #[serde(rename = "ipConflict")]
     ip_conflict: Option<String>,
+    #[serde(rename = "lockTimeoutSeconds")]
+    lock_timeout_seconds: Option<f64>,
     #[serde(rename = "prevResult")]
     prev_result: Option<Box<RawValue>>,
     #[serde(rename = "cni.dev/valid-attachments")]
@@ -67,6 +74,7 @@ pub struct NetConf {
     pub stale_del: StaleDelPolicy,
     pub log_file: Option<PathBuf>,
     pub ip_conflict: IpConflictPolicy,
+    pub lock_timeout: Duration,
     /// Kept as the exact bytes the runtime sent, so ADD can hand them on unchanged.
     pub prev_result: Option<Box<RawValue>>,
     /// GC's list; `None` when the runtime sent neither key.
@@ -130,8 +138,13 @@ impl NetConf {
         if let Some(log_file) = &raw.log_file {
             require_absolute("logFile", log_file)?;
         }
+        let lock_timeout = match raw.lock_timeout_seconds {
+            None => DEFAULT_LOCK_TIMEOUT,
+            Some(seconds) => lock_timeout("lockTimeoutSeconds", seconds).map_err(|msg| GuardError::new(Kind::InvalidConfig, msg))?,
+        };
         Ok(NetConf {
             cni_version,
+            lock_timeout,
             network,
             state_dir,
             stale_del,
@@ -141,6 +154,14 @@ impl NetConf {
             valid_attachments: raw.valid_attachments.or(raw.legacy_attachments),
         })
     }
+}
+
+/// A wait in seconds, for the config key and the CLI's --lock-timeout alike.
+pub fn lock_timeout(what: &str, seconds: f64) -> std::result::Result<Duration, String> {
+    if !(0.0..=MAX_LOCK_TIMEOUT_SECONDS).contains(&seconds) {
+        return Err(format!("{what} {seconds} is not valid: use a number of seconds from 0 to {MAX_LOCK_TIMEOUT_SECONDS}"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
 }
 
 /// A key that takes one of a few words; the first is the default.
@@ -181,7 +202,9 @@ mod tests {
 
     #[test]
     fn codes_for_bad_configs() {
-        let cases: [(&[u8], u32); 8] = [
+        let cases: [(&[u8], u32); 10] = [
+            (br#"{"cniVersion":"1.0.0","name":"n","lockTimeoutSeconds":-1}"#, 7),
+            (br#"{"cniVersion":"1.0.0","name":"n","lockTimeoutSeconds":"5s"}"#, 6),
             (b"{not json", 6),
             (br#"{"cniVersion":"1.0.0"}"#, 7),
             (br#"{"cniVersion":1,"name":"n"}"#, 6),

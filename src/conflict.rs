@@ -285,37 +285,32 @@ pub fn record_holds(record: &Checkpoint, address: IpAddr) -> bool {
 }
 
 fn conflict_error(id: &AttachmentId, pod: &str, netns: &str, conflicts: &[Conflict], policy: IpConflictPolicy) -> GuardError {
-    let holders: Vec<String> = conflicts
-        .iter()
-        .map(|c| {
-            let h = &c.holder;
-            let fate = if c.record_gone {
-                "; that sandbox was deleted, but its namespace outlived the DEL"
-            } else {
-                ""
-            };
-            format!(
-                "{} is still in use by sandbox {} (pod {}, interface {}) in network namespace {}, which is \
-                 still alive{fate}",
-                h.address, h.container_id, h.pod(), h.if_name, h.netns
-            )
-        })
-        .collect();
+    let first = &conflicts[0];
+    let h = &first.holder;
+    let fate = if first.record_gone { "deleted " } else { "" };
+    let more = match conflicts.len() {
+        1 => String::new(),
+        n => format!(" (and {} more addresses)", n - 1),
+    };
     let msg = format!(
-        "IP conflict on network {}: {}. The IPAM handed the address to sandbox {} (pod {pod}, netns {netns}) \
-         as well, and two namespaces with one address break both pods (\"address already in use\", \
-         traffic going to the wrong pod). Find what keeps that namespace alive (a container process \
-         stuck in D state, a sandbox the runtime could not stop: `sandbox-guard --doctor` names the \
-         processes) and remove it, or release the address in the IPAM; {}",
-        id.network,
-        holders.join("; "),
+        "IP conflict: {} is still held by {fate}sandbox {} (pod {}) in live netns {}{more}",
+        h.address,
+        h.container_id,
+        h.pod(),
+        h.netns
+    );
+    let way_out = format!(
+        "The IPAM handed the address to sandbox {} (pod {pod}, netns {netns}) as well, and two namespaces with one \
+         address break both pods. Find what keeps the holder's namespace alive (a container process stuck in D \
+         state, a sandbox the runtime could not stop: `sandbox-guard --doctor` names the processes) and remove it, \
+         or release the address in the IPAM. {}",
         id.container_id,
         match policy {
-            IpConflictPolicy::Refuse => "\"ipConflict\": \"warn\" only logs such conflicts",
-            IpConflictPolicy::Warn => "the ADD went on because ipConflict is \"warn\"; \"refuse\" fails such ADDs",
+            IpConflictPolicy::Refuse => "\"ipConflict\": \"warn\" only logs such conflicts.",
+            IpConflictPolicy::Warn => "The ADD went on because ipConflict is \"warn\"; \"refuse\" fails such ADDs.",
         }
     );
-    let details: Vec<serde_json::Value> = conflicts
+    let holders: Vec<serde_json::Value> = conflicts
         .iter()
         .map(|c| {
             serde_json::json!({
@@ -328,7 +323,8 @@ fn conflict_error(id: &AttachmentId, pod: &str, netns: &str, conflicts: &[Confli
             })
         })
         .collect();
-    GuardError::new(Kind::IpConflict, msg).with_details(serde_json::Value::Array(details).to_string())
+    let details = serde_json::json!({ "network": id.network, "conflicts": holders, "wayOut": way_out });
+    GuardError::new(Kind::IpConflict, msg).with_details(details.to_string())
 }
 
 // ---------------------------------------------------------------------------------------

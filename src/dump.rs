@@ -1,11 +1,15 @@
 //! `--dump-checkpoints`: every checkpoint with its ownership, for people or for tools.
 //!
-//! Streams: one record is read, verified and written at a time, in directory order, so a
-//! node with ten thousand pods dumps in constant memory (sort the JSON, or `sort` the table,
-//! for another order); the primary's result is copied through as raw bytes.
+//! Streams: records are read and verified a batch at a time under the shared lock, rendered,
+//! and written after the lock is let go, in directory order, so a node with ten thousand pods
+//! dumps in constant memory (sort the JSON, or `sort` the table, for another order), and a
+//! reader that stops reading (`| less` left open) holds up no ADD or DEL. The primary's
+//! result is copied through as raw bytes. It creates, chmods and locks nothing it reads.
 
-use std::io::{self, BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::cell::Cell;
+use std::io::{self, Write};
+use std::path::Path;
+use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -14,7 +18,8 @@ use crate::error::{GuardError, Kind, Result};
 use crate::link_facts::LinkFacts;
 use crate::prev_result::ResultView;
 use crate::store::checkpoint::Checkpoint;
-use crate::store::{Access, Loaded, Store};
+use crate::ownership::Ownership;
+use crate::store::{Loaded, Store};
 
 #[derive(Debug, Clone, Copy)]
 pub enum Format {
@@ -33,11 +38,12 @@ pub struct Filter {
 
 impl Filter {
     fn admits(&self, record: &Checkpoint) -> bool {
-        let same = |want: &Option<String>, have: &Option<String>| want.is_none() || want == have;
-        same(&self.namespace, &record.pod_namespace)
-            && same(&self.pod_name, &record.pod_name)
-            && same(&self.pod_uid, &record.pod_uid)
-            && self.admits_container(Some(&record.container_id))
+        self.admits_fields(record.pod_namespace.as_deref(), record.pod_name.as_deref(), record.pod_uid.as_deref(), Some(&record.container_id))
+    }
+
+    fn admits_fields(&self, namespace: Option<&str>, name: Option<&str>, uid: Option<&str>, container_id: Option<&str>) -> bool {
+        let same = |want: &Option<String>, have: Option<&str>| want.as_deref().is_none_or(|want| Some(want) == have);
+        same(&self.namespace, namespace) && same(&self.pod_name, name) && same(&self.pod_uid, uid) && self.admits_container(container_id)
     }
 
     /// An untrusted file may belong to any pod, so only a container-ID filter can rule it out.
@@ -68,12 +74,41 @@ struct Row<'a> {
     created_at: Option<&'a str>,
     updated_at: Option<&'a str>,
     set_aside: bool,
-    status: String,
+    status: Status,
+    /// Why a row is not `ok`, and where its file is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     path: Option<&'a Path>,
     prev_result: Option<&'a RawValue>,
     /// Null for records from before link facts; {"state":"unavailable",...} when ADD could not read them.
     links: Option<&'a LinkFacts>,
+}
+
+#[derive(Serialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+enum Status {
+    Ok,
+    /// In records/, failing its checksum: the next ADD, DEL or GC sets it aside.
+    Corrupt,
+    /// In set-aside/ under its own name: refuses the DELs that need it.
+    SetAside,
+    /// In set-aside/ with a `~time` suffix: kept for inspection, blocks nothing.
+    Kept,
+    /// An ownership whose record is gone: the next DEL or GC of the pod key drops it.
+    OwnerWithoutRecord,
+}
+
+impl Status {
+    fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Corrupt => "CORRUPT",
+            Status::SetAside => "SET ASIDE",
+            Status::Kept => "kept",
+            Status::OwnerWithoutRecord => "NO RECORD",
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -89,58 +124,119 @@ struct RouteRow {
     gw: Option<std::net::IpAddr>,
 }
 
-pub fn run(state_dir: &Path, format: Format, filter: &Filter) -> Result<()> {
+/// Records read under one hold of the lock.
+const BATCH: usize = 256;
+
+pub fn run(state_dir: &Path, format: Format, filter: &Filter, lock_timeout: Duration) -> Result<()> {
     if std::fs::symlink_metadata(state_dir).is_err() {
         return Err(GuardError::new(
             Kind::Io,
             format!("no state directory at {}: pass --state-dir with the plugin's stateDir", state_dir.display()),
         ));
     }
-    let store = Store::open(state_dir, Access::Shared)?;
-    let records = store.record_paths()?;
-    let set_aside = store.list_set_aside()?;
+    let store = Store::open_read_only(state_dir)?;
     let mut sink: Box<dyn Sink> = match format {
         Format::Json => Box::new(JsonSink::default()),
         Format::Table => Box::new(TableSink::default()),
     };
-    let mut out = BufWriter::with_capacity(64 * 1024, io::stdout().lock());
-    write_rows(&store, filter, records, &set_aside, sink.as_mut(), &mut out)
-        .and_then(|()| out.flush())
+    write_all(&store, filter, sink.as_mut(), lock_timeout)
         // A reader that stops early (`| head`) is not an error.
-        .or_else(|e| if e.kind() == io::ErrorKind::BrokenPipe { Ok(()) } else { Err(e) })
-        .map_err(|e| GuardError::new(Kind::Io, format!("cannot write the dump: {e}")))
+        .or_else(|e| match e {
+            DumpError::Write(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+            DumpError::Write(e) => Err(GuardError::new(Kind::Io, format!("cannot write the dump: {e}"))),
+            DumpError::Store(e) => Err(e),
+        })
 }
 
-fn write_rows(
-    store: &Store,
-    filter: &Filter,
-    records: impl Iterator<Item = io::Result<PathBuf>>,
-    set_aside: &[PathBuf],
-    sink: &mut dyn Sink,
-    out: &mut dyn Write,
-) -> io::Result<()> {
-    for path in records {
-        match store.load_record_at(&path?) {
-            Loaded::Valid(record) if filter.admits(&record) => {
-                let view = ResultView::parse(&record.prev_result).ok();
-                sink.row(out, &record_row(&record, owns_its_pod_key(store, &record), &view))?;
-            }
-            Loaded::Corrupt { path, reason } => {
-                let row = unverified_row(&path, format!("failed verification: {reason}"), false);
-                if filter.admits_container(row.container_id) {
-                    sink.row(out, &row)?;
+enum DumpError {
+    Store(GuardError),
+    Write(io::Error),
+}
+
+impl From<GuardError> for DumpError {
+    fn from(e: GuardError) -> DumpError {
+        DumpError::Store(e)
+    }
+}
+
+impl From<io::Error> for DumpError {
+    fn from(e: io::Error) -> DumpError {
+        DumpError::Write(e)
+    }
+}
+
+/// Renders under the lock into `batch`, writes with the lock let go.
+fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: Duration) -> std::result::Result<(), DumpError> {
+    let said = Cell::new(false);
+    let on_wait = |holder: &str| {
+        if !said.replace(true) {
+            eprintln!("sandbox-guard: the store is locked by {holder}; waiting up to {:.1}s", lock_timeout.as_secs_f64());
+        }
+    };
+    let mut out = io::stdout().lock();
+    let mut paths = store.record_paths()?;
+    let mut batch = Vec::with_capacity(64 * 1024);
+    loop {
+        batch.clear();
+        let mut read = 0;
+        {
+            let _lock = store.read_lock(lock_timeout, &on_wait)?;
+            for path in paths.by_ref() {
+                record_rows(store, filter, &path?, sink, &mut batch)?;
+                read += 1;
+                if read == BATCH {
+                    break;
                 }
             }
-            _ => {}
+            if read < BATCH {
+                // The rest of the store, under the same hold.
+                for path in store.list_set_aside()? {
+                    let status = if path.file_name().unwrap_or_default().to_string_lossy().contains('~') {
+                        (Status::Kept, "damaged and kept for inspection; it blocks nothing")
+                    } else {
+                        (Status::SetAside, "failed verification; it refuses the DELs that need it until you delete it")
+                    };
+                    let row = unverified_row(&path, status.0, status.1.to_string());
+                    if filter.admits_container(row.container_id) {
+                        sink.row(&mut batch, &row)?;
+                    }
+                }
+                for (_, owner) in store.list_owners()? {
+                    if let Loaded::Valid(owner) = owner
+                        && !store.owner_is_backed(&owner)
+                    {
+                        let row = orphan_row(&owner);
+                        if filter.admits_fields(row.pod_namespace, row.pod_name, row.pod_uid, row.container_id) {
+                            sink.row(&mut batch, &row)?;
+                        }
+                    }
+                }
+            }
+        }
+        out.write_all(&batch)?;
+        if read < BATCH {
+            break;
         }
     }
-    for path in set_aside {
-        let row = unverified_row(path, "set aside after failing verification; delete it once resolved".into(), true);
-        if filter.admits_container(row.container_id) {
-            sink.row(out, &row)?;
+    batch.clear();
+    sink.finish(&mut batch, store.root())?;
+    out.write_all(&batch)?;
+    out.flush()?;
+    Ok(())
+}
+
+fn record_rows(store: &Store, filter: &Filter, path: &Path, sink: &mut dyn Sink, out: &mut dyn Write) -> io::Result<()> {
+    match store.load_record_at(path) {
+        Loaded::Valid(record) if filter.admits(&record) => {
+            let view = ResultView::parse(&record.prev_result).ok();
+            sink.row(out, &record_row(&record, owns_its_pod_key(store, &record), &view))
         }
+        Loaded::Corrupt { path, reason } => {
+            let row = unverified_row(&path, Status::Corrupt, format!("failed verification: {reason}"));
+            if filter.admits_container(row.container_id) { sink.row(out, &row) } else { Ok(()) }
+        }
+        _ => Ok(()),
     }
-    sink.finish(out, store.root())
 }
 
 fn owns_its_pod_key(store: &Store, record: &Checkpoint) -> bool {
@@ -172,7 +268,8 @@ fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultVi
         created_at: Some(&record.created_at),
         updated_at: Some(&record.updated_at),
         set_aside: false,
-        status: "ok".to_string(),
+        status: Status::Ok,
+        reason: None,
         path: None,
         prev_result: Some(&record.prev_result),
         links: record.links.as_ref(),
@@ -180,17 +277,38 @@ fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultVi
 }
 
 /// A file that cannot be trusted: shown with what its name tells, never its content.
-fn unverified_row(path: &Path, status: String, set_aside: bool) -> Row<'_> {
+fn unverified_row(path: &Path, status: Status, reason: String) -> Row<'_> {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
     let mut parts = name.splitn(3, ':');
     let (network, container_id, if_name) = match (parts.next(), parts.next(), parts.next()) {
         (Some(n), Some(c), Some(i)) => (Some(n), Some(c), Some(i.split('~').next().unwrap_or(i))),
         _ => (None, None, None),
     };
+    Row { network, container_id, if_name, set_aside: status != Status::Corrupt, path: Some(path), ..empty_row(status, reason) }
+}
+
+fn orphan_row(owner: &Ownership) -> Row<'_> {
     Row {
-        network,
-        container_id,
-        if_name,
+        network: Some(&owner.key.network),
+        container_id: Some(&owner.container_id),
+        if_name: Some(&owner.key.if_name),
+        pod_namespace: Some(&owner.key.pod_namespace),
+        pod_name: Some(&owner.key.pod_name),
+        pod_uid: owner.pod_uid.as_deref(),
+        generation: Some(owner.generation),
+        owner: true,
+        ..empty_row(
+            Status::OwnerWithoutRecord,
+            "owns the pod key but its record is gone; the next DEL or GC of the pod drops this ownership".to_string(),
+        )
+    }
+}
+
+fn empty_row<'a>(status: Status, reason: String) -> Row<'a> {
+    Row {
+        network: None,
+        container_id: None,
+        if_name: None,
         pod_namespace: None,
         pod_name: None,
         pod_uid: None,
@@ -204,9 +322,10 @@ fn unverified_row(path: &Path, status: String, set_aside: bool) -> Row<'_> {
         cni_version: None,
         created_at: None,
         updated_at: None,
-        set_aside,
+        set_aside: false,
         status,
-        path: Some(path),
+        reason: Some(reason),
+        path: None,
         prev_result: None,
         links: None,
     }
@@ -242,7 +361,8 @@ impl Sink for JsonSink {
 struct TableSink {
     rows: usize,
     owned: usize,
-    untrusted: usize,
+    /// Rows per `Status`, in its order.
+    by_status: [usize; 5],
 }
 
 const COLUMNS: [(&str, usize); 9] =
@@ -262,7 +382,8 @@ impl Sink for TableSink {
             write_cells(out, COLUMNS.map(|(header, _)| header))?;
         }
         self.rows += 1;
-        self.owned += usize::from(row.owner);
+        self.owned += usize::from(row.owner && row.status == Status::Ok);
+        self.by_status[row.status as usize] += 1;
         let pod = match (row.pod_namespace, row.pod_name) {
             (Some(ns), Some(name)) => format!("{ns}/{name}"),
             (None, Some(name)) => name.to_string(),
@@ -275,27 +396,40 @@ impl Sink for TableSink {
             .created_at
             .and_then(crate::clock::parse_rfc3339)
             .map_or("-".to_string(), |t| crate::clock::age(t, crate::clock::unix_seconds()));
-        let state = match (row.status.as_str(), row.set_aside) {
-            ("ok", _) => "ok",
-            (_, true) => "SET ASIDE",
-            _ => "CORRUPT",
-        };
-        self.untrusted += usize::from(state != "ok");
         let owner = if row.owner { "*" } else { "" };
-        write_cells(out, [&pod, &container, row.if_name.unwrap_or("-"), row.network.unwrap_or("-"), &ips, &generation, owner, &age, state])
+        let cells = [&pod, &container, row.if_name.unwrap_or("-"), row.network.unwrap_or("-"), &ips, &generation, owner, &age, row.status.label()];
+        write_cells(out, cells)?;
+        // An untrusted row says which file and why, on a line of its own.
+        match (row.path, &row.reason) {
+            (Some(path), Some(reason)) => writeln!(out, "    {}: {reason}", path.display()),
+            (None, Some(reason)) => writeln!(out, "    {reason}"),
+            _ => Ok(()),
+        }
     }
 
     fn finish(&mut self, out: &mut dyn Write, root: &Path) -> io::Result<()> {
         if self.rows == 0 {
             write_cells(out, COLUMNS.map(|(header, _)| header))?;
         }
-        writeln!(out, "\n{} checkpoints, {} owning their pod name (*), {} not trusted", self.rows, self.owned, self.untrusted)?;
-        if self.untrusted > 0 {
-            writeln!(
-                out,
-                "Untrusted checkpoints are kept in {}/set-aside; a DEL that needs one is refused until you delete it.",
-                root.display()
-            )?;
+        let count = |status: Status| self.by_status[status as usize];
+        writeln!(
+            out,
+            "\n{} checkpoints, {} owning their pod name (*), {} not trusted",
+            count(Status::Ok),
+            self.owned,
+            self.rows - count(Status::Ok)
+        )?;
+        let root = root.display();
+        let notes = [
+            (Status::Corrupt, format!("in {root}/records fail verification: the next ADD, DEL or GC of each sets it aside")),
+            (Status::SetAside, format!("in {root}/set-aside refuse the DELs that need them: delete each once `crictl pods` shows no newer sandbox of its pod")),
+            (Status::Kept, format!("in {root}/set-aside are damaged copies kept for inspection: they block nothing")),
+            (Status::OwnerWithoutRecord, "own a pod key without a record: the next DEL or GC of the pod drops that ownership".to_string()),
+        ];
+        for (status, note) in notes {
+            if count(status) > 0 {
+                writeln!(out, "{} {} {note}", count(status), status.label())?;
+            }
         }
         Ok(())
     }

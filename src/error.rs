@@ -22,6 +22,10 @@ pub enum Kind {
     InvalidConfig,
     /// A DEL for a sandbox that no longer owns its pod; the runtime should retry later.
     StaleDel,
+    /// The state dir's lock stayed held past the wait; the runtime should retry later.
+    Busy,
+    /// The state dir is on a read-only filesystem.
+    ReadOnly,
     /// STATUS: the plugin cannot serve ADDs now.
     NotAvailable,
     /// CHECK found the attachment different from its checkpoint.
@@ -55,22 +59,25 @@ impl GuardError {
         self
     }
 
-    /// An I/O failure on `path`, with the fix spelled out for the failures operators meet.
+    /// An I/O failure on `path`: what happened in `msg`, the way out for the failures
+    /// operators meet in `details`.
     pub fn io(action: &str, path: &Path, err: io::Error) -> GuardError {
-        let hint = match err.raw_os_error() {
+        let (kind, way_out) = match err.raw_os_error() {
             Some(nix::libc::ENOSPC) | Some(nix::libc::EDQUOT) => {
-                "; the filesystem is full: free space there or point stateDir at another filesystem"
+                (Kind::Io, "the filesystem is full: free space there or point stateDir at another filesystem")
             }
-            Some(nix::libc::EROFS) => "; the filesystem is read-only: point stateDir at a writable one",
+            Some(nix::libc::EROFS) => (
+                Kind::ReadOnly,
+                "the filesystem is read-only (ext4 remounts read-only after an error: see dmesg); \
+                 remount it read-write after fsck, or point stateDir at a writable filesystem",
+            ),
             Some(nix::libc::EACCES) | Some(nix::libc::EPERM) => {
-                "; the plugin runs as root from the runtime: check the mode and owner of the state dir"
+                (Kind::Io, "the plugin runs as root from the runtime: check the mode and owner of the state dir")
             }
-            Some(nix::libc::ELOOP) => {
-                "; it is a symbolic link, which the state dir never follows: remove the link"
-            }
-            _ => "",
+            Some(nix::libc::ELOOP) => (Kind::Io, "it is a symbolic link, which the state dir never follows: remove the link"),
+            _ => (Kind::Io, ""),
         };
-        GuardError::new(Kind::Io, format!("cannot {action} {}: {err}{hint}", path.display()))
+        GuardError::new(kind, format!("cannot {action} {}: {err}", path.display())).with_details(way_out)
     }
 
     /// The CNI error code; plugin-specific codes start at 100 as the spec reserves.
@@ -78,10 +85,10 @@ impl GuardError {
         match self.kind {
             Kind::IncompatibleVersion => 1,
             Kind::InvalidEnvironment => 4,
-            Kind::Io => 5,
+            Kind::Io | Kind::ReadOnly => 5,
             Kind::Decode => 6,
             Kind::InvalidConfig => 7,
-            Kind::StaleDel => 11,
+            Kind::StaleDel | Kind::Busy => 11,
             Kind::NotAvailable => 50,
             Kind::CheckFailed => 100,
             Kind::SetAside => 101,

@@ -18,14 +18,9 @@ pub fn check_plain(what: &str, value: &str, max: usize, kind: Kind) -> Result<()
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
     if value.len() > max || !first_ok || !rest_ok || value.contains("..") {
-        return Err(GuardError::new(
-            kind,
-            format!(
-                "{what} {:?} is not plain: use at most {max} characters from [A-Za-z0-9_.-], \
-                 starting with a letter or digit, without \"..\"",
-                shorten(value)
-            ),
-        ));
+        return Err(GuardError::new(kind, format!("{what} {:?} is not plain", shorten(value))).with_details(format!(
+            "use at most {max} characters from [A-Za-z0-9_.-], starting with a letter or digit, without \"..\""
+        )));
     }
     Ok(())
 }
@@ -37,14 +32,8 @@ pub fn check_ifname(value: &str) -> Result<()> {
         .chars()
         .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control() || !c.is_ascii());
     if value.is_empty() || value.len() > MAX_IFNAME || bad_char || value == "." || value == ".." {
-        return Err(GuardError::new(
-            Kind::InvalidEnvironment,
-            format!(
-                "CNI_IFNAME {:?} is not a valid interface name: use 1 to {MAX_IFNAME} ASCII \
-                 characters without '/', ':' or spaces",
-                shorten(value)
-            ),
-        ));
+        return Err(GuardError::new(Kind::InvalidEnvironment, format!("CNI_IFNAME {:?} is not a valid interface name", shorten(value)))
+            .with_details(format!("use 1 to {MAX_IFNAME} ASCII characters without '/', ':' or spaces")));
     }
     Ok(())
 }

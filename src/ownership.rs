@@ -7,8 +7,11 @@
 //! 1. The pod key is (network, namespace, pod name, ifname).
 //! 2. The last successful ADD owns the key.
 //! 3. A DEL by a container that does not own its key, while another container does, is
-//!    stale. It is refused (or, in audit mode, let through and logged).
-//! 4. Any other DEL goes on; if its container owned the key, the key is released.
+//!    stale. It is refused (or, in audit mode, let through and logged). Two exceptions: an
+//!    owner whose record is gone owns nothing (it is repaired, not obeyed), and a container
+//!    whose ADD failed in the guard never took the key, so its cleanup DEL is not stale.
+//! 4. Any other DEL goes on. It releases every key its container owns: the one its record
+//!    holds, whatever CNI_ARGS say, and the one CNI_ARGS name.
 //!
 //! This module decides; the store persists and the verbs act on the decision.
 
@@ -54,21 +57,45 @@ pub struct Ownership {
     pub generation: u64,
 }
 
-#[derive(Debug, PartialEq, Eq)]
-pub enum DelVerdict<'a> {
-    /// The deleting container owns the key: remove its record and release the key.
-    Release,
-    /// Nobody owns the key: remove the container's record, nothing to release.
-    Proceed,
-    /// Another container owns the key: this DEL would tear down the owner's network.
-    Stale(&'a Ownership),
+/// An owner as the store found it.
+#[derive(Debug, Clone, Copy)]
+pub struct Owner<'a> {
+    pub ownership: &'a Ownership,
+    /// The owner's record still names this key (see `Store::owner_is_backed`).
+    pub backed: bool,
 }
 
-pub fn judge_del<'a>(container_id: &str, owner: Option<&'a Ownership>) -> DelVerdict<'a> {
+/// What the store knows of the container that sends the DEL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleter {
+    /// It has a record: its ADD succeeded and took its key.
+    Recorded,
+    /// No record, and its last ADD failed in the guard: it never took its key.
+    AddFailed,
+    /// No record at all: added before the guard was installed, or already deleted.
+    Unknown,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum DelVerdict<'a> {
+    /// The deleting container owns the key: release it.
+    Release,
+    /// Nobody owns the key, or the DEL cleans up an ADD that failed in the guard.
+    Proceed,
+    /// The key's owner has no record any more: drop that ownership, then go on.
+    Repair(&'a Ownership),
+    /// Another container owns the key: this DEL would tear down the owner's network.
+    /// `ever_owned` says whether the deleting container ever held the key.
+    Stale { owner: &'a Ownership, ever_owned: bool },
+}
+
+pub fn judge_del<'a>(container_id: &str, deleter: Deleter, owner: Option<Owner<'a>>) -> DelVerdict<'a> {
     match owner {
         None => DelVerdict::Proceed,
-        Some(owner) if owner.container_id == container_id => DelVerdict::Release,
-        Some(owner) => DelVerdict::Stale(owner),
+        Some(owner) if owner.ownership.container_id == container_id => DelVerdict::Release,
+        Some(owner) if !owner.backed => DelVerdict::Repair(owner.ownership),
+        Some(_) if deleter == Deleter::AddFailed => DelVerdict::Proceed,
+        Some(owner) => DelVerdict::Stale { owner: owner.ownership, ever_owned: deleter == Deleter::Recorded },
     }
 }
 
@@ -97,23 +124,42 @@ mod tests {
         }
     }
 
+    fn backed(owner: &Ownership) -> Option<Owner<'_>> {
+        Some(Owner { ownership: owner, backed: true })
+    }
+
     #[test]
     fn owner_deletes_and_releases() {
         let owner = owned_by("A", 1);
-        assert_eq!(judge_del("A", Some(&owner)), DelVerdict::Release);
+        assert_eq!(judge_del("A", Deleter::Recorded, backed(&owner)), DelVerdict::Release);
     }
 
     #[test]
     fn old_sandbox_is_stale_once_the_new_one_owns_the_name() {
         // The incident: ADD A, ADD B (same pod name), then the retried DEL of A.
         let owner = owned_by("B", 2);
-        assert_eq!(judge_del("A", Some(&owner)), DelVerdict::Stale(&owner));
+        assert_eq!(judge_del("A", Deleter::Recorded, backed(&owner)), DelVerdict::Stale { owner: &owner, ever_owned: true });
+        // A sandbox from before the guard was installed is just as stale.
+        assert_eq!(judge_del("A", Deleter::Unknown, backed(&owner)), DelVerdict::Stale { owner: &owner, ever_owned: false });
     }
 
     #[test]
     fn unowned_key_lets_any_del_through() {
         // DEL B released the key; the old sandbox's DEL may now clean up.
-        assert_eq!(judge_del("A", None), DelVerdict::Proceed);
+        assert_eq!(judge_del("A", Deleter::Recorded, None), DelVerdict::Proceed);
+    }
+
+    #[test]
+    fn an_owner_without_its_record_is_repaired_not_obeyed() {
+        let owner = owned_by("B", 2);
+        let orphan = Some(Owner { ownership: &owner, backed: false });
+        assert_eq!(judge_del("A", Deleter::Recorded, orphan), DelVerdict::Repair(&owner));
+    }
+
+    #[test]
+    fn the_cleanup_del_of_a_failed_add_is_not_stale() {
+        let owner = owned_by("B", 2);
+        assert_eq!(judge_del("A", Deleter::AddFailed, backed(&owner)), DelVerdict::Proceed);
     }
 
     #[test]

@@ -6,10 +6,12 @@
 //! (pure, `plan`), then carry the plan out. A sandbox whose interface is present is never
 //! touched, so running it again is harmless; a failure stops only its own sandbox.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use ipnetwork::IpNetwork;
 
@@ -17,7 +19,8 @@ use crate::error::{GuardError, Kind, Result};
 use crate::link_facts::{InterfaceFacts, LinkFacts, RouteFacts};
 use crate::netlink::{self, Kernel, LinkState, NewMacvlan, Side, garp};
 use crate::store::checkpoint::Checkpoint;
-use crate::store::{Access, Loaded, Store};
+use crate::ownership::{Ownership, PodKey};
+use crate::store::{Loaded, Store};
 
 pub enum Selection {
     All,
@@ -180,6 +183,9 @@ fn pod_steps(if_name: &str, facts: &InterfaceFacts, parent: String, mac: String,
 /// How one sandbox ended.
 enum Outcome {
     Intact,
+    /// A newer sandbox owns the pod key and its netns is alive: bringing this one's address
+    /// back would put it on the wire twice.
+    Superseded(String),
     NetnsGone(String),
     NotRestorable(String),
     Planned(Vec<Step>),
@@ -191,6 +197,7 @@ impl Outcome {
     fn word(&self) -> &'static str {
         match self {
             Outcome::Intact => "intact",
+            Outcome::Superseded(_) => "superseded",
             Outcome::NetnsGone(_) => "netns-gone",
             Outcome::NotRestorable(_) => "NOT RESTORABLE",
             Outcome::Planned(_) => "would restore",
@@ -214,8 +221,8 @@ struct Row {
 
 /// Returns the process exit status: 0 when every selected sandbox is intact, restored (or,
 /// in a dry run, restorable) or dead anyway; 1 when one could not be restored.
-pub fn run(state_dir: &Path, selection: &Selection, dry_run: bool) -> i32 {
-    let rows = match select(state_dir, selection) {
+pub fn run(state_dir: &Path, selection: &Selection, dry_run: bool, lock_timeout: Duration) -> i32 {
+    let rows = match select(state_dir, selection, lock_timeout) {
         Ok(rows) => rows,
         Err(err) => {
             eprintln!("sandbox-guard: {err}");
@@ -237,12 +244,13 @@ pub fn run(state_dir: &Path, selection: &Selection, dry_run: bool) -> i32 {
 enum Selected {
     Record(Box<Checkpoint>),
     Unusable(Row),
+    Superseded(Row),
 }
 
 impl Selected {
     fn and_then_restore(self, dry_run: bool) -> Row {
         match self {
-            Selected::Unusable(row) => row,
+            Selected::Unusable(row) | Selected::Superseded(row) => row,
             Selected::Record(record) => Row {
                 outcome: restore_one(&record, dry_run),
                 container_id: record.container_id.clone(),
@@ -254,7 +262,7 @@ impl Selected {
     }
 }
 
-fn select(state_dir: &Path, selection: &Selection) -> Result<Vec<Selected>> {
+fn select(state_dir: &Path, selection: &Selection, lock_timeout: Duration) -> Result<Vec<Selected>> {
     if std::fs::symlink_metadata(state_dir).is_err() {
         return Err(GuardError::new(
             Kind::Io,
@@ -263,7 +271,27 @@ fn select(state_dir: &Path, selection: &Selection) -> Result<Vec<Selected>> {
     }
     // Read under the shared lock, then let it go: the kernel work below may take seconds
     // and must not hold up the runtime's ADDs and DELs.
-    let listed = Store::open(state_dir, Access::Shared)?.list_records()?;
+    let store = Store::open_read_only(state_dir)?;
+    let (listed, owners) = {
+        let _lock = store.read_lock(lock_timeout, &|holder| {
+            eprintln!("sandbox-guard: the store is locked by {holder}; waiting up to {:.1}s", lock_timeout.as_secs_f64());
+        })?;
+        (store.list_records()?, store.list_owners()?)
+    };
+    let owners: HashMap<PodKey, Ownership> = owners
+        .into_iter()
+        .filter_map(|(_, loaded)| match loaded {
+            Loaded::Valid(owner) => Some((owner.key.clone(), owner)),
+            _ => None,
+        })
+        .collect();
+    let netns_of: HashMap<(String, String, String), String> = listed
+        .iter()
+        .filter_map(|(_, loaded)| match loaded {
+            Loaded::Valid(r) => Some(((r.network.clone(), r.container_id.clone(), r.if_name.clone()), r.netns.clone())),
+            _ => None,
+        })
+        .collect();
     let wanted = |container_id: &str| match selection {
         Selection::All => true,
         Selection::ContainerIds(ids) => ids.iter().any(|id| container_id.starts_with(id.as_str())),
@@ -271,7 +299,16 @@ fn select(state_dir: &Path, selection: &Selection) -> Result<Vec<Selected>> {
     let mut selected = Vec::new();
     for (path, loaded) in listed {
         match loaded {
-            Loaded::Valid(record) if wanted(&record.container_id) => selected.push(Selected::Record(Box::new(record))),
+            Loaded::Valid(record) if wanted(&record.container_id) => match live_newer_owner(&record, &owners, &netns_of) {
+                Some(why) => selected.push(Selected::Superseded(Row {
+                    container_id: record.container_id.clone(),
+                    if_name: record.if_name.clone(),
+                    network: record.network.clone(),
+                    netns: record.netns.clone(),
+                    outcome: Outcome::Superseded(why),
+                })),
+                None => selected.push(Selected::Record(Box::new(record))),
+            },
             Loaded::Corrupt { reason, .. } if unusable_is_wanted(&path, selection) => selected.push(Selected::Unusable(Row {
                 container_id: file_name(&path),
                 if_name: "-".into(),
@@ -286,7 +323,7 @@ fn select(state_dir: &Path, selection: &Selection) -> Result<Vec<Selected>> {
         for id in ids {
             let matched = selected.iter().any(|s| match s {
                 Selected::Record(record) => record.container_id.starts_with(id.as_str()),
-                Selected::Unusable(row) => row.container_id.contains(id.as_str()),
+                Selected::Unusable(row) | Selected::Superseded(row) => row.container_id.contains(id.as_str()),
             });
             if !matched {
                 selected.push(Selected::Unusable(Row {
@@ -300,6 +337,27 @@ fn select(state_dir: &Path, selection: &Selection) -> Result<Vec<Selected>> {
         }
     }
     Ok(selected)
+}
+
+/// Why `record` must be left alone: another sandbox owns its pod key and that sandbox's
+/// netns is alive, so the pod lives there now.
+fn live_newer_owner(
+    record: &Checkpoint,
+    owners: &HashMap<PodKey, Ownership>,
+    netns_of: &HashMap<(String, String, String), String>,
+) -> Option<String> {
+    let key = record.pod_key()?;
+    let owner = owners.get(&key).filter(|o| o.container_id != record.container_id)?;
+    let owner_netns = netns_of.get(&(key.network.clone(), owner.container_id.clone(), key.if_name.clone()))?;
+    crate::conflict::netns_state(owner_netns, None, None).is_alive().then(|| {
+        format!(
+            "pod {} now lives in sandbox {} (netns {owner_netns}, alive): restoring this older sandbox would \
+             put its address on the wire a second time; remove it instead (`crictl rmp {}`)",
+            key.pod(),
+            owner.container_id,
+            record.container_id.get(..13).unwrap_or(&record.container_id)
+        )
+    })
 }
 
 fn file_name(path: &Path) -> String {
@@ -438,7 +496,7 @@ fn write_report(out: &mut impl Write, rows: &[Row], dry_run: bool) -> io::Result
     for row in rows {
         let (heading, steps, note): (&str, &[Step], Option<&str>) = match &row.outcome {
             Outcome::Intact => continue,
-            Outcome::NetnsGone(why) | Outcome::NotRestorable(why) => ("", &[], Some(why)),
+            Outcome::NetnsGone(why) | Outcome::NotRestorable(why) | Outcome::Superseded(why) => ("", &[], Some(why)),
             Outcome::Planned(steps) => ("would run:", steps, None),
             Outcome::Restored(steps) => ("ran:", steps, None),
             Outcome::Failed { done, error } => ("ran before the failure:", done, Some(error)),
@@ -461,11 +519,12 @@ fn write_report(out: &mut impl Write, rows: &[Row], dry_run: bool) -> io::Result
     let count = |word: &str| rows.iter().filter(|r| r.outcome.word() == word).count();
     writeln!(
         out,
-        "\n{} sandboxes: {} {}, {} intact (untouched), {} with their netns gone, {} not restorable, {} failed{}",
+        "\n{} sandboxes: {} {}, {} intact (untouched), {} superseded (untouched), {} with their netns gone, {} not restorable, {} failed{}",
         rows.len(),
         count(if dry_run { "would restore" } else { "restored" }),
         if dry_run { "would be restored" } else { "restored" },
         count("intact"),
+        count("superseded"),
         count("netns-gone"),
         count("NOT RESTORABLE"),
         count("FAILED"),

@@ -145,5 +145,9 @@ fn concurrent_execs_match_a_serial_replay_of_the_log() {
         })
         .collect();
     assert_eq!(owner_files, owners.into_iter().cloned().collect(), "owners/ vs model");
+    // No owner names a container without its record.
+    for owner in &owner_files {
+        assert!(store.record_path(NETWORK, owner, "eth0").exists(), "owner {owner} has no record");
+    }
     assert_eq!(store.owner_files().len(), model.owner_by_pod.len());
 }

@@ -47,8 +47,20 @@ fn sigkill_at_random_moments_leaves_a_consistent_store() {
                     let mut killed = 0;
                     for _ in 0..OPS_PER_WORKER {
                         let Sandbox { container, pod } = &sandboxes[rng.below(SANDBOXES as u64) as usize];
-                        let verb = if rng.below(2) == 0 { "ADD" } else { "DEL" };
-                        let mut running = store.cni(verb, container).pod(pod).spawn();
+                        let call = match rng.below(5) {
+                            0 | 1 => store.cni("ADD", container).pod(pod),
+                            2 | 3 => store.cni("DEL", container).pod(pod),
+                            // GC, as a CNI 1.1 runtime sends it, listing a random half.
+                            _ => {
+                                let valid: Vec<serde_json::Value> = sandboxes
+                                    .iter()
+                                    .filter(|_| rng.below(2) == 0)
+                                    .map(|s| serde_json::json!({"containerID": s.container, "ifname": "eth0"}))
+                                    .collect();
+                                store.cni("GC", "").config("cni.dev/valid-attachments", Some(serde_json::Value::Array(valid)))
+                            }
+                        };
+                        let mut running = call.spawn();
                         std::thread::sleep(Duration::from_micros(rng.below(MAX_KILL_DELAY_MICROS)));
                         let was_killed = running.kill();
                         let reply = running.wait();

@@ -68,7 +68,11 @@ fn add_on_a_full_state_dir_fails_with_5_and_leaves_nothing_behind() {
     let text = error.text();
     assert!(text.to_lowercase().contains("no space"), "the message must say the disk is full: {error:?}");
     assert!(text.contains(store.state_dir.to_str().unwrap()), "the message must name the state dir: {error:?}");
-    assert_eq!(store.snapshot(), before, "no temp file, no record, no ownership change");
+    // Only the note that this ADD failed, so that its cleanup DEL is not taken for a stale one.
+    let mut after = store.snapshot();
+    let note = std::path::PathBuf::from(format!("failed-adds/{}:{blocked}:eth0", cni::NETWORK));
+    assert_eq!(after.remove(&note), Some(Vec::new()), "the failed ADD is noted in an empty file: {after:?}");
+    assert_eq!(after, before, "no temp file, no record, no ownership change");
     assert!(store.is_owner(&settled, "eth0"));
     // The node must stop getting pods while ADDs cannot be recorded...
     store.cni("STATUS", "").run().assert_error(50);
@@ -98,4 +102,21 @@ fn an_add_that_failed_is_not_logged_as_added() {
     let outcomes: Vec<String> =
         store.log_lines().into_iter().filter(|l| l.container == blocked).map(|l| l.outcome).collect();
     assert_eq!(outcomes, ["error"], "whoever reads the log must not see this pod as added");
+}
+
+#[test]
+fn the_cleanup_del_of_an_add_that_failed_on_a_full_disk_passes() {
+    if !sys::require("the_cleanup_del_of_an_add_that_failed_on_a_full_disk_passes", true, &["mount", "umount"]) {
+        return;
+    }
+    let small_disk = SmallDisk::new();
+    let store = &small_disk.store;
+    let (pod_settled, pod_new) = (Pod::new("default", "web-0"), Pod::new("default", "web-0"));
+    let (settled, failed) = (container_id(), container_id());
+    store.add(&settled, &pod_settled).run().assert_ok();
+    small_disk.fill();
+    store.add(&failed, &pod_new).run().assert_error(5);
+    // The runtime tears the sandbox down at once, the disk still full: it never owned the pod.
+    store.del(&failed, &pod_new).run().assert_ok();
+    assert!(store.is_owner(&settled, "eth0"), "the owner keeps its pod");
 }

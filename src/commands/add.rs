@@ -8,12 +8,22 @@ use crate::log::Level;
 use crate::ownership::{self, Ownership};
 use crate::prev_result::ResultView;
 use crate::store::checkpoint::{self, Checkpoint};
-use crate::store::{Access, Loaded, Store};
+use crate::store::{Loaded, Store};
 
 /// Returns the primary's result in the config's cniVersion: byte for byte when it is in that
 /// version already (a chained plugin that changes nothing must not drop fields it does not
-/// know), else converted, unknown fields kept.
+/// know), else converted, unknown fields kept. A failure of the guard's own (the lock, the
+/// disk, an IP conflict) is noted (see `store::failed_add`) so that the runtime's cleanup DEL
+/// of this sandbox is not taken for a stale one; input it rejects leaves the store untouched.
 pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
+    add(inv, attachment).inspect_err(|err| {
+        if matches!(err.kind, Kind::Busy | Kind::Io | Kind::ReadOnly | Kind::IpConflict | Kind::Netlink | Kind::NetnsGone) {
+            crate::store::failed_add::mark(&inv.conf.state_dir, &inv.attachment_id(attachment), err);
+        }
+    })
+}
+
+fn add(inv: &Invocation, attachment: &Attachment) -> Result<String> {
     let prev_result = inv.conf.prev_result.as_ref().ok_or_else(|| {
         GuardError::new(
             Kind::InvalidConfig,
@@ -32,12 +42,15 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
     let pod_key = checkpoint::pod_key(&id.network, pod.namespace.as_deref(), pod.name.as_deref(), &id.if_name);
     let subject = inv.subject(Some(attachment), pod_key.as_ref().map(|k| k.pod()));
 
-    let store = Store::open(&inv.conf.state_dir, Access::Exclusive)?;
-    let previous = match store.load_record(&id)? {
+    let store = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout).map_err(|err| match err.kind {
+        Kind::ReadOnly => read_only_error(inv, attachment, err),
+        _ => err,
+    })?;
+    let previous: Option<Checkpoint> = match store.load_record(&id)? {
         Loaded::Valid(record) => Some(record),
         Loaded::Missing => None,
         Loaded::Corrupt { path, reason } => {
-            let kept = store.set_aside(&path, &store.set_aside_path_for_record(&id), false)?;
+            let kept = store.keep_copy(&path, &store.set_aside_path_for_record(&id))?;
             inv.log.event(Level::Warn, inv.verb, &subject, "set-aside",
                 &format!("previous checkpoint failed verification ({reason}); kept at {}; this ADD writes a fresh one", kept.display()));
             None
@@ -49,7 +62,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
             Loaded::Valid(owner) => Some(owner),
             Loaded::Missing => None,
             Loaded::Corrupt { path, reason } => {
-                let kept = store.set_aside(&path, &store.set_aside_path_for_owner(key), false)?;
+                let kept = store.keep_copy(&path, &store.set_aside_path_for_owner(key))?;
                 inv.log.event(Level::Warn, inv.verb, &subject, "set-aside",
                     &format!("ownership record failed verification ({reason}); kept at {}; this ADD takes ownership", kept.display()));
                 None
@@ -57,6 +70,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
         },
     };
 
+    let previous_key = previous.as_ref().and_then(Checkpoint::pod_key);
     let generation = ownership::next_generation(
         store.generation_counter(),
         owner.as_ref(),
@@ -82,14 +96,28 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
         prev_result: prev_result.clone(),
         links: Some(links.finish()),
     };
-    store.unblock(&store.set_aside_path_for_record(&id))?;
+    // Re-ADDed under another pod name: the key its old record held is no longer this
+    // sandbox's. Released first, so no crash leaves an owner whose record names another key.
+    if let Some(old_key) = previous_key.filter(|old| Some(old) != pod_key.as_ref())
+        && matches!(store.load_owner(&old_key)?, Loaded::Valid(owner) if owner.container_id == id.container_id)
+    {
+        store.remove_owner(&old_key)?;
+        store.sync()?;
+    }
     // The record is durable before the ownership that points at it, so no crash leaves an
     // owner without its record (two directory fsyncs either way).
     store.save_record(&record)?;
     store.sync()?;
-    if let Some(key) = pod_key {
-        store.unblock(&store.set_aside_path_for_owner(&key))?;
-        store.save_owner(&Ownership { key, container_id: id.container_id.clone(), pod_uid: pod.uid.clone(), generation })?;
+    if let Some(key) = &pod_key {
+        store.save_owner(&Ownership { key: key.clone(), container_id: id.container_id.clone(), pod_uid: pod.uid.clone(), generation })?;
+        store.sync()?;
+    }
+    // Blockers are disarmed only once what they stood for is durable again.
+    let mut unblocked = store.unblock(&store.set_aside_path_for_record(&id))?;
+    if let Some(key) = &pod_key {
+        unblocked |= store.unblock(&store.set_aside_path_for_owner(key))?;
+    }
+    if unblocked {
         store.sync()?;
     }
     store.set_generation_counter(generation);
@@ -108,4 +136,20 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
         facts_missing.unwrap_or_default()
     ));
     Ok(output.into_owned())
+}
+
+fn read_only_error(inv: &Invocation, attachment: &Attachment, err: crate::error::GuardError) -> crate::error::GuardError {
+    GuardError::new(
+        Kind::ReadOnly,
+        format!(
+            "cannot checkpoint sandbox {}: the state dir {} is on a read-only filesystem",
+            attachment.container_id.get(..12).unwrap_or(&attachment.container_id),
+            inv.conf.state_dir.display()
+        ),
+    )
+    .with_details(format!(
+        "Without its checkpoint the guard could not tell this pod's DELs from stale ones, so the pod would run \
+         unprotected. {} ({})",
+        err.details, err.msg
+    ))
 }

@@ -13,7 +13,7 @@ use crate::link_facts::{self, Expected};
 use crate::log::Level;
 use crate::prev_result::ResultView;
 use crate::store::checkpoint::{self, Checkpoint};
-use crate::store::{Access, Loaded, Store};
+use crate::store::{Loaded, Store};
 
 pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
     let prev_result = inv.conf.prev_result.as_ref().ok_or_else(|| {
@@ -23,44 +23,51 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
     let id = inv.attachment_id(attachment);
     // The lock is held for the read only: the netlink round trips below must not hold up
     // the ADDs and DELs of other pods.
-    let loaded = {
-        let store = Store::open(&inv.conf.state_dir, Access::Shared)?;
-        (store.load_record(&id)?, store.root().to_path_buf())
+    let root = inv.conf.state_dir.clone();
+    let loaded = if std::fs::symlink_metadata(&root).is_err() {
+        (Loaded::Missing, root)
+    } else {
+        let store = Store::open_read_only(&root)?;
+        let _lock = store.read_lock(inv.conf.lock_timeout, &|_| {})?;
+        (store.load_record(&id)?, root)
     };
 
     // The log line names the pod even when CNI_ARGS do not (podman, a hand-run CHECK).
     let mut record_key = None;
     let failure = match loaded {
-        (Loaded::Missing, root) => Some(GuardError::new(
-            Kind::CheckFailed,
-            format!(
-                "no checkpoint for container {} interface {} on network {} in {}: the sandbox was not \
-                 added through sandbox-guard (was it added before the plugin was installed?) or its \
-                 record was collected; re-create the pod sandbox to checkpoint it",
-                id.container_id, id.if_name, id.network, root.display()
+        (Loaded::Missing, root) => Some(
+            GuardError::new(
+                Kind::CheckFailed,
+                format!("no checkpoint for container {} interface {} on network {}", short(&id.container_id), id.if_name, id.network),
+            )
+            .with_details(format!(
+                "{} holds none: the sandbox was added before sandbox-guard was installed, or its record was collected; \
+                 re-create the pod sandbox to checkpoint it",
+                root.display()
+            )),
+        ),
+        (Loaded::Corrupt { path, reason }, _) => Some(
+            GuardError::new(Kind::CheckFailed, format!("the checkpoint {} failed verification", path.display())).with_details(
+                format!("{reason}; the next ADD or DEL sets it aside; re-create the pod sandbox to checkpoint it again"),
             ),
-        )),
-        (Loaded::Corrupt { path, reason }, _) => Some(GuardError::new(
-            Kind::CheckFailed,
-            format!(
-                "the checkpoint {} failed verification ({reason}); the next ADD or DEL sets it aside; \
-                 re-create the pod sandbox to checkpoint it again",
-                path.display()
-            ),
-        )),
+        ),
         (Loaded::Valid(record), _) => {
             record_key = record.pod_key();
             let mut differences = runtime_differences(&record, &current)?;
             differences.extend(kernel_differences(inv, attachment, &record)?);
             (!differences.is_empty()).then(|| {
+                let more = match differences.len() {
+                    1 => String::new(),
+                    n => format!(" (and {} more differences)", n - 1),
+                };
                 GuardError::new(
                     Kind::CheckFailed,
-                    format!(
-                        "container {} interface {} differs from its checkpoint (generation {}, {}): {}",
-                        id.container_id, id.if_name, record.generation, record.updated_at, differences.join("; ")
-                    ),
+                    format!("container {} interface {} differs from its checkpoint: {}{more}", short(&id.container_id), id.if_name, differences[0]),
                 )
-                .with_details(serde_json::json!({ "differences": differences }).to_string())
+                .with_details(
+                    serde_json::json!({ "differences": differences, "generation": record.generation, "checkpointedAt": record.updated_at })
+                        .to_string(),
+                )
             })
         }
     };
@@ -109,4 +116,8 @@ fn restore_command(inv: &Invocation, record: &Checkpoint) -> String {
     } else {
         format!("sandbox-guard --restore --state-dir {} {}", state_dir.display(), record.container_id)
     }
+}
+
+fn short(container_id: &str) -> &str {
+    container_id.get(..12).unwrap_or(container_id)
 }

@@ -8,7 +8,7 @@ use crate::config::ValidAttachment;
 use crate::error::{GuardError, Kind, Result};
 use crate::log::Level;
 use crate::store::checkpoint::AttachmentId;
-use crate::store::{Access, Loaded, Store};
+use crate::store::{Loaded, Store};
 
 pub fn run(inv: &Invocation) -> Result<()> {
     let valid: HashSet<&ValidAttachment> = inv
@@ -29,11 +29,38 @@ pub fn run(inv: &Invocation) -> Result<()> {
         valid.contains(&ValidAttachment { container_id: container_id.to_string(), ifname: if_name.to_string() })
     };
 
-    let store = Store::open(&inv.conf.state_dir, Access::Exclusive)?;
-    let temp_files = store.remove_stale_temp_files()?;
+    let store = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout)?;
+    let records = store.list_records()?;
+    let recorded: HashSet<AttachmentId> = records
+        .iter()
+        .filter_map(|(_, loaded)| match loaded {
+            Loaded::Valid(record) => Some(record.id()),
+            _ => None,
+        })
+        .collect();
+
+    // Owners first, made durable before any record goes: a crash in between leaves records
+    // without owners (harmless), never an owner without its record.
+    let mut released = 0;
+    let mut repaired = 0;
+    for (_, loaded) in store.list_owners()? {
+        let Loaded::Valid(owner) = loaded else { continue };
+        if owner.key.network != *network {
+            continue;
+        }
+        if !is_valid(&owner.container_id, &owner.key.if_name) {
+            store.remove_owner(&owner.key)?;
+            released += 1;
+        } else if !store.owner_is_backed(&owner) {
+            store.remove_owner(&owner.key)?;
+            repaired += 1;
+        }
+    }
+    store.sync()?;
+
     let mut removed_records = 0;
     let mut set_aside = 0;
-    for (path, loaded) in store.list_records()? {
+    for (path, loaded) in records {
         match loaded {
             Loaded::Valid(record) if record.network == *network && !is_valid(&record.container_id, &record.if_name) => {
                 store.remove_record(&record.id())?;
@@ -58,16 +85,19 @@ pub fn run(inv: &Invocation) -> Result<()> {
             store.unblock(&path)?;
         }
     }
-    let mut released = 0;
-    for (_, loaded) in store.list_owners()? {
-        if let Loaded::Valid(owner) = loaded
-            && owner.key.network == *network
-            && !is_valid(&owner.container_id, &owner.key.if_name)
-        {
-            store.remove_owner(&owner.key)?;
-            released += 1;
+    // A failed ADD's note matters only until its cleanup DEL, which a listed attachment may still get.
+    let mut notes = 0;
+    for (path, id) in store.list_failed_adds()? {
+        let obsolete = match &id {
+            Some(id) => id.network == *network && !is_valid(&id.container_id, &id.if_name) || recorded.contains(id),
+            None => true,
+        };
+        if obsolete {
+            store.remove_failed_add_at(&path)?;
+            notes += 1;
         }
     }
+    let temp_files = store.remove_dead_temp_files()?;
     let forgotten = crate::conflict::forget_released(&store, network);
     store.sync()?;
     inv.log.event(
@@ -76,9 +106,9 @@ pub fn run(inv: &Invocation) -> Result<()> {
         &inv.subject(None, None),
         "collected",
         &format!(
-            "kept {} valid attachments; removed {removed_records} records, released {released} pod keys, \
-             set aside {set_aside} corrupt records, removed {temp_files} temp files, forgot {forgotten} \
-             released addresses",
+            "kept {} valid attachments; released {released} pod keys, dropped {repaired} owners without a record, \
+             removed {removed_records} records, set aside {set_aside} corrupt records, removed {notes} failed-ADD \
+             notes and {temp_files} temp files of dead writers, forgot {forgotten} released addresses",
             valid.len()
         ),
     );

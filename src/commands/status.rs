@@ -6,13 +6,17 @@ use std::os::unix::fs::OpenOptionsExt;
 
 use crate::commands::Invocation;
 use crate::error::{GuardError, Kind, Result};
-use crate::store::{Access, Store};
+use crate::store::Store;
 
 pub fn run(inv: &Invocation) -> Result<()> {
     let unavailable = |e: GuardError| {
-        GuardError::new(Kind::NotAvailable, format!("sandbox-guard cannot record new pods: {}", e.msg))
+        GuardError::new(Kind::NotAvailable, format!("sandbox-guard cannot record new pods: {}", e.msg)).with_details(e.details)
     };
-    let store = Store::open(&inv.conf.state_dir, Access::Shared).map_err(unavailable)?;
+    // A held lock is no reason to report the network down (the runtime stops scheduling
+    // pods here on a STATUS error) unless it outlasts the wait an ADD would give it.
+    crate::store::ensure_dir(&inv.conf.state_dir).map_err(unavailable)?;
+    let store = Store::open_read_only(&inv.conf.state_dir).map_err(unavailable)?;
+    drop(store.read_lock(inv.conf.lock_timeout, &|_| {}).map_err(unavailable)?);
     // Permission bits do not stop root, and a read-only or full filesystem shows only on
     // a real write: make one.
     let probe = store.root().join(format!(".status.{}.tmp", std::process::id()));

@@ -51,14 +51,18 @@ pub fn read(conf_dir: &Path, report: &mut Report) -> NodeConfig {
         }
     };
     files.sort();
-    let mut problems = Vec::new();
+    // Each problem with the fix that is true for it.
+    let mut problems: Vec<(String, &'static str)> = Vec::new();
     for file in &files {
         let parsed = std::fs::read(file)
             .map_err(|e| e.to_string())
             .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).map_err(|e| e.to_string()));
         match parsed {
             Ok(conf) => read_conf(file, &conf, &mut node, &mut problems),
-            Err(e) => problems.push(format!("{} is not valid JSON ({e}): the runtime skips it or fails on it", file.display())),
+            Err(e) => problems.push((
+                format!("{} is not valid JSON ({e}): the runtime skips it or fails on it", file.display()),
+                "fix the JSON (`jq . FILE` shows where it breaks), or move the file out of the conf dir",
+            )),
         }
     }
     if node.guards.is_empty() {
@@ -78,16 +82,13 @@ pub fn read(conf_dir: &Path, report: &mut Report) -> NodeConfig {
             format!("{} CNI config files read from {}, {} networks guarded", files.len(), conf_dir.display(), node.guards.len()),
         ));
     }
-    for problem in problems {
-        report.add(
-            Finding::new(Severity::Error, "cni-config", problem.clone())
-                .fix("fix the file: sandbox-guard must be listed LAST so that on DEL it runs FIRST"),
-        );
+    for (problem, fix) in problems {
+        report.add(Finding::new(Severity::Error, "cni-config", problem).fix(fix));
     }
     node
 }
 
-fn read_conf(file: &Path, conf: &Value, node: &mut NodeConfig, problems: &mut Vec<String>) {
+fn read_conf(file: &Path, conf: &Value, node: &mut NodeConfig, problems: &mut Vec<(String, &'static str)>) {
     let network = conf["name"].as_str().unwrap_or("-").to_string();
     // A .conflist has "plugins"; a .conf is one plugin.
     let plugins: Vec<&Value> = match conf["plugins"].as_array() {
@@ -97,13 +98,16 @@ fn read_conf(file: &Path, conf: &Value, node: &mut NodeConfig, problems: &mut Ve
     for (position, plugin) in plugins.iter().enumerate() {
         if plugin["type"] == "sandbox-guard" {
             if position + 1 != plugins.len() {
-                problems.push(format!(
-                    "{}: sandbox-guard is plugin {} of {} in network {network}; it must be LAST, because \
-                     only the last plugin runs first on DEL, where refusing a stale DEL keeps it from the \
-                     primary plugin",
-                    file.display(),
-                    position + 1,
-                    plugins.len()
+                problems.push((
+                    format!(
+                        "{}: sandbox-guard is plugin {} of {} in network {network}; it must be LAST, because \
+                         only the last plugin runs first on DEL, where refusing a stale DEL keeps it from the \
+                         primary plugin",
+                        file.display(),
+                        position + 1,
+                        plugins.len()
+                    ),
+                    "move the sandbox-guard entry to the end of \"plugins\" so that on DEL it runs FIRST",
                 ));
             }
             node.guards.push(GuardEntry {
@@ -149,11 +153,12 @@ mod tests {
         )
         .unwrap();
         let mut node = NodeConfig::default();
-        let mut problems = Vec::new();
+        // Each problem with the fix that is true for it.
+    let mut problems: Vec<(String, &'static str)> = Vec::new();
         read_conf(Path::new("/etc/cni/net.d/10-multus.conflist"), &conf, &mut node, &mut problems);
         let masters: Vec<_> = node.lower_links.iter().map(|l| (l.plugin.as_str(), l.master.as_deref())).collect();
         assert_eq!(masters, [("macvlan", Some("bond1")), ("ipvlan", None)]);
         assert_eq!(node.guards[0].state_dir, PathBuf::from("/x"));
-        assert!(problems[0].contains("must be LAST"), "{problems:?}");
+        assert!(problems[0].0.contains("must be LAST"), "{problems:?}");
     }
 }

@@ -3,7 +3,8 @@
 //! the exit status is 1 when any finding is an error, so monitoring can run it.
 //!
 //! It only reads: the conflists, sysfs, the routing table, /proc, the plugin's log files and
-//! the stores (under their shared lock, like the dump).
+//! the stores (listed under their shared lock, like the dump). It creates, chmods and locks
+//! nothing, and what it reports it leaves as it found it.
 
 mod conflists;
 mod finding;
@@ -30,6 +31,7 @@ pub struct Options {
     pub log_file: Option<PathBuf>,
     pub service_cidrs: Vec<IpNetwork>,
     pub format: Format,
+    pub lock_timeout: std::time::Duration,
 }
 
 /// Returns the exit status: 0 clean or warnings only, 1 when any finding is an error.
@@ -51,7 +53,7 @@ pub fn run(options: &Options) -> i32 {
     let users = NetnsUsers::scan();
     let mut owners = sandboxes::Owners::new();
     for dir in &state_dirs {
-        sandboxes::check(dir, &users, &mut report, &mut owners);
+        sandboxes::check(dir, &users, &mut report, &mut owners, options.lock_timeout);
     }
 
     let mut log_files: Vec<(String, Option<PathBuf>)> = match &options.log_file {

@@ -10,13 +10,14 @@ use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
+use std::time::Duration;
 
 use super::finding::{capped, Finding, Report, Severity};
 use crate::conflict::{self, IpHolder, NetnsState, NetnsUsers};
 use crate::ownership::{Ownership, PodKey};
 use crate::prev_result::ResultView;
 use crate::store::checkpoint::Checkpoint;
-use crate::store::{Access, Loaded, Store};
+use crate::store::{Loaded, Store};
 
 /// Every pod key's owner across the stores read, for judging the log's stale DELs.
 pub type Owners = HashMap<PodKey, Ownership>;
@@ -31,7 +32,7 @@ struct LiveRecord {
     addresses: Vec<IpAddr>,
 }
 
-pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_seen: &mut Owners) {
+pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_seen: &mut Owners, lock_timeout: Duration) {
     let root_display = state_dir.display().to_string();
     if std::fs::symlink_metadata(state_dir).is_err() {
         report.add(Finding::new(
@@ -42,16 +43,21 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
         return;
     }
     check_permissions(state_dir, report);
-    let store = match Store::open(state_dir, Access::Shared) {
+    let store = match Store::open_read_only(state_dir) {
         Ok(store) => store,
         Err(e) => {
             report.add(Finding::new(Severity::Error, "store", format!("cannot open the store: {e}")).fix("run --doctor as root"));
             return;
         }
     };
-    let (records, owners, set_aside) = match (store.list_records(), store.list_owners(), store.list_set_aside()) {
-        (Ok(r), Ok(o), Ok(s)) => (r, o, s),
-        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+    // The lock is held for the listing only: what follows enters namespaces and scans /proc.
+    let listed = store.read_lock(lock_timeout, &|holder| {
+        eprintln!("sandbox-guard: the store {root_display} is locked by {holder}; waiting up to {:.1}s", lock_timeout.as_secs_f64());
+    })
+    .and_then(|_lock| Ok((store.list_records()?, store.list_owners()?, store.list_set_aside()?, orphans(&store)?)));
+    let (records, owners, set_aside, orphaned) = match listed {
+        Ok(listed) => listed,
+        Err(e) => {
             report.add(Finding::new(Severity::Error, "store", format!("cannot read the store: {e}")));
             return;
         }
@@ -67,6 +73,8 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
     let index = conflict::list_entries(state_dir);
 
     check_untrusted(&root_display, &records, &set_aside, report);
+    check_orphans(&root_display, &orphaned, report);
+    check_temp_files(&root_display, &store, report);
     let valid: Vec<Checkpoint> = records
         .into_iter()
         .filter_map(|(_, loaded)| match loaded {
@@ -78,6 +86,64 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
     check_shared_addresses(&root_display, &live, report);
     check_deleted_holders(&root_display, &store, &index, &live, users, report);
     check_interfaces(&root_display, &live, report);
+}
+
+fn orphans(store: &Store) -> crate::error::Result<Vec<Ownership>> {
+    Ok(store
+        .list_owners()?
+        .into_iter()
+        .filter_map(|(_, loaded)| match loaded {
+            Loaded::Valid(owner) if !store.owner_is_backed(&owner) => Some(owner),
+            _ => None,
+        })
+        .collect())
+}
+
+/// An owner whose record is gone refuses every other sandbox's DEL of its pod: left by a
+/// version before 0.2, or by hand.
+fn check_orphans(root: &str, orphaned: &[Ownership], report: &mut Report) {
+    if orphaned.is_empty() {
+        report.add(Finding::new(Severity::Ok, "store-owners", format!("{root}: every pod key's owner has its record")));
+        return;
+    }
+    let mut finding = Finding::new(
+        Severity::Warning,
+        "store-owners",
+        format!("{root}: {} pod keys are owned by a sandbox whose record is gone", orphaned.len()),
+    )
+    .fix("nothing to do by hand: the next DEL or GC of each pod drops that ownership instead of refusing the DEL");
+    finding.evidence = capped(
+        orphaned
+            .iter()
+            .map(|o| format!("pod {} ({}, network {}): owner {} (generation {}) has no record", o.key.pod(), o.key.if_name, o.key.network, o.container_id, o.generation))
+            .collect(),
+    );
+    report.add(finding);
+}
+
+/// Temp files of writers killed mid-write (a runtime's timeout kills plugins): harmless,
+/// never read, removed by GC; many of them say plugins are being killed.
+fn check_temp_files(root: &str, store: &Store, report: &mut Report) {
+    let temps = store.temp_files();
+    let dead: Vec<_> = temps.iter().filter(|t| !t.writer_alive()).collect();
+    if dead.is_empty() {
+        report.add(Finding::new(Severity::Ok, "store-temp-files", format!("{root}: no temp file left by a killed writer")));
+        return;
+    }
+    let now = std::time::SystemTime::now();
+    let oldest = dead.iter().map(|t| t.modified).min().unwrap_or(now);
+    let age = now.duration_since(oldest).unwrap_or_default().as_secs();
+    let mut finding = Finding::new(
+        Severity::Warning,
+        "store-temp-files",
+        format!("{root}: {} temp files left by killed plugin runs, the oldest {} old", dead.len(), crate::clock::age(0, age as i64)),
+    )
+    .fix(
+        "they are never read and a CNI 1.1 runtime's GC removes them (or delete them: `find <stateDir> -name '.*.tmp' \
+         -delete` while no plugin runs); many of them mean the runtime kills the plugin: look for its CNI timeouts",
+    );
+    finding.evidence = capped(dead.iter().map(|t| format!("{} (pid {}, gone)", t.path.display(), t.pid)).collect());
+    report.add(finding);
 }
 
 fn check_permissions(state_dir: &Path, report: &mut Report) {

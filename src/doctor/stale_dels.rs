@@ -52,6 +52,12 @@ fn parse_line(line: &str) -> Option<StaleDelLine> {
             break;
         }
     }
+    // The owner protected comes as `owner=<id>` right after the outcome; logs of versions
+    // before 0.2 named it in the prose, after the first "; sandbox ".
+    let (owner, text) = match text.split_once(' ') {
+        Some((word, rest)) if word.starts_with("owner=") => (Some(word["owner=".len()..].to_string()), rest),
+        _ => (text.split_once("; sandbox ").and_then(|(_, rest)| rest.split(' ').next()).map(String::from), text),
+    };
     let audited = match *fields.get("outcome")? {
         "audited" => true,
         // Refusals for a set-aside checkpoint share the outcome; only stale ones count here.
@@ -59,8 +65,6 @@ fn parse_line(line: &str) -> Option<StaleDelLine> {
         _ => return None,
     };
     let (namespace, name) = fields.get("pod")?.split_once('/')?;
-    // The message names the owner right after the first "; sandbox " (see commands::del).
-    let owner = text.split_once("; sandbox ").and_then(|(_, rest)| rest.split(' ').next()).map(String::from);
     Some(StaleDelLine {
         time: time.to_string(),
         key: PodKey {
@@ -181,6 +185,16 @@ mod tests {
     use super::*;
 
     const REFUSED: &str = "2026-01-02T03:04:05Z sandbox-guard[42] WARN DEL network=net container=aaa ifname=eth0 pod=lijiaob/etcd1-0 outcome=refused stale DEL refused: sandbox aaa is no longer pod lijiaob/etcd1-0's sandbox on network net (eth0); sandbox bbb (pod UID u-2, generation 2) owns it now, and ...";
+
+    const REFUSED_NOW: &str = "2026-01-02T03:04:05Z sandbox-guard[42] WARN DEL network=net container=aaa ifname=eth0 pod=lijiaob/etcd1-0 outcome=refused owner=bbb stale DEL refused: pod lijiaob/etcd1-0 (eth0) belongs to sandbox bbb, not aaa, which owned it before";
+
+    #[test]
+    fn reads_the_owner_field_whatever_the_prose_says() {
+        let line = parse_line(REFUSED_NOW).unwrap();
+        assert_eq!((line.container.as_str(), line.owner.as_deref(), line.audited), ("aaa", Some("bbb"), false));
+        let reworded = REFUSED_NOW.replace("belongs to sandbox bbb, not aaa", "is now in other hands");
+        assert_eq!(parse_line(&reworded).unwrap().owner.as_deref(), Some("bbb"));
+    }
 
     #[test]
     fn reads_a_refusal_and_its_owner() {

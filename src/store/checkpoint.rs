@@ -19,6 +19,22 @@ impl AttachmentId {
     pub fn file_name(&self) -> String {
         format!("{}:{}:{}", self.network, self.container_id, self.if_name)
     }
+
+    /// The attachment a record-like file name stands for; `None` for a name that is not one
+    /// (a set-aside copy's `~time` suffix is not part of the ifname). Names read from disk are
+    /// validated like the runtime's before they make a path.
+    pub fn from_file_name(path: &std::path::Path) -> Option<AttachmentId> {
+        use crate::error::Kind;
+        use crate::names::{MAX_CONTAINER_ID, MAX_NETWORK, check_ifname, check_plain};
+        let name = path.file_name()?.to_str()?;
+        let mut parts = name.splitn(3, ':');
+        let (network, container_id, if_name) = (parts.next()?, parts.next()?, parts.next()?);
+        let if_name = if_name.split('~').next()?;
+        check_plain("network", network, MAX_NETWORK, Kind::Io).ok()?;
+        check_plain("container", container_id, MAX_CONTAINER_ID, Kind::Io).ok()?;
+        check_ifname(if_name).ok()?;
+        Some(AttachmentId { network: network.into(), container_id: container_id.into(), if_name: if_name.into() })
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]

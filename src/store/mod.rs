@@ -1,17 +1,24 @@
-//! The state directory: one sealed file per attachment, one per owned pod key, and the
-//! files set aside after a checksum failure.
+//! The state directory: one sealed file per attachment, one per owned pod key, the files
+//! set aside after a checksum failure, and the ADDs that failed in the guard.
 //!
 //! ```text
 //! <stateDir>/lock                                  flock; holds the generation counter
 //! <stateDir>/records/<network>:<container>:<if>    Checkpoint
 //! <stateDir>/owners/<sha256 of the pod key>        Ownership
 //! <stateDir>/set-aside/<original name>             corrupt files, kept for the operator
+//! <stateDir>/failed-adds/<network>:<container>:<if> an ADD the guard failed (see failed_add)
+//! <stateDir>/ips/<network>:<address>               who was last given an address (conflict.rs)
 //! ```
 //!
 //! Every ADD, DEL and CHECK touches a fixed number of files whatever the store holds;
-//! only GC and the dump list directories.
+//! only GC and the operator tools list directories. Writers (`Store::open`) create what is
+//! missing and hold the exclusive lock for their life; readers (`Store::open_read_only`)
+//! create, chmod and lock-create nothing, and take the shared lock only around what must be
+//! read consistently, never while they write to stdout.
 
 pub mod checkpoint;
+pub mod failed_add;
+pub mod lock;
 pub mod sealed;
 
 use std::cell::Cell;
@@ -19,44 +26,54 @@ use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use crate::error::{GuardError, Kind, Result};
 use crate::ownership::{Ownership, PodKey};
 use checkpoint::{AttachmentId, Checkpoint};
+pub use lock::Access;
 pub use sealed::Loaded;
 
 const RECORDS: &str = "records";
 const OWNERS: &str = "owners";
 const SET_ASIDE: &str = "set-aside";
+pub const FAILED_ADDS: &str = "failed-adds";
 const OWNER_PREFIX: &str = "owner-";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Readers (CHECK, the dump) may run side by side.
-    Shared,
-    /// Writers (ADD, DEL, GC) run one at a time.
-    Exclusive,
-}
+/// The folders below the state dir, in the order of `Store::dirty`.
+const FOLDERS: [&str; 4] = [RECORDS, OWNERS, SET_ASIDE, FAILED_ADDS];
 
 pub struct Store {
     root: PathBuf,
     records: PathBuf,
     owners: PathBuf,
     set_aside: PathBuf,
-    /// Held for the life of the Store; the OS drops the lock when the process dies.
-    lock: File,
-    /// Directories renamed into since the last sync.
-    dirty: Cell<[bool; 3]>,
+    failed_adds: PathBuf,
+    /// A writer holds the exclusive lock on it for the life of the Store (the OS drops the lock
+    /// when the process dies). `None` only for a reader whose store has never been written.
+    lock: Option<File>,
+    writable: bool,
+    /// Directories renamed into since the last sync, in the order of FOLDERS.
+    dirty: Cell<[bool; 4]>,
+}
+
+/// A reader's shared lock, released on drop.
+pub struct ReadLock<'a>(Option<&'a File>);
+
+impl Drop for ReadLock<'_> {
+    fn drop(&mut self) {
+        if let Some(file) = self.0 {
+            let _ = file.unlock();
+        }
+    }
 }
 
 impl Store {
-    /// Opens (creating, mode 0700) the state dir and takes the lock.
-    pub fn open(root: &Path, access: Access) -> Result<Store> {
+    /// For writers: creates (mode 0700) the state dir and its folders, and waits at most
+    /// `wait` for the exclusive lock. On a read-only filesystem this fails with Kind::ReadOnly.
+    pub fn open(root: &Path, wait: Duration) -> Result<Store> {
         ensure_dir(root)?;
-        let records = root.join(RECORDS);
-        let owners = root.join(OWNERS);
-        let set_aside = root.join(SET_ASIDE);
-        for dir in [&records, &owners, &set_aside] {
+        let store = Store::at(root, None, true);
+        for dir in [&store.records, &store.owners, &store.set_aside] {
             ensure_dir(dir)?;
         }
         let lock_path = root.join("lock");
@@ -69,12 +86,49 @@ impl Store {
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
             .open(&lock_path)
             .map_err(|e| GuardError::io("open the lock file", &lock_path, e))?;
-        match access {
-            Access::Shared => lock.lock_shared(),
-            Access::Exclusive => lock.lock(),
+        lock::acquire(&lock, &lock_path, Access::Exclusive, wait, &|_| {})?;
+        Ok(Store { lock: Some(lock), ..store })
+    }
+
+    /// For readers: the state dir must exist; nothing is created, chmodded or locked here.
+    /// Take `read_lock` around reads that must be consistent with each other.
+    pub fn open_read_only(root: &Path) -> Result<Store> {
+        match fs::symlink_metadata(root) {
+            Ok(meta) if meta.file_type().is_symlink() => return Err(symlinked(root)),
+            Ok(meta) if !meta.is_dir() => return Err(not_a_dir(root)),
+            Ok(_) => {}
+            Err(e) => return Err(GuardError::io("open state directory", root, e)),
         }
-        .map_err(|e| GuardError::io("lock", &lock_path, e))?;
-        Ok(Store { root: root.to_path_buf(), records, owners, set_aside, lock, dirty: Cell::new([false; 3]) })
+        let lock_path = root.join("lock");
+        let lock = match OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(&lock_path)
+        {
+            Ok(file) => Some(file),
+            // No writer has ever run here: there is nothing to be consistent with.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(GuardError::io("open the lock file", &lock_path, e)),
+        };
+        Ok(Store::at(root, lock, false))
+    }
+
+    fn at(root: &Path, lock: Option<File>, writable: bool) -> Store {
+        let [records, owners, set_aside, failed_adds] = FOLDERS.map(|dir| root.join(dir));
+        Store { root: root.to_path_buf(), records, owners, set_aside, failed_adds, lock, writable, dirty: Cell::new([false; 4]) }
+    }
+
+    /// A reader's shared lock, waited for at most `wait`; `on_wait` hears once who holds it
+    /// when it is not free at once.
+    pub fn read_lock(&self, wait: Duration, on_wait: &dyn Fn(&str)) -> Result<ReadLock<'_>> {
+        let Some(file) = &self.lock else { return Ok(ReadLock(None)) };
+        lock::acquire(file, &self.root.join("lock"), Access::Shared, wait, on_wait)?;
+        Ok(ReadLock(Some(file)))
+    }
+
+    /// Whether this Store was opened by `open` (it may write) or `open_read_only`.
+    pub fn is_writable(&self) -> bool {
+        self.writable
     }
 
     pub fn root(&self) -> &Path {
@@ -129,6 +183,23 @@ impl Store {
         Ok(())
     }
 
+    /// Whether `owner` still stands on its record: the owner's record names the same pod
+    /// key, or cannot be read (corrupt, set aside to block), in which case it is trusted.
+    /// An owner whose record is gone owns nothing: it would refuse every other sandbox's DEL
+    /// of the pod for ever.
+    pub fn owner_is_backed(&self, owner: &Ownership) -> bool {
+        let id = AttachmentId {
+            network: owner.key.network.clone(),
+            container_id: owner.container_id.clone(),
+            if_name: owner.key.if_name.clone(),
+        };
+        match self.load_record(&id) {
+            Ok(Loaded::Valid(record)) => record.pod_key().as_ref() == Some(&owner.key),
+            Ok(Loaded::Missing) => fs::symlink_metadata(self.set_aside_path_for_record(&id)).is_ok(),
+            Ok(Loaded::Corrupt { .. }) | Err(_) => true,
+        }
+    }
+
     /// Where a corrupt record, or a pod key's corrupt ownership, is kept. While it is there,
     /// a DEL that would have needed it is refused: the retry must not pass silently.
     pub fn set_aside_path_for_record(&self, id: &AttachmentId) -> PathBuf {
@@ -162,21 +233,34 @@ impl Store {
         Ok(target)
     }
 
+    /// Keeps a copy of a corrupt file that the caller is about to overwrite (a hard link beside
+    /// `to`, blocking nothing). Unlike a move, it leaves the original in place until the new
+    /// file replaces it, so no crash in between leaves an owner without its record.
+    pub fn keep_copy(&self, from: &Path, to: &Path) -> Result<PathBuf> {
+        let mut target = to.to_path_buf();
+        target.set_file_name(format!("{}~{}", to.file_name().unwrap_or_default().to_string_lossy(), crate::clock::unix_nanos()));
+        fs::hard_link(from, &target).map_err(|e| GuardError::io("keep a copy of corrupt checkpoint", from, e))?;
+        self.mark_dirty(2);
+        Ok(target)
+    }
+
     /// Keeps a blocking set-aside file but stops it blocking, once the state it stood for is
     /// known again (an ADD rewrote the record or took the pod key, or GC learnt that the
     /// attachment is gone). Left in place, it would refuse every later DEL, even repeats of
     /// one that already succeeded.
-    pub fn unblock(&self, blocker: &Path) -> Result<()> {
-        if fs::symlink_metadata(blocker).is_ok() {
-            self.set_aside(blocker, blocker, false)?;
+    /// Returns whether there was one (the caller syncs).
+    pub fn unblock(&self, blocker: &Path) -> Result<bool> {
+        if fs::symlink_metadata(blocker).is_err() {
+            return Ok(false);
         }
-        Ok(())
+        self.set_aside(blocker, blocker, false)?;
+        Ok(true)
     }
 
     /// Makes every rename and unlink since the last sync durable (one fsync a directory).
     pub fn sync(&self) -> Result<()> {
-        let dirty = self.dirty.replace([false; 3]);
-        for (dir, is_dirty) in [&self.records, &self.owners, &self.set_aside].into_iter().zip(dirty) {
+        let dirty = self.dirty.replace([false; 4]);
+        for (dir, is_dirty) in [&self.records, &self.owners, &self.set_aside, &self.failed_adds].into_iter().zip(dirty) {
             if is_dirty {
                 File::open(dir)
                     .and_then(|d| d.sync_all())
@@ -198,13 +282,15 @@ impl Store {
     /// cannot make a generation go backwards for a pod key.
     pub fn generation_counter(&self) -> u64 {
         let mut buf = [0u8; 20];
-        let read = self.lock.read_at(&mut buf, 0).unwrap_or(0);
+        let read = self.lock.as_ref().and_then(|lock| lock.read_at(&mut buf, 0).ok()).unwrap_or(0);
         std::str::from_utf8(&buf[..read]).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
     }
 
     pub fn set_generation_counter(&self, value: u64) {
         // Best effort by design (see above).
-        let _ = self.lock.write_at(format!("{value:020}").as_bytes(), 0);
+        if let Some(lock) = &self.lock {
+            let _ = lock.write_at(format!("{value:020}").as_bytes(), 0);
+        }
     }
 
     /// Every record file, for GC and the doctor. A file that cannot even be opened safely (a
@@ -217,8 +303,12 @@ impl Store {
     /// record at a time then needs no memory per record (ten thousand sorted paths alone
     /// would take the dump past 4 MiB).
     pub fn record_paths(&self) -> Result<impl Iterator<Item = io::Result<PathBuf>>> {
-        let entries = fs::read_dir(&self.records).map_err(|e| GuardError::io("list", &self.records, e))?;
-        Ok(entries.filter_map(|entry| match entry {
+        let entries = match fs::read_dir(&self.records) {
+            Ok(entries) => Some(entries),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(GuardError::io("list", &self.records, e)),
+        };
+        Ok(entries.into_iter().flatten().filter_map(|entry| match entry {
             Ok(entry) if entry.file_name().as_encoded_bytes().starts_with(b".") => None,
             Ok(entry) => Some(Ok(entry.path())),
             Err(e) => Some(Err(e)),
@@ -239,31 +329,68 @@ impl Store {
         Ok(list(&self.set_aside, |_| Ok(()))?.into_iter().map(|(path, ())| path).collect())
     }
 
-    /// Removes temp files that killed writers left; only safe under the exclusive lock.
-    pub fn remove_stale_temp_files(&self) -> Result<usize> {
-        let mut removed = 0;
-        for dir in [&self.records, &self.owners] {
-            let entries = fs::read_dir(dir).map_err(|e| GuardError::io("list", dir, e))?;
+    /// The temp files that writers killed mid-write left behind (a runtime's timeout kills
+    /// plugins), in the state dir and its folders. Only GC and the doctor list them.
+    pub fn temp_files(&self) -> Vec<TempFile> {
+        let mut found = Vec::new();
+        let folders = [&self.root, &self.records, &self.owners, &self.set_aside, &self.failed_adds];
+        let index = crate::conflict::index_dir(&self.root);
+        for dir in folders.into_iter().chain([&index]) {
+            let Ok(entries) = fs::read_dir(dir) else { continue };
             for entry in entries.flatten() {
                 let name = entry.file_name();
-                let name = name.to_string_lossy();
-                if name.starts_with('.') && name.ends_with(".tmp") {
-                    remove(&entry.path())?;
-                    removed += 1;
-                }
+                let Some(pid) = temp_file_pid(&name.to_string_lossy()) else { continue };
+                let modified = entry.metadata().and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
+                found.push(TempFile { path: entry.path(), pid, modified });
+            }
+        }
+        found
+    }
+
+    /// Removes the temp files of writers that are gone; a live writer's (a STATUS probe, a
+    /// failed ADD's marker, which take no lock) is left alone. Returns how many went.
+    pub fn remove_dead_temp_files(&self) -> Result<usize> {
+        let mut removed = 0;
+        for temp in self.temp_files() {
+            if !temp.writer_alive() {
+                remove(&temp.path)?;
+                removed += 1;
             }
         }
         Ok(removed)
     }
 }
 
+/// A temp file left by a writer: `.<pid>.tmp`, or `.status.<pid>.tmp` from a STATUS probe.
+pub struct TempFile {
+    pub path: PathBuf,
+    pub pid: u32,
+    pub modified: SystemTime,
+}
+
+impl TempFile {
+    pub fn writer_alive(&self) -> bool {
+        Path::new(&format!("/proc/{}", self.pid)).exists()
+    }
+}
+
+fn temp_file_pid(name: &str) -> Option<u32> {
+    let inner = name.strip_prefix('.')?.strip_suffix(".tmp")?;
+    inner.rsplit('.').next()?.parse().ok()
+}
+
 fn read_for_listing<T: serde::de::DeserializeOwned>(path: &Path) -> Loaded<T> {
     sealed::read(path).unwrap_or_else(|e| Loaded::Corrupt { path: path.to_path_buf(), reason: e.msg })
 }
 
-/// Lists a directory's files, skipping the temp files of writers in flight.
+/// Lists a directory's files, skipping the temp files of writers in flight. A folder that
+/// does not exist yet (a reader of a store no writer has filled) lists as empty.
 fn list<T>(dir: &Path, mut load: impl FnMut(&Path) -> Result<T>) -> Result<Vec<(PathBuf, T)>> {
-    let entries = fs::read_dir(dir).map_err(|e| GuardError::io("list", dir, e))?;
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(GuardError::io("list", dir, e)),
+    };
     let mut out = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| GuardError::io("list", dir, e))?;
@@ -287,17 +414,11 @@ pub(crate) fn remove(path: &Path) -> Result<()> {
 }
 
 /// Creates `dir` (0700) if missing, tightens it to 0700 if it is looser (checkpoints name
-/// every pod on the node); refuses it if it is a symlink or not a directory.
+/// every pod on the node); refuses it if it is a symlink or not a directory. Writers only.
 pub(crate) fn ensure_dir(dir: &Path) -> Result<()> {
     match fs::symlink_metadata(dir) {
-        Ok(meta) if meta.file_type().is_symlink() => Err(GuardError::new(
-            Kind::Io,
-            format!("{} is a symbolic link; the state dir never follows links: make it a real directory", dir.display()),
-        )),
-        Ok(meta) if !meta.is_dir() => Err(GuardError::new(
-            Kind::Io,
-            format!("{} is not a directory: move it away or set stateDir to a directory", dir.display()),
-        )),
+        Ok(meta) if meta.file_type().is_symlink() => Err(symlinked(dir)),
+        Ok(meta) if !meta.is_dir() => Err(not_a_dir(dir)),
         Ok(meta) if meta.permissions().mode() & 0o077 != 0 => fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
             .map_err(|e| GuardError::io("restrict the mode of", dir, e)),
         Ok(_) => Ok(()),
@@ -308,4 +429,14 @@ pub(crate) fn ensure_dir(dir: &Path) -> Result<()> {
             .map_err(|e| GuardError::io("create state directory", dir, e)),
         Err(e) => Err(GuardError::io("inspect state directory", dir, e)),
     }
+}
+
+fn symlinked(dir: &Path) -> GuardError {
+    GuardError::new(Kind::Io, format!("{} is a symbolic link, which the state dir never follows", dir.display()))
+        .with_details("make it a real directory (mode 0700, owned by root)")
+}
+
+fn not_a_dir(dir: &Path) -> GuardError {
+    GuardError::new(Kind::Io, format!("{} is not a directory", dir.display()))
+        .with_details("move it away, or set stateDir to a directory")
 }

@@ -573,6 +573,17 @@ pub struct Reply {
     pub what: String,
 }
 
+/// A `msg` says what happened in a sentence; the longer text goes in `details`.
+pub const MAX_MSG_PROSE: usize = 200;
+
+/// The length of `msg` without the names it must quote whole: paths and container IDs.
+pub fn prose_length(msg: &str) -> usize {
+    msg.split(|c: char| c.is_whitespace() || c == '`' || c == ',' || c == ';' || c == '(' || c == ')')
+        .filter(|word| !(word.starts_with('/') || (word.len() >= 32 && word.bytes().all(|b| b.is_ascii_hexdigit()))))
+        .map(|word| word.chars().count() + 1)
+        .sum()
+}
+
 /// The CNI error object a failed invocation printed.
 #[derive(Debug)]
 pub struct CniError {
@@ -620,6 +631,8 @@ impl Reply {
         let msg = body["msg"].as_str().unwrap_or_default().to_string();
         assert!(!msg.is_empty(), "the error has no msg:\n{}", self.context());
         let details = body["details"].as_str().unwrap_or_default().to_string();
+        let prose = prose_length(&msg);
+        assert!(prose <= MAX_MSG_PROSE, "msg has {prose} characters of prose (at most {MAX_MSG_PROSE}): the way out goes in details:\n{}", self.context());
         CniError { code, msg, details }
     }
 

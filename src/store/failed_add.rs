@@ -1,0 +1,78 @@
+//! ADDs that failed in the guard. The runtime answers a failed ADD with a DEL of the same
+//! sandbox; that sandbox never took its pod key, so its DEL must not be refused as stale (the
+//! sandbox would stay NOTREADY and be retried for ever). A sandbox with no record is otherwise
+//! one added before the guard was installed, whose DEL is exactly the stale one to refuse:
+//! this note tells the two apart.
+//!
+//! The note is an empty file named like the attachment's record: creating it needs no data
+//! block, so it can still be written when the ADD failed because the disk is full (root may
+//! use ext4's reserved blocks; tmpfs counts inodes apart). It is written only on the failure
+//! path, without the lock (the failure may be a lock timeout), and durably; DEL reads it
+//! under the lock and removes it with the record; GC removes those it no longer needs.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::checkpoint::AttachmentId;
+use super::{FAILED_ADDS, Store, ensure_dir, remove};
+use crate::error::{GuardError, Result};
+
+/// Notes that the ADD of `id` failed with `error`. Best effort: where even an empty file
+/// cannot be created (a read-only store), it says so on stderr.
+pub fn mark(state_dir: &Path, id: &AttachmentId, error: &GuardError) {
+    if std::fs::symlink_metadata(state_dir).is_err() {
+        // A state dir that does not exist holds no record the DEL could be judged by.
+        return;
+    }
+    let dir = state_dir.join(FAILED_ADDS);
+    let path = dir.join(id.file_name());
+    let written = ensure_dir(&dir).and_then(|()| {
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(&path)
+            .and_then(|_| File::open(&dir)?.sync_all())
+            .map_err(|e| GuardError::io("note the failed ADD in", &path, e))
+    });
+    if let Err(e) = written {
+        eprintln!(
+            "sandbox-guard: the ADD failed (code {}) and that could not be noted ({}); the runtime's cleanup DEL of \
+             sandbox {} may be refused as stale while a newer sandbox owns the pod",
+            error.code(),
+            e.msg,
+            id.container_id
+        );
+    }
+}
+
+impl Store {
+    /// Whether the last ADD of `id` failed in the guard.
+    pub fn failed_add(&self, id: &AttachmentId) -> bool {
+        std::fs::symlink_metadata(self.failed_adds.join(id.file_name())).is_ok_and(|m| m.is_file())
+    }
+
+    pub fn remove_failed_add(&self, id: &AttachmentId) -> Result<()> {
+        let path = self.failed_adds.join(id.file_name());
+        if std::fs::symlink_metadata(&path).is_ok() {
+            remove(&path)?;
+            self.mark_dirty(3);
+        }
+        Ok(())
+    }
+
+    /// Every note, by the attachment its name stands for (`None`: a name that is no
+    /// attachment's), for GC.
+    pub fn list_failed_adds(&self) -> Result<Vec<(PathBuf, Option<AttachmentId>)>> {
+        super::list(&self.failed_adds, |path| Ok(AttachmentId::from_file_name(path)))
+    }
+
+    pub fn remove_failed_add_at(&self, path: &Path) -> Result<()> {
+        remove(path)?;
+        self.mark_dirty(3);
+        Ok(())
+    }
+}

@@ -89,7 +89,7 @@ struct RouteRow {
     gw: Option<std::net::IpAddr>,
 }
 
-pub fn run(state_dir: &Path, format: Format, filter: &Filter) -> Result<()> {
+pub fn run(state_dir: &Path, format: Format, filter: &Filter, _lock_timeout: std::time::Duration) -> Result<()> {
     if std::fs::symlink_metadata(state_dir).is_err() {
         return Err(GuardError::new(
             Kind::Io,

@@ -214,7 +214,7 @@ struct Row {
 
 /// Returns the process exit status: 0 when every selected sandbox is intact, restored (or,
 /// in a dry run, restorable) or dead anyway; 1 when one could not be restored.
-pub fn run(state_dir: &Path, selection: &Selection, dry_run: bool) -> i32 {
+pub fn run(state_dir: &Path, selection: &Selection, dry_run: bool, _lock_timeout: std::time::Duration) -> i32 {
     let rows = match select(state_dir, selection) {
         Ok(rows) => rows,
         Err(err) => {

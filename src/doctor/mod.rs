@@ -30,6 +30,7 @@ pub struct Options {
     pub log_file: Option<PathBuf>,
     pub service_cidrs: Vec<IpNetwork>,
     pub format: Format,
+    pub lock_timeout: std::time::Duration,
 }
 
 /// Returns the exit status: 0 clean or warnings only, 1 when any finding is an error.

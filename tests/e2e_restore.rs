@@ -242,3 +242,43 @@ fn a_lost_veth_is_reported_not_restorable() {
 
     net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
+
+/// A StatefulSet pod came back in a new sandbox while the old sandbox's DEL was refused (its
+/// netns stays, pinned by the runtime). A driver reload takes both macvlans; `--restore --all`
+/// must bring back the owner's only: the old one's interface next to the live owner would put
+/// the pod's address (sticky with in-house IPAMs) on the wire twice.
+#[test]
+fn a_superseded_sandbox_is_not_revived_next_to_its_owner() {
+    if !sys::require("a_superseded_sandbox_is_not_revived_next_to_its_owner", true, libcni::TOOLS) {
+        return;
+    }
+    let lan = Lan::new();
+    let net = Network::from_example(
+        "20-macvlan-guarded.conflist",
+        vec![HostLink { name: lan.master.clone() }],
+        |primary, _| primary["master"] = json!(lan.master),
+    );
+    lan.plug(&format!("{}/24", net.subnet.host(1)));
+    let state_dir = net.state_dir.to_str().unwrap().to_string();
+
+    let old = Sandbox::new("db", "etcd-0", "uid-etcd-old");
+    let new = Sandbox::new("db", "etcd-0", "uid-etcd-new");
+    net.add(&old).unwrap_or_else(|e| panic!("libcni ADD of the old sandbox failed: {}", e.stderr));
+    net.add(&new).unwrap_or_else(|e| panic!("libcni ADD of the new sandbox failed: {}", e.stderr));
+    let refused = net.del(&old, NetnsArg::Sandbox).expect_err("the old sandbox's DEL is stale");
+    assert!(refused.stderr.contains("stale DEL"), "{}", refused.stderr);
+
+    lan.unplug();
+    lan.plug(&format!("{}/24", net.subnet.host(1)));
+    assert!(!pod_has_link(&old, IFNAME) && !pod_has_link(&new, IFNAME));
+
+    let out = guard(&["--restore", "--state-dir", &state_dir, "--all"]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("superseded") && said.contains(&new.container_id), "the old row says who owns the pod: {said}");
+    assert!(pod_has_link(&new, IFNAME), "the owner is restored: {said}");
+    assert!(!pod_has_link(&old, IFNAME), "the superseded sandbox must stay without its interface: {said}");
+
+    net.del(&new, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL of the owner failed: {}", e.stderr));
+    net.del(&old, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL of the old sandbox failed: {}", e.stderr));
+}

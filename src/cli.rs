@@ -409,9 +409,9 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
         match opt {
             Opt::StateDir => state_dir = Some(PathBuf::from(value)),
             Opt::LockTimeout => {
-                lock_timeout = seconds(&value).ok_or_else(|| {
-                    format!("{flag} {value:?}: give seconds as a non-negative number, such as 10 or 0.5")
-                })?
+                // The same bounds as the config's lockTimeoutSeconds.
+                let seconds = value.parse::<f64>().map_err(|_| format!("{flag} {value:?}: give a non-negative number of seconds, such as 10 or 0.5"))?;
+                lock_timeout = crate::config::lock_timeout(flag, seconds)?;
             }
             Opt::Output => {
                 format = match value.as_str() {
@@ -481,36 +481,12 @@ fn container_id(what: &str, id: String) -> Result<String, String> {
 }
 
 /// Non-negative decimal seconds (`10`, `0.5`, `.25`, `3.`), exact to the nanosecond.
-fn seconds(text: &str) -> Option<Duration> {
-    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
-    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    if (whole.is_empty() && fraction.is_empty()) || !digits(whole) || !digits(fraction) {
-        return None;
-    }
-    let secs = if whole.is_empty() { 0 } else { whole.parse::<u64>().ok()? };
-    let nanos = format!("{:0<9}", &fraction[..fraction.len().min(9)]).parse::<u32>().ok()?;
-    Some(Duration::new(secs, nanos))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn parse_words(words: &[&str]) -> Result<Command, Usage> {
         parse(&words.iter().map(|w| w.to_string()).collect::<Vec<_>>())
-    }
-
-    #[test]
-    fn seconds_are_decimal_and_non_negative() {
-        assert_eq!(seconds("10"), Some(Duration::from_secs(10)));
-        assert_eq!(seconds("0.5"), Some(Duration::from_millis(500)));
-        assert_eq!(seconds(".25"), Some(Duration::from_millis(250)));
-        assert_eq!(seconds("3."), Some(Duration::from_secs(3)));
-        assert_eq!(seconds("0"), Some(Duration::ZERO));
-        assert_eq!(seconds("1.0000000019"), Some(Duration::new(1, 1)));
-        for bad in ["", ".", "-1", "+1", "1e3", "inf", "NaN", "1.2.3", " 1", "1s", "99999999999999999999"] {
-            assert_eq!(seconds(bad), None, "{bad:?}");
-        }
     }
 
     #[test]

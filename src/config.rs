@@ -159,7 +159,7 @@ impl NetConf {
 /// A wait in seconds, for the config key and the CLI's --lock-timeout alike.
 pub fn lock_timeout(what: &str, seconds: f64) -> std::result::Result<Duration, String> {
     if !(0.0..=MAX_LOCK_TIMEOUT_SECONDS).contains(&seconds) {
-        return Err(format!("{what} {seconds} is not valid: use a number of seconds from 0 to {MAX_LOCK_TIMEOUT_SECONDS}"));
+        return Err(format!("{what} {seconds} is not valid: use a non-negative number of seconds, at most {MAX_LOCK_TIMEOUT_SECONDS}"));
     }
     Ok(Duration::from_secs_f64(seconds))
 }

@@ -6,7 +6,6 @@
 //! reader that stops reading (`| less` left open) holds up no ADD or DEL. The primary's
 //! result is copied through as raw bytes. It creates, chmods and locks nothing it reads.
 
-use std::cell::Cell;
 use std::io::{self, Write};
 use std::path::Path;
 use std::time::Duration;
@@ -19,7 +18,8 @@ use crate::link_facts::LinkFacts;
 use crate::prev_result::ResultView;
 use crate::store::checkpoint::Checkpoint;
 use crate::ownership::Ownership;
-use crate::store::{Loaded, Store};
+use crate::store::lock::WaitNotice;
+use crate::store::{Folder, Loaded, READ_BATCH, Store, read_for_listing};
 
 #[derive(Debug, Clone, Copy)]
 pub enum Format {
@@ -124,8 +124,9 @@ struct RouteRow {
     gw: Option<std::net::IpAddr>,
 }
 
-/// Records read under one hold of the lock.
-const BATCH: usize = 256;
+/// A batch is written out once it holds this much, whatever its count of records: a
+/// record may carry a prevResult of up to 1 MiB.
+const BATCH_BYTES: usize = 1 << 20;
 
 pub fn run(state_dir: &Path, format: Format, filter: &Filter, lock_timeout: Duration) -> Result<()> {
     if std::fs::symlink_metadata(state_dir).is_err() {
@@ -167,12 +168,8 @@ impl From<io::Error> for DumpError {
 
 /// Renders under the lock into `batch`, writes with the lock let go.
 fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: Duration) -> std::result::Result<(), DumpError> {
-    let said = Cell::new(false);
-    let on_wait = |holder: &str| {
-        if !said.replace(true) {
-            eprintln!("sandbox-guard: the store is locked by {holder}; waiting up to {:.1}s", lock_timeout.as_secs_f64());
-        }
-    };
+    let notice = WaitNotice::new(store.root(), lock_timeout);
+    let on_wait = |holder: &str| notice.hear(holder);
     let mut out = io::stdout().lock();
     let mut paths = store.record_paths()?;
     let mut batch = Vec::with_capacity(64 * 1024);
@@ -184,41 +181,39 @@ fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: 
             for path in paths.by_ref() {
                 record_rows(store, filter, &path?, sink, &mut batch)?;
                 read += 1;
-                if read == BATCH {
+                if read == READ_BATCH || batch.len() >= BATCH_BYTES {
                     break;
-                }
-            }
-            if read < BATCH {
-                // The rest of the store, under the same hold.
-                for path in store.list_set_aside()? {
-                    let status = if path.file_name().unwrap_or_default().to_string_lossy().contains('~') {
-                        (Status::Kept, "damaged and kept for inspection; it blocks nothing")
-                    } else {
-                        (Status::SetAside, "failed verification; it refuses the DELs that need it until you delete it")
-                    };
-                    let row = unverified_row(&path, status.0, status.1.to_string());
-                    if filter.admits_container(row.container_id) {
-                        sink.row(&mut batch, &row)?;
-                    }
-                }
-                for (_, owner) in store.list_owners()? {
-                    if let Loaded::Valid(owner) = owner
-                        && !store.owner_is_backed(&owner)
-                    {
-                        let row = orphan_row(&owner);
-                        if filter.admits_fields(row.pod_namespace, row.pod_name, row.pod_uid, row.container_id) {
-                            sink.row(&mut batch, &row)?;
-                        }
-                    }
                 }
             }
         }
         out.write_all(&batch)?;
-        if read < BATCH {
+        if read == 0 {
             break;
         }
     }
+    // Then what no record stands for: set-aside files (by name) and owners without a record.
     batch.clear();
+    for path in store.list_set_aside()? {
+        let status = if path.file_name().unwrap_or_default().to_string_lossy().contains('~') {
+            (Status::Kept, "damaged and kept for inspection; it blocks nothing")
+        } else {
+            (Status::SetAside, "failed verification; it refuses the DELs that need it until you delete it")
+        };
+        let row = unverified_row(&path, status.0, status.1.to_string());
+        if filter.admits_container(row.container_id) {
+            sink.row(&mut batch, &row)?;
+        }
+    }
+    let orphans = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |path| match read_for_listing::<Ownership>(path) {
+        Loaded::Valid(owner) if !store.owner_is_backed(&owner) => Some(owner),
+        _ => None,
+    })?;
+    for (_, owner) in &orphans {
+        let row = orphan_row(owner);
+        if filter.admits_fields(row.pod_namespace, row.pod_name, row.pod_uid, row.container_id) {
+            sink.row(&mut batch, &row)?;
+        }
+    }
     sink.finish(&mut batch, store.root())?;
     out.write_all(&batch)?;
     out.flush()?;

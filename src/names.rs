@@ -38,6 +38,12 @@ pub fn check_ifname(value: &str) -> Result<()> {
     Ok(())
 }
 
+/// The first 13 characters of a container ID, as crictl prints them: enough to tell sandboxes
+/// apart in a message a person reads.
+pub fn short_id(container_id: &str) -> &str {
+    container_id.get(..13).unwrap_or(container_id)
+}
+
 /// Keeps hostile input from flooding an error message or a log line.
 pub fn shorten(value: &str) -> String {
     const SHOWN: usize = 64;

@@ -20,7 +20,8 @@ use crate::link_facts::{InterfaceFacts, LinkFacts, RouteFacts};
 use crate::netlink::{self, Kernel, LinkState, NewMacvlan, Side, garp};
 use crate::store::checkpoint::Checkpoint;
 use crate::ownership::{Ownership, PodKey};
-use crate::store::{Loaded, Store};
+use crate::store::lock::WaitNotice;
+use crate::store::{Folder, Loaded, Store, read_for_listing};
 
 pub enum Selection {
     All,
@@ -272,12 +273,10 @@ fn select(state_dir: &Path, selection: &Selection, lock_timeout: Duration) -> Re
     // Read under the shared lock, then let it go: the kernel work below may take seconds
     // and must not hold up the runtime's ADDs and DELs.
     let store = Store::open_read_only(state_dir)?;
-    let (listed, owners) = {
-        let _lock = store.read_lock(lock_timeout, &|holder| {
-            eprintln!("sandbox-guard: the store is locked by {holder}; waiting up to {:.1}s", lock_timeout.as_secs_f64());
-        })?;
-        (store.list_records()?, store.list_owners()?)
-    };
+    let notice = WaitNotice::new(state_dir, lock_timeout);
+    let on_wait = |holder: &str| notice.hear(holder);
+    let listed = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| Some(read_for_listing::<Checkpoint>(p)))?;
+    let owners = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |p| Some(read_for_listing::<Ownership>(p)))?;
     let owners: HashMap<PodKey, Ownership> = owners
         .into_iter()
         .filter_map(|(_, loaded)| match loaded {
@@ -339,8 +338,9 @@ fn select(state_dir: &Path, selection: &Selection, lock_timeout: Duration) -> Re
     Ok(selected)
 }
 
-/// Why `record` must be left alone: another sandbox owns its pod key and that sandbox's
-/// netns is alive, so the pod lives there now.
+/// Why `record` must be left alone: another sandbox owns its pod key, so the pod's address
+/// belongs there. Reviving this one would put it on the wire twice while the owner lives; and
+/// when the owner's netns is gone or unknown, the pod's name is still not this sandbox's.
 fn live_newer_owner(
     record: &Checkpoint,
     owners: &HashMap<PodKey, Ownership>,
@@ -348,15 +348,21 @@ fn live_newer_owner(
 ) -> Option<String> {
     let key = record.pod_key()?;
     let owner = owners.get(&key).filter(|o| o.container_id != record.container_id)?;
-    let owner_netns = netns_of.get(&(key.network.clone(), owner.container_id.clone(), key.if_name.clone()))?;
-    crate::conflict::netns_state(owner_netns, None, None).is_alive().then(|| {
-        format!(
-            "pod {} now lives in sandbox {} (netns {owner_netns}, alive): restoring this older sandbox would \
-             put its address on the wire a second time; remove it instead (`crictl rmp {}`)",
+    let remove = format!("remove it instead (`crictl rmp {}`)", crate::names::short_id(&record.container_id));
+    let owner_netns = netns_of.get(&(key.network.clone(), owner.container_id.clone(), key.if_name.clone()));
+    Some(match owner_netns {
+        Some(netns) if crate::conflict::netns_state(netns, None, None).is_alive() => format!(
+            "pod {} now lives in sandbox {} (netns {netns}, alive): restoring this older sandbox would put its \
+             address on the wire a second time; {remove}",
             key.pod(),
-            owner.container_id,
-            record.container_id.get(..13).unwrap_or(&record.container_id)
-        )
+            owner.container_id
+        ),
+        _ => format!(
+            "pod {} belongs to sandbox {}, not this one (the owner's netns is gone or unknown): an older \
+             sandbox is not brought back; {remove}",
+            key.pod(),
+            owner.container_id
+        ),
     })
 }
 
@@ -644,6 +650,38 @@ mod tests {
         plain_parent.parent.as_mut().unwrap().vlan = None;
         let Decision::NotRestorable(why) = plan("eth0", Some(&LinkFacts::Observed(plain_parent)), &lost_everything) else { panic!() };
         assert!(why.contains("not a vlan"), "{why}");
+    }
+
+    #[test]
+    fn an_older_sandbox_of_an_owned_pod_is_never_brought_back() {
+        let record = |container: &str, netns: &str| Checkpoint {
+            network: "net".into(),
+            container_id: container.into(),
+            if_name: "eth0".into(),
+            pod_namespace: Some("db".into()),
+            pod_name: Some("etcd-0".into()),
+            pod_uid: None,
+            infra_container_id: None,
+            netns: netns.into(),
+            cni_version: "1.0.0".into(),
+            generation: 1,
+            created_at: String::new(),
+            updated_at: String::new(),
+            prev_result: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
+            links: None,
+        };
+        let old = record("old", "/proc/self/ns/net");
+        let key = old.pod_key().unwrap();
+        let owner = Ownership { key: key.clone(), container_id: "new".into(), pod_uid: None, generation: 2 };
+        let owners = HashMap::from([(key, owner)]);
+        let alive = HashMap::from([(("net".into(), "new".into(), "eth0".into()), "/proc/self/ns/net".to_string())]);
+        assert!(live_newer_owner(&old, &owners, &alive).unwrap().contains("alive"));
+        // The owner's netns gone, or its record unknown: still not this sandbox's pod.
+        let gone = HashMap::from([(("net".into(), "new".into(), "eth0".into()), "/nonexistent".to_string())]);
+        assert!(live_newer_owner(&old, &owners, &gone).unwrap().contains("not brought back"));
+        assert!(live_newer_owner(&old, &owners, &HashMap::new()).is_some());
+        // Its own pod key: nothing in the way.
+        assert!(live_newer_owner(&record("new", "/proc/self/ns/net"), &owners, &alive).is_none());
     }
 
     #[test]

@@ -9,7 +9,7 @@ mod cni;
 #[path = "support/mount.rs"]
 mod mount;
 
-use cni::{CniError, NETWORK, Pod, SUPPORTED_VERSIONS, Store, container_id, files_in, mode, walk};
+use cni::{CniError, NETWORK, Pod, SUPPORTED_VERSIONS, Store, container_id, corrupt_one_digit, files_in, mode, walk};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 
@@ -615,14 +615,6 @@ fn a_huge_file_in_the_store_is_untrusted_not_a_crash() {
 
 /// Changes one hex digit inside `needle` in the file: still valid JSON, so only the checksum
 /// can tell. Returns the corrupted bytes, to find them again under set-aside/.
-fn corrupt_one_digit(path: &std::path::Path, needle: &[u8]) -> Vec<u8> {
-    let mut bytes = std::fs::read(path).unwrap();
-    let at = find(&bytes, needle).unwrap_or_else(|| panic!("{} does not hold the value to corrupt", path.display()));
-    bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
-    std::fs::write(path, &bytes).unwrap();
-    bytes
-}
-
 /// The file under set-aside/ that holds exactly `bytes`: a corrupt file is kept, never deleted.
 fn kept_copy(store: &Store, bytes: &[u8]) -> std::path::PathBuf {
     let set_aside: Vec<_> = walk(&store.state_dir.join("set-aside")).into_iter().filter(|p| p.is_file()).collect();

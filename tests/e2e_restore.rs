@@ -87,6 +87,14 @@ fn guard_check(net: &Network, sandbox: &Sandbox) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// conf-examples' macvlan network on `lan`'s master. The Network owns the master's cleanup;
+/// by name, so a re-created master goes too.
+fn macvlan_network(lan: &Lan) -> Network {
+    Network::from_example("20-macvlan-guarded.conflist", vec![HostLink { name: lan.master.clone() }], |primary, _| {
+        primary["master"] = json!(lan.master)
+    })
+}
+
 fn guard(args: &[&str]) -> Output {
     Command::new(GUARD_BIN).args(args).output().expect("run sandbox-guard")
 }
@@ -123,12 +131,7 @@ fn a_driver_reload_is_seen_by_check_and_undone_by_restore() {
         return;
     }
     let lan = Lan::new();
-    // The Network owns the master's cleanup; by name, so the re-created master goes too.
-    let net = Network::from_example(
-        "20-macvlan-guarded.conflist",
-        vec![HostLink { name: lan.master.clone() }],
-        |primary, _| primary["master"] = json!(lan.master),
-    );
+    let net = macvlan_network(&lan);
     let router = net.subnet.host(1);
     lan.plug(&format!("{router}/24"));
     let state_dir = net.state_dir.to_str().unwrap().to_string();
@@ -253,11 +256,7 @@ fn a_superseded_sandbox_is_not_revived_next_to_its_owner() {
         return;
     }
     let lan = Lan::new();
-    let net = Network::from_example(
-        "20-macvlan-guarded.conflist",
-        vec![HostLink { name: lan.master.clone() }],
-        |primary, _| primary["master"] = json!(lan.master),
-    );
+    let net = macvlan_network(&lan);
     lan.plug(&format!("{}/24", net.subnet.host(1)));
     let state_dir = net.state_dir.to_str().unwrap().to_string();
 

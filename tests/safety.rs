@@ -9,7 +9,7 @@ mod cni;
 #[path = "support/mount.rs"]
 mod mount;
 
-use cni::{BIN, NETWORK, Pod, Store, container_id, files_in, verify_envelope, walk};
+use cni::{BIN, NETWORK, Pod, Store, container_id, corrupt_one_digit, files_in, verify_envelope, walk};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -312,10 +312,7 @@ fn add_killed_at_any_rename_disarms_no_blocker_before_its_record_is_there() {
         store.add(&a, &pod).run().assert_ok();
         // A corrupt record that an identityless DEL needed: set aside, and blocking.
         let record = store.record_path(NETWORK, &a, "eth0");
-        let mut bytes = std::fs::read(&record).unwrap();
-        let at = bytes.windows(pod.uid.len()).position(|w| w == pod.uid.as_bytes()).unwrap();
-        bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
-        std::fs::write(&record, &bytes).unwrap();
+        corrupt_one_digit(&record, pod.uid.as_bytes());
         store.cni("DEL", &a).cni_args("IgnoreUnknown=1").run().assert_error(101);
         let blocker = store.state_dir.join("set-aside").join(record.file_name().unwrap());
         assert!(blocker.exists());
@@ -505,10 +502,7 @@ fn the_dump_table_says_where_an_untrusted_file_is_and_why() {
     store.add(&a, &pod).run().assert_ok();
     store.add(&b, &Pod::new("shop", "db-0")).run().assert_ok();
     let record = store.record_path(NETWORK, &a, "eth0");
-    let mut bytes = std::fs::read(&record).unwrap();
-    let at = bytes.windows(pod.uid.len()).position(|w| w == pod.uid.as_bytes()).unwrap();
-    bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
-    std::fs::write(&record, &bytes).unwrap();
+    corrupt_one_digit(&record, pod.uid.as_bytes());
 
     let out = guard(&["--dump-checkpoints", "--state-dir", state_arg(&store)]);
     let table = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -532,4 +526,71 @@ fn the_doctor_tells_a_broken_conflist_to_be_fixed_not_reordered() {
         .unwrap_or_else(|| panic!("{report}"));
     let fix = broken["fix"].as_str().unwrap();
     assert!(fix.contains("JSON") && !fix.contains("LAST"), "{fix}");
+}
+
+#[test]
+fn a_failed_add_excuses_no_del_against_a_sandbox_that_came_later() {
+    if !sys::require("a_failed_add_excuses_no_del_against_a_sandbox_that_came_later", false, &["flock"]) {
+        return;
+    }
+    let store = Store::new();
+    let pod = Pod::new("shop", "web-0");
+    let (seed, failed, later) = (container_id(), container_id(), container_id());
+    store.add(&seed, &Pod::new("shop", "seed")).run().assert_ok();
+    {
+        let _holder = LockHolder::start(&store);
+        store.add(&failed, &pod).config("lockTimeoutSeconds", Some(json!(0.2))).run().assert_error(11);
+    }
+    // No cleanup DEL came (a read-only store ate it, say); then a newer sandbox took the pod.
+    std::thread::sleep(Duration::from_millis(20));
+    store.add(&later, &Pod::new("shop", "web-0")).run().assert_ok();
+    let error = store.del(&failed, &pod).run().assert_error(11);
+    assert!(error.msg.contains(&later), "{error:?}");
+
+    // A failed ADD followed by one that succeeded leaves no note behind.
+    {
+        let _holder = LockHolder::start(&store);
+        store.add(&seed, &Pod::new("shop", "seed")).config("lockTimeoutSeconds", Some(json!(0.2))).run().assert_error(11);
+    }
+    assert!(files_in(&store.state_dir.join("failed-adds")).iter().all(|p| !p.to_string_lossy().contains(&seed)), "a recorded sandbox gets no note");
+    let fresh = container_id();
+    {
+        let _holder = LockHolder::start(&store);
+        store.add(&fresh, &Pod::new("shop", "api-0")).config("lockTimeoutSeconds", Some(json!(0.2))).run().assert_error(11);
+    }
+    store.add(&fresh, &Pod::new("shop", "api-0")).run().assert_ok();
+    assert!(files_in(&store.state_dir.join("failed-adds")).iter().all(|p| !p.to_string_lossy().contains(&fresh)), "the ADD that succeeded removes the note");
+}
+
+#[test]
+fn a_del_passes_where_no_state_dir_can_exist() {
+    if !sys::require("a_del_passes_where_no_state_dir_can_exist", true, &["mount", "umount"]) {
+        return;
+    }
+    let logs = sys::TempDir::new("sglogs");
+    let disk = mount::Mount::tmpfs("ro,size=64k,mode=0755");
+    let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
+    let pod = Pod::new("shop", "web-0");
+    store.del(&container_id(), &pod).run().assert_ok();
+    store.add(&container_id(), &pod).run().assert_error(5);
+}
+
+#[test]
+fn a_stale_del_leaves_a_corrupt_record_where_it_is() {
+    let store = Store::new();
+    let (old_pod, new_pod) = (Pod::new("shop", "web-0"), Pod::new("shop", "web-0"));
+    let (old, new) = (container_id(), container_id());
+    store.add(&old, &old_pod).run().assert_ok();
+    store.add(&new, &new_pod).run().assert_ok();
+    let record = store.record_path(NETWORK, &old, "eth0");
+    let corrupted = corrupt_one_digit(&record, old_pod.uid.as_bytes());
+    // CNI_ARGS name the pod, so the record is not needed; the DEL is stale all the same.
+    store.del(&old, &old_pod).run().assert_error(11);
+    assert_eq!(std::fs::read(&record).unwrap(), corrupted, "a refused DEL changes nothing, the corrupt record included");
+    assert_every_owner_has_its_record(&store);
+    store.del(&new, &new_pod).run().assert_ok();
+    store.del(&old, &old_pod).run().assert_ok();
+    assert!(!record.exists());
+    let kept: Vec<PathBuf> = files_in(&store.state_dir.join("set-aside"));
+    assert!(kept.iter().any(|p| std::fs::read(p).unwrap() == corrupted), "the corrupt record is kept: {kept:?}");
 }

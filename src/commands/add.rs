@@ -34,8 +34,8 @@ fn add(inv: &Invocation, attachment: &Attachment) -> Result<String> {
     // Both before the store is opened: a result that is not one must leave no trace.
     let view = ResultView::validated(prev_result, &inv.conf.cni_version)?;
     let output = crate::prev_result::as_version(prev_result, &inv.conf.cni_version)?;
-    // Read on another thread while this one takes the lock and reads the store.
-    let links = crate::link_facts::start_at_add(attachment);
+    // Read from the kernel before the lock is taken: no ADD holds it while waiting on netlink.
+    let links = crate::link_facts::start_at_add(attachment).finish();
 
     let id = inv.attachment_id(attachment);
     let pod = &attachment.pod;
@@ -71,6 +71,7 @@ fn add(inv: &Invocation, attachment: &Attachment) -> Result<String> {
     };
 
     let previous_key = previous.as_ref().and_then(Checkpoint::pod_key);
+    let previous_created = previous.as_ref().map(|r| r.created_at.clone());
     let generation = ownership::next_generation(
         store.generation_counter(),
         owner.as_ref(),
@@ -91,10 +92,10 @@ fn add(inv: &Invocation, attachment: &Attachment) -> Result<String> {
         netns: attachment.netns.clone(),
         cni_version: inv.conf.cni_version.clone(),
         generation,
-        created_at: previous.map_or_else(|| now.clone(), |r| r.created_at),
+        created_at: previous_created.clone().unwrap_or_else(|| now.clone()),
         updated_at: now,
         prev_result: prev_result.clone(),
-        links: Some(links.finish()),
+        links: Some(links),
     };
     // Re-ADDed under another pod name: the key its old record held is no longer this
     // sandbox's. Released first, so no crash leaves an owner whose record names another key.
@@ -105,12 +106,21 @@ fn add(inv: &Invocation, attachment: &Attachment) -> Result<String> {
         store.sync()?;
     }
     // The record is durable before the ownership that points at it, so no crash leaves an
-    // owner without its record (two directory fsyncs either way).
+    // owner without its record (two directory fsyncs either way). A note of an earlier failed
+    // ADD goes in the same sync: this sandbox has a record now.
     store.save_record(&record)?;
+    store.remove_failed_add(&id)?;
     store.sync()?;
     if let Some(key) = &pod_key {
-        store.save_owner(&Ownership { key: key.clone(), container_id: id.container_id.clone(), pod_uid: pod.uid.clone(), generation })?;
-        store.sync()?;
+        let owner = Ownership { key: key.clone(), container_id: id.container_id.clone(), pod_uid: pod.uid.clone(), generation };
+        if let Err(err) = store.save_owner(&owner).and_then(|()| store.sync()) {
+            // Failed before it took the key: a first record would make the runtime's cleanup
+            // DEL look like the DEL of a superseded sandbox, so it goes again.
+            if previous_created.is_none() {
+                let _ = store.remove_record(&id).and_then(|()| store.sync());
+            }
+            return Err(err);
+        }
     }
     // Blockers are disarmed only once what they stood for is durable again.
     let mut unblocked = store.unblock(&store.set_aside_path_for_record(&id))?;
@@ -143,7 +153,7 @@ fn read_only_error(inv: &Invocation, attachment: &Attachment, err: crate::error:
         Kind::ReadOnly,
         format!(
             "cannot checkpoint sandbox {}: the state dir {} is on a read-only filesystem",
-            attachment.container_id.get(..12).unwrap_or(&attachment.container_id),
+            crate::names::short_id(&attachment.container_id),
             inv.conf.state_dir.display()
         ),
     )

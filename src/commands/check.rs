@@ -38,7 +38,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
         (Loaded::Missing, root) => Some(
             GuardError::new(
                 Kind::CheckFailed,
-                format!("no checkpoint for container {} interface {} on network {}", short(&id.container_id), id.if_name, id.network),
+                format!("no checkpoint for container {} interface {} on network {}", crate::names::short_id(&id.container_id), id.if_name, id.network),
             )
             .with_details(format!(
                 "{} holds none: the sandbox was added before sandbox-guard was installed, or its record was collected; \
@@ -62,7 +62,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
                 };
                 GuardError::new(
                     Kind::CheckFailed,
-                    format!("container {} interface {} differs from its checkpoint: {}{more}", short(&id.container_id), id.if_name, differences[0]),
+                    format!("container {} interface {} differs from its checkpoint: {}{more}", crate::names::short_id(&id.container_id), id.if_name, differences[0]),
                 )
                 .with_details(
                     serde_json::json!({ "differences": differences, "generation": record.generation, "checkpointedAt": record.updated_at })
@@ -118,6 +118,3 @@ fn restore_command(inv: &Invocation, record: &Checkpoint) -> String {
     }
 }
 
-fn short(container_id: &str) -> &str {
-    container_id.get(..12).unwrap_or(container_id)
-}

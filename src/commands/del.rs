@@ -20,30 +20,37 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
     let id = inv.attachment_id(attachment);
     let args = &attachment.pod;
     let key_from_args = checkpoint::pod_key(&id.network, args.namespace.as_deref(), args.name.as_deref(), &id.if_name);
-    let store = open(inv)?;
+    let Some((store, unwritable)) = open(inv)? else {
+        // No store, and none can be made: no owner either, so nothing this DEL could tear
+        // down in another sandbox's name.
+        let subject = inv.subject(Some(attachment), key_from_args.as_ref().map(PodKey::pod));
+        inv.log.event(Level::Warn, inv.verb, &subject, "deleted", "no state dir, and it cannot be created: nothing recorded");
+        return Ok(());
+    };
 
     // The record says which key this container took at ADD, whatever CNI_ARGS say now.
+    let mut corrupt_record = None;
     let (record_key, deleter) = match store.load_record(&id)? {
         Loaded::Valid(record) => (record.pod_key(), Deleter::Recorded),
         Loaded::Missing => {
             if key_from_args.is_none() {
                 refuse_if_set_aside(inv, attachment, &store.set_aside_path_for_record(&id), None)?;
             }
-            (None, if store.failed_add(&id) { Deleter::AddFailed } else { Deleter::Unknown })
+            (None, if store.failed_add(&id).is_some() { Deleter::AddFailed } else { Deleter::Unknown })
         }
         Loaded::Corrupt { path, reason } => {
-            // It blocks later DELs only when it was needed: CNI_ARGS lacked the pod key.
-            let needed = key_from_args.is_none();
-            let kept = set_aside(&store, &path, &store.set_aside_path_for_record(&id), needed)?;
-            if needed {
+            // Needed (CNI_ARGS lack the pod key): set aside where it blocks, and refused. Not
+            // needed: left in place until this DEL is judged, kept as a copy once it passes.
+            if key_from_args.is_none() {
+                let kept = set_aside(&store, &path, &store.set_aside_path_for_record(&id))?;
                 return Err(set_aside_error(inv, attachment, &kept, &reason, None));
             }
+            corrupt_record = Some(path);
             (None, Deleter::Recorded)
         }
     };
     let mut keys: Vec<PodKey> = key_from_args.into_iter().collect();
     keys.extend(record_key.filter(|key| !keys.contains(key)));
-    let subject_pod = keys.first().map(PodKey::pod);
 
     // Judge every key before changing anything: one stale key refuses the whole DEL.
     let mut owners_to_remove: Vec<PodKey> = Vec::new();
@@ -55,6 +62,12 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             ownership: o,
             backed: o.container_id == id.container_id || store.owner_is_backed(o),
         });
+        // A failed ADD speaks only against the owner it failed next to: a sandbox that took
+        // the pod later must not have its network torn down by this one's DEL.
+        let deleter = match (deleter, store.failed_add(&id), store.owner_since(key)) {
+            (Deleter::AddFailed, Some(failed), Some(owned)) if owned > failed => Deleter::Unknown,
+            (deleter, _, _) => deleter,
+        };
         match ownership::judge_del(&id.container_id, deleter, found) {
             DelVerdict::Stale { owner, ever_owned } => {
                 let err = stale_error(&id, key, owner, ever_owned);
@@ -85,53 +98,57 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
         notes.push("no pod identity: nothing to guard".into());
     }
 
-    let subject = inv.subject(Some(attachment), subject_pod);
+    let subject = inv.subject(Some(attachment), keys.first().map(PodKey::pod));
     let (outcome, level, why) = match audited {
         Some(text) => ("audited", Level::Warn, text),
         None => ("deleted", Level::Info, notes.join("; ")),
     };
-    match forget(&store, &id, &owners_to_remove) {
-        Ok(()) => {
-            inv.log.event(level, inv.verb, &subject, outcome, &why);
-            Ok(())
-        }
-        Err(err) if err.kind == Kind::ReadOnly => {
-            inv.log.event(Level::Warn, inv.verb, &subject, outcome, &format!(
-                "{why}; the store is read-only, so its record stays until the store is writable again \
-                 (the next DEL of this sandbox or GC removes it) ({})",
-                err.msg
-            ));
-            Ok(())
+    // The DEL is not stale: from here on nothing of the guard's own may fail it.
+    let forgotten = match unwritable {
+        Some(why) => Err(why),
+        None => forget(&store, &id, &owners_to_remove, corrupt_record.as_deref()),
+    };
+    match forgotten {
+        Ok(()) => inv.log.event(level, inv.verb, &subject, outcome, &why),
+        Err(err) => inv.log.event(Level::Warn, inv.verb, &subject, outcome, &format!(
+            "{why}; the store could not be updated, so its record stays until the store is writable again \
+             (the next DEL of this sandbox or GC removes it): {} {}",
+            err.msg, err.details
+        )),
+    }
+    Ok(())
+}
+
+/// The store for writing; where it cannot be opened for writing (a read-only filesystem, a
+/// full one, a permission), the store read as it is: a stale DEL is still refused, and every
+/// other DEL passes without writing.
+/// With the store read as it is comes why it cannot be written.
+fn open(inv: &Invocation) -> Result<Option<(Store, Option<GuardError>)>> {
+    match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
+        Ok(store) => Ok(Some((store, None))),
+        Err(_) if crate::store::surely_absent(&inv.conf.state_dir) => Ok(None),
+        Err(err) if err.kind != Kind::Busy => {
+            let Ok(store) = Store::open_read_only(&inv.conf.state_dir) else { return Err(err) };
+            // Only orders this DEL after a writer that was already in; one stuck on the failing
+            // disk must not hold the teardown up, so a busy lock is read past.
+            let _ = store.read_lock(inv.conf.lock_timeout, &|_| {});
+            Ok(Some((store, Some(err))))
         }
         Err(err) => Err(err),
     }
 }
 
-/// The store for writing; on a read-only filesystem, the store read as it is: a stale DEL is
-/// still refused, and every other DEL passes without writing.
-fn open(inv: &Invocation) -> Result<Store> {
-    match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
-        Err(err) if err.kind == Kind::ReadOnly => {
-            let store = Store::open_read_only(&inv.conf.state_dir)?;
-            // Nobody can write a read-only store; the lock only orders this DEL after a
-            // writer that opened it before the remount.
-            drop(store.read_lock(inv.conf.lock_timeout, &|_| {})?);
-            Ok(store)
-        }
-        other => other,
-    }
-}
-
 /// Releases the keys, durably, before the record goes: a crash can leave an unowned record
-/// (harmless, the retried DEL removes it) but never an owner whose record is gone.
-fn forget(store: &Store, id: &AttachmentId, owners: &[PodKey]) -> Result<()> {
-    if !store.is_writable() {
-        return Err(GuardError::new(Kind::ReadOnly, format!("{} is on a read-only filesystem", store.root().display())));
-    }
+/// (harmless, the retried DEL removes it) but never an owner whose record is gone. A corrupt
+/// record is kept as a copy first.
+fn forget(store: &Store, id: &AttachmentId, owners: &[PodKey], corrupt_record: Option<&Path>) -> Result<()> {
     for key in owners {
         store.remove_owner(key)?;
     }
     store.sync()?;
+    if let Some(path) = corrupt_record {
+        store.keep_copy(path, &store.set_aside_path_for_record(id))?;
+    }
     store.remove_record(id)?;
     store.remove_failed_add(id)?;
     store.sync()
@@ -145,26 +162,23 @@ fn load_owner(inv: &Invocation, store: &Store, attachment: &Attachment, key: &Po
             Ok(None)
         }
         Loaded::Corrupt { path, reason } => {
-            let kept = set_aside(store, &path, &store.set_aside_path_for_owner(key), true)?;
+            let kept = set_aside(store, &path, &store.set_aside_path_for_owner(key))?;
             Err(set_aside_error(inv, attachment, &kept, &reason, Some(key)))
         }
     }
 }
 
-/// Moves a corrupt file aside where the store can be written; on a read-only store it stays
-/// where it is, and that is where the operator is sent.
-fn set_aside(store: &Store, from: &Path, to: &Path, blocking: bool) -> Result<std::path::PathBuf> {
+/// Moves a corrupt file aside, where it blocks the DELs that need it; on a store that cannot
+/// be written it stays where it is, and that is where the operator is sent.
+fn set_aside(store: &Store, from: &Path, to: &Path) -> Result<std::path::PathBuf> {
     if !store.is_writable() {
         return Ok(from.to_path_buf());
     }
-    let kept = store.set_aside(from, to, blocking)?;
+    let kept = store.set_aside(from, to, true)?;
     store.sync()?;
     Ok(kept)
 }
 
-fn short(container_id: &str) -> &str {
-    container_id.get(..12).unwrap_or(container_id)
-}
 
 /// A short `msg` (what happened, who owns the pod) and `details` (the facts as JSON, and the
 /// way out).
@@ -175,7 +189,7 @@ fn stale_error(id: &AttachmentId, key: &PodKey, owner: &Ownership, ever_owned: b
         key.pod(),
         key.if_name,
         owner.container_id,
-        short(&id.container_id)
+        crate::names::short_id(&id.container_id)
     );
     let way_out = if ever_owned {
         "Passing this DEL on would let the primary plugin tear down the newer sandbox's network. It passes once \
@@ -201,7 +215,7 @@ fn stale_error(id: &AttachmentId, key: &PodKey, owner: &Ownership, ever_owned: b
 
 /// A DEL whose decision needs a file that failed verification must not guess.
 fn refuse_if_set_aside(inv: &Invocation, attachment: &Attachment, kept: &Path, key: Option<&PodKey>) -> Result<()> {
-    if std::fs::symlink_metadata(kept).is_ok() {
+    if !crate::store::surely_absent(kept) {
         return Err(set_aside_error(inv, attachment, kept, "set aside by an earlier operation", key));
     }
     Ok(())
@@ -210,7 +224,7 @@ fn refuse_if_set_aside(inv: &Invocation, attachment: &Attachment, kept: &Path, k
 fn set_aside_error(inv: &Invocation, attachment: &Attachment, kept: &Path, reason: &str, key: Option<&PodKey>) -> GuardError {
     let what = match key {
         Some(key) => format!("which sandbox owns pod {} ({})", key.pod(), key.if_name),
-        None => format!("which pod sandbox {} belonged to", short(&attachment.container_id)),
+        None => format!("which pod sandbox {} belonged to", crate::names::short_id(&attachment.container_id)),
     };
     let err = GuardError::new(
         Kind::SetAside,

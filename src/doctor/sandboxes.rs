@@ -17,7 +17,8 @@ use crate::conflict::{self, IpHolder, NetnsState, NetnsUsers};
 use crate::ownership::{Ownership, PodKey};
 use crate::prev_result::ResultView;
 use crate::store::checkpoint::Checkpoint;
-use crate::store::{Loaded, Store};
+use crate::store::lock::WaitNotice;
+use crate::store::{Folder, Loaded, Store, read_for_listing};
 
 /// Every pod key's owner across the stores read, for judging the log's stale DELs.
 pub type Owners = HashMap<PodKey, Ownership>;
@@ -50,21 +51,36 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
             return;
         }
     };
-    // The lock is held for the listing only: what follows enters namespaces and scans /proc.
-    let listed = store.read_lock(lock_timeout, &|holder| {
-        eprintln!("sandbox-guard: the store {root_display} is locked by {holder}; waiting up to {:.1}s", lock_timeout.as_secs_f64());
-    })
-    .and_then(|_lock| Ok((store.list_records()?, store.list_owners()?, store.list_set_aside()?, orphans(&store)?)));
-    let (records, owners, set_aside, orphaned) = match listed {
+    // The lock is held for batches of the listing only: what follows enters namespaces and
+    // scans /proc, and a large store must not hold its writers up.
+    let notice = WaitNotice::new(state_dir, lock_timeout);
+    let on_wait = |holder: &str| notice.hear(holder);
+    let listed = (|| -> crate::error::Result<_> {
+        let records = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| Some(read_for_listing::<Checkpoint>(p)))?;
+        let owners = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |p| {
+            let owner = read_for_listing::<Ownership>(p);
+            let backed = matches!(&owner, Loaded::Valid(o) if store.owner_is_backed(o));
+            Some((owner, backed))
+        })?;
+        Ok((records, owners, store.list_set_aside()?))
+    })();
+    let (records, owners, set_aside) = match listed {
         Ok(listed) => listed,
         Err(e) => {
             report.add(Finding::new(Severity::Error, "store", format!("cannot read the store: {e}")));
             return;
         }
     };
+    let orphaned: Vec<Ownership> = owners
+        .iter()
+        .filter_map(|(_, (loaded, backed))| match loaded {
+            Loaded::Valid(owner) if !backed => Some(owner.clone()),
+            _ => None,
+        })
+        .collect();
     let owners: Owners = owners
         .into_iter()
-        .filter_map(|(_, loaded)| match loaded {
+        .filter_map(|(_, (loaded, _))| match loaded {
             Loaded::Valid(owner) => Some((owner.key.clone(), owner)),
             _ => None,
         })
@@ -86,17 +102,6 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
     check_shared_addresses(&root_display, &live, report);
     check_deleted_holders(&root_display, &store, &index, &live, users, report);
     check_interfaces(&root_display, &live, report);
-}
-
-fn orphans(store: &Store) -> crate::error::Result<Vec<Ownership>> {
-    Ok(store
-        .list_owners()?
-        .into_iter()
-        .filter_map(|(_, loaded)| match loaded {
-            Loaded::Valid(owner) if !store.owner_is_backed(&owner) => Some(owner),
-            _ => None,
-        })
-        .collect())
 }
 
 /// An owner whose record is gone refuses every other sandbox's DEL of its pod: left by a
@@ -314,7 +319,7 @@ fn check_namespaces(
             .fix(format!(
                 "the runtime has not finished tearing it down: `crictl stopp {0}` and `crictl rmp {0}`; if its processes are \
                  stuck in D state, only they (or a reboot) free the address",
-                short(&record.container_id)
+                crate::names::short_id(&record.container_id)
             )),
         );
     }
@@ -520,6 +525,3 @@ fn address_list(addresses: &[IpAddr]) -> String {
     }
 }
 
-fn short(container_id: &str) -> &str {
-    container_id.get(..13).unwrap_or(container_id)
-}

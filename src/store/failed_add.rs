@@ -14,15 +14,22 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use std::time::SystemTime;
+
 use super::checkpoint::AttachmentId;
-use super::{FAILED_ADDS, Store, ensure_dir, remove};
+use super::{FAILED_ADDS, Store, ensure_dir, remove, surely_absent};
 use crate::error::{GuardError, Result};
 
 /// Notes that the ADD of `id` failed with `error`. Best effort: where even an empty file
-/// cannot be created (a read-only store), it says so on stderr.
+/// cannot be created (a read-only store), it says so on stderr. A container that has (or
+/// had, set aside) a record took its key once: no note may make it look as if it never had.
 pub fn mark(state_dir: &Path, id: &AttachmentId, error: &GuardError) {
     if std::fs::symlink_metadata(state_dir).is_err() {
         // A state dir that does not exist holds no record the DEL could be judged by.
+        return;
+    }
+    let name = id.file_name();
+    if [super::RECORDS, super::SET_ASIDE].iter().any(|dir| !super::surely_absent(&state_dir.join(dir).join(&name))) {
         return;
     }
     let dir = state_dir.join(FAILED_ADDS);
@@ -50,9 +57,14 @@ pub fn mark(state_dir: &Path, id: &AttachmentId, error: &GuardError) {
 }
 
 impl Store {
-    /// Whether the last ADD of `id` failed in the guard.
-    pub fn failed_add(&self, id: &AttachmentId) -> bool {
-        std::fs::symlink_metadata(self.failed_adds.join(id.file_name())).is_ok_and(|m| m.is_file())
+    /// When the ADD of `id` failed in the guard, if it did and never succeeded since. The
+    /// note only speaks for a sandbox that has no record and no set-aside one.
+    pub fn failed_add(&self, id: &AttachmentId) -> Option<SystemTime> {
+        if !surely_absent(&self.set_aside_path_for_record(id)) {
+            return None;
+        }
+        let meta = std::fs::symlink_metadata(self.failed_adds.join(id.file_name())).ok()?;
+        meta.is_file().then(|| meta.modified().ok()).flatten()
     }
 
     pub fn remove_failed_add(&self, id: &AttachmentId) -> Result<()> {

@@ -51,6 +51,26 @@ pub fn acquire(file: &File, path: &Path, access: Access, wait: Duration, on_wait
     }
 }
 
+/// The operator commands' word that they wait for the lock, said once however many
+/// batches wait: `notice.hear` is the `on_wait` of `acquire` and `Store::read_lock`.
+pub struct WaitNotice {
+    said: std::cell::Cell<bool>,
+    dir: String,
+    wait: Duration,
+}
+
+impl WaitNotice {
+    pub fn new(dir: &Path, wait: Duration) -> WaitNotice {
+        WaitNotice { said: std::cell::Cell::new(false), dir: dir.display().to_string(), wait }
+    }
+
+    pub fn hear(&self, holder: &str) {
+        if !self.said.replace(true) {
+            eprintln!("sandbox-guard: {} is locked by {holder}; waiting up to {:.1}s", self.dir, self.wait.as_secs_f64());
+        }
+    }
+}
+
 fn busy(file: &File, path: &Path, wait: Duration) -> GuardError {
     let holder = holders(file).unwrap_or_else(|| "another process".to_string());
     let dir = path.parent().unwrap_or(path);

@@ -34,9 +34,9 @@ use checkpoint::{AttachmentId, Checkpoint};
 pub use lock::Access;
 pub use sealed::Loaded;
 
-const RECORDS: &str = "records";
+pub(crate) const RECORDS: &str = "records";
 const OWNERS: &str = "owners";
-const SET_ASIDE: &str = "set-aside";
+pub(crate) const SET_ASIDE: &str = "set-aside";
 pub const FAILED_ADDS: &str = "failed-adds";
 const OWNER_PREFIX: &str = "owner-";
 /// The folders below the state dir, in the order of `Store::dirty`.
@@ -55,6 +55,16 @@ pub struct Store {
     /// Directories renamed into since the last sync, in the order of FOLDERS.
     dirty: Cell<[bool; 4]>,
 }
+
+/// What `read_in_batches` reads.
+#[derive(Debug, Clone, Copy)]
+pub enum Folder {
+    Records,
+    Owners,
+}
+
+/// Files a reader reads under one hold of the shared lock.
+pub const READ_BATCH: usize = 256;
 
 /// A reader's shared lock, released on drop.
 pub struct ReadLock<'a>(Option<&'a File>);
@@ -126,6 +136,29 @@ impl Store {
         Ok(ReadLock(Some(file)))
     }
 
+    /// Reads the files of `folder` with `load`, keeping what it returns, under the shared lock
+    /// for at most READ_BATCH files at a time: a reader of a large store holds no writer up
+    /// for long. Each file is whole (written by rename) whatever happens between batches.
+    pub fn read_in_batches<T>(
+        &self,
+        folder: Folder,
+        wait: Duration,
+        on_wait: &dyn Fn(&str),
+        mut load: impl FnMut(&Path) -> Option<T>,
+    ) -> Result<Vec<(PathBuf, T)>> {
+        let dir = match folder {
+            Folder::Records => &self.records,
+            Folder::Owners => &self.owners,
+        };
+        let paths = list(dir, |_| Ok(()))?;
+        let mut found = Vec::new();
+        for batch in paths.chunks(READ_BATCH) {
+            let _lock = self.read_lock(wait, on_wait)?;
+            found.extend(batch.iter().filter_map(|(path, ())| Some((path.clone(), load(path)?))));
+        }
+        Ok(found)
+    }
+
     /// Whether this Store was opened by `open` (it may write) or `open_read_only`.
     pub fn is_writable(&self) -> bool {
         self.writable
@@ -167,6 +200,10 @@ impl Store {
                 path: self.owner_path(key),
                 reason: format!("it names pod key {:?}, not the one its file name stands for", owner.key),
             },
+            Loaded::Valid(owner) if !plain_owner(&owner) => Loaded::Corrupt {
+                path: self.owner_path(key),
+                reason: "it names a container or interface that is not plain".to_string(),
+            },
             other => other,
         })
     }
@@ -188,6 +225,10 @@ impl Store {
     /// An owner whose record is gone owns nothing: it would refuse every other sandbox's DEL
     /// of the pod for ever.
     pub fn owner_is_backed(&self, owner: &Ownership) -> bool {
+        // A checksum is no signature: names from a file are checked before they make a path.
+        if !plain_owner(owner) {
+            return true;
+        }
         let id = AttachmentId {
             network: owner.key.network.clone(),
             container_id: owner.container_id.clone(),
@@ -195,9 +236,14 @@ impl Store {
         };
         match self.load_record(&id) {
             Ok(Loaded::Valid(record)) => record.pod_key().as_ref() == Some(&owner.key),
-            Ok(Loaded::Missing) => fs::symlink_metadata(self.set_aside_path_for_record(&id)).is_ok(),
+            Ok(Loaded::Missing) => !surely_absent(&self.set_aside_path_for_record(&id)),
             Ok(Loaded::Corrupt { .. }) | Err(_) => true,
         }
+    }
+
+    /// When the owner of `key` took it (its file's mtime), for comparing with a failed ADD.
+    pub fn owner_since(&self, key: &PodKey) -> Option<SystemTime> {
+        fs::symlink_metadata(self.owner_path(key)).and_then(|m| m.modified()).ok()
     }
 
     /// Where a corrupt record, or a pod key's corrupt ownership, is kept. While it is there,
@@ -379,7 +425,7 @@ fn temp_file_pid(name: &str) -> Option<u32> {
     inner.rsplit('.').next()?.parse().ok()
 }
 
-fn read_for_listing<T: serde::de::DeserializeOwned>(path: &Path) -> Loaded<T> {
+pub(crate) fn read_for_listing<T: serde::de::DeserializeOwned>(path: &Path) -> Loaded<T> {
     sealed::read(path).unwrap_or_else(|e| Loaded::Corrupt { path: path.to_path_buf(), reason: e.msg })
 }
 
@@ -429,6 +475,19 @@ pub(crate) fn ensure_dir(dir: &Path) -> Result<()> {
             .map_err(|e| GuardError::io("create state directory", dir, e)),
         Err(e) => Err(GuardError::io("inspect state directory", dir, e)),
     }
+}
+
+fn plain_owner(owner: &Ownership) -> bool {
+    use crate::names::{MAX_CONTAINER_ID, MAX_NETWORK, check_ifname, check_plain};
+    check_plain("network", &owner.key.network, MAX_NETWORK, Kind::Io).is_ok()
+        && check_plain("container", &owner.container_id, MAX_CONTAINER_ID, Kind::Io).is_ok()
+        && check_ifname(&owner.key.if_name).is_ok()
+}
+
+/// True only when `path` certainly does not exist: an I/O error on a failing disk is no
+/// proof of absence, and a check that guards a teardown must not read it as one.
+pub(crate) fn surely_absent(path: &Path) -> bool {
+    matches!(fs::symlink_metadata(path), Err(e) if e.kind() == io::ErrorKind::NotFound)
 }
 
 fn symlinked(dir: &Path) -> GuardError {

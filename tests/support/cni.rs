@@ -210,6 +210,19 @@ pub fn mode(path: &Path) -> u32 {
     std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
 }
 
+/// Flips the first digit of `needle` in the file at `path`, so that its checksum fails;
+/// returns the corrupted bytes.
+pub fn corrupt_one_digit(path: &Path, needle: &[u8]) -> Vec<u8> {
+    let mut bytes = std::fs::read(path).unwrap();
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap_or_else(|| panic!("{} does not hold the value to corrupt", path.display()));
+    bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
+    std::fs::write(path, &bytes).unwrap();
+    bytes
+}
+
 /// Parses a store file `{"checksum":"sha256:<hex>","record":{...}}` and checks the checksum
 /// against the exact bytes of `record`; returns the record.
 pub fn verify_envelope(path: &Path) -> Result<Value, String> {

@@ -173,13 +173,16 @@ fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: 
     let mut out = io::stdout().lock();
     let mut paths = store.record_paths()?;
     let mut batch = Vec::with_capacity(64 * 1024);
+    // Records that own their pod key: when every owner file is one of them, no owner is
+    // without its record, and the owners need not be read one by one.
+    let mut owning = 0;
     loop {
         batch.clear();
         let mut read = 0;
         {
             let _lock = store.read_lock(lock_timeout, &on_wait)?;
             for path in paths.by_ref() {
-                record_rows(store, filter, &path?, sink, &mut batch)?;
+                owning += usize::from(record_rows(store, filter, &path?, sink, &mut batch)?);
                 read += 1;
                 if read == READ_BATCH || batch.len() >= BATCH_BYTES {
                     break;
@@ -204,10 +207,14 @@ fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: 
             sink.row(&mut batch, &row)?;
         }
     }
-    let orphans = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |path| match read_for_listing::<Ownership>(path) {
-        Loaded::Valid(owner) if !store.owner_is_backed(&owner) => Some(owner),
-        _ => None,
-    })?;
+    let orphans = if store.count(Folder::Owners)? > owning {
+        store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |path| match read_for_listing::<Ownership>(path) {
+            Loaded::Valid(owner) if !store.owner_is_backed(&owner) => Some(owner),
+            _ => None,
+        })?
+    } else {
+        Vec::new()
+    };
     for (_, owner) in &orphans {
         let row = orphan_row(owner);
         if filter.admits_fields(row.pod_namespace, row.pod_name, row.pod_uid, row.container_id) {
@@ -220,17 +227,26 @@ fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: 
     Ok(())
 }
 
-fn record_rows(store: &Store, filter: &Filter, path: &Path, sink: &mut dyn Sink, out: &mut dyn Write) -> io::Result<()> {
+/// Writes the row of the record at `path` if the filter admits it; returns whether the
+/// record owns its pod key, filtered or not.
+fn record_rows(store: &Store, filter: &Filter, path: &Path, sink: &mut dyn Sink, out: &mut dyn Write) -> io::Result<bool> {
     match store.load_record_at(path) {
-        Loaded::Valid(record) if filter.admits(&record) => {
-            let view = ResultView::parse(&record.prev_result).ok();
-            sink.row(out, &record_row(&record, owns_its_pod_key(store, &record), &view))
+        Loaded::Valid(record) => {
+            let owner = owns_its_pod_key(store, &record);
+            if filter.admits(&record) {
+                let view = ResultView::parse(&record.prev_result).ok();
+                sink.row(out, &record_row(&record, owner, &view))?;
+            }
+            Ok(owner)
         }
         Loaded::Corrupt { path, reason } => {
             let row = unverified_row(&path, Status::Corrupt, format!("failed verification: {reason}"));
-            if filter.admits_container(row.container_id) { sink.row(out, &row) } else { Ok(()) }
+            if filter.admits_container(row.container_id) {
+                sink.row(out, &row)?;
+            }
+            Ok(false)
         }
-        _ => Ok(()),
+        Loaded::Missing => Ok(false),
     }
 }
 

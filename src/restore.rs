@@ -275,7 +275,9 @@ fn select(state_dir: &Path, selection: &Selection, lock_timeout: Duration) -> Re
     let store = Store::open_read_only(state_dir)?;
     let notice = WaitNotice::new(state_dir, lock_timeout);
     let on_wait = |holder: &str| notice.hear(holder);
-    let listed = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| Some(read_for_listing::<Checkpoint>(p)))?;
+    let mut listed = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| Some(read_for_listing::<Checkpoint>(p)))?;
+    // Sorted, so the report reads the same from run to run.
+    listed.sort_by(|a, b| a.0.cmp(&b.0));
     let owners = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |p| Some(read_for_listing::<Ownership>(p)))?;
     let owners: HashMap<PodKey, Ownership> = owners
         .into_iter()

@@ -62,6 +62,10 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
             let backed = matches!(&owner, Loaded::Valid(o) if store.owner_is_backed(o));
             Some((owner, backed))
         })?;
+        // Sorted, so the report reads the same from run to run.
+        let (mut records, mut owners) = (records, owners);
+        records.sort_by(|a, b| a.0.cmp(&b.0));
+        owners.sort_by(|a, b| a.0.cmp(&b.0));
         Ok((records, owners, store.list_set_aside()?))
     })();
     let (records, owners, set_aside) = match listed {

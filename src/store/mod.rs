@@ -138,7 +138,8 @@ impl Store {
 
     /// Reads the files of `folder` with `load`, keeping what it returns, under the shared lock
     /// for at most READ_BATCH files at a time: a reader of a large store holds no writer up
-    /// for long. Each file is whole (written by rename) whatever happens between batches.
+    /// for long. Each file is whole (written by rename) whatever happens between batches. The
+    /// folder is listed as it is read, so only what `load` keeps takes memory.
     pub fn read_in_batches<T>(
         &self,
         folder: Folder,
@@ -146,17 +147,53 @@ impl Store {
         on_wait: &dyn Fn(&str),
         mut load: impl FnMut(&Path) -> Option<T>,
     ) -> Result<Vec<(PathBuf, T)>> {
-        let dir = match folder {
+        let mut paths = self.paths(folder)?;
+        let mut found = Vec::new();
+        loop {
+            let _lock = self.read_lock(wait, on_wait)?;
+            let mut read = 0;
+            for path in paths.by_ref() {
+                let path = path.map_err(|e| GuardError::io("list", self.folder(folder), e))?;
+                if let Some(value) = load(&path) {
+                    found.push((path, value));
+                }
+                read += 1;
+                if read == READ_BATCH {
+                    break;
+                }
+            }
+            if read < READ_BATCH {
+                return Ok(found);
+            }
+        }
+    }
+
+    /// How many files `folder` holds, temp files aside; nothing is read.
+    pub fn count(&self, folder: Folder) -> Result<usize> {
+        Ok(self.paths(folder)?.count())
+    }
+
+    fn folder(&self, folder: Folder) -> &Path {
+        match folder {
             Folder::Records => &self.records,
             Folder::Owners => &self.owners,
-        };
-        let paths = list(dir, |_| Ok(()))?;
-        let mut found = Vec::new();
-        for batch in paths.chunks(READ_BATCH) {
-            let _lock = self.read_lock(wait, on_wait)?;
-            found.extend(batch.iter().filter_map(|(path, ())| Some((path.clone(), load(path)?))));
         }
-        Ok(found)
+    }
+
+    /// The paths of `folder`'s files in directory order, listed lazily; none for a folder
+    /// that does not exist yet.
+    fn paths(&self, folder: Folder) -> Result<impl Iterator<Item = io::Result<PathBuf>> + use<>> {
+        let dir = self.folder(folder);
+        let entries = match fs::read_dir(dir) {
+            Ok(entries) => Some(entries),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(GuardError::io("list", dir, e)),
+        };
+        Ok(entries.into_iter().flatten().filter_map(|entry| match entry {
+            Ok(entry) if entry.file_name().as_encoded_bytes().starts_with(b".") => None,
+            Ok(entry) => Some(Ok(entry.path())),
+            Err(e) => Some(Err(e)),
+        }))
     }
 
     /// Whether this Store was opened by `open` (it may write) or `open_read_only`.
@@ -348,17 +385,8 @@ impl Store {
     /// The record files' paths in directory order, read lazily: a reader that loads one
     /// record at a time then needs no memory per record (ten thousand sorted paths alone
     /// would take the dump past 4 MiB).
-    pub fn record_paths(&self) -> Result<impl Iterator<Item = io::Result<PathBuf>>> {
-        let entries = match fs::read_dir(&self.records) {
-            Ok(entries) => Some(entries),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(GuardError::io("list", &self.records, e)),
-        };
-        Ok(entries.into_iter().flatten().filter_map(|entry| match entry {
-            Ok(entry) if entry.file_name().as_encoded_bytes().starts_with(b".") => None,
-            Ok(entry) => Some(Ok(entry.path())),
-            Err(e) => Some(Err(e)),
-        }))
+    pub fn record_paths(&self) -> Result<impl Iterator<Item = io::Result<PathBuf>> + use<>> {
+        self.paths(Folder::Records)
     }
 
     /// Reads one path of `record_paths` as `list_records` would.

@@ -120,9 +120,9 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
 }
 
 /// The store for writing; where it cannot be opened for writing (a read-only filesystem, a
-/// full one, a permission), the store read as it is: a stale DEL is still refused, and every
-/// other DEL passes without writing.
-/// With the store read as it is comes why it cannot be written.
+/// full one, a permission), the store read as it is, with the reason it cannot be written: a
+/// stale DEL is still refused, and every other DEL passes without writing. `None`: there is
+/// no state dir and none can be made.
 fn open(inv: &Invocation) -> Result<Option<(Store, Option<GuardError>)>> {
     match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
         Ok(store) => Ok(Some((store, None))),

@@ -36,7 +36,6 @@ use crate::prev_result::ResultView;
 use crate::store::checkpoint::{AttachmentId, Checkpoint};
 use crate::store::{sealed, Loaded, Store};
 
-pub const IPS: &str = "ips";
 
 /// The attachment an address was last given to, and the namespace it went into.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -79,7 +78,7 @@ pub fn pod_text(namespace: Option<&str>, name: Option<&str>) -> String {
 }
 
 pub fn index_dir(state_dir: &Path) -> PathBuf {
-    state_dir.join(IPS)
+    state_dir.join(crate::store::IPS)
 }
 
 fn entry_name(network: &str, address: IpAddr) -> String {

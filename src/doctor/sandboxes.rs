@@ -177,7 +177,7 @@ fn check_permissions(state_dir: &Path, report: &mut Report) {
     if let Ok(meta) = std::fs::symlink_metadata(state_dir) {
         inspect(state_dir, &meta);
     }
-    for dir in ["records", "owners", "set-aside", conflict::IPS] {
+    for dir in ["records", "owners", "set-aside", crate::store::FAILED_ADDS, crate::store::IPS] {
         let dir = state_dir.join(dir);
         let Ok(meta) = std::fs::symlink_metadata(&dir) else { continue };
         inspect(&dir, &meta);

@@ -38,6 +38,8 @@ pub(crate) const RECORDS: &str = "records";
 const OWNERS: &str = "owners";
 pub(crate) const SET_ASIDE: &str = "set-aside";
 pub const FAILED_ADDS: &str = "failed-adds";
+/// The address index, kept by conflict.rs.
+pub const IPS: &str = "ips";
 const OWNER_PREFIX: &str = "owner-";
 /// The folders below the state dir, in the order of `Store::dirty`.
 const FOLDERS: [&str; 4] = [RECORDS, OWNERS, SET_ASIDE, FAILED_ADDS];
@@ -408,7 +410,7 @@ impl Store {
     pub fn temp_files(&self) -> Vec<TempFile> {
         let mut found = Vec::new();
         let folders = [&self.root, &self.records, &self.owners, &self.set_aside, &self.failed_adds];
-        let index = crate::conflict::index_dir(&self.root);
+        let index = self.root.join(IPS);
         for dir in folders.into_iter().chain([&index]) {
             let Ok(entries) = fs::read_dir(dir) else { continue };
             for entry in entries.flatten() {

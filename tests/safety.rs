@@ -163,6 +163,12 @@ impl Drop for LockHolder {
     }
 }
 
+/// An ADD the guard fails: the lock stays held past its wait.
+fn fail_add_on_the_lock(store: &Store, container: &str, pod: &Pod) {
+    let _holder = LockHolder::start(store);
+    store.add(container, pod).config("lockTimeoutSeconds", Some(json!(0.2))).run().assert_error(11);
+}
+
 #[test]
 fn every_verb_gives_up_on_a_held_lock_and_names_the_holder() {
     if !sys::require("every_verb_gives_up_on_a_held_lock_and_names_the_holder", false, &["flock"]) {
@@ -461,10 +467,7 @@ fn the_cleanup_del_of_an_add_the_guard_failed_passes() {
     let (pod_old, pod_new) = (Pod::new("shop", "web-0"), Pod::new("shop", "web-0"));
     let (owner, failed) = (container_id(), container_id());
     store.add(&owner, &pod_old).run().assert_ok();
-    {
-        let _holder = LockHolder::start(&store);
-        store.add(&failed, &pod_new).config("lockTimeoutSeconds", Some(json!(0.2))).run().assert_error(11);
-    }
+    fail_add_on_the_lock(&store, &failed, &pod_new);
     // The runtime tears the half-made sandbox down: it never owned the pod, so nothing is stale.
     store.del(&failed, &pod_new).run().assert_ok();
     assert!(store.is_owner(&owner, "eth0"), "the owner keeps the pod");
@@ -537,10 +540,7 @@ fn a_failed_add_excuses_no_del_against_a_sandbox_that_came_later() {
     let pod = Pod::new("shop", "web-0");
     let (seed, failed, later) = (container_id(), container_id(), container_id());
     store.add(&seed, &Pod::new("shop", "seed")).run().assert_ok();
-    {
-        let _holder = LockHolder::start(&store);
-        store.add(&failed, &pod).config("lockTimeoutSeconds", Some(json!(0.2))).run().assert_error(11);
-    }
+    fail_add_on_the_lock(&store, &failed, &pod);
     // No cleanup DEL came (a read-only store ate it, say); then a newer sandbox took the pod.
     std::thread::sleep(Duration::from_millis(20));
     store.add(&later, &Pod::new("shop", "web-0")).run().assert_ok();
@@ -548,16 +548,10 @@ fn a_failed_add_excuses_no_del_against_a_sandbox_that_came_later() {
     assert!(error.msg.contains(&later), "{error:?}");
 
     // A failed ADD followed by one that succeeded leaves no note behind.
-    {
-        let _holder = LockHolder::start(&store);
-        store.add(&seed, &Pod::new("shop", "seed")).config("lockTimeoutSeconds", Some(json!(0.2))).run().assert_error(11);
-    }
+    fail_add_on_the_lock(&store, &seed, &Pod::new("shop", "seed"));
     assert!(files_in(&store.state_dir.join("failed-adds")).iter().all(|p| !p.to_string_lossy().contains(&seed)), "a recorded sandbox gets no note");
     let fresh = container_id();
-    {
-        let _holder = LockHolder::start(&store);
-        store.add(&fresh, &Pod::new("shop", "api-0")).config("lockTimeoutSeconds", Some(json!(0.2))).run().assert_error(11);
-    }
+    fail_add_on_the_lock(&store, &fresh, &Pod::new("shop", "api-0"));
     store.add(&fresh, &Pod::new("shop", "api-0")).run().assert_ok();
     assert!(files_in(&store.state_dir.join("failed-adds")).iter().all(|p| !p.to_string_lossy().contains(&fresh)), "the ADD that succeeded removes the note");
 }

@@ -73,7 +73,8 @@ Usage: sandbox-guard --restore [--dry-run] [options] (--all | CONTAINER-ID...)
 
 Re-creates pod interfaces that vanished with their host parent (a NIC driver reload): the
 same MAC, addresses and routes, in the same netns. Sandboxes whose interface is present are
-left alone. Stop kubelet first. A CONTAINER-ID may be a prefix, as crictl prints them.
+left alone, and so are superseded ones, whose pod another sandbox owns now (their address
+belongs there). Stop kubelet first. A CONTAINER-ID may be a prefix, as crictl prints them.
 
 Options:
       --all                    every checkpointed sandbox

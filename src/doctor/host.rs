@@ -1,5 +1,5 @@
 //! Host facts the conflists depend on, read from sysfs and /proc (no netlink, so the
-//! doctor needs no async runtime): the lower links of macvlan/ipvlan (seed 000) and a route
+//! doctor opens no socket): the lower links of macvlan/ipvlan (seed 000) and a route
 //! for the service CIDR (seed 003).
 
 use std::collections::BTreeMap;

@@ -2,19 +2,25 @@
 //! dedicated thread that holds one socket in the host netns and one in a pod's netns.
 //!
 //! Only ADD (link facts), CHECK and `--restore` come here; VERSION, DEL, GC, STATUS and the
-//! dump never start a runtime or open a socket, so they keep their start-up cost.
+//! dump never open a socket, so they keep their start-up cost.
 //!
 //! A netlink socket answers for the netns it was opened in, and setns() changes the calling
 //! thread only. So a session opens the host socket first, then enters the pod's netns on its
 //! own thread and opens the second socket there; the process's other threads never leave
-//! the host netns. Everything async stays inside this module: callers get plain values.
+//! the host netns.
+//!
+//! Plain blocking sockets (netlink-sys) carrying netlink-packet-route's messages, as netavark
+//! does: the kernel builds an rtnetlink answer inside the calls themselves (the sendmsg() of
+//! the request, the recvmsg() that drains a dump), so one request at a time on one thread
+//! waits for nothing an event loop could overlap. It replaced rtnetlink on a tokio
+//! current-thread runtime, which cost more time, RSS and binary: see README, Benchmarks.
 
 pub mod garp;
 mod read;
+mod socket;
 mod write;
 
 use std::fs::File;
-use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -24,13 +30,13 @@ use std::time::Duration;
 
 use ipnetwork::IpNetwork;
 use nix::sched::{CloneFlags, setns};
-use rtnetlink::Handle;
-use tokio::runtime::Runtime;
 
 use crate::error::{GuardError, Kind, Result};
 
 pub use read::Side;
 pub use write::NewMacvlan;
+
+use socket::{NlError, RouteSocket};
 
 /// A link as the kernel reports it, reduced to what the guard records and compares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,9 +76,8 @@ pub struct RouteState {
 
 /// An open pair of netlink sockets: one in the host netns, one in a pod's.
 pub struct Kernel {
-    runtime: Runtime,
-    host: Handle,
-    pod: Handle,
+    host: RouteSocket,
+    pod: RouteSocket,
     /// Kept open: it names the pod's netns when a link is created straight into it.
     pod_netns: File,
 }
@@ -150,24 +155,19 @@ pub fn open_netns(path: &Path) -> Result<File> {
 
 impl Kernel {
     fn open(pod_netns: File, netns_path: &Path) -> Result<Kernel> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|e| GuardError::new(Kind::Netlink, format!("cannot start the netlink runtime: {e}")))?;
-        // Sockets register with the runtime's reactor, which needs the runtime entered.
-        let _entered = runtime.enter();
-        let host = connect(&runtime)?;
+        let host = connect()?;
         setns(&pod_netns, CloneFlags::CLONE_NEWNET).map_err(|e| {
             GuardError::new(Kind::Netlink, format!("cannot enter netns {}: {e}", netns_path.display()))
         })?;
-        let pod = connect(&runtime)?;
-        drop(_entered);
-        Ok(Kernel { runtime, host, pod, pod_netns })
+        let pod = connect()?;
+        Ok(Kernel { host, pod, pod_netns })
     }
 
-    fn block_on<F: Future>(&self, future: F) -> F::Output {
-        self.runtime.block_on(future)
+    fn socket(&self, side: Side) -> &RouteSocket {
+        match side {
+            Side::Host => &self.host,
+            Side::Pod => &self.pod,
+        }
     }
 
     fn pod_netns_fd(&self) -> i32 {
@@ -175,24 +175,21 @@ impl Kernel {
     }
 }
 
-fn connect(runtime: &Runtime) -> Result<Handle> {
-    let (connection, handle, _) = rtnetlink::new_connection()
-        .map_err(|e| GuardError::new(Kind::Netlink, format!("cannot open a netlink socket: {e}")))?;
-    runtime.spawn(connection);
-    Ok(handle)
+fn connect() -> Result<RouteSocket> {
+    RouteSocket::open().map_err(|e| GuardError::new(Kind::Netlink, format!("cannot open a netlink socket: {e}")))
 }
 
 /// The errno of a kernel refusal, to tell "not there" and "busy" from real failures.
-fn errno(err: &rtnetlink::Error) -> Option<i32> {
+fn errno(err: &NlError) -> Option<i32> {
     match err {
-        rtnetlink::Error::NetlinkError(message) => Some(message.raw_code().abs()),
+        NlError::Kernel(message) => Some(message.raw_code().abs()),
         _ => None,
     }
 }
 
-fn failed(action: &str, err: rtnetlink::Error) -> GuardError {
+fn failed(action: &str, err: NlError) -> GuardError {
     let text = match &err {
-        rtnetlink::Error::NetlinkError(message) => message.to_io().to_string(),
+        NlError::Kernel(message) => message.to_io().to_string(),
         other => other.to_string(),
     };
     GuardError::new(Kind::Netlink, format!("cannot {action}: {text}"))

@@ -1,12 +1,15 @@
 //! Reading links, addresses and routes into the plain values of `super`.
 
-use futures_util::TryStreamExt;
 use ipnetwork::IpNetwork;
-use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
-use rtnetlink::packet_route::link::{InfoData, InfoMacVlan, InfoVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVlanMode};
-use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType};
-use rtnetlink::{Handle, RouteMessageBuilder};
+use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::link::{InfoData, InfoMacVlan, InfoVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVlanMode};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
+use super::socket::NlError;
 use super::{Kernel, LinkState, RouteState, errno, failed};
 use crate::error::Result;
 
@@ -23,33 +26,20 @@ pub enum Side {
 }
 
 impl Kernel {
-    fn handle(&self, side: Side) -> &Handle {
-        match side {
-            Side::Host => &self.host,
-            Side::Pod => &self.pod,
-        }
-    }
-
     pub fn link_by_name(&self, side: Side, name: &str) -> Result<Option<LinkState>> {
-        let request = self.handle(side).link().get().match_name(name.to_string()).execute();
-        self.first_link(request, &format!("read link {name}"))
+        let mut request = LinkMessage::default();
+        request.attributes.push(LinkAttribute::IfName(name.to_string()));
+        self.first_link(side, request, &format!("read link {name}"))
     }
 
     pub fn link_by_index(&self, side: Side, index: u32) -> Result<Option<LinkState>> {
-        let request = self.handle(side).link().get().match_index(index).execute();
-        self.first_link(request, &format!("read link #{index}"))
+        let mut request = LinkMessage::default();
+        request.header.index = index;
+        self.first_link(side, request, &format!("read link #{index}"))
     }
 
-    fn first_link(
-        &self,
-        request: impl futures_util::Stream<Item = std::result::Result<LinkMessage, rtnetlink::Error>>,
-        action: &str,
-    ) -> Result<Option<LinkState>> {
-        let found = self.block_on(async move {
-            futures_util::pin_mut!(request);
-            request.try_next().await
-        });
-        match found {
+    fn first_link(&self, side: Side, request: LinkMessage, action: &str) -> Result<Option<LinkState>> {
+        match self.get_link(side, request) {
             Ok(message) => Ok(message.map(|m| link_state(&m))),
             // The kernel answers a lookup of a missing link with ENODEV.
             Err(err) if errno(&err) == Some(nix::libc::ENODEV) => Ok(None),
@@ -57,35 +47,75 @@ impl Kernel {
         }
     }
 
-    async fn route_dump(&self, side: Side) -> Result<Vec<RouteState>> {
-        let request = self.handle(side).route().get(RouteMessageBuilder::<std::net::IpAddr>::new().build()).execute();
-        let messages: Vec<RouteMessage> = request.try_collect().await.map_err(|e| failed("read the routes", e))?;
-        Ok(messages.iter().filter_map(route_state).collect())
+    /// RTM_GETLINK for one link, by the name or the index in `request`.
+    fn get_link(&self, side: Side, request: LinkMessage) -> std::result::Result<Option<LinkMessage>, NlError> {
+        let answers = self.socket(side).request(RouteNetlinkMessage::GetLink(request), NLM_F_REQUEST)?;
+        match answers.into_iter().next() {
+            Some(RouteNetlinkMessage::NewLink(message)) => Ok(Some(message)),
+            Some(other) => Err(unexpected(&other)),
+            None => Ok(None),
+        }
     }
 
-    async fn address_dump(&self, side: Side) -> Result<Vec<(u32, IpNetwork)>> {
-        let request = self.handle(side).address().get().execute();
-        let messages: Vec<AddressMessage> = request.try_collect().await.map_err(|e| failed("read the addresses", e))?;
-        Ok(messages.iter().filter_map(|m| Some((m.header.index, address_cidr(m)?))).collect())
+    fn route_dump(&self, side: Side) -> Result<Vec<RouteState>> {
+        // What rtnetlink's RouteMessageBuilder::<IpAddr>::new() sends: every family, and a
+        // header the kernel does not filter a dump on (no NETLINK_GET_STRICT_CHK).
+        let mut request = RouteMessage::default();
+        request.header.table = RouteHeader::RT_TABLE_MAIN;
+        request.header.protocol = RouteProtocol::Static;
+        request.header.scope = RouteScope::Universe;
+        request.header.kind = RouteType::Unicast;
+        let answers = self
+            .socket(side)
+            .request(RouteNetlinkMessage::GetRoute(request), NLM_F_REQUEST | NLM_F_DUMP)
+            .map_err(|e| failed("read the routes", e))?;
+        let mut routes = Vec::with_capacity(answers.len());
+        for answer in answers {
+            match answer {
+                RouteNetlinkMessage::NewRoute(message) => routes.extend(route_state(&message)),
+                other => return Err(failed("read the routes", unexpected(&other))),
+            }
+        }
+        Ok(routes)
     }
 
-    /// A link with its addresses and the routes of its netns, asked for in one go: ADD
-    /// pays one round trip instead of three.
+    fn address_dump(&self, side: Side) -> Result<Vec<(u32, IpNetwork)>> {
+        let answers = self
+            .socket(side)
+            .request(RouteNetlinkMessage::GetAddress(AddressMessage::default()), NLM_F_REQUEST | NLM_F_DUMP)
+            .map_err(|e| failed("read the addresses", e))?;
+        let mut addresses = Vec::with_capacity(answers.len());
+        for answer in answers {
+            match answer {
+                RouteNetlinkMessage::NewAddress(message) => {
+                    addresses.extend(address_cidr(&message).map(|cidr| (message.header.index, cidr)));
+                }
+                other => return Err(failed("read the addresses", unexpected(&other))),
+            }
+        }
+        Ok(addresses)
+    }
+
+    /// A link with its addresses and the routes of its netns: three requests in a row on one
+    /// socket. The kernel answers each within the calls that send and read it, so there is no
+    /// wait to overlap, and two dumps in flight on one socket would draw EBUSY.
     pub fn link_with_addresses_and_routes(&self, side: Side, name: &str) -> Result<Option<LinkWithSurroundings>> {
-        let link_request = self.handle(side).link().get().match_name(name.to_string()).execute();
-        let (link, addresses, routes) = self.block_on(async {
-            futures_util::pin_mut!(link_request);
-            futures_util::join!(link_request.try_next(), self.address_dump(side), self.route_dump(side))
-        });
-        let link = match link {
+        let mut request = LinkMessage::default();
+        request.attributes.push(LinkAttribute::IfName(name.to_string()));
+        let link = match self.get_link(side, request) {
             Ok(Some(message)) => link_state(&message),
             Ok(None) => return Ok(None),
             Err(err) if errno(&err) == Some(nix::libc::ENODEV) => return Ok(None),
             Err(err) => return Err(failed(&format!("read link {name}"), err)),
         };
-        let addresses = addresses?.into_iter().filter(|(index, _)| *index == link.index).map(|(_, cidr)| cidr).collect();
-        Ok(Some((link, addresses, routes?)))
+        let addresses = self.address_dump(side)?.into_iter().filter(|(index, _)| *index == link.index).map(|(_, cidr)| cidr).collect();
+        Ok(Some((link, addresses, self.route_dump(side)?)))
     }
+}
+
+/// An answer of another kind than the request calls for.
+fn unexpected(message: &RouteNetlinkMessage) -> NlError {
+    NlError::Malformed(format!("unexpected answer from the kernel (type {})", message.message_type()))
 }
 
 fn link_state(message: &LinkMessage) -> LinkState {
@@ -200,8 +230,8 @@ fn route_state(message: &RouteMessage) -> Option<RouteState> {
         Some(ip) => IpNetwork::new(ip, prefix).ok()?,
         // No RTA_DST is the default route of the family.
         None => match message.header.address_family {
-            rtnetlink::packet_route::AddressFamily::Inet => IpNetwork::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0).ok()?,
-            rtnetlink::packet_route::AddressFamily::Inet6 => IpNetwork::new(std::net::Ipv6Addr::UNSPECIFIED.into(), 0).ok()?,
+            AddressFamily::Inet => IpNetwork::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0).ok()?,
+            AddressFamily::Inet6 => IpNetwork::new(std::net::Ipv6Addr::UNSPECIFIED.into(), 0).ok()?,
             _ => return None,
         },
     };

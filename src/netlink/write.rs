@@ -4,10 +4,14 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use ipnetwork::IpNetwork;
-use rtnetlink::packet_route::route::RouteScope;
-use rtnetlink::{LinkMacVlan, LinkUnspec, LinkVlan, RouteMessageBuilder};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::link::{InfoData, InfoKind, InfoMacVlan, InfoVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::route::{RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType, RouteVia};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::read::{Side, macvlan_mode_from_name};
+use super::socket::NlError;
 use super::{Kernel, errno, failed};
 use crate::error::{GuardError, Kind, Result};
 
@@ -27,23 +31,33 @@ pub struct NewMacvlan<'a> {
     pub mtu: Option<u32>,
 }
 
+/// Every change is new (EXCL) and acknowledged (ACK): its refusal comes back as an errno.
+const CHANGE: u16 = NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE;
+
 impl Kernel {
+    fn change(&self, side: Side, message: RouteNetlinkMessage) -> std::result::Result<(), NlError> {
+        self.socket(side).request(message, CHANGE).map(drop)
+    }
+
     pub fn create_vlan(&self, name: &str, lower_index: u32, vlan_id: u16, mtu: Option<u32>) -> Result<()> {
-        let mut builder = LinkVlan::new(name, lower_index, vlan_id);
-        if let Some(mtu) = mtu {
-            builder = builder.mtu(mtu);
-        }
-        self.block_on(self.host.link().add(builder.build()).execute())
+        let mut message = LinkMessage::default();
+        message.attributes.push(LinkAttribute::IfName(name.to_string()));
+        message.attributes.push(LinkAttribute::Link(lower_index));
+        message.attributes.extend(mtu.map(LinkAttribute::Mtu));
+        message.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Vlan),
+            LinkInfo::Data(InfoData::Vlan(vec![InfoVlan::Id(vlan_id)])),
+        ]));
+        self.change(Side::Host, RouteNetlinkMessage::NewLink(message))
             .map_err(|e| failed(&format!("create vlan {name} (id {vlan_id}) on link #{lower_index}"), e))
     }
 
     pub fn set_up(&self, side: Side, name: &str) -> Result<()> {
-        let handle = match side {
-            Side::Host => &self.host,
-            Side::Pod => &self.pod,
-        };
-        let message = LinkUnspec::new_with_name(name).up().build();
-        self.block_on(handle.link().set(message).execute()).map_err(|e| failed(&format!("set {name} up"), e))
+        let mut message = LinkMessage::default();
+        message.header.flags |= LinkFlags::Up;
+        message.header.change_mask |= LinkFlags::Up;
+        message.attributes.push(LinkAttribute::IfName(name.to_string()));
+        self.change(side, RouteNetlinkMessage::SetLink(message)).map_err(|e| failed(&format!("set {name} up"), e))
     }
 
     /// Creates the macvlan on its host parent straight inside the pod's netns, under its
@@ -53,17 +67,21 @@ impl Kernel {
         let mode = macvlan_mode_from_name(link.mode).ok_or_else(|| {
             GuardError::new(Kind::Netlink, format!("macvlan mode {:?} is not one this plugin can create", link.mode))
         })?;
+        let mut message = LinkMessage::default();
+        message.attributes.push(LinkAttribute::IfName(link.name.to_string()));
+        message.attributes.push(LinkAttribute::Link(link.parent_index));
+        message.attributes.push(LinkAttribute::Address(link.mac.to_vec()));
+        message.attributes.push(LinkAttribute::NetNsFd(self.pod_netns_fd()));
+        message.attributes.extend(link.mtu.map(LinkAttribute::Mtu));
+        message.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::MacVlan),
+            LinkInfo::Data(InfoData::MacVlan(vec![InfoMacVlan::Mode(mode)])),
+        ]));
         let started = Instant::now();
         loop {
-            let mut builder = LinkMacVlan::new(link.name, link.parent_index, mode)
-                .address(link.mac.to_vec())
-                .setns_by_fd(self.pod_netns_fd());
-            if let Some(mtu) = link.mtu {
-                builder = builder.mtu(mtu);
-            }
-            match self.block_on(self.host.link().add(builder.build()).execute()) {
+            match self.change(Side::Host, RouteNetlinkMessage::NewLink(message.clone())) {
                 Err(err) if errno(&err) == Some(nix::libc::EADDRINUSE) && started.elapsed() < ADDRESS_IN_USE_PATIENCE => {
-                    self.block_on(tokio::time::sleep(ADDRESS_IN_USE_PAUSE));
+                    std::thread::sleep(ADDRESS_IN_USE_PAUSE);
                 }
                 outcome => {
                     return outcome.map_err(|e| {
@@ -75,28 +93,65 @@ impl Kernel {
     }
 
     pub fn add_address(&self, index: u32, cidr: IpNetwork) -> Result<()> {
-        let request = self.pod.address().add(index, cidr.ip(), cidr.prefix());
-        match self.block_on(request.execute()) {
+        let mut message = AddressMessage::default();
+        message.header.index = index;
+        message.header.prefix_len = cidr.prefix();
+        // As `ip address add` (and rtnetlink's builder) words it: local and peer the same,
+        // the broadcast of an IPv4 subnet spelled out.
+        match cidr.ip() {
+            IpAddr::V4(ip) => {
+                message.header.family = AddressFamily::Inet;
+                if !ip.is_multicast() {
+                    message.attributes.push(AddressAttribute::Address(ip.into()));
+                    message.attributes.push(AddressAttribute::Local(ip.into()));
+                    if cidr.prefix() < 31 {
+                        let broadcast = std::net::Ipv4Addr::from(u32::MAX >> u32::from(cidr.prefix()) | u32::from(ip));
+                        message.attributes.push(AddressAttribute::Broadcast(broadcast));
+                    }
+                }
+            }
+            IpAddr::V6(ip) => {
+                message.header.family = AddressFamily::Inet6;
+                if ip.is_multicast() {
+                    message.attributes.push(AddressAttribute::Multicast(ip));
+                } else {
+                    message.attributes.push(AddressAttribute::Address(ip.into()));
+                    message.attributes.push(AddressAttribute::Local(ip.into()));
+                }
+            }
+        }
+        match self.change(Side::Pod, RouteNetlinkMessage::NewAddress(message)) {
             Err(err) if errno(&err) == Some(nix::libc::EEXIST) => Ok(()),
             outcome => outcome.map_err(|e| failed(&format!("add address {cidr}"), e)),
         }
     }
 
     pub fn add_route(&self, index: u32, dst: IpNetwork, gateway: Option<IpAddr>, link_scope: bool, metric: Option<u32>) -> Result<()> {
-        let mut builder = RouteMessageBuilder::<IpAddr>::new()
-            .destination_prefix(dst.ip(), dst.prefix())
-            .map_err(|e| GuardError::new(Kind::Netlink, format!("route to {dst}: {e}")))?
-            .output_interface(index)
-            .scope(if link_scope { RouteScope::Link } else { RouteScope::Universe });
-        if let Some(gateway) = gateway {
-            builder = builder
-                .gateway(gateway)
-                .map_err(|e| GuardError::new(Kind::Netlink, format!("route to {dst} via {gateway}: {e}")))?;
+        let mut message = RouteMessage::default();
+        message.header.table = RouteHeader::RT_TABLE_MAIN;
+        message.header.protocol = RouteProtocol::Static;
+        message.header.scope = if link_scope { RouteScope::Link } else { RouteScope::Universe };
+        message.header.kind = RouteType::Unicast;
+        message.header.address_family = if dst.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+        message.header.destination_prefix_length = dst.prefix();
+        message.attributes.push(RouteAttribute::Destination(dst.ip().into()));
+        message.attributes.push(RouteAttribute::Oif(index));
+        match (dst.ip(), gateway) {
+            (_, None) => {}
+            (IpAddr::V4(_), Some(gateway @ IpAddr::V4(_))) | (IpAddr::V6(_), Some(gateway @ IpAddr::V6(_))) => {
+                message.attributes.push(RouteAttribute::Gateway(gateway.into()));
+            }
+            // RFC 5549: an IPv4 route through an IPv6 next hop.
+            (IpAddr::V4(_), Some(IpAddr::V6(gateway))) => message.attributes.push(RouteAttribute::Via(RouteVia::Inet6(gateway))),
+            (IpAddr::V6(_), Some(gateway @ IpAddr::V4(_))) => {
+                return Err(GuardError::new(
+                    Kind::Netlink,
+                    format!("route to {dst} via {gateway}: invalid address family {:?}", AddressFamily::Inet6),
+                ));
+            }
         }
-        if let Some(metric) = metric {
-            builder = builder.priority(metric);
-        }
-        match self.block_on(self.pod.route().add(builder.build()).execute()) {
+        message.attributes.extend(metric.map(RouteAttribute::Priority));
+        match self.change(Side::Pod, RouteNetlinkMessage::NewRoute(message)) {
             // The connected route of an address may already be there: same route, same effect.
             Err(err) if errno(&err) == Some(nix::libc::EEXIST) => Ok(()),
             outcome => outcome.map_err(|e| failed(&format!("add route {dst}"), e)),

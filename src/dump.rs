@@ -197,10 +197,10 @@ fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: 
     // Then what no record stands for: set-aside files (by name) and owners without a record.
     batch.clear();
     for path in store.list_set_aside()? {
-        let status = if path.file_name().unwrap_or_default().to_string_lossy().contains('~') {
-            (Status::Kept, "damaged and kept for inspection; it blocks nothing")
-        } else {
+        let status = if crate::store::set_aside_blocks(&path) {
             (Status::SetAside, "failed verification; it refuses the DELs that need it until you delete it")
+        } else {
+            (Status::Kept, "damaged and kept for inspection; it blocks nothing")
         };
         let row = unverified_row(&path, status.0, status.1.to_string());
         if filter.admits_container(row.container_id) {

@@ -18,7 +18,7 @@ use ipnetwork::IpNetwork;
 use crate::error::{GuardError, Kind, Result};
 use crate::link_facts::{InterfaceFacts, LinkFacts, RouteFacts};
 use crate::netlink::{self, Kernel, LinkState, NewMacvlan, Side, garp};
-use crate::store::checkpoint::Checkpoint;
+use crate::store::checkpoint::{AttachmentId, Checkpoint};
 use crate::ownership::{Ownership, PodKey};
 use crate::store::lock::WaitNotice;
 use crate::store::{Folder, Loaded, Store, read_for_listing};
@@ -184,8 +184,7 @@ fn pod_steps(if_name: &str, facts: &InterfaceFacts, parent: String, mac: String,
 /// How one sandbox ended.
 enum Outcome {
     Intact,
-    /// A newer sandbox owns the pod key and its netns is alive: bringing this one's address
-    /// back would put it on the wire twice.
+    /// Another sandbox owns the pod key: the pod's address belongs there, not here.
     Superseded(String),
     NetnsGone(String),
     NotRestorable(String),
@@ -286,10 +285,10 @@ fn select(state_dir: &Path, selection: &Selection, lock_timeout: Duration) -> Re
             _ => None,
         })
         .collect();
-    let netns_of: HashMap<(String, String, String), String> = listed
+    let netns_of: HashMap<AttachmentId, String> = listed
         .iter()
         .filter_map(|(_, loaded)| match loaded {
-            Loaded::Valid(r) => Some(((r.network.clone(), r.container_id.clone(), r.if_name.clone()), r.netns.clone())),
+            Loaded::Valid(r) => Some((r.id(), r.netns.clone())),
             _ => None,
         })
         .collect();
@@ -300,7 +299,7 @@ fn select(state_dir: &Path, selection: &Selection, lock_timeout: Duration) -> Re
     let mut selected = Vec::new();
     for (path, loaded) in listed {
         match loaded {
-            Loaded::Valid(record) if wanted(&record.container_id) => match live_newer_owner(&record, &owners, &netns_of) {
+            Loaded::Valid(record) if wanted(&record.container_id) => match superseded_by(&record, &owners, &netns_of) {
                 Some(why) => selected.push(Selected::Superseded(Row {
                     container_id: record.container_id.clone(),
                     if_name: record.if_name.clone(),
@@ -343,15 +342,16 @@ fn select(state_dir: &Path, selection: &Selection, lock_timeout: Duration) -> Re
 /// Why `record` must be left alone: another sandbox owns its pod key, so the pod's address
 /// belongs there. Reviving this one would put it on the wire twice while the owner lives; and
 /// when the owner's netns is gone or unknown, the pod's name is still not this sandbox's.
-fn live_newer_owner(
+fn superseded_by(
     record: &Checkpoint,
     owners: &HashMap<PodKey, Ownership>,
-    netns_of: &HashMap<(String, String, String), String>,
+    netns_of: &HashMap<AttachmentId, String>,
 ) -> Option<String> {
     let key = record.pod_key()?;
     let owner = owners.get(&key).filter(|o| o.container_id != record.container_id)?;
     let remove = format!("remove it instead (`crictl rmp {}`)", crate::names::short_id(&record.container_id));
-    let owner_netns = netns_of.get(&(key.network.clone(), owner.container_id.clone(), key.if_name.clone()));
+    let owner_id = AttachmentId { network: key.network.clone(), container_id: owner.container_id.clone(), if_name: key.if_name.clone() };
+    let owner_netns = netns_of.get(&owner_id);
     Some(match owner_netns {
         Some(netns) if crate::conflict::netns_state(netns, None, None).is_alive() => format!(
             "pod {} now lives in sandbox {} (netns {netns}, alive): restoring this older sandbox would put its \
@@ -676,14 +676,15 @@ mod tests {
         let key = old.pod_key().unwrap();
         let owner = Ownership { key: key.clone(), container_id: "new".into(), pod_uid: None, generation: 2 };
         let owners = HashMap::from([(key, owner)]);
-        let alive = HashMap::from([(("net".into(), "new".into(), "eth0".into()), "/proc/self/ns/net".to_string())]);
-        assert!(live_newer_owner(&old, &owners, &alive).unwrap().contains("alive"));
+        let new_id = AttachmentId { network: "net".into(), container_id: "new".into(), if_name: "eth0".into() };
+        let alive = HashMap::from([(new_id.clone(), "/proc/self/ns/net".to_string())]);
+        assert!(superseded_by(&old, &owners, &alive).unwrap().contains("alive"));
         // The owner's netns gone, or its record unknown: still not this sandbox's pod.
-        let gone = HashMap::from([(("net".into(), "new".into(), "eth0".into()), "/nonexistent".to_string())]);
-        assert!(live_newer_owner(&old, &owners, &gone).unwrap().contains("not brought back"));
-        assert!(live_newer_owner(&old, &owners, &HashMap::new()).is_some());
+        let gone = HashMap::from([(new_id, "/nonexistent".to_string())]);
+        assert!(superseded_by(&old, &owners, &gone).unwrap().contains("not brought back"));
+        assert!(superseded_by(&old, &owners, &HashMap::new()).is_some());
         // Its own pod key: nothing in the way.
-        assert!(live_newer_owner(&record("new", "/proc/self/ns/net"), &owners, &alive).is_none());
+        assert!(superseded_by(&record("new", "/proc/self/ns/net"), &owners, &alive).is_none());
     }
 
     #[test]

@@ -117,4 +117,3 @@ fn restore_command(inv: &Invocation, record: &Checkpoint) -> String {
         format!("sandbox-guard --restore --state-dir {} {}", state_dir.display(), record.container_id)
     }
 }
-

@@ -81,7 +81,7 @@ pub fn run(inv: &Invocation) -> Result<()> {
     // A record blocker of an attachment the runtime no longer lists guards nothing.
     for path in store.list_set_aside()? {
         let Some(id) = id_from_file_name(&path) else { continue };
-        if id.network == *network && !id.if_name.contains('~') && !is_valid(&id.container_id, &id.if_name) {
+        if id.network == *network && crate::store::set_aside_blocks(&path) && !is_valid(&id.container_id, &id.if_name) {
             store.unblock(&path)?;
         }
     }

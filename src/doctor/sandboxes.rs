@@ -56,14 +56,13 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
     let notice = WaitNotice::new(state_dir, lock_timeout);
     let on_wait = |holder: &str| notice.hear(holder);
     let listed = (|| -> crate::error::Result<_> {
-        let records = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| Some(read_for_listing::<Checkpoint>(p)))?;
-        let owners = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |p| {
+        let mut records = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| Some(read_for_listing::<Checkpoint>(p)))?;
+        let mut owners = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |p| {
             let owner = read_for_listing::<Ownership>(p);
             let backed = matches!(&owner, Loaded::Valid(o) if store.owner_is_backed(o));
             Some((owner, backed))
         })?;
         // Sorted, so the report reads the same from run to run.
-        let (mut records, mut owners) = (records, owners);
         records.sort_by(|a, b| a.0.cmp(&b.0));
         owners.sort_by(|a, b| a.0.cmp(&b.0));
         Ok((records, owners, store.list_set_aside()?))
@@ -108,8 +107,8 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
     check_interfaces(&root_display, &live, report);
 }
 
-/// An owner whose record is gone refuses every other sandbox's DEL of its pod: left by a
-/// version before 0.2, or by hand.
+/// An owner whose record is gone refused every other sandbox's DEL of its pod in earlier
+/// versions of the plugin, which could leave one behind; so can a hand edit.
 fn check_orphans(root: &str, orphaned: &[Ownership], report: &mut Report) {
     if orphaned.is_empty() {
         report.add(Finding::new(Severity::Ok, "store-owners", format!("{root}: every pod key's owner has its record")));
@@ -218,7 +217,7 @@ fn check_untrusted(root: &str, records: &[(std::path::PathBuf, Loaded<Checkpoint
     // suffix is only kept for inspection.
     let (blocking, kept): (Vec<_>, Vec<_>) = set_aside
         .iter()
-        .partition(|path| !path.file_name().unwrap_or_default().to_string_lossy().contains('~'));
+        .partition(|path| crate::store::set_aside_blocks(path));
     let all_trusted = corrupt.is_empty() && blocking.is_empty() && kept.is_empty();
     if !corrupt.is_empty() {
         let mut finding = Finding::new(Severity::Error, "store-checksums", format!("{root}: {} records fail their checksum", corrupt.len()))

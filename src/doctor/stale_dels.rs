@@ -52,8 +52,8 @@ fn parse_line(line: &str) -> Option<StaleDelLine> {
             break;
         }
     }
-    // The owner protected comes as `owner=<id>` right after the outcome; logs of versions
-    // before 0.2 named it in the prose, after the first "; sandbox ".
+    // The owner protected comes as `owner=<id>` right after the outcome; logs of earlier
+    // versions named it in the prose, after the first "; sandbox ".
     let (owner, text) = match text.split_once(' ') {
         Some((word, rest)) if word.starts_with("owner=") => (Some(word["owner=".len()..].to_string()), rest),
         _ => (text.split_once("; sandbox ").and_then(|(_, rest)| rest.split(' ').next()).map(String::from), text),

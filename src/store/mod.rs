@@ -300,14 +300,7 @@ impl Store {
     /// goes beside `to` under a unique name, kept but blocking nothing. ADD uses the latter:
     /// it writes a fresh, valid file in the same breath.
     pub fn set_aside(&self, from: &Path, to: &Path, blocking: bool) -> Result<PathBuf> {
-        let mut target = to.to_path_buf();
-        if !blocking || fs::symlink_metadata(&target).is_ok() {
-            target.set_file_name(format!(
-                "{}~{}",
-                to.file_name().unwrap_or_default().to_string_lossy(),
-                crate::clock::unix_nanos()
-            ));
-        }
+        let target = if !blocking || fs::symlink_metadata(to).is_ok() { kept_copy_path(to) } else { to.to_path_buf() };
         fs::rename(from, &target).map_err(|e| GuardError::io("set aside corrupt checkpoint", from, e))?;
         self.mark_dirty(2);
         if from.starts_with(&self.records) {
@@ -322,8 +315,7 @@ impl Store {
     /// `to`, blocking nothing). Unlike a move, it leaves the original in place until the new
     /// file replaces it, so no crash in between leaves an owner without its record.
     pub fn keep_copy(&self, from: &Path, to: &Path) -> Result<PathBuf> {
-        let mut target = to.to_path_buf();
-        target.set_file_name(format!("{}~{}", to.file_name().unwrap_or_default().to_string_lossy(), crate::clock::unix_nanos()));
+        let target = kept_copy_path(to);
         fs::hard_link(from, &target).map_err(|e| GuardError::io("keep a copy of corrupt checkpoint", from, e))?;
         self.mark_dirty(2);
         Ok(target)
@@ -423,8 +415,8 @@ impl Store {
         found
     }
 
-    /// Removes the temp files of writers that are gone; a live writer's (a STATUS probe, a
-    /// failed ADD's marker, which take no lock) is left alone. Returns how many went.
+    /// Removes the temp files of writers that are gone; a live writer's (a STATUS probe, which
+    /// takes no lock) is left alone. Returns how many went.
     pub fn remove_dead_temp_files(&self) -> Result<usize> {
         let mut removed = 0;
         for temp in self.temp_files() {
@@ -435,6 +427,18 @@ impl Store {
         }
         Ok(removed)
     }
+}
+
+/// A set-aside file under its own name refuses the DELs that need it; a copy under
+/// `<name>~<time>` is kept for inspection and blocks nothing.
+pub fn set_aside_blocks(path: &Path) -> bool {
+    !path.file_name().unwrap_or_default().to_string_lossy().contains('~')
+}
+
+/// Where a kept copy of `to` goes: beside it, under a name that blocks nothing.
+fn kept_copy_path(to: &Path) -> PathBuf {
+    let name = format!("{}~{}", to.file_name().unwrap_or_default().to_string_lossy(), crate::clock::unix_nanos());
+    to.with_file_name(name)
 }
 
 /// A temp file left by a writer: `.<pid>.tmp`, or `.status.<pid>.tmp` from a STATUS probe.

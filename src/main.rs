@@ -1,35 +1,25 @@
 //! sandbox-guard: a chained CNI plugin that checkpoints pod attachments and refuses the
 //! stale DEL of an old sandbox once a newer sandbox owns the same pod name.
 
-mod cli;
 mod clock;
-mod commands;
-mod config;
-mod conflict;
-mod doctor;
-mod dump;
-mod env;
+mod cni;
 mod error;
-mod link_facts;
-mod log;
+mod kernel;
 mod names;
-mod netlink;
-mod ownership;
-mod prev_result;
-mod restore;
-mod store;
-mod version;
+mod state;
+mod tools;
 
 use std::io::{IsTerminal, Write};
 
-use commands::Invocation;
-use config::NetConf;
-use env::{CniEnv, Verb};
+use cni::config::{self, NetConf};
+use cni::env::{CniEnv, Verb};
+use cni::verbs::{self as commands, Invocation};
+use cni::{log, version};
 use error::{GuardError, Kind, Result};
 
 fn main() {
     let args: Vec<String> = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
-    let status = if args.is_empty() { run_cni() } else { cli::run(&args) };
+    let status = if args.is_empty() { run_cni() } else { tools::cli::run(&args) };
     std::process::exit(status);
 }
 
@@ -86,15 +76,4 @@ fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<Stri
         }
     }
     result
-}
-
-/// Lower-case hex, for checksums and digests.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        out.push(DIGITS[usize::from(byte >> 4)] as char);
-        out.push(DIGITS[usize::from(byte & 0xf)] as char);
-    }
-    out
 }

@@ -5,6 +5,16 @@
 
 use crate::error::{GuardError, Kind, Result};
 
+/// How a pod is shown everywhere the guard names one: `namespace/name`, the bare name when
+/// the runtime gave no namespace (podman), `-` when it gave no name.
+pub fn pod_text(namespace: Option<&str>, name: Option<&str>) -> String {
+    match (namespace, name) {
+        (Some(namespace), Some(name)) => format!("{namespace}/{name}"),
+        (None, Some(name)) => name.to_string(),
+        _ => "-".to_string(),
+    }
+}
+
 pub const MAX_NETWORK: usize = 64;
 pub const MAX_CONTAINER_ID: usize = 128;
 pub const MAX_IFNAME: usize = 15;

@@ -1,0 +1,9 @@
+//! The CNI protocol: what the runtime hands the plugin (environment, config, the primary's
+//! result), the versions it speaks, the operation log, and the verbs themselves.
+
+pub mod config;
+pub mod env;
+pub mod log;
+pub mod result;
+pub mod verbs;
+pub mod version;

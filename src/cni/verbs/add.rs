@@ -1,0 +1,165 @@
+//! ADD: checkpoint the attachment and make this sandbox the owner of its pod key.
+
+use crate::cni::verbs::Invocation;
+use crate::cni::env::Attachment;
+use crate::error::{GuardError, Kind, Result};
+use crate::kernel::link_facts::LinkFacts;
+use crate::cni::log::Level;
+use crate::state::ownership::{self, Ownership};
+use crate::cni::result::ResultView;
+use crate::state::checkpoint::{self, Checkpoint};
+use crate::state::{Loaded, Store};
+
+/// Returns the primary's result in the config's cniVersion: byte for byte when it is in that
+/// version already (a chained plugin that changes nothing must not drop fields it does not
+/// know), else converted, unknown fields kept. A failure of the guard's own (the lock, the
+/// disk, an IP conflict) is noted (see `store::failed_add`) so that the runtime's cleanup DEL
+/// of this sandbox is not taken for a stale one; input it rejects leaves the store untouched.
+pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
+    add(inv, attachment).inspect_err(|err| {
+        if matches!(err.kind, Kind::Busy | Kind::Io | Kind::ReadOnly | Kind::IpConflict | Kind::Netlink | Kind::NetnsGone) {
+            crate::state::failed_add::mark(&inv.conf.state_dir, &inv.attachment_id(attachment), err);
+        }
+    })
+}
+
+fn add(inv: &Invocation, attachment: &Attachment) -> Result<String> {
+    let prev_result = inv.conf.prev_result.as_ref().ok_or_else(|| {
+        GuardError::new(
+            Kind::InvalidConfig,
+            "no prevResult: sandbox-guard is a chained plugin; list it LAST in the conflist's \
+             \"plugins\", after the primary plugin that sets up the interface",
+        )
+    })?;
+    // Both before the store is opened: a result that is not one must leave no trace.
+    let view = ResultView::validated(prev_result, &inv.conf.cni_version)?;
+    let output = crate::cni::result::as_version(prev_result, &inv.conf.cni_version)?;
+    // Read from the kernel before the lock is taken: no ADD holds it while waiting on netlink.
+    let links = crate::kernel::link_facts::start_reading(&attachment.netns, &attachment.ifname).finish();
+
+    let id = inv.attachment_id(attachment);
+    let pod = &attachment.pod;
+    let pod_key = checkpoint::pod_key(&id.network, pod.namespace.as_deref(), pod.name.as_deref(), &id.if_name);
+    let subject = inv.subject(Some(attachment), pod_key.as_ref().map(|k| k.pod()));
+
+    let store = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout).map_err(|err| match err.kind {
+        Kind::ReadOnly => read_only_error(inv, attachment, err),
+        _ => err,
+    })?;
+    let previous: Option<Checkpoint> = match store.load_record(&id)? {
+        Loaded::Valid(record) => Some(record),
+        Loaded::Missing => None,
+        Loaded::Corrupt { path, reason } => {
+            let kept = store.keep_copy(&path, &store.set_aside_path_for_record(&id))?;
+            inv.log.event(Level::Warn, inv.verb, &subject, "set-aside",
+                &format!("previous checkpoint failed verification ({reason}); kept at {}; this ADD writes a fresh one", kept.display()));
+            None
+        }
+    };
+    let owner = match &pod_key {
+        None => None,
+        Some(key) => match store.load_owner(key)? {
+            Loaded::Valid(owner) => Some(owner),
+            Loaded::Missing => None,
+            Loaded::Corrupt { path, reason } => {
+                let kept = store.keep_copy(&path, &store.set_aside_path_for_owner(key))?;
+                inv.log.event(Level::Warn, inv.verb, &subject, "set-aside",
+                    &format!("ownership record failed verification ({reason}); kept at {}; this ADD takes ownership", kept.display()));
+                None
+            }
+        },
+    };
+
+    let previous_key = previous.as_ref().and_then(Checkpoint::pod_key);
+    let previous_created = previous.as_ref().map(|r| r.created_at.clone());
+    let generation = ownership::next_generation(
+        store.generation_counter(),
+        owner.as_ref(),
+        previous.as_ref().map(|r| r.generation),
+    );
+    // Before the record and the ownership are written: an ADD refused for an address that
+    // another live namespace holds must not take the pod key.
+    let address_claim = super::ip_conflict::check_addresses(inv.conf.ip_conflict, &store, attachment, &id, &view)?;
+    let now = crate::clock::now_rfc3339();
+    let record = Checkpoint {
+        network: id.network.clone(),
+        container_id: id.container_id.clone(),
+        if_name: id.if_name.clone(),
+        pod_namespace: pod.namespace.clone(),
+        pod_name: pod.name.clone(),
+        pod_uid: pod.uid.clone(),
+        infra_container_id: pod.infra_container_id.clone(),
+        netns: attachment.netns.clone(),
+        cni_version: inv.conf.cni_version.clone(),
+        generation,
+        created_at: previous_created.clone().unwrap_or_else(|| now.clone()),
+        updated_at: now,
+        prev_result: prev_result.clone(),
+        links: Some(links),
+    };
+    // Re-ADDed under another pod name: the key its old record held is no longer this
+    // sandbox's. Released first, so no crash leaves an owner whose record names another key.
+    if let Some(old_key) = previous_key.filter(|old| Some(old) != pod_key.as_ref())
+        && matches!(store.load_owner(&old_key)?, Loaded::Valid(owner) if owner.container_id == id.container_id)
+    {
+        store.remove_owner(&old_key)?;
+        store.sync()?;
+    }
+    // The record is durable before the ownership that points at it, so no crash leaves an
+    // owner without its record (two directory fsyncs either way). A note of an earlier failed
+    // ADD goes in the same sync: this sandbox has a record now.
+    store.save_record(&record)?;
+    store.remove_failed_add(&id)?;
+    store.sync()?;
+    if let Some(key) = &pod_key {
+        let owner = Ownership { key: key.clone(), container_id: id.container_id.clone(), pod_uid: pod.uid.clone(), generation };
+        if let Err(err) = store.save_owner(&owner).and_then(|()| store.sync()) {
+            // Failed before it took the key: a first record would make the runtime's cleanup
+            // DEL look like the DEL of a superseded sandbox, so it goes again.
+            if previous_created.is_none() {
+                let _ = store.remove_record(&id).and_then(|()| store.sync());
+            }
+            return Err(err);
+        }
+    }
+    // Blockers are disarmed only once what they stood for is durable again.
+    let mut unblocked = store.unblock(&store.set_aside_path_for_record(&id))?;
+    if let Some(key) = &pod_key {
+        unblocked |= store.unblock(&store.set_aside_path_for_owner(key))?;
+    }
+    if unblocked {
+        store.sync()?;
+    }
+    store.set_generation_counter(generation);
+    let ip_conflict = address_claim.record(&store);
+
+    let took_over = owner.filter(|o| o.container_id != id.container_id).map(|o| {
+        format!("; took the pod key over from sandbox {} (generation {})", o.container_id, o.generation)
+    });
+    let facts_missing = record.links.as_ref().and_then(LinkFacts::missing_note);
+    let level = if ip_conflict.is_some() || facts_missing.is_some() { Level::Warn } else { Level::Info };
+    inv.log.event(level, inv.verb, &subject, "added", &format!(
+        "generation={generation} netns={}{}{}{}",
+        attachment.netns,
+        took_over.unwrap_or_default(),
+        ip_conflict.unwrap_or_default(),
+        facts_missing.unwrap_or_default()
+    ));
+    Ok(output.into_owned())
+}
+
+fn read_only_error(inv: &Invocation, attachment: &Attachment, err: crate::error::GuardError) -> crate::error::GuardError {
+    GuardError::new(
+        Kind::ReadOnly,
+        format!(
+            "cannot checkpoint sandbox {}: the state dir {} is on a read-only filesystem",
+            crate::names::short_id(&attachment.container_id),
+            inv.conf.state_dir.display()
+        ),
+    )
+    .with_details(format!(
+        "Without its checkpoint the guard could not tell this pod's DELs from stale ones, so the pod would run \
+         unprotected. {} ({})",
+        err.details, err.msg
+    ))
+}

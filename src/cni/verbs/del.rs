@@ -1,0 +1,240 @@
+//! DEL: remove the attachment's checkpoint, unless a newer sandbox owns the pod key.
+//!
+//! This plugin is last in the chain, so it runs first on DEL: refusing here keeps the DEL
+//! from ever reaching the primary plugin, which would release the newer sandbox's IP. Every
+//! other DEL must pass, even when the store cannot be written: a teardown is never held up
+//! for the guard's own bookkeeping.
+
+use std::path::Path;
+
+use crate::cni::verbs::Invocation;
+use crate::cni::config::StaleDelPolicy;
+use crate::cni::env::Attachment;
+use crate::error::{GuardError, Kind, Result};
+use crate::cni::log::Level;
+use crate::state::ownership::{self, DelVerdict, Deleter, Owner, Ownership, PodKey};
+use crate::state::checkpoint::{self, AttachmentId};
+use crate::state::{Loaded, Store};
+
+pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
+    let id = inv.attachment_id(attachment);
+    let args = &attachment.pod;
+    let key_from_args = checkpoint::pod_key(&id.network, args.namespace.as_deref(), args.name.as_deref(), &id.if_name);
+    let Some((store, unwritable)) = open(inv)? else {
+        // No store, and none can be made: no owner either, so nothing this DEL could tear
+        // down in another sandbox's name.
+        let subject = inv.subject(Some(attachment), key_from_args.as_ref().map(PodKey::pod));
+        inv.log.event(Level::Warn, inv.verb, &subject, "deleted", "no state dir, and it cannot be created: nothing recorded");
+        return Ok(());
+    };
+
+    // The record says which key this container took at ADD, whatever CNI_ARGS say now.
+    let mut corrupt_record = None;
+    let (record_key, deleter) = match store.load_record(&id)? {
+        Loaded::Valid(record) => (record.pod_key(), Deleter::Recorded),
+        Loaded::Missing => {
+            if key_from_args.is_none() {
+                refuse_if_set_aside(inv, attachment, &store.set_aside_path_for_record(&id), None)?;
+            }
+            (None, if store.failed_add(&id).is_some() { Deleter::AddFailed } else { Deleter::Unknown })
+        }
+        Loaded::Corrupt { path, reason } => {
+            // Needed (CNI_ARGS lack the pod key): set aside where it blocks, and refused. Not
+            // needed: left in place until this DEL is judged, kept as a copy once it passes.
+            if key_from_args.is_none() {
+                let kept = set_aside(&store, &path, &store.set_aside_path_for_record(&id))?;
+                return Err(set_aside_error(inv, attachment, &kept, &reason, None));
+            }
+            corrupt_record = Some(path);
+            (None, Deleter::Recorded)
+        }
+    };
+    let mut keys: Vec<PodKey> = key_from_args.into_iter().collect();
+    keys.extend(record_key.filter(|key| !keys.contains(key)));
+
+    // Judge every key before changing anything: one stale key refuses the whole DEL.
+    let mut owners_to_remove: Vec<PodKey> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    let mut audited = None;
+    for key in &keys {
+        let owner = load_owner(inv, &store, attachment, key)?;
+        let found = owner.as_ref().map(|o| Owner {
+            ownership: o,
+            backed: o.container_id == id.container_id || store.owner_is_backed(o),
+        });
+        // A failed ADD speaks only against the owner it failed next to: a sandbox that took
+        // the pod later must not have its network torn down by this one's DEL.
+        let deleter = match (deleter, store.failed_add(&id), store.owner_since(key)) {
+            (Deleter::AddFailed, Some(failed), Some(owned)) if owned > failed => Deleter::Unknown,
+            (deleter, _, _) => deleter,
+        };
+        match ownership::judge_del(&id.container_id, deleter, found) {
+            DelVerdict::Stale { owner, ever_owned } => {
+                let err = stale_error(&id, key, owner, ever_owned);
+                match inv.conf.stale_del {
+                    StaleDelPolicy::Refuse => {
+                        let text = format!("owner={} {}", owner.container_id, err.msg);
+                        inv.log.event(Level::Warn, inv.verb, &inv.subject(Some(attachment), Some(key.pod())), "refused", &text);
+                        return Err(err);
+                    }
+                    StaleDelPolicy::Audit => {
+                        audited = Some(format!("owner={} audit mode let a stale DEL through: {}", owner.container_id, err.msg));
+                    }
+                }
+            }
+            DelVerdict::Release => {
+                owners_to_remove.push(key.clone());
+                notes.push(format!("released pod key {}", key.pod()));
+            }
+            DelVerdict::Repair(owner) => {
+                owners_to_remove.push(key.clone());
+                notes.push(format!("dropped the ownership of {} by sandbox {}, whose record is gone", key.pod(), owner.container_id));
+            }
+            DelVerdict::Proceed if deleter == Deleter::AddFailed => notes.push("cleanup of an ADD that failed in the guard".into()),
+            DelVerdict::Proceed => notes.push(format!("pod key {} not owned", key.pod())),
+        }
+    }
+    if keys.is_empty() {
+        notes.push("no pod identity: nothing to guard".into());
+    }
+
+    let subject = inv.subject(Some(attachment), keys.first().map(PodKey::pod));
+    let (outcome, level, why) = match audited {
+        Some(text) => ("audited", Level::Warn, text),
+        None => ("deleted", Level::Info, notes.join("; ")),
+    };
+    // The DEL is not stale: from here on nothing of the guard's own may fail it.
+    let forgotten = match unwritable {
+        Some(why) => Err(why),
+        None => forget(&store, &id, &owners_to_remove, corrupt_record.as_deref()),
+    };
+    match forgotten {
+        Ok(()) => inv.log.event(level, inv.verb, &subject, outcome, &why),
+        Err(err) => inv.log.event(Level::Warn, inv.verb, &subject, outcome, &format!(
+            "{why}; the store could not be updated, so its record stays until the store is writable again \
+             (the next DEL of this sandbox or GC removes it): {} {}",
+            err.msg, err.details
+        )),
+    }
+    Ok(())
+}
+
+/// The store for writing; where it cannot be opened for writing (a read-only filesystem, a
+/// full one, a permission), the store read as it is, with the reason it cannot be written: a
+/// stale DEL is still refused, and every other DEL passes without writing. `None`: there is
+/// no state dir and none can be made.
+fn open(inv: &Invocation) -> Result<Option<(Store, Option<GuardError>)>> {
+    match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
+        Ok(store) => Ok(Some((store, None))),
+        Err(_) if crate::state::surely_absent(&inv.conf.state_dir) => Ok(None),
+        Err(err) if err.kind != Kind::Busy => {
+            let Ok(store) = Store::open_read_only(&inv.conf.state_dir) else { return Err(err) };
+            // Only orders this DEL after a writer that was already in; one stuck on the failing
+            // disk must not hold the teardown up, so a busy lock is read past.
+            let _ = store.read_lock(inv.conf.lock_timeout, &|_| {});
+            Ok(Some((store, Some(err))))
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// Releases the keys, durably, before the record goes: a crash can leave an unowned record
+/// (harmless, the retried DEL removes it) but never an owner whose record is gone. A corrupt
+/// record is kept as a copy first.
+fn forget(store: &Store, id: &AttachmentId, owners: &[PodKey], corrupt_record: Option<&Path>) -> Result<()> {
+    for key in owners {
+        store.remove_owner(key)?;
+    }
+    store.sync()?;
+    if let Some(path) = corrupt_record {
+        store.keep_copy(path, &store.set_aside_path_for_record(id))?;
+    }
+    store.remove_record(id)?;
+    store.remove_failed_add(id)?;
+    store.sync()
+}
+
+fn load_owner(inv: &Invocation, store: &Store, attachment: &Attachment, key: &PodKey) -> Result<Option<Ownership>> {
+    match store.load_owner(key)? {
+        Loaded::Valid(owner) => Ok(Some(owner)),
+        Loaded::Missing => {
+            refuse_if_set_aside(inv, attachment, &store.set_aside_path_for_owner(key), Some(key))?;
+            Ok(None)
+        }
+        Loaded::Corrupt { path, reason } => {
+            let kept = set_aside(store, &path, &store.set_aside_path_for_owner(key))?;
+            Err(set_aside_error(inv, attachment, &kept, &reason, Some(key)))
+        }
+    }
+}
+
+/// Moves a corrupt file aside, where it blocks the DELs that need it; on a store that cannot
+/// be written it stays where it is, and that is where the operator is sent.
+fn set_aside(store: &Store, from: &Path, to: &Path) -> Result<std::path::PathBuf> {
+    if !store.is_writable() {
+        return Ok(from.to_path_buf());
+    }
+    let kept = store.set_aside(from, to, true)?;
+    store.sync()?;
+    Ok(kept)
+}
+
+
+/// A short `msg` (what happened, who owns the pod) and `details` (the facts as JSON, and the
+/// way out).
+fn stale_error(id: &AttachmentId, key: &PodKey, owner: &Ownership, ever_owned: bool) -> GuardError {
+    let history = if ever_owned { "which owned it before" } else { "which never owned it here" };
+    let msg = format!(
+        "stale DEL refused: pod {} ({}) belongs to sandbox {}, not {}, {history}",
+        key.pod(),
+        key.if_name,
+        owner.container_id,
+        crate::names::short_id(&id.container_id)
+    );
+    let way_out = if ever_owned {
+        "Passing this DEL on would let the primary plugin tear down the newer sandbox's network. It passes once \
+         the newer sandbox is stopped and removed. \"staleDel\": \"audit\" lets such DELs through."
+    } else {
+        "This sandbox has no checkpoint: it was added before sandbox-guard was installed, or its ADD failed before \
+         it could be recorded. Passing this DEL on would let a pod-name-keyed primary tear down the newer \
+         sandbox's network. It passes once the newer sandbox is stopped and removed."
+    };
+    let details = serde_json::json!({
+        "ownerContainerId": owner.container_id,
+        "ownerPodUid": owner.pod_uid,
+        "ownerGeneration": owner.generation,
+        "pod": key.pod(),
+        "ifName": key.if_name,
+        "network": key.network,
+        "refusedContainerId": id.container_id,
+        "refusedEverOwned": ever_owned,
+        "wayOut": way_out,
+    });
+    GuardError::new(Kind::StaleDel, msg).with_details(details.to_string())
+}
+
+/// A DEL whose decision needs a file that failed verification must not guess.
+fn refuse_if_set_aside(inv: &Invocation, attachment: &Attachment, kept: &Path, key: Option<&PodKey>) -> Result<()> {
+    if !crate::state::surely_absent(kept) {
+        return Err(set_aside_error(inv, attachment, kept, "set aside by an earlier operation", key));
+    }
+    Ok(())
+}
+
+fn set_aside_error(inv: &Invocation, attachment: &Attachment, kept: &Path, reason: &str, key: Option<&PodKey>) -> GuardError {
+    let what = match key {
+        Some(key) => format!("which sandbox owns pod {} ({})", key.pod(), key.if_name),
+        None => format!("which pod sandbox {} belonged to", crate::names::short_id(&attachment.container_id)),
+    };
+    let err = GuardError::new(
+        Kind::SetAside,
+        format!("DEL refused: the checkpoint that says {what} failed verification and is kept at {}", kept.display()),
+    )
+    .with_details(format!(
+        "Reason: {reason}. Check with `crictl pods` whether a newer sandbox of the pod runs on this node: if none \
+         does, delete {} and the runtime's retry will pass; if one does, stop and remove it first.",
+        kept.display()
+    ));
+    inv.log.event(Level::Error, inv.verb, &inv.subject(Some(attachment), key.map(PodKey::pod)), "refused", &format!("{} ({reason})", err.msg));
+    err
+}

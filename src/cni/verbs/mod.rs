@@ -1,0 +1,39 @@
+//! One file per CNI verb. Each gets the parsed invocation and returns what goes to stdout.
+
+pub mod add;
+pub mod check;
+pub mod del;
+pub mod gc;
+pub mod ip_conflict;
+pub mod status;
+
+use crate::cni::config::NetConf;
+use crate::cni::env::{Attachment, Verb};
+use crate::cni::log::{Log, Subject};
+use crate::state::checkpoint::AttachmentId;
+
+/// What every verb needs besides its attachment: the config and the log.
+pub struct Invocation {
+    pub verb: Verb,
+    pub conf: NetConf,
+    pub log: Log,
+}
+
+impl Invocation {
+    pub fn attachment_id(&self, attachment: &Attachment) -> AttachmentId {
+        AttachmentId {
+            network: self.conf.network.clone(),
+            container_id: attachment.container_id.clone(),
+            if_name: attachment.ifname.clone(),
+        }
+    }
+
+    pub fn subject<'a>(&'a self, attachment: Option<&'a Attachment>, pod: Option<String>) -> Subject<'a> {
+        Subject {
+            network: &self.conf.network,
+            container_id: attachment.map_or("-", |a| a.container_id.as_str()),
+            if_name: attachment.map_or("-", |a| a.ifname.as_str()),
+            pod,
+        }
+    }
+}

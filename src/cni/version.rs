@@ -1,0 +1,76 @@
+//! Which CNI versions the plugin speaks and which verbs each of them allows.
+
+use crate::cni::env::Verb;
+use crate::error::{GuardError, Kind, Result};
+
+pub const SUPPORTED: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+pub const LATEST: &str = "1.1.0";
+
+/// The version to put in an error: the config's when we speak it, else our newest, so
+/// the runtime can always decode the error.
+pub fn for_reply(requested: Option<&str>) -> &str {
+    match requested {
+        Some(v) if SUPPORTED.contains(&v) => v,
+        _ => LATEST,
+    }
+}
+
+/// Refuses a version we do not speak and a verb the version predates (CHECK came with
+/// 0.4.0, GC and STATUS with 1.1.0), as the spec requires.
+pub fn check_verb_allowed(verb: Verb, version: &str) -> Result<()> {
+    if !SUPPORTED.contains(&version) {
+        return Err(GuardError::new(
+            Kind::IncompatibleVersion,
+            format!(
+                "cniVersion {version:?} is not supported: use one of {}",
+                SUPPORTED.join(", ")
+            ),
+        ));
+    }
+    let needs = match verb {
+        Verb::Check => "0.4.0",
+        Verb::Gc | Verb::Status => "1.1.0",
+        _ => return Ok(()),
+    };
+    if parse(version) < parse(needs) {
+        return Err(GuardError::new(
+            Kind::IncompatibleVersion,
+            format!(
+                "{} needs cniVersion {needs} or later, the config says {version}: raise the \
+                 conflist's cniVersion",
+                verb.name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn parse(version: &str) -> (u32, u32, u32) {
+    let mut parts = version.split('.').map(|p| p.parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+/// The VERSION reply. libcni sends `{"cniVersion": ...}` on stdin; the reply echoes it when
+/// the plugin speaks it.
+pub fn version_reply(requested: Option<&str>) -> String {
+    serde_json::json!({
+        "cniVersion": for_reply(requested),
+        "supportedVersions": SUPPORTED,
+    })
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbs_follow_the_spec() {
+        assert!(check_verb_allowed(Verb::Add, "0.3.0").is_ok());
+        assert!(check_verb_allowed(Verb::Check, "0.3.1").is_err());
+        assert!(check_verb_allowed(Verb::Check, "0.4.0").is_ok());
+        assert!(check_verb_allowed(Verb::Gc, "1.0.0").is_err());
+        assert!(check_verb_allowed(Verb::Status, "1.1.0").is_ok());
+        assert_eq!(check_verb_allowed(Verb::Add, "2.0.0").unwrap_err().code(), 1);
+    }
+}

@@ -1,0 +1,7 @@
+//! The kernel: the one way into a pod's network namespace, netlink reads and writes, the
+//! link facts recorded at ADD, and ARP announcements. Nothing here knows of CNI or the store.
+
+pub mod arp;
+pub mod link_facts;
+pub mod netns;
+pub mod netlink;

@@ -1,0 +1,130 @@
+//! The plugin's only way into the kernel's network state: rtnetlink, read and written from a
+//! dedicated thread that holds one socket in the host netns and one in a pod's netns.
+//!
+//! Only ADD (link facts), CHECK, `--restore` and `--doctor` come here; VERSION, DEL, GC,
+//! STATUS and the dump never open a socket, so they keep their start-up cost.
+//!
+//! A netlink socket answers for the netns it was opened in. So a session opens the host
+//! socket first, then enters the pod's netns on its own thread (`super::netns`) and opens the
+//! second socket there; the process's other threads never leave the host netns.
+//!
+//! Plain blocking sockets (netlink-sys) carrying netlink-packet-route's messages, as netavark
+//! does: the kernel builds an rtnetlink answer inside the calls themselves (the sendmsg() of
+//! the request, the recvmsg() that drains a dump), so one request at a time on one thread
+//! waits for nothing an event loop could overlap. It replaced rtnetlink on a tokio
+//! current-thread runtime, which cost more time, RSS and binary: see README, Benchmarks.
+
+mod read;
+mod socket;
+mod write;
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use ipnetwork::IpNetwork;
+
+use super::netns::{self, Netns};
+use crate::error::{GuardError, Kind, Result};
+
+pub use read::{Side, main_routes_here};
+pub use write::NewMacvlan;
+
+use socket::{NlError, RouteSocket};
+
+/// A link as the kernel reports it, reduced to what the guard records and compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkState {
+    pub index: u32,
+    pub name: String,
+    /// `macvlan`, `veth`, `vlan`, ...; None for a link without a driver kind (a real NIC).
+    pub kind: Option<String>,
+    /// `bridge`, `private`, `vepa`, `passthru` or `source`, for a macvlan.
+    pub macvlan_mode: Option<String>,
+    /// The VLAN ID, for a vlan link.
+    pub vlan_id: Option<u16>,
+    pub mtu: u32,
+    /// Lower-case `aa:bb:...`, as CNI results write it.
+    pub mac: Option<String>,
+    /// IFLA_LINK: the master of a macvlan or vlan, the peer of a veth.
+    pub parent_index: Option<u32>,
+    /// The parent lives in another netns (IFLA_LINK_NETNSID is set): for a pod's interface,
+    /// the host's.
+    pub parent_elsewhere: bool,
+    pub up: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteState {
+    pub dst: IpNetwork,
+    pub gateway: Option<IpAddr>,
+    pub oif: Option<u32>,
+    /// Scope link: the destination is on the wire, no gateway.
+    pub link_scope: bool,
+    pub metric: Option<u32>,
+    /// Added by the kernel itself (the connected route of an address, IPv6 link-local):
+    /// it comes back with the address and must not be recorded as the pod's own.
+    pub by_kernel: bool,
+    pub main_table: bool,
+}
+
+/// An open pair of netlink sockets: one in the host netns, one in a pod's.
+pub struct Kernel {
+    host: RouteSocket,
+    pod: RouteSocket,
+    /// Kept open: it names the pod's netns when a link is created straight into it.
+    pod_netns: Netns,
+}
+
+/// Runs `job` on a thread of its own that has entered the netns at `netns_path`, with
+/// sockets in both that netns and the host's. The caller's thread stays where it is.
+pub fn with_pod_netns<T: Send>(netns_path: &Path, job: impl FnOnce(&Kernel) -> Result<T> + Send) -> Result<T> {
+    netns::in_own_thread(netns_path, move |pod_netns| Kernel::open(pod_netns).and_then(|kernel| job(&kernel)))
+}
+
+/// A `with_pod_netns` whose caller goes on with other work (ADD: the store) meanwhile.
+pub fn start_in_pod_netns<T: Send + 'static>(
+    netns_path: PathBuf,
+    job: impl FnOnce(&Kernel) -> Result<T> + Send + 'static,
+) -> netns::Pending<T> {
+    netns::start_in_own_thread(netns_path, move |pod_netns| Kernel::open(pod_netns).and_then(|kernel| job(&kernel)))
+}
+
+impl Kernel {
+    fn open(pod_netns: Netns) -> Result<Kernel> {
+        let host = connect()?;
+        pod_netns.enter()?;
+        let pod = connect()?;
+        Ok(Kernel { host, pod, pod_netns })
+    }
+
+    fn socket(&self, side: Side) -> &RouteSocket {
+        match side {
+            Side::Host => &self.host,
+            Side::Pod => &self.pod,
+        }
+    }
+
+    fn pod_netns_fd(&self) -> i32 {
+        self.pod_netns.raw_fd()
+    }
+}
+
+fn connect() -> Result<RouteSocket> {
+    RouteSocket::open().map_err(|e| GuardError::new(Kind::Netlink, format!("cannot open a netlink socket: {e}")))
+}
+
+/// The errno of a kernel refusal, to tell "not there" and "busy" from real failures.
+fn errno(err: &NlError) -> Option<i32> {
+    match err {
+        NlError::Kernel(message) => Some(message.raw_code().abs()),
+        _ => None,
+    }
+}
+
+fn failed(action: &str, err: NlError) -> GuardError {
+    let text = match &err {
+        NlError::Kernel(message) => message.to_io().to_string(),
+        other => other.to_string(),
+    };
+    GuardError::new(Kind::Netlink, format!("cannot {action}: {text}"))
+}

@@ -1,0 +1,294 @@
+//! Reading links, addresses and routes into the plain values of `super`.
+
+use ipnetwork::IpNetwork;
+use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::link::{InfoData, InfoMacVlan, InfoVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVlanMode};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+
+use super::socket::{NlError, RouteSocket};
+use super::{Kernel, LinkState, RouteState, errno, failed};
+use crate::error::Result;
+
+const RT_TABLE_MAIN: u32 = 254;
+
+/// A link, its addresses and every route of its netns.
+pub type LinkWithSurroundings = (LinkState, Vec<IpNetwork>, Vec<RouteState>);
+
+/// Which netns a read is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Host,
+    Pod,
+}
+
+impl Kernel {
+    pub fn link_by_name(&self, side: Side, name: &str) -> Result<Option<LinkState>> {
+        let mut request = LinkMessage::default();
+        request.attributes.push(LinkAttribute::IfName(name.to_string()));
+        self.first_link(side, request, &format!("read link {name}"))
+    }
+
+    pub fn link_by_index(&self, side: Side, index: u32) -> Result<Option<LinkState>> {
+        let mut request = LinkMessage::default();
+        request.header.index = index;
+        self.first_link(side, request, &format!("read link #{index}"))
+    }
+
+    fn first_link(&self, side: Side, request: LinkMessage, action: &str) -> Result<Option<LinkState>> {
+        first_link(self.socket(side), request, action)
+    }
+
+    fn get_link(&self, side: Side, request: LinkMessage) -> std::result::Result<Option<LinkMessage>, NlError> {
+        get_link(self.socket(side), request)
+    }
+
+    fn route_dump(&self, side: Side) -> Result<Vec<RouteState>> {
+        route_dump(self.socket(side))
+    }
+
+    fn address_dump(&self, side: Side) -> Result<Vec<(u32, IpNetwork)>> {
+        let answers = self
+            .socket(side)
+            .request(RouteNetlinkMessage::GetAddress(AddressMessage::default()), NLM_F_REQUEST | NLM_F_DUMP)
+            .map_err(|e| failed("read the addresses", e))?;
+        let mut addresses = Vec::with_capacity(answers.len());
+        for answer in answers {
+            match answer {
+                RouteNetlinkMessage::NewAddress(message) => {
+                    addresses.extend(address_cidr(&message).map(|cidr| (message.header.index, cidr)));
+                }
+                other => return Err(failed("read the addresses", unexpected(&other))),
+            }
+        }
+        Ok(addresses)
+    }
+
+    /// A link with its addresses and the routes of its netns: three requests in a row on one
+    /// socket. The kernel answers each within the calls that send and read it, so there is no
+    /// wait to overlap, and two dumps in flight on one socket would draw EBUSY.
+    pub fn link_with_addresses_and_routes(&self, side: Side, name: &str) -> Result<Option<LinkWithSurroundings>> {
+        let mut request = LinkMessage::default();
+        request.attributes.push(LinkAttribute::IfName(name.to_string()));
+        let link = match self.get_link(side, request) {
+            Ok(Some(message)) => link_state(&message),
+            Ok(None) => return Ok(None),
+            Err(err) if errno(&err) == Some(nix::libc::ENODEV) => return Ok(None),
+            Err(err) => return Err(failed(&format!("read link {name}"), err)),
+        };
+        let addresses = self.address_dump(side)?.into_iter().filter(|(index, _)| *index == link.index).map(|(_, cidr)| cidr).collect();
+        Ok(Some((link, addresses, self.route_dump(side)?)))
+    }
+}
+
+/// An answer of another kind than the request calls for.
+fn unexpected(message: &RouteNetlinkMessage) -> NlError {
+    NlError::Malformed(format!("unexpected answer from the kernel (type {})", message.message_type()))
+}
+
+fn link_state(message: &LinkMessage) -> LinkState {
+    let mut link = LinkState {
+        index: message.header.index,
+        name: String::new(),
+        kind: None,
+        macvlan_mode: None,
+        vlan_id: None,
+        mtu: 0,
+        mac: None,
+        parent_index: None,
+        parent_elsewhere: false,
+        up: message.header.flags.contains(LinkFlags::Up),
+    };
+    for attribute in &message.attributes {
+        match attribute {
+            LinkAttribute::IfName(name) => link.name = name.clone(),
+            LinkAttribute::Mtu(mtu) => link.mtu = *mtu,
+            LinkAttribute::Address(bytes) if !bytes.is_empty() => link.mac = Some(mac_text(bytes)),
+            LinkAttribute::Link(index) => link.parent_index = Some(*index),
+            LinkAttribute::LinkNetNsId(_) => link.parent_elsewhere = true,
+            LinkAttribute::LinkInfo(infos) => {
+                for info in infos {
+                    match info {
+                        LinkInfo::Kind(kind) => link.kind = Some(kind.to_string()),
+                        LinkInfo::Data(InfoData::MacVlan(data)) => {
+                            link.macvlan_mode = data.iter().find_map(|d| match d {
+                                InfoMacVlan::Mode(mode) => Some(macvlan_mode_name(*mode)),
+                                _ => None,
+                            });
+                        }
+                        LinkInfo::Data(InfoData::Vlan(data)) => {
+                            link.vlan_id = data.iter().find_map(|d| match d {
+                                InfoVlan::Id(id) => Some(*id),
+                                _ => None,
+                            });
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    link
+}
+
+fn mac_text(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+/// The names `ip -d link` prints, which is what an operator compares against.
+fn macvlan_mode_name(mode: MacVlanMode) -> String {
+    match mode {
+        MacVlanMode::Private => "private".to_string(),
+        MacVlanMode::Vepa => "vepa".to_string(),
+        MacVlanMode::Bridge => "bridge".to_string(),
+        MacVlanMode::Passthrough => "passthru".to_string(),
+        MacVlanMode::Source => "source".to_string(),
+        MacVlanMode::Other(value) => format!("mode-{value}"),
+        _ => "unknown".to_string(),
+    }
+}
+
+pub fn macvlan_mode_from_name(name: &str) -> Option<MacVlanMode> {
+    Some(match name {
+        "private" => MacVlanMode::Private,
+        "vepa" => MacVlanMode::Vepa,
+        "bridge" => MacVlanMode::Bridge,
+        "passthru" => MacVlanMode::Passthrough,
+        "source" => MacVlanMode::Source,
+        _ => return None,
+    })
+}
+
+/// IFA_LOCAL is the interface's own address on point-to-point links, IFA_ADDRESS the peer's;
+/// on everything else they are equal and IFA_LOCAL may be absent (IPv6).
+fn address_cidr(message: &AddressMessage) -> Option<IpNetwork> {
+    let local = message.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Local(ip) => Some(*ip),
+        _ => None,
+    });
+    let address = message.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Address(ip) => Some(*ip),
+        _ => None,
+    });
+    IpNetwork::new(local.or(address)?, message.header.prefix_len).ok()
+}
+
+fn route_state(message: &RouteMessage) -> Option<RouteState> {
+    if message.header.kind != RouteType::Unicast {
+        return None;
+    }
+    let mut dst = None;
+    let mut gateway = None;
+    let mut oif = None;
+    let mut metric = None;
+    let mut table = u32::from(message.header.table);
+    for attribute in &message.attributes {
+        match attribute {
+            RouteAttribute::Destination(address) => dst = route_ip(address),
+            RouteAttribute::Gateway(address) => gateway = route_ip(address),
+            RouteAttribute::Oif(index) => oif = Some(*index),
+            RouteAttribute::Priority(value) => metric = Some(*value),
+            RouteAttribute::Table(value) => table = *value,
+            _ => {}
+        }
+    }
+    let prefix = message.header.destination_prefix_length;
+    let dst = match dst {
+        Some(ip) => IpNetwork::new(ip, prefix).ok()?,
+        // No RTA_DST is the default route of the family.
+        None => match message.header.address_family {
+            AddressFamily::Inet => IpNetwork::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0).ok()?,
+            AddressFamily::Inet6 => IpNetwork::new(std::net::Ipv6Addr::UNSPECIFIED.into(), 0).ok()?,
+            _ => return None,
+        },
+    };
+    Some(RouteState {
+        dst,
+        gateway,
+        oif,
+        link_scope: message.header.scope == RouteScope::Link,
+        metric,
+        by_kernel: matches!(message.header.protocol, RouteProtocol::Kernel | RouteProtocol::Ra),
+        main_table: table == RT_TABLE_MAIN,
+    })
+}
+
+fn route_ip(address: &RouteAddress) -> Option<std::net::IpAddr> {
+    match address {
+        RouteAddress::Inet(ip) => Some((*ip).into()),
+        RouteAddress::Inet6(ip) => Some((*ip).into()),
+        _ => None,
+    }
+}
+
+fn first_link(socket: &RouteSocket, request: LinkMessage, action: &str) -> Result<Option<LinkState>> {
+    match get_link(socket, request) {
+        Ok(message) => Ok(message.map(|m| link_state(&m))),
+        // The kernel answers a lookup of a missing link with ENODEV.
+        Err(err) if errno(&err) == Some(nix::libc::ENODEV) => Ok(None),
+        Err(err) => Err(failed(action, err)),
+    }
+}
+
+/// RTM_GETLINK for one link, by the name or the index in `request`.
+fn get_link(socket: &RouteSocket, request: LinkMessage) -> std::result::Result<Option<LinkMessage>, NlError> {
+    let answers = socket.request(RouteNetlinkMessage::GetLink(request), NLM_F_REQUEST)?;
+    match answers.into_iter().next() {
+        Some(RouteNetlinkMessage::NewLink(message)) => Ok(Some(message)),
+        Some(other) => Err(unexpected(&other)),
+        None => Ok(None),
+    }
+}
+
+fn route_dump(socket: &RouteSocket) -> Result<Vec<RouteState>> {
+    // What rtnetlink's RouteMessageBuilder::<IpAddr>::new() sends: every family, and a
+    // header the kernel does not filter a dump on (no NETLINK_GET_STRICT_CHK).
+    let mut request = RouteMessage::default();
+    request.header.table = RouteHeader::RT_TABLE_MAIN;
+    request.header.protocol = RouteProtocol::Static;
+    request.header.scope = RouteScope::Universe;
+    request.header.kind = RouteType::Unicast;
+    let answers = socket
+        .request(RouteNetlinkMessage::GetRoute(request), NLM_F_REQUEST | NLM_F_DUMP)
+        .map_err(|e| failed("read the routes", e))?;
+    let mut routes = Vec::with_capacity(answers.len());
+    for answer in answers {
+        match answer {
+            RouteNetlinkMessage::NewRoute(message) => routes.extend(route_state(&message)),
+            other => return Err(failed("read the routes", unexpected(&other))),
+        }
+    }
+    Ok(routes)
+}
+
+/// A main-table route of the caller's netns and the name of its device.
+pub type NamedRoute = (RouteState, Option<String>);
+
+/// The main-table routes of the netns the calling thread is in, for the doctor: one socket,
+/// no thread, a link lookup per distinct device.
+pub fn main_routes_here() -> Result<Vec<NamedRoute>> {
+    let socket = super::connect()?;
+    let mut names: std::collections::HashMap<u32, Option<String>> = std::collections::HashMap::new();
+    let mut named = Vec::new();
+    for route in route_dump(&socket)?.into_iter().filter(|r| r.main_table) {
+        let device = match route.oif {
+            Some(index) => match names.get(&index) {
+                Some(name) => name.clone(),
+                None => {
+                    let mut request = LinkMessage::default();
+                    request.header.index = index;
+                    let name = first_link(&socket, request, &format!("read link #{index}"))?.map(|l| l.name);
+                    names.insert(index, name.clone());
+                    name
+                }
+            },
+            None => None,
+        };
+        named.push((route, device));
+    }
+    Ok(named)
+}

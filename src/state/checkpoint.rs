@@ -1,0 +1,100 @@
+//! The checkpoint of one attachment: what the runtime and the primary plugin told us at ADD.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::state::ownership::PodKey;
+
+/// Names one attachment the way libcni does: network, container, interface.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AttachmentId {
+    pub network: String,
+    pub container_id: String,
+    pub if_name: String,
+}
+
+impl AttachmentId {
+    /// `:` occurs in none of the three (they are validated), so the name is unambiguous
+    /// and an operator can read it in `ls`.
+    pub fn file_name(&self) -> String {
+        format!("{}:{}:{}", self.network, self.container_id, self.if_name)
+    }
+
+    /// The attachment a record-like file name stands for; `None` for a name that is not one.
+    pub fn from_file_name(path: &std::path::Path) -> Option<AttachmentId> {
+        let (network, container_id, if_name) = split_file_name(path.file_name()?.to_str()?)?;
+        Some(AttachmentId { network: network.into(), container_id: container_id.into(), if_name: if_name.into() })
+    }
+}
+
+/// Joins a kept copy's name to the time it was kept (`<name>~<nanoseconds>`): a copy kept for
+/// the operator, which blocks nothing. `~` is in none of the three names.
+pub const KEPT_COPY_MARK: char = '~';
+
+pub fn is_kept_copy(file_name: &str) -> bool {
+    file_name.contains(KEPT_COPY_MARK)
+}
+
+/// The network, container and interface a record-like file name holds (a kept copy's mark
+/// and time are not part of the interface name). Names read from disk are validated like
+/// the runtime's before they make a path or a row.
+pub fn split_file_name(file_name: &str) -> Option<(&str, &str, &str)> {
+    use crate::error::Kind;
+    use crate::names::{MAX_CONTAINER_ID, MAX_NETWORK, check_ifname, check_plain};
+    let mut parts = file_name.splitn(3, ':');
+    let (network, container_id, if_name) = (parts.next()?, parts.next()?, parts.next()?);
+    let if_name = if_name.split(KEPT_COPY_MARK).next()?;
+    check_plain("network", network, MAX_NETWORK, Kind::Io).ok()?;
+    check_plain("container", container_id, MAX_CONTAINER_ID, Kind::Io).ok()?;
+    check_ifname(if_name).ok()?;
+    Some((network, container_id, if_name))
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Checkpoint {
+    pub network: String,
+    pub container_id: String,
+    pub if_name: String,
+    pub pod_namespace: Option<String>,
+    pub pod_name: Option<String>,
+    pub pod_uid: Option<String>,
+    pub infra_container_id: Option<String>,
+    pub netns: String,
+    pub cni_version: String,
+    /// Grows with every ADD of this attachment and of its pod key.
+    pub generation: u64,
+    pub created_at: String,
+    pub updated_at: String,
+    /// The primary's result exactly as the runtime passed it.
+    pub prev_result: Box<RawValue>,
+    /// What the kernel showed of the interface and its host parent at ADD; absent in
+    /// records written before link facts existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub links: Option<crate::kernel::link_facts::LinkFacts>,
+}
+
+impl Checkpoint {
+    pub fn id(&self) -> AttachmentId {
+        AttachmentId {
+            network: self.network.clone(),
+            container_id: self.container_id.clone(),
+            if_name: self.if_name.clone(),
+        }
+    }
+
+    pub fn pod_key(&self) -> Option<PodKey> {
+        pod_key(&self.network, self.pod_namespace.as_deref(), self.pod_name.as_deref(), &self.if_name)
+    }
+}
+
+/// A pod key needs both namespace and name: podman, for one, passes only K8S_POD_NAME,
+/// and a bare container name is no pod identity to guard.
+pub fn pod_key(network: &str, namespace: Option<&str>, name: Option<&str>, if_name: &str) -> Option<PodKey> {
+    Some(PodKey {
+        network: network.to_string(),
+        pod_namespace: namespace?.to_string(),
+        pod_name: name?.to_string(),
+        if_name: if_name.to_string(),
+    })
+}

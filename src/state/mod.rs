@@ -1,0 +1,538 @@
+//! The state: every file under the state directory, and the ownership rule that decides
+//! from it. One sealed file per attachment, one per owned pod key, the files set aside
+//! after a checksum failure, the ADDs that failed in the guard, and the address index.
+//!
+//! ```text
+//! <stateDir>/lock                                  flock; holds the generation counter
+//! <stateDir>/records/<network>:<container>:<if>    Checkpoint
+//! <stateDir>/owners/<sha256 of the pod key>        Ownership
+//! <stateDir>/set-aside/<original name>             corrupt files, kept for the operator
+//! <stateDir>/failed-adds/<network>:<container>:<if> an ADD the guard failed (see failed_add)
+//! <stateDir>/ips/<network>:<address>               who was last given an address (ip_index)
+//! ```
+//!
+//! Every ADD, DEL and CHECK touches a fixed number of files whatever the store holds;
+//! only GC and the operator tools list directories. Writers (`Store::open`) create what is
+//! missing and hold the exclusive lock for their life; readers (`Store::open_read_only`)
+//! create, chmod and lock-create nothing, and take the shared lock only around what must be
+//! read consistently, never while they write to stdout.
+
+pub mod checkpoint;
+pub mod failed_add;
+pub mod ip_index;
+pub mod lock;
+pub mod ownership;
+pub mod sealed;
+
+use std::cell::Cell;
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use crate::error::{GuardError, Kind, Result};
+use crate::state::ownership::{Ownership, PodKey};
+use checkpoint::{AttachmentId, Checkpoint};
+pub use lock::Access;
+pub use sealed::Loaded;
+
+pub(crate) const RECORDS: &str = "records";
+const OWNERS: &str = "owners";
+pub(crate) const SET_ASIDE: &str = "set-aside";
+pub const FAILED_ADDS: &str = "failed-adds";
+/// The address index, kept by conflict.rs.
+pub const IPS: &str = "ips";
+const OWNER_PREFIX: &str = "owner-";
+/// The folders below the state dir, in the order of `Store::dirty`.
+const FOLDERS: [&str; 4] = [RECORDS, OWNERS, SET_ASIDE, FAILED_ADDS];
+
+pub struct Store {
+    root: PathBuf,
+    records: PathBuf,
+    owners: PathBuf,
+    set_aside: PathBuf,
+    failed_adds: PathBuf,
+    /// A writer holds the exclusive lock on it for the life of the Store (the OS drops the lock
+    /// when the process dies). `None` only for a reader whose store has never been written.
+    lock: Option<File>,
+    writable: bool,
+    /// Directories renamed into since the last sync, in the order of FOLDERS.
+    dirty: Cell<[bool; 4]>,
+}
+
+/// What `read_in_batches` reads.
+#[derive(Debug, Clone, Copy)]
+pub enum Folder {
+    Records,
+    Owners,
+}
+
+/// Files a reader reads under one hold of the shared lock.
+pub const READ_BATCH: usize = 256;
+
+/// A reader's shared lock, released on drop.
+pub struct ReadLock<'a>(Option<&'a File>);
+
+impl Drop for ReadLock<'_> {
+    fn drop(&mut self) {
+        if let Some(file) = self.0 {
+            let _ = file.unlock();
+        }
+    }
+}
+
+impl Store {
+    /// For writers: creates (mode 0700) the state dir and its folders, and waits at most
+    /// `wait` for the exclusive lock. On a read-only filesystem this fails with Kind::ReadOnly.
+    pub fn open(root: &Path, wait: Duration) -> Result<Store> {
+        ensure_dir(root)?;
+        let store = Store::at(root, None, true);
+        for dir in [&store.records, &store.owners, &store.set_aside] {
+            ensure_dir(dir)?;
+        }
+        let lock_path = root.join("lock");
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(&lock_path)
+            .map_err(|e| GuardError::io("open the lock file", &lock_path, e))?;
+        lock::acquire(&lock, &lock_path, Access::Exclusive, wait, &|_| {})?;
+        Ok(Store { lock: Some(lock), ..store })
+    }
+
+    /// For readers: the state dir must exist; nothing is created, chmodded or locked here.
+    /// Take `read_lock` around reads that must be consistent with each other.
+    pub fn open_read_only(root: &Path) -> Result<Store> {
+        match fs::symlink_metadata(root) {
+            Ok(meta) if meta.file_type().is_symlink() => return Err(symlinked(root)),
+            Ok(meta) if !meta.is_dir() => return Err(not_a_dir(root)),
+            Ok(_) => {}
+            Err(e) => return Err(GuardError::io("open state directory", root, e)),
+        }
+        let lock_path = root.join("lock");
+        let lock = match OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(&lock_path)
+        {
+            Ok(file) => Some(file),
+            // No writer has ever run here: there is nothing to be consistent with.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(GuardError::io("open the lock file", &lock_path, e)),
+        };
+        Ok(Store::at(root, lock, false))
+    }
+
+    fn at(root: &Path, lock: Option<File>, writable: bool) -> Store {
+        let [records, owners, set_aside, failed_adds] = FOLDERS.map(|dir| root.join(dir));
+        Store { root: root.to_path_buf(), records, owners, set_aside, failed_adds, lock, writable, dirty: Cell::new([false; 4]) }
+    }
+
+    /// A reader's shared lock, waited for at most `wait`; `on_wait` hears once who holds it
+    /// when it is not free at once.
+    pub fn read_lock(&self, wait: Duration, on_wait: &dyn Fn(&str)) -> Result<ReadLock<'_>> {
+        let Some(file) = &self.lock else { return Ok(ReadLock(None)) };
+        lock::acquire(file, &self.root.join("lock"), Access::Shared, wait, on_wait)?;
+        Ok(ReadLock(Some(file)))
+    }
+
+    /// Reads the files of `folder` with `load`, keeping what it returns, under the shared lock
+    /// for at most READ_BATCH files at a time: a reader of a large store holds no writer up
+    /// for long. Each file is whole (written by rename) whatever happens between batches. The
+    /// folder is listed as it is read, so only what `load` keeps takes memory.
+    pub fn read_in_batches<T>(
+        &self,
+        folder: Folder,
+        wait: Duration,
+        on_wait: &dyn Fn(&str),
+        mut load: impl FnMut(&Path) -> Option<T>,
+    ) -> Result<Vec<(PathBuf, T)>> {
+        let mut paths = self.paths(folder)?;
+        let mut found = Vec::new();
+        loop {
+            let _lock = self.read_lock(wait, on_wait)?;
+            let mut read = 0;
+            for path in paths.by_ref() {
+                let path = path.map_err(|e| GuardError::io("list", self.folder(folder), e))?;
+                if let Some(value) = load(&path) {
+                    found.push((path, value));
+                }
+                read += 1;
+                if read == READ_BATCH {
+                    break;
+                }
+            }
+            if read < READ_BATCH {
+                return Ok(found);
+            }
+        }
+    }
+
+    /// How many files `folder` holds, temp files aside; nothing is read.
+    pub fn count(&self, folder: Folder) -> Result<usize> {
+        Ok(self.paths(folder)?.count())
+    }
+
+    fn folder(&self, folder: Folder) -> &Path {
+        match folder {
+            Folder::Records => &self.records,
+            Folder::Owners => &self.owners,
+        }
+    }
+
+    /// The paths of `folder`'s files in directory order, listed lazily; none for a folder
+    /// that does not exist yet.
+    fn paths(&self, folder: Folder) -> Result<impl Iterator<Item = io::Result<PathBuf>> + use<>> {
+        let dir = self.folder(folder);
+        let entries = match fs::read_dir(dir) {
+            Ok(entries) => Some(entries),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(GuardError::io("list", dir, e)),
+        };
+        Ok(entries.into_iter().flatten().filter_map(|entry| match entry {
+            Ok(entry) if entry.file_name().as_encoded_bytes().starts_with(b".") => None,
+            Ok(entry) => Some(Ok(entry.path())),
+            Err(e) => Some(Err(e)),
+        }))
+    }
+
+    /// Whether this Store was opened by `open` (it may write) or `open_read_only`.
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn record_path(&self, id: &AttachmentId) -> PathBuf {
+        self.records.join(id.file_name())
+    }
+
+    pub fn load_record(&self, id: &AttachmentId) -> Result<Loaded<Checkpoint>> {
+        sealed::read(&self.record_path(id))
+    }
+
+    pub fn save_record(&self, record: &Checkpoint) -> Result<()> {
+        sealed::write(&self.records, &record.id().file_name(), record)?;
+        self.mark_dirty(0);
+        Ok(())
+    }
+
+    pub fn remove_record(&self, id: &AttachmentId) -> Result<()> {
+        remove(&self.record_path(id))?;
+        self.mark_dirty(0);
+        Ok(())
+    }
+
+    pub fn owner_path(&self, key: &PodKey) -> PathBuf {
+        self.owners.join(key.digest())
+    }
+
+    pub fn load_owner(&self, key: &PodKey) -> Result<Loaded<Ownership>> {
+        let loaded = sealed::read::<Ownership>(&self.owner_path(key))?;
+        // A digest collision or a file copied by hand would name another key.
+        Ok(match loaded {
+            Loaded::Valid(owner) if owner.key != *key => Loaded::Corrupt {
+                path: self.owner_path(key),
+                reason: format!("it names pod key {:?}, not the one its file name stands for", owner.key),
+            },
+            Loaded::Valid(owner) if !plain_owner(&owner) => Loaded::Corrupt {
+                path: self.owner_path(key),
+                reason: "it names a container or interface that is not plain".to_string(),
+            },
+            other => other,
+        })
+    }
+
+    pub fn save_owner(&self, owner: &Ownership) -> Result<()> {
+        sealed::write(&self.owners, &owner.key.digest(), owner)?;
+        self.mark_dirty(1);
+        Ok(())
+    }
+
+    pub fn remove_owner(&self, key: &PodKey) -> Result<()> {
+        remove(&self.owner_path(key))?;
+        self.mark_dirty(1);
+        Ok(())
+    }
+
+    /// Whether `owner` still stands on its record: the owner's record names the same pod
+    /// key, or cannot be read (corrupt, set aside to block), in which case it is trusted.
+    /// An owner whose record is gone owns nothing: it would refuse every other sandbox's DEL
+    /// of the pod for ever.
+    pub fn owner_is_backed(&self, owner: &Ownership) -> bool {
+        // A checksum is no signature: names from a file are checked before they make a path.
+        if !plain_owner(owner) {
+            return true;
+        }
+        let id = AttachmentId {
+            network: owner.key.network.clone(),
+            container_id: owner.container_id.clone(),
+            if_name: owner.key.if_name.clone(),
+        };
+        match self.load_record(&id) {
+            Ok(Loaded::Valid(record)) => record.pod_key().as_ref() == Some(&owner.key),
+            Ok(Loaded::Missing) => !surely_absent(&self.set_aside_path_for_record(&id)),
+            Ok(Loaded::Corrupt { .. }) | Err(_) => true,
+        }
+    }
+
+    /// When the owner of `key` took it (its file's mtime), for comparing with a failed ADD.
+    pub fn owner_since(&self, key: &PodKey) -> Option<SystemTime> {
+        fs::symlink_metadata(self.owner_path(key)).and_then(|m| m.modified()).ok()
+    }
+
+    /// Where a corrupt record, or a pod key's corrupt ownership, is kept. While it is there,
+    /// a DEL that would have needed it is refused: the retry must not pass silently.
+    pub fn set_aside_path_for_record(&self, id: &AttachmentId) -> PathBuf {
+        self.set_aside.join(id.file_name())
+    }
+
+    pub fn set_aside_path_for_owner(&self, key: &PodKey) -> PathBuf {
+        self.set_aside.join(format!("{OWNER_PREFIX}{}", key.digest()))
+    }
+
+    /// Moves a corrupt file out of the way, keeping it. `blocking` puts it at `to`, where
+    /// it stops the DELs that would have needed it; otherwise (and when `to` is taken) it
+    /// goes beside `to` under a unique name, kept but blocking nothing. ADD uses the latter:
+    /// it writes a fresh, valid file in the same breath.
+    pub fn set_aside(&self, from: &Path, to: &Path, blocking: bool) -> Result<PathBuf> {
+        let target = if !blocking || fs::symlink_metadata(to).is_ok() { kept_copy_path(to) } else { to.to_path_buf() };
+        fs::rename(from, &target).map_err(|e| GuardError::io("set aside corrupt checkpoint", from, e))?;
+        self.mark_dirty(2);
+        if from.starts_with(&self.records) {
+            self.mark_dirty(0);
+        } else if from.starts_with(&self.owners) {
+            self.mark_dirty(1);
+        }
+        Ok(target)
+    }
+
+    /// Keeps a copy of a corrupt file that the caller is about to overwrite (a hard link beside
+    /// `to`, blocking nothing). Unlike a move, it leaves the original in place until the new
+    /// file replaces it, so no crash in between leaves an owner without its record.
+    pub fn keep_copy(&self, from: &Path, to: &Path) -> Result<PathBuf> {
+        let target = kept_copy_path(to);
+        fs::hard_link(from, &target).map_err(|e| GuardError::io("keep a copy of corrupt checkpoint", from, e))?;
+        self.mark_dirty(2);
+        Ok(target)
+    }
+
+    /// Keeps a blocking set-aside file but stops it blocking, once the state it stood for is
+    /// known again (an ADD rewrote the record or took the pod key, or GC learnt that the
+    /// attachment is gone). Left in place, it would refuse every later DEL, even repeats of
+    /// one that already succeeded.
+    /// Returns whether there was one (the caller syncs).
+    pub fn unblock(&self, blocker: &Path) -> Result<bool> {
+        if fs::symlink_metadata(blocker).is_err() {
+            return Ok(false);
+        }
+        self.set_aside(blocker, blocker, false)?;
+        Ok(true)
+    }
+
+    /// Makes every rename and unlink since the last sync durable (one fsync a directory).
+    pub fn sync(&self) -> Result<()> {
+        let dirty = self.dirty.replace([false; 4]);
+        for (dir, is_dirty) in [&self.records, &self.owners, &self.set_aside, &self.failed_adds].into_iter().zip(dirty) {
+            if is_dirty {
+                File::open(dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| GuardError::io("sync directory", dir, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn mark_dirty(&self, index: usize) {
+        let mut dirty = self.dirty.get();
+        dirty[index] = true;
+        self.dirty.set(dirty);
+    }
+
+    /// The store-wide generation counter, kept in the lock file we hold anyway so that it
+    /// costs no extra durable write. It is only a floor: generations are also derived from
+    /// the durable records (see `ownership::next_generation`), so losing it in a power cut
+    /// cannot make a generation go backwards for a pod key.
+    pub fn generation_counter(&self) -> u64 {
+        let mut buf = [0u8; 20];
+        let read = self.lock.as_ref().and_then(|lock| lock.read_at(&mut buf, 0).ok()).unwrap_or(0);
+        std::str::from_utf8(&buf[..read]).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+    }
+
+    pub fn set_generation_counter(&self, value: u64) {
+        // Best effort by design (see above).
+        if let Some(lock) = &self.lock {
+            let _ = lock.write_at(format!("{value:020}").as_bytes(), 0);
+        }
+    }
+
+    /// Every record file, for GC and the doctor. A file that cannot even be opened safely (a
+    /// planted symlink, a FIFO) is listed as corrupt: the tools that list must keep working.
+    pub fn list_records(&self) -> Result<Vec<(PathBuf, Loaded<Checkpoint>)>> {
+        list(&self.records, |path| Ok(read_for_listing(path)))
+    }
+
+    /// The record files' paths in directory order, read lazily: a reader that loads one
+    /// record at a time then needs no memory per record (ten thousand sorted paths alone
+    /// would take the dump past 4 MiB).
+    pub fn record_paths(&self) -> Result<impl Iterator<Item = io::Result<PathBuf>> + use<>> {
+        self.paths(Folder::Records)
+    }
+
+    /// Reads one path of `record_paths` as `list_records` would.
+    pub fn load_record_at(&self, path: &Path) -> Loaded<Checkpoint> {
+        read_for_listing(path)
+    }
+
+    pub fn list_owners(&self) -> Result<Vec<(PathBuf, Loaded<Ownership>)>> {
+        list(&self.owners, |path| Ok(read_for_listing(path)))
+    }
+
+    /// The set-aside files, for the dump.
+    pub fn list_set_aside(&self) -> Result<Vec<PathBuf>> {
+        Ok(list(&self.set_aside, |_| Ok(()))?.into_iter().map(|(path, ())| path).collect())
+    }
+
+    /// The temp files that writers killed mid-write left behind (a runtime's timeout kills
+    /// plugins), in the state dir and its folders. Only GC and the doctor list them.
+    pub fn temp_files(&self) -> Vec<TempFile> {
+        let mut found = Vec::new();
+        let folders = [&self.root, &self.records, &self.owners, &self.set_aside, &self.failed_adds];
+        let index = self.root.join(IPS);
+        for dir in folders.into_iter().chain([&index]) {
+            let Ok(entries) = fs::read_dir(dir) else { continue };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let Some(pid) = temp_file_pid(&name.to_string_lossy()) else { continue };
+                let modified = entry.metadata().and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
+                found.push(TempFile { path: entry.path(), pid, modified });
+            }
+        }
+        found
+    }
+
+    /// Removes the temp files of writers that are gone; a live writer's (a STATUS probe, which
+    /// takes no lock) is left alone. Returns how many went.
+    pub fn remove_dead_temp_files(&self) -> Result<usize> {
+        let mut removed = 0;
+        for temp in self.temp_files() {
+            if !temp.writer_alive() {
+                remove(&temp.path)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// A set-aside file under its own name refuses the DELs that need it; a copy under
+/// `<name>~<time>` is kept for inspection and blocks nothing.
+pub fn set_aside_blocks(path: &Path) -> bool {
+    !checkpoint::is_kept_copy(&path.file_name().unwrap_or_default().to_string_lossy())
+}
+
+/// Where a kept copy of `to` goes: beside it, under a name that blocks nothing.
+fn kept_copy_path(to: &Path) -> PathBuf {
+    let name = format!("{}{}{}", to.file_name().unwrap_or_default().to_string_lossy(), checkpoint::KEPT_COPY_MARK, crate::clock::unix_nanos());
+    to.with_file_name(name)
+}
+
+/// A temp file left by a writer: `.<pid>.tmp`, or `.status.<pid>.tmp` from a STATUS probe.
+pub struct TempFile {
+    pub path: PathBuf,
+    pub pid: u32,
+    pub modified: SystemTime,
+}
+
+impl TempFile {
+    pub fn writer_alive(&self) -> bool {
+        Path::new(&format!("/proc/{}", self.pid)).exists()
+    }
+}
+
+fn temp_file_pid(name: &str) -> Option<u32> {
+    let inner = name.strip_prefix('.')?.strip_suffix(".tmp")?;
+    inner.rsplit('.').next()?.parse().ok()
+}
+
+pub(crate) fn read_for_listing<T: serde::de::DeserializeOwned>(path: &Path) -> Loaded<T> {
+    sealed::read(path).unwrap_or_else(|e| Loaded::Corrupt { path: path.to_path_buf(), reason: e.msg })
+}
+
+/// Lists a directory's files, skipping the temp files of writers in flight. A folder that
+/// does not exist yet (a reader of a store no writer has filled) lists as empty.
+fn list<T>(dir: &Path, mut load: impl FnMut(&Path) -> Result<T>) -> Result<Vec<(PathBuf, T)>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(GuardError::io("list", dir, e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| GuardError::io("list", dir, e))?;
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        let value = load(&path)?;
+        out.push((path, value));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+pub(crate) fn remove(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(GuardError::io("remove", path, e)),
+    }
+}
+
+/// Creates `dir` (0700) if missing, tightens it to 0700 if it is looser (checkpoints name
+/// every pod on the node); refuses it if it is a symlink or not a directory. Writers only.
+pub(crate) fn ensure_dir(dir: &Path) -> Result<()> {
+    match fs::symlink_metadata(dir) {
+        Ok(meta) if meta.file_type().is_symlink() => Err(symlinked(dir)),
+        Ok(meta) if !meta.is_dir() => Err(not_a_dir(dir)),
+        Ok(meta) if meta.permissions().mode() & 0o077 != 0 => fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .map_err(|e| GuardError::io("restrict the mode of", dir, e)),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| GuardError::io("create state directory", dir, e)),
+        Err(e) => Err(GuardError::io("inspect state directory", dir, e)),
+    }
+}
+
+fn plain_owner(owner: &Ownership) -> bool {
+    use crate::names::{MAX_CONTAINER_ID, MAX_NETWORK, check_ifname, check_plain};
+    check_plain("network", &owner.key.network, MAX_NETWORK, Kind::Io).is_ok()
+        && check_plain("container", &owner.container_id, MAX_CONTAINER_ID, Kind::Io).is_ok()
+        && check_ifname(&owner.key.if_name).is_ok()
+}
+
+/// True only when `path` certainly does not exist: an I/O error on a failing disk is no
+/// proof of absence, and a check that guards a teardown must not read it as one.
+pub(crate) fn surely_absent(path: &Path) -> bool {
+    matches!(fs::symlink_metadata(path), Err(e) if e.kind() == io::ErrorKind::NotFound)
+}
+
+fn symlinked(dir: &Path) -> GuardError {
+    GuardError::new(Kind::Io, format!("{} is a symbolic link, which the state dir never follows", dir.display()))
+        .with_details("make it a real directory (mode 0700, owned by root)")
+}
+
+fn not_a_dir(dir: &Path) -> GuardError {
+    GuardError::new(Kind::Io, format!("{} is not a directory", dir.display()))
+        .with_details("move it away, or set stateDir to a directory")
+}

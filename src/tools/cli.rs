@@ -1,0 +1,559 @@
+//! The operator's side: the binary run by hand with flags instead of by a runtime.
+//!
+//! Three modes (`--dump-checkpoints`, `--restore`, `--doctor`), exactly one per run, each with
+//! its own options and its own `--help`. lexopt splits the words (`--flag value`,
+//! `--flag=value`, `-o json`, `--`); the rules are checked here, after the whole line is read,
+//! so that a mistake is refused before anything runs: an empty value, a flag of another mode,
+//! a single-valued flag given twice, a container ID that could not be one. A usage error exits
+//! 2 with one line and a pointer to the mode's help.
+//!
+//! Only this path parses: `main` calls `run` only when there are arguments, so a runtime's
+//! exec (no arguments) never reaches the parser.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lexopt::Arg;
+
+use crate::cni::config::DEFAULT_STATE_DIR;
+use crate::tools::doctor;
+use crate::tools::dump::{self, Filter, Format};
+use crate::error::Kind;
+use crate::names;
+use crate::tools::restore::{self, Selection};
+
+/// How long a command waits for the state dir's lock unless `--lock-timeout` says otherwise.
+const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
+const OVERVIEW: &str = "\
+sandbox-guard: a chained CNI plugin that checkpoints every pod attachment and refuses the
+stale DEL of an old sandbox once a newer sandbox owns the same pod name.
+
+As a CNI plugin it is run by the container runtime (CNI_COMMAND in the environment,
+config on stdin); list it LAST in the conflist. By hand, in one of three modes:
+
+  sandbox-guard --dump-checkpoints [options]   show what the checkpoints hold
+  sandbox-guard --restore [options] (--all | CONTAINER-ID...)
+                             re-create pod interfaces that vanished with their host
+                             parent (a NIC driver reload)
+  sandbox-guard --doctor [options]   explain this node's CNI failure classes before they
+                             bite; exit status 1 on any error
+  sandbox-guard MODE --help  that mode's options
+  sandbox-guard --help       this text
+  sandbox-guard --version    the plugin version and the CNI versions it speaks
+
+Options of every mode:
+      --state-dir DIR        state directory (default /var/lib/cni/sandbox-guard)
+      --lock-timeout SECONDS how long to wait for the state dir's lock (default 10)
+
+A valued option takes its value as `--option VALUE` or `--option=VALUE`. A usage error
+exits with status 2.
+";
+
+const DUMP_HELP: &str = "\
+Usage: sandbox-guard --dump-checkpoints [options]
+
+Shows what the checkpoints hold: every sandbox with its pod, IPs and generation, the owner
+of each pod key marked, untrusted files flagged. Only reads, under the state dir's shared
+lock.
+
+Options:
+      --state-dir DIR          state directory (default /var/lib/cni/sandbox-guard)
+      --lock-timeout SECONDS   how long to wait for the state dir's lock (default 10)
+  -o, --output table|json      table for people (default), JSON array for tools
+      --namespace NS           only pods in namespace NS
+      --pod NAME               only pods named NAME
+      --pod-uid UID            only the pod with UID
+      --container-id ID        only sandboxes whose ID starts with ID
+  -h, --help                   this text
+";
+
+const RESTORE_HELP: &str = "\
+Usage: sandbox-guard --restore [--dry-run] [options] (--all | CONTAINER-ID...)
+
+Re-creates pod interfaces that vanished with their host parent (a NIC driver reload): the
+same MAC, addresses and routes, in the same netns. Sandboxes whose interface is present are
+left alone, and so are superseded ones, whose pod another sandbox owns now (their address
+belongs there). Stop kubelet first. A CONTAINER-ID may be a prefix, as crictl prints them.
+
+Options:
+      --all                    every checkpointed sandbox
+      --dry-run                print what would be done, change nothing
+      --state-dir DIR          state directory (default /var/lib/cni/sandbox-guard)
+      --lock-timeout SECONDS   how long to wait for the state dir's lock (default 10)
+  -h, --help                   this text
+";
+
+const DOCTOR_HELP: &str = "\
+Usage: sandbox-guard --doctor [options]
+
+Explains this node's CNI failure classes before they bite: enslaved macvlan/ipvlan
+masters, no route for the service CIDR, addresses still held by deleted or superseded
+sandboxes, stale DELs per pod, store health, interfaces missing from live sandboxes. Only
+reads. Exit status 1 on any error.
+
+Options:
+      --conf-dir DIR           CNI config dir (default /etc/cni/net.d)
+      --state-dir DIR          state directory (default: each conflist's stateDir)
+      --log-file FILE          plugin log (default: each conflist's logFile)
+      --service-cidr CIDR      Kubernetes service range, repeatable (default 10.96.0.0/12)
+  -o, --output table|json      table for people (default), JSON for monitoring
+      --lock-timeout SECONDS   how long to wait for a state dir's lock (default 10)
+  -h, --help                   this text
+";
+
+pub fn run(args: &[String]) -> i32 {
+    match parse(args) {
+        Ok(Command::Help(mode)) => {
+            print!("{}", mode.map_or(OVERVIEW, Mode::help));
+            0
+        }
+        Ok(Command::Version) => {
+            println!(
+                "sandbox-guard {} (CNI {})",
+                env!("CARGO_PKG_VERSION"),
+                crate::cni::version::SUPPORTED.join(", ")
+            );
+            0
+        }
+        Ok(Command::Doctor(options)) => doctor::run(&options),
+        Ok(Command::Restore { state_dir, selection, dry_run, lock_timeout }) => {
+            restore::run(&state_dir, &selection, dry_run, lock_timeout)
+        }
+        Ok(Command::Dump { state_dir, format, filter, lock_timeout }) => {
+            match dump::run(&state_dir, format, &filter, lock_timeout) {
+                Ok(()) => 0,
+                Err(err) => {
+                    eprintln!("sandbox-guard: {err}");
+                    1
+                }
+            }
+        }
+        Err(usage) => {
+            let help = usage.mode.map_or(String::new(), |mode| format!("{} ", mode.flag()));
+            eprintln!("sandbox-guard: {}\nRun 'sandbox-guard {help}--help' for the usage.", usage.msg);
+            2
+        }
+    }
+}
+
+enum Command {
+    /// The overview, or one mode's usage.
+    Help(Option<Mode>),
+    Version,
+    Dump { state_dir: PathBuf, format: Format, filter: Filter, lock_timeout: Duration },
+    Restore { state_dir: PathBuf, selection: Selection, dry_run: bool, lock_timeout: Duration },
+    Doctor(doctor::Options),
+}
+
+#[cfg(test)]
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Command::Help(_) => "Help",
+            Command::Version => "Version",
+            Command::Dump { .. } => "Dump",
+            Command::Restore { .. } => "Restore",
+            Command::Doctor(_) => "Doctor",
+        })
+    }
+}
+
+/// A usage error, with the mode whose help it points to.
+#[derive(Debug)]
+struct Usage {
+    mode: Option<Mode>,
+    msg: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Dump,
+    Restore,
+    Doctor,
+}
+
+impl Mode {
+    fn from_long(name: &str) -> Option<Mode> {
+        match name {
+            "dump-checkpoints" => Some(Mode::Dump),
+            "restore" => Some(Mode::Restore),
+            "doctor" => Some(Mode::Doctor),
+            _ => None,
+        }
+    }
+
+    fn flag(self) -> &'static str {
+        match self {
+            Mode::Dump => "--dump-checkpoints",
+            Mode::Restore => "--restore",
+            Mode::Doctor => "--doctor",
+        }
+    }
+
+    fn help(self) -> &'static str {
+        match self {
+            Mode::Dump => DUMP_HELP,
+            Mode::Restore => RESTORE_HELP,
+            Mode::Doctor => DOCTOR_HELP,
+        }
+    }
+}
+
+/// Every option of every mode; the modes themselves, `--help` and `--version` are apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Opt {
+    StateDir,
+    LockTimeout,
+    Output,
+    Namespace,
+    Pod,
+    PodUid,
+    ContainerId,
+    All,
+    DryRun,
+    ConfDir,
+    LogFile,
+    ServiceCidr,
+}
+
+impl Opt {
+    const EVERY: [Opt; 12] = [
+        Opt::StateDir,
+        Opt::LockTimeout,
+        Opt::Output,
+        Opt::Namespace,
+        Opt::Pod,
+        Opt::PodUid,
+        Opt::ContainerId,
+        Opt::All,
+        Opt::DryRun,
+        Opt::ConfDir,
+        Opt::LogFile,
+        Opt::ServiceCidr,
+    ];
+
+    fn from_long(name: &str) -> Option<Opt> {
+        Opt::EVERY.into_iter().find(|opt| &opt.flag()[2..] == name)
+    }
+
+    fn from_short(short: char) -> Option<Opt> {
+        (short == 'o').then_some(Opt::Output)
+    }
+
+    fn flag(self) -> &'static str {
+        match self {
+            Opt::StateDir => "--state-dir",
+            Opt::LockTimeout => "--lock-timeout",
+            Opt::Output => "--output",
+            Opt::Namespace => "--namespace",
+            Opt::Pod => "--pod",
+            Opt::PodUid => "--pod-uid",
+            Opt::ContainerId => "--container-id",
+            Opt::All => "--all",
+            Opt::DryRun => "--dry-run",
+            Opt::ConfDir => "--conf-dir",
+            Opt::LogFile => "--log-file",
+            Opt::ServiceCidr => "--service-cidr",
+        }
+    }
+
+    fn modes(self) -> &'static [Mode] {
+        match self {
+            Opt::StateDir | Opt::LockTimeout => &[Mode::Dump, Mode::Restore, Mode::Doctor],
+            Opt::Output => &[Mode::Dump, Mode::Doctor],
+            Opt::Namespace | Opt::Pod | Opt::PodUid | Opt::ContainerId => &[Mode::Dump],
+            Opt::All | Opt::DryRun => &[Mode::Restore],
+            Opt::ConfDir | Opt::LogFile | Opt::ServiceCidr => &[Mode::Doctor],
+        }
+    }
+
+    fn takes_value(self) -> bool {
+        !matches!(self, Opt::All | Opt::DryRun)
+    }
+
+    fn repeatable(self) -> bool {
+        self == Opt::ServiceCidr
+    }
+}
+
+/// One word (or `--flag value` pair) of the command line, kept in order until the mode is
+/// known.
+enum Given {
+    Opt(Opt, Option<String>),
+    Positional(String),
+}
+
+/// True for a word that reads as a flag: `--pod --restore` is a missing value, not a pod
+/// named `--restore`. No name, ID, CIDR or number starts with `--`; a path that does is given
+/// attached (`--state-dir=--odd`) or as `./--odd`.
+fn is_flag(word: &str) -> bool {
+    word.starts_with("--") || word == "-h" || word == "-o"
+}
+
+fn fail(mode: Option<Mode>, msg: String) -> Usage {
+    Usage { mode, msg }
+}
+
+fn parse(args: &[String]) -> Result<Command, Usage> {
+    // The mode is named first as a rule, but a usage error or `--help` before it still
+    // points to that mode's help.
+    let named_mode = args.iter().find_map(|arg| arg.strip_prefix("--").and_then(Mode::from_long));
+
+    let mut parser = lexopt::Parser::from_args(args);
+    let mut mode = None;
+    let mut given = Vec::new();
+    loop {
+        let arg = match parser.next() {
+            Ok(Some(arg)) => arg,
+            Ok(None) => break,
+            Err(err) => return Err(fail(mode.or(named_mode), lexopt_message(err))),
+        };
+        let opt = match arg {
+            Arg::Long("help") | Arg::Short('h') => return Ok(Command::Help(mode.or(named_mode))),
+            Arg::Long("version") => return Ok(Command::Version),
+            Arg::Value(value) => {
+                given.push(Given::Positional(value.to_string_lossy().into_owned()));
+                continue;
+            }
+            Arg::Long(name) => {
+                if let Some(new) = Mode::from_long(name) {
+                    match mode {
+                        None => mode = Some(new),
+                        Some(old) if old == new => return Err(fail(mode, format!("{} given twice", new.flag()))),
+                        Some(old) => {
+                            return Err(fail(
+                                None,
+                                format!("{} and {} are separate modes: give one of them", old.flag(), new.flag()),
+                            ));
+                        }
+                    }
+                    continue;
+                }
+                let known = Opt::from_long(name);
+                known.ok_or_else(|| fail(mode.or(named_mode), format!("unknown option --{name}")))?
+            }
+            Arg::Short(short) => {
+                let known = Opt::from_short(short);
+                known.ok_or_else(|| fail(mode.or(named_mode), format!("unknown option -{short}")))?
+            }
+        };
+        let value = if opt.takes_value() {
+            // Attached (`--opt=VALUE`, `-oVALUE`) or the next word, which must not be a flag.
+            let value = match parser.optional_value() {
+                Some(value) => value,
+                None => match parser.value() {
+                    Ok(value) if !is_flag(&value.to_string_lossy()) => value,
+                    Ok(_) | Err(_) => return Err(fail(mode.or(named_mode), format!("{} needs a value", opt.flag()))),
+                },
+            };
+            Some(value.to_string_lossy().into_owned())
+        } else {
+            None
+        };
+        given.push(Given::Opt(opt, value));
+    }
+    let Some(mode) = mode else {
+        return Err(fail(None, "no mode given: use --dump-checkpoints, --restore or --doctor".to_string()));
+    };
+    build(mode, given).map_err(|msg| fail(Some(mode), msg))
+}
+
+fn lexopt_message(err: lexopt::Error) -> String {
+    match err {
+        lexopt::Error::MissingValue { option: Some(option) } => format!("{option} needs a value"),
+        lexopt::Error::UnexpectedValue { option, value } => {
+            format!("{option} takes no value (got {:?})", value.to_string_lossy())
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Checks the words against `mode`'s rules, in the order given, and makes the command.
+fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
+    let mut seen = Vec::new();
+    let mut state_dir = None;
+    let mut lock_timeout = DEFAULT_LOCK_TIMEOUT;
+    let mut format = Format::Table;
+    let mut filter = Filter::default();
+    let (mut all, mut dry_run, mut container_ids) = (false, false, Vec::new());
+    let (mut conf_dir, mut log_file, mut service_cidrs) = (None, None, Vec::new());
+    for item in given {
+        let (opt, value) = match item {
+            Given::Opt(opt, value) => (opt, value.unwrap_or_default()),
+            Given::Positional(id) => match mode {
+                Mode::Restore => {
+                    container_ids.push(container_id("container ID", id)?);
+                    continue;
+                }
+                Mode::Dump => {
+                    return Err(format!(
+                        "unexpected argument {id:?}: --dump-checkpoints filters by container ID with --container-id"
+                    ));
+                }
+                Mode::Doctor => return Err(format!("unexpected argument {id:?}: --doctor takes options only")),
+            },
+        };
+        let flag = opt.flag();
+        if !opt.modes().contains(&mode) {
+            let owners: Vec<&str> = opt.modes().iter().map(|m| m.flag()).collect();
+            return Err(format!("{flag} belongs to {}, not {}", owners.join(" and "), mode.flag()));
+        }
+        if seen.contains(&opt) && !opt.repeatable() {
+            let once = if opt.takes_value() { ": it takes one value" } else { "" };
+            return Err(format!("{flag} given twice{once}"));
+        }
+        seen.push(opt);
+        if opt.takes_value() && value.is_empty() {
+            return Err(format!("{flag} needs a value, and it is empty"));
+        }
+        match opt {
+            Opt::StateDir => state_dir = Some(PathBuf::from(value)),
+            Opt::LockTimeout => {
+                // The same bounds as the config's lockTimeoutSeconds.
+                let seconds = value.parse::<f64>().map_err(|_| format!("{flag} {value:?}: give a non-negative number of seconds, such as 10 or 0.5"))?;
+                lock_timeout = crate::cni::config::lock_timeout(flag, seconds)?;
+            }
+            Opt::Output => {
+                format = match value.as_str() {
+                    "table" => Format::Table,
+                    "json" => Format::Json,
+                    _ => return Err(format!("{flag} {value:?}: use table or json")),
+                }
+            }
+            Opt::Namespace => filter.namespace = Some(value),
+            Opt::Pod => filter.pod_name = Some(value),
+            Opt::PodUid => filter.pod_uid = Some(value),
+            Opt::ContainerId => filter.container_id = Some(container_id(flag, value)?),
+            Opt::All => all = true,
+            Opt::DryRun => dry_run = true,
+            Opt::ConfDir => conf_dir = Some(PathBuf::from(value)),
+            Opt::LogFile => log_file = Some(PathBuf::from(value)),
+            Opt::ServiceCidr => service_cidrs.push(value.parse().map_err(|e| format!("{flag} {value:?}: {e}"))?),
+        }
+    }
+    Ok(match mode {
+        Mode::Dump => Command::Dump {
+            state_dir: state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+            format,
+            filter,
+            lock_timeout,
+        },
+        Mode::Restore => {
+            let selection = match (all, container_ids.is_empty()) {
+                (true, true) => Selection::All,
+                (false, false) => Selection::ContainerIds(container_ids),
+                (true, false) => return Err("--all and container IDs exclude each other: give one of the two".to_string()),
+                (false, true) => return Err("--restore needs --all or container IDs".to_string()),
+            };
+            Command::Restore {
+                state_dir: state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+                selection,
+                dry_run,
+                lock_timeout,
+            }
+        }
+        Mode::Doctor => {
+            if service_cidrs.is_empty() {
+                service_cidrs.push(doctor::DEFAULT_SERVICE_CIDR.parse().map_err(|e| format!("{e}"))?);
+            }
+            Command::Doctor(doctor::Options {
+                conf_dir: conf_dir.unwrap_or_else(|| PathBuf::from(doctor::DEFAULT_CONF_DIR)),
+                // The conflists' stateDirs unless the operator named one.
+                state_dir,
+                log_file,
+                service_cidrs,
+                format,
+                lock_timeout,
+            })
+        }
+    })
+}
+
+/// A container ID or a prefix of one: not empty, and plain as the plugin requires of the IDs
+/// it records ([A-Za-z0-9_.-], see `names::check_plain`), so that no argument selects every
+/// sandbox or reads as a path. A prefix that fails the rule could match no recorded ID.
+fn container_id(what: &str, id: String) -> Result<String, String> {
+    if id.is_empty() {
+        return Err(format!("{what} is empty: give an ID or a prefix of one"));
+    }
+    names::check_plain(what, &id, names::MAX_CONTAINER_ID, Kind::InvalidEnvironment).map_err(|err| err.msg)?;
+    Ok(id)
+}
+
+/// Non-negative decimal seconds (`10`, `0.5`, `.25`, `3.`), exact to the nanosecond.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_words(words: &[&str]) -> Result<Command, Usage> {
+        parse(&words.iter().map(|w| w.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn lock_timeout_reaches_every_mode() {
+        let half = Duration::from_millis(500);
+        match parse_words(&["--dump-checkpoints", "--lock-timeout", "0.5"]) {
+            Ok(Command::Dump { lock_timeout, .. }) => assert_eq!(lock_timeout, half),
+            other => panic!("{other:?}"),
+        }
+        match parse_words(&["--restore", "--all", "--lock-timeout=0.5"]) {
+            Ok(Command::Restore { lock_timeout, .. }) => assert_eq!(lock_timeout, half),
+            other => panic!("{other:?}"),
+        }
+        match parse_words(&["--doctor", "--lock-timeout", ".5"]) {
+            Ok(Command::Doctor(options)) => assert_eq!(options.lock_timeout, half),
+            other => panic!("{other:?}"),
+        }
+        match parse_words(&["--doctor"]) {
+            Ok(Command::Doctor(options)) => assert_eq!(options.lock_timeout, DEFAULT_LOCK_TIMEOUT),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn doctor_state_dir_only_when_given() {
+        match parse_words(&["--doctor", "--service-cidr", "10.0.0.0/16", "--service-cidr=fd00::/108"]) {
+            Ok(Command::Doctor(options)) => {
+                assert_eq!(options.state_dir, None);
+                assert_eq!(options.service_cidrs.len(), 2);
+                assert_eq!(options.conf_dir, PathBuf::from(doctor::DEFAULT_CONF_DIR));
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse_words(&["--doctor", "--state-dir=/s", "-o", "json"]) {
+            Ok(Command::Doctor(options)) => {
+                assert_eq!(options.state_dir, Some(PathBuf::from("/s")));
+                assert_eq!(options.service_cidrs, vec![doctor::DEFAULT_SERVICE_CIDR.parse().unwrap()]);
+                assert!(matches!(options.format, Format::Json));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn restore_selection() {
+        match parse_words(&["--restore", "abc", "--dry-run", "d.e_f-1"]) {
+            Ok(Command::Restore { selection: Selection::ContainerIds(ids), dry_run: true, .. }) => {
+                assert_eq!(ids, ["abc", "d.e_f-1"])
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse_words(&["--restore", "--all"]) {
+            Ok(Command::Restore { selection: Selection::All, dry_run: false, state_dir, .. }) => {
+                assert_eq!(state_dir, PathBuf::from(DEFAULT_STATE_DIR))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_flag_is_not_taken_for_a_value() {
+        let err = parse_words(&["--dump-checkpoints", "--pod", "--restore"]).unwrap_err();
+        assert_eq!(err.msg, "--pod needs a value");
+        match parse_words(&["--dump-checkpoints", "--pod=--restore"]) {
+            Ok(Command::Dump { filter, .. }) => assert_eq!(filter.pod_name.as_deref(), Some("--restore")),
+            other => panic!("{other:?}"),
+        }
+    }
+}

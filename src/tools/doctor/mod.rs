@@ -1,0 +1,77 @@
+//! `--doctor`: reads a node for the CNI failure classes that each cost someone hours (the
+//! seeds), before they bite. Every finding says how bad it is, what was read and what to do;
+//! the exit status is 1 when any finding is an error, so monitoring can run it.
+//!
+//! It only reads: the conflists, sysfs, the routing table, /proc, the plugin's log files and
+//! the stores (listed under their shared lock, like the dump). It creates, chmods and locks
+//! nothing, and what it reports it leaves as it found it.
+
+mod conflists;
+mod finding;
+mod host;
+mod sandboxes;
+mod stale_dels;
+
+use std::path::PathBuf;
+
+use ipnetwork::IpNetwork;
+
+use crate::kernel::netns::NetnsUsers;
+use crate::tools::dump::Format;
+use finding::Report;
+
+pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
+pub const DEFAULT_SERVICE_CIDR: &str = "10.96.0.0/12";
+
+pub struct Options {
+    pub conf_dir: PathBuf,
+    /// Overrides the stateDirs the conflists name.
+    pub state_dir: Option<PathBuf>,
+    /// Overrides the logFiles the conflists name.
+    pub log_file: Option<PathBuf>,
+    pub service_cidrs: Vec<IpNetwork>,
+    pub format: Format,
+    pub lock_timeout: std::time::Duration,
+}
+
+/// Returns the exit status: 0 clean or warnings only, 1 when any finding is an error.
+pub fn run(options: &Options) -> i32 {
+    let mut report = Report::default();
+    let node = conflists::read(&options.conf_dir, &mut report);
+    host::check_lower_links(&node.lower_links, &mut report);
+    host::check_service_routes(&options.service_cidrs, &mut report);
+
+    let mut state_dirs: Vec<PathBuf> = match &options.state_dir {
+        Some(dir) => vec![dir.clone()],
+        None => node.guards.iter().map(|g| g.state_dir.clone()).collect(),
+    };
+    if state_dirs.is_empty() {
+        state_dirs.push(PathBuf::from(crate::cni::config::DEFAULT_STATE_DIR));
+    }
+    state_dirs.sort();
+    state_dirs.dedup();
+    let users = NetnsUsers::scan();
+    let mut owners = sandboxes::Owners::new();
+    for dir in &state_dirs {
+        sandboxes::check(dir, &users, &mut report, &mut owners, options.lock_timeout);
+    }
+
+    let mut log_files: Vec<(String, Option<PathBuf>)> = match &options.log_file {
+        Some(path) => vec![("-".to_string(), Some(path.clone()))],
+        None => node.guards.iter().map(|g| (g.network.clone(), g.log_file.clone())).collect(),
+    };
+    // Networks sharing one log file are read once.
+    log_files.sort_by(|a, b| a.1.cmp(&b.1));
+    log_files.dedup_by(|a, b| a.1.is_some() && a.1 == b.1);
+    stale_dels::check(&log_files, &owners, &mut report);
+
+    let status = report.exit_status();
+    let mut out = std::io::stdout().lock();
+    match report.write(&mut out, options.format) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("sandbox-guard: cannot write the report: {e}");
+            1
+        }
+        _ => status,
+    }
+}

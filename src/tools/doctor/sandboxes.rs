@@ -1,0 +1,519 @@
+//! The store against the node: records that cannot be trusted, namespaces that outlived
+//! their sandbox and still hold its address (seed 004), addresses held twice, records whose
+//! DEL never came, interfaces gone from live sandboxes, and the store's permissions.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::Duration;
+
+use super::finding::{capped, Finding, Report, Severity};
+use crate::kernel::netlink::{self, Side};
+use crate::kernel::netns::{NetnsState, NetnsUsers, netns_inode, netns_state};
+use crate::names::pod_text;
+use crate::state::ip_index::{self, IpHolder};
+use crate::state::ownership::{Ownership, PodKey};
+use crate::cni::result::ResultView;
+use crate::state::checkpoint::Checkpoint;
+use crate::state::lock::WaitNotice;
+use crate::state::{Folder, Loaded, Store, read_for_listing};
+
+/// Every pod key's owner across the stores read, for judging the log's stale DELs.
+pub type Owners = HashMap<PodKey, Ownership>;
+
+/// A record whose namespace is still alive, with what identifies that namespace.
+struct LiveRecord {
+    record: Checkpoint,
+    state: NetnsState,
+    /// The namespace inode now, else the one recorded at ADD: two records with one identity
+    /// are one namespace, not two pods sharing an address.
+    identity: String,
+    addresses: Vec<IpAddr>,
+}
+
+pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_seen: &mut Owners, lock_timeout: Duration) {
+    let root_display = state_dir.display().to_string();
+    if std::fs::symlink_metadata(state_dir).is_err() {
+        report.add(Finding::new(
+            Severity::Ok,
+            "store",
+            format!("no state dir at {root_display} yet: no pod has been added through sandbox-guard there"),
+        ));
+        return;
+    }
+    check_permissions(state_dir, report);
+    let store = match Store::open_read_only(state_dir) {
+        Ok(store) => store,
+        Err(e) => {
+            report.add(Finding::new(Severity::Error, "store", format!("cannot open the store: {e}")).fix("run --doctor as root"));
+            return;
+        }
+    };
+    // The lock is held for batches of the listing only: what follows enters namespaces and
+    // scans /proc, and a large store must not hold its writers up.
+    let notice = WaitNotice::new(state_dir, lock_timeout);
+    let on_wait = |holder: &str| notice.hear(holder);
+    let listed = (|| -> crate::error::Result<_> {
+        let mut records = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| Some(read_for_listing::<Checkpoint>(p)))?;
+        let mut owners = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |p| {
+            let owner = read_for_listing::<Ownership>(p);
+            let backed = matches!(&owner, Loaded::Valid(o) if store.owner_is_backed(o));
+            Some((owner, backed))
+        })?;
+        // Sorted, so the report reads the same from run to run.
+        records.sort_by(|a, b| a.0.cmp(&b.0));
+        owners.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok((records, owners, store.list_set_aside()?))
+    })();
+    let (records, owners, set_aside) = match listed {
+        Ok(listed) => listed,
+        Err(e) => {
+            report.add(Finding::new(Severity::Error, "store", format!("cannot read the store: {e}")));
+            return;
+        }
+    };
+    let orphaned: Vec<Ownership> = owners
+        .iter()
+        .filter_map(|(_, (loaded, backed))| match loaded {
+            Loaded::Valid(owner) if !backed => Some(owner.clone()),
+            _ => None,
+        })
+        .collect();
+    let owners: Owners = owners
+        .into_iter()
+        .filter_map(|(_, (loaded, _))| match loaded {
+            Loaded::Valid(owner) => Some((owner.key.clone(), owner)),
+            _ => None,
+        })
+        .collect();
+    owners_seen.extend(owners.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let index = ip_index::list_entries(state_dir);
+
+    check_untrusted(&root_display, &records, &set_aside, report);
+    check_orphans(&root_display, &orphaned, report);
+    check_temp_files(&root_display, &store, report);
+    let valid: Vec<Checkpoint> = records
+        .into_iter()
+        .filter_map(|(_, loaded)| match loaded {
+            Loaded::Valid(record) => Some(record),
+            _ => None,
+        })
+        .collect();
+    let live = check_namespaces(&root_display, valid, &index, users, &owners, report);
+    check_shared_addresses(&root_display, &live, report);
+    check_deleted_holders(&root_display, &store, &index, &live, users, report);
+    check_interfaces(&root_display, &live, report);
+}
+
+/// An owner whose record is gone refused every other sandbox's DEL of its pod in earlier
+/// versions of the plugin, which could leave one behind; so can a hand edit.
+fn check_orphans(root: &str, orphaned: &[Ownership], report: &mut Report) {
+    if orphaned.is_empty() {
+        report.add(Finding::new(Severity::Ok, "store-owners", format!("{root}: every pod key's owner has its record")));
+        return;
+    }
+    let mut finding = Finding::new(
+        Severity::Warning,
+        "store-owners",
+        format!("{root}: {} pod keys are owned by a sandbox whose record is gone", orphaned.len()),
+    )
+    .fix("nothing to do by hand: the next DEL or GC of each pod drops that ownership instead of refusing the DEL");
+    finding.evidence = capped(
+        orphaned
+            .iter()
+            .map(|o| format!("pod {} ({}, network {}): owner {} (generation {}) has no record", o.key.pod(), o.key.if_name, o.key.network, o.container_id, o.generation))
+            .collect(),
+    );
+    report.add(finding);
+}
+
+/// Temp files of writers killed mid-write (a runtime's timeout kills plugins): harmless,
+/// never read, removed by GC; many of them say plugins are being killed.
+fn check_temp_files(root: &str, store: &Store, report: &mut Report) {
+    let temps = store.temp_files();
+    let dead: Vec<_> = temps.iter().filter(|t| !t.writer_alive()).collect();
+    if dead.is_empty() {
+        report.add(Finding::new(Severity::Ok, "store-temp-files", format!("{root}: no temp file left by a killed writer")));
+        return;
+    }
+    let now = std::time::SystemTime::now();
+    let oldest = dead.iter().map(|t| t.modified).min().unwrap_or(now);
+    let age = now.duration_since(oldest).unwrap_or_default().as_secs();
+    let mut finding = Finding::new(
+        Severity::Warning,
+        "store-temp-files",
+        format!("{root}: {} temp files left by killed plugin runs, the oldest {} old", dead.len(), crate::clock::age(0, age as i64)),
+    )
+    .fix(
+        "they are never read and a CNI 1.1 runtime's GC removes them (or delete them: `find <stateDir> -name '.*.tmp' \
+         -delete` while no plugin runs); many of them mean the runtime kills the plugin: look for its CNI timeouts",
+    );
+    finding.evidence = capped(dead.iter().map(|t| format!("{} (pid {}, gone)", t.path.display(), t.pid)).collect());
+    report.add(finding);
+}
+
+fn check_permissions(state_dir: &Path, report: &mut Report) {
+    let mut problems = Vec::new();
+    let mut worst = Severity::Ok;
+    let mut inspect = |path: &Path, meta: &std::fs::Metadata| {
+        let mode = meta.permissions().mode() & 0o7777;
+        let (severity, what) = if meta.file_type().is_symlink() {
+            (Severity::Error, "a symbolic link: the plugin refuses to follow it".to_string())
+        } else if mode & 0o022 != 0 {
+            (Severity::Error, format!("mode {mode:04o}: others can write it, and so forge ownership"))
+        } else if mode & 0o044 != 0 {
+            (Severity::Warning, format!("mode {mode:04o}: others can read pod names and addresses"))
+        } else if meta.uid() != 0 {
+            (Severity::Warning, format!("owned by uid {}, not root, who runs the plugin", meta.uid()))
+        } else {
+            return;
+        };
+        worst = worst.max(severity);
+        problems.push(format!("{} is {what}", path.display()));
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(state_dir) {
+        inspect(state_dir, &meta);
+    }
+    for dir in ["records", "owners", "set-aside", crate::state::FAILED_ADDS, crate::state::IPS] {
+        let dir = state_dir.join(dir);
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else { continue };
+        inspect(&dir, &meta);
+        if !meta.is_dir() {
+            continue;
+        }
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if let Ok(meta) = entry.metadata() {
+                inspect(&entry.path(), &meta);
+            }
+        }
+    }
+    let summary = match worst {
+        Severity::Ok => {
+            report.add(Finding::new(Severity::Ok, "store-permissions", format!("{}: private to root (0700 dirs, 0600 files)", state_dir.display())));
+            return;
+        }
+        _ => format!("{}: {} entries are not private to root", state_dir.display(), problems.len()),
+    };
+    let mut finding = Finding::new(worst, "store-permissions", summary).fix(format!(
+        "`chown -R root:root {0} && chmod -R go-rwx {0}`, and replace links by real directories; the plugin \
+         creates what it writes 0700/0600, so look for who changed them",
+        state_dir.display()
+    ));
+    finding.evidence = capped(problems);
+    report.add(finding);
+}
+
+fn check_untrusted(root: &str, records: &[(std::path::PathBuf, Loaded<Checkpoint>)], set_aside: &[std::path::PathBuf], report: &mut Report) {
+    let corrupt: Vec<String> = records
+        .iter()
+        .filter_map(|(path, loaded)| match loaded {
+            Loaded::Corrupt { reason, .. } => Some(format!("{}: {reason}", path.display())),
+            _ => None,
+        })
+        .collect();
+    // A set-aside file under its plain name stops the DELs that need it; one with a `~time`
+    // suffix is only kept for inspection.
+    let (blocking, kept): (Vec<_>, Vec<_>) = set_aside
+        .iter()
+        .partition(|path| crate::state::set_aside_blocks(path));
+    let all_trusted = corrupt.is_empty() && blocking.is_empty() && kept.is_empty();
+    if !corrupt.is_empty() {
+        let mut finding = Finding::new(Severity::Error, "store-checksums", format!("{root}: {} records fail their checksum", corrupt.len()))
+            .fix("the next ADD, DEL or GC of each sets it aside; a DEL that needs one is refused until an operator decides");
+        finding.evidence = capped(corrupt);
+        report.add(finding);
+    }
+    if !blocking.is_empty() {
+        let mut finding = Finding::new(
+            Severity::Error,
+            "store-checksums",
+            format!("{root}: {} checkpoints were set aside after a checksum failure and block the DELs that need them", blocking.len()),
+        )
+        .fix("check with `crictl pods` whether a newer sandbox of each pod runs here: if none does, delete the file and the runtime's retry passes; if one does, stop and remove it first");
+        finding.evidence = capped(blocking.iter().map(|p| p.display().to_string()).collect());
+        report.add(finding);
+    }
+    if !kept.is_empty() {
+        let mut finding = Finding::new(Severity::Warning, "store-checksums", format!("{root}: {} damaged checkpoints are kept for inspection", kept.len()))
+            .fix("they block nothing; delete them once you know what damaged them (disk, a hand edit)");
+        finding.evidence = capped(kept.iter().map(|p| p.display().to_string()).collect());
+        report.add(finding);
+    }
+    if all_trusted {
+        report.add(Finding::new(Severity::Ok, "store-checksums", format!("{root}: {} records, every one verified", records.len())));
+    }
+}
+
+fn check_namespaces(
+    root: &str,
+    records: Vec<Checkpoint>,
+    index: &[(std::path::PathBuf, Option<IpHolder>)],
+    users: &NetnsUsers,
+    owners: &Owners,
+    report: &mut Report,
+) -> Vec<LiveRecord> {
+    // The inode recorded at ADD, from the address index.
+    let recorded_inode: HashMap<(String, String, String, String), u64> = index
+        .iter()
+        .filter_map(|(_, holder)| holder.as_ref())
+        .filter_map(|h| Some(((h.network.clone(), h.container_id.clone(), h.if_name.clone(), h.netns.clone()), h.netns_inode?)))
+        .collect();
+    let total = records.len();
+    let mut gone = Vec::new();
+    let mut live = Vec::new();
+    for record in records {
+        if record.netns.is_empty() {
+            continue;
+        }
+        let key = (record.network.clone(), record.container_id.clone(), record.if_name.clone(), record.netns.clone());
+        let inode = recorded_inode.get(&key).copied();
+        let state = netns_state(&record.netns, inode, Some(users));
+        if state == NetnsState::Gone {
+            gone.push(format!(
+                "{}: sandbox {} of pod {} ({}), netns {} (added {})",
+                record.network,
+                record.container_id,
+                pod_text(record.pod_namespace.as_deref(), record.pod_name.as_deref()),
+                record.if_name,
+                record.netns,
+                record.created_at
+            ));
+            continue;
+        }
+        let identity = netns_inode(&record.netns).or(inode).map_or_else(|| record.netns.clone(), |i| format!("inode {i}"));
+        let addresses = ResultView::parse(&record.prev_result).map(|v| v.ips.iter().map(|ip| ip.address.ip()).collect()).unwrap_or_default();
+        live.push(LiveRecord { record, state, identity, addresses });
+    }
+    if gone.is_empty() {
+        report.add(Finding::new(Severity::Ok, "sandbox-netns", format!("{root}: every recorded namespace ({total}) still exists")));
+    } else {
+        let mut finding = Finding::new(
+            Severity::Warning,
+            "sandbox-netns",
+            format!("{root}: {} records name a network namespace that is gone: their DEL never came", gone.len()),
+        )
+        .fix(
+            "after a reboot or a runtime crash this is expected: a CNI 1.1 runtime's GC removes them; otherwise run \
+             the DEL by hand or delete the record files once `crictl pods` no longer lists the sandboxes",
+        );
+        finding.evidence = capped(gone);
+        report.add(finding);
+    }
+    for entry in &live {
+        let record = &entry.record;
+        let Some(key) = record.pod_key() else { continue };
+        let Some(owner) = owners.get(&key).filter(|o| o.container_id != record.container_id) else { continue };
+        report.add(
+            Finding::new(
+                Severity::Warning,
+                "superseded-netns",
+                format!(
+                    "sandbox {} of pod {} was superseded by sandbox {} (generation {}), but its namespace is alive: {} still in use there",
+                    record.container_id,
+                    key.pod(),
+                    owner.container_id,
+                    owner.generation,
+                    address_list(&entry.addresses)
+                ),
+            )
+            .evidence(describe_state(&record.netns, &entry.state, users))
+            .fix(format!(
+                "the runtime has not finished tearing it down: `crictl stopp {0}` and `crictl rmp {0}`; if its processes are \
+                 stuck in D state, only they (or a reboot) free the address",
+                crate::names::short_id(&record.container_id)
+            )),
+        );
+    }
+    live
+}
+
+fn check_shared_addresses(root: &str, live: &[LiveRecord], report: &mut Report) {
+    let mut holders: BTreeMap<(String, IpAddr), Vec<&LiveRecord>> = BTreeMap::new();
+    for entry in live {
+        for address in &entry.addresses {
+            holders.entry((entry.record.network.clone(), *address)).or_default().push(entry);
+        }
+    }
+    let mut clean = true;
+    for ((network, address), entries) in holders {
+        let mut identities: Vec<&str> = entries.iter().map(|e| e.identity.as_str()).collect();
+        identities.sort();
+        identities.dedup();
+        if identities.len() < 2 {
+            continue;
+        }
+        clean = false;
+        let mut finding = Finding::new(
+            Severity::Error,
+            "ip-conflict",
+            format!("{address} on network {network} is held by {} live sandboxes in different namespaces", entries.len()),
+        )
+        .fix("one of them got the address although the other still uses it (a force-deleted pod whose container lived on): remove the older sandbox, then restart the pod that lost traffic");
+        for entry in entries {
+            let r = &entry.record;
+            finding = finding.evidence(format!(
+                "sandbox {} of pod {} ({}), netns {} ({}), added {}",
+                r.container_id,
+                pod_text(r.pod_namespace.as_deref(), r.pod_name.as_deref()),
+                r.if_name,
+                r.netns,
+                entry.identity,
+                r.created_at
+            ));
+        }
+        report.add(finding);
+    }
+    if clean {
+        report.add(Finding::new(Severity::Ok, "ip-conflict", format!("{root}: no address is held by two live namespaces")));
+    }
+}
+
+/// Index entries whose sandbox is gone from the store but whose namespace lives on: the
+/// IPAM believes the address is free, and the next pod given it fails.
+fn check_deleted_holders(
+    root: &str,
+    store: &Store,
+    index: &[(std::path::PathBuf, Option<IpHolder>)],
+    live: &[LiveRecord],
+    users: &NetnsUsers,
+    report: &mut Report,
+) {
+    let mut found = false;
+    for holder in index.iter().filter_map(|(_, h)| h.as_ref()) {
+        if !matches!(store.load_record(&holder.attachment()), Ok(Loaded::Missing)) {
+            continue;
+        }
+        let state = netns_state(&holder.netns, holder.netns_inode, Some(users));
+        if !state.is_alive() {
+            continue;
+        }
+        found = true;
+        let mut finding = Finding::new(
+            Severity::Error,
+            "deleted-netns",
+            format!(
+                "{} of deleted sandbox {} (pod {}, {}) is still in use: its network namespace outlived the sandbox",
+                holder.address,
+                holder.container_id,
+                holder.pod(),
+                holder.if_name
+            ),
+        )
+        .evidence(describe_state(&holder.netns, &state, users))
+        .evidence(format!("{} was given the address at {}; its record is gone from the store", holder.container_id, holder.since));
+        for other in live.iter().filter(|l| l.record.network == holder.network && l.addresses.contains(&holder.address)) {
+            finding = finding.evidence(format!(
+                "sandbox {} of pod {} has the same address now: the two conflict",
+                other.record.container_id,
+                pod_text(other.record.pod_namespace.as_deref(), other.record.pod_name.as_deref())
+            ));
+        }
+        report.add(finding.fix(
+            "the IPAM considers the address free and will hand it out again (\"address already in use\"): find the \
+             container behind the processes above (`crictl ps -a`, `nsenter -t <pid> -n ip addr`) and remove it; a \
+             process in D state leaves only a reboot. Until then set \"ipConflict\": \"refuse\" to stop the next ADD of \
+             this address",
+        ));
+    }
+    if !found {
+        report.add(Finding::new(Severity::Ok, "deleted-netns", format!("{root}: no namespace of a deleted sandbox still holds an address")));
+    }
+}
+
+fn check_interfaces(root: &str, live: &[LiveRecord], report: &mut Report) {
+    let mut missing = Vec::new();
+    let mut unreadable = Vec::new();
+    for entry in live {
+        let record = &entry.record;
+        let Ok(view) = ResultView::parse(&record.prev_result) else { continue };
+        let mut names: Vec<String> = view
+            .interfaces
+            .iter()
+            .filter(|i| i.sandbox.as_deref().is_some_and(|s| !s.is_empty()))
+            .map(|i| i.name.clone())
+            .collect();
+        if names.is_empty() {
+            names.push(record.if_name.clone());
+        }
+        let path = match &entry.state {
+            NetnsState::HeldBy(pids) => format!("/proc/{}/ns/net", pids[0]),
+            _ => record.netns.clone(),
+        };
+        match absent_interfaces(&path, names) {
+            Ok(absent) if absent.is_empty() => {}
+            Ok(absent) => missing.push(format!(
+                "sandbox {} of pod {}: {} missing from netns {}",
+                record.container_id,
+                pod_text(record.pod_namespace.as_deref(), record.pod_name.as_deref()),
+                absent.join(", "),
+                record.netns
+            )),
+            Err(e) => unreadable.push(e.msg),
+        }
+    }
+    if !missing.is_empty() {
+        let mut finding = Finding::new(
+            Severity::Error,
+            "sandbox-interfaces",
+            format!("{root}: {} live sandboxes lost an interface their checkpoint records: those pods have no network", missing.len()),
+        )
+        .fix("a NIC driver reload or a hand-deleted link takes the pods' interfaces with it: `sandbox-guard --restore` re-creates them from the checkpoints, or re-create the pods");
+        finding.evidence = capped(missing);
+        report.add(finding);
+    } else if unreadable.is_empty() {
+        report.add(Finding::new(Severity::Ok, "sandbox-interfaces", format!("{root}: every live sandbox ({}) has its interfaces", live.len())));
+    }
+    if !unreadable.is_empty() {
+        let mut finding = Finding::new(Severity::Info, "sandbox-interfaces", format!("{root}: {} namespaces could not be entered", unreadable.len()))
+            .fix("run --doctor as root");
+        finding.evidence = capped(unreadable);
+        report.add(finding);
+    }
+}
+
+/// The names among `names` that do not exist in the namespace at `netns`, asked of the
+/// kernel from inside it.
+fn absent_interfaces(netns: &str, names: Vec<String>) -> crate::error::Result<Vec<String>> {
+    netlink::with_pod_netns(Path::new(netns), |kernel| {
+        let mut absent = Vec::new();
+        for name in names {
+            if kernel.link_by_name(Side::Pod, &name)?.is_none() {
+                absent.push(name);
+            }
+        }
+        Ok(absent)
+    })
+}
+
+/// What keeps a namespace alive, for the evidence: its mount and the processes in it.
+fn describe_state(netns: &str, state: &NetnsState, users: &NetnsUsers) -> String {
+    let pids: Vec<u32> = match state {
+        NetnsState::HeldBy(pids) => pids.clone(),
+        _ => netns_inode(netns).map(|i| users.pids(i).to_vec()).unwrap_or_default(),
+    };
+    let processes: Vec<String> = pids.iter().take(5).map(|&pid| describe_process(pid)).collect();
+    let held = if processes.is_empty() { "no process in it".to_string() } else { format!("processes in it: {}", processes.join(", ")) };
+    match state {
+        NetnsState::HeldBy(_) => format!("netns {netns} is unmounted, but the namespace lives on; {held}"),
+        _ => format!("netns {netns} is still mounted; {held}"),
+    }
+}
+
+/// `pid 4242 (pause, state D)`, from /proc/<pid>/stat.
+fn describe_process(pid: u32) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let comm = stat.find('(').zip(stat.rfind(')')).and_then(|(a, b)| stat.get(a + 1..b)).unwrap_or("?");
+    let state = stat.rfind(')').and_then(|b| stat.get(b + 2..b + 3)).unwrap_or("?");
+    let stuck = if state == "D" { ", uninterruptible: stuck in the kernel" } else { "" };
+    format!("pid {pid} ({comm}, state {state}{stuck})")
+}
+
+fn address_list(addresses: &[IpAddr]) -> String {
+    match addresses {
+        [] => "its interfaces are".to_string(),
+        [one] => format!("{one} is"),
+        many => format!("{} are", many.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(", ")),
+    }
+}
+

@@ -1,0 +1,442 @@
+//! `--dump-checkpoints`: every checkpoint with its ownership, for people or for tools.
+//!
+//! Streams: records are read and verified a batch at a time under the shared lock, rendered,
+//! and written after the lock is let go, in directory order, so a node with ten thousand pods
+//! dumps in constant memory (sort the JSON, or `sort` the table, for another order), and a
+//! reader that stops reading (`| less` left open) holds up no ADD or DEL. The primary's
+//! result is copied through as raw bytes. It creates, chmods and locks nothing it reads.
+
+use std::io::{self, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::error::{GuardError, Kind, Result};
+use crate::kernel::link_facts::LinkFacts;
+use crate::cni::result::ResultView;
+use crate::state::checkpoint::{Checkpoint, split_file_name};
+use crate::state::ownership::Ownership;
+use crate::state::lock::WaitNotice;
+use crate::state::{Folder, Loaded, READ_BATCH, Store, read_for_listing};
+
+#[derive(Debug, Clone, Copy)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Default)]
+pub struct Filter {
+    pub namespace: Option<String>,
+    pub pod_name: Option<String>,
+    pub pod_uid: Option<String>,
+    /// A prefix, as people copy the short IDs crictl prints.
+    pub container_id: Option<String>,
+}
+
+impl Filter {
+    fn admits(&self, record: &Checkpoint) -> bool {
+        self.admits_fields(record.pod_namespace.as_deref(), record.pod_name.as_deref(), record.pod_uid.as_deref(), Some(&record.container_id))
+    }
+
+    fn admits_fields(&self, namespace: Option<&str>, name: Option<&str>, uid: Option<&str>, container_id: Option<&str>) -> bool {
+        let same = |want: &Option<String>, have: Option<&str>| want.as_deref().is_none_or(|want| Some(want) == have);
+        same(&self.namespace, namespace) && same(&self.pod_name, name) && same(&self.pod_uid, uid) && self.admits_container(container_id)
+    }
+
+    /// An untrusted file may belong to any pod, so only a container-ID filter can rule it out.
+    fn admits_container(&self, container_id: Option<&str>) -> bool {
+        self.container_id.as_deref().is_none_or(|want| container_id.is_some_and(|id| id.starts_with(want)))
+    }
+}
+
+/// One line of the dump; the JSON output is an array of these.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Row<'a> {
+    network: Option<&'a str>,
+    container_id: Option<&'a str>,
+    if_name: Option<&'a str>,
+    pod_namespace: Option<&'a str>,
+    pod_name: Option<&'a str>,
+    pod_uid: Option<&'a str>,
+    infra_container_id: Option<&'a str>,
+    netns: Option<&'a str>,
+    generation: Option<u64>,
+    /// Owns its pod key now.
+    owner: bool,
+    ips: Vec<String>,
+    interfaces: Vec<InterfaceRow<'a>>,
+    routes: Vec<RouteRow>,
+    cni_version: Option<&'a str>,
+    created_at: Option<&'a str>,
+    updated_at: Option<&'a str>,
+    set_aside: bool,
+    status: Status,
+    /// Why a row is not `ok`, and where its file is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path: Option<&'a Path>,
+    prev_result: Option<&'a RawValue>,
+    /// Null for records from before link facts; {"state":"unavailable",...} when ADD could not read them.
+    links: Option<&'a LinkFacts>,
+}
+
+#[derive(Serialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+enum Status {
+    Ok,
+    /// In records/, failing its checksum: the next ADD, DEL or GC sets it aside.
+    Corrupt,
+    /// In set-aside/ under its own name: refuses the DELs that need it.
+    SetAside,
+    /// In set-aside/ with a `~time` suffix: kept for inspection, blocks nothing.
+    Kept,
+    /// An ownership whose record is gone: the next DEL or GC of the pod key drops it.
+    OwnerWithoutRecord,
+}
+
+impl Status {
+    fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Corrupt => "CORRUPT",
+            Status::SetAside => "SET ASIDE",
+            Status::Kept => "kept",
+            Status::OwnerWithoutRecord => "NO RECORD",
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct InterfaceRow<'a> {
+    name: &'a str,
+    mac: Option<&'a str>,
+    sandbox: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct RouteRow {
+    dst: String,
+    gw: Option<std::net::IpAddr>,
+}
+
+/// A batch is written out once it holds this much, whatever its count of records: a
+/// record may carry a prevResult of up to 1 MiB.
+const BATCH_BYTES: usize = 1 << 20;
+
+pub fn run(state_dir: &Path, format: Format, filter: &Filter, lock_timeout: Duration) -> Result<()> {
+    if std::fs::symlink_metadata(state_dir).is_err() {
+        return Err(GuardError::new(
+            Kind::Io,
+            format!("no state directory at {}: pass --state-dir with the plugin's stateDir", state_dir.display()),
+        ));
+    }
+    let store = Store::open_read_only(state_dir)?;
+    let mut sink: Box<dyn Sink> = match format {
+        Format::Json => Box::new(JsonSink::default()),
+        Format::Table => Box::new(TableSink::default()),
+    };
+    write_all(&store, filter, sink.as_mut(), lock_timeout)
+        // A reader that stops early (`| head`) is not an error.
+        .or_else(|e| match e {
+            DumpError::Write(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+            DumpError::Write(e) => Err(GuardError::new(Kind::Io, format!("cannot write the dump: {e}"))),
+            DumpError::Store(e) => Err(e),
+        })
+}
+
+enum DumpError {
+    Store(GuardError),
+    Write(io::Error),
+}
+
+impl From<GuardError> for DumpError {
+    fn from(e: GuardError) -> DumpError {
+        DumpError::Store(e)
+    }
+}
+
+impl From<io::Error> for DumpError {
+    fn from(e: io::Error) -> DumpError {
+        DumpError::Write(e)
+    }
+}
+
+/// Renders under the lock into `batch`, writes with the lock let go.
+fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: Duration) -> std::result::Result<(), DumpError> {
+    let notice = WaitNotice::new(store.root(), lock_timeout);
+    let on_wait = |holder: &str| notice.hear(holder);
+    let mut out = io::stdout().lock();
+    let mut paths = store.record_paths()?;
+    let mut batch = Vec::with_capacity(64 * 1024);
+    // Records that own their pod key: when every owner file is one of them, no owner is
+    // without its record, and the owners need not be read one by one.
+    let mut owning = 0;
+    loop {
+        batch.clear();
+        let mut read = 0;
+        {
+            let _lock = store.read_lock(lock_timeout, &on_wait)?;
+            for path in paths.by_ref() {
+                owning += usize::from(record_rows(store, filter, &path?, sink, &mut batch)?);
+                read += 1;
+                if read == READ_BATCH || batch.len() >= BATCH_BYTES {
+                    break;
+                }
+            }
+        }
+        out.write_all(&batch)?;
+        if read == 0 {
+            break;
+        }
+    }
+    // Then what no record stands for: set-aside files (by name) and owners without a record.
+    batch.clear();
+    for path in store.list_set_aside()? {
+        let status = if crate::state::set_aside_blocks(&path) {
+            (Status::SetAside, "failed verification; it refuses the DELs that need it until you delete it")
+        } else {
+            (Status::Kept, "damaged and kept for inspection; it blocks nothing")
+        };
+        let row = unverified_row(&path, status.0, status.1.to_string());
+        if filter.admits_container(row.container_id) {
+            sink.row(&mut batch, &row)?;
+        }
+    }
+    let orphans = if store.count(Folder::Owners)? > owning {
+        store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |path| match read_for_listing::<Ownership>(path) {
+            Loaded::Valid(owner) if !store.owner_is_backed(&owner) => Some(owner),
+            _ => None,
+        })?
+    } else {
+        Vec::new()
+    };
+    for (_, owner) in &orphans {
+        let row = orphan_row(owner);
+        if filter.admits_fields(row.pod_namespace, row.pod_name, row.pod_uid, row.container_id) {
+            sink.row(&mut batch, &row)?;
+        }
+    }
+    sink.finish(&mut batch, store.root())?;
+    out.write_all(&batch)?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Writes the row of the record at `path` if the filter admits it; returns whether the
+/// record owns its pod key, filtered or not.
+fn record_rows(store: &Store, filter: &Filter, path: &Path, sink: &mut dyn Sink, out: &mut dyn Write) -> io::Result<bool> {
+    match store.load_record_at(path) {
+        Loaded::Valid(record) => {
+            let owner = owns_its_pod_key(store, &record);
+            if filter.admits(&record) {
+                let view = ResultView::parse(&record.prev_result).ok();
+                sink.row(out, &record_row(&record, owner, &view))?;
+            }
+            Ok(owner)
+        }
+        Loaded::Corrupt { path, reason } => {
+            let row = unverified_row(&path, Status::Corrupt, format!("failed verification: {reason}"));
+            if filter.admits_container(row.container_id) {
+                sink.row(out, &row)?;
+            }
+            Ok(false)
+        }
+        Loaded::Missing => Ok(false),
+    }
+}
+
+fn owns_its_pod_key(store: &Store, record: &Checkpoint) -> bool {
+    record.pod_key().is_some_and(|key| {
+        matches!(store.load_owner(&key), Ok(Loaded::Valid(owner)) if owner.container_id == record.container_id)
+    })
+}
+
+fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultView>) -> Row<'a> {
+    Row {
+        network: Some(&record.network),
+        container_id: Some(&record.container_id),
+        if_name: Some(&record.if_name),
+        pod_namespace: record.pod_namespace.as_deref(),
+        pod_name: record.pod_name.as_deref(),
+        pod_uid: record.pod_uid.as_deref(),
+        infra_container_id: record.infra_container_id.as_deref(),
+        netns: Some(&record.netns),
+        generation: Some(record.generation),
+        owner,
+        ips: view.iter().flat_map(|v| v.ips.iter().map(|ip| ip.address.to_string())).collect(),
+        interfaces: view.iter().flat_map(|v| v.interfaces.iter()).map(|i| InterfaceRow {
+            name: &i.name,
+            mac: i.mac.as_deref(),
+            sandbox: i.sandbox.as_deref(),
+        }).collect(),
+        routes: view.iter().flat_map(|v| v.routes.iter()).map(|r| RouteRow { dst: r.dst.to_string(), gw: r.gw }).collect(),
+        cni_version: Some(&record.cni_version),
+        created_at: Some(&record.created_at),
+        updated_at: Some(&record.updated_at),
+        set_aside: false,
+        status: Status::Ok,
+        reason: None,
+        path: None,
+        prev_result: Some(&record.prev_result),
+        links: record.links.as_ref(),
+    }
+}
+
+/// A file that cannot be trusted: shown with what its name tells, never its content.
+fn unverified_row(path: &Path, status: Status, reason: String) -> Row<'_> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let (network, container_id, if_name) = match split_file_name(name) {
+        Some((n, c, i)) => (Some(n), Some(c), Some(i)),
+        None => (None, None, None),
+    };
+    Row { network, container_id, if_name, set_aside: status != Status::Corrupt, path: Some(path), ..empty_row(status, reason) }
+}
+
+fn orphan_row(owner: &Ownership) -> Row<'_> {
+    Row {
+        network: Some(&owner.key.network),
+        container_id: Some(&owner.container_id),
+        if_name: Some(&owner.key.if_name),
+        pod_namespace: Some(&owner.key.pod_namespace),
+        pod_name: Some(&owner.key.pod_name),
+        pod_uid: owner.pod_uid.as_deref(),
+        generation: Some(owner.generation),
+        owner: true,
+        ..empty_row(
+            Status::OwnerWithoutRecord,
+            "owns the pod key but its record is gone; the next DEL or GC of the pod drops this ownership".to_string(),
+        )
+    }
+}
+
+fn empty_row<'a>(status: Status, reason: String) -> Row<'a> {
+    Row {
+        network: None,
+        container_id: None,
+        if_name: None,
+        pod_namespace: None,
+        pod_name: None,
+        pod_uid: None,
+        infra_container_id: None,
+        netns: None,
+        generation: None,
+        owner: false,
+        ips: Vec::new(),
+        interfaces: Vec::new(),
+        routes: Vec::new(),
+        cni_version: None,
+        created_at: None,
+        updated_at: None,
+        set_aside: false,
+        status,
+        reason: Some(reason),
+        path: None,
+        prev_result: None,
+        links: None,
+    }
+}
+
+trait Sink {
+    fn row(&mut self, out: &mut dyn Write, row: &Row) -> io::Result<()>;
+    fn finish(&mut self, out: &mut dyn Write, root: &Path) -> io::Result<()>;
+}
+
+/// A JSON array, one row per line.
+#[derive(Default)]
+struct JsonSink {
+    rows: usize,
+}
+
+impl Sink for JsonSink {
+    fn row(&mut self, out: &mut dyn Write, row: &Row) -> io::Result<()> {
+        out.write_all(if self.rows == 0 { b"[\n  " } else { b",\n  " })?;
+        serde_json::to_writer(&mut *out, row)?;
+        self.rows += 1;
+        Ok(())
+    }
+
+    fn finish(&mut self, out: &mut dyn Write, _root: &Path) -> io::Result<()> {
+        out.write_all(if self.rows == 0 { b"[]\n" } else { b"\n]\n" })
+    }
+}
+
+/// Columns of fixed width, so rows can go out as they are read; a longer cell pushes its
+/// line out of alignment rather than being cut (a truncated pod name would mislead).
+#[derive(Default)]
+struct TableSink {
+    rows: usize,
+    owned: usize,
+    /// Rows per `Status`, in its order.
+    by_status: [usize; 5],
+}
+
+const COLUMNS: [(&str, usize); 9] =
+    [("POD", 28), ("CONTAINER", 13), ("IF", 6), ("NETWORK", 16), ("IPS", 18), ("GEN", 4), ("OWNER", 5), ("AGE", 4), ("STATE", 0)];
+
+fn write_cells(out: &mut dyn Write, cells: [&str; 9]) -> io::Result<()> {
+    let mut line = String::with_capacity(128);
+    for ((_, width), cell) in COLUMNS.iter().zip(cells) {
+        line.push_str(&format!("{cell:<width$}  "));
+    }
+    writeln!(out, "{}", line.trim_end())
+}
+
+impl Sink for TableSink {
+    fn row(&mut self, out: &mut dyn Write, row: &Row) -> io::Result<()> {
+        if self.rows == 0 {
+            write_cells(out, COLUMNS.map(|(header, _)| header))?;
+        }
+        self.rows += 1;
+        self.owned += usize::from(row.owner && row.status == Status::Ok);
+        self.by_status[row.status as usize] += 1;
+        let pod = crate::names::pod_text(row.pod_namespace, row.pod_name);
+        let container: String = row.container_id.unwrap_or("-").chars().take(13).collect();
+        let ips = if row.ips.is_empty() { "-".to_string() } else { row.ips.join(",") };
+        let generation = row.generation.map_or("-".to_string(), |g| g.to_string());
+        let age = row
+            .created_at
+            .and_then(crate::clock::parse_rfc3339)
+            .map_or("-".to_string(), |t| crate::clock::age(t, crate::clock::unix_seconds()));
+        let owner = if row.owner { "*" } else { "" };
+        let cells = [&pod, &container, row.if_name.unwrap_or("-"), row.network.unwrap_or("-"), &ips, &generation, owner, &age, row.status.label()];
+        write_cells(out, cells)?;
+        // An untrusted row says which file and why, on a line of its own.
+        match (row.path, &row.reason) {
+            (Some(path), Some(reason)) => writeln!(out, "    {}: {reason}", path.display()),
+            (None, Some(reason)) => writeln!(out, "    {reason}"),
+            _ => Ok(()),
+        }
+    }
+
+    fn finish(&mut self, out: &mut dyn Write, root: &Path) -> io::Result<()> {
+        if self.rows == 0 {
+            write_cells(out, COLUMNS.map(|(header, _)| header))?;
+        }
+        let count = |status: Status| self.by_status[status as usize];
+        writeln!(
+            out,
+            "\n{} checkpoints, {} owning their pod name (*), {} not trusted",
+            count(Status::Ok),
+            self.owned,
+            self.rows - count(Status::Ok)
+        )?;
+        let root = root.display();
+        let notes = [
+            (Status::Corrupt, format!("in {root}/records fail verification: the next ADD, DEL or GC of each sets it aside")),
+            (Status::SetAside, format!("in {root}/set-aside refuse the DELs that need them: delete each once `crictl pods` shows no newer sandbox of its pod")),
+            (Status::Kept, format!("in {root}/set-aside are damaged copies kept for inspection: they block nothing")),
+            (Status::OwnerWithoutRecord, "own a pod key without a record: the next DEL or GC of the pod drops that ownership".to_string()),
+        ];
+        for (status, note) in notes {
+            if count(status) > 0 {
+                writeln!(out, "{} {} {note}", count(status), status.label())?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,7 @@
+//! The operator's side: the command line and what it runs by hand, never on a runtime's
+//! exec: the checkpoint dump, `--restore` and `--doctor`.
+
+pub mod cli;
+pub mod doctor;
+pub mod dump;
+pub mod restore;

@@ -11,7 +11,7 @@ use crate::cni::verbs::Invocation;
 use crate::cni::config::StaleDelPolicy;
 use crate::cni::env::Attachment;
 use crate::error::{GuardError, Kind, Result};
-use crate::cni::log::Level;
+use crate::cni::log::{CAUSE_SET_ASIDE, CAUSE_STALE_DEL, Level};
 use crate::state::ownership::{self, DelVerdict, Deleter, Owner, Ownership, PodKey};
 use crate::state::checkpoint::{self, AttachmentId};
 use crate::state::{Loaded, Store};
@@ -73,12 +73,13 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
                 let err = stale_error(&id, key, owner, ever_owned);
                 match inv.conf.stale_del {
                     StaleDelPolicy::Refuse => {
-                        let text = format!("owner={} {}", owner.container_id, err.msg);
-                        inv.log.event(Level::Warn, inv.verb, &inv.subject(Some(attachment), Some(key.pod())), "refused", &text);
+                        let fields = [("cause", CAUSE_STALE_DEL), ("owner", owner.container_id.as_str())];
+                        let subject = inv.subject(Some(attachment), Some(key.pod()));
+                        inv.log.event_with(Level::Warn, inv.verb, &subject, "refused", &fields, &err.msg);
                         return Err(err);
                     }
                     StaleDelPolicy::Audit => {
-                        audited = Some(format!("owner={} audit mode let a stale DEL through: {}", owner.container_id, err.msg));
+                        audited = Some((owner.container_id.clone(), format!("audit mode let a stale DEL through: {}", err.msg)));
                     }
                 }
             }
@@ -99,9 +100,13 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
     }
 
     let subject = inv.subject(Some(attachment), keys.first().map(PodKey::pod));
-    let (outcome, level, why) = match audited {
-        Some(text) => ("audited", Level::Warn, text),
+    let (outcome, level, why) = match &audited {
+        Some((_, text)) => ("audited", Level::Warn, text.clone()),
         None => ("deleted", Level::Info, notes.join("; ")),
+    };
+    let fields: Vec<(&str, &str)> = match &audited {
+        Some((owner, _)) => vec![("cause", CAUSE_STALE_DEL), ("owner", owner)],
+        None => Vec::new(),
     };
     // The DEL is not stale: from here on nothing of the guard's own may fail it.
     let forgotten = match unwritable {
@@ -109,8 +114,8 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
         None => forget(&store, &id, &owners_to_remove, corrupt_record.as_deref()),
     };
     match forgotten {
-        Ok(()) => inv.log.event(level, inv.verb, &subject, outcome, &why),
-        Err(err) => inv.log.event(Level::Warn, inv.verb, &subject, outcome, &format!(
+        Ok(()) => inv.log.event_with(level, inv.verb, &subject, outcome, &fields, &why),
+        Err(err) => inv.log.event_with(Level::Warn, inv.verb, &subject, outcome, &fields, &format!(
             "{why}; the store could not be updated, so its record stays until the store is writable again \
              (the next DEL of this sandbox or GC removes it): {} {}",
             err.msg, err.details
@@ -235,6 +240,7 @@ fn set_aside_error(inv: &Invocation, attachment: &Attachment, kept: &Path, reaso
          does, delete {} and the runtime's retry will pass; if one does, stop and remove it first.",
         kept.display()
     ));
-    inv.log.event(Level::Error, inv.verb, &inv.subject(Some(attachment), key.map(PodKey::pod)), "refused", &format!("{} ({reason})", err.msg));
+    let subject = inv.subject(Some(attachment), key.map(PodKey::pod));
+    inv.log.event_with(Level::Error, inv.verb, &subject, "refused", &[("cause", CAUSE_SET_ASIDE)], &format!("{} ({reason})", err.msg));
     err
 }

@@ -1,7 +1,8 @@
 //! Stale DELs happen silently from the runtime's side: the guard refuses them (or lets them
 //! through in audit mode) and the runtime just retries. The plugin's log file already has one
 //! line per refusal, written under the store lock, so the doctor counts them there instead of
-//! the DEL writing yet another file on a path kubelet retries every few seconds.
+//! the DEL writing yet another file on a path kubelet retries every few seconds. It reads the
+//! line's fields (`cause=stale-del owner=..`), never its text.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -10,6 +11,7 @@ use std::path::Path;
 
 use super::finding::{Finding, Report, Severity};
 use super::sandboxes::Owners;
+use crate::cni::log::{CAUSE_STALE_DEL, LogEntry};
 use crate::state::ownership::PodKey;
 
 #[derive(Debug, Default)]
@@ -23,8 +25,7 @@ struct PodStaleDels {
     protected: Option<String>,
 }
 
-/// One stale-DEL line of the log: `<time> sandbox-guard[<pid>] <LEVEL> DEL network=..
-/// container=.. ifname=.. pod=ns/name outcome=refused|audited <text>`.
+/// One stale DEL, from the fields of its log line (`cni::log::LogEntry`).
 #[derive(Debug, PartialEq)]
 struct StaleDelLine {
     time: String,
@@ -35,48 +36,46 @@ struct StaleDelLine {
 }
 
 fn parse_line(line: &str) -> Option<StaleDelLine> {
-    let mut words = line.splitn(5, ' ');
-    let time = words.next()?;
-    let _program = words.next()?;
-    let _level = words.next()?;
-    if words.next()? != "DEL" {
+    let entry = LogEntry::parse(line)?;
+    if entry.verb != "DEL" {
         return None;
     }
-    let mut fields = BTreeMap::new();
-    let mut text = words.next()?;
-    while let Some((word, rest)) = text.split_once(' ').or(Some((text, ""))) {
-        let (key, value) = word.split_once('=')?;
-        fields.insert(key, value);
-        text = rest;
-        if key == "outcome" {
-            break;
-        }
-    }
-    // The owner protected comes as `owner=<id>` right after the outcome; logs of earlier
-    // versions named it in the prose, after the first "; sandbox ".
+    let owner = match entry.field("cause") {
+        Some(CAUSE_STALE_DEL) => entry.field("owner").map(String::from),
+        Some(_) => return None,
+        None => legacy_stale_del(line)?,
+    };
+    let audited = match entry.field("outcome")? {
+        "audited" => true,
+        "refused" => false,
+        _ => return None,
+    };
+    let (namespace, name) = entry.field("pod")?.split_once('/')?;
+    Some(StaleDelLine {
+        time: entry.time.to_string(),
+        key: PodKey {
+            network: entry.field("network")?.to_string(),
+            pod_namespace: namespace.to_string(),
+            pod_name: name.to_string(),
+            if_name: entry.field("ifname")?.to_string(),
+        },
+        container: entry.field("container")?.to_string(),
+        audited,
+        owner,
+    })
+}
+
+/// Lines written before `cause=` existed, still in a node's log after an upgrade: a refusal
+/// whose text starts with "stale DEL", its owner in `owner=` or after "; sandbox ". Frozen:
+/// today's lines never come here, so their wording is free to change.
+fn legacy_stale_del(line: &str) -> Option<Option<String>> {
+    let (_, after) = line.split_once(" outcome=")?;
+    let (outcome, text) = after.split_once(' ')?;
     let (owner, text) = match text.split_once(' ') {
         Some((word, rest)) if word.starts_with("owner=") => (Some(word["owner=".len()..].to_string()), rest),
         _ => (text.split_once("; sandbox ").and_then(|(_, rest)| rest.split(' ').next()).map(String::from), text),
     };
-    let audited = match *fields.get("outcome")? {
-        "audited" => true,
-        // Refusals for a set-aside checkpoint share the outcome; only stale ones count here.
-        "refused" if text.starts_with("stale DEL") => false,
-        _ => return None,
-    };
-    let (namespace, name) = fields.get("pod")?.split_once('/')?;
-    Some(StaleDelLine {
-        time: time.to_string(),
-        key: PodKey {
-            network: fields.get("network")?.to_string(),
-            pod_namespace: namespace.to_string(),
-            pod_name: name.to_string(),
-            if_name: fields.get("ifname")?.to_string(),
-        },
-        container: fields.get("container")?.to_string(),
-        audited,
-        owner,
-    })
+    (outcome == "audited" || text.starts_with("stale DEL")).then_some(owner)
 }
 
 pub fn check(log_files: &[(String, Option<std::path::PathBuf>)], owners: &Owners, report: &mut Report) {
@@ -186,7 +185,9 @@ mod tests {
 
     const REFUSED: &str = "2026-01-02T03:04:05Z sandbox-guard[42] WARN DEL network=net container=aaa ifname=eth0 pod=lijiaob/etcd1-0 outcome=refused stale DEL refused: sandbox aaa is no longer pod lijiaob/etcd1-0's sandbox on network net (eth0); sandbox bbb (pod UID u-2, generation 2) owns it now, and ...";
 
-    const REFUSED_NOW: &str = "2026-01-02T03:04:05Z sandbox-guard[42] WARN DEL network=net container=aaa ifname=eth0 pod=lijiaob/etcd1-0 outcome=refused owner=bbb stale DEL refused: pod lijiaob/etcd1-0 (eth0) belongs to sandbox bbb, not aaa, which owned it before";
+    const REFUSED_NOW: &str = "2026-01-02T03:04:05Z sandbox-guard[42] WARN DEL network=net container=aaa ifname=eth0 pod=lijiaob/etcd1-0 outcome=refused cause=stale-del owner=bbb stale DEL refused: pod lijiaob/etcd1-0 (eth0) belongs to sandbox bbb, not aaa, which owned it before";
+
+    const REFUSED_WITHOUT_CAUSE: &str = "2026-01-02T03:04:05Z sandbox-guard[42] WARN DEL network=net container=aaa ifname=eth0 pod=lijiaob/etcd1-0 outcome=refused owner=bbb stale DEL refused: pod lijiaob/etcd1-0 (eth0) belongs to sandbox bbb, not aaa, which owned it before";
 
     #[test]
     fn reads_the_owner_field_whatever_the_prose_says() {
@@ -194,6 +195,16 @@ mod tests {
         assert_eq!((line.container.as_str(), line.owner.as_deref(), line.audited), ("aaa", Some("bbb"), false));
         let reworded = REFUSED_NOW.replace("belongs to sandbox bbb, not aaa", "is now in other hands");
         assert_eq!(parse_line(&reworded).unwrap().owner.as_deref(), Some("bbb"));
+        let rewritten = REFUSED_NOW.replace("stale DEL refused: pod", "Teardown of an old sandbox held back: pod");
+        assert_eq!(parse_line(&rewritten).unwrap().owner.as_deref(), Some("bbb"));
+        let audited = REFUSED_NOW.replace("outcome=refused", "outcome=audited").replace("stale DEL refused", "audit mode let");
+        assert!(parse_line(&audited).unwrap().audited);
+    }
+
+    #[test]
+    fn reads_lines_from_before_the_cause_field() {
+        let line = parse_line(REFUSED_WITHOUT_CAUSE).unwrap();
+        assert_eq!((line.container.as_str(), line.owner.as_deref(), line.audited), ("aaa", Some("bbb"), false));
     }
 
     #[test]
@@ -210,6 +221,7 @@ mod tests {
         for line in [
             "2026-01-02T03:04:05Z sandbox-guard[42] INFO DEL network=net container=aaa ifname=eth0 pod=ns/p outcome=deleted released",
             "2026-01-02T03:04:05Z sandbox-guard[42] ERROR DEL network=net container=aaa ifname=eth0 pod=ns/p outcome=refused DEL refused: the checkpoint",
+            "2026-01-02T03:04:05Z sandbox-guard[42] ERROR DEL network=net container=aaa ifname=eth0 pod=ns/p outcome=refused cause=set-aside stale DEL wording",
             "2026-01-02T03:04:05Z sandbox-guard[42] INFO ADD network=net container=aaa ifname=eth0 pod=ns/p outcome=added",
             "garbage",
             "",

@@ -1,0 +1,101 @@
+//! Carrying a restore's plan out in the kernel, after looking at what is there.
+
+use super::plan::{Seen, Step};
+use super::report::Outcome;
+use crate::error::{GuardError, Kind, Result};
+use crate::kernel::arp;
+use crate::kernel::link_facts::{InterfaceFacts, LinkFacts};
+use crate::kernel::netlink::{Kernel, LinkState, NewMacvlan, Side};
+use crate::state::checkpoint::Checkpoint;
+
+pub fn look(kernel: &Kernel, record: &Checkpoint) -> Result<Seen> {
+    let interface_present = kernel.link_by_name(Side::Pod, &record.if_name)?.is_some();
+    let Some(LinkFacts::Observed(InterfaceFacts { parent: Some(parent), .. })) = &record.links else {
+        return Ok(Seen { interface_present, ..Seen::default() });
+    };
+    let parent_now = kernel.link_by_name(Side::Host, &parent.name)?;
+    let vlan_lower = match (&parent_now, &parent.vlan) {
+        (None, Some(vlan)) => kernel.link_by_name(Side::Host, &vlan.lower)?,
+        _ => None,
+    };
+    Ok(Seen { interface_present, parent: parent_now, vlan_lower })
+}
+
+/// Runs the steps in order; the first failure ends this sandbox's restore and is reported
+/// with the steps that did take effect.
+pub fn carry_out(kernel: &Kernel, steps: Vec<Step>) -> Outcome {
+    let mut done = Vec::new();
+    for step in steps {
+        if let Err(err) = apply(kernel, &step) {
+            return Outcome::Failed { done, error: format!("{step}: {}", err.msg) };
+        }
+        done.push(step);
+    }
+    Outcome::Restored(done)
+}
+
+fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
+    match step {
+        Step::CreateVlan { name, lower, id, mtu } => {
+            let lower = host_link(kernel, lower)?;
+            kernel.create_vlan(name, lower.index, *id, Some(*mtu))
+        }
+        Step::SetHostLinkUp { name } => kernel.set_up(Side::Host, name),
+        Step::CreateMacvlan { name, parent, mode, mac, mtu } => {
+            let parent = host_link(kernel, parent)?;
+            let mac = parse_mac(mac)?;
+            kernel.create_macvlan_in_pod(&NewMacvlan { name, parent_index: parent.index, mode, mac: &mac, mtu: Some(*mtu) })
+        }
+        Step::SetUp { name } => kernel.set_up(Side::Pod, name),
+        Step::AddAddress { name, address } => kernel.add_address(pod_link(kernel, name)?.index, *address),
+        Step::AddRoute { name, route } => {
+            kernel.add_route(pod_link(kernel, name)?.index, route.dst, route.gateway, route.link_scope, route.metric)
+        }
+        Step::Announce { name, addresses } => {
+            let link = pod_link(kernel, name)?;
+            let mac = parse_mac(link.mac.as_deref().unwrap_or_default())?;
+            // The kernel's view, not the record's: what neighbours must learn is the MAC in use.
+            arp::announce(link.index, mac, addresses)
+        }
+    }
+}
+
+fn host_link(kernel: &Kernel, name: &str) -> Result<LinkState> {
+    kernel
+        .link_by_name(Side::Host, name)?
+        .ok_or_else(|| GuardError::new(Kind::Netlink, format!("host link {name} is missing")))
+}
+
+fn pod_link(kernel: &Kernel, name: &str) -> Result<LinkState> {
+    kernel
+        .link_by_name(Side::Pod, name)?
+        .ok_or_else(|| GuardError::new(Kind::Netlink, format!("interface {name} is missing from the pod's netns")))
+}
+
+fn parse_mac(text: &str) -> Result<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in &mut mac {
+        *byte = parts
+            .next()
+            .and_then(|part| u8::from_str_radix(part, 16).ok())
+            .ok_or_else(|| GuardError::new(Kind::Decode, format!("MAC {text:?} is not six hex bytes")))?;
+    }
+    if parts.next().is_some() {
+        return Err(GuardError::new(Kind::Decode, format!("MAC {text:?} is not six hex bytes")));
+    }
+    Ok(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_parse_strictly() {
+        assert_eq!(parse_mac("6e:92:1a:b4:fc:34").unwrap(), [0x6e, 0x92, 0x1a, 0xb4, 0xfc, 0x34]);
+        for bad in ["", "6e:92:1a:b4:fc", "6e:92:1a:b4:fc:34:00", "zz:92:1a:b4:fc:34"] {
+            assert!(parse_mac(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -41,10 +41,10 @@ pub(crate) const RECORDS: &str = "records";
 const OWNERS: &str = "owners";
 pub(crate) const SET_ASIDE: &str = "set-aside";
 pub const FAILED_ADDS: &str = "failed-adds";
-/// The address index, kept by conflict.rs.
+/// The address index (ip_index.rs).
 pub const IPS: &str = "ips";
 const OWNER_PREFIX: &str = "owner-";
-/// The folders below the state dir, in the order of `Store::dirty`.
+/// The folders below the state dir; `Store::dirty` names them by their index here.
 const FOLDERS: [&str; 4] = [RECORDS, OWNERS, SET_ASIDE, FAILED_ADDS];
 
 pub struct Store {
@@ -57,8 +57,29 @@ pub struct Store {
     /// when the process dies). `None` only for a reader whose store has never been written.
     lock: Option<File>,
     writable: bool,
-    /// Directories renamed into since the last sync, in the order of FOLDERS.
-    dirty: Cell<[bool; 4]>,
+    /// Directories changed since the last sync (indexes into FOLDERS), in the order of their
+    /// first change: `sync` keeps that order.
+    dirty: Cell<DirtyDirs>,
+}
+
+/// Indexes into FOLDERS, each at most once, in the order they were first marked.
+#[derive(Debug, Default, Clone, Copy)]
+struct DirtyDirs {
+    order: [u8; 4],
+    len: u8,
+}
+
+impl DirtyDirs {
+    fn mark(&mut self, index: u8) {
+        if !self.in_order().contains(&index) {
+            self.order[usize::from(self.len)] = index;
+            self.len += 1;
+        }
+    }
+
+    fn in_order(&self) -> &[u8] {
+        &self.order[..usize::from(self.len)]
+    }
 }
 
 /// What `read_in_batches` reads.
@@ -130,7 +151,7 @@ impl Store {
 
     fn at(root: &Path, lock: Option<File>, writable: bool) -> Store {
         let [records, owners, set_aside, failed_adds] = FOLDERS.map(|dir| root.join(dir));
-        Store { root: root.to_path_buf(), records, owners, set_aside, failed_adds, lock, writable, dirty: Cell::new([false; 4]) }
+        Store { root: root.to_path_buf(), records, owners, set_aside, failed_adds, lock, writable, dirty: Cell::new(DirtyDirs::default()) }
     }
 
     /// A reader's shared lock, waited for at most `wait`; `on_wait` hears once who holds it
@@ -337,22 +358,29 @@ impl Store {
         Ok(true)
     }
 
-    /// Makes every rename and unlink since the last sync durable (one fsync a directory).
+    /// Makes every change since the last sync durable: one fsync per changed directory, in
+    /// the order the directories were first changed.
+    ///
+    /// So a verb changes what it must (ADD: the record, then the ownership that points at it;
+    /// DEL: the ownership, then the record) and syncs once. A journaling filesystem (ext4,
+    /// xfs) makes metadata changes durable in the order they were made, and a btrfs commit
+    /// takes all of them at once, so the later change never outlives a crash without the
+    /// earlier one; the first fsync commits both and the second finds nothing left to write,
+    /// which saves ADD and DEL a journal commit each. Syncing in change order also covers a
+    /// filesystem that logs each directory on its own fsync (btrfs). Were a crash still to
+    /// leave an owner whose record is gone, the ownership rule drops it (`DelVerdict::Repair`).
     pub fn sync(&self) -> Result<()> {
-        let dirty = self.dirty.replace([false; 4]);
-        for (dir, is_dirty) in [&self.records, &self.owners, &self.set_aside, &self.failed_adds].into_iter().zip(dirty) {
-            if is_dirty {
-                File::open(dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(|e| GuardError::io("sync directory", dir, e))?;
-            }
+        let dirty = self.dirty.take();
+        for &index in dirty.in_order() {
+            let dir = [&self.records, &self.owners, &self.set_aside, &self.failed_adds][usize::from(index)];
+            File::open(dir).and_then(|d| d.sync_all()).map_err(|e| GuardError::io("sync directory", dir, e))?;
         }
         Ok(())
     }
 
-    fn mark_dirty(&self, index: usize) {
+    fn mark_dirty(&self, index: u8) {
         let mut dirty = self.dirty.get();
-        dirty[index] = true;
+        dirty.mark(index);
         self.dirty.set(dirty);
     }
 

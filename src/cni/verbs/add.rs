@@ -105,15 +105,14 @@ fn add(inv: &Invocation, attachment: &Attachment) -> Result<String> {
         store.remove_owner(&old_key)?;
         store.sync()?;
     }
-    // The record is durable before the ownership that points at it, so no crash leaves an
-    // owner without its record (two directory fsyncs either way). A note of an earlier failed
-    // ADD goes in the same sync: this sandbox has a record now.
+    // The record before the ownership that points at it, then one sync that keeps that
+    // order (`Store::sync`): no crash leaves an owner without its record. A note of an earlier
+    // failed ADD goes in the same sync: this sandbox has a record now.
     store.save_record(&record)?;
     store.remove_failed_add(&id)?;
-    store.sync()?;
     if let Some(key) = &pod_key {
         let owner = Ownership { key: key.clone(), container_id: id.container_id.clone(), pod_uid: pod.uid.clone(), generation };
-        if let Err(err) = store.save_owner(&owner).and_then(|()| store.sync()) {
+        if let Err(err) = store.save_owner(&owner) {
             // Failed before it took the key: a first record would make the runtime's cleanup
             // DEL look like the DEL of a superseded sandbox, so it goes again.
             if previous_created.is_none() {
@@ -122,6 +121,7 @@ fn add(inv: &Invocation, attachment: &Attachment) -> Result<String> {
             return Err(err);
         }
     }
+    store.sync()?;
     // Blockers are disarmed only once what they stood for is durable again.
     let mut unblocked = store.unblock(&store.set_aside_path_for_record(&id))?;
     if let Some(key) = &pod_key {

@@ -146,11 +146,11 @@ fn open(inv: &Invocation) -> Result<Option<(Store, Option<GuardError>)>> {
 /// Releases the keys, durably, before the record goes: a crash can leave an unowned record
 /// (harmless, the retried DEL removes it) but never an owner whose record is gone. A corrupt
 /// record is kept as a copy first.
+/// The ownership goes before the record it points at, in one sync that keeps that order.
 fn forget(store: &Store, id: &AttachmentId, owners: &[PodKey], corrupt_record: Option<&Path>) -> Result<()> {
     for key in owners {
         store.remove_owner(key)?;
     }
-    store.sync()?;
     if let Some(path) = corrupt_record {
         store.keep_copy(path, &store.set_aside_path_for_record(id))?;
     }

@@ -11,6 +11,7 @@ mod finding;
 mod host;
 mod sandboxes;
 mod stale_dels;
+mod store_health;
 
 use std::path::PathBuf;
 

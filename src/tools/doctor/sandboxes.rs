@@ -1,13 +1,13 @@
-//! The store against the node: records that cannot be trusted, namespaces that outlived
-//! their sandbox and still hold its address (seed 004), addresses held twice, records whose
-//! DEL never came, interfaces gone from live sandboxes, and the store's permissions.
+//! The store against the node: namespaces that outlived their sandbox and still hold its
+//! address (seed 004), addresses held twice, records whose DEL never came, interfaces gone
+//! from live sandboxes. The store's own health is `store_health`'s.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
 
+use super::store_health;
 use super::finding::{capped, Finding, Report, Severity};
 use crate::kernel::netlink::{self, Side};
 use crate::kernel::netns::{NetnsState, NetnsUsers, netns_inode, netns_state};
@@ -42,7 +42,7 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
         ));
         return;
     }
-    check_permissions(state_dir, report);
+    store_health::check_permissions(state_dir, report);
     let store = match Store::open_read_only(state_dir) {
         Ok(store) => store,
         Err(e) => {
@@ -90,9 +90,9 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
     owners_seen.extend(owners.iter().map(|(k, v)| (k.clone(), v.clone())));
     let index = ip_index::list_entries(state_dir);
 
-    check_untrusted(&root_display, &records, &set_aside, report);
-    check_orphans(&root_display, &orphaned, report);
-    check_temp_files(&root_display, &store, report);
+    store_health::check_untrusted(&root_display, &records, &set_aside, report);
+    store_health::check_orphans(&root_display, &orphaned, report);
+    store_health::check_temp_files(&root_display, &store, report);
     let valid: Vec<Checkpoint> = records
         .into_iter()
         .filter_map(|(_, loaded)| match loaded {
@@ -106,144 +106,6 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
     check_interfaces(&root_display, &live, report);
 }
 
-/// An owner whose record is gone refused every other sandbox's DEL of its pod in earlier
-/// versions of the plugin, which could leave one behind; so can a hand edit.
-fn check_orphans(root: &str, orphaned: &[Ownership], report: &mut Report) {
-    if orphaned.is_empty() {
-        report.add(Finding::new(Severity::Ok, "store-owners", format!("{root}: every pod key's owner has its record")));
-        return;
-    }
-    let mut finding = Finding::new(
-        Severity::Warning,
-        "store-owners",
-        format!("{root}: {} pod keys are owned by a sandbox whose record is gone", orphaned.len()),
-    )
-    .fix("nothing to do by hand: the next DEL or GC of each pod drops that ownership instead of refusing the DEL");
-    finding.evidence = capped(
-        orphaned
-            .iter()
-            .map(|o| format!("pod {} ({}, network {}): owner {} (generation {}) has no record", o.key.pod(), o.key.if_name, o.key.network, o.container_id, o.generation))
-            .collect(),
-    );
-    report.add(finding);
-}
-
-/// Temp files of writers killed mid-write (a runtime's timeout kills plugins): harmless,
-/// never read, removed by GC; many of them say plugins are being killed.
-fn check_temp_files(root: &str, store: &Store, report: &mut Report) {
-    let temps = store.temp_files();
-    let dead: Vec<_> = temps.iter().filter(|t| !t.writer_alive()).collect();
-    if dead.is_empty() {
-        report.add(Finding::new(Severity::Ok, "store-temp-files", format!("{root}: no temp file left by a killed writer")));
-        return;
-    }
-    let now = std::time::SystemTime::now();
-    let oldest = dead.iter().map(|t| t.modified).min().unwrap_or(now);
-    let age = now.duration_since(oldest).unwrap_or_default().as_secs();
-    let mut finding = Finding::new(
-        Severity::Warning,
-        "store-temp-files",
-        format!("{root}: {} temp files left by killed plugin runs, the oldest {} old", dead.len(), crate::clock::age(0, age as i64)),
-    )
-    .fix(
-        "they are never read and a CNI 1.1 runtime's GC removes them (or delete them: `find <stateDir> -name '.*.tmp' \
-         -delete` while no plugin runs); many of them mean the runtime kills the plugin: look for its CNI timeouts",
-    );
-    finding.evidence = capped(dead.iter().map(|t| format!("{} (pid {}, gone)", t.path.display(), t.pid)).collect());
-    report.add(finding);
-}
-
-fn check_permissions(state_dir: &Path, report: &mut Report) {
-    let mut problems = Vec::new();
-    let mut worst = Severity::Ok;
-    let mut inspect = |path: &Path, meta: &std::fs::Metadata| {
-        let mode = meta.permissions().mode() & 0o7777;
-        let (severity, what) = if meta.file_type().is_symlink() {
-            (Severity::Error, "a symbolic link: the plugin refuses to follow it".to_string())
-        } else if mode & 0o022 != 0 {
-            (Severity::Error, format!("mode {mode:04o}: others can write it, and so forge ownership"))
-        } else if mode & 0o044 != 0 {
-            (Severity::Warning, format!("mode {mode:04o}: others can read pod names and addresses"))
-        } else if meta.uid() != 0 {
-            (Severity::Warning, format!("owned by uid {}, not root, who runs the plugin", meta.uid()))
-        } else {
-            return;
-        };
-        worst = worst.max(severity);
-        problems.push(format!("{} is {what}", path.display()));
-    };
-    if let Ok(meta) = std::fs::symlink_metadata(state_dir) {
-        inspect(state_dir, &meta);
-    }
-    for dir in ["records", "owners", "set-aside", crate::state::FAILED_ADDS, crate::state::IPS] {
-        let dir = state_dir.join(dir);
-        let Ok(meta) = std::fs::symlink_metadata(&dir) else { continue };
-        inspect(&dir, &meta);
-        if !meta.is_dir() {
-            continue;
-        }
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if let Ok(meta) = entry.metadata() {
-                inspect(&entry.path(), &meta);
-            }
-        }
-    }
-    let summary = match worst {
-        Severity::Ok => {
-            report.add(Finding::new(Severity::Ok, "store-permissions", format!("{}: private to root (0700 dirs, 0600 files)", state_dir.display())));
-            return;
-        }
-        _ => format!("{}: {} entries are not private to root", state_dir.display(), problems.len()),
-    };
-    let mut finding = Finding::new(worst, "store-permissions", summary).fix(format!(
-        "`chown -R root:root {0} && chmod -R go-rwx {0}`, and replace links by real directories; the plugin \
-         creates what it writes 0700/0600, so look for who changed them",
-        state_dir.display()
-    ));
-    finding.evidence = capped(problems);
-    report.add(finding);
-}
-
-fn check_untrusted(root: &str, records: &[(std::path::PathBuf, Loaded<Checkpoint>)], set_aside: &[std::path::PathBuf], report: &mut Report) {
-    let corrupt: Vec<String> = records
-        .iter()
-        .filter_map(|(path, loaded)| match loaded {
-            Loaded::Corrupt { reason, .. } => Some(format!("{}: {reason}", path.display())),
-            _ => None,
-        })
-        .collect();
-    // A set-aside file under its plain name stops the DELs that need it; one with a `~time`
-    // suffix is only kept for inspection.
-    let (blocking, kept): (Vec<_>, Vec<_>) = set_aside
-        .iter()
-        .partition(|path| crate::state::set_aside_blocks(path));
-    let all_trusted = corrupt.is_empty() && blocking.is_empty() && kept.is_empty();
-    if !corrupt.is_empty() {
-        let mut finding = Finding::new(Severity::Error, "store-checksums", format!("{root}: {} records fail their checksum", corrupt.len()))
-            .fix("the next ADD, DEL or GC of each sets it aside; a DEL that needs one is refused until an operator decides");
-        finding.evidence = capped(corrupt);
-        report.add(finding);
-    }
-    if !blocking.is_empty() {
-        let mut finding = Finding::new(
-            Severity::Error,
-            "store-checksums",
-            format!("{root}: {} checkpoints were set aside after a checksum failure and block the DELs that need them", blocking.len()),
-        )
-        .fix("check with `crictl pods` whether a newer sandbox of each pod runs here: if none does, delete the file and the runtime's retry passes; if one does, stop and remove it first");
-        finding.evidence = capped(blocking.iter().map(|p| p.display().to_string()).collect());
-        report.add(finding);
-    }
-    if !kept.is_empty() {
-        let mut finding = Finding::new(Severity::Warning, "store-checksums", format!("{root}: {} damaged checkpoints are kept for inspection", kept.len()))
-            .fix("they block nothing; delete them once you know what damaged them (disk, a hand edit)");
-        finding.evidence = capped(kept.iter().map(|p| p.display().to_string()).collect());
-        report.add(finding);
-    }
-    if all_trusted {
-        report.add(Finding::new(Severity::Ok, "store-checksums", format!("{root}: {} records, every one verified", records.len())));
-    }
-}
 
 fn check_namespaces(
     root: &str,

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds the release binary, statically linked, for x86_64 or arm64 nodes (default: this
+# machine's arch), and prints its path: target/<triple>/release/sandbox-guard.
+#
+#   bash scripts/build.sh [x86_64|arm64]
+#
+# A build for the other arch installs what it needs first: Debian's cross gcc and static
+# glibc (as root; a user is told the packages) and rustup's standard library for the target.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$repo/scripts/lib/packages.sh"
+. "$repo/scripts/lib/build.sh"
+
+case ${1:-} in
+  -h | --help)
+    sed -n '2,8s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+    exit 0
+    ;;
+esac
+if (($# > 1)); then
+  echo "usage: bash scripts/build.sh [x86_64|arm64]" >&2
+  exit 2
+fi
+arch=$(plugin_arch "${1:-}") || exit 2
+build_plugin "$repo" "$arch"

@@ -4,44 +4,34 @@
 //! through parsing would fail differently (exit 1, "no state directory") than a refusal (exit
 //! 2, before anything runs).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
+#[path = "support/cni.rs"]
+mod cni;
 
-const BIN: &str = env!("CARGO_BIN_EXE_sandbox-guard");
+use cni::guard;
+use std::path::Path;
 
 /// A directory of its own, removed with everything in it when dropped.
-struct TempDir(PathBuf);
+struct TempDir(sys::TempDir);
 
 impl TempDir {
     fn new() -> TempDir {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("sandbox-guard-cli-{}-{n}", std::process::id()));
-        std::fs::create_dir(&path).expect("create a temp dir");
-        TempDir(path)
+        TempDir(sys::TempDir::new("sgcli"))
     }
 
     fn path(&self) -> &str {
-        self.0.to_str().unwrap()
+        self.0.path.to_str().unwrap()
     }
 
     /// A path inside this directory that does not exist.
     fn absent(&self) -> String {
-        let path = self.0.join("absent");
+        let path = self.0.path.join("absent");
         assert!(!Path::new(&path).exists());
         path.to_str().unwrap().to_string()
     }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn guard(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).env_clear().stdin(Stdio::null()).output().expect("run sandbox-guard")
 }
 
 /// `base` then `more`.

@@ -4,6 +4,8 @@
 
 #[path = "support/sys.rs"]
 mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 #[path = "support/mount.rs"]
@@ -437,16 +439,16 @@ fn dump_filters_select_by_namespace_pod_uid_and_container() {
     assert_eq!(selected(&["--namespace", "nowhere"]), Vec::<String>::new());
 
     let state_dir = store.state_dir.to_str().unwrap();
-    let table = sys::run(cni::BIN, &["--dump-checkpoints", "--state-dir", state_dir, "--output", "table"]);
+    let table = cni::guard_ok(&["--dump-checkpoints", "--state-dir", state_dir, "--output", "table"]);
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.contains("web-0") && table.contains("db-0"), "{table}");
 }
 
 #[test]
 fn help_and_version_flags_exit_zero() {
-    let help = sys::run(cni::BIN, &["--help"]);
+    let help = cni::guard_ok(&["--help"]);
     assert!(String::from_utf8_lossy(&help.stdout).contains("--dump-checkpoints"));
-    let version = sys::run(cni::BIN, &["--version"]);
+    let version = cni::guard_ok(&["--version"]);
     assert!(String::from_utf8_lossy(&version.stdout).contains(env!("CARGO_PKG_VERSION")));
 }
 

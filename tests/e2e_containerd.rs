@@ -9,7 +9,10 @@
 
 #[path = "support/sys.rs"]
 mod sys;
-
+#[path = "support/testdata.rs"]
+mod testdata;
+#[path = "support/cni.rs"]
+mod cni;
 #[path = "support/cri_node.rs"]
 mod cri_node;
 
@@ -215,22 +218,7 @@ fn assert_guard_refuses_and_both_sandboxes_go(node: &CriNode, pods: Recreated) {
 
 /// sandbox-guard's checkpoint records of the StatefulSet pod.
 fn guard_records(node: &CriNode) -> Vec<Value> {
-    let state_dir = node.layout.guard_state.to_str().unwrap();
-    let out = sys::run(
-        env!("CARGO_BIN_EXE_sandbox-guard"),
-        &[
-            "--dump-checkpoints",
-            "--state-dir",
-            state_dir,
-            "--output",
-            "json",
-            "--namespace",
-            NAMESPACE,
-            "--pod",
-            POD,
-        ],
-    );
-    serde_json::from_slice(&out.stdout).expect("dump is a JSON array")
+    cni::dump_checkpoints(&node.layout.guard_state, &["--namespace", NAMESPACE, "--pod", POD])
 }
 
 /// The container that owns the pod's key in sandbox-guard's checkpoints.

@@ -5,6 +5,8 @@
 
 #[path = "support/sys.rs"]
 mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 
@@ -54,16 +56,11 @@ fn text(finding: &Value) -> String {
 /// Runs `--doctor --output json` with `args`, inside `netns` when given (through `ip netns
 /// exec`, which also gives it that namespace's /sys/class/net).
 fn doctor(netns: Option<&Netns>, args: &[&str]) -> Diagnosis {
-    let mut command = match netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", &ns.name, cni::BIN]);
-            c
-        }
-        None => Command::new(cni::BIN),
+    let args = [&["--doctor", "--output", "json"], args].concat();
+    let out = match netns {
+        Some(ns) => cni::guard_in(ns, &args),
+        None => cni::guard(&args),
     };
-    command.args(["--doctor", "--output", "json"]).args(args);
-    let out = command.output().expect("run the doctor");
     let raw = format!(
         "status {}\nstdout: {}\nstderr: {}",
         out.status,

@@ -6,7 +6,10 @@
 
 #[path = "support/sys.rs"]
 mod sys;
-
+#[path = "support/testdata.rs"]
+mod testdata;
+#[path = "support/cni.rs"]
+mod cni;
 #[path = "support/libcni.rs"]
 mod libcni;
 

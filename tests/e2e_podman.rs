@@ -10,18 +10,20 @@
 mod podman;
 #[path = "support/sys.rs"]
 mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
+#[path = "support/cni.rs"]
+mod cni;
 
 use podman::{Container, PodmanEnv};
 use serde_json::Value;
-
-const GUARD: &str = env!("CARGO_BIN_EXE_sandbox-guard");
 
 #[test]
 fn podman_add_and_del_go_through_the_guard() {
     if !sys::require("podman_add_and_del_go_through_the_guard", true, podman::TOOLS) {
         return;
     }
-    let env = PodmanEnv::new(GUARD);
+    let env = PodmanEnv::new();
     let name = sys::unique("sgc");
     let container = env.run_container(&name);
 
@@ -50,7 +52,7 @@ fn podman_without_pod_namespace_is_never_refused() {
     if !sys::require("podman_without_pod_namespace_is_never_refused", true, podman::TOOLS) {
         return;
     }
-    let env = PodmanEnv::new(GUARD);
+    let env = PodmanEnv::new();
     let pod_name = sys::unique("sgc");
     let older = env.run_container(&pod_name);
     env.podman(&["rename", &older.id, &format!("{pod_name}-old")]);

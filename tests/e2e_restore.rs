@@ -9,14 +9,18 @@
 
 #[path = "support/sys.rs"]
 mod sys;
-
+#[path = "support/testdata.rs"]
+mod testdata;
+#[path = "support/cni.rs"]
+mod cni;
 #[path = "support/libcni.rs"]
 mod libcni;
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-use libcni::{GUARD_BIN, IFNAME, Network, NetnsArg, Sandbox, assert_result_matches_kernel, bare_ip, pod_has_link};
+use cni::{Cni, Reply, guard};
+use libcni::{IFNAME, Network, NetnsArg, Sandbox, assert_result_matches_kernel, bare_ip, pod_has_link};
 use serde_json::{Value, json};
 use sys::{HostLink, Netns};
 
@@ -62,29 +66,17 @@ impl Lan {
 /// result as prevResult. Through libcni the primary's CHECK runs first and, with the
 /// interface gone, fails with its own words (macvlan: "eth0 not found"), so the guard's
 /// diagnosis is read here directly.
-fn guard_check(net: &Network, sandbox: &Sandbox) -> Output {
+fn guard_check(net: &Network, sandbox: &Sandbox) -> Reply {
     let conflist: Value = serde_json::from_slice(&std::fs::read(&net.conflist).unwrap()).unwrap();
     let mut entry = conflist["plugins"].as_array().unwrap().last().unwrap().clone();
     entry["name"] = conflist["name"].clone();
     entry["cniVersion"] = conflist["cniVersion"].clone();
     entry["prevResult"] = net.cached_result(sandbox).expect("libcni's cached result");
-    let mut child = Command::new(GUARD_BIN)
-        .env_clear()
-        .envs([
-            ("CNI_COMMAND", "CHECK"),
-            ("CNI_CONTAINERID", sandbox.container_id.as_str()),
-            ("CNI_NETNS", &sandbox.netns_path()),
-            ("CNI_IFNAME", IFNAME),
-            ("CNI_PATH", "/usr/lib/cni"),
-            ("CNI_ARGS", ""),
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run sandbox-guard CHECK");
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), entry.to_string().as_bytes()).unwrap();
-    child.wait_with_output().unwrap()
+    Cni::with_config("CHECK", &sandbox.container_id, &entry)
+        .netns(&sandbox.netns_path())
+        .ifname(IFNAME)
+        .env("CNI_PATH", Some("/usr/lib/cni"))
+        .run()
 }
 
 /// conf-examples' macvlan network on `lan`'s master. The Network owns the master's cleanup;
@@ -93,10 +85,6 @@ fn macvlan_network(lan: &Lan) -> Network {
     Network::from_example("20-macvlan-guarded.conflist", vec![HostLink { name: lan.master.clone() }], |primary, _| {
         primary["master"] = json!(lan.master)
     })
-}
-
-fn guard(args: &[&str]) -> Output {
-    Command::new(GUARD_BIN).args(args).output().expect("run sandbox-guard")
 }
 
 fn text(out: &Output) -> String {
@@ -174,7 +162,7 @@ fn a_driver_reload_is_seen_by_check_and_undone_by_restore() {
 
     net.check(&pod).expect_err("libcni CHECK must fail while the interface is gone");
     let failed = guard_check(&net, &pod);
-    let reply: Value = serde_json::from_slice(&failed.stdout).unwrap_or_else(|e| panic!("CHECK reply ({e}): {}", text(&failed)));
+    let reply: Value = serde_json::from_str(&failed.stdout).unwrap_or_else(|e| panic!("CHECK reply ({e}): {}{}", failed.stdout, failed.stderr));
     assert_eq!(reply["code"], 100, "{reply}");
     let msg = reply["msg"].as_str().unwrap();
     for needle in [

@@ -5,6 +5,8 @@
 
 #[path = "support/sys.rs"]
 mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 

@@ -4,27 +4,24 @@
 
 #[path = "support/sys.rs"]
 mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 #[path = "support/mount.rs"]
 mod mount;
 
-use cni::{BIN, NETWORK, Pod, Store, container_id, corrupt_one_digit, files_in, verify_envelope, walk};
+use cni::{NETWORK, Pod, Store, container_id, corrupt_one_digit, files_in, guard, spawn_guard, verify_envelope, walk};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 fn gc(store: &Store, valid: &[&str]) -> cni::Reply {
     let list: Vec<Value> = valid.iter().map(|id| json!({"containerID": id, "ifname": "eth0"})).collect();
     store.cni("GC", "").config("cni.dev/valid-attachments", Some(Value::Array(list))).run()
-}
-
-/// The operator CLI against `store`, with a clean environment.
-fn guard(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).env_clear().output().expect("run sandbox-guard")
 }
 
 fn text(out: &Output) -> String {
@@ -222,12 +219,7 @@ fn a_dump_left_open_in_a_pager_stalls_no_add_or_del() {
         store.add(&container_id(), &Pod::new("bulk", &format!("db-{i}"))).run().assert_ok();
     }
     // `sandbox-guard --dump-checkpoints | less`, and nobody scrolls: the pipe fills up.
-    let mut pager = Command::new(BIN)
-        .args(["--dump-checkpoints", "--output", "json", "--state-dir", state_arg(&store)])
-        .env_clear()
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut pager = spawn_guard(&["--dump-checkpoints", "--output", "json", "--state-dir", state_arg(&store)]);
     std::thread::sleep(Duration::from_millis(500));
     assert!(pager.try_wait().unwrap().is_none(), "the dump must still be blocked on its full pipe");
 

@@ -2,11 +2,14 @@
 //! libcni always sets (empty when they do not apply), the plugin's entry of a conflist on stdin
 //! with `name`, `cniVersion` and `prevResult` filled in, and nothing else inherited from the
 //! test's own environment. Also reads back what the plugin leaves behind: its checkpoint
-//! store, its dump and its log file.
-//! Needs `#[path = "support/sys.rs"] mod sys;` in the including test crate.
+//! store, its dump and its log file. Every exec of the plugin binary in the tests goes
+//! through here: the CNI verbs through `Cni`, the operator CLI through `guard` and its kin.
+//! Needs `#[path = "support/sys.rs"] mod sys;` and `#[path = "support/testdata.rs"] mod
+//! testdata;` in the including test crate.
 #![allow(dead_code)]
 
 use crate::sys::{HostLink, Netns, TempDir, hex, run, unique};
+use crate::testdata;
 use serde_json::{Map, Value, json, value::RawValue};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -14,7 +17,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -24,6 +27,8 @@ pub const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "
 pub const LATEST_VERSION: &str = "1.1.0";
 pub const NETWORK: &str = "k8s-pod-network";
 const CNI_PATH: &str = "/opt/cni/bin:/usr/lib/cni";
+/// The PATH a runtime gives a plugin, and the operator CLI gets here.
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// A plugin that has not answered by then is hung (for instance on the store lock); failing
 /// beats blocking the whole test run.
 const EXEC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -57,10 +62,13 @@ impl Pod {
 
     /// CNI_ARGS as containerd's CRI plugin builds it for this pod's sandbox `container`.
     pub fn cni_args(&self, container: &str) -> String {
-        format!(
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={container};K8S_POD_UID={}",
-            self.namespace, self.name, self.uid
-        )
+        self.cni_args_as("containerd", container)
+    }
+
+    /// CNI_ARGS as `testdata/cni-args/<runtime>.txt` shapes them for this pod's sandbox.
+    pub fn cni_args_as(&self, runtime: &str, container: &str) -> String {
+        let values = [("namespace", self.namespace.as_str()), ("name", &self.name), ("uid", &self.uid), ("container", container)];
+        testdata::cni_args(runtime, &values)
     }
 }
 
@@ -87,22 +95,7 @@ impl Store {
     }
 
     pub fn cni(&self, verb: &str, container: &str) -> Cni {
-        Cni {
-            verb: verb.into(),
-            container: container.into(),
-            cni_version: LATEST_VERSION.into(),
-            network: NETWORK.into(),
-            ifname: "eth0".into(),
-            netns: None,
-            cni_args: String::new(),
-            prev_result: PrevResult::Default,
-            config_overrides: Vec::new(),
-            env_overrides: Vec::new(),
-            stdin_override: None,
-            wrapper: Vec::new(),
-            state_dir: self.state_dir.clone(),
-            log_file: self.log_file.clone(),
-        }
+        Cni::new(verb, container, &self.state_dir, &self.log_file)
     }
 
     pub fn add(&self, container: &str, pod: &Pod) -> Cni {
@@ -116,21 +109,7 @@ impl Store {
     /// `--dump-checkpoints --output json` with extra filter arguments; panics unless it exits 0
     /// with a JSON array.
     pub fn dump_filtered(&self, filters: &[&str]) -> Vec<Value> {
-        let state_dir = self.state_dir.to_str().unwrap();
-        let mut args = vec!["--dump-checkpoints", "--state-dir", state_dir, "--output", "json"];
-        args.extend_from_slice(filters);
-        let out = Command::new(BIN).args(&args).env_clear().output().expect("run the dump");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "dump {args:?} failed: {}\nstdout: {stdout}\nstderr: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        match serde_json::from_str(&stdout) {
-            Ok(Value::Array(entries)) => entries,
-            other => panic!("dump output is not a JSON array ({other:?}): {stdout}"),
-        }
+        dump_checkpoints(&self.state_dir, filters)
     }
 
     pub fn dump(&self) -> Vec<Value> {
@@ -178,6 +157,61 @@ impl Store {
             files.insert(relative, content);
         }
         files
+    }
+}
+
+/// The operator CLI as an operator runs it: the plugin binary with `args`, no stdin, and an
+/// environment of PATH alone (no CNI_* variable leaks in from the test).
+fn guard_command(program: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(program);
+    command.args(args).env_clear().env("PATH", PATH).stdin(Stdio::null());
+    command
+}
+
+/// Runs the operator CLI (`--dump-checkpoints`, `--restore`, `--doctor`, `--help`) and
+/// returns what it said, whatever its exit status.
+pub fn guard(args: &[&str]) -> Output {
+    guard_command(BIN, args).output().unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
+}
+
+/// `guard`, panicking with both streams unless it exits 0.
+pub fn guard_ok(args: &[&str]) -> Output {
+    let out = guard(args);
+    assert!(
+        out.status.success(),
+        "sandbox-guard {} failed: {}\nstdout: {}\nstderr: {}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `guard` inside `netns` (through `ip netns exec`, which also gives it that namespace's
+/// /sys/class/net).
+pub fn guard_in(netns: &Netns, args: &[&str]) -> Output {
+    let mut wrapped = vec!["netns", "exec", netns.name.as_str(), BIN];
+    wrapped.extend_from_slice(args);
+    guard_command("ip", &wrapped).output().unwrap_or_else(|e| panic!("cannot exec {BIN} in {}: {e}", netns.name))
+}
+
+/// The operator CLI left running with its stdout piped and unread, as behind a pager nobody
+/// scrolls; the caller kills it.
+pub fn spawn_guard(args: &[&str]) -> Child {
+    guard_command(BIN, args).stdout(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
+}
+
+/// `--dump-checkpoints --output json` of `state_dir` with extra filter arguments; panics
+/// unless it exits 0 with a JSON array.
+pub fn dump_checkpoints(state_dir: &Path, filters: &[&str]) -> Vec<Value> {
+    let mut args = vec!["--dump-checkpoints", "--state-dir", state_dir.to_str().unwrap(), "--output", "json"];
+    args.extend_from_slice(filters);
+    let out = guard_ok(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match serde_json::from_str(&stdout) {
+        Ok(Value::Array(entries)) => entries,
+        other => panic!("dump output is not a JSON array ({other:?}): {stdout}"),
     }
 }
 
@@ -271,6 +305,34 @@ pub struct Cni {
 }
 
 impl Cni {
+    fn new(verb: &str, container: &str, state_dir: &Path, log_file: &Path) -> Cni {
+        Cni {
+            verb: verb.into(),
+            container: container.into(),
+            cni_version: LATEST_VERSION.into(),
+            network: NETWORK.into(),
+            ifname: "eth0".into(),
+            netns: None,
+            cni_args: String::new(),
+            prev_result: PrevResult::Default,
+            config_overrides: Vec::new(),
+            env_overrides: Vec::new(),
+            stdin_override: None,
+            wrapper: Vec::new(),
+            state_dir: state_dir.to_path_buf(),
+            log_file: log_file.to_path_buf(),
+        }
+    }
+
+    /// An invocation whose stdin is `config` whole, as a runtime built it from a conflist
+    /// that is not a `Store`'s (its `name` and `cniVersion` included).
+    pub fn with_config(verb: &str, container: &str, config: &Value) -> Cni {
+        let mut call = Cni::new(verb, container, Path::new(""), Path::new("")).stdin(config.to_string().into_bytes());
+        call.network = config["name"].as_str().unwrap_or(NETWORK).into();
+        call.cni_version = config["cniVersion"].as_str().unwrap_or(LATEST_VERSION).into();
+        call
+    }
+
     pub fn pod(mut self, pod: &Pod) -> Cni {
         self.cni_args = pod.cni_args(&self.container);
         self
@@ -372,7 +434,7 @@ impl Cni {
             Default::default()
         };
         let mut env = vec![
-            ("PATH".to_string(), Some("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string())),
+            ("PATH".to_string(), Some(PATH.to_string())),
             ("CNI_COMMAND".to_string(), Some(self.verb.clone())),
             ("CNI_CONTAINERID".to_string(), Some(container)),
             ("CNI_NETNS".to_string(), Some(netns)),

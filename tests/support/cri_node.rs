@@ -3,7 +3,7 @@
 //! reverse-order DEL, the second DEL from RemovePodSandbox, the error text kubelet gets).
 //! Everything lives under one temp dir; `Drop` kills the containers, shims and containerd,
 //! unmounts what they mounted there and deletes the host links, also when a test panics.
-//! Needs `sys` (tests/support/sys.rs) included by the test crate as `mod sys`.
+//! Needs `sys` and `cni` (tests/support/sys.rs, cni.rs) included by the test crate.
 #![allow(dead_code)]
 
 use std::fs;
@@ -418,10 +418,7 @@ fn link_cni_plugins(bin_dir: &Path) {
             "podname-keyed",
             manifest_dir.join("tests/cri/podname-keyed-plugin"),
         ),
-        (
-            "sandbox-guard",
-            PathBuf::from(env!("CARGO_BIN_EXE_sandbox-guard")),
-        ),
+        ("sandbox-guard", PathBuf::from(crate::cni::BIN)),
     ];
     for (name, target) in plugins {
         std::os::unix::fs::symlink(&target, bin_dir.join(name)).expect("link CNI plugin");

@@ -1,7 +1,8 @@
 //! Drives sandbox-guard through the real libcni (tests/libcni-driver, built from Debian's
 //! libcni source): the library that containerd and CRI-O call, so plugin lookup, prevResult
 //! injection, the result cache and DEL's reverse order are libcni's own, not a test's guess.
-//! Needs `crate::sys` (include tests/support/sys.rs as `mod sys` next to this module).
+//! Needs `crate::sys`, `crate::testdata` and `crate::cni` (include tests/support/sys.rs,
+//! testdata.rs and cni.rs next to this module).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -11,8 +12,8 @@ use std::sync::OnceLock;
 use serde_json::{Value, json};
 
 use crate::sys::{self, HostLink, Netns, TempDir};
+use crate::{cni, testdata};
 
-pub const GUARD_BIN: &str = env!("CARGO_BIN_EXE_sandbox-guard");
 const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 pub const IFNAME: &str = "eth0";
@@ -88,11 +89,10 @@ impl Sandbox {
         self.netns.path().to_string_lossy().into_owned()
     }
 
+    /// CNI_ARGS as containerd sends them (libcni-driver keeps one IgnoreUnknown=1).
     fn cni_args(&self) -> String {
-        format!(
-            "K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_UID={};K8S_POD_INFRA_CONTAINER_ID={}",
-            self.namespace, self.pod, self.uid, self.container_id
-        )
+        let values = [("namespace", self.namespace.as_str()), ("name", &self.pod), ("uid", &self.uid), ("container", &self.container_id)];
+        testdata::cni_args("containerd", &values)
     }
 
     /// Pings from inside this sandbox; a few tries, because the first packets may race ARP
@@ -178,7 +178,7 @@ impl Network {
             let kind = plugin["type"].as_str().unwrap();
             for needed in [kind, plugin["ipam"]["type"].as_str().unwrap_or(kind)] {
                 let target = if needed == "sandbox-guard" {
-                    PathBuf::from(GUARD_BIN)
+                    PathBuf::from(cni::BIN)
                 } else {
                     Path::new(REFERENCE_PLUGINS).join(needed)
                 };
@@ -274,14 +274,7 @@ impl Network {
 
     /// The guard's checkpoints for this network, as `--dump-checkpoints --output json` shows them.
     pub fn checkpoints(&self) -> Vec<Value> {
-        let out = sys::run(
-            GUARD_BIN,
-            &["--dump-checkpoints", "--state-dir", self.state_dir.to_str().unwrap(), "--output", "json"],
-        );
-        let all: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!("--dump-checkpoints json ({e}): {}", String::from_utf8_lossy(&out.stdout))
-        });
-        let all = all.as_array().expect("dump is an array").clone();
+        let all = cni::dump_checkpoints(&self.state_dir, &[]);
         all.into_iter().filter(|r| r["network"] == json!(self.name)).collect()
     }
 

@@ -7,7 +7,7 @@
 //!
 //! Everything the environment makes is removed on drop, also when a test panics: the
 //! containers (so their netns and veths go), leftover mounts, the bridge link, libcni's
-//! result cache entries, and the temp dir.
+//! result cache entries, and the temp dir. Needs `crate::sys` and `crate::cni`.
 #![allow(dead_code)]
 
 use std::cell::RefCell;
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::cni;
 use crate::sys::{self, HostLink, TempDir};
 
 /// Static binary used as the image's only content; Debian installs it here (package
@@ -69,16 +70,16 @@ pub struct PodmanEnv {
 }
 
 impl PodmanEnv {
-    /// Builds the configuration and imports the image. `guard_bin` is the sandbox-guard
-    /// binary under test (`env!("CARGO_BIN_EXE_sandbox-guard")`).
-    pub fn new(guard_bin: &str) -> PodmanEnv {
+    /// Builds the configuration, with the sandbox-guard binary under test in the chain, and
+    /// imports the image.
+    pub fn new() -> PodmanEnv {
         let dir = TempDir::new("sgpod");
         let network = sys::unique("sgp");
         let root = &dir.path;
         let env = PodmanEnv {
             guard_state_dir: root.join("guard-state"),
             guard_log: root.join("guard.log"),
-            guard_bin: PathBuf::from(guard_bin),
+            guard_bin: PathBuf::from(cni::BIN),
             ipam_data_dir: root.join("ipam"),
             containers_conf: root.join("containers.conf"),
             storage_conf: root.join("storage.conf"),
@@ -278,23 +279,7 @@ volume_path = "{volumes}"
             // No ADD has reached the guard yet.
             return Vec::new();
         }
-        let out = sys::run(
-            path_str(&self.guard_bin),
-            &[
-                "--dump-checkpoints",
-                "--state-dir",
-                path_str(&self.guard_state_dir),
-                "--output",
-                "json",
-            ],
-        );
-        match serde_json::from_slice(&out.stdout) {
-            Ok(Value::Array(records)) => records,
-            other => panic!(
-                "--dump-checkpoints --output json must print an array, got {other:?}: {}",
-                String::from_utf8_lossy(&out.stdout)
-            ),
-        }
+        cni::dump_checkpoints(&self.guard_state_dir, &[])
     }
 
     pub fn record_of(&self, container_id: &str) -> Option<Value> {

@@ -11,35 +11,30 @@ mod testdata;
 mod cni;
 
 use cni::{NETWORK, Pod, Store, container_id};
+use testdata::fixture;
 use serde_json::{Value, json};
 
-/// Results that are not results, with what the error must name.
+/// Results that are not results (testdata/results/malformed/), with what the error must name.
 const NOT_RESULTS: [(&str, &str, &str); 8] = [
-    ("an array", "[]", "prevResult"),
-    ("an empty object", "{}", "cniVersion"),
-    ("interfaces a string, no cniVersion", r#"{"interfaces":"0"}"#, "cniVersion"),
-    ("interfaces a string", r#"{"cniVersion":"1.0.0","interfaces":"0"}"#, "prevResult.interfaces"),
-    (
-        "an IP on an interface the result does not have",
-        r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/24","interface":3}]}"#,
-        "prevResult.ips[0].interface",
-    ),
-    (
-        "a route dst without prefix",
-        r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.0.0.2/24","interface":0}],"routes":[{"dst":"10.96.0.0"}]}"#,
-        "prevResult.routes[0].dst",
-    ),
-    (
-        "a route dst that is no CIDR",
-        r#"{"cniVersion":"1.0.0","routes":[{"dst":"default","gw":"10.0.0.1"}]}"#,
-        "prevResult.routes[0].dst",
-    ),
-    (
-        "a bare address",
-        r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.0.0.2","interface":0}]}"#,
-        "prevResult.ips[0].address",
-    ),
+    ("an array", "array.json", "prevResult"),
+    ("an empty object", "empty-object.json", "cniVersion"),
+    ("interfaces a string, no cniVersion", "interfaces-string-no-version.json", "cniVersion"),
+    ("interfaces a string", "interfaces-string.json", "prevResult.interfaces"),
+    ("an IP on an interface the result does not have", "ip-on-missing-interface.json", "prevResult.ips[0].interface"),
+    ("a route dst without prefix", "route-dst-without-prefix.json", "prevResult.routes[0].dst"),
+    ("a route dst that is no CIDR", "route-dst-not-cidr.json", "prevResult.routes[0].dst"),
+    ("a bare address", "bare-address.json", "prevResult.ips[0].address"),
 ];
+
+/// The result of testdata/results/<file>.
+fn result(file: &str) -> String {
+    fixture(&format!("results/{file}"))
+}
+
+/// NOT_RESULTS with each file read.
+fn not_results() -> impl Iterator<Item = (&'static str, String, &'static str)> {
+    NOT_RESULTS.into_iter().map(|(what, file, names)| (what, result(&format!("malformed/{file}")), names))
+}
 
 /// Runs `call`, expects code `code` and an unchanged store; returns the error's text.
 fn assert_refused_untouched(store: &Store, call: cni::Cni, code: u64, what: &str) -> cni::CniError {
@@ -59,11 +54,11 @@ fn add_refuses_what_is_not_a_result_with_code_6_and_writes_nothing() {
     let settled = Store::new();
     settled.add(&container_id(), &Pod::new("default", "settled-0")).version("1.0.0").run().assert_ok();
     let mut failures = Vec::new();
-    for (what, raw, names) in NOT_RESULTS {
+    for (what, raw, names) in not_results() {
         let fresh = Store::new();
         for store in [&fresh, &settled] {
             let container = container_id();
-            let call = store.add(&container, &Pod::new("default", "web-0")).version("1.0.0").prev_result_raw(raw);
+            let call = store.add(&container, &Pod::new("default", "web-0")).version("1.0.0").prev_result_raw(&raw);
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let error = assert_refused_untouched(store, call, 6, what);
                 assert!(error.msg.contains(names), "{what}: msg must name {names}: {error:?}");
@@ -86,8 +81,8 @@ fn add_refuses_what_is_not_a_result_with_code_6_and_writes_nothing() {
 #[test]
 fn the_out_of_range_interface_is_named_with_its_count() {
     let store = Store::new();
-    let raw = r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.0.0.2/24","interface":3}]}"#;
-    let call = store.add(&container_id(), &Pod::new("default", "web-0")).version("1.0.0").prev_result_raw(raw);
+    let raw = result("malformed/ip-interface-3-of-1.json");
+    let call = store.add(&container_id(), &Pod::new("default", "web-0")).version("1.0.0").prev_result_raw(&raw);
     let error = assert_refused_untouched(&store, call, 6, "interface 3 of 1");
     assert!(
         error.msg.contains("prevResult.ips[0].interface 3 is out of range: the result has 1 interface"),
@@ -98,8 +93,8 @@ fn the_out_of_range_interface_is_named_with_its_count() {
 #[test]
 fn add_refuses_a_pre_1_0_version_field_of_the_wrong_family() {
     let store = Store::new();
-    let raw = r#"{"cniVersion":"0.4.0","interfaces":[{"name":"eth0"}],"ips":[{"version":"6","address":"10.0.0.2/24","interface":0}]}"#;
-    let call = store.add(&container_id(), &Pod::new("default", "web-0")).version("0.4.0").prev_result_raw(raw);
+    let raw = result("malformed/ip-version-6-on-ipv4.json");
+    let call = store.add(&container_id(), &Pod::new("default", "web-0")).version("0.4.0").prev_result_raw(&raw);
     let error = assert_refused_untouched(&store, call, 6, "version 6 on an IPv4 address");
     assert!(error.msg.contains("prevResult.ips[0].version"), "{error:?}");
 }
@@ -110,8 +105,8 @@ fn check_refuses_what_is_not_a_result_before_reading_the_store() {
     let pod = Pod::new("default", "web-0");
     let a = container_id();
     store.add(&a, &pod).version("1.0.0").run().assert_ok();
-    for (what, raw, names) in NOT_RESULTS {
-        let call = store.cni("CHECK", &a).pod(&pod).version("1.0.0").prev_result_raw(raw);
+    for (what, raw, names) in not_results() {
+        let call = store.cni("CHECK", &a).pod(&pod).version("1.0.0").prev_result_raw(&raw);
         let error = assert_refused_untouched(&store, call, 6, what);
         assert!(error.msg.contains(names), "CHECK, {what}: msg must name {names}: {error:?}");
     }
@@ -121,10 +116,10 @@ fn check_refuses_what_is_not_a_result_before_reading_the_store() {
 fn del_does_not_check_the_cached_result() {
     let store = Store::new();
     let pod = Pod::new("default", "web-0");
-    for (what, raw, _) in NOT_RESULTS {
+    for (what, raw, _) in not_results() {
         let a = container_id();
         store.add(&a, &pod).version("1.0.0").run().assert_ok();
-        let reply = store.del(&a, &pod).version("1.0.0").prev_result_raw(raw).run();
+        let reply = store.del(&a, &pod).version("1.0.0").prev_result_raw(&raw).run();
         assert!(reply.succeeded(), "DEL with {what} as prevResult must tear down: {reply:?}");
         assert!(!store.record_path(NETWORK, &a, "eth0").exists(), "DEL with {what}: the record stays");
     }
@@ -133,8 +128,8 @@ fn del_does_not_check_the_cached_result() {
 #[test]
 fn a_result_in_a_version_the_guard_cannot_read_is_code_1() {
     let store = Store::new();
-    let raw = r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24","gateway":"10.0.0.1"}}"#;
-    let call = store.add(&container_id(), &Pod::new("default", "web-0")).version("0.4.0").prev_result_raw(raw);
+    let raw = result("0.2.0.json");
+    let call = store.add(&container_id(), &Pod::new("default", "web-0")).version("0.4.0").prev_result_raw(&raw);
     let error = assert_refused_untouched(&store, call, 1, "a 0.2.0 result");
     assert!(error.msg.contains("0.2.0"), "{error:?}");
 }
@@ -151,9 +146,9 @@ fn add_output_and_checkpoint(store: &Store, version: &str, raw: &str) -> (Value,
 #[test]
 fn add_converts_a_0_4_0_result_to_a_1_0_0_config() {
     let store = Store::new();
-    let raw = r#"{"cniVersion":"0.4.0","interfaces":[{"name":"eth0","mac":"0a:58:0a:16:00:05","sandbox":"/var/run/netns/x"}],"ips":[{"version":"4","address":"10.22.0.5/16","gateway":"10.22.0.1","interface":0},{"version":"6","address":"fd00::5/64","interface":0}],"routes":[{"dst":"0.0.0.0/0"}],"dns":{"nameservers":["10.96.0.10"]},"x-vendor":{"big":123456789012345678901234567890,"f":1.0e2}}"#;
+    let raw = result("0.4.0.json");
     let a = container_id();
-    let reply = store.add(&a, &Pod::new("default", "web-0")).version("1.0.0").prev_result_raw(raw).run();
+    let reply = store.add(&a, &Pod::new("default", "web-0")).version("1.0.0").prev_result_raw(&raw).run();
     reply.assert_ok();
     // Unknown members keep their very text, numbers no double can hold included.
     assert!(reply.stdout.contains(r#""x-vendor":{"big":123456789012345678901234567890,"f":1.0e2}"#), "{}", reply.stdout);
@@ -167,7 +162,7 @@ fn add_converts_a_0_4_0_result_to_a_1_0_0_config() {
         ]),
         "1.0.0 has no ips[].version"
     );
-    let input: Value = serde_json::from_str(raw).unwrap();
+    let input: Value = serde_json::from_str(&raw).unwrap();
     for key in ["interfaces", "routes", "dns"] {
         assert_eq!(out[key], input[key], "{key} is unchanged");
     }
@@ -178,29 +173,29 @@ fn add_converts_a_0_4_0_result_to_a_1_0_0_config() {
 #[test]
 fn add_converts_a_1_0_0_result_to_a_0_4_0_config() {
     let store = Store::new();
-    let raw = r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","mac":"0a:58:0a:16:00:05","sandbox":"/var/run/netns/x","x-if":"kept"}],"ips":[{"address":"10.22.0.5/16","gateway":"10.22.0.1","interface":0},{"address":"fd00::5/64"}],"routes":[{"dst":"0.0.0.0/0","gw":"10.22.0.1"}],"x-vendor":[1,"two"]}"#;
-    let (out, stored) = add_output_and_checkpoint(&store, "0.4.0", raw);
+    let raw = result("1.0.0.json");
+    let (out, stored) = add_output_and_checkpoint(&store, "0.4.0", &raw);
     assert_eq!(out["cniVersion"], "0.4.0");
     assert_eq!(out["ips"][0]["version"], "4");
     assert_eq!(out["ips"][1]["version"], "6");
     assert_eq!(out["ips"][0]["address"], "10.22.0.5/16");
     assert_eq!(out["x-vendor"], json!([1, "two"]));
     assert_eq!(out["interfaces"][0]["x-if"], "kept");
-    assert_eq!(stored, serde_json::from_str::<Value>(raw).unwrap(), "the checkpoint keeps what the runtime passed");
+    assert_eq!(stored, serde_json::from_str::<Value>(&raw).unwrap(), "the checkpoint keeps what the runtime passed");
 }
 
 #[test]
 fn add_converts_a_1_1_0_result_down_as_libcni_does() {
     let store = Store::new();
-    let raw = r#"{"cniVersion":"1.1.0","interfaces":[{"name":"eth0","mac":"0a:58:0a:16:00:05","mtu":1450,"socketPath":"/run/vhu.sock","pciID":"0000:03:00.1","sandbox":"/var/run/netns/x"}],"ips":[{"address":"10.22.0.5/16","interface":0}],"routes":[{"dst":"0.0.0.0/0","mtu":1400,"table":100}]}"#;
-    let (out, _) = add_output_and_checkpoint(&store, "0.3.1", raw);
+    let raw = result("1.1.0.json");
+    let (out, _) = add_output_and_checkpoint(&store, "0.3.1", &raw);
     assert_eq!(out["cniVersion"], "0.3.1");
     assert_eq!(out["interfaces"], json!([{"name":"eth0","mac":"0a:58:0a:16:00:05","sandbox":"/var/run/netns/x"}]));
     assert_eq!(out["ips"], json!([{"version":"4","address":"10.22.0.5/16","interface":0}]));
     assert_eq!(out["routes"], json!([{"dst":"0.0.0.0/0","mtu":1400,"table":100}]));
     // 1.1.0 -> 1.0.0 changes the version only.
-    let (out, _) = add_output_and_checkpoint(&store, "1.0.0", raw);
-    let mut expected: Value = serde_json::from_str(raw).unwrap();
+    let (out, _) = add_output_and_checkpoint(&store, "1.0.0", &raw);
+    let mut expected: Value = serde_json::from_str(&raw).unwrap();
     expected["cniVersion"] = json!("1.0.0");
     assert_eq!(out, expected);
 }
@@ -208,15 +203,28 @@ fn add_converts_a_1_1_0_result_down_as_libcni_does() {
 #[test]
 fn same_version_output_is_byte_identical() {
     let store = Store::new();
-    let results = [
-        ("0.3.0", "{\"cniVersion\":\"0.3.0\", \"ips\" : [ {\"version\":\"4\",\"address\":\"10.22.0.5/16\"} ],\n\"x\":1.50}"),
-        ("0.4.0", "{ \"x-first\": [1.0e2, \"\\u00fc\"], \"cniVersion\" : \"0.4.0\",\"interfaces\":[{\"name\":\"eth0\",\"mtu\":\"anything\"}],\"ips\":[{\"version\":\"6\",\"address\":\"fd00::5/64\",\"interface\":0}] }"),
-        ("1.1.0", "{\"cniVersion\":\"1.1.0\",\"interfaces\":[{\"name\":\"eth0\",\"mtu\":1450,\"x\":{}}],\"ips\":[{\"address\":\"10.22.0.5/16\",\"interface\":0}],\"routes\":[{\"dst\":\"0.0.0.0/0\",\"scope\":253}],\"dns\":{\"domain\":\"cluster.local\"}}\t"),
-    ];
-    for (version, raw) in results {
+    // Odd spacing, exponents, escapes, a trailing tab: any re-serialisation would show.
+    for version in ["0.3.0", "0.4.0", "1.1.0"] {
+        let raw = result(&format!("verbatim/{version}.json"));
         let a = container_id();
-        let reply = store.add(&a, &Pod::new("default", &format!("same-{}", version.replace('.', "-")))).version(version).prev_result_raw(raw).run();
+        let reply = store.add(&a, &Pod::new("default", &format!("same-{}", version.replace('.', "-")))).version(version).prev_result_raw(&raw).run();
         reply.assert_ok();
         assert_eq!(reply.stdout.strip_suffix('\n').unwrap_or(&reply.stdout), raw.trim_end(), "{version}");
+    }
+}
+
+#[test]
+fn a_result_of_each_version_passes_through_at_its_version() {
+    let store = Store::new();
+    for version in ["0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
+        let raw = result(&format!("{version}.json"));
+        let (a, pod) = (container_id(), Pod::new("default", &format!("pass-{}", version.replace('.', "-"))));
+        let reply = store.add(&a, &pod).version(version).prev_result_raw(&raw).run();
+        reply.assert_ok();
+        assert_eq!(reply.stdout.strip_suffix('\n').unwrap_or(&reply.stdout), raw.trim_end(), "ADD at {version} prints the result unchanged");
+        let stored = store.entry(&a, "eth0").unwrap_or_else(|| panic!("ADD at {version} is checkpointed"));
+        assert_eq!(stored["prevResult"], serde_json::from_str::<Value>(&raw).unwrap(), "{version}");
+        store.del(&a, &pod).version(version).prev_result_raw(&raw).run().assert_ok();
+        assert!(store.entry(&a, "eth0").is_none(), "DEL at {version} removes the checkpoint");
     }
 }

@@ -11,7 +11,7 @@ mod cni;
 #[path = "support/mount.rs"]
 mod mount;
 
-use cni::{CniError, NETWORK, Pod, SUPPORTED_VERSIONS, Store, container_id, corrupt_one_digit, files_in, mode, walk};
+use cni::{CniError, NETWORK, Pod, SUPPORTED_VERSIONS, Store, container_id, corrupt_one_digit, files_in, mode, verify_envelope, walk};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 
@@ -197,12 +197,12 @@ fn del_without_pod_identity_uses_the_recorded_identity() {
     store.add(&a, &pod_a).run().assert_ok();
     store.add(&b, &pod_b).run().assert_ok();
 
-    let error = store.cni("DEL", &a).cni_args("IgnoreUnknown=1").run().assert_error(11);
+    let error = store.identityless_del(&a).run().assert_error(11);
     assert_stale_del(&error, &b, &pod_b, generation_of(&store, &b));
 
-    store.cni("DEL", &b).cni_args("IgnoreUnknown=1").run().assert_ok();
+    store.identityless_del(&b).run().assert_ok();
     assert!(store.owner_files().is_empty(), "B's DEL must release its ownership");
-    store.cni("DEL", &a).cni_args("IgnoreUnknown=1").run().assert_ok();
+    store.identityless_del(&a).run().assert_ok();
     assert!(store.dump().is_empty());
 }
 
@@ -210,16 +210,31 @@ fn del_without_pod_identity_uses_the_recorded_identity() {
 fn podman_args_without_namespace_only_checkpoint() {
     let store = Store::new();
     let (a, b) = (container_id(), container_id());
-    let podman_args = "IgnoreUnknown=1;K8S_POD_NAME=web";
-    store.cni("ADD", &a).cni_args(podman_args).run().assert_ok();
-    store.cni("ADD", &b).cni_args(podman_args).run().assert_ok();
+    let podman_args = testdata::cni_args("podman", &[("name", "web")]);
+    store.cni("ADD", &a).cni_args(&podman_args).run().assert_ok();
+    store.cni("ADD", &b).cni_args(&podman_args).run().assert_ok();
 
     let entry = store.entry(&b, "eth0").expect("podman attachments are checkpointed");
     assert_eq!(entry["podName"], "web");
     assert_eq!(entry["podNamespace"], Value::Null);
     assert_eq!(entry["podUid"], Value::Null);
-    store.cni("DEL", &a).cni_args(podman_args).run().assert_ok();
-    store.cni("DEL", &b).cni_args(podman_args).run().assert_ok();
+    store.cni("DEL", &a).cni_args(&podman_args).run().assert_ok();
+    store.cni("DEL", &b).cni_args(&podman_args).run().assert_ok();
+}
+
+/// containerd builds CNI_ARGS from a Go map, so the order of its keys varies from call to call.
+#[test]
+fn containerd_args_in_another_order_name_the_same_pod() {
+    let store = Store::new();
+    let (pod_a, pod_b) = etcd_incarnations();
+    let (a, b) = (container_id(), container_id());
+    store.add(&a, &pod_a).run().assert_ok();
+    store.add(&b, &pod_b).cni_args(&pod_b.cni_args_as("containerd-reordered", &b)).run().assert_ok();
+    let entry = store.entry(&b, "eth0").expect("B is checkpointed");
+    assert_eq!((&entry["podNamespace"], &entry["podName"], &entry["podUid"]), (&json!("lijiaob"), &json!("etcd1-0"), &json!(pod_b.uid)));
+
+    let error = store.del(&a, &pod_a).cni_args(&pod_a.cni_args_as("containerd-reordered", &a)).run().assert_error(11);
+    assert_stale_del(&error, &b, &pod_b, generation_of(&store, &b));
 }
 
 #[test]
@@ -229,11 +244,11 @@ fn add_prints_the_prev_result_back_byte_for_byte() {
     let a = container_id();
     // Odd spacing, unsorted keys, a float, escapes and fields no CNI version defines: a typed
     // round trip would change every one of them.
-    let raw = "{ \"cniVersion\" : \"1.0.0\",\n  \"interfaces\":[{\"name\":\"eth0\",\"mac\":\"0a:58:0a:16:00:05\",\"sandbox\":\"/var/run/netns/cni-x\",\"mtu\":1440,\"x-vendor\":{\"b\":2,\"a\":1}}],\n  \"ips\":[{\"interface\":0,\"address\":\"10.22.0.5/16\",\"gateway\":\"10.22.0.1\"}],\n  \"routes\":[{\"dst\":\"0.0.0.0/0\"}],\t\"dns\":{\"nameservers\":[\"10.96.0.10\"]},\n  \"x-unknown\": [1.0e2, \"\\u00fc\\n\", null, true, {}] }";
-    let reply = store.add(&a, &pod).version("1.0.0").prev_result_raw(raw).run();
+    let raw = testdata::fixture("results/verbatim/1.0.0.json");
+    let reply = store.add(&a, &pod).version("1.0.0").prev_result_raw(&raw).run();
     reply.assert_ok();
     assert_eq!(reply.stdout.strip_suffix('\n').unwrap_or(&reply.stdout), raw);
-    store.del(&a, &pod).version("1.0.0").prev_result_raw(raw).run().assert_ok();
+    store.del(&a, &pod).version("1.0.0").prev_result_raw(&raw).run().assert_ok();
 }
 
 fn attachment(container: &str) -> Value {
@@ -492,7 +507,7 @@ fn symlinks_planted_in_the_state_dir_are_refused() {
     let record = store.record_path(NETWORK, &a, "eth0");
     std::fs::remove_file(&record).unwrap();
     std::os::unix::fs::symlink(&decoy_file, &record).unwrap();
-    store.cni("DEL", &a).cni_args("IgnoreUnknown=1").run().assert_cni_error();
+    store.identityless_del(&a).run().assert_cni_error();
     assert_eq!(std::fs::read(&decoy_file).unwrap(), DECOY);
 
     // A link waiting where a new record will be written.
@@ -529,7 +544,7 @@ fn corrupted_record_is_set_aside_and_an_identityless_del_refused_with_101() {
     let record = store.record_path(NETWORK, &a, "eth0");
     let bytes = corrupt_one_digit(&record, pod.uid.as_bytes());
 
-    let identityless_del = store.cni("DEL", &a).cni_args("IgnoreUnknown=1");
+    let identityless_del = store.identityless_del(&a);
     let error = identityless_del.run().assert_error(101);
     assert!(!record.exists(), "the corrupted record leaves records/");
     let kept = kept_copy(&store, &bytes);
@@ -597,8 +612,50 @@ fn a_corrupt_record_del_did_not_need_blocks_nothing_later() {
     // CNI_ARGS name the pod, so the record was not needed: the DEL passes and keeps it...
     store.del(&a, &pod).run().assert_ok();
     // ...and containerd's second DEL, which may lack the pod's identity, passes too.
-    store.cni("DEL", &a).cni_args("IgnoreUnknown=1").run().assert_ok();
+    store.identityless_del(&a).run().assert_ok();
     kept_copy(&store, &bytes);
+}
+
+#[test]
+fn every_damaged_checkpoint_is_set_aside_and_refuses_the_del_that_needs_it() {
+    let damaged: Vec<String> = testdata::fixtures_in("checkpoints").into_iter().filter(|f| f != VALID_CHECKPOINT).collect();
+    assert!(damaged.len() >= 8, "{damaged:?}");
+    for fixture in damaged {
+        let store = Store::new();
+        let a = container_id();
+        store.add(&a, &Pod::new("lijiaob", "etcd1-0")).run().assert_ok();
+        let bytes = testdata::fixture_bytes(&fixture);
+        let record = store.record_path(NETWORK, &a, "eth0");
+        std::fs::write(&record, &bytes).unwrap();
+
+        let error = store.identityless_del(&a).run().assert_error(101);
+        assert!(!record.exists(), "{fixture}: the damaged record leaves records/");
+        let kept = kept_copy(&store, &bytes);
+        assert!(error.text().contains(kept.to_str().unwrap()), "{fixture}: the error says where the file went: {error:?}");
+        let flagged = store.dump().into_iter().filter(|e| e["setAside"] == true).count();
+        assert_eq!(flagged, 1, "{fixture}: the dump flags the set-aside file");
+    }
+}
+
+const VALID_CHECKPOINT: &str = "checkpoints/valid.json";
+
+/// The damaged fixtures are this file with one kind of damage each: it must be one the
+/// plugin trusts, or they would prove nothing.
+#[test]
+fn the_valid_checkpoint_fixture_is_trusted() {
+    let store = Store::new();
+    store.add(&container_id(), &Pod::new("default", "settled-0")).run().assert_ok();
+    let bytes = testdata::fixture_bytes(VALID_CHECKPOINT);
+    let record = verify_envelope(&testdata::fixture_path(VALID_CHECKPOINT)).expect("the seal holds");
+    let container = record["containerId"].as_str().unwrap();
+    let path = store.record_path(record["network"].as_str().unwrap(), container, record["ifName"].as_str().unwrap());
+    std::fs::write(&path, &bytes).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+
+    let entry = store.entry(container, "eth0").expect("the dump lists it");
+    assert_eq!((&entry["setAside"], &entry["podName"], &entry["generation"]), (&json!(false), &json!("etcd1-0"), &json!(7)), "{entry}");
+    store.identityless_del(container).run().assert_ok();
+    assert!(!path.exists(), "the DEL removed the record it trusted");
 }
 
 #[test]
@@ -611,7 +668,7 @@ fn a_huge_file_in_the_store_is_untrusted_not_a_crash() {
     let record = store.record_path(NETWORK, &a, "eth0");
     std::fs::OpenOptions::new().write(true).open(&record).unwrap().set_len(8 << 40).unwrap();
 
-    let error = store.cni("DEL", &a).cni_args("IgnoreUnknown=1").run().assert_error(101);
+    let error = store.identityless_del(&a).run().assert_error(101);
     assert!(error.text().contains("larger than any checkpoint"), "{error:?}");
 }
 

@@ -311,7 +311,7 @@ fn add_killed_at_any_rename_disarms_no_blocker_before_its_record_is_there() {
         // A corrupt record that an identityless DEL needed: set aside, and blocking.
         let record = store.record_path(NETWORK, &a, "eth0");
         corrupt_one_digit(&record, pod.uid.as_bytes());
-        store.cni("DEL", &a).cni_args("IgnoreUnknown=1").run().assert_error(101);
+        store.identityless_del(&a).run().assert_error(101);
         let blocker = store.state_dir.join("set-aside").join(record.file_name().unwrap());
         assert!(blocker.exists());
 
@@ -411,7 +411,7 @@ fn temp_files_of_killed_writers_are_reported_and_collected() {
     let dead = dead_pid();
     let dead_files = [store.state_dir.join(format!("records/.{dead}.tmp")), store.state_dir.join(format!("owners/.{dead}.tmp"))];
     for path in &dead_files {
-        std::fs::write(path, b"{\"checksum\":").unwrap();
+        std::fs::write(path, testdata::fixture_bytes("checkpoints/truncated.json")).unwrap();
     }
     // A writer still at work (this test process stands in for it).
     let live_file = store.state_dir.join(format!("records/.{}.tmp", std::process::id()));
@@ -510,7 +510,7 @@ fn the_dump_table_says_where_an_untrusted_file_is_and_why() {
 #[test]
 fn the_doctor_tells_a_broken_conflist_to_be_fixed_not_reordered() {
     let conf = sys::TempDir::new("sgconf");
-    std::fs::write(conf.path.join("10-net.conflist"), b"{\"name\": \"net\", \"plugins\": [").unwrap();
+    std::fs::copy(testdata::fixture_path("conflists/broken/truncated.conflist"), conf.path.join("10-net.conflist")).unwrap();
     let out = guard(&["--doctor", "--conf-dir", conf.path.to_str().unwrap(), "--state-dir", "/nonexistent", "--output", "json"]);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
     let broken = report["findings"]

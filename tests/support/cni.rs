@@ -106,6 +106,12 @@ impl Store {
         self.cni("DEL", container).pod(pod)
     }
 
+    /// A DEL whose CNI_ARGS name no pod (`IgnoreUnknown=1` alone): only the record can say
+    /// whose sandbox it is.
+    pub fn identityless_del(&self, container: &str) -> Cni {
+        self.cni("DEL", container).cni_args("IgnoreUnknown=1")
+    }
+
     /// `--dump-checkpoints --output json` with extra filter arguments; panics unless it exits 0
     /// with a JSON array.
     pub fn dump_filtered(&self, filters: &[&str]) -> Vec<Value> {

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use cni::{Pod, Store, container_id, prev_result_for};
+use testdata::{fixture_path, fixtures_in, guarded_conflist};
 use serde_json::{Value, json};
 use sys::{Netns, TempDir};
 
@@ -72,12 +73,16 @@ fn doctor(netns: Option<&Netns>, args: &[&str]) -> Diagnosis {
     Diagnosis { status: out.status.code().unwrap_or(-1), findings, raw }
 }
 
-/// A conflist dir with one network: `plugins` first, sandbox-guard last, using `store`.
-fn conf_dir(store: &Store, plugins: Vec<Value>) -> TempDir {
+/// A conflist dir with one network named cni::NETWORK: testdata/conflists/<file>, its
+/// sandbox-guard entry using `store`, its primary pointed at the test's links by `primary`.
+fn conf_dir(store: &Store, file: &str, primary: impl FnOnce(&mut Value)) -> TempDir {
     let dir = TempDir::new("sgcnf");
-    let mut plugins = plugins;
-    plugins.push(json!({"type": "sandbox-guard", "stateDir": store.state_dir, "logFile": store.log_file}));
-    let conflist = json!({"cniVersion": "1.0.0", "name": cni::NETWORK, "plugins": plugins});
+    let use_store = |guard: &mut Value| {
+        guard["stateDir"] = json!(store.state_dir);
+        guard["logFile"] = json!(store.log_file);
+    };
+    let mut conflist = guarded_conflist(file, use_store, primary);
+    conflist["name"] = json!(cni::NETWORK);
     std::fs::write(dir.path.join("10-net.conflist"), conflist.to_string()).unwrap();
     dir
 }
@@ -161,7 +166,7 @@ fn macvlan_on_a_bridge_port_is_reported_as_device_busy() {
     assert!(String::from_utf8_lossy(&probe.stderr).to_lowercase().contains("busy"), "{probe:?}");
 
     let store = Store::new();
-    let conf = conf_dir(&store, vec![json!({"type": "macvlan", "master": lower, "mode": "bridge", "ipam": {"type": "host-local"}})]);
+    let conf = conf_dir(&store, "macvlan-host-local.conflist", |macvlan| macvlan["master"] = json!(lower));
     let other = TempDir::new("sgcnf");
     std::fs::write(other.path.join("20-free.conflist"),
         json!({"cniVersion": "1.0.0", "name": "free", "plugins": [{"type": "ipvlan", "master": free}]}).to_string()).unwrap();
@@ -236,7 +241,7 @@ fn two_namespaces_with_one_address_are_a_conflict() {
     // Another address passes in refuse mode.
     add(&store, &c, &pod_c, &ns_c, "10.77.0.6/24").config("ipConflict", Some(json!("refuse"))).run().assert_ok();
 
-    let conf = conf_dir(&store, vec![json!({"type": "bridge"})]);
+    let conf = conf_dir(&store, "bridge-host-local.conflist", |_| {});
     let report = doctor(None, &["--conf-dir", path_arg(&conf.path)]);
     assert_eq!(report.status, 1, "{}", report.raw);
     let conflict = text(&report.one("ip-conflict", "error"));
@@ -258,7 +263,7 @@ fn a_namespace_that_outlives_its_del_still_holds_the_address() {
         return;
     }
     let store = Store::new();
-    let conf = conf_dir(&store, vec![json!({"type": "bridge"})]);
+    let conf = conf_dir(&store, "bridge-host-local.conflist", |_| {});
     let ns_old = pod_netns();
     let ns_new = pod_netns();
     let (old, new) = (container_id(), container_id());
@@ -298,7 +303,7 @@ fn stale_dels_are_reported_per_pod_with_the_owner_they_protected() {
         return;
     }
     let store = Store::new();
-    let conf = conf_dir(&store, vec![json!({"type": "bridge"})]);
+    let conf = conf_dir(&store, "bridge-host-local.conflist", |_| {});
     let (a, b) = (container_id(), container_id());
     let (pod_a, pod_b) = (Pod::new("lijiaob", "etcd1-0"), Pod::new("lijiaob", "etcd1-0"));
     store.add(&a, &pod_a).run().assert_ok();
@@ -334,7 +339,7 @@ fn a_clean_node_reports_clean() {
     node.exec(&["ip", "route", "add", "default", "via", "192.168.214.1"]);
 
     let store = Store::new();
-    let conf = conf_dir(&store, vec![json!({"type": "macvlan", "master": uplink, "ipam": {"type": "host-local"}})]);
+    let conf = conf_dir(&store, "macvlan-host-local.conflist", |macvlan| macvlan["master"] = json!(uplink));
     let pod_ns = pod_netns();
     add(&store, &container_id(), &Pod::new("web", "front-0"), &pod_ns, "10.77.2.5/24").run().assert_ok();
 
@@ -345,5 +350,32 @@ fn a_clean_node_reports_clean() {
     for check in ["cni-config", "lower-link", "service-route", "store-permissions", "store-checksums", "sandbox-netns",
         "ip-conflict", "deleted-netns", "sandbox-interfaces", "stale-dels"] {
         report.one(check, "ok");
+    }
+}
+
+/// The conflists real primaries ship, sandbox-guard chained last (testdata/conflists/), each
+/// alone in a conf dir: the doctor reads every shape as one guarded network and finds the
+/// lower link a macvlan sits on; the broken ones it reports with what to do.
+#[test]
+fn the_conflists_of_real_primaries_are_read_as_guarded() {
+    let store = Store::new();
+    let state_args = ["--state-dir", path_arg(&store.state_dir), "--log-file", path_arg(&store.log_file)];
+    for file in fixtures_in("conflists") {
+        let conf = conf_dir(&store, file.strip_prefix("conflists/").unwrap(), |_| {});
+        let report = doctor(None, &[&["--conf-dir", path_arg(&conf.path)], &state_args[..]].concat());
+        report.none("cni-config", "error");
+        let read = text(&report.one("cni-config", "ok"));
+        assert!(read.contains("1 CNI config files") && read.contains("1 networks guarded"), "{file}: {read}");
+        if file.contains("macvlan") {
+            let lower: Vec<Value> = Diagnosis::of("lower-link", &report.findings);
+            assert!(lower.iter().any(|f| text(f).contains("eth1")), "{file}: the macvlan's master is checked:\n{}", report.raw);
+        }
+    }
+    for (file, says) in [("broken/truncated.conflist", "not valid JSON"), ("broken/guard-not-last.conflist", "must be LAST")] {
+        let conf = TempDir::new("sgcnf");
+        std::fs::copy(fixture_path(&format!("conflists/{file}")), conf.path.join("10-net.conflist")).unwrap();
+        let report = doctor(None, &[&["--conf-dir", path_arg(&conf.path)], &state_args[..]].concat());
+        let broken = text(&report.one("cni-config", "error"));
+        assert!(broken.contains(says), "{file}: {broken}");
     }
 }

@@ -313,9 +313,7 @@ fn status_is_50_when_a_file_is_in_the_way_of_the_state_dir() {
 
 #[test]
 fn status_is_50_on_a_read_only_state_dir() {
-    if !sys::require("status_is_50_on_a_read_only_state_dir", true, &["mount", "umount"]) {
-        return;
-    }
+    sys::skip_unless_root!(&["mount", "umount"]);
     let store = Store::new();
     store.add(&container_id(), &Pod::new("default", "web-0")).run().assert_ok();
     let _read_only = mount::Mount::read_only_bind(&store.state_dir);
@@ -372,9 +370,7 @@ fn verbs_are_refused_below_their_cni_version() {
 
 #[test]
 fn check_passes_for_the_recorded_attachment_and_fails_otherwise() {
-    if !sys::require("check_passes_for_the_recorded_attachment_and_fails_otherwise", true, &["ip"]) {
-        return;
-    }
+    sys::skip_unless_root!(&["ip"]);
     let store = Store::new();
     let pod = Pod::new("default", "web-0");
     let a = container_id();
@@ -690,9 +686,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 
 #[test]
 fn log_lines_follow_the_documented_format() {
-    if !sys::require("log_lines_follow_the_documented_format", true, &["ip"]) {
-        return;
-    }
+    sys::skip_unless_root!(&["ip"]);
     let store = Store::new();
     let (pod_a, pod_b) = etcd_incarnations();
     let [a, b, unknown] = std::array::from_fn(|_| container_id());
@@ -744,9 +738,7 @@ fn one_log_line_per_operation_even_when_the_netns_cannot_be_read() {
 
 #[test]
 fn log_lines_name_the_pod_whenever_the_runtime_gave_it() {
-    if !sys::require("log_lines_name_the_pod_whenever_the_runtime_gave_it", true, &["ip"]) {
-        return;
-    }
+    sys::skip_unless_root!(&["ip"]);
     let store = Store::new();
     let pod = Pod::new("lijiaob", "etcd1-0");
     let a = container_id();
@@ -911,9 +903,7 @@ fn longest_names_add(store: &Store) -> cni::Cni {
 
 #[test]
 fn longest_accepted_names_work_at_a_five_digit_pid() {
-    if !sys::require("longest_accepted_names_work_at_a_five_digit_pid", true, &["unshare"]) {
-        return;
-    }
+    sys::skip_unless_root!(&["unshare"]);
     let store = Store::new();
     let add = longest_names_add(&store);
     // Pids run up to pid_max - 1 (32767 by default, 4194303 where systemd raises it): any

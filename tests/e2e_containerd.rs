@@ -55,11 +55,14 @@ fn conflist(layout: &NodeLayout, guarded: bool, missing: MissingEndpoint) -> Val
     json!({"cniVersion": "1.0.0", "name": "e2e-pod-network", "plugins": plugins})
 }
 
-fn start_node(test: &str, guarded: bool, missing: MissingEndpoint) -> Option<CriNode> {
-    if !sys::require(test, true, cri_node::TOOLS) {
-        return None;
-    }
-    Some(CriNode::start(|layout| conflist(layout, guarded, missing)))
+/// A node of the incident: no guard, and the primary of calico 1.5.0.
+fn unguarded_node() -> CriNode {
+    CriNode::start(|layout| conflist(layout, false, MissingEndpoint::Fail))
+}
+
+/// The same node with sandbox-guard last in the chain, and the primary of calico 1.10.0.
+fn guarded_node() -> CriNode {
+    CriNode::start(|layout| conflist(layout, true, MissingEndpoint::Ignore))
 }
 
 /// The host reaches a pod through the primary's /32 route to its host veth; a pod whose
@@ -238,13 +241,8 @@ fn pod_owner(node: &CriNode) -> String {
 
 #[test]
 fn failed_stop_then_recreate_then_retry_without_guard_destroys_new_pod() {
-    let Some(node) = start_node(
-        "e2e_containerd unguarded retry",
-        false,
-        MissingEndpoint::Fail,
-    ) else {
-        return;
-    };
+    sys::skip_unless_root!(cri_node::TOOLS);
+    let node = unguarded_node();
     let pods = recreate_after_failed_stop(&node);
     let new = pods.new.clone();
     assert_stale_del_destroys_new_pod(&node, pods);
@@ -261,36 +259,21 @@ fn failed_stop_then_recreate_then_retry_without_guard_destroys_new_pod() {
 
 #[test]
 fn failed_stop_then_recreate_then_retry_with_guard_keeps_new_pod() {
-    let Some(node) = start_node(
-        "e2e_containerd guarded retry",
-        true,
-        MissingEndpoint::Ignore,
-    ) else {
-        return;
-    };
+    sys::skip_unless_root!(cri_node::TOOLS);
+    let node = guarded_node();
     assert_guard_refuses_and_both_sandboxes_go(&node, recreate_after_failed_stop(&node));
 }
 
 #[test]
 fn recreate_then_stop_old_without_guard_destroys_new_pod() {
-    let Some(node) = start_node(
-        "e2e_containerd unguarded recreate",
-        false,
-        MissingEndpoint::Fail,
-    ) else {
-        return;
-    };
+    sys::skip_unless_root!(cri_node::TOOLS);
+    let node = unguarded_node();
     assert_stale_del_destroys_new_pod(&node, recreate_then_stop_old(&node));
 }
 
 #[test]
 fn recreate_then_stop_old_with_guard_keeps_new_pod() {
-    let Some(node) = start_node(
-        "e2e_containerd guarded recreate",
-        true,
-        MissingEndpoint::Ignore,
-    ) else {
-        return;
-    };
+    sys::skip_unless_root!(cri_node::TOOLS);
+    let node = guarded_node();
     assert_guard_refuses_and_both_sandboxes_go(&node, recreate_then_stop_old(&node));
 }

@@ -143,9 +143,7 @@ impl Drop for Resident {
 
 #[test]
 fn macvlan_on_a_bridge_port_is_reported_as_device_busy() {
-    if !sys::require("macvlan_on_a_bridge_port_is_reported_as_device_busy", true, TOOLS) {
-        return;
-    }
+    sys::skip_unless_root!(TOOLS);
     // A namespace of its own: the links and /sys/class/net the doctor reads are the test's.
     let node = Netns::new("sgdn");
     let (lower, peer, bridge) = (sys::unique("sgl"), sys::unique("sgp"), sys::unique("sgb"));
@@ -183,9 +181,7 @@ fn macvlan_on_a_bridge_port_is_reported_as_device_busy() {
 
 #[test]
 fn a_node_without_default_route_cannot_reach_cluster_ips() {
-    if !sys::require("a_node_without_default_route_cannot_reach_cluster_ips", true, TOOLS) {
-        return;
-    }
+    sys::skip_unless_root!(TOOLS);
     let node = Netns::new("sgdr");
     let conf = TempDir::new("sgcnf");
     let store = Store::new();
@@ -213,9 +209,7 @@ fn a_node_without_default_route_cannot_reach_cluster_ips() {
 
 #[test]
 fn two_namespaces_with_one_address_are_a_conflict() {
-    if !sys::require("two_namespaces_with_one_address_are_a_conflict", true, TOOLS) {
-        return;
-    }
+    sys::skip_unless_root!(TOOLS);
     let store = Store::new();
     let (ns_a, ns_b, ns_c) = (pod_netns(), pod_netns(), pod_netns());
     let (a, b, c) = (container_id(), container_id(), container_id());
@@ -259,9 +253,7 @@ fn two_namespaces_with_one_address_are_a_conflict() {
 
 #[test]
 fn a_namespace_that_outlives_its_del_still_holds_the_address() {
-    if !sys::require("a_namespace_that_outlives_its_del_still_holds_the_address", true, TOOLS) {
-        return;
-    }
+    sys::skip_unless_root!(TOOLS);
     let store = Store::new();
     let conf = conf_dir(&store, "bridge-host-local.conflist", |_| {});
     let ns_old = pod_netns();
@@ -299,9 +291,7 @@ fn a_namespace_that_outlives_its_del_still_holds_the_address() {
 
 #[test]
 fn stale_dels_are_reported_per_pod_with_the_owner_they_protected() {
-    if !sys::require("stale_dels_are_reported_per_pod_with_the_owner_they_protected", true, TOOLS) {
-        return;
-    }
+    sys::skip_unless_root!(TOOLS);
     let store = Store::new();
     let conf = conf_dir(&store, "bridge-host-local.conflist", |_| {});
     let (a, b) = (container_id(), container_id());
@@ -327,9 +317,7 @@ fn stale_dels_are_reported_per_pod_with_the_owner_they_protected() {
 
 #[test]
 fn a_clean_node_reports_clean() {
-    if !sys::require("a_clean_node_reports_clean", true, TOOLS) {
-        return;
-    }
+    sys::skip_unless_root!(TOOLS);
     let node = Netns::new("sgdc");
     let (uplink, far) = (sys::unique("sgu"), sys::unique("sgg"));
     node.exec(&["ip", "link", "add", &uplink, "type", "veth", "peer", "name", &far]);

@@ -123,9 +123,7 @@ fn first_ip(result: &Value) -> String {
 
 #[test]
 fn bridge_chain_add_check_del_through_libcni() {
-    if !sys::require("bridge_chain_add_check_del_through_libcni", true, libcni::TOOLS) {
-        return;
-    }
+    sys::skip_unless_root!(libcni::TOOLS);
     let net = bridge_network();
     let pods = [Sandbox::new("default", "web-0", "uid-web-0"), Sandbox::new("default", "web-1", "uid-web-1")];
     let results: Vec<Value> = pods.iter().map(|pod| add(&net, pod)).collect();
@@ -145,9 +143,7 @@ fn bridge_chain_add_check_del_through_libcni() {
 
 #[test]
 fn macvlan_chain_add_check_del_through_libcni() {
-    if !sys::require("macvlan_chain_add_check_del_through_libcni", true, libcni::TOOLS) {
-        return;
-    }
+    sys::skip_unless_root!(libcni::TOOLS);
     // A veth end stands in for the node's NIC; its peer, in its own namespace, is the LAN's
     // router at .1 (the gateway conf-examples routes through).
     let lan = Netns::new("sglan");
@@ -185,9 +181,7 @@ fn macvlan_chain_add_check_del_through_libcni() {
 /// identity and tears down what the live pod depends on; with it libcni stops at the guard.
 #[test]
 fn stale_del_is_refused_through_libcni() {
-    if !sys::require("stale_del_is_refused_through_libcni", true, libcni::TOOLS) {
-        return;
-    }
+    sys::skip_unless_root!(libcni::TOOLS);
     let net = bridge_network();
     let old = Sandbox::new("lijiaob", "etcd1-0", "uid1");
     let new = Sandbox::new("lijiaob", "etcd1-0", "uid2");

@@ -20,9 +20,7 @@ use serde_json::Value;
 
 #[test]
 fn podman_add_and_del_go_through_the_guard() {
-    if !sys::require("podman_add_and_del_go_through_the_guard", true, podman::TOOLS) {
-        return;
-    }
+    sys::skip_unless_root!(podman::TOOLS);
     let env = PodmanEnv::new();
     let name = sys::unique("sgc");
     let container = env.run_container(&name);
@@ -49,9 +47,7 @@ fn podman_add_and_del_go_through_the_guard() {
 /// identity, so the guard, even with staleDel=refuse, must let that DEL through.
 #[test]
 fn podman_without_pod_namespace_is_never_refused() {
-    if !sys::require("podman_without_pod_namespace_is_never_refused", true, podman::TOOLS) {
-        return;
-    }
+    sys::skip_unless_root!(podman::TOOLS);
     let env = PodmanEnv::new();
     let pod_name = sys::unique("sgc");
     let older = env.run_container(&pod_name);

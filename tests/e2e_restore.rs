@@ -115,9 +115,7 @@ fn pod_ifindex(sandbox: &Sandbox) -> Value {
 
 #[test]
 fn a_driver_reload_is_seen_by_check_and_undone_by_restore() {
-    if !sys::require("a_driver_reload_is_seen_by_check_and_undone_by_restore", true, libcni::TOOLS) {
-        return;
-    }
+    sys::skip_unless_root!(libcni::TOOLS);
     let lan = Lan::new();
     let net = macvlan_network(&lan);
     let router = net.subnet.host(1);
@@ -211,9 +209,7 @@ fn a_driver_reload_is_seen_by_check_and_undone_by_restore() {
 /// rebuild it, and why, rather than half-build it.
 #[test]
 fn a_lost_veth_is_reported_not_restorable() {
-    if !sys::require("a_lost_veth_is_reported_not_restorable", true, libcni::TOOLS) {
-        return;
-    }
+    sys::skip_unless_root!(libcni::TOOLS);
     let bridge = sys::unique("sgbr");
     let net = Network::from_example("30-bridge-guarded.conflist", vec![HostLink { name: bridge.clone() }], |primary, _| {
         primary["bridge"] = json!(bridge);
@@ -240,9 +236,7 @@ fn a_lost_veth_is_reported_not_restorable() {
 /// the pod's address (sticky with in-house IPAMs) on the wire twice.
 #[test]
 fn a_superseded_sandbox_is_not_revived_next_to_its_owner() {
-    if !sys::require("a_superseded_sandbox_is_not_revived_next_to_its_owner", true, libcni::TOOLS) {
-        return;
-    }
+    sys::skip_unless_root!(libcni::TOOLS);
     let lan = Lan::new();
     let net = macvlan_network(&lan);
     lan.plug(&format!("{}/24", net.subnet.host(1)));

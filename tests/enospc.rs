@@ -53,9 +53,7 @@ impl SmallDisk {
 
 #[test]
 fn add_on_a_full_state_dir_fails_with_5_and_leaves_nothing_behind() {
-    if !sys::require("add_on_a_full_state_dir_fails_with_5_and_leaves_nothing_behind", true, &["mount", "umount"]) {
-        return;
-    }
+    sys::skip_unless_root!(&["mount", "umount"]);
     let small_disk = SmallDisk::new();
     let store = &small_disk.store;
     let pod = Pod::new("default", "web-0");
@@ -90,9 +88,7 @@ fn add_on_a_full_state_dir_fails_with_5_and_leaves_nothing_behind() {
 
 #[test]
 fn an_add_that_failed_is_not_logged_as_added() {
-    if !sys::require("an_add_that_failed_is_not_logged_as_added", true, &["mount", "umount"]) {
-        return;
-    }
+    sys::skip_unless_root!(&["mount", "umount"]);
     let small_disk = SmallDisk::new();
     let store = &small_disk.store;
     let pod = Pod::new("default", "web-0");
@@ -108,9 +104,7 @@ fn an_add_that_failed_is_not_logged_as_added() {
 
 #[test]
 fn the_cleanup_del_of_an_add_that_failed_on_a_full_disk_passes() {
-    if !sys::require("the_cleanup_del_of_an_add_that_failed_on_a_full_disk_passes", true, &["mount", "umount"]) {
-        return;
-    }
+    sys::skip_unless_root!(&["mount", "umount"]);
     let small_disk = SmallDisk::new();
     let store = &small_disk.store;
     let (pod_settled, pod_new) = (Pod::new("default", "web-0"), Pod::new("default", "web-0"));

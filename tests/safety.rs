@@ -168,9 +168,7 @@ fn fail_add_on_the_lock(store: &Store, container: &str, pod: &Pod) {
 
 #[test]
 fn every_verb_gives_up_on_a_held_lock_and_names_the_holder() {
-    if !sys::require("every_verb_gives_up_on_a_held_lock_and_names_the_holder", false, &["flock"]) {
-        return;
-    }
+    sys::skip_unless_tools!(&["flock"]);
     let store = Store::new();
     let pod = Pod::new("shop", "web-0");
     let a = container_id();
@@ -237,9 +235,7 @@ fn a_dump_left_open_in_a_pager_stalls_no_add_or_del() {
 
 #[test]
 fn a_read_only_store_still_lets_every_teardown_but_a_stale_one_through() {
-    if !sys::require("a_read_only_store_still_lets_every_teardown_but_a_stale_one_through", true, &["mount", "umount", "ip"]) {
-        return;
-    }
+    sys::skip_unless_root!(&["mount", "umount", "ip"]);
     let store = Store::new();
     let (web0_old, web0_new, db0) = (Pod::new("shop", "web-0"), Pod::new("shop", "web-0"), Pod::new("shop", "db-0"));
     let [old, owner, other] = std::array::from_fn(|_| container_id());
@@ -284,9 +280,7 @@ fn killed_at(call: cni::Cni, syscalls: &str, nth: usize) -> cni::Reply {
 
 #[test]
 fn gc_killed_at_any_unlink_leaves_no_owner_without_its_record() {
-    if !sys::require("gc_killed_at_any_unlink_leaves_no_owner_without_its_record", true, &["strace"]) {
-        return;
-    }
+    sys::skip_unless_root!(&["strace"]);
     for nth in 1..=6 {
         let store = Store::new();
         for i in 0..3 {
@@ -300,9 +294,7 @@ fn gc_killed_at_any_unlink_leaves_no_owner_without_its_record() {
 
 #[test]
 fn add_killed_at_any_rename_disarms_no_blocker_before_its_record_is_there() {
-    if !sys::require("add_killed_at_any_rename_disarms_no_blocker_before_its_record_is_there", true, &["strace"]) {
-        return;
-    }
+    sys::skip_unless_root!(&["strace"]);
     for nth in 1..=4 {
         let store = Store::new();
         let pod = Pod::new("lijiaob", "etcd1-0");
@@ -376,9 +368,7 @@ fn read_only_commands_create_chmod_and_lock_nothing() {
 
 #[test]
 fn read_only_commands_work_on_a_read_only_mount() {
-    if !sys::require("read_only_commands_work_on_a_read_only_mount", true, &["mount", "umount"]) {
-        return;
-    }
+    sys::skip_unless_root!(&["mount", "umount"]);
     let store = Store::new();
     let pod = Pod::new("shop", "web-0");
     let a = container_id();
@@ -429,9 +419,7 @@ fn temp_files_of_killed_writers_are_reported_and_collected() {
 
 #[test]
 fn add_and_del_never_list_a_directory() {
-    if !sys::require("add_and_del_never_list_a_directory", true, &["strace"]) {
-        return;
-    }
+    sys::skip_unless_root!(&["strace"]);
     let store = Store::new();
     for i in 0..20 {
         store.add(&container_id(), &Pod::new("bulk", &format!("db-{i}"))).run().assert_ok();
@@ -452,9 +440,7 @@ fn add_and_del_never_list_a_directory() {
 
 #[test]
 fn the_cleanup_del_of_an_add_the_guard_failed_passes() {
-    if !sys::require("the_cleanup_del_of_an_add_the_guard_failed_passes", false, &["flock"]) {
-        return;
-    }
+    sys::skip_unless_tools!(&["flock"]);
     let store = Store::new();
     let (pod_old, pod_new) = (Pod::new("shop", "web-0"), Pod::new("shop", "web-0"));
     let (owner, failed) = (container_id(), container_id());
@@ -525,9 +511,7 @@ fn the_doctor_tells_a_broken_conflist_to_be_fixed_not_reordered() {
 
 #[test]
 fn a_failed_add_excuses_no_del_against_a_sandbox_that_came_later() {
-    if !sys::require("a_failed_add_excuses_no_del_against_a_sandbox_that_came_later", false, &["flock"]) {
-        return;
-    }
+    sys::skip_unless_tools!(&["flock"]);
     let store = Store::new();
     let pod = Pod::new("shop", "web-0");
     let (seed, failed, later) = (container_id(), container_id(), container_id());
@@ -550,9 +534,7 @@ fn a_failed_add_excuses_no_del_against_a_sandbox_that_came_later() {
 
 #[test]
 fn a_del_passes_where_no_state_dir_can_exist() {
-    if !sys::require("a_del_passes_where_no_state_dir_can_exist", true, &["mount", "umount"]) {
-        return;
-    }
+    sys::skip_unless_root!(&["mount", "umount"]);
     let logs = sys::TempDir::new("sglogs");
     let disk = mount::Mount::tmpfs("ro,size=64k,mode=0755");
     let store = Store::with_state_dir(disk.path.join("state"), &logs.path);

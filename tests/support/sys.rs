@@ -1,10 +1,11 @@
 //! Shared plumbing for the tests that touch the kernel or a runtime: privilege checks,
 //! unique names, throwaway network namespaces and command helpers. Every resource made
 //! here is released by `Drop`, so a failing assertion still cleans up.
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros)]
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
+use std::io::Write;
 use std::ops::RangeInclusive;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
@@ -31,9 +32,42 @@ pub fn require(test: &str, root: bool, tools: &[&str]) -> bool {
     if std::env::var("CI").as_deref() == Ok("true") {
         panic!("{test}: needs {what}; CI must provide it (scripts/test.sh installs the packages)");
     }
-    eprintln!("SKIPPED {test}: needs {what}");
+    // Straight to the process's stderr: the test harness swallows what a passing test
+    // prints with eprintln!, and a skip nobody sees is a quiet one.
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: needs {what}");
     false
 }
+
+/// The name of the enclosing function, for a test to name itself.
+macro_rules! test_name {
+    () => {{
+        fn here() {}
+        let path = std::any::type_name_of_val(&here);
+        path.strip_suffix("::here").and_then(|p| p.rsplit("::").next()).unwrap_or(path)
+    }};
+}
+
+/// Returns from the calling test, saying why, unless it runs as root and finds `tools`
+/// (see `require`).
+macro_rules! skip_unless_root {
+    ($tools:expr) => {
+        if !crate::sys::require(crate::sys::test_name!(), true, $tools) {
+            return;
+        }
+    };
+}
+
+/// Returns from the calling test, saying why, unless it finds `tools` (see `require`).
+macro_rules! skip_unless_tools {
+    ($tools:expr) => {
+        if !crate::sys::require(crate::sys::test_name!(), false, $tools) {
+            return;
+        }
+    };
+}
+
+#[allow(unused_imports)]
+pub(crate) use {skip_unless_root, skip_unless_tools, test_name};
 
 fn nix_is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.

@@ -356,10 +356,7 @@ fn add_and_del_work_at_every_supported_version() {
 
 #[test]
 fn verbs_are_refused_below_their_cni_version() {
-    let store = Store::new();
-    let pod = Pod::new("default", "web-0");
-    let a = container_id();
-    store.add(&a, &pod).run().assert_ok();
+    let (store, pod, a) = Store::with_one_sandbox("default", "web-0");
     for old in ["0.3.0", "0.3.1"] {
         store.cni("CHECK", &a).pod(&pod).version(old).run().assert_error(1);
     }
@@ -533,10 +530,7 @@ fn symlinks_planted_in_the_state_dir_are_refused() {
 
 #[test]
 fn corrupted_record_is_set_aside_and_an_identityless_del_refused_with_101() {
-    let store = Store::new();
-    let pod = Pod::new("lijiaob", "etcd1-0");
-    let a = container_id();
-    store.add(&a, &pod).run().assert_ok();
+    let (store, pod, a) = Store::with_one_sandbox("lijiaob", "etcd1-0");
     let record = store.record_path(NETWORK, &a, "eth0");
     let bytes = corrupt_one_digit(&record, pod.uid.as_bytes());
 
@@ -563,10 +557,7 @@ fn corrupted_record_is_set_aside_and_an_identityless_del_refused_with_101() {
 
 #[test]
 fn corrupted_ownership_refuses_the_del_with_101() {
-    let store = Store::new();
-    let pod = Pod::new("lijiaob", "etcd1-0");
-    let a = container_id();
-    store.add(&a, &pod).run().assert_ok();
+    let (store, pod, a) = Store::with_one_sandbox("lijiaob", "etcd1-0");
     let owners = store.owner_files();
     assert_eq!(owners.len(), 1);
     let bytes = corrupt_one_digit(&owners[0], a.as_bytes());
@@ -598,10 +589,7 @@ fn a_new_add_ends_the_refusals_a_corrupt_file_caused_and_del_stays_idempotent() 
 
 #[test]
 fn a_corrupt_record_del_did_not_need_blocks_nothing_later() {
-    let store = Store::new();
-    let pod = Pod::new("lijiaob", "etcd1-0");
-    let a = container_id();
-    store.add(&a, &pod).run().assert_ok();
+    let (store, pod, a) = Store::with_one_sandbox("lijiaob", "etcd1-0");
     let record = store.record_path(NETWORK, &a, "eth0");
     let bytes = corrupt_one_digit(&record, pod.uid.as_bytes());
 
@@ -656,10 +644,7 @@ fn the_valid_checkpoint_fixture_is_trusted() {
 
 #[test]
 fn a_huge_file_in_the_store_is_untrusted_not_a_crash() {
-    let store = Store::new();
-    let pod = Pod::new("lijiaob", "etcd1-0");
-    let a = container_id();
-    store.add(&a, &pod).run().assert_ok();
+    let (store, _, a) = Store::with_one_sandbox("lijiaob", "etcd1-0");
     // Sparse: 8 TiB that cost no disk, which a whole-file read would try to allocate.
     let record = store.record_path(NETWORK, &a, "eth0");
     std::fs::OpenOptions::new().write(true).open(&record).unwrap().set_len(8 << 40).unwrap();
@@ -860,10 +845,7 @@ fn every_bad_input_is_a_cni_error_and_leaves_the_store_untouched() {
 
 #[test]
 fn bad_input_on_del_is_a_cni_error_too() {
-    let store = Store::new();
-    let pod = Pod::new("default", "web-0");
-    let a = container_id();
-    store.add(&a, &pod).run().assert_ok();
+    let (store, pod, a) = Store::with_one_sandbox("default", "web-0");
     let before = store.snapshot();
     store.del(&a, &pod).stdin(b"{not json".to_vec()).run().assert_error(6);
     store.del(&a, &pod).env("CNI_CONTAINERID", Some("")).run().assert_error(4);

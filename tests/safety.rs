@@ -169,10 +169,7 @@ fn fail_add_on_the_lock(store: &Store, container: &str, pod: &Pod) {
 #[test]
 fn every_verb_gives_up_on_a_held_lock_and_names_the_holder() {
     sys::skip_unless_tools!(&["flock"]);
-    let store = Store::new();
-    let pod = Pod::new("shop", "web-0");
-    let a = container_id();
-    store.add(&a, &pod).run().assert_ok();
+    let (store, pod, a) = Store::with_one_sandbox("shop", "web-0");
     let holder = LockHolder::start(&store);
     let wait = Some(json!(0.3));
     let verbs = [
@@ -296,10 +293,7 @@ fn gc_killed_at_any_unlink_leaves_no_owner_without_its_record() {
 fn add_killed_at_any_rename_disarms_no_blocker_before_its_record_is_there() {
     sys::skip_unless_root!(&["strace"]);
     for nth in 1..=4 {
-        let store = Store::new();
-        let pod = Pod::new("lijiaob", "etcd1-0");
-        let a = container_id();
-        store.add(&a, &pod).run().assert_ok();
+        let (store, pod, a) = Store::with_one_sandbox("lijiaob", "etcd1-0");
         // A corrupt record that an identityless DEL needed: set aside, and blocking.
         let record = store.record_path(NETWORK, &a, "eth0");
         corrupt_one_digit(&record, pod.uid.as_bytes());
@@ -369,10 +363,7 @@ fn read_only_commands_create_chmod_and_lock_nothing() {
 #[test]
 fn read_only_commands_work_on_a_read_only_mount() {
     sys::skip_unless_root!(&["mount", "umount"]);
-    let store = Store::new();
-    let pod = Pod::new("shop", "web-0");
-    let a = container_id();
-    store.add(&a, &pod).run().assert_ok();
+    let (store, _, _) = Store::with_one_sandbox("shop", "web-0");
     std::fs::set_permissions(&store.state_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let _read_only = mount::Mount::read_only_bind(&store.state_dir);
     assert_eq!(store.dump().len(), 1);

@@ -94,6 +94,15 @@ impl Store {
         Store { _root: None, state_dir, log_file: log_dir.join(format!("{}.log", unique("sglog"))) }
     }
 
+    /// A fresh store in which one sandbox of the pod `namespace/name` went through ADD:
+    /// the store, the pod and the sandbox's container ID.
+    pub fn with_one_sandbox(namespace: &str, name: &str) -> (Store, Pod, String) {
+        let store = Store::new();
+        let (pod, container) = (Pod::new(namespace, name), container_id());
+        store.add(&container, &pod).run().assert_ok();
+        (store, pod, container)
+    }
+
     pub fn cni(&self, verb: &str, container: &str) -> Cni {
         Cni::new(verb, container, &self.state_dir, &self.log_file)
     }

@@ -11,13 +11,18 @@ mod cni;
 #[path = "support/mount.rs"]
 mod mount;
 
-use cni::{CniError, NETWORK, Pod, SUPPORTED_VERSIONS, Store, container_id, corrupt_one_digit, files_in, mode, verify_envelope, walk};
+use cni::{CniError, Incident, NETWORK, Pod, SUPPORTED_VERSIONS, Store, container_id, corrupt_one_digit, files_in, mode, verify_envelope, walk};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 
 /// The pods of the incident: a StatefulSet pod re-created under its old name, new UID.
 fn etcd_incarnations() -> (Pod, Pod) {
     (Pod::new("lijiaob", "etcd1-0"), Pod::new("lijiaob", "etcd1-0"))
+}
+
+/// The incident's cast, with the incident's pod.
+fn incident() -> Incident {
+    Incident::of("lijiaob", "etcd1-0")
 }
 
 /// True when `text` states `generation` as a number right after the word "generation"
@@ -49,9 +54,7 @@ fn assert_stale_del(error: &CniError, owner: &str, owner_pod: &Pod, owner_genera
 
 #[test]
 fn incident_sequence_refuses_the_stale_del_until_the_new_sandbox_is_gone() {
-    let store = Store::new();
-    let (pod_a, pod_b) = etcd_incarnations();
-    let (a, b) = (container_id(), container_id());
+    let Incident { store, pod_a, pod_b, a, b } = incident();
 
     store.add(&a, &pod_a).run().assert_ok();
     store.del(&a, &pod_a).run().assert_ok();
@@ -74,9 +77,7 @@ fn incident_sequence_refuses_the_stale_del_until_the_new_sandbox_is_gone() {
 
 #[test]
 fn del_of_the_older_sandbox_is_refused_while_the_newer_one_owns_the_pod() {
-    let store = Store::new();
-    let (pod_a, pod_b) = etcd_incarnations();
-    let (a, b) = (container_id(), container_id());
+    let Incident { store, pod_a, pod_b, a, b } = incident();
     store.add(&a, &pod_a).run().assert_ok();
     store.add(&b, &pod_b).run().assert_ok();
     assert!(!store.is_owner(&a, "eth0") && store.is_owner(&b, "eth0"));
@@ -89,9 +90,7 @@ fn del_of_the_older_sandbox_is_refused_while_the_newer_one_owns_the_pod() {
 
 #[test]
 fn del_of_an_unknown_container_is_refused_while_another_owns_the_pod() {
-    let store = Store::new();
-    let (pod_old, pod_b) = etcd_incarnations();
-    let (never_added, b) = (container_id(), container_id());
+    let Incident { store, pod_a: pod_old, pod_b, a: never_added, b } = incident();
     store.add(&b, &pod_b).run().assert_ok();
 
     let error = store.del(&never_added, &pod_old).run().assert_error(11);
@@ -120,9 +119,7 @@ fn repeated_add_is_idempotent_and_bumps_the_generation() {
 
 #[test]
 fn networks_and_ifnames_are_separate_pod_keys() {
-    let store = Store::new();
-    let (pod_a, pod_b) = etcd_incarnations();
-    let (a, b) = (container_id(), container_id());
+    let Incident { store, pod_a, pod_b, a, b } = incident();
     let second_network = "storage-net";
     store.add(&a, &pod_a).run().assert_ok();
     store.add(&a, &pod_a).ifname("net1").run().assert_ok();
@@ -149,9 +146,7 @@ fn networks_and_ifnames_are_separate_pod_keys() {
 
 #[test]
 fn audit_mode_lets_the_stale_del_pass_logs_it_and_keeps_the_owner() {
-    let store = Store::new();
-    let (pod_a, pod_b) = etcd_incarnations();
-    let (a, b) = (container_id(), container_id());
+    let Incident { store, pod_a, pod_b, a, b } = incident();
     store.add(&a, &pod_a).run().assert_ok();
     store.add(&b, &pod_b).run().assert_ok();
 
@@ -166,9 +161,7 @@ fn audit_mode_lets_the_stale_del_pass_logs_it_and_keeps_the_owner() {
 
 #[test]
 fn second_del_without_netns_or_prev_result_is_accepted_and_still_guarded() {
-    let store = Store::new();
-    let (pod_a, pod_b) = etcd_incarnations();
-    let (a, b) = (container_id(), container_id());
+    let Incident { store, pod_a, pod_b, a, b } = incident();
     store.add(&a, &pod_a).run().assert_ok();
     // StopPodSandbox, then RemovePodSandbox's DEL with an empty CNI_NETNS and no prevResult.
     store.del(&a, &pod_a).run().assert_ok();
@@ -191,9 +184,7 @@ fn del_with_neither_pod_identity_nor_record_passes() {
 
 #[test]
 fn del_without_pod_identity_uses_the_recorded_identity() {
-    let store = Store::new();
-    let (pod_a, pod_b) = etcd_incarnations();
-    let (a, b) = (container_id(), container_id());
+    let Incident { store, pod_a, pod_b, a, b } = incident();
     store.add(&a, &pod_a).run().assert_ok();
     store.add(&b, &pod_b).run().assert_ok();
 
@@ -225,9 +216,7 @@ fn podman_args_without_namespace_only_checkpoint() {
 /// containerd builds CNI_ARGS from a Go map, so the order of its keys varies from call to call.
 #[test]
 fn containerd_args_in_another_order_name_the_same_pod() {
-    let store = Store::new();
-    let (pod_a, pod_b) = etcd_incarnations();
-    let (a, b) = (container_id(), container_id());
+    let Incident { store, pod_a, pod_b, a, b } = incident();
     store.add(&a, &pod_a).run().assert_ok();
     store.add(&b, &pod_b).cni_args(&pod_b.cni_args_as("containerd-reordered", &b)).run().assert_ok();
     let entry = store.entry(&b, "eth0").expect("B is checkpointed");
@@ -705,11 +694,9 @@ fn log_lines_follow_the_documented_format() {
 
 #[test]
 fn one_log_line_per_operation_even_when_the_netns_cannot_be_read() {
-    let store = Store::new();
-    let pod = Pod::new("default", "web-0");
-    let (a, b) = (container_id(), container_id());
     // A netns path to nothing: the guard records what it can and lets the pod through.
-    store.add(&a, &pod).run().assert_ok();
+    let (store, pod, a) = Store::with_one_sandbox("default", "web-0");
+    let b = container_id();
     let elsewhere = sys::TempDir::new("sgblk");
     let blocked = elsewhere.path.join("state-is-a-file");
     std::fs::write(&blocked, b"").unwrap();

@@ -9,16 +9,14 @@ mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 
-use cni::{NETWORK, Pod, PodNetns, Reply, SeededRng, Store, container_id, verify_envelope};
+use cni::{NETWORK, Pod, PodNetns, Reply, Store, Workload, container_id, verify_envelope};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-const WORKERS: u64 = 8;
-const OPS_PER_WORKER: usize = 200;
+/// The seed is fixed so that a failure replays the same operation sequences.
+const WORKLOAD: Workload = Workload { workers: 8, ops_per_worker: 200, seed: 0x5a9d_b0c5 };
 const PODS: usize = 3;
 const SANDBOXES: usize = 12;
-/// Fixed so that a failure replays the same operation sequences.
-const SEED: u64 = 0x5a9d_b0c5;
 
 struct Sandbox {
     container: String,
@@ -78,25 +76,12 @@ fn concurrent_execs_match_a_serial_replay_of_the_log() {
         .collect();
     let started = Instant::now();
 
-    let done: Vec<Done> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..WORKERS)
-            .map(|worker| {
-                let (store, sandboxes) = (&store, &sandboxes);
-                scope.spawn(move || {
-                    let mut rng = SeededRng::new(SEED + worker);
-                    (0..OPS_PER_WORKER)
-                        .map(|_| {
-                            let sandbox = rng.below(SANDBOXES as u64) as usize;
-                            let verb = if rng.below(2) == 0 { "ADD" } else { "DEL" };
-                            let Sandbox { container, pod, netns } = &sandboxes[sandbox];
-                            let reply = store.cni(verb, container).pod(pod).netns(&netns.path()).run();
-                            Done { verb, sandbox, reply }
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    let done: Vec<Done> = WORKLOAD.run(|rng| {
+        let sandbox = rng.below(SANDBOXES as u64) as usize;
+        let verb = if rng.below(2) == 0 { "ADD" } else { "DEL" };
+        let Sandbox { container, pod, netns } = &sandboxes[sandbox];
+        let reply = store.cni(verb, container).pod(pod).netns(&netns.path()).run();
+        Done { verb, sandbox, reply }
     });
     eprintln!("{} execs in {:?}", done.len(), started.elapsed());
 

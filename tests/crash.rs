@@ -9,19 +9,17 @@ mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 
-use cni::{NETWORK, Pod, SeededRng, Store, container_id, files_in, verify_envelope};
+use cni::{NETWORK, Pod, Store, Workload, container_id, files_in, verify_envelope};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-const WORKERS: u64 = 2;
-const OPS_PER_WORKER: usize = 200;
+const WORKLOAD: Workload = Workload { workers: 2, ops_per_worker: 200, seed: 0xc4a5_4e11 };
 const PODS: usize = 3;
 const SANDBOXES: usize = 9;
 /// Kills land anywhere from before exec to after exit.
 const MAX_KILL_DELAY_MICROS: u64 = 3000;
-const SEED: u64 = 0xc4a5_4e11;
 
 struct Sandbox {
     container: String,
@@ -40,45 +38,33 @@ fn sigkill_at_random_moments_leaves_a_consistent_store() {
         .collect();
     let started = Instant::now();
 
-    let killed: usize = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..WORKERS)
-            .map(|worker| {
-                let (store, sandboxes) = (&store, &sandboxes);
-                scope.spawn(move || {
-                    let mut rng = SeededRng::new(SEED + worker);
-                    let mut killed = 0;
-                    for _ in 0..OPS_PER_WORKER {
-                        let Sandbox { container, pod } = &sandboxes[rng.below(SANDBOXES as u64) as usize];
-                        let call = match rng.below(5) {
-                            0 | 1 => store.cni("ADD", container).pod(pod),
-                            2 | 3 => store.cni("DEL", container).pod(pod),
-                            // GC, as a CNI 1.1 runtime sends it, listing a random half.
-                            _ => {
-                                let valid: Vec<serde_json::Value> = sandboxes
-                                    .iter()
-                                    .filter(|_| rng.below(2) == 0)
-                                    .map(|s| serde_json::json!({"containerID": s.container, "ifname": "eth0"}))
-                                    .collect();
-                                store.cni("GC", "").config("cni.dev/valid-attachments", Some(serde_json::Value::Array(valid)))
-                            }
-                        };
-                        let mut running = call.spawn();
-                        std::thread::sleep(Duration::from_micros(rng.below(MAX_KILL_DELAY_MICROS)));
-                        let was_killed = running.kill();
-                        let reply = running.wait();
-                        if was_killed && reply.status.signal().is_some() {
-                            killed += 1;
-                        } else if !reply.succeeded() {
-                            reply.assert_error(11);
-                        }
-                    }
-                    killed
-                })
-            })
-            .collect();
-        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    let outcomes = WORKLOAD.run(|rng| {
+        let Sandbox { container, pod } = &sandboxes[rng.below(SANDBOXES as u64) as usize];
+        let call = match rng.below(5) {
+            0 | 1 => store.cni("ADD", container).pod(pod),
+            2 | 3 => store.cni("DEL", container).pod(pod),
+            // GC, as a CNI 1.1 runtime sends it, listing a random half.
+            _ => {
+                let valid: Vec<serde_json::Value> = sandboxes
+                    .iter()
+                    .filter(|_| rng.below(2) == 0)
+                    .map(|s| serde_json::json!({"containerID": s.container, "ifname": "eth0"}))
+                    .collect();
+                store.cni("GC", "").config("cni.dev/valid-attachments", Some(serde_json::Value::Array(valid)))
+            }
+        };
+        let mut running = call.spawn();
+        std::thread::sleep(Duration::from_micros(rng.below(MAX_KILL_DELAY_MICROS)));
+        let was_killed = running.kill();
+        let reply = running.wait();
+        let killed = was_killed && reply.status.signal().is_some();
+        if !killed && !reply.succeeded() {
+            reply.assert_error(11);
+        }
+        killed
     });
-    let total = WORKERS as usize * OPS_PER_WORKER;
+    let killed = outcomes.iter().filter(|&&killed| killed).count();
+    let total = WORKLOAD.total();
     eprintln!("{total} execs, {killed} killed, in {:?}", started.elapsed());
     assert!(killed >= total / 10, "only {killed} of {total} execs were killed in flight: the test proves little");
 

@@ -31,6 +31,14 @@ fn result(file: &str) -> String {
     fixture(&format!("results/{file}"))
 }
 
+/// An ADD into a fresh store at `version` whose prevResult is testdata/results/<file>,
+/// refused with `code` and the store unchanged (`what` says which case failed).
+fn add_refused(version: &str, file: &str, code: u64, what: &str) -> cni::CniError {
+    let store = Store::new();
+    let call = store.add(&container_id(), &Pod::new("default", "web-0")).version(version).prev_result_raw(&result(file));
+    assert_refused_untouched(&store, call, code, what)
+}
+
 /// NOT_RESULTS with each file read.
 fn not_results() -> impl Iterator<Item = (&'static str, String, &'static str)> {
     NOT_RESULTS.into_iter().map(|(what, file, names)| (what, result(&format!("malformed/{file}")), names))
@@ -80,10 +88,7 @@ fn add_refuses_what_is_not_a_result_with_code_6_and_writes_nothing() {
 
 #[test]
 fn the_out_of_range_interface_is_named_with_its_count() {
-    let store = Store::new();
-    let raw = result("malformed/ip-interface-3-of-1.json");
-    let call = store.add(&container_id(), &Pod::new("default", "web-0")).version("1.0.0").prev_result_raw(&raw);
-    let error = assert_refused_untouched(&store, call, 6, "interface 3 of 1");
+    let error = add_refused("1.0.0", "malformed/ip-interface-3-of-1.json", 6, "interface 3 of 1");
     assert!(
         error.msg.contains("prevResult.ips[0].interface 3 is out of range: the result has 1 interface"),
         "{error:?}"
@@ -92,10 +97,7 @@ fn the_out_of_range_interface_is_named_with_its_count() {
 
 #[test]
 fn add_refuses_a_pre_1_0_version_field_of_the_wrong_family() {
-    let store = Store::new();
-    let raw = result("malformed/ip-version-6-on-ipv4.json");
-    let call = store.add(&container_id(), &Pod::new("default", "web-0")).version("0.4.0").prev_result_raw(&raw);
-    let error = assert_refused_untouched(&store, call, 6, "version 6 on an IPv4 address");
+    let error = add_refused("0.4.0", "malformed/ip-version-6-on-ipv4.json", 6, "version 6 on an IPv4 address");
     assert!(error.msg.contains("prevResult.ips[0].version"), "{error:?}");
 }
 
@@ -127,10 +129,7 @@ fn del_does_not_check_the_cached_result() {
 
 #[test]
 fn a_result_in_a_version_the_guard_cannot_read_is_code_1() {
-    let store = Store::new();
-    let raw = result("0.2.0.json");
-    let call = store.add(&container_id(), &Pod::new("default", "web-0")).version("0.4.0").prev_result_raw(&raw);
-    let error = assert_refused_untouched(&store, call, 1, "a 0.2.0 result");
+    let error = add_refused("0.4.0", "0.2.0.json", 1, "a 0.2.0 result");
     assert!(error.msg.contains("0.2.0"), "{error:?}");
 }
 

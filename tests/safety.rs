@@ -11,7 +11,7 @@ mod cni;
 #[path = "support/mount.rs"]
 mod mount;
 
-use cni::{NETWORK, Pod, Store, container_id, corrupt_one_digit, files_in, guard, spawn_guard, verify_envelope, walk};
+use cni::{Incident, NETWORK, Pod, Store, container_id, corrupt_one_digit, files_in, guard, spawn_guard, verify_envelope, walk};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -68,10 +68,8 @@ fn assert_every_owner_has_its_record(store: &Store) {
 
 #[test]
 fn a_del_naming_another_pod_still_releases_what_its_record_owned() {
-    let store = Store::new();
-    let (web0, web1) = (Pod::new("shop", "web-0"), Pod::new("shop", "web-1"));
-    let a = container_id();
-    store.add(&a, &web0).run().assert_ok();
+    let (store, web0, a) = Store::with_one_sandbox("shop", "web-0");
+    let web1 = Pod::new("shop", "web-1");
     // The DEL's CNI_ARGS name another pod (a hand-run DEL, a runtime bug).
     store.cni("DEL", &a).cni_args(&web1.cni_args(&a)).run().assert_ok();
     assert!(store.owner_files().is_empty(), "A's record is gone, so must be the ownership it held");
@@ -81,10 +79,8 @@ fn a_del_naming_another_pod_still_releases_what_its_record_owned() {
 
 #[test]
 fn a_re_add_under_another_pod_name_gives_the_old_name_up() {
-    let store = Store::new();
-    let (p1, p2) = (Pod::new("shop", "p1"), Pod::new("shop", "p2"));
-    let a = container_id();
-    store.add(&a, &p1).run().assert_ok();
+    let (store, p1, a) = Store::with_one_sandbox("shop", "p1");
+    let p2 = Pod::new("shop", "p2");
     store.add(&a, &p2).run().assert_ok();
     assert_eq!(store.owner_files().len(), 1, "A owns p2 only");
     assert_every_owner_has_its_record(&store);
@@ -448,9 +444,7 @@ fn the_cleanup_del_of_an_add_the_guard_failed_passes() {
 
 #[test]
 fn a_refused_del_says_briefly_who_owns_the_pod_and_whether_it_ever_did() {
-    let store = Store::new();
-    let (pod_a, pod_b) = (Pod::new("shop", "web-0"), Pod::new("shop", "web-0"));
-    let (a, b) = (container_id(), container_id());
+    let Incident { store, pod_a, pod_b, a, b } = Incident::of("shop", "web-0");
     store.add(&a, &pod_a).run().assert_ok();
     store.add(&b, &pod_b).run().assert_ok();
     let error = store.del(&a, &pod_a).run().assert_error(11);
@@ -468,11 +462,8 @@ fn a_refused_del_says_briefly_who_owns_the_pod_and_whether_it_ever_did() {
 
 #[test]
 fn the_dump_table_says_where_an_untrusted_file_is_and_why() {
-    let store = Store::new();
-    let pod = Pod::new("shop", "web-0");
-    let (a, b) = (container_id(), container_id());
-    store.add(&a, &pod).run().assert_ok();
-    store.add(&b, &Pod::new("shop", "db-0")).run().assert_ok();
+    let (store, pod, a) = Store::with_one_sandbox("shop", "web-0");
+    store.add(&container_id(), &Pod::new("shop", "db-0")).run().assert_ok();
     let record = store.record_path(NETWORK, &a, "eth0");
     corrupt_one_digit(&record, pod.uid.as_bytes());
 
@@ -536,9 +527,7 @@ fn a_del_passes_where_no_state_dir_can_exist() {
 
 #[test]
 fn a_stale_del_leaves_a_corrupt_record_where_it_is() {
-    let store = Store::new();
-    let (old_pod, new_pod) = (Pod::new("shop", "web-0"), Pod::new("shop", "web-0"));
-    let (old, new) = (container_id(), container_id());
+    let Incident { store, pod_a: old_pod, pod_b: new_pod, a: old, b: new } = Incident::of("shop", "web-0");
     store.add(&old, &old_pod).run().assert_ok();
     store.add(&new, &new_pod).run().assert_ok();
     let record = store.record_path(NETWORK, &old, "eth0");

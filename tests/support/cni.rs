@@ -72,6 +72,24 @@ impl Pod {
     }
 }
 
+/// The stale-DEL incident's cast: a fresh store, a pod before and after its re-creation under
+/// the same name (a new UID), and the sandbox of each, A the old one and B the new one.
+/// Nothing is added yet.
+pub struct Incident {
+    pub store: Store,
+    pub pod_a: Pod,
+    pub pod_b: Pod,
+    pub a: String,
+    pub b: String,
+}
+
+impl Incident {
+    pub fn of(namespace: &str, name: &str) -> Incident {
+        let (pod_a, pod_b) = (Pod::new(namespace, name), Pod::new(namespace, name));
+        Incident { store: Store::new(), pod_a, pod_b, a: container_id(), b: container_id() }
+    }
+}
+
 /// A checkpoint store of its own (state dir + log file) in a temporary directory.
 pub struct Store {
     _root: Option<TempDir>,
@@ -192,14 +210,7 @@ pub fn guard(args: &[&str]) -> Output {
 /// `guard`, panicking with both streams unless it exits 0.
 pub fn guard_ok(args: &[&str]) -> Output {
     let out = guard(args);
-    assert!(
-        out.status.success(),
-        "sandbox-guard {} failed: {}\nstdout: {}\nstderr: {}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::sys::assert_succeeded("sandbox-guard", args, &out);
     out
 }
 
@@ -300,6 +311,19 @@ enum PrevResult {
     Raw(String),
 }
 
+/// Builder methods of `Cni` that each set one text field: `name => field`.
+macro_rules! text_setters {
+    ($($(#[$doc:meta])* $name:ident => $field:ident,)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, value: &str) -> Cni {
+                self.$field = value.into();
+                self
+            }
+        )*
+    };
+}
+
 /// One plugin invocation, built up like a runtime would and run with `run()` or `spawn()`.
 #[derive(Clone)]
 pub struct Cni {
@@ -353,24 +377,15 @@ impl Cni {
         self
     }
 
-    pub fn cni_args(mut self, args: &str) -> Cni {
-        self.cni_args = args.into();
-        self
-    }
-
-    pub fn version(mut self, version: &str) -> Cni {
-        self.cni_version = version.into();
-        self
-    }
-
-    pub fn network(mut self, network: &str) -> Cni {
-        self.network = network.into();
-        self
-    }
-
-    pub fn ifname(mut self, ifname: &str) -> Cni {
-        self.ifname = ifname.into();
-        self
+    text_setters! {
+        /// CNI_ARGS exactly as given.
+        cni_args => cni_args,
+        /// The cniVersion of the config.
+        version => cni_version,
+        /// The network name, `name` of the config.
+        network => network,
+        /// CNI_IFNAME.
+        ifname => ifname,
     }
 
     pub fn netns(mut self, netns: &str) -> Cni {
@@ -787,6 +802,37 @@ impl LogLine {
             outcome: field("outcome"),
             raw: line.to_string(),
         }
+    }
+}
+
+/// Random operations from several threads at once, each thread with its own seeded
+/// generator, so that a failing run replays the same sequences.
+pub struct Workload {
+    pub workers: u64,
+    pub ops_per_worker: usize,
+    pub seed: u64,
+}
+
+impl Workload {
+    pub fn total(&self) -> usize {
+        self.workers as usize * self.ops_per_worker
+    }
+
+    /// Runs `op` `ops_per_worker` times on each of `workers` threads (worker `w` draws from
+    /// `SeededRng::new(seed + w)`) and returns what every call returned.
+    pub fn run<T: Send>(&self, op: impl Fn(&mut SeededRng) -> T + Sync) -> Vec<T> {
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..self.workers)
+                .map(|worker| {
+                    let op = &op;
+                    scope.spawn(move || {
+                        let mut rng = SeededRng::new(self.seed + worker);
+                        (0..self.ops_per_worker).map(|_| op(&mut rng)).collect::<Vec<T>>()
+                    })
+                })
+                .collect();
+            workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+        })
     }
 }
 

@@ -102,15 +102,14 @@ pub fn run(program: &str, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {} failed: {}\nstdout: {}\nstderr: {}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(program, args, &out);
     out
+}
+
+/// Panics with both streams unless `program args` exited 0.
+pub fn assert_succeeded(program: &str, args: &[&str], out: &Output) {
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{program} {} failed: {}\nstdout: {stdout}\nstderr: {stderr}", args.join(" "), out.status);
 }
 
 /// Runs a command and reports only whether it succeeded (for cleanup and probes).

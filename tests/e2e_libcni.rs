@@ -14,22 +14,10 @@ mod cni;
 mod libcni;
 
 use libcni::{
-    IFNAME, Network, NetnsArg, Sandbox, assert_result_matches_kernel, bare_ip, pod_has_link,
-    result_ips, shape,
+    IFNAME, Network, NetnsArg, Sandbox, assert_result_matches_kernel, bare_ip, bridge_network, macvlan_network_on_a_lan,
+    pod_has_link, result_ips, shape,
 };
 use serde_json::{Value, json};
-use sys::{HostLink, Netns};
-
-fn bridge_network() -> Network {
-    let bridge = sys::unique("sgbr");
-    let bridge_link = HostLink { name: bridge.clone() };
-    Network::from_example("30-bridge-guarded.conflist", vec![bridge_link], |primary, _| {
-        primary["bridge"] = json!(bridge);
-        // Masquerading adds host-wide iptables rules, which a crashed test would leave behind;
-        // it plays no part in what the guard decides.
-        primary["ipMasq"] = json!(false);
-    })
-}
 
 fn add(net: &Network, sandbox: &Sandbox) -> Value {
     net.add(sandbox)
@@ -121,59 +109,38 @@ fn first_ip(result: &Value) -> String {
     bare_ip(&result_ips(result)[0]).to_string()
 }
 
+/// Two pods of `net` through libcni from ADD to DEL: what each ADD left, the chain against its
+/// primary alone, and traffic between the pods (carried `how`) and to the gateway.
+fn two_pods_through_the_chain(net: &Network, names: [&str; 2], how: &str, gateway: &str) {
+    let pods = names.map(|name| Sandbox::new("default", name, &format!("uid-{name}")));
+    let results: Vec<Value> = pods.iter().map(|pod| add(net, pod)).collect();
+    for (pod, result) in pods.iter().zip(&results) {
+        assert_attached(net, pod, result);
+    }
+    assert_same_as_primary_alone(net, &results[0]);
+
+    let [first, second] = names;
+    assert!(pods[0].can_ping(&first_ip(&results[1])), "{first} -> {second} {how}");
+    assert!(pods[1].can_ping(&first_ip(&results[0])), "{second} -> {first} {how}");
+    assert!(pods[0].can_ping(&net.subnet.host(1)), "{first} -> {gateway}");
+
+    for (pod, result) in pods.iter().zip(&results) {
+        assert_del_leaves_nothing(net, pod, result);
+    }
+}
+
 #[test]
 fn bridge_chain_add_check_del_through_libcni() {
     sys::skip_unless_root!(libcni::TOOLS);
     let net = bridge_network();
-    let pods = [Sandbox::new("default", "web-0", "uid-web-0"), Sandbox::new("default", "web-1", "uid-web-1")];
-    let results: Vec<Value> = pods.iter().map(|pod| add(&net, pod)).collect();
-    for (pod, result) in pods.iter().zip(&results) {
-        assert_attached(&net, pod, result);
-    }
-    assert_same_as_primary_alone(&net, &results[0]);
-
-    assert!(pods[0].can_ping(&first_ip(&results[1])), "web-0 -> web-1 over the bridge");
-    assert!(pods[1].can_ping(&first_ip(&results[0])), "web-1 -> web-0 over the bridge");
-    assert!(pods[0].can_ping(&net.subnet.host(1)), "web-0 -> its gateway");
-
-    for (pod, result) in pods.iter().zip(&results) {
-        assert_del_leaves_nothing(&net, pod, result);
-    }
+    two_pods_through_the_chain(&net, ["web-0", "web-1"], "over the bridge", "its gateway");
 }
 
 #[test]
 fn macvlan_chain_add_check_del_through_libcni() {
     sys::skip_unless_root!(libcni::TOOLS);
-    // A veth end stands in for the node's NIC; its peer, in its own namespace, is the LAN's
-    // router at .1 (the gateway conf-examples routes through).
-    let lan = Netns::new("sglan");
-    let master = sys::unique("sgmv");
-    let uplink = sys::unique("sgup");
-    sys::run("ip", &["link", "add", &master, "type", "veth", "peer", "name", &uplink]);
-    let master_link = HostLink { name: master.clone() };
-    sys::run("ip", &["link", "set", &uplink, "netns", &lan.name]);
-    sys::run("ip", &["link", "set", &master, "up"]);
-
-    let net = Network::from_example("20-macvlan-guarded.conflist", vec![master_link], |primary, _| {
-        primary["master"] = json!(master);
-    });
-    lan.exec(&["ip", "addr", "add", &format!("{}/24", net.subnet.host(1)), "dev", &uplink]);
-    lan.exec(&["ip", "link", "set", &uplink, "up"]);
-
-    let pods = [Sandbox::new("default", "db-0", "uid-db-0"), Sandbox::new("default", "db-1", "uid-db-1")];
-    let results: Vec<Value> = pods.iter().map(|pod| add(&net, pod)).collect();
-    for (pod, result) in pods.iter().zip(&results) {
-        assert_attached(&net, pod, result);
-    }
-    assert_same_as_primary_alone(&net, &results[0]);
-
-    assert!(pods[0].can_ping(&first_ip(&results[1])), "db-0 -> db-1 (macvlan bridge mode)");
-    assert!(pods[1].can_ping(&first_ip(&results[0])), "db-1 -> db-0 (macvlan bridge mode)");
-    assert!(pods[0].can_ping(&net.subnet.host(1)), "db-0 -> the LAN router behind the master");
-
-    for (pod, result) in pods.iter().zip(&results) {
-        assert_del_leaves_nothing(&net, pod, result);
-    }
+    let (_lan, net) = macvlan_network_on_a_lan();
+    two_pods_through_the_chain(&net, ["db-0", "db-1"], "(macvlan bridge mode)", "the LAN router behind the master");
 }
 
 /// The incident: kubelet re-creates pod lijiaob/etcd1-0 (sandbox B) and then retries the DEL

@@ -20,47 +20,8 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use cni::{Cni, Reply, guard};
-use libcni::{IFNAME, Network, NetnsArg, Sandbox, assert_result_matches_kernel, bare_ip, pod_has_link};
+use libcni::{IFNAME, Network, NetnsArg, Sandbox, assert_result_matches_kernel, bare_ip, bridge_network, macvlan_network_on_a_lan, pod_has_link};
 use serde_json::{Value, json};
-use sys::{HostLink, Netns};
-
-/// The node's NIC stand-in and the LAN behind it: `master` in the host, its peer in `lan`
-/// as the LAN's router at .1 (the gateway conf-examples routes through).
-struct Lan {
-    netns: Netns,
-    master: String,
-    uplink: String,
-}
-
-impl Lan {
-    fn new() -> Lan {
-        let netns = Netns::new("sglan");
-        // A gratuitous ARP creates a neighbour entry only where arp_accept is on: that is how
-        // the test sees the restore's announcement arrive.
-        netns.exec(&["sysctl", "-q", "-w", "net.ipv4.conf.all.arp_accept=1"]);
-        Lan { netns, master: sys::unique("sgmv"), uplink: sys::unique("sgup") }
-    }
-
-    /// Creates the master and the router end; what a driver (re)load does for a real NIC.
-    fn plug(&self, router_cidr: &str) {
-        sys::run("ip", &["link", "add", &self.master, "type", "veth", "peer", "name", &self.uplink]);
-        sys::run("ip", &["link", "set", &self.uplink, "netns", &self.netns.name]);
-        sys::run("ip", &["link", "set", &self.master, "up"]);
-        self.netns.exec(&["ip", "addr", "add", router_cidr, "dev", &self.uplink]);
-        self.netns.exec(&["ip", "link", "set", &self.uplink, "up"]);
-    }
-
-    /// The driver unload: the master goes, and with it every macvlan on it.
-    fn unplug(&self) {
-        sys::run("ip", &["link", "delete", &self.master]);
-    }
-
-    fn neighbour_mac(&self, ip: &str) -> Option<String> {
-        let out = self.netns.exec(&["ip", "-j", "neigh", "show", ip]);
-        let entries: Value = serde_json::from_slice(&out.stdout).ok()?;
-        entries.as_array()?.iter().find_map(|e| e["lladdr"].as_str().map(str::to_string))
-    }
-}
 
 /// The guard's own CHECK, given what libcni gives it: its conflist entry with the cached
 /// result as prevResult. Through libcni the primary's CHECK runs first and, with the
@@ -77,14 +38,6 @@ fn guard_check(net: &Network, sandbox: &Sandbox) -> Reply {
         .ifname(IFNAME)
         .env("CNI_PATH", Some("/usr/lib/cni"))
         .run()
-}
-
-/// conf-examples' macvlan network on `lan`'s master. The Network owns the master's cleanup;
-/// by name, so a re-created master goes too.
-fn macvlan_network(lan: &Lan) -> Network {
-    Network::from_example("20-macvlan-guarded.conflist", vec![HostLink { name: lan.master.clone() }], |primary, _| {
-        primary["master"] = json!(lan.master)
-    })
 }
 
 fn text(out: &Output) -> String {
@@ -116,10 +69,8 @@ fn pod_ifindex(sandbox: &Sandbox) -> Value {
 #[test]
 fn a_driver_reload_is_seen_by_check_and_undone_by_restore() {
     sys::skip_unless_root!(libcni::TOOLS);
-    let lan = Lan::new();
-    let net = macvlan_network(&lan);
+    let (lan, net) = macvlan_network_on_a_lan();
     let router = net.subnet.host(1);
-    lan.plug(&format!("{router}/24"));
     let state_dir = net.state_dir.to_str().unwrap().to_string();
 
     let pod = Sandbox::new("kube-system", "etcd-node1", "uid-etcd");
@@ -210,11 +161,7 @@ fn a_driver_reload_is_seen_by_check_and_undone_by_restore() {
 #[test]
 fn a_lost_veth_is_reported_not_restorable() {
     sys::skip_unless_root!(libcni::TOOLS);
-    let bridge = sys::unique("sgbr");
-    let net = Network::from_example("30-bridge-guarded.conflist", vec![HostLink { name: bridge.clone() }], |primary, _| {
-        primary["bridge"] = json!(bridge);
-        primary["ipMasq"] = json!(false);
-    });
+    let net = bridge_network();
     let pod = Sandbox::new("default", "web-0", "uid-web-0");
     net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
     assert_eq!(net.checkpoint(&pod).expect("checkpoint")["links"]["kind"], "veth");
@@ -237,9 +184,7 @@ fn a_lost_veth_is_reported_not_restorable() {
 #[test]
 fn a_superseded_sandbox_is_not_revived_next_to_its_owner() {
     sys::skip_unless_root!(libcni::TOOLS);
-    let lan = Lan::new();
-    let net = macvlan_network(&lan);
-    lan.plug(&format!("{}/24", net.subnet.host(1)));
+    let (lan, net) = macvlan_network_on_a_lan();
     let state_dir = net.state_dir.to_str().unwrap().to_string();
 
     let old = Sandbox::new("db", "etcd-0", "uid-etcd-old");

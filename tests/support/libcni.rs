@@ -298,6 +298,68 @@ impl Network {
     }
 }
 
+/// conf-examples' bridge network on a bridge of its own.
+pub fn bridge_network() -> Network {
+    let bridge = sys::unique("sgbr");
+    let bridge_link = HostLink { name: bridge.clone() };
+    Network::from_example("30-bridge-guarded.conflist", vec![bridge_link], |primary, _| {
+        primary["bridge"] = json!(bridge);
+        // Masquerading adds host-wide iptables rules, which a crashed test would leave behind;
+        // it plays no part in what the guard decides.
+        primary["ipMasq"] = json!(false);
+    })
+}
+
+/// conf-examples' macvlan network on the master of a LAN of its own, plugged in with the
+/// router at .1 of the network's subnet. The Network owns the master's cleanup; by name, so
+/// a re-created master goes too.
+pub fn macvlan_network_on_a_lan() -> (Lan, Network) {
+    let lan = Lan::new();
+    let net = Network::from_example("20-macvlan-guarded.conflist", vec![HostLink { name: lan.master.clone() }], |primary, _| {
+        primary["master"] = json!(lan.master)
+    });
+    lan.plug(&format!("{}/24", net.subnet.host(1)));
+    (lan, net)
+}
+
+/// The node's NIC stand-in and the LAN behind it: `master` in the host, its peer in `lan`
+/// as the LAN's router at .1 (the gateway conf-examples routes through).
+pub struct Lan {
+    pub netns: Netns,
+    pub master: String,
+    pub uplink: String,
+}
+
+impl Lan {
+    pub fn new() -> Lan {
+        let netns = Netns::new("sglan");
+        // A gratuitous ARP creates a neighbour entry only where arp_accept is on: that is how
+        // the test sees the restore's announcement arrive.
+        netns.exec(&["sysctl", "-q", "-w", "net.ipv4.conf.all.arp_accept=1"]);
+        Lan { netns, master: sys::unique("sgmv"), uplink: sys::unique("sgup") }
+    }
+
+    /// Creates the master and the router end; what a driver (re)load does for a real NIC.
+    pub fn plug(&self, router_cidr: &str) {
+        sys::run("ip", &["link", "add", &self.master, "type", "veth", "peer", "name", &self.uplink]);
+        sys::run("ip", &["link", "set", &self.uplink, "netns", &self.netns.name]);
+        sys::run("ip", &["link", "set", &self.master, "up"]);
+        self.netns.exec(&["ip", "addr", "add", router_cidr, "dev", &self.uplink]);
+        self.netns.exec(&["ip", "link", "set", &self.uplink, "up"]);
+    }
+
+    /// The driver unload: the master goes, and with it every macvlan on it.
+    pub fn unplug(&self) {
+        sys::run("ip", &["link", "delete", &self.master]);
+    }
+
+    pub fn neighbour_mac(&self, ip: &str) -> Option<String> {
+        let out = self.netns.exec(&["ip", "-j", "neigh", "show", ip]);
+        let entries: Value = serde_json::from_slice(&out.stdout).ok()?;
+        entries.as_array()?.iter().find_map(|e| e["lladdr"].as_str().map(str::to_string))
+    }
+}
+
 /// Addresses of a result without prefix length, e.g. ["10.200.3.2"].
 pub fn result_ips(result: &Value) -> Vec<String> {
     result["ips"]

@@ -106,22 +106,12 @@ struct Recreated {
 fn recreate_after_failed_stop(node: &CriNode) -> Recreated {
     let (old, _) = run_pod(node, "1");
     node.fail_next_primary_del();
-    let first_stop = node
-        .stop_pod(&old)
-        .expect_err("the injected primary failure must fail StopPodSandbox");
-    assert!(
-        first_stop.message.contains("injected primary failure"),
-        "{first_stop:?}"
-    );
+    let first_stop = node.stop_pod(&old).expect_err("the injected primary failure must fail StopPodSandbox");
+    assert!(first_stop.message.contains("injected primary failure"), "{first_stop:?}");
     assert_eq!(state_of(node, &old), "SANDBOX_NOTREADY");
     let (new, new_ip) = run_pod(node, "2");
     let stop_old = node.stop_pod(&old);
-    Recreated {
-        old,
-        new,
-        new_ip,
-        stop_old,
-    }
+    Recreated { old, new, new_ip, stop_old }
 }
 
 /// The same name recreated while the old sandbox is still up (no failure first), then the
@@ -130,12 +120,7 @@ fn recreate_then_stop_old(node: &CriNode) -> Recreated {
     let (old, _) = run_pod(node, "1");
     let (new, new_ip) = run_pod(node, "2");
     let stop_old = node.stop_pod(&old);
-    Recreated {
-        old,
-        new,
-        new_ip,
-        stop_old,
-    }
+    Recreated { old, new, new_ip, stop_old }
 }
 
 /// The primary's trace line saying a DEL of `old` tore down `new`'s endpoint.
@@ -144,12 +129,7 @@ fn stale_teardown(old: &str, new: &str) -> String {
 }
 
 fn assert_stale_del_destroys_new_pod(node: &CriNode, pods: Recreated) {
-    let Recreated {
-        old,
-        new,
-        new_ip,
-        stop_old,
-    } = pods;
+    let Recreated { old, new, new_ip, stop_old } = pods;
     stop_old
         .unwrap_or_else(|e| panic!("without the guard the old sandbox's DEL goes through: {e:?}"));
     println!("primary plugin calls:\n{}", node.primary_calls());
@@ -248,13 +228,8 @@ fn failed_stop_then_recreate_then_retry_without_guard_destroys_new_pod() {
     assert_stale_del_destroys_new_pod(&node, pods);
     // The seed's vicious circle: the new pod's own teardown now fails, so kubelet retries it
     // until the next pod of that name is created and becomes the next victim.
-    let stuck = node
-        .stop_pod(&new)
-        .expect_err("the new pod's endpoint is gone, calico 1.5.0 fails its DEL");
-    assert!(
-        stuck.message.contains("resource does not exist"),
-        "{stuck:?}"
-    );
+    let stuck = node.stop_pod(&new).expect_err("the new pod's endpoint is gone, calico 1.5.0 fails its DEL");
+    assert!(stuck.message.contains("resource does not exist"), "{stuck:?}");
 }
 
 #[test]

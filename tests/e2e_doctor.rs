@@ -109,6 +109,17 @@ fn add(store: &Store, container: &str, pod: &Pod, netns: &Netns, address: &str) 
     store.add(container, pod).netns(&netns_path).prev_result(&result)
 }
 
+/// Gives `node` an uplink at `<net>.2/24` with the default route via `<net>.1`; returns its name.
+fn add_uplink(node: &Netns, net: &str) -> String {
+    let (uplink, far) = (sys::unique("sgu"), sys::unique("sgg"));
+    node.exec(&["ip", "link", "add", &uplink, "type", "veth", "peer", "name", &far]);
+    node.exec(&["ip", "addr", "add", &format!("{net}.2/24"), "dev", &uplink]);
+    node.exec(&["ip", "link", "set", &uplink, "up"]);
+    node.exec(&["ip", "link", "set", &far, "up"]);
+    node.exec(&["ip", "route", "add", "default", "via", &format!("{net}.1")]);
+    uplink
+}
+
 /// A process kept in a namespace, killed on drop.
 struct Resident(Child);
 
@@ -195,12 +206,7 @@ fn a_node_without_default_route_cannot_reach_cluster_ips() {
     }
 
     // An uplink with a default route (seed 003's fix) makes ClusterIPs routable again.
-    let (uplink, far) = (sys::unique("sgu"), sys::unique("sgg"));
-    node.exec(&["ip", "link", "add", &uplink, "type", "veth", "peer", "name", &far]);
-    node.exec(&["ip", "addr", "add", "192.168.213.2/24", "dev", &uplink]);
-    node.exec(&["ip", "link", "set", &uplink, "up"]);
-    node.exec(&["ip", "link", "set", &far, "up"]);
-    node.exec(&["ip", "route", "add", "default", "via", "192.168.213.1"]);
+    let uplink = add_uplink(&node, "192.168.213");
     let report = doctor(Some(&node), &args);
     report.none("service-route", "error");
     let routed = text(&report.one("service-route", "ok"));
@@ -319,12 +325,7 @@ fn stale_dels_are_reported_per_pod_with_the_owner_they_protected() {
 fn a_clean_node_reports_clean() {
     sys::skip_unless_root!(TOOLS);
     let node = Netns::new("sgdc");
-    let (uplink, far) = (sys::unique("sgu"), sys::unique("sgg"));
-    node.exec(&["ip", "link", "add", &uplink, "type", "veth", "peer", "name", &far]);
-    node.exec(&["ip", "addr", "add", "192.168.214.2/24", "dev", &uplink]);
-    node.exec(&["ip", "link", "set", &uplink, "up"]);
-    node.exec(&["ip", "link", "set", &far, "up"]);
-    node.exec(&["ip", "route", "add", "default", "via", "192.168.214.1"]);
+    let uplink = add_uplink(&node, "192.168.214");
 
     let store = Store::new();
     let conf = conf_dir(&store, "macvlan-host-local.conflist", |macvlan| macvlan["master"] = json!(uplink));

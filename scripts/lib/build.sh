@@ -72,19 +72,19 @@ is_static() {
 # trouble their next build), else as ourselves. For another arch it first installs Debian's
 # cross gcc (as root) and rustup's standard library for the target (as the builder).
 build_plugin() {
-  local repo arch host triple linker home cargo_bin='' messages bin
-  repo=$(cd "$1" && pwd) || return 1
+  local checkout arch host triple linker home cargo_bin='' messages bin
+  checkout=$(cd "$1" && pwd) || return 1
   arch=$(plugin_arch "${2:-}") || return 1
   host=$(plugin_arch) || return 1
   triple=$(plugin_triple "$arch")
   local -a as_builder=()
-  local -a build=(cargo build --release --manifest-path "$repo/Cargo.toml"
-    --config "$repo/.cargo/static.toml" --target "$triple" --message-format=json-render-diagnostics)
+  local -a build=(cargo build --release --manifest-path "$checkout/Cargo.toml"
+    --config "$checkout/.cargo/static.toml" --target "$triple" --message-format=json-render-diagnostics)
   if [[ $arch != "$host" ]]; then
     linker=$(need_cross_toolchain "$arch") || return 1
     build+=(--config "target.$triple.linker=\"$linker\"")
   fi
-  if [[ -n ${SUDO_USER:-} && $SUDO_USER != root && $(stat -c %U "$repo") == "$SUDO_USER" ]]; then
+  if [[ -n ${SUDO_USER:-} && $SUDO_USER != root && $(stat -c %U "$checkout") == "$SUDO_USER" ]]; then
     home=$(getent passwd "$SUDO_USER" | cut -d: -f6)
     # A login shell picks up rustup's PATH from the user's profile.
     cargo_bin=$(runuser -u "$SUDO_USER" -- env HOME="$home" bash -lc 'command -v cargo' 2>/dev/null) || cargo_bin=''
@@ -96,9 +96,9 @@ build_plugin() {
     need_cargo
   fi
   if [[ $arch != "$host" ]]; then
-    (cd "$repo" && need_rust_target "$triple" "${as_builder[@]}") || return 1
+    (cd "$checkout" && need_rust_target "$triple" "${as_builder[@]}") || return 1
   fi
-  messages=$(cd "$repo" && "${as_builder[@]}" "${build[@]}") || return 1
+  messages=$(cd "$checkout" && "${as_builder[@]}" "${build[@]}") || return 1
   bin=$(sed -n 's/.*"executable":"\([^"]*\/sandbox-guard\)".*/\1/p' <<<"$messages" | tail -n 1)
   if [[ -z $bin ]]; then
     echo "cargo reported no sandbox-guard executable for $triple" >&2

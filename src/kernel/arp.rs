@@ -2,8 +2,8 @@
 //! the pod's IP to its MAC, but after the link vanished some may have dropped or aged the
 //! entry; one broadcast re-teaches them before the pod's first packet needs an answer.
 //!
-//! Sent from the thread that entered the pod's netns: an AF_PACKET socket belongs to the
-//! netns it was created in, like the netlink sockets.
+//! The AF_PACKET socket is made inside the pod's netns (`netns::inside`): like the netlink
+//! sockets, it belongs to the netns it was created in.
 
 use std::io;
 use std::net::Ipv4Addr;
@@ -11,6 +11,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use nix::libc;
 
+use super::netns::Netns;
 use crate::error::{GuardError, Kind, Result};
 
 const ETH_P_ARP: u16 = 0x0806;
@@ -35,12 +36,12 @@ pub fn announcement(mac: [u8; 6], ip: Ipv4Addr) -> [u8; 28] {
     packet
 }
 
-/// Broadcasts one announcement per address out of link `index` of the current thread's netns.
-pub fn announce(index: u32, mac: [u8; 6], addresses: &[Ipv4Addr]) -> Result<()> {
+/// Broadcasts one announcement per address out of link `index` of `netns`.
+pub fn announce(netns: &Netns, index: u32, mac: [u8; 6], addresses: &[Ipv4Addr]) -> Result<()> {
     if addresses.is_empty() {
         return Ok(());
     }
-    let socket = packet_socket().map_err(|e| garp_error("open an AF_PACKET socket", e))?;
+    let socket = super::netns::inside(netns, || packet_socket().map_err(|e| garp_error("open an AF_PACKET socket", e)))?;
     // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value that is filled in below.
     let mut to: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     to.sll_family = libc::AF_PACKET as u16;

@@ -6,14 +6,12 @@
 //! macvlan mode, its parent or the parent's VLAN: those come from netlink here.
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
 use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 
 use super::netlink::{self, Kernel, LinkState, RouteState, Side};
-use super::netns::Pending;
 use crate::error::{Kind, Result};
 
 /// Stored in the checkpoint as `links`.
@@ -76,28 +74,13 @@ pub struct VlanFacts {
     pub lower: String,
 }
 
-/// Link facts being read while ADD does its store work: on a node's spare core the netlink
-/// round trips then cost ADD next to nothing.
-pub struct PendingFacts(Pending<InterfaceFacts>);
-
-/// ADD holds the store lock while it waits for the facts: a netns that does not answer must
-/// not stall every ADD and DEL on the node behind it.
-const READ_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// ADD's call, before it takes the store lock: the facts of `if_name` in the netns at `netns`.
-pub fn start_reading(netns: &str, if_name: &str) -> PendingFacts {
-    let if_name = if_name.to_string();
-    PendingFacts(netlink::start_in_pod_netns(PathBuf::from(netns), move |kernel| observe(kernel, &if_name)))
-}
-
-impl PendingFacts {
-    /// Never fails the pod: facts that cannot be read are recorded as missing, with why
-    /// (and ADD's log line warns with `missing_note`).
-    pub fn finish(self) -> LinkFacts {
-        match self.0.wait(READ_TIMEOUT) {
-            Ok(facts) => LinkFacts::Observed(facts),
-            Err(err) => LinkFacts::Unavailable { reason: err.msg },
-        }
+/// ADD's call, before it takes the store lock: the facts of `if_name` in the netns at
+/// `netns`. Never fails the pod: facts that cannot be read (within the sockets' answer
+/// timeout) are recorded as missing, with why, and ADD's log line warns with `missing_note`.
+pub fn read_at_add(netns: &str, if_name: &str) -> LinkFacts {
+    match netlink::with_pod_netns(Path::new(netns), |kernel| observe(kernel, if_name)) {
+        Ok(facts) => LinkFacts::Observed(facts),
+        Err(err) => LinkFacts::Unavailable { reason: err.msg },
     }
 }
 

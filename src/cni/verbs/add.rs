@@ -35,7 +35,7 @@ fn add(inv: &Invocation, attachment: &Attachment) -> Result<String> {
     let view = ResultView::validated(prev_result, &inv.conf.cni_version)?;
     let output = crate::cni::result::as_version(prev_result, &inv.conf.cni_version)?;
     // Read from the kernel before the lock is taken: no ADD holds it while waiting on netlink.
-    let links = crate::kernel::link_facts::start_reading(&attachment.netns, &attachment.ifname).finish();
+    let links = crate::kernel::link_facts::read_at_add(&attachment.netns, &attachment.ifname);
 
     let id = inv.attachment_id(attachment);
     let pod = &attachment.pod;

@@ -1,25 +1,25 @@
-//! The plugin's only way into the kernel's network state: rtnetlink, read and written from a
-//! dedicated thread that holds one socket in the host netns and one in a pod's netns.
+//! The plugin's only way into the kernel's network state: rtnetlink over one socket in the
+//! host's netns and one in a pod's, both used from the calling thread.
 //!
 //! Only ADD (link facts), CHECK, `--restore` and `--doctor` come here; VERSION, DEL, GC,
 //! STATUS and the dump never open a socket, so they keep their start-up cost.
 //!
-//! A netlink socket answers for the netns it was opened in. So a session opens the host
-//! socket first, then enters the pod's netns on its own thread (`super::netns`) and opens the
-//! second socket there; the process's other threads never leave the host netns.
+//! A netlink socket answers for the netns it was opened in: the pod's is opened from inside
+//! it (`super::netns::inside`), and then used from the host like the other.
 //!
 //! Plain blocking sockets (netlink-sys) carrying netlink-packet-route's messages, as netavark
 //! does: the kernel builds an rtnetlink answer inside the calls themselves (the sendmsg() of
-//! the request, the recvmsg() that drains a dump), so one request at a time on one thread
-//! waits for nothing an event loop could overlap. It replaced rtnetlink on a tokio
-//! current-thread runtime, which cost more time, RSS and binary: see README, Benchmarks.
+//! the request, the recvmsg() that drains a dump), so one request at a time waits for
+//! nothing an event loop could overlap. It replaced rtnetlink on a tokio current-thread
+//! runtime, which cost more time, RSS and binary: see README, Benchmarks.
 
 mod read;
 mod socket;
 mod write;
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::time::Duration;
 
 use ipnetwork::IpNetwork;
 
@@ -67,6 +67,11 @@ pub struct RouteState {
     pub main_table: bool,
 }
 
+/// How long a socket waits for the kernel's answer. ADD reads link facts before it takes the
+/// store's lock, and records them as unavailable past this, so a netns that does not answer
+/// costs one pod's ADD these seconds and never stalls another.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// An open pair of netlink sockets: one in the host netns, one in a pod's.
 pub struct Kernel {
     host: RouteSocket,
@@ -75,25 +80,16 @@ pub struct Kernel {
     pod_netns: Netns,
 }
 
-/// Runs `job` on a thread of its own that has entered the netns at `netns_path`, with
-/// sockets in both that netns and the host's. The caller's thread stays where it is.
-pub fn with_pod_netns<T: Send>(netns_path: &Path, job: impl FnOnce(&Kernel) -> Result<T> + Send) -> Result<T> {
-    netns::in_own_thread(netns_path, move |pod_netns| Kernel::open(pod_netns).and_then(|kernel| job(&kernel)))
-}
-
-/// A `with_pod_netns` whose caller goes on with other work (ADD: the store) meanwhile.
-pub fn start_in_pod_netns<T: Send + 'static>(
-    netns_path: PathBuf,
-    job: impl FnOnce(&Kernel) -> Result<T> + Send + 'static,
-) -> netns::Pending<T> {
-    netns::start_in_own_thread(netns_path, move |pod_netns| Kernel::open(pod_netns).and_then(|kernel| job(&kernel)))
+/// Runs `job` with sockets in both the netns at `netns_path` and the host's.
+pub fn with_pod_netns<T>(netns_path: &Path, job: impl FnOnce(&Kernel) -> Result<T>) -> Result<T> {
+    let pod_netns = Netns::open(netns_path)?;
+    job(&Kernel::open(pod_netns)?)
 }
 
 impl Kernel {
     fn open(pod_netns: Netns) -> Result<Kernel> {
         let host = connect()?;
-        pod_netns.enter()?;
-        let pod = connect()?;
+        let pod = netns::inside(&pod_netns, connect)?;
         Ok(Kernel { host, pod, pod_netns })
     }
 
@@ -107,10 +103,16 @@ impl Kernel {
     fn pod_netns_fd(&self) -> i32 {
         self.pod_netns.raw_fd()
     }
+
+    /// The pod's netns, for other sockets that must be made inside it (ARP).
+    pub fn pod_netns(&self) -> &Netns {
+        &self.pod_netns
+    }
 }
 
 fn connect() -> Result<RouteSocket> {
-    RouteSocket::open().map_err(|e| GuardError::new(Kind::Netlink, format!("cannot open a netlink socket: {e}")))
+    netns::refuse_if_stranded()?;
+    RouteSocket::open(ANSWER_TIMEOUT).map_err(|e| GuardError::new(Kind::Netlink, format!("cannot open a netlink socket: {e}")))
 }
 
 /// The errno of a kernel refusal, to tell "not there" and "busy" from real failures.

@@ -8,6 +8,7 @@
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::io;
+use std::time::Duration;
 
 use netlink_packet_core::{
     ErrorMessage, NLM_F_ACK, NLM_F_MULTIPART, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
@@ -15,6 +16,8 @@ use netlink_packet_core::{
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::protocols::NETLINK_ROUTE;
 use netlink_sys::{Socket, SocketAddr};
+use nix::sys::socket::{setsockopt, sockopt};
+use nix::sys::time::TimeVal;
 
 /// The largest datagram the kernel sends on a netlink socket: a dump fills at most 32 KiB a
 /// datagram, and a single answer without VF details (never asked for) is far smaller. Only
@@ -49,9 +52,12 @@ pub struct RouteSocket {
 }
 
 impl RouteSocket {
-    /// Opens a socket in the calling thread's netns.
-    pub fn open() -> io::Result<RouteSocket> {
-        Ok(RouteSocket { socket: Socket::new(NETLINK_ROUTE)?, sequence: Cell::new(0), buffer: RefCell::new(Vec::new()) })
+    /// Opens a socket in the calling thread's netns whose reads give up after `timeout`.
+    pub fn open(timeout: Duration) -> io::Result<RouteSocket> {
+        let socket = Socket::new(NETLINK_ROUTE)?;
+        let timeout = TimeVal::new(timeout.as_secs() as _, timeout.subsec_micros() as _);
+        setsockopt(&socket, sockopt::ReceiveTimeout, &timeout)?;
+        Ok(RouteSocket { socket, sequence: Cell::new(0), buffer: RefCell::new(Vec::new()) })
     }
 
     /// Sends `message` with `flags` and collects the inner messages of the answer: one for a
@@ -88,6 +94,9 @@ impl RouteSocket {
                 Ok((_, sender)) if sender.port_number() != 0 => continue,
                 Ok((received, _)) => received,
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                    return Err(NlError::Io(io::Error::new(io::ErrorKind::TimedOut, "the kernel did not answer in time")));
+                }
                 Err(err) => return Err(NlError::Io(err)),
             };
             if received > buffer.len() {

@@ -55,7 +55,7 @@ fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
             let link = pod_link(kernel, name)?;
             let mac = parse_mac(link.mac.as_deref().unwrap_or_default())?;
             // The kernel's view, not the record's: what neighbours must learn is the MAC in use.
-            arp::announce(link.index, mac, addresses)
+            arp::announce(kernel.pod_netns(), link.index, mac, addresses)
         }
     }
 }

@@ -383,8 +383,7 @@ fn cri_client_binary() -> PathBuf {
             let target_dir = manifest_dir.join("target/cri-client");
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let manifest = manifest_dir.join("tests/cri-client/Cargo.toml");
-            // Cargo names the executable: .cargo/config.toml's build target moves it out of
-            // <target>/release.
+            // Cargo names the executable, wherever a build target or profile puts it.
             let out = Command::new(cargo)
                 .args(["build", "--release", "--message-format=json-render-diagnostics", "--manifest-path"])
                 .arg(&manifest)

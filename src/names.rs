@@ -36,14 +36,16 @@ pub fn check_plain(what: &str, value: &str, max: usize, kind: Kind) -> Result<()
 }
 
 /// Linux interface names: 1 to 15 bytes, no `/`, `:`, white space or control characters,
-/// and not `.` or `..` (what the kernel's dev_valid_name accepts, minus `:` aliases).
+/// and not `.` or `..` (what the kernel's dev_valid_name accepts, minus `:` aliases), and no
+/// `~`: the store's file names join their parts with `:` and a kept copy's time with `~`,
+/// so a name holding either would be read back as another attachment.
 pub fn check_ifname(value: &str) -> Result<()> {
     let bad_char = value
         .chars()
-        .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control() || !c.is_ascii());
+        .any(|c| c == '/' || c == ':' || c == '~' || c.is_whitespace() || c.is_control() || !c.is_ascii());
     if value.is_empty() || value.len() > MAX_IFNAME || bad_char || value == "." || value == ".." {
         return Err(GuardError::new(Kind::InvalidEnvironment, format!("CNI_IFNAME {:?} is not a valid interface name", shorten(value)))
-            .with_details(format!("use 1 to {MAX_IFNAME} ASCII characters without '/', ':' or spaces")));
+            .with_details(format!("use 1 to {MAX_IFNAME} ASCII characters without '/', ':', '~' or spaces")));
     }
     Ok(())
 }
@@ -95,7 +97,7 @@ mod tests {
     fn ifnames() {
         check_ifname("eth0").unwrap();
         check_ifname("net1@x").unwrap();
-        for name in ["", ".", "..", "a/b", "eth0:1", "with space", "sixteen-chars-xx"] {
+        for name in ["", ".", "..", "a/b", "eth0:1", "eth~1", "with space", "sixteen-chars-xx"] {
             assert!(check_ifname(name).is_err(), "{name:?}");
         }
     }

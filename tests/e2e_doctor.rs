@@ -214,6 +214,34 @@ fn a_node_without_default_route_cannot_reach_cluster_ips() {
 }
 
 #[test]
+fn multipath_and_reject_routes_are_read_as_ip_route_shows_them() {
+    sys::skip_unless_root!(TOOLS);
+    let node = Netns::new("sgdr");
+    let store = Store::new();
+    let (up1, up2) = (sys::unique("sgu"), sys::unique("sgu"));
+    for (up, net) in [(&up1, "192.168.214"), (&up2, "192.168.215")] {
+        let far = sys::unique("sgg");
+        node.exec(&["ip", "link", "add", up, "type", "veth", "peer", "name", &far]);
+        node.exec(&["ip", "addr", "add", &format!("{net}.2/24"), "dev", up]);
+        node.exec(&["ip", "link", "set", up, "up"]);
+        node.exec(&["ip", "link", "set", &far, "up"]);
+    }
+    node.exec(&["ip", "route", "add", "default", "nexthop", "via", "192.168.214.1", "dev", &up1, "nexthop", "via", "192.168.215.1", "dev", &up2]);
+    node.exec(&["ip", "route", "add", "unreachable", "10.96.0.0/12"]);
+
+    // A macvlan without "master" takes the default route's device: the first next hop's.
+    let conf = conf_dir(&store, "macvlan-host-local.conflist", |macvlan| {
+        macvlan.as_object_mut().unwrap().remove("master");
+    });
+    let report = doctor(Some(&node), &["--conf-dir", path_arg(&conf.path), "--state-dir", path_arg(&store.state_dir)]);
+    let lower = text(&report.one("lower-link", "ok"));
+    assert!(lower.contains(&up1), "the multipath default route's first device is the lower link: {}", report.raw);
+    // The reject route is what makes the service CIDR unreachable, and the evidence says so.
+    let service = text(&report.one("service-route", "error"));
+    assert!(service.contains("unreachable 10.96.0.0/12"), "{}", report.raw);
+}
+
+#[test]
 fn two_namespaces_with_one_address_are_a_conflict() {
     sys::skip_unless_root!(TOOLS);
     let store = Store::new();

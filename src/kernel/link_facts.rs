@@ -129,7 +129,7 @@ fn interface_facts(link: &LinkState, addresses: &[IpNetwork], routes: &[RouteSta
         addresses: addresses.iter().copied().filter(|a| !is_ipv6_link_local(a)).collect(),
         routes: routes
             .iter()
-            .filter(|r| r.oif == Some(link.index) && r.main_table && !r.by_kernel)
+            .filter(|r| r.oif == Some(link.index) && r.main_table && !r.by_kernel && !r.multipath && r.reject.is_none())
             .map(|r| RouteFacts { dst: r.dst, gateway: r.gateway, link_scope: r.link_scope, metric: r.metric })
             .collect(),
         parent,
@@ -172,7 +172,7 @@ pub fn observe_for_check(netns: &Path, expected: &Expected) -> Result<Observed> 
             };
             return Ok(Observed { parent_now, ..Observed::default() });
         };
-        let routes = routes.into_iter().filter(|r| r.oif == Some(link.index) && r.main_table).collect();
+        let routes = routes.into_iter().filter(|r| r.oif == Some(link.index) && r.main_table && !r.multipath).collect();
         Ok(Observed { link: Some(link), addresses, routes, parent_now: None })
     })
 }
@@ -244,6 +244,8 @@ mod tests {
             metric: None,
             by_kernel,
             main_table: true,
+            multipath: false,
+            reject: None,
         }
     }
 

@@ -65,11 +65,18 @@ pub struct RouteState {
     /// it comes back with the address and must not be recorded as the pod's own.
     pub by_kernel: bool,
     pub main_table: bool,
+    /// A multipath route: `gateway` and `oif` are its first next hop's. Never recorded as a
+    /// pod's own route: it cannot be restored as one.
+    pub multipath: bool,
+    /// `unreachable`, `prohibit` or `blackhole`: a route that refuses its traffic.
+    pub reject: Option<&'static str>,
 }
 
-/// How long a socket waits for the kernel's answer. ADD reads link facts before it takes the
-/// store's lock, and records them as unavailable past this, so a netns that does not answer
-/// costs one pod's ADD these seconds and never stalls another.
+/// How long a socket waits for each datagram of the kernel's answer; past it ADD records the
+/// link facts as unavailable. It bounds an answer that never comes, not the kernel's own
+/// wait for its routing lock (rtnl_lock) inside a request, which no timeout of ours can cut
+/// short (a thread waiting there would hold the process back from exiting just the same).
+/// ADD reads link facts before it takes the store's lock, so such a wait is one pod's.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// An open pair of netlink sockets: one in the host netns, one in a pod's.

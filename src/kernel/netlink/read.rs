@@ -178,9 +178,14 @@ fn address_cidr(message: &AddressMessage) -> Option<IpNetwork> {
 }
 
 fn route_state(message: &RouteMessage) -> Option<RouteState> {
-    if message.header.kind != RouteType::Unicast {
-        return None;
-    }
+    let reject = match message.header.kind {
+        RouteType::Unicast => None,
+        RouteType::Unreachable => Some("unreachable"),
+        RouteType::Prohibit => Some("prohibit"),
+        RouteType::BlackHole => Some("blackhole"),
+        _ => return None,
+    };
+    let mut multipath = false;
     let mut dst = None;
     let mut gateway = None;
     let mut oif = None;
@@ -193,6 +198,18 @@ fn route_state(message: &RouteMessage) -> Option<RouteState> {
             RouteAttribute::Oif(index) => oif = Some(*index),
             RouteAttribute::Priority(value) => metric = Some(*value),
             RouteAttribute::Table(value) => table = *value,
+            RouteAttribute::MultiPath(hops) => {
+                multipath = true;
+                if let Some(first) = hops.first() {
+                    oif = oif.or(Some(first.interface_index));
+                    gateway = gateway.or_else(|| {
+                        first.attributes.iter().find_map(|a| match a {
+                            RouteAttribute::Gateway(address) => route_ip(address),
+                            _ => None,
+                        })
+                    });
+                }
+            }
             _ => {}
         }
     }
@@ -214,6 +231,8 @@ fn route_state(message: &RouteMessage) -> Option<RouteState> {
         metric,
         by_kernel: matches!(message.header.protocol, RouteProtocol::Kernel | RouteProtocol::Ra),
         main_table: table == RT_TABLE_MAIN,
+        multipath,
+        reject,
     })
 }
 

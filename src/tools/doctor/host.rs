@@ -165,20 +165,26 @@ fn read_trimmed(path: &Path) -> Option<String> {
 // ---------------------------------------------------------------------------------------
 // Routes
 
-/// A route of the main table, as /proc/net/route and /proc/net/ipv6_route show it.
+/// A route of the main table, as `ip route` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Route {
     dst: IpNetwork,
     gateway: Option<IpAddr>,
-    device: String,
+    /// None for a route without one (a reject route).
+    device: Option<String>,
+    reject: Option<&'static str>,
 }
 
 impl std::fmt::Display for Route {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let dst = if self.dst.prefix() == 0 { "default".to_string() } else { self.dst.to_string() };
+        if let Some(kind) = self.reject {
+            return write!(f, "{kind} {dst}");
+        }
+        let device = self.device.as_deref().unwrap_or("-");
         match self.gateway {
-            Some(gw) => write!(f, "{dst} via {gw} dev {}", self.device),
-            None => write!(f, "{dst} dev {}", self.device),
+            Some(gw) => write!(f, "{dst} via {gw} dev {device}"),
+            None => write!(f, "{dst} dev {device}"),
         }
     }
 }
@@ -259,7 +265,7 @@ fn nth_address(cidr: IpNetwork, n: u128) -> IpAddr {
 }
 
 fn default_route_device() -> Option<String> {
-    main_routes().into_iter().find(|r| r.dst.prefix() == 0 && r.dst.is_ipv4()).map(|r| r.device)
+    main_routes().into_iter().find(|r| r.dst.prefix() == 0 && r.dst.is_ipv4() && r.reject.is_none()).and_then(|r| r.device)
 }
 
 /// The host's main table, from netlink. Read as root, as the doctor is run; a failed read
@@ -271,7 +277,7 @@ fn main_routes() -> Vec<Route> {
     });
     routes
         .into_iter()
-        .map(|(route, device)| Route { dst: route.dst, gateway: route.gateway, device: device.unwrap_or_else(|| "-".into()) })
+        .map(|(route, device)| Route { dst: route.dst, gateway: route.gateway, device, reject: route.reject })
         .collect()
 }
 
@@ -280,7 +286,7 @@ mod tests {
     use super::*;
 
     fn route(dst: &str, gateway: Option<&str>) -> Route {
-        Route { dst: dst.parse().unwrap(), gateway: gateway.map(|g| g.parse().unwrap()), device: "eth0".into() }
+        Route { dst: dst.parse().unwrap(), gateway: gateway.map(|g| g.parse().unwrap()), device: Some("eth0".into()), reject: None }
     }
 
     #[test]
@@ -289,6 +295,8 @@ mod tests {
         assert_eq!(route("192.0.2.0/24", None).to_string(), "192.0.2.0/24 dev eth0");
         assert_eq!(route("fd00::/64", None).to_string(), "fd00::/64 dev eth0");
         assert_eq!(route("::/0", Some("fe80::1")).to_string(), "default via fe80::1 dev eth0");
+        let unreachable = Route { reject: Some("unreachable"), device: None, ..route("10.96.0.0/12", None) };
+        assert_eq!(unreachable.to_string(), "unreachable 10.96.0.0/12");
     }
 
     #[test]

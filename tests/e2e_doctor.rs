@@ -214,6 +214,27 @@ fn a_node_without_default_route_cannot_reach_cluster_ips() {
 }
 
 #[test]
+fn a_failed_add_leaves_the_address_to_its_live_holder_in_the_index() {
+    sys::skip_unless_root!(&["ip", "sleep", "strace"]);
+    let store = Store::new();
+    let (ns_a, ns_x, ns_c) = (pod_netns(), pod_netns(), pod_netns());
+    let (a, x, c) = (container_id(), container_id(), container_id());
+    add(&store, &a, &Pod::new("shop", "cart-0"), &ns_a, "10.77.2.5/24").run().assert_ok();
+
+    // The IPAM hands A's address to X too, and X's ADD fails in the store (the kernel refuses
+    // its second rename): X took nothing, so the index must still name A.
+    let renames = "rename,renameat,renameat2";
+    add(&store, &x, &Pod::new("shop", "cart-1"), &ns_x, "10.77.2.5/24")
+        .wrapped_in(&["strace", "-f", "-qq", "-o", "/dev/null", "-e", &format!("trace={renames}"), "-e", &format!("inject={renames}:error=EIO:when=2")])
+        .run()
+        .assert_cni_error();
+    assert!(store.entry(&x, "eth0").is_none(), "the failed ADD left a record");
+
+    let error = add(&store, &c, &Pod::new("shop", "cart-2"), &ns_c, "10.77.2.5/24").config("ipConflict", Some(json!("refuse"))).run().assert_error(102);
+    assert!(error.text().contains(&a), "the conflict must name the live holder {a}, not the failed ADD's sandbox: {error:?}");
+}
+
+#[test]
 fn multipath_and_reject_routes_are_read_as_ip_route_shows_them() {
     sys::skip_unless_root!(TOOLS);
     let node = Netns::new("sgdr");

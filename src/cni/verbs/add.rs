@@ -80,12 +80,6 @@ fn add(inv: &Invocation, attachment: &Attachment) -> Result<String> {
     // Before the record and the ownership are written: an ADD refused for an address that
     // another live namespace holds must not take the pod key.
     let address_claim = super::ip_conflict::check_addresses(inv.conf.ip_conflict, &store, attachment, &id, &view)?;
-    // The address index is a hint (written without fsync), so it goes in before the record:
-    // its entries then ride in the journal commit that the record's sync makes anyway,
-    // instead of stalling on the journal after it (0.3-0.5 ms an ADD here). Should this ADD
-    // fail from here on, the entries name a sandbox without a record whose netns does hold
-    // the addresses, which is what they say.
-    let ip_conflict = address_claim.record(&store);
     let now = crate::clock::now_rfc3339();
     let record = Checkpoint {
         network: id.network.clone(),
@@ -127,6 +121,11 @@ fn add(inv: &Invocation, attachment: &Attachment) -> Result<String> {
             return Err(err);
         }
     }
+    // The address index is a hint (written without fsync): its entries go in once the record
+    // and the ownership are in place, so a failed ADD never displaces the live holder an
+    // entry names, and before the sync, so they ride in the journal commit the sync makes
+    // anyway instead of stalling on the journal after it (0.3-0.5 ms an ADD here).
+    let ip_conflict = address_claim.record(&store);
     store.sync()?;
     // Blockers are disarmed only once what they stood for is durable again.
     let mut unblocked = store.unblock(&store.set_aside_path_for_record(&id))?;

@@ -143,10 +143,9 @@ fn open(inv: &Invocation) -> Result<Option<(Store, Option<GuardError>)>> {
     }
 }
 
-/// Releases the keys, durably, before the record goes: a crash can leave an unowned record
-/// (harmless, the retried DEL removes it) but never an owner whose record is gone. A corrupt
-/// record is kept as a copy first.
-/// The ownership goes before the record it points at, in one sync that keeps that order.
+/// Releases the keys before the record goes, in one sync that keeps that order
+/// (`Store::sync`): a crash can leave an unowned record (harmless, the retried DEL removes
+/// it) but never an owner whose record is gone. A corrupt record is kept as a copy first.
 fn forget(store: &Store, id: &AttachmentId, owners: &[PodKey], corrupt_record: Option<&Path>) -> Result<()> {
     for key in owners {
         store.remove_owner(key)?;

@@ -340,7 +340,8 @@ fn absent_interfaces(netns: &str, names: Vec<String>) -> crate::error::Result<Ve
     netlink::with_pod_netns(Path::new(netns), |kernel| {
         let mut absent = Vec::new();
         for name in names {
-            if kernel.link_by_name(Side::Pod, &name)?.is_none() {
+            // A name no interface can have (too long, say) is absent without asking.
+            if crate::names::check_ifname(&name).is_err() || kernel.link_by_name(Side::Pod, &name)?.is_none() {
                 absent.push(name);
             }
         }

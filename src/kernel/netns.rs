@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,12 +42,6 @@ impl Netns {
 
     pub fn raw_fd(&self) -> i32 {
         self.file.as_raw_fd()
-    }
-}
-
-impl AsFd for Netns {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.file.as_fd()
     }
 }
 

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Replays the stale-DEL incident (seed 001: pod lijiaob/etcd1-0, a StatefulSet pod whose name
-# survives re-creation) through the real libcni, with the reference bridge + host-local plugins
-# and sandbox-guard last in the chain, in throwaway namespaces. Everything it creates is
-# removed on exit, also when interrupted.
+# survives re-creation) through the real libcni, three ways, each in fresh throwaway
+# namespaces: without the guard, with sandbox-guard chained last, and with sandbox-guard
+# wrapping the primary (delegate mode). The primary is tests/cri/podname-keyed-plugin, a model
+# of calico CNI before 1.10: its IP handle, endpoint and host veth are keyed by the POD NAME,
+# so the old sandbox's late DEL tears down the new sandbox's network. Everything it creates
+# is removed on exit, also when interrupted.
 #
 #   sudo bash scripts/demo.sh
 set -euo pipefail
@@ -14,9 +17,12 @@ if [[ -t 1 ]]; then
 else
 	bold='' dim='' red='' green='' reset=''
 fi
+act() { printf '\n%s######## %s%s\n' "$bold" "$*" "$reset"; }
 step() { printf '\n%s==> %s%s\n' "$bold" "$*" "$reset"; }
 say() { printf '    %s\n' "$@"; }
 good() { printf "    $green%s$reset\n" "$@"; }
+bad() { printf "    $red%s$reset\n" "$@"; }
+indent() { sed 's/^/    /'; }
 die() {
 	printf '%sdemo failed: %s%s\n' "$red" "$*" "$reset" >&2
 	exit 1
@@ -35,17 +41,21 @@ build_guard() {
 # --- throwaway world, removed on any exit -------------------------------------------------
 run_id=$(printf '%04x%02x' $RANDOM $((RANDOM % 256)))
 network=sgdemo-$run_id
-bridge=sgd$run_id
-ns_a=sgdemo-$run_id-a
-ns_b=sgdemo-$run_id-b
+# The primary names host veths <prefix><hash of the pod name>: a prefix of this run's own
+# finds every link the demo made and nothing else.
+veth_prefix=sgd$run_id
+namespaces=()
+unreachable=''
 work=''
 
 cleanup() {
-	local status=$?
+	local status=$? ns link
 	trap - EXIT INT TERM
-	ip netns delete "$ns_a" 2>/dev/null || true
-	ip netns delete "$ns_b" 2>/dev/null || true
-	ip link delete "$bridge" 2>/dev/null || true
+	for ns in "${namespaces[@]}"; do ip netns delete "$ns" 2>/dev/null || true; done
+	for link in $(ip -o link show 2>/dev/null | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }' | grep "^$veth_prefix"); do
+		ip link delete "$link" 2>/dev/null || true
+	done
+	[[ -n $unreachable ]] && ip route delete unreachable "$unreachable" 2>/dev/null
 	[[ -n $work ]] && rm -rf "$work"
 	((status == 0)) || printf '%s(cleaned up after failure or interrupt)%s\n' "$dim" "$reset" >&2
 	exit "$status"
@@ -65,55 +75,58 @@ free_subnet() {
 	die "no free 10.200-254.x.0/24 subnet"
 }
 
-need_packages golang-go golang-github-appc-cni-dev containernetworking-plugins iproute2 iputils-ping
+need_packages golang-go golang-github-appc-cni-dev iproute2 iputils-ping util-linux
 step "Building sandbox-guard (cargo build --release) and a libcni driver"
 build_guard
 work=$(mktemp -d /tmp/sandbox-guard-demo.XXXXXX)
 bash "$repo/scripts/build-libcni-driver.sh" "$work/driver" >/dev/null
 driver=$work/driver/libcni-driver
-say "plugin: $guard_bin" \
-	"driver: Debian's libcni $(dpkg-query -W -f='${Version}' golang-github-appc-cni-dev), the library containerd's CRI plugin calls"
-
-mkdir -p "$work/bin" "$work/cache" "$work/state" "$work/ipam"
-for plugin in bridge host-local; do ln -s "/usr/lib/cni/$plugin" "$work/bin/$plugin"; done
+mkdir -p "$work/bin"
+ln -s "$repo/tests/cri/podname-keyed-plugin" "$work/bin/podname-keyed"
 ln -s "$guard_bin" "$work/bin/sandbox-guard"
 net_prefix=$(free_subnet)
-conflist=$work/$network.conflist
-cat >"$conflist" <<EOF
-{
-  "cniVersion": "1.0.0",
-  "name": "$network",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "$bridge",
-      "isGateway": true,
-      "ipam": {
-        "type": "host-local",
-        "dataDir": "$work/ipam",
-        "ranges": [[{ "subnet": "$net_prefix.0/24" }]]
-      }
-    },
-    {
-      "type": "sandbox-guard",
-      "stateDir": "$work/state",
-      "staleDel": "refuse",
-      "logFile": "$work/sandbox-guard.log"
-    }
-  ]
-}
-EOF
-ip netns add "$ns_a"
-ip netns add "$ns_b"
+# The pods' /32 routes are more specific; an address whose route the primary took away fails
+# at once instead of leaving the host by its default route.
+ip route add unreachable "$net_prefix.0/24"
+unreachable=$net_prefix.0/24
+say "plugin: $guard_bin" \
+	"driver: Debian's libcni $(dpkg-query -W -f='${Version}' golang-github-appc-cni-dev), the library containerd's CRI plugin calls" \
+	"primary: podname-keyed, a model of calico CNI before 1.10: IP handle, workload endpoint and host" \
+	"         veth all keyed by \"lijiaob.etcd1-0\" (namespace.podname), never by the sandbox"
 
-step "The node's CNI configuration: bridge + host-local, sandbox-guard LAST"
-sed 's/^/    /' "$conflist"
-say "Last on ADD means it sees the primary's result; last in the list also means FIRST on DEL," \
-	"and libcni stops a DEL at the first plugin that fails: the guard's only lever, and enough."
-
+# --- one act: fresh namespaces, a fresh primary and guard state, its own conflist ---------
 container_id() { head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
-sandbox_a=$(container_id)
-sandbox_b=$(container_id)
+
+new_act() { # name: sets act_dir, conflist, ns_a, ns_b, sandbox_a, sandbox_b
+	act_dir=$work/$1
+	conflist=$act_dir/$network.conflist
+	ns_a=sgdemo-$run_id-$1-a
+	ns_b=sgdemo-$run_id-$1-b
+	sandbox_a=$(container_id)
+	sandbox_b=$(container_id)
+	mkdir -p "$act_dir/cache" "$act_dir/guard"
+	namespaces+=("$ns_a" "$ns_b")
+	ip netns add "$ns_a"
+	ip netns add "$ns_b"
+}
+end_act() { ip netns delete "$ns_a"; ip netns delete "$ns_b"; }
+
+# The primary's conflist entry; "onMissingEndpoint": "ignore" is calico 1.10's answer to
+# containerd's second DEL of a sandbox.
+primary_entry() {
+	printf '{ "type": "podname-keyed", "stateDir": "%s", "subnet": "%s", "hostVethPrefix": "%s", "onMissingEndpoint": "ignore" }' \
+		"$act_dir/primary" "$net_prefix.0/24" "$veth_prefix"
+}
+guard_keys() { printf '"stateDir": "%s", "staleDel": "refuse", "logFile": "%s"' "$act_dir/guard" "$act_dir/guard.log"; }
+write_conflist() { # plugin entries, one a line
+	{
+		printf '{ "cniVersion": "1.0.0", "name": "%s", "plugins": [\n' "$network"
+		local IFS=$'\n'
+		sed -e '$!s/$/,/' -e 's/^/  /' <<<"$*"
+		printf '] }\n'
+	} >"$conflist"
+	indent <"$conflist"
+}
 
 # The narrative goes to fd 3 so that $(libcni add ...) captures only libcni's result.
 exec 3>&1
@@ -122,65 +135,92 @@ libcni() {
 	local verb=$1 container=$2 netns=$3 uid=$4
 	printf '    %s$ libcni %sNetworkList  container=%s…  netns=%s  K8S_POD_NAMESPACE=lijiaob K8S_POD_NAME=etcd1-0 K8S_POD_UID=%s%s\n' \
 		"$dim" "${verb^}" "${container:0:12}" "$netns" "$uid" "$reset" >&3
-	"$driver" -conflist "$conflist" -bin-dir "$work/bin" -cache-dir "$work/cache" \
+	"$driver" -conflist "$conflist" -bin-dir "$work/bin" -cache-dir "$act_dir/cache" \
 		-container-id "$container" -netns "/var/run/netns/$netns" -ifname eth0 \
 		-args "K8S_POD_NAMESPACE=lijiaob;K8S_POD_NAME=etcd1-0;K8S_POD_UID=$uid;K8S_POD_INFRA_CONTAINER_ID=$container" \
 		"$verb"
 }
 ip_of() { grep -o '"address":"[^"/]*' <<<"$1" | head -1 | cut -d'"' -f4; }
-dump() { "$guard_bin" --dump-checkpoints --state-dir "$work/state" --output table | sed 's/^/    /'; }
-ipam_holder() { head -1 "$work/ipam/$network/$1" 2>/dev/null | tr -d '\r'; }
+# Who the primary thinks holds an address ("" when released).
+ipam_holder() { cat "$act_dir/primary/ips/$1" 2>/dev/null || true; }
+# The primary's own trace of which sandbox's endpoint a DEL removed.
+short_ids() { sed 's/\([0-9a-f]\{12\}\)[0-9a-f]\{20,\}/\1…/g'; }
+primary_says() { grep -o "DEL by .*" "$act_dir/primary/calls.log" | short_ids | indent; }
+# Addresses and endpoints the primary still holds, one a line.
+primary_holds() { find "$act_dir/primary/ips" "$act_dir/primary/endpoints" -type f -printf '%f\n'; }
+has_eth0() { ip -n "$1" link show eth0 >/dev/null 2>&1; }
+reachable() { ping -c 2 -i 0.3 -W 1 "$1" >/dev/null 2>&1; }
+dump() { "$guard_bin" --dump-checkpoints --state-dir "$act_dir/guard" --output table | indent; }
+show_log() { [[ -s $act_dir/guard.log ]] && indent <"$act_dir/guard.log"; }
 
-step "1. kubelet starts pod lijiaob/etcd1-0 (uid 1): containerd runs ADD for sandbox A"
-result_a=$(libcni add "$sandbox_a" "$ns_a" 1)
-ip_a=$(ip_of "$result_a")
-say "libcni result: $result_a"
-good "sandbox A ${sandbox_a:0:12} got $ip_a; the guard checkpointed it and made A the owner of lijiaob/etcd1-0/eth0"
+# ADD A, then ADD B for the re-created pod; sets ip_a, ip_b. The narration is the same in
+# every act: only what guards the primary differs.
+start_both() {
+	step "kubelet starts lijiaob/etcd1-0 (uid 1): ADD for sandbox A"
+	ip_a=$(ip_of "$(libcni add "$sandbox_a" "$ns_a" 1)")
+	good "sandbox A ${sandbox_a:0:12}… got $ip_a"
+	step "The pod is re-created under the same name (uid 2) before A's teardown succeeded: ADD for sandbox B"
+	ip_b=$(ip_of "$(libcni add "$sandbox_b" "$ns_b" 2)")
+	good "sandbox B ${sandbox_b:0:12}… got $ip_b; the handle lijiaob.etcd1-0 now points at B"
+	reachable "$ip_b" || die "B ($ip_b) is unreachable right after its ADD"
+	has_eth0 "$ns_a" && die "A still has eth0: the primary no longer replaces the host veth named after the pod"
+	say "(A's eth0 is already gone: the primary's ADD of B deleted the host veth named after the pod," \
+		" as calico's \"clean up if hostVeth exists\" did, and the pod end went with it)"
+}
+del_a_banner() {
+	step "kubelet retries StopPodSandbox for the OLD sandbox A: DEL A"
+}
 
-step "2. The pod is re-created (same StatefulSet name, uid 2): ADD for sandbox B"
-say "A's teardown has not completed (in the incident its DEL kept failing), so kubelet keeps retrying it."
-result_b=$(libcni add "$sandbox_b" "$ns_b" 2)
-ip_b=$(ip_of "$result_b")
-good "sandbox B ${sandbox_b:0:12} got $ip_b; the guard moved ownership of lijiaob/etcd1-0/eth0 to B"
+declare -A outcome=()
 
-step "3. kubelet retries StopPodSandbox for the OLD sandbox A: DEL A"
-say "With calico (the incident) this DEL releases IPAM handle 'lijiaob.etcd1-0' and deletes workload" \
-	"endpoint lijiaob.etcd1-0/eth0, both named after the POD, not the sandbox: they are B's now."
+# --- act 1: no guard -----------------------------------------------------------------------
+act "Act 1 of 3: the primary alone, as on the node of the incident"
+new_act unguarded
+write_conflist "$(primary_entry)"
+start_both
+del_a_banner
+libcni del "$sandbox_a" "$ns_a" 1 || die "DEL A failed without the guard"
+say "libcni: DEL A succeeded. What the primary did with it:"
+primary_says
+reachable "$ip_b" && die "B ($ip_b) is still reachable: the model primary did not reproduce the incident"
+has_eth0 "$ns_b" && die "B still has eth0 after DEL A"
+[[ -z $(ipam_holder "$ip_b") ]] || die "the primary still holds $ip_b after DEL A"
+bad "B is cut off: its eth0 is gone, its host route is gone, $ip_b is free for the next pod," \
+	"ping from the node to B ($ip_b) fails. B is running, with no network, and nobody was told."
+ip -n "$ns_b" -brief link | indent
+outcome[unguarded]="DEL A succeeded and cut B off: B's eth0 and route deleted, $ip_b released"
+end_act
+
+# --- act 2: chained last -------------------------------------------------------------------
+act "Act 2 of 3: sandbox-guard chained LAST after the primary (chained mode)"
+new_act chained
+write_conflist "$(primary_entry)" "{ \"type\": \"sandbox-guard\", $(guard_keys) }"
+say "Last on ADD it sees the primary's result; last in the list it runs FIRST on DEL, and libcni" \
+	"stops a DEL at the first plugin that fails: the guard's only lever."
+start_both
+del_a_banner
 if refusal=$(libcni del "$sandbox_a" "$ns_a" 1 2>&1); then
 	die "the guard let the stale DEL of A through"
 fi
-printf '    %s%s%s\n' "$red" "${refusal//$'\n'/$'\n    '}" "$reset"
+grep -v '^details:' <<<"$refusal" | short_ids | while IFS= read -r line; do bad "$line"; done
+say "(details: JSON with the owner's pod UID and generation and the way out)"
 [[ $refusal == *"code 11"* && $refusal == *"stale DEL"* ]] || die "DEL A failed, but not with the guard's stale-DEL error (code 11)"
-[[ $(ipam_holder "$ip_a") == "$sandbox_a" ]] || die "host-local released A's $ip_a: the DEL went past the guard"
-[[ -f $work/cache/results/$network-$sandbox_a-eth0 ]] || die "libcni dropped A's cached result"
-good "Refused (CNI code 11, try again later): B owns the pod key, so a DEL by A can only hurt B." \
-	"libcni ran the guard first and stopped there: bridge and host-local never saw this DEL," \
-	"and libcni kept A's cached result so the DEL can be retried later."
+grep -q " DEL $sandbox_a " "$act_dir/primary/calls.log" && die "the primary saw DEL A"
+reachable "$ip_b" || die "B ($ip_b) is unreachable after the refused DEL"
+[[ $(ipam_holder "$ip_b") == lijiaob.etcd1-0 ]] || die "the primary no longer holds $ip_b for the pod"
+good "Refused (code 11, try again later): the primary never saw DEL A. B is reachable, $ip_b still B's."
+say "The price: containerd's StopPodSandbox of A fails, and kubelet retries it every minute for as" \
+	"long as B lives; A's sandbox stays NOTREADY and its netns stays pinned."
+step "The pod is finally deleted: DEL B, then kubelet's retry of DEL A"
+libcni del "$sandbox_b" "$ns_b" 2 || die "DEL B failed"
+libcni del "$sandbox_a" "$ns_a" 1 || die "the retried DEL A failed once B was gone"
+good "B owned the pod name, so DEL B passed; then nobody owned it, so DEL A passed too."
+[[ -z $(primary_holds) ]] || die "the primary still holds an address or endpoint"
+outcome[chained]="DEL A refused (code 11), B kept its network; A's stop failed until B was gone"
+end_act
 
-step "4. B is untouched: still reachable and its IP still allocated"
-ip -n "$ns_b" -brief address show eth0 | sed 's/^/    /'
-[[ $(ipam_holder "$ip_b") == "$sandbox_b" ]] || die "host-local no longer holds $ip_b for B"
-say "host-local reservation $ip_b -> ${sandbox_b:0:12}… (B)"
-ping -c 3 -i 0.3 -W 2 "$ip_b" | sed 's/^/    /' || die "B ($ip_b) is unreachable"
-good "node -> B ($ip_b) over bridge $bridge: reachable"
-
-step "5. What the guard has checkpointed (sandbox-guard --dump-checkpoints)"
-dump
-
-step "6. The pod is finally deleted: kubelet stops B, DEL B"
-libcni del "$sandbox_b" "$ns_b" 2
-good "B owned the pod key: the guard passed the DEL on, bridge and host-local released $ip_b"
-
-step "7. kubelet's retry of DEL A comes again: now it passes"
-libcni del "$sandbox_a" "$ns_a" 1
-good "nobody else owns lijiaob/etcd1-0/eth0 any more: A's DEL is harmless, so the guard lets it through"
-[[ -z $(ipam_holder "$ip_a") && -z $(ipam_holder "$ip_b") ]] || die "an address is still reserved"
-say "host-local reservations left: none"
-
-step "8. Final checkpoints (nothing left)"
-dump
-if [[ -s $work/sandbox-guard.log ]]; then
-	step "The guard's log (logFile), one line per operation"
-	sed 's/^/    /' "$work/sandbox-guard.log"
-fi
-printf '\n%sDemo complete; removing namespaces, bridge %s and %s.%s\n' "$bold" "$bridge" "$work" "$reset"
+# --- summary -------------------------------------------------------------------------------
+act "Summary: ADD A, ADD B (same pod name), DEL A"
+printf '    %-10s %s\n' "no guard" "${outcome[unguarded]}" \
+	"chained" "${outcome[chained]}"
+printf '\n%sDemo complete; removing namespaces, links and %s.%s\n' "$bold" "$work" "$reset"

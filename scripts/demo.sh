@@ -118,40 +118,44 @@ primary_entry() {
 		"$act_dir/primary" "$net_prefix.0/24" "$veth_prefix"
 }
 guard_keys() { printf '"stateDir": "%s", "staleDel": "refuse", "logFile": "%s"' "$act_dir/guard" "$act_dir/guard.log"; }
-write_conflist() { # plugin entries, one a line
-	{
-		printf '{ "cniVersion": "1.0.0", "name": "%s", "plugins": [\n' "$network"
-		local IFS=$'\n'
-		sed -e '$!s/$/,/' -e 's/^/  /' <<<"$*"
-		printf '] }\n'
-	} >"$conflist"
+write_conflist() { # plugin entry...
+	local entries
+	printf -v entries ',\n  %s' "$@"
+	printf '{ "cniVersion": "1.0.0", "name": "%s", "plugins": [\n%s\n] }\n' "$network" "${entries:2}" >"$conflist"
 	indent <"$conflist"
 }
 
 # The narrative goes to fd 3 so that $(libcni add ...) captures only libcni's result.
 exec 3>&1
 # libcni VERB CONTAINER NETNS UID: the call containerd makes for kubelet, pod lijiaob/etcd1-0.
+# An empty NETNS is containerd's second DEL, from RemovePodSandbox.
 libcni() {
 	local verb=$1 container=$2 netns=$3 uid=$4
 	printf '    %s$ libcni %sNetworkList  container=%s…  netns=%s  K8S_POD_NAMESPACE=lijiaob K8S_POD_NAME=etcd1-0 K8S_POD_UID=%s%s\n' \
 		"$dim" "${verb^}" "${container:0:12}" "$netns" "$uid" "$reset" >&3
 	"$driver" -conflist "$conflist" -bin-dir "$work/bin" -cache-dir "$act_dir/cache" \
-		-container-id "$container" -netns "/var/run/netns/$netns" -ifname eth0 \
+		-container-id "$container" -netns "${netns:+/var/run/netns/$netns}" -ifname eth0 \
 		-args "K8S_POD_NAMESPACE=lijiaob;K8S_POD_NAME=etcd1-0;K8S_POD_UID=$uid;K8S_POD_INFRA_CONTAINER_ID=$container" \
 		"$verb"
 }
 ip_of() { grep -o '"address":"[^"/]*' <<<"$1" | head -1 | cut -d'"' -f4; }
 # Who the primary thinks holds an address ("" when released).
 ipam_holder() { cat "$act_dir/primary/ips/$1" 2>/dev/null || true; }
-# The primary's own trace of which sandbox's endpoint a DEL removed.
+# Container IDs cut to their first 12 characters, as crictl shows them.
 short_ids() { sed 's/\([0-9a-f]\{12\}\)[0-9a-f]\{20,\}/\1…/g'; }
-primary_says() { grep -o "DEL by .*" "$act_dir/primary/calls.log" | short_ids | indent; }
+# The DELs the primary got, from its own trace, and whose endpoint each removed.
+primary_dels() {
+	grep ' DEL ' "$act_dir/primary/calls.log" |
+		sed -E -e 's/^[^ ]+ (DEL [^ ]+) [^ ]+ (netns=.*)/\1 \2/' -e 's/netns=$/netns= (empty)/' \
+			-e "s/$sandbox_a/A/g; s/$sandbox_b/B/g" | indent
+}
 # Addresses and endpoints the primary still holds, one a line.
 primary_holds() { find "$act_dir/primary/ips" "$act_dir/primary/endpoints" -type f -printf '%f\n'; }
 has_eth0() { ip -n "$1" link show eth0 >/dev/null 2>&1; }
 reachable() { ping -c 2 -i 0.3 -W 1 "$1" >/dev/null 2>&1; }
+# The guard's log lines without their time and pid, container IDs shortened.
+short_log() { sed 's/^[^ ]* sandbox-guard\[[0-9]*\] //' | short_ids | indent; }
 dump() { "$guard_bin" --dump-checkpoints --state-dir "$act_dir/guard" --output table | indent; }
-show_log() { [[ -s $act_dir/guard.log ]] && indent <"$act_dir/guard.log"; }
 
 # ADD A, then ADD B for the re-created pod; sets ip_a, ip_b. The narration is the same in
 # every act: only what guards the primary differs.
@@ -180,13 +184,14 @@ write_conflist "$(primary_entry)"
 start_both
 del_a_banner
 libcni del "$sandbox_a" "$ns_a" 1 || die "DEL A failed without the guard"
-say "libcni: DEL A succeeded. What the primary did with it:"
-primary_says
+say "libcni: DEL A succeeded. The primary's own trace of it:"
+primary_dels
 reachable "$ip_b" && die "B ($ip_b) is still reachable: the model primary did not reproduce the incident"
 has_eth0 "$ns_b" && die "B still has eth0 after DEL A"
 [[ -z $(ipam_holder "$ip_b") ]] || die "the primary still holds $ip_b after DEL A"
 bad "B is cut off: its eth0 is gone, its host route is gone, $ip_b is free for the next pod," \
 	"ping from the node to B ($ip_b) fails. B is running, with no network, and nobody was told."
+say "B's netns now:"
 ip -n "$ns_b" -brief link | indent
 outcome[unguarded]="DEL A succeeded and cut B off: B's eth0 and route deleted, $ip_b released"
 end_act
@@ -219,8 +224,51 @@ good "B owned the pod name, so DEL B passed; then nobody owned it, so DEL A pass
 outcome[chained]="DEL A refused (code 11), B kept its network; A's stop failed until B was gone"
 end_act
 
+# --- act 3: delegate mode -----------------------------------------------------------------
+act "Act 3 of 3: sandbox-guard wrapping the primary (delegate mode)"
+new_act delegate
+write_conflist "{ \"type\": \"sandbox-guard\", $(guard_keys),"$'\n    '"\"delegate\": $(primary_entry) }"
+say "The guard stands where the primary stood and runs it itself (same CNI_* environment, the" \
+	"\"delegate\" object as its config): every ADD and DEL reaches the guard before the primary."
+start_both
+del_a_banner
+# The guard warns on stderr too; its log, shown below, has the same line.
+out=$(libcni del "$sandbox_a" "$ns_a" 1 2>&1) || die "the stale DEL of A failed in delegate mode: $out"
+grep -q " DEL $sandbox_a " "$act_dir/primary/calls.log" && die "the primary saw the stale DEL of A"
+has_eth0 "$ns_a" && die "A's netns still holds eth0 after its DEL"
+reachable "$ip_b" || die "B ($ip_b) is unreachable after DEL A"
+[[ $(ipam_holder "$ip_b") == lijiaob.etcd1-0 ]] || die "the primary no longer holds $ip_b for the pod"
+good "DEL A succeeded, and the primary never saw it: B is reachable, $ip_b still B's." \
+	"containerd's StopPodSandbox of A succeeds on its first try."
+say "A's netns holds no interface: the guard looks there for the one it checkpointed (same name and" \
+	"MAC) and deletes it; with this primary, B's ADD had taken it already. The guard's log:"
+grep -m1 'outcome=deferred' "$act_dir/guard.log" | short_log
+step "containerd's RemovePodSandbox of A: DEL A again, with an empty netns"
+out=$(libcni del "$sandbox_a" "" 1 2>&1) || die "the second DEL of A failed in delegate mode: $out"
+"$guard_bin" --dump-checkpoints --state-dir "$act_dir/guard" --output json | grep -q '"status": *"deferred"' ||
+	die "the dump lists no deferred DEL"
+good "Succeeded too: A is removed from the node on the first try; nothing is left to retry." \
+	"The guard holds A's DEL, durably, until the pod name is free (--dump-checkpoints):"
+dump
+step "The pod is deleted for good: DEL B"
+libcni del "$sandbox_b" "$ns_b" 2 || die "DEL B failed"
+good "B owned the pod name: the primary got DEL B and released B's endpoint and address. With the" \
+	"name free, the guard replayed A's deferred DEL to the primary (empty CNI_NETNS, A's CNI_ARGS," \
+	"A's result as prevResult), as containerd's second DEL would have come:"
+grep -e 'outcome=replayed' -e 'outcome=replay-failed' "$act_dir/guard.log" | short_log
+grep -q 'outcome=replayed' "$act_dir/guard.log" || die "the deferred DEL of A was not replayed"
+say "The DELs the primary got, in its own trace:"
+primary_dels
+[[ -z $(primary_holds) ]] || die "the primary still holds an address or endpoint"
+dump_json=$("$guard_bin" --dump-checkpoints --state-dir "$act_dir/guard" --output json)
+[[ $dump_json == "[]" ]] || die "the guard still holds checkpoints or deferred DELs: $dump_json"
+good "Nothing left: no address or endpoint in the primary, no checkpoint or deferred DEL in the guard."
+outcome[delegate]="DEL A succeeded at once, B kept its network; the primary got A's DEL after B's"
+end_act
+
 # --- summary -------------------------------------------------------------------------------
 act "Summary: ADD A, ADD B (same pod name), DEL A"
 printf '    %-10s %s\n' "no guard" "${outcome[unguarded]}" \
-	"chained" "${outcome[chained]}"
+	"chained" "${outcome[chained]}" \
+	"delegate" "${outcome[delegate]}"
 printf '\n%sDemo complete; removing namespaces, links and %s.%s\n' "$bold" "$work" "$reset"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Per-execution latency and peak memory of sandbox-guard, side by side with Debian's Go reference plugin
-# `tuning`, in one run (the machines are shared and noisy: only numbers taken together compare).
+# `tuning`, in one run (the machines are shared and noisy: only numbers taken together compare); then
+# delegate mode's own cost: one primary run alone, chained with the guard last, and wrapped by the guard.
 #
 #   sudo bash scripts/bench.sh
 #
@@ -8,9 +9,9 @@
 # packages, prints PASS/FAIL per target and a markdown table for the README. Exit status: 0 when every
 # target passes, 1 when one fails, 2 when the benchmark itself could not run.
 #
-# Knobs (environment): ITERATIONS (400) timed rounds, WARMUP (20) discarded rounds, LARGE_RECORDS (10000),
-# SMALL_RECORDS (10), DUMP_RUNS (7), RSS_RUNS (5), BENCH_BASE_DIR (/var/lib) where the state dirs live,
-# SANDBOX_GUARD_BIN to benchmark an already built binary instead of building one.
+# Knobs (environment): ITERATIONS (400) timed rounds of each phase, WARMUP (20) discarded rounds,
+# LARGE_RECORDS (10000), SMALL_RECORDS (10), DUMP_RUNS (7), RSS_RUNS (5), BENCH_BASE_DIR (/var/lib) where
+# the state dirs live, SANDBOX_GUARD_BIN to benchmark an already built binary instead of building one.
 #
 # Why a bash loop on $EPOCHREALTIME rather than hyperfine: hyperfine runs one case after the other, so on a
 # machine shared with compilers a burst of load lands on one case and skews the ratios; it also cannot give
@@ -59,10 +60,14 @@ build_release() {
   [[ -x $guard_bin ]] || die "no executable at $guard_bin"
 }
 
-work='' netns=''
+work='' netns='' primary_bridge=''
+declare -A mode_netns=() # delegate-cost mode -> its netns
 # shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
+  local ns
   [[ -n $netns ]] && ip netns del "$netns" 2>/dev/null # takes the veth pair with it
+  for ns in "${mode_netns[@]}"; do ip netns del "$ns" 2>/dev/null; done
+  [[ -n $primary_bridge ]] && ip link del "$primary_bridge" 2>/dev/null
   [[ -n $work ]] && rm -rf -- "$work"
   return 0
 }
@@ -101,10 +106,11 @@ attachment() { # kind serial -> cid pod uid prev_result
   # What a bridge + host-local primary hands to the chained plugins.
   prev_result='{"cniVersion":"1.0.0","interfaces":[{"name":"cni0","mac":"0a:58:0a:00:00:01"},{"name":"veth'${cid: -8}'","mac":"6e:58:0a:'$hex'"},{"name":"'$ifname'","mac":"0a:58:0a:'$hex'","sandbox":"'$netns_path'"}],"ips":[{"address":"10.'$a.$b.$c'/8","gateway":"10.0.0.1","interface":2}],"routes":[{"dst":"0.0.0.0/0","gw":"10.0.0.1"}],"dns":{"nameservers":["10.96.0.10"],"search":["bench.svc.cluster.local","svc.cluster.local","cluster.local"],"options":["ndots:5"]}}'
 }
-# Stdin for a plugin, with the current attachment's prevResult; into a variable, as a fork would be timed
-# (or slow down populating).
+# Stdin for a plugin; into a variable, as a fork would be timed (or slow down populating).
+net_config() { printf -v "$1" '{"cniVersion":"1.0.0","name":"%s",%s}' "$network" "$2"; } # variable keys
+# The same, with the current attachment's prevResult.
 plugin_config() { # variable type [extra keys]
-  printf -v "$1" '{"cniVersion":"1.0.0","name":"%s","type":"%s"%s,"prevResult":%s}' "$network" "$2" "${3:-}" "$prev_result"
+  net_config "$1" "\"type\":\"$2\"${3:-},\"prevResult\":$prev_result"
 }
 guard_config() { plugin_config "$1" sandbox-guard ",\"stateDir\":\"$2\""; } # variable state-dir
 
@@ -175,6 +181,16 @@ populate "$large_state" "$LARGE_RECORDS"
 # case defers to the same next case every time: an fsync also flushes whatever an earlier run left unsynced.
 # Each round is a fresh attachment, so ADD creates a record and DEL removes it and the stores keep their
 # size; tuning gets the same prevResult as sandbox-guard.
+shuffled() { # variable item...: the items in a random order
+  local -n into=$1
+  local k j swap
+  shift
+  into=("$@")
+  for ((k = ${#into[@]} - 1; k > 0; k--)); do
+    j=$((RANDOM % (k + 1)))
+    swap=${into[k]} into[k]=${into[j]} into[j]=$swap
+  done
+}
 run_case() { # case
   case $1 in
   spawn) timed spawn /bin/true ;;
@@ -197,11 +213,7 @@ for ((round = 0; round < WARMUP + ITERATIONS; round++)); do
   plugin_config 'round_input[tuning]' tuning
   guard_config 'round_input[small]' "$small_state"
   guard_config 'round_input[large]' "$large_state"
-  order=("${cases[@]}")
-  for ((k = ${#order[@]} - 1; k > 0; k--)); do
-    j=$((RANDOM % (k + 1)))
-    swap=${order[k]} order[k]=${order[j]} order[j]=$swap
-  done
+  shuffled order "${cases[@]}"
   for case in "${order[@]}"; do run_case "$case"; done
 done
 [[ $(count_records "$large_state") -eq $LARGE_RECORDS ]] || contract "the ADD/DEL rounds changed the record count of the large store"
@@ -216,6 +228,93 @@ say "timing $DUMP_RUNS dumps of each output over $LARGE_RECORDS records"
 for ((run = 0; run < DUMP_RUNS; run++)); do
   timed dump_json dump json
   timed dump_table dump table
+done
+
+# --- Delegate mode's own cost: the same primary run alone, chained with the guard last, and wrapped by the
+# guard (its "delegate" key), each an ADD then a DEL of a fresh attachment in its own netns; every round runs
+# the three in a random order. The primary is Debian's Go reference `bridge` with `host-local`: a primary
+# as nodes run it (the README's bridge example), which creates and deletes a veth and an IP reservation, so
+# the guard's own ADD reads real link facts and its delegate really runs. Its time swings with the kernel's
+# link teardown (DEL waits for RCU), but over hundreds of interleaved rounds its median moves by a fraction
+# of a millisecond; the podname-keyed model (a bash script forking ~20 `ip`s) swings by several, `tuning`
+# cannot come first in a chain (it needs a prevResult), and `loopback` gives a result no pod is keyed by.
+# The runtime's part of a chain is in the clock as libcni does it: the primary's result goes into the
+# guard's stdin, read with a builtin (no fork); on DEL both get the ADD's result as prevResult.
+primary_bridge=sgbr$$
+primary_keys='"type":"bridge","bridge":"'$primary_bridge'","ipam":{"type":"host-local","dataDir":"'$work/ipam'","ranges":[[{"subnet":"100.127.0.0/16"}]]}'
+readonly primary_bin=$cni_dir/bridge primary_name='bridge + host-local'
+readonly delegate_modes=(alone chained delegate) delegate_kind=5
+declare -A mode_state=([chained]=$work/state-chained [delegate]=$work/state-delegate)
+for mode in "${delegate_modes[@]}"; do
+  mode_netns[$mode]=sgbench-$$-$mode
+  ip netns add "${mode_netns[$mode]}"
+done
+add_output=$work/add.out
+delegate_keys='"type":"sandbox-guard","stateDir":"'${mode_state[delegate]}'","delegate":{'$primary_keys'}'
+# The chain's first plugin gets no prevResult on ADD; the guard that wraps the primary takes its place.
+net_config primary_add_input "$primary_keys"
+net_config delegate_add_input "$delegate_keys"
+
+# Inputs that carry the ADD's result, as libcni passes it to the chain's next plugin and on DEL.
+chained_config() { local prev_result=$1; guard_config chained_input "${mode_state[chained]}"; } # result
+with_result() { # result: sets chained_input, primary_del_input, delegate_del_input
+  chained_config "$1"
+  net_config delegate_del_input "$delegate_keys,\"prevResult\":$1"
+  net_config primary_del_input "$primary_keys,\"prevResult\":$1"
+}
+read_result() { result=''; IFS= read -r -d '' result <"$add_output" || true; } # sets result
+alone_add() { cni "$primary_bin" ADD "$primary_add_input" >"$add_output"; }
+chained_add() {
+  cni "$primary_bin" ADD "$primary_add_input" >"$add_output" || return
+  read_result
+  chained_config "$result"
+  guard ADD "$chained_input"
+}
+delegate_add() { guard ADD "$delegate_add_input" >"$add_output"; }
+alone_del() { cni "$primary_bin" DEL "$primary_del_input"; }
+chained_del() { guard DEL "$chained_input" && cni "$primary_bin" DEL "$primary_del_input"; }
+delegate_del() { guard DEL "$delegate_del_input"; }
+run_mode() { # mode: its ADD, then its DEL, of the current attachment
+  local netns_path=/run/netns/${mode_netns[$1]}
+  timed "$1_add" "$1_add"
+  read_result # outside the clock: the DEL's input is the runtime's cache
+  with_result "$result"
+  timed "$1_del" "$1_del"
+}
+reservations() { find "$work/ipam/$network" -maxdepth 1 -type f -name '[0-9]*' 2>/dev/null | wc -l; }
+
+# Preflight: each mode does its real work once, untimed.
+attachment "$preflight_kind" 2
+for mode in "${delegate_modes[@]}"; do
+  netns_path=/run/netns/${mode_netns[$mode]}
+  state=${mode_state[$mode]:-}
+  out=$("${mode}_add") || die "$mode ADD with $primary_name failed: $out $(cat "$add_output")"
+  read_result
+  jq -e --arg ns "$netns_path" '.interfaces[] | select(.name == "eth0" and .sandbox == $ns)' <<<"$result" >/dev/null ||
+    die "$mode ADD returned no eth0 in its netns: $result"
+  # Chained, $out is the guard's output and $result the primary's.
+  [[ $mode != chained ]] || jq -e -n --argjson a "$result" --argjson b "$out" '$a == $b' >/dev/null ||
+    contract "chained ADD did not print the primary's result: $out"
+  [[ -z $state || -f $(record_file "$state") ]] || contract "$mode ADD wrote no $(record_file "$state")"
+  with_result "$result"
+  out=$("${mode}_del") || die "$mode DEL with $primary_name failed: $out"
+  [[ -z $state || ! -e $(record_file "$state") ]] || contract "$mode DEL left $(record_file "$state")"
+  (($(reservations) == 0)) || contract "$mode DEL left an IP reserved in $work/ipam/$network"
+done
+netns_path=/run/netns/$netns
+
+say "timing $ITERATIONS rounds (+$WARMUP warm-up) of $primary_name: ${delegate_modes[*]}"
+for ((round = 0; round < WARMUP + ITERATIONS; round++)); do
+  if ((round == WARMUP)); then
+    for mode in "${delegate_modes[@]}"; do unset "samples[${mode}_add]" "samples[${mode}_del]"; done
+  fi
+  attachment "$delegate_kind" "$round"
+  shuffled order "${delegate_modes[@]}"
+  for mode in "${order[@]}"; do run_mode "$mode"; done
+done
+[[ $(reservations) -eq 0 ]] || contract "the rounds left $(reservations) IPs reserved in $work/ipam/$network"
+for state in "${mode_state[@]}"; do
+  [[ $(count_records "$state") -eq 0 ]] || contract "the rounds left $(count_records "$state") records in $state"
 done
 
 # --- Peak RSS (GNU time's %M, KiB): the highest of RSS_RUNS runs of each. ---
@@ -248,15 +347,18 @@ done
 rss_floor=$(/usr/bin/time -f %M /bin/true 2>&1)
 
 # --- Report. ---
-declare -A p50=() p90=()
-for label in "${!samples[@]}"; do
-  read -r "p50[$label]" "p90[$label]" < <(tr ' ' '\n' <<<"${samples[$label]}" | grep . | sort -n | awk '
+percentiles() { # label [awk filter on the sample's round, NR] -> "median p90" in ms
+  tr ' ' '\n' <<<"${samples[$1]}" | grep . | awk "${2:-1}" | sort -n | awk '
     { v[NR] = $1 }
     END {
       median = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
       p = int(NR * 0.9); if (p < NR * 0.9) p++
       printf "%.3f %.3f\n", median / 1000, v[p] / 1000
-    }')
+    }'
+}
+declare -A p50=() p90=()
+for label in "${!samples[@]}"; do
+  read -r "p50[$label]" "p90[$label]" < <(percentiles "$label")
 done
 calc() { awk "BEGIN { printf \"%.2f\", $* }"; }
 holds() { awk "BEGIN { exit !($*) }"; }
@@ -323,4 +425,33 @@ row "sandbox-guard ADD, $LARGE_RECORDS records" guard_add_large "$add_growth x A
 row "sandbox-guard DEL, $LARGE_RECORDS records" guard_del_large "$del_growth x DEL, $SMALL_RECORDS records"
 row "\`--dump-checkpoints --output json\`, $LARGE_RECORDS records" dump_json '-'
 row "\`--dump-checkpoints --output table\`, $LARGE_RECORDS records" dump_table '-'
+
+echo
+echo "## Delegate mode's own cost"
+echo
+echo "$primary_name as the primary (Debian's reference plugins), each ADD and DEL a fresh attachment in a throwaway netns; the three ways run in each of the same $ITERATIONS interleaved rounds. Chained counts both execs and the runtime's step between them."
+echo
+echo "| Case | ADD median (ms) | ADD p90 (ms) | DEL median (ms) | DEL p90 (ms) |"
+echo "| --- | ---: | ---: | ---: | ---: |"
+mode_row() { # name mode
+  printf '| %s | %.2f | %.2f | %.2f | %.2f |\n' "$1" "${p50[$2_add]}" "${p90[$2_add]}" "${p50[$2_del]}" "${p90[$2_del]}"
+}
+difference_row() { # name minuend subtrahend
+  printf '| %s | %+.2f | - | %+.2f | - |\n' "$1" "$(calc "${p50[$2_add]} - ${p50[$3_add]}")" "$(calc "${p50[$2_del]} - ${p50[$3_del]}")"
+}
+mode_row "$primary_name alone" alone
+mode_row "chained: $primary_name, then sandbox-guard last" chained
+mode_row "delegate: sandbox-guard wrapping $primary_name" delegate
+difference_row "**delegate - chained** (difference of medians)" delegate chained
+difference_row "sandbox-guard's share, chained (chained - alone)" chained alone
+difference_row "sandbox-guard's share, delegate (delegate - alone)" delegate alone
+# How far one run's difference can be trusted: the same difference from half the rounds, twice.
+half_difference() { # verb parity (NR % 2)
+  local delegate chained
+  read -r delegate _ < <(percentiles "delegate_$1" "NR % 2 == $2")
+  read -r chained _ < <(percentiles "chained_$1" "NR % 2 == $2")
+  printf '%+.2f' "$(calc "$delegate - $chained")"
+}
+echo
+echo "Delegate - chained from the odd and the even rounds alone: ADD $(half_difference add 1) and $(half_difference add 0) ms, DEL $(half_difference del 1) and $(half_difference del 0) ms."
 exit "$failed"

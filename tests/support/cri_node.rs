@@ -30,8 +30,9 @@ pub const TOOLS: &[&str] = &[
     "flock",
     "ping",
     "tar",
-    "sha256sum",
+    "sha1sum",
     "timeout",
+    "mount",
     "umount",
     "/usr/lib/cni/loopback",
 ];

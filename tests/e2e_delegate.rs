@@ -77,7 +77,7 @@ incident_tests! {
 const EXEC_TOOLS: &[&str] = &["ip", "nsenter", "flock", "sha1sum"];
 
 /// ADD A, ADD B (the same pod re-created), then A's slow ADD arriving again: the guard must
-/// refuse it (code 11) before the primary runs, so the primary's trace has two ADDs and the
+/// refuse it before the primary runs, so the primary's trace has two ADDs and the
 /// new sandbox keeps its address and the pod key.
 fn late_add_of_superseded_sandbox_is_refused(primary: Primary) {
     let incident = cni::Incident::of(NAMESPACE, POD);
@@ -114,8 +114,10 @@ fn late_add_of_superseded_sandbox_is_refused(primary: Primary) {
     add(&incident.a, &incident.pod_a, &netns_a).assert_ok();
     let added_b: Value = add(&incident.b, &incident.pod_b, &netns_b).assert_ok().json();
     let address_b = added_b["ips"][0]["address"].as_str().expect("B's address").to_string();
-    let late = add(&incident.a, &incident.pod_a, &netns_a);
-    let refusal = late.assert_error(11);
+    // 104: the guard's "superseded" refusal (src/error.rs), not 11: the runtime must give
+    // up on this sandbox and make a new one, not retry it.
+    let refusal = add(&incident.a, &incident.pod_a, &netns_a).assert_error(104);
+    assert!(refusal.msg.contains("superseded"), "{}", refusal.text());
     println!("late ADD of A refused: {}\nprimary plugin calls:\n{}", refusal.text(), calls());
     let adds = calls().lines().filter(|l| l.split(' ').nth(1) == Some("ADD")).count();
     assert_eq!(adds, 2, "the primary saw the late ADD:\n{}", calls());

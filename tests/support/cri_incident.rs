@@ -300,7 +300,7 @@ pub fn assert_delegate_defers_and_replays(node: &CriNode, pods: Recreated) {
         .iter()
         .map(|entry| entry["containerId"].as_str().unwrap_or_default().to_string())
         .collect();
-    assert_eq!(deferred, [old.clone()], "the old sandbox's DEL is deferred, once");
+    assert_eq!(deferred, [old.as_str()], "the old sandbox's DEL is deferred, once");
     let calls = primary_call_list(node);
     let added_new = position(&calls, "ADD", &new).expect("the primary added the new sandbox");
     assert!(

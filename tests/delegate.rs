@@ -24,6 +24,15 @@ fn incident() -> (Incident, RecordingPrimary) {
     (Incident::of("lijiaob", "etcd1-0"), RecordingPrimary::new())
 }
 
+/// ADD A, ADD B of the same pod, then A's StopPodSandbox DEL: deferred.
+fn incident_deferred() -> (Incident, RecordingPrimary) {
+    let (i, primary) = incident();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    (i, primary)
+}
+
 fn deferred(store: &Store) -> Vec<Value> {
     store.dump().into_iter().filter(|row| row["status"] == "deferred").collect()
 }
@@ -78,12 +87,8 @@ fn a_delegate_that_is_not_in_cni_path_is_an_invalid_config() {
 
 #[test]
 fn a_stale_del_succeeds_without_the_primary_and_is_replayed_once_the_owner_goes() {
-    let (i, primary) = incident();
-    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
-
     // containerd's StopPodSandbox (netns and cached result), then RemovePodSandbox (empty netns).
-    primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    let (i, primary) = incident_deferred();
     primary.wrap(i.store.del(&i.a, &i.pod_a)).netns("").run().assert_ok();
     assert_eq!(primary.dels(&i.a), 0, "the stale DEL must not reach the primary while {} owns the pod", i.b);
     let waiting = deferred(&i.store);
@@ -110,10 +115,7 @@ fn a_stale_del_succeeds_without_the_primary_and_is_replayed_once_the_owner_goes(
 
 #[test]
 fn a_replay_the_primary_refuses_stays_deferred_and_gc_retries_it() {
-    let (i, primary) = incident();
-    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
-    primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    let (i, primary) = incident_deferred();
     primary.fail("DEL", &i.a, &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}));
     // The owner's own DEL passes whatever becomes of the replay.
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();

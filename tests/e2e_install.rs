@@ -52,7 +52,7 @@ fn install_while_containerd_runs(mode: &str) {
     let_containerd_reload();
 
     let guarded = node.run_pod("web-1", NAMESPACE, "uid-web-1").expect("run web-1 with the guard installed");
-    assert_eq!(checkpointed(&node), [guarded.clone()], "{mode}: the pod started after the install is the one checkpointed");
+    assert_eq!(checkpointed(&node), std::slice::from_ref(&guarded), "{mode}: the pod started after the install is the one checkpointed");
     assert!(node.pod_status(&guarded)["ip"].as_str().is_some_and(|ip| !ip.is_empty()), "{mode}: no IP through the guard");
     node.stop_pod(&earlier).expect("stop a sandbox from before the install");
     node.remove_pod(&earlier).expect("remove a sandbox from before the install");

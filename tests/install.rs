@@ -237,7 +237,7 @@ impl Watcher {
     }
 
     fn terminate(mut self) -> std::process::ExitStatus {
-        nix_kill(self.child.id(), "TERM");
+        send_signal(self.child.id(), "TERM");
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -256,7 +256,7 @@ impl Drop for Watcher {
     }
 }
 
-fn nix_kill(pid: u32, signal: &str) {
+fn send_signal(pid: u32, signal: &str) {
     sys::run("kill", &[&format!("-{signal}"), &pid.to_string()]);
 }
 

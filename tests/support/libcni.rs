@@ -33,12 +33,26 @@ pub const TOOLS: &[&str] = &[
 /// any other build output; the build script renames atomically, so parallel runs are safe.
 pub fn driver() -> &'static Path {
     static DRIVER: OnceLock<PathBuf> = OnceLock::new();
-    DRIVER.get_or_init(|| {
-        let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("libcni-driver");
-        let script = Path::new(REPO).join("scripts/build-libcni-driver.sh");
-        sys::run("bash", &[script.to_str().unwrap(), out_dir.to_str().unwrap()]);
-        out_dir.join("libcni-driver")
-    })
+    DRIVER.get_or_init(|| build_driver("libcni-driver", None))
+}
+
+/// Where libcni 1.3's source lies (no third-party dependencies): the version containerd 2.1
+/// and CRI-O 1.33 link, the first to append `<confdir>/<network name>/*.conf` drop-ins.
+pub const LIBCNI_1_3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/vendor/cni-1.3.0");
+
+/// The same driver built against libcni 1.3 instead of Debian's 1.1.
+pub fn driver_1_3() -> &'static Path {
+    static DRIVER: OnceLock<PathBuf> = OnceLock::new();
+    DRIVER.get_or_init(|| build_driver("libcni-1.3-driver", Some(LIBCNI_1_3)))
+}
+
+fn build_driver(name: &str, gopath: Option<&str>) -> PathBuf {
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let script = Path::new(REPO).join("scripts/build-libcni-driver.sh");
+    let mut args = vec![script.to_str().unwrap(), out_dir.to_str().unwrap()];
+    args.extend(gopath);
+    sys::run("bash", &args);
+    out_dir.join("libcni-driver")
 }
 
 /// A /24 no other test of this process holds and no route or address of the host overlaps,
@@ -129,7 +143,9 @@ pub struct Network {
     pub cache_dir: PathBuf,
     pub state_dir: PathBuf,
     ipam_dir: PathBuf,
-    bin_dir: PathBuf,
+    pub bin_dir: PathBuf,
+    /// The libcni the operations go through: Debian's 1.1 unless `through` says otherwise.
+    driver: Option<&'static Path>,
     // Declared before `dir`: links go first, then the files that describe them.
     _links: Vec<HostLink>,
     dir: TempDir,
@@ -206,9 +222,21 @@ impl Network {
             state_dir,
             ipam_dir,
             bin_dir,
+            driver: None,
             _links: links,
             dir,
         }
+    }
+
+    /// This network with its operations run through `driver` (e.g. `driver_1_3()`).
+    pub fn through(mut self, driver: &'static Path) -> Network {
+        self.driver = Some(driver);
+        self
+    }
+
+    /// The directory the conflist lies in: the runtime's conf dir.
+    pub fn conf_dir(&self) -> &Path {
+        &self.dir.path
     }
 
     pub fn add(&self, sandbox: &Sandbox) -> Result<Value, CniFailure> {
@@ -234,7 +262,17 @@ impl Network {
         self.libcni(conflist, "del", sandbox, netns).map(drop)
     }
 
+    /// ADD through another libcni than this network's (`driver()` or `driver_1_3()`).
+    pub fn add_through(&self, driver: &'static Path, sandbox: &Sandbox) -> Result<Value, CniFailure> {
+        let stdout = self.libcni_of(driver, &self.conflist, "add", sandbox, NetnsArg::Sandbox)?;
+        Ok(serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("libcni ADD printed no result JSON ({e}): {stdout}")))
+    }
+
     fn libcni(&self, conflist: &Path, verb: &str, sandbox: &Sandbox, netns: NetnsArg) -> Result<String, CniFailure> {
+        self.libcni_of(self.driver.unwrap_or_else(driver), conflist, verb, sandbox, netns)
+    }
+
+    fn libcni_of(&self, driver: &Path, conflist: &Path, verb: &str, sandbox: &Sandbox, netns: NetnsArg) -> Result<String, CniFailure> {
         let netns = match netns {
             NetnsArg::Sandbox => sandbox.netns_path(),
             NetnsArg::Empty => String::new(),
@@ -242,7 +280,7 @@ impl Network {
         let bin_dir = self.bin_dir.to_str().unwrap();
         let cache_dir = self.cache_dir.to_str().unwrap();
         let cni_args = sandbox.cni_args();
-        let out = Command::new(driver())
+        let out = Command::new(driver)
             .args(["-conflist", conflist.to_str().unwrap(), "-bin-dir", bin_dir])
             .args(["-cache-dir", cache_dir, "-container-id", &sandbox.container_id])
             .args(["-netns", &netns, "-ifname", IFNAME, "-args", &cni_args, verb])

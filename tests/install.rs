@@ -319,3 +319,26 @@ fn watch_backs_off_from_a_watcher_that_strips_the_entry() {
     assert!(reinserts <= 9, "{reinserts} re-inserts in 12 s against {competitor_writes} strips: {lines:#?}");
     assert_eq!(watcher.terminate().code(), Some(0));
 }
+
+#[test]
+fn usage_errors_exit_2_before_anything_runs() {
+    let node = Node::with("calico");
+    let before = tree(&node.dir.path);
+    for (args, says) in [
+        (&["--mode", "last"][..], "--mode \"last\": use chained, delegate or dropin"),
+        (&["--state-dir", "var/lib/x"], "give an absolute path"),
+        (&["--remove-binary"], "--remove-binary belongs to --uninstall"),
+        (&["--lock-timeout", "3"], "--lock-timeout belongs to"),
+        (&["extra"], "--install takes options only"),
+    ] {
+        let out = run("--install", &node.conf(), &node.bin(), args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    let out = run("--uninstall", &node.conf(), &node.bin(), &["--watch"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(tree(&node.dir.path), before);
+    let help = cni::guard_ok(&["--install", "--help"]);
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--mode chained|delegate|dropin"));
+}

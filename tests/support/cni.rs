@@ -166,6 +166,25 @@ impl Store {
         files_in(&self.state_dir.join("owners"))
     }
 
+    /// The invariant every crash, race and DEL must keep: each owner names a container whose
+    /// record exists and holds the same pod key (or was set aside, failing its checksum, and
+    /// blocks the DELs that need it: the store then trusts the owner).
+    pub fn assert_every_owner_has_its_record(&self) {
+        for path in self.owner_files() {
+            let Ok(owner) = verify_envelope(&path) else { continue };
+            let container = owner["containerId"].as_str().unwrap();
+            let ifname = owner["ifName"].as_str().unwrap();
+            let record_path = self.record_path(owner["network"].as_str().unwrap(), container, ifname);
+            if !record_path.exists() && self.state_dir.join("set-aside").join(record_path.file_name().unwrap()).exists() {
+                continue;
+            }
+            let record = verify_envelope(&record_path).unwrap_or_else(|e| panic!("owner {} has no record: {e}", path.display()));
+            for field in ["network", "podNamespace", "podName", "ifName"] {
+                assert_eq!(owner[field], record[field], "owner {} and its record disagree on {field}", path.display());
+            }
+        }
+    }
+
     pub fn log_lines(&self) -> Vec<LogLine> {
         let text = std::fs::read_to_string(&self.log_file).unwrap_or_default();
         text.lines().map(LogLine::parse).collect()
@@ -582,6 +601,28 @@ impl Cni {
     pub fn run(&self) -> Reply {
         self.spawn().wait()
     }
+
+    /// Runs under strace, which SIGKILLs the plugin on entry to its `nth` call of `syscalls`
+    /// (comma separated). Each traced process counts its own calls.
+    pub fn run_killed_at(self, traced: Traced, syscalls: &str, nth: usize) -> Reply {
+        let inject = format!("inject={syscalls}:signal=SIGKILL:when={nth}");
+        let trace = format!("trace={syscalls}");
+        let follow: &[&str] = match traced {
+            Traced::WithChildren => &["-f"],
+            Traced::PluginOnly => &[],
+        };
+        let strace = [&["strace"], follow, &["-qq", "-o", "/dev/null", "-e", &trace, "-e", &inject]].concat();
+        self.wrapped_in(&strace).run()
+    }
+}
+
+/// Which processes of a plugin exec strace follows.
+#[derive(Clone, Copy, Debug)]
+pub enum Traced {
+    /// The plugin and whatever it starts, each counting (and killed at) its own calls.
+    WithChildren,
+    /// The plugin alone: the primary a delegate-mode guard runs is neither counted nor killed.
+    PluginOnly,
 }
 
 fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {

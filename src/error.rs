@@ -38,6 +38,13 @@ pub enum Kind {
     Netlink,
     /// A sandbox's netns path no longer exists: the sandbox is dead.
     NetnsGone,
+    /// Delegate mode: the primary answered with this CNI error code; `GuardError::verbatim`
+    /// holds its error JSON, which goes to the runtime unchanged.
+    Delegate(u32),
+    /// Delegate mode: the primary could not be run, or failed without a CNI error.
+    DelegateBroken,
+    /// Delegate mode: an ADD of a sandbox that a newer live sandbox of its pod has superseded.
+    Superseded,
 }
 
 #[derive(Debug)]
@@ -45,13 +52,15 @@ pub struct GuardError {
     pub kind: Kind,
     pub msg: String,
     pub details: String,
+    /// An error object of the delegate's, passed on as it wrote it (code, msg, details).
+    pub verbatim: Option<String>,
 }
 
 pub type Result<T> = std::result::Result<T, GuardError>;
 
 impl GuardError {
     pub fn new(kind: Kind, msg: impl Into<String>) -> GuardError {
-        GuardError { kind, msg: msg.into(), details: String::new() }
+        GuardError { kind, msg: msg.into(), details: String::new(), verbatim: None }
     }
 
     pub fn with_details(mut self, details: impl Into<String>) -> GuardError {
@@ -94,11 +103,17 @@ impl GuardError {
             Kind::SetAside => 101,
             Kind::IpConflict => 102,
             Kind::Netlink | Kind::NetnsGone => 5,
+            Kind::Delegate(code) => code,
+            Kind::DelegateBroken => 103,
+            Kind::Superseded => 104,
         }
     }
 
     /// The error object a runtime reads from stdout.
     pub fn to_cni_json(&self, cni_version: &str) -> String {
+        if let Some(verbatim) = &self.verbatim {
+            return verbatim.clone();
+        }
         serde_json::json!({
             "cniVersion": cni_version,
             "code": self.code(),

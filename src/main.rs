@@ -60,17 +60,22 @@ fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<Stri
     };
     let log = log::Log::open(conf.log_file.as_deref());
     let inv = Invocation { verb: env.verb, conf, log };
-    let result = match (env.verb, &env.attachment) {
-        (Verb::Add, Some(attachment)) => commands::add::run(&inv, attachment).map(Some),
-        (Verb::Del, Some(attachment)) => commands::del::run(&inv, attachment).map(|()| None),
-        (Verb::Check, Some(attachment)) => commands::check::run(&inv, attachment).map(|()| None),
-        (Verb::Gc, _) => commands::gc::run(&inv).map(|()| None),
-        (Verb::Status, _) => commands::status::run(&inv).map(|()| None),
-        (verb, _) => Err(GuardError::new(Kind::InvalidEnvironment, format!("{} without its attachment", verb.name()))),
+    let result = match (inv.conf.delegate.as_ref(), env.verb, &env.attachment) {
+        (Some(delegate), Verb::Add, Some(attachment)) => commands::delegated::add(&inv, delegate, attachment).map(Some),
+        (Some(delegate), Verb::Del, Some(attachment)) => commands::delegated::del(&inv, delegate, attachment).map(|()| None),
+        (Some(delegate), Verb::Check, Some(attachment)) => commands::delegated::check(&inv, delegate, attachment).map(|()| None),
+        (Some(delegate), Verb::Gc, _) => commands::delegated::gc(&inv, delegate).map(|()| None),
+        (Some(delegate), Verb::Status, _) => commands::delegated::status(&inv, delegate).map(|()| None),
+        (_, Verb::Add, Some(attachment)) => commands::add::run(&inv, attachment).map(Some),
+        (_, Verb::Del, Some(attachment)) => commands::del::run(&inv, attachment).map(|()| None),
+        (_, Verb::Check, Some(attachment)) => commands::check::run(&inv, attachment).map(|()| None),
+        (_, Verb::Gc, _) => commands::gc::run(&inv).map(|()| None),
+        (_, Verb::Status, _) => commands::status::run(&inv).map(|()| None),
+        (_, verb, _) => Err(GuardError::new(Kind::InvalidEnvironment, format!("{} without its attachment", verb.name()))),
     };
     if let Err(err) = &result {
         // The verbs log their own refusals (to stderr too); everything else is logged here.
-        if !matches!(err.kind, Kind::StaleDel | Kind::SetAside | Kind::CheckFailed) {
+        if !matches!(err.kind, Kind::StaleDel | Kind::SetAside | Kind::CheckFailed | Kind::Superseded) {
             let pod = env.attachment.as_ref().and_then(|a| a.pod.label());
             inv.log.event(log::Level::Error, inv.verb, &inv.subject(env.attachment.as_ref(), pod), "error", &err.msg);
         }

@@ -18,6 +18,10 @@ pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_LOCK_TIMEOUT_SECONDS: f64 = 600.0;
 /// A conflist entry is a few KiB; more is a runaway writer, not a config.
 pub const MAX_STDIN: u64 = 1 << 20;
+/// How long an operation waits for the one before it on the same pod key to finish in the
+/// delegate. A primary's ADD can take seconds (IPAM, a datastore); failing a RunPodSandbox
+/// costs kubelet a whole new sandbox, so this wait is generous. Other pods never wait on it.
+pub const DEFAULT_POD_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StaleDelPolicy {
@@ -35,7 +39,7 @@ pub enum IpConflictPolicy {
     Refuse,
 }
 
-#[derive(Debug, Deserialize, PartialEq, Eq, Hash, Clone)]
+#[derive(Debug, Deserialize, serde::Serialize, PartialEq, Eq, Hash, Clone)]
 pub struct ValidAttachment {
     #[serde(rename = "containerID")]
     pub container_id: String,
@@ -58,6 +62,11 @@ struct RawConf {
     ip_conflict: Option<String>,
     #[serde(rename = "lockTimeoutSeconds")]
     lock_timeout_seconds: Option<f64>,
+    #[serde(rename = "podLockTimeoutSeconds")]
+    pod_lock_timeout_seconds: Option<f64>,
+    delegate: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(rename = "runtimeConfig")]
+    runtime_config: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(rename = "prevResult")]
     prev_result: Option<Box<RawValue>>,
     #[serde(rename = "cni.dev/valid-attachments")]
@@ -79,6 +88,9 @@ pub struct NetConf {
     pub prev_result: Option<Box<RawValue>>,
     /// GC's list; `None` when the runtime sent neither key.
     pub valid_attachments: Option<Vec<ValidAttachment>>,
+    /// Delegate mode: the primary the guard wraps. `None`: chained mode.
+    pub delegate: Option<crate::cni::delegate::Delegate>,
+    pub pod_lock_timeout: Duration,
 }
 
 /// Reads stdin up to the limit; the bytes are parsed by `NetConf::parse`.
@@ -142,8 +154,19 @@ impl NetConf {
             None => DEFAULT_LOCK_TIMEOUT,
             Some(seconds) => lock_timeout("lockTimeoutSeconds", seconds).map_err(|msg| GuardError::new(Kind::InvalidConfig, msg))?,
         };
+        let pod_lock_timeout = match raw.pod_lock_timeout_seconds {
+            None => DEFAULT_POD_LOCK_TIMEOUT,
+            Some(seconds) => self::lock_timeout("podLockTimeoutSeconds", seconds).map_err(|msg| GuardError::new(Kind::InvalidConfig, msg))?,
+        };
+        let valid_attachments = raw.valid_attachments.or(raw.legacy_attachments);
+        let delegate = match raw.delegate {
+            None => None,
+            Some(object) => Some(crate::cni::delegate::Delegate::from_conf(object, raw.runtime_config.as_ref(), valid_attachments.as_deref())?),
+        };
         Ok(NetConf {
             cni_version,
+            pod_lock_timeout,
+            delegate,
             lock_timeout,
             network,
             state_dir,
@@ -151,7 +174,7 @@ impl NetConf {
             log_file: raw.log_file,
             ip_conflict,
             prev_result: raw.prev_result,
-            valid_attachments: raw.valid_attachments.or(raw.legacy_attachments),
+            valid_attachments,
         })
     }
 }

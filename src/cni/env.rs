@@ -52,6 +52,8 @@ pub struct Attachment {
     /// Empty on containerd's second DEL (RemovePodSandbox), which is legal.
     pub netns: String,
     pub pod: PodArgs,
+    /// `CNI_ARGS` as the runtime sent them: a deferred DEL replays them unchanged.
+    pub args: String,
 }
 
 #[derive(Debug)]
@@ -115,8 +117,9 @@ fn read_attachment(lookup: &impl Fn(&str) -> Option<String>, verb: Verb) -> Resu
             names::shorten(&netns)
         )));
     }
-    let pod = parse_cni_args(&lookup("CNI_ARGS").unwrap_or_default())?;
-    Ok(Attachment { container_id, ifname, netns, pod })
+    let args = lookup("CNI_ARGS").unwrap_or_default();
+    let pod = parse_cni_args(&args)?;
+    Ok(Attachment { container_id, ifname, netns, pod, args })
 }
 
 fn require(lookup: &impl Fn(&str) -> Option<String>, key: &str) -> Result<String> {

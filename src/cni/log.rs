@@ -92,6 +92,8 @@ impl Log {
 pub const CAUSE_STALE_DEL: &str = "stale-del";
 /// `cause=` of a DEL refused because the checkpoint it needs failed verification.
 pub const CAUSE_SET_ASIDE: &str = "set-aside";
+/// Delegate mode refused the ADD of a sandbox a newer live one superseded.
+pub const CAUSE_SUPERSEDED: &str = "superseded";
 
 /// The machine-read part of one log line: its time, level, verb and `key=value` fields (those
 /// before `outcome=`, `outcome=` itself and those right after it). The text is not read.

@@ -2,6 +2,7 @@
 //! result), the versions it speaks, the operation log, and the verbs themselves.
 
 pub mod config;
+pub mod delegate;
 pub mod env;
 pub mod log;
 pub mod result;

@@ -9,6 +9,9 @@
 //! <stateDir>/set-aside/<original name>             corrupt files, kept for the operator
 //! <stateDir>/failed-adds/<network>:<container>:<if> an ADD the guard failed (see failed_add)
 //! <stateDir>/ips/<network>:<address>               who was last given an address (ip_index)
+//! <stateDir>/deferred/<sha256 of the pod key>/<network>:<container>:<if>
+//!                                                  a stale DEL kept from the primary (delegate mode)
+//! <stateDir>/pod-locks/<sha256 of the pod key>     flock per pod key (delegate mode)
 //! ```
 //!
 //! Every ADD, DEL and CHECK touches a fixed number of files whatever the store holds;
@@ -18,10 +21,12 @@
 //! read consistently, never while they write to stdout.
 
 pub mod checkpoint;
+pub mod deferred;
 pub mod failed_add;
 pub mod ip_index;
 pub mod lock;
 pub mod ownership;
+pub mod pod_lock;
 pub mod sealed;
 
 use std::cell::Cell;

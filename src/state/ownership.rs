@@ -13,6 +13,14 @@
 //! 4. Any other DEL goes on. It releases every key its container owns: the one its record
 //!    holds, whatever CNI_ARGS say, and the one CNI_ARGS name.
 //!
+//! Delegate mode (the guard runs the primary itself) adds two:
+//!
+//! 5. A stale DEL is deferred instead of refused: answered with success, its primary DEL
+//!    kept until nobody owns the key, then replayed (`may_replay`).
+//! 6. An ADD by a container that a newer live owner superseded (its record is older than the
+//!    owner's, or its DEL was deferred) is refused before the primary sees it: the primary
+//!    would hand the pod's name back to the old sandbox (`judge_add`).
+//!
 //! This module decides; the store persists and the verbs act on the decision.
 
 use serde::{Deserialize, Serialize};
@@ -99,6 +107,33 @@ pub fn judge_del<'a>(container_id: &str, deleter: Deleter, owner: Option<Owner<'
     }
 }
 
+#[derive(Debug, PartialEq, Eq)]
+pub enum AddVerdict<'a> {
+    /// The ADD goes on and takes the key.
+    Take,
+    /// A newer live sandbox owns the key; this container's time has passed.
+    Superseded { owner: &'a Ownership },
+}
+
+/// `own_generation`: the generation of the container's record, if it has one; `deferred`:
+/// its DEL was deferred; `owner_alive`: the owner's netns still exists (or cannot be ruled
+/// out). A container never seen before is a new sandbox: it takes the key.
+pub fn judge_add<'a>(container_id: &str, own_generation: Option<u64>, deferred: bool, owner: Option<Owner<'a>>, owner_alive: bool) -> AddVerdict<'a> {
+    match owner {
+        Some(owner) if owner.ownership.container_id != container_id && owner.backed && owner_alive => {
+            let older = own_generation.is_some_and(|generation| generation < owner.ownership.generation);
+            if deferred || older { AddVerdict::Superseded { owner: owner.ownership } } else { AddVerdict::Take }
+        }
+        _ => AddVerdict::Take,
+    }
+}
+
+/// A deferred DEL reaches the primary only when nobody owns its key any more (an owner
+/// without its record owns nothing).
+pub fn may_replay(owner: Option<Owner>) -> bool {
+    owner.is_none_or(|owner| !owner.backed)
+}
+
 /// The generation of a new ADD: past every generation this key and this attachment have
 /// seen, and past the store-wide counter, so that a later ADD always reads as newer.
 pub fn next_generation(store_counter: u64, owner: Option<&Ownership>, previous_record: Option<u64>) -> u64 {
@@ -160,6 +195,27 @@ mod tests {
     fn the_cleanup_del_of_a_failed_add_is_not_stale() {
         let owner = owned_by("B", 2);
         assert_eq!(judge_del("A", Deleter::AddFailed, backed(&owner)), DelVerdict::Proceed);
+    }
+
+    #[test]
+    fn a_late_add_of_a_superseded_sandbox_is_refused() {
+        let owner = owned_by("B", 5);
+        // A was the owner at generation 3, then B took over: A's re-ADD is late.
+        assert_eq!(judge_add("A", Some(3), false, backed(&owner), true), AddVerdict::Superseded { owner: &owner });
+        // A's DEL was deferred: the runtime already tore A down.
+        assert_eq!(judge_add("A", None, true, backed(&owner), true), AddVerdict::Superseded { owner: &owner });
+        // A sandbox never seen is a new one; so is any ADD once the owner's netns is gone.
+        assert_eq!(judge_add("C", None, false, backed(&owner), true), AddVerdict::Take);
+        assert_eq!(judge_add("A", Some(3), true, backed(&owner), false), AddVerdict::Take);
+        assert_eq!(judge_add("B", Some(5), false, backed(&owner), true), AddVerdict::Take);
+    }
+
+    #[test]
+    fn deferred_dels_wait_for_a_free_key() {
+        let owner = owned_by("B", 2);
+        assert!(!may_replay(backed(&owner)));
+        assert!(may_replay(Some(Owner { ownership: &owner, backed: false })));
+        assert!(may_replay(None));
     }
 
     #[test]

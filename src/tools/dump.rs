@@ -17,6 +17,7 @@ use crate::error::{GuardError, Kind, Result};
 use crate::kernel::link_facts::LinkFacts;
 use crate::cni::result::ResultView;
 use crate::state::checkpoint::{Checkpoint, split_file_name};
+use crate::state::deferred::DeferredDel;
 use crate::state::ownership::Ownership;
 use crate::state::lock::WaitNotice;
 use crate::state::{Folder, Loaded, READ_BATCH, Store, read_for_listing};
@@ -83,6 +84,19 @@ struct Row<'a> {
     prev_result: Option<&'a RawValue>,
     /// Null for records from before link facts; {"state":"unavailable",...} when ADD could not read them.
     links: Option<&'a LinkFacts>,
+    /// A deferred DEL's: since when, the owner it was kept from, its failed replays.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    deferred: Option<DeferredFields<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DeferredFields<'a> {
+    deferred_at: &'a str,
+    deferred_for_owner: &'a str,
+    attempts: u32,
+    last_error: Option<&'a str>,
+    last_attempt_at: Option<&'a str>,
 }
 
 #[derive(Serialize, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +111,8 @@ enum Status {
     Kept,
     /// An ownership whose record is gone: the next DEL or GC of the pod key drops it.
     OwnerWithoutRecord,
+    /// Delegate mode: a stale DEL kept from the primary until its pod key is free.
+    Deferred,
 }
 
 impl Status {
@@ -107,6 +123,7 @@ impl Status {
             Status::SetAside => "SET ASIDE",
             Status::Kept => "kept",
             Status::OwnerWithoutRecord => "NO RECORD",
+            Status::Deferred => "DEFERRED",
         }
     }
 }
@@ -221,6 +238,19 @@ fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: 
             sink.row(&mut batch, &row)?;
         }
     }
+    let deferred = {
+        let _lock = store.read_lock(lock_timeout, &on_wait)?;
+        store.list_deferred()?
+    };
+    for (path, loaded) in &deferred {
+        let row = match loaded {
+            Loaded::Valid(entry) => deferred_row(entry),
+            _ => unverified_row(path, Status::Corrupt, "a deferred DEL that failed verification: GC leaves it; delete it once its sandbox is gone from the primary".to_string()),
+        };
+        if filter.admits_fields(row.pod_namespace, row.pod_name, row.pod_uid, row.container_id) {
+            sink.row(&mut batch, &row)?;
+        }
+    }
     sink.finish(&mut batch, store.root())?;
     out.write_all(&batch)?;
     out.flush()?;
@@ -284,6 +314,7 @@ fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultVi
         path: None,
         prev_result: Some(&record.prev_result),
         links: record.links.as_ref(),
+        deferred: None,
     }
 }
 
@@ -314,6 +345,41 @@ fn orphan_row(owner: &Ownership) -> Row<'_> {
     }
 }
 
+fn deferred_row(entry: &DeferredDel) -> Row<'_> {
+    let view = entry.prev_result.as_deref().and_then(|raw| ResultView::parse(raw).ok());
+    let failures = match (entry.attempts, entry.last_error.as_deref()) {
+        (0, _) => String::new(),
+        (n, error) => format!("; {n} replays failed, the last: {}", error.unwrap_or("-")),
+    };
+    Row {
+        network: Some(&entry.key.network),
+        container_id: Some(&entry.container_id),
+        if_name: Some(&entry.key.if_name),
+        pod_namespace: Some(&entry.key.pod_namespace),
+        pod_name: Some(&entry.key.pod_name),
+        pod_uid: entry.pod_uid.as_deref(),
+        netns: Some(&entry.netns),
+        ips: view.iter().flat_map(|v| v.ips.iter().map(|ip| ip.address.to_string())).collect(),
+        cni_version: Some(&entry.cni_version),
+        created_at: Some(&entry.deferred_at),
+        prev_result: entry.prev_result.as_deref(),
+        deferred: Some(DeferredFields {
+            deferred_at: &entry.deferred_at,
+            deferred_for_owner: &entry.owner,
+            attempts: entry.attempts,
+            last_error: entry.last_error.as_deref(),
+            last_attempt_at: entry.last_attempt_at.as_deref(),
+        }),
+        ..empty_row(
+            Status::Deferred,
+            format!(
+                "stale DEL kept from the primary since {}, while sandbox {} owns the pod; replayed once the pod's name is free{failures}",
+                entry.deferred_at, entry.owner
+            ),
+        )
+    }
+}
+
 fn empty_row<'a>(status: Status, reason: String) -> Row<'a> {
     Row {
         network: None,
@@ -338,6 +404,7 @@ fn empty_row<'a>(status: Status, reason: String) -> Row<'a> {
         path: None,
         prev_result: None,
         links: None,
+        deferred: None,
     }
 }
 
@@ -372,7 +439,7 @@ struct TableSink {
     rows: usize,
     owned: usize,
     /// Rows per `Status`, in its order.
-    by_status: [usize; 5],
+    by_status: [usize; 6],
 }
 
 const COLUMNS: [(&str, usize); 9] =
@@ -423,7 +490,7 @@ impl Sink for TableSink {
             "\n{} checkpoints, {} owning their pod name (*), {} not trusted",
             count(Status::Ok),
             self.owned,
-            self.rows - count(Status::Ok)
+            self.rows - count(Status::Ok) - count(Status::Deferred)
         )?;
         let root = root.display();
         let notes = [
@@ -431,6 +498,7 @@ impl Sink for TableSink {
             (Status::SetAside, format!("in {root}/set-aside refuse the DELs that need them: delete each once `crictl pods` shows no newer sandbox of its pod")),
             (Status::Kept, format!("in {root}/set-aside are damaged copies kept for inspection: they block nothing")),
             (Status::OwnerWithoutRecord, "own a pod key without a record: the next DEL or GC of the pod drops that ownership".to_string()),
+            (Status::Deferred, "stale DELs wait for their pod's name to be free: the owner's DEL or GC replays them to the primary".to_string()),
         ];
         for (status, note) in notes {
             if count(status) > 0 {

@@ -456,6 +456,10 @@ impl Cni {
         &self.container
     }
 
+    pub fn verb(&self) -> &str {
+        &self.verb
+    }
+
     pub fn network_name(&self) -> &str {
         &self.network
     }

@@ -9,6 +9,7 @@ use crate::state::ownership::{self, Ownership};
 use crate::cni::result::ResultView;
 use crate::state::checkpoint::{self, Checkpoint};
 use crate::state::{Loaded, Store};
+use serde_json::value::RawValue;
 
 /// Returns the primary's result in the config's cniVersion: byte for byte when it is in that
 /// version already (a chained plugin that changes nothing must not drop fields it does not
@@ -16,21 +17,27 @@ use crate::state::{Loaded, Store};
 /// disk, an IP conflict) is noted (see `store::failed_add`) so that the runtime's cleanup DEL
 /// of this sandbox is not taken for a stale one; input it rejects leaves the store untouched.
 pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
-    add(inv, attachment).inspect_err(|err| {
+    let prev_result = inv.conf.prev_result.as_ref().ok_or_else(|| {
+        GuardError::new(
+            Kind::InvalidConfig,
+            "no prevResult: chained, sandbox-guard goes LAST in the conflist's \"plugins\", after the \
+             primary plugin that sets up the interface (or wrap the primary: \"delegate\")",
+        )
+    })?;
+    checkpoint(inv, attachment, prev_result)
+}
+
+/// Checkpoints the attachment the primary set up, with the primary's result, and takes its
+/// pod key.
+pub(super) fn checkpoint(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Result<String> {
+    add(inv, attachment, prev_result).inspect_err(|err| {
         if matches!(err.kind, Kind::Busy | Kind::Io | Kind::ReadOnly | Kind::IpConflict | Kind::Netlink | Kind::NetnsGone) {
             crate::state::failed_add::mark(&inv.conf.state_dir, &inv.attachment_id(attachment), err);
         }
     })
 }
 
-fn add(inv: &Invocation, attachment: &Attachment) -> Result<String> {
-    let prev_result = inv.conf.prev_result.as_ref().ok_or_else(|| {
-        GuardError::new(
-            Kind::InvalidConfig,
-            "no prevResult: sandbox-guard is a chained plugin; list it LAST in the conflist's \
-             \"plugins\", after the primary plugin that sets up the interface",
-        )
-    })?;
+fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Result<String> {
     // Both before the store is opened: a result that is not one must leave no trace.
     let view = ResultView::validated(prev_result, &inv.conf.cni_version)?;
     let output = crate::cni::result::as_version(prev_result, &inv.conf.cni_version)?;
@@ -94,7 +101,7 @@ fn add(inv: &Invocation, attachment: &Attachment) -> Result<String> {
         generation,
         created_at: previous_created.clone().unwrap_or_else(|| now.clone()),
         updated_at: now,
-        prev_result: prev_result.clone(),
+        prev_result: prev_result.to_owned(),
         links: Some(links),
     };
     // Re-ADDed under another pod name: the key its old record held is no longer this

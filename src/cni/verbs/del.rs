@@ -17,16 +17,69 @@ use crate::state::checkpoint::{self, AttachmentId};
 use crate::state::{Loaded, Store};
 
 pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
+    let Some((store, unwritable)) = open(inv)? else {
+        nothing_recorded(inv, attachment);
+        return Ok(());
+    };
+    match judge(inv, attachment, &store)? {
+        Judgement::Stale(stale) => Err(refuse(inv, attachment, stale)),
+        Judgement::Go(plan) => {
+            finish(inv, attachment, &store, unwritable, plan);
+            Ok(())
+        }
+    }
+}
+
+/// A stale DEL, as judged: the key, its owner, and the refusal chained mode answers with.
+pub(super) struct Stale {
+    pub key: PodKey,
+    pub owner: Ownership,
+    pub error: GuardError,
+}
+
+/// A DEL that may go on: what it releases and what the log says of it.
+pub(super) struct Plan {
+    pub id: AttachmentId,
+    pub keys: Vec<PodKey>,
+    owners_to_remove: Vec<PodKey>,
+    notes: Vec<String>,
+    corrupt_record: Option<std::path::PathBuf>,
+    audited: Option<(String, String)>,
+}
+
+pub(super) enum Judgement {
+    Stale(Stale),
+    Go(Plan),
+}
+
+/// No store, and none can be made: no owner either, so nothing this DEL could tear down in
+/// another sandbox's name.
+pub(super) fn nothing_recorded(inv: &Invocation, attachment: &Attachment) {
+    let id = inv.attachment_id(attachment);
+    let key = checkpoint::pod_key(&id.network, attachment.pod.namespace.as_deref(), attachment.pod.name.as_deref(), &id.if_name);
+    let subject = inv.subject(Some(attachment), key.as_ref().map(PodKey::pod));
+    inv.log.event(Level::Warn, inv.verb, &subject, "deleted", "no state dir, and it cannot be created: nothing recorded");
+}
+
+/// The pod keys a DEL of `attachment` is about: the one CNI_ARGS name and the one its record
+/// holds (read without the store's lock: delegate mode takes the pod locks before it).
+pub(super) fn keys_of(inv: &Invocation, attachment: &Attachment, store: Option<&Store>) -> Vec<PodKey> {
+    let id = inv.attachment_id(attachment);
+    let args = &attachment.pod;
+    let mut keys: Vec<PodKey> =
+        checkpoint::pod_key(&id.network, args.namespace.as_deref(), args.name.as_deref(), &id.if_name).into_iter().collect();
+    if let Some(Ok(Loaded::Valid(record))) = store.map(|s| s.load_record(&id)) {
+        keys.extend(record.pod_key().filter(|key| !keys.contains(key)));
+    }
+    keys
+}
+
+/// Decides the DEL from the store: stale, or what it releases. Changes nothing but what
+/// a DEL must not get past (a corrupt file it needs is set aside, and the DEL refused).
+pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) -> Result<Judgement> {
     let id = inv.attachment_id(attachment);
     let args = &attachment.pod;
     let key_from_args = checkpoint::pod_key(&id.network, args.namespace.as_deref(), args.name.as_deref(), &id.if_name);
-    let Some((store, unwritable)) = open(inv)? else {
-        // No store, and none can be made: no owner either, so nothing this DEL could tear
-        // down in another sandbox's name.
-        let subject = inv.subject(Some(attachment), key_from_args.as_ref().map(PodKey::pod));
-        inv.log.event(Level::Warn, inv.verb, &subject, "deleted", "no state dir, and it cannot be created: nothing recorded");
-        return Ok(());
-    };
 
     // The record says which key this container took at ADD, whatever CNI_ARGS say now.
     let mut corrupt_record = None;
@@ -42,7 +95,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             // Needed (CNI_ARGS lack the pod key): set aside where it blocks, and refused. Not
             // needed: left in place until this DEL is judged, kept as a copy once it passes.
             if key_from_args.is_none() {
-                let kept = set_aside(&store, &path, &store.set_aside_path_for_record(&id))?;
+                let kept = set_aside(store, &path, &store.set_aside_path_for_record(&id))?;
                 return Err(set_aside_error(inv, attachment, &kept, &reason, None));
             }
             corrupt_record = Some(path);
@@ -57,7 +110,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
     let mut notes: Vec<String> = Vec::new();
     let mut audited = None;
     for key in &keys {
-        let owner = load_owner(inv, &store, attachment, key)?;
+        let owner = load_owner(inv, store, attachment, key)?;
         let found = owner.as_ref().map(|o| Owner {
             ownership: o,
             backed: o.container_id == id.container_id || store.owner_is_backed(o),
@@ -70,16 +123,13 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
         };
         match ownership::judge_del(&id.container_id, deleter, found) {
             DelVerdict::Stale { owner, ever_owned } => {
-                let err = stale_error(&id, key, owner, ever_owned);
+                let error = stale_error(&id, key, owner, ever_owned);
                 match inv.conf.stale_del {
                     StaleDelPolicy::Refuse => {
-                        let fields = [("cause", CAUSE_STALE_DEL), ("owner", owner.container_id.as_str())];
-                        let subject = inv.subject(Some(attachment), Some(key.pod()));
-                        inv.log.event_with(Level::Warn, inv.verb, &subject, "refused", &fields, &err.msg);
-                        return Err(err);
+                        return Ok(Judgement::Stale(Stale { key: key.clone(), owner: owner.clone(), error }));
                     }
                     StaleDelPolicy::Audit => {
-                        audited = Some((owner.container_id.clone(), format!("audit mode let a stale DEL through: {}", err.msg)));
+                        audited = Some((owner.container_id.clone(), format!("audit mode let a stale DEL through: {}", error.msg)));
                     }
                 }
             }
@@ -98,20 +148,32 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
     if keys.is_empty() {
         notes.push("no pod identity: nothing to guard".into());
     }
+    Ok(Judgement::Go(Plan { id, keys, owners_to_remove, notes, corrupt_record, audited }))
+}
 
-    let subject = inv.subject(Some(attachment), keys.first().map(PodKey::pod));
-    let (outcome, level, why) = match &audited {
+/// Chained mode's answer to a stale DEL: refused, so the primary never sees it.
+pub(super) fn refuse(inv: &Invocation, attachment: &Attachment, stale: Stale) -> GuardError {
+    let fields = [("cause", CAUSE_STALE_DEL), ("owner", stale.owner.container_id.as_str())];
+    let subject = inv.subject(Some(attachment), Some(stale.key.pod()));
+    inv.log.event_with(Level::Warn, inv.verb, &subject, "refused", &fields, &stale.error.msg);
+    stale.error
+}
+
+/// Forgets what the DEL released and logs it. The DEL is not stale: from here on nothing of
+/// the guard's own may fail it.
+pub(super) fn finish(inv: &Invocation, attachment: &Attachment, store: &Store, unwritable: Option<GuardError>, plan: Plan) {
+    let subject = inv.subject(Some(attachment), plan.keys.first().map(PodKey::pod));
+    let (outcome, level, why) = match &plan.audited {
         Some((_, text)) => ("audited", Level::Warn, text.clone()),
-        None => ("deleted", Level::Info, notes.join("; ")),
+        None => ("deleted", Level::Info, plan.notes.join("; ")),
     };
-    let fields: Vec<(&str, &str)> = match &audited {
+    let fields: Vec<(&str, &str)> = match &plan.audited {
         Some((owner, _)) => vec![("cause", CAUSE_STALE_DEL), ("owner", owner)],
         None => Vec::new(),
     };
-    // The DEL is not stale: from here on nothing of the guard's own may fail it.
     let forgotten = match unwritable {
         Some(why) => Err(why),
-        None => forget(&store, &id, &owners_to_remove, corrupt_record.as_deref()),
+        None => forget(store, &plan.id, &plan.owners_to_remove, plan.corrupt_record.as_deref()),
     };
     match forgotten {
         Ok(()) => inv.log.event_with(level, inv.verb, &subject, outcome, &fields, &why),
@@ -121,14 +183,13 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             err.msg, err.details
         )),
     }
-    Ok(())
 }
 
 /// The store for writing; where it cannot be opened for writing (a read-only filesystem, a
 /// full one, a permission), the store read as it is, with the reason it cannot be written: a
 /// stale DEL is still refused, and every other DEL passes without writing. `None`: there is
 /// no state dir and none can be made.
-fn open(inv: &Invocation) -> Result<Option<(Store, Option<GuardError>)>> {
+pub(super) fn open(inv: &Invocation) -> Result<Option<(Store, Option<GuardError>)>> {
     match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
         Ok(store) => Ok(Some((store, None))),
         Err(_) if crate::state::surely_absent(&inv.conf.state_dir) => Ok(None),

@@ -3,6 +3,7 @@
 pub mod add;
 pub mod check;
 pub mod del;
+pub mod delegated;
 pub mod gc;
 pub mod ip_conflict;
 pub mod status;

@@ -92,6 +92,16 @@ impl Kernel {
         }
     }
 
+    /// Removes link #`index` of the pod's netns; one already gone is no error.
+    pub fn delete_pod_link(&self, index: u32) -> Result<()> {
+        let mut message = LinkMessage::default();
+        message.header.index = index;
+        match self.socket(Side::Pod).request(RouteNetlinkMessage::DelLink(message), NLM_F_REQUEST | NLM_F_ACK) {
+            Err(err) if errno(&err) == Some(nix::libc::ENODEV) => Ok(()),
+            outcome => outcome.map(drop).map_err(|e| failed(&format!("delete link #{index} in the pod's netns"), e)),
+        }
+    }
+
     pub fn add_address(&self, index: u32, cidr: IpNetwork) -> Result<()> {
         let mut message = AddressMessage::default();
         message.header.index = index;

@@ -97,7 +97,10 @@ fn read_conf(file: &Path, conf: &Value, node: &mut NodeConfig, problems: &mut Ve
     };
     for (position, plugin) in plugins.iter().enumerate() {
         if plugin["type"] == "sandbox-guard" {
-            if position + 1 != plugins.len() {
+            // Wrapping its primary ("delegate"), the guard decides before the primary sees a
+            // verb wherever it stands; chained, only the last plugin runs first on DEL.
+            let wraps = plugin.get("delegate").is_some();
+            if !wraps && position + 1 != plugins.len() {
                 problems.push((
                     format!(
                         "{}: sandbox-guard is plugin {} of {} in network {network}; it must be LAST, because \
@@ -107,7 +110,8 @@ fn read_conf(file: &Path, conf: &Value, node: &mut NodeConfig, problems: &mut Ve
                         position + 1,
                         plugins.len()
                     ),
-                    "move the sandbox-guard entry to the end of \"plugins\" so that on DEL it runs FIRST",
+                    "move the sandbox-guard entry to the end of \"plugins\" so that on DEL it runs FIRST, or give it \
+                     the primary as \"delegate\" in the primary's place",
                 ));
             }
             node.guards.push(GuardEntry {
@@ -160,5 +164,13 @@ mod tests {
         assert_eq!(masters, [("macvlan", Some("bond1")), ("ipvlan", None)]);
         assert_eq!(node.guards[0].state_dir, PathBuf::from("/x"));
         assert!(problems[0].0.contains("must be LAST"), "{problems:?}");
+
+        let wrapping: Value = serde_json::from_str(
+            r#"{"name":"k8s","plugins":[{"type":"sandbox-guard","delegate":{"type":"calico"}},{"type":"portmap"}]}"#,
+        )
+        .unwrap();
+        let mut problems = Vec::new();
+        read_conf(Path::new("/etc/cni/net.d/10-calico.conflist"), &wrapping, &mut NodeConfig::default(), &mut problems);
+        assert!(problems.is_empty(), "a guard that wraps its primary may stand first: {problems:?}");
     }
 }

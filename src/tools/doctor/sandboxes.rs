@@ -93,6 +93,7 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
     store_health::check_untrusted(&root_display, &records, &set_aside, report);
     store_health::check_orphans(&root_display, &orphaned, report);
     store_health::check_temp_files(&root_display, &store, report);
+    store_health::check_deferred(&root_display, &store, report);
     let valid: Vec<Checkpoint> = records
         .into_iter()
         .filter_map(|(_, loaded)| match loaded {

@@ -18,6 +18,7 @@ use crate::state::ownership::PodKey;
 struct PodStaleDels {
     refused: usize,
     audited: usize,
+    deferred: usize,
     first: String,
     last: String,
     stale_sandboxes: BTreeSet<String>,
@@ -31,8 +32,17 @@ struct StaleDelLine {
     time: String,
     key: PodKey,
     container: String,
-    audited: bool,
+    handled: Handled,
     owner: Option<String>,
+}
+
+/// What the guard did with a stale DEL.
+#[derive(Debug, PartialEq, Clone, Copy)]
+enum Handled {
+    Refused,
+    Audited,
+    /// Delegate mode: answered with success, kept from the primary until the pod is free.
+    Deferred,
 }
 
 fn parse_line(line: &str) -> Option<StaleDelLine> {
@@ -45,9 +55,10 @@ fn parse_line(line: &str) -> Option<StaleDelLine> {
         Some(_) => return None,
         None => legacy_stale_del(line)?,
     };
-    let audited = match entry.field("outcome")? {
-        "audited" => true,
-        "refused" => false,
+    let handled = match entry.field("outcome")? {
+        "audited" => Handled::Audited,
+        "refused" => Handled::Refused,
+        "deferred" => Handled::Deferred,
         _ => return None,
     };
     let (namespace, name) = entry.field("pod")?.split_once('/')?;
@@ -60,7 +71,7 @@ fn parse_line(line: &str) -> Option<StaleDelLine> {
             if_name: entry.field("ifname")?.to_string(),
         },
         container: entry.field("container")?.to_string(),
-        audited,
+        handled,
         owner,
     })
 }
@@ -113,10 +124,10 @@ fn check_log(path: &Path, owners: &Owners, report: &mut Report) {
         }
         entry.last = stale.time;
         entry.stale_sandboxes.insert(stale.container);
-        if stale.audited {
-            entry.audited += 1;
-        } else {
-            entry.refused += 1;
+        match stale.handled {
+            Handled::Audited => entry.audited += 1,
+            Handled::Refused => entry.refused += 1,
+            Handled::Deferred => entry.deferred += 1,
         }
         entry.protected = stale.owner.or(entry.protected.take());
     }
@@ -152,6 +163,23 @@ fn check_log(path: &Path, owners: &Owners, report: &mut Report) {
                 } else {
                     "history: the owner has gone since, so later retries passed"
                 }),
+            );
+        }
+        if stats.deferred > 0 {
+            report.add(
+                Finding::new(
+                    Severity::Info,
+                    "stale-dels",
+                    format!(
+                        "pod {} ({}, network {}): {} stale DELs deferred while sandbox {protected} owned the pod",
+                        key.pod(),
+                        key.if_name,
+                        key.network,
+                        stats.deferred
+                    ),
+                )
+                .evidence(evidence.clone())
+                .fix("nothing to do: the old sandboxes went on their first try, and their DELs reach the primary once the pod's name is free (see the store-deferred finding)"),
             );
         }
         if stats.audited > 0 {
@@ -192,19 +220,21 @@ mod tests {
     #[test]
     fn reads_the_owner_field_whatever_the_prose_says() {
         let line = parse_line(REFUSED_NOW).unwrap();
-        assert_eq!((line.container.as_str(), line.owner.as_deref(), line.audited), ("aaa", Some("bbb"), false));
+        assert_eq!((line.container.as_str(), line.owner.as_deref(), line.handled == Handled::Audited), ("aaa", Some("bbb"), false));
         let reworded = REFUSED_NOW.replace("belongs to sandbox bbb, not aaa", "is now in other hands");
         assert_eq!(parse_line(&reworded).unwrap().owner.as_deref(), Some("bbb"));
         let rewritten = REFUSED_NOW.replace("stale DEL refused: pod", "Teardown of an old sandbox held back: pod");
         assert_eq!(parse_line(&rewritten).unwrap().owner.as_deref(), Some("bbb"));
         let audited = REFUSED_NOW.replace("outcome=refused", "outcome=audited").replace("stale DEL refused", "audit mode let");
-        assert!(parse_line(&audited).unwrap().audited);
+        assert!(parse_line(&audited).unwrap().handled == Handled::Audited);
+        let deferred = REFUSED_NOW.replace("outcome=refused", "outcome=deferred");
+        assert_eq!(parse_line(&deferred).unwrap().handled, Handled::Deferred);
     }
 
     #[test]
     fn reads_lines_from_before_the_cause_field() {
         let line = parse_line(REFUSED_WITHOUT_CAUSE).unwrap();
-        assert_eq!((line.container.as_str(), line.owner.as_deref(), line.audited), ("aaa", Some("bbb"), false));
+        assert_eq!((line.container.as_str(), line.owner.as_deref(), line.handled == Handled::Audited), ("aaa", Some("bbb"), false));
     }
 
     #[test]
@@ -213,7 +243,7 @@ mod tests {
         assert_eq!(line.key.pod(), "lijiaob/etcd1-0");
         assert_eq!(line.container, "aaa");
         assert_eq!(line.owner.as_deref(), Some("bbb"));
-        assert!(!line.audited);
+        assert!(line.handled != Handled::Audited);
     }
 
     #[test]

@@ -31,6 +31,58 @@ pub(super) fn check_orphans(root: &str, orphaned: &[Ownership], report: &mut Rep
     report.add(finding);
 }
 
+/// A deferred DEL waits for its pod's owner to go; one waiting for more than a day, or whose
+/// replays the primary keeps refusing, leaks what the primary holds for the old sandbox.
+pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
+    let deferred = match store.list_deferred() {
+        Ok(deferred) => deferred,
+        Err(e) => {
+            report.add(Finding::new(Severity::Warning, "store-deferred", format!("{root}: cannot list the deferred DELs: {e}")));
+            return;
+        }
+    };
+    if deferred.is_empty() {
+        report.add(Finding::new(Severity::Ok, "store-deferred", format!("{root}: no deferred DEL waits")));
+        return;
+    }
+    let now = crate::clock::unix_seconds();
+    let mut old = Vec::new();
+    let mut failing = Vec::new();
+    let waiting = deferred.len();
+    for (path, loaded) in &deferred {
+        let Loaded::Valid(entry) = loaded else {
+            failing.push(format!("{}: failed verification, it is never replayed: delete it once its sandbox is gone from the primary", path.display()));
+            continue;
+        };
+        let since = crate::clock::parse_rfc3339(&entry.deferred_at).unwrap_or(now);
+        let what = format!("pod {} ({}): sandbox {}, deferred {} ago while {} owned the pod", entry.key.pod(), entry.key.if_name, entry.container_id, crate::clock::age(since, now), entry.owner);
+        if entry.attempts >= REPLAYS_BEFORE_WARNING {
+            failing.push(format!("{what}; {} replays failed, the last: {}", entry.attempts, entry.last_error.as_deref().unwrap_or("-")));
+        } else if now - since > DEFERRED_FOR_LONG {
+            old.push(what);
+        }
+    }
+    let quiet = failing.is_empty() && old.is_empty();
+    if !failing.is_empty() {
+        let mut finding = Finding::new(Severity::Warning, "store-deferred", format!("{root}: the primary keeps refusing {} deferred DELs", failing.len()))
+            .fix("read the last error: the primary holds what it gave the old sandbox until one replay passes; the next release of the pod or GC retries");
+        finding.evidence = capped(failing);
+        report.add(finding);
+    }
+    if !old.is_empty() {
+        let mut finding = Finding::new(Severity::Info, "store-deferred", format!("{root}: {} deferred DELs have waited for more than a day", old.len()))
+            .fix("nothing is broken: each waits for its pod's owner to be removed (a long-lived StatefulSet pod keeps it waiting); the primary holds what it gave the old sandbox until then");
+        finding.evidence = capped(old);
+        report.add(finding);
+    }
+    if quiet {
+        report.add(Finding::new(Severity::Ok, "store-deferred", format!("{root}: {waiting} deferred DELs wait for their pod's name to be free")));
+    }
+}
+
+const REPLAYS_BEFORE_WARNING: u32 = 3;
+const DEFERRED_FOR_LONG: i64 = 24 * 3600;
+
 /// Temp files of writers killed mid-write (a runtime's timeout kills plugins): harmless,
 /// never read, removed by GC; many of them say plugins are being killed.
 pub(super) fn check_temp_files(root: &str, store: &Store, report: &mut Report) {

@@ -1,0 +1,241 @@
+//! Delegate mode: the primary plugin the guard wraps, run as libcni would have run it.
+//!
+//! Chained last, the guard can stop a stale DEL only by failing it. Wrapping the primary
+//! instead, it decides before the primary sees a verb: a stale DEL can then succeed for the
+//! runtime while the primary's DEL waits (`state::deferred`). The primary gets the same
+//! `CNI_*` environment and, on stdin, its own object from the `delegate` key plus the
+//! network's `name` and `cniVersion`, the `prevResult` when the guard got one, the
+//! `runtimeConfig` its `capabilities` ask for, and GC's attachment list: what libcni would
+//! have handed it had it been in the chain itself.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use crate::cni::config::{MAX_STDIN, ValidAttachment};
+use crate::error::{GuardError, Kind, Result};
+use crate::names;
+
+/// More than any result; a primary that writes more is broken.
+const MAX_REPLY: u64 = 1 << 20;
+/// A pipe holds at least this much: smaller stdin is written before the primary runs.
+const PIPE_CAPACITY: usize = 60 * 1024;
+
+#[derive(Debug)]
+pub struct Delegate {
+    /// The primary's `type`: a file name looked up in `CNI_PATH`.
+    pub plugin_type: String,
+    /// Its stdin without `name`, `cniVersion` and `prevResult`.
+    conf: Map<String, Value>,
+}
+
+/// What replaces the guard's own `CNI_*` environment for one call (a replayed DEL is
+/// another sandbox's).
+#[derive(Debug, Default)]
+pub struct EnvOverride<'a> {
+    pub command: Option<&'a str>,
+    pub container_id: Option<&'a str>,
+    pub netns: Option<&'a str>,
+    pub if_name: Option<&'a str>,
+    pub args: Option<&'a str>,
+}
+
+impl Delegate {
+    pub fn from_conf(
+        mut object: Map<String, Value>,
+        runtime_config: Option<&Map<String, Value>>,
+        valid_attachments: Option<&[ValidAttachment]>,
+    ) -> Result<Delegate> {
+        let plugin_type = match object.get("type") {
+            Some(Value::String(name)) => name.clone(),
+            _ => return Err(GuardError::new(Kind::InvalidConfig, "\"delegate\" has no \"type\": name the primary plugin it wraps")),
+        };
+        names::check_plain("delegate type", &plugin_type, 255, Kind::InvalidConfig)?;
+        if plugin_type == "sandbox-guard" {
+            return Err(GuardError::new(Kind::InvalidConfig, "\"delegate\" names sandbox-guard itself: name the primary plugin it wraps"));
+        }
+        // libcni hands a plugin the runtime's settings for the capabilities it declares.
+        let wanted = |key: &str| object.get("capabilities").and_then(|caps| caps.get(key)) == Some(&Value::Bool(true));
+        let settings: Map<String, Value> = runtime_config
+            .into_iter()
+            .flatten()
+            .filter(|(key, _)| wanted(key))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        if !settings.is_empty() {
+            object.insert("runtimeConfig".into(), Value::Object(settings));
+        }
+        if let Some(valid) = valid_attachments {
+            object.insert("cni.dev/valid-attachments".into(), serde_json::to_value(valid).unwrap_or_default());
+        }
+        for key in ["name", "cniVersion", "prevResult"] {
+            object.remove(key);
+        }
+        Ok(Delegate { plugin_type, conf: object })
+    }
+
+    fn stdin(&self, network: &str, cni_version: &str, prev_result: Option<&RawValue>) -> Result<Vec<u8>> {
+        let mut conf = self.conf.clone();
+        conf.insert("cniVersion".into(), Value::String(cni_version.into()));
+        conf.insert("name".into(), Value::String(network.into()));
+        if let Some(prev) = prev_result {
+            let value = serde_json::from_str(prev.get())
+                .map_err(|e| GuardError::new(Kind::Decode, format!("cannot decode the prevResult for the delegate: {e}")))?;
+            conf.insert("prevResult".into(), value);
+        }
+        serde_json::to_vec(&Value::Object(conf))
+            .map_err(|e| GuardError::new(Kind::Decode, format!("cannot encode the delegate's configuration: {e}")))
+    }
+
+    /// Runs the primary and returns what it wrote to stdout when it succeeded. Its error goes
+    /// back as it wrote it (`Kind::Delegate`, `GuardError::verbatim`). Its stderr is ours.
+    /// No timeout of our own: the runtime bounds the call, and when it kills the guard the
+    /// primary dies with it, as it would had the runtime run it directly.
+    pub fn call(&self, network: &str, cni_version: &str, prev_result: Option<&RawValue>, env: &EnvOverride) -> Result<Vec<u8>> {
+        let stdin = self.stdin(network, cni_version, prev_result)?;
+        if stdin.len() as u64 > MAX_STDIN {
+            return Err(GuardError::new(Kind::Decode, format!("the configuration for the delegate {} is larger than {MAX_STDIN} bytes", self.plugin_type)));
+        }
+        let path = self.find()?;
+        let mut command = Command::new(&path);
+        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        for (key, value) in [
+            ("CNI_COMMAND", env.command),
+            ("CNI_CONTAINERID", env.container_id),
+            ("CNI_NETNS", env.netns),
+            ("CNI_IFNAME", env.if_name),
+            ("CNI_ARGS", env.args),
+        ] {
+            if let Some(value) = value {
+                command.env(key, value);
+            }
+        }
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent's.
+        unsafe {
+            command.pre_exec(|| {
+                if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().map_err(|e| self.broken(format!("cannot run {}: {e}", path.display())))?;
+        let mut pipe = child.stdin.take();
+        let writer = if stdin.len() <= PIPE_CAPACITY {
+            // Fits the pipe: written at once, no thread.
+            let _ = pipe.as_mut().map(|p| p.write_all(&stdin));
+            drop(pipe);
+            None
+        } else {
+            Some(std::thread::spawn(move || {
+                let _ = pipe.as_mut().map(|p| p.write_all(&stdin));
+            }))
+        };
+        let mut reply = Vec::new();
+        let read = child.stdout.take().map(|out| out.take(MAX_REPLY + 1).read_to_end(&mut reply));
+        let status = child.wait().map_err(|e| self.broken(format!("cannot wait for {}: {e}", path.display())))?;
+        if let Some(writer) = writer {
+            let _ = writer.join();
+        }
+        if let Some(Err(e)) = read {
+            return Err(self.broken(format!("cannot read the answer of {}: {e}", self.plugin_type)));
+        }
+        if reply.len() as u64 > MAX_REPLY {
+            return Err(self.broken(format!("{} wrote more than {MAX_REPLY} bytes", self.plugin_type)));
+        }
+        if status.success() {
+            return Ok(reply);
+        }
+        Err(self.error_from(&reply, status))
+    }
+
+    fn error_from(&self, reply: &[u8], status: std::process::ExitStatus) -> GuardError {
+        let text = String::from_utf8_lossy(reply);
+        let parsed: Option<Map<String, Value>> = serde_json::from_slice(reply).ok();
+        let code = parsed.as_ref().and_then(|e| e.get("code")).and_then(Value::as_u64).filter(|&c| c > 0 && c <= u64::from(u32::MAX));
+        match (parsed.as_ref(), code) {
+            (Some(error), Some(code)) => {
+                let field = |key: &str| error.get(key).and_then(Value::as_str).unwrap_or_default().to_string();
+                let mut err = GuardError::new(Kind::Delegate(code as u32), field("msg")).with_details(field("details"));
+                err.verbatim = Some(text.trim_end().to_string());
+                err
+            }
+            _ => {
+                let how = match status.signal() {
+                    Some(signal) => format!("was killed by signal {signal}"),
+                    None => format!("exited with status {}", status.code().unwrap_or(-1)),
+                };
+                self.broken(format!("the delegate {} {how} without a CNI error", self.plugin_type))
+                    .with_details(format!("It wrote: {:?}. Run it by hand with the same configuration to see why.", names::shorten(text.trim())))
+            }
+        }
+    }
+
+    fn broken(&self, msg: String) -> GuardError {
+        GuardError::new(Kind::DelegateBroken, msg)
+    }
+
+    /// The primary's binary in `CNI_PATH`, as libcni finds it; never the guard itself.
+    fn find(&self) -> Result<PathBuf> {
+        let search = std::env::var("CNI_PATH").unwrap_or_default();
+        let me = std::fs::metadata("/proc/self/exe").ok().map(|m| (m.dev(), m.ino()));
+        for dir in search.split(':').filter(|d| !d.is_empty()) {
+            let path = PathBuf::from(dir).join(&self.plugin_type);
+            let Ok(meta) = std::fs::metadata(&path) else { continue };
+            if !meta.is_file() {
+                continue;
+            }
+            if me == Some((meta.dev(), meta.ino())) {
+                return Err(GuardError::new(Kind::InvalidConfig, format!("\"delegate\" type {} is sandbox-guard itself", self.plugin_type))
+                    .with_details("Name the primary plugin the guard wraps, not the guard."));
+            }
+            return Ok(path);
+        }
+        Err(GuardError::new(
+            Kind::InvalidConfig,
+            format!("the delegate plugin {:?} is not in CNI_PATH", self.plugin_type),
+        )
+        .with_details(format!("Searched {:?}. Install the primary plugin there, or fix \"delegate\".\"type\".", names::shorten(&search))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delegate(object: Value, runtime: Option<Value>) -> Result<Delegate> {
+        let runtime = runtime.and_then(|r| r.as_object().cloned());
+        Delegate::from_conf(object.as_object().unwrap().clone(), runtime.as_ref(), None)
+    }
+
+    #[test]
+    fn stdin_is_the_delegate_object_with_the_networks_name_and_version() {
+        let d = delegate(serde_json::json!({"type": "calico", "ipam": {"type": "calico-ipam"}, "name": "ignored"}), None).unwrap();
+        let prev = RawValue::from_string(r#"{"cniVersion":"1.0.0","x":1}"#.into()).unwrap();
+        let stdin: Value = serde_json::from_slice(&d.stdin("k8s-pod-network", "1.0.0", Some(&prev)).unwrap()).unwrap();
+        assert_eq!(stdin["name"], "k8s-pod-network");
+        assert_eq!(stdin["cniVersion"], "1.0.0");
+        assert_eq!(stdin["ipam"]["type"], "calico-ipam");
+        assert_eq!(stdin["prevResult"]["x"], 1);
+    }
+
+    #[test]
+    fn runtime_config_only_for_declared_capabilities() {
+        let runtime = serde_json::json!({"portMappings": [1], "bandwidth": {}});
+        let d = delegate(serde_json::json!({"type": "p", "capabilities": {"portMappings": true, "bandwidth": false}}), Some(runtime)).unwrap();
+        let stdin: Value = serde_json::from_slice(&d.stdin("n", "1.0.0", None).unwrap()).unwrap();
+        assert_eq!(stdin["runtimeConfig"], serde_json::json!({"portMappings": [1]}));
+    }
+
+    #[test]
+    fn a_delegate_without_a_plain_type_is_refused() {
+        for object in [serde_json::json!({}), serde_json::json!({"type": "../x"}), serde_json::json!({"type": "sandbox-guard"})] {
+            assert_eq!(delegate(object, None).unwrap_err().code(), 7);
+        }
+    }
+}

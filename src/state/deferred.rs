@@ -1,0 +1,125 @@
+//! Delegate mode's deferred DELs: a stale DEL the guard answered with success without
+//! passing it to the primary, kept until the pod key is free and the primary can be given
+//! it without tearing down the owner's network (see `ownership`, rule 5).
+//!
+//! `<stateDir>/deferred/<sha256 of the pod key>/<network>:<container>:<if>`, one sealed file
+//! each. A folder per key: the owner's DEL replays its key's entries by listing one small
+//! folder, never the whole store. Each entry is written durably before the stale DEL is
+//! answered, and removed (durably) only after the primary accepted its replay: a crash
+//! loses none, and at worst replays one again, which a primary's DEL must tolerate anyway.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::checkpoint::AttachmentId;
+use super::ownership::PodKey;
+use super::sealed::{self, Loaded};
+use super::{Store, ensure_dir, remove};
+use crate::error::{GuardError, Result};
+
+pub const DEFERRED: &str = "deferred";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeferredDel {
+    #[serde(flatten)]
+    pub key: PodKey,
+    pub container_id: String,
+    pub pod_uid: Option<String>,
+    /// The stale DEL's `CNI_ARGS`, replayed as they came.
+    pub cni_args: String,
+    pub cni_version: String,
+    /// The sandbox's result (its checkpoint's, else the DEL's prevResult), replayed as the
+    /// DEL's prevResult.
+    pub prev_result: Option<Box<RawValue>>,
+    /// Where the sandbox's interface was, and its MAC: the interface the guard removes there.
+    pub netns: String,
+    pub mac: Option<String>,
+    /// The sandbox that owned the pod key when this DEL came.
+    pub owner: String,
+    pub deferred_at: String,
+    /// Replays the primary refused so far, and what it said the last time.
+    #[serde(default)]
+    pub attempts: u32,
+    #[serde(default)]
+    pub last_error: Option<String>,
+    #[serde(default)]
+    pub last_attempt_at: Option<String>,
+}
+
+impl DeferredDel {
+    pub fn id(&self) -> AttachmentId {
+        AttachmentId { network: self.key.network.clone(), container_id: self.container_id.clone(), if_name: self.key.if_name.clone() }
+    }
+}
+
+impl Store {
+    fn deferred_dir(&self, key: &PodKey) -> PathBuf {
+        self.root.join(DEFERRED).join(key.digest())
+    }
+
+    pub fn deferred_path(&self, key: &PodKey, id: &AttachmentId) -> PathBuf {
+        self.deferred_dir(key).join(id.file_name())
+    }
+
+    pub fn load_deferred(&self, key: &PodKey, id: &AttachmentId) -> Result<Loaded<DeferredDel>> {
+        sealed::read(&self.deferred_path(key, id))
+    }
+
+    /// Writes the entry and makes it durable at once: the stale DEL is answered only after.
+    pub fn save_deferred(&self, deferred: &DeferredDel) -> Result<()> {
+        let parent = self.root.join(DEFERRED);
+        let dir = self.deferred_dir(&deferred.key);
+        let created = super::surely_absent(&dir);
+        ensure_dir(&parent)?;
+        ensure_dir(&dir)?;
+        sealed::write(&dir, &deferred.id().file_name(), deferred)?;
+        sync_dir(&dir)?;
+        if created {
+            sync_dir(&parent)?;
+        }
+        Ok(())
+    }
+
+    pub fn remove_deferred(&self, key: &PodKey, id: &AttachmentId) -> Result<()> {
+        let dir = self.deferred_dir(key);
+        remove(&dir.join(id.file_name()))?;
+        sync_dir(&dir).or_else(|e| if super::surely_absent(&dir) { Ok(()) } else { Err(e) })?;
+        // The key's folder goes with its last entry (a writer holds the store's lock, so
+        // nobody adds to it meanwhile); a folder that is not empty stays.
+        let _ = std::fs::remove_dir(&dir);
+        Ok(())
+    }
+
+    /// The deferred DELs of one pod key, oldest first.
+    pub fn deferred_of(&self, key: &PodKey) -> Result<Vec<(PathBuf, Loaded<DeferredDel>)>> {
+        let mut found = super::list(&self.deferred_dir(key), |path| Ok(super::read_for_listing(path)))?;
+        found.sort_by_key(|(_, loaded)| deferred_at(loaded));
+        Ok(found)
+    }
+
+    /// Every deferred DEL, for GC, the dump and the doctor.
+    pub fn list_deferred(&self) -> Result<Vec<(PathBuf, Loaded<DeferredDel>)>> {
+        let mut all = Vec::new();
+        for (dir, ()) in super::list(&self.root.join(DEFERRED), |_| Ok(()))? {
+            if dir.is_dir() {
+                all.extend(super::list(&dir, |path| Ok(super::read_for_listing(path)))?);
+            }
+        }
+        Ok(all)
+    }
+}
+
+fn deferred_at(loaded: &Loaded<DeferredDel>) -> String {
+    match loaded {
+        Loaded::Valid(entry) => entry.deferred_at.clone(),
+        _ => String::new(),
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| GuardError::io("sync directory", dir, e))
+}

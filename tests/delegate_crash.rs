@@ -1,9 +1,10 @@
 //! Delegate mode can lose the guard at any instruction too (OOM killer, a runtime's timeout,
 //! power), now with a primary process of its own in flight and DELs it promised to run later.
-//! SIGKILL lands at each of the guard's changes in turn (strace stops it on entry to the
-//! n-th rename, unlink, fsync, fork or wait, for every n until a run finishes) and then at
-//! random moments, during a deferral (a stale DEL recorded instead of run), a replay (the
-//! owner's DEL, then each deferred DEL of the pod handed to the primary) and a GC's replay.
+//! SIGKILL lands at each of the guard's steps in turn (strace stops it on entry to the n-th
+//! rename, unlink, fsync, lock, netlink request, fork, wait or write, for every n until a run
+//! gets through), then at random moments, during a deferral (a stale DEL recorded instead of
+//! run), a replay (the owner's DEL, then each deferred DEL of the pod handed to the primary)
+//! and a GC's replay.
 //! Each interrupted operation is retried as the runtime retries it, and then:
 //! - no deferred DEL is lost: each stale DEL that got success is deferred or has reached the
 //!   primary, and each reaches it once the pod is free;
@@ -28,18 +29,27 @@ use counting_primary::{CountingPrimary, PrimaryCall};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-/// The guard's changes: the store's writes (fsync, rename) and removals, starting the primary
-/// and waiting for it.
-const KILL_POINTS: &str = "rename,renameat,renameat2,unlink,unlinkat,fsync,fdatasync,clone,clone3,vfork,fork,wait4,waitid";
-/// More kill points than any operation here has: a loop that reaches it never finished.
-const MAX_KILL_POINT: usize = 200;
-const RANDOM_ROUNDS: usize = 25;
+/// The guard's steps: the store's writes (fsync, rename) and removals, its locks, netlink
+/// requests (taking the interface out of a stale sandbox), starting the primary, feeding it
+/// and waiting for it, the log and the answer. strace counts each
+/// system call on its own, so each is a loop of its own; `?`: not every arch has each.
+const KILL_POINTS: [&str; 20] = [
+    "?rename", "?renameat", "?renameat2", "?unlink", "?unlinkat", "?rmdir", "?mkdir", "?mkdirat", "?fsync", "?fdatasync",
+    "?flock", "?sendto", "?sendmsg", "?clone", "?clone3", "?vfork", "?fork", "?wait4", "?waitid", "?write",
+];
+/// More calls of one system call than any operation here makes: a loop that reaches it
+/// never finished.
+const MAX_NTH: usize = 100;
+const RANDOM_ROUNDS: usize = 20;
 const SEED: u64 = 0xde1e_9a7e;
 const TOOLS: &[&str] = &["ip", "strace", "flock", "sha256sum", "paste"];
 const SIGKILL: i32 = 9;
+/// DELs that reached the primary again after a kill, so the summary shows the case was met.
+static REPEATS: AtomicUsize = AtomicUsize::new(0);
 
 /// One sandbox of the pod, attached through the guard to the primary.
 struct Sandbox {
@@ -64,8 +74,8 @@ impl Sandbox {
 #[derive(Clone, Copy, Debug)]
 enum Kill {
     Never,
-    /// On entry to the guard's n-th call of `KILL_POINTS`.
-    AtNth(usize),
+    /// On entry to the guard's n-th call of a system call.
+    AtNth(&'static str, usize),
     After(Duration),
 }
 
@@ -134,7 +144,7 @@ impl World {
         let started = Instant::now();
         let reply = match kill {
             Kill::Never => call.run(),
-            Kill::AtNth(nth) => call.run_killed_at(Traced::PluginOnly, KILL_POINTS, nth),
+            Kill::AtNth(syscall, nth) => call.run_killed_at(Traced::PluginOnly, syscall, nth),
             Kill::After(delay) => {
                 let mut running = call.spawn();
                 std::thread::sleep(delay);
@@ -171,6 +181,12 @@ impl World {
         self.store.dump().into_iter().filter(|e| e["status"] == "deferred").collect()
     }
 
+    fn deferred_at(&self, sandbox: &Sandbox) -> String {
+        let entry = self.deferred().into_iter().find(|e| e["containerId"] == json!(sandbox.container));
+        let entry = entry.unwrap_or_else(|| panic!("{} is not deferred", sandbox.container));
+        entry["deferredAt"].as_str().unwrap().to_string()
+    }
+
     fn is_deferred(&self, sandbox: &Sandbox) -> bool {
         self.deferred().iter().any(|e| e["containerId"] == json!(sandbox.container))
     }
@@ -187,9 +203,16 @@ impl World {
             .filter_map(|path| cni::verify_envelope(path).ok())
             .map(|owner| owner["containerId"].as_str().unwrap().to_string())
             .collect();
+        // deferred/<pod key>/<attachment>: each file a sealed entry, or the temp file of a
+        // writer that was killed, which nothing reads.
+        for path in cni::files_in(&self.store.state_dir.join("deferred")).iter().flat_map(|dir| cni::files_in(dir)) {
+            if !path.to_string_lossy().ends_with(".tmp") {
+                cni::verify_envelope(&path).unwrap_or_else(|e| panic!("{when}: a deferred DEL does not verify: {e}"));
+            }
+        }
         let mut per_attachment = BTreeMap::new();
         for entry in self.deferred() {
-            for field in ["containerId", "ifName", "network", "pod", "deferredAt"] {
+            for field in ["containerId", "ifName", "network", "podNamespace", "podName", "deferredAt", "deferredForOwner"] {
                 assert!(entry.get(field).is_some_and(|v| !v.is_null()), "{when}: a deferred DEL without {field}: {entry}");
             }
             let container = entry["containerId"].as_str().unwrap().to_string();
@@ -203,12 +226,28 @@ impl World {
         for sandbox in stale {
             assert!(
                 self.is_deferred(sandbox) || !self.dels_of(sandbox).is_empty(),
-                "{when}: the stale DEL of {} got success, yet it is neither deferred nor run:\n{:#?}",
+                "{when}: the stale DEL of {} got success, yet it is neither deferred nor run:\n{:#?}\n{}",
                 sandbox.container,
-                self.deferred()
+                self.deferred(),
+                self.history()
             );
         }
-        assert_no_del_reached_a_held_pod(&self.primary.calls(), when);
+        if let Err(harm) = no_del_reached_a_held_pod(&self.primary.calls()) {
+            panic!("{when}: {harm}\n{}", self.history());
+        }
+    }
+
+    /// Every guard exec so far and the calls it made to the primary, for failure messages.
+    fn history(&self) -> String {
+        let calls = self.primary.calls();
+        let mut text = String::from("guard execs and the primary calls each made:\n");
+        for run in &self.runs {
+            text += &format!("{}{}\n", run.what, if run.killed { "  KILLED" } else { "" });
+            for call in &calls[run.calls.clone()] {
+                text += &format!("    primary {} {} netns={} prev={}\n", call.verb, call.container, call.netns, call.prev_address);
+            }
+        }
+        text
     }
 
     /// `sandbox`'s deferred DEL reached the primary as a replay (no netns, the cached result,
@@ -223,6 +262,7 @@ impl World {
             assert_eq!(call.prev_address, sandbox.address(), "{when}: the replay's prevResult is not the cached result: {call:?}");
         }
         let runs: Vec<usize> = dels.iter().map(|d| d.run).collect();
+        REPEATS.fetch_add(runs.len() - 1, Ordering::Relaxed);
         for pair in runs.windows(2) {
             let earlier = &self.runs[pair[0]];
             assert!(pair[0] != pair[1], "{when}: one run handed the primary {}'s DEL twice: {}", sandbox.container, earlier.what);
@@ -241,7 +281,7 @@ impl World {
 /// the sandbox the pod's holder, a DEL by the holder frees the pod, GC frees the pods whose
 /// holder it does not list. A DEL by any other sandbox while the pod is held would tear the
 /// holder's network down.
-fn assert_no_del_reached_a_held_pod(calls: &[PrimaryCall], when: &str) {
+fn no_del_reached_a_held_pod(calls: &[PrimaryCall]) -> Result<(), String> {
     let mut holder: BTreeMap<&str, &str> = BTreeMap::new();
     for (index, call) in calls.iter().enumerate() {
         match call.verb.as_str() {
@@ -249,10 +289,9 @@ fn assert_no_del_reached_a_held_pod(calls: &[PrimaryCall], when: &str) {
                 holder.insert(&call.pod, &call.container);
             }
             "DEL" => match holder.get(call.pod.as_str()) {
-                Some(&live) if live != call.container => panic!(
-                    "{when}: call {index}: DEL of {} reached the primary while {live} holds {} there:\n{calls:#?}",
-                    call.container, call.pod
-                ),
+                Some(&live) if live != call.container => {
+                    return Err(format!("call {index}: DEL of {} reached the primary while {live} holds {} there", call.container, call.pod));
+                }
                 Some(_) => {
                     holder.remove(call.pod.as_str());
                 }
@@ -262,23 +301,32 @@ fn assert_no_del_reached_a_held_pod(calls: &[PrimaryCall], when: &str) {
             _ => {}
         }
     }
+    Ok(())
 }
 
-/// Runs `scenario` with the guard killed at its 1st, 2nd, ... kill point until a run
-/// finishes, then `RANDOM_ROUNDS` times after a random delay (up to one and a half times
-/// an unkilled run's duration). `scenario` returns the duration of its killed operation.
+/// Runs `scenario` with the guard killed on entry to its 1st, 2nd, ... call of each of
+/// `KILL_POINTS` until a run gets through, then `RANDOM_ROUNDS` times after a random delay (up
+/// to one and a half times an unkilled run's duration). `scenario` returns whether its
+/// operation was killed and how long it took.
 fn kill_everywhere(name: &str, scenario: impl Fn(Kill, &str) -> (bool, Duration)) {
     let started = Instant::now();
-    let mut points = 0;
-    for nth in 1..=MAX_KILL_POINT {
-        let (killed, _) = scenario(Kill::AtNth(nth), &format!("{name}, killed at kill point {nth}"));
-        if !killed {
-            break;
+    let repeats_before = REPEATS.load(Ordering::Relaxed);
+    let mut points = Vec::new();
+    for syscall in KILL_POINTS {
+        let mut calls = 0;
+        for nth in 1..=MAX_NTH {
+            let (killed, _) = scenario(Kill::AtNth(syscall, nth), &format!("{name}, killed at {syscall} #{nth}"));
+            if !killed {
+                break;
+            }
+            calls = nth;
+            assert!(nth < MAX_NTH, "{name}: still killed at {syscall} #{nth}");
         }
-        points = nth;
-        assert!(nth < MAX_KILL_POINT, "{name}: still killed at kill point {nth}");
+        if calls > 0 {
+            points.push(format!("{}({calls})", syscall.trim_start_matches('?')));
+        }
     }
-    assert!(points >= 2, "{name}: only {points} kill points: the kills landed nowhere interesting");
+    assert!(points.len() >= 3, "{name}: kill points {points:?}: the kills landed nowhere interesting");
     let (_, unkilled) = scenario(Kill::Never, &format!("{name}, not killed"));
     let mut rng = SeededRng::new(SEED);
     let max_micros = (unkilled.as_micros() as u64 * 3 / 2).max(1000);
@@ -289,7 +337,10 @@ fn kill_everywhere(name: &str, scenario: impl Fn(Kill, &str) -> (bool, Duration)
         random_kills += usize::from(killed);
     }
     eprintln!(
-        "{name}: {points} kill points, {random_kills} of {RANDOM_ROUNDS} random kills landed (unkilled run {unkilled:?}), in {:?}",
+        "{name}: killed at {}, then {random_kills} of {RANDOM_ROUNDS} random kills landed (unkilled run {unkilled:?}); \
+         {} DELs reached the primary again after a kill; in {:?}",
+        points.join(" "),
+        REPEATS.load(Ordering::Relaxed) - repeats_before,
         started.elapsed()
     );
 }
@@ -338,6 +389,7 @@ fn a_replay_killed_anywhere_loses_no_deferred_del() {
         }
         let stale = [&older, &old];
         world.assert_consistent(&stale, when);
+        let deferred_at = stale.map(|sandbox| world.deferred_at(sandbox));
 
         let interrupted = world.run(world.del(&owner, true), kill);
         world.assert_consistent(&stale, when);
@@ -346,7 +398,7 @@ fn a_replay_killed_anywhere_loses_no_deferred_del() {
             world.assert_consistent(&stale, when);
         }
         if !world.deferred().is_empty() {
-            assert!(interrupted.killed, "{when}: the owner's DEL finished and left deferred DELs: {:#?}", world.deferred());
+            assert!(interrupted.killed, "{when}: the owner's DEL finished and left deferred DELs: {:#?}\n{}", world.deferred(), world.history());
             gc_needed.set(gc_needed.get() + 1);
             world.run(world.gc(&[]), Kill::Never);
             world.assert_consistent(&stale, when);
@@ -354,8 +406,11 @@ fn a_replay_killed_anywhere_loses_no_deferred_del() {
         for sandbox in stale {
             world.assert_replayed(sandbox, when);
         }
+        // Oldest first, as far as deferredAt (whole seconds) tells them apart.
         let first = |sandbox: &Sandbox| world.dels_of(sandbox)[0].at;
-        assert!(first(&older) < first(&old), "{when}: the younger deferred DEL was replayed first: {:#?}", world.primary.calls());
+        if deferred_at[0] < deferred_at[1] {
+            assert!(first(&older) < first(&old), "{when}: the younger deferred DEL was replayed first\n{}", world.history());
+        }
         world.assert_empty(when);
         (interrupted.killed, interrupted.took)
     });

@@ -263,14 +263,16 @@ fn assert_network_empty(net: &Network) {
 /// One sandbox attached through the chained conflist and taken down, then attached through
 /// the delegate conflist and taken down: libcni gets the same result either way (every
 /// range holds one address and the sandbox asks for its MAC, so only the host's random
-/// names differ), CHECK passes, and each DEL leaves nothing.
-fn delegate_mode_matches_chained_mode(net: &Network, sandbox: &Sandbox) {
+/// names differ), CHECK passes, and each DEL leaves nothing. `pinned`: the addresses every
+/// ADD must get.
+fn delegate_mode_matches_chained_mode(net: &Network, sandbox: &Sandbox, pinned: &[String]) {
     let results = [Mode::Chained, Mode::Delegate].map(|mode| {
         let result = net
             .add_with(net.conflist_of(mode), sandbox)
             .unwrap_or_else(|e| panic!("libcni ADD ({mode:?}) failed: {}", e.stderr));
         assert_attached_in(net, mode, sandbox, &result);
         assert_eq!(pod_mac(&result, sandbox), sandbox.mac, "{mode:?}: the MAC asked for");
+        assert_eq!(result_ips(&result), pinned, "{mode:?}: the one address of each range");
         assert_del_leaves_nothing_in(net, mode, sandbox, &result);
         assert_network_empty(net);
         result
@@ -291,7 +293,8 @@ fn bridge_delegate_mode_gives_libcni_what_the_chain_gives() {
     sys::skip_unless_root!(libcni::TOOLS);
     let net = bridge_network_from(Source::Testdata { pin: Some(10) });
     let sandbox = Sandbox::new("default", "web-0", "uid-web-0").with_mac("0a:58:0a:00:00:0a");
-    delegate_mode_matches_chained_mode(&net, &sandbox);
+    let pinned = [format!("{}/24", net.subnet.host(10)), format!("{}/64", net.subnet.host6(10))];
+    delegate_mode_matches_chained_mode(&net, &sandbox, &pinned);
 }
 
 #[test]
@@ -299,7 +302,7 @@ fn macvlan_delegate_mode_gives_libcni_what_the_chain_gives() {
     sys::skip_unless_root!(libcni::TOOLS);
     let (_lan, net) = macvlan_network_from(Source::Testdata { pin: Some(150) });
     let sandbox = Sandbox::new("default", "db-0", "uid-db-0").with_mac("0a:58:0a:00:00:96");
-    delegate_mode_matches_chained_mode(&net, &sandbox);
+    delegate_mode_matches_chained_mode(&net, &sandbox, &[format!("{}/24", net.subnet.host(150))]);
 }
 
 /// Two pods through the delegate conflists from ADD to DEL, with traffic between them: the
@@ -364,7 +367,8 @@ fn stale_del_is_deferred_through_libcni() {
 
     let allocated = net.ipam_allocations();
     let late = net.add_with(delegate, &old).expect_err("the late ADD of the superseded sandbox must be refused");
-    assert_eq!(late.code, Some(11), "{}", late.stderr);
+    assert_eq!(late.code, Some(104), "{}", late.stderr);
+    assert!(late.stderr.contains("superseded") && late.stderr.contains(&new.container_id), "{}", late.stderr);
     assert_eq!(net.ipam_allocations(), allocated, "host-local ran for the refused ADD");
     assert_eq!(net.checkpoint(&new).expect("B's record")["owner"], json!(true), "the late ADD took the pod back");
 

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 
 need_root "scripts/test.sh"
 need_cargo
-need_packages iproute2 iputils-ping util-linux \
+need_packages iproute2 iputils-ping util-linux strace \
   containernetworking-plugins golang-go golang-github-appc-cni-dev \
   containerd runc catatonit protobuf-compiler \
   podman qemu-user

@@ -45,6 +45,9 @@ pub fn conflist(layout: &NodeLayout, mode: Mode, missing: MissingEndpoint) -> Va
         "subnet": layout.subnet,
         "hostVethPrefix": layout.veth_prefix,
     });
+    if let Some(master) = &layout.master {
+        primary["master"] = json!(master);
+    }
     if layout.primary == Primary::PodnameKeyed {
         primary["onMissingEndpoint"] = json!(match missing {
             MissingEndpoint::Fail => "fail",

@@ -12,6 +12,8 @@ mod testdata;
 mod cni;
 #[path = "support/primary.rs"]
 mod primary;
+#[path = "support/mount.rs"]
+mod mount;
 
 use cni::{Incident, Store, container_id};
 use primary::RecordingPrimary;
@@ -20,6 +22,15 @@ use serde_json::{Value, json};
 /// The incident's cast with a primary to wrap.
 fn incident() -> (Incident, RecordingPrimary) {
     (Incident::of("lijiaob", "etcd1-0"), RecordingPrimary::new())
+}
+
+/// ADD A, ADD B of the same pod, then A's StopPodSandbox DEL: deferred.
+fn incident_deferred() -> (Incident, RecordingPrimary) {
+    let (i, primary) = incident();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    (i, primary)
 }
 
 fn deferred(store: &Store) -> Vec<Value> {
@@ -76,12 +87,8 @@ fn a_delegate_that_is_not_in_cni_path_is_an_invalid_config() {
 
 #[test]
 fn a_stale_del_succeeds_without_the_primary_and_is_replayed_once_the_owner_goes() {
-    let (i, primary) = incident();
-    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
-
     // containerd's StopPodSandbox (netns and cached result), then RemovePodSandbox (empty netns).
-    primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    let (i, primary) = incident_deferred();
     primary.wrap(i.store.del(&i.a, &i.pod_a)).netns("").run().assert_ok();
     assert_eq!(primary.dels(&i.a), 0, "the stale DEL must not reach the primary while {} owns the pod", i.b);
     let waiting = deferred(&i.store);
@@ -108,10 +115,7 @@ fn a_stale_del_succeeds_without_the_primary_and_is_replayed_once_the_owner_goes(
 
 #[test]
 fn a_replay_the_primary_refuses_stays_deferred_and_gc_retries_it() {
-    let (i, primary) = incident();
-    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
-    primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    let (i, primary) = incident_deferred();
     primary.fail("DEL", &i.a, &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}));
     // The owner's own DEL passes whatever becomes of the replay.
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
@@ -218,4 +222,20 @@ fn check_and_status_go_to_the_primary_first() {
     primary.fail("STATUS", "none", &json!({"cniVersion": "1.1.0", "code": 50, "msg": "calico-node is not ready"}));
     let err = status.run().assert_error(50);
     assert_eq!(err.msg, "calico-node is not ready");
+}
+
+/// ext4 remounts itself read-only after a disk error: no deferral can be written then, so a
+/// stale DEL is refused as in chained mode, and every other DEL still reaches the primary.
+#[test]
+fn on_a_read_only_store_the_owners_del_reaches_the_primary_and_a_stale_one_is_refused() {
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let (i, primary) = incident();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    let read_only = mount::Mount::read_only_bind(&i.store.state_dir);
+    let err = primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_error(11);
+    assert!(err.msg.contains("stale DEL") && err.details.contains("cannot be deferred"), "{err:?}");
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    assert_eq!((primary.dels(&i.a), primary.dels(&i.b)), (0, 1), "only the owner's DEL reached the primary");
+    drop(read_only);
 }

@@ -50,7 +50,16 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
     let peek = Store::open_read_only(&inv.conf.state_dir).ok();
     let locked_keys = super::del::keys_of(inv, attachment, peek.as_ref());
     drop(peek);
-    let _locks = lock(inv, &locked_keys)?;
+    let _locks = match lock(inv, &locked_keys) {
+        Ok(locks) => locks,
+        // A store that takes no write (read-only, full) cannot make a lock file either; the
+        // DEL goes on without one, as it does without writing (see `del::open`).
+        Err(err) if err.kind != Kind::Busy => {
+            eprintln!("sandbox-guard: DEL goes on without its pod lock: {err}");
+            Vec::new()
+        }
+        Err(err) => return Err(err),
+    };
     let Some((store, unwritable)) = super::del::open(inv)? else {
         super::del::nothing_recorded(inv, attachment);
         delegate.call(&inv.conf.network, &inv.conf.cni_version, inv.conf.prev_result.as_deref(), &EnvOverride::default())?;

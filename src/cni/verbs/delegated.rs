@@ -237,6 +237,7 @@ fn new_entry(inv: &Invocation, attachment: &Attachment, stale: &Stale, record: &
         mac,
         owner: stale.owner.container_id.clone(),
         deferred_at: crate::clock::now_rfc3339(),
+        deferred_at_ns: crate::clock::unix_nanos(),
         attempts: 0,
         last_error: None,
         last_attempt_at: None,

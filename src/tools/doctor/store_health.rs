@@ -218,6 +218,7 @@ mod tests {
             mac: None,
             owner: format!("new-{pod}"),
             deferred_at,
+            deferred_at_ns: 0,
             attempts,
             last_error: (attempts > 0).then(|| "datastore is locked".to_string()),
             last_attempt_at: None,

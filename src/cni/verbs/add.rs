@@ -156,6 +156,7 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
         ip_conflict.unwrap_or_default(),
         facts_missing.unwrap_or_default()
     ));
+    crate::cni::metrics::commit(inv, &store, true);
     Ok(output.into_owned())
 }
 

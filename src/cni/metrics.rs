@@ -41,8 +41,14 @@ pub struct Counters {
 /// then renders the textfile. The caller holds the store's exclusive lock. Never fails the
 /// verb: a metrics file that cannot be written is said on stderr.
 pub fn commit(inv: &Invocation, store: &Store, succeeded: bool) {
+    commit_with(inv, store, succeeded, None);
+}
+
+/// `commit`, counting `outcome` too: the outcome of an operation whose log line comes later.
+pub fn commit_with(inv: &Invocation, store: &Store, succeeded: bool, outcome: Option<&str>) {
     let Some(metrics_file) = inv.conf.metrics_file.as_deref() else { return };
-    let outcomes = inv.log.take_outcomes();
+    let mut outcomes = inv.log.take_outcomes();
+    outcomes.extend(outcome.map(|outcome| (inv.verb, outcome.to_string())));
     if !store.is_writable() {
         return;
     }

@@ -162,6 +162,17 @@ impl Store {
         self.state_dir.join("records").join(format!("{network}:{container}:{ifname}"))
     }
 
+    /// The refusal ledger's entry of a pod key (its sealed record), if there is one.
+    pub fn ledger_entry(&self, pod: &Pod, ifname: &str) -> Option<Value> {
+        let mut hasher = Sha256::new();
+        for part in [NETWORK, pod.namespace.as_str(), pod.name.as_str(), ifname] {
+            hasher.update(part.as_bytes());
+            hasher.update([0u8]);
+        }
+        let path = self.state_dir.join("ledger").join(hex(&hasher.finalize()));
+        path.exists().then(|| verify_envelope(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+    }
+
     pub fn owner_files(&self) -> Vec<PathBuf> {
         files_in(&self.state_dir.join("owners"))
     }
@@ -191,14 +202,17 @@ impl Store {
     }
 
     /// Every non-directory entry under the state dir (symlinks as their target) except the
-    /// lock file, whose mere existence says nothing. Comparing two snapshots catches temp
-    /// files and records left behind whatever they are named.
+    /// lock file, whose mere existence says nothing, and the refusal ledger's entries, which
+    /// count the very refusals a snapshot is taken around (`ledger_entry` reads them). Comparing
+    /// two snapshots catches temp files and records left behind whatever they are named.
     pub fn snapshot(&self) -> BTreeMap<PathBuf, Vec<u8>> {
         let mut files = BTreeMap::new();
         for path in walk(&self.state_dir) {
             let meta = std::fs::symlink_metadata(&path).unwrap();
             let relative = path.strip_prefix(&self.state_dir).unwrap().to_path_buf();
-            if meta.is_dir() || relative == Path::new("lock") {
+            let ledger_entry = relative.starts_with("ledger")
+                && !path.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'));
+            if meta.is_dir() || relative == Path::new("lock") || ledger_entry {
                 continue;
             }
             let content = if meta.file_type().is_symlink() {

@@ -203,6 +203,7 @@ fn defer(inv: &Invocation, attachment: &Attachment, store: &Store, stale: &Stale
         Loaded::Missing => {}
     }
     store.remove_failed_add(&id)?;
+    super::del::note_in_ledger(store, &stale.key, crate::state::ledger::Handled::Deferred, &attachment.container_id, &stale.owner);
     store.sync()?;
     Ok(deferred)
 }

@@ -114,6 +114,23 @@ fn a_stale_del_succeeds_without_the_primary_and_is_replayed_once_the_owner_goes(
 }
 
 #[test]
+fn deferred_dels_reach_the_primary_in_the_order_they_came_even_within_a_second() {
+    let (i, primary) = incident();
+    let olds: Vec<String> = (0..6).map(|_| container_id()).collect();
+    for old in &olds {
+        primary.wrap(i.store.add(old, &i.pod_a)).run().assert_ok();
+    }
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    for old in &olds {
+        primary.wrap(i.store.del(old, &i.pod_a)).run().assert_ok();
+    }
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    let replayed: Vec<String> =
+        primary.started().into_iter().filter(|(verb, container)| verb == "DEL" && *container != i.b).map(|(_, c)| c).collect();
+    assert_eq!(replayed, olds, "oldest first");
+}
+
+#[test]
 fn a_replay_the_primary_refuses_stays_deferred_and_gc_retries_it() {
     let (i, primary) = incident_deferred();
     primary.fail("DEL", &i.a, &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}));

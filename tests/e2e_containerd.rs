@@ -6,8 +6,8 @@
 //! prove the test sees the damage, and once with sandbox-guard last in the chain, where the
 //! stale DEL must be refused, the new pod must keep its network, and both sandboxes must still
 //! be removable in kubelet's order. The sequences and what each way must end in are
-//! tests/support/cri_incident.rs's; tests/e2e_delegate.rs plays them with the current-calico
-//! model and in delegate mode.
+//! tests/support/cri_incident.rs's; tests/e2e_delegate.rs plays them with the other models
+//! (current calico, a sticky-IP macvlan) and in delegate mode.
 
 #[path = "support/sys.rs"]
 mod sys;

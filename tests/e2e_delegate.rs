@@ -1,8 +1,13 @@
 //! Delegate mode against the stale-DEL incident (seed 001, calico#10375), under containerd
-//! 1.6's CRI, with both model primaries of tests/cri/: the pod-name-keyed one (calico before
-//! 1.10: IPAM handle and endpoint keyed by the pod name) and the current-calico one (IPAM per
+//! 1.6's CRI, with the model primaries of tests/cri/: the pod-name-keyed one (calico before
+//! 1.10: IPAM handle and endpoint keyed by the pod name), the current-calico one (IPAM per
 //! container, host veth named from the pod name and deleted by that name when a DEL's netns
-//! is empty, as RemovePodSandbox's is).
+//! is empty, as RemovePodSandbox's is) and the sticky-IP macvlan one (seed 002's in-house
+//! plugin: the pod name's address for every sandbox of the pod, a macvlan in the sandbox's
+//! netns only). With the calico models the new sandbox's ADD takes the old sandbox's interface
+//! along; with the sticky-IP one both sandboxes hold the pod's address at once (the duplicate
+//! address, asserted first), which only the guard's own teardown of the stale sandbox's
+//! interface, in delegate mode, removes.
 //!
 //! Both sequences of the incident (the failed stop and its retry; ADD A, ADD B, DEL A) run
 //! three ways, each asserting what tests/support/cri_incident.rs says that way ends in:
@@ -12,8 +17,11 @@
 //!   their first call, the new pod keeps its network, the old netns holds no address; once the
 //!   new sandbox goes, the deferred DEL reaches the primary and nothing is left.
 //!
+//! The sticky-IP model's unguarded run shows its own harm: the old sandbox's DEL releases the
+//! address the new pod holds, and the node's next pod is given it.
+//!
 //! The pod-name-keyed model's unguarded and chained runs are tests/e2e_containerd.rs's
-//! (with the seed's vicious circle on top); this file holds the other eight. Last, a superseded
+//! (with the seed's vicious circle on top); this file holds the others. Last, a superseded
 //! sandbox's late ADD is refused before the primary sees it, through the exec harness (CRI
 //! cannot time out a RunPodSandbox on purpose).
 
@@ -35,6 +43,9 @@ use serde_json::{Value, json};
 fn play(primary: Primary, sequence: Sequence, mode: Mode) {
     let node = cri_incident::node(primary, mode);
     let pods = sequence.play(&node);
+    if primary.sticky_ip() {
+        cri_incident::assert_both_sandboxes_hold_the_address(&node, &pods);
+    }
     match mode {
         Mode::Unguarded => cri_incident::assert_stale_del_destroys_new_pod(&node, pods),
         Mode::Chained => cri_incident::assert_guard_refuses_and_both_sandboxes_go(&node, pods),
@@ -71,6 +82,18 @@ incident_tests! {
         PodnameKeyed, FailedStopThenRetry, Delegate;
     podname_keyed_recreate_then_stop_old_delegate_defers_old_del:
         PodnameKeyed, RecreateThenStopOld, Delegate;
+    sticky_ip_failed_stop_then_retry_without_guard_frees_new_pods_address:
+        StickyMacvlan, FailedStopThenRetry, Unguarded;
+    sticky_ip_failed_stop_then_retry_chained_refuses_and_leaves_duplicate:
+        StickyMacvlan, FailedStopThenRetry, Chained;
+    sticky_ip_failed_stop_then_retry_delegate_removes_duplicate:
+        StickyMacvlan, FailedStopThenRetry, Delegate;
+    sticky_ip_recreate_then_stop_old_without_guard_frees_new_pods_address:
+        StickyMacvlan, RecreateThenStopOld, Unguarded;
+    sticky_ip_recreate_then_stop_old_chained_refuses_and_leaves_duplicate:
+        StickyMacvlan, RecreateThenStopOld, Chained;
+    sticky_ip_recreate_then_stop_old_delegate_removes_duplicate:
+        StickyMacvlan, RecreateThenStopOld, Delegate;
 }
 
 /// Tools of the late-ADD test: the models' and the netns ones.

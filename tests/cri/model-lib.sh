@@ -134,6 +134,12 @@ release_ips_of() {
     done
 }
 
+# read_pod_mac: the MAC of CNI_IFNAME in CNI_NETNS. Asked over netlink: nsenter keeps the host's
+# /sys mounted, so /sys/class/net there would describe the host's link of that name.
+read_pod_mac() {
+    nsenter --net="$CNI_NETNS" ip -o link show dev "$ifname" | sed -n 's/.* link\/ether \([0-9a-f:]*\) .*/\1/p'
+}
+
 # Removes CNI_IFNAME from CNI_NETNS, if both are there (the host end goes with it).
 delete_pod_end() {
     [[ -n ${CNI_NETNS:-} && -e $CNI_NETNS ]] || return 0
@@ -163,7 +169,7 @@ wire_veth() {
     must ip route add "$ip/32" dev "$host_veth" src "$GATEWAY"
 
     host_mac=$(cat "/sys/class/net/$host_veth/address")
-    pod_mac=$(nsenter --net="$CNI_NETNS" cat "/sys/class/net/$ifname/address")
+    pod_mac=$(read_pod_mac)
     [[ $cni_version == 0.* ]] && version_field='"version":"4",'
     printf '{"cniVersion":"%s","interfaces":[{"name":"%s","mac":"%s"},{"name":"%s","mac":"%s","sandbox":"%s"}],"ips":[{%s"address":"%s/32","gateway":"%s","interface":1}],"routes":[{"dst":"0.0.0.0/0","gw":"%s"}],"dns":{}}\n' \
         "$cni_version" "$host_veth" "$host_mac" "$ifname" "$pod_mac" "$CNI_NETNS" \

@@ -45,6 +45,9 @@ pub fn conflist(layout: &NodeLayout, mode: Mode, missing: MissingEndpoint) -> Va
         "subnet": layout.subnet,
         "hostVethPrefix": layout.veth_prefix,
     });
+    if let Some(master) = &layout.master {
+        primary["master"] = json!(master);
+    }
     if layout.primary == Primary::PodnameKeyed {
         primary["onMissingEndpoint"] = json!(match missing {
             MissingEndpoint::Fail => "fail",
@@ -80,9 +83,12 @@ pub fn node(primary: Primary, mode: Mode) -> CriNode {
     CriNode::start(primary, |layout| conflist(layout, mode, missing))
 }
 
-/// The host reaches a pod through the primary's /32 route to its host veth; a pod whose
-/// endpoint was torn down is unreachable. Several tries absorb the first ARP resolution.
+/// The host reaches a pod through the primary's /32 route to its host veth, or the macvlan
+/// master's peer; a pod whose endpoint was torn down is unreachable. Several tries absorb the
+/// first ARP resolution, which starts afresh: the host's entry may still name the MAC of a
+/// sandbox that answered for the same (sticky) address and is gone.
 pub fn reachable(ip: &str) -> bool {
+    sys::try_run("ip", &["neigh", "flush", "to", ip]);
     (0..3).any(|_| sys::try_run("ping", &["-c", "1", "-W", "1", ip]))
 }
 
@@ -117,6 +123,8 @@ pub struct Recreated {
     /// The old sandbox's netns, pinned before that stop (a successful one makes containerd
     /// drop its own pin), to see what is left in it.
     pub old_netns: PathBuf,
+    /// The addresses the old sandbox's netns held then, with the new sandbox running.
+    pub old_addresses: Vec<String>,
 }
 
 /// The two orders of the incident.
@@ -139,6 +147,15 @@ impl Sequence {
     }
 }
 
+/// Runs the new sandbox, then stops the old one, seeing first what its netns holds.
+fn stop_old_after_new(node: &CriNode, old: String) -> Recreated {
+    let (new, new_ip) = run_pod(node, "2");
+    let old_netns = node.pin_netns(&old);
+    let old_addresses = netns_addresses(&old_netns);
+    let stop_old = node.stop_pod(&old);
+    Recreated { old, new, new_ip, stop_old, old_netns, old_addresses }
+}
+
 pub fn recreate_after_failed_stop(node: &CriNode) -> Recreated {
     let (old, _) = run_pod(node, "1");
     node.fail_next_primary_del();
@@ -150,23 +167,18 @@ pub fn recreate_after_failed_stop(node: &CriNode) -> Recreated {
         "{first_stop:?}"
     );
     assert_eq!(state_of(node, &old), "SANDBOX_NOTREADY");
-    let (new, new_ip) = run_pod(node, "2");
-    let old_netns = node.pin_netns(&old);
-    let stop_old = node.stop_pod(&old);
-    Recreated { old, new, new_ip, stop_old, old_netns }
+    stop_old_after_new(node, old)
 }
 
 pub fn recreate_then_stop_old(node: &CriNode) -> Recreated {
     let (old, _) = run_pod(node, "1");
-    let (new, new_ip) = run_pod(node, "2");
-    let old_netns = node.pin_netns(&old);
-    let stop_old = node.stop_pod(&old);
-    Recreated { old, new, new_ip, stop_old, old_netns }
+    stop_old_after_new(node, old)
 }
 
 /// Whether the primary's trace shows a DEL of `old` tearing down something of `new`: the
 /// pod-name-keyed model's "DEL by <old> removes endpoint of <new>", the calico model's "DEL
-/// by <old> deletes host link <name> of <new> (by name, empty netns)".
+/// by <old> deletes host link <name> of <new> (by name, empty netns)", the sticky-IP model's
+/// "DEL by <old> releases <address> of <new> (sticky for <pod>)".
 pub fn old_del_hit_new(node: &CriNode, old: &str, new: &str) -> bool {
     let (by_old, of_new) = (format!("DEL by {old} "), format!(" of {new}"));
     node.primary_calls()
@@ -190,8 +202,12 @@ pub fn primary_call_list(node: &CriNode) -> Vec<(String, String)> {
 /// Without the guard the old sandbox's teardown goes through and reaches the new pod: the
 /// pod-name-keyed model's DEL removes the new pod's endpoint at StopPodSandbox; the calico
 /// model's StopPodSandbox DEL (the old netns named) hurts no one, its RemovePodSandbox DEL
-/// (an empty netns) deletes the new pod's host veth by name.
+/// (an empty netns) deletes the new pod's host veth by name. The sticky-IP model's harm is
+/// the address's (`assert_stale_del_frees_new_pods_address`).
 pub fn assert_stale_del_destroys_new_pod(node: &CriNode, pods: Recreated) {
+    if node.layout.primary.sticky_ip() {
+        return assert_stale_del_frees_new_pods_address(node, pods);
+    }
     let Recreated { old, new, new_ip, stop_old, .. } = pods;
     stop_old
         .unwrap_or_else(|e| panic!("without the guard the old sandbox's DEL goes through: {e:?}"));
@@ -223,6 +239,58 @@ pub fn assert_stale_del_destroys_new_pod(node: &CriNode, pods: Recreated) {
     );
 }
 
+/// With a sticky IP, the new sandbox got the address the old one still held: two netns answer
+/// for it (the duplicate address).
+pub fn assert_both_sandboxes_hold_the_address(node: &CriNode, pods: &Recreated) {
+    let (old, new, ip) = (&pods.old, &pods.new, &pods.new_ip);
+    assert!(
+        pods.old_addresses.contains(ip),
+        "the old sandbox {old} should still hold {ip} once the new one ran: {:?}\n{}",
+        pods.old_addresses,
+        node.diagnostics()
+    );
+    assert_new_holds_its_address(node, pods);
+    println!("duplicate address: {ip} is held by the netns of {old} and of {new}");
+}
+
+fn assert_new_holds_its_address(node: &CriNode, pods: &Recreated) {
+    let held = netns_addresses(&node.primary_netns(&pods.new));
+    assert!(
+        held.contains(&pods.new_ip),
+        "the new sandbox {} should hold {}: {held:?}\n{}",
+        pods.new,
+        pods.new_ip,
+        node.diagnostics()
+    );
+}
+
+/// Without the guard, the sticky-IP model's DEL of the old sandbox (its netns named) takes
+/// the old interface out but releases the pod name's address, which the new pod still holds:
+/// the node's next pod is given it.
+fn assert_stale_del_frees_new_pods_address(node: &CriNode, pods: Recreated) {
+    pods.stop_old
+        .as_ref()
+        .unwrap_or_else(|e| panic!("without the guard the old sandbox's DEL goes through: {e:?}"));
+    let (old, new, ip) = (&pods.old, &pods.new, &pods.new_ip);
+    println!("primary plugin calls:\n{}", node.primary_calls());
+    assert!(
+        old_del_hit_new(node, old, new),
+        "the old sandbox's DEL should have released the address of the new pod\n{}",
+        node.diagnostics()
+    );
+    assert!(!node.primary_allocations().contains(ip), "{ip} should be free in the primary's IPAM");
+    assert_new_holds_its_address(node, &pods);
+    let next = node
+        .run_pod("etcd1-1", NAMESPACE, "3")
+        .unwrap_or_else(|e| panic!("RunPodSandbox of the next pod: {e:?}"));
+    assert_eq!(
+        node.pod_status(&next)["ip"].as_str(),
+        Some(ip.as_str()),
+        "the next pod should be given {ip}, which {new} still holds\n{}",
+        node.diagnostics()
+    );
+}
+
 /// Chained, the stale DEL is refused, the new pod keeps its network, and kubelet's order (new
 /// sandbox stopped and removed, then the old one) completes.
 pub fn assert_guard_refuses_and_both_sandboxes_go(node: &CriNode, pods: Recreated) {
@@ -237,6 +305,11 @@ pub fn assert_guard_refuses_and_both_sandboxes_go(node: &CriNode, pods: Recreate
         "the refusal names the owner {new}: {refusal:?}"
     );
     assert_eq!(state_of(node, old), "SANDBOX_NOTREADY");
+    // What chained mode cannot help: the refused DEL leaves the old netns as it was, with a
+    // sticky IP still answering for the new pod's address.
+    let left = netns_addresses(&pods.old_netns);
+    assert_eq!(left, pods.old_addresses, "the old netns changed though its DEL was refused");
+    println!("the old sandbox's netns still holds {left:?}");
     assert!(
         reachable(new_ip),
         "the new pod at {new_ip} lost its network\n{}",
@@ -266,12 +339,13 @@ pub fn assert_guard_refuses_and_both_sandboxes_go(node: &CriNode, pods: Recreate
 }
 
 /// In delegate mode the old sandbox's Stop and Remove succeed on their first call while the
-/// primary never sees its DEL, the new pod keeps its network, and the old netns holds no
-/// address; once the new sandbox is stopped and removed, the deferred DEL reaches the primary
-/// and nothing is left.
+/// primary never sees its DEL, the new pod keeps its network and address, and the old netns
+/// holds no interface: what the primary left there (with a sticky IP, the duplicate address)
+/// the guard removed itself; once the new sandbox is stopped and removed, the deferred DEL
+/// reaches the primary and nothing is left.
 pub fn assert_delegate_defers_and_replays(node: &CriNode, pods: Recreated) {
-    let Recreated { old, new, new_ip, stop_old, old_netns } = pods;
-    stop_old.unwrap_or_else(|e| {
+    let (old, new, new_ip) = (pods.old.clone(), pods.new.clone(), pods.new_ip.clone());
+    pods.stop_old.as_ref().unwrap_or_else(|e| {
         panic!(
             "in delegate mode StopPodSandbox({old}) succeeds on its first call: {e:?}\n{}",
             node.diagnostics()
@@ -284,7 +358,14 @@ pub fn assert_delegate_defers_and_replays(node: &CriNode, pods: Recreated) {
         node.diagnostics()
     );
     assert_eq!(pod_owner(node), new, "the new sandbox must stay the owner of the pod key");
-    assert_holds_no_address(&old_netns);
+    assert_holds_no_interface(&pods.old_netns);
+    assert_new_holds_its_address(node, &pods);
+    let deferral = guard_log(node)
+        .into_iter()
+        .find(|l| l.container == old && l.outcome == "deferred")
+        .unwrap_or_else(|| panic!("the guard's log has no outcome=deferred for {old}\n{}", node.diagnostics()));
+    let teardown = if pods.old_addresses.is_empty() { "its interface is gone already" } else { "removed eth0 (" };
+    assert!(deferral.raw.contains(teardown), "the deferral should say {teardown:?}: {}", deferral.raw);
     node.remove_pod(&old).unwrap_or_else(|e| {
         panic!(
             "in delegate mode RemovePodSandbox({old}) succeeds on its first call: {e:?}\n{}",
@@ -321,13 +402,11 @@ pub fn assert_delegate_defers_and_replays(node: &CriNode, pods: Recreated) {
         "the deferred DEL of {old} should reach the primary after the new sandbox's DEL\n{}",
         node.diagnostics()
     );
-    for outcome in ["deferred", "replayed"] {
-        assert!(
-            guard_log(node).iter().any(|l| l.container == old && l.outcome == outcome),
-            "the guard's log has no outcome={outcome} for {old}\n{}",
-            node.diagnostics()
-        );
-    }
+    assert!(
+        guard_log(node).iter().any(|l| l.container == old && l.outcome == "replayed"),
+        "the guard's log has no outcome=replayed for {old}\n{}",
+        node.diagnostics()
+    );
     assert_nothing_left(node, "both sandboxes went and the deferred DEL was replayed");
 }
 
@@ -335,14 +414,28 @@ fn position(calls: &[(String, String)], verb: &str, id: &str) -> Option<usize> {
     calls.iter().position(|(v, c)| v == verb && c == id)
 }
 
-/// The netns at `path` holds no address but loopback's.
-pub fn assert_holds_no_address(path: &Path) {
+/// The global addresses (without their prefix length) the netns at `path` holds.
+pub fn netns_addresses(path: &Path) -> Vec<String> {
     let netns = format!("--net={}", path.display());
     let out = sys::run("nsenter", &[&netns, "ip", "-o", "addr", "show", "scope", "global"]);
-    let addresses = String::from_utf8_lossy(&out.stdout);
+    // "2: eth0    inet 100.64.3.2/24 scope global eth0 ...": the word after the family.
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace().skip_while(|w| !w.starts_with("inet"));
+            words.nth(1).map(|cidr| cidr.split('/').next().unwrap_or(cidr).to_string())
+        })
+        .collect()
+}
+
+/// The netns at `path` holds no link but loopback, so no address but loopback's.
+pub fn assert_holds_no_interface(path: &Path) {
+    let netns = format!("--net={}", path.display());
+    let out = sys::run("nsenter", &[&netns, "ip", "-o", "link", "show"]);
+    let links = String::from_utf8_lossy(&out.stdout);
     assert!(
-        addresses.trim().is_empty(),
-        "the old sandbox's netns {} still holds an address:\n{addresses}",
+        links.lines().all(|line| line.split(": ").nth(1) == Some("lo")),
+        "the old sandbox's netns {} still holds an interface:\n{links}",
         path.display()
     );
 }

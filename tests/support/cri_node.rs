@@ -51,6 +51,9 @@ pub enum Primary {
     /// Current calico (3.x): IPAM per container, the host veth still named from the pod name
     /// and deleted by that name by a DEL with an empty netns (calico#10375).
     CurrentCalico,
+    /// The in-house macvlan plugin of seed 002: the IP reserved for the pod name (sticky), the
+    /// interface a macvlan on the node's master link, living in the sandbox's netns only.
+    StickyMacvlan,
 }
 
 impl Primary {
@@ -58,6 +61,7 @@ impl Primary {
         match self {
             Primary::PodnameKeyed => "podname-keyed",
             Primary::CurrentCalico => "calico-model",
+            Primary::StickyMacvlan => "sticky-macvlan",
         }
     }
 
@@ -66,8 +70,16 @@ impl Primary {
         let file = match self {
             Primary::PodnameKeyed => "podname-keyed-plugin",
             Primary::CurrentCalico => "calico-model-plugin",
+            Primary::StickyMacvlan => "sticky-macvlan-plugin",
         };
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cri").join(file)
+    }
+
+    /// Whether every sandbox of a pod gets the same address while a new sandbox's ADD leaves
+    /// the old sandbox's interface alone: a re-created pod's two sandboxes hold its address at
+    /// once until the old one's DEL.
+    pub fn sticky_ip(self) -> bool {
+        self == Primary::StickyMacvlan
     }
 }
 
@@ -85,6 +97,9 @@ pub struct NodeLayout {
     pub veth_prefix: String,
     /// A /24 of this node's pod addresses, distinct per node for the same reason.
     pub subnet: String,
+    /// The host link a macvlan primary hangs its pods' interfaces off (a NIC or its vlan on a
+    /// real node): a veth end, whose peer holds the subnet's .1, the pods' gateway.
+    pub master: Option<String>,
     /// cgroupfs parent of this node's sandboxes (containerd would otherwise share /k8s.io).
     pub cgroup_parent: String,
 }
@@ -97,6 +112,8 @@ pub struct CriNode {
     /// Sandboxes this node ran: libcni caches their results under /var/lib/cni/results
     /// (containerd 1.6 offers no other cache dir), outside the temp dir.
     sandboxes: std::cell::RefCell<Vec<String>>,
+    /// Deleted after the drop's teardown, taking any macvlan left on it along.
+    _master: Option<sys::HostLink>,
     // Last field: removed only after everything inside it was unmounted.
     _dir: sys::TempDir,
 }
@@ -117,12 +134,15 @@ impl CriNode {
         let dir = sys::TempDir::new("sgcri");
         let root = dir.path.clone();
         let unique = sys::unique("s");
+        let subnet = free_subnet();
+        let master = (primary == Primary::StickyMacvlan).then(|| create_master_link(&subnet));
         let layout = NodeLayout {
             primary,
             primary_state: root.join("primary"),
             guard_state: root.join("guard"),
             guard_log: root.join("guard.log"),
-            subnet: free_subnet(),
+            master: master.as_ref().map(|m| m.name.clone()),
+            subnet,
             cgroup_parent: format!("/sandbox-guard-e2e-{unique}"),
             veth_prefix: unique,
             dir: root.clone(),
@@ -151,6 +171,7 @@ impl CriNode {
             containerd: Some(containerd),
             sandboxes: Default::default(),
             layout,
+            _master: master,
             _dir: dir,
         };
         node.wait_until("containerd serves CRI", || node.cri(&["version"]).is_ok());
@@ -444,6 +465,22 @@ impl Drop for CriNode {
         self.remove_cgroups();
         self.remove_libcni_cache();
     }
+}
+
+/// A veth pair standing in for a node's uplink: the end returned is the macvlan master
+/// (deleting it deletes its peer); the other, on the host too, holds the subnet's .1, so the
+/// host reaches the pods through it.
+fn create_master_link(subnet: &str) -> sys::HostLink {
+    let name = sys::unique("mv");
+    let (master, uplink) = (format!("{name}m"), format!("{name}g"));
+    sys::run("ip", &["link", "add", &master, "type", "veth", "peer", "name", &uplink]);
+    let master = sys::HostLink { name: master };
+    let gateway = format!("{}.1/24", subnet.trim_end_matches(".0/24"));
+    sys::run("ip", &["addr", "add", &gateway, "dev", &uplink]);
+    for end in [master.name.as_str(), uplink.as_str()] {
+        sys::run("ip", &["link", "set", end, "up"]);
+    }
+    master
 }
 
 /// Builds tests/cri-client once per test process, in its own target dir: its tonic stack

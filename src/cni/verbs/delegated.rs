@@ -203,6 +203,7 @@ fn defer(inv: &Invocation, attachment: &Attachment, store: &Store, stale: &Stale
         Loaded::Missing => {}
     }
     store.remove_failed_add(&id)?;
+    super::del::note_in_ledger(store, &stale.key, crate::state::ledger::Handled::Deferred, &attachment.container_id, &stale.owner);
     store.sync()?;
     Ok(deferred)
 }
@@ -237,6 +238,7 @@ fn new_entry(inv: &Invocation, attachment: &Attachment, stale: &Stale, record: &
         mac,
         owner: stale.owner.container_id.clone(),
         deferred_at: crate::clock::now_rfc3339(),
+        deferred_at_ns: crate::clock::unix_nanos(),
         attempts: 0,
         last_error: None,
         last_attempt_at: None,

@@ -130,7 +130,10 @@ pub(super) fn check_permissions(state_dir: &Path, report: &mut Report) {
     if let Ok(meta) = std::fs::symlink_metadata(state_dir) {
         inspect(state_dir, &meta);
     }
-    for dir in ["records", "owners", "set-aside", crate::state::FAILED_ADDS, crate::state::IPS] {
+    if let Ok(meta) = std::fs::symlink_metadata(state_dir.join(crate::cni::metrics::COUNTERS)) {
+        inspect(&state_dir.join(crate::cni::metrics::COUNTERS), &meta);
+    }
+    for dir in ["records", "owners", "set-aside", crate::state::FAILED_ADDS, crate::state::IPS, crate::state::ledger::LEDGER] {
         let dir = state_dir.join(dir);
         let Ok(meta) = std::fs::symlink_metadata(&dir) else { continue };
         inspect(&dir, &meta);
@@ -218,6 +221,7 @@ mod tests {
             mac: None,
             owner: format!("new-{pod}"),
             deferred_at,
+            deferred_at_ns: 0,
             attempts,
             last_error: (attempts > 0).then(|| "datastore is locked".to_string()),
             last_attempt_at: None,

@@ -184,7 +184,11 @@ impl NetConf {
         let valid_attachments = raw.valid_attachments.or(raw.legacy_attachments);
         let delegate = match raw.delegate {
             None => None,
-            Some(object) => Some(crate::cni::delegate::Delegate::from_conf(object, raw.runtime_config.as_ref(), valid_attachments.as_deref())?),
+            Some(object) => {
+                // GC's list goes to the primary as the runtime wrote it.
+                let valid = valid_attachments.as_ref().and_then(|v| serde_json::to_value(v).ok());
+                Some(crate::cni::delegate::Delegate::from_conf(object, raw.runtime_config.as_ref(), valid)?)
+            }
         };
         Ok(NetConf {
             cni_version,

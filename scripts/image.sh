@@ -8,6 +8,8 @@
 #                                                    localhost/sandbox-guard:<crate version>)
 #
 # Load it: `ctr -n k8s.io images import <archive>` on each node, or `podman load` and push.
+# SANDBOX_GUARD_BIN=<path> puts that (static) binary in instead of building one: the tests
+# build the image around the binary they test.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,11 +23,20 @@ case ${1:-} in
     ;;
 esac
 need_root "scripts/image.sh"
-need_packages podman
+need_packages podman binutils
 arch=$(plugin_arch "${1:-}") || exit 2
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)
 tag=${2:-localhost/sandbox-guard:$version}
-bin=$(build_plugin "$repo" "$arch")
+if [ -n "${SANDBOX_GUARD_BIN:-}" ]; then
+  bin=$SANDBOX_GUARD_BIN
+else
+  bin=$(build_plugin "$repo" "$arch")
+fi
+# FROM scratch has no loader and no libc.
+if ! is_static "$bin"; then
+  echo "$bin is not statically linked: a scratch image cannot run it (build it with scripts/build.sh)" >&2
+  exit 1
+fi
 
 context=$(mktemp -d)
 trap 'rm -rf "$context"' EXIT
@@ -39,7 +50,7 @@ CONTAINERFILE
 platform=linux/amd64
 [ "$arch" = arm64 ] && platform=linux/arm64
 podman build --quiet --pull=never --platform "$platform" --tag "$tag" "$context" >/dev/null
-archive="$repo/target/sandbox-guard-image-$arch.tar"
+archive="${SANDBOX_GUARD_IMAGE_ARCHIVE:-$repo/target/sandbox-guard-image-$arch.tar}"
 rm -f "$archive"
 podman save --quiet --format oci-archive --output "$archive" "$tag"
 echo "$archive"

@@ -11,7 +11,10 @@
 #
 # Knobs (environment): ITERATIONS (400) timed rounds of each phase, WARMUP (20) discarded rounds,
 # LARGE_RECORDS (10000), SMALL_RECORDS (10), DUMP_RUNS (7), RSS_RUNS (5), BENCH_BASE_DIR (/var/lib) where
-# the state dirs live, SANDBOX_GUARD_BIN to benchmark an already built binary instead of building one.
+# the state dirs live, SANDBOX_GUARD_BIN to benchmark an already built binary instead of building one,
+# GUARD_KEYS extra keys of the guard's entry (JSON members with a leading comma; @WORK@ stands for the
+# run's work dir, e.g. ',"metricsFile":"@WORK@/sg.prom"') to measure what a key costs against a run
+# without it.
 #
 # Why a bash loop on $EPOCHREALTIME rather than hyperfine: hyperfine runs one case after the other, so on a
 # machine shared with compilers a burst of load lands on one case and skews the ratios; it also cannot give
@@ -89,6 +92,8 @@ netns_path=/run/netns/$netns
 ip netns add "$netns"
 ip link add "sgb$$" type veth peer name "$ifname" netns "$netns"
 
+guard_keys=${GUARD_KEYS:-}
+guard_keys=${guard_keys//@WORK@/$work}
 version_input='{"cniVersion":"1.0.0"}'
 small_state=$work/state-small large_state=$work/state-large
 
@@ -111,7 +116,7 @@ attachment() { # kind serial -> cid pod uid prev_result
 plugin_config() { # variable type [extra keys]
   printf -v "$1" '{"cniVersion":"1.0.0","name":"%s","type":"%s"%s,"prevResult":%s}' "$network" "$2" "${3:-}" "$prev_result"
 }
-guard_config() { plugin_config "$1" sandbox-guard ",\"stateDir\":\"$2\""; } # variable state-dir
+guard_config() { plugin_config "$1" sandbox-guard ",\"stateDir\":\"$2\"${guard_keys:-}"; } # variable state-dir
 
 # Prepended to every plugin run; the RSS pass puts GNU time here.
 launcher=()
@@ -257,8 +262,8 @@ for mode in "${delegate_modes[@]}"; do
   primary='{"type":"bridge","bridge":"'$primary_bridge'","ipam":{"type":"host-local","dataDir":"'$work/ipam'","ranges":[[{"subnet":"100.'$((125 + serial++))'.0.0/16"}]]}}'
   case $mode in
   alone) plugins=$primary ;;
-  chained) plugins=$primary',{"type":"sandbox-guard","stateDir":"'${mode_state[$mode]}'"}' ;;
-  delegate) plugins='{"type":"sandbox-guard","stateDir":"'${mode_state[$mode]}'","delegate":'$primary'}' ;;
+  chained) plugins=$primary',{"type":"sandbox-guard","stateDir":"'${mode_state[$mode]}'"'$guard_keys'}' ;;
+  delegate) plugins='{"type":"sandbox-guard","stateDir":"'${mode_state[$mode]}'"'$guard_keys',"delegate":'$primary'}' ;;
   esac
   printf '{"cniVersion":"1.0.0","name":"%s-%s","plugins":[%s]}\n' "$network" "$mode" "$plugins" >"$work/$mode.conflist"
 done

@@ -58,8 +58,8 @@ fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<Stri
     let Some(conf) = conf else {
         return Ok(Some(version::version_reply(requested_version)));
     };
-    let log = log::Log::open(conf.log_file.as_deref());
-    let inv = Invocation { verb: env.verb, conf, log };
+    let log = log::Log::open(conf.log_file.as_deref(), conf.log);
+    let inv = Invocation { verb: env.verb, conf, log, metrics_committed: std::cell::Cell::new(false) };
     let result = match (inv.conf.delegate.as_ref(), env.verb, &env.attachment) {
         (Some(delegate), Verb::Add, Some(attachment)) => commands::delegated::add(&inv, delegate, attachment).map(Some),
         (Some(delegate), Verb::Del, Some(attachment)) => commands::delegated::del(&inv, delegate, attachment).map(|()| None),
@@ -80,5 +80,6 @@ fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<Stri
             inv.log.event(log::Level::Error, inv.verb, &inv.subject(env.attachment.as_ref(), pod), "error", &err.msg);
         }
     }
+    cni::metrics::flush(&inv, result.is_ok());
     result
 }

@@ -1,8 +1,10 @@
 //! sandbox-guard under the real libcni, with the reference bridge/macvlan/host-local plugins
-//! and the conflists the README ships (conf-examples/), in namespaces made for the test.
-//! Unit tests prove the guard's decisions; these prove a runtime gets them: libcni passes
-//! the prevResult the guard records, caches what the guard prints, and halts DEL when the
-//! guard refuses, so the primary never tears down the newer sandbox.
+//! and the conflists the README ships (conf-examples/) or testdata/conflists/ holds, in
+//! namespaces made for the test. Unit tests prove the guard's decisions; these prove a
+//! runtime gets them: libcni passes the prevResult the guard records, caches what the guard
+//! prints, and halts DEL when the guard refuses, so the primary never tears down the newer
+//! sandbox. In delegate mode the guard runs the primary itself: libcni must get from it what
+//! it got from the chain, and a stale DEL succeeds while the primary's DEL waits.
 
 #[path = "support/sys.rs"]
 mod sys;
@@ -14,8 +16,8 @@ mod cni;
 mod libcni;
 
 use libcni::{
-    IFNAME, Network, NetnsArg, Sandbox, assert_result_matches_kernel, bare_ip, bridge_network, macvlan_network_on_a_lan,
-    pod_has_link, result_ips, shape,
+    IFNAME, Mode, Network, NetnsArg, Sandbox, Source, assert_result_matches_kernel, bare_ip, bridge_network,
+    bridge_network_from, macvlan_network_from, macvlan_network_on_a_lan, mode_of, pod_has_link, result_ips, shape,
 };
 use serde_json::{Value, json};
 
@@ -29,11 +31,15 @@ fn add(net: &Network, sandbox: &Sandbox) -> Value {
 /// guard recorded is the primary's result as libcni handed it over, and the cached result is
 /// what the guard printed.
 fn assert_attached(net: &Network, sandbox: &Sandbox, result: &Value) {
+    assert_attached_in(net, Mode::Chained, sandbox, result)
+}
+
+fn assert_attached_in(net: &Network, mode: Mode, sandbox: &Sandbox, result: &Value) {
     let cached = net.cached_result(sandbox).expect("libcni cached the ADD result");
     assert_eq!(result, &cached, "libcni's returned and cached results differ");
     assert_result_matches_kernel(result, sandbox);
-    net.check(sandbox)
-        .unwrap_or_else(|e| panic!("libcni CHECK {} failed: {}", sandbox.container_id, e.stderr));
+    net.check_with(net.conflist_of(mode), sandbox)
+        .unwrap_or_else(|e| panic!("libcni CHECK {} ({mode:?}) failed: {}", sandbox.container_id, e.stderr));
 
     let record = net.checkpoint(sandbox).expect("the guard checkpointed the ADD");
     assert_eq!(record["prevResult"], cached, "checkpointed prevResult vs libcni's cache");
@@ -89,20 +95,37 @@ fn assert_same_as_primary_alone(net: &Network, guarded: &Value) {
 /// DEL through libcni removes everything, and the retries runtimes send succeed: kubelet's
 /// repeated StopPodSandbox (netns given) and containerd's RemovePodSandbox (no netns).
 fn assert_del_leaves_nothing(net: &Network, sandbox: &Sandbox, result: &Value) {
-    net.del(sandbox, NetnsArg::Sandbox)
-        .unwrap_or_else(|e| panic!("libcni DEL {} failed: {}", sandbox.container_id, e.stderr));
+    assert_del_leaves_nothing_in(net, Mode::Chained, sandbox, result)
+}
+
+fn assert_del_leaves_nothing_in(net: &Network, mode: Mode, sandbox: &Sandbox, result: &Value) {
+    let conflist = net.conflist_of(mode);
+    net.del_with(conflist, sandbox, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL {} ({mode:?}) failed: {}", sandbox.container_id, e.stderr));
     assert!(net.checkpoint(sandbox).is_none(), "checkpoint left after DEL");
     assert!(!net.record_file(sandbox).exists(), "record file left after DEL");
     assert!(net.cached_result(sandbox).is_none(), "libcni cache left after DEL");
     assert!(!pod_has_link(sandbox, IFNAME), "the primary's DEL did not run");
+    for veth in host_veths(result) {
+        assert!(!sys::try_run("ip", &["link", "show", &veth]), "host veth {veth} left after DEL");
+    }
     for ip in result_ips(result) {
         assert_eq!(net.ip_holder(bare_ip(&ip)), None, "{ip} still reserved");
     }
     for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
-        net.del(sandbox, netns)
-            .unwrap_or_else(|e| panic!("repeated DEL {} failed: {}", sandbox.container_id, e.stderr));
+        net.del_with(conflist, sandbox, netns)
+            .unwrap_or_else(|e| panic!("repeated DEL {} ({mode:?}) failed: {}", sandbox.container_id, e.stderr));
     }
     assert!(net.checkpoint(sandbox).is_none(), "a repeated DEL re-created a checkpoint");
+}
+
+/// The host ends of a result's veth pairs (bridge's `veth<random>`); the bridge itself is shared.
+fn host_veths(result: &Value) -> Vec<String> {
+    let interfaces = result["interfaces"].as_array().into_iter().flatten();
+    interfaces
+        .filter(|i| i.get("sandbox").is_none())
+        .filter_map(|i| i["name"].as_str().filter(|name| name.starts_with("veth")).map(str::to_string))
+        .collect()
 }
 
 fn first_ip(result: &Value) -> String {
@@ -181,4 +204,200 @@ fn stale_del_is_refused_through_libcni() {
 
     assert_del_leaves_nothing(&net, &new, &new_result);
     assert_del_leaves_nothing(&net, &old, &old_result);
+}
+
+// ---------------------------------------------------------------------------------------
+// Delegate mode: the guard in the primary's place, running it
+
+/// Each delegate conflist of testdata/conflists/delegate/ is its chained twin converted as
+/// an operator converts one: the primary's entry moved whole under the guard's `delegate`,
+/// the guard in its place, the plugins between them kept in order after it.
+#[test]
+fn delegate_conflists_are_their_chained_twins_converted() {
+    let files = testdata::fixtures_in("conflists/delegate");
+    assert!(files.len() >= 2, "{files:?}");
+    for file in files {
+        let name = file.strip_prefix("conflists/delegate/").unwrap();
+        let delegate = testdata::fixture_json(&file);
+        let chained = testdata::fixture_json(&format!("conflists/{name}"));
+        assert_eq!(mode_of(&delegate, &file), Mode::Delegate);
+        assert_eq!(mode_of(&chained, name), Mode::Chained);
+        for key in ["name", "cniVersion"] {
+            assert_eq!(delegate[key], chained[key], "{file}: {key}");
+        }
+        let [wrapped, chain] = [&delegate, &chained].map(|conf| conf["plugins"].as_array().unwrap().clone());
+        let (guard, chained_guard) = (&wrapped[0], chain.last().unwrap());
+        assert_eq!(guard["delegate"], chain[0], "{file}: the primary's entry, unchanged");
+        assert_eq!(wrapped[1..], chain[1..chain.len() - 1], "{file}: the plugins after the primary, in order");
+        for key in ["stateDir", "logFile"] {
+            assert_eq!(guard[key], chained_guard[key], "{file}: {key}");
+        }
+    }
+}
+
+/// A result with what two ADDs of the same sandbox cannot share blanked: the host end of a
+/// veth pair (a random name and MAC) and the bridge's MAC, which follows its ports'.
+fn without_host_randomness(result: &Value) -> Value {
+    let mut result = result.clone();
+    for iface in result["interfaces"].as_array_mut().unwrap() {
+        if iface.get("sandbox").is_some() {
+            continue;
+        }
+        if iface["name"].as_str().unwrap().starts_with("veth") {
+            iface["name"] = json!("<host veth>");
+        }
+        iface["mac"] = json!("<host mac>");
+    }
+    result
+}
+
+/// Nothing of any attachment is left: no address in host-local, no libcni cache, no record,
+/// owner or deferred DEL of the guard.
+fn assert_network_empty(net: &Network) {
+    assert_eq!(net.ipam_allocations(), Vec::<String>::new(), "host-local allocations left");
+    assert_eq!(net.cached_results(), Vec::<String>::new(), "libcni cache entries left");
+    assert_eq!(net.guard_files(), Vec::<std::path::PathBuf>::new(), "guard records or owners left");
+    assert_eq!(net.checkpoints(), Vec::<Value>::new(), "the dump still lists something");
+}
+
+/// One sandbox attached through the chained conflist and taken down, then attached through
+/// the delegate conflist and taken down: libcni gets the same result either way (every
+/// range holds one address and the sandbox asks for its MAC, so only the host's random
+/// names differ), CHECK passes, and each DEL leaves nothing. `pinned`: the addresses every
+/// ADD must get.
+fn delegate_mode_matches_chained_mode(net: &Network, sandbox: &Sandbox, pinned: &[String]) {
+    let results = [Mode::Chained, Mode::Delegate].map(|mode| {
+        let result = net
+            .add_with(net.conflist_of(mode), sandbox)
+            .unwrap_or_else(|e| panic!("libcni ADD ({mode:?}) failed: {}", e.stderr));
+        assert_attached_in(net, mode, sandbox, &result);
+        assert_eq!(pod_mac(&result, sandbox), sandbox.mac, "{mode:?}: the MAC asked for");
+        assert_eq!(result_ips(&result), pinned, "{mode:?}: the one address of each range");
+        assert_del_leaves_nothing_in(net, mode, sandbox, &result);
+        assert_network_empty(net);
+        result
+    });
+    let [chained, delegated] = &results;
+    assert_eq!(shape(chained), shape(delegated), "chained {chained}\ndelegate {delegated}");
+    assert_eq!(without_host_randomness(chained), without_host_randomness(delegated), "chained {chained}\ndelegate {delegated}");
+}
+
+fn pod_mac(result: &Value, sandbox: &Sandbox) -> Option<String> {
+    let interfaces = result["interfaces"].as_array()?;
+    let pod = interfaces.iter().find(|i| i["sandbox"] == json!(sandbox.netns_path()))?;
+    pod["mac"].as_str().map(str::to_string)
+}
+
+#[test]
+fn bridge_delegate_mode_gives_libcni_what_the_chain_gives() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let net = bridge_network_from(Source::Testdata { pin: Some(10) });
+    let sandbox = Sandbox::new("default", "web-0", "uid-web-0").with_mac("0a:58:0a:00:00:0a");
+    let pinned = [format!("{}/24", net.subnet.host(10)), format!("{}/64", net.subnet.host6(10))];
+    delegate_mode_matches_chained_mode(&net, &sandbox, &pinned);
+}
+
+#[test]
+fn macvlan_delegate_mode_gives_libcni_what_the_chain_gives() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (_lan, net) = macvlan_network_from(Source::Testdata { pin: Some(150) });
+    let sandbox = Sandbox::new("default", "db-0", "uid-db-0").with_mac("0a:58:0a:00:00:96");
+    delegate_mode_matches_chained_mode(&net, &sandbox, &[format!("{}/24", net.subnet.host(150))]);
+}
+
+/// Two pods through the delegate conflists from ADD to DEL, with traffic between them: the
+/// wrapped primary really plumbs the pods (both modes' results could match and be wrong).
+#[test]
+fn bridge_and_macvlan_pods_talk_in_delegate_mode() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let net = bridge_network_from(Source::Testdata { pin: None });
+    delegate_pods_through_the_chain(&net, ["web-0", "web-1"], "over the bridge");
+    let (_lan, net) = macvlan_network_from(Source::Testdata { pin: None });
+    delegate_pods_through_the_chain(&net, ["db-0", "db-1"], "(macvlan bridge mode)");
+}
+
+fn delegate_pods_through_the_chain(net: &Network, names: [&str; 2], how: &str) {
+    let pods = names.map(|name| Sandbox::new("default", name, &format!("uid-{name}")));
+    let results: Vec<Value> = pods.iter().map(|pod| add_in(net, Mode::Delegate, pod)).collect();
+    for (pod, result) in pods.iter().zip(&results) {
+        assert_attached_in(net, Mode::Delegate, pod, result);
+    }
+    let [first, second] = names;
+    assert!(pods[0].can_ping(&first_ip(&results[1])), "{first} -> {second} {how}");
+    assert!(pods[1].can_ping(&first_ip(&results[0])), "{second} -> {first} {how}");
+    assert!(pods[0].can_ping(&net.subnet.host(1)), "{first} -> the gateway");
+    for (pod, result) in pods.iter().zip(&results) {
+        assert_del_leaves_nothing_in(net, Mode::Delegate, pod, result);
+    }
+    assert_network_empty(net);
+}
+
+fn add_in(net: &Network, mode: Mode, sandbox: &Sandbox) -> Value {
+    net.add_with(net.conflist_of(mode), sandbox)
+        .unwrap_or_else(|e| panic!("libcni ADD {} ({mode:?}) failed: {}", sandbox.container_id, e.stderr))
+}
+
+/// The dump's deferred DELs of a sandbox.
+fn deferred_of(net: &Network, sandbox: &Sandbox) -> Vec<Value> {
+    let all = cni::dump_checkpoints(&net.state_dir, &[]);
+    all.into_iter().filter(|e| e["status"] == "deferred" && e["containerId"] == json!(sandbox.container_id)).collect()
+}
+
+fn logged(net: &Network, sandbox: &Sandbox, outcome: &str) -> usize {
+    net.log_lines().iter().filter(|l| l.container == sandbox.container_id && l.outcome == outcome).count()
+}
+
+/// The incident of `stale_del_is_refused_through_libcni` in delegate mode: kubelet re-creates
+/// lijiaob/etcd1-0 (B), a late ADD of the old sandbox A comes back, then A is stopped and
+/// removed. The late ADD is refused before bridge sees it; A's DELs succeed for libcni on the
+/// first call, A's netns loses its interface at once, but bridge and host-local see A's DEL
+/// only once B is gone, and then nothing is left.
+#[test]
+fn stale_del_is_deferred_through_libcni() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let net = bridge_network_from(Source::Testdata { pin: None });
+    let delegate = net.conflist_of(Mode::Delegate);
+    let old = Sandbox::new("lijiaob", "etcd1-0", "uid1");
+    let new = Sandbox::new("lijiaob", "etcd1-0", "uid2");
+    let old_result = add_in(&net, Mode::Delegate, &old);
+    assert_attached_in(&net, Mode::Delegate, &old, &old_result);
+    let new_result = add_in(&net, Mode::Delegate, &new);
+    assert_attached_in(&net, Mode::Delegate, &new, &new_result);
+    let (old_ip, new_ip) = (first_ip(&old_result), first_ip(&new_result));
+
+    let allocated = net.ipam_allocations();
+    let late = net.add_with(delegate, &old).expect_err("the late ADD of the superseded sandbox must be refused");
+    assert_eq!(late.code, Some(104), "{}", late.stderr);
+    assert!(late.stderr.contains("superseded") && late.stderr.contains(&new.container_id), "{}", late.stderr);
+    assert_eq!(net.ipam_allocations(), allocated, "host-local ran for the refused ADD");
+    assert_eq!(net.checkpoint(&new).expect("B's record")["owner"], json!(true), "the late ADD took the pod back");
+
+    // StopPodSandbox, then RemovePodSandbox: each succeeds on its first call.
+    net.del_with(delegate, &old, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("the stale DEL of A must succeed in delegate mode: {}", e.stderr));
+    assert!(net.cached_result(&old).is_none(), "libcni kept A's cache after its DEL succeeded");
+    assert!(!pod_has_link(&old, IFNAME), "A's netns still holds the interface the guard checkpointed");
+    for veth in host_veths(&old_result) {
+        assert!(!sys::try_run("ip", &["link", "show", &veth]), "A's host veth {veth} outlived its pod end");
+    }
+    assert_eq!(net.ip_holder(&old_ip), Some(old.container_id.clone()), "bridge/host-local saw A's DEL while B lives");
+    assert_eq!(deferred_of(&net, &old).len(), 1, "A's DEL is recorded as deferred");
+    assert_eq!(logged(&net, &old, "deferred"), 1, "{:?}", net.log_lines());
+    net.del_with(delegate, &old, NetnsArg::Empty)
+        .unwrap_or_else(|e| panic!("RemovePodSandbox's DEL of A must succeed: {}", e.stderr));
+    assert_eq!(deferred_of(&net, &old).len(), 1, "a repeated stale DEL is still one deferred DEL");
+    assert_eq!(net.ip_holder(&old_ip), Some(old.container_id.clone()), "A's address went while B lives");
+
+    // B never noticed.
+    assert_result_matches_kernel(&new_result, &new);
+    assert_eq!(net.ip_holder(&new_ip), Some(new.container_id.clone()), "B's IP still allocated");
+    net.check_with(delegate, &new).unwrap_or_else(|e| panic!("CHECK of B after A's DEL: {}", e.stderr));
+    assert!((0..3).any(|_| sys::try_run("ping", &["-c", "1", "-W", "2", &new_ip])), "node -> B ({new_ip})");
+
+    // B goes: its DEL frees the pod key and A's deferred DEL reaches bridge and host-local.
+    assert_del_leaves_nothing_in(&net, Mode::Delegate, &new, &new_result);
+    assert_eq!(net.ip_holder(&old_ip), None, "A's deferred DEL never reached host-local");
+    assert!(deferred_of(&net, &old).is_empty(), "A's DEL is still deferred after its replay");
+    assert_eq!(logged(&net, &old, "replayed"), 1, "{:?}", net.log_lines());
+    assert_network_empty(&net);
 }

@@ -11,7 +11,7 @@ mod cni;
 #[path = "support/mount.rs"]
 mod mount;
 
-use cni::{Incident, NETWORK, Pod, Store, container_id, corrupt_one_digit, files_in, guard, spawn_guard, verify_envelope, walk};
+use cni::{Incident, NETWORK, Pod, Store, Traced, container_id, corrupt_one_digit, files_in, guard, spawn_guard, verify_envelope, walk};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -44,25 +44,6 @@ fn finding<'a>(findings: &'a [Value], check: &str, severity: &str) -> Option<&'a
     findings.iter().find(|f| f["check"] == check && f["severity"] == severity)
 }
 
-/// The invariant every crash, race and DEL must keep: each owner names a container whose
-/// record exists and holds the same pod key (or was set aside, failing its checksum, and
-/// blocks the DELs that need it: the store then trusts the owner).
-fn assert_every_owner_has_its_record(store: &Store) {
-    for path in store.owner_files() {
-        let Ok(owner) = verify_envelope(&path) else { continue };
-        let container = owner["containerId"].as_str().unwrap();
-        let ifname = owner["ifName"].as_str().unwrap();
-        let record_path = store.record_path(owner["network"].as_str().unwrap(), container, ifname);
-        if !record_path.exists() && store.state_dir.join("set-aside").join(record_path.file_name().unwrap()).exists() {
-            continue;
-        }
-        let record = verify_envelope(&record_path).unwrap_or_else(|e| panic!("owner {} has no record: {e}", path.display()));
-        for field in ["network", "podNamespace", "podName", "ifName"] {
-            assert_eq!(owner[field], record[field], "owner {} and its record disagree on {field}", path.display());
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // An owner without a record
 
@@ -83,7 +64,7 @@ fn a_re_add_under_another_pod_name_gives_the_old_name_up() {
     let p2 = Pod::new("shop", "p2");
     store.add(&a, &p2).run().assert_ok();
     assert_eq!(store.owner_files().len(), 1, "A owns p2 only");
-    assert_every_owner_has_its_record(&store);
+    store.assert_every_owner_has_its_record();
     store.del(&a, &p2).run().assert_ok();
     assert!(store.owner_files().is_empty());
     store.del(&container_id(), &p1).run().assert_ok();
@@ -265,12 +246,6 @@ fn a_read_only_store_still_lets_every_teardown_but_a_stale_one_through() {
 // ---------------------------------------------------------------------------------------
 // Crash ordering: SIGKILL at the n-th change of the store, by strace's fault injection
 
-/// Runs `call` under strace, which SIGKILLs the plugin on entry to the `nth` of `syscalls`.
-fn killed_at(call: cni::Cni, syscalls: &str, nth: usize) -> cni::Reply {
-    let inject = format!("inject={syscalls}:signal=SIGKILL:when={nth}");
-    call.wrapped_in(&["strace", "-f", "-qq", "-o", "/dev/null", "-e", &format!("trace={syscalls}"), "-e", &inject]).run()
-}
-
 #[test]
 fn gc_killed_at_any_unlink_leaves_no_owner_without_its_record() {
     sys::skip_unless_root!(&["strace"]);
@@ -280,8 +255,8 @@ fn gc_killed_at_any_unlink_leaves_no_owner_without_its_record() {
             store.add(&container_id(), &Pod::new("gc", &format!("db-{i}"))).run().assert_ok();
         }
         let call = store.cni("GC", "").config("cni.dev/valid-attachments", Some(json!([])));
-        killed_at(call, "unlink,unlinkat", nth);
-        assert_every_owner_has_its_record(&store);
+        call.run_killed_at(Traced::WithChildren, "unlink,unlinkat", nth);
+        store.assert_every_owner_has_its_record();
     }
 }
 
@@ -297,11 +272,11 @@ fn add_killed_at_any_rename_disarms_no_blocker_before_its_record_is_there() {
         let blocker = store.state_dir.join("set-aside").join(record.file_name().unwrap());
         assert!(blocker.exists());
 
-        killed_at(store.add(&a, &pod), "rename,renameat,renameat2", nth);
+        store.add(&a, &pod).run_killed_at(Traced::WithChildren, "rename,renameat,renameat2", nth);
         if !blocker.exists() {
             verify_envelope(&record).unwrap_or_else(|e| panic!("kill at rename {nth}: the blocker went before the record came: {e}"));
         }
-        assert_every_owner_has_its_record(&store);
+        store.assert_every_owner_has_its_record();
     }
 }
 
@@ -535,7 +510,7 @@ fn a_stale_del_leaves_a_corrupt_record_where_it_is() {
     // CNI_ARGS name the pod, so the record is not needed; the DEL is stale all the same.
     store.del(&old, &old_pod).run().assert_error(11);
     assert_eq!(std::fs::read(&record).unwrap(), corrupted, "a refused DEL changes nothing, the corrupt record included");
-    assert_every_owner_has_its_record(&store);
+    store.assert_every_owner_has_its_record();
     store.del(&new, &new_pod).run().assert_ok();
     store.del(&old, &old_pod).run().assert_ok();
     assert!(!record.exists());

@@ -21,6 +21,8 @@ pub const MAX_STDIN: u64 = 1 << 20;
 /// How long an operation waits for the one before it on the same pod key to finish in the
 /// delegate. A primary's ADD can take seconds (IPAM, a datastore); failing a RunPodSandbox
 /// costs kubelet a whole new sandbox, so this wait is generous. Other pods never wait on it.
+/// A cap below a few lines would rotate on every operation.
+pub const MIN_LOG_MAX_BYTES: u64 = 4096;
 pub const DEFAULT_POD_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +60,12 @@ struct RawConf {
     stale_del: Option<String>,
     #[serde(rename = "logFile")]
     log_file: Option<PathBuf>,
+    #[serde(rename = "logFormat")]
+    log_format: Option<String>,
+    #[serde(rename = "logMaxBytes")]
+    log_max_bytes: Option<u64>,
+    #[serde(rename = "metricsFile")]
+    metrics_file: Option<PathBuf>,
     #[serde(rename = "ipConflict")]
     ip_conflict: Option<String>,
     #[serde(rename = "lockTimeoutSeconds")]
@@ -82,6 +90,9 @@ pub struct NetConf {
     pub state_dir: PathBuf,
     pub stale_del: StaleDelPolicy,
     pub log_file: Option<PathBuf>,
+    pub log: crate::cni::log::LogOptions,
+    /// Where the Prometheus textfile goes (`cni::metrics`); `None`: no metrics kept.
+    pub metrics_file: Option<PathBuf>,
     pub ip_conflict: IpConflictPolicy,
     pub lock_timeout: Duration,
     /// Kept as the exact bytes the runtime sent, so ADD can hand them on unchanged.
@@ -150,6 +161,18 @@ impl NetConf {
         if let Some(log_file) = &raw.log_file {
             require_absolute("logFile", log_file)?;
         }
+        if let Some(metrics_file) = &raw.metrics_file {
+            require_absolute("metricsFile", metrics_file)?;
+        }
+        use crate::cni::log::{LogFormat, LogOptions};
+        let format = choice("logFormat", raw.log_format.as_deref(), &[("text", LogFormat::Text), ("json", LogFormat::Json)])?;
+        if let Some(bytes) = raw.log_max_bytes.filter(|&b| b != 0 && b < MIN_LOG_MAX_BYTES) {
+            return Err(GuardError::new(
+                Kind::InvalidConfig,
+                format!("logMaxBytes {bytes} is too small: use at least {MIN_LOG_MAX_BYTES} bytes, or 0 to never rotate"),
+            ));
+        }
+        let log = LogOptions { format, max_bytes: raw.log_max_bytes };
         let lock_timeout = match raw.lock_timeout_seconds {
             None => DEFAULT_LOCK_TIMEOUT,
             Some(seconds) => lock_timeout("lockTimeoutSeconds", seconds).map_err(|msg| GuardError::new(Kind::InvalidConfig, msg))?,
@@ -161,7 +184,11 @@ impl NetConf {
         let valid_attachments = raw.valid_attachments.or(raw.legacy_attachments);
         let delegate = match raw.delegate {
             None => None,
-            Some(object) => Some(crate::cni::delegate::Delegate::from_conf(object, raw.runtime_config.as_ref(), valid_attachments.as_deref())?),
+            Some(object) => {
+                // GC's list goes to the primary as the runtime wrote it.
+                let valid = valid_attachments.as_ref().and_then(|v| serde_json::to_value(v).ok());
+                Some(crate::cni::delegate::Delegate::from_conf(object, raw.runtime_config.as_ref(), valid)?)
+            }
         };
         Ok(NetConf {
             cni_version,
@@ -172,6 +199,8 @@ impl NetConf {
             state_dir,
             stale_del,
             log_file: raw.log_file,
+            log,
+            metrics_file: raw.metrics_file,
             ip_conflict,
             prev_result: raw.prev_result,
             valid_attachments,
@@ -225,7 +254,11 @@ mod tests {
 
     #[test]
     fn codes_for_bad_configs() {
-        let cases: [(&[u8], u32); 10] = [
+        let cases: [(&[u8], u32); 14] = [
+            (br#"{"cniVersion":"1.0.0","name":"n","logFormat":"xml"}"#, 7),
+            (br#"{"cniVersion":"1.0.0","name":"n","logMaxBytes":100}"#, 7),
+            (br#"{"cniVersion":"1.0.0","name":"n","logMaxBytes":-1}"#, 6),
+            (br#"{"cniVersion":"1.0.0","name":"n","metricsFile":"m.prom"}"#, 7),
             (br#"{"cniVersion":"1.0.0","name":"n","lockTimeoutSeconds":-1}"#, 7),
             (br#"{"cniVersion":"1.0.0","name":"n","lockTimeoutSeconds":"5s"}"#, 6),
             (b"{not json", 6),

@@ -17,10 +17,12 @@ use std::process::{Command, Stdio};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::cni::config::{MAX_STDIN, ValidAttachment};
 use crate::error::{GuardError, Kind, Result};
 use crate::names;
 
+/// The most the guard sends a primary: what it accepts on its own stdin (a conflist entry),
+/// checked after the prevResult is put in.
+const MAX_STDIN: u64 = 1 << 20;
 /// More than any result; a primary that writes more is broken.
 const MAX_REPLY: u64 = 1 << 20;
 /// A pipe holds at least this much: smaller stdin is written before the primary runs.
@@ -49,7 +51,7 @@ impl Delegate {
     pub fn from_conf(
         mut object: Map<String, Value>,
         runtime_config: Option<&Map<String, Value>>,
-        valid_attachments: Option<&[ValidAttachment]>,
+        valid_attachments: Option<Value>,
     ) -> Result<Delegate> {
         let plugin_type = match object.get("type") {
             Some(Value::String(name)) => name.clone(),
@@ -71,7 +73,7 @@ impl Delegate {
             object.insert("runtimeConfig".into(), Value::Object(settings));
         }
         if let Some(valid) = valid_attachments {
-            object.insert("cni.dev/valid-attachments".into(), serde_json::to_value(valid).unwrap_or_default());
+            object.insert("cni.dev/valid-attachments".into(), valid);
         }
         for key in ["name", "cniVersion", "prevResult"] {
             object.remove(key);

@@ -5,6 +5,7 @@ pub mod config;
 pub mod delegate;
 pub mod env;
 pub mod log;
+pub mod metrics;
 pub mod result;
 pub mod verbs;
 pub mod version;

@@ -41,6 +41,9 @@ pub struct DeferredDel {
     /// The sandbox that owned the pod key when this DEL came.
     pub owner: String,
     pub deferred_at: String,
+    /// The deferral's time in nanoseconds: replays go oldest first, and several stale DELs
+    /// of one pod often come within a second.
+    pub deferred_at_ns: u128,
     /// Replays the primary refused so far, and what it said the last time.
     #[serde(default)]
     pub attempts: u32,
@@ -113,10 +116,10 @@ impl Store {
     }
 }
 
-fn deferred_at(loaded: &Loaded<DeferredDel>) -> String {
+fn deferred_at(loaded: &Loaded<DeferredDel>) -> u128 {
     match loaded {
-        Loaded::Valid(entry) => entry.deferred_at.clone(),
-        _ => String::new(),
+        Loaded::Valid(entry) => entry.deferred_at_ns,
+        _ => 0,
     }
 }
 

@@ -24,6 +24,7 @@ pub mod checkpoint;
 pub mod deferred;
 pub mod failed_add;
 pub mod ip_index;
+pub mod ledger;
 pub mod lock;
 pub mod ownership;
 pub mod pod_lock;
@@ -49,8 +50,11 @@ pub const FAILED_ADDS: &str = "failed-adds";
 /// The address index (ip_index.rs).
 pub const IPS: &str = "ips";
 const OWNER_PREFIX: &str = "owner-";
+/// Where the record count sits in the lock file, after the generation counter's 20 digits.
+const RECORD_COUNT_AT: u64 = 20;
 /// The folders below the state dir; `Store::dirty` names them by their index here.
-const FOLDERS: [&str; 4] = [RECORDS, OWNERS, SET_ASIDE, FAILED_ADDS];
+const FOLDERS: [&str; 5] = [RECORDS, OWNERS, SET_ASIDE, FAILED_ADDS, ledger::LEDGER];
+const LEDGER_INDEX: u8 = 4;
 
 pub struct Store {
     root: PathBuf,
@@ -58,10 +62,14 @@ pub struct Store {
     owners: PathBuf,
     set_aside: PathBuf,
     failed_adds: PathBuf,
+    ledger: PathBuf,
     /// A writer holds the exclusive lock on it for the life of the Store (the OS drops the lock
     /// when the process dies). `None` only for a reader whose store has never been written.
     lock: Option<File>,
     writable: bool,
+    /// Record files created (+) and removed (-) since the last sync: `sync` moves the count kept
+    /// in the lock file by that much (see `record_count`).
+    records_delta: Cell<i64>,
     /// Directories changed since the last sync (indexes into FOLDERS), in the order of their
     /// first change: `sync` keeps that order.
     dirty: Cell<DirtyDirs>,
@@ -70,7 +78,7 @@ pub struct Store {
 /// Indexes into FOLDERS, each at most once, in the order they were first marked.
 #[derive(Debug, Default, Clone, Copy)]
 struct DirtyDirs {
-    order: [u8; 4],
+    order: [u8; 5],
     len: u8,
 }
 
@@ -155,8 +163,8 @@ impl Store {
     }
 
     fn at(root: &Path, lock: Option<File>, writable: bool) -> Store {
-        let [records, owners, set_aside, failed_adds] = FOLDERS.map(|dir| root.join(dir));
-        Store { root: root.to_path_buf(), records, owners, set_aside, failed_adds, lock, writable, dirty: Cell::new(DirtyDirs::default()) }
+        let [records, owners, set_aside, failed_adds, ledger] = FOLDERS.map(|dir| root.join(dir));
+        Store { root: root.to_path_buf(), records, owners, set_aside, failed_adds, ledger, lock, writable, records_delta: Cell::new(0), dirty: Cell::new(DirtyDirs::default()) }
     }
 
     /// A reader's shared lock, waited for at most `wait`; `on_wait` hears once who holds it
@@ -245,15 +253,43 @@ impl Store {
     }
 
     pub fn save_record(&self, record: &Checkpoint) -> Result<()> {
+        let new = surely_absent(&self.record_path(&record.id()));
         sealed::write(&self.records, &record.id().file_name(), record)?;
         self.mark_dirty(0);
+        self.records_delta.set(self.records_delta.get() + i64::from(new));
         Ok(())
     }
 
     pub fn remove_record(&self, id: &AttachmentId) -> Result<()> {
-        remove(&self.record_path(id))?;
+        if remove(&self.record_path(id))? {
+            self.records_delta.set(self.records_delta.get() - 1);
+        }
         self.mark_dirty(0);
         Ok(())
+    }
+
+    /// How many records the store holds, kept in the lock file beside the generation counter
+    /// (best effort, no fsync, like it) so that the metrics need not list ten thousand files
+    /// on every ADD. `None` until `recount_records` first ran (a store from before the count,
+    /// or whose count a crash may have skewed is recounted by GC and by the metrics).
+    pub fn record_count(&self) -> Option<u64> {
+        let mut buf = [0u8; 20];
+        let read = self.lock.as_ref().and_then(|lock| lock.read_at(&mut buf, RECORD_COUNT_AT).ok())?;
+        (read == buf.len()).then(|| std::str::from_utf8(&buf).ok()?.parse().ok()).flatten()
+    }
+
+    fn set_record_count(&self, value: u64) {
+        if let Some(lock) = &self.lock {
+            let _ = lock.write_at(format!("{value:020}").as_bytes(), RECORD_COUNT_AT);
+        }
+    }
+
+    /// Counts the records (one directory listing) and keeps the count. Writers only.
+    pub fn recount_records(&self) -> Result<u64> {
+        let count = self.count(Folder::Records)? as u64;
+        self.records_delta.set(0);
+        self.set_record_count(count);
+        Ok(count)
     }
 
     pub fn owner_path(&self, key: &PodKey) -> PathBuf {
@@ -333,6 +369,7 @@ impl Store {
         fs::rename(from, &target).map_err(|e| GuardError::io("set aside corrupt checkpoint", from, e))?;
         self.mark_dirty(2);
         if from.starts_with(&self.records) {
+            self.records_delta.set(self.records_delta.get() - 1);
             self.mark_dirty(0);
         } else if from.starts_with(&self.owners) {
             self.mark_dirty(1);
@@ -377,8 +414,14 @@ impl Store {
     pub fn sync(&self) -> Result<()> {
         let dirty = self.dirty.take();
         for &index in dirty.in_order() {
-            let dir = [&self.records, &self.owners, &self.set_aside, &self.failed_adds][usize::from(index)];
-            File::open(dir).and_then(|d| d.sync_all()).map_err(|e| GuardError::io("sync directory", dir, e))?;
+            let dir = [&self.records, &self.owners, &self.set_aside, &self.failed_adds, &self.ledger][usize::from(index)];
+            sync_path(dir)?;
+        }
+        let delta = self.records_delta.take();
+        if delta != 0 && self.writable
+            && let Some(count) = self.record_count()
+        {
+            self.set_record_count(count.saturating_add_signed(delta));
         }
         Ok(())
     }
@@ -437,7 +480,7 @@ impl Store {
     /// plugins), in the state dir and its folders. Only GC and the doctor list them.
     pub fn temp_files(&self) -> Vec<TempFile> {
         let mut found = Vec::new();
-        let folders = [&self.root, &self.records, &self.owners, &self.set_aside, &self.failed_adds];
+        let folders = [&self.root, &self.records, &self.owners, &self.set_aside, &self.failed_adds, &self.ledger];
         let index = self.root.join(IPS);
         for dir in folders.into_iter().chain([&index]) {
             let Ok(entries) = fs::read_dir(dir) else { continue };
@@ -521,10 +564,16 @@ fn list<T>(dir: &Path, mut load: impl FnMut(&Path) -> Result<T>) -> Result<Vec<(
     Ok(out)
 }
 
-pub(crate) fn remove(path: &Path) -> Result<()> {
+/// fsyncs a directory: the names created, renamed or removed in it become durable.
+pub(crate) fn sync_path(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| GuardError::io("sync directory", dir, e))
+}
+
+/// Removes a file; whether there was one.
+pub(crate) fn remove(path: &Path) -> Result<bool> {
     match fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(GuardError::io("remove", path, e)),
     }
 }

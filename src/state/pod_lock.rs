@@ -28,8 +28,10 @@ impl PodLock {
     /// Waits at most `wait` for the lock of `key`.
     pub fn acquire(state_dir: &Path, key: &PodKey, wait: Duration) -> Result<PodLock> {
         let dir = state_dir.join(POD_LOCKS);
-        super::ensure_dir(state_dir)?;
-        super::ensure_dir(&dir)?;
+        if super::surely_absent(&dir) {
+            super::ensure_dir(state_dir)?;
+            super::ensure_dir(&dir)?;
+        }
         let path = dir.join(key.digest());
         // Bounded: each round means GC removed the file between our open and our lock.
         for _ in 0..8 {
@@ -76,16 +78,17 @@ fn remove_if_free(path: &Path) -> bool {
     file.try_lock().is_ok() && super::remove(path).is_ok()
 }
 
+/// Read-only when it exists (flock needs no write access, so a lock taken at ADD still
+/// works on a store remounted read-only), created when it does not.
 fn open(path: &Path) -> Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| GuardError::io("open the pod lock", path, e))
+    let flags = nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC;
+    match OpenOptions::new().read(true).custom_flags(flags).open(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).custom_flags(flags).open(path)
+        }
+        opened => opened,
+    }
+    .map_err(|e| GuardError::io("open the pod lock", path, e))
 }
 
 fn same_file(file: &File, path: &Path) -> bool {

@@ -1,6 +1,7 @@
 //! The operator's side: the binary run by hand with flags instead of by a runtime.
 //!
-//! Three modes (`--dump-checkpoints`, `--restore`, `--doctor`), exactly one per run, each with
+//! Five modes (`--dump-checkpoints`, `--restore`, `--doctor`, `--install`, `--uninstall`),
+//! exactly one per run, each with
 //! its own options and its own `--help`. lexopt splits the words (`--flag value`,
 //! `--flag=value`, `-o json`, `--`); the rules are checked here, after the whole line is read,
 //! so that a mistake is refused before anything runs: an empty value, a flag of another mode,
@@ -18,6 +19,7 @@ use lexopt::Arg;
 use crate::cni::config::DEFAULT_STATE_DIR;
 use crate::tools::doctor;
 use crate::tools::dump::{self, Filter, Format};
+use crate::tools::install;
 use crate::error::Kind;
 use crate::names;
 use crate::tools::restore::{self, Selection};
@@ -30,7 +32,7 @@ sandbox-guard: a chained CNI plugin that checkpoints every pod attachment and re
 stale DEL of an old sandbox once a newer sandbox owns the same pod name.
 
 As a CNI plugin it is run by the container runtime (CNI_COMMAND in the environment,
-config on stdin); list it LAST in the conflist. By hand, in one of three modes:
+config on stdin); list it LAST in the conflist. By hand, in one of five modes:
 
   sandbox-guard --dump-checkpoints [options]   show what the checkpoints hold
   sandbox-guard --restore [options] (--all | CONTAINER-ID...)
@@ -38,11 +40,14 @@ config on stdin); list it LAST in the conflist. By hand, in one of three modes:
                              parent (a NIC driver reload)
   sandbox-guard --doctor [options]   explain this node's CNI failure classes before they
                              bite; exit status 1 on any error
+  sandbox-guard --install [options]    put it into the network the runtime runs and copy
+                             the binary; --watch keeps it there
+  sandbox-guard --uninstall [options]  take it out, the primary's config as it was
   sandbox-guard MODE --help  that mode's options
   sandbox-guard --help       this text
   sandbox-guard --version    the plugin version and the CNI versions it speaks
 
-Options of every mode:
+Options of the dump, --restore and --doctor:
       --state-dir DIR        state directory (default /var/lib/cni/sandbox-guard)
       --lock-timeout SECONDS how long to wait for the state dir's lock (default 10)
 
@@ -102,6 +107,48 @@ Options:
   -h, --help                   this text
 ";
 
+const INSTALL_HELP: &str = "\
+Usage: sandbox-guard --install [options]
+
+Copies this binary into the bin dir (skipped when the same bytes are there) and puts
+sandbox-guard into the network the runtime runs: the one file in the conf dir that the
+runtime loads (libcni's order: the lexically first .conflist, .conf or .json that parses),
+or the network --network names. A single-plugin .conf becomes a .conflist; the primary's
+own bytes are kept beside as FILE.sandbox-guard-orig for --uninstall. Writes only what
+differs (a second run writes nothing), each file through a temp file renamed into place,
+keeping its mode. An error writes nothing.
+
+Options:
+      --mode chained|delegate|dropin
+                               chained (default): last in the list; delegate: in the
+                               primary's place, the primary under \"delegate\"; dropin:
+                               CONF-DIR/NETWORK/sandbox-guard.conf (libcni 1.3 runtimes:
+                               containerd 2.1+, CRI-O 1.33+), the primary's file untouched
+      --conf-dir DIR           CNI config dir (default /etc/cni/net.d)
+      --bin-dir DIR            CNI plugin dir (default /opt/cni/bin)
+      --network NAME           the network to guard, when the conf dir holds several
+      --state-dir DIR          the entry's stateDir (default /var/lib/cni/sandbox-guard)
+      --log-file FILE          the entry's logFile (default: none)
+      --watch                  stay running: put the entry back whenever the primary's
+                               installer rewrites its file; SIGTERM ends it
+  -h, --help                   this text
+";
+
+const UNINSTALL_HELP: &str = "\
+Usage: sandbox-guard --uninstall [options]
+
+Takes sandbox-guard out of the network: a chained entry removed, a wrapped primary put back
+in its place, a drop-in deleted; the primary's file gets back the bytes it had before the
+install (a converted .conf returns as the .conf). The binary stays unless asked.
+
+Options:
+      --conf-dir DIR           CNI config dir (default /etc/cni/net.d)
+      --network NAME           the guarded network, when the conf dir holds several
+      --bin-dir DIR            CNI plugin dir (default /opt/cni/bin)
+      --remove-binary          remove BIN-DIR/sandbox-guard as well
+  -h, --help                   this text
+";
+
 pub fn run(args: &[String]) -> i32 {
     match parse(args) {
         Ok(Command::Help(mode)) => {
@@ -117,6 +164,8 @@ pub fn run(args: &[String]) -> i32 {
             0
         }
         Ok(Command::Doctor(options)) => doctor::run(&options),
+        Ok(Command::Install(options)) => install::run_install(&options),
+        Ok(Command::Uninstall(options)) => install::run_uninstall(&options),
         Ok(Command::Restore { state_dir, selection, dry_run, lock_timeout }) => {
             restore::run(&state_dir, &selection, dry_run, lock_timeout)
         }
@@ -144,6 +193,8 @@ enum Command {
     Dump { state_dir: PathBuf, format: Format, filter: Filter, lock_timeout: Duration },
     Restore { state_dir: PathBuf, selection: Selection, dry_run: bool, lock_timeout: Duration },
     Doctor(doctor::Options),
+    Install(install::Options),
+    Uninstall(install::Options),
 }
 
 #[cfg(test)]
@@ -155,6 +206,8 @@ impl std::fmt::Debug for Command {
             Command::Dump { .. } => "Dump",
             Command::Restore { .. } => "Restore",
             Command::Doctor(_) => "Doctor",
+            Command::Install(_) => "Install",
+            Command::Uninstall(_) => "Uninstall",
         })
     }
 }
@@ -171,6 +224,8 @@ enum Mode {
     Dump,
     Restore,
     Doctor,
+    Install,
+    Uninstall,
 }
 
 impl Mode {
@@ -179,6 +234,8 @@ impl Mode {
             "dump-checkpoints" => Some(Mode::Dump),
             "restore" => Some(Mode::Restore),
             "doctor" => Some(Mode::Doctor),
+            "install" => Some(Mode::Install),
+            "uninstall" => Some(Mode::Uninstall),
             _ => None,
         }
     }
@@ -188,6 +245,8 @@ impl Mode {
             Mode::Dump => "--dump-checkpoints",
             Mode::Restore => "--restore",
             Mode::Doctor => "--doctor",
+            Mode::Install => "--install",
+            Mode::Uninstall => "--uninstall",
         }
     }
 
@@ -196,6 +255,8 @@ impl Mode {
             Mode::Dump => DUMP_HELP,
             Mode::Restore => RESTORE_HELP,
             Mode::Doctor => DOCTOR_HELP,
+            Mode::Install => INSTALL_HELP,
+            Mode::Uninstall => UNINSTALL_HELP,
         }
     }
 }
@@ -215,10 +276,15 @@ enum Opt {
     ConfDir,
     LogFile,
     ServiceCidr,
+    BinDir,
+    Network,
+    InstallMode,
+    Watch,
+    RemoveBinary,
 }
 
 impl Opt {
-    const EVERY: [Opt; 12] = [
+    const EVERY: [Opt; 17] = [
         Opt::StateDir,
         Opt::LockTimeout,
         Opt::Output,
@@ -231,6 +297,11 @@ impl Opt {
         Opt::ConfDir,
         Opt::LogFile,
         Opt::ServiceCidr,
+        Opt::BinDir,
+        Opt::Network,
+        Opt::InstallMode,
+        Opt::Watch,
+        Opt::RemoveBinary,
     ];
 
     fn from_long(name: &str) -> Option<Opt> {
@@ -255,21 +326,32 @@ impl Opt {
             Opt::ConfDir => "--conf-dir",
             Opt::LogFile => "--log-file",
             Opt::ServiceCidr => "--service-cidr",
+            Opt::BinDir => "--bin-dir",
+            Opt::Network => "--network",
+            Opt::InstallMode => "--mode",
+            Opt::Watch => "--watch",
+            Opt::RemoveBinary => "--remove-binary",
         }
     }
 
     fn modes(self) -> &'static [Mode] {
         match self {
-            Opt::StateDir | Opt::LockTimeout => &[Mode::Dump, Mode::Restore, Mode::Doctor],
+            Opt::StateDir => &[Mode::Dump, Mode::Restore, Mode::Doctor, Mode::Install],
+            Opt::LockTimeout => &[Mode::Dump, Mode::Restore, Mode::Doctor],
             Opt::Output => &[Mode::Dump, Mode::Doctor],
             Opt::Namespace | Opt::Pod | Opt::PodUid | Opt::ContainerId => &[Mode::Dump],
             Opt::All | Opt::DryRun => &[Mode::Restore],
-            Opt::ConfDir | Opt::LogFile | Opt::ServiceCidr => &[Mode::Doctor],
+            Opt::ConfDir => &[Mode::Doctor, Mode::Install, Mode::Uninstall],
+            Opt::LogFile => &[Mode::Doctor, Mode::Install],
+            Opt::ServiceCidr => &[Mode::Doctor],
+            Opt::BinDir | Opt::Network => &[Mode::Install, Mode::Uninstall],
+            Opt::InstallMode | Opt::Watch => &[Mode::Install],
+            Opt::RemoveBinary => &[Mode::Uninstall],
         }
     }
 
     fn takes_value(self) -> bool {
-        !matches!(self, Opt::All | Opt::DryRun)
+        !matches!(self, Opt::All | Opt::DryRun | Opt::Watch | Opt::RemoveBinary)
     }
 
     fn repeatable(self) -> bool {
@@ -354,7 +436,10 @@ fn parse(args: &[String]) -> Result<Command, Usage> {
         given.push(Given::Opt(opt, value));
     }
     let Some(mode) = mode else {
-        return Err(fail(None, "no mode given: use --dump-checkpoints, --restore or --doctor".to_string()));
+        return Err(fail(
+            None,
+            "no mode given: use --dump-checkpoints, --restore, --doctor, --install or --uninstall".to_string(),
+        ));
     };
     build(mode, given).map_err(|msg| fail(Some(mode), msg))
 }
@@ -378,6 +463,8 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
     let mut filter = Filter::default();
     let (mut all, mut dry_run, mut container_ids) = (false, false, Vec::new());
     let (mut conf_dir, mut log_file, mut service_cidrs) = (None, None, Vec::new());
+    let (mut bin_dir, mut network, mut install_mode, mut watch, mut remove_binary) =
+        (None, None, install::Mode::Chained, false, false);
     for item in given {
         let (opt, value) = match item {
             Given::Opt(opt, value) => (opt, value.unwrap_or_default()),
@@ -391,7 +478,9 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                         "unexpected argument {id:?}: --dump-checkpoints filters by container ID with --container-id"
                     ));
                 }
-                Mode::Doctor => return Err(format!("unexpected argument {id:?}: --doctor takes options only")),
+                Mode::Doctor | Mode::Install | Mode::Uninstall => {
+                    return Err(format!("unexpected argument {id:?}: {} takes options only", mode.flag()));
+                }
             },
         };
         let flag = opt.flag();
@@ -429,10 +518,36 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
             Opt::DryRun => dry_run = true,
             Opt::ConfDir => conf_dir = Some(PathBuf::from(value)),
             Opt::LogFile => log_file = Some(PathBuf::from(value)),
+            Opt::BinDir => bin_dir = Some(PathBuf::from(value)),
+            Opt::Network => network = Some(value),
+            Opt::InstallMode => {
+                install_mode = install::Mode::parse(&value).ok_or_else(|| format!("{flag} {value:?}: use chained, delegate or dropin"))?
+            }
+            Opt::Watch => watch = true,
+            Opt::RemoveBinary => remove_binary = true,
             Opt::ServiceCidr => service_cidrs.push(value.parse().map_err(|e| format!("{flag} {value:?}: {e}"))?),
         }
     }
+    let absolute = |flag: &str, path: Option<PathBuf>| match path {
+        Some(path) if path.is_relative() => Err(format!("{flag} {}: give an absolute path (the runtime reads the entry from anywhere)", path.display())),
+        other => Ok(other),
+    };
     Ok(match mode {
+        Mode::Install | Mode::Uninstall => {
+            let options = install::Options {
+                conf_dir: conf_dir.unwrap_or_else(|| PathBuf::from(install::DEFAULT_CONF_DIR)),
+                bin_dir: bin_dir.unwrap_or_else(|| PathBuf::from(install::DEFAULT_BIN_DIR)),
+                network,
+                mode: install_mode,
+                entry: install::Entry {
+                    state_dir: absolute("--state-dir", state_dir)?.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+                    log_file: absolute("--log-file", log_file)?,
+                },
+                watch,
+                remove_binary,
+            };
+            if mode == Mode::Install { Command::Install(options) } else { Command::Uninstall(options) }
+        }
         Mode::Dump => Command::Dump {
             state_dir: state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
             format,

@@ -18,6 +18,8 @@ use crate::kernel::link_facts::LinkFacts;
 use crate::cni::result::ResultView;
 use crate::state::checkpoint::{Checkpoint, split_file_name};
 use crate::state::deferred::DeferredDel;
+use crate::state::ledger::LedgerEntry;
+use crate::state::ownership::PodKey;
 use crate::state::ownership::Ownership;
 use crate::state::lock::WaitNotice;
 use crate::state::{Folder, Loaded, READ_BATCH, Store, read_for_listing};
@@ -87,6 +89,9 @@ struct Row<'a> {
     /// A deferred DEL's: since when, the owner it was kept from, its failed replays.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     deferred: Option<DeferredFields<'a>>,
+    /// The owner's row: the stale DELs of its pod key the refusal ledger counted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stale_dels: Option<&'a LedgerEntry>,
 }
 
 #[derive(Serialize)]
@@ -193,13 +198,18 @@ fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: 
     // Records that own their pod key: when every owner file is one of them, no owner is
     // without its record, and the owners need not be read one by one.
     let mut owning = 0;
+    // Small and bounded (`state::ledger`): read once, shown on the owners' rows.
+    let ledger: std::collections::HashMap<PodKey, LedgerEntry> = {
+        let _lock = store.read_lock(lock_timeout, &on_wait)?;
+        store.list_ledger()?.into_iter().map(|entry| (entry.key.clone(), entry)).collect()
+    };
     loop {
         batch.clear();
         let mut read = 0;
         {
             let _lock = store.read_lock(lock_timeout, &on_wait)?;
             for path in paths.by_ref() {
-                owning += usize::from(record_rows(store, filter, &path?, sink, &mut batch)?);
+                owning += usize::from(record_rows(store, filter, &ledger, &path?, sink, &mut batch)?);
                 read += 1;
                 if read == READ_BATCH || batch.len() >= BATCH_BYTES {
                     break;
@@ -259,13 +269,24 @@ fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: 
 
 /// Writes the row of the record at `path` if the filter admits it; returns whether the
 /// record owns its pod key, filtered or not.
-fn record_rows(store: &Store, filter: &Filter, path: &Path, sink: &mut dyn Sink, out: &mut dyn Write) -> io::Result<bool> {
+fn record_rows(
+    store: &Store,
+    filter: &Filter,
+    ledger: &std::collections::HashMap<PodKey, LedgerEntry>,
+    path: &Path,
+    sink: &mut dyn Sink,
+    out: &mut dyn Write,
+) -> io::Result<bool> {
     match store.load_record_at(path) {
         Loaded::Valid(record) => {
             let owner = owns_its_pod_key(store, &record);
             if filter.admits(&record) {
                 let view = ResultView::parse(&record.prev_result).ok();
-                sink.row(out, &record_row(&record, owner, &view))?;
+                let mut row = record_row(&record, owner, &view);
+                if owner {
+                    row.stale_dels = record.pod_key().and_then(|key| ledger.get(&key));
+                }
+                sink.row(out, &row)?;
             }
             Ok(owner)
         }
@@ -315,6 +336,7 @@ fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultVi
         prev_result: Some(&record.prev_result),
         links: record.links.as_ref(),
         deferred: None,
+        stale_dels: None,
     }
 }
 
@@ -405,6 +427,7 @@ fn empty_row<'a>(status: Status, reason: String) -> Row<'a> {
         prev_result: None,
         links: None,
         deferred: None,
+        stale_dels: None,
     }
 }
 
@@ -473,6 +496,19 @@ impl Sink for TableSink {
         let cells = [&pod, &container, row.if_name.unwrap_or("-"), row.network.unwrap_or("-"), &ips, &generation, owner, &age, row.status.label()];
         write_cells(out, cells)?;
         // An untrusted row says which file and why, on a line of its own.
+        if let Some(entry) = row.stale_dels {
+            let more = if entry.more_sandboxes > 0 { format!(" and {} more", entry.more_sandboxes) } else { String::new() };
+            writeln!(
+                out,
+                "    stale DELs of this pod: {} refused, {} audited, {} deferred, {} .. {}, from sandbox {}{more}",
+                entry.refused,
+                entry.audited,
+                entry.deferred,
+                entry.first_at,
+                entry.last_at,
+                entry.stale_sandboxes.join(", ")
+            )?;
+        }
         match (row.path, &row.reason) {
             (Some(path), Some(reason)) => writeln!(out, "    {}: {reason}", path.display()),
             (None, Some(reason)) => writeln!(out, "    {reason}"),

@@ -1,7 +1,8 @@
 //! The operator's side: the command line and what it runs by hand, never on a runtime's
-//! exec: the checkpoint dump, `--restore` and `--doctor`.
+//! exec: the checkpoint dump, `--restore`, `--doctor`, and `--install`/`--uninstall`.
 
 pub mod cli;
 pub mod doctor;
 pub mod dump;
+pub mod install;
 pub mod restore;

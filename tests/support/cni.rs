@@ -162,8 +162,38 @@ impl Store {
         self.state_dir.join("records").join(format!("{network}:{container}:{ifname}"))
     }
 
+    /// The refusal ledger's entry of a pod key (its sealed record), if there is one.
+    pub fn ledger_entry(&self, pod: &Pod, ifname: &str) -> Option<Value> {
+        let mut hasher = Sha256::new();
+        for part in [NETWORK, pod.namespace.as_str(), pod.name.as_str(), ifname] {
+            hasher.update(part.as_bytes());
+            hasher.update([0u8]);
+        }
+        let path = self.state_dir.join("ledger").join(hex(&hasher.finalize()));
+        path.exists().then(|| verify_envelope(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+    }
+
     pub fn owner_files(&self) -> Vec<PathBuf> {
         files_in(&self.state_dir.join("owners"))
+    }
+
+    /// The invariant every crash, race and DEL must keep: each owner names a container whose
+    /// record exists and holds the same pod key (or was set aside, failing its checksum, and
+    /// blocks the DELs that need it: the store then trusts the owner).
+    pub fn assert_every_owner_has_its_record(&self) {
+        for path in self.owner_files() {
+            let Ok(owner) = verify_envelope(&path) else { continue };
+            let container = owner["containerId"].as_str().unwrap();
+            let ifname = owner["ifName"].as_str().unwrap();
+            let record_path = self.record_path(owner["network"].as_str().unwrap(), container, ifname);
+            if !record_path.exists() && self.state_dir.join("set-aside").join(record_path.file_name().unwrap()).exists() {
+                continue;
+            }
+            let record = verify_envelope(&record_path).unwrap_or_else(|e| panic!("owner {} has no record: {e}", path.display()));
+            for field in ["network", "podNamespace", "podName", "ifName"] {
+                assert_eq!(owner[field], record[field], "owner {} and its record disagree on {field}", path.display());
+            }
+        }
     }
 
     pub fn log_lines(&self) -> Vec<LogLine> {
@@ -172,14 +202,17 @@ impl Store {
     }
 
     /// Every non-directory entry under the state dir (symlinks as their target) except the
-    /// lock file, whose mere existence says nothing. Comparing two snapshots catches temp
-    /// files and records left behind whatever they are named.
+    /// lock file, whose mere existence says nothing, and the refusal ledger's entries, which
+    /// count the very refusals a snapshot is taken around (`ledger_entry` reads them). Comparing
+    /// two snapshots catches temp files and records left behind whatever they are named.
     pub fn snapshot(&self) -> BTreeMap<PathBuf, Vec<u8>> {
         let mut files = BTreeMap::new();
         for path in walk(&self.state_dir) {
             let meta = std::fs::symlink_metadata(&path).unwrap();
             let relative = path.strip_prefix(&self.state_dir).unwrap().to_path_buf();
-            if meta.is_dir() || relative == Path::new("lock") {
+            let ledger_entry = relative.starts_with("ledger")
+                && !path.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'));
+            if meta.is_dir() || relative == Path::new("lock") || ledger_entry {
                 continue;
             }
             let content = if meta.file_type().is_symlink() {
@@ -437,6 +470,10 @@ impl Cni {
         &self.container
     }
 
+    pub fn verb(&self) -> &str {
+        &self.verb
+    }
+
     pub fn network_name(&self) -> &str {
         &self.network
     }
@@ -582,6 +619,28 @@ impl Cni {
     pub fn run(&self) -> Reply {
         self.spawn().wait()
     }
+
+    /// Runs under strace, which SIGKILLs the plugin on entry to its `nth` call of `syscalls`
+    /// (comma separated). Each traced process counts its own calls.
+    pub fn run_killed_at(self, traced: Traced, syscalls: &str, nth: usize) -> Reply {
+        let inject = format!("inject={syscalls}:signal=SIGKILL:when={nth}");
+        let trace = format!("trace={syscalls}");
+        let follow: &[&str] = match traced {
+            Traced::WithChildren => &["-f"],
+            Traced::PluginOnly => &[],
+        };
+        let strace = [&["strace"], follow, &["-qq", "-o", "/dev/null", "-e", &trace, "-e", &inject]].concat();
+        self.wrapped_in(&strace).run()
+    }
+}
+
+/// Which processes of a plugin exec strace follows.
+#[derive(Clone, Copy, Debug)]
+pub enum Traced {
+    /// The plugin and whatever it starts, each counting (and killed at) its own calls.
+    WithChildren,
+    /// The plugin alone: the primary a delegate-mode guard runs is neither counted nor killed.
+    PluginOnly,
 }
 
 fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {

@@ -30,8 +30,9 @@ pub const TOOLS: &[&str] = &[
     "flock",
     "ping",
     "tar",
-    "sha256sum",
+    "sha1sum",
     "timeout",
+    "mount",
     "umount",
     "/usr/lib/cni/loopback",
 ];
@@ -41,10 +42,53 @@ const K8S_NAMESPACE: &str = "k8s.io";
 /// Upper bound for one CRI call or ctr run: a hung containerd must fail the test, not stall CI.
 const CALL_TIMEOUT_SECS: &str = "90";
 
+/// The model of a primary plugin a node runs (tests/cri/), linked into its CNI bin dir under
+/// the plugin type `plugin_type()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Primary {
+    /// calico CNI before 1.10: IPAM handle, endpoint and host veth all keyed by the pod name.
+    PodnameKeyed,
+    /// Current calico (3.x): IPAM per container, the host veth still named from the pod name
+    /// and deleted by that name by a DEL with an empty netns (calico#10375).
+    CurrentCalico,
+    /// The in-house macvlan plugin of seed 002: the IP reserved for the pod name (sticky), the
+    /// interface a macvlan on the node's master link, living in the sandbox's netns only.
+    StickyMacvlan,
+}
+
+impl Primary {
+    pub fn plugin_type(self) -> &'static str {
+        match self {
+            Primary::PodnameKeyed => "podname-keyed",
+            Primary::CurrentCalico => "calico-model",
+            Primary::StickyMacvlan => "sticky-macvlan",
+        }
+    }
+
+    /// The model's executable (its shared shell code lies next to it).
+    pub fn executable(self) -> PathBuf {
+        let file = match self {
+            Primary::PodnameKeyed => "podname-keyed-plugin",
+            Primary::CurrentCalico => "calico-model-plugin",
+            Primary::StickyMacvlan => "sticky-macvlan-plugin",
+        };
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cri").join(file)
+    }
+
+    /// Whether every sandbox of a pod gets the same address while a new sandbox's ADD leaves
+    /// the old sandbox's interface alone: a re-created pod's two sandboxes hold its address at
+    /// once until the old one's DEL.
+    pub fn sticky_ip(self) -> bool {
+        self == Primary::StickyMacvlan
+    }
+}
+
 /// Paths and names of one node that the test's conflist refers to.
 pub struct NodeLayout {
     pub dir: PathBuf,
-    /// State dir of the test's primary plugin (tests/cri/podname-keyed-plugin).
+    /// The model primary linked into the node's CNI bin dir.
+    pub primary: Primary,
+    /// State dir of the test's primary plugin (its `ips/` and `calls.log`, see tests/cri/).
     pub primary_state: PathBuf,
     pub guard_state: PathBuf,
     pub guard_log: PathBuf,
@@ -53,6 +97,9 @@ pub struct NodeLayout {
     pub veth_prefix: String,
     /// A /24 of this node's pod addresses, distinct per node for the same reason.
     pub subnet: String,
+    /// The host link a macvlan primary hangs its pods' interfaces off (a NIC or its vlan on a
+    /// real node): a veth end, whose peer holds the subnet's .1, the pods' gateway.
+    pub master: Option<String>,
     /// cgroupfs parent of this node's sandboxes (containerd would otherwise share /k8s.io).
     pub cgroup_parent: String,
 }
@@ -65,6 +112,8 @@ pub struct CriNode {
     /// Sandboxes this node ran: libcni caches their results under /var/lib/cni/results
     /// (containerd 1.6 offers no other cache dir), outside the temp dir.
     sandboxes: std::cell::RefCell<Vec<String>>,
+    /// Deleted after the drop's teardown, taking any macvlan left on it along.
+    _master: Option<sys::HostLink>,
     // Last field: removed only after everything inside it was unmounted.
     _dir: sys::TempDir,
 }
@@ -77,18 +126,23 @@ pub struct CriError {
 }
 
 impl CriNode {
-    /// Starts containerd with the conflist `conflist(layout)` as its only CNI network and
-    /// the catatonit pause image imported, and waits until CRI reports the network ready.
-    pub fn start(conflist: impl FnOnce(&NodeLayout) -> Value) -> CriNode {
+    /// Starts containerd with the conflist `conflist(layout)` as its only CNI network, the
+    /// model `primary` and sandbox-guard in its CNI bin dir and the catatonit pause image
+    /// imported, and waits until CRI reports the network ready.
+    pub fn start(primary: Primary, conflist: impl FnOnce(&NodeLayout) -> Value) -> CriNode {
         let cri_client = cri_client_binary();
         let dir = sys::TempDir::new("sgcri");
         let root = dir.path.clone();
         let unique = sys::unique("s");
+        let subnet = free_subnet();
+        let master = (primary == Primary::StickyMacvlan).then(|| create_master_link(&subnet));
         let layout = NodeLayout {
+            primary,
             primary_state: root.join("primary"),
             guard_state: root.join("guard"),
             guard_log: root.join("guard.log"),
-            subnet: free_subnet(),
+            master: master.as_ref().map(|m| m.name.clone()),
+            subnet,
             cgroup_parent: format!("/sandbox-guard-e2e-{unique}"),
             veth_prefix: unique,
             dir: root.clone(),
@@ -96,7 +150,7 @@ impl CriNode {
         for sub in ["bin", "net.d", "primary", "opt"] {
             fs::create_dir_all(root.join(sub)).expect("create node dir");
         }
-        link_cni_plugins(&root.join("bin"));
+        link_cni_plugins(&root.join("bin"), primary);
         let conflist_text = serde_json::to_string_pretty(&conflist(&layout)).unwrap();
         fs::write(root.join("net.d/10-e2e.conflist"), conflist_text).expect("write conflist");
         fs::write(root.join("config.toml"), containerd_config(&root)).expect("write config");
@@ -117,6 +171,7 @@ impl CriNode {
             containerd: Some(containerd),
             sandboxes: Default::default(),
             layout,
+            _master: master,
             _dir: dir,
         };
         node.wait_until("containerd serves CRI", || node.cri(&["version"]).is_ok());
@@ -171,10 +226,58 @@ impl CriNode {
         fs::write(self.layout.primary_state.join("fail-next-del"), "").expect("write marker");
     }
 
-    /// The primary plugin's own trace: one line per call, plus which container's endpoint
-    /// each DEL really removed.
+    /// The primary plugin's own trace: one line per call, plus what each call did to whose
+    /// endpoint, host link or address (tests/cri/model-lib.sh).
     pub fn primary_calls(&self) -> String {
         fs::read_to_string(self.layout.primary_state.join("calls.log")).unwrap_or_default()
+    }
+
+    /// The primary's address allocations left (`ips/<address>`, each naming its handle).
+    pub fn primary_allocations(&self) -> Vec<String> {
+        fs::read_dir(self.layout.primary_state.join("ips"))
+            .map(|dir| dir.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The netns the primary's ADD of sandbox `id` got (from its trace), which containerd
+    /// keeps while the sandbox's network is not torn down.
+    pub fn primary_netns(&self, id: &str) -> PathBuf {
+        let calls = self.primary_calls();
+        calls
+            .lines()
+            .find_map(|line| {
+                let words: Vec<&str> = line.split(' ').collect();
+                (words.get(1..3) == Some(&["ADD", id][..]))
+                    .then(|| words.last()?.strip_prefix("netns="))
+                    .flatten()
+            })
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("the primary's trace has no ADD of {id}:\n{calls}"))
+    }
+
+    /// Keeps sandbox `id`'s netns (the one the primary's ADD got) alive past containerd's
+    /// teardown, as a process left in it would, with a bind mount under the node's dir (the
+    /// node's drop unmounts it); returns the mount's path.
+    pub fn pin_netns(&self, id: &str) -> PathBuf {
+        let netns = self.primary_netns(id);
+        let pin = self.layout.dir.join("pinned-netns").join(id);
+        fs::create_dir_all(pin.parent().unwrap()).expect("create pinned-netns dir");
+        fs::write(&pin, "").expect("create netns mount point");
+        sys::run("mount", &["--bind", netns.to_str().unwrap(), pin.to_str().unwrap()]);
+        pin
+    }
+
+    /// Host links named with this node's prefix: the primary's host veths.
+    pub fn host_links(&self) -> Vec<String> {
+        let out = Command::new("ip").args(["-o", "link", "show"]).output();
+        let Ok(out) = out else { return Vec::new() };
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            // "12: name@if11: <...": the name ends at '@' or ':'.
+            .filter_map(|line| line.split(": ").nth(1))
+            .map(|name| name.split('@').next().unwrap_or(name).to_string())
+            .filter(|name| name.starts_with(&self.layout.veth_prefix))
+            .collect()
     }
 
     /// What happened on this node, for a failing test's output.
@@ -328,17 +431,8 @@ impl CriNode {
     }
 
     fn delete_host_links(&self) {
-        let out = Command::new("ip").args(["-o", "link", "show"]).output();
-        let Ok(out) = out else { return };
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            // "12: name@if11: <...": the name ends at '@' or ':'.
-            let Some(name) = line.split(": ").nth(1) else {
-                continue;
-            };
-            let name = name.split('@').next().unwrap_or(name);
-            if name.starts_with(&self.layout.veth_prefix) {
-                sys::try_run("ip", &["link", "delete", name]);
-            }
+        for name in self.host_links() {
+            sys::try_run("ip", &["link", "delete", &name]);
         }
     }
 }
@@ -371,6 +465,22 @@ impl Drop for CriNode {
         self.remove_cgroups();
         self.remove_libcni_cache();
     }
+}
+
+/// A veth pair standing in for a node's uplink: the end returned is the macvlan master
+/// (deleting it deletes its peer); the other, on the host too, holds the subnet's .1, so the
+/// host reaches the pods through it.
+fn create_master_link(subnet: &str) -> sys::HostLink {
+    let name = sys::unique("mv");
+    let (master, uplink) = (format!("{name}m"), format!("{name}g"));
+    sys::run("ip", &["link", "add", &master, "type", "veth", "peer", "name", &uplink]);
+    let master = sys::HostLink { name: master };
+    let gateway = format!("{}.1/24", subnet.trim_end_matches(".0/24"));
+    sys::run("ip", &["addr", "add", &gateway, "dev", &uplink]);
+    for end in [master.name.as_str(), uplink.as_str()] {
+        sys::run("ip", &["link", "set", end, "up"]);
+    }
+    master
 }
 
 /// Builds tests/cri-client once per test process, in its own target dir: its tonic stack
@@ -409,14 +519,10 @@ fn plugin_path() -> String {
     format!("{inherited}:/usr/local/sbin:/usr/sbin:/sbin:/usr/bin:/bin")
 }
 
-fn link_cni_plugins(bin_dir: &Path) {
-    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+fn link_cni_plugins(bin_dir: &Path, primary: Primary) {
     let plugins = [
         ("loopback", PathBuf::from("/usr/lib/cni/loopback")),
-        (
-            "podname-keyed",
-            manifest_dir.join("tests/cri/podname-keyed-plugin"),
-        ),
+        (primary.plugin_type(), primary.executable()),
         ("sandbox-guard", PathBuf::from(crate::cni::BIN)),
     ];
     for (name, target) in plugins {

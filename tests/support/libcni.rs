@@ -33,12 +33,26 @@ pub const TOOLS: &[&str] = &[
 /// any other build output; the build script renames atomically, so parallel runs are safe.
 pub fn driver() -> &'static Path {
     static DRIVER: OnceLock<PathBuf> = OnceLock::new();
-    DRIVER.get_or_init(|| {
-        let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("libcni-driver");
-        let script = Path::new(REPO).join("scripts/build-libcni-driver.sh");
-        sys::run("bash", &[script.to_str().unwrap(), out_dir.to_str().unwrap()]);
-        out_dir.join("libcni-driver")
-    })
+    DRIVER.get_or_init(|| build_driver("libcni-driver", None))
+}
+
+/// Where libcni 1.3's source lies (no third-party dependencies): the version containerd 2.1
+/// and CRI-O 1.33 link, the first to append `<confdir>/<network name>/*.conf` drop-ins.
+pub const LIBCNI_1_3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/vendor/cni-1.3.0");
+
+/// The same driver built against libcni 1.3 instead of Debian's 1.1.
+pub fn driver_1_3() -> &'static Path {
+    static DRIVER: OnceLock<PathBuf> = OnceLock::new();
+    DRIVER.get_or_init(|| build_driver("libcni-1.3-driver", Some(LIBCNI_1_3)))
+}
+
+fn build_driver(name: &str, gopath: Option<&str>) -> PathBuf {
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let script = Path::new(REPO).join("scripts/build-libcni-driver.sh");
+    let mut args = vec![script.to_str().unwrap(), out_dir.to_str().unwrap()];
+    args.extend(gopath);
+    sys::run("bash", &args);
+    out_dir.join("libcni-driver")
 }
 
 /// A /24 no other test of this process holds and no route or address of the host overlaps,
@@ -62,6 +76,55 @@ impl Subnet {
     pub fn host(&self, last: u8) -> String {
         format!("10.{}.{}.{last}", self.second, self.third)
     }
+
+    /// The IPv6 twin of the /24: a unique local /64 that carries the same two octets.
+    pub fn cidr6(&self) -> String {
+        format!("fd5a:{:x}:{:x}::/64", self.second, self.third)
+    }
+
+    pub fn host6(&self, last: u16) -> String {
+        format!("fd5a:{:x}:{:x}::{last:x}", self.second, self.third)
+    }
+
+    /// The address of this subnet (or its IPv6 twin) with `address`'s host part: its last
+    /// octet, or its last group for IPv6.
+    fn moved(&self, address: &str) -> String {
+        match address.rsplit_once(':') {
+            Some((_, last)) => self.host6(u16::from_str_radix(last, 16).unwrap_or_else(|e| panic!("{address}: {e}"))),
+            None => self.host(address.rsplit('.').next().unwrap().parse().unwrap_or_else(|e| panic!("{address}: {e}"))),
+        }
+    }
+
+    /// Moves a host-local IPAM section into this subnet: each range's subnet becomes the /24
+    /// (the /64 for IPv6); its rangeStart, rangeEnd and gateway, and each route's gw, keep
+    /// their host part.
+    pub fn take_over_ipam(&self, ipam: &mut Value) {
+        for range in ipam["ranges"].as_array_mut().expect("ipam ranges").iter_mut().flat_map(|set| set.as_array_mut().unwrap()) {
+            let v6 = range["subnet"].as_str().unwrap().contains(':');
+            range["subnet"] = json!(if v6 { self.cidr6() } else { self.cidr() });
+            for key in ["rangeStart", "rangeEnd", "gateway"] {
+                if let Some(address) = range[key].as_str() {
+                    range[key] = json!(self.moved(address));
+                }
+            }
+        }
+        for route in ipam["routes"].as_array_mut().into_iter().flatten() {
+            if let Some(gw) = route["gw"].as_str() {
+                route["gw"] = json!(self.moved(gw));
+            }
+        }
+    }
+
+    /// Narrows every range of a host-local IPAM section to one address, the one with host
+    /// part `last`: every ADD of the network gets the same address, so two ADDs' results
+    /// can be compared whole.
+    pub fn pin_one_address(&self, ipam: &mut Value, last: u8) {
+        for range in ipam["ranges"].as_array_mut().expect("ipam ranges").iter_mut().flat_map(|set| set.as_array_mut().unwrap()) {
+            let address = if range["subnet"].as_str().unwrap().contains(':') { self.host6(last.into()) } else { self.host(last) };
+            range["rangeStart"] = json!(address);
+            range["rangeEnd"] = json!(address);
+        }
+    }
 }
 
 /// A pod sandbox as kubelet describes it to the runtime: its own netns and container id,
@@ -72,6 +135,9 @@ pub struct Sandbox {
     pub namespace: String,
     pub pod: String,
     pub uid: String,
+    /// The pod interface's MAC, asked of the primary in `CNI_ARGS` (`MAC=`, which bridge and
+    /// macvlan read): two ADDs of the sandbox then give the same interface.
+    pub mac: Option<String>,
 }
 
 impl Sandbox {
@@ -82,7 +148,13 @@ impl Sandbox {
             namespace: namespace.to_string(),
             pod: pod.to_string(),
             uid: uid.to_string(),
+            mac: None,
         }
+    }
+
+    pub fn with_mac(mut self, mac: &str) -> Sandbox {
+        self.mac = Some(mac.to_string());
+        self
     }
 
     pub fn netns_path(&self) -> String {
@@ -92,7 +164,11 @@ impl Sandbox {
     /// CNI_ARGS as containerd sends them (libcni-driver keeps one IgnoreUnknown=1).
     fn cni_args(&self) -> String {
         let values = [("namespace", self.namespace.as_str()), ("name", &self.pod), ("uid", &self.uid), ("container", &self.container_id)];
-        testdata::cni_args("containerd", &values)
+        let args = testdata::cni_args("containerd", &values);
+        match &self.mac {
+            Some(mac) => format!("{args};MAC={mac}"),
+            None => args,
+        }
     }
 
     /// Pings from inside this sandbox; a few tries, because the first packets may race ARP
@@ -118,18 +194,62 @@ pub enum NetnsArg {
     Empty,
 }
 
-/// One network's world: its conflist (rewritten from conf-examples/), plugin dir, libcni
-/// cache, guard state and host-local store, all private to this test and removed on drop.
+/// How the guard sits in a conflist: `Chained` last after the primary, or `Delegate` in the
+/// primary's place with the primary's entry under its `delegate` key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Chained,
+    Delegate,
+}
+
+/// The guard's entry of a conflist, wherever it sits.
+pub fn guard_entry(conf: &mut Value) -> &mut Value {
+    conf["plugins"]
+        .as_array_mut()
+        .expect("plugins")
+        .iter_mut()
+        .find(|p| p["type"] == "sandbox-guard")
+        .expect("a sandbox-guard entry")
+}
+
+/// How a conflist places the guard, checked against the contract: last when chained, in the
+/// primary's place (first) when it wraps the primary.
+pub fn mode_of(conf: &Value, file: &str) -> Mode {
+    let plugins = conf["plugins"].as_array().unwrap_or_else(|| panic!("{file}: no plugins"));
+    match plugins.iter().position(|p| p["type"] == "sandbox-guard") {
+        Some(0) if plugins[0].get("delegate").is_some() => Mode::Delegate,
+        Some(at) if at + 1 == plugins.len() && plugins[at].get("delegate").is_none() => Mode::Chained,
+        _ => panic!("{file}: sandbox-guard must be last, or first with a delegate"),
+    }
+}
+
+/// The primary's entry: the first plugin when chained, the guard's `delegate` when wrapped.
+pub fn primary_entry(conf: &mut Value, mode: Mode) -> &mut Value {
+    match mode {
+        Mode::Chained => &mut conf["plugins"][0],
+        Mode::Delegate => &mut guard_entry(conf)["delegate"],
+    }
+}
+
+/// One network's world: its conflists (rewritten from conf-examples/ or testdata/), plugin
+/// dir, libcni cache, guard state and log, host-local store, all private to this test and
+/// removed on drop.
 pub struct Network {
     pub name: String,
     pub subnet: Subnet,
     pub conflist: PathBuf,
+    /// The same network with the guard wrapping the primary, for a network built from a
+    /// chained conflist and its delegate twin (`from_testdata`).
+    pub delegate_conflist: Option<PathBuf>,
     /// The same network with the guard left out, to compare the guarded chain with its primary.
     pub primary_only_conflist: PathBuf,
     pub cache_dir: PathBuf,
     pub state_dir: PathBuf,
-    ipam_dir: PathBuf,
-    bin_dir: PathBuf,
+    pub log_file: PathBuf,
+    pub ipam_dir: PathBuf,
+    pub bin_dir: PathBuf,
+    /// The libcni the operations go through: Debian's 1.1 unless `through` says otherwise.
+    driver: Option<&'static Path>,
     // Declared before `dir`: links go first, then the files that describe them.
     _links: Vec<HostLink>,
     dir: TempDir,
@@ -141,8 +261,48 @@ impl Network {
     pub fn from_example(
         example: &str,
         links: Vec<HostLink>,
-        rewrite_primary: impl FnOnce(&mut Value, &Subnet),
+        rewrite_primary: impl Fn(&mut Value, &Subnet),
     ) -> Network {
+        let text = std::fs::read_to_string(Path::new(REPO).join("conf-examples").join(example))
+            .unwrap_or_else(|e| panic!("read conf-examples/{example}: {e}"));
+        let conf: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(mode_of(&conf, example), Mode::Chained, "{example}");
+        Network::build(&[(example.to_string(), conf)], links, |primary, subnet| {
+            primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr() }]]);
+            if let Some(routes) = primary["ipam"]["routes"].as_array_mut() {
+                for route in routes.iter_mut().filter(|r| r.get("gw").is_some()) {
+                    route["gw"] = json!(subnet.host(1));
+                }
+            }
+            rewrite_primary(primary, subnet);
+        })
+    }
+
+    /// `testdata/conflists/<file>` (chained) and `testdata/conflists/delegate/<file>` (its
+    /// delegate twin) as one network: one name, one host-local store, one guard state dir and
+    /// one libcni cache, so that an attachment made through either conflist is the same
+    /// attachment. Each address of the primary's IPAM (subnets, ranges, gateways) moves into
+    /// this test's subnet with its host part kept; `rewrite_primary` then points the primary
+    /// at this test's links.
+    pub fn from_testdata(file: &str, links: Vec<HostLink>, rewrite_primary: impl Fn(&mut Value, &Subnet)) -> Network {
+        let chained = testdata::fixture_json(&format!("conflists/{file}"));
+        let delegate = testdata::fixture_json(&format!("conflists/delegate/{file}"));
+        assert_eq!(mode_of(&chained, file), Mode::Chained, "conflists/{file}");
+        assert_eq!(mode_of(&delegate, file), Mode::Delegate, "conflists/delegate/{file}");
+        let files = [(file.to_string(), chained), (format!("delegate-{file}"), delegate)];
+        let mut net = Network::build(&files, links, |primary, subnet| {
+            subnet.take_over_ipam(&mut primary["ipam"]);
+            rewrite_primary(primary, subnet);
+        });
+        net.delegate_conflist = Some(net.dir.path.join(&files[1].0));
+        net
+    }
+
+    /// Writes each of `confs` (a file name and its conflist, all of one network) into this
+    /// network's dir, private to this run: the name, the guard's state dir and log, the
+    /// primary's host-local store and whatever `place_primary` changes; links every plugin
+    /// any of them runs into one plugin dir. The first is `conflist`.
+    fn build(confs: &[(String, Value)], links: Vec<HostLink>, place_primary: impl Fn(&mut Value, &Subnet)) -> Network {
         let dir = TempDir::new("sglcn");
         let name = sys::unique("sgnet");
         let subnet = Subnet::unique();
@@ -152,62 +312,80 @@ impl Network {
             dir.path.join("ipam"),
             dir.path.join("bin"),
         );
+        // The guard must not append to the node's real log from a test.
+        let log_file = dir.path.join("guard.log");
         std::fs::create_dir_all(&bin_dir).unwrap();
 
-        let text = std::fs::read_to_string(Path::new(REPO).join("conf-examples").join(example))
-            .unwrap_or_else(|e| panic!("read conf-examples/{example}: {e}"));
-        let mut conf: Value = serde_json::from_str(&text).unwrap();
-        conf["name"] = json!(name);
-        let plugins = conf["plugins"].as_array_mut().expect("plugins");
-        let guard = plugins.last_mut().unwrap();
-        assert_eq!(guard["type"], "sandbox-guard", "{example}: sandbox-guard must be last");
-        guard["stateDir"] = json!(state_dir);
-        // The guard must not append to the node's real log from a test.
-        guard.as_object_mut().unwrap().remove("logFile");
-        let primary = &mut plugins[0];
-        primary["ipam"]["dataDir"] = json!(ipam_dir);
-        primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr() }]]);
-        if let Some(routes) = primary["ipam"]["routes"].as_array_mut() {
-            for route in routes.iter_mut().filter(|r| r.get("gw").is_some()) {
-                route["gw"] = json!(subnet.host(1));
-            }
-        }
-        rewrite_primary(primary, &subnet);
+        let mut primary_only = None;
+        for (file, conf) in confs {
+            let mut conf = conf.clone();
+            let mode = mode_of(&conf, file);
+            conf["name"] = json!(name);
+            let guard = guard_entry(&mut conf);
+            guard["stateDir"] = json!(state_dir);
+            guard["logFile"] = json!(log_file);
+            let primary = primary_entry(&mut conf, mode);
+            primary["ipam"]["dataDir"] = json!(ipam_dir);
+            place_primary(primary, &subnet);
+            let primary = primary.clone();
 
-        for plugin in conf["plugins"].as_array().unwrap() {
-            let kind = plugin["type"].as_str().unwrap();
-            for needed in [kind, plugin["ipam"]["type"].as_str().unwrap_or(kind)] {
-                let target = if needed == "sandbox-guard" {
-                    PathBuf::from(cni::BIN)
-                } else {
-                    Path::new(REFERENCE_PLUGINS).join(needed)
-                };
-                let link = bin_dir.join(needed);
-                if link.symlink_metadata().is_err() {
-                    std::os::unix::fs::symlink(&target, &link).unwrap();
+            for plugin in conf["plugins"].as_array().unwrap().iter().chain([&primary]) {
+                let kind = plugin["type"].as_str().unwrap();
+                for needed in [kind, plugin["ipam"]["type"].as_str().unwrap_or(kind)] {
+                    let target = if needed == "sandbox-guard" {
+                        PathBuf::from(cni::BIN)
+                    } else {
+                        Path::new(REFERENCE_PLUGINS).join(needed)
+                    };
+                    let link = bin_dir.join(needed);
+                    if link.symlink_metadata().is_err() {
+                        std::os::unix::fs::symlink(&target, &link).unwrap();
+                    }
                 }
             }
+            std::fs::write(dir.path.join(file), serde_json::to_vec_pretty(&conf).unwrap()).unwrap();
+            primary_only.get_or_insert_with(|| {
+                let mut alone = conf.clone();
+                alone["plugins"] = json!([primary]);
+                alone
+            });
         }
-
-        let conflist = dir.path.join(example);
-        std::fs::write(&conflist, serde_json::to_vec_pretty(&conf).unwrap()).unwrap();
-        let mut primary_only = conf.clone();
-        primary_only["plugins"].as_array_mut().unwrap().truncate(1);
-        let primary_only_conflist = dir.path.join(format!("primary-only-{example}"));
-        std::fs::write(&primary_only_conflist, serde_json::to_vec_pretty(&primary_only).unwrap())
-            .unwrap();
+        let primary_only_conflist = dir.path.join(format!("primary-only-{}", confs[0].0));
+        std::fs::write(&primary_only_conflist, serde_json::to_vec_pretty(&primary_only.unwrap()).unwrap()).unwrap();
 
         Network {
             name,
             subnet,
-            conflist,
+            conflist: dir.path.join(&confs[0].0),
+            delegate_conflist: None,
             primary_only_conflist,
             cache_dir,
             state_dir,
+            log_file,
             ipam_dir,
             bin_dir,
+            driver: None,
             _links: links,
             dir,
+        }
+    }
+
+    /// This network with its operations run through `driver` (e.g. `driver_1_3()`).
+    pub fn through(mut self, driver: &'static Path) -> Network {
+        self.driver = Some(driver);
+        self
+    }
+
+    /// The directory the conflist lies in: the runtime's conf dir.
+    pub fn conf_dir(&self) -> &Path {
+        &self.dir.path
+    }
+
+    /// The conflist of `mode`: the guard chained last, or wrapping the primary.
+    pub fn conflist_of(&self, mode: Mode) -> &Path {
+        match mode {
+            Mode::Chained => &self.conflist,
+            Mode::Delegate => self.delegate_conflist.as_deref().expect("a network built from a conflist and its delegate twin"),
         }
     }
 
@@ -223,7 +401,11 @@ impl Network {
     }
 
     pub fn check(&self, sandbox: &Sandbox) -> Result<(), CniFailure> {
-        self.libcni(&self.conflist, "check", sandbox, NetnsArg::Sandbox).map(drop)
+        self.check_with(&self.conflist, sandbox)
+    }
+
+    pub fn check_with(&self, conflist: &Path, sandbox: &Sandbox) -> Result<(), CniFailure> {
+        self.libcni(conflist, "check", sandbox, NetnsArg::Sandbox).map(drop)
     }
 
     pub fn del(&self, sandbox: &Sandbox, netns: NetnsArg) -> Result<(), CniFailure> {
@@ -234,7 +416,17 @@ impl Network {
         self.libcni(conflist, "del", sandbox, netns).map(drop)
     }
 
+    /// ADD through another libcni than this network's (`driver()` or `driver_1_3()`).
+    pub fn add_through(&self, driver: &'static Path, sandbox: &Sandbox) -> Result<Value, CniFailure> {
+        let stdout = self.libcni_of(driver, &self.conflist, "add", sandbox, NetnsArg::Sandbox)?;
+        Ok(serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("libcni ADD printed no result JSON ({e}): {stdout}")))
+    }
+
     fn libcni(&self, conflist: &Path, verb: &str, sandbox: &Sandbox, netns: NetnsArg) -> Result<String, CniFailure> {
+        self.libcni_of(self.driver.unwrap_or_else(driver), conflist, verb, sandbox, netns)
+    }
+
+    fn libcni_of(&self, driver: &Path, conflist: &Path, verb: &str, sandbox: &Sandbox, netns: NetnsArg) -> Result<String, CniFailure> {
         let netns = match netns {
             NetnsArg::Sandbox => sandbox.netns_path(),
             NetnsArg::Empty => String::new(),
@@ -242,7 +434,7 @@ impl Network {
         let bin_dir = self.bin_dir.to_str().unwrap();
         let cache_dir = self.cache_dir.to_str().unwrap();
         let cni_args = sandbox.cni_args();
-        let out = Command::new(driver())
+        let out = Command::new(driver)
             .args(["-conflist", conflist.to_str().unwrap(), "-bin-dir", bin_dir])
             .args(["-cache-dir", cache_dir, "-container-id", &sandbox.container_id])
             .args(["-netns", &netns, "-ifname", IFNAME, "-args", &cni_args, verb])
@@ -291,6 +483,35 @@ impl Network {
             .join(format!("{}:{}:{IFNAME}", self.name, sandbox.container_id))
     }
 
+    /// The addresses host-local holds for this network (its bookkeeping files aside).
+    pub fn ipam_allocations(&self) -> Vec<String> {
+        cni::files_in(&self.ipam_dir.join(&self.name))
+            .iter()
+            .map(|path| path.file_name().unwrap().to_string_lossy().into_owned())
+            .filter(|name| name != "lock" && !name.starts_with("last_reserved_ip."))
+            .collect()
+    }
+
+    /// The file names of libcni's result cache.
+    pub fn cached_results(&self) -> Vec<String> {
+        cni::files_in(&self.cache_dir.join("results"))
+            .iter()
+            .map(|path| path.file_name().unwrap().to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// The files in the guard's `records/` and `owners/`.
+    pub fn guard_files(&self) -> Vec<PathBuf> {
+        let [records, owners] = ["records", "owners"].map(|dir| cni::files_in(&self.state_dir.join(dir)));
+        records.into_iter().chain(owners).collect()
+    }
+
+    /// The guard's log, one parsed line per operation.
+    pub fn log_lines(&self) -> Vec<cni::LogLine> {
+        let text = std::fs::read_to_string(&self.log_file).unwrap_or_default();
+        text.lines().map(cni::LogLine::parse).collect()
+    }
+
     /// The container host-local has reserved `ip` (without prefix length) for, if any.
     pub fn ip_holder(&self, ip: &str) -> Option<String> {
         let text = std::fs::read_to_string(self.ipam_dir.join(&self.name).join(ip)).ok()?;
@@ -298,11 +519,41 @@ impl Network {
     }
 }
 
+/// Where a network's conflists come from.
+#[derive(Clone, Copy, Debug)]
+pub enum Source {
+    /// conf-examples/, the operator's conflist (chained), its ranges widened to the subnet.
+    Example,
+    /// testdata/conflists/ and its delegate twin, ranges kept; `pin`: each range narrowed
+    /// to the address with that host part (see `Subnet::pin_one_address`).
+    Testdata { pin: Option<u8> },
+}
+
+impl Network {
+    fn from_source(source: Source, example: &str, testdata: &str, links: Vec<HostLink>, rewrite_primary: impl Fn(&mut Value, &Subnet)) -> Network {
+        match source {
+            Source::Example => Network::from_example(example, links, rewrite_primary),
+            Source::Testdata { pin } => Network::from_testdata(testdata, links, |primary, subnet| {
+                rewrite_primary(primary, subnet);
+                if let Some(last) = pin {
+                    subnet.pin_one_address(&mut primary["ipam"], last);
+                }
+            }),
+        }
+    }
+}
+
 /// conf-examples' bridge network on a bridge of its own.
 pub fn bridge_network() -> Network {
+    bridge_network_from(Source::Example)
+}
+
+/// The bridge network of `source` on a bridge of its own.
+pub fn bridge_network_from(source: Source) -> Network {
     let bridge = sys::unique("sgbr");
     let bridge_link = HostLink { name: bridge.clone() };
-    Network::from_example("30-bridge-guarded.conflist", vec![bridge_link], |primary, _| {
+    let conflists = ("30-bridge-guarded.conflist", "bridge-host-local.conflist");
+    Network::from_source(source, conflists.0, conflists.1, vec![bridge_link], |primary, _| {
         primary["bridge"] = json!(bridge);
         // Masquerading adds host-wide iptables rules, which a crashed test would leave behind;
         // it plays no part in what the guard decides.
@@ -314,8 +565,14 @@ pub fn bridge_network() -> Network {
 /// router at .1 of the network's subnet. The Network owns the master's cleanup; by name, so
 /// a re-created master goes too.
 pub fn macvlan_network_on_a_lan() -> (Lan, Network) {
+    macvlan_network_from(Source::Example)
+}
+
+/// The macvlan network of `source` on a LAN of its own (see `macvlan_network_on_a_lan`).
+pub fn macvlan_network_from(source: Source) -> (Lan, Network) {
     let lan = Lan::new();
-    let net = Network::from_example("20-macvlan-guarded.conflist", vec![HostLink { name: lan.master.clone() }], |primary, _| {
+    let conflists = ("20-macvlan-guarded.conflist", "macvlan-host-local.conflist");
+    let net = Network::from_source(source, conflists.0, conflists.1, vec![HostLink { name: lan.master.clone() }], |primary, _| {
         primary["master"] = json!(lan.master)
     });
     lan.plug(&format!("{}/24", net.subnet.host(1)));

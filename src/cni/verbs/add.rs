@@ -133,6 +133,9 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     // entry names, and before the sync, so they ride in the journal commit the sync makes
     // anyway instead of stalling on the journal after it (0.3-0.5 ms an ADD here).
     let ip_conflict = address_claim.record(&store);
+    // The metrics' writes (no fsync) go before the sync too, for the same reason; this ADD is
+    // counted as added now, and its log line below is not counted again.
+    crate::cni::metrics::commit_with(inv, &store, true, Some("added"));
     store.sync()?;
     // Blockers are disarmed only once what they stood for is durable again.
     let mut unblocked = store.unblock(&store.set_aside_path_for_record(&id))?;
@@ -156,6 +159,10 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
         ip_conflict.unwrap_or_default(),
         facts_missing.unwrap_or_default()
     ));
+    if inv.metrics_committed.get() {
+        // Counted above.
+        inv.log.take_outcomes();
+    }
     Ok(output.into_owned())
 }
 

@@ -14,6 +14,7 @@ use crate::error::{GuardError, Kind, Result};
 use crate::cni::log::{CAUSE_SET_ASIDE, CAUSE_STALE_DEL, Level};
 use crate::state::ownership::{self, DelVerdict, Deleter, Owner, Ownership, PodKey};
 use crate::state::checkpoint::{self, AttachmentId};
+use crate::state::ledger::Handled;
 use crate::state::{Loaded, Store};
 
 pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
@@ -22,7 +23,16 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
         return Ok(());
     };
     match judge(inv, attachment, &store)? {
-        Judgement::Stale(stale) => Err(refuse(inv, attachment, stale)),
+        Judgement::Stale(stale) => {
+            note_in_ledger(&store, &stale.key, Handled::Refused, &attachment.container_id, &stale.owner);
+            if store.is_writable() {
+                // The refusal writes nothing else: the ledger's entry is made durable here.
+                let _ = store.sync().inspect_err(|err| eprintln!("sandbox-guard: the refusal ledger could not be synced: {err}"));
+            }
+            let err = refuse(inv, attachment, stale);
+            crate::cni::metrics::commit(inv, &store, false);
+            Err(err)
+        }
         Judgement::Go(plan) => {
             finish(inv, attachment, &store, unwritable, plan);
             Ok(())
@@ -45,6 +55,8 @@ pub(super) struct Plan {
     notes: Vec<String>,
     corrupt_record: Option<std::path::PathBuf>,
     audited: Option<(String, String)>,
+    /// The key and owner of a stale DEL let through in audit mode, for the ledger.
+    audited_key: Option<(PodKey, Ownership)>,
 }
 
 pub(super) enum Judgement {
@@ -109,6 +121,7 @@ pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) ->
     let mut owners_to_remove: Vec<PodKey> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
     let mut audited = None;
+    let mut audited_key = None;
     for key in &keys {
         let owner = load_owner(inv, store, attachment, key)?;
         let found = owner.as_ref().map(|o| Owner {
@@ -130,6 +143,7 @@ pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) ->
                     }
                     StaleDelPolicy::Audit => {
                         audited = Some((owner.container_id.clone(), format!("audit mode let a stale DEL through: {}", error.msg)));
+                        audited_key = Some((key.clone(), owner.clone()));
                     }
                 }
             }
@@ -148,7 +162,7 @@ pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) ->
     if keys.is_empty() {
         notes.push("no pod identity: nothing to guard".into());
     }
-    Ok(Judgement::Go(Plan { id, keys, owners_to_remove, notes, corrupt_record, audited }))
+    Ok(Judgement::Go(Plan { id, keys, owners_to_remove, notes, corrupt_record, audited, audited_key }))
 }
 
 /// Chained mode's answer to a stale DEL: refused, so the primary never sees it.
@@ -171,10 +185,15 @@ pub(super) fn finish(inv: &Invocation, attachment: &Attachment, store: &Store, u
         Some((owner, _)) => vec![("cause", CAUSE_STALE_DEL), ("owner", owner)],
         None => Vec::new(),
     };
+    if let (Some((key, owner)), None) = (&plan.audited_key, &unwritable) {
+        // Rides in the sync that `forget` makes.
+        note_in_ledger(store, key, Handled::Audited, &attachment.container_id, owner);
+    }
     let forgotten = match unwritable {
         Some(why) => Err(why),
         None => forget(store, &plan.id, &plan.owners_to_remove, plan.corrupt_record.as_deref()),
     };
+    let committed = forgotten.is_ok();
     match forgotten {
         Ok(()) => inv.log.event_with(level, inv.verb, &subject, outcome, &fields, &why),
         Err(err) => inv.log.event_with(Level::Warn, inv.verb, &subject, outcome, &fields, &format!(
@@ -182,6 +201,9 @@ pub(super) fn finish(inv: &Invocation, attachment: &Attachment, store: &Store, u
              (the next DEL of this sandbox or GC removes it): {} {}",
             err.msg, err.details
         )),
+    }
+    if committed {
+        crate::cni::metrics::commit(inv, store, true);
     }
 }
 
@@ -217,6 +239,14 @@ fn forget(store: &Store, id: &AttachmentId, owners: &[PodKey], corrupt_record: O
     store.remove_record(id)?;
     store.remove_failed_add(id)?;
     store.sync()
+}
+
+/// Counts a stale DEL in the ledger; the caller syncs. Never fails the DEL: the ledger is
+/// what the operator reads, the DEL's answer is what protects the pod.
+pub(super) fn note_in_ledger(store: &Store, key: &PodKey, handled: Handled, stale: &str, owner: &Ownership) {
+    if let Err(err) = store.note_stale_del(key, handled, stale, &owner.container_id, owner.generation) {
+        eprintln!("sandbox-guard: the stale DEL could not be counted in the refusal ledger: {err}");
+    }
 }
 
 fn load_owner(inv: &Invocation, store: &Store, attachment: &Attachment, key: &PodKey) -> Result<Option<Ownership>> {

@@ -50,7 +50,16 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
     let peek = Store::open_read_only(&inv.conf.state_dir).ok();
     let locked_keys = super::del::keys_of(inv, attachment, peek.as_ref());
     drop(peek);
-    let _locks = lock(inv, &locked_keys)?;
+    let _locks = match lock(inv, &locked_keys) {
+        Ok(locks) => locks,
+        // A store that takes no write (read-only, full) cannot make a lock file either; the
+        // DEL goes on without one, as it does without writing (see `del::open`).
+        Err(err) if err.kind != Kind::Busy => {
+            eprintln!("sandbox-guard: DEL goes on without its pod lock: {err}");
+            Vec::new()
+        }
+        Err(err) => return Err(err),
+    };
     let Some((store, unwritable)) = super::del::open(inv)? else {
         super::del::nothing_recorded(inv, attachment);
         delegate.call(&inv.conf.network, &inv.conf.cni_version, inv.conf.prev_result.as_deref(), &EnvOverride::default())?;
@@ -194,6 +203,7 @@ fn defer(inv: &Invocation, attachment: &Attachment, store: &Store, stale: &Stale
         Loaded::Missing => {}
     }
     store.remove_failed_add(&id)?;
+    super::del::note_in_ledger(store, &stale.key, crate::state::ledger::Handled::Deferred, &attachment.container_id, &stale.owner);
     store.sync()?;
     Ok(deferred)
 }
@@ -228,6 +238,7 @@ fn new_entry(inv: &Invocation, attachment: &Attachment, stale: &Stale, record: &
         mac,
         owner: stale.owner.container_id.clone(),
         deferred_at: crate::clock::now_rfc3339(),
+        deferred_at_ns: crate::clock::unix_nanos(),
         attempts: 0,
         last_error: None,
         last_attempt_at: None,

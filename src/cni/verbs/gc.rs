@@ -100,6 +100,8 @@ pub fn run(inv: &Invocation) -> Result<()> {
     let temp_files = store.remove_dead_temp_files()?;
     let forgotten = super::ip_conflict::forget_released(&store, network);
     store.sync()?;
+    // GC lists the store anyway: the count the metrics read is made exact again.
+    store.recount_records()?;
     inv.log.event(
         Level::Info,
         inv.verb,

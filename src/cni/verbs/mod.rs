@@ -18,6 +18,8 @@ pub struct Invocation {
     pub verb: Verb,
     pub conf: NetConf,
     pub log: Log,
+    /// The verb's success is counted already (`metrics::commit`).
+    pub metrics_committed: std::cell::Cell<bool>,
 }
 
 impl Invocation {

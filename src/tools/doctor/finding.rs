@@ -52,6 +52,12 @@ impl Finding {
         self
     }
 
+    /// Evidence of many lines, capped (`capped`).
+    pub fn listing(mut self, lines: Vec<String>) -> Finding {
+        self.evidence = capped(lines);
+        self
+    }
+
     pub fn fix(mut self, fix: impl Into<String>) -> Finding {
         self.fix = fix.into();
         self

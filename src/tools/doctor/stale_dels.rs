@@ -1,17 +1,24 @@
 //! Stale DELs happen silently from the runtime's side: the guard refuses them (or lets them
-//! through in audit mode) and the runtime just retries. The plugin's log file already has one
-//! line per refusal, written under the store lock, so the doctor counts them there instead of
-//! the DEL writing yet another file on a path kubelet retries every few seconds. It reads the
-//! line's fields (`cause=stale-del owner=..`), never its text.
+//! through in audit mode, or defers them) and the runtime just retries. The verb that handles
+//! one counts it in the store's refusal ledger (`state::ledger`), and the doctor reads that.
+//!
+//! The log is read only for what the ledger cannot know: the stale DELs of a node upgraded from
+//! a guard without a ledger (and those a store that took no write could not count). A log line
+//! counts only when the ledger has no entry for its pod key, or when it is older than that
+//! entry's first stale DEL. It reads the line's fields (`cause=stale-del owner=..`), never its
+//! text, in either log format, and the rotated backups (`<file>.1`, ...) too.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::finding::{Finding, Report, Severity};
 use super::sandboxes::Owners;
-use crate::cni::log::{CAUSE_STALE_DEL, LogEntry};
+use crate::cni::log::{CAUSE_STALE_DEL, LOG_BACKUPS, LogEntry};
+use crate::state::Store;
+use crate::state::ledger::{Handled, LedgerEntry};
 use crate::state::ownership::PodKey;
 
 #[derive(Debug, Default)]
@@ -24,6 +31,44 @@ struct PodStaleDels {
     stale_sandboxes: BTreeSet<String>,
     /// The owner the latest refusal protected.
     protected: Option<String>,
+    /// Where the counts come from: ledger folders, log files.
+    sources: BTreeSet<String>,
+}
+
+impl PodStaleDels {
+    fn add_ledger(&mut self, entry: LedgerEntry, source: &str) {
+        self.refused += entry.refused as usize;
+        self.audited += entry.audited as usize;
+        self.deferred += entry.deferred as usize;
+        if self.first.is_empty() || entry.first_at < self.first {
+            self.first = entry.first_at;
+        }
+        if entry.last_at >= self.last {
+            self.last = entry.last_at;
+            self.protected = Some(entry.owner);
+        }
+        self.stale_sandboxes.extend(entry.stale_sandboxes);
+        self.sources.insert(source.to_string());
+    }
+
+    fn add_line(&mut self, stale: StaleDelLine, source: &str) {
+        if self.first.is_empty() || stale.time < self.first {
+            self.first = stale.time.clone();
+        }
+        if stale.time >= self.last {
+            self.last = stale.time;
+            if stale.owner.is_some() {
+                self.protected = stale.owner;
+            }
+        }
+        self.stale_sandboxes.insert(stale.container);
+        match stale.handled {
+            Handled::Audited => self.audited += 1,
+            Handled::Refused => self.refused += 1,
+            Handled::Deferred => self.deferred += 1,
+        }
+        self.sources.insert(source.to_string());
+    }
 }
 
 /// One stale DEL, from the fields of its log line (`cni::log::LogEntry`).
@@ -34,15 +79,6 @@ struct StaleDelLine {
     container: String,
     handled: Handled,
     owner: Option<String>,
-}
-
-/// What the guard did with a stale DEL.
-#[derive(Debug, PartialEq, Clone, Copy)]
-enum Handled {
-    Refused,
-    Audited,
-    /// Delegate mode: answered with success, kept from the primary until the pod is free.
-    Deferred,
 }
 
 fn parse_line(line: &str) -> Option<StaleDelLine> {
@@ -89,50 +125,55 @@ fn legacy_stale_del(line: &str) -> Option<Option<String>> {
     (outcome == "audited" || text.starts_with("stale DEL")).then_some(owner)
 }
 
-pub fn check(log_files: &[(String, Option<std::path::PathBuf>)], owners: &Owners, report: &mut Report) {
-    for (network, log_file) in log_files {
-        match log_file {
-            None => report.add(
-                Finding::new(Severity::Info, "stale-dels", format!("network {network}: stale DELs cannot be counted: its sandbox-guard entry has no logFile"))
-                    .fix("add \"logFile\": \"/var/log/sandbox-guard.log\" to the sandbox-guard entry"),
-            ),
-            Some(path) => check_log(path, owners, report),
+type PodFields = (String, String, String, String);
+
+pub fn check(state_dirs: &[PathBuf], log_files: &[(String, Option<PathBuf>)], owners: &Owners, lock_timeout: Duration, report: &mut Report) {
+    // Keyed by the pod key's fields, so the report lists pods in a stable order.
+    let mut by_pod: BTreeMap<PodFields, PodStaleDels> = BTreeMap::new();
+    // Where the ledger starts for each key: the log is read only before.
+    let mut ledger_since: HashMap<PodKey, String> = HashMap::new();
+    let mut sources = Vec::new();
+    for dir in state_dirs {
+        let source = format!("{}/{}", dir.display(), crate::state::ledger::LEDGER);
+        match read_ledger(dir, lock_timeout) {
+            Ok(entries) => {
+                for entry in entries {
+                    let since = ledger_since.entry(entry.key.clone()).or_insert_with(|| entry.first_at.clone());
+                    if entry.first_at < *since {
+                        since.clone_from(&entry.first_at);
+                    }
+                    let k = entry.key.clone();
+                    by_pod.entry((k.network, k.pod_namespace, k.pod_name, k.if_name)).or_default().add_ledger(entry, &source);
+                }
+                sources.push(source);
+            }
+            Err(why) => report.add(Finding::new(Severity::Info, "stale-dels", format!("cannot read the refusal ledger {source}: {why}"))),
         }
     }
-}
-
-fn check_log(path: &Path, owners: &Owners, report: &mut Report) {
-    let file = match File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            report.add(Finding::new(Severity::Ok, "stale-dels", format!("{}: no log yet, so no stale DEL", path.display())));
-            return;
+    for (_, log_file) in log_files {
+        let Some(path) = log_file else { continue };
+        for file in log_and_backups(path) {
+            let Ok(opened) = File::open(&file) else { continue };
+            let source = format!("{} (written before the ledger)", file.display());
+            let mut counted = false;
+            for line in BufReader::new(opened).lines().map_while(Result::ok) {
+                let Some(stale) = parse_line(&line) else { continue };
+                // Counted by the ledger already.
+                if ledger_since.get(&stale.key).is_some_and(|since| stale.time >= *since) {
+                    continue;
+                }
+                let k = stale.key.clone();
+                by_pod.entry((k.network, k.pod_namespace, k.pod_name, k.if_name)).or_default().add_line(stale, &source);
+                counted = true;
+            }
+            if counted {
+                sources.push(source);
+            }
         }
-        Err(e) => {
-            report.add(Finding::new(Severity::Info, "stale-dels", format!("cannot read the log {}: {e}", path.display())));
-            return;
-        }
-    };
-    // Keyed by the pod key's fields, so the report lists pods in a stable order.
-    let mut by_pod: BTreeMap<(String, String, String, String), PodStaleDels> = BTreeMap::new();
-    for line in BufReader::new(file).lines().map_while(Result::ok) {
-        let Some(stale) = parse_line(&line) else { continue };
-        let PodKey { network, pod_namespace, pod_name, if_name } = stale.key;
-        let entry = by_pod.entry((network, pod_namespace, pod_name, if_name)).or_default();
-        if entry.first.is_empty() {
-            entry.first = stale.time.clone();
-        }
-        entry.last = stale.time;
-        entry.stale_sandboxes.insert(stale.container);
-        match stale.handled {
-            Handled::Audited => entry.audited += 1,
-            Handled::Refused => entry.refused += 1,
-            Handled::Deferred => entry.deferred += 1,
-        }
-        entry.protected = stale.owner.or(entry.protected.take());
     }
     if by_pod.is_empty() {
-        report.add(Finding::new(Severity::Ok, "stale-dels", format!("{}: no stale DEL logged", path.display())));
+        let read = if sources.is_empty() { "no ledger or log".to_string() } else { sources.join(", ") };
+        report.add(Finding::new(Severity::Ok, "stale-dels", format!("no stale DEL recorded ({read})")));
     }
     for ((network, pod_namespace, pod_name, if_name), stats) in by_pod {
         let key = PodKey { network, pod_namespace, pod_name, if_name };
@@ -141,7 +182,8 @@ fn check_log(path: &Path, owners: &Owners, report: &mut Report) {
         let current = owners.get(&key).is_some_and(|o| Some(&o.container_id) == stats.protected.as_ref());
         let stale: Vec<&str> = stats.stale_sandboxes.iter().map(String::as_str).collect();
         let window = format!("{} .. {}", stats.first, stats.last);
-        let evidence = format!("from {}: stale sandbox {}, owner {protected}, {window}", path.display(), stale.join(", "));
+        let from: Vec<&str> = stats.sources.iter().map(String::as_str).collect();
+        let evidence = format!("from {}: stale sandbox {}, owner {protected}, {window}", from.join(", "), stale.join(", "));
         if stats.refused > 0 {
             let severity = if current { Severity::Warning } else { Severity::Info };
             report.add(
@@ -205,6 +247,23 @@ fn check_log(path: &Path, owners: &Owners, report: &mut Report) {
             );
         }
     }
+}
+
+/// The ledger of one state dir, read under its shared lock; none if it was never written.
+fn read_ledger(state_dir: &Path, lock_timeout: Duration) -> Result<Vec<LedgerEntry>, String> {
+    if crate::state::surely_absent(&state_dir.join(crate::state::ledger::LEDGER)) {
+        return Ok(Vec::new());
+    }
+    let store = Store::open_read_only(state_dir).map_err(|e| e.msg)?;
+    let _lock = store.read_lock(lock_timeout, &|_| {}).map_err(|e| e.msg)?;
+    store.list_ledger().map_err(|e| e.msg)
+}
+
+/// The oldest backup first, so that lines come in the order they were written.
+fn log_and_backups(path: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = (1..=LOG_BACKUPS).rev().map(|n| PathBuf::from(format!("{}.{n}", path.display()))).collect();
+    files.push(path.to_path_buf());
+    files
 }
 
 #[cfg(test)]

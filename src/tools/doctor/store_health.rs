@@ -64,16 +64,16 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
     }
     let quiet = failing.is_empty() && old.is_empty();
     if !failing.is_empty() {
-        let mut finding = Finding::new(Severity::Warning, "store-deferred", format!("{root}: the primary keeps refusing {} deferred DELs", failing.len()))
-            .fix("read the last error: the primary holds what it gave the old sandbox until one replay passes; the next release of the pod or GC retries");
-        finding.evidence = capped(failing);
-        report.add(finding);
+        let summary = format!("{root}: the primary keeps refusing {} deferred DELs", failing.len());
+        report.add(Finding::new(Severity::Warning, "store-deferred", summary).listing(failing).fix(
+            "read the last error: the primary holds what it gave the old sandbox until one replay passes; the next release of the pod or GC retries",
+        ));
     }
     if !old.is_empty() {
-        let mut finding = Finding::new(Severity::Info, "store-deferred", format!("{root}: {} deferred DELs have waited for more than a day", old.len()))
-            .fix("nothing is broken: each waits for its pod's owner to be removed (a long-lived StatefulSet pod keeps it waiting); the primary holds what it gave the old sandbox until then");
-        finding.evidence = capped(old);
-        report.add(finding);
+        let summary = format!("{root}: {} deferred DELs have waited for more than a day", old.len());
+        report.add(Finding::new(Severity::Info, "store-deferred", summary).listing(old).fix(
+            "nothing is broken: each waits for its pod's owner to be removed (a long-lived StatefulSet pod keeps it waiting); the primary holds what it gave the old sandbox until then",
+        ));
     }
     if quiet {
         report.add(Finding::new(Severity::Ok, "store-deferred", format!("{root}: {waiting} deferred DELs wait for their pod's name to be free")));
@@ -130,7 +130,10 @@ pub(super) fn check_permissions(state_dir: &Path, report: &mut Report) {
     if let Ok(meta) = std::fs::symlink_metadata(state_dir) {
         inspect(state_dir, &meta);
     }
-    for dir in ["records", "owners", "set-aside", crate::state::FAILED_ADDS, crate::state::IPS] {
+    if let Ok(meta) = std::fs::symlink_metadata(state_dir.join(crate::cni::metrics::COUNTERS)) {
+        inspect(&state_dir.join(crate::cni::metrics::COUNTERS), &meta);
+    }
+    for dir in ["records", "owners", "set-aside", crate::state::FAILED_ADDS, crate::state::IPS, crate::state::ledger::LEDGER] {
         let dir = state_dir.join(dir);
         let Ok(meta) = std::fs::symlink_metadata(&dir) else { continue };
         inspect(&dir, &meta);
@@ -197,5 +200,52 @@ pub(super) fn check_untrusted(root: &str, records: &[(std::path::PathBuf, Loaded
     }
     if all_trusted {
         report.add(Finding::new(Severity::Ok, "store-checksums", format!("{root}: {} records, every one verified", records.len())));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::deferred::DeferredDel;
+    use crate::state::ownership::PodKey;
+
+    fn entry(pod: &str, deferred_at: String, attempts: u32) -> DeferredDel {
+        DeferredDel {
+            key: PodKey { network: "net".into(), pod_namespace: "lijiaob".into(), pod_name: pod.into(), if_name: "eth0".into() },
+            container_id: format!("old-{pod}"),
+            pod_uid: None,
+            cni_args: String::new(),
+            cni_version: "1.0.0".into(),
+            prev_result: None,
+            netns: String::new(),
+            mac: None,
+            owner: format!("new-{pod}"),
+            deferred_at,
+            deferred_at_ns: 0,
+            attempts,
+            last_error: (attempts > 0).then(|| "datastore is locked".to_string()),
+            last_attempt_at: None,
+        }
+    }
+
+    #[test]
+    fn deferred_dels_that_wait_for_long_or_keep_failing_are_reported() {
+        let dir = std::env::temp_dir().join(format!("sg-doctor-deferred-{}", std::process::id()));
+        let store = Store::open(&dir, std::time::Duration::from_secs(1)).unwrap();
+        let now = crate::clock::unix_seconds();
+        store.save_deferred(&entry("etcd1-0", crate::clock::rfc3339(now - 60), 0)).unwrap();
+        let mut report = Report::default();
+        check_deferred("s", &store, &mut report);
+        assert_eq!(report.findings.iter().map(|f| f.severity).collect::<Vec<_>>(), [Severity::Ok], "a fresh deferral is no finding");
+
+        store.save_deferred(&entry("etcd2-0", crate::clock::rfc3339(now - 2 * 86400), 0)).unwrap();
+        store.save_deferred(&entry("etcd3-0", crate::clock::rfc3339(now - 600), 3)).unwrap();
+        let mut report = Report::default();
+        check_deferred("s", &store, &mut report);
+        let found: Vec<(Severity, String)> = report.findings.iter().map(|f| (f.severity, f.evidence.join("\n"))).collect();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].0 == Severity::Warning && found[0].1.contains("etcd3-0") && found[0].1.contains("datastore is locked"), "{found:?}");
+        assert!(found[1].0 == Severity::Info && found[1].1.contains("etcd2-0") && !found[1].1.contains("etcd1-0"), "{found:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds the node image: FROM scratch, the static binary alone at /sandbox-guard (its
+# entrypoint: the installer's flags go in the DaemonSet's args), offline with Debian's podman,
+# and saves it as an OCI archive to load onto nodes or into a registry. Prints the archive's
+# path.
+#
+#   bash scripts/image.sh [x86_64|arm64] [TAG]     (default: this machine's arch,
+#                                                    localhost/sandbox-guard:<crate version>)
+#
+# Load it: `ctr -n k8s.io images import <archive>` on each node, or `podman load` and push.
+# SANDBOX_GUARD_BIN=<path> puts that (static) binary in instead of building one: the tests
+# build the image around the binary they test.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$repo/scripts/lib/packages.sh"
+. "$repo/scripts/lib/build.sh"
+
+case ${1:-} in
+  -h | --help)
+    sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+    exit 0
+    ;;
+esac
+need_root "scripts/image.sh"
+need_packages podman binutils
+arch=$(plugin_arch "${1:-}") || exit 2
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)
+tag=${2:-localhost/sandbox-guard:$version}
+if [ -n "${SANDBOX_GUARD_BIN:-}" ]; then
+  bin=$SANDBOX_GUARD_BIN
+else
+  bin=$(build_plugin "$repo" "$arch")
+fi
+# FROM scratch has no loader and no libc.
+if ! is_static "$bin"; then
+  echo "$bin is not statically linked: a scratch image cannot run it (build it with scripts/build.sh)" >&2
+  exit 1
+fi
+
+context=$(mktemp -d)
+trap 'rm -rf "$context"' EXIT
+cp "$bin" "$context/sandbox-guard"
+# Nothing but the binary: it is static, and the installer needs no shell or libc.
+cat >"$context/Containerfile" <<'CONTAINERFILE'
+FROM scratch
+COPY sandbox-guard /sandbox-guard
+ENTRYPOINT ["/sandbox-guard"]
+CONTAINERFILE
+platform=linux/amd64
+[ "$arch" = arm64 ] && platform=linux/arm64
+podman build --quiet --pull=never --platform "$platform" --tag "$tag" "$context" >/dev/null
+archive="${SANDBOX_GUARD_IMAGE_ARCHIVE:-$repo/target/sandbox-guard-image-$arch.tar}"
+rm -f "$archive"
+podman save --quiet --format oci-archive --output "$archive" "$tag"
+echo "$archive"

@@ -1,0 +1,187 @@
+//! Metrics for node_exporter's textfile collector (`metricsFile`).
+//!
+//! The source is `<stateDir>/counters`, a sealed file: operations by verb and outcome (one per
+//! logged event: added, deleted, refused, audited, deferred, replayed, replay-failed, error,
+//! ...) and the time of each verb's last success. After each operation, under the store's
+//! exclusive lock, the counters are read, moved on and written back, and the textfile is
+//! rendered from them with the store's gauges of now (checkpoints, set-aside files, deferred
+//! DELs and the oldest one) and renamed into place, so the collector never reads half a file.
+//!
+//! Cost: ADD commits while it still holds the lock it took anyway; the counters and the
+//! textfile are written without fsync (a power cut may lose the last few increments, which
+//! Prometheus reads as a counter reset; it never leaves a torn file). The checkpoint count
+//! comes from the count the store keeps (`Store::record_count`), not from listing records.
+//! Nothing of this runs without `metricsFile`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::verbs::Invocation;
+use crate::state::sealed::{self, Durability, Loaded};
+use crate::state::Store;
+
+pub const COUNTERS: &str = "counters";
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counters {
+    /// verb -> outcome -> count.
+    pub operations: BTreeMap<String, BTreeMap<String, u64>>,
+    /// verb -> Unix time of its last success.
+    pub last_success: BTreeMap<String, i64>,
+}
+
+/// Counts what `inv` logged since the last commit, and `succeeded` (the verb's success),
+/// then renders the textfile. The caller holds the store's exclusive lock. Never fails the
+/// verb: a metrics file that cannot be written is said on stderr.
+pub fn commit(inv: &Invocation, store: &Store, succeeded: bool) {
+    commit_with(inv, store, succeeded, None);
+}
+
+/// `commit`, counting `outcome` too: the outcome of an operation whose log line comes later.
+pub fn commit_with(inv: &Invocation, store: &Store, succeeded: bool, outcome: Option<&str>) {
+    let Some(metrics_file) = inv.conf.metrics_file.as_deref() else { return };
+    let mut outcomes = inv.log.take_outcomes();
+    outcomes.extend(outcome.map(|outcome| (inv.verb, outcome.to_string())));
+    if !store.is_writable() {
+        return;
+    }
+    inv.metrics_committed.set(true);
+    let mut counters = match sealed::read::<Counters>(&store.root().join(COUNTERS)) {
+        Ok(Loaded::Valid(counters)) => counters,
+        // Lost or damaged: counting starts again, which Prometheus reads as a reset.
+        _ => Counters::default(),
+    };
+    for (verb, outcome) in outcomes {
+        *counters.operations.entry(verb.name().to_string()).or_default().entry(outcome).or_default() += 1;
+    }
+    if succeeded {
+        counters.last_success.insert(inv.verb.name().to_string(), crate::clock::unix_seconds());
+    }
+    let written = sealed::replace(store.root(), COUNTERS, &sealed::seal(&counters), Durability::Hint)
+        .map_err(|e| format!("cannot write {}/{COUNTERS}: {e}", store.root().display()))
+        .and_then(|()| {
+            let text = render(&counters, &Gauges::read(store), store.root());
+            write_textfile(metrics_file, text.as_bytes()).map_err(|e| format!("cannot write metricsFile {}: {e}", metrics_file.display()))
+        });
+    if let Err(why) = written {
+        eprintln!("sandbox-guard: {why}");
+    }
+}
+
+/// For the verbs that did not commit while they held the lock (or logged after): takes the
+/// lock again and commits. ADD commits in place and pays nothing here.
+pub fn flush(inv: &Invocation, succeeded: bool) {
+    if inv.conf.metrics_file.is_none() || (inv.metrics_committed.get() && !inv.log.has_outcomes()) {
+        return;
+    }
+    match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
+        Ok(store) => commit(inv, &store, succeeded && !inv.metrics_committed.get()),
+        Err(err) => eprintln!("sandbox-guard: the metrics of this {} are not counted: {err}", inv.verb.name()),
+    }
+}
+
+/// The store as it is now.
+struct Gauges {
+    checkpoints: Option<u64>,
+    set_aside: usize,
+    deferred: usize,
+    oldest_deferred: Option<i64>,
+}
+
+impl Gauges {
+    fn read(store: &Store) -> Gauges {
+        let checkpoints = store.record_count().or_else(|| store.recount_records().ok());
+        let set_aside = store.list_set_aside().map_or(0, |files| files.len());
+        let deferred = store.list_deferred().unwrap_or_default();
+        let oldest_deferred = deferred
+            .iter()
+            .filter_map(|(_, loaded)| match loaded {
+                Loaded::Valid(entry) => crate::clock::parse_rfc3339(&entry.deferred_at),
+                _ => None,
+            })
+            .min();
+        Gauges { checkpoints, set_aside, deferred: deferred.len(), oldest_deferred }
+    }
+}
+
+fn render(counters: &Counters, gauges: &Gauges, state_dir: &Path) -> String {
+    let dir = escape(&state_dir.display().to_string());
+    let mut out = String::with_capacity(2048);
+    let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP sandbox_guard_{name} {help}\n# TYPE sandbox_guard_{name} {kind}");
+    };
+    family(&mut out, "operations_total", "counter", "CNI operations by verb and outcome (added, deleted, refused, audited, deferred, replayed, replay-failed, error, ...).");
+    for (verb, outcomes) in &counters.operations {
+        for (outcome, count) in outcomes {
+            let _ = writeln!(out, "sandbox_guard_operations_total{{state_dir=\"{dir}\",verb=\"{}\",outcome=\"{}\"}} {count}", escape(verb), escape(outcome));
+        }
+    }
+    family(&mut out, "last_success_timestamp_seconds", "gauge", "Unix time of the last successful operation, by verb.");
+    for (verb, at) in &counters.last_success {
+        let _ = writeln!(out, "sandbox_guard_last_success_timestamp_seconds{{state_dir=\"{dir}\",verb=\"{}\"}} {at}", escape(verb));
+    }
+    if let Some(checkpoints) = gauges.checkpoints {
+        family(&mut out, "checkpoints", "gauge", "Checkpoints (pod attachments) in the state dir now.");
+        let _ = writeln!(out, "sandbox_guard_checkpoints{{state_dir=\"{dir}\"}} {checkpoints}");
+    }
+    family(&mut out, "set_aside_files", "gauge", "Files set aside after failing verification, in the state dir now.");
+    let _ = writeln!(out, "sandbox_guard_set_aside_files{{state_dir=\"{dir}\"}} {}", gauges.set_aside);
+    family(&mut out, "deferred_dels", "gauge", "Delegate mode: stale DELs kept from the primary now.");
+    let _ = writeln!(out, "sandbox_guard_deferred_dels{{state_dir=\"{dir}\"}} {}", gauges.deferred);
+    if let Some(oldest) = gauges.oldest_deferred {
+        family(&mut out, "oldest_deferred_del_timestamp_seconds", "gauge", "Delegate mode: Unix time the oldest deferred DEL was deferred.");
+        let _ = writeln!(out, "sandbox_guard_oldest_deferred_del_timestamp_seconds{{state_dir=\"{dir}\"}} {oldest}");
+    }
+    out
+}
+
+/// A label value in the text format: backslash, double quote and newline escaped.
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Temp file in the same directory (a name node_exporter skips: it reads `*.prom`), then
+/// rename. 0644: the collector may run as another user; the file holds counts only. Neither
+/// the temp file nor the target is followed if it is a symlink (rename replaces the link).
+fn write_textfile(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&temp);
+    let written = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(&temp)
+        .and_then(|mut file| file.write_all(bytes))
+        .and_then(|()| std::fs::rename(&temp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_gauges() {
+        let mut counters = Counters::default();
+        counters.operations.entry("DEL".into()).or_default().insert("refused".into(), 3);
+        counters.last_success.insert("ADD".into(), 1_700_000_000);
+        let gauges = Gauges { checkpoints: Some(2), set_aside: 0, deferred: 1, oldest_deferred: Some(1_600_000_000) };
+        let text = render(&counters, &gauges, Path::new("/var/lib/a\"b"));
+        assert!(text.contains("sandbox_guard_operations_total{state_dir=\"/var/lib/a\\\"b\",verb=\"DEL\",outcome=\"refused\"} 3\n"), "{text}");
+        assert!(text.contains("# TYPE sandbox_guard_checkpoints gauge\nsandbox_guard_checkpoints{state_dir=\"/var/lib/a\\\"b\"} 2\n"), "{text}");
+        assert!(text.contains("sandbox_guard_oldest_deferred_del_timestamp_seconds{state_dir=\"/var/lib/a\\\"b\"} 1600000000\n"), "{text}");
+    }
+}

@@ -1,0 +1,439 @@
+//! Delegate mode can lose the guard at any instruction too (OOM killer, a runtime's timeout,
+//! power), now with a primary process of its own in flight and DELs it promised to run later.
+//! SIGKILL lands at each of the guard's steps in turn (strace stops it on entry to the n-th
+//! rename, unlink, fsync, lock, netlink request, fork, wait or write, for every n until a run
+//! gets through), then at random moments, during a deferral (a stale DEL recorded instead of
+//! run), a replay (the owner's DEL, then each deferred DEL of the pod handed to the primary)
+//! and a GC's replay.
+//! Each interrupted operation is retried as the runtime retries it, and then:
+//! - no deferred DEL is lost: each stale DEL that got success is deferred or has reached the
+//!   primary, and each reaches it once the pod is free;
+//! - none reaches the primary while another sandbox holds the pod there (what a primary keyed
+//!   by pod name cannot survive), and one reaches it twice only when the guard that handed it
+//!   over was killed before it could note so (what a DEL-idempotent primary tolerates);
+//! - the store keeps its invariants: no owner without its record, one deferred DEL per
+//!   attachment and never one of the pod's owner.
+//! The primary is tests/primaries/counting-primary, which logs every call it gets.
+
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
+#[path = "support/cni.rs"]
+mod cni;
+#[path = "support/counting_primary.rs"]
+mod counting_primary;
+
+use cni::{Cni, Pod, Reply, SeededRng, Store, Traced, container_id};
+use counting_primary::{CountingPrimary, PrimaryCall};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::os::unix::process::ExitStatusExt;
+use std::time::{Duration, Instant};
+
+/// The guard's steps: the store's writes (fsync, rename) and removals, its locks, netlink
+/// requests (taking the interface out of a stale sandbox), starting the primary, feeding it
+/// and waiting for it, the log and the answer. strace counts each
+/// system call on its own, so each is a loop of its own; `?`: not every arch has each.
+const KILL_POINTS: [&str; 20] = [
+    "?rename", "?renameat", "?renameat2", "?unlink", "?unlinkat", "?rmdir", "?mkdir", "?mkdirat", "?fsync", "?fdatasync",
+    "?flock", "?sendto", "?sendmsg", "?clone", "?clone3", "?vfork", "?fork", "?wait4", "?waitid", "?write",
+];
+/// More calls of one system call than any operation here makes: a loop that reaches it
+/// never finished.
+const MAX_NTH: usize = 100;
+const RANDOM_ROUNDS: usize = 20;
+const SEED: u64 = 0xde1e_9a7e;
+const TOOLS: &[&str] = &["ip", "strace", "flock", "sha256sum", "paste"];
+const SIGKILL: i32 = 9;
+/// DELs that reached the primary again after a kill, so the summary shows the case was met.
+static REPEATS: AtomicUsize = AtomicUsize::new(0);
+
+/// One sandbox of the pod, attached through the guard to the primary.
+struct Sandbox {
+    container: String,
+    pod: Pod,
+    netns: sys::Netns,
+    /// The guard's ADD result, which the runtime caches and hands back on DEL.
+    result: Value,
+}
+
+impl Sandbox {
+    fn address(&self) -> String {
+        let cidr = self.result["ips"][0]["address"].as_str().unwrap();
+        cidr.split('/').next().unwrap().to_string()
+    }
+
+    fn has_interface(&self) -> bool {
+        self.netns.try_exec(&["ip", "link", "show", "eth0"])
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kill {
+    Never,
+    /// On entry to the guard's n-th call of a system call.
+    AtNth(&'static str, usize),
+    After(Duration),
+}
+
+/// A DEL that reached the primary: the run that handed it over, its index in the call log.
+struct Delivery {
+    run: usize,
+    at: usize,
+    call: PrimaryCall,
+}
+
+/// How one exec of the guard went.
+struct Outcome {
+    reply: Reply,
+    killed: bool,
+    took: Duration,
+}
+
+/// One exec of the guard, and the primary's calls it made (their indices in the call log).
+struct Run {
+    what: String,
+    killed: bool,
+    calls: Range<usize>,
+}
+
+/// A store, a counting primary behind it and every guard exec so far.
+struct World {
+    store: Store,
+    primary: CountingPrimary,
+    runs: Vec<Run>,
+}
+
+impl World {
+    /// A new world with `N` sandboxes of the pod crash/etcd-0, ADDed oldest first: the last
+    /// one owns the pod.
+    fn with_sandboxes<const N: usize>() -> (World, [Sandbox; N]) {
+        let mut world = World { store: Store::new(), primary: CountingPrimary::new(), runs: Vec::new() };
+        let sandboxes = std::array::from_fn(|_| world.sandbox("crash", "etcd-0"));
+        (world, sandboxes)
+    }
+
+    /// A new sandbox of `namespace/name` (a new pod UID), ADDed through the guard.
+    fn sandbox(&mut self, namespace: &str, name: &str) -> Sandbox {
+        let (container, pod, netns) = (container_id(), Pod::new(namespace, name), sys::Netns::new("sgdc"));
+        let netns_path = netns.path().to_string_lossy().into_owned();
+        let call = self.primary.wrap(self.store.add(&container, &pod).netns(&netns_path).no_prev_result());
+        let result = self.run(call, Kill::Never).reply.json();
+        Sandbox { container, pod, netns, result }
+    }
+
+    /// The runtime's DEL of `sandbox`: StopPodSandbox's with the netns, RemovePodSandbox's
+    /// without; both with the cached result.
+    fn del(&self, sandbox: &Sandbox, with_netns: bool) -> Cni {
+        let netns = if with_netns { sandbox.netns.path().to_string_lossy().into_owned() } else { String::new() };
+        self.primary.wrap(self.store.del(&sandbox.container, &sandbox.pod).netns(&netns).prev_result(&sandbox.result))
+    }
+
+    /// GC listing `valid` as the runtime's attachments.
+    fn gc(&self, valid: &[&Sandbox]) -> Cni {
+        let list: Vec<Value> = valid.iter().map(|s| json!({"containerID": s.container, "ifname": "eth0"})).collect();
+        self.primary.wrap(self.store.cni("GC", "").config("cni.dev/valid-attachments", Some(Value::Array(list))))
+    }
+
+    /// Runs `call`, killing the guard as `kill` says; a run that was not killed must succeed.
+    fn run(&mut self, call: Cni, kill: Kill) -> Outcome {
+        let before = self.primary.calls().len();
+        let started = Instant::now();
+        let reply = match kill {
+            Kill::Never => call.run(),
+            Kill::AtNth(syscall, nth) => call.run_killed_at(Traced::PluginOnly, syscall, nth),
+            Kill::After(delay) => {
+                let mut running = call.spawn();
+                std::thread::sleep(delay);
+                running.kill();
+                running.wait()
+            }
+        };
+        let took = started.elapsed();
+        let killed = reply.status.signal() == Some(SIGKILL);
+        if !killed {
+            reply.assert_ok();
+        }
+        // Waits for a primary call that outlived its killed guard.
+        let after = self.primary.calls().len();
+        self.runs.push(Run { what: reply.what.clone(), killed, calls: before..after });
+        Outcome { reply, killed, took }
+    }
+
+    /// Each DEL of `sandbox` the primary got, oldest first.
+    fn dels_of(&self, sandbox: &Sandbox) -> Vec<Delivery> {
+        let calls = self.primary.calls();
+        let mut dels = Vec::new();
+        for (run, exec) in self.runs.iter().enumerate() {
+            for at in exec.calls.clone() {
+                if calls[at].verb == "DEL" && calls[at].container == sandbox.container {
+                    dels.push(Delivery { run, at, call: calls[at].clone() });
+                }
+            }
+        }
+        dels
+    }
+
+    fn deferred(&self) -> Vec<Value> {
+        self.store.dump().into_iter().filter(|e| e["status"] == "deferred").collect()
+    }
+
+    fn deferred_at(&self, sandbox: &Sandbox) -> String {
+        let entry = self.deferred().into_iter().find(|e| e["containerId"] == json!(sandbox.container));
+        let entry = entry.unwrap_or_else(|| panic!("{} is not deferred", sandbox.container));
+        entry["deferredAt"].as_str().unwrap().to_string()
+    }
+
+    fn is_deferred(&self, sandbox: &Sandbox) -> bool {
+        self.deferred().iter().any(|e| e["containerId"] == json!(sandbox.container))
+    }
+
+    /// What must hold after any kill: the store's invariants, no DEL at the primary while
+    /// another sandbox holds the pod there, and each of `stale` (sandboxes whose DEL the
+    /// guard answered with success) deferred or handed to the primary.
+    fn assert_consistent(&self, stale: &[&Sandbox], when: &str) {
+        self.store.assert_every_owner_has_its_record();
+        let owners: Vec<String> = self
+            .store
+            .owner_files()
+            .iter()
+            .filter_map(|path| cni::verify_envelope(path).ok())
+            .map(|owner| owner["containerId"].as_str().unwrap().to_string())
+            .collect();
+        // deferred/<pod key>/<attachment>: each file a sealed entry, or the temp file of a
+        // writer that was killed, which nothing reads.
+        for path in cni::files_in(&self.store.state_dir.join("deferred")).iter().flat_map(|dir| cni::files_in(dir)) {
+            if !path.to_string_lossy().ends_with(".tmp") {
+                cni::verify_envelope(&path).unwrap_or_else(|e| panic!("{when}: a deferred DEL does not verify: {e}"));
+            }
+        }
+        let mut per_attachment = BTreeMap::new();
+        for entry in self.deferred() {
+            for field in ["containerId", "ifName", "network", "podNamespace", "podName", "deferredAt", "deferredForOwner"] {
+                assert!(entry.get(field).is_some_and(|v| !v.is_null()), "{when}: a deferred DEL without {field}: {entry}");
+            }
+            let container = entry["containerId"].as_str().unwrap().to_string();
+            assert!(!owners.contains(&container), "{when}: the owner of a pod has a deferred DEL: {entry}");
+            let key = (container, entry["ifName"].to_string(), entry["network"].to_string());
+            *per_attachment.entry(key).or_insert(0) += 1;
+        }
+        for (attachment, count) in per_attachment {
+            assert_eq!(count, 1, "{when}: {count} deferred DELs of one attachment {attachment:?}");
+        }
+        for sandbox in stale {
+            assert!(
+                self.is_deferred(sandbox) || !self.dels_of(sandbox).is_empty(),
+                "{when}: the stale DEL of {} got success, yet it is neither deferred nor run:\n{:#?}\n{}",
+                sandbox.container,
+                self.deferred(),
+                self.history()
+            );
+        }
+        if let Err(harm) = no_del_reached_a_held_pod(&self.primary.calls()) {
+            panic!("{when}: {harm}\n{}", self.history());
+        }
+    }
+
+    /// Every guard exec so far and the calls it made to the primary, for failure messages.
+    fn history(&self) -> String {
+        let calls = self.primary.calls();
+        let mut text = String::from("guard execs and the primary calls each made:\n");
+        for run in &self.runs {
+            text += &format!("{}{}\n", run.what, if run.killed { "  KILLED" } else { "" });
+            for call in &calls[run.calls.clone()] {
+                text += &format!("    primary {} {} netns={} prev={}\n", call.verb, call.container, call.netns, call.prev_address);
+            }
+        }
+        text
+    }
+
+    /// `sandbox`'s deferred DEL reached the primary as a replay (no netns, the cached result,
+    /// the pod named), and more than once only when each guard that handed it over before
+    /// the last was killed: at most once per run, never again after a run that finished.
+    fn assert_replayed(&self, sandbox: &Sandbox, when: &str) {
+        let dels = self.dels_of(sandbox);
+        assert!(!dels.is_empty(), "{when}: the deferred DEL of {} never reached the primary", sandbox.container);
+        let pod = format!("{}/{}", sandbox.pod.namespace, sandbox.pod.name);
+        for Delivery { call, .. } in &dels {
+            assert_eq!((call.netns.as_str(), call.pod.as_str(), call.ifname.as_str()), ("-", pod.as_str(), "eth0"), "{when}: {call:?}");
+            assert_eq!(call.prev_address, sandbox.address(), "{when}: the replay's prevResult is not the cached result: {call:?}");
+        }
+        let runs: Vec<usize> = dels.iter().map(|d| d.run).collect();
+        REPEATS.fetch_add(runs.len() - 1, Ordering::Relaxed);
+        for pair in runs.windows(2) {
+            let earlier = &self.runs[pair[0]];
+            assert!(pair[0] != pair[1], "{when}: one run handed the primary {}'s DEL twice: {}", sandbox.container, earlier.what);
+            assert!(earlier.killed, "{when}: {}'s DEL reached the primary again after a run that finished: {}", sandbox.container, earlier.what);
+        }
+    }
+
+    /// Nothing is left: no record, owner or deferred DEL.
+    fn assert_empty(&self, when: &str) {
+        assert_eq!(self.store.dump(), Vec::<Value>::new(), "{when}: the store still holds something");
+        assert!(self.store.owner_files().is_empty(), "{when}: owners left");
+    }
+}
+
+/// Replays the primary's calls through a primary keyed by pod name (legacy calico): ADD makes
+/// the sandbox the pod's holder, a DEL by the holder frees the pod, GC frees the pods whose
+/// holder it does not list. A DEL by any other sandbox while the pod is held would tear the
+/// holder's network down.
+fn no_del_reached_a_held_pod(calls: &[PrimaryCall]) -> Result<(), String> {
+    let mut holder: BTreeMap<&str, &str> = BTreeMap::new();
+    for (index, call) in calls.iter().enumerate() {
+        match call.verb.as_str() {
+            "ADD" => {
+                holder.insert(&call.pod, &call.container);
+            }
+            "DEL" => match holder.get(call.pod.as_str()) {
+                Some(&live) if live != call.container => {
+                    return Err(format!("call {index}: DEL of {} reached the primary while {live} holds {} there", call.container, call.pod));
+                }
+                Some(_) => {
+                    holder.remove(call.pod.as_str());
+                }
+                None => {}
+            },
+            "GC" => holder.retain(|_, live| call.valid.iter().any(|v| v == live)),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Runs `scenario` with the guard killed on entry to its 1st, 2nd, ... call of each of
+/// `KILL_POINTS` until a run gets through, then `RANDOM_ROUNDS` times after a random delay (up
+/// to one and a half times an unkilled run's duration). `scenario` returns whether its
+/// operation was killed and how long it took.
+fn kill_everywhere(name: &str, scenario: impl Fn(Kill, &str) -> (bool, Duration)) {
+    let started = Instant::now();
+    let repeats_before = REPEATS.load(Ordering::Relaxed);
+    let mut points = Vec::new();
+    for syscall in KILL_POINTS {
+        let mut calls = 0;
+        for nth in 1..=MAX_NTH {
+            let (killed, _) = scenario(Kill::AtNth(syscall, nth), &format!("{name}, killed at {syscall} #{nth}"));
+            if !killed {
+                break;
+            }
+            calls = nth;
+            assert!(nth < MAX_NTH, "{name}: still killed at {syscall} #{nth}");
+        }
+        if calls > 0 {
+            points.push(format!("{}({calls})", syscall.trim_start_matches('?')));
+        }
+    }
+    assert!(points.len() >= 3, "{name}: kill points {points:?}: the kills landed nowhere interesting");
+    let (_, unkilled) = scenario(Kill::Never, &format!("{name}, not killed"));
+    let mut rng = SeededRng::new(SEED);
+    let max_micros = (unkilled.as_micros() as u64 * 3 / 2).max(1000);
+    let mut random_kills = 0;
+    for round in 0..RANDOM_ROUNDS {
+        let delay = Duration::from_micros(rng.below(max_micros));
+        let (killed, _) = scenario(Kill::After(delay), &format!("{name}, random round {round}, killed after {delay:?}"));
+        random_kills += usize::from(killed);
+    }
+    eprintln!(
+        "{name}: killed at {}, then {random_kills} of {RANDOM_ROUNDS} random kills landed (unkilled run {unkilled:?}); \
+         {} DELs reached the primary again after a kill; in {:?}",
+        points.join(" "),
+        REPEATS.load(Ordering::Relaxed) - repeats_before,
+        started.elapsed()
+    );
+}
+
+/// A stale DEL killed anywhere: its retry succeeds, the DEL is deferred once and never run
+/// while the newer sandbox lives, the stale netns has lost its interface, and the newer
+/// sandbox's DEL later replays it.
+#[test]
+fn a_deferral_killed_anywhere_is_deferred_once_and_replayed_later() {
+    sys::skip_unless_root!(TOOLS);
+    kill_everywhere("deferral", |kill, when| {
+        let (mut world, [old, new]) = World::with_sandboxes();
+        let interrupted = world.run(world.del(&old, true), kill);
+        let answered: &[&Sandbox] = if interrupted.killed { &[] } else { &[&old] };
+        world.assert_consistent(answered, when);
+
+        // kubelet retries StopPodSandbox, then RemovePodSandbox.
+        for with_netns in [true, false] {
+            world.run(world.del(&old, with_netns), Kill::Never);
+        }
+        world.assert_consistent(&[&old], when);
+        assert!(world.is_deferred(&old), "{when}: the stale DEL is not deferred");
+        assert!(world.dels_of(&old).is_empty(), "{when}: the primary got the stale DEL");
+        assert!(!old.has_interface(), "{when}: the stale sandbox's netns kept its interface");
+        assert!(new.has_interface(), "{when}: the newer sandbox lost its interface");
+
+        world.run(world.del(&new, true), Kill::Never);
+        world.assert_consistent(&[&old], when);
+        world.assert_replayed(&old, when);
+        world.assert_empty(when);
+        (interrupted.killed, interrupted.took)
+    });
+}
+
+/// The owner's DEL killed anywhere while it hands two deferred DELs to the primary: the
+/// runtime's retries (and at worst the next GC) replay each, oldest first, none while the
+/// owner lives there and none twice but after a kill.
+#[test]
+fn a_replay_killed_anywhere_loses_no_deferred_del() {
+    sys::skip_unless_root!(TOOLS);
+    let gc_needed = std::cell::Cell::new(0);
+    kill_everywhere("replay", |kill, when| {
+        let (mut world, [older, old, owner]) = World::with_sandboxes();
+        for stale in [&older, &old] {
+            world.run(world.del(stale, true), Kill::Never);
+        }
+        let stale = [&older, &old];
+        world.assert_consistent(&stale, when);
+        let deferred_at = stale.map(|sandbox| world.deferred_at(sandbox));
+
+        let interrupted = world.run(world.del(&owner, true), kill);
+        world.assert_consistent(&stale, when);
+        for with_netns in [true, false] {
+            world.run(world.del(&owner, with_netns), Kill::Never);
+            world.assert_consistent(&stale, when);
+        }
+        if !world.deferred().is_empty() {
+            assert!(interrupted.killed, "{when}: the owner's DEL finished and left deferred DELs: {:#?}\n{}", world.deferred(), world.history());
+            gc_needed.set(gc_needed.get() + 1);
+            world.run(world.gc(&[]), Kill::Never);
+            world.assert_consistent(&stale, when);
+        }
+        for sandbox in stale {
+            world.assert_replayed(sandbox, when);
+        }
+        // Oldest first, as far as deferredAt (whole seconds) tells them apart.
+        let first = |sandbox: &Sandbox| world.dels_of(sandbox)[0].at;
+        if deferred_at[0] < deferred_at[1] {
+            assert!(first(&older) < first(&old), "{when}: the younger deferred DEL was replayed first\n{}", world.history());
+        }
+        world.assert_empty(when);
+        (interrupted.killed, interrupted.took)
+    });
+    eprintln!("replay: {} interrupted replays were left for GC", gc_needed.get());
+}
+
+/// GC killed anywhere while it drops the owner the runtime no longer lists and replays the
+/// deferred DEL that freed: its retry completes the replay.
+#[test]
+fn a_gc_replay_killed_anywhere_loses_no_deferred_del() {
+    sys::skip_unless_root!(TOOLS);
+    kill_everywhere("GC replay", |kill, when| {
+        // The owner is the second, which the runtime no longer lists.
+        let (mut world, [old, _owner]) = World::with_sandboxes();
+        world.run(world.del(&old, true), Kill::Never);
+        world.assert_consistent(&[&old], when);
+
+        let interrupted = world.run(world.gc(&[]), kill);
+        world.assert_consistent(&[&old], when);
+        world.run(world.gc(&[]), Kill::Never);
+        world.assert_consistent(&[&old], when);
+        world.assert_replayed(&old, when);
+        world.assert_empty(when);
+        (interrupted.killed, interrupted.took)
+    });
+}

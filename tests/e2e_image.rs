@@ -1,0 +1,74 @@
+//! The node image (scripts/image.sh: FROM scratch, the static binary alone) built around the
+//! binary under test and run as the DaemonSet runs it: with podman, the host's CNI dirs
+//! mounted, `--install`, then `--uninstall`. The conf dir must end as the installer's own
+//! tests expect it (testdata/install/calico), byte for byte.
+
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
+#[path = "support/cni.rs"]
+mod cni;
+#[path = "support/podman.rs"]
+mod podman;
+#[path = "support/install.rs"]
+mod install;
+
+use std::process::Command;
+
+use install::{assert_matches_fixture, copy_fixture};
+
+const TOOLS: &[&str] = &["podman", "readelf", "bash"];
+
+/// A scratch image has no loader: only a static binary runs in it. The test suite's binary
+/// is static when scripts/test.sh builds it (CI); a plain `cargo test` makes a dynamic one.
+fn binary_is_static() -> bool {
+    let out = Command::new("readelf").args(["-lW", cni::BIN]).output().expect("run readelf");
+    !String::from_utf8_lossy(&out.stdout).contains("program interpreter")
+}
+
+#[test]
+fn the_image_installs_and_uninstalls_the_guard_as_the_daemonset_runs_it() {
+    sys::skip_unless_root!(TOOLS);
+    if !binary_is_static() {
+        assert!(std::env::var("CI").is_err(), "under CI the binary under test must be static (scripts/test.sh builds it so)");
+        println!("SKIPPED the_image_installs_and_uninstalls_the_guard_as_the_daemonset_runs_it: {} is not static (run scripts/test.sh)", cni::BIN);
+        return;
+    }
+    let dir = sys::TempDir::new("sgimg");
+    let tag = format!("localhost/sandbox-guard:test-{}", sys::unique("t"));
+    let archive = dir.path.join("image.tar");
+    let built = Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/image.sh"))
+        .args(["", &tag])
+        .env("SANDBOX_GUARD_BIN", cni::BIN)
+        .env("SANDBOX_GUARD_IMAGE_ARCHIVE", &archive)
+        .output()
+        .expect("run scripts/image.sh");
+    // The build went to the host's storage; the archive is what nodes load.
+    let _ = Command::new("podman").args(["rmi", "--force", &tag]).output();
+    assert!(built.status.success(), "scripts/image.sh failed: {}", String::from_utf8_lossy(&built.stderr));
+    assert_eq!(String::from_utf8_lossy(&built.stdout).trim(), archive.to_str().unwrap());
+
+    let env = podman::PodmanEnv::new();
+    env.podman(&["load", "--quiet", "--input", archive.to_str().unwrap()]);
+    let (conf_dir, bin_dir) = (dir.path.join("net.d"), dir.path.join("bin"));
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    copy_fixture("install/calico/conf", &conf_dir);
+    let mounts = [format!("{}:/host/etc/cni/net.d", conf_dir.display()), format!("{}:/host/opt/cni/bin", bin_dir.display())];
+    let run = |args: &[&str]| {
+        let mut all = vec!["run", "--rm", "--network", "none", "-v", &mounts[0], "-v", &mounts[1], &tag];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--conf-dir", "/host/etc/cni/net.d", "--bin-dir", "/host/opt/cni/bin"]);
+        env.podman(&all);
+    };
+
+    run(&["--install", "--log-file", "/var/log/sandbox-guard.log"]);
+    assert_matches_fixture(&conf_dir, "install/calico/chained", "after the image's --install");
+    assert_eq!(std::fs::read(bin_dir.join("sandbox-guard")).unwrap(), std::fs::read(cni::BIN).unwrap(), "the image installs itself");
+    run(&["--uninstall", "--remove-binary"]);
+    assert_matches_fixture(&conf_dir, "install/calico/conf", "after the image's --uninstall");
+    assert!(!bin_dir.join("sandbox-guard").exists());
+    env.podman(&["rmi", "--force", &tag]);
+}

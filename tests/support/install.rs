@@ -1,0 +1,91 @@
+//! `--install` / `--uninstall` as an operator or a DaemonSet runs them, and what they leave
+//! in a conf dir. Needs `crate::sys`, `crate::testdata` and `crate::cni`.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use crate::{cni, testdata};
+
+/// What a file is: its bytes and mode, and whether it was rewritten (inode and mtime).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileState {
+    pub bytes: Vec<u8>,
+    pub mode: u32,
+    pub identity: (u64, i64, i64),
+}
+
+/// Every file below a dir by relative path; directories count as empty entries.
+pub fn tree(dir: &Path) -> BTreeMap<PathBuf, FileState> {
+    cni::walk(dir)
+        .into_iter()
+        .map(|path| {
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let bytes = if meta.is_dir() { Vec::new() } else { std::fs::read(&path).unwrap() };
+            let state = FileState {
+                bytes,
+                mode: meta.permissions().mode() & 0o7777,
+                identity: (meta.ino(), meta.mtime(), meta.mtime_nsec()),
+            };
+            (path.strip_prefix(dir).unwrap().to_path_buf(), state)
+        })
+        .collect()
+}
+
+/// The bytes of every file below `dir` (directories as empty), by relative path.
+pub fn contents(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    tree(dir).into_iter().map(|(path, state)| (path, state.bytes)).collect()
+}
+
+/// The files of `testdata/<fixture>` copied into `dir` (which must exist).
+pub fn copy_fixture(fixture: &str, dir: &Path) {
+    let from = testdata::fixture_path(fixture);
+    for path in cni::walk(&from) {
+        let to = dir.join(path.strip_prefix(&from).unwrap());
+        if path.is_dir() {
+            std::fs::create_dir_all(&to).unwrap();
+        } else {
+            std::fs::copy(&path, &to).unwrap();
+        }
+    }
+}
+
+/// Asserts that `dir` holds exactly the files of `testdata/<fixture>`, byte for byte.
+pub fn assert_matches_fixture(dir: &Path, fixture: &str, when: &str) {
+    let expected = contents(&testdata::fixture_path(fixture));
+    let actual = contents(dir);
+    if expected != actual {
+        let show = |m: &BTreeMap<PathBuf, Vec<u8>>| -> String {
+            m.iter().map(|(p, b)| format!("--- {}\n{}\n", p.display(), String::from_utf8_lossy(b))).collect()
+        };
+        panic!("{when}: conf dir differs from testdata/{fixture}\nexpected:\n{}\nactual:\n{}", show(&expected), show(&actual));
+    }
+}
+
+/// The primary's installer writing its file again as calico's install-cni does: a temp
+/// file renamed over it.
+pub fn primary_rewrites(file: &Path, bytes: &[u8]) {
+    let temp = file.with_extension("primary-tmp");
+    std::fs::write(&temp, bytes).unwrap();
+    std::fs::rename(&temp, file).unwrap();
+}
+
+/// `sandbox-guard --install` (or any other mode's words) with a conf dir and a bin dir.
+pub fn run(mode: &str, conf_dir: &Path, bin_dir: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![mode, "--conf-dir", conf_dir.to_str().unwrap(), "--bin-dir", bin_dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    cni::guard(&args)
+}
+
+pub fn run_ok(mode: &str, conf_dir: &Path, bin_dir: &Path, extra: &[&str]) -> String {
+    let out = run(mode, conf_dir, bin_dir, extra);
+    assert!(
+        out.status.success(),
+        "{mode} {extra:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

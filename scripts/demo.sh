@@ -117,7 +117,7 @@ primary_entry() {
 	printf '{ "type": "podname-keyed", "stateDir": "%s", "subnet": "%s", "hostVethPrefix": "%s", "onMissingEndpoint": "ignore" }' \
 		"$act_dir/primary" "$net_prefix.0/24" "$veth_prefix"
 }
-guard_keys() { printf '"stateDir": "%s", "staleDel": "refuse", "logFile": "%s"' "$act_dir/guard" "$act_dir/guard.log"; }
+guard_keys() { printf '"stateDir": "%s", "logFile": "%s"' "$act_dir/guard" "$act_dir/guard.log"; }
 write_conflist() { # plugin entry...
 	local entries
 	printf -v entries ',\n  %s' "$@"
@@ -199,7 +199,7 @@ end_act
 # --- act 2: chained last -------------------------------------------------------------------
 act "Act 2 of 3: sandbox-guard chained LAST after the primary (chained mode)"
 new_act chained
-write_conflist "$(primary_entry)" "{ \"type\": \"sandbox-guard\", $(guard_keys) }"
+write_conflist "$(primary_entry)" "{ \"type\": \"sandbox-guard\", $(guard_keys), \"staleDel\": \"refuse\" }"
 say "Last on ADD it sees the primary's result; last in the list it runs FIRST on DEL, and libcni" \
 	"stops a DEL at the first plugin that fails: the guard's only lever."
 start_both

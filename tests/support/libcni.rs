@@ -38,7 +38,7 @@ pub fn driver() -> &'static Path {
 
 /// Where libcni 1.3's source lies (no third-party dependencies): the version containerd 2.1
 /// and CRI-O 1.33 link, the first to append `<confdir>/<network name>/*.conf` drop-ins.
-pub const LIBCNI_1_3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/vendor/cni-1.3.0");
+pub const LIBCNI_1_3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vendor/cni-1.3.0");
 
 /// The same driver built against libcni 1.3 instead of Debian's 1.1.
 pub fn driver_1_3() -> &'static Path {

@@ -12,12 +12,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/build.sh"
 
-case ${1:-} in
-  -h | --help)
-    sed -n '2,8s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
-    exit 0
-    ;;
-esac
+help_if_asked "${BASH_SOURCE[0]}" 8 "${1:-}"
 if (($# > 1)); then
   echo "usage: bash scripts/build.sh [x86_64|arm64]" >&2
   exit 2

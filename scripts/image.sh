@@ -16,12 +16,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/build.sh"
 
-case ${1:-} in
-  -h | --help)
-    sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
-    exit 0
-    ;;
-esac
+help_if_asked "${BASH_SOURCE[0]}" 12 "${1:-}"
 need_root "scripts/image.sh"
 need_packages podman binutils
 arch=$(plugin_arch "${1:-}") || exit 2

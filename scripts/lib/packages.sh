@@ -30,3 +30,14 @@ need_cargo() {
     exit 1
   fi
 }
+
+# help_if_asked SCRIPT LAST ARG: when ARG is -h or --help, prints SCRIPT's header comment
+# (lines 2 to LAST) and exits.
+help_if_asked() {
+  case ${3:-} in
+    -h | --help)
+      sed -n "2,$2s/^# \{0,1\}//p" "$1"
+      exit 0
+      ;;
+  esac
+}

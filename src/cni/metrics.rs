@@ -75,13 +75,18 @@ pub fn commit_with(inv: &Invocation, store: &Store, succeeded: bool, outcome: Op
     }
 }
 
+/// How long `flush` waits for the lock.
+const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// For the verbs that did not commit while they held the lock (or logged after): takes the
 /// lock again and commits. ADD commits in place and pays nothing here.
 pub fn flush(inv: &Invocation, succeeded: bool) {
     if inv.conf.metrics_file.is_none() || (inv.metrics_committed.get() && !inv.log.has_outcomes()) {
         return;
     }
-    match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
+    // Counting is best effort: a verb that already waited for the lock (and maybe gave up on
+    // it) must not wait as long again only to be counted.
+    match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout.min(FLUSH_WAIT)) {
         Ok(store) => commit(inv, &store, succeeded && !inv.metrics_committed.get()),
         Err(err) => eprintln!("sandbox-guard: the metrics of this {} are not counted: {err}", inv.verb.name()),
     }

@@ -7,7 +7,7 @@ use crate::kernel::link_facts::LinkFacts;
 use crate::cni::log::Level;
 use crate::state::ownership::{self, Ownership};
 use crate::cni::result::ResultView;
-use crate::state::checkpoint::{self, Checkpoint};
+use crate::state::checkpoint::Checkpoint;
 use crate::state::{Loaded, Store};
 use serde_json::value::RawValue;
 
@@ -46,7 +46,7 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
 
     let id = inv.attachment_id(attachment);
     let pod = &attachment.pod;
-    let pod_key = checkpoint::pod_key(&id.network, pod.namespace.as_deref(), pod.name.as_deref(), &id.if_name);
+    let pod_key = inv.pod_key(attachment);
     let subject = inv.subject(Some(attachment), pod_key.as_ref().map(|k| k.pod()));
 
     let store = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout).map_err(|err| match err.kind {

@@ -12,7 +12,7 @@ use crate::error::{GuardError, Kind, Result};
 use crate::kernel::link_facts::{self, Expected, LinkFacts};
 use crate::cni::log::Level;
 use crate::cni::result::ResultView;
-use crate::state::checkpoint::{self, Checkpoint};
+use crate::state::checkpoint::Checkpoint;
 use crate::state::{Loaded, Store};
 
 pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
@@ -71,7 +71,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             })
         }
     };
-    let pod = checkpoint::pod_key(&id.network, attachment.pod.namespace.as_deref(), attachment.pod.name.as_deref(), &id.if_name)
+    let pod = inv.pod_key(attachment)
         .or(record_key)
         .map(|key| key.pod());
     let subject = inv.subject(Some(attachment), pod);

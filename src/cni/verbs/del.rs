@@ -13,7 +13,7 @@ use crate::cni::env::Attachment;
 use crate::error::{GuardError, Kind, Result};
 use crate::cni::log::{CAUSE_SET_ASIDE, CAUSE_STALE_DEL, Level};
 use crate::state::ownership::{self, DelVerdict, Deleter, Owner, Ownership, PodKey};
-use crate::state::checkpoint::{self, AttachmentId};
+use crate::state::checkpoint::AttachmentId;
 use crate::state::ledger::Handled;
 use crate::state::{Loaded, Store};
 
@@ -67,20 +67,15 @@ pub(super) enum Judgement {
 /// No store, and none can be made: no owner either, so nothing this DEL could tear down in
 /// another sandbox's name.
 pub(super) fn nothing_recorded(inv: &Invocation, attachment: &Attachment) {
-    let id = inv.attachment_id(attachment);
-    let key = checkpoint::pod_key(&id.network, attachment.pod.namespace.as_deref(), attachment.pod.name.as_deref(), &id.if_name);
-    let subject = inv.subject(Some(attachment), key.as_ref().map(PodKey::pod));
+    let subject = inv.subject(Some(attachment), inv.pod_key(attachment).as_ref().map(PodKey::pod));
     inv.log.event(Level::Warn, inv.verb, &subject, "deleted", "no state dir, and it cannot be created: nothing recorded");
 }
 
 /// The pod keys a DEL of `attachment` is about: the one CNI_ARGS name and the one its record
 /// holds (read without the store's lock: delegate mode takes the pod locks before it).
 pub(super) fn keys_of(inv: &Invocation, attachment: &Attachment, store: Option<&Store>) -> Vec<PodKey> {
-    let id = inv.attachment_id(attachment);
-    let args = &attachment.pod;
-    let mut keys: Vec<PodKey> =
-        checkpoint::pod_key(&id.network, args.namespace.as_deref(), args.name.as_deref(), &id.if_name).into_iter().collect();
-    if let Some(Ok(Loaded::Valid(record))) = store.map(|s| s.load_record(&id)) {
+    let mut keys: Vec<PodKey> = inv.pod_key(attachment).into_iter().collect();
+    if let Some(Ok(Loaded::Valid(record))) = store.map(|s| s.load_record(&inv.attachment_id(attachment))) {
         keys.extend(record.pod_key().filter(|key| !keys.contains(key)));
     }
     keys
@@ -90,8 +85,7 @@ pub(super) fn keys_of(inv: &Invocation, attachment: &Attachment, store: Option<&
 /// a DEL must not get past (a corrupt file it needs is set aside, and the DEL refused).
 pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) -> Result<Judgement> {
     let id = inv.attachment_id(attachment);
-    let args = &attachment.pod;
-    let key_from_args = checkpoint::pod_key(&id.network, args.namespace.as_deref(), args.name.as_deref(), &id.if_name);
+    let key_from_args = inv.pod_key(attachment);
 
     // The record says which key this container took at ADD, whatever CNI_ARGS say now.
     let mut corrupt_record = None;

@@ -28,7 +28,7 @@ use crate::state::{Loaded, Store, surely_absent};
 
 pub fn add(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Result<String> {
     let id = inv.attachment_id(attachment);
-    let key = pod_key(inv, attachment);
+    let key = inv.pod_key(attachment);
     let _lock = lock(inv, key.as_slice())?;
     if let Some(key) = &key {
         refuse_if_superseded(inv, attachment, &id, key)?;
@@ -100,7 +100,7 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
 }
 
 pub fn check(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Result<()> {
-    let _lock = lock(inv, pod_key(inv, attachment).as_slice())?;
+    let _lock = lock(inv, inv.pod_key(attachment).as_slice())?;
     delegate.call(&inv.conf.network, &inv.conf.cni_version, inv.conf.prev_result.as_deref(), &EnvOverride::default())?;
     super::check::run(inv, attachment)
 }
@@ -120,11 +120,6 @@ pub fn status(inv: &Invocation, delegate: &Delegate) -> Result<()> {
         _ => GuardError::new(Kind::NotAvailable, format!("the primary plugin cannot be run: {}", err.msg)).with_details(err.details),
     })?;
     super::status::run(inv)
-}
-
-fn pod_key(inv: &Invocation, attachment: &Attachment) -> Option<PodKey> {
-    let pod = &attachment.pod;
-    checkpoint::pod_key(&inv.conf.network, pod.namespace.as_deref(), pod.name.as_deref(), &attachment.ifname)
 }
 
 /// The pod locks of `keys`, in one order for every process, so two never wait on each other.

@@ -12,6 +12,7 @@ use crate::cni::config::NetConf;
 use crate::cni::env::{Attachment, Verb};
 use crate::cni::log::{Log, Subject};
 use crate::state::checkpoint::AttachmentId;
+use crate::state::ownership::PodKey;
 
 /// What every verb needs besides its attachment: the config and the log.
 pub struct Invocation {
@@ -29,6 +30,12 @@ impl Invocation {
             container_id: attachment.container_id.clone(),
             if_name: attachment.ifname.clone(),
         }
+    }
+
+    /// The pod key `CNI_ARGS` name for `attachment`, if they name a pod.
+    pub fn pod_key(&self, attachment: &Attachment) -> Option<PodKey> {
+        let pod = &attachment.pod;
+        crate::state::checkpoint::pod_key(&self.conf.network, pod.namespace.as_deref(), pod.name.as_deref(), &attachment.ifname)
     }
 
     pub fn subject<'a>(&'a self, attachment: Option<&'a Attachment>, pod: Option<String>) -> Subject<'a> {

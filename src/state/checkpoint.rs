@@ -20,6 +20,11 @@ impl AttachmentId {
         format!("{}:{}:{}", self.network, self.container_id, self.if_name)
     }
 
+    /// The attachment of `container_id` under `key`: the one an owner or a deferred DEL names.
+    pub fn of(key: &PodKey, container_id: &str) -> AttachmentId {
+        AttachmentId { network: key.network.clone(), container_id: container_id.to_string(), if_name: key.if_name.clone() }
+    }
+
     /// The attachment a record-like file name stands for; `None` for a name that is not one.
     pub fn from_file_name(path: &std::path::Path) -> Option<AttachmentId> {
         let (network, container_id, if_name) = split_file_name(path.file_name()?.to_str()?)?;

@@ -55,7 +55,7 @@ pub struct DeferredDel {
 
 impl DeferredDel {
     pub fn id(&self) -> AttachmentId {
-        AttachmentId { network: self.key.network.clone(), container_id: self.container_id.clone(), if_name: self.key.if_name.clone() }
+        AttachmentId::of(&self.key, &self.container_id)
     }
 }
 

@@ -333,11 +333,7 @@ impl Store {
         if !plain_owner(owner) {
             return true;
         }
-        let id = AttachmentId {
-            network: owner.key.network.clone(),
-            container_id: owner.container_id.clone(),
-            if_name: owner.key.if_name.clone(),
-        };
+        let id = AttachmentId::of(&owner.key, &owner.container_id);
         match self.load_record(&id) {
             Ok(Loaded::Valid(record)) => record.pod_key().as_ref() == Some(&owner.key),
             Ok(Loaded::Missing) => !surely_absent(&self.set_aside_path_for_record(&id)),

@@ -168,8 +168,7 @@ fn refuse_if_superseded(inv: &Invocation, attachment: &Attachment, id: &Attachme
 
 /// Whether the owner's netns still exists; when its record cannot say, it is taken as alive.
 fn netns_alive(store: &Store, owner: &crate::state::ownership::Ownership) -> bool {
-    let id = AttachmentId { network: owner.key.network.clone(), container_id: owner.container_id.clone(), if_name: owner.key.if_name.clone() };
-    match store.load_record(&id) {
+    match store.load_record(&AttachmentId::of(&owner.key, &owner.container_id)) {
         Ok(Loaded::Valid(record)) => crate::kernel::netns::netns_state(&record.netns, None, None).is_alive(),
         _ => true,
     }

@@ -107,7 +107,7 @@ fn superseded_by(
     let key = record.pod_key()?;
     let owner = owners.get(&key).filter(|o| o.container_id != record.container_id)?;
     let remove = format!("remove it instead (`crictl rmp {}`)", crate::names::short_id(&record.container_id));
-    let owner_id = AttachmentId { network: key.network.clone(), container_id: owner.container_id.clone(), if_name: key.if_name.clone() };
+    let owner_id = AttachmentId::of(&key, &owner.container_id);
     let owner_netns = netns_of.get(&owner_id);
     Some(match owner_netns {
         Some(netns) if crate::kernel::netns::netns_state(netns, None, None).is_alive() => format!(

@@ -13,6 +13,7 @@
 //!   over was killed before it could note so (what a DEL-idempotent primary tolerates);
 //! - the store keeps its invariants: no owner without its record, one deferred DEL per
 //!   attachment and never one of the pod's owner.
+//!
 //! The primary is tests/primaries/counting-primary, which logs every call it gets.
 
 #[path = "support/sys.rs"]

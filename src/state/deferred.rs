@@ -59,9 +59,16 @@ impl DeferredDel {
     }
 }
 
+/// The folder of one pod key's deferred DELs, by the key's digest. Delegate mode looks at it
+/// without opening the store (a stat says whether anything waits), and GC keeps the pod
+/// lock of a key that has one.
+pub fn key_dir(state_dir: &Path, digest: &str) -> PathBuf {
+    state_dir.join(DEFERRED).join(digest)
+}
+
 impl Store {
     fn deferred_dir(&self, key: &PodKey) -> PathBuf {
-        self.root.join(DEFERRED).join(key.digest())
+        key_dir(&self.root, &key.digest())
     }
 
     pub fn deferred_path(&self, key: &PodKey, id: &AttachmentId) -> PathBuf {

@@ -63,7 +63,7 @@ impl super::Store {
         for path in entries.flatten().map(|entry| entry.path()) {
             let Some(digest) = path.file_name().and_then(|n| n.to_str()) else { continue };
             let in_use = !super::surely_absent(&self.owners.join(digest))
-                || !super::surely_absent(&self.root.join(super::deferred::DEFERRED).join(digest));
+                || !super::surely_absent(&super::deferred::key_dir(&self.root, digest));
             if !in_use && remove_if_free(&path) {
                 removed += 1;
             }

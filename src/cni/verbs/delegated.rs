@@ -21,7 +21,7 @@ use crate::error::{GuardError, Kind, Result};
 use crate::kernel::link_facts::LinkFacts;
 use crate::kernel::teardown::{self, Teardown};
 use crate::state::checkpoint::{self, AttachmentId};
-use crate::state::deferred::DeferredDel;
+use crate::state::deferred::{self, DeferredDel};
 use crate::state::ownership::{self, AddVerdict, Owner, PodKey};
 use crate::state::pod_lock::PodLock;
 use crate::state::{Loaded, Store, surely_absent};
@@ -271,7 +271,7 @@ fn remove_stale_interface(inv: &Invocation, attachment: &Attachment, deferred: &
 }
 
 fn drop_own_deferred(inv: &Invocation, key: &PodKey, id: &AttachmentId) {
-    let path = deferred_dir(inv, key).join(id.file_name());
+    let path = deferred::key_dir(&inv.conf.state_dir, &key.digest()).join(id.file_name());
     if surely_absent(&path) {
         return;
     }
@@ -281,17 +281,12 @@ fn drop_own_deferred(inv: &Invocation, key: &PodKey, id: &AttachmentId) {
     }
 }
 
-/// Where the deferred DELs of `key` are (`Store::deferred_path`), looked at without the store.
-fn deferred_dir(inv: &Invocation, key: &PodKey) -> std::path::PathBuf {
-    inv.conf.state_dir.join(crate::state::deferred::DEFERRED).join(key.digest())
-}
-
 /// Replays the deferred DELs of `key`, oldest first, if nobody owns it. The caller holds the
 /// key's pod lock, so no ADD can take it meanwhile. Never fails the verb that frees the key:
 /// a replay the primary refuses stays deferred for the next release of the key or GC.
 fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey) {
     // Most DELs free a key nobody deferred anything for: one stat, no lock.
-    if surely_absent(&deferred_dir(inv, key)) {
+    if surely_absent(&deferred::key_dir(&inv.conf.state_dir, &key.digest())) {
         return;
     }
     let pending = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout).and_then(|store| {

@@ -33,7 +33,7 @@ pub fn add(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
     if let Some(key) = &key {
         refuse_if_superseded(inv, attachment, &id, key)?;
     }
-    let reply = delegate.call(&inv.conf.network, &inv.conf.cni_version, inv.conf.prev_result.as_deref(), &EnvOverride::default())?;
+    let reply = pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
     let text = String::from_utf8(reply).map_err(|_| not_a_result(delegate, "it is not UTF-8"))?;
     let result = RawValue::from_string(text.trim().to_string()).map_err(|e| not_a_result(delegate, &e.to_string()))?;
     let output = super::add::checkpoint(inv, attachment, &result)?;
@@ -62,7 +62,7 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
     };
     let Some((store, unwritable)) = super::del::open(inv)? else {
         super::del::nothing_recorded(inv, attachment);
-        delegate.call(&inv.conf.network, &inv.conf.cni_version, inv.conf.prev_result.as_deref(), &EnvOverride::default())?;
+        pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
         return Ok(());
     };
     let plan = match super::del::judge(inv, attachment, &store)? {
@@ -85,7 +85,7 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
             .with_details("The runtime retries the DEL."));
     }
     drop(store);
-    delegate.call(&inv.conf.network, &inv.conf.cni_version, inv.conf.prev_result.as_deref(), &EnvOverride::default())?;
+    pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
     let keys = plan.keys.clone();
     let id = plan.id.clone();
     if let Some((store, unwritable)) = super::del::open(inv)? {
@@ -101,25 +101,30 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
 
 pub fn check(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Result<()> {
     let _lock = lock(inv, inv.pod_key(attachment).as_slice())?;
-    delegate.call(&inv.conf.network, &inv.conf.cni_version, inv.conf.prev_result.as_deref(), &EnvOverride::default())?;
+    pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
     super::check::run(inv, attachment)
 }
 
 pub fn gc(inv: &Invocation, delegate: &Delegate) -> Result<()> {
-    delegate.call(&inv.conf.network, &inv.conf.cni_version, None, &EnvOverride::default())?;
+    pass_on(inv, delegate, None)?;
     super::gc::run(inv)?;
     replay_collected(inv, delegate);
     Ok(())
 }
 
 pub fn status(inv: &Invocation, delegate: &Delegate) -> Result<()> {
-    delegate.call(&inv.conf.network, &inv.conf.cni_version, None, &EnvOverride::default()).map_err(|err| match err.kind {
+    pass_on(inv, delegate, None).map_err(|err| match err.kind {
         // The primary's own STATUS error goes as it wrote it; not being able to run it at all
         // means the network cannot serve ADDs either.
         Kind::Delegate(_) => err,
         _ => GuardError::new(Kind::NotAvailable, format!("the primary plugin cannot be run: {}", err.msg)).with_details(err.details),
     })?;
     super::status::run(inv)
+}
+
+/// Runs the primary for this very invocation: the runtime's own `CNI_*` environment.
+fn pass_on(inv: &Invocation, delegate: &Delegate, prev_result: Option<&RawValue>) -> Result<Vec<u8>> {
+    delegate.call(&inv.conf.network, &inv.conf.cni_version, prev_result, &EnvOverride::default())
 }
 
 /// The pod locks of `keys`, in one order for every process, so two never wait on each other.

@@ -355,6 +355,56 @@ fn verbs_are_refused_below_their_cni_version() {
 }
 
 #[test]
+fn every_verb_at_0_1_0_and_0_2_0_answers_as_the_spec_says() {
+    for version in cni::LEGACY_VERSIONS {
+        let Incident { store, pod_a, pod_b, a, b } = incident();
+        let reply = store.cni("VERSION", "").version(version).run();
+        reply.assert_ok();
+        assert_eq!(reply.json()["cniVersion"], version, "VERSION echoes a version it speaks");
+        assert_eq!(reply.json()["supportedVersions"], json!(SUPPORTED_VERSIONS));
+
+        let add = store.add(&a, &pod_a).version(version);
+        let reply = add.run();
+        reply.assert_ok();
+        assert_eq!(reply.json(), add.default_prev_result(), "ADD at {version} passes the legacy result through");
+        assert_eq!(store.entry(&a, "eth0").unwrap()["cniVersion"], version);
+        store.add(&b, &pod_b).version(version).run().assert_ok();
+        // libcni sends no prevResult on DEL below 0.4.0.
+        let before = store.snapshot();
+        let reply = store.del(&a, &pod_a).version(version).no_prev_result().run();
+        assert_stale_del(&reply.assert_error(11), &b, &pod_b, generation_of(&store, &b));
+        assert_eq!(reply.json()["cniVersion"], version, "the error is in the config's version");
+        assert_eq!(store.snapshot(), before, "a refused DEL must not change the store");
+
+        // CHECK came with 0.4.0, GC and STATUS with 1.1.0: refused with code 1, nothing read or written.
+        let error = store.cni("CHECK", &b).pod(&pod_b).version(version).run().assert_error(1);
+        assert!(error.msg.contains("CHECK needs cniVersion 0.4.0"), "{error:?}");
+        let gc = store.cni("GC", "").version(version).config("cni.dev/valid-attachments", Some(json!([]))).run();
+        assert!(gc.assert_error(1).msg.contains("GC needs cniVersion 1.1.0"));
+        store.cni("STATUS", "").version(version).run().assert_error(1);
+        assert_eq!(store.snapshot(), before, "refused verbs must not change the store");
+
+        store.del(&b, &pod_b).version(version).no_prev_result().run().assert_ok();
+        store.del(&a, &pod_a).version(version).no_prev_result().run().assert_ok();
+        assert_eq!(store.dump(), Vec::<Value>::new(), "{version}");
+    }
+}
+
+#[test]
+fn a_config_without_cni_version_is_0_1_0() {
+    let store = Store::new();
+    let pod = Pod::new("default", "web-0");
+    let a = container_id();
+    let legacy = cni::prev_result_for("0.1.0", &a, "eth0", "");
+    let reply = store.add(&a, &pod).config("cniVersion", None).prev_result(&legacy).run();
+    reply.assert_ok();
+    assert_eq!(reply.json(), legacy);
+    assert_eq!(store.entry(&a, "eth0").unwrap()["cniVersion"], "0.1.0");
+    store.cni("CHECK", &a).pod(&pod).config("cniVersion", None).prev_result(&legacy).run().assert_error(1);
+    store.del(&a, &pod).config("cniVersion", None).no_prev_result().run().assert_ok();
+}
+
+#[test]
 fn check_passes_for_the_recorded_attachment_and_fails_otherwise() {
     sys::skip_unless_root!(&["ip"]);
     let store = Store::new();

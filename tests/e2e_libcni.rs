@@ -401,3 +401,97 @@ fn stale_del_is_deferred_through_libcni() {
     assert_eq!(logged(&net, &old, "replayed"), 1, "{:?}", net.log_lines());
     assert_network_empty(&net);
 }
+
+// ---------------------------------------------------------------------------------------
+// Every CNI version
+
+/// The reference plugins this machine's package ships (containernetworking-plugins 1.1)
+/// speak 0.1.0 to 1.0.0; 1.1.0 results come through the guard's own tests (cni_protocol,
+/// results) and the model primaries.
+const REFERENCE_PLUGIN_VERSIONS: [&str; 6] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+
+/// The pod interface's MAC as the kernel has it.
+fn kernel_mac(sandbox: &Sandbox) -> String {
+    let out = sandbox.netns.exec(&["cat", &format!("/sys/class/net/{IFNAME}/address")]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The pod's addresses from a result of any version: `ips`, or 0.1.0/0.2.0's `ip4`/`ip6`.
+fn any_version_ips(result: &Value) -> Vec<String> {
+    let legacy = ["ip4", "ip6"].iter().filter_map(|key| result[key]["ip"].as_str().map(str::to_string));
+    result_ips(result).into_iter().chain(legacy).collect()
+}
+
+/// ADD of two sandboxes of one pod at `version`, the old one's late DEL, then both DELs, in
+/// `mode`: the results are in the network's version (legacy ones without interfaces), the
+/// checkpoint has the pod interface's MAC and link facts from the netns, the stale DEL
+/// leaves the new pod its network, and nothing is left behind.
+fn incident_at_version(net: &Network, mode: Mode, version: &str) {
+    let conflist = net.conflist_of(mode);
+    let old = Sandbox::new("lijiaob", "etcd1-0", "uid1");
+    let new = Sandbox::new("lijiaob", "etcd1-0", "uid2");
+    let mut results = Vec::new();
+    for sandbox in [&old, &new] {
+        let result = net
+            .add_with(conflist, sandbox)
+            .unwrap_or_else(|e| panic!("{version} {mode:?}: libcni ADD failed: {}", e.stderr));
+        assert_eq!(result["cniVersion"], version, "{mode:?}: the result is in the network's version: {result}");
+        let legacy = version == "0.1.0" || version == "0.2.0";
+        assert_eq!(result.get("interfaces").is_none(), legacy, "{version} {mode:?}: {result}");
+        assert_eq!(result.get("ip4").is_some(), legacy, "{version} {mode:?}: {result}");
+        let record = net.checkpoint(sandbox).unwrap_or_else(|| panic!("{version} {mode:?}: no checkpoint"));
+        assert_eq!(record["cniVersion"], version);
+        assert_eq!(record["prevResult"], net.cached_result(sandbox).expect("libcni's cache"), "{version} {mode:?}");
+        let mut ips = any_version_ips(&result);
+        ips.sort();
+        assert_eq!(record["ips"], json!(ips), "{version} {mode:?}: checkpointed addresses");
+        // Found by CNI_IFNAME in the netns, whatever the result says of interfaces.
+        assert_eq!(record["links"]["state"], "observed", "{version} {mode:?}: {record}");
+        assert_eq!(record["links"]["mac"], json!(kernel_mac(sandbox)), "{version} {mode:?}: {record}");
+        if version >= "0.4.0" {
+            net.check_with(conflist, sandbox).unwrap_or_else(|e| panic!("{version} {mode:?}: CHECK failed: {}", e.stderr));
+        }
+        results.push(result);
+    }
+    let new_ips = any_version_ips(&results[1]);
+    match mode {
+        Mode::Chained => {
+            let refused = net.del_with(conflist, &old, NetnsArg::Sandbox).expect_err("the stale DEL of A must be refused");
+            assert_eq!(refused.code, Some(11), "{version}: {}", refused.stderr);
+        }
+        Mode::Delegate => {
+            net.del_with(conflist, &old, NetnsArg::Sandbox)
+                .unwrap_or_else(|e| panic!("{version}: delegate mode defers the stale DEL: {}", e.stderr));
+        }
+    }
+    assert!(pod_has_link(&new, IFNAME), "{version} {mode:?}: the new sandbox lost its interface");
+    for ip in &new_ips {
+        assert_eq!(net.ip_holder(bare_ip(ip)), Some(new.container_id.clone()), "{version} {mode:?}: B's {ip}");
+    }
+    assert!(new.can_ping(&net.subnet.host(1)), "{version} {mode:?}: B reaches its gateway after the stale DEL");
+
+    for sandbox in [&new, &old] {
+        for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
+            net.del_with(conflist, sandbox, netns)
+                .unwrap_or_else(|e| panic!("{version} {mode:?}: DEL {} failed: {}", sandbox.container_id, e.stderr));
+        }
+    }
+    for (sandbox, result) in [&old, &new].into_iter().zip(&results) {
+        assert!(!pod_has_link(sandbox, IFNAME), "{version} {mode:?}: the primary's DEL did not run");
+        for ip in any_version_ips(result) {
+            assert_eq!(net.ip_holder(bare_ip(&ip)), None, "{version} {mode:?}: {ip} still reserved");
+        }
+    }
+    assert_network_empty(net);
+}
+
+#[test]
+fn every_cni_version_of_the_reference_plugins_through_libcni_in_both_modes() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    for version in REFERENCE_PLUGIN_VERSIONS {
+        let net = bridge_network_from(Source::Testdata { pin: None }).at_version(version);
+        for mode in [Mode::Chained, Mode::Delegate] {
+            incident_at_version(&net, mode, version);
+        }
+    }
+}

@@ -370,6 +370,18 @@ impl Network {
         }
     }
 
+    /// This network at another CNI version: every conflist of it (guarded, delegate twin,
+    /// primary alone) rewritten with `cniVersion` set to `version`.
+    pub fn at_version(self, version: &str) -> Network {
+        let files = [Some(&self.conflist), self.delegate_conflist.as_ref(), Some(&self.primary_only_conflist)];
+        for file in files.into_iter().flatten() {
+            let mut conf: Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+            conf["cniVersion"] = json!(version);
+            std::fs::write(file, serde_json::to_vec_pretty(&conf).unwrap()).unwrap();
+        }
+        self
+    }
+
     /// This network with its operations run through `driver` (e.g. `driver_1_3()`).
     pub fn through(mut self, driver: &'static Path) -> Network {
         self.driver = Some(driver);

@@ -242,6 +242,13 @@ pub fn guard(args: &[&str]) -> Output {
     guard_command(BIN, args).output().unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
 }
 
+/// `guard` with these environment variables besides PATH (e.g. the doctor's CNI_PATH).
+pub fn guard_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = guard_command(BIN, args);
+    command.envs(env.iter().copied());
+    command.output().unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
+}
+
 /// `guard`, panicking with both streams unless it exits 0.
 pub fn guard_ok(args: &[&str]) -> Output {
     let out = guard(args);

@@ -16,7 +16,7 @@ mod cni;
 mod libcni;
 
 use libcni::{
-    IFNAME, Mode, Network, NetnsArg, Sandbox, Source, assert_result_matches_kernel, bare_ip, bridge_network,
+    IFNAME, Mode, Network, NetnsArg, Sandbox, Source, assert_result_matches_kernel, bare_ip, bridge_network, calico_v2_network,
     bridge_network_from, macvlan_network_from, macvlan_network_on_a_lan, mode_of, pod_has_link, result_ips, shape,
 };
 use serde_json::{Value, json};
@@ -494,4 +494,97 @@ fn every_cni_version_of_the_reference_plugins_through_libcni_in_both_modes() {
             incident_at_version(&net, mode, version);
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// calico v2 (tests/cri/calico-v2-model-plugin): cniVersion 0.1.0, everything keyed by pod name
+
+/// The addresses the calico v2 model holds, with the handle holding each.
+fn calico_addresses(net: &Network) -> Vec<(String, String)> {
+    let mut held: Vec<(String, String)> = cni::files_in(&net.ipam_dir.join("ips"))
+        .iter()
+        .map(|path| (path.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read_to_string(path).unwrap()))
+        .collect();
+    held.sort();
+    held
+}
+
+/// The container the pod's workload endpoint belongs to, if it has one.
+fn calico_endpoint_owner(net: &Network, sandbox: &Sandbox) -> Option<String> {
+    let file = net.ipam_dir.join("endpoints").join(format!("{}.{}", sandbox.namespace, sandbox.pod));
+    let text = std::fs::read_to_string(file).ok()?;
+    text.split_whitespace().next().map(str::to_string)
+}
+
+/// The seed incident against calico v2 at `version`, through libcni, in `mode`: ADD A, ADD B
+/// of the same pod name, A's late DEL (StopPodSandbox's, then RemovePodSandbox's without a
+/// netns). B keeps its endpoint, its address and its link; then both DELs leave nothing.
+fn calico_v2_incident(net: &Network, mode: Mode, version: &str) {
+    let conflist = net.conflist_of(mode);
+    let old = Sandbox::new("lijiaob", "etcd1-0", "uid1");
+    let new = Sandbox::new("lijiaob", "etcd1-0", "uid2");
+    for sandbox in [&old, &new] {
+        let result = net.add_with(conflist, sandbox).unwrap_or_else(|e| panic!("{version} {mode:?}: ADD failed: {}", e.stderr));
+        assert_eq!(result["cniVersion"], version, "{mode:?}: {result}");
+        assert!(result["ip4"]["ip"].is_string() && result.get("interfaces").is_none(), "{version} {mode:?}: a 0.2.0-shaped result: {result}");
+        let record = net.checkpoint(sandbox).unwrap_or_else(|| panic!("{version} {mode:?}: no checkpoint"));
+        assert_eq!(record["ips"], json!([result["ip4"]["ip"]]), "{version} {mode:?}");
+        assert_eq!(record["links"]["mac"], json!(kernel_mac(sandbox)), "{version} {mode:?}: the MAC read from the netns: {record}");
+    }
+    assert_eq!(calico_endpoint_owner(net, &new), Some(new.container_id.clone()));
+    let before = calico_addresses(net);
+    for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
+        let outcome = net.del_with(conflist, &old, netns);
+        match mode {
+            Mode::Chained => assert_eq!(outcome.expect_err("the stale DEL must be refused").code, Some(11), "{version}"),
+            Mode::Delegate => outcome.unwrap_or_else(|e| panic!("{version}: delegate mode defers the stale DEL: {}", e.stderr)),
+        }
+    }
+    assert_eq!(calico_addresses(net), before, "{version} {mode:?}: calico released an address for the stale DEL");
+    assert_eq!(calico_endpoint_owner(net, &new), Some(new.container_id.clone()), "{version} {mode:?}: B's workload endpoint");
+    assert!(pod_has_link(&new, IFNAME), "{version} {mode:?}: B lost its interface");
+    assert!(new.can_ping("169.254.1.1"), "{version} {mode:?}: B reaches its gateway after the stale DEL");
+
+    for sandbox in [&new, &old] {
+        for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
+            net.del_with(conflist, sandbox, netns)
+                .unwrap_or_else(|e| panic!("{version} {mode:?}: DEL {} failed: {}", sandbox.container_id, e.stderr));
+        }
+    }
+    assert_eq!(calico_addresses(net), Vec::new(), "{version} {mode:?}: addresses left");
+    assert_eq!(calico_endpoint_owner(net, &new), None, "{version} {mode:?}: endpoint left");
+    assert!(!pod_has_link(&new, IFNAME) && !pod_has_link(&old, IFNAME), "{version} {mode:?}: a pod interface is left");
+    assert_eq!(net.cached_results(), Vec::<String>::new(), "{version} {mode:?}: libcni cache entries left");
+    assert_eq!(net.guard_files(), Vec::<std::path::PathBuf>::new(), "{version} {mode:?}: guard records or owners left");
+}
+
+#[test]
+fn calico_v2_keeps_the_new_pod_through_libcni_at_0_1_0_and_0_2_0_in_both_modes() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    for version in ["0.1.0", "0.2.0"] {
+        let net = calico_v2_network().at_version(version);
+        for mode in [Mode::Chained, Mode::Delegate] {
+            calico_v2_incident(&net, mode, version);
+        }
+    }
+}
+
+/// The model does what the guard exists to stop: unguarded, A's late DEL takes B's endpoint,
+/// address and interface (so the test above can fail).
+#[test]
+fn calico_v2_model_unguarded_loses_the_new_pod() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let net = calico_v2_network();
+    let old = Sandbox::new("lijiaob", "etcd1-0", "uid1");
+    let new = Sandbox::new("lijiaob", "etcd1-0", "uid2");
+    let unguarded = net.primary_only_conflist.clone();
+    for sandbox in [&old, &new] {
+        let result = net.add_with(&unguarded, sandbox).unwrap_or_else(|e| panic!("ADD failed: {}", e.stderr));
+        assert_eq!(result["cniVersion"], "0.1.0", "{result}");
+    }
+    net.del_with(&unguarded, &old, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("DEL failed: {}", e.stderr));
+    assert_eq!(calico_addresses(&net), Vec::new(), "the stale DEL released B's address");
+    assert_eq!(calico_endpoint_owner(&net, &new), None, "the stale DEL removed B's endpoint");
+    assert!(!pod_has_link(&new, IFNAME), "the stale DEL took B's interface");
+    net.del_with(&unguarded, &new, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("DEL of B failed: {}", e.stderr));
 }

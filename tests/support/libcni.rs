@@ -555,6 +555,33 @@ impl Network {
     }
 }
 
+/// calico v2's `.conf` as its manifests install it (testdata/conflists/calico-v2/, at
+/// cniVersion 0.1.0) run by the calico v2 model (tests/cri/calico-v2-model-plugin, put in the
+/// plugin dir as `calico`): `conflist` is the `.conf` as a list with the guard chained last,
+/// `delegate_conflist` the guard wrapping the `.conf`'s plugin. The model keeps its addresses
+/// (`ips/`), workload endpoints (`endpoints/`) and trace (`calls.log`) in `ipam_dir`.
+pub fn calico_v2_network() -> Network {
+    let conf = testdata::fixture_json("conflists/calico-v2/10-calico.conf");
+    let mut primary = conf.clone();
+    for key in ["name", "cniVersion"] {
+        primary.as_object_mut().unwrap().remove(key);
+    }
+    let list = |plugins: Value| json!({"name": conf["name"], "cniVersion": conf["cniVersion"], "plugins": plugins});
+    let files = [
+        ("10-calico.conflist".to_string(), list(json!([primary, {"type": "sandbox-guard"}]))),
+        ("delegate-10-calico.conflist".to_string(), list(json!([{"type": "sandbox-guard", "delegate": primary}]))),
+    ];
+    let mut net = Network::build(&files, Vec::new(), |primary, subnet| {
+        primary["stateDir"] = primary["ipam"]["dataDir"].clone();
+        primary["subnet"] = json!(subnet.cidr());
+    });
+    let calico = net.bin_dir.join("calico");
+    std::fs::remove_file(&calico).unwrap();
+    std::os::unix::fs::symlink(Path::new(REPO).join("tests/cri/calico-v2-model-plugin"), &calico).unwrap();
+    net.delegate_conflist = Some(net.dir.path.join(&files[1].0));
+    net
+}
+
 /// conf-examples' bridge network on a bridge of its own.
 pub fn bridge_network() -> Network {
     bridge_network_from(Source::Example)

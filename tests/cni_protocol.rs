@@ -390,6 +390,41 @@ fn every_verb_at_0_1_0_and_0_2_0_answers_as_the_spec_says() {
     }
 }
 
+/// A legacy result names no interface: the checkpoint's MAC and link facts come from the
+/// interface CNI_IFNAME names in CNI_NETNS; without one there, the record has none and the
+/// ADD log line says so, and the pod is guarded all the same.
+#[test]
+fn a_legacy_result_is_checkpointed_with_the_interface_cni_ifname_names() {
+    sys::skip_unless_root!(&["ip"]);
+    let store = Store::new();
+    let pod = Pod::new("default", "web-0");
+    let a = container_id();
+    let (add, _sandbox) = store.add(&a, &pod).in_pod_netns();
+    let mac = add.default_prev_result()["interfaces"][0]["mac"].clone();
+    for version in cni::LEGACY_VERSIONS {
+        add.clone().version(version).run().assert_ok();
+        let record = store.entry(&a, "eth0").unwrap();
+        assert!(record["interfaces"].as_array().unwrap().is_empty(), "{record}");
+        assert_eq!(record["links"]["state"], "observed", "{version}: {record}");
+        assert_eq!(record["links"]["mac"], mac, "{version}: {record}");
+    }
+
+    let (b, pod_b) = (container_id(), Pod::new("default", "web-1"));
+    store.add(&b, &pod_b).version("0.2.0").run().assert_ok();
+    let record = store.entry(&b, "eth0").unwrap();
+    assert_eq!(record["links"]["state"], "unavailable", "{record}");
+    let added = store.log_lines().into_iter().rev().find(|l| l.container == b && l.outcome == "added").expect("B's ADD line");
+    assert_eq!(added.level, "WARN", "{}", added.raw);
+    assert!(added.raw.contains("link facts not recorded"), "{}", added.raw);
+    let (c, pod_c) = (container_id(), Pod::new("default", "web-1"));
+    store.add(&c, &pod_c).version("0.2.0").run().assert_ok();
+    store.del(&b, &pod_b).version("0.2.0").no_prev_result().run().assert_error(11);
+    for (container, pod) in [(&c, &pod_c), (&b, &pod_b), (&a, &pod)] {
+        store.del(container, pod).version("0.2.0").no_prev_result().run().assert_ok();
+    }
+    assert_eq!(store.dump(), Vec::<Value>::new());
+}
+
 #[test]
 fn a_config_without_cni_version_is_0_1_0() {
     let store = Store::new();

@@ -462,6 +462,8 @@ fn incident_at_version(net: &Network, mode: Mode, version: &str) {
         Mode::Delegate => {
             net.del_with(conflist, &old, NetnsArg::Sandbox)
                 .unwrap_or_else(|e| panic!("{version}: delegate mode defers the stale DEL: {}", e.stderr));
+            // The local teardown knows A's interface by the MAC read at ADD, legacy result or not.
+            assert!(!pod_has_link(&old, IFNAME), "{version}: the deferred DEL left A's interface in its netns");
         }
     }
     assert!(pod_has_link(&new, IFNAME), "{version} {mode:?}: the new sandbox lost its interface");

@@ -54,6 +54,9 @@ pub enum Primary {
     /// The in-house macvlan plugin of seed 002: the IP reserved for the pod name (sticky), the
     /// interface a macvlan on the node's master link, living in the sandbox's netns only.
     StickyMacvlan,
+    /// calico v2.x: `PodnameKeyed` (as calico/cni v1.10+, a DEL without endpoint passes) run
+    /// at cniVersion 0.1.0/0.2.0 with 0.2.0-shaped results (tests/cri/calico-v2-model-plugin).
+    CalicoV2,
 }
 
 impl Primary {
@@ -62,6 +65,7 @@ impl Primary {
             Primary::PodnameKeyed => "podname-keyed",
             Primary::CurrentCalico => "calico-model",
             Primary::StickyMacvlan => "sticky-macvlan",
+            Primary::CalicoV2 => "calico-v2-model",
         }
     }
 
@@ -71,6 +75,7 @@ impl Primary {
             Primary::PodnameKeyed => "podname-keyed-plugin",
             Primary::CurrentCalico => "calico-model-plugin",
             Primary::StickyMacvlan => "sticky-macvlan-plugin",
+            Primary::CalicoV2 => "calico-v2-model-plugin",
         };
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cri").join(file)
     }

@@ -142,8 +142,11 @@ fn a_legacy_result_that_does_not_parse_is_code_6_and_writes_nothing() {
         ("legacy-ip4-ipv6.json", "prevResult.ip4.ip"),
     ] {
         for version in ["0.1.0", "0.2.0", "1.0.0"] {
-            let error = add_refused(version, &format!("malformed/{file}"), 6, file);
+            let store = Store::new();
+            let call = store.add(&container_id(), &Pod::new("default", "web-0")).version(version).prev_result_raw(&result(&format!("malformed/{file}")));
+            let error = assert_refused_untouched(&store, call, 6, file);
             assert!(error.msg.contains(names), "{file} at {version}: {error:?}");
+            assert!(store.log_lines().iter().all(|l| l.outcome != "added"), "{file} at {version}: a success was logged");
             assert!(error.details.contains("must return a valid CNI 0."), "{file} at {version}: {error:?}");
         }
     }
@@ -156,6 +159,8 @@ fn a_config_version_that_is_none_of_the_known_ones_is_code_1_and_writes_nothing(
         let call = store.add(&container_id(), &Pod::new("default", "web-0")).version(version).prev_result_raw(&result("0.2.0.json"));
         let error = assert_refused_untouched(&store, call, 1, version);
         assert!(error.msg.contains("is not supported") && error.msg.contains("0.1.0"), "{version}: {error:?}");
+        // Refused before the log is opened: no line, let alone one of success.
+        assert!(store.log_lines().is_empty(), "{version}: {:?}", store.log_lines().iter().map(|l| &l.raw).collect::<Vec<_>>());
     }
 }
 

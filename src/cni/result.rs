@@ -488,7 +488,7 @@ fn convert_up_from_legacy(top: &Members, to: Shape, to_version: &str) -> Found<S
 /// 0.3.0 and later down to 0.1.0/0.2.0, as libcni's `convertTo02x`.
 fn convert_down_to_legacy(top: &Members, from: Shape, to_version: &str) -> Found<String> {
     let at = "prevResult";
-    let mut configs: [Option<(IpNetwork, Vec<(&str, String)>)>; 2] = [None, None];
+    let mut configs: [Option<Vec<(&str, String)>>; 2] = [None, None];
     if let Some(value) = top.get("ips", at)? {
         let path = format!("{at}.ips");
         for (i, item) in array(value, &path)?.iter().enumerate() {
@@ -513,7 +513,7 @@ fn convert_down_to_legacy(top: &Members, from: Shape, to_version: &str) -> Found
             if let Some(gateway) = members.get("gateway", &item_at)? {
                 config.push(("gateway", gateway.get().to_string()));
             }
-            configs[slot] = Some((address, config));
+            configs[slot] = Some(config);
         }
     }
     if configs.iter().all(Option::is_none) {
@@ -538,7 +538,7 @@ fn convert_down_to_legacy(top: &Members, from: Shape, to_version: &str) -> Found
     }
     let mut legacy: [Option<String>; 2] = [None, None];
     for (slot, config) in configs.into_iter().enumerate() {
-        let Some((_, mut members)) = config else { continue };
+        let Some(mut members) = config else { continue };
         if !routes[slot].is_empty() {
             members.push(("routes", format!("[{}]", routes[slot].join(","))));
         }

@@ -128,13 +128,13 @@ fn read_conf(file: &Path, conf: &Value, node: &mut NodeConfig, problems: &mut Ve
             if !crate::cni::version::SUPPORTED.contains(&cni_version.as_str()) {
                 problems.push((
                     format!(
-                        "{}: network {network} has cniVersion {:?}, which sandbox-guard does not speak: it answers \
-                         every ADD and DEL of this network with an error",
+                        "{}: network {network} has cniVersion {:?}, which sandbox-guard does not speak (it speaks {}): \
+                         it answers every ADD and DEL of this network with an error",
                         file.display(),
-                        crate::names::shorten(&cni_version)
+                        crate::names::shorten(&cni_version),
+                        crate::cni::version::SUPPORTED.join(", ")
                     ),
-                    "set the network's \"cniVersion\" to one the guard and the primary both speak (the guard: 0.1.0, \
-                     0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0)",
+                    "set the network's \"cniVersion\" to one both sandbox-guard and the primary speak",
                 ));
             }
             node.guards.push(GuardEntry {

@@ -46,7 +46,10 @@ pub fn check(guards: &[GuardEntry], report: &mut Report) {
                     ),
                 )
                 .evidence(format!("{primary} VERSION lists {}", versions.join(", ")))
-                .fix("set the network's \"cniVersion\" to one the primary lists (the guard speaks 0.1.0 to 1.1.0), or upgrade the primary"),
+                .fix(format!(
+                    "set the network's \"cniVersion\" to one the primary lists (sandbox-guard speaks {}), or upgrade the primary",
+                    crate::cni::version::SUPPORTED.join(", ")
+                )),
             ),
             Err(why) => report.add(
                 Finding::new(Severity::Warning, "primary-version", format!("{where_}: cannot ask the primary {primary} which versions it speaks: {why}"))

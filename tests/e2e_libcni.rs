@@ -487,6 +487,18 @@ fn incident_at_version(net: &Network, mode: Mode, version: &str) {
     assert_network_empty(net);
 }
 
+/// libcni 1.3 (containerd 2.1+, CRI-O 1.33+) at the legacy versions, as 1.1 above.
+#[test]
+fn legacy_versions_through_libcni_1_3_in_both_modes() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    for version in ["0.1.0", "0.2.0"] {
+        let net = bridge_network_from(Source::Testdata { pin: None }).at_version(version).through(libcni::driver_1_3());
+        for mode in [Mode::Chained, Mode::Delegate] {
+            incident_at_version(&net, mode, version);
+        }
+    }
+}
+
 #[test]
 fn every_cni_version_of_the_reference_plugins_through_libcni_in_both_modes() {
     sys::skip_unless_root!(libcni::TOOLS);

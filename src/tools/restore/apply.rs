@@ -1,11 +1,14 @@
 //! Carrying a restore's plan out in the kernel, after looking at what is there.
 
-use super::plan::{Seen, Step};
+use std::net::Ipv6Addr;
+use std::time::{Duration, Instant};
+
+use super::plan::{DAD_PATIENCE, Seen, Step};
 use super::report::Outcome;
 use crate::error::{GuardError, Kind, Result};
-use crate::kernel::arp;
+use crate::kernel::{arp, ndisc};
 use crate::kernel::link_facts::{InterfaceFacts, LinkFacts};
-use crate::kernel::netlink::{Kernel, LinkState, NewMacvlan, Side};
+use crate::kernel::netlink::{Dad, Kernel, LinkState, NewMacvlan, Side};
 use crate::state::checkpoint::Checkpoint;
 
 pub fn look(kernel: &Kernel, record: &Checkpoint) -> Result<Seen> {
@@ -57,6 +60,51 @@ fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
             // The kernel's view, not the record's: what neighbours must learn is the MAC in use.
             arp::announce(kernel.pod_netns(), link.index, mac, addresses)
         }
+        Step::AwaitDad { name, addresses } => await_dad(kernel, pod_link(kernel, name)?.index, addresses),
+        Step::Advertise { name, addresses } => {
+            let link = pod_link(kernel, name)?;
+            let mac = parse_mac(link.mac.as_deref().unwrap_or_default())?;
+            ndisc::advertise(kernel.pod_netns(), link.index, mac, addresses)
+        }
+    }
+}
+
+const DAD_POLL: Duration = Duration::from_millis(20);
+
+/// Returns once every address of `addresses` on link #`index` is usable; fails at once when
+/// detection failed for one (the kernel keeps it, unused, as evidence: `dadfailed` in `ip
+/// addr`), and after `DAD_PATIENCE` when one is still tentative.
+fn await_dad(kernel: &Kernel, index: u32, addresses: &[Ipv6Addr]) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let states = kernel.ipv6_dad_states(index)?;
+        let state_of = |ip: &Ipv6Addr| states.iter().find(|(have, _)| have == ip).map(|(_, dad)| *dad);
+        if let Some(taken) = addresses.iter().find(|ip| state_of(ip) == Some(Dad::Failed)) {
+            return Err(GuardError::new(
+                Kind::Netlink,
+                format!(
+                    "duplicate address detection failed for {taken}: another node on the link answers for it, so the                      pod cannot use it (the kernel keeps it as dadfailed; its other addresses work). Find that node                      (`ip -6 neigh show {taken}` on the router) and stop it, or re-create the pod for a new address"
+                ),
+            ));
+        }
+        if let Some(missing) = addresses.iter().find(|ip| state_of(ip).is_none()) {
+            return Err(GuardError::new(Kind::Netlink, format!("address {missing} vanished from the interface during duplicate address detection")));
+        }
+        let tentative: Vec<String> = addresses.iter().filter(|ip| state_of(ip) == Some(Dad::Tentative)).map(Ipv6Addr::to_string).collect();
+        if tentative.is_empty() {
+            return Ok(());
+        }
+        if started.elapsed() >= DAD_PATIENCE {
+            return Err(GuardError::new(
+                Kind::Netlink,
+                format!(
+                    "{} still tentative after {} s of duplicate address detection: it becomes usable once detection                      ends (the pod's dad_transmits and retrans_time_ms sysctls set how long); `ip -6 addr` in the pod shows when",
+                    tentative.join(", "),
+                    DAD_PATIENCE.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(DAD_POLL);
     }
 }
 

@@ -15,6 +15,7 @@ mod select;
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::error::Kind;
@@ -41,7 +42,7 @@ pub fn run(state_dir: &Path, selection: &Selection, dry_run: bool, lock_timeout:
             return 1;
         }
     };
-    let rows: Vec<Row> = rows.into_iter().map(|selected| restore_selected(selected, dry_run)).collect();
+    let rows = restore_all(rows, dry_run);
     let out = io::stdout();
     let written = report::write_report(&mut out.lock(), &rows, dry_run);
     if let Err(e) = written
@@ -50,6 +51,34 @@ pub fn run(state_dir: &Path, selection: &Selection, dry_run: bool, lock_timeout:
         eprintln!("sandbox-guard: cannot write the report: {e}");
     }
     i32::from(rows.iter().any(|row| row.outcome.is_problem()))
+}
+
+/// Sandboxes with IPv6 wait a second or two each for duplicate address detection: they are
+/// restored side by side, so that a node's worth of pods is back within about that, not
+/// that times their number. Rows keep the selection's order.
+fn restore_all(selected: Vec<Selected>, dry_run: bool) -> Vec<Row> {
+    const WORKERS: usize = 16;
+    let workers = selected.len().min(WORKERS);
+    let queue = Mutex::new(selected.into_iter().enumerate());
+    let mut rows: Vec<(usize, Row)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        // Its own statement: the lock is let go before the sandbox's work starts.
+                        let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
+                        let Some((at, selected)) = next else { break };
+                        done.push((at, restore_selected(selected, dry_run)));
+                    }
+                    done
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|worker| worker.join().unwrap_or_default()).collect()
+    });
+    rows.sort_by_key(|(at, _)| *at);
+    rows.into_iter().map(|(_, row)| row).collect()
 }
 
 fn restore_selected(selected: Selected, dry_run: bool) -> Row {

@@ -71,26 +71,28 @@ fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
 
 const DAD_POLL: Duration = Duration::from_millis(20);
 
-/// Returns once every address of `addresses` on link #`index` is usable; fails at once when
-/// detection failed for one (the kernel keeps it, unused, as evidence: `dadfailed` in `ip
-/// addr`), and after `DAD_PATIENCE` when one is still tentative.
+/// Returns once every IPv6 address of link #`index` is usable, the restored `addresses` and
+/// the link-local one the kernel made at link up alike (as the reference plugins wait at
+/// ADD); fails at once when detection failed for one (the kernel keeps it, unused, as
+/// evidence: `dadfailed` in `ip addr`), and after `DAD_PATIENCE` when one is still tentative.
 fn await_dad(kernel: &Kernel, index: u32, addresses: &[Ipv6Addr]) -> Result<()> {
     let started = Instant::now();
     loop {
         let states = kernel.ipv6_dad_states(index)?;
-        let state_of = |ip: &Ipv6Addr| states.iter().find(|(have, _)| have == ip).map(|(_, dad)| *dad);
-        if let Some(taken) = addresses.iter().find(|ip| state_of(ip) == Some(Dad::Failed)) {
+        if let Some((taken, _)) = states.iter().find(|(_, dad)| *dad == Dad::Failed) {
             return Err(GuardError::new(
                 Kind::Netlink,
                 format!(
-                    "duplicate address detection failed for {taken}: another node on the link answers for it, so the                      pod cannot use it (the kernel keeps it as dadfailed; its other addresses work). Find that node                      (`ip -6 neigh show {taken}` on the router) and stop it, or re-create the pod for a new address"
+                    "duplicate address detection failed for {taken}: another node on the link answers for it, so the \
+                     pod cannot use it (the kernel keeps it as dadfailed; its other addresses work). Find that node \
+                     (`ip -6 neigh show {taken}` on the router) and stop it, or re-create the pod for a new address"
                 ),
             ));
         }
-        if let Some(missing) = addresses.iter().find(|ip| state_of(ip).is_none()) {
+        if let Some(missing) = addresses.iter().find(|ip| !states.iter().any(|(have, _)| have == *ip)) {
             return Err(GuardError::new(Kind::Netlink, format!("address {missing} vanished from the interface during duplicate address detection")));
         }
-        let tentative: Vec<String> = addresses.iter().filter(|ip| state_of(ip) == Some(Dad::Tentative)).map(Ipv6Addr::to_string).collect();
+        let tentative: Vec<String> = states.iter().filter(|(_, dad)| *dad == Dad::Tentative).map(|(ip, _)| ip.to_string()).collect();
         if tentative.is_empty() {
             return Ok(());
         }
@@ -98,7 +100,8 @@ fn await_dad(kernel: &Kernel, index: u32, addresses: &[Ipv6Addr]) -> Result<()> 
             return Err(GuardError::new(
                 Kind::Netlink,
                 format!(
-                    "{} still tentative after {} s of duplicate address detection: it becomes usable once detection                      ends (the pod's dad_transmits and retrans_time_ms sysctls set how long); `ip -6 addr` in the pod shows when",
+                    "{} still tentative after {} s of duplicate address detection: it becomes usable once detection \
+                     ends (the pod's dad_transmits and retrans_time_ms sysctls set how long); `ip -6 addr` in the pod shows when",
                     tentative.join(", "),
                     DAD_PATIENCE.as_secs()
                 ),

@@ -330,6 +330,43 @@ fn a_taken_ipv6_address_fails_the_restore_of_its_sandbox() {
     let failed = unsettled_ipv6(&pod);
     assert!(failed.iter().any(|a| a["local"] == json!(pod_v6) && a.get("dadfailed").is_some()), "{failed:?}");
     assert!(pod.can_ping(&net.subnet.host(1)), "IPv4 is restored and announced all the same");
+    // The interface is back, so a second restore leaves it be; CHECK keeps naming the loss.
+    let check = guard_check(&net, &pod);
+    let reply: Value = serde_json::from_str(&check.stdout).unwrap_or_else(|e| panic!("CHECK reply ({e}): {}{}", check.stdout, check.stderr));
+    assert_eq!(reply["code"], 100, "{reply}");
+    assert!(reply["msg"].as_str().unwrap().contains(&format!("{pod_v6}/64 on {IFNAME} failed duplicate address detection")), "{reply}");
 
+    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+}
+
+/// The guard's CHECK of a dual-stack pod names a lost IPv6 address and a lost IPv6 default
+/// route as it names IPv4's, and passes both families when nothing is lost.
+#[test]
+fn check_names_what_a_dual_stack_pod_lost_in_either_family() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (_lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
+    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    let cidr_of = |v6: bool| {
+        let ips = result["ips"].as_array().unwrap();
+        ips.iter().map(|ip| ip["address"].as_str().unwrap().to_string()).find(|a| a.contains(':') == v6).unwrap()
+    };
+    assert!(guard_check(&net, &pod).status.success(), "a healthy dual-stack pod");
+    let reply_of = |check: Reply| -> Value {
+        serde_json::from_str(&check.stdout).unwrap_or_else(|e| panic!("CHECK reply ({e}): {}{}", check.stdout, check.stderr))
+    };
+
+    pod.netns.exec(&["ip", "-6", "route", "del", "default", "dev", IFNAME]);
+    let reply = reply_of(guard_check(&net, &pod));
+    assert_eq!(reply["code"], 100, "{reply}");
+    assert!(reply["msg"].as_str().unwrap().contains(&format!("route ::/0 via {} is missing from {IFNAME}", net.subnet.host6(1))), "{reply}");
+
+    pod.netns.exec(&["ip", "addr", "del", &cidr_of(true), "dev", IFNAME]);
+    pod.netns.exec(&["ip", "addr", "del", &cidr_of(false), "dev", IFNAME]);
+    let reply = reply_of(guard_check(&net, &pod));
+    let details = reply["details"].as_str().unwrap();
+    for lost in [format!("address {} is missing", cidr_of(false)), format!("address {} is missing", cidr_of(true))] {
+        assert!(details.contains(&lost), "CHECK should name {lost:?}: {reply}");
+    }
     net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }

@@ -583,8 +583,14 @@ pub fn macvlan_network_from(source: Source) -> (Lan, Network) {
 /// range (its /64 twin), a default route for each family through the router (.1 and ::1).
 /// The router has both addresses (`Lan::plug_dual`).
 pub fn dual_stack_macvlan_network_on_a_lan() -> (Lan, Network) {
+    dual_stack_macvlan_network_from(Source::Example)
+}
+
+/// The macvlan network of `source` made dual-stack (see `dual_stack_macvlan_network_on_a_lan`).
+pub fn dual_stack_macvlan_network_from(source: Source) -> (Lan, Network) {
     let lan = Lan::new();
-    let net = Network::from_example("20-macvlan-guarded.conflist", vec![HostLink { name: lan.master.clone() }], |primary, subnet| {
+    let conflists = ("20-macvlan-guarded.conflist", "macvlan-host-local.conflist");
+    let net = Network::from_source(source, conflists.0, conflists.1, vec![HostLink { name: lan.master.clone() }], |primary, subnet| {
         primary["master"] = json!(lan.master);
         primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr() }], [{ "subnet": subnet.cidr6() }]]);
         primary["ipam"]["routes"] = json!([{ "dst": "0.0.0.0/0", "gw": subnet.host(1) }, { "dst": "::/0", "gw": subnet.host6(1) }]);

@@ -15,6 +15,8 @@ mod testdata;
 mod cni;
 #[path = "support/libcni.rs"]
 mod libcni;
+#[path = "support/cri_node.rs"]
+mod cri_node;
 
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -369,4 +371,59 @@ fn check_names_what_a_dual_stack_pod_lost_in_either_family() {
         assert!(details.contains(&lost), "CHECK should name {lost:?}: {reply}");
     }
     net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+}
+
+/// One dual-stack pod under containerd's CRI, with the reference macvlan and host-local
+/// plugins and the guard chained: RunPodSandbox gives it both families (the IPv6 one as
+/// CRI's additional IP), the NIC driver reload takes its macvlan, `--restore` brings it back
+/// and the host reaches it over IPv6 at once; Stop and Remove then go through.
+#[test]
+fn a_dual_stack_pod_under_cri_comes_back_with_both_families() {
+    sys::skip_unless_root!(cri_node::TOOLS);
+    let node = cri_node::CriNode::start(cri_node::Primary::ReferenceMacvlan, |layout| {
+        let (v4, v6) = (&layout.subnet, &layout.subnet6);
+        json!({"cniVersion": "1.0.0", "name": "dual-stack", "plugins": [
+            {
+                "type": "macvlan",
+                "master": layout.master,
+                "mode": "bridge",
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": layout.dir.join("host-local"),
+                    "ranges": [[{ "subnet": v4 }], [{ "subnet": v6 }]],
+                    "routes": [
+                        { "dst": "0.0.0.0/0", "gw": v4.replace(".0/24", ".1") },
+                        { "dst": "::/0", "gw": v6.replace("::/64", "::1") }
+                    ]
+                }
+            },
+            { "type": "sandbox-guard", "stateDir": layout.guard_state, "logFile": layout.guard_log }
+        ]})
+    });
+    let id = node.run_pod("pg-0", "db", "uid-pg-0").unwrap_or_else(|e| panic!("RunPodSandbox: {e:?}"));
+    let status = node.pod_status(&id);
+    assert_eq!(status["state"], "SANDBOX_READY", "{status}");
+    let v4 = status["ip"].as_str().unwrap().to_string();
+    let v6 = status["additionalIps"][0].as_str().unwrap_or_else(|| panic!("no IPv6 address: {status}")).to_string();
+    assert!(!v4.contains(':') && v6.contains(':'), "{status}");
+    let ping = |ip: &str| sys::try_run("ping", &["-c", "1", "-W", "1", ip]);
+    assert!(ping(&v4) && ping(&v6), "host -> pod over both families");
+
+    let state_dir = node.layout.guard_state.to_str().unwrap().to_string();
+    let record = cni::dump_checkpoints(&node.layout.guard_state, &[]).into_iter().find(|e| e["containerId"] == json!(id)).expect("the pod's record");
+    let addresses = record["links"]["addresses"].to_string();
+    assert!(addresses.contains(&v4) && addresses.contains(&v6), "{record}");
+
+    node.reload_master();
+    let restored = guard(&["--restore", "--state-dir", &state_dir, "--all"]);
+    let said = text(&restored);
+    assert!(restored.status.success() && said.contains("restored"), "{said}");
+    // No sleep: the host's first packets to the pod after the restore.
+    assert!(ping(&v6), "host -> pod over IPv6 right after the restore: {said}");
+    assert!(ping(&v4), "host -> pod over IPv4 right after the restore");
+
+    node.stop_pod(&id).unwrap_or_else(|e| panic!("StopPodSandbox: {e:?}"));
+    node.remove_pod(&id).unwrap_or_else(|e| panic!("RemovePodSandbox: {e:?}"));
+    let left = cni::dump_checkpoints(&node.layout.guard_state, &[]);
+    assert!(left.iter().all(|e| e["containerId"] != json!(id)), "the record outlived the pod: {left:?}");
 }

@@ -24,10 +24,9 @@ pub fn look(kernel: &Kernel, record: &Checkpoint) -> Result<Seen> {
     Ok(Seen { interface_present, parent: parent_now, vlan_lower })
 }
 
-/// Runs the steps in order; the first failure ends this sandbox's restore and is reported
-/// with the steps that did take effect.
-pub fn carry_out(kernel: &Kernel, steps: Vec<Step>) -> Outcome {
-    let mut done = Vec::new();
+/// Runs the steps in order after those `done` already; the first failure ends this
+/// sandbox's restore and is reported with the steps that did take effect.
+pub fn carry_out(kernel: &Kernel, mut done: Vec<Step>, steps: Vec<Step>) -> Outcome {
     for step in steps {
         if let Err(err) = apply(kernel, &step) {
             return Outcome::Failed { done, error: format!("{step}: {}", err.msg) };

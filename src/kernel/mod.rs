@@ -6,4 +6,5 @@ pub mod link_facts;
 pub mod netns;
 pub mod ndisc;
 pub mod netlink;
+mod raw_socket;
 pub mod teardown;

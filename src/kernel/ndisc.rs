@@ -10,12 +10,13 @@
 
 use std::io;
 use std::net::{Ipv6Addr, SocketAddrV6};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use nix::libc;
 
 use super::netns::Netns;
-use crate::error::{GuardError, Kind, Result};
+use super::raw_socket;
+use crate::error::Result;
 
 const NEIGHBOUR_ADVERTISEMENT: u8 = 136;
 const OVERRIDE: u8 = 0x20;
@@ -43,38 +44,19 @@ pub fn advertise(netns: &Netns, index: u32, mac: [u8; 6], addresses: &[Ipv6Addr]
     let sockets = super::netns::inside(netns, || {
         addresses
             .iter()
-            .map(|ip| icmpv6_socket(index, *ip).map_err(|e| na_error(&format!("open an ICMPv6 socket for {ip}"), e)))
+            .map(|ip| icmpv6_socket(index, *ip).map_err(|e| raw_socket::failed(&format!("open an ICMPv6 socket for {ip}"), e)))
             .collect::<Result<Vec<OwnedFd>>>()
     })?;
+    let to = sockaddr(SocketAddrV6::new(Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1), 0, 0, index));
     for (ip, socket) in addresses.iter().zip(sockets) {
-        let to = sockaddr(SocketAddrV6::new(Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1), 0, 0, index));
-        let packet = advertisement(mac, *ip);
-        // SAFETY: the buffer and address pointers are valid for the lengths passed.
-        let sent = unsafe {
-            libc::sendto(
-                socket.as_raw_fd(),
-                packet.as_ptr().cast(),
-                packet.len(),
-                0,
-                (&raw const to).cast(),
-                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-            )
-        };
-        if sent < 0 {
-            return Err(na_error(&format!("send the neighbour advertisement for {ip}"), io::Error::last_os_error()));
-        }
+        raw_socket::send_to(&socket, &advertisement(mac, *ip), &to)
+            .map_err(|e| raw_socket::failed(&format!("send the neighbour advertisement for {ip}"), e))?;
     }
     Ok(())
 }
 
 fn icmpv6_socket(index: u32, source: Ipv6Addr) -> io::Result<OwnedFd> {
-    // SAFETY: socket() takes no pointers; a non-negative result is a fresh descriptor we own.
-    let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_ICMPV6) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by socket() and is owned by nobody else.
-    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    let socket = raw_socket::open(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6)?;
     set_int(&socket, libc::IPV6_MULTICAST_HOPS, HOP_LIMIT)?;
     set_int(&socket, libc::IPV6_MULTICAST_IF, i32::try_from(index).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?)?;
     // A link-local source needs its link as the scope; a global one ignores it.
@@ -111,10 +93,6 @@ fn sockaddr(address: SocketAddrV6) -> libc::sockaddr_in6 {
     raw.sin6_addr.s6_addr = address.ip().octets();
     raw.sin6_scope_id = address.scope_id();
     raw
-}
-
-fn na_error(action: &str, err: io::Error) -> GuardError {
-    GuardError::new(Kind::Netlink, format!("cannot {action}: {err}"))
 }
 
 #[cfg(test)]

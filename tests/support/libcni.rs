@@ -570,13 +570,7 @@ pub fn macvlan_network_on_a_lan() -> (Lan, Network) {
 
 /// The macvlan network of `source` on a LAN of its own (see `macvlan_network_on_a_lan`).
 pub fn macvlan_network_from(source: Source) -> (Lan, Network) {
-    let lan = Lan::new();
-    let conflists = ("20-macvlan-guarded.conflist", "macvlan-host-local.conflist");
-    let net = Network::from_source(source, conflists.0, conflists.1, vec![HostLink { name: lan.master.clone() }], |primary, _| {
-        primary["master"] = json!(lan.master)
-    });
-    lan.plug(&format!("{}/24", net.subnet.host(1)));
-    (lan, net)
+    macvlan_network_of(source, false)
 }
 
 /// The macvlan network dual-stack, as host-local serves it: a v4 range (the /24) and a v6
@@ -588,14 +582,24 @@ pub fn dual_stack_macvlan_network_on_a_lan() -> (Lan, Network) {
 
 /// The macvlan network of `source` made dual-stack (see `dual_stack_macvlan_network_on_a_lan`).
 pub fn dual_stack_macvlan_network_from(source: Source) -> (Lan, Network) {
+    macvlan_network_of(source, true)
+}
+
+fn macvlan_network_of(source: Source, dual_stack: bool) -> (Lan, Network) {
     let lan = Lan::new();
     let conflists = ("20-macvlan-guarded.conflist", "macvlan-host-local.conflist");
     let net = Network::from_source(source, conflists.0, conflists.1, vec![HostLink { name: lan.master.clone() }], |primary, subnet| {
         primary["master"] = json!(lan.master);
-        primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr() }], [{ "subnet": subnet.cidr6() }]]);
-        primary["ipam"]["routes"] = json!([{ "dst": "0.0.0.0/0", "gw": subnet.host(1) }, { "dst": "::/0", "gw": subnet.host6(1) }]);
+        if dual_stack {
+            primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr() }], [{ "subnet": subnet.cidr6() }]]);
+            primary["ipam"]["routes"] = json!([{ "dst": "0.0.0.0/0", "gw": subnet.host(1) }, { "dst": "::/0", "gw": subnet.host6(1) }]);
+        }
     });
-    lan.plug_dual(&net.subnet);
+    if dual_stack {
+        lan.plug_dual(&net.subnet);
+    } else {
+        lan.plug(&format!("{}/24", net.subnet.host(1)));
+    }
     (lan, net)
 }
 

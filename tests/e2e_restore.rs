@@ -279,7 +279,7 @@ fn dual_stack_pods_are_usable_over_both_families_right_after_restore() {
     for needle in [
         format!("ip -n <pod> -6 addr add {} dev {IFNAME}", results[1]["ips"].as_array().unwrap().iter().find(|ip| ip["address"].as_str().unwrap().contains(':')).unwrap()["address"].as_str().unwrap()),
         format!("ip -n <pod> route add ::/0 via {router6} dev {IFNAME}"),
-        format!("`ip -n <pod> -6 addr show dev {IFNAME} tentative` is empty"),
+        format!("wait for duplicate address detection of {pg1_v6} on {IFNAME}: until `ip -n <pod> -6 addr show dev {IFNAME} tentative` is empty"),
         format!("unsolicited neighbour advertisement (override) on {IFNAME} for {pg1_v6}"),
         format!("gratuitous ARP on {IFNAME} for {}", address_of(&results[1], false)),
     ] {
@@ -327,7 +327,8 @@ fn a_taken_ipv6_address_fails_the_restore_of_its_sandbox() {
     let said = text(&out);
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(said.contains("FAILED"), "{said}");
-    assert!(said.contains(&format!("duplicate address detection failed for {pod_v6}")), "{said}");
+    assert!(said.contains(&format!("duplicate address detection of {pod_v6} on {IFNAME}")), "{said}");
+    assert!(said.contains(&format!("it failed for {pod_v6}: another node on the link answers for it")), "{said}");
     assert!(!said.contains("neighbour advertisement (override)"), "an address another node holds must not be advertised: {said}");
     let failed = unsettled_ipv6(&pod);
     assert!(failed.iter().any(|a| a["local"] == json!(pod_v6) && a.get("dadfailed").is_some()), "{failed:?}");
@@ -379,7 +380,7 @@ fn check_names_what_a_dual_stack_pod_lost_in_either_family() {
 /// and the host reaches it over IPv6 at once; Stop and Remove then go through.
 #[test]
 fn a_dual_stack_pod_under_cri_comes_back_with_both_families() {
-    sys::skip_unless_root!(cri_node::TOOLS);
+    sys::skip_unless_root!(&[cri_node::TOOLS, libcni::TOOLS].concat());
     let node = cri_node::CriNode::start(cri_node::Primary::ReferenceMacvlan, |layout| {
         let (v4, v6) = (&layout.subnet, &layout.subnet6);
         json!({"cniVersion": "1.0.0", "name": "dual-stack", "plugins": [

@@ -82,9 +82,9 @@ fn await_dad(kernel: &Kernel, index: u32, addresses: &[Ipv6Addr]) -> Result<()> 
             return Err(GuardError::new(
                 Kind::Netlink,
                 format!(
-                    "duplicate address detection failed for {taken}: another node on the link answers for it, so the \
-                     pod cannot use it (the kernel keeps it as dadfailed; its other addresses work). Find that node \
-                     (`ip -6 neigh show {taken}` on the router) and stop it, or re-create the pod for a new address"
+                    "it failed for {taken}: another node on the link answers for it; the kernel keeps it as dadfailed, \
+                     unused, and the pod's other addresses work. Find that node (`ip -6 neigh show {taken}` on the \
+                     router names its MAC) and stop it, or re-create the pod for a new address"
                 ),
             ));
         }

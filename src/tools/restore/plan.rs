@@ -68,7 +68,7 @@ impl fmt::Display for Step {
                 let list: Vec<String> = addresses.iter().map(Ipv6Addr::to_string).collect();
                 write!(
                     f,
-                    "wait until `ip -n <pod> -6 addr show dev {name} tentative` is empty (duplicate address detection of {}, at most {} s; dadfailed: another node holds it)",
+                    "wait for duplicate address detection of {} on {name}: until `ip -n <pod> -6 addr show dev {name} tentative` is empty, at most {} s",
                     list.join(", "),
                     DAD_PATIENCE.as_secs()
                 )
@@ -283,8 +283,8 @@ mod tests {
                 "ip -n <pod> route add 0.0.0.0/0 via 10.161.72.1 dev eth0",
                 "ip -n <pod> route add ::/0 via fd00:161::1 dev eth0 metric 1024",
                 "gratuitous ARP on eth0 for 10.161.75.155",
-                "wait until `ip -n <pod> -6 addr show dev eth0 tentative` is empty (duplicate address detection of \
-                 fd00:161::9b, at most 10 s; dadfailed: another node holds it)",
+                "wait for duplicate address detection of fd00:161::9b on eth0: until \
+                 `ip -n <pod> -6 addr show dev eth0 tentative` is empty, at most 10 s",
                 "unsolicited neighbour advertisement (override) on eth0 for fd00:161::9b",
             ]
         );

@@ -300,6 +300,8 @@ fn dual_stack_pods_are_usable_over_both_families_right_after_restore() {
     assert_eq!(pods.each_ref().map(pod_routes), routes_before, "routes of both families after the restore");
     assert_eq!(lan.neighbour_mac(&pg1_v6), Some(pg1_mac), "the router did not take the advertised MAC");
     assert!(pods[0].can_ping(&router6) && pods[0].can_ping(&router4), "pod -> router over both families after the restore");
+    let again = guard(&["--restore", "--state-dir", &state_dir, "--all"]);
+    assert!(again.status.success() && text(&again).contains("0 restored, 2 intact"), "{}", text(&again));
     for pod in &pods {
         net.check(pod).unwrap_or_else(|e| panic!("CHECK after the restore failed: {}", e.stderr));
         net.del(pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));

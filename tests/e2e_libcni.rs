@@ -17,7 +17,7 @@ mod libcni;
 
 use libcni::{
     IFNAME, Mode, Network, NetnsArg, Sandbox, Source, assert_result_matches_kernel, bare_ip, bridge_network, calico_v2_network,
-    bridge_network_from, macvlan_network_from, macvlan_network_on_a_lan, mode_of, pod_has_link, result_ips, shape,
+    bridge_network_from, dual_stack_macvlan_network_from, macvlan_network_from, macvlan_network_on_a_lan, mode_of, pod_has_link, result_ips, shape,
 };
 use serde_json::{Value, json};
 
@@ -399,6 +399,42 @@ fn stale_del_is_deferred_through_libcni() {
     assert_eq!(net.ip_holder(&old_ip), None, "A's deferred DEL never reached host-local");
     assert!(deferred_of(&net, &old).is_empty(), "A's DEL is still deferred after its replay");
     assert_eq!(logged(&net, &old, "replayed"), 1, "{:?}", net.log_lines());
+    assert_network_empty(&net);
+}
+
+/// Delegate mode's local teardown of a stale sandbox whose result is dual-stack (macvlan,
+/// host-local with a v4 and a v6 range): the stale DEL takes A's interface, and with it both
+/// its addresses, out of A's netns, while B keeps both families; the primary sees A's DEL
+/// only once B is gone.
+#[test]
+fn a_stale_dual_stack_sandbox_loses_both_families_in_delegate_mode() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (_lan, net) = dual_stack_macvlan_network_from(Source::Testdata { pin: None });
+    let delegate = net.conflist_of(Mode::Delegate);
+    let old = Sandbox::new("db", "pg-0", "uid1");
+    let new = Sandbox::new("db", "pg-0", "uid2");
+    let old_result = add_in(&net, Mode::Delegate, &old);
+    let new_result = add_in(&net, Mode::Delegate, &new);
+    assert_eq!(result_ips(&old_result).len(), 2, "a v4 and a v6 address: {old_result}");
+    let old_ips = result_ips(&old_result);
+
+    net.del_with(delegate, &old, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("the stale DEL of A must succeed in delegate mode: {}", e.stderr));
+    assert!(!pod_has_link(&old, IFNAME), "A's netns still holds the interface the guard checkpointed");
+    let left: Value = serde_json::from_slice(&old.netns.exec(&["ip", "-j", "addr", "show", "scope", "global"]).stdout).unwrap();
+    let left: Vec<&Value> = left.as_array().unwrap().iter().flat_map(|l| l["addr_info"].as_array().unwrap()).collect();
+    assert!(left.is_empty(), "A's netns still answers for {left:?}");
+    assert_eq!(deferred_of(&net, &old).len(), 1, "A's DEL is recorded as deferred");
+    for ip in &old_ips {
+        assert_eq!(net.ip_holder(bare_ip(ip)), Some(old.container_id.clone()), "host-local saw A's DEL while B lives ({ip})");
+    }
+
+    assert_result_matches_kernel(&new_result, &new);
+    assert!(new.can_ping(&net.subnet.host(1)) && new.can_ping(&net.subnet.host6(1)), "B -> router over both families");
+    net.del_with(delegate, &new, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL of B failed: {}", e.stderr));
+    for ip in &old_ips {
+        assert_eq!(net.ip_holder(bare_ip(ip)), None, "A's deferred DEL never reached host-local ({ip})");
+    }
     assert_network_empty(&net);
 }
 

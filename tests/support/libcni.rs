@@ -609,12 +609,36 @@ pub fn macvlan_network_on_a_lan() -> (Lan, Network) {
 
 /// The macvlan network of `source` on a LAN of its own (see `macvlan_network_on_a_lan`).
 pub fn macvlan_network_from(source: Source) -> (Lan, Network) {
+    macvlan_network_of(source, false)
+}
+
+/// The macvlan network dual-stack, as host-local serves it: a v4 range (the /24) and a v6
+/// range (its /64 twin), a default route for each family through the router (.1 and ::1).
+/// The router has both addresses (`Lan::plug_dual`).
+pub fn dual_stack_macvlan_network_on_a_lan() -> (Lan, Network) {
+    dual_stack_macvlan_network_from(Source::Example)
+}
+
+/// The macvlan network of `source` made dual-stack (see `dual_stack_macvlan_network_on_a_lan`).
+pub fn dual_stack_macvlan_network_from(source: Source) -> (Lan, Network) {
+    macvlan_network_of(source, true)
+}
+
+fn macvlan_network_of(source: Source, dual_stack: bool) -> (Lan, Network) {
     let lan = Lan::new();
     let conflists = ("20-macvlan-guarded.conflist", "macvlan-host-local.conflist");
-    let net = Network::from_source(source, conflists.0, conflists.1, vec![HostLink { name: lan.master.clone() }], |primary, _| {
-        primary["master"] = json!(lan.master)
+    let net = Network::from_source(source, conflists.0, conflists.1, vec![HostLink { name: lan.master.clone() }], |primary, subnet| {
+        primary["master"] = json!(lan.master);
+        if dual_stack {
+            primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr() }], [{ "subnet": subnet.cidr6() }]]);
+            primary["ipam"]["routes"] = json!([{ "dst": "0.0.0.0/0", "gw": subnet.host(1) }, { "dst": "::/0", "gw": subnet.host6(1) }]);
+        }
     });
-    lan.plug(&format!("{}/24", net.subnet.host(1)));
+    if dual_stack {
+        lan.plug_dual(&net.subnet);
+    } else {
+        lan.plug(&format!("{}/24", net.subnet.host(1)));
+    }
     (lan, net)
 }
 
@@ -642,6 +666,13 @@ impl Lan {
         sys::run("ip", &["link", "set", &self.master, "up"]);
         self.netns.exec(&["ip", "addr", "add", router_cidr, "dev", &self.uplink]);
         self.netns.exec(&["ip", "link", "set", &self.uplink, "up"]);
+    }
+
+    /// `plug` with the router at .1 of `subnet` and at ::1 of its /64 twin; the router's
+    /// IPv6 address without duplicate address detection, so it answers at once.
+    pub fn plug_dual(&self, subnet: &Subnet) {
+        self.plug(&format!("{}/24", subnet.host(1)));
+        self.netns.exec(&["ip", "-6", "addr", "add", &format!("{}/64", subnet.host6(1)), "dev", &self.uplink, "nodad"]);
     }
 
     /// The driver unload: the master goes, and with it every macvlan on it.

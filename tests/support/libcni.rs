@@ -571,9 +571,13 @@ pub fn calico_v2_network() -> Network {
         ("10-calico.conflist".to_string(), list(json!([primary, {"type": "sandbox-guard"}]))),
         ("delegate-10-calico.conflist".to_string(), list(json!([{"type": "sandbox-guard", "delegate": primary}]))),
     ];
+    // calico names a pod's host veth from its pod name alone and deletes a link of that name
+    // at ADD: tests that run the same pod name side by side need host veths of their own.
+    let veth_prefix = sys::unique("c");
     let mut net = Network::build(&files, Vec::new(), |primary, subnet| {
         primary["stateDir"] = primary["ipam"]["dataDir"].clone();
         primary["subnet"] = json!(subnet.cidr());
+        primary["hostVethPrefix"] = json!(veth_prefix);
     });
     let calico = net.bin_dir.join("calico");
     std::fs::remove_file(&calico).unwrap();

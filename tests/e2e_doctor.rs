@@ -62,6 +62,16 @@ fn doctor(netns: Option<&Netns>, args: &[&str]) -> Diagnosis {
         Some(ns) => cni::guard_in(ns, &args),
         None => cni::guard(&args),
     };
+    diagnosis(out)
+}
+
+/// `doctor` on this machine with CNI_PATH set, where it looks for delegate primaries.
+fn doctor_with_cni_path(cni_path: &str, args: &[&str]) -> Diagnosis {
+    let args = [&["--doctor", "--output", "json"], args].concat();
+    diagnosis(cni::guard_with_env(&args, &[("CNI_PATH", cni_path)]))
+}
+
+fn diagnosis(out: std::process::Output) -> Diagnosis {
     let raw = format!(
         "status {}\nstdout: {}\nstderr: {}",
         out.status,
@@ -503,4 +513,57 @@ fn an_ipv6_service_range_needs_an_ipv6_route() {
     let routed = of_range(&report, "fd00:10:96::/112", "ok");
     assert!(routed.contains(&format!("default via fd00:213::1 dev {uplink}")) && routed.contains("fd00:213::2"), "{routed}");
     of_range(&report, "10.96.0.0/12", "error");
+}
+
+/// A conf dir with testdata/conflists/<file> at `version`, its guard on `store`.
+fn conf_dir_at_version(store: &Store, file: &str, version: &str) -> TempDir {
+    let dir = TempDir::new("sgcnf");
+    let mut conf = testdata::fixture_json(&format!("conflists/{file}"));
+    conf["cniVersion"] = json!(version);
+    conf["name"] = json!(cni::NETWORK);
+    for plugin in conf["plugins"].as_array_mut().unwrap() {
+        if plugin["type"] == "sandbox-guard" {
+            plugin["stateDir"] = json!(store.state_dir);
+            plugin["logFile"] = json!(store.log_file);
+        }
+    }
+    std::fs::write(dir.path.join("10-net.conflist"), conf.to_string()).unwrap();
+    dir
+}
+
+/// The doctor names a network the guard cannot run at all (a cniVersion it does not speak)
+/// and, in delegate mode, one whose primary does not list the network's cniVersion in its
+/// VERSION answer (Debian's reference plugins stop at 1.0.0).
+#[test]
+fn networks_whose_version_the_guard_or_the_primary_cannot_run_are_named() {
+    sys::skip_unless_tools!(&["/usr/lib/cni/bridge"]);
+    let store = Store::new();
+    let state_args = ["--state-dir", path_arg(&store.state_dir), "--log-file", path_arg(&store.log_file)];
+    let run = |file: &str, version: &str, cni_path: &str| {
+        let conf = conf_dir_at_version(&store, file, version);
+        doctor_with_cni_path(cni_path, &[&["--conf-dir", path_arg(&conf.path)], &state_args[..]].concat())
+    };
+
+    for version in ["0.1.0", "0.2.0", "1.0.0"] {
+        let report = run("delegate/bridge-host-local.conflist", version, "/usr/lib/cni");
+        report.none("cni-config", "error");
+        assert!(text(&report.one("primary-version", "ok")).contains(version), "{}", report.raw);
+    }
+
+    let report = run("delegate/bridge-host-local.conflist", "1.1.0", "/usr/lib/cni");
+    let error = text(&report.one("primary-version", "error"));
+    assert!(error.contains("bridge does not speak the network's cniVersion 1.1.0"), "{error}");
+    assert!(error.contains("lists 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0"), "{error}");
+    assert_eq!(report.status, 1, "{}", report.raw);
+
+    for file in ["bridge-host-local.conflist", "delegate/bridge-host-local.conflist"] {
+        let report = run(file, "1.2.0", "/usr/lib/cni");
+        let error = text(&report.one("cni-config", "error"));
+        assert!(error.contains("cniVersion \"1.2.0\", which sandbox-guard does not speak"), "{file}: {error}");
+        report.none("primary-version", "error");
+    }
+
+    let empty = TempDir::new("sgbin");
+    let report = run("delegate/bridge-host-local.conflist", "1.0.0", path_arg(&empty.path));
+    assert!(text(&report.one("primary-version", "warning")).contains("cannot ask the primary bridge"), "{}", report.raw);
 }

@@ -57,6 +57,9 @@ pub enum Primary {
     /// Not a model: the reference macvlan plugin with host-local IPAM (/usr/lib/cni), on the
     /// node's master link, for what a real primary does (dual-stack, DAD at ADD).
     ReferenceMacvlan,
+    /// calico v2.x: `PodnameKeyed` (as calico/cni v1.10+, a DEL without endpoint passes) run
+    /// at cniVersion 0.1.0/0.2.0 with 0.2.0-shaped results (tests/cri/calico-v2-model-plugin).
+    CalicoV2,
 }
 
 impl Primary {
@@ -66,6 +69,7 @@ impl Primary {
             Primary::CurrentCalico => "calico-model",
             Primary::StickyMacvlan => "sticky-macvlan",
             Primary::ReferenceMacvlan => "macvlan",
+            Primary::CalicoV2 => "calico-v2-model",
         }
     }
 
@@ -76,6 +80,7 @@ impl Primary {
             Primary::CurrentCalico => "calico-model-plugin",
             Primary::StickyMacvlan => "sticky-macvlan-plugin",
             Primary::ReferenceMacvlan => return PathBuf::from("/usr/lib/cni/macvlan"),
+            Primary::CalicoV2 => "calico-v2-model-plugin",
         };
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cri").join(file)
     }

@@ -370,6 +370,18 @@ impl Network {
         }
     }
 
+    /// This network at another CNI version: every conflist of it (guarded, delegate twin,
+    /// primary alone) rewritten with `cniVersion` set to `version`.
+    pub fn at_version(self, version: &str) -> Network {
+        let files = [Some(&self.conflist), self.delegate_conflist.as_ref(), Some(&self.primary_only_conflist)];
+        for file in files.into_iter().flatten() {
+            let mut conf: Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+            conf["cniVersion"] = json!(version);
+            std::fs::write(file, serde_json::to_vec_pretty(&conf).unwrap()).unwrap();
+        }
+        self
+    }
+
     /// This network with its operations run through `driver` (e.g. `driver_1_3()`).
     pub fn through(mut self, driver: &'static Path) -> Network {
         self.driver = Some(driver);
@@ -541,6 +553,37 @@ impl Network {
             }),
         }
     }
+}
+
+/// calico v2's `.conf` as its manifests install it (testdata/conflists/calico-v2/, at
+/// cniVersion 0.1.0) run by the calico v2 model (tests/cri/calico-v2-model-plugin, put in the
+/// plugin dir as `calico`): `conflist` is the `.conf` as a list with the guard chained last,
+/// `delegate_conflist` the guard wrapping the `.conf`'s plugin. The model keeps its addresses
+/// (`ips/`), workload endpoints (`endpoints/`) and trace (`calls.log`) in `ipam_dir`.
+pub fn calico_v2_network() -> Network {
+    let conf = testdata::fixture_json("conflists/calico-v2/10-calico.conf");
+    let mut primary = conf.clone();
+    for key in ["name", "cniVersion"] {
+        primary.as_object_mut().unwrap().remove(key);
+    }
+    let list = |plugins: Value| json!({"name": conf["name"], "cniVersion": conf["cniVersion"], "plugins": plugins});
+    let files = [
+        ("10-calico.conflist".to_string(), list(json!([primary, {"type": "sandbox-guard"}]))),
+        ("delegate-10-calico.conflist".to_string(), list(json!([{"type": "sandbox-guard", "delegate": primary}]))),
+    ];
+    // calico names a pod's host veth from its pod name alone and deletes a link of that name
+    // at ADD: tests that run the same pod name side by side need host veths of their own.
+    let veth_prefix = sys::unique("c");
+    let mut net = Network::build(&files, Vec::new(), |primary, subnet| {
+        primary["stateDir"] = primary["ipam"]["dataDir"].clone();
+        primary["subnet"] = json!(subnet.cidr());
+        primary["hostVethPrefix"] = json!(veth_prefix);
+    });
+    let calico = net.bin_dir.join("calico");
+    std::fs::remove_file(&calico).unwrap();
+    std::os::unix::fs::symlink(Path::new(REPO).join("tests/cri/calico-v2-model-plugin"), &calico).unwrap();
+    net.delegate_conflist = Some(net.dir.path.join(&files[1].0));
+    net
 }
 
 /// conf-examples' bridge network on a bridge of its own.

@@ -221,7 +221,7 @@ fn choice<T: Copy>(key: &str, value: Option<&str>, options: &[(&str, T)]) -> Res
     })
 }
 
-fn require_absolute(key: &str, path: &std::path::Path) -> Result<()> {
+pub fn require_absolute(key: &str, path: &std::path::Path) -> Result<()> {
     let text = path.to_string_lossy();
     if !path.is_absolute() || text.split('/').any(|c| c == "..") {
         return Err(GuardError::new(

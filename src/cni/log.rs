@@ -490,6 +490,27 @@ mod tests {
     }
 
     #[test]
+    fn every_log_max_bytes_value_makes_a_cap() {
+        use serde_json::json;
+        let cases = [
+            (json!(null), None, None),
+            (json!(0), Some(0), None),
+            (json!(1), Some(MIN_MAX_BYTES), Some(MaxBytesAdjusted::Raised(1))),
+            (json!(4095.9), Some(MIN_MAX_BYTES), Some(MaxBytesAdjusted::Raised(4095))),
+            (json!(4096), Some(4096), None),
+            (json!(u64::MAX), Some(u64::MAX), None),
+            (json!(-1), None, Some(MaxBytesAdjusted::NotASize)),
+            (json!("10MiB"), None, Some(MaxBytesAdjusted::NotASize)),
+            (json!(f64::MAX), Some(u64::MAX), None),
+        ];
+        for (value, max_bytes, adjusted) in cases {
+            let options = LogOptions::with_max_bytes(LogFormat::Text, Some(&value));
+            assert_eq!((options.max_bytes, options.max_bytes_adjusted), (max_bytes, adjusted), "{value}");
+        }
+        assert_eq!(LogOptions::with_max_bytes(LogFormat::Text, None).max_bytes, None);
+    }
+
+    #[test]
     fn a_text_cannot_forge_a_line_or_a_field() {
         let dir = std::env::temp_dir().join(format!("sg-log-forge-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);

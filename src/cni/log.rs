@@ -436,6 +436,15 @@ impl LogEntry {
 mod tests {
     use super::*;
 
+    /// An empty dir of its own and the log's path in it.
+    fn fresh_log(name: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("guard.log");
+        (dir, path)
+    }
+
     #[test]
     fn fields_are_read_and_the_text_is_not() {
         let line = "2026-01-02T03:04:05Z sandbox-guard[42] WARN DEL network=net container=aaa ifname=eth0 pod=ns/p outcome=refused cause=stale-del owner=bbb words=like this";
@@ -465,10 +474,7 @@ mod tests {
 
     #[test]
     fn a_full_log_rotates_keeping_its_backups() {
-        let dir = std::env::temp_dir().join(format!("sg-log-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("guard.log");
+        let (dir, path) = fresh_log("sg-log-test");
         let subject = Subject { network: "net", container_id: "aaa", if_name: "eth0", pod: None };
         for format in [LogFormat::Text, LogFormat::Json] {
             for _ in 0..40 {
@@ -512,10 +518,7 @@ mod tests {
 
     #[test]
     fn a_text_cannot_forge_a_line_or_a_field() {
-        let dir = std::env::temp_dir().join(format!("sg-log-forge-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("guard.log");
+        let (dir, path) = fresh_log("sg-log-forge");
         let subject = Subject { network: "net", container_id: "aaa", if_name: "eth0", pod: None };
         let forged = "2026-01-02T03:04:05Z sandbox-guard[42] WARN DEL network=net container=bbb ifname=eth0 pod=ns/p outcome=refused cause=stale-del owner=ccc stale";
         let log = Log::open(Some(&path), LogOptions::default());
@@ -537,10 +540,7 @@ mod tests {
 
     #[test]
     fn parallel_writers_never_push_a_file_past_its_cap() {
-        let dir = std::env::temp_dir().join(format!("sg-log-par-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("guard.log");
+        let (dir, path) = fresh_log("sg-log-par");
         let cap = 4096;
         let writers: Vec<_> = (0..16)
             .map(|n| {

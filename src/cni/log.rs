@@ -289,10 +289,11 @@ impl Log {
         // A rotation by another process between our open and our lock moves us on to the new
         // file; three in a row within one line's time means writers far busier than a node's.
         for _ in 0..3 {
-            let Some(file) = slot.as_ref() else { break };
+            let Some(file) = slot.as_ref() else {
+                return not_in_file(path, "it could not be opened again", line);
+            };
             if !lock_within(file, LOCK_WAIT) {
-                eprint!("sandbox-guard: logFile {} stayed locked for {LOCK_WAIT:?}; this line is not in it: {line}", path.display());
-                return;
+                return not_in_file(path, &format!("it stayed locked for {LOCK_WAIT:?}"), line);
             }
             let (Ok(meta), Ok(named)) = (file.metadata(), std::fs::symlink_metadata(path)) else {
                 // The path is gone (removed by hand): the next line's open makes it again.
@@ -325,8 +326,13 @@ impl Log {
             let _ = file.unlock();
             return;
         }
-        eprint!("sandbox-guard: logFile {} changed under every attempt to write; this line is not in it: {line}", path.display());
+        not_in_file(path, "it was rotated under every attempt to write", line);
     }
+}
+
+/// A line that could not be written within the bound goes to stderr, saying why.
+fn not_in_file(path: &Path, why: &str, line: &str) {
+    eprint!("sandbox-guard: this line is not in logFile {} ({why}): {line}", path.display());
 }
 
 /// `<file>` to `<file>.1`, `.1` to `.2` ... The caller holds the lock of the file `path` names.
@@ -514,6 +520,24 @@ mod tests {
             assert_eq!((options.max_bytes, options.max_bytes_adjusted), (max_bytes, adjusted), "{value}");
         }
         assert_eq!(LogOptions::with_max_bytes(LogFormat::Text, None).max_bytes, None);
+    }
+
+    #[test]
+    fn a_writer_stopped_holding_the_lock_costs_a_line_its_place_not_the_operation_its_time() {
+        let (dir, path) = fresh_log("sg-log-held");
+        let subject = Subject { network: "net", container_id: "aaa", if_name: "eth0", pod: None };
+        let options = LogOptions { max_bytes: Some(MIN_MAX_BYTES), ..LogOptions::default() };
+        Log::open(Some(&path), options).event(Level::Info, Verb::Add, &subject, "added", "first");
+        let holder = File::open(&path).unwrap();
+        holder.lock().unwrap();
+        let started = Instant::now();
+        Log::open(Some(&path), options).event(Level::Info, Verb::Add, &subject, "added", "second");
+        assert!(started.elapsed() < LOCK_WAIT * 5, "{:?}", started.elapsed());
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 1, "the line went to stderr");
+        drop(holder);
+        Log::open(Some(&path), options).event(Level::Info, Verb::Add, &subject, "added", "third");
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

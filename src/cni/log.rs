@@ -318,7 +318,7 @@ impl Log {
                     Err(e) => eprintln!("sandbox-guard: cannot rotate logFile {}: {e}", path.display()),
                 }
             }
-            let text = match note().filter(|_| rotated && meta.len() == 0) {
+            let text = match (rotated && meta.len() == 0).then(&note).flatten() {
                 Some(note) => Cow::Owned(note + line),
                 None => Cow::Borrowed(line),
             };

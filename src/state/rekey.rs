@@ -134,3 +134,61 @@ impl Store {
         sync_path(&self.root)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::ledger::Handled;
+
+    fn old_key(if_name: &str) -> PodKey {
+        PodKeyRule::NameAndIfname.key("net", "lijiaob", "etcd1-0", if_name)
+    }
+
+    /// What the release before podKey left: A owned (net1) at generation 1, then B (net2) at
+    /// 2; two stale DELs of A refused under B's key.
+    fn leave_old_files(store: &Store) {
+        for (container, if_name, generation) in [("A", "net1", 1), ("B", "net2", 2)] {
+            store.save_owner(&ownership::taken(&old_key(if_name), container, if_name, None, generation, None)).unwrap();
+        }
+        store.sync().unwrap();
+    }
+
+    #[test]
+    fn a_rekey_cut_short_by_a_crash_gives_the_same_store_when_run_again() {
+        let root = std::env::temp_dir().join(format!("sg-rekey-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let store = Store::open(&root, Duration::from_secs(1)).unwrap();
+        leave_old_files(&store);
+        for _ in 0..2 {
+            store.note_stale_del(&old_key("net2"), Handled::Refused, "A", "B", 2).unwrap();
+        }
+        store.sync().unwrap();
+        let old_ledger = std::fs::read(root.join("ledger").join(old_key("net2").digest())).unwrap();
+
+        store.rekey("net", PodKeyRule::Name).unwrap();
+        let new_key = PodKeyRule::Name.key("net", "lijiaob", "etcd1-0", "net2");
+        let check = |store: &Store| {
+            let Loaded::Valid(owner) = store.load_owner(&new_key).unwrap() else { panic!("no owner under the name key") };
+            assert_eq!((owner.container_id.as_str(), owner.generation, owner.interfaces()), ("B", 2, vec!["net2"]));
+            let Loaded::Valid(ledger) = store.load_ledger(&new_key).unwrap() else { panic!("no ledger entry") };
+            assert_eq!(ledger.refused, 2);
+            assert_eq!(store.list_owners().unwrap().len(), 1, "the old owners are gone");
+            assert_eq!(store.list_ledger().unwrap().len(), 1, "the old entry is gone");
+        };
+        check(&store);
+
+        // A crash after the new files were durable, before the old ones and the marker went.
+        leave_old_files(&store);
+        std::fs::write(root.join("ledger").join(old_key("net2").digest()), &old_ledger).unwrap();
+        std::fs::remove_file(root.join(POD_KEYS).join("net")).unwrap();
+        store.rekey("net", PodKeyRule::Name).unwrap();
+        check(&store);
+
+        // And back to one key per interface: each interface's key gets the owner that held it.
+        store.rekey("net", PodKeyRule::NameAndIfname).unwrap();
+        let Loaded::Valid(owner) = store.load_owner(&old_key("net2")).unwrap() else { panic!("no owner of net2") };
+        assert_eq!((owner.container_id.as_str(), owner.key.if_name.as_deref()), ("B", Some("net2")));
+        assert_eq!(marked(&root, "net"), Some(PodKeyRule::NameAndIfname));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}

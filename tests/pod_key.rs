@@ -82,13 +82,18 @@ fn an_unknown_pod_key_is_an_invalid_config_and_writes_nothing() {
     assert!(!i.store.state_dir.exists(), "a rejected config leaves no trace");
 }
 
-#[test]
-fn a_sandbox_with_two_interfaces_keeps_the_pod_until_its_last_del() {
+/// A: the old sandbox (eth0). B: the new one, attached twice to the same network (eth0, net1).
+fn two_interfaces() -> Incident {
     let i = Incident::of("shop", "web-0");
-    // A: the old sandbox. B: the new one, attached twice to the same network.
     i.store.add(&i.a, &i.pod_a).run().assert_ok();
     i.store.add(&i.b, &i.pod_b).ifname("eth0").run().assert_ok();
     i.store.add(&i.b, &i.pod_b).ifname("net1").run().assert_ok();
+    i
+}
+
+#[test]
+fn a_sandbox_with_two_interfaces_keeps_the_pod_until_its_last_del() {
+    let i = two_interfaces();
     assert_eq!(i.store.owner_files().len(), 1, "one pod, one owner");
     assert!(i.store.is_owner(&i.b, "eth0") && i.store.is_owner(&i.b, "net1"));
 
@@ -104,10 +109,7 @@ fn a_sandbox_with_two_interfaces_keeps_the_pod_until_its_last_del() {
 
 #[test]
 fn gc_releases_the_interfaces_the_runtime_no_longer_lists_one_by_one() {
-    let i = Incident::of("shop", "web-0");
-    i.store.add(&i.a, &i.pod_a).run().assert_ok();
-    i.store.add(&i.b, &i.pod_b).ifname("eth0").run().assert_ok();
-    i.store.add(&i.b, &i.pod_b).ifname("net1").run().assert_ok();
+    let i = two_interfaces();
     let listed = json!([{"containerID": i.a, "ifname": "eth0"}, {"containerID": i.b, "ifname": "net1"}]);
     i.store.cni("GC", "").config("cni.dev/valid-attachments", Some(listed)).run().assert_ok();
     i.store.assert_every_owner_has_its_record();

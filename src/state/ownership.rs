@@ -16,8 +16,8 @@
 //!    stale. It is refused (or, in audit mode, let through and logged). Two exceptions: an
 //!    owner whose record is gone owns nothing (it is repaired, not obeyed), and a container
 //!    whose ADD failed in the guard never took the key, so its cleanup DEL is not stale.
-//! 4. Any other DEL goes on. It releases every key its container owns: the one its record
-//!    holds, whatever CNI_ARGS say, and the one CNI_ARGS name.
+//! 4. Any other DEL goes on. It releases every key its container owns by this interface:
+//!    the one its record holds, whatever CNI_ARGS say, and the one CNI_ARGS name.
 //!
 //! Delegate mode (the guard runs the primary itself) adds two:
 //!

@@ -211,3 +211,19 @@ fn an_old_releases_state_dir_needs_no_move_under_name_and_ifname() {
     store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run().assert_error(11);
     per_interface(store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1")).run().assert_ok();
 }
+
+#[test]
+fn an_old_releases_damaged_ownership_still_refuses_the_del_that_needs_it() {
+    let (_root, store) = old_store();
+    let ids = fixture_ids();
+    // web-0's owner (D), filed by the old release under the digest of (network, lijiaob, web-0, eth0).
+    let owner = store.state_dir.join("owners/4ef0268c358362ee07eb31bb753cf10a380c295b4dbcb7c96f38d06bd631650a");
+    cni::corrupt_one_digit(&owner, ids["d"].as_bytes());
+    let refused = store.del(&ids["c"], &pod("web-0", "uid-c")).run().assert_error(101);
+    assert!(refused.text().contains("set-aside"), "{}", refused.text());
+    // The way out the error gives: the operator checks and deletes the set-aside file.
+    for path in files_in(&store.state_dir.join("set-aside")) {
+        std::fs::remove_file(path).unwrap();
+    }
+    store.del(&ids["c"], &pod("web-0", "uid-c")).run().assert_ok();
+}

@@ -53,6 +53,8 @@ impl Store {
         }
         let new_key = |key: &PodKey, if_name: &str| rule.key(&key.network, &key.pod_namespace, &key.pod_name, if_name);
 
+        self.rekey_untrusted_owners(network, rule)?;
+
         // Owners: grouped by their new key with the owner already there, merged, written.
         let mut old_owners: Vec<PodKey> = Vec::new();
         let mut groups: BTreeMap<String, (PodKey, Vec<Ownership>)> = BTreeMap::new();
@@ -123,6 +125,43 @@ impl Store {
         }
         self.sync()?;
         self.mark(network, rule)
+    }
+
+    /// An owner file that fails its checksum cannot say whose pod it is, nor can a set-aside
+    /// one that blocks the DELs needing it; the records can: each record's key under the other
+    /// rule names the old file, its key under `rule` where it must block now. A corrupt owner
+    /// is set aside there, blocking (the DEL that needs it is refused, as before the move); a
+    /// blocker is linked there, then the old name goes.
+    fn rekey_untrusted_owners(&self, network: &str, rule: PodKeyRule) -> Result<()> {
+        let other = PodKeyRule::CHOICES.iter().map(|(_, r)| *r).find(|r| *r != rule).unwrap_or(rule);
+        let mut old_blockers = Vec::new();
+        for (_, loaded) in self.list_records()? {
+            let Loaded::Valid(record) = loaded else { continue };
+            let (Some(old), Some(new)) = (record.pod_key(other), record.pod_key(rule)) else { continue };
+            if record.network != network {
+                continue;
+            }
+            if let Loaded::Corrupt { path, .. } = self.load_owner(&old)?
+                && !surely_absent(&path)
+            {
+                self.set_aside(&path, &self.set_aside_path_for_owner(&new), true)?;
+            }
+            let blocker = self.set_aside_path_for_owner(&old);
+            if !surely_absent(&blocker) {
+                let target = self.set_aside_path_for_owner(&new);
+                if surely_absent(&target) {
+                    std::fs::hard_link(&blocker, &target).map_err(|e| crate::error::GuardError::io("move a set-aside ownership to its new key", &blocker, e))?;
+                    self.mark_dirty(2);
+                }
+                old_blockers.push(blocker);
+            }
+        }
+        self.sync()?;
+        for blocker in old_blockers {
+            super::remove(&blocker)?;
+            self.mark_dirty(2);
+        }
+        self.sync()
     }
 
     /// Writes the marker durably: the re-key is done.

@@ -17,7 +17,8 @@
 //! ```
 //!
 //! Every ADD, DEL and CHECK touches a fixed number of files whatever the store holds;
-//! only GC and the operator tools list directories. Writers (`Store::open`) create what is
+//! only GC, the operator tools and, once per network and `podKey` rule, `rekey` list
+//! directories. Writers (`Store::open`) create what is
 //! missing and hold the exclusive lock for their life; readers (`Store::open_read_only`)
 //! create, chmod and lock-create nothing, and take the shared lock only around what must be
 //! read consistently, never while they write to stdout.

@@ -227,3 +227,22 @@ fn an_old_releases_damaged_ownership_still_refuses_the_del_that_needs_it() {
     }
     store.del(&ids["c"], &pod("web-0", "uid-c")).run().assert_ok();
 }
+
+#[test]
+fn in_delegate_mode_a_deferred_del_waits_for_the_owners_last_interface() {
+    let i = Incident::of("shop", "web-0");
+    let primary = RecordingPrimary::new();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
+    primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 0, "A's DEL is deferred while B owns the pod");
+
+    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 0, "B's net1 is still attached: A's DEL still waits");
+    i.store.assert_every_owner_has_its_record();
+
+    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 1, "B's last interface went: A's DEL is replayed");
+    assert!(i.store.dump().is_empty(), "{:?}", i.store.dump());
+}

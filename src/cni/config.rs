@@ -133,7 +133,12 @@ pub fn peek_version(bytes: &[u8]) -> Option<String> {
         #[serde(rename = "cniVersion")]
         cni_version: Option<String>,
     }
-    serde_json::from_slice::<Peek>(bytes).ok().and_then(|p| p.cni_version)
+    serde_json::from_slice::<Peek>(bytes).ok().map(|p| version_or_unversioned(p.cni_version))
+}
+
+/// A missing or empty `cniVersion` is 0.1.0, as libcni's `create.DecodeVersion` reads it.
+fn version_or_unversioned(version: Option<String>) -> String {
+    version.filter(|v| !v.is_empty()).unwrap_or_else(|| crate::cni::version::UNVERSIONED.to_string())
 }
 
 impl NetConf {
@@ -143,9 +148,7 @@ impl NetConf {
         let raw: RawConf = serde_json::from_slice(bytes).map_err(|e| {
             GuardError::new(Kind::Decode, format!("cannot decode the network configuration: {e}"))
         })?;
-        let cni_version = raw.cni_version.ok_or_else(|| {
-            GuardError::new(Kind::InvalidConfig, "the network configuration has no cniVersion")
-        })?;
+        let cni_version = version_or_unversioned(raw.cni_version);
         let network = raw.name.ok_or_else(|| {
             GuardError::new(Kind::InvalidConfig, "the network configuration has no name: give the conflist a \"name\"")
         })?;
@@ -260,7 +263,7 @@ mod tests {
 
     #[test]
     fn codes_for_bad_configs() {
-        let cases: [(&[u8], u32); 14] = [
+        let cases: [(&[u8], u32); 15] = [
             (br#"{"cniVersion":"1.0.0","name":"n","logFormat":"xml"}"#, 7),
             (br#"{"cniVersion":"1.0.0","name":"n","logMaxBytes":100}"#, 7),
             (br#"{"cniVersion":"1.0.0","name":"n","logMaxBytes":-1}"#, 6),
@@ -269,6 +272,7 @@ mod tests {
             (br#"{"cniVersion":"1.0.0","name":"n","lockTimeoutSeconds":"5s"}"#, 6),
             (b"{not json", 6),
             (br#"{"cniVersion":"1.0.0"}"#, 7),
+            (br#"{"name":"n","cniVersion":null,"delegate":7}"#, 6),
             (br#"{"cniVersion":1,"name":"n"}"#, 6),
             (br#"{"cniVersion":"1.0.0","name":"n","staleDel":"maybe"}"#, 7),
             (br#"{"cniVersion":"1.0.0","name":"n","stateDir":"relative/dir"}"#, 7),
@@ -279,6 +283,15 @@ mod tests {
         for (bytes, code) in cases {
             assert_eq!(NetConf::parse(bytes).unwrap_err().code(), code, "{}", String::from_utf8_lossy(bytes));
         }
+    }
+
+    #[test]
+    fn a_config_without_a_version_is_0_1_0() {
+        for bytes in [&br#"{"name":"n"}"#[..], br#"{"name":"n","cniVersion":""}"#, br#"{"name":"n","cniVersion":null}"#] {
+            assert_eq!(NetConf::parse(bytes).unwrap().cni_version, "0.1.0");
+            assert_eq!(peek_version(bytes).as_deref(), Some("0.1.0"));
+        }
+        assert_eq!(peek_version(b"{not json"), None);
     }
 
     #[test]

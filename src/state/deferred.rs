@@ -51,6 +51,19 @@ pub struct DeferredDel {
     pub last_error: Option<String>,
     #[serde(default)]
     pub last_attempt_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_ns: Option<u128>,
+    /// The primary's object as the stale DEL would have handed it over (its own
+    /// `runtimeConfig`, no GC list) and that DEL's network `cniVersion`: the replay is that
+    /// call, whatever the conflist says by then. Absent in entries of earlier releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegate: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conf_version: Option<String>,
+    /// What identified the sandbox's netns and interface at its ADD (from its checkpoint):
+    /// the local teardown deletes only that interface in that netns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<crate::state::checkpoint::SandboxIdentity>,
 }
 
 impl DeferredDel {
@@ -64,6 +77,13 @@ impl DeferredDel {
 /// lock of a key that has one.
 pub fn key_dir(state_dir: &Path, digest: &str) -> PathBuf {
     state_dir.join(DEFERRED).join(digest)
+}
+
+/// Whether a pod key, by its digest, has an owner file: its deferred DELs surely wait then
+/// (a stat, no lock). A name that is no digest counts as owned: nothing is done with it.
+pub fn owned(state_dir: &Path, digest: &str) -> bool {
+    let digest_like = digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit());
+    !digest_like || !super::surely_absent(&state_dir.join(super::OWNERS).join(digest))
 }
 
 impl Store {

@@ -79,6 +79,24 @@ pub fn key_dir(state_dir: &Path, digest: &str) -> PathBuf {
     state_dir.join(DEFERRED).join(digest)
 }
 
+/// The deferred DELs of `network` waiting in `state_dir`, read without the lock and without
+/// writing (the installer's question before it takes delegate mode away: nothing would
+/// replay them after).
+pub fn waiting(state_dir: &Path, network: &str) -> Result<Vec<DeferredDel>> {
+    if super::surely_absent(&state_dir.join(DEFERRED)) {
+        return Ok(Vec::new());
+    }
+    let store = Store::open_read_only(state_dir)?;
+    Ok(store
+        .list_deferred()?
+        .into_iter()
+        .filter_map(|(_, loaded)| match loaded {
+            Loaded::Valid(entry) if entry.key.network == network => Some(entry),
+            _ => None,
+        })
+        .collect())
+}
+
 /// Whether a pod key, by its digest, has an owner file: its deferred DELs surely wait then
 /// (a stat, no lock). A name that is no digest counts as owned: nothing is done with it.
 pub fn owned(state_dir: &Path, digest: &str) -> bool {

@@ -149,6 +149,19 @@ impl Store {
         Ok(found)
     }
 
+    /// Whether nobody owns the pod key of `entry` any more (`ownership::may_replay`): the
+    /// entry then waits only for a replay to pass. A damaged owner file counts as owned.
+    pub fn name_is_free(&self, key: &PodKey) -> bool {
+        match self.load_owner(key) {
+            Ok(Loaded::Missing) => true,
+            Ok(Loaded::Valid(owner)) => {
+                let backed = self.owner_is_backed(&owner);
+                super::ownership::may_replay(Some(super::ownership::Owner { ownership: &owner, backed }))
+            }
+            _ => false,
+        }
+    }
+
     /// Every deferred DEL, for GC, the dump and the doctor.
     pub fn list_deferred(&self) -> Result<Vec<(PathBuf, Loaded<DeferredDel>)>> {
         let mut all = Vec::new();

@@ -476,3 +476,16 @@ fn a_reused_netns_path_keeps_its_interface_even_with_the_same_name_and_mac() {
     assert!(kept, "the stale DEL deleted the eth0 of the namespace that now has its path");
     assert_eq!(deferred(&i.store).len(), 1);
 }
+
+#[test]
+fn a_bad_result_says_where_the_cleanup_del_goes() {
+    let (i, primary) = incident();
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    let c = container_id();
+    primary.answer_add(&c, "not a result");
+    let err = primary.wrap(i.store.add(&c, &i.pod_a)).run().assert_error(6);
+    assert!(err.details.contains("deferred") && err.details.contains(&i.b), "B owns the pod, so C's cleanup DEL is deferred: {err:?}");
+    primary.wrap(i.store.del(&c, &i.pod_a)).run().assert_ok();
+    assert_eq!(primary.dels(&c), 0, "as the message said, the cleanup DEL waits for the pod's name");
+    assert_eq!(deferred(&i.store).len(), 1);
+}

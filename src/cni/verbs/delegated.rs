@@ -35,24 +35,39 @@ use crate::state::pod_lock::PodLock;
 use crate::state::{Loaded, Store, surely_absent};
 
 pub fn add(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Result<String> {
-    let id = inv.attachment_id(attachment);
     let key = inv.pod_key(attachment);
-    let lock = lock(inv, key.as_slice())?;
-    if let Some(key) = &key {
+    let locks = lock(inv, key.as_slice())?;
+    let added = add_locked(inv, delegate, attachment, key.as_ref());
+    // A failed ADD took no key: its lock file goes unless someone owns the pod.
+    for lock in locks {
+        if added.is_err() {
+            lock.release_unused(&inv.conf.state_dir);
+        }
+    }
+    if added.is_ok() {
+        sweep(inv, delegate, &Budget::new());
+    }
+    added
+}
+
+fn add_locked(inv: &Invocation, delegate: &Delegate, attachment: &Attachment, key: Option<&PodKey>) -> Result<String> {
+    let id = inv.attachment_id(attachment);
+    if let Some(key) = key {
         refuse_if_superseded(inv, attachment, &id, key)?;
     }
     refuse_if_unwritable(inv, attachment)?;
     let reply = pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
-    let owner_of_pod = key.as_ref().and_then(|key| owner_other_than(inv, key, &id.container_id));
-    let text = String::from_utf8(reply).map_err(|_| not_a_result(delegate, "it is not UTF-8", owner_of_pod.as_deref()))?;
-    let result = RawValue::from_string(text.trim().to_string()).map_err(|e| not_a_result(delegate, &e.to_string(), owner_of_pod.as_deref()))?;
+    let not_a_result = |why: &str| {
+        let owner = key.and_then(|key| owner_other_than(inv, key, &id.container_id));
+        not_a_result(delegate, why, owner.as_deref())
+    };
+    let text = String::from_utf8(reply).map_err(|_| not_a_result("it is not UTF-8"))?;
+    let result = RawValue::from_string(text.trim().to_string()).map_err(|e| not_a_result(&e.to_string()))?;
     let output = super::add::checkpoint(inv, attachment, &result)?;
-    if let Some(key) = &key {
+    if let Some(key) = key {
         // Added again: a DEL of its earlier self kept for later would tear down this one.
         drop_own_deferred(inv, key, &id);
     }
-    drop(lock);
-    sweep(inv, delegate, &Budget::new());
     Ok(output)
 }
 

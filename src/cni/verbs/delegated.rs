@@ -376,7 +376,7 @@ fn remove_stale_interface(inv: &Invocation, attachment: &Attachment, deferred: &
         if_kind: identity.and_then(|id| id.if_kind.as_deref()),
     };
     let done = teardown::remove_interface(&recorded, live).map(|outcome| match outcome {
-        Teardown::Removed => format!("removed {} from its netns {netns}", attachment.ifname),
+        Teardown::Removed => format!("removed {} ({}) from its netns {netns}", attachment.ifname, deferred.mac.as_deref().unwrap_or("no MAC recorded")),
         Teardown::Absent => "its interface is gone already".to_string(),
         Teardown::LeftAlone(why) => format!("nothing removed from {netns}: {why}; the primary's replay tears it down"),
     });

@@ -489,3 +489,22 @@ fn a_bad_result_says_where_the_cleanup_del_goes() {
     assert_eq!(primary.dels(&c), 0, "as the message said, the cleanup DEL waits for the pod's name");
     assert_eq!(deferred(&i.store).len(), 1);
 }
+
+/// host-device and SR-IOV move a host link (a NIC, a vlan, a bond) into the pod; deleting it
+/// would destroy it instead of giving it back. A bridge stands in for such a link here (no
+/// vlan or bond module on this kernel): a kind the sandbox does not own outright.
+#[test]
+fn an_interface_of_a_kind_the_primary_gives_back_is_left_to_the_replay() {
+    sys::skip_unless_root!(&["ip"]);
+    let (i, primary) = incident();
+    let netns = sys::Netns::new("sgpod");
+    netns.exec(&["ip", "link", "add", "eth0", "type", "bridge"]);
+    netns.exec(&["ip", "link", "set", "eth0", "address", "02:00:00:00:00:01", "up"]);
+    let path = netns.path().to_str().unwrap().to_string();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).netns(&path).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).netns("/proc/self/ns/net").run().assert_ok();
+    primary.wrap(i.store.del(&i.a, &i.pod_a)).netns(&path).run().assert_ok();
+    assert!(netns.try_exec(&["ip", "link", "show", "eth0"]), "the host's link must be left for the primary to give back");
+    let deferral = i.store.log_lines().into_iter().find(|l| l.outcome == "deferred").unwrap();
+    assert!(deferral.raw.contains("bridge link"), "{}", deferral.raw);
+}

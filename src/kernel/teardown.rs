@@ -85,3 +85,22 @@ pub fn remove_interface(recorded: &Recorded, live_netns: &[(u64, u64)]) -> Resul
         other => other,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recorded(netns: &str, netns_id: Option<(u64, u64)>) -> Recorded<'_> {
+        Recorded { netns, if_name: "lo", mac: None, netns_id, if_index: Some(1), if_kind: Some("veth") }
+    }
+
+    #[test]
+    fn nothing_is_deleted_in_the_hosts_netns_or_without_a_recorded_identity() {
+        let own = "/proc/self/ns/net";
+        let Some(id) = netns_identity(own) else { return };
+        // Even with every fact matching, the host's own netns is never touched.
+        assert!(matches!(remove_interface(&recorded(own, Some(id)), &[]), Ok(Teardown::LeftAlone(why)) if why.contains("host")));
+        assert!(matches!(remove_interface(&recorded(own, None), &[]), Ok(Teardown::LeftAlone(_))));
+        assert_eq!(remove_interface(&recorded("/nonexistent/netns", Some(id)), &[]).unwrap(), Teardown::Absent);
+    }
+}

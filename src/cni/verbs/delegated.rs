@@ -75,8 +75,9 @@ fn add_locked(inv: &Invocation, delegate: &Delegate, attachment: &Attachment, ke
 /// the pod would run unprotected, and the runtime's cleanup DEL of it would reach a primary
 /// that never had its ADD's pod name to itself. Refused (code 5) before the primary runs.
 fn refuse_if_unwritable(inv: &Invocation, attachment: &Attachment) -> Result<()> {
-    let probed = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout)
-        .and_then(|store| crate::state::probe_write(store.root(), false));
+    // No lock needed: a probe file of our own, written and removed (no fsync: a full or
+    // read-only filesystem refuses the write itself).
+    let probed = crate::state::ensure_dir(&inv.conf.state_dir).and_then(|()| crate::state::probe_write(&inv.conf.state_dir, false));
     match probed {
         Err(err) if matches!(err.kind, Kind::Io | Kind::ReadOnly) => {
             let err = GuardError::new(err.kind, format!(

@@ -445,12 +445,11 @@ impl Budget {
 /// Replays the deferred DELs of `key`, oldest first, if nobody owns it, within `budget`.
 /// The caller holds the key's pod lock, so no ADD can take it meanwhile. Never fails the verb
 /// it rides on: a replay the primary refuses, or that runs out of time, stays deferred for
-/// the next chance. `sweeping`: skip entries refused less than `SWEEP_RETRY_AFTER` ago.
-/// Returns whether anything was tried.
-fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey, budget: &Budget, sweeping: bool) -> bool {
+/// the next chance. `sweeping`: skip entries refused less than `sweep_retry_after(attempts)` ago.
+fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey, budget: &Budget, sweeping: bool) {
     // Most DELs free a key nobody deferred anything for: one stat, no lock.
     if surely_absent(&deferred::key_dir(&inv.conf.state_dir, &key.digest())) {
-        return false;
+        return;
     }
     let pending = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout).and_then(|store| {
         let owner = match store.load_owner(key)? {
@@ -471,11 +470,10 @@ fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey, budget: &Budget, 
         Ok(pending) => pending,
         Err(err) => {
             eprintln!("sandbox-guard: the deferred DELs of pod {} wait: {err}", key.pod());
-            return false;
+            return;
         }
     };
     let now = crate::clock::unix_nanos();
-    let mut tried = false;
     for entry in pending {
         if sweeping && entry.last_attempt_ns.is_some_and(|then| now.saturating_sub(then) < sweep_retry_after(entry.attempts).as_nanos()) {
             continue;
@@ -483,12 +481,10 @@ fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey, budget: &Budget, 
         if !budget.allows_one_more() {
             break;
         }
-        tried = true;
         if !replay_one(inv, delegate, entry, budget) {
             break;
         }
     }
-    tried
 }
 
 /// One deferred DEL to the primary, as the stale sandbox's own call: its recorded primary

@@ -56,7 +56,9 @@ fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<Stri
         }
     };
     let Some(conf) = conf else {
-        return Ok(Some(version::version_reply(requested_version)));
+        let delegated = commands::delegated::version(stdin, requested_version)
+            .inspect_err(|err| eprintln!("sandbox-guard: {err}"))?;
+        return Ok(Some(delegated.unwrap_or_else(|| version::version_reply(requested_version))));
     };
     let log = log::Log::open(conf.log_file.as_deref(), conf.log);
     let inv = Invocation { verb: env.verb, conf, log, metrics_committed: std::cell::Cell::new(false) };

@@ -603,6 +603,13 @@ fn symlinks_planted_in_the_state_dir_are_refused() {
     std::os::unix::fs::symlink(&decoy_dir, &records).unwrap();
     other.add(&b, &pod).run().assert_cni_error();
     assert!(files_in(&decoy_dir).is_empty(), "nothing may be written through the link");
+
+    // The state dir itself a link: refused, and the failed ADD's note not written through it.
+    let linked = Store::new();
+    std::fs::create_dir_all(linked.state_dir.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&decoy_dir, &linked.state_dir).unwrap();
+    linked.add(&c, &pod).run().assert_error(5);
+    assert!(walk(&decoy_dir).is_empty(), "nothing may be written through the linked state dir: {:?}", walk(&decoy_dir));
 }
 
 #[test]

@@ -13,6 +13,8 @@ mod testdata;
 mod cni;
 #[path = "support/install.rs"]
 mod install;
+#[path = "support/primary.rs"]
+mod primary;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -341,4 +343,42 @@ fn usage_errors_exit_2_before_anything_runs() {
     assert_eq!(tree(&node.dir.path), before);
     let help = cni::guard_ok(&["--install", "--help"]);
     assert!(String::from_utf8_lossy(&help.stdout).contains("--mode chained|delegate|dropin"));
+}
+
+/// Only delegate mode replays deferred DELs: leaving it while some wait would leave them to
+/// nobody, and the primary would never free those sandboxes' addresses.
+#[test]
+fn leaving_delegate_mode_while_deferred_dels_wait_is_refused_unless_forced() {
+    let node = Node::with("calico");
+    let state = sys::TempDir::new("sginstst");
+    let state_dir = state.path.join("state");
+    let with_state = |mode: &str| {
+        let mut args = Node::args(Some(mode), None);
+        args.extend(["--state-dir", state_dir.to_str().unwrap()]);
+        args.into_iter().map(String::from).collect::<Vec<String>>()
+    };
+    run_ok("--install", &node.conf(), &node.bin(), &strs(&with_state("delegate")));
+    // A stale DEL deferred on that network: ADD A, ADD B of one pod, then A's DEL.
+    let store = cni::Store::with_state_dir(state_dir.clone(), &state.path);
+    let recording = primary::RecordingPrimary::new();
+    let pod = cni::Pod::new("lijiaob", "etcd1-0");
+    let (a, b) = (cni::container_id(), cni::container_id());
+    for call in [store.add(&a, &pod), store.add(&b, &pod), store.del(&a, &pod)] {
+        recording.wrap(call.network("k8s-pod-network")).run().assert_ok();
+    }
+    let before = contents(&node.conf());
+    for (mode, args) in [("--install", with_state("chained")), ("--uninstall", vec![])] {
+        let out = run(mode, &node.conf(), &node.bin(), &strs(&args));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{mode} must refuse while a deferred DEL waits");
+        assert!(stderr.contains("1 deferred DELs") && stderr.contains(&a[..12]) && stderr.contains("--force"), "{stderr}");
+        assert_eq!(contents(&node.conf()), before, "{mode} refused, so nothing is written");
+    }
+    let out = run_ok("--uninstall", &node.conf(), &node.bin(), &["--force"]);
+    assert!(out.contains("--force") && out.contains("dropped"), "--force says what is lost: {out}");
+    assert!(contents(&node.conf()) != before, "--force goes on");
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
 }

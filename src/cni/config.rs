@@ -182,14 +182,16 @@ impl NetConf {
             None => DEFAULT_POD_LOCK_TIMEOUT,
             Some(seconds) => self::lock_timeout("podLockTimeoutSeconds", seconds).map_err(|msg| GuardError::new(Kind::InvalidConfig, msg))?,
         };
+        // GC's lists go to the primary under the keys the runtime wrote them.
+        let gc_lists: Vec<(&str, serde_json::Value)> = crate::cni::delegate::GC_LIST_KEYS
+            .into_iter()
+            .zip([&raw.valid_attachments, &raw.legacy_attachments])
+            .filter_map(|(key, list)| Some((key, serde_json::to_value(list.as_ref()?).ok()?)))
+            .collect();
         let valid_attachments = raw.valid_attachments.or(raw.legacy_attachments);
         let delegate = match raw.delegate {
             None => None,
-            Some(object) => {
-                // GC's list goes to the primary as the runtime wrote it.
-                let valid = valid_attachments.as_ref().and_then(|v| serde_json::to_value(v).ok());
-                Some(crate::cni::delegate::Delegate::from_conf(object, raw.runtime_config.as_ref(), valid)?)
-            }
+            Some(object) => Some(crate::cni::delegate::Delegate::from_conf(object, raw.runtime_config.as_ref(), &gc_lists)?),
         };
         Ok(NetConf {
             cni_version,

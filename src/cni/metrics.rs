@@ -137,6 +137,9 @@ struct Gauges {
     checkpoints: Option<u64>,
     set_aside: usize,
     deferred: usize,
+    /// Deferred DELs whose pod's name is free and whose replay failed: only a retry stands
+    /// between them and the primary.
+    deferred_free_failed: usize,
     oldest_deferred: Option<i64>,
 }
 
@@ -152,7 +155,11 @@ impl Gauges {
                 _ => None,
             })
             .min();
-        Gauges { checkpoints, set_aside, deferred: deferred.len(), oldest_deferred }
+        let deferred_free_failed = deferred
+            .iter()
+            .filter(|(_, loaded)| matches!(loaded, Loaded::Valid(entry) if entry.attempts > 0 && store.name_is_free(&entry.key)))
+            .count();
+        Gauges { checkpoints, set_aside, deferred: deferred.len(), deferred_free_failed, oldest_deferred }
     }
 }
 
@@ -192,6 +199,8 @@ fn render(counters: &Counters, gauges: &Gauges, state_dir: &Path, now: i64) -> S
     let _ = writeln!(out, "sandbox_guard_set_aside_files{{state_dir=\"{dir}\"}} {}", gauges.set_aside);
     family(&mut out, "deferred_dels", "gauge", "Delegate mode: stale DELs kept from the primary now.");
     let _ = writeln!(out, "sandbox_guard_deferred_dels{{state_dir=\"{dir}\"}} {}", gauges.deferred);
+    family(&mut out, "deferred_dels_failing_free", "gauge", "Delegate mode: deferred DELs whose pod's name is free but whose replay the primary refused.");
+    let _ = writeln!(out, "sandbox_guard_deferred_dels_failing_free{{state_dir=\"{dir}\"}} {}", gauges.deferred_free_failed);
     if let Some(oldest) = gauges.oldest_deferred {
         family(&mut out, "oldest_deferred_del_timestamp_seconds", "gauge", "Delegate mode: Unix time the oldest deferred DEL was deferred.");
         let _ = writeln!(out, "sandbox_guard_oldest_deferred_del_timestamp_seconds{{state_dir=\"{dir}\"}} {oldest}");
@@ -237,13 +246,14 @@ mod tests {
         let mut counters = Counters::default();
         counters.operations.entry("DEL".into()).or_default().insert("refused".into(), 3);
         counters.last_success.insert("ADD".into(), 1_700_000_000);
-        let gauges = Gauges { checkpoints: Some(2), set_aside: 0, deferred: 1, oldest_deferred: Some(1_600_000_000) };
+        let gauges = Gauges { checkpoints: Some(2), set_aside: 0, deferred: 1, deferred_free_failed: 1, oldest_deferred: Some(1_600_000_000) };
         counters.rejected.entry("ADD".into()).or_default().insert("decode".into(), 2);
         let text = render(&counters, &gauges, Path::new("/var/lib/a\"b"), 1_800_000_000);
         assert!(text.contains("sandbox_guard_operations_total{state_dir=\"/var/lib/a\\\"b\",verb=\"ADD\",outcome=\"rejected\",reason=\"decode\"} 2\n"), "{text}");
         assert!(text.contains("sandbox_guard_textfile_timestamp_seconds{state_dir=\"/var/lib/a\\\"b\"} 1800000000\n"), "{text}");
         assert!(text.contains("sandbox_guard_operations_total{state_dir=\"/var/lib/a\\\"b\",verb=\"DEL\",outcome=\"refused\"} 3\n"), "{text}");
         assert!(text.contains("# TYPE sandbox_guard_checkpoints gauge\nsandbox_guard_checkpoints{state_dir=\"/var/lib/a\\\"b\"} 2\n"), "{text}");
+        assert!(text.contains("sandbox_guard_deferred_dels_failing_free{state_dir=\"/var/lib/a\\\"b\"} 1\n"), "{text}");
         assert!(text.contains("sandbox_guard_oldest_deferred_del_timestamp_seconds{state_dir=\"/var/lib/a\\\"b\"} 1600000000\n"), "{text}");
     }
 }

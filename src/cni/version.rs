@@ -51,6 +51,11 @@ pub fn check_verb_allowed(verb: Verb, version: &str) -> Result<()> {
     Ok(())
 }
 
+/// Whether `version` is `min` or later (`at_least("0.3.1", "0.4.0")` is false).
+pub fn at_least(version: &str, min: &str) -> bool {
+    parse(version) >= parse(min)
+}
+
 fn parse(version: &str) -> (u32, u32, u32) {
     let mut parts = version.split('.').map(|p| p.parse().unwrap_or(0));
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0))
@@ -59,9 +64,15 @@ fn parse(version: &str) -> (u32, u32, u32) {
 /// The VERSION reply. libcni sends `{"cniVersion": ...}` on stdin; the reply echoes it when
 /// the plugin speaks it.
 pub fn version_reply(requested: Option<&str>) -> String {
+    version_reply_among(requested, &SUPPORTED)
+}
+
+/// The VERSION reply listing only `speaks` (delegate mode: what both the guard and its
+/// primary speak).
+pub fn version_reply_among(requested: Option<&str>, speaks: &[&str]) -> String {
     serde_json::json!({
         "cniVersion": for_reply(requested),
-        "supportedVersions": SUPPORTED,
+        "supportedVersions": speaks,
     })
     .to_string()
 }

@@ -77,10 +77,12 @@ pub struct VlanFacts {
 /// ADD's call, before it takes the store lock: the facts of `if_name` in the netns at
 /// `netns`. Never fails the pod: facts that cannot be read (within the sockets' answer
 /// timeout) are recorded as missing, with why, and ADD's log line warns with `missing_note`.
-pub fn read_at_add(netns: &str, if_name: &str) -> LinkFacts {
+/// Also the interface's index in the netns, for the sandbox's identity (`None` when the
+/// facts are unavailable).
+pub fn read_at_add(netns: &str, if_name: &str) -> (LinkFacts, Option<u32>) {
     match netlink::with_pod_netns(Path::new(netns), |kernel| observe(kernel, if_name)) {
-        Ok(facts) => LinkFacts::Observed(facts),
-        Err(err) => LinkFacts::Unavailable { reason: err.msg },
+        Ok((facts, index)) => (LinkFacts::Observed(facts), Some(index)),
+        Err(err) => (LinkFacts::Unavailable { reason: err.msg }, None),
     }
 }
 
@@ -97,7 +99,7 @@ impl LinkFacts {
     }
 }
 
-fn observe(kernel: &Kernel, if_name: &str) -> Result<InterfaceFacts> {
+fn observe(kernel: &Kernel, if_name: &str) -> Result<(InterfaceFacts, u32)> {
     let (link, addresses, routes) = kernel
         .link_with_addresses_and_routes(Side::Pod, if_name)?
         .ok_or_else(|| crate::error::GuardError::new(Kind::Netlink, format!("no interface {if_name} in the netns")))?;
@@ -105,7 +107,7 @@ fn observe(kernel: &Kernel, if_name: &str) -> Result<InterfaceFacts> {
         (true, Some(index)) => kernel.link_by_index(Side::Host, index)?.map(|parent| parent_facts(kernel, parent)).transpose()?,
         _ => None,
     };
-    Ok(interface_facts(&link, &addresses, &routes, parent))
+    Ok((interface_facts(&link, &addresses, &routes, parent), link.index))
 }
 
 fn parent_facts(kernel: &Kernel, parent: LinkState) -> Result<ParentFacts> {

@@ -78,6 +78,27 @@ pub struct Checkpoint {
     /// records written before link facts existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub links: Option<crate::kernel::link_facts::LinkFacts>,
+    /// What tells this sandbox's netns and interface from others that later take the same
+    /// path and name; absent in records of earlier releases and when ADD could not read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<SandboxIdentity>,
+}
+
+/// The sandbox's netns and interface as ADD found them. A netns path can come to name another
+/// namespace (a `/proc/<pid>/ns/net` whose pid came back, a named netns made again) holding
+/// an interface of the same name and MAC; the namespace's device and inode and the link's
+/// index in it do not repeat while the sandbox's namespace lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxIdentity {
+    pub netns_dev: u64,
+    pub netns_inode: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub if_index: Option<u32>,
+    /// The link's kind (`veth`, `macvlan`, ...; none for a physical NIC, as host-device and
+    /// SR-IOV move into a pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub if_kind: Option<String>,
 }
 
 impl Checkpoint {

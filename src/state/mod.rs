@@ -579,6 +579,23 @@ pub(crate) fn sync_path(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(|e| GuardError::io("sync directory", dir, e))
 }
 
+/// Fails when the store takes no write: permission bits do not stop root, and a read-only
+/// or full filesystem shows only on a real write, so one is made (and synced if `durable`).
+pub fn probe_write(root: &Path, durable: bool) -> Result<()> {
+    use std::io::Write;
+    let probe = root.join(format!(".probe.{}.tmp", std::process::id()));
+    let written = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(&probe)
+        .and_then(|mut f| f.write_all(b"probe\n").and_then(|()| if durable { f.sync_data() } else { Ok(()) }));
+    let _ = fs::remove_file(&probe);
+    written.map_err(|e| GuardError::io("write a probe file in", root, e))
+}
+
 /// Removes a file; whether there was one.
 pub(crate) fn remove(path: &Path) -> Result<bool> {
     match fs::remove_file(path) {

@@ -131,6 +131,8 @@ Options:
       --log-file FILE          the entry's logFile (default: none)
       --watch                  stay running: put the entry back whenever the primary's
                                installer rewrites its file; SIGTERM ends it
+      --force                  leave delegate mode although deferred DELs wait (they are
+                               then never replayed: their sandboxes' addresses may leak)
   -h, --help                   this text
 ";
 
@@ -146,6 +148,8 @@ Options:
       --network NAME           the guarded network, when the conf dir holds several
       --bin-dir DIR            CNI plugin dir (default /opt/cni/bin)
       --remove-binary          remove BIN-DIR/sandbox-guard as well
+      --force                  go on although deferred DELs wait (they are then never
+                               replayed: their sandboxes' addresses may leak)
   -h, --help                   this text
 ";
 
@@ -281,10 +285,11 @@ enum Opt {
     InstallMode,
     Watch,
     RemoveBinary,
+    Force,
 }
 
 impl Opt {
-    const EVERY: [Opt; 17] = [
+    const EVERY: [Opt; 18] = [
         Opt::StateDir,
         Opt::LockTimeout,
         Opt::Output,
@@ -302,6 +307,7 @@ impl Opt {
         Opt::InstallMode,
         Opt::Watch,
         Opt::RemoveBinary,
+        Opt::Force,
     ];
 
     fn from_long(name: &str) -> Option<Opt> {
@@ -331,6 +337,7 @@ impl Opt {
             Opt::InstallMode => "--mode",
             Opt::Watch => "--watch",
             Opt::RemoveBinary => "--remove-binary",
+            Opt::Force => "--force",
         }
     }
 
@@ -347,11 +354,12 @@ impl Opt {
             Opt::BinDir | Opt::Network => &[Mode::Install, Mode::Uninstall],
             Opt::InstallMode | Opt::Watch => &[Mode::Install],
             Opt::RemoveBinary => &[Mode::Uninstall],
+            Opt::Force => &[Mode::Install, Mode::Uninstall],
         }
     }
 
     fn takes_value(self) -> bool {
-        !matches!(self, Opt::All | Opt::DryRun | Opt::Watch | Opt::RemoveBinary)
+        !matches!(self, Opt::All | Opt::DryRun | Opt::Watch | Opt::RemoveBinary | Opt::Force)
     }
 
     fn repeatable(self) -> bool {
@@ -463,8 +471,8 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
     let mut filter = Filter::default();
     let (mut all, mut dry_run, mut container_ids) = (false, false, Vec::new());
     let (mut conf_dir, mut log_file, mut service_cidrs) = (None, None, Vec::new());
-    let (mut bin_dir, mut network, mut install_mode, mut watch, mut remove_binary) =
-        (None, None, install::Mode::Chained, false, false);
+    let (mut bin_dir, mut network, mut install_mode, mut watch, mut remove_binary, mut force) =
+        (None, None, install::Mode::Chained, false, false, false);
     for item in given {
         let (opt, value) = match item {
             Given::Opt(opt, value) => (opt, value.unwrap_or_default()),
@@ -525,6 +533,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
             }
             Opt::Watch => watch = true,
             Opt::RemoveBinary => remove_binary = true,
+            Opt::Force => force = true,
             Opt::ServiceCidr => service_cidrs.push(value.parse().map_err(|e| format!("{flag} {value:?}: {e}"))?),
         }
     }
@@ -545,6 +554,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                 },
                 watch,
                 remove_binary,
+                force,
             };
             if mode == Mode::Install { Command::Install(options) } else { Command::Uninstall(options) }
         }

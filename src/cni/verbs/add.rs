@@ -42,7 +42,14 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     let view = ResultView::validated(prev_result, &inv.conf.cni_version)?;
     let output = crate::cni::result::as_version(prev_result, &inv.conf.cni_version)?;
     // Read from the kernel before the lock is taken: no ADD holds it while waiting on netlink.
-    let links = crate::kernel::link_facts::read_at_add(&attachment.netns, &attachment.ifname);
+    let (links, if_index) = crate::kernel::link_facts::read_at_add(&attachment.netns, &attachment.ifname);
+    let identity = crate::kernel::netns::netns_identity(&attachment.netns).map(|(netns_dev, netns_inode)| {
+        let if_kind = match &links {
+            crate::kernel::link_facts::LinkFacts::Observed(facts) => facts.kind.clone(),
+            _ => None,
+        };
+        crate::state::checkpoint::SandboxIdentity { netns_dev, netns_inode, if_index, if_kind }
+    });
 
     let id = inv.attachment_id(attachment);
     let pod = &attachment.pod;
@@ -103,6 +110,7 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
         updated_at: now,
         prev_result: prev_result.to_owned(),
         links: Some(links),
+        identity,
     };
     // Re-ADDed under another pod name: the key its old record held is no longer this
     // interface's. Released first, so no crash leaves an owner whose record names another key.

@@ -10,6 +10,7 @@ mod edit;
 mod files;
 mod json;
 mod network;
+mod waiting;
 mod watch;
 
 use std::path::{Path, PathBuf};
@@ -32,6 +33,8 @@ pub struct Options {
     pub entry: Entry,
     pub watch: bool,
     pub remove_binary: bool,
+    /// Leave delegate mode although deferred DELs wait.
+    pub force: bool,
 }
 
 pub fn run_install(options: &Options) -> i32 {
@@ -74,6 +77,7 @@ pub fn install(options: &Options) -> Result<Vec<String>, String> {
     let net = network::find(&options.conf_dir, options.network.as_deref())?;
     let dropin = options.conf_dir.join(&net.name).join(DROPIN_FILE);
     let mut done = Vec::new();
+    waiting::refuse_leaving_delegate(&net, Some(options.mode), options.force, &mut done)?;
     if options.mode == Mode::Dropin {
         check_dropin(&net, &dropin)?;
         if files::install_binary(&options.bin_dir)? {
@@ -180,6 +184,7 @@ fn remove_dropin(dropin: &Path, done: &mut Vec<String>) -> Result<(), String> {
 pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
     let net = network::find(&options.conf_dir, options.network.as_deref())?;
     let mut done = Vec::new();
+    waiting::refuse_leaving_delegate(&net, None, options.force, &mut done)?;
     if !net.single && edit::has_guard(&net.doc.root) {
         restore(&net, &edit::strip(&net.doc.root), &mut done)?;
     }

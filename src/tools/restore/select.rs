@@ -154,6 +154,7 @@ mod tests {
             pod_uid: None,
             infra_container_id: None,
             netns: netns.into(),
+            identity: None,
             cni_version: "1.0.0".into(),
             generation: 1,
             created_at: String::new(),

@@ -36,6 +36,30 @@ impl Keep {
 }
 
 pub fn write_atomic(target: &Path, bytes: &[u8], keep: Keep) -> io::Result<()> {
+    write_atomic_if(target, bytes, keep, |_| true).map(|_| ())
+}
+
+/// What a file held when the installer read it: the rename happens only if it still does.
+pub enum Expect<'a> {
+    Absent,
+    Bytes(&'a [u8]),
+}
+
+impl Expect<'_> {
+    pub fn holds(&self, file: &Path) -> bool {
+        match (self, fs::read(file)) {
+            (Expect::Absent, Err(e)) => e.kind() == io::ErrorKind::NotFound,
+            (Expect::Bytes(expected), Ok(now)) => now == *expected,
+            _ => false,
+        }
+    }
+}
+
+/// `write_atomic`, but the target is looked at again right before the rename, after the
+/// slow part (the write and fsync of the temp file): when another writer replaced it since
+/// it was read (`unchanged` says no), nothing is renamed and the answer is false, so the
+/// caller starts over from the new content instead of putting back an older one.
+pub fn write_atomic_if(target: &Path, bytes: &[u8], keep: Keep, unchanged: impl Fn(&Path) -> bool) -> io::Result<bool> {
     let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = target.file_name().ok_or_else(|| io::Error::other("no file name"))?;
     let temp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
@@ -48,13 +72,19 @@ pub fn write_atomic(target: &Path, bytes: &[u8], keep: Keep) -> io::Result<()> {
         file.set_permissions(fs::Permissions::from_mode(keep.mode))?;
         file.write_all(bytes)?;
         file.sync_all()?;
-        fs::rename(&temp, target)
+        if !unchanged(target) {
+            return Ok(false);
+        }
+        fs::rename(&temp, target).map(|()| true)
     })();
-    if written.is_err() {
+    if !matches!(written, Ok(true)) {
         let _ = fs::remove_file(&temp);
     }
-    written?;
-    sync_dir(dir)
+    if written? {
+        sync_dir(dir)?;
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 pub fn sync_dir(dir: &Path) -> io::Result<()> {

@@ -782,3 +782,34 @@ fn no_layout_ends_ready_with_a_network_the_runtime_cannot_run() {
         }
     }
 }
+
+#[test]
+fn the_doctor_does_not_say_ok_where_the_runtime_does_not_run_the_guard() {
+    let cni_config_findings = |node: &Node| -> Vec<serde_json::Value> {
+        let state = node.dir.path.join("state");
+        let out = cni::guard(&["--doctor", "--conf-dir", node.conf().to_str().unwrap(), "--state-dir", state.to_str().unwrap(), "-o", "json"]);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr_of(&out)));
+        report["findings"].as_array().unwrap().iter().filter(|f| f["check"] == "cni-config").cloned().collect()
+    };
+    // Fails before this change: both said "... networks guarded" with severity ok.
+    // The guard in a network the runtime does not load (the second of two).
+    let node = Node::with("calico");
+    copy_fixture("install/flannel/conf", &node.conf());
+    stub_plugins(&node.conf(), &node.bin());
+    run_ok("--install", &node.conf(), &node.bin(), &["--network", "cbr0"]);
+    let findings = cni_config_findings(&node);
+    assert!(findings.iter().all(|f| f["severity"] != "ok"), "{findings:#?}");
+    assert!(findings.iter().any(|f| f["severity"] == "error" && f["summary"].as_str().unwrap().contains("not in network k8s-pod-network")), "{findings:#?}");
+
+    // The guard in the runtime's network at a version it cannot speak (written by hand).
+    let node = Node::with("calico");
+    node.install("chained", None);
+    set_version(&node.conf(), Some("2.0.0"));
+    let findings = cni_config_findings(&node);
+    assert!(findings.iter().any(|f| f["severity"] == "error" && f["summary"].as_str().unwrap().contains("does not speak")), "{findings:#?}");
+
+    let node = Node::with("calico");
+    node.install("chained", None);
+    let findings = cni_config_findings(&node);
+    assert!(findings.iter().any(|f| f["severity"] == "ok"), "{findings:#?}");
+}

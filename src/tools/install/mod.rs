@@ -354,6 +354,37 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
     Ok(lines)
 }
 
+/// For `--doctor`, which knows no bin dir: why the guards of `conf_dir` do not run for the
+/// runtime's pods, with the way out, if they do not.
+pub fn runtime_problem(conf_dir: &Path) -> Option<(String, &'static str)> {
+    let found = network::find(conf_dir, None, Path::new("/")).ok()?;
+    let net = &found.net;
+    let version = network::version(net);
+    let guarded = edit::has_guard(&list_of(net)) || conf_dir.join(&net.name).join(DROPIN_FILE).is_file();
+    if guarded && !crate::cni::version::SUPPORTED.contains(&version.as_str()) {
+        return Some((
+            format!(
+                "sandbox-guard is in network {} ({}), which the runtime loads, at cniVersion {version}, which sandbox-guard \
+                 does not speak: every ADD there fails",
+                net.name,
+                file_name(&net.file)
+            ),
+            "take it out (sandbox-guard --uninstall), or raise the network's cniVersion in the primary's own config",
+        ));
+    }
+    (!guarded).then(|| {
+        (
+            format!(
+                "sandbox-guard is not in network {} ({}), the one the runtime loads{}: no pod is guarded",
+                net.name,
+                file_name(&net.file),
+                if found.via_multus.is_some() { " through multus" } else { "" }
+            ),
+            "run sandbox-guard --install (it picks the network the runtime loads), and --uninstall first to take it out of the others",
+        )
+    })
+}
+
 /// A drop-in runs only from a `.conflist` that lets libcni load drop-ins, and is the last of
 /// them (the last plugin is the first on DEL).
 fn check_dropin(net: &Network, dropin: &Path) -> Result<(), Failure> {

@@ -813,3 +813,36 @@ fn the_doctor_does_not_say_ok_where_the_runtime_does_not_run_the_guard() {
     let findings = cni_config_findings(&node);
     assert!(findings.iter().any(|f| f["severity"] == "ok"), "{findings:#?}");
 }
+
+#[test]
+fn the_daemonsets_args_install_and_its_probe_says_ready() {
+    // The installer's args and readiness probe exactly as the DaemonSet gives them, with the
+    // host's root at a temp dir instead of /host.
+    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf-examples/kubernetes/sandbox-guard.yaml")).unwrap();
+    let root = sys::TempDir::new("sgds");
+    let host = |arg: &str| arg.replace("=/host", &format!("={}", root.path.display()));
+    let args: Vec<String> = manifest
+        .lines()
+        .skip_while(|l| l.trim() != "args:")
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .take_while(|l| l.starts_with("- --"))
+        .map(|l| host(&l[2..]))
+        .filter(|a| a != "--watch")
+        .collect();
+    assert!(args.contains(&"--install".to_string()) && args.iter().any(|a| a.starts_with("--host-root=")), "{args:?}");
+    let probe_line = manifest.lines().find(|l| l.contains("command: [/sandbox-guard")).unwrap();
+    let probe: Vec<String> = probe_line.split('[').nth(1).unwrap().trim_end_matches(']').split(", ").skip(1).map(host).collect();
+
+    let (conf, bin) = (root.path.join("etc/cni/net.d"), root.path.join("opt/cni/bin"));
+    std::fs::create_dir_all(&conf).unwrap();
+    copy_fixture("install/calico/conf", &conf);
+    stub_plugins(&conf, &bin);
+    let not_yet = cni::guard(&probe.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(not_yet.status.code(), Some(1), "ready before the install");
+    let out = cni::guard(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{args:?}: {}", stderr_of(&out));
+    let ready = cni::guard(&probe.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ready.status.success(), "{probe:?}: {}", String::from_utf8_lossy(&ready.stdout));
+}

@@ -94,7 +94,12 @@ impl Entry {
             set(key, value.clone());
         }
         if let Some(file) = &self.keys_file {
-            let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read --entry-file {}: {e}", file.display()))?;
+            // A ConfigMap mounted `optional: true` and not created: no keys to set.
+            let text = match std::fs::read_to_string(file) {
+                Ok(text) => text,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::from("{}"),
+                Err(e) => return Err(format!("cannot read --entry-file {}: {e}", file.display())),
+            };
             for (key, value) in entry_keys(&text, &format!("--entry-file {}", file.display()))? {
                 set(&key, value);
             }

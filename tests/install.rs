@@ -846,3 +846,28 @@ fn the_daemonsets_args_install_and_its_probe_says_ready() {
     let ready = cni::guard(&probe.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(ready.status.success(), "{probe:?}: {}", String::from_utf8_lossy(&ready.stdout));
 }
+
+#[test]
+fn multus_thick_naming_its_cluster_network_by_name() {
+    // multus-daemon's clusterNetwork may be a network's name instead of a path.
+    let node = Node::with("multus-thick");
+    let multus = node.conf().join("00-multus.conf");
+    let by_name = |name: &str| {
+        let text = testdata::fixture("install/multus-thick/conf/00-multus.conf").replace("/host/etc/cni/net.d/10-calico.conflist", name);
+        std::fs::write(&multus, text).unwrap();
+    };
+    by_name("k8s-pod-network");
+    let multus_bytes = std::fs::read(&multus).unwrap();
+    node.install("chained", None);
+    assert_eq!(std::fs::read(node.conf().join("10-calico.conflist")).unwrap(), testdata::fixture_bytes("install/multus-thick/chained/10-calico.conflist"));
+    assert_eq!(std::fs::read(&multus).unwrap(), multus_bytes, "multus's own file was touched");
+    assert!(check(&node).0, "{}", check(&node).1);
+    node.uninstall(None);
+    // A network only a NetworkAttachmentDefinition holds: refused, nothing written.
+    by_name("macvlan-nad");
+    let before = tree(&node.dir.path);
+    let out = run("--install", &node.conf(), &node.bin(), &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("its clusterNetwork \"macvlan-nad\" is no network in"), "{}", stderr_of(&out));
+    assert_eq!(tree(&node.dir.path), before);
+}

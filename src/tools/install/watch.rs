@@ -29,8 +29,11 @@ use super::{Installed, Options, Reason, check, install_retrying};
 const SETTLE: Duration = Duration::from_millis(300);
 /// Even without an event (a watch lost to an overflow, a dir re-created), look again.
 const RESYNC: Duration = Duration::from_secs(60);
-/// A removal of the entry this soon after its insert, with nothing else changed, is a revert.
-const REVERT_WITHIN: Duration = Duration::from_secs(3);
+/// A removal of the entry this soon after its insert, with nothing else changed, is a
+/// revert: measured insert to re-insert, so it holds the settling pause. A file owner
+/// that watches the dir (cilium) reverts within milliseconds; an upgrade or a person
+/// writing the same bytes again comes later.
+const REVERT_WITHIN: Duration = Duration::from_secs(1);
 /// Reverts in a row that make a fight.
 const FIGHT_AFTER: u32 = 3;
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
@@ -215,12 +218,12 @@ fn reinserted(state: &mut State, installed: &Installed, first: bool) {
         if !state.metrics.fight {
             *state.metrics.failures.entry(Reason::Fight).or_default() += 1;
             log(&format!(
-                "another writer keeps rewriting {} and reverts each insert ({} times within {}s of it): a fight the guard \
+                "another writer keeps rewriting {} and reverts each insert ({} times within {:?} of it): a fight the guard \
                  cannot win in that file, not an upgrade. Use --mode dropin (libcni 1.3: containerd 2.1+, CRI-O 1.33+), \
                  or let the file's owner keep other plugins (cilium: cni.exclusive=false); not ready, next look in {}s",
                 installed.file.display(),
                 state.reverts,
-                REVERT_WITHIN.as_secs(),
+                REVERT_WITHIN,
                 state.backoff.as_secs()
             ));
         } else {

@@ -135,11 +135,9 @@ pub fn strip_anywhere(doc: &Json) -> Json {
     let mut doc = if has_guard(doc) { strip(doc) } else { doc.clone() };
     if let Json::Object(pairs) = &mut doc {
         for (key, value) in pairs.iter_mut() {
-            if key == "delegates" || key == "plugins" {
-                if let Json::Array(items) = value {
-                    for item in items.iter_mut() {
-                        *item = strip_anywhere(item);
-                    }
+            if let (true, Json::Array(items)) = (key == "delegates" || key == "plugins", value) {
+                for item in items.iter_mut() {
+                    *item = strip_anywhere(item);
                 }
             }
         }

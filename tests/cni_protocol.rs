@@ -355,6 +355,91 @@ fn verbs_are_refused_below_their_cni_version() {
 }
 
 #[test]
+fn every_verb_at_0_1_0_and_0_2_0_answers_as_the_spec_says() {
+    for version in cni::LEGACY_VERSIONS {
+        let Incident { store, pod_a, pod_b, a, b } = incident();
+        let reply = store.cni("VERSION", "").version(version).run();
+        reply.assert_ok();
+        assert_eq!(reply.json()["cniVersion"], version, "VERSION echoes a version it speaks");
+        assert_eq!(reply.json()["supportedVersions"], json!(SUPPORTED_VERSIONS));
+
+        let add = store.add(&a, &pod_a).version(version);
+        let reply = add.run();
+        reply.assert_ok();
+        assert_eq!(reply.json(), add.default_prev_result(), "ADD at {version} passes the legacy result through");
+        assert_eq!(store.entry(&a, "eth0").unwrap()["cniVersion"], version);
+        store.add(&b, &pod_b).version(version).run().assert_ok();
+        // libcni sends no prevResult on DEL below 0.4.0.
+        let before = store.snapshot();
+        let reply = store.del(&a, &pod_a).version(version).no_prev_result().run();
+        assert_stale_del(&reply.assert_error(11), &b, &pod_b, generation_of(&store, &b));
+        assert_eq!(reply.json()["cniVersion"], version, "the error is in the config's version");
+        assert_eq!(store.snapshot(), before, "a refused DEL must not change the store");
+
+        // CHECK came with 0.4.0, GC and STATUS with 1.1.0: refused with code 1, nothing read or written.
+        let error = store.cni("CHECK", &b).pod(&pod_b).version(version).run().assert_error(1);
+        assert!(error.msg.contains("CHECK needs cniVersion 0.4.0"), "{error:?}");
+        let gc = store.cni("GC", "").version(version).config("cni.dev/valid-attachments", Some(json!([]))).run();
+        assert!(gc.assert_error(1).msg.contains("GC needs cniVersion 1.1.0"));
+        store.cni("STATUS", "").version(version).run().assert_error(1);
+        assert_eq!(store.snapshot(), before, "refused verbs must not change the store");
+
+        store.del(&b, &pod_b).version(version).no_prev_result().run().assert_ok();
+        store.del(&a, &pod_a).version(version).no_prev_result().run().assert_ok();
+        assert_eq!(store.dump(), Vec::<Value>::new(), "{version}");
+    }
+}
+
+/// A legacy result names no interface: the checkpoint's MAC and link facts come from the
+/// interface CNI_IFNAME names in CNI_NETNS; without one there, the record has none and the
+/// ADD log line says so, and the pod is guarded all the same.
+#[test]
+fn a_legacy_result_is_checkpointed_with_the_interface_cni_ifname_names() {
+    sys::skip_unless_root!(&["ip"]);
+    let store = Store::new();
+    let pod = Pod::new("default", "web-0");
+    let a = container_id();
+    let (add, _sandbox) = store.add(&a, &pod).in_pod_netns();
+    let mac = add.default_prev_result()["interfaces"][0]["mac"].clone();
+    for version in cni::LEGACY_VERSIONS {
+        add.clone().version(version).run().assert_ok();
+        let record = store.entry(&a, "eth0").unwrap();
+        assert!(record["interfaces"].as_array().unwrap().is_empty(), "{record}");
+        assert_eq!(record["links"]["state"], "observed", "{version}: {record}");
+        assert_eq!(record["links"]["mac"], mac, "{version}: {record}");
+    }
+
+    let (b, pod_b) = (container_id(), Pod::new("default", "web-1"));
+    store.add(&b, &pod_b).version("0.2.0").run().assert_ok();
+    let record = store.entry(&b, "eth0").unwrap();
+    assert_eq!(record["links"]["state"], "unavailable", "{record}");
+    let added = store.log_lines().into_iter().rev().find(|l| l.container == b && l.outcome == "added").expect("B's ADD line");
+    assert_eq!(added.level, "WARN", "{}", added.raw);
+    assert!(added.raw.contains("link facts not recorded"), "{}", added.raw);
+    let (c, pod_c) = (container_id(), Pod::new("default", "web-1"));
+    store.add(&c, &pod_c).version("0.2.0").run().assert_ok();
+    store.del(&b, &pod_b).version("0.2.0").no_prev_result().run().assert_error(11);
+    for (container, pod) in [(&c, &pod_c), (&b, &pod_b), (&a, &pod)] {
+        store.del(container, pod).version("0.2.0").no_prev_result().run().assert_ok();
+    }
+    assert_eq!(store.dump(), Vec::<Value>::new());
+}
+
+#[test]
+fn a_config_without_cni_version_is_0_1_0() {
+    let store = Store::new();
+    let pod = Pod::new("default", "web-0");
+    let a = container_id();
+    let legacy = cni::prev_result_for("0.1.0", &a, "eth0", "");
+    let reply = store.add(&a, &pod).config("cniVersion", None).prev_result(&legacy).run();
+    reply.assert_ok();
+    assert_eq!(reply.json(), legacy);
+    assert_eq!(store.entry(&a, "eth0").unwrap()["cniVersion"], "0.1.0");
+    store.cni("CHECK", &a).pod(&pod).config("cniVersion", None).prev_result(&legacy).run().assert_error(1);
+    store.del(&a, &pod).config("cniVersion", None).no_prev_result().run().assert_ok();
+}
+
+#[test]
 fn check_passes_for_the_recorded_attachment_and_fails_otherwise() {
     sys::skip_unless_root!(&["ip"]);
     let store = Store::new();
@@ -760,7 +845,8 @@ fn bad_inputs(store: &Store) -> Vec<BadInput> {
         BadInput { what: "malformed JSON", call: add(&container_id()).stdin(br#"{"cniVersion":"1.1.0","name":"#.to_vec()), codes: &[6] },
         BadInput { what: "empty stdin", call: add(&container_id()).stdin(Vec::new()), codes: &[6] },
         BadInput { what: "config not an object", call: add(&container_id()).stdin(b"[1,2]".to_vec()), codes: &[6] },
-        BadInput { what: "cniVersion 0.2.0", call: add(&container_id()).version("0.2.0"), codes: &[1] },
+        BadInput { what: "cniVersion 0.2.1", call: add(&container_id()).version("0.2.1"), codes: &[1] },
+        BadInput { what: "cniVersion v1.0.0", call: add(&container_id()).version("v1.0.0"), codes: &[1] },
         BadInput { what: "cniVersion 9.9.9", call: add(&container_id()).version("9.9.9"), codes: &[1] },
         BadInput { what: "CNI_COMMAND unset", call: add(&container_id()).env("CNI_COMMAND", None), codes: &[4] },
         BadInput { what: "CNI_COMMAND empty", call: add(&container_id()).env("CNI_COMMAND", Some("")), codes: &[4] },

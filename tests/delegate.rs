@@ -256,3 +256,26 @@ fn on_a_read_only_store_the_owners_del_reaches_the_primary_and_a_stale_one_is_re
     assert_eq!((primary.dels(&i.a), primary.dels(&i.b)), (0, 1), "only the owner's DEL reached the primary");
     drop(read_only);
 }
+
+/// calico v2's networks are 0.1.0: the primary's 0.2.0-shaped result reaches the runtime as
+/// it wrote it and is checkpointed; one that does not parse is code 6 and leaves no trace
+/// in the store.
+#[test]
+fn legacy_results_of_the_primary_pass_through_and_a_malformed_one_writes_nothing() {
+    let (i, primary) = incident();
+    let result = r#"{"cniVersion":"0.1.0","ip4":{"ip":"10.22.0.9/32"},"dns":{}}"#;
+    primary.answer_add(&i.a, result);
+    let reply = primary.wrap(i.store.add(&i.a, &i.pod_a)).version("0.1.0").run();
+    reply.assert_ok();
+    assert_eq!(reply.stdout.trim_end(), result, "the primary's result must reach the runtime as it wrote it");
+    assert_eq!(primary.stdin("ADD", &i.a)["cniVersion"], "0.1.0");
+    assert_eq!(i.store.entry(&i.a, "eth0").expect("A's checkpoint")["ips"], json!(["10.22.0.9/32"]));
+
+    primary.answer_add(&i.b, r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.22.0.10"}}"#);
+    let before = i.store.snapshot();
+    let reply = primary.wrap(i.store.add(&i.b, &i.pod_b)).version("0.2.0").run();
+    let error = reply.assert_error(6);
+    assert!(error.msg.contains("prevResult.ip4.ip"), "{error:?}");
+    assert_eq!(i.store.snapshot(), before, "a refused result must leave the store as it was");
+    assert!(i.store.log_lines().iter().all(|l| !(l.container == i.b && l.outcome == "added")), "B's ADD was logged as a success");
+}

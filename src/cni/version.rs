@@ -3,7 +3,13 @@
 use crate::cni::env::Verb;
 use crate::error::{GuardError, Kind, Result};
 
-pub const SUPPORTED: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+/// Every version of the spec, as libcni's `version.All` lists them: the reference plugins
+/// speak all of them, and so do the primaries the guard exists for (calico v2 installs
+/// 0.1.0 networks).
+pub const SUPPORTED: [&str; 7] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+/// What a config without `cniVersion` speaks: libcni's `version.ConfigDecoder` and the
+/// plugins' skel read a missing or empty version as 0.1.0, the spec before the key existed.
+pub const UNVERSIONED: &str = "0.1.0";
 pub const LATEST: &str = "1.1.0";
 
 /// The version to put in an error: the config's when we speak it, else our newest, so
@@ -66,6 +72,10 @@ mod tests {
 
     #[test]
     fn verbs_follow_the_spec() {
+        assert!(check_verb_allowed(Verb::Add, "0.1.0").is_ok());
+        assert!(check_verb_allowed(Verb::Del, "0.2.0").is_ok());
+        assert!(check_verb_allowed(Verb::Check, "0.2.0").is_err());
+        assert!(check_verb_allowed(Verb::Status, "0.1.0").is_err());
         assert!(check_verb_allowed(Verb::Add, "0.3.0").is_ok());
         assert!(check_verb_allowed(Verb::Check, "0.3.1").is_err());
         assert!(check_verb_allowed(Verb::Check, "0.4.0").is_ok());

@@ -23,7 +23,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-guard");
-pub const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+pub const SUPPORTED_VERSIONS: [&str; 7] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+/// The versions whose results have `ip4`/`ip6` and no interfaces.
+pub const LEGACY_VERSIONS: [&str; 2] = ["0.1.0", "0.2.0"];
 pub const LATEST_VERSION: &str = "1.1.0";
 pub const NETWORK: &str = "k8s-pod-network";
 const CNI_PATH: &str = "/opt/cni/bin:/usr/lib/cni";
@@ -238,6 +240,13 @@ fn guard_command(program: &str, args: &[&str]) -> Command {
 /// returns what it said, whatever its exit status.
 pub fn guard(args: &[&str]) -> Output {
     guard_command(BIN, args).output().unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
+}
+
+/// `guard` with these environment variables besides PATH (e.g. the doctor's CNI_PATH).
+pub fn guard_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = guard_command(BIN, args);
+    command.envs(env.iter().copied());
+    command.output().unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
 }
 
 /// `guard`, panicking with both streams unless it exits 0.
@@ -662,6 +671,13 @@ pub fn prev_result_for(version: &str, container: &str, ifname: &str, netns: &str
     let digest = Sha256::digest(format!("{container}/{ifname}").as_bytes());
     let address = format!("10.22.{}.{}/16", digest[0], digest[1].max(2));
     let mac = format!("0a:58:{:02x}:{:02x}:{:02x}:{:02x}", digest[2], digest[3], digest[4], digest[5]);
+    if LEGACY_VERSIONS.contains(&version) {
+        return json!({
+            "cniVersion": version,
+            "ip4": {"ip": address, "gateway": "10.22.0.1", "routes": [{"dst": "0.0.0.0/0", "gw": "10.22.0.1"}]},
+            "dns": {}
+        });
+    }
     let mut ip = json!({"address": address, "gateway": "10.22.0.1", "interface": 0});
     if version.starts_with("0.") {
         ip["version"] = json!("4");

@@ -370,6 +370,18 @@ impl Network {
         }
     }
 
+    /// This network at another CNI version: every conflist of it (guarded, delegate twin,
+    /// primary alone) rewritten with `cniVersion` set to `version`.
+    pub fn at_version(self, version: &str) -> Network {
+        let files = [Some(&self.conflist), self.delegate_conflist.as_ref(), Some(&self.primary_only_conflist)];
+        for file in files.into_iter().flatten() {
+            let mut conf: Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+            conf["cniVersion"] = json!(version);
+            std::fs::write(file, serde_json::to_vec_pretty(&conf).unwrap()).unwrap();
+        }
+        self
+    }
+
     /// This network with its operations run through `driver` (e.g. `driver_1_3()`).
     pub fn through(mut self, driver: &'static Path) -> Network {
         self.driver = Some(driver);
@@ -543,6 +555,37 @@ impl Network {
     }
 }
 
+/// calico v2's `.conf` as its manifests install it (testdata/conflists/calico-v2/, at
+/// cniVersion 0.1.0) run by the calico v2 model (tests/cri/calico-v2-model-plugin, put in the
+/// plugin dir as `calico`): `conflist` is the `.conf` as a list with the guard chained last,
+/// `delegate_conflist` the guard wrapping the `.conf`'s plugin. The model keeps its addresses
+/// (`ips/`), workload endpoints (`endpoints/`) and trace (`calls.log`) in `ipam_dir`.
+pub fn calico_v2_network() -> Network {
+    let conf = testdata::fixture_json("conflists/calico-v2/10-calico.conf");
+    let mut primary = conf.clone();
+    for key in ["name", "cniVersion"] {
+        primary.as_object_mut().unwrap().remove(key);
+    }
+    let list = |plugins: Value| json!({"name": conf["name"], "cniVersion": conf["cniVersion"], "plugins": plugins});
+    let files = [
+        ("10-calico.conflist".to_string(), list(json!([primary, {"type": "sandbox-guard"}]))),
+        ("delegate-10-calico.conflist".to_string(), list(json!([{"type": "sandbox-guard", "delegate": primary}]))),
+    ];
+    // calico names a pod's host veth from its pod name alone and deletes a link of that name
+    // at ADD: tests that run the same pod name side by side need host veths of their own.
+    let veth_prefix = sys::unique("c");
+    let mut net = Network::build(&files, Vec::new(), |primary, subnet| {
+        primary["stateDir"] = primary["ipam"]["dataDir"].clone();
+        primary["subnet"] = json!(subnet.cidr());
+        primary["hostVethPrefix"] = json!(veth_prefix);
+    });
+    let calico = net.bin_dir.join("calico");
+    std::fs::remove_file(&calico).unwrap();
+    std::os::unix::fs::symlink(Path::new(REPO).join("tests/cri/calico-v2-model-plugin"), &calico).unwrap();
+    net.delegate_conflist = Some(net.dir.path.join(&files[1].0));
+    net
+}
+
 /// conf-examples' bridge network on a bridge of its own.
 pub fn bridge_network() -> Network {
     bridge_network_from(Source::Example)
@@ -570,12 +613,36 @@ pub fn macvlan_network_on_a_lan() -> (Lan, Network) {
 
 /// The macvlan network of `source` on a LAN of its own (see `macvlan_network_on_a_lan`).
 pub fn macvlan_network_from(source: Source) -> (Lan, Network) {
+    macvlan_network_of(source, false)
+}
+
+/// The macvlan network dual-stack, as host-local serves it: a v4 range (the /24) and a v6
+/// range (its /64 twin), a default route for each family through the router (.1 and ::1).
+/// The router has both addresses (`Lan::plug_dual`).
+pub fn dual_stack_macvlan_network_on_a_lan() -> (Lan, Network) {
+    dual_stack_macvlan_network_from(Source::Example)
+}
+
+/// The macvlan network of `source` made dual-stack (see `dual_stack_macvlan_network_on_a_lan`).
+pub fn dual_stack_macvlan_network_from(source: Source) -> (Lan, Network) {
+    macvlan_network_of(source, true)
+}
+
+fn macvlan_network_of(source: Source, dual_stack: bool) -> (Lan, Network) {
     let lan = Lan::new();
     let conflists = ("20-macvlan-guarded.conflist", "macvlan-host-local.conflist");
-    let net = Network::from_source(source, conflists.0, conflists.1, vec![HostLink { name: lan.master.clone() }], |primary, _| {
-        primary["master"] = json!(lan.master)
+    let net = Network::from_source(source, conflists.0, conflists.1, vec![HostLink { name: lan.master.clone() }], |primary, subnet| {
+        primary["master"] = json!(lan.master);
+        if dual_stack {
+            primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr() }], [{ "subnet": subnet.cidr6() }]]);
+            primary["ipam"]["routes"] = json!([{ "dst": "0.0.0.0/0", "gw": subnet.host(1) }, { "dst": "::/0", "gw": subnet.host6(1) }]);
+        }
     });
-    lan.plug(&format!("{}/24", net.subnet.host(1)));
+    if dual_stack {
+        lan.plug_dual(&net.subnet);
+    } else {
+        lan.plug(&format!("{}/24", net.subnet.host(1)));
+    }
     (lan, net)
 }
 
@@ -603,6 +670,13 @@ impl Lan {
         sys::run("ip", &["link", "set", &self.master, "up"]);
         self.netns.exec(&["ip", "addr", "add", router_cidr, "dev", &self.uplink]);
         self.netns.exec(&["ip", "link", "set", &self.uplink, "up"]);
+    }
+
+    /// `plug` with the router at .1 of `subnet` and at ::1 of its /64 twin; the router's
+    /// IPv6 address without duplicate address detection, so it answers at once.
+    pub fn plug_dual(&self, subnet: &Subnet) {
+        self.plug(&format!("{}/24", subnet.host(1)));
+        self.netns.exec(&["ip", "-6", "addr", "add", &format!("{}/64", subnet.host6(1)), "dev", &self.uplink, "nodad"]);
     }
 
     /// The driver unload: the master goes, and with it every macvlan on it.

@@ -354,24 +354,12 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
     Ok(lines)
 }
 
-/// For `--doctor`, which knows no bin dir: why the guards of `conf_dir` do not run for the
-/// runtime's pods, with the way out, if they do not.
+/// For `--doctor`, which knows no bin dir and checks each guarded network's version on its
+/// own: why the guards of `conf_dir` do not run for the runtime's pods, with the way out.
 pub fn runtime_problem(conf_dir: &Path) -> Option<(String, &'static str)> {
     let found = network::find(conf_dir, None, Path::new("/")).ok()?;
     let net = &found.net;
-    let version = network::version(net);
     let guarded = edit::has_guard(&list_of(net)) || conf_dir.join(&net.name).join(DROPIN_FILE).is_file();
-    if guarded && !crate::cni::version::SUPPORTED.contains(&version.as_str()) {
-        return Some((
-            format!(
-                "sandbox-guard is in network {} ({}), which the runtime loads, at cniVersion {version}, which sandbox-guard \
-                 does not speak: every ADD there fails",
-                net.name,
-                file_name(&net.file)
-            ),
-            "take it out (sandbox-guard --uninstall), or raise the network's cniVersion in the primary's own config",
-        ));
-    }
     (!guarded).then(|| {
         (
             format!(

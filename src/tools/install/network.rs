@@ -191,7 +191,8 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
 
 /// The network's cniVersion as the runtime reads it: a config without one is 0.1.0.
 pub fn version(net: &Network) -> String {
-    net.doc.root.get("cniVersion").and_then(Json::as_str).unwrap_or("0.1.0").to_string()
+    let version = net.doc.root.get("cniVersion").and_then(Json::as_str).filter(|v| !v.is_empty());
+    version.unwrap_or(crate::cni::version::UNVERSIONED).to_string()
 }
 
 /// The plugin types a network runs (their IPAM plugins too), the guard's own left out:

@@ -871,3 +871,16 @@ fn multus_thick_naming_its_cluster_network_by_name() {
     assert!(stderr_of(&out).contains("its clusterNetwork \"macvlan-nad\" is no network in"), "{}", stderr_of(&out));
     assert_eq!(tree(&node.dir.path), before);
 }
+
+#[test]
+fn naming_multus_cluster_network_is_the_runtimes_network() {
+    // --network naming the network multus delegates to: no warning, ready, and no drop-in
+    // (multus runs it from its own copy).
+    let node = Node::with("multus-thin");
+    let out = run("--install", &node.conf(), &node.bin(), &["--network", "k8s-pod-network", "--mode", "dropin"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("multus (thin) runs 10-calico.conflist itself"), "{}", stderr_of(&out));
+    let out = run("--install", &node.conf(), &node.bin(), &["--network", "k8s-pod-network"]);
+    assert!(out.status.success() && !stderr_of(&out).contains("warning"), "{}", stderr_of(&out));
+    assert!(check(&node).0, "{}", check(&node).1);
+}

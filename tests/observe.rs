@@ -241,7 +241,7 @@ fn a_rejected_config_is_counted_and_logged() {
     with_metrics(store.del(&bad_key, &pod)).config("ipConflict", Some(json!(true))).run().assert_error(6);
 
     let text = std::fs::read_to_string(&metrics).unwrap_or_else(|e| panic!("no metrics file after rejected configs: {e}"));
-    let Some(samples) = prometheus_parse(&text) else { return };
+    let Some(samples) = prometheus_parse(sys::test_name!(), &text) else { return };
     let expected: std::collections::BTreeMap<String, f64> =
         [("ADD/decode", 1.0), ("ADD/incompatible-version", 1.0), ("ADD/invalid-config", 1.0), ("DEL/decode", 1.0)]
             .into_iter()
@@ -270,7 +270,7 @@ fn a_rejected_config_is_counted_and_logged() {
     }
     // The counts stay exact when the valid config comes back.
     with_metrics(store.add(&unspoken, &pod)).run().assert_ok();
-    let samples = prometheus_parse(&std::fs::read_to_string(&metrics).unwrap()).unwrap();
+    let samples = prometheus_parse(sys::test_name!(), &std::fs::read_to_string(&metrics).unwrap()).unwrap();
     assert_eq!(rejected_by_reason(&samples), expected);
     assert_eq!(sample(&samples, "sandbox_guard_operations_total", &[("verb", "ADD"), ("outcome", "added")]), Some(1.0));
 }

@@ -228,9 +228,10 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
     let Found { net, notes, warnings, via_multus, .. } = runnable(options)?;
     let dropin = options.conf_dir.join(&net.name).join(DROPIN_FILE);
     let dropin_doc = std::fs::read(&dropin).ok().and_then(|b| Doc::parse(&b).ok());
-    let current_entry = edit::guard_entry(&list_of(&net)).or_else(|| dropin_doc.as_ref().map(|d| d.root.clone()));
+    let list = net.list();
+    let current_entry = edit::guard_entry(&list).or_else(|| dropin_doc.as_ref().map(|d| d.root.clone()));
     let entry = options.entry.json(current_entry.as_ref().or(remembered)).map_err(|msg| Failure::new(Reason::Conflict, msg))?;
-    let mut out = Installed { notes, warnings, primary_list: Some(edit::strip(&list_of(&net))), entry: Some(entry.clone()), ..Installed::default() };
+    let mut out = Installed { notes, warnings, primary_list: Some(edit::strip(&list)), entry: Some(entry.clone()), ..Installed::default() };
     let done = &mut out.done;
     // Room for a refusal of mode switches and uninstalls the store must agree to (delegate
     // mode's deferred DELs): it goes here, before the first write.
@@ -262,7 +263,6 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         return Ok(out);
     }
 
-    let list = list_of(&net);
     let wanted = edit::insert(&edit::strip(&list), options.mode, &entry);
     let target = if net.single { net.file.with_extension("conflist") } else { net.file.clone() };
     out.file = target.clone();
@@ -295,7 +295,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         } else {
             Expect::Bytes(&net.bytes)
         };
-        let renamed = files::write_atomic_if(&target, &net.doc.with_root(wanted).render(), keep, |file| expect.holds(file))
+        let renamed = files::write_atomic_if(&target, &net.doc.with_root(wanted).render(), keep, &expect)
             .map_err(io_err("write", &target))?;
         if !renamed {
             return Err(changed(&target));
@@ -316,10 +316,6 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
     Ok(out)
 }
 
-fn list_of(net: &Network) -> Json {
-    if net.single { edit::upconvert(&net.doc.root) } else { net.doc.root.clone() }
-}
-
 /// The readiness check: the guard is in the network the runtime loads (or, for multus,
 /// the one it delegates to), that network can run it, and its binary is where the runtime
 /// looks. Only reads.
@@ -330,7 +326,7 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
         return Err(Failure::new(Reason::Network, found.warnings.join("; ")));
     }
     let dropin = options.conf_dir.join(&net.name).join(DROPIN_FILE);
-    let place = if edit::has_guard(&list_of(net)) {
+    let place = if edit::has_guard(&net.list()) {
         format!("in {}", file_name(&net.file))
     } else if dropin.is_file() && !net.single {
         format!("in the drop-in {} (libcni 1.3 runtimes)", dropin.display())
@@ -359,7 +355,7 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
 pub fn runtime_problem(conf_dir: &Path) -> Option<(String, &'static str)> {
     let found = network::find(conf_dir, None, Path::new("/")).ok()?;
     let net = &found.net;
-    let guarded = edit::has_guard(&list_of(net)) || conf_dir.join(&net.name).join(DROPIN_FILE).is_file();
+    let guarded = edit::has_guard(&net.list()) || conf_dir.join(&net.name).join(DROPIN_FILE).is_file();
     (!guarded).then(|| {
         (
             format!(
@@ -428,8 +424,9 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
     let mut done = Vec::new();
     let scan = network::scan(&options.conf_dir)?;
     for net in &scan.networks {
-        if edit::has_guard(&list_of(net)) {
-            restore(net, &edit::strip(&list_of(net)), &mut done)?;
+        let list = net.list();
+        if edit::has_guard(&list) {
+            restore(net, &edit::strip(&list), &mut done)?;
         } else if edit::names_guard_anywhere(&net.doc.root) {
             let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
             let stripped = net.doc.with_root(edit::strip_anywhere(&net.doc.root));

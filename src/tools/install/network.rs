@@ -21,6 +21,13 @@ pub struct Network {
     pub single: bool,
 }
 
+impl Network {
+    /// The network as the runtime runs it: a list (a single plugin upconverted).
+    pub fn list(&self) -> Json {
+        if self.single { super::edit::upconvert(&self.doc.root) } else { self.doc.root.clone() }
+    }
+}
+
 enum Read {
     Network(Network),
     /// Not a network the runtime would load, and why (not an error: go-cni and ocicni
@@ -165,8 +172,8 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
     };
     let mut runtime_runs_it = chosen == 0;
     let mut chosen = chosen;
-    let via_multus = multus::kind(&scan.networks[chosen]);
-    if let Some(kind) = via_multus {
+    let mut via_multus = None;
+    if let Some(kind) = multus::kind(&scan.networks[chosen]) {
         let cluster = multus::cluster_network(&scan.networks[chosen], &scan.networks, conf_dir, host_root)?;
         notes.push(format!(
             "{} is multus's own ({kind}): guarding the cluster network it hands every pod to, {} ({}), never multus's file",
@@ -175,8 +182,11 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
             file_name(&scan.networks[cluster].file)
         ));
         chosen = cluster;
-    } else if chosen != 0 && multus::kind(&scan.networks[0]).is_some() {
-        runtime_runs_it = multus::cluster_network(&scan.networks[0], &scan.networks, conf_dir, host_root).is_ok_and(|c| c == chosen);
+        via_multus = Some(kind);
+    } else if multus::is_cluster_network_of(&scan.networks[0], &scan.networks[chosen], &scan.networks, conf_dir, host_root) {
+        // --network named multus's cluster network itself.
+        runtime_runs_it = true;
+        via_multus = multus::kind(&scan.networks[0]);
     }
     let net = scan.networks.swap_remove(chosen);
     if let Some((file, why)) = scan.broken.iter().find(|(f, _)| *f < net.file) {
@@ -198,9 +208,8 @@ pub fn version(net: &Network) -> String {
 /// The plugin types a network runs (their IPAM plugins too), the guard's own left out:
 /// each a binary the runtime must find in its bin dir.
 pub fn plugin_types(net: &Network) -> Vec<String> {
-    let list = if net.single { super::edit::upconvert(&net.doc.root) } else { net.doc.root.clone() };
     let mut types: Vec<String> = Vec::new();
-    for plugin in super::edit::plugins(&list) {
+    for plugin in super::edit::plugins(&net.list()) {
         let plugin = plugin.get("delegate").unwrap_or(plugin);
         let ipam = plugin.get("ipam").and_then(|i| i.get("type"));
         for t in [plugin.get("type"), ipam].into_iter().flatten().filter_map(Json::as_str) {
@@ -223,8 +232,7 @@ mod multus {
     use super::{Json, Network, Path, file_name};
 
     pub fn kind(net: &Network) -> Option<&'static str> {
-        let plugin = if net.single { Some(&net.doc.root) } else { super::super::edit::plugins(&net.doc.root).first() };
-        match plugin.and_then(|p| p.get("type")).and_then(Json::as_str) {
+        match first_plugin(net).and_then(|p| p.get("type")).and_then(Json::as_str) {
             Some("multus-shim") => Some("thick"),
             Some("multus") => Some("thin"),
             _ => None,

@@ -349,6 +349,10 @@ fn usage_errors_exit_2_before_anything_runs() {
         (&["--remove-binary"], "--remove-binary belongs to --uninstall"),
         (&["--lock-timeout", "3"], "--lock-timeout belongs to"),
         (&["extra"], "--install takes options only"),
+        (&["--metrics-file", "/tmp/x.prom"], "--metrics-file goes with --watch"),
+        (&["--check", "--watch"], "--check and --watch exclude each other"),
+        (&["--platform", "eks"], "use auto, default, gke, k3s or openshift"),
+        (&["--entry", "[1]"], "--entry is not a JSON object"),
     ] {
         let out = run("--install", &node.conf(), &node.bin(), args);
         let stderr = String::from_utf8_lossy(&out.stderr);

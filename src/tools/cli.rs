@@ -586,6 +586,9 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
             if check && watch {
                 return Err("--check and --watch exclude each other: --check only looks".to_string());
             }
+            if metrics_file.is_some() && !watch {
+                return Err("--metrics-file goes with --watch: it counts what the watch does".to_string());
+            }
             let host_root = absolute("--host-root", host_root)?.unwrap_or_else(|| PathBuf::from("/"));
             let (platform_conf, platform_bin) = platform.dirs(&host_root);
             let options = install::Options {

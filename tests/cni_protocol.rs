@@ -119,13 +119,16 @@ fn repeated_add_is_idempotent_and_bumps_the_generation() {
 
 #[test]
 fn networks_and_ifnames_are_separate_pod_keys() {
+    // podKey "name-and-ifname": each (network, ifname) is a key. By the default rule a pod's
+    // interfaces on one network share one key (tests/pod_key.rs).
     let Incident { store, pod_a, pod_b, a, b } = incident();
+    let keyed = |call: cni::Cni| call.config("podKey", Some(json!("name-and-ifname")));
     let second_network = "storage-net";
-    store.add(&a, &pod_a).run().assert_ok();
-    store.add(&a, &pod_a).ifname("net1").run().assert_ok();
-    store.add(&a, &pod_a).network(second_network).run().assert_ok();
+    keyed(store.add(&a, &pod_a)).run().assert_ok();
+    keyed(store.add(&a, &pod_a)).ifname("net1").run().assert_ok();
+    keyed(store.add(&a, &pod_a)).network(second_network).run().assert_ok();
     // The new sandbox takes over only (NETWORK, eth0).
-    store.add(&b, &pod_b).run().assert_ok();
+    keyed(store.add(&b, &pod_b)).run().assert_ok();
 
     let owners: BTreeSet<(String, String, String)> = store
         .dump()
@@ -137,10 +140,10 @@ fn networks_and_ifnames_are_separate_pod_keys() {
         .map(|(network, container, ifname)| (network.to_string(), container.to_string(), ifname.to_string()));
     assert_eq!(owners, BTreeSet::from(expected), "each (network, ifname) is its own pod key");
 
-    store.del(&a, &pod_a).ifname("net1").run().assert_ok();
-    store.del(&a, &pod_a).network(second_network).run().assert_ok();
-    store.del(&a, &pod_a).run().assert_error(11);
-    store.del(&b, &pod_b).ifname("net1").run().assert_ok();
+    keyed(store.del(&a, &pod_a)).ifname("net1").run().assert_ok();
+    keyed(store.del(&a, &pod_a)).network(second_network).run().assert_ok();
+    keyed(store.del(&a, &pod_a)).run().assert_error(11);
+    keyed(store.del(&b, &pod_b)).ifname("net1").run().assert_ok();
     assert!(store.is_owner(&b, "eth0"));
 }
 

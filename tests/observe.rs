@@ -43,13 +43,13 @@ fn finding_text(finding: &Value) -> String {
 #[test]
 fn stale_dels_are_counted_in_the_ledger_which_the_doctor_and_dump_read() {
     let Incident { store, a, b, pod_a, pod_b } = two_sandboxes_of_one_pod();
-    assert!(store.ledger_entry(&pod_a, "eth0").is_none(), "ADD writes no ledger entry");
+    assert!(store.ledger_entry(&pod_a).is_none(), "ADD writes no ledger entry");
     let before = store.snapshot();
     for _ in 0..3 {
         store.del(&a, &pod_a).run().assert_error(11);
     }
     assert_eq!(store.snapshot(), before, "a refused DEL changes nothing but its ledger entry");
-    let entry = store.ledger_entry(&pod_a, "eth0").expect("the refusals are in the ledger");
+    let entry = store.ledger_entry(&pod_a).expect("the refusals are in the ledger");
     assert_eq!((entry["refused"].as_u64(), entry["audited"].as_u64(), entry["deferred"].as_u64()), (Some(3), Some(0), Some(0)), "{entry}");
     assert_eq!(entry["owner"], json!(b));
     assert_eq!(entry["staleSandboxes"], json!([a]));
@@ -66,7 +66,7 @@ fn stale_dels_are_counted_in_the_ledger_which_the_doctor_and_dump_read() {
     store.add(&c, &pod_c).run().assert_ok();
     store.add(&d, &pod_d).run().assert_ok();
     store.del(&c, &pod_c).config("staleDel", Some(json!("audit"))).run().assert_ok();
-    let audited = store.ledger_entry(&pod_c, "eth0").unwrap();
+    let audited = store.ledger_entry(&pod_c).unwrap();
     assert_eq!((audited["audited"].as_u64(), audited["owner"].as_str()), (Some(1), Some(d.as_str())), "{audited}");
 
     // The dump shows the counts on the row of the owner they protect.

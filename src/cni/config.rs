@@ -67,6 +67,8 @@ struct RawConf {
     metrics_file: Option<PathBuf>,
     #[serde(rename = "ipConflict")]
     ip_conflict: Option<String>,
+    #[serde(rename = "podKey")]
+    pod_key: Option<String>,
     #[serde(rename = "lockTimeoutSeconds")]
     lock_timeout_seconds: Option<f64>,
     #[serde(rename = "podLockTimeoutSeconds")]
@@ -93,6 +95,8 @@ pub struct NetConf {
     /// Where the Prometheus textfile goes (`cni::metrics`); `None`: no metrics kept.
     pub metrics_file: Option<PathBuf>,
     pub ip_conflict: IpConflictPolicy,
+    /// What the primary keys its state by, and so what a DEL is judged stale by.
+    pub pod_key: crate::state::ownership::PodKeyRule,
     pub lock_timeout: Duration,
     /// Kept as the exact bytes the runtime sent, so ADD can hand them on unchanged.
     pub prev_result: Option<Box<RawValue>>,
@@ -158,6 +162,7 @@ impl NetConf {
             raw.ip_conflict.as_deref(),
             &[("warn", IpConflictPolicy::Warn), ("refuse", IpConflictPolicy::Refuse)],
         )?;
+        let pod_key = choice("podKey", raw.pod_key.as_deref(), &crate::state::ownership::PodKeyRule::CHOICES)?;
         let state_dir = raw.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
         require_absolute("stateDir", &state_dir)?;
         if let Some(log_file) = &raw.log_file {
@@ -194,6 +199,7 @@ impl NetConf {
             network,
             state_dir,
             stale_del,
+            pod_key,
             log_file: raw.log_file,
             log,
             metrics_file: raw.metrics_file,

@@ -51,11 +51,19 @@ pub struct DeferredDel {
     pub last_error: Option<String>,
     #[serde(default)]
     pub last_attempt_at: Option<String>,
+    /// The stale sandbox's interface, when the key does not name it (`podKey: "name"`).
+    #[serde(default, rename = "interface", skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
 }
 
 impl DeferredDel {
+    /// The stale sandbox's interface: the one its replay names in CNI_IFNAME.
+    pub fn if_name(&self) -> &str {
+        self.interface.as_deref().or(self.key.if_name.as_deref()).unwrap_or_default()
+    }
+
     pub fn id(&self) -> AttachmentId {
-        AttachmentId::of(&self.key, &self.container_id)
+        AttachmentId::of(&self.key, &self.container_id, self.if_name())
     }
 }
 

@@ -105,7 +105,7 @@ fn busy(err: GuardError, file: &File, key: &PodKey, wait: Duration) -> GuardErro
     let holder = lock::holders(file).unwrap_or_else(|| "another process".to_string());
     GuardError::new(
         Kind::Busy,
-        format!("pod {} ({}) is busy: {holder} still runs an operation of it; gave up after {:.1}s", key.pod(), key.if_name, wait.as_secs_f64()),
+        format!("pod {} is busy: {holder} still runs an operation of it; gave up after {:.1}s", key.label(), wait.as_secs_f64()),
     )
     .with_details(
         "The runtime retries. Another operation of this pod is still in its primary plugin; if it hangs there, \

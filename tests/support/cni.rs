@@ -164,10 +164,11 @@ impl Store {
         self.state_dir.join("records").join(format!("{network}:{container}:{ifname}"))
     }
 
-    /// The refusal ledger's entry of a pod key (its sealed record), if there is one.
-    pub fn ledger_entry(&self, pod: &Pod, ifname: &str) -> Option<Value> {
+    /// The refusal ledger's entry of a pod (its sealed record) under the default `podKey`
+    /// rule, (network, namespace, name), if there is one.
+    pub fn ledger_entry(&self, pod: &Pod) -> Option<Value> {
         let mut hasher = Sha256::new();
-        for part in [NETWORK, pod.namespace.as_str(), pod.name.as_str(), ifname] {
+        for part in [NETWORK, pod.namespace.as_str(), pod.name.as_str()] {
             hasher.update(part.as_bytes());
             hasher.update([0u8]);
         }
@@ -181,20 +182,39 @@ impl Store {
 
     /// The invariant every crash, race and DEL must keep: each owner names a container whose
     /// record exists and holds the same pod key (or was set aside, failing its checksum, and
-    /// blocks the DELs that need it: the store then trusts the owner).
+    /// blocks the DELs that need it: the store then trusts the owner). An owner keyed by pod
+    /// name (`podKey: "name"`) lists its interfaces: one record of them is enough.
     pub fn assert_every_owner_has_its_record(&self) {
         for path in self.owner_files() {
             let Ok(owner) = verify_envelope(&path) else { continue };
             let container = owner["containerId"].as_str().unwrap();
-            let ifname = owner["ifName"].as_str().unwrap();
-            let record_path = self.record_path(owner["network"].as_str().unwrap(), container, ifname);
-            if !record_path.exists() && self.state_dir.join("set-aside").join(record_path.file_name().unwrap()).exists() {
-                continue;
-            }
-            let record = verify_envelope(&record_path).unwrap_or_else(|e| panic!("owner {} has no record: {e}", path.display()));
-            for field in ["network", "podNamespace", "podName", "ifName"] {
-                assert_eq!(owner[field], record[field], "owner {} and its record disagree on {field}", path.display());
-            }
+            let ifnames: Vec<&str> = match owner["ifName"].as_str() {
+                Some(ifname) => vec![ifname],
+                None => owner["interfaces"].as_array().unwrap().iter().map(|i| i.as_str().unwrap()).collect(),
+            };
+            let mut reasons = Vec::new();
+            let backed = ifnames.iter().any(|ifname| {
+                let record_path = self.record_path(owner["network"].as_str().unwrap(), container, ifname);
+                if !record_path.exists() && self.state_dir.join("set-aside").join(record_path.file_name().unwrap()).exists() {
+                    return true;
+                }
+                let record = match verify_envelope(&record_path) {
+                    Ok(record) => record,
+                    Err(e) => {
+                        reasons.push(format!("{ifname}: {e}"));
+                        return false;
+                    }
+                };
+                let fields: &[&str] = if owner["ifName"].is_string() { &["network", "podNamespace", "podName", "ifName"] } else { &["network", "podNamespace", "podName"] };
+                fields.iter().all(|field| {
+                    let same = owner[*field] == record[*field];
+                    if !same {
+                        reasons.push(format!("{ifname}: owner and record disagree on {field}"));
+                    }
+                    same
+                })
+            });
+            assert!(backed, "owner {} has no record: {reasons:?}", path.display());
         }
     }
 

@@ -138,6 +138,9 @@ pub struct Sandbox {
     /// The pod interface's MAC, asked of the primary in `CNI_ARGS` (`MAC=`, which bridge and
     /// macvlan read): two ADDs of the sandbox then give the same interface.
     pub mac: Option<String>,
+    /// CNI_IFNAME: `IFNAME` unless a test attaches the sandbox under another name (multus's
+    /// `net1`, `net2`).
+    pub ifname: String,
 }
 
 impl Sandbox {
@@ -149,7 +152,13 @@ impl Sandbox {
             pod: pod.to_string(),
             uid: uid.to_string(),
             mac: None,
+            ifname: IFNAME.to_string(),
         }
+    }
+
+    pub fn with_ifname(mut self, ifname: &str) -> Sandbox {
+        self.ifname = ifname.to_string();
+        self
     }
 
     pub fn with_mac(mut self, mac: &str) -> Sandbox {
@@ -332,8 +341,12 @@ impl Network {
             for plugin in conf["plugins"].as_array().unwrap().iter().chain([&primary]) {
                 let kind = plugin["type"].as_str().unwrap();
                 for needed in [kind, plugin["ipam"]["type"].as_str().unwrap_or(kind)] {
+                    // A model primary of tests/cri (`<type>-plugin`) where no real one can run.
+                    let model = Path::new(REPO).join("tests/cri").join(format!("{needed}-plugin"));
                     let target = if needed == "sandbox-guard" {
                         PathBuf::from(cni::BIN)
+                    } else if model.exists() {
+                        model
                     } else {
                         Path::new(REFERENCE_PLUGINS).join(needed)
                     };
@@ -449,7 +462,7 @@ impl Network {
         let out = Command::new(driver)
             .args(["-conflist", conflist.to_str().unwrap(), "-bin-dir", bin_dir])
             .args(["-cache-dir", cache_dir, "-container-id", &sandbox.container_id])
-            .args(["-netns", &netns, "-ifname", IFNAME, "-args", &cni_args, verb])
+            .args(["-netns", &netns, "-ifname", &sandbox.ifname, "-args", &cni_args, verb])
             .output()
             .expect("run libcni-driver");
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -469,7 +482,7 @@ impl Network {
         let file = self
             .cache_dir
             .join("results")
-            .join(format!("{}-{}-{IFNAME}", self.name, sandbox.container_id));
+            .join(format!("{}-{}-{}", self.name, sandbox.container_id, sandbox.ifname));
         let text = std::fs::read_to_string(file).ok()?;
         let cached: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(cached["kind"], "cniCacheV1");
@@ -492,7 +505,7 @@ impl Network {
     pub fn record_file(&self, sandbox: &Sandbox) -> PathBuf {
         self.state_dir
             .join("records")
-            .join(format!("{}:{}:{IFNAME}", self.name, sandbox.container_id))
+            .join(format!("{}:{}:{}", self.name, sandbox.container_id, sandbox.ifname))
     }
 
     /// The addresses host-local holds for this network (its bookkeeping files aside).
@@ -587,6 +600,25 @@ pub fn calico_v2_network() -> Network {
 }
 
 /// conf-examples' bridge network on a bridge of its own.
+/// A network whose primary is the model of calico before 3.x (tests/cri/podname-keyed-plugin,
+/// which says in what it behaves as calico): IPAM handle, endpoint and host veth keyed by
+/// `namespace.podname`. `conflist` chains the guard last; `delegate_conflist` has it wrap the
+/// model. One model state dir for both, inside the network's dir.
+pub fn podname_keyed_network() -> Network {
+    let primary = json!({"type": "podname-keyed", "onMissingEndpoint": "ignore"});
+    let chained = json!({"cniVersion": "1.0.0", "name": "-", "plugins": [primary, {"type": "sandbox-guard", "staleDel": "refuse"}]});
+    let delegate = json!({"cniVersion": "1.0.0", "name": "-", "plugins": [{"type": "sandbox-guard", "delegate": primary}]});
+    let files = [("podname-keyed.conflist".to_string(), chained), ("delegate-podname-keyed.conflist".to_string(), delegate)];
+    let mut net = Network::build(&files, Vec::new(), |primary, subnet| {
+        let data_dir = primary["ipam"]["dataDir"].as_str().unwrap().to_string();
+        primary.as_object_mut().unwrap().remove("ipam");
+        primary["stateDir"] = json!(format!("{data_dir}/model"));
+        primary["subnet"] = json!(subnet.cidr());
+    });
+    net.delegate_conflist = Some(net.dir.path.join(&files[1].0));
+    net
+}
+
 pub fn bridge_network() -> Network {
     bridge_network_from(Source::Example)
 }

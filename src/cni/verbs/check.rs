@@ -52,7 +52,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             ),
         ),
         (Loaded::Valid(record), _) => {
-            record_key = record.pod_key();
+            record_key = record.pod_key(inv.conf.pod_key);
             let mut differences = runtime_differences(&record, &current)?;
             differences.extend(kernel_differences(inv, attachment, &record)?);
             (!differences.is_empty()).then(|| {

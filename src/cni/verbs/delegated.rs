@@ -143,6 +143,8 @@ fn refuse_if_superseded(inv: &Invocation, attachment: &Attachment, id: &Attachme
     if surely_absent(&inv.conf.state_dir) {
         return Ok(());
     }
+    // Judged from files keyed by this network's podKey rule: moved there first if need be.
+    crate::state::rekey::ensure(&inv.conf.state_dir, &inv.conf.network, inv.conf.pod_key, inv.conf.lock_timeout)?;
     let store = Store::open_read_only(&inv.conf.state_dir)?;
     let _read = store.read_lock(inv.conf.lock_timeout, &|_| {})?;
     let Loaded::Valid(owner) = store.load_owner(key)? else { return Ok(()) };
@@ -159,7 +161,7 @@ fn refuse_if_superseded(inv: &Invocation, attachment: &Attachment, id: &Attachme
     let why = if deferred { "this sandbox's DEL was deferred" } else { "it took the pod's name after this sandbox did" };
     let err = GuardError::new(
         Kind::Superseded,
-        format!("ADD refused: sandbox {} of pod {} ({}) was superseded by sandbox {}", crate::names::short_id(&id.container_id), key.pod(), key.if_name, owner.container_id),
+        format!("ADD refused: sandbox {} of pod {} was superseded by sandbox {}", crate::names::short_id(&id.container_id), key.label(), owner.container_id),
     )
     .with_details(format!(
         "Sandbox {} (generation {}) owns the pod, its netns is alive, and {why}; adding this one would hand the pod's name back to an old \
@@ -173,8 +175,9 @@ fn refuse_if_superseded(inv: &Invocation, attachment: &Attachment, id: &Attachme
 
 /// Whether the owner's netns still exists; when its record cannot say, it is taken as alive.
 fn netns_alive(store: &Store, owner: &crate::state::ownership::Ownership) -> bool {
-    match store.load_record(&AttachmentId::of(&owner.key, &owner.container_id)) {
-        Ok(Loaded::Valid(record)) => crate::kernel::netns::netns_state(&record.netns, None, None).is_alive(),
+    let first = owner.interfaces().first().map(|if_name| AttachmentId::of(&owner.key, &owner.container_id, if_name));
+    match first.map(|id| store.load_record(&id)) {
+        Some(Ok(Loaded::Valid(record))) => crate::kernel::netns::netns_state(&record.netns, None, None).is_alive(),
         _ => true,
     }
 }
@@ -241,6 +244,7 @@ fn new_entry(inv: &Invocation, attachment: &Attachment, stale: &Stale, record: &
         attempts: 0,
         last_error: None,
         last_attempt_at: None,
+        interface: stale.key.if_name.is_none().then(|| attachment.ifname.clone()),
     }
 }
 
@@ -323,11 +327,12 @@ fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey) {
             command: Some("DEL"),
             container_id: Some(&entry.container_id),
             netns: Some(""),
-            if_name: Some(&entry.key.if_name),
+            if_name: Some(entry.if_name()),
             args: Some(&entry.cni_args),
         };
         let outcome = delegate.call(&inv.conf.network, &inv.conf.cni_version, prev_result.as_deref(), &env);
-        let subject = Subject { network: &inv.conf.network, container_id: &entry.container_id, if_name: &entry.key.if_name, pod: Some(key.pod()) };
+        let if_name = entry.if_name().to_string();
+        let subject = Subject { network: &inv.conf.network, container_id: &entry.container_id, if_name: &if_name, pod: Some(key.pod()) };
         let store = match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
             Ok(store) => store,
             Err(err) => {
@@ -363,7 +368,7 @@ fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey) {
 /// nobody owns or waits on.
 fn replay_collected(inv: &Invocation, delegate: &Delegate) {
     let listed = |entry: &DeferredDel| {
-        inv.conf.valid_attachments.iter().flatten().any(|v| v.container_id == entry.container_id && v.ifname == entry.key.if_name)
+        inv.conf.valid_attachments.iter().flatten().any(|v| v.container_id == entry.container_id && v.ifname == entry.if_name())
     };
     let mut keys: Vec<PodKey> = match Store::open_read_only(&inv.conf.state_dir).and_then(|store| store.list_deferred()) {
         Ok(all) => all

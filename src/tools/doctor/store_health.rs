@@ -25,7 +25,7 @@ pub(super) fn check_orphans(root: &str, orphaned: &[Ownership], report: &mut Rep
     finding.evidence = capped(
         orphaned
             .iter()
-            .map(|o| format!("pod {} ({}, network {}): owner {} (generation {}) has no record", o.key.pod(), o.key.if_name, o.key.network, o.container_id, o.generation))
+            .map(|o| format!("pod {} (network {}): owner {} (generation {}) has no record", o.key.label(), o.key.network, o.container_id, o.generation))
             .collect(),
     );
     report.add(finding);
@@ -55,7 +55,7 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
             continue;
         };
         let since = crate::clock::parse_rfc3339(&entry.deferred_at).unwrap_or(now);
-        let what = format!("pod {} ({}): sandbox {}, deferred {} ago while {} owned the pod", entry.key.pod(), entry.key.if_name, entry.container_id, crate::clock::age(since, now), entry.owner);
+        let what = format!("pod {} ({}): sandbox {}, deferred {} ago while {} owned the pod", entry.key.pod(), entry.if_name(), entry.container_id, crate::clock::age(since, now), entry.owner);
         if entry.attempts >= REPLAYS_BEFORE_WARNING {
             failing.push(format!("{what}; {} replays failed, the last: {}", entry.attempts, entry.last_error.as_deref().unwrap_or("-")));
         } else if now - since > DEFERRED_FOR_LONG {
@@ -211,7 +211,7 @@ mod tests {
 
     fn entry(pod: &str, deferred_at: String, attempts: u32) -> DeferredDel {
         DeferredDel {
-            key: PodKey { network: "net".into(), pod_namespace: "lijiaob".into(), pod_name: pod.into(), if_name: "eth0".into() },
+            key: PodKey { network: "net".into(), pod_namespace: "lijiaob".into(), pod_name: pod.into(), if_name: None },
             container_id: format!("old-{pod}"),
             pod_uid: None,
             cni_args: String::new(),
@@ -225,6 +225,7 @@ mod tests {
             attempts,
             last_error: (attempts > 0).then(|| "datastore is locked".to_string()),
             last_attempt_at: None,
+            interface: Some("eth0".into()),
         }
     }
 

@@ -194,10 +194,11 @@ pub fn runnable(options: &Options) -> Result<Found, Failure> {
         return Err(Failure::new(
             Reason::Version,
             format!(
-                "network {} in {} is at cniVersion {version}, which sandbox-guard does not speak ({}): every ADD on the node \
+                "network {} in {} is at cniVersion {}, which sandbox-guard does not speak ({}): every ADD on the node \
                  would fail; leave this network unguarded, or raise its cniVersion in the primary's own config first",
                 net.name,
                 file_name(&net.file),
+                crate::names::shorten(&version),
                 crate::cni::version::SUPPORTED.join(", ")
             ),
         ));

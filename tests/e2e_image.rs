@@ -18,7 +18,7 @@ mod install;
 
 use std::process::Command;
 
-use install::{assert_matches_fixture, copy_fixture};
+use install::{assert_matches_fixture, copy_fixture, stub_plugins};
 
 const TOOLS: &[&str] = &["podman", "readelf", "bash", "docker-registry"];
 
@@ -110,6 +110,8 @@ fn the_image_installs_and_uninstalls_the_guard_as_the_daemonset_runs_it() {
     std::fs::create_dir_all(&conf_dir).unwrap();
     std::fs::create_dir_all(&bin_dir).unwrap();
     copy_fixture("install/calico/conf", &conf_dir);
+    // The primary's plugins where the runtime looks: the installer refuses a bin dir without them.
+    stub_plugins(&conf_dir, &bin_dir);
     let mounts = [format!("{}:/host/etc/cni/net.d", conf_dir.display()), format!("{}:/host/opt/cni/bin", bin_dir.display())];
     let run = |args: &[&str]| {
         let mut all = vec!["run", "--rm", "--pull", "never", "--network", "none", "-v", &mounts[0], "-v", &mounts[1], tag];

@@ -8,11 +8,13 @@ mod sys;
 mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
+#[path = "support/prometheus.rs"]
+mod prometheus;
 
+use prometheus::prometheus_parse;
 use cni::{Incident, Pod, Store, container_id, guard, mode};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use sys::TempDir;
 
 /// The doctor's findings of one check, from a run over `store` with `extra` arguments.
@@ -124,37 +126,6 @@ fn the_log_is_read_for_what_came_before_the_ledger() {
     assert!(finding_text(current).contains("2 stale DELs refused"), "{current}");
 }
 
-/// Runs Debian's python3 with prometheus_client's text parser over `text`; returns the samples
-/// as [name, labels, value], or None (the test is skipped, or fails under CI) without it.
-fn prometheus_parse(text: &str) -> Option<Vec<(String, Value, f64)>> {
-    const PARSE: &str = "import json, sys\n\
-        from prometheus_client.parser import text_string_to_metric_families\n\
-        out = []\n\
-        for family in text_string_to_metric_families(sys.stdin.read()):\n\
-        \x20   for s in family.samples:\n\
-        \x20       out.append([s.name, s.labels, s.value, family.type])\n\
-        print(json.dumps(out))\n";
-    let python = "/usr/bin/python3";
-    let usable = Command::new(python).args(["-c", "import prometheus_client.parser"]).output().is_ok_and(|o| o.status.success());
-    // The package scripts/test.sh installs; `require` fails under CI and says SKIPPED outside.
-    if !usable && !sys::require(sys::test_name!(), false, &["python3-prometheus-client"]) {
-        return None;
-    }
-    let mut child = Command::new(python)
-        .args(["-c", PARSE])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "prometheus_client rejects the textfile: {}\n{text}", String::from_utf8_lossy(&out.stderr));
-    let samples: Vec<(String, Value, f64, String)> = serde_json::from_slice(&out.stdout).unwrap();
-    Some(samples.into_iter().map(|(name, labels, value, _)| (name, labels, value)).collect())
-}
-
 fn sample(samples: &[(String, Value, f64)], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     samples
         .iter()
@@ -180,7 +151,7 @@ fn the_metrics_file_parses_as_prometheus_text_and_counts_every_outcome() {
     assert_eq!(mode(&metrics) & 0o777, 0o644, "node_exporter may run as another user");
     assert_eq!(mode(&store.state_dir.join("counters")) & 0o777, 0o600);
     assert!(text.contains("# TYPE sandbox_guard_operations_total counter"), "{text}");
-    let Some(samples) = prometheus_parse(&text) else { return };
+    let Some(samples) = prometheus_parse(sys::test_name!(), &text) else { return };
     let ops = "sandbox_guard_operations_total";
     assert_eq!(sample(&samples, ops, &[("verb", "ADD"), ("outcome", "added")]), Some(2.0), "{text}");
     assert_eq!(sample(&samples, ops, &[("verb", "DEL"), ("outcome", "refused")]), Some(2.0), "{text}");
@@ -197,7 +168,7 @@ fn the_metrics_file_parses_as_prometheus_text_and_counts_every_outcome() {
     // The owner's DEL, then the old sandbox's: both pass; the count of checkpoints follows.
     with_metrics(store.del(&b, &pod_b)).run().assert_ok();
     with_metrics(store.del(&a, &pod_a)).run().assert_ok();
-    let samples = prometheus_parse(&std::fs::read_to_string(&metrics).unwrap()).unwrap();
+    let samples = prometheus_parse(sys::test_name!(), &std::fs::read_to_string(&metrics).unwrap()).unwrap();
     assert_eq!(sample(&samples, ops, &[("verb", "DEL"), ("outcome", "deleted")]), Some(2.0));
     assert_eq!(sample(&samples, ops, &[("verb", "DEL"), ("outcome", "refused")]), Some(2.0));
     assert_eq!(sample(&samples, "sandbox_guard_checkpoints", &[]), Some(0.0));
@@ -270,7 +241,7 @@ fn a_rejected_config_is_counted_and_logged() {
     with_metrics(store.del(&bad_key, &pod)).config("ipConflict", Some(json!(true))).run().assert_error(6);
 
     let text = std::fs::read_to_string(&metrics).unwrap_or_else(|e| panic!("no metrics file after rejected configs: {e}"));
-    let Some(samples) = prometheus_parse(&text) else { return };
+    let Some(samples) = prometheus_parse(sys::test_name!(), &text) else { return };
     let expected: std::collections::BTreeMap<String, f64> =
         [("ADD/decode", 1.0), ("ADD/incompatible-version", 1.0), ("ADD/invalid-config", 1.0), ("DEL/decode", 1.0)]
             .into_iter()
@@ -299,7 +270,7 @@ fn a_rejected_config_is_counted_and_logged() {
     }
     // The counts stay exact when the valid config comes back.
     with_metrics(store.add(&unspoken, &pod)).run().assert_ok();
-    let samples = prometheus_parse(&std::fs::read_to_string(&metrics).unwrap()).unwrap();
+    let samples = prometheus_parse(sys::test_name!(), &std::fs::read_to_string(&metrics).unwrap()).unwrap();
     assert_eq!(rejected_by_reason(&samples), expected);
     assert_eq!(sample(&samples, "sandbox_guard_operations_total", &[("verb", "ADD"), ("outcome", "added")]), Some(1.0));
 }

@@ -362,3 +362,23 @@ fn a_result_of_each_version_passes_through_at_its_version() {
         assert!(store.entry(&a, "eth0").is_none(), "DEL at {version} removes the checkpoint");
     }
 }
+
+/// A version string is the runtime's input: echoed whole, a huge one makes the error (and
+/// the runtime's log of it) as large as stdin allows. The message names it shortened, as
+/// every other value the guard quotes.
+#[test]
+fn a_huge_config_version_is_named_short_in_a_code_1_error() {
+    let huge = "9".repeat(200_000);
+    for verb_call in ["ADD", "DEL"] {
+        let store = Store::new();
+        let call = match verb_call {
+            "ADD" => store.add(&container_id(), &Pod::new("default", "web-0")),
+            _ => store.del(&container_id(), &Pod::new("default", "web-0")),
+        };
+        let reply = call.version(&huge).run();
+        let error = reply.assert_error(1);
+        assert!(error.msg.len() < 512, "{verb_call}: the error's msg is {} bytes long", error.msg.len());
+        assert!(reply.stderr.len() < 4096, "{verb_call}: stderr is {} bytes long", reply.stderr.len());
+        assert!(!store.state_dir.exists(), "{verb_call}: a refused version wrote the state dir");
+    }
+}

@@ -382,3 +382,30 @@ fn a_huge_config_version_is_named_short_in_a_code_1_error() {
         assert!(!store.state_dir.exists(), "{verb_call}: a refused version wrote the state dir");
     }
 }
+
+/// A 0.2.0 IP config with members that 0.3.0 and later define for an IP (`version`,
+/// `interface`, `address`): libcni reads only `ip`, `gateway` and `routes` and converts it;
+/// kept as unknown members they would collide with the converted IP's own (a key twice) or
+/// point at an interface the result does not have. (0.1.0 keeps them: unknown members stay
+/// between the legacy versions.)
+#[test]
+fn a_legacy_ip_with_members_newer_versions_define_converts_up_as_libcni_converts_it() {
+    sys::skip_unless_tools!(&["go", "bash"]);
+    let out_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("libcni-convert");
+    let vendored = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vendor/cni-1.3.0");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/build-libcni-driver.sh");
+    sys::run("bash", &[script, out_dir.to_str().unwrap(), vendored, "libcni-convert"]);
+    let raw = result("legacy/ip-with-newer-keys-0.2.0.json");
+    let mut failures = Vec::new();
+    for to in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
+        let store = Store::new();
+        let reply = store.add(&container_id(), &Pod::new("default", "conv")).version(to).prev_result_raw(&raw).run();
+        let expected = libcni_converts(&out_dir.join("libcni-convert"), &raw, to).expect("libcni converts it");
+        if !reply.succeeded() {
+            failures.push(format!("-> {to}: libcni converts it, the guard refused: {}", reply.stdout));
+        } else if without_empty_dns(reply.json()) != without_empty_dns(expected.clone()) {
+            failures.push(format!("-> {to}:\n  guard  {}\n  libcni {expected}", reply.json()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -171,7 +171,8 @@ pub fn versioned_as_libcni_reads_it(result: Box<RawValue>, config_version: &str)
 /// - between 0.3.0, 0.3.1 and 0.4.0, 1.0.0 and 1.1.0, or 0.1.0 and 0.2.0: nothing else;
 /// - 0.1.0/0.2.0 up (libcni's `types/040` `convertFrom02x`): `ip4` then `ip6` become `ips`
 ///   (`version` "4"/"6" below 1.0), their `routes`, IPv4's first, become `routes` (omitted
-///   when none), no `interfaces`;
+///   when none), no `interfaces`; their members `version`, `address` and `interface` are
+///   dropped (libcni does not read them, and the new IP defines them);
 /// - down to 0.1.0/0.2.0 (`convertTo02x`): the first IPv4 and the first IPv6 of `ips` become
 ///   `ip4` and `ip6` (below 1.0 only IPs whose `version` says their family count, as libcni
 ///   reads them), each route goes to the IP config of its `dst`'s family as `dst` and `gw`
@@ -473,6 +474,9 @@ fn convert_up_from_legacy(top: &Members, to: Shape, to_version: &str) -> Found<S
                         routes.extend(array(value, &format!("{path}.routes"))?.iter().map(|r| r.get().to_string()));
                     }
                 }
+                // Names a newer IP defines for itself: libcni reads only `ip`, `gateway` and
+                // `routes` here, and kept they would clash with the converted IP's own.
+                "version" | "address" | "interface" => {}
                 // gateway and members the spec does not define stay with their IP.
                 other => ip.push((other, value.get().to_string())),
             }

@@ -210,14 +210,19 @@ fn without_empty_dns(mut result: Value) -> Value {
     result
 }
 
-#[test]
-fn conversions_to_and_from_legacy_versions_are_libcnis() {
-    sys::skip_unless_tools!(&["go", "bash"]);
+/// tests/libcni-convert built against the vendored libcni 1.3.
+fn built_libcni_convert() -> std::path::PathBuf {
     let out_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("libcni-convert");
     let vendored = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vendor/cni-1.3.0");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/build-libcni-driver.sh");
     sys::run("bash", &[script, out_dir.to_str().unwrap(), vendored, "libcni-convert"]);
-    let converter = out_dir.join("libcni-convert");
+    out_dir.join("libcni-convert")
+}
+
+#[test]
+fn conversions_to_and_from_legacy_versions_are_libcnis() {
+    sys::skip_unless_tools!(&["go", "bash"]);
+    let converter = built_libcni_convert();
     let inputs = [
         "0.1.0.json",
         "0.2.0.json",
@@ -391,16 +396,13 @@ fn a_huge_config_version_is_named_short_in_a_code_1_error() {
 #[test]
 fn a_legacy_ip_with_members_newer_versions_define_converts_up_as_libcni_converts_it() {
     sys::skip_unless_tools!(&["go", "bash"]);
-    let out_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("libcni-convert");
-    let vendored = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vendor/cni-1.3.0");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/build-libcni-driver.sh");
-    sys::run("bash", &[script, out_dir.to_str().unwrap(), vendored, "libcni-convert"]);
+    let converter = built_libcni_convert();
     let raw = result("legacy/ip-with-newer-keys-0.2.0.json");
     let mut failures = Vec::new();
     for to in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
         let store = Store::new();
         let reply = store.add(&container_id(), &Pod::new("default", "conv")).version(to).prev_result_raw(&raw).run();
-        let expected = libcni_converts(&out_dir.join("libcni-convert"), &raw, to).expect("libcni converts it");
+        let expected = libcni_converts(&converter, &raw, to).expect("libcni converts it");
         if !reply.succeeded() {
             failures.push(format!("-> {to}: libcni converts it, the guard refused: {}", reply.stdout));
         } else if without_empty_dns(reply.json()) != without_empty_dns(expected.clone()) {

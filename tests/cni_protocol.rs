@@ -1003,3 +1003,23 @@ fn add_over_a_corrupted_record_with_long_names_writes_a_fresh_one() {
     added.run().assert_ok();
     assert!(store.dump().iter().any(|e| e["setAside"] != true), "a fresh, valid checkpoint");
 }
+
+/// README: a 0.1.0/0.2.0 pod whose interface is not `CNI_IFNAME` in its netns at ADD has no
+/// link facts, and "a network later raised to 0.4.0 or more is checked against the result's
+/// addresses and routes only". --restore cannot rebuild such an interface, so a CHECK that
+/// says "interface eth0 is missing; run --restore" fails the healthy pod for good and sends
+/// the operator to a command that cannot help.
+#[test]
+fn a_legacy_pod_without_its_interface_at_add_is_checked_against_its_result_only() {
+    sys::skip_unless_root!(&["ip"]);
+    let ns = sys::Netns::new("sglegacy");
+    let netns = ns.path().to_str().unwrap().to_string();
+    let store = Store::new();
+    let (a, pod) = (container_id(), Pod::new("default", "legacy-0"));
+    let legacy = r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24","gateway":"10.0.0.1","routes":[{"dst":"0.0.0.0/0"}]}}"#;
+    store.add(&a, &pod).version("0.2.0").netns(&netns).prev_result_raw(legacy).run().assert_ok();
+    // libcni's cached 0.2.0 result, converted to the raised version as CheckNetworkList does.
+    let cached = r#"{"cniVersion":"0.4.0","ips":[{"version":"4","address":"10.0.0.2/24","gateway":"10.0.0.1"}],"routes":[{"dst":"0.0.0.0/0"}],"dns":{}}"#;
+    let reply = store.cni("CHECK", &a).pod(&pod).version("0.4.0").netns(&netns).prev_result_raw(cached).run();
+    assert!(reply.succeeded(), "CHECK of a legacy pod whose interface was never seen: {reply:?}");
+}

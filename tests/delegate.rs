@@ -531,3 +531,28 @@ fn an_interface_of_a_kind_the_primary_gives_back_is_left_to_the_replay() {
     let deferral = i.store.log_lines().into_iter().find(|l| l.outcome == "deferred").unwrap();
     assert!(deferral.raw.contains("bridge link"), "{}", deferral.raw);
 }
+
+/// A primary of the 0.1.0 era answers ADD without `cniVersion` (the 0.1.0 spec had none;
+/// weave-net and host-local releases did so later too), and libcni reads such a result as
+/// being in the config's version (`invoke.fixupResultVersion`, containernetworking/cni#896).
+/// Wrapped by the guard, the primary has set the pod up: refusing its result fails every ADD
+/// of a network that works without the guard.
+#[test]
+fn a_primary_result_without_cni_version_is_in_the_configs_version_as_libcni_reads_it() {
+    for (version, result, fixed) in [
+        ("0.1.0", r#"{"ip4":{"ip":"10.22.0.9/32"},"dns":{}}"#, r#"{"cniVersion":"0.1.0","ip4":{"ip":"10.22.0.9/32"},"dns":{}}"#),
+        ("0.2.0", r#"{"cniVersion":"","ip4":{"ip":"10.22.0.9/32"}}"#, r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.22.0.9/32"}}"#),
+        (
+            "0.3.1",
+            r#"{"ips":[{"version":"4","address":"10.22.0.9/32"}],"dns":{}}"#,
+            r#"{"cniVersion":"0.3.1","ips":[{"version":"4","address":"10.22.0.9/32"}],"dns":{}}"#,
+        ),
+    ] {
+        let (i, primary) = incident();
+        primary.answer_add(&i.a, result);
+        let reply = primary.wrap(i.store.add(&i.a, &i.pod_a)).version(version).run();
+        reply.assert_ok();
+        assert_eq!(reply.stdout.trim_end(), fixed, "at {version}: the result in the config's version, as libcni reads it");
+        assert_eq!(i.store.entry(&i.a, "eth0").expect("A's checkpoint")["ips"], json!(["10.22.0.9/32"]), "at {version}");
+    }
+}

@@ -567,3 +567,58 @@ fn networks_whose_version_the_guard_or_the_primary_cannot_run_are_named() {
     let report = run("delegate/bridge-host-local.conflist", "1.0.0", path_arg(&empty.path));
     assert!(text(&report.one("primary-version", "warning")).contains("cannot ask the primary bridge"), "{}", report.raw);
 }
+
+/// A conf dir with one delegate-mode network at 0.1.0 whose primary is `primary_type`.
+fn conf_dir_with_primary(store: &Store, primary_type: &str) -> TempDir {
+    let dir = TempDir::new("sgcnf");
+    let conf = json!({"cniVersion": "0.1.0", "name": cni::NETWORK, "plugins": [
+        {"type": "sandbox-guard", "stateDir": store.state_dir, "logFile": store.log_file, "delegate": {"type": primary_type}}
+    ]});
+    std::fs::write(dir.path.join("10-net.conflist"), conf.to_string()).unwrap();
+    dir
+}
+
+fn write_script(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// A primary's VERSION may leave a process behind that keeps its stdout open (a plugin that
+/// starts its daemon on first use, a shell wrapper's background job). The doctor's 5 s bound
+/// must hold all the same: it is what an operator runs while the node is on fire.
+#[test]
+fn a_primary_whose_version_leaves_a_process_holding_stdout_does_not_hang_the_doctor() {
+    let store = Store::new();
+    let bin = TempDir::new("sgbin");
+    write_script(&bin.path, "daemonizing", r#"sleep 25 &
+echo '{"cniVersion":"0.2.0","supportedVersions":["0.1.0","0.2.0"]}'"#);
+    let conf = conf_dir_with_primary(&store, "daemonizing");
+    let started = std::time::Instant::now();
+    let report = doctor_with_cni_path(
+        path_arg(&bin.path),
+        &["--conf-dir", path_arg(&conf.path), "--state-dir", path_arg(&store.state_dir), "--log-file", path_arg(&store.log_file)],
+    );
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(12), "the doctor took {took:?}: {}", report.raw);
+    assert!(text(&report.one("primary-version", "ok")).contains("0.1.0"), "{}", report.raw);
+}
+
+/// The doctor runs what the guard would run and nothing else: the guard refuses a
+/// `delegate.type` that is a path (libcni's FindInPath too), so the doctor must not run it.
+#[test]
+fn the_doctor_never_runs_a_delegate_type_that_is_a_path() {
+    let store = Store::new();
+    let bin = TempDir::new("sgbin");
+    let marker = bin.path.join("ran");
+    let script = write_script(&bin.path, "not-a-plugin", &format!("touch {}\necho '{{\"cniVersion\":\"0.2.0\",\"supportedVersions\":[\"0.1.0\"]}}'", marker.display()));
+    let conf = conf_dir_with_primary(&store, path_arg(&script));
+    let empty = TempDir::new("sgbin");
+    let report = doctor_with_cni_path(
+        path_arg(&empty.path),
+        &["--conf-dir", path_arg(&conf.path), "--state-dir", path_arg(&store.state_dir), "--log-file", path_arg(&store.log_file)],
+    );
+    assert!(!marker.exists(), "the doctor ran {}: {}", script.display(), report.raw);
+}

@@ -210,14 +210,19 @@ fn without_empty_dns(mut result: Value) -> Value {
     result
 }
 
-#[test]
-fn conversions_to_and_from_legacy_versions_are_libcnis() {
-    sys::skip_unless_tools!(&["go", "bash"]);
+/// tests/libcni-convert built against the vendored libcni 1.3.
+fn built_libcni_convert() -> std::path::PathBuf {
     let out_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("libcni-convert");
     let vendored = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vendor/cni-1.3.0");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/build-libcni-driver.sh");
     sys::run("bash", &[script, out_dir.to_str().unwrap(), vendored, "libcni-convert"]);
-    let converter = out_dir.join("libcni-convert");
+    out_dir.join("libcni-convert")
+}
+
+#[test]
+fn conversions_to_and_from_legacy_versions_are_libcnis() {
+    sys::skip_unless_tools!(&["go", "bash"]);
+    let converter = built_libcni_convert();
     let inputs = [
         "0.1.0.json",
         "0.2.0.json",
@@ -361,4 +366,48 @@ fn a_result_of_each_version_passes_through_at_its_version() {
         store.del(&a, &pod).version(version).prev_result_raw(&raw).run().assert_ok();
         assert!(store.entry(&a, "eth0").is_none(), "DEL at {version} removes the checkpoint");
     }
+}
+
+/// A version string is the runtime's input: echoed whole, a huge one makes the error (and
+/// the runtime's log of it) as large as stdin allows. The message names it shortened, as
+/// every other value the guard quotes.
+#[test]
+fn a_huge_config_version_is_named_short_in_a_code_1_error() {
+    let huge = "9".repeat(200_000);
+    for verb_call in ["ADD", "DEL"] {
+        let store = Store::new();
+        let call = match verb_call {
+            "ADD" => store.add(&container_id(), &Pod::new("default", "web-0")),
+            _ => store.del(&container_id(), &Pod::new("default", "web-0")),
+        };
+        let reply = call.version(&huge).run();
+        let error = reply.assert_error(1);
+        assert!(error.msg.len() < 512, "{verb_call}: the error's msg is {} bytes long", error.msg.len());
+        assert!(reply.stderr.len() < 4096, "{verb_call}: stderr is {} bytes long", reply.stderr.len());
+        assert!(!store.state_dir.exists(), "{verb_call}: a refused version wrote the state dir");
+    }
+}
+
+/// A 0.2.0 IP config with members that 0.3.0 and later define for an IP (`version`,
+/// `interface`, `address`): libcni reads only `ip`, `gateway` and `routes` and converts it;
+/// kept as unknown members they would collide with the converted IP's own (a key twice) or
+/// point at an interface the result does not have. (0.1.0 keeps them: unknown members stay
+/// between the legacy versions.)
+#[test]
+fn a_legacy_ip_with_members_newer_versions_define_converts_up_as_libcni_converts_it() {
+    sys::skip_unless_tools!(&["go", "bash"]);
+    let converter = built_libcni_convert();
+    let raw = result("legacy/ip-with-newer-keys-0.2.0.json");
+    let mut failures = Vec::new();
+    for to in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
+        let store = Store::new();
+        let reply = store.add(&container_id(), &Pod::new("default", "conv")).version(to).prev_result_raw(&raw).run();
+        let expected = libcni_converts(&converter, &raw, to).expect("libcni converts it");
+        if !reply.succeeded() {
+            failures.push(format!("-> {to}: libcni converts it, the guard refused: {}", reply.stdout));
+        } else if without_empty_dns(reply.json()) != without_empty_dns(expected.clone()) {
+            failures.push(format!("-> {to}:\n  guard  {}\n  libcni {expected}", reply.json()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -136,6 +136,28 @@ fn is_legacy_text(raw: &RawValue) -> bool {
         .is_ok_and(|p| matches!(p.cni_version.as_deref(), Some("0.1.0" | "0.2.0")))
 }
 
+/// A primary's own answer, as libcni's `invoke.fixupResultVersion` reads it before anything
+/// else does: without a `cniVersion`, or with an empty or non-string one, it is in the
+/// config's version. The 0.1.0 spec's results had no such key, and weave-net and host-local
+/// releases still left it out (containernetworking/cni#896). Delegate mode reads the
+/// primary's output itself, so it must read it as the runtime would have. Anything that is
+/// not one object is returned as it is, for the validation to refuse.
+pub fn versioned_as_libcni_reads_it(result: Box<RawValue>, config_version: &str) -> Box<RawValue> {
+    let Ok(members) = serde_json::from_str::<Members>(result.get()) else { return result };
+    let versioned = members
+        .0
+        .iter()
+        .any(|(key, value)| key == "cniVersion" && serde_json::from_str::<String>(value.get()).is_ok_and(|v| !v.is_empty()));
+    if versioned {
+        return result;
+    }
+    let version = json_string(config_version);
+    let mut out = String::with_capacity(result.get().len() + 32);
+    let rest = members.0.iter().filter(|(key, _)| key != "cniVersion").map(|(key, value)| (key.as_str(), value.get()));
+    write_object(&mut out, std::iter::once(("cniVersion", version.as_str())).chain(rest));
+    RawValue::from_string(out).unwrap_or(result)
+}
+
 /// ADD's output: the prevResult in the config's cniVersion, as the spec wants a plugin's
 /// result. In that version already, it is the runtime's bytes, untouched. Otherwise it is
 /// converted as libcni's `types/040` and `types/100` converters do, except that members the
@@ -149,7 +171,8 @@ fn is_legacy_text(raw: &RawValue) -> bool {
 /// - between 0.3.0, 0.3.1 and 0.4.0, 1.0.0 and 1.1.0, or 0.1.0 and 0.2.0: nothing else;
 /// - 0.1.0/0.2.0 up (libcni's `types/040` `convertFrom02x`): `ip4` then `ip6` become `ips`
 ///   (`version` "4"/"6" below 1.0), their `routes`, IPv4's first, become `routes` (omitted
-///   when none), no `interfaces`;
+///   when none), no `interfaces`; their members `version`, `address` and `interface` are
+///   dropped (libcni does not read them, and the new IP defines them);
 /// - down to 0.1.0/0.2.0 (`convertTo02x`): the first IPv4 and the first IPv6 of `ips` become
 ///   `ip4` and `ip6` (below 1.0 only IPs whose `version` says their family count, as libcni
 ///   reads them), each route goes to the IP config of its `dst`'s family as `dst` and `gw`
@@ -451,6 +474,9 @@ fn convert_up_from_legacy(top: &Members, to: Shape, to_version: &str) -> Found<S
                         routes.extend(array(value, &format!("{path}.routes"))?.iter().map(|r| r.get().to_string()));
                     }
                 }
+                // Names a newer IP defines for itself: libcni reads only `ip`, `gateway` and
+                // `routes` here, and kept they would clash with the converted IP's own.
+                "version" | "address" | "interface" => {}
                 // gateway and members the spec does not define stay with their IP.
                 other => ip.push((other, value.get().to_string())),
             }
@@ -1178,6 +1204,18 @@ mod tests {
         // Below 1.0 an IP without `version` has no family to libcni.
         let err = as_version(&raw(r#"{"cniVersion":"0.4.0","ips":[{"address":"10.0.0.2/24"}]}"#), "0.1.0").unwrap_err();
         assert_eq!(err.code(), 6, "{err}");
+    }
+
+    #[test]
+    fn a_result_without_a_version_is_in_the_configs_as_libcni_reads_it() {
+        let fixed = |text: &str| versioned_as_libcni_reads_it(raw(text), "0.2.0").get().to_string();
+        assert_eq!(fixed(r#"{"ip4":{"ip":"10.0.0.2/24"},"x":1e400}"#), r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24"},"x":1e400}"#);
+        assert_eq!(fixed(r#"{"cniVersion":"","ip4":{}}"#), r#"{"cniVersion":"0.2.0","ip4":{}}"#);
+        assert_eq!(fixed(r#"{"cniVersion":1,"ip4":{}}"#), r#"{"cniVersion":"0.2.0","ip4":{}}"#);
+        // A version it has, even one the guard does not read, is the result's own.
+        for kept in [r#"{"cniVersion":"0.1.0","ip4":{}}"#, r#"{"cniVersion":"9.9.9"}"#, "[1]", "null"] {
+            assert_eq!(fixed(kept), kept);
+        }
     }
 
     #[test]

@@ -28,7 +28,8 @@ pub fn check_verb_allowed(verb: Verb, version: &str) -> Result<()> {
         return Err(GuardError::new(
             Kind::IncompatibleVersion,
             format!(
-                "cniVersion {version:?} is not supported: use one of {}",
+                "cniVersion {:?} is not supported: use one of {}",
+                crate::names::shorten(version),
                 SUPPORTED.join(", ")
             ),
         ));
@@ -93,5 +94,7 @@ mod tests {
         assert!(check_verb_allowed(Verb::Gc, "1.0.0").is_err());
         assert!(check_verb_allowed(Verb::Status, "1.1.0").is_ok());
         assert_eq!(check_verb_allowed(Verb::Add, "2.0.0").unwrap_err().code(), 1);
+        let huge = "9".repeat(100_000);
+        assert!(check_verb_allowed(Verb::Del, &huge).unwrap_err().msg.len() < 256);
     }
 }

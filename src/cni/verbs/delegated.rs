@@ -63,6 +63,7 @@ fn add_locked(inv: &Invocation, delegate: &Delegate, attachment: &Attachment, ke
     };
     let text = String::from_utf8(reply).map_err(|_| not_a_result("it is not UTF-8"))?;
     let result = RawValue::from_string(text.trim().to_string()).map_err(|e| not_a_result(&e.to_string()))?;
+    let result = crate::cni::result::versioned_as_libcni_reads_it(result, &inv.conf.cni_version);
     let output = super::add::checkpoint(inv, attachment, &result)?;
     if let Some(key) = key {
         // Added again: a DEL of its earlier self kept for later would tear down this one.

@@ -430,3 +430,95 @@ fn a_dual_stack_pod_under_cri_comes_back_with_both_families() {
     let left = cni::dump_checkpoints(&node.layout.guard_state, &[]);
     assert!(left.iter().all(|e| e["containerId"] != json!(id)), "the record outlived the pod: {left:?}");
 }
+
+// ---------------------------------------------------------------------------------------
+// Review of issue 20: what an operator meets after a reload with IPv6 pods.
+
+/// After a DAD failure the operator does what the FAILED line says (finds the node that holds
+/// the address and stops it) and runs `--restore` again. The kernel never re-runs detection for
+/// an address it marked `dadfailed`, so the pod's IPv6 address stays unusable; the second
+/// restore must not call that sandbox `intact` and exit 0 (CHECK calls it lost meanwhile).
+#[test]
+fn a_restore_after_the_holder_left_brings_a_dadfailed_address_back() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let state_dir = net.state_dir.to_str().unwrap().to_string();
+    let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
+    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    let pod_v6 = address_of(&result, true);
+
+    lan.unplug();
+    lan.plug_dual(&net.subnet);
+    let held = format!("{pod_v6}/128");
+    lan.netns.exec(&["ip", "-6", "addr", "add", &held, "dev", &lan.uplink, "nodad"]);
+    let first = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
+    assert_eq!(first.status.code(), Some(1), "{}", text(&first));
+
+    // Still held: a second run must keep saying so, not `intact`.
+    let second = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
+    let said = text(&second);
+    assert!(!said.contains("1 intact"), "a sandbox whose IPv6 address failed DAD is not intact: {said}");
+    assert_eq!(second.status.code(), Some(1), "{said}");
+
+    // The holder is gone: the next run must give the pod its address back.
+    lan.netns.exec(&["ip", "-6", "addr", "del", &held, "dev", &lan.uplink]);
+    let third = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
+    let said = text(&third);
+    assert!(third.status.success(), "{said}");
+    assert_eq!(unsettled_ipv6(&pod), Vec::<Value>::new(), "the address is still dadfailed after the holder left: {said}");
+    assert!(pod.can_ping(&net.subnet.host6(1)), "pod -> router over IPv6 after the holder left: {said}");
+    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+}
+
+/// The reference plugins' ConfigureIface (pkg/ipam) writes `net.ipv6.conf.<if>.disable_ipv6=0`
+/// before it adds an IPv6 address, so a pod whose netns disables IPv6 for new links (the
+/// runtime's or the pod's `net.ipv6.conf.default.disable_ipv6=1`) still gets one at ADD. The
+/// re-created macvlan inherits that default: `--restore` must enable IPv6 on it as ADD did, and
+/// in any case IPv4 must come back (routes, gratuitous ARP) whatever happens to IPv6.
+#[test]
+fn a_pod_netns_with_ipv6_disabled_by_default_gets_both_families_back() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let state_dir = net.state_dir.to_str().unwrap().to_string();
+    let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
+    pod.netns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.default.disable_ipv6=1"]);
+    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    assert!(pod.can_ping(&net.subnet.host6(1)), "the reference plugins enabled IPv6 on the pod's interface at ADD");
+
+    lan.unplug();
+    lan.plug_dual(&net.subnet);
+    let out = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
+    let said = text(&out);
+    let routes = pod_routes(&pod);
+    assert!(routes.iter().any(|r| r["dst"] == "default" && r["gateway"] == json!(net.subnet.host(1))), "IPv4's default route must come back whatever IPv6 does: {routes:?}\n{said}");
+    assert!(out.status.success(), "{said}");
+    assert!(pings_at_once(&pod, &net.subnet.host6(1)), "IPv6 right after the restore: {said}");
+    assert_result_matches_kernel(&result, &pod);
+    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+}
+
+/// The NIC is back but has no link yet (autonegotiation, an LACP bond, a switch port coming
+/// up): a fresh macvlan on it keeps its IPv6 addresses tentative until it has carrier, however
+/// long detection is set to take. The restore must say that, and not spend 10 s per sandbox
+/// before blaming the pod's dad_transmits sysctl.
+#[test]
+fn a_parent_without_carrier_is_named_not_waited_on() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let state_dir = net.state_dir.to_str().unwrap().to_string();
+    let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
+    net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+
+    lan.unplug();
+    lan.plug_dual(&net.subnet);
+    lan.netns.exec(&["ip", "link", "set", &lan.uplink, "down"]);
+    let started = Instant::now();
+    let out = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
+    let took = started.elapsed();
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("carrier"), "the reason is the link without carrier, not the DAD sysctls: {said}");
+    assert!(took < Duration::from_secs(5), "waited {took:?} on a link that cannot finish detection: {said}");
+    lan.netns.exec(&["ip", "link", "set", &lan.uplink, "up"]);
+    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+}

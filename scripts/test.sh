@@ -14,7 +14,7 @@ need_cargo
 need_packages iproute2 iputils-ping util-linux strace \
   containernetworking-plugins golang-go golang-github-appc-cni-dev \
   containerd runc catatonit protobuf-compiler \
-  podman qemu-user python3-prometheus-client binutils
+  podman qemu-user python3-prometheus-client binutils tcpdump
 
 # The other arch's nodes (arm64 on an x86_64 machine) get a binary built from these same
 # files: build it static, as scripts/build.sh does, and run its VERSION under qemu-user. A

@@ -522,3 +522,59 @@ fn a_parent_without_carrier_is_named_not_waited_on() {
     lan.netns.exec(&["ip", "link", "set", &lan.uplink, "up"]);
     net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
+
+/// The restore's neighbour advertisement as the router receives it, decoded by tcpdump: ICMPv6
+/// type 136 with a valid checksum, hop limit 255 (receivers drop anything less, RFC 4861
+/// 7.1.2), from the pod's own address to ff02::1, Override set and Solicited/Router clear, the
+/// pod's MAC as target link-layer address.
+#[test]
+fn the_neighbour_advertisement_is_well_formed_on_the_wire() {
+    sys::skip_unless_root!(&[libcni::TOOLS, &["tcpdump"]].concat());
+    let (lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let state_dir = net.state_dir.to_str().unwrap().to_string();
+    let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
+    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    let (pod_v6, pod_mac) = (address_of(&result, true), pod_mac_of(&result));
+
+    lan.unplug();
+    lan.plug_dual(&net.subnet);
+    let capture = std::env::temp_dir().join(format!("{}.pcap", sys::unique("sgna")));
+    let capture_path = capture.to_str().unwrap().to_string();
+    let mut tcpdump = std::process::Command::new("ip")
+        .args(["netns", "exec", &lan.netns.name, "tcpdump", "--immediate-mode", "-i", &lan.uplink, "-U", "-n", "-w", &capture_path, "icmp6"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("tcpdump");
+    // tcpdump opens the capture before it writes the pcap header; without --immediate-mode
+    // the last packets can sit in the capture ring when it is stopped.
+    let started = Instant::now();
+    while std::fs::metadata(&capture).map_or(true, |m| m.len() == 0) && started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
+    std::thread::sleep(Duration::from_millis(300));
+    sys::run("kill", &["-INT", &tcpdump.id().to_string()]);
+    tcpdump.wait().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let decoded = sys::run("tcpdump", &["-r", &capture_path, "-n", "-vv", "-e"]);
+    let _ = std::fs::remove_file(&capture);
+    let decoded = String::from_utf8_lossy(&decoded.stdout).to_string();
+    // The packet's line and its indented option lines.
+    let lines: Vec<&str> = decoded.lines().collect();
+    let at = lines.iter().position(|l| l.contains(&format!("tgt is {pod_v6}"))).unwrap_or_else(|| panic!("no advertisement for {pod_v6}: {decoded}"));
+    let advert = std::iter::once(lines[at]).chain(lines[at + 1..].iter().copied().take_while(|l| l.starts_with(char::is_whitespace))).collect::<Vec<_>>().join("\n");
+    for needle in [
+        format!("{pod_mac} > 33:33:00:00:00:01"),
+        "hlim 255".to_string(),
+        format!("{pod_v6} > ff02::1"),
+        "icmp6 sum ok".to_string(),
+        "neighbor advertisement".to_string(),
+        "Flags [override]".to_string(),
+        // tcpdump names the target link-layer address option "destination link-address".
+        format!("destination link-address option (2), length 8 (1): {pod_mac}"),
+    ] {
+        assert!(advert.contains(&needle), "{needle:?} missing from the advertisement: {advert}");
+    }
+    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+}

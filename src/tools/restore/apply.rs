@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use super::plan::{DAD_PATIENCE, Seen, Step};
 use super::report::Outcome;
 use crate::error::{GuardError, Kind, Result};
-use crate::kernel::{arp, ndisc};
+use crate::kernel::{arp, ndisc, sysctl};
 use crate::kernel::link_facts::{InterfaceFacts, LinkFacts};
 use crate::kernel::netlink::{Dad, Kernel, LinkState, NewMacvlan, Side};
 use crate::state::checkpoint::Checkpoint;
@@ -49,6 +49,7 @@ fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
             kernel.create_macvlan_in_pod(&NewMacvlan { name, parent_index: parent.index, mode, mac: &mac, mtu: Some(*mtu) })
         }
         Step::SetUp { name } => kernel.set_up(Side::Pod, name),
+        Step::EnableIpv6 { name } => sysctl::enable_ipv6(kernel.pod_netns(), name),
         Step::AddAddress { name, address } => kernel.add_address(pod_link(kernel, name)?.index, *address),
         Step::AddRoute { name, route } => {
             kernel.add_route(pod_link(kernel, name)?.index, route.dst, route.gateway, route.link_scope, route.metric)

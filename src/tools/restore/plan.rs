@@ -19,6 +19,8 @@ pub enum Step {
     /// Created on `parent` directly inside the pod's netns, under its own name.
     CreateMacvlan { name: String, parent: String, mode: String, mac: String, mtu: u32 },
     SetUp { name: String },
+    /// `disable_ipv6` 0 for the interface, before its first IPv6 address (`kernel::sysctl`).
+    EnableIpv6 { name: String },
     AddAddress { name: String, address: IpNetwork },
     AddRoute { name: String, route: RouteFacts },
     Announce { name: String, addresses: Vec<Ipv4Addr> },
@@ -44,6 +46,7 @@ impl fmt::Display for Step {
                 write!(f, "ip link add link {parent} name {name} address {mac} mtu {mtu} netns <pod> type macvlan mode {mode}")
             }
             Step::SetUp { name } => write!(f, "ip -n <pod> link set {name} up"),
+            Step::EnableIpv6 { name } => write!(f, "ip netns exec <pod> sysctl -qw net/ipv6/conf/{name}/disable_ipv6=0"),
             Step::AddAddress { name, address: address @ IpNetwork::V4(_) } => write!(f, "ip -n <pod> addr add {address} dev {name}"),
             Step::AddAddress { name, address: address @ IpNetwork::V6(_) } => write!(f, "ip -n <pod> -6 addr add {address} dev {name}"),
             Step::AddRoute { name, route } => {
@@ -169,6 +172,9 @@ fn pod_steps(if_name: &str, facts: &InterfaceFacts, parent: String, mac: String,
         Step::CreateMacvlan { name: name.clone(), parent, mode, mac, mtu: facts.mtu },
         Step::SetUp { name: name.clone() },
     ];
+    if facts.addresses.iter().any(IpNetwork::is_ipv6) {
+        steps.push(Step::EnableIpv6 { name: name.clone() });
+    }
     steps.extend(facts.addresses.iter().map(|address| Step::AddAddress { name: name.clone(), address: *address }));
     // Routes through a gateway need the route to the gateway first: on-link ones go first.
     let (on_link, via_gateway): (Vec<&RouteFacts>, Vec<&RouteFacts>) = facts.routes.iter().partition(|r| r.gateway.is_none());
@@ -277,6 +283,7 @@ mod tests {
         assert_eq!(
             steps[2..],
             [
+                "ip netns exec <pod> sysctl -qw net/ipv6/conf/eth0/disable_ipv6=0",
                 "ip -n <pod> addr add 10.161.75.155/22 dev eth0",
                 "ip -n <pod> -6 addr add fd00:161::9b/64 dev eth0",
                 "ip -n <pod> route add 10.200.0.0/16 dev eth0 scope link metric 5",

@@ -335,7 +335,7 @@ fn a_taken_ipv6_address_fails_the_restore_of_its_sandbox() {
     let failed = unsettled_ipv6(&pod);
     assert!(failed.iter().any(|a| a["local"] == json!(pod_v6) && a.get("dadfailed").is_some()), "{failed:?}");
     assert!(pod.can_ping(&net.subnet.host(1)), "IPv4 is restored and announced all the same");
-    // The interface is back, so a second restore leaves it be; CHECK keeps naming the loss.
+    // The interface is back; CHECK keeps naming the loss until detection passes.
     let check = guard_check(&net, &pod);
     let reply: Value = serde_json::from_str(&check.stdout).unwrap_or_else(|e| panic!("CHECK reply ({e}): {}{}", check.stdout, check.stderr));
     assert_eq!(reply["code"], 100, "{reply}");

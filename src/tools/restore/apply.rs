@@ -12,16 +12,26 @@ use crate::kernel::netlink::{Dad, Kernel, LinkState, NewMacvlan, Side};
 use crate::state::checkpoint::Checkpoint;
 
 pub fn look(kernel: &Kernel, record: &Checkpoint) -> Result<Seen> {
-    let interface_present = kernel.link_by_name(Side::Pod, &record.if_name)?.is_some();
+    let interface = kernel.link_by_name(Side::Pod, &record.if_name)?;
+    let interface_present = interface.is_some();
+    let dad_failed = match (&interface, &record.links) {
+        (Some(link), Some(LinkFacts::Observed(facts))) if facts.addresses.iter().any(|a| a.is_ipv6()) => kernel
+            .ipv6_dad_states(link.index)?
+            .into_iter()
+            .filter(|(ip, dad)| *dad == Dad::Failed && facts.addresses.iter().any(|a| a.ip() == std::net::IpAddr::V6(*ip)))
+            .map(|(ip, _)| ip)
+            .collect(),
+        _ => Vec::new(),
+    };
     let Some(LinkFacts::Observed(InterfaceFacts { parent: Some(parent), .. })) = &record.links else {
-        return Ok(Seen { interface_present, ..Seen::default() });
+        return Ok(Seen { interface_present, dad_failed, ..Seen::default() });
     };
     let parent_now = kernel.link_by_name(Side::Host, &parent.name)?;
     let vlan_lower = match (&parent_now, &parent.vlan) {
         (None, Some(vlan)) => kernel.link_by_name(Side::Host, &vlan.lower)?,
         _ => None,
     };
-    Ok(Seen { interface_present, parent: parent_now, vlan_lower })
+    Ok(Seen { interface_present, dad_failed, parent: parent_now, vlan_lower })
 }
 
 /// Runs the steps in order after those `done` already; the first failure ends this
@@ -51,6 +61,7 @@ fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
         Step::SetUp { name } => kernel.set_up(Side::Pod, name),
         Step::EnableIpv6 { name } => sysctl::enable_ipv6(kernel.pod_netns(), name),
         Step::AddAddress { name, address } => kernel.add_address(pod_link(kernel, name)?.index, *address),
+        Step::DeleteAddress { name, address } => kernel.delete_address(pod_link(kernel, name)?.index, *address),
         Step::AddRoute { name, route } => {
             kernel.add_route(pod_link(kernel, name)?.index, route.dst, route.gateway, route.link_scope, route.metric)
         }
@@ -85,7 +96,8 @@ fn await_dad(kernel: &Kernel, index: u32, addresses: &[Ipv6Addr]) -> Result<()> 
                 format!(
                     "it failed for {taken}: another node on the link answers for it; the kernel keeps it as dadfailed, \
                      unused, and the pod's other addresses work. Find that node (`ip -6 neigh show {taken}` on the \
-                     router names its MAC) and stop it, or re-create the pod for a new address"
+                     router names its MAC) and stop it, then run --restore again, which runs detection anew; or re-create \
+                     the pod for a new address"
                 ),
             ));
         }

@@ -71,7 +71,7 @@ fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
             // The kernel's view, not the record's: what neighbours must learn is the MAC in use.
             arp::announce(kernel.pod_netns(), link.index, mac, addresses)
         }
-        Step::AwaitDad { name, addresses } => await_dad(kernel, pod_link(kernel, name)?.index, addresses),
+        Step::AwaitDad { name, addresses } => await_dad(kernel, name, addresses),
         Step::Advertise { name, addresses } => {
             let link = pod_link(kernel, name)?;
             let mac = parse_mac(link.mac.as_deref().unwrap_or_default())?;
@@ -81,15 +81,20 @@ fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
 }
 
 const DAD_POLL: Duration = Duration::from_millis(20);
+/// A fresh link without carrier (its parent's NIC still negotiating, a cable or switch port
+/// down) keeps its IPv6 addresses tentative, whatever the DAD sysctls, until carrier comes:
+/// past this the wait stops and names the link, rather than spend `DAD_PATIENCE` per sandbox.
+const NO_CARRIER_PATIENCE: Duration = Duration::from_secs(3);
 
 /// Returns once every IPv6 address of link #`index` is usable, the restored `addresses` and
 /// the link-local one the kernel made at link up alike (as the reference plugins wait at
 /// ADD); fails at once when detection failed for one (the kernel keeps it, unused, as
 /// evidence: `dadfailed` in `ip addr`), and after `DAD_PATIENCE` when one is still tentative.
-fn await_dad(kernel: &Kernel, index: u32, addresses: &[Ipv6Addr]) -> Result<()> {
+fn await_dad(kernel: &Kernel, name: &str, addresses: &[Ipv6Addr]) -> Result<()> {
     let started = Instant::now();
     loop {
-        let states = kernel.ipv6_dad_states(index)?;
+        let link = pod_link(kernel, name)?;
+        let states = kernel.ipv6_dad_states(link.index)?;
         if let Some((taken, _)) = states.iter().find(|(_, dad)| *dad == Dad::Failed) {
             return Err(GuardError::new(
                 Kind::Netlink,
@@ -107,6 +112,17 @@ fn await_dad(kernel: &Kernel, index: u32, addresses: &[Ipv6Addr]) -> Result<()> 
         let tentative: Vec<String> = states.iter().filter(|(_, dad)| *dad == Dad::Tentative).map(|(ip, _)| ip.to_string()).collect();
         if tentative.is_empty() {
             return Ok(());
+        }
+        if !link.carrier && started.elapsed() >= NO_CARRIER_PATIENCE {
+            return Err(GuardError::new(
+                Kind::Netlink,
+                format!(
+                    "{} still tentative: {name} has no carrier (its parent link has none: the NIC still negotiating, \
+                     a cable or switch port down), and the kernel starts detection only once it has; the addresses \
+                     become usable by themselves then (`ip -n <pod> link show {name}` shows LOWER_UP)",
+                    tentative.join(", ")
+                ),
+            ));
         }
         if started.elapsed() >= DAD_PATIENCE {
             return Err(GuardError::new(

@@ -241,6 +241,7 @@ mod tests {
             parent_index: None,
             parent_elsewhere: false,
             up,
+            carrier: true,
         }
     }
 

@@ -75,7 +75,8 @@ impl fmt::Display for Step {
                 let list: Vec<String> = addresses.iter().map(Ipv6Addr::to_string).collect();
                 write!(
                     f,
-                    "wait for duplicate address detection of {} on {name}: until `ip -n <pod> -6 addr show dev {name} tentative` is empty, at most {} s",
+                    "wait for duplicate address detection of {} on {name}: until `ip -n <pod> -6 addr show dev {name} tentative` is empty \
+                     (one also marked dadfailed never leaves it: another node holds it), at most {} s",
                     list.join(", "),
                     DAD_PATIENCE.as_secs()
                 )
@@ -319,7 +320,8 @@ mod tests {
                 "ip -n <pod> route add ::/0 via fd00:161::1 dev eth0 metric 1024",
                 "gratuitous ARP on eth0 for 10.161.75.155",
                 "wait for duplicate address detection of fd00:161::9b on eth0: until \
-                 `ip -n <pod> -6 addr show dev eth0 tentative` is empty, at most 10 s",
+                 `ip -n <pod> -6 addr show dev eth0 tentative` is empty \
+                 (one also marked dadfailed never leaves it: another node holds it), at most 10 s",
                 "unsolicited neighbour advertisement (override) on eth0 for fd00:161::9b",
             ]
         );
@@ -339,7 +341,8 @@ mod tests {
                 "ip -n <pod> -6 addr del fd00:161::9b/64 dev eth0",
                 "ip -n <pod> -6 addr add fd00:161::9b/64 dev eth0",
                 "wait for duplicate address detection of fd00:161::9b on eth0: until \
-                 `ip -n <pod> -6 addr show dev eth0 tentative` is empty, at most 10 s",
+                 `ip -n <pod> -6 addr show dev eth0 tentative` is empty \
+                 (one also marked dadfailed never leaves it: another node holds it), at most 10 s",
                 "unsolicited neighbour advertisement (override) on eth0 for fd00:161::9b",
             ]
         );

@@ -578,3 +578,40 @@ fn the_neighbour_advertisement_is_well_formed_on_the_wire() {
     }
     net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
+
+/// A node's worth of dual-stack pods after the reload, one of whose IPv6 addresses another
+/// node took meanwhile: that sandbox alone is FAILED, naming the address; the others are
+/// restored and usable over IPv6 at once; the run exits 1 and the summary counts both.
+#[test]
+fn one_taken_ipv6_address_among_many_fails_only_its_sandbox() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let state_dir = net.state_dir.to_str().unwrap().to_string();
+    let pods: Vec<Sandbox> = (0..4).map(|i| Sandbox::new("db", &format!("pg-{i}"), &format!("uid-pg-{i}"))).collect();
+    let results: Vec<Value> = pods.iter().map(|pod| net.add(pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr))).collect();
+    let taken = address_of(&results[2], true);
+
+    lan.unplug();
+    lan.plug_dual(&net.subnet);
+    lan.netns.exec(&["ip", "-6", "addr", "add", &format!("{taken}/128"), "dev", &lan.uplink, "nodad"]);
+    let out = guard(&["--restore", "--state-dir", &state_dir, "--all"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("4 sandboxes: 3 restored, 0 intact"), "{said}");
+    assert!(said.contains("1 failed"), "{said}");
+    // The detail line names the sandbox in full.
+    assert!(said.lines().any(|l| l.starts_with(&pods[2].container_id) && l.ends_with("FAILED")), "{said}");
+    assert!(said.contains(&format!("it failed for {taken}")), "{said}");
+    for (i, (pod, result)) in pods.iter().zip(&results).enumerate() {
+        if i == 2 {
+            continue;
+        }
+        assert!(pings_at_once(pod, &net.subnet.host6(1)), "pod {i} -> router over IPv6 right after the restore: {said}");
+        assert_eq!(unsettled_ipv6(pod), Vec::<Value>::new());
+        assert_result_matches_kernel(result, pod);
+    }
+    lan.netns.exec(&["ip", "-6", "addr", "del", &format!("{taken}/128"), "dev", &lan.uplink]);
+    for pod in &pods {
+        net.del(pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+    }
+}

@@ -530,9 +530,42 @@ fn a_parent_without_carrier_is_named_not_waited_on() {
 #[test]
 fn the_neighbour_advertisement_is_well_formed_on_the_wire() {
     sys::skip_unless_root!(&[libcni::TOOLS, &["tcpdump"]].concat());
+    let (pod_v6, pod_mac, advert) = advertisement_on_the_wire(false);
+    for needle in [
+        format!("{pod_mac} > 33:33:00:00:00:01"),
+        "hlim 255".to_string(),
+        format!("{pod_v6} > ff02::1"),
+        "icmp6 sum ok".to_string(),
+        "neighbor advertisement".to_string(),
+        "Flags [override]".to_string(),
+        // tcpdump names the target link-layer address option "destination link-address".
+        format!("destination link-address option (2), length 8 (1): {pod_mac}"),
+    ] {
+        assert!(advert.contains(&needle), "{needle:?} missing from the advertisement: {advert}");
+    }
+}
+
+/// A pod that routes IPv6 (forwarding on: a CNF, a VPN or NAT64 pod on a macvlan) must
+/// advertise with the Router flag, as the kernel's own unsolicited advertisement does
+/// (`router = forwarding`, ndisc_send_unsol_na): a receiver that sees IsRouter go from true
+/// to false takes the pod out of its default router list (RFC 4861 7.2.5).
+#[test]
+fn a_routing_pod_advertises_itself_as_a_router() {
+    sys::skip_unless_root!(&[libcni::TOOLS, &["tcpdump"]].concat());
+    let (pod_v6, _, advert) = advertisement_on_the_wire(true);
+    assert!(advert.contains(&format!("tgt is {pod_v6}, Flags [router, override]")), "the Router flag is missing: {advert}");
+}
+
+/// Adds a dual-stack pod (with IPv6 forwarding on in its netns when `routing`), reloads the
+/// LAN's master, restores the pod while tcpdump listens on the router's end, and returns the
+/// pod's IPv6 address, its MAC and tcpdump's decoding of the advertisement for it.
+fn advertisement_on_the_wire(routing: bool) -> (String, String, String) {
     let (lan, net) = dual_stack_macvlan_network_on_a_lan();
     let state_dir = net.state_dir.to_str().unwrap().to_string();
     let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
+    if routing {
+        pod.netns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.all.forwarding=1"]);
+    }
     let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
     let (pod_v6, pod_mac) = (address_of(&result, true), pod_mac_of(&result));
 
@@ -564,19 +597,8 @@ fn the_neighbour_advertisement_is_well_formed_on_the_wire() {
     let lines: Vec<&str> = decoded.lines().collect();
     let at = lines.iter().position(|l| l.contains(&format!("tgt is {pod_v6}"))).unwrap_or_else(|| panic!("no advertisement for {pod_v6}: {decoded}"));
     let advert = std::iter::once(lines[at]).chain(lines[at + 1..].iter().copied().take_while(|l| l.starts_with(char::is_whitespace))).collect::<Vec<_>>().join("\n");
-    for needle in [
-        format!("{pod_mac} > 33:33:00:00:00:01"),
-        "hlim 255".to_string(),
-        format!("{pod_v6} > ff02::1"),
-        "icmp6 sum ok".to_string(),
-        "neighbor advertisement".to_string(),
-        "Flags [override]".to_string(),
-        // tcpdump names the target link-layer address option "destination link-address".
-        format!("destination link-address option (2), length 8 (1): {pod_mac}"),
-    ] {
-        assert!(advert.contains(&needle), "{needle:?} missing from the advertisement: {advert}");
-    }
     net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+    (pod_v6, pod_mac, advert)
 }
 
 /// A node's worth of dual-stack pods after the reload, one of whose IPv6 addresses another

@@ -75,7 +75,8 @@ fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
         Step::Advertise { name, addresses } => {
             let link = pod_link(kernel, name)?;
             let mac = parse_mac(link.mac.as_deref().unwrap_or_default())?;
-            ndisc::advertise(kernel.pod_netns(), link.index, mac, addresses)
+            let router = sysctl::ipv6_forwarding(kernel.pod_netns(), name)?;
+            ndisc::advertise(kernel.pod_netns(), link.index, mac, router, addresses)
         }
     }
 }

@@ -434,6 +434,18 @@ fn a_dual_stack_pod_under_cri_comes_back_with_both_families() {
 // ---------------------------------------------------------------------------------------
 // Review of issue 20: what an operator meets after a reload with IPv6 pods.
 
+/// One dual-stack pod added through libcni (after `prepare` set up its netns), then the
+/// driver reload that takes its macvlan: the LAN, the network, the pod and its ADD result.
+fn one_dual_stack_pod_after_a_reload(prepare: impl FnOnce(&Sandbox)) -> (Lan, Network, Sandbox, Value) {
+    let (lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
+    prepare(&pod);
+    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    lan.unplug();
+    lan.plug_dual(&net.subnet);
+    (lan, net, pod, result)
+}
+
 /// After a DAD failure the operator does what the FAILED line says (finds the node that holds
 /// the address and stops it) and runs `--restore` again. The kernel never re-runs detection for
 /// an address it marked `dadfailed`, so the pod's IPv6 address stays unusable; the second
@@ -441,14 +453,9 @@ fn a_dual_stack_pod_under_cri_comes_back_with_both_families() {
 #[test]
 fn a_restore_after_the_holder_left_brings_a_dadfailed_address_back() {
     sys::skip_unless_root!(libcni::TOOLS);
-    let (lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let (lan, net, pod, result) = one_dual_stack_pod_after_a_reload(|_| {});
     let state_dir = net.state_dir.to_str().unwrap().to_string();
-    let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
-    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
     let pod_v6 = address_of(&result, true);
-
-    lan.unplug();
-    lan.plug_dual(&net.subnet);
     let held = format!("{pod_v6}/128");
     lan.netns.exec(&["ip", "-6", "addr", "add", &held, "dev", &lan.uplink, "nodad"]);
     let first = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
@@ -478,15 +485,10 @@ fn a_restore_after_the_holder_left_brings_a_dadfailed_address_back() {
 #[test]
 fn a_pod_netns_with_ipv6_disabled_by_default_gets_both_families_back() {
     sys::skip_unless_root!(libcni::TOOLS);
-    let (lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let (_lan, net, pod, result) = one_dual_stack_pod_after_a_reload(|pod| {
+        pod.netns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.default.disable_ipv6=1"]);
+    });
     let state_dir = net.state_dir.to_str().unwrap().to_string();
-    let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
-    pod.netns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.default.disable_ipv6=1"]);
-    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
-    assert!(pod.can_ping(&net.subnet.host6(1)), "the reference plugins enabled IPv6 on the pod's interface at ADD");
-
-    lan.unplug();
-    lan.plug_dual(&net.subnet);
     let out = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
     let said = text(&out);
     let routes = pod_routes(&pod);
@@ -504,13 +506,8 @@ fn a_pod_netns_with_ipv6_disabled_by_default_gets_both_families_back() {
 #[test]
 fn a_parent_without_carrier_is_named_not_waited_on() {
     sys::skip_unless_root!(libcni::TOOLS);
-    let (lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let (lan, net, pod, _) = one_dual_stack_pod_after_a_reload(|_| {});
     let state_dir = net.state_dir.to_str().unwrap().to_string();
-    let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
-    net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
-
-    lan.unplug();
-    lan.plug_dual(&net.subnet);
     lan.netns.exec(&["ip", "link", "set", &lan.uplink, "down"]);
     let started = Instant::now();
     let out = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
@@ -560,17 +557,13 @@ fn a_routing_pod_advertises_itself_as_a_router() {
 /// LAN's master, restores the pod while tcpdump listens on the router's end, and returns the
 /// pod's IPv6 address, its MAC and tcpdump's decoding of the advertisement for it.
 fn advertisement_on_the_wire(routing: bool) -> (String, String, String) {
-    let (lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let (lan, net, pod, result) = one_dual_stack_pod_after_a_reload(|pod| {
+        if routing {
+            pod.netns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.all.forwarding=1"]);
+        }
+    });
     let state_dir = net.state_dir.to_str().unwrap().to_string();
-    let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
-    if routing {
-        pod.netns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.all.forwarding=1"]);
-    }
-    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
     let (pod_v6, pod_mac) = (address_of(&result, true), pod_mac_of(&result));
-
-    lan.unplug();
-    lan.plug_dual(&net.subnet);
     let capture = std::env::temp_dir().join(format!("{}.pcap", sys::unique("sgna")));
     let capture_path = capture.to_str().unwrap().to_string();
     let mut tcpdump = std::process::Command::new("ip")

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use cni::{Cni, Reply, guard};
 use libcni::{
     IFNAME, Lan, Network, NetnsArg, Sandbox, assert_result_matches_kernel, bare_ip, bridge_network, dual_stack_macvlan_network_on_a_lan,
-    macvlan_network_on_a_lan, pod_has_link,
+    ipv6_only_macvlan_network_on_a_lan, macvlan_network_on_a_lan, pod_has_link,
 };
 use serde_json::{Value, json};
 
@@ -629,4 +629,29 @@ fn one_taken_ipv6_address_among_many_fails_only_its_sandbox() {
     for pod in &pods {
         net.del(pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
     }
+}
+
+/// An IPv6-only pod (host-local with a v6 range alone): the restore has no IPv4 to announce
+/// and must still rebuild, wait for detection and advertise, and the pod reaches the router
+/// over IPv6 the moment it returns; CHECK passes afterwards.
+#[test]
+fn an_ipv6_only_pod_is_usable_right_after_restore() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (lan, net) = ipv6_only_macvlan_network_on_a_lan();
+    let state_dir = net.state_dir.to_str().unwrap().to_string();
+    let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
+    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    let ips = result["ips"].as_array().unwrap();
+    assert!(ips.len() == 1 && ips[0]["address"].as_str().unwrap().contains(':'), "an IPv6 address only: {result}");
+
+    lan.unplug();
+    lan.plug_dual(&net.subnet);
+    let out = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(!said.contains("gratuitous ARP"), "{said}");
+    assert!(pings_at_once(&pod, &net.subnet.host6(1)), "pod -> router over IPv6 right after the restore: {said}");
+    assert_result_matches_kernel(&result, &pod);
+    net.check(&pod).unwrap_or_else(|e| panic!("CHECK after the restore failed: {}", e.stderr));
+    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }

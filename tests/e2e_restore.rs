@@ -655,3 +655,24 @@ fn an_ipv6_only_pod_is_usable_right_after_restore() {
     net.check(&pod).unwrap_or_else(|e| panic!("CHECK after the restore failed: {}", e.stderr));
     net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
+
+/// A pod netns that turned detection off for new links (`accept_dad=0`, as some CNFs do to
+/// come up faster): the re-created interface has nothing to wait for, the restore returns at
+/// once with the address usable and advertised.
+#[test]
+fn a_pod_without_dad_is_restored_without_waiting() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (_lan, net, pod, result) = one_dual_stack_pod_after_a_reload(|pod| {
+        pod.netns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.default.accept_dad=0"]);
+    });
+    let state_dir = net.state_dir.to_str().unwrap().to_string();
+    let started = Instant::now();
+    let out = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
+    let (took, said) = (started.elapsed(), text(&out));
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("neighbour advertisement (override)"), "{said}");
+    assert!(took < Duration::from_secs(1), "nothing to wait for, yet the restore took {took:?}: {said}");
+    assert!(pings_at_once(&pod, &net.subnet.host6(1)), "pod -> router over IPv6 right after the restore: {said}");
+    assert_result_matches_kernel(&result, &pod);
+    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+}

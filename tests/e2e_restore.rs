@@ -676,3 +676,31 @@ fn a_pod_without_dad_is_restored_without_waiting() {
     assert_result_matches_kernel(&result, &pod);
     net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
+
+/// A node's worth of dual-stack pods after the reload: README says the DAD wait is paid about
+/// once per run, not once per pod. Forty pods' waits must overlap: the whole restore within
+/// a few seconds, not the sum of per-batch waits.
+#[test]
+fn forty_dual_stack_pods_wait_for_detection_about_once() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let state_dir = net.state_dir.to_str().unwrap().to_string();
+    let pods: Vec<Sandbox> = (0..40).map(|i| Sandbox::new("db", &format!("pg-{i}"), &format!("uid-pg-{i}"))).collect();
+    for pod in &pods {
+        net.add(pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    }
+    lan.unplug();
+    lan.plug_dual(&net.subnet);
+    let started = Instant::now();
+    let out = guard(&["--restore", "--state-dir", &state_dir, "--all"]);
+    let (took, said) = (started.elapsed(), text(&out));
+    assert!(out.status.success(), "{said}");
+    eprintln!("restore of {} dual-stack pods took {took:?}", pods.len());
+    for pod in &pods {
+        assert_eq!(unsettled_ipv6(pod), Vec::<Value>::new());
+    }
+    assert!(took < Duration::from_secs(4), "40 pods' DAD waits did not overlap: {took:?}");
+    for pod in &pods {
+        net.del(pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+    }
+}

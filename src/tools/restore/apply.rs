@@ -81,7 +81,8 @@ fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
     }
 }
 
-const DAD_POLL: Duration = Duration::from_millis(20);
+/// As the reference plugins' SettleAddresses; each poll is two small netlink requests.
+const DAD_POLL: Duration = Duration::from_millis(50);
 /// A fresh link without carrier (its parent's NIC still negotiating, a cable or switch port
 /// down) keeps its IPv6 addresses tentative, whatever the DAD sysctls, until carrier comes:
 /// past this the wait stops and names the link, rather than spend `DAD_PATIENCE` per sandbox.

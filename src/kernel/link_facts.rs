@@ -248,6 +248,7 @@ mod tests {
             parent_index: Some(7),
             parent_elsewhere: true,
             up: true,
+            carrier: true,
         }
     }
 

@@ -7,4 +7,5 @@ pub mod netns;
 pub mod ndisc;
 pub mod netlink;
 mod raw_socket;
+pub mod sysctl;
 pub mod teardown;

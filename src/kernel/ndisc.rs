@@ -19,17 +19,21 @@ use super::raw_socket;
 use crate::error::Result;
 
 const NEIGHBOUR_ADVERTISEMENT: u8 = 136;
+const ROUTER: u8 = 0x80;
 const OVERRIDE: u8 = 0x20;
 const TARGET_LINK_LAYER_ADDRESS: u8 = 2;
 /// Receivers drop neighbour discovery that crossed a router (RFC 4861 7.1.2).
 const HOP_LIMIT: i32 = 255;
 
-/// The ICMPv6 message: an advertisement of `ip` at `mac`, neither a router's nor solicited,
-/// overriding what receivers have cached. The checksum stays zero for the kernel to fill.
-pub fn advertisement(mac: [u8; 6], ip: Ipv6Addr) -> [u8; 32] {
+/// The ICMPv6 message: an advertisement of `ip` at `mac`, not solicited, overriding what
+/// receivers have cached, and a router's when the pod forwards: receivers take a clear Router
+/// flag from a neighbour they knew as a router to mean it no longer is one (RFC 4861 7.2.5),
+/// so the flag is set as the kernel sets it in its own (from the `forwarding` sysctl). The
+/// checksum stays zero for the kernel to fill.
+pub fn advertisement(mac: [u8; 6], ip: Ipv6Addr, router: bool) -> [u8; 32] {
     let mut packet = [0u8; 32];
     packet[0] = NEIGHBOUR_ADVERTISEMENT;
-    packet[4] = OVERRIDE;
+    packet[4] = OVERRIDE | if router { ROUTER } else { 0 };
     packet[8..24].copy_from_slice(&ip.octets());
     packet[24] = TARGET_LINK_LAYER_ADDRESS;
     // Option length in units of 8 bytes.
@@ -40,7 +44,7 @@ pub fn advertisement(mac: [u8; 6], ip: Ipv6Addr) -> [u8; 32] {
 
 /// Sends one advertisement per address to all nodes (ff02::1) out of link `index` of `netns`.
 /// Each address must be usable (not tentative): it is the packet's source.
-pub fn advertise(netns: &Netns, index: u32, mac: [u8; 6], addresses: &[Ipv6Addr]) -> Result<()> {
+pub fn advertise(netns: &Netns, index: u32, mac: [u8; 6], router: bool, addresses: &[Ipv6Addr]) -> Result<()> {
     let sockets = super::netns::inside(netns, || {
         addresses
             .iter()
@@ -49,7 +53,7 @@ pub fn advertise(netns: &Netns, index: u32, mac: [u8; 6], addresses: &[Ipv6Addr]
     })?;
     let to = sockaddr(SocketAddrV6::new(Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1), 0, 0, index));
     for (ip, socket) in addresses.iter().zip(sockets) {
-        raw_socket::send_to(&socket, &advertisement(mac, *ip), &to)
+        raw_socket::send_to(&socket, &advertisement(mac, *ip, router), &to)
             .map_err(|e| raw_socket::failed(&format!("send the neighbour advertisement for {ip}"), e))?;
     }
     Ok(())
@@ -103,9 +107,11 @@ mod tests {
     fn advertisement_overrides_and_carries_the_mac() {
         let mac = [0x6e, 0x92, 0x1a, 0xb4, 0xfc, 0x34];
         let ip: Ipv6Addr = "fd5a:c8:3::5".parse().unwrap();
-        let packet = advertisement(mac, ip);
+        let packet = advertisement(mac, ip, false);
         // Type 136, code 0, checksum left to the kernel; R=0 S=0 O=1.
         assert_eq!(&packet[0..8], &[136, 0, 0, 0, 0x20, 0, 0, 0]);
+        // A forwarding pod's: R=1 S=0 O=1.
+        assert_eq!(advertisement(mac, ip, true)[4], 0xa0);
         assert_eq!(&packet[8..24], &ip.octets());
         assert_eq!(&packet[24..26], &[2, 1]);
         assert_eq!(&packet[26..32], &mac);

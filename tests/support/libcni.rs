@@ -645,7 +645,7 @@ pub fn macvlan_network_on_a_lan() -> (Lan, Network) {
 
 /// The macvlan network of `source` on a LAN of its own (see `macvlan_network_on_a_lan`).
 pub fn macvlan_network_from(source: Source) -> (Lan, Network) {
-    macvlan_network_of(source, false)
+    macvlan_network_of(source, Stack::V4)
 }
 
 /// The macvlan network dual-stack, as host-local serves it: a v4 range (the /24) and a v6
@@ -657,20 +657,41 @@ pub fn dual_stack_macvlan_network_on_a_lan() -> (Lan, Network) {
 
 /// The macvlan network of `source` made dual-stack (see `dual_stack_macvlan_network_on_a_lan`).
 pub fn dual_stack_macvlan_network_from(source: Source) -> (Lan, Network) {
-    macvlan_network_of(source, true)
+    macvlan_network_of(source, Stack::Dual)
 }
 
-fn macvlan_network_of(source: Source, dual_stack: bool) -> (Lan, Network) {
+/// The macvlan network with its v6 range only (the /64 twin), a default route through the
+/// router's ::1; the router has both addresses all the same.
+#[allow(dead_code)]
+pub fn ipv6_only_macvlan_network_on_a_lan() -> (Lan, Network) {
+    macvlan_network_of(Source::Example, Stack::V6)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Stack {
+    V4,
+    Dual,
+    V6,
+}
+
+fn macvlan_network_of(source: Source, stack: Stack) -> (Lan, Network) {
     let lan = Lan::new();
     let conflists = ("20-macvlan-guarded.conflist", "macvlan-host-local.conflist");
     let net = Network::from_source(source, conflists.0, conflists.1, vec![HostLink { name: lan.master.clone() }], |primary, subnet| {
         primary["master"] = json!(lan.master);
-        if dual_stack {
-            primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr() }], [{ "subnet": subnet.cidr6() }]]);
-            primary["ipam"]["routes"] = json!([{ "dst": "0.0.0.0/0", "gw": subnet.host(1) }, { "dst": "::/0", "gw": subnet.host6(1) }]);
+        match stack {
+            Stack::V4 => {}
+            Stack::Dual => {
+                primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr() }], [{ "subnet": subnet.cidr6() }]]);
+                primary["ipam"]["routes"] = json!([{ "dst": "0.0.0.0/0", "gw": subnet.host(1) }, { "dst": "::/0", "gw": subnet.host6(1) }]);
+            }
+            Stack::V6 => {
+                primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr6() }]]);
+                primary["ipam"]["routes"] = json!([{ "dst": "::/0", "gw": subnet.host6(1) }]);
+            }
         }
     });
-    if dual_stack {
+    if stack != Stack::V4 {
         lan.plug_dual(&net.subnet);
     } else {
         lan.plug(&format!("{}/24", net.subnet.host(1)));

@@ -51,6 +51,8 @@ pub struct LinkState {
     /// the host's.
     pub parent_elsewhere: bool,
     pub up: bool,
+    /// IFF_LOWER_UP: the link has carrier. A macvlan has it when its parent has.
+    pub carrier: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -124,6 +124,7 @@ fn link_state(message: &LinkMessage) -> LinkState {
         parent_index: None,
         parent_elsewhere: false,
         up: message.header.flags.contains(LinkFlags::Up),
+        carrier: message.header.flags.contains(LinkFlags::LowerUp),
     };
     for attribute in &message.attributes {
         match attribute {

@@ -136,6 +136,19 @@ impl Kernel {
         }
     }
 
+    /// Removes the IPv6 address `cidr` from pod link #`index`; one already gone is no error.
+    pub fn delete_address(&self, index: u32, cidr: IpNetwork) -> Result<()> {
+        let mut message = AddressMessage::default();
+        message.header.index = index;
+        message.header.prefix_len = cidr.prefix();
+        message.header.family = if cidr.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+        message.attributes.push(AddressAttribute::Local(cidr.ip()));
+        match self.socket(Side::Pod).request(RouteNetlinkMessage::DelAddress(message), NLM_F_REQUEST | NLM_F_ACK) {
+            Err(err) if errno(&err) == Some(nix::libc::EADDRNOTAVAIL) => Ok(()),
+            outcome => outcome.map(drop).map_err(|e| failed(&format!("delete address {cidr}"), e)),
+        }
+    }
+
     pub fn add_route(&self, index: u32, dst: IpNetwork, gateway: Option<IpAddr>, link_scope: bool, metric: Option<u32>) -> Result<()> {
         let mut message = RouteMessage::default();
         message.header.table = RouteHeader::RT_TABLE_MAIN;

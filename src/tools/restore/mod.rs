@@ -54,12 +54,14 @@ pub fn run(state_dir: &Path, selection: &Selection, dry_run: bool, lock_timeout:
 }
 
 /// Sandboxes with IPv6 wait a second or two each for duplicate address detection: those
-/// waits run side by side, so that a node's worth of pods is back within about that, not
-/// that times their number. Everything else runs one sandbox at a time (`one_at_a_time`):
-/// two sandboxes on one lost vlan parent must not both see it missing and both create it.
+/// waits run side by side, so that a node's worth of pods (kubelet's default cap is 110) is
+/// back within about two of them, not that times their number. A worker holds two netlink
+/// sockets and polls every `apply::DAD_POLL`: 64 of them stay well inside a 1024-descriptor limit.
+/// Everything else runs one sandbox at a time (`one_at_a_time`): two sandboxes on one lost
+/// vlan parent must not both see it missing and both create it.
 /// Rows keep the selection's order.
 fn restore_all(selected: Vec<Selected>, dry_run: bool) -> Vec<Row> {
-    const WORKERS: usize = 16;
+    const WORKERS: usize = 64;
     let workers = selected.len().min(WORKERS);
     let queue = Mutex::new(selected.into_iter().enumerate());
     let one_at_a_time = Mutex::new(());

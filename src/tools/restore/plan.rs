@@ -19,7 +19,12 @@ pub enum Step {
     /// Created on `parent` directly inside the pod's netns, under its own name.
     CreateMacvlan { name: String, parent: String, mode: String, mac: String, mtu: u32 },
     SetUp { name: String },
+    /// `disable_ipv6` 0 for the interface, before its first IPv6 address (`kernel::sysctl`).
+    EnableIpv6 { name: String },
     AddAddress { name: String, address: IpNetwork },
+    /// Taken off so that adding it again runs duplicate address detection anew: the kernel
+    /// never retries detection for an address it marked `dadfailed`.
+    DeleteAddress { name: String, address: IpNetwork },
     AddRoute { name: String, route: RouteFacts },
     Announce { name: String, addresses: Vec<Ipv4Addr> },
     /// Waits, at most `DAD_PATIENCE`, until duplicate address detection has settled for each
@@ -44,8 +49,10 @@ impl fmt::Display for Step {
                 write!(f, "ip link add link {parent} name {name} address {mac} mtu {mtu} netns <pod> type macvlan mode {mode}")
             }
             Step::SetUp { name } => write!(f, "ip -n <pod> link set {name} up"),
+            Step::EnableIpv6 { name } => write!(f, "ip netns exec <pod> sysctl -qw net/ipv6/conf/{name}/disable_ipv6=0"),
             Step::AddAddress { name, address: address @ IpNetwork::V4(_) } => write!(f, "ip -n <pod> addr add {address} dev {name}"),
             Step::AddAddress { name, address: address @ IpNetwork::V6(_) } => write!(f, "ip -n <pod> -6 addr add {address} dev {name}"),
+            Step::DeleteAddress { name, address } => write!(f, "ip -n <pod> -6 addr del {address} dev {name}"),
             Step::AddRoute { name, route } => {
                 write!(f, "ip -n <pod> route add {}", route.dst)?;
                 if let Some(gateway) = route.gateway {
@@ -68,7 +75,8 @@ impl fmt::Display for Step {
                 let list: Vec<String> = addresses.iter().map(Ipv6Addr::to_string).collect();
                 write!(
                     f,
-                    "wait for duplicate address detection of {} on {name}: until `ip -n <pod> -6 addr show dev {name} tentative` is empty, at most {} s",
+                    "wait for duplicate address detection of {} on {name}: until `ip -n <pod> -6 addr show dev {name} tentative` is empty \
+                     (one also marked dadfailed never leaves it: another node holds it), at most {} s",
                     list.join(", "),
                     DAD_PATIENCE.as_secs()
                 )
@@ -85,6 +93,8 @@ impl fmt::Display for Step {
 #[derive(Debug, Default)]
 pub struct Seen {
     pub interface_present: bool,
+    /// Recorded IPv6 addresses the present interface holds as `dadfailed`.
+    pub dad_failed: Vec<Ipv6Addr>,
     /// The recorded parent, looked up by name on the host.
     pub parent: Option<LinkState>,
     /// The recorded parent's lower link, when the parent is a vlan and is missing.
@@ -102,7 +112,10 @@ pub enum Decision {
 /// steps that rebuild what is missing, or why nothing should be done.
 pub fn plan(if_name: &str, links: Option<&LinkFacts>, seen: &Seen) -> Decision {
     if seen.interface_present {
-        return Decision::Intact;
+        return match links {
+            Some(LinkFacts::Observed(facts)) if !seen.dad_failed.is_empty() => Decision::Rebuild(dad_again(if_name, facts, &seen.dad_failed)),
+            _ => Decision::Intact,
+        };
     }
     let facts = match links {
         Some(LinkFacts::Observed(facts)) => facts,
@@ -169,6 +182,9 @@ fn pod_steps(if_name: &str, facts: &InterfaceFacts, parent: String, mac: String,
         Step::CreateMacvlan { name: name.clone(), parent, mode, mac, mtu: facts.mtu },
         Step::SetUp { name: name.clone() },
     ];
+    if facts.addresses.iter().any(IpNetwork::is_ipv6) {
+        steps.push(Step::EnableIpv6 { name: name.clone() });
+    }
     steps.extend(facts.addresses.iter().map(|address| Step::AddAddress { name: name.clone(), address: *address }));
     // Routes through a gateway need the route to the gateway first: on-link ones go first.
     let (on_link, via_gateway): (Vec<&RouteFacts>, Vec<&RouteFacts>) = facts.routes.iter().partition(|r| r.gateway.is_none());
@@ -191,6 +207,24 @@ fn pod_steps(if_name: &str, facts: &InterfaceFacts, parent: String, mac: String,
     steps
 }
 
+/// For an interface that is back but holds recorded IPv6 addresses as `dadfailed` (their
+/// holder may have left since): each taken off and added again, so that detection runs once
+/// more; then the same wait and advertisement as a rebuild's. Where the holder is still there
+/// detection fails again and nothing is advertised.
+fn dad_again(if_name: &str, facts: &InterfaceFacts, dad_failed: &[Ipv6Addr]) -> Vec<Step> {
+    let name = if_name.to_string();
+    let failed: Vec<IpNetwork> = facts.addresses.iter().copied().filter(|a| matches!(a.ip(), IpAddr::V6(ip) if dad_failed.contains(&ip))).collect();
+    let mut steps = Vec::new();
+    for address in &failed {
+        steps.push(Step::DeleteAddress { name: name.clone(), address: *address });
+        steps.push(Step::AddAddress { name: name.clone(), address: *address });
+    }
+    let addresses: Vec<Ipv6Addr> = dad_failed.to_vec();
+    steps.push(Step::AwaitDad { name: name.clone(), addresses: addresses.clone() });
+    steps.push(Step::Advertise { name, addresses });
+    steps
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +242,7 @@ mod tests {
             parent_index: None,
             parent_elsewhere: false,
             up,
+            carrier: true,
         }
     }
 
@@ -251,7 +286,7 @@ mod tests {
 
     #[test]
     fn a_lost_vlan_parent_is_recreated_on_its_lower_link() {
-        let seen = Seen { interface_present: false, parent: None, vlan_lower: Some(link("bond4", true)) };
+        let seen = Seen { interface_present: false, parent: None, vlan_lower: Some(link("bond4", true)), ..Seen::default() };
         assert_eq!(
             texts(plan("eth0", Some(&incident_facts()), &seen)),
             [
@@ -272,11 +307,12 @@ mod tests {
         let LinkFacts::Observed(mut facts) = incident_facts() else { unreachable!() };
         facts.addresses.push("fd00:161::9b/64".parse().unwrap());
         facts.routes.push(RouteFacts { dst: "::/0".parse().unwrap(), gateway: Some("fd00:161::1".parse().unwrap()), link_scope: false, metric: Some(1024) });
-        let seen = Seen { interface_present: false, parent: Some(link("bond4.3", true)), vlan_lower: None };
+        let seen = Seen { interface_present: false, parent: Some(link("bond4.3", true)), vlan_lower: None, ..Seen::default() };
         let steps = texts(plan("eth0", Some(&LinkFacts::Observed(facts)), &seen));
         assert_eq!(
             steps[2..],
             [
+                "ip netns exec <pod> sysctl -qw net/ipv6/conf/eth0/disable_ipv6=0",
                 "ip -n <pod> addr add 10.161.75.155/22 dev eth0",
                 "ip -n <pod> -6 addr add fd00:161::9b/64 dev eth0",
                 "ip -n <pod> route add 10.200.0.0/16 dev eth0 scope link metric 5",
@@ -284,7 +320,29 @@ mod tests {
                 "ip -n <pod> route add ::/0 via fd00:161::1 dev eth0 metric 1024",
                 "gratuitous ARP on eth0 for 10.161.75.155",
                 "wait for duplicate address detection of fd00:161::9b on eth0: until \
-                 `ip -n <pod> -6 addr show dev eth0 tentative` is empty, at most 10 s",
+                 `ip -n <pod> -6 addr show dev eth0 tentative` is empty \
+                 (one also marked dadfailed never leaves it: another node holds it), at most 10 s",
+                "unsolicited neighbour advertisement (override) on eth0 for fd00:161::9b",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_present_interface_with_a_dadfailed_address_runs_detection_again() {
+        let LinkFacts::Observed(mut facts) = incident_facts() else { unreachable!() };
+        facts.addresses.push("fd00:161::9b/64".parse().unwrap());
+        let facts = LinkFacts::Observed(facts);
+        let intact = Seen { interface_present: true, ..Seen::default() };
+        assert_eq!(plan("eth0", Some(&facts), &intact), Decision::Intact);
+        let taken = Seen { interface_present: true, dad_failed: vec!["fd00:161::9b".parse().unwrap()], ..Seen::default() };
+        assert_eq!(
+            texts(plan("eth0", Some(&facts), &taken)),
+            [
+                "ip -n <pod> -6 addr del fd00:161::9b/64 dev eth0",
+                "ip -n <pod> -6 addr add fd00:161::9b/64 dev eth0",
+                "wait for duplicate address detection of fd00:161::9b on eth0: until \
+                 `ip -n <pod> -6 addr show dev eth0 tentative` is empty \
+                 (one also marked dadfailed never leaves it: another node holds it), at most 10 s",
                 "unsolicited neighbour advertisement (override) on eth0 for fd00:161::9b",
             ]
         );
@@ -292,7 +350,7 @@ mod tests {
 
     #[test]
     fn a_down_lower_link_is_brought_up_first() {
-        let seen = Seen { interface_present: false, parent: None, vlan_lower: Some(link("bond4", false)) };
+        let seen = Seen { interface_present: false, parent: None, vlan_lower: Some(link("bond4", false)), ..Seen::default() };
         let steps = texts(plan("eth0", Some(&incident_facts()), &seen));
         assert_eq!(steps[0], "ip link set bond4 up");
         assert!(steps[1].starts_with("ip link add link bond4 name bond4.3"));
@@ -300,7 +358,7 @@ mod tests {
 
     #[test]
     fn a_present_parent_is_reused() {
-        let seen = Seen { interface_present: false, parent: Some(link("bond4.3", true)), vlan_lower: None };
+        let seen = Seen { interface_present: false, parent: Some(link("bond4.3", true)), vlan_lower: None, ..Seen::default() };
         let steps = texts(plan("eth0", Some(&incident_facts()), &seen));
         assert!(steps[0].starts_with("ip link add link bond4.3 name eth0 address 6e:92:1a:b4:fc:34"), "{steps:?}");
         assert!(!steps.iter().any(|s| s.contains("type vlan")));

@@ -5,10 +5,10 @@
 //! ```text
 //! <stateDir>/lock                                  flock; holds the generation counter
 //! <stateDir>/records/<network>:<container>:<if>    Checkpoint
-//! <stateDir>/owners/<sha256 of the pod key>        Ownership
+//! <stateDir>/owners/<sha256 of the pod key>        Ownership, a symlink whose target is its sealed text
 //! <stateDir>/set-aside/<original name>             corrupt files, kept for the operator
 //! <stateDir>/failed-adds/<network>:<container>:<if> an ADD the guard failed (see failed_add)
-//! <stateDir>/ips/<network>:<address>               who was last given an address (ip_index)
+//! <stateDir>/ips/<network>:<address>               who was last given an address (ip_index), a symlink too
 //! <stateDir>/deferred/<sha256 of the pod key>/<network>:<container>:<if>
 //!                                                  a stale DEL kept from the primary (delegate mode)
 //! <stateDir>/pod-locks/<sha256 of the pod key>     flock per pod key (delegate mode)

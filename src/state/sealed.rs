@@ -36,10 +36,6 @@ pub fn open_nofollow(path: &Path) -> io::Result<File> {
 }
 
 pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
-    read_file(path)
-}
-
-fn read_file<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
     let file = match open_nofollow(path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Loaded::Missing),
@@ -89,15 +85,16 @@ pub fn read_entry<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
         }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Loaded::Missing),
         // EINVAL: there, but no symlink.
-        Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => read_file(path),
+        Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => read(path),
         Err(e) => Err(GuardError::io("read checkpoint", path, e)),
     }
 }
 
 /// Writes `dir/name` as a symlink whose target is `value`'s sealed text: an entry that is
 /// metadata only. It needs no data write of its own and so no data sync: the journal commit
-/// that makes its directory entry durable carries its target too (ext4 journals a long
-/// target's block as metadata, XFS logs it), and a target is set whole by the one syscall
+/// that makes its directory entry durable carries its target too (ext4 writes a long
+/// target's block in or before the commit that creates the link, XFS logs a target or keeps
+/// a short one in the inode), and a target is set whole by the one syscall
 /// that creates the link, so no crash tears it. A new name is one symlink(); an existing
 /// one is replaced by a symlink to a temp name and a rename over it. The caller fsyncs
 /// `dir` (see `Store::sync`). A text longer than a target may hold (PATH_MAX - 1) goes to a

@@ -95,6 +95,13 @@ impl DirtyDirs {
     fn in_order(&self) -> &[u8] {
         &self.order[..usize::from(self.len)]
     }
+
+    fn forget(&mut self, index: u8) {
+        if let Some(at) = self.in_order().iter().position(|&i| i == index) {
+            self.order.copy_within(at + 1..usize::from(self.len), at);
+            self.len -= 1;
+        }
+    }
 }
 
 /// What `read_in_batches` reads.
@@ -429,7 +436,9 @@ impl Store {
     /// never as valid and wrong, and the store trusts an owner whose record is corrupt
     /// (`owner_is_backed`), so the pod keeps its owner and stale DELs stay refused, as after
     /// any other damage to a record. Were a crash still to leave an owner whose record is
-    /// gone, the ownership rule drops it (`DelVerdict::Repair`).
+    /// gone, the ownership rule drops it (`DelVerdict::Repair`). A file system without a
+    /// journal keeps no order at all, and its directory fsync does not write the inode of a
+    /// symlink made in it: the state dir belongs on a journaling one (README).
     pub fn sync(&self) -> Result<()> {
         if let Some(record) = self.unsynced_record.take() {
             record.sync_data().map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
@@ -446,6 +455,20 @@ impl Store {
             self.set_record_count(count.saturating_add_signed(delta));
         }
         Ok(())
+    }
+
+    /// DEL's and GC's sync once they released pod keys and then removed records: the
+    /// ownerships' removal is what must be durable before the answer, and the fsync of owners/
+    /// makes it so (on ext4 it commits the records' removal with it). A power cut may still
+    /// bring a removed record back, unowned: it owns nothing, blocks no DEL, and the runtime's
+    /// repeated DEL or GC removes it. So records/ is not synced after owners/: one sync.
+    pub fn sync_released(&self) -> Result<()> {
+        let mut dirty = self.dirty.get();
+        if dirty.in_order().first() == Some(&1) {
+            dirty.forget(0);
+            self.dirty.set(dirty);
+        }
+        self.sync()
     }
 
     fn mark_dirty(&self, index: u8) {

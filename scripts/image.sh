@@ -2,12 +2,16 @@
 # Builds the node image: FROM scratch, the static binary alone at /sandbox-guard (its
 # entrypoint: the installer's flags go in the DaemonSet's args), offline with Debian's podman,
 # and saves it as an OCI archive to load onto nodes or into a registry. Prints the archive's
-# path.
+# path; with --push, then the image's reference pinned by digest.
 #
-#   bash scripts/image.sh [x86_64|arm64] [TAG]     (default: this machine's arch,
-#                                                    localhost/sandbox-guard:<crate version>)
+#   bash scripts/image.sh [x86_64|arm64] [TAG] [--push]
+#        (default: this machine's arch, registry.example.com/sandbox-guard:<crate version>,
+#         the name the DaemonSets use)
 #
-# Load it: `ctr -n k8s.io images import <archive>` on each node, or `podman load` and push.
+# Publish: TAG names your registry (`podman login` to it first); --push pushes it there and
+# prints REPOSITORY@sha256:..., the reference to put in the DaemonSets (README, "On a
+# cluster"). SANDBOX_GUARD_TLS_VERIFY=false pushes to a registry without TLS (a test's).
+# Or load it offline: `ctr -n k8s.io images import <archive>` on each node.
 # SANDBOX_GUARD_BIN=<path> puts that (static) binary in instead of building one: the tests
 # build the image around the binary they test.
 set -euo pipefail
@@ -16,12 +20,21 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/build.sh"
 
-help_if_asked "${BASH_SOURCE[0]}" 12 "${1:-}"
+help_if_asked "${BASH_SOURCE[0]}" 17 "${1:-}"
+push=0
+positional=()
+for arg in "$@"; do
+  case $arg in
+    --push) push=1 ;;
+    *) positional+=("$arg") ;;
+  esac
+done
+set -- "${positional[@]}"
 need_root "scripts/image.sh"
 need_packages podman binutils
 arch=$(plugin_arch "${1:-}") || exit 2
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)
-tag=${2:-localhost/sandbox-guard:$version}
+tag=${2:-registry.example.com/sandbox-guard:$version}
 if [ -n "${SANDBOX_GUARD_BIN:-}" ]; then
   bin=$SANDBOX_GUARD_BIN
 else
@@ -49,3 +62,11 @@ archive="${SANDBOX_GUARD_IMAGE_ARCHIVE:-$repo/target/sandbox-guard-image-$arch.t
 rm -f "$archive"
 podman save --quiet --format oci-archive --output "$archive" "$tag"
 echo "$archive"
+if [ "$push" = 1 ]; then
+  # A digest names these bytes for ever; a tag can be moved to others. The repository is the
+  # tag without its `:tag` (a registry's `:port` comes before the last `/`).
+  repository=$tag
+  [[ ${tag##*/} == *:* ]] && repository=${tag%:*}
+  podman push --quiet --digestfile "$context/digest" --tls-verify="${SANDBOX_GUARD_TLS_VERIFY:-true}" "$tag"
+  echo "$repository@$(cat "$context/digest")"
+fi

@@ -14,7 +14,14 @@ need_cargo
 need_packages iproute2 iputils-ping util-linux strace \
   containernetworking-plugins golang-go golang-github-appc-cni-dev \
   containerd runc catatonit protobuf-compiler \
-  podman qemu-user python3-prometheus-client binutils
+  podman qemu-user python3-prometheus-client binutils docker-registry python3-venv
+
+# The manifests' schema test (tests/manifests.rs) runs PyPI's kubernetes-validate, which
+# Debian does not package, from a virtualenv of its own; no pip here stops the tests.
+if [ ! -x target/python/bin/kubernetes-validate ]; then
+  python3 -m venv target/python
+  target/python/bin/pip install --quiet --disable-pip-version-check 'kubernetes-validate==1.37.0'
+fi
 
 # The other arch's nodes (arm64 on an x86_64 machine) get a binary built from these same
 # files: build it static, as scripts/build.sh does, and run its VERSION under qemu-user. A

@@ -46,17 +46,19 @@ fn run_cni() -> i32 {
 }
 
 fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<String>> {
-    let parsed = CniEnv::from_process().and_then(|env| {
-        if env.verb == Verb::Version {
-            return Ok((env, None));
+    let env = CniEnv::from_process().inspect_err(|err| eprintln!("sandbox-guard: {err}"))?;
+    let conf = match env.verb {
+        Verb::Version => None,
+        verb => {
+            let conf = NetConf::parse(stdin).and_then(|conf| version::check_verb_allowed(verb, &conf.cni_version).map(|()| conf));
+            // Logged and counted where the config lets that be done (to stderr in any case).
+            Some(conf.inspect_err(|err| cni::rejected::record(verb, env.attachment.as_ref(), stdin, err))?)
         }
-        let conf = NetConf::parse(stdin)?;
-        version::check_verb_allowed(env.verb, &conf.cni_version)?;
-        Ok((env, Some(conf)))
-    });
-    let (env, conf) = parsed.inspect_err(|err| eprintln!("sandbox-guard: {err}"))?;
+    };
     let Some(conf) = conf else {
-        return Ok(Some(version::version_reply(requested_version)));
+        let delegated = commands::delegated::version(stdin, requested_version)
+            .inspect_err(|err| eprintln!("sandbox-guard: {err}"))?;
+        return Ok(Some(delegated.unwrap_or_else(|| version::version_reply(requested_version))));
     };
     let log = log::Log::open(conf.log_file.as_deref(), conf.log);
     let inv = Invocation { verb: env.verb, conf, log, metrics_committed: std::cell::Cell::new(false) };

@@ -120,13 +120,16 @@ fn repeated_add_is_idempotent_and_bumps_the_generation() {
 
 #[test]
 fn networks_and_ifnames_are_separate_pod_keys() {
+    // podKey "name-and-ifname": each (network, ifname) is a key. By the default rule a pod's
+    // interfaces on one network share one key (tests/pod_key.rs).
     let Incident { store, pod_a, pod_b, a, b } = incident();
+    let keyed = |call: cni::Cni| call.config("podKey", Some(json!("name-and-ifname")));
     let second_network = "storage-net";
-    store.add(&a, &pod_a).run().assert_ok();
-    store.add(&a, &pod_a).ifname("net1").run().assert_ok();
-    store.add(&a, &pod_a).network(second_network).run().assert_ok();
+    keyed(store.add(&a, &pod_a)).run().assert_ok();
+    keyed(store.add(&a, &pod_a)).ifname("net1").run().assert_ok();
+    keyed(store.add(&a, &pod_a)).network(second_network).run().assert_ok();
     // The new sandbox takes over only (NETWORK, eth0).
-    store.add(&b, &pod_b).run().assert_ok();
+    keyed(store.add(&b, &pod_b)).run().assert_ok();
 
     let owners: BTreeSet<(String, String, String)> = store
         .dump()
@@ -138,10 +141,10 @@ fn networks_and_ifnames_are_separate_pod_keys() {
         .map(|(network, container, ifname)| (network.to_string(), container.to_string(), ifname.to_string()));
     assert_eq!(owners, BTreeSet::from(expected), "each (network, ifname) is its own pod key");
 
-    store.del(&a, &pod_a).ifname("net1").run().assert_ok();
-    store.del(&a, &pod_a).network(second_network).run().assert_ok();
-    store.del(&a, &pod_a).run().assert_error(11);
-    store.del(&b, &pod_b).ifname("net1").run().assert_ok();
+    keyed(store.del(&a, &pod_a)).ifname("net1").run().assert_ok();
+    keyed(store.del(&a, &pod_a)).network(second_network).run().assert_ok();
+    keyed(store.del(&a, &pod_a)).run().assert_error(11);
+    keyed(store.del(&b, &pod_b)).ifname("net1").run().assert_ok();
     assert!(store.is_owner(&b, "eth0"));
 }
 
@@ -356,6 +359,91 @@ fn verbs_are_refused_below_their_cni_version() {
 }
 
 #[test]
+fn every_verb_at_0_1_0_and_0_2_0_answers_as_the_spec_says() {
+    for version in cni::LEGACY_VERSIONS {
+        let Incident { store, pod_a, pod_b, a, b } = incident();
+        let reply = store.cni("VERSION", "").version(version).run();
+        reply.assert_ok();
+        assert_eq!(reply.json()["cniVersion"], version, "VERSION echoes a version it speaks");
+        assert_eq!(reply.json()["supportedVersions"], json!(SUPPORTED_VERSIONS));
+
+        let add = store.add(&a, &pod_a).version(version);
+        let reply = add.run();
+        reply.assert_ok();
+        assert_eq!(reply.json(), add.default_prev_result(), "ADD at {version} passes the legacy result through");
+        assert_eq!(store.entry(&a, "eth0").unwrap()["cniVersion"], version);
+        store.add(&b, &pod_b).version(version).run().assert_ok();
+        // libcni sends no prevResult on DEL below 0.4.0.
+        let before = store.snapshot();
+        let reply = store.del(&a, &pod_a).version(version).no_prev_result().run();
+        assert_stale_del(&reply.assert_error(11), &b, &pod_b, generation_of(&store, &b));
+        assert_eq!(reply.json()["cniVersion"], version, "the error is in the config's version");
+        assert_eq!(store.snapshot(), before, "a refused DEL must not change the store");
+
+        // CHECK came with 0.4.0, GC and STATUS with 1.1.0: refused with code 1, nothing read or written.
+        let error = store.cni("CHECK", &b).pod(&pod_b).version(version).run().assert_error(1);
+        assert!(error.msg.contains("CHECK needs cniVersion 0.4.0"), "{error:?}");
+        let gc = store.cni("GC", "").version(version).config("cni.dev/valid-attachments", Some(json!([]))).run();
+        assert!(gc.assert_error(1).msg.contains("GC needs cniVersion 1.1.0"));
+        store.cni("STATUS", "").version(version).run().assert_error(1);
+        assert_eq!(store.snapshot(), before, "refused verbs must not change the store");
+
+        store.del(&b, &pod_b).version(version).no_prev_result().run().assert_ok();
+        store.del(&a, &pod_a).version(version).no_prev_result().run().assert_ok();
+        assert_eq!(store.dump(), Vec::<Value>::new(), "{version}");
+    }
+}
+
+/// A legacy result names no interface: the checkpoint's MAC and link facts come from the
+/// interface CNI_IFNAME names in CNI_NETNS; without one there, the record has none and the
+/// ADD log line says so, and the pod is guarded all the same.
+#[test]
+fn a_legacy_result_is_checkpointed_with_the_interface_cni_ifname_names() {
+    sys::skip_unless_root!(&["ip"]);
+    let store = Store::new();
+    let pod = Pod::new("default", "web-0");
+    let a = container_id();
+    let (add, _sandbox) = store.add(&a, &pod).in_pod_netns();
+    let mac = add.default_prev_result()["interfaces"][0]["mac"].clone();
+    for version in cni::LEGACY_VERSIONS {
+        add.clone().version(version).run().assert_ok();
+        let record = store.entry(&a, "eth0").unwrap();
+        assert!(record["interfaces"].as_array().unwrap().is_empty(), "{record}");
+        assert_eq!(record["links"]["state"], "observed", "{version}: {record}");
+        assert_eq!(record["links"]["mac"], mac, "{version}: {record}");
+    }
+
+    let (b, pod_b) = (container_id(), Pod::new("default", "web-1"));
+    store.add(&b, &pod_b).version("0.2.0").run().assert_ok();
+    let record = store.entry(&b, "eth0").unwrap();
+    assert_eq!(record["links"]["state"], "unavailable", "{record}");
+    let added = store.log_lines().into_iter().rev().find(|l| l.container == b && l.outcome == "added").expect("B's ADD line");
+    assert_eq!(added.level, "WARN", "{}", added.raw);
+    assert!(added.raw.contains("link facts not recorded"), "{}", added.raw);
+    let (c, pod_c) = (container_id(), Pod::new("default", "web-1"));
+    store.add(&c, &pod_c).version("0.2.0").run().assert_ok();
+    store.del(&b, &pod_b).version("0.2.0").no_prev_result().run().assert_error(11);
+    for (container, pod) in [(&c, &pod_c), (&b, &pod_b), (&a, &pod)] {
+        store.del(container, pod).version("0.2.0").no_prev_result().run().assert_ok();
+    }
+    assert_eq!(store.dump(), Vec::<Value>::new());
+}
+
+#[test]
+fn a_config_without_cni_version_is_0_1_0() {
+    let store = Store::new();
+    let pod = Pod::new("default", "web-0");
+    let a = container_id();
+    let legacy = cni::prev_result_for("0.1.0", &a, "eth0", "");
+    let reply = store.add(&a, &pod).config("cniVersion", None).prev_result(&legacy).run();
+    reply.assert_ok();
+    assert_eq!(reply.json(), legacy);
+    assert_eq!(store.entry(&a, "eth0").unwrap()["cniVersion"], "0.1.0");
+    store.cni("CHECK", &a).pod(&pod).config("cniVersion", None).prev_result(&legacy).run().assert_error(1);
+    store.del(&a, &pod).config("cniVersion", None).no_prev_result().run().assert_ok();
+}
+
+#[test]
 fn check_passes_for_the_recorded_attachment_and_fails_otherwise() {
     sys::skip_unless_root!(&["ip"]);
     let store = Store::new();
@@ -522,6 +610,13 @@ fn symlinks_planted_in_the_state_dir_are_refused() {
     std::os::unix::fs::symlink(&decoy_dir, &records).unwrap();
     other.add(&b, &pod).run().assert_cni_error();
     assert!(files_in(&decoy_dir).is_empty(), "nothing may be written through the link");
+
+    // The state dir itself a link: refused, and the failed ADD's note not written through it.
+    let linked = Store::new();
+    std::fs::create_dir_all(linked.state_dir.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&decoy_dir, &linked.state_dir).unwrap();
+    linked.add(&c, &pod).run().assert_error(5);
+    assert!(walk(&decoy_dir).is_empty(), "nothing may be written through the linked state dir: {:?}", walk(&decoy_dir));
 }
 
 #[test]
@@ -767,7 +862,8 @@ fn bad_inputs(store: &Store) -> Vec<BadInput> {
         BadInput { what: "malformed JSON", call: add(&container_id()).stdin(br#"{"cniVersion":"1.1.0","name":"#.to_vec()), codes: &[6] },
         BadInput { what: "empty stdin", call: add(&container_id()).stdin(Vec::new()), codes: &[6] },
         BadInput { what: "config not an object", call: add(&container_id()).stdin(b"[1,2]".to_vec()), codes: &[6] },
-        BadInput { what: "cniVersion 0.2.0", call: add(&container_id()).version("0.2.0"), codes: &[1] },
+        BadInput { what: "cniVersion 0.2.1", call: add(&container_id()).version("0.2.1"), codes: &[1] },
+        BadInput { what: "cniVersion v1.0.0", call: add(&container_id()).version("v1.0.0"), codes: &[1] },
         BadInput { what: "cniVersion 9.9.9", call: add(&container_id()).version("9.9.9"), codes: &[1] },
         BadInput { what: "CNI_COMMAND unset", call: add(&container_id()).env("CNI_COMMAND", None), codes: &[4] },
         BadInput { what: "CNI_COMMAND empty", call: add(&container_id()).env("CNI_COMMAND", Some("")), codes: &[4] },
@@ -964,4 +1060,24 @@ fn a_state_dir_of_the_previous_release_keeps_working_and_its_owners_change_form_
     store.del(&a, &db0).run().assert_ok();
     store.del(&b, &db0).run().assert_ok();
     assert!(store.dump().is_empty());
+}
+
+/// README: a 0.1.0/0.2.0 pod whose interface is not `CNI_IFNAME` in its netns at ADD has no
+/// link facts, and "a network later raised to 0.4.0 or more is checked against the result's
+/// addresses and routes only". --restore cannot rebuild such an interface, so a CHECK that
+/// says "interface eth0 is missing; run --restore" fails the healthy pod for good and sends
+/// the operator to a command that cannot help.
+#[test]
+fn a_legacy_pod_without_its_interface_at_add_is_checked_against_its_result_only() {
+    sys::skip_unless_root!(&["ip"]);
+    let ns = sys::Netns::new("sglegacy");
+    let netns = ns.path().to_str().unwrap().to_string();
+    let store = Store::new();
+    let (a, pod) = (container_id(), Pod::new("default", "legacy-0"));
+    let legacy = r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24","gateway":"10.0.0.1","routes":[{"dst":"0.0.0.0/0"}]}}"#;
+    store.add(&a, &pod).version("0.2.0").netns(&netns).prev_result_raw(legacy).run().assert_ok();
+    // libcni's cached 0.2.0 result, converted to the raised version as CheckNetworkList does.
+    let cached = r#"{"cniVersion":"0.4.0","ips":[{"version":"4","address":"10.0.0.2/24","gateway":"10.0.0.1"}],"routes":[{"dst":"0.0.0.0/0"}],"dns":{}}"#;
+    let reply = store.cni("CHECK", &a).pod(&pod).version("0.4.0").netns(&netns).prev_result_raw(cached).run();
+    assert!(reply.succeeded(), "CHECK of a legacy pod whose interface was never seen: {reply:?}");
 }

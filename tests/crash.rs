@@ -106,9 +106,12 @@ fn sigkill_at_random_moments_leaves_a_consistent_store() {
         let owner = verify_envelope(&path).unwrap_or_else(|e| panic!("ownership file does not verify: {e}"));
         let container = owner["containerId"].as_str().unwrap_or_else(|| panic!("owner without containerId: {owner}"));
         let record = valid_records.get(container).unwrap_or_else(|| panic!("{name} names {container}, which has no valid record"));
-        for field in ["network", "podNamespace", "podName", "ifName"] {
+        for field in ["network", "podNamespace", "podName"] {
             assert_eq!(owner[field], record[field], "{name}: owner and record disagree on {field}");
         }
+        // Keyed by pod name (the default podKey), an owner names the interfaces it holds the pod by.
+        let interfaces = owner["interfaces"].as_array().unwrap_or_else(|| panic!("{name}: owner without interfaces: {owner}"));
+        assert!(interfaces.contains(&record["ifName"]), "{name}: owner and record disagree on the interface: {owner}");
         let key = (owner["network"].to_string(), owner["podNamespace"].to_string(), owner["podName"].to_string(), owner["ifName"].to_string());
         assert!(owned_keys.insert(key.clone()), "two owners for {key:?}");
         owners.insert(container.to_string());

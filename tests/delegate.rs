@@ -256,3 +256,303 @@ fn on_a_read_only_store_the_owners_del_reaches_the_primary_and_a_stale_one_is_re
     assert_eq!((primary.dels(&i.a), primary.dels(&i.b)), (0, 1), "only the owner's DEL reached the primary");
     drop(read_only);
 }
+
+/// calico v2's networks are 0.1.0: the primary's 0.2.0-shaped result reaches the runtime as
+/// it wrote it and is checkpointed; one that does not parse is code 6 and leaves no trace
+/// in the store.
+#[test]
+fn legacy_results_of_the_primary_pass_through_and_a_malformed_one_writes_nothing() {
+    let (i, primary) = incident();
+    let result = r#"{"cniVersion":"0.1.0","ip4":{"ip":"10.22.0.9/32"},"dns":{}}"#;
+    primary.answer_add(&i.a, result);
+    let reply = primary.wrap(i.store.add(&i.a, &i.pod_a)).version("0.1.0").run();
+    reply.assert_ok();
+    assert_eq!(reply.stdout.trim_end(), result, "the primary's result must reach the runtime as it wrote it");
+    assert_eq!(primary.stdin("ADD", &i.a)["cniVersion"], "0.1.0");
+    assert_eq!(i.store.entry(&i.a, "eth0").expect("A's checkpoint")["ips"], json!(["10.22.0.9/32"]));
+
+    primary.answer_add(&i.b, r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.22.0.10"}}"#);
+    let before = i.store.snapshot();
+    let reply = primary.wrap(i.store.add(&i.b, &i.pod_b)).version("0.2.0").run();
+    let error = reply.assert_error(6);
+    assert!(error.msg.contains("prevResult.ip4.ip"), "{error:?}");
+    assert_eq!(i.store.snapshot(), before, "a refused result must leave the store as it was");
+    assert!(i.store.log_lines().iter().all(|l| !(l.container == i.b && l.outcome == "added")), "B's ADD was logged as a success");
+}
+
+/// Processes whose command line holds `needle` (a test's own sleep, left by a killed primary).
+fn processes_with(needle: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+        .filter(|cmdline| cmdline.contains(needle))
+        .collect()
+}
+
+/// The runtime's view: a CNI call that takes more than this is one it times out on retry
+/// after retry. Replays get a few seconds in all; the primary's own runs are far quicker.
+const BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[test]
+fn a_primary_hanging_on_a_replay_holds_up_neither_the_owners_del_nor_the_pods_next_add() {
+    let (i, primary) = incident_deferred();
+    // The recording primary sleeps in a child process (`sleep`), as a primary's IPAM runs
+    // in one: killing only the primary would leave it holding the answer pipe open.
+    primary.slow("DEL", &i.a, 47.25);
+    let started = std::time::Instant::now();
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    let took = started.elapsed();
+    assert!(took < BOUND, "the owner's DEL waited {took:?} on the replay of another sandbox's DEL");
+    assert!(processes_with("sleep 47.25").is_empty(), "the hanging primary's child outlived its deadline: {:?}", processes_with("sleep 47.25"));
+    let waiting = deferred(&i.store);
+    assert_eq!(waiting.len(), 1, "the replay that ran out of time stays deferred: {waiting:?}");
+    assert_eq!(waiting[0]["attempts"], 1);
+    // The pod's next sandbox starts, in time, while the primary still hangs on A.
+    let c = container_id();
+    let started = std::time::Instant::now();
+    primary.wrap(i.store.add(&c, &i.pod_a)).run().assert_ok();
+    primary.wrap(i.store.del(&c, &i.pod_a)).run().assert_ok();
+    assert!(started.elapsed() < BOUND * 2, "the next sandbox's ADD and DEL took {:?}", started.elapsed());
+    assert!(processes_with("sleep 47.25").is_empty());
+}
+
+#[test]
+fn a_replay_is_the_deferred_sandboxs_own_call() {
+    let (i, primary) = incident();
+    let with_ports = |marker: &str| primary.delegate(json!({"capabilities": {"portMappings": true}, "marker": marker}));
+    let ports = |port: u16| json!({"portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]});
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).config("delegate", Some(with_ports("at-A"))).config("runtimeConfig", Some(ports(8001))).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).config("delegate", Some(with_ports("at-A"))).config("runtimeConfig", Some(ports(8002))).run().assert_ok();
+    primary.wrap(i.store.del(&i.a, &i.pod_a)).config("delegate", Some(with_ports("at-A"))).config("runtimeConfig", Some(ports(8001))).run().assert_ok();
+    // The conflist changes before the owner goes: A's DEL is replayed as A's own call was.
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).config("delegate", Some(with_ports("at-B"))).config("runtimeConfig", Some(ports(8002))).run().assert_ok();
+    let replay = primary.stdin("DEL", &i.a);
+    assert_eq!(replay["runtimeConfig"], ports(8001), "A's replay must carry A's own port mappings: {replay}");
+    assert_eq!(replay["marker"], "at-A", "A's replay goes to the primary as configured when A's DEL came: {replay}");
+    assert_eq!(primary.stdin("DEL", &i.b)["marker"], "at-B");
+}
+
+#[test]
+fn a_replay_by_gc_carries_no_attachment_list_and_gc_hands_the_primary_both_keys() {
+    let (i, primary) = incident_deferred();
+    primary.fail("DEL", &i.a, &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}));
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    primary.heal("DEL", &i.a);
+    let listed = json!([{"containerID": "other", "ifname": "eth0"}]);
+    primary
+        .wrap(i.store.cni("GC", ""))
+        .config("cni.dev/valid-attachments", Some(listed.clone()))
+        .config("cni.dev/attachments", Some(listed.clone()))
+        .run()
+        .assert_ok();
+    let replay = primary.stdin("DEL", &i.a);
+    for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
+        assert!(replay.get(key).is_none(), "a replayed DEL carries no GC list: {replay}");
+    }
+    let gc = primary.stdin("GC", "none");
+    assert_eq!((&gc["cni.dev/valid-attachments"], &gc["cni.dev/attachments"]), (&listed, &listed), "both keys, as libcni sets them: {gc}");
+}
+
+#[test]
+fn a_replay_below_0_4_0_carries_no_prev_result() {
+    let (i, primary) = incident();
+    let result = |c: &str| json!({"cniVersion": "0.3.1", "interfaces": [{"name": "eth0", "mac": "02:00:00:00:00:01", "sandbox": cni::default_netns(c)}],
+        "ips": [{"version": "4", "address": "10.22.0.5/24", "interface": 0}], "dns": {}});
+    for c in [&i.a, &i.b] {
+        primary.answer_add(c, &result(c).to_string());
+    }
+    primary.wrap(i.store.add(&i.a, &i.pod_a).version("0.3.1")).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b).version("0.3.1")).run().assert_ok();
+    primary.wrap(i.store.del(&i.a, &i.pod_a).version("0.3.1").no_prev_result()).run().assert_ok();
+    primary.wrap(i.store.del(&i.b, &i.pod_b).version("0.3.1").no_prev_result()).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 1);
+    let replay = primary.stdin("DEL", &i.a);
+    assert_eq!(replay["cniVersion"], "0.3.1");
+    assert!(replay.get("prevResult").is_none(), "libcni sends no prevResult on DEL below 0.4.0: {replay}");
+}
+
+#[test]
+fn a_deferred_del_whose_pods_name_is_free_is_replayed_without_the_pod_coming_back() {
+    let (i, primary) = incident_deferred();
+    primary.fail("DEL", &i.a, &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}));
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).netns("").run().assert_ok();
+    assert_eq!(deferred(&i.store)[0]["attempts"], 2, "both of the owner's DELs tried it");
+    primary.heal("DEL", &i.a);
+    // No GC comes (containerd sends none) and the pod never comes back; another pod's ADD
+    // sweeps the entries whose name is free, once their retry time (2^attempts s) is past.
+    std::thread::sleep(std::time::Duration::from_millis(4200));
+    let other = cni::Pod::new("lijiaob", "etcd2-0");
+    primary.wrap(i.store.add(&container_id(), &other)).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 1, "the sweep replayed it");
+    assert!(deferred(&i.store).is_empty());
+}
+
+#[test]
+fn a_replay_left_out_of_the_owners_budget_is_swept_by_the_next_verb() {
+    let (i, primary) = incident();
+    let olds: Vec<String> = (0..4).map(|_| container_id()).collect();
+    for old in &olds {
+        primary.wrap(i.store.add(old, &i.pod_a)).run().assert_ok();
+    }
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    for old in &olds {
+        primary.wrap(i.store.del(old, &i.pod_a)).run().assert_ok();
+        primary.slow("DEL", old, 1.6);
+    }
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    let left = deferred(&i.store).len();
+    assert!(left > 0, "four replays of 1.6 s each do not fit one verb's budget");
+    for _ in 0..8 {
+        if deferred(&i.store).is_empty() {
+            break;
+        }
+        // One cut short by the budget is retried after 2 s.
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        primary.wrap(i.store.add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0"))).run().assert_ok();
+    }
+    assert!(deferred(&i.store).is_empty(), "later verbs of the network replay the rest: {:?}", deferred(&i.store));
+    assert_eq!(olds.iter().map(|old| primary.dels(old)).collect::<Vec<_>>(), [1, 1, 1, 1]);
+}
+
+#[test]
+fn gc_goes_on_after_the_primarys_gc_error_and_returns_it_after_its_own_work() {
+    let (i, primary) = incident_deferred();
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    let c = container_id();
+    primary.wrap(i.store.add(&c, &i.pod_a)).run().assert_ok();
+    let error = json!({"cniVersion": "1.1.0", "code": 100, "msg": "calico datastore unreachable"});
+    primary.fail("GC", "none", &error);
+    let gc = primary.wrap(i.store.cni("GC", "")).config("cni.dev/valid-attachments", Some(json!([]))).run();
+    gc.assert_error(100);
+    assert_eq!(gc.json(), error, "the primary's error, as it wrote it");
+    assert!(i.store.entry(&c, "eth0").is_none(), "the guard's own GC ran: {:?}", i.store.dump());
+}
+
+#[test]
+fn pod_locks_go_with_the_pods() {
+    let (i, primary) = incident();
+    for n in 0..5 {
+        let pod = cni::Pod::new("lijiaob", &format!("web-{n}"));
+        let c = container_id();
+        primary.wrap(i.store.add(&c, &pod)).run().assert_ok();
+        primary.wrap(i.store.del(&c, &pod)).run().assert_ok();
+    }
+    let locks = cni::files_in(&i.store.state_dir.join("pod-locks"));
+    assert!(locks.is_empty(), "a pod that is gone leaves no lock file: {locks:?}");
+}
+
+#[test]
+fn version_answers_what_both_the_guard_and_the_primary_speak() {
+    let (i, primary) = incident();
+    let conf = |plugin: &str| json!({"cniVersion": "1.0.0", "name": cni::NETWORK, "type": "sandbox-guard", "delegate": {"type": plugin}});
+    let ask = |plugin: &str| {
+        cni::Cni::with_config("VERSION", "", &conf(plugin)).env("CNI_PATH", Some(primary.bin_dir.to_str().unwrap())).run()
+    };
+    let reply = ask(primary::TYPE);
+    reply.assert_ok();
+    assert_eq!(reply.json()["supportedVersions"], json!(["0.4.0", "1.0.0", "1.1.0"]), "the recording primary speaks 0.4.0 on");
+    ask("no-such-primary").assert_error(7);
+    // libcni's own VERSION carries no config: the guard answers for itself.
+    i.store.cni("VERSION", "").run().assert_ok();
+}
+
+/// ext4 remounts itself read-only after a disk error: the primary must not set up a pod the
+/// guard cannot record.
+#[test]
+fn an_add_on_a_store_that_takes_no_write_is_refused_before_the_primary() {
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let (i, primary) = incident();
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    let read_only = mount::Mount::read_only_bind(&i.store.state_dir);
+    let err = primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_error(5);
+    assert!(err.msg.contains("before the primary"), "{err:?}");
+    assert_eq!(primary.started().iter().filter(|(verb, _)| verb == "ADD").count(), 1, "the primary never saw the refused ADD");
+    drop(read_only);
+}
+
+/// A netns path reused by another namespace (a `/proc/<pid>/ns/net` whose pid came back, a
+/// named netns made again) holding an interface of the same name and MAC: not the stale
+/// sandbox's.
+#[test]
+fn a_reused_netns_path_keeps_its_interface_even_with_the_same_name_and_mac() {
+    sys::skip_unless_root!(&["ip"]);
+    let (i, primary) = incident();
+    let (add_a, netns_a) = primary.wrap(i.store.add(&i.a, &i.pod_a)).in_pod_netns();
+    add_a.run().assert_ok();
+    let path = netns_a.path();
+    let name = netns_a.netns.name.clone();
+    drop(netns_a);
+    // The same path, a new namespace, an eth0 with the same MAC (a new sandbox's).
+    let host_end = sys::unique("sgh");
+    sys::run("ip", &["netns", "add", &name]);
+    sys::run("ip", &["link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &name]);
+    let mac = cni::prev_result_for(cni::LATEST_VERSION, &i.a, "eth0", &path)["interfaces"][0]["mac"].as_str().unwrap().to_string();
+    sys::run("ip", &["-n", &name, "link", "set", "eth0", "address", &mac]);
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).netns("/proc/self/ns/net").run().assert_ok();
+    primary.wrap(i.store.del(&i.a, &i.pod_a)).netns(&path).run().assert_ok();
+    let kept = sys::try_run("ip", &["-n", &name, "link", "show", "eth0"]);
+    sys::try_run("ip", &["link", "del", &host_end]);
+    sys::try_run("ip", &["netns", "del", &name]);
+    assert!(kept, "the stale DEL deleted the eth0 of the namespace that now has its path");
+    assert_eq!(deferred(&i.store).len(), 1);
+}
+
+#[test]
+fn a_bad_result_says_where_the_cleanup_del_goes() {
+    let (i, primary) = incident();
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    let c = container_id();
+    primary.answer_add(&c, "not a result");
+    let err = primary.wrap(i.store.add(&c, &i.pod_a)).run().assert_error(6);
+    assert!(err.details.contains("deferred") && err.details.contains(&i.b), "B owns the pod, so C's cleanup DEL is deferred: {err:?}");
+    primary.wrap(i.store.del(&c, &i.pod_a)).run().assert_ok();
+    assert_eq!(primary.dels(&c), 0, "as the message said, the cleanup DEL waits for the pod's name");
+    assert_eq!(deferred(&i.store).len(), 1);
+}
+
+/// host-device and SR-IOV move a host link (a NIC, a vlan, a bond) into the pod; deleting it
+/// would destroy it instead of giving it back. A bridge stands in for such a link here (no
+/// vlan or bond module on this kernel): a kind the sandbox does not own outright.
+#[test]
+fn an_interface_of_a_kind_the_primary_gives_back_is_left_to_the_replay() {
+    sys::skip_unless_root!(&["ip"]);
+    let (i, primary) = incident();
+    let netns = sys::Netns::new("sgpod");
+    netns.exec(&["ip", "link", "add", "eth0", "type", "bridge"]);
+    netns.exec(&["ip", "link", "set", "eth0", "address", "02:00:00:00:00:01", "up"]);
+    let path = netns.path().to_str().unwrap().to_string();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).netns(&path).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).netns("/proc/self/ns/net").run().assert_ok();
+    primary.wrap(i.store.del(&i.a, &i.pod_a)).netns(&path).run().assert_ok();
+    assert!(netns.try_exec(&["ip", "link", "show", "eth0"]), "the host's link must be left for the primary to give back");
+    let deferral = i.store.log_lines().into_iter().find(|l| l.outcome == "deferred").unwrap();
+    assert!(deferral.raw.contains("bridge link"), "{}", deferral.raw);
+}
+
+/// A primary of the 0.1.0 era answers ADD without `cniVersion` (the 0.1.0 spec had none;
+/// weave-net and host-local releases did so later too), and libcni reads such a result as
+/// being in the config's version (`invoke.fixupResultVersion`, containernetworking/cni#896).
+/// Wrapped by the guard, the primary has set the pod up: refusing its result fails every ADD
+/// of a network that works without the guard.
+#[test]
+fn a_primary_result_without_cni_version_is_in_the_configs_version_as_libcni_reads_it() {
+    for (version, result, fixed) in [
+        ("0.1.0", r#"{"ip4":{"ip":"10.22.0.9/32"},"dns":{}}"#, r#"{"cniVersion":"0.1.0","ip4":{"ip":"10.22.0.9/32"},"dns":{}}"#),
+        ("0.2.0", r#"{"cniVersion":"","ip4":{"ip":"10.22.0.9/32"}}"#, r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.22.0.9/32"}}"#),
+        (
+            "0.3.1",
+            r#"{"ips":[{"version":"4","address":"10.22.0.9/32"}],"dns":{}}"#,
+            r#"{"cniVersion":"0.3.1","ips":[{"version":"4","address":"10.22.0.9/32"}],"dns":{}}"#,
+        ),
+    ] {
+        let (i, primary) = incident();
+        primary.answer_add(&i.a, result);
+        let reply = primary.wrap(i.store.add(&i.a, &i.pod_a)).version(version).run();
+        reply.assert_ok();
+        assert_eq!(reply.stdout.trim_end(), fixed, "at {version}: the result in the config's version, as libcni reads it");
+        assert_eq!(i.store.entry(&i.a, "eth0").expect("A's checkpoint")["ips"], json!(["10.22.0.9/32"]), "at {version}");
+    }
+}

@@ -96,6 +96,43 @@ incident_tests! {
         StickyMacvlan, RecreateThenStopOld, Delegate;
 }
 
+/// calico v2 as its manifests run it, at cniVersion 0.1.0 and 0.2.0 (0.2.0-shaped results
+/// without interfaces): the incident's ADD A, ADD B, stop A under containerd's CRI, chained
+/// and delegate, ends as it does at 1.0.0: the new pod keeps its network.
+fn play_calico_v2(version: &str, mode: Mode) {
+    let node = cri_incident::node_at_version(Primary::CalicoV2, mode, version);
+    let pods = Sequence::RecreateThenStopOld.play(&node);
+    match mode {
+        Mode::Chained => cri_incident::assert_guard_refuses_and_both_sandboxes_go(&node, pods),
+        Mode::Delegate => cri_incident::assert_delegate_defers_and_replays(&node, pods),
+        Mode::Unguarded => unreachable!("the model's unguarded harm is e2e_libcni's"),
+    }
+}
+
+#[test]
+fn calico_v2_at_0_1_0_chained_refuses_old_stop() {
+    sys::skip_unless_root!(cri_node::TOOLS);
+    play_calico_v2("0.1.0", Mode::Chained);
+}
+
+#[test]
+fn calico_v2_at_0_1_0_delegate_defers_old_del() {
+    sys::skip_unless_root!(cri_node::TOOLS);
+    play_calico_v2("0.1.0", Mode::Delegate);
+}
+
+#[test]
+fn calico_v2_at_0_2_0_chained_refuses_old_stop() {
+    sys::skip_unless_root!(cri_node::TOOLS);
+    play_calico_v2("0.2.0", Mode::Chained);
+}
+
+#[test]
+fn calico_v2_at_0_2_0_delegate_defers_old_del() {
+    sys::skip_unless_root!(cri_node::TOOLS);
+    play_calico_v2("0.2.0", Mode::Delegate);
+}
+
 /// Tools of the late-ADD test: the models' and the netns ones.
 const EXEC_TOOLS: &[&str] = &["ip", "nsenter", "flock", "sha1sum"];
 

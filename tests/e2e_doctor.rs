@@ -62,6 +62,16 @@ fn doctor(netns: Option<&Netns>, args: &[&str]) -> Diagnosis {
         Some(ns) => cni::guard_in(ns, &args),
         None => cni::guard(&args),
     };
+    diagnosis(out)
+}
+
+/// `doctor` on this machine with CNI_PATH set, where it looks for delegate primaries.
+fn doctor_with_cni_path(cni_path: &str, args: &[&str]) -> Diagnosis {
+    let args = [&["--doctor", "--output", "json"], args].concat();
+    diagnosis(cni::guard_with_env(&args, &[("CNI_PATH", cni_path)]))
+}
+
+fn diagnosis(out: std::process::Output) -> Diagnosis {
     let raw = format!(
         "status {}\nstdout: {}\nstderr: {}",
         out.status,
@@ -106,6 +116,20 @@ fn add(store: &Store, container: &str, pod: &Pod, netns: &Netns, address: &str) 
     let netns_path = netns.path().to_string_lossy().into_owned();
     let mut result = prev_result_for(cni::LATEST_VERSION, container, "eth0", &netns_path);
     result["ips"][0]["address"] = json!(address);
+    store.add(container, pod).netns(&netns_path).prev_result(&result)
+}
+
+/// `add` with every address of `addresses` in the result (a dual-stack ADD gives two).
+fn add_with_addresses(store: &Store, container: &str, pod: &Pod, netns: &Netns, addresses: &[&str]) -> cni::Cni {
+    let netns_path = netns.path().to_string_lossy().into_owned();
+    let mut result = prev_result_for(cni::LATEST_VERSION, container, "eth0", &netns_path);
+    let template = result["ips"][0].clone();
+    result["ips"] = addresses.iter().map(|address| {
+        let mut ip = template.clone();
+        ip["address"] = json!(address);
+        ip.as_object_mut().unwrap().remove("gateway");
+        ip
+    }).collect();
     store.add(container, pod).netns(&netns_path).prev_result(&result)
 }
 
@@ -417,4 +441,185 @@ fn the_conflists_of_real_primaries_are_read_as_guarded() {
         let broken = text(&report.one("cni-config", "error"));
         assert!(broken.contains(says), "{file}: {broken}");
     }
+}
+
+/// `ipConflict` and the doctor's ip-conflict finding with IPv6: a dual-stack sandbox whose
+/// IPv6 address the IPAM hands out again (its IPv4 one not) is found as an IPv4 conflict is,
+/// and an address written another way (`fd77:0:0::5`) is the same address.
+#[test]
+fn an_ipv6_address_of_a_dual_stack_sandbox_conflicts_as_an_ipv4_one_does() {
+    sys::skip_unless_root!(TOOLS);
+    let store = Store::new();
+    let (ns_a, ns_b, ns_c) = (pod_netns(), pod_netns(), pod_netns());
+    let (a, b, c) = (container_id(), container_id(), container_id());
+    let (pod_a, pod_b, pod_c) = (Pod::new("shop", "cart-0"), Pod::new("shop", "cart-1"), Pod::new("shop", "cart-2"));
+    add_with_addresses(&store, &a, &pod_a, &ns_a, &["10.77.3.5/24", "fd77::5/64"]).run().assert_ok();
+
+    let error = add_with_addresses(&store, &c, &pod_c, &ns_c, &["10.77.3.6/24", "fd77:0:0::5/64"])
+        .config("ipConflict", Some(json!("refuse")))
+        .run()
+        .assert_error(102);
+    let said = error.text();
+    for needed in [a.as_str(), "shop/cart-0", path_arg(&ns_a.path()), "fd77::5"] {
+        assert!(said.contains(needed), "the refusal must name {needed}: {said}");
+    }
+    assert!(!said.contains("10.77.3.6"), "only the IPv6 address is held by another sandbox: {said}");
+    assert!(store.entry(&c, "eth0").is_none(), "a refused ADD leaves no record");
+
+    // An IPv6-only ADD given the same address, in "warn" mode: it passes, and the doctor
+    // names both holders.
+    let warned = add_with_addresses(&store, &b, &pod_b, &ns_b, &["fd77::5/64"]).run();
+    warned.assert_ok();
+    assert!(warned.stderr.contains("IP conflict") && warned.stderr.contains(&a), "{}", warned.stderr);
+    let conf = conf_dir(&store, "bridge-host-local.conflist", |_| {});
+    let report = doctor(None, &["--conf-dir", path_arg(&conf.path)]);
+    let conflict = text(&report.one("ip-conflict", "error"));
+    for needed in [a.as_str(), b.as_str(), "fd77::5", "shop/cart-0", "shop/cart-1"] {
+        assert!(conflict.contains(needed), "the conflict must name {needed}: {conflict}");
+    }
+}
+
+/// The service-route check per family: with an IPv6 (or dual-stack) service range, a node
+/// without an IPv6 default route is told so for that range, and one with it is not, whatever
+/// IPv4 says.
+#[test]
+fn an_ipv6_service_range_needs_an_ipv6_route() {
+    sys::skip_unless_root!(TOOLS);
+    let node = Netns::new("sgdr");
+    let conf = TempDir::new("sgcnf");
+    let store = Store::new();
+    let args = ["--conf-dir", path_arg(&conf.path), "--state-dir", path_arg(&store.state_dir), "--service-cidr", "10.96.0.0/12", "--service-cidr", "fd00:10:96::/112"];
+    let of_range = |report: &Diagnosis, range: &str, severity: &str| -> String {
+        let found: Vec<String> = report.with("service-route", severity).iter().map(text).filter(|t| t.contains(range)).collect();
+        assert_eq!(found.len(), 1, "expected one {severity} service-route finding for {range}:\n{}", report.raw);
+        found[0].clone()
+    };
+
+    let report = doctor(Some(&node), &args);
+    assert_eq!(report.status, 1, "{}", report.raw);
+    let unreachable = of_range(&report, "fd00:10:96::/112", "error");
+    for needed in ["fd00:10:96::1", "no default route", "ip route add fd00:10:96::/112"] {
+        assert!(unreachable.contains(needed), "the finding must mention {needed:?}: {unreachable}");
+    }
+    of_range(&report, "10.96.0.0/12", "error");
+
+    // An IPv6 uplink only: the IPv6 range is routable, the IPv4 one still is not.
+    let (uplink, far) = (sys::unique("sgu"), sys::unique("sgg"));
+    node.exec(&["ip", "link", "add", &uplink, "type", "veth", "peer", "name", &far]);
+    node.exec(&["ip", "-6", "addr", "add", "fd00:213::2/64", "dev", &uplink, "nodad"]);
+    node.exec(&["ip", "link", "set", &uplink, "up"]);
+    node.exec(&["ip", "link", "set", &far, "up"]);
+    node.exec(&["ip", "-6", "route", "add", "default", "via", "fd00:213::1", "dev", &uplink]);
+    let report = doctor(Some(&node), &args);
+    let routed = of_range(&report, "fd00:10:96::/112", "ok");
+    assert!(routed.contains(&format!("default via fd00:213::1 dev {uplink}")) && routed.contains("fd00:213::2"), "{routed}");
+    of_range(&report, "10.96.0.0/12", "error");
+}
+
+/// A conf dir with testdata/conflists/<file> at `version`, its guard on `store`.
+fn conf_dir_at_version(store: &Store, file: &str, version: &str) -> TempDir {
+    let dir = TempDir::new("sgcnf");
+    let mut conf = testdata::fixture_json(&format!("conflists/{file}"));
+    conf["cniVersion"] = json!(version);
+    conf["name"] = json!(cni::NETWORK);
+    for plugin in conf["plugins"].as_array_mut().unwrap() {
+        if plugin["type"] == "sandbox-guard" {
+            plugin["stateDir"] = json!(store.state_dir);
+            plugin["logFile"] = json!(store.log_file);
+        }
+    }
+    std::fs::write(dir.path.join("10-net.conflist"), conf.to_string()).unwrap();
+    dir
+}
+
+/// The doctor names a network the guard cannot run at all (a cniVersion it does not speak)
+/// and, in delegate mode, one whose primary does not list the network's cniVersion in its
+/// VERSION answer (Debian's reference plugins stop at 1.0.0).
+#[test]
+fn networks_whose_version_the_guard_or_the_primary_cannot_run_are_named() {
+    sys::skip_unless_tools!(&["/usr/lib/cni/bridge"]);
+    let store = Store::new();
+    let state_args = ["--state-dir", path_arg(&store.state_dir), "--log-file", path_arg(&store.log_file)];
+    let run = |file: &str, version: &str, cni_path: &str| {
+        let conf = conf_dir_at_version(&store, file, version);
+        doctor_with_cni_path(cni_path, &[&["--conf-dir", path_arg(&conf.path)], &state_args[..]].concat())
+    };
+
+    for version in ["0.1.0", "0.2.0", "1.0.0"] {
+        let report = run("delegate/bridge-host-local.conflist", version, "/usr/lib/cni");
+        report.none("cni-config", "error");
+        assert!(text(&report.one("primary-version", "ok")).contains(version), "{}", report.raw);
+    }
+
+    let report = run("delegate/bridge-host-local.conflist", "1.1.0", "/usr/lib/cni");
+    let error = text(&report.one("primary-version", "error"));
+    assert!(error.contains("bridge does not speak the network's cniVersion 1.1.0"), "{error}");
+    assert!(error.contains("lists 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0"), "{error}");
+    assert_eq!(report.status, 1, "{}", report.raw);
+
+    for file in ["bridge-host-local.conflist", "delegate/bridge-host-local.conflist"] {
+        let report = run(file, "1.2.0", "/usr/lib/cni");
+        let error = text(&report.one("cni-config", "error"));
+        assert!(error.contains("cniVersion \"1.2.0\", which sandbox-guard does not speak"), "{file}: {error}");
+        report.none("primary-version", "error");
+    }
+
+    let empty = TempDir::new("sgbin");
+    let report = run("delegate/bridge-host-local.conflist", "1.0.0", path_arg(&empty.path));
+    assert!(text(&report.one("primary-version", "warning")).contains("cannot ask the primary bridge"), "{}", report.raw);
+}
+
+/// A conf dir with one delegate-mode network at 0.1.0 whose primary is `primary_type`.
+fn conf_dir_with_primary(store: &Store, primary_type: &str) -> TempDir {
+    let dir = TempDir::new("sgcnf");
+    let conf = json!({"cniVersion": "0.1.0", "name": cni::NETWORK, "plugins": [
+        {"type": "sandbox-guard", "stateDir": store.state_dir, "logFile": store.log_file, "delegate": {"type": primary_type}}
+    ]});
+    std::fs::write(dir.path.join("10-net.conflist"), conf.to_string()).unwrap();
+    dir
+}
+
+fn write_script(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// A primary's VERSION may leave a process behind that keeps its stdout open (a plugin that
+/// starts its daemon on first use, a shell wrapper's background job). The doctor's 5 s bound
+/// must hold all the same: it is what an operator runs while the node is on fire.
+#[test]
+fn a_primary_whose_version_leaves_a_process_holding_stdout_does_not_hang_the_doctor() {
+    let store = Store::new();
+    let bin = TempDir::new("sgbin");
+    write_script(&bin.path, "daemonizing", r#"sleep 25 &
+echo '{"cniVersion":"0.2.0","supportedVersions":["0.1.0","0.2.0"]}'"#);
+    let conf = conf_dir_with_primary(&store, "daemonizing");
+    let started = std::time::Instant::now();
+    let report = doctor_with_cni_path(
+        path_arg(&bin.path),
+        &["--conf-dir", path_arg(&conf.path), "--state-dir", path_arg(&store.state_dir), "--log-file", path_arg(&store.log_file)],
+    );
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(12), "the doctor took {took:?}: {}", report.raw);
+    assert!(text(&report.one("primary-version", "ok")).contains("0.1.0"), "{}", report.raw);
+}
+
+/// The doctor runs what the guard would run and nothing else: the guard refuses a
+/// `delegate.type` that is a path (libcni's FindInPath too), so the doctor must not run it.
+#[test]
+fn the_doctor_never_runs_a_delegate_type_that_is_a_path() {
+    let store = Store::new();
+    let bin = TempDir::new("sgbin");
+    let marker = bin.path.join("ran");
+    let script = write_script(&bin.path, "not-a-plugin", &format!("touch {}\necho '{{\"cniVersion\":\"0.2.0\",\"supportedVersions\":[\"0.1.0\"]}}'", marker.display()));
+    let conf = conf_dir_with_primary(&store, path_arg(&script));
+    let empty = TempDir::new("sgbin");
+    let report = doctor_with_cni_path(
+        path_arg(&empty.path),
+        &["--conf-dir", path_arg(&conf.path), "--state-dir", path_arg(&store.state_dir), "--log-file", path_arg(&store.log_file)],
+    );
+    assert!(!marker.exists(), "the doctor ran {}: {}", script.display(), report.raw);
 }

@@ -16,8 +16,8 @@ mod cni;
 mod libcni;
 
 use libcni::{
-    IFNAME, Mode, Network, NetnsArg, Sandbox, Source, assert_result_matches_kernel, bare_ip, bridge_network,
-    bridge_network_from, macvlan_network_from, macvlan_network_on_a_lan, mode_of, pod_has_link, result_ips, shape,
+    IFNAME, Mode, Network, NetnsArg, Sandbox, Source, assert_result_matches_kernel, bare_ip, bridge_network, calico_v2_network,
+    bridge_network_from, dual_stack_macvlan_network_from, macvlan_network_from, macvlan_network_on_a_lan, mode_of, pod_has_link, result_ips, shape,
 };
 use serde_json::{Value, json};
 
@@ -400,4 +400,241 @@ fn stale_del_is_deferred_through_libcni() {
     assert!(deferred_of(&net, &old).is_empty(), "A's DEL is still deferred after its replay");
     assert_eq!(logged(&net, &old, "replayed"), 1, "{:?}", net.log_lines());
     assert_network_empty(&net);
+}
+
+/// Delegate mode's local teardown of a stale sandbox whose result is dual-stack (macvlan,
+/// host-local with a v4 and a v6 range): the stale DEL takes A's interface, and with it both
+/// its addresses, out of A's netns, while B keeps both families; the primary sees A's DEL
+/// only once B is gone.
+#[test]
+fn a_stale_dual_stack_sandbox_loses_both_families_in_delegate_mode() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (_lan, net) = dual_stack_macvlan_network_from(Source::Testdata { pin: None });
+    let delegate = net.conflist_of(Mode::Delegate);
+    let old = Sandbox::new("db", "pg-0", "uid1");
+    let new = Sandbox::new("db", "pg-0", "uid2");
+    let old_result = add_in(&net, Mode::Delegate, &old);
+    let new_result = add_in(&net, Mode::Delegate, &new);
+    assert_eq!(result_ips(&old_result).len(), 2, "a v4 and a v6 address: {old_result}");
+    let old_ips = result_ips(&old_result);
+
+    net.del_with(delegate, &old, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("the stale DEL of A must succeed in delegate mode: {}", e.stderr));
+    assert!(!pod_has_link(&old, IFNAME), "A's netns still holds the interface the guard checkpointed");
+    let left: Value = serde_json::from_slice(&old.netns.exec(&["ip", "-j", "addr", "show", "scope", "global"]).stdout).unwrap();
+    let left: Vec<&Value> = left.as_array().unwrap().iter().flat_map(|l| l["addr_info"].as_array().unwrap()).collect();
+    assert!(left.is_empty(), "A's netns still answers for {left:?}");
+    assert_eq!(deferred_of(&net, &old).len(), 1, "A's DEL is recorded as deferred");
+    for ip in &old_ips {
+        assert_eq!(net.ip_holder(bare_ip(ip)), Some(old.container_id.clone()), "host-local saw A's DEL while B lives ({ip})");
+    }
+
+    assert_result_matches_kernel(&new_result, &new);
+    assert!(new.can_ping(&net.subnet.host(1)) && new.can_ping(&net.subnet.host6(1)), "B -> router over both families");
+    net.del_with(delegate, &new, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL of B failed: {}", e.stderr));
+    for ip in &old_ips {
+        assert_eq!(net.ip_holder(bare_ip(ip)), None, "A's deferred DEL never reached host-local ({ip})");
+    }
+    assert_network_empty(&net);
+}
+
+// ---------------------------------------------------------------------------------------
+// Every CNI version
+
+/// The reference plugins this machine's package ships (containernetworking-plugins 1.1)
+/// speak 0.1.0 to 1.0.0; 1.1.0 results come through the guard's own tests (cni_protocol,
+/// results) and the model primaries.
+const REFERENCE_PLUGIN_VERSIONS: [&str; 6] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+
+/// The pod interface's MAC as the kernel has it.
+fn kernel_mac(sandbox: &Sandbox) -> String {
+    let out = sandbox.netns.exec(&["cat", &format!("/sys/class/net/{IFNAME}/address")]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The pod's addresses from a result of any version: `ips`, or 0.1.0/0.2.0's `ip4`/`ip6`.
+fn any_version_ips(result: &Value) -> Vec<String> {
+    let legacy = ["ip4", "ip6"].iter().filter_map(|key| result[key]["ip"].as_str().map(str::to_string));
+    result_ips(result).into_iter().chain(legacy).collect()
+}
+
+/// ADD of two sandboxes of one pod at `version`, the old one's late DEL, then both DELs, in
+/// `mode`: the results are in the network's version (legacy ones without interfaces), the
+/// checkpoint has the pod interface's MAC and link facts from the netns, the stale DEL
+/// leaves the new pod its network, and nothing is left behind.
+fn incident_at_version(net: &Network, mode: Mode, version: &str) {
+    let conflist = net.conflist_of(mode);
+    let old = Sandbox::new("lijiaob", "etcd1-0", "uid1");
+    let new = Sandbox::new("lijiaob", "etcd1-0", "uid2");
+    let mut results = Vec::new();
+    for sandbox in [&old, &new] {
+        let result = net
+            .add_with(conflist, sandbox)
+            .unwrap_or_else(|e| panic!("{version} {mode:?}: libcni ADD failed: {}", e.stderr));
+        assert_eq!(result["cniVersion"], version, "{mode:?}: the result is in the network's version: {result}");
+        let legacy = version == "0.1.0" || version == "0.2.0";
+        assert_eq!(result.get("interfaces").is_none(), legacy, "{version} {mode:?}: {result}");
+        assert_eq!(result.get("ip4").is_some(), legacy, "{version} {mode:?}: {result}");
+        let record = net.checkpoint(sandbox).unwrap_or_else(|| panic!("{version} {mode:?}: no checkpoint"));
+        assert_eq!(record["cniVersion"], version);
+        assert_eq!(record["prevResult"], net.cached_result(sandbox).expect("libcni's cache"), "{version} {mode:?}");
+        let mut ips = any_version_ips(&result);
+        ips.sort();
+        assert_eq!(record["ips"], json!(ips), "{version} {mode:?}: checkpointed addresses");
+        // Found by CNI_IFNAME in the netns, whatever the result says of interfaces.
+        assert_eq!(record["links"]["state"], "observed", "{version} {mode:?}: {record}");
+        assert_eq!(record["links"]["mac"], json!(kernel_mac(sandbox)), "{version} {mode:?}: {record}");
+        if version >= "0.4.0" {
+            net.check_with(conflist, sandbox).unwrap_or_else(|e| panic!("{version} {mode:?}: CHECK failed: {}", e.stderr));
+        }
+        results.push(result);
+    }
+    let new_ips = any_version_ips(&results[1]);
+    match mode {
+        Mode::Chained => {
+            let refused = net.del_with(conflist, &old, NetnsArg::Sandbox).expect_err("the stale DEL of A must be refused");
+            assert_eq!(refused.code, Some(11), "{version}: {}", refused.stderr);
+        }
+        Mode::Delegate => {
+            net.del_with(conflist, &old, NetnsArg::Sandbox)
+                .unwrap_or_else(|e| panic!("{version}: delegate mode defers the stale DEL: {}", e.stderr));
+            // The local teardown knows A's interface by the MAC read at ADD, legacy result or not.
+            assert!(!pod_has_link(&old, IFNAME), "{version}: the deferred DEL left A's interface in its netns");
+        }
+    }
+    assert!(pod_has_link(&new, IFNAME), "{version} {mode:?}: the new sandbox lost its interface");
+    for ip in &new_ips {
+        assert_eq!(net.ip_holder(bare_ip(ip)), Some(new.container_id.clone()), "{version} {mode:?}: B's {ip}");
+    }
+    assert!(new.can_ping(&net.subnet.host(1)), "{version} {mode:?}: B reaches its gateway after the stale DEL");
+
+    for sandbox in [&new, &old] {
+        for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
+            net.del_with(conflist, sandbox, netns)
+                .unwrap_or_else(|e| panic!("{version} {mode:?}: DEL {} failed: {}", sandbox.container_id, e.stderr));
+        }
+    }
+    for (sandbox, result) in [&old, &new].into_iter().zip(&results) {
+        assert!(!pod_has_link(sandbox, IFNAME), "{version} {mode:?}: the primary's DEL did not run");
+        for ip in any_version_ips(result) {
+            assert_eq!(net.ip_holder(bare_ip(&ip)), None, "{version} {mode:?}: {ip} still reserved");
+        }
+    }
+    assert_network_empty(net);
+}
+
+/// libcni 1.3 (containerd 2.1+, CRI-O 1.33+) at the legacy versions, as 1.1 above.
+#[test]
+fn legacy_versions_through_libcni_1_3_in_both_modes() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    for version in ["0.1.0", "0.2.0"] {
+        let net = bridge_network_from(Source::Testdata { pin: None }).at_version(version).through(libcni::driver_1_3());
+        for mode in [Mode::Chained, Mode::Delegate] {
+            incident_at_version(&net, mode, version);
+        }
+    }
+}
+
+#[test]
+fn every_cni_version_of_the_reference_plugins_through_libcni_in_both_modes() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    for version in REFERENCE_PLUGIN_VERSIONS {
+        let net = bridge_network_from(Source::Testdata { pin: None }).at_version(version);
+        for mode in [Mode::Chained, Mode::Delegate] {
+            incident_at_version(&net, mode, version);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// calico v2 (tests/cri/calico-v2-model-plugin): cniVersion 0.1.0, everything keyed by pod name
+
+/// The addresses the calico v2 model holds, with the handle holding each.
+fn calico_addresses(net: &Network) -> Vec<(String, String)> {
+    let mut held: Vec<(String, String)> = cni::files_in(&net.ipam_dir.join("ips"))
+        .iter()
+        .map(|path| (path.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read_to_string(path).unwrap()))
+        .collect();
+    held.sort();
+    held
+}
+
+/// The container the pod's workload endpoint belongs to, if it has one.
+fn calico_endpoint_owner(net: &Network, sandbox: &Sandbox) -> Option<String> {
+    let file = net.ipam_dir.join("endpoints").join(format!("{}.{}", sandbox.namespace, sandbox.pod));
+    let text = std::fs::read_to_string(file).ok()?;
+    text.split_whitespace().next().map(str::to_string)
+}
+
+/// The seed incident against calico v2 at `version`, through libcni, in `mode`: ADD A, ADD B
+/// of the same pod name, A's late DEL (StopPodSandbox's, then RemovePodSandbox's without a
+/// netns). B keeps its endpoint, its address and its link; then both DELs leave nothing.
+fn calico_v2_incident(net: &Network, mode: Mode, version: &str) {
+    let conflist = net.conflist_of(mode);
+    let old = Sandbox::new("lijiaob", "etcd1-0", "uid1");
+    let new = Sandbox::new("lijiaob", "etcd1-0", "uid2");
+    for sandbox in [&old, &new] {
+        let result = net.add_with(conflist, sandbox).unwrap_or_else(|e| panic!("{version} {mode:?}: ADD failed: {}", e.stderr));
+        assert_eq!(result["cniVersion"], version, "{mode:?}: {result}");
+        assert!(result["ip4"]["ip"].is_string() && result.get("interfaces").is_none(), "{version} {mode:?}: a 0.2.0-shaped result: {result}");
+        let record = net.checkpoint(sandbox).unwrap_or_else(|| panic!("{version} {mode:?}: no checkpoint"));
+        assert_eq!(record["ips"], json!([result["ip4"]["ip"]]), "{version} {mode:?}");
+        assert_eq!(record["links"]["mac"], json!(kernel_mac(sandbox)), "{version} {mode:?}: the MAC read from the netns: {record}");
+    }
+    assert_eq!(calico_endpoint_owner(net, &new), Some(new.container_id.clone()));
+    let before = calico_addresses(net);
+    for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
+        let outcome = net.del_with(conflist, &old, netns);
+        match mode {
+            Mode::Chained => assert_eq!(outcome.expect_err("the stale DEL must be refused").code, Some(11), "{version}"),
+            Mode::Delegate => outcome.unwrap_or_else(|e| panic!("{version}: delegate mode defers the stale DEL: {}", e.stderr)),
+        }
+    }
+    assert_eq!(calico_addresses(net), before, "{version} {mode:?}: calico released an address for the stale DEL");
+    assert_eq!(calico_endpoint_owner(net, &new), Some(new.container_id.clone()), "{version} {mode:?}: B's workload endpoint");
+    assert!(pod_has_link(&new, IFNAME), "{version} {mode:?}: B lost its interface");
+    assert!(new.can_ping("169.254.1.1"), "{version} {mode:?}: B reaches its gateway after the stale DEL");
+
+    for sandbox in [&new, &old] {
+        for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
+            net.del_with(conflist, sandbox, netns)
+                .unwrap_or_else(|e| panic!("{version} {mode:?}: DEL {} failed: {}", sandbox.container_id, e.stderr));
+        }
+    }
+    assert_eq!(calico_addresses(net), Vec::new(), "{version} {mode:?}: addresses left");
+    assert_eq!(calico_endpoint_owner(net, &new), None, "{version} {mode:?}: endpoint left");
+    assert!(!pod_has_link(&new, IFNAME) && !pod_has_link(&old, IFNAME), "{version} {mode:?}: a pod interface is left");
+    assert_eq!(net.cached_results(), Vec::<String>::new(), "{version} {mode:?}: libcni cache entries left");
+    assert_eq!(net.guard_files(), Vec::<std::path::PathBuf>::new(), "{version} {mode:?}: guard records or owners left");
+}
+
+#[test]
+fn calico_v2_keeps_the_new_pod_through_libcni_at_0_1_0_and_0_2_0_in_both_modes() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    for version in ["0.1.0", "0.2.0"] {
+        let net = calico_v2_network().at_version(version);
+        for mode in [Mode::Chained, Mode::Delegate] {
+            calico_v2_incident(&net, mode, version);
+        }
+    }
+}
+
+/// The model does what the guard exists to stop: unguarded, A's late DEL takes B's endpoint,
+/// address and interface (so the test above can fail).
+#[test]
+fn calico_v2_model_unguarded_loses_the_new_pod() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let net = calico_v2_network();
+    let old = Sandbox::new("lijiaob", "etcd1-0", "uid1");
+    let new = Sandbox::new("lijiaob", "etcd1-0", "uid2");
+    let unguarded = net.primary_only_conflist.clone();
+    for sandbox in [&old, &new] {
+        let result = net.add_with(&unguarded, sandbox).unwrap_or_else(|e| panic!("ADD failed: {}", e.stderr));
+        assert_eq!(result["cniVersion"], "0.1.0", "{result}");
+    }
+    net.del_with(&unguarded, &old, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("DEL failed: {}", e.stderr));
+    assert_eq!(calico_addresses(&net), Vec::new(), "the stale DEL released B's address");
+    assert_eq!(calico_endpoint_owner(&net, &new), None, "the stale DEL removed B's endpoint");
+    assert!(!pod_has_link(&new, IFNAME), "the stale DEL took B's interface");
+    net.del_with(&unguarded, &new, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("DEL of B failed: {}", e.stderr));
 }

@@ -15,12 +15,17 @@ mod testdata;
 mod cni;
 #[path = "support/libcni.rs"]
 mod libcni;
+#[path = "support/cri_node.rs"]
+mod cri_node;
 
 use std::process::Output;
 use std::time::{Duration, Instant};
 
 use cni::{Cni, Reply, guard};
-use libcni::{IFNAME, Network, NetnsArg, Sandbox, assert_result_matches_kernel, bare_ip, bridge_network, macvlan_network_on_a_lan, pod_has_link};
+use libcni::{
+    IFNAME, Lan, Network, NetnsArg, Sandbox, assert_result_matches_kernel, bare_ip, bridge_network, dual_stack_macvlan_network_on_a_lan,
+    macvlan_network_on_a_lan, pod_has_link,
+};
 use serde_json::{Value, json};
 
 /// The guard's own CHECK, given what libcni gives it: its conflist entry with the cached
@@ -207,4 +212,221 @@ fn a_superseded_sandbox_is_not_revived_next_to_its_owner() {
 
     net.del(&new, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL of the owner failed: {}", e.stderr));
     net.del(&old, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL of the old sandbox failed: {}", e.stderr));
+}
+
+/// A pod's address of one family, without its prefix length, and its pod-side MAC.
+fn address_of(result: &Value, v6: bool) -> String {
+    let ips = result["ips"].as_array().unwrap();
+    let cidr = ips.iter().map(|ip| ip["address"].as_str().unwrap()).find(|a| a.contains(':') == v6).expect("an address of the family");
+    bare_ip(cidr).to_string()
+}
+
+fn pod_mac_of(result: &Value) -> String {
+    let interfaces = result["interfaces"].as_array().unwrap();
+    interfaces.iter().find(|i| i["sandbox"].is_string()).map(|i| i["mac"].as_str().unwrap().to_string()).unwrap()
+}
+
+/// One ping, one second: what a pod's first connection after the restore gets.
+fn pings_at_once(from: &Sandbox, to: &str) -> bool {
+    from.netns.try_exec(&["ping", "-c", "1", "-W", "1", to])
+}
+
+/// The IPv6 addresses of the pod's interface that are not yet, or never will be, usable.
+fn unsettled_ipv6(sandbox: &Sandbox) -> Vec<Value> {
+    let links = pod_json(sandbox, &["-6", "addr", "show", "dev", IFNAME]);
+    links.as_array().unwrap().iter().flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
+        .filter(|a| a.get("tentative").is_some() || a.get("dadfailed").is_some())
+        .collect()
+}
+
+/// Makes the router's neighbour entry for `ip` point at a MAC nobody has, as one left from
+/// before the reload might: only an advertisement with Override puts the pod's MAC back.
+fn poison_neighbour(lan: &Lan, ip: &str) {
+    lan.netns.exec(&["ip", "-6", "neigh", "replace", ip, "lladdr", "02:00:5e:00:00:01", "dev", &lan.uplink, "nud", "stale"]);
+}
+
+/// The driver reload with dual-stack pods (host-local with a v4 and a v6 range, a default
+/// route each): `--restore` must give back both families, with the IPv6 addresses usable
+/// the moment it returns (not tentative: pod to pod over IPv6 at once) and advertised to the
+/// router as IPv4's are with gratuitous ARP.
+#[test]
+fn dual_stack_pods_are_usable_over_both_families_right_after_restore() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let state_dir = net.state_dir.to_str().unwrap().to_string();
+    let (router4, router6) = (net.subnet.host(1), net.subnet.host6(1));
+
+    let pods = [Sandbox::new("db", "pg-0", "uid-pg-0"), Sandbox::new("db", "pg-1", "uid-pg-1")];
+    let results = pods.each_ref().map(|pod| net.add(pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr)));
+    for (pod, result) in pods.iter().zip(&results) {
+        assert_eq!(result["ips"].as_array().unwrap().len(), 2, "a v4 and a v6 address: {result}");
+        net.check(pod).unwrap_or_else(|e| panic!("CHECK of a healthy dual-stack pod failed: {}", e.stderr));
+        assert!(pod.can_ping(&router4) && pod.can_ping(&router6), "pod -> router over both families before the reload");
+        let links = net.checkpoint(pod).expect("checkpoint")["links"].clone();
+        assert!(links["routes"].as_array().unwrap().iter().any(|r| r["dst"] == "::/0" && r["gateway"] == json!(router6)), "{links}");
+    }
+    let routes_before = pods.each_ref().map(pod_routes);
+    let (pg1_v6, pg1_mac) = (address_of(&results[1], true), pod_mac_of(&results[1]));
+
+    lan.unplug();
+    lan.plug_dual(&net.subnet);
+    assert!(pods.iter().all(|pod| !pod_has_link(pod, IFNAME)));
+    poison_neighbour(&lan, &pg1_v6);
+
+    let dry = guard(&["--restore", "--dry-run", "--state-dir", &state_dir, &pods[1].container_id]);
+    let said = text(&dry);
+    assert!(dry.status.success(), "{said}");
+    for needle in [
+        format!("ip -n <pod> -6 addr add {} dev {IFNAME}", results[1]["ips"].as_array().unwrap().iter().find(|ip| ip["address"].as_str().unwrap().contains(':')).unwrap()["address"].as_str().unwrap()),
+        format!("ip -n <pod> route add ::/0 via {router6} dev {IFNAME}"),
+        format!("wait for duplicate address detection of {pg1_v6} on {IFNAME}: until `ip -n <pod> -6 addr show dev {IFNAME} tentative` is empty"),
+        format!("unsolicited neighbour advertisement (override) on {IFNAME} for {pg1_v6}"),
+        format!("gratuitous ARP on {IFNAME} for {}", address_of(&results[1], false)),
+    ] {
+        assert!(said.contains(&needle), "the dry run should show {needle:?}: {said}");
+    }
+    assert!(!pod_has_link(&pods[1], IFNAME), "a dry run changed the pod");
+
+    let restored = guard(&["--restore", "--state-dir", &state_dir, "--all"]);
+    let said = text(&restored);
+    assert!(restored.status.success(), "{said}");
+    // No sleep: the first packets after the restore are the ones that must pass.
+    assert!(pings_at_once(&pods[0], &pg1_v6), "pod -> pod over IPv6 right after the restore: {:?}\n{said}", unsettled_ipv6(&pods[1]));
+    assert!(pings_at_once(&pods[1], &address_of(&results[0], false)), "pod -> pod over IPv4 right after the restore");
+    for (pod, result) in pods.iter().zip(&results) {
+        assert_eq!(unsettled_ipv6(pod), Vec::<Value>::new(), "tentative or failed IPv6 addresses after the restore");
+        assert_result_matches_kernel(result, pod);
+    }
+    assert_eq!(pods.each_ref().map(pod_routes), routes_before, "routes of both families after the restore");
+    assert_eq!(lan.neighbour_mac(&pg1_v6), Some(pg1_mac), "the router did not take the advertised MAC");
+    assert!(pods[0].can_ping(&router6) && pods[0].can_ping(&router4), "pod -> router over both families after the restore");
+    let again = guard(&["--restore", "--state-dir", &state_dir, "--all"]);
+    assert!(again.status.success() && text(&again).contains("0 restored, 2 intact"), "{}", text(&again));
+    for pod in &pods {
+        net.check(pod).unwrap_or_else(|e| panic!("CHECK after the restore failed: {}", e.stderr));
+        net.del(pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+    }
+}
+
+/// While the pod's macvlan was gone another node took its IPv6 address: duplicate address
+/// detection fails, and `--restore` must say so for that sandbox (exit 1, FAILED, the
+/// address named), not advertise the address over its holder's; IPv4 is back regardless.
+#[test]
+fn a_taken_ipv6_address_fails_the_restore_of_its_sandbox() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let state_dir = net.state_dir.to_str().unwrap().to_string();
+    let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
+    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    let pod_v6 = address_of(&result, true);
+
+    lan.unplug();
+    lan.plug_dual(&net.subnet);
+    // The router plays the other node: it holds the pod's IPv6 address and defends it.
+    lan.netns.exec(&["ip", "-6", "addr", "add", &format!("{pod_v6}/128"), "dev", &lan.uplink, "nodad"]);
+
+    let out = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("FAILED"), "{said}");
+    assert!(said.contains(&format!("duplicate address detection of {pod_v6} on {IFNAME}")), "{said}");
+    assert!(said.contains(&format!("it failed for {pod_v6}: another node on the link answers for it")), "{said}");
+    assert!(!said.contains("neighbour advertisement (override)"), "an address another node holds must not be advertised: {said}");
+    let failed = unsettled_ipv6(&pod);
+    assert!(failed.iter().any(|a| a["local"] == json!(pod_v6) && a.get("dadfailed").is_some()), "{failed:?}");
+    assert!(pod.can_ping(&net.subnet.host(1)), "IPv4 is restored and announced all the same");
+    // The interface is back, so a second restore leaves it be; CHECK keeps naming the loss.
+    let check = guard_check(&net, &pod);
+    let reply: Value = serde_json::from_str(&check.stdout).unwrap_or_else(|e| panic!("CHECK reply ({e}): {}{}", check.stdout, check.stderr));
+    assert_eq!(reply["code"], 100, "{reply}");
+    assert!(reply["msg"].as_str().unwrap().contains(&format!("{pod_v6}/64 on {IFNAME} failed duplicate address detection")), "{reply}");
+
+    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+}
+
+/// The guard's CHECK of a dual-stack pod names a lost IPv6 address and a lost IPv6 default
+/// route as it names IPv4's, and passes both families when nothing is lost.
+#[test]
+fn check_names_what_a_dual_stack_pod_lost_in_either_family() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (_lan, net) = dual_stack_macvlan_network_on_a_lan();
+    let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
+    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    let cidr_of = |v6: bool| {
+        let ips = result["ips"].as_array().unwrap();
+        ips.iter().map(|ip| ip["address"].as_str().unwrap().to_string()).find(|a| a.contains(':') == v6).unwrap()
+    };
+    assert!(guard_check(&net, &pod).status.success(), "a healthy dual-stack pod");
+    let reply_of = |check: Reply| -> Value {
+        serde_json::from_str(&check.stdout).unwrap_or_else(|e| panic!("CHECK reply ({e}): {}{}", check.stdout, check.stderr))
+    };
+
+    pod.netns.exec(&["ip", "-6", "route", "del", "default", "dev", IFNAME]);
+    let reply = reply_of(guard_check(&net, &pod));
+    assert_eq!(reply["code"], 100, "{reply}");
+    assert!(reply["msg"].as_str().unwrap().contains(&format!("route ::/0 via {} is missing from {IFNAME}", net.subnet.host6(1))), "{reply}");
+
+    pod.netns.exec(&["ip", "addr", "del", &cidr_of(true), "dev", IFNAME]);
+    pod.netns.exec(&["ip", "addr", "del", &cidr_of(false), "dev", IFNAME]);
+    let reply = reply_of(guard_check(&net, &pod));
+    let details = reply["details"].as_str().unwrap();
+    for lost in [format!("address {} is missing", cidr_of(false)), format!("address {} is missing", cidr_of(true))] {
+        assert!(details.contains(&lost), "CHECK should name {lost:?}: {reply}");
+    }
+    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+}
+
+/// One dual-stack pod under containerd's CRI, with the reference macvlan and host-local
+/// plugins and the guard chained: RunPodSandbox gives it both families (the IPv6 one as
+/// CRI's additional IP), the NIC driver reload takes its macvlan, `--restore` brings it back
+/// and the host reaches it over IPv6 at once; Stop and Remove then go through.
+#[test]
+fn a_dual_stack_pod_under_cri_comes_back_with_both_families() {
+    sys::skip_unless_root!(&[cri_node::TOOLS, libcni::TOOLS].concat());
+    let node = cri_node::CriNode::start(cri_node::Primary::ReferenceMacvlan, |layout| {
+        let (v4, v6) = (&layout.subnet, &layout.subnet6);
+        json!({"cniVersion": "1.0.0", "name": "dual-stack", "plugins": [
+            {
+                "type": "macvlan",
+                "master": layout.master,
+                "mode": "bridge",
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": layout.dir.join("host-local"),
+                    "ranges": [[{ "subnet": v4 }], [{ "subnet": v6 }]],
+                    "routes": [
+                        { "dst": "0.0.0.0/0", "gw": v4.replace(".0/24", ".1") },
+                        { "dst": "::/0", "gw": v6.replace("::/64", "::1") }
+                    ]
+                }
+            },
+            { "type": "sandbox-guard", "stateDir": layout.guard_state, "logFile": layout.guard_log }
+        ]})
+    });
+    let id = node.run_pod("pg-0", "db", "uid-pg-0").unwrap_or_else(|e| panic!("RunPodSandbox: {e:?}"));
+    let status = node.pod_status(&id);
+    assert_eq!(status["state"], "SANDBOX_READY", "{status}");
+    let v4 = status["ip"].as_str().unwrap().to_string();
+    let v6 = status["additionalIps"][0].as_str().unwrap_or_else(|| panic!("no IPv6 address: {status}")).to_string();
+    assert!(!v4.contains(':') && v6.contains(':'), "{status}");
+    let ping = |ip: &str| sys::try_run("ping", &["-c", "1", "-W", "1", ip]);
+    assert!(ping(&v4) && ping(&v6), "host -> pod over both families");
+
+    let state_dir = node.layout.guard_state.to_str().unwrap().to_string();
+    let record = cni::dump_checkpoints(&node.layout.guard_state, &[]).into_iter().find(|e| e["containerId"] == json!(id)).expect("the pod's record");
+    let addresses = record["links"]["addresses"].to_string();
+    assert!(addresses.contains(&v4) && addresses.contains(&v6), "{record}");
+
+    node.reload_master();
+    let restored = guard(&["--restore", "--state-dir", &state_dir, "--all"]);
+    let said = text(&restored);
+    assert!(restored.status.success() && said.contains("restored"), "{said}");
+    // No sleep: the host's first packets to the pod after the restore.
+    assert!(ping(&v6), "host -> pod over IPv6 right after the restore: {said}");
+    assert!(ping(&v4), "host -> pod over IPv4 right after the restore");
+
+    node.stop_pod(&id).unwrap_or_else(|e| panic!("StopPodSandbox: {e:?}"));
+    node.remove_pod(&id).unwrap_or_else(|e| panic!("RemovePodSandbox: {e:?}"));
+    let left = cni::dump_checkpoints(&node.layout.guard_state, &[]);
+    assert!(left.iter().all(|e| e["containerId"] != json!(id)), "the record outlived the pod: {left:?}");
 }

@@ -13,25 +13,33 @@ mod testdata;
 mod cni;
 #[path = "support/install.rs"]
 mod install;
+#[path = "support/primary.rs"]
+mod primary;
+#[path = "support/prometheus.rs"]
+mod prometheus;
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use install::{assert_matches_fixture, contents, copy_fixture, primary_rewrites, run, run_ok, tree};
+use install::{assert_matches_fixture, contents, copy_fixture, primary_rewrites, run, run_ok, stub_plugins, tree};
 
 const LOG: [&str; 2] = ["--log-file", "/var/log/sandbox-guard.log"];
 
-/// Each primary's conf dir and the network file its installer writes, with the modes that
-/// apply (a drop-in needs a .conflist) and the --network a dir of several networks needs.
-const CASES: [(&str, &str, &[&str], Option<&str>); 5] = [
+/// Each primary's conf dir and the network file the guard goes into, with the modes that
+/// apply (a drop-in needs a .conflist that the runtime reads itself, not through multus)
+/// and a --network to give. Multus (thick and thin, as they write their files) is guarded
+/// in the cluster network it delegates to, multus's own file left alone.
+const CASES: [(&str, &str, &[&str], Option<&str>); 7] = [
     ("calico", "10-calico.conflist", &["chained", "delegate", "dropin"], None),
     ("flannel", "10-flannel.conflist", &["chained", "delegate", "dropin"], None),
     ("cilium-chaining", "05-cilium.conflist", &["chained", "delegate", "dropin"], None),
     ("macvlan-conf", "20-macvlan.conf", &["chained", "delegate"], None),
-    ("multus", "00-multus.conf", &["chained", "delegate"], Some("multus-cni-network")),
+    ("multus-thick", "10-calico.conflist", &["chained", "delegate"], None),
+    ("multus-thin", "10-calico.conflist", &["chained", "delegate"], None),
+    ("multus-thick", "10-calico.conflist", &["chained"], Some("multus-cni-network")),
 ];
 
 struct Node {
@@ -43,6 +51,7 @@ impl Node {
         let node = Node { dir: sys::TempDir::new("sginst") };
         std::fs::create_dir_all(node.conf()).unwrap();
         copy_fixture(&format!("install/{case}/conf"), &node.conf());
+        stub_plugins(&node.conf(), &node.bin());
         node
     }
 
@@ -159,17 +168,21 @@ fn bad_input_is_refused_and_nothing_is_written() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(stderr.contains(says) && stderr.contains("nothing written"), "{args:?}: {stderr}");
         assert_eq!(tree(&node.dir.path), before, "{args:?}: a refused install wrote");
-        assert!(!node.bin().exists(), "{args:?}: the binary was copied before the refusal");
+        assert!(!node.bin().join("sandbox-guard").exists(), "{args:?}: the binary was copied before the refusal");
     };
     let empty = Node { dir: sys::TempDir::new("sginst") };
+    std::fs::create_dir_all(empty.bin()).unwrap();
     std::fs::create_dir_all(empty.conf()).unwrap();
     std::fs::write(empty.conf().join("README"), "not a network").unwrap();
     refused(&empty, &[], "no CNI network in");
 
-    let multus = Node::with("multus");
-    refused(&multus, &[], "several networks in");
+    // Several networks without --network are no longer refused: the runtime's is guarded.
+    let multus = Node::with("multus-thick");
     refused(&multus, &["--network", "nope"], "no network named \"nope\"");
-    refused(&multus, &["--network", "multus-cni-network", "--mode", "dropin"], "--mode dropin needs the network in a .conflist");
+    // Multus runs its cluster network itself: a drop-in there would never run.
+    refused(&multus, &["--network", "multus-cni-network", "--mode", "dropin"], "multus (thick) runs 10-calico.conflist itself");
+    let macvlan = Node::with("macvlan-conf");
+    refused(&macvlan, &["--mode", "dropin"], "--mode dropin needs the network in a .conflist");
 
     let broken = Node::with("calico");
     std::fs::copy(testdata::fixture_path("conflists/broken/truncated.conflist"), broken.conf().join("05-half.conflist")).unwrap();
@@ -197,10 +210,16 @@ struct Watcher {
 
 impl Watcher {
     fn start(node: &Node, mode: &str) -> Watcher {
+        Watcher::start_with(node, mode, &[], "installed: put sandbox-guard into")
+    }
+
+    /// A watcher with `extra` arguments, started once it logged `first`.
+    fn start_with(node: &Node, mode: &str, extra: &[&str], first: &str) -> Watcher {
         let mut child = Command::new(cni::BIN)
             .args(["--install", "--watch", "--mode", mode, "--conf-dir", node.conf().to_str().unwrap()])
             .args(["--bin-dir", node.bin().to_str().unwrap()])
             .args(LOG)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -215,7 +234,9 @@ impl Watcher {
         });
         let watcher = Watcher { child, lines };
         watcher.wait_for("watching", Duration::from_secs(10));
-        watcher.wait_for("installed: put sandbox-guard into", Duration::from_secs(10));
+        watcher.wait_for(first, Duration::from_secs(10));
+        // Then whether the probe would say ready, logged once each time that changes.
+        watcher.wait_for("ready", Duration::from_secs(10));
         watcher
     }
 
@@ -330,6 +351,10 @@ fn usage_errors_exit_2_before_anything_runs() {
         (&["--remove-binary"], "--remove-binary belongs to --uninstall"),
         (&["--lock-timeout", "3"], "--lock-timeout belongs to"),
         (&["extra"], "--install takes options only"),
+        (&["--metrics-file", "/tmp/x.prom"], "--metrics-file goes with --watch"),
+        (&["--check", "--watch"], "--check and --watch exclude each other"),
+        (&["--platform", "eks"], "use auto, default, gke, k3s or openshift"),
+        (&["--entry", "[1]"], "--entry is not a JSON object"),
     ] {
         let out = run("--install", &node.conf(), &node.bin(), args);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -341,4 +366,565 @@ fn usage_errors_exit_2_before_anything_runs() {
     assert_eq!(tree(&node.dir.path), before);
     let help = cni::guard_ok(&["--install", "--help"]);
     assert!(String::from_utf8_lossy(&help.stdout).contains("--mode chained|delegate|dropin"));
+}
+
+/// Only delegate mode replays deferred DELs: leaving it while some wait would leave them to
+/// nobody, and the primary would never free those sandboxes' addresses.
+#[test]
+fn leaving_delegate_mode_while_deferred_dels_wait_is_refused_unless_forced() {
+    let node = Node::with("calico");
+    let state = sys::TempDir::new("sginstst");
+    let state_dir = state.path.join("state");
+    let with_state = |mode: &str| {
+        let mut args = Node::args(Some(mode), None);
+        args.extend(["--state-dir", state_dir.to_str().unwrap()]);
+        args.into_iter().map(String::from).collect::<Vec<String>>()
+    };
+    run_ok("--install", &node.conf(), &node.bin(), &strs(&with_state("delegate")));
+    // A stale DEL deferred on that network: ADD A, ADD B of one pod, then A's DEL.
+    let store = cni::Store::with_state_dir(state_dir.clone(), &state.path);
+    let recording = primary::RecordingPrimary::new();
+    let pod = cni::Pod::new("lijiaob", "etcd1-0");
+    let (a, b) = (cni::container_id(), cni::container_id());
+    for call in [store.add(&a, &pod), store.add(&b, &pod), store.del(&a, &pod)] {
+        recording.wrap(call.network("k8s-pod-network")).run().assert_ok();
+    }
+    let before = contents(&node.conf());
+    for (mode, args) in [("--install", with_state("chained")), ("--uninstall", vec![])] {
+        let out = run(mode, &node.conf(), &node.bin(), &strs(&args));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{mode} must refuse while a deferred DEL waits");
+        assert!(stderr.contains("1 deferred DELs") && stderr.contains(&a[..12]) && stderr.contains("--force"), "{stderr}");
+        assert_eq!(contents(&node.conf()), before, "{mode} refused, so nothing is written");
+    }
+    let out = run_ok("--uninstall", &node.conf(), &node.bin(), &["--force"]);
+    assert!(out.contains("--force") && out.contains("dropped"), "--force says what is lost: {out}");
+    assert!(contents(&node.conf()) != before, "--force goes on");
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+/// Whether the guard speaks a CNI version, from `--version`: "sandbox-guard X (CNI a, b)".
+fn speaks(version: &str) -> bool {
+    let said = String::from_utf8_lossy(&cni::guard_ok(&["--version"]).stdout).into_owned();
+    let versions = said.split("(CNI ").nth(1).unwrap_or_default().trim_end().trim_end_matches(')');
+    versions.split(", ").any(|v| v == version)
+}
+
+fn stderr_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Sets the cniVersion of every network file of a conf dir (a list's and its plugins').
+fn set_version(conf: &Path, version: Option<&str>) {
+    for file in install::network_files(conf) {
+        let mut value: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        let set = |v: &mut serde_json::Value| match version {
+            Some(version) => v["cniVersion"] = version.into(),
+            None => drop(v.as_object_mut().unwrap().remove("cniVersion")),
+        };
+        set(&mut value);
+        std::fs::write(&file, serde_json::to_vec_pretty(&value).unwrap()).unwrap();
+    }
+}
+
+#[test]
+fn a_network_the_guard_cannot_run_in_is_refused_and_nothing_is_written() {
+    // Fails before this change: both installed, and every ADD on the node would fail.
+    for version in [Some("0.5.0"), Some("2.0.0")] {
+        let node = Node::with("calico");
+        set_version(&node.conf(), version);
+        let before = tree(&node.dir.path);
+        let out = run("--install", &node.conf(), &node.bin(), &[]);
+        let stderr = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(1), "{version:?}: {stderr}");
+        assert!(stderr.contains("which sandbox-guard does not speak") && stderr.contains("nothing written"), "{version:?}: {stderr}");
+        assert_eq!(tree(&node.dir.path), before, "{version:?}: a refused install wrote");
+    }
+    // A config without cniVersion is the oldest version to the runtime: refused or guarded
+    // exactly as that version is.
+    let node = Node::with("calico");
+    set_version(&node.conf(), None);
+    let speaks_0_1_0 = speaks("0.1.0");
+    let out = run("--install", &node.conf(), &node.bin(), &[]);
+    assert_eq!(out.status.success(), speaks_0_1_0, "{}", stderr_of(&out));
+
+    // The bin dir the runtime does not use: none of calico's plugins in it.
+    let node = Node::with("calico");
+    let elsewhere = node.dir.path.join("opt-cni-bin");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let before = tree(&node.dir.path);
+    let out = run("--install", &node.conf(), &elsewhere, &[]);
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("none of network k8s-pod-network's plugins (calico, calico-ipam, portmap, bandwidth)") && stderr.contains("--platform"), "{stderr}");
+    assert_eq!(tree(&node.dir.path), before);
+}
+
+#[test]
+fn platform_presets_and_detection_find_the_runtimes_dirs() {
+    // Each platform's layout under a host root, as the DaemonSet mounts it under /host.
+    for (platform, conf, bin) in [
+        ("gke", "etc/cni/net.d", "home/kubernetes/bin"),
+        ("k3s", "var/lib/rancher/k3s/agent/etc/cni/net.d", "var/lib/rancher/k3s/data/9f3a8c/bin"),
+        ("openshift", "etc/kubernetes/cni/net.d", "var/lib/cni/bin"),
+    ] {
+        let root = sys::TempDir::new("sgplat");
+        let (conf, bin) = (root.path.join(conf), root.path.join(bin));
+        std::fs::create_dir_all(&conf).unwrap();
+        copy_fixture("install/flannel/conf", &conf);
+        stub_plugins(&conf, &bin);
+        // Without the platform the default bin dir holds none of flannel's plugins.
+        let root_arg = root.path.to_str().unwrap();
+        let out = cni::guard(&["--install", "--host-root", root_arg, "--conf-dir", conf.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{platform}: {}", stderr_of(&out));
+        for how in ["auto", platform] {
+            let out = cni::guard(&["--install", "--host-root", root_arg, "--platform", how, "--log-file", "/var/log/sandbox-guard.log"]);
+            assert!(out.status.success(), "{platform} ({how}): {}", stderr_of(&out));
+            assert!(bin.join("sandbox-guard").is_file(), "{platform} ({how}): the binary is not where the runtime looks");
+            assert_matches_fixture(&conf, "install/flannel/chained", &format!("{platform} ({how})"));
+            let check = cni::guard(&["--install", "--check", "--host-root", root_arg, "--platform", how]);
+            assert!(check.status.success(), "{platform} ({how}): {}", String::from_utf8_lossy(&check.stdout));
+        }
+        let out = cni::guard(&["--uninstall", "--remove-binary", "--host-root", root_arg, "--platform", "auto"]);
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        assert_eq!(contents(&conf), contents(&testdata::fixture_path("install/flannel/conf")), "{platform}");
+    }
+}
+
+#[test]
+fn several_networks_guard_the_one_the_runtime_loads_and_say_so() {
+    // containerd's and podman's leftovers beside calico's list: the runtime loads 10-calico.
+    let node = Node::with("calico");
+    copy_fixture("install/flannel/conf", &node.conf());
+    std::fs::rename(node.conf().join("10-flannel.conflist"), node.conf().join("87-podman-bridge.conflist")).unwrap();
+    stub_plugins(&node.conf(), &node.bin());
+    let out = run("--install", &node.conf(), &node.bin(), &LOG);
+    let stderr = stderr_of(&out);
+    // Fails before this change: "several networks ... give the one to guard with --network".
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("the runtime loads the lexically first, k8s-pod-network (10-calico.conflist), which is guarded"), "{stderr}");
+    assert_eq!(std::fs::read(node.conf().join("10-calico.conflist")).unwrap(), testdata::fixture_bytes("install/calico/chained/10-calico.conflist"));
+    assert!(check(&node).0, "the guard is in the runtime's network");
+
+    // --network naming the other one: installed there, with a warning, and not ready.
+    let other = Node::with("calico");
+    copy_fixture("install/flannel/conf", &other.conf());
+    stub_plugins(&other.conf(), &other.bin());
+    let out = run("--install", &other.conf(), &other.bin(), &["--network", "cbr0"]);
+    let stderr = stderr_of(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("warning: --network cbr0 (10-flannel.conflist) is not the network the runtime loads"), "{stderr}");
+    // The probe asks about the runtime's network, where the guard is not.
+    let (ready, said) = check(&other);
+    assert!(!ready && said.contains("sandbox-guard is not in network k8s-pod-network"), "{said}");
+}
+
+/// `--install --check` on a node: ready or not, and what it said.
+fn check(node: &Node) -> (bool, String) {
+    let out = run("--install", &node.conf(), &node.bin(), &["--check"]);
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr_of(&out)))
+}
+
+/// Every file below `dir` whose bytes name the guard, and every kept original.
+fn traces_of_the_guard(dir: &Path) -> Vec<String> {
+    contents(dir)
+        .into_iter()
+        .filter(|(path, bytes)| String::from_utf8_lossy(bytes).contains("sandbox-guard") || path.to_string_lossy().contains("sandbox-guard"))
+        .map(|(path, _)| path.display().to_string())
+        .collect()
+}
+
+#[test]
+fn uninstall_leaves_nothing_that_names_the_guard() {
+    for (case, file, modes, network) in CASES {
+        for mode in modes {
+            let when = format!("{case} {mode}");
+            let node = Node::with(case);
+            node.install(mode, network);
+            let primary = node.conf().join(file);
+            // The primary writes its own file again after the install: calico's upgrade, or a
+            // re-created .conf beside the converted list (multus removes and rewrites its file
+            // on every start). Fails before this change for macvlan-conf: the guarded
+            // .conflist stayed, and loads as soon as the .conf goes.
+            let original = testdata::fixture_bytes(&format!("install/{case}/conf/{file}"));
+            primary_rewrites(&primary, &original);
+            // Multus thin re-inlines the guarded master into its own file within a second.
+            if case == "multus-thin" {
+                node.install(mode, network);
+                reinline_master(&node.conf());
+            }
+            let out = run("--uninstall", &node.conf(), &node.bin(), &["--remove-binary"]);
+            assert!(out.status.success(), "{when}: {}", stderr_of(&out));
+            assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new(), "{when}");
+            assert!(!node.bin().join("sandbox-guard").exists(), "{when}");
+            assert_eq!(std::fs::read(&primary).unwrap(), original, "{when}: the primary's own bytes");
+        }
+    }
+}
+
+/// What multus thin's entrypoint does on its next hash check: its file written again with
+/// the master's current JSON (compact, keys sorted as Go's encoder writes a map) inlined.
+fn reinline_master(conf: &Path) {
+    let multus = conf.join("00-multus.conflist");
+    let master: serde_json::Value = serde_json::from_slice(&std::fs::read(conf.join("10-calico.conflist")).unwrap()).unwrap();
+    let text = std::fs::read_to_string(&multus).unwrap();
+    let start = text.find("\"delegates\": [\n            ").unwrap() + "\"delegates\": [\n            ".len();
+    let end = start + text[start..].find('\n').unwrap();
+    let inlined = format!("{}{}{}", &text[..start], serde_json::to_string(&master).unwrap(), &text[end..]);
+    assert!(inlined.contains("sandbox-guard"));
+    std::fs::write(&multus, inlined).unwrap();
+}
+
+#[test]
+fn the_operators_keys_survive_every_install_and_the_daemonset_can_set_them() {
+    let node = Node::with("calico");
+    node.install("chained", None);
+    let file = node.conf().join("10-calico.conflist");
+    // The operator sets audit-first rollout and metrics on the entry by hand.
+    let mut list: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let entry = list["plugins"].as_array_mut().unwrap().last_mut().unwrap();
+    entry["staleDel"] = "audit".into();
+    entry["metricsFile"] = "/var/lib/node_exporter/sandbox-guard.prom".into();
+    std::fs::write(&file, serde_json::to_vec_pretty(&list).unwrap()).unwrap();
+    let guard_entry = || -> serde_json::Value {
+        let list: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        list["plugins"].as_array().unwrap().iter().find(|p| p["type"] == "sandbox-guard").unwrap().clone()
+    };
+    // Fails before this change: the next run wrote the entry afresh, the keys gone.
+    for mode in ["chained", "delegate", "chained"] {
+        node.install(mode, None);
+        let entry = guard_entry();
+        assert_eq!(entry["staleDel"], "audit", "{mode}: {entry}");
+        assert_eq!(entry["metricsFile"], "/var/lib/node_exporter/sandbox-guard.prom", "{mode}: {entry}");
+    }
+    // The DaemonSet's way: keys as JSON, inline or from a ConfigMap's file.
+    let keys = node.dir.path.join("entry.json");
+    std::fs::write(&keys, r#"{"logFormat": "json", "staleDel": "refuse"}"#).unwrap();
+    run_ok("--install", &node.conf(), &node.bin(), &["--entry", r#"{"ipConflict":"refuse"}"#, "--entry-file", keys.to_str().unwrap()]);
+    let entry = guard_entry();
+    assert_eq!((&entry["ipConflict"], &entry["logFormat"], &entry["staleDel"]), (&"refuse".into(), &"json".into(), &"refuse".into()), "{entry}");
+    assert_eq!(entry["metricsFile"], "/var/lib/node_exporter/sandbox-guard.prom", "{entry}");
+    let out = run("--install", &node.conf(), &node.bin(), &["--entry", r#"{"type":"x"}"#]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+
+    // Under --watch, a primary's rewrite drops the entry: it comes back with the keys.
+    let watcher = Watcher::start_with(&node, "chained", &[], "already installed");
+    primary_rewrites(&file, &testdata::fixture_bytes("install/calico/conf/10-calico.conflist"));
+    watcher.wait_for("re-inserted", Duration::from_secs(5));
+    let entry = guard_entry();
+    assert_eq!((&entry["ipConflict"], &entry["staleDel"]), (&"refuse".into(), &"refuse".into()), "{entry}");
+    assert_eq!(entry["metricsFile"], "/var/lib/node_exporter/sandbox-guard.prom", "{entry}");
+    assert_eq!(watcher.terminate().code(), Some(0));
+}
+
+#[test]
+fn a_write_of_the_primary_while_the_installer_replaces_its_file_is_not_lost() {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    // Aimed at the window: when the installer's temp file for 10-calico.conflist appears (it
+    // then writes and fsyncs it, and renames it over the file), the primary writes its new
+    // version. Fails before this change: the rename put back the older content, 5 of 5.
+    for round in 0..5 {
+        let node = Node::with("calico");
+        let file = node.conf().join("10-calico.conflist");
+        let newer = std::fs::read_to_string(&file).unwrap().replace("\"mtu\": 0", "\"mtu\": 1440");
+        let inotify = Inotify::init(InitFlags::IN_CLOEXEC).unwrap();
+        inotify.add_watch(&node.conf(), AddWatchFlags::IN_CREATE).unwrap();
+        let (conf, newer_bytes) = (node.conf(), newer.clone());
+        let primary = std::thread::spawn(move || {
+            loop {
+                for event in inotify.read_events().unwrap() {
+                    let name = event.name.map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let temp_of_the_list = name
+                        .strip_prefix(".10-calico.conflist.")
+                        .and_then(|rest| rest.strip_suffix(".tmp"))
+                        .is_some_and(|pid| pid.bytes().all(|b| b.is_ascii_digit()));
+                    if temp_of_the_list {
+                        primary_rewrites(&conf.join("10-calico.conflist"), newer_bytes.as_bytes());
+                        return;
+                    }
+                }
+            }
+        });
+        let out = run("--install", &node.conf(), &node.bin(), &LOG);
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        primary.join().unwrap();
+        let now: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        assert_eq!(now["plugins"][0]["mtu"], 1440, "round {round}: the primary's write in the window was lost");
+    }
+}
+
+#[test]
+fn frequent_rewrites_are_followed_and_a_fight_is_reported_not_ready() {
+    // A primary that rewrites its file every 0.7 s with new content (kindnet's and multus
+    // thin's way): each is an upgrade, followed every time, with no back-off. Fails before
+    // this change: past five re-inserts a minute the watch backed off as from a fight.
+    let node = Node::with("flannel");
+    let file = node.conf().join("10-flannel.conflist");
+    let metrics = node.dir.path.join("install.prom");
+    let original = std::fs::read_to_string(&file).unwrap();
+    let watcher = Watcher::start_with(&node, "chained", &["--metrics-file", metrics.to_str().unwrap()], "installed: put sandbox-guard into");
+    for i in 0..10 {
+        let text = original.replace("\"hairpinMode\": true", &format!("\"hairpinMode\": true, \"rev\": {i}"));
+        primary_rewrites(&file, text.as_bytes());
+        watcher.wait_for("re-inserted", Duration::from_secs(3));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let lines = watcher.drain(Duration::from_millis(500));
+    assert!(!lines.iter().any(|l| l.contains("another writer")), "{lines:#?}");
+    assert!(check(&node).0, "{:?}", check(&node).1);
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    if let Some(samples) = prometheus::prometheus_parse(sys::test_name!(), &text) {
+        let value = |name: &str| samples.iter().find(|(n, _, _)| n == name).map(|(_, _, v)| *v);
+        assert_eq!(value("sandbox_guard_install_installed"), Some(1.0), "{text}");
+        assert_eq!(value("sandbox_guard_install_reinserts_total"), Some(10.0), "{text}");
+        assert_eq!(value("sandbox_guard_install_fight"), Some(0.0), "{text}");
+    }
+    assert_eq!(watcher.terminate().code(), Some(0));
+
+    // The file's owner puts its own list back right after each insert (cilium's exclusive
+    // mode): a fight. Said once with the drop-in as the way out, and not ready.
+    let node = Node::with("cilium-chaining");
+    let file = node.conf().join("05-cilium.conflist");
+    let original = std::fs::read(&file).unwrap();
+    let metrics = node.dir.path.join("install.prom");
+    let watcher = Watcher::start_with(&node, "chained", &["--metrics-file", metrics.to_str().unwrap()], "installed: put sandbox-guard into");
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < deadline {
+        if std::fs::read(&file).unwrap() != original {
+            primary_rewrites(&file, &original);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let lines = watcher.drain(Duration::from_millis(300));
+    let fight = lines.iter().find(|l| l.contains("reverts each insert")).unwrap_or_else(|| panic!("{lines:#?}"));
+    assert!(fight.contains("--mode dropin"), "{fight}");
+    assert!(!check(&node).0, "the owner's file is back without the guard");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    if let Some(samples) = prometheus::prometheus_parse(sys::test_name!(), &text) {
+        let value = |name: &str, reason: Option<&str>| {
+            samples.iter().find(|(n, l, _)| n == name && reason.is_none_or(|r| l["reason"] == r)).map(|(_, _, v)| *v)
+        };
+        assert_eq!(value("sandbox_guard_install_installed", None), Some(0.0), "{text}");
+        assert_eq!(value("sandbox_guard_install_fight", None), Some(1.0), "{text}");
+        assert_eq!(value("sandbox_guard_install_failures_total", Some("fight")), Some(1.0), "{text}");
+    }
+    assert_eq!(watcher.terminate().code(), Some(0));
+}
+
+#[test]
+fn ready_only_where_the_runtime_runs_the_guard() {
+    // Fails before this change: there was no readiness check at all (--check unknown).
+    let node = Node::with("calico");
+    let (ready, said) = check(&node);
+    assert!(!ready && said.contains("not in network k8s-pod-network"), "{said}");
+    node.install("chained", None);
+    let (ready, said) = check(&node);
+    assert!(ready && said.contains("ready: sandbox-guard is in 10-calico.conflist"), "{said}");
+    // The binary gone from where the runtime looks.
+    std::fs::remove_file(node.bin().join("sandbox-guard")).unwrap();
+    let (ready, said) = check(&node);
+    assert!(!ready && said.contains("sandbox-guard is missing"), "{said}");
+    node.install("chained", None);
+    // A plugin of the network the runtime cannot find.
+    std::fs::remove_file(node.bin().join("portmap")).unwrap();
+    let (ready, said) = check(&node);
+    assert!(!ready && said.contains("cannot find") && said.contains("portmap"), "{said}");
+    // --check writes nothing.
+    let before = tree(&node.dir.path);
+    check(&node);
+    assert_eq!(tree(&node.dir.path), before);
+}
+
+/// The network a runtime loads from `conf`, found the test's own way: the lexically first
+/// file that parses, or for multus the master file it delegates to (thick: the file its
+/// clusterNetwork names; thin: the first file not named 00-multus*).
+fn loaded_network(conf: &Path) -> Option<(PathBuf, serde_json::Value)> {
+    let parsed: Vec<(PathBuf, serde_json::Value)> = install::network_files(conf)
+        .into_iter()
+        .filter_map(|f| serde_json::from_slice(&std::fs::read(&f).ok()?).ok().map(|v| (f, v)))
+        .collect();
+    let (file, first) = parsed.first()?.clone();
+    let first_plugin = first.get("plugins").and_then(|p| p.get(0)).unwrap_or(&first).clone();
+    let multus_target = match first_plugin["type"].as_str() {
+        Some("multus-shim") => Some(first_plugin["clusterNetwork"].as_str()?.rsplit('/').next()?.to_string()),
+        Some("multus") => parsed.iter().map(|(f, _)| f.file_name().unwrap().to_string_lossy().into_owned()).find(|n| !n.starts_with("00-multus")),
+        _ => None,
+    };
+    match multus_target {
+        Some(name) => parsed.into_iter().find(|(f, _)| f.file_name().unwrap().to_string_lossy() == name),
+        None => Some((file, first)),
+    }
+}
+
+/// Asks of a node what the readiness probe must never get wrong: when it says ready, the
+/// network the runtime loads names the guard, every plugin it names is in the bin dir, and
+/// its version is one the guard speaks.
+fn ready_means_runnable(node: &Node, when: &str) {
+    let (ready, said) = check(node);
+    if !ready {
+        return;
+    }
+    let (file, net) = loaded_network(&node.conf()).unwrap_or_else(|| panic!("{when}: ready without a network: {said}"));
+    let version = net["cniVersion"].as_str().unwrap_or("0.1.0");
+    assert!(speaks(version), "{when}: ready, but {} is at {version}", file.display());
+    let mut names = Vec::new();
+    let plugins = net.get("plugins").and_then(|p| p.as_array()).cloned().unwrap_or_else(|| vec![net.clone()]);
+    for plugin in &plugins {
+        for plugin in [Some(plugin), plugin.get("delegate")].into_iter().flatten() {
+            names.extend([plugin["type"].as_str(), plugin["ipam"]["type"].as_str()].into_iter().flatten().map(str::to_string));
+        }
+    }
+    let dropin = node.conf().join(net["name"].as_str().unwrap_or_default()).join("sandbox-guard.conf");
+    assert!(names.iter().any(|n| n == "sandbox-guard") || dropin.is_file(), "{when}: ready, but {} does not name the guard", file.display());
+    for name in names {
+        assert!(node.bin().join(&name).is_file(), "{when}: ready, but the runtime cannot find {name} for {}", file.display());
+    }
+}
+
+#[test]
+fn no_layout_ends_ready_with_a_network_the_runtime_cannot_run() {
+    // Every layout of testdata/install, as it is and broken three ways (a version the guard
+    // cannot speak, a bin dir without the primary's plugins, one plugin missing), through
+    // every mode and an uninstall: the probe never says ready where the runtime would fail.
+    let layouts: Vec<String> = std::fs::read_dir(testdata::fixture_path("install"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(layouts.len() >= 6, "{layouts:?}");
+    for layout in &layouts {
+        for damage in ["none", "version", "empty-bin", "missing-plugin"] {
+            for mode in ["chained", "delegate", "dropin"] {
+                let when = format!("{layout}, damage {damage}, {mode}");
+                let node = Node::with(layout);
+                match damage {
+                    "version" => set_version(&node.conf(), Some("2.0.0")),
+                    "empty-bin" => {
+                        std::fs::remove_dir_all(node.bin()).unwrap();
+                        std::fs::create_dir_all(node.bin()).unwrap();
+                    }
+                    "missing-plugin" => {
+                        let stub = std::fs::read_dir(node.bin()).unwrap().next().unwrap().unwrap().path();
+                        std::fs::remove_file(stub).unwrap();
+                    }
+                    _ => {}
+                }
+                let out = run("--install", &node.conf(), &node.bin(), &["--mode", mode]);
+                if damage == "version" || damage == "empty-bin" {
+                    assert_eq!(out.status.code(), Some(1), "{when}: installed: {}", stderr_of(&out));
+                }
+                ready_means_runnable(&node, &when);
+                if damage == "none" && out.status.success() {
+                    assert!(check(&node).0, "{when}: installed but not ready: {}", check(&node).1);
+                }
+                run_ok("--uninstall", &node.conf(), &node.bin(), &[]);
+                ready_means_runnable(&node, &format!("{when}, uninstalled"));
+                assert!(!check(&node).0, "{when}: ready after the uninstall");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_doctor_does_not_say_ok_where_the_runtime_does_not_run_the_guard() {
+    let cni_config_findings = |node: &Node| -> Vec<serde_json::Value> {
+        let state = node.dir.path.join("state");
+        let out = cni::guard(&["--doctor", "--conf-dir", node.conf().to_str().unwrap(), "--state-dir", state.to_str().unwrap(), "-o", "json"]);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr_of(&out)));
+        report["findings"].as_array().unwrap().iter().filter(|f| f["check"] == "cni-config").cloned().collect()
+    };
+    // Fails before this change: both said "... networks guarded" with severity ok.
+    // The guard in a network the runtime does not load (the second of two).
+    let node = Node::with("calico");
+    copy_fixture("install/flannel/conf", &node.conf());
+    stub_plugins(&node.conf(), &node.bin());
+    run_ok("--install", &node.conf(), &node.bin(), &["--network", "cbr0"]);
+    let findings = cni_config_findings(&node);
+    assert!(findings.iter().all(|f| f["severity"] != "ok"), "{findings:#?}");
+    assert!(findings.iter().any(|f| f["severity"] == "error" && f["summary"].as_str().unwrap().contains("not in network k8s-pod-network")), "{findings:#?}");
+
+    // The guard in the runtime's network at a version it cannot speak (written by hand).
+    let node = Node::with("calico");
+    node.install("chained", None);
+    set_version(&node.conf(), Some("2.0.0"));
+    let findings = cni_config_findings(&node);
+    assert!(findings.iter().any(|f| f["severity"] == "error" && f["summary"].as_str().unwrap().contains("does not speak")), "{findings:#?}");
+
+    let node = Node::with("calico");
+    node.install("chained", None);
+    let findings = cni_config_findings(&node);
+    assert!(findings.iter().any(|f| f["severity"] == "ok"), "{findings:#?}");
+}
+
+#[test]
+fn the_daemonsets_args_install_and_its_probe_says_ready() {
+    // The installer's args and readiness probe exactly as the DaemonSet gives them, with the
+    // host's root at a temp dir instead of /host.
+    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf-examples/kubernetes/sandbox-guard.yaml")).unwrap();
+    let root = sys::TempDir::new("sgds");
+    let host = |arg: &str| arg.replace("=/host", &format!("={}", root.path.display()));
+    let args: Vec<String> = manifest
+        .lines()
+        .skip_while(|l| l.trim() != "args:")
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .take_while(|l| l.starts_with("- --"))
+        .map(|l| host(&l[2..]))
+        .filter(|a| a != "--watch")
+        .collect();
+    assert!(args.contains(&"--install".to_string()) && args.iter().any(|a| a.starts_with("--host-root=")), "{args:?}");
+    let probe_line = manifest.lines().find(|l| l.contains("command: [/sandbox-guard")).unwrap();
+    let probe: Vec<String> = probe_line.split('[').nth(1).unwrap().trim_end_matches(']').split(", ").skip(1).map(host).collect();
+
+    let (conf, bin) = (root.path.join("etc/cni/net.d"), root.path.join("opt/cni/bin"));
+    std::fs::create_dir_all(&conf).unwrap();
+    copy_fixture("install/calico/conf", &conf);
+    stub_plugins(&conf, &bin);
+    let not_yet = cni::guard(&probe.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(not_yet.status.code(), Some(1), "ready before the install");
+    let out = cni::guard(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{args:?}: {}", stderr_of(&out));
+    let ready = cni::guard(&probe.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ready.status.success(), "{probe:?}: {}", String::from_utf8_lossy(&ready.stdout));
+}
+
+#[test]
+fn multus_thick_naming_its_cluster_network_by_name() {
+    // multus-daemon's clusterNetwork may be a network's name instead of a path.
+    let node = Node::with("multus-thick");
+    let multus = node.conf().join("00-multus.conf");
+    let by_name = |name: &str| {
+        let text = testdata::fixture("install/multus-thick/conf/00-multus.conf").replace("/host/etc/cni/net.d/10-calico.conflist", name);
+        std::fs::write(&multus, text).unwrap();
+    };
+    by_name("k8s-pod-network");
+    let multus_bytes = std::fs::read(&multus).unwrap();
+    node.install("chained", None);
+    assert_eq!(std::fs::read(node.conf().join("10-calico.conflist")).unwrap(), testdata::fixture_bytes("install/multus-thick/chained/10-calico.conflist"));
+    assert_eq!(std::fs::read(&multus).unwrap(), multus_bytes, "multus's own file was touched");
+    assert!(check(&node).0, "{}", check(&node).1);
+    node.uninstall(None);
+    // A network only a NetworkAttachmentDefinition holds: refused, nothing written.
+    by_name("macvlan-nad");
+    let before = tree(&node.dir.path);
+    let out = run("--install", &node.conf(), &node.bin(), &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("its clusterNetwork \"macvlan-nad\" is no network in"), "{}", stderr_of(&out));
+    assert_eq!(tree(&node.dir.path), before);
+}
+
+#[test]
+fn naming_multus_cluster_network_is_the_runtimes_network() {
+    // --network naming the network multus delegates to: no warning, ready, and no drop-in
+    // (multus runs it from its own copy).
+    let node = Node::with("multus-thin");
+    let out = run("--install", &node.conf(), &node.bin(), &["--network", "k8s-pod-network", "--mode", "dropin"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("multus (thin) runs 10-calico.conflist itself"), "{}", stderr_of(&out));
+    let out = run("--install", &node.conf(), &node.bin(), &["--network", "k8s-pod-network"]);
+    assert!(out.status.success() && !stderr_of(&out).contains("warning"), "{}", stderr_of(&out));
+    assert!(check(&node).0, "{}", check(&node).1);
 }

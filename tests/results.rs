@@ -129,8 +129,150 @@ fn del_does_not_check_the_cached_result() {
 
 #[test]
 fn a_result_in_a_version_the_guard_cannot_read_is_code_1() {
-    let error = add_refused("0.4.0", "0.2.0.json", 1, "a 0.2.0 result");
-    assert!(error.msg.contains("0.2.0"), "{error:?}");
+    // 0.2.0 was this case until the guard learnt 0.1.0 and 0.2.0; a newer spec is it now.
+    let error = add_refused("0.4.0", "1.2.0.json", 1, "a 1.2.0 result");
+    assert!(error.msg.contains("1.2.0"), "{error:?}");
+}
+
+#[test]
+fn a_legacy_result_that_does_not_parse_is_code_6_and_writes_nothing() {
+    for (file, names) in [
+        ("legacy-ip-without-prefix.json", "prevResult.ip4.ip"),
+        ("legacy-ip4-a-string.json", "prevResult.ip4"),
+        ("legacy-ip4-ipv6.json", "prevResult.ip4.ip"),
+    ] {
+        for version in ["0.1.0", "0.2.0", "1.0.0"] {
+            let store = Store::new();
+            let call = store.add(&container_id(), &Pod::new("default", "web-0")).version(version).prev_result_raw(&result(&format!("malformed/{file}")));
+            let error = assert_refused_untouched(&store, call, 6, file);
+            assert!(error.msg.contains(names), "{file} at {version}: {error:?}");
+            assert!(store.log_lines().iter().all(|l| l.outcome != "added"), "{file} at {version}: a success was logged");
+            assert!(error.details.contains("must return a valid CNI 0."), "{file} at {version}: {error:?}");
+        }
+    }
+}
+
+#[test]
+fn a_config_version_that_is_none_of_the_known_ones_is_code_1_and_writes_nothing() {
+    for version in ["0.2.1", "0.5.0", "1.2.0", "v1.0.0", "1.0"] {
+        let store = Store::new();
+        let call = store.add(&container_id(), &Pod::new("default", "web-0")).version(version).prev_result_raw(&result("0.2.0.json"));
+        let error = assert_refused_untouched(&store, call, 1, version);
+        assert!(error.msg.contains("is not supported") && error.msg.contains("0.1.0"), "{version}: {error:?}");
+        // The only line is the refusal itself (a rejected config is logged and counted, so a
+        // bad install shows in the log): none of success.
+        let lines = store.log_lines();
+        assert!(lines.iter().all(|l| l.outcome == "rejected"), "{version}: {:?}", lines.iter().map(|l| &l.raw).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn legacy_results_pass_through_at_their_version_and_are_checkpointed() {
+    let store = Store::new();
+    for version in ["0.1.0", "0.2.0"] {
+        let raw = result(&format!("{version}.json"));
+        let (a, pod) = (container_id(), Pod::new("default", &format!("legacy-{}", version.replace('.', "-"))));
+        let reply = store.add(&a, &pod).version(version).prev_result_raw(&raw).run();
+        reply.assert_ok();
+        assert_eq!(reply.stdout.strip_suffix('\n').unwrap_or(&reply.stdout), raw.trim_end(), "ADD at {version} prints the result unchanged");
+        let stored = store.entry(&a, "eth0").unwrap_or_else(|| panic!("ADD at {version} is checkpointed"));
+        assert_eq!(stored["prevResult"], serde_json::from_str::<Value>(&raw).unwrap(), "{version}");
+        // libcni sends no prevResult on DEL below 0.4.0.
+        store.del(&a, &pod).version(version).run().assert_ok();
+        assert!(store.entry(&a, "eth0").is_none(), "DEL at {version} removes the checkpoint");
+    }
+}
+
+/// libcni's own conversion of `raw` to `version` (tests/libcni-convert, built against the
+/// vendored libcni 1.3); `Err` with libcni's message when it cannot convert.
+fn libcni_converts(converter: &std::path::Path, raw: &str, version: &str) -> Result<Value, String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(converter)
+        .arg(version)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run libcni-convert");
+    child.stdin.take().unwrap().write_all(raw.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    if out.status.success() {
+        Ok(serde_json::from_slice(&out.stdout).expect("libcni-convert prints JSON"))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Go marshals an empty DNS struct as `{}` before 1.0 and leaves it out after; the guard
+/// keeps what the result had. Neither tells the runtime anything.
+fn without_empty_dns(mut result: Value) -> Value {
+    if result.get("dns").is_some_and(|dns| dns.as_object().is_some_and(|o| o.is_empty())) {
+        result.as_object_mut().unwrap().remove("dns");
+    }
+    result
+}
+
+/// tests/libcni-convert built against the vendored libcni 1.3.
+fn built_libcni_convert() -> std::path::PathBuf {
+    let out_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("libcni-convert");
+    let vendored = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vendor/cni-1.3.0");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/build-libcni-driver.sh");
+    sys::run("bash", &[script, out_dir.to_str().unwrap(), vendored, "libcni-convert"]);
+    out_dir.join("libcni-convert")
+}
+
+#[test]
+fn conversions_to_and_from_legacy_versions_are_libcnis() {
+    sys::skip_unless_tools!(&["go", "bash"]);
+    let converter = built_libcni_convert();
+    let inputs = [
+        "0.1.0.json",
+        "0.2.0.json",
+        "0.3.1.json",
+        "legacy/dual-stack-0.2.0.json",
+        "legacy/ipv6-only-0.1.0.json",
+        "legacy/many-1.1.0.json",
+        "legacy/unversioned-ip-0.4.0.json",
+        "legacy/no-ip-1.0.0.json",
+    ];
+    let legacy = |v: &str| v == "0.1.0" || v == "0.2.0";
+    let mut failures = Vec::new();
+    let mut compared = 0;
+    for file in inputs {
+        let raw = result(file);
+        let from: Value = serde_json::from_str(&raw).unwrap();
+        let from = from["cniVersion"].as_str().unwrap().to_string();
+        for to in cni::SUPPORTED_VERSIONS {
+            if to == from || !(legacy(&from) || legacy(to)) {
+                continue;
+            }
+            let store = Store::new();
+            let a = container_id();
+            let before = store.snapshot();
+            let reply = store.add(&a, &Pod::new("default", "conv")).version(to).prev_result_raw(&raw).run();
+            compared += 1;
+            match libcni_converts(&converter, &raw, to) {
+                Ok(expected) => {
+                    if !reply.succeeded() {
+                        failures.push(format!("{file} -> {to}: libcni converts it, the guard refused: {reply:?}"));
+                    } else if without_empty_dns(reply.json()) != without_empty_dns(expected.clone()) {
+                        failures.push(format!("{file} -> {to}:\n  guard  {}\n  libcni {expected}", reply.json()));
+                    }
+                }
+                Err(why) => {
+                    if reply.succeeded() {
+                        failures.push(format!("{file} -> {to}: libcni cannot convert it ({why}), the guard did"));
+                    } else {
+                        let error = reply.assert_error(6);
+                        assert!(error.msg.contains("no IP address"), "{file} -> {to}: {error:?}");
+                        assert_eq!(store.snapshot(), before, "{file} -> {to}: a refused ADD wrote to the store");
+                    }
+                }
+            }
+        }
+    }
+    assert!(compared >= 30, "only {compared} conversions compared");
+    assert!(failures.is_empty(), "{} conversions differ from libcni's:\n{}", failures.len(), failures.join("\n"));
 }
 
 /// ADD's output parsed, and the checkpoint's copy of the prevResult.
@@ -226,4 +368,48 @@ fn a_result_of_each_version_passes_through_at_its_version() {
         store.del(&a, &pod).version(version).prev_result_raw(&raw).run().assert_ok();
         assert!(store.entry(&a, "eth0").is_none(), "DEL at {version} removes the checkpoint");
     }
+}
+
+/// A version string is the runtime's input: echoed whole, a huge one makes the error (and
+/// the runtime's log of it) as large as stdin allows. The message names it shortened, as
+/// every other value the guard quotes.
+#[test]
+fn a_huge_config_version_is_named_short_in_a_code_1_error() {
+    let huge = "9".repeat(200_000);
+    for verb_call in ["ADD", "DEL"] {
+        let store = Store::new();
+        let call = match verb_call {
+            "ADD" => store.add(&container_id(), &Pod::new("default", "web-0")),
+            _ => store.del(&container_id(), &Pod::new("default", "web-0")),
+        };
+        let reply = call.version(&huge).run();
+        let error = reply.assert_error(1);
+        assert!(error.msg.len() < 512, "{verb_call}: the error's msg is {} bytes long", error.msg.len());
+        assert!(reply.stderr.len() < 4096, "{verb_call}: stderr is {} bytes long", reply.stderr.len());
+        assert!(!store.state_dir.exists(), "{verb_call}: a refused version wrote the state dir");
+    }
+}
+
+/// A 0.2.0 IP config with members that 0.3.0 and later define for an IP (`version`,
+/// `interface`, `address`): libcni reads only `ip`, `gateway` and `routes` and converts it;
+/// kept as unknown members they would collide with the converted IP's own (a key twice) or
+/// point at an interface the result does not have. (0.1.0 keeps them: unknown members stay
+/// between the legacy versions.)
+#[test]
+fn a_legacy_ip_with_members_newer_versions_define_converts_up_as_libcni_converts_it() {
+    sys::skip_unless_tools!(&["go", "bash"]);
+    let converter = built_libcni_convert();
+    let raw = result("legacy/ip-with-newer-keys-0.2.0.json");
+    let mut failures = Vec::new();
+    for to in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
+        let store = Store::new();
+        let reply = store.add(&container_id(), &Pod::new("default", "conv")).version(to).prev_result_raw(&raw).run();
+        let expected = libcni_converts(&converter, &raw, to).expect("libcni converts it");
+        if !reply.succeeded() {
+            failures.push(format!("-> {to}: libcni converts it, the guard refused: {}", reply.stdout));
+        } else if without_empty_dns(reply.json()) != without_empty_dns(expected.clone()) {
+            failures.push(format!("-> {to}:\n  guard  {}\n  libcni {expected}", reply.json()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

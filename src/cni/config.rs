@@ -21,8 +21,6 @@ pub const MAX_STDIN: u64 = 1 << 20;
 /// How long an operation waits for the one before it on the same pod key to finish in the
 /// delegate. A primary's ADD can take seconds (IPAM, a datastore); failing a RunPodSandbox
 /// costs kubelet a whole new sandbox, so this wait is generous. Other pods never wait on it.
-/// A cap below a few lines would rotate on every operation.
-pub const MIN_LOG_MAX_BYTES: u64 = 4096;
 pub const DEFAULT_POD_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,11 +61,14 @@ struct RawConf {
     #[serde(rename = "logFormat")]
     log_format: Option<String>,
     #[serde(rename = "logMaxBytes")]
-    log_max_bytes: Option<u64>,
+    /// Any JSON: no value of it fails an operation (`LogOptions::with_max_bytes`).
+    log_max_bytes: Option<serde_json::Value>,
     #[serde(rename = "metricsFile")]
     metrics_file: Option<PathBuf>,
     #[serde(rename = "ipConflict")]
     ip_conflict: Option<String>,
+    #[serde(rename = "podKey")]
+    pod_key: Option<String>,
     #[serde(rename = "lockTimeoutSeconds")]
     lock_timeout_seconds: Option<f64>,
     #[serde(rename = "podLockTimeoutSeconds")]
@@ -94,6 +95,8 @@ pub struct NetConf {
     /// Where the Prometheus textfile goes (`cni::metrics`); `None`: no metrics kept.
     pub metrics_file: Option<PathBuf>,
     pub ip_conflict: IpConflictPolicy,
+    /// What the primary keys its state by, and so what a DEL is judged stale by.
+    pub pod_key: crate::state::ownership::PodKeyRule,
     pub lock_timeout: Duration,
     /// Kept as the exact bytes the runtime sent, so ADD can hand them on unchanged.
     pub prev_result: Option<Box<RawValue>>,
@@ -129,7 +132,12 @@ pub fn peek_version(bytes: &[u8]) -> Option<String> {
         #[serde(rename = "cniVersion")]
         cni_version: Option<String>,
     }
-    serde_json::from_slice::<Peek>(bytes).ok().and_then(|p| p.cni_version)
+    serde_json::from_slice::<Peek>(bytes).ok().map(|p| version_or_unversioned(p.cni_version))
+}
+
+/// A missing or empty `cniVersion` is 0.1.0, as libcni's `create.DecodeVersion` reads it.
+fn version_or_unversioned(version: Option<String>) -> String {
+    version.filter(|v| !v.is_empty()).unwrap_or_else(|| crate::cni::version::UNVERSIONED.to_string())
 }
 
 impl NetConf {
@@ -139,9 +147,7 @@ impl NetConf {
         let raw: RawConf = serde_json::from_slice(bytes).map_err(|e| {
             GuardError::new(Kind::Decode, format!("cannot decode the network configuration: {e}"))
         })?;
-        let cni_version = raw.cni_version.ok_or_else(|| {
-            GuardError::new(Kind::InvalidConfig, "the network configuration has no cniVersion")
-        })?;
+        let cni_version = version_or_unversioned(raw.cni_version);
         let network = raw.name.ok_or_else(|| {
             GuardError::new(Kind::InvalidConfig, "the network configuration has no name: give the conflist a \"name\"")
         })?;
@@ -156,6 +162,7 @@ impl NetConf {
             raw.ip_conflict.as_deref(),
             &[("warn", IpConflictPolicy::Warn), ("refuse", IpConflictPolicy::Refuse)],
         )?;
+        let pod_key = choice("podKey", raw.pod_key.as_deref(), &crate::state::ownership::PodKeyRule::CHOICES)?;
         let state_dir = raw.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
         require_absolute("stateDir", &state_dir)?;
         if let Some(log_file) = &raw.log_file {
@@ -166,13 +173,7 @@ impl NetConf {
         }
         use crate::cni::log::{LogFormat, LogOptions};
         let format = choice("logFormat", raw.log_format.as_deref(), &[("text", LogFormat::Text), ("json", LogFormat::Json)])?;
-        if let Some(bytes) = raw.log_max_bytes.filter(|&b| b != 0 && b < MIN_LOG_MAX_BYTES) {
-            return Err(GuardError::new(
-                Kind::InvalidConfig,
-                format!("logMaxBytes {bytes} is too small: use at least {MIN_LOG_MAX_BYTES} bytes, or 0 to never rotate"),
-            ));
-        }
-        let log = LogOptions { format, max_bytes: raw.log_max_bytes };
+        let log = LogOptions::with_max_bytes(format, raw.log_max_bytes.as_ref());
         let lock_timeout = match raw.lock_timeout_seconds {
             None => DEFAULT_LOCK_TIMEOUT,
             Some(seconds) => lock_timeout("lockTimeoutSeconds", seconds).map_err(|msg| GuardError::new(Kind::InvalidConfig, msg))?,
@@ -181,14 +182,16 @@ impl NetConf {
             None => DEFAULT_POD_LOCK_TIMEOUT,
             Some(seconds) => self::lock_timeout("podLockTimeoutSeconds", seconds).map_err(|msg| GuardError::new(Kind::InvalidConfig, msg))?,
         };
+        // GC's lists go to the primary under the keys the runtime wrote them.
+        let gc_lists: Vec<(&str, serde_json::Value)> = crate::cni::delegate::GC_LIST_KEYS
+            .into_iter()
+            .zip([&raw.valid_attachments, &raw.legacy_attachments])
+            .filter_map(|(key, list)| Some((key, serde_json::to_value(list.as_ref()?).ok()?)))
+            .collect();
         let valid_attachments = raw.valid_attachments.or(raw.legacy_attachments);
         let delegate = match raw.delegate {
             None => None,
-            Some(object) => {
-                // GC's list goes to the primary as the runtime wrote it.
-                let valid = valid_attachments.as_ref().and_then(|v| serde_json::to_value(v).ok());
-                Some(crate::cni::delegate::Delegate::from_conf(object, raw.runtime_config.as_ref(), valid)?)
-            }
+            Some(object) => Some(crate::cni::delegate::Delegate::from_conf(object, raw.runtime_config.as_ref(), &gc_lists)?),
         };
         Ok(NetConf {
             cni_version,
@@ -198,6 +201,7 @@ impl NetConf {
             network,
             state_dir,
             stale_del,
+            pod_key,
             log_file: raw.log_file,
             log,
             metrics_file: raw.metrics_file,
@@ -228,7 +232,7 @@ fn choice<T: Copy>(key: &str, value: Option<&str>, options: &[(&str, T)]) -> Res
     })
 }
 
-fn require_absolute(key: &str, path: &std::path::Path) -> Result<()> {
+pub fn require_absolute(key: &str, path: &std::path::Path) -> Result<()> {
     let text = path.to_string_lossy();
     if !path.is_absolute() || text.split('/').any(|c| c == "..") {
         return Err(GuardError::new(
@@ -254,15 +258,14 @@ mod tests {
 
     #[test]
     fn codes_for_bad_configs() {
-        let cases: [(&[u8], u32); 14] = [
+        let cases: [(&[u8], u32); 13] = [
             (br#"{"cniVersion":"1.0.0","name":"n","logFormat":"xml"}"#, 7),
-            (br#"{"cniVersion":"1.0.0","name":"n","logMaxBytes":100}"#, 7),
-            (br#"{"cniVersion":"1.0.0","name":"n","logMaxBytes":-1}"#, 6),
             (br#"{"cniVersion":"1.0.0","name":"n","metricsFile":"m.prom"}"#, 7),
             (br#"{"cniVersion":"1.0.0","name":"n","lockTimeoutSeconds":-1}"#, 7),
             (br#"{"cniVersion":"1.0.0","name":"n","lockTimeoutSeconds":"5s"}"#, 6),
             (b"{not json", 6),
             (br#"{"cniVersion":"1.0.0"}"#, 7),
+            (br#"{"name":"n","cniVersion":null,"delegate":7}"#, 6),
             (br#"{"cniVersion":1,"name":"n"}"#, 6),
             (br#"{"cniVersion":"1.0.0","name":"n","staleDel":"maybe"}"#, 7),
             (br#"{"cniVersion":"1.0.0","name":"n","stateDir":"relative/dir"}"#, 7),
@@ -273,6 +276,15 @@ mod tests {
         for (bytes, code) in cases {
             assert_eq!(NetConf::parse(bytes).unwrap_err().code(), code, "{}", String::from_utf8_lossy(bytes));
         }
+    }
+
+    #[test]
+    fn a_config_without_a_version_is_0_1_0() {
+        for bytes in [&br#"{"name":"n"}"#[..], br#"{"name":"n","cniVersion":""}"#, br#"{"name":"n","cniVersion":null}"#] {
+            assert_eq!(NetConf::parse(bytes).unwrap().cni_version, "0.1.0");
+            assert_eq!(peek_version(bytes).as_deref(), Some("0.1.0"));
+        }
+        assert_eq!(peek_version(b"{not json"), None);
     }
 
     #[test]

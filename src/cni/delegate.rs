@@ -9,10 +9,12 @@
 //! have handed it had it been in the chain itself.
 
 use std::io::{Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -27,6 +29,12 @@ const MAX_STDIN: u64 = 1 << 20;
 const MAX_REPLY: u64 = 1 << 20;
 /// A pipe holds at least this much: smaller stdin is written before the primary runs.
 const PIPE_CAPACITY: usize = 60 * 1024;
+/// VERSION does no work; a primary that takes longer is broken.
+const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The GC lists as a runtime sends them: libcni >= 1.2 sets both keys, the spec's and the
+/// legacy one (libcni#1101); the primary gets each one the guard got.
+pub const GC_LIST_KEYS: [&str; 2] = ["cni.dev/valid-attachments", "cni.dev/attachments"];
 
 #[derive(Debug)]
 pub struct Delegate {
@@ -51,16 +59,9 @@ impl Delegate {
     pub fn from_conf(
         mut object: Map<String, Value>,
         runtime_config: Option<&Map<String, Value>>,
-        valid_attachments: Option<Value>,
+        gc_lists: &[(&str, Value)],
     ) -> Result<Delegate> {
-        let plugin_type = match object.get("type") {
-            Some(Value::String(name)) => name.clone(),
-            _ => return Err(GuardError::new(Kind::InvalidConfig, "\"delegate\" has no \"type\": name the primary plugin it wraps")),
-        };
-        names::check_plain("delegate type", &plugin_type, 255, Kind::InvalidConfig)?;
-        if plugin_type == "sandbox-guard" {
-            return Err(GuardError::new(Kind::InvalidConfig, "\"delegate\" names sandbox-guard itself: name the primary plugin it wraps"));
-        }
+        let plugin_type = Delegate::type_of(&object)?;
         // libcni hands a plugin the runtime's settings for the capabilities it declares.
         let wanted = |key: &str| object.get("capabilities").and_then(|caps| caps.get(key)) == Some(&Value::Bool(true));
         let settings: Map<String, Value> = runtime_config
@@ -69,16 +70,56 @@ impl Delegate {
             .filter(|(key, _)| wanted(key))
             .map(|(key, value)| (key.clone(), value.clone()))
             .collect();
+        object.remove("runtimeConfig");
         if !settings.is_empty() {
             object.insert("runtimeConfig".into(), Value::Object(settings));
         }
-        if let Some(valid) = valid_attachments {
-            object.insert("cni.dev/valid-attachments".into(), valid);
+        for key in GC_LIST_KEYS {
+            object.remove(key);
+        }
+        for (key, list) in gc_lists {
+            object.insert((*key).into(), list.clone());
         }
         for key in ["name", "cniVersion", "prevResult"] {
             object.remove(key);
         }
         Ok(Delegate { plugin_type, conf: object })
+    }
+
+    /// The primary's object as this call hands it over, for a deferred DEL to replay with
+    /// later: its own `runtimeConfig`, and never a GC list (a DEL has none).
+    pub fn recorded_conf(&self) -> Map<String, Value> {
+        let mut conf = self.conf.clone();
+        for key in GC_LIST_KEYS {
+            conf.remove(key);
+        }
+        conf
+    }
+
+    /// The primary as a deferred DEL recorded it (`recorded_conf`), whatever the conflist
+    /// says now.
+    pub fn from_recorded(conf: Map<String, Value>) -> Result<Delegate> {
+        Ok(Delegate { plugin_type: Delegate::type_of(&conf)?, conf })
+    }
+
+    /// The primary of this config without the runtime's `runtimeConfig` and GC lists: what a
+    /// deferred DEL recorded before deferrals kept their own is replayed with.
+    pub fn without_call_settings(&self) -> Delegate {
+        let mut conf = self.recorded_conf();
+        conf.remove("runtimeConfig");
+        Delegate { plugin_type: self.plugin_type.clone(), conf }
+    }
+
+    fn type_of(object: &Map<String, Value>) -> Result<String> {
+        let plugin_type = match object.get("type") {
+            Some(Value::String(name)) => name.clone(),
+            _ => return Err(GuardError::new(Kind::InvalidConfig, "\"delegate\" has no \"type\": name the primary plugin it wraps")),
+        };
+        names::check_plain("delegate type", &plugin_type, 255, Kind::InvalidConfig)?;
+        if plugin_type == "sandbox-guard" {
+            return Err(GuardError::new(Kind::InvalidConfig, "\"delegate\" names sandbox-guard itself: name the primary plugin it wraps"));
+        }
+        Ok(plugin_type)
     }
 
     fn stdin(&self, network: &str, cni_version: &str, prev_result: Option<&RawValue>) -> Result<Vec<u8>> {
@@ -96,15 +137,48 @@ impl Delegate {
 
     /// Runs the primary and returns what it wrote to stdout when it succeeded. Its error goes
     /// back as it wrote it (`Kind::Delegate`, `GuardError::verbatim`). Its stderr is ours.
-    /// No timeout of our own: the runtime bounds the call, and when it kills the guard the
-    /// primary dies with it, as it would had the runtime run it directly.
+    /// No timeout of our own for the runtime's own call: the runtime bounds it, and when it
+    /// kills the guard the primary dies with it, as it would had the runtime run it directly.
     pub fn call(&self, network: &str, cni_version: &str, prev_result: Option<&RawValue>, env: &EnvOverride) -> Result<Vec<u8>> {
+        self.call_within(network, cni_version, prev_result, env, None)
+    }
+
+    /// `call`, stopped at `deadline`: the primary and everything it started (its process
+    /// group) are killed then, and the call fails with code 103. The guard's own work for
+    /// another sandbox (a replay) must not hold up the runtime's call it rides on.
+    pub fn call_within(
+        &self,
+        network: &str,
+        cni_version: &str,
+        prev_result: Option<&RawValue>,
+        env: &EnvOverride,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<u8>> {
         let stdin = self.stdin(network, cni_version, prev_result)?;
         if stdin.len() as u64 > MAX_STDIN {
             return Err(GuardError::new(Kind::Decode, format!("the configuration for the delegate {} is larger than {MAX_STDIN} bytes", self.plugin_type)));
         }
         let path = self.find()?;
-        let mut command = Command::new(&path);
+        self.run(&path, stdin, env, deadline)
+    }
+
+    /// The primary's VERSION: the versions it says it speaks. Asked as libcni asks, with
+    /// the network's configuration on stdin.
+    pub fn supported_versions(&self, network: &str, cni_version: &str) -> Result<Vec<String>> {
+        let env = EnvOverride { command: Some("VERSION"), ..EnvOverride::default() };
+        let reply = self.call_within(network, cni_version, None, &env, Some(Instant::now() + VERSION_TIMEOUT))?;
+        let parsed: Value = serde_json::from_slice(&reply)
+            .map_err(|e| self.broken(format!("the delegate {} answered VERSION with something that is not JSON: {e}", self.plugin_type)))?;
+        // A plugin from before VERSION listed versions speaks 0.1.0 only (libcni's reading).
+        let versions = match parsed.get("supportedVersions") {
+            Some(Value::Array(list)) => list.iter().filter_map(Value::as_str).map(str::to_string).collect(),
+            _ => vec!["0.1.0".to_string()],
+        };
+        Ok(versions)
+    }
+
+    fn run(&self, path: &std::path::Path, stdin: Vec<u8>, env: &EnvOverride, deadline: Option<Instant>) -> Result<Vec<u8>> {
+        let mut command = Command::new(path);
         command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         for (key, value) in [
             ("CNI_COMMAND", env.command),
@@ -117,11 +191,19 @@ impl Delegate {
                 command.env(key, value);
             }
         }
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent's.
+        // Its own process group: a deadline kills the primary with whatever it started (its
+        // IPAM), which would otherwise hold its stdout open and outlive it.
+        command.process_group(0);
+        let guard_pid = std::process::id() as nix::libc::pid_t;
+        // SAFETY: prctl and getppid are async-signal-safe and touch no memory of the parent's.
         unsafe {
-            command.pre_exec(|| {
+            command.pre_exec(move || {
                 if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // The guard died before the prctl: no signal will come, so never start.
+                if nix::libc::getppid() != guard_pid {
+                    return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
                 }
                 Ok(())
             });
@@ -138,22 +220,59 @@ impl Delegate {
                 let _ = pipe.as_mut().map(|p| p.write_all(&stdin));
             }))
         };
-        let mut reply = Vec::new();
-        let read = child.stdout.take().map(|out| out.take(MAX_REPLY + 1).read_to_end(&mut reply));
-        let status = child.wait().map_err(|e| self.broken(format!("cannot wait for {}: {e}", path.display())))?;
+        let outcome = self.read_reply(&mut child, deadline).and_then(|reply| {
+            let status = wait_until(&mut child, deadline)
+                .map_err(|e| self.broken(format!("cannot wait for {}: {e}", path.display())))?
+                .ok_or_else(|| self.expired())?;
+            Ok((reply, status))
+        });
+        if outcome.is_err() {
+            kill_group(&mut child);
+        }
         if let Some(writer) = writer {
             let _ = writer.join();
         }
-        if let Some(Err(e)) = read {
-            return Err(self.broken(format!("cannot read the answer of {}: {e}", self.plugin_type)));
-        }
-        if reply.len() as u64 > MAX_REPLY {
-            return Err(self.broken(format!("{} wrote more than {MAX_REPLY} bytes", self.plugin_type)));
-        }
+        let (reply, status) = outcome?;
         if status.success() {
             return Ok(reply);
         }
         Err(self.error_from(&reply, status))
+    }
+
+    /// Everything the primary writes to stdout until it closes it, or the deadline.
+    fn read_reply(&self, child: &mut Child, deadline: Option<Instant>) -> Result<Vec<u8>> {
+        let mut reply = Vec::new();
+        let Some(mut out) = child.stdout.take() else { return Ok(reply) };
+        let mut chunk = [0u8; 8192];
+        loop {
+            if let Some(deadline) = deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(self.expired());
+                }
+                let wait = nix::poll::PollTimeout::from(left.as_millis().clamp(1, 60_000) as u16);
+                let mut fds = [nix::poll::PollFd::new(out.as_fd(), nix::poll::PollFlags::POLLIN)];
+                match nix::poll::poll(&mut fds, wait) {
+                    Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+                    Ok(_) => {}
+                    Err(e) => return Err(self.broken(format!("cannot wait for the answer of {}: {e}", self.plugin_type))),
+                }
+            }
+            match out.read(&mut chunk) {
+                Ok(0) => return Ok(reply),
+                Ok(n) => reply.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.broken(format!("cannot read the answer of {}: {e}", self.plugin_type))),
+            }
+            if reply.len() as u64 > MAX_REPLY {
+                return Err(self.broken(format!("{} wrote more than {MAX_REPLY} bytes", self.plugin_type)));
+            }
+        }
+    }
+
+    fn expired(&self) -> GuardError {
+        self.broken(format!("the delegate {} did not finish in time and was killed with its process group", self.plugin_type))
+            .with_details("The primary hangs (see its own logs); the call is tried again at the next chance.")
     }
 
     fn error_from(&self, reply: &[u8], status: std::process::ExitStatus) -> GuardError {
@@ -206,13 +325,35 @@ impl Delegate {
     }
 }
 
+/// The child's exit status, or `None` when `deadline` came first.
+fn wait_until(child: &mut Child, deadline: Option<Instant>) -> std::io::Result<Option<std::process::ExitStatus>> {
+    let Some(deadline) = deadline else { return child.wait().map(Some) };
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Kills the primary's process group and reaps the primary.
+fn kill_group(child: &mut Child) {
+    let group = nix::unistd::Pid::from_raw(child.id() as nix::libc::pid_t);
+    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn delegate(object: Value, runtime: Option<Value>) -> Result<Delegate> {
         let runtime = runtime.and_then(|r| r.as_object().cloned());
-        Delegate::from_conf(object.as_object().unwrap().clone(), runtime.as_ref(), None)
+        Delegate::from_conf(object.as_object().unwrap().clone(), runtime.as_ref(), &[])
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! The source is `<stateDir>/counters`, a sealed file: operations by verb and outcome (one per
 //! logged event: added, deleted, refused, audited, deferred, replayed, replay-failed, error,
-//! ...) and the time of each verb's last success. After each operation, under the store's
+//! ...; `rejected` by reason, for an operation refused for its config: `cni::rejected`) and
+//! the time of each verb's last success. After each operation, under the store's
 //! exclusive lock, the counters are read, moved on and written back, and the textfile is
 //! rendered from them with the store's gauges of now (checkpoints, set-aside files, deferred
 //! DELs and the oldest one) and renamed into place, so the collector never reads half a file.
@@ -22,11 +23,15 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::env::Verb;
 use super::verbs::Invocation;
 use crate::state::sealed::{self, Durability, Loaded};
 use crate::state::Store;
 
 pub const COUNTERS: &str = "counters";
+/// `outcome=` of an operation refused for its config (`cni::rejected`); its `reason=` is one of
+/// a few words (`Kind`'s decode, invalid-config, incompatible-version).
+pub const OUTCOME_REJECTED: &str = "rejected";
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -35,6 +40,19 @@ pub struct Counters {
     pub operations: BTreeMap<String, BTreeMap<String, u64>>,
     /// verb -> Unix time of its last success.
     pub last_success: BTreeMap<String, i64>,
+    /// verb -> reason -> count of operations refused for their config.
+    #[serde(default)]
+    pub rejected: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+/// What one commit adds to the counters.
+#[derive(Default)]
+struct Tally {
+    outcomes: Vec<(Verb, String)>,
+    /// An operation refused for its config, and the reason.
+    rejected: Option<(Verb, &'static str)>,
+    /// The verb that succeeded.
+    succeeded: Option<Verb>,
 }
 
 /// Counts what `inv` logged since the last commit, and `succeeded` (the verb's success),
@@ -53,21 +71,43 @@ pub fn commit_with(inv: &Invocation, store: &Store, succeeded: bool, outcome: Op
         return;
     }
     inv.metrics_committed.set(true);
+    let succeeded = succeeded.then_some(inv.verb);
+    commit_tally(store, metrics_file, Tally { outcomes, succeeded, ..Tally::default() });
+}
+
+/// Counts one operation refused for its config, whose `stateDir` and `metricsFile` could
+/// still be read (`cni::rejected`). Best effort, like `flush`: the lock is waited for at
+/// most FLUSH_WAIT, and nothing that fails here reaches the runtime.
+pub fn count_rejected(state_dir: &Path, metrics_file: &Path, verb: Verb, reason: &'static str) {
+    match Store::open(state_dir, FLUSH_WAIT) {
+        Ok(store) if store.is_writable() => {
+            commit_tally(&store, metrics_file, Tally { rejected: Some((verb, reason)), ..Tally::default() })
+        }
+        Ok(_) => {}
+        Err(err) => eprintln!("sandbox-guard: this rejected {} is not counted: {err}", verb.name()),
+    }
+}
+
+fn commit_tally(store: &Store, metrics_file: &Path, tally: Tally) {
     let mut counters = match sealed::read::<Counters>(&store.root().join(COUNTERS)) {
         Ok(Loaded::Valid(counters)) => counters,
         // Lost or damaged: counting starts again, which Prometheus reads as a reset.
         _ => Counters::default(),
     };
-    for (verb, outcome) in outcomes {
+    for (verb, outcome) in tally.outcomes {
         *counters.operations.entry(verb.name().to_string()).or_default().entry(outcome).or_default() += 1;
     }
-    if succeeded {
-        counters.last_success.insert(inv.verb.name().to_string(), crate::clock::unix_seconds());
+    if let Some((verb, reason)) = tally.rejected {
+        *counters.rejected.entry(verb.name().to_string()).or_default().entry(reason.to_string()).or_default() += 1;
+    }
+    let now = crate::clock::unix_seconds();
+    if let Some(verb) = tally.succeeded {
+        counters.last_success.insert(verb.name().to_string(), now);
     }
     let written = sealed::replace(store.root(), COUNTERS, &sealed::seal(&counters), Durability::Hint)
         .map_err(|e| format!("cannot write {}/{COUNTERS}: {e}", store.root().display()))
         .and_then(|()| {
-            let text = render(&counters, &Gauges::read(store), store.root());
+            let text = render(&counters, &Gauges::read(store), store.root(), now);
             write_textfile(metrics_file, text.as_bytes()).map_err(|e| format!("cannot write metricsFile {}: {e}", metrics_file.display()))
         });
     if let Err(why) = written {
@@ -97,6 +137,9 @@ struct Gauges {
     checkpoints: Option<u64>,
     set_aside: usize,
     deferred: usize,
+    /// Deferred DELs whose pod's name is free and whose replay failed: only a retry stands
+    /// between them and the primary.
+    deferred_free_failed: usize,
     oldest_deferred: Option<i64>,
 }
 
@@ -112,20 +155,36 @@ impl Gauges {
                 _ => None,
             })
             .min();
-        Gauges { checkpoints, set_aside, deferred: deferred.len(), oldest_deferred }
+        let deferred_free_failed = deferred
+            .iter()
+            .filter(|(_, loaded)| matches!(loaded, Loaded::Valid(entry) if entry.attempts > 0 && store.name_is_free(&entry.key)))
+            .count();
+        Gauges { checkpoints, set_aside, deferred: deferred.len(), deferred_free_failed, oldest_deferred }
     }
 }
 
-fn render(counters: &Counters, gauges: &Gauges, state_dir: &Path) -> String {
+/// `now`: when the file is written. The store changes only through the plugin, so an idle
+/// node's file is old but exact; `sandbox_guard_textfile_timestamp_seconds` says as of when.
+fn render(counters: &Counters, gauges: &Gauges, state_dir: &Path, now: i64) -> String {
     let dir = escape(&state_dir.display().to_string());
     let mut out = String::with_capacity(2048);
     let family = |out: &mut String, name: &str, kind: &str, help: &str| {
         let _ = writeln!(out, "# HELP sandbox_guard_{name} {help}\n# TYPE sandbox_guard_{name} {kind}");
     };
-    family(&mut out, "operations_total", "counter", "CNI operations by verb and outcome (added, deleted, refused, audited, deferred, replayed, replay-failed, error, ...).");
+    family(&mut out, "operations_total", "counter", "CNI operations by verb and outcome (added, deleted, refused, audited, deferred, replayed, replay-failed, error, ..., and rejected: refused for the config, by reason).");
     for (verb, outcomes) in &counters.operations {
         for (outcome, count) in outcomes {
             let _ = writeln!(out, "sandbox_guard_operations_total{{state_dir=\"{dir}\",verb=\"{}\",outcome=\"{}\"}} {count}", escape(verb), escape(outcome));
+        }
+    }
+    for (verb, reasons) in &counters.rejected {
+        for (reason, count) in reasons {
+            let _ = writeln!(
+                out,
+                "sandbox_guard_operations_total{{state_dir=\"{dir}\",verb=\"{}\",outcome=\"{OUTCOME_REJECTED}\",reason=\"{}\"}} {count}",
+                escape(verb),
+                escape(reason)
+            );
         }
     }
     family(&mut out, "last_success_timestamp_seconds", "gauge", "Unix time of the last successful operation, by verb.");
@@ -140,10 +199,14 @@ fn render(counters: &Counters, gauges: &Gauges, state_dir: &Path) -> String {
     let _ = writeln!(out, "sandbox_guard_set_aside_files{{state_dir=\"{dir}\"}} {}", gauges.set_aside);
     family(&mut out, "deferred_dels", "gauge", "Delegate mode: stale DELs kept from the primary now.");
     let _ = writeln!(out, "sandbox_guard_deferred_dels{{state_dir=\"{dir}\"}} {}", gauges.deferred);
+    family(&mut out, "deferred_dels_failing_free", "gauge", "Delegate mode: deferred DELs whose pod's name is free but whose replay the primary refused.");
+    let _ = writeln!(out, "sandbox_guard_deferred_dels_failing_free{{state_dir=\"{dir}\"}} {}", gauges.deferred_free_failed);
     if let Some(oldest) = gauges.oldest_deferred {
         family(&mut out, "oldest_deferred_del_timestamp_seconds", "gauge", "Delegate mode: Unix time the oldest deferred DEL was deferred.");
         let _ = writeln!(out, "sandbox_guard_oldest_deferred_del_timestamp_seconds{{state_dir=\"{dir}\"}} {oldest}");
     }
+    family(&mut out, "textfile_timestamp_seconds", "gauge", "Unix time this file was written: the values are as of then (the state changes only when the plugin runs).");
+    let _ = writeln!(out, "sandbox_guard_textfile_timestamp_seconds{{state_dir=\"{dir}\"}} {now}");
     out
 }
 
@@ -183,10 +246,14 @@ mod tests {
         let mut counters = Counters::default();
         counters.operations.entry("DEL".into()).or_default().insert("refused".into(), 3);
         counters.last_success.insert("ADD".into(), 1_700_000_000);
-        let gauges = Gauges { checkpoints: Some(2), set_aside: 0, deferred: 1, oldest_deferred: Some(1_600_000_000) };
-        let text = render(&counters, &gauges, Path::new("/var/lib/a\"b"));
+        let gauges = Gauges { checkpoints: Some(2), set_aside: 0, deferred: 1, deferred_free_failed: 1, oldest_deferred: Some(1_600_000_000) };
+        counters.rejected.entry("ADD".into()).or_default().insert("decode".into(), 2);
+        let text = render(&counters, &gauges, Path::new("/var/lib/a\"b"), 1_800_000_000);
+        assert!(text.contains("sandbox_guard_operations_total{state_dir=\"/var/lib/a\\\"b\",verb=\"ADD\",outcome=\"rejected\",reason=\"decode\"} 2\n"), "{text}");
+        assert!(text.contains("sandbox_guard_textfile_timestamp_seconds{state_dir=\"/var/lib/a\\\"b\"} 1800000000\n"), "{text}");
         assert!(text.contains("sandbox_guard_operations_total{state_dir=\"/var/lib/a\\\"b\",verb=\"DEL\",outcome=\"refused\"} 3\n"), "{text}");
         assert!(text.contains("# TYPE sandbox_guard_checkpoints gauge\nsandbox_guard_checkpoints{state_dir=\"/var/lib/a\\\"b\"} 2\n"), "{text}");
+        assert!(text.contains("sandbox_guard_deferred_dels_failing_free{state_dir=\"/var/lib/a\\\"b\"} 1\n"), "{text}");
         assert!(text.contains("sandbox_guard_oldest_deferred_del_timestamp_seconds{state_dir=\"/var/lib/a\\\"b\"} 1600000000\n"), "{text}");
     }
 }

@@ -6,6 +6,7 @@ pub mod delegate;
 pub mod env;
 pub mod log;
 pub mod metrics;
+pub mod rejected;
 pub mod result;
 pub mod verbs;
 pub mod version;

@@ -63,7 +63,12 @@ impl ResultView {
     /// Reads a checkpointed result, leniently: records written before results were
     /// validated must stay readable by the dump, the doctor and CHECK.
     pub fn parse(raw: &RawValue) -> Result<ResultView> {
-        serde_json::from_str(raw.get()).map_err(|e| {
+        let read = if is_legacy_text(raw) {
+            serde_json::from_str::<LegacyView>(raw.get()).map(LegacyView::into_view)
+        } else {
+            serde_json::from_str(raw.get())
+        };
+        read.map_err(|e| {
             GuardError::new(
                 Kind::Decode,
                 format!(
@@ -91,6 +96,68 @@ impl ResultView {
     }
 }
 
+/// A 0.1.0 or 0.2.0 result, as a checkpoint keeps it: `ip4` and `ip6`, each with its routes.
+#[derive(Deserialize)]
+struct LegacyView {
+    #[serde(default)]
+    ip4: Option<LegacyIpView>,
+    #[serde(default)]
+    ip6: Option<LegacyIpView>,
+}
+
+#[derive(Deserialize)]
+struct LegacyIpView {
+    #[serde(deserialize_with = "cidr")]
+    ip: IpNetwork,
+    #[serde(default)]
+    routes: Option<Vec<RouteView>>,
+}
+
+impl LegacyView {
+    fn into_view(self) -> ResultView {
+        let mut view = ResultView { interfaces: Vec::new(), ips: Vec::new(), routes: Vec::new() };
+        for config in [self.ip4, self.ip6].into_iter().flatten() {
+            view.ips.push(IpView { address: config.ip });
+            view.routes.extend(config.routes.unwrap_or_default());
+        }
+        view
+    }
+}
+
+/// Whether a stored result is in the 0.1.0/0.2.0 shape (ADD checkpoints results that say
+/// their version).
+fn is_legacy_text(raw: &RawValue) -> bool {
+    #[derive(Deserialize)]
+    struct Peek {
+        #[serde(rename = "cniVersion", default)]
+        cni_version: Option<String>,
+    }
+    serde_json::from_str::<Peek>(raw.get())
+        .is_ok_and(|p| matches!(p.cni_version.as_deref(), Some("0.1.0" | "0.2.0")))
+}
+
+/// A primary's own answer, as libcni's `invoke.fixupResultVersion` reads it before anything
+/// else does: without a `cniVersion`, or with an empty or non-string one, it is in the
+/// config's version. The 0.1.0 spec's results had no such key, and weave-net and host-local
+/// releases still left it out (containernetworking/cni#896). Delegate mode reads the
+/// primary's output itself, so it must read it as the runtime would have. Anything that is
+/// not one object is returned as it is, for the validation to refuse.
+pub fn versioned_as_libcni_reads_it(result: Box<RawValue>, config_version: &str) -> Box<RawValue> {
+    let Ok(members) = serde_json::from_str::<Members>(result.get()) else { return result };
+    let versioned = members
+        .0
+        .iter()
+        .any(|(key, value)| key == "cniVersion" && serde_json::from_str::<String>(value.get()).is_ok_and(|v| !v.is_empty()));
+    if versioned {
+        return result;
+    }
+    let version = json_string(config_version);
+    let mut out = String::with_capacity(result.get().len() + 32);
+    let rest = members.0.iter().filter(|(key, _)| key != "cniVersion").map(|(key, value)| (key.as_str(), value.get()));
+    write_object(&mut out, std::iter::once(("cniVersion", version.as_str())).chain(rest));
+    RawValue::from_string(out).unwrap_or(result)
+}
+
 /// ADD's output: the prevResult in the config's cniVersion, as the spec wants a plugin's
 /// result. In that version already, it is the runtime's bytes, untouched. Otherwise it is
 /// converted as libcni's `types/040` and `types/100` converters do, except that members the
@@ -101,7 +168,16 @@ impl ResultView {
 ///   `mtu`, `socketPath` and `pciID` dropped (libcni's 0.4.0 interface has no place for
 ///   them), while the routes' `mtu`, `advmss`, `priority`, `table` and `scope` stay (libcni
 ///   shares one route type between the versions);
-/// - between 0.3.0, 0.3.1 and 0.4.0, or 1.0.0 and 1.1.0: nothing else.
+/// - between 0.3.0, 0.3.1 and 0.4.0, 1.0.0 and 1.1.0, or 0.1.0 and 0.2.0: nothing else;
+/// - 0.1.0/0.2.0 up (libcni's `types/040` `convertFrom02x`): `ip4` then `ip6` become `ips`
+///   (`version` "4"/"6" below 1.0), their `routes`, IPv4's first, become `routes` (omitted
+///   when none), no `interfaces`; their members `version`, `address` and `interface` are
+///   dropped (libcni does not read them, and the new IP defines them);
+/// - down to 0.1.0/0.2.0 (`convertTo02x`): the first IPv4 and the first IPv6 of `ips` become
+///   `ip4` and `ip6` (below 1.0 only IPs whose `version` says their family count, as libcni
+///   reads them), each route goes to the IP config of its `dst`'s family as `dst` and `gw`
+///   alone (and is dropped when that family has none), `interfaces` are dropped, and a
+///   result with no IP cannot be converted (0.2.0 needs one).
 ///
 /// The converted result must then be a valid result of the config's version (a 1.0.0
 /// result's unknown `mtu` becomes a 1.1.0 field). Call after `ResultView::validated`.
@@ -127,6 +203,8 @@ pub fn as_version<'r>(raw: &'r RawValue, config_version: &str) -> Result<Cow<'r,
 /// The result shapes of the versions the guard speaks (`version::SUPPORTED`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Shape {
+    /// 0.1.0 and 0.2.0: `ip4` and `ip6`, each `{ip, gateway, routes}`; no interfaces.
+    Legacy,
     /// 0.3.0, 0.3.1 and 0.4.0: each IP may say its family in `version`, "4" or "6".
     Pre1,
     /// 1.0.0: `ips[].version` is gone.
@@ -138,6 +216,7 @@ enum Shape {
 
 fn shape_of(version: &str) -> Option<Shape> {
     match version {
+        "0.1.0" | "0.2.0" => Some(Shape::Legacy),
         "0.3.0" | "0.3.1" | "0.4.0" => Some(Shape::Pre1),
         "1.0.0" => Some(Shape::V1_0),
         "1.1.0" => Some(Shape::V1_1),
@@ -201,6 +280,18 @@ fn read_top(raw: &RawValue, config_version: &str) -> Result<Top> {
 fn check_result(top: &Members, shape: Shape) -> Found<ResultView> {
     let at = "prevResult";
     let mut view = ResultView { interfaces: Vec::new(), ips: Vec::new(), routes: Vec::new() };
+    if shape == Shape::Legacy {
+        // Here `interfaces`, `ips` and `routes` are unknown keys, passed on unread.
+        for (key, family) in [("ip4", "4"), ("ip6", "6")] {
+            if let Some(value) = top.get(key, at)? {
+                check_legacy_ip(value, &format!("{at}.{key}"), family, &mut view)?;
+            }
+        }
+        if let Some(value) = top.get("dns", at)? {
+            check_dns(value, &format!("{at}.dns"))?;
+        }
+        return Ok(view);
+    }
     if let Some(value) = top.get("interfaces", at)? {
         let path = format!("{at}.interfaces");
         for (i, item) in array(value, &path)?.iter().enumerate() {
@@ -223,6 +314,27 @@ fn check_result(top: &Members, shape: Shape) -> Found<ResultView> {
         check_dns(value, &format!("{at}.dns"))?;
     }
     Ok(view)
+}
+
+/// An `ip4` or `ip6` of a 0.1.0/0.2.0 result: `ip` in CIDR form and of the key's family.
+fn check_legacy_ip(value: &RawValue, at: &str, want_family: &str, view: &mut ResultView) -> Found<()> {
+    let members = object(value, at)?;
+    let address = match members.get("ip", at)? {
+        Some(address) => cidr_member(address, &format!("{at}.ip"))?,
+        None => return Err(format!("{at} has no ip")),
+    };
+    if family(&address) != want_family {
+        return Err(format!("{at}.ip {address} is not an IPv{want_family} address"));
+    }
+    optional(&members, at, "gateway", ip)?;
+    view.ips.push(IpView { address });
+    if let Some(value) = members.get("routes", at)? {
+        let path = format!("{at}.routes");
+        for (i, item) in array(value, &path)?.iter().enumerate() {
+            view.routes.push(check_route(item, &format!("{path}[{i}]"), Shape::Legacy)?);
+        }
+    }
+    Ok(())
 }
 
 fn check_interface(value: &RawValue, at: &str, shape: Shape) -> Found<InterfaceView> {
@@ -302,6 +414,12 @@ fn check_dns(value: &RawValue, at: &str) -> Found<()> {
 }
 
 fn convert(top: &Members, from: Shape, to: Shape, to_version: &str) -> Found<String> {
+    match (from == Shape::Legacy, to == Shape::Legacy) {
+        (true, true) => return Ok(with_version(top, to_version)),
+        (true, false) => return convert_up_from_legacy(top, to, to_version),
+        (false, true) => return convert_down_to_legacy(top, from, to_version),
+        (false, false) => {}
+    }
     let version_changes = (from == Shape::Pre1) != (to == Shape::Pre1);
     let mut out = String::with_capacity(top.0.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>() + 64);
     let mut fields = Vec::with_capacity(top.0.len());
@@ -322,6 +440,160 @@ fn convert(top: &Members, from: Shape, to: Shape, to_version: &str) -> Found<Str
         fields.push((key.as_str(), text));
     }
     write_object(&mut out, fields.iter().map(|(k, v)| (*k, v.as_ref())));
+    Ok(out)
+}
+
+/// The result with only its `cniVersion` changed.
+fn with_version(top: &Members, to_version: &str) -> String {
+    let version = json_string(to_version);
+    let mut out = String::new();
+    write_object(&mut out, top.0.iter().map(|(k, v)| (k.as_str(), if k == "cniVersion" { version.as_str() } else { v.get() })));
+    out
+}
+
+/// 0.1.0/0.2.0 to 0.3.0 and later, as libcni's `convertFrom02x`. The new `ips` and `routes`
+/// take the place of `ip4`; keys the new version defines that the old result carried as
+/// unknown ones (`interfaces`, `ips`, `routes`) would clash with them and are dropped.
+fn convert_up_from_legacy(top: &Members, to: Shape, to_version: &str) -> Found<String> {
+    let at = "prevResult";
+    let mut ips = Vec::new();
+    let mut routes = Vec::new();
+    for (key, family) in [("ip4", "4"), ("ip6", "6")] {
+        let Some(value) = top.get(key, at)? else { continue };
+        let path = format!("{at}.{key}");
+        let members = object(value, &path)?;
+        let mut ip = Vec::new();
+        if to == Shape::Pre1 {
+            ip.push(("version", json_string(family)));
+        }
+        for (member, value) in &members.0 {
+            match member.as_str() {
+                "ip" => ip.push(("address", value.get().to_string())),
+                "routes" => {
+                    if kind(value) != Json::Null {
+                        routes.extend(array(value, &format!("{path}.routes"))?.iter().map(|r| r.get().to_string()));
+                    }
+                }
+                // Names a newer IP defines for itself: libcni reads only `ip`, `gateway` and
+                // `routes` here, and kept they would clash with the converted IP's own.
+                "version" | "address" | "interface" => {}
+                // gateway and members the spec does not define stay with their IP.
+                other => ip.push((other, value.get().to_string())),
+            }
+        }
+        let mut text = String::new();
+        write_object(&mut text, ip.iter().map(|(k, v)| (*k, v.as_str())));
+        ips.push(text);
+    }
+    let version = json_string(to_version);
+    let ips = format!("[{}]", ips.join(","));
+    let routes = format!("[{}]", routes.join(","));
+    let mut fields: Vec<(&str, &str)> = Vec::with_capacity(top.0.len() + 2);
+    let mut placed = false;
+    for (key, value) in &top.0 {
+        match key.as_str() {
+            "cniVersion" => fields.push(("cniVersion", version.as_str())),
+            "ip4" | "ip6" => {
+                if !placed {
+                    placed = true;
+                    fields.push(("ips", ips.as_str()));
+                    if routes != "[]" {
+                        fields.push(("routes", routes.as_str()));
+                    }
+                }
+            }
+            "interfaces" | "ips" | "routes" => {}
+            _ => fields.push((key.as_str(), value.get())),
+        }
+    }
+    let mut out = String::new();
+    write_object(&mut out, fields.into_iter());
+    Ok(out)
+}
+
+/// 0.3.0 and later down to 0.1.0/0.2.0, as libcni's `convertTo02x`.
+fn convert_down_to_legacy(top: &Members, from: Shape, to_version: &str) -> Found<String> {
+    let at = "prevResult";
+    let mut configs: [Option<Vec<(&str, String)>>; 2] = [None, None];
+    if let Some(value) = top.get("ips", at)? {
+        let path = format!("{at}.ips");
+        for (i, item) in array(value, &path)?.iter().enumerate() {
+            let item_at = format!("{path}[{i}]");
+            let members = object(item, &item_at)?;
+            let Some(address_text) = members.get("address", &item_at)? else { return Err(format!("{item_at} has no address")) };
+            let address = cidr_member(address_text, &format!("{item_at}.address"))?;
+            // libcni's 0.4.0 IP says its family in `version` only; 1.0 derives it.
+            let family = match from {
+                Shape::Pre1 => optional(&members, &item_at, "version", string)?,
+                _ => Some(family(&address).to_string()),
+            };
+            let slot = match family.as_deref() {
+                Some("4") => 0,
+                Some("6") => 1,
+                _ => continue,
+            };
+            if configs[slot].is_some() {
+                continue;
+            }
+            let mut config = vec![("ip", address_text.get().to_string())];
+            if let Some(gateway) = members.get("gateway", &item_at)? {
+                config.push(("gateway", gateway.get().to_string()));
+            }
+            configs[slot] = Some(config);
+        }
+    }
+    if configs.iter().all(Option::is_none) {
+        return Err(format!("prevResult has no IP address, and a CNI {to_version} result needs one"));
+    }
+    let mut routes: [Vec<String>; 2] = [Vec::new(), Vec::new()];
+    if let Some(value) = top.get("routes", at)? {
+        let path = format!("{at}.routes");
+        for (i, item) in array(value, &path)?.iter().enumerate() {
+            let route_at = format!("{path}[{i}]");
+            let members = object(item, &route_at)?;
+            let Some(dst) = members.get("dst", &route_at)? else { return Err(format!("{route_at} has no dst")) };
+            let slot = if cidr_member(dst, &format!("{route_at}.dst"))?.is_ipv4() { 0 } else { 1 };
+            let mut route = vec![("dst", dst.get())];
+            if let Some(gw) = members.get("gw", &route_at)? {
+                route.push(("gw", gw.get()));
+            }
+            let mut text = String::new();
+            write_object(&mut text, route.into_iter());
+            routes[slot].push(text);
+        }
+    }
+    let mut legacy: [Option<String>; 2] = [None, None];
+    for (slot, config) in configs.into_iter().enumerate() {
+        let Some(mut members) = config else { continue };
+        if !routes[slot].is_empty() {
+            members.push(("routes", format!("[{}]", routes[slot].join(","))));
+        }
+        let mut text = String::new();
+        write_object(&mut text, members.iter().map(|(k, v)| (*k, v.as_str())));
+        legacy[slot] = Some(text);
+    }
+    let version = json_string(to_version);
+    let mut fields: Vec<(&str, &str)> = Vec::with_capacity(top.0.len() + 2);
+    let mut placed = false;
+    for (key, value) in &top.0 {
+        match key.as_str() {
+            "cniVersion" => fields.push(("cniVersion", version.as_str())),
+            "ips" | "interfaces" | "routes" => {
+                if !placed {
+                    placed = true;
+                    for (name, config) in ["ip4", "ip6"].into_iter().zip(&legacy) {
+                        if let Some(config) = config {
+                            fields.push((name, config.as_str()));
+                        }
+                    }
+                }
+            }
+            "ip4" | "ip6" => {}
+            _ => fields.push((key.as_str(), value.get())),
+        }
+    }
+    let mut out = String::new();
+    write_object(&mut out, fields.into_iter());
     Ok(out)
 }
 
@@ -596,7 +868,7 @@ mod tests {
 
     #[test]
     fn validates_a_full_result_of_every_version_and_reads_it() {
-        for version in crate::cni::version::SUPPORTED {
+        for version in crate::cni::version::SUPPORTED.into_iter().filter(|v| shape_of(v) != Some(Shape::Legacy)) {
             let pre1 = version.starts_with("0.");
             let mut ip = json!({"address": "10.1.0.9/24", "gateway": "10.1.0.1", "interface": 0, "x-ip": [1]});
             let mut ip6 = json!({"address": "fd00::9/64", "interface": 1});
@@ -660,7 +932,7 @@ mod tests {
 
     #[test]
     fn a_version_the_guard_does_not_read_is_code_1() {
-        for version in ["0.2.0", "0.1.0", "1.2.0", "2.0.0"] {
+        for version in ["0.2.1", "0.5.0", "1.2.0", "2.0.0"] {
             let err = validate(&json!({"cniVersion": version, "ip4": {"ip": "10.0.0.2/24"}}).to_string()).unwrap_err();
             assert_eq!(err.code(), 1, "{version}: {err}");
             assert!(err.msg.contains(version), "{err}");
@@ -857,8 +1129,93 @@ mod tests {
 
     #[test]
     fn converting_from_a_version_the_guard_does_not_read_is_code_1() {
-        let err = as_version(&raw(r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24"}}"#), "0.4.0").unwrap_err();
+        let err = as_version(&raw(r#"{"cniVersion":"1.2.0","ips":[{"address":"10.0.0.2/24"}]}"#), "0.4.0").unwrap_err();
         assert_eq!(err.code(), 1, "{err}");
+    }
+
+    #[test]
+    fn validates_a_legacy_result_and_reads_its_addresses_and_routes() {
+        for version in ["0.1.0", "0.2.0"] {
+            let text = json!({
+                "cniVersion": version,
+                "ip4": {"ip": "10.1.0.9/24", "gateway": "10.1.0.1", "routes": [{"dst": "0.0.0.0/0", "gw": "10.1.0.1"}], "x": 1},
+                "ip6": {"ip": "fd00::9/64", "routes": [{"dst": "::/0"}]},
+                "dns": {"nameservers": ["10.96.0.10"]},
+                // 0.3's keys are unknown ones here.
+                "interfaces": "not read", "ips": 7
+            })
+            .to_string();
+            let view = ResultView::validated(&raw(&text), version).unwrap_or_else(|e| panic!("{version}: {e}"));
+            assert_eq!(view.cidrs(), vec!["10.1.0.9/24", "fd00::9/64"]);
+            assert_eq!(view.routes.len(), 2);
+            assert!(view.interfaces.is_empty());
+            // A checkpoint's result reads the same way.
+            let stored = ResultView::parse(&raw(&text.replace(r#""interfaces":"not read","ips":7"#, r#""y":0"#))).unwrap();
+            assert_eq!(stored.cidrs(), view.cidrs());
+            assert_eq!(stored.routes.len(), 2);
+        }
+    }
+
+    #[test]
+    fn a_legacy_result_that_does_not_parse_is_code_6() {
+        for (text, says) in [
+            (r#"{"cniVersion":"0.2.0","ip4":"10.0.0.2/24"}"#, "prevResult.ip4 is a string, not an object"),
+            (r#"{"cniVersion":"0.2.0","ip4":{}}"#, "prevResult.ip4 has no ip"),
+            (r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2"}}"#, "prevResult.ip4.ip \"10.0.0.2\" has no prefix length"),
+            (r#"{"cniVersion":"0.2.0","ip4":{"ip":"fd00::2/64"}}"#, "prevResult.ip4.ip fd00::2/64 is not an IPv4 address"),
+            (r#"{"cniVersion":"0.1.0","ip6":{"ip":"10.0.0.2/24"}}"#, "is not an IPv6 address"),
+            (r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24","gateway":"ten"}}"#, "prevResult.ip4.gateway \"ten\" is not an IP address"),
+            (r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24","routes":{}}}"#, "prevResult.ip4.routes is an object"),
+            (r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24","routes":[{"gw":"10.0.0.1"}]}}"#, "prevResult.ip4.routes[0] has no dst"),
+            (r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24"},"dns":{"nameservers":"x"}}"#, "prevResult.dns.nameservers is a string"),
+        ] {
+            let err = ResultView::validated(&raw(text), "0.2.0").expect_err(text);
+            assert_eq!(err.code(), 6, "{text}: {err}");
+            assert!(err.msg.contains(says), "{text}: {}", err.msg);
+            assert!(err.details.contains("must return a valid CNI 0."), "{err:?}");
+        }
+    }
+
+    #[test]
+    fn converts_between_0_1_0_and_0_2_0_by_the_version_alone() {
+        let text = r#"{"cniVersion":"0.1.0","ip4":{"ip":"10.0.0.2/32","x":[1.0e2]},"dns":{},"x-top":true}"#;
+        assert_eq!(as_version(&raw(text), "0.2.0").unwrap().into_owned(), text.replace("0.1.0", "0.2.0"));
+    }
+
+    #[test]
+    fn converts_legacy_up_keeping_unknown_members() {
+        let text = r#"{"cniVersion":"0.2.0","x-top":1e400,"ip4":{"ip":"10.0.0.2/24","gateway":"10.0.0.1","x-ip":"k",
+            "routes":[{"dst":"0.0.0.0/0","x-route":1}]},"ips":"an unknown key here","dns":{"domain":"d"}}"#;
+        let out = as_version(&raw(text), "0.4.0").unwrap().into_owned();
+        assert!(out.contains(r#""x-top":1e400"#), "{out}");
+        assert_eq!(
+            out,
+            r#"{"cniVersion":"0.4.0","x-top":1e400,"ips":[{"version":"4","address":"10.0.0.2/24","gateway":"10.0.0.1","x-ip":"k"}],"routes":[{"dst":"0.0.0.0/0","x-route":1}],"dns":{"domain":"d"}}"#
+        );
+        let out = as_version(&raw(text), "1.1.0").unwrap().into_owned();
+        assert!(out.contains(r#""ips":[{"address":"10.0.0.2/24","gateway":"10.0.0.1","x-ip":"k"}]"#), "{out}");
+    }
+
+    #[test]
+    fn converting_down_needs_an_ip() {
+        let err = as_version(&raw(r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}]}"#), "0.2.0").unwrap_err();
+        assert_eq!(err.code(), 6, "{err}");
+        assert!(err.msg.contains("no IP address"), "{err}");
+        // Below 1.0 an IP without `version` has no family to libcni.
+        let err = as_version(&raw(r#"{"cniVersion":"0.4.0","ips":[{"address":"10.0.0.2/24"}]}"#), "0.1.0").unwrap_err();
+        assert_eq!(err.code(), 6, "{err}");
+    }
+
+    #[test]
+    fn a_result_without_a_version_is_in_the_configs_as_libcni_reads_it() {
+        let fixed = |text: &str| versioned_as_libcni_reads_it(raw(text), "0.2.0").get().to_string();
+        assert_eq!(fixed(r#"{"ip4":{"ip":"10.0.0.2/24"},"x":1e400}"#), r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24"},"x":1e400}"#);
+        assert_eq!(fixed(r#"{"cniVersion":"","ip4":{}}"#), r#"{"cniVersion":"0.2.0","ip4":{}}"#);
+        assert_eq!(fixed(r#"{"cniVersion":1,"ip4":{}}"#), r#"{"cniVersion":"0.2.0","ip4":{}}"#);
+        // A version it has, even one the guard does not read, is the result's own.
+        for kept in [r#"{"cniVersion":"0.1.0","ip4":{}}"#, r#"{"cniVersion":"9.9.9"}"#, "[1]", "null"] {
+            assert_eq!(fixed(kept), kept);
+        }
     }
 
     #[test]

@@ -3,7 +3,13 @@
 use crate::cni::env::Verb;
 use crate::error::{GuardError, Kind, Result};
 
-pub const SUPPORTED: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+/// Every version of the spec, as libcni's `version.All` lists them: the reference plugins
+/// speak all of them, and so do the primaries the guard exists for (calico v2 installs
+/// 0.1.0 networks).
+pub const SUPPORTED: [&str; 7] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+/// What a config without `cniVersion` speaks: libcni's `version.ConfigDecoder` and the
+/// plugins' skel read a missing or empty version as 0.1.0, the spec before the key existed.
+pub const UNVERSIONED: &str = "0.1.0";
 pub const LATEST: &str = "1.1.0";
 
 /// The version to put in an error: the config's when we speak it, else our newest, so
@@ -22,7 +28,8 @@ pub fn check_verb_allowed(verb: Verb, version: &str) -> Result<()> {
         return Err(GuardError::new(
             Kind::IncompatibleVersion,
             format!(
-                "cniVersion {version:?} is not supported: use one of {}",
+                "cniVersion {:?} is not supported: use one of {}",
+                crate::names::shorten(version),
                 SUPPORTED.join(", ")
             ),
         ));
@@ -45,6 +52,11 @@ pub fn check_verb_allowed(verb: Verb, version: &str) -> Result<()> {
     Ok(())
 }
 
+/// Whether `version` is `min` or later (`at_least("0.3.1", "0.4.0")` is false).
+pub fn at_least(version: &str, min: &str) -> bool {
+    parse(version) >= parse(min)
+}
+
 fn parse(version: &str) -> (u32, u32, u32) {
     let mut parts = version.split('.').map(|p| p.parse().unwrap_or(0));
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0))
@@ -53,9 +65,15 @@ fn parse(version: &str) -> (u32, u32, u32) {
 /// The VERSION reply. libcni sends `{"cniVersion": ...}` on stdin; the reply echoes it when
 /// the plugin speaks it.
 pub fn version_reply(requested: Option<&str>) -> String {
+    version_reply_among(requested, &SUPPORTED)
+}
+
+/// The VERSION reply listing only `speaks` (delegate mode: what both the guard and its
+/// primary speak).
+pub fn version_reply_among(requested: Option<&str>, speaks: &[&str]) -> String {
     // Written out, not built as a JSON value: VERSION does little else, and each code page it
     // runs is a page fault of its exec. Every string here is one of SUPPORTED: nothing to escape.
-    let versions = SUPPORTED.map(|v| format!("\"{v}\"")).join(",");
+    let versions = speaks.iter().map(|v| format!("\"{v}\"")).collect::<Vec<_>>().join(",");
     format!("{{\"cniVersion\":\"{}\",\"supportedVersions\":[{versions}]}}", for_reply(requested))
 }
 
@@ -72,11 +90,17 @@ mod tests {
 
     #[test]
     fn verbs_follow_the_spec() {
+        assert!(check_verb_allowed(Verb::Add, "0.1.0").is_ok());
+        assert!(check_verb_allowed(Verb::Del, "0.2.0").is_ok());
+        assert!(check_verb_allowed(Verb::Check, "0.2.0").is_err());
+        assert!(check_verb_allowed(Verb::Status, "0.1.0").is_err());
         assert!(check_verb_allowed(Verb::Add, "0.3.0").is_ok());
         assert!(check_verb_allowed(Verb::Check, "0.3.1").is_err());
         assert!(check_verb_allowed(Verb::Check, "0.4.0").is_ok());
         assert!(check_verb_allowed(Verb::Gc, "1.0.0").is_err());
         assert!(check_verb_allowed(Verb::Status, "1.1.0").is_ok());
         assert_eq!(check_verb_allowed(Verb::Add, "2.0.0").unwrap_err().code(), 1);
+        let huge = "9".repeat(100_000);
+        assert!(check_verb_allowed(Verb::Del, &huge).unwrap_err().msg.len() < 256);
     }
 }

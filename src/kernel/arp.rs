@@ -7,12 +7,12 @@
 
 use std::io;
 use std::net::Ipv4Addr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use nix::libc;
 
 use super::netns::Netns;
-use crate::error::{GuardError, Kind, Result};
+use super::raw_socket;
+use crate::error::Result;
 
 const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_IP: u16 = 0x0800;
@@ -41,47 +41,23 @@ pub fn announce(netns: &Netns, index: u32, mac: [u8; 6], addresses: &[Ipv4Addr])
     if addresses.is_empty() {
         return Ok(());
     }
-    let socket = super::netns::inside(netns, || packet_socket().map_err(|e| garp_error("open an AF_PACKET socket", e)))?;
+    // SOCK_DGRAM: the kernel builds the Ethernet header from the sockaddr_ll.
+    let socket = super::netns::inside(netns, || {
+        raw_socket::open(libc::AF_PACKET, libc::SOCK_DGRAM, i32::from(ETH_P_ARP.to_be()))
+            .map_err(|e| raw_socket::failed("open an AF_PACKET socket", e))
+    })?;
     // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value that is filled in below.
     let mut to: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     to.sll_family = libc::AF_PACKET as u16;
     to.sll_protocol = ETH_P_ARP.to_be();
-    to.sll_ifindex = i32::try_from(index).map_err(|_| garp_error("address link", io::Error::from(io::ErrorKind::InvalidInput)))?;
+    to.sll_ifindex = i32::try_from(index).map_err(|_| raw_socket::failed("address link", io::Error::from(io::ErrorKind::InvalidInput)))?;
     to.sll_halen = 6;
     to.sll_addr[..6].copy_from_slice(&BROADCAST);
     for ip in addresses {
-        let packet = announcement(mac, *ip);
-        // SAFETY: the buffer and address pointers are valid for the lengths passed.
-        let sent = unsafe {
-            libc::sendto(
-                socket.as_raw_fd(),
-                packet.as_ptr().cast(),
-                packet.len(),
-                0,
-                (&raw const to).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if sent < 0 {
-            return Err(garp_error(&format!("send the gratuitous ARP for {ip}"), io::Error::last_os_error()));
-        }
+        raw_socket::send_to(&socket, &announcement(mac, *ip), &to)
+            .map_err(|e| raw_socket::failed(&format!("send the gratuitous ARP for {ip}"), e))?;
     }
     Ok(())
-}
-
-fn packet_socket() -> io::Result<OwnedFd> {
-    // SOCK_DGRAM: the kernel builds the Ethernet header from the sockaddr_ll.
-    // SAFETY: socket() takes no pointers; a non-negative result is a fresh descriptor we own.
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, i32::from(ETH_P_ARP.to_be())) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by socket() and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn garp_error(action: &str, err: io::Error) -> GuardError {
-    GuardError::new(Kind::Netlink, format!("cannot {action}: {err}"))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::path::Path;
 use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 
-use super::netlink::{self, Kernel, LinkState, RouteState, Side};
+use super::netlink::{self, Dad, Kernel, LinkState, RouteState, Side};
 use crate::error::{Kind, Result};
 
 /// Stored in the checkpoint as `links`.
@@ -77,10 +77,12 @@ pub struct VlanFacts {
 /// ADD's call, before it takes the store lock: the facts of `if_name` in the netns at
 /// `netns`. Never fails the pod: facts that cannot be read (within the sockets' answer
 /// timeout) are recorded as missing, with why, and ADD's log line warns with `missing_note`.
-pub fn read_at_add(netns: &str, if_name: &str) -> LinkFacts {
+/// Also the interface's index in the netns, for the sandbox's identity (`None` when the
+/// facts are unavailable).
+pub fn read_at_add(netns: &str, if_name: &str) -> (LinkFacts, Option<u32>) {
     match netlink::with_pod_netns(Path::new(netns), |kernel| observe(kernel, if_name)) {
-        Ok(facts) => LinkFacts::Observed(facts),
-        Err(err) => LinkFacts::Unavailable { reason: err.msg },
+        Ok((facts, index)) => (LinkFacts::Observed(facts), Some(index)),
+        Err(err) => (LinkFacts::Unavailable { reason: err.msg }, None),
     }
 }
 
@@ -97,7 +99,7 @@ impl LinkFacts {
     }
 }
 
-fn observe(kernel: &Kernel, if_name: &str) -> Result<InterfaceFacts> {
+fn observe(kernel: &Kernel, if_name: &str) -> Result<(InterfaceFacts, u32)> {
     let (link, addresses, routes) = kernel
         .link_with_addresses_and_routes(Side::Pod, if_name)?
         .ok_or_else(|| crate::error::GuardError::new(Kind::Netlink, format!("no interface {if_name} in the netns")))?;
@@ -105,7 +107,7 @@ fn observe(kernel: &Kernel, if_name: &str) -> Result<InterfaceFacts> {
         (true, Some(index)) => kernel.link_by_index(Side::Host, index)?.map(|parent| parent_facts(kernel, parent)).transpose()?,
         _ => None,
     };
-    Ok(interface_facts(&link, &addresses, &routes, parent))
+    Ok((interface_facts(&link, &addresses, &routes, parent), link.index))
 }
 
 fn parent_facts(kernel: &Kernel, parent: LinkState) -> Result<ParentFacts> {
@@ -161,6 +163,9 @@ pub struct Observed {
     pub routes: Vec<RouteState>,
     /// Looked up by the recorded parent's name, only when the interface is missing.
     pub parent_now: Option<LinkState>,
+    /// IPv6 addresses the kernel holds but will not use: another node answered its duplicate
+    /// address detection. Read only when an IPv6 address is expected.
+    pub dad_failed: Vec<IpAddr>,
 }
 
 pub fn observe_for_check(netns: &Path, expected: &Expected) -> Result<Observed> {
@@ -173,7 +178,13 @@ pub fn observe_for_check(netns: &Path, expected: &Expected) -> Result<Observed> 
             return Ok(Observed { parent_now, ..Observed::default() });
         };
         let routes = routes.into_iter().filter(|r| r.oif == Some(link.index) && r.main_table && !r.multipath).collect();
-        Ok(Observed { link: Some(link), addresses, routes, parent_now: None })
+        let dad_failed = if expected.addresses.iter().any(IpNetwork::is_ipv6) {
+            let states = kernel.ipv6_dad_states(link.index)?;
+            states.into_iter().filter(|(_, dad)| *dad == Dad::Failed).map(|(ip, _)| IpAddr::V6(ip)).collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Observed { link: Some(link), addresses, routes, parent_now: None, dad_failed })
     })
 }
 
@@ -204,6 +215,11 @@ pub fn differences(expected: &Expected, observed: &Observed, netns: &str, restor
     for address in &expected.addresses {
         if !observed.addresses.contains(address) {
             found.push(format!("address {address} is missing from {if_name}"));
+        } else if observed.dad_failed.contains(&address.ip()) {
+            found.push(format!(
+                "address {address} on {if_name} failed duplicate address detection: another node on the link holds it, \
+                 so the pod cannot use it"
+            ));
         }
     }
     for (dst, gateway) in &expected.routes {
@@ -306,7 +322,7 @@ mod tests {
     fn each_difference_is_reported() {
         let mut other = link(3, "eth0");
         other.mac = Some("02:00:00:00:00:01".into());
-        let observed = Observed { link: Some(other), addresses: vec![], routes: vec![], parent_now: None };
+        let observed = Observed { link: Some(other), ..Observed::default() };
         let found = differences(&expected(), &observed, "/run/netns/p", "x");
         assert_eq!(found.len(), 3, "{found:?}");
         assert!(found[0].contains("MAC 02:00:00:00:00:01"));
@@ -317,8 +333,25 @@ mod tests {
             link: Some(link(3, "eth0")),
             addresses: vec!["10.161.75.155/22".parse().unwrap()],
             routes: vec![route("0.0.0.0/0", Some("10.161.72.1"), 3, false)],
-            parent_now: None,
+            ..Observed::default()
         };
         assert!(differences(&expected(), &intact, "/run/netns/p", "x").is_empty());
+    }
+
+    #[test]
+    fn an_ipv6_address_another_node_holds_is_a_difference() {
+        let mut expected = expected();
+        let v6: IpNetwork = "fd00:161::9b/64".parse().unwrap();
+        expected.addresses.push(v6);
+        let observed = Observed {
+            link: Some(link(3, "eth0")),
+            addresses: vec!["10.161.75.155/22".parse().unwrap(), v6],
+            routes: vec![route("0.0.0.0/0", Some("10.161.72.1"), 3, false)],
+            dad_failed: vec![v6.ip()],
+            ..Observed::default()
+        };
+        let found = differences(&expected, &observed, "/run/netns/p", "x");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("address fd00:161::9b/64 on eth0 failed duplicate address detection"), "{}", found[0]);
     }
 }

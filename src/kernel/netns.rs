@@ -108,6 +108,12 @@ pub fn netns_inode(path: &str) -> Option<u64> {
     fs::metadata(path).ok().map(|meta| meta.ino())
 }
 
+/// The device and inode of the network namespace at `path`, when it is a namespace file.
+pub fn netns_identity(path: &str) -> Option<(u64, u64)> {
+    netns_inode(path)?;
+    fs::metadata(path).ok().map(|meta| (meta.dev(), meta.ino()))
+}
+
 /// Two cheap system calls answer for a mounted namespace; `users` (a /proc scan, which
 /// ADD never pays for) is needed only to find one whose path is gone.
 pub fn netns_state(path: &str, recorded_inode: Option<u64>, users: Option<&NetnsUsers>) -> NetnsState {

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::state::ownership::PodKey;
+use crate::state::ownership::{PodKey, PodKeyRule};
 
 /// Names one attachment the way libcni does: network, container, interface.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -20,9 +20,10 @@ impl AttachmentId {
         format!("{}:{}:{}", self.network, self.container_id, self.if_name)
     }
 
-    /// The attachment of `container_id` under `key`: the one an owner or a deferred DEL names.
-    pub fn of(key: &PodKey, container_id: &str) -> AttachmentId {
-        AttachmentId { network: key.network.clone(), container_id: container_id.to_string(), if_name: key.if_name.clone() }
+    /// The attachment of `container_id`'s interface `if_name` on `key`'s network: one an owner
+    /// or a deferred DEL names.
+    pub fn of(key: &PodKey, container_id: &str, if_name: &str) -> AttachmentId {
+        AttachmentId { network: key.network.clone(), container_id: container_id.to_string(), if_name: if_name.to_string() }
     }
 
     /// The attachment a record-like file name stands for; `None` for a name that is not one.
@@ -77,6 +78,27 @@ pub struct Checkpoint {
     /// records written before link facts existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub links: Option<crate::kernel::link_facts::LinkFacts>,
+    /// What tells this sandbox's netns and interface from others that later take the same
+    /// path and name; absent in records of earlier releases and when ADD could not read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<SandboxIdentity>,
+}
+
+/// The sandbox's netns and interface as ADD found them. A netns path can come to name another
+/// namespace (a `/proc/<pid>/ns/net` whose pid came back, a named netns made again) holding
+/// an interface of the same name and MAC; the namespace's device and inode and the link's
+/// index in it do not repeat while the sandbox's namespace lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxIdentity {
+    pub netns_dev: u64,
+    pub netns_inode: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub if_index: Option<u32>,
+    /// The link's kind (`veth`, `macvlan`, ...; none for a physical NIC, as host-device and
+    /// SR-IOV move into a pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub if_kind: Option<String>,
 }
 
 impl Checkpoint {
@@ -88,18 +110,20 @@ impl Checkpoint {
         }
     }
 
-    pub fn pod_key(&self) -> Option<PodKey> {
-        pod_key(&self.network, self.pod_namespace.as_deref(), self.pod_name.as_deref(), &self.if_name)
+    /// The pod key this attachment takes under `rule`.
+    pub fn pod_key(&self, rule: PodKeyRule) -> Option<PodKey> {
+        pod_key(rule, &self.network, self.pod_namespace.as_deref(), self.pod_name.as_deref(), &self.if_name)
+    }
+
+    /// Its pod key under each rule, for the tools, which read no network's config: an owner
+    /// of either is an owner of this attachment's pod.
+    pub fn pod_keys(&self) -> Vec<PodKey> {
+        PodKeyRule::CHOICES.iter().filter_map(|(_, rule)| self.pod_key(*rule)).collect()
     }
 }
 
 /// A pod key needs both namespace and name: podman, for one, passes only K8S_POD_NAME,
 /// and a bare container name is no pod identity to guard.
-pub fn pod_key(network: &str, namespace: Option<&str>, name: Option<&str>, if_name: &str) -> Option<PodKey> {
-    Some(PodKey {
-        network: network.to_string(),
-        pod_namespace: namespace?.to_string(),
-        pod_name: name?.to_string(),
-        if_name: if_name.to_string(),
-    })
+pub fn pod_key(rule: PodKeyRule, network: &str, namespace: Option<&str>, name: Option<&str>, if_name: &str) -> Option<PodKey> {
+    Some(rule.key(network, namespace?, name?, if_name))
 }

@@ -51,11 +51,32 @@ pub struct DeferredDel {
     pub last_error: Option<String>,
     #[serde(default)]
     pub last_attempt_at: Option<String>,
+    /// The stale sandbox's interface, when the key does not name it (`podKey: "name"`).
+    #[serde(default, rename = "interface", skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_ns: Option<u128>,
+    /// The primary's object as the stale DEL would have handed it over (its own
+    /// `runtimeConfig`, no GC list) and that DEL's network `cniVersion`: the replay is that
+    /// call, whatever the conflist says by then. Absent in entries of earlier releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegate: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conf_version: Option<String>,
+    /// What identified the sandbox's netns and interface at its ADD (from its checkpoint):
+    /// the local teardown deletes only that interface in that netns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<crate::state::checkpoint::SandboxIdentity>,
 }
 
 impl DeferredDel {
+    /// The stale sandbox's interface: the one its replay names in CNI_IFNAME.
+    pub fn if_name(&self) -> &str {
+        self.interface.as_deref().or(self.key.if_name.as_deref()).unwrap_or_default()
+    }
+
     pub fn id(&self) -> AttachmentId {
-        AttachmentId::of(&self.key, &self.container_id)
+        AttachmentId::of(&self.key, &self.container_id, self.if_name())
     }
 }
 
@@ -64,6 +85,31 @@ impl DeferredDel {
 /// lock of a key that has one.
 pub fn key_dir(state_dir: &Path, digest: &str) -> PathBuf {
     state_dir.join(DEFERRED).join(digest)
+}
+
+/// The deferred DELs of `network` waiting in `state_dir`, read without the lock and without
+/// writing (the installer's question before it takes delegate mode away: nothing would
+/// replay them after).
+pub fn waiting(state_dir: &Path, network: &str) -> Result<Vec<DeferredDel>> {
+    if super::surely_absent(&state_dir.join(DEFERRED)) {
+        return Ok(Vec::new());
+    }
+    let store = Store::open_read_only(state_dir)?;
+    Ok(store
+        .list_deferred()?
+        .into_iter()
+        .filter_map(|(_, loaded)| match loaded {
+            Loaded::Valid(entry) if entry.key.network == network => Some(entry),
+            _ => None,
+        })
+        .collect())
+}
+
+/// Whether a pod key, by its digest, has an owner file: its deferred DELs surely wait then
+/// (a stat, no lock). A name that is no digest counts as owned: nothing is done with it.
+pub fn owned(state_dir: &Path, digest: &str) -> bool {
+    let digest_like = digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit());
+    !digest_like || !super::surely_absent(&state_dir.join(super::OWNERS).join(digest))
 }
 
 impl Store {
@@ -109,6 +155,19 @@ impl Store {
         let mut found = super::list(&self.deferred_dir(key), |path| Ok(super::read_for_listing(path)))?;
         found.sort_by_key(|(_, loaded)| deferred_at(loaded));
         Ok(found)
+    }
+
+    /// Whether nobody owns the pod key of `entry` any more (`ownership::may_replay`): the
+    /// entry then waits only for a replay to pass. A damaged owner file counts as owned.
+    pub fn name_is_free(&self, key: &PodKey) -> bool {
+        match self.load_owner(key) {
+            Ok(Loaded::Missing) => true,
+            Ok(Loaded::Valid(owner)) => {
+                let backed = self.owner_is_backed(&owner);
+                super::ownership::may_replay(Some(super::ownership::Owner { ownership: &owner, backed }))
+            }
+            _ => false,
+        }
     }
 
     /// Every deferred DEL, for GC, the dump and the doctor.

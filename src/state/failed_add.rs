@@ -24,9 +24,15 @@ use crate::error::{GuardError, Result};
 /// cannot be created (a read-only store), it says so on stderr. A container that has (or
 /// had, set aside) a record took its key once: no note may make it look as if it never had.
 pub fn mark(state_dir: &Path, id: &AttachmentId, error: &GuardError) {
-    if std::fs::symlink_metadata(state_dir).is_err() {
+    match std::fs::symlink_metadata(state_dir) {
         // A state dir that does not exist holds no record the DEL could be judged by.
-        return;
+        Err(_) => return,
+        // Never written through: the store refuses a linked or odd state dir, and so does its note.
+        Ok(meta) if !meta.is_dir() => {
+            eprintln!("sandbox-guard: the ADD failed and {} is not a plain directory, so no note of it is written", state_dir.display());
+            return;
+        }
+        Ok(_) => {}
     }
     let name = id.file_name();
     if [super::RECORDS, super::SET_ASIDE].iter().any(|dir| !super::surely_absent(&state_dir.join(dir).join(&name))) {

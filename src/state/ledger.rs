@@ -54,6 +54,10 @@ pub struct LedgerEntry {
     /// Stale sandboxes that no longer fit in `stale_sandboxes`.
     #[serde(default)]
     pub more_sandboxes: u64,
+    /// The digests of the entries under another rule's keys that this one took in (see
+    /// `rekey`): a re-key interrupted by a crash does not count them twice.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merged_from: Vec<String>,
 }
 
 impl LedgerEntry {
@@ -76,6 +80,35 @@ impl LedgerEntry {
                 self.more_sandboxes += 1;
             }
         }
+    }
+}
+
+impl LedgerEntry {
+    /// Takes in the counts of `other`, an entry of a key this one's replaces (see `rekey`):
+    /// counts add up, the first and latest times span both, the owner is the latest one's.
+    pub fn absorb(&mut self, other: &LedgerEntry) {
+        self.refused += other.refused;
+        self.audited += other.audited;
+        self.deferred += other.deferred;
+        if other.first_at < self.first_at {
+            self.first_at.clone_from(&other.first_at);
+        }
+        if other.last_at > self.last_at {
+            self.last_at.clone_from(&other.last_at);
+            self.owner.clone_from(&other.owner);
+            self.owner_generation = other.owner_generation;
+        }
+        self.more_sandboxes += other.more_sandboxes;
+        for stale in &other.stale_sandboxes {
+            if !self.stale_sandboxes.contains(stale) {
+                self.stale_sandboxes.push(stale.clone());
+            }
+        }
+        while self.stale_sandboxes.len() > MAX_SANDBOXES {
+            self.stale_sandboxes.remove(0);
+            self.more_sandboxes += 1;
+        }
+        self.merged_from.push(other.key.digest());
     }
 }
 
@@ -111,6 +144,7 @@ impl Store {
                     owner_generation: 0,
                     stale_sandboxes: Vec::new(),
                     more_sandboxes: 0,
+                    merged_from: Vec::new(),
                 }
             }
         };
@@ -120,6 +154,20 @@ impl Store {
         if created {
             super::sync_path(&self.root)?;
         }
+        Ok(())
+    }
+
+    /// Writes an entry whole (a re-key's); the caller syncs.
+    pub fn save_ledger(&self, entry: &LedgerEntry) -> Result<()> {
+        super::ensure_dir(&self.ledger)?;
+        sealed::write(&self.ledger, &entry.key.digest(), entry)?;
+        self.mark_dirty(super::LEDGER_INDEX);
+        Ok(())
+    }
+
+    pub fn remove_ledger(&self, key: &PodKey) -> Result<()> {
+        super::remove(&self.ledger_path(key))?;
+        self.mark_dirty(super::LEDGER_INDEX);
         Ok(())
     }
 
@@ -175,7 +223,7 @@ fn plain_key(key: &PodKey) -> bool {
     use crate::error::Kind;
     use crate::names::{MAX_NETWORK, check_ifname, check_plain};
     check_plain("network", &key.network, MAX_NETWORK, Kind::Io).is_ok()
-        && check_ifname(&key.if_name).is_ok()
+        && key.if_name.as_deref().is_none_or(|if_name| check_ifname(if_name).is_ok())
         && !key.pod_namespace.is_empty()
         && !key.pod_name.is_empty()
         && !format!("{}{}", key.pod_namespace, key.pod_name).contains(|c: char| c.is_whitespace() || c.is_control() || c == '/')
@@ -186,7 +234,7 @@ mod tests {
     use super::*;
 
     fn key() -> PodKey {
-        PodKey { network: "net".into(), pod_namespace: "ns".into(), pod_name: "p-0".into(), if_name: "eth0".into() }
+        PodKey { network: "net".into(), pod_namespace: "ns".into(), pod_name: "p-0".into(), if_name: None }
     }
 
     #[test]
@@ -202,6 +250,7 @@ mod tests {
             owner_generation: 0,
             stale_sandboxes: Vec::new(),
             more_sandboxes: 0,
+            merged_from: Vec::new(),
         };
         for n in 0..(MAX_SANDBOXES + 3) {
             entry.note(Handled::Refused, &format!("s{n}"), "own", 7, &format!("t{}", n + 1));

@@ -12,10 +12,13 @@
 //! <stateDir>/deferred/<sha256 of the pod key>/<network>:<container>:<if>
 //!                                                  a stale DEL kept from the primary (delegate mode)
 //! <stateDir>/pod-locks/<sha256 of the pod key>     flock per pod key (delegate mode)
+//! <stateDir>/ledger/<sha256 of the pod key>        stale DELs handled per pod key (ledger)
+//! <stateDir>/pod-keys/<network>                    the podKey rule the network's files follow (rekey)
 //! ```
 //!
 //! Every ADD, DEL and CHECK touches a fixed number of files whatever the store holds;
-//! only GC and the operator tools list directories. Writers (`Store::open`) create what is
+//! only GC, the operator tools and, once per network and `podKey` rule, `rekey` list
+//! directories. Writers (`Store::open`) create what is
 //! missing and hold the exclusive lock for their life; readers (`Store::open_read_only`)
 //! create, chmod and lock-create nothing, and take the shared lock only around what must be
 //! read consistently, never while they write to stdout.
@@ -28,6 +31,7 @@ pub mod ledger;
 pub mod lock;
 pub mod ownership;
 pub mod pod_lock;
+pub mod rekey;
 pub mod sealed;
 
 use std::cell::Cell;
@@ -344,21 +348,31 @@ impl Store {
         Ok(())
     }
 
-    /// Whether `owner` still stands on its record: the owner's record names the same pod
-    /// key, or cannot be read (corrupt, set aside to block), in which case it is trusted.
-    /// An owner whose record is gone owns nothing: it would refuse every other sandbox's DEL
-    /// of the pod for ever.
+    /// Writes what is left of the ownership of `key` (`ownership::released`), or removes it.
+    pub fn update_owner(&self, key: &PodKey, left: Option<&Ownership>) -> Result<()> {
+        match left {
+            Some(owner) => self.save_owner(owner),
+            None => self.remove_owner(key),
+        }
+    }
+
+    /// Whether `owner` still stands on its record: one of its interfaces' records names the
+    /// same pod key, or cannot be read (corrupt, set aside to block), in which case it is
+    /// trusted. An owner whose records are gone owns nothing: it would refuse every other
+    /// sandbox's DEL of the pod for ever.
     pub fn owner_is_backed(&self, owner: &Ownership) -> bool {
         // A checksum is no signature: names from a file are checked before they make a path.
         if !plain_owner(owner) {
             return true;
         }
-        let id = AttachmentId::of(&owner.key, &owner.container_id);
-        match self.load_record(&id) {
-            Ok(Loaded::Valid(record)) => record.pod_key().as_ref() == Some(&owner.key),
-            Ok(Loaded::Missing) => !surely_absent(&self.set_aside_path_for_record(&id)),
-            Ok(Loaded::Corrupt { .. }) | Err(_) => true,
-        }
+        owner.interfaces().into_iter().any(|if_name| {
+            let id = AttachmentId::of(&owner.key, &owner.container_id, if_name);
+            match self.load_record(&id) {
+                Ok(Loaded::Valid(record)) => record.pod_key(owner.key.rule()).as_ref() == Some(&owner.key),
+                Ok(Loaded::Missing) => !surely_absent(&self.set_aside_path_for_record(&id)),
+                Ok(Loaded::Corrupt { .. }) | Err(_) => true,
+            }
+        })
     }
 
     /// When the owner of `key` took it (its file's mtime), for comparing with a failed ADD.
@@ -526,8 +540,8 @@ impl Store {
     pub fn temp_files(&self) -> Vec<TempFile> {
         let mut found = Vec::new();
         let folders = [&self.root, &self.records, &self.owners, &self.set_aside, &self.failed_adds, &self.ledger];
-        let index = self.root.join(IPS);
-        for dir in folders.into_iter().chain([&index]) {
+        let (index, pod_keys) = (self.root.join(IPS), self.root.join(rekey::POD_KEYS));
+        for dir in folders.into_iter().chain([&index, &pod_keys]) {
             let Ok(entries) = fs::read_dir(dir) else { continue };
             for entry in entries.flatten() {
                 let name = entry.file_name();
@@ -619,6 +633,23 @@ pub(crate) fn sync_path(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(|e| GuardError::io("sync directory", dir, e))
 }
 
+/// Fails when the store takes no write: permission bits do not stop root, and a read-only
+/// or full filesystem shows only on a real write, so one is made (and synced if `durable`).
+pub fn probe_write(root: &Path, durable: bool) -> Result<()> {
+    use std::io::Write;
+    let probe = root.join(format!(".probe.{}.tmp", std::process::id()));
+    let written = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(&probe)
+        .and_then(|mut f| f.write_all(b"probe\n").and_then(|()| if durable { f.sync_data() } else { Ok(()) }));
+    let _ = fs::remove_file(&probe);
+    written.map_err(|e| GuardError::io("write a probe file in", root, e))
+}
+
 /// Removes a file; whether there was one.
 pub(crate) fn remove(path: &Path) -> Result<bool> {
     match fs::remove_file(path) {
@@ -650,7 +681,7 @@ fn plain_owner(owner: &Ownership) -> bool {
     use crate::names::{MAX_CONTAINER_ID, MAX_NETWORK, check_ifname, check_plain};
     check_plain("network", &owner.key.network, MAX_NETWORK, Kind::Io).is_ok()
         && check_plain("container", &owner.container_id, MAX_CONTAINER_ID, Kind::Io).is_ok()
-        && check_ifname(&owner.key.if_name).is_ok()
+        && owner.key.if_name.iter().chain(&owner.interfaces).all(|if_name| check_ifname(if_name).is_ok())
 }
 
 /// True only when `path` certainly does not exist: an I/O error on a failing disk is no

@@ -4,14 +4,20 @@
 //! their state by `namespace.podname` cannot tell the old sandbox's DEL from the new
 //! one's, so a retried DEL of the old sandbox tears down the new pod's network. The rule:
 //!
-//! 1. The pod key is (network, namespace, pod name, ifname).
-//! 2. The last successful ADD owns the key.
+//! 1. The pod key is what the primary keys its state by (`podKey`, `PodKeyRule`):
+//!    (network, namespace, pod name) by default, as calico before 3.x and sticky-IP macvlan
+//!    plugins do, so that an old sandbox attached as `net1` is stale once a new one attached
+//!    as `net2` owns the pod; or (network, namespace, pod name, ifname) for a primary that
+//!    keys per interface.
+//! 2. The last successful ADD owns the key. A sandbox with several interfaces on one key
+//!    owns it once; the DEL of one of them releases that interface only, the DEL of its
+//!    last one the key (`released`).
 //! 3. A DEL by a container that does not own its key, while another container does, is
 //!    stale. It is refused (or, in audit mode, let through and logged). Two exceptions: an
 //!    owner whose record is gone owns nothing (it is repaired, not obeyed), and a container
 //!    whose ADD failed in the guard never took the key, so its cleanup DEL is not stale.
-//! 4. Any other DEL goes on. It releases every key its container owns: the one its record
-//!    holds, whatever CNI_ARGS say, and the one CNI_ARGS name.
+//! 4. Any other DEL goes on. It releases every key its container owns by this interface:
+//!    the one its record holds, whatever CNI_ARGS say, and the one CNI_ARGS name.
 //!
 //! Delegate mode (the guard runs the primary itself) adds two:
 //!
@@ -26,30 +32,75 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// Identifies one interface of one pod by name, across sandboxes.
+/// What the network's primary keys its state by: the `podKey` config key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodKeyRule {
+    /// (network, namespace, pod name): calico before 3.x, sticky-IP macvlan plugins.
+    Name,
+    /// (network, namespace, pod name, ifname): a primary that keys per interface.
+    NameAndIfname,
+}
+
+impl PodKeyRule {
+    pub const CHOICES: [(&'static str, PodKeyRule); 2] = [("name", PodKeyRule::Name), ("name-and-ifname", PodKeyRule::NameAndIfname)];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PodKeyRule::Name => "name",
+            PodKeyRule::NameAndIfname => "name-and-ifname",
+        }
+    }
+
+    pub fn key(self, network: &str, pod_namespace: &str, pod_name: &str, if_name: &str) -> PodKey {
+        PodKey {
+            network: network.to_string(),
+            pod_namespace: pod_namespace.to_string(),
+            pod_name: pod_name.to_string(),
+            if_name: (self == PodKeyRule::NameAndIfname).then(|| if_name.to_string()),
+        }
+    }
+}
+
+/// Identifies a pod by name across sandboxes, and one of its interfaces when the rule says so.
+/// The release before `podKey` wrote every key with its ifname: those files read as
+/// `NameAndIfname` keys.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodKey {
     pub network: String,
     pub pod_namespace: String,
     pub pod_name: String,
-    pub if_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub if_name: Option<String>,
 }
 
 impl PodKey {
     /// A fixed-length file name for the key: namespace and pod name together can exceed
-    /// what fits in one path component.
+    /// what fits in one path component. A key without ifname hashes one field fewer, so it
+    /// never names the file of a key with one.
     pub fn digest(&self) -> String {
         let mut hasher = Sha256::new();
-        for part in [&self.network, &self.pod_namespace, &self.pod_name, &self.if_name] {
+        for part in [&self.network, &self.pod_namespace, &self.pod_name].into_iter().chain(self.if_name.as_ref()) {
             hasher.update(part.as_bytes());
             hasher.update([0u8]);
         }
         super::sealed::hex(&hasher.finalize())
     }
 
+    pub fn rule(&self) -> PodKeyRule {
+        if self.if_name.is_some() { PodKeyRule::NameAndIfname } else { PodKeyRule::Name }
+    }
+
     pub fn pod(&self) -> String {
         crate::names::pod_text(Some(&self.pod_namespace), Some(&self.pod_name))
+    }
+
+    /// The pod, and its interface when the key has one: what messages name.
+    pub fn label(&self) -> String {
+        match &self.if_name {
+            Some(if_name) => format!("{} ({if_name})", self.pod()),
+            None => self.pod(),
+        }
     }
 }
 
@@ -63,6 +114,64 @@ pub struct Ownership {
     pub pod_uid: Option<String>,
     /// The generation of the ADD that took ownership.
     pub generation: u64,
+    /// A key without ifname: the owner's interfaces that hold it (its attachments on the
+    /// network under this pod name). A key with one names its only interface itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<String>,
+}
+
+impl Ownership {
+    /// Whether this ownership stands on `container_id`'s interface `if_name`.
+    pub fn holds(&self, container_id: &str, if_name: &str) -> bool {
+        self.container_id == container_id && self.interfaces().contains(&if_name)
+    }
+
+    /// The owner's interfaces that hold the key: its attachments an owner stands on.
+    pub fn interfaces(&self) -> Vec<&str> {
+        match &self.key.if_name {
+            Some(if_name) => vec![if_name.as_str()],
+            None => self.interfaces.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+/// The ownership an ADD of `container_id`'s interface `if_name` leaves: the sandbox that owned
+/// the key already keeps its other interfaces; a sandbox that takes the key over holds it by
+/// this interface alone.
+pub fn taken(key: &PodKey, container_id: &str, if_name: &str, pod_uid: Option<String>, generation: u64, before: Option<&Ownership>) -> Ownership {
+    let mut interfaces: Vec<String> = match before {
+        Some(owner) if owner.container_id == container_id && key.if_name.is_none() => owner.interfaces.clone(),
+        _ => Vec::new(),
+    };
+    if key.if_name.is_none() && !interfaces.iter().any(|i| i == if_name) {
+        interfaces.push(if_name.to_string());
+    }
+    Ownership { key: key.clone(), container_id: container_id.to_string(), pod_uid, generation, interfaces }
+}
+
+/// What the owner's DEL of `if_name` leaves of its ownership: the rest of its interfaces, or
+/// `None` when that was its last one and the key is free.
+pub fn released(owner: &Ownership, if_name: &str) -> Option<Ownership> {
+    let rest: Vec<String> = owner.interfaces().into_iter().filter(|i| *i != if_name).map(String::from).collect();
+    (owner.key.if_name.is_none() && !rest.is_empty()).then(|| Ownership { interfaces: rest, ..owner.clone() })
+}
+
+/// One owner for `key` from the owners of the keys it is made of (a change of rule, or the
+/// upgrade from the release that keyed by ifname): the last ADD wins, with every interface
+/// its sandbox held among them. `None` for no owners.
+pub fn merged(key: &PodKey, owners: &[Ownership]) -> Option<Ownership> {
+    let winner = owners.iter().max_by_key(|o| o.generation)?;
+    let mut interfaces: Vec<String> = Vec::new();
+    for owner in owners.iter().filter(|o| o.container_id == winner.container_id) {
+        for if_name in owner.interfaces() {
+            if key.if_name.as_deref().is_none_or(|own| own == if_name) && !interfaces.iter().any(|i| i == if_name) {
+                interfaces.push(if_name.to_string());
+            }
+        }
+    }
+    interfaces.sort();
+    let interfaces = if key.if_name.is_some() { Vec::new() } else { interfaces };
+    Some(Ownership { key: key.clone(), interfaces, ..winner.clone() })
 }
 
 /// An owner as the store found it.
@@ -145,18 +254,12 @@ pub fn next_generation(store_counter: u64, owner: Option<&Ownership>, previous_r
 mod tests {
     use super::*;
 
+    fn pod() -> PodKey {
+        PodKeyRule::Name.key("net", "lijiaob", "etcd1-0", "eth0")
+    }
+
     fn owned_by(container_id: &str, generation: u64) -> Ownership {
-        Ownership {
-            key: PodKey {
-                network: "net".into(),
-                pod_namespace: "lijiaob".into(),
-                pod_name: "etcd1-0".into(),
-                if_name: "eth0".into(),
-            },
-            container_id: container_id.into(),
-            pod_uid: Some(format!("uid-{container_id}")),
-            generation,
-        }
+        taken(&pod(), container_id, "eth0", Some(format!("uid-{container_id}")), generation, None)
     }
 
     fn backed(owner: &Ownership) -> Option<Owner<'_>> {
@@ -235,5 +338,55 @@ mod tests {
         b.pod_namespace = "a".into();
         b.pod_name = "bc".into();
         assert_ne!(a.digest(), b.digest());
+    }
+
+    #[test]
+    fn by_name_every_interface_of_a_pod_is_one_key() {
+        // The two-ifnames incident: A as net1, B as net2; by name, both take the same key.
+        let (a, b) = (PodKeyRule::Name.key("net", "ns", "p", "net1"), PodKeyRule::Name.key("net", "ns", "p", "net2"));
+        assert_eq!(a, b);
+        let owner = taken(&b, "B", "net2", None, 2, None);
+        assert_eq!(judge_del("A", Deleter::Recorded, backed(&owner)), DelVerdict::Stale { owner: &owner, ever_owned: true });
+        // By name and ifname they are two keys, and two files: the old release's digest.
+        let (a, b) = (PodKeyRule::NameAndIfname.key("net", "ns", "p", "net1"), PodKeyRule::NameAndIfname.key("net", "ns", "p", "net2"));
+        assert_ne!(a, b);
+        assert_ne!(a.digest(), PodKeyRule::Name.key("net", "ns", "p", "net1").digest());
+        // The digest the release before podKey filed db-0's eth0 under (testdata/upgrade/state-v1).
+        let old = PodKeyRule::NameAndIfname.key("k8s-pod-network", "lijiaob", "db-0", "eth0");
+        assert_eq!(old.digest(), "f172e4d1bd5d0b3a4c8c2d8ee229bb6467cf6dffbaa0f90d9cc6351ee3687080");
+    }
+
+    #[test]
+    fn an_owner_with_two_interfaces_is_released_by_its_last() {
+        let first = taken(&pod(), "C", "eth0", None, 3, None);
+        let both = taken(&pod(), "C", "net1", None, 4, Some(&first));
+        assert_eq!(both.interfaces(), ["eth0", "net1"]);
+        let left = released(&both, "eth0").expect("net1 still holds the pod");
+        assert_eq!(left.interfaces(), ["net1"]);
+        assert_eq!(released(&left, "net1"), None);
+        // A sandbox that takes the pod over holds it by its own interface alone.
+        let taken_over = taken(&pod(), "D", "eth0", None, 5, Some(&both));
+        assert_eq!((taken_over.container_id.as_str(), taken_over.interfaces()), ("D", vec!["eth0"]));
+        // Keyed by ifname, an owner has one interface and its DEL frees the key.
+        let per_interface = taken(&PodKeyRule::NameAndIfname.key("net", "lijiaob", "etcd1-0", "eth0"), "C", "eth0", None, 3, None);
+        assert_eq!(released(&per_interface, "eth0"), None);
+    }
+
+    #[test]
+    fn merging_the_keys_of_another_rule_keeps_the_last_add() {
+        // The old release's owners of one pod: A by net1 (generation 1), B by net2 (2), B by net3 (3).
+        let old = |container: &str, if_name: &str, generation| taken(&PodKeyRule::NameAndIfname.key("net", "lijiaob", "etcd1-0", if_name), container, if_name, None, generation, None);
+        let owners = [old("A", "net1", 1), old("B", "net3", 3), old("B", "net2", 2)];
+        let merged = merged(&pod(), &owners).unwrap();
+        assert_eq!((merged.container_id.as_str(), merged.generation, merged.interfaces()), ("B", 3, vec!["net2", "net3"]));
+        // And back: each interface's key gets the owner that held it.
+        let split = merged_for("net2", &merged);
+        assert_eq!((split.container_id.as_str(), split.key.if_name.as_deref(), split.interfaces()), ("B", Some("net2"), vec!["net2"]));
+        assert_eq!(super::merged(&pod(), &[]), None);
+    }
+
+    fn merged_for(if_name: &str, owner: &Ownership) -> Ownership {
+        let key = PodKeyRule::NameAndIfname.key("net", "lijiaob", "etcd1-0", if_name);
+        merged(&key, &[Ownership { interfaces: vec![if_name.into()], ..owner.clone() }]).unwrap()
     }
 }

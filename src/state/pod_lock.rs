@@ -3,9 +3,11 @@
 //! replayed only while no ADD can take the key. It is held while the primary runs, which can
 //! take seconds; the store's lock never is, so a slow primary stalls only its own pod.
 //!
-//! `<stateDir>/pod-locks/<sha256 of the pod key>`: empty files, flocked. GC removes those of
-//! keys nobody owns; a process that opened the file before it went sees, after locking,
-//! that its inode is no longer the one at the path and opens it again.
+//! `<stateDir>/pod-locks/<sha256 of the pod key>`: empty files, flocked. The DEL that frees a
+//! key removes its file while it still holds the lock, and GC those of keys nobody owns, so
+//! the folder holds about one file per pod on the node, not one per pod ever seen. A process
+//! that opened the file before it went sees, after locking, that its inode is no longer the
+//! one at the path and opens it again.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -22,6 +24,8 @@ pub const POD_LOCKS: &str = "pod-locks";
 /// descriptor is close-on-exec, so a primary left running by a killed guard holds nothing.
 pub struct PodLock {
     _file: File,
+    path: std::path::PathBuf,
+    digest: String,
 }
 
 impl PodLock {
@@ -32,13 +36,14 @@ impl PodLock {
             super::ensure_dir(state_dir)?;
             super::ensure_dir(&dir)?;
         }
-        let path = dir.join(key.digest());
+        let digest = key.digest();
+        let path = dir.join(&digest);
         // Bounded: each round means GC removed the file between our open and our lock.
         for _ in 0..8 {
             let file = open(&path)?;
             lock::acquire(&file, &path, Access::Exclusive, wait, &|_| {}).map_err(|err| busy(err, &file, key, wait))?;
             if same_file(&file, &path) {
-                return Ok(PodLock { _file: file });
+                return Ok(PodLock { _file: file, path, digest });
             }
         }
         Err(GuardError::new(Kind::Busy, format!("the lock file of pod {} keeps being replaced", key.pod())))
@@ -50,6 +55,19 @@ impl PodLock {
             Ok(lock) => Ok(Some(lock)),
             Err(err) if err.kind == Kind::Busy => Ok(None),
             Err(err) => Err(err),
+        }
+    }
+}
+
+impl PodLock {
+    /// Releases the lock, and first removes its file if nobody owns the key and no deferred
+    /// DEL waits on it. Removed while held: a process waiting on the old file gets it next,
+    /// sees it is no longer the one at the path (`same_file`) and opens the path anew.
+    pub fn release_unused(self, state_dir: &Path) {
+        let in_use = super::deferred::owned(state_dir, &self.digest)
+            || !super::surely_absent(&super::deferred::key_dir(state_dir, &self.digest));
+        if !in_use {
+            let _ = super::remove(&self.path);
         }
     }
 }
@@ -105,7 +123,7 @@ fn busy(err: GuardError, file: &File, key: &PodKey, wait: Duration) -> GuardErro
     let holder = lock::holders(file).unwrap_or_else(|| "another process".to_string());
     GuardError::new(
         Kind::Busy,
-        format!("pod {} ({}) is busy: {holder} still runs an operation of it; gave up after {:.1}s", key.pod(), key.if_name, wait.as_secs_f64()),
+        format!("pod {} is busy: {holder} still runs an operation of it; gave up after {:.1}s", key.label(), wait.as_secs_f64()),
     )
     .with_details(
         "The runtime retries. Another operation of this pod is still in its primary plugin; if it hangs there, \

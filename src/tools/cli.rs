@@ -113,7 +113,9 @@ Usage: sandbox-guard --install [options]
 Copies this binary into the bin dir (skipped when the same bytes are there) and puts
 sandbox-guard into the network the runtime runs: the one file in the conf dir that the
 runtime loads (libcni's order: the lexically first .conflist, .conf or .json that parses),
-or the network --network names. A single-plugin .conf becomes a .conflist; the primary's
+or the network --network names; for multus, the cluster network it delegates to. Refuses
+a network at a cniVersion the plugin does not speak, and a bin dir that holds none of the
+network's plugins. A single-plugin .conf becomes a .conflist; the primary's
 own bytes are kept beside as FILE.sandbox-guard-orig for --uninstall. Writes only what
 differs (a second run writes nothing), each file through a temp file renamed into place,
 keeping its mode. An error writes nothing.
@@ -126,26 +128,49 @@ Options:
                                containerd 2.1+, CRI-O 1.33+), the primary's file untouched
       --conf-dir DIR           CNI config dir (default /etc/cni/net.d)
       --bin-dir DIR            CNI plugin dir (default /opt/cni/bin)
-      --network NAME           the network to guard, when the conf dir holds several
-      --state-dir DIR          the entry's stateDir (default /var/lib/cni/sandbox-guard)
-      --log-file FILE          the entry's logFile (default: none)
+      --platform auto|default|gke|k3s|openshift
+                               the conf and bin dirs of that platform's runtime (default:
+                               default, /etc/cni/net.d and /opt/cni/bin); auto picks by the
+                               dirs that exist under --host-root. --conf-dir and --bin-dir win
+      --host-root DIR          where the host's / is mounted (default /; the DaemonSet: /host)
+      --network NAME           guard this network instead of the one the runtime loads
+                               (the lexically first file); warns, as the runtime will not
+                               run it unless told to. Multus's own network means the
+                               cluster network it delegates to
+      --state-dir DIR          the entry's stateDir (default: the entry's own, else
+                               /var/lib/cni/sandbox-guard)
+      --log-file FILE          the entry's logFile (default: the entry's own, else none)
+      --entry JSON             more keys for the entry, e.g. '{\"staleDel\":\"audit\"}';
+                               keys given nowhere stay as the entry has them
+      --entry-file FILE        the same from a file (a ConfigMap key), read on every look
       --watch                  stay running: put the entry back whenever the primary's
                                installer rewrites its file; SIGTERM ends it
+      --force                  leave delegate mode although deferred DELs wait (they are
+                               then never replayed: their sandboxes' addresses may leak)
+      --metrics-file FILE      with --watch: the installer's textfile for node_exporter
+      --check                  write nothing: exit 0 when the guard is in the network the
+                               runtime loads, can run there, and its binary is in the bin
+                               dir; else 1 and why (the DaemonSet's readiness probe)
   -h, --help                   this text
 ";
 
 const UNINSTALL_HELP: &str = "\
 Usage: sandbox-guard --uninstall [options]
 
-Takes sandbox-guard out of the network: a chained entry removed, a wrapped primary put back
-in its place, a drop-in deleted; the primary's file gets back the bytes it had before the
-install (a converted .conf returns as the .conf). The binary stays unless asked.
+Takes sandbox-guard out of every network file that names it: a chained entry removed, a
+wrapped primary put back in its place, every drop-in and every kept original deleted; the
+primary's file gets back the bytes it had before the install (a converted .conf returns as
+the .conf; a .conf the primary wrote again stays, and the converted list goes). The binary
+stays unless asked.
 
 Options:
       --conf-dir DIR           CNI config dir (default /etc/cni/net.d)
-      --network NAME           the guarded network, when the conf dir holds several
+      --network NAME           accepted for symmetry: every network is cleaned
       --bin-dir DIR            CNI plugin dir (default /opt/cni/bin)
+      --platform, --host-root  as for --install
       --remove-binary          remove BIN-DIR/sandbox-guard as well
+      --force                  go on although deferred DELs wait (they are then never
+                               replayed: their sandboxes' addresses may leak)
   -h, --help                   this text
 ";
 
@@ -281,10 +306,17 @@ enum Opt {
     InstallMode,
     Watch,
     RemoveBinary,
+    Force,
+    Platform,
+    HostRoot,
+    Entry,
+    EntryFile,
+    Check,
+    MetricsFile,
 }
 
 impl Opt {
-    const EVERY: [Opt; 17] = [
+    const EVERY: [Opt; 24] = [
         Opt::StateDir,
         Opt::LockTimeout,
         Opt::Output,
@@ -302,6 +334,13 @@ impl Opt {
         Opt::InstallMode,
         Opt::Watch,
         Opt::RemoveBinary,
+        Opt::Force,
+        Opt::Platform,
+        Opt::HostRoot,
+        Opt::Entry,
+        Opt::EntryFile,
+        Opt::Check,
+        Opt::MetricsFile,
     ];
 
     fn from_long(name: &str) -> Option<Opt> {
@@ -331,6 +370,13 @@ impl Opt {
             Opt::InstallMode => "--mode",
             Opt::Watch => "--watch",
             Opt::RemoveBinary => "--remove-binary",
+            Opt::Force => "--force",
+            Opt::Platform => "--platform",
+            Opt::HostRoot => "--host-root",
+            Opt::Entry => "--entry",
+            Opt::EntryFile => "--entry-file",
+            Opt::Check => "--check",
+            Opt::MetricsFile => "--metrics-file",
         }
     }
 
@@ -344,14 +390,15 @@ impl Opt {
             Opt::ConfDir => &[Mode::Doctor, Mode::Install, Mode::Uninstall],
             Opt::LogFile => &[Mode::Doctor, Mode::Install],
             Opt::ServiceCidr => &[Mode::Doctor],
-            Opt::BinDir | Opt::Network => &[Mode::Install, Mode::Uninstall],
-            Opt::InstallMode | Opt::Watch => &[Mode::Install],
+            Opt::BinDir | Opt::Network | Opt::Platform | Opt::HostRoot => &[Mode::Install, Mode::Uninstall],
+            Opt::InstallMode | Opt::Watch | Opt::Entry | Opt::EntryFile | Opt::Check | Opt::MetricsFile => &[Mode::Install],
             Opt::RemoveBinary => &[Mode::Uninstall],
+            Opt::Force => &[Mode::Install, Mode::Uninstall],
         }
     }
 
     fn takes_value(self) -> bool {
-        !matches!(self, Opt::All | Opt::DryRun | Opt::Watch | Opt::RemoveBinary)
+        !matches!(self, Opt::All | Opt::DryRun | Opt::Watch | Opt::RemoveBinary | Opt::Check | Opt::Force)
     }
 
     fn repeatable(self) -> bool {
@@ -463,8 +510,10 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
     let mut filter = Filter::default();
     let (mut all, mut dry_run, mut container_ids) = (false, false, Vec::new());
     let (mut conf_dir, mut log_file, mut service_cidrs) = (None, None, Vec::new());
-    let (mut bin_dir, mut network, mut install_mode, mut watch, mut remove_binary) =
-        (None, None, install::Mode::Chained, false, false);
+    let (mut bin_dir, mut network, mut install_mode, mut watch, mut remove_binary, mut force) =
+        (None, None, install::Mode::Chained, false, false, false);
+    let (mut platform, mut host_root, mut entry_keys, mut entry_file, mut check, mut metrics_file) =
+        (install::Platform::Default, None, Vec::new(), None, false, None);
     for item in given {
         let (opt, value) = match item {
             Given::Opt(opt, value) => (opt, value.unwrap_or_default()),
@@ -525,6 +574,15 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
             }
             Opt::Watch => watch = true,
             Opt::RemoveBinary => remove_binary = true,
+            Opt::Force => force = true,
+            Opt::Platform => {
+                platform = install::Platform::parse(&value).ok_or_else(|| format!("{flag} {value:?}: use auto, default, gke, k3s or openshift"))?
+            }
+            Opt::HostRoot => host_root = Some(PathBuf::from(value)),
+            Opt::Entry => entry_keys = install::entry_keys(&value, flag)?,
+            Opt::EntryFile => entry_file = Some(PathBuf::from(value)),
+            Opt::Check => check = true,
+            Opt::MetricsFile => metrics_file = Some(PathBuf::from(value)),
             Opt::ServiceCidr => service_cidrs.push(value.parse().map_err(|e| format!("{flag} {value:?}: {e}"))?),
         }
     }
@@ -534,17 +592,31 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
     };
     Ok(match mode {
         Mode::Install | Mode::Uninstall => {
+            if check && watch {
+                return Err("--check and --watch exclude each other: --check only looks".to_string());
+            }
+            if metrics_file.is_some() && !watch {
+                return Err("--metrics-file goes with --watch: it counts what the watch does".to_string());
+            }
+            let host_root = absolute("--host-root", host_root)?.unwrap_or_else(|| PathBuf::from("/"));
+            let (platform_conf, platform_bin) = platform.dirs(&host_root);
             let options = install::Options {
-                conf_dir: conf_dir.unwrap_or_else(|| PathBuf::from(install::DEFAULT_CONF_DIR)),
-                bin_dir: bin_dir.unwrap_or_else(|| PathBuf::from(install::DEFAULT_BIN_DIR)),
+                conf_dir: conf_dir.unwrap_or(platform_conf),
+                bin_dir: bin_dir.unwrap_or(platform_bin),
+                host_root,
                 network,
                 mode: install_mode,
                 entry: install::Entry {
-                    state_dir: absolute("--state-dir", state_dir)?.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+                    state_dir: absolute("--state-dir", state_dir)?,
                     log_file: absolute("--log-file", log_file)?,
+                    keys: entry_keys,
+                    keys_file: entry_file,
                 },
                 watch,
                 remove_binary,
+                force,
+                check,
+                metrics_file,
             };
             if mode == Mode::Install { Command::Install(options) } else { Command::Uninstall(options) }
         }

@@ -279,16 +279,15 @@ fn record_rows(
 ) -> io::Result<bool> {
     match store.load_record_at(path) {
         Loaded::Valid(record) => {
-            let owner = owns_its_pod_key(store, &record);
+            let owner = owner_of(store, &record);
             if filter.admits(&record) {
                 let view = ResultView::parse(&record.prev_result).ok();
-                let mut row = record_row(&record, owner, &view);
-                if owner {
-                    row.stale_dels = record.pod_key().and_then(|key| ledger.get(&key));
-                }
+                let mut row = record_row(&record, owner.is_some(), &view);
+                row.stale_dels = owner.as_ref().and_then(|owner| ledger.get(&owner.key));
                 sink.row(out, &row)?;
             }
-            Ok(owner)
+            // Each owner file once, by its first interface.
+            Ok(owner.is_some_and(|owner| owner.interfaces().first() == Some(&record.if_name.as_str())))
         }
         Loaded::Corrupt { path, reason } => {
             let row = unverified_row(&path, Status::Corrupt, format!("failed verification: {reason}"));
@@ -301,9 +300,12 @@ fn record_rows(
     }
 }
 
-fn owns_its_pod_key(store: &Store, record: &Checkpoint) -> bool {
-    record.pod_key().is_some_and(|key| {
-        matches!(store.load_owner(&key), Ok(Loaded::Valid(owner)) if owner.container_id == record.container_id)
+/// The ownership of the record's pod that stands on this very attachment, under whichever
+/// `podKey` rule its network follows (the dump reads no config).
+fn owner_of(store: &Store, record: &Checkpoint) -> Option<Ownership> {
+    record.pod_keys().into_iter().find_map(|key| match store.load_owner(&key) {
+        Ok(Loaded::Valid(owner)) if owner.holds(&record.container_id, &record.if_name) => Some(owner),
+        _ => None,
     })
 }
 
@@ -354,7 +356,7 @@ fn orphan_row(owner: &Ownership) -> Row<'_> {
     Row {
         network: Some(&owner.key.network),
         container_id: Some(&owner.container_id),
-        if_name: Some(&owner.key.if_name),
+        if_name: owner.interfaces().first().copied(),
         pod_namespace: Some(&owner.key.pod_namespace),
         pod_name: Some(&owner.key.pod_name),
         pod_uid: owner.pod_uid.as_deref(),
@@ -376,7 +378,7 @@ fn deferred_row(entry: &DeferredDel) -> Row<'_> {
     Row {
         network: Some(&entry.key.network),
         container_id: Some(&entry.container_id),
-        if_name: Some(&entry.key.if_name),
+        if_name: Some(entry.if_name()),
         pod_namespace: Some(&entry.key.pod_namespace),
         pod_name: Some(&entry.key.pod_name),
         pod_uid: entry.pod_uid.as_deref(),

@@ -3,6 +3,10 @@
 # allocation and the veth wiring), so that each plugin file holds only what it models: how
 # the primary keys its state and what its ADD and DEL tear down.
 #
+# A plugin may set, before sourcing: model_versions (the supportedVersions its VERSION lists,
+# as JSON strings; default "0.4.0","1.0.0") and model_default_version (the version of a config
+# without cniVersion; default 1.0.0).
+#
 # Sourcing reads the plugin's config from stdin, answers VERSION, rejects the verbs the models
 # do not implement, opens the state dir under its lock (one run at a time, as calico's IPAM
 # lock serialises its runs) and reads the pod's identity; it leaves in the caller's scope:
@@ -36,7 +40,7 @@ cni_arg() {
 }
 
 cni_version=$(conf cniVersion)
-cni_version=${cni_version:-1.0.0}
+cni_version=${cni_version:-${model_default_version:-1.0.0}}
 
 fail() { # code message
     printf '{"cniVersion":"%s","code":%d,"msg":"%s"}\n' "$cni_version" "$1" "$2"
@@ -53,7 +57,7 @@ must() {
 
 case "${CNI_COMMAND:-}" in
 VERSION)
-    printf '{"cniVersion":"%s","supportedVersions":["0.4.0","1.0.0"]}\n' "$cni_version"
+    printf '{"cniVersion":"%s","supportedVersions":[%s]}\n' "$cni_version" "${model_versions:-\"0.4.0\",\"1.0.0\"}"
     exit 0 ;;
 ADD | DEL | CHECK) ;;
 *) fail 4 "unsupported CNI_COMMAND ${CNI_COMMAND:-}" ;;
@@ -170,6 +174,12 @@ wire_veth() {
 
     host_mac=$(cat "/sys/class/net/$host_veth/address")
     pod_mac=$(read_pod_mac)
+    if [[ $cni_version == 0.1.0 || $cni_version == 0.2.0 ]]; then
+        # The 0.2.0 shape, as libcni converts an IPAM result of one /32 without routes:
+        # ip4 alone, no interfaces.
+        printf '{"cniVersion":"%s","ip4":{"ip":"%s/32"},"dns":{}}\n' "$cni_version" "$ip"
+        return
+    fi
     [[ $cni_version == 0.* ]] && version_field='"version":"4",'
     printf '{"cniVersion":"%s","interfaces":[{"name":"%s","mac":"%s"},{"name":"%s","mac":"%s","sandbox":"%s"}],"ips":[{%s"address":"%s/32","gateway":"%s","interface":1}],"routes":[{"dst":"0.0.0.0/0","gw":"%s"}],"dns":{}}\n' \
         "$cni_version" "$host_veth" "$host_mac" "$ifname" "$pod_mac" "$CNI_NETNS" \

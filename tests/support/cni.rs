@@ -24,7 +24,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-guard");
-pub const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+pub const SUPPORTED_VERSIONS: [&str; 7] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+/// The versions whose results have `ip4`/`ip6` and no interfaces.
+pub const LEGACY_VERSIONS: [&str; 2] = ["0.1.0", "0.2.0"];
 pub const LATEST_VERSION: &str = "1.1.0";
 pub const NETWORK: &str = "k8s-pod-network";
 const CNI_PATH: &str = "/opt/cni/bin:/usr/lib/cni";
@@ -116,22 +118,8 @@ impl Store {
     /// A store whose state dir starts as a copy of `testdata/<fixture>`, a state dir an earlier
     /// release wrote (modes set as the plugin sets them: git keeps no 0600).
     pub fn from_fixture(fixture: &str) -> Store {
-        fn copy_tree(from: &Path, to: &Path) {
-            std::fs::create_dir_all(to).unwrap();
-            std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700)).unwrap();
-            for entry in std::fs::read_dir(from).unwrap() {
-                let entry = entry.unwrap();
-                let target = to.join(entry.file_name());
-                if entry.file_type().unwrap().is_dir() {
-                    copy_tree(&entry.path(), &target);
-                } else {
-                    std::fs::copy(entry.path(), &target).unwrap();
-                    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
-                }
-            }
-        }
         let store = Store::new();
-        copy_tree(&testdata::fixture_path(fixture), &store.state_dir);
+        copy_state_dir(&testdata::fixture_path(fixture), &store.state_dir);
         store
     }
 
@@ -185,10 +173,11 @@ impl Store {
         self.state_dir.join("records").join(format!("{network}:{container}:{ifname}"))
     }
 
-    /// The refusal ledger's entry of a pod key (its sealed record), if there is one.
-    pub fn ledger_entry(&self, pod: &Pod, ifname: &str) -> Option<Value> {
+    /// The refusal ledger's entry of a pod (its sealed record) under the default `podKey`
+    /// rule, (network, namespace, name), if there is one.
+    pub fn ledger_entry(&self, pod: &Pod) -> Option<Value> {
         let mut hasher = Sha256::new();
-        for part in [NETWORK, pod.namespace.as_str(), pod.name.as_str(), ifname] {
+        for part in [NETWORK, pod.namespace.as_str(), pod.name.as_str()] {
             hasher.update(part.as_bytes());
             hasher.update([0u8]);
         }
@@ -202,20 +191,39 @@ impl Store {
 
     /// The invariant every crash, race and DEL must keep: each owner names a container whose
     /// record exists and holds the same pod key (or was set aside, failing its checksum, and
-    /// blocks the DELs that need it: the store then trusts the owner).
+    /// blocks the DELs that need it: the store then trusts the owner). An owner keyed by pod
+    /// name (`podKey: "name"`) lists its interfaces: one record of them is enough.
     pub fn assert_every_owner_has_its_record(&self) {
         for path in self.owner_files() {
             let Ok(owner) = verify_envelope(&path) else { continue };
             let container = owner["containerId"].as_str().unwrap();
-            let ifname = owner["ifName"].as_str().unwrap();
-            let record_path = self.record_path(owner["network"].as_str().unwrap(), container, ifname);
-            if !record_path.exists() && self.state_dir.join("set-aside").join(record_path.file_name().unwrap()).exists() {
-                continue;
-            }
-            let record = verify_envelope(&record_path).unwrap_or_else(|e| panic!("owner {} has no record: {e}", path.display()));
-            for field in ["network", "podNamespace", "podName", "ifName"] {
-                assert_eq!(owner[field], record[field], "owner {} and its record disagree on {field}", path.display());
-            }
+            let ifnames: Vec<&str> = match owner["ifName"].as_str() {
+                Some(ifname) => vec![ifname],
+                None => owner["interfaces"].as_array().unwrap().iter().map(|i| i.as_str().unwrap()).collect(),
+            };
+            let mut reasons = Vec::new();
+            let backed = ifnames.iter().any(|ifname| {
+                let record_path = self.record_path(owner["network"].as_str().unwrap(), container, ifname);
+                if !record_path.exists() && self.state_dir.join("set-aside").join(record_path.file_name().unwrap()).exists() {
+                    return true;
+                }
+                let record = match verify_envelope(&record_path) {
+                    Ok(record) => record,
+                    Err(e) => {
+                        reasons.push(format!("{ifname}: {e}"));
+                        return false;
+                    }
+                };
+                let fields: &[&str] = if owner["ifName"].is_string() { &["network", "podNamespace", "podName", "ifName"] } else { &["network", "podNamespace", "podName"] };
+                fields.iter().all(|field| {
+                    let same = owner[*field] == record[*field];
+                    if !same {
+                        reasons.push(format!("{ifname}: owner and record disagree on {field}"));
+                    }
+                    same
+                })
+            });
+            assert!(backed, "owner {} has no record: {reasons:?}", path.display());
         }
     }
 
@@ -261,6 +269,13 @@ fn guard_command(program: &str, args: &[&str]) -> Command {
 /// returns what it said, whatever its exit status.
 pub fn guard(args: &[&str]) -> Output {
     guard_command(BIN, args).output().unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
+}
+
+/// `guard` with these environment variables besides PATH (e.g. the doctor's CNI_PATH).
+pub fn guard_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = guard_command(BIN, args);
+    command.envs(env.iter().copied());
+    command.output().unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
 }
 
 /// `guard`, panicking with both streams unless it exits 0.
@@ -337,6 +352,21 @@ pub fn corrupt_one_digit(path: &Path, needle: &[u8]) -> Vec<u8> {
     bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
     write_entry_like(path, &bytes);
     bytes
+}
+
+/// Copies a state dir kept under testdata/ with the modes the plugin gives (git keeps no 0600).
+pub fn copy_state_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700)).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_state_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+    }
 }
 
 /// The bytes of a store entry: a regular file's content, or the target of a symlink (the form
@@ -706,6 +736,13 @@ pub fn prev_result_for(version: &str, container: &str, ifname: &str, netns: &str
     let digest = Sha256::digest(format!("{container}/{ifname}").as_bytes());
     let address = format!("10.22.{}.{}/16", digest[0], digest[1].max(2));
     let mac = format!("0a:58:{:02x}:{:02x}:{:02x}:{:02x}", digest[2], digest[3], digest[4], digest[5]);
+    if LEGACY_VERSIONS.contains(&version) {
+        return json!({
+            "cniVersion": version,
+            "ip4": {"ip": address, "gateway": "10.22.0.1", "routes": [{"dst": "0.0.0.0/0", "gw": "10.22.0.1"}]},
+            "dns": {}
+        });
+    }
     let mut ip = json!({"address": address, "gateway": "10.22.0.1", "interface": 0});
     if version.starts_with("0.") {
         ip["version"] = json!("4");

@@ -83,6 +83,16 @@ pub fn node(primary: Primary, mode: Mode) -> CriNode {
     CriNode::start(primary, |layout| conflist(layout, mode, missing))
 }
 
+/// `node` with its network at `version` (calico v2's manifests install 0.1.0 networks), a
+/// guarded one: every model's DEL that finds no endpoint passes, as calico/cni v1.10's does.
+pub fn node_at_version(primary: Primary, mode: Mode, version: &str) -> CriNode {
+    CriNode::start(primary, |layout| {
+        let mut list = conflist(layout, mode, MissingEndpoint::Ignore);
+        list["cniVersion"] = json!(version);
+        list
+    })
+}
+
 /// The host reaches a pod through the primary's /32 route to its host veth, or the macvlan
 /// master's peer; a pod whose endpoint was torn down is unreachable. Several tries absorb the
 /// first ARP resolution, which starts afresh: the host's entry may still name the MAC of a

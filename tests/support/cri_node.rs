@@ -54,6 +54,12 @@ pub enum Primary {
     /// The in-house macvlan plugin of seed 002: the IP reserved for the pod name (sticky), the
     /// interface a macvlan on the node's master link, living in the sandbox's netns only.
     StickyMacvlan,
+    /// Not a model: the reference macvlan plugin with host-local IPAM (/usr/lib/cni), on the
+    /// node's master link, for what a real primary does (dual-stack, DAD at ADD).
+    ReferenceMacvlan,
+    /// calico v2.x: `PodnameKeyed` (as calico/cni v1.10+, a DEL without endpoint passes) run
+    /// at cniVersion 0.1.0/0.2.0 with 0.2.0-shaped results (tests/cri/calico-v2-model-plugin).
+    CalicoV2,
 }
 
 impl Primary {
@@ -62,6 +68,8 @@ impl Primary {
             Primary::PodnameKeyed => "podname-keyed",
             Primary::CurrentCalico => "calico-model",
             Primary::StickyMacvlan => "sticky-macvlan",
+            Primary::ReferenceMacvlan => "macvlan",
+            Primary::CalicoV2 => "calico-v2-model",
         }
     }
 
@@ -71,6 +79,8 @@ impl Primary {
             Primary::PodnameKeyed => "podname-keyed-plugin",
             Primary::CurrentCalico => "calico-model-plugin",
             Primary::StickyMacvlan => "sticky-macvlan-plugin",
+            Primary::ReferenceMacvlan => return PathBuf::from("/usr/lib/cni/macvlan"),
+            Primary::CalicoV2 => "calico-v2-model-plugin",
         };
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cri").join(file)
     }
@@ -97,6 +107,8 @@ pub struct NodeLayout {
     pub veth_prefix: String,
     /// A /24 of this node's pod addresses, distinct per node for the same reason.
     pub subnet: String,
+    /// The /24's IPv6 twin, a /64 (`fd64:<third octet>::/64`), for dual-stack pods.
+    pub subnet6: String,
     /// The host link a macvlan primary hangs its pods' interfaces off (a NIC or its vlan on a
     /// real node): a veth end, whose peer holds the subnet's .1, the pods' gateway.
     pub master: Option<String>,
@@ -135,7 +147,8 @@ impl CriNode {
         let root = dir.path.clone();
         let unique = sys::unique("s");
         let subnet = free_subnet();
-        let master = (primary == Primary::StickyMacvlan).then(|| create_master_link(&subnet));
+        let subnet6 = ipv6_twin(&subnet);
+        let master = matches!(primary, Primary::StickyMacvlan | Primary::ReferenceMacvlan).then(|| create_master_link(&subnet, &subnet6));
         let layout = NodeLayout {
             primary,
             primary_state: root.join("primary"),
@@ -143,6 +156,7 @@ impl CriNode {
             guard_log: root.join("guard.log"),
             master: master.as_ref().map(|m| m.name.clone()),
             subnet,
+            subnet6,
             cgroup_parent: format!("/sandbox-guard-e2e-{unique}"),
             veth_prefix: unique,
             dir: root.clone(),
@@ -265,6 +279,14 @@ impl CriNode {
         fs::write(&pin, "").expect("create netns mount point");
         sys::run("mount", &["--bind", netns.to_str().unwrap(), pin.to_str().unwrap()]);
         pin
+    }
+
+    /// A NIC driver reload: the master link goes, taking every macvlan on it along, and
+    /// comes back under its name with its gateways.
+    pub fn reload_master(&self) {
+        let master = self.layout.master.as_deref().expect("a node with a master link");
+        sys::run("ip", &["link", "delete", master]);
+        plug_master(master, &self.layout.subnet, &self.layout.subnet6);
     }
 
     /// Host links named with this node's prefix: the primary's host veths.
@@ -467,20 +489,33 @@ impl Drop for CriNode {
     }
 }
 
+fn ipv6_twin(subnet: &str) -> String {
+    let third = subnet.split('.').nth(2).expect("a dotted /24");
+    format!("fd64:{third}::/64")
+}
+
 /// A veth pair standing in for a node's uplink: the end returned is the macvlan master
-/// (deleting it deletes its peer); the other, on the host too, holds the subnet's .1, so the
-/// host reaches the pods through it.
-fn create_master_link(subnet: &str) -> sys::HostLink {
+/// (deleting it deletes its peer); the other, on the host too, holds the subnet's .1 (and
+/// the /64's ::1), so the host reaches the pods through it.
+fn create_master_link(subnet: &str, subnet6: &str) -> sys::HostLink {
     let name = sys::unique("mv");
-    let (master, uplink) = (format!("{name}m"), format!("{name}g"));
-    sys::run("ip", &["link", "add", &master, "type", "veth", "peer", "name", &uplink]);
-    let master = sys::HostLink { name: master };
+    plug_master(&format!("{name}m"), subnet, subnet6);
+    sys::HostLink { name: format!("{name}m") }
+}
+
+/// Creates the veth pair of master `master` (its peer the same name ending in `g` instead of
+/// `m`), the peer holding the gateways of `subnet` and `subnet6`.
+fn plug_master(master: &str, subnet: &str, subnet6: &str) {
+    let uplink = format!("{}g", master.strip_suffix('m').unwrap_or(master));
+    sys::run("ip", &["link", "add", master, "type", "veth", "peer", "name", &uplink]);
     let gateway = format!("{}.1/24", subnet.trim_end_matches(".0/24"));
     sys::run("ip", &["addr", "add", &gateway, "dev", &uplink]);
-    for end in [master.name.as_str(), uplink.as_str()] {
+    // Without duplicate address detection: the gateway answers from the first packet.
+    let gateway6 = format!("{}1/64", subnet6.trim_end_matches("/64"));
+    sys::run("ip", &["-6", "addr", "add", &gateway6, "dev", &uplink, "nodad"]);
+    for end in [master, uplink.as_str()] {
         sys::run("ip", &["link", "set", end, "up"]);
     }
-    master
 }
 
 /// Builds tests/cri-client once per test process, in its own target dir: its tonic stack
@@ -525,7 +560,8 @@ fn link_cni_plugins(bin_dir: &Path, primary: Primary) {
         (primary.plugin_type(), primary.executable()),
         ("sandbox-guard", PathBuf::from(crate::cni::BIN)),
     ];
-    for (name, target) in plugins {
+    let ipam = (primary == Primary::ReferenceMacvlan).then(|| ("host-local", PathBuf::from("/usr/lib/cni/host-local")));
+    for (name, target) in plugins.into_iter().chain(ipam) {
         std::os::unix::fs::symlink(&target, bin_dir.join(name)).expect("link CNI plugin");
     }
 }

@@ -89,3 +89,44 @@ pub fn run_ok(mode: &str, conf_dir: &Path, bin_dir: &Path, extra: &[&str]) -> St
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Every plugin the networks of `conf_dir` name (their IPAM plugins too, a delegate's, and
+/// what multus inlines), as a file in `bin_dir`: the installer and its readiness check look
+/// for the files the runtime would exec. They are never run, so they are empty.
+pub fn stub_plugins(conf_dir: &Path, bin_dir: &Path) {
+    fn types(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(t)) = map.get("type") {
+                    out.push(t.clone());
+                }
+                map.values().for_each(|v| types(v, out));
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| types(v, out)),
+            _ => {}
+        }
+    }
+    std::fs::create_dir_all(bin_dir).unwrap();
+    let mut names = Vec::new();
+    for path in cni::walk(conf_dir).into_iter().filter(|p| p.is_file()) {
+        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&std::fs::read(&path).unwrap()) {
+            types(&value, &mut names);
+        }
+    }
+    for name in names.into_iter().filter(|n| n != "sandbox-guard" && !n.is_empty() && !n.contains('/')) {
+        let file = bin_dir.join(name);
+        std::fs::write(&file, b"").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+/// The files of a conf dir that libcni would read as networks.
+pub fn network_files(conf_dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(conf_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "conf" || e == "conflist" || e == "json"))
+        .collect();
+    files.sort();
+    files
+}

@@ -138,6 +138,9 @@ pub struct Sandbox {
     /// The pod interface's MAC, asked of the primary in `CNI_ARGS` (`MAC=`, which bridge and
     /// macvlan read): two ADDs of the sandbox then give the same interface.
     pub mac: Option<String>,
+    /// CNI_IFNAME: `IFNAME` unless a test attaches the sandbox under another name (multus's
+    /// `net1`, `net2`).
+    pub ifname: String,
 }
 
 impl Sandbox {
@@ -149,7 +152,13 @@ impl Sandbox {
             pod: pod.to_string(),
             uid: uid.to_string(),
             mac: None,
+            ifname: IFNAME.to_string(),
         }
+    }
+
+    pub fn with_ifname(mut self, ifname: &str) -> Sandbox {
+        self.ifname = ifname.to_string();
+        self
     }
 
     pub fn with_mac(mut self, mac: &str) -> Sandbox {
@@ -332,8 +341,12 @@ impl Network {
             for plugin in conf["plugins"].as_array().unwrap().iter().chain([&primary]) {
                 let kind = plugin["type"].as_str().unwrap();
                 for needed in [kind, plugin["ipam"]["type"].as_str().unwrap_or(kind)] {
+                    // A model primary of tests/cri (`<type>-plugin`) where no real one can run.
+                    let model = Path::new(REPO).join("tests/cri").join(format!("{needed}-plugin"));
                     let target = if needed == "sandbox-guard" {
                         PathBuf::from(cni::BIN)
+                    } else if model.exists() {
+                        model
                     } else {
                         Path::new(REFERENCE_PLUGINS).join(needed)
                     };
@@ -368,6 +381,18 @@ impl Network {
             _links: links,
             dir,
         }
+    }
+
+    /// This network at another CNI version: every conflist of it (guarded, delegate twin,
+    /// primary alone) rewritten with `cniVersion` set to `version`.
+    pub fn at_version(self, version: &str) -> Network {
+        let files = [Some(&self.conflist), self.delegate_conflist.as_ref(), Some(&self.primary_only_conflist)];
+        for file in files.into_iter().flatten() {
+            let mut conf: Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+            conf["cniVersion"] = json!(version);
+            std::fs::write(file, serde_json::to_vec_pretty(&conf).unwrap()).unwrap();
+        }
+        self
     }
 
     /// This network with its operations run through `driver` (e.g. `driver_1_3()`).
@@ -437,7 +462,7 @@ impl Network {
         let out = Command::new(driver)
             .args(["-conflist", conflist.to_str().unwrap(), "-bin-dir", bin_dir])
             .args(["-cache-dir", cache_dir, "-container-id", &sandbox.container_id])
-            .args(["-netns", &netns, "-ifname", IFNAME, "-args", &cni_args, verb])
+            .args(["-netns", &netns, "-ifname", &sandbox.ifname, "-args", &cni_args, verb])
             .output()
             .expect("run libcni-driver");
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -457,7 +482,7 @@ impl Network {
         let file = self
             .cache_dir
             .join("results")
-            .join(format!("{}-{}-{IFNAME}", self.name, sandbox.container_id));
+            .join(format!("{}-{}-{}", self.name, sandbox.container_id, sandbox.ifname));
         let text = std::fs::read_to_string(file).ok()?;
         let cached: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(cached["kind"], "cniCacheV1");
@@ -480,7 +505,7 @@ impl Network {
     pub fn record_file(&self, sandbox: &Sandbox) -> PathBuf {
         self.state_dir
             .join("records")
-            .join(format!("{}:{}:{IFNAME}", self.name, sandbox.container_id))
+            .join(format!("{}:{}:{}", self.name, sandbox.container_id, sandbox.ifname))
     }
 
     /// The addresses host-local holds for this network (its bookkeeping files aside).
@@ -543,7 +568,57 @@ impl Network {
     }
 }
 
+/// calico v2's `.conf` as its manifests install it (testdata/conflists/calico-v2/, at
+/// cniVersion 0.1.0) run by the calico v2 model (tests/cri/calico-v2-model-plugin, put in the
+/// plugin dir as `calico`): `conflist` is the `.conf` as a list with the guard chained last,
+/// `delegate_conflist` the guard wrapping the `.conf`'s plugin. The model keeps its addresses
+/// (`ips/`), workload endpoints (`endpoints/`) and trace (`calls.log`) in `ipam_dir`.
+pub fn calico_v2_network() -> Network {
+    let conf = testdata::fixture_json("conflists/calico-v2/10-calico.conf");
+    let mut primary = conf.clone();
+    for key in ["name", "cniVersion"] {
+        primary.as_object_mut().unwrap().remove(key);
+    }
+    let list = |plugins: Value| json!({"name": conf["name"], "cniVersion": conf["cniVersion"], "plugins": plugins});
+    let files = [
+        ("10-calico.conflist".to_string(), list(json!([primary, {"type": "sandbox-guard"}]))),
+        ("delegate-10-calico.conflist".to_string(), list(json!([{"type": "sandbox-guard", "delegate": primary}]))),
+    ];
+    // calico names a pod's host veth from its pod name alone and deletes a link of that name
+    // at ADD: tests that run the same pod name side by side need host veths of their own.
+    let veth_prefix = sys::unique("c");
+    let mut net = Network::build(&files, Vec::new(), |primary, subnet| {
+        primary["stateDir"] = primary["ipam"]["dataDir"].clone();
+        primary["subnet"] = json!(subnet.cidr());
+        primary["hostVethPrefix"] = json!(veth_prefix);
+    });
+    let calico = net.bin_dir.join("calico");
+    std::fs::remove_file(&calico).unwrap();
+    std::os::unix::fs::symlink(Path::new(REPO).join("tests/cri/calico-v2-model-plugin"), &calico).unwrap();
+    net.delegate_conflist = Some(net.dir.path.join(&files[1].0));
+    net
+}
+
 /// conf-examples' bridge network on a bridge of its own.
+/// A network whose primary is the model of calico before 3.x (tests/cri/podname-keyed-plugin,
+/// which says in what it behaves as calico): IPAM handle, endpoint and host veth keyed by
+/// `namespace.podname`. `conflist` chains the guard last; `delegate_conflist` has it wrap the
+/// model. One model state dir for both, inside the network's dir.
+pub fn podname_keyed_network() -> Network {
+    let primary = json!({"type": "podname-keyed", "onMissingEndpoint": "ignore"});
+    let chained = json!({"cniVersion": "1.0.0", "name": "-", "plugins": [primary, {"type": "sandbox-guard", "staleDel": "refuse"}]});
+    let delegate = json!({"cniVersion": "1.0.0", "name": "-", "plugins": [{"type": "sandbox-guard", "delegate": primary}]});
+    let files = [("podname-keyed.conflist".to_string(), chained), ("delegate-podname-keyed.conflist".to_string(), delegate)];
+    let mut net = Network::build(&files, Vec::new(), |primary, subnet| {
+        let data_dir = primary["ipam"]["dataDir"].as_str().unwrap().to_string();
+        primary.as_object_mut().unwrap().remove("ipam");
+        primary["stateDir"] = json!(format!("{data_dir}/model"));
+        primary["subnet"] = json!(subnet.cidr());
+    });
+    net.delegate_conflist = Some(net.dir.path.join(&files[1].0));
+    net
+}
+
 pub fn bridge_network() -> Network {
     bridge_network_from(Source::Example)
 }
@@ -570,12 +645,36 @@ pub fn macvlan_network_on_a_lan() -> (Lan, Network) {
 
 /// The macvlan network of `source` on a LAN of its own (see `macvlan_network_on_a_lan`).
 pub fn macvlan_network_from(source: Source) -> (Lan, Network) {
+    macvlan_network_of(source, false)
+}
+
+/// The macvlan network dual-stack, as host-local serves it: a v4 range (the /24) and a v6
+/// range (its /64 twin), a default route for each family through the router (.1 and ::1).
+/// The router has both addresses (`Lan::plug_dual`).
+pub fn dual_stack_macvlan_network_on_a_lan() -> (Lan, Network) {
+    dual_stack_macvlan_network_from(Source::Example)
+}
+
+/// The macvlan network of `source` made dual-stack (see `dual_stack_macvlan_network_on_a_lan`).
+pub fn dual_stack_macvlan_network_from(source: Source) -> (Lan, Network) {
+    macvlan_network_of(source, true)
+}
+
+fn macvlan_network_of(source: Source, dual_stack: bool) -> (Lan, Network) {
     let lan = Lan::new();
     let conflists = ("20-macvlan-guarded.conflist", "macvlan-host-local.conflist");
-    let net = Network::from_source(source, conflists.0, conflists.1, vec![HostLink { name: lan.master.clone() }], |primary, _| {
-        primary["master"] = json!(lan.master)
+    let net = Network::from_source(source, conflists.0, conflists.1, vec![HostLink { name: lan.master.clone() }], |primary, subnet| {
+        primary["master"] = json!(lan.master);
+        if dual_stack {
+            primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr() }], [{ "subnet": subnet.cidr6() }]]);
+            primary["ipam"]["routes"] = json!([{ "dst": "0.0.0.0/0", "gw": subnet.host(1) }, { "dst": "::/0", "gw": subnet.host6(1) }]);
+        }
     });
-    lan.plug(&format!("{}/24", net.subnet.host(1)));
+    if dual_stack {
+        lan.plug_dual(&net.subnet);
+    } else {
+        lan.plug(&format!("{}/24", net.subnet.host(1)));
+    }
     (lan, net)
 }
 
@@ -603,6 +702,13 @@ impl Lan {
         sys::run("ip", &["link", "set", &self.master, "up"]);
         self.netns.exec(&["ip", "addr", "add", router_cidr, "dev", &self.uplink]);
         self.netns.exec(&["ip", "link", "set", &self.uplink, "up"]);
+    }
+
+    /// `plug` with the router at .1 of `subnet` and at ::1 of its /64 twin; the router's
+    /// IPv6 address without duplicate address detection, so it answers at once.
+    pub fn plug_dual(&self, subnet: &Subnet) {
+        self.plug(&format!("{}/24", subnet.host(1)));
+        self.netns.exec(&["ip", "-6", "addr", "add", &format!("{}/64", subnet.host6(1)), "dev", &self.uplink, "nodad"]);
     }
 
     /// The driver unload: the master goes, and with it every macvlan on it.

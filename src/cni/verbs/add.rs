@@ -5,10 +5,10 @@ use crate::cni::env::Attachment;
 use crate::error::{GuardError, Kind, Result};
 use crate::kernel::link_facts::LinkFacts;
 use crate::cni::log::Level;
-use crate::state::ownership::{self, Ownership};
+use crate::state::ownership;
 use crate::cni::result::ResultView;
 use crate::state::checkpoint::Checkpoint;
-use crate::state::{Loaded, Store};
+use crate::state::Loaded;
 use serde_json::value::RawValue;
 
 /// Returns the primary's result in the config's cniVersion: byte for byte when it is in that
@@ -42,14 +42,21 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     let view = ResultView::validated(prev_result, &inv.conf.cni_version)?;
     let output = crate::cni::result::as_version(prev_result, &inv.conf.cni_version)?;
     // Read from the kernel before the lock is taken: no ADD holds it while waiting on netlink.
-    let links = crate::kernel::link_facts::read_at_add(&attachment.netns, &attachment.ifname);
+    let (links, if_index) = crate::kernel::link_facts::read_at_add(&attachment.netns, &attachment.ifname);
+    let identity = crate::kernel::netns::netns_identity(&attachment.netns).map(|(netns_dev, netns_inode)| {
+        let if_kind = match &links {
+            crate::kernel::link_facts::LinkFacts::Observed(facts) => facts.kind.clone(),
+            _ => None,
+        };
+        crate::state::checkpoint::SandboxIdentity { netns_dev, netns_inode, if_index, if_kind }
+    });
 
     let id = inv.attachment_id(attachment);
     let pod = &attachment.pod;
     let pod_key = inv.pod_key(attachment);
     let subject = inv.subject(Some(attachment), pod_key.as_ref().map(|k| k.pod()));
 
-    let store = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout).map_err(|err| match err.kind {
+    let store = inv.open_store().map_err(|err| match err.kind {
         Kind::ReadOnly => read_only_error(inv, attachment, err),
         _ => err,
     })?;
@@ -77,7 +84,7 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
         },
     };
 
-    let previous_key = previous.as_ref().and_then(Checkpoint::pod_key);
+    let previous_key = previous.as_ref().and_then(|record| record.pod_key(inv.conf.pod_key));
     let previous_created = previous.as_ref().map(|r| r.created_at.clone());
     let generation = ownership::next_generation(
         store.generation_counter(),
@@ -103,13 +110,15 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
         updated_at: now,
         prev_result: prev_result.to_owned(),
         links: Some(links),
+        identity,
     };
     // Re-ADDed under another pod name: the key its old record held is no longer this
-    // sandbox's. Released first, so no crash leaves an owner whose record names another key.
+    // interface's. Released first, so no crash leaves an owner whose record names another key.
     if let Some(old_key) = previous_key.filter(|old| Some(old) != pod_key.as_ref())
-        && matches!(store.load_owner(&old_key)?, Loaded::Valid(owner) if owner.container_id == id.container_id)
+        && let Loaded::Valid(owner) = store.load_owner(&old_key)?
+        && owner.container_id == id.container_id
     {
-        store.remove_owner(&old_key)?;
+        store.update_owner(&old_key, ownership::released(&owner, &id.if_name).as_ref())?;
         store.sync()?;
     }
     // The record before the ownership that points at it, then one sync that keeps that
@@ -119,7 +128,7 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     store.save_record(&record)?;
     store.remove_failed_add(&id)?;
     if let Some(key) = &pod_key {
-        let owner = Ownership { key: key.clone(), container_id: id.container_id.clone(), pod_uid: pod.uid.clone(), generation };
+        let owner = ownership::taken(key, &id.container_id, &id.if_name, pod.uid.clone(), generation, owner.as_ref());
         if let Err(err) = store.save_owner(&owner) {
             // Failed before it took the key: a first record would make the runtime's cleanup
             // DEL look like the DEL of a superseded sandbox, so it goes again.

@@ -52,7 +52,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             ),
         ),
         (Loaded::Valid(record), _) => {
-            record_key = record.pod_key();
+            record_key = record.pod_key(inv.conf.pod_key);
             let mut differences = runtime_differences(&record, &current)?;
             differences.extend(kernel_differences(inv, attachment, &record)?);
             (!differences.is_empty()).then(|| {
@@ -103,10 +103,22 @@ fn kernel_differences(inv: &Invocation, attachment: &Attachment, record: &Checkp
     let expected = expected(record)?;
     let netns = &attachment.netns;
     match link_facts::observe_for_check(Path::new(netns), &expected) {
+        // Neither ADD's look into the netns nor the result named the interface (a 0.1.0/0.2.0
+        // primary that calls it otherwise): its absence under CNI_IFNAME says nothing, and
+        // --restore could not rebuild it anyway.
+        Ok(observed) if observed.link.is_none() && !interface_known(record)? => Ok(Vec::new()),
         Ok(observed) => Ok(link_facts::differences(&expected, &observed, netns, &restore_command(inv, record))),
         Err(err) if err.kind == Kind::NetnsGone => Ok(vec![format!("{}: the sandbox's netns is gone", err.msg)]),
         Err(err) => Err(err),
     }
+}
+
+/// Whether ADD saw the interface in the netns, or the primary's result names one.
+fn interface_known(record: &Checkpoint) -> Result<bool> {
+    if let Some(LinkFacts::Observed(_)) = &record.links {
+        return Ok(true);
+    }
+    Ok(!ResultView::parse(&record.prev_result)?.interfaces.is_empty())
 }
 
 fn restore_command(inv: &Invocation, record: &Checkpoint) -> String {

@@ -51,7 +51,8 @@ pub(super) struct Stale {
 pub(super) struct Plan {
     pub id: AttachmentId,
     pub keys: Vec<PodKey>,
-    owners_to_remove: Vec<PodKey>,
+    /// Each key's ownership as the DEL leaves it: what its owner still holds, or `None`.
+    owner_changes: Vec<(PodKey, Option<Ownership>)>,
     notes: Vec<String>,
     corrupt_record: Option<std::path::PathBuf>,
     audited: Option<(String, String)>,
@@ -76,7 +77,7 @@ pub(super) fn nothing_recorded(inv: &Invocation, attachment: &Attachment) {
 pub(super) fn keys_of(inv: &Invocation, attachment: &Attachment, store: Option<&Store>) -> Vec<PodKey> {
     let mut keys: Vec<PodKey> = inv.pod_key(attachment).into_iter().collect();
     if let Some(Ok(Loaded::Valid(record))) = store.map(|s| s.load_record(&inv.attachment_id(attachment))) {
-        keys.extend(record.pod_key().filter(|key| !keys.contains(key)));
+        keys.extend(record.pod_key(inv.conf.pod_key).filter(|key| !keys.contains(key)));
     }
     keys
 }
@@ -90,7 +91,7 @@ pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) ->
     // The record says which key this container took at ADD, whatever CNI_ARGS say now.
     let mut corrupt_record = None;
     let (record_key, deleter) = match store.load_record(&id)? {
-        Loaded::Valid(record) => (record.pod_key(), Deleter::Recorded),
+        Loaded::Valid(record) => (record.pod_key(inv.conf.pod_key), Deleter::Recorded),
         Loaded::Missing => {
             if key_from_args.is_none() {
                 refuse_if_set_aside(inv, attachment, &store.set_aside_path_for_record(&id), None)?;
@@ -112,7 +113,7 @@ pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) ->
     keys.extend(record_key.filter(|key| !keys.contains(key)));
 
     // Judge every key before changing anything: one stale key refuses the whole DEL.
-    let mut owners_to_remove: Vec<PodKey> = Vec::new();
+    let mut owner_changes: Vec<(PodKey, Option<Ownership>)> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
     let mut audited = None;
     let mut audited_key = None;
@@ -142,21 +143,25 @@ pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) ->
                 }
             }
             DelVerdict::Release => {
-                owners_to_remove.push(key.clone());
-                notes.push(format!("released pod key {}", key.pod()));
+                let left = owner.as_ref().and_then(|owner| ownership::released(owner, &id.if_name));
+                notes.push(match &left {
+                    None => format!("released pod key {}", key.label()),
+                    Some(left) => format!("pod {} stays this sandbox's by {}", key.label(), left.interfaces().join(", ")),
+                });
+                owner_changes.push((key.clone(), left));
             }
             DelVerdict::Repair(owner) => {
-                owners_to_remove.push(key.clone());
-                notes.push(format!("dropped the ownership of {} by sandbox {}, whose record is gone", key.pod(), owner.container_id));
+                notes.push(format!("dropped the ownership of {} by sandbox {}, whose record is gone", key.label(), owner.container_id));
+                owner_changes.push((key.clone(), None));
             }
             DelVerdict::Proceed if deleter == Deleter::AddFailed => notes.push("cleanup of an ADD that failed in the guard".into()),
-            DelVerdict::Proceed => notes.push(format!("pod key {} not owned", key.pod())),
+            DelVerdict::Proceed => notes.push(format!("pod key {} not owned", key.label())),
         }
     }
     if keys.is_empty() {
         notes.push("no pod identity: nothing to guard".into());
     }
-    Ok(Judgement::Go(Plan { id, keys, owners_to_remove, notes, corrupt_record, audited, audited_key }))
+    Ok(Judgement::Go(Plan { id, keys, owner_changes, notes, corrupt_record, audited, audited_key }))
 }
 
 /// Chained mode's answer to a stale DEL: refused, so the primary never sees it.
@@ -185,7 +190,7 @@ pub(super) fn finish(inv: &Invocation, attachment: &Attachment, store: &Store, u
     }
     let forgotten = match unwritable {
         Some(why) => Err(why),
-        None => forget(store, &plan.id, &plan.owners_to_remove, plan.corrupt_record.as_deref()),
+        None => forget(store, &plan.id, &plan.owner_changes, plan.corrupt_record.as_deref()),
     };
     let committed = forgotten.is_ok();
     match forgotten {
@@ -206,7 +211,7 @@ pub(super) fn finish(inv: &Invocation, attachment: &Attachment, store: &Store, u
 /// stale DEL is still refused, and every other DEL passes without writing. `None`: there is
 /// no state dir and none can be made.
 pub(super) fn open(inv: &Invocation) -> Result<Option<(Store, Option<GuardError>)>> {
-    match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
+    match inv.open_store() {
         Ok(store) => Ok(Some((store, None))),
         Err(_) if crate::state::surely_absent(&inv.conf.state_dir) => Ok(None),
         Err(err) if err.kind != Kind::Busy => {
@@ -220,12 +225,13 @@ pub(super) fn open(inv: &Invocation) -> Result<Option<(Store, Option<GuardError>
     }
 }
 
-/// Releases the keys before the record goes, in one sync (`Store::sync_released`): a crash
-/// can leave an unowned record (harmless, the retried DEL removes it) but never an owner
-/// whose record is gone. A corrupt record is kept as a copy first.
-fn forget(store: &Store, id: &AttachmentId, owners: &[PodKey], corrupt_record: Option<&Path>) -> Result<()> {
-    for key in owners {
-        store.remove_owner(key)?;
+/// Releases the keys (or this interface of them) before the record goes, in one sync
+/// (`Store::sync_released`): a crash can leave an unowned record (harmless, the retried DEL
+/// removes it) but never an owner whose record is gone. A corrupt record is kept as a copy
+/// first.
+fn forget(store: &Store, id: &AttachmentId, owners: &[(PodKey, Option<Ownership>)], corrupt_record: Option<&Path>) -> Result<()> {
+    for (key, left) in owners {
+        store.update_owner(key, left.as_ref())?;
     }
     if let Some(path) = corrupt_record {
         store.keep_copy(path, &store.set_aside_path_for_record(id))?;
@@ -274,9 +280,8 @@ fn set_aside(store: &Store, from: &Path, to: &Path) -> Result<std::path::PathBuf
 fn stale_error(id: &AttachmentId, key: &PodKey, owner: &Ownership, ever_owned: bool) -> GuardError {
     let history = if ever_owned { "which owned it before" } else { "which never owned it here" };
     let msg = format!(
-        "stale DEL refused: pod {} ({}) belongs to sandbox {}, not {}, {history}",
-        key.pod(),
-        key.if_name,
+        "stale DEL refused: pod {} belongs to sandbox {}, not {}, {history}",
+        key.label(),
         owner.container_id,
         crate::names::short_id(&id.container_id)
     );
@@ -293,7 +298,8 @@ fn stale_error(id: &AttachmentId, key: &PodKey, owner: &Ownership, ever_owned: b
         "ownerPodUid": owner.pod_uid,
         "ownerGeneration": owner.generation,
         "pod": key.pod(),
-        "ifName": key.if_name,
+        "ifName": id.if_name,
+        "ownerInterfaces": owner.interfaces(),
         "network": key.network,
         "refusedContainerId": id.container_id,
         "refusedEverOwned": ever_owned,
@@ -312,7 +318,7 @@ fn refuse_if_set_aside(inv: &Invocation, attachment: &Attachment, kept: &Path, k
 
 fn set_aside_error(inv: &Invocation, attachment: &Attachment, kept: &Path, reason: &str, key: Option<&PodKey>) -> GuardError {
     let what = match key {
-        Some(key) => format!("which sandbox owns pod {} ({})", key.pod(), key.if_name),
+        Some(key) => format!("which sandbox owns pod {}", key.label()),
         None => format!("which pod sandbox {} belonged to", crate::names::short_id(&attachment.container_id)),
     };
     let err = GuardError::new(

@@ -8,7 +8,15 @@
 //!   netns, the DEL kept as deferred and answered with success. Otherwise the primary's DEL,
 //!   the guard's own, and then every deferred DEL of the keys it freed is replayed.
 //! - CHECK, GC, STATUS: the primary's first, then the guard's own; GC also replays the
-//!   deferred DELs of attachments the runtime no longer lists, whose key is free.
+//!   deferred DELs of attachments the runtime no longer lists, whose key is free. GC goes on
+//!   after the primary's GC error and returns it after its own work, as libcni does.
+//! - Replays never hold up the call they ride on for long: they share one budget per verb
+//!   (`REPLAY_BUDGET`), each primary run is killed with its process group at the budget's
+//!   end, and what is left waits for the next chance. Every ADD, DEL and GC also sweeps the
+//!   deferred DELs whose pod's name is free (one directory read when any wait), so none
+//!   waits for its pod to come back to the node.
+
+use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
 
@@ -27,21 +35,73 @@ use crate::state::pod_lock::PodLock;
 use crate::state::{Loaded, Store, surely_absent};
 
 pub fn add(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Result<String> {
-    let id = inv.attachment_id(attachment);
     let key = inv.pod_key(attachment);
-    let _lock = lock(inv, key.as_slice())?;
-    if let Some(key) = &key {
+    let locks = lock(inv, key.as_slice())?;
+    let added = add_locked(inv, delegate, attachment, key.as_ref());
+    // A failed ADD took no key: its lock file goes unless someone owns the pod.
+    for lock in locks {
+        if added.is_err() {
+            lock.release_unused(&inv.conf.state_dir);
+        }
+    }
+    if added.is_ok() {
+        sweep(inv, delegate, &Budget::new());
+    }
+    added
+}
+
+fn add_locked(inv: &Invocation, delegate: &Delegate, attachment: &Attachment, key: Option<&PodKey>) -> Result<String> {
+    let id = inv.attachment_id(attachment);
+    if let Some(key) = key {
         refuse_if_superseded(inv, attachment, &id, key)?;
     }
+    refuse_if_unwritable(inv, attachment)?;
     let reply = pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
-    let text = String::from_utf8(reply).map_err(|_| not_a_result(delegate, "it is not UTF-8"))?;
-    let result = RawValue::from_string(text.trim().to_string()).map_err(|e| not_a_result(delegate, &e.to_string()))?;
+    let not_a_result = |why: &str| {
+        let owner = key.and_then(|key| owner_other_than(inv, key, &id.container_id));
+        not_a_result(delegate, why, owner.as_deref())
+    };
+    let text = String::from_utf8(reply).map_err(|_| not_a_result("it is not UTF-8"))?;
+    let result = RawValue::from_string(text.trim().to_string()).map_err(|e| not_a_result(&e.to_string()))?;
+    let result = crate::cni::result::versioned_as_libcni_reads_it(result, &inv.conf.cni_version);
     let output = super::add::checkpoint(inv, attachment, &result)?;
-    if let Some(key) = &key {
+    if let Some(key) = key {
         // Added again: a DEL of its earlier self kept for later would tear down this one.
         drop_own_deferred(inv, key, &id);
     }
     Ok(output)
+}
+
+/// The primary must not set up a pod the guard then cannot record: without its checkpoint
+/// the pod would run unprotected, and the runtime's cleanup DEL of it would reach a primary
+/// that never had its ADD's pod name to itself. Refused (code 5) before the primary runs.
+fn refuse_if_unwritable(inv: &Invocation, attachment: &Attachment) -> Result<()> {
+    // No lock needed: a probe file of our own, written and removed (no fsync: a full or
+    // read-only filesystem refuses the write itself).
+    let probed = crate::state::ensure_dir(&inv.conf.state_dir).and_then(|()| crate::state::probe_write(&inv.conf.state_dir, false));
+    match probed {
+        Err(err) if matches!(err.kind, Kind::Io | Kind::ReadOnly) => {
+            let err = GuardError::new(err.kind, format!(
+                "ADD refused before the primary ran: the state dir {} takes no write ({})", inv.conf.state_dir.display(), err.msg
+            ))
+            .with_details(format!(
+                "Without its checkpoint the guard could not tell this pod's DELs from stale ones. {} The runtime retries the ADD.",
+                err.details
+            ));
+            crate::state::failed_add::mark(&inv.conf.state_dir, &inv.attachment_id(attachment), &err);
+            Err(err)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The sandbox other than `container_id` that owns `key`, if any.
+fn owner_other_than(inv: &Invocation, key: &PodKey, container_id: &str) -> Option<String> {
+    let store = Store::open_read_only(&inv.conf.state_dir).ok()?;
+    match store.load_owner(key).ok()? {
+        Loaded::Valid(owner) if owner.container_id != container_id => Some(owner.container_id),
+        _ => None,
+    }
 }
 
 pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Result<()> {
@@ -74,9 +134,11 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
                 let err = super::del::refuse(inv, attachment, stale);
                 return Err(err.with_details(format!("The DEL cannot be deferred: {} {}", why.msg, why.details)));
             }
-            let deferred = defer(inv, attachment, &store, &stale)?;
+            let deferred = defer(inv, attachment, &store, &stale, delegate)?;
+            let netns = if attachment.netns.is_empty() { deferred.netns.clone() } else { attachment.netns.clone() };
+            let live = live_netns(&store, &deferred.id(), &netns);
             drop(store);
-            return remove_stale_interface(inv, attachment, &deferred);
+            return remove_stale_interface(inv, attachment, &deferred, &netns, &live);
         }
         Judgement::Go(plan) => plan,
     };
@@ -91,11 +153,16 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
     if let Some((store, unwritable)) = super::del::open(inv)? {
         super::del::finish(inv, attachment, &store, unwritable, plan);
     }
+    let budget = Budget::new();
     for key in &keys {
         // The primary has just had this sandbox's own DEL.
         drop_own_deferred(inv, key, &id);
-        replay(inv, delegate, key);
+        replay(inv, delegate, key, &budget, false);
     }
+    for lock in _locks {
+        lock.release_unused(&inv.conf.state_dir);
+    }
+    sweep(inv, delegate, &budget);
     Ok(())
 }
 
@@ -105,11 +172,14 @@ pub fn check(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> 
     super::check::run(inv, attachment)
 }
 
+/// libcni GCs every plugin of the list and collects their errors: the primary's error does
+/// not stop the guard's own collection or the replays, and is answered after them.
 pub fn gc(inv: &Invocation, delegate: &Delegate) -> Result<()> {
-    pass_on(inv, delegate, None)?;
-    super::gc::run(inv)?;
+    let primary = pass_on(inv, delegate, None);
+    let own = super::gc::run(inv);
     replay_collected(inv, delegate);
-    Ok(())
+    primary?;
+    own
 }
 
 pub fn status(inv: &Invocation, delegate: &Delegate) -> Result<()> {
@@ -120,6 +190,24 @@ pub fn status(inv: &Invocation, delegate: &Delegate) -> Result<()> {
         _ => GuardError::new(Kind::NotAvailable, format!("the primary plugin cannot be run: {}", err.msg)).with_details(err.details),
     })?;
     super::status::run(inv)
+}
+
+/// VERSION in delegate mode, when the runtime sends the network's configuration with it:
+/// the versions both the guard and its primary speak, the primary asked as libcni asks it.
+/// `None`: no `delegate` on stdin (libcni's own VERSION sends only `cniVersion`), so the
+/// guard answers for itself. A primary that cannot be run is a CNI error, not a guess.
+pub fn version(stdin: &[u8], requested: Option<&str>) -> Result<Option<String>> {
+    let Ok(serde_json::Value::Object(mut conf)) = serde_json::from_slice::<serde_json::Value>(stdin) else { return Ok(None) };
+    let Some(serde_json::Value::Object(object)) = conf.remove("delegate") else { return Ok(None) };
+    let network = conf.get("name").and_then(serde_json::Value::as_str).unwrap_or_default().to_string();
+    let delegate = Delegate::from_conf(object, None, &[])?;
+    let asked = crate::cni::version::for_reply(requested);
+    let theirs = delegate.supported_versions(&network, asked).map_err(|err| {
+        GuardError::new(err.kind, format!("VERSION: cannot ask the primary {} which versions it speaks: {}", delegate.plugin_type, err.msg))
+            .with_details(err.details)
+    })?;
+    let both: Vec<&str> = crate::cni::version::SUPPORTED.iter().copied().filter(|v| theirs.iter().any(|t| t == v)).collect();
+    Ok(Some(crate::cni::version::version_reply_among(requested, &both)))
 }
 
 /// Runs the primary for this very invocation: the runtime's own `CNI_*` environment.
@@ -134,15 +222,24 @@ fn lock(inv: &Invocation, keys: &[PodKey]) -> Result<Vec<PodLock>> {
     sorted.into_iter().map(|key| PodLock::acquire(&inv.conf.state_dir, key, inv.conf.pod_lock_timeout)).collect()
 }
 
-fn not_a_result(delegate: &Delegate, why: &str) -> GuardError {
+fn not_a_result(delegate: &Delegate, why: &str, owner: Option<&str>) -> GuardError {
+    let cleanup = match owner {
+        // The cleanup DEL of a sandbox that never took the pod's name is stale while another owns it.
+        Some(owner) => format!(
+            "the runtime's cleanup DEL is deferred while sandbox {owner} owns the pod, and reaches the primary once the pod's name is free"
+        ),
+        None => "the runtime's cleanup DEL reaches it".to_string(),
+    };
     GuardError::new(Kind::Decode, format!("the delegate {} answered ADD with something that is not a CNI result: {why}", delegate.plugin_type))
-        .with_details("The primary set the pod up but its result cannot be read; the runtime's cleanup DEL reaches it.")
+        .with_details(format!("The primary set the pod up but its result cannot be read; {cleanup}."))
 }
 
 fn refuse_if_superseded(inv: &Invocation, attachment: &Attachment, id: &AttachmentId, key: &PodKey) -> Result<()> {
     if surely_absent(&inv.conf.state_dir) {
         return Ok(());
     }
+    // Judged from files keyed by this network's podKey rule: moved there first if need be.
+    crate::state::rekey::ensure(&inv.conf.state_dir, &inv.conf.network, inv.conf.pod_key, inv.conf.lock_timeout)?;
     let store = Store::open_read_only(&inv.conf.state_dir)?;
     let _read = store.read_lock(inv.conf.lock_timeout, &|_| {})?;
     let Loaded::Valid(owner) = store.load_owner(key)? else { return Ok(()) };
@@ -159,7 +256,7 @@ fn refuse_if_superseded(inv: &Invocation, attachment: &Attachment, id: &Attachme
     let why = if deferred { "this sandbox's DEL was deferred" } else { "it took the pod's name after this sandbox did" };
     let err = GuardError::new(
         Kind::Superseded,
-        format!("ADD refused: sandbox {} of pod {} ({}) was superseded by sandbox {}", crate::names::short_id(&id.container_id), key.pod(), key.if_name, owner.container_id),
+        format!("ADD refused: sandbox {} of pod {} was superseded by sandbox {}", crate::names::short_id(&id.container_id), key.label(), owner.container_id),
     )
     .with_details(format!(
         "Sandbox {} (generation {}) owns the pod, its netns is alive, and {why}; adding this one would hand the pod's name back to an old \
@@ -173,8 +270,9 @@ fn refuse_if_superseded(inv: &Invocation, attachment: &Attachment, id: &Attachme
 
 /// Whether the owner's netns still exists; when its record cannot say, it is taken as alive.
 fn netns_alive(store: &Store, owner: &crate::state::ownership::Ownership) -> bool {
-    match store.load_record(&AttachmentId::of(&owner.key, &owner.container_id)) {
-        Ok(Loaded::Valid(record)) => crate::kernel::netns::netns_state(&record.netns, None, None).is_alive(),
+    let first = owner.interfaces().first().map(|if_name| AttachmentId::of(&owner.key, &owner.container_id, if_name));
+    match first.map(|id| store.load_record(&id)) {
+        Some(Ok(Loaded::Valid(record))) => crate::kernel::netns::netns_state(&record.netns, None, None).is_alive(),
         _ => true,
     }
 }
@@ -182,13 +280,13 @@ fn netns_alive(store: &Store, owner: &crate::state::ownership::Ownership) -> boo
 /// Keeps the stale DEL for the primary (durably, before it is answered) and forgets the
 /// stale sandbox's record: the runtime has torn it down. Answered again (the runtime's
 /// second DEL), the first entry stays as it was.
-fn defer(inv: &Invocation, attachment: &Attachment, store: &Store, stale: &Stale) -> Result<DeferredDel> {
+fn defer(inv: &Invocation, attachment: &Attachment, store: &Store, stale: &Stale, delegate: &Delegate) -> Result<DeferredDel> {
     let id = inv.attachment_id(attachment);
     let record = store.load_record(&id)?;
     let deferred = match store.load_deferred(&stale.key, &id)? {
         Loaded::Valid(entry) => entry,
         _ => {
-            let entry = new_entry(inv, attachment, stale, &record);
+            let entry = new_entry(inv, attachment, stale, &record, delegate);
             store.save_deferred(&entry)?;
             entry
         }
@@ -207,7 +305,7 @@ fn defer(inv: &Invocation, attachment: &Attachment, store: &Store, stale: &Stale
     Ok(deferred)
 }
 
-fn new_entry(inv: &Invocation, attachment: &Attachment, stale: &Stale, record: &Loaded<checkpoint::Checkpoint>) -> DeferredDel {
+fn new_entry(inv: &Invocation, attachment: &Attachment, stale: &Stale, record: &Loaded<checkpoint::Checkpoint>, delegate: &Delegate) -> DeferredDel {
     let record = match record {
         Loaded::Valid(record) => Some(record),
         _ => None,
@@ -241,22 +339,53 @@ fn new_entry(inv: &Invocation, attachment: &Attachment, stale: &Stale, record: &
         attempts: 0,
         last_error: None,
         last_attempt_at: None,
+        interface: stale.key.if_name.is_none().then(|| attachment.ifname.clone()),
+        last_attempt_ns: None,
+        delegate: Some(delegate.recorded_conf()),
+        conf_version: Some(inv.conf.cni_version.clone()),
+        identity: record.and_then(|r| r.identity.clone()),
     }
 }
 
-/// Takes the stale sandbox's interface out of its netns, if it is the one checkpointed, and
-/// logs the deferral. A failure fails the DEL (the entry is kept): the runtime's retry tries
-/// again, so the old netns does not go on answering for the pod's address.
-fn remove_stale_interface(inv: &Invocation, attachment: &Attachment, deferred: &DeferredDel) -> Result<()> {
-    let netns = if attachment.netns.is_empty() { deferred.netns.as_str() } else { attachment.netns.as_str() };
-    let done = match deferred.mac.as_deref() {
-        None => Ok("no MAC of its interface is known, so nothing was removed from its netns".to_string()),
-        Some(mac) => teardown::remove_interface(netns, &attachment.ifname, mac).map(|outcome| match outcome {
-            Teardown::Removed => format!("removed {} ({mac}) from its netns {netns}", attachment.ifname),
-            Teardown::Absent => "its interface is gone already".to_string(),
-            Teardown::OtherMac(other) => format!("{} in {netns} has MAC {other}, not {mac}: left alone", attachment.ifname),
-        }),
+/// The netns (device, inode) of every live sandbox the store knows but `stale`, when `netns`
+/// is a namespace at all: a stale DEL's teardown must never reach into one of them. A rare
+/// path (stale DELs), so it may list the records.
+fn live_netns(store: &Store, stale: &AttachmentId, netns: &str) -> Vec<(u64, u64)> {
+    if crate::kernel::netns::netns_identity(netns).is_none() {
+        return Vec::new();
+    }
+    let Ok(records) = store.list_records() else { return Vec::new() };
+    records
+        .into_iter()
+        .filter_map(|(_, loaded)| match loaded {
+            Loaded::Valid(record) if record.id() != *stale => record
+                .identity
+                .map(|id| (id.netns_dev, id.netns_inode))
+                .or_else(|| crate::kernel::netns::netns_identity(&record.netns)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Takes the stale sandbox's interface out of its netns, if it is provably the one
+/// checkpointed (`kernel::teardown`), and logs the deferral. A failure fails the DEL (the
+/// entry is kept): the runtime's retry tries again, so the old netns does not go on
+/// answering for the pod's address. What is left alone is logged with why.
+fn remove_stale_interface(inv: &Invocation, attachment: &Attachment, deferred: &DeferredDel, netns: &str, live: &[(u64, u64)]) -> Result<()> {
+    let identity = deferred.identity.as_ref();
+    let recorded = teardown::Recorded {
+        netns,
+        if_name: &attachment.ifname,
+        mac: deferred.mac.as_deref(),
+        netns_id: identity.map(|id| (id.netns_dev, id.netns_inode)),
+        if_index: identity.and_then(|id| id.if_index),
+        if_kind: identity.and_then(|id| id.if_kind.as_deref()),
     };
+    let done = teardown::remove_interface(&recorded, live).map(|outcome| match outcome {
+        Teardown::Removed => format!("removed {} ({}) from its netns {netns}", attachment.ifname, deferred.mac.as_deref().unwrap_or("no MAC recorded")),
+        Teardown::Absent => "its interface is gone already".to_string(),
+        Teardown::LeftAlone(why) => format!("nothing removed from {netns}: {why}; the primary's replay tears it down"),
+    });
     let subject = inv.subject(Some(attachment), Some(deferred.key.pod()));
     let fields = [("cause", CAUSE_STALE_DEL), ("owner", deferred.owner.as_str())];
     match done {
@@ -286,10 +415,43 @@ fn drop_own_deferred(inv: &Invocation, key: &PodKey, id: &AttachmentId) {
     }
 }
 
-/// Replays the deferred DELs of `key`, oldest first, if nobody owns it. The caller holds the
-/// key's pod lock, so no ADD can take it meanwhile. Never fails the verb that frees the key:
-/// a replay the primary refuses stays deferred for the next release of the key or GC.
-fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey) {
+/// The time one verb may spend replaying other sandboxes' deferred DELs on top of its own
+/// work: a few seconds, well inside any runtime's timeout for a CNI call (kubelet's and
+/// containerd's are minutes), so a primary that hangs on a replay holds up neither the
+/// owner's DEL nor the pod's next ADD.
+const REPLAY_BUDGET: Duration = Duration::from_secs(4);
+/// No replay starts with less than this left: a primary's DEL needs some time.
+const MIN_REPLAY_TIME: Duration = Duration::from_millis(500);
+/// A replay the primary refused is tried again by a sweep only after 2^attempts seconds, at
+/// most this long, so a failing primary costs a busy node's verbs a replay now and then, not
+/// one each.
+const SWEEP_RETRY_MAX: Duration = Duration::from_secs(60);
+
+fn sweep_retry_after(attempts: u32) -> Duration {
+    Duration::from_secs(1u64 << attempts.min(6)).min(SWEEP_RETRY_MAX)
+}
+/// The most pod keys one sweep looks at (a stat each); the next verb goes on from a new place.
+const SWEEP_KEYS: usize = 64;
+
+struct Budget {
+    until: Instant,
+}
+
+impl Budget {
+    fn new() -> Budget {
+        Budget { until: Instant::now() + REPLAY_BUDGET }
+    }
+
+    fn allows_one_more(&self) -> bool {
+        self.until.saturating_duration_since(Instant::now()) >= MIN_REPLAY_TIME
+    }
+}
+
+/// Replays the deferred DELs of `key`, oldest first, if nobody owns it, within `budget`.
+/// The caller holds the key's pod lock, so no ADD can take it meanwhile. Never fails the verb
+/// it rides on: a replay the primary refuses, or that runs out of time, stays deferred for
+/// the next chance. `sweeping`: skip entries refused less than `sweep_retry_after(attempts)` ago.
+fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey, budget: &Budget, sweeping: bool) {
     // Most DELs free a key nobody deferred anything for: one stat, no lock.
     if surely_absent(&deferred::key_dir(&inv.conf.state_dir, &key.digest())) {
         return;
@@ -309,53 +471,131 @@ fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey) {
             _ => None,
         }).collect())
     });
-    let pending = match pending {
+    let pending: Vec<DeferredDel> = match pending {
         Ok(pending) => pending,
         Err(err) => {
             eprintln!("sandbox-guard: the deferred DELs of pod {} wait: {err}", key.pod());
             return;
         }
     };
-    for mut entry in pending {
-        let prev_result = entry.prev_result.as_deref().and_then(|raw| crate::cni::result::as_version(raw, &inv.conf.cni_version).ok());
-        let prev_result = prev_result.and_then(|text| RawValue::from_string(text.into_owned()).ok());
-        let env = EnvOverride {
-            command: Some("DEL"),
-            container_id: Some(&entry.container_id),
-            netns: Some(""),
-            if_name: Some(&entry.key.if_name),
-            args: Some(&entry.cni_args),
-        };
-        let outcome = delegate.call(&inv.conf.network, &inv.conf.cni_version, prev_result.as_deref(), &env);
-        let subject = Subject { network: &inv.conf.network, container_id: &entry.container_id, if_name: &entry.key.if_name, pod: Some(key.pod()) };
-        let store = match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
-            Ok(store) => store,
-            Err(err) => {
-                eprintln!("sandbox-guard: the replayed DEL of {} could not be recorded: {err}", entry.container_id);
-                return;
-            }
-        };
-        let id = entry.id();
-        match outcome {
-            Ok(_) => {
-                let removed = store.remove_deferred(key, &id);
-                let note = removed.err().map(|e| format!("; its entry could not be removed ({}), so it is replayed again later", e.msg));
-                inv.log.event(Level::Info, inv.verb, &subject, "replayed", &format!(
-                    "the deferred DEL (since {}) reached the primary{}", entry.deferred_at, note.unwrap_or_default()
-                ));
-            }
-            Err(err) => {
-                entry.attempts += 1;
-                entry.last_error = Some(crate::names::shorten(&err.msg));
-                entry.last_attempt_at = Some(crate::clock::now_rfc3339());
-                let _ = store.save_deferred(&entry);
-                inv.log.event(Level::Warn, inv.verb, &subject, "replay-failed", &format!(
-                    "the primary refused the deferred DEL (attempt {}): {}; it stays deferred until the next release of the pod or GC",
-                    entry.attempts, err.msg
-                ));
-            }
+    let now = crate::clock::unix_nanos();
+    for entry in pending {
+        if sweeping && entry.last_attempt_ns.is_some_and(|then| now.saturating_sub(then) < sweep_retry_after(entry.attempts).as_nanos()) {
+            continue;
+        }
+        if !budget.allows_one_more() {
+            break;
+        }
+        if !replay_one(inv, delegate, entry, budget) {
+            break;
         }
     }
+}
+
+/// One deferred DEL to the primary, as the stale sandbox's own call: its recorded primary
+/// object (its own `runtimeConfig`, no GC list) and network version, its `CNI_ARGS`, an
+/// empty `CNI_NETNS` and its result as `prevResult` where the version has one on DEL
+/// (0.4.0 on; libcni sends none below). Returns whether the store could note the outcome.
+fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel, budget: &Budget) -> bool {
+    let recorded = entry.delegate.clone().map(Delegate::from_recorded);
+    let delegate = match recorded {
+        Some(Ok(recorded)) => recorded,
+        // An entry of an earlier release: the primary as configured now, with nothing of
+        // this call's own (its runtimeConfig, a GC list) that was never the stale sandbox's.
+        _ => current.without_call_settings(),
+    };
+    let version = entry.conf_version.clone().unwrap_or_else(|| inv.conf.cni_version.clone());
+    let prev_result = entry
+        .prev_result
+        .as_deref()
+        .filter(|_| crate::cni::version::at_least(&version, "0.4.0"))
+        .and_then(|raw| crate::cni::result::as_version(raw, &version).ok())
+        .and_then(|text| RawValue::from_string(text.into_owned()).ok());
+    let env = EnvOverride {
+        command: Some("DEL"),
+        container_id: Some(&entry.container_id),
+        netns: Some(""),
+        if_name: Some(entry.if_name()),
+        args: Some(&entry.cni_args),
+    };
+    let outcome = delegate.call_within(&entry.key.network, &version, prev_result.as_deref(), &env, Some(budget.until));
+    let if_name = entry.if_name().to_string();
+    let subject = Subject { network: &entry.key.network, container_id: &entry.container_id, if_name: &if_name, pod: Some(entry.key.pod()) };
+    let store = match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
+        Ok(store) => store,
+        Err(err) => {
+            eprintln!("sandbox-guard: the replayed DEL of {} could not be recorded: {err}", entry.container_id);
+            return false;
+        }
+    };
+    let id = entry.id();
+    match outcome {
+        Ok(_) => {
+            let removed = store.remove_deferred(&entry.key, &id);
+            let note = removed.err().map(|e| format!("; its entry could not be removed ({}), so it is replayed again later", e.msg));
+            inv.log.event(Level::Info, inv.verb, &subject, "replayed", &format!(
+                "the deferred DEL (since {}) reached the primary{}", entry.deferred_at, note.unwrap_or_default()
+            ));
+        }
+        Err(err) => {
+            entry.attempts += 1;
+            entry.last_error = Some(crate::names::shorten(&err.msg));
+            entry.last_attempt_at = Some(crate::clock::now_rfc3339());
+            entry.last_attempt_ns = Some(crate::clock::unix_nanos());
+            let _ = store.save_deferred(&entry);
+            inv.log.event(Level::Warn, inv.verb, &subject, "replay-failed", &format!(
+                "the primary refused the deferred DEL (attempt {}): {}; it stays deferred and is tried again by the node's next \
+                 delegate-mode verb after {}s, or GC",
+                entry.attempts, err.msg, sweep_retry_after(entry.attempts).as_secs()
+            ));
+        }
+    }
+    true
+}
+
+/// Replays, within `budget`, the deferred DELs whose pod's name is free, so that none waits
+/// for its pod to come back to the node (containerd sends no GC). Costs one directory read
+/// when anything is deferred (nothing otherwise) and a stat per key looked at; a key whose
+/// owner file exists is skipped without a lock, one whose pod lock is held is skipped too.
+/// Entries of other networks are replayed with the primary object they recorded (a renamed
+/// network's too); those of an earlier release only by a verb of their own network.
+fn sweep(inv: &Invocation, delegate: &Delegate, budget: &Budget) {
+    let root = &inv.conf.state_dir;
+    let Ok(dirs) = std::fs::read_dir(root.join(deferred::DEFERRED)) else { return };
+    let mut digests: Vec<String> = dirs.flatten().filter_map(|e| e.file_name().to_str().map(str::to_string)).collect();
+    if digests.is_empty() {
+        return;
+    }
+    // A different start each time: a key that keeps failing does not starve the others.
+    let start = (crate::clock::unix_nanos() % digests.len() as u128) as usize;
+    digests.rotate_left(start);
+    for digest in digests.into_iter().take(SWEEP_KEYS) {
+        if !budget.allows_one_more() {
+            return;
+        }
+        if deferred::owned(root, &digest) {
+            continue;
+        }
+        let Some(key) = key_of(root, &digest, &inv.conf.network) else { continue };
+        if let Ok(Some(_lock)) = PodLock::try_acquire(root, &key) {
+            replay(inv, delegate, &key, budget, true);
+        }
+    }
+}
+
+/// The pod key a deferred folder stands for, from its first entry, if the sweep may replay
+/// it: one that recorded its primary, or one of `network`.
+fn key_of(root: &std::path::Path, digest: &str, network: &str) -> Option<PodKey> {
+    let entries = std::fs::read_dir(deferred::key_dir(root, digest)).ok()?;
+    for path in entries.flatten().map(|e| e.path()) {
+        if let Loaded::Valid(entry) = crate::state::read_for_listing::<DeferredDel>(&path)
+            && entry.key.digest() == digest
+            && (entry.delegate.is_some() || entry.key.network == network)
+        {
+            return Some(entry.key);
+        }
+    }
+    None
 }
 
 /// GC's replays: the deferred DELs of attachments the runtime no longer lists, per key, when
@@ -363,7 +603,7 @@ fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey) {
 /// nobody owns or waits on.
 fn replay_collected(inv: &Invocation, delegate: &Delegate) {
     let listed = |entry: &DeferredDel| {
-        inv.conf.valid_attachments.iter().flatten().any(|v| v.container_id == entry.container_id && v.ifname == entry.key.if_name)
+        inv.conf.valid_attachments.iter().flatten().any(|v| v.container_id == entry.container_id && v.ifname == entry.if_name())
     };
     let mut keys: Vec<PodKey> = match Store::open_read_only(&inv.conf.state_dir).and_then(|store| store.list_deferred()) {
         Ok(all) => all
@@ -377,11 +617,13 @@ fn replay_collected(inv: &Invocation, delegate: &Delegate) {
     };
     keys.sort_by_key(PodKey::digest);
     keys.dedup();
+    let budget = Budget::new();
     for key in &keys {
         if let Ok(Some(_lock)) = PodLock::try_acquire(&inv.conf.state_dir, key) {
-            replay(inv, delegate, key);
+            replay(inv, delegate, key, &budget, false);
         }
     }
+    sweep(inv, delegate, &budget);
     if let Ok(store) = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
         store.remove_unused_pod_locks();
     }

@@ -8,7 +8,7 @@ use crate::cni::config::ValidAttachment;
 use crate::error::{GuardError, Kind, Result};
 use crate::cni::log::Level;
 use crate::state::checkpoint::AttachmentId;
-use crate::state::{Loaded, Store};
+use crate::state::Loaded;
 
 pub fn run(inv: &Invocation) -> Result<()> {
     let valid: HashSet<&ValidAttachment> = inv
@@ -29,7 +29,7 @@ pub fn run(inv: &Invocation) -> Result<()> {
         valid.contains(&ValidAttachment { container_id: container_id.to_string(), ifname: if_name.to_string() })
     };
 
-    let store = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout)?;
+    let store = inv.open_store()?;
     let records = store.list_records()?;
     let recorded: HashSet<AttachmentId> = records
         .iter()
@@ -48,9 +48,14 @@ pub fn run(inv: &Invocation) -> Result<()> {
         if owner.key.network != *network {
             continue;
         }
-        if !is_valid(&owner.container_id, &owner.key.if_name) {
+        // Each interface the runtime no longer lists gives its part up; the last one the key.
+        let listed: Vec<String> =
+            owner.interfaces().into_iter().filter(|if_name| is_valid(&owner.container_id, if_name)).map(String::from).collect();
+        if listed.is_empty() {
             store.remove_owner(&owner.key)?;
             released += 1;
+        } else if listed.len() < owner.interfaces().len() {
+            store.save_owner(&crate::state::ownership::Ownership { interfaces: listed, ..owner })?;
         } else if !store.owner_is_backed(&owner) {
             store.remove_owner(&owner.key)?;
             repaired += 1;

@@ -12,6 +12,7 @@ use crate::cni::config::NetConf;
 use crate::cni::env::{Attachment, Verb};
 use crate::cni::log::{Log, Subject};
 use crate::state::checkpoint::AttachmentId;
+use crate::state::Store;
 use crate::state::ownership::PodKey;
 
 /// What every verb needs besides its attachment: the config and the log.
@@ -35,7 +36,24 @@ impl Invocation {
     /// The pod key `CNI_ARGS` name for `attachment`, if they name a pod.
     pub fn pod_key(&self, attachment: &Attachment) -> Option<PodKey> {
         let pod = &attachment.pod;
-        crate::state::checkpoint::pod_key(&self.conf.network, pod.namespace.as_deref(), pod.name.as_deref(), &attachment.ifname)
+        crate::state::checkpoint::pod_key(self.conf.pod_key, &self.conf.network, pod.namespace.as_deref(), pod.name.as_deref(), &attachment.ifname)
+    }
+
+    /// The store for writing, its files keyed by the network's `podKey` rule: a writer moves
+    /// them there first if they are not (`state::rekey`: the upgrade from the release that
+    /// keyed by ifname, or a changed rule), under the lock it holds anyway. An ADD fails when
+    /// that fails (a store that cannot be written fails it anyway); every other verb goes on,
+    /// saying why on stderr: a DEL that is not stale never waits on the guard's bookkeeping.
+    pub fn open_store(&self) -> crate::error::Result<Store> {
+        let store = Store::open(&self.conf.state_dir, self.conf.lock_timeout)?;
+        match store.rekey(&self.conf.network, self.conf.pod_key) {
+            Err(err) if self.verb == Verb::Add => Err(err),
+            Err(err) => {
+                eprintln!("sandbox-guard: the store's files could not be moved to podKey {:?} yet: {err}", self.conf.pod_key.name());
+                Ok(store)
+            }
+            Ok(()) => Ok(store),
+        }
     }
 
     pub fn subject<'a>(&'a self, attachment: Option<&'a Attachment>, pod: Option<String>) -> Subject<'a> {

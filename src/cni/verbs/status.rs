@@ -1,9 +1,5 @@
 //! STATUS: can the plugin serve an ADD now? Only if the state dir takes a write.
 
-use std::fs::{self, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-
 use crate::cni::verbs::Invocation;
 use crate::error::{GuardError, Kind, Result};
 use crate::state::Store;
@@ -17,17 +13,5 @@ pub fn run(inv: &Invocation) -> Result<()> {
     crate::state::ensure_dir(&inv.conf.state_dir).map_err(unavailable)?;
     let store = Store::open_read_only(&inv.conf.state_dir).map_err(unavailable)?;
     drop(store.read_lock(inv.conf.lock_timeout, &|_| {}).map_err(unavailable)?);
-    // Permission bits do not stop root, and a read-only or full filesystem shows only on
-    // a real write: make one.
-    let probe = store.root().join(format!(".status.{}.tmp", std::process::id()));
-    let written = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-        .open(&probe)
-        .and_then(|mut f| f.write_all(b"status probe\n").and_then(|()| f.sync_data()));
-    let _ = fs::remove_file(&probe);
-    written.map_err(|e| unavailable(GuardError::io("write a probe file in", store.root(), e)))
+    crate::state::probe_write(store.root(), true).map_err(unavailable)
 }

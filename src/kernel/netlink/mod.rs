@@ -72,6 +72,17 @@ pub struct RouteState {
     pub reject: Option<&'static str>,
 }
 
+/// Where duplicate address detection stands for an IPv6 address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dad {
+    /// Usable: detection ended, or never ran (`nodad`, `accept_dad` 0).
+    Settled,
+    /// Detection runs: the address neither answers nor sends.
+    Tentative,
+    /// Another node answered for the address: the kernel will not use it.
+    Failed,
+}
+
 /// How long a socket waits for each datagram of the kernel's answer; past it ADD records the
 /// link facts as unavailable. It bounds an answer that never comes, not the kernel's own
 /// wait for its routing lock (rtnl_lock) inside a request, which no timeout of ours can cut

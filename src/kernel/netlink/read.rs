@@ -2,7 +2,7 @@
 
 use ipnetwork::IpNetwork;
 use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
-use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{InfoData, InfoMacVlan, InfoVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVlanMode};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
@@ -10,7 +10,7 @@ use netlink_packet_route::route::{
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::socket::{NlError, RouteSocket};
-use super::{Kernel, LinkState, RouteState, errno, failed};
+use super::{Dad, Kernel, LinkState, RouteState, errno, failed};
 use crate::error::Result;
 
 const RT_TABLE_MAIN: u32 = 254;
@@ -65,6 +65,29 @@ impl Kernel {
             }
         }
         Ok(addresses)
+    }
+
+    /// Where duplicate address detection stands for each IPv6 address of pod link #`index`.
+    pub fn ipv6_dad_states(&self, index: u32) -> Result<Vec<(std::net::Ipv6Addr, Dad)>> {
+        let mut request = AddressMessage::default();
+        request.header.family = AddressFamily::Inet6;
+        let answers = self
+            .socket(Side::Pod)
+            .request(RouteNetlinkMessage::GetAddress(request), NLM_F_REQUEST | NLM_F_DUMP)
+            .map_err(|e| failed("read the IPv6 addresses", e))?;
+        let mut states = Vec::new();
+        for answer in answers {
+            match answer {
+                RouteNetlinkMessage::NewAddress(message) if message.header.index == index => {
+                    if let Some(IpNetwork::V6(cidr)) = address_cidr(&message) {
+                        states.push((cidr.ip(), dad_state(&message)));
+                    }
+                }
+                RouteNetlinkMessage::NewAddress(_) => {}
+                other => return Err(failed("read the IPv6 addresses", unexpected(&other))),
+            }
+        }
+        Ok(states)
     }
 
     /// A link with its addresses and the routes of its netns: three requests in a row on one
@@ -175,6 +198,26 @@ fn address_cidr(message: &AddressMessage) -> Option<IpNetwork> {
         _ => None,
     });
     IpNetwork::new(local.or(address)?, message.header.prefix_len).ok()
+}
+
+/// IFA_FLAGS carries all 32 bits when present; the header's byte holds the low eight, which
+/// include both flags read here.
+fn dad_state(message: &AddressMessage) -> Dad {
+    let flags = message
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            AddressAttribute::Flags(flags) => Some(*flags),
+            _ => None,
+        })
+        .unwrap_or_else(|| AddressFlags::from_bits_retain(u32::from(message.header.flags.bits())));
+    if flags.contains(AddressFlags::Dadfailed) {
+        Dad::Failed
+    } else if flags.contains(AddressFlags::Tentative) {
+        Dad::Tentative
+    } else {
+        Dad::Settled
+    }
 }
 
 fn route_state(message: &RouteMessage) -> Option<RouteState> {

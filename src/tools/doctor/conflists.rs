@@ -23,6 +23,11 @@ pub struct GuardEntry {
     pub network: String,
     pub state_dir: PathBuf,
     pub log_file: Option<PathBuf>,
+    /// The network's `cniVersion`, a missing one read as libcni reads it (0.1.0).
+    pub cni_version: String,
+    /// Delegate mode: the `type` of the primary the guard wraps.
+    pub delegate_type: Option<String>,
+    pub file: PathBuf,
 }
 
 #[derive(Debug, Default)]
@@ -65,6 +70,10 @@ pub fn read(conf_dir: &Path, report: &mut Report) -> NodeConfig {
             )),
         }
     }
+    // A guard only counts where the runtime runs it, at a version it speaks.
+    if !node.guards.is_empty() {
+        problems.extend(crate::tools::install::runtime_problem(conf_dir));
+    }
     if node.guards.is_empty() {
         report.add(
             Finding::new(
@@ -90,6 +99,12 @@ pub fn read(conf_dir: &Path, report: &mut Report) -> NodeConfig {
 
 fn read_conf(file: &Path, conf: &Value, node: &mut NodeConfig, problems: &mut Vec<(String, &'static str)>) {
     let network = conf["name"].as_str().unwrap_or("-").to_string();
+    let cni_version = match conf.get("cniVersion") {
+        None | Some(Value::Null) => crate::cni::version::UNVERSIONED.to_string(),
+        Some(Value::String(version)) if version.is_empty() => crate::cni::version::UNVERSIONED.to_string(),
+        Some(Value::String(version)) => version.clone(),
+        Some(other) => other.to_string(),
+    };
     // A .conflist has "plugins"; a .conf is one plugin.
     let plugins: Vec<&Value> = match conf["plugins"].as_array() {
         Some(plugins) => plugins.iter().collect(),
@@ -114,10 +129,25 @@ fn read_conf(file: &Path, conf: &Value, node: &mut NodeConfig, problems: &mut Ve
                      the primary as \"delegate\" in the primary's place",
                 ));
             }
+            if !crate::cni::version::SUPPORTED.contains(&cni_version.as_str()) {
+                problems.push((
+                    format!(
+                        "{}: network {network} has cniVersion {:?}, which sandbox-guard does not speak (it speaks {}): \
+                         it answers every ADD and DEL of this network with an error",
+                        file.display(),
+                        crate::names::shorten(&cni_version),
+                        crate::cni::version::SUPPORTED.join(", ")
+                    ),
+                    "set the network's \"cniVersion\" to one both sandbox-guard and the primary speak",
+                ));
+            }
             node.guards.push(GuardEntry {
                 network: network.clone(),
                 state_dir: plugin["stateDir"].as_str().map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from),
                 log_file: plugin["logFile"].as_str().map(PathBuf::from),
+                cni_version: cni_version.clone(),
+                delegate_type: plugin["delegate"]["type"].as_str().map(String::from),
+                file: file.to_path_buf(),
             });
         }
     }
@@ -172,5 +202,31 @@ mod tests {
         let mut problems = Vec::new();
         read_conf(Path::new("/etc/cni/net.d/10-calico.conflist"), &wrapping, &mut NodeConfig::default(), &mut problems);
         assert!(problems.is_empty(), "a guard that wraps its primary may stand first: {problems:?}");
+    }
+
+    #[test]
+    fn names_a_network_whose_version_the_guard_does_not_speak() {
+        for (text, bad) in [
+            (r#"{"name":"n","cniVersion":"0.1.0","plugins":[{"type":"calico"},{"type":"sandbox-guard"}]}"#, false),
+            (r#"{"name":"n","plugins":[{"type":"calico"},{"type":"sandbox-guard"}]}"#, false),
+            (r#"{"name":"n","cniVersion":"1.1.0","plugins":[{"type":"sandbox-guard","delegate":{"type":"calico"}}]}"#, false),
+            (r#"{"name":"n","cniVersion":"1.2.0","plugins":[{"type":"calico"},{"type":"sandbox-guard"}]}"#, true),
+            (r#"{"name":"n","cniVersion":"0.2.1","plugins":[{"type":"sandbox-guard","delegate":{"type":"calico"}}]}"#, true),
+            (r#"{"name":"n","cniVersion":1,"plugins":[{"type":"calico"},{"type":"sandbox-guard"}]}"#, true),
+        ] {
+            let conf: Value = serde_json::from_str(text).unwrap();
+            let mut node = NodeConfig::default();
+            let mut problems = Vec::new();
+            read_conf(Path::new("/etc/cni/net.d/10-n.conflist"), &conf, &mut node, &mut problems);
+            assert_eq!(!problems.is_empty(), bad, "{text}: {problems:?}");
+            if bad {
+                assert!(problems[0].0.contains("which sandbox-guard does not speak"), "{problems:?}");
+            }
+        }
+        let conf: Value = serde_json::from_str(r#"{"name":"n","plugins":[{"type":"sandbox-guard","delegate":{"type":"calico"}}]}"#).unwrap();
+        let mut node = NodeConfig::default();
+        read_conf(Path::new("/x.conflist"), &conf, &mut node, &mut Vec::new());
+        assert_eq!(node.guards[0].cni_version, "0.1.0");
+        assert_eq!(node.guards[0].delegate_type.as_deref(), Some("calico"));
     }
 }

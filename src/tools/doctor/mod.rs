@@ -9,6 +9,7 @@
 mod conflists;
 mod finding;
 mod host;
+mod primary_versions;
 mod sandboxes;
 mod stale_dels;
 mod store_health;
@@ -39,6 +40,7 @@ pub struct Options {
 pub fn run(options: &Options) -> i32 {
     let mut report = Report::default();
     let node = conflists::read(&options.conf_dir, &mut report);
+    primary_versions::check(&node.guards, &mut report);
     host::check_lower_links(&node.lower_links, &mut report);
     host::check_service_routes(&options.service_cidrs, &mut report);
 

@@ -165,8 +165,10 @@ fn check_namespaces(
     }
     for entry in &live {
         let record = &entry.record;
-        let Some(key) = record.pod_key() else { continue };
-        let Some(owner) = owners.get(&key).filter(|o| o.container_id != record.container_id) else { continue };
+        let Some((key, owner)) = record.pod_keys().into_iter().find_map(|key| Some((key.clone(), owners.get(&key)?))) else { continue };
+        if owner.container_id == record.container_id {
+            continue;
+        }
         report.add(
             Finding::new(
                 Severity::Warning,

@@ -104,7 +104,7 @@ fn parse_line(line: &str) -> Option<StaleDelLine> {
             network: entry.field("network")?.to_string(),
             pod_namespace: namespace.to_string(),
             pod_name: name.to_string(),
-            if_name: entry.field("ifname")?.to_string(),
+            if_name: Some(entry.field("ifname")?.to_string()),
         },
         container: entry.field("container")?.to_string(),
         handled,
@@ -125,20 +125,27 @@ fn legacy_stale_del(line: &str) -> Option<Option<String>> {
     (outcome == "audited" || text.starts_with("stale DEL")).then_some(owner)
 }
 
-type PodFields = (String, String, String, String);
+type PodFields = (String, String, String, Option<String>);
 
 pub fn check(state_dirs: &[PathBuf], log_files: &[(String, Option<PathBuf>)], owners: &Owners, lock_timeout: Duration, report: &mut Report) {
     // Keyed by the pod key's fields, so the report lists pods in a stable order.
     let mut by_pod: BTreeMap<PodFields, PodStaleDels> = BTreeMap::new();
     // Where the ledger starts for each key: the log is read only before.
-    let mut ledger_since: HashMap<PodKey, String> = HashMap::new();
+    // By pod alone: the ledger's key may hold no ifname (`podKey: "name"`), a log line's does.
+    let mut ledger_since: HashMap<(String, String, String), String> = HashMap::new();
+    // Pods the ledger keys by name alone: their log lines, each with its ifname, count there.
+    let mut keyed_by_name: std::collections::HashSet<(String, String, String)> = std::collections::HashSet::new();
     let mut sources = Vec::new();
     for dir in state_dirs {
         let source = format!("{}/{}", dir.display(), crate::state::ledger::LEDGER);
         match read_ledger(dir, lock_timeout) {
             Ok(entries) => {
                 for entry in entries {
-                    let since = ledger_since.entry(entry.key.clone()).or_insert_with(|| entry.first_at.clone());
+                    let pod = (entry.key.network.clone(), entry.key.pod_namespace.clone(), entry.key.pod_name.clone());
+                    if entry.key.if_name.is_none() {
+                        keyed_by_name.insert(pod.clone());
+                    }
+                    let since = ledger_since.entry(pod).or_insert_with(|| entry.first_at.clone());
                     if entry.first_at < *since {
                         since.clone_from(&entry.first_at);
                     }
@@ -159,11 +166,13 @@ pub fn check(state_dirs: &[PathBuf], log_files: &[(String, Option<PathBuf>)], ow
             for line in BufReader::new(opened).lines().map_while(Result::ok) {
                 let Some(stale) = parse_line(&line) else { continue };
                 // Counted by the ledger already.
-                if ledger_since.get(&stale.key).is_some_and(|since| stale.time >= *since) {
+                let pod = (stale.key.network.clone(), stale.key.pod_namespace.clone(), stale.key.pod_name.clone());
+                if ledger_since.get(&pod).is_some_and(|since| stale.time >= *since) {
                     continue;
                 }
                 let k = stale.key.clone();
-                by_pod.entry((k.network, k.pod_namespace, k.pod_name, k.if_name)).or_default().add_line(stale, &source);
+                let if_name = k.if_name.filter(|_| !keyed_by_name.contains(&pod));
+                by_pod.entry((k.network, k.pod_namespace, k.pod_name, if_name)).or_default().add_line(stale, &source);
                 counted = true;
             }
             if counted {
@@ -191,9 +200,8 @@ pub fn check(state_dirs: &[PathBuf], log_files: &[(String, Option<PathBuf>)], ow
                     severity,
                     "stale-dels",
                     format!(
-                        "pod {} ({}, network {}): {} stale DELs refused, protecting sandbox {protected}{}",
-                        key.pod(),
-                        key.if_name,
+                        "pod {} (network {}): {} stale DELs refused, protecting sandbox {protected}{}",
+                        key.label(),
                         key.network,
                         stats.refused,
                         if current { ", which still owns the pod" } else { "" }
@@ -213,9 +221,8 @@ pub fn check(state_dirs: &[PathBuf], log_files: &[(String, Option<PathBuf>)], ow
                     Severity::Info,
                     "stale-dels",
                     format!(
-                        "pod {} ({}, network {}): {} stale DELs deferred while sandbox {protected} owned the pod",
-                        key.pod(),
-                        key.if_name,
+                        "pod {} (network {}): {} stale DELs deferred while sandbox {protected} owned the pod",
+                        key.label(),
                         key.network,
                         stats.deferred
                     ),
@@ -231,9 +238,8 @@ pub fn check(state_dirs: &[PathBuf], log_files: &[(String, Option<PathBuf>)], ow
                     severity,
                     "stale-dels",
                     format!(
-                        "pod {} ({}, network {}): {} stale DELs let through in audit mode while sandbox {protected} owned the pod",
-                        key.pod(),
-                        key.if_name,
+                        "pod {} (network {}): {} stale DELs let through in audit mode while sandbox {protected} owned the pod",
+                        key.label(),
                         key.network,
                         stats.audited
                     ),

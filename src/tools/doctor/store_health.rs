@@ -25,7 +25,7 @@ pub(super) fn check_orphans(root: &str, orphaned: &[Ownership], report: &mut Rep
     finding.evidence = capped(
         orphaned
             .iter()
-            .map(|o| format!("pod {} ({}, network {}): owner {} (generation {}) has no record", o.key.pod(), o.key.if_name, o.key.network, o.container_id, o.generation))
+            .map(|o| format!("pod {} (network {}): owner {} (generation {}) has no record", o.key.label(), o.key.network, o.container_id, o.generation))
             .collect(),
     );
     report.add(finding);
@@ -48,6 +48,7 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
     let now = crate::clock::unix_seconds();
     let mut old = Vec::new();
     let mut failing = Vec::new();
+    let mut free = Vec::new();
     let waiting = deferred.len();
     for (path, loaded) in &deferred {
         let Loaded::Valid(entry) = loaded else {
@@ -55,18 +56,29 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
             continue;
         };
         let since = crate::clock::parse_rfc3339(&entry.deferred_at).unwrap_or(now);
-        let what = format!("pod {} ({}): sandbox {}, deferred {} ago while {} owned the pod", entry.key.pod(), entry.key.if_name, entry.container_id, crate::clock::age(since, now), entry.owner);
-        if entry.attempts >= REPLAYS_BEFORE_WARNING {
-            failing.push(format!("{what}; {} replays failed, the last: {}", entry.attempts, entry.last_error.as_deref().unwrap_or("-")));
+        let what = format!("pod {} ({}): sandbox {}, deferred {} ago while {} owned the pod", entry.key.pod(), entry.if_name(), entry.container_id, crate::clock::age(since, now), entry.owner);
+        let failed = format!("{} replays failed, the last: {}", entry.attempts, entry.last_error.as_deref().unwrap_or("-"));
+        if entry.attempts > 0 && store.name_is_free(&entry.key) {
+            free.push(format!("{what}; the pod's name is free, but {failed}"));
+        } else if entry.attempts >= REPLAYS_BEFORE_WARNING {
+            failing.push(format!("{what}; {failed}"));
         } else if now - since > DEFERRED_FOR_LONG {
             old.push(what);
         }
     }
-    let quiet = failing.is_empty() && old.is_empty();
+    let quiet = failing.is_empty() && old.is_empty() && free.is_empty();
+    if !free.is_empty() {
+        let summary = format!("{root}: {} deferred DELs whose pod's name is free were refused by the primary", free.len());
+        report.add(Finding::new(Severity::Warning, "store-deferred", summary).listing(free).fix(
+            "read the last error and fix the primary: the primary holds what it gave each old sandbox until a replay passes; \
+             the node's next delegate-mode ADD, DEL or GC retries them (after 2^attempts seconds, at most a minute)",
+        ));
+    }
     if !failing.is_empty() {
         let summary = format!("{root}: the primary keeps refusing {} deferred DELs", failing.len());
         report.add(Finding::new(Severity::Warning, "store-deferred", summary).listing(failing).fix(
-            "read the last error: the primary holds what it gave the old sandbox until one replay passes; the next release of the pod or GC retries",
+            "read the last error: the primary holds what it gave the old sandbox until one replay passes; the next release of the pod, \
+             the node's next delegate-mode verb once the name is free, or GC retries",
         ));
     }
     if !old.is_empty() {
@@ -216,7 +228,7 @@ mod tests {
 
     fn entry(pod: &str, deferred_at: String, attempts: u32) -> DeferredDel {
         DeferredDel {
-            key: PodKey { network: "net".into(), pod_namespace: "lijiaob".into(), pod_name: pod.into(), if_name: "eth0".into() },
+            key: PodKey { network: "net".into(), pod_namespace: "lijiaob".into(), pod_name: pod.into(), if_name: None },
             container_id: format!("old-{pod}"),
             pod_uid: None,
             cni_args: String::new(),
@@ -230,6 +242,11 @@ mod tests {
             attempts,
             last_error: (attempts > 0).then(|| "datastore is locked".to_string()),
             last_attempt_at: None,
+            interface: Some("eth0".into()),
+            last_attempt_ns: None,
+            delegate: None,
+            conf_version: None,
+            identity: None,
         }
     }
 
@@ -251,6 +268,13 @@ mod tests {
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(found[0].0 == Severity::Warning && found[0].1.contains("etcd3-0") && found[0].1.contains("datastore is locked"), "{found:?}");
         assert!(found[1].0 == Severity::Info && found[1].1.contains("etcd2-0") && !found[1].1.contains("etcd1-0"), "{found:?}");
+
+        // One failed replay is enough to warn once nobody owns the name: nothing else retries it soon.
+        store.save_deferred(&entry("etcd4-0", crate::clock::rfc3339(now - 60), 1)).unwrap();
+        let mut report = Report::default();
+        check_deferred("s", &store, &mut report);
+        let warned: Vec<String> = report.findings.iter().filter(|f| f.severity == Severity::Warning).map(|f| f.evidence.join("\n")).collect();
+        assert!(warned.iter().any(|w| w.contains("etcd4-0") && w.contains("name is free")), "{warned:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -37,24 +37,112 @@ impl Mode {
     }
 }
 
-/// The guard's own keys, as the installer writes them.
-#[derive(Debug, Clone)]
+/// The guard's entry as the installer writes it. Keys it is not told about are the
+/// operator's (staleDel, metricsFile, logFormat, ...): they stay as they are in the entry
+/// already there, or in the one the watch saw last.
+#[derive(Debug, Clone, Default)]
 pub struct Entry {
-    pub state_dir: PathBuf,
+    /// `None`: the entry's own, else the default.
+    pub state_dir: Option<PathBuf>,
     pub log_file: Option<PathBuf>,
+    /// Keys set on every install (`--entry JSON`), over the entry's own.
+    pub keys: Vec<(String, Json)>,
+    /// A JSON object read on every install (`--entry-file`, a ConfigMap's key), set after
+    /// `keys`: a ConfigMap update reaches the entry at the watch's next look.
+    pub keys_file: Option<PathBuf>,
+}
+
+/// Keys an entry must not be given: the installer owns them.
+pub const RESERVED_KEYS: [&str; 3] = ["type", "delegate", "capabilities"];
+
+/// The keys of a JSON object for the entry, or why not.
+pub fn entry_keys(text: &str, from: &str) -> Result<Vec<(String, Json)>, String> {
+    match serde_json::from_str::<Json>(text) {
+        Ok(Json::Object(pairs)) => match pairs.iter().find(|(k, _)| RESERVED_KEYS.contains(&k.as_str())) {
+            Some((key, _)) => Err(format!("{from} sets {key:?}, which the installer owns: leave it out")),
+            None => Ok(pairs),
+        },
+        Ok(_) => Err(format!("{from} is not a JSON object: give {{\"staleDel\": \"audit\", ...}}")),
+        Err(e) => Err(format!("{from} is not JSON: {e}")),
+    }
 }
 
 impl Entry {
-    pub fn json(&self) -> Json {
-        let mut pairs = vec![
-            ("type", Json::String(GUARD_TYPE.to_string())),
-            ("stateDir", Json::String(self.state_dir.to_string_lossy().into_owned())),
-        ];
-        if let Some(log_file) = &self.log_file {
-            pairs.push(("logFile", Json::String(log_file.to_string_lossy().into_owned())));
+    /// The entry to write, built on `current` (the one there now or last seen).
+    pub fn json(&self, current: Option<&Json>) -> Result<Json, String> {
+        let mut pairs: Vec<(String, Json)> = match current {
+            Some(Json::Object(pairs)) => pairs.iter().filter(|(k, _)| !RESERVED_KEYS.contains(&k.as_str())).cloned().collect(),
+            _ => Vec::new(),
+        };
+        pairs.insert(0, ("type".to_string(), Json::String(GUARD_TYPE.to_string())));
+        let mut set = |key: &str, value: Json| match pairs.iter_mut().find(|(k, _)| k == key) {
+            Some(pair) => pair.1 = value,
+            None => pairs.push((key.to_string(), value)),
+        };
+        let path = |p: &PathBuf| Json::String(p.to_string_lossy().into_owned());
+        match &self.state_dir {
+            Some(dir) => set("stateDir", path(dir)),
+            None if current.and_then(|c| c.get("stateDir")).is_none() => {
+                set("stateDir", Json::String(crate::cni::config::DEFAULT_STATE_DIR.to_string()))
+            }
+            None => {}
         }
-        Json::object(pairs)
+        if let Some(log_file) = &self.log_file {
+            set("logFile", path(log_file));
+        }
+        for (key, value) in &self.keys {
+            set(key, value.clone());
+        }
+        if let Some(file) = &self.keys_file {
+            // A ConfigMap mounted `optional: true` and not created: no keys to set.
+            let text = match std::fs::read_to_string(file) {
+                Ok(text) => text,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::from("{}"),
+                Err(e) => return Err(format!("cannot read --entry-file {}: {e}", file.display())),
+            };
+            for (key, value) in entry_keys(&text, &format!("--entry-file {}", file.display()))? {
+                set(&key, value);
+            }
+        }
+        Ok(Json::Object(pairs))
     }
+}
+
+/// The guard's entry in a list (chained, or the wrapper of a delegate), without the
+/// wrapped primary.
+pub fn guard_entry(list: &Json) -> Option<Json> {
+    plugins(list).iter().find(|p| is_guard(p)).map(|entry| match entry {
+        Json::Object(pairs) => Json::Object(pairs.iter().filter(|(k, _)| k != "delegate").cloned().collect()),
+        other => other.clone(),
+    })
+}
+
+/// True when any list in `doc` names the guard: its plugins, or (multus thin) a list
+/// re-inlined under `delegates`.
+pub fn names_guard_anywhere(doc: &Json) -> bool {
+    if is_guard(doc) || has_guard(doc) {
+        return true;
+    }
+    let nested = |key: &str| match doc.get(key) {
+        Some(Json::Array(items)) => items.iter().any(names_guard_anywhere),
+        _ => false,
+    };
+    nested("delegates") || nested("plugins")
+}
+
+/// `doc` with the guard taken out of every list in it, as `strip` does for one.
+pub fn strip_anywhere(doc: &Json) -> Json {
+    let mut doc = if has_guard(doc) { strip(doc) } else { doc.clone() };
+    if let Json::Object(pairs) = &mut doc {
+        for (key, value) in pairs.iter_mut() {
+            if let (true, Json::Array(items)) = (key == "delegates" || key == "plugins", value) {
+                for item in items.iter_mut() {
+                    *item = strip_anywhere(item);
+                }
+            }
+        }
+    }
+    doc
 }
 
 fn is_guard(plugin: &Json) -> bool {
@@ -108,15 +196,15 @@ pub fn upconvert(plugin: &Json) -> Json {
     Json::object(pairs)
 }
 
-/// `list` (already stripped) with the guard put in for `mode` (chained or delegate).
-pub fn insert(list: &Json, mode: Mode, entry: &Entry) -> Json {
+/// `list` (already stripped) with `entry` put in for `mode` (chained or delegate).
+pub fn insert(list: &Json, mode: Mode, entry: &Json) -> Json {
     let mut list = list.clone();
     let plugins = plugins_mut(&mut list);
     match mode {
-        Mode::Chained => plugins.push(entry.json()),
+        Mode::Chained => plugins.push(entry.clone()),
         Mode::Delegate => {
             let primary = plugins.remove(0);
-            let Json::Object(mut pairs) = entry.json() else { unreachable!() };
+            let Json::Object(mut pairs) = entry.clone() else { unreachable!("an entry is an object") };
             // libcni hands runtimeConfig only to an entry that declares the capability.
             if let Some(capabilities) = primary.get("capabilities") {
                 pairs.insert(1, ("capabilities".to_string(), capabilities.clone()));
@@ -133,8 +221,20 @@ pub fn insert(list: &Json, mode: Mode, entry: &Entry) -> Json {
 mod tests {
     use super::*;
 
-    fn entry() -> Entry {
-        Entry { state_dir: "/s".into(), log_file: None }
+    fn entry() -> Json {
+        Entry { state_dir: Some("/s".into()), ..Entry::default() }.json(None).unwrap()
+    }
+
+    #[test]
+    fn the_operators_keys_stay_and_the_installers_win() {
+        let current: Json = serde_json::from_str(r#"{"type":"sandbox-guard","stateDir":"/old","staleDel":"audit","delegate":{"type":"x"}}"#).unwrap();
+        let entry = Entry { log_file: Some("/l".into()), keys: vec![("ipConflict".into(), Json::String("refuse".into()))], ..Entry::default() };
+        let json = entry.json(Some(&current)).unwrap();
+        assert_eq!(
+            serde_json::to_string(&json).unwrap(),
+            r#"{"type":"sandbox-guard","stateDir":"/old","staleDel":"audit","logFile":"/l","ipConflict":"refuse"}"#
+        );
+        assert!(entry_keys(r#"{"type":"x"}"#, "--entry").is_err());
     }
 
     #[test]

@@ -36,6 +36,37 @@ impl Keep {
 }
 
 pub fn write_atomic(target: &Path, bytes: &[u8], keep: Keep) -> io::Result<()> {
+    write_atomic_if(target, bytes, keep, &Expect::Any).map(|_| ())
+}
+
+/// What a file held when the installer read it: it is replaced only if it still does.
+pub enum Expect<'a> {
+    /// Whatever it holds (a file only the installer writes).
+    Any,
+    Absent,
+    Bytes(&'a [u8]),
+}
+
+impl Expect<'_> {
+    pub fn holds(&self, file: &Path) -> bool {
+        match (self, fs::read(file)) {
+            (Expect::Any, _) => true,
+            (Expect::Absent, Err(e)) => e.kind() == io::ErrorKind::NotFound,
+            (Expect::Bytes(expected), Ok(now)) => now == *expected,
+            _ => false,
+        }
+    }
+}
+
+/// `write_atomic`, replacing the target only if it still holds what `expect` says: when
+/// another writer replaced it since it was read, the answer is false and the file is as
+/// that writer left it, so the caller starts over from the new content instead of putting
+/// back an older one. The target is looked at after the slow part (the write and fsync of
+/// the temp file), then swapped with the temp file in one step (renameat2 EXCHANGE); the
+/// old content, now under the temp name, is looked at once more, and if a write slipped in
+/// between the look and the swap it is swapped back. Where the file system cannot exchange,
+/// a plain rename follows the look.
+pub fn write_atomic_if(target: &Path, bytes: &[u8], keep: Keep, expect: &Expect) -> io::Result<bool> {
     let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = target.file_name().ok_or_else(|| io::Error::other("no file name"))?;
     let temp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
@@ -48,13 +79,55 @@ pub fn write_atomic(target: &Path, bytes: &[u8], keep: Keep) -> io::Result<()> {
         file.set_permissions(fs::Permissions::from_mode(keep.mode))?;
         file.write_all(bytes)?;
         file.sync_all()?;
-        fs::rename(&temp, target)
+        if !expect.holds(target) {
+            return Ok(false);
+        }
+        let unsupported = |e: &io::Error| matches!(e.raw_os_error(), Some(nix::libc::EINVAL | nix::libc::ENOSYS));
+        match expect {
+            Expect::Any => fs::rename(&temp, target).map(|()| true),
+            Expect::Absent => match rename2(&temp, target, nix::libc::RENAME_NOREPLACE) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) if unsupported(&e) => fs::rename(&temp, target).map(|()| true),
+                Err(e) => Err(e),
+            },
+            Expect::Bytes(_) => match rename2(&temp, target, nix::libc::RENAME_EXCHANGE) {
+                Ok(()) if expect.holds(&temp) => Ok(true),
+                Ok(()) => {
+                    // Unless the other writer wrote yet again, its file goes back in place.
+                    let ours = file.metadata()?.ino();
+                    if fs::metadata(target).is_ok_and(|m| m.ino() == ours) {
+                        rename2(&temp, target, nix::libc::RENAME_EXCHANGE)?;
+                    }
+                    Ok(false)
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+                Err(e) if unsupported(&e) => fs::rename(&temp, target).map(|()| true),
+                Err(e) => Err(e),
+            },
+        }
     })();
-    if written.is_err() {
-        let _ = fs::remove_file(&temp);
+    // The temp name holds our bytes (not used) or, after an exchange, the replaced file's.
+    let _ = fs::remove_file(&temp);
+    if written? {
+        sync_dir(dir)?;
+        return Ok(true);
     }
-    written?;
-    sync_dir(dir)
+    Ok(false)
+}
+
+/// renameat2(2) with `flags` (RENAME_EXCHANGE, RENAME_NOREPLACE), by system call: libc
+/// wrappers for it are not in every libc a static build may use.
+fn rename2(from: &Path, to: &Path, flags: std::ffi::c_uint) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let from = std::ffi::CString::new(from.as_os_str().as_bytes())?;
+    let to = std::ffi::CString::new(to.as_os_str().as_bytes())?;
+    // SAFETY: two NUL-terminated paths that live until the call returns; AT_FDCWD resolves
+    // them as open(2) would.
+    let rc = unsafe {
+        nix::libc::syscall(nix::libc::SYS_renameat2, nix::libc::AT_FDCWD, from.as_ptr(), nix::libc::AT_FDCWD, to.as_ptr(), flags)
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
 pub fn sync_dir(dir: &Path) -> io::Result<()> {

@@ -9,36 +9,132 @@
 mod edit;
 mod files;
 mod json;
+mod metrics;
 mod network;
+mod waiting;
+mod platform;
 mod watch;
 
 use std::path::{Path, PathBuf};
 
-pub use edit::{Entry, Mode};
+pub use edit::{Entry, Mode, entry_keys};
 use edit::DROPIN_FILE;
-use files::{Keep, original_of};
+use files::{Expect, Keep, original_of};
 use json::{Doc, Json};
-use network::{Network, file_name};
+use network::{Found, Network, file_name};
+pub use platform::Platform;
 
-pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
-pub const DEFAULT_BIN_DIR: &str = "/opt/cni/bin";
 
 #[derive(Debug, Clone)]
 pub struct Options {
     pub conf_dir: PathBuf,
     pub bin_dir: PathBuf,
+    /// Where the host's `/` is (`/host` in the DaemonSet): multus's paths are the host's.
+    pub host_root: PathBuf,
     pub network: Option<String>,
     pub mode: Mode,
     pub entry: Entry,
     pub watch: bool,
     pub remove_binary: bool,
+    /// Leave delegate mode although deferred DELs wait.
+    pub force: bool,
+    /// Only look (`--check`): exit 0 when the guard is in place and can run.
+    pub check: bool,
+    /// The installer's own textfile for node_exporter (`--metrics-file`).
+    pub metrics_file: Option<PathBuf>,
+}
+
+/// Why an install did not happen, as counted in the installer's metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reason {
+    /// No network, a broken file before it, a name not found, multus's target not found.
+    Network,
+    /// A cniVersion the plugin does not speak.
+    Version,
+    /// None of the network's plugins in the bin dir: the runtime looks elsewhere.
+    BinDir,
+    /// A file in the way, a drop-in the network cannot load.
+    Conflict,
+    /// The primary kept writing the file while it was being replaced.
+    Changing,
+    /// A file owner that reverts each insert.
+    Fight,
+    Io,
+}
+
+impl Reason {
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::Network => "network",
+            Reason::Version => "version",
+            Reason::BinDir => "bin-dir",
+            Reason::Conflict => "conflict",
+            Reason::Changing => "changing",
+            Reason::Fight => "fight",
+            Reason::Io => "io",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub reason: Reason,
+    pub msg: String,
+}
+
+impl Failure {
+    fn new(reason: Reason, msg: impl Into<String>) -> Failure {
+        Failure { reason, msg: msg.into() }
+    }
+}
+
+impl From<String> for Failure {
+    fn from(msg: String) -> Failure {
+        Failure::new(Reason::Io, msg)
+    }
+}
+
+/// What one install did.
+#[derive(Debug, Default)]
+pub struct Installed {
+    /// What it changed, one line each (none: all was in place).
+    pub done: Vec<String>,
+    /// What the operator should know (which network, and why), said on every run.
+    pub notes: Vec<String>,
+    pub warnings: Vec<String>,
+    /// The file that holds the guard (the network's list, or the drop-in).
+    pub file: PathBuf,
+    /// The network's list without the guard, as the primary had it: the watch compares the
+    /// next one with it to tell a file owner reverting the insert from an upgrade.
+    pub primary_list: Option<Json>,
+    /// The entry as it is now: the watch puts the operator's keys back from it.
+    pub entry: Option<Json>,
 }
 
 pub fn run_install(options: &Options) -> i32 {
     if options.watch {
         return watch::run(options);
     }
-    report(install(options), "already installed: nothing changed")
+    if options.check {
+        return match check(options) {
+            Ok(lines) => {
+                lines.iter().for_each(|line| println!("{line}"));
+                0
+            }
+            Err(failure) => {
+                println!("not ready: {}", failure.msg);
+                1
+            }
+        };
+    }
+    match install_retrying(options, None) {
+        Ok(installed) => {
+            installed.notes.iter().for_each(|line| eprintln!("sandbox-guard: {line}"));
+            installed.warnings.iter().for_each(|line| eprintln!("sandbox-guard: warning: {line}"));
+            report(Ok(installed.done), "already installed: nothing changed")
+        }
+        Err(failure) => report(Err(failure.msg), ""),
+    }
 }
 
 pub fn run_uninstall(options: &Options) -> i32 {
@@ -68,45 +164,123 @@ fn io_err(what: &str, path: &Path) -> impl FnOnce(std::io::Error) -> String {
     move |e| format!("cannot {what} {path}: {e}")
 }
 
-/// Puts the guard in; what it changed, one line each (none: all was in place). Every check
-/// that can refuse runs before the first write.
-pub fn install(options: &Options) -> Result<Vec<String>, String> {
-    let net = network::find(&options.conf_dir, options.network.as_deref())?;
+/// How many times an install starts over because the primary wrote again meanwhile.
+const ATTEMPTS: usize = 5;
+
+/// `install`, started over while the primary keeps writing the file under it.
+pub fn install_retrying(options: &Options, remembered: Option<&Json>) -> Result<Installed, Failure> {
+    for _ in 1..ATTEMPTS {
+        match install(options, remembered) {
+            Err(failure) if failure.reason == Reason::Changing => continue,
+            other => return other,
+        }
+    }
+    install(options, remembered)
+}
+
+fn changed(file: &Path) -> Failure {
+    Failure::new(
+        Reason::Changing,
+        format!("{} changed while it was being replaced: another writer is at work; run again once it settles", file.display()),
+    )
+}
+
+/// The network the guard goes into, refused when the guard could not run there: a
+/// cniVersion it does not speak (every ADD would fail), or a bin dir that holds none of the
+/// network's plugins (the runtime looks for plugins elsewhere: the guard would not be found).
+pub fn runnable(options: &Options) -> Result<Found, Failure> {
+    let found = network::find(&options.conf_dir, options.network.as_deref(), &options.host_root).map_err(|msg| Failure::new(Reason::Network, msg))?;
+    let net = &found.net;
+    let version = network::version(net);
+    // A config without cniVersion is 0.1.0 to the runtime (network::version).
+    if !crate::cni::version::SUPPORTED.contains(&version.as_str()) {
+        return Err(Failure::new(
+            Reason::Version,
+            format!(
+                "network {} in {} is at cniVersion {}, which sandbox-guard does not speak ({}): every ADD on the node \
+                 would fail; leave this network unguarded, or raise its cniVersion in the primary's own config first",
+                net.name,
+                file_name(&net.file),
+                crate::names::shorten(&version),
+                crate::cni::version::SUPPORTED.join(", ")
+            ),
+        ));
+    }
+    let types = network::plugin_types(net);
+    if !types.is_empty() && !types.iter().any(|t| options.bin_dir.join(t).is_file()) {
+        return Err(Failure::new(
+            Reason::BinDir,
+            format!(
+                "none of network {}'s plugins ({}) is in {}: the runtime looks for plugins elsewhere, and would not find \
+                 sandbox-guard there either; give the runtime's plugin dir with --bin-dir, or --platform (gke: \
+                 /home/kubernetes/bin, openshift: /var/lib/cni/bin, k3s: /var/lib/rancher/k3s/data/<hash>/bin)",
+                net.name,
+                types.join(", "),
+                options.bin_dir.display()
+            ),
+        ));
+    }
+    Ok(found)
+}
+
+/// Puts the guard in. Every check that can refuse runs before the first write; each write
+/// of the network's file renames only if the file still holds what was read (else it
+/// answers `Reason::Changing`, and `install_retrying` starts over from the new content).
+/// `remembered`: the entry the watch saw last, whose keys come back after a primary's
+/// rewrite dropped it.
+pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed, Failure> {
+    let Found { net, notes, warnings, via_multus, .. } = runnable(options)?;
     let dropin = options.conf_dir.join(&net.name).join(DROPIN_FILE);
-    let mut done = Vec::new();
+    let dropin_doc = std::fs::read(&dropin).ok().and_then(|b| Doc::parse(&b).ok());
+    let list = net.list();
+    let current_entry = edit::guard_entry(&list).or_else(|| dropin_doc.as_ref().map(|d| d.root.clone()));
+    let entry = options.entry.json(current_entry.as_ref().or(remembered)).map_err(|msg| Failure::new(Reason::Conflict, msg))?;
+    let mut out = Installed { notes, warnings, primary_list: Some(edit::strip(&list)), entry: Some(entry.clone()), ..Installed::default() };
+    let done = &mut out.done;
+    waiting::refuse_leaving_delegate(&net, Some(options.mode), options.force, done)?;
     if options.mode == Mode::Dropin {
+        out.file = dropin.clone();
+        if let Some(kind) = via_multus {
+            return Err(Failure::new(
+                Reason::Conflict,
+                format!(
+                    "--mode dropin: multus ({kind}) runs {} itself, from its own copy or read, without drop-ins; use --mode chained or delegate",
+                    file_name(&net.file)
+                ),
+            ));
+        }
         check_dropin(&net, &dropin)?;
         if files::install_binary(&options.bin_dir)? {
             done.push(format!("copied the binary to {}", options.bin_dir.join(edit::GUARD_TYPE).display()));
         }
         if edit::has_guard(&net.doc.root) {
-            restore(&net, &edit::strip(&net.doc.root), &mut done)?;
+            restore(&net, &edit::strip(&net.doc.root), done)?;
         }
-        let wanted = Doc::new(options.entry.json());
-        let current = std::fs::read(&dropin).ok().and_then(|b| Doc::parse(&b).ok());
-        if !current.is_some_and(|doc| doc.root.same_as(&wanted.root)) {
+        let wanted = Doc::new(entry);
+        if !dropin_doc.is_some_and(|doc| doc.root.same_as(&wanted.root)) {
             let dir = dropin.parent().expect("a drop-in has a directory");
             std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
             files::write_atomic(&dropin, &wanted.render(), Keep::mode(0o644)).map_err(io_err("write", &dropin))?;
             done.push(format!("wrote the drop-in {} for network {}", dropin.display(), net.name));
         }
-        return Ok(done);
+        return Ok(out);
     }
 
-    let list = if net.single { edit::upconvert(&net.doc.root) } else { net.doc.root.clone() };
-    let wanted = edit::insert(&edit::strip(&list), options.mode, &options.entry);
+    let wanted = edit::insert(&edit::strip(&list), options.mode, &entry);
     let target = if net.single { net.file.with_extension("conflist") } else { net.file.clone() };
+    out.file = target.clone();
+    let mut target_had: Option<Vec<u8>> = None;
     if net.single {
         // Ours from an earlier conversion, or nobody's: anything else is not ours to replace.
         if let Ok(bytes) = std::fs::read(&target) {
             let ours = Doc::parse(&bytes).is_ok_and(|d| d.root.get("name") == wanted.get("name") && edit::has_guard(&d.root));
             if !ours {
-                return Err(format!(
-                    "{} must become {} to hold a list, and that file exists with other content",
-                    file_name(&net.file),
-                    file_name(&target)
+                return Err(Failure::new(
+                    Reason::Conflict,
+                    format!("{} must become {} to hold a list, and that file exists with other content", file_name(&net.file), file_name(&target)),
                 ));
             }
+            target_had = Some(bytes);
         }
     }
     if files::install_binary(&options.bin_dir)? {
@@ -119,27 +293,94 @@ pub fn install(options: &Options) -> Result<Vec<String>, String> {
             let original = original_of(&net.file);
             files::write_atomic(&original, &net.bytes, keep).map_err(io_err("write", &original))?;
         }
-        files::write_atomic(&target, &net.doc.with_root(wanted).render(), keep).map_err(io_err("write", &target))?;
+        let expect = if net.single {
+            target_had.as_deref().map_or(Expect::Absent, Expect::Bytes)
+        } else {
+            Expect::Bytes(&net.bytes)
+        };
+        let renamed = files::write_atomic_if(&target, &net.doc.with_root(wanted).render(), keep, &expect)
+            .map_err(io_err("write", &target))?;
+        if !renamed {
+            return Err(changed(&target));
+        }
         if net.single {
             // Only now: until the list is in place the runtime keeps reading the plugin.
+            // A plugin file the primary rewrote meanwhile stays: the next round converts it.
+            if !Expect::Bytes(&net.bytes).holds(&net.file) {
+                return Err(changed(&net.file));
+            }
             files::remove(&net.file).map_err(io_err("remove", &net.file))?;
             done.push(format!("converted {} into {} with sandbox-guard ({})", file_name(&net.file), target.display(), options.mode.name()));
         } else {
             done.push(format!("put sandbox-guard into {} ({})", target.display(), options.mode.name()));
         }
     }
-    remove_dropin(&dropin, &mut done)?;
-    Ok(done)
+    remove_dropin(&dropin, done)?;
+    Ok(out)
+}
+
+/// The readiness check: the guard is in the network the runtime loads (or, for multus,
+/// the one it delegates to), that network can run it, and its binary is where the runtime
+/// looks. Only reads.
+pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
+    let found = runnable(options)?;
+    let net = &found.net;
+    if !found.runtime_runs_it {
+        return Err(Failure::new(Reason::Network, found.warnings.join("; ")));
+    }
+    let dropin = options.conf_dir.join(&net.name).join(DROPIN_FILE);
+    let place = if edit::has_guard(&net.list()) {
+        format!("in {}", file_name(&net.file))
+    } else if dropin.is_file() && !net.single {
+        format!("in the drop-in {} (libcni 1.3 runtimes)", dropin.display())
+    } else {
+        return Err(Failure::new(Reason::Network, format!("sandbox-guard is not in network {} ({})", net.name, file_name(&net.file))));
+    };
+    let missing: Vec<String> = network::plugin_types(net).into_iter().filter(|t| !options.bin_dir.join(t).is_file()).collect();
+    if !missing.is_empty() {
+        return Err(Failure::new(
+            Reason::BinDir,
+            format!("network {} names plugins the runtime cannot find in {}: {}", net.name, options.bin_dir.display(), missing.join(", ")),
+        ));
+    }
+    let binary = options.bin_dir.join(edit::GUARD_TYPE);
+    let this = std::env::current_exe().and_then(std::fs::read).map_err(|e| format!("cannot read this binary: {e}"))?;
+    if !std::fs::read(&binary).is_ok_and(|there| there == this) {
+        return Err(Failure::new(Reason::BinDir, format!("{} is missing or not this version", binary.display())));
+    }
+    let mut lines = found.notes.clone();
+    lines.push(format!("ready: sandbox-guard is {place}, network {} at cniVersion {}, binary {}", net.name, network::version(net), binary.display()));
+    Ok(lines)
+}
+
+/// For `--doctor`, which knows no bin dir and checks each guarded network's version on its
+/// own: why the guards of `conf_dir` do not run for the runtime's pods, with the way out.
+pub fn runtime_problem(conf_dir: &Path) -> Option<(String, &'static str)> {
+    let found = network::find(conf_dir, None, Path::new("/")).ok()?;
+    let net = &found.net;
+    let guarded = edit::has_guard(&net.list()) || conf_dir.join(&net.name).join(DROPIN_FILE).is_file();
+    (!guarded).then(|| {
+        (
+            format!(
+                "sandbox-guard is not in network {} ({}), the one the runtime loads{}: no pod is guarded",
+                net.name,
+                file_name(&net.file),
+                if found.via_multus.is_some() { " through multus" } else { "" }
+            ),
+            "run sandbox-guard --install (it picks the network the runtime loads), and --uninstall first to take it out of the others",
+        )
+    })
 }
 
 /// A drop-in runs only from a `.conflist` that lets libcni load drop-ins, and is the last of
 /// them (the last plugin is the first on DEL).
-fn check_dropin(net: &Network, dropin: &Path) -> Result<(), String> {
+fn check_dropin(net: &Network, dropin: &Path) -> Result<(), Failure> {
+    let conflict = |msg: String| Failure::new(Reason::Conflict, msg);
     if net.single {
-        return Err(format!(
+        return Err(conflict(format!(
             "--mode dropin needs the network in a .conflist: runtimes do not add drop-ins to a single plugin such as {}; use --mode chained",
             file_name(&net.file)
-        ));
+        )));
     }
     let inlined_only = match net.doc.root.get("loadOnlyInlinedPlugins") {
         Some(Json::Bool(b)) => *b,
@@ -147,7 +388,7 @@ fn check_dropin(net: &Network, dropin: &Path) -> Result<(), String> {
         _ => false,
     };
     if inlined_only {
-        return Err(format!("{} sets loadOnlyInlinedPlugins: libcni would ignore a drop-in; use --mode chained", file_name(&net.file)));
+        return Err(conflict(format!("{} sets loadOnlyInlinedPlugins: libcni would ignore a drop-in; use --mode chained", file_name(&net.file))));
     }
     let dir = dropin.parent().expect("a drop-in has a directory");
     if let Ok(entries) = std::fs::read_dir(dir) {
@@ -157,11 +398,11 @@ fn check_dropin(net: &Network, dropin: &Path) -> Result<(), String> {
             .filter(|n| n.ends_with(".conf") && n.as_str() > DROPIN_FILE)
             .collect();
         if !after.is_empty() {
-            return Err(format!(
+            return Err(conflict(format!(
                 "{} holds drop-ins that sort after {DROPIN_FILE} ({}): the guard would not be the first plugin on DEL",
                 dir.display(),
                 after.join(", ")
-            ));
+            )));
         }
     }
     Ok(())
@@ -176,14 +417,37 @@ fn remove_dropin(dropin: &Path, done: &mut Vec<String>) -> Result<(), String> {
     Ok(())
 }
 
-/// Takes the guard out of every place it may be; the binary goes only when asked.
+/// Takes the guard out of every place it may be, whichever network it went into and
+/// whatever happened since: every network file that names it (a converted list whose
+/// plugin file the primary re-created goes whole, multus thin's re-inlined copy is
+/// stripped), every drop-in, every kept original. The binary goes only when asked.
 pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
-    let net = network::find(&options.conf_dir, options.network.as_deref())?;
+    // Room for a refusal while the store holds what only the guard can finish (delegate
+    // mode's deferred DELs): it goes here, before the first write.
     let mut done = Vec::new();
-    if !net.single && edit::has_guard(&net.doc.root) {
-        restore(&net, &edit::strip(&net.doc.root), &mut done)?;
+    let scan = network::scan(&options.conf_dir)?;
+    for net in &scan.networks {
+        waiting::refuse_leaving_delegate(net, None, options.force, &mut done)?;
     }
-    remove_dropin(&options.conf_dir.join(&net.name).join(DROPIN_FILE), &mut done)?;
+    for net in &scan.networks {
+        let list = net.list();
+        if edit::has_guard(&list) {
+            restore(net, &edit::strip(&list), &mut done)?;
+        } else if edit::names_guard_anywhere(&net.doc.root) {
+            let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
+            let stripped = net.doc.with_root(edit::strip_anywhere(&net.doc.root));
+            files::write_atomic(&net.file, &stripped.render(), keep).map_err(io_err("write", &net.file))?;
+            done.push(format!("took sandbox-guard out of the lists inlined in {}", net.file.display()));
+        }
+    }
+    for entry in std::fs::read_dir(&options.conf_dir).map_err(io_err("read", &options.conf_dir))?.flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_dropin(&path.join(DROPIN_FILE), &mut done)?;
+        } else if path.to_string_lossy().ends_with(files::ORIGINAL_SUFFIX) && files::remove(&path).map_err(io_err("remove", &path))? {
+            done.push(format!("removed {}", path.display()));
+        }
+    }
     if options.remove_binary {
         let binary = options.bin_dir.join(edit::GUARD_TYPE);
         if files::remove(&binary).map_err(io_err("remove", &binary))? {
@@ -209,6 +473,14 @@ fn restore(net: &Network, stripped: &Json, done: &mut Vec<String>) -> Result<(),
     for single in [net.file.with_extension("conf"), net.file.with_extension("json")] {
         if single == net.file {
             continue;
+        }
+        if single.exists() && original_of(&single).exists() {
+            // The primary wrote its plugin file again after the conversion: its bytes are
+            // newer than the kept ones, and the converted list is ours alone.
+            files::remove(&net.file).map_err(io_err("remove", &net.file))?;
+            files::remove(&original_of(&single)).map_err(io_err("remove", &original_of(&single)))?;
+            done.push(format!("removed {}, left {} as the primary wrote it again", net.file.display(), single.display()));
+            return Ok(());
         }
         if let Some(bytes) = kept(&single) {
             files::write_atomic(&single, &bytes, keep).map_err(io_err("write", &single))?;

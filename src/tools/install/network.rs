@@ -21,6 +21,13 @@ pub struct Network {
     pub single: bool,
 }
 
+impl Network {
+    /// The network as the runtime runs it: a list (a single plugin upconverted).
+    pub fn list(&self) -> Json {
+        if self.single { super::edit::upconvert(&self.doc.root) } else { self.doc.root.clone() }
+    }
+}
+
 enum Read {
     Network(Network),
     /// Not a network the runtime would load, and why (not an error: go-cni and ocicni
@@ -79,67 +86,213 @@ fn read(file: &Path) -> Read {
     Read::Network(Network { file, name: name.unwrap_or_default(), doc, bytes, single })
 }
 
-/// The network to install into: the one named `wanted`, or the only one there is. A file
-/// that does not parse and sorts before it is an error: containerd stops at it, CRI-O skips
-/// it, so which network a node runs would depend on the runtime.
-pub fn find(conf_dir: &Path, wanted: Option<&str>) -> Result<Network, String> {
-    let files = files(conf_dir)?;
-    let mut broken: Vec<(PathBuf, String)> = Vec::new();
-    let mut networks: Vec<Network> = Vec::new();
-    for file in &files {
-        match read(file) {
-            Read::Network(net) => networks.push(net),
-            Read::Broken(file, why) => broken.push((file, why)),
+/// Every network of a conf dir in the runtime's order, and the files it would not load.
+pub struct Scan {
+    pub networks: Vec<Network>,
+    broken: Vec<(PathBuf, String)>,
+}
+
+pub fn scan(conf_dir: &Path) -> Result<Scan, String> {
+    let mut scan = Scan { networks: Vec::new(), broken: Vec::new() };
+    for file in files(conf_dir)? {
+        match read(&file) {
+            Read::Network(net) => scan.networks.push(net),
+            Read::Broken(file, why) => scan.broken.push((file, why)),
         }
     }
+    Ok(scan)
+}
+
+/// The network to install into, and what the operator should know about the choice.
+#[derive(Debug)]
+pub struct Found {
+    pub net: Network,
+    /// Lines for the operator: which network the runtime loads, what multus delegates to.
+    pub notes: Vec<String>,
+    /// A `--network` that is not what the runtime runs: installed, but not where it counts.
+    pub warnings: Vec<String>,
+    /// The guard in `net` runs for the runtime's pods: `net` is the network the runtime
+    /// loads, or the cluster network multus (loaded by the runtime) hands every pod to.
+    pub runtime_runs_it: bool,
+    /// Multus (`thick` or `thin`) runs `net` as its cluster network.
+    pub via_multus: Option<&'static str>,
+}
+
+/// The network to install into: the one the runtime loads (the lexically first that
+/// parses, as containerd's go-cni and CRI-O's ocicni pick), or the one `wanted` names; when
+/// that network is multus's own, the cluster network multus delegates to instead (multus
+/// owns, rewrites and removes its file). A file that does not parse and sorts before the
+/// chosen one is an error: containerd stops at it, CRI-O skips it, so which network a node
+/// runs would depend on the runtime.
+pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<Found, String> {
+    let mut scan = scan(conf_dir)?;
+    let listing = |networks: &[Network]| -> String {
+        networks.iter().map(|n| format!("{} ({})", n.name, file_name(&n.file))).collect::<Vec<_>>().join(", ")
+    };
+    if scan.networks.is_empty() {
+        let why: Vec<String> = scan.broken.iter().map(|(f, why)| format!("{} {why}", file_name(f))).collect();
+        return Err(format!(
+            "no CNI network in {} (a .conflist, .conf or .json the runtime would load){}",
+            conf_dir.display(),
+            if why.is_empty() { String::new() } else { format!(": {}", why.join("; ")) }
+        ));
+    }
+    let mut notes = Vec::new();
+    let mut warnings = Vec::new();
+    let first = &scan.networks[0];
+    let (first_name, first_file) = (first.name.clone(), file_name(&first.file));
     let chosen = match wanted {
-        Some(name) => match networks.iter().position(|n| n.name == name) {
-            Some(i) => i,
-            None => {
-                let found: Vec<String> = networks.iter().map(|n| format!("{} ({})", n.name, file_name(&n.file))).collect();
-                return Err(format!(
-                    "no network named {name:?} in {}{}",
+        None => {
+            if scan.networks.len() > 1 {
+                let guarded = if multus::kind(first).is_some() { "" } else { ", which is guarded" };
+                notes.push(format!(
+                    "several networks in {}: {}; the runtime loads the lexically first, {first_name} ({first_file}){guarded}",
                     conf_dir.display(),
-                    if found.is_empty() { String::new() } else { format!("; found: {}", found.join(", ")) }
+                    listing(&scan.networks)
                 ));
             }
-        },
-        None => {
-            let mut names: Vec<&str> = networks.iter().map(|n| n.name.as_str()).collect();
-            names.sort_unstable();
-            names.dedup();
-            match names.len() {
-                0 => {
-                    let why: Vec<String> = broken.iter().map(|(f, why)| format!("{} {why}", file_name(f))).collect();
-                    return Err(format!(
-                        "no CNI network in {} (a .conflist, .conf or .json the runtime would load){}",
-                        conf_dir.display(),
-                        if why.is_empty() { String::new() } else { format!(": {}", why.join("; ")) }
-                    ));
-                }
-                1 => 0,
-                _ => {
-                    let found: Vec<String> = networks.iter().map(|n| format!("{} ({})", n.name, file_name(&n.file))).collect();
-                    return Err(format!(
-                        "several networks in {}: {}; give the one to guard with --network NAME (the runtime \
-                         loads the first, {}, unless its own config names another)",
-                        conf_dir.display(),
-                        found.join(", "),
-                        networks[0].name
-                    ));
-                }
-            }
+            0
         }
+        Some(name) => match scan.networks.iter().position(|n| n.name == name) {
+            Some(i) => {
+                if i != 0 && !multus::is_cluster_network_of(&scan.networks[0], &scan.networks[i], &scan.networks, conf_dir, host_root) {
+                    warnings.push(format!(
+                        "--network {name} ({}) is not the network the runtime loads: containerd and CRI-O run the lexically \
+                         first, {first_name} ({first_file}); the guard there runs only where the runtime is told to use {name} \
+                         (CRI-O's cni_default_network), and the DaemonSet reports not ready",
+                        file_name(&scan.networks[i].file)
+                    ));
+                }
+                i
+            }
+            None => {
+                return Err(format!("no network named {name:?} in {}; found: {}", conf_dir.display(), listing(&scan.networks)));
+            }
+        },
     };
-    let net = networks.swap_remove(chosen);
-    if let Some((file, why)) = broken.iter().find(|(f, _)| *f < net.file) {
+    let mut runtime_runs_it = chosen == 0;
+    let mut chosen = chosen;
+    let mut via_multus = None;
+    if let Some(kind) = multus::kind(&scan.networks[chosen]) {
+        let cluster = multus::cluster_network(&scan.networks[chosen], &scan.networks, conf_dir, host_root)?;
+        notes.push(format!(
+            "{} is multus's own ({kind}): guarding the cluster network it hands every pod to, {} ({}), never multus's file",
+            file_name(&scan.networks[chosen].file),
+            scan.networks[cluster].name,
+            file_name(&scan.networks[cluster].file)
+        ));
+        chosen = cluster;
+        via_multus = Some(kind);
+    } else if multus::is_cluster_network_of(&scan.networks[0], &scan.networks[chosen], &scan.networks, conf_dir, host_root) {
+        // --network named multus's cluster network itself.
+        runtime_runs_it = true;
+        via_multus = multus::kind(&scan.networks[0]);
+    }
+    let net = scan.networks.swap_remove(chosen);
+    if let Some((file, why)) = scan.broken.iter().find(|(f, _)| *f < net.file) {
         return Err(format!(
             "{} {why}, and it sorts before {}: containerd would fail on it and CRI-O skip it; fix or remove it first",
             file.display(),
             file_name(&net.file)
         ));
     }
-    Ok(net)
+    Ok(Found { net, notes, warnings, runtime_runs_it, via_multus })
+}
+
+/// The network's cniVersion as the runtime reads it: a config without one is 0.1.0.
+pub fn version(net: &Network) -> String {
+    let version = net.doc.root.get("cniVersion").and_then(Json::as_str).filter(|v| !v.is_empty());
+    version.unwrap_or(crate::cni::version::UNVERSIONED).to_string()
+}
+
+/// The plugin types a network runs (their IPAM plugins too), the guard's own left out:
+/// each a binary the runtime must find in its bin dir.
+pub fn plugin_types(net: &Network) -> Vec<String> {
+    let mut types: Vec<String> = Vec::new();
+    for plugin in super::edit::plugins(&net.list()) {
+        let plugin = plugin.get("delegate").unwrap_or(plugin);
+        let ipam = plugin.get("ipam").and_then(|i| i.get("type"));
+        for t in [plugin.get("type"), ipam].into_iter().flatten().filter_map(Json::as_str) {
+            if t != super::edit::GUARD_TYPE && !types.iter().any(|k| k == t) {
+                types.push(t.to_string());
+            }
+        }
+    }
+    types
+}
+
+/// Multus, as its two installers leave a conf dir. Thick (multus-daemon) writes
+/// `00-multus.conf`, type `multus-shim`, whose `clusterNetwork` is the path of the primary's
+/// file as the daemon sees it (or a network name); thin (the thin entrypoint) writes
+/// `00-multus.conf`, or `00-multus.conflist` for a 1.0.0 primary, type `multus`, with the
+/// primary's file re-inlined under `delegates` whenever its hash changes (checked each
+/// second). Both pick the primary as the lexically first `.conf`/`.conflist` whose name does
+/// not start with `00-multus`.
+mod multus {
+    use super::{Json, Network, Path, file_name};
+
+    pub fn kind(net: &Network) -> Option<&'static str> {
+        match first_plugin(net).and_then(|p| p.get("type")).and_then(Json::as_str) {
+            Some("multus-shim") => Some("thick"),
+            Some("multus") => Some("thin"),
+            _ => None,
+        }
+    }
+
+    fn first_plugin(net: &Network) -> Option<&Json> {
+        if net.single { Some(&net.doc.root) } else { super::super::edit::plugins(&net.doc.root).first() }
+    }
+
+    /// The index in `networks` of the network multus delegates every pod to.
+    pub fn cluster_network(multus: &Network, networks: &[Network], conf_dir: &Path, host_root: &Path) -> Result<usize, String> {
+        let plugin = first_plugin(multus).cloned().unwrap_or(Json::Null);
+        let named = plugin.get("clusterNetwork").and_then(Json::as_str).filter(|s| !s.is_empty());
+        let found = match named {
+            // A path as multus's daemon sees it: its file name in this conf dir, or the path
+            // itself under the host's root (with or without the daemon's /host prefix).
+            Some(path) if path.contains('/') => {
+                let base = Path::new(path).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let under_root = |p: &str| host_root.join(p.trim_start_matches('/'));
+                let candidates = [conf_dir.join(&base), under_root(path), under_root(path.strip_prefix("/host").unwrap_or(path))];
+                networks.iter().position(|n| candidates.iter().any(|c| same_file(c, &n.file))).ok_or_else(|| {
+                    format!(
+                        "{} is multus's, and the cluster network it names ({path}) is not a network in {}: give --conf-dir \
+                         the directory that holds {base}",
+                        file_name(&multus.file),
+                        conf_dir.display()
+                    )
+                })?
+            }
+            Some(name) => networks.iter().position(|n| n.name == name && kind(n).is_none()).ok_or_else(|| {
+                format!(
+                    "{} is multus's, and its clusterNetwork {name:?} is no network in {} (a NetworkAttachmentDefinition \
+                     is not guarded from here): give --conf-dir the directory that holds it",
+                    file_name(&multus.file),
+                    conf_dir.display()
+                )
+            })?,
+            None => networks
+                .iter()
+                .position(|n| {
+                    let name = file_name(&n.file);
+                    !name.starts_with("00-multus") && (name.ends_with(".conf") || name.ends_with(".conflist"))
+                })
+                .ok_or_else(|| format!("{} is multus's, and no primary network is beside it for multus to delegate to", file_name(&multus.file)))?,
+        };
+        Ok(found)
+    }
+
+    pub fn is_cluster_network_of(first: &Network, net: &Network, networks: &[Network], conf_dir: &Path, host_root: &Path) -> bool {
+        kind(first).is_some() && cluster_network(first, networks, conf_dir, host_root).is_ok_and(|i| networks[i].file == net.file)
+    }
+
+    fn same_file(a: &Path, b: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+            _ => false,
+        }
+    }
 }
 
 pub fn file_name(path: &Path) -> String {

@@ -1,13 +1,18 @@
 //! `--install --watch`: install, then keep the entry in while the primary's installer
 //! rewrites or replaces its file (calico's install-cni, multus and cilium do on every start
-//! and upgrade). inotify on the conf dir wakes it; after a short settling pause (a primary
-//! may write in several steps) it runs the same install, which writes only when the entry is
-//! missing or wrong, so its own writes wake it once and change nothing. Another watcher that
-//! removes the entry each time would make a loop: past a few re-inserts a minute it backs
-//! off, doubling the wait up to five minutes, and says so. SIGTERM or SIGINT ends it with
-//! status 0, leaving the guard installed (uninstalling is a step of its own).
+//! and upgrade; kindnet and multus thin rewrite often). inotify on the conf dir wakes it;
+//! after a short settling pause (a primary may write in several steps) it runs the same
+//! install, which writes only when the entry is missing or wrong, so its own writes wake it
+//! once and change nothing. The entry's keys it last saw come back with it.
+//!
+//! A rewrite is an upgrade, however frequent, unless it is a revert: the file's owner put
+//! back exactly the list the guard was inserted into, soon after the insert (cilium's
+//! exclusive mode does on every change of the dir). A few reverts in a row are a fight the
+//! guard cannot win in that file: it says so once with the way out (the drop-in, or the
+//! owner's setting), reports not ready, and backs off, doubling the wait up to five
+//! minutes. SIGTERM or SIGINT ends it with status 0, leaving the guard installed
+//! (uninstalling is a step of its own).
 
-use std::collections::VecDeque;
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
@@ -16,15 +21,21 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
-use super::{Options, install};
+use super::json::Json;
+use super::metrics::InstallMetrics;
+use super::{Installed, Options, Reason, check, install_retrying};
 
 /// How long the directory must stay quiet before the files are read.
 const SETTLE: Duration = Duration::from_millis(300);
 /// Even without an event (a watch lost to an overflow, a dir re-created), look again.
 const RESYNC: Duration = Duration::from_secs(60);
-/// Re-inserts allowed in `WINDOW` before backing off.
-const BURST: usize = 5;
-const WINDOW: Duration = Duration::from_secs(60);
+/// A removal of the entry this soon after its insert, with nothing else changed, is a
+/// revert: measured insert to re-insert, so it holds the settling pause. A file owner
+/// that watches the dir (cilium) reverts within milliseconds; an upgrade or a person
+/// writing the same bytes again comes later.
+const REVERT_WITHIN: Duration = Duration::from_secs(1);
+/// Reverts in a row that make a fight.
+const FIGHT_AFTER: u32 = 3;
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
 fn log(msg: &str) {
@@ -62,17 +73,14 @@ fn watch(options: &Options) -> Result<(), String> {
         .map_err(|e| format!("cannot watch {}: {e}", options.conf_dir.display()))?;
     log(&format!("watching {} ({} mode)", options.conf_dir.display(), options.mode.name()));
 
-    let mut writes: VecDeque<Instant> = VecDeque::new();
-    let mut backoff = Duration::ZERO;
-    let mut last_error = String::new();
-    let mut first = true;
+    let mut state = State::default();
     loop {
-        reconcile(options, &mut writes, &mut backoff, &mut last_error, first);
-        first = false;
+        reconcile(options, &mut state);
         // A drop-in lives in the network's subdirectory: watch it too once it exists.
-        if let Ok(net) = super::network::find(&options.conf_dir, options.network.as_deref()) {
-            let _ = inotify.add_watch(&options.conf_dir.join(&net.name), events());
+        if let Some(dir) = state.dropin_dir.as_ref() {
+            let _ = inotify.add_watch(dir, events());
         }
+        let backoff = state.backoff;
         // Wait for a change, a signal or the resync; then let the directory settle.
         let deadline = Instant::now() + RESYNC.max(backoff);
         let mut woke = false;
@@ -109,6 +117,7 @@ fn watch(options: &Options) -> Result<(), String> {
         }
         if !backoff.is_zero() {
             sleep_unless_signalled(&signal_fd, backoff)?;
+            state.slept += backoff;
         }
     }
 }
@@ -125,46 +134,104 @@ fn sleep_unless_signalled(signal_fd: &SignalFd, duration: Duration) -> Result<()
     }
 }
 
-fn reconcile(options: &Options, writes: &mut VecDeque<Instant>, backoff: &mut Duration, last_error: &mut String, first: bool) {
-    match install(options) {
-        Ok(done) if done.is_empty() => {
+/// What the watch knows between two looks.
+#[derive(Default)]
+struct State {
+    started: bool,
+    backoff: Duration,
+    last_error: String,
+    /// The last insert: when, and the primary's list it went into.
+    last_insert: Option<(Instant, Json)>,
+    reverts: u32,
+    /// Backing off since the last insert: not the other writer's time.
+    slept: Duration,
+    /// The entry as last seen: its keys survive a rewrite that drops it.
+    entry: Option<Json>,
+    dropin_dir: Option<std::path::PathBuf>,
+    metrics: InstallMetrics,
+    said_ready: Option<bool>,
+}
+
+fn reconcile(options: &Options, state: &mut State) {
+    let first = !state.started;
+    state.started = true;
+    match install_retrying(options, state.entry.as_ref()) {
+        Ok(installed) => {
+            state.last_error.clear();
             if first {
-                log("already installed: nothing changed");
+                installed.notes.iter().for_each(|line| log(line));
+                installed.warnings.iter().for_each(|line| log(&format!("warning: {line}")));
             }
-            last_error.clear();
-        }
-        Ok(done) => {
-            last_error.clear();
-            let verb = if first { "installed" } else { "re-inserted" };
-            for line in &done {
-                log(&format!("{verb}: {line}"));
+            if installed.file.file_name().is_some_and(|n| n == super::edit::DROPIN_FILE) {
+                state.dropin_dir = installed.file.parent().map(|d| d.to_path_buf());
             }
-            if first {
-                return;
-            }
-            let now = Instant::now();
-            writes.push_back(now);
-            while writes.front().is_some_and(|t| now.duration_since(*t) > WINDOW) {
-                writes.pop_front();
-            }
-            if writes.len() > BURST {
-                *backoff = (*backoff * 2).clamp(Duration::from_secs(1), MAX_BACKOFF);
-                log(&format!(
-                    "the entry was removed {} times in {}s: another writer keeps rewriting the file; waiting {}s before the next look",
-                    writes.len(),
-                    WINDOW.as_secs(),
-                    backoff.as_secs()
-                ));
+            state.entry = installed.entry.clone();
+            if installed.done.is_empty() {
+                if first {
+                    log("already installed: nothing changed");
+                }
             } else {
-                *backoff = Duration::ZERO;
+                reinserted(state, &installed, first);
             }
         }
         // A primary midway through its own install: say it once, look again at its next write.
-        Err(err) => {
-            if *last_error != err {
-                log(&format!("cannot install yet: {err}; waiting for the next change"));
-                *last_error = err;
+        Err(failure) => {
+            *state.metrics.failures.entry(failure.reason).or_default() += 1;
+            if state.last_error != failure.msg {
+                log(&format!("cannot install yet: {}; waiting for the next change", failure.msg));
+                state.last_error = failure.msg;
             }
         }
+    }
+    let ready = check(options);
+    state.metrics.installed = ready.is_ok() && !state.metrics.fight;
+    // Said when it changes; a failed install has said why already.
+    if state.last_error.is_empty() && state.said_ready != Some(state.metrics.installed) {
+        match &ready {
+            Ok(lines) if !state.metrics.fight => log(lines.last().map_or("ready", String::as_str)),
+            Ok(_) => log("not ready: another writer reverts each insert"),
+            Err(failure) => log(&format!("not ready: {}", failure.msg)),
+        }
+        state.said_ready = Some(state.metrics.installed);
+    }
+    if let Some(file) = &options.metrics_file {
+        state.metrics.write(file);
+    }
+}
+
+fn reinserted(state: &mut State, installed: &Installed, first: bool) {
+    let verb = if first { "installed" } else { "re-inserted" };
+    for line in &installed.done {
+        log(&format!("{verb}: {line}"));
+    }
+    let now = Instant::now();
+    let primary = installed.primary_list.clone().unwrap_or(Json::Null);
+    if !first {
+        state.metrics.reinserts += 1;
+        let revert = state.last_insert.as_ref().is_some_and(|(at, list)| now.duration_since(*at).saturating_sub(state.slept) <= REVERT_WITHIN && list.same_as(&primary));
+        state.reverts = if revert { state.reverts + 1 } else { 0 };
+    }
+    state.last_insert = Some((now, primary));
+    state.slept = Duration::ZERO;
+    if state.reverts >= FIGHT_AFTER {
+        state.backoff = (state.backoff * 2).clamp(Duration::from_secs(1), MAX_BACKOFF);
+        if !state.metrics.fight {
+            *state.metrics.failures.entry(Reason::Fight).or_default() += 1;
+            log(&format!(
+                "another writer keeps rewriting {} and reverts each insert ({} times within {:?} of it): a fight the guard \
+                 cannot win in that file, not an upgrade. Use --mode dropin (libcni 1.3: containerd 2.1+, CRI-O 1.33+), \
+                 or let the file's owner keep other plugins (cilium: cni.exclusive=false); not ready, next look in {}s",
+                installed.file.display(),
+                state.reverts,
+                REVERT_WITHIN,
+                state.backoff.as_secs()
+            ));
+        } else {
+            log(&format!("another writer keeps rewriting {}: still reverted; next look in {}s", installed.file.display(), state.backoff.as_secs()));
+        }
+        state.metrics.fight = true;
+    } else if state.reverts == 0 {
+        state.backoff = Duration::ZERO;
+        state.metrics.fight = false;
     }
 }

@@ -1,11 +1,14 @@
 //! Carrying a restore's plan out in the kernel, after looking at what is there.
 
-use super::plan::{Seen, Step};
+use std::net::Ipv6Addr;
+use std::time::{Duration, Instant};
+
+use super::plan::{DAD_PATIENCE, Seen, Step};
 use super::report::Outcome;
 use crate::error::{GuardError, Kind, Result};
-use crate::kernel::arp;
+use crate::kernel::{arp, ndisc};
 use crate::kernel::link_facts::{InterfaceFacts, LinkFacts};
-use crate::kernel::netlink::{Kernel, LinkState, NewMacvlan, Side};
+use crate::kernel::netlink::{Dad, Kernel, LinkState, NewMacvlan, Side};
 use crate::state::checkpoint::Checkpoint;
 
 pub fn look(kernel: &Kernel, record: &Checkpoint) -> Result<Seen> {
@@ -21,10 +24,9 @@ pub fn look(kernel: &Kernel, record: &Checkpoint) -> Result<Seen> {
     Ok(Seen { interface_present, parent: parent_now, vlan_lower })
 }
 
-/// Runs the steps in order; the first failure ends this sandbox's restore and is reported
-/// with the steps that did take effect.
-pub fn carry_out(kernel: &Kernel, steps: Vec<Step>) -> Outcome {
-    let mut done = Vec::new();
+/// Runs the steps in order after those `done` already; the first failure ends this
+/// sandbox's restore and is reported with the steps that did take effect.
+pub fn carry_out(kernel: &Kernel, mut done: Vec<Step>, steps: Vec<Step>) -> Outcome {
     for step in steps {
         if let Err(err) = apply(kernel, &step) {
             return Outcome::Failed { done, error: format!("{step}: {}", err.msg) };
@@ -57,6 +59,54 @@ fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
             // The kernel's view, not the record's: what neighbours must learn is the MAC in use.
             arp::announce(kernel.pod_netns(), link.index, mac, addresses)
         }
+        Step::AwaitDad { name, addresses } => await_dad(kernel, pod_link(kernel, name)?.index, addresses),
+        Step::Advertise { name, addresses } => {
+            let link = pod_link(kernel, name)?;
+            let mac = parse_mac(link.mac.as_deref().unwrap_or_default())?;
+            ndisc::advertise(kernel.pod_netns(), link.index, mac, addresses)
+        }
+    }
+}
+
+const DAD_POLL: Duration = Duration::from_millis(20);
+
+/// Returns once every IPv6 address of link #`index` is usable, the restored `addresses` and
+/// the link-local one the kernel made at link up alike (as the reference plugins wait at
+/// ADD); fails at once when detection failed for one (the kernel keeps it, unused, as
+/// evidence: `dadfailed` in `ip addr`), and after `DAD_PATIENCE` when one is still tentative.
+fn await_dad(kernel: &Kernel, index: u32, addresses: &[Ipv6Addr]) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let states = kernel.ipv6_dad_states(index)?;
+        if let Some((taken, _)) = states.iter().find(|(_, dad)| *dad == Dad::Failed) {
+            return Err(GuardError::new(
+                Kind::Netlink,
+                format!(
+                    "it failed for {taken}: another node on the link answers for it; the kernel keeps it as dadfailed, \
+                     unused, and the pod's other addresses work. Find that node (`ip -6 neigh show {taken}` on the \
+                     router names its MAC) and stop it, or re-create the pod for a new address"
+                ),
+            ));
+        }
+        if let Some(missing) = addresses.iter().find(|ip| !states.iter().any(|(have, _)| have == *ip)) {
+            return Err(GuardError::new(Kind::Netlink, format!("address {missing} vanished from the interface during duplicate address detection")));
+        }
+        let tentative: Vec<String> = states.iter().filter(|(_, dad)| *dad == Dad::Tentative).map(|(ip, _)| ip.to_string()).collect();
+        if tentative.is_empty() {
+            return Ok(());
+        }
+        if started.elapsed() >= DAD_PATIENCE {
+            return Err(GuardError::new(
+                Kind::Netlink,
+                format!(
+                    "{} still tentative after {} s of duplicate address detection: it becomes usable once detection \
+                     ends (the pod's dad_transmits and retrans_time_ms sysctls set how long); `ip -6 addr` in the pod shows when",
+                    tentative.join(", "),
+                    DAD_PATIENCE.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(DAD_POLL);
     }
 }
 

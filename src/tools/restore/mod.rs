@@ -15,13 +15,14 @@ mod select;
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::error::Kind;
 use crate::kernel::netlink;
 use crate::state::checkpoint::Checkpoint;
 
-use plan::Decision;
+use plan::{Decision, Step};
 use report::{Outcome, Row};
 use select::Selected;
 
@@ -41,7 +42,7 @@ pub fn run(state_dir: &Path, selection: &Selection, dry_run: bool, lock_timeout:
             return 1;
         }
     };
-    let rows: Vec<Row> = rows.into_iter().map(|selected| restore_selected(selected, dry_run)).collect();
+    let rows = restore_all(rows, dry_run);
     let out = io::stdout();
     let written = report::write_report(&mut out.lock(), &rows, dry_run);
     if let Err(e) = written
@@ -52,11 +53,42 @@ pub fn run(state_dir: &Path, selection: &Selection, dry_run: bool, lock_timeout:
     i32::from(rows.iter().any(|row| row.outcome.is_problem()))
 }
 
-fn restore_selected(selected: Selected, dry_run: bool) -> Row {
+/// Sandboxes with IPv6 wait a second or two each for duplicate address detection: those
+/// waits run side by side, so that a node's worth of pods is back within about that, not
+/// that times their number. Everything else runs one sandbox at a time (`one_at_a_time`):
+/// two sandboxes on one lost vlan parent must not both see it missing and both create it.
+/// Rows keep the selection's order.
+fn restore_all(selected: Vec<Selected>, dry_run: bool) -> Vec<Row> {
+    const WORKERS: usize = 16;
+    let workers = selected.len().min(WORKERS);
+    let queue = Mutex::new(selected.into_iter().enumerate());
+    let one_at_a_time = Mutex::new(());
+    let mut rows: Vec<(usize, Row)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        // Its own statement: the lock is let go before the sandbox's work starts.
+                        let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
+                        let Some((at, selected)) = next else { break };
+                        done.push((at, restore_selected(selected, dry_run, &one_at_a_time)));
+                    }
+                    done
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|worker| worker.join().unwrap_or_default()).collect()
+    });
+    rows.sort_by_key(|(at, _)| *at);
+    rows.into_iter().map(|(_, row)| row).collect()
+}
+
+fn restore_selected(selected: Selected, dry_run: bool, one_at_a_time: &Mutex<()>) -> Row {
     match selected {
         Selected::Unusable(row) | Selected::Superseded(row) => row,
         Selected::Record(record) => Row {
-            outcome: restore_one(&record, dry_run),
+            outcome: restore_one(&record, dry_run, one_at_a_time),
             container_id: record.container_id.clone(),
             if_name: record.if_name.clone(),
             network: record.network.clone(),
@@ -65,18 +97,29 @@ fn restore_selected(selected: Selected, dry_run: bool) -> Row {
     }
 }
 
-fn restore_one(record: &Checkpoint, dry_run: bool) -> Outcome {
+fn restore_one(record: &Checkpoint, dry_run: bool, one_at_a_time: &Mutex<()>) -> Outcome {
     let netns = PathBuf::from(&record.netns);
     if record.netns.is_empty() {
         return Outcome::NotRestorable("the checkpoint names no netns".into());
     }
     let attempt = netlink::with_pod_netns(&netns, |kernel| {
+        let turn = one_at_a_time.lock().unwrap_or_else(PoisonError::into_inner);
         let seen = apply::look(kernel, record)?;
         Ok(match plan::plan(&record.if_name, record.links.as_ref(), &seen) {
             Decision::Intact => Outcome::Intact,
             Decision::NotRestorable(why) => Outcome::NotRestorable(why),
             Decision::Rebuild(steps) if dry_run => Outcome::Planned(steps),
-            Decision::Rebuild(steps) => apply::carry_out(kernel, steps),
+            Decision::Rebuild(mut steps) => {
+                let waits = steps.iter().position(|step| matches!(step, Step::AwaitDad { .. })).unwrap_or(steps.len());
+                let after_the_wait = steps.split_off(waits);
+                match apply::carry_out(kernel, Vec::new(), steps) {
+                    Outcome::Restored(done) => {
+                        drop(turn);
+                        apply::carry_out(kernel, done, after_the_wait)
+                    }
+                    failed => failed,
+                }
+            }
         })
     });
     match attempt {

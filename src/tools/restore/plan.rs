@@ -2,7 +2,8 @@
 //! steps that rebuild what is missing, each shown as the iproute2 command that does the same.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
 
 use ipnetwork::IpNetwork;
 
@@ -21,7 +22,18 @@ pub enum Step {
     AddAddress { name: String, address: IpNetwork },
     AddRoute { name: String, route: RouteFacts },
     Announce { name: String, addresses: Vec<Ipv4Addr> },
+    /// Waits, at most `DAD_PATIENCE`, until duplicate address detection has settled for each
+    /// address: a tentative address neither answers nor sends, and a failed one belongs to
+    /// another node.
+    AwaitDad { name: String, addresses: Vec<Ipv6Addr> },
+    /// Unsolicited neighbour advertisements with the Override flag, IPv6's gratuitous ARP.
+    Advertise { name: String, addresses: Vec<Ipv6Addr> },
 }
+
+/// Detection takes `dad_transmits` (1) probes `retrans_time` (1 s) apart after a random delay
+/// of up to `rtr_solicit_delay` (1 s): 1-2 s with the kernel's defaults. The reference plugins
+/// give it 10 s at ADD; so does a restore, past which the sandbox is reported failed.
+pub const DAD_PATIENCE: Duration = Duration::from_secs(10);
 
 impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -32,7 +44,8 @@ impl fmt::Display for Step {
                 write!(f, "ip link add link {parent} name {name} address {mac} mtu {mtu} netns <pod> type macvlan mode {mode}")
             }
             Step::SetUp { name } => write!(f, "ip -n <pod> link set {name} up"),
-            Step::AddAddress { name, address } => write!(f, "ip -n <pod> addr add {address} dev {name}"),
+            Step::AddAddress { name, address: address @ IpNetwork::V4(_) } => write!(f, "ip -n <pod> addr add {address} dev {name}"),
+            Step::AddAddress { name, address: address @ IpNetwork::V6(_) } => write!(f, "ip -n <pod> -6 addr add {address} dev {name}"),
             Step::AddRoute { name, route } => {
                 write!(f, "ip -n <pod> route add {}", route.dst)?;
                 if let Some(gateway) = route.gateway {
@@ -50,6 +63,19 @@ impl fmt::Display for Step {
             Step::Announce { name, addresses } => {
                 let list: Vec<String> = addresses.iter().map(Ipv4Addr::to_string).collect();
                 write!(f, "gratuitous ARP on {name} for {}", list.join(", "))
+            }
+            Step::AwaitDad { name, addresses } => {
+                let list: Vec<String> = addresses.iter().map(Ipv6Addr::to_string).collect();
+                write!(
+                    f,
+                    "wait for duplicate address detection of {} on {name}: until `ip -n <pod> -6 addr show dev {name} tentative` is empty, at most {} s",
+                    list.join(", "),
+                    DAD_PATIENCE.as_secs()
+                )
+            }
+            Step::Advertise { name, addresses } => {
+                let list: Vec<String> = addresses.iter().map(Ipv6Addr::to_string).collect();
+                write!(f, "unsolicited neighbour advertisement (override) on {name} for {}", list.join(", "))
             }
         }
     }
@@ -147,16 +173,20 @@ fn pod_steps(if_name: &str, facts: &InterfaceFacts, parent: String, mac: String,
     // Routes through a gateway need the route to the gateway first: on-link ones go first.
     let (on_link, via_gateway): (Vec<&RouteFacts>, Vec<&RouteFacts>) = facts.routes.iter().partition(|r| r.gateway.is_none());
     steps.extend(on_link.into_iter().chain(via_gateway).map(|route| Step::AddRoute { name: name.clone(), route: route.clone() }));
-    let ipv4: Vec<Ipv4Addr> = facts
-        .addresses
-        .iter()
-        .filter_map(|a| match a.ip() {
-            IpAddr::V4(ip) => Some(ip),
-            IpAddr::V6(_) => None,
-        })
-        .collect();
+    let (mut ipv4, mut ipv6) = (Vec::new(), Vec::new());
+    for address in &facts.addresses {
+        match address.ip() {
+            IpAddr::V4(ip) => ipv4.push(ip),
+            IpAddr::V6(ip) => ipv6.push(ip),
+        }
+    }
+    // IPv4 is announced before IPv6's wait: a conflict on the IPv6 address leaves it usable.
     if !ipv4.is_empty() {
-        steps.push(Step::Announce { name, addresses: ipv4 });
+        steps.push(Step::Announce { name: name.clone(), addresses: ipv4 });
+    }
+    if !ipv6.is_empty() {
+        steps.push(Step::AwaitDad { name: name.clone(), addresses: ipv6.clone() });
+        steps.push(Step::Advertise { name, addresses: ipv6 });
     }
     steps
 }
@@ -233,6 +263,29 @@ mod tests {
                 "ip -n <pod> route add 10.200.0.0/16 dev eth0 scope link metric 5",
                 "ip -n <pod> route add 0.0.0.0/0 via 10.161.72.1 dev eth0",
                 "gratuitous ARP on eth0 for 10.161.75.155",
+            ]
+        );
+    }
+
+    #[test]
+    fn ipv6_addresses_are_waited_for_then_advertised() {
+        let LinkFacts::Observed(mut facts) = incident_facts() else { unreachable!() };
+        facts.addresses.push("fd00:161::9b/64".parse().unwrap());
+        facts.routes.push(RouteFacts { dst: "::/0".parse().unwrap(), gateway: Some("fd00:161::1".parse().unwrap()), link_scope: false, metric: Some(1024) });
+        let seen = Seen { interface_present: false, parent: Some(link("bond4.3", true)), vlan_lower: None };
+        let steps = texts(plan("eth0", Some(&LinkFacts::Observed(facts)), &seen));
+        assert_eq!(
+            steps[2..],
+            [
+                "ip -n <pod> addr add 10.161.75.155/22 dev eth0",
+                "ip -n <pod> -6 addr add fd00:161::9b/64 dev eth0",
+                "ip -n <pod> route add 10.200.0.0/16 dev eth0 scope link metric 5",
+                "ip -n <pod> route add 0.0.0.0/0 via 10.161.72.1 dev eth0",
+                "ip -n <pod> route add ::/0 via fd00:161::1 dev eth0 metric 1024",
+                "gratuitous ARP on eth0 for 10.161.75.155",
+                "wait for duplicate address detection of fd00:161::9b on eth0: until \
+                 `ip -n <pod> -6 addr show dev eth0 tentative` is empty, at most 10 s",
+                "unsolicited neighbour advertisement (override) on eth0 for fd00:161::9b",
             ]
         );
     }

@@ -104,11 +104,10 @@ fn superseded_by(
     owners: &HashMap<PodKey, Ownership>,
     netns_of: &HashMap<AttachmentId, String>,
 ) -> Option<String> {
-    let key = record.pod_key()?;
-    let owner = owners.get(&key).filter(|o| o.container_id != record.container_id)?;
+    let (key, owner) = record.pod_keys().into_iter().find_map(|key| Some((key.clone(), owners.get(&key)?)))?;
+    let owner = Some(owner).filter(|o| o.container_id != record.container_id)?;
     let remove = format!("remove it instead (`crictl rmp {}`)", crate::names::short_id(&record.container_id));
-    let owner_id = AttachmentId::of(&key, &owner.container_id);
-    let owner_netns = netns_of.get(&owner_id);
+    let owner_netns = owner.interfaces().into_iter().find_map(|if_name| netns_of.get(&AttachmentId::of(&key, &owner.container_id, if_name)));
     Some(match owner_netns {
         Some(netns) if crate::kernel::netns::netns_state(netns, None, None).is_alive() => format!(
             "pod {} now lives in sandbox {} (netns {netns}, alive): restoring this older sandbox would put its \
@@ -155,6 +154,7 @@ mod tests {
             pod_uid: None,
             infra_container_id: None,
             netns: netns.into(),
+            identity: None,
             cni_version: "1.0.0".into(),
             generation: 1,
             created_at: String::new(),
@@ -163,8 +163,8 @@ mod tests {
             links: None,
         };
         let old = record("old", "/proc/self/ns/net");
-        let key = old.pod_key().unwrap();
-        let owner = Ownership { key: key.clone(), container_id: "new".into(), pod_uid: None, generation: 2 };
+        let key = old.pod_key(crate::state::ownership::PodKeyRule::Name).unwrap();
+        let owner = crate::state::ownership::taken(&key, "new", "eth0", None, 2, None);
         let owners = HashMap::from([(key, owner)]);
         let new_id = AttachmentId { network: "net".into(), container_id: "new".into(), if_name: "eth0".into() };
         let alive = HashMap::from([(new_id.clone(), "/proc/self/ns/net".to_string())]);

@@ -190,10 +190,13 @@ async fn dispatch(socket: &str, command: &[String]) -> Result<Value, Failure> {
                 .into_inner();
             let status = reply.status.unwrap_or_default();
             let metadata = status.metadata.clone().unwrap_or_default();
+            let additional_ips: Vec<String> =
+                status.network.iter().flat_map(|n| n.additional_ips.iter().map(|a| a.ip.clone())).collect();
             Ok(json!({
                 "id": status.id,
                 "state": status.state().as_str_name(),
                 "ip": status.network.map(|n| n.ip).unwrap_or_default(),
+                "additionalIps": additional_ips,
                 "name": metadata.name,
                 "namespace": metadata.namespace,
                 "uid": metadata.uid,

@@ -1,0 +1,233 @@
+//! Moves a network's owners, deferred DELs and ledger entries to the keys of its `podKey`
+//! rule: once when a node upgrades from the release that keyed every pod by (network,
+//! namespace, name, ifname), and again whenever an operator changes the rule. Until then
+//! the files sit under the digests of the other rule, where the verbs' lookups would not
+//! find them: an old sandbox's DEL would pass while the new one owns the pod.
+//!
+//! `<stateDir>/pod-keys/<network>` holds the rule the network's files are keyed by. Every
+//! verb reads it first (one small file); a network whose marker names another rule, or has
+//! none, is re-keyed under the store's lock before the verb does anything else. The order
+//! makes any crash safe to re-run: each new file is written and made durable before any old
+//! one goes, so a crash leaves both at worst, never neither; the merge of owners (the last
+//! ADD wins) gives the same owner when run again, deferred DELs are written under the same
+//! name again, a ledger entry lists the entries it took in and takes none twice; the marker
+//! is written last, so a crash before it means the next verb runs the whole re-key again.
+//! Pod locks need no move: the verbs lock the new digests, and GC removes the old files,
+//! which no owner and no deferred DEL names any more.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::ledger::LedgerEntry;
+use super::ownership::{self, Ownership, PodKey, PodKeyRule};
+use super::{Loaded, Store, ensure_dir, surely_absent, sync_path};
+use crate::error::Result;
+
+pub const POD_KEYS: &str = "pod-keys";
+
+fn marker_path(root: &std::path::Path, network: &str) -> PathBuf {
+    root.join(POD_KEYS).join(network)
+}
+
+/// The rule `network`'s files are keyed by, as its marker says; `None` without one.
+fn marked(root: &std::path::Path, network: &str) -> Option<PodKeyRule> {
+    let Ok(Loaded::Valid(name)) = super::sealed::read::<String>(&marker_path(root, network)) else { return None };
+    PodKeyRule::CHOICES.iter().find(|(choice, _)| *choice == name).map(|(_, rule)| *rule)
+}
+
+/// Re-keys `network`'s files to `rule` unless its marker says they are already. Costs one
+/// read when nothing is to be done; a state dir that does not exist has nothing to re-key.
+pub fn ensure(state_dir: &std::path::Path, network: &str, rule: PodKeyRule, wait: Duration) -> Result<()> {
+    if surely_absent(state_dir) || marked(state_dir, network) == Some(rule) {
+        return Ok(());
+    }
+    Store::open(state_dir, wait)?.rekey(network, rule)
+}
+
+impl Store {
+    /// See the module's comment for the order and why a crash anywhere in it is safe.
+    pub fn rekey(&self, network: &str, rule: PodKeyRule) -> Result<()> {
+        if marked(&self.root, network) == Some(rule) {
+            return Ok(());
+        }
+        let new_key = |key: &PodKey, if_name: &str| rule.key(&key.network, &key.pod_namespace, &key.pod_name, if_name);
+
+        self.rekey_untrusted_owners(network, rule)?;
+
+        // Owners: grouped by their new key with the owner already there, merged, written.
+        let mut old_owners: Vec<PodKey> = Vec::new();
+        let mut groups: BTreeMap<String, (PodKey, Vec<Ownership>)> = BTreeMap::new();
+        for (_, loaded) in self.list_owners()? {
+            let Loaded::Valid(owner) = loaded else { continue };
+            if owner.key.network != network || owner.key.rule() == rule {
+                continue;
+            }
+            for if_name in owner.interfaces() {
+                let key = new_key(&owner.key, if_name);
+                let part = Ownership { key: key.clone(), interfaces: vec![if_name.to_string()], ..owner.clone() };
+                groups.entry(key.digest()).or_insert_with(|| (key, Vec::new())).1.push(part);
+            }
+            old_owners.push(owner.key);
+        }
+        for (key, mut owners) in groups.into_values() {
+            if let Loaded::Valid(there) = self.load_owner(&key)? {
+                owners.push(there);
+            }
+            if let Some(owner) = ownership::merged(&key, &owners) {
+                self.save_owner(&owner)?;
+            }
+        }
+        self.sync()?;
+
+        // Deferred DELs: each written under its new key (durably) before the old goes.
+        for (_, loaded) in self.list_deferred()? {
+            let Loaded::Valid(mut entry) = loaded else { continue };
+            if entry.key.network != network || entry.key.rule() == rule {
+                continue;
+            }
+            let (old_key, id) = (entry.key.clone(), entry.id());
+            entry.key = new_key(&old_key, &id.if_name);
+            entry.interface = entry.key.if_name.is_none().then(|| id.if_name.clone());
+            self.save_deferred(&entry)?;
+            self.remove_deferred(&old_key, &id)?;
+        }
+
+        // The ledger: counts added up under the new key, each old entry taken in once.
+        let mut old_entries = Vec::new();
+        for entry in self.list_ledger()? {
+            if entry.key.network != network || entry.key.rule() == rule {
+                continue;
+            }
+            // Under "name-and-ifname" an entry of the whole pod cannot say which interface its
+            // stale DELs came by: it stays where it is, history only.
+            let Some(if_name) = entry.key.if_name.clone() else { continue };
+            let key = new_key(&entry.key, &if_name);
+            let digest = entry.key.digest();
+            match self.load_ledger(&key)? {
+                Loaded::Valid(mut there) if !there.merged_from.contains(&digest) => {
+                    there.absorb(&entry);
+                    self.save_ledger(&there)?;
+                }
+                Loaded::Valid(_) => {}
+                _ => self.save_ledger(&LedgerEntry { key, merged_from: vec![digest], ..entry.clone() })?,
+            }
+            old_entries.push(entry.key);
+        }
+        self.sync()?;
+
+        // The old files go only now that what replaces them is durable.
+        for key in old_entries {
+            self.remove_ledger(&key)?;
+        }
+        for key in old_owners {
+            self.remove_owner(&key)?;
+        }
+        self.sync()?;
+        self.mark(network, rule)
+    }
+
+    /// An owner file that fails its checksum cannot say whose pod it is, nor can a set-aside
+    /// one that blocks the DELs needing it; the records can: each record's key under the other
+    /// rule names the old file, its key under `rule` where it must block now. A corrupt owner
+    /// is set aside there, blocking (the DEL that needs it is refused, as before the move); a
+    /// blocker is linked there, then the old name goes.
+    fn rekey_untrusted_owners(&self, network: &str, rule: PodKeyRule) -> Result<()> {
+        let other = PodKeyRule::CHOICES.iter().map(|(_, r)| *r).find(|r| *r != rule).unwrap_or(rule);
+        let mut old_blockers = Vec::new();
+        for (_, loaded) in self.list_records()? {
+            let Loaded::Valid(record) = loaded else { continue };
+            let (Some(old), Some(new)) = (record.pod_key(other), record.pod_key(rule)) else { continue };
+            if record.network != network {
+                continue;
+            }
+            if let Loaded::Corrupt { path, .. } = self.load_owner(&old)?
+                && !surely_absent(&path)
+            {
+                self.set_aside(&path, &self.set_aside_path_for_owner(&new), true)?;
+            }
+            let blocker = self.set_aside_path_for_owner(&old);
+            if !surely_absent(&blocker) {
+                let target = self.set_aside_path_for_owner(&new);
+                if surely_absent(&target) {
+                    std::fs::hard_link(&blocker, &target).map_err(|e| crate::error::GuardError::io("move a set-aside ownership to its new key", &blocker, e))?;
+                    self.mark_dirty(2);
+                }
+                old_blockers.push(blocker);
+            }
+        }
+        self.sync()?;
+        for blocker in old_blockers {
+            super::remove(&blocker)?;
+            self.mark_dirty(2);
+        }
+        self.sync()
+    }
+
+    /// Writes the marker durably: the re-key is done.
+    fn mark(&self, network: &str, rule: PodKeyRule) -> Result<()> {
+        let dir = self.root.join(POD_KEYS);
+        ensure_dir(&dir)?;
+        super::sealed::write(&dir, network, &rule.name())?;
+        sync_path(&dir)?;
+        sync_path(&self.root)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::ledger::Handled;
+
+    fn old_key(if_name: &str) -> PodKey {
+        PodKeyRule::NameAndIfname.key("net", "lijiaob", "etcd1-0", if_name)
+    }
+
+    /// What the release before podKey left: A owned (net1) at generation 1, then B (net2) at
+    /// 2; two stale DELs of A refused under B's key.
+    fn leave_old_files(store: &Store) {
+        for (container, if_name, generation) in [("A", "net1", 1), ("B", "net2", 2)] {
+            store.save_owner(&ownership::taken(&old_key(if_name), container, if_name, None, generation, None)).unwrap();
+        }
+        store.sync().unwrap();
+    }
+
+    #[test]
+    fn a_rekey_cut_short_by_a_crash_gives_the_same_store_when_run_again() {
+        let root = std::env::temp_dir().join(format!("sg-rekey-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let store = Store::open(&root, Duration::from_secs(1)).unwrap();
+        leave_old_files(&store);
+        for _ in 0..2 {
+            store.note_stale_del(&old_key("net2"), Handled::Refused, "A", "B", 2).unwrap();
+        }
+        store.sync().unwrap();
+        let old_ledger = std::fs::read(root.join("ledger").join(old_key("net2").digest())).unwrap();
+
+        store.rekey("net", PodKeyRule::Name).unwrap();
+        let new_key = PodKeyRule::Name.key("net", "lijiaob", "etcd1-0", "net2");
+        let check = |store: &Store| {
+            let Loaded::Valid(owner) = store.load_owner(&new_key).unwrap() else { panic!("no owner under the name key") };
+            assert_eq!((owner.container_id.as_str(), owner.generation, owner.interfaces()), ("B", 2, vec!["net2"]));
+            let Loaded::Valid(ledger) = store.load_ledger(&new_key).unwrap() else { panic!("no ledger entry") };
+            assert_eq!(ledger.refused, 2);
+            assert_eq!(store.list_owners().unwrap().len(), 1, "the old owners are gone");
+            assert_eq!(store.list_ledger().unwrap().len(), 1, "the old entry is gone");
+        };
+        check(&store);
+
+        // A crash after the new files were durable, before the old ones and the marker went.
+        leave_old_files(&store);
+        std::fs::write(root.join("ledger").join(old_key("net2").digest()), &old_ledger).unwrap();
+        std::fs::remove_file(root.join(POD_KEYS).join("net")).unwrap();
+        store.rekey("net", PodKeyRule::Name).unwrap();
+        check(&store);
+
+        // And back to one key per interface: each interface's key gets the owner that held it.
+        store.rekey("net", PodKeyRule::NameAndIfname).unwrap();
+        let Loaded::Valid(owner) = store.load_owner(&old_key("net2")).unwrap() else { panic!("no owner of net2") };
+        assert_eq!((owner.container_id.as_str(), owner.key.if_name.as_deref()), ("B", Some("net2")));
+        assert_eq!(marked(&root, "net"), Some(PodKeyRule::NameAndIfname));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}

@@ -1,0 +1,59 @@
+//! The installer's own textfile for node_exporter (`--metrics-file`): whether the guard is
+//! installed where the runtime runs it, how often the watch put it back, and every failure
+//! by reason. Its own file, beside the plugin's `metricsFile` in the collector's directory:
+//! the plugin renders its file whole from the store, which the installer's pod does not
+//! mount. Written through a temp file renamed into place, so the collector never reads half.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use super::Reason;
+use super::files::{Keep, write_atomic};
+
+#[derive(Debug, Default)]
+pub struct InstallMetrics {
+    pub installed: bool,
+    pub fight: bool,
+    pub reinserts: u64,
+    pub failures: BTreeMap<Reason, u64>,
+}
+
+impl InstallMetrics {
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, u64)]| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        };
+        family(
+            "sandbox_guard_install_installed",
+            "gauge",
+            "1 when sandbox-guard is in the network the runtime loads, can run there, and its binary is where the runtime looks.",
+            &[(String::new(), u64::from(self.installed))],
+        );
+        family(
+            "sandbox_guard_install_fight",
+            "gauge",
+            "1 while another writer reverts each insert of the entry.",
+            &[(String::new(), u64::from(self.fight))],
+        );
+        family(
+            "sandbox_guard_install_reinserts_total",
+            "counter",
+            "Times the watch put the entry back after the primary rewrote its file.",
+            &[(String::new(), self.reinserts)],
+        );
+        let failures: Vec<(String, u64)> = self.failures.iter().map(|(reason, n)| (format!("{{reason=\"{}\"}}", reason.name()), *n)).collect();
+        family("sandbox_guard_install_failures_total", "counter", "Installs that did not happen, by reason.", &failures);
+        out
+    }
+
+    pub fn write(&self, file: &Path) {
+        if let Err(e) = write_atomic(file, self.render().as_bytes(), Keep::mode(0o644)) {
+            eprintln!("sandbox-guard: cannot write --metrics-file {}: {e}", file.display());
+        }
+    }
+}

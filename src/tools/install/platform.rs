@@ -1,0 +1,98 @@
+//! Where a platform's runtime looks for CNI configs and plugins, as istio-cni's platform
+//! values set them: a preset (`--platform gke`) or `auto`, which takes the first platform
+//! whose own directories exist under the host's root (the DaemonSet mounts the host's
+//! directories under `/host`). `--conf-dir` and `--bin-dir` still win over either.
+
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Platform {
+    Auto,
+    Default,
+    Gke,
+    K3s,
+    Openshift,
+}
+
+const K3S_CONF: &str = "var/lib/rancher/k3s/agent/etc/cni/net.d";
+const K3S_DATA: &str = "var/lib/rancher/k3s/data";
+
+impl Platform {
+    pub fn parse(text: &str) -> Option<Platform> {
+        match text {
+            "auto" => Some(Platform::Auto),
+            "default" => Some(Platform::Default),
+            "gke" => Some(Platform::Gke),
+            "k3s" => Some(Platform::K3s),
+            "openshift" => Some(Platform::Openshift),
+            _ => None,
+        }
+    }
+
+    /// `auto` made concrete: GKE by its plugin dir, k3s by its agent's conf dir, OpenShift
+    /// by multus's conf dir beside its plugin dir; else the upstream default.
+    pub fn resolve(self, host_root: &Path) -> Platform {
+        if self != Platform::Auto {
+            return self;
+        }
+        let has = |p: &str| host_root.join(p).is_dir();
+        if has("home/kubernetes/bin") {
+            Platform::Gke
+        } else if has(K3S_CONF) {
+            Platform::K3s
+        } else if has("var/lib/cni/bin") && has("etc/kubernetes/cni/net.d") {
+            Platform::Openshift
+        } else {
+            Platform::Default
+        }
+    }
+
+    /// The conf dir and bin dir under `host_root`.
+    pub fn dirs(self, host_root: &Path) -> (PathBuf, PathBuf) {
+        let at = |p: &str| host_root.join(p);
+        match self.resolve(host_root) {
+            Platform::Gke => (at("etc/cni/net.d"), at("home/kubernetes/bin")),
+            Platform::K3s => (at(K3S_CONF), k3s_bin(&at(K3S_DATA))),
+            Platform::Openshift => (at("etc/kubernetes/cni/net.d"), at("var/lib/cni/bin")),
+            Platform::Default | Platform::Auto => (at("etc/cni/net.d"), at("opt/cni/bin")),
+        }
+    }
+}
+
+/// k3s unpacks each release's binaries into `data/<hash>/bin` and points `data/current`
+/// at the running one; without that link, the newest `<hash>/bin`.
+fn k3s_bin(data: &Path) -> PathBuf {
+    let current = data.join("current").join("bin");
+    if current.is_dir() {
+        return current;
+    }
+    std::fs::read_dir(data)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .filter(|bin| bin.is_dir())
+        .max_by_key(|bin| std::fs::metadata(bin).and_then(|m| m.modified()).ok())
+        .unwrap_or(current)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_finds_each_platform_by_its_dirs() {
+        let root = std::env::temp_dir().join(format!("sg-platform-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let dirs = |root: &Path| Platform::Auto.dirs(root);
+        std::fs::create_dir_all(&root).unwrap();
+        assert_eq!(dirs(&root), (root.join("etc/cni/net.d"), root.join("opt/cni/bin")));
+        std::fs::create_dir_all(root.join(K3S_CONF)).unwrap();
+        std::fs::create_dir_all(root.join(K3S_DATA).join("abc123/bin")).unwrap();
+        assert_eq!(dirs(&root), (root.join(K3S_CONF), root.join(K3S_DATA).join("abc123/bin")));
+        std::fs::create_dir_all(root.join("home/kubernetes/bin")).unwrap();
+        assert_eq!(dirs(&root).1, root.join("home/kubernetes/bin"));
+        assert_eq!(Platform::Openshift.dirs(&root), (root.join("etc/kubernetes/cni/net.d"), root.join("var/lib/cni/bin")));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

@@ -1,0 +1,44 @@
+//! Leaving delegate mode (another mode, or `--uninstall`) while deferred DELs wait would
+//! leave them to nobody: only delegate mode replays them, so their sandboxes' addresses
+//! would stay allocated in the primary for good. Refused unless `--force`.
+
+use std::path::PathBuf;
+
+use super::edit::{self, Mode};
+use super::json::Json;
+use super::network::Network;
+use crate::cni::config::DEFAULT_STATE_DIR;
+
+/// `to`: the mode being installed, `None` for `--uninstall`. With `force`, goes on and says
+/// in `done` what is lost.
+pub fn refuse_leaving_delegate(net: &Network, to: Option<Mode>, force: bool, done: &mut Vec<String>) -> Result<(), String> {
+    if to == Some(Mode::Delegate) {
+        return Ok(());
+    }
+    let Some(state_dir) = delegate_state_dir(&net.doc.root) else { return Ok(()) };
+    let waiting = crate::state::deferred::waiting(&state_dir, &net.name)
+        .map_err(|e| format!("cannot tell whether deferred DELs wait in {}: {e}", state_dir.display()))?;
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<String> = waiting.iter().take(5).map(|e| format!("{} of pod {}", crate::names::short_id(&e.container_id), e.key.pod())).collect();
+    let more = if waiting.len() > names.len() { format!(" and {} more", waiting.len() - names.len()) } else { String::new() };
+    let what = format!(
+        "{} deferred DELs of network {} wait in {} ({}{more}), and only delegate mode replays them",
+        waiting.len(), net.name, state_dir.display(), names.join(", ")
+    );
+    if force {
+        done.push(format!("--force: {what}; they are dropped, and the primary never gets those DELs (their addresses may stay allocated)"));
+        return Ok(());
+    }
+    Err(format!(
+        "{what}: stop and remove the pods that own those names (or wait until they go; `sandbox-guard --doctor` lists them), \
+         or give --force to go on and lose them"
+    ))
+}
+
+/// The stateDir of the network's guard entry when that entry wraps a primary.
+fn delegate_state_dir(list: &Json) -> Option<PathBuf> {
+    let entry = edit::plugins(list).iter().find(|p| p.get("type").and_then(Json::as_str) == Some(edit::GUARD_TYPE) && p.get("delegate").is_some())?;
+    Some(entry.get("stateDir").and_then(Json::as_str).map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from))
+}

@@ -1,0 +1,233 @@
+//! Staleness judged by the key the primary uses (`podKey`). Primaries keyed by pod name alone
+//! (calico before 3.x, sticky-IP macvlan plugins) release whatever the pod's name holds on any
+//! DEL: an old sandbox attached as `net1` tears down a new one attached as `net2` (multus
+//! numbers interfaces by their place in the pod's annotation). Also: a sandbox with two
+//! interfaces on one network, and a state dir written by the release that keyed by ifname.
+
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
+#[path = "support/cni.rs"]
+mod cni;
+#[path = "support/primary.rs"]
+mod primary;
+
+use cni::{Incident, NETWORK, Pod, Store, files_in, verify_envelope};
+use primary::RecordingPrimary;
+use serde_json::{Value, json};
+
+/// ADD A as net1, ADD B as net2: the same pod on the same network, re-created.
+fn two_ifnames(i: &Incident, wrap: impl Fn(cni::Cni) -> cni::Cni) {
+    wrap(i.store.add(&i.a, &i.pod_a).ifname("net1")).run().assert_ok();
+    wrap(i.store.add(&i.b, &i.pod_b).ifname("net2")).run().assert_ok();
+}
+
+#[test]
+fn an_old_sandboxs_del_under_another_ifname_is_refused() {
+    let i = Incident::of("lijiaob", "etcd1-0");
+    two_ifnames(&i, |call| call);
+    let refused = i.store.del(&i.a, &i.pod_a).ifname("net1").run().assert_error(11);
+    assert!(refused.msg.contains("stale DEL") && refused.msg.contains(&i.b), "{}", refused.text());
+    // Whatever ifname the old sandbox's DEL names.
+    i.store.del(&i.a, &i.pod_a).ifname("eth0").run().assert_error(11);
+    i.store.assert_every_owner_has_its_record();
+    // Once B is gone, A's DEL passes.
+    i.store.del(&i.b, &i.pod_b).ifname("net2").run().assert_ok();
+    i.store.del(&i.a, &i.pod_a).ifname("net1").run().assert_ok();
+    assert!(i.store.owner_files().is_empty());
+}
+
+#[test]
+fn an_old_sandboxs_del_under_another_ifname_is_deferred_in_delegate_mode() {
+    let i = Incident::of("lijiaob", "etcd1-0");
+    let primary = RecordingPrimary::new();
+    two_ifnames(&i, |call| primary.wrap(call));
+    primary.wrap(i.store.del(&i.a, &i.pod_a).ifname("net1")).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 0, "A's DEL must not reach the primary while B owns the pod");
+    let deferred: Vec<Value> = i.store.dump().into_iter().filter(|row| row["status"] == "deferred").collect();
+    assert_eq!(deferred.len(), 1, "{deferred:?}");
+    assert_eq!((&deferred[0]["containerId"], &deferred[0]["ifName"]), (&json!(i.a), &json!("net1")));
+    assert!(i.store.is_owner(&i.b, "net2"));
+
+    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("net2")).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 1, "A's DEL is replayed once the pod's name is free");
+    let replay = primary.stdin("DEL", &i.a);
+    assert_eq!(replay["prevResult"]["interfaces"][0]["name"], json!("net1"), "A's own result: {replay}");
+    assert!(i.store.dump().is_empty(), "{:?}", i.store.dump());
+}
+
+#[test]
+fn with_pod_key_name_and_ifname_each_interface_is_its_own_key() {
+    let i = Incident::of("lijiaob", "etcd1-0");
+    let per_interface = |call: cni::Cni| call.config("podKey", Some(json!("name-and-ifname")));
+    two_ifnames(&i, per_interface);
+    per_interface(i.store.del(&i.a, &i.pod_a).ifname("net1")).run().assert_ok();
+    // The same ifname is still the same key.
+    let c = cni::container_id();
+    per_interface(i.store.add(&c, &i.pod_a).ifname("net2")).run().assert_ok();
+    per_interface(i.store.del(&i.b, &i.pod_b).ifname("net2")).run().assert_error(11);
+}
+
+#[test]
+fn an_unknown_pod_key_is_an_invalid_config_and_writes_nothing() {
+    let i = Incident::of("lijiaob", "etcd1-0");
+    for verb in ["ADD", "DEL"] {
+        let call = i.store.cni(verb, &i.a).pod(&i.pod_a).config("podKey", Some(json!("ifname")));
+        let error = call.run().assert_error(7);
+        assert!(error.msg.contains("podKey") && error.msg.contains("\"name\""), "{}", error.text());
+    }
+    assert!(!i.store.state_dir.exists(), "a rejected config leaves no trace");
+}
+
+/// A: the old sandbox (eth0). B: the new one, attached twice to the same network (eth0, net1).
+fn two_interfaces() -> Incident {
+    let i = Incident::of("shop", "web-0");
+    i.store.add(&i.a, &i.pod_a).run().assert_ok();
+    i.store.add(&i.b, &i.pod_b).ifname("eth0").run().assert_ok();
+    i.store.add(&i.b, &i.pod_b).ifname("net1").run().assert_ok();
+    i
+}
+
+#[test]
+fn a_sandbox_with_two_interfaces_keeps_the_pod_until_its_last_del() {
+    let i = two_interfaces();
+    assert_eq!(i.store.owner_files().len(), 1, "one pod, one owner");
+    assert!(i.store.is_owner(&i.b, "eth0") && i.store.is_owner(&i.b, "net1"));
+
+    i.store.del(&i.b, &i.pod_b).ifname("eth0").run().assert_ok();
+    i.store.assert_every_owner_has_its_record();
+    assert!(i.store.is_owner(&i.b, "net1"), "net1 is still attached: B still owns the pod");
+    i.store.del(&i.a, &i.pod_a).run().assert_error(11);
+
+    i.store.del(&i.b, &i.pod_b).ifname("net1").run().assert_ok();
+    assert!(i.store.owner_files().is_empty(), "B's last interface went: the pod's name is free");
+    i.store.del(&i.a, &i.pod_a).run().assert_ok();
+}
+
+#[test]
+fn gc_releases_the_interfaces_the_runtime_no_longer_lists_one_by_one() {
+    let i = two_interfaces();
+    let listed = json!([{"containerID": i.a, "ifname": "eth0"}, {"containerID": i.b, "ifname": "net1"}]);
+    i.store.cni("GC", "").config("cni.dev/valid-attachments", Some(listed)).run().assert_ok();
+    i.store.assert_every_owner_has_its_record();
+    assert!(i.store.is_owner(&i.b, "net1"));
+    i.store.del(&i.a, &i.pod_a).run().assert_error(11);
+}
+
+// ---------------------------------------------------------------------------------------
+// Upgrade in place from the release that keyed by (network, namespace, name, ifname)
+
+/// The containers of testdata/upgrade/state-v1 (see its make script): etcd1-0's A (net1) and
+/// B (net2), web-0's C and D (C's DEL refused), db-0's E and F (E's DEL deferred).
+fn fixture_ids() -> std::collections::HashMap<String, String> {
+    testdata::fixture("upgrade/state-v1.ids")
+        .lines()
+        .filter_map(|line| line.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect()
+}
+
+/// A copy of the old release's state dir, with the modes git does not keep.
+fn old_store() -> (sys::TempDir, Store) {
+    let root = sys::TempDir::new("sgup");
+    let state_dir = root.path.join("state");
+    cni::copy_state_dir(&testdata::fixture_path("upgrade/state-v1"), &state_dir);
+    let store = Store::with_state_dir(state_dir, &root.path);
+    (root, store)
+}
+
+
+fn pod(name: &str, uid: &str) -> Pod {
+    Pod { uid: uid.into(), ..Pod::new("lijiaob", name) }
+}
+
+#[test]
+fn an_old_releases_state_dir_keeps_every_pod_protected_and_moves_to_the_new_keys() {
+    let (_root, store) = old_store();
+    let ids = fixture_ids();
+    let (etcd_a, web_c) = (pod("etcd1-0", "uid-a"), pod("web-0", "uid-c"));
+    let before: Vec<Value> = store.dump();
+    assert!(before.iter().any(|row| row["containerId"] == ids["b"] && row["owner"] == true), "the dump reads the old layout: {before:?}");
+
+    // The old release gave A (net1) and B (net2) a key each; by pod name B owns the pod now.
+    store.del(&ids["a"], &etcd_a).ifname("net1").run().assert_error(11);
+    store.del(&ids["a"], &etcd_a).ifname("eth0").run().assert_error(11);
+    store.del(&ids["c"], &web_c).run().assert_error(11);
+    store.assert_every_owner_has_its_record();
+
+    // Moved: no owner, ledger entry or deferred DEL is keyed by ifname any more.
+    for path in files_in(&store.state_dir.join("owners")) {
+        let owner = verify_envelope(&path).unwrap();
+        assert!(owner.get("ifName").is_none() && owner["interfaces"].is_array(), "{owner}");
+    }
+    let ledger = store.ledger_entry(&web_c).expect("web-0's ledger entry under its new key");
+    assert_eq!(ledger["refused"], json!(2), "the old release's refusal is kept and the new one counted: {ledger}");
+    assert_eq!(files_in(&store.state_dir.join("ledger")).len(), 3, "web-0, db-0 and etcd1-0's new entry");
+    let owners: Vec<Value> = files_in(&store.state_dir.join("owners")).iter().map(|p| verify_envelope(p).unwrap()).collect();
+    let etcd = owners.iter().find(|o| o["podName"] == "etcd1-0").unwrap();
+    assert_eq!((&etcd["containerId"], &etcd["interfaces"]), (&json!(ids["b"]), &json!(["net2"])), "the last ADD wins");
+    assert_eq!(owners.len(), 3, "{owners:?}");
+    assert!(store.state_dir.join("pod-keys").join(NETWORK).exists());
+
+    // db-0's deferred DEL, made under the old key, reaches the primary once F goes.
+    let primary = RecordingPrimary::new();
+    let db_f = pod("db-0", "uid-f");
+    primary.wrap(store.del(&ids["f"], &db_f)).run().assert_ok();
+    assert_eq!(primary.dels(&ids["e"]), 1, "E's deferred DEL was replayed");
+    assert!(store.dump().iter().all(|row| row["status"] != "deferred"));
+
+    // And the pods B and D still own release as they should.
+    store.del(&ids["b"], &pod("etcd1-0", "uid-b")).ifname("net2").run().assert_ok();
+    store.del(&ids["a"], &etcd_a).ifname("net1").run().assert_ok();
+    store.del(&ids["d"], &pod("web-0", "uid-d")).run().assert_ok();
+    store.del(&ids["c"], &web_c).run().assert_ok();
+    assert!(store.owner_files().is_empty());
+}
+
+#[test]
+fn an_old_releases_state_dir_needs_no_move_under_name_and_ifname() {
+    let (_root, store) = old_store();
+    let ids = fixture_ids();
+    let owners_before = files_in(&store.state_dir.join("owners"));
+    let per_interface = |call: cni::Cni| call.config("podKey", Some(json!("name-and-ifname")));
+    per_interface(store.del(&ids["c"], &pod("web-0", "uid-c"))).run().assert_error(11);
+    assert_eq!(files_in(&store.state_dir.join("owners")), owners_before, "the old keys are this rule's keys");
+    // Changing the rule later moves them then.
+    store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run().assert_error(11);
+    per_interface(store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1")).run().assert_ok();
+}
+
+#[test]
+fn an_old_releases_damaged_ownership_still_refuses_the_del_that_needs_it() {
+    let (_root, store) = old_store();
+    let ids = fixture_ids();
+    // web-0's owner (D), filed by the old release under the digest of (network, lijiaob, web-0, eth0).
+    let owner = store.state_dir.join("owners/4ef0268c358362ee07eb31bb753cf10a380c295b4dbcb7c96f38d06bd631650a");
+    cni::corrupt_one_digit(&owner, ids["d"].as_bytes());
+    let refused = store.del(&ids["c"], &pod("web-0", "uid-c")).run().assert_error(101);
+    assert!(refused.text().contains("set-aside"), "{}", refused.text());
+    // The way out the error gives: the operator checks and deletes the set-aside file.
+    for path in files_in(&store.state_dir.join("set-aside")) {
+        std::fs::remove_file(path).unwrap();
+    }
+    store.del(&ids["c"], &pod("web-0", "uid-c")).run().assert_ok();
+}
+
+#[test]
+fn in_delegate_mode_a_deferred_del_waits_for_the_owners_last_interface() {
+    let i = Incident::of("shop", "web-0");
+    let primary = RecordingPrimary::new();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
+    primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 0, "A's DEL is deferred while B owns the pod");
+
+    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 0, "B's net1 is still attached: A's DEL still waits");
+    i.store.assert_every_owner_has_its_record();
+
+    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 1, "B's last interface went: A's DEL is replayed");
+    assert!(i.store.dump().is_empty(), "{:?}", i.store.dump());
+}

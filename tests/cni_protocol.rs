@@ -14,6 +14,7 @@ mod mount;
 use cni::{CniError, Incident, NETWORK, Pod, SUPPORTED_VERSIONS, Store, container_id, corrupt_one_digit, files_in, mode, verify_envelope, walk};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 
 /// The pods of the incident: a StatefulSet pod re-created under its old name, new UID.
 fn etcd_incarnations() -> (Pod, Pod) {
@@ -552,6 +553,12 @@ fn state_dir_and_files_are_private_whatever_the_umask() {
         let meta = std::fs::symlink_metadata(&path).unwrap();
         if meta.is_dir() {
             assert_eq!(mode(&path), 0o700, "{}", path.display());
+        } else if meta.file_type().is_symlink() {
+            // An ownership or an address index entry: a symlink whose target is its sealed text.
+            // A link has no mode of its own (Linux ignores it); its 0700 directory keeps it private.
+            let dir = path.parent().unwrap();
+            assert!(dir.ends_with("owners") || dir.ends_with("ips"), "{} is a symlink outside owners/ and ips/", path.display());
+            verify_envelope(&path).unwrap_or_else(|e| panic!("{e}"));
         } else {
             assert!(meta.is_file(), "{} is neither a file nor a directory", path.display());
             assert_eq!(mode(&path), 0o600, "{}", path.display());
@@ -741,10 +748,10 @@ fn a_huge_file_in_the_store_is_untrusted_not_a_crash() {
 /// can tell. Returns the corrupted bytes, to find them again under set-aside/.
 /// The file under set-aside/ that holds exactly `bytes`: a corrupt file is kept, never deleted.
 fn kept_copy(store: &Store, bytes: &[u8]) -> std::path::PathBuf {
-    let set_aside: Vec<_> = walk(&store.state_dir.join("set-aside")).into_iter().filter(|p| p.is_file()).collect();
+    let set_aside: Vec<_> = walk(&store.state_dir.join("set-aside")).into_iter().filter(|p| !p.is_dir()).collect();
     set_aside
         .iter()
-        .find(|p| std::fs::read(p).unwrap() == bytes)
+        .find(|p| cni::read_entry(p).unwrap() == bytes)
         .cloned()
         .unwrap_or_else(|| panic!("the corrupted bytes are kept under set-aside/: {set_aside:?}"))
 }
@@ -1002,6 +1009,57 @@ fn add_over_a_corrupted_record_with_long_names_writes_a_fresh_one() {
 
     added.run().assert_ok();
     assert!(store.dump().iter().any(|e| e["setAside"] != true), "a fresh, valid checkpoint");
+}
+
+// ---------------------------------------------------------------------------------------
+// A state dir written by the previous release (its ownerships regular files)
+
+/// `testdata/state-previous-release-owners` (how it was made: testdata/README.md): db-0 added
+/// by sandbox A, then by B (B owns it, A is stale), web-0 by C.
+pub const PREVIOUS_RELEASE: &str = "state-previous-release-owners";
+
+fn previous_release_cast() -> (Store, Pod, Pod, [String; 3]) {
+    let store = Store::from_fixture(PREVIOUS_RELEASE);
+    let [a, b, c] = ['a', 'b', 'c'].map(|x| x.to_string().repeat(64));
+    (store, Pod::new("migrate", "db-0"), Pod::new("migrate", "web-0"), [a, b, c])
+}
+
+fn is_symlink(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).unwrap().file_type().is_symlink()
+}
+
+#[test]
+fn a_state_dir_of_the_previous_release_keeps_working_and_its_owners_change_form_on_change() {
+    let (store, db0, web0, [a, b, c]) = previous_release_cast();
+    let owners = store.owner_files();
+    assert_eq!(owners.len(), 2, "{owners:?}");
+    assert!(owners.iter().all(|p| !is_symlink(p)), "the fixture holds the previous release's regular files");
+
+    // Read as they are: B owns db-0, so A's retried DEL is stale; C owns web-0.
+    store.del(&a, &db0).run().assert_error(11);
+    assert!(store.is_owner(&b, "eth0") && store.is_owner(&c, "eth0"));
+    store.assert_every_owner_has_its_record();
+
+    // db-0's next sandbox takes the key: its ownership is rewritten in the new form; web-0's
+    // stays as it was until it changes.
+    let d = container_id();
+    store.add(&d, &db0).run().assert_ok();
+    let owners = store.owner_files();
+    assert_eq!(owners.len(), 2, "{owners:?}");
+    let (links, files): (Vec<&PathBuf>, Vec<&PathBuf>) = owners.iter().partition(|p| is_symlink(p));
+    assert_eq!((links.len(), files.len()), (1, 1), "{owners:?}");
+    assert_eq!(verify_envelope(links[0]).unwrap()["containerId"], d.as_str());
+    assert_eq!(verify_envelope(files[0]).unwrap()["containerId"], c.as_str());
+    store.del(&b, &db0).run().assert_error(11);
+    store.del(&a, &db0).run().assert_error(11);
+
+    // The old-form ownership goes with its owner's DEL, as before.
+    store.del(&c, &web0).run().assert_ok();
+    store.del(&d, &db0).run().assert_ok();
+    assert!(store.owner_files().is_empty(), "{:?}", store.owner_files());
+    store.del(&a, &db0).run().assert_ok();
+    store.del(&b, &db0).run().assert_ok();
+    assert!(store.dump().is_empty());
 }
 
 /// README: a 0.1.0/0.2.0 pod whose interface is not `CNI_IFNAME` in its netns at ADD has no

@@ -9,7 +9,7 @@ mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 
-use cni::{NETWORK, Pod, Store, Workload, container_id, files_in, verify_envelope};
+use cni::{Cni, NETWORK, Pod, Store, Traced, Workload, container_id, files_in, verify_envelope};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::ExitStatusExt;
@@ -133,4 +133,144 @@ fn sigkill_at_random_moments_leaves_a_consistent_store() {
     }
     assert!(store.dump().iter().all(|e| e["setAside"] == true), "every DEL went through");
     assert!(store.owner_files().iter().all(|p| file_name(p).len() != 64), "no ownership left");
+}
+
+// ---------------------------------------------------------------------------------------
+// SIGKILL at every system call: each invocation of each syscall the plugin makes, one run
+// each (strace's fault injection counts a syscall's invocations on their own, so every
+// (syscall, n) pair is one place to die). What stays on disk must be whole and consistent, and
+// the runtime's retry must carry on from it.
+
+/// How often the run of `call` invokes each syscall (`strace -c`).
+fn syscall_counts(call: Cni) -> Vec<(String, usize)> {
+    let dir = sys::TempDir::new("sgcount");
+    let table = dir.path.join("counts");
+    call.wrapped_in(&["strace", "-qq", "-c", "-o", table.to_str().unwrap()]).run().assert_ok();
+    let text = std::fs::read_to_string(&table).unwrap();
+    let counts: Vec<(String, usize)> = text
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let name = *fields.last()?;
+            let calls = fields.get(3)?.parse().ok()?;
+            (name != "total" && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')).then(|| (name.to_string(), calls))
+        })
+        .collect();
+    assert!(counts.len() > 10, "strace -c gave no table: {text}");
+    counts
+}
+
+/// For every invocation of every syscall that `call` makes on a store `setup` prepares: a
+/// fresh store, the run killed there, then `check`. Returns how many runs were killed.
+fn kill_at_every_syscall<S>(setup: impl Fn() -> S, call: impl Fn(&S) -> Cni, check: impl Fn(&S, &str)) -> usize {
+    let counts = syscall_counts(call(&setup()));
+    let mut killed = 0;
+    for (syscall, calls) in &counts {
+        for nth in 1..=*calls {
+            let state = setup();
+            let reply = call(&state).run_killed_at(Traced::PluginOnly, syscall, nth);
+            let where_ = format!("killed at {syscall} #{nth}");
+            match reply.status.signal() {
+                Some(_) => killed += 1,
+                None => assert!(reply.succeeded(), "{where_}: not killed, yet failed: {}", reply.stdout),
+            }
+            check(&state, &where_);
+        }
+    }
+    let total: usize = counts.iter().map(|(_, n)| n).sum();
+    eprintln!("{killed} of {total} syscalls killed the run");
+    assert!(killed * 2 > total, "only {killed} of {total} kills landed");
+    killed
+}
+
+/// Whatever a kill left: every record and every ownership whole (the store never shows a
+/// torn one), and every owner on its record.
+fn assert_whole(store: &Store, where_: &str) {
+    for dir in ["records", "owners"] {
+        for path in files_in(&store.state_dir.join(dir)) {
+            if file_name(&path).starts_with('.') {
+                continue;
+            }
+            verify_envelope(&path).unwrap_or_else(|e| panic!("{where_}: {e}"));
+        }
+    }
+    store.assert_every_owner_has_its_record();
+}
+
+#[test]
+fn add_killed_at_every_syscall_leaves_the_old_owner_or_the_new_one_on_its_record() {
+    sys::skip_unless_root!(&["strace"]);
+    let setup = || {
+        let (store, pod, a) = Store::with_one_sandbox("crash", "db-0");
+        (store, pod, a, container_id())
+    };
+    kill_at_every_syscall(setup, |(store, pod, _, b)| store.add(b, pod), |(store, pod, a, b), where_| {
+        assert_whole(store, where_);
+        assert!(store.is_owner(a, "eth0") || store.is_owner(b, "eth0"), "{where_}: the pod lost its owner");
+        // The runtime retries the ADD; the old sandbox's DEL is stale from then on.
+        store.add(b, pod).run().assert_ok();
+        store.del(a, pod).run().assert_error(11);
+        assert_whole(store, where_);
+    });
+}
+
+#[test]
+fn del_killed_at_every_syscall_releases_the_pod_only_with_its_record_gone_after() {
+    sys::skip_unless_root!(&["strace"]);
+    let setup = || {
+        let (store, pod, a) = Store::with_one_sandbox("crash", "db-0");
+        let b = container_id();
+        store.add(&b, &pod).run().assert_ok();
+        (store, pod, a, b)
+    };
+    kill_at_every_syscall(setup, |(store, pod, _, b)| store.del(b, pod), |(store, pod, a, b), where_| {
+        assert_whole(store, where_);
+        if store.is_owner(b, "eth0") {
+            store.del(a, pod).run().assert_error(11);
+        }
+        store.del(b, pod).run().assert_ok();
+        assert!(store.owner_files().is_empty(), "{where_}: {:?}", store.owner_files());
+        store.del(a, pod).run().assert_ok();
+        assert!(store.dump().is_empty(), "{where_}");
+    });
+}
+
+#[test]
+fn gc_killed_at_every_syscall_keeps_the_valid_attachment_and_its_owner() {
+    sys::skip_unless_root!(&["strace"]);
+    let setup = || {
+        let (store, kept_pod, kept) = Store::with_one_sandbox("crash", "db-0");
+        store.add(&container_id(), &Pod::new("crash", "db-1")).run().assert_ok();
+        (store, kept_pod, kept)
+    };
+    let gc = |(store, _, kept): &(Store, Pod, String)| {
+        store.cni("GC", "").config("cni.dev/valid-attachments", Some(serde_json::json!([{"containerID": kept, "ifname": "eth0"}])))
+    };
+    kill_at_every_syscall(setup, gc, |state, where_| {
+        let (store, kept_pod, kept) = state;
+        assert_whole(store, where_);
+        assert!(store.is_owner(kept, "eth0"), "{where_}: GC took the valid attachment's ownership");
+        gc(state).run().assert_ok();
+        assert_eq!(store.owner_files().len(), 1, "{where_}");
+        store.del(&container_id(), kept_pod).run().assert_error(11);
+    });
+}
+
+/// A previous release's ownership (a regular file) rewritten as a symlink when the pod's next
+/// sandbox takes it, killed at every syscall: the pod keeps its old owner or gets the new one.
+#[test]
+fn rewrite_of_a_previous_release_owner_killed_at_every_syscall_keeps_the_pod_owned() {
+    sys::skip_unless_root!(&["strace"]);
+    let [a, b, d] = ['a', 'b', 'd'].map(|x| x.to_string().repeat(64));
+    let db0 = Pod::new("migrate", "db-0");
+    let setup = || Store::from_fixture("state-previous-release-owners");
+    kill_at_every_syscall(setup, |store| store.add(&d, &db0), |store, where_| {
+        assert_whole(store, where_);
+        assert_eq!(store.owner_files().iter().filter(|p| !file_name(p).starts_with('.')).count(), 2, "{where_}");
+        assert!(store.is_owner(&b, "eth0") || store.is_owner(&d, "eth0"), "{where_}: db-0 lost its owner");
+        store.del(&a, &db0).run().assert_error(11);
+        store.add(&d, &db0).run().assert_ok();
+        store.del(&b, &db0).run().assert_error(11);
+        assert_whole(store, where_);
+    });
 }

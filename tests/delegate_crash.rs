@@ -38,9 +38,11 @@ use std::time::{Duration, Instant};
 /// requests (taking the interface out of a stale sandbox), starting the primary, feeding it
 /// and waiting for it, the log and the answer. strace counts each
 /// system call on its own, so each is a loop of its own; `?`: not every arch has each.
-const KILL_POINTS: [&str; 20] = [
+const KILL_POINTS: [&str; 23] = [
     "?rename", "?renameat", "?renameat2", "?unlink", "?unlinkat", "?rmdir", "?mkdir", "?mkdirat", "?fsync", "?fdatasync",
     "?flock", "?sendto", "?sendmsg", "?clone", "?clone3", "?vfork", "?fork", "?wait4", "?waitid", "?write",
+    // How the store makes a new record (linked in) and an ownership or index entry (a symlink).
+    "?linkat", "?symlink", "?symlinkat",
 ];
 /// More calls of one system call than any operation here makes: a loop that reaches it
 /// never finished.

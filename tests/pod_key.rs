@@ -16,8 +16,6 @@ mod primary;
 use cni::{Incident, NETWORK, Pod, Store, files_in, verify_envelope};
 use primary::RecordingPrimary;
 use serde_json::{Value, json};
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 
 /// ADD A as net1, ADD B as net2: the same pod on the same network, re-created.
 fn two_ifnames(i: &Incident, wrap: impl Fn(cni::Cni) -> cni::Cni) {
@@ -133,24 +131,11 @@ fn fixture_ids() -> std::collections::HashMap<String, String> {
 fn old_store() -> (sys::TempDir, Store) {
     let root = sys::TempDir::new("sgup");
     let state_dir = root.path.join("state");
-    copy_dir(&testdata::fixture_path("upgrade/state-v1"), &state_dir);
+    cni::copy_state_dir(&testdata::fixture_path("upgrade/state-v1"), &state_dir);
     let store = Store::with_state_dir(state_dir, &root.path);
     (root, store)
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700)).unwrap();
-    for entry in std::fs::read_dir(from).unwrap().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
-        }
-    }
-}
 
 fn pod(name: &str, uid: &str) -> Pod {
     Pod { uid: uid.into(), ..Pod::new("lijiaob", name) }

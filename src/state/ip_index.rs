@@ -7,8 +7,12 @@
 //! last gave the address to.
 //!
 //! ```text
-//! <stateDir>/ips/<network>:<address>    IpHolder, sealed
+//! <stateDir>/ips/<network>:<address>    IpHolder, sealed, as a symlink's target
 //! ```
+//!
+//! An entry is a symlink whose target is its sealed text, as an ownership is
+//! (`sealed::write_entry`): a new address costs one symlink() and no temp file; entries
+//! written as regular files by earlier releases are read too.
 //!
 //! DEL leaves the entry where it is on purpose: once the record is gone, the entry is the only
 //! trace of which namespace had the address, and that is what tells "deleted, but its
@@ -88,7 +92,7 @@ impl Store {
         let mut first_failure = None;
         for holder in holders {
             let name = entry_name(&holder.network, holder.address);
-            if let Err(e) = sealed::replace(&dir, &name, &sealed::seal(holder), sealed::Durability::Hint) {
+            if let Err(e) = sealed::write_entry(&dir, &name, holder, sealed::Durability::Hint) {
                 first_failure.get_or_insert(crate::error::GuardError::io("record the holder of an address in", &dir.join(&name), e));
             }
         }
@@ -119,7 +123,7 @@ impl Store {
 }
 
 fn read_entry(path: &Path) -> Option<IpHolder> {
-    match sealed::read::<IpHolder>(path) {
+    match sealed::read_entry::<IpHolder>(path) {
         // A checksum is no signature: names from the file are checked before they make a path.
         Ok(Loaded::Valid(holder)) if plain_names(&holder) => Some(holder),
         _ => None,

@@ -5,10 +5,10 @@
 //! ```text
 //! <stateDir>/lock                                  flock; holds the generation counter
 //! <stateDir>/records/<network>:<container>:<if>    Checkpoint
-//! <stateDir>/owners/<sha256 of the pod key>        Ownership
+//! <stateDir>/owners/<sha256 of the pod key>        Ownership, a symlink whose target is its sealed text
 //! <stateDir>/set-aside/<original name>             corrupt files, kept for the operator
 //! <stateDir>/failed-adds/<network>:<container>:<if> an ADD the guard failed (see failed_add)
-//! <stateDir>/ips/<network>:<address>               who was last given an address (ip_index)
+//! <stateDir>/ips/<network>:<address>               who was last given an address (ip_index), a symlink too
 //! <stateDir>/deferred/<sha256 of the pod key>/<network>:<container>:<if>
 //!                                                  a stale DEL kept from the primary (delegate mode)
 //! <stateDir>/pod-locks/<sha256 of the pod key>     flock per pod key (delegate mode)
@@ -77,6 +77,8 @@ pub struct Store {
     /// Directories changed since the last sync (indexes into FOLDERS), in the order of their
     /// first change: `sync` keeps that order.
     dirty: Cell<DirtyDirs>,
+    /// The record written since the last sync, whose data `sync` makes durable first.
+    unsynced_record: Cell<Option<File>>,
 }
 
 /// Indexes into FOLDERS, each at most once, in the order they were first marked.
@@ -96,6 +98,13 @@ impl DirtyDirs {
 
     fn in_order(&self) -> &[u8] {
         &self.order[..usize::from(self.len)]
+    }
+
+    fn forget(&mut self, index: u8) {
+        if let Some(at) = self.in_order().iter().position(|&i| i == index) {
+            self.order.copy_within(at + 1..usize::from(self.len), at);
+            self.len -= 1;
+        }
     }
 }
 
@@ -168,7 +177,7 @@ impl Store {
 
     fn at(root: &Path, lock: Option<File>, writable: bool) -> Store {
         let [records, owners, set_aside, failed_adds, ledger] = FOLDERS.map(|dir| root.join(dir));
-        Store { root: root.to_path_buf(), records, owners, set_aside, failed_adds, ledger, lock, writable, records_delta: Cell::new(0), dirty: Cell::new(DirtyDirs::default()) }
+        Store { root: root.to_path_buf(), records, owners, set_aside, failed_adds, ledger, lock, writable, records_delta: Cell::new(0), dirty: Cell::new(DirtyDirs::default()), unsynced_record: Cell::new(None) }
     }
 
     /// A reader's shared lock, waited for at most `wait`; `on_wait` hears once who holds it
@@ -256,9 +265,14 @@ impl Store {
         sealed::read(&self.record_path(id))
     }
 
+    /// Puts the record in place; its data is made durable by the next `sync`, which it must
+    /// precede in the same operation (see there).
     pub fn save_record(&self, record: &Checkpoint) -> Result<()> {
         let new = surely_absent(&self.record_path(&record.id()));
-        sealed::write(&self.records, &record.id().file_name(), record)?;
+        let file = sealed::write_unsynced(&self.records, &record.id().file_name(), record, new)?;
+        if let Some(earlier) = self.unsynced_record.replace(Some(file)) {
+            earlier.sync_data().map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
+        }
         self.mark_dirty(0);
         self.records_delta.set(self.records_delta.get() + i64::from(new));
         Ok(())
@@ -301,7 +315,7 @@ impl Store {
     }
 
     pub fn load_owner(&self, key: &PodKey) -> Result<Loaded<Ownership>> {
-        let loaded = sealed::read::<Ownership>(&self.owner_path(key))?;
+        let loaded = sealed::read_entry::<Ownership>(&self.owner_path(key))?;
         // A digest collision or a file copied by hand would name another key.
         Ok(match loaded {
             Loaded::Valid(owner) if owner.key != *key => Loaded::Corrupt {
@@ -316,8 +330,14 @@ impl Store {
         })
     }
 
+    /// An ownership is a symlink whose target is its sealed text (`sealed::write_entry`): no
+    /// data of its own to sync, so the one journal commit of `sync` takes it with the record.
+    /// One written by an earlier release as a regular file is read as well, and replaced by
+    /// the new form here, on its next change.
     pub fn save_owner(&self, owner: &Ownership) -> Result<()> {
-        sealed::write(&self.owners, &owner.key.digest(), owner)?;
+        let name = owner.key.digest();
+        sealed::write_entry(&self.owners, &name, owner, sealed::Durability::Durable)
+            .map_err(|e| GuardError::io("write the ownership", &self.owners.join(&name), e))?;
         self.mark_dirty(1);
         Ok(())
     }
@@ -410,18 +430,33 @@ impl Store {
         Ok(true)
     }
 
-    /// Makes every change since the last sync durable: one fsync per changed directory, in
-    /// the order the directories were first changed.
+    /// Makes every change since the last sync durable: first the data of the record written
+    /// since (one fdatasync), then each changed directory, in the order they were first
+    /// changed.
     ///
-    /// So a verb changes what it must (ADD: the record, then the ownership that points at it;
-    /// DEL: the ownership, then the record) and syncs once. A journaling filesystem (ext4,
-    /// xfs) makes metadata changes durable in the order they were made, and a btrfs commit
-    /// takes all of them at once, so the later change never outlives a crash without the
-    /// earlier one; the first fsync commits both and the second finds nothing left to write,
-    /// which saves ADD and DEL a journal commit each. Syncing in change order also covers a
-    /// filesystem that logs each directory on its own fsync (btrfs). Were a crash still to
-    /// leave an owner whose record is gone, the ownership rule drops it (`DelVerdict::Repair`).
+    /// So a verb changes what it must, in the order that keeps the store consistent (ADD: the
+    /// record, then the ownership that points at it, then the address index; DEL and GC: the
+    /// ownership, then the record), and syncs once. On a journaling file system that first
+    /// fsync is the one journal commit of the operation: ext4 commits its whole running
+    /// transaction, which holds every rename, link and unlink made before it, and XFS forces
+    /// its log up to the file's last change, past every earlier change; metadata reaches the
+    /// disk in the order it was changed, so the ownership (a symlink, metadata only) never
+    /// outlives a crash without its record's name. The directory fsyncs after it find nothing
+    /// left to commit (measured: a few microseconds each on ext4 and XFS) and are kept for
+    /// file systems that log each directory on its own (btrfs), in the same order.
+    ///
+    /// A crash before the sync can leave the record's name with its data not yet written
+    /// (delayed allocation), and its ownership beside it: the record then reads as corrupt,
+    /// never as valid and wrong, and the store trusts an owner whose record is corrupt
+    /// (`owner_is_backed`), so the pod keeps its owner and stale DELs stay refused, as after
+    /// any other damage to a record. Were a crash still to leave an owner whose record is
+    /// gone, the ownership rule drops it (`DelVerdict::Repair`). A file system without a
+    /// journal keeps no order at all, and its directory fsync does not write the inode of a
+    /// symlink made in it: the state dir belongs on a journaling one (README).
     pub fn sync(&self) -> Result<()> {
+        if let Some(record) = self.unsynced_record.take() {
+            record.sync_data().map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
+        }
         let dirty = self.dirty.take();
         for &index in dirty.in_order() {
             let dir = [&self.records, &self.owners, &self.set_aside, &self.failed_adds, &self.ledger][usize::from(index)];
@@ -434,6 +469,20 @@ impl Store {
             self.set_record_count(count.saturating_add_signed(delta));
         }
         Ok(())
+    }
+
+    /// DEL's and GC's sync once they released pod keys and then removed records: the
+    /// ownerships' removal is what must be durable before the answer, and the fsync of owners/
+    /// makes it so (on ext4 it commits the records' removal with it). A power cut may still
+    /// bring a removed record back, unowned: it owns nothing, blocks no DEL, and the runtime's
+    /// repeated DEL or GC removes it. So records/ is not synced after owners/: one sync.
+    pub fn sync_released(&self) -> Result<()> {
+        let mut dirty = self.dirty.get();
+        if dirty.in_order().first() == Some(&1) {
+            dirty.forget(0);
+            self.dirty.set(dirty);
+        }
+        self.sync()
     }
 
     fn mark_dirty(&self, index: u8) {
@@ -478,7 +527,7 @@ impl Store {
     }
 
     pub fn list_owners(&self) -> Result<Vec<(PathBuf, Loaded<Ownership>)>> {
-        list(&self.owners, |path| Ok(read_for_listing(path)))
+        list(&self.owners, |path| Ok(read_entry_for_listing(path)))
     }
 
     /// The set-aside files, for the dump.
@@ -550,6 +599,11 @@ fn temp_file_pid(name: &str) -> Option<u32> {
 
 pub(crate) fn read_for_listing<T: serde::de::DeserializeOwned>(path: &Path) -> Loaded<T> {
     sealed::read(path).unwrap_or_else(|e| Loaded::Corrupt { path: path.to_path_buf(), reason: e.msg })
+}
+
+/// Reads an ownership (or another `sealed::write_entry` entry) as `read_for_listing` reads a file.
+pub(crate) fn read_entry_for_listing<T: serde::de::DeserializeOwned>(path: &Path) -> Loaded<T> {
+    sealed::read_entry(path).unwrap_or_else(|e| Loaded::Corrupt { path: path.to_path_buf(), reason: e.msg })
 }
 
 /// Lists a directory's files, skipping the temp files of writers in flight. A folder that

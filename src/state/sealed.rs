@@ -5,6 +5,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -64,6 +65,65 @@ pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
     })
 }
 
+/// Reads an entry that `write_entry` wrote: a symlink whose target is the sealed text, read
+/// with readlink and never followed. A regular file holding the same text (what releases
+/// before the symlink form wrote, and the fallback for a text too long for a target) reads
+/// as `read` reads it.
+pub fn read_entry<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
+    match fs::read_link(path) {
+        // Not one the store wrote (a sealed text starts with '{'): a link planted to point
+        // elsewhere fails as a symlink always has in the state dir, it is no damaged entry to
+        // overwrite.
+        Ok(target) if !target.as_os_str().as_encoded_bytes().starts_with(b"{") => Err(GuardError::io(
+            "read checkpoint",
+            path,
+            io::Error::other("a symbolic link to elsewhere, which the state dir never follows: remove it"),
+        )),
+        Ok(target) => Ok(match verify::<T>(target.as_os_str().as_encoded_bytes()) {
+            Ok(value) => Loaded::Valid(value),
+            Err(reason) => Loaded::Corrupt { path: path.to_path_buf(), reason },
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Loaded::Missing),
+        // EINVAL: there, but no symlink.
+        Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => read(path),
+        Err(e) => Err(GuardError::io("read checkpoint", path, e)),
+    }
+}
+
+/// Writes `dir/name` as a symlink whose target is `value`'s sealed text: an entry that is
+/// metadata only. It needs no data write of its own and so no data sync: the journal commit
+/// that makes its directory entry durable carries its target too (ext4 writes a long
+/// target's block in or before the commit that creates the link, XFS logs a target or keeps
+/// a short one in the inode), and a target is set whole by the one syscall
+/// that creates the link, so no crash tears it. A new name is one symlink(); an existing
+/// one is replaced by a symlink to a temp name and a rename over it. The caller fsyncs
+/// `dir` (see `Store::sync`). A text longer than a target may hold (PATH_MAX - 1) goes to a
+/// regular file, durable, as before.
+pub fn write_entry<T: Serialize>(dir: &Path, name: &str, value: &T, durability: Durability) -> io::Result<()> {
+    let sealed = seal(value);
+    let text = sealed.strip_suffix(b"\n").unwrap_or(&sealed);
+    if text.len() > MAX_LINK_TARGET {
+        return replace(dir, name, &sealed, durability);
+    }
+    let target = std::ffi::OsStr::from_bytes(text);
+    let path = dir.join(name);
+    match std::os::unix::fs::symlink(target, &path) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        done => return done,
+    }
+    let temp = temp_path(dir);
+    // A temp entry left by a killed process with our pid would make symlink() fail.
+    let _ = fs::remove_file(&temp);
+    let written = std::os::unix::fs::symlink(target, &temp).and_then(|()| fs::rename(&temp, &path));
+    if written.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    written
+}
+
+/// The longest symlink target Linux stores (PATH_MAX, 4096, with its NUL).
+const MAX_LINK_TARGET: usize = 4095;
+
 fn verify<T: DeserializeOwned>(bytes: &[u8]) -> std::result::Result<T, String> {
     #[derive(Deserialize)]
     struct Envelope<'a> {
@@ -94,6 +154,45 @@ pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<()> {
         .map_err(|e| GuardError::io("write checkpoint", &dir.join(name), e))
 }
 
+/// Puts `value` sealed at `dir/name`, atomically but not yet durably, and returns the file for
+/// the caller to sync once everything its operation changes is in place (`Store::sync`). A
+/// crash before that sync may leave the new name with its data missing (a file system
+/// allocates the blocks at writeback): it then reads as corrupt, never as valid and wrong.
+/// `new`: `name` is known to be free, so the data goes into an unnamed file (O_TMPFILE)
+/// that is linked in once written: no temp name is created, renamed or left by a kill.
+pub fn write_unsynced<T: Serialize>(dir: &Path, name: &str, value: &T, new: bool) -> Result<File> {
+    let path = dir.join(name);
+    let sealed = seal(value);
+    let written = if new { link_new(dir, &path, &sealed) } else { None }.unwrap_or_else(|| {
+        let temp = temp_path(dir);
+        let written = write_temp(&temp, &sealed, Durability::Hint)
+            .and_then(|file| fs::rename(&temp, &path).map(|()| file));
+        if written.is_err() {
+            let _ = fs::remove_file(&temp);
+        }
+        written
+    });
+    written.map_err(|e| GuardError::io("write checkpoint", &path, e))
+}
+
+/// Writes an unnamed file in `dir` and links it in at `path`; `None` where the file system
+/// or the process cannot (no O_TMPFILE, no CAP_DAC_READ_SEARCH for AT_EMPTY_PATH, `path`
+/// taken after all): the caller goes the temp file's way.
+fn link_new(dir: &Path, path: &Path, bytes: &[u8]) -> Option<io::Result<File>> {
+    use nix::fcntl::{AT_FDCWD, AtFlags};
+    let mut file = OpenOptions::new()
+        .write(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_TMPFILE | nix::libc::O_CLOEXEC)
+        .open(dir)
+        .ok()?;
+    if let Err(e) = file.write_all(bytes) {
+        return Some(Err(e));
+    }
+    nix::unistd::linkat(&file, "", AT_FDCWD, path, AtFlags::AT_EMPTY_PATH).ok()?;
+    Some(Ok(file))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
     /// fsync before the rename: the file survives a power cut.
@@ -105,10 +204,8 @@ pub enum Durability {
 
 /// Replaces `dir/name` atomically with `bytes` (temp file in the same directory, rename).
 pub fn replace(dir: &Path, name: &str, bytes: &[u8], durability: Durability) -> io::Result<()> {
-    // Named by pid alone: a process writes one file at a time, and deriving the temp name
-    // from `name` could push it past the 255-byte limit.
-    let temp = dir.join(format!(".{}.tmp", std::process::id()));
-    let written = write_temp(&temp, bytes, durability).and_then(|()| fs::rename(&temp, dir.join(name)));
+    let temp = temp_path(dir);
+    let written = write_temp(&temp, bytes, durability).and_then(|_| fs::rename(&temp, dir.join(name)));
     if written.is_err() {
         // Leave nothing half-written behind, even on ENOSPC.
         let _ = fs::remove_file(&temp);
@@ -116,7 +213,13 @@ pub fn replace(dir: &Path, name: &str, bytes: &[u8], durability: Durability) -> 
     written
 }
 
-fn write_temp(temp: &Path, bytes: &[u8], durability: Durability) -> io::Result<()> {
+/// Named by pid alone: a process writes one file at a time, and deriving the temp name from
+/// the final one could push it past the 255-byte limit.
+fn temp_path(dir: &Path) -> PathBuf {
+    dir.join(format!(".{}.tmp", std::process::id()))
+}
+
+fn write_temp(temp: &Path, bytes: &[u8], durability: Durability) -> io::Result<File> {
     // A temp file left by a killed process with our pid would make create_new fail; it is
     // ours to replace (remove_file removes a link itself, never its target).
     let _ = fs::remove_file(temp);
@@ -127,10 +230,10 @@ fn write_temp(temp: &Path, bytes: &[u8], durability: Durability) -> io::Result<(
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
         .open(temp)?;
     file.write_all(bytes)?;
-    match durability {
-        Durability::Durable => file.sync_data(),
-        Durability::Hint => Ok(()),
+    if durability == Durability::Durable {
+        file.sync_data()?;
     }
+    Ok(file)
 }
 
 /// Lower-case hex, for checksums and digests.

@@ -22,7 +22,7 @@ use crate::state::ledger::LedgerEntry;
 use crate::state::ownership::PodKey;
 use crate::state::ownership::Ownership;
 use crate::state::lock::WaitNotice;
-use crate::state::{Folder, Loaded, READ_BATCH, Store, read_for_listing};
+use crate::state::{Folder, Loaded, READ_BATCH, Store, read_entry_for_listing};
 
 #[derive(Debug, Clone, Copy)]
 pub enum Format {
@@ -235,7 +235,7 @@ fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: 
         }
     }
     let orphans = if store.count(Folder::Owners)? > owning {
-        store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |path| match read_for_listing::<Ownership>(path) {
+        store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |path| match read_entry_for_listing::<Ownership>(path) {
             Loaded::Valid(owner) if !store.owner_is_backed(&owner) => Some(owner),
             _ => None,
         })?

@@ -14,6 +14,7 @@ use serde_json::{Map, Value, json, value::RawValue};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -112,6 +113,14 @@ impl Store {
     /// stays in `log_dir` so that logging is not what fails.
     pub fn with_state_dir(state_dir: PathBuf, log_dir: &Path) -> Store {
         Store { _root: None, state_dir, log_file: log_dir.join(format!("{}.log", unique("sglog"))) }
+    }
+
+    /// A store whose state dir starts as a copy of `testdata/<fixture>`, a state dir an earlier
+    /// release wrote (modes set as the plugin sets them: git keeps no 0600).
+    pub fn from_fixture(fixture: &str) -> Store {
+        let store = Store::new();
+        copy_state_dir(&testdata::fixture_path(fixture), &store.state_dir);
+        store
     }
 
     /// A fresh store in which one sandbox of the pod `namespace/name` went through ADD:
@@ -335,14 +344,50 @@ pub fn mode(path: &Path) -> u32 {
 /// Flips the first digit of `needle` in the file at `path`, so that its checksum fails;
 /// returns the corrupted bytes.
 pub fn corrupt_one_digit(path: &Path, needle: &[u8]) -> Vec<u8> {
-    let mut bytes = std::fs::read(path).unwrap();
+    let mut bytes = read_entry(path).unwrap();
     let at = bytes
         .windows(needle.len())
         .position(|w| w == needle)
         .unwrap_or_else(|| panic!("{} does not hold the value to corrupt", path.display()));
     bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
-    std::fs::write(path, &bytes).unwrap();
+    write_entry_like(path, &bytes);
     bytes
+}
+
+/// Copies a state dir kept under testdata/ with the modes the plugin gives (git keeps no 0600).
+pub fn copy_state_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700)).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_state_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+    }
+}
+
+/// The bytes of a store entry: a regular file's content, or the target of a symlink (the form
+/// ownerships and address index entries take), read without following it.
+pub fn read_entry(path: &Path) -> std::io::Result<Vec<u8>> {
+    if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
+        Ok(std::fs::read_link(path)?.into_os_string().into_encoded_bytes())
+    } else {
+        std::fs::read(path)
+    }
+}
+
+/// Rewrites a store entry in the form it has: a symlink's target, or a file's content.
+pub fn write_entry_like(path: &Path, bytes: &[u8]) {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        std::fs::remove_file(path).unwrap();
+        let target = std::ffi::OsStr::from_bytes(bytes.strip_suffix(b"\n").unwrap_or(bytes));
+        std::os::unix::fs::symlink(target, path).unwrap();
+    } else {
+        std::fs::write(path, bytes).unwrap();
+    }
 }
 
 /// Parses a store file `{"checksum":"sha256:<hex>","record":{...}}` and checks the checksum
@@ -354,7 +399,7 @@ pub fn verify_envelope(path: &Path) -> Result<Value, String> {
         #[serde(borrow)]
         record: &'a RawValue,
     }
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bytes = read_entry(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let text = std::str::from_utf8(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
     let envelope: Envelope = serde_json::from_str(text).map_err(|e| format!("{}: {e}", path.display()))?;
     let expected = format!("sha256:{}", sha256_hex(envelope.record.get().as_bytes()));

@@ -122,7 +122,8 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
         store.sync()?;
     }
     // The record before the ownership that points at it, then one sync that keeps that
-    // order (`Store::sync`): no crash leaves an owner without its record. A note of an earlier
+    // order and makes the record's data durable with both names, in one journal commit
+    // (`Store::sync`): no crash leaves an owner without its record. A note of an earlier
     // failed ADD goes in the same sync: this sandbox has a record now.
     store.save_record(&record)?;
     store.remove_failed_add(&id)?;

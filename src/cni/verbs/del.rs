@@ -225,10 +225,10 @@ pub(super) fn open(inv: &Invocation) -> Result<Option<(Store, Option<GuardError>
     }
 }
 
-/// Releases the keys (or this interface of them) before the record goes, in one sync that
-/// keeps that order (`Store::sync`): a crash can leave an unowned record (harmless, the
-/// retried DEL removes it) but never an owner whose record is gone. A corrupt record is
-/// kept as a copy first.
+/// Releases the keys (or this interface of them) before the record goes, in one sync
+/// (`Store::sync_released`): a crash can leave an unowned record (harmless, the retried DEL
+/// removes it) but never an owner whose record is gone. A corrupt record is kept as a copy
+/// first.
 fn forget(store: &Store, id: &AttachmentId, owners: &[(PodKey, Option<Ownership>)], corrupt_record: Option<&Path>) -> Result<()> {
     for (key, left) in owners {
         store.update_owner(key, left.as_ref())?;
@@ -238,7 +238,7 @@ fn forget(store: &Store, id: &AttachmentId, owners: &[(PodKey, Option<Ownership>
     }
     store.remove_record(id)?;
     store.remove_failed_add(id)?;
-    store.sync()
+    store.sync_released()
 }
 
 /// Counts a stale DEL in the ledger; the caller syncs. Never fails the DEL: the ledger is

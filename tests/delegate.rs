@@ -531,3 +531,24 @@ fn an_interface_of_a_kind_the_primary_gives_back_is_left_to_the_replay() {
     let deferral = i.store.log_lines().into_iter().find(|l| l.outcome == "deferred").unwrap();
     assert!(deferral.raw.contains("bridge link"), "{}", deferral.raw);
 }
+
+#[test]
+fn a_sweep_never_replays_an_old_networks_deferred_del_while_the_pod_lives_under_the_new_name() {
+    let (i, primary) = incident_deferred();
+    primary.fail("DEL", &i.a, &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}));
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    primary.heal("DEL", &i.a);
+    // The conflist's network is renamed; the pod's next sandbox starts under the new name.
+    // The primary keys by the pod's name (calico v2), not by the network's: A's DEL given
+    // to it now would release C's handle and endpoint.
+    let renamed = "k8s-pod-network-renamed";
+    let c = container_id();
+    primary.wrap(i.store.add(&c, &i.pod_a).network(renamed)).run().assert_ok();
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    primary.wrap(i.store.add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0")).network(renamed)).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 0, "the old sandbox's DEL reached the primary while sandbox {c} of the pod lives");
+    assert_eq!(deferred(&i.store).len(), 1, "it waits, as the old name's own entries do");
+    // Once the pod's sandbox under the new name is gone, the entry is replayed.
+    primary.wrap(i.store.del(&c, &i.pod_a).network(renamed)).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 1, "the pod's name is free under both names: {:?}", deferred(&i.store));
+}

@@ -557,7 +557,8 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel, budg
 /// when anything is deferred (nothing otherwise) and a stat per key looked at; a key whose
 /// owner file exists is skipped without a lock, one whose pod lock is held is skipped too.
 /// Entries of other networks are replayed with the primary object they recorded (a renamed
-/// network's too); those of an earlier release only by a verb of their own network.
+/// network's too), when the pod is free under this network's name as well (`free_here`);
+/// those of an earlier release only by a verb of their own network.
 fn sweep(inv: &Invocation, delegate: &Delegate, budget: &Budget) {
     let root = &inv.conf.state_dir;
     let Ok(dirs) = std::fs::read_dir(root.join(deferred::DEFERRED)) else { return };
@@ -575,23 +576,46 @@ fn sweep(inv: &Invocation, delegate: &Delegate, budget: &Budget) {
         if deferred::owned(root, &digest) {
             continue;
         }
-        let Some(key) = key_of(root, &digest, &inv.conf.network) else { continue };
-        if let Ok(Some(_lock)) = PodLock::try_acquire(root, &key) {
-            replay(inv, delegate, &key, budget, true);
-        }
+        let Some(entry) = entry_of(root, &digest, &inv.conf.network) else { continue };
+        let Ok(Some(_lock)) = PodLock::try_acquire(root, &entry.key) else { continue };
+        let _here = if entry.key.network == inv.conf.network {
+            None
+        } else {
+            match free_here(inv, delegate, &entry) {
+                Some(lock) => Some(lock),
+                None => continue,
+            }
+        };
+        replay(inv, delegate, &entry.key, budget, true);
     }
 }
 
-/// The pod key a deferred folder stands for, from its first entry, if the sweep may replay
-/// it: one that recorded its primary, or one of `network`.
-fn key_of(root: &std::path::Path, digest: &str, network: &str) -> Option<PodKey> {
+/// For an entry of another network (a renamed one): the lock of the same pod under this
+/// network's name, when that name is free and the entry recorded this network's primary.
+/// The primaries this mode exists for key their state by the pod's name, not the network's:
+/// a replay while a sandbox of the pod lives under the new name would tear that one down,
+/// and holding the lock keeps its ADD from starting meanwhile. A primary of another type
+/// leaves the entry to a verb of a network that has its type.
+fn free_here(inv: &Invocation, delegate: &Delegate, entry: &DeferredDel) -> Option<PodLock> {
+    let recorded_type = entry.delegate.as_ref()?.get("type").and_then(serde_json::Value::as_str);
+    if recorded_type != Some(delegate.plugin_type.as_str()) {
+        return None;
+    }
+    let here = inv.conf.pod_key.key(&inv.conf.network, &entry.key.pod_namespace, &entry.key.pod_name, entry.if_name());
+    let lock = PodLock::try_acquire(&inv.conf.state_dir, &here).ok()??;
+    (!deferred::owned(&inv.conf.state_dir, &here.digest())).then_some(lock)
+}
+
+/// The first entry of a deferred folder, if the sweep may replay its key: one that recorded
+/// its primary, or one of `network`.
+fn entry_of(root: &std::path::Path, digest: &str, network: &str) -> Option<DeferredDel> {
     let entries = std::fs::read_dir(deferred::key_dir(root, digest)).ok()?;
     for path in entries.flatten().map(|e| e.path()) {
         if let Loaded::Valid(entry) = crate::state::read_for_listing::<DeferredDel>(&path)
             && entry.key.digest() == digest
             && (entry.delegate.is_some() || entry.key.network == network)
         {
-            return Some(entry.key);
+            return Some(entry);
         }
     }
     None

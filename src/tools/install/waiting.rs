@@ -41,7 +41,7 @@ pub fn refuse_leaving_delegate(net: &Network, to: Option<Mode>, force: bool, don
         waiting.len(), net.name, state_dir.display(), names.join(", ")
     );
     if force {
-        done.push(format!("--force: {what}; they are dropped, and the primary never gets those DELs (their addresses may stay allocated)"));
+        done.push(format!("--force: {what}; they are dropped from replay: they stay in the store, but only delegate mode replays them, so until it comes back the primary never gets those DELs (their addresses may stay allocated)"));
         return Ok(());
     }
     Err(format!(

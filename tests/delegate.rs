@@ -552,3 +552,26 @@ fn a_sweep_never_replays_an_old_networks_deferred_del_while_the_pod_lives_under_
     primary.wrap(i.store.del(&c, &i.pod_a).network(renamed)).run().assert_ok();
     assert_eq!(primary.dels(&i.a), 1, "the pod's name is free under both names: {:?}", deferred(&i.store));
 }
+
+/// podKey "name": the old sandbox has two interfaces on the network, so its two stale DELs
+/// come one after the other. Its own other interface is no live sandbox: each DEL takes its
+/// interface out of the old netns.
+#[test]
+fn each_stale_del_of_a_sandbox_with_two_interfaces_takes_its_interface_out() {
+    sys::skip_unless_root!(&["ip"]);
+    let (i, primary) = incident();
+    let (add_eth0, netns_a) = primary.wrap(i.store.add(&i.a, &i.pod_a)).in_pod_netns();
+    let (add_net1, _net1_host_end) = primary.wrap(i.store.add(&i.a, &i.pod_a).ifname("net1")).with_interface_in(&netns_a.netns);
+    add_eth0.run().assert_ok();
+    add_net1.run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).netns("/proc/self/ns/net").run().assert_ok();
+    primary.wrap(i.store.del(&i.a, &i.pod_a)).netns(&netns_a.path()).run().assert_ok();
+    assert!(
+        !netns_a.netns.try_exec(&["ip", "link", "show", "eth0"]),
+        "the stale sandbox's eth0 must be gone from its netns: its own net1 does not make it a live sandbox's; log: {:?}",
+        i.store.log_lines().last()
+    );
+    primary.wrap(i.store.del(&i.a, &i.pod_a).ifname("net1")).netns(&netns_a.path()).run().assert_ok();
+    assert!(!netns_a.netns.try_exec(&["ip", "link", "show", "net1"]), "and then its net1");
+    assert_eq!(deferred(&i.store).len(), 2);
+}

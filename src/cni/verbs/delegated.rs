@@ -346,9 +346,10 @@ fn new_entry(inv: &Invocation, attachment: &Attachment, stale: &Stale, record: &
     }
 }
 
-/// The netns (device, inode) of every live sandbox the store knows but `stale`, when `netns`
-/// is a namespace at all: a stale DEL's teardown must never reach into one of them. A rare
-/// path (stale DELs), so it may list the records.
+/// The netns (device, inode) of every live sandbox the store knows but `stale`'s, when `netns`
+/// is a namespace at all: a stale DEL's teardown must never reach into one of them. The stale
+/// sandbox's own other interfaces (an owner of several, `podKey: "name"`) are no live
+/// sandbox's: its DEL of each comes next. A rare path (stale DELs), so it may list the records.
 fn live_netns(store: &Store, stale: &AttachmentId, netns: &str) -> Vec<(u64, u64)> {
     if crate::kernel::netns::netns_identity(netns).is_none() {
         return Vec::new();
@@ -357,7 +358,7 @@ fn live_netns(store: &Store, stale: &AttachmentId, netns: &str) -> Vec<(u64, u64
     records
         .into_iter()
         .filter_map(|(_, loaded)| match loaded {
-            Loaded::Valid(record) if record.id() != *stale => record
+            Loaded::Valid(record) if record.container_id != stale.container_id => record
                 .identity
                 .map(|id| (id.netns_dev, id.netns_inode))
                 .or_else(|| crate::kernel::netns::netns_identity(&record.netns)),

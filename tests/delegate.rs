@@ -388,6 +388,8 @@ fn a_deferred_del_whose_pods_name_is_free_is_replayed_without_the_pod_coming_bac
     primary.wrap(i.store.add(&container_id(), &other)).run().assert_ok();
     assert_eq!(primary.dels(&i.a), 1, "the sweep replayed it");
     assert!(deferred(&i.store).is_empty());
+    let locks = cni::files_in(&i.store.state_dir.join("pod-locks"));
+    assert_eq!(locks.len(), 1, "only the other pod's lock file stays, not the swept pod's (containerd sends no GC): {locks:?}");
 }
 
 #[test]
@@ -551,6 +553,8 @@ fn a_sweep_never_replays_an_old_networks_deferred_del_while_the_pod_lives_under_
     // Once the pod's sandbox under the new name is gone, the entry is replayed.
     primary.wrap(i.store.del(&c, &i.pod_a).network(renamed)).run().assert_ok();
     assert_eq!(primary.dels(&i.a), 1, "the pod's name is free under both names: {:?}", deferred(&i.store));
+    let locks = cni::files_in(&i.store.state_dir.join("pod-locks"));
+    assert!(locks.len() <= 1, "only the other pod's lock file stays: {locks:?}");
 }
 
 /// podKey "name": the old sandbox has two interfaces on the network, so its two stale DELs

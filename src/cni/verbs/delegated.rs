@@ -578,8 +578,8 @@ fn sweep(inv: &Invocation, delegate: &Delegate, budget: &Budget) {
             continue;
         }
         let Some(entry) = entry_of(root, &digest, &inv.conf.network) else { continue };
-        let Ok(Some(_lock)) = PodLock::try_acquire(root, &entry.key) else { continue };
-        let _here = if entry.key.network == inv.conf.network {
+        let Ok(Some(lock)) = PodLock::try_acquire(root, &entry.key) else { continue };
+        let here = if entry.key.network == inv.conf.network {
             None
         } else {
             match free_here(inv, delegate, &entry) {
@@ -588,6 +588,12 @@ fn sweep(inv: &Invocation, delegate: &Delegate, budget: &Budget) {
             }
         };
         replay(inv, delegate, &entry.key, budget, true);
+        // A key whose last entry was replayed is gone: so is its lock file (containerd
+        // sends no GC to remove it later). The same for the lock taken to keep this
+        // network's ADD of the pod out meanwhile.
+        for lock in std::iter::once(lock).chain(here) {
+            lock.release_unused(root);
+        }
     }
 }
 
@@ -604,7 +610,11 @@ fn free_here(inv: &Invocation, delegate: &Delegate, entry: &DeferredDel) -> Opti
     }
     let here = inv.conf.pod_key.key(&inv.conf.network, &entry.key.pod_namespace, &entry.key.pod_name, entry.if_name());
     let lock = PodLock::try_acquire(&inv.conf.state_dir, &here).ok()??;
-    (!deferred::owned(&inv.conf.state_dir, &here.digest())).then_some(lock)
+    if deferred::owned(&inv.conf.state_dir, &here.digest()) {
+        lock.release_unused(&inv.conf.state_dir);
+        return None;
+    }
+    Some(lock)
 }
 
 /// The first entry of a deferred folder, if the sweep may replay its key: one that recorded

@@ -579,3 +579,20 @@ fn each_stale_del_of_a_sandbox_with_two_interfaces_takes_its_interface_out() {
     assert!(!netns_a.netns.try_exec(&["ip", "link", "show", "net1"]), "and then its net1");
     assert_eq!(deferred(&i.store).len(), 2);
 }
+
+/// A replay the primary hangs on costs the verb that sweeps it its whole replay budget. The
+/// sweep rides on every pod's ADD and DEL: a hang must not be retried at each short back-off,
+/// or other pods' sandboxes start seconds late again and again while the primary hangs.
+#[test]
+fn a_replay_that_hung_is_not_swept_again_at_the_next_short_back_off() {
+    let (i, primary) = incident_deferred();
+    primary.slow("DEL", &i.a, 37.5);
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    assert_eq!(deferred(&i.store)[0]["attempts"], 1, "the owner's DEL tried it and ran out of time");
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    let started = std::time::Instant::now();
+    primary.wrap(i.store.add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0"))).run().assert_ok();
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(2), "another pod's ADD waited {took:?} on a replay the primary hung on moments ago");
+    assert!(processes_with("sleep 37.5").is_empty());
+}

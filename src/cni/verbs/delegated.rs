@@ -340,6 +340,7 @@ fn new_entry(inv: &Invocation, attachment: &Attachment, stale: &Stale, record: &
         last_attempt_at: None,
         interface: stale.key.if_name.is_none().then(|| attachment.ifname.clone()),
         last_attempt_ns: None,
+        hung: false,
         delegate: Some(delegate.recorded_conf()),
         conf_version: Some(inv.conf.cni_version.clone()),
         identity: record.and_then(|r| r.identity.clone()),
@@ -424,11 +425,18 @@ const REPLAY_BUDGET: Duration = Duration::from_secs(4);
 const MIN_REPLAY_TIME: Duration = Duration::from_millis(500);
 /// A replay the primary refused is tried again by a sweep only after 2^attempts seconds, at
 /// most this long, so a failing primary costs a busy node's verbs a replay now and then, not
-/// one each.
+/// one each. One the primary hung on costs the verb that sweeps it the whole budget (seconds
+/// added to another pod's ADD): it waits this long at once.
 const SWEEP_RETRY_MAX: Duration = Duration::from_secs(60);
 
-fn sweep_retry_after(attempts: u32) -> Duration {
-    Duration::from_secs(1u64 << attempts.min(6)).min(SWEEP_RETRY_MAX)
+/// A replay killed at the budget's end after running this long counts as hung.
+const HUNG_AFTER: Duration = Duration::from_secs(2);
+
+fn sweep_retry_after(entry: &DeferredDel) -> Duration {
+    if entry.hung {
+        return SWEEP_RETRY_MAX;
+    }
+    Duration::from_secs(1u64 << entry.attempts.min(6)).min(SWEEP_RETRY_MAX)
 }
 /// The most pod keys one sweep looks at (a stat each); the next verb goes on from a new place.
 const SWEEP_KEYS: usize = 64;
@@ -480,7 +488,7 @@ fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey, budget: &Budget, 
     };
     let now = crate::clock::unix_nanos();
     for entry in pending {
-        if sweeping && entry.last_attempt_ns.is_some_and(|then| now.saturating_sub(then) < sweep_retry_after(entry.attempts).as_nanos()) {
+        if sweeping && entry.last_attempt_ns.is_some_and(|then| now.saturating_sub(then) < sweep_retry_after(&entry).as_nanos()) {
             continue;
         }
         if !budget.allows_one_more() {
@@ -518,6 +526,7 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel, budg
         if_name: Some(entry.if_name()),
         args: Some(&entry.cni_args),
     };
+    let started = Instant::now();
     let outcome = delegate.call_within(&entry.key.network, &version, prev_result.as_deref(), &env, Some(budget.until));
     let if_name = entry.if_name().to_string();
     let subject = Subject { network: &entry.key.network, container_id: &entry.container_id, if_name: &if_name, pod: Some(entry.key.pod()) };
@@ -542,11 +551,14 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel, budg
             entry.last_error = Some(crate::names::shorten(&err.msg));
             entry.last_attempt_at = Some(crate::clock::now_rfc3339());
             entry.last_attempt_ns = Some(crate::clock::unix_nanos());
+            // Killed at the budget's end after having most of it: the primary hangs. One cut
+            // short because others used the budget first is retried at the usual back-off.
+            entry.hung = Instant::now() >= budget.until && budget.until.saturating_duration_since(started) >= HUNG_AFTER;
             let _ = store.save_deferred(&entry);
             inv.log.event(Level::Warn, inv.verb, &subject, "replay-failed", &format!(
                 "the primary refused the deferred DEL (attempt {}): {}; it stays deferred and is tried again by the node's next \
                  delegate-mode verb after {}s, or GC",
-                entry.attempts, err.msg, sweep_retry_after(entry.attempts).as_secs()
+                entry.attempts, err.msg, sweep_retry_after(&entry).as_secs()
             ));
         }
     }

@@ -388,6 +388,8 @@ fn a_deferred_del_whose_pods_name_is_free_is_replayed_without_the_pod_coming_bac
     primary.wrap(i.store.add(&container_id(), &other)).run().assert_ok();
     assert_eq!(primary.dels(&i.a), 1, "the sweep replayed it");
     assert!(deferred(&i.store).is_empty());
+    let locks = cni::files_in(&i.store.state_dir.join("pod-locks"));
+    assert_eq!(locks.len(), 1, "only the other pod's lock file stays, not the swept pod's (containerd sends no GC): {locks:?}");
 }
 
 #[test]
@@ -555,4 +557,67 @@ fn a_primary_result_without_cni_version_is_in_the_configs_version_as_libcni_read
         assert_eq!(reply.stdout.trim_end(), fixed, "at {version}: the result in the config's version, as libcni reads it");
         assert_eq!(i.store.entry(&i.a, "eth0").expect("A's checkpoint")["ips"], json!(["10.22.0.9/32"]), "at {version}");
     }
+}
+
+#[test]
+fn a_sweep_never_replays_an_old_networks_deferred_del_while_the_pod_lives_under_the_new_name() {
+    let (i, primary) = incident_deferred();
+    primary.fail("DEL", &i.a, &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}));
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    primary.heal("DEL", &i.a);
+    // The conflist's network is renamed; the pod's next sandbox starts under the new name.
+    // The primary keys by the pod's name (calico v2), not by the network's: A's DEL given
+    // to it now would release C's handle and endpoint.
+    let renamed = "k8s-pod-network-renamed";
+    let c = container_id();
+    primary.wrap(i.store.add(&c, &i.pod_a).network(renamed)).run().assert_ok();
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    primary.wrap(i.store.add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0")).network(renamed)).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 0, "the old sandbox's DEL reached the primary while sandbox {c} of the pod lives");
+    assert_eq!(deferred(&i.store).len(), 1, "it waits, as the old name's own entries do");
+    // Once the pod's sandbox under the new name is gone, the entry is replayed.
+    primary.wrap(i.store.del(&c, &i.pod_a).network(renamed)).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 1, "the pod's name is free under both names: {:?}", deferred(&i.store));
+    let locks = cni::files_in(&i.store.state_dir.join("pod-locks"));
+    assert!(locks.len() <= 1, "only the other pod's lock file stays: {locks:?}");
+}
+
+/// podKey "name": the old sandbox has two interfaces on the network, so its two stale DELs
+/// come one after the other. Its own other interface is no live sandbox: each DEL takes its
+/// interface out of the old netns.
+#[test]
+fn each_stale_del_of_a_sandbox_with_two_interfaces_takes_its_interface_out() {
+    sys::skip_unless_root!(&["ip"]);
+    let (i, primary) = incident();
+    let (add_eth0, netns_a) = primary.wrap(i.store.add(&i.a, &i.pod_a)).in_pod_netns();
+    let (add_net1, _net1_host_end) = primary.wrap(i.store.add(&i.a, &i.pod_a).ifname("net1")).with_interface_in(&netns_a.netns);
+    add_eth0.run().assert_ok();
+    add_net1.run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).netns("/proc/self/ns/net").run().assert_ok();
+    primary.wrap(i.store.del(&i.a, &i.pod_a)).netns(&netns_a.path()).run().assert_ok();
+    assert!(
+        !netns_a.netns.try_exec(&["ip", "link", "show", "eth0"]),
+        "the stale sandbox's eth0 must be gone from its netns: its own net1 does not make it a live sandbox's; log: {:?}",
+        i.store.log_lines().last()
+    );
+    primary.wrap(i.store.del(&i.a, &i.pod_a).ifname("net1")).netns(&netns_a.path()).run().assert_ok();
+    assert!(!netns_a.netns.try_exec(&["ip", "link", "show", "net1"]), "and then its net1");
+    assert_eq!(deferred(&i.store).len(), 2);
+}
+
+/// A replay the primary hangs on costs the verb that sweeps it its whole replay budget. The
+/// sweep rides on every pod's ADD and DEL: a hang must not be retried at each short back-off,
+/// or other pods' sandboxes start seconds late again and again while the primary hangs.
+#[test]
+fn a_replay_that_hung_is_not_swept_again_at_the_next_short_back_off() {
+    let (i, primary) = incident_deferred();
+    primary.slow("DEL", &i.a, 37.5);
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    assert_eq!(deferred(&i.store)[0]["attempts"], 1, "the owner's DEL tried it and ran out of time");
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    let started = std::time::Instant::now();
+    primary.wrap(i.store.add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0"))).run().assert_ok();
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(2), "another pod's ADD waited {took:?} on a replay the primary hung on moments ago");
+    assert!(processes_with("sleep 37.5").is_empty());
 }

@@ -928,3 +928,26 @@ fn naming_multus_cluster_network_is_the_runtimes_network() {
     assert!(out.status.success() && !stderr_of(&out).contains("warning"), "{}", stderr_of(&out));
     assert!(check(&node).0, "{}", check(&node).1);
 }
+
+/// `--force` is the way out the refusal names: it must work even when the store cannot be
+/// read (here a state dir that is a symlink, which the guard refuses to open), or the node
+/// could never leave delegate mode.
+#[test]
+fn uninstall_with_force_goes_on_when_the_store_cannot_be_read() {
+    let node = Node::with("calico");
+    let state = sys::TempDir::new("sginstsl");
+    let real = state.path.join("real");
+    std::fs::create_dir_all(real.join("deferred").join("0".repeat(64))).unwrap();
+    let link = state.path.join("state");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let mut args = Node::args(Some("delegate"), None);
+    args.extend(["--state-dir", link.to_str().unwrap()]);
+    run_ok("--install", &node.conf(), &node.bin(), &args);
+    let before = contents(&node.conf());
+    let refused = run("--uninstall", &node.conf(), &node.bin(), &[]);
+    assert!(!refused.status.success(), "without --force it cannot tell, so it refuses");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--force"), "and names the way out: {}", String::from_utf8_lossy(&refused.stderr));
+    let out = run_ok("--uninstall", &node.conf(), &node.bin(), &["--force"]);
+    assert!(out.contains("--force"), "--force says what it could not check: {out}");
+    assert!(contents(&node.conf()) != before, "--force goes on");
+}

@@ -56,6 +56,10 @@ pub struct DeferredDel {
     pub interface: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_attempt_ns: Option<u128>,
+    /// The last replay ran out of time (the primary hung and was killed): sweeps, which ride
+    /// on other pods' verbs, wait the longest back-off before trying it again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hung: bool,
     /// The primary's object as the stale DEL would have handed it over (its own
     /// `runtimeConfig`, no GC list) and that DEL's network `cniVersion`: the replay is that
     /// call, whatever the conflist says by then. Absent in entries of earlier releases.

@@ -646,6 +646,13 @@ impl Cni {
     /// CHECK; a path to nothing would test another situation. Needs root.
     pub fn in_pod_netns(self) -> (Cni, PodNetns) {
         let netns = Netns::new("sgpod");
+        let (call, host_end) = self.with_interface_in(&netns);
+        (call, PodNetns { _host_end: host_end, netns })
+    }
+
+    /// This call's interface (a veth end named by its ifname, with its default result's MAC
+    /// and address) made in `netns`, which may hold other interfaces of the sandbox.
+    pub fn with_interface_in(self, netns: &Netns) -> (Cni, HostLink) {
         let call = self.netns(netns.path().to_str().unwrap());
         let result = call.default_prev_result();
         let (mac, address) = (result["interfaces"][0]["mac"].as_str().unwrap(), result["ips"][0]["address"].as_str().unwrap());
@@ -659,8 +666,10 @@ impl Cni {
         netns.exec(&["ip", "link", "set", &pod_end, "name", ifname]);
         netns.exec(&["ip", "link", "set", ifname, "address", mac, "up"]);
         netns.exec(&["ip", "addr", "add", address, "dev", ifname]);
-        netns.exec(&["ip", "route", "add", "default", "via", gateway, "dev", ifname]);
-        (call, PodNetns { _host_end: host_end, netns })
+        if netns.exec(&["ip", "route", "show", "default"]).stdout.is_empty() {
+            netns.exec(&["ip", "route", "add", "default", "via", gateway, "dev", ifname]);
+        }
+        (call, host_end)
     }
 
     pub fn spawn(&self) -> Running {

@@ -341,15 +341,17 @@ fn new_entry(inv: &Invocation, attachment: &Attachment, stale: &Stale, record: &
         last_attempt_at: None,
         interface: stale.key.if_name.is_none().then(|| attachment.ifname.clone()),
         last_attempt_ns: None,
+        hung: false,
         delegate: Some(delegate.recorded_conf()),
         conf_version: Some(inv.conf.cni_version.clone()),
         identity: record.and_then(|r| r.identity.clone()),
     }
 }
 
-/// The netns (device, inode) of every live sandbox the store knows but `stale`, when `netns`
-/// is a namespace at all: a stale DEL's teardown must never reach into one of them. A rare
-/// path (stale DELs), so it may list the records.
+/// The netns (device, inode) of every live sandbox the store knows but `stale`'s, when `netns`
+/// is a namespace at all: a stale DEL's teardown must never reach into one of them. The stale
+/// sandbox's own other interfaces (an owner of several, `podKey: "name"`) are no live
+/// sandbox's: its DEL of each comes next. A rare path (stale DELs), so it may list the records.
 fn live_netns(store: &Store, stale: &AttachmentId, netns: &str) -> Vec<(u64, u64)> {
     if crate::kernel::netns::netns_identity(netns).is_none() {
         return Vec::new();
@@ -358,7 +360,7 @@ fn live_netns(store: &Store, stale: &AttachmentId, netns: &str) -> Vec<(u64, u64
     records
         .into_iter()
         .filter_map(|(_, loaded)| match loaded {
-            Loaded::Valid(record) if record.id() != *stale => record
+            Loaded::Valid(record) if record.container_id != stale.container_id => record
                 .identity
                 .map(|id| (id.netns_dev, id.netns_inode))
                 .or_else(|| crate::kernel::netns::netns_identity(&record.netns)),
@@ -424,11 +426,18 @@ const REPLAY_BUDGET: Duration = Duration::from_secs(4);
 const MIN_REPLAY_TIME: Duration = Duration::from_millis(500);
 /// A replay the primary refused is tried again by a sweep only after 2^attempts seconds, at
 /// most this long, so a failing primary costs a busy node's verbs a replay now and then, not
-/// one each.
+/// one each. One the primary hung on costs the verb that sweeps it the whole budget (seconds
+/// added to another pod's ADD): it waits this long at once.
 const SWEEP_RETRY_MAX: Duration = Duration::from_secs(60);
 
-fn sweep_retry_after(attempts: u32) -> Duration {
-    Duration::from_secs(1u64 << attempts.min(6)).min(SWEEP_RETRY_MAX)
+/// A replay killed at the budget's end after running this long counts as hung.
+const HUNG_AFTER: Duration = Duration::from_secs(2);
+
+fn sweep_retry_after(entry: &DeferredDel) -> Duration {
+    if entry.hung {
+        return SWEEP_RETRY_MAX;
+    }
+    Duration::from_secs(1u64 << entry.attempts.min(6)).min(SWEEP_RETRY_MAX)
 }
 /// The most pod keys one sweep looks at (a stat each); the next verb goes on from a new place.
 const SWEEP_KEYS: usize = 64;
@@ -480,7 +489,7 @@ fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey, budget: &Budget, 
     };
     let now = crate::clock::unix_nanos();
     for entry in pending {
-        if sweeping && entry.last_attempt_ns.is_some_and(|then| now.saturating_sub(then) < sweep_retry_after(entry.attempts).as_nanos()) {
+        if sweeping && entry.last_attempt_ns.is_some_and(|then| now.saturating_sub(then) < sweep_retry_after(&entry).as_nanos()) {
             continue;
         }
         if !budget.allows_one_more() {
@@ -518,6 +527,7 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel, budg
         if_name: Some(entry.if_name()),
         args: Some(&entry.cni_args),
     };
+    let started = Instant::now();
     let outcome = delegate.call_within(&entry.key.network, &version, prev_result.as_deref(), &env, Some(budget.until));
     let if_name = entry.if_name().to_string();
     let subject = Subject { network: &entry.key.network, container_id: &entry.container_id, if_name: &if_name, pod: Some(entry.key.pod()) };
@@ -542,11 +552,14 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel, budg
             entry.last_error = Some(crate::names::shorten(&err.msg));
             entry.last_attempt_at = Some(crate::clock::now_rfc3339());
             entry.last_attempt_ns = Some(crate::clock::unix_nanos());
+            // Killed at the budget's end after having most of it: the primary hangs. One cut
+            // short because others used the budget first is retried at the usual back-off.
+            entry.hung = Instant::now() >= budget.until && budget.until.saturating_duration_since(started) >= HUNG_AFTER;
             let _ = store.save_deferred(&entry);
             inv.log.event(Level::Warn, inv.verb, &subject, "replay-failed", &format!(
                 "the primary refused the deferred DEL (attempt {}): {}; it stays deferred and is tried again by the node's next \
                  delegate-mode verb after {}s, or GC",
-                entry.attempts, err.msg, sweep_retry_after(entry.attempts).as_secs()
+                entry.attempts, err.msg, sweep_retry_after(&entry).as_secs()
             ));
         }
     }
@@ -558,7 +571,8 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel, budg
 /// when anything is deferred (nothing otherwise) and a stat per key looked at; a key whose
 /// owner file exists is skipped without a lock, one whose pod lock is held is skipped too.
 /// Entries of other networks are replayed with the primary object they recorded (a renamed
-/// network's too); those of an earlier release only by a verb of their own network.
+/// network's too), when the pod is free under this network's name as well (`free_here`);
+/// those of an earlier release only by a verb of their own network.
 fn sweep(inv: &Invocation, delegate: &Delegate, budget: &Budget) {
     let root = &inv.conf.state_dir;
     let Ok(dirs) = std::fs::read_dir(root.join(deferred::DEFERRED)) else { return };
@@ -576,23 +590,56 @@ fn sweep(inv: &Invocation, delegate: &Delegate, budget: &Budget) {
         if deferred::owned(root, &digest) {
             continue;
         }
-        let Some(key) = key_of(root, &digest, &inv.conf.network) else { continue };
-        if let Ok(Some(_lock)) = PodLock::try_acquire(root, &key) {
-            replay(inv, delegate, &key, budget, true);
+        let Some(entry) = entry_of(root, &digest, &inv.conf.network) else { continue };
+        let Ok(Some(lock)) = PodLock::try_acquire(root, &entry.key) else { continue };
+        let here = if entry.key.network == inv.conf.network {
+            None
+        } else {
+            match free_here(inv, delegate, &entry) {
+                Some(lock) => Some(lock),
+                None => continue,
+            }
+        };
+        replay(inv, delegate, &entry.key, budget, true);
+        // A key whose last entry was replayed is gone: so is its lock file (containerd
+        // sends no GC to remove it later). The same for the lock taken to keep this
+        // network's ADD of the pod out meanwhile.
+        for lock in std::iter::once(lock).chain(here) {
+            lock.release_unused(root);
         }
     }
 }
 
-/// The pod key a deferred folder stands for, from its first entry, if the sweep may replay
-/// it: one that recorded its primary, or one of `network`.
-fn key_of(root: &std::path::Path, digest: &str, network: &str) -> Option<PodKey> {
+/// For an entry of another network (a renamed one): the lock of the same pod under this
+/// network's name, when that name is free and the entry recorded this network's primary.
+/// The primaries this mode exists for key their state by the pod's name, not the network's:
+/// a replay while a sandbox of the pod lives under the new name would tear that one down,
+/// and holding the lock keeps its ADD from starting meanwhile. A primary of another type
+/// leaves the entry to a verb of a network that has its type.
+fn free_here(inv: &Invocation, delegate: &Delegate, entry: &DeferredDel) -> Option<PodLock> {
+    let recorded_type = entry.delegate.as_ref()?.get("type").and_then(serde_json::Value::as_str);
+    if recorded_type != Some(delegate.plugin_type.as_str()) {
+        return None;
+    }
+    let here = inv.conf.pod_key.key(&inv.conf.network, &entry.key.pod_namespace, &entry.key.pod_name, entry.if_name());
+    let lock = PodLock::try_acquire(&inv.conf.state_dir, &here).ok()??;
+    if deferred::owned(&inv.conf.state_dir, &here.digest()) {
+        lock.release_unused(&inv.conf.state_dir);
+        return None;
+    }
+    Some(lock)
+}
+
+/// The first entry of a deferred folder, if the sweep may replay its key: one that recorded
+/// its primary, or one of `network`.
+fn entry_of(root: &std::path::Path, digest: &str, network: &str) -> Option<DeferredDel> {
     let entries = std::fs::read_dir(deferred::key_dir(root, digest)).ok()?;
     for path in entries.flatten().map(|e| e.path()) {
         if let Loaded::Valid(entry) = crate::state::read_for_listing::<DeferredDel>(&path)
             && entry.key.digest() == digest
             && (entry.delegate.is_some() || entry.key.network == network)
         {
-            return Some(entry.key);
+            return Some(entry);
         }
     }
     None

@@ -244,6 +244,7 @@ mod tests {
             last_attempt_at: None,
             interface: Some("eth0".into()),
             last_attempt_ns: None,
+            hung: false,
             delegate: None,
             conf_version: None,
             identity: None,

@@ -16,8 +16,21 @@ pub fn refuse_leaving_delegate(net: &Network, to: Option<Mode>, force: bool, don
         return Ok(());
     }
     let Some(state_dir) = delegate_state_dir(&net.doc.root) else { return Ok(()) };
-    let waiting = crate::state::deferred::waiting(&state_dir, &net.name)
-        .map_err(|e| format!("cannot tell whether deferred DELs wait in {}: {e}", state_dir.display()))?;
+    let waiting = match crate::state::deferred::waiting(&state_dir, &net.name) {
+        Ok(waiting) => waiting,
+        // --force is the way out the refusal names: a store that cannot be read must not
+        // keep the node in delegate mode for good.
+        Err(e) if force => {
+            done.push(format!("--force: cannot tell whether deferred DELs wait in {} ({e}); any that do are not replayed", state_dir.display()));
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(format!(
+                "cannot tell whether deferred DELs wait in {}: {e}; fix that, or give --force to go on (any waiting are then not replayed)",
+                state_dir.display()
+            ));
+        }
+    };
     if waiting.is_empty() {
         return Ok(());
     }
@@ -28,7 +41,7 @@ pub fn refuse_leaving_delegate(net: &Network, to: Option<Mode>, force: bool, don
         waiting.len(), net.name, state_dir.display(), names.join(", ")
     );
     if force {
-        done.push(format!("--force: {what}; they are dropped, and the primary never gets those DELs (their addresses may stay allocated)"));
+        done.push(format!("--force: {what}; they are dropped from replay: they stay in the store, but only delegate mode replays them, so until it comes back the primary never gets those DELs (their addresses may stay allocated)"));
         return Ok(());
     }
     Err(format!(

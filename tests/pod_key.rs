@@ -12,6 +12,8 @@ mod testdata;
 mod cni;
 #[path = "support/primary.rs"]
 mod primary;
+#[path = "support/mount.rs"]
+mod mount;
 
 use cni::{Incident, NETWORK, Pod, Store, files_in, verify_envelope};
 use primary::RecordingPrimary;
@@ -245,4 +247,34 @@ fn in_delegate_mode_a_deferred_del_waits_for_the_owners_last_interface() {
     primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
     assert_eq!(primary.dels(&i.a), 1, "B's last interface went: A's DEL is replayed");
     assert!(i.store.dump().is_empty(), "{:?}", i.store.dump());
+}
+
+/// A node whose state dir went read-only (a disk error remounts ext4 so) before the first verb
+/// after the upgrade: the re-key cannot run, and the owners still sit under the old digests.
+/// An old sandbox's stale DEL must still be refused, in both modes, and nothing written.
+#[test]
+fn an_old_releases_state_dir_that_cannot_be_rekeyed_still_refuses_stale_dels() {
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let (_root, store) = old_store();
+    let ids = fixture_ids();
+    let before = store.dump();
+    let read_only = mount::Mount::read_only_bind(&store.state_dir);
+    // B (net2) took etcd1-0 after A (net1): by pod name A's DELs are stale, whatever ifname.
+    for if_name in ["net1", "eth0"] {
+        let refused = store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname(if_name).run().assert_error(11);
+        assert!(refused.msg.contains("stale DEL") && refused.msg.contains(&ids["b"]), "{}", refused.text());
+        assert!(refused.details.contains("podKey"), "details say why and how out: {}", refused.text());
+        let primary = RecordingPrimary::new();
+        primary.wrap(store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname(if_name)).run().assert_error(11);
+        assert_eq!(primary.dels(&ids["a"]), 0, "the primary never saw A's DEL");
+    }
+    // web-0's C was already refused once under the old key; D still owns the pod.
+    store.del(&ids["c"], &pod("web-0", "uid-c")).run().assert_error(11);
+    // The owner's own DEL still passes (its record stays until the store takes writes).
+    store.del(&ids["b"], &pod("etcd1-0", "uid-b")).ifname("net2").run().assert_ok();
+    drop(read_only);
+    assert_eq!(store.dump(), before, "nothing was written");
+    // Writable again: the next verb re-keys, and the protection stays.
+    store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run().assert_error(11);
+    assert!(store.state_dir.join("pod-keys").join(NETWORK).exists());
 }

@@ -45,7 +45,40 @@ pub fn ensure(state_dir: &std::path::Path, network: &str, rule: PodKeyRule, wait
     Store::open(state_dir, wait)?.rekey(network, rule)
 }
 
+/// Whether `network`'s files may still sit under the keys of the other rule: its marker
+/// names another rule, or there is none (a re-key that could not run, or has not yet).
+pub fn pending(root: &std::path::Path, network: &str, rule: PodKeyRule) -> bool {
+    marked(root, network) != Some(rule)
+}
+
+/// The rule that is not `rule`.
+pub fn other(rule: PodKeyRule) -> PodKeyRule {
+    PodKeyRule::CHOICES.iter().map(|(_, r)| *r).find(|r| *r != rule).unwrap_or(rule)
+}
+
 impl Store {
+    /// The owners of `key` the re-key would merge into it, read where they sit now: every valid
+    /// owner file of the same pod under the other rule, cut down to the interfaces `key`
+    /// stands for. For a DEL judged while the re-key cannot run (a store that takes no
+    /// write): without them an old sandbox's DEL would pass while the new one owns the pod.
+    /// Lists the owners folder; only a network whose re-key is pending pays for it.
+    pub fn owners_under_other_rule(&self, key: &PodKey) -> Result<Vec<Ownership>> {
+        let mut parts = Vec::new();
+        for (_, loaded) in self.list_owners()? {
+            let Loaded::Valid(owner) = loaded else { continue };
+            let same_pod = (&owner.key.network, &owner.key.pod_namespace, &owner.key.pod_name) == (&key.network, &key.pod_namespace, &key.pod_name);
+            if !same_pod || owner.key.rule() == key.rule() {
+                continue;
+            }
+            for if_name in owner.interfaces() {
+                if key.rule().key(&key.network, &key.pod_namespace, &key.pod_name, if_name) == *key {
+                    parts.push(Ownership { key: key.clone(), interfaces: vec![if_name.to_string()], ..owner.clone() });
+                }
+            }
+        }
+        Ok(parts)
+    }
+
     /// See the module's comment for the order and why a crash anywhere in it is safe.
     pub fn rekey(&self, network: &str, rule: PodKeyRule) -> Result<()> {
         if marked(&self.root, network) == Some(rule) {
@@ -133,7 +166,7 @@ impl Store {
     /// is set aside there, blocking (the DEL that needs it is refused, as before the move); a
     /// blocker is linked there, then the old name goes.
     fn rekey_untrusted_owners(&self, network: &str, rule: PodKeyRule) -> Result<()> {
-        let other = PodKeyRule::CHOICES.iter().map(|(_, r)| *r).find(|r| *r != rule).unwrap_or(rule);
+        let other = other(rule);
         let mut old_blockers = Vec::new();
         for (_, loaded) in self.list_records()? {
             let Loaded::Valid(record) = loaded else { continue };

@@ -19,6 +19,7 @@ use cni::{Incident, NETWORK, Pod, Store, files_in, verify_envelope};
 use primary::RecordingPrimary;
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 
 /// ADD A as net1, ADD B as net2: the same pod on the same network, re-created.
@@ -277,4 +278,77 @@ fn an_old_releases_state_dir_that_cannot_be_rekeyed_still_refuses_stale_dels() {
     // Writable again: the next verb re-keys, and the protection stays.
     store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run().assert_error(11);
     assert!(store.state_dir.join("pod-keys").join(NETWORK).exists());
+}
+
+/// What the re-key leaves behind, to compare runs: each owner, deferred DEL, set-aside file
+/// (a kept copy without its time) and marker by path, with what it holds when it verifies.
+fn rekeyed_state(store: &Store) -> std::collections::BTreeMap<String, Value> {
+    let mut found = std::collections::BTreeMap::new();
+    let mut dirs = vec![store.state_dir.join("owners"), store.state_dir.join("deferred"), store.state_dir.join("set-aside"), store.state_dir.join("pod-keys")];
+    while let Some(dir) = dirs.pop() {
+        for path in files_in(&dir) {
+            let name = path.strip_prefix(&store.state_dir).unwrap().to_string_lossy().into_owned();
+            if name.rsplit('/').next().unwrap().starts_with('.') {
+                continue;
+            }
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let name = name.split('~').next().unwrap().to_string();
+            found.insert(name, verify_envelope(&path).unwrap_or(Value::Null));
+        }
+    }
+    found
+}
+
+/// SIGKILL on entry to each of the re-key's steps in turn (every rename, link, unlink, fsync
+/// and mkdir it makes, until a run gets through), on the old release's state dir, with and
+/// without a damaged owner file under an old digest: no owner is ever without its record,
+/// every stale DEL stays refused, and the re-run leaves what an uncut run leaves, the old
+/// refusals counted once.
+#[test]
+fn a_rekey_killed_at_any_step_loses_nothing_and_runs_again_to_the_same_store() {
+    sys::skip_unless_root!(&["strace"]);
+    let ids = fixture_ids();
+    let (etcd_a, web_c) = (pod("etcd1-0", "uid-a"), pod("web-0", "uid-c"));
+    for damaged in [false, true] {
+        let fresh = || {
+            let (root, store) = old_store();
+            if damaged {
+                let owner = store.state_dir.join("owners/4ef0268c358362ee07eb31bb753cf10a380c295b4dbcb7c96f38d06bd631650a");
+                cni::corrupt_one_digit(&owner, ids["d"].as_bytes());
+            }
+            (root, store)
+        };
+        let web_code = if damaged { 101 } else { 11 };
+        let finish = |store: &Store| {
+            store.del(&ids["a"], &etcd_a).ifname("net1").run().assert_error(11);
+            store.del(&ids["c"], &web_c).run().assert_error(web_code);
+            store.assert_every_owner_has_its_record();
+        };
+        let (_uncut_root, uncut) = fresh();
+        uncut.del(&ids["a"], &etcd_a).ifname("net1").run().assert_error(11);
+        finish(&uncut);
+        let expected = rekeyed_state(&uncut);
+        let web_refused = uncut.ledger_entry(&web_c).map(|entry| entry["refused"].clone());
+        let mut kills = 0;
+        for syscalls in ["rename", "link,linkat", "unlink,unlinkat", "fsync,fdatasync", "mkdir,mkdirat"] {
+            for nth in 1..100 {
+                let (_root, store) = fresh();
+                let reply = store.del(&ids["a"], &etcd_a).ifname("net1").run_killed_at(cni::Traced::PluginOnly, syscalls, nth);
+                if reply.status.signal() != Some(9) {
+                    reply.assert_error(11);
+                    break;
+                }
+                kills += 1;
+                store.assert_every_owner_has_its_record();
+                finish(&store);
+                assert_eq!(rekeyed_state(&store), expected, "killed at {syscalls} #{nth}");
+                let refused = store.ledger_entry(&web_c).map(|entry| entry["refused"].clone());
+                assert_eq!(refused, web_refused, "killed at {syscalls} #{nth}: web-0's old refusal counted once");
+            }
+        }
+        assert!(kills > 10, "only {kills} kills: the test proves little");
+    }
 }

@@ -126,7 +126,21 @@ impl Store {
             self.remove_deferred(&old_key, &id)?;
         }
 
-        // The ledger: counts added up under the new key, each old entry taken in once.
+        // The ledger: counts added up under the new key, each old entry taken in once. An
+        // entry taken in and removed by an earlier re-key is forgotten first: the other rule's
+        // key may have an entry again (the rule was switched back and forth), and its counts
+        // are new.
+        for mut entry in self.list_ledger()? {
+            let before = entry.merged_from.len();
+            // A name from a file is checked before it makes a path; one that is no digest
+            // names no entry.
+            entry.merged_from.retain(|digest| {
+                digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()) && !surely_absent(&self.ledger.join(digest))
+            });
+            if entry.key.network == network && entry.merged_from.len() < before {
+                self.save_ledger(&entry)?;
+            }
+        }
         let mut old_entries = Vec::new();
         for entry in self.list_ledger()? {
             if entry.key.network != network || entry.key.rule() == rule {
@@ -261,6 +275,33 @@ mod tests {
         let Loaded::Valid(owner) = store.load_owner(&old_key("net2")).unwrap() else { panic!("no owner of net2") };
         assert_eq!((owner.container_id.as_str(), owner.key.if_name.as_deref()), ("B", Some("net2")));
         assert_eq!(marked(&root, "net"), Some(PodKeyRule::NameAndIfname));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn switching_the_rule_back_and_forth_keeps_every_refusal_counted() {
+        let root = std::env::temp_dir().join(format!("sg-rekey-ledger-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let store = Store::open(&root, Duration::from_secs(1)).unwrap();
+        leave_old_files(&store);
+        let count = |store: &Store, key: &PodKey| store.note_stale_del(key, Handled::Refused, "A", "B", 2).and_then(|()| store.sync()).unwrap();
+        let name_key = PodKeyRule::Name.key("net", "lijiaob", "etcd1-0", "net2");
+        let refused = |store: &Store| match store.load_ledger(&name_key).unwrap() {
+            Loaded::Valid(entry) => entry.refused,
+            _ => 0,
+        };
+        // Two refusals by the old release, one under "name".
+        count(&store, &old_key("net2"));
+        count(&store, &old_key("net2"));
+        store.rekey("net", PodKeyRule::Name).unwrap();
+        count(&store, &name_key);
+        // The operator switches to "name-and-ifname": two more, under net2's key again.
+        store.rekey("net", PodKeyRule::NameAndIfname).unwrap();
+        count(&store, &old_key("net2"));
+        count(&store, &old_key("net2"));
+        // And back: all five are the pod's.
+        store.rekey("net", PodKeyRule::Name).unwrap();
+        assert_eq!(refused(&store), 5, "the refusals made under name-and-ifname are kept");
         let _ = std::fs::remove_dir_all(&root);
     }
 }

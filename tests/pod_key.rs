@@ -352,3 +352,58 @@ fn a_rekey_killed_at_any_step_loses_nothing_and_runs_again_to_the_same_store() {
         assert!(kills > 10, "only {kills} kills: the test proves little");
     }
 }
+
+/// As containerd tears a sandbox down: StopPodSandbox's DEL with the netns, then
+/// RemovePodSandbox's with an empty netns and no prevResult.
+fn containerd_dels(call: impl Fn() -> cni::Cni) -> [cni::Reply; 2] {
+    [call().run(), call().netns("").no_prev_result().run()]
+}
+
+#[test]
+fn an_owner_with_two_interfaces_keeps_the_pod_through_the_runtimes_sequences() {
+    let i = two_interfaces();
+    // B's eth0 goes (twice, as containerd sends it); net1 still holds the pod.
+    for reply in containerd_dels(|| i.store.del(&i.b, &i.pod_b).ifname("eth0")) {
+        reply.assert_ok();
+    }
+    assert!(i.store.is_owner(&i.b, "net1"));
+    for reply in containerd_dels(|| i.store.del(&i.a, &i.pod_a)) {
+        reply.assert_error(11);
+    }
+    // GC listing only one of B's interfaces keeps B the owner by it.
+    let listed = json!([{"containerID": i.a, "ifname": "eth0"}, {"containerID": i.b, "ifname": "net1"}]);
+    i.store.cni("GC", "").config("cni.dev/valid-attachments", Some(listed)).run().assert_ok();
+    i.store.del(&i.a, &i.pod_a).run().assert_error(11);
+    // Re-ADDed under another ifname, B holds the pod by both; the DEL of one keeps it.
+    i.store.add(&i.b, &i.pod_b).ifname("net2").run().assert_ok();
+    i.store.del(&i.b, &i.pod_b).ifname("net1").run().assert_ok();
+    assert!(i.store.is_owner(&i.b, "net2"));
+    i.store.del(&i.a, &i.pod_a).run().assert_error(11);
+    i.store.assert_every_owner_has_its_record();
+    // Re-ADDed under another pod name, B's last interface on web-0 is gone: the name is free.
+    let other_pod = Pod { uid: i.pod_b.uid.clone(), ..Pod::new("shop", "web-1") };
+    i.store.add(&i.b, &other_pod).ifname("net2").run().assert_ok();
+    i.store.assert_every_owner_has_its_record();
+    i.store.del(&i.a, &i.pod_a).run().assert_ok();
+    i.store.del(&i.b, &other_pod).ifname("net2").run().assert_ok();
+    assert!(i.store.owner_files().is_empty());
+}
+
+#[test]
+fn in_delegate_mode_a_twice_sent_del_of_one_interface_replays_nothing_early() {
+    let i = Incident::of("shop", "web-0");
+    let primary = RecordingPrimary::new();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
+    for reply in containerd_dels(|| primary.wrap(i.store.del(&i.a, &i.pod_a))) {
+        reply.assert_ok();
+    }
+    for reply in containerd_dels(|| primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("eth0"))) {
+        reply.assert_ok();
+    }
+    assert_eq!(primary.dels(&i.a), 0, "B's net1 is still attached: A's DEL waits");
+    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 1, "A's DEL is replayed once");
+    i.store.assert_every_owner_has_its_record();
+}

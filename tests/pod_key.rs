@@ -407,3 +407,35 @@ fn in_delegate_mode_a_twice_sent_del_of_one_interface_replays_nothing_early() {
     assert_eq!(primary.dels(&i.a), 1, "A's DEL is replayed once");
     i.store.assert_every_owner_has_its_record();
 }
+
+/// The same on a full disk: the store opens (its folders are there) but the re-key's first
+/// write fails. The DEL then judges from the old files too, in both modes.
+#[test]
+fn an_old_releases_state_dir_on_a_full_disk_still_refuses_stale_dels() {
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let ids = fixture_ids();
+    let logs = sys::TempDir::new("sglogs");
+    let disk = mount::Mount::tmpfs("size=256k,mode=0755");
+    let state_dir = disk.path.join("state");
+    copy_dir(&testdata::fixture_path("upgrade/state-v1"), &state_dir);
+    for folder in ["set-aside", "failed-adds", "ledger", "deferred", "pod-locks"] {
+        std::fs::create_dir_all(state_dir.join(folder)).unwrap();
+    }
+    let store = Store::with_state_dir(state_dir, &logs.path);
+    let filler = disk.path.join("filler");
+    {
+        use std::io::Write;
+        let mut file = std::fs::File::create(&filler).unwrap();
+        while file.write(&[0xa5u8; 4096]).is_ok_and(|n| n > 0) {}
+    }
+    let refused = store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run().assert_error(11);
+    assert!(refused.msg.contains(&ids["b"]), "{}", refused.text());
+    let primary = RecordingPrimary::new();
+    let deferred = primary.wrap(store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("eth0")).run();
+    assert!(!deferred.succeeded() || !store.dump().iter().all(|row| row["status"] != "deferred"), "told success, kept nowhere: {deferred:?}");
+    assert_eq!(primary.dels(&ids["a"]), 0, "the primary never saw A's DEL");
+    assert!(!store.state_dir.join("pod-keys").join(NETWORK).exists(), "the disk was full: no move");
+    std::fs::remove_file(&filler).unwrap();
+    store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run().assert_error(11);
+    assert!(store.state_dir.join("pod-keys").join(NETWORK).exists());
+}

@@ -439,3 +439,38 @@ fn an_old_releases_state_dir_on_a_full_disk_still_refuses_stale_dels() {
     store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run().assert_error(11);
     assert!(store.state_dir.join("pod-keys").join(NETWORK).exists());
 }
+
+/// The first verbs after the upgrade race, on two networks of one state dir: each network is
+/// re-keyed once, by whichever writer comes first, and every stale DEL is refused meanwhile.
+#[test]
+fn the_first_verbs_after_the_upgrade_race_on_two_networks() {
+    let ids = fixture_ids();
+    for _ in 0..3 {
+        let (_root, store) = old_store();
+        let other = |call: cni::Cni| call.config("name", Some(json!("other-net")));
+        let replies: Vec<(bool, cni::Reply)> = std::thread::scope(|scope| {
+            let mut running = Vec::new();
+            for n in 0..4 {
+                let store = &store;
+                let ids = &ids;
+                running.push(scope.spawn(move || (true, store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname(if n % 2 == 0 { "net1" } else { "eth0" }).run())));
+                running.push(scope.spawn(move || (false, other(store.add(&cni::container_id(), &Pod::new("lijiaob", "etcd1-0"))).run())));
+            }
+            running.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for (stale, reply) in replies {
+            if stale { reply.assert_error(11); } else { reply.assert_ok(); }
+        }
+        for network in [NETWORK, "other-net"] {
+            assert!(store.state_dir.join("pod-keys").join(network).exists(), "{network} marked");
+        }
+        store.assert_every_owner_has_its_record();
+        let owners: Vec<Value> = store.owner_files().iter().map(|p| verify_envelope(p).unwrap()).collect();
+        let ours: Vec<&Value> = owners.iter().filter(|o| o["network"] == NETWORK).collect();
+        assert_eq!(ours.len(), 3, "etcd1-0, web-0 and db-0, each once: {ours:?}");
+        assert!(ours.iter().all(|o| o.get("ifName").is_none()));
+        assert_eq!(owners.iter().filter(|o| o["network"] == "other-net").count(), 1, "the last ADD on other-net owns its etcd1-0");
+        let etcd = store.ledger_entry(&pod("etcd1-0", "uid-a")).expect("etcd1-0's refusals");
+        assert_eq!(etcd["refused"], json!(4), "{etcd}");
+    }
+}

@@ -474,3 +474,33 @@ fn the_first_verbs_after_the_upgrade_race_on_two_networks() {
         assert_eq!(etcd["refused"], json!(4), "{etcd}");
     }
 }
+
+/// An operator switches `podKey` to "name-and-ifname" and back on a live store in delegate
+/// mode: the owner with two interfaces, the deferred DEL of the old sandbox and its ledger
+/// entry go both ways, and the deferred DEL reaches the primary once, after the owner's last
+/// interface.
+#[test]
+fn switching_pod_key_back_and_forth_keeps_owners_and_deferred_dels() {
+    let i = Incident::of("shop", "web-0");
+    let primary = RecordingPrimary::new();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
+    primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    let per_interface = |call: cni::Cni| call.config("podKey", Some(json!("name-and-ifname")));
+    let unrelated = || (cni::container_id(), Pod::new("shop", &format!("other-{}", &cni::container_id()[..6])));
+    for rule in [per_interface as fn(cni::Cni) -> cni::Cni, |call| call, per_interface, |call| call] {
+        let (c, p) = unrelated();
+        primary.wrap(rule(i.store.add(&c, &p))).run().assert_ok();
+        assert_eq!(primary.dels(&i.a), 0, "B still holds eth0: A's DEL waits");
+        assert!(i.store.is_owner(&i.b, "eth0") && i.store.is_owner(&i.b, "net1"));
+        i.store.assert_every_owner_has_its_record();
+        assert_eq!(i.store.dump().iter().filter(|row| row["status"] == "deferred").count(), 1);
+    }
+    let ledger = i.store.ledger_entry(&i.pod_a).expect("the deferral counted under the name key");
+    assert_eq!(ledger["deferred"], json!(1), "{ledger}");
+    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 0);
+    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 1, "A's DEL is replayed once, after B's last interface");
+}

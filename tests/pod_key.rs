@@ -504,3 +504,22 @@ fn switching_pod_key_back_and_forth_keeps_owners_and_deferred_dels() {
     primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
     assert_eq!(primary.dels(&i.a), 1, "A's DEL is replayed once, after B's last interface");
 }
+
+/// The old release filed etcd1-0 under two keys, A's (net1) and B's (net2); B's file is
+/// damaged. By pod name B's is the one that counts: A's DEL must not pass on A's own old key.
+#[test]
+fn a_damaged_owner_under_another_interfaces_old_key_still_refuses_the_old_sandbox() {
+    let ids = fixture_ids();
+    for read_only in [false, true] {
+        if read_only && !sys::require(sys::test_name!(), true, &["mount", "umount"]) {
+            continue;
+        }
+        let (_root, store) = old_store();
+        let owner_of_b = store.owner_files().into_iter().find(|p| std::fs::read(p).unwrap().windows(64).any(|w| w == ids["b"].as_bytes())).unwrap();
+        cni::corrupt_one_digit(&owner_of_b, ids["b"].as_bytes());
+        let _mount = read_only.then(|| mount::Mount::read_only_bind(&store.state_dir));
+        let reply = store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run();
+        let refused = reply.assert_error_in(&[11, 101]);
+        assert!(refused.text().contains("set-aside") || refused.text().contains("failed verification"), "read-only={read_only}: {}", refused.text());
+    }
+}

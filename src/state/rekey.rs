@@ -26,6 +26,14 @@ use crate::error::Result;
 
 pub const POD_KEYS: &str = "pod-keys";
 
+/// An owner file that cannot be trusted (see `Store::damaged_owners`).
+#[derive(Debug, Clone)]
+pub struct Damaged {
+    pub file: PathBuf,
+    /// The highest generation the file could hold.
+    pub generation: u64,
+}
+
 fn marker_path(root: &std::path::Path, network: &str) -> PathBuf {
     root.join(POD_KEYS).join(network)
 }
@@ -86,7 +94,7 @@ impl Store {
         }
         let new_key = |key: &PodKey, if_name: &str| rule.key(&key.network, &key.pod_namespace, &key.pod_name, if_name);
 
-        self.rekey_untrusted_owners(network, rule)?;
+        let damaged = self.rekey_untrusted_owners(network, rule)?;
 
         // Owners: grouped by their new key with the owner already there, merged, written.
         let mut old_owners: Vec<PodKey> = Vec::new();
@@ -104,6 +112,9 @@ impl Store {
             old_owners.push(owner.key);
         }
         for (key, mut owners) in groups.into_values() {
+            if let Some(damaged) = damaged.get(&key.digest()) {
+                owners.retain(|owner| owner.generation > damaged.generation);
+            }
             if let Loaded::Valid(there) = self.load_owner(&key)? {
                 owners.push(there);
             }
@@ -178,20 +189,15 @@ impl Store {
     /// one that blocks the DELs needing it; the records can: each record's key under the other
     /// rule names the old file, its key under `rule` where it must block now. A corrupt owner
     /// is set aside there, blocking (the DEL that needs it is refused, as before the move); a
-    /// blocker is linked there, then the old name goes.
-    fn rekey_untrusted_owners(&self, network: &str, rule: PodKeyRule) -> Result<()> {
-        let other = other(rule);
+    /// blocker is linked there, then the old name goes. Returns `damaged_owners` of what it found.
+    fn rekey_untrusted_owners(&self, network: &str, rule: PodKeyRule) -> Result<BTreeMap<String, Damaged>> {
+        let damaged = self.damaged_owners(network, rule, None, true)?;
         let mut old_blockers = Vec::new();
         for (_, loaded) in self.list_records()? {
             let Loaded::Valid(record) = loaded else { continue };
-            let (Some(old), Some(new)) = (record.pod_key(other), record.pod_key(rule)) else { continue };
+            let (Some(old), Some(new)) = (record.pod_key(other(rule)), record.pod_key(rule)) else { continue };
             if record.network != network {
                 continue;
-            }
-            if let Loaded::Corrupt { path, .. } = self.load_owner(&old)?
-                && !surely_absent(&path)
-            {
-                self.set_aside(&path, &self.set_aside_path_for_owner(&new), true)?;
             }
             let blocker = self.set_aside_path_for_owner(&old);
             if !surely_absent(&blocker) {
@@ -208,9 +214,44 @@ impl Store {
             super::remove(&blocker)?;
             self.mark_dirty(2);
         }
-        self.sync()
+        self.sync()?;
+        Ok(damaged)
     }
 
+    /// The owner files of `network` that cannot be trusted, found through the records (of
+    /// `pod`'s only, if given): per key under `rule` (by digest), the file and the highest
+    /// generation it could hold, that of the newest record filed under it. A file of the other
+    /// rule that fails its checksum or is set aside blocking, or one under `rule` set aside
+    /// blocking, counts. An owner merged from the other rule's files must be newer than that:
+    /// the damaged file may name the sandbox that took the pod last. `move_aside`: a corrupt
+    /// file of the other rule is set aside where it blocks under `rule` (the re-key); without
+    /// it nothing is written (a DEL judging a store that cannot be re-keyed).
+    pub fn damaged_owners(&self, network: &str, rule: PodKeyRule, pod: Option<(&str, &str)>, move_aside: bool) -> Result<BTreeMap<String, Damaged>> {
+        let mut damaged: BTreeMap<String, Damaged> = BTreeMap::new();
+        let mut corrupt_old: BTreeMap<String, PathBuf> = BTreeMap::new();
+        for (_, loaded) in self.list_records()? {
+            let Loaded::Valid(record) = loaded else { continue };
+            let (Some(old), Some(new)) = (record.pod_key(other(rule)), record.pod_key(rule)) else { continue };
+            if record.network != network || pod.is_some_and(|(ns, name)| (ns, name) != (new.pod_namespace.as_str(), new.pod_name.as_str())) {
+                continue;
+            }
+            if !corrupt_old.contains_key(&old.digest())
+                && let Loaded::Corrupt { path, .. } = self.load_owner(&old)?
+                && !surely_absent(&path)
+            {
+                let kept = if move_aside { self.set_aside(&path, &self.set_aside_path_for_owner(&new), true)? } else { path };
+                corrupt_old.insert(old.digest(), kept);
+            }
+            let file = corrupt_old.get(&old.digest()).cloned().into_iter()
+                .chain([self.set_aside_path_for_owner(&old), self.set_aside_path_for_owner(&new)].into_iter().filter(|path| !surely_absent(path)))
+                .next();
+            if let Some(file) = file {
+                let found = damaged.entry(new.digest()).or_insert(Damaged { file, generation: 0 });
+                found.generation = found.generation.max(record.generation);
+            }
+        }
+        Ok(damaged)
+    }
     /// Writes the marker durably: the re-key is done.
     fn mark(&self, network: &str, rule: PodKeyRule) -> Result<()> {
         let dir = self.root.join(POD_KEYS);

@@ -266,8 +266,19 @@ fn load_owner(inv: &Invocation, store: &Store, attachment: &Attachment, key: &Po
     let old_key = other.key(&key.network, &key.pod_namespace, &key.pod_name, &attachment.ifname);
     load_one_owner(inv, store, attachment, &old_key, key)?;
     let mut owners = store.owners_under_other_rule(key)?;
+    // A damaged file of the pod's, found through its records, may name the sandbox that took
+    // the pod last: an owner older than it counts for nothing, and without a newer one the
+    // DEL is refused as on a damaged owner of its own key.
+    let pod = Some((key.pod_namespace.as_str(), key.pod_name.as_str()));
+    let damaged = store.damaged_owners(&key.network, key.rule(), pod, false)?.remove(&key.digest());
+    if let Some(damaged) = &damaged {
+        owners.retain(|owner| owner.generation > damaged.generation);
+    }
     owners.extend(owner);
-    Ok(ownership::merged(key, &owners))
+    match (ownership::merged(key, &owners), damaged) {
+        (None, Some(damaged)) => Err(set_aside_error(inv, attachment, &damaged.file, "an ownership filed under the other podKey rule's key fails verification or is set aside", Some(key))),
+        (owner, _) => Ok(owner),
+    }
 }
 
 /// The owner filed under `file_key`; a damaged or set-aside file there refuses the DEL of `key`.

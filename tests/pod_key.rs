@@ -231,14 +231,20 @@ fn an_old_releases_damaged_ownership_still_refuses_the_del_that_needs_it() {
     store.del(&ids["c"], &pod("web-0", "uid-c")).run().assert_ok();
 }
 
-#[test]
-fn in_delegate_mode_a_deferred_del_waits_for_the_owners_last_interface() {
+/// Delegate mode: A (eth0) superseded by B, attached as eth0 and net1; A's DEL deferred.
+fn deferred_behind_two_interfaces() -> (Incident, RecordingPrimary) {
     let i = Incident::of("shop", "web-0");
     let primary = RecordingPrimary::new();
     primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
     primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
     primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
     primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    (i, primary)
+}
+
+#[test]
+fn in_delegate_mode_a_deferred_del_waits_for_the_owners_last_interface() {
+    let (i, primary) = deferred_behind_two_interfaces();
     assert_eq!(primary.dels(&i.a), 0, "A's DEL is deferred while B owns the pod");
 
     primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
@@ -481,12 +487,7 @@ fn the_first_verbs_after_the_upgrade_race_on_two_networks() {
 /// interface.
 #[test]
 fn switching_pod_key_back_and_forth_keeps_owners_and_deferred_dels() {
-    let i = Incident::of("shop", "web-0");
-    let primary = RecordingPrimary::new();
-    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
-    primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    let (i, primary) = deferred_behind_two_interfaces();
     let per_interface = |call: cni::Cni| call.config("podKey", Some(json!("name-and-ifname")));
     let unrelated = || (cni::container_id(), Pod::new("shop", &format!("other-{}", &cni::container_id()[..6])));
     for rule in [per_interface as fn(cni::Cni) -> cni::Cni, |call| call, per_interface, |call| call] {

@@ -524,3 +524,32 @@ fn a_damaged_owner_under_another_interfaces_old_key_still_refuses_the_old_sandbo
         assert!(refused.text().contains("set-aside") || refused.text().contains("failed verification"), "read-only={read_only}: {}", refused.text());
     }
 }
+
+/// The operator's read-only commands on a store the upgrade has not re-keyed yet: they read
+/// both layouts and write nothing, not even the move (no file, no mtime changes).
+#[test]
+fn the_dump_and_the_doctor_on_an_old_releases_state_dir_write_nothing() {
+    let (_root, store) = old_store();
+    let tree = |dir: &Path| {
+        let mut found = Vec::new();
+        let mut dirs = vec![dir.to_path_buf()];
+        while let Some(dir) = dirs.pop() {
+            for path in files_in(&dir) {
+                let meta = std::fs::symlink_metadata(&path).unwrap();
+                found.push((path.clone(), meta.modified().unwrap(), meta.len()));
+                if meta.is_dir() {
+                    dirs.push(path);
+                }
+            }
+        }
+        found
+    };
+    let before = tree(&store.state_dir);
+    let state_dir = store.state_dir.to_str().unwrap();
+    assert_eq!(store.dump().len(), 6, "every record and the deferred DEL");
+    for args in [&["--dump-checkpoints", "--state-dir", state_dir][..], &["--doctor", "--state-dir", state_dir]] {
+        cni::guard(args);
+    }
+    assert_eq!(tree(&store.state_dir), before, "a read-only command wrote");
+    assert!(!store.state_dir.join("pod-keys").exists());
+}

@@ -12,10 +12,14 @@ mod testdata;
 mod cni;
 #[path = "support/primary.rs"]
 mod primary;
+#[path = "support/mount.rs"]
+mod mount;
 
 use cni::{Incident, NETWORK, Pod, Store, files_in, verify_envelope};
 use primary::RecordingPrimary;
 use serde_json::{Value, json};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
 
 /// ADD A as net1, ADD B as net2: the same pod on the same network, re-created.
 fn two_ifnames(i: &Incident, wrap: impl Fn(cni::Cni) -> cni::Cni) {
@@ -213,14 +217,20 @@ fn an_old_releases_damaged_ownership_still_refuses_the_del_that_needs_it() {
     store.del(&ids["c"], &pod("web-0", "uid-c")).run().assert_ok();
 }
 
-#[test]
-fn in_delegate_mode_a_deferred_del_waits_for_the_owners_last_interface() {
+/// Delegate mode: A (eth0) superseded by B, attached as eth0 and net1; A's DEL deferred.
+fn deferred_behind_two_interfaces() -> (Incident, RecordingPrimary) {
     let i = Incident::of("shop", "web-0");
     let primary = RecordingPrimary::new();
     primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
     primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
     primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
     primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    (i, primary)
+}
+
+#[test]
+fn in_delegate_mode_a_deferred_del_waits_for_the_owners_last_interface() {
+    let (i, primary) = deferred_behind_two_interfaces();
     assert_eq!(primary.dels(&i.a), 0, "A's DEL is deferred while B owns the pod");
 
     primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
@@ -230,4 +240,302 @@ fn in_delegate_mode_a_deferred_del_waits_for_the_owners_last_interface() {
     primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
     assert_eq!(primary.dels(&i.a), 1, "B's last interface went: A's DEL is replayed");
     assert!(i.store.dump().is_empty(), "{:?}", i.store.dump());
+}
+
+/// A node whose state dir went read-only (a disk error remounts ext4 so) before the first verb
+/// after the upgrade: the re-key cannot run, and the owners still sit under the old digests.
+/// An old sandbox's stale DEL must still be refused, in both modes, and nothing written.
+#[test]
+fn an_old_releases_state_dir_that_cannot_be_rekeyed_still_refuses_stale_dels() {
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let (_root, store) = old_store();
+    let ids = fixture_ids();
+    let before = store.dump();
+    let read_only = mount::Mount::read_only_bind(&store.state_dir);
+    // B (net2) took etcd1-0 after A (net1): by pod name A's DELs are stale, whatever ifname.
+    for if_name in ["net1", "eth0"] {
+        let refused = store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname(if_name).run().assert_error(11);
+        assert!(refused.msg.contains("stale DEL") && refused.msg.contains(&ids["b"]), "{}", refused.text());
+        assert!(refused.details.contains("podKey"), "details say why and how out: {}", refused.text());
+        let primary = RecordingPrimary::new();
+        primary.wrap(store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname(if_name)).run().assert_error(11);
+        assert_eq!(primary.dels(&ids["a"]), 0, "the primary never saw A's DEL");
+    }
+    // web-0's C was already refused once under the old key; D still owns the pod.
+    store.del(&ids["c"], &pod("web-0", "uid-c")).run().assert_error(11);
+    // The owner's own DEL still passes (its record stays until the store takes writes).
+    store.del(&ids["b"], &pod("etcd1-0", "uid-b")).ifname("net2").run().assert_ok();
+    drop(read_only);
+    assert_eq!(store.dump(), before, "nothing was written");
+    // Writable again: the next verb re-keys, and the protection stays.
+    store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run().assert_error(11);
+    assert!(store.state_dir.join("pod-keys").join(NETWORK).exists());
+}
+
+/// What the re-key leaves behind, to compare runs: each owner, deferred DEL, set-aside file
+/// (a kept copy without its time) and marker by path, with what it holds when it verifies.
+fn rekeyed_state(store: &Store) -> std::collections::BTreeMap<String, Value> {
+    let mut found = std::collections::BTreeMap::new();
+    let mut dirs = vec![store.state_dir.join("owners"), store.state_dir.join("deferred"), store.state_dir.join("set-aside"), store.state_dir.join("pod-keys")];
+    while let Some(dir) = dirs.pop() {
+        for path in files_in(&dir) {
+            let name = path.strip_prefix(&store.state_dir).unwrap().to_string_lossy().into_owned();
+            if name.rsplit('/').next().unwrap().starts_with('.') {
+                continue;
+            }
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let name = name.split('~').next().unwrap().to_string();
+            found.insert(name, verify_envelope(&path).unwrap_or(Value::Null));
+        }
+    }
+    found
+}
+
+/// SIGKILL on entry to each of the re-key's steps in turn (every rename, link, unlink, fsync
+/// and mkdir it makes, until a run gets through), on the old release's state dir, with and
+/// without a damaged owner file under an old digest: no owner is ever without its record,
+/// every stale DEL stays refused, and the re-run leaves what an uncut run leaves, the old
+/// refusals counted once.
+#[test]
+fn a_rekey_killed_at_any_step_loses_nothing_and_runs_again_to_the_same_store() {
+    sys::skip_unless_root!(&["strace"]);
+    let ids = fixture_ids();
+    let (etcd_a, web_c) = (pod("etcd1-0", "uid-a"), pod("web-0", "uid-c"));
+    for damaged in [false, true] {
+        let fresh = || {
+            let (root, store) = old_store();
+            if damaged {
+                let owner = store.state_dir.join("owners/4ef0268c358362ee07eb31bb753cf10a380c295b4dbcb7c96f38d06bd631650a");
+                cni::corrupt_one_digit(&owner, ids["d"].as_bytes());
+            }
+            (root, store)
+        };
+        let web_code = if damaged { 101 } else { 11 };
+        let finish = |store: &Store| {
+            store.del(&ids["a"], &etcd_a).ifname("net1").run().assert_error(11);
+            store.del(&ids["c"], &web_c).run().assert_error(web_code);
+            store.assert_every_owner_has_its_record();
+        };
+        let (_uncut_root, uncut) = fresh();
+        uncut.del(&ids["a"], &etcd_a).ifname("net1").run().assert_error(11);
+        finish(&uncut);
+        let expected = rekeyed_state(&uncut);
+        let web_refused = uncut.ledger_entry(&web_c).map(|entry| entry["refused"].clone());
+        let mut kills = 0;
+        for syscalls in ["rename", "link,linkat", "unlink,unlinkat", "fsync,fdatasync", "mkdir,mkdirat"] {
+            for nth in 1..100 {
+                let (_root, store) = fresh();
+                let reply = store.del(&ids["a"], &etcd_a).ifname("net1").run_killed_at(cni::Traced::PluginOnly, syscalls, nth);
+                if reply.status.signal() != Some(9) {
+                    reply.assert_error(11);
+                    break;
+                }
+                kills += 1;
+                store.assert_every_owner_has_its_record();
+                finish(&store);
+                assert_eq!(rekeyed_state(&store), expected, "killed at {syscalls} #{nth}");
+                let refused = store.ledger_entry(&web_c).map(|entry| entry["refused"].clone());
+                assert_eq!(refused, web_refused, "killed at {syscalls} #{nth}: web-0's old refusal counted once");
+            }
+        }
+        assert!(kills > 10, "only {kills} kills: the test proves little");
+    }
+}
+
+/// As containerd tears a sandbox down: StopPodSandbox's DEL with the netns, then
+/// RemovePodSandbox's with an empty netns and no prevResult.
+fn containerd_dels(call: impl Fn() -> cni::Cni) -> [cni::Reply; 2] {
+    [call().run(), call().netns("").no_prev_result().run()]
+}
+
+#[test]
+fn an_owner_with_two_interfaces_keeps_the_pod_through_the_runtimes_sequences() {
+    let i = two_interfaces();
+    // B's eth0 goes (twice, as containerd sends it); net1 still holds the pod.
+    for reply in containerd_dels(|| i.store.del(&i.b, &i.pod_b).ifname("eth0")) {
+        reply.assert_ok();
+    }
+    assert!(i.store.is_owner(&i.b, "net1"));
+    for reply in containerd_dels(|| i.store.del(&i.a, &i.pod_a)) {
+        reply.assert_error(11);
+    }
+    // GC listing only one of B's interfaces keeps B the owner by it.
+    let listed = json!([{"containerID": i.a, "ifname": "eth0"}, {"containerID": i.b, "ifname": "net1"}]);
+    i.store.cni("GC", "").config("cni.dev/valid-attachments", Some(listed)).run().assert_ok();
+    i.store.del(&i.a, &i.pod_a).run().assert_error(11);
+    // Re-ADDed under another ifname, B holds the pod by both; the DEL of one keeps it.
+    i.store.add(&i.b, &i.pod_b).ifname("net2").run().assert_ok();
+    i.store.del(&i.b, &i.pod_b).ifname("net1").run().assert_ok();
+    assert!(i.store.is_owner(&i.b, "net2"));
+    i.store.del(&i.a, &i.pod_a).run().assert_error(11);
+    i.store.assert_every_owner_has_its_record();
+    // Re-ADDed under another pod name, B's last interface on web-0 is gone: the name is free.
+    let other_pod = Pod { uid: i.pod_b.uid.clone(), ..Pod::new("shop", "web-1") };
+    i.store.add(&i.b, &other_pod).ifname("net2").run().assert_ok();
+    i.store.assert_every_owner_has_its_record();
+    i.store.del(&i.a, &i.pod_a).run().assert_ok();
+    i.store.del(&i.b, &other_pod).ifname("net2").run().assert_ok();
+    assert!(i.store.owner_files().is_empty());
+}
+
+#[test]
+fn in_delegate_mode_a_twice_sent_del_of_one_interface_replays_nothing_early() {
+    let i = Incident::of("shop", "web-0");
+    let primary = RecordingPrimary::new();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
+    for reply in containerd_dels(|| primary.wrap(i.store.del(&i.a, &i.pod_a))) {
+        reply.assert_ok();
+    }
+    for reply in containerd_dels(|| primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("eth0"))) {
+        reply.assert_ok();
+    }
+    assert_eq!(primary.dels(&i.a), 0, "B's net1 is still attached: A's DEL waits");
+    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 1, "A's DEL is replayed once");
+    i.store.assert_every_owner_has_its_record();
+}
+
+/// The same on a full disk: the store opens (its folders are there) but the re-key's first
+/// write fails. The DEL then judges from the old files too, in both modes.
+#[test]
+fn an_old_releases_state_dir_on_a_full_disk_still_refuses_stale_dels() {
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let ids = fixture_ids();
+    let logs = sys::TempDir::new("sglogs");
+    let disk = mount::Mount::tmpfs("size=256k,mode=0755");
+    let state_dir = disk.path.join("state");
+    cni::copy_state_dir(&testdata::fixture_path("upgrade/state-v1"), &state_dir);
+    for folder in ["set-aside", "failed-adds", "ledger", "deferred", "pod-locks"] {
+        std::fs::create_dir_all(state_dir.join(folder)).unwrap();
+    }
+    let store = Store::with_state_dir(state_dir, &logs.path);
+    let filler = disk.path.join("filler");
+    {
+        use std::io::Write;
+        let mut file = std::fs::File::create(&filler).unwrap();
+        while file.write(&[0xa5u8; 4096]).is_ok_and(|n| n > 0) {}
+    }
+    let refused = store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run().assert_error(11);
+    assert!(refused.msg.contains(&ids["b"]), "{}", refused.text());
+    let primary = RecordingPrimary::new();
+    let deferred = primary.wrap(store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("eth0")).run();
+    assert!(!deferred.succeeded() || !store.dump().iter().all(|row| row["status"] != "deferred"), "told success, kept nowhere: {deferred:?}");
+    assert_eq!(primary.dels(&ids["a"]), 0, "the primary never saw A's DEL");
+    assert!(!store.state_dir.join("pod-keys").join(NETWORK).exists(), "the disk was full: no move");
+    std::fs::remove_file(&filler).unwrap();
+    store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run().assert_error(11);
+    assert!(store.state_dir.join("pod-keys").join(NETWORK).exists());
+}
+
+/// The first verbs after the upgrade race, on two networks of one state dir: each network is
+/// re-keyed once, by whichever writer comes first, and every stale DEL is refused meanwhile.
+#[test]
+fn the_first_verbs_after_the_upgrade_race_on_two_networks() {
+    let ids = fixture_ids();
+    for _ in 0..3 {
+        let (_root, store) = old_store();
+        let other = |call: cni::Cni| call.config("name", Some(json!("other-net")));
+        let replies: Vec<(bool, cni::Reply)> = std::thread::scope(|scope| {
+            let mut running = Vec::new();
+            for n in 0..4 {
+                let store = &store;
+                let ids = &ids;
+                running.push(scope.spawn(move || (true, store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname(if n % 2 == 0 { "net1" } else { "eth0" }).run())));
+                running.push(scope.spawn(move || (false, other(store.add(&cni::container_id(), &Pod::new("lijiaob", "etcd1-0"))).run())));
+            }
+            running.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for (stale, reply) in replies {
+            if stale { reply.assert_error(11); } else { reply.assert_ok(); }
+        }
+        for network in [NETWORK, "other-net"] {
+            assert!(store.state_dir.join("pod-keys").join(network).exists(), "{network} marked");
+        }
+        store.assert_every_owner_has_its_record();
+        let owners: Vec<Value> = store.owner_files().iter().map(|p| verify_envelope(p).unwrap()).collect();
+        let ours: Vec<&Value> = owners.iter().filter(|o| o["network"] == NETWORK).collect();
+        assert_eq!(ours.len(), 3, "etcd1-0, web-0 and db-0, each once: {ours:?}");
+        assert!(ours.iter().all(|o| o.get("ifName").is_none()));
+        assert_eq!(owners.iter().filter(|o| o["network"] == "other-net").count(), 1, "the last ADD on other-net owns its etcd1-0");
+        let etcd = store.ledger_entry(&pod("etcd1-0", "uid-a")).expect("etcd1-0's refusals");
+        assert_eq!(etcd["refused"], json!(4), "{etcd}");
+    }
+}
+
+/// An operator switches `podKey` to "name-and-ifname" and back on a live store in delegate
+/// mode: the owner with two interfaces, the deferred DEL of the old sandbox and its ledger
+/// entry go both ways, and the deferred DEL reaches the primary once, after the owner's last
+/// interface.
+#[test]
+fn switching_pod_key_back_and_forth_keeps_owners_and_deferred_dels() {
+    let (i, primary) = deferred_behind_two_interfaces();
+    let per_interface = |call: cni::Cni| call.config("podKey", Some(json!("name-and-ifname")));
+    let unrelated = || (cni::container_id(), Pod::new("shop", &format!("other-{}", &cni::container_id()[..6])));
+    for rule in [per_interface as fn(cni::Cni) -> cni::Cni, |call| call, per_interface, |call| call] {
+        let (c, p) = unrelated();
+        primary.wrap(rule(i.store.add(&c, &p))).run().assert_ok();
+        assert_eq!(primary.dels(&i.a), 0, "B still holds eth0: A's DEL waits");
+        assert!(i.store.is_owner(&i.b, "eth0") && i.store.is_owner(&i.b, "net1"));
+        i.store.assert_every_owner_has_its_record();
+        assert_eq!(i.store.dump().iter().filter(|row| row["status"] == "deferred").count(), 1);
+    }
+    let ledger = i.store.ledger_entry(&i.pod_a).expect("the deferral counted under the name key");
+    assert_eq!(ledger["deferred"], json!(1), "{ledger}");
+    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 0);
+    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 1, "A's DEL is replayed once, after B's last interface");
+}
+
+/// The old release filed etcd1-0 under two keys, A's (net1) and B's (net2); B's file is
+/// damaged. By pod name B's is the one that counts: A's DEL must not pass on A's own old key.
+#[test]
+fn a_damaged_owner_under_another_interfaces_old_key_still_refuses_the_old_sandbox() {
+    let ids = fixture_ids();
+    for read_only in [false, true] {
+        if read_only && !sys::require(sys::test_name!(), true, &["mount", "umount"]) {
+            continue;
+        }
+        let (_root, store) = old_store();
+        let owner_of_b = store.owner_files().into_iter().find(|p| std::fs::read(p).unwrap().windows(64).any(|w| w == ids["b"].as_bytes())).unwrap();
+        cni::corrupt_one_digit(&owner_of_b, ids["b"].as_bytes());
+        let _mount = read_only.then(|| mount::Mount::read_only_bind(&store.state_dir));
+        let reply = store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run();
+        let refused = reply.assert_error_in(&[11, 101]);
+        assert!(refused.text().contains("set-aside") || refused.text().contains("failed verification"), "read-only={read_only}: {}", refused.text());
+    }
+}
+
+/// The operator's read-only commands on a store the upgrade has not re-keyed yet: they read
+/// both layouts and write nothing, not even the move (no file, no mtime changes).
+#[test]
+fn the_dump_and_the_doctor_on_an_old_releases_state_dir_write_nothing() {
+    let (_root, store) = old_store();
+    let tree = |dir: &Path| {
+        let mut found = Vec::new();
+        let mut dirs = vec![dir.to_path_buf()];
+        while let Some(dir) = dirs.pop() {
+            for path in files_in(&dir) {
+                let meta = std::fs::symlink_metadata(&path).unwrap();
+                found.push((path.clone(), meta.modified().unwrap(), meta.len()));
+                if meta.is_dir() {
+                    dirs.push(path);
+                }
+            }
+        }
+        found
+    };
+    let before = tree(&store.state_dir);
+    let state_dir = store.state_dir.to_str().unwrap();
+    assert_eq!(store.dump().len(), 6, "every record and the deferred DEL");
+    for args in [&["--dump-checkpoints", "--state-dir", state_dir][..], &["--doctor", "--state-dir", state_dir]] {
+        cni::guard(args);
+    }
+    assert_eq!(tree(&store.state_dir), before, "a read-only command wrote");
+    assert!(!store.state_dir.join("pod-keys").exists());
 }

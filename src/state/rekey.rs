@@ -26,6 +26,14 @@ use crate::error::Result;
 
 pub const POD_KEYS: &str = "pod-keys";
 
+/// An owner file that cannot be trusted (see `Store::damaged_owners`).
+#[derive(Debug, Clone)]
+pub struct Damaged {
+    pub file: PathBuf,
+    /// The highest generation the file could hold.
+    pub generation: u64,
+}
+
 fn marker_path(root: &std::path::Path, network: &str) -> PathBuf {
     root.join(POD_KEYS).join(network)
 }
@@ -45,7 +53,40 @@ pub fn ensure(state_dir: &std::path::Path, network: &str, rule: PodKeyRule, wait
     Store::open(state_dir, wait)?.rekey(network, rule)
 }
 
+/// Whether `network`'s files may still sit under the keys of the other rule: its marker
+/// names another rule, or there is none (a re-key that could not run, or has not yet).
+pub fn pending(root: &std::path::Path, network: &str, rule: PodKeyRule) -> bool {
+    marked(root, network) != Some(rule)
+}
+
+/// The rule that is not `rule`.
+pub fn other(rule: PodKeyRule) -> PodKeyRule {
+    PodKeyRule::CHOICES.iter().map(|(_, r)| *r).find(|r| *r != rule).unwrap_or(rule)
+}
+
 impl Store {
+    /// The owners of `key` the re-key would merge into it, read where they sit now: every valid
+    /// owner file of the same pod under the other rule, cut down to the interfaces `key`
+    /// stands for. For a DEL judged while the re-key cannot run (a store that takes no
+    /// write): without them an old sandbox's DEL would pass while the new one owns the pod.
+    /// Lists the owners folder; only a network whose re-key is pending pays for it.
+    pub fn owners_under_other_rule(&self, key: &PodKey) -> Result<Vec<Ownership>> {
+        let mut parts = Vec::new();
+        for (_, loaded) in self.list_owners()? {
+            let Loaded::Valid(owner) = loaded else { continue };
+            let same_pod = (&owner.key.network, &owner.key.pod_namespace, &owner.key.pod_name) == (&key.network, &key.pod_namespace, &key.pod_name);
+            if !same_pod || owner.key.rule() == key.rule() {
+                continue;
+            }
+            for if_name in owner.interfaces() {
+                if key.rule().key(&key.network, &key.pod_namespace, &key.pod_name, if_name) == *key {
+                    parts.push(Ownership { key: key.clone(), interfaces: vec![if_name.to_string()], ..owner.clone() });
+                }
+            }
+        }
+        Ok(parts)
+    }
+
     /// See the module's comment for the order and why a crash anywhere in it is safe.
     pub fn rekey(&self, network: &str, rule: PodKeyRule) -> Result<()> {
         if marked(&self.root, network) == Some(rule) {
@@ -53,7 +94,7 @@ impl Store {
         }
         let new_key = |key: &PodKey, if_name: &str| rule.key(&key.network, &key.pod_namespace, &key.pod_name, if_name);
 
-        self.rekey_untrusted_owners(network, rule)?;
+        let damaged = self.rekey_untrusted_owners(network, rule)?;
 
         // Owners: grouped by their new key with the owner already there, merged, written.
         let mut old_owners: Vec<PodKey> = Vec::new();
@@ -71,6 +112,9 @@ impl Store {
             old_owners.push(owner.key);
         }
         for (key, mut owners) in groups.into_values() {
+            if let Some(damaged) = damaged.get(&key.digest()) {
+                owners.retain(|owner| owner.generation > damaged.generation);
+            }
             if let Loaded::Valid(there) = self.load_owner(&key)? {
                 owners.push(there);
             }
@@ -93,7 +137,21 @@ impl Store {
             self.remove_deferred(&old_key, &id)?;
         }
 
-        // The ledger: counts added up under the new key, each old entry taken in once.
+        // The ledger: counts added up under the new key, each old entry taken in once. An
+        // entry taken in and removed by an earlier re-key is forgotten first: the other rule's
+        // key may have an entry again (the rule was switched back and forth), and its counts
+        // are new.
+        for mut entry in self.list_ledger()? {
+            let before = entry.merged_from.len();
+            // A name from a file is checked before it makes a path; one that is no digest
+            // names no entry.
+            entry.merged_from.retain(|digest| {
+                digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()) && !surely_absent(&self.ledger.join(digest))
+            });
+            if entry.key.network == network && entry.merged_from.len() < before {
+                self.save_ledger(&entry)?;
+            }
+        }
         let mut old_entries = Vec::new();
         for entry in self.list_ledger()? {
             if entry.key.network != network || entry.key.rule() == rule {
@@ -131,20 +189,15 @@ impl Store {
     /// one that blocks the DELs needing it; the records can: each record's key under the other
     /// rule names the old file, its key under `rule` where it must block now. A corrupt owner
     /// is set aside there, blocking (the DEL that needs it is refused, as before the move); a
-    /// blocker is linked there, then the old name goes.
-    fn rekey_untrusted_owners(&self, network: &str, rule: PodKeyRule) -> Result<()> {
-        let other = PodKeyRule::CHOICES.iter().map(|(_, r)| *r).find(|r| *r != rule).unwrap_or(rule);
+    /// blocker is linked there, then the old name goes. Returns `damaged_owners` of what it found.
+    fn rekey_untrusted_owners(&self, network: &str, rule: PodKeyRule) -> Result<BTreeMap<String, Damaged>> {
+        let damaged = self.damaged_owners(network, rule, None, true)?;
         let mut old_blockers = Vec::new();
         for (_, loaded) in self.list_records()? {
             let Loaded::Valid(record) = loaded else { continue };
-            let (Some(old), Some(new)) = (record.pod_key(other), record.pod_key(rule)) else { continue };
+            let (Some(old), Some(new)) = (record.pod_key(other(rule)), record.pod_key(rule)) else { continue };
             if record.network != network {
                 continue;
-            }
-            if let Loaded::Corrupt { path, .. } = self.load_owner(&old)?
-                && !surely_absent(&path)
-            {
-                self.set_aside(&path, &self.set_aside_path_for_owner(&new), true)?;
             }
             let blocker = self.set_aside_path_for_owner(&old);
             if !surely_absent(&blocker) {
@@ -161,9 +214,44 @@ impl Store {
             super::remove(&blocker)?;
             self.mark_dirty(2);
         }
-        self.sync()
+        self.sync()?;
+        Ok(damaged)
     }
 
+    /// The owner files of `network` that cannot be trusted, found through the records (of
+    /// `pod`'s only, if given): per key under `rule` (by digest), the file and the highest
+    /// generation it could hold, that of the newest record filed under it. A file of the other
+    /// rule that fails its checksum or is set aside blocking, or one under `rule` set aside
+    /// blocking, counts. An owner merged from the other rule's files must be newer than that:
+    /// the damaged file may name the sandbox that took the pod last. `move_aside`: a corrupt
+    /// file of the other rule is set aside where it blocks under `rule` (the re-key); without
+    /// it nothing is written (a DEL judging a store that cannot be re-keyed).
+    pub fn damaged_owners(&self, network: &str, rule: PodKeyRule, pod: Option<(&str, &str)>, move_aside: bool) -> Result<BTreeMap<String, Damaged>> {
+        let mut damaged: BTreeMap<String, Damaged> = BTreeMap::new();
+        let mut corrupt_old: BTreeMap<String, PathBuf> = BTreeMap::new();
+        for (_, loaded) in self.list_records()? {
+            let Loaded::Valid(record) = loaded else { continue };
+            let (Some(old), Some(new)) = (record.pod_key(other(rule)), record.pod_key(rule)) else { continue };
+            if record.network != network || pod.is_some_and(|(ns, name)| (ns, name) != (new.pod_namespace.as_str(), new.pod_name.as_str())) {
+                continue;
+            }
+            if !corrupt_old.contains_key(&old.digest())
+                && let Loaded::Corrupt { path, .. } = self.load_owner(&old)?
+                && !surely_absent(&path)
+            {
+                let kept = if move_aside { self.set_aside(&path, &self.set_aside_path_for_owner(&new), true)? } else { path };
+                corrupt_old.insert(old.digest(), kept);
+            }
+            let file = corrupt_old.get(&old.digest()).cloned().into_iter()
+                .chain([self.set_aside_path_for_owner(&old), self.set_aside_path_for_owner(&new)].into_iter().filter(|path| !surely_absent(path)))
+                .next();
+            if let Some(file) = file {
+                let found = damaged.entry(new.digest()).or_insert(Damaged { file, generation: 0 });
+                found.generation = found.generation.max(record.generation);
+            }
+        }
+        Ok(damaged)
+    }
     /// Writes the marker durably: the re-key is done.
     fn mark(&self, network: &str, rule: PodKeyRule) -> Result<()> {
         let dir = self.root.join(POD_KEYS);
@@ -228,6 +316,33 @@ mod tests {
         let Loaded::Valid(owner) = store.load_owner(&old_key("net2")).unwrap() else { panic!("no owner of net2") };
         assert_eq!((owner.container_id.as_str(), owner.key.if_name.as_deref()), ("B", Some("net2")));
         assert_eq!(marked(&root, "net"), Some(PodKeyRule::NameAndIfname));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn switching_the_rule_back_and_forth_keeps_every_refusal_counted() {
+        let root = std::env::temp_dir().join(format!("sg-rekey-ledger-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let store = Store::open(&root, Duration::from_secs(1)).unwrap();
+        leave_old_files(&store);
+        let count = |store: &Store, key: &PodKey| store.note_stale_del(key, Handled::Refused, "A", "B", 2).and_then(|()| store.sync()).unwrap();
+        let name_key = PodKeyRule::Name.key("net", "lijiaob", "etcd1-0", "net2");
+        let refused = |store: &Store| match store.load_ledger(&name_key).unwrap() {
+            Loaded::Valid(entry) => entry.refused,
+            _ => 0,
+        };
+        // Two refusals by the old release, one under "name".
+        count(&store, &old_key("net2"));
+        count(&store, &old_key("net2"));
+        store.rekey("net", PodKeyRule::Name).unwrap();
+        count(&store, &name_key);
+        // The operator switches to "name-and-ifname": two more, under net2's key again.
+        store.rekey("net", PodKeyRule::NameAndIfname).unwrap();
+        count(&store, &old_key("net2"));
+        count(&store, &old_key("net2"));
+        // And back: all five are the pod's.
+        store.rekey("net", PodKeyRule::Name).unwrap();
+        assert_eq!(refused(&store), 5, "the refusals made under name-and-ifname are kept");
         let _ = std::fs::remove_dir_all(&root);
     }
 }

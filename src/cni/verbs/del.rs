@@ -117,8 +117,9 @@ pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) ->
     let mut notes: Vec<String> = Vec::new();
     let mut audited = None;
     let mut audited_key = None;
+    let rekey_pending = crate::state::rekey::pending(store.root(), &inv.conf.network, inv.conf.pod_key);
     for key in &keys {
-        let owner = load_owner(inv, store, attachment, key)?;
+        let owner = load_owner(inv, store, attachment, key, rekey_pending)?;
         let found = owner.as_ref().map(|o| Owner {
             ownership: o,
             backed: o.container_id == id.container_id || store.owner_is_backed(o),
@@ -131,7 +132,10 @@ pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) ->
         };
         match ownership::judge_del(&id.container_id, deleter, found) {
             DelVerdict::Stale { owner, ever_owned } => {
-                let error = stale_error(&id, key, owner, ever_owned);
+                let mut error = stale_error(&id, key, owner, ever_owned);
+                if rekey_pending {
+                    error.details = rekey_pending_details(&error.details, inv);
+                }
                 match inv.conf.stale_del {
                     StaleDelPolicy::Refuse => {
                         return Ok(Judgement::Stale(Stale { key: key.clone(), owner: owner.clone(), error }));
@@ -249,17 +253,65 @@ pub(super) fn note_in_ledger(store: &Store, key: &PodKey, handled: Handled, stal
     }
 }
 
-fn load_owner(inv: &Invocation, store: &Store, attachment: &Attachment, key: &PodKey) -> Result<Option<Ownership>> {
-    match store.load_owner(key)? {
+/// The owner of `key`. While the network's files may still sit under the other rule's keys
+/// (`rekey_pending`: the re-key could not run, the store takes no write), the owners filed
+/// there count too, merged as the re-key would merge them, and a damaged or set-aside file
+/// under this attachment's key of the other rule refuses the DEL as one under `key` does.
+fn load_owner(inv: &Invocation, store: &Store, attachment: &Attachment, key: &PodKey, rekey_pending: bool) -> Result<Option<Ownership>> {
+    let owner = load_one_owner(inv, store, attachment, key, key)?;
+    if !rekey_pending {
+        return Ok(owner);
+    }
+    let other = crate::state::rekey::other(key.rule());
+    let old_key = other.key(&key.network, &key.pod_namespace, &key.pod_name, &attachment.ifname);
+    load_one_owner(inv, store, attachment, &old_key, key)?;
+    let mut owners = store.owners_under_other_rule(key)?;
+    // A damaged file of the pod's, found through its records, may name the sandbox that took
+    // the pod last: an owner older than it counts for nothing, and without a newer one the
+    // DEL is refused as on a damaged owner of its own key.
+    let pod = Some((key.pod_namespace.as_str(), key.pod_name.as_str()));
+    let damaged = store.damaged_owners(&key.network, key.rule(), pod, false)?.remove(&key.digest());
+    if let Some(damaged) = &damaged {
+        owners.retain(|owner| owner.generation > damaged.generation);
+    }
+    owners.extend(owner);
+    match (ownership::merged(key, &owners), damaged) {
+        (None, Some(damaged)) => Err(set_aside_error(inv, attachment, &damaged.file, "an ownership filed under the other podKey rule's key fails verification or is set aside", Some(key))),
+        (owner, _) => Ok(owner),
+    }
+}
+
+/// The owner filed under `file_key`; a damaged or set-aside file there refuses the DEL of `key`.
+fn load_one_owner(inv: &Invocation, store: &Store, attachment: &Attachment, file_key: &PodKey, key: &PodKey) -> Result<Option<Ownership>> {
+    match store.load_owner(file_key)? {
         Loaded::Valid(owner) => Ok(Some(owner)),
         Loaded::Missing => {
-            refuse_if_set_aside(inv, attachment, &store.set_aside_path_for_owner(key), Some(key))?;
+            refuse_if_set_aside(inv, attachment, &store.set_aside_path_for_owner(file_key), Some(key))?;
             Ok(None)
         }
         Loaded::Corrupt { path, reason } => {
-            let kept = set_aside(store, &path, &store.set_aside_path_for_owner(key))?;
+            let kept = set_aside(store, &path, &store.set_aside_path_for_owner(file_key))?;
             Err(set_aside_error(inv, attachment, &kept, &reason, Some(key)))
         }
+    }
+}
+
+/// Adds to a stale DEL's details why its owner may have been found under the other rule's
+/// keys, and how out: failing closed here hurts no live pod, the old sandbox's DEL passes once
+/// the owner is gone.
+fn rekey_pending_details(details: &str, inv: &Invocation) -> String {
+    let why = format!(
+        "The state dir's files are not yet keyed by podKey \"{}\" (the store could not be re-keyed, see stderr): \
+         owners filed under either rule are honoured until a verb that can write the state dir moves them. Make \
+         the state dir writable again (remount it read-write after fsck, or free space).",
+        inv.conf.pod_key.name()
+    );
+    match serde_json::from_str::<serde_json::Value>(details) {
+        Ok(serde_json::Value::Object(mut fields)) => {
+            fields.insert("podKeyMovePending".into(), serde_json::Value::String(why));
+            serde_json::Value::Object(fields).to_string()
+        }
+        _ => format!("{details} {why}"),
     }
 }
 

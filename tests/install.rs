@@ -928,3 +928,29 @@ fn naming_multus_cluster_network_is_the_runtimes_network() {
     assert!(out.status.success() && !stderr_of(&out).contains("warning"), "{}", stderr_of(&out));
     assert!(check(&node).0, "{}", check(&node).1);
 }
+
+#[test]
+fn the_uninstall_daemonsets_args_succeed_on_a_node_with_nothing_to_uninstall() {
+    // The uninstall DaemonSet's init container, with its args exactly as the manifest gives
+    // them, on a node that never had a CNI network: a failure there is a crash-looping pod
+    // that never lets `rollout status` finish.
+    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf-examples/kubernetes/sandbox-guard-uninstall.yaml")).unwrap();
+    let root = sys::TempDir::new("sgun");
+    let line = manifest.lines().find(|l| l.trim().starts_with("args: [--uninstall")).unwrap();
+    let args: Vec<String> = line.split('[').nth(1).unwrap().trim_end_matches(']').split(", ")
+        .map(|arg| arg.replace("=/host", &format!("={}", root.path.display())))
+        .collect();
+    let out = cni::guard(&strs(&args));
+    assert!(out.status.success(), "{args:?} on an empty host: {}", stderr_of(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("nothing changed"), "{said}");
+    assert!(std::fs::read_dir(&root.path).unwrap().next().is_none(), "an uninstall on a clean node wrote: {:?}", tree(&root.path));
+    // The same node once kubelet made the DaemonSet's DirectoryOrCreate mounts: empty dirs.
+    for dir in ["etc/cni/net.d", "opt/cni/bin"] {
+        std::fs::create_dir_all(root.path.join(dir)).unwrap();
+    }
+    let before = tree(&root.path);
+    let out = cni::guard(&strs(&args));
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("nothing changed"), "{}", stderr_of(&out));
+    assert_eq!(tree(&root.path), before);
+}

@@ -425,6 +425,14 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
     // Room for a refusal while the store holds what only the guard can finish (delegate
     // mode's deferred DELs): it goes here, before the first write.
     let mut done = Vec::new();
+    // A node without the conf dir (no CNI yet, another platform's layout) has no config to
+    // take the guard out of: nothing to do there is a success, or the uninstall DaemonSet's
+    // init container crash-loops on exactly the nodes that are already clean.
+    if !options.conf_dir.exists() {
+        println!("no CNI config dir {}: no config to take sandbox-guard out of", options.conf_dir.display());
+        remove_binary(options, &mut done)?;
+        return Ok(done);
+    }
     let scan = network::scan(&options.conf_dir)?;
     for net in &scan.networks {
         waiting::refuse_leaving_delegate(net, None, options.force, &mut done)?;
@@ -448,13 +456,18 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             done.push(format!("removed {}", path.display()));
         }
     }
+    remove_binary(options, &mut done)?;
+    Ok(done)
+}
+
+fn remove_binary(options: &Options, done: &mut Vec<String>) -> Result<(), String> {
     if options.remove_binary {
         let binary = options.bin_dir.join(edit::GUARD_TYPE);
         if files::remove(&binary).map_err(io_err("remove", &binary))? {
             done.push(format!("removed {}", binary.display()));
         }
     }
-    Ok(done)
+    Ok(())
 }
 
 /// Writes the list without the guard: the primary's own bytes when the kept original says

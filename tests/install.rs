@@ -934,7 +934,7 @@ fn the_uninstall_daemonsets_args_succeed_on_a_node_with_nothing_to_uninstall() {
     // The uninstall DaemonSet's init container, with its args exactly as the manifest gives
     // them, on a node that never had a CNI network: a failure there is a crash-looping pod
     // that never lets `rollout status` finish.
-    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf-examples/kubernetes/sandbox-guard-uninstall.yaml")).unwrap();
+    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf-examples/kubernetes/uninstall/sandbox-guard-uninstall.yaml")).unwrap();
     let root = sys::TempDir::new("sgun");
     let line = manifest.lines().find(|l| l.trim().starts_with("args: [--uninstall")).unwrap();
     let args: Vec<String> = line.split('[').nth(1).unwrap().trim_end_matches(']').split(", ")

@@ -24,8 +24,9 @@ const MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/conf-examples/kube
 const KUBERNETES: &str = "1.27.0";
 
 fn manifests() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(MANIFESTS)
-        .unwrap()
+    let mut files: Vec<PathBuf> = [MANIFESTS.to_string(), format!("{MANIFESTS}/uninstall")]
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).unwrap())
         .map(|entry| entry.unwrap().path())
         .filter(|path| path.extension().is_some_and(|ext| ext == "yaml") && !path.ends_with("kustomization.yaml"))
         .collect();
@@ -143,8 +144,8 @@ const PLATFORMS: [(&str, &str, &str, &[&str]); 3] = [
     ("openshift", "etc/kubernetes/cni/net.d", "var/lib/cni/bin", &[]),
 ];
 
-fn rendered(platform: &str) -> String {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf-examples/platforms").join(platform);
+fn rendered(preset: &str) -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf-examples/platforms").join(preset);
     let out = Command::new("kubectl").arg("kustomize").arg(&dir).output().unwrap();
     assert!(out.status.success(), "kubectl kustomize {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
@@ -154,6 +155,36 @@ fn strings(value: &Value) -> Vec<String> {
     value.as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
 }
 
+/// The one DaemonSet of a rendered preset, after it passed the schemas.
+fn validated_daemonset(tool: &Path, work: &Path, preset: &str) -> Value {
+    let file = work.join(format!("{}.yaml", preset.replace('/', "-")));
+    std::fs::write(&file, rendered(preset)).unwrap();
+    let out = Command::new(tool).args(["--strict", "--no-warn", "-k", KUBERNETES]).arg(&file).output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && said.contains("passed"), "{preset}:\n{said}");
+    documents(&python_of(tool), &file).into_iter().find(|doc| doc["kind"] == "DaemonSet").unwrap()
+}
+
+/// The pod's view of `node` at `root`: each hostPath mount of `container`, as kubelet makes
+/// it (DirectoryOrCreate creates a missing dir on the node); returns what to put for /host.
+fn pod_view(daemonset: &Value, container: &Value, node: &Path, root: &Path) -> String {
+    let pod = &daemonset["spec"]["template"]["spec"];
+    for mount in container["volumeMounts"].as_array().unwrap() {
+        let volume = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == mount["name"]).unwrap();
+        let Some(on_host) = volume["hostPath"]["path"].as_str() else { continue };
+        let on_host = node.join(on_host.trim_start_matches('/'));
+        std::fs::create_dir_all(&on_host).unwrap();
+        let at = root.join(mount["mountPath"].as_str().unwrap().trim_start_matches('/'));
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&on_host, &at).unwrap();
+    }
+    root.join("host").display().to_string()
+}
+
+fn guard_with(args: &[String]) -> std::process::Output {
+    cni::guard(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
 #[test]
 fn each_platform_preset_passes_the_schemas_and_installs_ready_on_its_platform() {
     let test = sys::test_name!();
@@ -161,52 +192,43 @@ fn each_platform_preset_passes_the_schemas_and_installs_ready_on_its_platform() 
     if !sys::require(test, false, &["kubectl"]) {
         return;
     }
-    let python = python_of(&tool);
     for (platform, conf, bin, extra) in PLATFORMS {
         let work = sys::TempDir::new("sgpf");
-        let file = work.path.join(format!("{platform}.yaml"));
-        std::fs::write(&file, rendered(platform)).unwrap();
-        let out = Command::new(&tool).args(["--strict", "--no-warn", "-k", KUBERNETES]).arg(&file).output().unwrap();
-        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success() && said.contains("passed"), "{platform}:\n{said}");
-
-        let docs = documents(&python, &file);
-        let daemonset = docs.iter().find(|doc| doc["kind"] == "DaemonSet").unwrap();
-        let pod = &daemonset["spec"]["template"]["spec"];
-        let container = &pod["containers"][0];
+        let daemonset = validated_daemonset(&tool, &work.path, platform);
+        let container = &daemonset["spec"]["template"]["spec"]["containers"][0];
         // The node: the platform's own dirs and nothing of the others'.
-        let host = work.path.join("node");
-        std::fs::create_dir_all(host.join(conf)).unwrap();
-        install::copy_fixture("install/calico/conf", &host.join(conf));
-        install::stub_plugins(&host.join(conf), &host.join(bin));
+        let node = work.path.join("node");
+        std::fs::create_dir_all(node.join(conf)).unwrap();
+        install::copy_fixture("install/calico/conf", &node.join(conf));
+        install::stub_plugins(&node.join(conf), &node.join(bin));
         for dir in extra {
-            std::os::unix::fs::symlink(Path::new("/").join(bin).parent().unwrap(), host.join(dir)).unwrap();
+            std::os::unix::fs::symlink(Path::new("/").join(bin).parent().unwrap(), node.join(dir)).unwrap();
         }
-        // The pod's view: each hostPath mount of the install container, as kubelet makes it
-        // (DirectoryOrCreate creates a missing dir on the node).
-        let root = work.path.join("pod");
-        for mount in container["volumeMounts"].as_array().unwrap() {
-            let volume = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == mount["name"]).unwrap();
-            let Some(on_host) = volume["hostPath"]["path"].as_str() else { continue };
-            let on_host = host.join(on_host.trim_start_matches('/'));
-            std::fs::create_dir_all(&on_host).unwrap();
-            let at = root.join(mount["mountPath"].as_str().unwrap().trim_start_matches('/'));
-            std::fs::create_dir_all(at.parent().unwrap()).unwrap();
-            std::os::unix::fs::symlink(&on_host, &at).unwrap();
-        }
-        let pod_root = |arg: String| arg.replace("=/host", &format!("={}", root.join("host").display()));
+        let host = pod_view(&daemonset, container, &node, &work.path.join("pod"));
+        let pod_root = |arg: String| arg.replace("=/host", &format!("={host}"));
         let args: Vec<String> = strings(&container["args"]).into_iter().filter(|a| a != "--watch").map(pod_root).collect();
         let probe: Vec<String> = strings(&container["readinessProbe"]["exec"]["command"]).into_iter().skip(1).map(pod_root).collect();
-        let run = |args: &[String]| cni::guard(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        assert_eq!(run(&probe).status.code(), Some(1), "{platform}: ready before the install");
-        let out = run(&args);
+        assert_eq!(guard_with(&probe).status.code(), Some(1), "{platform}: ready before the install");
+        let out = guard_with(&args);
         assert!(out.status.success(), "{platform}: {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        let ready = run(&probe);
+        let ready = guard_with(&probe);
         assert!(ready.status.success(), "{platform}: {probe:?}: {}", String::from_utf8_lossy(&ready.stdout));
         // Where the runtime of that platform looks: the guard in its conf dir, its binary
         // in its bin dir.
-        assert!(host.join(bin).join("sandbox-guard").is_file(), "{platform}: no binary in {bin}");
-        let conflist = std::fs::read_to_string(host.join(conf).join("10-calico.conflist")).unwrap();
-        assert!(conflist.contains("\"sandbox-guard\""), "{platform}: {conflist}");
+        let conflist = node.join(conf).join("10-calico.conflist");
+        let binary = node.join(bin).join("sandbox-guard");
+        assert!(binary.is_file(), "{platform}: no binary in {bin}");
+        assert!(std::fs::read_to_string(&conflist).unwrap().contains("\"sandbox-guard\""), "{platform}");
+
+        // The platform's uninstall preset takes it out of those same dirs.
+        let preset = format!("{platform}/uninstall");
+        let daemonset = validated_daemonset(&tool, &work.path, &preset);
+        let container = &daemonset["spec"]["template"]["spec"]["initContainers"][0];
+        let host = pod_view(&daemonset, container, &node, &work.path.join("uninstall-pod"));
+        let args: Vec<String> = strings(&container["args"]).into_iter().map(|a| a.replace("=/host", &format!("={host}"))).collect();
+        let out = guard_with(&args);
+        assert!(out.status.success(), "{preset}: {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!binary.exists(), "{preset}: the binary is left in {bin}");
+        assert!(!std::fs::read_to_string(&conflist).unwrap().contains("sandbox-guard"), "{preset}: the guard is left in {conf}");
     }
 }

@@ -640,7 +640,7 @@ fn a_write_of_the_primary_while_the_installer_replaces_its_file_is_not_lost() {
                     let temp_of_the_list = name
                         .strip_prefix(".10-calico.conflist.")
                         .and_then(|rest| rest.strip_suffix(".tmp"))
-                        .is_some_and(|pid| pid.bytes().all(|b| b.is_ascii_digit()));
+                        .is_some_and(|tag| !tag.is_empty() && !tag.contains('.'));
                     if temp_of_the_list {
                         primary_rewrites(&conf.join("10-calico.conflist"), newer_bytes.as_bytes());
                         return;
@@ -953,4 +953,26 @@ fn the_uninstall_daemonsets_args_succeed_on_a_node_with_nothing_to_uninstall() {
     let out = cni::guard(&strs(&args));
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("nothing changed"), "{}", stderr_of(&out));
     assert_eq!(tree(&root.path), before);
+}
+
+#[test]
+fn a_killed_installers_temp_files_do_not_stop_the_next_one() {
+    // In the DaemonSet the installer is its container's PID 1, in every pod it ever runs
+    // in: a pod killed mid-write (the grace period's SIGKILL, the OOM killer, a power cut)
+    // leaves its temp files under the name the next pod's installer picks.
+    if !sys::require(sys::test_name!(), true, &["unshare"]) {
+        return;
+    }
+    let node = Node::with("calico");
+    std::fs::write(node.conf().join(".10-calico.conflist.1.tmp"), b"{\"half\": ").unwrap();
+    std::fs::write(node.bin().join(".sandbox-guard.1.tmp"), b"\x7fELF").unwrap();
+    let (conf, bin) = (node.conf(), node.bin());
+    let out = Command::new("unshare")
+        .args(["--pid", "--fork", cni::BIN, "--install", "--conf-dir"])
+        .args([&conf, Path::new("--bin-dir"), &bin])
+        .args(LOG)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "as PID 1: {}", stderr_of(&out));
+    assert!(check(&node).0, "{}", check(&node).1);
 }

@@ -69,9 +69,8 @@ impl Expect<'_> {
 pub fn write_atomic_if(target: &Path, bytes: &[u8], keep: Keep, expect: &Expect) -> io::Result<bool> {
     let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = target.file_name().ok_or_else(|| io::Error::other("no file name"))?;
-    let temp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
+    let (temp, mut file) = create_temp(dir, &name.to_string_lossy())?;
     let written = (|| {
-        let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&temp)?;
         if let Some((uid, gid)) = keep.owner {
             std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
         }
@@ -114,6 +113,23 @@ pub fn write_atomic_if(target: &Path, bytes: &[u8], keep: Keep, expect: &Expect)
         return Ok(true);
     }
     Ok(false)
+}
+
+/// A new temp file beside the target. The pid alone does not name it: in a container the
+/// installer is PID 1 in every pod, and a pod killed mid-write (SIGKILL after the grace
+/// period, the OOM killer) leaves its temp behind under exactly that name, which would
+/// make every later installer on the node fail with EEXIST.
+fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let mut attempt = 0;
+    loop {
+        let temp = dir.join(format!(".{name}.{}-{nanos:x}-{attempt}.tmp", std::process::id()));
+        match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&temp) {
+            Ok(file) => return Ok((temp, file)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 16 => attempt += 1,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// renameat2(2) with `flags` (RENAME_EXCHANGE, RENAME_NOREPLACE), by system call: libc

@@ -976,3 +976,40 @@ fn a_killed_installers_temp_files_do_not_stop_the_next_one() {
     assert!(out.status.success(), "as PID 1: {}", stderr_of(&out));
     assert!(check(&node).0, "{}", check(&node).1);
 }
+
+#[test]
+fn deferred_dels_in_the_hosts_state_dir_stop_a_daemonsets_uninstall() {
+    // The DaemonSets run with --host-root=/host, and the entry's stateDir is the host's
+    // path: the deferred DELs are looked for under the host's root, not in the pod's own
+    // filesystem, where that dir never exists.
+    let root = sys::TempDir::new("sgdsst");
+    let (conf, bin) = (root.path.join("etc/cni/net.d"), root.path.join("opt/cni/bin"));
+    std::fs::create_dir_all(&conf).unwrap();
+    copy_fixture("install/calico/conf", &conf);
+    stub_plugins(&conf, &bin);
+    let host_root = format!("--host-root={}", root.path.display());
+    let daemonset = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec![host_root.clone(), "--platform=default".to_string()];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    };
+    let install = daemonset(&["--install", "--mode=delegate", "--state-dir=/var/lib/cni/sandbox-guard", "--log-file=/var/log/sandbox-guard.log"]);
+    let out = cni::guard(&strs(&install));
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    // On the host, the plugin keeps its store at that path: under the root here.
+    let state_dir = root.path.join("var/lib/cni/sandbox-guard");
+    let store = cni::Store::with_state_dir(state_dir.clone(), &root.path);
+    let recording = primary::RecordingPrimary::new();
+    let pod = cni::Pod::new("lijiaob", "etcd1-0");
+    let (a, b) = (cni::container_id(), cni::container_id());
+    for call in [store.add(&a, &pod), store.add(&b, &pod), store.del(&a, &pod)] {
+        recording.wrap(call.network("k8s-pod-network")).run().assert_ok();
+    }
+    let before = contents(&conf);
+    for args in [daemonset(&["--uninstall", "--remove-binary"]), daemonset(&["--install", "--mode=chained"])] {
+        let out = cni::guard(&strs(&args));
+        assert!(!out.status.success(), "{args:?} went on while a deferred DEL waits in the host's state dir");
+        assert!(stderr_of(&out).contains("1 deferred DELs"), "{}", stderr_of(&out));
+        assert_eq!(contents(&conf), before, "{args:?} refused, so nothing is written");
+    }
+}

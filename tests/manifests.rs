@@ -169,14 +169,21 @@ fn validated_daemonset(tool: &Path, work: &Path, preset: &str) -> Value {
 /// it (DirectoryOrCreate creates a missing dir on the node); returns what to put for /host.
 fn pod_view(daemonset: &Value, container: &Value, node: &Path, root: &Path) -> String {
     let pod = &daemonset["spec"]["template"]["spec"];
-    for mount in container["volumeMounts"].as_array().unwrap() {
+    // Outer mounts first, as the runtime makes them (OpenShift's bin dir lies inside
+    // /var/lib/cni).
+    let mut mounts: Vec<&Value> = container["volumeMounts"].as_array().unwrap().iter().collect();
+    mounts.sort_by_key(|m| m["mountPath"].as_str().unwrap().len());
+    for mount in mounts {
         let volume = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == mount["name"]).unwrap();
         let Some(on_host) = volume["hostPath"]["path"].as_str() else { continue };
         let on_host = node.join(on_host.trim_start_matches('/'));
         std::fs::create_dir_all(&on_host).unwrap();
         let at = root.join(mount["mountPath"].as_str().unwrap().trim_start_matches('/'));
         std::fs::create_dir_all(at.parent().unwrap()).unwrap();
-        std::os::unix::fs::symlink(&on_host, &at).unwrap();
+        // Inside an outer mount that already shows the node's dir there: the same view.
+        if at.canonicalize().ok() != Some(on_host.canonicalize().unwrap()) {
+            std::os::unix::fs::symlink(&on_host, &at).unwrap();
+        }
     }
     root.join("host").display().to_string()
 }

@@ -237,7 +237,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
     let entry = options.entry.json(current_entry.as_ref().or(remembered)).map_err(|msg| Failure::new(Reason::Conflict, msg))?;
     let mut out = Installed { notes, warnings, primary_list: Some(edit::strip(&list)), entry: Some(entry.clone()), ..Installed::default() };
     let done = &mut out.done;
-    waiting::refuse_leaving_delegate(&net, Some(options.mode), options.force, done)?;
+    waiting::refuse_leaving_delegate(&net, Some(options.mode), &options.host_root, options.force, done)?;
     if options.mode == Mode::Dropin {
         out.file = dropin.clone();
         if let Some(kind) = via_multus {
@@ -435,7 +435,7 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
     }
     let scan = network::scan(&options.conf_dir)?;
     for net in &scan.networks {
-        waiting::refuse_leaving_delegate(net, None, options.force, &mut done)?;
+        waiting::refuse_leaving_delegate(net, None, &options.host_root, options.force, &mut done)?;
     }
     for net in &scan.networks {
         let list = net.list();

@@ -1013,3 +1013,22 @@ fn deferred_dels_in_the_hosts_state_dir_stop_a_daemonsets_uninstall() {
         assert_eq!(contents(&conf), before, "{args:?} refused, so nothing is written");
     }
 }
+
+#[test]
+fn uninstall_removes_the_temp_files_of_a_killed_installer() {
+    // A write cut short (the pod killed after its grace period) leaves the installer's temp
+    // file, holding a guarded list, beside the primary's file: no runtime reads it, but an
+    // uninstall that leaves it has left something that names the guard.
+    let node = Node::with("calico");
+    node.install("chained", None);
+    let guarded = std::fs::read(node.conf().join("10-calico.conflist")).unwrap();
+    std::fs::write(node.conf().join(".10-calico.conflist.1.tmp"), &guarded).unwrap();
+    std::fs::write(node.conf().join(".10-calico.conflist.1-3b9aca00-0.tmp"), &guarded).unwrap();
+    std::fs::write(node.bin().join(".sandbox-guard.1-3b9aca00-0.tmp"), b"\x7fELF").unwrap();
+    // Another writer's dotfile is not the installer's to remove.
+    std::fs::write(node.conf().join(".calico-install.tmp"), b"theirs").unwrap();
+    run_ok("--uninstall", &node.conf(), &node.bin(), &["--remove-binary"]);
+    assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
+    assert_eq!(traces_of_the_guard(&node.bin()), Vec::<String>::new());
+    assert!(node.conf().join(".calico-install.tmp").exists());
+}

@@ -132,6 +132,24 @@ fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {
     }
 }
 
+/// Whether `name` is a temp file of `create_temp` (or of the installers before it, which
+/// named them by pid alone): what a killed installer leaves behind.
+pub fn is_installer_temp(name: &str) -> bool {
+    let Some((file, tag)) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")).and_then(|n| n.rsplit_once('.')) else {
+        return false;
+    };
+    let parts: Vec<&str> = tag.split('-').collect();
+    let tag_ok = match parts.as_slice() {
+        [pid] => pid.bytes().all(|b| b.is_ascii_digit()),
+        [pid, nanos, attempt] => {
+            pid.bytes().all(|b| b.is_ascii_digit()) && nanos.bytes().all(|b| b.is_ascii_hexdigit()) && attempt.bytes().all(|b| b.is_ascii_digit())
+        }
+        _ => false,
+    };
+    let ours = [".conflist", ".conf", ".json", ORIGINAL_SUFFIX, ".prom"].iter().any(|ext| file.ends_with(ext)) || file == super::edit::GUARD_TYPE;
+    !tag.is_empty() && tag_ok && ours
+}
+
 /// renameat2(2) with `flags` (RENAME_EXCHANGE, RENAME_NOREPLACE), by system call: libc
 /// wrappers for it are not in every libc a static build may use.
 fn rename2(from: &Path, to: &Path, flags: std::ffi::c_uint) -> io::Result<()> {

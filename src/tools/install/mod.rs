@@ -452,7 +452,9 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
         let path = entry.path();
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
             remove_dropin(&path.join(DROPIN_FILE), &mut done)?;
-        } else if path.to_string_lossy().ends_with(files::ORIGINAL_SUFFIX) && files::remove(&path).map_err(io_err("remove", &path))? {
+        } else if (path.to_string_lossy().ends_with(files::ORIGINAL_SUFFIX) || is_temp(&entry.file_name()))
+            && files::remove(&path).map_err(io_err("remove", &path))?
+        {
             done.push(format!("removed {}", path.display()));
         }
     }
@@ -460,8 +462,20 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
     Ok(done)
 }
 
+fn is_temp(name: &std::ffi::OsStr) -> bool {
+    files::is_installer_temp(&name.to_string_lossy())
+}
+
 fn remove_binary(options: &Options, done: &mut Vec<String>) -> Result<(), String> {
     if options.remove_binary {
+        // Left by an installer killed while it copied the binary.
+        for entry in std::fs::read_dir(&options.bin_dir).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let path = entry.path();
+            if name.to_string_lossy().starts_with(".sandbox-guard.") && is_temp(&name) && files::remove(&path).map_err(io_err("remove", &path))? {
+                done.push(format!("removed {}", path.display()));
+            }
+        }
         let binary = options.bin_dir.join(edit::GUARD_TYPE);
         if files::remove(&binary).map_err(io_err("remove", &binary))? {
             done.push(format!("removed {}", binary.display()));

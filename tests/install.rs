@@ -381,14 +381,7 @@ fn leaving_delegate_mode_while_deferred_dels_wait_is_refused_unless_forced() {
         args.into_iter().map(String::from).collect::<Vec<String>>()
     };
     run_ok("--install", &node.conf(), &node.bin(), &strs(&with_state("delegate")));
-    // A stale DEL deferred on that network: ADD A, ADD B of one pod, then A's DEL.
-    let store = cni::Store::with_state_dir(state_dir.clone(), &state.path);
-    let recording = primary::RecordingPrimary::new();
-    let pod = cni::Pod::new("lijiaob", "etcd1-0");
-    let (a, b) = (cni::container_id(), cni::container_id());
-    for call in [store.add(&a, &pod), store.add(&b, &pod), store.del(&a, &pod)] {
-        recording.wrap(call.network("k8s-pod-network")).run().assert_ok();
-    }
+    let a = defer_a_stale_del(&state_dir, &state.path);
     let before = contents(&node.conf());
     for (mode, args) in [("--install", with_state("chained")), ("--uninstall", vec![])] {
         let out = run(mode, &node.conf(), &node.bin(), &strs(&args));
@@ -400,6 +393,19 @@ fn leaving_delegate_mode_while_deferred_dels_wait_is_refused_unless_forced() {
     let out = run_ok("--uninstall", &node.conf(), &node.bin(), &["--force"]);
     assert!(out.contains("--force") && out.contains("dropped"), "--force says what is lost: {out}");
     assert!(contents(&node.conf()) != before, "--force goes on");
+}
+
+/// A stale DEL deferred on calico's network in delegate mode: ADD A, ADD B of one pod, then
+/// A's DEL. Returns A.
+fn defer_a_stale_del(state_dir: &Path, scratch: &Path) -> String {
+    let store = cni::Store::with_state_dir(state_dir.to_path_buf(), scratch);
+    let recording = primary::RecordingPrimary::new();
+    let pod = cni::Pod::new("lijiaob", "etcd1-0");
+    let (a, b) = (cni::container_id(), cni::container_id());
+    for call in [store.add(&a, &pod), store.add(&b, &pod), store.del(&a, &pod)] {
+        recording.wrap(call.network("k8s-pod-network")).run().assert_ok();
+    }
+    a
 }
 
 fn strs(args: &[String]) -> Vec<&str> {
@@ -998,13 +1004,7 @@ fn deferred_dels_in_the_hosts_state_dir_stop_a_daemonsets_uninstall() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     // On the host, the plugin keeps its store at that path: under the root here.
     let state_dir = root.path.join("var/lib/cni/sandbox-guard");
-    let store = cni::Store::with_state_dir(state_dir.clone(), &root.path);
-    let recording = primary::RecordingPrimary::new();
-    let pod = cni::Pod::new("lijiaob", "etcd1-0");
-    let (a, b) = (cni::container_id(), cni::container_id());
-    for call in [store.add(&a, &pod), store.add(&b, &pod), store.del(&a, &pod)] {
-        recording.wrap(call.network("k8s-pod-network")).run().assert_ok();
-    }
+    defer_a_stale_del(&state_dir, &root.path);
     let before = contents(&conf);
     for args in [daemonset(&["--uninstall", "--remove-binary"]), daemonset(&["--install", "--mode=chained"])] {
         let out = cni::guard(&strs(&args));

@@ -14,7 +14,7 @@ need_cargo
 need_packages iproute2 iputils-ping util-linux strace \
   containernetworking-plugins golang-go golang-github-appc-cni-dev \
   containerd runc catatonit protobuf-compiler \
-  podman qemu-user python3-prometheus-client binutils docker-registry python3-venv tcpdump
+  podman qemu-user python3-prometheus-client binutils docker-registry python3-venv tcpdump kubectl
 
 # The manifests' schema test (tests/manifests.rs) runs PyPI's kubernetes-validate, which
 # Debian does not package, from a virtualenv of its own; no pip here stops the tests.

@@ -381,14 +381,7 @@ fn leaving_delegate_mode_while_deferred_dels_wait_is_refused_unless_forced() {
         args.into_iter().map(String::from).collect::<Vec<String>>()
     };
     run_ok("--install", &node.conf(), &node.bin(), &strs(&with_state("delegate")));
-    // A stale DEL deferred on that network: ADD A, ADD B of one pod, then A's DEL.
-    let store = cni::Store::with_state_dir(state_dir.clone(), &state.path);
-    let recording = primary::RecordingPrimary::new();
-    let pod = cni::Pod::new("lijiaob", "etcd1-0");
-    let (a, b) = (cni::container_id(), cni::container_id());
-    for call in [store.add(&a, &pod), store.add(&b, &pod), store.del(&a, &pod)] {
-        recording.wrap(call.network("k8s-pod-network")).run().assert_ok();
-    }
+    let a = defer_a_stale_del(&state_dir, &state.path);
     let before = contents(&node.conf());
     for (mode, args) in [("--install", with_state("chained")), ("--uninstall", vec![])] {
         let out = run(mode, &node.conf(), &node.bin(), &strs(&args));
@@ -400,6 +393,19 @@ fn leaving_delegate_mode_while_deferred_dels_wait_is_refused_unless_forced() {
     let out = run_ok("--uninstall", &node.conf(), &node.bin(), &["--force"]);
     assert!(out.contains("--force") && out.contains("dropped"), "--force says what is lost: {out}");
     assert!(contents(&node.conf()) != before, "--force goes on");
+}
+
+/// A stale DEL deferred on calico's network in delegate mode: ADD A, ADD B of one pod, then
+/// A's DEL. Returns A.
+fn defer_a_stale_del(state_dir: &Path, scratch: &Path) -> String {
+    let store = cni::Store::with_state_dir(state_dir.to_path_buf(), scratch);
+    let recording = primary::RecordingPrimary::new();
+    let pod = cni::Pod::new("lijiaob", "etcd1-0");
+    let (a, b) = (cni::container_id(), cni::container_id());
+    for call in [store.add(&a, &pod), store.add(&b, &pod), store.del(&a, &pod)] {
+        recording.wrap(call.network("k8s-pod-network")).run().assert_ok();
+    }
+    a
 }
 
 fn strs(args: &[String]) -> Vec<&str> {
@@ -640,7 +646,7 @@ fn a_write_of_the_primary_while_the_installer_replaces_its_file_is_not_lost() {
                     let temp_of_the_list = name
                         .strip_prefix(".10-calico.conflist.")
                         .and_then(|rest| rest.strip_suffix(".tmp"))
-                        .is_some_and(|pid| pid.bytes().all(|b| b.is_ascii_digit()));
+                        .is_some_and(|tag| !tag.is_empty() && !tag.contains('.'));
                     if temp_of_the_list {
                         primary_rewrites(&conf.join("10-calico.conflist"), newer_bytes.as_bytes());
                         return;
@@ -950,4 +956,102 @@ fn uninstall_with_force_goes_on_when_the_store_cannot_be_read() {
     let out = run_ok("--uninstall", &node.conf(), &node.bin(), &["--force"]);
     assert!(out.contains("--force"), "--force says what it could not check: {out}");
     assert!(contents(&node.conf()) != before, "--force goes on");
+}
+
+#[test]
+fn the_uninstall_daemonsets_args_succeed_on_a_node_with_nothing_to_uninstall() {
+    // The uninstall DaemonSet's init container, with its args exactly as the manifest gives
+    // them, on a node that never had a CNI network: a failure there is a crash-looping pod
+    // that never lets `rollout status` finish.
+    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf-examples/kubernetes/uninstall/sandbox-guard-uninstall.yaml")).unwrap();
+    let root = sys::TempDir::new("sgun");
+    let line = manifest.lines().find(|l| l.trim().starts_with("args: [--uninstall")).unwrap();
+    let args: Vec<String> = line.split('[').nth(1).unwrap().trim_end_matches(']').split(", ")
+        .map(|arg| arg.replace("=/host", &format!("={}", root.path.display())))
+        .collect();
+    let out = cni::guard(&strs(&args));
+    assert!(out.status.success(), "{args:?} on an empty host: {}", stderr_of(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("nothing changed"), "{said}");
+    assert!(std::fs::read_dir(&root.path).unwrap().next().is_none(), "an uninstall on a clean node wrote: {:?}", tree(&root.path));
+    // The same node once kubelet made the DaemonSet's DirectoryOrCreate mounts: empty dirs.
+    for dir in ["etc/cni/net.d", "opt/cni/bin"] {
+        std::fs::create_dir_all(root.path.join(dir)).unwrap();
+    }
+    let before = tree(&root.path);
+    let out = cni::guard(&strs(&args));
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("nothing changed"), "{}", stderr_of(&out));
+    assert_eq!(tree(&root.path), before);
+}
+
+#[test]
+fn a_killed_installers_temp_files_do_not_stop_the_next_one() {
+    // In the DaemonSet the installer is its container's PID 1, in every pod it ever runs
+    // in: a pod killed mid-write (the grace period's SIGKILL, the OOM killer, a power cut)
+    // leaves its temp files under the name the next pod's installer picks.
+    if !sys::require(sys::test_name!(), true, &["unshare"]) {
+        return;
+    }
+    let node = Node::with("calico");
+    std::fs::write(node.conf().join(".10-calico.conflist.1.tmp"), b"{\"half\": ").unwrap();
+    std::fs::write(node.bin().join(".sandbox-guard.1.tmp"), b"\x7fELF").unwrap();
+    let (conf, bin) = (node.conf(), node.bin());
+    let out = Command::new("unshare")
+        .args(["--pid", "--fork", cni::BIN, "--install", "--conf-dir"])
+        .args([&conf, Path::new("--bin-dir"), &bin])
+        .args(LOG)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "as PID 1: {}", stderr_of(&out));
+    assert!(check(&node).0, "{}", check(&node).1);
+}
+
+#[test]
+fn deferred_dels_in_the_hosts_state_dir_stop_a_daemonsets_uninstall() {
+    // The DaemonSets run with --host-root=/host, and the entry's stateDir is the host's
+    // path: the deferred DELs are looked for under the host's root, not in the pod's own
+    // filesystem, where that dir never exists.
+    let root = sys::TempDir::new("sgdsst");
+    let (conf, bin) = (root.path.join("etc/cni/net.d"), root.path.join("opt/cni/bin"));
+    std::fs::create_dir_all(&conf).unwrap();
+    copy_fixture("install/calico/conf", &conf);
+    stub_plugins(&conf, &bin);
+    let host_root = format!("--host-root={}", root.path.display());
+    let daemonset = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec![host_root.clone(), "--platform=default".to_string()];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    };
+    let install = daemonset(&["--install", "--mode=delegate", "--state-dir=/var/lib/cni/sandbox-guard", "--log-file=/var/log/sandbox-guard.log"]);
+    let out = cni::guard(&strs(&install));
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    // On the host, the plugin keeps its store at that path: under the root here.
+    let state_dir = root.path.join("var/lib/cni/sandbox-guard");
+    defer_a_stale_del(&state_dir, &root.path);
+    let before = contents(&conf);
+    for args in [daemonset(&["--uninstall", "--remove-binary"]), daemonset(&["--install", "--mode=chained"])] {
+        let out = cni::guard(&strs(&args));
+        assert!(!out.status.success(), "{args:?} went on while a deferred DEL waits in the host's state dir");
+        assert!(stderr_of(&out).contains("1 deferred DELs"), "{}", stderr_of(&out));
+        assert_eq!(contents(&conf), before, "{args:?} refused, so nothing is written");
+    }
+}
+
+#[test]
+fn uninstall_removes_the_temp_files_of_a_killed_installer() {
+    // A write cut short (the pod killed after its grace period) leaves the installer's temp
+    // file, holding a guarded list, beside the primary's file: no runtime reads it, but an
+    // uninstall that leaves it has left something that names the guard.
+    let node = Node::with("calico");
+    node.install("chained", None);
+    let guarded = std::fs::read(node.conf().join("10-calico.conflist")).unwrap();
+    std::fs::write(node.conf().join(".10-calico.conflist.1.tmp"), &guarded).unwrap();
+    std::fs::write(node.conf().join(".10-calico.conflist.1-3b9aca00-0.tmp"), &guarded).unwrap();
+    std::fs::write(node.bin().join(".sandbox-guard.1-3b9aca00-0.tmp"), b"\x7fELF").unwrap();
+    // Another writer's dotfile is not the installer's to remove.
+    std::fs::write(node.conf().join(".calico-install.tmp"), b"theirs").unwrap();
+    run_ok("--uninstall", &node.conf(), &node.bin(), &["--remove-binary"]);
+    assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
+    assert_eq!(traces_of_the_guard(&node.bin()), Vec::<String>::new());
+    assert!(node.conf().join(".calico-install.tmp").exists());
 }

@@ -3,10 +3,17 @@
 //! target/python), and they ask for no more than the installer needs: SELinux's container
 //! type that may write host dirs, the runtime's seccomp profile, no service-account token,
 //! an image a node can pull by digest, and host paths that a node without them does not
-//! turn into a failing pod.
+//! turn into a failing pod. The platform presets (conf-examples/platforms, kustomize overlays)
+//! are rendered with `kubectl kustomize` and run against a node laid out as that platform.
 
 #[path = "support/sys.rs"]
 mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
+#[path = "support/cni.rs"]
+mod cni;
+#[path = "support/install.rs"]
+mod install;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -17,10 +24,11 @@ const MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/conf-examples/kube
 const KUBERNETES: &str = "1.27.0";
 
 fn manifests() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(MANIFESTS)
-        .unwrap()
+    let mut files: Vec<PathBuf> = [MANIFESTS.to_string(), format!("{MANIFESTS}/uninstall")]
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).unwrap())
         .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "yaml") && !path.ends_with("kustomization.yaml"))
         .collect();
     files.sort();
     assert!(files.len() >= 2, "{files:?}");
@@ -122,5 +130,112 @@ fn the_daemonsets_ask_for_no_more_than_the_installer_needs() {
             );
         }
         assert!(guard_images > 0, "{name}");
+    }
+}
+
+/// Each platform preset (conf-examples/platforms/<name>, `kubectl apply -k`) as kustomize
+/// renders it, and a node of that platform: (preset, the host's conf dir, its bin dir, dirs
+/// only that platform has).
+const PLATFORMS: [(&str, &str, &str, &[&str]); 3] = [
+    ("gke", "etc/cni/net.d", "home/kubernetes/bin", &[]),
+    // k3s points data/current at the running release with an absolute link, which does
+    // not resolve inside the pod: the installer takes the newest data/<hash>/bin there.
+    ("k3s", "var/lib/rancher/k3s/agent/etc/cni/net.d", "var/lib/rancher/k3s/data/2d1d8d2b/bin", &["var/lib/rancher/k3s/data/current"]),
+    ("openshift", "etc/kubernetes/cni/net.d", "var/lib/cni/bin", &[]),
+];
+
+fn rendered(preset: &str) -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf-examples/platforms").join(preset);
+    let out = Command::new("kubectl").arg("kustomize").arg(&dir).output().unwrap();
+    assert!(out.status.success(), "kubectl kustomize {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value.as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
+}
+
+/// The one DaemonSet of a rendered preset, after it passed the schemas.
+fn validated_daemonset(tool: &Path, work: &Path, preset: &str) -> Value {
+    let file = work.join(format!("{}.yaml", preset.replace('/', "-")));
+    std::fs::write(&file, rendered(preset)).unwrap();
+    let out = Command::new(tool).args(["--strict", "--no-warn", "-k", KUBERNETES]).arg(&file).output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && said.contains("passed"), "{preset}:\n{said}");
+    documents(&python_of(tool), &file).into_iter().find(|doc| doc["kind"] == "DaemonSet").unwrap()
+}
+
+/// The pod's view of `node` at `root`: each hostPath mount of `container`, as kubelet makes
+/// it (DirectoryOrCreate creates a missing dir on the node); returns what to put for /host.
+fn pod_view(daemonset: &Value, container: &Value, node: &Path, root: &Path) -> String {
+    let pod = &daemonset["spec"]["template"]["spec"];
+    // Outer mounts first, as the runtime makes them (OpenShift's bin dir lies inside
+    // /var/lib/cni).
+    let mut mounts: Vec<&Value> = container["volumeMounts"].as_array().unwrap().iter().collect();
+    mounts.sort_by_key(|m| m["mountPath"].as_str().unwrap().len());
+    for mount in mounts {
+        let volume = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == mount["name"]).unwrap();
+        let Some(on_host) = volume["hostPath"]["path"].as_str() else { continue };
+        let on_host = node.join(on_host.trim_start_matches('/'));
+        std::fs::create_dir_all(&on_host).unwrap();
+        let at = root.join(mount["mountPath"].as_str().unwrap().trim_start_matches('/'));
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        // Inside an outer mount that already shows the node's dir there: the same view.
+        if at.canonicalize().ok() != Some(on_host.canonicalize().unwrap()) {
+            std::os::unix::fs::symlink(&on_host, &at).unwrap();
+        }
+    }
+    root.join("host").display().to_string()
+}
+
+fn guard_with(args: &[String]) -> std::process::Output {
+    cni::guard(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+#[test]
+fn each_platform_preset_passes_the_schemas_and_installs_ready_on_its_platform() {
+    let test = sys::test_name!();
+    let Some(tool) = kubernetes_validate(test) else { return };
+    if !sys::require(test, false, &["kubectl"]) {
+        return;
+    }
+    for (platform, conf, bin, extra) in PLATFORMS {
+        let work = sys::TempDir::new("sgpf");
+        let daemonset = validated_daemonset(&tool, &work.path, platform);
+        let container = &daemonset["spec"]["template"]["spec"]["containers"][0];
+        // The node: the platform's own dirs and nothing of the others'.
+        let node = work.path.join("node");
+        std::fs::create_dir_all(node.join(conf)).unwrap();
+        install::copy_fixture("install/calico/conf", &node.join(conf));
+        install::stub_plugins(&node.join(conf), &node.join(bin));
+        for dir in extra {
+            std::os::unix::fs::symlink(Path::new("/").join(bin).parent().unwrap(), node.join(dir)).unwrap();
+        }
+        let host = pod_view(&daemonset, container, &node, &work.path.join("pod"));
+        let pod_root = |arg: String| arg.replace("=/host", &format!("={host}"));
+        let args: Vec<String> = strings(&container["args"]).into_iter().filter(|a| a != "--watch").map(pod_root).collect();
+        let probe: Vec<String> = strings(&container["readinessProbe"]["exec"]["command"]).into_iter().skip(1).map(pod_root).collect();
+        assert_eq!(guard_with(&probe).status.code(), Some(1), "{platform}: ready before the install");
+        let out = guard_with(&args);
+        assert!(out.status.success(), "{platform}: {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let ready = guard_with(&probe);
+        assert!(ready.status.success(), "{platform}: {probe:?}: {}", String::from_utf8_lossy(&ready.stdout));
+        // Where the runtime of that platform looks: the guard in its conf dir, its binary
+        // in its bin dir.
+        let conflist = node.join(conf).join("10-calico.conflist");
+        let binary = node.join(bin).join("sandbox-guard");
+        assert!(binary.is_file(), "{platform}: no binary in {bin}");
+        assert!(std::fs::read_to_string(&conflist).unwrap().contains("\"sandbox-guard\""), "{platform}");
+
+        // The platform's uninstall preset takes it out of those same dirs.
+        let preset = format!("{platform}/uninstall");
+        let daemonset = validated_daemonset(&tool, &work.path, &preset);
+        let container = &daemonset["spec"]["template"]["spec"]["initContainers"][0];
+        let host = pod_view(&daemonset, container, &node, &work.path.join("uninstall-pod"));
+        let args: Vec<String> = strings(&container["args"]).into_iter().map(|a| a.replace("=/host", &format!("={host}"))).collect();
+        let out = guard_with(&args);
+        assert!(out.status.success(), "{preset}: {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!binary.exists(), "{preset}: the binary is left in {bin}");
+        assert!(!std::fs::read_to_string(&conflist).unwrap().contains("sandbox-guard"), "{preset}: the guard is left in {conf}");
     }
 }

@@ -69,9 +69,8 @@ impl Expect<'_> {
 pub fn write_atomic_if(target: &Path, bytes: &[u8], keep: Keep, expect: &Expect) -> io::Result<bool> {
     let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = target.file_name().ok_or_else(|| io::Error::other("no file name"))?;
-    let temp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
+    let (temp, mut file) = create_temp(dir, &name.to_string_lossy())?;
     let written = (|| {
-        let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&temp)?;
         if let Some((uid, gid)) = keep.owner {
             std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
         }
@@ -114,6 +113,41 @@ pub fn write_atomic_if(target: &Path, bytes: &[u8], keep: Keep, expect: &Expect)
         return Ok(true);
     }
     Ok(false)
+}
+
+/// A new temp file beside the target. The pid alone does not name it: in a container the
+/// installer is PID 1 in every pod, and a pod killed mid-write (SIGKILL after the grace
+/// period, the OOM killer) leaves its temp behind under exactly that name, which would
+/// make every later installer on the node fail with EEXIST.
+fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let mut attempt = 0;
+    loop {
+        let temp = dir.join(format!(".{name}.{}-{nanos:x}-{attempt}.tmp", std::process::id()));
+        match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&temp) {
+            Ok(file) => return Ok((temp, file)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 16 => attempt += 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Whether `name` is a temp file of `create_temp` (or of the installers before it, which
+/// named them by pid alone): what a killed installer leaves behind.
+pub fn is_installer_temp(name: &str) -> bool {
+    let Some((file, tag)) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")).and_then(|n| n.rsplit_once('.')) else {
+        return false;
+    };
+    let parts: Vec<&str> = tag.split('-').collect();
+    let tag_ok = match parts.as_slice() {
+        [pid] => pid.bytes().all(|b| b.is_ascii_digit()),
+        [pid, nanos, attempt] => {
+            pid.bytes().all(|b| b.is_ascii_digit()) && nanos.bytes().all(|b| b.is_ascii_hexdigit()) && attempt.bytes().all(|b| b.is_ascii_digit())
+        }
+        _ => false,
+    };
+    let ours = [".conflist", ".conf", ".json", ORIGINAL_SUFFIX, ".prom"].iter().any(|ext| file.ends_with(ext)) || file == super::edit::GUARD_TYPE;
+    !tag.is_empty() && tag_ok && ours
 }
 
 /// renameat2(2) with `flags` (RENAME_EXCHANGE, RENAME_NOREPLACE), by system call: libc

@@ -237,7 +237,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
     let entry = options.entry.json(current_entry.as_ref().or(remembered)).map_err(|msg| Failure::new(Reason::Conflict, msg))?;
     let mut out = Installed { notes, warnings, primary_list: Some(edit::strip(&list)), entry: Some(entry.clone()), ..Installed::default() };
     let done = &mut out.done;
-    waiting::refuse_leaving_delegate(&net, Some(options.mode), options.force, done)?;
+    waiting::refuse_leaving_delegate(&net, Some(options.mode), &options.host_root, options.force, done)?;
     if options.mode == Mode::Dropin {
         out.file = dropin.clone();
         if let Some(kind) = via_multus {
@@ -425,9 +425,17 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
     // Room for a refusal while the store holds what only the guard can finish (delegate
     // mode's deferred DELs): it goes here, before the first write.
     let mut done = Vec::new();
+    // A node without the conf dir (no CNI yet, another platform's layout) has no config to
+    // take the guard out of: nothing to do there is a success, or the uninstall DaemonSet's
+    // init container crash-loops on exactly the nodes that are already clean.
+    if !options.conf_dir.exists() {
+        println!("no CNI config dir {}: no config to take sandbox-guard out of", options.conf_dir.display());
+        remove_binary(options, &mut done)?;
+        return Ok(done);
+    }
     let scan = network::scan(&options.conf_dir)?;
     for net in &scan.networks {
-        waiting::refuse_leaving_delegate(net, None, options.force, &mut done)?;
+        waiting::refuse_leaving_delegate(net, None, &options.host_root, options.force, &mut done)?;
     }
     for net in &scan.networks {
         let list = net.list();
@@ -444,17 +452,36 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
         let path = entry.path();
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
             remove_dropin(&path.join(DROPIN_FILE), &mut done)?;
-        } else if path.to_string_lossy().ends_with(files::ORIGINAL_SUFFIX) && files::remove(&path).map_err(io_err("remove", &path))? {
+        } else if (path.to_string_lossy().ends_with(files::ORIGINAL_SUFFIX) || is_temp(&entry.file_name()))
+            && files::remove(&path).map_err(io_err("remove", &path))?
+        {
             done.push(format!("removed {}", path.display()));
         }
     }
+    remove_binary(options, &mut done)?;
+    Ok(done)
+}
+
+fn is_temp(name: &std::ffi::OsStr) -> bool {
+    files::is_installer_temp(&name.to_string_lossy())
+}
+
+fn remove_binary(options: &Options, done: &mut Vec<String>) -> Result<(), String> {
     if options.remove_binary {
+        // Left by an installer killed while it copied the binary.
+        for entry in std::fs::read_dir(&options.bin_dir).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let path = entry.path();
+            if name.to_string_lossy().starts_with(".sandbox-guard.") && is_temp(&name) && files::remove(&path).map_err(io_err("remove", &path))? {
+                done.push(format!("removed {}", path.display()));
+            }
+        }
         let binary = options.bin_dir.join(edit::GUARD_TYPE);
         if files::remove(&binary).map_err(io_err("remove", &binary))? {
             done.push(format!("removed {}", binary.display()));
         }
     }
-    Ok(done)
+    Ok(())
 }
 
 /// Writes the list without the guard: the primary's own bytes when the kept original says

@@ -2,7 +2,7 @@
 //! leave them to nobody: only delegate mode replays them, so their sandboxes' addresses
 //! would stay allocated in the primary for good. Refused unless `--force`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::edit::{self, Mode};
 use super::json::Json;
@@ -11,11 +11,29 @@ use crate::cni::config::DEFAULT_STATE_DIR;
 
 /// `to`: the mode being installed, `None` for `--uninstall`. With `force`, goes on and says
 /// in `done` what is lost.
-pub fn refuse_leaving_delegate(net: &Network, to: Option<Mode>, force: bool, done: &mut Vec<String>) -> Result<(), String> {
+/// The entry's stateDir is the host's path: it is looked at under `host_root` (the
+/// DaemonSets' `/host`), where a dir not mounted into the pod cannot be told from one
+/// without deferred DELs, so that is refused too.
+pub fn refuse_leaving_delegate(net: &Network, to: Option<Mode>, host_root: &Path, force: bool, done: &mut Vec<String>) -> Result<(), String> {
     if to == Some(Mode::Delegate) {
         return Ok(());
     }
-    let Some(state_dir) = delegate_state_dir(&net.doc.root) else { return Ok(()) };
+    let Some(on_host) = delegate_state_dir(&net.doc.root) else { return Ok(()) };
+    let state_dir = host_root.join(on_host.strip_prefix("/").unwrap_or(&on_host));
+    // On the host itself (root /) a missing dir is a store never made: nothing waits.
+    let visible = host_root == Path::new("/") || state_dir.parent().is_none_or(Path::is_dir);
+    if !visible && !force {
+        return Err(format!(
+            "network {} is guarded in delegate mode with stateDir {}, and {} is not there to tell whether deferred DELs \
+             wait (only delegate mode replays them): mount the host's {} under {} (the shipped DaemonSets mount \
+             /var/lib/cni), or give --force to go on without looking",
+            net.name,
+            on_host.display(),
+            state_dir.parent().unwrap_or(&state_dir).display(),
+            on_host.parent().unwrap_or(&on_host).display(),
+            host_root.display()
+        ));
+    }
     let waiting = match crate::state::deferred::waiting(&state_dir, &net.name) {
         Ok(waiting) => waiting,
         // --force is the way out the refusal names: a store that cannot be read must not

@@ -16,8 +16,8 @@ mod cni;
 mod libcni;
 
 use libcni::{
-    IFNAME, Mode, Network, NetnsArg, Sandbox, Source, assert_result_matches_kernel, bare_ip, bridge_network, calico_v2_network,
-    bridge_network_from, dual_stack_macvlan_network_from, macvlan_network_from, macvlan_network_on_a_lan, mode_of, pod_has_link, result_ips, shape,
+    IFNAME, Mode, Network, NetnsArg, Sandbox, Source, assert_network_empty, assert_result_matches_kernel, bare_ip, bridge_network, calico_v2_network,
+    bridge_network_from, dual_stack_macvlan_network_from, macvlan_network_from, macvlan_network_on_a_lan, host_veths, mode_of, pod_has_link, result_ips, shape,
 };
 use serde_json::{Value, json};
 
@@ -117,15 +117,6 @@ fn assert_del_leaves_nothing_in(net: &Network, mode: Mode, sandbox: &Sandbox, re
             .unwrap_or_else(|e| panic!("repeated DEL {} ({mode:?}) failed: {}", sandbox.container_id, e.stderr));
     }
     assert!(net.checkpoint(sandbox).is_none(), "a repeated DEL re-created a checkpoint");
-}
-
-/// The host ends of a result's veth pairs (bridge's `veth<random>`); the bridge itself is shared.
-fn host_veths(result: &Value) -> Vec<String> {
-    let interfaces = result["interfaces"].as_array().into_iter().flatten();
-    interfaces
-        .filter(|i| i.get("sandbox").is_none())
-        .filter_map(|i| i["name"].as_str().filter(|name| name.starts_with("veth")).map(str::to_string))
-        .collect()
 }
 
 fn first_ip(result: &Value) -> String {
@@ -249,15 +240,6 @@ fn without_host_randomness(result: &Value) -> Value {
         iface["mac"] = json!("<host mac>");
     }
     result
-}
-
-/// Nothing of any attachment is left: no address in host-local, no libcni cache, no record,
-/// owner or deferred DEL of the guard.
-fn assert_network_empty(net: &Network) {
-    assert_eq!(net.ipam_allocations(), Vec::<String>::new(), "host-local allocations left");
-    assert_eq!(net.cached_results(), Vec::<String>::new(), "libcni cache entries left");
-    assert_eq!(net.guard_files(), Vec::<std::path::PathBuf>::new(), "guard records or owners left");
-    assert_eq!(net.checkpoints(), Vec::<Value>::new(), "the dump still lists something");
 }
 
 /// One sandbox attached through the chained conflist and taken down, then attached through

@@ -3,7 +3,9 @@
 //! `namespace.podname`). The old sandbox attached as `net1`, the new one as `net2` (multus
 //! numbers a pod's interfaces by their place in its annotation): the old sandbox's DEL must
 //! not reach the model while the new one lives, or the model releases the new pod's address
-//! and deletes its link. Needs root, Go and Debian's libcni source.
+//! and deletes its link. And a pod with two interfaces on one network, against Debian's
+//! bridge and host-local: its name is the pod's until its last interface goes. Needs root,
+//! Go and Debian's libcni source.
 
 #[path = "support/sys.rs"]
 mod sys;
@@ -14,7 +16,10 @@ mod cni;
 #[path = "support/libcni.rs"]
 mod libcni;
 
-use libcni::{Mode, NetnsArg, Sandbox, assert_result_matches_kernel, bare_ip, pod_has_link, podname_keyed_network};
+use libcni::{
+    Mode, Network, NetnsArg, Sandbox, Source, assert_network_empty, assert_result_matches_kernel, bare_ip, bridge_network_from, host_veths, pod_has_link,
+    podname_keyed_network, result_ips,
+};
 
 fn the_new_pod_keeps_its_address_and_link(mode: Mode) {
     let net = podname_keyed_network();
@@ -70,4 +75,72 @@ fn two_ifnames_chained_through_libcni() {
 fn two_ifnames_delegate_through_libcni() {
     sys::skip_unless_root!(libcni::TOOLS);
     the_new_pod_keeps_its_address_and_link(Mode::Delegate);
+}
+
+/// Points `sandbox` at its interface `ifname`: one sandbox, one netns, one container id,
+/// attached twice to one network as multus attaches a second interface.
+fn on<'a>(sandbox: &'a mut Sandbox, ifname: &str) -> &'a Sandbox {
+    sandbox.ifname = ifname.to_string();
+    sandbox
+}
+
+fn assert_refused_for(net: &Network, stale: &Sandbox, owner: &Sandbox, when: &str) {
+    for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
+        let refused = net.del(stale, netns).expect_err(when);
+        assert_eq!(refused.code, Some(11), "{when}: {}", refused.stderr);
+        assert!(refused.stderr.contains(&owner.container_id), "{when}: names the owner: {}", refused.stderr);
+    }
+}
+
+/// Whether host-local still holds each of the result's addresses for `sandbox`.
+fn reserved_for(net: &Network, result: &serde_json::Value, sandbox: &Sandbox) -> bool {
+    result_ips(result).iter().all(|ip| net.ip_holder(bare_ip(ip)).as_deref() == Some(sandbox.container_id.as_str()))
+}
+
+/// Issue 17: with the default `podKey` ("name") the pod's name stands for every interface its
+/// sandbox has on the network. The owner's DEL of one of two interfaces must not free the name
+/// while the other is attached, or the old sandbox's late DEL would pass and the primary would
+/// tear down what the new sandbox still uses.
+#[test]
+fn a_pod_with_two_interfaces_on_one_network_keeps_its_name_until_the_last_goes() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    // testdata's bridge + host-local (+ portmap) with the guard last and no `podKey`: the default.
+    let net = bridge_network_from(Source::Testdata { pin: None });
+    let old = Sandbox::new("lijiaob", "etcd1-0", "uid1");
+    let mut new = Sandbox::new("lijiaob", "etcd1-0", "uid2");
+    let add = |sandbox: &Sandbox| {
+        net.add(sandbox).unwrap_or_else(|e| panic!("ADD {} {}: {}", sandbox.container_id, sandbox.ifname, e.stderr))
+    };
+    let old_result = add(&old);
+    let new_eth0 = add(on(&mut new, "eth0"));
+    let new_net1 = add(on(&mut new, "net1"));
+
+    assert_refused_for(&net, &old, &new, "A's stale DEL while C has two interfaces");
+    for (ifname, result) in [("eth0", &new_eth0), ("net1", &new_net1)] {
+        assert!(pod_has_link(&new, ifname), "C lost {ifname} to A's DEL");
+        assert_result_matches_kernel(result, &new);
+        assert!(reserved_for(&net, result, &new), "C's {ifname} address released by A's DEL");
+    }
+
+    net.del(on(&mut new, "eth0"), NetnsArg::Sandbox).unwrap_or_else(|e| panic!("DEL C eth0: {}", e.stderr));
+    assert!(!pod_has_link(&new, "eth0"), "C's eth0 DEL did not reach the bridge");
+    assert!(result_ips(&new_eth0).iter().all(|ip| net.ip_holder(bare_ip(ip)).is_none()), "C's eth0 address still reserved");
+    assert_refused_for(&net, &old, &new, "A's stale DEL while C keeps net1");
+    assert!(pod_has_link(&new, "net1"), "C lost net1");
+    assert_result_matches_kernel(&new_net1, &new);
+    assert!(reserved_for(&net, &new_net1, &new), "C's net1 address released");
+
+    // C's last interface goes (StopPodSandbox, then RemovePodSandbox for each); A's DEL then passes.
+    net.del(on(&mut new, "net1"), NetnsArg::Sandbox).unwrap_or_else(|e| panic!("DEL C net1: {}", e.stderr));
+    for ifname in ["eth0", "net1"] {
+        net.del(on(&mut new, ifname), NetnsArg::Empty).unwrap_or_else(|e| panic!("C's repeated DEL of {ifname}: {}", e.stderr));
+    }
+    for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
+        net.del(&old, netns).unwrap_or_else(|e| panic!("A's DEL once C is gone: {}", e.stderr));
+    }
+    assert!(!pod_has_link(&old, "eth0") && !pod_has_link(&new, "eth0") && !pod_has_link(&new, "net1"), "a pod interface is left");
+    for veth in [&old_result, &new_eth0, &new_net1].into_iter().flat_map(host_veths) {
+        assert!(!sys::try_run("ip", &["link", "show", &veth]), "host veth {veth} left");
+    }
+    assert_network_empty(&net);
 }

@@ -824,6 +824,24 @@ pub fn assert_result_matches_kernel(result: &Value, sandbox: &Sandbox) {
     }
 }
 
+/// Nothing of any attachment is left: no address in host-local, no libcni cache, no record,
+/// owner or deferred DEL of the guard.
+pub fn assert_network_empty(net: &Network) {
+    assert_eq!(net.ipam_allocations(), Vec::<String>::new(), "host-local allocations left");
+    assert_eq!(net.cached_results(), Vec::<String>::new(), "libcni cache entries left");
+    assert_eq!(net.guard_files(), Vec::<PathBuf>::new(), "guard records or owners left");
+    assert_eq!(net.checkpoints(), Vec::<Value>::new(), "the dump still lists something");
+}
+
+/// The host ends of a result's veth pairs (bridge's `veth<random>`); the bridge itself is shared.
+pub fn host_veths(result: &Value) -> Vec<String> {
+    let interfaces = result["interfaces"].as_array().into_iter().flatten();
+    interfaces
+        .filter(|i| i.get("sandbox").is_none())
+        .filter_map(|i| i["name"].as_str().filter(|name| name.starts_with("veth")).map(str::to_string))
+        .collect()
+}
+
 /// Whether the sandbox's netns still has `ifname` (a DEL that reached the primary removes it).
 pub fn pod_has_link(sandbox: &Sandbox, ifname: &str) -> bool {
     sandbox.netns.try_exec(&["ip", "link", "show", ifname])

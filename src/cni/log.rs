@@ -296,10 +296,12 @@ impl Log {
                 return not_in_file(path, &format!("it stayed locked for {LOCK_WAIT:?}"), line);
             }
             let (Ok(meta), Ok(named)) = (file.metadata(), std::fs::symlink_metadata(path)) else {
-                // The path is gone (removed by hand): the next line's open makes it again.
-                let _ = (&*file).write_all(line.as_bytes());
+                // The path is gone: another writer has just rotated our file to `.1` and no
+                // line has made the new one yet (or it was removed by hand). Writing on would
+                // grow `.1` past the cap; the line goes to a new file at the path instead.
                 let _ = file.unlock();
-                return;
+                *slot = open_append(path).ok();
+                continue;
             };
             if (named.ino(), named.dev()) != (meta.ino(), meta.dev()) {
                 let _ = file.unlock();
@@ -559,6 +561,22 @@ mod tests {
         }
         assert!(lines[0].contains("boom\\n2026"), "the newline is shown, escaped: {}", lines[0]);
         assert_eq!(LogEntry::parse(lines[2]).unwrap().field("owner"), Some("x\\x20y\\nz"), "{}", lines[2]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The window of a rotation: another writer has renamed the file this one holds open to
+    /// `.1`, and no line has made the new file yet. The line must not go into `.1`.
+    #[test]
+    fn a_line_after_another_writers_rotation_goes_to_the_new_file() {
+        let (dir, path) = fresh_log("sg-log-rot");
+        std::fs::write(&path, "x".repeat(4000) + "\n").unwrap();
+        let subject = Subject { network: "net", container_id: "c", if_name: "eth0", pod: None };
+        let log = Log::open(Some(&path), LogOptions { max_bytes: Some(4096), ..LogOptions::default() });
+        std::fs::rename(&path, dir.join("guard.log.1")).unwrap();
+        log.event(Level::Info, Verb::Add, &subject, "added", "generation=1");
+        assert_eq!(std::fs::metadata(dir.join("guard.log.1")).unwrap().len(), 4001, "the line went into the rotated file");
+        let now = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(now.contains("outcome=added"), "{now:?} {:?}", std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect::<Vec<_>>());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

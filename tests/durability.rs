@@ -56,3 +56,39 @@ fn with_a_journal_add_makes_one_data_sync_and_the_ownership_a_symlink() {
     assert_eq!(syncs.len(), 1, "{syncs:#?}");
     assert!(syncs[0].contains("/records/"), "{syncs:#?}");
 }
+
+/// The longest names an ownership can hold (a pod name of 253 characters, a namespace of 63,
+/// a container ID of 128), and one sandbox attached to the network under 40 interfaces of 15
+/// characters: its ownership (the pod key has no ifname by default) lists them all, over 1 KiB,
+/// past what XFS (1,024 bytes) or ext4 with 1 KiB blocks keeps as a symlink's target.
+fn add_of_the_longest_names(disk: &mount::Mount) {
+    let logs = sys::TempDir::new("sglogs");
+    let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
+    let pod = Pod::new(&"n".repeat(63), &"p".repeat(253));
+    let container = "c".repeat(128);
+    let interfaces: Vec<String> = (1..=40).map(|i| format!("net-interface{i:02}")).collect();
+    for ifname in &interfaces {
+        store.add(&container, &pod).ifname(ifname).run().assert_ok();
+    }
+    assert!(store.is_owner(&container, &interfaces[39]));
+    let stale = store.del(&"d".repeat(128), &pod).run();
+    assert!(stale.stdout.contains("\"code\":11"), "{stale:?}");
+    for ifname in &interfaces {
+        store.del(&container, &pod).ifname(ifname).run().assert_ok();
+    }
+    assert!(store.owner_files().is_empty());
+}
+
+#[test]
+fn an_ownership_of_the_longest_names_is_written_on_xfs() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.xfs"]);
+    let disk = mount::Mount::image(&["mkfs.xfs", "-q", "-f"]);
+    add_of_the_longest_names(&disk);
+}
+
+#[test]
+fn an_ownership_of_the_longest_names_is_written_on_ext4_with_small_blocks() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4"]);
+    let disk = mount::Mount::image(&["mkfs.ext4", "-q", "-F", "-b", "1024"]);
+    add_of_the_longest_names(&disk);
+}

@@ -24,11 +24,18 @@ impl Mount {
     /// A fresh ext4 on a loop device, made with mkfs.ext4 `-O features` (`^has_journal`: none,
     /// as on a node whose root was made so): what a file system does at fsync shows under it.
     pub fn ext4(features: &str) -> Mount {
-        let mount_point = TempDir::new("sgext4");
+        Mount::image(&["mkfs.ext4", "-q", "-F", "-O", features])
+    }
+
+    /// A fresh file system on a loop device, made by `mkfs` (its command and options; the
+    /// image file is appended).
+    pub fn image(mkfs: &[&str]) -> Mount {
+        let mount_point = TempDir::new("sgimg");
         let image = mount_point.path.with_extension("img");
-        std::fs::File::create(&image).unwrap().set_len(32 << 20).unwrap();
+        // Sparse: XFS wants 300 MiB at least, and only what is written takes room.
+        std::fs::File::create(&image).unwrap().set_len(320 << 20).unwrap();
         let image_path = image.to_str().unwrap();
-        run("mkfs.ext4", &["-q", "-F", "-O", features, image_path]);
+        run(mkfs[0], &[&mkfs[1..], &[image_path]].concat());
         let path = mount_point.path.clone();
         // The loop device goes with the unmount (autoclear); the image file is no longer needed.
         run("mount", &["-o", "loop", image_path, path.to_str().unwrap()]);

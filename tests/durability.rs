@@ -92,3 +92,31 @@ fn an_ownership_of_the_longest_names_is_written_on_ext4_with_small_blocks() {
     let disk = mount::Mount::image(&["mkfs.ext4", "-q", "-F", "-b", "1024"]);
     add_of_the_longest_names(&disk);
 }
+
+/// Where a new record cannot be linked in from an unnamed file (no O_TMPFILE on overlayfs
+/// before 6.6 or NFS, no CAP_DAC_READ_SEARCH for linkat's AT_EMPTY_PATH in a container), ADD
+/// writes it through a temp file as a rewrite does: it succeeds, whole, with nothing left over.
+#[test]
+fn add_without_an_unnamed_file_to_link_writes_the_record_through_a_temp_file() {
+    sys::skip_unless_root!(&["strace"]);
+    let store = Store::new();
+    let pod = Pod::new("tmpfile", "db-0");
+    let (a, b) = (container_id(), container_id());
+    let logs = sys::TempDir::new("sgtrace");
+    let trace = logs.path.join("trace");
+    for (container, error) in [(&a, "EOPNOTSUPP"), (&b, "ENOENT")] {
+        let inject = format!("inject=linkat:error={error}");
+        let strace = ["strace", "-f", "-qq", "-o", trace.to_str().unwrap(), "-e", "trace=linkat", "-e", &inject];
+        store.add(container, &pod).wrapped_in(&strace).run().assert_ok();
+        let traced = std::fs::read_to_string(&trace).unwrap();
+        assert!(traced.contains("(INJECTED)"), "no linkat refused: {traced}");
+    }
+    assert!(store.is_owner(&b, "eth0"));
+    store.del(&a, &pod).run().assert_error(11);
+    store.assert_every_owner_has_its_record();
+    let records = cni::files_in(&store.state_dir.join("records"));
+    assert_eq!(records.len(), 2, "a temp file left behind? {records:?}");
+    for record in &records {
+        cni::verify_envelope(record).unwrap();
+    }
+}

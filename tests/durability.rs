@@ -120,3 +120,36 @@ fn add_without_an_unnamed_file_to_link_writes_the_record_through_a_temp_file() {
         cni::verify_envelope(record).unwrap();
     }
 }
+
+/// Releases before the symlink form refuse a symlink in the state dir, on every ADD and DEL of
+/// its pod, and say to remove it, which would drop the pod's owner. scripts/downgrade-owners.sh
+/// turns them back into the regular files those releases read: byte for byte what they wrote.
+#[test]
+fn the_downgrade_script_turns_every_symlink_back_into_the_file_of_the_release_before() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "flock"]);
+    let disk = mount::Mount::ext4("has_journal");
+    let logs = sys::TempDir::new("sglogs");
+    let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
+    let pod = Pod::new("down", "db-0");
+    let (a, b) = (container_id(), container_id());
+    store.add(&a, &pod).run().assert_ok();
+    store.add(&b, &pod).run().assert_ok();
+    let owner = store.owner_files().pop().unwrap();
+    assert!(is_symlink(&owner), "the new form, to be turned back");
+    let target = std::fs::read_link(&owner).unwrap();
+    let planted = store.state_dir.join("owners").join("planted");
+    std::os::unix::fs::symlink("/etc/hostname", &planted).unwrap();
+
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
+    sys::run("sh", &[script, store.state_dir.to_str().unwrap()]);
+    let mut text = target.into_os_string().into_encoded_bytes();
+    text.push(b'\n');
+    assert!(!is_symlink(&owner));
+    assert_eq!(std::fs::read(&owner).unwrap(), text);
+    assert!(is_symlink(&planted), "a link the store did not write is left alone");
+    std::fs::remove_file(&planted).unwrap();
+    assert_eq!(cni::mode(&owner), 0o600);
+    assert!(cni::files_in(&store.state_dir.join("owners")).iter().all(|p| !is_symlink(p)));
+    store.del(&a, &pod).run().assert_error(11);
+    store.del(&b, &pod).run().assert_ok();
+}

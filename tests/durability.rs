@@ -153,3 +153,22 @@ fn the_downgrade_script_turns_every_symlink_back_into_the_file_of_the_release_be
     store.del(&a, &pod).run().assert_error(11);
     store.del(&b, &pod).run().assert_ok();
 }
+
+/// A symlink planted where an ownership goes, pointing elsewhere, is refused as every symlink
+/// in the state dir always was, never followed, and the error says what it is and how out
+/// (it said "cannot read checkpoint" of an ownership, with no details).
+#[test]
+fn a_planted_symlink_for_an_ownership_is_refused_with_its_way_out() {
+    let store = Store::new();
+    let pod = Pod::new("planted", "db-0");
+    let a = container_id();
+    store.add(&a, &pod).run().assert_ok();
+    let owner = store.owner_files().pop().unwrap();
+    std::fs::remove_file(&owner).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", &owner).unwrap();
+    let refused = store.del(&container_id(), &pod).run().assert_error(5);
+    let text = refused.text();
+    assert!(text.contains("symbolic link") && text.contains("/etc/hostname") && !text.contains("checkpoint"), "{text}");
+    assert!(text.contains("remove the link"), "no way out: {text}");
+    assert!(is_symlink(&owner));
+}

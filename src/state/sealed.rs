@@ -74,11 +74,11 @@ pub fn read_entry<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
         // Not one the store wrote (a sealed text starts with '{'): a link planted to point
         // elsewhere fails as a symlink always has in the state dir, it is no damaged entry to
         // overwrite.
-        Ok(target) if !target.as_os_str().as_encoded_bytes().starts_with(b"{") => Err(GuardError::io(
-            "read checkpoint",
-            path,
-            io::Error::other("a symbolic link to elsewhere, which the state dir never follows: remove it"),
-        )),
+        Ok(target) if !target.as_os_str().as_encoded_bytes().starts_with(b"{") => Err(GuardError::new(
+            crate::error::Kind::Io,
+            format!("{} is a symbolic link to {} that the guard did not write", path.display(), target.display()),
+        )
+        .with_details("the state dir never follows a link: remove the link (the guard's own hold their sealed text, starting with '{')")),
         Ok(target) => Ok(match verify::<T>(target.as_os_str().as_encoded_bytes()) {
             Ok(value) => Loaded::Valid(value),
             Err(reason) => Loaded::Corrupt { path: path.to_path_buf(), reason },

@@ -246,9 +246,10 @@ fn a_failed_add_leaves_the_address_to_its_live_holder_in_the_index() {
     add(&store, &a, &Pod::new("shop", "cart-0"), &ns_a, "10.77.2.5/24").run().assert_ok();
 
     // The IPAM hands A's address to X too, and X's ADD fails in the store (the kernel refuses
-    // its ownership, the first symlink it makes, after its record): X took nothing, so the
-    // index must still name A.
-    let links = "symlink,symlinkat";
+    // its ownership, after its record: the first symlink it makes, or the first rename where
+    // the file system has no journal and the ownership is a regular file): X took nothing, so
+    // the index must still name A.
+    let links = "symlink,symlinkat,rename,renameat,renameat2";
     add(&store, &x, &Pod::new("shop", "cart-1"), &ns_x, "10.77.2.5/24")
         .wrapped_in(&["strace", "-f", "-qq", "-o", "/dev/null", "-e", &format!("trace={links}"), "-e", &format!("inject={links}:error=EIO:when=1")])
         .run()

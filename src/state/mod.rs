@@ -27,6 +27,7 @@ pub mod checkpoint;
 pub mod deferred;
 pub mod failed_add;
 pub mod ip_index;
+pub mod journal;
 pub mod ledger;
 pub mod lock;
 pub mod ownership;
@@ -34,7 +35,7 @@ pub mod pod_lock;
 pub mod rekey;
 pub mod sealed;
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
@@ -79,6 +80,9 @@ pub struct Store {
     dirty: Cell<DirtyDirs>,
     /// The record written since the last sync, whose data `sync` makes durable first.
     unsynced_record: Cell<Option<File>>,
+    /// Whether the file system journals metadata (`journal`), asked once, at the first
+    /// ownership written.
+    journaled: OnceCell<bool>,
 }
 
 /// Indexes into FOLDERS, each at most once, in the order they were first marked.
@@ -177,7 +181,7 @@ impl Store {
 
     fn at(root: &Path, lock: Option<File>, writable: bool) -> Store {
         let [records, owners, set_aside, failed_adds, ledger] = FOLDERS.map(|dir| root.join(dir));
-        Store { root: root.to_path_buf(), records, owners, set_aside, failed_adds, ledger, lock, writable, records_delta: Cell::new(0), dirty: Cell::new(DirtyDirs::default()), unsynced_record: Cell::new(None) }
+        Store { root: root.to_path_buf(), records, owners, set_aside, failed_adds, ledger, lock, writable, records_delta: Cell::new(0), dirty: Cell::new(DirtyDirs::default()), unsynced_record: Cell::new(None), journaled: OnceCell::new() }
     }
 
     /// A reader's shared lock, waited for at most `wait`; `on_wait` hears once who holds it
@@ -334,10 +338,23 @@ impl Store {
     /// data of its own to sync, so the one journal commit of `sync` takes it with the record.
     /// One written by an earlier release as a regular file is read as well, and replaced by
     /// the new form here, on its next change.
+    ///
+    /// On a file system without a journal (`journal`) a directory fsync would not write the
+    /// symlink's inode, and a power cut could lose an ownership the verb reported made: there
+    /// it is the regular file of earlier releases, its data synced before its rename, after
+    /// the record's data, as those releases did.
     pub fn save_owner(&self, owner: &Ownership) -> Result<()> {
         let name = owner.key.digest();
-        sealed::write_entry(&self.owners, &name, owner, sealed::Durability::Durable)
-            .map_err(|e| GuardError::io("write the ownership", &self.owners.join(&name), e))?;
+        if self.journals_metadata() {
+            sealed::write_entry(&self.owners, &name, owner, sealed::Durability::Durable)
+                .map_err(|e| GuardError::io("write the ownership", &self.owners.join(&name), e))?;
+        } else {
+            if let Some(record) = self.unsynced_record.take() {
+                record.sync_data().map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
+            }
+            sealed::replace(&self.owners, &name, &sealed::seal(owner), sealed::Durability::Durable)
+                .map_err(|e| GuardError::io("write the ownership", &self.owners.join(&name), e))?;
+        }
         self.mark_dirty(1);
         Ok(())
     }
@@ -452,7 +469,8 @@ impl Store {
     /// any other damage to a record. Were a crash still to leave an owner whose record is
     /// gone, the ownership rule drops it (`DelVerdict::Repair`). A file system without a
     /// journal keeps no order at all, and its directory fsync does not write the inode of a
-    /// symlink made in it: the state dir belongs on a journaling one (README).
+    /// symlink made in it: there the ownership is a regular file synced on its own
+    /// (`save_owner`), one data sync more.
     pub fn sync(&self) -> Result<()> {
         if let Some(record) = self.unsynced_record.take() {
             record.sync_data().map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
@@ -483,6 +501,10 @@ impl Store {
             self.dirty.set(dirty);
         }
         self.sync()
+    }
+
+    fn journals_metadata(&self) -> bool {
+        *self.journaled.get_or_init(|| self.lock.as_ref().is_some_and(journal::journals_metadata))
     }
 
     fn mark_dirty(&self, index: u8) {

@@ -74,11 +74,11 @@ pub fn read_entry<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
         // Not one the store wrote (a sealed text starts with '{'): a link planted to point
         // elsewhere fails as a symlink always has in the state dir, it is no damaged entry to
         // overwrite.
-        Ok(target) if !target.as_os_str().as_encoded_bytes().starts_with(b"{") => Err(GuardError::io(
-            "read checkpoint",
-            path,
-            io::Error::other("a symbolic link to elsewhere, which the state dir never follows: remove it"),
-        )),
+        Ok(target) if !target.as_os_str().as_encoded_bytes().starts_with(b"{") => Err(GuardError::new(
+            crate::error::Kind::Io,
+            format!("{} is a symbolic link to {} that the guard did not write", path.display(), target.display()),
+        )
+        .with_details("the state dir never follows a link: remove the link (the guard's own hold their sealed text, starting with '{')")),
         Ok(target) => Ok(match verify::<T>(target.as_os_str().as_encoded_bytes()) {
             Ok(value) => Loaded::Valid(value),
             Err(reason) => Loaded::Corrupt { path: path.to_path_buf(), reason },
@@ -97,14 +97,23 @@ pub fn read_entry<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
 /// a short one in the inode), and a target is set whole by the one syscall
 /// that creates the link, so no crash tears it. A new name is one symlink(); an existing
 /// one is replaced by a symlink to a temp name and a rename over it. The caller fsyncs
-/// `dir` (see `Store::sync`). A text longer than a target may hold (PATH_MAX - 1) goes to a
-/// regular file, durable, as before.
+/// `dir` (see `Store::sync`). A text longer than a target may hold goes to a regular file,
+/// durable, as before: longer than PATH_MAX - 1, or than the file system keeps (ENAMETOOLONG:
+/// XFS keeps 1,024 bytes, ext4 a block, 1 KiB on a small one; a pod's longest names and some
+/// twenty interfaces come past that).
 pub fn write_entry<T: Serialize>(dir: &Path, name: &str, value: &T, durability: Durability) -> io::Result<()> {
     let sealed = seal(value);
     let text = sealed.strip_suffix(b"\n").unwrap_or(&sealed);
     if text.len() > MAX_LINK_TARGET {
         return replace(dir, name, &sealed, durability);
     }
+    match write_link(dir, name, text) {
+        Err(e) if e.raw_os_error() == Some(nix::libc::ENAMETOOLONG) => replace(dir, name, &sealed, durability),
+        done => done,
+    }
+}
+
+fn write_link(dir: &Path, name: &str, text: &[u8]) -> io::Result<()> {
     let target = std::ffi::OsStr::from_bytes(text);
     let path = dir.join(name);
     match std::os::unix::fs::symlink(target, &path) {

@@ -262,3 +262,19 @@ fn unescape_mount_point(field: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// Whether `path`'s file system journals its metadata, as the guard decides where an ownership
+/// may be a symlink (src/state/journal.rs): XFS, btrfs, tmpfs, ext4 with a running jbd2.
+pub fn journals_metadata(path: &Path) -> bool {
+    let out = run("findmnt", &["-no", "FSTYPE,SOURCE", "-T", path.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    match fields.as_slice() {
+        ["xfs" | "btrfs" | "tmpfs", ..] => true,
+        ["ext2" | "ext3" | "ext4", source, ..] => std::fs::canonicalize(source)
+            .ok()
+            .and_then(|dev| dev.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .is_some_and(|name| Path::new(&format!("/proc/fs/jbd2/{name}-8")).exists()),
+        _ => false,
+    }
+}

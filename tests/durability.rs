@@ -1,0 +1,174 @@
+//! What ADD syncs, on the file systems a node's /var/lib may be: an ownership is a symlink made
+//! durable by its directory's fsync only where a journal commits the symlink's inode with it;
+//! on ext4 without a journal a directory fsync writes the entry but not the inode, so a power
+//! cut could lose an ownership ADD reported made, and there it is a regular file synced on its
+//! own. Run under strace on loop-mounted ext4 with and without a journal.
+
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
+#[path = "support/cni.rs"]
+mod cni;
+#[path = "support/mount.rs"]
+mod mount;
+
+use cni::{Pod, Store, container_id};
+use std::path::Path;
+
+/// The data syncs of an ADD and whether the ownership it wrote is a symlink.
+fn add_on(disk: &mount::Mount) -> (Vec<String>, bool) {
+    let logs = sys::TempDir::new("sglogs");
+    let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
+    let pod = Pod::new("durable", "db-0");
+    // A first ADD makes the folders and a second sandbox's ADD rewrites the key's ownership,
+    // so both a new ownership and a rewrite are seen.
+    store.add(&container_id(), &pod).run().assert_ok();
+    let trace = logs.path.join("trace");
+    let strace = ["strace", "-qq", "-y", "-e", "trace=fsync,fdatasync", "-o", trace.to_str().unwrap()];
+    store.add(&container_id(), &pod).wrapped_in(&strace).run().assert_ok();
+    let syncs = std::fs::read_to_string(&trace).unwrap().lines().filter(|l| l.starts_with("fdatasync(")).map(str::to_string).collect();
+    let owners = store.owner_files();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    (syncs, is_symlink(&owners[0]))
+}
+
+fn is_symlink(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).unwrap().file_type().is_symlink()
+}
+
+#[test]
+fn without_a_journal_the_ownership_is_a_file_synced_on_its_own() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "strace"]);
+    let disk = mount::Mount::ext4("^has_journal");
+    let (syncs, symlink) = add_on(&disk);
+    assert!(!symlink, "a directory fsync does not write a new symlink's inode here");
+    assert!(syncs.iter().any(|l| l.contains("/owners/")), "the ownership's own data sync: {syncs:#?}");
+    assert!(syncs.iter().any(|l| l.contains("/records/")), "the record's data sync: {syncs:#?}");
+}
+
+#[test]
+fn with_a_journal_add_makes_one_data_sync_and_the_ownership_a_symlink() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "strace"]);
+    let disk = mount::Mount::ext4("has_journal");
+    let (syncs, symlink) = add_on(&disk);
+    assert!(symlink);
+    assert_eq!(syncs.len(), 1, "{syncs:#?}");
+    assert!(syncs[0].contains("/records/"), "{syncs:#?}");
+}
+
+/// The longest names an ownership can hold (a pod name of 253 characters, a namespace of 63,
+/// a container ID of 128), and one sandbox attached to the network under 40 interfaces of 15
+/// characters: its ownership (the pod key has no ifname by default) lists them all, over 1 KiB,
+/// past what XFS (1,024 bytes) or ext4 with 1 KiB blocks keeps as a symlink's target.
+fn add_of_the_longest_names(disk: &mount::Mount) {
+    let logs = sys::TempDir::new("sglogs");
+    let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
+    let pod = Pod::new(&"n".repeat(63), &"p".repeat(253));
+    let container = "c".repeat(128);
+    let interfaces: Vec<String> = (1..=40).map(|i| format!("net-interface{i:02}")).collect();
+    for ifname in &interfaces {
+        store.add(&container, &pod).ifname(ifname).run().assert_ok();
+    }
+    assert!(store.is_owner(&container, &interfaces[39]));
+    let stale = store.del(&"d".repeat(128), &pod).run();
+    assert!(stale.stdout.contains("\"code\":11"), "{stale:?}");
+    for ifname in &interfaces {
+        store.del(&container, &pod).ifname(ifname).run().assert_ok();
+    }
+    assert!(store.owner_files().is_empty());
+}
+
+#[test]
+fn an_ownership_of_the_longest_names_is_written_on_xfs() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.xfs"]);
+    let disk = mount::Mount::image(&["mkfs.xfs", "-q", "-f"]);
+    add_of_the_longest_names(&disk);
+}
+
+#[test]
+fn an_ownership_of_the_longest_names_is_written_on_ext4_with_small_blocks() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4"]);
+    let disk = mount::Mount::image(&["mkfs.ext4", "-q", "-F", "-b", "1024"]);
+    add_of_the_longest_names(&disk);
+}
+
+/// Where a new record cannot be linked in from an unnamed file (no O_TMPFILE on overlayfs
+/// before 6.6 or NFS, no CAP_DAC_READ_SEARCH for linkat's AT_EMPTY_PATH in a container), ADD
+/// writes it through a temp file as a rewrite does: it succeeds, whole, with nothing left over.
+#[test]
+fn add_without_an_unnamed_file_to_link_writes_the_record_through_a_temp_file() {
+    sys::skip_unless_root!(&["strace"]);
+    let store = Store::new();
+    let pod = Pod::new("tmpfile", "db-0");
+    let (a, b) = (container_id(), container_id());
+    let logs = sys::TempDir::new("sgtrace");
+    let trace = logs.path.join("trace");
+    for (container, error) in [(&a, "EOPNOTSUPP"), (&b, "ENOENT")] {
+        let inject = format!("inject=linkat:error={error}");
+        let strace = ["strace", "-f", "-qq", "-o", trace.to_str().unwrap(), "-e", "trace=linkat", "-e", &inject];
+        store.add(container, &pod).wrapped_in(&strace).run().assert_ok();
+        let traced = std::fs::read_to_string(&trace).unwrap();
+        assert!(traced.contains("(INJECTED)"), "no linkat refused: {traced}");
+    }
+    assert!(store.is_owner(&b, "eth0"));
+    store.del(&a, &pod).run().assert_error(11);
+    store.assert_every_owner_has_its_record();
+    let records = cni::files_in(&store.state_dir.join("records"));
+    assert_eq!(records.len(), 2, "a temp file left behind? {records:?}");
+    for record in &records {
+        cni::verify_envelope(record).unwrap();
+    }
+}
+
+/// Releases before the symlink form refuse a symlink in the state dir, on every ADD and DEL of
+/// its pod, and say to remove it, which would drop the pod's owner. scripts/downgrade-owners.sh
+/// turns them back into the regular files those releases read: byte for byte what they wrote.
+#[test]
+fn the_downgrade_script_turns_every_symlink_back_into_the_file_of_the_release_before() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "flock"]);
+    let disk = mount::Mount::ext4("has_journal");
+    let logs = sys::TempDir::new("sglogs");
+    let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
+    let pod = Pod::new("down", "db-0");
+    let (a, b) = (container_id(), container_id());
+    store.add(&a, &pod).run().assert_ok();
+    store.add(&b, &pod).run().assert_ok();
+    let owner = store.owner_files().pop().unwrap();
+    assert!(is_symlink(&owner), "the new form, to be turned back");
+    let target = std::fs::read_link(&owner).unwrap();
+    let planted = store.state_dir.join("owners").join("planted");
+    std::os::unix::fs::symlink("/etc/hostname", &planted).unwrap();
+
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
+    sys::run("sh", &[script, store.state_dir.to_str().unwrap()]);
+    let mut text = target.into_os_string().into_encoded_bytes();
+    text.push(b'\n');
+    assert!(!is_symlink(&owner));
+    assert_eq!(std::fs::read(&owner).unwrap(), text);
+    assert!(is_symlink(&planted), "a link the store did not write is left alone");
+    std::fs::remove_file(&planted).unwrap();
+    assert_eq!(cni::mode(&owner), 0o600);
+    assert!(cni::files_in(&store.state_dir.join("owners")).iter().all(|p| !is_symlink(p)));
+    store.del(&a, &pod).run().assert_error(11);
+    store.del(&b, &pod).run().assert_ok();
+}
+
+/// A symlink planted where an ownership goes, pointing elsewhere, is refused as every symlink
+/// in the state dir always was, never followed, and the error says what it is and how out
+/// (it said "cannot read checkpoint" of an ownership, with no details).
+#[test]
+fn a_planted_symlink_for_an_ownership_is_refused_with_its_way_out() {
+    let store = Store::new();
+    let pod = Pod::new("planted", "db-0");
+    let a = container_id();
+    store.add(&a, &pod).run().assert_ok();
+    let owner = store.owner_files().pop().unwrap();
+    std::fs::remove_file(&owner).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", &owner).unwrap();
+    let refused = store.del(&container_id(), &pod).run().assert_error(5);
+    let text = refused.text();
+    assert!(text.contains("symbolic link") && text.contains("/etc/hostname") && !text.contains("checkpoint"), "{text}");
+    assert!(text.contains("remove the link"), "no way out: {text}");
+    assert!(is_symlink(&owner));
+}

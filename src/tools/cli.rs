@@ -145,8 +145,9 @@ Options:
       --entry-file FILE        the same from a file (a ConfigMap key), read on every look
       --watch                  stay running: put the entry back whenever the primary's
                                installer rewrites its file; SIGTERM ends it
-      --force                  leave delegate mode although deferred DELs wait (they are
-                               then never replayed: their sandboxes' addresses may leak)
+      --force                  leave delegate mode although deferred DELs wait (they stay in
+                               the store, replayed only once delegate mode is back: meanwhile
+                               their sandboxes' addresses may leak)
       --metrics-file FILE      with --watch: the installer's textfile for node_exporter
       --check                  write nothing: exit 0 when the guard is in the network the
                                runtime loads, can run there, and its binary is in the bin
@@ -169,8 +170,9 @@ Options:
       --bin-dir DIR            CNI plugin dir (default /opt/cni/bin)
       --platform, --host-root  as for --install
       --remove-binary          remove BIN-DIR/sandbox-guard as well
-      --force                  go on although deferred DELs wait (they are then never
-                               replayed: their sandboxes' addresses may leak)
+      --force                  go on although deferred DELs wait (they stay in the store,
+                               replayed only once delegate mode is back: meanwhile their
+                               sandboxes' addresses may leak)
   -h, --help                   this text
 ";
 

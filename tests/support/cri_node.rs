@@ -490,8 +490,10 @@ impl Drop for CriNode {
 }
 
 fn ipv6_twin(subnet: &str) -> String {
-    let third = subnet.split('.').nth(2).expect("a dotted /24");
-    format!("fd64:{third}::/64")
+    let third: u16 = subnet.split('.').nth(2).and_then(|t| t.parse().ok()).expect("a dotted /24");
+    // Canonical (RFC 5952), as the kernel and the plugins write it back: a third octet of 0
+    // would otherwise read "fd64:0::/64" here and "fd64::/64" in their output.
+    format!("{}/64", std::net::Ipv6Addr::new(0xfd64, third, 0, 0, 0, 0, 0, 0))
 }
 
 /// A veth pair standing in for a node's uplink: the end returned is the macvlan master

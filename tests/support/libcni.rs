@@ -78,12 +78,14 @@ impl Subnet {
     }
 
     /// The IPv6 twin of the /24: a unique local /64 that carries the same two octets.
+    /// Written as the kernel and the plugins write it (RFC 5952): a third octet of 0 is a zero
+    /// group, which the canonical form folds into `::`.
     pub fn cidr6(&self) -> String {
-        format!("fd5a:{:x}:{:x}::/64", self.second, self.third)
+        format!("{}/64", self.host6(0))
     }
 
     pub fn host6(&self, last: u16) -> String {
-        format!("fd5a:{:x}:{:x}::{last:x}", self.second, self.third)
+        std::net::Ipv6Addr::new(0xfd5a, self.second.into(), self.third.into(), 0, 0, 0, 0, last).to_string()
     }
 
     /// The address of this subnet (or its IPv6 twin) with `address`'s host part: its last

@@ -3,11 +3,15 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub fn unix_seconds() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 pub fn unix_nanos() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for the given Unix time.
@@ -30,7 +34,14 @@ pub fn now_rfc3339() -> String {
 /// Reads back what `rfc3339` writes (UTC, whole seconds); `None` for anything else.
 pub fn parse_rfc3339(text: &str) -> Option<i64> {
     let b = text.as_bytes();
-    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':' || b[19] != b'Z' {
+    if b.len() != 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+        || b[19] != b'Z'
+    {
         return None;
     }
     let num = |range: std::ops::Range<usize>| text.get(range)?.parse::<i64>().ok();

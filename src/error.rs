@@ -60,7 +60,12 @@ pub type Result<T> = std::result::Result<T, GuardError>;
 
 impl GuardError {
     pub fn new(kind: Kind, msg: impl Into<String>) -> GuardError {
-        GuardError { kind, msg: msg.into(), details: String::new(), verbatim: None }
+        GuardError {
+            kind,
+            msg: msg.into(),
+            details: String::new(),
+            verbatim: None,
+        }
     }
 
     pub fn with_details(mut self, details: impl Into<String>) -> GuardError {
@@ -72,21 +77,27 @@ impl GuardError {
     /// operators meet in `details`.
     pub fn io(action: &str, path: &Path, err: io::Error) -> GuardError {
         let (kind, way_out) = match err.raw_os_error() {
-            Some(nix::libc::ENOSPC) | Some(nix::libc::EDQUOT) => {
-                (Kind::Io, "the filesystem is full: free space there or point stateDir at another filesystem")
-            }
+            Some(nix::libc::ENOSPC) | Some(nix::libc::EDQUOT) => (
+                Kind::Io,
+                "the filesystem is full: free space there or point stateDir at another filesystem",
+            ),
             Some(nix::libc::EROFS) => (
                 Kind::ReadOnly,
                 "the filesystem is read-only (ext4 remounts read-only after an error: see dmesg); \
                  remount it read-write after fsck, or point stateDir at a writable filesystem",
             ),
-            Some(nix::libc::EACCES) | Some(nix::libc::EPERM) => {
-                (Kind::Io, "the plugin runs as root from the runtime: check the mode and owner of the state dir")
-            }
-            Some(nix::libc::ELOOP) => (Kind::Io, "it is a symbolic link, which the state dir never follows: remove the link"),
+            Some(nix::libc::EACCES) | Some(nix::libc::EPERM) => (
+                Kind::Io,
+                "the plugin runs as root from the runtime: check the mode and owner of the state dir",
+            ),
+            Some(nix::libc::ELOOP) => (
+                Kind::Io,
+                "it is a symbolic link, which the state dir never follows: remove the link",
+            ),
             _ => (Kind::Io, ""),
         };
-        GuardError::new(kind, format!("cannot {action} {}: {err}", path.display())).with_details(way_out)
+        GuardError::new(kind, format!("cannot {action} {}: {err}", path.display()))
+            .with_details(way_out)
     }
 
     /// The CNI error code; plugin-specific codes start at 100 as the spec reserves.

@@ -18,8 +18,15 @@ use cni::{log, version};
 use error::{GuardError, Kind, Result};
 
 fn main() {
-    let args: Vec<String> = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
-    let status = if args.is_empty() { run_cni() } else { tools::cli::run(&args) };
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let status = if args.is_empty() {
+        run_cni()
+    } else {
+        tools::cli::run(&args)
+    };
     std::process::exit(status);
 }
 
@@ -27,7 +34,11 @@ fn main() {
 /// (what the runtime reads) and to stderr (what a person reads).
 fn run_cni() -> i32 {
     // A person who runs the binary in a terminal gets an error, not a hang on stdin.
-    let stdin = if std::io::stdin().is_terminal() { Ok(Vec::new()) } else { config::read_stdin() };
+    let stdin = if std::io::stdin().is_terminal() {
+        Ok(Vec::new())
+    } else {
+        config::read_stdin()
+    };
     let requested_version = stdin.as_deref().ok().and_then(config::peek_version);
     let outcome = stdin.and_then(|bytes| dispatch(&bytes, requested_version.as_deref()));
     let mut stdout = std::io::stdout().lock();
@@ -39,7 +50,11 @@ fn run_cni() -> i32 {
             0
         }
         Err(err) => {
-            let _ = writeln!(stdout, "{}", err.to_cni_json(version::for_reply(requested_version.as_deref())));
+            let _ = writeln!(
+                stdout,
+                "{}",
+                err.to_cni_json(version::for_reply(requested_version.as_deref()))
+            );
             1
         }
     }
@@ -50,36 +65,67 @@ fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<Stri
     let conf = match env.verb {
         Verb::Version => None,
         verb => {
-            let conf = NetConf::parse(stdin).and_then(|conf| version::check_verb_allowed(verb, &conf.cni_version).map(|()| conf));
+            let conf = NetConf::parse(stdin).and_then(|conf| {
+                version::check_verb_allowed(verb, &conf.cni_version).map(|()| conf)
+            });
             // Logged and counted where the config lets that be done (to stderr in any case).
-            Some(conf.inspect_err(|err| cni::rejected::record(verb, env.attachment.as_ref(), stdin, err))?)
+            Some(conf.inspect_err(|err| {
+                cni::rejected::record(verb, env.attachment.as_ref(), stdin, err)
+            })?)
         }
     };
     let Some(conf) = conf else {
         let delegated = commands::delegated::version(stdin, requested_version)
             .inspect_err(|err| eprintln!("sandbox-guard: {err}"))?;
-        return Ok(Some(delegated.unwrap_or_else(|| version::version_reply(requested_version))));
+        return Ok(Some(
+            delegated.unwrap_or_else(|| version::version_reply(requested_version)),
+        ));
     };
     let log = log::Log::open(conf.log_file.as_deref(), conf.log);
-    let inv = Invocation { verb: env.verb, conf, log, metrics_committed: std::cell::Cell::new(false) };
+    let inv = Invocation {
+        verb: env.verb,
+        conf,
+        log,
+        metrics_committed: std::cell::Cell::new(false),
+    };
     let result = match (inv.conf.delegate.as_ref(), env.verb, &env.attachment) {
-        (Some(delegate), Verb::Add, Some(attachment)) => commands::delegated::add(&inv, delegate, attachment).map(Some),
-        (Some(delegate), Verb::Del, Some(attachment)) => commands::delegated::del(&inv, delegate, attachment).map(|()| None),
-        (Some(delegate), Verb::Check, Some(attachment)) => commands::delegated::check(&inv, delegate, attachment).map(|()| None),
+        (Some(delegate), Verb::Add, Some(attachment)) => {
+            commands::delegated::add(&inv, delegate, attachment).map(Some)
+        }
+        (Some(delegate), Verb::Del, Some(attachment)) => {
+            commands::delegated::del(&inv, delegate, attachment).map(|()| None)
+        }
+        (Some(delegate), Verb::Check, Some(attachment)) => {
+            commands::delegated::check(&inv, delegate, attachment).map(|()| None)
+        }
         (Some(delegate), Verb::Gc, _) => commands::delegated::gc(&inv, delegate).map(|()| None),
-        (Some(delegate), Verb::Status, _) => commands::delegated::status(&inv, delegate).map(|()| None),
+        (Some(delegate), Verb::Status, _) => {
+            commands::delegated::status(&inv, delegate).map(|()| None)
+        }
         (_, Verb::Add, Some(attachment)) => commands::add::run(&inv, attachment).map(Some),
         (_, Verb::Del, Some(attachment)) => commands::del::run(&inv, attachment).map(|()| None),
         (_, Verb::Check, Some(attachment)) => commands::check::run(&inv, attachment).map(|()| None),
         (_, Verb::Gc, _) => commands::gc::run(&inv).map(|()| None),
         (_, Verb::Status, _) => commands::status::run(&inv).map(|()| None),
-        (_, verb, _) => Err(GuardError::new(Kind::InvalidEnvironment, format!("{} without its attachment", verb.name()))),
+        (_, verb, _) => Err(GuardError::new(
+            Kind::InvalidEnvironment,
+            format!("{} without its attachment", verb.name()),
+        )),
     };
     if let Err(err) = &result {
         // The verbs log their own refusals (to stderr too); everything else is logged here.
-        if !matches!(err.kind, Kind::StaleDel | Kind::SetAside | Kind::CheckFailed | Kind::Superseded) {
+        if !matches!(
+            err.kind,
+            Kind::StaleDel | Kind::SetAside | Kind::CheckFailed | Kind::Superseded
+        ) {
             let pod = env.attachment.as_ref().and_then(|a| a.pod.label());
-            inv.log.event(log::Level::Error, inv.verb, &inv.subject(env.attachment.as_ref(), pod), "error", &err.msg);
+            inv.log.event(
+                log::Level::Error,
+                inv.verb,
+                &inv.subject(env.attachment.as_ref(), pod),
+                "error",
+                &err.msg,
+            );
         }
     }
     cni::metrics::flush(&inv, result.is_ok());

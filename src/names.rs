@@ -23,7 +23,10 @@ pub const MAX_POD_FIELD: usize = 253;
 /// The CNI spec's rule for container IDs and network names: an alphanumeric first, then
 /// alphanumerics, `_`, `.` and `-`. `..` is refused too so that no name reads as a path.
 pub fn check_plain(what: &str, value: &str, max: usize, kind: Kind) -> Result<()> {
-    let first_ok = value.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+    let first_ok = value
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric());
     let rest_ok = value
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
@@ -40,12 +43,20 @@ pub fn check_plain(what: &str, value: &str, max: usize, kind: Kind) -> Result<()
 /// `~`: the store's file names join their parts with `:` and a kept copy's time with `~`,
 /// so a name holding either would be read back as another attachment.
 pub fn check_ifname(value: &str) -> Result<()> {
-    let bad_char = value
-        .chars()
-        .any(|c| c == '/' || c == ':' || c == '~' || c.is_whitespace() || c.is_control() || !c.is_ascii());
+    let bad_char = value.chars().any(|c| {
+        c == '/' || c == ':' || c == '~' || c.is_whitespace() || c.is_control() || !c.is_ascii()
+    });
     if value.is_empty() || value.len() > MAX_IFNAME || bad_char || value == "." || value == ".." {
-        return Err(GuardError::new(Kind::InvalidEnvironment, format!("CNI_IFNAME {:?} is not a valid interface name", shorten(value)))
-            .with_details(format!("use 1 to {MAX_IFNAME} ASCII characters without '/', ':', '~' or spaces")));
+        return Err(GuardError::new(
+            Kind::InvalidEnvironment,
+            format!(
+                "CNI_IFNAME {:?} is not a valid interface name",
+                shorten(value)
+            ),
+        )
+        .with_details(format!(
+            "use 1 to {MAX_IFNAME} ASCII characters without '/', ':', '~' or spaces"
+        )));
     }
     Ok(())
 }
@@ -81,8 +92,21 @@ mod tests {
     #[test]
     fn names_that_could_escape_a_path_fail() {
         let long = "a".repeat(254);
-        for name in ["", "../etc", "a/b", "a..b", ".hidden", "-flag", "a\0b", "a b", long.as_str()] {
-            assert!(check_plain("x", name, 253, Kind::InvalidEnvironment).is_err(), "{name:?}");
+        for name in [
+            "",
+            "../etc",
+            "a/b",
+            "a..b",
+            ".hidden",
+            "-flag",
+            "a\0b",
+            "a b",
+            long.as_str(),
+        ] {
+            assert!(
+                check_plain("x", name, 253, Kind::InvalidEnvironment).is_err(),
+                "{name:?}"
+            );
         }
     }
 
@@ -97,7 +121,16 @@ mod tests {
     fn ifnames() {
         check_ifname("eth0").unwrap();
         check_ifname("net1@x").unwrap();
-        for name in ["", ".", "..", "a/b", "eth0:1", "eth~1", "with space", "sixteen-chars-xx"] {
+        for name in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "eth0:1",
+            "eth~1",
+            "with space",
+            "sixteen-chars-xx",
+        ] {
             assert!(check_ifname(name).is_err(), "{name:?}");
         }
     }

@@ -4,12 +4,12 @@
 //! through parsing would fail differently (exit 1, "no state directory") than a refusal (exit
 //! 2, before anything runs).
 
+#[path = "support/cni.rs"]
+mod cni;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
 mod testdata;
-#[path = "support/cni.rs"]
-mod cni;
 
 use cni::guard;
 use std::path::Path;
@@ -49,13 +49,28 @@ fn text(bytes: &[u8]) -> String {
 fn assert_usage_error(args: &[&str], needle: &str, mode: &str) {
     let out = guard(args);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert_eq!(out.status.code(), Some(2), "{args:?}: stdout {stdout:?}, stderr {stderr:?}");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{args:?}: stdout {stdout:?}, stderr {stderr:?}"
+    );
     assert_eq!(stdout, "", "{args:?}");
     let lines: Vec<&str> = stderr.lines().collect();
-    let help = if mode.is_empty() { String::new() } else { format!("{mode} ") };
+    let help = if mode.is_empty() {
+        String::new()
+    } else {
+        format!("{mode} ")
+    };
     assert_eq!(lines.len(), 2, "{args:?}: {stderr:?}");
-    assert!(lines[0].starts_with("sandbox-guard: ") && lines[0].contains(needle), "{args:?}: wanted {needle:?} in {stderr:?}");
-    assert_eq!(lines[1], format!("Run 'sandbox-guard {help}--help' for the usage."), "{args:?}");
+    assert!(
+        lines[0].starts_with("sandbox-guard: ") && lines[0].contains(needle),
+        "{args:?}: wanted {needle:?} in {stderr:?}"
+    );
+    assert_eq!(
+        lines[1],
+        format!("Run 'sandbox-guard {help}--help' for the usage."),
+        "{args:?}"
+    );
 }
 
 /// Asserts that the line got past parsing: the restore ran and stopped at the missing state dir.
@@ -63,17 +78,34 @@ fn assert_parsed_restore(args: &[&str]) {
     let out = guard(args);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr:?}");
-    assert!(stderr.contains("no state directory"), "{args:?}: {stderr:?}");
+    assert!(
+        stderr.contains("no state directory"),
+        "{args:?}: {stderr:?}"
+    );
 }
 
 #[test]
 fn empty_container_id_is_refused_not_a_prefix_of_every_sandbox() {
     let tmp = TempDir::new();
     let absent = tmp.absent();
-    assert_usage_error(&["--restore", "--dry-run", "--state-dir", &absent, ""], "container ID is empty", "--restore");
-    assert_usage_error(&["--restore", "--dry-run", "--state-dir", &absent, "abc", ""], "container ID is empty", "--restore");
     assert_usage_error(
-        &["--dump-checkpoints", "--state-dir", tmp.path(), "--container-id", ""],
+        &["--restore", "--dry-run", "--state-dir", &absent, ""],
+        "container ID is empty",
+        "--restore",
+    );
+    assert_usage_error(
+        &["--restore", "--dry-run", "--state-dir", &absent, "abc", ""],
+        "container ID is empty",
+        "--restore",
+    );
+    assert_usage_error(
+        &[
+            "--dump-checkpoints",
+            "--state-dir",
+            tmp.path(),
+            "--container-id",
+            "",
+        ],
         "--container-id needs a value, and it is empty",
         "--dump-checkpoints",
     );
@@ -83,7 +115,15 @@ fn empty_container_id_is_refused_not_a_prefix_of_every_sandbox() {
 fn empty_values_are_refused_for_every_option() {
     let tmp = TempDir::new();
     let (dir, absent) = (tmp.path(), tmp.absent());
-    for flag in ["--state-dir", "--output", "--namespace", "--pod", "--pod-uid", "--container-id", "--lock-timeout"] {
+    for flag in [
+        "--state-dir",
+        "--output",
+        "--namespace",
+        "--pod",
+        "--pod-uid",
+        "--container-id",
+        "--lock-timeout",
+    ] {
         let needle = format!("{flag} needs a value, and it is empty");
         // The state dir given before the empty flag, so that a line that slipped through
         // parsing would dump it (exit 0) instead.
@@ -93,17 +133,36 @@ fn empty_values_are_refused_for_every_option() {
         }
         assert_usage_error(&cat(&args, &[flag, ""]), &needle, "--dump-checkpoints");
         let attached = format!("{flag}=");
-        assert_usage_error(&cat(&args, &[attached.as_str()]), &needle, "--dump-checkpoints");
+        assert_usage_error(
+            &cat(&args, &[attached.as_str()]),
+            &needle,
+            "--dump-checkpoints",
+        );
     }
     for flag in ["--state-dir", "--lock-timeout"] {
         let needle = format!("{flag} needs a value, and it is empty");
-        assert_usage_error(&["--restore", "--dry-run", "--all", flag, ""], &needle, "--restore");
+        assert_usage_error(
+            &["--restore", "--dry-run", "--all", flag, ""],
+            &needle,
+            "--restore",
+        );
     }
-    for flag in ["--conf-dir", "--state-dir", "--log-file", "--service-cidr", "--output", "--lock-timeout"] {
+    for flag in [
+        "--conf-dir",
+        "--state-dir",
+        "--log-file",
+        "--service-cidr",
+        "--output",
+        "--lock-timeout",
+    ] {
         let needle = format!("{flag} needs a value, and it is empty");
         // Only temp paths for the other dirs, should the doctor run.
         let mut args = vec!["--doctor", flag, ""];
-        for (other, value) in [("--conf-dir", dir), ("--state-dir", &absent), ("--log-file", &absent)] {
+        for (other, value) in [
+            ("--conf-dir", dir),
+            ("--state-dir", &absent),
+            ("--log-file", &absent),
+        ] {
             if other != flag {
                 args.extend([other, value]);
             }
@@ -118,15 +177,32 @@ fn container_ids_are_made_of_id_characters() {
     let absent = tmp.absent();
     for id in ["a/b", "../etc", "abc def", "*", "ab\n", "-x", "a..b"] {
         assert_usage_error(
-            &["--dump-checkpoints", "--state-dir", tmp.path(), "--container-id", id],
+            &[
+                "--dump-checkpoints",
+                "--state-dir",
+                tmp.path(),
+                "--container-id",
+                id,
+            ],
             "is not plain",
             "--dump-checkpoints",
         );
         // After `--`, so that "-x" is an argument, not an option.
-        assert_usage_error(&["--restore", "--dry-run", "--state-dir", &absent, "--", id], "is not plain", "--restore");
+        assert_usage_error(
+            &["--restore", "--dry-run", "--state-dir", &absent, "--", id],
+            "is not plain",
+            "--restore",
+        );
     }
     // Prefixes of the characters runtimes use pass, several at once.
-    assert_parsed_restore(&["--restore", "--dry-run", "--state-dir", &absent, "0a1b", "My_pod.1-x"]);
+    assert_parsed_restore(&[
+        "--restore",
+        "--dry-run",
+        "--state-dir",
+        &absent,
+        "0a1b",
+        "My_pod.1-x",
+    ]);
 }
 
 #[test]
@@ -134,21 +210,46 @@ fn two_modes_are_refused() {
     let tmp = TempDir::new();
     let absent = tmp.absent();
     assert_usage_error(
-        &["--dump-checkpoints", "--restore", "--all", "--dry-run", "--state-dir", &absent],
+        &[
+            "--dump-checkpoints",
+            "--restore",
+            "--all",
+            "--dry-run",
+            "--state-dir",
+            &absent,
+        ],
         "--dump-checkpoints and --restore are separate modes",
         "",
     );
     assert_usage_error(
-        &["--restore", "--all", "--dry-run", "--state-dir", &absent, "--dump-checkpoints"],
+        &[
+            "--restore",
+            "--all",
+            "--dry-run",
+            "--state-dir",
+            &absent,
+            "--dump-checkpoints",
+        ],
         "--restore and --dump-checkpoints are separate modes",
         "",
     );
     assert_usage_error(
-        &["--doctor", "--conf-dir", tmp.path(), "--state-dir", &absent, "--restore"],
+        &[
+            "--doctor",
+            "--conf-dir",
+            tmp.path(),
+            "--state-dir",
+            &absent,
+            "--restore",
+        ],
         "--doctor and --restore are separate modes",
         "",
     );
-    assert_usage_error(&["--restore", "--restore", "--all", "--state-dir", &absent], "--restore given twice", "--restore");
+    assert_usage_error(
+        &["--restore", "--restore", "--all", "--state-dir", &absent],
+        "--restore given twice",
+        "--restore",
+    );
 }
 
 #[test]
@@ -156,14 +257,46 @@ fn flags_of_another_mode_are_refused_naming_their_mode() {
     let tmp = TempDir::new();
     let (dir, absent) = (tmp.path(), tmp.absent());
     let dump = ["--dump-checkpoints", "--state-dir", dir];
-    assert_usage_error(&cat(&dump, &["--all"]), "--all belongs to --restore, not --dump-checkpoints", "--dump-checkpoints");
-    assert_usage_error(&cat(&dump, &["--dry-run"]), "--dry-run belongs to --restore", "--dump-checkpoints");
-    assert_usage_error(&cat(&dump, &["--conf-dir", dir]), "--conf-dir belongs to --doctor", "--dump-checkpoints");
-    assert_usage_error(&cat(&dump, &["--service-cidr", "10.0.0.0/16"]), "--service-cidr belongs to --doctor", "--dump-checkpoints");
+    assert_usage_error(
+        &cat(&dump, &["--all"]),
+        "--all belongs to --restore, not --dump-checkpoints",
+        "--dump-checkpoints",
+    );
+    assert_usage_error(
+        &cat(&dump, &["--dry-run"]),
+        "--dry-run belongs to --restore",
+        "--dump-checkpoints",
+    );
+    assert_usage_error(
+        &cat(&dump, &["--conf-dir", dir]),
+        "--conf-dir belongs to --doctor",
+        "--dump-checkpoints",
+    );
+    assert_usage_error(
+        &cat(&dump, &["--service-cidr", "10.0.0.0/16"]),
+        "--service-cidr belongs to --doctor",
+        "--dump-checkpoints",
+    );
 
-    let doctor = ["--doctor", "--conf-dir", dir, "--state-dir", &absent, "--log-file", &absent];
-    assert_usage_error(&cat(&doctor, &["--pod", "x"]), "--pod belongs to --dump-checkpoints, not --doctor", "--doctor");
-    assert_usage_error(&cat(&doctor, &["--all"]), "--all belongs to --restore, not --doctor", "--doctor");
+    let doctor = [
+        "--doctor",
+        "--conf-dir",
+        dir,
+        "--state-dir",
+        &absent,
+        "--log-file",
+        &absent,
+    ];
+    assert_usage_error(
+        &cat(&doctor, &["--pod", "x"]),
+        "--pod belongs to --dump-checkpoints, not --doctor",
+        "--doctor",
+    );
+    assert_usage_error(
+        &cat(&doctor, &["--all"]),
+        "--all belongs to --restore, not --doctor",
+        "--doctor",
+    );
 
     let restore = ["--restore", "--dry-run", "--all", "--state-dir", &absent];
     assert_usage_error(
@@ -176,9 +309,17 @@ fn flags_of_another_mode_are_refused_naming_their_mode() {
         "--output belongs to --dump-checkpoints and --doctor, not --restore",
         "--restore",
     );
-    assert_usage_error(&cat(&restore, &["--namespace", "ns"]), "--namespace belongs to --dump-checkpoints", "--restore");
+    assert_usage_error(
+        &cat(&restore, &["--namespace", "ns"]),
+        "--namespace belongs to --dump-checkpoints",
+        "--restore",
+    );
     // A flag before the mode is judged the same way.
-    assert_usage_error(&["--all", "--dump-checkpoints", "--state-dir", dir], "--all belongs to --restore", "--dump-checkpoints");
+    assert_usage_error(
+        &["--all", "--dump-checkpoints", "--state-dir", dir],
+        "--all belongs to --restore",
+        "--dump-checkpoints",
+    );
 }
 
 #[test]
@@ -186,18 +327,58 @@ fn single_valued_flags_are_given_once() {
     let tmp = TempDir::new();
     let (dir, absent) = (tmp.path(), tmp.absent());
     let dump = ["--dump-checkpoints", "--state-dir", dir];
-    assert_usage_error(&cat(&dump, &["--pod", "a", "--pod", "b"]), "--pod given twice", "--dump-checkpoints");
-    assert_usage_error(&cat(&dump, &["--state-dir", dir]), "--state-dir given twice", "--dump-checkpoints");
-    assert_usage_error(&cat(&dump, &["--output", "json", "-o", "table"]), "--output given twice", "--dump-checkpoints");
-    assert_usage_error(&cat(&dump, &["--lock-timeout=1", "--lock-timeout", "2"]), "--lock-timeout given twice", "--dump-checkpoints");
     assert_usage_error(
-        &["--restore", "--dry-run", "--all", "--state-dir", &absent, "--state-dir", &absent],
+        &cat(&dump, &["--pod", "a", "--pod", "b"]),
+        "--pod given twice",
+        "--dump-checkpoints",
+    );
+    assert_usage_error(
+        &cat(&dump, &["--state-dir", dir]),
+        "--state-dir given twice",
+        "--dump-checkpoints",
+    );
+    assert_usage_error(
+        &cat(&dump, &["--output", "json", "-o", "table"]),
+        "--output given twice",
+        "--dump-checkpoints",
+    );
+    assert_usage_error(
+        &cat(&dump, &["--lock-timeout=1", "--lock-timeout", "2"]),
+        "--lock-timeout given twice",
+        "--dump-checkpoints",
+    );
+    assert_usage_error(
+        &[
+            "--restore",
+            "--dry-run",
+            "--all",
+            "--state-dir",
+            &absent,
+            "--state-dir",
+            &absent,
+        ],
         "--state-dir given twice",
         "--restore",
     );
-    let doctor = ["--doctor", "--conf-dir", dir, "--state-dir", &absent, "--log-file", &absent];
-    assert_usage_error(&cat(&doctor, &["--conf-dir", dir]), "--conf-dir given twice", "--doctor");
-    assert_usage_error(&cat(&doctor, &["--log-file", &absent]), "--log-file given twice", "--doctor");
+    let doctor = [
+        "--doctor",
+        "--conf-dir",
+        dir,
+        "--state-dir",
+        &absent,
+        "--log-file",
+        &absent,
+    ];
+    assert_usage_error(
+        &cat(&doctor, &["--conf-dir", dir]),
+        "--conf-dir given twice",
+        "--doctor",
+    );
+    assert_usage_error(
+        &cat(&doctor, &["--log-file", &absent]),
+        "--log-file given twice",
+        "--doctor",
+    );
 }
 
 #[test]
@@ -209,68 +390,173 @@ fn attached_values_work_for_every_valued_flag() {
     assert!(json.status.success(), "{}", text(&json.stderr));
     assert_eq!(text(&json.stdout).trim(), "[]");
 
-    let filters = ["--namespace=ns", "--pod=web-0", "--pod-uid=u1", "--container-id=ab", "--lock-timeout=0.5"];
-    let table = guard(&cat(&["--dump-checkpoints", &state_dir, "--output=table"], &filters));
+    let filters = [
+        "--namespace=ns",
+        "--pod=web-0",
+        "--pod-uid=u1",
+        "--container-id=ab",
+        "--lock-timeout=0.5",
+    ];
+    let table = guard(&cat(
+        &["--dump-checkpoints", &state_dir, "--output=table"],
+        &filters,
+    ));
     assert!(table.status.success(), "{}", text(&table.stderr));
-    assert!(text(&table.stdout).contains("0 checkpoints"), "{}", text(&table.stdout));
+    assert!(
+        text(&table.stdout).contains("0 checkpoints"),
+        "{}",
+        text(&table.stdout)
+    );
 
     let absent = format!("--state-dir={}", tmp.absent());
-    assert_parsed_restore(&["--restore", "--dry-run", "--all", &absent, "--lock-timeout=2"]);
+    assert_parsed_restore(&[
+        "--restore",
+        "--dry-run",
+        "--all",
+        &absent,
+        "--lock-timeout=2",
+    ]);
     // A value that is not one is refused whichever way it is attached.
-    assert_usage_error(&["--dump-checkpoints", &state_dir, "--output=yaml"], "use table or json", "--dump-checkpoints");
-    assert_usage_error(&["--restore", "--all=yes", &absent], "--all takes no value", "--restore");
+    assert_usage_error(
+        &["--dump-checkpoints", &state_dir, "--output=yaml"],
+        "use table or json",
+        "--dump-checkpoints",
+    );
+    assert_usage_error(
+        &["--restore", "--all=yes", &absent],
+        "--all takes no value",
+        "--restore",
+    );
 }
 
 #[test]
 fn each_mode_has_its_own_help() {
     let help = |args: &[&str]| {
         let out = guard(args);
-        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
         assert_eq!(text(&out.stderr), "", "{args:?}");
         text(&out.stdout)
     };
     let restore = help(&["--restore", "--help"]);
-    assert!(restore.starts_with("Usage: sandbox-guard --restore"), "{restore}");
-    assert!(restore.contains("--all") && restore.contains("--dry-run") && restore.contains("--lock-timeout"), "{restore}");
-    assert!(!restore.contains("--pod ") && !restore.contains("--service-cidr") && !restore.contains("--dump-checkpoints"), "{restore}");
+    assert!(
+        restore.starts_with("Usage: sandbox-guard --restore"),
+        "{restore}"
+    );
+    assert!(
+        restore.contains("--all")
+            && restore.contains("--dry-run")
+            && restore.contains("--lock-timeout"),
+        "{restore}"
+    );
+    assert!(
+        !restore.contains("--pod ")
+            && !restore.contains("--service-cidr")
+            && !restore.contains("--dump-checkpoints"),
+        "{restore}"
+    );
     assert_eq!(help(&["--restore", "-h"]), restore);
     assert_eq!(help(&["--help", "--restore"]), restore);
 
     let dump = help(&["--dump-checkpoints", "--help"]);
-    assert!(dump.starts_with("Usage: sandbox-guard --dump-checkpoints"), "{dump}");
-    assert!(dump.contains("--pod-uid") && dump.contains("--container-id") && dump.contains("--lock-timeout"), "{dump}");
-    assert!(!dump.contains("--all") && !dump.contains("--conf-dir") && !dump.contains("--restore"), "{dump}");
+    assert!(
+        dump.starts_with("Usage: sandbox-guard --dump-checkpoints"),
+        "{dump}"
+    );
+    assert!(
+        dump.contains("--pod-uid")
+            && dump.contains("--container-id")
+            && dump.contains("--lock-timeout"),
+        "{dump}"
+    );
+    assert!(
+        !dump.contains("--all") && !dump.contains("--conf-dir") && !dump.contains("--restore"),
+        "{dump}"
+    );
 
     let doctor = help(&["--doctor", "--help"]);
-    assert!(doctor.starts_with("Usage: sandbox-guard --doctor"), "{doctor}");
-    assert!(doctor.contains("--service-cidr") && doctor.contains("--conf-dir") && doctor.contains("--lock-timeout"), "{doctor}");
-    assert!(!doctor.contains("--dry-run") && !doctor.contains("--pod ") && !doctor.contains("--restore"), "{doctor}");
+    assert!(
+        doctor.starts_with("Usage: sandbox-guard --doctor"),
+        "{doctor}"
+    );
+    assert!(
+        doctor.contains("--service-cidr")
+            && doctor.contains("--conf-dir")
+            && doctor.contains("--lock-timeout"),
+        "{doctor}"
+    );
+    assert!(
+        !doctor.contains("--dry-run")
+            && !doctor.contains("--pod ")
+            && !doctor.contains("--restore"),
+        "{doctor}"
+    );
 
     let overview = help(&["--help"]);
-    for mode in ["--dump-checkpoints", "--restore", "--doctor", "--version", "--lock-timeout"] {
+    for mode in [
+        "--dump-checkpoints",
+        "--restore",
+        "--doctor",
+        "--version",
+        "--lock-timeout",
+    ] {
         assert!(overview.contains(mode), "{mode} missing from {overview}");
     }
     assert_eq!(help(&["-h"]), overview);
 
     let version = help(&["--version"]);
-    assert!(version.starts_with(&format!("sandbox-guard {} (CNI ", env!("CARGO_PKG_VERSION"))), "{version}");
+    assert!(
+        version.starts_with(&format!(
+            "sandbox-guard {} (CNI ",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{version}"
+    );
 }
 
 #[test]
 fn usage_errors_exit_2_with_one_line_and_the_mode_help() {
     let tmp = TempDir::new();
     let absent = tmp.absent();
-    assert_usage_error(&["--restore", "--all", "--state-dir", &absent, "--bogus"], "unknown option --bogus", "--restore");
-    assert_usage_error(&["--dump-checkpoints", "--state-dir", tmp.path(), "--pod"], "--pod needs a value", "--dump-checkpoints");
-    assert_usage_error(&["--dump-checkpoints", "--state-dir", tmp.path(), "stray"], "unexpected argument \"stray\"", "--dump-checkpoints");
-    assert_usage_error(&["--restore", "--dry-run", "--state-dir", &absent], "--restore needs --all or container IDs", "--restore");
-    assert_usage_error(&["--restore", "--all", "abc", "--state-dir", &absent], "exclude each other", "--restore");
+    assert_usage_error(
+        &["--restore", "--all", "--state-dir", &absent, "--bogus"],
+        "unknown option --bogus",
+        "--restore",
+    );
+    assert_usage_error(
+        &["--dump-checkpoints", "--state-dir", tmp.path(), "--pod"],
+        "--pod needs a value",
+        "--dump-checkpoints",
+    );
+    assert_usage_error(
+        &["--dump-checkpoints", "--state-dir", tmp.path(), "stray"],
+        "unexpected argument \"stray\"",
+        "--dump-checkpoints",
+    );
+    assert_usage_error(
+        &["--restore", "--dry-run", "--state-dir", &absent],
+        "--restore needs --all or container IDs",
+        "--restore",
+    );
+    assert_usage_error(
+        &["--restore", "--all", "abc", "--state-dir", &absent],
+        "exclude each other",
+        "--restore",
+    );
     assert_usage_error(&["--bogus"], "unknown option --bogus", "");
     assert_usage_error(&["--state-dir", &absent], "no mode given", "");
     // `--dump-checkpoints` keeps its name and its output.
     let dump = guard(&["--dump-checkpoints", "--state-dir", tmp.path()]);
     assert!(dump.status.success(), "{}", text(&dump.stderr));
-    assert!(text(&dump.stdout).contains("0 checkpoints"), "{}", text(&dump.stdout));
+    assert!(
+        text(&dump.stdout).contains("0 checkpoints"),
+        "{}",
+        text(&dump.stdout)
+    );
 }
 
 #[test]
@@ -278,15 +564,46 @@ fn lock_timeout_is_an_option_of_every_mode() {
     let tmp = TempDir::new();
     let (dir, absent) = (tmp.path(), tmp.absent());
     for seconds in ["0", "10", "0.5", ".25", "3."] {
-        let dump = guard(&["--dump-checkpoints", "--state-dir", dir, "--lock-timeout", seconds]);
+        let dump = guard(&[
+            "--dump-checkpoints",
+            "--state-dir",
+            dir,
+            "--lock-timeout",
+            seconds,
+        ]);
         assert!(dump.status.success(), "{seconds}: {}", text(&dump.stderr));
-        assert_parsed_restore(&["--restore", "--dry-run", "--all", "--state-dir", &absent, "--lock-timeout", seconds]);
+        assert_parsed_restore(&[
+            "--restore",
+            "--dry-run",
+            "--all",
+            "--state-dir",
+            &absent,
+            "--lock-timeout",
+            seconds,
+        ]);
     }
     for bad in ["-1", "abc", "1e3", "inf", "10s", "1.2.3"] {
         let attached = format!("--lock-timeout={bad}");
-        assert_usage_error(&["--dump-checkpoints", "--state-dir", dir, &attached], "non-negative number", "--dump-checkpoints");
-        assert_usage_error(&["--restore", "--all", "--state-dir", &absent, &attached], "non-negative number", "--restore");
-        let doctor = ["--doctor", "--conf-dir", dir, "--state-dir", &absent, "--log-file", &absent, &attached];
+        assert_usage_error(
+            &["--dump-checkpoints", "--state-dir", dir, &attached],
+            "non-negative number",
+            "--dump-checkpoints",
+        );
+        assert_usage_error(
+            &["--restore", "--all", "--state-dir", &absent, &attached],
+            "non-negative number",
+            "--restore",
+        );
+        let doctor = [
+            "--doctor",
+            "--conf-dir",
+            dir,
+            "--state-dir",
+            &absent,
+            "--log-file",
+            &absent,
+            &attached,
+        ];
         assert_usage_error(&doctor, "non-negative number", "--doctor");
     }
 }

@@ -2,23 +2,29 @@
 //! Covers the stale-DEL incident (seed 001) and its variants, the pass-through of the primary
 //! plugin's result, the other verbs, the dump, the store's hardening and every bad input.
 
-#[path = "support/sys.rs"]
-mod sys;
-#[path = "support/testdata.rs"]
-mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 #[path = "support/mount.rs"]
 mod mount;
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
 
-use cni::{CniError, Incident, NETWORK, Pod, SUPPORTED_VERSIONS, Store, container_id, corrupt_one_digit, files_in, mode, verify_envelope, walk};
+use cni::{
+    CniError, Incident, NETWORK, Pod, SUPPORTED_VERSIONS, Store, container_id, corrupt_one_digit,
+    files_in, mode, verify_envelope, walk,
+};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::path::Path;
 
 /// The pods of the incident: a StatefulSet pod re-created under its old name, new UID.
 fn etcd_incarnations() -> (Pod, Pod) {
-    (Pod::new("lijiaob", "etcd1-0"), Pod::new("lijiaob", "etcd1-0"))
+    (
+        Pod::new("lijiaob", "etcd1-0"),
+        Pod::new("lijiaob", "etcd1-0"),
+    )
 }
 
 /// The incident's cast, with the incident's pod.
@@ -38,15 +44,29 @@ fn mentions_generation(text: &str, generation: u64) -> bool {
 }
 
 fn generation_of(store: &Store, container: &str) -> u64 {
-    let entry = store.entry(container, "eth0").unwrap_or_else(|| panic!("no checkpoint of {container}"));
-    entry["generation"].as_u64().unwrap_or_else(|| panic!("generation is not a number: {entry}"))
+    let entry = store
+        .entry(container, "eth0")
+        .unwrap_or_else(|| panic!("no checkpoint of {container}"));
+    entry["generation"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("generation is not a number: {entry}"))
 }
 
 fn assert_stale_del(error: &CniError, owner: &str, owner_pod: &Pod, owner_generation: u64) {
     assert_eq!(error.code, 11, "{error:?}");
-    assert!(error.msg.contains("stale DEL"), "msg must say stale DEL: {error:?}");
-    assert!(error.msg.contains(owner), "msg must name the owning container {owner}: {error:?}");
-    assert!(error.details.contains(&owner_pod.uid), "details must name the owner's pod UID {}: {error:?}", owner_pod.uid);
+    assert!(
+        error.msg.contains("stale DEL"),
+        "msg must say stale DEL: {error:?}"
+    );
+    assert!(
+        error.msg.contains(owner),
+        "msg must name the owning container {owner}: {error:?}"
+    );
+    assert!(
+        error.details.contains(&owner_pod.uid),
+        "details must name the owner's pod UID {}: {error:?}",
+        owner_pod.uid
+    );
     assert!(
         mentions_generation(&error.details, owner_generation),
         "details must name the owner's generation {owner_generation}: {error:?}"
@@ -55,7 +75,13 @@ fn assert_stale_del(error: &CniError, owner: &str, owner_pod: &Pod, owner_genera
 
 #[test]
 fn incident_sequence_refuses_the_stale_del_until_the_new_sandbox_is_gone() {
-    let Incident { store, pod_a, pod_b, a, b } = incident();
+    let Incident {
+        store,
+        pod_a,
+        pod_b,
+        a,
+        b,
+    } = incident();
 
     store.add(&a, &pod_a).run().assert_ok();
     store.del(&a, &pod_a).run().assert_ok();
@@ -65,9 +91,17 @@ fn incident_sequence_refuses_the_stale_del_until_the_new_sandbox_is_gone() {
     // The kubelet's retry of A's teardown, as in the incident log: empty CNI_NETNS.
     let before = store.snapshot();
     let reply = store.del(&a, &pod_a).netns("").no_prev_result().run();
-    assert_eq!(reply.status.code(), Some(1), "a refused DEL exits 1: {reply:?}");
+    assert_eq!(
+        reply.status.code(),
+        Some(1),
+        "a refused DEL exits 1: {reply:?}"
+    );
     assert_stale_del(&reply.assert_error(11), &b, &pod_b, generation_b);
-    assert_eq!(store.snapshot(), before, "a refused DEL must not change the store");
+    assert_eq!(
+        store.snapshot(),
+        before,
+        "a refused DEL must not change the store"
+    );
     assert!(store.is_owner(&b, "eth0"));
 
     store.del(&b, &pod_b).run().assert_ok();
@@ -78,7 +112,13 @@ fn incident_sequence_refuses_the_stale_del_until_the_new_sandbox_is_gone() {
 
 #[test]
 fn del_of_the_older_sandbox_is_refused_while_the_newer_one_owns_the_pod() {
-    let Incident { store, pod_a, pod_b, a, b } = incident();
+    let Incident {
+        store,
+        pod_a,
+        pod_b,
+        a,
+        b,
+    } = incident();
     store.add(&a, &pod_a).run().assert_ok();
     store.add(&b, &pod_b).run().assert_ok();
     assert!(!store.is_owner(&a, "eth0") && store.is_owner(&b, "eth0"));
@@ -91,7 +131,13 @@ fn del_of_the_older_sandbox_is_refused_while_the_newer_one_owns_the_pod() {
 
 #[test]
 fn del_of_an_unknown_container_is_refused_while_another_owns_the_pod() {
-    let Incident { store, pod_a: pod_old, pod_b, a: never_added, b } = incident();
+    let Incident {
+        store,
+        pod_a: pod_old,
+        pod_b,
+        a: never_added,
+        b,
+    } = incident();
     store.add(&b, &pod_b).run().assert_ok();
 
     let error = store.del(&never_added, &pod_old).run().assert_error(11);
@@ -112,9 +158,16 @@ fn repeated_add_is_idempotent_and_bumps_the_generation() {
     assert_eq!(second.stdout, first.stdout);
 
     let entries = store.dump();
-    assert_eq!(entries.len(), 1, "one attachment, one checkpoint: {entries:?}");
+    assert_eq!(
+        entries.len(),
+        1,
+        "one attachment, one checkpoint: {entries:?}"
+    );
     assert_eq!(entries[0]["owner"], true);
-    assert!(generation_of(&store, &a) > generation, "the generation must grow on a repeated ADD: {entries:?}");
+    assert!(
+        generation_of(&store, &a) > generation,
+        "the generation must grow on a repeated ADD: {entries:?}"
+    );
     assert_eq!(store.owner_files().len(), 1);
 }
 
@@ -122,12 +175,24 @@ fn repeated_add_is_idempotent_and_bumps_the_generation() {
 fn networks_and_ifnames_are_separate_pod_keys() {
     // podKey "name-and-ifname": each (network, ifname) is a key. By the default rule a pod's
     // interfaces on one network share one key (tests/pod_key.rs).
-    let Incident { store, pod_a, pod_b, a, b } = incident();
+    let Incident {
+        store,
+        pod_a,
+        pod_b,
+        a,
+        b,
+    } = incident();
     let keyed = |call: cni::Cni| call.config("podKey", Some(json!("name-and-ifname")));
     let second_network = "storage-net";
     keyed(store.add(&a, &pod_a)).run().assert_ok();
-    keyed(store.add(&a, &pod_a)).ifname("net1").run().assert_ok();
-    keyed(store.add(&a, &pod_a)).network(second_network).run().assert_ok();
+    keyed(store.add(&a, &pod_a))
+        .ifname("net1")
+        .run()
+        .assert_ok();
+    keyed(store.add(&a, &pod_a))
+        .network(second_network)
+        .run()
+        .assert_ok();
     // The new sandbox takes over only (NETWORK, eth0).
     keyed(store.add(&b, &pod_b)).run().assert_ok();
 
@@ -135,60 +200,142 @@ fn networks_and_ifnames_are_separate_pod_keys() {
         .dump()
         .iter()
         .filter(|e| e["owner"] == true)
-        .map(|e| (e["network"].as_str().unwrap().into(), e["containerId"].as_str().unwrap().into(), e["ifName"].as_str().unwrap().into()))
+        .map(|e| {
+            (
+                e["network"].as_str().unwrap().into(),
+                e["containerId"].as_str().unwrap().into(),
+                e["ifName"].as_str().unwrap().into(),
+            )
+        })
         .collect();
-    let expected = [(NETWORK, &b, "eth0"), (NETWORK, &a, "net1"), (second_network, &a, "eth0")]
-        .map(|(network, container, ifname)| (network.to_string(), container.to_string(), ifname.to_string()));
-    assert_eq!(owners, BTreeSet::from(expected), "each (network, ifname) is its own pod key");
+    let expected = [
+        (NETWORK, &b, "eth0"),
+        (NETWORK, &a, "net1"),
+        (second_network, &a, "eth0"),
+    ]
+    .map(|(network, container, ifname)| {
+        (
+            network.to_string(),
+            container.to_string(),
+            ifname.to_string(),
+        )
+    });
+    assert_eq!(
+        owners,
+        BTreeSet::from(expected),
+        "each (network, ifname) is its own pod key"
+    );
 
-    keyed(store.del(&a, &pod_a)).ifname("net1").run().assert_ok();
-    keyed(store.del(&a, &pod_a)).network(second_network).run().assert_ok();
+    keyed(store.del(&a, &pod_a))
+        .ifname("net1")
+        .run()
+        .assert_ok();
+    keyed(store.del(&a, &pod_a))
+        .network(second_network)
+        .run()
+        .assert_ok();
     keyed(store.del(&a, &pod_a)).run().assert_error(11);
-    keyed(store.del(&b, &pod_b)).ifname("net1").run().assert_ok();
+    keyed(store.del(&b, &pod_b))
+        .ifname("net1")
+        .run()
+        .assert_ok();
     assert!(store.is_owner(&b, "eth0"));
 }
 
 #[test]
 fn audit_mode_lets_the_stale_del_pass_logs_it_and_keeps_the_owner() {
-    let Incident { store, pod_a, pod_b, a, b } = incident();
+    let Incident {
+        store,
+        pod_a,
+        pod_b,
+        a,
+        b,
+    } = incident();
     store.add(&a, &pod_a).run().assert_ok();
     store.add(&b, &pod_b).run().assert_ok();
 
-    store.del(&a, &pod_a).config("staleDel", Some(json!("audit"))).run().assert_ok();
+    store
+        .del(&a, &pod_a)
+        .config("staleDel", Some(json!("audit")))
+        .run()
+        .assert_ok();
 
     let lines = store.log_lines();
     let last = lines.last().expect("a log line per operation");
-    assert_eq!((last.verb.as_str(), last.container.as_str(), last.outcome.as_str()), ("DEL", a.as_str(), "audited"), "{last:?}");
-    assert!(store.is_owner(&b, "eth0"), "an audited stale DEL must not take the ownership away");
+    assert_eq!(
+        (
+            last.verb.as_str(),
+            last.container.as_str(),
+            last.outcome.as_str()
+        ),
+        ("DEL", a.as_str(), "audited"),
+        "{last:?}"
+    );
+    assert!(
+        store.is_owner(&b, "eth0"),
+        "an audited stale DEL must not take the ownership away"
+    );
     assert_eq!(store.owner_files().len(), 1);
 }
 
 #[test]
 fn second_del_without_netns_or_prev_result_is_accepted_and_still_guarded() {
-    let Incident { store, pod_a, pod_b, a, b } = incident();
+    let Incident {
+        store,
+        pod_a,
+        pod_b,
+        a,
+        b,
+    } = incident();
     store.add(&a, &pod_a).run().assert_ok();
     // StopPodSandbox, then RemovePodSandbox's DEL with an empty CNI_NETNS and no prevResult.
     store.del(&a, &pod_a).run().assert_ok();
-    store.del(&a, &pod_a).netns("").no_prev_result().run().assert_ok();
+    store
+        .del(&a, &pod_a)
+        .netns("")
+        .no_prev_result()
+        .run()
+        .assert_ok();
     assert!(store.dump().is_empty());
 
     store.add(&a, &pod_a).run().assert_ok();
     store.add(&b, &pod_b).run().assert_ok();
-    store.del(&a, &pod_a).netns("").no_prev_result().run().assert_error(11);
+    store
+        .del(&a, &pod_a)
+        .netns("")
+        .no_prev_result()
+        .run()
+        .assert_error(11);
 }
 
 #[test]
 fn del_with_neither_pod_identity_nor_record_passes() {
     let store = Store::new();
     for args in ["", "IgnoreUnknown=1"] {
-        store.cni("DEL", &container_id()).cni_args(args).run().assert_ok();
-        store.cni("DEL", &container_id()).cni_args(args).netns("").no_prev_result().run().assert_ok();
+        store
+            .cni("DEL", &container_id())
+            .cni_args(args)
+            .run()
+            .assert_ok();
+        store
+            .cni("DEL", &container_id())
+            .cni_args(args)
+            .netns("")
+            .no_prev_result()
+            .run()
+            .assert_ok();
     }
 }
 
 #[test]
 fn del_without_pod_identity_uses_the_recorded_identity() {
-    let Incident { store, pod_a, pod_b, a, b } = incident();
+    let Incident {
+        store,
+        pod_a,
+        pod_b,
+        a,
+        b,
+    } = incident();
     store.add(&a, &pod_a).run().assert_ok();
     store.add(&b, &pod_b).run().assert_ok();
 
@@ -196,7 +343,10 @@ fn del_without_pod_identity_uses_the_recorded_identity() {
     assert_stale_del(&error, &b, &pod_b, generation_of(&store, &b));
 
     store.identityless_del(&b).run().assert_ok();
-    assert!(store.owner_files().is_empty(), "B's DEL must release its ownership");
+    assert!(
+        store.owner_files().is_empty(),
+        "B's DEL must release its ownership"
+    );
     store.identityless_del(&a).run().assert_ok();
     assert!(store.dump().is_empty());
 }
@@ -206,27 +356,62 @@ fn podman_args_without_namespace_only_checkpoint() {
     let store = Store::new();
     let (a, b) = (container_id(), container_id());
     let podman_args = testdata::cni_args("podman", &[("name", "web")]);
-    store.cni("ADD", &a).cni_args(&podman_args).run().assert_ok();
-    store.cni("ADD", &b).cni_args(&podman_args).run().assert_ok();
+    store
+        .cni("ADD", &a)
+        .cni_args(&podman_args)
+        .run()
+        .assert_ok();
+    store
+        .cni("ADD", &b)
+        .cni_args(&podman_args)
+        .run()
+        .assert_ok();
 
-    let entry = store.entry(&b, "eth0").expect("podman attachments are checkpointed");
+    let entry = store
+        .entry(&b, "eth0")
+        .expect("podman attachments are checkpointed");
     assert_eq!(entry["podName"], "web");
     assert_eq!(entry["podNamespace"], Value::Null);
     assert_eq!(entry["podUid"], Value::Null);
-    store.cni("DEL", &a).cni_args(&podman_args).run().assert_ok();
-    store.cni("DEL", &b).cni_args(&podman_args).run().assert_ok();
+    store
+        .cni("DEL", &a)
+        .cni_args(&podman_args)
+        .run()
+        .assert_ok();
+    store
+        .cni("DEL", &b)
+        .cni_args(&podman_args)
+        .run()
+        .assert_ok();
 }
 
 /// containerd builds CNI_ARGS from a Go map, so the order of its keys varies from call to call.
 #[test]
 fn containerd_args_in_another_order_name_the_same_pod() {
-    let Incident { store, pod_a, pod_b, a, b } = incident();
+    let Incident {
+        store,
+        pod_a,
+        pod_b,
+        a,
+        b,
+    } = incident();
     store.add(&a, &pod_a).run().assert_ok();
-    store.add(&b, &pod_b).cni_args(&pod_b.cni_args_as("containerd-reordered", &b)).run().assert_ok();
+    store
+        .add(&b, &pod_b)
+        .cni_args(&pod_b.cni_args_as("containerd-reordered", &b))
+        .run()
+        .assert_ok();
     let entry = store.entry(&b, "eth0").expect("B is checkpointed");
-    assert_eq!((&entry["podNamespace"], &entry["podName"], &entry["podUid"]), (&json!("lijiaob"), &json!("etcd1-0"), &json!(pod_b.uid)));
+    assert_eq!(
+        (&entry["podNamespace"], &entry["podName"], &entry["podUid"]),
+        (&json!("lijiaob"), &json!("etcd1-0"), &json!(pod_b.uid))
+    );
 
-    let error = store.del(&a, &pod_a).cni_args(&pod_a.cni_args_as("containerd-reordered", &a)).run().assert_error(11);
+    let error = store
+        .del(&a, &pod_a)
+        .cni_args(&pod_a.cni_args_as("containerd-reordered", &a))
+        .run()
+        .assert_error(11);
     assert_stale_del(&error, &b, &pod_b, generation_of(&store, &b));
 }
 
@@ -238,10 +423,22 @@ fn add_prints_the_prev_result_back_byte_for_byte() {
     // Odd spacing, unsorted keys, a float, escapes and fields no CNI version defines: a typed
     // round trip would change every one of them.
     let raw = testdata::fixture("results/verbatim/1.0.0.json");
-    let reply = store.add(&a, &pod).version("1.0.0").prev_result_raw(&raw).run();
+    let reply = store
+        .add(&a, &pod)
+        .version("1.0.0")
+        .prev_result_raw(&raw)
+        .run();
     reply.assert_ok();
-    assert_eq!(reply.stdout.strip_suffix('\n').unwrap_or(&reply.stdout), raw);
-    store.del(&a, &pod).version("1.0.0").prev_result_raw(&raw).run().assert_ok();
+    assert_eq!(
+        reply.stdout.strip_suffix('\n').unwrap_or(&reply.stdout),
+        raw
+    );
+    store
+        .del(&a, &pod)
+        .version("1.0.0")
+        .prev_result_raw(&raw)
+        .run()
+        .assert_ok();
 }
 
 fn attachment(container: &str) -> Value {
@@ -252,35 +449,69 @@ fn attachment(container: &str) -> Value {
 fn gc_keeps_only_the_valid_attachments_and_their_ownership() {
     let store = Store::new();
     let (pod_a, pod_b) = etcd_incarnations();
-    let (pod_c, pod_d) = (Pod::new("default", "cache-0"), Pod::new("default", "queue-0"));
+    let (pod_c, pod_d) = (
+        Pod::new("default", "cache-0"),
+        Pod::new("default", "queue-0"),
+    );
     let [a, b, c, d, other] = std::array::from_fn(|_| container_id());
     store.add(&a, &pod_a).run().assert_ok();
     store.add(&b, &pod_b).run().assert_ok();
     store.add(&c, &pod_c).run().assert_ok();
     store.add(&d, &pod_d).run().assert_ok();
-    store.add(&other, &pod_d).network("other-net").run().assert_ok();
+    store
+        .add(&other, &pod_d)
+        .network("other-net")
+        .run()
+        .assert_ok();
     assert_eq!(store.owner_files().len(), 4);
 
     let gc = |key: &str, valid: &[&String]| {
         let list: Vec<Value> = valid.iter().map(|id| attachment(id)).collect();
-        store.cni("GC", "").config(key, Some(Value::Array(list))).run()
+        store
+            .cni("GC", "")
+            .config(key, Some(Value::Array(list)))
+            .run()
     };
     gc("cni.dev/valid-attachments", &[&b, &c]).assert_ok();
-    let kept: BTreeSet<(String, bool)> =
-        store.dump().iter().map(|e| (e["containerId"].as_str().unwrap().to_string(), e["owner"] == true)).collect();
+    let kept: BTreeSet<(String, bool)> = store
+        .dump()
+        .iter()
+        .map(|e| {
+            (
+                e["containerId"].as_str().unwrap().to_string(),
+                e["owner"] == true,
+            )
+        })
+        .collect();
     let expected = BTreeSet::from([(b.clone(), true), (c.clone(), true), (other.clone(), true)]);
-    assert_eq!(kept, expected, "GC of {NETWORK} keeps B, C and the other network's attachment");
-    assert_eq!(store.owner_files().len(), 3, "D's ownership goes with its record");
+    assert_eq!(
+        kept, expected,
+        "GC of {NETWORK} keeps B, C and the other network's attachment"
+    );
+    assert_eq!(
+        store.owner_files().len(),
+        3,
+        "D's ownership goes with its record"
+    );
     // B is still alive and owns the pod: A's DEL would still tear B's network down.
     store.del(&a, &pod_a).run().assert_error(11);
 
     gc("cni.dev/attachments", &[&c]).assert_ok();
     assert!(store.entry(&b, "eth0").is_none());
-    assert_eq!(store.owner_files().len(), 2, "B's ownership goes with its record");
+    assert_eq!(
+        store.owner_files().len(),
+        2,
+        "B's ownership goes with its record"
+    );
     // The runtime has declared B gone: nothing left that A's teardown could hurt.
     store.del(&a, &pod_a).run().assert_ok();
     store.del(&b, &pod_b).run().assert_ok();
-    assert!(store.log_lines().iter().any(|l| l.verb == "GC" && l.outcome == "collected"));
+    assert!(
+        store
+            .log_lines()
+            .iter()
+            .any(|l| l.verb == "GC" && l.outcome == "collected")
+    );
 
     // No list at all is a broken runtime, not "nothing is valid": forgetting every pod of
     // the node would disarm the guard.
@@ -292,7 +523,10 @@ fn gc_keeps_only_the_valid_attachments_and_their_ownership() {
 fn status_is_ok_on_a_usable_state_dir() {
     let store = Store::new();
     store.cni("STATUS", "").run().assert_ok();
-    store.add(&container_id(), &Pod::new("default", "web-0")).run().assert_ok();
+    store
+        .add(&container_id(), &Pod::new("default", "web-0"))
+        .run()
+        .assert_ok();
     store.cni("STATUS", "").run().assert_ok();
 }
 
@@ -308,7 +542,10 @@ fn status_is_50_when_a_file_is_in_the_way_of_the_state_dir() {
 fn status_is_50_on_a_read_only_state_dir() {
     sys::skip_unless_root!(&["mount", "umount"]);
     let store = Store::new();
-    store.add(&container_id(), &Pod::new("default", "web-0")).run().assert_ok();
+    store
+        .add(&container_id(), &Pod::new("default", "web-0"))
+        .run()
+        .assert_ok();
     let _read_only = mount::Mount::read_only_bind(&store.state_dir);
     store.cni("STATUS", "").run().assert_error(50);
 
@@ -325,9 +562,17 @@ fn version_lists_the_supported_versions() {
         reply.assert_ok();
         let body = reply.json();
         assert!(body["cniVersion"].is_string(), "{body}");
-        let listed: Vec<&str> = body["supportedVersions"].as_array().expect("supportedVersions").iter().filter_map(Value::as_str).collect();
+        let listed: Vec<&str> = body["supportedVersions"]
+            .as_array()
+            .expect("supportedVersions")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
         for version in SUPPORTED_VERSIONS {
-            assert!(listed.contains(&version), "{version} missing from {listed:?}");
+            assert!(
+                listed.contains(&version),
+                "{version} missing from {listed:?}"
+            );
         }
     }
 }
@@ -341,7 +586,11 @@ fn add_and_del_work_at_every_supported_version() {
         let add = store.add(&a, &pod).version(version);
         let reply = add.run();
         reply.assert_ok();
-        assert_eq!(reply.json(), add.default_prev_result(), "ADD at {version} passes prevResult through");
+        assert_eq!(
+            reply.json(),
+            add.default_prev_result(),
+            "ADD at {version} passes prevResult through"
+        );
         store.del(&a, &pod).version(version).run().assert_ok();
     }
     assert!(store.dump().is_empty());
@@ -351,45 +600,123 @@ fn add_and_del_work_at_every_supported_version() {
 fn verbs_are_refused_below_their_cni_version() {
     let (store, pod, a) = Store::with_one_sandbox("default", "web-0");
     for old in ["0.3.0", "0.3.1"] {
-        store.cni("CHECK", &a).pod(&pod).version(old).run().assert_error(1);
+        store
+            .cni("CHECK", &a)
+            .pod(&pod)
+            .version(old)
+            .run()
+            .assert_error(1);
     }
-    store.cni("GC", "").version("1.0.0").config("cni.dev/valid-attachments", Some(json!([]))).run().assert_error(1);
-    store.cni("STATUS", "").version("1.0.0").run().assert_error(1);
-    assert!(store.entry(&a, "eth0").is_some(), "a refused GC must not collect anything");
+    store
+        .cni("GC", "")
+        .version("1.0.0")
+        .config("cni.dev/valid-attachments", Some(json!([])))
+        .run()
+        .assert_error(1);
+    store
+        .cni("STATUS", "")
+        .version("1.0.0")
+        .run()
+        .assert_error(1);
+    assert!(
+        store.entry(&a, "eth0").is_some(),
+        "a refused GC must not collect anything"
+    );
 }
 
 #[test]
 fn every_verb_at_0_1_0_and_0_2_0_answers_as_the_spec_says() {
     for version in cni::LEGACY_VERSIONS {
-        let Incident { store, pod_a, pod_b, a, b } = incident();
+        let Incident {
+            store,
+            pod_a,
+            pod_b,
+            a,
+            b,
+        } = incident();
         let reply = store.cni("VERSION", "").version(version).run();
         reply.assert_ok();
-        assert_eq!(reply.json()["cniVersion"], version, "VERSION echoes a version it speaks");
+        assert_eq!(
+            reply.json()["cniVersion"],
+            version,
+            "VERSION echoes a version it speaks"
+        );
         assert_eq!(reply.json()["supportedVersions"], json!(SUPPORTED_VERSIONS));
 
         let add = store.add(&a, &pod_a).version(version);
         let reply = add.run();
         reply.assert_ok();
-        assert_eq!(reply.json(), add.default_prev_result(), "ADD at {version} passes the legacy result through");
+        assert_eq!(
+            reply.json(),
+            add.default_prev_result(),
+            "ADD at {version} passes the legacy result through"
+        );
         assert_eq!(store.entry(&a, "eth0").unwrap()["cniVersion"], version);
         store.add(&b, &pod_b).version(version).run().assert_ok();
         // libcni sends no prevResult on DEL below 0.4.0.
         let before = store.snapshot();
-        let reply = store.del(&a, &pod_a).version(version).no_prev_result().run();
-        assert_stale_del(&reply.assert_error(11), &b, &pod_b, generation_of(&store, &b));
-        assert_eq!(reply.json()["cniVersion"], version, "the error is in the config's version");
-        assert_eq!(store.snapshot(), before, "a refused DEL must not change the store");
+        let reply = store
+            .del(&a, &pod_a)
+            .version(version)
+            .no_prev_result()
+            .run();
+        assert_stale_del(
+            &reply.assert_error(11),
+            &b,
+            &pod_b,
+            generation_of(&store, &b),
+        );
+        assert_eq!(
+            reply.json()["cniVersion"],
+            version,
+            "the error is in the config's version"
+        );
+        assert_eq!(
+            store.snapshot(),
+            before,
+            "a refused DEL must not change the store"
+        );
 
         // CHECK came with 0.4.0, GC and STATUS with 1.1.0: refused with code 1, nothing read or written.
-        let error = store.cni("CHECK", &b).pod(&pod_b).version(version).run().assert_error(1);
-        assert!(error.msg.contains("CHECK needs cniVersion 0.4.0"), "{error:?}");
-        let gc = store.cni("GC", "").version(version).config("cni.dev/valid-attachments", Some(json!([]))).run();
+        let error = store
+            .cni("CHECK", &b)
+            .pod(&pod_b)
+            .version(version)
+            .run()
+            .assert_error(1);
+        assert!(
+            error.msg.contains("CHECK needs cniVersion 0.4.0"),
+            "{error:?}"
+        );
+        let gc = store
+            .cni("GC", "")
+            .version(version)
+            .config("cni.dev/valid-attachments", Some(json!([])))
+            .run();
         assert!(gc.assert_error(1).msg.contains("GC needs cniVersion 1.1.0"));
-        store.cni("STATUS", "").version(version).run().assert_error(1);
-        assert_eq!(store.snapshot(), before, "refused verbs must not change the store");
+        store
+            .cni("STATUS", "")
+            .version(version)
+            .run()
+            .assert_error(1);
+        assert_eq!(
+            store.snapshot(),
+            before,
+            "refused verbs must not change the store"
+        );
 
-        store.del(&b, &pod_b).version(version).no_prev_result().run().assert_ok();
-        store.del(&a, &pod_a).version(version).no_prev_result().run().assert_ok();
+        store
+            .del(&b, &pod_b)
+            .version(version)
+            .no_prev_result()
+            .run()
+            .assert_ok();
+        store
+            .del(&a, &pod_a)
+            .version(version)
+            .no_prev_result()
+            .run()
+            .assert_ok();
         assert_eq!(store.dump(), Vec::<Value>::new(), "{version}");
     }
 }
@@ -408,7 +735,10 @@ fn a_legacy_result_is_checkpointed_with_the_interface_cni_ifname_names() {
     for version in cni::LEGACY_VERSIONS {
         add.clone().version(version).run().assert_ok();
         let record = store.entry(&a, "eth0").unwrap();
-        assert!(record["interfaces"].as_array().unwrap().is_empty(), "{record}");
+        assert!(
+            record["interfaces"].as_array().unwrap().is_empty(),
+            "{record}"
+        );
         assert_eq!(record["links"]["state"], "observed", "{version}: {record}");
         assert_eq!(record["links"]["mac"], mac, "{version}: {record}");
     }
@@ -417,14 +747,33 @@ fn a_legacy_result_is_checkpointed_with_the_interface_cni_ifname_names() {
     store.add(&b, &pod_b).version("0.2.0").run().assert_ok();
     let record = store.entry(&b, "eth0").unwrap();
     assert_eq!(record["links"]["state"], "unavailable", "{record}");
-    let added = store.log_lines().into_iter().rev().find(|l| l.container == b && l.outcome == "added").expect("B's ADD line");
+    let added = store
+        .log_lines()
+        .into_iter()
+        .rev()
+        .find(|l| l.container == b && l.outcome == "added")
+        .expect("B's ADD line");
     assert_eq!(added.level, "WARN", "{}", added.raw);
-    assert!(added.raw.contains("link facts not recorded"), "{}", added.raw);
+    assert!(
+        added.raw.contains("link facts not recorded"),
+        "{}",
+        added.raw
+    );
     let (c, pod_c) = (container_id(), Pod::new("default", "web-1"));
     store.add(&c, &pod_c).version("0.2.0").run().assert_ok();
-    store.del(&b, &pod_b).version("0.2.0").no_prev_result().run().assert_error(11);
+    store
+        .del(&b, &pod_b)
+        .version("0.2.0")
+        .no_prev_result()
+        .run()
+        .assert_error(11);
     for (container, pod) in [(&c, &pod_c), (&b, &pod_b), (&a, &pod)] {
-        store.del(container, pod).version("0.2.0").no_prev_result().run().assert_ok();
+        store
+            .del(container, pod)
+            .version("0.2.0")
+            .no_prev_result()
+            .run()
+            .assert_ok();
     }
     assert_eq!(store.dump(), Vec::<Value>::new());
 }
@@ -435,12 +784,27 @@ fn a_config_without_cni_version_is_0_1_0() {
     let pod = Pod::new("default", "web-0");
     let a = container_id();
     let legacy = cni::prev_result_for("0.1.0", &a, "eth0", "");
-    let reply = store.add(&a, &pod).config("cniVersion", None).prev_result(&legacy).run();
+    let reply = store
+        .add(&a, &pod)
+        .config("cniVersion", None)
+        .prev_result(&legacy)
+        .run();
     reply.assert_ok();
     assert_eq!(reply.json(), legacy);
     assert_eq!(store.entry(&a, "eth0").unwrap()["cniVersion"], "0.1.0");
-    store.cni("CHECK", &a).pod(&pod).config("cniVersion", None).prev_result(&legacy).run().assert_error(1);
-    store.del(&a, &pod).config("cniVersion", None).no_prev_result().run().assert_ok();
+    store
+        .cni("CHECK", &a)
+        .pod(&pod)
+        .config("cniVersion", None)
+        .prev_result(&legacy)
+        .run()
+        .assert_error(1);
+    store
+        .del(&a, &pod)
+        .config("cniVersion", None)
+        .no_prev_result()
+        .run()
+        .assert_ok();
 }
 
 #[test]
@@ -456,14 +820,30 @@ fn check_passes_for_the_recorded_attachment_and_fails_otherwise() {
         check.clone().version(version).run().assert_ok();
     }
 
-    store.cni("CHECK", &container_id()).pod(&Pod::new("default", "web-1")).netns(&sandbox.path()).run().assert_cni_error();
+    store
+        .cni("CHECK", &container_id())
+        .pod(&Pod::new("default", "web-1"))
+        .netns(&sandbox.path())
+        .run()
+        .assert_cni_error();
 
     let mut moved = check.default_prev_result();
     moved["ips"][0]["address"] = json!("10.99.0.7/16");
     let error = check.prev_result(&moved).run().assert_error(100);
-    assert!(error.text().contains("10.99.0.7"), "say what differs: {error:?}");
-    let outcomes: Vec<String> = store.log_lines().iter().filter(|l| l.verb == "CHECK").map(|l| l.outcome.clone()).collect();
-    assert!(outcomes.contains(&"checked".to_string()) && outcomes.contains(&"check-failed".to_string()), "{outcomes:?}");
+    assert!(
+        error.text().contains("10.99.0.7"),
+        "say what differs: {error:?}"
+    );
+    let outcomes: Vec<String> = store
+        .log_lines()
+        .iter()
+        .filter(|l| l.verb == "CHECK")
+        .map(|l| l.outcome.clone())
+        .collect();
+    assert!(
+        outcomes.contains(&"checked".to_string()) && outcomes.contains(&"check-failed".to_string()),
+        "{outcomes:?}"
+    );
 }
 
 fn is_rfc3339(text: &str) -> bool {
@@ -474,7 +854,9 @@ fn is_rfc3339(text: &str) -> bool {
         && matches!(bytes[10], b'T' | b't')
         && bytes[13] == b':'
         && bytes[16] == b':';
-    let zone = text.ends_with('Z') || text.ends_with('z') || matches!(bytes[bytes.len().saturating_sub(6)], b'+' | b'-');
+    let zone = text.ends_with('Z')
+        || text.ends_with('z')
+        || matches!(bytes[bytes.len().saturating_sub(6)], b'+' | b'-');
     shape && zone
 }
 
@@ -500,7 +882,10 @@ fn dump_json_carries_the_documented_fields() {
     assert!(entry["generation"].is_u64(), "{entry}");
     assert_eq!(entry["owner"], true);
     assert_eq!(entry["ips"], json!([prev_result["ips"][0]["address"]]));
-    assert!(entry["createdAt"].as_str().is_some_and(is_rfc3339), "createdAt must be RFC 3339: {entry}");
+    assert!(
+        entry["createdAt"].as_str().is_some_and(is_rfc3339),
+        "createdAt must be RFC 3339: {entry}"
+    );
     assert_eq!(entry["interfaces"], prev_result["interfaces"]);
     assert_eq!(entry["routes"], prev_result["routes"]);
     assert_eq!(entry["setAside"], false);
@@ -516,7 +901,11 @@ fn dump_filters_select_by_namespace_pod_uid_and_container() {
     store.add(&d, &db).run().assert_ok();
 
     let selected = |filters: &[&str]| -> Vec<String> {
-        store.dump_filtered(filters).iter().map(|e| e["containerId"].as_str().unwrap().to_string()).collect()
+        store
+            .dump_filtered(filters)
+            .iter()
+            .map(|e| e["containerId"].as_str().unwrap().to_string())
+            .collect()
     };
     assert_eq!(selected(&["--namespace", "shop"]), vec![w.clone()]);
     assert_eq!(selected(&["--pod", "db-0"]), vec![d.clone()]);
@@ -525,7 +914,13 @@ fn dump_filters_select_by_namespace_pod_uid_and_container() {
     assert_eq!(selected(&["--namespace", "nowhere"]), Vec::<String>::new());
 
     let state_dir = store.state_dir.to_str().unwrap();
-    let table = cni::guard_ok(&["--dump-checkpoints", "--state-dir", state_dir, "--output", "table"]);
+    let table = cni::guard_ok(&[
+        "--dump-checkpoints",
+        "--state-dir",
+        state_dir,
+        "--output",
+        "table",
+    ]);
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.contains("web-0") && table.contains("db-0"), "{table}");
 }
@@ -543,12 +938,23 @@ fn state_dir_and_files_are_private_whatever_the_umask() {
     let store = Store::new();
     let pod = Pod::new("default", "web-0");
     let permissive_umask = ["/bin/sh", "-c", "umask 000 && exec \"$0\""];
-    store.add(&container_id(), &pod).wrapped_in(&permissive_umask).run().assert_ok();
-    store.add(&container_id(), &pod).wrapped_in(&permissive_umask).run().assert_ok();
+    store
+        .add(&container_id(), &pod)
+        .wrapped_in(&permissive_umask)
+        .run()
+        .assert_ok();
+    store
+        .add(&container_id(), &pod)
+        .wrapped_in(&permissive_umask)
+        .run()
+        .assert_ok();
 
     assert_eq!(mode(&store.state_dir), 0o700, "state dir");
     let paths = walk(&store.state_dir);
-    assert!(paths.len() >= 4, "expected records, owners and a lock: {paths:?}");
+    assert!(
+        paths.len() >= 4,
+        "expected records, owners and a lock: {paths:?}"
+    );
     for path in paths {
         let meta = std::fs::symlink_metadata(&path).unwrap();
         if meta.is_dir() {
@@ -557,10 +963,18 @@ fn state_dir_and_files_are_private_whatever_the_umask() {
             // An ownership or an address index entry: a symlink whose target is its sealed text.
             // A link has no mode of its own (Linux ignores it); its 0700 directory keeps it private.
             let dir = path.parent().unwrap();
-            assert!(dir.ends_with("owners") || dir.ends_with("ips"), "{} is a symlink outside owners/ and ips/", path.display());
+            assert!(
+                dir.ends_with("owners") || dir.ends_with("ips"),
+                "{} is a symlink outside owners/ and ips/",
+                path.display()
+            );
             verify_envelope(&path).unwrap_or_else(|e| panic!("{e}"));
         } else {
-            assert!(meta.is_file(), "{} is neither a file nor a directory", path.display());
+            assert!(
+                meta.is_file(),
+                "{} is neither a file nor a directory",
+                path.display()
+            );
             assert_eq!(mode(&path), 0o600, "{}", path.display());
         }
     }
@@ -590,7 +1004,10 @@ fn symlinks_planted_in_the_state_dir_are_refused() {
     // A link waiting where a new record will be written.
     let planted = store.record_path(NETWORK, &b, "eth0");
     std::os::unix::fs::symlink(&decoy_file, &planted).unwrap();
-    store.add(&b, &Pod::new("default", "web-1")).run().assert_cni_error();
+    store
+        .add(&b, &Pod::new("default", "web-1"))
+        .run()
+        .assert_cni_error();
     assert_eq!(std::fs::read(&decoy_file).unwrap(), DECOY);
 
     // An ownership file replaced by a link, then the pod's next sandbox comes up.
@@ -598,7 +1015,10 @@ fn symlinks_planted_in_the_state_dir_are_refused() {
     assert_eq!(owners.len(), 1, "{owners:?}");
     std::fs::remove_file(&owners[0]).unwrap();
     std::os::unix::fs::symlink(&decoy_file, &owners[0]).unwrap();
-    store.add(&c, &Pod::new("default", "web-0")).run().assert_cni_error();
+    store
+        .add(&c, &Pod::new("default", "web-0"))
+        .run()
+        .assert_cni_error();
     assert_eq!(std::fs::read(&decoy_file).unwrap(), DECOY);
 
     // The records directory itself a link.
@@ -609,14 +1029,21 @@ fn symlinks_planted_in_the_state_dir_are_refused() {
     std::fs::remove_dir(&records).unwrap();
     std::os::unix::fs::symlink(&decoy_dir, &records).unwrap();
     other.add(&b, &pod).run().assert_cni_error();
-    assert!(files_in(&decoy_dir).is_empty(), "nothing may be written through the link");
+    assert!(
+        files_in(&decoy_dir).is_empty(),
+        "nothing may be written through the link"
+    );
 
     // The state dir itself a link: refused, and the failed ADD's note not written through it.
     let linked = Store::new();
     std::fs::create_dir_all(linked.state_dir.parent().unwrap()).unwrap();
     std::os::unix::fs::symlink(&decoy_dir, &linked.state_dir).unwrap();
     linked.add(&c, &pod).run().assert_error(5);
-    assert!(walk(&decoy_dir).is_empty(), "nothing may be written through the linked state dir: {:?}", walk(&decoy_dir));
+    assert!(
+        walk(&decoy_dir).is_empty(),
+        "nothing may be written through the linked state dir: {:?}",
+        walk(&decoy_dir)
+    );
 }
 
 #[test]
@@ -633,8 +1060,16 @@ fn corrupted_record_is_set_aside_and_an_identityless_del_refused_with_101() {
         error.text().contains(kept.to_str().unwrap()),
         "the error must say where the record went, so the operator can recover: {error:?}"
     );
-    let flagged: Vec<Value> = store.dump().into_iter().filter(|e| e["setAside"] == true).collect();
-    assert_eq!(flagged.len(), 1, "the dump flags the set-aside record: {flagged:?}");
+    let flagged: Vec<Value> = store
+        .dump()
+        .into_iter()
+        .filter(|e| e["setAside"] == true)
+        .collect();
+    assert_eq!(
+        flagged.len(),
+        1,
+        "the dump flags the set-aside record: {flagged:?}"
+    );
     if !flagged[0]["containerId"].is_null() {
         assert_eq!(flagged[0]["containerId"], a.as_str());
     }
@@ -693,21 +1128,37 @@ fn a_corrupt_record_del_did_not_need_blocks_nothing_later() {
 
 #[test]
 fn every_damaged_checkpoint_is_set_aside_and_refuses_the_del_that_needs_it() {
-    let damaged: Vec<String> = testdata::fixtures_in("checkpoints").into_iter().filter(|f| f != VALID_CHECKPOINT).collect();
+    let damaged: Vec<String> = testdata::fixtures_in("checkpoints")
+        .into_iter()
+        .filter(|f| f != VALID_CHECKPOINT)
+        .collect();
     assert!(damaged.len() >= 8, "{damaged:?}");
     for fixture in damaged {
         let store = Store::new();
         let a = container_id();
-        store.add(&a, &Pod::new("lijiaob", "etcd1-0")).run().assert_ok();
+        store
+            .add(&a, &Pod::new("lijiaob", "etcd1-0"))
+            .run()
+            .assert_ok();
         let bytes = testdata::fixture_bytes(&fixture);
         let record = store.record_path(NETWORK, &a, "eth0");
         std::fs::write(&record, &bytes).unwrap();
 
         let error = store.identityless_del(&a).run().assert_error(101);
-        assert!(!record.exists(), "{fixture}: the damaged record leaves records/");
+        assert!(
+            !record.exists(),
+            "{fixture}: the damaged record leaves records/"
+        );
         let kept = kept_copy(&store, &bytes);
-        assert!(error.text().contains(kept.to_str().unwrap()), "{fixture}: the error says where the file went: {error:?}");
-        let flagged = store.dump().into_iter().filter(|e| e["setAside"] == true).count();
+        assert!(
+            error.text().contains(kept.to_str().unwrap()),
+            "{fixture}: the error says where the file went: {error:?}"
+        );
+        let flagged = store
+            .dump()
+            .into_iter()
+            .filter(|e| e["setAside"] == true)
+            .count();
         assert_eq!(flagged, 1, "{fixture}: the dump flags the set-aside file");
     }
 }
@@ -719,16 +1170,28 @@ const VALID_CHECKPOINT: &str = "checkpoints/valid.json";
 #[test]
 fn the_valid_checkpoint_fixture_is_trusted() {
     let store = Store::new();
-    store.add(&container_id(), &Pod::new("default", "settled-0")).run().assert_ok();
+    store
+        .add(&container_id(), &Pod::new("default", "settled-0"))
+        .run()
+        .assert_ok();
     let bytes = testdata::fixture_bytes(VALID_CHECKPOINT);
-    let record = verify_envelope(&testdata::fixture_path(VALID_CHECKPOINT)).expect("the seal holds");
+    let record =
+        verify_envelope(&testdata::fixture_path(VALID_CHECKPOINT)).expect("the seal holds");
     let container = record["containerId"].as_str().unwrap();
-    let path = store.record_path(record["network"].as_str().unwrap(), container, record["ifName"].as_str().unwrap());
+    let path = store.record_path(
+        record["network"].as_str().unwrap(),
+        container,
+        record["ifName"].as_str().unwrap(),
+    );
     std::fs::write(&path, &bytes).unwrap();
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
 
     let entry = store.entry(container, "eth0").expect("the dump lists it");
-    assert_eq!((&entry["setAside"], &entry["podName"], &entry["generation"]), (&json!(false), &json!("etcd1-0"), &json!(7)), "{entry}");
+    assert_eq!(
+        (&entry["setAside"], &entry["podName"], &entry["generation"]),
+        (&json!(false), &json!("etcd1-0"), &json!(7)),
+        "{entry}"
+    );
     store.identityless_del(container).run().assert_ok();
     assert!(!path.exists(), "the DEL removed the record it trusted");
 }
@@ -738,17 +1201,28 @@ fn a_huge_file_in_the_store_is_untrusted_not_a_crash() {
     let (store, _, a) = Store::with_one_sandbox("lijiaob", "etcd1-0");
     // Sparse: 8 TiB that cost no disk, which a whole-file read would try to allocate.
     let record = store.record_path(NETWORK, &a, "eth0");
-    std::fs::OpenOptions::new().write(true).open(&record).unwrap().set_len(8 << 40).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&record)
+        .unwrap()
+        .set_len(8 << 40)
+        .unwrap();
 
     let error = store.identityless_del(&a).run().assert_error(101);
-    assert!(error.text().contains("larger than any checkpoint"), "{error:?}");
+    assert!(
+        error.text().contains("larger than any checkpoint"),
+        "{error:?}"
+    );
 }
 
 /// Changes one hex digit inside `needle` in the file: still valid JSON, so only the checksum
 /// can tell. Returns the corrupted bytes, to find them again under set-aside/.
 /// The file under set-aside/ that holds exactly `bytes`: a corrupt file is kept, never deleted.
 fn kept_copy(store: &Store, bytes: &[u8]) -> std::path::PathBuf {
-    let set_aside: Vec<_> = walk(&store.state_dir.join("set-aside")).into_iter().filter(|p| !p.is_dir()).collect();
+    let set_aside: Vec<_> = walk(&store.state_dir.join("set-aside"))
+        .into_iter()
+        .filter(|p| !p.is_dir())
+        .collect();
     set_aside
         .iter()
         .find(|p| cni::read_entry(p).unwrap() == bytes)
@@ -775,19 +1249,37 @@ fn log_lines_follow_the_documented_format() {
         store.cni("DEL", &unknown).netns("").run(),
     ];
     let lines = store.log_lines();
-    assert_eq!(lines.len(), replies.len(), "one line per operation: {lines:#?}");
+    assert_eq!(
+        lines.len(),
+        replies.len(),
+        "one line per operation: {lines:#?}"
+    );
     let expected = [
         ("ADD", &a, "lijiaob/etcd1-0", "added"),
         ("ADD", &b, "lijiaob/etcd1-0", "added"),
         ("DEL", &a, "lijiaob/etcd1-0", "refused"),
         ("DEL", &unknown, "-", "deleted"),
     ];
-    for ((line, reply), (verb, container, pod, outcome)) in lines.iter().zip(&replies).zip(expected) {
-        assert!(is_rfc3339(&line.time) && line.time.ends_with('Z'), "UTC RFC 3339 time: {line:?}");
+    for ((line, reply), (verb, container, pod, outcome)) in lines.iter().zip(&replies).zip(expected)
+    {
+        assert!(
+            is_rfc3339(&line.time) && line.time.ends_with('Z'),
+            "UTC RFC 3339 time: {line:?}"
+        );
         assert_eq!(line.pid, reply.pid, "{line:?}");
-        assert!(!line.level.is_empty() && line.level.chars().all(|c| c.is_ascii_uppercase()), "{line:?}");
+        assert!(
+            !line.level.is_empty() && line.level.chars().all(|c| c.is_ascii_uppercase()),
+            "{line:?}"
+        );
         assert_eq!(
-            (line.verb.as_str(), line.network.as_str(), line.container.as_str(), line.ifname.as_str(), line.pod.as_str(), line.outcome.as_str()),
+            (
+                line.verb.as_str(),
+                line.network.as_str(),
+                line.container.as_str(),
+                line.ifname.as_str(),
+                line.pod.as_str(),
+                line.outcome.as_str()
+            ),
             (verb, NETWORK, container.as_str(), "eth0", pod, outcome),
             "{line:?}"
         );
@@ -802,12 +1294,23 @@ fn one_log_line_per_operation_even_when_the_netns_cannot_be_read() {
     let elsewhere = sys::TempDir::new("sgblk");
     let blocked = elsewhere.path.join("state-is-a-file");
     std::fs::write(&blocked, b"").unwrap();
-    store.add(&b, &pod).config("stateDir", Some(json!(blocked))).run().assert_error(5);
+    store
+        .add(&b, &pod)
+        .config("stateDir", Some(json!(blocked)))
+        .run()
+        .assert_error(5);
 
-    let seen: Vec<(String, String, String)> =
-        store.log_lines().iter().map(|l| (l.verb.clone(), l.container.clone(), l.outcome.clone())).collect();
-    let expected = [("ADD", &a, "added"), ("ADD", &b, "error")].map(|(v, c, o)| (v.to_string(), c.to_string(), o.to_string()));
-    assert_eq!(seen, expected, "a log reader counts one line per operation, and only an ADD that happened says added");
+    let seen: Vec<(String, String, String)> = store
+        .log_lines()
+        .iter()
+        .map(|l| (l.verb.clone(), l.container.clone(), l.outcome.clone()))
+        .collect();
+    let expected = [("ADD", &a, "added"), ("ADD", &b, "error")]
+        .map(|(v, c, o)| (v.to_string(), c.to_string(), o.to_string()));
+    assert_eq!(
+        seen, expected,
+        "a log reader counts one line per operation, and only an ADD that happened says added"
+    );
 }
 
 #[test]
@@ -818,17 +1321,31 @@ fn log_lines_name_the_pod_whenever_the_runtime_gave_it() {
     let a = container_id();
     let (add, sandbox) = store.add(&a, &pod).in_pod_netns();
     add.clone().run().assert_ok();
-    store.cni("CHECK", &a).pod(&pod).netns(&sandbox.path()).run().assert_ok();
+    store
+        .cni("CHECK", &a)
+        .pod(&pod)
+        .netns(&sandbox.path())
+        .run()
+        .assert_ok();
     let elsewhere = sys::TempDir::new("sgblk");
     let blocked = elsewhere.path.join("state-is-a-file");
     std::fs::write(&blocked, b"").unwrap();
-    add.config("stateDir", Some(json!(blocked))).run().assert_error(5);
+    add.config("stateDir", Some(json!(blocked)))
+        .run()
+        .assert_error(5);
 
     let lines = store.log_lines();
-    let seen: Vec<(&str, &str, &str)> = lines.iter().map(|l| (l.verb.as_str(), l.outcome.as_str(), l.pod.as_str())).collect();
+    let seen: Vec<(&str, &str, &str)> = lines
+        .iter()
+        .map(|l| (l.verb.as_str(), l.outcome.as_str(), l.pod.as_str()))
+        .collect();
     assert_eq!(
         seen,
-        [("ADD", "added", "lijiaob/etcd1-0"), ("CHECK", "checked", "lijiaob/etcd1-0"), ("ADD", "error", "lijiaob/etcd1-0")],
+        [
+            ("ADD", "added", "lijiaob/etcd1-0"),
+            ("CHECK", "checked", "lijiaob/etcd1-0"),
+            ("ADD", "error", "lijiaob/etcd1-0")
+        ],
         "grepping the log for a pod must find all of its operations"
     );
 }
@@ -859,55 +1376,214 @@ fn bad_inputs(store: &Store) -> Vec<BadInput> {
     let oversized_call = add(&container_id()).prev_result(&oversized);
 
     vec![
-        BadInput { what: "malformed JSON", call: add(&container_id()).stdin(br#"{"cniVersion":"1.1.0","name":"#.to_vec()), codes: &[6] },
-        BadInput { what: "empty stdin", call: add(&container_id()).stdin(Vec::new()), codes: &[6] },
-        BadInput { what: "config not an object", call: add(&container_id()).stdin(b"[1,2]".to_vec()), codes: &[6] },
-        BadInput { what: "cniVersion 0.2.1", call: add(&container_id()).version("0.2.1"), codes: &[1] },
-        BadInput { what: "cniVersion v1.0.0", call: add(&container_id()).version("v1.0.0"), codes: &[1] },
-        BadInput { what: "cniVersion 9.9.9", call: add(&container_id()).version("9.9.9"), codes: &[1] },
-        BadInput { what: "CNI_COMMAND unset", call: add(&container_id()).env("CNI_COMMAND", None), codes: &[4] },
-        BadInput { what: "CNI_COMMAND empty", call: add(&container_id()).env("CNI_COMMAND", Some("")), codes: &[4] },
-        BadInput { what: "CNI_COMMAND unknown", call: add(&container_id()).env("CNI_COMMAND", Some("FROB")), codes: &[4] },
-        BadInput { what: "CNI_CONTAINERID unset", call: add(&container_id()).env("CNI_CONTAINERID", None), codes: &[4] },
-        BadInput { what: "CNI_CONTAINERID empty", call: add(&container_id()).env("CNI_CONTAINERID", Some("")), codes: &[4] },
-        BadInput { what: "CNI_IFNAME unset", call: add(&container_id()).env("CNI_IFNAME", None), codes: &[4] },
-        BadInput { what: "CNI_IFNAME empty", call: add(&container_id()).env("CNI_IFNAME", Some("")), codes: &[4] },
-        BadInput { what: "CNI_NETNS unset on ADD", call: add(&container_id()).env("CNI_NETNS", None), codes: &[4] },
-        BadInput { what: "CNI_NETNS empty on ADD", call: add(&container_id()).netns(""), codes: &[4] },
-        BadInput { what: "container id with /", call: add("abc/../../etc"), codes: &[4] },
-        BadInput { what: "container id ..", call: add(".."), codes: &[4] },
-        BadInput { what: "container id .", call: add("."), codes: &[4] },
-        BadInput { what: "container id with :", call: add("abc:eth0"), codes: &[4] },
-        BadInput { what: "container id over-long", call: add(&long_name), codes: &[4] },
-        BadInput { what: "ifname with /", call: add(&container_id()).ifname("eth0/x"), codes: &[4] },
-        BadInput { what: "ifname ..", call: add(&container_id()).ifname(".."), codes: &[4] },
-        BadInput { what: "ifname with :", call: add(&container_id()).ifname("eth0:1"), codes: &[4] },
-        BadInput { what: "ifname over 15 bytes", call: add(&container_id()).ifname("abcdefghijklmnop"), codes: &[4] },
+        BadInput {
+            what: "malformed JSON",
+            call: add(&container_id()).stdin(br#"{"cniVersion":"1.1.0","name":"#.to_vec()),
+            codes: &[6],
+        },
+        BadInput {
+            what: "empty stdin",
+            call: add(&container_id()).stdin(Vec::new()),
+            codes: &[6],
+        },
+        BadInput {
+            what: "config not an object",
+            call: add(&container_id()).stdin(b"[1,2]".to_vec()),
+            codes: &[6],
+        },
+        BadInput {
+            what: "cniVersion 0.2.1",
+            call: add(&container_id()).version("0.2.1"),
+            codes: &[1],
+        },
+        BadInput {
+            what: "cniVersion v1.0.0",
+            call: add(&container_id()).version("v1.0.0"),
+            codes: &[1],
+        },
+        BadInput {
+            what: "cniVersion 9.9.9",
+            call: add(&container_id()).version("9.9.9"),
+            codes: &[1],
+        },
+        BadInput {
+            what: "CNI_COMMAND unset",
+            call: add(&container_id()).env("CNI_COMMAND", None),
+            codes: &[4],
+        },
+        BadInput {
+            what: "CNI_COMMAND empty",
+            call: add(&container_id()).env("CNI_COMMAND", Some("")),
+            codes: &[4],
+        },
+        BadInput {
+            what: "CNI_COMMAND unknown",
+            call: add(&container_id()).env("CNI_COMMAND", Some("FROB")),
+            codes: &[4],
+        },
+        BadInput {
+            what: "CNI_CONTAINERID unset",
+            call: add(&container_id()).env("CNI_CONTAINERID", None),
+            codes: &[4],
+        },
+        BadInput {
+            what: "CNI_CONTAINERID empty",
+            call: add(&container_id()).env("CNI_CONTAINERID", Some("")),
+            codes: &[4],
+        },
+        BadInput {
+            what: "CNI_IFNAME unset",
+            call: add(&container_id()).env("CNI_IFNAME", None),
+            codes: &[4],
+        },
+        BadInput {
+            what: "CNI_IFNAME empty",
+            call: add(&container_id()).env("CNI_IFNAME", Some("")),
+            codes: &[4],
+        },
+        BadInput {
+            what: "CNI_NETNS unset on ADD",
+            call: add(&container_id()).env("CNI_NETNS", None),
+            codes: &[4],
+        },
+        BadInput {
+            what: "CNI_NETNS empty on ADD",
+            call: add(&container_id()).netns(""),
+            codes: &[4],
+        },
+        BadInput {
+            what: "container id with /",
+            call: add("abc/../../etc"),
+            codes: &[4],
+        },
+        BadInput {
+            what: "container id ..",
+            call: add(".."),
+            codes: &[4],
+        },
+        BadInput {
+            what: "container id .",
+            call: add("."),
+            codes: &[4],
+        },
+        BadInput {
+            what: "container id with :",
+            call: add("abc:eth0"),
+            codes: &[4],
+        },
+        BadInput {
+            what: "container id over-long",
+            call: add(&long_name),
+            codes: &[4],
+        },
+        BadInput {
+            what: "ifname with /",
+            call: add(&container_id()).ifname("eth0/x"),
+            codes: &[4],
+        },
+        BadInput {
+            what: "ifname ..",
+            call: add(&container_id()).ifname(".."),
+            codes: &[4],
+        },
+        BadInput {
+            what: "ifname with :",
+            call: add(&container_id()).ifname("eth0:1"),
+            codes: &[4],
+        },
+        BadInput {
+            what: "ifname over 15 bytes",
+            call: add(&container_id()).ifname("abcdefghijklmnop"),
+            codes: &[4],
+        },
         // A NUL cannot travel in an environment variable (execve strings end at NUL), so no
         // runtime can send one in CNI_ARGS or CNI_CONTAINERID: nothing to test.
-        BadInput { what: "pod name with /", call: add_with_pod("default", "web/0"), codes: &[4] },
-        BadInput { what: "pod name ..", call: add_with_pod("default", ".."), codes: &[4] },
-        BadInput { what: "pod namespace with /", call: add_with_pod("../kube-system", "web-0"), codes: &[4] },
-        BadInput { what: "pod name over-long", call: add_with_pod("default", &long_name), codes: &[4] },
-        BadInput { what: "pod namespace over-long", call: add_with_pod(&long_name, "web-0"), codes: &[4] },
-        BadInput { what: "network name with /", call: add(&container_id()).network("../escape"), codes: &[4, 7] },
-        BadInput { what: "stdin over 1 MiB", call: oversized_call, codes: &[6, 7] },
-        BadInput { what: "ADD without prevResult", call: add(&container_id()).no_prev_result(), codes: &[7] },
-        BadInput { what: "prevResult a string", call: add(&container_id()).prev_result(&json!("10.22.0.5/16")), codes: &[6] },
-        BadInput { what: "prevResult ips not an array", call: prev_result_with(&|r| r["ips"] = json!({"address": "10.22.0.5/16"})), codes: &[6] },
-        BadInput { what: "prevResult ip without prefix", call: prev_result_with(&|r| r["ips"][0]["address"] = json!("10.22.0.5")), codes: &[6] },
-        BadInput { what: "prevResult ip not an address", call: prev_result_with(&|r| r["ips"][0]["address"] = json!("banana/24")), codes: &[6] },
-        BadInput { what: "staleDel invalid", call: add(&container_id()).config("staleDel", Some(json!("maybe"))), codes: &[7] },
+        BadInput {
+            what: "pod name with /",
+            call: add_with_pod("default", "web/0"),
+            codes: &[4],
+        },
+        BadInput {
+            what: "pod name ..",
+            call: add_with_pod("default", ".."),
+            codes: &[4],
+        },
+        BadInput {
+            what: "pod namespace with /",
+            call: add_with_pod("../kube-system", "web-0"),
+            codes: &[4],
+        },
+        BadInput {
+            what: "pod name over-long",
+            call: add_with_pod("default", &long_name),
+            codes: &[4],
+        },
+        BadInput {
+            what: "pod namespace over-long",
+            call: add_with_pod(&long_name, "web-0"),
+            codes: &[4],
+        },
+        BadInput {
+            what: "network name with /",
+            call: add(&container_id()).network("../escape"),
+            codes: &[4, 7],
+        },
+        BadInput {
+            what: "stdin over 1 MiB",
+            call: oversized_call,
+            codes: &[6, 7],
+        },
+        BadInput {
+            what: "ADD without prevResult",
+            call: add(&container_id()).no_prev_result(),
+            codes: &[7],
+        },
+        BadInput {
+            what: "prevResult a string",
+            call: add(&container_id()).prev_result(&json!("10.22.0.5/16")),
+            codes: &[6],
+        },
+        BadInput {
+            what: "prevResult ips not an array",
+            call: prev_result_with(&|r| r["ips"] = json!({"address": "10.22.0.5/16"})),
+            codes: &[6],
+        },
+        BadInput {
+            what: "prevResult ip without prefix",
+            call: prev_result_with(&|r| r["ips"][0]["address"] = json!("10.22.0.5")),
+            codes: &[6],
+        },
+        BadInput {
+            what: "prevResult ip not an address",
+            call: prev_result_with(&|r| r["ips"][0]["address"] = json!("banana/24")),
+            codes: &[6],
+        },
+        BadInput {
+            what: "staleDel invalid",
+            call: add(&container_id()).config("staleDel", Some(json!("maybe"))),
+            codes: &[7],
+        },
         // A wrong JSON type fails the decoding of the config itself: 6 is as right as 7.
-        BadInput { what: "staleDel not a string", call: add(&container_id()).config("staleDel", Some(json!(true))), codes: &[6, 7] },
-        BadInput { what: "logFile relative", call: add(&container_id()).config("logFile", Some(json!("guard.log"))), codes: &[7] },
+        BadInput {
+            what: "staleDel not a string",
+            call: add(&container_id()).config("staleDel", Some(json!(true))),
+            codes: &[6, 7],
+        },
+        BadInput {
+            what: "logFile relative",
+            call: add(&container_id()).config("logFile", Some(json!("guard.log"))),
+            codes: &[7],
+        },
     ]
 }
 
 #[test]
 fn every_bad_input_is_a_cni_error_and_leaves_the_store_untouched() {
     let store = Store::new();
-    store.add(&container_id(), &Pod::new("default", "settled-0")).run().assert_ok();
+    store
+        .add(&container_id(), &Pod::new("default", "settled-0"))
+        .run()
+        .assert_ok();
     let before = store.snapshot();
     let mut failures = Vec::new();
     for bad in bad_inputs(&store) {
@@ -920,27 +1596,50 @@ fn every_bad_input_is_a_cni_error_and_leaves_the_store_untouched() {
         match outcome {
             Ok(error) if bad.what == "ADD without prevResult" => {
                 if !error.text().to_lowercase().contains("chain") {
-                    failures.push(format!("{}: the message must say the plugin must be chained: {error:?}", bad.what));
+                    failures.push(format!(
+                        "{}: the message must say the plugin must be chained: {error:?}",
+                        bad.what
+                    ));
                 }
             }
             Ok(_) => {}
             Err(panic) => {
-                let why = panic.downcast_ref::<String>().cloned().unwrap_or_else(|| "panic".into());
+                let why = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .unwrap_or_else(|| "panic".into());
                 failures.push(format!("{}: {why}", bad.what));
             }
         }
     }
-    assert!(failures.is_empty(), "{} bad inputs mishandled:\n{}", failures.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} bad inputs mishandled:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
 }
 
 #[test]
 fn bad_input_on_del_is_a_cni_error_too() {
     let (store, pod, a) = Store::with_one_sandbox("default", "web-0");
     let before = store.snapshot();
-    store.del(&a, &pod).stdin(b"{not json".to_vec()).run().assert_error(6);
-    store.del(&a, &pod).env("CNI_CONTAINERID", Some("")).run().assert_error(4);
+    store
+        .del(&a, &pod)
+        .stdin(b"{not json".to_vec())
+        .run()
+        .assert_error(6);
+    store
+        .del(&a, &pod)
+        .env("CNI_CONTAINERID", Some(""))
+        .run()
+        .assert_error(4);
     store.del(&a, &pod).ifname("../eth0").run().assert_error(4);
-    store.del(&a, &pod).config("staleDel", Some(json!("never"))).run().assert_error(7);
+    store
+        .del(&a, &pod)
+        .config("staleDel", Some(json!("never")))
+        .run()
+        .assert_error(7);
     assert_eq!(store.snapshot(), before);
     assert!(store.record_path(NETWORK, &a, "eth0").exists());
 }
@@ -965,7 +1664,9 @@ fn longest_accepted(store: &Store, build: impl Fn(usize) -> cni::Cni) -> usize {
 
 /// An ADD of the longest network name, container id and ifname the plugin accepts.
 fn longest_names_add(store: &Store) -> cni::Cni {
-    let network_len = longest_accepted(store, |len| store.cni("DEL", &container_id()).network(&"n".repeat(len)));
+    let network_len = longest_accepted(store, |len| {
+        store.cni("DEL", &container_id()).network(&"n".repeat(len))
+    });
     let container_len = longest_accepted(store, |len| store.cni("DEL", &"c".repeat(len)));
     store
         .add(&"c".repeat(container_len), &Pod::new("default", "web-0"))
@@ -980,9 +1681,24 @@ fn longest_accepted_names_work_at_a_five_digit_pid() {
     let add = longest_names_add(&store);
     // Pids run up to pid_max - 1 (32767 by default, 4194303 where systemd raises it): any
     // file name the plugin derives with its pid must still fit in 255 bytes there.
-    let pid_max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
-    let at_high_pid = format!("echo {} > /proc/sys/kernel/ns_last_pid && \"$0\"", pid_max - 100);
-    let high_pid = ["unshare", "--pid", "--fork", "--mount-proc", "/bin/sh", "-c", at_high_pid.as_str()];
+    let pid_max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let at_high_pid = format!(
+        "echo {} > /proc/sys/kernel/ns_last_pid && \"$0\"",
+        pid_max - 100
+    );
+    let high_pid = [
+        "unshare",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "/bin/sh",
+        "-c",
+        at_high_pid.as_str(),
+    ];
     add.wrapped_in(&high_pid).run().assert_ok();
     assert_eq!(store.dump().len(), 1);
 }
@@ -996,7 +1712,10 @@ fn add_over_a_corrupted_record_with_long_names_writes_a_fresh_one() {
     let added = (1..=64)
         .map(|shorter| {
             let container = "c".repeat(longest.container().len() - shorter);
-            store.add(&container, &Pod::new("default", "web-0")).network(longest.network_name()).ifname("abcdefghijklmno")
+            store
+                .add(&container, &Pod::new("default", "web-0"))
+                .network(longest.network_name())
+                .ifname("abcdefghijklmno")
         })
         .find(|add| add.run().succeeded())
         .expect("some long container id can be added");
@@ -1008,7 +1727,10 @@ fn add_over_a_corrupted_record_with_long_names_writes_a_fresh_one() {
     std::fs::write(&records[0], &bytes).unwrap();
 
     added.run().assert_ok();
-    assert!(store.dump().iter().any(|e| e["setAside"] != true), "a fresh, valid checkpoint");
+    assert!(
+        store.dump().iter().any(|e| e["setAside"] != true),
+        "a fresh, valid checkpoint"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1021,11 +1743,19 @@ pub const PREVIOUS_RELEASE: &str = "state-previous-release-owners";
 fn previous_release_cast() -> (Store, Pod, Pod, [String; 3]) {
     let store = Store::from_fixture(PREVIOUS_RELEASE);
     let [a, b, c] = ['a', 'b', 'c'].map(|x| x.to_string().repeat(64));
-    (store, Pod::new("migrate", "db-0"), Pod::new("migrate", "web-0"), [a, b, c])
+    (
+        store,
+        Pod::new("migrate", "db-0"),
+        Pod::new("migrate", "web-0"),
+        [a, b, c],
+    )
 }
 
 fn is_symlink(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).unwrap().file_type().is_symlink()
+    std::fs::symlink_metadata(path)
+        .unwrap()
+        .file_type()
+        .is_symlink()
 }
 
 #[test]
@@ -1033,7 +1763,10 @@ fn a_state_dir_of_the_previous_release_keeps_working_and_its_owners_change_form_
     let (store, db0, web0, [a, b, c]) = previous_release_cast();
     let owners = store.owner_files();
     assert_eq!(owners.len(), 2, "{owners:?}");
-    assert!(owners.iter().all(|p| !is_symlink(p)), "the fixture holds the previous release's regular files");
+    assert!(
+        owners.iter().all(|p| !is_symlink(p)),
+        "the fixture holds the previous release's regular files"
+    );
 
     // Read as they are: B owns db-0, so A's retried DEL is stale; C owns web-0.
     store.del(&a, &db0).run().assert_error(11);
@@ -1047,8 +1780,17 @@ fn a_state_dir_of_the_previous_release_keeps_working_and_its_owners_change_form_
     store.add(&d, &db0).run().assert_ok();
     let owners = store.owner_files();
     assert_eq!(owners.len(), 2, "{owners:?}");
-    let owner_of = |id: &str| owners.iter().find(|p| verify_envelope(p).unwrap()["containerId"] == id).unwrap_or_else(|| panic!("no owner {id}: {owners:?}"));
-    assert_eq!(is_symlink(owner_of(&d)), sys::journals_metadata(&store.state_dir), "{owners:?}");
+    let owner_of = |id: &str| {
+        owners
+            .iter()
+            .find(|p| verify_envelope(p).unwrap()["containerId"] == id)
+            .unwrap_or_else(|| panic!("no owner {id}: {owners:?}"))
+    };
+    assert_eq!(
+        is_symlink(owner_of(&d)),
+        sys::journals_metadata(&store.state_dir),
+        "{owners:?}"
+    );
     assert!(!is_symlink(owner_of(&c)), "{owners:?}");
     store.del(&b, &db0).run().assert_error(11);
     store.del(&a, &db0).run().assert_error(11);
@@ -1075,9 +1817,24 @@ fn a_legacy_pod_without_its_interface_at_add_is_checked_against_its_result_only(
     let store = Store::new();
     let (a, pod) = (container_id(), Pod::new("default", "legacy-0"));
     let legacy = r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24","gateway":"10.0.0.1","routes":[{"dst":"0.0.0.0/0"}]}}"#;
-    store.add(&a, &pod).version("0.2.0").netns(&netns).prev_result_raw(legacy).run().assert_ok();
+    store
+        .add(&a, &pod)
+        .version("0.2.0")
+        .netns(&netns)
+        .prev_result_raw(legacy)
+        .run()
+        .assert_ok();
     // libcni's cached 0.2.0 result, converted to the raised version as CheckNetworkList does.
     let cached = r#"{"cniVersion":"0.4.0","ips":[{"version":"4","address":"10.0.0.2/24","gateway":"10.0.0.1"}],"routes":[{"dst":"0.0.0.0/0"}],"dns":{}}"#;
-    let reply = store.cni("CHECK", &a).pod(&pod).version("0.4.0").netns(&netns).prev_result_raw(cached).run();
-    assert!(reply.succeeded(), "CHECK of a legacy pod whose interface was never seen: {reply:?}");
+    let reply = store
+        .cni("CHECK", &a)
+        .pod(&pod)
+        .version("0.4.0")
+        .netns(&netns)
+        .prev_result_raw(cached)
+        .run();
+    assert!(
+        reply.succeeded(),
+        "CHECK of a legacy pod whose interface was never seen: {reply:?}"
+    );
 }

@@ -2,19 +2,23 @@
 //! under the store lock, so its lines are the serial order in which operations took effect:
 //! replaying them through a few-line model must give every logged outcome and the final store.
 
+#[path = "support/cni.rs"]
+mod cni;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
 mod testdata;
-#[path = "support/cni.rs"]
-mod cni;
 
 use cni::{NETWORK, Pod, PodNetns, Reply, Store, Workload, container_id, verify_envelope};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 /// The seed is fixed so that a failure replays the same operation sequences.
-const WORKLOAD: Workload = Workload { workers: 8, ops_per_worker: 200, seed: 0x5a9d_b0c5 };
+const WORKLOAD: Workload = Workload {
+    workers: 8,
+    ops_per_worker: 200,
+    seed: 0x5a9d_b0c5,
+};
 const PODS: usize = 3;
 const SANDBOXES: usize = 12;
 
@@ -43,7 +47,8 @@ impl Model {
         match verb {
             "ADD" => {
                 self.records.insert(container.to_string());
-                self.owner_by_pod.insert(pod.to_string(), container.to_string());
+                self.owner_by_pod
+                    .insert(pod.to_string(), container.to_string());
                 "added"
             }
             "DEL" => match self.owner_by_pod.get(pod) {
@@ -69,9 +74,16 @@ fn concurrent_execs_match_a_serial_replay_of_the_log() {
     let store = Store::new();
     let sandboxes: Vec<Sandbox> = (0..SANDBOXES)
         .map(|i| {
-            let (container, pod) = (container_id(), Pod::new("conc", &format!("web-{}", i % PODS)));
+            let (container, pod) = (
+                container_id(),
+                Pod::new("conc", &format!("web-{}", i % PODS)),
+            );
             let (_, netns) = store.add(&container, &pod).in_pod_netns();
-            Sandbox { container, pod, netns }
+            Sandbox {
+                container,
+                pod,
+                netns,
+            }
         })
         .collect();
     let started = Instant::now();
@@ -79,9 +91,21 @@ fn concurrent_execs_match_a_serial_replay_of_the_log() {
     let done: Vec<Done> = WORKLOAD.run(|rng| {
         let sandbox = rng.below(SANDBOXES as u64) as usize;
         let verb = if rng.below(2) == 0 { "ADD" } else { "DEL" };
-        let Sandbox { container, pod, netns } = &sandboxes[sandbox];
-        let reply = store.cni(verb, container).pod(pod).netns(&netns.path()).run();
-        Done { verb, sandbox, reply }
+        let Sandbox {
+            container,
+            pod,
+            netns,
+        } = &sandboxes[sandbox];
+        let reply = store
+            .cni(verb, container)
+            .pod(pod)
+            .netns(&netns.path())
+            .run();
+        Done {
+            verb,
+            sandbox,
+            reply,
+        }
     });
     eprintln!("{} execs in {:?}", done.len(), started.elapsed());
 
@@ -92,33 +116,68 @@ fn concurrent_execs_match_a_serial_replay_of_the_log() {
     }
 
     let op_by_pid: BTreeMap<u32, &Done> = done.iter().map(|op| (op.reply.pid, op)).collect();
-    assert_eq!(op_by_pid.len(), done.len(), "pids were reused within the run; cannot match log lines to execs");
+    assert_eq!(
+        op_by_pid.len(),
+        done.len(),
+        "pids were reused within the run; cannot match log lines to execs"
+    );
     let lines = store.log_lines();
     assert_eq!(lines.len(), done.len(), "one log line per operation");
 
     let mut model = Model::default();
     for (index, line) in lines.iter().enumerate() {
-        let op = op_by_pid.get(&line.pid).unwrap_or_else(|| panic!("line {index} from no exec of ours: {line:?}"));
+        let op = op_by_pid
+            .get(&line.pid)
+            .unwrap_or_else(|| panic!("line {index} from no exec of ours: {line:?}"));
         let sandbox = &sandboxes[op.sandbox];
         let pod = format!("{}/{}", sandbox.pod.namespace, sandbox.pod.name);
         assert_eq!(
-            (line.verb.as_str(), line.network.as_str(), line.container.as_str(), line.ifname.as_str(), line.pod.as_str()),
-            (op.verb, NETWORK, sandbox.container.as_str(), "eth0", pod.as_str()),
+            (
+                line.verb.as_str(),
+                line.network.as_str(),
+                line.container.as_str(),
+                line.ifname.as_str(),
+                line.pod.as_str()
+            ),
+            (
+                op.verb,
+                NETWORK,
+                sandbox.container.as_str(),
+                "eth0",
+                pod.as_str()
+            ),
             "line {index} does not describe its exec: {line:?}"
         );
         let expected = model.apply(op.verb, &sandbox.container, &pod);
-        assert_eq!(line.outcome, expected, "line {index}: the serial replay disagrees: {line:?}");
-        assert_eq!(op.reply.succeeded(), expected != "refused", "line {index}: exit status vs outcome: {:?}", op.reply);
+        assert_eq!(
+            line.outcome, expected,
+            "line {index}: the serial replay disagrees: {line:?}"
+        );
+        assert_eq!(
+            op.reply.succeeded(),
+            expected != "refused",
+            "line {index}: exit status vs outcome: {:?}",
+            op.reply
+        );
     }
 
     let dumped: BTreeSet<(String, String, bool)> = store
         .dump()
         .iter()
-        .map(|e| (e["containerId"].as_str().unwrap().to_string(), e["ifName"].as_str().unwrap().to_string(), e["owner"] == true))
+        .map(|e| {
+            (
+                e["containerId"].as_str().unwrap().to_string(),
+                e["ifName"].as_str().unwrap().to_string(),
+                e["owner"] == true,
+            )
+        })
         .collect();
     let owners: BTreeSet<&String> = model.owner_by_pod.values().collect();
-    let modelled: BTreeSet<(String, String, bool)> =
-        model.records.iter().map(|c| (c.clone(), "eth0".to_string(), owners.contains(c))).collect();
+    let modelled: BTreeSet<(String, String, bool)> = model
+        .records
+        .iter()
+        .map(|c| (c.clone(), "eth0".to_string(), owners.contains(c)))
+        .collect();
     assert_eq!(dumped, modelled, "final store vs model");
 
     let owner_files: BTreeSet<String> = store
@@ -129,10 +188,17 @@ fn concurrent_execs_match_a_serial_replay_of_the_log() {
             owner["containerId"].as_str().unwrap().to_string()
         })
         .collect();
-    assert_eq!(owner_files, owners.into_iter().cloned().collect(), "owners/ vs model");
+    assert_eq!(
+        owner_files,
+        owners.into_iter().cloned().collect(),
+        "owners/ vs model"
+    );
     // No owner names a container without its record.
     for owner in &owner_files {
-        assert!(store.record_path(NETWORK, owner, "eth0").exists(), "owner {owner} has no record");
+        assert!(
+            store.record_path(NETWORK, owner, "eth0").exists(),
+            "owner {owner} has no record"
+        );
     }
     assert_eq!(store.owner_files().len(), model.owner_by_pod.len());
 }

@@ -2,12 +2,12 @@
 //! execs at random moments and show that what stays on disk is always readable and
 //! consistent, and that the plugin carries on from it.
 
+#[path = "support/cni.rs"]
+mod cni;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
 mod testdata;
-#[path = "support/cni.rs"]
-mod cni;
 
 use cni::{Cni, NETWORK, Pod, Store, Traced, Workload, container_id, files_in, verify_envelope};
 use serde_json::Value;
@@ -15,7 +15,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-const WORKLOAD: Workload = Workload { workers: 2, ops_per_worker: 200, seed: 0xc4a5_4e11 };
+const WORKLOAD: Workload = Workload {
+    workers: 2,
+    ops_per_worker: 200,
+    seed: 0xc4a5_4e11,
+};
 const PODS: usize = 3;
 const SANDBOXES: usize = 9;
 /// Kills land anywhere from before exec to after exit.
@@ -34,7 +38,10 @@ fn file_name(path: &std::path::Path) -> String {
 fn sigkill_at_random_moments_leaves_a_consistent_store() {
     let store = Store::new();
     let sandboxes: Vec<Sandbox> = (0..SANDBOXES)
-        .map(|i| Sandbox { container: container_id(), pod: Pod::new("crash", &format!("db-{}", i % PODS)) })
+        .map(|i| Sandbox {
+            container: container_id(),
+            pod: Pod::new("crash", &format!("db-{}", i % PODS)),
+        })
         .collect();
     let started = Instant::now();
 
@@ -50,7 +57,10 @@ fn sigkill_at_random_moments_leaves_a_consistent_store() {
                     .filter(|_| rng.below(2) == 0)
                     .map(|s| serde_json::json!({"containerID": s.container, "ifname": "eth0"}))
                     .collect();
-                store.cni("GC", "").config("cni.dev/valid-attachments", Some(serde_json::Value::Array(valid)))
+                store.cni("GC", "").config(
+                    "cni.dev/valid-attachments",
+                    Some(serde_json::Value::Array(valid)),
+                )
             }
         };
         let mut running = call.spawn();
@@ -66,12 +76,21 @@ fn sigkill_at_random_moments_leaves_a_consistent_store() {
     let killed = outcomes.iter().filter(|&&killed| killed).count();
     let total = WORKLOAD.total();
     eprintln!("{total} execs, {killed} killed, in {:?}", started.elapsed());
-    assert!(killed >= total / 10, "only {killed} of {total} execs were killed in flight: the test proves little");
+    assert!(
+        killed >= total / 10,
+        "only {killed} of {total} execs were killed in flight: the test proves little"
+    );
 
     let dump = store.dump();
-    let ours: BTreeMap<String, &Sandbox> = sandboxes.iter().map(|s| (format!("{NETWORK}:{}:eth0", s.container), s)).collect();
-    let flagged: BTreeSet<String> =
-        dump.iter().filter(|e| e["setAside"] == true).filter_map(|e| e["containerId"].as_str().map(String::from)).collect();
+    let ours: BTreeMap<String, &Sandbox> = sandboxes
+        .iter()
+        .map(|s| (format!("{NETWORK}:{}:eth0", s.container), s))
+        .collect();
+    let flagged: BTreeSet<String> = dump
+        .iter()
+        .filter(|e| e["setAside"] == true)
+        .filter_map(|e| e["containerId"].as_str().map(String::from))
+        .collect();
 
     // records/: every file named like a record verifies (or the dump flagged it); anything
     // else is a write that never got renamed into place and must be invisible.
@@ -87,12 +106,22 @@ fn sigkill_at_random_moments_leaves_a_consistent_store() {
             Ok(record) => {
                 valid_records.insert(sandbox.container.clone(), record);
             }
-            Err(e) => assert!(flagged.contains(&sandbox.container), "unreadable record not flagged by the dump: {e}"),
+            Err(e) => assert!(
+                flagged.contains(&sandbox.container),
+                "unreadable record not flagged by the dump: {e}"
+            ),
         }
     }
-    let listed: BTreeSet<String> =
-        dump.iter().filter(|e| e["setAside"] != true).map(|e| e["containerId"].as_str().unwrap().to_string()).collect();
-    assert_eq!(listed, valid_records.keys().cloned().collect(), "the dump lists exactly the valid records");
+    let listed: BTreeSet<String> = dump
+        .iter()
+        .filter(|e| e["setAside"] != true)
+        .map(|e| e["containerId"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        listed,
+        valid_records.keys().cloned().collect(),
+        "the dump lists exactly the valid records"
+    );
 
     // owners/: every ownership verifies and points at a valid record of the same pod; one owner per pod key.
     let mut owned_keys = BTreeSet::new();
@@ -103,26 +132,56 @@ fn sigkill_at_random_moments_leaves_a_consistent_store() {
             leftovers.push(format!("owners/{name}"));
             continue;
         }
-        let owner = verify_envelope(&path).unwrap_or_else(|e| panic!("ownership file does not verify: {e}"));
-        let container = owner["containerId"].as_str().unwrap_or_else(|| panic!("owner without containerId: {owner}"));
-        let record = valid_records.get(container).unwrap_or_else(|| panic!("{name} names {container}, which has no valid record"));
+        let owner = verify_envelope(&path)
+            .unwrap_or_else(|e| panic!("ownership file does not verify: {e}"));
+        let container = owner["containerId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("owner without containerId: {owner}"));
+        let record = valid_records
+            .get(container)
+            .unwrap_or_else(|| panic!("{name} names {container}, which has no valid record"));
         for field in ["network", "podNamespace", "podName"] {
-            assert_eq!(owner[field], record[field], "{name}: owner and record disagree on {field}");
+            assert_eq!(
+                owner[field], record[field],
+                "{name}: owner and record disagree on {field}"
+            );
         }
         // Keyed by pod name (the default podKey), an owner names the interfaces it holds the pod by.
-        let interfaces = owner["interfaces"].as_array().unwrap_or_else(|| panic!("{name}: owner without interfaces: {owner}"));
-        assert!(interfaces.contains(&record["ifName"]), "{name}: owner and record disagree on the interface: {owner}");
-        let key = (owner["network"].to_string(), owner["podNamespace"].to_string(), owner["podName"].to_string(), owner["ifName"].to_string());
+        let interfaces = owner["interfaces"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{name}: owner without interfaces: {owner}"));
+        assert!(
+            interfaces.contains(&record["ifName"]),
+            "{name}: owner and record disagree on the interface: {owner}"
+        );
+        let key = (
+            owner["network"].to_string(),
+            owner["podNamespace"].to_string(),
+            owner["podName"].to_string(),
+            owner["ifName"].to_string(),
+        );
         assert!(owned_keys.insert(key.clone()), "two owners for {key:?}");
         owners.insert(container.to_string());
     }
-    let flagged_owners: BTreeSet<String> =
-        dump.iter().filter(|e| e["owner"] == true).map(|e| e["containerId"].as_str().unwrap().to_string()).collect();
+    let flagged_owners: BTreeSet<String> = dump
+        .iter()
+        .filter(|e| e["owner"] == true)
+        .map(|e| e["containerId"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(flagged_owners, owners, "the dump's owner flags vs owners/");
-    eprintln!("{} records, {} owners, {} set aside, leftovers ignored: {leftovers:?}", valid_records.len(), owners.len(), flagged.len());
+    eprintln!(
+        "{} records, {} owners, {} set aside, leftovers ignored: {leftovers:?}",
+        valid_records.len(),
+        owners.len(),
+        flagged.len()
+    );
 
     // The plugin carries on: a new sandbox per pod comes and goes, then every old one can go.
-    for pod in sandboxes.iter().take(PODS).map(|s| Pod::new("crash", &s.pod.name)) {
+    for pod in sandboxes
+        .iter()
+        .take(PODS)
+        .map(|s| Pod::new("crash", &s.pod.name))
+    {
         let fresh = container_id();
         store.add(&fresh, &pod).run().assert_ok();
         assert!(store.is_owner(&fresh, "eth0"));
@@ -131,8 +190,14 @@ fn sigkill_at_random_moments_leaves_a_consistent_store() {
     for Sandbox { container, pod } in &sandboxes {
         store.del(container, pod).run().assert_ok();
     }
-    assert!(store.dump().iter().all(|e| e["setAside"] == true), "every DEL went through");
-    assert!(store.owner_files().iter().all(|p| file_name(p).len() != 64), "no ownership left");
+    assert!(
+        store.dump().iter().all(|e| e["setAside"] == true),
+        "every DEL went through"
+    );
+    assert!(
+        store.owner_files().iter().all(|p| file_name(p).len() != 64),
+        "no ownership left"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -145,7 +210,9 @@ fn sigkill_at_random_moments_leaves_a_consistent_store() {
 fn syscall_counts(call: Cni) -> Vec<(String, usize)> {
     let dir = sys::TempDir::new("sgcount");
     let table = dir.path.join("counts");
-    call.wrapped_in(&["strace", "-qq", "-c", "-o", table.to_str().unwrap()]).run().assert_ok();
+    call.wrapped_in(&["strace", "-qq", "-c", "-o", table.to_str().unwrap()])
+        .run()
+        .assert_ok();
     let text = std::fs::read_to_string(&table).unwrap();
     let counts: Vec<(String, usize)> = text
         .lines()
@@ -153,7 +220,11 @@ fn syscall_counts(call: Cni) -> Vec<(String, usize)> {
             let fields: Vec<&str> = line.split_whitespace().collect();
             let name = *fields.last()?;
             let calls = fields.get(3)?.parse().ok()?;
-            (name != "total" && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')).then(|| (name.to_string(), calls))
+            (name != "total"
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'))
+            .then(|| (name.to_string(), calls))
         })
         .collect();
     assert!(counts.len() > 10, "strace -c gave no table: {text}");
@@ -162,7 +233,11 @@ fn syscall_counts(call: Cni) -> Vec<(String, usize)> {
 
 /// For every invocation of every syscall that `call` makes on a store `setup` prepares: a
 /// fresh store, the run killed there, then `check`. Returns how many runs were killed.
-fn kill_at_every_syscall<S>(setup: impl Fn() -> S, call: impl Fn(&S) -> Cni, check: impl Fn(&S, &str)) -> usize {
+fn kill_at_every_syscall<S>(
+    setup: impl Fn() -> S,
+    call: impl Fn(&S) -> Cni,
+    check: impl Fn(&S, &str),
+) -> usize {
     let counts = syscall_counts(call(&setup()));
     let mut killed = 0;
     for (syscall, calls) in &counts {
@@ -172,7 +247,11 @@ fn kill_at_every_syscall<S>(setup: impl Fn() -> S, call: impl Fn(&S) -> Cni, che
             let where_ = format!("killed at {syscall} #{nth}");
             match reply.status.signal() {
                 Some(_) => killed += 1,
-                None => assert!(reply.succeeded(), "{where_}: not killed, yet failed: {}", reply.stdout),
+                None => assert!(
+                    reply.succeeded(),
+                    "{where_}: not killed, yet failed: {}",
+                    reply.stdout
+                ),
             }
             check(&state, &where_);
         }
@@ -204,14 +283,21 @@ fn add_killed_at_every_syscall_leaves_the_old_owner_or_the_new_one_on_its_record
         let (store, pod, a) = Store::with_one_sandbox("crash", "db-0");
         (store, pod, a, container_id())
     };
-    kill_at_every_syscall(setup, |(store, pod, _, b)| store.add(b, pod), |(store, pod, a, b), where_| {
-        assert_whole(store, where_);
-        assert!(store.is_owner(a, "eth0") || store.is_owner(b, "eth0"), "{where_}: the pod lost its owner");
-        // The runtime retries the ADD; the old sandbox's DEL is stale from then on.
-        store.add(b, pod).run().assert_ok();
-        store.del(a, pod).run().assert_error(11);
-        assert_whole(store, where_);
-    });
+    kill_at_every_syscall(
+        setup,
+        |(store, pod, _, b)| store.add(b, pod),
+        |(store, pod, a, b), where_| {
+            assert_whole(store, where_);
+            assert!(
+                store.is_owner(a, "eth0") || store.is_owner(b, "eth0"),
+                "{where_}: the pod lost its owner"
+            );
+            // The runtime retries the ADD; the old sandbox's DEL is stale from then on.
+            store.add(b, pod).run().assert_ok();
+            store.del(a, pod).run().assert_error(11);
+            assert_whole(store, where_);
+        },
+    );
 }
 
 #[test]
@@ -223,16 +309,24 @@ fn del_killed_at_every_syscall_releases_the_pod_only_with_its_record_gone_after(
         store.add(&b, &pod).run().assert_ok();
         (store, pod, a, b)
     };
-    kill_at_every_syscall(setup, |(store, pod, _, b)| store.del(b, pod), |(store, pod, a, b), where_| {
-        assert_whole(store, where_);
-        if store.is_owner(b, "eth0") {
-            store.del(a, pod).run().assert_error(11);
-        }
-        store.del(b, pod).run().assert_ok();
-        assert!(store.owner_files().is_empty(), "{where_}: {:?}", store.owner_files());
-        store.del(a, pod).run().assert_ok();
-        assert!(store.dump().is_empty(), "{where_}");
-    });
+    kill_at_every_syscall(
+        setup,
+        |(store, pod, _, b)| store.del(b, pod),
+        |(store, pod, a, b), where_| {
+            assert_whole(store, where_);
+            if store.is_owner(b, "eth0") {
+                store.del(a, pod).run().assert_error(11);
+            }
+            store.del(b, pod).run().assert_ok();
+            assert!(
+                store.owner_files().is_empty(),
+                "{where_}: {:?}",
+                store.owner_files()
+            );
+            store.del(a, pod).run().assert_ok();
+            assert!(store.dump().is_empty(), "{where_}");
+        },
+    );
 }
 
 #[test]
@@ -240,16 +334,25 @@ fn gc_killed_at_every_syscall_keeps_the_valid_attachment_and_its_owner() {
     sys::skip_unless_root!(&["strace"]);
     let setup = || {
         let (store, kept_pod, kept) = Store::with_one_sandbox("crash", "db-0");
-        store.add(&container_id(), &Pod::new("crash", "db-1")).run().assert_ok();
+        store
+            .add(&container_id(), &Pod::new("crash", "db-1"))
+            .run()
+            .assert_ok();
         (store, kept_pod, kept)
     };
     let gc = |(store, _, kept): &(Store, Pod, String)| {
-        store.cni("GC", "").config("cni.dev/valid-attachments", Some(serde_json::json!([{"containerID": kept, "ifname": "eth0"}])))
+        store.cni("GC", "").config(
+            "cni.dev/valid-attachments",
+            Some(serde_json::json!([{"containerID": kept, "ifname": "eth0"}])),
+        )
     };
     kill_at_every_syscall(setup, gc, |state, where_| {
         let (store, kept_pod, kept) = state;
         assert_whole(store, where_);
-        assert!(store.is_owner(kept, "eth0"), "{where_}: GC took the valid attachment's ownership");
+        assert!(
+            store.is_owner(kept, "eth0"),
+            "{where_}: GC took the valid attachment's ownership"
+        );
         gc(state).run().assert_ok();
         assert_eq!(store.owner_files().len(), 1, "{where_}");
         store.del(&container_id(), kept_pod).run().assert_error(11);
@@ -264,13 +367,28 @@ fn rewrite_of_a_previous_release_owner_killed_at_every_syscall_keeps_the_pod_own
     let [a, b, d] = ['a', 'b', 'd'].map(|x| x.to_string().repeat(64));
     let db0 = Pod::new("migrate", "db-0");
     let setup = || Store::from_fixture("state-previous-release-owners");
-    kill_at_every_syscall(setup, |store| store.add(&d, &db0), |store, where_| {
-        assert_whole(store, where_);
-        assert_eq!(store.owner_files().iter().filter(|p| !file_name(p).starts_with('.')).count(), 2, "{where_}");
-        assert!(store.is_owner(&b, "eth0") || store.is_owner(&d, "eth0"), "{where_}: db-0 lost its owner");
-        store.del(&a, &db0).run().assert_error(11);
-        store.add(&d, &db0).run().assert_ok();
-        store.del(&b, &db0).run().assert_error(11);
-        assert_whole(store, where_);
-    });
+    kill_at_every_syscall(
+        setup,
+        |store| store.add(&d, &db0),
+        |store, where_| {
+            assert_whole(store, where_);
+            assert_eq!(
+                store
+                    .owner_files()
+                    .iter()
+                    .filter(|p| !file_name(p).starts_with('.'))
+                    .count(),
+                2,
+                "{where_}"
+            );
+            assert!(
+                store.is_owner(&b, "eth0") || store.is_owner(&d, "eth0"),
+                "{where_}: db-0 lost its owner"
+            );
+            store.del(&a, &db0).run().assert_error(11);
+            store.add(&d, &db0).run().assert_ok();
+            store.del(&b, &db0).run().assert_error(11);
+            assert_whole(store, where_);
+        },
+    );
 }

@@ -4,16 +4,16 @@
 //! from it and replayed once the pod's name is free, the late ADD it never sees, and its
 //! CHECK, GC and STATUS going first.
 
+#[path = "support/cni.rs"]
+mod cni;
+#[path = "support/mount.rs"]
+mod mount;
+#[path = "support/primary.rs"]
+mod primary;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
 mod testdata;
-#[path = "support/cni.rs"]
-mod cni;
-#[path = "support/primary.rs"]
-mod primary;
-#[path = "support/mount.rs"]
-mod mount;
 
 use cni::{Incident, Store, container_id};
 use primary::RecordingPrimary;
@@ -34,11 +34,19 @@ fn incident_deferred() -> (Incident, RecordingPrimary) {
 }
 
 fn deferred(store: &Store) -> Vec<Value> {
-    store.dump().into_iter().filter(|row| row["status"] == "deferred").collect()
+    store
+        .dump()
+        .into_iter()
+        .filter(|row| row["status"] == "deferred")
+        .collect()
 }
 
 fn outcomes(store: &Store) -> Vec<(String, String)> {
-    store.log_lines().into_iter().map(|l| (l.outcome, l.container)).collect()
+    store
+        .log_lines()
+        .into_iter()
+        .map(|l| (l.outcome, l.container))
+        .collect()
 }
 
 #[test]
@@ -48,9 +56,16 @@ fn add_hands_the_primary_its_own_object_and_returns_its_result_unchanged() {
     // A field no version of the spec knows must survive, byte for byte.
     let result = r#"{"cniVersion":"1.1.0","interfaces":[{"name":"eth0","mac":"02:00:00:00:00:0a","sandbox":"/var/run/netns/x"}],"ips":[{"address":"10.22.0.9/24","interface":0}],"dns":{},"vendor.example/extra":{"k":[1,2]}}"#;
     primary.answer_add(&i.a, result);
-    let reply = primary.wrap(i.store.add(&i.a, &i.pod_a)).config("delegate", Some(delegate)).run();
+    let reply = primary
+        .wrap(i.store.add(&i.a, &i.pod_a))
+        .config("delegate", Some(delegate))
+        .run();
     reply.assert_ok();
-    assert_eq!(reply.stdout.trim_end(), result, "the primary's result must reach the runtime as it wrote it");
+    assert_eq!(
+        reply.stdout.trim_end(),
+        result,
+        "the primary's result must reach the runtime as it wrote it"
+    );
 
     let stdin = primary.stdin("ADD", &i.a);
     assert_eq!(stdin["name"], cni::NETWORK);
@@ -58,11 +73,21 @@ fn add_hands_the_primary_its_own_object_and_returns_its_result_unchanged() {
     assert_eq!(stdin["type"], primary::TYPE);
     assert_eq!(stdin["mtu"], 1400);
     assert_eq!(stdin["ipam"]["type"], "host-local");
-    assert_eq!(stdin["stateDir"], json!(primary.state_dir), "the primary's own stateDir, not the guard's");
+    assert_eq!(
+        stdin["stateDir"],
+        json!(primary.state_dir),
+        "the primary's own stateDir, not the guard's"
+    );
     for key in ["logFile", "staleDel", "delegate", "prevResult"] {
-        assert!(stdin.get(key).is_none(), "the guard's {key} must not reach the primary: {stdin}");
+        assert!(
+            stdin.get(key).is_none(),
+            "the guard's {key} must not reach the primary: {stdin}"
+        );
     }
-    assert!(i.store.is_owner(&i.a, "eth0"), "the ADD is checkpointed and owns the pod");
+    assert!(
+        i.store.is_owner(&i.a, "eth0"),
+        "the ADD is checkpointed and owns the pod"
+    );
 }
 
 #[test]
@@ -74,43 +99,107 @@ fn a_primary_error_reaches_the_runtime_as_the_primary_wrote_it_and_nothing_is_re
     let err = reply.assert_error(100);
     assert_eq!(reply.json(), error);
     assert_eq!(err.details, "calico-node not ready");
-    assert!(i.store.dump().is_empty(), "a failed ADD records nothing: {:?}", i.store.dump());
+    assert!(
+        i.store.dump().is_empty(),
+        "a failed ADD records nothing: {:?}",
+        i.store.dump()
+    );
 }
 
 #[test]
 fn a_delegate_that_is_not_in_cni_path_is_an_invalid_config() {
     let (i, primary) = incident();
-    let reply = primary.wrap(i.store.add(&i.a, &i.pod_a)).env("CNI_PATH", Some("/nonexistent")).run();
+    let reply = primary
+        .wrap(i.store.add(&i.a, &i.pod_a))
+        .env("CNI_PATH", Some("/nonexistent"))
+        .run();
     let err = reply.assert_error(7);
-    assert!(err.msg.contains(primary::TYPE) && err.text().contains("CNI_PATH"), "{err:?}");
+    assert!(
+        err.msg.contains(primary::TYPE) && err.text().contains("CNI_PATH"),
+        "{err:?}"
+    );
 }
 
 #[test]
 fn a_stale_del_succeeds_without_the_primary_and_is_replayed_once_the_owner_goes() {
     // containerd's StopPodSandbox (netns and cached result), then RemovePodSandbox (empty netns).
     let (i, primary) = incident_deferred();
-    primary.wrap(i.store.del(&i.a, &i.pod_a)).netns("").run().assert_ok();
-    assert_eq!(primary.dels(&i.a), 0, "the stale DEL must not reach the primary while {} owns the pod", i.b);
+    primary
+        .wrap(i.store.del(&i.a, &i.pod_a))
+        .netns("")
+        .run()
+        .assert_ok();
+    assert_eq!(
+        primary.dels(&i.a),
+        0,
+        "the stale DEL must not reach the primary while {} owns the pod",
+        i.b
+    );
     let waiting = deferred(&i.store);
-    assert_eq!(waiting.len(), 1, "one deferred DEL for sandbox A, however often it came: {waiting:?}");
+    assert_eq!(
+        waiting.len(),
+        1,
+        "one deferred DEL for sandbox A, however often it came: {waiting:?}"
+    );
     assert_eq!(waiting[0]["containerId"], json!(i.a));
     assert_eq!(waiting[0]["deferredForOwner"], json!(i.b));
     assert!(i.store.is_owner(&i.b, "eth0"));
-    assert!(i.store.entry(&i.a, "eth0").is_none_or(|row| row["status"] == "deferred"), "A's checkpoint went with its DEL");
+    assert!(
+        i.store
+            .entry(&i.a, "eth0")
+            .is_none_or(|row| row["status"] == "deferred"),
+        "A's checkpoint went with its DEL"
+    );
 
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
-    let dels: Vec<(String, String)> = primary.started().into_iter().filter(|(verb, _)| verb == "DEL").collect();
-    assert_eq!(dels, [("DEL".to_string(), i.b.clone()), ("DEL".to_string(), i.a.clone())], "the owner's DEL first, then A's replay");
-    let replay = primary.calls().into_iter().find(|c| c.verb == "DEL" && c.container == i.a).unwrap();
-    assert_eq!(replay.netns, "", "a replay comes with an empty CNI_NETNS, as containerd's second DEL does");
-    assert_eq!(replay.args, i.pod_a.cni_args(&i.a), "the stale DEL's own CNI_ARGS");
+    let dels: Vec<(String, String)> = primary
+        .started()
+        .into_iter()
+        .filter(|(verb, _)| verb == "DEL")
+        .collect();
+    assert_eq!(
+        dels,
+        [
+            ("DEL".to_string(), i.b.clone()),
+            ("DEL".to_string(), i.a.clone())
+        ],
+        "the owner's DEL first, then A's replay"
+    );
+    let replay = primary
+        .calls()
+        .into_iter()
+        .find(|c| c.verb == "DEL" && c.container == i.a)
+        .unwrap();
+    assert_eq!(
+        replay.netns, "",
+        "a replay comes with an empty CNI_NETNS, as containerd's second DEL does"
+    );
+    assert_eq!(
+        replay.args,
+        i.pod_a.cni_args(&i.a),
+        "the stale DEL's own CNI_ARGS"
+    );
     let stdin = primary.stdin("DEL", &i.a);
-    assert_eq!(stdin["prevResult"]["interfaces"][0]["sandbox"], json!(cni::default_netns(&i.a)), "A's checkpointed result: {stdin}");
+    assert_eq!(
+        stdin["prevResult"]["interfaces"][0]["sandbox"],
+        json!(cni::default_netns(&i.a)),
+        "A's checkpointed result: {stdin}"
+    );
     assert!(deferred(&i.store).is_empty());
-    assert!(i.store.dump().is_empty(), "nothing left: {:?}", i.store.dump());
+    assert!(
+        i.store.dump().is_empty(),
+        "nothing left: {:?}",
+        i.store.dump()
+    );
     let log = outcomes(&i.store);
-    assert!(log.contains(&("deferred".to_string(), i.a.clone())), "{log:?}");
-    assert!(log.contains(&("replayed".to_string(), i.a.clone())), "{log:?}");
+    assert!(
+        log.contains(&("deferred".to_string(), i.a.clone())),
+        "{log:?}"
+    );
+    assert!(
+        log.contains(&("replayed".to_string(), i.a.clone())),
+        "{log:?}"
+    );
 }
 
 #[test]
@@ -125,15 +214,23 @@ fn deferred_dels_reach_the_primary_in_the_order_they_came_even_within_a_second()
         primary.wrap(i.store.del(old, &i.pod_a)).run().assert_ok();
     }
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
-    let replayed: Vec<String> =
-        primary.started().into_iter().filter(|(verb, container)| verb == "DEL" && *container != i.b).map(|(_, c)| c).collect();
+    let replayed: Vec<String> = primary
+        .started()
+        .into_iter()
+        .filter(|(verb, container)| verb == "DEL" && *container != i.b)
+        .map(|(_, c)| c)
+        .collect();
     assert_eq!(replayed, olds, "oldest first");
 }
 
 #[test]
 fn a_replay_the_primary_refuses_stays_deferred_and_gc_retries_it() {
     let (i, primary) = incident_deferred();
-    primary.fail("DEL", &i.a, &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}));
+    primary.fail(
+        "DEL",
+        &i.a,
+        &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}),
+    );
     // The owner's own DEL passes whatever becomes of the replay.
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
     let waiting = deferred(&i.store);
@@ -143,11 +240,26 @@ fn a_replay_the_primary_refuses_stays_deferred_and_gc_retries_it() {
     assert!(outcomes(&i.store).contains(&("replay-failed".to_string(), i.a.clone())));
 
     primary.heal("DEL", &i.a);
-    let gc = primary.wrap(i.store.cni("GC", "")).config("cni.dev/valid-attachments", Some(json!([]))).run();
+    let gc = primary
+        .wrap(i.store.cni("GC", ""))
+        .config("cni.dev/valid-attachments", Some(json!([])))
+        .run();
     gc.assert_ok();
-    assert_eq!(primary.dels(&i.a), 1, "GC replays the deferred DEL once the primary takes it");
+    assert_eq!(
+        primary.dels(&i.a),
+        1,
+        "GC replays the deferred DEL once the primary takes it"
+    );
     assert!(deferred(&i.store).is_empty());
-    assert_eq!(primary.started().iter().filter(|(verb, _)| verb == "GC").count(), 1, "GC reaches the primary too");
+    assert_eq!(
+        primary
+            .started()
+            .iter()
+            .filter(|(verb, _)| verb == "GC")
+            .count(),
+        1,
+        "GC reaches the primary too"
+    );
 }
 
 #[test]
@@ -155,21 +267,49 @@ fn the_late_add_of_a_superseded_sandbox_never_reaches_the_primary() {
     let (i, primary) = incident();
     primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
     // B is alive: its netns path names a live namespace (the plugin's own, needing no root).
-    primary.wrap(i.store.add(&i.b, &i.pod_b)).netns("/proc/self/ns/net").run().assert_ok();
+    primary
+        .wrap(i.store.add(&i.b, &i.pod_b))
+        .netns("/proc/self/ns/net")
+        .run()
+        .assert_ok();
     let reply = primary.wrap(i.store.add(&i.a, &i.pod_a)).run();
     let err = reply.assert_error(104);
-    assert!(err.msg.contains("superseded") && err.msg.contains(&i.b), "{err:?}");
-    let adds: Vec<_> = primary.started().into_iter().filter(|(verb, _)| verb == "ADD").collect();
+    assert!(
+        err.msg.contains("superseded") && err.msg.contains(&i.b),
+        "{err:?}"
+    );
+    let adds: Vec<_> = primary
+        .started()
+        .into_iter()
+        .filter(|(verb, _)| verb == "ADD")
+        .collect();
     assert_eq!(adds.len(), 2, "the primary saw A's late ADD: {adds:?}");
     assert!(i.store.is_owner(&i.b, "eth0"), "B keeps the pod's name");
     // Deferred, A is just as superseded.
     primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
-    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_error(104);
-    assert_eq!(primary.started().iter().filter(|(verb, _)| verb == "ADD").count(), 2);
+    primary
+        .wrap(i.store.add(&i.a, &i.pod_a))
+        .run()
+        .assert_error(104);
+    assert_eq!(
+        primary
+            .started()
+            .iter()
+            .filter(|(verb, _)| verb == "ADD")
+            .count(),
+        2
+    );
     // Once B is gone, a sandbox is no longer superseded by it.
-    primary.wrap(i.store.del(&i.b, &i.pod_b)).netns("/proc/self/ns/net").run().assert_ok();
+    primary
+        .wrap(i.store.del(&i.b, &i.pod_b))
+        .netns("/proc/self/ns/net")
+        .run()
+        .assert_ok();
     primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
-    assert!(deferred(&i.store).is_empty(), "A's deferred DEL was replayed when B went");
+    assert!(
+        deferred(&i.store).is_empty(),
+        "A's deferred DEL was replayed when B went"
+    );
 }
 
 /// containerd keeps a stopped sandbox's netns pinned: with a sticky IP, the old interface
@@ -182,9 +322,19 @@ fn a_deferred_del_takes_the_stale_sandboxs_interface_out_of_its_netns() {
     add_a.run().assert_ok();
     let (add_b, netns_b) = primary.wrap(i.store.add(&i.b, &i.pod_b)).in_pod_netns();
     add_b.run().assert_ok();
-    primary.wrap(i.store.del(&i.a, &i.pod_a)).netns(&netns_a.path()).run().assert_ok();
-    assert!(!netns_a.netns.try_exec(&["ip", "link", "show", "eth0"]), "the stale sandbox's eth0 must be gone from its netns");
-    assert!(netns_b.netns.try_exec(&["ip", "link", "show", "eth0"]), "the owner's eth0 stays");
+    primary
+        .wrap(i.store.del(&i.a, &i.pod_a))
+        .netns(&netns_a.path())
+        .run()
+        .assert_ok();
+    assert!(
+        !netns_a.netns.try_exec(&["ip", "link", "show", "eth0"]),
+        "the stale sandbox's eth0 must be gone from its netns"
+    );
+    assert!(
+        netns_b.netns.try_exec(&["ip", "link", "show", "eth0"]),
+        "the owner's eth0 stays"
+    );
     assert_eq!(deferred(&i.store).len(), 1);
 }
 
@@ -194,10 +344,23 @@ fn an_interface_that_is_not_the_checkpointed_one_is_left_alone() {
     let (i, primary) = incident();
     let (add_a, netns_a) = primary.wrap(i.store.add(&i.a, &i.pod_a)).in_pod_netns();
     add_a.run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b)).netns("/proc/self/ns/net").run().assert_ok();
-    netns_a.netns.exec(&["ip", "link", "set", "eth0", "address", "02:00:00:00:99:99"]);
-    primary.wrap(i.store.del(&i.a, &i.pod_a)).netns(&netns_a.path()).run().assert_ok();
-    assert!(netns_a.netns.try_exec(&["ip", "link", "show", "eth0"]), "an eth0 with another MAC is not the one checkpointed");
+    primary
+        .wrap(i.store.add(&i.b, &i.pod_b))
+        .netns("/proc/self/ns/net")
+        .run()
+        .assert_ok();
+    netns_a
+        .netns
+        .exec(&["ip", "link", "set", "eth0", "address", "02:00:00:00:99:99"]);
+    primary
+        .wrap(i.store.del(&i.a, &i.pod_a))
+        .netns(&netns_a.path())
+        .run()
+        .assert_ok();
+    assert!(
+        netns_a.netns.try_exec(&["ip", "link", "show", "eth0"]),
+        "an eth0 with another MAC is not the one checkpointed"
+    );
     assert_eq!(deferred(&i.store).len(), 1);
 }
 
@@ -209,19 +372,37 @@ fn a_slow_primary_holds_up_its_own_pod_only() {
     primary.slow("ADD", &i.a, 2.0);
     let slow = primary.wrap(i.store.add(&i.a, &i.pod_a)).spawn();
     // Once the slow ADD is inside the primary, another pod's ADD and the same pod's next one.
-    while !primary.calls().iter().any(|call| call.container == i.a && call.phase == "start") {
+    while !primary
+        .calls()
+        .iter()
+        .any(|call| call.container == i.a && call.phase == "start")
+    {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let same_pod = primary.wrap(i.store.add(&i.b, &i.pod_b)).spawn();
     primary.wrap(i.store.add(&c, &other)).run().assert_ok();
     let calls = primary.calls();
-    let slow_end = calls.iter().find(|call| call.container == i.a && call.phase == "end");
-    assert!(slow_end.is_none(), "the other pod's ADD finished while the slow one was still in the primary: {calls:?}");
+    let slow_end = calls
+        .iter()
+        .find(|call| call.container == i.a && call.phase == "end");
+    assert!(
+        slow_end.is_none(),
+        "the other pod's ADD finished while the slow one was still in the primary: {calls:?}"
+    );
     slow.wait().assert_ok();
     same_pod.wait().assert_ok();
     let calls = primary.calls();
-    let time = |container: &str, phase: &str| calls.iter().find(|c| c.container == container && c.phase == phase).unwrap().time;
-    assert!(time(&i.b, "start") >= time(&i.a, "end"), "the same pod's ADDs must reach the primary one at a time: {calls:?}");
+    let time = |container: &str, phase: &str| {
+        calls
+            .iter()
+            .find(|c| c.container == container && c.phase == phase)
+            .unwrap()
+            .time
+    };
+    assert!(
+        time(&i.b, "start") >= time(&i.a, "end"),
+        "the same pod's ADDs must reach the primary one at a time: {calls:?}"
+    );
     assert!(i.store.is_owner(&i.b, "eth0"));
 }
 
@@ -229,14 +410,25 @@ fn a_slow_primary_holds_up_its_own_pod_only() {
 fn check_and_status_go_to_the_primary_first() {
     let (i, primary) = incident();
     primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
-    primary.fail("CHECK", &i.a, &json!({"cniVersion": "1.1.0", "code": 100, "msg": "interface eth0 is gone"}));
-    let err = primary.wrap(i.store.cni("CHECK", &i.a).pod(&i.pod_a)).run().assert_error(100);
+    primary.fail(
+        "CHECK",
+        &i.a,
+        &json!({"cniVersion": "1.1.0", "code": 100, "msg": "interface eth0 is gone"}),
+    );
+    let err = primary
+        .wrap(i.store.cni("CHECK", &i.a).pod(&i.pod_a))
+        .run()
+        .assert_error(100);
     assert_eq!(err.msg, "interface eth0 is gone");
 
     let status = primary.wrap(i.store.cni("STATUS", ""));
     status.run().assert_ok();
     // The primary's calls without an attachment log as container "none".
-    primary.fail("STATUS", "none", &json!({"cniVersion": "1.1.0", "code": 50, "msg": "calico-node is not ready"}));
+    primary.fail(
+        "STATUS",
+        "none",
+        &json!({"cniVersion": "1.1.0", "code": 50, "msg": "calico-node is not ready"}),
+    );
     let err = status.run().assert_error(50);
     assert_eq!(err.msg, "calico-node is not ready");
 }
@@ -250,10 +442,20 @@ fn on_a_read_only_store_the_owners_del_reaches_the_primary_and_a_stale_one_is_re
     primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
     primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
     let read_only = mount::Mount::read_only_bind(&i.store.state_dir);
-    let err = primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_error(11);
-    assert!(err.msg.contains("stale DEL") && err.details.contains("cannot be deferred"), "{err:?}");
+    let err = primary
+        .wrap(i.store.del(&i.a, &i.pod_a))
+        .run()
+        .assert_error(11);
+    assert!(
+        err.msg.contains("stale DEL") && err.details.contains("cannot be deferred"),
+        "{err:?}"
+    );
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
-    assert_eq!((primary.dels(&i.a), primary.dels(&i.b)), (0, 1), "only the owner's DEL reached the primary");
+    assert_eq!(
+        (primary.dels(&i.a), primary.dels(&i.b)),
+        (0, 1),
+        "only the owner's DEL reached the primary"
+    );
     drop(read_only);
 }
 
@@ -265,19 +467,42 @@ fn legacy_results_of_the_primary_pass_through_and_a_malformed_one_writes_nothing
     let (i, primary) = incident();
     let result = r#"{"cniVersion":"0.1.0","ip4":{"ip":"10.22.0.9/32"},"dns":{}}"#;
     primary.answer_add(&i.a, result);
-    let reply = primary.wrap(i.store.add(&i.a, &i.pod_a)).version("0.1.0").run();
+    let reply = primary
+        .wrap(i.store.add(&i.a, &i.pod_a))
+        .version("0.1.0")
+        .run();
     reply.assert_ok();
-    assert_eq!(reply.stdout.trim_end(), result, "the primary's result must reach the runtime as it wrote it");
+    assert_eq!(
+        reply.stdout.trim_end(),
+        result,
+        "the primary's result must reach the runtime as it wrote it"
+    );
     assert_eq!(primary.stdin("ADD", &i.a)["cniVersion"], "0.1.0");
-    assert_eq!(i.store.entry(&i.a, "eth0").expect("A's checkpoint")["ips"], json!(["10.22.0.9/32"]));
+    assert_eq!(
+        i.store.entry(&i.a, "eth0").expect("A's checkpoint")["ips"],
+        json!(["10.22.0.9/32"])
+    );
 
     primary.answer_add(&i.b, r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.22.0.10"}}"#);
     let before = i.store.snapshot();
-    let reply = primary.wrap(i.store.add(&i.b, &i.pod_b)).version("0.2.0").run();
+    let reply = primary
+        .wrap(i.store.add(&i.b, &i.pod_b))
+        .version("0.2.0")
+        .run();
     let error = reply.assert_error(6);
     assert!(error.msg.contains("prevResult.ip4.ip"), "{error:?}");
-    assert_eq!(i.store.snapshot(), before, "a refused result must leave the store as it was");
-    assert!(i.store.log_lines().iter().all(|l| !(l.container == i.b && l.outcome == "added")), "B's ADD was logged as a success");
+    assert_eq!(
+        i.store.snapshot(),
+        before,
+        "a refused result must leave the store as it was"
+    );
+    assert!(
+        i.store
+            .log_lines()
+            .iter()
+            .all(|l| !(l.container == i.b && l.outcome == "added")),
+        "B's ADD was logged as a success"
+    );
 }
 
 /// Processes whose command line holds `needle` (a test's own sleep, left by a killed primary).
@@ -304,40 +529,88 @@ fn a_primary_hanging_on_a_replay_holds_up_neither_the_owners_del_nor_the_pods_ne
     let started = std::time::Instant::now();
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
     let took = started.elapsed();
-    assert!(took < BOUND, "the owner's DEL waited {took:?} on the replay of another sandbox's DEL");
-    assert!(processes_with("sleep 47.25").is_empty(), "the hanging primary's child outlived its deadline: {:?}", processes_with("sleep 47.25"));
+    assert!(
+        took < BOUND,
+        "the owner's DEL waited {took:?} on the replay of another sandbox's DEL"
+    );
+    assert!(
+        processes_with("sleep 47.25").is_empty(),
+        "the hanging primary's child outlived its deadline: {:?}",
+        processes_with("sleep 47.25")
+    );
     let waiting = deferred(&i.store);
-    assert_eq!(waiting.len(), 1, "the replay that ran out of time stays deferred: {waiting:?}");
+    assert_eq!(
+        waiting.len(),
+        1,
+        "the replay that ran out of time stays deferred: {waiting:?}"
+    );
     assert_eq!(waiting[0]["attempts"], 1);
     // The pod's next sandbox starts, in time, while the primary still hangs on A.
     let c = container_id();
     let started = std::time::Instant::now();
     primary.wrap(i.store.add(&c, &i.pod_a)).run().assert_ok();
     primary.wrap(i.store.del(&c, &i.pod_a)).run().assert_ok();
-    assert!(started.elapsed() < BOUND * 2, "the next sandbox's ADD and DEL took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < BOUND * 2,
+        "the next sandbox's ADD and DEL took {:?}",
+        started.elapsed()
+    );
     assert!(processes_with("sleep 47.25").is_empty());
 }
 
 #[test]
 fn a_replay_is_the_deferred_sandboxs_own_call() {
     let (i, primary) = incident();
-    let with_ports = |marker: &str| primary.delegate(json!({"capabilities": {"portMappings": true}, "marker": marker}));
+    let with_ports = |marker: &str| {
+        primary.delegate(json!({"capabilities": {"portMappings": true}, "marker": marker}))
+    };
     let ports = |port: u16| json!({"portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]});
-    primary.wrap(i.store.add(&i.a, &i.pod_a)).config("delegate", Some(with_ports("at-A"))).config("runtimeConfig", Some(ports(8001))).run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b)).config("delegate", Some(with_ports("at-A"))).config("runtimeConfig", Some(ports(8002))).run().assert_ok();
-    primary.wrap(i.store.del(&i.a, &i.pod_a)).config("delegate", Some(with_ports("at-A"))).config("runtimeConfig", Some(ports(8001))).run().assert_ok();
+    primary
+        .wrap(i.store.add(&i.a, &i.pod_a))
+        .config("delegate", Some(with_ports("at-A")))
+        .config("runtimeConfig", Some(ports(8001)))
+        .run()
+        .assert_ok();
+    primary
+        .wrap(i.store.add(&i.b, &i.pod_b))
+        .config("delegate", Some(with_ports("at-A")))
+        .config("runtimeConfig", Some(ports(8002)))
+        .run()
+        .assert_ok();
+    primary
+        .wrap(i.store.del(&i.a, &i.pod_a))
+        .config("delegate", Some(with_ports("at-A")))
+        .config("runtimeConfig", Some(ports(8001)))
+        .run()
+        .assert_ok();
     // The conflist changes before the owner goes: A's DEL is replayed as A's own call was.
-    primary.wrap(i.store.del(&i.b, &i.pod_b)).config("delegate", Some(with_ports("at-B"))).config("runtimeConfig", Some(ports(8002))).run().assert_ok();
+    primary
+        .wrap(i.store.del(&i.b, &i.pod_b))
+        .config("delegate", Some(with_ports("at-B")))
+        .config("runtimeConfig", Some(ports(8002)))
+        .run()
+        .assert_ok();
     let replay = primary.stdin("DEL", &i.a);
-    assert_eq!(replay["runtimeConfig"], ports(8001), "A's replay must carry A's own port mappings: {replay}");
-    assert_eq!(replay["marker"], "at-A", "A's replay goes to the primary as configured when A's DEL came: {replay}");
+    assert_eq!(
+        replay["runtimeConfig"],
+        ports(8001),
+        "A's replay must carry A's own port mappings: {replay}"
+    );
+    assert_eq!(
+        replay["marker"], "at-A",
+        "A's replay goes to the primary as configured when A's DEL came: {replay}"
+    );
     assert_eq!(primary.stdin("DEL", &i.b)["marker"], "at-B");
 }
 
 #[test]
 fn a_replay_by_gc_carries_no_attachment_list_and_gc_hands_the_primary_both_keys() {
     let (i, primary) = incident_deferred();
-    primary.fail("DEL", &i.a, &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}));
+    primary.fail(
+        "DEL",
+        &i.a,
+        &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}),
+    );
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
     primary.heal("DEL", &i.a);
     let listed = json!([{"containerID": "other", "ifname": "eth0"}]);
@@ -349,47 +622,100 @@ fn a_replay_by_gc_carries_no_attachment_list_and_gc_hands_the_primary_both_keys(
         .assert_ok();
     let replay = primary.stdin("DEL", &i.a);
     for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
-        assert!(replay.get(key).is_none(), "a replayed DEL carries no GC list: {replay}");
+        assert!(
+            replay.get(key).is_none(),
+            "a replayed DEL carries no GC list: {replay}"
+        );
     }
     let gc = primary.stdin("GC", "none");
-    assert_eq!((&gc["cni.dev/valid-attachments"], &gc["cni.dev/attachments"]), (&listed, &listed), "both keys, as libcni sets them: {gc}");
+    assert_eq!(
+        (&gc["cni.dev/valid-attachments"], &gc["cni.dev/attachments"]),
+        (&listed, &listed),
+        "both keys, as libcni sets them: {gc}"
+    );
 }
 
 #[test]
 fn a_replay_below_0_4_0_carries_no_prev_result() {
     let (i, primary) = incident();
-    let result = |c: &str| json!({"cniVersion": "0.3.1", "interfaces": [{"name": "eth0", "mac": "02:00:00:00:00:01", "sandbox": cni::default_netns(c)}],
-        "ips": [{"version": "4", "address": "10.22.0.5/24", "interface": 0}], "dns": {}});
+    let result = |c: &str| {
+        json!({"cniVersion": "0.3.1", "interfaces": [{"name": "eth0", "mac": "02:00:00:00:00:01", "sandbox": cni::default_netns(c)}],
+        "ips": [{"version": "4", "address": "10.22.0.5/24", "interface": 0}], "dns": {}})
+    };
     for c in [&i.a, &i.b] {
         primary.answer_add(c, &result(c).to_string());
     }
-    primary.wrap(i.store.add(&i.a, &i.pod_a).version("0.3.1")).run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b).version("0.3.1")).run().assert_ok();
-    primary.wrap(i.store.del(&i.a, &i.pod_a).version("0.3.1").no_prev_result()).run().assert_ok();
-    primary.wrap(i.store.del(&i.b, &i.pod_b).version("0.3.1").no_prev_result()).run().assert_ok();
+    primary
+        .wrap(i.store.add(&i.a, &i.pod_a).version("0.3.1"))
+        .run()
+        .assert_ok();
+    primary
+        .wrap(i.store.add(&i.b, &i.pod_b).version("0.3.1"))
+        .run()
+        .assert_ok();
+    primary
+        .wrap(
+            i.store
+                .del(&i.a, &i.pod_a)
+                .version("0.3.1")
+                .no_prev_result(),
+        )
+        .run()
+        .assert_ok();
+    primary
+        .wrap(
+            i.store
+                .del(&i.b, &i.pod_b)
+                .version("0.3.1")
+                .no_prev_result(),
+        )
+        .run()
+        .assert_ok();
     assert_eq!(primary.dels(&i.a), 1);
     let replay = primary.stdin("DEL", &i.a);
     assert_eq!(replay["cniVersion"], "0.3.1");
-    assert!(replay.get("prevResult").is_none(), "libcni sends no prevResult on DEL below 0.4.0: {replay}");
+    assert!(
+        replay.get("prevResult").is_none(),
+        "libcni sends no prevResult on DEL below 0.4.0: {replay}"
+    );
 }
 
 #[test]
 fn a_deferred_del_whose_pods_name_is_free_is_replayed_without_the_pod_coming_back() {
     let (i, primary) = incident_deferred();
-    primary.fail("DEL", &i.a, &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}));
+    primary.fail(
+        "DEL",
+        &i.a,
+        &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}),
+    );
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
-    primary.wrap(i.store.del(&i.b, &i.pod_b)).netns("").run().assert_ok();
-    assert_eq!(deferred(&i.store)[0]["attempts"], 2, "both of the owner's DELs tried it");
+    primary
+        .wrap(i.store.del(&i.b, &i.pod_b))
+        .netns("")
+        .run()
+        .assert_ok();
+    assert_eq!(
+        deferred(&i.store)[0]["attempts"],
+        2,
+        "both of the owner's DELs tried it"
+    );
     primary.heal("DEL", &i.a);
     // No GC comes (containerd sends none) and the pod never comes back; another pod's ADD
     // sweeps the entries whose name is free, once their retry time (2^attempts s) is past.
     std::thread::sleep(std::time::Duration::from_millis(4200));
     let other = cni::Pod::new("lijiaob", "etcd2-0");
-    primary.wrap(i.store.add(&container_id(), &other)).run().assert_ok();
+    primary
+        .wrap(i.store.add(&container_id(), &other))
+        .run()
+        .assert_ok();
     assert_eq!(primary.dels(&i.a), 1, "the sweep replayed it");
     assert!(deferred(&i.store).is_empty());
     let locks = cni::files_in(&i.store.state_dir.join("pod-locks"));
-    assert_eq!(locks.len(), 1, "only the other pod's lock file stays, not the swept pod's (containerd sends no GC): {locks:?}");
+    assert_eq!(
+        locks.len(),
+        1,
+        "only the other pod's lock file stays, not the swept pod's (containerd sends no GC): {locks:?}"
+    );
 }
 
 #[test]
@@ -406,17 +732,33 @@ fn a_replay_left_out_of_the_owners_budget_is_swept_by_the_next_verb() {
     }
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
     let left = deferred(&i.store).len();
-    assert!(left > 0, "four replays of 1.6 s each do not fit one verb's budget");
+    assert!(
+        left > 0,
+        "four replays of 1.6 s each do not fit one verb's budget"
+    );
     for _ in 0..8 {
         if deferred(&i.store).is_empty() {
             break;
         }
         // One cut short by the budget is retried after 2 s.
         std::thread::sleep(std::time::Duration::from_millis(700));
-        primary.wrap(i.store.add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0"))).run().assert_ok();
+        primary
+            .wrap(
+                i.store
+                    .add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0")),
+            )
+            .run()
+            .assert_ok();
     }
-    assert!(deferred(&i.store).is_empty(), "later verbs of the network replay the rest: {:?}", deferred(&i.store));
-    assert_eq!(olds.iter().map(|old| primary.dels(old)).collect::<Vec<_>>(), [1, 1, 1, 1]);
+    assert!(
+        deferred(&i.store).is_empty(),
+        "later verbs of the network replay the rest: {:?}",
+        deferred(&i.store)
+    );
+    assert_eq!(
+        olds.iter().map(|old| primary.dels(old)).collect::<Vec<_>>(),
+        [1, 1, 1, 1]
+    );
 }
 
 #[test]
@@ -427,10 +769,17 @@ fn gc_goes_on_after_the_primarys_gc_error_and_returns_it_after_its_own_work() {
     primary.wrap(i.store.add(&c, &i.pod_a)).run().assert_ok();
     let error = json!({"cniVersion": "1.1.0", "code": 100, "msg": "calico datastore unreachable"});
     primary.fail("GC", "none", &error);
-    let gc = primary.wrap(i.store.cni("GC", "")).config("cni.dev/valid-attachments", Some(json!([]))).run();
+    let gc = primary
+        .wrap(i.store.cni("GC", ""))
+        .config("cni.dev/valid-attachments", Some(json!([])))
+        .run();
     gc.assert_error(100);
     assert_eq!(gc.json(), error, "the primary's error, as it wrote it");
-    assert!(i.store.entry(&c, "eth0").is_none(), "the guard's own GC ran: {:?}", i.store.dump());
+    assert!(
+        i.store.entry(&c, "eth0").is_none(),
+        "the guard's own GC ran: {:?}",
+        i.store.dump()
+    );
 }
 
 #[test]
@@ -443,7 +792,10 @@ fn pod_locks_go_with_the_pods() {
         primary.wrap(i.store.del(&c, &pod)).run().assert_ok();
     }
     let locks = cni::files_in(&i.store.state_dir.join("pod-locks"));
-    assert!(locks.is_empty(), "a pod that is gone leaves no lock file: {locks:?}");
+    assert!(
+        locks.is_empty(),
+        "a pod that is gone leaves no lock file: {locks:?}"
+    );
 }
 
 #[test]
@@ -451,11 +803,17 @@ fn version_answers_what_both_the_guard_and_the_primary_speak() {
     let (i, primary) = incident();
     let conf = |plugin: &str| json!({"cniVersion": "1.0.0", "name": cni::NETWORK, "type": "sandbox-guard", "delegate": {"type": plugin}});
     let ask = |plugin: &str| {
-        cni::Cni::with_config("VERSION", "", &conf(plugin)).env("CNI_PATH", Some(primary.bin_dir.to_str().unwrap())).run()
+        cni::Cni::with_config("VERSION", "", &conf(plugin))
+            .env("CNI_PATH", Some(primary.bin_dir.to_str().unwrap()))
+            .run()
     };
     let reply = ask(primary::TYPE);
     reply.assert_ok();
-    assert_eq!(reply.json()["supportedVersions"], json!(["0.4.0", "1.0.0", "1.1.0"]), "the recording primary speaks 0.4.0 on");
+    assert_eq!(
+        reply.json()["supportedVersions"],
+        json!(["0.4.0", "1.0.0", "1.1.0"]),
+        "the recording primary speaks 0.4.0 on"
+    );
     ask("no-such-primary").assert_error(7);
     // libcni's own VERSION carries no config: the guard answers for itself.
     i.store.cni("VERSION", "").run().assert_ok();
@@ -469,9 +827,20 @@ fn an_add_on_a_store_that_takes_no_write_is_refused_before_the_primary() {
     let (i, primary) = incident();
     primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
     let read_only = mount::Mount::read_only_bind(&i.store.state_dir);
-    let err = primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_error(5);
+    let err = primary
+        .wrap(i.store.add(&i.a, &i.pod_a))
+        .run()
+        .assert_error(5);
     assert!(err.msg.contains("before the primary"), "{err:?}");
-    assert_eq!(primary.started().iter().filter(|(verb, _)| verb == "ADD").count(), 1, "the primary never saw the refused ADD");
+    assert_eq!(
+        primary
+            .started()
+            .iter()
+            .filter(|(verb, _)| verb == "ADD")
+            .count(),
+        1,
+        "the primary never saw the refused ADD"
+    );
     drop(read_only);
 }
 
@@ -490,15 +859,35 @@ fn a_reused_netns_path_keeps_its_interface_even_with_the_same_name_and_mac() {
     // The same path, a new namespace, an eth0 with the same MAC (a new sandbox's).
     let host_end = sys::unique("sgh");
     sys::run("ip", &["netns", "add", &name]);
-    sys::run("ip", &["link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &name]);
-    let mac = cni::prev_result_for(cni::LATEST_VERSION, &i.a, "eth0", &path)["interfaces"][0]["mac"].as_str().unwrap().to_string();
+    sys::run(
+        "ip",
+        &[
+            "link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &name,
+        ],
+    );
+    let mac =
+        cni::prev_result_for(cni::LATEST_VERSION, &i.a, "eth0", &path)["interfaces"][0]["mac"]
+            .as_str()
+            .unwrap()
+            .to_string();
     sys::run("ip", &["-n", &name, "link", "set", "eth0", "address", &mac]);
-    primary.wrap(i.store.add(&i.b, &i.pod_b)).netns("/proc/self/ns/net").run().assert_ok();
-    primary.wrap(i.store.del(&i.a, &i.pod_a)).netns(&path).run().assert_ok();
+    primary
+        .wrap(i.store.add(&i.b, &i.pod_b))
+        .netns("/proc/self/ns/net")
+        .run()
+        .assert_ok();
+    primary
+        .wrap(i.store.del(&i.a, &i.pod_a))
+        .netns(&path)
+        .run()
+        .assert_ok();
     let kept = sys::try_run("ip", &["-n", &name, "link", "show", "eth0"]);
     sys::try_run("ip", &["link", "del", &host_end]);
     sys::try_run("ip", &["netns", "del", &name]);
-    assert!(kept, "the stale DEL deleted the eth0 of the namespace that now has its path");
+    assert!(
+        kept,
+        "the stale DEL deleted the eth0 of the namespace that now has its path"
+    );
     assert_eq!(deferred(&i.store).len(), 1);
 }
 
@@ -508,10 +897,20 @@ fn a_bad_result_says_where_the_cleanup_del_goes() {
     primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
     let c = container_id();
     primary.answer_add(&c, "not a result");
-    let err = primary.wrap(i.store.add(&c, &i.pod_a)).run().assert_error(6);
-    assert!(err.details.contains("deferred") && err.details.contains(&i.b), "B owns the pod, so C's cleanup DEL is deferred: {err:?}");
+    let err = primary
+        .wrap(i.store.add(&c, &i.pod_a))
+        .run()
+        .assert_error(6);
+    assert!(
+        err.details.contains("deferred") && err.details.contains(&i.b),
+        "B owns the pod, so C's cleanup DEL is deferred: {err:?}"
+    );
     primary.wrap(i.store.del(&c, &i.pod_a)).run().assert_ok();
-    assert_eq!(primary.dels(&c), 0, "as the message said, the cleanup DEL waits for the pod's name");
+    assert_eq!(
+        primary.dels(&c),
+        0,
+        "as the message said, the cleanup DEL waits for the pod's name"
+    );
     assert_eq!(deferred(&i.store).len(), 1);
 }
 
@@ -524,13 +923,41 @@ fn an_interface_of_a_kind_the_primary_gives_back_is_left_to_the_replay() {
     let (i, primary) = incident();
     let netns = sys::Netns::new("sgpod");
     netns.exec(&["ip", "link", "add", "eth0", "type", "bridge"]);
-    netns.exec(&["ip", "link", "set", "eth0", "address", "02:00:00:00:00:01", "up"]);
+    netns.exec(&[
+        "ip",
+        "link",
+        "set",
+        "eth0",
+        "address",
+        "02:00:00:00:00:01",
+        "up",
+    ]);
     let path = netns.path().to_str().unwrap().to_string();
-    primary.wrap(i.store.add(&i.a, &i.pod_a)).netns(&path).run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b)).netns("/proc/self/ns/net").run().assert_ok();
-    primary.wrap(i.store.del(&i.a, &i.pod_a)).netns(&path).run().assert_ok();
-    assert!(netns.try_exec(&["ip", "link", "show", "eth0"]), "the host's link must be left for the primary to give back");
-    let deferral = i.store.log_lines().into_iter().find(|l| l.outcome == "deferred").unwrap();
+    primary
+        .wrap(i.store.add(&i.a, &i.pod_a))
+        .netns(&path)
+        .run()
+        .assert_ok();
+    primary
+        .wrap(i.store.add(&i.b, &i.pod_b))
+        .netns("/proc/self/ns/net")
+        .run()
+        .assert_ok();
+    primary
+        .wrap(i.store.del(&i.a, &i.pod_a))
+        .netns(&path)
+        .run()
+        .assert_ok();
+    assert!(
+        netns.try_exec(&["ip", "link", "show", "eth0"]),
+        "the host's link must be left for the primary to give back"
+    );
+    let deferral = i
+        .store
+        .log_lines()
+        .into_iter()
+        .find(|l| l.outcome == "deferred")
+        .unwrap();
     assert!(deferral.raw.contains("bridge link"), "{}", deferral.raw);
 }
 
@@ -542,8 +969,16 @@ fn an_interface_of_a_kind_the_primary_gives_back_is_left_to_the_replay() {
 #[test]
 fn a_primary_result_without_cni_version_is_in_the_configs_version_as_libcni_reads_it() {
     for (version, result, fixed) in [
-        ("0.1.0", r#"{"ip4":{"ip":"10.22.0.9/32"},"dns":{}}"#, r#"{"cniVersion":"0.1.0","ip4":{"ip":"10.22.0.9/32"},"dns":{}}"#),
-        ("0.2.0", r#"{"cniVersion":"","ip4":{"ip":"10.22.0.9/32"}}"#, r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.22.0.9/32"}}"#),
+        (
+            "0.1.0",
+            r#"{"ip4":{"ip":"10.22.0.9/32"},"dns":{}}"#,
+            r#"{"cniVersion":"0.1.0","ip4":{"ip":"10.22.0.9/32"},"dns":{}}"#,
+        ),
+        (
+            "0.2.0",
+            r#"{"cniVersion":"","ip4":{"ip":"10.22.0.9/32"}}"#,
+            r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.22.0.9/32"}}"#,
+        ),
         (
             "0.3.1",
             r#"{"ips":[{"version":"4","address":"10.22.0.9/32"}],"dns":{}}"#,
@@ -552,17 +987,32 @@ fn a_primary_result_without_cni_version_is_in_the_configs_version_as_libcni_read
     ] {
         let (i, primary) = incident();
         primary.answer_add(&i.a, result);
-        let reply = primary.wrap(i.store.add(&i.a, &i.pod_a)).version(version).run();
+        let reply = primary
+            .wrap(i.store.add(&i.a, &i.pod_a))
+            .version(version)
+            .run();
         reply.assert_ok();
-        assert_eq!(reply.stdout.trim_end(), fixed, "at {version}: the result in the config's version, as libcni reads it");
-        assert_eq!(i.store.entry(&i.a, "eth0").expect("A's checkpoint")["ips"], json!(["10.22.0.9/32"]), "at {version}");
+        assert_eq!(
+            reply.stdout.trim_end(),
+            fixed,
+            "at {version}: the result in the config's version, as libcni reads it"
+        );
+        assert_eq!(
+            i.store.entry(&i.a, "eth0").expect("A's checkpoint")["ips"],
+            json!(["10.22.0.9/32"]),
+            "at {version}"
+        );
     }
 }
 
 #[test]
 fn a_sweep_never_replays_an_old_networks_deferred_del_while_the_pod_lives_under_the_new_name() {
     let (i, primary) = incident_deferred();
-    primary.fail("DEL", &i.a, &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}));
+    primary.fail(
+        "DEL",
+        &i.a,
+        &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}),
+    );
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
     primary.heal("DEL", &i.a);
     // The conflist's network is renamed; the pod's next sandbox starts under the new name.
@@ -570,16 +1020,45 @@ fn a_sweep_never_replays_an_old_networks_deferred_del_while_the_pod_lives_under_
     // to it now would release C's handle and endpoint.
     let renamed = "k8s-pod-network-renamed";
     let c = container_id();
-    primary.wrap(i.store.add(&c, &i.pod_a).network(renamed)).run().assert_ok();
+    primary
+        .wrap(i.store.add(&c, &i.pod_a).network(renamed))
+        .run()
+        .assert_ok();
     std::thread::sleep(std::time::Duration::from_millis(2200));
-    primary.wrap(i.store.add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0")).network(renamed)).run().assert_ok();
-    assert_eq!(primary.dels(&i.a), 0, "the old sandbox's DEL reached the primary while sandbox {c} of the pod lives");
-    assert_eq!(deferred(&i.store).len(), 1, "it waits, as the old name's own entries do");
+    primary
+        .wrap(
+            i.store
+                .add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0"))
+                .network(renamed),
+        )
+        .run()
+        .assert_ok();
+    assert_eq!(
+        primary.dels(&i.a),
+        0,
+        "the old sandbox's DEL reached the primary while sandbox {c} of the pod lives"
+    );
+    assert_eq!(
+        deferred(&i.store).len(),
+        1,
+        "it waits, as the old name's own entries do"
+    );
     // Once the pod's sandbox under the new name is gone, the entry is replayed.
-    primary.wrap(i.store.del(&c, &i.pod_a).network(renamed)).run().assert_ok();
-    assert_eq!(primary.dels(&i.a), 1, "the pod's name is free under both names: {:?}", deferred(&i.store));
+    primary
+        .wrap(i.store.del(&c, &i.pod_a).network(renamed))
+        .run()
+        .assert_ok();
+    assert_eq!(
+        primary.dels(&i.a),
+        1,
+        "the pod's name is free under both names: {:?}",
+        deferred(&i.store)
+    );
     let locks = cni::files_in(&i.store.state_dir.join("pod-locks"));
-    assert!(locks.len() <= 1, "only the other pod's lock file stays: {locks:?}");
+    assert!(
+        locks.len() <= 1,
+        "only the other pod's lock file stays: {locks:?}"
+    );
 }
 
 /// podKey "name": the old sandbox has two interfaces on the network, so its two stale DELs
@@ -590,18 +1069,35 @@ fn each_stale_del_of_a_sandbox_with_two_interfaces_takes_its_interface_out() {
     sys::skip_unless_root!(&["ip"]);
     let (i, primary) = incident();
     let (add_eth0, netns_a) = primary.wrap(i.store.add(&i.a, &i.pod_a)).in_pod_netns();
-    let (add_net1, _net1_host_end) = primary.wrap(i.store.add(&i.a, &i.pod_a).ifname("net1")).with_interface_in(&netns_a.netns);
+    let (add_net1, _net1_host_end) = primary
+        .wrap(i.store.add(&i.a, &i.pod_a).ifname("net1"))
+        .with_interface_in(&netns_a.netns);
     add_eth0.run().assert_ok();
     add_net1.run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b)).netns("/proc/self/ns/net").run().assert_ok();
-    primary.wrap(i.store.del(&i.a, &i.pod_a)).netns(&netns_a.path()).run().assert_ok();
+    primary
+        .wrap(i.store.add(&i.b, &i.pod_b))
+        .netns("/proc/self/ns/net")
+        .run()
+        .assert_ok();
+    primary
+        .wrap(i.store.del(&i.a, &i.pod_a))
+        .netns(&netns_a.path())
+        .run()
+        .assert_ok();
     assert!(
         !netns_a.netns.try_exec(&["ip", "link", "show", "eth0"]),
         "the stale sandbox's eth0 must be gone from its netns: its own net1 does not make it a live sandbox's; log: {:?}",
         i.store.log_lines().last()
     );
-    primary.wrap(i.store.del(&i.a, &i.pod_a).ifname("net1")).netns(&netns_a.path()).run().assert_ok();
-    assert!(!netns_a.netns.try_exec(&["ip", "link", "show", "net1"]), "and then its net1");
+    primary
+        .wrap(i.store.del(&i.a, &i.pod_a).ifname("net1"))
+        .netns(&netns_a.path())
+        .run()
+        .assert_ok();
+    assert!(
+        !netns_a.netns.try_exec(&["ip", "link", "show", "net1"]),
+        "and then its net1"
+    );
     assert_eq!(deferred(&i.store).len(), 2);
 }
 
@@ -613,11 +1109,24 @@ fn a_replay_that_hung_is_not_swept_again_at_the_next_short_back_off() {
     let (i, primary) = incident_deferred();
     primary.slow("DEL", &i.a, 37.5);
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
-    assert_eq!(deferred(&i.store)[0]["attempts"], 1, "the owner's DEL tried it and ran out of time");
+    assert_eq!(
+        deferred(&i.store)[0]["attempts"],
+        1,
+        "the owner's DEL tried it and ran out of time"
+    );
     std::thread::sleep(std::time::Duration::from_millis(2200));
     let started = std::time::Instant::now();
-    primary.wrap(i.store.add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0"))).run().assert_ok();
+    primary
+        .wrap(
+            i.store
+                .add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0")),
+        )
+        .run()
+        .assert_ok();
     let took = started.elapsed();
-    assert!(took < std::time::Duration::from_secs(2), "another pod's ADD waited {took:?} on a replay the primary hung on moments ago");
+    assert!(
+        took < std::time::Duration::from_secs(2),
+        "another pod's ADD waited {took:?} on a replay the primary hung on moments ago"
+    );
     assert!(processes_with("sleep 37.5").is_empty());
 }

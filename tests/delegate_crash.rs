@@ -16,22 +16,22 @@
 //!
 //! The primary is tests/primaries/counting-primary, which logs every call it gets.
 
-#[path = "support/sys.rs"]
-mod sys;
-#[path = "support/testdata.rs"]
-mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 #[path = "support/counting_primary.rs"]
 mod counting_primary;
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
 
 use cni::{Cni, Pod, Reply, SeededRng, Store, Traced, container_id};
 use counting_primary::{CountingPrimary, PrimaryCall};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::os::unix::process::ExitStatusExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// The guard's steps: the store's writes (fsync, rename) and removals, its locks, netlink
@@ -39,10 +39,30 @@ use std::time::{Duration, Instant};
 /// and waiting for it, the log and the answer. strace counts each
 /// system call on its own, so each is a loop of its own; `?`: not every arch has each.
 const KILL_POINTS: [&str; 23] = [
-    "?rename", "?renameat", "?renameat2", "?unlink", "?unlinkat", "?rmdir", "?mkdir", "?mkdirat", "?fsync", "?fdatasync",
-    "?flock", "?sendto", "?sendmsg", "?clone", "?clone3", "?vfork", "?fork", "?wait4", "?waitid", "?write",
+    "?rename",
+    "?renameat",
+    "?renameat2",
+    "?unlink",
+    "?unlinkat",
+    "?rmdir",
+    "?mkdir",
+    "?mkdirat",
+    "?fsync",
+    "?fdatasync",
+    "?flock",
+    "?sendto",
+    "?sendmsg",
+    "?clone",
+    "?clone3",
+    "?vfork",
+    "?fork",
+    "?wait4",
+    "?waitid",
+    "?write",
     // How the store makes a new record (linked in) and an ownership or index entry (a symlink).
-    "?linkat", "?symlink", "?symlinkat",
+    "?linkat",
+    "?symlink",
+    "?symlinkat",
 ];
 /// More calls of one system call than any operation here makes: a loop that reaches it
 /// never finished.
@@ -114,31 +134,65 @@ impl World {
     /// A new world with `N` sandboxes of the pod crash/etcd-0, ADDed oldest first: the last
     /// one owns the pod.
     fn with_sandboxes<const N: usize>() -> (World, [Sandbox; N]) {
-        let mut world = World { store: Store::new(), primary: CountingPrimary::new(), runs: Vec::new() };
+        let mut world = World {
+            store: Store::new(),
+            primary: CountingPrimary::new(),
+            runs: Vec::new(),
+        };
         let sandboxes = std::array::from_fn(|_| world.sandbox("crash", "etcd-0"));
         (world, sandboxes)
     }
 
     /// A new sandbox of `namespace/name` (a new pod UID), ADDed through the guard.
     fn sandbox(&mut self, namespace: &str, name: &str) -> Sandbox {
-        let (container, pod, netns) = (container_id(), Pod::new(namespace, name), sys::Netns::new("sgdc"));
+        let (container, pod, netns) = (
+            container_id(),
+            Pod::new(namespace, name),
+            sys::Netns::new("sgdc"),
+        );
         let netns_path = netns.path().to_string_lossy().into_owned();
-        let call = self.primary.wrap(self.store.add(&container, &pod).netns(&netns_path).no_prev_result());
+        let call = self.primary.wrap(
+            self.store
+                .add(&container, &pod)
+                .netns(&netns_path)
+                .no_prev_result(),
+        );
         let result = self.run(call, Kill::Never).reply.json();
-        Sandbox { container, pod, netns, result }
+        Sandbox {
+            container,
+            pod,
+            netns,
+            result,
+        }
     }
 
     /// The runtime's DEL of `sandbox`: StopPodSandbox's with the netns, RemovePodSandbox's
     /// without; both with the cached result.
     fn del(&self, sandbox: &Sandbox, with_netns: bool) -> Cni {
-        let netns = if with_netns { sandbox.netns.path().to_string_lossy().into_owned() } else { String::new() };
-        self.primary.wrap(self.store.del(&sandbox.container, &sandbox.pod).netns(&netns).prev_result(&sandbox.result))
+        let netns = if with_netns {
+            sandbox.netns.path().to_string_lossy().into_owned()
+        } else {
+            String::new()
+        };
+        self.primary.wrap(
+            self.store
+                .del(&sandbox.container, &sandbox.pod)
+                .netns(&netns)
+                .prev_result(&sandbox.result),
+        )
     }
 
     /// GC listing `valid` as the runtime's attachments.
     fn gc(&self, valid: &[&Sandbox]) -> Cni {
-        let list: Vec<Value> = valid.iter().map(|s| json!({"containerID": s.container, "ifname": "eth0"})).collect();
-        self.primary.wrap(self.store.cni("GC", "").config("cni.dev/valid-attachments", Some(Value::Array(list))))
+        let list: Vec<Value> = valid
+            .iter()
+            .map(|s| json!({"containerID": s.container, "ifname": "eth0"}))
+            .collect();
+        self.primary.wrap(
+            self.store
+                .cni("GC", "")
+                .config("cni.dev/valid-attachments", Some(Value::Array(list))),
+        )
     }
 
     /// Runs `call`, killing the guard as `kill` says; a run that was not killed must succeed.
@@ -162,8 +216,16 @@ impl World {
         }
         // Waits for a primary call that outlived its killed guard.
         let after = self.primary.calls().len();
-        self.runs.push(Run { what: reply.what.clone(), killed, calls: before..after });
-        Outcome { reply, killed, took }
+        self.runs.push(Run {
+            what: reply.what.clone(),
+            killed,
+            calls: before..after,
+        });
+        Outcome {
+            reply,
+            killed,
+            took,
+        }
     }
 
     /// Each DEL of `sandbox` the primary got, oldest first.
@@ -173,7 +235,11 @@ impl World {
         for (run, exec) in self.runs.iter().enumerate() {
             for at in exec.calls.clone() {
                 if calls[at].verb == "DEL" && calls[at].container == sandbox.container {
-                    dels.push(Delivery { run, at, call: calls[at].clone() });
+                    dels.push(Delivery {
+                        run,
+                        at,
+                        call: calls[at].clone(),
+                    });
                 }
             }
         }
@@ -181,17 +247,26 @@ impl World {
     }
 
     fn deferred(&self) -> Vec<Value> {
-        self.store.dump().into_iter().filter(|e| e["status"] == "deferred").collect()
+        self.store
+            .dump()
+            .into_iter()
+            .filter(|e| e["status"] == "deferred")
+            .collect()
     }
 
     fn deferred_at(&self, sandbox: &Sandbox) -> String {
-        let entry = self.deferred().into_iter().find(|e| e["containerId"] == json!(sandbox.container));
+        let entry = self
+            .deferred()
+            .into_iter()
+            .find(|e| e["containerId"] == json!(sandbox.container));
         let entry = entry.unwrap_or_else(|| panic!("{} is not deferred", sandbox.container));
         entry["deferredAt"].as_str().unwrap().to_string()
     }
 
     fn is_deferred(&self, sandbox: &Sandbox) -> bool {
-        self.deferred().iter().any(|e| e["containerId"] == json!(sandbox.container))
+        self.deferred()
+            .iter()
+            .any(|e| e["containerId"] == json!(sandbox.container))
     }
 
     /// What must hold after any kill: the store's invariants, no DEL at the primary while
@@ -208,23 +283,48 @@ impl World {
             .collect();
         // deferred/<pod key>/<attachment>: each file a sealed entry, or the temp file of a
         // writer that was killed, which nothing reads.
-        for path in cni::files_in(&self.store.state_dir.join("deferred")).iter().flat_map(|dir| cni::files_in(dir)) {
+        for path in cni::files_in(&self.store.state_dir.join("deferred"))
+            .iter()
+            .flat_map(|dir| cni::files_in(dir))
+        {
             if !path.to_string_lossy().ends_with(".tmp") {
-                cni::verify_envelope(&path).unwrap_or_else(|e| panic!("{when}: a deferred DEL does not verify: {e}"));
+                cni::verify_envelope(&path)
+                    .unwrap_or_else(|e| panic!("{when}: a deferred DEL does not verify: {e}"));
             }
         }
         let mut per_attachment = BTreeMap::new();
         for entry in self.deferred() {
-            for field in ["containerId", "ifName", "network", "podNamespace", "podName", "deferredAt", "deferredForOwner"] {
-                assert!(entry.get(field).is_some_and(|v| !v.is_null()), "{when}: a deferred DEL without {field}: {entry}");
+            for field in [
+                "containerId",
+                "ifName",
+                "network",
+                "podNamespace",
+                "podName",
+                "deferredAt",
+                "deferredForOwner",
+            ] {
+                assert!(
+                    entry.get(field).is_some_and(|v| !v.is_null()),
+                    "{when}: a deferred DEL without {field}: {entry}"
+                );
             }
             let container = entry["containerId"].as_str().unwrap().to_string();
-            assert!(!owners.contains(&container), "{when}: the owner of a pod has a deferred DEL: {entry}");
-            let key = (container, entry["ifName"].to_string(), entry["network"].to_string());
+            assert!(
+                !owners.contains(&container),
+                "{when}: the owner of a pod has a deferred DEL: {entry}"
+            );
+            let key = (
+                container,
+                entry["ifName"].to_string(),
+                entry["network"].to_string(),
+            );
             *per_attachment.entry(key).or_insert(0) += 1;
         }
         for (attachment, count) in per_attachment {
-            assert_eq!(count, 1, "{when}: {count} deferred DELs of one attachment {attachment:?}");
+            assert_eq!(
+                count, 1,
+                "{when}: {count} deferred DELs of one attachment {attachment:?}"
+            );
         }
         for sandbox in stale {
             assert!(
@@ -247,7 +347,10 @@ impl World {
         for run in &self.runs {
             text += &format!("{}{}\n", run.what, if run.killed { "  KILLED" } else { "" });
             for call in &calls[run.calls.clone()] {
-                text += &format!("    primary {} {} netns={} prev={}\n", call.verb, call.container, call.netns, call.prev_address);
+                text += &format!(
+                    "    primary {} {} netns={} prev={}\n",
+                    call.verb, call.container, call.netns, call.prev_address
+                );
             }
         }
         text
@@ -258,24 +361,49 @@ impl World {
     /// the last was killed: at most once per run, never again after a run that finished.
     fn assert_replayed(&self, sandbox: &Sandbox, when: &str) {
         let dels = self.dels_of(sandbox);
-        assert!(!dels.is_empty(), "{when}: the deferred DEL of {} never reached the primary", sandbox.container);
+        assert!(
+            !dels.is_empty(),
+            "{when}: the deferred DEL of {} never reached the primary",
+            sandbox.container
+        );
         let pod = format!("{}/{}", sandbox.pod.namespace, sandbox.pod.name);
         for Delivery { call, .. } in &dels {
-            assert_eq!((call.netns.as_str(), call.pod.as_str(), call.ifname.as_str()), ("-", pod.as_str(), "eth0"), "{when}: {call:?}");
-            assert_eq!(call.prev_address, sandbox.address(), "{when}: the replay's prevResult is not the cached result: {call:?}");
+            assert_eq!(
+                (call.netns.as_str(), call.pod.as_str(), call.ifname.as_str()),
+                ("-", pod.as_str(), "eth0"),
+                "{when}: {call:?}"
+            );
+            assert_eq!(
+                call.prev_address,
+                sandbox.address(),
+                "{when}: the replay's prevResult is not the cached result: {call:?}"
+            );
         }
         let runs: Vec<usize> = dels.iter().map(|d| d.run).collect();
         REPEATS.fetch_add(runs.len() - 1, Ordering::Relaxed);
         for pair in runs.windows(2) {
             let earlier = &self.runs[pair[0]];
-            assert!(pair[0] != pair[1], "{when}: one run handed the primary {}'s DEL twice: {}", sandbox.container, earlier.what);
-            assert!(earlier.killed, "{when}: {}'s DEL reached the primary again after a run that finished: {}", sandbox.container, earlier.what);
+            assert!(
+                pair[0] != pair[1],
+                "{when}: one run handed the primary {}'s DEL twice: {}",
+                sandbox.container,
+                earlier.what
+            );
+            assert!(
+                earlier.killed,
+                "{when}: {}'s DEL reached the primary again after a run that finished: {}",
+                sandbox.container, earlier.what
+            );
         }
     }
 
     /// Nothing is left: no record, owner or deferred DEL.
     fn assert_empty(&self, when: &str) {
-        assert_eq!(self.store.dump(), Vec::<Value>::new(), "{when}: the store still holds something");
+        assert_eq!(
+            self.store.dump(),
+            Vec::<Value>::new(),
+            "{when}: the store still holds something"
+        );
         assert!(self.store.owner_files().is_empty(), "{when}: owners left");
     }
 }
@@ -293,7 +421,10 @@ fn no_del_reached_a_held_pod(calls: &[PrimaryCall]) -> Result<(), String> {
             }
             "DEL" => match holder.get(call.pod.as_str()) {
                 Some(&live) if live != call.container => {
-                    return Err(format!("call {index}: DEL of {} reached the primary while {live} holds {} there", call.container, call.pod));
+                    return Err(format!(
+                        "call {index}: DEL of {} reached the primary while {live} holds {} there",
+                        call.container, call.pod
+                    ));
                 }
                 Some(_) => {
                     holder.remove(call.pod.as_str());
@@ -318,7 +449,10 @@ fn kill_everywhere(name: &str, scenario: impl Fn(Kill, &str) -> (bool, Duration)
     for syscall in KILL_POINTS {
         let mut calls = 0;
         for nth in 1..=MAX_NTH {
-            let (killed, _) = scenario(Kill::AtNth(syscall, nth), &format!("{name}, killed at {syscall} #{nth}"));
+            let (killed, _) = scenario(
+                Kill::AtNth(syscall, nth),
+                &format!("{name}, killed at {syscall} #{nth}"),
+            );
             if !killed {
                 break;
             }
@@ -329,14 +463,20 @@ fn kill_everywhere(name: &str, scenario: impl Fn(Kill, &str) -> (bool, Duration)
             points.push(format!("{}({calls})", syscall.trim_start_matches('?')));
         }
     }
-    assert!(points.len() >= 3, "{name}: kill points {points:?}: the kills landed nowhere interesting");
+    assert!(
+        points.len() >= 3,
+        "{name}: kill points {points:?}: the kills landed nowhere interesting"
+    );
     let (_, unkilled) = scenario(Kill::Never, &format!("{name}, not killed"));
     let mut rng = SeededRng::new(SEED);
     let max_micros = (unkilled.as_micros() as u64 * 3 / 2).max(1000);
     let mut random_kills = 0;
     for round in 0..RANDOM_ROUNDS {
         let delay = Duration::from_micros(rng.below(max_micros));
-        let (killed, _) = scenario(Kill::After(delay), &format!("{name}, random round {round}, killed after {delay:?}"));
+        let (killed, _) = scenario(
+            Kill::After(delay),
+            &format!("{name}, random round {round}, killed after {delay:?}"),
+        );
         random_kills += usize::from(killed);
     }
     eprintln!(
@@ -365,10 +505,22 @@ fn a_deferral_killed_anywhere_is_deferred_once_and_replayed_later() {
             world.run(world.del(&old, with_netns), Kill::Never);
         }
         world.assert_consistent(&[&old], when);
-        assert!(world.is_deferred(&old), "{when}: the stale DEL is not deferred");
-        assert!(world.dels_of(&old).is_empty(), "{when}: the primary got the stale DEL");
-        assert!(!old.has_interface(), "{when}: the stale sandbox's netns kept its interface");
-        assert!(new.has_interface(), "{when}: the newer sandbox lost its interface");
+        assert!(
+            world.is_deferred(&old),
+            "{when}: the stale DEL is not deferred"
+        );
+        assert!(
+            world.dels_of(&old).is_empty(),
+            "{when}: the primary got the stale DEL"
+        );
+        assert!(
+            !old.has_interface(),
+            "{when}: the stale sandbox's netns kept its interface"
+        );
+        assert!(
+            new.has_interface(),
+            "{when}: the newer sandbox lost its interface"
+        );
 
         world.run(world.del(&new, true), Kill::Never);
         world.assert_consistent(&[&old], when);
@@ -401,7 +553,12 @@ fn a_replay_killed_anywhere_loses_no_deferred_del() {
             world.assert_consistent(&stale, when);
         }
         if !world.deferred().is_empty() {
-            assert!(interrupted.killed, "{when}: the owner's DEL finished and left deferred DELs: {:#?}\n{}", world.deferred(), world.history());
+            assert!(
+                interrupted.killed,
+                "{when}: the owner's DEL finished and left deferred DELs: {:#?}\n{}",
+                world.deferred(),
+                world.history()
+            );
             gc_needed.set(gc_needed.get() + 1);
             world.run(world.gc(&[]), Kill::Never);
             world.assert_consistent(&stale, when);
@@ -412,12 +569,19 @@ fn a_replay_killed_anywhere_loses_no_deferred_del() {
         // Oldest first, as far as deferredAt (whole seconds) tells them apart.
         let first = |sandbox: &Sandbox| world.dels_of(sandbox)[0].at;
         if deferred_at[0] < deferred_at[1] {
-            assert!(first(&older) < first(&old), "{when}: the younger deferred DEL was replayed first\n{}", world.history());
+            assert!(
+                first(&older) < first(&old),
+                "{when}: the younger deferred DEL was replayed first\n{}",
+                world.history()
+            );
         }
         world.assert_empty(when);
         (interrupted.killed, interrupted.took)
     });
-    eprintln!("replay: {} interrupted replays were left for GC", gc_needed.get());
+    eprintln!(
+        "replay: {} interrupted replays were left for GC",
+        gc_needed.get()
+    );
 }
 
 /// GC killed anywhere while it drops the owner the runtime no longer lists and replays the

@@ -4,14 +4,14 @@
 //! cut could lose an ownership ADD reported made, and there it is a regular file synced on its
 //! own. Run under strace on loop-mounted ext4 with and without a journal.
 
-#[path = "support/sys.rs"]
-mod sys;
-#[path = "support/testdata.rs"]
-mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 #[path = "support/mount.rs"]
 mod mount;
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
 
 use cni::{Pod, Store, container_id};
 use std::path::Path;
@@ -25,16 +25,36 @@ fn add_on(disk: &mount::Mount) -> (Vec<String>, bool) {
     // so both a new ownership and a rewrite are seen.
     store.add(&container_id(), &pod).run().assert_ok();
     let trace = logs.path.join("trace");
-    let strace = ["strace", "-qq", "-y", "-e", "trace=fsync,fdatasync", "-o", trace.to_str().unwrap()];
-    store.add(&container_id(), &pod).wrapped_in(&strace).run().assert_ok();
-    let syncs = std::fs::read_to_string(&trace).unwrap().lines().filter(|l| l.starts_with("fdatasync(")).map(str::to_string).collect();
+    let strace = [
+        "strace",
+        "-qq",
+        "-y",
+        "-e",
+        "trace=fsync,fdatasync",
+        "-o",
+        trace.to_str().unwrap(),
+    ];
+    store
+        .add(&container_id(), &pod)
+        .wrapped_in(&strace)
+        .run()
+        .assert_ok();
+    let syncs = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("fdatasync("))
+        .map(str::to_string)
+        .collect();
     let owners = store.owner_files();
     assert_eq!(owners.len(), 1, "{owners:?}");
     (syncs, is_symlink(&owners[0]))
 }
 
 fn is_symlink(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).unwrap().file_type().is_symlink()
+    std::fs::symlink_metadata(path)
+        .unwrap()
+        .file_type()
+        .is_symlink()
 }
 
 #[test]
@@ -42,9 +62,18 @@ fn without_a_journal_the_ownership_is_a_file_synced_on_its_own() {
     sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "strace"]);
     let disk = mount::Mount::ext4("^has_journal");
     let (syncs, symlink) = add_on(&disk);
-    assert!(!symlink, "a directory fsync does not write a new symlink's inode here");
-    assert!(syncs.iter().any(|l| l.contains("/owners/")), "the ownership's own data sync: {syncs:#?}");
-    assert!(syncs.iter().any(|l| l.contains("/records/")), "the record's data sync: {syncs:#?}");
+    assert!(
+        !symlink,
+        "a directory fsync does not write a new symlink's inode here"
+    );
+    assert!(
+        syncs.iter().any(|l| l.contains("/owners/")),
+        "the ownership's own data sync: {syncs:#?}"
+    );
+    assert!(
+        syncs.iter().any(|l| l.contains("/records/")),
+        "the record's data sync: {syncs:#?}"
+    );
 }
 
 #[test]
@@ -106,8 +135,22 @@ fn add_without_an_unnamed_file_to_link_writes_the_record_through_a_temp_file() {
     let trace = logs.path.join("trace");
     for (container, error) in [(&a, "EOPNOTSUPP"), (&b, "ENOENT")] {
         let inject = format!("inject=linkat:error={error}");
-        let strace = ["strace", "-f", "-qq", "-o", trace.to_str().unwrap(), "-e", "trace=linkat", "-e", &inject];
-        store.add(container, &pod).wrapped_in(&strace).run().assert_ok();
+        let strace = [
+            "strace",
+            "-f",
+            "-qq",
+            "-o",
+            trace.to_str().unwrap(),
+            "-e",
+            "trace=linkat",
+            "-e",
+            &inject,
+        ];
+        store
+            .add(container, &pod)
+            .wrapped_in(&strace)
+            .run()
+            .assert_ok();
         let traced = std::fs::read_to_string(&trace).unwrap();
         assert!(traced.contains("(INJECTED)"), "no linkat refused: {traced}");
     }
@@ -146,10 +189,17 @@ fn the_downgrade_script_turns_every_symlink_back_into_the_file_of_the_release_be
     text.push(b'\n');
     assert!(!is_symlink(&owner));
     assert_eq!(std::fs::read(&owner).unwrap(), text);
-    assert!(is_symlink(&planted), "a link the store did not write is left alone");
+    assert!(
+        is_symlink(&planted),
+        "a link the store did not write is left alone"
+    );
     std::fs::remove_file(&planted).unwrap();
     assert_eq!(cni::mode(&owner), 0o600);
-    assert!(cni::files_in(&store.state_dir.join("owners")).iter().all(|p| !is_symlink(p)));
+    assert!(
+        cni::files_in(&store.state_dir.join("owners"))
+            .iter()
+            .all(|p| !is_symlink(p))
+    );
     store.del(&a, &pod).run().assert_error(11);
     store.del(&b, &pod).run().assert_ok();
 }
@@ -168,7 +218,12 @@ fn a_planted_symlink_for_an_ownership_is_refused_with_its_way_out() {
     std::os::unix::fs::symlink("/etc/hostname", &owner).unwrap();
     let refused = store.del(&container_id(), &pod).run().assert_error(5);
     let text = refused.text();
-    assert!(text.contains("symbolic link") && text.contains("/etc/hostname") && !text.contains("checkpoint"), "{text}");
+    assert!(
+        text.contains("symbolic link")
+            && text.contains("/etc/hostname")
+            && !text.contains("checkpoint"),
+        "{text}"
+    );
     assert!(text.contains("remove the link"), "no way out: {text}");
     assert!(is_symlink(&owner));
 }

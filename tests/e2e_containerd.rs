@@ -9,16 +9,16 @@
 //! tests/support/cri_incident.rs's; tests/e2e_delegate.rs plays them with the other models
 //! (current calico, a sticky-IP macvlan) and in delegate mode.
 
+#[path = "support/cni.rs"]
+mod cni;
+#[path = "support/cri_incident.rs"]
+mod cri_incident;
+#[path = "support/cri_node.rs"]
+mod cri_node;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
 mod testdata;
-#[path = "support/cni.rs"]
-mod cni;
-#[path = "support/cri_node.rs"]
-mod cri_node;
-#[path = "support/cri_incident.rs"]
-mod cri_incident;
 
 use cri_incident::{
     Mode, assert_guard_refuses_and_both_sandboxes_go, assert_stale_del_destroys_new_pod, node,
@@ -35,8 +35,13 @@ fn failed_stop_then_recreate_then_retry_without_guard_destroys_new_pod() {
     assert_stale_del_destroys_new_pod(&node, pods);
     // The seed's vicious circle: the new pod's own teardown now fails, so kubelet retries it
     // until the next pod of that name is created and becomes the next victim.
-    let stuck = node.stop_pod(&new).expect_err("the new pod's endpoint is gone, calico 1.5.0 fails its DEL");
-    assert!(stuck.message.contains("resource does not exist"), "{stuck:?}");
+    let stuck = node
+        .stop_pod(&new)
+        .expect_err("the new pod's endpoint is gone, calico 1.5.0 fails its DEL");
+    assert!(
+        stuck.message.contains("resource does not exist"),
+        "{stuck:?}"
+    );
 }
 
 #[test]

@@ -25,16 +25,16 @@
 //! sandbox's late ADD is refused before the primary sees it, through the exec harness (CRI
 //! cannot time out a RunPodSandbox on purpose).
 
+#[path = "support/cni.rs"]
+mod cni;
+#[path = "support/cri_incident.rs"]
+mod cri_incident;
+#[path = "support/cri_node.rs"]
+mod cri_node;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
 mod testdata;
-#[path = "support/cni.rs"]
-mod cni;
-#[path = "support/cri_node.rs"]
-mod cri_node;
-#[path = "support/cri_incident.rs"]
-mod cri_incident;
 
 use cri_incident::{Mode, NAMESPACE, POD, Sequence};
 use cri_node::Primary;
@@ -172,16 +172,32 @@ fn late_add_of_superseded_sandbox_is_refused(primary: Primary) {
     let calls = || std::fs::read_to_string(primary_state.join("calls.log")).unwrap_or_default();
 
     add(&incident.a, &incident.pod_a, &netns_a).assert_ok();
-    let added_b: Value = add(&incident.b, &incident.pod_b, &netns_b).assert_ok().json();
-    let address_b = added_b["ips"][0]["address"].as_str().expect("B's address").to_string();
+    let added_b: Value = add(&incident.b, &incident.pod_b, &netns_b)
+        .assert_ok()
+        .json();
+    let address_b = added_b["ips"][0]["address"]
+        .as_str()
+        .expect("B's address")
+        .to_string();
     // 104: the guard's "superseded" refusal (src/error.rs), not 11: the runtime must give
     // up on this sandbox and make a new one, not retry it.
     let refusal = add(&incident.a, &incident.pod_a, &netns_a).assert_error(104);
     assert!(refusal.msg.contains("superseded"), "{}", refusal.text());
-    println!("late ADD of A refused: {}\nprimary plugin calls:\n{}", refusal.text(), calls());
-    let adds = calls().lines().filter(|l| l.split(' ').nth(1) == Some("ADD")).count();
+    println!(
+        "late ADD of A refused: {}\nprimary plugin calls:\n{}",
+        refusal.text(),
+        calls()
+    );
+    let adds = calls()
+        .lines()
+        .filter(|l| l.split(' ').nth(1) == Some("ADD"))
+        .count();
     assert_eq!(adds, 2, "the primary saw the late ADD:\n{}", calls());
-    assert!(incident.store.is_owner(&incident.b, "eth0"), "B must keep the pod key: {:?}", incident.store.dump());
+    assert!(
+        incident.store.is_owner(&incident.b, "eth0"),
+        "B must keep the pod key: {:?}",
+        incident.store.dump()
+    );
     let b_addresses = netns_b.exec(&["ip", "-o", "-4", "addr", "show", "dev", "eth0"]);
     let b_addresses = String::from_utf8_lossy(&b_addresses.stdout);
     assert!(

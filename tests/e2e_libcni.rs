@@ -6,18 +6,20 @@
 //! sandbox. In delegate mode the guard runs the primary itself: libcni must get from it what
 //! it got from the chain, and a stale DEL succeeds while the primary's DEL waits.
 
-#[path = "support/sys.rs"]
-mod sys;
-#[path = "support/testdata.rs"]
-mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 #[path = "support/libcni.rs"]
 mod libcni;
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
 
 use libcni::{
-    IFNAME, Mode, Network, NetnsArg, Sandbox, Source, assert_network_empty, assert_result_matches_kernel, bare_ip, bridge_network, calico_v2_network,
-    bridge_network_from, dual_stack_macvlan_network_from, macvlan_network_from, macvlan_network_on_a_lan, host_veths, mode_of, pod_has_link, result_ips, shape,
+    IFNAME, Mode, NetnsArg, Network, Sandbox, Source, assert_network_empty,
+    assert_result_matches_kernel, bare_ip, bridge_network, bridge_network_from, calico_v2_network,
+    dual_stack_macvlan_network_from, host_veths, macvlan_network_from, macvlan_network_on_a_lan,
+    mode_of, pod_has_link, result_ips, shape,
 };
 use serde_json::{Value, json};
 
@@ -35,32 +37,65 @@ fn assert_attached(net: &Network, sandbox: &Sandbox, result: &Value) {
 }
 
 fn assert_attached_in(net: &Network, mode: Mode, sandbox: &Sandbox, result: &Value) {
-    let cached = net.cached_result(sandbox).expect("libcni cached the ADD result");
-    assert_eq!(result, &cached, "libcni's returned and cached results differ");
+    let cached = net
+        .cached_result(sandbox)
+        .expect("libcni cached the ADD result");
+    assert_eq!(
+        result, &cached,
+        "libcni's returned and cached results differ"
+    );
     assert_result_matches_kernel(result, sandbox);
     net.check_with(net.conflist_of(mode), sandbox)
-        .unwrap_or_else(|e| panic!("libcni CHECK {} ({mode:?}) failed: {}", sandbox.container_id, e.stderr));
+        .unwrap_or_else(|e| {
+            panic!(
+                "libcni CHECK {} ({mode:?}) failed: {}",
+                sandbox.container_id, e.stderr
+            )
+        });
 
-    let record = net.checkpoint(sandbox).expect("the guard checkpointed the ADD");
-    assert_eq!(record["prevResult"], cached, "checkpointed prevResult vs libcni's cache");
+    let record = net
+        .checkpoint(sandbox)
+        .expect("the guard checkpointed the ADD");
+    assert_eq!(
+        record["prevResult"], cached,
+        "checkpointed prevResult vs libcni's cache"
+    );
     assert_eq!(record["ifName"], IFNAME);
     assert_eq!(record["netns"], json!(sandbox.netns_path()));
     assert_eq!(record["podNamespace"], json!(sandbox.namespace));
     assert_eq!(record["podName"], json!(sandbox.pod));
     assert_eq!(record["podUid"], json!(sandbox.uid));
     assert_eq!(record["setAside"], json!(false));
-    assert_eq!(record["ips"], json!(result_ips(&cached)), "checkpointed IPs vs libcni's cache");
+    assert_eq!(
+        record["ips"],
+        json!(result_ips(&cached)),
+        "checkpointed IPs vs libcni's cache"
+    );
     let pod_mac = |interfaces: &Value| {
         interfaces
             .as_array()
-            .and_then(|all| all.iter().find(|i| i["sandbox"] == json!(sandbox.netns_path())))
+            .and_then(|all| {
+                all.iter()
+                    .find(|i| i["sandbox"] == json!(sandbox.netns_path()))
+            })
             .map(|i| i["mac"].clone())
     };
     let mac = pod_mac(&cached["interfaces"]).expect("the result names the pod's interface");
-    assert_eq!(pod_mac(&record["interfaces"]), Some(mac), "checkpointed pod MAC vs libcni's cache");
-    assert!(net.record_file(sandbox).is_file(), "record file at the contract's path");
+    assert_eq!(
+        pod_mac(&record["interfaces"]),
+        Some(mac),
+        "checkpointed pod MAC vs libcni's cache"
+    );
+    assert!(
+        net.record_file(sandbox).is_file(),
+        "record file at the contract's path"
+    );
     for ip in result_ips(result) {
-        assert_eq!(net.ip_holder(bare_ip(&ip)), Some(sandbox.container_id.clone()), "{ip} reserved");
+        assert_eq!(
+            net.ip_holder(bare_ip(&ip)),
+            Some(sandbox.container_id.clone()),
+            "{ip} reserved"
+        );
     }
 }
 
@@ -71,23 +106,43 @@ fn assert_same_as_primary_alone(net: &Network, guarded: &Value) {
     let bare = net
         .add_with(&net.primary_only_conflist, &probe)
         .unwrap_or_else(|e| panic!("primary alone ADD failed: {}", e.stderr));
-    assert_eq!(shape(guarded), shape(&bare), "guarded {guarded}\nprimary alone {bare}");
+    assert_eq!(
+        shape(guarded),
+        shape(&bare),
+        "guarded {guarded}\nprimary alone {bare}"
+    );
     for key in ["cniVersion", "routes", "dns"] {
         assert_eq!(guarded.get(key), bare.get(key), "{key}");
     }
-    let gateways = |r: &Value| r["ips"].as_array().unwrap().iter().map(|ip| ip["gateway"].clone()).collect::<Vec<_>>();
+    let gateways = |r: &Value| {
+        r["ips"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|ip| ip["gateway"].clone())
+            .collect::<Vec<_>>()
+    };
     assert_eq!(gateways(guarded), gateways(&bare));
     let host_side = |r: &Value| {
         r["interfaces"]
             .as_array()
             .unwrap()
             .iter()
-            .filter(|i| i.get("sandbox").is_none() && !i["name"].as_str().unwrap().starts_with("veth"))
+            .filter(|i| {
+                i.get("sandbox").is_none() && !i["name"].as_str().unwrap().starts_with("veth")
+            })
             .cloned()
             .collect::<Vec<_>>()
     };
-    assert_eq!(host_side(guarded), host_side(&bare), "shared host interfaces (the bridge)");
-    assert!(net.checkpoint(&probe).is_none(), "a chain without the guard left a checkpoint");
+    assert_eq!(
+        host_side(guarded),
+        host_side(&bare),
+        "shared host interfaces (the bridge)"
+    );
+    assert!(
+        net.checkpoint(&probe).is_none(),
+        "a chain without the guard left a checkpoint"
+    );
     net.del_with(&net.primary_only_conflist, &probe, NetnsArg::Sandbox)
         .unwrap_or_else(|e| panic!("primary alone DEL failed: {}", e.stderr));
 }
@@ -101,22 +156,49 @@ fn assert_del_leaves_nothing(net: &Network, sandbox: &Sandbox, result: &Value) {
 fn assert_del_leaves_nothing_in(net: &Network, mode: Mode, sandbox: &Sandbox, result: &Value) {
     let conflist = net.conflist_of(mode);
     net.del_with(conflist, sandbox, NetnsArg::Sandbox)
-        .unwrap_or_else(|e| panic!("libcni DEL {} ({mode:?}) failed: {}", sandbox.container_id, e.stderr));
-    assert!(net.checkpoint(sandbox).is_none(), "checkpoint left after DEL");
-    assert!(!net.record_file(sandbox).exists(), "record file left after DEL");
-    assert!(net.cached_result(sandbox).is_none(), "libcni cache left after DEL");
-    assert!(!pod_has_link(sandbox, IFNAME), "the primary's DEL did not run");
+        .unwrap_or_else(|e| {
+            panic!(
+                "libcni DEL {} ({mode:?}) failed: {}",
+                sandbox.container_id, e.stderr
+            )
+        });
+    assert!(
+        net.checkpoint(sandbox).is_none(),
+        "checkpoint left after DEL"
+    );
+    assert!(
+        !net.record_file(sandbox).exists(),
+        "record file left after DEL"
+    );
+    assert!(
+        net.cached_result(sandbox).is_none(),
+        "libcni cache left after DEL"
+    );
+    assert!(
+        !pod_has_link(sandbox, IFNAME),
+        "the primary's DEL did not run"
+    );
     for veth in host_veths(result) {
-        assert!(!sys::try_run("ip", &["link", "show", &veth]), "host veth {veth} left after DEL");
+        assert!(
+            !sys::try_run("ip", &["link", "show", &veth]),
+            "host veth {veth} left after DEL"
+        );
     }
     for ip in result_ips(result) {
         assert_eq!(net.ip_holder(bare_ip(&ip)), None, "{ip} still reserved");
     }
     for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
-        net.del_with(conflist, sandbox, netns)
-            .unwrap_or_else(|e| panic!("repeated DEL {} ({mode:?}) failed: {}", sandbox.container_id, e.stderr));
+        net.del_with(conflist, sandbox, netns).unwrap_or_else(|e| {
+            panic!(
+                "repeated DEL {} ({mode:?}) failed: {}",
+                sandbox.container_id, e.stderr
+            )
+        });
     }
-    assert!(net.checkpoint(sandbox).is_none(), "a repeated DEL re-created a checkpoint");
+    assert!(
+        net.checkpoint(sandbox).is_none(),
+        "a repeated DEL re-created a checkpoint"
+    );
 }
 
 fn first_ip(result: &Value) -> String {
@@ -134,9 +216,18 @@ fn two_pods_through_the_chain(net: &Network, names: [&str; 2], how: &str, gatewa
     assert_same_as_primary_alone(net, &results[0]);
 
     let [first, second] = names;
-    assert!(pods[0].can_ping(&first_ip(&results[1])), "{first} -> {second} {how}");
-    assert!(pods[1].can_ping(&first_ip(&results[0])), "{second} -> {first} {how}");
-    assert!(pods[0].can_ping(&net.subnet.host(1)), "{first} -> {gateway}");
+    assert!(
+        pods[0].can_ping(&first_ip(&results[1])),
+        "{first} -> {second} {how}"
+    );
+    assert!(
+        pods[1].can_ping(&first_ip(&results[0])),
+        "{second} -> {first} {how}"
+    );
+    assert!(
+        pods[0].can_ping(&net.subnet.host(1)),
+        "{first} -> {gateway}"
+    );
 
     for (pod, result) in pods.iter().zip(&results) {
         assert_del_leaves_nothing(net, pod, result);
@@ -154,7 +245,12 @@ fn bridge_chain_add_check_del_through_libcni() {
 fn macvlan_chain_add_check_del_through_libcni() {
     sys::skip_unless_root!(libcni::TOOLS);
     let (_lan, net) = macvlan_network_on_a_lan();
-    two_pods_through_the_chain(&net, ["db-0", "db-1"], "(macvlan bridge mode)", "the LAN router behind the master");
+    two_pods_through_the_chain(
+        &net,
+        ["db-0", "db-1"],
+        "(macvlan bridge mode)",
+        "the LAN router behind the master",
+    );
 }
 
 /// The incident: kubelet re-creates pod lijiaob/etcd1-0 (sandbox B) and then retries the DEL
@@ -170,24 +266,44 @@ fn stale_del_is_refused_through_libcni() {
     assert_attached(&net, &old, &old_result);
     let new_result = add(&net, &new);
     assert_attached(&net, &new, &new_result);
-    assert_eq!(net.checkpoint(&old).expect("A's record")["owner"], json!(false));
-    assert_eq!(net.checkpoint(&new).expect("B's record")["owner"], json!(true));
+    assert_eq!(
+        net.checkpoint(&old).expect("A's record")["owner"],
+        json!(false)
+    );
+    assert_eq!(
+        net.checkpoint(&new).expect("B's record")["owner"],
+        json!(true)
+    );
 
     for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
-        let refused = net.del(&old, netns).expect_err("the stale DEL of A must be refused");
+        let refused = net
+            .del(&old, netns)
+            .expect_err("the stale DEL of A must be refused");
         assert_eq!(refused.code, Some(11), "{}", refused.stderr);
         assert!(refused.stderr.contains("stale DEL"), "{}", refused.stderr);
-        assert!(refused.stderr.contains(&new.container_id), "names the owner: {}", refused.stderr);
+        assert!(
+            refused.stderr.contains(&new.container_id),
+            "names the owner: {}",
+            refused.stderr
+        );
     }
     // libcni halted at the guard: bridge and host-local never saw A's DEL, and libcni kept
     // A's cache so the DEL can be retried once the pod is really gone.
-    assert!(net.cached_result(&old).is_some(), "libcni dropped A's cache after a failed DEL");
+    assert!(
+        net.cached_result(&old).is_some(),
+        "libcni dropped A's cache after a failed DEL"
+    );
     assert!(pod_has_link(&old, IFNAME));
 
     assert_result_matches_kernel(&new_result, &new);
     let new_ip = first_ip(&new_result);
-    assert_eq!(net.ip_holder(&new_ip), Some(new.container_id.clone()), "B's IP still allocated");
-    net.check(&new).unwrap_or_else(|e| panic!("CHECK of B after the refused DEL: {}", e.stderr));
+    assert_eq!(
+        net.ip_holder(&new_ip),
+        Some(new.container_id.clone()),
+        "B's IP still allocated"
+    );
+    net.check(&new)
+        .unwrap_or_else(|e| panic!("CHECK of B after the refused DEL: {}", e.stderr));
     assert!(
         (0..3).any(|_| sys::try_run("ping", &["-c", "1", "-W", "2", &new_ip])),
         "node -> B ({new_ip}) after the refused DEL"
@@ -216,10 +332,18 @@ fn delegate_conflists_are_their_chained_twins_converted() {
         for key in ["name", "cniVersion"] {
             assert_eq!(delegate[key], chained[key], "{file}: {key}");
         }
-        let [wrapped, chain] = [&delegate, &chained].map(|conf| conf["plugins"].as_array().unwrap().clone());
+        let [wrapped, chain] =
+            [&delegate, &chained].map(|conf| conf["plugins"].as_array().unwrap().clone());
         let (guard, chained_guard) = (&wrapped[0], chain.last().unwrap());
-        assert_eq!(guard["delegate"], chain[0], "{file}: the primary's entry, unchanged");
-        assert_eq!(wrapped[1..], chain[1..chain.len() - 1], "{file}: the plugins after the primary, in order");
+        assert_eq!(
+            guard["delegate"], chain[0],
+            "{file}: the primary's entry, unchanged"
+        );
+        assert_eq!(
+            wrapped[1..],
+            chain[1..chain.len() - 1],
+            "{file}: the plugins after the primary, in order"
+        );
         for key in ["stateDir", "logFile"] {
             assert_eq!(guard[key], chained_guard[key], "{file}: {key}");
         }
@@ -253,20 +377,38 @@ fn delegate_mode_matches_chained_mode(net: &Network, sandbox: &Sandbox, pinned: 
             .add_with(net.conflist_of(mode), sandbox)
             .unwrap_or_else(|e| panic!("libcni ADD ({mode:?}) failed: {}", e.stderr));
         assert_attached_in(net, mode, sandbox, &result);
-        assert_eq!(pod_mac(&result, sandbox), sandbox.mac, "{mode:?}: the MAC asked for");
-        assert_eq!(result_ips(&result), pinned, "{mode:?}: the one address of each range");
+        assert_eq!(
+            pod_mac(&result, sandbox),
+            sandbox.mac,
+            "{mode:?}: the MAC asked for"
+        );
+        assert_eq!(
+            result_ips(&result),
+            pinned,
+            "{mode:?}: the one address of each range"
+        );
         assert_del_leaves_nothing_in(net, mode, sandbox, &result);
         assert_network_empty(net);
         result
     });
     let [chained, delegated] = &results;
-    assert_eq!(shape(chained), shape(delegated), "chained {chained}\ndelegate {delegated}");
-    assert_eq!(without_host_randomness(chained), without_host_randomness(delegated), "chained {chained}\ndelegate {delegated}");
+    assert_eq!(
+        shape(chained),
+        shape(delegated),
+        "chained {chained}\ndelegate {delegated}"
+    );
+    assert_eq!(
+        without_host_randomness(chained),
+        without_host_randomness(delegated),
+        "chained {chained}\ndelegate {delegated}"
+    );
 }
 
 fn pod_mac(result: &Value, sandbox: &Sandbox) -> Option<String> {
     let interfaces = result["interfaces"].as_array()?;
-    let pod = interfaces.iter().find(|i| i["sandbox"] == json!(sandbox.netns_path()))?;
+    let pod = interfaces
+        .iter()
+        .find(|i| i["sandbox"] == json!(sandbox.netns_path()))?;
     pod["mac"].as_str().map(str::to_string)
 }
 
@@ -275,7 +417,10 @@ fn bridge_delegate_mode_gives_libcni_what_the_chain_gives() {
     sys::skip_unless_root!(libcni::TOOLS);
     let net = bridge_network_from(Source::Testdata { pin: Some(10) });
     let sandbox = Sandbox::new("default", "web-0", "uid-web-0").with_mac("0a:58:0a:00:00:0a");
-    let pinned = [format!("{}/24", net.subnet.host(10)), format!("{}/64", net.subnet.host6(10))];
+    let pinned = [
+        format!("{}/24", net.subnet.host(10)),
+        format!("{}/64", net.subnet.host6(10)),
+    ];
     delegate_mode_matches_chained_mode(&net, &sandbox, &pinned);
 }
 
@@ -300,14 +445,26 @@ fn bridge_and_macvlan_pods_talk_in_delegate_mode() {
 
 fn delegate_pods_through_the_chain(net: &Network, names: [&str; 2], how: &str) {
     let pods = names.map(|name| Sandbox::new("default", name, &format!("uid-{name}")));
-    let results: Vec<Value> = pods.iter().map(|pod| add_in(net, Mode::Delegate, pod)).collect();
+    let results: Vec<Value> = pods
+        .iter()
+        .map(|pod| add_in(net, Mode::Delegate, pod))
+        .collect();
     for (pod, result) in pods.iter().zip(&results) {
         assert_attached_in(net, Mode::Delegate, pod, result);
     }
     let [first, second] = names;
-    assert!(pods[0].can_ping(&first_ip(&results[1])), "{first} -> {second} {how}");
-    assert!(pods[1].can_ping(&first_ip(&results[0])), "{second} -> {first} {how}");
-    assert!(pods[0].can_ping(&net.subnet.host(1)), "{first} -> the gateway");
+    assert!(
+        pods[0].can_ping(&first_ip(&results[1])),
+        "{first} -> {second} {how}"
+    );
+    assert!(
+        pods[1].can_ping(&first_ip(&results[0])),
+        "{second} -> {first} {how}"
+    );
+    assert!(
+        pods[0].can_ping(&net.subnet.host(1)),
+        "{first} -> the gateway"
+    );
     for (pod, result) in pods.iter().zip(&results) {
         assert_del_leaves_nothing_in(net, Mode::Delegate, pod, result);
     }
@@ -316,17 +473,27 @@ fn delegate_pods_through_the_chain(net: &Network, names: [&str; 2], how: &str) {
 
 fn add_in(net: &Network, mode: Mode, sandbox: &Sandbox) -> Value {
     net.add_with(net.conflist_of(mode), sandbox)
-        .unwrap_or_else(|e| panic!("libcni ADD {} ({mode:?}) failed: {}", sandbox.container_id, e.stderr))
+        .unwrap_or_else(|e| {
+            panic!(
+                "libcni ADD {} ({mode:?}) failed: {}",
+                sandbox.container_id, e.stderr
+            )
+        })
 }
 
 /// The dump's deferred DELs of a sandbox.
 fn deferred_of(net: &Network, sandbox: &Sandbox) -> Vec<Value> {
     let all = cni::dump_checkpoints(&net.state_dir, &[]);
-    all.into_iter().filter(|e| e["status"] == "deferred" && e["containerId"] == json!(sandbox.container_id)).collect()
+    all.into_iter()
+        .filter(|e| e["status"] == "deferred" && e["containerId"] == json!(sandbox.container_id))
+        .collect()
 }
 
 fn logged(net: &Network, sandbox: &Sandbox, outcome: &str) -> usize {
-    net.log_lines().iter().filter(|l| l.container == sandbox.container_id && l.outcome == outcome).count()
+    net.log_lines()
+        .iter()
+        .filter(|l| l.container == sandbox.container_id && l.outcome == outcome)
+        .count()
 }
 
 /// The incident of `stale_del_is_refused_through_libcni` in delegate mode: kubelet re-creates
@@ -348,38 +515,97 @@ fn stale_del_is_deferred_through_libcni() {
     let (old_ip, new_ip) = (first_ip(&old_result), first_ip(&new_result));
 
     let allocated = net.ipam_allocations();
-    let late = net.add_with(delegate, &old).expect_err("the late ADD of the superseded sandbox must be refused");
+    let late = net
+        .add_with(delegate, &old)
+        .expect_err("the late ADD of the superseded sandbox must be refused");
     assert_eq!(late.code, Some(104), "{}", late.stderr);
-    assert!(late.stderr.contains("superseded") && late.stderr.contains(&new.container_id), "{}", late.stderr);
-    assert_eq!(net.ipam_allocations(), allocated, "host-local ran for the refused ADD");
-    assert_eq!(net.checkpoint(&new).expect("B's record")["owner"], json!(true), "the late ADD took the pod back");
+    assert!(
+        late.stderr.contains("superseded") && late.stderr.contains(&new.container_id),
+        "{}",
+        late.stderr
+    );
+    assert_eq!(
+        net.ipam_allocations(),
+        allocated,
+        "host-local ran for the refused ADD"
+    );
+    assert_eq!(
+        net.checkpoint(&new).expect("B's record")["owner"],
+        json!(true),
+        "the late ADD took the pod back"
+    );
 
     // StopPodSandbox, then RemovePodSandbox: each succeeds on its first call.
     net.del_with(delegate, &old, NetnsArg::Sandbox)
-        .unwrap_or_else(|e| panic!("the stale DEL of A must succeed in delegate mode: {}", e.stderr));
-    assert!(net.cached_result(&old).is_none(), "libcni kept A's cache after its DEL succeeded");
-    assert!(!pod_has_link(&old, IFNAME), "A's netns still holds the interface the guard checkpointed");
+        .unwrap_or_else(|e| {
+            panic!(
+                "the stale DEL of A must succeed in delegate mode: {}",
+                e.stderr
+            )
+        });
+    assert!(
+        net.cached_result(&old).is_none(),
+        "libcni kept A's cache after its DEL succeeded"
+    );
+    assert!(
+        !pod_has_link(&old, IFNAME),
+        "A's netns still holds the interface the guard checkpointed"
+    );
     for veth in host_veths(&old_result) {
-        assert!(!sys::try_run("ip", &["link", "show", &veth]), "A's host veth {veth} outlived its pod end");
+        assert!(
+            !sys::try_run("ip", &["link", "show", &veth]),
+            "A's host veth {veth} outlived its pod end"
+        );
     }
-    assert_eq!(net.ip_holder(&old_ip), Some(old.container_id.clone()), "bridge/host-local saw A's DEL while B lives");
-    assert_eq!(deferred_of(&net, &old).len(), 1, "A's DEL is recorded as deferred");
+    assert_eq!(
+        net.ip_holder(&old_ip),
+        Some(old.container_id.clone()),
+        "bridge/host-local saw A's DEL while B lives"
+    );
+    assert_eq!(
+        deferred_of(&net, &old).len(),
+        1,
+        "A's DEL is recorded as deferred"
+    );
     assert_eq!(logged(&net, &old, "deferred"), 1, "{:?}", net.log_lines());
     net.del_with(delegate, &old, NetnsArg::Empty)
         .unwrap_or_else(|e| panic!("RemovePodSandbox's DEL of A must succeed: {}", e.stderr));
-    assert_eq!(deferred_of(&net, &old).len(), 1, "a repeated stale DEL is still one deferred DEL");
-    assert_eq!(net.ip_holder(&old_ip), Some(old.container_id.clone()), "A's address went while B lives");
+    assert_eq!(
+        deferred_of(&net, &old).len(),
+        1,
+        "a repeated stale DEL is still one deferred DEL"
+    );
+    assert_eq!(
+        net.ip_holder(&old_ip),
+        Some(old.container_id.clone()),
+        "A's address went while B lives"
+    );
 
     // B never noticed.
     assert_result_matches_kernel(&new_result, &new);
-    assert_eq!(net.ip_holder(&new_ip), Some(new.container_id.clone()), "B's IP still allocated");
-    net.check_with(delegate, &new).unwrap_or_else(|e| panic!("CHECK of B after A's DEL: {}", e.stderr));
-    assert!((0..3).any(|_| sys::try_run("ping", &["-c", "1", "-W", "2", &new_ip])), "node -> B ({new_ip})");
+    assert_eq!(
+        net.ip_holder(&new_ip),
+        Some(new.container_id.clone()),
+        "B's IP still allocated"
+    );
+    net.check_with(delegate, &new)
+        .unwrap_or_else(|e| panic!("CHECK of B after A's DEL: {}", e.stderr));
+    assert!(
+        (0..3).any(|_| sys::try_run("ping", &["-c", "1", "-W", "2", &new_ip])),
+        "node -> B ({new_ip})"
+    );
 
     // B goes: its DEL frees the pod key and A's deferred DEL reaches bridge and host-local.
     assert_del_leaves_nothing_in(&net, Mode::Delegate, &new, &new_result);
-    assert_eq!(net.ip_holder(&old_ip), None, "A's deferred DEL never reached host-local");
-    assert!(deferred_of(&net, &old).is_empty(), "A's DEL is still deferred after its replay");
+    assert_eq!(
+        net.ip_holder(&old_ip),
+        None,
+        "A's deferred DEL never reached host-local"
+    );
+    assert!(
+        deferred_of(&net, &old).is_empty(),
+        "A's DEL is still deferred after its replay"
+    );
     assert_eq!(logged(&net, &old, "replayed"), 1, "{:?}", net.log_lines());
     assert_network_empty(&net);
 }
@@ -397,25 +623,63 @@ fn a_stale_dual_stack_sandbox_loses_both_families_in_delegate_mode() {
     let new = Sandbox::new("db", "pg-0", "uid2");
     let old_result = add_in(&net, Mode::Delegate, &old);
     let new_result = add_in(&net, Mode::Delegate, &new);
-    assert_eq!(result_ips(&old_result).len(), 2, "a v4 and a v6 address: {old_result}");
+    assert_eq!(
+        result_ips(&old_result).len(),
+        2,
+        "a v4 and a v6 address: {old_result}"
+    );
     let old_ips = result_ips(&old_result);
 
     net.del_with(delegate, &old, NetnsArg::Sandbox)
-        .unwrap_or_else(|e| panic!("the stale DEL of A must succeed in delegate mode: {}", e.stderr));
-    assert!(!pod_has_link(&old, IFNAME), "A's netns still holds the interface the guard checkpointed");
-    let left: Value = serde_json::from_slice(&old.netns.exec(&["ip", "-j", "addr", "show", "scope", "global"]).stdout).unwrap();
-    let left: Vec<&Value> = left.as_array().unwrap().iter().flat_map(|l| l["addr_info"].as_array().unwrap()).collect();
+        .unwrap_or_else(|e| {
+            panic!(
+                "the stale DEL of A must succeed in delegate mode: {}",
+                e.stderr
+            )
+        });
+    assert!(
+        !pod_has_link(&old, IFNAME),
+        "A's netns still holds the interface the guard checkpointed"
+    );
+    let left: Value = serde_json::from_slice(
+        &old.netns
+            .exec(&["ip", "-j", "addr", "show", "scope", "global"])
+            .stdout,
+    )
+    .unwrap();
+    let left: Vec<&Value> = left
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|l| l["addr_info"].as_array().unwrap())
+        .collect();
     assert!(left.is_empty(), "A's netns still answers for {left:?}");
-    assert_eq!(deferred_of(&net, &old).len(), 1, "A's DEL is recorded as deferred");
+    assert_eq!(
+        deferred_of(&net, &old).len(),
+        1,
+        "A's DEL is recorded as deferred"
+    );
     for ip in &old_ips {
-        assert_eq!(net.ip_holder(bare_ip(ip)), Some(old.container_id.clone()), "host-local saw A's DEL while B lives ({ip})");
+        assert_eq!(
+            net.ip_holder(bare_ip(ip)),
+            Some(old.container_id.clone()),
+            "host-local saw A's DEL while B lives ({ip})"
+        );
     }
 
     assert_result_matches_kernel(&new_result, &new);
-    assert!(new.can_ping(&net.subnet.host(1)) && new.can_ping(&net.subnet.host6(1)), "B -> router over both families");
-    net.del_with(delegate, &new, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL of B failed: {}", e.stderr));
+    assert!(
+        new.can_ping(&net.subnet.host(1)) && new.can_ping(&net.subnet.host6(1)),
+        "B -> router over both families"
+    );
+    net.del_with(delegate, &new, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL of B failed: {}", e.stderr));
     for ip in &old_ips {
-        assert_eq!(net.ip_holder(bare_ip(ip)), None, "A's deferred DEL never reached host-local ({ip})");
+        assert_eq!(
+            net.ip_holder(bare_ip(ip)),
+            None,
+            "A's deferred DEL never reached host-local ({ip})"
+        );
     }
     assert_network_empty(&net);
 }
@@ -430,13 +694,17 @@ const REFERENCE_PLUGIN_VERSIONS: [&str; 6] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1"
 
 /// The pod interface's MAC as the kernel has it.
 fn kernel_mac(sandbox: &Sandbox) -> String {
-    let out = sandbox.netns.exec(&["cat", &format!("/sys/class/net/{IFNAME}/address")]);
+    let out = sandbox
+        .netns
+        .exec(&["cat", &format!("/sys/class/net/{IFNAME}/address")]);
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// The pod's addresses from a result of any version: `ips`, or 0.1.0/0.2.0's `ip4`/`ip6`.
 fn any_version_ips(result: &Value) -> Vec<String> {
-    let legacy = ["ip4", "ip6"].iter().filter_map(|key| result[key]["ip"].as_str().map(str::to_string));
+    let legacy = ["ip4", "ip6"]
+        .iter()
+        .filter_map(|key| result[key]["ip"].as_str().map(str::to_string));
     result_ips(result).into_iter().chain(legacy).collect()
 }
 
@@ -453,53 +721,113 @@ fn incident_at_version(net: &Network, mode: Mode, version: &str) {
         let result = net
             .add_with(conflist, sandbox)
             .unwrap_or_else(|e| panic!("{version} {mode:?}: libcni ADD failed: {}", e.stderr));
-        assert_eq!(result["cniVersion"], version, "{mode:?}: the result is in the network's version: {result}");
+        assert_eq!(
+            result["cniVersion"], version,
+            "{mode:?}: the result is in the network's version: {result}"
+        );
         let legacy = version == "0.1.0" || version == "0.2.0";
-        assert_eq!(result.get("interfaces").is_none(), legacy, "{version} {mode:?}: {result}");
-        assert_eq!(result.get("ip4").is_some(), legacy, "{version} {mode:?}: {result}");
-        let record = net.checkpoint(sandbox).unwrap_or_else(|| panic!("{version} {mode:?}: no checkpoint"));
+        assert_eq!(
+            result.get("interfaces").is_none(),
+            legacy,
+            "{version} {mode:?}: {result}"
+        );
+        assert_eq!(
+            result.get("ip4").is_some(),
+            legacy,
+            "{version} {mode:?}: {result}"
+        );
+        let record = net
+            .checkpoint(sandbox)
+            .unwrap_or_else(|| panic!("{version} {mode:?}: no checkpoint"));
         assert_eq!(record["cniVersion"], version);
-        assert_eq!(record["prevResult"], net.cached_result(sandbox).expect("libcni's cache"), "{version} {mode:?}");
+        assert_eq!(
+            record["prevResult"],
+            net.cached_result(sandbox).expect("libcni's cache"),
+            "{version} {mode:?}"
+        );
         let mut ips = any_version_ips(&result);
         ips.sort();
-        assert_eq!(record["ips"], json!(ips), "{version} {mode:?}: checkpointed addresses");
+        assert_eq!(
+            record["ips"],
+            json!(ips),
+            "{version} {mode:?}: checkpointed addresses"
+        );
         // Found by CNI_IFNAME in the netns, whatever the result says of interfaces.
-        assert_eq!(record["links"]["state"], "observed", "{version} {mode:?}: {record}");
-        assert_eq!(record["links"]["mac"], json!(kernel_mac(sandbox)), "{version} {mode:?}: {record}");
+        assert_eq!(
+            record["links"]["state"], "observed",
+            "{version} {mode:?}: {record}"
+        );
+        assert_eq!(
+            record["links"]["mac"],
+            json!(kernel_mac(sandbox)),
+            "{version} {mode:?}: {record}"
+        );
         if version >= "0.4.0" {
-            net.check_with(conflist, sandbox).unwrap_or_else(|e| panic!("{version} {mode:?}: CHECK failed: {}", e.stderr));
+            net.check_with(conflist, sandbox)
+                .unwrap_or_else(|e| panic!("{version} {mode:?}: CHECK failed: {}", e.stderr));
         }
         results.push(result);
     }
     let new_ips = any_version_ips(&results[1]);
     match mode {
         Mode::Chained => {
-            let refused = net.del_with(conflist, &old, NetnsArg::Sandbox).expect_err("the stale DEL of A must be refused");
+            let refused = net
+                .del_with(conflist, &old, NetnsArg::Sandbox)
+                .expect_err("the stale DEL of A must be refused");
             assert_eq!(refused.code, Some(11), "{version}: {}", refused.stderr);
         }
         Mode::Delegate => {
             net.del_with(conflist, &old, NetnsArg::Sandbox)
-                .unwrap_or_else(|e| panic!("{version}: delegate mode defers the stale DEL: {}", e.stderr));
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{version}: delegate mode defers the stale DEL: {}",
+                        e.stderr
+                    )
+                });
             // The local teardown knows A's interface by the MAC read at ADD, legacy result or not.
-            assert!(!pod_has_link(&old, IFNAME), "{version}: the deferred DEL left A's interface in its netns");
+            assert!(
+                !pod_has_link(&old, IFNAME),
+                "{version}: the deferred DEL left A's interface in its netns"
+            );
         }
     }
-    assert!(pod_has_link(&new, IFNAME), "{version} {mode:?}: the new sandbox lost its interface");
+    assert!(
+        pod_has_link(&new, IFNAME),
+        "{version} {mode:?}: the new sandbox lost its interface"
+    );
     for ip in &new_ips {
-        assert_eq!(net.ip_holder(bare_ip(ip)), Some(new.container_id.clone()), "{version} {mode:?}: B's {ip}");
+        assert_eq!(
+            net.ip_holder(bare_ip(ip)),
+            Some(new.container_id.clone()),
+            "{version} {mode:?}: B's {ip}"
+        );
     }
-    assert!(new.can_ping(&net.subnet.host(1)), "{version} {mode:?}: B reaches its gateway after the stale DEL");
+    assert!(
+        new.can_ping(&net.subnet.host(1)),
+        "{version} {mode:?}: B reaches its gateway after the stale DEL"
+    );
 
     for sandbox in [&new, &old] {
         for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
-            net.del_with(conflist, sandbox, netns)
-                .unwrap_or_else(|e| panic!("{version} {mode:?}: DEL {} failed: {}", sandbox.container_id, e.stderr));
+            net.del_with(conflist, sandbox, netns).unwrap_or_else(|e| {
+                panic!(
+                    "{version} {mode:?}: DEL {} failed: {}",
+                    sandbox.container_id, e.stderr
+                )
+            });
         }
     }
     for (sandbox, result) in [&old, &new].into_iter().zip(&results) {
-        assert!(!pod_has_link(sandbox, IFNAME), "{version} {mode:?}: the primary's DEL did not run");
+        assert!(
+            !pod_has_link(sandbox, IFNAME),
+            "{version} {mode:?}: the primary's DEL did not run"
+        );
         for ip in any_version_ips(result) {
-            assert_eq!(net.ip_holder(bare_ip(&ip)), None, "{version} {mode:?}: {ip} still reserved");
+            assert_eq!(
+                net.ip_holder(bare_ip(&ip)),
+                None,
+                "{version} {mode:?}: {ip} still reserved"
+            );
         }
     }
     assert_network_empty(net);
@@ -510,7 +838,9 @@ fn incident_at_version(net: &Network, mode: Mode, version: &str) {
 fn legacy_versions_through_libcni_1_3_in_both_modes() {
     sys::skip_unless_root!(libcni::TOOLS);
     for version in ["0.1.0", "0.2.0"] {
-        let net = bridge_network_from(Source::Testdata { pin: None }).at_version(version).through(libcni::driver_1_3());
+        let net = bridge_network_from(Source::Testdata { pin: None })
+            .at_version(version)
+            .through(libcni::driver_1_3());
         for mode in [Mode::Chained, Mode::Delegate] {
             incident_at_version(&net, mode, version);
         }
@@ -535,7 +865,12 @@ fn every_cni_version_of_the_reference_plugins_through_libcni_in_both_modes() {
 fn calico_addresses(net: &Network) -> Vec<(String, String)> {
     let mut held: Vec<(String, String)> = cni::files_in(&net.ipam_dir.join("ips"))
         .iter()
-        .map(|path| (path.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read_to_string(path).unwrap()))
+        .map(|path| {
+            (
+                path.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read_to_string(path).unwrap(),
+            )
+        })
         .collect();
     held.sort();
     held
@@ -543,7 +878,10 @@ fn calico_addresses(net: &Network) -> Vec<(String, String)> {
 
 /// The container the pod's workload endpoint belongs to, if it has one.
 fn calico_endpoint_owner(net: &Network, sandbox: &Sandbox) -> Option<String> {
-    let file = net.ipam_dir.join("endpoints").join(format!("{}.{}", sandbox.namespace, sandbox.pod));
+    let file = net
+        .ipam_dir
+        .join("endpoints")
+        .join(format!("{}.{}", sandbox.namespace, sandbox.pod));
     let text = std::fs::read_to_string(file).ok()?;
     text.split_whitespace().next().map(str::to_string)
 }
@@ -556,38 +894,102 @@ fn calico_v2_incident(net: &Network, mode: Mode, version: &str) {
     let old = Sandbox::new("lijiaob", "etcd1-0", "uid1");
     let new = Sandbox::new("lijiaob", "etcd1-0", "uid2");
     for sandbox in [&old, &new] {
-        let result = net.add_with(conflist, sandbox).unwrap_or_else(|e| panic!("{version} {mode:?}: ADD failed: {}", e.stderr));
+        let result = net
+            .add_with(conflist, sandbox)
+            .unwrap_or_else(|e| panic!("{version} {mode:?}: ADD failed: {}", e.stderr));
         assert_eq!(result["cniVersion"], version, "{mode:?}: {result}");
-        assert!(result["ip4"]["ip"].is_string() && result.get("interfaces").is_none(), "{version} {mode:?}: a 0.2.0-shaped result: {result}");
-        let record = net.checkpoint(sandbox).unwrap_or_else(|| panic!("{version} {mode:?}: no checkpoint"));
-        assert_eq!(record["ips"], json!([result["ip4"]["ip"]]), "{version} {mode:?}");
-        assert_eq!(record["links"]["mac"], json!(kernel_mac(sandbox)), "{version} {mode:?}: the MAC read from the netns: {record}");
+        assert!(
+            result["ip4"]["ip"].is_string() && result.get("interfaces").is_none(),
+            "{version} {mode:?}: a 0.2.0-shaped result: {result}"
+        );
+        let record = net
+            .checkpoint(sandbox)
+            .unwrap_or_else(|| panic!("{version} {mode:?}: no checkpoint"));
+        assert_eq!(
+            record["ips"],
+            json!([result["ip4"]["ip"]]),
+            "{version} {mode:?}"
+        );
+        assert_eq!(
+            record["links"]["mac"],
+            json!(kernel_mac(sandbox)),
+            "{version} {mode:?}: the MAC read from the netns: {record}"
+        );
     }
-    assert_eq!(calico_endpoint_owner(net, &new), Some(new.container_id.clone()));
+    assert_eq!(
+        calico_endpoint_owner(net, &new),
+        Some(new.container_id.clone())
+    );
     let before = calico_addresses(net);
     for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
         let outcome = net.del_with(conflist, &old, netns);
         match mode {
-            Mode::Chained => assert_eq!(outcome.expect_err("the stale DEL must be refused").code, Some(11), "{version}"),
-            Mode::Delegate => outcome.unwrap_or_else(|e| panic!("{version}: delegate mode defers the stale DEL: {}", e.stderr)),
+            Mode::Chained => assert_eq!(
+                outcome.expect_err("the stale DEL must be refused").code,
+                Some(11),
+                "{version}"
+            ),
+            Mode::Delegate => outcome.unwrap_or_else(|e| {
+                panic!(
+                    "{version}: delegate mode defers the stale DEL: {}",
+                    e.stderr
+                )
+            }),
         }
     }
-    assert_eq!(calico_addresses(net), before, "{version} {mode:?}: calico released an address for the stale DEL");
-    assert_eq!(calico_endpoint_owner(net, &new), Some(new.container_id.clone()), "{version} {mode:?}: B's workload endpoint");
-    assert!(pod_has_link(&new, IFNAME), "{version} {mode:?}: B lost its interface");
-    assert!(new.can_ping("169.254.1.1"), "{version} {mode:?}: B reaches its gateway after the stale DEL");
+    assert_eq!(
+        calico_addresses(net),
+        before,
+        "{version} {mode:?}: calico released an address for the stale DEL"
+    );
+    assert_eq!(
+        calico_endpoint_owner(net, &new),
+        Some(new.container_id.clone()),
+        "{version} {mode:?}: B's workload endpoint"
+    );
+    assert!(
+        pod_has_link(&new, IFNAME),
+        "{version} {mode:?}: B lost its interface"
+    );
+    assert!(
+        new.can_ping("169.254.1.1"),
+        "{version} {mode:?}: B reaches its gateway after the stale DEL"
+    );
 
     for sandbox in [&new, &old] {
         for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
-            net.del_with(conflist, sandbox, netns)
-                .unwrap_or_else(|e| panic!("{version} {mode:?}: DEL {} failed: {}", sandbox.container_id, e.stderr));
+            net.del_with(conflist, sandbox, netns).unwrap_or_else(|e| {
+                panic!(
+                    "{version} {mode:?}: DEL {} failed: {}",
+                    sandbox.container_id, e.stderr
+                )
+            });
         }
     }
-    assert_eq!(calico_addresses(net), Vec::new(), "{version} {mode:?}: addresses left");
-    assert_eq!(calico_endpoint_owner(net, &new), None, "{version} {mode:?}: endpoint left");
-    assert!(!pod_has_link(&new, IFNAME) && !pod_has_link(&old, IFNAME), "{version} {mode:?}: a pod interface is left");
-    assert_eq!(net.cached_results(), Vec::<String>::new(), "{version} {mode:?}: libcni cache entries left");
-    assert_eq!(net.guard_files(), Vec::<std::path::PathBuf>::new(), "{version} {mode:?}: guard records or owners left");
+    assert_eq!(
+        calico_addresses(net),
+        Vec::new(),
+        "{version} {mode:?}: addresses left"
+    );
+    assert_eq!(
+        calico_endpoint_owner(net, &new),
+        None,
+        "{version} {mode:?}: endpoint left"
+    );
+    assert!(
+        !pod_has_link(&new, IFNAME) && !pod_has_link(&old, IFNAME),
+        "{version} {mode:?}: a pod interface is left"
+    );
+    assert_eq!(
+        net.cached_results(),
+        Vec::<String>::new(),
+        "{version} {mode:?}: libcni cache entries left"
+    );
+    assert_eq!(
+        net.guard_files(),
+        Vec::<std::path::PathBuf>::new(),
+        "{version} {mode:?}: guard records or owners left"
+    );
 }
 
 #[test]
@@ -611,12 +1013,27 @@ fn calico_v2_model_unguarded_loses_the_new_pod() {
     let new = Sandbox::new("lijiaob", "etcd1-0", "uid2");
     let unguarded = net.primary_only_conflist.clone();
     for sandbox in [&old, &new] {
-        let result = net.add_with(&unguarded, sandbox).unwrap_or_else(|e| panic!("ADD failed: {}", e.stderr));
+        let result = net
+            .add_with(&unguarded, sandbox)
+            .unwrap_or_else(|e| panic!("ADD failed: {}", e.stderr));
         assert_eq!(result["cniVersion"], "0.1.0", "{result}");
     }
-    net.del_with(&unguarded, &old, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("DEL failed: {}", e.stderr));
-    assert_eq!(calico_addresses(&net), Vec::new(), "the stale DEL released B's address");
-    assert_eq!(calico_endpoint_owner(&net, &new), None, "the stale DEL removed B's endpoint");
-    assert!(!pod_has_link(&new, IFNAME), "the stale DEL took B's interface");
-    net.del_with(&unguarded, &new, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("DEL of B failed: {}", e.stderr));
+    net.del_with(&unguarded, &old, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("DEL failed: {}", e.stderr));
+    assert_eq!(
+        calico_addresses(&net),
+        Vec::new(),
+        "the stale DEL released B's address"
+    );
+    assert_eq!(
+        calico_endpoint_owner(&net, &new),
+        None,
+        "the stale DEL removed B's endpoint"
+    );
+    assert!(
+        !pod_has_link(&new, IFNAME),
+        "the stale DEL took B's interface"
+    );
+    net.del_with(&unguarded, &new, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("DEL of B failed: {}", e.stderr));
 }

@@ -7,18 +7,18 @@
 //! bridge and host-local: its name is the pod's until its last interface goes. Needs root,
 //! Go and Debian's libcni source.
 
-#[path = "support/sys.rs"]
-mod sys;
-#[path = "support/testdata.rs"]
-mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 #[path = "support/libcni.rs"]
 mod libcni;
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
 
 use libcni::{
-    Mode, Network, NetnsArg, Sandbox, Source, assert_network_empty, assert_result_matches_kernel, bare_ip, bridge_network_from, host_veths, pod_has_link,
-    podname_keyed_network, result_ips,
+    Mode, NetnsArg, Network, Sandbox, Source, assert_network_empty, assert_result_matches_kernel,
+    bare_ip, bridge_network_from, host_veths, pod_has_link, podname_keyed_network, result_ips,
 };
 
 fn the_new_pod_keeps_its_address_and_link(mode: Mode) {
@@ -28,19 +28,30 @@ fn the_new_pod_keeps_its_address_and_link(mode: Mode) {
     let pod = sys::unique("etcd");
     let old = Sandbox::new("lijiaob", &pod, "uid1").with_ifname("net1");
     let new = Sandbox::new("lijiaob", &pod, "uid2").with_ifname("net2");
-    net.add_with(&conflist, &old).unwrap_or_else(|e| panic!("ADD A: {}", e.stderr));
-    let new_result = net.add_with(&conflist, &new).unwrap_or_else(|e| panic!("ADD B: {}", e.stderr));
+    net.add_with(&conflist, &old)
+        .unwrap_or_else(|e| panic!("ADD A: {}", e.stderr));
+    let new_result = net
+        .add_with(&conflist, &new)
+        .unwrap_or_else(|e| panic!("ADD B: {}", e.stderr));
     let new_ip = result_ip(&new_result);
 
     // StopPodSandbox of A (its netns), then RemovePodSandbox (an empty netns).
     for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
         match mode {
             Mode::Chained => {
-                let refused = net.del_with(&conflist, &old, netns).expect_err("A's stale DEL must be refused");
+                let refused = net
+                    .del_with(&conflist, &old, netns)
+                    .expect_err("A's stale DEL must be refused");
                 assert_eq!(refused.code, Some(11), "{}", refused.stderr);
-                assert!(refused.stderr.contains(&new.container_id), "names the owner: {}", refused.stderr);
+                assert!(
+                    refused.stderr.contains(&new.container_id),
+                    "names the owner: {}",
+                    refused.stderr
+                );
             }
-            Mode::Delegate => net.del_with(&conflist, &old, netns).unwrap_or_else(|e| panic!("A's DEL is deferred: {}", e.stderr)),
+            Mode::Delegate => net
+                .del_with(&conflist, &old, netns)
+                .unwrap_or_else(|e| panic!("A's DEL is deferred: {}", e.stderr)),
         }
     }
     assert!(pod_has_link(&new, "net2"), "B lost its link to A's DEL");
@@ -51,11 +62,17 @@ fn the_new_pod_keeps_its_address_and_link(mode: Mode) {
     );
 
     // B goes; then A's DEL reaches the model (replayed in delegate mode, retried when chained).
-    net.del_with(&conflist, &new, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("DEL B: {}", e.stderr));
+    net.del_with(&conflist, &new, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("DEL B: {}", e.stderr));
     if mode == Mode::Chained {
-        net.del_with(&conflist, &old, NetnsArg::Empty).unwrap_or_else(|e| panic!("A's DEL once B is gone: {}", e.stderr));
+        net.del_with(&conflist, &old, NetnsArg::Empty)
+            .unwrap_or_else(|e| panic!("A's DEL once B is gone: {}", e.stderr));
     } else {
-        let replayed = net.log_lines().iter().filter(|l| l.outcome == "replayed" && l.container == old.container_id).count();
+        let replayed = net
+            .log_lines()
+            .iter()
+            .filter(|l| l.outcome == "replayed" && l.container == old.container_id)
+            .count();
         assert_eq!(replayed, 1, "{:?}", net.log_lines());
     }
     assert!(net.guard_files().is_empty(), "{:?}", net.guard_files());
@@ -88,13 +105,19 @@ fn assert_refused_for(net: &Network, stale: &Sandbox, owner: &Sandbox, when: &st
     for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
         let refused = net.del(stale, netns).expect_err(when);
         assert_eq!(refused.code, Some(11), "{when}: {}", refused.stderr);
-        assert!(refused.stderr.contains(&owner.container_id), "{when}: names the owner: {}", refused.stderr);
+        assert!(
+            refused.stderr.contains(&owner.container_id),
+            "{when}: names the owner: {}",
+            refused.stderr
+        );
     }
 }
 
 /// Whether host-local still holds each of the result's addresses for `sandbox`.
 fn reserved_for(net: &Network, result: &serde_json::Value, sandbox: &Sandbox) -> bool {
-    result_ips(result).iter().all(|ip| net.ip_holder(bare_ip(ip)).as_deref() == Some(sandbox.container_id.as_str()))
+    result_ips(result)
+        .iter()
+        .all(|ip| net.ip_holder(bare_ip(ip)).as_deref() == Some(sandbox.container_id.as_str()))
 }
 
 /// Issue 17: with the default `podKey` ("name") the pod's name stands for every interface its
@@ -109,7 +132,12 @@ fn a_pod_with_two_interfaces_on_one_network_keeps_its_name_until_the_last_goes()
     let old = Sandbox::new("lijiaob", "etcd1-0", "uid1");
     let mut new = Sandbox::new("lijiaob", "etcd1-0", "uid2");
     let add = |sandbox: &Sandbox| {
-        net.add(sandbox).unwrap_or_else(|e| panic!("ADD {} {}: {}", sandbox.container_id, sandbox.ifname, e.stderr))
+        net.add(sandbox).unwrap_or_else(|e| {
+            panic!(
+                "ADD {} {}: {}",
+                sandbox.container_id, sandbox.ifname, e.stderr
+            )
+        })
     };
     let old_result = add(&old);
     let new_eth0 = add(on(&mut new, "eth0"));
@@ -119,28 +147,55 @@ fn a_pod_with_two_interfaces_on_one_network_keeps_its_name_until_the_last_goes()
     for (ifname, result) in [("eth0", &new_eth0), ("net1", &new_net1)] {
         assert!(pod_has_link(&new, ifname), "C lost {ifname} to A's DEL");
         assert_result_matches_kernel(result, &new);
-        assert!(reserved_for(&net, result, &new), "C's {ifname} address released by A's DEL");
+        assert!(
+            reserved_for(&net, result, &new),
+            "C's {ifname} address released by A's DEL"
+        );
     }
 
-    net.del(on(&mut new, "eth0"), NetnsArg::Sandbox).unwrap_or_else(|e| panic!("DEL C eth0: {}", e.stderr));
-    assert!(!pod_has_link(&new, "eth0"), "C's eth0 DEL did not reach the bridge");
-    assert!(result_ips(&new_eth0).iter().all(|ip| net.ip_holder(bare_ip(ip)).is_none()), "C's eth0 address still reserved");
+    net.del(on(&mut new, "eth0"), NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("DEL C eth0: {}", e.stderr));
+    assert!(
+        !pod_has_link(&new, "eth0"),
+        "C's eth0 DEL did not reach the bridge"
+    );
+    assert!(
+        result_ips(&new_eth0)
+            .iter()
+            .all(|ip| net.ip_holder(bare_ip(ip)).is_none()),
+        "C's eth0 address still reserved"
+    );
     assert_refused_for(&net, &old, &new, "A's stale DEL while C keeps net1");
     assert!(pod_has_link(&new, "net1"), "C lost net1");
     assert_result_matches_kernel(&new_net1, &new);
-    assert!(reserved_for(&net, &new_net1, &new), "C's net1 address released");
+    assert!(
+        reserved_for(&net, &new_net1, &new),
+        "C's net1 address released"
+    );
 
     // C's last interface goes (StopPodSandbox, then RemovePodSandbox for each); A's DEL then passes.
-    net.del(on(&mut new, "net1"), NetnsArg::Sandbox).unwrap_or_else(|e| panic!("DEL C net1: {}", e.stderr));
+    net.del(on(&mut new, "net1"), NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("DEL C net1: {}", e.stderr));
     for ifname in ["eth0", "net1"] {
-        net.del(on(&mut new, ifname), NetnsArg::Empty).unwrap_or_else(|e| panic!("C's repeated DEL of {ifname}: {}", e.stderr));
+        net.del(on(&mut new, ifname), NetnsArg::Empty)
+            .unwrap_or_else(|e| panic!("C's repeated DEL of {ifname}: {}", e.stderr));
     }
     for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
-        net.del(&old, netns).unwrap_or_else(|e| panic!("A's DEL once C is gone: {}", e.stderr));
+        net.del(&old, netns)
+            .unwrap_or_else(|e| panic!("A's DEL once C is gone: {}", e.stderr));
     }
-    assert!(!pod_has_link(&old, "eth0") && !pod_has_link(&new, "eth0") && !pod_has_link(&new, "net1"), "a pod interface is left");
-    for veth in [&old_result, &new_eth0, &new_net1].into_iter().flat_map(host_veths) {
-        assert!(!sys::try_run("ip", &["link", "show", &veth]), "host veth {veth} left");
+    assert!(
+        !pod_has_link(&old, "eth0") && !pod_has_link(&new, "eth0") && !pod_has_link(&new, "net1"),
+        "a pod interface is left"
+    );
+    for veth in [&old_result, &new_eth0, &new_net1]
+        .into_iter()
+        .flat_map(host_veths)
+    {
+        assert!(
+            !sys::try_run("ip", &["link", "show", &veth]),
+            "host veth {veth} left"
+        );
     }
     assert_network_empty(&net);
 }

@@ -6,14 +6,14 @@
 //!
 //! Needs root and the podman, runc, catatonit and containernetworking-plugins packages.
 
+#[path = "support/cni.rs"]
+mod cni;
 #[path = "support/podman.rs"]
 mod podman;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
 mod testdata;
-#[path = "support/cni.rs"]
-mod cni;
 
 use podman::{Container, PodmanEnv};
 use serde_json::Value;
@@ -25,19 +25,32 @@ fn podman_add_and_del_go_through_the_guard() {
     let name = sys::unique("sgc");
     let container = env.run_container(&name);
 
-    let record = env
-        .record_of(&container.id)
-        .unwrap_or_else(|| panic!("no checkpoint after the ADD: {:#?}", env.checkpoint_records()));
+    let record = env.record_of(&container.id).unwrap_or_else(|| {
+        panic!(
+            "no checkpoint after the ADD: {:#?}",
+            env.checkpoint_records()
+        )
+    });
     assert_record_matches(&env, &record, &container, &name);
-    assert!(env.libcni_cache_entry(&container.id).exists(), "libcni cached no ADD result");
-    assert!(env.ipam_reservation(&container.ip).exists(), "host-local reserved no address");
+    assert!(
+        env.libcni_cache_entry(&container.id).exists(),
+        "libcni cached no ADD result"
+    );
+    assert!(
+        env.ipam_reservation(&container.ip).exists(),
+        "host-local reserved no address"
+    );
 
     env.podman(&["stop", "--time", "5", &container.id]);
     env.wait_for_record_removal(&container.id);
     assert_del_went_down_the_whole_chain(&env, &container);
 
     env.podman(&["rm", &container.id]);
-    assert_eq!(env.checkpoint_records(), Vec::<Value>::new(), "records left after rm");
+    assert_eq!(
+        env.checkpoint_records(),
+        Vec::<Value>::new(),
+        "records left after rm"
+    );
     assert_one_quiet_add_and_del_logged(&env, &[&container]);
 }
 
@@ -79,7 +92,11 @@ fn podman_without_pod_namespace_is_never_refused() {
     env.wait_for_record_removal(&newer.id);
     assert_del_went_down_the_whole_chain(&env, &newer);
     env.podman(&["rm", &older.id]);
-    assert_eq!(env.checkpoint_records(), Vec::<Value>::new(), "records left after rm");
+    assert_eq!(
+        env.checkpoint_records(),
+        Vec::<Value>::new(),
+        "records left after rm"
+    );
     assert_one_quiet_add_and_del_logged(&env, &[&older, &newer]);
 }
 
@@ -96,15 +113,23 @@ fn assert_record_matches(env: &PodmanEnv, record: &Value, container: &Container,
     assert_eq!(record["setAside"], false, "{}", context());
     // Ownership is per pod (namespace + name); with no namespace there is nothing to own.
     assert_eq!(record["owner"], false, "{}", context());
-    let ips = record["ips"].as_array().unwrap_or_else(|| panic!("no ips: {}", context()));
-    assert!(ips.contains(&Value::from(container.ip_cidr.as_str())), "{}", context());
+    let ips = record["ips"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no ips: {}", context()));
+    assert!(
+        ips.contains(&Value::from(container.ip_cidr.as_str())),
+        "{}",
+        context()
+    );
     let interfaces = record["interfaces"]
         .as_array()
         .unwrap_or_else(|| panic!("no interfaces: {}", context()));
     assert!(
-        interfaces.iter().any(|interface| interface["name"] == podman::IFNAME
-            && interface["mac"] == container.mac.as_str()
-            && interface["sandbox"] == container.netns.as_str()),
+        interfaces
+            .iter()
+            .any(|interface| interface["name"] == podman::IFNAME
+                && interface["mac"] == container.mac.as_str()
+                && interface["sandbox"] == container.netns.as_str()),
         "{}",
         context()
     );
@@ -136,9 +161,15 @@ fn assert_one_quiet_add_and_del_logged(env: &PodmanEnv, containers: &[&Container
         .lines()
         .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
         .collect();
-    assert!(loud.is_empty(), "the guard warned about a podman lifecycle:\n{log}");
+    assert!(
+        loud.is_empty(),
+        "the guard warned about a podman lifecycle:\n{log}"
+    );
     for container in containers {
-        let lines: Vec<&str> = log.lines().filter(|line| line.contains(&container.id)).collect();
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|line| line.contains(&container.id))
+            .collect();
         for verb in [" ADD ", " DEL "] {
             assert_eq!(
                 lines.iter().filter(|line| line.contains(verb)).count(),

@@ -7,24 +7,25 @@
 //! This kernel has no vlan module, so the path that re-creates a lost vlan parent is covered
 //! by the unit tests of the restore plan (src/restore.rs), not here.
 
+#[path = "support/cni.rs"]
+mod cni;
+#[path = "support/cri_node.rs"]
+mod cri_node;
+#[path = "support/libcni.rs"]
+mod libcni;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
 mod testdata;
-#[path = "support/cni.rs"]
-mod cni;
-#[path = "support/libcni.rs"]
-mod libcni;
-#[path = "support/cri_node.rs"]
-mod cri_node;
 
 use std::process::Output;
 use std::time::{Duration, Instant};
 
 use cni::{Cni, Reply, guard};
 use libcni::{
-    IFNAME, Lan, Network, NetnsArg, Sandbox, assert_result_matches_kernel, bare_ip, bridge_network, dual_stack_macvlan_network_on_a_lan,
-    ipv6_only_macvlan_network_on_a_lan, macvlan_network_on_a_lan, pod_has_link,
+    IFNAME, Lan, NetnsArg, Network, Sandbox, assert_result_matches_kernel, bare_ip, bridge_network,
+    dual_stack_macvlan_network_on_a_lan, ipv6_only_macvlan_network_on_a_lan,
+    macvlan_network_on_a_lan, pod_has_link,
 };
 use serde_json::{Value, json};
 
@@ -34,7 +35,12 @@ use serde_json::{Value, json};
 /// diagnosis is read here directly.
 fn guard_check(net: &Network, sandbox: &Sandbox) -> Reply {
     let conflist: Value = serde_json::from_slice(&std::fs::read(&net.conflist).unwrap()).unwrap();
-    let mut entry = conflist["plugins"].as_array().unwrap().last().unwrap().clone();
+    let mut entry = conflist["plugins"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
     entry["name"] = conflist["name"].clone();
     entry["cniVersion"] = conflist["cniVersion"].clone();
     entry["prevResult"] = net.cached_result(sandbox).expect("libcni's cached result");
@@ -46,7 +52,11 @@ fn guard_check(net: &Network, sandbox: &Sandbox) -> Reply {
 }
 
 fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 fn pod_json(sandbox: &Sandbox, args: &[&str]) -> Value {
@@ -79,7 +89,9 @@ fn a_driver_reload_is_seen_by_check_and_undone_by_restore() {
     let state_dir = net.state_dir.to_str().unwrap().to_string();
 
     let pod = Sandbox::new("kube-system", "etcd-node1", "uid-etcd");
-    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    let result = net
+        .add(&pod)
+        .unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
     let pod_ip = bare_ip(result["ips"][0]["address"].as_str().unwrap()).to_string();
     let pod_mac = result["interfaces"]
         .as_array()
@@ -88,11 +100,17 @@ fn a_driver_reload_is_seen_by_check_and_undone_by_restore() {
         .find(|i| i["sandbox"].is_string())
         .map(|i| i["mac"].as_str().unwrap().to_string())
         .unwrap();
-    net.check(&pod).unwrap_or_else(|e| panic!("CHECK of a healthy pod failed: {}", e.stderr));
+    net.check(&pod)
+        .unwrap_or_else(|e| panic!("CHECK of a healthy pod failed: {}", e.stderr));
     assert!(guard_check(&net, &pod).status.success());
     assert!(pod.can_ping(&router), "pod -> router before the reload");
     let routes_before = pod_routes(&pod);
-    assert!(routes_before.iter().any(|r| r["dst"] == "default" && r["gateway"] == json!(router)), "{routes_before:?}");
+    assert!(
+        routes_before
+            .iter()
+            .any(|r| r["dst"] == "default" && r["gateway"] == json!(router)),
+        "{routes_before:?}"
+    );
 
     // ADD recorded what a restore needs, and the dump shows it.
     let record = net.checkpoint(&pod).expect("checkpoint");
@@ -102,35 +120,66 @@ fn a_driver_reload_is_seen_by_check_and_undone_by_restore() {
     assert_eq!(links["macvlanMode"], "bridge");
     assert_eq!(links["mac"], json!(pod_mac));
     assert_eq!(links["parent"]["name"], json!(lan.master));
-    assert!(links["addresses"].as_array().unwrap().contains(&result["ips"][0]["address"]), "{links}");
     assert!(
-        links["routes"].as_array().unwrap().iter().any(|r| r["dst"] == "0.0.0.0/0" && r["gateway"] == json!(router)),
+        links["addresses"]
+            .as_array()
+            .unwrap()
+            .contains(&result["ips"][0]["address"]),
+        "{links}"
+    );
+    assert!(
+        links["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["dst"] == "0.0.0.0/0" && r["gateway"] == json!(router)),
         "{links}"
     );
 
     // The reload: the master and the pod's macvlan vanish; the master comes back, the macvlan does not.
     lan.unplug();
-    assert!(!pod_has_link(&pod, IFNAME), "the macvlan should vanish with its master");
+    assert!(
+        !pod_has_link(&pod, IFNAME),
+        "the macvlan should vanish with its master"
+    );
     lan.plug(&format!("{router}/24"));
     assert!(!pod_has_link(&pod, IFNAME));
 
-    net.check(&pod).expect_err("libcni CHECK must fail while the interface is gone");
+    net.check(&pod)
+        .expect_err("libcni CHECK must fail while the interface is gone");
     let failed = guard_check(&net, &pod);
-    let reply: Value = serde_json::from_str(&failed.stdout).unwrap_or_else(|e| panic!("CHECK reply ({e}): {}{}", failed.stdout, failed.stderr));
+    let reply: Value = serde_json::from_str(&failed.stdout)
+        .unwrap_or_else(|e| panic!("CHECK reply ({e}): {}{}", failed.stdout, failed.stderr));
     assert_eq!(reply["code"], 100, "{reply}");
     let msg = reply["msg"].as_str().unwrap();
     for needle in [
-        format!("interface {IFNAME} is missing from netns {}", pod.netns_path()),
+        format!(
+            "interface {IFNAME} is missing from netns {}",
+            pod.netns_path()
+        ),
         format!("parent link {} was re-created", lan.master),
-        format!("sandbox-guard --restore --state-dir {state_dir} {}", pod.container_id),
+        format!(
+            "sandbox-guard --restore --state-dir {state_dir} {}",
+            pod.container_id
+        ),
     ] {
         assert!(msg.contains(&needle), "CHECK should say {needle:?}: {msg}");
     }
 
-    let dry = guard(&["--restore", "--dry-run", "--state-dir", &state_dir, &pod.container_id]);
+    let dry = guard(&[
+        "--restore",
+        "--dry-run",
+        "--state-dir",
+        &state_dir,
+        &pod.container_id,
+    ]);
     assert!(dry.status.success(), "{}", text(&dry));
     assert!(text(&dry).contains("would restore"), "{}", text(&dry));
-    assert!(text(&dry).contains(&format!("address {pod_mac}")), "{}", text(&dry));
+    assert!(
+        text(&dry).contains(&format!("address {pod_mac}")),
+        "{}",
+        text(&dry)
+    );
     assert!(!pod_has_link(&pod, IFNAME), "a dry run changed the pod");
 
     let restored = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
@@ -146,9 +195,14 @@ fn a_driver_reload_is_seen_by_check_and_undone_by_restore() {
     while lan.neighbour_mac(&pod_ip).is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(lan.neighbour_mac(&pod_ip), Some(pod_mac.clone()), "gratuitous ARP not seen by the router");
+    assert_eq!(
+        lan.neighbour_mac(&pod_ip),
+        Some(pod_mac.clone()),
+        "gratuitous ARP not seen by the router"
+    );
     assert!(pod.can_ping(&router), "pod -> router after the restore");
-    net.check(&pod).unwrap_or_else(|e| panic!("CHECK after the restore failed: {}", e.stderr));
+    net.check(&pod)
+        .unwrap_or_else(|e| panic!("CHECK after the restore failed: {}", e.stderr));
 
     // Again: nothing to do, nothing touched.
     let ifindex = pod_ifindex(&pod);
@@ -156,9 +210,14 @@ fn a_driver_reload_is_seen_by_check_and_undone_by_restore() {
     assert!(again.status.success(), "{}", text(&again));
     assert!(text(&again).contains("intact"), "{}", text(&again));
     assert!(text(&again).contains("0 restored"), "{}", text(&again));
-    assert_eq!(pod_ifindex(&pod), ifindex, "a second restore re-created the interface");
+    assert_eq!(
+        pod_ifindex(&pod),
+        ifindex,
+        "a second restore re-created the interface"
+    );
 
-    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+    net.del(&pod, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
 
 /// A veth's host end belongs to the primary (here a bridge port): restore must say it cannot
@@ -168,18 +227,30 @@ fn a_lost_veth_is_reported_not_restorable() {
     sys::skip_unless_root!(libcni::TOOLS);
     let net = bridge_network();
     let pod = Sandbox::new("default", "web-0", "uid-web-0");
-    net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
-    assert_eq!(net.checkpoint(&pod).expect("checkpoint")["links"]["kind"], "veth");
+    net.add(&pod)
+        .unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    assert_eq!(
+        net.checkpoint(&pod).expect("checkpoint")["links"]["kind"],
+        "veth"
+    );
     pod.netns.exec(&["ip", "link", "delete", IFNAME]);
 
     let state_dir = net.state_dir.to_str().unwrap();
     let out = guard(&["--restore", "--state-dir", state_dir, &pod.container_id]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("NOT RESTORABLE"), "{}", text(&out));
-    assert!(text(&out).contains("veth's host end belongs to the primary plugin"), "{}", text(&out));
-    assert!(!pod_has_link(&pod, IFNAME), "restore must not touch what it cannot rebuild");
+    assert!(
+        text(&out).contains("veth's host end belongs to the primary plugin"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        !pod_has_link(&pod, IFNAME),
+        "restore must not touch what it cannot rebuild"
+    );
 
-    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+    net.del(&pod, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
 
 /// A StatefulSet pod came back in a new sandbox while the old sandbox's DEL was refused (its
@@ -194,9 +265,13 @@ fn a_superseded_sandbox_is_not_revived_next_to_its_owner() {
 
     let old = Sandbox::new("db", "etcd-0", "uid-etcd-old");
     let new = Sandbox::new("db", "etcd-0", "uid-etcd-new");
-    net.add(&old).unwrap_or_else(|e| panic!("libcni ADD of the old sandbox failed: {}", e.stderr));
-    net.add(&new).unwrap_or_else(|e| panic!("libcni ADD of the new sandbox failed: {}", e.stderr));
-    let refused = net.del(&old, NetnsArg::Sandbox).expect_err("the old sandbox's DEL is stale");
+    net.add(&old)
+        .unwrap_or_else(|e| panic!("libcni ADD of the old sandbox failed: {}", e.stderr));
+    net.add(&new)
+        .unwrap_or_else(|e| panic!("libcni ADD of the new sandbox failed: {}", e.stderr));
+    let refused = net
+        .del(&old, NetnsArg::Sandbox)
+        .expect_err("the old sandbox's DEL is stale");
     assert!(refused.stderr.contains("stale DEL"), "{}", refused.stderr);
 
     lan.unplug();
@@ -206,24 +281,40 @@ fn a_superseded_sandbox_is_not_revived_next_to_its_owner() {
     let out = guard(&["--restore", "--state-dir", &state_dir, "--all"]);
     let said = text(&out);
     assert!(out.status.success(), "{said}");
-    assert!(said.contains("superseded") && said.contains(&new.container_id), "the old row says who owns the pod: {said}");
+    assert!(
+        said.contains("superseded") && said.contains(&new.container_id),
+        "the old row says who owns the pod: {said}"
+    );
     assert!(pod_has_link(&new, IFNAME), "the owner is restored: {said}");
-    assert!(!pod_has_link(&old, IFNAME), "the superseded sandbox must stay without its interface: {said}");
+    assert!(
+        !pod_has_link(&old, IFNAME),
+        "the superseded sandbox must stay without its interface: {said}"
+    );
 
-    net.del(&new, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL of the owner failed: {}", e.stderr));
-    net.del(&old, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL of the old sandbox failed: {}", e.stderr));
+    net.del(&new, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL of the owner failed: {}", e.stderr));
+    net.del(&old, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL of the old sandbox failed: {}", e.stderr));
 }
 
 /// A pod's address of one family, without its prefix length, and its pod-side MAC.
 fn address_of(result: &Value, v6: bool) -> String {
     let ips = result["ips"].as_array().unwrap();
-    let cidr = ips.iter().map(|ip| ip["address"].as_str().unwrap()).find(|a| a.contains(':') == v6).expect("an address of the family");
+    let cidr = ips
+        .iter()
+        .map(|ip| ip["address"].as_str().unwrap())
+        .find(|a| a.contains(':') == v6)
+        .expect("an address of the family");
     bare_ip(cidr).to_string()
 }
 
 fn pod_mac_of(result: &Value) -> String {
     let interfaces = result["interfaces"].as_array().unwrap();
-    interfaces.iter().find(|i| i["sandbox"].is_string()).map(|i| i["mac"].as_str().unwrap().to_string()).unwrap()
+    interfaces
+        .iter()
+        .find(|i| i["sandbox"].is_string())
+        .map(|i| i["mac"].as_str().unwrap().to_string())
+        .unwrap()
 }
 
 /// One ping, one second: what a pod's first connection after the restore gets.
@@ -234,7 +325,11 @@ fn pings_at_once(from: &Sandbox, to: &str) -> bool {
 /// The IPv6 addresses of the pod's interface that are not yet, or never will be, usable.
 fn unsettled_ipv6(sandbox: &Sandbox) -> Vec<Value> {
     let links = pod_json(sandbox, &["-6", "addr", "show", "dev", IFNAME]);
-    links.as_array().unwrap().iter().flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
+    links
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
         .filter(|a| a.get("tentative").is_some() || a.get("dadfailed").is_some())
         .collect()
 }
@@ -242,7 +337,19 @@ fn unsettled_ipv6(sandbox: &Sandbox) -> Vec<Value> {
 /// Makes the router's neighbour entry for `ip` point at a MAC nobody has, as one left from
 /// before the reload might: only an advertisement with Override puts the pod's MAC back.
 fn poison_neighbour(lan: &Lan, ip: &str) {
-    lan.netns.exec(&["ip", "-6", "neigh", "replace", ip, "lladdr", "02:00:5e:00:00:01", "dev", &lan.uplink, "nud", "stale"]);
+    lan.netns.exec(&[
+        "ip",
+        "-6",
+        "neigh",
+        "replace",
+        ip,
+        "lladdr",
+        "02:00:5e:00:00:01",
+        "dev",
+        &lan.uplink,
+        "nud",
+        "stale",
+    ]);
 }
 
 /// The driver reload with dual-stack pods (host-local with a v4 and a v6 range, a default
@@ -256,14 +363,35 @@ fn dual_stack_pods_are_usable_over_both_families_right_after_restore() {
     let state_dir = net.state_dir.to_str().unwrap().to_string();
     let (router4, router6) = (net.subnet.host(1), net.subnet.host6(1));
 
-    let pods = [Sandbox::new("db", "pg-0", "uid-pg-0"), Sandbox::new("db", "pg-1", "uid-pg-1")];
-    let results = pods.each_ref().map(|pod| net.add(pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr)));
+    let pods = [
+        Sandbox::new("db", "pg-0", "uid-pg-0"),
+        Sandbox::new("db", "pg-1", "uid-pg-1"),
+    ];
+    let results = pods.each_ref().map(|pod| {
+        net.add(pod)
+            .unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr))
+    });
     for (pod, result) in pods.iter().zip(&results) {
-        assert_eq!(result["ips"].as_array().unwrap().len(), 2, "a v4 and a v6 address: {result}");
-        net.check(pod).unwrap_or_else(|e| panic!("CHECK of a healthy dual-stack pod failed: {}", e.stderr));
-        assert!(pod.can_ping(&router4) && pod.can_ping(&router6), "pod -> router over both families before the reload");
+        assert_eq!(
+            result["ips"].as_array().unwrap().len(),
+            2,
+            "a v4 and a v6 address: {result}"
+        );
+        net.check(pod)
+            .unwrap_or_else(|e| panic!("CHECK of a healthy dual-stack pod failed: {}", e.stderr));
+        assert!(
+            pod.can_ping(&router4) && pod.can_ping(&router6),
+            "pod -> router over both families before the reload"
+        );
         let links = net.checkpoint(pod).expect("checkpoint")["links"].clone();
-        assert!(links["routes"].as_array().unwrap().iter().any(|r| r["dst"] == "::/0" && r["gateway"] == json!(router6)), "{links}");
+        assert!(
+            links["routes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["dst"] == "::/0" && r["gateway"] == json!(router6)),
+            "{links}"
+        );
     }
     let routes_before = pods.each_ref().map(pod_routes);
     let (pg1_v6, pg1_mac) = (address_of(&results[1], true), pod_mac_of(&results[1]));
@@ -273,17 +401,41 @@ fn dual_stack_pods_are_usable_over_both_families_right_after_restore() {
     assert!(pods.iter().all(|pod| !pod_has_link(pod, IFNAME)));
     poison_neighbour(&lan, &pg1_v6);
 
-    let dry = guard(&["--restore", "--dry-run", "--state-dir", &state_dir, &pods[1].container_id]);
+    let dry = guard(&[
+        "--restore",
+        "--dry-run",
+        "--state-dir",
+        &state_dir,
+        &pods[1].container_id,
+    ]);
     let said = text(&dry);
     assert!(dry.status.success(), "{said}");
     for needle in [
-        format!("ip -n <pod> -6 addr add {} dev {IFNAME}", results[1]["ips"].as_array().unwrap().iter().find(|ip| ip["address"].as_str().unwrap().contains(':')).unwrap()["address"].as_str().unwrap()),
+        format!(
+            "ip -n <pod> -6 addr add {} dev {IFNAME}",
+            results[1]["ips"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|ip| ip["address"].as_str().unwrap().contains(':'))
+                .unwrap()["address"]
+                .as_str()
+                .unwrap()
+        ),
         format!("ip -n <pod> route add ::/0 via {router6} dev {IFNAME}"),
-        format!("wait for duplicate address detection of {pg1_v6} on {IFNAME}: until `ip -n <pod> -6 addr show dev {IFNAME} tentative` is empty"),
+        format!(
+            "wait for duplicate address detection of {pg1_v6} on {IFNAME}: until `ip -n <pod> -6 addr show dev {IFNAME} tentative` is empty"
+        ),
         format!("unsolicited neighbour advertisement (override) on {IFNAME} for {pg1_v6}"),
-        format!("gratuitous ARP on {IFNAME} for {}", address_of(&results[1], false)),
+        format!(
+            "gratuitous ARP on {IFNAME} for {}",
+            address_of(&results[1], false)
+        ),
     ] {
-        assert!(said.contains(&needle), "the dry run should show {needle:?}: {said}");
+        assert!(
+            said.contains(&needle),
+            "the dry run should show {needle:?}: {said}"
+        );
     }
     assert!(!pod_has_link(&pods[1], IFNAME), "a dry run changed the pod");
 
@@ -291,20 +443,48 @@ fn dual_stack_pods_are_usable_over_both_families_right_after_restore() {
     let said = text(&restored);
     assert!(restored.status.success(), "{said}");
     // No sleep: the first packets after the restore are the ones that must pass.
-    assert!(pings_at_once(&pods[0], &pg1_v6), "pod -> pod over IPv6 right after the restore: {:?}\n{said}", unsettled_ipv6(&pods[1]));
-    assert!(pings_at_once(&pods[1], &address_of(&results[0], false)), "pod -> pod over IPv4 right after the restore");
+    assert!(
+        pings_at_once(&pods[0], &pg1_v6),
+        "pod -> pod over IPv6 right after the restore: {:?}\n{said}",
+        unsettled_ipv6(&pods[1])
+    );
+    assert!(
+        pings_at_once(&pods[1], &address_of(&results[0], false)),
+        "pod -> pod over IPv4 right after the restore"
+    );
     for (pod, result) in pods.iter().zip(&results) {
-        assert_eq!(unsettled_ipv6(pod), Vec::<Value>::new(), "tentative or failed IPv6 addresses after the restore");
+        assert_eq!(
+            unsettled_ipv6(pod),
+            Vec::<Value>::new(),
+            "tentative or failed IPv6 addresses after the restore"
+        );
         assert_result_matches_kernel(result, pod);
     }
-    assert_eq!(pods.each_ref().map(pod_routes), routes_before, "routes of both families after the restore");
-    assert_eq!(lan.neighbour_mac(&pg1_v6), Some(pg1_mac), "the router did not take the advertised MAC");
-    assert!(pods[0].can_ping(&router6) && pods[0].can_ping(&router4), "pod -> router over both families after the restore");
+    assert_eq!(
+        pods.each_ref().map(pod_routes),
+        routes_before,
+        "routes of both families after the restore"
+    );
+    assert_eq!(
+        lan.neighbour_mac(&pg1_v6),
+        Some(pg1_mac),
+        "the router did not take the advertised MAC"
+    );
+    assert!(
+        pods[0].can_ping(&router6) && pods[0].can_ping(&router4),
+        "pod -> router over both families after the restore"
+    );
     let again = guard(&["--restore", "--state-dir", &state_dir, "--all"]);
-    assert!(again.status.success() && text(&again).contains("0 restored, 2 intact"), "{}", text(&again));
+    assert!(
+        again.status.success() && text(&again).contains("0 restored, 2 intact"),
+        "{}",
+        text(&again)
+    );
     for pod in &pods {
-        net.check(pod).unwrap_or_else(|e| panic!("CHECK after the restore failed: {}", e.stderr));
-        net.del(pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+        net.check(pod)
+            .unwrap_or_else(|e| panic!("CHECK after the restore failed: {}", e.stderr));
+        net.del(pod, NetnsArg::Sandbox)
+            .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
     }
 }
 
@@ -317,31 +497,70 @@ fn a_taken_ipv6_address_fails_the_restore_of_its_sandbox() {
     let (lan, net) = dual_stack_macvlan_network_on_a_lan();
     let state_dir = net.state_dir.to_str().unwrap().to_string();
     let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
-    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    let result = net
+        .add(&pod)
+        .unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
     let pod_v6 = address_of(&result, true);
 
     lan.unplug();
     lan.plug_dual(&net.subnet);
     // The router plays the other node: it holds the pod's IPv6 address and defends it.
-    lan.netns.exec(&["ip", "-6", "addr", "add", &format!("{pod_v6}/128"), "dev", &lan.uplink, "nodad"]);
+    lan.netns.exec(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        &format!("{pod_v6}/128"),
+        "dev",
+        &lan.uplink,
+        "nodad",
+    ]);
 
     let out = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
     let said = text(&out);
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(said.contains("FAILED"), "{said}");
-    assert!(said.contains(&format!("duplicate address detection of {pod_v6} on {IFNAME}")), "{said}");
-    assert!(said.contains(&format!("it failed for {pod_v6}: another node on the link answers for it")), "{said}");
-    assert!(!said.contains("neighbour advertisement (override)"), "an address another node holds must not be advertised: {said}");
+    assert!(
+        said.contains(&format!(
+            "duplicate address detection of {pod_v6} on {IFNAME}"
+        )),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "it failed for {pod_v6}: another node on the link answers for it"
+        )),
+        "{said}"
+    );
+    assert!(
+        !said.contains("neighbour advertisement (override)"),
+        "an address another node holds must not be advertised: {said}"
+    );
     let failed = unsettled_ipv6(&pod);
-    assert!(failed.iter().any(|a| a["local"] == json!(pod_v6) && a.get("dadfailed").is_some()), "{failed:?}");
-    assert!(pod.can_ping(&net.subnet.host(1)), "IPv4 is restored and announced all the same");
+    assert!(
+        failed
+            .iter()
+            .any(|a| a["local"] == json!(pod_v6) && a.get("dadfailed").is_some()),
+        "{failed:?}"
+    );
+    assert!(
+        pod.can_ping(&net.subnet.host(1)),
+        "IPv4 is restored and announced all the same"
+    );
     // The interface is back; CHECK keeps naming the loss until detection passes.
     let check = guard_check(&net, &pod);
-    let reply: Value = serde_json::from_str(&check.stdout).unwrap_or_else(|e| panic!("CHECK reply ({e}): {}{}", check.stdout, check.stderr));
+    let reply: Value = serde_json::from_str(&check.stdout)
+        .unwrap_or_else(|e| panic!("CHECK reply ({e}): {}{}", check.stdout, check.stderr));
     assert_eq!(reply["code"], 100, "{reply}");
-    assert!(reply["msg"].as_str().unwrap().contains(&format!("{pod_v6}/64 on {IFNAME} failed duplicate address detection")), "{reply}");
+    assert!(
+        reply["msg"].as_str().unwrap().contains(&format!(
+            "{pod_v6}/64 on {IFNAME} failed duplicate address detection"
+        )),
+        "{reply}"
+    );
 
-    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+    net.del(&pod, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
 
 /// The guard's CHECK of a dual-stack pod names a lost IPv6 address and a lost IPv6 default
@@ -351,29 +570,54 @@ fn check_names_what_a_dual_stack_pod_lost_in_either_family() {
     sys::skip_unless_root!(libcni::TOOLS);
     let (_lan, net) = dual_stack_macvlan_network_on_a_lan();
     let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
-    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    let result = net
+        .add(&pod)
+        .unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
     let cidr_of = |v6: bool| {
         let ips = result["ips"].as_array().unwrap();
-        ips.iter().map(|ip| ip["address"].as_str().unwrap().to_string()).find(|a| a.contains(':') == v6).unwrap()
+        ips.iter()
+            .map(|ip| ip["address"].as_str().unwrap().to_string())
+            .find(|a| a.contains(':') == v6)
+            .unwrap()
     };
-    assert!(guard_check(&net, &pod).status.success(), "a healthy dual-stack pod");
+    assert!(
+        guard_check(&net, &pod).status.success(),
+        "a healthy dual-stack pod"
+    );
     let reply_of = |check: Reply| -> Value {
-        serde_json::from_str(&check.stdout).unwrap_or_else(|e| panic!("CHECK reply ({e}): {}{}", check.stdout, check.stderr))
+        serde_json::from_str(&check.stdout)
+            .unwrap_or_else(|e| panic!("CHECK reply ({e}): {}{}", check.stdout, check.stderr))
     };
 
-    pod.netns.exec(&["ip", "-6", "route", "del", "default", "dev", IFNAME]);
+    pod.netns
+        .exec(&["ip", "-6", "route", "del", "default", "dev", IFNAME]);
     let reply = reply_of(guard_check(&net, &pod));
     assert_eq!(reply["code"], 100, "{reply}");
-    assert!(reply["msg"].as_str().unwrap().contains(&format!("route ::/0 via {} is missing from {IFNAME}", net.subnet.host6(1))), "{reply}");
+    assert!(
+        reply["msg"].as_str().unwrap().contains(&format!(
+            "route ::/0 via {} is missing from {IFNAME}",
+            net.subnet.host6(1)
+        )),
+        "{reply}"
+    );
 
-    pod.netns.exec(&["ip", "addr", "del", &cidr_of(true), "dev", IFNAME]);
-    pod.netns.exec(&["ip", "addr", "del", &cidr_of(false), "dev", IFNAME]);
+    pod.netns
+        .exec(&["ip", "addr", "del", &cidr_of(true), "dev", IFNAME]);
+    pod.netns
+        .exec(&["ip", "addr", "del", &cidr_of(false), "dev", IFNAME]);
     let reply = reply_of(guard_check(&net, &pod));
     let details = reply["details"].as_str().unwrap();
-    for lost in [format!("address {} is missing", cidr_of(false)), format!("address {} is missing", cidr_of(true))] {
-        assert!(details.contains(&lost), "CHECK should name {lost:?}: {reply}");
+    for lost in [
+        format!("address {} is missing", cidr_of(false)),
+        format!("address {} is missing", cidr_of(true)),
+    ] {
+        assert!(
+            details.contains(&lost),
+            "CHECK should name {lost:?}: {reply}"
+        );
     }
-    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+    net.del(&pod, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
 
 /// One dual-stack pod under containerd's CRI, with the reference macvlan and host-local
@@ -403,32 +647,54 @@ fn a_dual_stack_pod_under_cri_comes_back_with_both_families() {
             { "type": "sandbox-guard", "stateDir": layout.guard_state, "logFile": layout.guard_log }
         ]})
     });
-    let id = node.run_pod("pg-0", "db", "uid-pg-0").unwrap_or_else(|e| panic!("RunPodSandbox: {e:?}"));
+    let id = node
+        .run_pod("pg-0", "db", "uid-pg-0")
+        .unwrap_or_else(|e| panic!("RunPodSandbox: {e:?}"));
     let status = node.pod_status(&id);
     assert_eq!(status["state"], "SANDBOX_READY", "{status}");
     let v4 = status["ip"].as_str().unwrap().to_string();
-    let v6 = status["additionalIps"][0].as_str().unwrap_or_else(|| panic!("no IPv6 address: {status}")).to_string();
+    let v6 = status["additionalIps"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("no IPv6 address: {status}"))
+        .to_string();
     assert!(!v4.contains(':') && v6.contains(':'), "{status}");
     let ping = |ip: &str| sys::try_run("ping", &["-c", "1", "-W", "1", ip]);
     assert!(ping(&v4) && ping(&v6), "host -> pod over both families");
 
     let state_dir = node.layout.guard_state.to_str().unwrap().to_string();
-    let record = cni::dump_checkpoints(&node.layout.guard_state, &[]).into_iter().find(|e| e["containerId"] == json!(id)).expect("the pod's record");
+    let record = cni::dump_checkpoints(&node.layout.guard_state, &[])
+        .into_iter()
+        .find(|e| e["containerId"] == json!(id))
+        .expect("the pod's record");
     let addresses = record["links"]["addresses"].to_string();
-    assert!(addresses.contains(&v4) && addresses.contains(&v6), "{record}");
+    assert!(
+        addresses.contains(&v4) && addresses.contains(&v6),
+        "{record}"
+    );
 
     node.reload_master();
     let restored = guard(&["--restore", "--state-dir", &state_dir, "--all"]);
     let said = text(&restored);
-    assert!(restored.status.success() && said.contains("restored"), "{said}");
+    assert!(
+        restored.status.success() && said.contains("restored"),
+        "{said}"
+    );
     // No sleep: the host's first packets to the pod after the restore.
-    assert!(ping(&v6), "host -> pod over IPv6 right after the restore: {said}");
+    assert!(
+        ping(&v6),
+        "host -> pod over IPv6 right after the restore: {said}"
+    );
     assert!(ping(&v4), "host -> pod over IPv4 right after the restore");
 
-    node.stop_pod(&id).unwrap_or_else(|e| panic!("StopPodSandbox: {e:?}"));
-    node.remove_pod(&id).unwrap_or_else(|e| panic!("RemovePodSandbox: {e:?}"));
+    node.stop_pod(&id)
+        .unwrap_or_else(|e| panic!("StopPodSandbox: {e:?}"));
+    node.remove_pod(&id)
+        .unwrap_or_else(|e| panic!("RemovePodSandbox: {e:?}"));
     let left = cni::dump_checkpoints(&node.layout.guard_state, &[]);
-    assert!(left.iter().all(|e| e["containerId"] != json!(id)), "the record outlived the pod: {left:?}");
+    assert!(
+        left.iter().all(|e| e["containerId"] != json!(id)),
+        "the record outlived the pod: {left:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -436,11 +702,15 @@ fn a_dual_stack_pod_under_cri_comes_back_with_both_families() {
 
 /// One dual-stack pod added through libcni (after `prepare` set up its netns), then the
 /// driver reload that takes its macvlan: the LAN, the network, the pod and its ADD result.
-fn one_dual_stack_pod_after_a_reload(prepare: impl FnOnce(&Sandbox)) -> (Lan, Network, Sandbox, Value) {
+fn one_dual_stack_pod_after_a_reload(
+    prepare: impl FnOnce(&Sandbox),
+) -> (Lan, Network, Sandbox, Value) {
     let (lan, net) = dual_stack_macvlan_network_on_a_lan();
     let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
     prepare(&pod);
-    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    let result = net
+        .add(&pod)
+        .unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
     lan.unplug();
     lan.plug_dual(&net.subnet);
     (lan, net, pod, result)
@@ -457,24 +727,45 @@ fn a_restore_after_the_holder_left_brings_a_dadfailed_address_back() {
     let state_dir = net.state_dir.to_str().unwrap().to_string();
     let pod_v6 = address_of(&result, true);
     let held = format!("{pod_v6}/128");
-    lan.netns.exec(&["ip", "-6", "addr", "add", &held, "dev", &lan.uplink, "nodad"]);
+    lan.netns.exec(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        &held,
+        "dev",
+        &lan.uplink,
+        "nodad",
+    ]);
     let first = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
     assert_eq!(first.status.code(), Some(1), "{}", text(&first));
 
     // Still held: a second run must keep saying so, not `intact`.
     let second = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
     let said = text(&second);
-    assert!(!said.contains("1 intact"), "a sandbox whose IPv6 address failed DAD is not intact: {said}");
+    assert!(
+        !said.contains("1 intact"),
+        "a sandbox whose IPv6 address failed DAD is not intact: {said}"
+    );
     assert_eq!(second.status.code(), Some(1), "{said}");
 
     // The holder is gone: the next run must give the pod its address back.
-    lan.netns.exec(&["ip", "-6", "addr", "del", &held, "dev", &lan.uplink]);
+    lan.netns
+        .exec(&["ip", "-6", "addr", "del", &held, "dev", &lan.uplink]);
     let third = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
     let said = text(&third);
     assert!(third.status.success(), "{said}");
-    assert_eq!(unsettled_ipv6(&pod), Vec::<Value>::new(), "the address is still dadfailed after the holder left: {said}");
-    assert!(pod.can_ping(&net.subnet.host6(1)), "pod -> router over IPv6 after the holder left: {said}");
-    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+    assert_eq!(
+        unsettled_ipv6(&pod),
+        Vec::<Value>::new(),
+        "the address is still dadfailed after the holder left: {said}"
+    );
+    assert!(
+        pod.can_ping(&net.subnet.host6(1)),
+        "pod -> router over IPv6 after the holder left: {said}"
+    );
+    net.del(&pod, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
 
 /// The reference plugins' ConfigureIface (pkg/ipam) writes `net.ipv6.conf.<if>.disable_ipv6=0`
@@ -486,17 +777,27 @@ fn a_restore_after_the_holder_left_brings_a_dadfailed_address_back() {
 fn a_pod_netns_with_ipv6_disabled_by_default_gets_both_families_back() {
     sys::skip_unless_root!(libcni::TOOLS);
     let (_lan, net, pod, result) = one_dual_stack_pod_after_a_reload(|pod| {
-        pod.netns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.default.disable_ipv6=1"]);
+        pod.netns
+            .exec(&["sysctl", "-q", "-w", "net.ipv6.conf.default.disable_ipv6=1"]);
     });
     let state_dir = net.state_dir.to_str().unwrap().to_string();
     let out = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
     let said = text(&out);
     let routes = pod_routes(&pod);
-    assert!(routes.iter().any(|r| r["dst"] == "default" && r["gateway"] == json!(net.subnet.host(1))), "IPv4's default route must come back whatever IPv6 does: {routes:?}\n{said}");
+    assert!(
+        routes
+            .iter()
+            .any(|r| r["dst"] == "default" && r["gateway"] == json!(net.subnet.host(1))),
+        "IPv4's default route must come back whatever IPv6 does: {routes:?}\n{said}"
+    );
     assert!(out.status.success(), "{said}");
-    assert!(pings_at_once(&pod, &net.subnet.host6(1)), "IPv6 right after the restore: {said}");
+    assert!(
+        pings_at_once(&pod, &net.subnet.host6(1)),
+        "IPv6 right after the restore: {said}"
+    );
     assert_result_matches_kernel(&result, &pod);
-    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+    net.del(&pod, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
 
 /// The NIC is back but has no link yet (autonegotiation, an LACP bond, a switch port coming
@@ -514,10 +815,17 @@ fn a_parent_without_carrier_is_named_not_waited_on() {
     let took = started.elapsed();
     let said = text(&out);
     assert_eq!(out.status.code(), Some(1), "{said}");
-    assert!(said.contains("carrier"), "the reason is the link without carrier, not the DAD sysctls: {said}");
-    assert!(took < Duration::from_secs(5), "waited {took:?} on a link that cannot finish detection: {said}");
+    assert!(
+        said.contains("carrier"),
+        "the reason is the link without carrier, not the DAD sysctls: {said}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "waited {took:?} on a link that cannot finish detection: {said}"
+    );
     lan.netns.exec(&["ip", "link", "set", &lan.uplink, "up"]);
-    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+    net.del(&pod, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
 
 /// The restore's neighbour advertisement as the router receives it, decoded by tcpdump: ICMPv6
@@ -538,7 +846,10 @@ fn the_neighbour_advertisement_is_well_formed_on_the_wire() {
         // tcpdump names the target link-layer address option "destination link-address".
         format!("destination link-address option (2), length 8 (1): {pod_mac}"),
     ] {
-        assert!(advert.contains(&needle), "{needle:?} missing from the advertisement: {advert}");
+        assert!(
+            advert.contains(&needle),
+            "{needle:?} missing from the advertisement: {advert}"
+        );
     }
 }
 
@@ -550,7 +861,10 @@ fn the_neighbour_advertisement_is_well_formed_on_the_wire() {
 fn a_routing_pod_advertises_itself_as_a_router() {
     sys::skip_unless_root!(&[libcni::TOOLS, &["tcpdump"]].concat());
     let (pod_v6, _, advert) = advertisement_on_the_wire(true);
-    assert!(advert.contains(&format!("tgt is {pod_v6}, Flags [router, override]")), "the Router flag is missing: {advert}");
+    assert!(
+        advert.contains(&format!("tgt is {pod_v6}, Flags [router, override]")),
+        "the Router flag is missing: {advert}"
+    );
 }
 
 /// Adds a dual-stack pod (with IPv6 forwarding on in its netns when `routing`), reloads the
@@ -559,7 +873,8 @@ fn a_routing_pod_advertises_itself_as_a_router() {
 fn advertisement_on_the_wire(routing: bool) -> (String, String, String) {
     let (lan, net, pod, result) = one_dual_stack_pod_after_a_reload(|pod| {
         if routing {
-            pod.netns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.all.forwarding=1"]);
+            pod.netns
+                .exec(&["sysctl", "-q", "-w", "net.ipv6.conf.all.forwarding=1"]);
         }
     });
     let state_dir = net.state_dir.to_str().unwrap().to_string();
@@ -567,7 +882,20 @@ fn advertisement_on_the_wire(routing: bool) -> (String, String, String) {
     let capture = std::env::temp_dir().join(format!("{}.pcap", sys::unique("sgna")));
     let capture_path = capture.to_str().unwrap().to_string();
     let mut tcpdump = std::process::Command::new("ip")
-        .args(["netns", "exec", &lan.netns.name, "tcpdump", "--immediate-mode", "-i", &lan.uplink, "-U", "-n", "-w", &capture_path, "icmp6"])
+        .args([
+            "netns",
+            "exec",
+            &lan.netns.name,
+            "tcpdump",
+            "--immediate-mode",
+            "-i",
+            &lan.uplink,
+            "-U",
+            "-n",
+            "-w",
+            &capture_path,
+            "icmp6",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -575,7 +903,9 @@ fn advertisement_on_the_wire(routing: bool) -> (String, String, String) {
     // tcpdump opens the capture before it writes the pcap header; without --immediate-mode
     // the last packets can sit in the capture ring when it is stopped.
     let started = Instant::now();
-    while std::fs::metadata(&capture).map_or(true, |m| m.len() == 0) && started.elapsed() < Duration::from_secs(5) {
+    while std::fs::metadata(&capture).map_or(true, |m| m.len() == 0)
+        && started.elapsed() < Duration::from_secs(5)
+    {
         std::thread::sleep(Duration::from_millis(50));
     }
     let out = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
@@ -588,9 +918,21 @@ fn advertisement_on_the_wire(routing: bool) -> (String, String, String) {
     let decoded = String::from_utf8_lossy(&decoded.stdout).to_string();
     // The packet's line and its indented option lines.
     let lines: Vec<&str> = decoded.lines().collect();
-    let at = lines.iter().position(|l| l.contains(&format!("tgt is {pod_v6}"))).unwrap_or_else(|| panic!("no advertisement for {pod_v6}: {decoded}"));
-    let advert = std::iter::once(lines[at]).chain(lines[at + 1..].iter().copied().take_while(|l| l.starts_with(char::is_whitespace))).collect::<Vec<_>>().join("\n");
-    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+    let at = lines
+        .iter()
+        .position(|l| l.contains(&format!("tgt is {pod_v6}")))
+        .unwrap_or_else(|| panic!("no advertisement for {pod_v6}: {decoded}"));
+    let advert = std::iter::once(lines[at])
+        .chain(
+            lines[at + 1..]
+                .iter()
+                .copied()
+                .take_while(|l| l.starts_with(char::is_whitespace)),
+        )
+        .collect::<Vec<_>>()
+        .join("\n");
+    net.del(&pod, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
     (pod_v6, pod_mac, advert)
 }
 
@@ -602,32 +944,65 @@ fn one_taken_ipv6_address_among_many_fails_only_its_sandbox() {
     sys::skip_unless_root!(libcni::TOOLS);
     let (lan, net) = dual_stack_macvlan_network_on_a_lan();
     let state_dir = net.state_dir.to_str().unwrap().to_string();
-    let pods: Vec<Sandbox> = (0..4).map(|i| Sandbox::new("db", &format!("pg-{i}"), &format!("uid-pg-{i}"))).collect();
-    let results: Vec<Value> = pods.iter().map(|pod| net.add(pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr))).collect();
+    let pods: Vec<Sandbox> = (0..4)
+        .map(|i| Sandbox::new("db", &format!("pg-{i}"), &format!("uid-pg-{i}")))
+        .collect();
+    let results: Vec<Value> = pods
+        .iter()
+        .map(|pod| {
+            net.add(pod)
+                .unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr))
+        })
+        .collect();
     let taken = address_of(&results[2], true);
 
     lan.unplug();
     lan.plug_dual(&net.subnet);
-    lan.netns.exec(&["ip", "-6", "addr", "add", &format!("{taken}/128"), "dev", &lan.uplink, "nodad"]);
+    lan.netns.exec(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        &format!("{taken}/128"),
+        "dev",
+        &lan.uplink,
+        "nodad",
+    ]);
     let out = guard(&["--restore", "--state-dir", &state_dir, "--all"]);
     let said = text(&out);
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(said.contains("4 sandboxes: 3 restored, 0 intact"), "{said}");
     assert!(said.contains("1 failed"), "{said}");
     // The detail line names the sandbox in full.
-    assert!(said.lines().any(|l| l.starts_with(&pods[2].container_id) && l.ends_with("FAILED")), "{said}");
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with(&pods[2].container_id) && l.ends_with("FAILED")),
+        "{said}"
+    );
     assert!(said.contains(&format!("it failed for {taken}")), "{said}");
     for (i, (pod, result)) in pods.iter().zip(&results).enumerate() {
         if i == 2 {
             continue;
         }
-        assert!(pings_at_once(pod, &net.subnet.host6(1)), "pod {i} -> router over IPv6 right after the restore: {said}");
+        assert!(
+            pings_at_once(pod, &net.subnet.host6(1)),
+            "pod {i} -> router over IPv6 right after the restore: {said}"
+        );
         assert_eq!(unsettled_ipv6(pod), Vec::<Value>::new());
         assert_result_matches_kernel(result, pod);
     }
-    lan.netns.exec(&["ip", "-6", "addr", "del", &format!("{taken}/128"), "dev", &lan.uplink]);
+    lan.netns.exec(&[
+        "ip",
+        "-6",
+        "addr",
+        "del",
+        &format!("{taken}/128"),
+        "dev",
+        &lan.uplink,
+    ]);
     for pod in &pods {
-        net.del(pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+        net.del(pod, NetnsArg::Sandbox)
+            .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
     }
 }
 
@@ -640,9 +1015,14 @@ fn an_ipv6_only_pod_is_usable_right_after_restore() {
     let (lan, net) = ipv6_only_macvlan_network_on_a_lan();
     let state_dir = net.state_dir.to_str().unwrap().to_string();
     let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
-    let result = net.add(&pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    let result = net
+        .add(&pod)
+        .unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
     let ips = result["ips"].as_array().unwrap();
-    assert!(ips.len() == 1 && ips[0]["address"].as_str().unwrap().contains(':'), "an IPv6 address only: {result}");
+    assert!(
+        ips.len() == 1 && ips[0]["address"].as_str().unwrap().contains(':'),
+        "an IPv6 address only: {result}"
+    );
 
     lan.unplug();
     lan.plug_dual(&net.subnet);
@@ -650,10 +1030,15 @@ fn an_ipv6_only_pod_is_usable_right_after_restore() {
     let said = text(&out);
     assert!(out.status.success(), "{said}");
     assert!(!said.contains("gratuitous ARP"), "{said}");
-    assert!(pings_at_once(&pod, &net.subnet.host6(1)), "pod -> router over IPv6 right after the restore: {said}");
+    assert!(
+        pings_at_once(&pod, &net.subnet.host6(1)),
+        "pod -> router over IPv6 right after the restore: {said}"
+    );
     assert_result_matches_kernel(&result, &pod);
-    net.check(&pod).unwrap_or_else(|e| panic!("CHECK after the restore failed: {}", e.stderr));
-    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+    net.check(&pod)
+        .unwrap_or_else(|e| panic!("CHECK after the restore failed: {}", e.stderr));
+    net.del(&pod, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
 
 /// A pod netns that turned detection off for new links (`accept_dad=0`, as some CNFs do to
@@ -663,18 +1048,29 @@ fn an_ipv6_only_pod_is_usable_right_after_restore() {
 fn a_pod_without_dad_is_restored_without_waiting() {
     sys::skip_unless_root!(libcni::TOOLS);
     let (_lan, net, pod, result) = one_dual_stack_pod_after_a_reload(|pod| {
-        pod.netns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.default.accept_dad=0"]);
+        pod.netns
+            .exec(&["sysctl", "-q", "-w", "net.ipv6.conf.default.accept_dad=0"]);
     });
     let state_dir = net.state_dir.to_str().unwrap().to_string();
     let started = Instant::now();
     let out = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
     let (took, said) = (started.elapsed(), text(&out));
     assert!(out.status.success(), "{said}");
-    assert!(said.contains("neighbour advertisement (override)"), "{said}");
-    assert!(took < Duration::from_secs(1), "nothing to wait for, yet the restore took {took:?}: {said}");
-    assert!(pings_at_once(&pod, &net.subnet.host6(1)), "pod -> router over IPv6 right after the restore: {said}");
+    assert!(
+        said.contains("neighbour advertisement (override)"),
+        "{said}"
+    );
+    assert!(
+        took < Duration::from_secs(1),
+        "nothing to wait for, yet the restore took {took:?}: {said}"
+    );
+    assert!(
+        pings_at_once(&pod, &net.subnet.host6(1)),
+        "pod -> router over IPv6 right after the restore: {said}"
+    );
     assert_result_matches_kernel(&result, &pod);
-    net.del(&pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+    net.del(&pod, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
 
 /// A node's worth of dual-stack pods after the reload: README says the DAD wait is paid about
@@ -685,9 +1081,12 @@ fn forty_dual_stack_pods_wait_for_detection_about_once() {
     sys::skip_unless_root!(libcni::TOOLS);
     let (lan, net) = dual_stack_macvlan_network_on_a_lan();
     let state_dir = net.state_dir.to_str().unwrap().to_string();
-    let pods: Vec<Sandbox> = (0..40).map(|i| Sandbox::new("db", &format!("pg-{i}"), &format!("uid-pg-{i}"))).collect();
+    let pods: Vec<Sandbox> = (0..40)
+        .map(|i| Sandbox::new("db", &format!("pg-{i}"), &format!("uid-pg-{i}")))
+        .collect();
     for pod in &pods {
-        net.add(pod).unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+        net.add(pod)
+            .unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
     }
     lan.unplug();
     lan.plug_dual(&net.subnet);
@@ -699,8 +1098,12 @@ fn forty_dual_stack_pods_wait_for_detection_about_once() {
     for pod in &pods {
         assert_eq!(unsettled_ipv6(pod), Vec::<Value>::new());
     }
-    assert!(took < Duration::from_secs(4), "40 pods' DAD waits did not overlap: {took:?}");
+    assert!(
+        took < Duration::from_secs(4),
+        "40 pods' DAD waits did not overlap: {took:?}"
+    );
     for pod in &pods {
-        net.del(pod, NetnsArg::Sandbox).unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+        net.del(pod, NetnsArg::Sandbox)
+            .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
     }
 }

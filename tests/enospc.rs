@@ -1,14 +1,14 @@
 //! A full /var/lib: the ADD must fail as an I/O error that says where and why, leave no partial
 //! checkpoint behind, and work again as soon as there is room.
 
-#[path = "support/sys.rs"]
-mod sys;
-#[path = "support/testdata.rs"]
-mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 #[path = "support/mount.rs"]
 mod mount;
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
 
 use cni::{Pod, Store, container_id};
 use std::io::{ErrorKind, Write};
@@ -40,7 +40,11 @@ impl SmallDisk {
         let logs = sys::TempDir::new("sglogs");
         let disk = mount::Mount::tmpfs("size=256k,mode=0755");
         let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
-        SmallDisk { store, disk, _logs: logs }
+        SmallDisk {
+            store,
+            disk,
+            _logs: logs,
+        }
     }
 
     /// Fills the disk; removing the returned file frees it again.
@@ -66,13 +70,26 @@ fn add_on_a_full_state_dir_fails_with_5_and_leaves_nothing_behind() {
     let before = store.snapshot();
     let error = store.add(&blocked, &pod).run().assert_error(5);
     let text = error.text();
-    assert!(text.to_lowercase().contains("no space"), "the message must say the disk is full: {error:?}");
-    assert!(text.contains(store.state_dir.to_str().unwrap()), "the message must name the state dir: {error:?}");
+    assert!(
+        text.to_lowercase().contains("no space"),
+        "the message must say the disk is full: {error:?}"
+    );
+    assert!(
+        text.contains(store.state_dir.to_str().unwrap()),
+        "the message must name the state dir: {error:?}"
+    );
     // Only the note that this ADD failed, so that its cleanup DEL is not taken for a stale one.
     let mut after = store.snapshot();
     let note = std::path::PathBuf::from(format!("failed-adds/{}:{blocked}:eth0", cni::NETWORK));
-    assert_eq!(after.remove(&note), Some(Vec::new()), "the failed ADD is noted in an empty file: {after:?}");
-    assert_eq!(after, before, "no temp file, no record, no ownership change");
+    assert_eq!(
+        after.remove(&note),
+        Some(Vec::new()),
+        "the failed ADD is noted in an empty file: {after:?}"
+    );
+    assert_eq!(
+        after, before,
+        "no temp file, no record, no ownership change"
+    );
     assert!(store.is_owner(&settled, "eth0"));
     // The node must stop getting pods while ADDs cannot be recorded...
     store.cni("STATUS", "").run().assert_error(50);
@@ -97,9 +114,17 @@ fn an_add_that_failed_is_not_logged_as_added() {
     small_disk.fill();
     store.add(&blocked, &pod).run().assert_error(5);
 
-    let outcomes: Vec<String> =
-        store.log_lines().into_iter().filter(|l| l.container == blocked).map(|l| l.outcome).collect();
-    assert_eq!(outcomes, ["error"], "whoever reads the log must not see this pod as added");
+    let outcomes: Vec<String> = store
+        .log_lines()
+        .into_iter()
+        .filter(|l| l.container == blocked)
+        .map(|l| l.outcome)
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["error"],
+        "whoever reads the log must not see this pod as added"
+    );
 }
 
 #[test]

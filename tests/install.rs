@@ -5,10 +5,6 @@
 //! inputs refused without a write. `--watch` against a primary that keeps rewriting and
 //! against a second watcher that strips the entry each time. No root needed.
 
-#[path = "support/sys.rs"]
-mod sys;
-#[path = "support/testdata.rs"]
-mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 #[path = "support/install.rs"]
@@ -17,6 +13,10 @@ mod install;
 mod primary;
 #[path = "support/prometheus.rs"]
 mod prometheus;
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -24,7 +24,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use install::{assert_matches_fixture, contents, copy_fixture, primary_rewrites, run, run_ok, stub_plugins, tree};
+use install::{
+    assert_matches_fixture, contents, copy_fixture, primary_rewrites, run, run_ok, stub_plugins,
+    tree,
+};
 
 const LOG: [&str; 2] = ["--log-file", "/var/log/sandbox-guard.log"];
 
@@ -33,13 +36,48 @@ const LOG: [&str; 2] = ["--log-file", "/var/log/sandbox-guard.log"];
 /// and a --network to give. Multus (thick and thin, as they write their files) is guarded
 /// in the cluster network it delegates to, multus's own file left alone.
 const CASES: [(&str, &str, &[&str], Option<&str>); 7] = [
-    ("calico", "10-calico.conflist", &["chained", "delegate", "dropin"], None),
-    ("flannel", "10-flannel.conflist", &["chained", "delegate", "dropin"], None),
-    ("cilium-chaining", "05-cilium.conflist", &["chained", "delegate", "dropin"], None),
-    ("macvlan-conf", "20-macvlan.conf", &["chained", "delegate"], None),
-    ("multus-thick", "10-calico.conflist", &["chained", "delegate"], None),
-    ("multus-thin", "10-calico.conflist", &["chained", "delegate"], None),
-    ("multus-thick", "10-calico.conflist", &["chained"], Some("multus-cni-network")),
+    (
+        "calico",
+        "10-calico.conflist",
+        &["chained", "delegate", "dropin"],
+        None,
+    ),
+    (
+        "flannel",
+        "10-flannel.conflist",
+        &["chained", "delegate", "dropin"],
+        None,
+    ),
+    (
+        "cilium-chaining",
+        "05-cilium.conflist",
+        &["chained", "delegate", "dropin"],
+        None,
+    ),
+    (
+        "macvlan-conf",
+        "20-macvlan.conf",
+        &["chained", "delegate"],
+        None,
+    ),
+    (
+        "multus-thick",
+        "10-calico.conflist",
+        &["chained", "delegate"],
+        None,
+    ),
+    (
+        "multus-thin",
+        "10-calico.conflist",
+        &["chained", "delegate"],
+        None,
+    ),
+    (
+        "multus-thick",
+        "10-calico.conflist",
+        &["chained"],
+        Some("multus-cni-network"),
+    ),
 ];
 
 struct Node {
@@ -48,7 +86,9 @@ struct Node {
 
 impl Node {
     fn with(case: &str) -> Node {
-        let node = Node { dir: sys::TempDir::new("sginst") };
+        let node = Node {
+            dir: sys::TempDir::new("sginst"),
+        };
         std::fs::create_dir_all(node.conf()).unwrap();
         copy_fixture(&format!("install/{case}/conf"), &node.conf());
         stub_plugins(&node.conf(), &node.bin());
@@ -75,7 +115,12 @@ impl Node {
     }
 
     fn install(&self, mode: &str, network: Option<&str>) -> String {
-        run_ok("--install", &self.conf(), &self.bin(), &Node::args(Some(mode), network))
+        run_ok(
+            "--install",
+            &self.conf(),
+            &self.bin(),
+            &Node::args(Some(mode), network),
+        )
     }
 
     fn uninstall(&self, network: Option<&str>) -> String {
@@ -95,36 +140,73 @@ fn install_reinstall_rewrite_uninstall_byte_for_byte() {
             let primary_file = node.conf().join(file);
             let original = std::fs::read(&primary_file).unwrap();
             // The primary's mode, which every file the installer writes in its place keeps.
-            std::fs::set_permissions(&primary_file, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+            std::fs::set_permissions(
+                &primary_file,
+                std::os::unix::fs::PermissionsExt::from_mode(0o640),
+            )
+            .unwrap();
             let before = contents(&node.conf());
             let when = format!("{case} {mode}");
 
             let said = node.install(mode, network);
             assert!(!said.contains("already installed"), "{when}: {said}");
-            assert_matches_fixture(&node.conf(), &format!("install/{case}/{mode}"), &format!("{when}: install"));
+            assert_matches_fixture(
+                &node.conf(),
+                &format!("install/{case}/{mode}"),
+                &format!("{when}: install"),
+            );
             let stem = Path::new(file).file_stem().unwrap().to_str().unwrap();
             for (path, state) in tree(&node.conf()) {
                 if *mode != "dropin" && path.to_str().unwrap().starts_with(stem) {
-                    assert_eq!(state.mode, 0o640, "{when}: {} lost the primary's mode", path.display());
+                    assert_eq!(
+                        state.mode,
+                        0o640,
+                        "{when}: {} lost the primary's mode",
+                        path.display()
+                    );
                 }
             }
 
             let settled = tree(&node.conf());
             let said = node.install(mode, network);
             assert_eq!(said.trim(), "already installed: nothing changed", "{when}");
-            assert_eq!(tree(&node.conf()), settled, "{when}: a second install rewrote a file");
+            assert_eq!(
+                tree(&node.conf()),
+                settled,
+                "{when}: a second install rewrote a file"
+            );
 
             // The primary's installer writes its file again (an upgrade): the entry is gone.
             primary_rewrites(&primary_file, &original);
-            std::fs::set_permissions(&primary_file, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+            std::fs::set_permissions(
+                &primary_file,
+                std::os::unix::fs::PermissionsExt::from_mode(0o640),
+            )
+            .unwrap();
             node.install(mode, network);
-            assert_matches_fixture(&node.conf(), &format!("install/{case}/{mode}"), &format!("{when}: after the primary's rewrite"));
+            assert_matches_fixture(
+                &node.conf(),
+                &format!("install/{case}/{mode}"),
+                &format!("{when}: after the primary's rewrite"),
+            );
 
             let said = node.uninstall(network);
             assert!(!said.contains("not installed"), "{when}: {said}");
-            assert_eq!(contents(&node.conf()), before, "{when}: uninstall did not give the primary's files back");
-            assert_eq!(cni::mode(&primary_file), 0o640, "{when}: uninstall lost the mode");
-            assert_eq!(node.uninstall(network).trim(), "not installed: nothing changed", "{when}");
+            assert_eq!(
+                contents(&node.conf()),
+                before,
+                "{when}: uninstall did not give the primary's files back"
+            );
+            assert_eq!(
+                cni::mode(&primary_file),
+                0o640,
+                "{when}: uninstall lost the mode"
+            );
+            assert_eq!(
+                node.uninstall(network).trim(),
+                "not installed: nothing changed",
+                "{when}"
+            );
         }
     }
 }
@@ -146,17 +228,35 @@ fn the_binary_is_copied_once_and_removed_only_when_asked() {
     let node = Node::with("flannel");
     let binary = node.bin().join("sandbox-guard");
     node.install("chained", None);
-    assert_eq!(std::fs::read(&binary).unwrap(), std::fs::read(cni::BIN).unwrap());
+    assert_eq!(
+        std::fs::read(&binary).unwrap(),
+        std::fs::read(cni::BIN).unwrap()
+    );
     assert_eq!(cni::mode(&binary), 0o755);
     let first = tree(&node.bin());
     node.install("delegate", None);
-    assert_eq!(tree(&node.bin()), first, "an identical binary was copied again");
+    assert_eq!(
+        tree(&node.bin()),
+        first,
+        "an identical binary was copied again"
+    );
     node.uninstall(None);
-    assert!(binary.exists(), "uninstall without --remove-binary removed the binary");
+    assert!(
+        binary.exists(),
+        "uninstall without --remove-binary removed the binary"
+    );
     node.install("chained", None);
-    run_ok("--uninstall", &node.conf(), &node.bin(), &["--remove-binary"]);
+    run_ok(
+        "--uninstall",
+        &node.conf(),
+        &node.bin(),
+        &["--remove-binary"],
+    );
     assert!(!binary.exists());
-    assert_eq!(contents(&node.conf()), contents(&testdata::fixture_path("install/flannel/conf")));
+    assert_eq!(
+        contents(&node.conf()),
+        contents(&testdata::fixture_path("install/flannel/conf"))
+    );
 }
 
 #[test]
@@ -166,11 +266,23 @@ fn bad_input_is_refused_and_nothing_is_written() {
         let out = run("--install", &node.conf(), &node.bin(), args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
-        assert!(stderr.contains(says) && stderr.contains("nothing written"), "{args:?}: {stderr}");
-        assert_eq!(tree(&node.dir.path), before, "{args:?}: a refused install wrote");
-        assert!(!node.bin().join("sandbox-guard").exists(), "{args:?}: the binary was copied before the refusal");
+        assert!(
+            stderr.contains(says) && stderr.contains("nothing written"),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(
+            tree(&node.dir.path),
+            before,
+            "{args:?}: a refused install wrote"
+        );
+        assert!(
+            !node.bin().join("sandbox-guard").exists(),
+            "{args:?}: the binary was copied before the refusal"
+        );
     };
-    let empty = Node { dir: sys::TempDir::new("sginst") };
+    let empty = Node {
+        dir: sys::TempDir::new("sginst"),
+    };
     std::fs::create_dir_all(empty.bin()).unwrap();
     std::fs::create_dir_all(empty.conf()).unwrap();
     std::fs::write(empty.conf().join("README"), "not a network").unwrap();
@@ -180,26 +292,54 @@ fn bad_input_is_refused_and_nothing_is_written() {
     let multus = Node::with("multus-thick");
     refused(&multus, &["--network", "nope"], "no network named \"nope\"");
     // Multus runs its cluster network itself: a drop-in there would never run.
-    refused(&multus, &["--network", "multus-cni-network", "--mode", "dropin"], "multus (thick) runs 10-calico.conflist itself");
+    refused(
+        &multus,
+        &["--network", "multus-cni-network", "--mode", "dropin"],
+        "multus (thick) runs 10-calico.conflist itself",
+    );
     let macvlan = Node::with("macvlan-conf");
-    refused(&macvlan, &["--mode", "dropin"], "--mode dropin needs the network in a .conflist");
+    refused(
+        &macvlan,
+        &["--mode", "dropin"],
+        "--mode dropin needs the network in a .conflist",
+    );
 
     let broken = Node::with("calico");
-    std::fs::copy(testdata::fixture_path("conflists/broken/truncated.conflist"), broken.conf().join("05-half.conflist")).unwrap();
+    std::fs::copy(
+        testdata::fixture_path("conflists/broken/truncated.conflist"),
+        broken.conf().join("05-half.conflist"),
+    )
+    .unwrap();
     refused(&broken, &[], "does not parse as JSON");
     // After the network it is not the runtime's choice either way: installed, left alone.
-    std::fs::rename(broken.conf().join("05-half.conflist"), broken.conf().join("99-half.conflist")).unwrap();
+    std::fs::rename(
+        broken.conf().join("05-half.conflist"),
+        broken.conf().join("99-half.conflist"),
+    )
+    .unwrap();
     broken.install("chained", None);
 
     let inlined = Node::with("cilium-chaining");
     let file = inlined.conf().join("05-cilium.conflist");
-    let text = std::fs::read_to_string(&file).unwrap().replacen('{', "{\n  \"loadOnlyInlinedPlugins\": true,", 1);
+    let text = std::fs::read_to_string(&file).unwrap().replacen(
+        '{',
+        "{\n  \"loadOnlyInlinedPlugins\": true,",
+        1,
+    );
     std::fs::write(&file, text).unwrap();
     refused(&inlined, &["--mode", "dropin"], "loadOnlyInlinedPlugins");
 
     let converted_over = Node::with("macvlan-conf");
-    std::fs::write(converted_over.conf().join("20-macvlan.conflist"), "{\"name\":\"other\",\"plugins\":[{\"type\":\"x\"}]}").unwrap();
-    refused(&converted_over, &["--network", "macvlan-net"], "exists with other content");
+    std::fs::write(
+        converted_over.conf().join("20-macvlan.conflist"),
+        "{\"name\":\"other\",\"plugins\":[{\"type\":\"x\"}]}",
+    )
+    .unwrap();
+    refused(
+        &converted_over,
+        &["--network", "macvlan-net"],
+        "exists with other content",
+    );
 }
 
 /// A running `--install --watch` and the lines it logs, read as they come.
@@ -216,7 +356,14 @@ impl Watcher {
     /// A watcher with `extra` arguments, started once it logged `first`.
     fn start_with(node: &Node, mode: &str, extra: &[&str], first: &str) -> Watcher {
         let mut child = Command::new(cni::BIN)
-            .args(["--install", "--watch", "--mode", mode, "--conf-dir", node.conf().to_str().unwrap()])
+            .args([
+                "--install",
+                "--watch",
+                "--mode",
+                mode,
+                "--conf-dir",
+                node.conf().to_str().unwrap(),
+            ])
             .args(["--bin-dir", node.bin().to_str().unwrap()])
             .args(LOG)
             .args(extra)
@@ -303,17 +450,36 @@ fn watch_puts_the_entry_back_after_each_rewrite_without_a_loop() {
         let started = Instant::now();
         rewrite();
         watcher.wait_for("re-inserted", Duration::from_secs(5));
-        assert!(started.elapsed() < Duration::from_secs(3), "rewrite {i}: the entry came back after {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "rewrite {i}: the entry came back after {:?}",
+            started.elapsed()
+        );
         // Its own write wakes it once more and changes nothing: no further line, no write.
         let settled = tree(&node.conf());
         let more = watcher.drain(Duration::from_secs(2));
-        assert!(more.is_empty(), "rewrite {i}: the watcher went on: {more:?}");
-        assert_eq!(tree(&node.conf()), settled, "rewrite {i}: a write after the re-insert");
-        assert_matches_fixture(&node.conf(), "install/calico/delegate", &format!("after rewrite {i}"));
+        assert!(
+            more.is_empty(),
+            "rewrite {i}: the watcher went on: {more:?}"
+        );
+        assert_eq!(
+            tree(&node.conf()),
+            settled,
+            "rewrite {i}: a write after the re-insert"
+        );
+        assert_matches_fixture(
+            &node.conf(),
+            "install/calico/delegate",
+            &format!("after rewrite {i}"),
+        );
     }
     let status = watcher.terminate();
     assert_eq!(status.code(), Some(0), "SIGTERM must end --watch cleanly");
-    assert_matches_fixture(&node.conf(), "install/calico/delegate", "after SIGTERM (stays installed)");
+    assert_matches_fixture(
+        &node.conf(),
+        "install/calico/delegate",
+        "after SIGTERM (stays installed)",
+    );
 }
 
 #[test]
@@ -335,9 +501,17 @@ fn watch_backs_off_from_a_watcher_that_strips_the_entry() {
     }
     let lines = watcher.drain(Duration::from_millis(200));
     let reinserts = lines.iter().filter(|l| l.contains("re-inserted")).count();
-    assert!(lines.iter().any(|l| l.contains("another writer keeps rewriting")), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("another writer keeps rewriting")),
+        "{lines:#?}"
+    );
     // Five in the first minute, then one more after each doubling wait (1 s, 2 s, 4 s).
-    assert!(reinserts <= 9, "{reinserts} re-inserts in 12 s against {competitor_writes} strips: {lines:#?}");
+    assert!(
+        reinserts <= 9,
+        "{reinserts} re-inserts in 12 s against {competitor_writes} strips: {lines:#?}"
+    );
     assert_eq!(watcher.terminate().code(), Some(0));
 }
 
@@ -346,14 +520,29 @@ fn usage_errors_exit_2_before_anything_runs() {
     let node = Node::with("calico");
     let before = tree(&node.dir.path);
     for (args, says) in [
-        (&["--mode", "last"][..], "--mode \"last\": use chained, delegate or dropin"),
+        (
+            &["--mode", "last"][..],
+            "--mode \"last\": use chained, delegate or dropin",
+        ),
         (&["--state-dir", "var/lib/x"], "give an absolute path"),
-        (&["--remove-binary"], "--remove-binary belongs to --uninstall"),
+        (
+            &["--remove-binary"],
+            "--remove-binary belongs to --uninstall",
+        ),
         (&["--lock-timeout", "3"], "--lock-timeout belongs to"),
         (&["extra"], "--install takes options only"),
-        (&["--metrics-file", "/tmp/x.prom"], "--metrics-file goes with --watch"),
-        (&["--check", "--watch"], "--check and --watch exclude each other"),
-        (&["--platform", "eks"], "use auto, default, gke, k3s or openshift"),
+        (
+            &["--metrics-file", "/tmp/x.prom"],
+            "--metrics-file goes with --watch",
+        ),
+        (
+            &["--check", "--watch"],
+            "--check and --watch exclude each other",
+        ),
+        (
+            &["--platform", "eks"],
+            "use auto, default, gke, k3s or openshift",
+        ),
         (&["--entry", "[1]"], "--entry is not a JSON object"),
     ] {
         let out = run("--install", &node.conf(), &node.bin(), args);
@@ -362,7 +551,12 @@ fn usage_errors_exit_2_before_anything_runs() {
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
     let out = run("--uninstall", &node.conf(), &node.bin(), &["--watch"]);
-    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(tree(&node.dir.path), before);
     let help = cni::guard_ok(&["--install", "--help"]);
     assert!(String::from_utf8_lossy(&help.stdout).contains("--mode chained|delegate|dropin"));
@@ -380,18 +574,41 @@ fn leaving_delegate_mode_while_deferred_dels_wait_is_refused_unless_forced() {
         args.extend(["--state-dir", state_dir.to_str().unwrap()]);
         args.into_iter().map(String::from).collect::<Vec<String>>()
     };
-    run_ok("--install", &node.conf(), &node.bin(), &strs(&with_state("delegate")));
+    run_ok(
+        "--install",
+        &node.conf(),
+        &node.bin(),
+        &strs(&with_state("delegate")),
+    );
     let a = defer_a_stale_del(&state_dir, &state.path);
     let before = contents(&node.conf());
-    for (mode, args) in [("--install", with_state("chained")), ("--uninstall", vec![])] {
+    for (mode, args) in [
+        ("--install", with_state("chained")),
+        ("--uninstall", vec![]),
+    ] {
         let out = run(mode, &node.conf(), &node.bin(), &strs(&args));
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{mode} must refuse while a deferred DEL waits");
-        assert!(stderr.contains("1 deferred DELs") && stderr.contains(&a[..12]) && stderr.contains("--force"), "{stderr}");
-        assert_eq!(contents(&node.conf()), before, "{mode} refused, so nothing is written");
+        assert!(
+            !out.status.success(),
+            "{mode} must refuse while a deferred DEL waits"
+        );
+        assert!(
+            stderr.contains("1 deferred DELs")
+                && stderr.contains(&a[..12])
+                && stderr.contains("--force"),
+            "{stderr}"
+        );
+        assert_eq!(
+            contents(&node.conf()),
+            before,
+            "{mode} refused, so nothing is written"
+        );
     }
     let out = run_ok("--uninstall", &node.conf(), &node.bin(), &["--force"]);
-    assert!(out.contains("--force") && out.contains("dropped"), "--force says what is lost: {out}");
+    assert!(
+        out.contains("--force") && out.contains("dropped"),
+        "--force says what is lost: {out}"
+    );
     assert!(contents(&node.conf()) != before, "--force goes on");
 }
 
@@ -402,8 +619,15 @@ fn defer_a_stale_del(state_dir: &Path, scratch: &Path) -> String {
     let recording = primary::RecordingPrimary::new();
     let pod = cni::Pod::new("lijiaob", "etcd1-0");
     let (a, b) = (cni::container_id(), cni::container_id());
-    for call in [store.add(&a, &pod), store.add(&b, &pod), store.del(&a, &pod)] {
-        recording.wrap(call.network("k8s-pod-network")).run().assert_ok();
+    for call in [
+        store.add(&a, &pod),
+        store.add(&b, &pod),
+        store.del(&a, &pod),
+    ] {
+        recording
+            .wrap(call.network("k8s-pod-network"))
+            .run()
+            .assert_ok();
     }
     a
 }
@@ -415,7 +639,12 @@ fn strs(args: &[String]) -> Vec<&str> {
 /// Whether the guard speaks a CNI version, from `--version`: "sandbox-guard X (CNI a, b)".
 fn speaks(version: &str) -> bool {
     let said = String::from_utf8_lossy(&cni::guard_ok(&["--version"]).stdout).into_owned();
-    let versions = said.split("(CNI ").nth(1).unwrap_or_default().trim_end().trim_end_matches(')');
+    let versions = said
+        .split("(CNI ")
+        .nth(1)
+        .unwrap_or_default()
+        .trim_end()
+        .trim_end_matches(')');
     versions.split(", ").any(|v| v == version)
 }
 
@@ -426,7 +655,8 @@ fn stderr_of(out: &std::process::Output) -> String {
 /// Sets the cniVersion of every network file of a conf dir (a list's and its plugins').
 fn set_version(conf: &Path, version: Option<&str>) {
     for file in install::network_files(conf) {
-        let mut value: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        let mut value: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
         let set = |v: &mut serde_json::Value| match version {
             Some(version) => v["cniVersion"] = version.into(),
             None => drop(v.as_object_mut().unwrap().remove("cniVersion")),
@@ -446,8 +676,16 @@ fn a_network_the_guard_cannot_run_in_is_refused_and_nothing_is_written() {
         let out = run("--install", &node.conf(), &node.bin(), &[]);
         let stderr = stderr_of(&out);
         assert_eq!(out.status.code(), Some(1), "{version:?}: {stderr}");
-        assert!(stderr.contains("which sandbox-guard does not speak") && stderr.contains("nothing written"), "{version:?}: {stderr}");
-        assert_eq!(tree(&node.dir.path), before, "{version:?}: a refused install wrote");
+        assert!(
+            stderr.contains("which sandbox-guard does not speak")
+                && stderr.contains("nothing written"),
+            "{version:?}: {stderr}"
+        );
+        assert_eq!(
+            tree(&node.dir.path),
+            before,
+            "{version:?}: a refused install wrote"
+        );
     }
     // A config without cniVersion is the oldest version to the runtime: refused or guarded
     // exactly as that version is.
@@ -465,7 +703,12 @@ fn a_network_the_guard_cannot_run_in_is_refused_and_nothing_is_written() {
     let out = run("--install", &node.conf(), &elsewhere, &[]);
     let stderr = stderr_of(&out);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("none of network k8s-pod-network's plugins (calico, calico-ipam, portmap, bandwidth)") && stderr.contains("--platform"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "none of network k8s-pod-network's plugins (calico, calico-ipam, portmap, bandwidth)"
+        ) && stderr.contains("--platform"),
+        "{stderr}"
+    );
     assert_eq!(tree(&node.dir.path), before);
 }
 
@@ -474,7 +717,11 @@ fn platform_presets_and_detection_find_the_runtimes_dirs() {
     // Each platform's layout under a host root, as the DaemonSet mounts it under /host.
     for (platform, conf, bin) in [
         ("gke", "etc/cni/net.d", "home/kubernetes/bin"),
-        ("k3s", "var/lib/rancher/k3s/agent/etc/cni/net.d", "var/lib/rancher/k3s/data/9f3a8c/bin"),
+        (
+            "k3s",
+            "var/lib/rancher/k3s/agent/etc/cni/net.d",
+            "var/lib/rancher/k3s/data/9f3a8c/bin",
+        ),
         ("openshift", "etc/kubernetes/cni/net.d", "var/lib/cni/bin"),
     ] {
         let root = sys::TempDir::new("sgplat");
@@ -484,19 +731,71 @@ fn platform_presets_and_detection_find_the_runtimes_dirs() {
         stub_plugins(&conf, &bin);
         // Without the platform the default bin dir holds none of flannel's plugins.
         let root_arg = root.path.to_str().unwrap();
-        let out = cni::guard(&["--install", "--host-root", root_arg, "--conf-dir", conf.to_str().unwrap()]);
-        assert_eq!(out.status.code(), Some(1), "{platform}: {}", stderr_of(&out));
+        let out = cni::guard(&[
+            "--install",
+            "--host-root",
+            root_arg,
+            "--conf-dir",
+            conf.to_str().unwrap(),
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{platform}: {}",
+            stderr_of(&out)
+        );
         for how in ["auto", platform] {
-            let out = cni::guard(&["--install", "--host-root", root_arg, "--platform", how, "--log-file", "/var/log/sandbox-guard.log"]);
-            assert!(out.status.success(), "{platform} ({how}): {}", stderr_of(&out));
-            assert!(bin.join("sandbox-guard").is_file(), "{platform} ({how}): the binary is not where the runtime looks");
-            assert_matches_fixture(&conf, "install/flannel/chained", &format!("{platform} ({how})"));
-            let check = cni::guard(&["--install", "--check", "--host-root", root_arg, "--platform", how]);
-            assert!(check.status.success(), "{platform} ({how}): {}", String::from_utf8_lossy(&check.stdout));
+            let out = cni::guard(&[
+                "--install",
+                "--host-root",
+                root_arg,
+                "--platform",
+                how,
+                "--log-file",
+                "/var/log/sandbox-guard.log",
+            ]);
+            assert!(
+                out.status.success(),
+                "{platform} ({how}): {}",
+                stderr_of(&out)
+            );
+            assert!(
+                bin.join("sandbox-guard").is_file(),
+                "{platform} ({how}): the binary is not where the runtime looks"
+            );
+            assert_matches_fixture(
+                &conf,
+                "install/flannel/chained",
+                &format!("{platform} ({how})"),
+            );
+            let check = cni::guard(&[
+                "--install",
+                "--check",
+                "--host-root",
+                root_arg,
+                "--platform",
+                how,
+            ]);
+            assert!(
+                check.status.success(),
+                "{platform} ({how}): {}",
+                String::from_utf8_lossy(&check.stdout)
+            );
         }
-        let out = cni::guard(&["--uninstall", "--remove-binary", "--host-root", root_arg, "--platform", "auto"]);
+        let out = cni::guard(&[
+            "--uninstall",
+            "--remove-binary",
+            "--host-root",
+            root_arg,
+            "--platform",
+            "auto",
+        ]);
         assert!(out.status.success(), "{}", stderr_of(&out));
-        assert_eq!(contents(&conf), contents(&testdata::fixture_path("install/flannel/conf")), "{platform}");
+        assert_eq!(
+            contents(&conf),
+            contents(&testdata::fixture_path("install/flannel/conf")),
+            "{platform}"
+        );
     }
 }
 
@@ -505,40 +804,70 @@ fn several_networks_guard_the_one_the_runtime_loads_and_say_so() {
     // containerd's and podman's leftovers beside calico's list: the runtime loads 10-calico.
     let node = Node::with("calico");
     copy_fixture("install/flannel/conf", &node.conf());
-    std::fs::rename(node.conf().join("10-flannel.conflist"), node.conf().join("87-podman-bridge.conflist")).unwrap();
+    std::fs::rename(
+        node.conf().join("10-flannel.conflist"),
+        node.conf().join("87-podman-bridge.conflist"),
+    )
+    .unwrap();
     stub_plugins(&node.conf(), &node.bin());
     let out = run("--install", &node.conf(), &node.bin(), &LOG);
     let stderr = stderr_of(&out);
     // Fails before this change: "several networks ... give the one to guard with --network".
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("the runtime loads the lexically first, k8s-pod-network (10-calico.conflist), which is guarded"), "{stderr}");
-    assert_eq!(std::fs::read(node.conf().join("10-calico.conflist")).unwrap(), testdata::fixture_bytes("install/calico/chained/10-calico.conflist"));
+    assert_eq!(
+        std::fs::read(node.conf().join("10-calico.conflist")).unwrap(),
+        testdata::fixture_bytes("install/calico/chained/10-calico.conflist")
+    );
     assert!(check(&node).0, "the guard is in the runtime's network");
 
     // --network naming the other one: installed there, with a warning, and not ready.
     let other = Node::with("calico");
     copy_fixture("install/flannel/conf", &other.conf());
     stub_plugins(&other.conf(), &other.bin());
-    let out = run("--install", &other.conf(), &other.bin(), &["--network", "cbr0"]);
+    let out = run(
+        "--install",
+        &other.conf(),
+        &other.bin(),
+        &["--network", "cbr0"],
+    );
     let stderr = stderr_of(&out);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("warning: --network cbr0 (10-flannel.conflist) is not the network the runtime loads"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "warning: --network cbr0 (10-flannel.conflist) is not the network the runtime loads"
+        ),
+        "{stderr}"
+    );
     // The probe asks about the runtime's network, where the guard is not.
     let (ready, said) = check(&other);
-    assert!(!ready && said.contains("sandbox-guard is not in network k8s-pod-network"), "{said}");
+    assert!(
+        !ready && said.contains("sandbox-guard is not in network k8s-pod-network"),
+        "{said}"
+    );
 }
 
 /// `--install --check` on a node: ready or not, and what it said.
 fn check(node: &Node) -> (bool, String) {
     let out = run("--install", &node.conf(), &node.bin(), &["--check"]);
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr_of(&out)))
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            stderr_of(&out)
+        ),
+    )
 }
 
 /// Every file below `dir` whose bytes name the guard, and every kept original.
 fn traces_of_the_guard(dir: &Path) -> Vec<String> {
     contents(dir)
         .into_iter()
-        .filter(|(path, bytes)| String::from_utf8_lossy(bytes).contains("sandbox-guard") || path.to_string_lossy().contains("sandbox-guard"))
+        .filter(|(path, bytes)| {
+            String::from_utf8_lossy(bytes).contains("sandbox-guard")
+                || path.to_string_lossy().contains("sandbox-guard")
+        })
         .map(|(path, _)| path.display().to_string())
         .collect()
 }
@@ -562,11 +891,24 @@ fn uninstall_leaves_nothing_that_names_the_guard() {
                 node.install(mode, network);
                 reinline_master(&node.conf());
             }
-            let out = run("--uninstall", &node.conf(), &node.bin(), &["--remove-binary"]);
+            let out = run(
+                "--uninstall",
+                &node.conf(),
+                &node.bin(),
+                &["--remove-binary"],
+            );
             assert!(out.status.success(), "{when}: {}", stderr_of(&out));
-            assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new(), "{when}");
+            assert_eq!(
+                traces_of_the_guard(&node.conf()),
+                Vec::<String>::new(),
+                "{when}"
+            );
             assert!(!node.bin().join("sandbox-guard").exists(), "{when}");
-            assert_eq!(std::fs::read(&primary).unwrap(), original, "{when}: the primary's own bytes");
+            assert_eq!(
+                std::fs::read(&primary).unwrap(),
+                original,
+                "{when}: the primary's own bytes"
+            );
         }
     }
 }
@@ -575,11 +917,18 @@ fn uninstall_leaves_nothing_that_names_the_guard() {
 /// the master's current JSON (compact, keys sorted as Go's encoder writes a map) inlined.
 fn reinline_master(conf: &Path) {
     let multus = conf.join("00-multus.conflist");
-    let master: serde_json::Value = serde_json::from_slice(&std::fs::read(conf.join("10-calico.conflist")).unwrap()).unwrap();
+    let master: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(conf.join("10-calico.conflist")).unwrap()).unwrap();
     let text = std::fs::read_to_string(&multus).unwrap();
-    let start = text.find("\"delegates\": [\n            ").unwrap() + "\"delegates\": [\n            ".len();
+    let start = text.find("\"delegates\": [\n            ").unwrap()
+        + "\"delegates\": [\n            ".len();
     let end = start + text[start..].find('\n').unwrap();
-    let inlined = format!("{}{}{}", &text[..start], serde_json::to_string(&master).unwrap(), &text[end..]);
+    let inlined = format!(
+        "{}{}{}",
+        &text[..start],
+        serde_json::to_string(&master).unwrap(),
+        &text[end..]
+    );
     assert!(inlined.contains("sandbox-guard"));
     std::fs::write(&multus, inlined).unwrap();
 }
@@ -590,39 +939,86 @@ fn the_operators_keys_survive_every_install_and_the_daemonset_can_set_them() {
     node.install("chained", None);
     let file = node.conf().join("10-calico.conflist");
     // The operator sets audit-first rollout and metrics on the entry by hand.
-    let mut list: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let mut list: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     let entry = list["plugins"].as_array_mut().unwrap().last_mut().unwrap();
     entry["staleDel"] = "audit".into();
     entry["metricsFile"] = "/var/lib/node_exporter/sandbox-guard.prom".into();
     std::fs::write(&file, serde_json::to_vec_pretty(&list).unwrap()).unwrap();
     let guard_entry = || -> serde_json::Value {
-        let list: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
-        list["plugins"].as_array().unwrap().iter().find(|p| p["type"] == "sandbox-guard").unwrap().clone()
+        let list: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        list["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["type"] == "sandbox-guard")
+            .unwrap()
+            .clone()
     };
     // Fails before this change: the next run wrote the entry afresh, the keys gone.
     for mode in ["chained", "delegate", "chained"] {
         node.install(mode, None);
         let entry = guard_entry();
         assert_eq!(entry["staleDel"], "audit", "{mode}: {entry}");
-        assert_eq!(entry["metricsFile"], "/var/lib/node_exporter/sandbox-guard.prom", "{mode}: {entry}");
+        assert_eq!(
+            entry["metricsFile"], "/var/lib/node_exporter/sandbox-guard.prom",
+            "{mode}: {entry}"
+        );
     }
     // The DaemonSet's way: keys as JSON, inline or from a ConfigMap's file.
     let keys = node.dir.path.join("entry.json");
     std::fs::write(&keys, r#"{"logFormat": "json", "staleDel": "refuse"}"#).unwrap();
-    run_ok("--install", &node.conf(), &node.bin(), &["--entry", r#"{"ipConflict":"refuse"}"#, "--entry-file", keys.to_str().unwrap()]);
+    run_ok(
+        "--install",
+        &node.conf(),
+        &node.bin(),
+        &[
+            "--entry",
+            r#"{"ipConflict":"refuse"}"#,
+            "--entry-file",
+            keys.to_str().unwrap(),
+        ],
+    );
     let entry = guard_entry();
-    assert_eq!((&entry["ipConflict"], &entry["logFormat"], &entry["staleDel"]), (&"refuse".into(), &"json".into(), &"refuse".into()), "{entry}");
-    assert_eq!(entry["metricsFile"], "/var/lib/node_exporter/sandbox-guard.prom", "{entry}");
-    let out = run("--install", &node.conf(), &node.bin(), &["--entry", r#"{"type":"x"}"#]);
+    assert_eq!(
+        (
+            &entry["ipConflict"],
+            &entry["logFormat"],
+            &entry["staleDel"]
+        ),
+        (&"refuse".into(), &"json".into(), &"refuse".into()),
+        "{entry}"
+    );
+    assert_eq!(
+        entry["metricsFile"], "/var/lib/node_exporter/sandbox-guard.prom",
+        "{entry}"
+    );
+    let out = run(
+        "--install",
+        &node.conf(),
+        &node.bin(),
+        &["--entry", r#"{"type":"x"}"#],
+    );
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
 
     // Under --watch, a primary's rewrite drops the entry: it comes back with the keys.
     let watcher = Watcher::start_with(&node, "chained", &[], "already installed");
-    primary_rewrites(&file, &testdata::fixture_bytes("install/calico/conf/10-calico.conflist"));
+    primary_rewrites(
+        &file,
+        &testdata::fixture_bytes("install/calico/conf/10-calico.conflist"),
+    );
     watcher.wait_for("re-inserted", Duration::from_secs(5));
     let entry = guard_entry();
-    assert_eq!((&entry["ipConflict"], &entry["staleDel"]), (&"refuse".into(), &"refuse".into()), "{entry}");
-    assert_eq!(entry["metricsFile"], "/var/lib/node_exporter/sandbox-guard.prom", "{entry}");
+    assert_eq!(
+        (&entry["ipConflict"], &entry["staleDel"]),
+        (&"refuse".into(), &"refuse".into()),
+        "{entry}"
+    );
+    assert_eq!(
+        entry["metricsFile"], "/var/lib/node_exporter/sandbox-guard.prom",
+        "{entry}"
+    );
     assert_eq!(watcher.terminate().code(), Some(0));
 }
 
@@ -635,14 +1031,21 @@ fn a_write_of_the_primary_while_the_installer_replaces_its_file_is_not_lost() {
     for round in 0..5 {
         let node = Node::with("calico");
         let file = node.conf().join("10-calico.conflist");
-        let newer = std::fs::read_to_string(&file).unwrap().replace("\"mtu\": 0", "\"mtu\": 1440");
+        let newer = std::fs::read_to_string(&file)
+            .unwrap()
+            .replace("\"mtu\": 0", "\"mtu\": 1440");
         let inotify = Inotify::init(InitFlags::IN_CLOEXEC).unwrap();
-        inotify.add_watch(&node.conf(), AddWatchFlags::IN_CREATE).unwrap();
+        inotify
+            .add_watch(&node.conf(), AddWatchFlags::IN_CREATE)
+            .unwrap();
         let (conf, newer_bytes) = (node.conf(), newer.clone());
         let primary = std::thread::spawn(move || {
             loop {
                 for event in inotify.read_events().unwrap() {
-                    let name = event.name.map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let name = event
+                        .name
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
                     let temp_of_the_list = name
                         .strip_prefix(".10-calico.conflist.")
                         .and_then(|rest| rest.strip_suffix(".tmp"))
@@ -657,8 +1060,12 @@ fn a_write_of_the_primary_while_the_installer_replaces_its_file_is_not_lost() {
         let out = run("--install", &node.conf(), &node.bin(), &LOG);
         assert!(out.status.success(), "{}", stderr_of(&out));
         primary.join().unwrap();
-        let now: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
-        assert_eq!(now["plugins"][0]["mtu"], 1440, "round {round}: the primary's write in the window was lost");
+        let now: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        assert_eq!(
+            now["plugins"][0]["mtu"], 1440,
+            "round {round}: the primary's write in the window was lost"
+        );
     }
 }
 
@@ -671,21 +1078,45 @@ fn frequent_rewrites_are_followed_and_a_fight_is_reported_not_ready() {
     let file = node.conf().join("10-flannel.conflist");
     let metrics = node.dir.path.join("install.prom");
     let original = std::fs::read_to_string(&file).unwrap();
-    let watcher = Watcher::start_with(&node, "chained", &["--metrics-file", metrics.to_str().unwrap()], "installed: put sandbox-guard into");
+    let watcher = Watcher::start_with(
+        &node,
+        "chained",
+        &["--metrics-file", metrics.to_str().unwrap()],
+        "installed: put sandbox-guard into",
+    );
     for i in 0..10 {
-        let text = original.replace("\"hairpinMode\": true", &format!("\"hairpinMode\": true, \"rev\": {i}"));
+        let text = original.replace(
+            "\"hairpinMode\": true",
+            &format!("\"hairpinMode\": true, \"rev\": {i}"),
+        );
         primary_rewrites(&file, text.as_bytes());
         watcher.wait_for("re-inserted", Duration::from_secs(3));
         std::thread::sleep(Duration::from_millis(300));
     }
     let lines = watcher.drain(Duration::from_millis(500));
-    assert!(!lines.iter().any(|l| l.contains("another writer")), "{lines:#?}");
+    assert!(
+        !lines.iter().any(|l| l.contains("another writer")),
+        "{lines:#?}"
+    );
     assert!(check(&node).0, "{:?}", check(&node).1);
     let text = std::fs::read_to_string(&metrics).unwrap();
     if let Some(samples) = prometheus::prometheus_parse(sys::test_name!(), &text) {
-        let value = |name: &str| samples.iter().find(|(n, _, _)| n == name).map(|(_, _, v)| *v);
-        assert_eq!(value("sandbox_guard_install_installed"), Some(1.0), "{text}");
-        assert_eq!(value("sandbox_guard_install_reinserts_total"), Some(10.0), "{text}");
+        let value = |name: &str| {
+            samples
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .map(|(_, _, v)| *v)
+        };
+        assert_eq!(
+            value("sandbox_guard_install_installed"),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            value("sandbox_guard_install_reinserts_total"),
+            Some(10.0),
+            "{text}"
+        );
         assert_eq!(value("sandbox_guard_install_fight"), Some(0.0), "{text}");
     }
     assert_eq!(watcher.terminate().code(), Some(0));
@@ -696,7 +1127,12 @@ fn frequent_rewrites_are_followed_and_a_fight_is_reported_not_ready() {
     let file = node.conf().join("05-cilium.conflist");
     let original = std::fs::read(&file).unwrap();
     let metrics = node.dir.path.join("install.prom");
-    let watcher = Watcher::start_with(&node, "chained", &["--metrics-file", metrics.to_str().unwrap()], "installed: put sandbox-guard into");
+    let watcher = Watcher::start_with(
+        &node,
+        "chained",
+        &["--metrics-file", metrics.to_str().unwrap()],
+        "installed: put sandbox-guard into",
+    );
     let deadline = Instant::now() + Duration::from_secs(8);
     while Instant::now() < deadline {
         if std::fs::read(&file).unwrap() != original {
@@ -705,17 +1141,38 @@ fn frequent_rewrites_are_followed_and_a_fight_is_reported_not_ready() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let lines = watcher.drain(Duration::from_millis(300));
-    let fight = lines.iter().find(|l| l.contains("reverts each insert")).unwrap_or_else(|| panic!("{lines:#?}"));
+    let fight = lines
+        .iter()
+        .find(|l| l.contains("reverts each insert"))
+        .unwrap_or_else(|| panic!("{lines:#?}"));
     assert!(fight.contains("--mode dropin"), "{fight}");
-    assert!(!check(&node).0, "the owner's file is back without the guard");
+    assert!(
+        !check(&node).0,
+        "the owner's file is back without the guard"
+    );
     let text = std::fs::read_to_string(&metrics).unwrap();
     if let Some(samples) = prometheus::prometheus_parse(sys::test_name!(), &text) {
         let value = |name: &str, reason: Option<&str>| {
-            samples.iter().find(|(n, l, _)| n == name && reason.is_none_or(|r| l["reason"] == r)).map(|(_, _, v)| *v)
+            samples
+                .iter()
+                .find(|(n, l, _)| n == name && reason.is_none_or(|r| l["reason"] == r))
+                .map(|(_, _, v)| *v)
         };
-        assert_eq!(value("sandbox_guard_install_installed", None), Some(0.0), "{text}");
-        assert_eq!(value("sandbox_guard_install_fight", None), Some(1.0), "{text}");
-        assert_eq!(value("sandbox_guard_install_failures_total", Some("fight")), Some(1.0), "{text}");
+        assert_eq!(
+            value("sandbox_guard_install_installed", None),
+            Some(0.0),
+            "{text}"
+        );
+        assert_eq!(
+            value("sandbox_guard_install_fight", None),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            value("sandbox_guard_install_failures_total", Some("fight")),
+            Some(1.0),
+            "{text}"
+        );
     }
     assert_eq!(watcher.terminate().code(), Some(0));
 }
@@ -725,19 +1182,31 @@ fn ready_only_where_the_runtime_runs_the_guard() {
     // Fails before this change: there was no readiness check at all (--check unknown).
     let node = Node::with("calico");
     let (ready, said) = check(&node);
-    assert!(!ready && said.contains("not in network k8s-pod-network"), "{said}");
+    assert!(
+        !ready && said.contains("not in network k8s-pod-network"),
+        "{said}"
+    );
     node.install("chained", None);
     let (ready, said) = check(&node);
-    assert!(ready && said.contains("ready: sandbox-guard is in 10-calico.conflist"), "{said}");
+    assert!(
+        ready && said.contains("ready: sandbox-guard is in 10-calico.conflist"),
+        "{said}"
+    );
     // The binary gone from where the runtime looks.
     std::fs::remove_file(node.bin().join("sandbox-guard")).unwrap();
     let (ready, said) = check(&node);
-    assert!(!ready && said.contains("sandbox-guard is missing"), "{said}");
+    assert!(
+        !ready && said.contains("sandbox-guard is missing"),
+        "{said}"
+    );
     node.install("chained", None);
     // A plugin of the network the runtime cannot find.
     std::fs::remove_file(node.bin().join("portmap")).unwrap();
     let (ready, said) = check(&node);
-    assert!(!ready && said.contains("cannot find") && said.contains("portmap"), "{said}");
+    assert!(
+        !ready && said.contains("cannot find") && said.contains("portmap"),
+        "{said}"
+    );
     // --check writes nothing.
     let before = tree(&node.dir.path);
     check(&node);
@@ -750,17 +1219,36 @@ fn ready_only_where_the_runtime_runs_the_guard() {
 fn loaded_network(conf: &Path) -> Option<(PathBuf, serde_json::Value)> {
     let parsed: Vec<(PathBuf, serde_json::Value)> = install::network_files(conf)
         .into_iter()
-        .filter_map(|f| serde_json::from_slice(&std::fs::read(&f).ok()?).ok().map(|v| (f, v)))
+        .filter_map(|f| {
+            serde_json::from_slice(&std::fs::read(&f).ok()?)
+                .ok()
+                .map(|v| (f, v))
+        })
         .collect();
     let (file, first) = parsed.first()?.clone();
-    let first_plugin = first.get("plugins").and_then(|p| p.get(0)).unwrap_or(&first).clone();
+    let first_plugin = first
+        .get("plugins")
+        .and_then(|p| p.get(0))
+        .unwrap_or(&first)
+        .clone();
     let multus_target = match first_plugin["type"].as_str() {
-        Some("multus-shim") => Some(first_plugin["clusterNetwork"].as_str()?.rsplit('/').next()?.to_string()),
-        Some("multus") => parsed.iter().map(|(f, _)| f.file_name().unwrap().to_string_lossy().into_owned()).find(|n| !n.starts_with("00-multus")),
+        Some("multus-shim") => Some(
+            first_plugin["clusterNetwork"]
+                .as_str()?
+                .rsplit('/')
+                .next()?
+                .to_string(),
+        ),
+        Some("multus") => parsed
+            .iter()
+            .map(|(f, _)| f.file_name().unwrap().to_string_lossy().into_owned())
+            .find(|n| !n.starts_with("00-multus")),
         _ => None,
     };
     match multus_target {
-        Some(name) => parsed.into_iter().find(|(f, _)| f.file_name().unwrap().to_string_lossy() == name),
+        Some(name) => parsed
+            .into_iter()
+            .find(|(f, _)| f.file_name().unwrap().to_string_lossy() == name),
         None => Some((file, first)),
     }
 }
@@ -773,20 +1261,45 @@ fn ready_means_runnable(node: &Node, when: &str) {
     if !ready {
         return;
     }
-    let (file, net) = loaded_network(&node.conf()).unwrap_or_else(|| panic!("{when}: ready without a network: {said}"));
+    let (file, net) = loaded_network(&node.conf())
+        .unwrap_or_else(|| panic!("{when}: ready without a network: {said}"));
     let version = net["cniVersion"].as_str().unwrap_or("0.1.0");
-    assert!(speaks(version), "{when}: ready, but {} is at {version}", file.display());
+    assert!(
+        speaks(version),
+        "{when}: ready, but {} is at {version}",
+        file.display()
+    );
     let mut names = Vec::new();
-    let plugins = net.get("plugins").and_then(|p| p.as_array()).cloned().unwrap_or_else(|| vec![net.clone()]);
+    let plugins = net
+        .get("plugins")
+        .and_then(|p| p.as_array())
+        .cloned()
+        .unwrap_or_else(|| vec![net.clone()]);
     for plugin in &plugins {
         for plugin in [Some(plugin), plugin.get("delegate")].into_iter().flatten() {
-            names.extend([plugin["type"].as_str(), plugin["ipam"]["type"].as_str()].into_iter().flatten().map(str::to_string));
+            names.extend(
+                [plugin["type"].as_str(), plugin["ipam"]["type"].as_str()]
+                    .into_iter()
+                    .flatten()
+                    .map(str::to_string),
+            );
         }
     }
-    let dropin = node.conf().join(net["name"].as_str().unwrap_or_default()).join("sandbox-guard.conf");
-    assert!(names.iter().any(|n| n == "sandbox-guard") || dropin.is_file(), "{when}: ready, but {} does not name the guard", file.display());
+    let dropin = node
+        .conf()
+        .join(net["name"].as_str().unwrap_or_default())
+        .join("sandbox-guard.conf");
+    assert!(
+        names.iter().any(|n| n == "sandbox-guard") || dropin.is_file(),
+        "{when}: ready, but {} does not name the guard",
+        file.display()
+    );
     for name in names {
-        assert!(node.bin().join(&name).is_file(), "{when}: ready, but the runtime cannot find {name} for {}", file.display());
+        assert!(
+            node.bin().join(&name).is_file(),
+            "{when}: ready, but the runtime cannot find {name} for {}",
+            file.display()
+        );
     }
 }
 
@@ -812,18 +1325,32 @@ fn no_layout_ends_ready_with_a_network_the_runtime_cannot_run() {
                         std::fs::create_dir_all(node.bin()).unwrap();
                     }
                     "missing-plugin" => {
-                        let stub = std::fs::read_dir(node.bin()).unwrap().next().unwrap().unwrap().path();
+                        let stub = std::fs::read_dir(node.bin())
+                            .unwrap()
+                            .next()
+                            .unwrap()
+                            .unwrap()
+                            .path();
                         std::fs::remove_file(stub).unwrap();
                     }
                     _ => {}
                 }
                 let out = run("--install", &node.conf(), &node.bin(), &["--mode", mode]);
                 if damage == "version" || damage == "empty-bin" {
-                    assert_eq!(out.status.code(), Some(1), "{when}: installed: {}", stderr_of(&out));
+                    assert_eq!(
+                        out.status.code(),
+                        Some(1),
+                        "{when}: installed: {}",
+                        stderr_of(&out)
+                    );
                 }
                 ready_means_runnable(&node, &when);
                 if damage == "none" && out.status.success() {
-                    assert!(check(&node).0, "{when}: installed but not ready: {}", check(&node).1);
+                    assert!(
+                        check(&node).0,
+                        "{when}: installed but not ready: {}",
+                        check(&node).1
+                    );
                 }
                 run_ok("--uninstall", &node.conf(), &node.bin(), &[]);
                 ready_means_runnable(&node, &format!("{when}, uninstalled"));
@@ -837,38 +1364,79 @@ fn no_layout_ends_ready_with_a_network_the_runtime_cannot_run() {
 fn the_doctor_does_not_say_ok_where_the_runtime_does_not_run_the_guard() {
     let cni_config_findings = |node: &Node| -> Vec<serde_json::Value> {
         let state = node.dir.path.join("state");
-        let out = cni::guard(&["--doctor", "--conf-dir", node.conf().to_str().unwrap(), "--state-dir", state.to_str().unwrap(), "-o", "json"]);
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr_of(&out)));
-        report["findings"].as_array().unwrap().iter().filter(|f| f["check"] == "cni-config").cloned().collect()
+        let out = cni::guard(&[
+            "--doctor",
+            "--conf-dir",
+            node.conf().to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            "-o",
+            "json",
+        ]);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", stderr_of(&out)));
+        report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["check"] == "cni-config")
+            .cloned()
+            .collect()
     };
     // Fails before this change: both said "... networks guarded" with severity ok.
     // The guard in a network the runtime does not load (the second of two).
     let node = Node::with("calico");
     copy_fixture("install/flannel/conf", &node.conf());
     stub_plugins(&node.conf(), &node.bin());
-    run_ok("--install", &node.conf(), &node.bin(), &["--network", "cbr0"]);
+    run_ok(
+        "--install",
+        &node.conf(),
+        &node.bin(),
+        &["--network", "cbr0"],
+    );
     let findings = cni_config_findings(&node);
-    assert!(findings.iter().all(|f| f["severity"] != "ok"), "{findings:#?}");
-    assert!(findings.iter().any(|f| f["severity"] == "error" && f["summary"].as_str().unwrap().contains("not in network k8s-pod-network")), "{findings:#?}");
+    assert!(
+        findings.iter().all(|f| f["severity"] != "ok"),
+        "{findings:#?}"
+    );
+    assert!(
+        findings.iter().any(|f| f["severity"] == "error"
+            && f["summary"]
+                .as_str()
+                .unwrap()
+                .contains("not in network k8s-pod-network")),
+        "{findings:#?}"
+    );
 
     // The guard in the runtime's network at a version it cannot speak (written by hand).
     let node = Node::with("calico");
     node.install("chained", None);
     set_version(&node.conf(), Some("2.0.0"));
     let findings = cni_config_findings(&node);
-    assert!(findings.iter().any(|f| f["severity"] == "error" && f["summary"].as_str().unwrap().contains("does not speak")), "{findings:#?}");
+    assert!(
+        findings.iter().any(|f| f["severity"] == "error"
+            && f["summary"].as_str().unwrap().contains("does not speak")),
+        "{findings:#?}"
+    );
 
     let node = Node::with("calico");
     node.install("chained", None);
     let findings = cni_config_findings(&node);
-    assert!(findings.iter().any(|f| f["severity"] == "ok"), "{findings:#?}");
+    assert!(
+        findings.iter().any(|f| f["severity"] == "ok"),
+        "{findings:#?}"
+    );
 }
 
 #[test]
 fn the_daemonsets_args_install_and_its_probe_says_ready() {
     // The installer's args and readiness probe exactly as the DaemonSet gives them, with the
     // host's root at a temp dir instead of /host.
-    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf-examples/kubernetes/sandbox-guard.yaml")).unwrap();
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/conf-examples/kubernetes/sandbox-guard.yaml"
+    ))
+    .unwrap();
     let root = sys::TempDir::new("sgds");
     let host = |arg: &str| arg.replace("=/host", &format!("={}", root.path.display()));
     let args: Vec<String> = manifest
@@ -881,11 +1449,29 @@ fn the_daemonsets_args_install_and_its_probe_says_ready() {
         .map(|l| host(&l[2..]))
         .filter(|a| a != "--watch")
         .collect();
-    assert!(args.contains(&"--install".to_string()) && args.iter().any(|a| a.starts_with("--host-root=")), "{args:?}");
-    let probe_line = manifest.lines().find(|l| l.contains("command: [/sandbox-guard")).unwrap();
-    let probe: Vec<String> = probe_line.split('[').nth(1).unwrap().trim_end_matches(']').split(", ").skip(1).map(host).collect();
+    assert!(
+        args.contains(&"--install".to_string())
+            && args.iter().any(|a| a.starts_with("--host-root=")),
+        "{args:?}"
+    );
+    let probe_line = manifest
+        .lines()
+        .find(|l| l.contains("command: [/sandbox-guard"))
+        .unwrap();
+    let probe: Vec<String> = probe_line
+        .split('[')
+        .nth(1)
+        .unwrap()
+        .trim_end_matches(']')
+        .split(", ")
+        .skip(1)
+        .map(host)
+        .collect();
 
-    let (conf, bin) = (root.path.join("etc/cni/net.d"), root.path.join("opt/cni/bin"));
+    let (conf, bin) = (
+        root.path.join("etc/cni/net.d"),
+        root.path.join("opt/cni/bin"),
+    );
     std::fs::create_dir_all(&conf).unwrap();
     copy_fixture("install/calico/conf", &conf);
     stub_plugins(&conf, &bin);
@@ -894,7 +1480,11 @@ fn the_daemonsets_args_install_and_its_probe_says_ready() {
     let out = cni::guard(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(out.status.success(), "{args:?}: {}", stderr_of(&out));
     let ready = cni::guard(&probe.iter().map(String::as_str).collect::<Vec<_>>());
-    assert!(ready.status.success(), "{probe:?}: {}", String::from_utf8_lossy(&ready.stdout));
+    assert!(
+        ready.status.success(),
+        "{probe:?}: {}",
+        String::from_utf8_lossy(&ready.stdout)
+    );
 }
 
 #[test]
@@ -903,14 +1493,22 @@ fn multus_thick_naming_its_cluster_network_by_name() {
     let node = Node::with("multus-thick");
     let multus = node.conf().join("00-multus.conf");
     let by_name = |name: &str| {
-        let text = testdata::fixture("install/multus-thick/conf/00-multus.conf").replace("/host/etc/cni/net.d/10-calico.conflist", name);
+        let text = testdata::fixture("install/multus-thick/conf/00-multus.conf")
+            .replace("/host/etc/cni/net.d/10-calico.conflist", name);
         std::fs::write(&multus, text).unwrap();
     };
     by_name("k8s-pod-network");
     let multus_bytes = std::fs::read(&multus).unwrap();
     node.install("chained", None);
-    assert_eq!(std::fs::read(node.conf().join("10-calico.conflist")).unwrap(), testdata::fixture_bytes("install/multus-thick/chained/10-calico.conflist"));
-    assert_eq!(std::fs::read(&multus).unwrap(), multus_bytes, "multus's own file was touched");
+    assert_eq!(
+        std::fs::read(node.conf().join("10-calico.conflist")).unwrap(),
+        testdata::fixture_bytes("install/multus-thick/chained/10-calico.conflist")
+    );
+    assert_eq!(
+        std::fs::read(&multus).unwrap(),
+        multus_bytes,
+        "multus's own file was touched"
+    );
     assert!(check(&node).0, "{}", check(&node).1);
     node.uninstall(None);
     // A network only a NetworkAttachmentDefinition holds: refused, nothing written.
@@ -918,7 +1516,11 @@ fn multus_thick_naming_its_cluster_network_by_name() {
     let before = tree(&node.dir.path);
     let out = run("--install", &node.conf(), &node.bin(), &[]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
-    assert!(stderr_of(&out).contains("its clusterNetwork \"macvlan-nad\" is no network in"), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("its clusterNetwork \"macvlan-nad\" is no network in"),
+        "{}",
+        stderr_of(&out)
+    );
     assert_eq!(tree(&node.dir.path), before);
 }
 
@@ -927,11 +1529,29 @@ fn naming_multus_cluster_network_is_the_runtimes_network() {
     // --network naming the network multus delegates to: no warning, ready, and no drop-in
     // (multus runs it from its own copy).
     let node = Node::with("multus-thin");
-    let out = run("--install", &node.conf(), &node.bin(), &["--network", "k8s-pod-network", "--mode", "dropin"]);
+    let out = run(
+        "--install",
+        &node.conf(),
+        &node.bin(),
+        &["--network", "k8s-pod-network", "--mode", "dropin"],
+    );
     assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
-    assert!(stderr_of(&out).contains("multus (thin) runs 10-calico.conflist itself"), "{}", stderr_of(&out));
-    let out = run("--install", &node.conf(), &node.bin(), &["--network", "k8s-pod-network"]);
-    assert!(out.status.success() && !stderr_of(&out).contains("warning"), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("multus (thin) runs 10-calico.conflist itself"),
+        "{}",
+        stderr_of(&out)
+    );
+    let out = run(
+        "--install",
+        &node.conf(),
+        &node.bin(),
+        &["--network", "k8s-pod-network"],
+    );
+    assert!(
+        out.status.success() && !stderr_of(&out).contains("warning"),
+        "{}",
+        stderr_of(&out)
+    );
     assert!(check(&node).0, "{}", check(&node).1);
 }
 
@@ -951,10 +1571,20 @@ fn uninstall_with_force_goes_on_when_the_store_cannot_be_read() {
     run_ok("--install", &node.conf(), &node.bin(), &args);
     let before = contents(&node.conf());
     let refused = run("--uninstall", &node.conf(), &node.bin(), &[]);
-    assert!(!refused.status.success(), "without --force it cannot tell, so it refuses");
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("--force"), "and names the way out: {}", String::from_utf8_lossy(&refused.stderr));
+    assert!(
+        !refused.status.success(),
+        "without --force it cannot tell, so it refuses"
+    );
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--force"),
+        "and names the way out: {}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
     let out = run_ok("--uninstall", &node.conf(), &node.bin(), &["--force"]);
-    assert!(out.contains("--force"), "--force says what it could not check: {out}");
+    assert!(
+        out.contains("--force"),
+        "--force says what it could not check: {out}"
+    );
     assert!(contents(&node.conf()) != before, "--force goes on");
 }
 
@@ -963,24 +1593,48 @@ fn the_uninstall_daemonsets_args_succeed_on_a_node_with_nothing_to_uninstall() {
     // The uninstall DaemonSet's init container, with its args exactly as the manifest gives
     // them, on a node that never had a CNI network: a failure there is a crash-looping pod
     // that never lets `rollout status` finish.
-    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf-examples/kubernetes/uninstall/sandbox-guard-uninstall.yaml")).unwrap();
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/conf-examples/kubernetes/uninstall/sandbox-guard-uninstall.yaml"
+    ))
+    .unwrap();
     let root = sys::TempDir::new("sgun");
-    let line = manifest.lines().find(|l| l.trim().starts_with("args: [--uninstall")).unwrap();
-    let args: Vec<String> = line.split('[').nth(1).unwrap().trim_end_matches(']').split(", ")
+    let line = manifest
+        .lines()
+        .find(|l| l.trim().starts_with("args: [--uninstall"))
+        .unwrap();
+    let args: Vec<String> = line
+        .split('[')
+        .nth(1)
+        .unwrap()
+        .trim_end_matches(']')
+        .split(", ")
         .map(|arg| arg.replace("=/host", &format!("={}", root.path.display())))
         .collect();
     let out = cni::guard(&strs(&args));
-    assert!(out.status.success(), "{args:?} on an empty host: {}", stderr_of(&out));
+    assert!(
+        out.status.success(),
+        "{args:?} on an empty host: {}",
+        stderr_of(&out)
+    );
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("nothing changed"), "{said}");
-    assert!(std::fs::read_dir(&root.path).unwrap().next().is_none(), "an uninstall on a clean node wrote: {:?}", tree(&root.path));
+    assert!(
+        std::fs::read_dir(&root.path).unwrap().next().is_none(),
+        "an uninstall on a clean node wrote: {:?}",
+        tree(&root.path)
+    );
     // The same node once kubelet made the DaemonSet's DirectoryOrCreate mounts: empty dirs.
     for dir in ["etc/cni/net.d", "opt/cni/bin"] {
         std::fs::create_dir_all(root.path.join(dir)).unwrap();
     }
     let before = tree(&root.path);
     let out = cni::guard(&strs(&args));
-    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("nothing changed"), "{}", stderr_of(&out));
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("nothing changed"),
+        "{}",
+        stderr_of(&out)
+    );
     assert_eq!(tree(&root.path), before);
 }
 
@@ -993,7 +1647,11 @@ fn a_killed_installers_temp_files_do_not_stop_the_next_one() {
         return;
     }
     let node = Node::with("calico");
-    std::fs::write(node.conf().join(".10-calico.conflist.1.tmp"), b"{\"half\": ").unwrap();
+    std::fs::write(
+        node.conf().join(".10-calico.conflist.1.tmp"),
+        b"{\"half\": ",
+    )
+    .unwrap();
     std::fs::write(node.bin().join(".sandbox-guard.1.tmp"), b"\x7fELF").unwrap();
     let (conf, bin) = (node.conf(), node.bin());
     let out = Command::new("unshare")
@@ -1012,7 +1670,10 @@ fn deferred_dels_in_the_hosts_state_dir_stop_a_daemonsets_uninstall() {
     // path: the deferred DELs are looked for under the host's root, not in the pod's own
     // filesystem, where that dir never exists.
     let root = sys::TempDir::new("sgdsst");
-    let (conf, bin) = (root.path.join("etc/cni/net.d"), root.path.join("opt/cni/bin"));
+    let (conf, bin) = (
+        root.path.join("etc/cni/net.d"),
+        root.path.join("opt/cni/bin"),
+    );
     std::fs::create_dir_all(&conf).unwrap();
     copy_fixture("install/calico/conf", &conf);
     stub_plugins(&conf, &bin);
@@ -1022,18 +1683,37 @@ fn deferred_dels_in_the_hosts_state_dir_stop_a_daemonsets_uninstall() {
         args.extend(extra.iter().map(|a| a.to_string()));
         args
     };
-    let install = daemonset(&["--install", "--mode=delegate", "--state-dir=/var/lib/cni/sandbox-guard", "--log-file=/var/log/sandbox-guard.log"]);
+    let install = daemonset(&[
+        "--install",
+        "--mode=delegate",
+        "--state-dir=/var/lib/cni/sandbox-guard",
+        "--log-file=/var/log/sandbox-guard.log",
+    ]);
     let out = cni::guard(&strs(&install));
     assert!(out.status.success(), "{}", stderr_of(&out));
     // On the host, the plugin keeps its store at that path: under the root here.
     let state_dir = root.path.join("var/lib/cni/sandbox-guard");
     defer_a_stale_del(&state_dir, &root.path);
     let before = contents(&conf);
-    for args in [daemonset(&["--uninstall", "--remove-binary"]), daemonset(&["--install", "--mode=chained"])] {
+    for args in [
+        daemonset(&["--uninstall", "--remove-binary"]),
+        daemonset(&["--install", "--mode=chained"]),
+    ] {
         let out = cni::guard(&strs(&args));
-        assert!(!out.status.success(), "{args:?} went on while a deferred DEL waits in the host's state dir");
-        assert!(stderr_of(&out).contains("1 deferred DELs"), "{}", stderr_of(&out));
-        assert_eq!(contents(&conf), before, "{args:?} refused, so nothing is written");
+        assert!(
+            !out.status.success(),
+            "{args:?} went on while a deferred DEL waits in the host's state dir"
+        );
+        assert!(
+            stderr_of(&out).contains("1 deferred DELs"),
+            "{}",
+            stderr_of(&out)
+        );
+        assert_eq!(
+            contents(&conf),
+            before,
+            "{args:?} refused, so nothing is written"
+        );
     }
 }
 
@@ -1046,11 +1726,24 @@ fn uninstall_removes_the_temp_files_of_a_killed_installer() {
     node.install("chained", None);
     let guarded = std::fs::read(node.conf().join("10-calico.conflist")).unwrap();
     std::fs::write(node.conf().join(".10-calico.conflist.1.tmp"), &guarded).unwrap();
-    std::fs::write(node.conf().join(".10-calico.conflist.1-3b9aca00-0.tmp"), &guarded).unwrap();
-    std::fs::write(node.bin().join(".sandbox-guard.1-3b9aca00-0.tmp"), b"\x7fELF").unwrap();
+    std::fs::write(
+        node.conf().join(".10-calico.conflist.1-3b9aca00-0.tmp"),
+        &guarded,
+    )
+    .unwrap();
+    std::fs::write(
+        node.bin().join(".sandbox-guard.1-3b9aca00-0.tmp"),
+        b"\x7fELF",
+    )
+    .unwrap();
     // Another writer's dotfile is not the installer's to remove.
     std::fs::write(node.conf().join(".calico-install.tmp"), b"theirs").unwrap();
-    run_ok("--uninstall", &node.conf(), &node.bin(), &["--remove-binary"]);
+    run_ok(
+        "--uninstall",
+        &node.conf(),
+        &node.bin(),
+        &["--remove-binary"],
+    );
     assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
     assert_eq!(traces_of_the_guard(&node.bin()), Vec::<String>::new());
     assert!(node.conf().join(".calico-install.tmp").exists());

@@ -6,14 +6,14 @@
 //! turn into a failing pod. The platform presets (conf-examples/platforms, kustomize overlays)
 //! are rendered with `kubectl kustomize` and run against a node laid out as that platform.
 
-#[path = "support/sys.rs"]
-mod sys;
-#[path = "support/testdata.rs"]
-mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 #[path = "support/install.rs"]
 mod install;
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -28,7 +28,10 @@ fn manifests() -> Vec<PathBuf> {
         .iter()
         .flat_map(|dir| std::fs::read_dir(dir).unwrap())
         .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "yaml") && !path.ends_with("kustomization.yaml"))
+        .filter(|path| {
+            path.extension().is_some_and(|ext| ext == "yaml")
+                && !path.ends_with("kustomization.yaml")
+        })
         .collect();
     files.sort();
     assert!(files.len() >= 2, "{files:?}");
@@ -42,7 +45,8 @@ fn kubernetes_validate(test: &str) -> Option<PathBuf> {
     if venv.is_file() {
         return Some(venv);
     }
-    sys::require(test, false, &["kubernetes-validate"]).then(|| PathBuf::from("kubernetes-validate"))
+    sys::require(test, false, &["kubernetes-validate"])
+        .then(|| PathBuf::from("kubernetes-validate"))
 }
 
 /// The interpreter kubernetes-validate runs with: it has PyYAML, which the package needs.
@@ -50,12 +54,20 @@ fn python_of(tool: &Path) -> PathBuf {
     let found = if tool.is_absolute() {
         Some(tool.to_path_buf())
     } else {
-        std::env::var_os("PATH").and_then(|paths| std::env::split_paths(&paths).map(|dir| dir.join(tool)).find(|p| p.is_file()))
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join(tool))
+                .find(|p| p.is_file())
+        })
     };
-    let shebang = found.and_then(|path| std::fs::read_to_string(path).ok()).and_then(|text| {
-        let first = text.lines().next()?.strip_prefix("#!")?.trim().to_string();
-        Path::new(&first).is_absolute().then(|| PathBuf::from(first))
-    });
+    let shebang = found
+        .and_then(|path| std::fs::read_to_string(path).ok())
+        .and_then(|text| {
+            let first = text.lines().next()?.strip_prefix("#!")?.trim().to_string();
+            Path::new(&first)
+                .is_absolute()
+                .then(|| PathBuf::from(first))
+        });
     shebang.unwrap_or_else(|| PathBuf::from("python3"))
 }
 
@@ -66,31 +78,62 @@ fn documents(python: &Path, file: &Path) -> Vec<Value> {
         .arg(file)
         .output()
         .unwrap_or_else(|e| panic!("run {}: {e}", python.display()));
-    assert!(out.status.success(), "{}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
 #[test]
 fn the_manifests_pass_the_kubernetes_schemas() {
-    let Some(tool) = kubernetes_validate(sys::test_name!()) else { return };
+    let Some(tool) = kubernetes_validate(sys::test_name!()) else {
+        return;
+    };
     for file in manifests() {
-        let out = Command::new(&tool).args(["--strict", "--no-warn", "-k", KUBERNETES]).arg(&file).output().unwrap();
-        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success() && said.contains("passed"), "{}:\n{said}", file.display());
+        let out = Command::new(&tool)
+            .args(["--strict", "--no-warn", "-k", KUBERNETES])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && said.contains("passed"),
+            "{}:\n{said}",
+            file.display()
+        );
     }
 }
 
 #[test]
 fn the_daemonsets_ask_for_no_more_than_the_installer_needs() {
-    let Some(tool) = kubernetes_validate(sys::test_name!()) else { return };
+    let Some(tool) = kubernetes_validate(sys::test_name!()) else {
+        return;
+    };
     let python = python_of(&tool);
     for file in manifests() {
         let name = file.file_name().unwrap().to_string_lossy().into_owned();
-        let daemonsets: Vec<Value> = documents(&python, &file).into_iter().filter(|doc| doc["kind"] == "DaemonSet").collect();
+        let daemonsets: Vec<Value> = documents(&python, &file)
+            .into_iter()
+            .filter(|doc| doc["kind"] == "DaemonSet")
+            .collect();
         assert_eq!(daemonsets.len(), 1, "{name}");
         let pod = &daemonsets[0]["spec"]["template"]["spec"];
-        assert_eq!(pod["automountServiceAccountToken"], Value::Bool(false), "{name}: the installer never calls the API server");
-        assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault", "{name}");
+        assert_eq!(
+            pod["automountServiceAccountToken"],
+            Value::Bool(false),
+            "{name}: the installer never calls the API server"
+        );
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+            "{name}"
+        );
         let host_paths: Vec<&str> = pod["volumes"]
             .as_array()
             .unwrap()
@@ -99,25 +142,47 @@ fn the_daemonsets_ask_for_no_more_than_the_installer_needs() {
             .map(|volume| {
                 // A node without one of these dirs (no CNI yet, a platform keeping its
                 // plugins elsewhere) must not keep the pod from starting.
-                assert_eq!(volume["hostPath"]["type"], "DirectoryOrCreate", "{name}: {volume}");
+                assert_eq!(
+                    volume["hostPath"]["type"], "DirectoryOrCreate",
+                    "{name}: {volume}"
+                );
                 volume["name"].as_str().unwrap()
             })
             .collect();
-        let containers = [pod["initContainers"].as_array(), pod["containers"].as_array()].into_iter().flatten().flatten();
+        let containers = [
+            pod["initContainers"].as_array(),
+            pod["containers"].as_array(),
+        ]
+        .into_iter()
+        .flatten()
+        .flatten();
         let mut guard_images = 0;
         for container in containers {
-            let mounts_host = container["volumeMounts"]
-                .as_array()
-                .is_some_and(|mounts| mounts.iter().any(|m| host_paths.contains(&m["name"].as_str().unwrap_or(""))));
+            let mounts_host = container["volumeMounts"].as_array().is_some_and(|mounts| {
+                mounts
+                    .iter()
+                    .any(|m| host_paths.contains(&m["name"].as_str().unwrap_or("")))
+            });
             if !mounts_host {
                 continue;
             }
             let security = &container["securityContext"];
             // Enforcing SELinux nodes label the CNI dirs for the host only: container_t may
             // not write them, spc_t may.
-            assert_eq!(security["seLinuxOptions"]["type"], "spc_t", "{name}: {container}");
-            assert_eq!(security["allowPrivilegeEscalation"], Value::Bool(false), "{name}: {container}");
-            assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]), "{name}: {container}");
+            assert_eq!(
+                security["seLinuxOptions"]["type"], "spc_t",
+                "{name}: {container}"
+            );
+            assert_eq!(
+                security["allowPrivilegeEscalation"],
+                Value::Bool(false),
+                "{name}: {container}"
+            );
+            assert_eq!(
+                security["capabilities"]["drop"],
+                serde_json::json!(["ALL"]),
+                "{name}: {container}"
+            );
             let image = container["image"].as_str().unwrap();
             guard_images += 1;
             // A name a registry serves: a digest-pinned reference or one with a registry host
@@ -125,7 +190,10 @@ fn the_daemonsets_ask_for_no_more_than_the_installer_needs() {
             // node the archive was loaded onto by hand.
             let host = image.split('/').next().unwrap();
             assert!(
-                image.contains("@sha256:") || (image.contains('/') && host != "localhost" && (host.contains('.') || host.contains(':'))),
+                image.contains("@sha256:")
+                    || (image.contains('/')
+                        && host != "localhost"
+                        && (host.contains('.') || host.contains(':'))),
                 "{name}: image {image} is not a reference a registry can serve"
             );
         }
@@ -140,29 +208,69 @@ const PLATFORMS: [(&str, &str, &str, &[&str]); 3] = [
     ("gke", "etc/cni/net.d", "home/kubernetes/bin", &[]),
     // k3s points data/current at the running release with an absolute link, which does
     // not resolve inside the pod: the installer takes the newest data/<hash>/bin there.
-    ("k3s", "var/lib/rancher/k3s/agent/etc/cni/net.d", "var/lib/rancher/k3s/data/2d1d8d2b/bin", &["var/lib/rancher/k3s/data/current"]),
-    ("openshift", "etc/kubernetes/cni/net.d", "var/lib/cni/bin", &[]),
+    (
+        "k3s",
+        "var/lib/rancher/k3s/agent/etc/cni/net.d",
+        "var/lib/rancher/k3s/data/2d1d8d2b/bin",
+        &["var/lib/rancher/k3s/data/current"],
+    ),
+    (
+        "openshift",
+        "etc/kubernetes/cni/net.d",
+        "var/lib/cni/bin",
+        &[],
+    ),
 ];
 
 fn rendered(preset: &str) -> String {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf-examples/platforms").join(preset);
-    let out = Command::new("kubectl").arg("kustomize").arg(&dir).output().unwrap();
-    assert!(out.status.success(), "kubectl kustomize {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("conf-examples/platforms")
+        .join(preset);
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
 fn strings(value: &Value) -> Vec<String> {
-    value.as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
 }
 
 /// The one DaemonSet of a rendered preset, after it passed the schemas.
 fn validated_daemonset(tool: &Path, work: &Path, preset: &str) -> Value {
     let file = work.join(format!("{}.yaml", preset.replace('/', "-")));
     std::fs::write(&file, rendered(preset)).unwrap();
-    let out = Command::new(tool).args(["--strict", "--no-warn", "-k", KUBERNETES]).arg(&file).output().unwrap();
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && said.contains("passed"), "{preset}:\n{said}");
-    documents(&python_of(tool), &file).into_iter().find(|doc| doc["kind"] == "DaemonSet").unwrap()
+    let out = Command::new(tool)
+        .args(["--strict", "--no-warn", "-k", KUBERNETES])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.contains("passed"),
+        "{preset}:\n{said}"
+    );
+    documents(&python_of(tool), &file)
+        .into_iter()
+        .find(|doc| doc["kind"] == "DaemonSet")
+        .unwrap()
 }
 
 /// The pod's view of `node` at `root`: each hostPath mount of `container`, as kubelet makes
@@ -171,11 +279,22 @@ fn pod_view(daemonset: &Value, container: &Value, node: &Path, root: &Path) -> S
     let pod = &daemonset["spec"]["template"]["spec"];
     // Outer mounts first, as the runtime makes them (OpenShift's bin dir lies inside
     // /var/lib/cni).
-    let mut mounts: Vec<&Value> = container["volumeMounts"].as_array().unwrap().iter().collect();
+    let mut mounts: Vec<&Value> = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .collect();
     mounts.sort_by_key(|m| m["mountPath"].as_str().unwrap().len());
     for mount in mounts {
-        let volume = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == mount["name"]).unwrap();
-        let Some(on_host) = volume["hostPath"]["path"].as_str() else { continue };
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap();
+        let Some(on_host) = volume["hostPath"]["path"].as_str() else {
+            continue;
+        };
         let on_host = node.join(on_host.trim_start_matches('/'));
         std::fs::create_dir_all(&on_host).unwrap();
         let at = root.join(mount["mountPath"].as_str().unwrap().trim_start_matches('/'));
@@ -195,7 +314,9 @@ fn guard_with(args: &[String]) -> std::process::Output {
 #[test]
 fn each_platform_preset_passes_the_schemas_and_installs_ready_on_its_platform() {
     let test = sys::test_name!();
-    let Some(tool) = kubernetes_validate(test) else { return };
+    let Some(tool) = kubernetes_validate(test) else {
+        return;
+    };
     if !sys::require(test, false, &["kubectl"]) {
         return;
     }
@@ -209,33 +330,76 @@ fn each_platform_preset_passes_the_schemas_and_installs_ready_on_its_platform() 
         install::copy_fixture("install/calico/conf", &node.join(conf));
         install::stub_plugins(&node.join(conf), &node.join(bin));
         for dir in extra {
-            std::os::unix::fs::symlink(Path::new("/").join(bin).parent().unwrap(), node.join(dir)).unwrap();
+            std::os::unix::fs::symlink(Path::new("/").join(bin).parent().unwrap(), node.join(dir))
+                .unwrap();
         }
         let host = pod_view(&daemonset, container, &node, &work.path.join("pod"));
         let pod_root = |arg: String| arg.replace("=/host", &format!("={host}"));
-        let args: Vec<String> = strings(&container["args"]).into_iter().filter(|a| a != "--watch").map(pod_root).collect();
-        let probe: Vec<String> = strings(&container["readinessProbe"]["exec"]["command"]).into_iter().skip(1).map(pod_root).collect();
-        assert_eq!(guard_with(&probe).status.code(), Some(1), "{platform}: ready before the install");
+        let args: Vec<String> = strings(&container["args"])
+            .into_iter()
+            .filter(|a| a != "--watch")
+            .map(pod_root)
+            .collect();
+        let probe: Vec<String> = strings(&container["readinessProbe"]["exec"]["command"])
+            .into_iter()
+            .skip(1)
+            .map(pod_root)
+            .collect();
+        assert_eq!(
+            guard_with(&probe).status.code(),
+            Some(1),
+            "{platform}: ready before the install"
+        );
         let out = guard_with(&args);
-        assert!(out.status.success(), "{platform}: {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{platform}: {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let ready = guard_with(&probe);
-        assert!(ready.status.success(), "{platform}: {probe:?}: {}", String::from_utf8_lossy(&ready.stdout));
+        assert!(
+            ready.status.success(),
+            "{platform}: {probe:?}: {}",
+            String::from_utf8_lossy(&ready.stdout)
+        );
         // Where the runtime of that platform looks: the guard in its conf dir, its binary
         // in its bin dir.
         let conflist = node.join(conf).join("10-calico.conflist");
         let binary = node.join(bin).join("sandbox-guard");
         assert!(binary.is_file(), "{platform}: no binary in {bin}");
-        assert!(std::fs::read_to_string(&conflist).unwrap().contains("\"sandbox-guard\""), "{platform}");
+        assert!(
+            std::fs::read_to_string(&conflist)
+                .unwrap()
+                .contains("\"sandbox-guard\""),
+            "{platform}"
+        );
 
         // The platform's uninstall preset takes it out of those same dirs.
         let preset = format!("{platform}/uninstall");
         let daemonset = validated_daemonset(&tool, &work.path, &preset);
         let container = &daemonset["spec"]["template"]["spec"]["initContainers"][0];
-        let host = pod_view(&daemonset, container, &node, &work.path.join("uninstall-pod"));
-        let args: Vec<String> = strings(&container["args"]).into_iter().map(|a| a.replace("=/host", &format!("={host}"))).collect();
+        let host = pod_view(
+            &daemonset,
+            container,
+            &node,
+            &work.path.join("uninstall-pod"),
+        );
+        let args: Vec<String> = strings(&container["args"])
+            .into_iter()
+            .map(|a| a.replace("=/host", &format!("={host}")))
+            .collect();
         let out = guard_with(&args);
-        assert!(out.status.success(), "{preset}: {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{preset}: {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(!binary.exists(), "{preset}: the binary is left in {bin}");
-        assert!(!std::fs::read_to_string(&conflist).unwrap().contains("sandbox-guard"), "{preset}: the guard is left in {conf}");
+        assert!(
+            !std::fs::read_to_string(&conflist)
+                .unwrap()
+                .contains("sandbox-guard"),
+            "{preset}: the guard is left in {conf}"
+        );
     }
 }

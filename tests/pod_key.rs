@@ -4,16 +4,16 @@
 //! numbers interfaces by their place in the pod's annotation). Also: a sandbox with two
 //! interfaces on one network, and a state dir written by the release that keyed by ifname.
 
+#[path = "support/cni.rs"]
+mod cni;
+#[path = "support/mount.rs"]
+mod mount;
+#[path = "support/primary.rs"]
+mod primary;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
 mod testdata;
-#[path = "support/cni.rs"]
-mod cni;
-#[path = "support/primary.rs"]
-mod primary;
-#[path = "support/mount.rs"]
-mod mount;
 
 use cni::{Incident, NETWORK, Pod, Store, files_in, verify_envelope};
 use primary::RecordingPrimary;
@@ -23,18 +23,35 @@ use std::path::Path;
 
 /// ADD A as net1, ADD B as net2: the same pod on the same network, re-created.
 fn two_ifnames(i: &Incident, wrap: impl Fn(cni::Cni) -> cni::Cni) {
-    wrap(i.store.add(&i.a, &i.pod_a).ifname("net1")).run().assert_ok();
-    wrap(i.store.add(&i.b, &i.pod_b).ifname("net2")).run().assert_ok();
+    wrap(i.store.add(&i.a, &i.pod_a).ifname("net1"))
+        .run()
+        .assert_ok();
+    wrap(i.store.add(&i.b, &i.pod_b).ifname("net2"))
+        .run()
+        .assert_ok();
 }
 
 #[test]
 fn an_old_sandboxs_del_under_another_ifname_is_refused() {
     let i = Incident::of("lijiaob", "etcd1-0");
     two_ifnames(&i, |call| call);
-    let refused = i.store.del(&i.a, &i.pod_a).ifname("net1").run().assert_error(11);
-    assert!(refused.msg.contains("stale DEL") && refused.msg.contains(&i.b), "{}", refused.text());
+    let refused = i
+        .store
+        .del(&i.a, &i.pod_a)
+        .ifname("net1")
+        .run()
+        .assert_error(11);
+    assert!(
+        refused.msg.contains("stale DEL") && refused.msg.contains(&i.b),
+        "{}",
+        refused.text()
+    );
     // Whatever ifname the old sandbox's DEL names.
-    i.store.del(&i.a, &i.pod_a).ifname("eth0").run().assert_error(11);
+    i.store
+        .del(&i.a, &i.pod_a)
+        .ifname("eth0")
+        .run()
+        .assert_error(11);
     i.store.assert_every_owner_has_its_record();
     // Once B is gone, A's DEL passes.
     i.store.del(&i.b, &i.pod_b).ifname("net2").run().assert_ok();
@@ -47,17 +64,43 @@ fn an_old_sandboxs_del_under_another_ifname_is_deferred_in_delegate_mode() {
     let i = Incident::of("lijiaob", "etcd1-0");
     let primary = RecordingPrimary::new();
     two_ifnames(&i, |call| primary.wrap(call));
-    primary.wrap(i.store.del(&i.a, &i.pod_a).ifname("net1")).run().assert_ok();
-    assert_eq!(primary.dels(&i.a), 0, "A's DEL must not reach the primary while B owns the pod");
-    let deferred: Vec<Value> = i.store.dump().into_iter().filter(|row| row["status"] == "deferred").collect();
+    primary
+        .wrap(i.store.del(&i.a, &i.pod_a).ifname("net1"))
+        .run()
+        .assert_ok();
+    assert_eq!(
+        primary.dels(&i.a),
+        0,
+        "A's DEL must not reach the primary while B owns the pod"
+    );
+    let deferred: Vec<Value> = i
+        .store
+        .dump()
+        .into_iter()
+        .filter(|row| row["status"] == "deferred")
+        .collect();
     assert_eq!(deferred.len(), 1, "{deferred:?}");
-    assert_eq!((&deferred[0]["containerId"], &deferred[0]["ifName"]), (&json!(i.a), &json!("net1")));
+    assert_eq!(
+        (&deferred[0]["containerId"], &deferred[0]["ifName"]),
+        (&json!(i.a), &json!("net1"))
+    );
     assert!(i.store.is_owner(&i.b, "net2"));
 
-    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("net2")).run().assert_ok();
-    assert_eq!(primary.dels(&i.a), 1, "A's DEL is replayed once the pod's name is free");
+    primary
+        .wrap(i.store.del(&i.b, &i.pod_b).ifname("net2"))
+        .run()
+        .assert_ok();
+    assert_eq!(
+        primary.dels(&i.a),
+        1,
+        "A's DEL is replayed once the pod's name is free"
+    );
     let replay = primary.stdin("DEL", &i.a);
-    assert_eq!(replay["prevResult"]["interfaces"][0]["name"], json!("net1"), "A's own result: {replay}");
+    assert_eq!(
+        replay["prevResult"]["interfaces"][0]["name"],
+        json!("net1"),
+        "A's own result: {replay}"
+    );
     assert!(i.store.dump().is_empty(), "{:?}", i.store.dump());
 }
 
@@ -66,22 +109,39 @@ fn with_pod_key_name_and_ifname_each_interface_is_its_own_key() {
     let i = Incident::of("lijiaob", "etcd1-0");
     let per_interface = |call: cni::Cni| call.config("podKey", Some(json!("name-and-ifname")));
     two_ifnames(&i, per_interface);
-    per_interface(i.store.del(&i.a, &i.pod_a).ifname("net1")).run().assert_ok();
+    per_interface(i.store.del(&i.a, &i.pod_a).ifname("net1"))
+        .run()
+        .assert_ok();
     // The same ifname is still the same key.
     let c = cni::container_id();
-    per_interface(i.store.add(&c, &i.pod_a).ifname("net2")).run().assert_ok();
-    per_interface(i.store.del(&i.b, &i.pod_b).ifname("net2")).run().assert_error(11);
+    per_interface(i.store.add(&c, &i.pod_a).ifname("net2"))
+        .run()
+        .assert_ok();
+    per_interface(i.store.del(&i.b, &i.pod_b).ifname("net2"))
+        .run()
+        .assert_error(11);
 }
 
 #[test]
 fn an_unknown_pod_key_is_an_invalid_config_and_writes_nothing() {
     let i = Incident::of("lijiaob", "etcd1-0");
     for verb in ["ADD", "DEL"] {
-        let call = i.store.cni(verb, &i.a).pod(&i.pod_a).config("podKey", Some(json!("ifname")));
+        let call = i
+            .store
+            .cni(verb, &i.a)
+            .pod(&i.pod_a)
+            .config("podKey", Some(json!("ifname")));
         let error = call.run().assert_error(7);
-        assert!(error.msg.contains("podKey") && error.msg.contains("\"name\""), "{}", error.text());
+        assert!(
+            error.msg.contains("podKey") && error.msg.contains("\"name\""),
+            "{}",
+            error.text()
+        );
     }
-    assert!(!i.store.state_dir.exists(), "a rejected config leaves no trace");
+    assert!(
+        !i.store.state_dir.exists(),
+        "a rejected config leaves no trace"
+    );
 }
 
 /// A: the old sandbox (eth0). B: the new one, attached twice to the same network (eth0, net1).
@@ -101,19 +161,30 @@ fn a_sandbox_with_two_interfaces_keeps_the_pod_until_its_last_del() {
 
     i.store.del(&i.b, &i.pod_b).ifname("eth0").run().assert_ok();
     i.store.assert_every_owner_has_its_record();
-    assert!(i.store.is_owner(&i.b, "net1"), "net1 is still attached: B still owns the pod");
+    assert!(
+        i.store.is_owner(&i.b, "net1"),
+        "net1 is still attached: B still owns the pod"
+    );
     i.store.del(&i.a, &i.pod_a).run().assert_error(11);
 
     i.store.del(&i.b, &i.pod_b).ifname("net1").run().assert_ok();
-    assert!(i.store.owner_files().is_empty(), "B's last interface went: the pod's name is free");
+    assert!(
+        i.store.owner_files().is_empty(),
+        "B's last interface went: the pod's name is free"
+    );
     i.store.del(&i.a, &i.pod_a).run().assert_ok();
 }
 
 #[test]
 fn gc_releases_the_interfaces_the_runtime_no_longer_lists_one_by_one() {
     let i = two_interfaces();
-    let listed = json!([{"containerID": i.a, "ifname": "eth0"}, {"containerID": i.b, "ifname": "net1"}]);
-    i.store.cni("GC", "").config("cni.dev/valid-attachments", Some(listed)).run().assert_ok();
+    let listed =
+        json!([{"containerID": i.a, "ifname": "eth0"}, {"containerID": i.b, "ifname": "net1"}]);
+    i.store
+        .cni("GC", "")
+        .config("cni.dev/valid-attachments", Some(listed))
+        .run()
+        .assert_ok();
     i.store.assert_every_owner_has_its_record();
     assert!(i.store.is_owner(&i.b, "net1"));
     i.store.del(&i.a, &i.pod_a).run().assert_error(11);
@@ -127,7 +198,10 @@ fn gc_releases_the_interfaces_the_runtime_no_longer_lists_one_by_one() {
 fn fixture_ids() -> std::collections::HashMap<String, String> {
     testdata::fixture("upgrade/state-v1.ids")
         .lines()
-        .filter_map(|line| line.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .filter_map(|line| {
+            line.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
         .collect()
 }
 
@@ -140,9 +214,11 @@ fn old_store() -> (sys::TempDir, Store) {
     (root, store)
 }
 
-
 fn pod(name: &str, uid: &str) -> Pod {
-    Pod { uid: uid.into(), ..Pod::new("lijiaob", name) }
+    Pod {
+        uid: uid.into(),
+        ..Pod::new("lijiaob", name)
+    }
 }
 
 #[test]
@@ -151,25 +227,58 @@ fn an_old_releases_state_dir_keeps_every_pod_protected_and_moves_to_the_new_keys
     let ids = fixture_ids();
     let (etcd_a, web_c) = (pod("etcd1-0", "uid-a"), pod("web-0", "uid-c"));
     let before: Vec<Value> = store.dump();
-    assert!(before.iter().any(|row| row["containerId"] == ids["b"] && row["owner"] == true), "the dump reads the old layout: {before:?}");
+    assert!(
+        before
+            .iter()
+            .any(|row| row["containerId"] == ids["b"] && row["owner"] == true),
+        "the dump reads the old layout: {before:?}"
+    );
 
     // The old release gave A (net1) and B (net2) a key each; by pod name B owns the pod now.
-    store.del(&ids["a"], &etcd_a).ifname("net1").run().assert_error(11);
-    store.del(&ids["a"], &etcd_a).ifname("eth0").run().assert_error(11);
+    store
+        .del(&ids["a"], &etcd_a)
+        .ifname("net1")
+        .run()
+        .assert_error(11);
+    store
+        .del(&ids["a"], &etcd_a)
+        .ifname("eth0")
+        .run()
+        .assert_error(11);
     store.del(&ids["c"], &web_c).run().assert_error(11);
     store.assert_every_owner_has_its_record();
 
     // Moved: no owner, ledger entry or deferred DEL is keyed by ifname any more.
     for path in files_in(&store.state_dir.join("owners")) {
         let owner = verify_envelope(&path).unwrap();
-        assert!(owner.get("ifName").is_none() && owner["interfaces"].is_array(), "{owner}");
+        assert!(
+            owner.get("ifName").is_none() && owner["interfaces"].is_array(),
+            "{owner}"
+        );
     }
-    let ledger = store.ledger_entry(&web_c).expect("web-0's ledger entry under its new key");
-    assert_eq!(ledger["refused"], json!(2), "the old release's refusal is kept and the new one counted: {ledger}");
-    assert_eq!(files_in(&store.state_dir.join("ledger")).len(), 3, "web-0, db-0 and etcd1-0's new entry");
-    let owners: Vec<Value> = files_in(&store.state_dir.join("owners")).iter().map(|p| verify_envelope(p).unwrap()).collect();
+    let ledger = store
+        .ledger_entry(&web_c)
+        .expect("web-0's ledger entry under its new key");
+    assert_eq!(
+        ledger["refused"],
+        json!(2),
+        "the old release's refusal is kept and the new one counted: {ledger}"
+    );
+    assert_eq!(
+        files_in(&store.state_dir.join("ledger")).len(),
+        3,
+        "web-0, db-0 and etcd1-0's new entry"
+    );
+    let owners: Vec<Value> = files_in(&store.state_dir.join("owners"))
+        .iter()
+        .map(|p| verify_envelope(p).unwrap())
+        .collect();
     let etcd = owners.iter().find(|o| o["podName"] == "etcd1-0").unwrap();
-    assert_eq!((&etcd["containerId"], &etcd["interfaces"]), (&json!(ids["b"]), &json!(["net2"])), "the last ADD wins");
+    assert_eq!(
+        (&etcd["containerId"], &etcd["interfaces"]),
+        (&json!(ids["b"]), &json!(["net2"])),
+        "the last ADD wins"
+    );
     assert_eq!(owners.len(), 3, "{owners:?}");
     assert!(store.state_dir.join("pod-keys").join(NETWORK).exists());
 
@@ -181,9 +290,20 @@ fn an_old_releases_state_dir_keeps_every_pod_protected_and_moves_to_the_new_keys
     assert!(store.dump().iter().all(|row| row["status"] != "deferred"));
 
     // And the pods B and D still own release as they should.
-    store.del(&ids["b"], &pod("etcd1-0", "uid-b")).ifname("net2").run().assert_ok();
-    store.del(&ids["a"], &etcd_a).ifname("net1").run().assert_ok();
-    store.del(&ids["d"], &pod("web-0", "uid-d")).run().assert_ok();
+    store
+        .del(&ids["b"], &pod("etcd1-0", "uid-b"))
+        .ifname("net2")
+        .run()
+        .assert_ok();
+    store
+        .del(&ids["a"], &etcd_a)
+        .ifname("net1")
+        .run()
+        .assert_ok();
+    store
+        .del(&ids["d"], &pod("web-0", "uid-d"))
+        .run()
+        .assert_ok();
     store.del(&ids["c"], &web_c).run().assert_ok();
     assert!(store.owner_files().is_empty());
 }
@@ -194,11 +314,27 @@ fn an_old_releases_state_dir_needs_no_move_under_name_and_ifname() {
     let ids = fixture_ids();
     let owners_before = files_in(&store.state_dir.join("owners"));
     let per_interface = |call: cni::Cni| call.config("podKey", Some(json!("name-and-ifname")));
-    per_interface(store.del(&ids["c"], &pod("web-0", "uid-c"))).run().assert_error(11);
-    assert_eq!(files_in(&store.state_dir.join("owners")), owners_before, "the old keys are this rule's keys");
+    per_interface(store.del(&ids["c"], &pod("web-0", "uid-c")))
+        .run()
+        .assert_error(11);
+    assert_eq!(
+        files_in(&store.state_dir.join("owners")),
+        owners_before,
+        "the old keys are this rule's keys"
+    );
     // Changing the rule later moves them then.
-    store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run().assert_error(11);
-    per_interface(store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1")).run().assert_ok();
+    store
+        .del(&ids["a"], &pod("etcd1-0", "uid-a"))
+        .ifname("net1")
+        .run()
+        .assert_error(11);
+    per_interface(
+        store
+            .del(&ids["a"], &pod("etcd1-0", "uid-a"))
+            .ifname("net1"),
+    )
+    .run()
+    .assert_ok();
 }
 
 #[test]
@@ -206,15 +342,23 @@ fn an_old_releases_damaged_ownership_still_refuses_the_del_that_needs_it() {
     let (_root, store) = old_store();
     let ids = fixture_ids();
     // web-0's owner (D), filed by the old release under the digest of (network, lijiaob, web-0, eth0).
-    let owner = store.state_dir.join("owners/4ef0268c358362ee07eb31bb753cf10a380c295b4dbcb7c96f38d06bd631650a");
+    let owner = store
+        .state_dir
+        .join("owners/4ef0268c358362ee07eb31bb753cf10a380c295b4dbcb7c96f38d06bd631650a");
     cni::corrupt_one_digit(&owner, ids["d"].as_bytes());
-    let refused = store.del(&ids["c"], &pod("web-0", "uid-c")).run().assert_error(101);
+    let refused = store
+        .del(&ids["c"], &pod("web-0", "uid-c"))
+        .run()
+        .assert_error(101);
     assert!(refused.text().contains("set-aside"), "{}", refused.text());
     // The way out the error gives: the operator checks and deletes the set-aside file.
     for path in files_in(&store.state_dir.join("set-aside")) {
         std::fs::remove_file(path).unwrap();
     }
-    store.del(&ids["c"], &pod("web-0", "uid-c")).run().assert_ok();
+    store
+        .del(&ids["c"], &pod("web-0", "uid-c"))
+        .run()
+        .assert_ok();
 }
 
 /// Delegate mode: A (eth0) superseded by B, attached as eth0 and net1; A's DEL deferred.
@@ -222,8 +366,14 @@ fn deferred_behind_two_interfaces() -> (Incident, RecordingPrimary) {
     let i = Incident::of("shop", "web-0");
     let primary = RecordingPrimary::new();
     primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
+    primary
+        .wrap(i.store.add(&i.b, &i.pod_b).ifname("eth0"))
+        .run()
+        .assert_ok();
+    primary
+        .wrap(i.store.add(&i.b, &i.pod_b).ifname("net1"))
+        .run()
+        .assert_ok();
     primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
     (i, primary)
 }
@@ -231,14 +381,32 @@ fn deferred_behind_two_interfaces() -> (Incident, RecordingPrimary) {
 #[test]
 fn in_delegate_mode_a_deferred_del_waits_for_the_owners_last_interface() {
     let (i, primary) = deferred_behind_two_interfaces();
-    assert_eq!(primary.dels(&i.a), 0, "A's DEL is deferred while B owns the pod");
+    assert_eq!(
+        primary.dels(&i.a),
+        0,
+        "A's DEL is deferred while B owns the pod"
+    );
 
-    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
-    assert_eq!(primary.dels(&i.a), 0, "B's net1 is still attached: A's DEL still waits");
+    primary
+        .wrap(i.store.del(&i.b, &i.pod_b).ifname("eth0"))
+        .run()
+        .assert_ok();
+    assert_eq!(
+        primary.dels(&i.a),
+        0,
+        "B's net1 is still attached: A's DEL still waits"
+    );
     i.store.assert_every_owner_has_its_record();
 
-    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
-    assert_eq!(primary.dels(&i.a), 1, "B's last interface went: A's DEL is replayed");
+    primary
+        .wrap(i.store.del(&i.b, &i.pod_b).ifname("net1"))
+        .run()
+        .assert_ok();
+    assert_eq!(
+        primary.dels(&i.a),
+        1,
+        "B's last interface went: A's DEL is replayed"
+    );
     assert!(i.store.dump().is_empty(), "{:?}", i.store.dump());
 }
 
@@ -254,21 +422,51 @@ fn an_old_releases_state_dir_that_cannot_be_rekeyed_still_refuses_stale_dels() {
     let read_only = mount::Mount::read_only_bind(&store.state_dir);
     // B (net2) took etcd1-0 after A (net1): by pod name A's DELs are stale, whatever ifname.
     for if_name in ["net1", "eth0"] {
-        let refused = store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname(if_name).run().assert_error(11);
-        assert!(refused.msg.contains("stale DEL") && refused.msg.contains(&ids["b"]), "{}", refused.text());
-        assert!(refused.details.contains("podKey"), "details say why and how out: {}", refused.text());
+        let refused = store
+            .del(&ids["a"], &pod("etcd1-0", "uid-a"))
+            .ifname(if_name)
+            .run()
+            .assert_error(11);
+        assert!(
+            refused.msg.contains("stale DEL") && refused.msg.contains(&ids["b"]),
+            "{}",
+            refused.text()
+        );
+        assert!(
+            refused.details.contains("podKey"),
+            "details say why and how out: {}",
+            refused.text()
+        );
         let primary = RecordingPrimary::new();
-        primary.wrap(store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname(if_name)).run().assert_error(11);
+        primary
+            .wrap(
+                store
+                    .del(&ids["a"], &pod("etcd1-0", "uid-a"))
+                    .ifname(if_name),
+            )
+            .run()
+            .assert_error(11);
         assert_eq!(primary.dels(&ids["a"]), 0, "the primary never saw A's DEL");
     }
     // web-0's C was already refused once under the old key; D still owns the pod.
-    store.del(&ids["c"], &pod("web-0", "uid-c")).run().assert_error(11);
+    store
+        .del(&ids["c"], &pod("web-0", "uid-c"))
+        .run()
+        .assert_error(11);
     // The owner's own DEL still passes (its record stays until the store takes writes).
-    store.del(&ids["b"], &pod("etcd1-0", "uid-b")).ifname("net2").run().assert_ok();
+    store
+        .del(&ids["b"], &pod("etcd1-0", "uid-b"))
+        .ifname("net2")
+        .run()
+        .assert_ok();
     drop(read_only);
     assert_eq!(store.dump(), before, "nothing was written");
     // Writable again: the next verb re-keys, and the protection stays.
-    store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run().assert_error(11);
+    store
+        .del(&ids["a"], &pod("etcd1-0", "uid-a"))
+        .ifname("net1")
+        .run()
+        .assert_error(11);
     assert!(store.state_dir.join("pod-keys").join(NETWORK).exists());
 }
 
@@ -276,10 +474,19 @@ fn an_old_releases_state_dir_that_cannot_be_rekeyed_still_refuses_stale_dels() {
 /// (a kept copy without its time) and marker by path, with what it holds when it verifies.
 fn rekeyed_state(store: &Store) -> std::collections::BTreeMap<String, Value> {
     let mut found = std::collections::BTreeMap::new();
-    let mut dirs = vec![store.state_dir.join("owners"), store.state_dir.join("deferred"), store.state_dir.join("set-aside"), store.state_dir.join("pod-keys")];
+    let mut dirs = vec![
+        store.state_dir.join("owners"),
+        store.state_dir.join("deferred"),
+        store.state_dir.join("set-aside"),
+        store.state_dir.join("pod-keys"),
+    ];
     while let Some(dir) = dirs.pop() {
         for path in files_in(&dir) {
-            let name = path.strip_prefix(&store.state_dir).unwrap().to_string_lossy().into_owned();
+            let name = path
+                .strip_prefix(&store.state_dir)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
             if name.rsplit('/').next().unwrap().starts_with('.') {
                 continue;
             }
@@ -308,27 +515,49 @@ fn a_rekey_killed_at_any_step_loses_nothing_and_runs_again_to_the_same_store() {
         let fresh = || {
             let (root, store) = old_store();
             if damaged {
-                let owner = store.state_dir.join("owners/4ef0268c358362ee07eb31bb753cf10a380c295b4dbcb7c96f38d06bd631650a");
+                let owner = store.state_dir.join(
+                    "owners/4ef0268c358362ee07eb31bb753cf10a380c295b4dbcb7c96f38d06bd631650a",
+                );
                 cni::corrupt_one_digit(&owner, ids["d"].as_bytes());
             }
             (root, store)
         };
         let web_code = if damaged { 101 } else { 11 };
         let finish = |store: &Store| {
-            store.del(&ids["a"], &etcd_a).ifname("net1").run().assert_error(11);
+            store
+                .del(&ids["a"], &etcd_a)
+                .ifname("net1")
+                .run()
+                .assert_error(11);
             store.del(&ids["c"], &web_c).run().assert_error(web_code);
             store.assert_every_owner_has_its_record();
         };
         let (_uncut_root, uncut) = fresh();
-        uncut.del(&ids["a"], &etcd_a).ifname("net1").run().assert_error(11);
+        uncut
+            .del(&ids["a"], &etcd_a)
+            .ifname("net1")
+            .run()
+            .assert_error(11);
         finish(&uncut);
         let expected = rekeyed_state(&uncut);
-        let web_refused = uncut.ledger_entry(&web_c).map(|entry| entry["refused"].clone());
+        let web_refused = uncut
+            .ledger_entry(&web_c)
+            .map(|entry| entry["refused"].clone());
         let mut kills = 0;
-        for syscalls in ["rename", "link,linkat", "unlink,unlinkat", "fsync,fdatasync", "mkdir,mkdirat"] {
+        for syscalls in [
+            "rename",
+            "link,linkat",
+            "unlink,unlinkat",
+            "fsync,fdatasync",
+            "mkdir,mkdirat",
+        ] {
             for nth in 1..100 {
                 let (_root, store) = fresh();
-                let reply = store.del(&ids["a"], &etcd_a).ifname("net1").run_killed_at(cni::Traced::PluginOnly, syscalls, nth);
+                let reply = store.del(&ids["a"], &etcd_a).ifname("net1").run_killed_at(
+                    cni::Traced::PluginOnly,
+                    syscalls,
+                    nth,
+                );
                 if reply.status.signal() != Some(9) {
                     reply.assert_error(11);
                     break;
@@ -336,9 +565,18 @@ fn a_rekey_killed_at_any_step_loses_nothing_and_runs_again_to_the_same_store() {
                 kills += 1;
                 store.assert_every_owner_has_its_record();
                 finish(&store);
-                assert_eq!(rekeyed_state(&store), expected, "killed at {syscalls} #{nth}");
-                let refused = store.ledger_entry(&web_c).map(|entry| entry["refused"].clone());
-                assert_eq!(refused, web_refused, "killed at {syscalls} #{nth}: web-0's old refusal counted once");
+                assert_eq!(
+                    rekeyed_state(&store),
+                    expected,
+                    "killed at {syscalls} #{nth}"
+                );
+                let refused = store
+                    .ledger_entry(&web_c)
+                    .map(|entry| entry["refused"].clone());
+                assert_eq!(
+                    refused, web_refused,
+                    "killed at {syscalls} #{nth}: web-0's old refusal counted once"
+                );
             }
         }
         assert!(kills > 10, "only {kills} kills: the test proves little");
@@ -363,8 +601,13 @@ fn an_owner_with_two_interfaces_keeps_the_pod_through_the_runtimes_sequences() {
         reply.assert_error(11);
     }
     // GC listing only one of B's interfaces keeps B the owner by it.
-    let listed = json!([{"containerID": i.a, "ifname": "eth0"}, {"containerID": i.b, "ifname": "net1"}]);
-    i.store.cni("GC", "").config("cni.dev/valid-attachments", Some(listed)).run().assert_ok();
+    let listed =
+        json!([{"containerID": i.a, "ifname": "eth0"}, {"containerID": i.b, "ifname": "net1"}]);
+    i.store
+        .cni("GC", "")
+        .config("cni.dev/valid-attachments", Some(listed))
+        .run()
+        .assert_ok();
     i.store.del(&i.a, &i.pod_a).run().assert_error(11);
     // Re-ADDed under another ifname, B holds the pod by both; the DEL of one keeps it.
     i.store.add(&i.b, &i.pod_b).ifname("net2").run().assert_ok();
@@ -373,11 +616,22 @@ fn an_owner_with_two_interfaces_keeps_the_pod_through_the_runtimes_sequences() {
     i.store.del(&i.a, &i.pod_a).run().assert_error(11);
     i.store.assert_every_owner_has_its_record();
     // Re-ADDed under another pod name, B's last interface on web-0 is gone: the name is free.
-    let other_pod = Pod { uid: i.pod_b.uid.clone(), ..Pod::new("shop", "web-1") };
-    i.store.add(&i.b, &other_pod).ifname("net2").run().assert_ok();
+    let other_pod = Pod {
+        uid: i.pod_b.uid.clone(),
+        ..Pod::new("shop", "web-1")
+    };
+    i.store
+        .add(&i.b, &other_pod)
+        .ifname("net2")
+        .run()
+        .assert_ok();
     i.store.assert_every_owner_has_its_record();
     i.store.del(&i.a, &i.pod_a).run().assert_ok();
-    i.store.del(&i.b, &other_pod).ifname("net2").run().assert_ok();
+    i.store
+        .del(&i.b, &other_pod)
+        .ifname("net2")
+        .run()
+        .assert_ok();
     assert!(i.store.owner_files().is_empty());
 }
 
@@ -386,16 +640,29 @@ fn in_delegate_mode_a_twice_sent_del_of_one_interface_replays_nothing_early() {
     let i = Incident::of("shop", "web-0");
     let primary = RecordingPrimary::new();
     primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
-    primary.wrap(i.store.add(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
+    primary
+        .wrap(i.store.add(&i.b, &i.pod_b).ifname("eth0"))
+        .run()
+        .assert_ok();
+    primary
+        .wrap(i.store.add(&i.b, &i.pod_b).ifname("net1"))
+        .run()
+        .assert_ok();
     for reply in containerd_dels(|| primary.wrap(i.store.del(&i.a, &i.pod_a))) {
         reply.assert_ok();
     }
     for reply in containerd_dels(|| primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("eth0"))) {
         reply.assert_ok();
     }
-    assert_eq!(primary.dels(&i.a), 0, "B's net1 is still attached: A's DEL waits");
-    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
+    assert_eq!(
+        primary.dels(&i.a),
+        0,
+        "B's net1 is still attached: A's DEL waits"
+    );
+    primary
+        .wrap(i.store.del(&i.b, &i.pod_b).ifname("net1"))
+        .run()
+        .assert_ok();
     assert_eq!(primary.dels(&i.a), 1, "A's DEL is replayed once");
     i.store.assert_every_owner_has_its_record();
 }
@@ -410,7 +677,13 @@ fn an_old_releases_state_dir_on_a_full_disk_still_refuses_stale_dels() {
     let disk = mount::Mount::tmpfs("size=256k,mode=0755");
     let state_dir = disk.path.join("state");
     cni::copy_state_dir(&testdata::fixture_path("upgrade/state-v1"), &state_dir);
-    for folder in ["set-aside", "failed-adds", "ledger", "deferred", "pod-locks"] {
+    for folder in [
+        "set-aside",
+        "failed-adds",
+        "ledger",
+        "deferred",
+        "pod-locks",
+    ] {
         std::fs::create_dir_all(state_dir.join(folder)).unwrap();
     }
     let store = Store::with_state_dir(state_dir, &logs.path);
@@ -420,15 +693,35 @@ fn an_old_releases_state_dir_on_a_full_disk_still_refuses_stale_dels() {
         let mut file = std::fs::File::create(&filler).unwrap();
         while file.write(&[0xa5u8; 4096]).is_ok_and(|n| n > 0) {}
     }
-    let refused = store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run().assert_error(11);
+    let refused = store
+        .del(&ids["a"], &pod("etcd1-0", "uid-a"))
+        .ifname("net1")
+        .run()
+        .assert_error(11);
     assert!(refused.msg.contains(&ids["b"]), "{}", refused.text());
     let primary = RecordingPrimary::new();
-    let deferred = primary.wrap(store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("eth0")).run();
-    assert!(!deferred.succeeded() || !store.dump().iter().all(|row| row["status"] != "deferred"), "told success, kept nowhere: {deferred:?}");
+    let deferred = primary
+        .wrap(
+            store
+                .del(&ids["a"], &pod("etcd1-0", "uid-a"))
+                .ifname("eth0"),
+        )
+        .run();
+    assert!(
+        !deferred.succeeded() || !store.dump().iter().all(|row| row["status"] != "deferred"),
+        "told success, kept nowhere: {deferred:?}"
+    );
     assert_eq!(primary.dels(&ids["a"]), 0, "the primary never saw A's DEL");
-    assert!(!store.state_dir.join("pod-keys").join(NETWORK).exists(), "the disk was full: no move");
+    assert!(
+        !store.state_dir.join("pod-keys").join(NETWORK).exists(),
+        "the disk was full: no move"
+    );
     std::fs::remove_file(&filler).unwrap();
-    store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run().assert_error(11);
+    store
+        .del(&ids["a"], &pod("etcd1-0", "uid-a"))
+        .ifname("net1")
+        .run()
+        .assert_error(11);
     assert!(store.state_dir.join("pod-keys").join(NETWORK).exists());
 }
 
@@ -445,24 +738,62 @@ fn the_first_verbs_after_the_upgrade_race_on_two_networks() {
             for n in 0..4 {
                 let store = &store;
                 let ids = &ids;
-                running.push(scope.spawn(move || (true, store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname(if n % 2 == 0 { "net1" } else { "eth0" }).run())));
-                running.push(scope.spawn(move || (false, other(store.add(&cni::container_id(), &Pod::new("lijiaob", "etcd1-0"))).run())));
+                running.push(scope.spawn(move || {
+                    (
+                        true,
+                        store
+                            .del(&ids["a"], &pod("etcd1-0", "uid-a"))
+                            .ifname(if n % 2 == 0 { "net1" } else { "eth0" })
+                            .run(),
+                    )
+                }));
+                running.push(scope.spawn(move || {
+                    (
+                        false,
+                        other(store.add(&cni::container_id(), &Pod::new("lijiaob", "etcd1-0")))
+                            .run(),
+                    )
+                }));
             }
             running.into_iter().map(|t| t.join().unwrap()).collect()
         });
         for (stale, reply) in replies {
-            if stale { reply.assert_error(11); } else { reply.assert_ok(); }
+            if stale {
+                reply.assert_error(11);
+            } else {
+                reply.assert_ok();
+            }
         }
         for network in [NETWORK, "other-net"] {
-            assert!(store.state_dir.join("pod-keys").join(network).exists(), "{network} marked");
+            assert!(
+                store.state_dir.join("pod-keys").join(network).exists(),
+                "{network} marked"
+            );
         }
         store.assert_every_owner_has_its_record();
-        let owners: Vec<Value> = store.owner_files().iter().map(|p| verify_envelope(p).unwrap()).collect();
+        let owners: Vec<Value> = store
+            .owner_files()
+            .iter()
+            .map(|p| verify_envelope(p).unwrap())
+            .collect();
         let ours: Vec<&Value> = owners.iter().filter(|o| o["network"] == NETWORK).collect();
-        assert_eq!(ours.len(), 3, "etcd1-0, web-0 and db-0, each once: {ours:?}");
+        assert_eq!(
+            ours.len(),
+            3,
+            "etcd1-0, web-0 and db-0, each once: {ours:?}"
+        );
         assert!(ours.iter().all(|o| o.get("ifName").is_none()));
-        assert_eq!(owners.iter().filter(|o| o["network"] == "other-net").count(), 1, "the last ADD on other-net owns its etcd1-0");
-        let etcd = store.ledger_entry(&pod("etcd1-0", "uid-a")).expect("etcd1-0's refusals");
+        assert_eq!(
+            owners
+                .iter()
+                .filter(|o| o["network"] == "other-net")
+                .count(),
+            1,
+            "the last ADD on other-net owns its etcd1-0"
+        );
+        let etcd = store
+            .ledger_entry(&pod("etcd1-0", "uid-a"))
+            .expect("etcd1-0's refusals");
         assert_eq!(etcd["refused"], json!(4), "{etcd}");
     }
 }
@@ -475,21 +806,51 @@ fn the_first_verbs_after_the_upgrade_race_on_two_networks() {
 fn switching_pod_key_back_and_forth_keeps_owners_and_deferred_dels() {
     let (i, primary) = deferred_behind_two_interfaces();
     let per_interface = |call: cni::Cni| call.config("podKey", Some(json!("name-and-ifname")));
-    let unrelated = || (cni::container_id(), Pod::new("shop", &format!("other-{}", &cni::container_id()[..6])));
-    for rule in [per_interface as fn(cni::Cni) -> cni::Cni, |call| call, per_interface, |call| call] {
+    let unrelated = || {
+        (
+            cni::container_id(),
+            Pod::new("shop", &format!("other-{}", &cni::container_id()[..6])),
+        )
+    };
+    for rule in [
+        per_interface as fn(cni::Cni) -> cni::Cni,
+        |call| call,
+        per_interface,
+        |call| call,
+    ] {
         let (c, p) = unrelated();
         primary.wrap(rule(i.store.add(&c, &p))).run().assert_ok();
         assert_eq!(primary.dels(&i.a), 0, "B still holds eth0: A's DEL waits");
         assert!(i.store.is_owner(&i.b, "eth0") && i.store.is_owner(&i.b, "net1"));
         i.store.assert_every_owner_has_its_record();
-        assert_eq!(i.store.dump().iter().filter(|row| row["status"] == "deferred").count(), 1);
+        assert_eq!(
+            i.store
+                .dump()
+                .iter()
+                .filter(|row| row["status"] == "deferred")
+                .count(),
+            1
+        );
     }
-    let ledger = i.store.ledger_entry(&i.pod_a).expect("the deferral counted under the name key");
+    let ledger = i
+        .store
+        .ledger_entry(&i.pod_a)
+        .expect("the deferral counted under the name key");
     assert_eq!(ledger["deferred"], json!(1), "{ledger}");
-    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("eth0")).run().assert_ok();
+    primary
+        .wrap(i.store.del(&i.b, &i.pod_b).ifname("eth0"))
+        .run()
+        .assert_ok();
     assert_eq!(primary.dels(&i.a), 0);
-    primary.wrap(i.store.del(&i.b, &i.pod_b).ifname("net1")).run().assert_ok();
-    assert_eq!(primary.dels(&i.a), 1, "A's DEL is replayed once, after B's last interface");
+    primary
+        .wrap(i.store.del(&i.b, &i.pod_b).ifname("net1"))
+        .run()
+        .assert_ok();
+    assert_eq!(
+        primary.dels(&i.a),
+        1,
+        "A's DEL is replayed once, after B's last interface"
+    );
 }
 
 /// The old release filed etcd1-0 under two keys, A's (net1) and B's (net2); B's file is
@@ -502,12 +863,28 @@ fn a_damaged_owner_under_another_interfaces_old_key_still_refuses_the_old_sandbo
             continue;
         }
         let (_root, store) = old_store();
-        let owner_of_b = store.owner_files().into_iter().find(|p| std::fs::read(p).unwrap().windows(64).any(|w| w == ids["b"].as_bytes())).unwrap();
+        let owner_of_b = store
+            .owner_files()
+            .into_iter()
+            .find(|p| {
+                std::fs::read(p)
+                    .unwrap()
+                    .windows(64)
+                    .any(|w| w == ids["b"].as_bytes())
+            })
+            .unwrap();
         cni::corrupt_one_digit(&owner_of_b, ids["b"].as_bytes());
         let _mount = read_only.then(|| mount::Mount::read_only_bind(&store.state_dir));
-        let reply = store.del(&ids["a"], &pod("etcd1-0", "uid-a")).ifname("net1").run();
+        let reply = store
+            .del(&ids["a"], &pod("etcd1-0", "uid-a"))
+            .ifname("net1")
+            .run();
         let refused = reply.assert_error_in(&[11, 101]);
-        assert!(refused.text().contains("set-aside") || refused.text().contains("failed verification"), "read-only={read_only}: {}", refused.text());
+        assert!(
+            refused.text().contains("set-aside") || refused.text().contains("failed verification"),
+            "read-only={read_only}: {}",
+            refused.text()
+        );
     }
 }
 
@@ -533,7 +910,10 @@ fn the_dump_and_the_doctor_on_an_old_releases_state_dir_write_nothing() {
     let before = tree(&store.state_dir);
     let state_dir = store.state_dir.to_str().unwrap();
     assert_eq!(store.dump().len(), 6, "every record and the deferred DEL");
-    for args in [&["--dump-checkpoints", "--state-dir", state_dir][..], &["--doctor", "--state-dir", state_dir]] {
+    for args in [
+        &["--dump-checkpoints", "--state-dir", state_dir][..],
+        &["--doctor", "--state-dir", state_dir],
+    ] {
         cni::guard(args);
     }
     assert_eq!(tree(&store.state_dir), before, "a read-only command wrote");

@@ -3,27 +3,51 @@
 //! ADD in the config's cniVersion, converted as libcni converts results when the versions
 //! differ. DEL never checks it: a malformed cached result must not block a teardown.
 
+#[path = "support/cni.rs"]
+mod cni;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
 mod testdata;
-#[path = "support/cni.rs"]
-mod cni;
 
 use cni::{NETWORK, Pod, Store, container_id};
-use testdata::fixture;
 use serde_json::{Value, json};
+use testdata::fixture;
 
 /// Results that are not results (testdata/results/malformed/), with what the error must name.
 const NOT_RESULTS: [(&str, &str, &str); 8] = [
     ("an array", "array.json", "prevResult"),
     ("an empty object", "empty-object.json", "cniVersion"),
-    ("interfaces a string, no cniVersion", "interfaces-string-no-version.json", "cniVersion"),
-    ("interfaces a string", "interfaces-string.json", "prevResult.interfaces"),
-    ("an IP on an interface the result does not have", "ip-on-missing-interface.json", "prevResult.ips[0].interface"),
-    ("a route dst without prefix", "route-dst-without-prefix.json", "prevResult.routes[0].dst"),
-    ("a route dst that is no CIDR", "route-dst-not-cidr.json", "prevResult.routes[0].dst"),
-    ("a bare address", "bare-address.json", "prevResult.ips[0].address"),
+    (
+        "interfaces a string, no cniVersion",
+        "interfaces-string-no-version.json",
+        "cniVersion",
+    ),
+    (
+        "interfaces a string",
+        "interfaces-string.json",
+        "prevResult.interfaces",
+    ),
+    (
+        "an IP on an interface the result does not have",
+        "ip-on-missing-interface.json",
+        "prevResult.ips[0].interface",
+    ),
+    (
+        "a route dst without prefix",
+        "route-dst-without-prefix.json",
+        "prevResult.routes[0].dst",
+    ),
+    (
+        "a route dst that is no CIDR",
+        "route-dst-not-cidr.json",
+        "prevResult.routes[0].dst",
+    ),
+    (
+        "a bare address",
+        "bare-address.json",
+        "prevResult.ips[0].address",
+    ),
 ];
 
 /// The result of testdata/results/<file>.
@@ -35,13 +59,18 @@ fn result(file: &str) -> String {
 /// refused with `code` and the store unchanged (`what` says which case failed).
 fn add_refused(version: &str, file: &str, code: u64, what: &str) -> cni::CniError {
     let store = Store::new();
-    let call = store.add(&container_id(), &Pod::new("default", "web-0")).version(version).prev_result_raw(&result(file));
+    let call = store
+        .add(&container_id(), &Pod::new("default", "web-0"))
+        .version(version)
+        .prev_result_raw(&result(file));
     assert_refused_untouched(&store, call, code, what)
 }
 
 /// NOT_RESULTS with each file read.
 fn not_results() -> impl Iterator<Item = (&'static str, String, &'static str)> {
-    NOT_RESULTS.into_iter().map(|(what, file, names)| (what, result(&format!("malformed/{file}")), names))
+    NOT_RESULTS
+        .into_iter()
+        .map(|(what, file, names)| (what, result(&format!("malformed/{file}")), names))
 }
 
 /// Runs `call`, expects code `code` and an unchanged store; returns the error's text.
@@ -51,7 +80,11 @@ fn assert_refused_untouched(store: &Store, call: cni::Cni, code: u64, what: &str
     let reply = call.run();
     let error = reply.assert_error(code);
     assert_eq!(store.snapshot(), before, "{what}: the state dir changed");
-    assert_eq!(store.state_dir.exists(), existed, "{what}: the state dir was created");
+    assert_eq!(
+        store.state_dir.exists(),
+        existed,
+        "{what}: the state dir was created"
+    );
     error
 }
 
@@ -60,44 +93,82 @@ fn add_refuses_what_is_not_a_result_with_code_6_and_writes_nothing() {
     // One store that holds a checkpoint; for each case also a fresh one whose state dir does
     // not exist yet and must not be created.
     let settled = Store::new();
-    settled.add(&container_id(), &Pod::new("default", "settled-0")).version("1.0.0").run().assert_ok();
+    settled
+        .add(&container_id(), &Pod::new("default", "settled-0"))
+        .version("1.0.0")
+        .run()
+        .assert_ok();
     let mut failures = Vec::new();
     for (what, raw, names) in not_results() {
         let fresh = Store::new();
         for store in [&fresh, &settled] {
             let container = container_id();
-            let call = store.add(&container, &Pod::new("default", "web-0")).version("1.0.0").prev_result_raw(&raw);
+            let call = store
+                .add(&container, &Pod::new("default", "web-0"))
+                .version("1.0.0")
+                .prev_result_raw(&raw);
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let error = assert_refused_untouched(store, call, 6, what);
-                assert!(error.msg.contains(names), "{what}: msg must name {names}: {error:?}");
-                assert!(error.msg.len() <= 200 && !error.msg.contains('\n'), "{what}: msg must be one short sentence: {error:?}");
                 assert!(
-                    error.details.contains("must return a valid CNI") && error.details.contains("1.0.0"),
+                    error.msg.contains(names),
+                    "{what}: msg must name {names}: {error:?}"
+                );
+                assert!(
+                    error.msg.len() <= 200 && !error.msg.contains('\n'),
+                    "{what}: msg must be one short sentence: {error:?}"
+                );
+                assert!(
+                    error.details.contains("must return a valid CNI")
+                        && error.details.contains("1.0.0"),
                     "{what}: details must say the way out: {error:?}"
                 );
             }));
             if let Err(panic) = outcome {
-                let why = panic.downcast_ref::<String>().cloned().unwrap_or_else(|| "panic".into());
-                let which = if std::ptr::eq(store, &fresh) { "fresh" } else { "settled" };
+                let why = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .unwrap_or_else(|| "panic".into());
+                let which = if std::ptr::eq(store, &fresh) {
+                    "fresh"
+                } else {
+                    "settled"
+                };
                 failures.push(format!("{what} ({which} store): {why}"));
             }
         }
     }
-    assert!(failures.is_empty(), "{} results mishandled:\n{}", failures.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} results mishandled:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
 }
 
 #[test]
 fn the_out_of_range_interface_is_named_with_its_count() {
-    let error = add_refused("1.0.0", "malformed/ip-interface-3-of-1.json", 6, "interface 3 of 1");
+    let error = add_refused(
+        "1.0.0",
+        "malformed/ip-interface-3-of-1.json",
+        6,
+        "interface 3 of 1",
+    );
     assert!(
-        error.msg.contains("prevResult.ips[0].interface 3 is out of range: the result has 1 interface"),
+        error
+            .msg
+            .contains("prevResult.ips[0].interface 3 is out of range: the result has 1 interface"),
         "{error:?}"
     );
 }
 
 #[test]
 fn add_refuses_a_pre_1_0_version_field_of_the_wrong_family() {
-    let error = add_refused("0.4.0", "malformed/ip-version-6-on-ipv4.json", 6, "version 6 on an IPv4 address");
+    let error = add_refused(
+        "0.4.0",
+        "malformed/ip-version-6-on-ipv4.json",
+        6,
+        "version 6 on an IPv4 address",
+    );
     assert!(error.msg.contains("prevResult.ips[0].version"), "{error:?}");
 }
 
@@ -108,9 +179,16 @@ fn check_refuses_what_is_not_a_result_before_reading_the_store() {
     let a = container_id();
     store.add(&a, &pod).version("1.0.0").run().assert_ok();
     for (what, raw, names) in not_results() {
-        let call = store.cni("CHECK", &a).pod(&pod).version("1.0.0").prev_result_raw(&raw);
+        let call = store
+            .cni("CHECK", &a)
+            .pod(&pod)
+            .version("1.0.0")
+            .prev_result_raw(&raw);
         let error = assert_refused_untouched(&store, call, 6, what);
-        assert!(error.msg.contains(names), "CHECK, {what}: msg must name {names}: {error:?}");
+        assert!(
+            error.msg.contains(names),
+            "CHECK, {what}: msg must name {names}: {error:?}"
+        );
     }
 }
 
@@ -121,9 +199,19 @@ fn del_does_not_check_the_cached_result() {
     for (what, raw, _) in not_results() {
         let a = container_id();
         store.add(&a, &pod).version("1.0.0").run().assert_ok();
-        let reply = store.del(&a, &pod).version("1.0.0").prev_result_raw(&raw).run();
-        assert!(reply.succeeded(), "DEL with {what} as prevResult must tear down: {reply:?}");
-        assert!(!store.record_path(NETWORK, &a, "eth0").exists(), "DEL with {what}: the record stays");
+        let reply = store
+            .del(&a, &pod)
+            .version("1.0.0")
+            .prev_result_raw(&raw)
+            .run();
+        assert!(
+            reply.succeeded(),
+            "DEL with {what} as prevResult must tear down: {reply:?}"
+        );
+        assert!(
+            !store.record_path(NETWORK, &a, "eth0").exists(),
+            "DEL with {what}: the record stays"
+        );
     }
 }
 
@@ -143,11 +231,20 @@ fn a_legacy_result_that_does_not_parse_is_code_6_and_writes_nothing() {
     ] {
         for version in ["0.1.0", "0.2.0", "1.0.0"] {
             let store = Store::new();
-            let call = store.add(&container_id(), &Pod::new("default", "web-0")).version(version).prev_result_raw(&result(&format!("malformed/{file}")));
+            let call = store
+                .add(&container_id(), &Pod::new("default", "web-0"))
+                .version(version)
+                .prev_result_raw(&result(&format!("malformed/{file}")));
             let error = assert_refused_untouched(&store, call, 6, file);
             assert!(error.msg.contains(names), "{file} at {version}: {error:?}");
-            assert!(store.log_lines().iter().all(|l| l.outcome != "added"), "{file} at {version}: a success was logged");
-            assert!(error.details.contains("must return a valid CNI 0."), "{file} at {version}: {error:?}");
+            assert!(
+                store.log_lines().iter().all(|l| l.outcome != "added"),
+                "{file} at {version}: a success was logged"
+            );
+            assert!(
+                error.details.contains("must return a valid CNI 0."),
+                "{file} at {version}: {error:?}"
+            );
         }
     }
 }
@@ -156,13 +253,23 @@ fn a_legacy_result_that_does_not_parse_is_code_6_and_writes_nothing() {
 fn a_config_version_that_is_none_of_the_known_ones_is_code_1_and_writes_nothing() {
     for version in ["0.2.1", "0.5.0", "1.2.0", "v1.0.0", "1.0"] {
         let store = Store::new();
-        let call = store.add(&container_id(), &Pod::new("default", "web-0")).version(version).prev_result_raw(&result("0.2.0.json"));
+        let call = store
+            .add(&container_id(), &Pod::new("default", "web-0"))
+            .version(version)
+            .prev_result_raw(&result("0.2.0.json"));
         let error = assert_refused_untouched(&store, call, 1, version);
-        assert!(error.msg.contains("is not supported") && error.msg.contains("0.1.0"), "{version}: {error:?}");
+        assert!(
+            error.msg.contains("is not supported") && error.msg.contains("0.1.0"),
+            "{version}: {error:?}"
+        );
         // The only line is the refusal itself (a rejected config is logged and counted, so a
         // bad install shows in the log): none of success.
         let lines = store.log_lines();
-        assert!(lines.iter().all(|l| l.outcome == "rejected"), "{version}: {:?}", lines.iter().map(|l| &l.raw).collect::<Vec<_>>());
+        assert!(
+            lines.iter().all(|l| l.outcome == "rejected"),
+            "{version}: {:?}",
+            lines.iter().map(|l| &l.raw).collect::<Vec<_>>()
+        );
     }
 }
 
@@ -171,15 +278,35 @@ fn legacy_results_pass_through_at_their_version_and_are_checkpointed() {
     let store = Store::new();
     for version in ["0.1.0", "0.2.0"] {
         let raw = result(&format!("{version}.json"));
-        let (a, pod) = (container_id(), Pod::new("default", &format!("legacy-{}", version.replace('.', "-"))));
-        let reply = store.add(&a, &pod).version(version).prev_result_raw(&raw).run();
+        let (a, pod) = (
+            container_id(),
+            Pod::new("default", &format!("legacy-{}", version.replace('.', "-"))),
+        );
+        let reply = store
+            .add(&a, &pod)
+            .version(version)
+            .prev_result_raw(&raw)
+            .run();
         reply.assert_ok();
-        assert_eq!(reply.stdout.strip_suffix('\n').unwrap_or(&reply.stdout), raw.trim_end(), "ADD at {version} prints the result unchanged");
-        let stored = store.entry(&a, "eth0").unwrap_or_else(|| panic!("ADD at {version} is checkpointed"));
-        assert_eq!(stored["prevResult"], serde_json::from_str::<Value>(&raw).unwrap(), "{version}");
+        assert_eq!(
+            reply.stdout.strip_suffix('\n').unwrap_or(&reply.stdout),
+            raw.trim_end(),
+            "ADD at {version} prints the result unchanged"
+        );
+        let stored = store
+            .entry(&a, "eth0")
+            .unwrap_or_else(|| panic!("ADD at {version} is checkpointed"));
+        assert_eq!(
+            stored["prevResult"],
+            serde_json::from_str::<Value>(&raw).unwrap(),
+            "{version}"
+        );
         // libcni sends no prevResult on DEL below 0.4.0.
         store.del(&a, &pod).version(version).run().assert_ok();
-        assert!(store.entry(&a, "eth0").is_none(), "DEL at {version} removes the checkpoint");
+        assert!(
+            store.entry(&a, "eth0").is_none(),
+            "DEL at {version} removes the checkpoint"
+        );
     }
 }
 
@@ -194,7 +321,12 @@ fn libcni_converts(converter: &std::path::Path, raw: &str, version: &str) -> Res
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run libcni-convert");
-    child.stdin.take().unwrap().write_all(raw.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(raw.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     if out.status.success() {
         Ok(serde_json::from_slice(&out.stdout).expect("libcni-convert prints JSON"))
@@ -206,7 +338,10 @@ fn libcni_converts(converter: &std::path::Path, raw: &str, version: &str) -> Res
 /// Go marshals an empty DNS struct as `{}` before 1.0 and leaves it out after; the guard
 /// keeps what the result had. Neither tells the runtime anything.
 fn without_empty_dns(mut result: Value) -> Value {
-    if result.get("dns").is_some_and(|dns| dns.as_object().is_some_and(|o| o.is_empty())) {
+    if result
+        .get("dns")
+        .is_some_and(|dns| dns.as_object().is_some_and(|o| o.is_empty()))
+    {
         result.as_object_mut().unwrap().remove("dns");
     }
     result
@@ -216,8 +351,19 @@ fn without_empty_dns(mut result: Value) -> Value {
 fn built_libcni_convert() -> std::path::PathBuf {
     let out_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("libcni-convert");
     let vendored = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vendor/cni-1.3.0");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/build-libcni-driver.sh");
-    sys::run("bash", &[script, out_dir.to_str().unwrap(), vendored, "libcni-convert"]);
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/build-libcni-driver.sh"
+    );
+    sys::run(
+        "bash",
+        &[
+            script,
+            out_dir.to_str().unwrap(),
+            vendored,
+            "libcni-convert",
+        ],
+    );
     out_dir.join("libcni-convert")
 }
 
@@ -249,36 +395,67 @@ fn conversions_to_and_from_legacy_versions_are_libcnis() {
             let store = Store::new();
             let a = container_id();
             let before = store.snapshot();
-            let reply = store.add(&a, &Pod::new("default", "conv")).version(to).prev_result_raw(&raw).run();
+            let reply = store
+                .add(&a, &Pod::new("default", "conv"))
+                .version(to)
+                .prev_result_raw(&raw)
+                .run();
             compared += 1;
             match libcni_converts(&converter, &raw, to) {
                 Ok(expected) => {
                     if !reply.succeeded() {
-                        failures.push(format!("{file} -> {to}: libcni converts it, the guard refused: {reply:?}"));
-                    } else if without_empty_dns(reply.json()) != without_empty_dns(expected.clone()) {
-                        failures.push(format!("{file} -> {to}:\n  guard  {}\n  libcni {expected}", reply.json()));
+                        failures.push(format!(
+                            "{file} -> {to}: libcni converts it, the guard refused: {reply:?}"
+                        ));
+                    } else if without_empty_dns(reply.json()) != without_empty_dns(expected.clone())
+                    {
+                        failures.push(format!(
+                            "{file} -> {to}:\n  guard  {}\n  libcni {expected}",
+                            reply.json()
+                        ));
                     }
                 }
                 Err(why) => {
                     if reply.succeeded() {
-                        failures.push(format!("{file} -> {to}: libcni cannot convert it ({why}), the guard did"));
+                        failures.push(format!(
+                            "{file} -> {to}: libcni cannot convert it ({why}), the guard did"
+                        ));
                     } else {
                         let error = reply.assert_error(6);
-                        assert!(error.msg.contains("no IP address"), "{file} -> {to}: {error:?}");
-                        assert_eq!(store.snapshot(), before, "{file} -> {to}: a refused ADD wrote to the store");
+                        assert!(
+                            error.msg.contains("no IP address"),
+                            "{file} -> {to}: {error:?}"
+                        );
+                        assert_eq!(
+                            store.snapshot(),
+                            before,
+                            "{file} -> {to}: a refused ADD wrote to the store"
+                        );
                     }
                 }
             }
         }
     }
     assert!(compared >= 30, "only {compared} conversions compared");
-    assert!(failures.is_empty(), "{} conversions differ from libcni's:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} conversions differ from libcni's:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// ADD's output parsed, and the checkpoint's copy of the prevResult.
 fn add_output_and_checkpoint(store: &Store, version: &str, raw: &str) -> (Value, Value) {
     let a = container_id();
-    let reply = store.add(&a, &Pod::new("default", &format!("conv-{}", version.replace('.', "-")))).version(version).prev_result_raw(raw).run();
+    let reply = store
+        .add(
+            &a,
+            &Pod::new("default", &format!("conv-{}", version.replace('.', "-"))),
+        )
+        .version(version)
+        .prev_result_raw(raw)
+        .run();
     reply.assert_ok();
     let entry = store.entry(&a, "eth0").expect("the ADD is checkpointed");
     (reply.json(), entry["prevResult"].clone())
@@ -289,10 +466,20 @@ fn add_converts_a_0_4_0_result_to_a_1_0_0_config() {
     let store = Store::new();
     let raw = result("0.4.0.json");
     let a = container_id();
-    let reply = store.add(&a, &Pod::new("default", "web-0")).version("1.0.0").prev_result_raw(&raw).run();
+    let reply = store
+        .add(&a, &Pod::new("default", "web-0"))
+        .version("1.0.0")
+        .prev_result_raw(&raw)
+        .run();
     reply.assert_ok();
     // Unknown members keep their very text, numbers no double can hold included.
-    assert!(reply.stdout.contains(r#""x-vendor":{"big":123456789012345678901234567890,"f":1.0e2}"#), "{}", reply.stdout);
+    assert!(
+        reply
+            .stdout
+            .contains(r#""x-vendor":{"big":123456789012345678901234567890,"f":1.0e2}"#),
+        "{}",
+        reply.stdout
+    );
     let out = reply.json();
     assert_eq!(out["cniVersion"], "1.0.0");
     assert_eq!(
@@ -322,7 +509,11 @@ fn add_converts_a_1_0_0_result_to_a_0_4_0_config() {
     assert_eq!(out["ips"][0]["address"], "10.22.0.5/16");
     assert_eq!(out["x-vendor"], json!([1, "two"]));
     assert_eq!(out["interfaces"][0]["x-if"], "kept");
-    assert_eq!(stored, serde_json::from_str::<Value>(&raw).unwrap(), "the checkpoint keeps what the runtime passed");
+    assert_eq!(
+        stored,
+        serde_json::from_str::<Value>(&raw).unwrap(),
+        "the checkpoint keeps what the runtime passed"
+    );
 }
 
 #[test]
@@ -331,9 +522,18 @@ fn add_converts_a_1_1_0_result_down_as_libcni_does() {
     let raw = result("1.1.0.json");
     let (out, _) = add_output_and_checkpoint(&store, "0.3.1", &raw);
     assert_eq!(out["cniVersion"], "0.3.1");
-    assert_eq!(out["interfaces"], json!([{"name":"eth0","mac":"0a:58:0a:16:00:05","sandbox":"/var/run/netns/x"}]));
-    assert_eq!(out["ips"], json!([{"version":"4","address":"10.22.0.5/16","interface":0}]));
-    assert_eq!(out["routes"], json!([{"dst":"0.0.0.0/0","mtu":1400,"table":100}]));
+    assert_eq!(
+        out["interfaces"],
+        json!([{"name":"eth0","mac":"0a:58:0a:16:00:05","sandbox":"/var/run/netns/x"}])
+    );
+    assert_eq!(
+        out["ips"],
+        json!([{"version":"4","address":"10.22.0.5/16","interface":0}])
+    );
+    assert_eq!(
+        out["routes"],
+        json!([{"dst":"0.0.0.0/0","mtu":1400,"table":100}])
+    );
     // 1.1.0 -> 1.0.0 changes the version only.
     let (out, _) = add_output_and_checkpoint(&store, "1.0.0", &raw);
     let mut expected: Value = serde_json::from_str(&raw).unwrap();
@@ -348,9 +548,20 @@ fn same_version_output_is_byte_identical() {
     for version in ["0.3.0", "0.4.0", "1.1.0"] {
         let raw = result(&format!("verbatim/{version}.json"));
         let a = container_id();
-        let reply = store.add(&a, &Pod::new("default", &format!("same-{}", version.replace('.', "-")))).version(version).prev_result_raw(&raw).run();
+        let reply = store
+            .add(
+                &a,
+                &Pod::new("default", &format!("same-{}", version.replace('.', "-"))),
+            )
+            .version(version)
+            .prev_result_raw(&raw)
+            .run();
         reply.assert_ok();
-        assert_eq!(reply.stdout.strip_suffix('\n').unwrap_or(&reply.stdout), raw.trim_end(), "{version}");
+        assert_eq!(
+            reply.stdout.strip_suffix('\n').unwrap_or(&reply.stdout),
+            raw.trim_end(),
+            "{version}"
+        );
     }
 }
 
@@ -359,14 +570,39 @@ fn a_result_of_each_version_passes_through_at_its_version() {
     let store = Store::new();
     for version in ["0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
         let raw = result(&format!("{version}.json"));
-        let (a, pod) = (container_id(), Pod::new("default", &format!("pass-{}", version.replace('.', "-"))));
-        let reply = store.add(&a, &pod).version(version).prev_result_raw(&raw).run();
+        let (a, pod) = (
+            container_id(),
+            Pod::new("default", &format!("pass-{}", version.replace('.', "-"))),
+        );
+        let reply = store
+            .add(&a, &pod)
+            .version(version)
+            .prev_result_raw(&raw)
+            .run();
         reply.assert_ok();
-        assert_eq!(reply.stdout.strip_suffix('\n').unwrap_or(&reply.stdout), raw.trim_end(), "ADD at {version} prints the result unchanged");
-        let stored = store.entry(&a, "eth0").unwrap_or_else(|| panic!("ADD at {version} is checkpointed"));
-        assert_eq!(stored["prevResult"], serde_json::from_str::<Value>(&raw).unwrap(), "{version}");
-        store.del(&a, &pod).version(version).prev_result_raw(&raw).run().assert_ok();
-        assert!(store.entry(&a, "eth0").is_none(), "DEL at {version} removes the checkpoint");
+        assert_eq!(
+            reply.stdout.strip_suffix('\n').unwrap_or(&reply.stdout),
+            raw.trim_end(),
+            "ADD at {version} prints the result unchanged"
+        );
+        let stored = store
+            .entry(&a, "eth0")
+            .unwrap_or_else(|| panic!("ADD at {version} is checkpointed"));
+        assert_eq!(
+            stored["prevResult"],
+            serde_json::from_str::<Value>(&raw).unwrap(),
+            "{version}"
+        );
+        store
+            .del(&a, &pod)
+            .version(version)
+            .prev_result_raw(&raw)
+            .run()
+            .assert_ok();
+        assert!(
+            store.entry(&a, "eth0").is_none(),
+            "DEL at {version} removes the checkpoint"
+        );
     }
 }
 
@@ -384,9 +620,20 @@ fn a_huge_config_version_is_named_short_in_a_code_1_error() {
         };
         let reply = call.version(&huge).run();
         let error = reply.assert_error(1);
-        assert!(error.msg.len() < 512, "{verb_call}: the error's msg is {} bytes long", error.msg.len());
-        assert!(reply.stderr.len() < 4096, "{verb_call}: stderr is {} bytes long", reply.stderr.len());
-        assert!(!store.state_dir.exists(), "{verb_call}: a refused version wrote the state dir");
+        assert!(
+            error.msg.len() < 512,
+            "{verb_call}: the error's msg is {} bytes long",
+            error.msg.len()
+        );
+        assert!(
+            reply.stderr.len() < 4096,
+            "{verb_call}: stderr is {} bytes long",
+            reply.stderr.len()
+        );
+        assert!(
+            !store.state_dir.exists(),
+            "{verb_call}: a refused version wrote the state dir"
+        );
     }
 }
 
@@ -403,12 +650,22 @@ fn a_legacy_ip_with_members_newer_versions_define_converts_up_as_libcni_converts
     let mut failures = Vec::new();
     for to in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
         let store = Store::new();
-        let reply = store.add(&container_id(), &Pod::new("default", "conv")).version(to).prev_result_raw(&raw).run();
+        let reply = store
+            .add(&container_id(), &Pod::new("default", "conv"))
+            .version(to)
+            .prev_result_raw(&raw)
+            .run();
         let expected = libcni_converts(&converter, &raw, to).expect("libcni converts it");
         if !reply.succeeded() {
-            failures.push(format!("-> {to}: libcni converts it, the guard refused: {}", reply.stdout));
+            failures.push(format!(
+                "-> {to}: libcni converts it, the guard refused: {}",
+                reply.stdout
+            ));
         } else if without_empty_dns(reply.json()) != without_empty_dns(expected.clone()) {
-            failures.push(format!("-> {to}:\n  guard  {}\n  libcni {expected}", reply.json()));
+            failures.push(format!(
+                "-> {to}:\n  guard  {}\n  libcni {expected}",
+                reply.json()
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

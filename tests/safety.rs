@@ -2,16 +2,19 @@
 //! never keeps an owner without its record, and never stalls one pod behind another. Each
 //! test is one way today's plugin used to break that, driven as a runtime or an operator would.
 
-#[path = "support/sys.rs"]
-mod sys;
-#[path = "support/testdata.rs"]
-mod testdata;
 #[path = "support/cni.rs"]
 mod cni;
 #[path = "support/mount.rs"]
 mod mount;
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
 
-use cni::{Incident, NETWORK, Pod, Store, Traced, container_id, corrupt_one_digit, files_in, guard, spawn_guard, verify_envelope, walk};
+use cni::{
+    Incident, NETWORK, Pod, Store, Traced, container_id, corrupt_one_digit, files_in, guard,
+    spawn_guard, verify_envelope, walk,
+};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -20,12 +23,23 @@ use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 fn gc(store: &Store, valid: &[&str]) -> cni::Reply {
-    let list: Vec<Value> = valid.iter().map(|id| json!({"containerID": id, "ifname": "eth0"})).collect();
-    store.cni("GC", "").config("cni.dev/valid-attachments", Some(Value::Array(list))).run()
+    let list: Vec<Value> = valid
+        .iter()
+        .map(|id| json!({"containerID": id, "ifname": "eth0"}))
+        .collect();
+    store
+        .cni("GC", "")
+        .config("cni.dev/valid-attachments", Some(Value::Array(list)))
+        .run()
 }
 
 fn text(out: &Output) -> String {
-    format!("status {}\nstdout:\n{}\nstderr:\n{}", out.status, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 fn state_arg(store: &Store) -> &str {
@@ -35,13 +49,24 @@ fn state_arg(store: &Store) -> &str {
 /// `--doctor --output json` on `store` alone (an empty conf dir), parsed.
 fn doctor_findings(store: &Store) -> Vec<Value> {
     let conf = sys::TempDir::new("sgconf");
-    let out = guard(&["--doctor", "--conf-dir", conf.path.to_str().unwrap(), "--state-dir", state_arg(store), "--output", "json"]);
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("doctor JSON ({e}): {}", text(&out)));
+    let out = guard(&[
+        "--doctor",
+        "--conf-dir",
+        conf.path.to_str().unwrap(),
+        "--state-dir",
+        state_arg(store),
+        "--output",
+        "json",
+    ]);
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("doctor JSON ({e}): {}", text(&out)));
     report["findings"].as_array().cloned().unwrap_or_default()
 }
 
 fn finding<'a>(findings: &'a [Value], check: &str, severity: &str) -> Option<&'a Value> {
-    findings.iter().find(|f| f["check"] == check && f["severity"] == severity)
+    findings
+        .iter()
+        .find(|f| f["check"] == check && f["severity"] == severity)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -52,8 +77,15 @@ fn a_del_naming_another_pod_still_releases_what_its_record_owned() {
     let (store, web0, a) = Store::with_one_sandbox("shop", "web-0");
     let web1 = Pod::new("shop", "web-1");
     // The DEL's CNI_ARGS name another pod (a hand-run DEL, a runtime bug).
-    store.cni("DEL", &a).cni_args(&web1.cni_args(&a)).run().assert_ok();
-    assert!(store.owner_files().is_empty(), "A's record is gone, so must be the ownership it held");
+    store
+        .cni("DEL", &a)
+        .cni_args(&web1.cni_args(&a))
+        .run()
+        .assert_ok();
+    assert!(
+        store.owner_files().is_empty(),
+        "A's record is gone, so must be the ownership it held"
+    );
     // Another sandbox of web-0 is torn down without being refused in the name of A.
     store.del(&container_id(), &web0).run().assert_ok();
 }
@@ -80,13 +112,21 @@ fn an_owner_left_without_its_record_is_shown_and_repaired_by_del() {
     std::fs::remove_file(store.record_path(NETWORK, &a, "eth0")).unwrap();
 
     let dump = store.dump();
-    let orphan = dump.iter().find(|e| e["containerId"] == a.as_str()).unwrap_or_else(|| panic!("the dump must show it: {dump:?}"));
+    let orphan = dump
+        .iter()
+        .find(|e| e["containerId"] == a.as_str())
+        .unwrap_or_else(|| panic!("the dump must show it: {dump:?}"));
     assert_eq!(orphan["status"], "owner-without-record", "{orphan}");
     assert_eq!(orphan["owner"], true);
     let table = guard(&["--dump-checkpoints", "--state-dir", state_arg(&store)]);
-    assert!(String::from_utf8_lossy(&table.stdout).contains("NO RECORD"), "{}", text(&table));
+    assert!(
+        String::from_utf8_lossy(&table.stdout).contains("NO RECORD"),
+        "{}",
+        text(&table)
+    );
     let findings = doctor_findings(&store);
-    let warned = finding(&findings, "store-owners", "warning").unwrap_or_else(|| panic!("the doctor must report it: {findings:?}"));
+    let warned = finding(&findings, "store-owners", "warning")
+        .unwrap_or_else(|| panic!("the doctor must report it: {findings:?}"));
     assert!(warned.to_string().contains(&a), "{warned}");
 
     // The next DEL of the pod repairs it instead of refusing in A's name.
@@ -103,7 +143,10 @@ fn gc_repairs_an_owner_without_its_record() {
     std::fs::remove_file(store.record_path(NETWORK, &a, "eth0")).unwrap();
     // The runtime still lists A (its record was lost, not its sandbox).
     gc(&store, &[&a]).assert_ok();
-    assert!(store.owner_files().is_empty(), "GC drops an ownership with no record behind it");
+    assert!(
+        store.owner_files().is_empty(),
+        "GC drops an ownership with no record behind it"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -116,9 +159,21 @@ struct LockHolder(Child);
 impl LockHolder {
     fn start(store: &Store) -> LockHolder {
         let lock = store.state_dir.join("lock");
-        let child = Command::new("flock").arg("-o").arg(&lock).args(["sleep", "60"]).spawn().expect("run flock");
+        let child = Command::new("flock")
+            .arg("-o")
+            .arg(&lock)
+            .args(["sleep", "60"])
+            .spawn()
+            .expect("run flock");
         let deadline = Instant::now() + Duration::from_secs(5);
-        while Command::new("flock").args(["-n"]).arg(&lock).arg("true").status().unwrap().success() {
+        while Command::new("flock")
+            .args(["-n"])
+            .arg(&lock)
+            .arg("true")
+            .status()
+            .unwrap()
+            .success()
+        {
             assert!(Instant::now() < deadline, "flock never took the lock");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -140,7 +195,11 @@ impl Drop for LockHolder {
 /// An ADD the guard fails: the lock stays held past its wait.
 fn fail_add_on_the_lock(store: &Store, container: &str, pod: &Pod) {
     let _holder = LockHolder::start(store);
-    store.add(container, pod).config("lockTimeoutSeconds", Some(json!(0.2))).run().assert_error(11);
+    store
+        .add(container, pod)
+        .config("lockTimeoutSeconds", Some(json!(0.2)))
+        .run()
+        .assert_error(11);
 }
 
 #[test]
@@ -150,19 +209,43 @@ fn every_verb_gives_up_on_a_held_lock_and_names_the_holder() {
     let holder = LockHolder::start(&store);
     let wait = Some(json!(0.3));
     let verbs = [
-        ("ADD", store.add(&container_id(), &Pod::new("shop", "web-1")), 11),
+        (
+            "ADD",
+            store.add(&container_id(), &Pod::new("shop", "web-1")),
+            11,
+        ),
         ("DEL", store.del(&a, &pod), 11),
         ("CHECK", store.cni("CHECK", &a).pod(&pod), 11),
-        ("GC", store.cni("GC", "").config("cni.dev/valid-attachments", Some(json!([]))), 11),
+        (
+            "GC",
+            store
+                .cni("GC", "")
+                .config("cni.dev/valid-attachments", Some(json!([]))),
+            11,
+        ),
         // STATUS reports the network down only when an ADD could not get through either.
         ("STATUS", store.cni("STATUS", ""), 50),
     ];
     for (verb, call, code) in verbs {
         let started = Instant::now();
-        let error = call.config("lockTimeoutSeconds", wait.clone()).run().assert_error(code);
-        assert!(started.elapsed() < Duration::from_secs(5), "{verb} waited {:?}", started.elapsed());
-        assert!(error.msg.contains(&holder.pid()), "{verb} must name the holder ({}): {error:?}", holder.pid());
-        assert!(error.details.contains("lockTimeoutSeconds"), "{verb}: details say how out: {error:?}");
+        let error = call
+            .config("lockTimeoutSeconds", wait.clone())
+            .run()
+            .assert_error(code);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{verb} waited {:?}",
+            started.elapsed()
+        );
+        assert!(
+            error.msg.contains(&holder.pid()),
+            "{verb} must name the holder ({}): {error:?}",
+            holder.pid()
+        );
+        assert!(
+            error.details.contains("lockTimeoutSeconds"),
+            "{verb}: details say how out: {error:?}"
+        );
     }
     for args in [
         vec!["--dump-checkpoints"],
@@ -173,9 +256,16 @@ fn every_verb_gives_up_on_a_held_lock_and_names_the_holder() {
         args.extend(["--state-dir", state_arg(&store), "--lock-timeout", "0.3"]);
         let started = Instant::now();
         let out = guard(&args);
-        assert!(started.elapsed() < Duration::from_secs(5), "{args:?} waited {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{args:?} waited {:?}",
+            started.elapsed()
+        );
         let said = text(&out);
-        assert!(said.contains("waiting") && said.contains(&holder.pid()), "{args:?} says it waits, and for whom: {said}");
+        assert!(
+            said.contains("waiting") && said.contains(&holder.pid()),
+            "{args:?} says it waits, and for whom: {said}"
+        );
         if args[0] != "--doctor" {
             assert!(!out.status.success(), "{args:?}: {said}");
         }
@@ -188,18 +278,34 @@ fn every_verb_gives_up_on_a_held_lock_and_names_the_holder() {
 fn a_dump_left_open_in_a_pager_stalls_no_add_or_del() {
     let store = Store::new();
     for i in 0..300 {
-        store.add(&container_id(), &Pod::new("bulk", &format!("db-{i}"))).run().assert_ok();
+        store
+            .add(&container_id(), &Pod::new("bulk", &format!("db-{i}")))
+            .run()
+            .assert_ok();
     }
     // `sandbox-guard --dump-checkpoints | less`, and nobody scrolls: the pipe fills up.
-    let mut pager = spawn_guard(&["--dump-checkpoints", "--output", "json", "--state-dir", state_arg(&store)]);
+    let mut pager = spawn_guard(&[
+        "--dump-checkpoints",
+        "--output",
+        "json",
+        "--state-dir",
+        state_arg(&store),
+    ]);
     std::thread::sleep(Duration::from_millis(500));
-    assert!(pager.try_wait().unwrap().is_none(), "the dump must still be blocked on its full pipe");
+    assert!(
+        pager.try_wait().unwrap().is_none(),
+        "the dump must still be blocked on its full pipe"
+    );
 
     let (pod, fresh) = (Pod::new("shop", "web-0"), container_id());
     let started = Instant::now();
     store.add(&fresh, &pod).run().assert_ok();
     store.del(&fresh, &pod).run().assert_ok();
-    assert!(started.elapsed() < Duration::from_secs(3), "ADD and DEL waited {:?} behind the dump", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "ADD and DEL waited {:?} behind the dump",
+        started.elapsed()
+    );
     let _ = pager.kill();
     let _ = pager.wait();
 }
@@ -211,7 +317,11 @@ fn a_dump_left_open_in_a_pager_stalls_no_add_or_del() {
 fn a_read_only_store_still_lets_every_teardown_but_a_stale_one_through() {
     sys::skip_unless_root!(&["mount", "umount", "ip"]);
     let store = Store::new();
-    let (web0_old, web0_new, db0) = (Pod::new("shop", "web-0"), Pod::new("shop", "web-0"), Pod::new("shop", "db-0"));
+    let (web0_old, web0_new, db0) = (
+        Pod::new("shop", "web-0"),
+        Pod::new("shop", "web-0"),
+        Pod::new("shop", "db-0"),
+    );
     let [old, owner, other] = std::array::from_fn(|_| container_id());
     store.add(&old, &web0_old).run().assert_ok();
     let (check_owner, _owner_netns) = store.add(&owner, &web0_new).in_pod_netns();
@@ -221,21 +331,51 @@ fn a_read_only_store_still_lets_every_teardown_but_a_stale_one_through() {
     let read_only = mount::Mount::read_only_bind(&store.state_dir);
 
     let error = store.del(&old, &web0_old).run().assert_error(11);
-    assert!(error.msg.contains("stale DEL") && error.msg.contains(&owner), "{error:?}");
+    assert!(
+        error.msg.contains("stale DEL") && error.msg.contains(&owner),
+        "{error:?}"
+    );
     let passed = store.del(&other, &db0).run();
     passed.assert_ok();
-    assert!(passed.stderr.contains("read-only"), "stderr says the record stays: {passed:?}");
-    let logged = store.log_lines().into_iter().find(|l| l.container == other && l.verb == "DEL").expect("DEL logged");
-    assert!(logged.raw.contains("read-only") && logged.raw.contains("record stays"), "{}", logged.raw);
+    assert!(
+        passed.stderr.contains("read-only"),
+        "stderr says the record stays: {passed:?}"
+    );
+    let logged = store
+        .log_lines()
+        .into_iter()
+        .find(|l| l.container == other && l.verb == "DEL")
+        .expect("DEL logged");
+    assert!(
+        logged.raw.contains("read-only") && logged.raw.contains("record stays"),
+        "{}",
+        logged.raw
+    );
 
-    let error = store.add(&container_id(), &Pod::new("shop", "api-0")).run().assert_error(5);
+    let error = store
+        .add(&container_id(), &Pod::new("shop", "api-0"))
+        .run()
+        .assert_error(5);
     assert!(error.msg.contains("read-only"), "{error:?}");
-    assert!(error.details.contains("unprotected"), "details say why it matters: {error:?}");
+    assert!(
+        error.details.contains("unprotected"),
+        "details say why it matters: {error:?}"
+    );
 
     assert_eq!(store.dump().len(), 3, "the dump reads a read-only store");
-    store.cni("CHECK", &owner).pod(&web0_new).netns(&check_owner.netns_path()).run().assert_ok();
+    store
+        .cni("CHECK", &owner)
+        .pod(&web0_new)
+        .netns(&check_owner.netns_path())
+        .run()
+        .assert_ok();
     let findings = doctor_findings(&store);
-    assert!(!findings.iter().any(|f| f["check"] == "store" && f["severity"] == "error"), "{findings:?}");
+    assert!(
+        !findings
+            .iter()
+            .any(|f| f["check"] == "store" && f["severity"] == "error"),
+        "{findings:?}"
+    );
 
     drop(read_only);
     // Writable again: the next DEL of the sandbox removes what stayed.
@@ -252,9 +392,14 @@ fn gc_killed_at_any_unlink_leaves_no_owner_without_its_record() {
     for nth in 1..=6 {
         let store = Store::new();
         for i in 0..3 {
-            store.add(&container_id(), &Pod::new("gc", &format!("db-{i}"))).run().assert_ok();
+            store
+                .add(&container_id(), &Pod::new("gc", &format!("db-{i}")))
+                .run()
+                .assert_ok();
         }
-        let call = store.cni("GC", "").config("cni.dev/valid-attachments", Some(json!([])));
+        let call = store
+            .cni("GC", "")
+            .config("cni.dev/valid-attachments", Some(json!([])));
         call.run_killed_at(Traced::WithChildren, "unlink,unlinkat", nth);
         store.assert_every_owner_has_its_record();
     }
@@ -269,12 +414,19 @@ fn add_killed_at_any_rename_disarms_no_blocker_before_its_record_is_there() {
         let record = store.record_path(NETWORK, &a, "eth0");
         corrupt_one_digit(&record, pod.uid.as_bytes());
         store.identityless_del(&a).run().assert_error(101);
-        let blocker = store.state_dir.join("set-aside").join(record.file_name().unwrap());
+        let blocker = store
+            .state_dir
+            .join("set-aside")
+            .join(record.file_name().unwrap());
         assert!(blocker.exists());
 
-        store.add(&a, &pod).run_killed_at(Traced::WithChildren, "rename,renameat,renameat2", nth);
+        store
+            .add(&a, &pod)
+            .run_killed_at(Traced::WithChildren, "rename,renameat,renameat2", nth);
         if !blocker.exists() {
-            verify_envelope(&record).unwrap_or_else(|e| panic!("kill at rename {nth}: the blocker went before the record came: {e}"));
+            verify_envelope(&record).unwrap_or_else(|e| {
+                panic!("kill at rename {nth}: the blocker went before the record came: {e}")
+            });
         }
         store.assert_every_owner_has_its_record();
     }
@@ -288,7 +440,10 @@ fn stat_tree(dir: &Path) -> BTreeMap<PathBuf, (u32, i64, i64)> {
     let mut tree = BTreeMap::new();
     for path in std::iter::once(dir.to_path_buf()).chain(walk(dir)) {
         let meta = std::fs::symlink_metadata(&path).unwrap();
-        tree.insert(path, (meta.permissions().mode(), meta.mtime(), meta.mtime_nsec()));
+        tree.insert(
+            path,
+            (meta.permissions().mode(), meta.mtime(), meta.mtime_nsec()),
+        );
     }
     tree
 }
@@ -298,9 +453,21 @@ fn read_only_commands(store: &Store, record_owner: &str, pod: &Pod) {
     let state = state_arg(store);
     for args in [
         vec!["--dump-checkpoints", "--state-dir", state],
-        vec!["--dump-checkpoints", "--output", "json", "--state-dir", state],
+        vec![
+            "--dump-checkpoints",
+            "--output",
+            "json",
+            "--state-dir",
+            state,
+        ],
         vec!["--restore", "--dry-run", "--all", "--state-dir", state],
-        vec!["--doctor", "--conf-dir", conf.path.to_str().unwrap(), "--state-dir", state],
+        vec![
+            "--doctor",
+            "--conf-dir",
+            conf.path.to_str().unwrap(),
+            "--state-dir",
+            state,
+        ],
     ] {
         let out = guard(&args);
         assert!(out.status.code().is_some(), "{args:?}: {}", text(&out));
@@ -315,20 +482,39 @@ fn read_only_commands_create_chmod_and_lock_nothing() {
     let a = container_id();
     // Nothing there yet: a read must not create the state dir.
     read_only_commands(&store, &a, &pod);
-    assert!(!store.state_dir.exists(), "a read-only command created {}", store.state_dir.display());
+    assert!(
+        !store.state_dir.exists(),
+        "a read-only command created {}",
+        store.state_dir.display()
+    );
 
     store.add(&a, &pod).run().assert_ok();
     // Loose modes the doctor should report, not silently fix; no lock file yet.
     std::fs::set_permissions(&store.state_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(store.record_path(NETWORK, &a, "eth0"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(
+        store.record_path(NETWORK, &a, "eth0"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
     std::fs::remove_file(store.state_dir.join("lock")).unwrap();
     let before = stat_tree(&store.state_dir);
     std::thread::sleep(Duration::from_millis(20));
     read_only_commands(&store, &a, &pod);
-    assert_eq!(stat_tree(&store.state_dir), before, "modes, mtimes and entries must stay as they were");
+    assert_eq!(
+        stat_tree(&store.state_dir),
+        before,
+        "modes, mtimes and entries must stay as they were"
+    );
     let findings = doctor_findings(&store);
-    assert!(finding(&findings, "store-permissions", "warning").is_some(), "reported: {findings:?}");
-    assert_eq!(stat_tree(&store.state_dir), before, "and still not fixed behind the operator's back");
+    assert!(
+        finding(&findings, "store-permissions", "warning").is_some(),
+        "reported: {findings:?}"
+    );
+    assert_eq!(
+        stat_tree(&store.state_dir),
+        before,
+        "and still not fixed behind the operator's back"
+    );
 }
 
 #[test]
@@ -338,10 +524,25 @@ fn read_only_commands_work_on_a_read_only_mount() {
     std::fs::set_permissions(&store.state_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let _read_only = mount::Mount::read_only_bind(&store.state_dir);
     assert_eq!(store.dump().len(), 1);
-    let out = guard(&["--restore", "--dry-run", "--all", "--state-dir", state_arg(&store)]);
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("read-only"), "{}", text(&out));
+    let out = guard(&[
+        "--restore",
+        "--dry-run",
+        "--all",
+        "--state-dir",
+        state_arg(&store),
+    ]);
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("read-only"),
+        "{}",
+        text(&out)
+    );
     let findings = doctor_findings(&store);
-    assert!(!findings.iter().any(|f| f["check"] == "store" && f["severity"] == "error"), "{findings:?}");
+    assert!(
+        !findings
+            .iter()
+            .any(|f| f["check"] == "store" && f["severity"] == "error"),
+        "{findings:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -361,21 +562,36 @@ fn temp_files_of_killed_writers_are_reported_and_collected() {
     let a = container_id();
     store.add(&a, &Pod::new("shop", "web-0")).run().assert_ok();
     let dead = dead_pid();
-    let dead_files = [store.state_dir.join(format!("records/.{dead}.tmp")), store.state_dir.join(format!("owners/.{dead}.tmp"))];
+    let dead_files = [
+        store.state_dir.join(format!("records/.{dead}.tmp")),
+        store.state_dir.join(format!("owners/.{dead}.tmp")),
+    ];
     for path in &dead_files {
         std::fs::write(path, testdata::fixture_bytes("checkpoints/truncated.json")).unwrap();
     }
     // A writer still at work (this test process stands in for it).
-    let live_file = store.state_dir.join(format!("records/.{}.tmp", std::process::id()));
+    let live_file = store
+        .state_dir
+        .join(format!("records/.{}.tmp", std::process::id()));
     std::fs::write(&live_file, b"{").unwrap();
 
     let findings = doctor_findings(&store);
-    let warned = finding(&findings, "store-temp-files", "warning").unwrap_or_else(|| panic!("{findings:?}"));
-    assert!(warned["summary"].as_str().unwrap().contains("2 temp files"), "{warned}");
+    let warned =
+        finding(&findings, "store-temp-files", "warning").unwrap_or_else(|| panic!("{findings:?}"));
+    assert!(
+        warned["summary"].as_str().unwrap().contains("2 temp files"),
+        "{warned}"
+    );
 
     gc(&store, &[&a]).assert_ok();
-    assert!(dead_files.iter().all(|p| !p.exists()), "GC removes what dead writers left");
-    assert!(live_file.exists(), "GC leaves a live writer's temp file alone");
+    assert!(
+        dead_files.iter().all(|p| !p.exists()),
+        "GC removes what dead writers left"
+    );
+    assert!(
+        live_file.exists(),
+        "GC leaves a live writer's temp file alone"
+    );
     std::fs::remove_file(live_file).unwrap();
 }
 
@@ -384,16 +600,32 @@ fn add_and_del_never_list_a_directory() {
     sys::skip_unless_root!(&["strace"]);
     let store = Store::new();
     for i in 0..20 {
-        store.add(&container_id(), &Pod::new("bulk", &format!("db-{i}"))).run().assert_ok();
+        store
+            .add(&container_id(), &Pod::new("bulk", &format!("db-{i}")))
+            .run()
+            .assert_ok();
     }
     let trace = sys::TempDir::new("sgtrace");
     let (pod, a) = (Pod::new("shop", "web-0"), container_id());
     for (verb, call) in [("ADD", store.add(&a, &pod)), ("DEL", store.del(&a, &pod))] {
         let log = trace.path.join(verb);
         let log_arg = log.to_str().unwrap();
-        call.wrapped_in(&["strace", "-f", "-qq", "-o", log_arg, "-e", "trace=getdents64,getdents"]).run().assert_ok();
+        call.wrapped_in(&[
+            "strace",
+            "-f",
+            "-qq",
+            "-o",
+            log_arg,
+            "-e",
+            "trace=getdents64,getdents",
+        ])
+        .run()
+        .assert_ok();
         let listed = std::fs::read_to_string(&log).unwrap();
-        assert!(!listed.contains("getdents"), "{verb} listed a directory:\n{listed}");
+        assert!(
+            !listed.contains("getdents"),
+            "{verb} listed a directory:\n{listed}"
+        );
     }
 }
 
@@ -411,7 +643,10 @@ fn the_cleanup_del_of_an_add_the_guard_failed_passes() {
     // The runtime tears the half-made sandbox down: it never owned the pod, so nothing is stale.
     store.del(&failed, &pod_new).run().assert_ok();
     assert!(store.is_owner(&owner, "eth0"), "the owner keeps the pod");
-    assert!(files_in(&store.state_dir.join("failed-adds")).is_empty(), "the DEL removes the note");
+    assert!(
+        files_in(&store.state_dir.join("failed-adds")).is_empty(),
+        "the DEL removes the note"
+    );
     // A sandbox that was never seen at all is still refused: it may predate the guard.
     let error = store.del(&container_id(), &pod_old).run().assert_error(11);
     assert!(error.msg.contains("never owned it"), "{error:?}");
@@ -419,17 +654,37 @@ fn the_cleanup_del_of_an_add_the_guard_failed_passes() {
 
 #[test]
 fn a_refused_del_says_briefly_who_owns_the_pod_and_whether_it_ever_did() {
-    let Incident { store, pod_a, pod_b, a, b } = Incident::of("shop", "web-0");
+    let Incident {
+        store,
+        pod_a,
+        pod_b,
+        a,
+        b,
+    } = Incident::of("shop", "web-0");
     store.add(&a, &pod_a).run().assert_ok();
     store.add(&b, &pod_b).run().assert_ok();
     let error = store.del(&a, &pod_a).run().assert_error(11);
-    assert!(error.msg.contains("stale DEL") && error.msg.contains(&b), "{error:?}");
+    assert!(
+        error.msg.contains("stale DEL") && error.msg.contains(&b),
+        "{error:?}"
+    );
     assert!(error.msg.contains("owned it before"), "{error:?}");
-    assert!(error.msg.chars().count() <= 200, "{} characters: {}", error.msg.chars().count(), error.msg);
+    assert!(
+        error.msg.chars().count() <= 200,
+        "{} characters: {}",
+        error.msg.chars().count(),
+        error.msg
+    );
     let details: Value = serde_json::from_str(&error.details).expect("details are JSON");
     assert_eq!(details["ownerContainerId"], b.as_str());
     assert_eq!(details["refusedEverOwned"], true);
-    assert!(details["wayOut"].as_str().unwrap().contains("stopped and removed"), "{details}");
+    assert!(
+        details["wayOut"]
+            .as_str()
+            .unwrap()
+            .contains("stopped and removed"),
+        "{details}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -438,24 +693,49 @@ fn a_refused_del_says_briefly_who_owns_the_pod_and_whether_it_ever_did() {
 #[test]
 fn the_dump_table_says_where_an_untrusted_file_is_and_why() {
     let (store, pod, a) = Store::with_one_sandbox("shop", "web-0");
-    store.add(&container_id(), &Pod::new("shop", "db-0")).run().assert_ok();
+    store
+        .add(&container_id(), &Pod::new("shop", "db-0"))
+        .run()
+        .assert_ok();
     let record = store.record_path(NETWORK, &a, "eth0");
     corrupt_one_digit(&record, pod.uid.as_bytes());
 
     let out = guard(&["--dump-checkpoints", "--state-dir", state_arg(&store)]);
     let table = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(table.contains(record.to_str().unwrap()) && table.contains("checksum mismatch"), "path and reason: {table}");
-    let footer: Vec<&str> = table.lines().filter(|l| l.starts_with("1 CORRUPT")).collect();
+    assert!(
+        table.contains(record.to_str().unwrap()) && table.contains("checksum mismatch"),
+        "path and reason: {table}"
+    );
+    let footer: Vec<&str> = table
+        .lines()
+        .filter(|l| l.starts_with("1 CORRUPT"))
+        .collect();
     assert_eq!(footer.len(), 1, "{table}");
-    assert!(footer[0].contains("/records") && !footer[0].contains("set-aside"), "the footer says where it is: {table}");
+    assert!(
+        footer[0].contains("/records") && !footer[0].contains("set-aside"),
+        "the footer says where it is: {table}"
+    );
 }
 
 #[test]
 fn the_doctor_tells_a_broken_conflist_to_be_fixed_not_reordered() {
     let conf = sys::TempDir::new("sgconf");
-    std::fs::copy(testdata::fixture_path("conflists/broken/truncated.conflist"), conf.path.join("10-net.conflist")).unwrap();
-    let out = guard(&["--doctor", "--conf-dir", conf.path.to_str().unwrap(), "--state-dir", "/nonexistent", "--output", "json"]);
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    std::fs::copy(
+        testdata::fixture_path("conflists/broken/truncated.conflist"),
+        conf.path.join("10-net.conflist"),
+    )
+    .unwrap();
+    let out = guard(&[
+        "--doctor",
+        "--conf-dir",
+        conf.path.to_str().unwrap(),
+        "--state-dir",
+        "/nonexistent",
+        "--output",
+        "json",
+    ]);
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
     let broken = report["findings"]
         .as_array()
         .unwrap()
@@ -472,21 +752,40 @@ fn a_failed_add_excuses_no_del_against_a_sandbox_that_came_later() {
     let store = Store::new();
     let pod = Pod::new("shop", "web-0");
     let (seed, failed, later) = (container_id(), container_id(), container_id());
-    store.add(&seed, &Pod::new("shop", "seed")).run().assert_ok();
+    store
+        .add(&seed, &Pod::new("shop", "seed"))
+        .run()
+        .assert_ok();
     fail_add_on_the_lock(&store, &failed, &pod);
     // No cleanup DEL came (a read-only store ate it, say); then a newer sandbox took the pod.
     std::thread::sleep(Duration::from_millis(20));
-    store.add(&later, &Pod::new("shop", "web-0")).run().assert_ok();
+    store
+        .add(&later, &Pod::new("shop", "web-0"))
+        .run()
+        .assert_ok();
     let error = store.del(&failed, &pod).run().assert_error(11);
     assert!(error.msg.contains(&later), "{error:?}");
 
     // A failed ADD followed by one that succeeded leaves no note behind.
     fail_add_on_the_lock(&store, &seed, &Pod::new("shop", "seed"));
-    assert!(files_in(&store.state_dir.join("failed-adds")).iter().all(|p| !p.to_string_lossy().contains(&seed)), "a recorded sandbox gets no note");
+    assert!(
+        files_in(&store.state_dir.join("failed-adds"))
+            .iter()
+            .all(|p| !p.to_string_lossy().contains(&seed)),
+        "a recorded sandbox gets no note"
+    );
     let fresh = container_id();
     fail_add_on_the_lock(&store, &fresh, &Pod::new("shop", "api-0"));
-    store.add(&fresh, &Pod::new("shop", "api-0")).run().assert_ok();
-    assert!(files_in(&store.state_dir.join("failed-adds")).iter().all(|p| !p.to_string_lossy().contains(&fresh)), "the ADD that succeeded removes the note");
+    store
+        .add(&fresh, &Pod::new("shop", "api-0"))
+        .run()
+        .assert_ok();
+    assert!(
+        files_in(&store.state_dir.join("failed-adds"))
+            .iter()
+            .all(|p| !p.to_string_lossy().contains(&fresh)),
+        "the ADD that succeeded removes the note"
+    );
 }
 
 #[test]
@@ -502,18 +801,31 @@ fn a_del_passes_where_no_state_dir_can_exist() {
 
 #[test]
 fn a_stale_del_leaves_a_corrupt_record_where_it_is() {
-    let Incident { store, pod_a: old_pod, pod_b: new_pod, a: old, b: new } = Incident::of("shop", "web-0");
+    let Incident {
+        store,
+        pod_a: old_pod,
+        pod_b: new_pod,
+        a: old,
+        b: new,
+    } = Incident::of("shop", "web-0");
     store.add(&old, &old_pod).run().assert_ok();
     store.add(&new, &new_pod).run().assert_ok();
     let record = store.record_path(NETWORK, &old, "eth0");
     let corrupted = corrupt_one_digit(&record, old_pod.uid.as_bytes());
     // CNI_ARGS name the pod, so the record is not needed; the DEL is stale all the same.
     store.del(&old, &old_pod).run().assert_error(11);
-    assert_eq!(std::fs::read(&record).unwrap(), corrupted, "a refused DEL changes nothing, the corrupt record included");
+    assert_eq!(
+        std::fs::read(&record).unwrap(),
+        corrupted,
+        "a refused DEL changes nothing, the corrupt record included"
+    );
     store.assert_every_owner_has_its_record();
     store.del(&new, &new_pod).run().assert_ok();
     store.del(&old, &old_pod).run().assert_ok();
     assert!(!record.exists());
     let kept: Vec<PathBuf> = files_in(&store.state_dir.join("set-aside"));
-    assert!(kept.iter().any(|p| std::fs::read(p).unwrap() == corrupted), "the corrupt record is kept: {kept:?}");
+    assert!(
+        kept.iter().any(|p| std::fs::read(p).unwrap() == corrupted),
+        "the corrupt record is kept: {kept:?}"
+    );
 }

@@ -114,11 +114,18 @@ pub fn read_stdin() -> Result<Vec<u8>> {
         .lock()
         .take(MAX_STDIN + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| GuardError::new(Kind::Io, format!("cannot read the network configuration from stdin: {e}")))?;
+        .map_err(|e| {
+            GuardError::new(
+                Kind::Io,
+                format!("cannot read the network configuration from stdin: {e}"),
+            )
+        })?;
     if bytes.len() as u64 > MAX_STDIN {
         return Err(GuardError::new(
             Kind::Decode,
-            format!("the network configuration on stdin is larger than {MAX_STDIN} bytes: it cannot be a conflist entry"),
+            format!(
+                "the network configuration on stdin is larger than {MAX_STDIN} bytes: it cannot be a conflist entry"
+            ),
         ));
     }
     Ok(bytes)
@@ -132,12 +139,16 @@ pub fn peek_version(bytes: &[u8]) -> Option<String> {
         #[serde(rename = "cniVersion")]
         cni_version: Option<String>,
     }
-    serde_json::from_slice::<Peek>(bytes).ok().map(|p| version_or_unversioned(p.cni_version))
+    serde_json::from_slice::<Peek>(bytes)
+        .ok()
+        .map(|p| version_or_unversioned(p.cni_version))
 }
 
 /// A missing or empty `cniVersion` is 0.1.0, as libcni's `create.DecodeVersion` reads it.
 fn version_or_unversioned(version: Option<String>) -> String {
-    version.filter(|v| !v.is_empty()).unwrap_or_else(|| crate::cni::version::UNVERSIONED.to_string())
+    version
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| crate::cni::version::UNVERSIONED.to_string())
 }
 
 impl NetConf {
@@ -145,25 +156,43 @@ impl NetConf {
         // Like the reference plugins: what does not unmarshal is a decode failure (6), what
         // unmarshals but is wrong is an invalid config (7).
         let raw: RawConf = serde_json::from_slice(bytes).map_err(|e| {
-            GuardError::new(Kind::Decode, format!("cannot decode the network configuration: {e}"))
+            GuardError::new(
+                Kind::Decode,
+                format!("cannot decode the network configuration: {e}"),
+            )
         })?;
         let cni_version = version_or_unversioned(raw.cni_version);
         let network = raw.name.ok_or_else(|| {
-            GuardError::new(Kind::InvalidConfig, "the network configuration has no name: give the conflist a \"name\"")
+            GuardError::new(
+                Kind::InvalidConfig,
+                "the network configuration has no name: give the conflist a \"name\"",
+            )
         })?;
         names::check_plain("network name", &network, MAX_NETWORK, Kind::InvalidConfig)?;
         let stale_del = choice(
             "staleDel",
             raw.stale_del.as_deref(),
-            &[("refuse", StaleDelPolicy::Refuse), ("audit", StaleDelPolicy::Audit)],
+            &[
+                ("refuse", StaleDelPolicy::Refuse),
+                ("audit", StaleDelPolicy::Audit),
+            ],
         )?;
         let ip_conflict = choice(
             "ipConflict",
             raw.ip_conflict.as_deref(),
-            &[("warn", IpConflictPolicy::Warn), ("refuse", IpConflictPolicy::Refuse)],
+            &[
+                ("warn", IpConflictPolicy::Warn),
+                ("refuse", IpConflictPolicy::Refuse),
+            ],
         )?;
-        let pod_key = choice("podKey", raw.pod_key.as_deref(), &crate::state::ownership::PodKeyRule::CHOICES)?;
-        let state_dir = raw.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        let pod_key = choice(
+            "podKey",
+            raw.pod_key.as_deref(),
+            &crate::state::ownership::PodKeyRule::CHOICES,
+        )?;
+        let state_dir = raw
+            .state_dir
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
         require_absolute("stateDir", &state_dir)?;
         if let Some(log_file) = &raw.log_file {
             require_absolute("logFile", log_file)?;
@@ -172,15 +201,21 @@ impl NetConf {
             require_absolute("metricsFile", metrics_file)?;
         }
         use crate::cni::log::{LogFormat, LogOptions};
-        let format = choice("logFormat", raw.log_format.as_deref(), &[("text", LogFormat::Text), ("json", LogFormat::Json)])?;
+        let format = choice(
+            "logFormat",
+            raw.log_format.as_deref(),
+            &[("text", LogFormat::Text), ("json", LogFormat::Json)],
+        )?;
         let log = LogOptions::with_max_bytes(format, raw.log_max_bytes.as_ref());
         let lock_timeout = match raw.lock_timeout_seconds {
             None => DEFAULT_LOCK_TIMEOUT,
-            Some(seconds) => lock_timeout("lockTimeoutSeconds", seconds).map_err(|msg| GuardError::new(Kind::InvalidConfig, msg))?,
+            Some(seconds) => lock_timeout("lockTimeoutSeconds", seconds)
+                .map_err(|msg| GuardError::new(Kind::InvalidConfig, msg))?,
         };
         let pod_lock_timeout = match raw.pod_lock_timeout_seconds {
             None => DEFAULT_POD_LOCK_TIMEOUT,
-            Some(seconds) => self::lock_timeout("podLockTimeoutSeconds", seconds).map_err(|msg| GuardError::new(Kind::InvalidConfig, msg))?,
+            Some(seconds) => self::lock_timeout("podLockTimeoutSeconds", seconds)
+                .map_err(|msg| GuardError::new(Kind::InvalidConfig, msg))?,
         };
         // GC's lists go to the primary under the keys the runtime wrote them.
         let gc_lists: Vec<(&str, serde_json::Value)> = crate::cni::delegate::GC_LIST_KEYS
@@ -191,7 +226,11 @@ impl NetConf {
         let valid_attachments = raw.valid_attachments.or(raw.legacy_attachments);
         let delegate = match raw.delegate {
             None => None,
-            Some(object) => Some(crate::cni::delegate::Delegate::from_conf(object, raw.runtime_config.as_ref(), &gc_lists)?),
+            Some(object) => Some(crate::cni::delegate::Delegate::from_conf(
+                object,
+                raw.runtime_config.as_ref(),
+                &gc_lists,
+            )?),
         };
         Ok(NetConf {
             cni_version,
@@ -215,21 +254,36 @@ impl NetConf {
 /// A wait in seconds, for the config key and the CLI's --lock-timeout alike.
 pub fn lock_timeout(what: &str, seconds: f64) -> std::result::Result<Duration, String> {
     if !(0.0..=MAX_LOCK_TIMEOUT_SECONDS).contains(&seconds) {
-        return Err(format!("{what} {seconds} is not valid: use a non-negative number of seconds, at most {MAX_LOCK_TIMEOUT_SECONDS}"));
+        return Err(format!(
+            "{what} {seconds} is not valid: use a non-negative number of seconds, at most {MAX_LOCK_TIMEOUT_SECONDS}"
+        ));
     }
     Ok(Duration::from_secs_f64(seconds))
 }
 
 /// A key that takes one of a few words; the first is the default.
 fn choice<T: Copy>(key: &str, value: Option<&str>, options: &[(&str, T)]) -> Result<T> {
-    let Some(value) = value else { return Ok(options[0].1) };
-    options.iter().find(|(word, _)| *word == value).map(|(_, policy)| *policy).ok_or_else(|| {
-        let words: Vec<String> = options.iter().map(|(word, _)| format!("{word:?}")).collect();
-        GuardError::new(
-            Kind::InvalidConfig,
-            format!("{key} {:?} is not valid: use {}", names::shorten(value), words.join(" or ")),
-        )
-    })
+    let Some(value) = value else {
+        return Ok(options[0].1);
+    };
+    options
+        .iter()
+        .find(|(word, _)| *word == value)
+        .map(|(_, policy)| *policy)
+        .ok_or_else(|| {
+            let words: Vec<String> = options
+                .iter()
+                .map(|(word, _)| format!("{word:?}"))
+                .collect();
+            GuardError::new(
+                Kind::InvalidConfig,
+                format!(
+                    "{key} {:?} is not valid: use {}",
+                    names::shorten(value),
+                    words.join(" or ")
+                ),
+            )
+        })
 }
 
 pub fn require_absolute(key: &str, path: &std::path::Path) -> Result<()> {
@@ -237,7 +291,10 @@ pub fn require_absolute(key: &str, path: &std::path::Path) -> Result<()> {
     if !path.is_absolute() || text.split('/').any(|c| c == "..") {
         return Err(GuardError::new(
             Kind::InvalidConfig,
-            format!("{key} {:?} must be an absolute path without \"..\"", names::shorten(&text)),
+            format!(
+                "{key} {:?} must be an absolute path without \"..\"",
+                names::shorten(&text)
+            ),
         ));
     }
     Ok(())
@@ -249,7 +306,8 @@ mod tests {
 
     #[test]
     fn defaults() {
-        let conf = NetConf::parse(br#"{"cniVersion":"1.0.0","name":"net","type":"sandbox-guard"}"#).unwrap();
+        let conf = NetConf::parse(br#"{"cniVersion":"1.0.0","name":"net","type":"sandbox-guard"}"#)
+            .unwrap();
         assert_eq!(conf.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
         assert_eq!(conf.stale_del, StaleDelPolicy::Refuse);
         assert_eq!(conf.ip_conflict, IpConflictPolicy::Warn);
@@ -260,27 +318,54 @@ mod tests {
     fn codes_for_bad_configs() {
         let cases: [(&[u8], u32); 13] = [
             (br#"{"cniVersion":"1.0.0","name":"n","logFormat":"xml"}"#, 7),
-            (br#"{"cniVersion":"1.0.0","name":"n","metricsFile":"m.prom"}"#, 7),
-            (br#"{"cniVersion":"1.0.0","name":"n","lockTimeoutSeconds":-1}"#, 7),
-            (br#"{"cniVersion":"1.0.0","name":"n","lockTimeoutSeconds":"5s"}"#, 6),
+            (
+                br#"{"cniVersion":"1.0.0","name":"n","metricsFile":"m.prom"}"#,
+                7,
+            ),
+            (
+                br#"{"cniVersion":"1.0.0","name":"n","lockTimeoutSeconds":-1}"#,
+                7,
+            ),
+            (
+                br#"{"cniVersion":"1.0.0","name":"n","lockTimeoutSeconds":"5s"}"#,
+                6,
+            ),
             (b"{not json", 6),
             (br#"{"cniVersion":"1.0.0"}"#, 7),
             (br#"{"name":"n","cniVersion":null,"delegate":7}"#, 6),
             (br#"{"cniVersion":1,"name":"n"}"#, 6),
-            (br#"{"cniVersion":"1.0.0","name":"n","staleDel":"maybe"}"#, 7),
-            (br#"{"cniVersion":"1.0.0","name":"n","stateDir":"relative/dir"}"#, 7),
+            (
+                br#"{"cniVersion":"1.0.0","name":"n","staleDel":"maybe"}"#,
+                7,
+            ),
+            (
+                br#"{"cniVersion":"1.0.0","name":"n","stateDir":"relative/dir"}"#,
+                7,
+            ),
             (br#"{"cniVersion":"1.0.0","name":"../n"}"#, 7),
-            (br#"{"cniVersion":"1.0.0","name":"n","ipConflict":"maybe"}"#, 7),
+            (
+                br#"{"cniVersion":"1.0.0","name":"n","ipConflict":"maybe"}"#,
+                7,
+            ),
             (br#"{"cniVersion":"1.0.0","name":"n","ipConflict":true}"#, 6),
         ];
         for (bytes, code) in cases {
-            assert_eq!(NetConf::parse(bytes).unwrap_err().code(), code, "{}", String::from_utf8_lossy(bytes));
+            assert_eq!(
+                NetConf::parse(bytes).unwrap_err().code(),
+                code,
+                "{}",
+                String::from_utf8_lossy(bytes)
+            );
         }
     }
 
     #[test]
     fn a_config_without_a_version_is_0_1_0() {
-        for bytes in [&br#"{"name":"n"}"#[..], br#"{"name":"n","cniVersion":""}"#, br#"{"name":"n","cniVersion":null}"#] {
+        for bytes in [
+            &br#"{"name":"n"}"#[..],
+            br#"{"name":"n","cniVersion":""}"#,
+            br#"{"name":"n","cniVersion":null}"#,
+        ] {
             assert_eq!(NetConf::parse(bytes).unwrap().cni_version, "0.1.0");
             assert_eq!(peek_version(bytes).as_deref(), Some("0.1.0"));
         }

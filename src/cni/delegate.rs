@@ -63,7 +63,9 @@ impl Delegate {
     ) -> Result<Delegate> {
         let plugin_type = Delegate::type_of(&object)?;
         // libcni hands a plugin the runtime's settings for the capabilities it declares.
-        let wanted = |key: &str| object.get("capabilities").and_then(|caps| caps.get(key)) == Some(&Value::Bool(true));
+        let wanted = |key: &str| {
+            object.get("capabilities").and_then(|caps| caps.get(key)) == Some(&Value::Bool(true))
+        };
         let settings: Map<String, Value> = runtime_config
             .into_iter()
             .flatten()
@@ -83,7 +85,10 @@ impl Delegate {
         for key in ["name", "cniVersion", "prevResult"] {
             object.remove(key);
         }
-        Ok(Delegate { plugin_type, conf: object })
+        Ok(Delegate {
+            plugin_type,
+            conf: object,
+        })
     }
 
     /// The primary's object as this call hands it over, for a deferred DEL to replay with
@@ -99,7 +104,10 @@ impl Delegate {
     /// The primary as a deferred DEL recorded it (`recorded_conf`), whatever the conflist
     /// says now.
     pub fn from_recorded(conf: Map<String, Value>) -> Result<Delegate> {
-        Ok(Delegate { plugin_type: Delegate::type_of(&conf)?, conf })
+        Ok(Delegate {
+            plugin_type: Delegate::type_of(&conf)?,
+            conf,
+        })
     }
 
     /// The primary of this config without the runtime's `runtimeConfig` and GC lists: what a
@@ -107,39 +115,69 @@ impl Delegate {
     pub fn without_call_settings(&self) -> Delegate {
         let mut conf = self.recorded_conf();
         conf.remove("runtimeConfig");
-        Delegate { plugin_type: self.plugin_type.clone(), conf }
+        Delegate {
+            plugin_type: self.plugin_type.clone(),
+            conf,
+        }
     }
 
     fn type_of(object: &Map<String, Value>) -> Result<String> {
         let plugin_type = match object.get("type") {
             Some(Value::String(name)) => name.clone(),
-            _ => return Err(GuardError::new(Kind::InvalidConfig, "\"delegate\" has no \"type\": name the primary plugin it wraps")),
+            _ => {
+                return Err(GuardError::new(
+                    Kind::InvalidConfig,
+                    "\"delegate\" has no \"type\": name the primary plugin it wraps",
+                ));
+            }
         };
         names::check_plain("delegate type", &plugin_type, 255, Kind::InvalidConfig)?;
         if plugin_type == "sandbox-guard" {
-            return Err(GuardError::new(Kind::InvalidConfig, "\"delegate\" names sandbox-guard itself: name the primary plugin it wraps"));
+            return Err(GuardError::new(
+                Kind::InvalidConfig,
+                "\"delegate\" names sandbox-guard itself: name the primary plugin it wraps",
+            ));
         }
         Ok(plugin_type)
     }
 
-    fn stdin(&self, network: &str, cni_version: &str, prev_result: Option<&RawValue>) -> Result<Vec<u8>> {
+    fn stdin(
+        &self,
+        network: &str,
+        cni_version: &str,
+        prev_result: Option<&RawValue>,
+    ) -> Result<Vec<u8>> {
         let mut conf = self.conf.clone();
         conf.insert("cniVersion".into(), Value::String(cni_version.into()));
         conf.insert("name".into(), Value::String(network.into()));
         if let Some(prev) = prev_result {
-            let value = serde_json::from_str(prev.get())
-                .map_err(|e| GuardError::new(Kind::Decode, format!("cannot decode the prevResult for the delegate: {e}")))?;
+            let value = serde_json::from_str(prev.get()).map_err(|e| {
+                GuardError::new(
+                    Kind::Decode,
+                    format!("cannot decode the prevResult for the delegate: {e}"),
+                )
+            })?;
             conf.insert("prevResult".into(), value);
         }
-        serde_json::to_vec(&Value::Object(conf))
-            .map_err(|e| GuardError::new(Kind::Decode, format!("cannot encode the delegate's configuration: {e}")))
+        serde_json::to_vec(&Value::Object(conf)).map_err(|e| {
+            GuardError::new(
+                Kind::Decode,
+                format!("cannot encode the delegate's configuration: {e}"),
+            )
+        })
     }
 
     /// Runs the primary and returns what it wrote to stdout when it succeeded. Its error goes
     /// back as it wrote it (`Kind::Delegate`, `GuardError::verbatim`). Its stderr is ours.
     /// No timeout of our own for the runtime's own call: the runtime bounds it, and when it
     /// kills the guard the primary dies with it, as it would had the runtime run it directly.
-    pub fn call(&self, network: &str, cni_version: &str, prev_result: Option<&RawValue>, env: &EnvOverride) -> Result<Vec<u8>> {
+    pub fn call(
+        &self,
+        network: &str,
+        cni_version: &str,
+        prev_result: Option<&RawValue>,
+        env: &EnvOverride,
+    ) -> Result<Vec<u8>> {
         self.call_within(network, cni_version, prev_result, env, None)
     }
 
@@ -156,7 +194,13 @@ impl Delegate {
     ) -> Result<Vec<u8>> {
         let stdin = self.stdin(network, cni_version, prev_result)?;
         if stdin.len() as u64 > MAX_STDIN {
-            return Err(GuardError::new(Kind::Decode, format!("the configuration for the delegate {} is larger than {MAX_STDIN} bytes", self.plugin_type)));
+            return Err(GuardError::new(
+                Kind::Decode,
+                format!(
+                    "the configuration for the delegate {} is larger than {MAX_STDIN} bytes",
+                    self.plugin_type
+                ),
+            ));
         }
         let path = self.find()?;
         self.run(&path, stdin, env, deadline)
@@ -165,21 +209,47 @@ impl Delegate {
     /// The primary's VERSION: the versions it says it speaks. Asked as libcni asks, with
     /// the network's configuration on stdin.
     pub fn supported_versions(&self, network: &str, cni_version: &str) -> Result<Vec<String>> {
-        let env = EnvOverride { command: Some("VERSION"), ..EnvOverride::default() };
-        let reply = self.call_within(network, cni_version, None, &env, Some(Instant::now() + VERSION_TIMEOUT))?;
-        let parsed: Value = serde_json::from_slice(&reply)
-            .map_err(|e| self.broken(format!("the delegate {} answered VERSION with something that is not JSON: {e}", self.plugin_type)))?;
+        let env = EnvOverride {
+            command: Some("VERSION"),
+            ..EnvOverride::default()
+        };
+        let reply = self.call_within(
+            network,
+            cni_version,
+            None,
+            &env,
+            Some(Instant::now() + VERSION_TIMEOUT),
+        )?;
+        let parsed: Value = serde_json::from_slice(&reply).map_err(|e| {
+            self.broken(format!(
+                "the delegate {} answered VERSION with something that is not JSON: {e}",
+                self.plugin_type
+            ))
+        })?;
         // A plugin from before VERSION listed versions speaks 0.1.0 only (libcni's reading).
         let versions = match parsed.get("supportedVersions") {
-            Some(Value::Array(list)) => list.iter().filter_map(Value::as_str).map(str::to_string).collect(),
+            Some(Value::Array(list)) => list
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect(),
             _ => vec!["0.1.0".to_string()],
         };
         Ok(versions)
     }
 
-    fn run(&self, path: &std::path::Path, stdin: Vec<u8>, env: &EnvOverride, deadline: Option<Instant>) -> Result<Vec<u8>> {
+    fn run(
+        &self,
+        path: &std::path::Path,
+        stdin: Vec<u8>,
+        env: &EnvOverride,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<u8>> {
         let mut command = Command::new(path);
-        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         for (key, value) in [
             ("CNI_COMMAND", env.command),
             ("CNI_CONTAINERID", env.container_id),
@@ -208,7 +278,9 @@ impl Delegate {
                 Ok(())
             });
         }
-        let mut child = command.spawn().map_err(|e| self.broken(format!("cannot run {}: {e}", path.display())))?;
+        let mut child = command
+            .spawn()
+            .map_err(|e| self.broken(format!("cannot run {}: {e}", path.display())))?;
         let mut pipe = child.stdin.take();
         let writer = if stdin.len() <= PIPE_CAPACITY {
             // Fits the pipe: written at once, no thread.
@@ -242,7 +314,9 @@ impl Delegate {
     /// Everything the primary writes to stdout until it closes it, or the deadline.
     fn read_reply(&self, child: &mut Child, deadline: Option<Instant>) -> Result<Vec<u8>> {
         let mut reply = Vec::new();
-        let Some(mut out) = child.stdout.take() else { return Ok(reply) };
+        let Some(mut out) = child.stdout.take() else {
+            return Ok(reply);
+        };
         let mut chunk = [0u8; 8192];
         loop {
             if let Some(deadline) = deadline {
@@ -251,38 +325,70 @@ impl Delegate {
                     return Err(self.expired());
                 }
                 let wait = nix::poll::PollTimeout::from(left.as_millis().clamp(1, 60_000) as u16);
-                let mut fds = [nix::poll::PollFd::new(out.as_fd(), nix::poll::PollFlags::POLLIN)];
+                let mut fds = [nix::poll::PollFd::new(
+                    out.as_fd(),
+                    nix::poll::PollFlags::POLLIN,
+                )];
                 match nix::poll::poll(&mut fds, wait) {
                     Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
                     Ok(_) => {}
-                    Err(e) => return Err(self.broken(format!("cannot wait for the answer of {}: {e}", self.plugin_type))),
+                    Err(e) => {
+                        return Err(self.broken(format!(
+                            "cannot wait for the answer of {}: {e}",
+                            self.plugin_type
+                        )));
+                    }
                 }
             }
             match out.read(&mut chunk) {
                 Ok(0) => return Ok(reply),
                 Ok(n) => reply.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(self.broken(format!("cannot read the answer of {}: {e}", self.plugin_type))),
+                Err(e) => {
+                    return Err(self.broken(format!(
+                        "cannot read the answer of {}: {e}",
+                        self.plugin_type
+                    )));
+                }
             }
             if reply.len() as u64 > MAX_REPLY {
-                return Err(self.broken(format!("{} wrote more than {MAX_REPLY} bytes", self.plugin_type)));
+                return Err(self.broken(format!(
+                    "{} wrote more than {MAX_REPLY} bytes",
+                    self.plugin_type
+                )));
             }
         }
     }
 
     fn expired(&self) -> GuardError {
-        self.broken(format!("the delegate {} did not finish in time and was killed with its process group", self.plugin_type))
-            .with_details("The primary hangs (see its own logs); the call is tried again at the next chance.")
+        self.broken(format!(
+            "the delegate {} did not finish in time and was killed with its process group",
+            self.plugin_type
+        ))
+        .with_details(
+            "The primary hangs (see its own logs); the call is tried again at the next chance.",
+        )
     }
 
     fn error_from(&self, reply: &[u8], status: std::process::ExitStatus) -> GuardError {
         let text = String::from_utf8_lossy(reply);
         let parsed: Option<Map<String, Value>> = serde_json::from_slice(reply).ok();
-        let code = parsed.as_ref().and_then(|e| e.get("code")).and_then(Value::as_u64).filter(|&c| c > 0 && c <= u64::from(u32::MAX));
+        let code = parsed
+            .as_ref()
+            .and_then(|e| e.get("code"))
+            .and_then(Value::as_u64)
+            .filter(|&c| c > 0 && c <= u64::from(u32::MAX));
         match (parsed.as_ref(), code) {
             (Some(error), Some(code)) => {
-                let field = |key: &str| error.get(key).and_then(Value::as_str).unwrap_or_default().to_string();
-                let mut err = GuardError::new(Kind::Delegate(code as u32), field("msg")).with_details(field("details"));
+                let field = |key: &str| {
+                    error
+                        .get(key)
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string()
+                };
+                let mut err = GuardError::new(Kind::Delegate(code as u32), field("msg"))
+                    .with_details(field("details"));
                 err.verbatim = Some(text.trim_end().to_string());
                 err
             }
@@ -291,8 +397,14 @@ impl Delegate {
                     Some(signal) => format!("was killed by signal {signal}"),
                     None => format!("exited with status {}", status.code().unwrap_or(-1)),
                 };
-                self.broken(format!("the delegate {} {how} without a CNI error", self.plugin_type))
-                    .with_details(format!("It wrote: {:?}. Run it by hand with the same configuration to see why.", names::shorten(text.trim())))
+                self.broken(format!(
+                    "the delegate {} {how} without a CNI error",
+                    self.plugin_type
+                ))
+                .with_details(format!(
+                    "It wrote: {:?}. Run it by hand with the same configuration to see why.",
+                    names::shorten(text.trim())
+                ))
             }
         }
     }
@@ -304,30 +416,51 @@ impl Delegate {
     /// The primary's binary in `CNI_PATH`, as libcni finds it; never the guard itself.
     fn find(&self) -> Result<PathBuf> {
         let search = std::env::var("CNI_PATH").unwrap_or_default();
-        let me = std::fs::metadata("/proc/self/exe").ok().map(|m| (m.dev(), m.ino()));
+        let me = std::fs::metadata("/proc/self/exe")
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
         for dir in search.split(':').filter(|d| !d.is_empty()) {
             let path = PathBuf::from(dir).join(&self.plugin_type);
-            let Ok(meta) = std::fs::metadata(&path) else { continue };
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
             if !meta.is_file() {
                 continue;
             }
             if me == Some((meta.dev(), meta.ino())) {
-                return Err(GuardError::new(Kind::InvalidConfig, format!("\"delegate\" type {} is sandbox-guard itself", self.plugin_type))
-                    .with_details("Name the primary plugin the guard wraps, not the guard."));
+                return Err(GuardError::new(
+                    Kind::InvalidConfig,
+                    format!(
+                        "\"delegate\" type {} is sandbox-guard itself",
+                        self.plugin_type
+                    ),
+                )
+                .with_details("Name the primary plugin the guard wraps, not the guard."));
             }
             return Ok(path);
         }
         Err(GuardError::new(
             Kind::InvalidConfig,
-            format!("the delegate plugin {:?} is not in CNI_PATH", self.plugin_type),
+            format!(
+                "the delegate plugin {:?} is not in CNI_PATH",
+                self.plugin_type
+            ),
         )
-        .with_details(format!("Searched {:?}. Install the primary plugin there, or fix \"delegate\".\"type\".", names::shorten(&search))))
+        .with_details(format!(
+            "Searched {:?}. Install the primary plugin there, or fix \"delegate\".\"type\".",
+            names::shorten(&search)
+        )))
     }
 }
 
 /// The child's exit status, or `None` when `deadline` came first.
-fn wait_until(child: &mut Child, deadline: Option<Instant>) -> std::io::Result<Option<std::process::ExitStatus>> {
-    let Some(deadline) = deadline else { return child.wait().map(Some) };
+fn wait_until(
+    child: &mut Child,
+    deadline: Option<Instant>,
+) -> std::io::Result<Option<std::process::ExitStatus>> {
+    let Some(deadline) = deadline else {
+        return child.wait().map(Some);
+    };
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(Some(status));
@@ -360,7 +493,9 @@ mod tests {
     fn stdin_is_the_delegate_object_with_the_networks_name_and_version() {
         let d = delegate(serde_json::json!({"type": "calico", "ipam": {"type": "calico-ipam"}, "name": "ignored"}), None).unwrap();
         let prev = RawValue::from_string(r#"{"cniVersion":"1.0.0","x":1}"#.into()).unwrap();
-        let stdin: Value = serde_json::from_slice(&d.stdin("k8s-pod-network", "1.0.0", Some(&prev)).unwrap()).unwrap();
+        let stdin: Value =
+            serde_json::from_slice(&d.stdin("k8s-pod-network", "1.0.0", Some(&prev)).unwrap())
+                .unwrap();
         assert_eq!(stdin["name"], "k8s-pod-network");
         assert_eq!(stdin["cniVersion"], "1.0.0");
         assert_eq!(stdin["ipam"]["type"], "calico-ipam");
@@ -372,12 +507,19 @@ mod tests {
         let runtime = serde_json::json!({"portMappings": [1], "bandwidth": {}});
         let d = delegate(serde_json::json!({"type": "p", "capabilities": {"portMappings": true, "bandwidth": false}}), Some(runtime)).unwrap();
         let stdin: Value = serde_json::from_slice(&d.stdin("n", "1.0.0", None).unwrap()).unwrap();
-        assert_eq!(stdin["runtimeConfig"], serde_json::json!({"portMappings": [1]}));
+        assert_eq!(
+            stdin["runtimeConfig"],
+            serde_json::json!({"portMappings": [1]})
+        );
     }
 
     #[test]
     fn a_delegate_without_a_plain_type_is_refused() {
-        for object in [serde_json::json!({}), serde_json::json!({"type": "../x"}), serde_json::json!({"type": "sandbox-guard"})] {
+        for object in [
+            serde_json::json!({}),
+            serde_json::json!({"type": "../x"}),
+            serde_json::json!({"type": "sandbox-guard"}),
+        ] {
             assert_eq!(delegate(object, None).unwrap_err().code(), 7);
         }
     }

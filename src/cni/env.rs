@@ -40,7 +40,10 @@ pub struct PodArgs {
 impl PodArgs {
     /// `namespace/name` for log lines, when the runtime gave both.
     pub fn label(&self) -> Option<String> {
-        Some(crate::names::pod_text(Some(self.namespace.as_deref()?), Some(self.name.as_deref()?)))
+        Some(crate::names::pod_text(
+            Some(self.namespace.as_deref()?),
+            Some(self.name.as_deref()?),
+        ))
     }
 }
 
@@ -79,17 +82,24 @@ impl CniEnv {
             "GC" => Verb::Gc,
             "STATUS" => Verb::Status,
             "VERSION" => Verb::Version,
-            "" => return Err(env_error("CNI_COMMAND is not set: this is a CNI plugin; \
-                 run it from a container runtime, or see `sandbox-guard --help` for the operator commands")),
+            "" => {
+                return Err(env_error(
+                    "CNI_COMMAND is not set: this is a CNI plugin; \
+                 run it from a container runtime, or see `sandbox-guard --help` for the operator commands",
+                ));
+            }
             other => {
                 return Err(env_error(format!(
                     "CNI_COMMAND {:?} is unknown: expected ADD, DEL, CHECK, GC, STATUS or VERSION",
                     names::shorten(other)
-                )))
+                )));
             }
         };
         if verb == Verb::Version {
-            return Ok(CniEnv { verb, attachment: None });
+            return Ok(CniEnv {
+                verb,
+                attachment: None,
+            });
         }
         // The spec makes CNI_PATH mandatory for every verb but VERSION; a runtime that
         // omits it is misconfigured in a way the operator should hear about.
@@ -104,7 +114,12 @@ impl CniEnv {
 
 fn read_attachment(lookup: &impl Fn(&str) -> Option<String>, verb: Verb) -> Result<Attachment> {
     let container_id = require(lookup, "CNI_CONTAINERID")?;
-    names::check_plain("CNI_CONTAINERID", &container_id, MAX_CONTAINER_ID, Kind::InvalidEnvironment)?;
+    names::check_plain(
+        "CNI_CONTAINERID",
+        &container_id,
+        MAX_CONTAINER_ID,
+        Kind::InvalidEnvironment,
+    )?;
     let ifname = require(lookup, "CNI_IFNAME")?;
     names::check_ifname(&ifname)?;
     let netns = match verb {
@@ -119,13 +134,21 @@ fn read_attachment(lookup: &impl Fn(&str) -> Option<String>, verb: Verb) -> Resu
     }
     let args = lookup("CNI_ARGS").unwrap_or_default();
     let pod = parse_cni_args(&args)?;
-    Ok(Attachment { container_id, ifname, netns, pod, args })
+    Ok(Attachment {
+        container_id,
+        ifname,
+        netns,
+        pod,
+        args,
+    })
 }
 
 fn require(lookup: &impl Fn(&str) -> Option<String>, key: &str) -> Result<String> {
     match lookup(key) {
         Some(value) if !value.is_empty() => Ok(value),
-        _ => Err(env_error(format!("required environment variable {key} is missing or empty"))),
+        _ => Err(env_error(format!(
+            "required environment variable {key} is missing or empty"
+        ))),
     }
 }
 
@@ -171,8 +194,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn env(pairs: &[(&str, &str)]) -> Result<CniEnv> {
-        let map: HashMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         CniEnv::from_lookup(|k| map.get(k).cloned())
     }
 
@@ -182,7 +207,10 @@ mod tests {
         ("CNI_NETNS", "/var/run/netns/x"),
         ("CNI_IFNAME", "eth0"),
         ("CNI_PATH", "/opt/cni/bin"),
-        ("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAMESPACE=lijiaob;K8S_POD_NAME=etcd1-0;K8S_POD_UID=u-1"),
+        (
+            "CNI_ARGS",
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=lijiaob;K8S_POD_NAME=etcd1-0;K8S_POD_UID=u-1",
+        ),
     ];
 
     #[test]
@@ -199,7 +227,13 @@ mod tests {
     fn del_may_lack_netns() {
         let pairs: Vec<_> = ADD
             .iter()
-            .map(|&(k, v)| if k == "CNI_COMMAND" { (k, "DEL") } else { (k, v) })
+            .map(|&(k, v)| {
+                if k == "CNI_COMMAND" {
+                    (k, "DEL")
+                } else {
+                    (k, v)
+                }
+            })
             .filter(|(k, _)| *k != "CNI_NETNS")
             .collect();
         assert_eq!(env(&pairs).unwrap().attachment.unwrap().netns, "");
@@ -216,8 +250,10 @@ mod tests {
             ("CNI_COMMAND", "FROB"),
             ("CNI_PATH", ""),
         ] {
-            let pairs: Vec<_> =
-                ADD.iter().map(|&(k, v)| if k == key { (k, value) } else { (k, v) }).collect();
+            let pairs: Vec<_> = ADD
+                .iter()
+                .map(|&(k, v)| if k == key { (k, value) } else { (k, v) })
+                .collect();
             let err = env(&pairs).unwrap_err();
             assert_eq!(err.kind, Kind::InvalidEnvironment, "{key}={value}");
         }

@@ -74,7 +74,11 @@ pub enum MaxBytesAdjusted {
 
 impl Default for LogOptions {
     fn default() -> LogOptions {
-        LogOptions { format: LogFormat::Text, max_bytes: None, max_bytes_adjusted: None }
+        LogOptions {
+            format: LogFormat::Text,
+            max_bytes: None,
+            max_bytes_adjusted: None,
+        }
     }
 }
 
@@ -82,15 +86,27 @@ impl LogOptions {
     /// `logMaxBytes` as the config holds it, made a cap. No value fails: the config is the
     /// node's pod networking, the log is only its record.
     pub fn with_max_bytes(format: LogFormat, value: Option<&serde_json::Value>) -> LogOptions {
-        let whole = value.and_then(|v| v.as_u64().or_else(|| v.as_f64().filter(|f| f.is_finite() && *f >= 0.0).map(|f| f as u64)));
+        let whole = value.and_then(|v| {
+            v.as_u64().or_else(|| {
+                v.as_f64()
+                    .filter(|f| f.is_finite() && *f >= 0.0)
+                    .map(|f| f as u64)
+            })
+        });
         let (max_bytes, max_bytes_adjusted) = match (value, whole) {
             (None | Some(serde_json::Value::Null), _) => (None, None),
             (_, Some(0)) => (Some(0), None),
-            (_, Some(bytes)) if bytes < MIN_MAX_BYTES => (Some(MIN_MAX_BYTES), Some(MaxBytesAdjusted::Raised(bytes))),
+            (_, Some(bytes)) if bytes < MIN_MAX_BYTES => {
+                (Some(MIN_MAX_BYTES), Some(MaxBytesAdjusted::Raised(bytes)))
+            }
             (_, Some(bytes)) => (Some(bytes), None),
             (Some(_), None) => (None, Some(MaxBytesAdjusted::NotASize)),
         };
-        LogOptions { format, max_bytes, max_bytes_adjusted }
+        LogOptions {
+            format,
+            max_bytes,
+            max_bytes_adjusted,
+        }
     }
 }
 
@@ -125,11 +141,19 @@ impl Log {
             open_append(path)
                 .map_err(|e| {
                     // A broken log must not fail the pod's network setup.
-                    eprintln!("sandbox-guard: cannot open logFile {}: {e}; logging to stderr only", path.display());
+                    eprintln!(
+                        "sandbox-guard: cannot open logFile {}: {e}; logging to stderr only",
+                        path.display()
+                    );
                 })
                 .ok()
         });
-        Log { file: RefCell::new(file), path: path.map(Path::to_path_buf), options, outcomes: RefCell::new(Vec::new()) }
+        Log {
+            file: RefCell::new(file),
+            path: path.map(Path::to_path_buf),
+            options,
+            outcomes: RefCell::new(Vec::new()),
+        }
     }
 
     pub fn has_outcomes(&self) -> bool {
@@ -147,10 +171,26 @@ impl Log {
 
     /// An event with fields for programs after the outcome. Keys are single lower-case words;
     /// values are names and IDs the guard validated (written escaped all the same).
-    pub fn event_with(&self, level: Level, verb: Verb, subject: &Subject, outcome: &str, fields: &[(&str, &str)], text: &str) {
+    pub fn event_with(
+        &self,
+        level: Level,
+        verb: Verb,
+        subject: &Subject,
+        outcome: &str,
+        fields: &[(&str, &str)],
+        text: &str,
+    ) {
         self.outcomes.borrow_mut().push((verb, outcome.to_string()));
         let time = crate::clock::now_rfc3339();
-        let event = Event { time: &time, level, verb, subject, outcome, fields, text };
+        let event = Event {
+            time: &time,
+            level,
+            verb,
+            subject,
+            outcome,
+            fields,
+            text,
+        };
         if self.file.borrow().is_some() {
             let note = || {
                 let text = match self.options.max_bytes_adjusted? {
@@ -161,7 +201,13 @@ impl Log {
                         "logMaxBytes is not a number of bytes: the log rotates at the default size instead".to_string()
                     }
                 };
-                let note = Event { level: Level::Warn, outcome: "log-cap", fields: &[], text: &text, ..event };
+                let note = Event {
+                    level: Level::Warn,
+                    outcome: "log-cap",
+                    fields: &[],
+                    text: &text,
+                    ..event
+                };
                 Some(note.line(self.options.format))
             };
             self.append(&event.line(self.options.format), note);
@@ -195,7 +241,11 @@ impl Event<'_> {
         let pod = subject.pod.as_deref().unwrap_or("-");
         match format {
             LogFormat::Text => {
-                let fields: String = self.fields.iter().map(|(key, value)| format!("{key}={} ", escaped(value, Part::Value))).collect();
+                let fields: String = self
+                    .fields
+                    .iter()
+                    .map(|(key, value)| format!("{key}={} ", escaped(value, Part::Value)))
+                    .collect();
                 format!(
                     "{} sandbox-guard[{}] {level} {} network={} container={} ifname={} pod={} outcome={} {fields}{}\n",
                     self.time,
@@ -213,9 +263,15 @@ impl Event<'_> {
                 let mut object = serde_json::Map::new();
                 object.insert("time".into(), serde_json::json!(self.time));
                 object.insert("pid".into(), serde_json::json!(std::process::id()));
-                for (key, value) in [("level", level), ("verb", self.verb.name()), ("network", subject.network),
-                    ("container", subject.container_id), ("ifname", subject.if_name), ("pod", pod), ("outcome", self.outcome)]
-                {
+                for (key, value) in [
+                    ("level", level),
+                    ("verb", self.verb.name()),
+                    ("network", subject.network),
+                    ("container", subject.container_id),
+                    ("ifname", subject.if_name),
+                    ("pod", pod),
+                    ("outcome", self.outcome),
+                ] {
                     object.insert(key.to_string(), serde_json::json!(value));
                 }
                 for (key, value) in self.fields {
@@ -240,10 +296,14 @@ enum Part {
 /// escaped, so that it cannot end the line; in a value, spaces too, so it cannot end the
 /// value; in the text, the `=` of a first word that would read as one more field.
 fn escaped(text: &str, part: Part) -> Cow<'_, str> {
-    let unsafe_char = |c: char| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') || (part == Part::Value && c == ' ');
+    let unsafe_char = |c: char| {
+        c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') || (part == Part::Value && c == ' ')
+    };
     let first_word = text.split(' ').next().unwrap_or("");
     let forges_field = part == Part::Text
-        && first_word.split_once('=').is_some_and(|(key, _)| key.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'));
+        && first_word
+            .split_once('=')
+            .is_some_and(|(key, _)| key.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'));
     if !forges_field && !text.chars().any(unsafe_char) {
         return Cow::Borrowed(text);
     }
@@ -254,7 +314,9 @@ fn escaped(text: &str, part: Part) -> Cow<'_, str> {
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
             '=' if forges_field && at < first_word.len() => out.push_str("\\x3d"),
-            c if unsafe_char(c) && (c as u32) < 0x100 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if unsafe_char(c) && (c as u32) < 0x100 => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
             c if unsafe_char(c) => out.push_str(&format!("\\u{{{:04x}}}", c as u32)),
             c => out.push(c),
         }
@@ -276,7 +338,9 @@ impl Log {
     /// rotation starts opens with. Best effort: a log that cannot rotate keeps growing and
     /// says so on stderr; nothing here fails the operation.
     fn append(&self, line: &str, note: impl Fn() -> Option<String>) {
-        let Some(path) = self.path.as_deref() else { return };
+        let Some(path) = self.path.as_deref() else {
+            return;
+        };
         let mut slot = self.file.borrow_mut();
         if self.options.max_bytes == Some(0) {
             // Never rotated: O_APPEND alone keeps concurrent lines whole.
@@ -317,7 +381,10 @@ impl Log {
                         rotated = true;
                         continue;
                     }
-                    Err(e) => eprintln!("sandbox-guard: cannot rotate logFile {}: {e}", path.display()),
+                    Err(e) => eprintln!(
+                        "sandbox-guard: cannot rotate logFile {}: {e}",
+                        path.display()
+                    ),
                 }
             }
             let text = match (rotated && meta.len() == 0).then(&note).flatten() {
@@ -334,7 +401,10 @@ impl Log {
 
 /// A line that could not be written within the bound goes to stderr, saying why.
 fn not_in_file(path: &Path, why: &str, line: &str) {
-    eprint!("sandbox-guard: this line is not in logFile {} ({why}): {line}", path.display());
+    eprint!(
+        "sandbox-guard: this line is not in logFile {} ({why}): {line}",
+        path.display()
+    );
 }
 
 /// `<file>` to `<file>.1`, `.1` to `.2` ... The caller holds the lock of the file `path` names.
@@ -376,7 +446,8 @@ fn on_tmpfs(file: &File) -> bool {
     use nix::sys::statfs::{FsType, TMPFS_MAGIC, fstatfs};
     // ramfs has no constant in nix.
     const RAMFS_MAGIC: FsType = FsType(0x8584_58f6);
-    fstatfs(file).is_ok_and(|fs| fs.filesystem_type() == TMPFS_MAGIC || fs.filesystem_type() == RAMFS_MAGIC)
+    fstatfs(file)
+        .is_ok_and(|fs| fs.filesystem_type() == TMPFS_MAGIC || fs.filesystem_type() == RAMFS_MAGIC)
 }
 
 /// `cause=` of a DEL refused (or let through in audit mode) because another sandbox owns the
@@ -405,13 +476,17 @@ impl LogEntry {
         }
         let mut words = line.split(' ');
         let time = words.next()?;
-        words.next().filter(|program| program.starts_with("sandbox-guard["))?;
+        words
+            .next()
+            .filter(|program| program.starts_with("sandbox-guard["))?;
         let level = words.next()?;
         let verb = words.next()?;
         let mut fields = Vec::new();
         let mut after_outcome = false;
         for word in words {
-            let Some((key, value)) = word.split_once('=') else { break };
+            let Some((key, value)) = word.split_once('=') else {
+                break;
+            };
             // After the outcome, fields are lower-case words; the first other word is text.
             if after_outcome && !key.bytes().all(|b| b.is_ascii_lowercase() || b == b'-') {
                 break;
@@ -419,11 +494,18 @@ impl LogEntry {
             after_outcome |= key == "outcome";
             fields.push((key.to_string(), value.to_string()));
         }
-        after_outcome.then(|| LogEntry { time: time.into(), level: level.into(), verb: verb.into(), fields })
+        after_outcome.then(|| LogEntry {
+            time: time.into(),
+            level: level.into(),
+            verb: verb.into(),
+            fields,
+        })
     }
 
     fn parse_json(line: &str) -> Option<LogEntry> {
-        let serde_json::Value::Object(object) = serde_json::from_str(line).ok()? else { return None };
+        let serde_json::Value::Object(object) = serde_json::from_str(line).ok()? else {
+            return None;
+        };
         let text = |key: &str| object.get(key).and_then(|v| v.as_str()).map(String::from);
         let (time, level, verb) = (text("time")?, text("level")?, text("verb")?);
         text("outcome")?;
@@ -432,11 +514,19 @@ impl LogEntry {
             .filter(|(key, _)| !matches!(key.as_str(), "time" | "level" | "verb" | "pid" | "msg"))
             .filter_map(|(key, value)| Some((key.clone(), value.as_str()?.to_string())))
             .collect();
-        Some(LogEntry { time, level, verb, fields })
+        Some(LogEntry {
+            time,
+            level,
+            verb,
+            fields,
+        })
     }
 
     pub fn field(&self, key: &str) -> Option<&str> {
-        self.fields.iter().find(|(k, _)| k == key).map(|(_, value)| value.as_str())
+        self.fields
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, value)| value.as_str())
     }
 }
 
@@ -457,7 +547,14 @@ mod tests {
     fn fields_are_read_and_the_text_is_not() {
         let line = "2026-01-02T03:04:05Z sandbox-guard[42] WARN DEL network=net container=aaa ifname=eth0 pod=ns/p outcome=refused cause=stale-del owner=bbb words=like this";
         let entry = LogEntry::parse(line).unwrap();
-        assert_eq!((entry.time.as_str(), entry.level.as_str(), entry.verb.as_str()), ("2026-01-02T03:04:05Z", "WARN", "DEL"));
+        assert_eq!(
+            (
+                entry.time.as_str(),
+                entry.level.as_str(),
+                entry.verb.as_str()
+            ),
+            ("2026-01-02T03:04:05Z", "WARN", "DEL")
+        );
         assert_eq!(entry.field("cause"), Some(CAUSE_STALE_DEL));
         assert_eq!(entry.field("owner"), Some("bbb"));
         assert_eq!(entry.field("pod"), Some("ns/p"));
@@ -472,8 +569,21 @@ mod tests {
     fn json_lines_carry_the_same_fields() {
         let line = r#"{"time":"2026-01-02T03:04:05Z","pid":42,"level":"WARN","verb":"DEL","network":"net","container":"aaa","ifname":"eth0","pod":"ns/p","outcome":"refused","cause":"stale-del","owner":"bbb","msg":"words=like this"}"#;
         let entry = LogEntry::parse(line).unwrap();
-        assert_eq!((entry.time.as_str(), entry.level.as_str(), entry.verb.as_str()), ("2026-01-02T03:04:05Z", "WARN", "DEL"));
-        for (key, value) in [("cause", "stale-del"), ("owner", "bbb"), ("pod", "ns/p"), ("outcome", "refused"), ("container", "aaa")] {
+        assert_eq!(
+            (
+                entry.time.as_str(),
+                entry.level.as_str(),
+                entry.verb.as_str()
+            ),
+            ("2026-01-02T03:04:05Z", "WARN", "DEL")
+        );
+        for (key, value) in [
+            ("cause", "stale-del"),
+            ("owner", "bbb"),
+            ("pod", "ns/p"),
+            ("outcome", "refused"),
+            ("container", "aaa"),
+        ] {
             assert_eq!(entry.field(key), Some(value), "{key}");
         }
         assert_eq!(entry.field("words"), None);
@@ -483,10 +593,22 @@ mod tests {
     #[test]
     fn a_full_log_rotates_keeping_its_backups() {
         let (dir, path) = fresh_log("sg-log-test");
-        let subject = Subject { network: "net", container_id: "aaa", if_name: "eth0", pod: None };
+        let subject = Subject {
+            network: "net",
+            container_id: "aaa",
+            if_name: "eth0",
+            pod: None,
+        };
         for format in [LogFormat::Text, LogFormat::Json] {
             for _ in 0..40 {
-                let log = Log::open(Some(&path), LogOptions { format, max_bytes: Some(1000), ..LogOptions::default() });
+                let log = Log::open(
+                    Some(&path),
+                    LogOptions {
+                        format,
+                        max_bytes: Some(1000),
+                        ..LogOptions::default()
+                    },
+                );
                 log.event(Level::Info, Verb::Add, &subject, "added", "generation=1");
             }
         }
@@ -495,11 +617,21 @@ mod tests {
         for n in 1..=LOG_BACKUPS {
             // Full: the next line would not have fitted.
             let backup = PathBuf::from(format!("{}.{n}", path.display()));
-            assert!(size(&backup) > 600 && size(&backup) <= 1000, "{}: {}", backup.display(), size(&backup));
+            assert!(
+                size(&backup) > 600 && size(&backup) <= 1000,
+                "{}: {}",
+                backup.display(),
+                size(&backup)
+            );
         }
         assert!(!PathBuf::from(format!("{}.{}", path.display(), LOG_BACKUPS + 1)).exists());
         let newest = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(newest.lines().all(|l| LogEntry::parse(l).is_some_and(|e| e.field("outcome") == Some("added"))), "{newest}");
+        assert!(
+            newest
+                .lines()
+                .all(|l| LogEntry::parse(l).is_some_and(|e| e.field("outcome") == Some("added"))),
+            "{newest}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -509,8 +641,16 @@ mod tests {
         let cases = [
             (json!(null), None, None),
             (json!(0), Some(0), None),
-            (json!(1), Some(MIN_MAX_BYTES), Some(MaxBytesAdjusted::Raised(1))),
-            (json!(4095.9), Some(MIN_MAX_BYTES), Some(MaxBytesAdjusted::Raised(4095))),
+            (
+                json!(1),
+                Some(MIN_MAX_BYTES),
+                Some(MaxBytesAdjusted::Raised(1)),
+            ),
+            (
+                json!(4095.9),
+                Some(MIN_MAX_BYTES),
+                Some(MaxBytesAdjusted::Raised(4095)),
+            ),
             (json!(4096), Some(4096), None),
             (json!(u64::MAX), Some(u64::MAX), None),
             (json!(-1), None, Some(MaxBytesAdjusted::NotASize)),
@@ -519,23 +659,42 @@ mod tests {
         ];
         for (value, max_bytes, adjusted) in cases {
             let options = LogOptions::with_max_bytes(LogFormat::Text, Some(&value));
-            assert_eq!((options.max_bytes, options.max_bytes_adjusted), (max_bytes, adjusted), "{value}");
+            assert_eq!(
+                (options.max_bytes, options.max_bytes_adjusted),
+                (max_bytes, adjusted),
+                "{value}"
+            );
         }
-        assert_eq!(LogOptions::with_max_bytes(LogFormat::Text, None).max_bytes, None);
+        assert_eq!(
+            LogOptions::with_max_bytes(LogFormat::Text, None).max_bytes,
+            None
+        );
     }
 
     #[test]
     fn a_writer_stopped_holding_the_lock_costs_a_line_its_place_not_the_operation_its_time() {
         let (dir, path) = fresh_log("sg-log-held");
-        let subject = Subject { network: "net", container_id: "aaa", if_name: "eth0", pod: None };
-        let options = LogOptions { max_bytes: Some(MIN_MAX_BYTES), ..LogOptions::default() };
+        let subject = Subject {
+            network: "net",
+            container_id: "aaa",
+            if_name: "eth0",
+            pod: None,
+        };
+        let options = LogOptions {
+            max_bytes: Some(MIN_MAX_BYTES),
+            ..LogOptions::default()
+        };
         Log::open(Some(&path), options).event(Level::Info, Verb::Add, &subject, "added", "first");
         let holder = File::open(&path).unwrap();
         holder.lock().unwrap();
         let started = Instant::now();
         Log::open(Some(&path), options).event(Level::Info, Verb::Add, &subject, "added", "second");
         assert!(started.elapsed() < LOCK_WAIT * 5, "{:?}", started.elapsed());
-        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 1, "the line went to stderr");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap().lines().count(),
+            1,
+            "the line went to stderr"
+        );
         drop(holder);
         Log::open(Some(&path), options).event(Level::Info, Verb::Add, &subject, "added", "third");
         assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
@@ -545,12 +704,36 @@ mod tests {
     #[test]
     fn a_text_cannot_forge_a_line_or_a_field() {
         let (dir, path) = fresh_log("sg-log-forge");
-        let subject = Subject { network: "net", container_id: "aaa", if_name: "eth0", pod: None };
+        let subject = Subject {
+            network: "net",
+            container_id: "aaa",
+            if_name: "eth0",
+            pod: None,
+        };
         let forged = "2026-01-02T03:04:05Z sandbox-guard[42] WARN DEL network=net container=bbb ifname=eth0 pod=ns/p outcome=refused cause=stale-del owner=ccc stale";
         let log = Log::open(Some(&path), LogOptions::default());
-        log.event(Level::Error, Verb::Add, &subject, "error", &format!("the primary failed: boom\n{forged}\r\n{forged}"));
-        log.event(Level::Error, Verb::Add, &subject, "error", "cause=stale-del owner=ccc the primary's words");
-        log.event_with(Level::Warn, Verb::Del, &subject, "refused", &[("owner", "x y\nz")], "text");
+        log.event(
+            Level::Error,
+            Verb::Add,
+            &subject,
+            "error",
+            &format!("the primary failed: boom\n{forged}\r\n{forged}"),
+        );
+        log.event(
+            Level::Error,
+            Verb::Add,
+            &subject,
+            "error",
+            "cause=stale-del owner=ccc the primary's words",
+        );
+        log.event_with(
+            Level::Warn,
+            Verb::Del,
+            &subject,
+            "refused",
+            &[("owner", "x y\nz")],
+            "text",
+        );
         let written = std::fs::read_to_string(&path).unwrap();
         let lines: Vec<&str> = written.lines().collect();
         assert_eq!(lines.len(), 3, "{written}");
@@ -559,8 +742,17 @@ mod tests {
             assert_eq!(entry.field("cause"), None, "{line}");
             assert_eq!(entry.field("container"), Some("aaa"), "{line}");
         }
-        assert!(lines[0].contains("boom\\n2026"), "the newline is shown, escaped: {}", lines[0]);
-        assert_eq!(LogEntry::parse(lines[2]).unwrap().field("owner"), Some("x\\x20y\\nz"), "{}", lines[2]);
+        assert!(
+            lines[0].contains("boom\\n2026"),
+            "the newline is shown, escaped: {}",
+            lines[0]
+        );
+        assert_eq!(
+            LogEntry::parse(lines[2]).unwrap().field("owner"),
+            Some("x\\x20y\\nz"),
+            "{}",
+            lines[2]
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -570,13 +762,36 @@ mod tests {
     fn a_line_after_another_writers_rotation_goes_to_the_new_file() {
         let (dir, path) = fresh_log("sg-log-rot");
         std::fs::write(&path, "x".repeat(4000) + "\n").unwrap();
-        let subject = Subject { network: "net", container_id: "c", if_name: "eth0", pod: None };
-        let log = Log::open(Some(&path), LogOptions { max_bytes: Some(4096), ..LogOptions::default() });
+        let subject = Subject {
+            network: "net",
+            container_id: "c",
+            if_name: "eth0",
+            pod: None,
+        };
+        let log = Log::open(
+            Some(&path),
+            LogOptions {
+                max_bytes: Some(4096),
+                ..LogOptions::default()
+            },
+        );
         std::fs::rename(&path, dir.join("guard.log.1")).unwrap();
         log.event(Level::Info, Verb::Add, &subject, "added", "generation=1");
-        assert_eq!(std::fs::metadata(dir.join("guard.log.1")).unwrap().len(), 4001, "the line went into the rotated file");
+        assert_eq!(
+            std::fs::metadata(dir.join("guard.log.1")).unwrap().len(),
+            4001,
+            "the line went into the rotated file"
+        );
         let now = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(now.contains("outcome=added"), "{now:?} {:?}", std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect::<Vec<_>>());
+        assert!(
+            now.contains("outcome=added"),
+            "{now:?} {:?}",
+            std::fs::read_dir(&dir)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name())
+                .collect::<Vec<_>>()
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -589,11 +804,28 @@ mod tests {
                 let path = path.clone();
                 std::thread::spawn(move || {
                     let container = format!("c{n}");
-                    let subject = Subject { network: "net", container_id: &container, if_name: "eth0", pod: None };
+                    let subject = Subject {
+                        network: "net",
+                        container_id: &container,
+                        if_name: "eth0",
+                        pod: None,
+                    };
                     for _ in 0..50 {
                         // Each its own open file, as each plugin process has.
-                        let log = Log::open(Some(&path), LogOptions { max_bytes: Some(cap), ..LogOptions::default() });
-                        log.event(Level::Info, Verb::Add, &subject, "added", "generation=1 and some words to fill the line");
+                        let log = Log::open(
+                            Some(&path),
+                            LogOptions {
+                                max_bytes: Some(cap),
+                                ..LogOptions::default()
+                            },
+                        );
+                        log.event(
+                            Level::Info,
+                            Verb::Add,
+                            &subject,
+                            "added",
+                            "generation=1 and some words to fill the line",
+                        );
                     }
                 })
             })
@@ -602,7 +834,9 @@ mod tests {
             writer.join().unwrap();
         }
         for name in ["guard.log", "guard.log.1", "guard.log.2"] {
-            let size = std::fs::metadata(dir.join(name)).map(|m| m.len()).unwrap_or(0);
+            let size = std::fs::metadata(dir.join(name))
+                .map(|m| m.len())
+                .unwrap_or(0);
             assert!(size <= cap, "{name}: {size} bytes, over {cap}");
         }
         std::fs::remove_dir_all(&dir).unwrap();

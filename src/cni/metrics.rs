@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use super::env::Verb;
 use super::verbs::Invocation;
-use crate::state::sealed::{self, Durability, Loaded};
 use crate::state::Store;
+use crate::state::sealed::{self, Durability, Loaded};
 
 pub const COUNTERS: &str = "counters";
 /// `outcome=` of an operation refused for its config (`cni::rejected`); its `reason=` is one of
@@ -64,7 +64,9 @@ pub fn commit(inv: &Invocation, store: &Store, succeeded: bool) {
 
 /// `commit`, counting `outcome` too: the outcome of an operation whose log line comes later.
 pub fn commit_with(inv: &Invocation, store: &Store, succeeded: bool, outcome: Option<&str>) {
-    let Some(metrics_file) = inv.conf.metrics_file.as_deref() else { return };
+    let Some(metrics_file) = inv.conf.metrics_file.as_deref() else {
+        return;
+    };
     let mut outcomes = inv.log.take_outcomes();
     outcomes.extend(outcome.map(|outcome| (inv.verb, outcome.to_string())));
     if !store.is_writable() {
@@ -72,7 +74,15 @@ pub fn commit_with(inv: &Invocation, store: &Store, succeeded: bool, outcome: Op
     }
     inv.metrics_committed.set(true);
     let succeeded = succeeded.then_some(inv.verb);
-    commit_tally(store, metrics_file, Tally { outcomes, succeeded, ..Tally::default() });
+    commit_tally(
+        store,
+        metrics_file,
+        Tally {
+            outcomes,
+            succeeded,
+            ..Tally::default()
+        },
+    );
 }
 
 /// Counts one operation refused for its config, whose `stateDir` and `metricsFile` could
@@ -80,11 +90,19 @@ pub fn commit_with(inv: &Invocation, store: &Store, succeeded: bool, outcome: Op
 /// most FLUSH_WAIT, and nothing that fails here reaches the runtime.
 pub fn count_rejected(state_dir: &Path, metrics_file: &Path, verb: Verb, reason: &'static str) {
     match Store::open(state_dir, FLUSH_WAIT) {
-        Ok(store) if store.is_writable() => {
-            commit_tally(&store, metrics_file, Tally { rejected: Some((verb, reason)), ..Tally::default() })
-        }
+        Ok(store) if store.is_writable() => commit_tally(
+            &store,
+            metrics_file,
+            Tally {
+                rejected: Some((verb, reason)),
+                ..Tally::default()
+            },
+        ),
         Ok(_) => {}
-        Err(err) => eprintln!("sandbox-guard: this rejected {} is not counted: {err}", verb.name()),
+        Err(err) => eprintln!(
+            "sandbox-guard: this rejected {} is not counted: {err}",
+            verb.name()
+        ),
     }
 }
 
@@ -95,21 +113,37 @@ fn commit_tally(store: &Store, metrics_file: &Path, tally: Tally) {
         _ => Counters::default(),
     };
     for (verb, outcome) in tally.outcomes {
-        *counters.operations.entry(verb.name().to_string()).or_default().entry(outcome).or_default() += 1;
+        *counters
+            .operations
+            .entry(verb.name().to_string())
+            .or_default()
+            .entry(outcome)
+            .or_default() += 1;
     }
     if let Some((verb, reason)) = tally.rejected {
-        *counters.rejected.entry(verb.name().to_string()).or_default().entry(reason.to_string()).or_default() += 1;
+        *counters
+            .rejected
+            .entry(verb.name().to_string())
+            .or_default()
+            .entry(reason.to_string())
+            .or_default() += 1;
     }
     let now = crate::clock::unix_seconds();
     if let Some(verb) = tally.succeeded {
         counters.last_success.insert(verb.name().to_string(), now);
     }
-    let written = sealed::replace(store.root(), COUNTERS, &sealed::seal(&counters), Durability::Hint)
-        .map_err(|e| format!("cannot write {}/{COUNTERS}: {e}", store.root().display()))
-        .and_then(|()| {
-            let text = render(&counters, &Gauges::read(store), store.root(), now);
-            write_textfile(metrics_file, text.as_bytes()).map_err(|e| format!("cannot write metricsFile {}: {e}", metrics_file.display()))
-        });
+    let written = sealed::replace(
+        store.root(),
+        COUNTERS,
+        &sealed::seal(&counters),
+        Durability::Hint,
+    )
+    .map_err(|e| format!("cannot write {}/{COUNTERS}: {e}", store.root().display()))
+    .and_then(|()| {
+        let text = render(&counters, &Gauges::read(store), store.root(), now);
+        write_textfile(metrics_file, text.as_bytes())
+            .map_err(|e| format!("cannot write metricsFile {}: {e}", metrics_file.display()))
+    });
     if let Err(why) = written {
         eprintln!("sandbox-guard: {why}");
     }
@@ -128,7 +162,10 @@ pub fn flush(inv: &Invocation, succeeded: bool) {
     // it) must not wait as long again only to be counted.
     match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout.min(FLUSH_WAIT)) {
         Ok(store) => commit(inv, &store, succeeded && !inv.metrics_committed.get()),
-        Err(err) => eprintln!("sandbox-guard: the metrics of this {} are not counted: {err}", inv.verb.name()),
+        Err(err) => eprintln!(
+            "sandbox-guard: the metrics of this {} are not counted: {err}",
+            inv.verb.name()
+        ),
     }
 }
 
@@ -145,7 +182,9 @@ struct Gauges {
 
 impl Gauges {
     fn read(store: &Store) -> Gauges {
-        let checkpoints = store.record_count().or_else(|| store.recount_records().ok());
+        let checkpoints = store
+            .record_count()
+            .or_else(|| store.recount_records().ok());
         let set_aside = store.list_set_aside().map_or(0, |files| files.len());
         let deferred = store.list_deferred().unwrap_or_default();
         let oldest_deferred = deferred
@@ -159,7 +198,13 @@ impl Gauges {
             .iter()
             .filter(|(_, loaded)| matches!(loaded, Loaded::Valid(entry) if entry.attempts > 0 && store.name_is_free(&entry.key)))
             .count();
-        Gauges { checkpoints, set_aside, deferred: deferred.len(), deferred_free_failed, oldest_deferred }
+        Gauges {
+            checkpoints,
+            set_aside,
+            deferred: deferred.len(),
+            deferred_free_failed,
+            oldest_deferred,
+        }
     }
 }
 
@@ -169,12 +214,25 @@ fn render(counters: &Counters, gauges: &Gauges, state_dir: &Path, now: i64) -> S
     let dir = escape(&state_dir.display().to_string());
     let mut out = String::with_capacity(2048);
     let family = |out: &mut String, name: &str, kind: &str, help: &str| {
-        let _ = writeln!(out, "# HELP sandbox_guard_{name} {help}\n# TYPE sandbox_guard_{name} {kind}");
+        let _ = writeln!(
+            out,
+            "# HELP sandbox_guard_{name} {help}\n# TYPE sandbox_guard_{name} {kind}"
+        );
     };
-    family(&mut out, "operations_total", "counter", "CNI operations by verb and outcome (added, deleted, refused, audited, deferred, replayed, replay-failed, error, ..., and rejected: refused for the config, by reason).");
+    family(
+        &mut out,
+        "operations_total",
+        "counter",
+        "CNI operations by verb and outcome (added, deleted, refused, audited, deferred, replayed, replay-failed, error, ..., and rejected: refused for the config, by reason).",
+    );
     for (verb, outcomes) in &counters.operations {
         for (outcome, count) in outcomes {
-            let _ = writeln!(out, "sandbox_guard_operations_total{{state_dir=\"{dir}\",verb=\"{}\",outcome=\"{}\"}} {count}", escape(verb), escape(outcome));
+            let _ = writeln!(
+                out,
+                "sandbox_guard_operations_total{{state_dir=\"{dir}\",verb=\"{}\",outcome=\"{}\"}} {count}",
+                escape(verb),
+                escape(outcome)
+            );
         }
     }
     for (verb, reasons) in &counters.rejected {
@@ -187,32 +245,95 @@ fn render(counters: &Counters, gauges: &Gauges, state_dir: &Path, now: i64) -> S
             );
         }
     }
-    family(&mut out, "last_success_timestamp_seconds", "gauge", "Unix time of the last successful operation, by verb.");
+    family(
+        &mut out,
+        "last_success_timestamp_seconds",
+        "gauge",
+        "Unix time of the last successful operation, by verb.",
+    );
     for (verb, at) in &counters.last_success {
-        let _ = writeln!(out, "sandbox_guard_last_success_timestamp_seconds{{state_dir=\"{dir}\",verb=\"{}\"}} {at}", escape(verb));
+        let _ = writeln!(
+            out,
+            "sandbox_guard_last_success_timestamp_seconds{{state_dir=\"{dir}\",verb=\"{}\"}} {at}",
+            escape(verb)
+        );
     }
     if let Some(checkpoints) = gauges.checkpoints {
-        family(&mut out, "checkpoints", "gauge", "Checkpoints (pod attachments) in the state dir now.");
-        let _ = writeln!(out, "sandbox_guard_checkpoints{{state_dir=\"{dir}\"}} {checkpoints}");
+        family(
+            &mut out,
+            "checkpoints",
+            "gauge",
+            "Checkpoints (pod attachments) in the state dir now.",
+        );
+        let _ = writeln!(
+            out,
+            "sandbox_guard_checkpoints{{state_dir=\"{dir}\"}} {checkpoints}"
+        );
     }
-    family(&mut out, "set_aside_files", "gauge", "Files set aside after failing verification, in the state dir now.");
-    let _ = writeln!(out, "sandbox_guard_set_aside_files{{state_dir=\"{dir}\"}} {}", gauges.set_aside);
-    family(&mut out, "deferred_dels", "gauge", "Delegate mode: stale DELs kept from the primary now.");
-    let _ = writeln!(out, "sandbox_guard_deferred_dels{{state_dir=\"{dir}\"}} {}", gauges.deferred);
-    family(&mut out, "deferred_dels_failing_free", "gauge", "Delegate mode: deferred DELs whose pod's name is free but whose replay the primary refused.");
-    let _ = writeln!(out, "sandbox_guard_deferred_dels_failing_free{{state_dir=\"{dir}\"}} {}", gauges.deferred_free_failed);
+    family(
+        &mut out,
+        "set_aside_files",
+        "gauge",
+        "Files set aside after failing verification, in the state dir now.",
+    );
+    let _ = writeln!(
+        out,
+        "sandbox_guard_set_aside_files{{state_dir=\"{dir}\"}} {}",
+        gauges.set_aside
+    );
+    family(
+        &mut out,
+        "deferred_dels",
+        "gauge",
+        "Delegate mode: stale DELs kept from the primary now.",
+    );
+    let _ = writeln!(
+        out,
+        "sandbox_guard_deferred_dels{{state_dir=\"{dir}\"}} {}",
+        gauges.deferred
+    );
+    family(
+        &mut out,
+        "deferred_dels_failing_free",
+        "gauge",
+        "Delegate mode: deferred DELs whose pod's name is free but whose replay the primary refused.",
+    );
+    let _ = writeln!(
+        out,
+        "sandbox_guard_deferred_dels_failing_free{{state_dir=\"{dir}\"}} {}",
+        gauges.deferred_free_failed
+    );
     if let Some(oldest) = gauges.oldest_deferred {
-        family(&mut out, "oldest_deferred_del_timestamp_seconds", "gauge", "Delegate mode: Unix time the oldest deferred DEL was deferred.");
-        let _ = writeln!(out, "sandbox_guard_oldest_deferred_del_timestamp_seconds{{state_dir=\"{dir}\"}} {oldest}");
+        family(
+            &mut out,
+            "oldest_deferred_del_timestamp_seconds",
+            "gauge",
+            "Delegate mode: Unix time the oldest deferred DEL was deferred.",
+        );
+        let _ = writeln!(
+            out,
+            "sandbox_guard_oldest_deferred_del_timestamp_seconds{{state_dir=\"{dir}\"}} {oldest}"
+        );
     }
-    family(&mut out, "textfile_timestamp_seconds", "gauge", "Unix time this file was written: the values are as of then (the state changes only when the plugin runs).");
-    let _ = writeln!(out, "sandbox_guard_textfile_timestamp_seconds{{state_dir=\"{dir}\"}} {now}");
+    family(
+        &mut out,
+        "textfile_timestamp_seconds",
+        "gauge",
+        "Unix time this file was written: the values are as of then (the state changes only when the plugin runs).",
+    );
+    let _ = writeln!(
+        out,
+        "sandbox_guard_textfile_timestamp_seconds{{state_dir=\"{dir}\"}} {now}"
+    );
     out
 }
 
 /// A label value in the text format: backslash, double quote and newline escaped.
 fn escape(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Temp file in the same directory (a name node_exporter skips: it reads `*.prom`), then
@@ -220,7 +341,10 @@ fn escape(value: &str) -> String {
 /// the temp file nor the target is followed if it is a symlink (rename replaces the link).
 fn write_textfile(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("/"));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let _ = std::fs::remove_file(&temp);
     let written = OpenOptions::new()
@@ -244,16 +368,40 @@ mod tests {
     #[test]
     fn renders_counters_and_gauges() {
         let mut counters = Counters::default();
-        counters.operations.entry("DEL".into()).or_default().insert("refused".into(), 3);
+        counters
+            .operations
+            .entry("DEL".into())
+            .or_default()
+            .insert("refused".into(), 3);
         counters.last_success.insert("ADD".into(), 1_700_000_000);
-        let gauges = Gauges { checkpoints: Some(2), set_aside: 0, deferred: 1, deferred_free_failed: 1, oldest_deferred: Some(1_600_000_000) };
-        counters.rejected.entry("ADD".into()).or_default().insert("decode".into(), 2);
-        let text = render(&counters, &gauges, Path::new("/var/lib/a\"b"), 1_800_000_000);
+        let gauges = Gauges {
+            checkpoints: Some(2),
+            set_aside: 0,
+            deferred: 1,
+            deferred_free_failed: 1,
+            oldest_deferred: Some(1_600_000_000),
+        };
+        counters
+            .rejected
+            .entry("ADD".into())
+            .or_default()
+            .insert("decode".into(), 2);
+        let text = render(
+            &counters,
+            &gauges,
+            Path::new("/var/lib/a\"b"),
+            1_800_000_000,
+        );
         assert!(text.contains("sandbox_guard_operations_total{state_dir=\"/var/lib/a\\\"b\",verb=\"ADD\",outcome=\"rejected\",reason=\"decode\"} 2\n"), "{text}");
         assert!(text.contains("sandbox_guard_textfile_timestamp_seconds{state_dir=\"/var/lib/a\\\"b\"} 1800000000\n"), "{text}");
         assert!(text.contains("sandbox_guard_operations_total{state_dir=\"/var/lib/a\\\"b\",verb=\"DEL\",outcome=\"refused\"} 3\n"), "{text}");
         assert!(text.contains("# TYPE sandbox_guard_checkpoints gauge\nsandbox_guard_checkpoints{state_dir=\"/var/lib/a\\\"b\"} 2\n"), "{text}");
-        assert!(text.contains("sandbox_guard_deferred_dels_failing_free{state_dir=\"/var/lib/a\\\"b\"} 1\n"), "{text}");
+        assert!(
+            text.contains(
+                "sandbox_guard_deferred_dels_failing_free{state_dir=\"/var/lib/a\\\"b\"} 1\n"
+            ),
+            "{text}"
+        );
         assert!(text.contains("sandbox_guard_oldest_deferred_del_timestamp_seconds{state_dir=\"/var/lib/a\\\"b\"} 1600000000\n"), "{text}");
     }
 }

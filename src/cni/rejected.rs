@@ -39,8 +39,13 @@ pub fn record(verb: Verb, attachment: Option<&Attachment>, stdin: &[u8], err: &G
         Some("json") => LogFormat::Json,
         _ => LogFormat::Text,
     };
-    let log = Log::open(found.path("logFile").as_deref(), LogOptions::with_max_bytes(format, found.value("logMaxBytes")));
-    let network = found.text("name").filter(|name| names::check_plain("network name", name, MAX_NETWORK, Kind::InvalidConfig).is_ok());
+    let log = Log::open(
+        found.path("logFile").as_deref(),
+        LogOptions::with_max_bytes(format, found.value("logMaxBytes")),
+    );
+    let network = found.text("name").filter(|name| {
+        names::check_plain("network name", name, MAX_NETWORK, Kind::InvalidConfig).is_ok()
+    });
     let subject = Subject {
         network: network.unwrap_or("-"),
         container_id: attachment.map_or("-", |a| a.container_id.as_str()),
@@ -48,7 +53,14 @@ pub fn record(verb: Verb, attachment: Option<&Attachment>, stdin: &[u8], err: &G
         pod: attachment.and_then(|a| a.pod.label()),
     };
     // Also to stderr: the runtime's log shows it beside the error it got.
-    log.event_with(Level::Error, verb, &subject, metrics::OUTCOME_REJECTED, &[("reason", reason)], &err.msg);
+    log.event_with(
+        Level::Error,
+        verb,
+        &subject,
+        metrics::OUTCOME_REJECTED,
+        &[("reason", reason)],
+        &err.msg,
+    );
     if let Some(metrics_file) = found.path("metricsFile") {
         let state_dir = match found.value("stateDir") {
             None => Some(PathBuf::from(DEFAULT_STATE_DIR)),
@@ -56,7 +68,10 @@ pub fn record(verb: Verb, attachment: Option<&Attachment>, stdin: &[u8], err: &G
         };
         match state_dir {
             Some(state_dir) => metrics::count_rejected(&state_dir, &metrics_file, verb, reason),
-            None => eprintln!("sandbox-guard: this rejected {} is not counted: its stateDir is not usable", verb.name()),
+            None => eprintln!(
+                "sandbox-guard: this rejected {} is not counted: its stateDir is not usable",
+                verb.name()
+            ),
         }
     }
 }
@@ -73,7 +88,8 @@ impl Salvaged {
         match serde_json::from_slice(stdin) {
             Ok(serde_json::Value::Object(object)) => Salvaged::Json(object),
             Ok(_) => Salvaged::Nothing,
-            Err(_) => std::str::from_utf8(stdin).map_or(Salvaged::Nothing, |text| Salvaged::Text(text.to_string())),
+            Err(_) => std::str::from_utf8(stdin)
+                .map_or(Salvaged::Nothing, |text| Salvaged::Text(text.to_string())),
         }
     }
 
@@ -81,7 +97,9 @@ impl Salvaged {
         match self {
             Salvaged::Json(object) => object.get(key),
             // Only strings are read from a text; a key that is there at all is "given".
-            Salvaged::Text(text) => text.contains(&format!("\"{key}\"")).then_some(&serde_json::Value::Null),
+            Salvaged::Text(text) => text
+                .contains(&format!("\"{key}\""))
+                .then_some(&serde_json::Value::Null),
             Salvaged::Nothing => None,
         }
     }
@@ -97,7 +115,9 @@ impl Salvaged {
     /// A path key, only as a good config would have it: absolute, no `..`.
     fn path(&self, key: &str) -> Option<PathBuf> {
         let path = Path::new(self.text(key)?);
-        config::require_absolute(key, path).is_ok().then(|| path.to_path_buf())
+        config::require_absolute(key, path)
+            .is_ok()
+            .then(|| path.to_path_buf())
     }
 }
 
@@ -106,7 +126,11 @@ impl Salvaged {
 fn string_after_key<'a>(text: &'a str, key: &str) -> Option<&'a str> {
     let quoted = format!("\"{key}\"");
     let after = &text[text.find(&quoted)? + quoted.len()..];
-    let value = after.trim_start().strip_prefix(':')?.trim_start().strip_prefix('"')?;
+    let value = after
+        .trim_start()
+        .strip_prefix(':')?
+        .trim_start()
+        .strip_prefix('"')?;
     let end = value.find(['"', '\\'])?;
     let found = &value[..end];
     (value[end..].starts_with('"') && !found.chars().any(char::is_control)).then_some(found)
@@ -118,9 +142,14 @@ mod tests {
 
     #[test]
     fn keys_are_found_in_json_and_in_a_text_cut_short() {
-        let json = Salvaged::from(br#"{"logFile":"/var/log/g.log","stateDir":"relative","name":"net","metricsFile":7}"#);
+        let json = Salvaged::from(
+            br#"{"logFile":"/var/log/g.log","stateDir":"relative","name":"net","metricsFile":7}"#,
+        );
         assert_eq!(json.path("logFile"), Some(PathBuf::from("/var/log/g.log")));
-        assert_eq!((json.path("stateDir"), json.value("stateDir").is_some()), (None, true));
+        assert_eq!(
+            (json.path("stateDir"), json.value("stateDir").is_some()),
+            (None, true)
+        );
         assert_eq!(json.path("metricsFile"), None);
         assert_eq!(json.text("name"), Some("net"));
         let cut = Salvaged::from(br#"{"cniVersion":"1.0.0", "logFile" : "/var/log/g.log","metricsFile":"/m/x\"y.prom","stateDir":"/s/../t","name":"n"#);

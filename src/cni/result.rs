@@ -44,10 +44,14 @@ pub struct IpView {
 
 /// The spec writes addresses in CIDR form; a bare address (which ipnetwork would read as a
 /// /32) means the primary's result is broken, and checkpointing it would hide that.
-fn cidr<'de, D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<IpNetwork, D::Error> {
+fn cidr<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<IpNetwork, D::Error> {
     let text = <std::borrow::Cow<str>>::deserialize(deserializer)?;
     if !text.contains('/') {
-        return Err(serde::de::Error::custom(format!("address {text:?} has no prefix length")));
+        return Err(serde::de::Error::custom(format!(
+            "address {text:?} has no prefix length"
+        )));
     }
     text.parse().map_err(serde::de::Error::custom)
 }
@@ -115,7 +119,11 @@ struct LegacyIpView {
 
 impl LegacyView {
     fn into_view(self) -> ResultView {
-        let mut view = ResultView { interfaces: Vec::new(), ips: Vec::new(), routes: Vec::new() };
+        let mut view = ResultView {
+            interfaces: Vec::new(),
+            ips: Vec::new(),
+            routes: Vec::new(),
+        };
         for config in [self.ip4, self.ip6].into_iter().flatten() {
             view.ips.push(IpView { address: config.ip });
             view.routes.extend(config.routes.unwrap_or_default());
@@ -143,18 +151,27 @@ fn is_legacy_text(raw: &RawValue) -> bool {
 /// primary's output itself, so it must read it as the runtime would have. Anything that is
 /// not one object is returned as it is, for the validation to refuse.
 pub fn versioned_as_libcni_reads_it(result: Box<RawValue>, config_version: &str) -> Box<RawValue> {
-    let Ok(members) = serde_json::from_str::<Members>(result.get()) else { return result };
-    let versioned = members
-        .0
-        .iter()
-        .any(|(key, value)| key == "cniVersion" && serde_json::from_str::<String>(value.get()).is_ok_and(|v| !v.is_empty()));
+    let Ok(members) = serde_json::from_str::<Members>(result.get()) else {
+        return result;
+    };
+    let versioned = members.0.iter().any(|(key, value)| {
+        key == "cniVersion"
+            && serde_json::from_str::<String>(value.get()).is_ok_and(|v| !v.is_empty())
+    });
     if versioned {
         return result;
     }
     let version = json_string(config_version);
     let mut out = String::with_capacity(result.get().len() + 32);
-    let rest = members.0.iter().filter(|(key, _)| key != "cniVersion").map(|(key, value)| (key.as_str(), value.get()));
-    write_object(&mut out, std::iter::once(("cniVersion", version.as_str())).chain(rest));
+    let rest = members
+        .0
+        .iter()
+        .filter(|(key, _)| key != "cniVersion")
+        .map(|(key, value)| (key.as_str(), value.get()));
+    write_object(
+        &mut out,
+        std::iter::once(("cniVersion", version.as_str())).chain(rest),
+    );
     RawValue::from_string(out).unwrap_or(result)
 }
 
@@ -190,13 +207,26 @@ pub fn as_version<'r>(raw: &'r RawValue, config_version: &str) -> Result<Cow<'r,
         // The config's version was refused before any verb ran; this is a backstop.
         return Err(GuardError::new(
             Kind::IncompatibleVersion,
-            format!("cannot convert the prevResult to cniVersion {}: sandbox-guard does not speak it", shown(config_version)),
+            format!(
+                "cannot convert the prevResult to cniVersion {}: sandbox-guard does not speak it",
+                shown(config_version)
+            ),
         ));
     };
-    let converted = convert(&top.members, top.shape, to, config_version).map_err(|msg| invalid(msg, &top.version))?;
-    let again: Members = serde_json::from_str(&converted)
-        .map_err(|e| invalid(format!("prevResult converted to cniVersion {config_version} cannot be read back: {e}"), config_version))?;
-    check_result(&again, to).map_err(|msg| invalid(format!("converted to the config's cniVersion {config_version}, {msg}"), config_version))?;
+    let converted = convert(&top.members, top.shape, to, config_version)
+        .map_err(|msg| invalid(msg, &top.version))?;
+    let again: Members = serde_json::from_str(&converted).map_err(|e| {
+        invalid(
+            format!("prevResult converted to cniVersion {config_version} cannot be read back: {e}"),
+            config_version,
+        )
+    })?;
+    check_result(&again, to).map_err(|msg| {
+        invalid(
+            format!("converted to the config's cniVersion {config_version}, {msg}"),
+            config_version,
+        )
+    })?;
     Ok(Cow::Owned(converted))
 }
 
@@ -245,7 +275,11 @@ fn read_top(raw: &RawValue, config_version: &str) -> Result<Top> {
     let bad = |msg: String| invalid(msg, config_version);
     let members = match kind(raw) {
         Json::Object => read_members(raw, "prevResult").map_err(bad)?,
-        other => return Err(bad(format!("prevResult is {other}, not a CNI result object"))),
+        other => {
+            return Err(bad(format!(
+                "prevResult is {other}, not a CNI result object"
+            )));
+        }
     };
     let version = match members.get("cniVersion", "prevResult").map_err(bad)? {
         Some(value) => string(value, "prevResult.cniVersion").map_err(bad)?,
@@ -257,9 +291,14 @@ fn read_top(raw: &RawValue, config_version: &str) -> Result<Top> {
         // check or convert, and the way out is the same as for a config's version. A
         // cniVersion that is no version at all fails to decode, which is code 6.
         let is_version = version.split('.').count() == 3
-            && version.split('.').all(|part| !part.is_empty() && part.len() <= 9 && part.bytes().all(|b| b.is_ascii_digit()));
+            && version.split('.').all(|part| {
+                !part.is_empty() && part.len() <= 9 && part.bytes().all(|b| b.is_ascii_digit())
+            });
         if !is_version {
-            return Err(bad(format!("prevResult.cniVersion {} is not a CNI version", shown(&version))));
+            return Err(bad(format!(
+                "prevResult.cniVersion {} is not a CNI version",
+                shown(&version)
+            )));
         }
         return Err(GuardError::new(
             Kind::IncompatibleVersion,
@@ -274,12 +313,20 @@ fn read_top(raw: &RawValue, config_version: &str) -> Result<Top> {
             crate::cni::version::SUPPORTED.join(", ")
         )));
     };
-    Ok(Top { members, version, shape })
+    Ok(Top {
+        members,
+        version,
+        shape,
+    })
 }
 
 fn check_result(top: &Members, shape: Shape) -> Found<ResultView> {
     let at = "prevResult";
-    let mut view = ResultView { interfaces: Vec::new(), ips: Vec::new(), routes: Vec::new() };
+    let mut view = ResultView {
+        interfaces: Vec::new(),
+        ips: Vec::new(),
+        routes: Vec::new(),
+    };
     if shape == Shape::Legacy {
         // Here `interfaces`, `ips` and `routes` are unknown keys, passed on unread.
         for (key, family) in [("ip4", "4"), ("ip6", "6")] {
@@ -295,19 +342,26 @@ fn check_result(top: &Members, shape: Shape) -> Found<ResultView> {
     if let Some(value) = top.get("interfaces", at)? {
         let path = format!("{at}.interfaces");
         for (i, item) in array(value, &path)?.iter().enumerate() {
-            view.interfaces.push(check_interface(item, &format!("{path}[{i}]"), shape)?);
+            view.interfaces
+                .push(check_interface(item, &format!("{path}[{i}]"), shape)?);
         }
     }
     if let Some(value) = top.get("ips", at)? {
         let path = format!("{at}.ips");
         for (i, item) in array(value, &path)?.iter().enumerate() {
-            view.ips.push(check_ip(item, &format!("{path}[{i}]"), shape, view.interfaces.len())?);
+            view.ips.push(check_ip(
+                item,
+                &format!("{path}[{i}]"),
+                shape,
+                view.interfaces.len(),
+            )?);
         }
     }
     if let Some(value) = top.get("routes", at)? {
         let path = format!("{at}.routes");
         for (i, item) in array(value, &path)?.iter().enumerate() {
-            view.routes.push(check_route(item, &format!("{path}[{i}]"), shape)?);
+            view.routes
+                .push(check_route(item, &format!("{path}[{i}]"), shape)?);
         }
     }
     if let Some(value) = top.get("dns", at)? {
@@ -317,21 +371,29 @@ fn check_result(top: &Members, shape: Shape) -> Found<ResultView> {
 }
 
 /// An `ip4` or `ip6` of a 0.1.0/0.2.0 result: `ip` in CIDR form and of the key's family.
-fn check_legacy_ip(value: &RawValue, at: &str, want_family: &str, view: &mut ResultView) -> Found<()> {
+fn check_legacy_ip(
+    value: &RawValue,
+    at: &str,
+    want_family: &str,
+    view: &mut ResultView,
+) -> Found<()> {
     let members = object(value, at)?;
     let address = match members.get("ip", at)? {
         Some(address) => cidr_member(address, &format!("{at}.ip"))?,
         None => return Err(format!("{at} has no ip")),
     };
     if family(&address) != want_family {
-        return Err(format!("{at}.ip {address} is not an IPv{want_family} address"));
+        return Err(format!(
+            "{at}.ip {address} is not an IPv{want_family} address"
+        ));
     }
     optional(&members, at, "gateway", ip)?;
     view.ips.push(IpView { address });
     if let Some(value) = members.get("routes", at)? {
         let path = format!("{at}.routes");
         for (i, item) in array(value, &path)?.iter().enumerate() {
-            view.routes.push(check_route(item, &format!("{path}[{i}]"), Shape::Legacy)?);
+            view.routes
+                .push(check_route(item, &format!("{path}[{i}]"), Shape::Legacy)?);
         }
     }
     Ok(())
@@ -367,7 +429,9 @@ fn check_ip(value: &RawValue, at: &str, shape: Shape, interfaces: usize) -> Foun
         && index >= interfaces as u64
     {
         let plural = if interfaces == 1 { "" } else { "s" };
-        return Err(format!("{at}.interface {index} is out of range: the result has {interfaces} interface{plural}"));
+        return Err(format!(
+            "{at}.interface {index} is out of range: the result has {interfaces} interface{plural}"
+        ));
     }
     // Before 1.0 an IP may say its family; 1.0 dropped the key, so there it is an unknown one.
     if shape == Shape::Pre1
@@ -375,10 +439,15 @@ fn check_ip(value: &RawValue, at: &str, shape: Shape, interfaces: usize) -> Foun
     {
         let family = family(&address);
         if version != "4" && version != "6" {
-            return Err(format!("{at}.version {} is not \"4\" or \"6\"", shown(&version)));
+            return Err(format!(
+                "{at}.version {} is not \"4\" or \"6\"",
+                shown(&version)
+            ));
         }
         if version != family {
-            return Err(format!("{at}.version is \"{version}\" but the address {address} is IPv{family}"));
+            return Err(format!(
+                "{at}.version is \"{version}\" but the address {address} is IPv{family}"
+            ));
         }
     }
     Ok(IpView { address })
@@ -421,7 +490,13 @@ fn convert(top: &Members, from: Shape, to: Shape, to_version: &str) -> Found<Str
         (false, false) => {}
     }
     let version_changes = (from == Shape::Pre1) != (to == Shape::Pre1);
-    let mut out = String::with_capacity(top.0.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>() + 64);
+    let mut out = String::with_capacity(
+        top.0
+            .iter()
+            .map(|(k, v)| k.len() + v.get().len() + 4)
+            .sum::<usize>()
+            + 64,
+    );
     let mut fields = Vec::with_capacity(top.0.len());
     for (key, value) in &top.0 {
         let text = match key.as_str() {
@@ -429,11 +504,19 @@ fn convert(top: &Members, from: Shape, to: Shape, to_version: &str) -> Found<Str
             "ips" if version_changes && kind(value) == Json::Array => {
                 Cow::Owned(convert_ips(value, to == Shape::Pre1)?)
             }
-            "interfaces" if from != Shape::Pre1 && to == Shape::Pre1 && kind(value) == Json::Array => {
-                Cow::Owned(map_objects(value, "prevResult.interfaces", |_, members| {
-                    members.0.retain(|(k, _)| !matches!(k.as_str(), "mtu" | "socketPath" | "pciID"));
-                    Ok(())
-                })?)
+            "interfaces"
+                if from != Shape::Pre1 && to == Shape::Pre1 && kind(value) == Json::Array =>
+            {
+                Cow::Owned(map_objects(
+                    value,
+                    "prevResult.interfaces",
+                    |_, members| {
+                        members
+                            .0
+                            .retain(|(k, _)| !matches!(k.as_str(), "mtu" | "socketPath" | "pciID"));
+                        Ok(())
+                    },
+                )?)
             }
             _ => Cow::Borrowed(value.get()),
         };
@@ -447,7 +530,19 @@ fn convert(top: &Members, from: Shape, to: Shape, to_version: &str) -> Found<Str
 fn with_version(top: &Members, to_version: &str) -> String {
     let version = json_string(to_version);
     let mut out = String::new();
-    write_object(&mut out, top.0.iter().map(|(k, v)| (k.as_str(), if k == "cniVersion" { version.as_str() } else { v.get() })));
+    write_object(
+        &mut out,
+        top.0.iter().map(|(k, v)| {
+            (
+                k.as_str(),
+                if k == "cniVersion" {
+                    version.as_str()
+                } else {
+                    v.get()
+                },
+            )
+        }),
+    );
     out
 }
 
@@ -459,7 +554,9 @@ fn convert_up_from_legacy(top: &Members, to: Shape, to_version: &str) -> Found<S
     let mut ips = Vec::new();
     let mut routes = Vec::new();
     for (key, family) in [("ip4", "4"), ("ip6", "6")] {
-        let Some(value) = top.get(key, at)? else { continue };
+        let Some(value) = top.get(key, at)? else {
+            continue;
+        };
         let path = format!("{at}.{key}");
         let members = object(value, &path)?;
         let mut ip = Vec::new();
@@ -471,7 +568,11 @@ fn convert_up_from_legacy(top: &Members, to: Shape, to_version: &str) -> Found<S
                 "ip" => ip.push(("address", value.get().to_string())),
                 "routes" => {
                     if kind(value) != Json::Null {
-                        routes.extend(array(value, &format!("{path}.routes"))?.iter().map(|r| r.get().to_string()));
+                        routes.extend(
+                            array(value, &format!("{path}.routes"))?
+                                .iter()
+                                .map(|r| r.get().to_string()),
+                        );
                     }
                 }
                 // Names a newer IP defines for itself: libcni reads only `ip`, `gateway` and
@@ -520,7 +621,9 @@ fn convert_down_to_legacy(top: &Members, from: Shape, to_version: &str) -> Found
         for (i, item) in array(value, &path)?.iter().enumerate() {
             let item_at = format!("{path}[{i}]");
             let members = object(item, &item_at)?;
-            let Some(address_text) = members.get("address", &item_at)? else { return Err(format!("{item_at} has no address")) };
+            let Some(address_text) = members.get("address", &item_at)? else {
+                return Err(format!("{item_at} has no address"));
+            };
             let address = cidr_member(address_text, &format!("{item_at}.address"))?;
             // libcni's 0.4.0 IP says its family in `version` only; 1.0 derives it.
             let family = match from {
@@ -543,7 +646,9 @@ fn convert_down_to_legacy(top: &Members, from: Shape, to_version: &str) -> Found
         }
     }
     if configs.iter().all(Option::is_none) {
-        return Err(format!("prevResult has no IP address, and a CNI {to_version} result needs one"));
+        return Err(format!(
+            "prevResult has no IP address, and a CNI {to_version} result needs one"
+        ));
     }
     let mut routes: [Vec<String>; 2] = [Vec::new(), Vec::new()];
     if let Some(value) = top.get("routes", at)? {
@@ -551,8 +656,14 @@ fn convert_down_to_legacy(top: &Members, from: Shape, to_version: &str) -> Found
         for (i, item) in array(value, &path)?.iter().enumerate() {
             let route_at = format!("{path}[{i}]");
             let members = object(item, &route_at)?;
-            let Some(dst) = members.get("dst", &route_at)? else { return Err(format!("{route_at} has no dst")) };
-            let slot = if cidr_member(dst, &format!("{route_at}.dst"))?.is_ipv4() { 0 } else { 1 };
+            let Some(dst) = members.get("dst", &route_at)? else {
+                return Err(format!("{route_at} has no dst"));
+            };
+            let slot = if cidr_member(dst, &format!("{route_at}.dst"))?.is_ipv4() {
+                0
+            } else {
+                1
+            };
             let mut route = vec![("dst", dst.get())];
             if let Some(gw) = members.get("gw", &route_at)? {
                 route.push(("gw", gw.get()));
@@ -605,7 +716,8 @@ fn convert_ips(value: &RawValue, to_pre1: bool) -> Found<String> {
                 Some(address) => cidr_member(address, &format!("{at}.address"))?,
                 None => return Err(format!("{at} has no address")),
             };
-            let version = RawValue::from_string(json_string(family(&address))).map_err(|e| e.to_string())?;
+            let version =
+                RawValue::from_string(json_string(family(&address))).map_err(|e| e.to_string())?;
             members.0.insert(0, ("version".to_string(), version));
         }
         Ok(())
@@ -613,7 +725,11 @@ fn convert_ips(value: &RawValue, to_pre1: bool) -> Found<String> {
 }
 
 /// An array of objects with `edit` applied to each object's members.
-fn map_objects(value: &RawValue, at: &str, edit: impl Fn(&str, &mut Members) -> Found<()>) -> Found<String> {
+fn map_objects(
+    value: &RawValue,
+    at: &str,
+    edit: impl Fn(&str, &mut Members) -> Found<()>,
+) -> Found<String> {
     let mut out = String::with_capacity(value.get().len() + 16);
     out.push('[');
     for (i, item) in array(value, at)?.iter().enumerate() {
@@ -623,7 +739,10 @@ fn map_objects(value: &RawValue, at: &str, edit: impl Fn(&str, &mut Members) -> 
         let path = format!("{at}[{i}]");
         let mut members = object(item, &path)?;
         edit(&path, &mut members)?;
-        write_object(&mut out, members.0.iter().map(|(k, v)| (k.as_str(), v.get())));
+        write_object(
+            &mut out,
+            members.0.iter().map(|(k, v)| (k.as_str(), v.get())),
+        );
     }
     out.push(']');
     Ok(out)
@@ -654,14 +773,19 @@ fn family(address: &IpNetwork) -> &'static str {
 struct Members(Vec<(String, Box<RawValue>)>);
 
 impl<'de> Deserialize<'de> for Members {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Members, D::Error> {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Members, D::Error> {
         struct MembersVisitor;
         impl<'de> Visitor<'de> for MembersVisitor {
             type Value = Members;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Members, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Members, A::Error> {
                 let mut members = Vec::new();
                 while let Some(member) = map.next_entry::<String, Box<RawValue>>()? {
                     members.push(member);
@@ -723,7 +847,11 @@ fn kind(value: &RawValue) -> Json {
 
 fn expect(value: &RawValue, at: &str, want: Json) -> Found<()> {
     let have = kind(value);
-    if have == want { Ok(()) } else { Err(format!("{at} is {have}, not {want}")) }
+    if have == want {
+        Ok(())
+    } else {
+        Err(format!("{at} is {have}, not {want}"))
+    }
 }
 
 fn read_members(value: &RawValue, at: &str) -> Found<Members> {
@@ -750,23 +878,31 @@ fn number(value: &RawValue, at: &str, what: &str) -> Found<serde_json::Number> {
         return Err(format!("{at} is {}, not {what}", kind(value)));
     }
     // A number too large for a double does not read: it is not an integer we take either.
-    serde_json::from_str(value.get()).map_err(|_| format!("{at} {} is not {what}", shown_number(value.get())))
+    serde_json::from_str(value.get())
+        .map_err(|_| format!("{at} {} is not {what}", shown_number(value.get())))
 }
 
 fn unsigned(value: &RawValue, at: &str) -> Found<u64> {
     let what = "an unsigned integer";
-    number(value, at, what)?.as_u64().ok_or_else(|| format!("{at} {} is not {what}", shown_number(value.get())))
+    number(value, at, what)?
+        .as_u64()
+        .ok_or_else(|| format!("{at} {} is not {what}", shown_number(value.get())))
 }
 
 fn integer(value: &RawValue, at: &str) -> Found<()> {
     let what = "an integer";
     let n = number(value, at, what)?;
-    if n.is_i64() || n.is_u64() { Ok(()) } else { Err(format!("{at} {} is not {what}", shown_number(value.get()))) }
+    if n.is_i64() || n.is_u64() {
+        Ok(())
+    } else {
+        Err(format!("{at} {} is not {what}", shown_number(value.get())))
+    }
 }
 
 fn ip(value: &RawValue, at: &str) -> Found<IpAddr> {
     let text = string(value, at)?;
-    text.parse().map_err(|_| format!("{at} {} is not an IP address", shown(&text)))
+    text.parse()
+        .map_err(|_| format!("{at} {} is not an IP address", shown(&text)))
 }
 
 fn cidr_member(value: &RawValue, at: &str) -> Found<IpNetwork> {
@@ -775,7 +911,10 @@ fn cidr_member(value: &RawValue, at: &str) -> Found<IpNetwork> {
         if text.contains('/') {
             format!("{at} {} is not an address in CIDR form", shown(&text))
         } else {
-            format!("{at} {} has no prefix length: the spec wants CIDR form", shown(&text))
+            format!(
+                "{at} {} has no prefix length: the spec wants CIDR form",
+                shown(&text)
+            )
         }
     })
 }
@@ -791,8 +930,16 @@ fn parse_cidr(text: &str) -> Option<IpNetwork> {
 }
 
 /// An optional member, read by `read` when present and not null.
-fn optional<T>(members: &Members, at: &str, key: &str, read: fn(&RawValue, &str) -> Found<T>) -> Found<Option<T>> {
-    members.get(key, at)?.map(|value| read(value, &format!("{at}.{key}"))).transpose()
+fn optional<T>(
+    members: &Members,
+    at: &str,
+    key: &str,
+    read: fn(&RawValue, &str) -> Found<T>,
+) -> Found<Option<T>> {
+    members
+        .get(key, at)?
+        .map(|value| read(value, &format!("{at}.{key}")))
+        .transpose()
 }
 
 /// A value for a message: quoted, escaped, cut short so the message stays one line.
@@ -836,9 +983,20 @@ mod tests {
     /// The code and msg of a result that fails validation.
     fn refusal(text: &str) -> (u32, String) {
         let err = validate(text).expect_err(text);
-        assert!(!err.msg.is_empty() && err.msg.len() <= 200, "msg must be short: {:?}", err.msg);
-        assert!(!err.msg.contains('\n'), "msg must be one line: {:?}", err.msg);
-        assert!(err.details.contains("plugin before sandbox-guard"), "details must say the way out: {err:?}");
+        assert!(
+            !err.msg.is_empty() && err.msg.len() <= 200,
+            "msg must be short: {:?}",
+            err.msg
+        );
+        assert!(
+            !err.msg.contains('\n'),
+            "msg must be one line: {:?}",
+            err.msg
+        );
+        assert!(
+            err.details.contains("plugin before sandbox-guard"),
+            "details must say the way out: {err:?}"
+        );
         (err.code(), err.msg)
     }
 
@@ -861,14 +1019,27 @@ mod tests {
 
     #[test]
     fn rejects_what_is_not_a_result() {
-        for text in [r#""a string""#, r#"{"ips":"10.0.0.1"}"#, r#"{"ips":[{"address":"not-a-cidr"}]}"#, r#"{"ips":[{"address":"10.0.0.1"}]}"#, "[1]"] {
-            assert_eq!(ResultView::parse(&raw(text)).unwrap_err().code(), 6, "{text}");
+        for text in [
+            r#""a string""#,
+            r#"{"ips":"10.0.0.1"}"#,
+            r#"{"ips":[{"address":"not-a-cidr"}]}"#,
+            r#"{"ips":[{"address":"10.0.0.1"}]}"#,
+            "[1]",
+        ] {
+            assert_eq!(
+                ResultView::parse(&raw(text)).unwrap_err().code(),
+                6,
+                "{text}"
+            );
         }
     }
 
     #[test]
     fn validates_a_full_result_of_every_version_and_reads_it() {
-        for version in crate::cni::version::SUPPORTED.into_iter().filter(|v| shape_of(v) != Some(Shape::Legacy)) {
+        for version in crate::cni::version::SUPPORTED
+            .into_iter()
+            .filter(|v| shape_of(v) != Some(Shape::Legacy))
+        {
             let pre1 = version.starts_with("0.");
             let mut ip = json!({"address": "10.1.0.9/24", "gateway": "10.1.0.1", "interface": 0, "x-ip": [1]});
             let mut ip6 = json!({"address": "fd00::9/64", "interface": 1});
@@ -896,7 +1067,8 @@ mod tests {
                 "dns": {"nameservers": ["10.96.0.10"], "domain": "cluster.local", "search": ["svc"], "options": ["ndots:5"]},
                 "x-top": 1e300
             });
-            let view = ResultView::validated(&raw(&result.to_string()), version).unwrap_or_else(|e| panic!("{version}: {e}"));
+            let view = ResultView::validated(&raw(&result.to_string()), version)
+                .unwrap_or_else(|e| panic!("{version}: {e}"));
             assert_eq!(view.cidrs(), vec!["10.1.0.9/24", "fd00::9/64"]);
             assert_eq!(view.interfaces[0].mac.as_deref(), Some("aa:bb:cc:dd:ee:ff"));
             assert_eq!(view.interfaces[0].sandbox.as_deref(), Some("/run/netns/x"));
@@ -933,7 +1105,9 @@ mod tests {
     #[test]
     fn a_version_the_guard_does_not_read_is_code_1() {
         for version in ["0.2.1", "0.5.0", "1.2.0", "2.0.0"] {
-            let err = validate(&json!({"cniVersion": version, "ip4": {"ip": "10.0.0.2/24"}}).to_string()).unwrap_err();
+            let err =
+                validate(&json!({"cniVersion": version, "ip4": {"ip": "10.0.0.2/24"}}).to_string())
+                    .unwrap_err();
             assert_eq!(err.code(), 1, "{version}: {err}");
             assert!(err.msg.contains(version), "{err}");
         }
@@ -942,43 +1116,112 @@ mod tests {
     #[test]
     fn interfaces_are_objects_with_a_name() {
         for (text, says) in [
-            (r#"{"cniVersion":"1.0.0","interfaces":"0"}"#, "prevResult.interfaces is a string, not an array"),
-            (r#"{"cniVersion":"1.0.0","interfaces":[3]}"#, "prevResult.interfaces[0] is a number, not an object"),
-            (r#"{"cniVersion":"1.0.0","interfaces":[null]}"#, "prevResult.interfaces[0] is null"),
-            (r#"{"cniVersion":"1.0.0","interfaces":[{}]}"#, "prevResult.interfaces[0] has no name"),
-            (r#"{"cniVersion":"1.0.0","interfaces":[{"name":""}]}"#, "prevResult.interfaces[0].name is empty"),
-            (r#"{"cniVersion":"1.0.0","interfaces":[{"name":7}]}"#, "prevResult.interfaces[0].name is a number"),
-            (r#"{"cniVersion":"1.0.0","interfaces":[{"name":"a","mac":false}]}"#, "prevResult.interfaces[0].mac is a boolean"),
-            (r#"{"cniVersion":"1.0.0","interfaces":[{"name":"a","sandbox":{}}]}"#, "prevResult.interfaces[0].sandbox is an object"),
-            (r#"{"cniVersion":"1.1.0","interfaces":[{"name":"a","mtu":-1}]}"#, "prevResult.interfaces[0].mtu -1 is not an unsigned integer"),
-            (r#"{"cniVersion":"1.1.0","interfaces":[{"name":"a","mtu":"1500"}]}"#, "mtu is a string"),
-            (r#"{"cniVersion":"1.1.0","interfaces":[{"name":"a","mtu":1.5}]}"#, "not an unsigned integer"),
-            (r#"{"cniVersion":"1.1.0","interfaces":[{"name":"a","socketPath":1}]}"#, "socketPath is a number"),
-            (r#"{"cniVersion":"1.1.0","interfaces":[{"name":"a","pciID":[]}]}"#, "pciID is an array"),
+            (
+                r#"{"cniVersion":"1.0.0","interfaces":"0"}"#,
+                "prevResult.interfaces is a string, not an array",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","interfaces":[3]}"#,
+                "prevResult.interfaces[0] is a number, not an object",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","interfaces":[null]}"#,
+                "prevResult.interfaces[0] is null",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","interfaces":[{}]}"#,
+                "prevResult.interfaces[0] has no name",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","interfaces":[{"name":""}]}"#,
+                "prevResult.interfaces[0].name is empty",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","interfaces":[{"name":7}]}"#,
+                "prevResult.interfaces[0].name is a number",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","interfaces":[{"name":"a","mac":false}]}"#,
+                "prevResult.interfaces[0].mac is a boolean",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","interfaces":[{"name":"a","sandbox":{}}]}"#,
+                "prevResult.interfaces[0].sandbox is an object",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","interfaces":[{"name":"a","mtu":-1}]}"#,
+                "prevResult.interfaces[0].mtu -1 is not an unsigned integer",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","interfaces":[{"name":"a","mtu":"1500"}]}"#,
+                "mtu is a string",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","interfaces":[{"name":"a","mtu":1.5}]}"#,
+                "not an unsigned integer",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","interfaces":[{"name":"a","socketPath":1}]}"#,
+                "socketPath is a number",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","interfaces":[{"name":"a","pciID":[]}]}"#,
+                "pciID is an array",
+            ),
         ] {
             let (code, msg) = refusal(text);
             assert_eq!(code, 6, "{text}: {msg}");
             assert!(msg.contains(says), "{text}: {msg}");
         }
         // 1.1.0's fields are unknown keys before 1.1.0: anything goes.
-        validate(r#"{"cniVersion":"1.0.0","interfaces":[{"name":"a","mtu":"big","pciID":[]}]}"#).unwrap();
+        validate(r#"{"cniVersion":"1.0.0","interfaces":[{"name":"a","mtu":"big","pciID":[]}]}"#)
+            .unwrap();
         // null is absent, as libcni's decoder reads it.
-        validate(r#"{"cniVersion":"1.0.0","interfaces":null,"ips":null,"routes":null,"dns":null}"#).unwrap();
-        validate(r#"{"cniVersion":"1.1.0","interfaces":[{"name":"a","mac":null,"mtu":null}]}"#).unwrap();
+        validate(r#"{"cniVersion":"1.0.0","interfaces":null,"ips":null,"routes":null,"dns":null}"#)
+            .unwrap();
+        validate(r#"{"cniVersion":"1.1.0","interfaces":[{"name":"a","mac":null,"mtu":null}]}"#)
+            .unwrap();
     }
 
     #[test]
     fn ips_are_cidrs_on_interfaces_that_exist() {
         for (text, says) in [
-            (r#"{"cniVersion":"1.0.0","ips":{}}"#, "prevResult.ips is an object, not an array"),
-            (r#"{"cniVersion":"1.0.0","ips":[{}]}"#, "prevResult.ips[0] has no address"),
-            (r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2"}]}"#, "prevResult.ips[0].address \"10.0.0.2\" has no prefix length"),
-            (r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/33"}]}"#, "is not an address in CIDR form"),
-            (r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0/24"}]}"#, "is not an address in CIDR form"),
-            (r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/+4"}]}"#, "is not an address in CIDR form"),
-            (r#"{"cniVersion":"1.0.0","ips":[{"address":"fd00::1/129"}]}"#, "is not an address in CIDR form"),
-            (r#"{"cniVersion":"1.0.0","ips":[{"address":24}]}"#, "address is a number"),
-            (r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/24","gateway":"10.0.0.1/24"}]}"#, "gateway \"10.0.0.1/24\" is not an IP address"),
+            (
+                r#"{"cniVersion":"1.0.0","ips":{}}"#,
+                "prevResult.ips is an object, not an array",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","ips":[{}]}"#,
+                "prevResult.ips[0] has no address",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2"}]}"#,
+                "prevResult.ips[0].address \"10.0.0.2\" has no prefix length",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/33"}]}"#,
+                "is not an address in CIDR form",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0/24"}]}"#,
+                "is not an address in CIDR form",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/+4"}]}"#,
+                "is not an address in CIDR form",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","ips":[{"address":"fd00::1/129"}]}"#,
+                "is not an address in CIDR form",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","ips":[{"address":24}]}"#,
+                "address is a number",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/24","gateway":"10.0.0.1/24"}]}"#,
+                "gateway \"10.0.0.1/24\" is not an IP address",
+            ),
             (
                 r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/24","interface":3}]}"#,
                 "prevResult.ips[0].interface 3 is out of range: the result has 0 interfaces",
@@ -987,20 +1230,42 @@ mod tests {
                 r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.0.0.2/24","interface":1}]}"#,
                 "prevResult.ips[0].interface 1 is out of range: the result has 1 interface",
             ),
-            (r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.0.0.2/24","interface":-1}]}"#, "not an unsigned integer"),
-            (r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.0.0.2/24","interface":"0"}]}"#, "interface is a string"),
-            (r#"{"cniVersion":"0.4.0","ips":[{"version":"4","address":"fd00::2/64"}]}"#, "version is \"4\" but the address fd00::2/64 is IPv6"),
-            (r#"{"cniVersion":"0.3.1","ips":[{"version":"6","address":"10.0.0.2/24"}]}"#, "version is \"6\" but the address"),
-            (r#"{"cniVersion":"0.3.0","ips":[{"version":"5","address":"10.0.0.2/24"}]}"#, "version \"5\" is not \"4\" or \"6\""),
-            (r#"{"cniVersion":"0.4.0","ips":[{"version":4,"address":"10.0.0.2/24"}]}"#, "version is a number"),
-            (r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/24","address":"10.0.0.3/24"}]}"#, "has the key \"address\" twice"),
+            (
+                r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.0.0.2/24","interface":-1}]}"#,
+                "not an unsigned integer",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.0.0.2/24","interface":"0"}]}"#,
+                "interface is a string",
+            ),
+            (
+                r#"{"cniVersion":"0.4.0","ips":[{"version":"4","address":"fd00::2/64"}]}"#,
+                "version is \"4\" but the address fd00::2/64 is IPv6",
+            ),
+            (
+                r#"{"cniVersion":"0.3.1","ips":[{"version":"6","address":"10.0.0.2/24"}]}"#,
+                "version is \"6\" but the address",
+            ),
+            (
+                r#"{"cniVersion":"0.3.0","ips":[{"version":"5","address":"10.0.0.2/24"}]}"#,
+                "version \"5\" is not \"4\" or \"6\"",
+            ),
+            (
+                r#"{"cniVersion":"0.4.0","ips":[{"version":4,"address":"10.0.0.2/24"}]}"#,
+                "version is a number",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/24","address":"10.0.0.3/24"}]}"#,
+                "has the key \"address\" twice",
+            ),
         ] {
             let (code, msg) = refusal(text);
             assert_eq!(code, 6, "{text}: {msg}");
             assert!(msg.contains(says), "{text}: {msg}");
         }
         // version is no 1.0 key, and pre-1.0 results may leave it out.
-        validate(r#"{"cniVersion":"1.0.0","ips":[{"version":"6","address":"10.0.0.2/24"}]}"#).unwrap();
+        validate(r#"{"cniVersion":"1.0.0","ips":[{"version":"6","address":"10.0.0.2/24"}]}"#)
+            .unwrap();
         validate(r#"{"cniVersion":"0.4.0","ips":[{"address":"10.0.0.2/24"}]}"#).unwrap();
         let view = validate(r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/24"}],"interfaces":[{"name":"eth0"},{"name":"lo"}]}"#).unwrap();
         assert_eq!(view.interfaces.len(), 2);
@@ -1009,24 +1274,61 @@ mod tests {
     #[test]
     fn routes_and_dns_have_their_shapes() {
         for (text, says) in [
-            (r#"{"cniVersion":"1.0.0","routes":[{}]}"#, "prevResult.routes[0] has no dst"),
-            (r#"{"cniVersion":"1.0.0","routes":[{"dst":"default"}]}"#, "prevResult.routes[0].dst \"default\" has no prefix length"),
-            (r#"{"cniVersion":"1.0.0","routes":[{"dst":"0.0.0.0/0","gw":"gateway"}]}"#, "prevResult.routes[0].gw \"gateway\" is not an IP address"),
-            (r#"{"cniVersion":"1.0.0","routes":"0.0.0.0/0"}"#, "prevResult.routes is a string"),
-            (r#"{"cniVersion":"1.1.0","routes":[{"dst":"0.0.0.0/0","mtu":"1400"}]}"#, "prevResult.routes[0].mtu is a string"),
-            (r#"{"cniVersion":"1.1.0","routes":[{"dst":"0.0.0.0/0","table":1.5}]}"#, "prevResult.routes[0].table 1.5 is not an integer"),
-            (r#"{"cniVersion":"1.1.0","routes":[{"dst":"0.0.0.0/0","scope":1e400}]}"#, "prevResult.routes[0].scope 1e400 is not an integer"),
-            (r#"{"cniVersion":"1.0.0","dns":[]}"#, "prevResult.dns is an array, not an object"),
-            (r#"{"cniVersion":"1.0.0","dns":{"nameservers":"10.96.0.10"}}"#, "prevResult.dns.nameservers is a string, not an array"),
-            (r#"{"cniVersion":"1.0.0","dns":{"search":[1]}}"#, "prevResult.dns.search[0] is a number, not a string"),
-            (r#"{"cniVersion":"1.0.0","dns":{"options":[null]}}"#, "prevResult.dns.options[0] is null"),
-            (r#"{"cniVersion":"1.0.0","dns":{"domain":["a"]}}"#, "prevResult.dns.domain is an array"),
+            (
+                r#"{"cniVersion":"1.0.0","routes":[{}]}"#,
+                "prevResult.routes[0] has no dst",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","routes":[{"dst":"default"}]}"#,
+                "prevResult.routes[0].dst \"default\" has no prefix length",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","routes":[{"dst":"0.0.0.0/0","gw":"gateway"}]}"#,
+                "prevResult.routes[0].gw \"gateway\" is not an IP address",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","routes":"0.0.0.0/0"}"#,
+                "prevResult.routes is a string",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","routes":[{"dst":"0.0.0.0/0","mtu":"1400"}]}"#,
+                "prevResult.routes[0].mtu is a string",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","routes":[{"dst":"0.0.0.0/0","table":1.5}]}"#,
+                "prevResult.routes[0].table 1.5 is not an integer",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","routes":[{"dst":"0.0.0.0/0","scope":1e400}]}"#,
+                "prevResult.routes[0].scope 1e400 is not an integer",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","dns":[]}"#,
+                "prevResult.dns is an array, not an object",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","dns":{"nameservers":"10.96.0.10"}}"#,
+                "prevResult.dns.nameservers is a string, not an array",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","dns":{"search":[1]}}"#,
+                "prevResult.dns.search[0] is a number, not a string",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","dns":{"options":[null]}}"#,
+                "prevResult.dns.options[0] is null",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","dns":{"domain":["a"]}}"#,
+                "prevResult.dns.domain is an array",
+            ),
         ] {
             let (code, msg) = refusal(text);
             assert_eq!(code, 6, "{text}: {msg}");
             assert!(msg.contains(says), "{text}: {msg}");
         }
-        validate(r#"{"cniVersion":"1.0.0","routes":[{"dst":"0.0.0.0/0","mtu":"x"}],"dns":{}}"#).unwrap();
+        validate(r#"{"cniVersion":"1.0.0","routes":[{"dst":"0.0.0.0/0","mtu":"x"}],"dns":{}}"#)
+            .unwrap();
         validate(r#"{"cniVersion":"1.1.0","routes":[{"dst":"::/0","gw":"fd00::1","priority":-1,"table":18446744073709551615}]}"#).unwrap();
     }
 
@@ -1040,19 +1342,34 @@ mod tests {
 
     #[test]
     fn hostile_input_is_refused_without_a_panic() {
-        let deep_unknown = format!(r#"{{"cniVersion":"1.0.0","x":{}{}}}"#, "[".repeat(100_000), "]".repeat(100_000));
+        let deep_unknown = format!(
+            r#"{{"cniVersion":"1.0.0","x":{}{}}}"#,
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
         // Unknown, so never parsed: it passes (and passes through).
         validate(&deep_unknown).unwrap();
-        let deep_known = format!(r#"{{"cniVersion":"1.0.0","dns":{{"search":{}{}}}}}"#, "[".repeat(100_000), "]".repeat(100_000));
+        let deep_known = format!(
+            r#"{{"cniVersion":"1.0.0","dns":{{"search":{}{}}}}}"#,
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
         assert_eq!(refusal(&deep_known).0, 6);
         let long = "9".repeat(100_000);
-        let (code, msg) = refusal(&format!(r#"{{"cniVersion":"1.1.0","interfaces":[{{"name":"a","mtu":{long}}}]}}"#));
+        let (code, msg) = refusal(&format!(
+            r#"{{"cniVersion":"1.1.0","interfaces":[{{"name":"a","mtu":{long}}}]}}"#
+        ));
         assert_eq!(code, 6, "{msg}");
-        let (code, msg) = refusal(&format!(r#"{{"cniVersion":"1.0.0","ips":[{{"address":"{}"}}]}}"#, "\\u0001".repeat(10_000)));
+        let (code, msg) = refusal(&format!(
+            r#"{{"cniVersion":"1.0.0","ips":[{{"address":"{}"}}]}}"#,
+            "\\u0001".repeat(10_000)
+        ));
         assert_eq!(code, 6, "{msg}");
         let (code, msg) = refusal(&format!(r#"{{"cniVersion":"{}"}}"#, "9.".repeat(10_000)));
         assert_eq!(code, 6, "{msg}");
-        let (code, msg) = refusal(r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.1/24","interface":18446744073709551616}]}"#);
+        let (code, msg) = refusal(
+            r#"{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.1/24","interface":18446744073709551616}]}"#,
+        );
         assert_eq!(code, 6, "{msg}");
     }
 
@@ -1072,14 +1389,23 @@ mod tests {
         for to in ["1.0.0", "1.1.0"] {
             let out = as_version(&raw(text), to).unwrap().into_owned();
             // Unknown members keep their very text.
-            assert!(out.contains(r#""x-top":123456789012345678901234567890"#), "{out}");
+            assert!(
+                out.contains(r#""x-top":123456789012345678901234567890"#),
+                "{out}"
+            );
             assert!(out.contains(r#""x-ip":[1.0e2]"#), "{out}");
             let out: Value = serde_json::from_str(&out).unwrap();
             assert_eq!(out["cniVersion"], to);
-            assert_eq!(out["ips"], json!([{"address":"10.0.0.2/24","interface":0,"x-ip":[100.0]},{"address":"fd00::2/64"}]));
+            assert_eq!(
+                out["ips"],
+                json!([{"address":"10.0.0.2/24","interface":0,"x-ip":[100.0]},{"address":"fd00::2/64"}])
+            );
             assert_eq!(out["interfaces"], json!([{"name":"eth0","x-if":1}]));
             assert_eq!(out["routes"], json!([{"dst":"0.0.0.0/0","x-route":"r"}]));
-            assert_eq!(out["dns"], json!({"nameservers":["10.96.0.10"],"x-dns":null}));
+            assert_eq!(
+                out["dns"],
+                json!({"nameservers":["10.96.0.10"],"x-dns":null})
+            );
         }
     }
 
@@ -1096,10 +1422,19 @@ mod tests {
         for to in ["0.3.0", "0.3.1", "0.4.0"] {
             let out = converted(&text, to);
             assert_eq!(out["cniVersion"], to);
-            assert_eq!(out["ips"], json!([{"version":"4","address":"10.0.0.2/24","interface":0},{"version":"6","address":"fd00::2/64"}]));
+            assert_eq!(
+                out["ips"],
+                json!([{"version":"4","address":"10.0.0.2/24","interface":0},{"version":"6","address":"fd00::2/64"}])
+            );
             // libcni's 0.4.0 interface has no mtu, socketPath or pciID; its route type is shared.
-            assert_eq!(out["interfaces"], json!([{"name":"eth0","mac":"aa:bb:cc:dd:ee:ff","x-if":1}]));
-            assert_eq!(out["routes"], json!([{"dst":"0.0.0.0/0","mtu":1400,"advmss":1360,"priority":1,"table":2,"scope":0}]));
+            assert_eq!(
+                out["interfaces"],
+                json!([{"name":"eth0","mac":"aa:bb:cc:dd:ee:ff","x-if":1}])
+            );
+            assert_eq!(
+                out["routes"],
+                json!([{"dst":"0.0.0.0/0","mtu":1400,"advmss":1360,"priority":1,"table":2,"scope":0}])
+            );
             assert_eq!(out["x-top"], json!({"a": 1}));
         }
     }
@@ -1110,7 +1445,8 @@ mod tests {
         let mut expected = v11.clone();
         expected["cniVersion"] = json!("1.0.0");
         assert_eq!(converted(&v11.to_string(), "1.0.0"), expected);
-        let v03 = json!({"cniVersion":"0.3.0","ips":[{"address":"10.0.0.2/24","version":"4"}],"x":[1]});
+        let v03 =
+            json!({"cniVersion":"0.3.0","ips":[{"address":"10.0.0.2/24","version":"4"}],"x":[1]});
         let mut expected = v03.clone();
         expected["cniVersion"] = json!("0.4.0");
         assert_eq!(converted(&v03.to_string(), "0.4.0"), expected);
@@ -1123,13 +1459,20 @@ mod tests {
         ResultView::validated(&text, "1.1.0").unwrap();
         let err = as_version(&text, "1.1.0").unwrap_err();
         assert_eq!(err.code(), 6, "{err}");
-        assert!(err.msg.contains("prevResult.interfaces[0].mtu") && err.msg.contains("1.1.0"), "{err}");
+        assert!(
+            err.msg.contains("prevResult.interfaces[0].mtu") && err.msg.contains("1.1.0"),
+            "{err}"
+        );
         assert!(err.msg.len() <= 200, "{err}");
     }
 
     #[test]
     fn converting_from_a_version_the_guard_does_not_read_is_code_1() {
-        let err = as_version(&raw(r#"{"cniVersion":"1.2.0","ips":[{"address":"10.0.0.2/24"}]}"#), "0.4.0").unwrap_err();
+        let err = as_version(
+            &raw(r#"{"cniVersion":"1.2.0","ips":[{"address":"10.0.0.2/24"}]}"#),
+            "0.4.0",
+        )
+        .unwrap_err();
         assert_eq!(err.code(), 1, "{err}");
     }
 
@@ -1145,12 +1488,16 @@ mod tests {
                 "interfaces": "not read", "ips": 7
             })
             .to_string();
-            let view = ResultView::validated(&raw(&text), version).unwrap_or_else(|e| panic!("{version}: {e}"));
+            let view = ResultView::validated(&raw(&text), version)
+                .unwrap_or_else(|e| panic!("{version}: {e}"));
             assert_eq!(view.cidrs(), vec!["10.1.0.9/24", "fd00::9/64"]);
             assert_eq!(view.routes.len(), 2);
             assert!(view.interfaces.is_empty());
             // A checkpoint's result reads the same way.
-            let stored = ResultView::parse(&raw(&text.replace(r#""interfaces":"not read","ips":7"#, r#""y":0"#))).unwrap();
+            let stored = ResultView::parse(&raw(
+                &text.replace(r#""interfaces":"not read","ips":7"#, r#""y":0"#)
+            ))
+            .unwrap();
             assert_eq!(stored.cidrs(), view.cidrs());
             assert_eq!(stored.routes.len(), 2);
         }
@@ -1159,27 +1506,60 @@ mod tests {
     #[test]
     fn a_legacy_result_that_does_not_parse_is_code_6() {
         for (text, says) in [
-            (r#"{"cniVersion":"0.2.0","ip4":"10.0.0.2/24"}"#, "prevResult.ip4 is a string, not an object"),
-            (r#"{"cniVersion":"0.2.0","ip4":{}}"#, "prevResult.ip4 has no ip"),
-            (r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2"}}"#, "prevResult.ip4.ip \"10.0.0.2\" has no prefix length"),
-            (r#"{"cniVersion":"0.2.0","ip4":{"ip":"fd00::2/64"}}"#, "prevResult.ip4.ip fd00::2/64 is not an IPv4 address"),
-            (r#"{"cniVersion":"0.1.0","ip6":{"ip":"10.0.0.2/24"}}"#, "is not an IPv6 address"),
-            (r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24","gateway":"ten"}}"#, "prevResult.ip4.gateway \"ten\" is not an IP address"),
-            (r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24","routes":{}}}"#, "prevResult.ip4.routes is an object"),
-            (r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24","routes":[{"gw":"10.0.0.1"}]}}"#, "prevResult.ip4.routes[0] has no dst"),
-            (r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24"},"dns":{"nameservers":"x"}}"#, "prevResult.dns.nameservers is a string"),
+            (
+                r#"{"cniVersion":"0.2.0","ip4":"10.0.0.2/24"}"#,
+                "prevResult.ip4 is a string, not an object",
+            ),
+            (
+                r#"{"cniVersion":"0.2.0","ip4":{}}"#,
+                "prevResult.ip4 has no ip",
+            ),
+            (
+                r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2"}}"#,
+                "prevResult.ip4.ip \"10.0.0.2\" has no prefix length",
+            ),
+            (
+                r#"{"cniVersion":"0.2.0","ip4":{"ip":"fd00::2/64"}}"#,
+                "prevResult.ip4.ip fd00::2/64 is not an IPv4 address",
+            ),
+            (
+                r#"{"cniVersion":"0.1.0","ip6":{"ip":"10.0.0.2/24"}}"#,
+                "is not an IPv6 address",
+            ),
+            (
+                r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24","gateway":"ten"}}"#,
+                "prevResult.ip4.gateway \"ten\" is not an IP address",
+            ),
+            (
+                r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24","routes":{}}}"#,
+                "prevResult.ip4.routes is an object",
+            ),
+            (
+                r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24","routes":[{"gw":"10.0.0.1"}]}}"#,
+                "prevResult.ip4.routes[0] has no dst",
+            ),
+            (
+                r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24"},"dns":{"nameservers":"x"}}"#,
+                "prevResult.dns.nameservers is a string",
+            ),
         ] {
             let err = ResultView::validated(&raw(text), "0.2.0").expect_err(text);
             assert_eq!(err.code(), 6, "{text}: {err}");
             assert!(err.msg.contains(says), "{text}: {}", err.msg);
-            assert!(err.details.contains("must return a valid CNI 0."), "{err:?}");
+            assert!(
+                err.details.contains("must return a valid CNI 0."),
+                "{err:?}"
+            );
         }
     }
 
     #[test]
     fn converts_between_0_1_0_and_0_2_0_by_the_version_alone() {
         let text = r#"{"cniVersion":"0.1.0","ip4":{"ip":"10.0.0.2/32","x":[1.0e2]},"dns":{},"x-top":true}"#;
-        assert_eq!(as_version(&raw(text), "0.2.0").unwrap().into_owned(), text.replace("0.1.0", "0.2.0"));
+        assert_eq!(
+            as_version(&raw(text), "0.2.0").unwrap().into_owned(),
+            text.replace("0.1.0", "0.2.0")
+        );
     }
 
     #[test]
@@ -1193,27 +1573,56 @@ mod tests {
             r#"{"cniVersion":"0.4.0","x-top":1e400,"ips":[{"version":"4","address":"10.0.0.2/24","gateway":"10.0.0.1","x-ip":"k"}],"routes":[{"dst":"0.0.0.0/0","x-route":1}],"dns":{"domain":"d"}}"#
         );
         let out = as_version(&raw(text), "1.1.0").unwrap().into_owned();
-        assert!(out.contains(r#""ips":[{"address":"10.0.0.2/24","gateway":"10.0.0.1","x-ip":"k"}]"#), "{out}");
+        assert!(
+            out.contains(r#""ips":[{"address":"10.0.0.2/24","gateway":"10.0.0.1","x-ip":"k"}]"#),
+            "{out}"
+        );
     }
 
     #[test]
     fn converting_down_needs_an_ip() {
-        let err = as_version(&raw(r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}]}"#), "0.2.0").unwrap_err();
+        let err = as_version(
+            &raw(r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}]}"#),
+            "0.2.0",
+        )
+        .unwrap_err();
         assert_eq!(err.code(), 6, "{err}");
         assert!(err.msg.contains("no IP address"), "{err}");
         // Below 1.0 an IP without `version` has no family to libcni.
-        let err = as_version(&raw(r#"{"cniVersion":"0.4.0","ips":[{"address":"10.0.0.2/24"}]}"#), "0.1.0").unwrap_err();
+        let err = as_version(
+            &raw(r#"{"cniVersion":"0.4.0","ips":[{"address":"10.0.0.2/24"}]}"#),
+            "0.1.0",
+        )
+        .unwrap_err();
         assert_eq!(err.code(), 6, "{err}");
     }
 
     #[test]
     fn a_result_without_a_version_is_in_the_configs_as_libcni_reads_it() {
-        let fixed = |text: &str| versioned_as_libcni_reads_it(raw(text), "0.2.0").get().to_string();
-        assert_eq!(fixed(r#"{"ip4":{"ip":"10.0.0.2/24"},"x":1e400}"#), r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24"},"x":1e400}"#);
-        assert_eq!(fixed(r#"{"cniVersion":"","ip4":{}}"#), r#"{"cniVersion":"0.2.0","ip4":{}}"#);
-        assert_eq!(fixed(r#"{"cniVersion":1,"ip4":{}}"#), r#"{"cniVersion":"0.2.0","ip4":{}}"#);
+        let fixed = |text: &str| {
+            versioned_as_libcni_reads_it(raw(text), "0.2.0")
+                .get()
+                .to_string()
+        };
+        assert_eq!(
+            fixed(r#"{"ip4":{"ip":"10.0.0.2/24"},"x":1e400}"#),
+            r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.0.0.2/24"},"x":1e400}"#
+        );
+        assert_eq!(
+            fixed(r#"{"cniVersion":"","ip4":{}}"#),
+            r#"{"cniVersion":"0.2.0","ip4":{}}"#
+        );
+        assert_eq!(
+            fixed(r#"{"cniVersion":1,"ip4":{}}"#),
+            r#"{"cniVersion":"0.2.0","ip4":{}}"#
+        );
         // A version it has, even one the guard does not read, is the result's own.
-        for kept in [r#"{"cniVersion":"0.1.0","ip4":{}}"#, r#"{"cniVersion":"9.9.9"}"#, "[1]", "null"] {
+        for kept in [
+            r#"{"cniVersion":"0.1.0","ip4":{}}"#,
+            r#"{"cniVersion":"9.9.9"}"#,
+            "[1]",
+            "null",
+        ] {
             assert_eq!(fixed(kept), kept);
         }
     }

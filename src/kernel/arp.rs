@@ -43,14 +43,20 @@ pub fn announce(netns: &Netns, index: u32, mac: [u8; 6], addresses: &[Ipv4Addr])
     }
     // SOCK_DGRAM: the kernel builds the Ethernet header from the sockaddr_ll.
     let socket = super::netns::inside(netns, || {
-        raw_socket::open(libc::AF_PACKET, libc::SOCK_DGRAM, i32::from(ETH_P_ARP.to_be()))
-            .map_err(|e| raw_socket::failed("open an AF_PACKET socket", e))
+        raw_socket::open(
+            libc::AF_PACKET,
+            libc::SOCK_DGRAM,
+            i32::from(ETH_P_ARP.to_be()),
+        )
+        .map_err(|e| raw_socket::failed("open an AF_PACKET socket", e))
     })?;
     // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value that is filled in below.
     let mut to: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     to.sll_family = libc::AF_PACKET as u16;
     to.sll_protocol = ETH_P_ARP.to_be();
-    to.sll_ifindex = i32::try_from(index).map_err(|_| raw_socket::failed("address link", io::Error::from(io::ErrorKind::InvalidInput)))?;
+    to.sll_ifindex = i32::try_from(index).map_err(|_| {
+        raw_socket::failed("address link", io::Error::from(io::ErrorKind::InvalidInput))
+    })?;
     to.sll_halen = 6;
     to.sll_addr[..6].copy_from_slice(&BROADCAST);
     for ip in addresses {

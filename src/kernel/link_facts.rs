@@ -22,7 +22,9 @@ use crate::error::{Kind, Result};
 pub enum LinkFacts {
     Observed(InterfaceFacts),
     /// ADD could not read them (the netns was already gone, say); the pod was added anyway.
-    Unavailable { reason: String },
+    Unavailable {
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -102,37 +104,79 @@ impl LinkFacts {
 fn observe(kernel: &Kernel, if_name: &str) -> Result<(InterfaceFacts, u32)> {
     let (link, addresses, routes) = kernel
         .link_with_addresses_and_routes(Side::Pod, if_name)?
-        .ok_or_else(|| crate::error::GuardError::new(Kind::Netlink, format!("no interface {if_name} in the netns")))?;
+        .ok_or_else(|| {
+            crate::error::GuardError::new(
+                Kind::Netlink,
+                format!("no interface {if_name} in the netns"),
+            )
+        })?;
     let parent = match (link.parent_elsewhere, link.parent_index) {
-        (true, Some(index)) => kernel.link_by_index(Side::Host, index)?.map(|parent| parent_facts(kernel, parent)).transpose()?,
+        (true, Some(index)) => kernel
+            .link_by_index(Side::Host, index)?
+            .map(|parent| parent_facts(kernel, parent))
+            .transpose()?,
         _ => None,
     };
-    Ok((interface_facts(&link, &addresses, &routes, parent), link.index))
+    Ok((
+        interface_facts(&link, &addresses, &routes, parent),
+        link.index,
+    ))
 }
 
 fn parent_facts(kernel: &Kernel, parent: LinkState) -> Result<ParentFacts> {
     let vlan = match (parent.vlan_id, parent.parent_index) {
         (Some(id), Some(lower_index)) => {
-            kernel.link_by_index(Side::Host, lower_index)?.map(|lower| VlanFacts { id, lower: lower.name })
+            kernel
+                .link_by_index(Side::Host, lower_index)?
+                .map(|lower| VlanFacts {
+                    id,
+                    lower: lower.name,
+                })
         }
         _ => None,
     };
-    Ok(ParentFacts { name: parent.name, index: parent.index, kind: parent.kind, mtu: parent.mtu, vlan })
+    Ok(ParentFacts {
+        name: parent.name,
+        index: parent.index,
+        kind: parent.kind,
+        mtu: parent.mtu,
+        vlan,
+    })
 }
 
 /// What of the kernel's view is the pod's own: the pure half of `observe`.
-fn interface_facts(link: &LinkState, addresses: &[IpNetwork], routes: &[RouteState], parent: Option<ParentFacts>) -> InterfaceFacts {
+fn interface_facts(
+    link: &LinkState,
+    addresses: &[IpNetwork],
+    routes: &[RouteState],
+    parent: Option<ParentFacts>,
+) -> InterfaceFacts {
     InterfaceFacts {
         name: link.name.clone(),
         kind: link.kind.clone(),
         macvlan_mode: link.macvlan_mode.clone(),
         mtu: link.mtu,
         mac: link.mac.clone(),
-        addresses: addresses.iter().copied().filter(|a| !is_ipv6_link_local(a)).collect(),
+        addresses: addresses
+            .iter()
+            .copied()
+            .filter(|a| !is_ipv6_link_local(a))
+            .collect(),
         routes: routes
             .iter()
-            .filter(|r| r.oif == Some(link.index) && r.main_table && !r.by_kernel && !r.multipath && r.reject.is_none())
-            .map(|r| RouteFacts { dst: r.dst, gateway: r.gateway, link_scope: r.link_scope, metric: r.metric })
+            .filter(|r| {
+                r.oif == Some(link.index)
+                    && r.main_table
+                    && !r.by_kernel
+                    && !r.multipath
+                    && r.reject.is_none()
+            })
+            .map(|r| RouteFacts {
+                dst: r.dst,
+                gateway: r.gateway,
+                link_scope: r.link_scope,
+                metric: r.metric,
+            })
             .collect(),
         parent,
     }
@@ -170,27 +214,50 @@ pub struct Observed {
 
 pub fn observe_for_check(netns: &Path, expected: &Expected) -> Result<Observed> {
     netlink::with_pod_netns(netns, |kernel| {
-        let Some((link, addresses, routes)) = kernel.link_with_addresses_and_routes(Side::Pod, &expected.if_name)? else {
+        let Some((link, addresses, routes)) =
+            kernel.link_with_addresses_and_routes(Side::Pod, &expected.if_name)?
+        else {
             let parent_now = match &expected.parent {
                 Some(parent) => kernel.link_by_name(Side::Host, &parent.name)?,
                 None => None,
             };
-            return Ok(Observed { parent_now, ..Observed::default() });
+            return Ok(Observed {
+                parent_now,
+                ..Observed::default()
+            });
         };
-        let routes = routes.into_iter().filter(|r| r.oif == Some(link.index) && r.main_table && !r.multipath).collect();
+        let routes = routes
+            .into_iter()
+            .filter(|r| r.oif == Some(link.index) && r.main_table && !r.multipath)
+            .collect();
         let dad_failed = if expected.addresses.iter().any(IpNetwork::is_ipv6) {
             let states = kernel.ipv6_dad_states(link.index)?;
-            states.into_iter().filter(|(_, dad)| *dad == Dad::Failed).map(|(ip, _)| IpAddr::V6(ip)).collect()
+            states
+                .into_iter()
+                .filter(|(_, dad)| *dad == Dad::Failed)
+                .map(|(ip, _)| IpAddr::V6(ip))
+                .collect()
         } else {
             Vec::new()
         };
-        Ok(Observed { link: Some(link), addresses, routes, parent_now: None, dad_failed })
+        Ok(Observed {
+            link: Some(link),
+            addresses,
+            routes,
+            parent_now: None,
+            dad_failed,
+        })
     })
 }
 
 /// Every way the netns differs from what was checkpointed, one sentence each.
 /// `restore_hint` is the command that brings a missing interface back.
-pub fn differences(expected: &Expected, observed: &Observed, netns: &str, restore_hint: &str) -> Vec<String> {
+pub fn differences(
+    expected: &Expected,
+    observed: &Observed,
+    netns: &str,
+    restore_hint: &str,
+) -> Vec<String> {
     let if_name = &expected.if_name;
     let Some(link) = &observed.link else {
         let parent = match &expected.parent {
@@ -201,16 +268,23 @@ pub fn differences(expected: &Expected, observed: &Observed, netns: &str, restor
                     "; its parent link {} was re-created (ifindex {} at ADD, {} now), which takes every macvlan on it along",
                     parent.name, parent.index, now.index
                 ),
-                Some(_) => format!("; its parent link {} is still there, so the interface itself was deleted", parent.name),
+                Some(_) => format!(
+                    "; its parent link {} is still there, so the interface itself was deleted",
+                    parent.name
+                ),
             },
         };
-        return vec![format!("interface {if_name} is missing from netns {netns}{parent}; run `{restore_hint}` to re-create it")];
+        return vec![format!(
+            "interface {if_name} is missing from netns {netns}{parent}; run `{restore_hint}` to re-create it"
+        )];
     };
     let mut found = Vec::new();
     if let (Some(want), Some(have)) = (&expected.mac, &link.mac)
         && !want.eq_ignore_ascii_case(have)
     {
-        found.push(format!("interface {if_name} has MAC {have}, the checkpoint has {want}"));
+        found.push(format!(
+            "interface {if_name} has MAC {have}, the checkpoint has {want}"
+        ));
     }
     for address in &expected.addresses {
         if !observed.addresses.contains(address) {
@@ -223,7 +297,10 @@ pub fn differences(expected: &Expected, observed: &Observed, netns: &str, restor
         }
     }
     for (dst, gateway) in &expected.routes {
-        let present = observed.routes.iter().any(|r| r.dst == *dst && (gateway.is_none() || r.gateway == *gateway));
+        let present = observed
+            .routes
+            .iter()
+            .any(|r| r.dst == *dst && (gateway.is_none() || r.gateway == *gateway));
         if !present {
             let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
             found.push(format!("route {dst}{via} is missing from {if_name}"));
@@ -271,8 +348,17 @@ mod tests {
             if_name: "eth0".to_string(),
             mac: Some("6e:92:1a:b4:fc:34".to_string()),
             addresses: vec!["10.161.75.155/22".parse().unwrap()],
-            routes: vec![("0.0.0.0/0".parse().unwrap(), Some("10.161.72.1".parse().unwrap()))],
-            parent: Some(ParentFacts { name: "bond4.3".into(), index: 7, kind: Some("vlan".into()), mtu: 1500, vlan: None }),
+            routes: vec![(
+                "0.0.0.0/0".parse().unwrap(),
+                Some("10.161.72.1".parse().unwrap()),
+            )],
+            parent: Some(ParentFacts {
+                name: "bond4.3".into(),
+                index: 7,
+                kind: Some("vlan".into()),
+                mtu: 1500,
+                vlan: None,
+            }),
         }
     }
 
@@ -280,7 +366,11 @@ mod tests {
     fn keeps_what_the_pod_owns() {
         let facts = interface_facts(
             &link(3, "eth0"),
-            &["10.161.75.155/22".parse().unwrap(), "fe80::1/64".parse().unwrap(), "fd00::5/64".parse().unwrap()],
+            &[
+                "10.161.75.155/22".parse().unwrap(),
+                "fe80::1/64".parse().unwrap(),
+                "fd00::5/64".parse().unwrap(),
+            ],
             &[
                 route("0.0.0.0/0", Some("10.161.72.1"), 3, false),
                 route("10.161.72.0/22", None, 3, true),
@@ -289,7 +379,13 @@ mod tests {
             ],
             None,
         );
-        assert_eq!(facts.addresses, vec!["10.161.75.155/22".parse::<IpNetwork>().unwrap(), "fd00::5/64".parse().unwrap()]);
+        assert_eq!(
+            facts.addresses,
+            vec![
+                "10.161.75.155/22".parse::<IpNetwork>().unwrap(),
+                "fd00::5/64".parse().unwrap()
+            ]
+        );
         let dsts: Vec<String> = facts.routes.iter().map(|r| r.dst.to_string()).collect();
         assert_eq!(dsts, ["0.0.0.0/0", "10.9.0.0/16"]);
         assert!(facts.routes[1].link_scope);
@@ -297,12 +393,23 @@ mod tests {
 
     #[test]
     fn facts_round_trip_through_json() {
-        let facts = LinkFacts::Observed(interface_facts(&link(3, "eth0"), &[], &[route("0.0.0.0/0", Some("10.0.0.1"), 3, false)], None));
+        let facts = LinkFacts::Observed(interface_facts(
+            &link(3, "eth0"),
+            &[],
+            &[route("0.0.0.0/0", Some("10.0.0.1"), 3, false)],
+            None,
+        ));
         let text = serde_json::to_string(&facts).unwrap();
         assert!(text.contains(r#""state":"observed""#), "{text}");
         assert_eq!(serde_json::from_str::<LinkFacts>(&text).unwrap(), facts);
-        let missing: LinkFacts = serde_json::from_str(r#"{"state":"unavailable","reason":"netns gone"}"#).unwrap();
-        assert_eq!(missing, LinkFacts::Unavailable { reason: "netns gone".into() });
+        let missing: LinkFacts =
+            serde_json::from_str(r#"{"state":"unavailable","reason":"netns gone"}"#).unwrap();
+        assert_eq!(
+            missing,
+            LinkFacts::Unavailable {
+                reason: "netns gone".into()
+            }
+        );
     }
 
     #[test]
@@ -310,20 +417,37 @@ mod tests {
         let hint = "sandbox-guard --restore abc";
         let gone = differences(&expected(), &Observed::default(), "/run/netns/p", hint);
         assert_eq!(gone.len(), 1);
-        assert!(gone[0].contains("interface eth0 is missing from netns /run/netns/p"), "{}", gone[0]);
-        assert!(gone[0].contains("parent link bond4.3 is gone"), "{}", gone[0]);
+        assert!(
+            gone[0].contains("interface eth0 is missing from netns /run/netns/p"),
+            "{}",
+            gone[0]
+        );
+        assert!(
+            gone[0].contains("parent link bond4.3 is gone"),
+            "{}",
+            gone[0]
+        );
         assert!(gone[0].contains(hint), "{}", gone[0]);
 
-        let recreated = Observed { parent_now: Some(link(12, "bond4.3")), ..Observed::default() };
+        let recreated = Observed {
+            parent_now: Some(link(12, "bond4.3")),
+            ..Observed::default()
+        };
         let text = &differences(&expected(), &recreated, "/run/netns/p", hint)[0];
-        assert!(text.contains("was re-created (ifindex 7 at ADD, 12 now)"), "{text}");
+        assert!(
+            text.contains("was re-created (ifindex 7 at ADD, 12 now)"),
+            "{text}"
+        );
     }
 
     #[test]
     fn each_difference_is_reported() {
         let mut other = link(3, "eth0");
         other.mac = Some("02:00:00:00:00:01".into());
-        let observed = Observed { link: Some(other), ..Observed::default() };
+        let observed = Observed {
+            link: Some(other),
+            ..Observed::default()
+        };
         let found = differences(&expected(), &observed, "/run/netns/p", "x");
         assert_eq!(found.len(), 3, "{found:?}");
         assert!(found[0].contains("MAC 02:00:00:00:00:01"));
@@ -353,6 +477,10 @@ mod tests {
         };
         let found = differences(&expected, &observed, "/run/netns/p", "x");
         assert_eq!(found.len(), 1, "{found:?}");
-        assert!(found[0].contains("address fd00:161::9b/64 on eth0 failed duplicate address detection"), "{}", found[0]);
+        assert!(
+            found[0].contains("address fd00:161::9b/64 on eth0 failed duplicate address detection"),
+            "{}",
+            found[0]
+        );
     }
 }

@@ -3,9 +3,9 @@
 
 pub mod arp;
 pub mod link_facts;
-pub mod netns;
 pub mod ndisc;
 pub mod netlink;
+pub mod netns;
 mod raw_socket;
 pub mod sysctl;
 pub mod teardown;

@@ -44,17 +44,32 @@ pub fn advertisement(mac: [u8; 6], ip: Ipv6Addr, router: bool) -> [u8; 32] {
 
 /// Sends one advertisement per address to all nodes (ff02::1) out of link `index` of `netns`.
 /// Each address must be usable (not tentative): it is the packet's source.
-pub fn advertise(netns: &Netns, index: u32, mac: [u8; 6], router: bool, addresses: &[Ipv6Addr]) -> Result<()> {
+pub fn advertise(
+    netns: &Netns,
+    index: u32,
+    mac: [u8; 6],
+    router: bool,
+    addresses: &[Ipv6Addr],
+) -> Result<()> {
     let sockets = super::netns::inside(netns, || {
         addresses
             .iter()
-            .map(|ip| icmpv6_socket(index, *ip).map_err(|e| raw_socket::failed(&format!("open an ICMPv6 socket for {ip}"), e)))
+            .map(|ip| {
+                icmpv6_socket(index, *ip)
+                    .map_err(|e| raw_socket::failed(&format!("open an ICMPv6 socket for {ip}"), e))
+            })
             .collect::<Result<Vec<OwnedFd>>>()
     })?;
-    let to = sockaddr(SocketAddrV6::new(Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1), 0, 0, index));
+    let to = sockaddr(SocketAddrV6::new(
+        Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1),
+        0,
+        0,
+        index,
+    ));
     for (ip, socket) in addresses.iter().zip(sockets) {
-        raw_socket::send_to(&socket, &advertisement(mac, *ip, router), &to)
-            .map_err(|e| raw_socket::failed(&format!("send the neighbour advertisement for {ip}"), e))?;
+        raw_socket::send_to(&socket, &advertisement(mac, *ip, router), &to).map_err(|e| {
+            raw_socket::failed(&format!("send the neighbour advertisement for {ip}"), e)
+        })?;
     }
     Ok(())
 }
@@ -62,12 +77,20 @@ pub fn advertise(netns: &Netns, index: u32, mac: [u8; 6], router: bool, addresse
 fn icmpv6_socket(index: u32, source: Ipv6Addr) -> io::Result<OwnedFd> {
     let socket = raw_socket::open(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6)?;
     set_int(&socket, libc::IPV6_MULTICAST_HOPS, HOP_LIMIT)?;
-    set_int(&socket, libc::IPV6_MULTICAST_IF, i32::try_from(index).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?)?;
+    set_int(
+        &socket,
+        libc::IPV6_MULTICAST_IF,
+        i32::try_from(index).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+    )?;
     // A link-local source needs its link as the scope; a global one ignores it.
     let bound = sockaddr(SocketAddrV6::new(source, 0, 0, index));
     // SAFETY: the address pointer is valid for the length passed.
     let rc = unsafe {
-        libc::bind(socket.as_raw_fd(), (&raw const bound).cast(), std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t)
+        libc::bind(
+            socket.as_raw_fd(),
+            (&raw const bound).cast(),
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+        )
     };
     if rc < 0 {
         return Err(io::Error::last_os_error());
@@ -86,7 +109,11 @@ fn set_int(socket: &OwnedFd, option: i32, value: i32) -> io::Result<()> {
             std::mem::size_of::<i32>() as libc::socklen_t,
         )
     };
-    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 fn sockaddr(address: SocketAddrV6) -> libc::sockaddr_in6 {

@@ -29,15 +29,26 @@ impl Netns {
     /// `NetnsGone` when the path does not exist: how a dead sandbox looks.
     pub fn open(path: &Path) -> Result<Netns> {
         let file = File::open(path).map_err(|e| {
-            let kind = if e.kind() == io::ErrorKind::NotFound { Kind::NetnsGone } else { Kind::Netlink };
+            let kind = if e.kind() == io::ErrorKind::NotFound {
+                Kind::NetnsGone
+            } else {
+                Kind::Netlink
+            };
             GuardError::new(kind, format!("cannot open netns {}: {e}", path.display()))
         })?;
-        Ok(Netns { file, path: path.to_path_buf() })
+        Ok(Netns {
+            file,
+            path: path.to_path_buf(),
+        })
     }
 
     fn enter(&self) -> Result<()> {
-        setns(&self.file, CloneFlags::CLONE_NEWNET)
-            .map_err(|e| GuardError::new(Kind::Netlink, format!("cannot enter netns {}: {e}", self.path.display())))
+        setns(&self.file, CloneFlags::CLONE_NEWNET).map_err(|e| {
+            GuardError::new(
+                Kind::Netlink,
+                format!("cannot enter netns {}: {e}", self.path.display()),
+            )
+        })
     }
 
     pub fn raw_fd(&self) -> i32 {
@@ -52,14 +63,24 @@ static STRANDED: AtomicBool = AtomicBool::new(false);
 /// Runs `open` (which makes sockets) with the calling thread in `netns`, then brings the
 /// thread back where it was. What `open` makes stays in `netns`.
 pub fn inside<T>(netns: &Netns, open: impl FnOnce() -> Result<T>) -> Result<T> {
-    let home = File::open("/proc/thread-self/ns/net")
-        .map_err(|e| GuardError::new(Kind::Netlink, format!("cannot open this thread's own netns: {e}")))?;
+    let home = File::open("/proc/thread-self/ns/net").map_err(|e| {
+        GuardError::new(
+            Kind::Netlink,
+            format!("cannot open this thread's own netns: {e}"),
+        )
+    })?;
     refuse_if_stranded()?;
     netns.enter()?;
     let opened = open();
     if let Err(e) = setns(&home, CloneFlags::CLONE_NEWNET) {
         STRANDED.store(true, Ordering::SeqCst);
-        return Err(GuardError::new(Kind::Netlink, format!("cannot return from netns {} to the host's: {e}", netns.path.display())));
+        return Err(GuardError::new(
+            Kind::Netlink,
+            format!(
+                "cannot return from netns {} to the host's: {e}",
+                netns.path.display()
+            ),
+        ));
     }
     opened
 }
@@ -68,7 +89,10 @@ pub fn inside<T>(netns: &Netns, open: impl FnOnce() -> Result<T>) -> Result<T> {
 /// would not be the host's.
 pub fn refuse_if_stranded() -> Result<()> {
     if STRANDED.load(Ordering::SeqCst) {
-        return Err(GuardError::new(Kind::Netlink, "an earlier netns entry could not return to the host's netns"));
+        return Err(GuardError::new(
+            Kind::Netlink,
+            "an earlier netns entry could not return to the host's netns",
+        ));
     }
     Ok(())
 }
@@ -116,7 +140,11 @@ pub fn netns_identity(path: &str) -> Option<(u64, u64)> {
 
 /// Two cheap system calls answer for a mounted namespace; `users` (a /proc scan, which
 /// ADD never pays for) is needed only to find one whose path is gone.
-pub fn netns_state(path: &str, recorded_inode: Option<u64>, users: Option<&NetnsUsers>) -> NetnsState {
+pub fn netns_state(
+    path: &str,
+    recorded_inode: Option<u64>,
+    users: Option<&NetnsUsers>,
+) -> NetnsState {
     match (netns_inode(path), recorded_inode) {
         (Some(now), Some(then)) if now == then => return NetnsState::Mounted,
         (Some(_), None) => return NetnsState::Mounted,
@@ -140,14 +168,27 @@ pub struct NetnsUsers {
 impl NetnsUsers {
     pub fn scan() -> NetnsUsers {
         let mut by_inode: HashMap<u64, Vec<u32>> = HashMap::new();
-        let Ok(entries) = fs::read_dir("/proc") else { return NetnsUsers { by_inode } };
+        let Ok(entries) = fs::read_dir("/proc") else {
+            return NetnsUsers { by_inode };
+        };
         for entry in entries.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else { continue };
-            // The link reads `net:[4026532281]`; a process that exits meanwhile just drops out.
-            let Ok(target) = fs::read_link(entry.path().join("ns/net")) else { continue };
-            let inode = target
+            let Some(pid) = entry
+                .file_name()
                 .to_str()
-                .and_then(|t| t.strip_prefix("net:[")?.strip_suffix(']')?.parse::<u64>().ok());
+                .and_then(|name| name.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // The link reads `net:[4026532281]`; a process that exits meanwhile just drops out.
+            let Ok(target) = fs::read_link(entry.path().join("ns/net")) else {
+                continue;
+            };
+            let inode = target.to_str().and_then(|t| {
+                t.strip_prefix("net:[")?
+                    .strip_suffix(']')?
+                    .parse::<u64>()
+                    .ok()
+            });
             if let Some(inode) = inode {
                 by_inode.entry(inode).or_default().push(pid);
             }
@@ -169,18 +210,32 @@ mod tests {
         let path = std::env::temp_dir().join(format!("sg-netns-{}", std::process::id()));
         fs::write(&path, b"").unwrap();
         assert_eq!(netns_inode(path.to_str().unwrap()), None);
-        assert_eq!(netns_state(path.to_str().unwrap(), Some(1), Some(&NetnsUsers::default())), NetnsState::Gone);
+        assert_eq!(
+            netns_state(
+                path.to_str().unwrap(),
+                Some(1),
+                Some(&NetnsUsers::default())
+            ),
+            NetnsState::Gone
+        );
         fs::remove_file(&path).unwrap();
         assert_eq!(netns_inode(""), None);
     }
 
     #[test]
     fn our_own_namespace_is_found_by_inode() {
-        let inode = netns_inode("/proc/self/ns/net").expect("/proc/self/ns/net is a namespace file");
+        let inode =
+            netns_inode("/proc/self/ns/net").expect("/proc/self/ns/net is a namespace file");
         let users = NetnsUsers::scan();
         assert!(users.pids(inode).contains(&std::process::id()));
-        assert_eq!(netns_state("/nonexistent", Some(inode), Some(&users)), NetnsState::HeldBy(users.pids(inode).to_vec()));
-        assert_eq!(netns_state("/proc/self/ns/net", Some(inode), None), NetnsState::Mounted);
+        assert_eq!(
+            netns_state("/nonexistent", Some(inode), Some(&users)),
+            NetnsState::HeldBy(users.pids(inode).to_vec())
+        );
+        assert_eq!(
+            netns_state("/proc/self/ns/net", Some(inode), None),
+            NetnsState::Mounted
+        );
     }
 
     #[test]
@@ -195,9 +250,13 @@ mod tests {
         // Entering our own namespace needs no privilege beyond what setns() checks, and
         // shows the way in and out without a second namespace.
         let own = Netns::open(Path::new("/proc/self/ns/net")).unwrap();
-        match inside(&own, || Ok(fs::read_link("/proc/thread-self/ns/net").unwrap())) {
+        match inside(&own, || {
+            Ok(fs::read_link("/proc/thread-self/ns/net").unwrap())
+        }) {
             Ok(seen) => assert_eq!(seen, before),
-            Err(err) => eprintln!("SKIPPED the_thread_comes_back_from_inside: setns needs CAP_SYS_ADMIN ({err})"),
+            Err(err) => eprintln!(
+                "SKIPPED the_thread_comes_back_from_inside: setns needs CAP_SYS_ADMIN ({err})"
+            ),
         }
         assert_eq!(fs::read_link("/proc/thread-self/ns/net").unwrap(), before);
     }

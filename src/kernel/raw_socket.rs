@@ -32,7 +32,11 @@ pub fn send_to<Address>(socket: &OwnedFd, packet: &[u8], to: &Address) -> io::Re
             std::mem::size_of::<Address>() as libc::socklen_t,
         )
     };
-    if sent < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if sent < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 pub fn failed(action: &str, err: io::Error) -> GuardError {

@@ -37,7 +37,10 @@ fn ipv6_conf(if_name: &str, key: &str) -> Result<String> {
 }
 
 fn read(path: &str) -> Result<String> {
-    Ok(fs::read_to_string(path).map_err(|e| failed(&format!("read {path}"), e))?.trim().to_string())
+    Ok(fs::read_to_string(path)
+        .map_err(|e| failed(&format!("read {path}"), e))?
+        .trim()
+        .to_string())
 }
 
 fn failed(action: &str, e: std::io::Error) -> GuardError {

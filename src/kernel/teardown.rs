@@ -47,8 +47,13 @@ pub struct Recorded<'a> {
 pub fn remove_interface(recorded: &Recorded, live_netns: &[(u64, u64)]) -> Result<Teardown> {
     let left = |why: String| Ok(Teardown::LeftAlone(why));
     // A path left behind after its namespace was unmounted is no namespace.
-    let Some(now) = netns_identity(recorded.netns) else { return Ok(Teardown::Absent) };
-    if ["/proc/1/ns/net", "/proc/self/ns/net"].iter().any(|host| netns_identity(host) == Some(now)) {
+    let Some(now) = netns_identity(recorded.netns) else {
+        return Ok(Teardown::Absent);
+    };
+    if ["/proc/1/ns/net", "/proc/self/ns/net"]
+        .iter()
+        .any(|host| netns_identity(host) == Some(now))
+    {
         return left(format!("{} is the host's own netns", recorded.netns));
     }
     if live_netns.contains(&now) {
@@ -61,21 +66,47 @@ pub fn remove_interface(recorded: &Recorded, live_netns: &[(u64, u64)]) -> Resul
     }
     let kind = match recorded.if_kind {
         Some(kind) if SANDBOX_KINDS.contains(&kind) => kind,
-        Some(kind) => return left(format!("{} is a {kind} link, which its primary gives back to the host", recorded.if_name)),
-        None => return left(format!("{} has no recorded kind (a physical NIC, or facts not read at ADD): its primary gives it back", recorded.if_name)),
+        Some(kind) => {
+            return left(format!(
+                "{} is a {kind} link, which its primary gives back to the host",
+                recorded.if_name
+            ));
+        }
+        None => {
+            return left(format!(
+                "{} has no recorded kind (a physical NIC, or facts not read at ADD): its primary gives it back",
+                recorded.if_name
+            ));
+        }
     };
     let found = netlink::with_pod_netns(Path::new(recorded.netns), |kernel| {
-        let Some(link) = kernel.link_by_name(Side::Pod, recorded.if_name)? else { return Ok(Teardown::Absent) };
+        let Some(link) = kernel.link_by_name(Side::Pod, recorded.if_name)? else {
+            return Ok(Teardown::Absent);
+        };
         if link.kind.as_deref() != Some(kind) {
-            return left(format!("{} is a {} link now, not the {kind} of ADD", recorded.if_name, link.kind.as_deref().unwrap_or("kindless")));
+            return left(format!(
+                "{} is a {} link now, not the {kind} of ADD",
+                recorded.if_name,
+                link.kind.as_deref().unwrap_or("kindless")
+            ));
         }
         if let Some(index) = recorded.if_index.filter(|&index| index != link.index) {
-            return left(format!("{} has index {} now, not {index} as at ADD", recorded.if_name, link.index));
+            return left(format!(
+                "{} has index {} now, not {index} as at ADD",
+                recorded.if_name, link.index
+            ));
         }
         if let Some(mac) = recorded.mac
-            && !link.mac.as_deref().is_some_and(|have| have.eq_ignore_ascii_case(mac))
+            && !link
+                .mac
+                .as_deref()
+                .is_some_and(|have| have.eq_ignore_ascii_case(mac))
         {
-            return left(format!("{} has MAC {}, not {mac}", recorded.if_name, link.mac.unwrap_or_default()));
+            return left(format!(
+                "{} has MAC {}, not {mac}",
+                recorded.if_name,
+                link.mac.unwrap_or_default()
+            ));
         }
         kernel.delete_pod_link(link.index)?;
         Ok(Teardown::Removed)
@@ -91,16 +122,33 @@ mod tests {
     use super::*;
 
     fn recorded(netns: &str, netns_id: Option<(u64, u64)>) -> Recorded<'_> {
-        Recorded { netns, if_name: "lo", mac: None, netns_id, if_index: Some(1), if_kind: Some("veth") }
+        Recorded {
+            netns,
+            if_name: "lo",
+            mac: None,
+            netns_id,
+            if_index: Some(1),
+            if_kind: Some("veth"),
+        }
     }
 
     #[test]
     fn nothing_is_deleted_in_the_hosts_netns_or_without_a_recorded_identity() {
         let own = "/proc/self/ns/net";
-        let Some(id) = netns_identity(own) else { return };
+        let Some(id) = netns_identity(own) else {
+            return;
+        };
         // Even with every fact matching, the host's own netns is never touched.
-        assert!(matches!(remove_interface(&recorded(own, Some(id)), &[]), Ok(Teardown::LeftAlone(why)) if why.contains("host")));
-        assert!(matches!(remove_interface(&recorded(own, None), &[]), Ok(Teardown::LeftAlone(_))));
-        assert_eq!(remove_interface(&recorded("/nonexistent/netns", Some(id)), &[]).unwrap(), Teardown::Absent);
+        assert!(
+            matches!(remove_interface(&recorded(own, Some(id)), &[]), Ok(Teardown::LeftAlone(why)) if why.contains("host"))
+        );
+        assert!(matches!(
+            remove_interface(&recorded(own, None), &[]),
+            Ok(Teardown::LeftAlone(_))
+        ));
+        assert_eq!(
+            remove_interface(&recorded("/nonexistent/netns", Some(id)), &[]).unwrap(),
+            Teardown::Absent
+        );
     }
 }

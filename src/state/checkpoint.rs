@@ -23,13 +23,21 @@ impl AttachmentId {
     /// The attachment of `container_id`'s interface `if_name` on `key`'s network: one an owner
     /// or a deferred DEL names.
     pub fn of(key: &PodKey, container_id: &str, if_name: &str) -> AttachmentId {
-        AttachmentId { network: key.network.clone(), container_id: container_id.to_string(), if_name: if_name.to_string() }
+        AttachmentId {
+            network: key.network.clone(),
+            container_id: container_id.to_string(),
+            if_name: if_name.to_string(),
+        }
     }
 
     /// The attachment a record-like file name stands for; `None` for a name that is not one.
     pub fn from_file_name(path: &std::path::Path) -> Option<AttachmentId> {
         let (network, container_id, if_name) = split_file_name(path.file_name()?.to_str()?)?;
-        Some(AttachmentId { network: network.into(), container_id: container_id.into(), if_name: if_name.into() })
+        Some(AttachmentId {
+            network: network.into(),
+            container_id: container_id.into(),
+            if_name: if_name.into(),
+        })
     }
 }
 
@@ -112,18 +120,33 @@ impl Checkpoint {
 
     /// The pod key this attachment takes under `rule`.
     pub fn pod_key(&self, rule: PodKeyRule) -> Option<PodKey> {
-        pod_key(rule, &self.network, self.pod_namespace.as_deref(), self.pod_name.as_deref(), &self.if_name)
+        pod_key(
+            rule,
+            &self.network,
+            self.pod_namespace.as_deref(),
+            self.pod_name.as_deref(),
+            &self.if_name,
+        )
     }
 
     /// Its pod key under each rule, for the tools, which read no network's config: an owner
     /// of either is an owner of this attachment's pod.
     pub fn pod_keys(&self) -> Vec<PodKey> {
-        PodKeyRule::CHOICES.iter().filter_map(|(_, rule)| self.pod_key(*rule)).collect()
+        PodKeyRule::CHOICES
+            .iter()
+            .filter_map(|(_, rule)| self.pod_key(*rule))
+            .collect()
     }
 }
 
 /// A pod key needs both namespace and name: podman, for one, passes only K8S_POD_NAME,
 /// and a bare container name is no pod identity to guard.
-pub fn pod_key(rule: PodKeyRule, network: &str, namespace: Option<&str>, name: Option<&str>, if_name: &str) -> Option<PodKey> {
+pub fn pod_key(
+    rule: PodKeyRule,
+    network: &str,
+    namespace: Option<&str>,
+    name: Option<&str>,
+    if_name: &str,
+) -> Option<PodKey> {
     Some(rule.key(network, namespace?, name?, if_name))
 }

@@ -76,7 +76,10 @@ pub struct DeferredDel {
 impl DeferredDel {
     /// The stale sandbox's interface: the one its replay names in CNI_IFNAME.
     pub fn if_name(&self) -> &str {
-        self.interface.as_deref().or(self.key.if_name.as_deref()).unwrap_or_default()
+        self.interface
+            .as_deref()
+            .or(self.key.if_name.as_deref())
+            .unwrap_or_default()
     }
 
     pub fn id(&self) -> AttachmentId {
@@ -147,7 +150,13 @@ impl Store {
     pub fn remove_deferred(&self, key: &PodKey, id: &AttachmentId) -> Result<()> {
         let dir = self.deferred_dir(key);
         remove(&dir.join(id.file_name()))?;
-        sync_dir(&dir).or_else(|e| if super::surely_absent(&dir) { Ok(()) } else { Err(e) })?;
+        sync_dir(&dir).or_else(|e| {
+            if super::surely_absent(&dir) {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })?;
         // The key's folder goes with its last entry (a writer holds the store's lock, so
         // nobody adds to it meanwhile); a folder that is not empty stays.
         let _ = std::fs::remove_dir(&dir);
@@ -156,7 +165,9 @@ impl Store {
 
     /// The deferred DELs of one pod key, oldest first.
     pub fn deferred_of(&self, key: &PodKey) -> Result<Vec<(PathBuf, Loaded<DeferredDel>)>> {
-        let mut found = super::list(&self.deferred_dir(key), |path| Ok(super::read_for_listing(path)))?;
+        let mut found = super::list(&self.deferred_dir(key), |path| {
+            Ok(super::read_for_listing(path))
+        })?;
         found.sort_by_key(|(_, loaded)| deferred_at(loaded));
         Ok(found)
     }
@@ -168,7 +179,10 @@ impl Store {
             Ok(Loaded::Missing) => true,
             Ok(Loaded::Valid(owner)) => {
                 let backed = self.owner_is_backed(&owner);
-                super::ownership::may_replay(Some(super::ownership::Owner { ownership: &owner, backed }))
+                super::ownership::may_replay(Some(super::ownership::Owner {
+                    ownership: &owner,
+                    backed,
+                }))
             }
             _ => false,
         }
@@ -194,5 +208,7 @@ fn deferred_at(loaded: &Loaded<DeferredDel>) -> u128 {
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| GuardError::io("sync directory", dir, e))
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| GuardError::io("sync directory", dir, e))
 }

@@ -29,13 +29,19 @@ pub fn mark(state_dir: &Path, id: &AttachmentId, error: &GuardError) {
         Err(_) => return,
         // Never written through: the store refuses a linked or odd state dir, and so does its note.
         Ok(meta) if !meta.is_dir() => {
-            eprintln!("sandbox-guard: the ADD failed and {} is not a plain directory, so no note of it is written", state_dir.display());
+            eprintln!(
+                "sandbox-guard: the ADD failed and {} is not a plain directory, so no note of it is written",
+                state_dir.display()
+            );
             return;
         }
         Ok(_) => {}
     }
     let name = id.file_name();
-    if [super::RECORDS, super::SET_ASIDE].iter().any(|dir| !super::surely_absent(&state_dir.join(dir).join(&name))) {
+    if [super::RECORDS, super::SET_ASIDE]
+        .iter()
+        .any(|dir| !super::surely_absent(&state_dir.join(dir).join(&name)))
+    {
         return;
     }
     let dir = state_dir.join(FAILED_ADDS);
@@ -85,7 +91,9 @@ impl Store {
     /// Every note, by the attachment its name stands for (`None`: a name that is no
     /// attachment's), for GC.
     pub fn list_failed_adds(&self) -> Result<Vec<(PathBuf, Option<AttachmentId>)>> {
-        super::list(&self.failed_adds, |path| Ok(AttachmentId::from_file_name(path)))
+        super::list(&self.failed_adds, |path| {
+            Ok(AttachmentId::from_file_name(path))
+        })
     }
 
     pub fn remove_failed_add_at(&self, path: &Path) -> Result<()> {

@@ -93,7 +93,11 @@ impl Store {
         for holder in holders {
             let name = entry_name(&holder.network, holder.address);
             if let Err(e) = sealed::write_entry(&dir, &name, holder, sealed::Durability::Hint) {
-                first_failure.get_or_insert(crate::error::GuardError::io("record the holder of an address in", &dir.join(&name), e));
+                first_failure.get_or_insert(crate::error::GuardError::io(
+                    "record the holder of an address in",
+                    &dir.join(&name),
+                    e,
+                ));
             }
         }
         first_failure.map_or(Ok(()), Err)
@@ -101,8 +105,14 @@ impl Store {
 
     /// Drops the index entries of `network` for which `released` says yes, and damaged
     /// entries and temp files of killed writers. Returns how many went (GC).
-    pub fn forget_ip_holders(&self, network: &str, mut released: impl FnMut(&IpHolder) -> bool) -> usize {
-        let Ok(entries) = fs::read_dir(index_dir(self.root())) else { return 0 };
+    pub fn forget_ip_holders(
+        &self,
+        network: &str,
+        mut released: impl FnMut(&IpHolder) -> bool,
+    ) -> usize {
+        let Ok(entries) = fs::read_dir(index_dir(self.root())) else {
+            return 0;
+        };
         let mut forgotten = 0;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -133,13 +143,21 @@ fn read_entry(path: &Path) -> Option<IpHolder> {
 fn plain_names(holder: &IpHolder) -> bool {
     use crate::names::{MAX_CONTAINER_ID, MAX_NETWORK, check_ifname, check_plain};
     check_plain("network", &holder.network, MAX_NETWORK, Kind::Io).is_ok()
-        && check_plain("container", &holder.container_id, MAX_CONTAINER_ID, Kind::Io).is_ok()
+        && check_plain(
+            "container",
+            &holder.container_id,
+            MAX_CONTAINER_ID,
+            Kind::Io,
+        )
+        .is_ok()
         && check_ifname(&holder.if_name).is_ok()
 }
 
 /// Every entry of the index, damaged ones as `None` (the doctor; never ADD).
 pub fn list_entries(state_dir: &Path) -> Vec<(PathBuf, Option<IpHolder>)> {
-    let Ok(entries) = fs::read_dir(index_dir(state_dir)) else { return Vec::new() };
+    let Ok(entries) = fs::read_dir(index_dir(state_dir)) else {
+        return Vec::new();
+    };
     let mut found: Vec<(PathBuf, Option<IpHolder>)> = entries
         .flatten()
         .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
@@ -159,7 +177,10 @@ mod tests {
 
     #[test]
     fn entry_names_are_one_component() {
-        assert_eq!(entry_name("net", "10.1.2.3".parse().unwrap()), "net:10.1.2.3");
+        assert_eq!(
+            entry_name("net", "10.1.2.3".parse().unwrap()),
+            "net:10.1.2.3"
+        );
         assert_eq!(entry_name("net", "fd00::1".parse().unwrap()), "net:fd00::1");
     }
 }

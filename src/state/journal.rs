@@ -12,7 +12,9 @@
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 
-use nix::sys::statfs::{BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC, fstatfs};
+use nix::sys::statfs::{
+    BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC, fstatfs,
+};
 
 /// `file` is any file of the state dir's file system (the lock file). One fstatfs; on the ext
 /// family (one magic for ext2, ext3 and ext4) an fstat, a readlink and an access more.
@@ -21,7 +23,9 @@ pub fn journals_metadata(file: &File) -> bool {
     match fs.filesystem_type() {
         // tmpfs: nothing survives a power cut, so there is no order to keep.
         XFS_SUPER_MAGIC | BTRFS_SUPER_MAGIC | TMPFS_MAGIC => true,
-        EXT4_SUPER_MAGIC => file.metadata().is_ok_and(|meta| ext_has_journal(meta.dev())),
+        EXT4_SUPER_MAGIC => file
+            .metadata()
+            .is_ok_and(|meta| ext_has_journal(meta.dev())),
         _ => false,
     }
 }
@@ -31,8 +35,12 @@ pub fn journals_metadata(file: &File) -> bool {
 /// container) or with an external journal, no journal is found: the durable form is taken.
 fn ext_has_journal(dev: u64) -> bool {
     let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
-    let Ok(device) = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")) else { return false };
-    let Some(name) = device.file_name() else { return false };
+    let Ok(device) = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")) else {
+        return false;
+    };
+    let Some(name) = device.file_name() else {
+        return false;
+    };
     let mut jbd2 = std::ffi::OsString::from("/proc/fs/jbd2/");
     jbd2.push(name);
     jbd2.push("-8");

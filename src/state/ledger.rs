@@ -61,7 +61,14 @@ pub struct LedgerEntry {
 }
 
 impl LedgerEntry {
-    fn note(&mut self, handled: Handled, stale: &str, owner: &str, owner_generation: u64, now: &str) {
+    fn note(
+        &mut self,
+        handled: Handled,
+        stale: &str,
+        owner: &str,
+        owner_generation: u64,
+        now: &str,
+    ) {
         match handled {
             Handled::Refused => self.refused += 1,
             Handled::Audited => self.audited += 1,
@@ -121,7 +128,14 @@ impl Store {
     /// (data fsynced) and its folder marked for the verb's `sync`, so it rides in the
     /// directory sync the verb makes anyway; a verb that changes nothing else syncs for it.
     /// A store opened read-only (its disk failed) records nothing.
-    pub fn note_stale_del(&self, key: &PodKey, handled: Handled, stale: &str, owner: &str, owner_generation: u64) -> Result<()> {
+    pub fn note_stale_del(
+        &self,
+        key: &PodKey,
+        handled: Handled,
+        stale: &str,
+        owner: &str,
+        owner_generation: u64,
+    ) -> Result<()> {
         if !self.writable {
             return Ok(());
         }
@@ -184,11 +198,17 @@ impl Store {
     /// Every ledger entry that verifies and is filed under its own key, for the doctor and the
     /// dump (readers: under the shared lock, creating nothing). Damaged files are skipped.
     pub fn list_ledger(&self) -> Result<Vec<LedgerEntry>> {
-        let listed = super::list(&self.ledger, |path| Ok(read_for_listing::<LedgerEntry>(path)))?;
+        let listed = super::list(&self.ledger, |path| {
+            Ok(read_for_listing::<LedgerEntry>(path))
+        })?;
         Ok(listed
             .into_iter()
             .filter_map(|(path, loaded)| match loaded {
-                Loaded::Valid(entry) if file_name_is(&path, &entry.key.digest()) && plain_key(&entry.key) => Some(entry),
+                Loaded::Valid(entry)
+                    if file_name_is(&path, &entry.key.digest()) && plain_key(&entry.key) =>
+                {
+                    Some(entry)
+                }
                 _ => None,
             })
             .collect())
@@ -197,7 +217,9 @@ impl Store {
     /// Past MAX_ENTRIES, drops the entries written longest ago (their mtime) so that one more
     /// fits. Only a stale DEL of a pod key the ledger does not know yet lists the folder.
     fn make_room_in_ledger(&self) {
-        let Ok(entries) = fs::read_dir(&self.ledger) else { return };
+        let Ok(entries) = fs::read_dir(&self.ledger) else {
+            return;
+        };
         let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
             .flatten()
             .filter(|entry| !entry.file_name().as_encoded_bytes().starts_with(b"."))
@@ -223,10 +245,14 @@ fn plain_key(key: &PodKey) -> bool {
     use crate::error::Kind;
     use crate::names::{MAX_NETWORK, check_ifname, check_plain};
     check_plain("network", &key.network, MAX_NETWORK, Kind::Io).is_ok()
-        && key.if_name.as_deref().is_none_or(|if_name| check_ifname(if_name).is_ok())
+        && key
+            .if_name
+            .as_deref()
+            .is_none_or(|if_name| check_ifname(if_name).is_ok())
         && !key.pod_namespace.is_empty()
         && !key.pod_name.is_empty()
-        && !format!("{}{}", key.pod_namespace, key.pod_name).contains(|c: char| c.is_whitespace() || c.is_control() || c == '/')
+        && !format!("{}{}", key.pod_namespace, key.pod_name)
+            .contains(|c: char| c.is_whitespace() || c.is_control() || c == '/')
 }
 
 #[cfg(test)]
@@ -234,7 +260,12 @@ mod tests {
     use super::*;
 
     fn key() -> PodKey {
-        PodKey { network: "net".into(), pod_namespace: "ns".into(), pod_name: "p-0".into(), if_name: None }
+        PodKey {
+            network: "net".into(),
+            pod_namespace: "ns".into(),
+            pod_name: "p-0".into(),
+            if_name: None,
+        }
     }
 
     #[test]
@@ -253,13 +284,29 @@ mod tests {
             merged_from: Vec::new(),
         };
         for n in 0..(MAX_SANDBOXES + 3) {
-            entry.note(Handled::Refused, &format!("s{n}"), "own", 7, &format!("t{}", n + 1));
+            entry.note(
+                Handled::Refused,
+                &format!("s{n}"),
+                "own",
+                7,
+                &format!("t{}", n + 1),
+            );
         }
         entry.note(Handled::Deferred, "s5", "own2", 8, "tz");
-        assert_eq!((entry.refused, entry.deferred, entry.audited), (MAX_SANDBOXES as u64 + 3, 1, 0));
+        assert_eq!(
+            (entry.refused, entry.deferred, entry.audited),
+            (MAX_SANDBOXES as u64 + 3, 1, 0)
+        );
         assert_eq!(entry.stale_sandboxes.len(), MAX_SANDBOXES);
         assert_eq!(entry.stale_sandboxes.last().map(String::as_str), Some("s5"));
         assert_eq!(entry.more_sandboxes, 3);
-        assert_eq!((entry.first_at.as_str(), entry.last_at.as_str(), entry.owner.as_str()), ("t0", "tz", "own2"));
+        assert_eq!(
+            (
+                entry.first_at.as_str(),
+                entry.last_at.as_str(),
+                entry.owner.as_str()
+            ),
+            ("t0", "tz", "own2")
+        );
     }
 }

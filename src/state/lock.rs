@@ -24,7 +24,13 @@ pub enum Access {
 /// interrupted without signal handlers, so it polls: first at once, then with a backoff capped
 /// at a few milliseconds, which keeps a contended ADD's extra latency small.
 /// `on_wait` is called once, when the first try fails (the CLI says that it is waiting).
-pub fn acquire(file: &File, path: &Path, access: Access, wait: Duration, on_wait: &dyn Fn(&str)) -> Result<()> {
+pub fn acquire(
+    file: &File,
+    path: &Path,
+    access: Access,
+    wait: Duration,
+    on_wait: &dyn Fn(&str),
+) -> Result<()> {
     let deadline = Instant::now() + wait;
     let mut pause = Duration::from_micros(200);
     let mut announced = false;
@@ -61,12 +67,20 @@ pub struct WaitNotice {
 
 impl WaitNotice {
     pub fn new(dir: &Path, wait: Duration) -> WaitNotice {
-        WaitNotice { said: std::cell::Cell::new(false), dir: dir.display().to_string(), wait }
+        WaitNotice {
+            said: std::cell::Cell::new(false),
+            dir: dir.display().to_string(),
+            wait,
+        }
     }
 
     pub fn hear(&self, holder: &str) {
         if !self.said.replace(true) {
-            eprintln!("sandbox-guard: {} is locked by {holder}; waiting up to {:.1}s", self.dir, self.wait.as_secs_f64());
+            eprintln!(
+                "sandbox-guard: {} is locked by {holder}; waiting up to {:.1}s",
+                self.dir,
+                self.wait.as_secs_f64()
+            );
         }
     }
 }
@@ -91,7 +105,12 @@ fn busy(file: &File, path: &Path, wait: Duration) -> GuardError {
 pub fn holders(file: &File) -> Option<String> {
     let meta = file.metadata().ok()?;
     let dev = meta.dev();
-    let id = format!("{:02x}:{:02x}:{}", nix::sys::stat::major(dev), nix::sys::stat::minor(dev), meta.ino());
+    let id = format!(
+        "{:02x}:{:02x}:{}",
+        nix::sys::stat::major(dev),
+        nix::sys::stat::minor(dev),
+        meta.ino()
+    );
     let table = std::fs::read_to_string("/proc/locks").ok()?;
     let mut found: Vec<String> = table
         .lines()
@@ -122,8 +141,18 @@ mod tests {
     use std::fs::OpenOptions;
 
     fn lock_file() -> (std::path::PathBuf, File) {
-        let path = std::env::temp_dir().join(format!("sg-lock-test-{}-{:?}", std::process::id(), std::thread::current().id()));
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).unwrap();
+        let path = std::env::temp_dir().join(format!(
+            "sg-lock-test-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .unwrap();
         (path, file)
     }
 
@@ -134,10 +163,21 @@ mod tests {
         // A second open file description conflicts with the first, even in one process.
         let other = File::open(&path).unwrap();
         let started = Instant::now();
-        let err = acquire(&other, &path, Access::Shared, Duration::from_millis(150), &|_| {}).unwrap_err();
+        let err = acquire(
+            &other,
+            &path,
+            Access::Shared,
+            Duration::from_millis(150),
+            &|_| {},
+        )
+        .unwrap_err();
         assert!(started.elapsed() >= Duration::from_millis(150));
         assert_eq!(err.code(), 11);
-        assert!(err.msg.contains(&format!("pid {}", std::process::id())), "{}", err.msg);
+        assert!(
+            err.msg.contains(&format!("pid {}", std::process::id())),
+            "{}",
+            err.msg
+        );
         held.unlock().unwrap();
         acquire(&other, &path, Access::Exclusive, Duration::ZERO, &|_| {}).unwrap();
         std::fs::remove_file(&path).unwrap();

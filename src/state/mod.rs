@@ -153,7 +153,10 @@ impl Store {
             .open(&lock_path)
             .map_err(|e| GuardError::io("open the lock file", &lock_path, e))?;
         lock::acquire(&lock, &lock_path, Access::Exclusive, wait, &|_| {})?;
-        Ok(Store { lock: Some(lock), ..store })
+        Ok(Store {
+            lock: Some(lock),
+            ..store
+        })
     }
 
     /// For readers: the state dir must exist; nothing is created, chmodded or locked here.
@@ -181,13 +184,28 @@ impl Store {
 
     fn at(root: &Path, lock: Option<File>, writable: bool) -> Store {
         let [records, owners, set_aside, failed_adds, ledger] = FOLDERS.map(|dir| root.join(dir));
-        Store { root: root.to_path_buf(), records, owners, set_aside, failed_adds, ledger, lock, writable, records_delta: Cell::new(0), dirty: Cell::new(DirtyDirs::default()), unsynced_record: Cell::new(None), journaled: OnceCell::new() }
+        Store {
+            root: root.to_path_buf(),
+            records,
+            owners,
+            set_aside,
+            failed_adds,
+            ledger,
+            lock,
+            writable,
+            records_delta: Cell::new(0),
+            dirty: Cell::new(DirtyDirs::default()),
+            unsynced_record: Cell::new(None),
+            journaled: OnceCell::new(),
+        }
     }
 
     /// A reader's shared lock, waited for at most `wait`; `on_wait` hears once who holds it
     /// when it is not free at once.
     pub fn read_lock(&self, wait: Duration, on_wait: &dyn Fn(&str)) -> Result<ReadLock<'_>> {
-        let Some(file) = &self.lock else { return Ok(ReadLock(None)) };
+        let Some(file) = &self.lock else {
+            return Ok(ReadLock(None));
+        };
         lock::acquire(file, &self.root.join("lock"), Access::Shared, wait, on_wait)?;
         Ok(ReadLock(Some(file)))
     }
@@ -245,11 +263,14 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(GuardError::io("list", dir, e)),
         };
-        Ok(entries.into_iter().flatten().filter_map(|entry| match entry {
-            Ok(entry) if entry.file_name().as_encoded_bytes().starts_with(b".") => None,
-            Ok(entry) => Some(Ok(entry.path())),
-            Err(e) => Some(Err(e)),
-        }))
+        Ok(entries
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| match entry {
+                Ok(entry) if entry.file_name().as_encoded_bytes().starts_with(b".") => None,
+                Ok(entry) => Some(Ok(entry.path())),
+                Err(e) => Some(Err(e)),
+            }))
     }
 
     /// Whether this Store was opened by `open` (it may write) or `open_read_only`.
@@ -275,10 +296,13 @@ impl Store {
         let new = surely_absent(&self.record_path(&record.id()));
         let file = sealed::write_unsynced(&self.records, &record.id().file_name(), record, new)?;
         if let Some(earlier) = self.unsynced_record.replace(Some(file)) {
-            earlier.sync_data().map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
+            earlier
+                .sync_data()
+                .map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
         }
         self.mark_dirty(0);
-        self.records_delta.set(self.records_delta.get() + i64::from(new));
+        self.records_delta
+            .set(self.records_delta.get() + i64::from(new));
         Ok(())
     }
 
@@ -296,8 +320,13 @@ impl Store {
     /// or whose count a crash may have skewed is recounted by GC and by the metrics).
     pub fn record_count(&self) -> Option<u64> {
         let mut buf = [0u8; 20];
-        let read = self.lock.as_ref().and_then(|lock| lock.read_at(&mut buf, RECORD_COUNT_AT).ok())?;
-        (read == buf.len()).then(|| std::str::from_utf8(&buf).ok()?.parse().ok()).flatten()
+        let read = self
+            .lock
+            .as_ref()
+            .and_then(|lock| lock.read_at(&mut buf, RECORD_COUNT_AT).ok())?;
+        (read == buf.len())
+            .then(|| std::str::from_utf8(&buf).ok()?.parse().ok())
+            .flatten()
     }
 
     fn set_record_count(&self, value: u64) {
@@ -324,7 +353,10 @@ impl Store {
         Ok(match loaded {
             Loaded::Valid(owner) if owner.key != *key => Loaded::Corrupt {
                 path: self.owner_path(key),
-                reason: format!("it names pod key {:?}, not the one its file name stands for", owner.key),
+                reason: format!(
+                    "it names pod key {:?}, not the one its file name stands for",
+                    owner.key
+                ),
             },
             Loaded::Valid(owner) if !plain_owner(&owner) => Loaded::Corrupt {
                 path: self.owner_path(key),
@@ -350,10 +382,17 @@ impl Store {
                 .map_err(|e| GuardError::io("write the ownership", &self.owners.join(&name), e))?;
         } else {
             if let Some(record) = self.unsynced_record.take() {
-                record.sync_data().map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
+                record
+                    .sync_data()
+                    .map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
             }
-            sealed::replace(&self.owners, &name, &sealed::seal(owner), sealed::Durability::Durable)
-                .map_err(|e| GuardError::io("write the ownership", &self.owners.join(&name), e))?;
+            sealed::replace(
+                &self.owners,
+                &name,
+                &sealed::seal(owner),
+                sealed::Durability::Durable,
+            )
+            .map_err(|e| GuardError::io("write the ownership", &self.owners.join(&name), e))?;
         }
         self.mark_dirty(1);
         Ok(())
@@ -385,7 +424,9 @@ impl Store {
         owner.interfaces().into_iter().any(|if_name| {
             let id = AttachmentId::of(&owner.key, &owner.container_id, if_name);
             match self.load_record(&id) {
-                Ok(Loaded::Valid(record)) => record.pod_key(owner.key.rule()).as_ref() == Some(&owner.key),
+                Ok(Loaded::Valid(record)) => {
+                    record.pod_key(owner.key.rule()).as_ref() == Some(&owner.key)
+                }
                 Ok(Loaded::Missing) => !surely_absent(&self.set_aside_path_for_record(&id)),
                 Ok(Loaded::Corrupt { .. }) | Err(_) => true,
             }
@@ -394,7 +435,9 @@ impl Store {
 
     /// When the owner of `key` took it (its file's mtime), for comparing with a failed ADD.
     pub fn owner_since(&self, key: &PodKey) -> Option<SystemTime> {
-        fs::symlink_metadata(self.owner_path(key)).and_then(|m| m.modified()).ok()
+        fs::symlink_metadata(self.owner_path(key))
+            .and_then(|m| m.modified())
+            .ok()
     }
 
     /// Where a corrupt record, or a pod key's corrupt ownership, is kept. While it is there,
@@ -404,7 +447,8 @@ impl Store {
     }
 
     pub fn set_aside_path_for_owner(&self, key: &PodKey) -> PathBuf {
-        self.set_aside.join(format!("{OWNER_PREFIX}{}", key.digest()))
+        self.set_aside
+            .join(format!("{OWNER_PREFIX}{}", key.digest()))
     }
 
     /// Moves a corrupt file out of the way, keeping it. `blocking` puts it at `to`, where
@@ -412,8 +456,13 @@ impl Store {
     /// goes beside `to` under a unique name, kept but blocking nothing. ADD uses the latter:
     /// it writes a fresh, valid file in the same breath.
     pub fn set_aside(&self, from: &Path, to: &Path, blocking: bool) -> Result<PathBuf> {
-        let target = if !blocking || fs::symlink_metadata(to).is_ok() { kept_copy_path(to) } else { to.to_path_buf() };
-        fs::rename(from, &target).map_err(|e| GuardError::io("set aside corrupt checkpoint", from, e))?;
+        let target = if !blocking || fs::symlink_metadata(to).is_ok() {
+            kept_copy_path(to)
+        } else {
+            to.to_path_buf()
+        };
+        fs::rename(from, &target)
+            .map_err(|e| GuardError::io("set aside corrupt checkpoint", from, e))?;
         self.mark_dirty(2);
         if from.starts_with(&self.records) {
             self.records_delta.set(self.records_delta.get() - 1);
@@ -429,7 +478,8 @@ impl Store {
     /// file replaces it, so no crash in between leaves an owner without its record.
     pub fn keep_copy(&self, from: &Path, to: &Path) -> Result<PathBuf> {
         let target = kept_copy_path(to);
-        fs::hard_link(from, &target).map_err(|e| GuardError::io("keep a copy of corrupt checkpoint", from, e))?;
+        fs::hard_link(from, &target)
+            .map_err(|e| GuardError::io("keep a copy of corrupt checkpoint", from, e))?;
         self.mark_dirty(2);
         Ok(target)
     }
@@ -473,15 +523,24 @@ impl Store {
     /// (`save_owner`), one data sync more.
     pub fn sync(&self) -> Result<()> {
         if let Some(record) = self.unsynced_record.take() {
-            record.sync_data().map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
+            record
+                .sync_data()
+                .map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
         }
         let dirty = self.dirty.take();
         for &index in dirty.in_order() {
-            let dir = [&self.records, &self.owners, &self.set_aside, &self.failed_adds, &self.ledger][usize::from(index)];
+            let dir = [
+                &self.records,
+                &self.owners,
+                &self.set_aside,
+                &self.failed_adds,
+                &self.ledger,
+            ][usize::from(index)];
             sync_path(dir)?;
         }
         let delta = self.records_delta.take();
-        if delta != 0 && self.writable
+        if delta != 0
+            && self.writable
             && let Some(count) = self.record_count()
         {
             self.set_record_count(count.saturating_add_signed(delta));
@@ -504,7 +563,9 @@ impl Store {
     }
 
     fn journals_metadata(&self) -> bool {
-        *self.journaled.get_or_init(|| self.lock.as_ref().is_some_and(journal::journals_metadata))
+        *self
+            .journaled
+            .get_or_init(|| self.lock.as_ref().is_some_and(journal::journals_metadata))
     }
 
     fn mark_dirty(&self, index: u8) {
@@ -519,8 +580,15 @@ impl Store {
     /// cannot make a generation go backwards for a pod key.
     pub fn generation_counter(&self) -> u64 {
         let mut buf = [0u8; 20];
-        let read = self.lock.as_ref().and_then(|lock| lock.read_at(&mut buf, 0).ok()).unwrap_or(0);
-        std::str::from_utf8(&buf[..read]).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+        let read = self
+            .lock
+            .as_ref()
+            .and_then(|lock| lock.read_at(&mut buf, 0).ok())
+            .unwrap_or(0);
+        std::str::from_utf8(&buf[..read])
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
     }
 
     pub fn set_generation_counter(&self, value: u64) {
@@ -554,22 +622,43 @@ impl Store {
 
     /// The set-aside files, for the dump.
     pub fn list_set_aside(&self) -> Result<Vec<PathBuf>> {
-        Ok(list(&self.set_aside, |_| Ok(()))?.into_iter().map(|(path, ())| path).collect())
+        Ok(list(&self.set_aside, |_| Ok(()))?
+            .into_iter()
+            .map(|(path, ())| path)
+            .collect())
     }
 
     /// The temp files that writers killed mid-write left behind (a runtime's timeout kills
     /// plugins), in the state dir and its folders. Only GC and the doctor list them.
     pub fn temp_files(&self) -> Vec<TempFile> {
         let mut found = Vec::new();
-        let folders = [&self.root, &self.records, &self.owners, &self.set_aside, &self.failed_adds, &self.ledger];
+        let folders = [
+            &self.root,
+            &self.records,
+            &self.owners,
+            &self.set_aside,
+            &self.failed_adds,
+            &self.ledger,
+        ];
         let (index, pod_keys) = (self.root.join(IPS), self.root.join(rekey::POD_KEYS));
         for dir in folders.into_iter().chain([&index, &pod_keys]) {
-            let Ok(entries) = fs::read_dir(dir) else { continue };
+            let Ok(entries) = fs::read_dir(dir) else {
+                continue;
+            };
             for entry in entries.flatten() {
                 let name = entry.file_name();
-                let Some(pid) = temp_file_pid(&name.to_string_lossy()) else { continue };
-                let modified = entry.metadata().and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
-                found.push(TempFile { path: entry.path(), pid, modified });
+                let Some(pid) = temp_file_pid(&name.to_string_lossy()) else {
+                    continue;
+                };
+                let modified = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .unwrap_or(SystemTime::UNIX_EPOCH);
+                found.push(TempFile {
+                    path: entry.path(),
+                    pid,
+                    modified,
+                });
             }
         }
         found
@@ -597,7 +686,12 @@ pub fn set_aside_blocks(path: &Path) -> bool {
 
 /// Where a kept copy of `to` goes: beside it, under a name that blocks nothing.
 fn kept_copy_path(to: &Path) -> PathBuf {
-    let name = format!("{}{}{}", to.file_name().unwrap_or_default().to_string_lossy(), checkpoint::KEPT_COPY_MARK, crate::clock::unix_nanos());
+    let name = format!(
+        "{}{}{}",
+        to.file_name().unwrap_or_default().to_string_lossy(),
+        checkpoint::KEPT_COPY_MARK,
+        crate::clock::unix_nanos()
+    );
     to.with_file_name(name)
 }
 
@@ -620,12 +714,18 @@ fn temp_file_pid(name: &str) -> Option<u32> {
 }
 
 pub(crate) fn read_for_listing<T: serde::de::DeserializeOwned>(path: &Path) -> Loaded<T> {
-    sealed::read(path).unwrap_or_else(|e| Loaded::Corrupt { path: path.to_path_buf(), reason: e.msg })
+    sealed::read(path).unwrap_or_else(|e| Loaded::Corrupt {
+        path: path.to_path_buf(),
+        reason: e.msg,
+    })
 }
 
 /// Reads an ownership (or another `sealed::write_entry` entry) as `read_for_listing` reads a file.
 pub(crate) fn read_entry_for_listing<T: serde::de::DeserializeOwned>(path: &Path) -> Loaded<T> {
-    sealed::read_entry(path).unwrap_or_else(|e| Loaded::Corrupt { path: path.to_path_buf(), reason: e.msg })
+    sealed::read_entry(path).unwrap_or_else(|e| Loaded::Corrupt {
+        path: path.to_path_buf(),
+        reason: e.msg,
+    })
 }
 
 /// Lists a directory's files, skipping the temp files of writers in flight. A folder that
@@ -652,7 +752,9 @@ fn list<T>(dir: &Path, mut load: impl FnMut(&Path) -> Result<T>) -> Result<Vec<(
 
 /// fsyncs a directory: the names created, renamed or removed in it become durable.
 pub(crate) fn sync_path(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| GuardError::io("sync directory", dir, e))
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| GuardError::io("sync directory", dir, e))
 }
 
 /// Fails when the store takes no write: permission bits do not stop root, and a read-only
@@ -667,7 +769,10 @@ pub fn probe_write(root: &Path, durable: bool) -> Result<()> {
         .mode(0o600)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
         .open(&probe)
-        .and_then(|mut f| f.write_all(b"probe\n").and_then(|()| if durable { f.sync_data() } else { Ok(()) }));
+        .and_then(|mut f| {
+            f.write_all(b"probe\n")
+                .and_then(|()| if durable { f.sync_data() } else { Ok(()) })
+        });
     let _ = fs::remove_file(&probe);
     written.map_err(|e| GuardError::io("write a probe file in", root, e))
 }
@@ -687,8 +792,10 @@ pub(crate) fn ensure_dir(dir: &Path) -> Result<()> {
     match fs::symlink_metadata(dir) {
         Ok(meta) if meta.file_type().is_symlink() => Err(symlinked(dir)),
         Ok(meta) if !meta.is_dir() => Err(not_a_dir(dir)),
-        Ok(meta) if meta.permissions().mode() & 0o077 != 0 => fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
-            .map_err(|e| GuardError::io("restrict the mode of", dir, e)),
+        Ok(meta) if meta.permissions().mode() & 0o077 != 0 => {
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+                .map_err(|e| GuardError::io("restrict the mode of", dir, e))
+        }
         Ok(_) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => DirBuilder::new()
             .recursive(true)
@@ -703,7 +810,12 @@ fn plain_owner(owner: &Ownership) -> bool {
     use crate::names::{MAX_CONTAINER_ID, MAX_NETWORK, check_ifname, check_plain};
     check_plain("network", &owner.key.network, MAX_NETWORK, Kind::Io).is_ok()
         && check_plain("container", &owner.container_id, MAX_CONTAINER_ID, Kind::Io).is_ok()
-        && owner.key.if_name.iter().chain(&owner.interfaces).all(|if_name| check_ifname(if_name).is_ok())
+        && owner
+            .key
+            .if_name
+            .iter()
+            .chain(&owner.interfaces)
+            .all(|if_name| check_ifname(if_name).is_ok())
 }
 
 /// True only when `path` certainly does not exist: an I/O error on a failing disk is no
@@ -713,8 +825,14 @@ pub(crate) fn surely_absent(path: &Path) -> bool {
 }
 
 fn symlinked(dir: &Path) -> GuardError {
-    GuardError::new(Kind::Io, format!("{} is a symbolic link, which the state dir never follows", dir.display()))
-        .with_details("make it a real directory (mode 0700, owned by root)")
+    GuardError::new(
+        Kind::Io,
+        format!(
+            "{} is a symbolic link, which the state dir never follows",
+            dir.display()
+        ),
+    )
+    .with_details("make it a real directory (mode 0700, owned by root)")
 }
 
 fn not_a_dir(dir: &Path) -> GuardError {

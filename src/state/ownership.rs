@@ -42,7 +42,10 @@ pub enum PodKeyRule {
 }
 
 impl PodKeyRule {
-    pub const CHOICES: [(&'static str, PodKeyRule); 2] = [("name", PodKeyRule::Name), ("name-and-ifname", PodKeyRule::NameAndIfname)];
+    pub const CHOICES: [(&'static str, PodKeyRule); 2] = [
+        ("name", PodKeyRule::Name),
+        ("name-and-ifname", PodKeyRule::NameAndIfname),
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -80,7 +83,10 @@ impl PodKey {
     /// never names the file of a key with one.
     pub fn digest(&self) -> String {
         let mut hasher = Sha256::new();
-        for part in [&self.network, &self.pod_namespace, &self.pod_name].into_iter().chain(self.if_name.as_ref()) {
+        for part in [&self.network, &self.pod_namespace, &self.pod_name]
+            .into_iter()
+            .chain(self.if_name.as_ref())
+        {
             hasher.update(part.as_bytes());
             hasher.update([0u8]);
         }
@@ -88,7 +94,11 @@ impl PodKey {
     }
 
     pub fn rule(&self) -> PodKeyRule {
-        if self.if_name.is_some() { PodKeyRule::NameAndIfname } else { PodKeyRule::Name }
+        if self.if_name.is_some() {
+            PodKeyRule::NameAndIfname
+        } else {
+            PodKeyRule::Name
+        }
     }
 
     pub fn pod(&self) -> String {
@@ -138,22 +148,45 @@ impl Ownership {
 /// The ownership an ADD of `container_id`'s interface `if_name` leaves: the sandbox that owned
 /// the key already keeps its other interfaces; a sandbox that takes the key over holds it by
 /// this interface alone.
-pub fn taken(key: &PodKey, container_id: &str, if_name: &str, pod_uid: Option<String>, generation: u64, before: Option<&Ownership>) -> Ownership {
+pub fn taken(
+    key: &PodKey,
+    container_id: &str,
+    if_name: &str,
+    pod_uid: Option<String>,
+    generation: u64,
+    before: Option<&Ownership>,
+) -> Ownership {
     let mut interfaces: Vec<String> = match before {
-        Some(owner) if owner.container_id == container_id && key.if_name.is_none() => owner.interfaces.clone(),
+        Some(owner) if owner.container_id == container_id && key.if_name.is_none() => {
+            owner.interfaces.clone()
+        }
         _ => Vec::new(),
     };
     if key.if_name.is_none() && !interfaces.iter().any(|i| i == if_name) {
         interfaces.push(if_name.to_string());
     }
-    Ownership { key: key.clone(), container_id: container_id.to_string(), pod_uid, generation, interfaces }
+    Ownership {
+        key: key.clone(),
+        container_id: container_id.to_string(),
+        pod_uid,
+        generation,
+        interfaces,
+    }
 }
 
 /// What the owner's DEL of `if_name` leaves of its ownership: the rest of its interfaces, or
 /// `None` when that was its last one and the key is free.
 pub fn released(owner: &Ownership, if_name: &str) -> Option<Ownership> {
-    let rest: Vec<String> = owner.interfaces().into_iter().filter(|i| *i != if_name).map(String::from).collect();
-    (owner.key.if_name.is_none() && !rest.is_empty()).then(|| Ownership { interfaces: rest, ..owner.clone() })
+    let rest: Vec<String> = owner
+        .interfaces()
+        .into_iter()
+        .filter(|i| *i != if_name)
+        .map(String::from)
+        .collect();
+    (owner.key.if_name.is_none() && !rest.is_empty()).then(|| Ownership {
+        interfaces: rest,
+        ..owner.clone()
+    })
 }
 
 /// One owner for `key` from the owners of the keys it is made of (a change of rule, or the
@@ -162,16 +195,29 @@ pub fn released(owner: &Ownership, if_name: &str) -> Option<Ownership> {
 pub fn merged(key: &PodKey, owners: &[Ownership]) -> Option<Ownership> {
     let winner = owners.iter().max_by_key(|o| o.generation)?;
     let mut interfaces: Vec<String> = Vec::new();
-    for owner in owners.iter().filter(|o| o.container_id == winner.container_id) {
+    for owner in owners
+        .iter()
+        .filter(|o| o.container_id == winner.container_id)
+    {
         for if_name in owner.interfaces() {
-            if key.if_name.as_deref().is_none_or(|own| own == if_name) && !interfaces.iter().any(|i| i == if_name) {
+            if key.if_name.as_deref().is_none_or(|own| own == if_name)
+                && !interfaces.iter().any(|i| i == if_name)
+            {
                 interfaces.push(if_name.to_string());
             }
         }
     }
     interfaces.sort();
-    let interfaces = if key.if_name.is_some() { Vec::new() } else { interfaces };
-    Some(Ownership { key: key.clone(), interfaces, ..winner.clone() })
+    let interfaces = if key.if_name.is_some() {
+        Vec::new()
+    } else {
+        interfaces
+    };
+    Some(Ownership {
+        key: key.clone(),
+        interfaces,
+        ..winner.clone()
+    })
 }
 
 /// An owner as the store found it.
@@ -203,16 +249,26 @@ pub enum DelVerdict<'a> {
     Repair(&'a Ownership),
     /// Another container owns the key: this DEL would tear down the owner's network.
     /// `ever_owned` says whether the deleting container ever held the key.
-    Stale { owner: &'a Ownership, ever_owned: bool },
+    Stale {
+        owner: &'a Ownership,
+        ever_owned: bool,
+    },
 }
 
-pub fn judge_del<'a>(container_id: &str, deleter: Deleter, owner: Option<Owner<'a>>) -> DelVerdict<'a> {
+pub fn judge_del<'a>(
+    container_id: &str,
+    deleter: Deleter,
+    owner: Option<Owner<'a>>,
+) -> DelVerdict<'a> {
     match owner {
         None => DelVerdict::Proceed,
         Some(owner) if owner.ownership.container_id == container_id => DelVerdict::Release,
         Some(owner) if !owner.backed => DelVerdict::Repair(owner.ownership),
         Some(_) if deleter == Deleter::AddFailed => DelVerdict::Proceed,
-        Some(owner) => DelVerdict::Stale { owner: owner.ownership, ever_owned: deleter == Deleter::Recorded },
+        Some(owner) => DelVerdict::Stale {
+            owner: owner.ownership,
+            ever_owned: deleter == Deleter::Recorded,
+        },
     }
 }
 
@@ -227,11 +283,26 @@ pub enum AddVerdict<'a> {
 /// `own_generation`: the generation of the container's record, if it has one; `deferred`:
 /// its DEL was deferred; `owner_alive`: the owner's netns still exists (or cannot be ruled
 /// out). A container never seen before is a new sandbox: it takes the key.
-pub fn judge_add<'a>(container_id: &str, own_generation: Option<u64>, deferred: bool, owner: Option<Owner<'a>>, owner_alive: bool) -> AddVerdict<'a> {
+pub fn judge_add<'a>(
+    container_id: &str,
+    own_generation: Option<u64>,
+    deferred: bool,
+    owner: Option<Owner<'a>>,
+    owner_alive: bool,
+) -> AddVerdict<'a> {
     match owner {
-        Some(owner) if owner.ownership.container_id != container_id && owner.backed && owner_alive => {
-            let older = own_generation.is_some_and(|generation| generation < owner.ownership.generation);
-            if deferred || older { AddVerdict::Superseded { owner: owner.ownership } } else { AddVerdict::Take }
+        Some(owner)
+            if owner.ownership.container_id != container_id && owner.backed && owner_alive =>
+        {
+            let older =
+                own_generation.is_some_and(|generation| generation < owner.ownership.generation);
+            if deferred || older {
+                AddVerdict::Superseded {
+                    owner: owner.ownership,
+                }
+            } else {
+                AddVerdict::Take
+            }
         }
         _ => AddVerdict::Take,
     }
@@ -245,8 +316,14 @@ pub fn may_replay(owner: Option<Owner>) -> bool {
 
 /// The generation of a new ADD: past every generation this key and this attachment have
 /// seen, and past the store-wide counter, so that a later ADD always reads as newer.
-pub fn next_generation(store_counter: u64, owner: Option<&Ownership>, previous_record: Option<u64>) -> u64 {
-    let seen = owner.map_or(0, |o| o.generation).max(previous_record.unwrap_or(0));
+pub fn next_generation(
+    store_counter: u64,
+    owner: Option<&Ownership>,
+    previous_record: Option<u64>,
+) -> u64 {
+    let seen = owner
+        .map_or(0, |o| o.generation)
+        .max(previous_record.unwrap_or(0));
     seen.max(store_counter) + 1
 }
 
@@ -259,26 +336,51 @@ mod tests {
     }
 
     fn owned_by(container_id: &str, generation: u64) -> Ownership {
-        taken(&pod(), container_id, "eth0", Some(format!("uid-{container_id}")), generation, None)
+        taken(
+            &pod(),
+            container_id,
+            "eth0",
+            Some(format!("uid-{container_id}")),
+            generation,
+            None,
+        )
     }
 
     fn backed(owner: &Ownership) -> Option<Owner<'_>> {
-        Some(Owner { ownership: owner, backed: true })
+        Some(Owner {
+            ownership: owner,
+            backed: true,
+        })
     }
 
     #[test]
     fn owner_deletes_and_releases() {
         let owner = owned_by("A", 1);
-        assert_eq!(judge_del("A", Deleter::Recorded, backed(&owner)), DelVerdict::Release);
+        assert_eq!(
+            judge_del("A", Deleter::Recorded, backed(&owner)),
+            DelVerdict::Release
+        );
     }
 
     #[test]
     fn old_sandbox_is_stale_once_the_new_one_owns_the_name() {
         // The incident: ADD A, ADD B (same pod name), then the retried DEL of A.
         let owner = owned_by("B", 2);
-        assert_eq!(judge_del("A", Deleter::Recorded, backed(&owner)), DelVerdict::Stale { owner: &owner, ever_owned: true });
+        assert_eq!(
+            judge_del("A", Deleter::Recorded, backed(&owner)),
+            DelVerdict::Stale {
+                owner: &owner,
+                ever_owned: true
+            }
+        );
         // A sandbox from before the guard was installed is just as stale.
-        assert_eq!(judge_del("A", Deleter::Unknown, backed(&owner)), DelVerdict::Stale { owner: &owner, ever_owned: false });
+        assert_eq!(
+            judge_del("A", Deleter::Unknown, backed(&owner)),
+            DelVerdict::Stale {
+                owner: &owner,
+                ever_owned: false
+            }
+        );
     }
 
     #[test]
@@ -290,34 +392,61 @@ mod tests {
     #[test]
     fn an_owner_without_its_record_is_repaired_not_obeyed() {
         let owner = owned_by("B", 2);
-        let orphan = Some(Owner { ownership: &owner, backed: false });
-        assert_eq!(judge_del("A", Deleter::Recorded, orphan), DelVerdict::Repair(&owner));
+        let orphan = Some(Owner {
+            ownership: &owner,
+            backed: false,
+        });
+        assert_eq!(
+            judge_del("A", Deleter::Recorded, orphan),
+            DelVerdict::Repair(&owner)
+        );
     }
 
     #[test]
     fn the_cleanup_del_of_a_failed_add_is_not_stale() {
         let owner = owned_by("B", 2);
-        assert_eq!(judge_del("A", Deleter::AddFailed, backed(&owner)), DelVerdict::Proceed);
+        assert_eq!(
+            judge_del("A", Deleter::AddFailed, backed(&owner)),
+            DelVerdict::Proceed
+        );
     }
 
     #[test]
     fn a_late_add_of_a_superseded_sandbox_is_refused() {
         let owner = owned_by("B", 5);
         // A was the owner at generation 3, then B took over: A's re-ADD is late.
-        assert_eq!(judge_add("A", Some(3), false, backed(&owner), true), AddVerdict::Superseded { owner: &owner });
+        assert_eq!(
+            judge_add("A", Some(3), false, backed(&owner), true),
+            AddVerdict::Superseded { owner: &owner }
+        );
         // A's DEL was deferred: the runtime already tore A down.
-        assert_eq!(judge_add("A", None, true, backed(&owner), true), AddVerdict::Superseded { owner: &owner });
+        assert_eq!(
+            judge_add("A", None, true, backed(&owner), true),
+            AddVerdict::Superseded { owner: &owner }
+        );
         // A sandbox never seen is a new one; so is any ADD once the owner's netns is gone.
-        assert_eq!(judge_add("C", None, false, backed(&owner), true), AddVerdict::Take);
-        assert_eq!(judge_add("A", Some(3), true, backed(&owner), false), AddVerdict::Take);
-        assert_eq!(judge_add("B", Some(5), false, backed(&owner), true), AddVerdict::Take);
+        assert_eq!(
+            judge_add("C", None, false, backed(&owner), true),
+            AddVerdict::Take
+        );
+        assert_eq!(
+            judge_add("A", Some(3), true, backed(&owner), false),
+            AddVerdict::Take
+        );
+        assert_eq!(
+            judge_add("B", Some(5), false, backed(&owner), true),
+            AddVerdict::Take
+        );
     }
 
     #[test]
     fn deferred_dels_wait_for_a_free_key() {
         let owner = owned_by("B", 2);
         assert!(!may_replay(backed(&owner)));
-        assert!(may_replay(Some(Owner { ownership: &owner, backed: false })));
+        assert!(may_replay(Some(Owner {
+            ownership: &owner,
+            backed: false
+        })));
         assert!(may_replay(None));
     }
 
@@ -343,17 +472,35 @@ mod tests {
     #[test]
     fn by_name_every_interface_of_a_pod_is_one_key() {
         // The two-ifnames incident: A as net1, B as net2; by name, both take the same key.
-        let (a, b) = (PodKeyRule::Name.key("net", "ns", "p", "net1"), PodKeyRule::Name.key("net", "ns", "p", "net2"));
+        let (a, b) = (
+            PodKeyRule::Name.key("net", "ns", "p", "net1"),
+            PodKeyRule::Name.key("net", "ns", "p", "net2"),
+        );
         assert_eq!(a, b);
         let owner = taken(&b, "B", "net2", None, 2, None);
-        assert_eq!(judge_del("A", Deleter::Recorded, backed(&owner)), DelVerdict::Stale { owner: &owner, ever_owned: true });
+        assert_eq!(
+            judge_del("A", Deleter::Recorded, backed(&owner)),
+            DelVerdict::Stale {
+                owner: &owner,
+                ever_owned: true
+            }
+        );
         // By name and ifname they are two keys, and two files: the old release's digest.
-        let (a, b) = (PodKeyRule::NameAndIfname.key("net", "ns", "p", "net1"), PodKeyRule::NameAndIfname.key("net", "ns", "p", "net2"));
+        let (a, b) = (
+            PodKeyRule::NameAndIfname.key("net", "ns", "p", "net1"),
+            PodKeyRule::NameAndIfname.key("net", "ns", "p", "net2"),
+        );
         assert_ne!(a, b);
-        assert_ne!(a.digest(), PodKeyRule::Name.key("net", "ns", "p", "net1").digest());
+        assert_ne!(
+            a.digest(),
+            PodKeyRule::Name.key("net", "ns", "p", "net1").digest()
+        );
         // The digest the release before podKey filed db-0's eth0 under (testdata/upgrade/state-v1).
         let old = PodKeyRule::NameAndIfname.key("k8s-pod-network", "lijiaob", "db-0", "eth0");
-        assert_eq!(old.digest(), "f172e4d1bd5d0b3a4c8c2d8ee229bb6467cf6dffbaa0f90d9cc6351ee3687080");
+        assert_eq!(
+            old.digest(),
+            "f172e4d1bd5d0b3a4c8c2d8ee229bb6467cf6dffbaa0f90d9cc6351ee3687080"
+        );
     }
 
     #[test]
@@ -366,27 +513,71 @@ mod tests {
         assert_eq!(released(&left, "net1"), None);
         // A sandbox that takes the pod over holds it by its own interface alone.
         let taken_over = taken(&pod(), "D", "eth0", None, 5, Some(&both));
-        assert_eq!((taken_over.container_id.as_str(), taken_over.interfaces()), ("D", vec!["eth0"]));
+        assert_eq!(
+            (taken_over.container_id.as_str(), taken_over.interfaces()),
+            ("D", vec!["eth0"])
+        );
         // Keyed by ifname, an owner has one interface and its DEL frees the key.
-        let per_interface = taken(&PodKeyRule::NameAndIfname.key("net", "lijiaob", "etcd1-0", "eth0"), "C", "eth0", None, 3, None);
+        let per_interface = taken(
+            &PodKeyRule::NameAndIfname.key("net", "lijiaob", "etcd1-0", "eth0"),
+            "C",
+            "eth0",
+            None,
+            3,
+            None,
+        );
         assert_eq!(released(&per_interface, "eth0"), None);
     }
 
     #[test]
     fn merging_the_keys_of_another_rule_keeps_the_last_add() {
         // The old release's owners of one pod: A by net1 (generation 1), B by net2 (2), B by net3 (3).
-        let old = |container: &str, if_name: &str, generation| taken(&PodKeyRule::NameAndIfname.key("net", "lijiaob", "etcd1-0", if_name), container, if_name, None, generation, None);
-        let owners = [old("A", "net1", 1), old("B", "net3", 3), old("B", "net2", 2)];
+        let old = |container: &str, if_name: &str, generation| {
+            taken(
+                &PodKeyRule::NameAndIfname.key("net", "lijiaob", "etcd1-0", if_name),
+                container,
+                if_name,
+                None,
+                generation,
+                None,
+            )
+        };
+        let owners = [
+            old("A", "net1", 1),
+            old("B", "net3", 3),
+            old("B", "net2", 2),
+        ];
         let merged = merged(&pod(), &owners).unwrap();
-        assert_eq!((merged.container_id.as_str(), merged.generation, merged.interfaces()), ("B", 3, vec!["net2", "net3"]));
+        assert_eq!(
+            (
+                merged.container_id.as_str(),
+                merged.generation,
+                merged.interfaces()
+            ),
+            ("B", 3, vec!["net2", "net3"])
+        );
         // And back: each interface's key gets the owner that held it.
         let split = merged_for("net2", &merged);
-        assert_eq!((split.container_id.as_str(), split.key.if_name.as_deref(), split.interfaces()), ("B", Some("net2"), vec!["net2"]));
+        assert_eq!(
+            (
+                split.container_id.as_str(),
+                split.key.if_name.as_deref(),
+                split.interfaces()
+            ),
+            ("B", Some("net2"), vec!["net2"])
+        );
         assert_eq!(super::merged(&pod(), &[]), None);
     }
 
     fn merged_for(if_name: &str, owner: &Ownership) -> Ownership {
         let key = PodKeyRule::NameAndIfname.key("net", "lijiaob", "etcd1-0", if_name);
-        merged(&key, &[Ownership { interfaces: vec![if_name.into()], ..owner.clone() }]).unwrap()
+        merged(
+            &key,
+            &[Ownership {
+                interfaces: vec![if_name.into()],
+                ..owner.clone()
+            }],
+        )
+        .unwrap()
     }
 }

@@ -41,12 +41,20 @@ impl PodLock {
         // Bounded: each round means GC removed the file between our open and our lock.
         for _ in 0..8 {
             let file = open(&path)?;
-            lock::acquire(&file, &path, Access::Exclusive, wait, &|_| {}).map_err(|err| busy(err, &file, key, wait))?;
+            lock::acquire(&file, &path, Access::Exclusive, wait, &|_| {})
+                .map_err(|err| busy(err, &file, key, wait))?;
             if same_file(&file, &path) {
-                return Ok(PodLock { _file: file, path, digest });
+                return Ok(PodLock {
+                    _file: file,
+                    path,
+                    digest,
+                });
             }
         }
-        Err(GuardError::new(Kind::Busy, format!("the lock file of pod {} keeps being replaced", key.pod())))
+        Err(GuardError::new(
+            Kind::Busy,
+            format!("the lock file of pod {} keeps being replaced", key.pod()),
+        ))
     }
 
     /// The lock of `key` if it is free now, else `None`: GC does not wait behind a pod.
@@ -76,10 +84,14 @@ impl super::Store {
     /// Removes the lock files of keys nobody owns and no deferred DEL waits on, unless held
     /// (GC, under the store's lock). Returns how many went.
     pub fn remove_unused_pod_locks(&self) -> usize {
-        let Ok(entries) = std::fs::read_dir(self.root.join(POD_LOCKS)) else { return 0 };
+        let Ok(entries) = std::fs::read_dir(self.root.join(POD_LOCKS)) else {
+            return 0;
+        };
         let mut removed = 0;
         for path in entries.flatten().map(|entry| entry.path()) {
-            let Some(digest) = path.file_name().and_then(|n| n.to_str()) else { continue };
+            let Some(digest) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
             let in_use = !super::surely_absent(&self.owners.join(digest))
                 || !super::surely_absent(&super::deferred::key_dir(&self.root, digest));
             if !in_use && remove_if_free(&path) {
@@ -101,9 +113,14 @@ fn remove_if_free(path: &Path) -> bool {
 fn open(path: &Path) -> Result<File> {
     let flags = nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC;
     match OpenOptions::new().read(true).custom_flags(flags).open(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).custom_flags(flags).open(path)
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(flags)
+            .open(path),
         opened => opened,
     }
     .map_err(|e| GuardError::io("open the pod lock", path, e))

@@ -40,13 +40,23 @@ fn marker_path(root: &std::path::Path, network: &str) -> PathBuf {
 
 /// The rule `network`'s files are keyed by, as its marker says; `None` without one.
 fn marked(root: &std::path::Path, network: &str) -> Option<PodKeyRule> {
-    let Ok(Loaded::Valid(name)) = super::sealed::read::<String>(&marker_path(root, network)) else { return None };
-    PodKeyRule::CHOICES.iter().find(|(choice, _)| *choice == name).map(|(_, rule)| *rule)
+    let Ok(Loaded::Valid(name)) = super::sealed::read::<String>(&marker_path(root, network)) else {
+        return None;
+    };
+    PodKeyRule::CHOICES
+        .iter()
+        .find(|(choice, _)| *choice == name)
+        .map(|(_, rule)| *rule)
 }
 
 /// Re-keys `network`'s files to `rule` unless its marker says they are already. Costs one
 /// read when nothing is to be done; a state dir that does not exist has nothing to re-key.
-pub fn ensure(state_dir: &std::path::Path, network: &str, rule: PodKeyRule, wait: Duration) -> Result<()> {
+pub fn ensure(
+    state_dir: &std::path::Path,
+    network: &str,
+    rule: PodKeyRule,
+    wait: Duration,
+) -> Result<()> {
     if surely_absent(state_dir) || marked(state_dir, network) == Some(rule) {
         return Ok(());
     }
@@ -61,7 +71,11 @@ pub fn pending(root: &std::path::Path, network: &str, rule: PodKeyRule) -> bool 
 
 /// The rule that is not `rule`.
 pub fn other(rule: PodKeyRule) -> PodKeyRule {
-    PodKeyRule::CHOICES.iter().map(|(_, r)| *r).find(|r| *r != rule).unwrap_or(rule)
+    PodKeyRule::CHOICES
+        .iter()
+        .map(|(_, r)| *r)
+        .find(|r| *r != rule)
+        .unwrap_or(rule)
 }
 
 impl Store {
@@ -73,14 +87,28 @@ impl Store {
     pub fn owners_under_other_rule(&self, key: &PodKey) -> Result<Vec<Ownership>> {
         let mut parts = Vec::new();
         for (_, loaded) in self.list_owners()? {
-            let Loaded::Valid(owner) = loaded else { continue };
-            let same_pod = (&owner.key.network, &owner.key.pod_namespace, &owner.key.pod_name) == (&key.network, &key.pod_namespace, &key.pod_name);
+            let Loaded::Valid(owner) = loaded else {
+                continue;
+            };
+            let same_pod = (
+                &owner.key.network,
+                &owner.key.pod_namespace,
+                &owner.key.pod_name,
+            ) == (&key.network, &key.pod_namespace, &key.pod_name);
             if !same_pod || owner.key.rule() == key.rule() {
                 continue;
             }
             for if_name in owner.interfaces() {
-                if key.rule().key(&key.network, &key.pod_namespace, &key.pod_name, if_name) == *key {
-                    parts.push(Ownership { key: key.clone(), interfaces: vec![if_name.to_string()], ..owner.clone() });
+                if key
+                    .rule()
+                    .key(&key.network, &key.pod_namespace, &key.pod_name, if_name)
+                    == *key
+                {
+                    parts.push(Ownership {
+                        key: key.clone(),
+                        interfaces: vec![if_name.to_string()],
+                        ..owner.clone()
+                    });
                 }
             }
         }
@@ -92,7 +120,9 @@ impl Store {
         if marked(&self.root, network) == Some(rule) {
             return Ok(());
         }
-        let new_key = |key: &PodKey, if_name: &str| rule.key(&key.network, &key.pod_namespace, &key.pod_name, if_name);
+        let new_key = |key: &PodKey, if_name: &str| {
+            rule.key(&key.network, &key.pod_namespace, &key.pod_name, if_name)
+        };
 
         let damaged = self.rekey_untrusted_owners(network, rule)?;
 
@@ -100,14 +130,24 @@ impl Store {
         let mut old_owners: Vec<PodKey> = Vec::new();
         let mut groups: BTreeMap<String, (PodKey, Vec<Ownership>)> = BTreeMap::new();
         for (_, loaded) in self.list_owners()? {
-            let Loaded::Valid(owner) = loaded else { continue };
+            let Loaded::Valid(owner) = loaded else {
+                continue;
+            };
             if owner.key.network != network || owner.key.rule() == rule {
                 continue;
             }
             for if_name in owner.interfaces() {
                 let key = new_key(&owner.key, if_name);
-                let part = Ownership { key: key.clone(), interfaces: vec![if_name.to_string()], ..owner.clone() };
-                groups.entry(key.digest()).or_insert_with(|| (key, Vec::new())).1.push(part);
+                let part = Ownership {
+                    key: key.clone(),
+                    interfaces: vec![if_name.to_string()],
+                    ..owner.clone()
+                };
+                groups
+                    .entry(key.digest())
+                    .or_insert_with(|| (key, Vec::new()))
+                    .1
+                    .push(part);
             }
             old_owners.push(owner.key);
         }
@@ -126,7 +166,9 @@ impl Store {
 
         // Deferred DELs: each written under its new key (durably) before the old goes.
         for (_, loaded) in self.list_deferred()? {
-            let Loaded::Valid(mut entry) = loaded else { continue };
+            let Loaded::Valid(mut entry) = loaded else {
+                continue;
+            };
             if entry.key.network != network || entry.key.rule() == rule {
                 continue;
             }
@@ -146,7 +188,9 @@ impl Store {
             // A name from a file is checked before it makes a path; one that is no digest
             // names no entry.
             entry.merged_from.retain(|digest| {
-                digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()) && !surely_absent(&self.ledger.join(digest))
+                digest.len() == 64
+                    && digest.bytes().all(|b| b.is_ascii_hexdigit())
+                    && !surely_absent(&self.ledger.join(digest))
             });
             if entry.key.network == network && entry.merged_from.len() < before {
                 self.save_ledger(&entry)?;
@@ -159,7 +203,9 @@ impl Store {
             }
             // Under "name-and-ifname" an entry of the whole pod cannot say which interface its
             // stale DELs came by: it stays where it is, history only.
-            let Some(if_name) = entry.key.if_name.clone() else { continue };
+            let Some(if_name) = entry.key.if_name.clone() else {
+                continue;
+            };
             let key = new_key(&entry.key, &if_name);
             let digest = entry.key.digest();
             match self.load_ledger(&key)? {
@@ -168,7 +214,11 @@ impl Store {
                     self.save_ledger(&there)?;
                 }
                 Loaded::Valid(_) => {}
-                _ => self.save_ledger(&LedgerEntry { key, merged_from: vec![digest], ..entry.clone() })?,
+                _ => self.save_ledger(&LedgerEntry {
+                    key,
+                    merged_from: vec![digest],
+                    ..entry.clone()
+                })?,
             }
             old_entries.push(entry.key);
         }
@@ -190,12 +240,20 @@ impl Store {
     /// rule names the old file, its key under `rule` where it must block now. A corrupt owner
     /// is set aside there, blocking (the DEL that needs it is refused, as before the move); a
     /// blocker is linked there, then the old name goes. Returns `damaged_owners` of what it found.
-    fn rekey_untrusted_owners(&self, network: &str, rule: PodKeyRule) -> Result<BTreeMap<String, Damaged>> {
+    fn rekey_untrusted_owners(
+        &self,
+        network: &str,
+        rule: PodKeyRule,
+    ) -> Result<BTreeMap<String, Damaged>> {
         let damaged = self.damaged_owners(network, rule, None, true)?;
         let mut old_blockers = Vec::new();
         for (_, loaded) in self.list_records()? {
-            let Loaded::Valid(record) = loaded else { continue };
-            let (Some(old), Some(new)) = (record.pod_key(other(rule)), record.pod_key(rule)) else { continue };
+            let Loaded::Valid(record) = loaded else {
+                continue;
+            };
+            let (Some(old), Some(new)) = (record.pod_key(other(rule)), record.pod_key(rule)) else {
+                continue;
+            };
             if record.network != network {
                 continue;
             }
@@ -203,7 +261,13 @@ impl Store {
             if !surely_absent(&blocker) {
                 let target = self.set_aside_path_for_owner(&new);
                 if surely_absent(&target) {
-                    std::fs::hard_link(&blocker, &target).map_err(|e| crate::error::GuardError::io("move a set-aside ownership to its new key", &blocker, e))?;
+                    std::fs::hard_link(&blocker, &target).map_err(|e| {
+                        crate::error::GuardError::io(
+                            "move a set-aside ownership to its new key",
+                            &blocker,
+                            e,
+                        )
+                    })?;
                     self.mark_dirty(2);
                 }
                 old_blockers.push(blocker);
@@ -226,27 +290,58 @@ impl Store {
     /// the damaged file may name the sandbox that took the pod last. `move_aside`: a corrupt
     /// file of the other rule is set aside where it blocks under `rule` (the re-key); without
     /// it nothing is written (a DEL judging a store that cannot be re-keyed).
-    pub fn damaged_owners(&self, network: &str, rule: PodKeyRule, pod: Option<(&str, &str)>, move_aside: bool) -> Result<BTreeMap<String, Damaged>> {
+    pub fn damaged_owners(
+        &self,
+        network: &str,
+        rule: PodKeyRule,
+        pod: Option<(&str, &str)>,
+        move_aside: bool,
+    ) -> Result<BTreeMap<String, Damaged>> {
         let mut damaged: BTreeMap<String, Damaged> = BTreeMap::new();
         let mut corrupt_old: BTreeMap<String, PathBuf> = BTreeMap::new();
         for (_, loaded) in self.list_records()? {
-            let Loaded::Valid(record) = loaded else { continue };
-            let (Some(old), Some(new)) = (record.pod_key(other(rule)), record.pod_key(rule)) else { continue };
-            if record.network != network || pod.is_some_and(|(ns, name)| (ns, name) != (new.pod_namespace.as_str(), new.pod_name.as_str())) {
+            let Loaded::Valid(record) = loaded else {
+                continue;
+            };
+            let (Some(old), Some(new)) = (record.pod_key(other(rule)), record.pod_key(rule)) else {
+                continue;
+            };
+            if record.network != network
+                || pod.is_some_and(|(ns, name)| {
+                    (ns, name) != (new.pod_namespace.as_str(), new.pod_name.as_str())
+                })
+            {
                 continue;
             }
             if !corrupt_old.contains_key(&old.digest())
                 && let Loaded::Corrupt { path, .. } = self.load_owner(&old)?
                 && !surely_absent(&path)
             {
-                let kept = if move_aside { self.set_aside(&path, &self.set_aside_path_for_owner(&new), true)? } else { path };
+                let kept = if move_aside {
+                    self.set_aside(&path, &self.set_aside_path_for_owner(&new), true)?
+                } else {
+                    path
+                };
                 corrupt_old.insert(old.digest(), kept);
             }
-            let file = corrupt_old.get(&old.digest()).cloned().into_iter()
-                .chain([self.set_aside_path_for_owner(&old), self.set_aside_path_for_owner(&new)].into_iter().filter(|path| !surely_absent(path)))
+            let file = corrupt_old
+                .get(&old.digest())
+                .cloned()
+                .into_iter()
+                .chain(
+                    [
+                        self.set_aside_path_for_owner(&old),
+                        self.set_aside_path_for_owner(&new),
+                    ]
+                    .into_iter()
+                    .filter(|path| !surely_absent(path)),
+                )
                 .next();
             if let Some(file) = file {
-                let found = damaged.entry(new.digest()).or_insert(Damaged { file, generation: 0 });
+                let found = damaged.entry(new.digest()).or_insert(Damaged {
+                    file,
+                    generation: 0,
+                });
                 found.generation = found.generation.max(record.generation);
             }
         }
@@ -275,7 +370,16 @@ mod tests {
     /// 2; two stale DELs of A refused under B's key.
     fn leave_old_files(store: &Store) {
         for (container, if_name, generation) in [("A", "net1", 1), ("B", "net2", 2)] {
-            store.save_owner(&ownership::taken(&old_key(if_name), container, if_name, None, generation, None)).unwrap();
+            store
+                .save_owner(&ownership::taken(
+                    &old_key(if_name),
+                    container,
+                    if_name,
+                    None,
+                    generation,
+                    None,
+                ))
+                .unwrap();
         }
         store.sync().unwrap();
     }
@@ -287,7 +391,9 @@ mod tests {
         let store = Store::open(&root, Duration::from_secs(1)).unwrap();
         leave_old_files(&store);
         for _ in 0..2 {
-            store.note_stale_del(&old_key("net2"), Handled::Refused, "A", "B", 2).unwrap();
+            store
+                .note_stale_del(&old_key("net2"), Handled::Refused, "A", "B", 2)
+                .unwrap();
         }
         store.sync().unwrap();
         let old_ledger = std::fs::read(root.join("ledger").join(old_key("net2").digest())).unwrap();
@@ -295,26 +401,54 @@ mod tests {
         store.rekey("net", PodKeyRule::Name).unwrap();
         let new_key = PodKeyRule::Name.key("net", "lijiaob", "etcd1-0", "net2");
         let check = |store: &Store| {
-            let Loaded::Valid(owner) = store.load_owner(&new_key).unwrap() else { panic!("no owner under the name key") };
-            assert_eq!((owner.container_id.as_str(), owner.generation, owner.interfaces()), ("B", 2, vec!["net2"]));
-            let Loaded::Valid(ledger) = store.load_ledger(&new_key).unwrap() else { panic!("no ledger entry") };
+            let Loaded::Valid(owner) = store.load_owner(&new_key).unwrap() else {
+                panic!("no owner under the name key")
+            };
+            assert_eq!(
+                (
+                    owner.container_id.as_str(),
+                    owner.generation,
+                    owner.interfaces()
+                ),
+                ("B", 2, vec!["net2"])
+            );
+            let Loaded::Valid(ledger) = store.load_ledger(&new_key).unwrap() else {
+                panic!("no ledger entry")
+            };
             assert_eq!(ledger.refused, 2);
-            assert_eq!(store.list_owners().unwrap().len(), 1, "the old owners are gone");
-            assert_eq!(store.list_ledger().unwrap().len(), 1, "the old entry is gone");
+            assert_eq!(
+                store.list_owners().unwrap().len(),
+                1,
+                "the old owners are gone"
+            );
+            assert_eq!(
+                store.list_ledger().unwrap().len(),
+                1,
+                "the old entry is gone"
+            );
         };
         check(&store);
 
         // A crash after the new files were durable, before the old ones and the marker went.
         leave_old_files(&store);
-        std::fs::write(root.join("ledger").join(old_key("net2").digest()), &old_ledger).unwrap();
+        std::fs::write(
+            root.join("ledger").join(old_key("net2").digest()),
+            &old_ledger,
+        )
+        .unwrap();
         std::fs::remove_file(root.join(POD_KEYS).join("net")).unwrap();
         store.rekey("net", PodKeyRule::Name).unwrap();
         check(&store);
 
         // And back to one key per interface: each interface's key gets the owner that held it.
         store.rekey("net", PodKeyRule::NameAndIfname).unwrap();
-        let Loaded::Valid(owner) = store.load_owner(&old_key("net2")).unwrap() else { panic!("no owner of net2") };
-        assert_eq!((owner.container_id.as_str(), owner.key.if_name.as_deref()), ("B", Some("net2")));
+        let Loaded::Valid(owner) = store.load_owner(&old_key("net2")).unwrap() else {
+            panic!("no owner of net2")
+        };
+        assert_eq!(
+            (owner.container_id.as_str(), owner.key.if_name.as_deref()),
+            ("B", Some("net2"))
+        );
         assert_eq!(marked(&root, "net"), Some(PodKeyRule::NameAndIfname));
         let _ = std::fs::remove_dir_all(&root);
     }
@@ -325,7 +459,12 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
         let store = Store::open(&root, Duration::from_secs(1)).unwrap();
         leave_old_files(&store);
-        let count = |store: &Store, key: &PodKey| store.note_stale_del(key, Handled::Refused, "A", "B", 2).and_then(|()| store.sync()).unwrap();
+        let count = |store: &Store, key: &PodKey| {
+            store
+                .note_stale_del(key, Handled::Refused, "A", "B", 2)
+                .and_then(|()| store.sync())
+                .unwrap()
+        };
         let name_key = PodKeyRule::Name.key("net", "lijiaob", "etcd1-0", "net2");
         let refused = |store: &Store| match store.load_ledger(&name_key).unwrap() {
             Loaded::Valid(entry) => entry.refused,
@@ -342,7 +481,11 @@ mod tests {
         count(&store, &old_key("net2"));
         // And back: all five are the pod's.
         store.rekey("net", PodKeyRule::Name).unwrap();
-        assert_eq!(refused(&store), 5, "the refusals made under name-and-ifname are kept");
+        assert_eq!(
+            refused(&store),
+            5,
+            "the refusals made under name-and-ifname are kept"
+        );
         let _ = std::fs::remove_dir_all(&root);
     }
 }

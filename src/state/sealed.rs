@@ -24,7 +24,10 @@ pub enum Loaded<T> {
     Missing,
     Valid(T),
     /// The file exists but fails its checksum or does not decode: never trusted.
-    Corrupt { path: PathBuf, reason: String },
+    Corrupt {
+        path: PathBuf,
+        reason: String,
+    },
 }
 
 /// Opens without following a symlink and without blocking on a planted FIFO.
@@ -41,7 +44,9 @@ pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Loaded::Missing),
         Err(e) => return Err(GuardError::io("open checkpoint", path, e)),
     };
-    let meta = file.metadata().map_err(|e| GuardError::io("stat checkpoint", path, e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| GuardError::io("stat checkpoint", path, e))?;
     if !meta.file_type().is_file() {
         return Err(GuardError::io(
             "read checkpoint",
@@ -54,14 +59,22 @@ pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
     if meta.len() > MAX_SEALED_FILE {
         return Ok(Loaded::Corrupt {
             path: path.to_path_buf(),
-            reason: format!("it is {} bytes, larger than any checkpoint ({MAX_SEALED_FILE})", meta.len()),
+            reason: format!(
+                "it is {} bytes, larger than any checkpoint ({MAX_SEALED_FILE})",
+                meta.len()
+            ),
         });
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(MAX_SEALED_FILE).read_to_end(&mut bytes).map_err(|e| GuardError::io("read checkpoint", path, e))?;
+    file.take(MAX_SEALED_FILE)
+        .read_to_end(&mut bytes)
+        .map_err(|e| GuardError::io("read checkpoint", path, e))?;
     Ok(match verify::<T>(&bytes) {
         Ok(value) => Loaded::Valid(value),
-        Err(reason) => Loaded::Corrupt { path: path.to_path_buf(), reason },
+        Err(reason) => Loaded::Corrupt {
+            path: path.to_path_buf(),
+            reason,
+        },
     })
 }
 
@@ -101,14 +114,21 @@ pub fn read_entry<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
 /// durable, as before: longer than PATH_MAX - 1, or than the file system keeps (ENAMETOOLONG:
 /// XFS keeps 1,024 bytes, ext4 a block, 1 KiB on a small one; a pod's longest names and some
 /// twenty interfaces come past that).
-pub fn write_entry<T: Serialize>(dir: &Path, name: &str, value: &T, durability: Durability) -> io::Result<()> {
+pub fn write_entry<T: Serialize>(
+    dir: &Path,
+    name: &str,
+    value: &T,
+    durability: Durability,
+) -> io::Result<()> {
     let sealed = seal(value);
     let text = sealed.strip_suffix(b"\n").unwrap_or(&sealed);
     if text.len() > MAX_LINK_TARGET {
         return replace(dir, name, &sealed, durability);
     }
     match write_link(dir, name, text) {
-        Err(e) if e.raw_os_error() == Some(nix::libc::ENAMETOOLONG) => replace(dir, name, &sealed, durability),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ENAMETOOLONG) => {
+            replace(dir, name, &sealed, durability)
+        }
         done => done,
     }
 }
@@ -140,12 +160,20 @@ fn verify<T: DeserializeOwned>(bytes: &[u8]) -> std::result::Result<T, String> {
         #[serde(borrow)]
         record: &'a RawValue,
     }
-    let envelope: Envelope = serde_json::from_slice(bytes).map_err(|e| format!("not a sealed checkpoint: {e}"))?;
-    let expected = format!("sha256:{}", hex(&Sha256::digest(envelope.record.get().as_bytes())));
+    let envelope: Envelope =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a sealed checkpoint: {e}"))?;
+    let expected = format!(
+        "sha256:{}",
+        hex(&Sha256::digest(envelope.record.get().as_bytes()))
+    );
     if envelope.checksum != expected {
-        return Err(format!("checksum mismatch: file says {}, content hashes to {expected}", envelope.checksum));
+        return Err(format!(
+            "checksum mismatch: file says {}, content hashes to {expected}",
+            envelope.checksum
+        ));
     }
-    serde_json::from_str(envelope.record.get()).map_err(|e| format!("checksum holds but the record does not decode: {e}"))
+    serde_json::from_str(envelope.record.get())
+        .map_err(|e| format!("checksum holds but the record does not decode: {e}"))
 }
 
 pub fn seal<T: Serialize>(value: &T) -> Vec<u8> {
@@ -172,7 +200,12 @@ pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<()> {
 pub fn write_unsynced<T: Serialize>(dir: &Path, name: &str, value: &T, new: bool) -> Result<File> {
     let path = dir.join(name);
     let sealed = seal(value);
-    let written = if new { link_new(dir, &path, &sealed) } else { None }.unwrap_or_else(|| {
+    let written = if new {
+        link_new(dir, &path, &sealed)
+    } else {
+        None
+    }
+    .unwrap_or_else(|| {
         let temp = temp_path(dir);
         let written = write_temp(&temp, &sealed, Durability::Hint)
             .and_then(|file| fs::rename(&temp, &path).map(|()| file));
@@ -214,7 +247,8 @@ pub enum Durability {
 /// Replaces `dir/name` atomically with `bytes` (temp file in the same directory, rename).
 pub fn replace(dir: &Path, name: &str, bytes: &[u8], durability: Durability) -> io::Result<()> {
     let temp = temp_path(dir);
-    let written = write_temp(&temp, bytes, durability).and_then(|_| fs::rename(&temp, dir.join(name)));
+    let written =
+        write_temp(&temp, bytes, durability).and_then(|_| fs::rename(&temp, dir.join(name)));
     if written.is_err() {
         // Leave nothing half-written behind, even on ENOSPC.
         let _ = fs::remove_file(&temp);
@@ -264,8 +298,14 @@ mod tests {
     fn round_trip_and_tamper() {
         let sealed = seal(&serde_json::json!({"a": 1}));
         assert!(verify::<serde_json::Value>(&sealed).is_ok());
-        let tampered = String::from_utf8(sealed).unwrap().replace("\"a\":1", "\"a\":2");
-        assert!(verify::<serde_json::Value>(tampered.as_bytes()).unwrap_err().contains("checksum mismatch"));
+        let tampered = String::from_utf8(sealed)
+            .unwrap()
+            .replace("\"a\":1", "\"a\":2");
+        assert!(
+            verify::<serde_json::Value>(tampered.as_bytes())
+                .unwrap_err()
+                .contains("checksum mismatch")
+        );
         assert!(verify::<serde_json::Value>(b"{\"checksum\":").is_err());
     }
 }

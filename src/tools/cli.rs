@@ -17,11 +17,11 @@ use std::time::Duration;
 use lexopt::Arg;
 
 use crate::cni::config::DEFAULT_STATE_DIR;
+use crate::error::Kind;
+use crate::names;
 use crate::tools::doctor;
 use crate::tools::dump::{self, Filter, Format};
 use crate::tools::install;
-use crate::error::Kind;
-use crate::names;
 use crate::tools::restore::{self, Selection};
 
 /// How long a command waits for the state dir's lock unless `--lock-timeout` says otherwise.
@@ -193,21 +193,32 @@ pub fn run(args: &[String]) -> i32 {
         Ok(Command::Doctor(options)) => doctor::run(&options),
         Ok(Command::Install(options)) => install::run_install(&options),
         Ok(Command::Uninstall(options)) => install::run_uninstall(&options),
-        Ok(Command::Restore { state_dir, selection, dry_run, lock_timeout }) => {
-            restore::run(&state_dir, &selection, dry_run, lock_timeout)
-        }
-        Ok(Command::Dump { state_dir, format, filter, lock_timeout }) => {
-            match dump::run(&state_dir, format, &filter, lock_timeout) {
-                Ok(()) => 0,
-                Err(err) => {
-                    eprintln!("sandbox-guard: {err}");
-                    1
-                }
+        Ok(Command::Restore {
+            state_dir,
+            selection,
+            dry_run,
+            lock_timeout,
+        }) => restore::run(&state_dir, &selection, dry_run, lock_timeout),
+        Ok(Command::Dump {
+            state_dir,
+            format,
+            filter,
+            lock_timeout,
+        }) => match dump::run(&state_dir, format, &filter, lock_timeout) {
+            Ok(()) => 0,
+            Err(err) => {
+                eprintln!("sandbox-guard: {err}");
+                1
             }
-        }
+        },
         Err(usage) => {
-            let help = usage.mode.map_or(String::new(), |mode| format!("{} ", mode.flag()));
-            eprintln!("sandbox-guard: {}\nRun 'sandbox-guard {help}--help' for the usage.", usage.msg);
+            let help = usage
+                .mode
+                .map_or(String::new(), |mode| format!("{} ", mode.flag()));
+            eprintln!(
+                "sandbox-guard: {}\nRun 'sandbox-guard {help}--help' for the usage.",
+                usage.msg
+            );
             2
         }
     }
@@ -217,8 +228,18 @@ enum Command {
     /// The overview, or one mode's usage.
     Help(Option<Mode>),
     Version,
-    Dump { state_dir: PathBuf, format: Format, filter: Filter, lock_timeout: Duration },
-    Restore { state_dir: PathBuf, selection: Selection, dry_run: bool, lock_timeout: Duration },
+    Dump {
+        state_dir: PathBuf,
+        format: Format,
+        filter: Filter,
+        lock_timeout: Duration,
+    },
+    Restore {
+        state_dir: PathBuf,
+        selection: Selection,
+        dry_run: bool,
+        lock_timeout: Duration,
+    },
     Doctor(doctor::Options),
     Install(install::Options),
     Uninstall(install::Options),
@@ -392,15 +413,25 @@ impl Opt {
             Opt::ConfDir => &[Mode::Doctor, Mode::Install, Mode::Uninstall],
             Opt::LogFile => &[Mode::Doctor, Mode::Install],
             Opt::ServiceCidr => &[Mode::Doctor],
-            Opt::BinDir | Opt::Network | Opt::Platform | Opt::HostRoot => &[Mode::Install, Mode::Uninstall],
-            Opt::InstallMode | Opt::Watch | Opt::Entry | Opt::EntryFile | Opt::Check | Opt::MetricsFile => &[Mode::Install],
+            Opt::BinDir | Opt::Network | Opt::Platform | Opt::HostRoot => {
+                &[Mode::Install, Mode::Uninstall]
+            }
+            Opt::InstallMode
+            | Opt::Watch
+            | Opt::Entry
+            | Opt::EntryFile
+            | Opt::Check
+            | Opt::MetricsFile => &[Mode::Install],
             Opt::RemoveBinary => &[Mode::Uninstall],
             Opt::Force => &[Mode::Install, Mode::Uninstall],
         }
     }
 
     fn takes_value(self) -> bool {
-        !matches!(self, Opt::All | Opt::DryRun | Opt::Watch | Opt::RemoveBinary | Opt::Check | Opt::Force)
+        !matches!(
+            self,
+            Opt::All | Opt::DryRun | Opt::Watch | Opt::RemoveBinary | Opt::Check | Opt::Force
+        )
     }
 
     fn repeatable(self) -> bool {
@@ -429,7 +460,9 @@ fn fail(mode: Option<Mode>, msg: String) -> Usage {
 fn parse(args: &[String]) -> Result<Command, Usage> {
     // The mode is named first as a rule, but a usage error or `--help` before it still
     // points to that mode's help.
-    let named_mode = args.iter().find_map(|arg| arg.strip_prefix("--").and_then(Mode::from_long));
+    let named_mode = args
+        .iter()
+        .find_map(|arg| arg.strip_prefix("--").and_then(Mode::from_long));
 
     let mut parser = lexopt::Parser::from_args(args);
     let mut mode = None;
@@ -451,22 +484,30 @@ fn parse(args: &[String]) -> Result<Command, Usage> {
                 if let Some(new) = Mode::from_long(name) {
                     match mode {
                         None => mode = Some(new),
-                        Some(old) if old == new => return Err(fail(mode, format!("{} given twice", new.flag()))),
+                        Some(old) if old == new => {
+                            return Err(fail(mode, format!("{} given twice", new.flag())));
+                        }
                         Some(old) => {
                             return Err(fail(
                                 None,
-                                format!("{} and {} are separate modes: give one of them", old.flag(), new.flag()),
+                                format!(
+                                    "{} and {} are separate modes: give one of them",
+                                    old.flag(),
+                                    new.flag()
+                                ),
                             ));
                         }
                     }
                     continue;
                 }
                 let known = Opt::from_long(name);
-                known.ok_or_else(|| fail(mode.or(named_mode), format!("unknown option --{name}")))?
+                known
+                    .ok_or_else(|| fail(mode.or(named_mode), format!("unknown option --{name}")))?
             }
             Arg::Short(short) => {
                 let known = Opt::from_short(short);
-                known.ok_or_else(|| fail(mode.or(named_mode), format!("unknown option -{short}")))?
+                known
+                    .ok_or_else(|| fail(mode.or(named_mode), format!("unknown option -{short}")))?
             }
         };
         let value = if opt.takes_value() {
@@ -475,7 +516,12 @@ fn parse(args: &[String]) -> Result<Command, Usage> {
                 Some(value) => value,
                 None => match parser.value() {
                     Ok(value) if !is_flag(&value.to_string_lossy()) => value,
-                    Ok(_) | Err(_) => return Err(fail(mode.or(named_mode), format!("{} needs a value", opt.flag()))),
+                    Ok(_) | Err(_) => {
+                        return Err(fail(
+                            mode.or(named_mode),
+                            format!("{} needs a value", opt.flag()),
+                        ));
+                    }
                 },
             };
             Some(value.to_string_lossy().into_owned())
@@ -487,7 +533,8 @@ fn parse(args: &[String]) -> Result<Command, Usage> {
     let Some(mode) = mode else {
         return Err(fail(
             None,
-            "no mode given: use --dump-checkpoints, --restore, --doctor, --install or --uninstall".to_string(),
+            "no mode given: use --dump-checkpoints, --restore, --doctor, --install or --uninstall"
+                .to_string(),
         ));
     };
     build(mode, given).map_err(|msg| fail(Some(mode), msg))
@@ -495,9 +542,14 @@ fn parse(args: &[String]) -> Result<Command, Usage> {
 
 fn lexopt_message(err: lexopt::Error) -> String {
     match err {
-        lexopt::Error::MissingValue { option: Some(option) } => format!("{option} needs a value"),
+        lexopt::Error::MissingValue {
+            option: Some(option),
+        } => format!("{option} needs a value"),
         lexopt::Error::UnexpectedValue { option, value } => {
-            format!("{option} takes no value (got {:?})", value.to_string_lossy())
+            format!(
+                "{option} takes no value (got {:?})",
+                value.to_string_lossy()
+            )
         }
         other => other.to_string(),
     }
@@ -514,8 +566,14 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
     let (mut conf_dir, mut log_file, mut service_cidrs) = (None, None, Vec::new());
     let (mut bin_dir, mut network, mut install_mode, mut watch, mut remove_binary, mut force) =
         (None, None, install::Mode::Chained, false, false, false);
-    let (mut platform, mut host_root, mut entry_keys, mut entry_file, mut check, mut metrics_file) =
-        (install::Platform::Default, None, Vec::new(), None, false, None);
+    let (mut platform, mut host_root, mut entry_keys, mut entry_file, mut check, mut metrics_file) = (
+        install::Platform::Default,
+        None,
+        Vec::new(),
+        None,
+        false,
+        None,
+    );
     for item in given {
         let (opt, value) = match item {
             Given::Opt(opt, value) => (opt, value.unwrap_or_default()),
@@ -530,17 +588,28 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                     ));
                 }
                 Mode::Doctor | Mode::Install | Mode::Uninstall => {
-                    return Err(format!("unexpected argument {id:?}: {} takes options only", mode.flag()));
+                    return Err(format!(
+                        "unexpected argument {id:?}: {} takes options only",
+                        mode.flag()
+                    ));
                 }
             },
         };
         let flag = opt.flag();
         if !opt.modes().contains(&mode) {
             let owners: Vec<&str> = opt.modes().iter().map(|m| m.flag()).collect();
-            return Err(format!("{flag} belongs to {}, not {}", owners.join(" and "), mode.flag()));
+            return Err(format!(
+                "{flag} belongs to {}, not {}",
+                owners.join(" and "),
+                mode.flag()
+            ));
         }
         if seen.contains(&opt) && !opt.repeatable() {
-            let once = if opt.takes_value() { ": it takes one value" } else { "" };
+            let once = if opt.takes_value() {
+                ": it takes one value"
+            } else {
+                ""
+            };
             return Err(format!("{flag} given twice{once}"));
         }
         seen.push(opt);
@@ -551,7 +620,11 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
             Opt::StateDir => state_dir = Some(PathBuf::from(value)),
             Opt::LockTimeout => {
                 // The same bounds as the config's lockTimeoutSeconds.
-                let seconds = value.parse::<f64>().map_err(|_| format!("{flag} {value:?}: give a non-negative number of seconds, such as 10 or 0.5"))?;
+                let seconds = value.parse::<f64>().map_err(|_| {
+                    format!(
+                        "{flag} {value:?}: give a non-negative number of seconds, such as 10 or 0.5"
+                    )
+                })?;
                 lock_timeout = crate::cni::config::lock_timeout(flag, seconds)?;
             }
             Opt::Output => {
@@ -572,35 +645,50 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
             Opt::BinDir => bin_dir = Some(PathBuf::from(value)),
             Opt::Network => network = Some(value),
             Opt::InstallMode => {
-                install_mode = install::Mode::parse(&value).ok_or_else(|| format!("{flag} {value:?}: use chained, delegate or dropin"))?
+                install_mode = install::Mode::parse(&value)
+                    .ok_or_else(|| format!("{flag} {value:?}: use chained, delegate or dropin"))?
             }
             Opt::Watch => watch = true,
             Opt::RemoveBinary => remove_binary = true,
             Opt::Force => force = true,
             Opt::Platform => {
-                platform = install::Platform::parse(&value).ok_or_else(|| format!("{flag} {value:?}: use auto, default, gke, k3s or openshift"))?
+                platform = install::Platform::parse(&value).ok_or_else(|| {
+                    format!("{flag} {value:?}: use auto, default, gke, k3s or openshift")
+                })?
             }
             Opt::HostRoot => host_root = Some(PathBuf::from(value)),
             Opt::Entry => entry_keys = install::entry_keys(&value, flag)?,
             Opt::EntryFile => entry_file = Some(PathBuf::from(value)),
             Opt::Check => check = true,
             Opt::MetricsFile => metrics_file = Some(PathBuf::from(value)),
-            Opt::ServiceCidr => service_cidrs.push(value.parse().map_err(|e| format!("{flag} {value:?}: {e}"))?),
+            Opt::ServiceCidr => service_cidrs.push(
+                value
+                    .parse()
+                    .map_err(|e| format!("{flag} {value:?}: {e}"))?,
+            ),
         }
     }
     let absolute = |flag: &str, path: Option<PathBuf>| match path {
-        Some(path) if path.is_relative() => Err(format!("{flag} {}: give an absolute path (the runtime reads the entry from anywhere)", path.display())),
+        Some(path) if path.is_relative() => Err(format!(
+            "{flag} {}: give an absolute path (the runtime reads the entry from anywhere)",
+            path.display()
+        )),
         other => Ok(other),
     };
     Ok(match mode {
         Mode::Install | Mode::Uninstall => {
             if check && watch {
-                return Err("--check and --watch exclude each other: --check only looks".to_string());
+                return Err(
+                    "--check and --watch exclude each other: --check only looks".to_string()
+                );
             }
             if metrics_file.is_some() && !watch {
-                return Err("--metrics-file goes with --watch: it counts what the watch does".to_string());
+                return Err(
+                    "--metrics-file goes with --watch: it counts what the watch does".to_string(),
+                );
             }
-            let host_root = absolute("--host-root", host_root)?.unwrap_or_else(|| PathBuf::from("/"));
+            let host_root =
+                absolute("--host-root", host_root)?.unwrap_or_else(|| PathBuf::from("/"));
             let (platform_conf, platform_bin) = platform.dirs(&host_root);
             let options = install::Options {
                 conf_dir: conf_dir.unwrap_or(platform_conf),
@@ -620,7 +708,11 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                 check,
                 metrics_file,
             };
-            if mode == Mode::Install { Command::Install(options) } else { Command::Uninstall(options) }
+            if mode == Mode::Install {
+                Command::Install(options)
+            } else {
+                Command::Uninstall(options)
+            }
         }
         Mode::Dump => Command::Dump {
             state_dir: state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
@@ -632,7 +724,12 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
             let selection = match (all, container_ids.is_empty()) {
                 (true, true) => Selection::All,
                 (false, false) => Selection::ContainerIds(container_ids),
-                (true, false) => return Err("--all and container IDs exclude each other: give one of the two".to_string()),
+                (true, false) => {
+                    return Err(
+                        "--all and container IDs exclude each other: give one of the two"
+                            .to_string(),
+                    );
+                }
                 (false, true) => return Err("--restore needs --all or container IDs".to_string()),
             };
             Command::Restore {
@@ -644,7 +741,11 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
         }
         Mode::Doctor => {
             if service_cidrs.is_empty() {
-                service_cidrs.push(doctor::DEFAULT_SERVICE_CIDR.parse().map_err(|e| format!("{e}"))?);
+                service_cidrs.push(
+                    doctor::DEFAULT_SERVICE_CIDR
+                        .parse()
+                        .map_err(|e| format!("{e}"))?,
+                );
             }
             Command::Doctor(doctor::Options {
                 conf_dir: conf_dir.unwrap_or_else(|| PathBuf::from(doctor::DEFAULT_CONF_DIR)),
@@ -666,7 +767,8 @@ fn container_id(what: &str, id: String) -> Result<String, String> {
     if id.is_empty() {
         return Err(format!("{what} is empty: give an ID or a prefix of one"));
     }
-    names::check_plain(what, &id, names::MAX_CONTAINER_ID, Kind::InvalidEnvironment).map_err(|err| err.msg)?;
+    names::check_plain(what, &id, names::MAX_CONTAINER_ID, Kind::InvalidEnvironment)
+        .map_err(|err| err.msg)?;
     Ok(id)
 }
 
@@ -702,7 +804,12 @@ mod tests {
 
     #[test]
     fn doctor_state_dir_only_when_given() {
-        match parse_words(&["--doctor", "--service-cidr", "10.0.0.0/16", "--service-cidr=fd00::/108"]) {
+        match parse_words(&[
+            "--doctor",
+            "--service-cidr",
+            "10.0.0.0/16",
+            "--service-cidr=fd00::/108",
+        ]) {
             Ok(Command::Doctor(options)) => {
                 assert_eq!(options.state_dir, None);
                 assert_eq!(options.service_cidrs.len(), 2);
@@ -713,7 +820,10 @@ mod tests {
         match parse_words(&["--doctor", "--state-dir=/s", "-o", "json"]) {
             Ok(Command::Doctor(options)) => {
                 assert_eq!(options.state_dir, Some(PathBuf::from("/s")));
-                assert_eq!(options.service_cidrs, vec![doctor::DEFAULT_SERVICE_CIDR.parse().unwrap()]);
+                assert_eq!(
+                    options.service_cidrs,
+                    vec![doctor::DEFAULT_SERVICE_CIDR.parse().unwrap()]
+                );
                 assert!(matches!(options.format, Format::Json));
             }
             other => panic!("{other:?}"),
@@ -723,13 +833,22 @@ mod tests {
     #[test]
     fn restore_selection() {
         match parse_words(&["--restore", "abc", "--dry-run", "d.e_f-1"]) {
-            Ok(Command::Restore { selection: Selection::ContainerIds(ids), dry_run: true, .. }) => {
+            Ok(Command::Restore {
+                selection: Selection::ContainerIds(ids),
+                dry_run: true,
+                ..
+            }) => {
                 assert_eq!(ids, ["abc", "d.e_f-1"])
             }
             other => panic!("{other:?}"),
         }
         match parse_words(&["--restore", "--all"]) {
-            Ok(Command::Restore { selection: Selection::All, dry_run: false, state_dir, .. }) => {
+            Ok(Command::Restore {
+                selection: Selection::All,
+                dry_run: false,
+                state_dir,
+                ..
+            }) => {
                 assert_eq!(state_dir, PathBuf::from(DEFAULT_STATE_DIR))
             }
             other => panic!("{other:?}"),
@@ -741,7 +860,9 @@ mod tests {
         let err = parse_words(&["--dump-checkpoints", "--pod", "--restore"]).unwrap_err();
         assert_eq!(err.msg, "--pod needs a value");
         match parse_words(&["--dump-checkpoints", "--pod=--restore"]) {
-            Ok(Command::Dump { filter, .. }) => assert_eq!(filter.pod_name.as_deref(), Some("--restore")),
+            Ok(Command::Dump { filter, .. }) => {
+                assert_eq!(filter.pod_name.as_deref(), Some("--restore"))
+            }
             other => panic!("{other:?}"),
         }
     }

@@ -13,15 +13,15 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use crate::cni::result::ResultView;
 use crate::error::{GuardError, Kind, Result};
 use crate::kernel::link_facts::LinkFacts;
-use crate::cni::result::ResultView;
 use crate::state::checkpoint::{Checkpoint, split_file_name};
 use crate::state::deferred::DeferredDel;
 use crate::state::ledger::LedgerEntry;
-use crate::state::ownership::PodKey;
-use crate::state::ownership::Ownership;
 use crate::state::lock::WaitNotice;
+use crate::state::ownership::Ownership;
+use crate::state::ownership::PodKey;
 use crate::state::{Folder, Loaded, READ_BATCH, Store, read_entry_for_listing};
 
 #[derive(Debug, Clone, Copy)]
@@ -41,17 +41,35 @@ pub struct Filter {
 
 impl Filter {
     fn admits(&self, record: &Checkpoint) -> bool {
-        self.admits_fields(record.pod_namespace.as_deref(), record.pod_name.as_deref(), record.pod_uid.as_deref(), Some(&record.container_id))
+        self.admits_fields(
+            record.pod_namespace.as_deref(),
+            record.pod_name.as_deref(),
+            record.pod_uid.as_deref(),
+            Some(&record.container_id),
+        )
     }
 
-    fn admits_fields(&self, namespace: Option<&str>, name: Option<&str>, uid: Option<&str>, container_id: Option<&str>) -> bool {
-        let same = |want: &Option<String>, have: Option<&str>| want.as_deref().is_none_or(|want| Some(want) == have);
-        same(&self.namespace, namespace) && same(&self.pod_name, name) && same(&self.pod_uid, uid) && self.admits_container(container_id)
+    fn admits_fields(
+        &self,
+        namespace: Option<&str>,
+        name: Option<&str>,
+        uid: Option<&str>,
+        container_id: Option<&str>,
+    ) -> bool {
+        let same = |want: &Option<String>, have: Option<&str>| {
+            want.as_deref().is_none_or(|want| Some(want) == have)
+        };
+        same(&self.namespace, namespace)
+            && same(&self.pod_name, name)
+            && same(&self.pod_uid, uid)
+            && self.admits_container(container_id)
     }
 
     /// An untrusted file may belong to any pod, so only a container-ID filter can rule it out.
     fn admits_container(&self, container_id: Option<&str>) -> bool {
-        self.container_id.as_deref().is_none_or(|want| container_id.is_some_and(|id| id.starts_with(want)))
+        self.container_id
+            .as_deref()
+            .is_none_or(|want| container_id.is_some_and(|id| id.starts_with(want)))
     }
 }
 
@@ -150,11 +168,19 @@ struct RouteRow {
 /// record may carry a prevResult of up to 1 MiB.
 const BATCH_BYTES: usize = 1 << 20;
 
-pub fn run(state_dir: &Path, format: Format, filter: &Filter, lock_timeout: Duration) -> Result<()> {
+pub fn run(
+    state_dir: &Path,
+    format: Format,
+    filter: &Filter,
+    lock_timeout: Duration,
+) -> Result<()> {
     if std::fs::symlink_metadata(state_dir).is_err() {
         return Err(GuardError::new(
             Kind::Io,
-            format!("no state directory at {}: pass --state-dir with the plugin's stateDir", state_dir.display()),
+            format!(
+                "no state directory at {}: pass --state-dir with the plugin's stateDir",
+                state_dir.display()
+            ),
         ));
     }
     let store = Store::open_read_only(state_dir)?;
@@ -166,7 +192,10 @@ pub fn run(state_dir: &Path, format: Format, filter: &Filter, lock_timeout: Dura
         // A reader that stops early (`| head`) is not an error.
         .or_else(|e| match e {
             DumpError::Write(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
-            DumpError::Write(e) => Err(GuardError::new(Kind::Io, format!("cannot write the dump: {e}"))),
+            DumpError::Write(e) => Err(GuardError::new(
+                Kind::Io,
+                format!("cannot write the dump: {e}"),
+            )),
             DumpError::Store(e) => Err(e),
         })
 }
@@ -189,7 +218,12 @@ impl From<io::Error> for DumpError {
 }
 
 /// Renders under the lock into `batch`, writes with the lock let go.
-fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: Duration) -> std::result::Result<(), DumpError> {
+fn write_all(
+    store: &Store,
+    filter: &Filter,
+    sink: &mut dyn Sink,
+    lock_timeout: Duration,
+) -> std::result::Result<(), DumpError> {
     let notice = WaitNotice::new(store.root(), lock_timeout);
     let on_wait = |holder: &str| notice.hear(holder);
     let mut out = io::stdout().lock();
@@ -201,7 +235,11 @@ fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: 
     // Small and bounded (`state::ledger`): read once, shown on the owners' rows.
     let ledger: std::collections::HashMap<PodKey, LedgerEntry> = {
         let _lock = store.read_lock(lock_timeout, &on_wait)?;
-        store.list_ledger()?.into_iter().map(|entry| (entry.key.clone(), entry)).collect()
+        store
+            .list_ledger()?
+            .into_iter()
+            .map(|entry| (entry.key.clone(), entry))
+            .collect()
     };
     loop {
         batch.clear();
@@ -209,7 +247,9 @@ fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: 
         {
             let _lock = store.read_lock(lock_timeout, &on_wait)?;
             for path in paths.by_ref() {
-                owning += usize::from(record_rows(store, filter, &ledger, &path?, sink, &mut batch)?);
+                owning += usize::from(record_rows(
+                    store, filter, &ledger, &path?, sink, &mut batch,
+                )?);
                 read += 1;
                 if read == READ_BATCH || batch.len() >= BATCH_BYTES {
                     break;
@@ -225,9 +265,15 @@ fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: 
     batch.clear();
     for path in store.list_set_aside()? {
         let status = if crate::state::set_aside_blocks(&path) {
-            (Status::SetAside, "failed verification; it refuses the DELs that need it until you delete it")
+            (
+                Status::SetAside,
+                "failed verification; it refuses the DELs that need it until you delete it",
+            )
         } else {
-            (Status::Kept, "damaged and kept for inspection; it blocks nothing")
+            (
+                Status::Kept,
+                "damaged and kept for inspection; it blocks nothing",
+            )
         };
         let row = unverified_row(&path, status.0, status.1.to_string());
         if filter.admits_container(row.container_id) {
@@ -235,16 +281,23 @@ fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: 
         }
     }
     let orphans = if store.count(Folder::Owners)? > owning {
-        store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |path| match read_entry_for_listing::<Ownership>(path) {
-            Loaded::Valid(owner) if !store.owner_is_backed(&owner) => Some(owner),
-            _ => None,
+        store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |path| {
+            match read_entry_for_listing::<Ownership>(path) {
+                Loaded::Valid(owner) if !store.owner_is_backed(&owner) => Some(owner),
+                _ => None,
+            }
         })?
     } else {
         Vec::new()
     };
     for (_, owner) in &orphans {
         let row = orphan_row(owner);
-        if filter.admits_fields(row.pod_namespace, row.pod_name, row.pod_uid, row.container_id) {
+        if filter.admits_fields(
+            row.pod_namespace,
+            row.pod_name,
+            row.pod_uid,
+            row.container_id,
+        ) {
             sink.row(&mut batch, &row)?;
         }
     }
@@ -257,7 +310,12 @@ fn write_all(store: &Store, filter: &Filter, sink: &mut dyn Sink, lock_timeout: 
             Loaded::Valid(entry) => deferred_row(entry),
             _ => unverified_row(path, Status::Corrupt, "a deferred DEL that failed verification: GC leaves it; delete it once its sandbox is gone from the primary".to_string()),
         };
-        if filter.admits_fields(row.pod_namespace, row.pod_name, row.pod_uid, row.container_id) {
+        if filter.admits_fields(
+            row.pod_namespace,
+            row.pod_name,
+            row.pod_uid,
+            row.container_id,
+        ) {
             sink.row(&mut batch, &row)?;
         }
     }
@@ -287,10 +345,15 @@ fn record_rows(
                 sink.row(out, &row)?;
             }
             // Each owner file once, by its first interface.
-            Ok(owner.is_some_and(|owner| owner.interfaces().first() == Some(&record.if_name.as_str())))
+            Ok(owner
+                .is_some_and(|owner| owner.interfaces().first() == Some(&record.if_name.as_str())))
         }
         Loaded::Corrupt { path, reason } => {
-            let row = unverified_row(&path, Status::Corrupt, format!("failed verification: {reason}"));
+            let row = unverified_row(
+                &path,
+                Status::Corrupt,
+                format!("failed verification: {reason}"),
+            );
             if filter.admits_container(row.container_id) {
                 sink.row(out, &row)?;
             }
@@ -303,10 +366,15 @@ fn record_rows(
 /// The ownership of the record's pod that stands on this very attachment, under whichever
 /// `podKey` rule its network follows (the dump reads no config).
 fn owner_of(store: &Store, record: &Checkpoint) -> Option<Ownership> {
-    record.pod_keys().into_iter().find_map(|key| match store.load_owner(&key) {
-        Ok(Loaded::Valid(owner)) if owner.holds(&record.container_id, &record.if_name) => Some(owner),
-        _ => None,
-    })
+    record
+        .pod_keys()
+        .into_iter()
+        .find_map(|key| match store.load_owner(&key) {
+            Ok(Loaded::Valid(owner)) if owner.holds(&record.container_id, &record.if_name) => {
+                Some(owner)
+            }
+            _ => None,
+        })
 }
 
 fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultView>) -> Row<'a> {
@@ -321,13 +389,27 @@ fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultVi
         netns: Some(&record.netns),
         generation: Some(record.generation),
         owner,
-        ips: view.iter().flat_map(|v| v.ips.iter().map(|ip| ip.address.to_string())).collect(),
-        interfaces: view.iter().flat_map(|v| v.interfaces.iter()).map(|i| InterfaceRow {
-            name: &i.name,
-            mac: i.mac.as_deref(),
-            sandbox: i.sandbox.as_deref(),
-        }).collect(),
-        routes: view.iter().flat_map(|v| v.routes.iter()).map(|r| RouteRow { dst: r.dst.to_string(), gw: r.gw }).collect(),
+        ips: view
+            .iter()
+            .flat_map(|v| v.ips.iter().map(|ip| ip.address.to_string()))
+            .collect(),
+        interfaces: view
+            .iter()
+            .flat_map(|v| v.interfaces.iter())
+            .map(|i| InterfaceRow {
+                name: &i.name,
+                mac: i.mac.as_deref(),
+                sandbox: i.sandbox.as_deref(),
+            })
+            .collect(),
+        routes: view
+            .iter()
+            .flat_map(|v| v.routes.iter())
+            .map(|r| RouteRow {
+                dst: r.dst.to_string(),
+                gw: r.gw,
+            })
+            .collect(),
         cni_version: Some(&record.cni_version),
         created_at: Some(&record.created_at),
         updated_at: Some(&record.updated_at),
@@ -344,12 +426,22 @@ fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultVi
 
 /// A file that cannot be trusted: shown with what its name tells, never its content.
 fn unverified_row(path: &Path, status: Status, reason: String) -> Row<'_> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
     let (network, container_id, if_name) = match split_file_name(name) {
         Some((n, c, i)) => (Some(n), Some(c), Some(i)),
         None => (None, None, None),
     };
-    Row { network, container_id, if_name, set_aside: status != Status::Corrupt, path: Some(path), ..empty_row(status, reason) }
+    Row {
+        network,
+        container_id,
+        if_name,
+        set_aside: status != Status::Corrupt,
+        path: Some(path),
+        ..empty_row(status, reason)
+    }
 }
 
 fn orphan_row(owner: &Ownership) -> Row<'_> {
@@ -370,7 +462,10 @@ fn orphan_row(owner: &Ownership) -> Row<'_> {
 }
 
 fn deferred_row(entry: &DeferredDel) -> Row<'_> {
-    let view = entry.prev_result.as_deref().and_then(|raw| ResultView::parse(raw).ok());
+    let view = entry
+        .prev_result
+        .as_deref()
+        .and_then(|raw| ResultView::parse(raw).ok());
     let failures = match (entry.attempts, entry.last_error.as_deref()) {
         (0, _) => String::new(),
         (n, error) => format!("; {n} replays failed, the last: {}", error.unwrap_or("-")),
@@ -383,7 +478,10 @@ fn deferred_row(entry: &DeferredDel) -> Row<'_> {
         pod_name: Some(&entry.key.pod_name),
         pod_uid: entry.pod_uid.as_deref(),
         netns: Some(&entry.netns),
-        ips: view.iter().flat_map(|v| v.ips.iter().map(|ip| ip.address.to_string())).collect(),
+        ips: view
+            .iter()
+            .flat_map(|v| v.ips.iter().map(|ip| ip.address.to_string()))
+            .collect(),
         cni_version: Some(&entry.cni_version),
         created_at: Some(&entry.deferred_at),
         prev_result: entry.prev_result.as_deref(),
@@ -467,8 +565,17 @@ struct TableSink {
     by_status: [usize; 6],
 }
 
-const COLUMNS: [(&str, usize); 9] =
-    [("POD", 28), ("CONTAINER", 13), ("IF", 6), ("NETWORK", 16), ("IPS", 18), ("GEN", 4), ("OWNER", 5), ("AGE", 4), ("STATE", 0)];
+const COLUMNS: [(&str, usize); 9] = [
+    ("POD", 28),
+    ("CONTAINER", 13),
+    ("IF", 6),
+    ("NETWORK", 16),
+    ("IPS", 18),
+    ("GEN", 4),
+    ("OWNER", 5),
+    ("AGE", 4),
+    ("STATE", 0),
+];
 
 fn write_cells(out: &mut dyn Write, cells: [&str; 9]) -> io::Result<()> {
     let mut line = String::with_capacity(128);
@@ -488,18 +595,38 @@ impl Sink for TableSink {
         self.by_status[row.status as usize] += 1;
         let pod = crate::names::pod_text(row.pod_namespace, row.pod_name);
         let container: String = row.container_id.unwrap_or("-").chars().take(13).collect();
-        let ips = if row.ips.is_empty() { "-".to_string() } else { row.ips.join(",") };
+        let ips = if row.ips.is_empty() {
+            "-".to_string()
+        } else {
+            row.ips.join(",")
+        };
         let generation = row.generation.map_or("-".to_string(), |g| g.to_string());
         let age = row
             .created_at
             .and_then(crate::clock::parse_rfc3339)
-            .map_or("-".to_string(), |t| crate::clock::age(t, crate::clock::unix_seconds()));
+            .map_or("-".to_string(), |t| {
+                crate::clock::age(t, crate::clock::unix_seconds())
+            });
         let owner = if row.owner { "*" } else { "" };
-        let cells = [&pod, &container, row.if_name.unwrap_or("-"), row.network.unwrap_or("-"), &ips, &generation, owner, &age, row.status.label()];
+        let cells = [
+            &pod,
+            &container,
+            row.if_name.unwrap_or("-"),
+            row.network.unwrap_or("-"),
+            &ips,
+            &generation,
+            owner,
+            &age,
+            row.status.label(),
+        ];
         write_cells(out, cells)?;
         // An untrusted row says which file and why, on a line of its own.
         if let Some(entry) = row.stale_dels {
-            let more = if entry.more_sandboxes > 0 { format!(" and {} more", entry.more_sandboxes) } else { String::new() };
+            let more = if entry.more_sandboxes > 0 {
+                format!(" and {} more", entry.more_sandboxes)
+            } else {
+                String::new()
+            };
             writeln!(
                 out,
                 "    stale DELs of this pod: {} refused, {} audited, {} deferred, {} .. {}, from sandbox {}{more}",

@@ -24,7 +24,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-guard");
-pub const SUPPORTED_VERSIONS: [&str; 7] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+pub const SUPPORTED_VERSIONS: [&str; 7] = [
+    "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+];
 /// The versions whose results have `ip4`/`ip6` and no interfaces.
 pub const LEGACY_VERSIONS: [&str; 2] = ["0.1.0", "0.2.0"];
 pub const LATEST_VERSION: &str = "1.1.0";
@@ -39,7 +41,12 @@ const EXEC_TIMEOUT: Duration = Duration::from_secs(30);
 /// A fresh 64-hex-digit sandbox id, shaped like containerd's.
 pub fn container_id() -> String {
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let seed = format!("{}-{}-{:?}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed), Instant::now());
+    let seed = format!(
+        "{}-{}-{:?}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed),
+        Instant::now()
+    );
     hex(&Sha256::digest(seed.as_bytes()))
 }
 
@@ -59,8 +66,19 @@ pub struct Pod {
 impl Pod {
     pub fn new(namespace: &str, name: &str) -> Pod {
         let id = container_id();
-        let uid = format!("{}-{}-{}-{}-{}", &id[0..8], &id[8..12], &id[12..16], &id[16..20], &id[20..32]);
-        Pod { namespace: namespace.into(), name: name.into(), uid }
+        let uid = format!(
+            "{}-{}-{}-{}-{}",
+            &id[0..8],
+            &id[8..12],
+            &id[12..16],
+            &id[16..20],
+            &id[20..32]
+        );
+        Pod {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid,
+        }
     }
 
     /// CNI_ARGS as containerd's CRI plugin builds it for this pod's sandbox `container`.
@@ -70,7 +88,12 @@ impl Pod {
 
     /// CNI_ARGS as `testdata/cni-args/<runtime>.txt` shapes them for this pod's sandbox.
     pub fn cni_args_as(&self, runtime: &str, container: &str) -> String {
-        let values = [("namespace", self.namespace.as_str()), ("name", &self.name), ("uid", &self.uid), ("container", container)];
+        let values = [
+            ("namespace", self.namespace.as_str()),
+            ("name", &self.name),
+            ("uid", &self.uid),
+            ("container", container),
+        ];
         testdata::cni_args(runtime, &values)
     }
 }
@@ -89,7 +112,13 @@ pub struct Incident {
 impl Incident {
     pub fn of(namespace: &str, name: &str) -> Incident {
         let (pod_a, pod_b) = (Pod::new(namespace, name), Pod::new(namespace, name));
-        Incident { store: Store::new(), pod_a, pod_b, a: container_id(), b: container_id() }
+        Incident {
+            store: Store::new(),
+            pod_a,
+            pod_b,
+            a: container_id(),
+            b: container_id(),
+        }
     }
 }
 
@@ -106,13 +135,21 @@ impl Store {
         // A state dir that does not exist yet, so the plugin creates it with the modes it wants.
         let state_dir = root.path.join("state");
         let log_file = root.path.join("guard.log");
-        Store { _root: Some(root), state_dir, log_file }
+        Store {
+            _root: Some(root),
+            state_dir,
+            log_file,
+        }
     }
 
     /// A store whose state dir lives elsewhere (a small tmpfs, a bind mount); the log file
     /// stays in `log_dir` so that logging is not what fails.
     pub fn with_state_dir(state_dir: PathBuf, log_dir: &Path) -> Store {
-        Store { _root: None, state_dir, log_file: log_dir.join(format!("{}.log", unique("sglog"))) }
+        Store {
+            _root: None,
+            state_dir,
+            log_file: log_dir.join(format!("{}.log", unique("sglog"))),
+        }
     }
 
     /// A store whose state dir starts as a copy of `testdata/<fixture>`, a state dir an earlier
@@ -162,15 +199,20 @@ impl Store {
 
     /// The dump entry of one attachment, if the dump lists it.
     pub fn entry(&self, container: &str, ifname: &str) -> Option<Value> {
-        self.dump().into_iter().find(|e| e["containerId"] == container && e["ifName"] == ifname)
+        self.dump()
+            .into_iter()
+            .find(|e| e["containerId"] == container && e["ifName"] == ifname)
     }
 
     pub fn is_owner(&self, container: &str, ifname: &str) -> bool {
-        self.entry(container, ifname).is_some_and(|e| e["owner"] == true)
+        self.entry(container, ifname)
+            .is_some_and(|e| e["owner"] == true)
     }
 
     pub fn record_path(&self, network: &str, container: &str, ifname: &str) -> PathBuf {
-        self.state_dir.join("records").join(format!("{network}:{container}:{ifname}"))
+        self.state_dir
+            .join("records")
+            .join(format!("{network}:{container}:{ifname}"))
     }
 
     /// The refusal ledger's entry of a pod (its sealed record) under the default `podKey`
@@ -182,7 +224,8 @@ impl Store {
             hasher.update([0u8]);
         }
         let path = self.state_dir.join("ledger").join(hex(&hasher.finalize()));
-        path.exists().then(|| verify_envelope(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        path.exists()
+            .then(|| verify_envelope(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
     }
 
     pub fn owner_files(&self) -> Vec<PathBuf> {
@@ -195,16 +238,30 @@ impl Store {
     /// name (`podKey: "name"`) lists its interfaces: one record of them is enough.
     pub fn assert_every_owner_has_its_record(&self) {
         for path in self.owner_files() {
-            let Ok(owner) = verify_envelope(&path) else { continue };
+            let Ok(owner) = verify_envelope(&path) else {
+                continue;
+            };
             let container = owner["containerId"].as_str().unwrap();
             let ifnames: Vec<&str> = match owner["ifName"].as_str() {
                 Some(ifname) => vec![ifname],
-                None => owner["interfaces"].as_array().unwrap().iter().map(|i| i.as_str().unwrap()).collect(),
+                None => owner["interfaces"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| i.as_str().unwrap())
+                    .collect(),
             };
             let mut reasons = Vec::new();
             let backed = ifnames.iter().any(|ifname| {
-                let record_path = self.record_path(owner["network"].as_str().unwrap(), container, ifname);
-                if !record_path.exists() && self.state_dir.join("set-aside").join(record_path.file_name().unwrap()).exists() {
+                let record_path =
+                    self.record_path(owner["network"].as_str().unwrap(), container, ifname);
+                if !record_path.exists()
+                    && self
+                        .state_dir
+                        .join("set-aside")
+                        .join(record_path.file_name().unwrap())
+                        .exists()
+                {
                     return true;
                 }
                 let record = match verify_envelope(&record_path) {
@@ -214,7 +271,11 @@ impl Store {
                         return false;
                     }
                 };
-                let fields: &[&str] = if owner["ifName"].is_string() { &["network", "podNamespace", "podName", "ifName"] } else { &["network", "podNamespace", "podName"] };
+                let fields: &[&str] = if owner["ifName"].is_string() {
+                    &["network", "podNamespace", "podName", "ifName"]
+                } else {
+                    &["network", "podNamespace", "podName"]
+                };
                 fields.iter().all(|field| {
                     let same = owner[*field] == record[*field];
                     if !same {
@@ -223,7 +284,11 @@ impl Store {
                     same
                 })
             });
-            assert!(backed, "owner {} has no record: {reasons:?}", path.display());
+            assert!(
+                backed,
+                "owner {} has no record: {reasons:?}",
+                path.display()
+            );
         }
     }
 
@@ -242,12 +307,18 @@ impl Store {
             let meta = std::fs::symlink_metadata(&path).unwrap();
             let relative = path.strip_prefix(&self.state_dir).unwrap().to_path_buf();
             let ledger_entry = relative.starts_with("ledger")
-                && !path.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'));
+                && !path
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'));
             if meta.is_dir() || relative == Path::new("lock") || ledger_entry {
                 continue;
             }
             let content = if meta.file_type().is_symlink() {
-                format!("symlink -> {}", std::fs::read_link(&path).unwrap().display()).into_bytes()
+                format!(
+                    "symlink -> {}",
+                    std::fs::read_link(&path).unwrap().display()
+                )
+                .into_bytes()
             } else {
                 std::fs::read(&path).unwrap()
             };
@@ -261,21 +332,29 @@ impl Store {
 /// environment of PATH alone (no CNI_* variable leaks in from the test).
 fn guard_command(program: &str, args: &[&str]) -> Command {
     let mut command = Command::new(program);
-    command.args(args).env_clear().env("PATH", PATH).stdin(Stdio::null());
+    command
+        .args(args)
+        .env_clear()
+        .env("PATH", PATH)
+        .stdin(Stdio::null());
     command
 }
 
 /// Runs the operator CLI (`--dump-checkpoints`, `--restore`, `--doctor`, `--help`) and
 /// returns what it said, whatever its exit status.
 pub fn guard(args: &[&str]) -> Output {
-    guard_command(BIN, args).output().unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
+    guard_command(BIN, args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
 }
 
 /// `guard` with these environment variables besides PATH (e.g. the doctor's CNI_PATH).
 pub fn guard_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = guard_command(BIN, args);
     command.envs(env.iter().copied());
-    command.output().unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
+    command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
 }
 
 /// `guard`, panicking with both streams unless it exits 0.
@@ -290,19 +369,30 @@ pub fn guard_ok(args: &[&str]) -> Output {
 pub fn guard_in(netns: &Netns, args: &[&str]) -> Output {
     let mut wrapped = vec!["netns", "exec", netns.name.as_str(), BIN];
     wrapped.extend_from_slice(args);
-    guard_command("ip", &wrapped).output().unwrap_or_else(|e| panic!("cannot exec {BIN} in {}: {e}", netns.name))
+    guard_command("ip", &wrapped)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot exec {BIN} in {}: {e}", netns.name))
 }
 
 /// The operator CLI left running with its stdout piped and unread, as behind a pager nobody
 /// scrolls; the caller kills it.
 pub fn spawn_guard(args: &[&str]) -> Child {
-    guard_command(BIN, args).stdout(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
+    guard_command(BIN, args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
 }
 
 /// `--dump-checkpoints --output json` of `state_dir` with extra filter arguments; panics
 /// unless it exits 0 with a JSON array.
 pub fn dump_checkpoints(state_dir: &Path, filters: &[&str]) -> Vec<Value> {
-    let mut args = vec!["--dump-checkpoints", "--state-dir", state_dir.to_str().unwrap(), "--output", "json"];
+    let mut args = vec![
+        "--dump-checkpoints",
+        "--state-dir",
+        state_dir.to_str().unwrap(),
+        "--output",
+        "json",
+    ];
     args.extend_from_slice(filters);
     let out = guard_ok(&args);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -315,10 +405,14 @@ pub fn dump_checkpoints(state_dir: &Path, filters: &[&str]) -> Vec<Value> {
 /// Every path below `dir` (not following symlinks), `dir` excluded; empty if it is missing.
 pub fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else { return found };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
     for entry in entries {
         let path = entry.unwrap().path();
-        let is_dir = std::fs::symlink_metadata(&path).map(|m| m.is_dir()).unwrap_or(false);
+        let is_dir = std::fs::symlink_metadata(&path)
+            .map(|m| m.is_dir())
+            .unwrap_or(false);
         found.push(path.clone());
         if is_dir {
             found.extend(walk(&path));
@@ -338,7 +432,11 @@ pub fn files_in(dir: &Path) -> Vec<PathBuf> {
 }
 
 pub fn mode(path: &Path) -> u32 {
-    std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+    std::fs::symlink_metadata(path)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o7777
 }
 
 /// Flips the first digit of `needle` in the file at `path`, so that its checksum fails;
@@ -373,7 +471,9 @@ pub fn copy_state_dir(from: &Path, to: &Path) {
 /// ownerships and address index entries take), read without following it.
 pub fn read_entry(path: &Path) -> std::io::Result<Vec<u8>> {
     if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
-        Ok(std::fs::read_link(path)?.into_os_string().into_encoded_bytes())
+        Ok(std::fs::read_link(path)?
+            .into_os_string()
+            .into_encoded_bytes())
     } else {
         std::fs::read(path)
     }
@@ -401,10 +501,15 @@ pub fn verify_envelope(path: &Path) -> Result<Value, String> {
     }
     let bytes = read_entry(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let text = std::str::from_utf8(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    let envelope: Envelope = serde_json::from_str(text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let envelope: Envelope =
+        serde_json::from_str(text).map_err(|e| format!("{}: {e}", path.display()))?;
     let expected = format!("sha256:{}", sha256_hex(envelope.record.get().as_bytes()));
     if envelope.checksum != expected {
-        return Err(format!("{}: checksum {} but the record hashes to {expected}", path.display(), envelope.checksum));
+        return Err(format!(
+            "{}: checksum {} but the record hashes to {expected}",
+            path.display(),
+            envelope.checksum
+        ));
     }
     serde_json::from_str(envelope.record.get()).map_err(|e| format!("{}: {e}", path.display()))
 }
@@ -473,9 +578,13 @@ impl Cni {
     /// An invocation whose stdin is `config` whole, as a runtime built it from a conflist
     /// that is not a `Store`'s (its `name` and `cniVersion` included).
     pub fn with_config(verb: &str, container: &str, config: &Value) -> Cni {
-        let mut call = Cni::new(verb, container, Path::new(""), Path::new("")).stdin(config.to_string().into_bytes());
+        let mut call = Cni::new(verb, container, Path::new(""), Path::new(""))
+            .stdin(config.to_string().into_bytes());
         call.network = config["name"].as_str().unwrap_or(NETWORK).into();
-        call.cni_version = config["cniVersion"].as_str().unwrap_or(LATEST_VERSION).into();
+        call.cni_version = config["cniVersion"]
+            .as_str()
+            .unwrap_or(LATEST_VERSION)
+            .into();
         call
     }
 
@@ -524,7 +633,8 @@ impl Cni {
 
     /// Sets (or with `None` removes) an environment variable after the runtime-like defaults.
     pub fn env(mut self, key: &str, value: Option<&str>) -> Cni {
-        self.env_overrides.push((key.into(), value.map(String::from)));
+        self.env_overrides
+            .push((key.into(), value.map(String::from)));
         self
     }
 
@@ -553,12 +663,19 @@ impl Cni {
     }
 
     pub fn netns_path(&self) -> String {
-        self.netns.clone().unwrap_or_else(|| default_netns(&self.container))
+        self.netns
+            .clone()
+            .unwrap_or_else(|| default_netns(&self.container))
     }
 
     /// The primary plugin's result this invocation passes by default.
     pub fn default_prev_result(&self) -> Value {
-        prev_result_for(&self.cni_version, &self.container, &self.ifname, &self.netns_path())
+        prev_result_for(
+            &self.cni_version,
+            &self.container,
+            &self.ifname,
+            &self.netns_path(),
+        )
     }
 
     fn attachment_scoped(&self) -> bool {
@@ -568,9 +685,19 @@ impl Cni {
     fn environment(&self) -> Vec<(String, Option<String>)> {
         let (container, netns, ifname, args) = if self.verb == "VERSION" {
             // libcni's GetVersionInfo fills these with fake values for old skel-based plugins.
-            (String::new(), "dummy".to_string(), "dummy".to_string(), String::new())
+            (
+                String::new(),
+                "dummy".to_string(),
+                "dummy".to_string(),
+                String::new(),
+            )
         } else if self.attachment_scoped() {
-            (self.container.clone(), self.netns_path(), self.ifname.clone(), self.cni_args.clone())
+            (
+                self.container.clone(),
+                self.netns_path(),
+                self.ifname.clone(),
+                self.cni_args.clone(),
+            )
         } else {
             Default::default()
         };
@@ -614,7 +741,9 @@ impl Cni {
         let mut text = Value::Object(config).to_string();
         let prev_result = match &self.prev_result {
             PrevResult::Raw(raw) => Some(raw.clone()),
-            PrevResult::Default if self.passes_cached_result() => Some(self.default_prev_result().to_string()),
+            PrevResult::Default if self.passes_cached_result() => {
+                Some(self.default_prev_result().to_string())
+            }
             _ => None,
         };
         if let Some(raw) = prev_result {
@@ -633,7 +762,11 @@ impl Cni {
     }
 
     fn describe(&self) -> String {
-        let args = if self.cni_args.is_empty() { "-" } else { &self.cni_args };
+        let args = if self.cni_args.is_empty() {
+            "-"
+        } else {
+            &self.cni_args
+        };
         format!(
             "{} v{} network={} container={} ifname={} args={args}",
             self.verb, self.cni_version, self.network, self.container, self.ifname
@@ -647,7 +780,13 @@ impl Cni {
     pub fn in_pod_netns(self) -> (Cni, PodNetns) {
         let netns = Netns::new("sgpod");
         let (call, host_end) = self.with_interface_in(&netns);
-        (call, PodNetns { _host_end: host_end, netns })
+        (
+            call,
+            PodNetns {
+                _host_end: host_end,
+                netns,
+            },
+        )
     }
 
     /// This call's interface (a veth end named by its ifname, with its default result's MAC
@@ -655,19 +794,42 @@ impl Cni {
     pub fn with_interface_in(self, netns: &Netns) -> (Cni, HostLink) {
         let call = self.netns(netns.path().to_str().unwrap());
         let result = call.default_prev_result();
-        let (mac, address) = (result["interfaces"][0]["mac"].as_str().unwrap(), result["ips"][0]["address"].as_str().unwrap());
+        let (mac, address) = (
+            result["interfaces"][0]["mac"].as_str().unwrap(),
+            result["ips"][0]["address"].as_str().unwrap(),
+        );
         let gateway = result["ips"][0]["gateway"].as_str().unwrap();
-        let host_end = HostLink { name: unique("sgh") };
+        let host_end = HostLink {
+            name: unique("sgh"),
+        };
         let pod_end = unique("sgp");
-        run("ip", &["link", "add", &host_end.name, "type", "veth", "peer", "name", &pod_end]);
+        run(
+            "ip",
+            &[
+                "link",
+                "add",
+                &host_end.name,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &pod_end,
+            ],
+        );
         run("ip", &["link", "set", &pod_end, "netns", &netns.name]);
         run("ip", &["link", "set", &host_end.name, "up"]);
         let ifname = call.ifname.as_str();
         netns.exec(&["ip", "link", "set", &pod_end, "name", ifname]);
         netns.exec(&["ip", "link", "set", ifname, "address", mac, "up"]);
         netns.exec(&["ip", "addr", "add", address, "dev", ifname]);
-        if netns.exec(&["ip", "route", "show", "default"]).stdout.is_empty() {
-            netns.exec(&["ip", "route", "add", "default", "via", gateway, "dev", ifname]);
+        if netns
+            .exec(&["ip", "route", "show", "default"])
+            .stdout
+            .is_empty()
+        {
+            netns.exec(&[
+                "ip", "route", "add", "default", "via", gateway, "dev", ifname,
+            ]);
         }
         (call, host_end)
     }
@@ -681,13 +843,19 @@ impl Cni {
             }
             None => Command::new(BIN),
         };
-        command.env_clear().stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        command
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         for (key, value) in self.environment() {
             if let Some(value) = value {
                 command.env(key, value);
             }
         }
-        let mut child = command.spawn().unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"));
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"));
         let stdin = self.stdin_bytes();
         let mut pipe = child.stdin.take().unwrap();
         // A plugin may stop reading early (oversized input) and exit: a broken pipe is its answer.
@@ -696,7 +864,14 @@ impl Cni {
         });
         let stdout = drain(child.stdout.take().unwrap());
         let stderr = drain(child.stderr.take().unwrap());
-        Running { pid: child.id(), child, writer, stdout, stderr, what: self.describe() }
+        Running {
+            pid: child.id(),
+            child,
+            writer,
+            stdout,
+            stderr,
+            what: self.describe(),
+        }
     }
 
     pub fn run(&self) -> Reply {
@@ -712,7 +887,12 @@ impl Cni {
             Traced::WithChildren => &["-f"],
             Traced::PluginOnly => &[],
         };
-        let strace = [&["strace"], follow, &["-qq", "-o", "/dev/null", "-e", &trace, "-e", &inject]].concat();
+        let strace = [
+            &["strace"],
+            follow,
+            &["-qq", "-o", "/dev/null", "-e", &trace, "-e", &inject],
+        ]
+        .concat();
         self.wrapped_in(&strace).run()
     }
 }
@@ -735,7 +915,11 @@ fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
 }
 
 pub fn default_netns(container: &str) -> String {
-    let short: String = container.chars().filter(|c| c.is_ascii_alphanumeric()).take(12).collect();
+    let short: String = container
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(12)
+        .collect();
     format!("/var/run/netns/cni-{short}")
 }
 
@@ -744,7 +928,10 @@ pub fn default_netns(container: &str) -> String {
 pub fn prev_result_for(version: &str, container: &str, ifname: &str, netns: &str) -> Value {
     let digest = Sha256::digest(format!("{container}/{ifname}").as_bytes());
     let address = format!("10.22.{}.{}/16", digest[0], digest[1].max(2));
-    let mac = format!("0a:58:{:02x}:{:02x}:{:02x}:{:02x}", digest[2], digest[3], digest[4], digest[5]);
+    let mac = format!(
+        "0a:58:{:02x}:{:02x}:{:02x}:{:02x}",
+        digest[2], digest[3], digest[4], digest[5]
+    );
     if LEGACY_VERSIONS.contains(&version) {
         return json!({
             "cniVersion": version,
@@ -832,10 +1019,15 @@ pub const MAX_MSG_PROSE: usize = 200;
 
 /// The length of `msg` without the names it must quote whole: paths and container IDs.
 pub fn prose_length(msg: &str) -> usize {
-    msg.split(|c: char| c.is_whitespace() || c == '`' || c == ',' || c == ';' || c == '(' || c == ')')
-        .filter(|word| !(word.starts_with('/') || (word.len() >= 32 && word.bytes().all(|b| b.is_ascii_hexdigit()))))
-        .map(|word| word.chars().count() + 1)
-        .sum()
+    msg.split(|c: char| {
+        c.is_whitespace() || c == '`' || c == ',' || c == ';' || c == '(' || c == ')'
+    })
+    .filter(|word| {
+        !(word.starts_with('/')
+            || (word.len() >= 32 && word.bytes().all(|b| b.is_ascii_hexdigit())))
+    })
+    .map(|word| word.chars().count() + 1)
+    .sum()
 }
 
 /// The CNI error object a failed invocation printed.
@@ -855,7 +1047,10 @@ impl CniError {
 
 impl Reply {
     fn context(&self) -> String {
-        format!("{}\nstatus: {}\nstdout: {}\nstderr: {}", self.what, self.status, self.stdout, self.stderr)
+        format!(
+            "{}\nstatus: {}\nstdout: {}\nstderr: {}",
+            self.what, self.status, self.stdout, self.stderr
+        )
     }
 
     pub fn succeeded(&self) -> bool {
@@ -863,7 +1058,11 @@ impl Reply {
     }
 
     pub fn assert_ok(&self) -> &Reply {
-        assert!(self.status.success(), "expected success:\n{}", self.context());
+        assert!(
+            self.status.success(),
+            "expected success:\n{}",
+            self.context()
+        );
         self
     }
 
@@ -876,17 +1075,39 @@ impl Reply {
     /// A CNI error as the spec shapes it: no crash, non-zero exit, stdout one JSON object with
     /// a string cniVersion, a numeric code and a non-empty msg.
     pub fn assert_cni_error(&self) -> CniError {
-        assert!(self.status.signal().is_none(), "the plugin died of a signal:\n{}", self.context());
-        assert!(!self.status.success(), "expected a CNI error:\n{}", self.context());
+        assert!(
+            self.status.signal().is_none(),
+            "the plugin died of a signal:\n{}",
+            self.context()
+        );
+        assert!(
+            !self.status.success(),
+            "expected a CNI error:\n{}",
+            self.context()
+        );
         let body = self.json();
-        assert!(body.is_object(), "the error is not a JSON object:\n{}", self.context());
-        assert!(body["cniVersion"].is_string(), "the error has no cniVersion:\n{}", self.context());
-        let code = body["code"].as_u64().unwrap_or_else(|| panic!("the error has no numeric code:\n{}", self.context()));
+        assert!(
+            body.is_object(),
+            "the error is not a JSON object:\n{}",
+            self.context()
+        );
+        assert!(
+            body["cniVersion"].is_string(),
+            "the error has no cniVersion:\n{}",
+            self.context()
+        );
+        let code = body["code"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("the error has no numeric code:\n{}", self.context()));
         let msg = body["msg"].as_str().unwrap_or_default().to_string();
         assert!(!msg.is_empty(), "the error has no msg:\n{}", self.context());
         let details = body["details"].as_str().unwrap_or_default().to_string();
         let prose = prose_length(&msg);
-        assert!(prose <= MAX_MSG_PROSE, "msg has {prose} characters of prose (at most {MAX_MSG_PROSE}): the way out goes in details:\n{}", self.context());
+        assert!(
+            prose <= MAX_MSG_PROSE,
+            "msg has {prose} characters of prose (at most {MAX_MSG_PROSE}): the way out goes in details:\n{}",
+            self.context()
+        );
         CniError { code, msg, details }
     }
 
@@ -896,7 +1117,12 @@ impl Reply {
 
     pub fn assert_error_in(&self, codes: &[u64]) -> CniError {
         let error = self.assert_cni_error();
-        assert!(codes.contains(&error.code), "expected error code {codes:?}, got {}:\n{}", error.code, self.context());
+        assert!(
+            codes.contains(&error.code),
+            "expected error code {codes:?}, got {}:\n{}",
+            error.code,
+            self.context()
+        );
         error
     }
 }
@@ -920,7 +1146,12 @@ pub struct LogLine {
 impl LogLine {
     pub fn parse(line: &str) -> LogLine {
         let mut words = line.split(' ');
-        let mut next = |what: &str| words.next().unwrap_or_else(|| panic!("log line lacks {what}: {line}")).to_string();
+        let mut next = |what: &str| {
+            words
+                .next()
+                .unwrap_or_else(|| panic!("log line lacks {what}: {line}"))
+                .to_string()
+        };
         let time = next("the time");
         let program = next("sandbox-guard[pid]");
         let pid = program
@@ -932,13 +1163,20 @@ impl LogLine {
         let verb = next("the verb");
         let mut fields = BTreeMap::new();
         for word in line.split(' ').skip(4) {
-            let Some((key, value)) = word.split_once('=') else { break };
+            let Some((key, value)) = word.split_once('=') else {
+                break;
+            };
             fields.entry(key).or_insert(value);
             if key == "outcome" {
                 break;
             }
         }
-        let field = |key: &str| fields.get(key).unwrap_or_else(|| panic!("log line lacks {key}=: {line}")).to_string();
+        let field = |key: &str| {
+            fields
+                .get(key)
+                .unwrap_or_else(|| panic!("log line lacks {key}=: {line}"))
+                .to_string()
+        };
         LogLine {
             time,
             pid,
@@ -976,11 +1214,16 @@ impl Workload {
                     let op = &op;
                     scope.spawn(move || {
                         let mut rng = SeededRng::new(self.seed + worker);
-                        (0..self.ops_per_worker).map(|_| op(&mut rng)).collect::<Vec<T>>()
+                        (0..self.ops_per_worker)
+                            .map(|_| op(&mut rng))
+                            .collect::<Vec<T>>()
                     })
                 })
                 .collect();
-            workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap())
+                .collect()
         })
     }
 }

@@ -37,7 +37,12 @@ impl PrimaryCall {
         let mut words = line.split(' ');
         let verb = words.next().unwrap_or_default().to_string();
         let fields: BTreeMap<&str, &str> = words.filter_map(|w| w.split_once('=')).collect();
-        let field = |key: &str| fields.get(key).unwrap_or_else(|| panic!("call log line lacks {key}=: {line}")).to_string();
+        let field = |key: &str| {
+            fields
+                .get(key)
+                .unwrap_or_else(|| panic!("call log line lacks {key}=: {line}"))
+                .to_string()
+        };
         let valid = field("valid");
         PrimaryCall {
             verb,
@@ -46,8 +51,14 @@ impl PrimaryCall {
             pod: field("pod"),
             netns: field("netns"),
             prev_address: field("prev"),
-            caller: field("ppid").parse().unwrap_or_else(|e| panic!("ppid in {line}: {e}")),
-            valid: if valid == "-" { Vec::new() } else { valid.split(',').map(str::to_string).collect() },
+            caller: field("ppid")
+                .parse()
+                .unwrap_or_else(|e| panic!("ppid in {line}: {e}")),
+            valid: if valid == "-" {
+                Vec::new()
+            } else {
+                valid.split(',').map(str::to_string).collect()
+            },
         }
     }
 }
@@ -61,16 +72,22 @@ pub struct CountingPrimary {
 impl CountingPrimary {
     pub fn new() -> CountingPrimary {
         let dir = TempDir::new("sgcp");
-        CountingPrimary { call_log: dir.path.join("calls.log"), _dir: dir }
+        CountingPrimary {
+            call_log: dir.path.join("calls.log"),
+            _dir: dir,
+        }
     }
 
     /// The guard's entry wrapping this primary (`delegate`), found in CNI_PATH as a runtime
     /// finds plugins; a short per-pod-lock wait, so a lock a killed guard left held would
     /// fail the test instead of stalling it.
     pub fn wrap(&self, call: Cni) -> Cni {
-        call.config("delegate", Some(json!({"type": "counting-primary", "callLog": self.call_log})))
-            .config("podLockTimeoutSeconds", Some(json!(10)))
-            .env("CNI_PATH", Some(PRIMARIES))
+        call.config(
+            "delegate",
+            Some(json!({"type": "counting-primary", "callLog": self.call_log})),
+        )
+        .config("podLockTimeoutSeconds", Some(json!(10)))
+        .env("CNI_PATH", Some(PRIMARIES))
     }
 
     /// Every call so far, oldest first. Waits for calls still running (one that outlived its
@@ -84,8 +101,13 @@ impl CountingPrimary {
     /// Blocks until no call of the primary runs (each holds the log's lock throughout).
     pub fn wait_idle(&self) {
         let lock = lock_path(&self.call_log);
-        let file = File::options().create(true).append(true).open(&lock).unwrap_or_else(|e| panic!("{}: {e}", lock.display()));
-        file.lock().unwrap_or_else(|e| panic!("lock {}: {e}", lock.display()));
+        let file = File::options()
+            .create(true)
+            .append(true)
+            .open(&lock)
+            .unwrap_or_else(|e| panic!("{}: {e}", lock.display()));
+        file.lock()
+            .unwrap_or_else(|e| panic!("lock {}: {e}", lock.display()));
     }
 }
 

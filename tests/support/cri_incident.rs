@@ -163,7 +163,14 @@ fn stop_old_after_new(node: &CriNode, old: String) -> Recreated {
     let old_netns = node.pin_netns(&old);
     let old_addresses = netns_addresses(&old_netns);
     let stop_old = node.stop_pod(&old);
-    Recreated { old, new, new_ip, stop_old, old_netns, old_addresses }
+    Recreated {
+        old,
+        new,
+        new_ip,
+        stop_old,
+        old_netns,
+        old_addresses,
+    }
 }
 
 pub fn recreate_after_failed_stop(node: &CriNode) -> Recreated {
@@ -218,7 +225,13 @@ pub fn assert_stale_del_destroys_new_pod(node: &CriNode, pods: Recreated) {
     if node.layout.primary.sticky_ip() {
         return assert_stale_del_frees_new_pods_address(node, pods);
     }
-    let Recreated { old, new, new_ip, stop_old, .. } = pods;
+    let Recreated {
+        old,
+        new,
+        new_ip,
+        stop_old,
+        ..
+    } = pods;
     stop_old
         .unwrap_or_else(|e| panic!("without the guard the old sandbox's DEL goes through: {e:?}"));
     if node.layout.primary == Primary::CurrentCalico {
@@ -227,8 +240,9 @@ pub fn assert_stale_del_destroys_new_pod(node: &CriNode, pods: Recreated) {
             "calico 3.x's DEL of the old sandbox with its netns named should not touch the new pod\n{}",
             node.diagnostics()
         );
-        node.remove_pod(&old)
-            .unwrap_or_else(|e| panic!("without the guard RemovePodSandbox({old}) goes through: {e:?}"));
+        node.remove_pod(&old).unwrap_or_else(|e| {
+            panic!("without the guard RemovePodSandbox({old}) goes through: {e:?}")
+        });
     }
     println!("primary plugin calls:\n{}", node.primary_calls());
     assert!(
@@ -288,7 +302,10 @@ fn assert_stale_del_frees_new_pods_address(node: &CriNode, pods: Recreated) {
         "the old sandbox's DEL should have released the address of the new pod\n{}",
         node.diagnostics()
     );
-    assert!(!node.primary_allocations().contains(ip), "{ip} should be free in the primary's IPAM");
+    assert!(
+        !node.primary_allocations().contains(ip),
+        "{ip} should be free in the primary's IPAM"
+    );
     assert_new_holds_its_address(node, &pods);
     let next = node
         .run_pod("etcd1-1", NAMESPACE, "3")
@@ -318,7 +335,10 @@ pub fn assert_guard_refuses_and_both_sandboxes_go(node: &CriNode, pods: Recreate
     // What chained mode cannot help: the refused DEL leaves the old netns as it was, with a
     // sticky IP still answering for the new pod's address.
     let left = netns_addresses(&pods.old_netns);
-    assert_eq!(left, pods.old_addresses, "the old netns changed though its DEL was refused");
+    assert_eq!(
+        left, pods.old_addresses,
+        "the old netns changed though its DEL was refused"
+    );
     println!("the old sandbox's netns still holds {left:?}");
     assert!(
         reachable(new_ip),
@@ -367,15 +387,32 @@ pub fn assert_delegate_defers_and_replays(node: &CriNode, pods: Recreated) {
         "the new pod at {new_ip} lost its network\n{}",
         node.diagnostics()
     );
-    assert_eq!(pod_owner(node), new, "the new sandbox must stay the owner of the pod key");
+    assert_eq!(
+        pod_owner(node),
+        new,
+        "the new sandbox must stay the owner of the pod key"
+    );
     assert_holds_no_interface(&pods.old_netns);
     assert_new_holds_its_address(node, &pods);
     let deferral = guard_log(node)
         .into_iter()
         .find(|l| l.container == old && l.outcome == "deferred")
-        .unwrap_or_else(|| panic!("the guard's log has no outcome=deferred for {old}\n{}", node.diagnostics()));
-    let teardown = if pods.old_addresses.is_empty() { "its interface is gone already" } else { "removed eth0 (" };
-    assert!(deferral.raw.contains(teardown), "the deferral should say {teardown:?}: {}", deferral.raw);
+        .unwrap_or_else(|| {
+            panic!(
+                "the guard's log has no outcome=deferred for {old}\n{}",
+                node.diagnostics()
+            )
+        });
+    let teardown = if pods.old_addresses.is_empty() {
+        "its interface is gone already"
+    } else {
+        "removed eth0 ("
+    };
+    assert!(
+        deferral.raw.contains(teardown),
+        "the deferral should say {teardown:?}: {}",
+        deferral.raw
+    );
     node.remove_pod(&old).unwrap_or_else(|e| {
         panic!(
             "in delegate mode RemovePodSandbox({old}) succeeds on its first call: {e:?}\n{}",
@@ -389,13 +426,24 @@ pub fn assert_delegate_defers_and_replays(node: &CriNode, pods: Recreated) {
     );
     let deferred: Vec<String> = deferred_dels(node)
         .iter()
-        .map(|entry| entry["containerId"].as_str().unwrap_or_default().to_string())
+        .map(|entry| {
+            entry["containerId"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
         .collect();
-    assert_eq!(deferred, [old.as_str()], "the old sandbox's DEL is deferred, once");
+    assert_eq!(
+        deferred,
+        [old.as_str()],
+        "the old sandbox's DEL is deferred, once"
+    );
     let calls = primary_call_list(node);
     let added_new = position(&calls, "ADD", &new).expect("the primary added the new sandbox");
     assert!(
-        !calls[added_new..].iter().any(|(verb, id)| verb == "DEL" && *id == old),
+        !calls[added_new..]
+            .iter()
+            .any(|(verb, id)| verb == "DEL" && *id == old),
         "the primary got the old sandbox's DEL while the new one lives\n{}",
         node.primary_calls()
     );
@@ -408,16 +456,23 @@ pub fn assert_delegate_defers_and_replays(node: &CriNode, pods: Recreated) {
     let calls = primary_call_list(node);
     let deleted_new = position(&calls, "DEL", &new).expect("the primary got the new sandbox's DEL");
     assert!(
-        calls[deleted_new..].iter().any(|(verb, id)| verb == "DEL" && *id == old),
+        calls[deleted_new..]
+            .iter()
+            .any(|(verb, id)| verb == "DEL" && *id == old),
         "the deferred DEL of {old} should reach the primary after the new sandbox's DEL\n{}",
         node.diagnostics()
     );
     assert!(
-        guard_log(node).iter().any(|l| l.container == old && l.outcome == "replayed"),
+        guard_log(node)
+            .iter()
+            .any(|l| l.container == old && l.outcome == "replayed"),
         "the guard's log has no outcome=replayed for {old}\n{}",
         node.diagnostics()
     );
-    assert_nothing_left(node, "both sandboxes went and the deferred DEL was replayed");
+    assert_nothing_left(
+        node,
+        "both sandboxes went and the deferred DEL was replayed",
+    );
 }
 
 fn position(calls: &[(String, String)], verb: &str, id: &str) -> Option<usize> {
@@ -427,13 +482,20 @@ fn position(calls: &[(String, String)], verb: &str, id: &str) -> Option<usize> {
 /// The global addresses (without their prefix length) the netns at `path` holds.
 pub fn netns_addresses(path: &Path) -> Vec<String> {
     let netns = format!("--net={}", path.display());
-    let out = sys::run("nsenter", &[&netns, "ip", "-o", "addr", "show", "scope", "global"]);
+    let out = sys::run(
+        "nsenter",
+        &[&netns, "ip", "-o", "addr", "show", "scope", "global"],
+    );
     // "2: eth0    inet 100.64.3.2/24 scope global eth0 ...": the word after the family.
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|line| {
-            let mut words = line.split_whitespace().skip_while(|w| !w.starts_with("inet"));
-            words.nth(1).map(|cidr| cidr.split('/').next().unwrap_or(cidr).to_string())
+            let mut words = line
+                .split_whitespace()
+                .skip_while(|w| !w.starts_with("inet"));
+            words
+                .nth(1)
+                .map(|cidr| cidr.split('/').next().unwrap_or(cidr).to_string())
         })
         .collect()
 }
@@ -444,7 +506,9 @@ pub fn assert_holds_no_interface(path: &Path) {
     let out = sys::run("nsenter", &[&netns, "ip", "-o", "link", "show"]);
     let links = String::from_utf8_lossy(&out.stdout);
     assert!(
-        links.lines().all(|line| line.split(": ").nth(1) == Some("lo")),
+        links
+            .lines()
+            .all(|line| line.split(": ").nth(1) == Some("lo")),
         "the old sandbox's netns {} still holds an interface:\n{links}",
         path.display()
     );
@@ -470,7 +534,10 @@ pub fn assert_nothing_left(node: &CriNode, after: &str) {
 
 /// sandbox-guard's checkpoint records of the StatefulSet pod.
 pub fn guard_records(node: &CriNode) -> Vec<Value> {
-    cni::dump_checkpoints(&node.layout.guard_state, &["--namespace", NAMESPACE, "--pod", POD])
+    cni::dump_checkpoints(
+        &node.layout.guard_state,
+        &["--namespace", NAMESPACE, "--pod", POD],
+    )
 }
 
 /// The deferred DELs in sandbox-guard's store (the dump's entries of that status).

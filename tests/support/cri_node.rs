@@ -82,7 +82,9 @@ impl Primary {
             Primary::ReferenceMacvlan => return PathBuf::from("/usr/lib/cni/macvlan"),
             Primary::CalicoV2 => "calico-v2-model-plugin",
         };
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cri").join(file)
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/cri")
+            .join(file)
     }
 
     /// Whether every sandbox of a pod gets the same address while a new sandbox's ADD leaves
@@ -148,7 +150,8 @@ impl CriNode {
         let unique = sys::unique("s");
         let subnet = free_subnet();
         let subnet6 = ipv6_twin(&subnet);
-        let master = matches!(primary, Primary::StickyMacvlan | Primary::ReferenceMacvlan).then(|| create_master_link(&subnet, &subnet6));
+        let master = matches!(primary, Primary::StickyMacvlan | Primary::ReferenceMacvlan)
+            .then(|| create_master_link(&subnet, &subnet6));
         let layout = NodeLayout {
             primary,
             primary_state: root.join("primary"),
@@ -249,7 +252,11 @@ impl CriNode {
     /// The primary's address allocations left (`ips/<address>`, each naming its handle).
     pub fn primary_allocations(&self) -> Vec<String> {
         fs::read_dir(self.layout.primary_state.join("ips"))
-            .map(|dir| dir.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .map(|dir| {
+                dir.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -277,14 +284,21 @@ impl CriNode {
         let pin = self.layout.dir.join("pinned-netns").join(id);
         fs::create_dir_all(pin.parent().unwrap()).expect("create pinned-netns dir");
         fs::write(&pin, "").expect("create netns mount point");
-        sys::run("mount", &["--bind", netns.to_str().unwrap(), pin.to_str().unwrap()]);
+        sys::run(
+            "mount",
+            &["--bind", netns.to_str().unwrap(), pin.to_str().unwrap()],
+        );
         pin
     }
 
     /// A NIC driver reload: the master link goes, taking every macvlan on it along, and
     /// comes back under its name with its gateways.
     pub fn reload_master(&self) {
-        let master = self.layout.master.as_deref().expect("a node with a master link");
+        let master = self
+            .layout
+            .master
+            .as_deref()
+            .expect("a node with a master link");
         sys::run("ip", &["link", "delete", master]);
         plug_master(master, &self.layout.subnet, &self.layout.subnet6);
     }
@@ -490,10 +504,17 @@ impl Drop for CriNode {
 }
 
 fn ipv6_twin(subnet: &str) -> String {
-    let third: u16 = subnet.split('.').nth(2).and_then(|t| t.parse().ok()).expect("a dotted /24");
+    let third: u16 = subnet
+        .split('.')
+        .nth(2)
+        .and_then(|t| t.parse().ok())
+        .expect("a dotted /24");
     // Canonical (RFC 5952), as the kernel and the plugins write it back: a third octet of 0
     // would otherwise read "fd64:0::/64" here and "fd64::/64" in their output.
-    format!("{}/64", std::net::Ipv6Addr::new(0xfd64, third, 0, 0, 0, 0, 0, 0))
+    format!(
+        "{}/64",
+        std::net::Ipv6Addr::new(0xfd64, third, 0, 0, 0, 0, 0, 0)
+    )
 }
 
 /// A veth pair standing in for a node's uplink: the end returned is the macvlan master
@@ -502,19 +523,29 @@ fn ipv6_twin(subnet: &str) -> String {
 fn create_master_link(subnet: &str, subnet6: &str) -> sys::HostLink {
     let name = sys::unique("mv");
     plug_master(&format!("{name}m"), subnet, subnet6);
-    sys::HostLink { name: format!("{name}m") }
+    sys::HostLink {
+        name: format!("{name}m"),
+    }
 }
 
 /// Creates the veth pair of master `master` (its peer the same name ending in `g` instead of
 /// `m`), the peer holding the gateways of `subnet` and `subnet6`.
 fn plug_master(master: &str, subnet: &str, subnet6: &str) {
     let uplink = format!("{}g", master.strip_suffix('m').unwrap_or(master));
-    sys::run("ip", &["link", "add", master, "type", "veth", "peer", "name", &uplink]);
+    sys::run(
+        "ip",
+        &[
+            "link", "add", master, "type", "veth", "peer", "name", &uplink,
+        ],
+    );
     let gateway = format!("{}.1/24", subnet.trim_end_matches(".0/24"));
     sys::run("ip", &["addr", "add", &gateway, "dev", &uplink]);
     // Without duplicate address detection: the gateway answers from the first packet.
     let gateway6 = format!("{}1/64", subnet6.trim_end_matches("/64"));
-    sys::run("ip", &["-6", "addr", "add", &gateway6, "dev", &uplink, "nodad"]);
+    sys::run(
+        "ip",
+        &["-6", "addr", "add", &gateway6, "dev", &uplink, "nodad"],
+    );
     for end in [master, uplink.as_str()] {
         sys::run("ip", &["link", "set", end, "up"]);
     }
@@ -532,13 +563,22 @@ fn cri_client_binary() -> PathBuf {
             let manifest = manifest_dir.join("tests/cri-client/Cargo.toml");
             // Cargo names the executable, wherever a build target or profile puts it.
             let out = Command::new(cargo)
-                .args(["build", "--release", "--message-format=json-render-diagnostics", "--manifest-path"])
+                .args([
+                    "build",
+                    "--release",
+                    "--message-format=json-render-diagnostics",
+                    "--manifest-path",
+                ])
                 .arg(&manifest)
                 .env("CARGO_TARGET_DIR", &target_dir)
                 .stderr(Stdio::inherit())
                 .output()
                 .expect("run cargo build for tests/cri-client");
-            assert!(out.status.success(), "building {} failed", manifest.display());
+            assert!(
+                out.status.success(),
+                "building {} failed",
+                manifest.display()
+            );
             String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .filter_map(|line| serde_json::from_str::<Value>(line).ok())
@@ -562,7 +602,8 @@ fn link_cni_plugins(bin_dir: &Path, primary: Primary) {
         (primary.plugin_type(), primary.executable()),
         ("sandbox-guard", PathBuf::from(crate::cni::BIN)),
     ];
-    let ipam = (primary == Primary::ReferenceMacvlan).then(|| ("host-local", PathBuf::from("/usr/lib/cni/host-local")));
+    let ipam = (primary == Primary::ReferenceMacvlan)
+        .then(|| ("host-local", PathBuf::from("/usr/lib/cni/host-local")));
     for (name, target) in plugins.into_iter().chain(ipam) {
         std::os::unix::fs::symlink(&target, bin_dir.join(name)).expect("link CNI plugin");
     }

@@ -23,7 +23,11 @@ pub fn tree(dir: &Path) -> BTreeMap<PathBuf, FileState> {
         .into_iter()
         .map(|path| {
             let meta = std::fs::symlink_metadata(&path).unwrap();
-            let bytes = if meta.is_dir() { Vec::new() } else { std::fs::read(&path).unwrap() };
+            let bytes = if meta.is_dir() {
+                Vec::new()
+            } else {
+                std::fs::read(&path).unwrap()
+            };
             let state = FileState {
                 bytes,
                 mode: meta.permissions().mode() & 0o7777,
@@ -36,7 +40,10 @@ pub fn tree(dir: &Path) -> BTreeMap<PathBuf, FileState> {
 
 /// The bytes of every file below `dir` (directories as empty), by relative path.
 pub fn contents(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    tree(dir).into_iter().map(|(path, state)| (path, state.bytes)).collect()
+    tree(dir)
+        .into_iter()
+        .map(|(path, state)| (path, state.bytes))
+        .collect()
 }
 
 /// The files of `testdata/<fixture>` copied into `dir` (which must exist).
@@ -58,9 +65,15 @@ pub fn assert_matches_fixture(dir: &Path, fixture: &str, when: &str) {
     let actual = contents(dir);
     if expected != actual {
         let show = |m: &BTreeMap<PathBuf, Vec<u8>>| -> String {
-            m.iter().map(|(p, b)| format!("--- {}\n{}\n", p.display(), String::from_utf8_lossy(b))).collect()
+            m.iter()
+                .map(|(p, b)| format!("--- {}\n{}\n", p.display(), String::from_utf8_lossy(b)))
+                .collect()
         };
-        panic!("{when}: conf dir differs from testdata/{fixture}\nexpected:\n{}\nactual:\n{}", show(&expected), show(&actual));
+        panic!(
+            "{when}: conf dir differs from testdata/{fixture}\nexpected:\n{}\nactual:\n{}",
+            show(&expected),
+            show(&actual)
+        );
     }
 }
 
@@ -74,7 +87,13 @@ pub fn primary_rewrites(file: &Path, bytes: &[u8]) {
 
 /// `sandbox-guard --install` (or any other mode's words) with a conf dir and a bin dir.
 pub fn run(mode: &str, conf_dir: &Path, bin_dir: &Path, extra: &[&str]) -> Output {
-    let mut args = vec![mode, "--conf-dir", conf_dir.to_str().unwrap(), "--bin-dir", bin_dir.to_str().unwrap()];
+    let mut args = vec![
+        mode,
+        "--conf-dir",
+        conf_dir.to_str().unwrap(),
+        "--bin-dir",
+        bin_dir.to_str().unwrap(),
+    ];
     args.extend_from_slice(extra);
     cni::guard(&args)
 }
@@ -109,11 +128,16 @@ pub fn stub_plugins(conf_dir: &Path, bin_dir: &Path) {
     std::fs::create_dir_all(bin_dir).unwrap();
     let mut names = Vec::new();
     for path in cni::walk(conf_dir).into_iter().filter(|p| p.is_file()) {
-        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&std::fs::read(&path).unwrap()) {
+        if let Ok(value) =
+            serde_json::from_slice::<serde_json::Value>(&std::fs::read(&path).unwrap())
+        {
             types(&value, &mut names);
         }
     }
-    for name in names.into_iter().filter(|n| n != "sandbox-guard" && !n.is_empty() && !n.contains('/')) {
+    for name in names
+        .into_iter()
+        .filter(|n| n != "sandbox-guard" && !n.is_empty() && !n.contains('/'))
+    {
         let file = bin_dir.join(name);
         std::fs::write(&file, b"").unwrap();
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -125,7 +149,11 @@ pub fn network_files(conf_dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(conf_dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "conf" || e == "conflist" || e == "json"))
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .is_some_and(|e| e == "conf" || e == "conflist" || e == "json")
+        })
         .collect();
     files.sort();
     files

@@ -85,15 +85,33 @@ impl Subnet {
     }
 
     pub fn host6(&self, last: u16) -> String {
-        std::net::Ipv6Addr::new(0xfd5a, self.second.into(), self.third.into(), 0, 0, 0, 0, last).to_string()
+        std::net::Ipv6Addr::new(
+            0xfd5a,
+            self.second.into(),
+            self.third.into(),
+            0,
+            0,
+            0,
+            0,
+            last,
+        )
+        .to_string()
     }
 
     /// The address of this subnet (or its IPv6 twin) with `address`'s host part: its last
     /// octet, or its last group for IPv6.
     fn moved(&self, address: &str) -> String {
         match address.rsplit_once(':') {
-            Some((_, last)) => self.host6(u16::from_str_radix(last, 16).unwrap_or_else(|e| panic!("{address}: {e}"))),
-            None => self.host(address.rsplit('.').next().unwrap().parse().unwrap_or_else(|e| panic!("{address}: {e}"))),
+            Some((_, last)) => self
+                .host6(u16::from_str_radix(last, 16).unwrap_or_else(|e| panic!("{address}: {e}"))),
+            None => self.host(
+                address
+                    .rsplit('.')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{address}: {e}")),
+            ),
         }
     }
 
@@ -101,7 +119,12 @@ impl Subnet {
     /// (the /64 for IPv6); its rangeStart, rangeEnd and gateway, and each route's gw, keep
     /// their host part.
     pub fn take_over_ipam(&self, ipam: &mut Value) {
-        for range in ipam["ranges"].as_array_mut().expect("ipam ranges").iter_mut().flat_map(|set| set.as_array_mut().unwrap()) {
+        for range in ipam["ranges"]
+            .as_array_mut()
+            .expect("ipam ranges")
+            .iter_mut()
+            .flat_map(|set| set.as_array_mut().unwrap())
+        {
             let v6 = range["subnet"].as_str().unwrap().contains(':');
             range["subnet"] = json!(if v6 { self.cidr6() } else { self.cidr() });
             for key in ["rangeStart", "rangeEnd", "gateway"] {
@@ -121,8 +144,17 @@ impl Subnet {
     /// part `last`: every ADD of the network gets the same address, so two ADDs' results
     /// can be compared whole.
     pub fn pin_one_address(&self, ipam: &mut Value, last: u8) {
-        for range in ipam["ranges"].as_array_mut().expect("ipam ranges").iter_mut().flat_map(|set| set.as_array_mut().unwrap()) {
-            let address = if range["subnet"].as_str().unwrap().contains(':') { self.host6(last.into()) } else { self.host(last) };
+        for range in ipam["ranges"]
+            .as_array_mut()
+            .expect("ipam ranges")
+            .iter_mut()
+            .flat_map(|set| set.as_array_mut().unwrap())
+        {
+            let address = if range["subnet"].as_str().unwrap().contains(':') {
+                self.host6(last.into())
+            } else {
+                self.host(last)
+            };
             range["rangeStart"] = json!(address);
             range["rangeEnd"] = json!(address);
         }
@@ -174,7 +206,12 @@ impl Sandbox {
 
     /// CNI_ARGS as containerd sends them (libcni-driver keeps one IgnoreUnknown=1).
     fn cni_args(&self) -> String {
-        let values = [("namespace", self.namespace.as_str()), ("name", &self.pod), ("uid", &self.uid), ("container", &self.container_id)];
+        let values = [
+            ("namespace", self.namespace.as_str()),
+            ("name", &self.pod),
+            ("uid", &self.uid),
+            ("container", &self.container_id),
+        ];
         let args = testdata::cni_args("containerd", &values);
         match &self.mac {
             Some(mac) => format!("{args};MAC={mac}"),
@@ -226,10 +263,14 @@ pub fn guard_entry(conf: &mut Value) -> &mut Value {
 /// How a conflist places the guard, checked against the contract: last when chained, in the
 /// primary's place (first) when it wraps the primary.
 pub fn mode_of(conf: &Value, file: &str) -> Mode {
-    let plugins = conf["plugins"].as_array().unwrap_or_else(|| panic!("{file}: no plugins"));
+    let plugins = conf["plugins"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{file}: no plugins"));
     match plugins.iter().position(|p| p["type"] == "sandbox-guard") {
         Some(0) if plugins[0].get("delegate").is_some() => Mode::Delegate,
-        Some(at) if at + 1 == plugins.len() && plugins[at].get("delegate").is_none() => Mode::Chained,
+        Some(at) if at + 1 == plugins.len() && plugins[at].get("delegate").is_none() => {
+            Mode::Chained
+        }
         _ => panic!("{file}: sandbox-guard must be last, or first with a delegate"),
     }
 }
@@ -295,12 +336,23 @@ impl Network {
     /// attachment. Each address of the primary's IPAM (subnets, ranges, gateways) moves into
     /// this test's subnet with its host part kept; `rewrite_primary` then points the primary
     /// at this test's links.
-    pub fn from_testdata(file: &str, links: Vec<HostLink>, rewrite_primary: impl Fn(&mut Value, &Subnet)) -> Network {
+    pub fn from_testdata(
+        file: &str,
+        links: Vec<HostLink>,
+        rewrite_primary: impl Fn(&mut Value, &Subnet),
+    ) -> Network {
         let chained = testdata::fixture_json(&format!("conflists/{file}"));
         let delegate = testdata::fixture_json(&format!("conflists/delegate/{file}"));
         assert_eq!(mode_of(&chained, file), Mode::Chained, "conflists/{file}");
-        assert_eq!(mode_of(&delegate, file), Mode::Delegate, "conflists/delegate/{file}");
-        let files = [(file.to_string(), chained), (format!("delegate-{file}"), delegate)];
+        assert_eq!(
+            mode_of(&delegate, file),
+            Mode::Delegate,
+            "conflists/delegate/{file}"
+        );
+        let files = [
+            (file.to_string(), chained),
+            (format!("delegate-{file}"), delegate),
+        ];
         let mut net = Network::build(&files, links, |primary, subnet| {
             subnet.take_over_ipam(&mut primary["ipam"]);
             rewrite_primary(primary, subnet);
@@ -313,7 +365,11 @@ impl Network {
     /// network's dir, private to this run: the name, the guard's state dir and log, the
     /// primary's host-local store and whatever `place_primary` changes; links every plugin
     /// any of them runs into one plugin dir. The first is `conflist`.
-    fn build(confs: &[(String, Value)], links: Vec<HostLink>, place_primary: impl Fn(&mut Value, &Subnet)) -> Network {
+    fn build(
+        confs: &[(String, Value)],
+        links: Vec<HostLink>,
+        place_primary: impl Fn(&mut Value, &Subnet),
+    ) -> Network {
         let dir = TempDir::new("sglcn");
         let name = sys::unique("sgnet");
         let subnet = Subnet::unique();
@@ -344,7 +400,9 @@ impl Network {
                 let kind = plugin["type"].as_str().unwrap();
                 for needed in [kind, plugin["ipam"]["type"].as_str().unwrap_or(kind)] {
                     // A model primary of tests/cri (`<type>-plugin`) where no real one can run.
-                    let model = Path::new(REPO).join("tests/cri").join(format!("{needed}-plugin"));
+                    let model = Path::new(REPO)
+                        .join("tests/cri")
+                        .join(format!("{needed}-plugin"));
                     let target = if needed == "sandbox-guard" {
                         PathBuf::from(cni::BIN)
                     } else if model.exists() {
@@ -358,7 +416,11 @@ impl Network {
                     }
                 }
             }
-            std::fs::write(dir.path.join(file), serde_json::to_vec_pretty(&conf).unwrap()).unwrap();
+            std::fs::write(
+                dir.path.join(file),
+                serde_json::to_vec_pretty(&conf).unwrap(),
+            )
+            .unwrap();
             primary_only.get_or_insert_with(|| {
                 let mut alone = conf.clone();
                 alone["plugins"] = json!([primary]);
@@ -366,7 +428,11 @@ impl Network {
             });
         }
         let primary_only_conflist = dir.path.join(format!("primary-only-{}", confs[0].0));
-        std::fs::write(&primary_only_conflist, serde_json::to_vec_pretty(&primary_only.unwrap()).unwrap()).unwrap();
+        std::fs::write(
+            &primary_only_conflist,
+            serde_json::to_vec_pretty(&primary_only.unwrap()).unwrap(),
+        )
+        .unwrap();
 
         Network {
             name,
@@ -388,7 +454,11 @@ impl Network {
     /// This network at another CNI version: every conflist of it (guarded, delegate twin,
     /// primary alone) rewritten with `cniVersion` set to `version`.
     pub fn at_version(self, version: &str) -> Network {
-        let files = [Some(&self.conflist), self.delegate_conflist.as_ref(), Some(&self.primary_only_conflist)];
+        let files = [
+            Some(&self.conflist),
+            self.delegate_conflist.as_ref(),
+            Some(&self.primary_only_conflist),
+        ];
         for file in files.into_iter().flatten() {
             let mut conf: Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
             conf["cniVersion"] = json!(version);
@@ -412,7 +482,10 @@ impl Network {
     pub fn conflist_of(&self, mode: Mode) -> &Path {
         match mode {
             Mode::Chained => &self.conflist,
-            Mode::Delegate => self.delegate_conflist.as_deref().expect("a network built from a conflist and its delegate twin"),
+            Mode::Delegate => self
+                .delegate_conflist
+                .as_deref()
+                .expect("a network built from a conflist and its delegate twin"),
         }
     }
 
@@ -432,28 +505,58 @@ impl Network {
     }
 
     pub fn check_with(&self, conflist: &Path, sandbox: &Sandbox) -> Result<(), CniFailure> {
-        self.libcni(conflist, "check", sandbox, NetnsArg::Sandbox).map(drop)
+        self.libcni(conflist, "check", sandbox, NetnsArg::Sandbox)
+            .map(drop)
     }
 
     pub fn del(&self, sandbox: &Sandbox, netns: NetnsArg) -> Result<(), CniFailure> {
         self.del_with(&self.conflist, sandbox, netns)
     }
 
-    pub fn del_with(&self, conflist: &Path, sandbox: &Sandbox, netns: NetnsArg) -> Result<(), CniFailure> {
+    pub fn del_with(
+        &self,
+        conflist: &Path,
+        sandbox: &Sandbox,
+        netns: NetnsArg,
+    ) -> Result<(), CniFailure> {
         self.libcni(conflist, "del", sandbox, netns).map(drop)
     }
 
     /// ADD through another libcni than this network's (`driver()` or `driver_1_3()`).
-    pub fn add_through(&self, driver: &'static Path, sandbox: &Sandbox) -> Result<Value, CniFailure> {
+    pub fn add_through(
+        &self,
+        driver: &'static Path,
+        sandbox: &Sandbox,
+    ) -> Result<Value, CniFailure> {
         let stdout = self.libcni_of(driver, &self.conflist, "add", sandbox, NetnsArg::Sandbox)?;
-        Ok(serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("libcni ADD printed no result JSON ({e}): {stdout}")))
+        Ok(serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("libcni ADD printed no result JSON ({e}): {stdout}")))
     }
 
-    fn libcni(&self, conflist: &Path, verb: &str, sandbox: &Sandbox, netns: NetnsArg) -> Result<String, CniFailure> {
-        self.libcni_of(self.driver.unwrap_or_else(driver), conflist, verb, sandbox, netns)
+    fn libcni(
+        &self,
+        conflist: &Path,
+        verb: &str,
+        sandbox: &Sandbox,
+        netns: NetnsArg,
+    ) -> Result<String, CniFailure> {
+        self.libcni_of(
+            self.driver.unwrap_or_else(driver),
+            conflist,
+            verb,
+            sandbox,
+            netns,
+        )
     }
 
-    fn libcni_of(&self, driver: &Path, conflist: &Path, verb: &str, sandbox: &Sandbox, netns: NetnsArg) -> Result<String, CniFailure> {
+    fn libcni_of(
+        &self,
+        driver: &Path,
+        conflist: &Path,
+        verb: &str,
+        sandbox: &Sandbox,
+        netns: NetnsArg,
+    ) -> Result<String, CniFailure> {
         let netns = match netns {
             NetnsArg::Sandbox => sandbox.netns_path(),
             NetnsArg::Empty => String::new(),
@@ -463,8 +566,21 @@ impl Network {
         let cni_args = sandbox.cni_args();
         let out = Command::new(driver)
             .args(["-conflist", conflist.to_str().unwrap(), "-bin-dir", bin_dir])
-            .args(["-cache-dir", cache_dir, "-container-id", &sandbox.container_id])
-            .args(["-netns", &netns, "-ifname", &sandbox.ifname, "-args", &cni_args, verb])
+            .args([
+                "-cache-dir",
+                cache_dir,
+                "-container-id",
+                &sandbox.container_id,
+            ])
+            .args([
+                "-netns",
+                &netns,
+                "-ifname",
+                &sandbox.ifname,
+                "-args",
+                &cni_args,
+                verb,
+            ])
             .output()
             .expect("run libcni-driver");
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -481,10 +597,10 @@ impl Network {
 
     /// libcni's cached result for the sandbox (what containerd hands back on CHECK and DEL).
     pub fn cached_result(&self, sandbox: &Sandbox) -> Option<Value> {
-        let file = self
-            .cache_dir
-            .join("results")
-            .join(format!("{}-{}-{}", self.name, sandbox.container_id, sandbox.ifname));
+        let file = self.cache_dir.join("results").join(format!(
+            "{}-{}-{}",
+            self.name, sandbox.container_id, sandbox.ifname
+        ));
         let text = std::fs::read_to_string(file).ok()?;
         let cached: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(cached["kind"], "cniCacheV1");
@@ -494,7 +610,9 @@ impl Network {
     /// The guard's checkpoints for this network, as `--dump-checkpoints --output json` shows them.
     pub fn checkpoints(&self) -> Vec<Value> {
         let all = cni::dump_checkpoints(&self.state_dir, &[]);
-        all.into_iter().filter(|r| r["network"] == json!(self.name)).collect()
+        all.into_iter()
+            .filter(|r| r["network"] == json!(self.name))
+            .collect()
     }
 
     pub fn checkpoint(&self, sandbox: &Sandbox) -> Option<Value> {
@@ -505,9 +623,10 @@ impl Network {
 
     /// The record file the contract's state layout names for this sandbox.
     pub fn record_file(&self, sandbox: &Sandbox) -> PathBuf {
-        self.state_dir
-            .join("records")
-            .join(format!("{}:{}:{}", self.name, sandbox.container_id, sandbox.ifname))
+        self.state_dir.join("records").join(format!(
+            "{}:{}:{}",
+            self.name, sandbox.container_id, sandbox.ifname
+        ))
     }
 
     /// The addresses host-local holds for this network (its bookkeeping files aside).
@@ -529,7 +648,8 @@ impl Network {
 
     /// The files in the guard's `records/` and `owners/`.
     pub fn guard_files(&self) -> Vec<PathBuf> {
-        let [records, owners] = ["records", "owners"].map(|dir| cni::files_in(&self.state_dir.join(dir)));
+        let [records, owners] =
+            ["records", "owners"].map(|dir| cni::files_in(&self.state_dir.join(dir)));
         records.into_iter().chain(owners).collect()
     }
 
@@ -557,15 +677,23 @@ pub enum Source {
 }
 
 impl Network {
-    fn from_source(source: Source, example: &str, testdata: &str, links: Vec<HostLink>, rewrite_primary: impl Fn(&mut Value, &Subnet)) -> Network {
+    fn from_source(
+        source: Source,
+        example: &str,
+        testdata: &str,
+        links: Vec<HostLink>,
+        rewrite_primary: impl Fn(&mut Value, &Subnet),
+    ) -> Network {
         match source {
             Source::Example => Network::from_example(example, links, rewrite_primary),
-            Source::Testdata { pin } => Network::from_testdata(testdata, links, |primary, subnet| {
-                rewrite_primary(primary, subnet);
-                if let Some(last) = pin {
-                    subnet.pin_one_address(&mut primary["ipam"], last);
-                }
-            }),
+            Source::Testdata { pin } => {
+                Network::from_testdata(testdata, links, |primary, subnet| {
+                    rewrite_primary(primary, subnet);
+                    if let Some(last) = pin {
+                        subnet.pin_one_address(&mut primary["ipam"], last);
+                    }
+                })
+            }
         }
     }
 }
@@ -583,8 +711,14 @@ pub fn calico_v2_network() -> Network {
     }
     let list = |plugins: Value| json!({"name": conf["name"], "cniVersion": conf["cniVersion"], "plugins": plugins});
     let files = [
-        ("10-calico.conflist".to_string(), list(json!([primary, {"type": "sandbox-guard"}]))),
-        ("delegate-10-calico.conflist".to_string(), list(json!([{"type": "sandbox-guard", "delegate": primary}]))),
+        (
+            "10-calico.conflist".to_string(),
+            list(json!([primary, {"type": "sandbox-guard"}])),
+        ),
+        (
+            "delegate-10-calico.conflist".to_string(),
+            list(json!([{"type": "sandbox-guard", "delegate": primary}])),
+        ),
     ];
     // calico names a pod's host veth from its pod name alone and deletes a link of that name
     // at ADD: tests that run the same pod name side by side need host veths of their own.
@@ -596,7 +730,11 @@ pub fn calico_v2_network() -> Network {
     });
     let calico = net.bin_dir.join("calico");
     std::fs::remove_file(&calico).unwrap();
-    std::os::unix::fs::symlink(Path::new(REPO).join("tests/cri/calico-v2-model-plugin"), &calico).unwrap();
+    std::os::unix::fs::symlink(
+        Path::new(REPO).join("tests/cri/calico-v2-model-plugin"),
+        &calico,
+    )
+    .unwrap();
     net.delegate_conflist = Some(net.dir.path.join(&files[1].0));
     net
 }
@@ -610,7 +748,10 @@ pub fn podname_keyed_network() -> Network {
     let primary = json!({"type": "podname-keyed", "onMissingEndpoint": "ignore"});
     let chained = json!({"cniVersion": "1.0.0", "name": "-", "plugins": [primary, {"type": "sandbox-guard", "staleDel": "refuse"}]});
     let delegate = json!({"cniVersion": "1.0.0", "name": "-", "plugins": [{"type": "sandbox-guard", "delegate": primary}]});
-    let files = [("podname-keyed.conflist".to_string(), chained), ("delegate-podname-keyed.conflist".to_string(), delegate)];
+    let files = [
+        ("podname-keyed.conflist".to_string(), chained),
+        ("delegate-podname-keyed.conflist".to_string(), delegate),
+    ];
     let mut net = Network::build(&files, Vec::new(), |primary, subnet| {
         let data_dir = primary["ipam"]["dataDir"].as_str().unwrap().to_string();
         primary.as_object_mut().unwrap().remove("ipam");
@@ -628,14 +769,22 @@ pub fn bridge_network() -> Network {
 /// The bridge network of `source` on a bridge of its own.
 pub fn bridge_network_from(source: Source) -> Network {
     let bridge = sys::unique("sgbr");
-    let bridge_link = HostLink { name: bridge.clone() };
+    let bridge_link = HostLink {
+        name: bridge.clone(),
+    };
     let conflists = ("30-bridge-guarded.conflist", "bridge-host-local.conflist");
-    Network::from_source(source, conflists.0, conflists.1, vec![bridge_link], |primary, _| {
-        primary["bridge"] = json!(bridge);
-        // Masquerading adds host-wide iptables rules, which a crashed test would leave behind;
-        // it plays no part in what the guard decides.
-        primary["ipMasq"] = json!(false);
-    })
+    Network::from_source(
+        source,
+        conflists.0,
+        conflists.1,
+        vec![bridge_link],
+        |primary, _| {
+            primary["bridge"] = json!(bridge);
+            // Masquerading adds host-wide iptables rules, which a crashed test would leave behind;
+            // it plays no part in what the guard decides.
+            primary["ipMasq"] = json!(false);
+        },
+    )
 }
 
 /// conf-examples' macvlan network on the master of a LAN of its own, plugged in with the
@@ -679,20 +828,29 @@ enum Stack {
 fn macvlan_network_of(source: Source, stack: Stack) -> (Lan, Network) {
     let lan = Lan::new();
     let conflists = ("20-macvlan-guarded.conflist", "macvlan-host-local.conflist");
-    let net = Network::from_source(source, conflists.0, conflists.1, vec![HostLink { name: lan.master.clone() }], |primary, subnet| {
-        primary["master"] = json!(lan.master);
-        match stack {
-            Stack::V4 => {}
-            Stack::Dual => {
-                primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr() }], [{ "subnet": subnet.cidr6() }]]);
-                primary["ipam"]["routes"] = json!([{ "dst": "0.0.0.0/0", "gw": subnet.host(1) }, { "dst": "::/0", "gw": subnet.host6(1) }]);
+    let net = Network::from_source(
+        source,
+        conflists.0,
+        conflists.1,
+        vec![HostLink {
+            name: lan.master.clone(),
+        }],
+        |primary, subnet| {
+            primary["master"] = json!(lan.master);
+            match stack {
+                Stack::V4 => {}
+                Stack::Dual => {
+                    primary["ipam"]["ranges"] =
+                        json!([[{ "subnet": subnet.cidr() }], [{ "subnet": subnet.cidr6() }]]);
+                    primary["ipam"]["routes"] = json!([{ "dst": "0.0.0.0/0", "gw": subnet.host(1) }, { "dst": "::/0", "gw": subnet.host6(1) }]);
+                }
+                Stack::V6 => {
+                    primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr6() }]]);
+                    primary["ipam"]["routes"] = json!([{ "dst": "::/0", "gw": subnet.host6(1) }]);
+                }
             }
-            Stack::V6 => {
-                primary["ipam"]["ranges"] = json!([[{ "subnet": subnet.cidr6() }]]);
-                primary["ipam"]["routes"] = json!([{ "dst": "::/0", "gw": subnet.host6(1) }]);
-            }
-        }
-    });
+        },
+    );
     if stack != Stack::V4 {
         lan.plug_dual(&net.subnet);
     } else {
@@ -715,15 +873,35 @@ impl Lan {
         // A gratuitous ARP creates a neighbour entry only where arp_accept is on: that is how
         // the test sees the restore's announcement arrive.
         netns.exec(&["sysctl", "-q", "-w", "net.ipv4.conf.all.arp_accept=1"]);
-        Lan { netns, master: sys::unique("sgmv"), uplink: sys::unique("sgup") }
+        Lan {
+            netns,
+            master: sys::unique("sgmv"),
+            uplink: sys::unique("sgup"),
+        }
     }
 
     /// Creates the master and the router end; what a driver (re)load does for a real NIC.
     pub fn plug(&self, router_cidr: &str) {
-        sys::run("ip", &["link", "add", &self.master, "type", "veth", "peer", "name", &self.uplink]);
-        sys::run("ip", &["link", "set", &self.uplink, "netns", &self.netns.name]);
+        sys::run(
+            "ip",
+            &[
+                "link",
+                "add",
+                &self.master,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &self.uplink,
+            ],
+        );
+        sys::run(
+            "ip",
+            &["link", "set", &self.uplink, "netns", &self.netns.name],
+        );
         sys::run("ip", &["link", "set", &self.master, "up"]);
-        self.netns.exec(&["ip", "addr", "add", router_cidr, "dev", &self.uplink]);
+        self.netns
+            .exec(&["ip", "addr", "add", router_cidr, "dev", &self.uplink]);
         self.netns.exec(&["ip", "link", "set", &self.uplink, "up"]);
     }
 
@@ -731,7 +909,16 @@ impl Lan {
     /// IPv6 address without duplicate address detection, so it answers at once.
     pub fn plug_dual(&self, subnet: &Subnet) {
         self.plug(&format!("{}/24", subnet.host(1)));
-        self.netns.exec(&["ip", "-6", "addr", "add", &format!("{}/64", subnet.host6(1)), "dev", &self.uplink, "nodad"]);
+        self.netns.exec(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            &format!("{}/64", subnet.host6(1)),
+            "dev",
+            &self.uplink,
+            "nodad",
+        ]);
     }
 
     /// The driver unload: the master goes, and with it every macvlan on it.
@@ -742,7 +929,10 @@ impl Lan {
     pub fn neighbour_mac(&self, ip: &str) -> Option<String> {
         let out = self.netns.exec(&["ip", "-j", "neigh", "show", ip]);
         let entries: Value = serde_json::from_slice(&out.stdout).ok()?;
-        entries.as_array()?.iter().find_map(|e| e["lladdr"].as_str().map(str::to_string))
+        entries
+            .as_array()?
+            .iter()
+            .find_map(|e| e["lladdr"].as_str().map(str::to_string))
     }
 }
 
@@ -750,7 +940,11 @@ impl Lan {
 pub fn result_ips(result: &Value) -> Vec<String> {
     result["ips"]
         .as_array()
-        .map(|ips| ips.iter().map(|ip| ip["address"].as_str().unwrap().to_string()).collect())
+        .map(|ips| {
+            ips.iter()
+                .map(|ip| ip["address"].as_str().unwrap().to_string())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -762,7 +956,9 @@ pub fn bare_ip(cidr: &str) -> &str {
 /// two ADDs of the same network must agree on it whatever they were allocated.
 pub fn shape(value: &Value) -> Value {
     match value {
-        Value::Object(map) => Value::Object(map.iter().map(|(k, v)| (k.clone(), shape(v))).collect()),
+        Value::Object(map) => {
+            Value::Object(map.iter().map(|(k, v)| (k.clone(), shape(v))).collect())
+        }
         Value::Array(items) => Value::Array(items.iter().map(shape).collect()),
         Value::String(_) => json!("<string>"),
         Value::Number(_) => json!("<number>"),
@@ -795,7 +991,11 @@ pub fn assert_result_matches_kernel(result: &Value, sandbox: &Sandbox) {
         let mac = iface["mac"].as_str().unwrap();
         let links = match iface.get("sandbox").and_then(Value::as_str) {
             Some(netns) => {
-                assert_eq!(netns, sandbox.netns_path(), "interface {name} claims another netns");
+                assert_eq!(
+                    netns,
+                    sandbox.netns_path(),
+                    "interface {name} claims another netns"
+                );
                 &pod_addrs
             }
             None => &host_links,
@@ -811,7 +1011,10 @@ pub fn assert_result_matches_kernel(result: &Value, sandbox: &Sandbox) {
     for ip in result["ips"].as_array().expect("result ips") {
         let index = ip["interface"].as_u64().expect("ip names its interface") as usize;
         let iface = &interfaces[index];
-        assert!(iface.get("sandbox").is_some(), "pod IP on a host interface: {ip}");
+        assert!(
+            iface.get("sandbox").is_some(),
+            "pod IP on a host interface: {ip}"
+        );
         let (addr, prefix) = ip["address"].as_str().unwrap().split_once('/').unwrap();
         let link = pod_addrs
             .as_array()
@@ -820,19 +1023,40 @@ pub fn assert_result_matches_kernel(result: &Value, sandbox: &Sandbox) {
             .find(|l| l["ifname"] == iface["name"])
             .unwrap();
         let configured = link["addr_info"].as_array().unwrap().iter().any(|a| {
-            a["local"] == json!(addr) && a["prefixlen"].as_u64().map(|p| p.to_string()) == Some(prefix.to_string())
+            a["local"] == json!(addr)
+                && a["prefixlen"].as_u64().map(|p| p.to_string()) == Some(prefix.to_string())
         });
-        assert!(configured, "{addr}/{prefix} not configured on {} in the pod", iface["name"]);
+        assert!(
+            configured,
+            "{addr}/{prefix} not configured on {} in the pod",
+            iface["name"]
+        );
     }
 }
 
 /// Nothing of any attachment is left: no address in host-local, no libcni cache, no record,
 /// owner or deferred DEL of the guard.
 pub fn assert_network_empty(net: &Network) {
-    assert_eq!(net.ipam_allocations(), Vec::<String>::new(), "host-local allocations left");
-    assert_eq!(net.cached_results(), Vec::<String>::new(), "libcni cache entries left");
-    assert_eq!(net.guard_files(), Vec::<PathBuf>::new(), "guard records or owners left");
-    assert_eq!(net.checkpoints(), Vec::<Value>::new(), "the dump still lists something");
+    assert_eq!(
+        net.ipam_allocations(),
+        Vec::<String>::new(),
+        "host-local allocations left"
+    );
+    assert_eq!(
+        net.cached_results(),
+        Vec::<String>::new(),
+        "libcni cache entries left"
+    );
+    assert_eq!(
+        net.guard_files(),
+        Vec::<PathBuf>::new(),
+        "guard records or owners left"
+    );
+    assert_eq!(
+        net.checkpoints(),
+        Vec::<Value>::new(),
+        "the dump still lists something"
+    );
 }
 
 /// The host ends of a result's veth pairs (bridge's `veth<random>`); the bridge itself is shared.
@@ -840,7 +1064,12 @@ pub fn host_veths(result: &Value) -> Vec<String> {
     let interfaces = result["interfaces"].as_array().into_iter().flatten();
     interfaces
         .filter(|i| i.get("sandbox").is_none())
-        .filter_map(|i| i["name"].as_str().filter(|name| name.starts_with("veth")).map(str::to_string))
+        .filter_map(|i| {
+            i["name"]
+                .as_str()
+                .filter(|name| name.starts_with("veth"))
+                .map(str::to_string)
+        })
         .collect()
 }
 

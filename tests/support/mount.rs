@@ -17,8 +17,21 @@ impl Mount {
     pub fn tmpfs(options: &str) -> Mount {
         let mount_point = TempDir::new("sgmnt");
         let path = mount_point.path.clone();
-        run("mount", &["-t", "tmpfs", "-o", options, "tmpfs", path.to_str().unwrap()]);
-        Mount { path, _mount_point: Some(mount_point) }
+        run(
+            "mount",
+            &[
+                "-t",
+                "tmpfs",
+                "-o",
+                options,
+                "tmpfs",
+                path.to_str().unwrap(),
+            ],
+        );
+        Mount {
+            path,
+            _mount_point: Some(mount_point),
+        }
     }
 
     /// A fresh ext4 on a loop device, made with mkfs.ext4 `-O features` (`^has_journal`: none,
@@ -33,21 +46,30 @@ impl Mount {
         let mount_point = TempDir::new("sgimg");
         let image = mount_point.path.with_extension("img");
         // Sparse: XFS wants 300 MiB at least, and only what is written takes room.
-        std::fs::File::create(&image).unwrap().set_len(320 << 20).unwrap();
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(320 << 20)
+            .unwrap();
         let image_path = image.to_str().unwrap();
         run(mkfs[0], &[&mkfs[1..], &[image_path]].concat());
         let path = mount_point.path.clone();
         // The loop device goes with the unmount (autoclear); the image file is no longer needed.
         run("mount", &["-o", "loop", image_path, path.to_str().unwrap()]);
         let _ = std::fs::remove_file(&image);
-        Mount { path, _mount_point: Some(mount_point) }
+        Mount {
+            path,
+            _mount_point: Some(mount_point),
+        }
     }
 
     /// `dir` bind-mounted read-only over itself: the directory stays as it was, writes fail.
     pub fn read_only_bind(dir: &Path) -> Mount {
         let path = dir.to_str().unwrap();
         run("mount", &["--bind", path, path]);
-        let mount = Mount { path: dir.to_path_buf(), _mount_point: None };
+        let mount = Mount {
+            path: dir.to_path_buf(),
+            _mount_point: None,
+        };
         run("mount", &["-o", "remount,bind,ro", path]);
         mount
     }

@@ -86,7 +86,9 @@ impl PodmanEnv {
             netns_seen: RefCell::new(Vec::new()),
             // Owned from the start so that a failure further down still deletes the bridge
             // once the first ADD has created it.
-            _bridge: HostLink { name: network.clone() },
+            _bridge: HostLink {
+                name: network.clone(),
+            },
             network,
             dir,
         };
@@ -102,7 +104,12 @@ impl PodmanEnv {
     fn write_configs(&self) {
         let plugin_dir = self.path("cni-bin");
         let net_dir = self.path("net.d");
-        for dir in [&plugin_dir, &net_dir, &self.path("tmp"), &self.path("image-tmp")] {
+        for dir in [
+            &plugin_dir,
+            &net_dir,
+            &self.path("tmp"),
+            &self.path("image-tmp"),
+        ] {
             std::fs::create_dir_all(dir).expect("create podman dir");
         }
         // Podman takes one CNI_PATH for the whole chain, so the reference plugins and the
@@ -245,7 +252,15 @@ volume_path = "{volumes}"
     /// Starts a detached container named `name` on the test network and reads back what
     /// the CNI ADD gave it.
     pub fn run_container(&self, name: &str) -> Container {
-        let out = self.podman(&["run", "-d", "--name", name, "--network", &self.network, IMAGE]);
+        let out = self.podman(&[
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--network",
+            &self.network,
+            IMAGE,
+        ]);
         let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
         let container = self.inspect(&id);
         self.netns_seen.borrow_mut().push(container.netns.clone());

@@ -36,9 +36,16 @@ impl RecordingPrimary {
         let bin_dir = dir.path.join("bin");
         let state_dir = dir.path.join("primary");
         fs::create_dir_all(&bin_dir).unwrap();
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/primaries/recording-plugin");
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/primaries/recording-plugin"
+        );
         std::os::unix::fs::symlink(script, bin_dir.join(TYPE)).unwrap();
-        RecordingPrimary { _dir: dir, bin_dir, state_dir }
+        RecordingPrimary {
+            _dir: dir,
+            bin_dir,
+            state_dir,
+        }
     }
 
     /// The guard's `delegate` object for this primary, with `extra` keys of the primary's own.
@@ -53,8 +60,14 @@ impl RecordingPrimary {
     /// `call` as a runtime runs the guard standing first in the chain, wrapping this primary:
     /// no prevResult on ADD (nothing ran before it), the cached result on CHECK and DEL.
     pub fn wrap(&self, call: Cni) -> Cni {
-        let call = call.config("delegate", Some(self.delegate(json!({})))).env("CNI_PATH", Some(self.bin_dir.to_str().unwrap()));
-        if call.verb() == "ADD" { call.no_prev_result() } else { call }
+        let call = call
+            .config("delegate", Some(self.delegate(json!({}))))
+            .env("CNI_PATH", Some(self.bin_dir.to_str().unwrap()));
+        if call.verb() == "ADD" {
+            call.no_prev_result()
+        } else {
+            call
+        }
     }
 
     pub fn calls(&self) -> Vec<Call> {
@@ -77,24 +90,36 @@ impl RecordingPrimary {
 
     /// The calls that reached the primary, as `(VERB, container)` in the order they started.
     pub fn started(&self) -> Vec<(String, String)> {
-        self.calls().into_iter().filter(|c| c.phase == "start").map(|c| (c.verb, c.container)).collect()
+        self.calls()
+            .into_iter()
+            .filter(|c| c.phase == "start")
+            .map(|c| (c.verb, c.container))
+            .collect()
     }
 
     /// The stdin the primary got for the last `verb` of `container`.
     pub fn stdin(&self, verb: &str, container: &str) -> Value {
-        let text = fs::read_to_string(self.state_dir.join(format!("stdin-{verb}-{container}"))).unwrap_or_default();
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("the primary's stdin for {verb} {container} is not JSON ({e}): {text}"))
+        let text = fs::read_to_string(self.state_dir.join(format!("stdin-{verb}-{container}")))
+            .unwrap_or_default();
+        serde_json::from_str(&text).unwrap_or_else(|e| {
+            panic!("the primary's stdin for {verb} {container} is not JSON ({e}): {text}")
+        })
     }
 
     /// How many DELs of `container` the primary accepted.
     pub fn dels(&self, container: &str) -> usize {
-        fs::read_to_string(self.state_dir.join(format!("dels-{container}"))).map_or(0, |text| text.lines().count())
+        fs::read_to_string(self.state_dir.join(format!("dels-{container}")))
+            .map_or(0, |text| text.lines().count())
     }
 
     /// Makes the primary answer `verb` of `container` with this CNI error until `heal`.
     pub fn fail(&self, verb: &str, container: &str, error: &Value) {
         fs::create_dir_all(&self.state_dir).unwrap();
-        fs::write(self.state_dir.join(format!("fail-{verb}-{container}")), error.to_string()).unwrap();
+        fs::write(
+            self.state_dir.join(format!("fail-{verb}-{container}")),
+            error.to_string(),
+        )
+        .unwrap();
     }
 
     pub fn heal(&self, verb: &str, container: &str) {
@@ -104,7 +129,11 @@ impl RecordingPrimary {
     /// Makes the primary take `seconds` over `verb` of `container`.
     pub fn slow(&self, verb: &str, container: &str, seconds: f64) {
         fs::create_dir_all(&self.state_dir).unwrap();
-        fs::write(self.state_dir.join(format!("sleep-{verb}-{container}")), seconds.to_string()).unwrap();
+        fs::write(
+            self.state_dir.join(format!("sleep-{verb}-{container}")),
+            seconds.to_string(),
+        )
+        .unwrap();
     }
 
     /// Makes the primary answer ADD of `container` with exactly these bytes.

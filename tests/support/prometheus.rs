@@ -19,7 +19,10 @@ pub fn prometheus_parse(test: &str, text: &str) -> Option<Vec<(String, Value, f6
         \x20       out.append([s.name, s.labels, s.value, family.type])\n\
         print(json.dumps(out))\n";
     let python = "/usr/bin/python3";
-    let usable = Command::new(python).args(["-c", "import prometheus_client.parser"]).output().is_ok_and(|o| o.status.success());
+    let usable = Command::new(python)
+        .args(["-c", "import prometheus_client.parser"])
+        .output()
+        .is_ok_and(|o| o.status.success());
     // The package scripts/test.sh installs; `require` fails under CI and says SKIPPED outside.
     if !usable && !sys::require(test, false, &["python3-prometheus-client"]) {
         return None;
@@ -32,10 +35,23 @@ pub fn prometheus_parse(test: &str, text: &str) -> Option<Vec<(String, Value, f6
         .spawn()
         .unwrap();
     use std::io::Write;
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "prometheus_client rejects the textfile: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "prometheus_client rejects the textfile: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let samples: Vec<(String, Value, f64, String)> = serde_json::from_slice(&out.stdout).unwrap();
-    Some(samples.into_iter().map(|(name, labels, value, _)| (name, labels, value)).collect())
+    Some(
+        samples
+            .into_iter()
+            .map(|(name, labels, value, _)| (name, labels, value))
+            .collect(),
+    )
 }
-

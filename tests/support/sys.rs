@@ -43,7 +43,9 @@ macro_rules! test_name {
     () => {{
         fn here() {}
         let path = std::any::type_name_of_val(&here);
-        path.strip_suffix("::here").and_then(|p| p.rsplit("::").next()).unwrap_or(path)
+        path.strip_suffix("::here")
+            .and_then(|p| p.rsplit("::").next())
+            .unwrap_or(path)
     }};
 }
 
@@ -93,7 +95,11 @@ pub fn tool_exists(tool: &str) -> bool {
 pub fn unique(prefix: &str) -> String {
     static SEQ: AtomicU32 = AtomicU32::new(0);
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}{:05x}{:03x}", std::process::id() & 0xfffff, seq & 0xfff)
+    format!(
+        "{prefix}{:05x}{:03x}",
+        std::process::id() & 0xfffff,
+        seq & 0xfff
+    )
 }
 
 /// Runs a command and returns its output, panicking with both streams when it fails.
@@ -108,8 +114,16 @@ pub fn run(program: &str, args: &[&str]) -> Output {
 
 /// Panics with both streams unless `program args` exited 0.
 pub fn assert_succeeded(program: &str, args: &[&str], out: &Output) {
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{program} {} failed: {}\nstdout: {stdout}\nstderr: {stderr}", args.join(" "), out.status);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "{program} {} failed: {}\nstdout: {stdout}\nstderr: {stderr}",
+        args.join(" "),
+        out.status
+    );
 }
 
 /// Runs a command and reports only whether it succeeded (for cleanup and probes).
@@ -266,7 +280,10 @@ fn unescape_mount_point(field: &[u8]) -> Vec<u8> {
 /// Whether `path`'s file system journals its metadata, as the guard decides where an ownership
 /// may be a symlink (src/state/journal.rs): XFS, btrfs, tmpfs, ext4 with a running jbd2.
 pub fn journals_metadata(path: &Path) -> bool {
-    let out = run("findmnt", &["-no", "FSTYPE,SOURCE", "-T", path.to_str().unwrap()]);
+    let out = run(
+        "findmnt",
+        &["-no", "FSTYPE,SOURCE", "-T", path.to_str().unwrap()],
+    );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let fields: Vec<&str> = text.split_whitespace().collect();
     match fields.as_slice() {

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 /// `testdata/<path>`; panics when it is not there, so a renamed fixture fails loudly.
 pub fn fixture_path(path: &str) -> PathBuf {
-    let full = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata").join(path);
+    let full = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata")
+        .join(path);
     assert!(full.exists(), "no fixture testdata/{path}");
     full
 }
@@ -20,11 +22,13 @@ pub fn fixture_bytes(path: &str) -> Vec<u8> {
 
 /// The exact text of `testdata/<path>`.
 pub fn fixture(path: &str) -> String {
-    String::from_utf8(fixture_bytes(path)).unwrap_or_else(|e| panic!("testdata/{path} is not UTF-8: {e}"))
+    String::from_utf8(fixture_bytes(path))
+        .unwrap_or_else(|e| panic!("testdata/{path} is not UTF-8: {e}"))
 }
 
 pub fn fixture_json(path: &str) -> Value {
-    serde_json::from_str(&fixture(path)).unwrap_or_else(|e| panic!("testdata/{path} is not JSON: {e}"))
+    serde_json::from_str(&fixture(path))
+        .unwrap_or_else(|e| panic!("testdata/{path} is not JSON: {e}"))
 }
 
 /// The files of `testdata/<dir>` (not its subfolders) as paths relative to testdata/, sorted.
@@ -48,18 +52,30 @@ pub fn cni_args(runtime: &str, values: &[(&str, &str)]) -> String {
     for (key, value) in values {
         args = args.replace(&format!("{{{key}}}"), value);
     }
-    assert!(!args.contains('{'), "testdata/{path} has a placeholder no value was given for: {args}");
+    assert!(
+        !args.contains('{'),
+        "testdata/{path} has a placeholder no value was given for: {args}"
+    );
     args
 }
 
 /// A conflist of testdata/conflists/ with sandbox-guard last; `guard` points that entry at
 /// the test's own state dir and log (it gets the entry), `primary` the first plugin at the
 /// test's links.
-pub fn guarded_conflist(file: &str, guard: impl FnOnce(&mut Value), primary: impl FnOnce(&mut Value)) -> Value {
+pub fn guarded_conflist(
+    file: &str,
+    guard: impl FnOnce(&mut Value),
+    primary: impl FnOnce(&mut Value),
+) -> Value {
     let mut conf = fixture_json(&format!("conflists/{file}"));
-    let plugins = conf["plugins"].as_array_mut().unwrap_or_else(|| panic!("{file}: no plugins"));
+    let plugins = conf["plugins"]
+        .as_array_mut()
+        .unwrap_or_else(|| panic!("{file}: no plugins"));
     let last = plugins.last_mut().unwrap();
-    assert_eq!(last["type"], "sandbox-guard", "{file}: sandbox-guard must be last");
+    assert_eq!(
+        last["type"], "sandbox-guard",
+        "{file}: sandbox-guard must be last"
+    );
     guard(last);
     primary(&mut plugins[0]);
     conf

@@ -1,14 +1,14 @@
 //! ADD: checkpoint the attachment and make this sandbox the owner of its pod key.
 
-use crate::cni::verbs::Invocation;
 use crate::cni::env::Attachment;
+use crate::cni::log::Level;
+use crate::cni::result::ResultView;
+use crate::cni::verbs::Invocation;
 use crate::error::{GuardError, Kind, Result};
 use crate::kernel::link_facts::LinkFacts;
-use crate::cni::log::Level;
-use crate::state::ownership;
-use crate::cni::result::ResultView;
-use crate::state::checkpoint::Checkpoint;
 use crate::state::Loaded;
+use crate::state::checkpoint::Checkpoint;
+use crate::state::ownership;
 use serde_json::value::RawValue;
 
 /// Returns the primary's result in the config's cniVersion: byte for byte when it is in that
@@ -29,10 +29,26 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
 
 /// Checkpoints the attachment the primary set up, with the primary's result, and takes its
 /// pod key.
-pub(super) fn checkpoint(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Result<String> {
+pub(super) fn checkpoint(
+    inv: &Invocation,
+    attachment: &Attachment,
+    prev_result: &RawValue,
+) -> Result<String> {
     add(inv, attachment, prev_result).inspect_err(|err| {
-        if matches!(err.kind, Kind::Busy | Kind::Io | Kind::ReadOnly | Kind::IpConflict | Kind::Netlink | Kind::NetnsGone) {
-            crate::state::failed_add::mark(&inv.conf.state_dir, &inv.attachment_id(attachment), err);
+        if matches!(
+            err.kind,
+            Kind::Busy
+                | Kind::Io
+                | Kind::ReadOnly
+                | Kind::IpConflict
+                | Kind::Netlink
+                | Kind::NetnsGone
+        ) {
+            crate::state::failed_add::mark(
+                &inv.conf.state_dir,
+                &inv.attachment_id(attachment),
+                err,
+            );
         }
     })
 }
@@ -42,14 +58,21 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     let view = ResultView::validated(prev_result, &inv.conf.cni_version)?;
     let output = crate::cni::result::as_version(prev_result, &inv.conf.cni_version)?;
     // Read from the kernel before the lock is taken: no ADD holds it while waiting on netlink.
-    let (links, if_index) = crate::kernel::link_facts::read_at_add(&attachment.netns, &attachment.ifname);
-    let identity = crate::kernel::netns::netns_identity(&attachment.netns).map(|(netns_dev, netns_inode)| {
-        let if_kind = match &links {
-            crate::kernel::link_facts::LinkFacts::Observed(facts) => facts.kind.clone(),
-            _ => None,
-        };
-        crate::state::checkpoint::SandboxIdentity { netns_dev, netns_inode, if_index, if_kind }
-    });
+    let (links, if_index) =
+        crate::kernel::link_facts::read_at_add(&attachment.netns, &attachment.ifname);
+    let identity =
+        crate::kernel::netns::netns_identity(&attachment.netns).map(|(netns_dev, netns_inode)| {
+            let if_kind = match &links {
+                crate::kernel::link_facts::LinkFacts::Observed(facts) => facts.kind.clone(),
+                _ => None,
+            };
+            crate::state::checkpoint::SandboxIdentity {
+                netns_dev,
+                netns_inode,
+                if_index,
+                if_kind,
+            }
+        });
 
     let id = inv.attachment_id(attachment);
     let pod = &attachment.pod;
@@ -84,7 +107,9 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
         },
     };
 
-    let previous_key = previous.as_ref().and_then(|record| record.pod_key(inv.conf.pod_key));
+    let previous_key = previous
+        .as_ref()
+        .and_then(|record| record.pod_key(inv.conf.pod_key));
     let previous_created = previous.as_ref().map(|r| r.created_at.clone());
     let generation = ownership::next_generation(
         store.generation_counter(),
@@ -93,7 +118,8 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     );
     // Before the record and the ownership are written: an ADD refused for an address that
     // another live namespace holds must not take the pod key.
-    let address_claim = super::ip_conflict::check_addresses(inv.conf.ip_conflict, &store, attachment, &id, &view)?;
+    let address_claim =
+        super::ip_conflict::check_addresses(inv.conf.ip_conflict, &store, attachment, &id, &view)?;
     let now = crate::clock::now_rfc3339();
     let record = Checkpoint {
         network: id.network.clone(),
@@ -128,7 +154,14 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     store.save_record(&record)?;
     store.remove_failed_add(&id)?;
     if let Some(key) = &pod_key {
-        let owner = ownership::taken(key, &id.container_id, &id.if_name, pod.uid.clone(), generation, owner.as_ref());
+        let owner = ownership::taken(
+            key,
+            &id.container_id,
+            &id.if_name,
+            pod.uid.clone(),
+            generation,
+            owner.as_ref(),
+        );
         if let Err(err) = store.save_owner(&owner) {
             // Failed before it took the key: a first record would make the runtime's cleanup
             // DEL look like the DEL of a superseded sandbox, so it goes again.
@@ -157,18 +190,33 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     }
     store.set_generation_counter(generation);
 
-    let took_over = owner.filter(|o| o.container_id != id.container_id).map(|o| {
-        format!("; took the pod key over from sandbox {} (generation {})", o.container_id, o.generation)
-    });
+    let took_over = owner
+        .filter(|o| o.container_id != id.container_id)
+        .map(|o| {
+            format!(
+                "; took the pod key over from sandbox {} (generation {})",
+                o.container_id, o.generation
+            )
+        });
     let facts_missing = record.links.as_ref().and_then(LinkFacts::missing_note);
-    let level = if ip_conflict.is_some() || facts_missing.is_some() { Level::Warn } else { Level::Info };
-    inv.log.event(level, inv.verb, &subject, "added", &format!(
-        "generation={generation} netns={}{}{}{}",
-        attachment.netns,
-        took_over.unwrap_or_default(),
-        ip_conflict.unwrap_or_default(),
-        facts_missing.unwrap_or_default()
-    ));
+    let level = if ip_conflict.is_some() || facts_missing.is_some() {
+        Level::Warn
+    } else {
+        Level::Info
+    };
+    inv.log.event(
+        level,
+        inv.verb,
+        &subject,
+        "added",
+        &format!(
+            "generation={generation} netns={}{}{}{}",
+            attachment.netns,
+            took_over.unwrap_or_default(),
+            ip_conflict.unwrap_or_default(),
+            facts_missing.unwrap_or_default()
+        ),
+    );
     if inv.metrics_committed.get() {
         // Counted above.
         inv.log.take_outcomes();
@@ -176,7 +224,11 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     Ok(output.into_owned())
 }
 
-fn read_only_error(inv: &Invocation, attachment: &Attachment, err: crate::error::GuardError) -> crate::error::GuardError {
+fn read_only_error(
+    inv: &Invocation,
+    attachment: &Attachment,
+    err: crate::error::GuardError,
+) -> crate::error::GuardError {
     GuardError::new(
         Kind::ReadOnly,
         format!(

@@ -5,19 +5,22 @@
 
 use std::path::Path;
 
-use crate::cni::verbs::Invocation;
 use crate::cni::config::DEFAULT_STATE_DIR;
 use crate::cni::env::Attachment;
-use crate::error::{GuardError, Kind, Result};
-use crate::kernel::link_facts::{self, Expected, LinkFacts};
 use crate::cni::log::Level;
 use crate::cni::result::ResultView;
+use crate::cni::verbs::Invocation;
+use crate::error::{GuardError, Kind, Result};
+use crate::kernel::link_facts::{self, Expected, LinkFacts};
 use crate::state::checkpoint::Checkpoint;
 use crate::state::{Loaded, Store};
 
 pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
     let prev_result = inv.conf.prev_result.as_ref().ok_or_else(|| {
-        GuardError::new(Kind::InvalidConfig, "CHECK needs a prevResult: the runtime passes the cached ADD result")
+        GuardError::new(
+            Kind::InvalidConfig,
+            "CHECK needs a prevResult: the runtime passes the cached ADD result",
+        )
     })?;
     let current = ResultView::validated(prev_result, &inv.conf.cni_version)?;
     let id = inv.attachment_id(attachment);
@@ -71,17 +74,17 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             })
         }
     };
-    let pod = inv.pod_key(attachment)
-        .or(record_key)
-        .map(|key| key.pod());
+    let pod = inv.pod_key(attachment).or(record_key).map(|key| key.pod());
     let subject = inv.subject(Some(attachment), pod);
     match failure {
         None => {
-            inv.log.event(Level::Info, inv.verb, &subject, "checked", "");
+            inv.log
+                .event(Level::Info, inv.verb, &subject, "checked", "");
             Ok(())
         }
         Some(err) => {
-            inv.log.event(Level::Warn, inv.verb, &subject, "check-failed", &err.msg);
+            inv.log
+                .event(Level::Warn, inv.verb, &subject, "check-failed", &err.msg);
             Err(err)
         }
     }
@@ -94,12 +97,20 @@ fn runtime_differences(record: &Checkpoint, current: &ResultView) -> Result<Vec<
     Ok(if recorded == now {
         Vec::new()
     } else {
-        vec![format!("the runtime has addresses [{}], the checkpoint has [{}]", now.join(", "), recorded.join(", "))]
+        vec![format!(
+            "the runtime has addresses [{}], the checkpoint has [{}]",
+            now.join(", "),
+            recorded.join(", ")
+        )]
     })
 }
 
 /// The pod's netns against the link facts (or, without them, the checkpointed result).
-fn kernel_differences(inv: &Invocation, attachment: &Attachment, record: &Checkpoint) -> Result<Vec<String>> {
+fn kernel_differences(
+    inv: &Invocation,
+    attachment: &Attachment,
+    record: &Checkpoint,
+) -> Result<Vec<String>> {
     let expected = expected(record)?;
     let netns = &attachment.netns;
     match link_facts::observe_for_check(Path::new(netns), &expected) {
@@ -107,8 +118,15 @@ fn kernel_differences(inv: &Invocation, attachment: &Attachment, record: &Checkp
         // primary that calls it otherwise): its absence under CNI_IFNAME says nothing, and
         // --restore could not rebuild it anyway.
         Ok(observed) if observed.link.is_none() && !interface_known(record)? => Ok(Vec::new()),
-        Ok(observed) => Ok(link_facts::differences(&expected, &observed, netns, &restore_command(inv, record))),
-        Err(err) if err.kind == Kind::NetnsGone => Ok(vec![format!("{}: the sandbox's netns is gone", err.msg)]),
+        Ok(observed) => Ok(link_facts::differences(
+            &expected,
+            &observed,
+            netns,
+            &restore_command(inv, record),
+        )),
+        Err(err) if err.kind == Kind::NetnsGone => {
+            Ok(vec![format!("{}: the sandbox's netns is gone", err.msg)])
+        }
         Err(err) => Err(err),
     }
 }
@@ -118,7 +136,9 @@ fn interface_known(record: &Checkpoint) -> Result<bool> {
     if let Some(LinkFacts::Observed(_)) = &record.links {
         return Ok(true);
     }
-    Ok(!ResultView::parse(&record.prev_result)?.interfaces.is_empty())
+    Ok(!ResultView::parse(&record.prev_result)?
+        .interfaces
+        .is_empty())
 }
 
 fn restore_command(inv: &Invocation, record: &Checkpoint) -> String {
@@ -126,7 +146,11 @@ fn restore_command(inv: &Invocation, record: &Checkpoint) -> String {
     if state_dir == Path::new(DEFAULT_STATE_DIR) {
         format!("sandbox-guard --restore {}", record.container_id)
     } else {
-        format!("sandbox-guard --restore --state-dir {} {}", state_dir.display(), record.container_id)
+        format!(
+            "sandbox-guard --restore --state-dir {} {}",
+            state_dir.display(),
+            record.container_id
+        )
     }
 }
 

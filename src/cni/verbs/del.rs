@@ -7,14 +7,14 @@
 
 use std::path::Path;
 
-use crate::cni::verbs::Invocation;
 use crate::cni::config::StaleDelPolicy;
 use crate::cni::env::Attachment;
-use crate::error::{GuardError, Kind, Result};
 use crate::cni::log::{CAUSE_SET_ASIDE, CAUSE_STALE_DEL, Level};
-use crate::state::ownership::{self, DelVerdict, Deleter, Owner, Ownership, PodKey};
+use crate::cni::verbs::Invocation;
+use crate::error::{GuardError, Kind, Result};
 use crate::state::checkpoint::AttachmentId;
 use crate::state::ledger::Handled;
+use crate::state::ownership::{self, DelVerdict, Deleter, Owner, Ownership, PodKey};
 use crate::state::{Loaded, Store};
 
 pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
@@ -24,10 +24,18 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
     };
     match judge(inv, attachment, &store)? {
         Judgement::Stale(stale) => {
-            note_in_ledger(&store, &stale.key, Handled::Refused, &attachment.container_id, &stale.owner);
+            note_in_ledger(
+                &store,
+                &stale.key,
+                Handled::Refused,
+                &attachment.container_id,
+                &stale.owner,
+            );
             if store.is_writable() {
                 // The refusal writes nothing else: the ledger's entry is made durable here.
-                let _ = store.sync().inspect_err(|err| eprintln!("sandbox-guard: the refusal ledger could not be synced: {err}"));
+                let _ = store.sync().inspect_err(|err| {
+                    eprintln!("sandbox-guard: the refusal ledger could not be synced: {err}")
+                });
             }
             let err = refuse(inv, attachment, stale);
             crate::cni::metrics::commit(inv, &store, false);
@@ -68,16 +76,35 @@ pub(super) enum Judgement {
 /// No store, and none can be made: no owner either, so nothing this DEL could tear down in
 /// another sandbox's name.
 pub(super) fn nothing_recorded(inv: &Invocation, attachment: &Attachment) {
-    let subject = inv.subject(Some(attachment), inv.pod_key(attachment).as_ref().map(PodKey::pod));
-    inv.log.event(Level::Warn, inv.verb, &subject, "deleted", "no state dir, and it cannot be created: nothing recorded");
+    let subject = inv.subject(
+        Some(attachment),
+        inv.pod_key(attachment).as_ref().map(PodKey::pod),
+    );
+    inv.log.event(
+        Level::Warn,
+        inv.verb,
+        &subject,
+        "deleted",
+        "no state dir, and it cannot be created: nothing recorded",
+    );
 }
 
 /// The pod keys a DEL of `attachment` is about: the one CNI_ARGS name and the one its record
 /// holds (read without the store's lock: delegate mode takes the pod locks before it).
-pub(super) fn keys_of(inv: &Invocation, attachment: &Attachment, store: Option<&Store>) -> Vec<PodKey> {
+pub(super) fn keys_of(
+    inv: &Invocation,
+    attachment: &Attachment,
+    store: Option<&Store>,
+) -> Vec<PodKey> {
     let mut keys: Vec<PodKey> = inv.pod_key(attachment).into_iter().collect();
-    if let Some(Ok(Loaded::Valid(record))) = store.map(|s| s.load_record(&inv.attachment_id(attachment))) {
-        keys.extend(record.pod_key(inv.conf.pod_key).filter(|key| !keys.contains(key)));
+    if let Some(Ok(Loaded::Valid(record))) =
+        store.map(|s| s.load_record(&inv.attachment_id(attachment)))
+    {
+        keys.extend(
+            record
+                .pod_key(inv.conf.pod_key)
+                .filter(|key| !keys.contains(key)),
+        );
     }
     keys
 }
@@ -96,7 +123,14 @@ pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) ->
             if key_from_args.is_none() {
                 refuse_if_set_aside(inv, attachment, &store.set_aside_path_for_record(&id), None)?;
             }
-            (None, if store.failed_add(&id).is_some() { Deleter::AddFailed } else { Deleter::Unknown })
+            (
+                None,
+                if store.failed_add(&id).is_some() {
+                    Deleter::AddFailed
+                } else {
+                    Deleter::Unknown
+                },
+            )
         }
         Loaded::Corrupt { path, reason } => {
             // Needed (CNI_ARGS lack the pod key): set aside where it blocks, and refused. Not
@@ -117,7 +151,8 @@ pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) ->
     let mut notes: Vec<String> = Vec::new();
     let mut audited = None;
     let mut audited_key = None;
-    let rekey_pending = crate::state::rekey::pending(store.root(), &inv.conf.network, inv.conf.pod_key);
+    let rekey_pending =
+        crate::state::rekey::pending(store.root(), &inv.conf.network, inv.conf.pod_key);
     for key in &keys {
         let owner = load_owner(inv, store, attachment, key, rekey_pending)?;
         let found = owner.as_ref().map(|o| Owner {
@@ -138,47 +173,90 @@ pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) ->
                 }
                 match inv.conf.stale_del {
                     StaleDelPolicy::Refuse => {
-                        return Ok(Judgement::Stale(Stale { key: key.clone(), owner: owner.clone(), error }));
+                        return Ok(Judgement::Stale(Stale {
+                            key: key.clone(),
+                            owner: owner.clone(),
+                            error,
+                        }));
                     }
                     StaleDelPolicy::Audit => {
-                        audited = Some((owner.container_id.clone(), format!("audit mode let a stale DEL through: {}", error.msg)));
+                        audited = Some((
+                            owner.container_id.clone(),
+                            format!("audit mode let a stale DEL through: {}", error.msg),
+                        ));
                         audited_key = Some((key.clone(), owner.clone()));
                     }
                 }
             }
             DelVerdict::Release => {
-                let left = owner.as_ref().and_then(|owner| ownership::released(owner, &id.if_name));
+                let left = owner
+                    .as_ref()
+                    .and_then(|owner| ownership::released(owner, &id.if_name));
                 notes.push(match &left {
                     None => format!("released pod key {}", key.label()),
-                    Some(left) => format!("pod {} stays this sandbox's by {}", key.label(), left.interfaces().join(", ")),
+                    Some(left) => format!(
+                        "pod {} stays this sandbox's by {}",
+                        key.label(),
+                        left.interfaces().join(", ")
+                    ),
                 });
                 owner_changes.push((key.clone(), left));
             }
             DelVerdict::Repair(owner) => {
-                notes.push(format!("dropped the ownership of {} by sandbox {}, whose record is gone", key.label(), owner.container_id));
+                notes.push(format!(
+                    "dropped the ownership of {} by sandbox {}, whose record is gone",
+                    key.label(),
+                    owner.container_id
+                ));
                 owner_changes.push((key.clone(), None));
             }
-            DelVerdict::Proceed if deleter == Deleter::AddFailed => notes.push("cleanup of an ADD that failed in the guard".into()),
+            DelVerdict::Proceed if deleter == Deleter::AddFailed => {
+                notes.push("cleanup of an ADD that failed in the guard".into())
+            }
             DelVerdict::Proceed => notes.push(format!("pod key {} not owned", key.label())),
         }
     }
     if keys.is_empty() {
         notes.push("no pod identity: nothing to guard".into());
     }
-    Ok(Judgement::Go(Plan { id, keys, owner_changes, notes, corrupt_record, audited, audited_key }))
+    Ok(Judgement::Go(Plan {
+        id,
+        keys,
+        owner_changes,
+        notes,
+        corrupt_record,
+        audited,
+        audited_key,
+    }))
 }
 
 /// Chained mode's answer to a stale DEL: refused, so the primary never sees it.
 pub(super) fn refuse(inv: &Invocation, attachment: &Attachment, stale: Stale) -> GuardError {
-    let fields = [("cause", CAUSE_STALE_DEL), ("owner", stale.owner.container_id.as_str())];
+    let fields = [
+        ("cause", CAUSE_STALE_DEL),
+        ("owner", stale.owner.container_id.as_str()),
+    ];
     let subject = inv.subject(Some(attachment), Some(stale.key.pod()));
-    inv.log.event_with(Level::Warn, inv.verb, &subject, "refused", &fields, &stale.error.msg);
+    inv.log.event_with(
+        Level::Warn,
+        inv.verb,
+        &subject,
+        "refused",
+        &fields,
+        &stale.error.msg,
+    );
     stale.error
 }
 
 /// Forgets what the DEL released and logs it. The DEL is not stale: from here on nothing of
 /// the guard's own may fail it.
-pub(super) fn finish(inv: &Invocation, attachment: &Attachment, store: &Store, unwritable: Option<GuardError>, plan: Plan) {
+pub(super) fn finish(
+    inv: &Invocation,
+    attachment: &Attachment,
+    store: &Store,
+    unwritable: Option<GuardError>,
+    plan: Plan,
+) {
     let subject = inv.subject(Some(attachment), plan.keys.first().map(PodKey::pod));
     let (outcome, level, why) = match &plan.audited {
         Some((_, text)) => ("audited", Level::Warn, text.clone()),
@@ -190,11 +268,22 @@ pub(super) fn finish(inv: &Invocation, attachment: &Attachment, store: &Store, u
     };
     if let (Some((key, owner)), None) = (&plan.audited_key, &unwritable) {
         // Rides in the sync that `forget` makes.
-        note_in_ledger(store, key, Handled::Audited, &attachment.container_id, owner);
+        note_in_ledger(
+            store,
+            key,
+            Handled::Audited,
+            &attachment.container_id,
+            owner,
+        );
     }
     let forgotten = match unwritable {
         Some(why) => Err(why),
-        None => forget(store, &plan.id, &plan.owner_changes, plan.corrupt_record.as_deref()),
+        None => forget(
+            store,
+            &plan.id,
+            &plan.owner_changes,
+            plan.corrupt_record.as_deref(),
+        ),
     };
     let committed = forgotten.is_ok();
     match forgotten {
@@ -219,7 +308,9 @@ pub(super) fn open(inv: &Invocation) -> Result<Option<(Store, Option<GuardError>
         Ok(store) => Ok(Some((store, None))),
         Err(_) if crate::state::surely_absent(&inv.conf.state_dir) => Ok(None),
         Err(err) if err.kind != Kind::Busy => {
-            let Ok(store) = Store::open_read_only(&inv.conf.state_dir) else { return Err(err) };
+            let Ok(store) = Store::open_read_only(&inv.conf.state_dir) else {
+                return Err(err);
+            };
             // Only orders this DEL after a writer that was already in; one stuck on the failing
             // disk must not hold the teardown up, so a busy lock is read past.
             let _ = store.read_lock(inv.conf.lock_timeout, &|_| {});
@@ -233,7 +324,12 @@ pub(super) fn open(inv: &Invocation) -> Result<Option<(Store, Option<GuardError>
 /// (`Store::sync_released`): a crash can leave an unowned record (harmless, the retried DEL
 /// removes it) but never an owner whose record is gone. A corrupt record is kept as a copy
 /// first.
-fn forget(store: &Store, id: &AttachmentId, owners: &[(PodKey, Option<Ownership>)], corrupt_record: Option<&Path>) -> Result<()> {
+fn forget(
+    store: &Store,
+    id: &AttachmentId,
+    owners: &[(PodKey, Option<Ownership>)],
+    corrupt_record: Option<&Path>,
+) -> Result<()> {
     for (key, left) in owners {
         store.update_owner(key, left.as_ref())?;
     }
@@ -247,8 +343,16 @@ fn forget(store: &Store, id: &AttachmentId, owners: &[(PodKey, Option<Ownership>
 
 /// Counts a stale DEL in the ledger; the caller syncs. Never fails the DEL: the ledger is
 /// what the operator reads, the DEL's answer is what protects the pod.
-pub(super) fn note_in_ledger(store: &Store, key: &PodKey, handled: Handled, stale: &str, owner: &Ownership) {
-    if let Err(err) = store.note_stale_del(key, handled, stale, &owner.container_id, owner.generation) {
+pub(super) fn note_in_ledger(
+    store: &Store,
+    key: &PodKey,
+    handled: Handled,
+    stale: &str,
+    owner: &Ownership,
+) {
+    if let Err(err) =
+        store.note_stale_del(key, handled, stale, &owner.container_id, owner.generation)
+    {
         eprintln!("sandbox-guard: the stale DEL could not be counted in the refusal ledger: {err}");
     }
 }
@@ -257,36 +361,66 @@ pub(super) fn note_in_ledger(store: &Store, key: &PodKey, handled: Handled, stal
 /// (`rekey_pending`: the re-key could not run, the store takes no write), the owners filed
 /// there count too, merged as the re-key would merge them, and a damaged or set-aside file
 /// under this attachment's key of the other rule refuses the DEL as one under `key` does.
-fn load_owner(inv: &Invocation, store: &Store, attachment: &Attachment, key: &PodKey, rekey_pending: bool) -> Result<Option<Ownership>> {
+fn load_owner(
+    inv: &Invocation,
+    store: &Store,
+    attachment: &Attachment,
+    key: &PodKey,
+    rekey_pending: bool,
+) -> Result<Option<Ownership>> {
     let owner = load_one_owner(inv, store, attachment, key, key)?;
     if !rekey_pending {
         return Ok(owner);
     }
     let other = crate::state::rekey::other(key.rule());
-    let old_key = other.key(&key.network, &key.pod_namespace, &key.pod_name, &attachment.ifname);
+    let old_key = other.key(
+        &key.network,
+        &key.pod_namespace,
+        &key.pod_name,
+        &attachment.ifname,
+    );
     load_one_owner(inv, store, attachment, &old_key, key)?;
     let mut owners = store.owners_under_other_rule(key)?;
     // A damaged file of the pod's, found through its records, may name the sandbox that took
     // the pod last: an owner older than it counts for nothing, and without a newer one the
     // DEL is refused as on a damaged owner of its own key.
     let pod = Some((key.pod_namespace.as_str(), key.pod_name.as_str()));
-    let damaged = store.damaged_owners(&key.network, key.rule(), pod, false)?.remove(&key.digest());
+    let damaged = store
+        .damaged_owners(&key.network, key.rule(), pod, false)?
+        .remove(&key.digest());
     if let Some(damaged) = &damaged {
         owners.retain(|owner| owner.generation > damaged.generation);
     }
     owners.extend(owner);
     match (ownership::merged(key, &owners), damaged) {
-        (None, Some(damaged)) => Err(set_aside_error(inv, attachment, &damaged.file, "an ownership filed under the other podKey rule's key fails verification or is set aside", Some(key))),
+        (None, Some(damaged)) => Err(set_aside_error(
+            inv,
+            attachment,
+            &damaged.file,
+            "an ownership filed under the other podKey rule's key fails verification or is set aside",
+            Some(key),
+        )),
         (owner, _) => Ok(owner),
     }
 }
 
 /// The owner filed under `file_key`; a damaged or set-aside file there refuses the DEL of `key`.
-fn load_one_owner(inv: &Invocation, store: &Store, attachment: &Attachment, file_key: &PodKey, key: &PodKey) -> Result<Option<Ownership>> {
+fn load_one_owner(
+    inv: &Invocation,
+    store: &Store,
+    attachment: &Attachment,
+    file_key: &PodKey,
+    key: &PodKey,
+) -> Result<Option<Ownership>> {
     match store.load_owner(file_key)? {
         Loaded::Valid(owner) => Ok(Some(owner)),
         Loaded::Missing => {
-            refuse_if_set_aside(inv, attachment, &store.set_aside_path_for_owner(file_key), Some(key))?;
+            refuse_if_set_aside(
+                inv,
+                attachment,
+                &store.set_aside_path_for_owner(file_key),
+                Some(key),
+            )?;
             Ok(None)
         }
         Loaded::Corrupt { path, reason } => {
@@ -326,11 +460,14 @@ fn set_aside(store: &Store, from: &Path, to: &Path) -> Result<std::path::PathBuf
     Ok(kept)
 }
 
-
 /// A short `msg` (what happened, who owns the pod) and `details` (the facts as JSON, and the
 /// way out).
 fn stale_error(id: &AttachmentId, key: &PodKey, owner: &Ownership, ever_owned: bool) -> GuardError {
-    let history = if ever_owned { "which owned it before" } else { "which never owned it here" };
+    let history = if ever_owned {
+        "which owned it before"
+    } else {
+        "which never owned it here"
+    };
     let msg = format!(
         "stale DEL refused: pod {} belongs to sandbox {}, not {}, {history}",
         key.label(),
@@ -361,17 +498,37 @@ fn stale_error(id: &AttachmentId, key: &PodKey, owner: &Ownership, ever_owned: b
 }
 
 /// A DEL whose decision needs a file that failed verification must not guess.
-fn refuse_if_set_aside(inv: &Invocation, attachment: &Attachment, kept: &Path, key: Option<&PodKey>) -> Result<()> {
+fn refuse_if_set_aside(
+    inv: &Invocation,
+    attachment: &Attachment,
+    kept: &Path,
+    key: Option<&PodKey>,
+) -> Result<()> {
     if !crate::state::surely_absent(kept) {
-        return Err(set_aside_error(inv, attachment, kept, "set aside by an earlier operation", key));
+        return Err(set_aside_error(
+            inv,
+            attachment,
+            kept,
+            "set aside by an earlier operation",
+            key,
+        ));
     }
     Ok(())
 }
 
-fn set_aside_error(inv: &Invocation, attachment: &Attachment, kept: &Path, reason: &str, key: Option<&PodKey>) -> GuardError {
+fn set_aside_error(
+    inv: &Invocation,
+    attachment: &Attachment,
+    kept: &Path,
+    reason: &str,
+    key: Option<&PodKey>,
+) -> GuardError {
     let what = match key {
         Some(key) => format!("which sandbox owns pod {}", key.label()),
-        None => format!("which pod sandbox {} belonged to", crate::names::short_id(&attachment.container_id)),
+        None => format!(
+            "which pod sandbox {} belonged to",
+            crate::names::short_id(&attachment.container_id)
+        ),
     };
     let err = GuardError::new(
         Kind::SetAside,
@@ -383,6 +540,13 @@ fn set_aside_error(inv: &Invocation, attachment: &Attachment, kept: &Path, reaso
         kept.display()
     ));
     let subject = inv.subject(Some(attachment), key.map(PodKey::pod));
-    inv.log.event_with(Level::Error, inv.verb, &subject, "refused", &[("cause", CAUSE_SET_ASIDE)], &format!("{} ({reason})", err.msg));
+    inv.log.event_with(
+        Level::Error,
+        inv.verb,
+        &subject,
+        "refused",
+        &[("cause", CAUSE_SET_ASIDE)],
+        &format!("{} ({reason})", err.msg),
+    );
     err
 }

@@ -50,7 +50,12 @@ pub fn add(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
     added
 }
 
-fn add_locked(inv: &Invocation, delegate: &Delegate, attachment: &Attachment, key: Option<&PodKey>) -> Result<String> {
+fn add_locked(
+    inv: &Invocation,
+    delegate: &Delegate,
+    attachment: &Attachment,
+    key: Option<&PodKey>,
+) -> Result<String> {
     let id = inv.attachment_id(attachment);
     if let Some(key) = key {
         refuse_if_superseded(inv, attachment, &id, key)?;
@@ -62,7 +67,8 @@ fn add_locked(inv: &Invocation, delegate: &Delegate, attachment: &Attachment, ke
         not_a_result(delegate, why, owner.as_deref())
     };
     let text = String::from_utf8(reply).map_err(|_| not_a_result("it is not UTF-8"))?;
-    let result = RawValue::from_string(text.trim().to_string()).map_err(|e| not_a_result(&e.to_string()))?;
+    let result =
+        RawValue::from_string(text.trim().to_string()).map_err(|e| not_a_result(&e.to_string()))?;
     let result = crate::cni::result::versioned_as_libcni_reads_it(result, &inv.conf.cni_version);
     let output = super::add::checkpoint(inv, attachment, &result)?;
     if let Some(key) = key {
@@ -78,7 +84,8 @@ fn add_locked(inv: &Invocation, delegate: &Delegate, attachment: &Attachment, ke
 fn refuse_if_unwritable(inv: &Invocation, attachment: &Attachment) -> Result<()> {
     // No lock needed: a probe file of our own, written and removed (no fsync: a full or
     // read-only filesystem refuses the write itself).
-    let probed = crate::state::ensure_dir(&inv.conf.state_dir).and_then(|()| crate::state::probe_write(&inv.conf.state_dir, false));
+    let probed = crate::state::ensure_dir(&inv.conf.state_dir)
+        .and_then(|()| crate::state::probe_write(&inv.conf.state_dir, false));
     match probed {
         Err(err) if matches!(err.kind, Kind::Io | Kind::ReadOnly) => {
             let err = GuardError::new(err.kind, format!(
@@ -88,7 +95,11 @@ fn refuse_if_unwritable(inv: &Invocation, attachment: &Attachment) -> Result<()>
                 "Without its checkpoint the guard could not tell this pod's DELs from stale ones. {} The runtime retries the ADD.",
                 err.details
             ));
-            crate::state::failed_add::mark(&inv.conf.state_dir, &inv.attachment_id(attachment), &err);
+            crate::state::failed_add::mark(
+                &inv.conf.state_dir,
+                &inv.attachment_id(attachment),
+                &err,
+            );
             Err(err)
         }
         _ => Ok(()),
@@ -132,10 +143,17 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
                 // would tear down the owner. Refused, as chained mode does, until the store
                 // takes writes again.
                 let err = super::del::refuse(inv, attachment, stale);
-                return Err(err.with_details(format!("The DEL cannot be deferred: {} {}", why.msg, why.details)));
+                return Err(err.with_details(format!(
+                    "The DEL cannot be deferred: {} {}",
+                    why.msg, why.details
+                )));
             }
             let deferred = defer(inv, attachment, &store, &stale, delegate)?;
-            let netns = if attachment.netns.is_empty() { deferred.netns.clone() } else { attachment.netns.clone() };
+            let netns = if attachment.netns.is_empty() {
+                deferred.netns.clone()
+            } else {
+                attachment.netns.clone()
+            };
             let live = live_netns(&store, &deferred.id(), &netns);
             drop(store);
             return remove_stale_interface(inv, attachment, &deferred, &netns, &live);
@@ -143,8 +161,11 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
         Judgement::Go(plan) => plan,
     };
     if plan.keys.iter().any(|key| !locked_keys.contains(key)) {
-        return Err(GuardError::new(Kind::Busy, "the sandbox's record changed while its DEL waited for its pod lock")
-            .with_details("The runtime retries the DEL."));
+        return Err(GuardError::new(
+            Kind::Busy,
+            "the sandbox's record changed while its DEL waited for its pod lock",
+        )
+        .with_details("The runtime retries the DEL."));
     }
     drop(store);
     pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
@@ -187,7 +208,11 @@ pub fn status(inv: &Invocation, delegate: &Delegate) -> Result<()> {
         // The primary's own STATUS error goes as it wrote it; not being able to run it at all
         // means the network cannot serve ADDs either.
         Kind::Delegate(_) => err,
-        _ => GuardError::new(Kind::NotAvailable, format!("the primary plugin cannot be run: {}", err.msg)).with_details(err.details),
+        _ => GuardError::new(
+            Kind::NotAvailable,
+            format!("the primary plugin cannot be run: {}", err.msg),
+        )
+        .with_details(err.details),
     })?;
     super::status::run(inv)
 }
@@ -197,29 +222,65 @@ pub fn status(inv: &Invocation, delegate: &Delegate) -> Result<()> {
 /// `None`: no `delegate` on stdin (libcni's own VERSION sends only `cniVersion`), so the
 /// guard answers for itself. A primary that cannot be run is a CNI error, not a guess.
 pub fn version(stdin: &[u8], requested: Option<&str>) -> Result<Option<String>> {
-    let Ok(serde_json::Value::Object(mut conf)) = serde_json::from_slice::<serde_json::Value>(stdin) else { return Ok(None) };
-    let Some(serde_json::Value::Object(object)) = conf.remove("delegate") else { return Ok(None) };
-    let network = conf.get("name").and_then(serde_json::Value::as_str).unwrap_or_default().to_string();
+    let Ok(serde_json::Value::Object(mut conf)) =
+        serde_json::from_slice::<serde_json::Value>(stdin)
+    else {
+        return Ok(None);
+    };
+    let Some(serde_json::Value::Object(object)) = conf.remove("delegate") else {
+        return Ok(None);
+    };
+    let network = conf
+        .get("name")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     let delegate = Delegate::from_conf(object, None, &[])?;
     let asked = crate::cni::version::for_reply(requested);
-    let theirs = delegate.supported_versions(&network, asked).map_err(|err| {
-        GuardError::new(err.kind, format!("VERSION: cannot ask the primary {} which versions it speaks: {}", delegate.plugin_type, err.msg))
+    let theirs = delegate
+        .supported_versions(&network, asked)
+        .map_err(|err| {
+            GuardError::new(
+                err.kind,
+                format!(
+                    "VERSION: cannot ask the primary {} which versions it speaks: {}",
+                    delegate.plugin_type, err.msg
+                ),
+            )
             .with_details(err.details)
-    })?;
-    let both: Vec<&str> = crate::cni::version::SUPPORTED.iter().copied().filter(|v| theirs.iter().any(|t| t == v)).collect();
-    Ok(Some(crate::cni::version::version_reply_among(requested, &both)))
+        })?;
+    let both: Vec<&str> = crate::cni::version::SUPPORTED
+        .iter()
+        .copied()
+        .filter(|v| theirs.iter().any(|t| t == v))
+        .collect();
+    Ok(Some(crate::cni::version::version_reply_among(
+        requested, &both,
+    )))
 }
 
 /// Runs the primary for this very invocation: the runtime's own `CNI_*` environment.
-fn pass_on(inv: &Invocation, delegate: &Delegate, prev_result: Option<&RawValue>) -> Result<Vec<u8>> {
-    delegate.call(&inv.conf.network, &inv.conf.cni_version, prev_result, &EnvOverride::default())
+fn pass_on(
+    inv: &Invocation,
+    delegate: &Delegate,
+    prev_result: Option<&RawValue>,
+) -> Result<Vec<u8>> {
+    delegate.call(
+        &inv.conf.network,
+        &inv.conf.cni_version,
+        prev_result,
+        &EnvOverride::default(),
+    )
 }
 
 /// The pod locks of `keys`, in one order for every process, so two never wait on each other.
 fn lock(inv: &Invocation, keys: &[PodKey]) -> Result<Vec<PodLock>> {
     let mut sorted: Vec<&PodKey> = keys.iter().collect();
     sorted.sort_by_key(|key| key.digest());
-    sorted.into_iter().map(|key| PodLock::acquire(&inv.conf.state_dir, key, inv.conf.pod_lock_timeout)).collect()
+    sorted
+        .into_iter()
+        .map(|key| PodLock::acquire(&inv.conf.state_dir, key, inv.conf.pod_lock_timeout))
+        .collect()
 }
 
 fn not_a_result(delegate: &Delegate, why: &str, owner: Option<&str>) -> GuardError {
@@ -230,30 +291,63 @@ fn not_a_result(delegate: &Delegate, why: &str, owner: Option<&str>) -> GuardErr
         ),
         None => "the runtime's cleanup DEL reaches it".to_string(),
     };
-    GuardError::new(Kind::Decode, format!("the delegate {} answered ADD with something that is not a CNI result: {why}", delegate.plugin_type))
-        .with_details(format!("The primary set the pod up but its result cannot be read; {cleanup}."))
+    GuardError::new(
+        Kind::Decode,
+        format!(
+            "the delegate {} answered ADD with something that is not a CNI result: {why}",
+            delegate.plugin_type
+        ),
+    )
+    .with_details(format!(
+        "The primary set the pod up but its result cannot be read; {cleanup}."
+    ))
 }
 
-fn refuse_if_superseded(inv: &Invocation, attachment: &Attachment, id: &AttachmentId, key: &PodKey) -> Result<()> {
+fn refuse_if_superseded(
+    inv: &Invocation,
+    attachment: &Attachment,
+    id: &AttachmentId,
+    key: &PodKey,
+) -> Result<()> {
     if surely_absent(&inv.conf.state_dir) {
         return Ok(());
     }
     // Judged from files keyed by this network's podKey rule: moved there first if need be.
-    crate::state::rekey::ensure(&inv.conf.state_dir, &inv.conf.network, inv.conf.pod_key, inv.conf.lock_timeout)?;
+    crate::state::rekey::ensure(
+        &inv.conf.state_dir,
+        &inv.conf.network,
+        inv.conf.pod_key,
+        inv.conf.lock_timeout,
+    )?;
     let store = Store::open_read_only(&inv.conf.state_dir)?;
     let _read = store.read_lock(inv.conf.lock_timeout, &|_| {})?;
-    let Loaded::Valid(owner) = store.load_owner(key)? else { return Ok(()) };
+    let Loaded::Valid(owner) = store.load_owner(key)? else {
+        return Ok(());
+    };
     let own_generation = match store.load_record(id)? {
         Loaded::Valid(record) => Some(record.generation),
         _ => None,
     };
     let deferred = !surely_absent(&store.deferred_path(key, id));
-    let found = Owner { ownership: &owner, backed: owner.container_id == id.container_id || store.owner_is_backed(&owner) };
+    let found = Owner {
+        ownership: &owner,
+        backed: owner.container_id == id.container_id || store.owner_is_backed(&owner),
+    };
     let owner_alive = netns_alive(&store, &owner);
-    let AddVerdict::Superseded { owner } = ownership::judge_add(&id.container_id, own_generation, deferred, Some(found), owner_alive) else {
+    let AddVerdict::Superseded { owner } = ownership::judge_add(
+        &id.container_id,
+        own_generation,
+        deferred,
+        Some(found),
+        owner_alive,
+    ) else {
         return Ok(());
     };
-    let why = if deferred { "this sandbox's DEL was deferred" } else { "it took the pod's name after this sandbox did" };
+    let why = if deferred {
+        "this sandbox's DEL was deferred"
+    } else {
+        "it took the pod's name after this sandbox did"
+    };
     let err = GuardError::new(
         Kind::Superseded,
         format!("ADD refused: sandbox {} of pod {} was superseded by sandbox {}", crate::names::short_id(&id.container_id), key.label(), owner.container_id),
@@ -264,15 +358,27 @@ fn refuse_if_superseded(inv: &Invocation, attachment: &Attachment, id: &Attachme
         owner.container_id, owner.generation, owner.container_id
     ));
     let subject = inv.subject(Some(attachment), Some(key.pod()));
-    inv.log.event_with(Level::Warn, inv.verb, &subject, "refused", &[("cause", CAUSE_SUPERSEDED), ("owner", &owner.container_id)], &err.msg);
+    inv.log.event_with(
+        Level::Warn,
+        inv.verb,
+        &subject,
+        "refused",
+        &[("cause", CAUSE_SUPERSEDED), ("owner", &owner.container_id)],
+        &err.msg,
+    );
     Err(err)
 }
 
 /// Whether the owner's netns still exists; when its record cannot say, it is taken as alive.
 fn netns_alive(store: &Store, owner: &crate::state::ownership::Ownership) -> bool {
-    let first = owner.interfaces().first().map(|if_name| AttachmentId::of(&owner.key, &owner.container_id, if_name));
+    let first = owner
+        .interfaces()
+        .first()
+        .map(|if_name| AttachmentId::of(&owner.key, &owner.container_id, if_name));
     match first.map(|id| store.load_record(&id)) {
-        Some(Ok(Loaded::Valid(record))) => crate::kernel::netns::netns_state(&record.netns, None, None).is_alive(),
+        Some(Ok(Loaded::Valid(record))) => {
+            crate::kernel::netns::netns_state(&record.netns, None, None).is_alive()
+        }
         _ => true,
     }
 }
@@ -280,7 +386,13 @@ fn netns_alive(store: &Store, owner: &crate::state::ownership::Ownership) -> boo
 /// Keeps the stale DEL for the primary (durably, before it is answered) and forgets the
 /// stale sandbox's record: the runtime has torn it down. Answered again (the runtime's
 /// second DEL), the first entry stays as it was.
-fn defer(inv: &Invocation, attachment: &Attachment, store: &Store, stale: &Stale, delegate: &Delegate) -> Result<DeferredDel> {
+fn defer(
+    inv: &Invocation,
+    attachment: &Attachment,
+    store: &Store,
+    stale: &Stale,
+    delegate: &Delegate,
+) -> Result<DeferredDel> {
     let id = inv.attachment_id(attachment);
     let record = store.load_record(&id)?;
     let deferred = match store.load_deferred(&stale.key, &id)? {
@@ -300,17 +412,31 @@ fn defer(inv: &Invocation, attachment: &Attachment, store: &Store, stale: &Stale
         Loaded::Missing => {}
     }
     store.remove_failed_add(&id)?;
-    super::del::note_in_ledger(store, &stale.key, crate::state::ledger::Handled::Deferred, &attachment.container_id, &stale.owner);
+    super::del::note_in_ledger(
+        store,
+        &stale.key,
+        crate::state::ledger::Handled::Deferred,
+        &attachment.container_id,
+        &stale.owner,
+    );
     store.sync()?;
     Ok(deferred)
 }
 
-fn new_entry(inv: &Invocation, attachment: &Attachment, stale: &Stale, record: &Loaded<checkpoint::Checkpoint>, delegate: &Delegate) -> DeferredDel {
+fn new_entry(
+    inv: &Invocation,
+    attachment: &Attachment,
+    stale: &Stale,
+    record: &Loaded<checkpoint::Checkpoint>,
+    delegate: &Delegate,
+) -> DeferredDel {
     let record = match record {
         Loaded::Valid(record) => Some(record),
         _ => None,
     };
-    let prev_result = record.map(|r| r.prev_result.clone()).or_else(|| inv.conf.prev_result.clone());
+    let prev_result = record
+        .map(|r| r.prev_result.clone())
+        .or_else(|| inv.conf.prev_result.clone());
     let netns = match (attachment.netns.as_str(), record) {
         ("", Some(record)) => record.netns.clone(),
         (netns, _) => netns.to_string(),
@@ -322,12 +448,19 @@ fn new_entry(inv: &Invocation, attachment: &Attachment, stale: &Stale, record: &
     // Else the MAC the result gives the interface inside a sandbox.
     let mac = observed.or_else(|| {
         let view = crate::cni::result::ResultView::parse(prev_result.as_deref()?).ok()?;
-        view.interfaces.into_iter().find(|i| i.name == attachment.ifname && i.sandbox.is_some()).and_then(|i| i.mac)
+        view.interfaces
+            .into_iter()
+            .find(|i| i.name == attachment.ifname && i.sandbox.is_some())
+            .and_then(|i| i.mac)
     });
     DeferredDel {
         key: stale.key.clone(),
         container_id: attachment.container_id.clone(),
-        pod_uid: attachment.pod.uid.clone().or_else(|| record.and_then(|r| r.pod_uid.clone())),
+        pod_uid: attachment
+            .pod
+            .uid
+            .clone()
+            .or_else(|| record.and_then(|r| r.pod_uid.clone())),
         cni_args: attachment.args.clone(),
         cni_version: record.map_or_else(|| inv.conf.cni_version.clone(), |r| r.cni_version.clone()),
         prev_result,
@@ -339,7 +472,11 @@ fn new_entry(inv: &Invocation, attachment: &Attachment, stale: &Stale, record: &
         attempts: 0,
         last_error: None,
         last_attempt_at: None,
-        interface: stale.key.if_name.is_none().then(|| attachment.ifname.clone()),
+        interface: stale
+            .key
+            .if_name
+            .is_none()
+            .then(|| attachment.ifname.clone()),
         last_attempt_ns: None,
         hung: false,
         delegate: Some(delegate.recorded_conf()),
@@ -356,7 +493,9 @@ fn live_netns(store: &Store, stale: &AttachmentId, netns: &str) -> Vec<(u64, u64
     if crate::kernel::netns::netns_identity(netns).is_none() {
         return Vec::new();
     }
-    let Ok(records) = store.list_records() else { return Vec::new() };
+    let Ok(records) = store.list_records() else {
+        return Vec::new();
+    };
     records
         .into_iter()
         .filter_map(|(_, loaded)| match loaded {
@@ -373,7 +512,13 @@ fn live_netns(store: &Store, stale: &AttachmentId, netns: &str) -> Vec<(u64, u64
 /// checkpointed (`kernel::teardown`), and logs the deferral. A failure fails the DEL (the
 /// entry is kept): the runtime's retry tries again, so the old netns does not go on
 /// answering for the pod's address. What is left alone is logged with why.
-fn remove_stale_interface(inv: &Invocation, attachment: &Attachment, deferred: &DeferredDel, netns: &str, live: &[(u64, u64)]) -> Result<()> {
+fn remove_stale_interface(
+    inv: &Invocation,
+    attachment: &Attachment,
+    deferred: &DeferredDel,
+    netns: &str,
+    live: &[(u64, u64)],
+) -> Result<()> {
     let identity = deferred.identity.as_ref();
     let recorded = teardown::Recorded {
         netns,
@@ -384,12 +529,21 @@ fn remove_stale_interface(inv: &Invocation, attachment: &Attachment, deferred: &
         if_kind: identity.and_then(|id| id.if_kind.as_deref()),
     };
     let done = teardown::remove_interface(&recorded, live).map(|outcome| match outcome {
-        Teardown::Removed => format!("removed {} ({}) from its netns {netns}", attachment.ifname, deferred.mac.as_deref().unwrap_or("no MAC recorded")),
+        Teardown::Removed => format!(
+            "removed {} ({}) from its netns {netns}",
+            attachment.ifname,
+            deferred.mac.as_deref().unwrap_or("no MAC recorded")
+        ),
         Teardown::Absent => "its interface is gone already".to_string(),
-        Teardown::LeftAlone(why) => format!("nothing removed from {netns}: {why}; the primary's replay tears it down"),
+        Teardown::LeftAlone(why) => {
+            format!("nothing removed from {netns}: {why}; the primary's replay tears it down")
+        }
     });
     let subject = inv.subject(Some(attachment), Some(deferred.key.pod()));
-    let fields = [("cause", CAUSE_STALE_DEL), ("owner", deferred.owner.as_str())];
+    let fields = [
+        ("cause", CAUSE_STALE_DEL),
+        ("owner", deferred.owner.as_str()),
+    ];
     match done {
         Ok(text) => {
             inv.log.event_with(Level::Warn, inv.verb, &subject, "deferred", &fields, &format!(
@@ -399,7 +553,17 @@ fn remove_stale_interface(inv: &Invocation, attachment: &Attachment, deferred: &
             Ok(())
         }
         Err(err) => {
-            inv.log.event_with(Level::Error, inv.verb, &subject, "deferred", &fields, &format!("stale DEL deferred, but its interface could not be removed: {}", err.msg));
+            inv.log.event_with(
+                Level::Error,
+                inv.verb,
+                &subject,
+                "deferred",
+                &fields,
+                &format!(
+                    "stale DEL deferred, but its interface could not be removed: {}",
+                    err.msg
+                ),
+            );
             Err(GuardError::new(err.kind, format!("stale DEL deferred, but {} could not be removed from {netns}: {}", attachment.ifname, err.msg))
                 .with_details("The old netns may still answer for the pod's address. The runtime's retry tries again."))
         }
@@ -411,9 +575,13 @@ fn drop_own_deferred(inv: &Invocation, key: &PodKey, id: &AttachmentId) {
     if surely_absent(&path) {
         return;
     }
-    let removed = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout).and_then(|store| store.remove_deferred(key, id));
+    let removed = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout)
+        .and_then(|store| store.remove_deferred(key, id));
     if let Err(err) = removed {
-        eprintln!("sandbox-guard: the deferred DEL of {} could not be removed: {err}", id.container_id);
+        eprintln!(
+            "sandbox-guard: the deferred DEL of {} could not be removed: {err}",
+            id.container_id
+        );
     }
 }
 
@@ -448,7 +616,9 @@ struct Budget {
 
 impl Budget {
     fn new() -> Budget {
-        Budget { until: Instant::now() + REPLAY_BUDGET }
+        Budget {
+            until: Instant::now() + REPLAY_BUDGET,
+        }
     }
 
     fn allows_one_more(&self) -> bool {
@@ -471,25 +641,39 @@ fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey, budget: &Budget, 
             Loaded::Missing => None,
             Loaded::Corrupt { .. } => return Ok(Vec::new()),
         };
-        let found = owner.as_ref().map(|o| Owner { ownership: o, backed: store.owner_is_backed(o) });
+        let found = owner.as_ref().map(|o| Owner {
+            ownership: o,
+            backed: store.owner_is_backed(o),
+        });
         if !ownership::may_replay(found) {
             return Ok(Vec::new());
         }
-        Ok(store.deferred_of(key)?.into_iter().filter_map(|(_, loaded)| match loaded {
-            Loaded::Valid(entry) => Some(entry),
-            _ => None,
-        }).collect())
+        Ok(store
+            .deferred_of(key)?
+            .into_iter()
+            .filter_map(|(_, loaded)| match loaded {
+                Loaded::Valid(entry) => Some(entry),
+                _ => None,
+            })
+            .collect())
     });
     let pending: Vec<DeferredDel> = match pending {
         Ok(pending) => pending,
         Err(err) => {
-            eprintln!("sandbox-guard: the deferred DELs of pod {} wait: {err}", key.pod());
+            eprintln!(
+                "sandbox-guard: the deferred DELs of pod {} wait: {err}",
+                key.pod()
+            );
             return;
         }
     };
     let now = crate::clock::unix_nanos();
     for entry in pending {
-        if sweeping && entry.last_attempt_ns.is_some_and(|then| now.saturating_sub(then) < sweep_retry_after(&entry).as_nanos()) {
+        if sweeping
+            && entry
+                .last_attempt_ns
+                .is_some_and(|then| now.saturating_sub(then) < sweep_retry_after(&entry).as_nanos())
+        {
             continue;
         }
         if !budget.allows_one_more() {
@@ -505,7 +689,12 @@ fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey, budget: &Budget, 
 /// object (its own `runtimeConfig`, no GC list) and network version, its `CNI_ARGS`, an
 /// empty `CNI_NETNS` and its result as `prevResult` where the version has one on DEL
 /// (0.4.0 on; libcni sends none below). Returns whether the store could note the outcome.
-fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel, budget: &Budget) -> bool {
+fn replay_one(
+    inv: &Invocation,
+    current: &Delegate,
+    mut entry: DeferredDel,
+    budget: &Budget,
+) -> bool {
     let recorded = entry.delegate.clone().map(Delegate::from_recorded);
     let delegate = match recorded {
         Some(Ok(recorded)) => recorded,
@@ -513,7 +702,10 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel, budg
         // this call's own (its runtimeConfig, a GC list) that was never the stale sandbox's.
         _ => current.without_call_settings(),
     };
-    let version = entry.conf_version.clone().unwrap_or_else(|| inv.conf.cni_version.clone());
+    let version = entry
+        .conf_version
+        .clone()
+        .unwrap_or_else(|| inv.conf.cni_version.clone());
     let prev_result = entry
         .prev_result
         .as_deref()
@@ -528,13 +720,27 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel, budg
         args: Some(&entry.cni_args),
     };
     let started = Instant::now();
-    let outcome = delegate.call_within(&entry.key.network, &version, prev_result.as_deref(), &env, Some(budget.until));
+    let outcome = delegate.call_within(
+        &entry.key.network,
+        &version,
+        prev_result.as_deref(),
+        &env,
+        Some(budget.until),
+    );
     let if_name = entry.if_name().to_string();
-    let subject = Subject { network: &entry.key.network, container_id: &entry.container_id, if_name: &if_name, pod: Some(entry.key.pod()) };
+    let subject = Subject {
+        network: &entry.key.network,
+        container_id: &entry.container_id,
+        if_name: &if_name,
+        pod: Some(entry.key.pod()),
+    };
     let store = match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
         Ok(store) => store,
         Err(err) => {
-            eprintln!("sandbox-guard: the replayed DEL of {} could not be recorded: {err}", entry.container_id);
+            eprintln!(
+                "sandbox-guard: the replayed DEL of {} could not be recorded: {err}",
+                entry.container_id
+            );
             return false;
         }
     };
@@ -542,10 +748,23 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel, budg
     match outcome {
         Ok(_) => {
             let removed = store.remove_deferred(&entry.key, &id);
-            let note = removed.err().map(|e| format!("; its entry could not be removed ({}), so it is replayed again later", e.msg));
-            inv.log.event(Level::Info, inv.verb, &subject, "replayed", &format!(
-                "the deferred DEL (since {}) reached the primary{}", entry.deferred_at, note.unwrap_or_default()
-            ));
+            let note = removed.err().map(|e| {
+                format!(
+                    "; its entry could not be removed ({}), so it is replayed again later",
+                    e.msg
+                )
+            });
+            inv.log.event(
+                Level::Info,
+                inv.verb,
+                &subject,
+                "replayed",
+                &format!(
+                    "the deferred DEL (since {}) reached the primary{}",
+                    entry.deferred_at,
+                    note.unwrap_or_default()
+                ),
+            );
         }
         Err(err) => {
             entry.attempts += 1;
@@ -554,7 +773,8 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel, budg
             entry.last_attempt_ns = Some(crate::clock::unix_nanos());
             // Killed at the budget's end after having most of it: the primary hangs. One cut
             // short because others used the budget first is retried at the usual back-off.
-            entry.hung = Instant::now() >= budget.until && budget.until.saturating_duration_since(started) >= HUNG_AFTER;
+            entry.hung = Instant::now() >= budget.until
+                && budget.until.saturating_duration_since(started) >= HUNG_AFTER;
             let _ = store.save_deferred(&entry);
             inv.log.event(Level::Warn, inv.verb, &subject, "replay-failed", &format!(
                 "the primary refused the deferred DEL (attempt {}): {}; it stays deferred and is tried again by the node's next \
@@ -575,8 +795,13 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel, budg
 /// those of an earlier release only by a verb of their own network.
 fn sweep(inv: &Invocation, delegate: &Delegate, budget: &Budget) {
     let root = &inv.conf.state_dir;
-    let Ok(dirs) = std::fs::read_dir(root.join(deferred::DEFERRED)) else { return };
-    let mut digests: Vec<String> = dirs.flatten().filter_map(|e| e.file_name().to_str().map(str::to_string)).collect();
+    let Ok(dirs) = std::fs::read_dir(root.join(deferred::DEFERRED)) else {
+        return;
+    };
+    let mut digests: Vec<String> = dirs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .collect();
     if digests.is_empty() {
         return;
     }
@@ -590,8 +815,12 @@ fn sweep(inv: &Invocation, delegate: &Delegate, budget: &Budget) {
         if deferred::owned(root, &digest) {
             continue;
         }
-        let Some(entry) = entry_of(root, &digest, &inv.conf.network) else { continue };
-        let Ok(Some(lock)) = PodLock::try_acquire(root, &entry.key) else { continue };
+        let Some(entry) = entry_of(root, &digest, &inv.conf.network) else {
+            continue;
+        };
+        let Ok(Some(lock)) = PodLock::try_acquire(root, &entry.key) else {
+            continue;
+        };
         let here = if entry.key.network == inv.conf.network {
             None
         } else {
@@ -617,11 +846,20 @@ fn sweep(inv: &Invocation, delegate: &Delegate, budget: &Budget) {
 /// and holding the lock keeps its ADD from starting meanwhile. A primary of another type
 /// leaves the entry to a verb of a network that has its type.
 fn free_here(inv: &Invocation, delegate: &Delegate, entry: &DeferredDel) -> Option<PodLock> {
-    let recorded_type = entry.delegate.as_ref()?.get("type").and_then(serde_json::Value::as_str);
+    let recorded_type = entry
+        .delegate
+        .as_ref()?
+        .get("type")
+        .and_then(serde_json::Value::as_str);
     if recorded_type != Some(delegate.plugin_type.as_str()) {
         return None;
     }
-    let here = inv.conf.pod_key.key(&inv.conf.network, &entry.key.pod_namespace, &entry.key.pod_name, entry.if_name());
+    let here = inv.conf.pod_key.key(
+        &inv.conf.network,
+        &entry.key.pod_namespace,
+        &entry.key.pod_name,
+        entry.if_name(),
+    );
     let lock = PodLock::try_acquire(&inv.conf.state_dir, &here).ok()??;
     if deferred::owned(&inv.conf.state_dir, &here.digest()) {
         lock.release_unused(&inv.conf.state_dir);
@@ -650,18 +888,27 @@ fn entry_of(root: &std::path::Path, digest: &str, network: &str) -> Option<Defer
 /// nobody owns or waits on.
 fn replay_collected(inv: &Invocation, delegate: &Delegate) {
     let listed = |entry: &DeferredDel| {
-        inv.conf.valid_attachments.iter().flatten().any(|v| v.container_id == entry.container_id && v.ifname == entry.if_name())
+        inv.conf
+            .valid_attachments
+            .iter()
+            .flatten()
+            .any(|v| v.container_id == entry.container_id && v.ifname == entry.if_name())
     };
-    let mut keys: Vec<PodKey> = match Store::open_read_only(&inv.conf.state_dir).and_then(|store| store.list_deferred()) {
-        Ok(all) => all
-            .into_iter()
-            .filter_map(|(_, loaded)| match loaded {
-                Loaded::Valid(entry) if entry.key.network == inv.conf.network && !listed(&entry) => Some(entry.key),
-                _ => None,
-            })
-            .collect(),
-        Err(_) => Vec::new(),
-    };
+    let mut keys: Vec<PodKey> =
+        match Store::open_read_only(&inv.conf.state_dir).and_then(|store| store.list_deferred()) {
+            Ok(all) => all
+                .into_iter()
+                .filter_map(|(_, loaded)| match loaded {
+                    Loaded::Valid(entry)
+                        if entry.key.network == inv.conf.network && !listed(&entry) =>
+                    {
+                        Some(entry.key)
+                    }
+                    _ => None,
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
     keys.sort_by_key(PodKey::digest);
     keys.dedup();
     let budget = Budget::new();

@@ -3,12 +3,12 @@
 
 use std::collections::HashSet;
 
-use crate::cni::verbs::Invocation;
 use crate::cni::config::ValidAttachment;
-use crate::error::{GuardError, Kind, Result};
 use crate::cni::log::Level;
-use crate::state::checkpoint::AttachmentId;
+use crate::cni::verbs::Invocation;
+use crate::error::{GuardError, Kind, Result};
 use crate::state::Loaded;
+use crate::state::checkpoint::AttachmentId;
 
 pub fn run(inv: &Invocation) -> Result<()> {
     let valid: HashSet<&ValidAttachment> = inv
@@ -26,7 +26,10 @@ pub fn run(inv: &Invocation) -> Result<()> {
         .collect();
     let network = &inv.conf.network;
     let is_valid = |container_id: &str, if_name: &str| {
-        valid.contains(&ValidAttachment { container_id: container_id.to_string(), ifname: if_name.to_string() })
+        valid.contains(&ValidAttachment {
+            container_id: container_id.to_string(),
+            ifname: if_name.to_string(),
+        })
     };
 
     let store = inv.open_store()?;
@@ -44,18 +47,27 @@ pub fn run(inv: &Invocation) -> Result<()> {
     let mut released = 0;
     let mut repaired = 0;
     for (_, loaded) in store.list_owners()? {
-        let Loaded::Valid(owner) = loaded else { continue };
+        let Loaded::Valid(owner) = loaded else {
+            continue;
+        };
         if owner.key.network != *network {
             continue;
         }
         // Each interface the runtime no longer lists gives its part up; the last one the key.
-        let listed: Vec<String> =
-            owner.interfaces().into_iter().filter(|if_name| is_valid(&owner.container_id, if_name)).map(String::from).collect();
+        let listed: Vec<String> = owner
+            .interfaces()
+            .into_iter()
+            .filter(|if_name| is_valid(&owner.container_id, if_name))
+            .map(String::from)
+            .collect();
         if listed.is_empty() {
             store.remove_owner(&owner.key)?;
             released += 1;
         } else if listed.len() < owner.interfaces().len() {
-            store.save_owner(&crate::state::ownership::Ownership { interfaces: listed, ..owner })?;
+            store.save_owner(&crate::state::ownership::Ownership {
+                interfaces: listed,
+                ..owner
+            })?;
         } else if !store.owner_is_backed(&owner) {
             store.remove_owner(&owner.key)?;
             repaired += 1;
@@ -67,12 +79,17 @@ pub fn run(inv: &Invocation) -> Result<()> {
     let mut set_aside = 0;
     for (path, loaded) in records {
         match loaded {
-            Loaded::Valid(record) if record.network == *network && !is_valid(&record.container_id, &record.if_name) => {
+            Loaded::Valid(record)
+                if record.network == *network
+                    && !is_valid(&record.container_id, &record.if_name) =>
+            {
                 store.remove_record(&record.id())?;
                 removed_records += 1;
             }
             Loaded::Corrupt { .. } => {
-                let Some(id) = AttachmentId::from_file_name(&path) else { continue };
+                let Some(id) = AttachmentId::from_file_name(&path) else {
+                    continue;
+                };
                 if id.network == *network {
                     // Kept either way; it blocks DELs only while the runtime still lists it.
                     let blocking = is_valid(&id.container_id, &id.if_name);
@@ -85,8 +102,13 @@ pub fn run(inv: &Invocation) -> Result<()> {
     }
     // A record blocker of an attachment the runtime no longer lists guards nothing.
     for path in store.list_set_aside()? {
-        let Some(id) = AttachmentId::from_file_name(&path) else { continue };
-        if id.network == *network && crate::state::set_aside_blocks(&path) && !is_valid(&id.container_id, &id.if_name) {
+        let Some(id) = AttachmentId::from_file_name(&path) else {
+            continue;
+        };
+        if id.network == *network
+            && crate::state::set_aside_blocks(&path)
+            && !is_valid(&id.container_id, &id.if_name)
+        {
             store.unblock(&path)?;
         }
     }
@@ -94,7 +116,10 @@ pub fn run(inv: &Invocation) -> Result<()> {
     let mut notes = 0;
     for (path, id) in store.list_failed_adds()? {
         let obsolete = match &id {
-            Some(id) => id.network == *network && !is_valid(&id.container_id, &id.if_name) || recorded.contains(id),
+            Some(id) => {
+                id.network == *network && !is_valid(&id.container_id, &id.if_name)
+                    || recorded.contains(id)
+            }
             None => true,
         };
         if obsolete {

@@ -39,7 +39,13 @@ pub struct Claim {
 /// Called by ADD before it writes anything: finds the live holders of the new addresses and
 /// warns or refuses as `ipConflict` says. Reads one index entry, at most one record and one
 /// namespace per address: the cost does not depend on how many records the store holds.
-pub fn check_addresses(policy: IpConflictPolicy, store: &Store, attachment: &Attachment, id: &AttachmentId, view: &ResultView) -> Result<Claim> {
+pub fn check_addresses(
+    policy: IpConflictPolicy,
+    store: &Store,
+    attachment: &Attachment,
+    id: &AttachmentId,
+    view: &ResultView,
+) -> Result<Claim> {
     let own_inode = netns_inode(&attachment.netns);
     let mut addresses: Vec<IpAddr> = view.ips.iter().map(|ip| ip.address.ip()).collect();
     addresses.sort();
@@ -49,7 +55,10 @@ pub fn check_addresses(policy: IpConflictPolicy, store: &Store, attachment: &Att
         .iter()
         .filter_map(|&address| live_holder(store, id, address, own_inode))
         .collect();
-    let pod = pod_text(attachment.pod.namespace.as_deref(), attachment.pod.name.as_deref());
+    let pod = pod_text(
+        attachment.pod.namespace.as_deref(),
+        attachment.pod.name.as_deref(),
+    );
     let mut warning = None;
     if !conflicts.is_empty() {
         let err = conflict_error(id, &pod, &attachment.netns, &conflicts, policy);
@@ -90,7 +99,12 @@ impl Claim {
 
 /// The holder of `address` named by the index, if it is another sandbox whose namespace is
 /// still mounted. An entry the holder's record contradicts is a leftover, not a holder.
-fn live_holder(store: &Store, id: &AttachmentId, address: IpAddr, own_inode: Option<u64>) -> Option<Conflict> {
+fn live_holder(
+    store: &Store,
+    id: &AttachmentId,
+    address: IpAddr,
+    own_inode: Option<u64>,
+) -> Option<Conflict> {
     let holder = store.ip_holder(&id.network, address)?;
     if holder.network != id.network || holder.address != address || holder.attachment() == *id {
         return None;
@@ -114,14 +128,24 @@ fn live_holder(store: &Store, id: &AttachmentId, address: IpAddr, own_inode: Opt
     if own_inode.is_some() && netns_inode(&netns) == own_inode {
         return None;
     }
-    Some(Conflict { holder: IpHolder { netns, ..holder }, record_gone })
+    Some(Conflict {
+        holder: IpHolder { netns, ..holder },
+        record_gone,
+    })
 }
 
 pub fn record_holds(record: &Checkpoint, address: IpAddr) -> bool {
-    ResultView::parse(&record.prev_result).is_ok_and(|view| view.ips.iter().any(|ip| ip.address.ip() == address))
+    ResultView::parse(&record.prev_result)
+        .is_ok_and(|view| view.ips.iter().any(|ip| ip.address.ip() == address))
 }
 
-fn conflict_error(id: &AttachmentId, pod: &str, netns: &str, conflicts: &[Conflict], policy: IpConflictPolicy) -> GuardError {
+fn conflict_error(
+    id: &AttachmentId,
+    pod: &str,
+    netns: &str,
+    conflicts: &[Conflict],
+    policy: IpConflictPolicy,
+) -> GuardError {
     let first = &conflicts[0];
     let h = &first.holder;
     let fate = if first.record_gone { "deleted " } else { "" };
@@ -144,7 +168,8 @@ fn conflict_error(id: &AttachmentId, pod: &str, netns: &str, conflicts: &[Confli
         id.container_id,
         match policy {
             IpConflictPolicy::Refuse => "\"ipConflict\": \"warn\" only logs such conflicts.",
-            IpConflictPolicy::Warn => "The ADD went on because ipConflict is \"warn\"; \"refuse\" fails such ADDs.",
+            IpConflictPolicy::Warn =>
+                "The ADD went on because ipConflict is \"warn\"; \"refuse\" fails such ADDs.",
         }
     );
     let holders: Vec<serde_json::Value> = conflicts
@@ -160,7 +185,8 @@ fn conflict_error(id: &AttachmentId, pod: &str, netns: &str, conflicts: &[Confli
             })
         })
         .collect();
-    let details = serde_json::json!({ "network": id.network, "conflicts": holders, "wayOut": way_out });
+    let details =
+        serde_json::json!({ "network": id.network, "conflicts": holders, "wayOut": way_out });
     GuardError::new(Kind::IpConflict, msg).with_details(details.to_string())
 }
 
@@ -169,11 +195,13 @@ fn conflict_error(id: &AttachmentId, pod: &str, netns: &str, conflicts: &[Confli
 /// writers. Returns how many went.
 pub fn forget_released(store: &Store, network: &str) -> usize {
     let mut users = None;
-    store.forget_ip_holders(network, |holder| match store.load_record(&holder.attachment()) {
-        Ok(Loaded::Missing) => {
-            let users = users.get_or_insert_with(NetnsUsers::scan);
-            netns_state(&holder.netns, holder.netns_inode, Some(users)) == NetnsState::Gone
+    store.forget_ip_holders(network, |holder| {
+        match store.load_record(&holder.attachment()) {
+            Ok(Loaded::Missing) => {
+                let users = users.get_or_insert_with(NetnsUsers::scan);
+                netns_state(&holder.netns, holder.netns_inode, Some(users)) == NetnsState::Gone
+            }
+            _ => false,
         }
-        _ => false,
     })
 }

@@ -11,8 +11,8 @@ pub mod status;
 use crate::cni::config::NetConf;
 use crate::cni::env::{Attachment, Verb};
 use crate::cni::log::{Log, Subject};
-use crate::state::checkpoint::AttachmentId;
 use crate::state::Store;
+use crate::state::checkpoint::AttachmentId;
 use crate::state::ownership::PodKey;
 
 /// What every verb needs besides its attachment: the config and the log.
@@ -36,7 +36,13 @@ impl Invocation {
     /// The pod key `CNI_ARGS` name for `attachment`, if they name a pod.
     pub fn pod_key(&self, attachment: &Attachment) -> Option<PodKey> {
         let pod = &attachment.pod;
-        crate::state::checkpoint::pod_key(self.conf.pod_key, &self.conf.network, pod.namespace.as_deref(), pod.name.as_deref(), &attachment.ifname)
+        crate::state::checkpoint::pod_key(
+            self.conf.pod_key,
+            &self.conf.network,
+            pod.namespace.as_deref(),
+            pod.name.as_deref(),
+            &attachment.ifname,
+        )
     }
 
     /// The store for writing, its files keyed by the network's `podKey` rule: a writer moves
@@ -49,14 +55,21 @@ impl Invocation {
         match store.rekey(&self.conf.network, self.conf.pod_key) {
             Err(err) if self.verb == Verb::Add => Err(err),
             Err(err) => {
-                eprintln!("sandbox-guard: the store's files could not be moved to podKey {:?} yet: {err}", self.conf.pod_key.name());
+                eprintln!(
+                    "sandbox-guard: the store's files could not be moved to podKey {:?} yet: {err}",
+                    self.conf.pod_key.name()
+                );
                 Ok(store)
             }
             Ok(()) => Ok(store),
         }
     }
 
-    pub fn subject<'a>(&'a self, attachment: Option<&'a Attachment>, pod: Option<String>) -> Subject<'a> {
+    pub fn subject<'a>(
+        &'a self,
+        attachment: Option<&'a Attachment>,
+        pod: Option<String>,
+    ) -> Subject<'a> {
         Subject {
             network: &self.conf.network,
             container_id: attachment.map_or("-", |a| a.container_id.as_str()),

@@ -110,7 +110,11 @@ impl Kernel {
     fn open(pod_netns: Netns) -> Result<Kernel> {
         let host = connect()?;
         let pod = netns::inside(&pod_netns, connect)?;
-        Ok(Kernel { host, pod, pod_netns })
+        Ok(Kernel {
+            host,
+            pod,
+            pod_netns,
+        })
     }
 
     fn socket(&self, side: Side) -> &RouteSocket {
@@ -132,7 +136,8 @@ impl Kernel {
 
 fn connect() -> Result<RouteSocket> {
     netns::refuse_if_stranded()?;
-    RouteSocket::open(ANSWER_TIMEOUT).map_err(|e| GuardError::new(Kind::Netlink, format!("cannot open a netlink socket: {e}")))
+    RouteSocket::open(ANSWER_TIMEOUT)
+        .map_err(|e| GuardError::new(Kind::Netlink, format!("cannot open a netlink socket: {e}")))
 }
 
 /// The errno of a kernel refusal, to tell "not there" and "busy" from real failures.

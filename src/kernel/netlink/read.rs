@@ -3,7 +3,9 @@
 use ipnetwork::IpNetwork;
 use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
-use netlink_packet_route::link::{InfoData, InfoMacVlan, InfoVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVlanMode};
+use netlink_packet_route::link::{
+    InfoData, InfoMacVlan, InfoVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVlanMode,
+};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
@@ -28,7 +30,9 @@ pub enum Side {
 impl Kernel {
     pub fn link_by_name(&self, side: Side, name: &str) -> Result<Option<LinkState>> {
         let mut request = LinkMessage::default();
-        request.attributes.push(LinkAttribute::IfName(name.to_string()));
+        request
+            .attributes
+            .push(LinkAttribute::IfName(name.to_string()));
         self.first_link(side, request, &format!("read link {name}"))
     }
 
@@ -38,11 +42,20 @@ impl Kernel {
         self.first_link(side, request, &format!("read link #{index}"))
     }
 
-    fn first_link(&self, side: Side, request: LinkMessage, action: &str) -> Result<Option<LinkState>> {
+    fn first_link(
+        &self,
+        side: Side,
+        request: LinkMessage,
+        action: &str,
+    ) -> Result<Option<LinkState>> {
         first_link(self.socket(side), request, action)
     }
 
-    fn get_link(&self, side: Side, request: LinkMessage) -> std::result::Result<Option<LinkMessage>, NlError> {
+    fn get_link(
+        &self,
+        side: Side,
+        request: LinkMessage,
+    ) -> std::result::Result<Option<LinkMessage>, NlError> {
         get_link(self.socket(side), request)
     }
 
@@ -53,13 +66,17 @@ impl Kernel {
     fn address_dump(&self, side: Side) -> Result<Vec<(u32, IpNetwork)>> {
         let answers = self
             .socket(side)
-            .request(RouteNetlinkMessage::GetAddress(AddressMessage::default()), NLM_F_REQUEST | NLM_F_DUMP)
+            .request(
+                RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+                NLM_F_REQUEST | NLM_F_DUMP,
+            )
             .map_err(|e| failed("read the addresses", e))?;
         let mut addresses = Vec::with_capacity(answers.len());
         for answer in answers {
             match answer {
                 RouteNetlinkMessage::NewAddress(message) => {
-                    addresses.extend(address_cidr(&message).map(|cidr| (message.header.index, cidr)));
+                    addresses
+                        .extend(address_cidr(&message).map(|cidr| (message.header.index, cidr)));
                 }
                 other => return Err(failed("read the addresses", unexpected(&other))),
             }
@@ -73,7 +90,10 @@ impl Kernel {
         request.header.family = AddressFamily::Inet6;
         let answers = self
             .socket(Side::Pod)
-            .request(RouteNetlinkMessage::GetAddress(request), NLM_F_REQUEST | NLM_F_DUMP)
+            .request(
+                RouteNetlinkMessage::GetAddress(request),
+                NLM_F_REQUEST | NLM_F_DUMP,
+            )
             .map_err(|e| failed("read the IPv6 addresses", e))?;
         let mut states = Vec::new();
         for answer in answers {
@@ -93,23 +113,37 @@ impl Kernel {
     /// A link with its addresses and the routes of its netns: three requests in a row on one
     /// socket. The kernel answers each within the calls that send and read it, so there is no
     /// wait to overlap, and two dumps in flight on one socket would draw EBUSY.
-    pub fn link_with_addresses_and_routes(&self, side: Side, name: &str) -> Result<Option<LinkWithSurroundings>> {
+    pub fn link_with_addresses_and_routes(
+        &self,
+        side: Side,
+        name: &str,
+    ) -> Result<Option<LinkWithSurroundings>> {
         let mut request = LinkMessage::default();
-        request.attributes.push(LinkAttribute::IfName(name.to_string()));
+        request
+            .attributes
+            .push(LinkAttribute::IfName(name.to_string()));
         let link = match self.get_link(side, request) {
             Ok(Some(message)) => link_state(&message),
             Ok(None) => return Ok(None),
             Err(err) if errno(&err) == Some(nix::libc::ENODEV) => return Ok(None),
             Err(err) => return Err(failed(&format!("read link {name}"), err)),
         };
-        let addresses = self.address_dump(side)?.into_iter().filter(|(index, _)| *index == link.index).map(|(_, cidr)| cidr).collect();
+        let addresses = self
+            .address_dump(side)?
+            .into_iter()
+            .filter(|(index, _)| *index == link.index)
+            .map(|(_, cidr)| cidr)
+            .collect();
         Ok(Some((link, addresses, self.route_dump(side)?)))
     }
 }
 
 /// An answer of another kind than the request calls for.
 fn unexpected(message: &RouteNetlinkMessage) -> NlError {
-    NlError::Malformed(format!("unexpected answer from the kernel (type {})", message.message_type()))
+    NlError::Malformed(format!(
+        "unexpected answer from the kernel (type {})",
+        message.message_type()
+    ))
 }
 
 fn link_state(message: &LinkMessage) -> LinkState {
@@ -160,7 +194,11 @@ fn link_state(message: &LinkMessage) -> LinkState {
 }
 
 fn mac_text(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// The names `ip -d link` prints, which is what an operator compares against.
@@ -262,8 +300,12 @@ fn route_state(message: &RouteMessage) -> Option<RouteState> {
         Some(ip) => IpNetwork::new(ip, prefix).ok()?,
         // No RTA_DST is the default route of the family.
         None => match message.header.address_family {
-            AddressFamily::Inet => IpNetwork::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0).ok()?,
-            AddressFamily::Inet6 => IpNetwork::new(std::net::Ipv6Addr::UNSPECIFIED.into(), 0).ok()?,
+            AddressFamily::Inet => {
+                IpNetwork::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0).ok()?
+            }
+            AddressFamily::Inet6 => {
+                IpNetwork::new(std::net::Ipv6Addr::UNSPECIFIED.into(), 0).ok()?
+            }
             _ => return None,
         },
     };
@@ -273,7 +315,10 @@ fn route_state(message: &RouteMessage) -> Option<RouteState> {
         oif,
         link_scope: message.header.scope == RouteScope::Link,
         metric,
-        by_kernel: matches!(message.header.protocol, RouteProtocol::Kernel | RouteProtocol::Ra),
+        by_kernel: matches!(
+            message.header.protocol,
+            RouteProtocol::Kernel | RouteProtocol::Ra
+        ),
         main_table: table == RT_TABLE_MAIN,
         multipath,
         reject,
@@ -288,7 +333,11 @@ fn route_ip(address: &RouteAddress) -> Option<std::net::IpAddr> {
     }
 }
 
-fn first_link(socket: &RouteSocket, request: LinkMessage, action: &str) -> Result<Option<LinkState>> {
+fn first_link(
+    socket: &RouteSocket,
+    request: LinkMessage,
+    action: &str,
+) -> Result<Option<LinkState>> {
     match get_link(socket, request) {
         Ok(message) => Ok(message.map(|m| link_state(&m))),
         // The kernel answers a lookup of a missing link with ENODEV.
@@ -298,7 +347,10 @@ fn first_link(socket: &RouteSocket, request: LinkMessage, action: &str) -> Resul
 }
 
 /// RTM_GETLINK for one link, by the name or the index in `request`.
-fn get_link(socket: &RouteSocket, request: LinkMessage) -> std::result::Result<Option<LinkMessage>, NlError> {
+fn get_link(
+    socket: &RouteSocket,
+    request: LinkMessage,
+) -> std::result::Result<Option<LinkMessage>, NlError> {
     let answers = socket.request(RouteNetlinkMessage::GetLink(request), NLM_F_REQUEST)?;
     match answers.into_iter().next() {
         Some(RouteNetlinkMessage::NewLink(message)) => Ok(Some(message)),
@@ -316,7 +368,10 @@ fn route_dump(socket: &RouteSocket) -> Result<Vec<RouteState>> {
     request.header.scope = RouteScope::Universe;
     request.header.kind = RouteType::Unicast;
     let answers = socket
-        .request(RouteNetlinkMessage::GetRoute(request), NLM_F_REQUEST | NLM_F_DUMP)
+        .request(
+            RouteNetlinkMessage::GetRoute(request),
+            NLM_F_REQUEST | NLM_F_DUMP,
+        )
         .map_err(|e| failed("read the routes", e))?;
     let mut routes = Vec::with_capacity(answers.len());
     for answer in answers {
@@ -335,7 +390,8 @@ pub type NamedRoute = (RouteState, Option<String>);
 /// no thread, a link lookup per distinct device.
 pub fn main_routes_here() -> Result<Vec<NamedRoute>> {
     let socket = super::connect()?;
-    let mut names: std::collections::HashMap<u32, Option<String>> = std::collections::HashMap::new();
+    let mut names: std::collections::HashMap<u32, Option<String>> =
+        std::collections::HashMap::new();
     let mut named = Vec::new();
     for route in route_dump(&socket)?.into_iter().filter(|r| r.main_table) {
         let device = match route.oif {
@@ -344,7 +400,8 @@ pub fn main_routes_here() -> Result<Vec<NamedRoute>> {
                 None => {
                     let mut request = LinkMessage::default();
                     request.header.index = index;
-                    let name = first_link(&socket, request, &format!("read link #{index}"))?.map(|l| l.name);
+                    let name = first_link(&socket, request, &format!("read link #{index}"))?
+                        .map(|l| l.name);
                     names.insert(index, name.clone());
                     name
                 }

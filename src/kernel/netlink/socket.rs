@@ -11,7 +11,8 @@ use std::io;
 use std::time::Duration;
 
 use netlink_packet_core::{
-    ErrorMessage, NLM_F_ACK, NLM_F_MULTIPART, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    ErrorMessage, NLM_F_ACK, NLM_F_MULTIPART, NetlinkBuffer, NetlinkHeader, NetlinkMessage,
+    NetlinkPayload,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::protocols::NETLINK_ROUTE;
@@ -57,12 +58,20 @@ impl RouteSocket {
         let socket = Socket::new(NETLINK_ROUTE)?;
         let timeout = TimeVal::new(timeout.as_secs() as _, timeout.subsec_micros() as _);
         setsockopt(&socket, sockopt::ReceiveTimeout, &timeout)?;
-        Ok(RouteSocket { socket, sequence: Cell::new(0), buffer: RefCell::new(Vec::new()) })
+        Ok(RouteSocket {
+            socket,
+            sequence: Cell::new(0),
+            buffer: RefCell::new(Vec::new()),
+        })
     }
 
     /// Sends `message` with `flags` and collects the inner messages of the answer: one for a
     /// plain GET, every part for a dump, none for a change acknowledged (NLM_F_ACK).
-    pub fn request(&self, message: RouteNetlinkMessage, flags: u16) -> Result<Vec<RouteNetlinkMessage>, NlError> {
+    pub fn request(
+        &self,
+        message: RouteNetlinkMessage,
+        flags: u16,
+    ) -> Result<Vec<RouteNetlinkMessage>, NlError> {
         let sequence = self.sequence.get().wrapping_add(1);
         self.sequence.set(sequence);
         let mut header = NetlinkHeader::default();
@@ -95,7 +104,10 @@ impl RouteSocket {
                 Ok((received, _)) => received,
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
-                    return Err(NlError::Io(io::Error::new(io::ErrorKind::TimedOut, "the kernel did not answer in time")));
+                    return Err(NlError::Io(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the kernel did not answer in time",
+                    )));
                 }
                 Err(err) => return Err(NlError::Io(err)),
             };
@@ -105,7 +117,9 @@ impl RouteSocket {
                     buffer.len()
                 )));
             }
-            if let Answer::Complete = read_datagram(&buffer[..received], sequence, expecting_ack, &mut answers)? {
+            if let Answer::Complete =
+                read_datagram(&buffer[..received], sequence, expecting_ack, &mut answers)?
+            {
                 return Ok(answers);
             }
         }
@@ -129,10 +143,15 @@ fn read_datagram(
             .map_err(|e| NlError::Malformed(format!("cannot read the kernel's answer: {e}")))?;
         // new_checked made sure that the length fits the datagram and covers a header.
         let length = header.length() as usize;
-        let (own_sequence, multipart) = (header.sequence_number() == sequence, header.flags() & NLM_F_MULTIPART != 0);
+        let (own_sequence, multipart) = (
+            header.sequence_number() == sequence,
+            header.flags() & NLM_F_MULTIPART != 0,
+        );
         let bytes = &datagram[..length];
         // Messages are aligned to 4 bytes; the last one may lack its padding.
-        datagram = datagram.get(length.next_multiple_of(4)..).unwrap_or_default();
+        datagram = datagram
+            .get(length.next_multiple_of(4)..)
+            .unwrap_or_default();
         if !own_sequence {
             continue;
         }
@@ -140,7 +159,11 @@ fn read_datagram(
             Ok(message) => message,
             // One part of a dump that this crate cannot parse is left out; the rest still tells.
             Err(_) if multipart => continue,
-            Err(e) => return Err(NlError::Malformed(format!("cannot parse the kernel's answer: {e}"))),
+            Err(e) => {
+                return Err(NlError::Malformed(format!(
+                    "cannot parse the kernel's answer: {e}"
+                )));
+            }
         };
         match message.payload {
             NetlinkPayload::InnerMessage(inner) => {
@@ -153,7 +176,10 @@ fn read_datagram(
             NetlinkPayload::Error(error) if error.code.is_none() => return Ok(Answer::Complete),
             NetlinkPayload::Error(error) => return Err(NlError::Kernel(error)),
             other => {
-                return Err(NlError::Malformed(format!("unexpected answer from the kernel (type {})", other.message_type())));
+                return Err(NlError::Malformed(format!(
+                    "unexpected answer from the kernel (type {})",
+                    other.message_type()
+                )));
             }
         }
     }
@@ -189,9 +215,19 @@ mod tests {
         datagram.extend(emitted(7, NLM_F_MULTIPART, link("eth0")));
         datagram.extend(emitted(7, NLM_F_MULTIPART, link("eth1")));
         let mut answers = Vec::new();
-        assert!(matches!(read_datagram(&datagram, 7, false, &mut answers), Ok(Answer::MoreToCome)));
-        let done = emitted(7, NLM_F_MULTIPART, NetlinkPayload::Done(DoneMessage::default()));
-        assert!(matches!(read_datagram(&done, 7, false, &mut answers), Ok(Answer::Complete)));
+        assert!(matches!(
+            read_datagram(&datagram, 7, false, &mut answers),
+            Ok(Answer::MoreToCome)
+        ));
+        let done = emitted(
+            7,
+            NLM_F_MULTIPART,
+            NetlinkPayload::Done(DoneMessage::default()),
+        );
+        assert!(matches!(
+            read_datagram(&done, 7, false, &mut answers),
+            Ok(Answer::Complete)
+        ));
         assert_eq!(answers.len(), 2);
     }
 
@@ -214,9 +250,15 @@ mod tests {
         }
         // A length field larger than the datagram.
         datagram[0] = 0xff;
-        assert!(matches!(read_datagram(&datagram, 3, false, &mut Vec::new()), Err(NlError::Malformed(_))));
+        assert!(matches!(
+            read_datagram(&datagram, 3, false, &mut Vec::new()),
+            Err(NlError::Malformed(_))
+        ));
         // A length field smaller than a header.
         datagram[0] = 4;
-        assert!(matches!(read_datagram(&datagram, 3, false, &mut Vec::new()), Err(NlError::Malformed(_))));
+        assert!(matches!(
+            read_datagram(&datagram, 3, false, &mut Vec::new()),
+            Err(NlError::Malformed(_))
+        ));
     }
 }

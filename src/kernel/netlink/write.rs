@@ -6,8 +6,12 @@ use std::time::{Duration, Instant};
 use ipnetwork::IpNetwork;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
-use netlink_packet_route::link::{InfoData, InfoKind, InfoMacVlan, InfoVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
-use netlink_packet_route::route::{RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType, RouteVia};
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoMacVlan, InfoVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+use netlink_packet_route::route::{
+    RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType, RouteVia,
+};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::read::{Side, macvlan_mode_from_name};
@@ -39,9 +43,17 @@ impl Kernel {
         self.socket(side).request(message, CHANGE).map(drop)
     }
 
-    pub fn create_vlan(&self, name: &str, lower_index: u32, vlan_id: u16, mtu: Option<u32>) -> Result<()> {
+    pub fn create_vlan(
+        &self,
+        name: &str,
+        lower_index: u32,
+        vlan_id: u16,
+        mtu: Option<u32>,
+    ) -> Result<()> {
         let mut message = LinkMessage::default();
-        message.attributes.push(LinkAttribute::IfName(name.to_string()));
+        message
+            .attributes
+            .push(LinkAttribute::IfName(name.to_string()));
         message.attributes.push(LinkAttribute::Link(lower_index));
         message.attributes.extend(mtu.map(LinkAttribute::Mtu));
         message.attributes.push(LinkAttribute::LinkInfo(vec![
@@ -49,15 +61,23 @@ impl Kernel {
             LinkInfo::Data(InfoData::Vlan(vec![InfoVlan::Id(vlan_id)])),
         ]));
         self.change(Side::Host, RouteNetlinkMessage::NewLink(message))
-            .map_err(|e| failed(&format!("create vlan {name} (id {vlan_id}) on link #{lower_index}"), e))
+            .map_err(|e| {
+                failed(
+                    &format!("create vlan {name} (id {vlan_id}) on link #{lower_index}"),
+                    e,
+                )
+            })
     }
 
     pub fn set_up(&self, side: Side, name: &str) -> Result<()> {
         let mut message = LinkMessage::default();
         message.header.flags |= LinkFlags::Up;
         message.header.change_mask |= LinkFlags::Up;
-        message.attributes.push(LinkAttribute::IfName(name.to_string()));
-        self.change(side, RouteNetlinkMessage::SetLink(message)).map_err(|e| failed(&format!("set {name} up"), e))
+        message
+            .attributes
+            .push(LinkAttribute::IfName(name.to_string()));
+        self.change(side, RouteNetlinkMessage::SetLink(message))
+            .map_err(|e| failed(&format!("set {name} up"), e))
     }
 
     /// Creates the macvlan on its host parent straight inside the pod's netns, under its
@@ -65,13 +85,27 @@ impl Kernel {
     /// leaves nothing behind there.
     pub fn create_macvlan_in_pod(&self, link: &NewMacvlan) -> Result<()> {
         let mode = macvlan_mode_from_name(link.mode).ok_or_else(|| {
-            GuardError::new(Kind::Netlink, format!("macvlan mode {:?} is not one this plugin can create", link.mode))
+            GuardError::new(
+                Kind::Netlink,
+                format!(
+                    "macvlan mode {:?} is not one this plugin can create",
+                    link.mode
+                ),
+            )
         })?;
         let mut message = LinkMessage::default();
-        message.attributes.push(LinkAttribute::IfName(link.name.to_string()));
-        message.attributes.push(LinkAttribute::Link(link.parent_index));
-        message.attributes.push(LinkAttribute::Address(link.mac.to_vec()));
-        message.attributes.push(LinkAttribute::NetNsFd(self.pod_netns_fd()));
+        message
+            .attributes
+            .push(LinkAttribute::IfName(link.name.to_string()));
+        message
+            .attributes
+            .push(LinkAttribute::Link(link.parent_index));
+        message
+            .attributes
+            .push(LinkAttribute::Address(link.mac.to_vec()));
+        message
+            .attributes
+            .push(LinkAttribute::NetNsFd(self.pod_netns_fd()));
         message.attributes.extend(link.mtu.map(LinkAttribute::Mtu));
         message.attributes.push(LinkAttribute::LinkInfo(vec![
             LinkInfo::Kind(InfoKind::MacVlan),
@@ -80,13 +114,22 @@ impl Kernel {
         let started = Instant::now();
         loop {
             match self.change(Side::Host, RouteNetlinkMessage::NewLink(message.clone())) {
-                Err(err) if errno(&err) == Some(nix::libc::EADDRINUSE) && started.elapsed() < ADDRESS_IN_USE_PATIENCE => {
+                Err(err)
+                    if errno(&err) == Some(nix::libc::EADDRINUSE)
+                        && started.elapsed() < ADDRESS_IN_USE_PATIENCE =>
+                {
                     std::thread::sleep(ADDRESS_IN_USE_PAUSE);
                 }
                 outcome => {
                     return outcome.map_err(|e| {
-                        failed(&format!("create macvlan {} on link #{} in the pod's netns", link.name, link.parent_index), e)
-                    })
+                        failed(
+                            &format!(
+                                "create macvlan {} on link #{} in the pod's netns",
+                                link.name, link.parent_index
+                            ),
+                            e,
+                        )
+                    });
                 }
             }
         }
@@ -96,9 +139,14 @@ impl Kernel {
     pub fn delete_pod_link(&self, index: u32) -> Result<()> {
         let mut message = LinkMessage::default();
         message.header.index = index;
-        match self.socket(Side::Pod).request(RouteNetlinkMessage::DelLink(message), NLM_F_REQUEST | NLM_F_ACK) {
+        match self.socket(Side::Pod).request(
+            RouteNetlinkMessage::DelLink(message),
+            NLM_F_REQUEST | NLM_F_ACK,
+        ) {
             Err(err) if errno(&err) == Some(nix::libc::ENODEV) => Ok(()),
-            outcome => outcome.map(drop).map_err(|e| failed(&format!("delete link #{index} in the pod's netns"), e)),
+            outcome => outcome
+                .map(drop)
+                .map_err(|e| failed(&format!("delete link #{index} in the pod's netns"), e)),
         }
     }
 
@@ -112,11 +160,17 @@ impl Kernel {
             IpAddr::V4(ip) => {
                 message.header.family = AddressFamily::Inet;
                 if !ip.is_multicast() {
-                    message.attributes.push(AddressAttribute::Address(ip.into()));
+                    message
+                        .attributes
+                        .push(AddressAttribute::Address(ip.into()));
                     message.attributes.push(AddressAttribute::Local(ip.into()));
                     if cidr.prefix() < 31 {
-                        let broadcast = std::net::Ipv4Addr::from(u32::MAX >> u32::from(cidr.prefix()) | u32::from(ip));
-                        message.attributes.push(AddressAttribute::Broadcast(broadcast));
+                        let broadcast = std::net::Ipv4Addr::from(
+                            u32::MAX >> u32::from(cidr.prefix()) | u32::from(ip),
+                        );
+                        message
+                            .attributes
+                            .push(AddressAttribute::Broadcast(broadcast));
                     }
                 }
             }
@@ -125,7 +179,9 @@ impl Kernel {
                 if ip.is_multicast() {
                     message.attributes.push(AddressAttribute::Multicast(ip));
                 } else {
-                    message.attributes.push(AddressAttribute::Address(ip.into()));
+                    message
+                        .attributes
+                        .push(AddressAttribute::Address(ip.into()));
                     message.attributes.push(AddressAttribute::Local(ip.into()));
                 }
             }
@@ -141,39 +197,75 @@ impl Kernel {
         let mut message = AddressMessage::default();
         message.header.index = index;
         message.header.prefix_len = cidr.prefix();
-        message.header.family = if cidr.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+        message.header.family = if cidr.is_ipv4() {
+            AddressFamily::Inet
+        } else {
+            AddressFamily::Inet6
+        };
         message.attributes.push(AddressAttribute::Local(cidr.ip()));
-        match self.socket(Side::Pod).request(RouteNetlinkMessage::DelAddress(message), NLM_F_REQUEST | NLM_F_ACK) {
+        match self.socket(Side::Pod).request(
+            RouteNetlinkMessage::DelAddress(message),
+            NLM_F_REQUEST | NLM_F_ACK,
+        ) {
             Err(err) if errno(&err) == Some(nix::libc::EADDRNOTAVAIL) => Ok(()),
-            outcome => outcome.map(drop).map_err(|e| failed(&format!("delete address {cidr}"), e)),
+            outcome => outcome
+                .map(drop)
+                .map_err(|e| failed(&format!("delete address {cidr}"), e)),
         }
     }
 
-    pub fn add_route(&self, index: u32, dst: IpNetwork, gateway: Option<IpAddr>, link_scope: bool, metric: Option<u32>) -> Result<()> {
+    pub fn add_route(
+        &self,
+        index: u32,
+        dst: IpNetwork,
+        gateway: Option<IpAddr>,
+        link_scope: bool,
+        metric: Option<u32>,
+    ) -> Result<()> {
         let mut message = RouteMessage::default();
         message.header.table = RouteHeader::RT_TABLE_MAIN;
         message.header.protocol = RouteProtocol::Static;
-        message.header.scope = if link_scope { RouteScope::Link } else { RouteScope::Universe };
+        message.header.scope = if link_scope {
+            RouteScope::Link
+        } else {
+            RouteScope::Universe
+        };
         message.header.kind = RouteType::Unicast;
-        message.header.address_family = if dst.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+        message.header.address_family = if dst.is_ipv4() {
+            AddressFamily::Inet
+        } else {
+            AddressFamily::Inet6
+        };
         message.header.destination_prefix_length = dst.prefix();
-        message.attributes.push(RouteAttribute::Destination(dst.ip().into()));
+        message
+            .attributes
+            .push(RouteAttribute::Destination(dst.ip().into()));
         message.attributes.push(RouteAttribute::Oif(index));
         match (dst.ip(), gateway) {
             (_, None) => {}
-            (IpAddr::V4(_), Some(gateway @ IpAddr::V4(_))) | (IpAddr::V6(_), Some(gateway @ IpAddr::V6(_))) => {
-                message.attributes.push(RouteAttribute::Gateway(gateway.into()));
+            (IpAddr::V4(_), Some(gateway @ IpAddr::V4(_)))
+            | (IpAddr::V6(_), Some(gateway @ IpAddr::V6(_))) => {
+                message
+                    .attributes
+                    .push(RouteAttribute::Gateway(gateway.into()));
             }
             // RFC 5549: an IPv4 route through an IPv6 next hop.
-            (IpAddr::V4(_), Some(IpAddr::V6(gateway))) => message.attributes.push(RouteAttribute::Via(RouteVia::Inet6(gateway))),
+            (IpAddr::V4(_), Some(IpAddr::V6(gateway))) => message
+                .attributes
+                .push(RouteAttribute::Via(RouteVia::Inet6(gateway))),
             (IpAddr::V6(_), Some(gateway @ IpAddr::V4(_))) => {
                 return Err(GuardError::new(
                     Kind::Netlink,
-                    format!("route to {dst} via {gateway}: invalid address family {:?}", AddressFamily::Inet6),
+                    format!(
+                        "route to {dst} via {gateway}: invalid address family {:?}",
+                        AddressFamily::Inet6
+                    ),
                 ));
             }
         }
-        message.attributes.extend(metric.map(RouteAttribute::Priority));
+        message
+            .attributes
+            .extend(metric.map(RouteAttribute::Priority));
         match self.change(Side::Pod, RouteNetlinkMessage::NewRoute(message)) {
             // The connected route of an address may already be there: same route, same effect.
             Err(err) if errno(&err) == Some(nix::libc::EEXIST) => Ok(()),

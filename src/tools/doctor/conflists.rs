@@ -45,12 +45,22 @@ pub fn read(conf_dir: &Path, report: &mut Report) -> NodeConfig {
         Ok(entries) => entries
             .flatten()
             .map(|e| e.path())
-            .filter(|p| p.extension().and_then(|e| e.to_str()).is_some_and(|e| EXTENSIONS.contains(&e)))
+            .filter(|p| {
+                p.extension()
+                    .and_then(|e| e.to_str())
+                    .is_some_and(|e| EXTENSIONS.contains(&e))
+            })
             .collect(),
         Err(e) => {
             report.add(
-                Finding::new(Severity::Warning, "cni-config", format!("cannot read the CNI config dir {}: {e}", conf_dir.display()))
-                    .fix("pass --conf-dir with the runtime's CNI config dir (containerd: cni.conf_dir)"),
+                Finding::new(
+                    Severity::Warning,
+                    "cni-config",
+                    format!("cannot read the CNI config dir {}: {e}", conf_dir.display()),
+                )
+                .fix(
+                    "pass --conf-dir with the runtime's CNI config dir (containerd: cni.conf_dir)",
+                ),
             );
             return node;
         }
@@ -79,7 +89,10 @@ pub fn read(conf_dir: &Path, report: &mut Report) -> NodeConfig {
             Finding::new(
                 Severity::Warning,
                 "cni-config",
-                format!("no conflist in {} lists sandbox-guard: no pod is guarded", conf_dir.display()),
+                format!(
+                    "no conflist in {} lists sandbox-guard: no pod is guarded",
+                    conf_dir.display()
+                ),
             )
             .fix("add {\"type\": \"sandbox-guard\"} as the LAST plugin of each network's conflist"),
         );
@@ -88,7 +101,12 @@ pub fn read(conf_dir: &Path, report: &mut Report) -> NodeConfig {
         report.add(Finding::new(
             Severity::Ok,
             "cni-config",
-            format!("{} CNI config files read from {}, {} networks guarded", files.len(), conf_dir.display(), node.guards.len()),
+            format!(
+                "{} CNI config files read from {}, {} networks guarded",
+                files.len(),
+                conf_dir.display(),
+                node.guards.len()
+            ),
         ));
     }
     for (problem, fix) in problems {
@@ -97,11 +115,18 @@ pub fn read(conf_dir: &Path, report: &mut Report) -> NodeConfig {
     node
 }
 
-fn read_conf(file: &Path, conf: &Value, node: &mut NodeConfig, problems: &mut Vec<(String, &'static str)>) {
+fn read_conf(
+    file: &Path,
+    conf: &Value,
+    node: &mut NodeConfig,
+    problems: &mut Vec<(String, &'static str)>,
+) {
     let network = conf["name"].as_str().unwrap_or("-").to_string();
     let cni_version = match conf.get("cniVersion") {
         None | Some(Value::Null) => crate::cni::version::UNVERSIONED.to_string(),
-        Some(Value::String(version)) if version.is_empty() => crate::cni::version::UNVERSIONED.to_string(),
+        Some(Value::String(version)) if version.is_empty() => {
+            crate::cni::version::UNVERSIONED.to_string()
+        }
         Some(Value::String(version)) => version.clone(),
         Some(other) => other.to_string(),
     };
@@ -143,7 +168,9 @@ fn read_conf(file: &Path, conf: &Value, node: &mut NodeConfig, problems: &mut Ve
             }
             node.guards.push(GuardEntry {
                 network: network.clone(),
-                state_dir: plugin["stateDir"].as_str().map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from),
+                state_dir: plugin["stateDir"]
+                    .as_str()
+                    .map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from),
                 log_file: plugin["logFile"].as_str().map(PathBuf::from),
                 cni_version: cni_version.clone(),
                 delegate_type: plugin["delegate"]["type"].as_str().map(String::from),
@@ -161,14 +188,25 @@ fn collect_lower_links(value: &Value, network: &str, file: &Path, node: &mut Nod
             if let Some(plugin @ ("macvlan" | "ipvlan")) = map.get("type").and_then(Value::as_str) {
                 node.lower_links.push(LowerLink {
                     plugin: plugin.to_string(),
-                    network: map.get("name").and_then(Value::as_str).unwrap_or(network).to_string(),
-                    master: map.get("master").and_then(Value::as_str).filter(|m| !m.is_empty()).map(String::from),
+                    network: map
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or(network)
+                        .to_string(),
+                    master: map
+                        .get("master")
+                        .and_then(Value::as_str)
+                        .filter(|m| !m.is_empty())
+                        .map(String::from),
                     file: file.to_path_buf(),
                 });
             }
-            map.values().for_each(|v| collect_lower_links(v, network, file, node));
+            map.values()
+                .for_each(|v| collect_lower_links(v, network, file, node));
         }
-        Value::Array(items) => items.iter().for_each(|v| collect_lower_links(v, network, file, node)),
+        Value::Array(items) => items
+            .iter()
+            .for_each(|v| collect_lower_links(v, network, file, node)),
         _ => {}
     }
 }
@@ -188,9 +226,18 @@ mod tests {
         .unwrap();
         let mut node = NodeConfig::default();
         // Each problem with the fix that is true for it.
-    let mut problems: Vec<(String, &'static str)> = Vec::new();
-        read_conf(Path::new("/etc/cni/net.d/10-multus.conflist"), &conf, &mut node, &mut problems);
-        let masters: Vec<_> = node.lower_links.iter().map(|l| (l.plugin.as_str(), l.master.as_deref())).collect();
+        let mut problems: Vec<(String, &'static str)> = Vec::new();
+        read_conf(
+            Path::new("/etc/cni/net.d/10-multus.conflist"),
+            &conf,
+            &mut node,
+            &mut problems,
+        );
+        let masters: Vec<_> = node
+            .lower_links
+            .iter()
+            .map(|l| (l.plugin.as_str(), l.master.as_deref()))
+            .collect();
         assert_eq!(masters, [("macvlan", Some("bond1")), ("ipvlan", None)]);
         assert_eq!(node.guards[0].state_dir, PathBuf::from("/x"));
         assert!(problems[0].0.contains("must be LAST"), "{problems:?}");
@@ -200,30 +247,67 @@ mod tests {
         )
         .unwrap();
         let mut problems = Vec::new();
-        read_conf(Path::new("/etc/cni/net.d/10-calico.conflist"), &wrapping, &mut NodeConfig::default(), &mut problems);
-        assert!(problems.is_empty(), "a guard that wraps its primary may stand first: {problems:?}");
+        read_conf(
+            Path::new("/etc/cni/net.d/10-calico.conflist"),
+            &wrapping,
+            &mut NodeConfig::default(),
+            &mut problems,
+        );
+        assert!(
+            problems.is_empty(),
+            "a guard that wraps its primary may stand first: {problems:?}"
+        );
     }
 
     #[test]
     fn names_a_network_whose_version_the_guard_does_not_speak() {
         for (text, bad) in [
-            (r#"{"name":"n","cniVersion":"0.1.0","plugins":[{"type":"calico"},{"type":"sandbox-guard"}]}"#, false),
-            (r#"{"name":"n","plugins":[{"type":"calico"},{"type":"sandbox-guard"}]}"#, false),
-            (r#"{"name":"n","cniVersion":"1.1.0","plugins":[{"type":"sandbox-guard","delegate":{"type":"calico"}}]}"#, false),
-            (r#"{"name":"n","cniVersion":"1.2.0","plugins":[{"type":"calico"},{"type":"sandbox-guard"}]}"#, true),
-            (r#"{"name":"n","cniVersion":"0.2.1","plugins":[{"type":"sandbox-guard","delegate":{"type":"calico"}}]}"#, true),
-            (r#"{"name":"n","cniVersion":1,"plugins":[{"type":"calico"},{"type":"sandbox-guard"}]}"#, true),
+            (
+                r#"{"name":"n","cniVersion":"0.1.0","plugins":[{"type":"calico"},{"type":"sandbox-guard"}]}"#,
+                false,
+            ),
+            (
+                r#"{"name":"n","plugins":[{"type":"calico"},{"type":"sandbox-guard"}]}"#,
+                false,
+            ),
+            (
+                r#"{"name":"n","cniVersion":"1.1.0","plugins":[{"type":"sandbox-guard","delegate":{"type":"calico"}}]}"#,
+                false,
+            ),
+            (
+                r#"{"name":"n","cniVersion":"1.2.0","plugins":[{"type":"calico"},{"type":"sandbox-guard"}]}"#,
+                true,
+            ),
+            (
+                r#"{"name":"n","cniVersion":"0.2.1","plugins":[{"type":"sandbox-guard","delegate":{"type":"calico"}}]}"#,
+                true,
+            ),
+            (
+                r#"{"name":"n","cniVersion":1,"plugins":[{"type":"calico"},{"type":"sandbox-guard"}]}"#,
+                true,
+            ),
         ] {
             let conf: Value = serde_json::from_str(text).unwrap();
             let mut node = NodeConfig::default();
             let mut problems = Vec::new();
-            read_conf(Path::new("/etc/cni/net.d/10-n.conflist"), &conf, &mut node, &mut problems);
+            read_conf(
+                Path::new("/etc/cni/net.d/10-n.conflist"),
+                &conf,
+                &mut node,
+                &mut problems,
+            );
             assert_eq!(!problems.is_empty(), bad, "{text}: {problems:?}");
             if bad {
-                assert!(problems[0].0.contains("which sandbox-guard does not speak"), "{problems:?}");
+                assert!(
+                    problems[0].0.contains("which sandbox-guard does not speak"),
+                    "{problems:?}"
+                );
             }
         }
-        let conf: Value = serde_json::from_str(r#"{"name":"n","plugins":[{"type":"sandbox-guard","delegate":{"type":"calico"}}]}"#).unwrap();
+        let conf: Value = serde_json::from_str(
+            r#"{"name":"n","plugins":[{"type":"sandbox-guard","delegate":{"type":"calico"}}]}"#,
+        )
+        .unwrap();
         let mut node = NodeConfig::default();
         read_conf(Path::new("/x.conflist"), &conf, &mut node, &mut Vec::new());
         assert_eq!(node.guards[0].cni_version, "0.1.0");

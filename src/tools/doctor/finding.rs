@@ -44,7 +44,13 @@ pub struct Finding {
 
 impl Finding {
     pub fn new(severity: Severity, check: &'static str, summary: impl Into<String>) -> Finding {
-        Finding { severity, check, summary: summary.into(), evidence: Vec::new(), fix: String::new() }
+        Finding {
+            severity,
+            check,
+            summary: summary.into(),
+            evidence: Vec::new(),
+            fix: String::new(),
+        }
     }
 
     pub fn evidence(mut self, line: impl Into<String>) -> Finding {
@@ -88,7 +94,10 @@ impl Report {
     }
 
     pub fn count(&self, severity: Severity) -> usize {
-        self.findings.iter().filter(|f| f.severity == severity).count()
+        self.findings
+            .iter()
+            .filter(|f| f.severity == severity)
+            .count()
     }
 
     /// 1 when any finding is an error, so that monitoring can alert on the exit status.
@@ -111,7 +120,13 @@ impl Report {
             }
             Format::Table => {
                 for finding in &self.findings {
-                    writeln!(out, "{:<8} {:<18} {}", finding.severity.label(), finding.check, finding.summary)?;
+                    writeln!(
+                        out,
+                        "{:<8} {:<18} {}",
+                        finding.severity.label(),
+                        finding.check,
+                        finding.summary
+                    )?;
                     for line in &finding.evidence {
                         writeln!(out, "{:<28}evidence: {line}", "")?;
                     }

@@ -16,7 +16,11 @@ const IFF_UP: u32 = 0x1;
 const IFF_SLAVE: u32 = 0x800;
 const IFF_MASTER: u32 = 0x400;
 /// Where boot scripts enslave links by hand (seed 000's `ifenslave bond0 bond1 ...`).
-const BOOT_SCRIPTS: [&str; 3] = ["/etc/rc.local", "/etc/rc.d/rc.local", "/etc/network/interfaces"];
+const BOOT_SCRIPTS: [&str; 3] = [
+    "/etc/rc.local",
+    "/etc/rc.d/rc.local",
+    "/etc/network/interfaces",
+];
 
 pub fn check_lower_links(links: &[LowerLink], report: &mut Report) {
     // One finding per host link, naming every network that uses it.
@@ -26,7 +30,10 @@ pub fn check_lower_links(links: &[LowerLink], report: &mut Report) {
     }
     for (master, users) in by_master {
         let plugin = users[0].plugin.as_str();
-        let networks: Vec<String> = users.iter().map(|l| format!("{} ({})", l.network, l.file.display())).collect();
+        let networks: Vec<String> = users
+            .iter()
+            .map(|l| format!("{} ({})", l.network, l.file.display()))
+            .collect();
         let used_by = format!("used by {plugin} in {}", networks.join(", "));
         let name = match master {
             Some(name) => name,
@@ -60,9 +67,13 @@ fn check_lower_link(plugin: &str, name: &str, used_by: &str) -> Finding {
         )
         .evidence(used_by.to_string())
         .evidence(format!("{} does not exist", dir.display()))
-        .fix(format!("create {name} (or fix its name in the conflist): `ip link show` lists the links"));
+        .fix(format!(
+            "create {name} (or fix its name in the conflist): `ip link show` lists the links"
+        ));
     }
-    let flags = read_trimmed(&dir.join("flags")).and_then(|f| u32::from_str_radix(f.trim_start_matches("0x"), 16).ok()).unwrap_or(0);
+    let flags = read_trimmed(&dir.join("flags"))
+        .and_then(|f| u32::from_str_radix(f.trim_start_matches("0x"), 16).ok())
+        .unwrap_or(0);
     let flag_text = format!("{name} flags {flags:#x}: {}", flag_names(flags));
     if let Some(upper) = link_name(&dir.join("master")) {
         let kind = upper_kind(&upper);
@@ -87,24 +98,44 @@ fn check_lower_link(plugin: &str, name: &str, used_by: &str) -> Finding {
                  line (`ifenslave {upper} <its NICs>`, `ifenslave {name} <its NICs>`)"
             )
         } else {
-            format!("take {name} out of {upper} (`ip link set {name} nomaster`), or put the {plugin} on a link that is no port of a {kind}")
+            format!(
+                "take {name} out of {upper} (`ip link set {name} nomaster`), or put the {plugin} on a link that is no port of a {kind}"
+            )
         };
         return finding.fix(fix);
     }
     if flags & IFF_UP == 0 {
-        return Finding::new(Severity::Error, "lower-link", format!("{name}, the {plugin} lower link, is down: pods on it get no traffic"))
-            .evidence(used_by.to_string())
-            .evidence(flag_text)
-            .fix(format!("`ip link set {name} up` and make it come up at boot"));
+        return Finding::new(
+            Severity::Error,
+            "lower-link",
+            format!("{name}, the {plugin} lower link, is down: pods on it get no traffic"),
+        )
+        .evidence(used_by.to_string())
+        .evidence(flag_text)
+        .fix(format!(
+            "`ip link set {name} up` and make it come up at boot"
+        ));
     }
     let operstate = read_trimmed(&dir.join("operstate")).unwrap_or_default();
     if operstate == "down" || operstate == "lowerlayerdown" {
-        return Finding::new(Severity::Warning, "lower-link", format!("{name}, the {plugin} lower link, is up but has no carrier (operstate {operstate})"))
-            .evidence(used_by.to_string())
-            .fix(format!("check the cable or the switch port of {name}"));
-    }
-    Finding::new(Severity::Ok, "lower-link", format!("{name} exists, is up (operstate {operstate}) and is no slave: {plugin} can use it"))
+        return Finding::new(
+            Severity::Warning,
+            "lower-link",
+            format!(
+                "{name}, the {plugin} lower link, is up but has no carrier (operstate {operstate})"
+            ),
+        )
         .evidence(used_by.to_string())
+        .fix(format!("check the cable or the switch port of {name}"));
+    }
+    Finding::new(
+        Severity::Ok,
+        "lower-link",
+        format!(
+            "{name} exists, is up (operstate {operstate}) and is no slave: {plugin} can use it"
+        ),
+    )
+    .evidence(used_by.to_string())
 }
 
 fn upper_kind(upper: &str) -> &'static str {
@@ -113,7 +144,9 @@ fn upper_kind(upper: &str) -> &'static str {
         "bond"
     } else if dir.join("bridge").exists() {
         "bridge"
-    } else if read_trimmed(&dir.join("uevent")).is_some_and(|u| u.lines().any(|l| l == "DEVTYPE=team")) {
+    } else if read_trimmed(&dir.join("uevent"))
+        .is_some_and(|u| u.lines().any(|l| l == "DEVTYPE=team"))
+    {
         "team"
     } else {
         "master device"
@@ -126,7 +159,11 @@ fn flag_names(flags: u32) -> String {
         .filter(|(bit, _)| flags & bit != 0)
         .map(|(_, name)| *name)
         .collect();
-    if names.is_empty() { "not UP".to_string() } else { names.join(",") }
+    if names.is_empty() {
+        "not UP".to_string()
+    } else {
+        names.join(",")
+    }
 }
 
 /// Boot-script lines that enslave by hand and name both links, e.g.
@@ -150,16 +187,23 @@ fn names_both(line: &str, upper: &str, lower: &str) -> bool {
         return false;
     }
     let words: Vec<&str> = line.split_whitespace().collect();
-    let enslaves = words.iter().any(|w| w.ends_with("ifenslave") || *w == "master" || *w == "bond-slaves");
+    let enslaves = words
+        .iter()
+        .any(|w| w.ends_with("ifenslave") || *w == "master" || *w == "bond-slaves");
     enslaves && words.contains(&upper) && words.contains(&lower)
 }
 
 fn link_name(path: &Path) -> Option<String> {
-    std::fs::read_link(path).ok()?.file_name().map(|n| n.to_string_lossy().into_owned())
+    std::fs::read_link(path)
+        .ok()?
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
 }
 
 fn read_trimmed(path: &Path) -> Option<String> {
-    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -177,7 +221,11 @@ struct Route {
 
 impl std::fmt::Display for Route {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let dst = if self.dst.prefix() == 0 { "default".to_string() } else { self.dst.to_string() };
+        let dst = if self.dst.prefix() == 0 {
+            "default".to_string()
+        } else {
+            self.dst.to_string()
+        };
         if let Some(kind) = self.reject {
             return write!(f, "{kind} {dst}");
         }
@@ -204,13 +252,17 @@ fn check_service_route(cidr: IpNetwork, routes: &[Route]) -> Finding {
         .iter()
         .filter(|r| r.dst.is_ipv4() == cidr.is_ipv4() && r.dst.contains(probe))
         .max_by_key(|r| r.dst.prefix());
-    let default = routes.iter().find(|r| r.dst.prefix() == 0 && r.dst.is_ipv4() == cidr.is_ipv4());
+    let default = routes
+        .iter()
+        .find(|r| r.dst.prefix() == 0 && r.dst.is_ipv4() == cidr.is_ipv4());
     match route_lookup(probe) {
         Ok(source) => {
             let mut finding = Finding::new(
                 Severity::Ok,
                 "service-route",
-                format!("{probe} (service CIDR {cidr}) is routable from this host (source address {source})"),
+                format!(
+                    "{probe} (service CIDR {cidr}) is routable from this host (source address {source})"
+                ),
             );
             if let Some(route) = covering {
                 finding = finding.evidence(format!("main table: {route}"));
@@ -259,13 +311,18 @@ fn route_lookup(destination: IpAddr) -> io::Result<IpAddr> {
 
 fn nth_address(cidr: IpNetwork, n: u128) -> IpAddr {
     match cidr {
-        IpNetwork::V4(net) => IpAddr::V4(Ipv4Addr::from(u32::from(net.network()).wrapping_add(n as u32))),
+        IpNetwork::V4(net) => IpAddr::V4(Ipv4Addr::from(
+            u32::from(net.network()).wrapping_add(n as u32),
+        )),
         IpNetwork::V6(net) => IpAddr::V6(Ipv6Addr::from(u128::from(net.network()).wrapping_add(n))),
     }
 }
 
 fn default_route_device() -> Option<String> {
-    main_routes().into_iter().find(|r| r.dst.prefix() == 0 && r.dst.is_ipv4() && r.reject.is_none()).and_then(|r| r.device)
+    main_routes()
+        .into_iter()
+        .find(|r| r.dst.prefix() == 0 && r.dst.is_ipv4() && r.reject.is_none())
+        .and_then(|r| r.device)
 }
 
 /// The host's main table, from netlink. Read as root, as the doctor is run; a failed read
@@ -277,7 +334,12 @@ fn main_routes() -> Vec<Route> {
     });
     routes
         .into_iter()
-        .map(|(route, device)| Route { dst: route.dst, gateway: route.gateway, device, reject: route.reject })
+        .map(|(route, device)| Route {
+            dst: route.dst,
+            gateway: route.gateway,
+            device,
+            reject: route.reject,
+        })
         .collect()
 }
 
@@ -286,16 +348,34 @@ mod tests {
     use super::*;
 
     fn route(dst: &str, gateway: Option<&str>) -> Route {
-        Route { dst: dst.parse().unwrap(), gateway: gateway.map(|g| g.parse().unwrap()), device: Some("eth0".into()), reject: None }
+        Route {
+            dst: dst.parse().unwrap(),
+            gateway: gateway.map(|g| g.parse().unwrap()),
+            device: Some("eth0".into()),
+            reject: None,
+        }
     }
 
     #[test]
     fn routes_read_as_ip_route_prints_them() {
-        assert_eq!(route("0.0.0.0/0", Some("192.0.2.1")).to_string(), "default via 192.0.2.1 dev eth0");
-        assert_eq!(route("192.0.2.0/24", None).to_string(), "192.0.2.0/24 dev eth0");
+        assert_eq!(
+            route("0.0.0.0/0", Some("192.0.2.1")).to_string(),
+            "default via 192.0.2.1 dev eth0"
+        );
+        assert_eq!(
+            route("192.0.2.0/24", None).to_string(),
+            "192.0.2.0/24 dev eth0"
+        );
         assert_eq!(route("fd00::/64", None).to_string(), "fd00::/64 dev eth0");
-        assert_eq!(route("::/0", Some("fe80::1")).to_string(), "default via fe80::1 dev eth0");
-        let unreachable = Route { reject: Some("unreachable"), device: None, ..route("10.96.0.0/12", None) };
+        assert_eq!(
+            route("::/0", Some("fe80::1")).to_string(),
+            "default via fe80::1 dev eth0"
+        );
+        let unreachable = Route {
+            reject: Some("unreachable"),
+            device: None,
+            ..route("10.96.0.0/12", None)
+        };
         assert_eq!(unreachable.to_string(), "unreachable 10.96.0.0/12");
     }
 
@@ -308,13 +388,23 @@ mod tests {
 
     #[test]
     fn kubernetes_service_is_the_first_address() {
-        assert_eq!(nth_address("10.96.0.0/12".parse().unwrap(), 1), "10.96.0.1".parse::<IpAddr>().unwrap());
-        assert_eq!(nth_address("fd00:10:96::/112".parse().unwrap(), 1), "fd00:10:96::1".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            nth_address("10.96.0.0/12".parse().unwrap(), 1),
+            "10.96.0.1".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            nth_address("fd00:10:96::/112".parse().unwrap(), 1),
+            "fd00:10:96::1".parse::<IpAddr>().unwrap()
+        );
     }
 
     #[test]
     fn ifenslave_line_naming_both_bonds() {
-        assert!(names_both("ifenslave bond0 bond1 enp661s0f0 enp661s0f1", "bond0", "bond1"));
+        assert!(names_both(
+            "ifenslave bond0 bond1 enp661s0f0 enp661s0f1",
+            "bond0",
+            "bond1"
+        ));
         assert!(names_both("/sbin/ifenslave bond0 bond1", "bond0", "bond1"));
         assert!(!names_both("ifenslave bond0 enp661s0f0", "bond0", "bond1"));
         assert!(!names_both("# ifenslave bond0 bond1", "bond0", "bond1"));

@@ -61,12 +61,22 @@ pub fn run(options: &Options) -> i32 {
 
     let mut log_files: Vec<(String, Option<PathBuf>)> = match &options.log_file {
         Some(path) => vec![("-".to_string(), Some(path.clone()))],
-        None => node.guards.iter().map(|g| (g.network.clone(), g.log_file.clone())).collect(),
+        None => node
+            .guards
+            .iter()
+            .map(|g| (g.network.clone(), g.log_file.clone()))
+            .collect(),
     };
     // Networks sharing one log file are read once.
     log_files.sort_by(|a, b| a.1.cmp(&b.1));
     log_files.dedup_by(|a, b| a.1.is_some() && a.1 == b.1);
-    stale_dels::check(&state_dirs, &log_files, &owners, options.lock_timeout, &mut report);
+    stale_dels::check(
+        &state_dirs,
+        &log_files,
+        &owners,
+        options.lock_timeout,
+        &mut report,
+    );
 
     let status = report.exit_status();
     let mut out = std::io::stdout().lock();

@@ -27,18 +27,35 @@ const DEFAULT_CNI_PATH: &str = "/opt/cni/bin";
 const LIBCNI_CURRENT: &str = "1.1.0";
 
 pub fn check(guards: &[GuardEntry], report: &mut Report) {
-    let search = std::env::var("CNI_PATH").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| DEFAULT_CNI_PATH.to_string());
+    let search = std::env::var("CNI_PATH")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| DEFAULT_CNI_PATH.to_string());
     for guard in guards {
-        let Some(primary) = &guard.delegate_type else { continue };
+        let Some(primary) = &guard.delegate_type else {
+            continue;
+        };
         if !crate::cni::version::SUPPORTED.contains(&guard.cni_version.as_str()) {
             // Named already: the guard itself refuses the network.
             continue;
         }
         let where_ = format!("{}: network {}", guard.file.display(), guard.network);
-        if let Err(err) = crate::names::check_plain("delegate type", primary, 255, crate::error::Kind::InvalidConfig) {
+        if let Err(err) = crate::names::check_plain(
+            "delegate type",
+            primary,
+            255,
+            crate::error::Kind::InvalidConfig,
+        ) {
             // The guard refuses it (so does libcni's FindInPath): nothing to ask, and a path
             // here is no plugin the doctor may run.
-            report.add(Finding::new(Severity::Error, "primary-version", format!("{where_}: {}: the guard refuses every verb of it", err.msg)).fix(err.details));
+            report.add(
+                Finding::new(
+                    Severity::Error,
+                    "primary-version",
+                    format!("{where_}: {}: the guard refuses every verb of it", err.msg),
+                )
+                .fix(err.details),
+            );
             continue;
         }
         match supported_versions(primary, &search) {
@@ -96,7 +113,12 @@ fn supported_versions(plugin_type: &str, search: &str) -> Result<Vec<String>, Un
 fn answer(path: &std::path::Path) -> Result<Vec<String>, String> {
     let mut child = Command::new(path)
         .env_clear()
-        .envs([("CNI_COMMAND", "VERSION"), ("CNI_NETNS", "dummy"), ("CNI_IFNAME", "dummy"), ("CNI_PATH", "dummy")])
+        .envs([
+            ("CNI_COMMAND", "VERSION"),
+            ("CNI_NETNS", "dummy"),
+            ("CNI_IFNAME", "dummy"),
+            ("CNI_PATH", "dummy"),
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -129,7 +151,11 @@ fn answer(path: &std::path::Path) -> Result<Vec<String>, String> {
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("{} did not answer VERSION within {} s", path.display(), VERSION_TIMEOUT.as_secs()));
+                return Err(format!(
+                    "{} did not answer VERSION within {} s",
+                    path.display(),
+                    VERSION_TIMEOUT.as_secs()
+                ));
             }
             Err(e) => return Err(format!("cannot wait for {}: {e}", path.display())),
         }
@@ -148,15 +174,27 @@ fn answer(path: &std::path::Path) -> Result<Vec<String>, String> {
         if answer.as_ref().and_then(|a| a["msg"].as_str()) == Some("unknown CNI_COMMAND: VERSION") {
             return Ok(vec!["0.1.0".to_string()]);
         }
-        return Err(format!("{} VERSION failed: {}", path.display(), crate::names::shorten(String::from_utf8_lossy(&reply).trim())));
+        return Err(format!(
+            "{} VERSION failed: {}",
+            path.display(),
+            crate::names::shorten(String::from_utf8_lossy(&reply).trim())
+        ));
     }
     let answer = answer.ok_or_else(|| format!("{} VERSION wrote no JSON", path.display()))?;
-    let listed: Vec<String> =
-        answer["supportedVersions"].as_array().into_iter().flatten().filter_map(Value::as_str).map(String::from).collect();
+    let listed: Vec<String> = answer["supportedVersions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(String::from)
+        .collect();
     match (listed.is_empty(), answer["cniVersion"].as_str()) {
         (false, _) => Ok(listed),
         // libcni's PluginDecoder: a 0.2.0 answer without the list speaks 0.1.0 and 0.2.0.
         (true, Some("0.2.0")) => Ok(vec!["0.1.0".to_string(), "0.2.0".to_string()]),
-        _ => Err(format!("{} VERSION has no supportedVersions", path.display())),
+        _ => Err(format!(
+            "{} VERSION has no supportedVersions",
+            path.display()
+        )),
     }
 }

@@ -7,17 +7,17 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use super::finding::{Finding, Report, Severity, capped};
 use super::store_health;
-use super::finding::{capped, Finding, Report, Severity};
+use crate::cni::result::ResultView;
 use crate::kernel::netlink::{self, Side};
 use crate::kernel::netns::{NetnsState, NetnsUsers, netns_inode, netns_state};
 use crate::names::pod_text;
-use crate::state::ip_index::{self, IpHolder};
-use crate::state::ownership::{Ownership, PodKey};
-use crate::cni::result::ResultView;
 use crate::state::checkpoint::Checkpoint;
+use crate::state::ip_index::{self, IpHolder};
 use crate::state::lock::WaitNotice;
-use crate::state::{Folder, Loaded, Store, read_for_listing, read_entry_for_listing};
+use crate::state::ownership::{Ownership, PodKey};
+use crate::state::{Folder, Loaded, Store, read_entry_for_listing, read_for_listing};
 
 /// Every pod key's owner across the stores read, for judging the log's stale DELs.
 pub type Owners = HashMap<PodKey, Ownership>;
@@ -32,7 +32,13 @@ struct LiveRecord {
     addresses: Vec<IpAddr>,
 }
 
-pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_seen: &mut Owners, lock_timeout: Duration) {
+pub fn check(
+    state_dir: &Path,
+    users: &NetnsUsers,
+    report: &mut Report,
+    owners_seen: &mut Owners,
+    lock_timeout: Duration,
+) {
     let root_display = state_dir.display().to_string();
     if std::fs::symlink_metadata(state_dir).is_err() {
         report.add(Finding::new(
@@ -46,7 +52,14 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
     let store = match Store::open_read_only(state_dir) {
         Ok(store) => store,
         Err(e) => {
-            report.add(Finding::new(Severity::Error, "store", format!("cannot open the store: {e}")).fix("run --doctor as root"));
+            report.add(
+                Finding::new(
+                    Severity::Error,
+                    "store",
+                    format!("cannot open the store: {e}"),
+                )
+                .fix("run --doctor as root"),
+            );
             return;
         }
     };
@@ -55,7 +68,9 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
     let notice = WaitNotice::new(state_dir, lock_timeout);
     let on_wait = |holder: &str| notice.hear(holder);
     let listed = (|| -> crate::error::Result<_> {
-        let mut records = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| Some(read_for_listing::<Checkpoint>(p)))?;
+        let mut records = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| {
+            Some(read_for_listing::<Checkpoint>(p))
+        })?;
         let mut owners = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |p| {
             let owner = read_entry_for_listing::<Ownership>(p);
             let backed = matches!(&owner, Loaded::Valid(o) if store.owner_is_backed(o));
@@ -69,7 +84,11 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
     let (records, owners, set_aside) = match listed {
         Ok(listed) => listed,
         Err(e) => {
-            report.add(Finding::new(Severity::Error, "store", format!("cannot read the store: {e}")));
+            report.add(Finding::new(
+                Severity::Error,
+                "store",
+                format!("cannot read the store: {e}"),
+            ));
             return;
         }
     };
@@ -107,7 +126,6 @@ pub fn check(state_dir: &Path, users: &NetnsUsers, report: &mut Report, owners_s
     check_interfaces(&root_display, &live, report);
 }
 
-
 fn check_namespaces(
     root: &str,
     records: Vec<Checkpoint>,
@@ -120,7 +138,17 @@ fn check_namespaces(
     let recorded_inode: HashMap<(String, String, String, String), u64> = index
         .iter()
         .filter_map(|(_, holder)| holder.as_ref())
-        .filter_map(|h| Some(((h.network.clone(), h.container_id.clone(), h.if_name.clone(), h.netns.clone()), h.netns_inode?)))
+        .filter_map(|h| {
+            Some((
+                (
+                    h.network.clone(),
+                    h.container_id.clone(),
+                    h.if_name.clone(),
+                    h.netns.clone(),
+                ),
+                h.netns_inode?,
+            ))
+        })
         .collect();
     let total = records.len();
     let mut gone = Vec::new();
@@ -129,7 +157,12 @@ fn check_namespaces(
         if record.netns.is_empty() {
             continue;
         }
-        let key = (record.network.clone(), record.container_id.clone(), record.if_name.clone(), record.netns.clone());
+        let key = (
+            record.network.clone(),
+            record.container_id.clone(),
+            record.if_name.clone(),
+            record.netns.clone(),
+        );
         let inode = recorded_inode.get(&key).copied();
         let state = netns_state(&record.netns, inode, Some(users));
         if state == NetnsState::Gone {
@@ -144,12 +177,25 @@ fn check_namespaces(
             ));
             continue;
         }
-        let identity = netns_inode(&record.netns).or(inode).map_or_else(|| record.netns.clone(), |i| format!("inode {i}"));
-        let addresses = ResultView::parse(&record.prev_result).map(|v| v.ips.iter().map(|ip| ip.address.ip()).collect()).unwrap_or_default();
-        live.push(LiveRecord { record, state, identity, addresses });
+        let identity = netns_inode(&record.netns)
+            .or(inode)
+            .map_or_else(|| record.netns.clone(), |i| format!("inode {i}"));
+        let addresses = ResultView::parse(&record.prev_result)
+            .map(|v| v.ips.iter().map(|ip| ip.address.ip()).collect())
+            .unwrap_or_default();
+        live.push(LiveRecord {
+            record,
+            state,
+            identity,
+            addresses,
+        });
     }
     if gone.is_empty() {
-        report.add(Finding::new(Severity::Ok, "sandbox-netns", format!("{root}: every recorded namespace ({total}) still exists")));
+        report.add(Finding::new(
+            Severity::Ok,
+            "sandbox-netns",
+            format!("{root}: every recorded namespace ({total}) still exists"),
+        ));
     } else {
         let mut finding = Finding::new(
             Severity::Warning,
@@ -165,7 +211,13 @@ fn check_namespaces(
     }
     for entry in &live {
         let record = &entry.record;
-        let Some((key, owner)) = record.pod_keys().into_iter().find_map(|key| Some((key.clone(), owners.get(&key)?))) else { continue };
+        let Some((key, owner)) = record
+            .pod_keys()
+            .into_iter()
+            .find_map(|key| Some((key.clone(), owners.get(&key)?)))
+        else {
+            continue;
+        };
         if owner.container_id == record.container_id {
             continue;
         }
@@ -197,7 +249,10 @@ fn check_shared_addresses(root: &str, live: &[LiveRecord], report: &mut Report) 
     let mut holders: BTreeMap<(String, IpAddr), Vec<&LiveRecord>> = BTreeMap::new();
     for entry in live {
         for address in &entry.addresses {
-            holders.entry((entry.record.network.clone(), *address)).or_default().push(entry);
+            holders
+                .entry((entry.record.network.clone(), *address))
+                .or_default()
+                .push(entry);
         }
     }
     let mut clean = true;
@@ -230,7 +285,11 @@ fn check_shared_addresses(root: &str, live: &[LiveRecord], report: &mut Report) 
         report.add(finding);
     }
     if clean {
-        report.add(Finding::new(Severity::Ok, "ip-conflict", format!("{root}: no address is held by two live namespaces")));
+        report.add(Finding::new(
+            Severity::Ok,
+            "ip-conflict",
+            format!("{root}: no address is held by two live namespaces"),
+        ));
     }
 }
 
@@ -267,11 +326,17 @@ fn check_deleted_holders(
         )
         .evidence(describe_state(&holder.netns, &state, users))
         .evidence(format!("{} was given the address at {}; its record is gone from the store", holder.container_id, holder.since));
-        for other in live.iter().filter(|l| l.record.network == holder.network && l.addresses.contains(&holder.address)) {
+        for other in live
+            .iter()
+            .filter(|l| l.record.network == holder.network && l.addresses.contains(&holder.address))
+        {
             finding = finding.evidence(format!(
                 "sandbox {} of pod {} has the same address now: the two conflict",
                 other.record.container_id,
-                pod_text(other.record.pod_namespace.as_deref(), other.record.pod_name.as_deref())
+                pod_text(
+                    other.record.pod_namespace.as_deref(),
+                    other.record.pod_name.as_deref()
+                )
             ));
         }
         report.add(finding.fix(
@@ -282,7 +347,11 @@ fn check_deleted_holders(
         ));
     }
     if !found {
-        report.add(Finding::new(Severity::Ok, "deleted-netns", format!("{root}: no namespace of a deleted sandbox still holds an address")));
+        report.add(Finding::new(
+            Severity::Ok,
+            "deleted-netns",
+            format!("{root}: no namespace of a deleted sandbox still holds an address"),
+        ));
     }
 }
 
@@ -291,7 +360,9 @@ fn check_interfaces(root: &str, live: &[LiveRecord], report: &mut Report) {
     let mut unreadable = Vec::new();
     for entry in live {
         let record = &entry.record;
-        let Ok(view) = ResultView::parse(&record.prev_result) else { continue };
+        let Ok(view) = ResultView::parse(&record.prev_result) else {
+            continue;
+        };
         let mut names: Vec<String> = view
             .interfaces
             .iter()
@@ -327,11 +398,25 @@ fn check_interfaces(root: &str, live: &[LiveRecord], report: &mut Report) {
         finding.evidence = capped(missing);
         report.add(finding);
     } else if unreadable.is_empty() {
-        report.add(Finding::new(Severity::Ok, "sandbox-interfaces", format!("{root}: every live sandbox ({}) has its interfaces", live.len())));
+        report.add(Finding::new(
+            Severity::Ok,
+            "sandbox-interfaces",
+            format!(
+                "{root}: every live sandbox ({}) has its interfaces",
+                live.len()
+            ),
+        ));
     }
     if !unreadable.is_empty() {
-        let mut finding = Finding::new(Severity::Info, "sandbox-interfaces", format!("{root}: {} namespaces could not be entered", unreadable.len()))
-            .fix("run --doctor as root");
+        let mut finding = Finding::new(
+            Severity::Info,
+            "sandbox-interfaces",
+            format!(
+                "{root}: {} namespaces could not be entered",
+                unreadable.len()
+            ),
+        )
+        .fix("run --doctor as root");
         finding.evidence = capped(unreadable);
         report.add(finding);
     }
@@ -344,7 +429,9 @@ fn absent_interfaces(netns: &str, names: Vec<String>) -> crate::error::Result<Ve
         let mut absent = Vec::new();
         for name in names {
             // A name no interface can have (too long, say) is absent without asking.
-            if crate::names::check_ifname(&name).is_err() || kernel.link_by_name(Side::Pod, &name)?.is_none() {
+            if crate::names::check_ifname(&name).is_err()
+                || kernel.link_by_name(Side::Pod, &name)?.is_none()
+            {
                 absent.push(name);
             }
         }
@@ -356,12 +443,24 @@ fn absent_interfaces(netns: &str, names: Vec<String>) -> crate::error::Result<Ve
 fn describe_state(netns: &str, state: &NetnsState, users: &NetnsUsers) -> String {
     let pids: Vec<u32> = match state {
         NetnsState::HeldBy(pids) => pids.clone(),
-        _ => netns_inode(netns).map(|i| users.pids(i).to_vec()).unwrap_or_default(),
+        _ => netns_inode(netns)
+            .map(|i| users.pids(i).to_vec())
+            .unwrap_or_default(),
     };
-    let processes: Vec<String> = pids.iter().take(5).map(|&pid| describe_process(pid)).collect();
-    let held = if processes.is_empty() { "no process in it".to_string() } else { format!("processes in it: {}", processes.join(", ")) };
+    let processes: Vec<String> = pids
+        .iter()
+        .take(5)
+        .map(|&pid| describe_process(pid))
+        .collect();
+    let held = if processes.is_empty() {
+        "no process in it".to_string()
+    } else {
+        format!("processes in it: {}", processes.join(", "))
+    };
     match state {
-        NetnsState::HeldBy(_) => format!("netns {netns} is unmounted, but the namespace lives on; {held}"),
+        NetnsState::HeldBy(_) => {
+            format!("netns {netns} is unmounted, but the namespace lives on; {held}")
+        }
         _ => format!("netns {netns} is still mounted; {held}"),
     }
 }
@@ -369,9 +468,20 @@ fn describe_state(netns: &str, state: &NetnsState, users: &NetnsUsers) -> String
 /// `pid 4242 (pause, state D)`, from /proc/<pid>/stat.
 fn describe_process(pid: u32) -> String {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let comm = stat.find('(').zip(stat.rfind(')')).and_then(|(a, b)| stat.get(a + 1..b)).unwrap_or("?");
-    let state = stat.rfind(')').and_then(|b| stat.get(b + 2..b + 3)).unwrap_or("?");
-    let stuck = if state == "D" { ", uninterruptible: stuck in the kernel" } else { "" };
+    let comm = stat
+        .find('(')
+        .zip(stat.rfind(')'))
+        .and_then(|(a, b)| stat.get(a + 1..b))
+        .unwrap_or("?");
+    let state = stat
+        .rfind(')')
+        .and_then(|b| stat.get(b + 2..b + 3))
+        .unwrap_or("?");
+    let stuck = if state == "D" {
+        ", uninterruptible: stuck in the kernel"
+    } else {
+        ""
+    };
     format!("pid {pid} ({comm}, state {state}{stuck})")
 }
 
@@ -379,7 +489,12 @@ fn address_list(addresses: &[IpAddr]) -> String {
     match addresses {
         [] => "its interfaces are".to_string(),
         [one] => format!("{one} is"),
-        many => format!("{} are", many.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(", ")),
+        many => format!(
+            "{} are",
+            many.iter()
+                .map(IpAddr::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
-

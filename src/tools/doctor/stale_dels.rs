@@ -119,60 +119,101 @@ fn legacy_stale_del(line: &str) -> Option<Option<String>> {
     let (_, after) = line.split_once(" outcome=")?;
     let (outcome, text) = after.split_once(' ')?;
     let (owner, text) = match text.split_once(' ') {
-        Some((word, rest)) if word.starts_with("owner=") => (Some(word["owner=".len()..].to_string()), rest),
-        _ => (text.split_once("; sandbox ").and_then(|(_, rest)| rest.split(' ').next()).map(String::from), text),
+        Some((word, rest)) if word.starts_with("owner=") => {
+            (Some(word["owner=".len()..].to_string()), rest)
+        }
+        _ => (
+            text.split_once("; sandbox ")
+                .and_then(|(_, rest)| rest.split(' ').next())
+                .map(String::from),
+            text,
+        ),
     };
     (outcome == "audited" || text.starts_with("stale DEL")).then_some(owner)
 }
 
 type PodFields = (String, String, String, Option<String>);
 
-pub fn check(state_dirs: &[PathBuf], log_files: &[(String, Option<PathBuf>)], owners: &Owners, lock_timeout: Duration, report: &mut Report) {
+pub fn check(
+    state_dirs: &[PathBuf],
+    log_files: &[(String, Option<PathBuf>)],
+    owners: &Owners,
+    lock_timeout: Duration,
+    report: &mut Report,
+) {
     // Keyed by the pod key's fields, so the report lists pods in a stable order.
     let mut by_pod: BTreeMap<PodFields, PodStaleDels> = BTreeMap::new();
     // Where the ledger starts for each key: the log is read only before.
     // By pod alone: the ledger's key may hold no ifname (`podKey: "name"`), a log line's does.
     let mut ledger_since: HashMap<(String, String, String), String> = HashMap::new();
     // Pods the ledger keys by name alone: their log lines, each with its ifname, count there.
-    let mut keyed_by_name: std::collections::HashSet<(String, String, String)> = std::collections::HashSet::new();
+    let mut keyed_by_name: std::collections::HashSet<(String, String, String)> =
+        std::collections::HashSet::new();
     let mut sources = Vec::new();
     for dir in state_dirs {
         let source = format!("{}/{}", dir.display(), crate::state::ledger::LEDGER);
         match read_ledger(dir, lock_timeout) {
             Ok(entries) => {
                 for entry in entries {
-                    let pod = (entry.key.network.clone(), entry.key.pod_namespace.clone(), entry.key.pod_name.clone());
+                    let pod = (
+                        entry.key.network.clone(),
+                        entry.key.pod_namespace.clone(),
+                        entry.key.pod_name.clone(),
+                    );
                     if entry.key.if_name.is_none() {
                         keyed_by_name.insert(pod.clone());
                     }
-                    let since = ledger_since.entry(pod).or_insert_with(|| entry.first_at.clone());
+                    let since = ledger_since
+                        .entry(pod)
+                        .or_insert_with(|| entry.first_at.clone());
                     if entry.first_at < *since {
                         since.clone_from(&entry.first_at);
                     }
                     let k = entry.key.clone();
-                    by_pod.entry((k.network, k.pod_namespace, k.pod_name, k.if_name)).or_default().add_ledger(entry, &source);
+                    by_pod
+                        .entry((k.network, k.pod_namespace, k.pod_name, k.if_name))
+                        .or_default()
+                        .add_ledger(entry, &source);
                 }
                 sources.push(source);
             }
-            Err(why) => report.add(Finding::new(Severity::Info, "stale-dels", format!("cannot read the refusal ledger {source}: {why}"))),
+            Err(why) => report.add(Finding::new(
+                Severity::Info,
+                "stale-dels",
+                format!("cannot read the refusal ledger {source}: {why}"),
+            )),
         }
     }
     for (_, log_file) in log_files {
         let Some(path) = log_file else { continue };
         for file in log_and_backups(path) {
-            let Ok(opened) = File::open(&file) else { continue };
+            let Ok(opened) = File::open(&file) else {
+                continue;
+            };
             let source = format!("{} (written before the ledger)", file.display());
             let mut counted = false;
             for line in BufReader::new(opened).lines().map_while(Result::ok) {
-                let Some(stale) = parse_line(&line) else { continue };
+                let Some(stale) = parse_line(&line) else {
+                    continue;
+                };
                 // Counted by the ledger already.
-                let pod = (stale.key.network.clone(), stale.key.pod_namespace.clone(), stale.key.pod_name.clone());
-                if ledger_since.get(&pod).is_some_and(|since| stale.time >= *since) {
+                let pod = (
+                    stale.key.network.clone(),
+                    stale.key.pod_namespace.clone(),
+                    stale.key.pod_name.clone(),
+                );
+                if ledger_since
+                    .get(&pod)
+                    .is_some_and(|since| stale.time >= *since)
+                {
                     continue;
                 }
                 let k = stale.key.clone();
                 let if_name = k.if_name.filter(|_| !keyed_by_name.contains(&pod));
-                by_pod.entry((k.network, k.pod_namespace, k.pod_name, if_name)).or_default().add_line(stale, &source);
+                by_pod
+                    .entry((k.network, k.pod_namespace, k.pod_name, if_name))
+                    .or_default()
+                    .add_line(stale, &source);
                 counted = true;
             }
             if counted {
@@ -181,20 +222,43 @@ pub fn check(state_dirs: &[PathBuf], log_files: &[(String, Option<PathBuf>)], ow
         }
     }
     if by_pod.is_empty() {
-        let read = if sources.is_empty() { "no ledger or log".to_string() } else { sources.join(", ") };
-        report.add(Finding::new(Severity::Ok, "stale-dels", format!("no stale DEL recorded ({read})")));
+        let read = if sources.is_empty() {
+            "no ledger or log".to_string()
+        } else {
+            sources.join(", ")
+        };
+        report.add(Finding::new(
+            Severity::Ok,
+            "stale-dels",
+            format!("no stale DEL recorded ({read})"),
+        ));
     }
     for ((network, pod_namespace, pod_name, if_name), stats) in by_pod {
-        let key = PodKey { network, pod_namespace, pod_name, if_name };
+        let key = PodKey {
+            network,
+            pod_namespace,
+            pod_name,
+            if_name,
+        };
         let protected = stats.protected.clone().unwrap_or_else(|| "?".to_string());
         // Old history is a note; a refusal protecting the pod key's owner of today is current.
-        let current = owners.get(&key).is_some_and(|o| Some(&o.container_id) == stats.protected.as_ref());
+        let current = owners
+            .get(&key)
+            .is_some_and(|o| Some(&o.container_id) == stats.protected.as_ref());
         let stale: Vec<&str> = stats.stale_sandboxes.iter().map(String::as_str).collect();
         let window = format!("{} .. {}", stats.first, stats.last);
         let from: Vec<&str> = stats.sources.iter().map(String::as_str).collect();
-        let evidence = format!("from {}: stale sandbox {}, owner {protected}, {window}", from.join(", "), stale.join(", "));
+        let evidence = format!(
+            "from {}: stale sandbox {}, owner {protected}, {window}",
+            from.join(", "),
+            stale.join(", ")
+        );
         if stats.refused > 0 {
-            let severity = if current { Severity::Warning } else { Severity::Info };
+            let severity = if current {
+                Severity::Warning
+            } else {
+                Severity::Info
+            };
             report.add(
                 Finding::new(
                     severity,
@@ -232,7 +296,11 @@ pub fn check(state_dirs: &[PathBuf], log_files: &[(String, Option<PathBuf>)], ow
             );
         }
         if stats.audited > 0 {
-            let severity = if current { Severity::Error } else { Severity::Info };
+            let severity = if current {
+                Severity::Error
+            } else {
+                Severity::Info
+            };
             report.add(
                 Finding::new(
                     severity,
@@ -267,7 +335,10 @@ fn read_ledger(state_dir: &Path, lock_timeout: Duration) -> Result<Vec<LedgerEnt
 
 /// The oldest backup first, so that lines come in the order they were written.
 fn log_and_backups(path: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = (1..=LOG_BACKUPS).rev().map(|n| PathBuf::from(format!("{}.{n}", path.display()))).collect();
+    let mut files: Vec<PathBuf> = (1..=LOG_BACKUPS)
+        .rev()
+        .map(|n| PathBuf::from(format!("{}.{n}", path.display())))
+        .collect();
     files.push(path.to_path_buf());
     files
 }
@@ -285,12 +356,28 @@ mod tests {
     #[test]
     fn reads_the_owner_field_whatever_the_prose_says() {
         let line = parse_line(REFUSED_NOW).unwrap();
-        assert_eq!((line.container.as_str(), line.owner.as_deref(), line.handled == Handled::Audited), ("aaa", Some("bbb"), false));
-        let reworded = REFUSED_NOW.replace("belongs to sandbox bbb, not aaa", "is now in other hands");
+        assert_eq!(
+            (
+                line.container.as_str(),
+                line.owner.as_deref(),
+                line.handled == Handled::Audited
+            ),
+            ("aaa", Some("bbb"), false)
+        );
+        let reworded =
+            REFUSED_NOW.replace("belongs to sandbox bbb, not aaa", "is now in other hands");
         assert_eq!(parse_line(&reworded).unwrap().owner.as_deref(), Some("bbb"));
-        let rewritten = REFUSED_NOW.replace("stale DEL refused: pod", "Teardown of an old sandbox held back: pod");
-        assert_eq!(parse_line(&rewritten).unwrap().owner.as_deref(), Some("bbb"));
-        let audited = REFUSED_NOW.replace("outcome=refused", "outcome=audited").replace("stale DEL refused", "audit mode let");
+        let rewritten = REFUSED_NOW.replace(
+            "stale DEL refused: pod",
+            "Teardown of an old sandbox held back: pod",
+        );
+        assert_eq!(
+            parse_line(&rewritten).unwrap().owner.as_deref(),
+            Some("bbb")
+        );
+        let audited = REFUSED_NOW
+            .replace("outcome=refused", "outcome=audited")
+            .replace("stale DEL refused", "audit mode let");
         assert!(parse_line(&audited).unwrap().handled == Handled::Audited);
         let deferred = REFUSED_NOW.replace("outcome=refused", "outcome=deferred");
         assert_eq!(parse_line(&deferred).unwrap().handled, Handled::Deferred);
@@ -299,7 +386,14 @@ mod tests {
     #[test]
     fn reads_lines_from_before_the_cause_field() {
         let line = parse_line(REFUSED_WITHOUT_CAUSE).unwrap();
-        assert_eq!((line.container.as_str(), line.owner.as_deref(), line.handled == Handled::Audited), ("aaa", Some("bbb"), false));
+        assert_eq!(
+            (
+                line.container.as_str(),
+                line.owner.as_deref(),
+                line.handled == Handled::Audited
+            ),
+            ("aaa", Some("bbb"), false)
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use super::finding::{capped, Finding, Report, Severity};
+use super::finding::{Finding, Report, Severity, capped};
 use crate::state::checkpoint::Checkpoint;
 use crate::state::ownership::Ownership;
 use crate::state::{Loaded, Store};
@@ -13,7 +13,11 @@ use crate::state::{Loaded, Store};
 /// versions of the plugin, which could leave one behind; so can a hand edit.
 pub(super) fn check_orphans(root: &str, orphaned: &[Ownership], report: &mut Report) {
     if orphaned.is_empty() {
-        report.add(Finding::new(Severity::Ok, "store-owners", format!("{root}: every pod key's owner has its record")));
+        report.add(Finding::new(
+            Severity::Ok,
+            "store-owners",
+            format!("{root}: every pod key's owner has its record"),
+        ));
         return;
     }
     let mut finding = Finding::new(
@@ -25,7 +29,15 @@ pub(super) fn check_orphans(root: &str, orphaned: &[Ownership], report: &mut Rep
     finding.evidence = capped(
         orphaned
             .iter()
-            .map(|o| format!("pod {} (network {}): owner {} (generation {}) has no record", o.key.label(), o.key.network, o.container_id, o.generation))
+            .map(|o| {
+                format!(
+                    "pod {} (network {}): owner {} (generation {}) has no record",
+                    o.key.label(),
+                    o.key.network,
+                    o.container_id,
+                    o.generation
+                )
+            })
             .collect(),
     );
     report.add(finding);
@@ -37,12 +49,20 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
     let deferred = match store.list_deferred() {
         Ok(deferred) => deferred,
         Err(e) => {
-            report.add(Finding::new(Severity::Warning, "store-deferred", format!("{root}: cannot list the deferred DELs: {e}")));
+            report.add(Finding::new(
+                Severity::Warning,
+                "store-deferred",
+                format!("{root}: cannot list the deferred DELs: {e}"),
+            ));
             return;
         }
     };
     if deferred.is_empty() {
-        report.add(Finding::new(Severity::Ok, "store-deferred", format!("{root}: no deferred DEL waits")));
+        report.add(Finding::new(
+            Severity::Ok,
+            "store-deferred",
+            format!("{root}: no deferred DEL waits"),
+        ));
         return;
     }
     let now = crate::clock::unix_seconds();
@@ -56,8 +76,19 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
             continue;
         };
         let since = crate::clock::parse_rfc3339(&entry.deferred_at).unwrap_or(now);
-        let what = format!("pod {} ({}): sandbox {}, deferred {} ago while {} owned the pod", entry.key.pod(), entry.if_name(), entry.container_id, crate::clock::age(since, now), entry.owner);
-        let failed = format!("{} replays failed, the last: {}", entry.attempts, entry.last_error.as_deref().unwrap_or("-"));
+        let what = format!(
+            "pod {} ({}): sandbox {}, deferred {} ago while {} owned the pod",
+            entry.key.pod(),
+            entry.if_name(),
+            entry.container_id,
+            crate::clock::age(since, now),
+            entry.owner
+        );
+        let failed = format!(
+            "{} replays failed, the last: {}",
+            entry.attempts,
+            entry.last_error.as_deref().unwrap_or("-")
+        );
         if entry.attempts > 0 && store.name_is_free(&entry.key) {
             free.push(format!("{what}; the pod's name is free, but {failed}"));
         } else if entry.attempts >= REPLAYS_BEFORE_WARNING {
@@ -68,27 +99,40 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
     }
     let quiet = failing.is_empty() && old.is_empty() && free.is_empty();
     if !free.is_empty() {
-        let summary = format!("{root}: {} deferred DELs whose pod's name is free were refused by the primary", free.len());
+        let summary = format!(
+            "{root}: {} deferred DELs whose pod's name is free were refused by the primary",
+            free.len()
+        );
         report.add(Finding::new(Severity::Warning, "store-deferred", summary).listing(free).fix(
             "read the last error and fix the primary: the primary holds what it gave each old sandbox until a replay passes; \
              the node's next delegate-mode ADD, DEL or GC retries them (after 2^attempts seconds, at most a minute)",
         ));
     }
     if !failing.is_empty() {
-        let summary = format!("{root}: the primary keeps refusing {} deferred DELs", failing.len());
+        let summary = format!(
+            "{root}: the primary keeps refusing {} deferred DELs",
+            failing.len()
+        );
         report.add(Finding::new(Severity::Warning, "store-deferred", summary).listing(failing).fix(
             "read the last error: the primary holds what it gave the old sandbox until one replay passes; the next release of the pod, \
              the node's next delegate-mode verb once the name is free, or GC retries",
         ));
     }
     if !old.is_empty() {
-        let summary = format!("{root}: {} deferred DELs have waited for more than a day", old.len());
+        let summary = format!(
+            "{root}: {} deferred DELs have waited for more than a day",
+            old.len()
+        );
         report.add(Finding::new(Severity::Info, "store-deferred", summary).listing(old).fix(
             "nothing is broken: each waits for its pod's owner to be removed (a long-lived StatefulSet pod keeps it waiting); the primary holds what it gave the old sandbox until then",
         ));
     }
     if quiet {
-        report.add(Finding::new(Severity::Ok, "store-deferred", format!("{root}: {waiting} deferred DELs wait for their pod's name to be free")));
+        report.add(Finding::new(
+            Severity::Ok,
+            "store-deferred",
+            format!("{root}: {waiting} deferred DELs wait for their pod's name to be free"),
+        ));
     }
 }
 
@@ -101,7 +145,11 @@ pub(super) fn check_temp_files(root: &str, store: &Store, report: &mut Report) {
     let temps = store.temp_files();
     let dead: Vec<_> = temps.iter().filter(|t| !t.writer_alive()).collect();
     if dead.is_empty() {
-        report.add(Finding::new(Severity::Ok, "store-temp-files", format!("{root}: no temp file left by a killed writer")));
+        report.add(Finding::new(
+            Severity::Ok,
+            "store-temp-files",
+            format!("{root}: no temp file left by a killed writer"),
+        ));
         return;
     }
     let now = std::time::SystemTime::now();
@@ -116,7 +164,11 @@ pub(super) fn check_temp_files(root: &str, store: &Store, report: &mut Report) {
         "they are never read and a CNI 1.1 runtime's GC removes them (or delete them: `find <stateDir> -name '.*.tmp' \
          -delete` while no plugin runs); many of them mean the runtime kills the plugin: look for its CNI timeouts",
     );
-    finding.evidence = capped(dead.iter().map(|t| format!("{} (pid {}, gone)", t.path.display(), t.pid)).collect());
+    finding.evidence = capped(
+        dead.iter()
+            .map(|t| format!("{} (pid {}, gone)", t.path.display(), t.pid))
+            .collect(),
+    );
     report.add(finding);
 }
 
@@ -126,13 +178,25 @@ pub(super) fn check_permissions(state_dir: &Path, report: &mut Report) {
     let mut inspect = |path: &Path, meta: &std::fs::Metadata| {
         let mode = meta.permissions().mode() & 0o7777;
         let (severity, what) = if meta.file_type().is_symlink() {
-            (Severity::Error, "a symbolic link: the plugin refuses to follow it".to_string())
+            (
+                Severity::Error,
+                "a symbolic link: the plugin refuses to follow it".to_string(),
+            )
         } else if mode & 0o022 != 0 {
-            (Severity::Error, format!("mode {mode:04o}: others can write it, and so forge ownership"))
+            (
+                Severity::Error,
+                format!("mode {mode:04o}: others can write it, and so forge ownership"),
+            )
         } else if mode & 0o044 != 0 {
-            (Severity::Warning, format!("mode {mode:04o}: others can read pod names and addresses"))
+            (
+                Severity::Warning,
+                format!("mode {mode:04o}: others can read pod names and addresses"),
+            )
         } else if meta.uid() != 0 {
-            (Severity::Warning, format!("owned by uid {}, not root, who runs the plugin", meta.uid()))
+            (
+                Severity::Warning,
+                format!("owned by uid {}, not root, who runs the plugin", meta.uid()),
+            )
         } else {
             return;
         };
@@ -145,16 +209,27 @@ pub(super) fn check_permissions(state_dir: &Path, report: &mut Report) {
     if let Ok(meta) = std::fs::symlink_metadata(state_dir.join(crate::cni::metrics::COUNTERS)) {
         inspect(&state_dir.join(crate::cni::metrics::COUNTERS), &meta);
     }
-    for dir in ["records", "owners", "set-aside", crate::state::FAILED_ADDS, crate::state::IPS, crate::state::ledger::LEDGER] {
+    for dir in [
+        "records",
+        "owners",
+        "set-aside",
+        crate::state::FAILED_ADDS,
+        crate::state::IPS,
+        crate::state::ledger::LEDGER,
+    ] {
         let dir = state_dir.join(dir);
-        let Ok(meta) = std::fs::symlink_metadata(&dir) else { continue };
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else {
+            continue;
+        };
         inspect(&dir, &meta);
         if !meta.is_dir() {
             continue;
         }
         // Ownerships and address index entries are symlinks whose target is their sealed text
         // (never followed); a set-aside ownership stays one. A link has no mode of its own.
-        let links_are_entries = ["owners", "set-aside", crate::state::IPS].iter().any(|d| dir.ends_with(d));
+        let links_are_entries = ["owners", "set-aside", crate::state::IPS]
+            .iter()
+            .any(|d| dir.ends_with(d));
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             if let Ok(meta) = entry.metadata() {
                 if !(links_are_entries && meta.file_type().is_symlink()) {
@@ -165,10 +240,21 @@ pub(super) fn check_permissions(state_dir: &Path, report: &mut Report) {
     }
     let summary = match worst {
         Severity::Ok => {
-            report.add(Finding::new(Severity::Ok, "store-permissions", format!("{}: private to root (0700 dirs, 0600 files)", state_dir.display())));
+            report.add(Finding::new(
+                Severity::Ok,
+                "store-permissions",
+                format!(
+                    "{}: private to root (0700 dirs, 0600 files)",
+                    state_dir.display()
+                ),
+            ));
             return;
         }
-        _ => format!("{}: {} entries are not private to root", state_dir.display(), problems.len()),
+        _ => format!(
+            "{}: {} entries are not private to root",
+            state_dir.display(),
+            problems.len()
+        ),
     };
     let mut finding = Finding::new(worst, "store-permissions", summary).fix(format!(
         "`chown -R root:root {0} && chmod -R go-rwx {0}`, and replace links by real directories; the plugin \
@@ -179,7 +265,12 @@ pub(super) fn check_permissions(state_dir: &Path, report: &mut Report) {
     report.add(finding);
 }
 
-pub(super) fn check_untrusted(root: &str, records: &[(std::path::PathBuf, Loaded<Checkpoint>)], set_aside: &[std::path::PathBuf], report: &mut Report) {
+pub(super) fn check_untrusted(
+    root: &str,
+    records: &[(std::path::PathBuf, Loaded<Checkpoint>)],
+    set_aside: &[std::path::PathBuf],
+    report: &mut Report,
+) {
     let corrupt: Vec<String> = records
         .iter()
         .filter_map(|(path, loaded)| match loaded {
@@ -210,13 +301,24 @@ pub(super) fn check_untrusted(root: &str, records: &[(std::path::PathBuf, Loaded
         report.add(finding);
     }
     if !kept.is_empty() {
-        let mut finding = Finding::new(Severity::Warning, "store-checksums", format!("{root}: {} damaged checkpoints are kept for inspection", kept.len()))
-            .fix("they block nothing; delete them once you know what damaged them (disk, a hand edit)");
+        let mut finding = Finding::new(
+            Severity::Warning,
+            "store-checksums",
+            format!(
+                "{root}: {} damaged checkpoints are kept for inspection",
+                kept.len()
+            ),
+        )
+        .fix("they block nothing; delete them once you know what damaged them (disk, a hand edit)");
         finding.evidence = capped(kept.iter().map(|p| p.display().to_string()).collect());
         report.add(finding);
     }
     if all_trusted {
-        report.add(Finding::new(Severity::Ok, "store-checksums", format!("{root}: {} records, every one verified", records.len())));
+        report.add(Finding::new(
+            Severity::Ok,
+            "store-checksums",
+            format!("{root}: {} records, every one verified", records.len()),
+        ));
     }
 }
 
@@ -228,7 +330,12 @@ mod tests {
 
     fn entry(pod: &str, deferred_at: String, attempts: u32) -> DeferredDel {
         DeferredDel {
-            key: PodKey { network: "net".into(), pod_namespace: "lijiaob".into(), pod_name: pod.into(), if_name: None },
+            key: PodKey {
+                network: "net".into(),
+                pod_namespace: "lijiaob".into(),
+                pod_name: pod.into(),
+                if_name: None,
+            },
             container_id: format!("old-{pod}"),
             pod_uid: None,
             cni_args: String::new(),
@@ -256,26 +363,66 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sg-doctor-deferred-{}", std::process::id()));
         let store = Store::open(&dir, std::time::Duration::from_secs(1)).unwrap();
         let now = crate::clock::unix_seconds();
-        store.save_deferred(&entry("etcd1-0", crate::clock::rfc3339(now - 60), 0)).unwrap();
+        store
+            .save_deferred(&entry("etcd1-0", crate::clock::rfc3339(now - 60), 0))
+            .unwrap();
         let mut report = Report::default();
         check_deferred("s", &store, &mut report);
-        assert_eq!(report.findings.iter().map(|f| f.severity).collect::<Vec<_>>(), [Severity::Ok], "a fresh deferral is no finding");
+        assert_eq!(
+            report
+                .findings
+                .iter()
+                .map(|f| f.severity)
+                .collect::<Vec<_>>(),
+            [Severity::Ok],
+            "a fresh deferral is no finding"
+        );
 
-        store.save_deferred(&entry("etcd2-0", crate::clock::rfc3339(now - 2 * 86400), 0)).unwrap();
-        store.save_deferred(&entry("etcd3-0", crate::clock::rfc3339(now - 600), 3)).unwrap();
+        store
+            .save_deferred(&entry("etcd2-0", crate::clock::rfc3339(now - 2 * 86400), 0))
+            .unwrap();
+        store
+            .save_deferred(&entry("etcd3-0", crate::clock::rfc3339(now - 600), 3))
+            .unwrap();
         let mut report = Report::default();
         check_deferred("s", &store, &mut report);
-        let found: Vec<(Severity, String)> = report.findings.iter().map(|f| (f.severity, f.evidence.join("\n"))).collect();
+        let found: Vec<(Severity, String)> = report
+            .findings
+            .iter()
+            .map(|f| (f.severity, f.evidence.join("\n")))
+            .collect();
         assert_eq!(found.len(), 2, "{found:?}");
-        assert!(found[0].0 == Severity::Warning && found[0].1.contains("etcd3-0") && found[0].1.contains("datastore is locked"), "{found:?}");
-        assert!(found[1].0 == Severity::Info && found[1].1.contains("etcd2-0") && !found[1].1.contains("etcd1-0"), "{found:?}");
+        assert!(
+            found[0].0 == Severity::Warning
+                && found[0].1.contains("etcd3-0")
+                && found[0].1.contains("datastore is locked"),
+            "{found:?}"
+        );
+        assert!(
+            found[1].0 == Severity::Info
+                && found[1].1.contains("etcd2-0")
+                && !found[1].1.contains("etcd1-0"),
+            "{found:?}"
+        );
 
         // One failed replay is enough to warn once nobody owns the name: nothing else retries it soon.
-        store.save_deferred(&entry("etcd4-0", crate::clock::rfc3339(now - 60), 1)).unwrap();
+        store
+            .save_deferred(&entry("etcd4-0", crate::clock::rfc3339(now - 60), 1))
+            .unwrap();
         let mut report = Report::default();
         check_deferred("s", &store, &mut report);
-        let warned: Vec<String> = report.findings.iter().filter(|f| f.severity == Severity::Warning).map(|f| f.evidence.join("\n")).collect();
-        assert!(warned.iter().any(|w| w.contains("etcd4-0") && w.contains("name is free")), "{warned:?}");
+        let warned: Vec<String> = report
+            .findings
+            .iter()
+            .filter(|f| f.severity == Severity::Warning)
+            .map(|f| f.evidence.join("\n"))
+            .collect();
+        assert!(
+            warned
+                .iter()
+                .any(|w| w.contains("etcd4-0") && w.contains("name is free")),
+            "{warned:?}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

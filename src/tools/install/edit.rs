@@ -58,11 +58,18 @@ pub const RESERVED_KEYS: [&str; 3] = ["type", "delegate", "capabilities"];
 /// The keys of a JSON object for the entry, or why not.
 pub fn entry_keys(text: &str, from: &str) -> Result<Vec<(String, Json)>, String> {
     match serde_json::from_str::<Json>(text) {
-        Ok(Json::Object(pairs)) => match pairs.iter().find(|(k, _)| RESERVED_KEYS.contains(&k.as_str())) {
-            Some((key, _)) => Err(format!("{from} sets {key:?}, which the installer owns: leave it out")),
+        Ok(Json::Object(pairs)) => match pairs
+            .iter()
+            .find(|(k, _)| RESERVED_KEYS.contains(&k.as_str()))
+        {
+            Some((key, _)) => Err(format!(
+                "{from} sets {key:?}, which the installer owns: leave it out"
+            )),
             None => Ok(pairs),
         },
-        Ok(_) => Err(format!("{from} is not a JSON object: give {{\"staleDel\": \"audit\", ...}}")),
+        Ok(_) => Err(format!(
+            "{from} is not a JSON object: give {{\"staleDel\": \"audit\", ...}}"
+        )),
         Err(e) => Err(format!("{from} is not JSON: {e}")),
     }
 }
@@ -71,10 +78,17 @@ impl Entry {
     /// The entry to write, built on `current` (the one there now or last seen).
     pub fn json(&self, current: Option<&Json>) -> Result<Json, String> {
         let mut pairs: Vec<(String, Json)> = match current {
-            Some(Json::Object(pairs)) => pairs.iter().filter(|(k, _)| !RESERVED_KEYS.contains(&k.as_str())).cloned().collect(),
+            Some(Json::Object(pairs)) => pairs
+                .iter()
+                .filter(|(k, _)| !RESERVED_KEYS.contains(&k.as_str()))
+                .cloned()
+                .collect(),
             _ => Vec::new(),
         };
-        pairs.insert(0, ("type".to_string(), Json::String(GUARD_TYPE.to_string())));
+        pairs.insert(
+            0,
+            ("type".to_string(), Json::String(GUARD_TYPE.to_string())),
+        );
         let mut set = |key: &str, value: Json| match pairs.iter_mut().find(|(k, _)| k == key) {
             Some(pair) => pair.1 = value,
             None => pairs.push((key.to_string(), value)),
@@ -82,9 +96,10 @@ impl Entry {
         let path = |p: &PathBuf| Json::String(p.to_string_lossy().into_owned());
         match &self.state_dir {
             Some(dir) => set("stateDir", path(dir)),
-            None if current.and_then(|c| c.get("stateDir")).is_none() => {
-                set("stateDir", Json::String(crate::cni::config::DEFAULT_STATE_DIR.to_string()))
-            }
+            None if current.and_then(|c| c.get("stateDir")).is_none() => set(
+                "stateDir",
+                Json::String(crate::cni::config::DEFAULT_STATE_DIR.to_string()),
+            ),
             None => {}
         }
         if let Some(log_file) = &self.log_file {
@@ -111,10 +126,19 @@ impl Entry {
 /// The guard's entry in a list (chained, or the wrapper of a delegate), without the
 /// wrapped primary.
 pub fn guard_entry(list: &Json) -> Option<Json> {
-    plugins(list).iter().find(|p| is_guard(p)).map(|entry| match entry {
-        Json::Object(pairs) => Json::Object(pairs.iter().filter(|(k, _)| k != "delegate").cloned().collect()),
-        other => other.clone(),
-    })
+    plugins(list)
+        .iter()
+        .find(|p| is_guard(p))
+        .map(|entry| match entry {
+            Json::Object(pairs) => Json::Object(
+                pairs
+                    .iter()
+                    .filter(|(k, _)| k != "delegate")
+                    .cloned()
+                    .collect(),
+            ),
+            other => other.clone(),
+        })
 }
 
 /// True when any list in `doc` names the guard: its plugins, or (multus thin) a list
@@ -132,7 +156,11 @@ pub fn names_guard_anywhere(doc: &Json) -> bool {
 
 /// `doc` with the guard taken out of every list in it, as `strip` does for one.
 pub fn strip_anywhere(doc: &Json) -> Json {
-    let mut doc = if has_guard(doc) { strip(doc) } else { doc.clone() };
+    let mut doc = if has_guard(doc) {
+        strip(doc)
+    } else {
+        doc.clone()
+    };
     if let Json::Object(pairs) = &mut doc {
         for (key, value) in pairs.iter_mut() {
             if let (true, Json::Array(items)) = (key == "delegates" || key == "plugins", value) {
@@ -191,7 +219,13 @@ pub fn upconvert(plugin: &Json) -> Json {
     if let Some(version) = plugin.get("cniVersion") {
         pairs.push(("cniVersion", version.clone()));
     }
-    pairs.push(("name", plugin.get("name").cloned().unwrap_or(Json::String(String::new()))));
+    pairs.push((
+        "name",
+        plugin
+            .get("name")
+            .cloned()
+            .unwrap_or(Json::String(String::new())),
+    ));
     pairs.push(("plugins", Json::Array(vec![plugin.clone()])));
     Json::object(pairs)
 }
@@ -204,7 +238,9 @@ pub fn insert(list: &Json, mode: Mode, entry: &Json) -> Json {
         Mode::Chained => plugins.push(entry.clone()),
         Mode::Delegate => {
             let primary = plugins.remove(0);
-            let Json::Object(mut pairs) = entry.clone() else { unreachable!("an entry is an object") };
+            let Json::Object(mut pairs) = entry.clone() else {
+                unreachable!("an entry is an object")
+            };
             // libcni hands runtimeConfig only to an entry that declares the capability.
             if let Some(capabilities) = primary.get("capabilities") {
                 pairs.insert(1, ("capabilities".to_string(), capabilities.clone()));
@@ -222,13 +258,22 @@ mod tests {
     use super::*;
 
     fn entry() -> Json {
-        Entry { state_dir: Some("/s".into()), ..Entry::default() }.json(None).unwrap()
+        Entry {
+            state_dir: Some("/s".into()),
+            ..Entry::default()
+        }
+        .json(None)
+        .unwrap()
     }
 
     #[test]
     fn the_operators_keys_stay_and_the_installers_win() {
         let current: Json = serde_json::from_str(r#"{"type":"sandbox-guard","stateDir":"/old","staleDel":"audit","delegate":{"type":"x"}}"#).unwrap();
-        let entry = Entry { log_file: Some("/l".into()), keys: vec![("ipConflict".into(), Json::String("refuse".into()))], ..Entry::default() };
+        let entry = Entry {
+            log_file: Some("/l".into()),
+            keys: vec![("ipConflict".into(), Json::String("refuse".into()))],
+            ..Entry::default()
+        };
         let json = entry.json(Some(&current)).unwrap();
         assert_eq!(
             serde_json::to_string(&json).unwrap(),
@@ -250,6 +295,9 @@ mod tests {
             assert_eq!(strip(&insert(&strip(&guarded), mode, &entry())), list);
         }
         let wrapped = insert(&list, Mode::Delegate, &entry());
-        assert_eq!(plugins(&wrapped)[0].get("capabilities"), plugins(&list)[0].get("capabilities"));
+        assert_eq!(
+            plugins(&wrapped)[0].get("capabilities"),
+            plugins(&list)[0].get("capabilities")
+        );
     }
 }

@@ -27,7 +27,10 @@ pub struct Keep {
 impl Keep {
     pub fn of(file: &Path) -> io::Result<Keep> {
         let meta = fs::metadata(file)?;
-        Ok(Keep { mode: meta.mode() & 0o7777, owner: Some((meta.uid(), meta.gid())) })
+        Ok(Keep {
+            mode: meta.mode() & 0o7777,
+            owner: Some((meta.uid(), meta.gid())),
+        })
     }
 
     pub fn mode(mode: u32) -> Keep {
@@ -66,9 +69,19 @@ impl Expect<'_> {
 /// old content, now under the temp name, is looked at once more, and if a write slipped in
 /// between the look and the swap it is swapped back. Where the file system cannot exchange,
 /// a plain rename follows the look.
-pub fn write_atomic_if(target: &Path, bytes: &[u8], keep: Keep, expect: &Expect) -> io::Result<bool> {
-    let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = target.file_name().ok_or_else(|| io::Error::other("no file name"))?;
+pub fn write_atomic_if(
+    target: &Path,
+    bytes: &[u8],
+    keep: Keep,
+    expect: &Expect,
+) -> io::Result<bool> {
+    let dir = target
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = target
+        .file_name()
+        .ok_or_else(|| io::Error::other("no file name"))?;
     let (temp, mut file) = create_temp(dir, &name.to_string_lossy())?;
     let written = (|| {
         if let Some((uid, gid)) = keep.owner {
@@ -81,7 +94,12 @@ pub fn write_atomic_if(target: &Path, bytes: &[u8], keep: Keep, expect: &Expect)
         if !expect.holds(target) {
             return Ok(false);
         }
-        let unsupported = |e: &io::Error| matches!(e.raw_os_error(), Some(nix::libc::EINVAL | nix::libc::ENOSYS));
+        let unsupported = |e: &io::Error| {
+            matches!(
+                e.raw_os_error(),
+                Some(nix::libc::EINVAL | nix::libc::ENOSYS)
+            )
+        };
         match expect {
             Expect::Any => fs::rename(&temp, target).map(|()| true),
             Expect::Absent => match rename2(&temp, target, nix::libc::RENAME_NOREPLACE) {
@@ -120,11 +138,21 @@ pub fn write_atomic_if(target: &Path, bytes: &[u8], keep: Keep, expect: &Expect)
 /// period, the OOM killer) leaves its temp behind under exactly that name, which would
 /// make every later installer on the node fail with EEXIST.
 fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
     let mut attempt = 0;
     loop {
-        let temp = dir.join(format!(".{name}.{}-{nanos:x}-{attempt}.tmp", std::process::id()));
-        match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&temp) {
+        let temp = dir.join(format!(
+            ".{name}.{}-{nanos:x}-{attempt}.tmp",
+            std::process::id()
+        ));
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temp)
+        {
             Ok(file) => return Ok((temp, file)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 16 => attempt += 1,
             Err(e) => return Err(e),
@@ -135,18 +163,27 @@ fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {
 /// Whether `name` is a temp file of `create_temp` (or of the installers before it, which
 /// named them by pid alone): what a killed installer leaves behind.
 pub fn is_installer_temp(name: &str) -> bool {
-    let Some((file, tag)) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")).and_then(|n| n.rsplit_once('.')) else {
+    let Some((file, tag)) = name
+        .strip_prefix('.')
+        .and_then(|n| n.strip_suffix(".tmp"))
+        .and_then(|n| n.rsplit_once('.'))
+    else {
         return false;
     };
     let parts: Vec<&str> = tag.split('-').collect();
     let tag_ok = match parts.as_slice() {
         [pid] => pid.bytes().all(|b| b.is_ascii_digit()),
         [pid, nanos, attempt] => {
-            pid.bytes().all(|b| b.is_ascii_digit()) && nanos.bytes().all(|b| b.is_ascii_hexdigit()) && attempt.bytes().all(|b| b.is_ascii_digit())
+            pid.bytes().all(|b| b.is_ascii_digit())
+                && nanos.bytes().all(|b| b.is_ascii_hexdigit())
+                && attempt.bytes().all(|b| b.is_ascii_digit())
         }
         _ => false,
     };
-    let ours = [".conflist", ".conf", ".json", ORIGINAL_SUFFIX, ".prom"].iter().any(|ext| file.ends_with(ext)) || file == super::edit::GUARD_TYPE;
+    let ours = [".conflist", ".conf", ".json", ORIGINAL_SUFFIX, ".prom"]
+        .iter()
+        .any(|ext| file.ends_with(ext))
+        || file == super::edit::GUARD_TYPE;
     !tag.is_empty() && tag_ok && ours
 }
 
@@ -159,9 +196,20 @@ fn rename2(from: &Path, to: &Path, flags: std::ffi::c_uint) -> io::Result<()> {
     // SAFETY: two NUL-terminated paths that live until the call returns; AT_FDCWD resolves
     // them as open(2) would.
     let rc = unsafe {
-        nix::libc::syscall(nix::libc::SYS_renameat2, nix::libc::AT_FDCWD, from.as_ptr(), nix::libc::AT_FDCWD, to.as_ptr(), flags)
+        nix::libc::syscall(
+            nix::libc::SYS_renameat2,
+            nix::libc::AT_FDCWD,
+            from.as_ptr(),
+            nix::libc::AT_FDCWD,
+            to.as_ptr(),
+            flags,
+        )
     };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -189,6 +237,7 @@ pub fn install_binary(bin_dir: &Path) -> Result<bool, String> {
         return Ok(false);
     }
     fs::create_dir_all(bin_dir).map_err(|e| format!("cannot create {}: {e}", bin_dir.display()))?;
-    write_atomic(&target, &bytes, Keep::mode(0o755)).map_err(|e| format!("cannot write {}: {e}", target.display()))?;
+    write_atomic(&target, &bytes, Keep::mode(0o755))
+        .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
     Ok(true)
 }

@@ -110,7 +110,9 @@ impl<'de> Visitor<'de> for JsonVisitor {
         Ok(Json::Number(n.into()))
     }
     fn visit_f64<E: de::Error>(self, n: f64) -> Result<Json, E> {
-        serde_json::Number::from_f64(n).map(Json::Number).ok_or_else(|| E::custom("not a JSON number"))
+        serde_json::Number::from_f64(n)
+            .map(Json::Number)
+            .ok_or_else(|| E::custom("not a JSON number"))
     }
     fn visit_str<E>(self, s: &str) -> Result<Json, E> {
         Ok(Json::String(s.to_string()))
@@ -160,16 +162,27 @@ impl Doc {
                 .unwrap_or("  ")
                 .to_string()
         });
-        Ok(Doc { root, indent, final_newline: text.ends_with('\n') })
+        Ok(Doc {
+            root,
+            indent,
+            final_newline: text.ends_with('\n'),
+        })
     }
 
     /// A new file in the style this project writes: two spaces, a final newline.
     pub fn new(root: Json) -> Doc {
-        Doc { root, indent: Some("  ".to_string()), final_newline: true }
+        Doc {
+            root,
+            indent: Some("  ".to_string()),
+            final_newline: true,
+        }
     }
 
     pub fn with_root(&self, root: Json) -> Doc {
-        Doc { root, ..self.clone() }
+        Doc {
+            root,
+            ..self.clone()
+        }
     }
 
     pub fn render(&self) -> Vec<u8> {
@@ -199,7 +212,10 @@ mod tests {
         let doc = Doc::parse(text.as_bytes()).unwrap();
         assert_eq!(String::from_utf8(doc.render()).unwrap(), text);
         let compact = "{\"type\":\"macvlan\",\"b\":[1,2]}";
-        assert_eq!(Doc::parse(compact.as_bytes()).unwrap().render(), compact.as_bytes());
+        assert_eq!(
+            Doc::parse(compact.as_bytes()).unwrap().render(),
+            compact.as_bytes()
+        );
     }
 
     #[test]

@@ -46,14 +46,26 @@ impl InstallMetrics {
             "Times the watch put the entry back after the primary rewrote its file.",
             &[(String::new(), self.reinserts)],
         );
-        let failures: Vec<(String, u64)> = self.failures.iter().map(|(reason, n)| (format!("{{reason=\"{}\"}}", reason.name()), *n)).collect();
-        family("sandbox_guard_install_failures_total", "counter", "Installs that did not happen, by reason.", &failures);
+        let failures: Vec<(String, u64)> = self
+            .failures
+            .iter()
+            .map(|(reason, n)| (format!("{{reason=\"{}\"}}", reason.name()), *n))
+            .collect();
+        family(
+            "sandbox_guard_install_failures_total",
+            "counter",
+            "Installs that did not happen, by reason.",
+            &failures,
+        );
         out
     }
 
     pub fn write(&self, file: &Path) {
         if let Err(e) = write_atomic(file, self.render().as_bytes(), Keep::mode(0o644)) {
-            eprintln!("sandbox-guard: cannot write --metrics-file {}: {e}", file.display());
+            eprintln!(
+                "sandbox-guard: cannot write --metrics-file {}: {e}",
+                file.display()
+            );
         }
     }
 }

@@ -11,19 +11,18 @@ mod files;
 mod json;
 mod metrics;
 mod network;
-mod waiting;
 mod platform;
+mod waiting;
 mod watch;
 
 use std::path::{Path, PathBuf};
 
-pub use edit::{Entry, Mode, entry_keys};
 use edit::DROPIN_FILE;
+pub use edit::{Entry, Mode, entry_keys};
 use files::{Expect, Keep, original_of};
 use json::{Doc, Json};
 use network::{Found, Network, file_name};
 pub use platform::Platform;
-
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -84,7 +83,10 @@ pub struct Failure {
 
 impl Failure {
     fn new(reason: Reason, msg: impl Into<String>) -> Failure {
-        Failure { reason, msg: msg.into() }
+        Failure {
+            reason,
+            msg: msg.into(),
+        }
     }
 }
 
@@ -129,8 +131,14 @@ pub fn run_install(options: &Options) -> i32 {
     }
     match install_retrying(options, None) {
         Ok(installed) => {
-            installed.notes.iter().for_each(|line| eprintln!("sandbox-guard: {line}"));
-            installed.warnings.iter().for_each(|line| eprintln!("sandbox-guard: warning: {line}"));
+            installed
+                .notes
+                .iter()
+                .for_each(|line| eprintln!("sandbox-guard: {line}"));
+            installed
+                .warnings
+                .iter()
+                .for_each(|line| eprintln!("sandbox-guard: warning: {line}"));
             report(Ok(installed.done), "already installed: nothing changed")
         }
         Err(failure) => report(Err(failure.msg), ""),
@@ -168,7 +176,10 @@ fn io_err(what: &str, path: &Path) -> impl FnOnce(std::io::Error) -> String {
 const ATTEMPTS: usize = 5;
 
 /// `install`, started over while the primary keeps writing the file under it.
-pub fn install_retrying(options: &Options, remembered: Option<&Json>) -> Result<Installed, Failure> {
+pub fn install_retrying(
+    options: &Options,
+    remembered: Option<&Json>,
+) -> Result<Installed, Failure> {
     for _ in 1..ATTEMPTS {
         match install(options, remembered) {
             Err(failure) if failure.reason == Reason::Changing => continue,
@@ -181,7 +192,10 @@ pub fn install_retrying(options: &Options, remembered: Option<&Json>) -> Result<
 fn changed(file: &Path) -> Failure {
     Failure::new(
         Reason::Changing,
-        format!("{} changed while it was being replaced: another writer is at work; run again once it settles", file.display()),
+        format!(
+            "{} changed while it was being replaced: another writer is at work; run again once it settles",
+            file.display()
+        ),
     )
 }
 
@@ -189,7 +203,12 @@ fn changed(file: &Path) -> Failure {
 /// cniVersion it does not speak (every ADD would fail), or a bin dir that holds none of the
 /// network's plugins (the runtime looks for plugins elsewhere: the guard would not be found).
 pub fn runnable(options: &Options) -> Result<Found, Failure> {
-    let found = network::find(&options.conf_dir, options.network.as_deref(), &options.host_root).map_err(|msg| Failure::new(Reason::Network, msg))?;
+    let found = network::find(
+        &options.conf_dir,
+        options.network.as_deref(),
+        &options.host_root,
+    )
+    .map_err(|msg| Failure::new(Reason::Network, msg))?;
     let net = &found.net;
     let version = network::version(net);
     // A config without cniVersion is 0.1.0 to the runtime (network::version).
@@ -229,15 +248,39 @@ pub fn runnable(options: &Options) -> Result<Found, Failure> {
 /// `remembered`: the entry the watch saw last, whose keys come back after a primary's
 /// rewrite dropped it.
 pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed, Failure> {
-    let Found { net, notes, warnings, via_multus, .. } = runnable(options)?;
+    let Found {
+        net,
+        notes,
+        warnings,
+        via_multus,
+        ..
+    } = runnable(options)?;
     let dropin = options.conf_dir.join(&net.name).join(DROPIN_FILE);
-    let dropin_doc = std::fs::read(&dropin).ok().and_then(|b| Doc::parse(&b).ok());
+    let dropin_doc = std::fs::read(&dropin)
+        .ok()
+        .and_then(|b| Doc::parse(&b).ok());
     let list = net.list();
-    let current_entry = edit::guard_entry(&list).or_else(|| dropin_doc.as_ref().map(|d| d.root.clone()));
-    let entry = options.entry.json(current_entry.as_ref().or(remembered)).map_err(|msg| Failure::new(Reason::Conflict, msg))?;
-    let mut out = Installed { notes, warnings, primary_list: Some(edit::strip(&list)), entry: Some(entry.clone()), ..Installed::default() };
+    let current_entry =
+        edit::guard_entry(&list).or_else(|| dropin_doc.as_ref().map(|d| d.root.clone()));
+    let entry = options
+        .entry
+        .json(current_entry.as_ref().or(remembered))
+        .map_err(|msg| Failure::new(Reason::Conflict, msg))?;
+    let mut out = Installed {
+        notes,
+        warnings,
+        primary_list: Some(edit::strip(&list)),
+        entry: Some(entry.clone()),
+        ..Installed::default()
+    };
     let done = &mut out.done;
-    waiting::refuse_leaving_delegate(&net, Some(options.mode), &options.host_root, options.force, done)?;
+    waiting::refuse_leaving_delegate(
+        &net,
+        Some(options.mode),
+        &options.host_root,
+        options.force,
+        done,
+    )?;
     if options.mode == Mode::Dropin {
         out.file = dropin.clone();
         if let Some(kind) = via_multus {
@@ -251,7 +294,10 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         }
         check_dropin(&net, &dropin)?;
         if files::install_binary(&options.bin_dir)? {
-            done.push(format!("copied the binary to {}", options.bin_dir.join(edit::GUARD_TYPE).display()));
+            done.push(format!(
+                "copied the binary to {}",
+                options.bin_dir.join(edit::GUARD_TYPE).display()
+            ));
         }
         if edit::has_guard(&net.doc.root) {
             restore(&net, &edit::strip(&net.doc.root), done)?;
@@ -260,31 +306,49 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         if !dropin_doc.is_some_and(|doc| doc.root.same_as(&wanted.root)) {
             let dir = dropin.parent().expect("a drop-in has a directory");
             std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
-            files::write_atomic(&dropin, &wanted.render(), Keep::mode(0o644)).map_err(io_err("write", &dropin))?;
-            done.push(format!("wrote the drop-in {} for network {}", dropin.display(), net.name));
+            files::write_atomic(&dropin, &wanted.render(), Keep::mode(0o644))
+                .map_err(io_err("write", &dropin))?;
+            done.push(format!(
+                "wrote the drop-in {} for network {}",
+                dropin.display(),
+                net.name
+            ));
         }
         return Ok(out);
     }
 
     let wanted = edit::insert(&edit::strip(&list), options.mode, &entry);
-    let target = if net.single { net.file.with_extension("conflist") } else { net.file.clone() };
+    let target = if net.single {
+        net.file.with_extension("conflist")
+    } else {
+        net.file.clone()
+    };
     out.file = target.clone();
     let mut target_had: Option<Vec<u8>> = None;
     if net.single {
         // Ours from an earlier conversion, or nobody's: anything else is not ours to replace.
         if let Ok(bytes) = std::fs::read(&target) {
-            let ours = Doc::parse(&bytes).is_ok_and(|d| d.root.get("name") == wanted.get("name") && edit::has_guard(&d.root));
+            let ours = Doc::parse(&bytes).is_ok_and(|d| {
+                d.root.get("name") == wanted.get("name") && edit::has_guard(&d.root)
+            });
             if !ours {
                 return Err(Failure::new(
                     Reason::Conflict,
-                    format!("{} must become {} to hold a list, and that file exists with other content", file_name(&net.file), file_name(&target)),
+                    format!(
+                        "{} must become {} to hold a list, and that file exists with other content",
+                        file_name(&net.file),
+                        file_name(&target)
+                    ),
                 ));
             }
             target_had = Some(bytes);
         }
     }
     if files::install_binary(&options.bin_dir)? {
-        done.push(format!("copied the binary to {}", options.bin_dir.join(edit::GUARD_TYPE).display()));
+        done.push(format!(
+            "copied the binary to {}",
+            options.bin_dir.join(edit::GUARD_TYPE).display()
+        ));
     }
     if net.single || !wanted.same_as(&net.doc.root) {
         let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
@@ -298,8 +362,9 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         } else {
             Expect::Bytes(&net.bytes)
         };
-        let renamed = files::write_atomic_if(&target, &net.doc.with_root(wanted).render(), keep, &expect)
-            .map_err(io_err("write", &target))?;
+        let renamed =
+            files::write_atomic_if(&target, &net.doc.with_root(wanted).render(), keep, &expect)
+                .map_err(io_err("write", &target))?;
         if !renamed {
             return Err(changed(&target));
         }
@@ -310,9 +375,18 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
                 return Err(changed(&net.file));
             }
             files::remove(&net.file).map_err(io_err("remove", &net.file))?;
-            done.push(format!("converted {} into {} with sandbox-guard ({})", file_name(&net.file), target.display(), options.mode.name()));
+            done.push(format!(
+                "converted {} into {} with sandbox-guard ({})",
+                file_name(&net.file),
+                target.display(),
+                options.mode.name()
+            ));
         } else {
-            done.push(format!("put sandbox-guard into {} ({})", target.display(), options.mode.name()));
+            done.push(format!(
+                "put sandbox-guard into {} ({})",
+                target.display(),
+                options.mode.name()
+            ));
         }
     }
     remove_dropin(&dropin, done)?;
@@ -334,22 +408,47 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
     } else if dropin.is_file() && !net.single {
         format!("in the drop-in {} (libcni 1.3 runtimes)", dropin.display())
     } else {
-        return Err(Failure::new(Reason::Network, format!("sandbox-guard is not in network {} ({})", net.name, file_name(&net.file))));
+        return Err(Failure::new(
+            Reason::Network,
+            format!(
+                "sandbox-guard is not in network {} ({})",
+                net.name,
+                file_name(&net.file)
+            ),
+        ));
     };
-    let missing: Vec<String> = network::plugin_types(net).into_iter().filter(|t| !options.bin_dir.join(t).is_file()).collect();
+    let missing: Vec<String> = network::plugin_types(net)
+        .into_iter()
+        .filter(|t| !options.bin_dir.join(t).is_file())
+        .collect();
     if !missing.is_empty() {
         return Err(Failure::new(
             Reason::BinDir,
-            format!("network {} names plugins the runtime cannot find in {}: {}", net.name, options.bin_dir.display(), missing.join(", ")),
+            format!(
+                "network {} names plugins the runtime cannot find in {}: {}",
+                net.name,
+                options.bin_dir.display(),
+                missing.join(", ")
+            ),
         ));
     }
     let binary = options.bin_dir.join(edit::GUARD_TYPE);
-    let this = std::env::current_exe().and_then(std::fs::read).map_err(|e| format!("cannot read this binary: {e}"))?;
+    let this = std::env::current_exe()
+        .and_then(std::fs::read)
+        .map_err(|e| format!("cannot read this binary: {e}"))?;
     if !std::fs::read(&binary).is_ok_and(|there| there == this) {
-        return Err(Failure::new(Reason::BinDir, format!("{} is missing or not this version", binary.display())));
+        return Err(Failure::new(
+            Reason::BinDir,
+            format!("{} is missing or not this version", binary.display()),
+        ));
     }
     let mut lines = found.notes.clone();
-    lines.push(format!("ready: sandbox-guard is {place}, network {} at cniVersion {}, binary {}", net.name, network::version(net), binary.display()));
+    lines.push(format!(
+        "ready: sandbox-guard is {place}, network {} at cniVersion {}, binary {}",
+        net.name,
+        network::version(net),
+        binary.display()
+    ));
     Ok(lines)
 }
 
@@ -358,7 +457,8 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
 pub fn runtime_problem(conf_dir: &Path) -> Option<(String, &'static str)> {
     let found = network::find(conf_dir, None, Path::new("/")).ok()?;
     let net = &found.net;
-    let guarded = edit::has_guard(&net.list()) || conf_dir.join(&net.name).join(DROPIN_FILE).is_file();
+    let guarded =
+        edit::has_guard(&net.list()) || conf_dir.join(&net.name).join(DROPIN_FILE).is_file();
     (!guarded).then(|| {
         (
             format!(
@@ -388,7 +488,10 @@ fn check_dropin(net: &Network, dropin: &Path) -> Result<(), Failure> {
         _ => false,
     };
     if inlined_only {
-        return Err(conflict(format!("{} sets loadOnlyInlinedPlugins: libcni would ignore a drop-in; use --mode chained", file_name(&net.file))));
+        return Err(conflict(format!(
+            "{} sets loadOnlyInlinedPlugins: libcni would ignore a drop-in; use --mode chained",
+            file_name(&net.file)
+        )));
     }
     let dir = dropin.parent().expect("a drop-in has a directory");
     if let Ok(entries) = std::fs::read_dir(dir) {
@@ -429,7 +532,10 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
     // take the guard out of: nothing to do there is a success, or the uninstall DaemonSet's
     // init container crash-loops on exactly the nodes that are already clean.
     if !options.conf_dir.exists() {
-        println!("no CNI config dir {}: no config to take sandbox-guard out of", options.conf_dir.display());
+        println!(
+            "no CNI config dir {}: no config to take sandbox-guard out of",
+            options.conf_dir.display()
+        );
         remove_binary(options, &mut done)?;
         return Ok(done);
     }
@@ -444,15 +550,23 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
         } else if edit::names_guard_anywhere(&net.doc.root) {
             let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
             let stripped = net.doc.with_root(edit::strip_anywhere(&net.doc.root));
-            files::write_atomic(&net.file, &stripped.render(), keep).map_err(io_err("write", &net.file))?;
-            done.push(format!("took sandbox-guard out of the lists inlined in {}", net.file.display()));
+            files::write_atomic(&net.file, &stripped.render(), keep)
+                .map_err(io_err("write", &net.file))?;
+            done.push(format!(
+                "took sandbox-guard out of the lists inlined in {}",
+                net.file.display()
+            ));
         }
     }
-    for entry in std::fs::read_dir(&options.conf_dir).map_err(io_err("read", &options.conf_dir))?.flatten() {
+    for entry in std::fs::read_dir(&options.conf_dir)
+        .map_err(io_err("read", &options.conf_dir))?
+        .flatten()
+    {
         let path = entry.path();
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
             remove_dropin(&path.join(DROPIN_FILE), &mut done)?;
-        } else if (path.to_string_lossy().ends_with(files::ORIGINAL_SUFFIX) || is_temp(&entry.file_name()))
+        } else if (path.to_string_lossy().ends_with(files::ORIGINAL_SUFFIX)
+            || is_temp(&entry.file_name()))
             && files::remove(&path).map_err(io_err("remove", &path))?
         {
             done.push(format!("removed {}", path.display()));
@@ -469,10 +583,17 @@ fn is_temp(name: &std::ffi::OsStr) -> bool {
 fn remove_binary(options: &Options, done: &mut Vec<String>) -> Result<(), String> {
     if options.remove_binary {
         // Left by an installer killed while it copied the binary.
-        for entry in std::fs::read_dir(&options.bin_dir).into_iter().flatten().flatten() {
+        for entry in std::fs::read_dir(&options.bin_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let name = entry.file_name();
             let path = entry.path();
-            if name.to_string_lossy().starts_with(".sandbox-guard.") && is_temp(&name) && files::remove(&path).map_err(io_err("remove", &path))? {
+            if name.to_string_lossy().starts_with(".sandbox-guard.")
+                && is_temp(&name)
+                && files::remove(&path).map_err(io_err("remove", &path))?
+            {
                 done.push(format!("removed {}", path.display()));
             }
         }
@@ -490,14 +611,23 @@ fn restore(net: &Network, stripped: &Json, done: &mut Vec<String>) -> Result<(),
     let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
     let kept = |file: &Path| -> Option<Vec<u8>> {
         let bytes = std::fs::read(original_of(file)).ok()?;
-        Doc::parse(&bytes).ok().map(|doc| (doc, bytes))
+        Doc::parse(&bytes)
+            .ok()
+            .map(|doc| (doc, bytes))
             .filter(|(doc, _)| {
-                let list = if file == net.file { doc.root.clone() } else { edit::upconvert(&doc.root) };
+                let list = if file == net.file {
+                    doc.root.clone()
+                } else {
+                    edit::upconvert(&doc.root)
+                };
                 list.same_as(stripped)
             })
             .map(|(_, bytes)| bytes)
     };
-    for single in [net.file.with_extension("conf"), net.file.with_extension("json")] {
+    for single in [
+        net.file.with_extension("conf"),
+        net.file.with_extension("json"),
+    ] {
         if single == net.file {
             continue;
         }
@@ -505,15 +635,25 @@ fn restore(net: &Network, stripped: &Json, done: &mut Vec<String>) -> Result<(),
             // The primary wrote its plugin file again after the conversion: its bytes are
             // newer than the kept ones, and the converted list is ours alone.
             files::remove(&net.file).map_err(io_err("remove", &net.file))?;
-            files::remove(&original_of(&single)).map_err(io_err("remove", &original_of(&single)))?;
-            done.push(format!("removed {}, left {} as the primary wrote it again", net.file.display(), single.display()));
+            files::remove(&original_of(&single))
+                .map_err(io_err("remove", &original_of(&single)))?;
+            done.push(format!(
+                "removed {}, left {} as the primary wrote it again",
+                net.file.display(),
+                single.display()
+            ));
             return Ok(());
         }
         if let Some(bytes) = kept(&single) {
             files::write_atomic(&single, &bytes, keep).map_err(io_err("write", &single))?;
             files::remove(&net.file).map_err(io_err("remove", &net.file))?;
-            files::remove(&original_of(&single)).map_err(io_err("remove", &original_of(&single)))?;
-            done.push(format!("restored {} and removed {}", single.display(), file_name(&net.file)));
+            files::remove(&original_of(&single))
+                .map_err(io_err("remove", &original_of(&single)))?;
+            done.push(format!(
+                "restored {} and removed {}",
+                single.display(),
+                file_name(&net.file)
+            ));
             return Ok(());
         }
     }

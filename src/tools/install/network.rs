@@ -24,7 +24,11 @@ pub struct Network {
 impl Network {
     /// The network as the runtime runs it: a list (a single plugin upconverted).
     pub fn list(&self) -> Json {
-        if self.single { super::edit::upconvert(&self.doc.root) } else { self.doc.root.clone() }
+        if self.single {
+            super::edit::upconvert(&self.doc.root)
+        } else {
+            self.doc.root.clone()
+        }
     }
 }
 
@@ -37,11 +41,15 @@ enum Read {
 
 /// The extensions libcni reads, for the callers that must not match a file of their own.
 pub fn is_candidate(name: &str) -> bool {
-    Path::new(name).extension().and_then(|e| e.to_str()).is_some_and(|e| EXTENSIONS.contains(&e))
+    Path::new(name)
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| EXTENSIONS.contains(&e))
 }
 
 pub fn files(conf_dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let entries = std::fs::read_dir(conf_dir).map_err(|e| format!("cannot read the CNI config dir {}: {e}", conf_dir.display()))?;
+    let entries = std::fs::read_dir(conf_dir)
+        .map_err(|e| format!("cannot read the CNI config dir {}: {e}", conf_dir.display()))?;
     let mut files: Vec<PathBuf> = entries
         .flatten()
         // DirEntry's type, as Go's: a symlink to a file counts, a directory does not.
@@ -64,10 +72,22 @@ fn read(file: &Path) -> Read {
         Err(e) => return broken(format!("does not parse as JSON: {e}")),
     };
     let single = file.extension().is_none_or(|e| e != "conflist");
-    let name = doc.root.get("name").and_then(Json::as_str).map(str::to_string);
+    let name = doc
+        .root
+        .get("name")
+        .and_then(Json::as_str)
+        .map(str::to_string);
     if single {
-        if doc.root.get("type").and_then(Json::as_str).is_none_or(str::is_empty) {
-            return broken("has no \"type\": a plugin file needs one (a conflist must be named .conflist)".to_string());
+        if doc
+            .root
+            .get("type")
+            .and_then(Json::as_str)
+            .is_none_or(str::is_empty)
+        {
+            return broken(
+                "has no \"type\": a plugin file needs one (a conflist must be named .conflist)"
+                    .to_string(),
+            );
         }
     } else {
         if name.is_none() {
@@ -75,7 +95,11 @@ fn read(file: &Path) -> Read {
         }
         match doc.root.get("plugins") {
             Some(Json::Array(plugins)) if !plugins.is_empty() => {
-                if let Some(i) = plugins.iter().position(|p| p.get("type").and_then(Json::as_str).is_none_or(str::is_empty)) {
+                if let Some(i) = plugins.iter().position(|p| {
+                    p.get("type")
+                        .and_then(Json::as_str)
+                        .is_none_or(str::is_empty)
+                }) {
                     return broken(format!("plugin {i} has no \"type\""));
                 }
             }
@@ -83,7 +107,13 @@ fn read(file: &Path) -> Read {
         }
     }
     let file = file.to_path_buf();
-    Read::Network(Network { file, name: name.unwrap_or_default(), doc, bytes, single })
+    Read::Network(Network {
+        file,
+        name: name.unwrap_or_default(),
+        doc,
+        bytes,
+        single,
+    })
 }
 
 /// Every network of a conf dir in the runtime's order, and the files it would not load.
@@ -93,7 +123,10 @@ pub struct Scan {
 }
 
 pub fn scan(conf_dir: &Path) -> Result<Scan, String> {
-    let mut scan = Scan { networks: Vec::new(), broken: Vec::new() };
+    let mut scan = Scan {
+        networks: Vec::new(),
+        broken: Vec::new(),
+    };
     for file in files(conf_dir)? {
         match read(&file) {
             Read::Network(net) => scan.networks.push(net),
@@ -127,14 +160,26 @@ pub struct Found {
 pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<Found, String> {
     let mut scan = scan(conf_dir)?;
     let listing = |networks: &[Network]| -> String {
-        networks.iter().map(|n| format!("{} ({})", n.name, file_name(&n.file))).collect::<Vec<_>>().join(", ")
+        networks
+            .iter()
+            .map(|n| format!("{} ({})", n.name, file_name(&n.file)))
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     if scan.networks.is_empty() {
-        let why: Vec<String> = scan.broken.iter().map(|(f, why)| format!("{} {why}", file_name(f))).collect();
+        let why: Vec<String> = scan
+            .broken
+            .iter()
+            .map(|(f, why)| format!("{} {why}", file_name(f)))
+            .collect();
         return Err(format!(
             "no CNI network in {} (a .conflist, .conf or .json the runtime would load){}",
             conf_dir.display(),
-            if why.is_empty() { String::new() } else { format!(": {}", why.join("; ")) }
+            if why.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", why.join("; "))
+            }
         ));
     }
     let mut notes = Vec::new();
@@ -144,7 +189,11 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
     let chosen = match wanted {
         None => {
             if scan.networks.len() > 1 {
-                let guarded = if multus::kind(first).is_some() { "" } else { ", which is guarded" };
+                let guarded = if multus::kind(first).is_some() {
+                    ""
+                } else {
+                    ", which is guarded"
+                };
                 notes.push(format!(
                     "several networks in {}: {}; the runtime loads the lexically first, {first_name} ({first_file}){guarded}",
                     conf_dir.display(),
@@ -155,7 +204,15 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
         }
         Some(name) => match scan.networks.iter().position(|n| n.name == name) {
             Some(i) => {
-                if i != 0 && !multus::is_cluster_network_of(&scan.networks[0], &scan.networks[i], &scan.networks, conf_dir, host_root) {
+                if i != 0
+                    && !multus::is_cluster_network_of(
+                        &scan.networks[0],
+                        &scan.networks[i],
+                        &scan.networks,
+                        conf_dir,
+                        host_root,
+                    )
+                {
                     warnings.push(format!(
                         "--network {name} ({}) is not the network the runtime loads: containerd and CRI-O run the lexically \
                          first, {first_name} ({first_file}); the guard there runs only where the runtime is told to use {name} \
@@ -166,7 +223,11 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
                 i
             }
             None => {
-                return Err(format!("no network named {name:?} in {}; found: {}", conf_dir.display(), listing(&scan.networks)));
+                return Err(format!(
+                    "no network named {name:?} in {}; found: {}",
+                    conf_dir.display(),
+                    listing(&scan.networks)
+                ));
             }
         },
     };
@@ -174,7 +235,8 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
     let mut chosen = chosen;
     let mut via_multus = None;
     if let Some(kind) = multus::kind(&scan.networks[chosen]) {
-        let cluster = multus::cluster_network(&scan.networks[chosen], &scan.networks, conf_dir, host_root)?;
+        let cluster =
+            multus::cluster_network(&scan.networks[chosen], &scan.networks, conf_dir, host_root)?;
         notes.push(format!(
             "{} is multus's own ({kind}): guarding the cluster network it hands every pod to, {} ({}), never multus's file",
             file_name(&scan.networks[chosen].file),
@@ -183,7 +245,13 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
         ));
         chosen = cluster;
         via_multus = Some(kind);
-    } else if multus::is_cluster_network_of(&scan.networks[0], &scan.networks[chosen], &scan.networks, conf_dir, host_root) {
+    } else if multus::is_cluster_network_of(
+        &scan.networks[0],
+        &scan.networks[chosen],
+        &scan.networks,
+        conf_dir,
+        host_root,
+    ) {
         // --network named multus's cluster network itself.
         runtime_runs_it = true;
         via_multus = multus::kind(&scan.networks[0]);
@@ -196,13 +264,26 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
             file_name(&net.file)
         ));
     }
-    Ok(Found { net, notes, warnings, runtime_runs_it, via_multus })
+    Ok(Found {
+        net,
+        notes,
+        warnings,
+        runtime_runs_it,
+        via_multus,
+    })
 }
 
 /// The network's cniVersion as the runtime reads it: a config without one is 0.1.0.
 pub fn version(net: &Network) -> String {
-    let version = net.doc.root.get("cniVersion").and_then(Json::as_str).filter(|v| !v.is_empty());
-    version.unwrap_or(crate::cni::version::UNVERSIONED).to_string()
+    let version = net
+        .doc
+        .root
+        .get("cniVersion")
+        .and_then(Json::as_str)
+        .filter(|v| !v.is_empty());
+    version
+        .unwrap_or(crate::cni::version::UNVERSIONED)
+        .to_string()
 }
 
 /// The plugin types a network runs (their IPAM plugins too), the guard's own left out:
@@ -212,7 +293,11 @@ pub fn plugin_types(net: &Network) -> Vec<String> {
     for plugin in super::edit::plugins(&net.list()) {
         let plugin = plugin.get("delegate").unwrap_or(plugin);
         let ipam = plugin.get("ipam").and_then(|i| i.get("type"));
-        for t in [plugin.get("type"), ipam].into_iter().flatten().filter_map(Json::as_str) {
+        for t in [plugin.get("type"), ipam]
+            .into_iter()
+            .flatten()
+            .filter_map(Json::as_str)
+        {
             if t != super::edit::GUARD_TYPE && !types.iter().any(|k| k == t) {
                 types.push(t.to_string());
             }
@@ -232,7 +317,10 @@ mod multus {
     use super::{Json, Network, Path, file_name};
 
     pub fn kind(net: &Network) -> Option<&'static str> {
-        match first_plugin(net).and_then(|p| p.get("type")).and_then(Json::as_str) {
+        match first_plugin(net)
+            .and_then(|p| p.get("type"))
+            .and_then(Json::as_str)
+        {
             Some("multus-shim") => Some("thick"),
             Some("multus") => Some("thin"),
             _ => None,
@@ -240,13 +328,25 @@ mod multus {
     }
 
     fn first_plugin(net: &Network) -> Option<&Json> {
-        if net.single { Some(&net.doc.root) } else { super::super::edit::plugins(&net.doc.root).first() }
+        if net.single {
+            Some(&net.doc.root)
+        } else {
+            super::super::edit::plugins(&net.doc.root).first()
+        }
     }
 
     /// The index in `networks` of the network multus delegates every pod to.
-    pub fn cluster_network(multus: &Network, networks: &[Network], conf_dir: &Path, host_root: &Path) -> Result<usize, String> {
+    pub fn cluster_network(
+        multus: &Network,
+        networks: &[Network],
+        conf_dir: &Path,
+        host_root: &Path,
+    ) -> Result<usize, String> {
         let plugin = first_plugin(multus).cloned().unwrap_or(Json::Null);
-        let named = plugin.get("clusterNetwork").and_then(Json::as_str).filter(|s| !s.is_empty());
+        let named = plugin
+            .get("clusterNetwork")
+            .and_then(Json::as_str)
+            .filter(|s| !s.is_empty());
         let found = match named {
             // A path as multus's daemon sees it: its file name in this conf dir, or the path
             // itself under the host's root (with or without the daemon's /host prefix).
@@ -282,8 +382,16 @@ mod multus {
         Ok(found)
     }
 
-    pub fn is_cluster_network_of(first: &Network, net: &Network, networks: &[Network], conf_dir: &Path, host_root: &Path) -> bool {
-        kind(first).is_some() && cluster_network(first, networks, conf_dir, host_root).is_ok_and(|i| networks[i].file == net.file)
+    pub fn is_cluster_network_of(
+        first: &Network,
+        net: &Network,
+        networks: &[Network],
+        conf_dir: &Path,
+        host_root: &Path,
+    ) -> bool {
+        kind(first).is_some()
+            && cluster_network(first, networks, conf_dir, host_root)
+                .is_ok_and(|i| networks[i].file == net.file)
     }
 
     fn same_file(a: &Path, b: &Path) -> bool {
@@ -296,5 +404,8 @@ mod multus {
 }
 
 pub fn file_name(path: &Path) -> String {
-    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }

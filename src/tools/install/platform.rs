@@ -86,13 +86,25 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
         let dirs = |root: &Path| Platform::Auto.dirs(root);
         std::fs::create_dir_all(&root).unwrap();
-        assert_eq!(dirs(&root), (root.join("etc/cni/net.d"), root.join("opt/cni/bin")));
+        assert_eq!(
+            dirs(&root),
+            (root.join("etc/cni/net.d"), root.join("opt/cni/bin"))
+        );
         std::fs::create_dir_all(root.join(K3S_CONF)).unwrap();
         std::fs::create_dir_all(root.join(K3S_DATA).join("abc123/bin")).unwrap();
-        assert_eq!(dirs(&root), (root.join(K3S_CONF), root.join(K3S_DATA).join("abc123/bin")));
+        assert_eq!(
+            dirs(&root),
+            (root.join(K3S_CONF), root.join(K3S_DATA).join("abc123/bin"))
+        );
         std::fs::create_dir_all(root.join("home/kubernetes/bin")).unwrap();
         assert_eq!(dirs(&root).1, root.join("home/kubernetes/bin"));
-        assert_eq!(Platform::Openshift.dirs(&root), (root.join("etc/kubernetes/cni/net.d"), root.join("var/lib/cni/bin")));
+        assert_eq!(
+            Platform::Openshift.dirs(&root),
+            (
+                root.join("etc/kubernetes/cni/net.d"),
+                root.join("var/lib/cni/bin")
+            )
+        );
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -14,11 +14,19 @@ use crate::cni::config::DEFAULT_STATE_DIR;
 /// The entry's stateDir is the host's path: it is looked at under `host_root` (the
 /// DaemonSets' `/host`), where a dir not mounted into the pod cannot be told from one
 /// without deferred DELs, so that is refused too.
-pub fn refuse_leaving_delegate(net: &Network, to: Option<Mode>, host_root: &Path, force: bool, done: &mut Vec<String>) -> Result<(), String> {
+pub fn refuse_leaving_delegate(
+    net: &Network,
+    to: Option<Mode>,
+    host_root: &Path,
+    force: bool,
+    done: &mut Vec<String>,
+) -> Result<(), String> {
     if to == Some(Mode::Delegate) {
         return Ok(());
     }
-    let Some(on_host) = delegate_state_dir(&net.doc.root) else { return Ok(()) };
+    let Some(on_host) = delegate_state_dir(&net.doc.root) else {
+        return Ok(());
+    };
     let state_dir = host_root.join(on_host.strip_prefix("/").unwrap_or(&on_host));
     // On the host itself (root /) a missing dir is a store never made: nothing waits.
     let visible = host_root == Path::new("/") || state_dir.parent().is_none_or(Path::is_dir);
@@ -52,11 +60,28 @@ pub fn refuse_leaving_delegate(net: &Network, to: Option<Mode>, host_root: &Path
     if waiting.is_empty() {
         return Ok(());
     }
-    let names: Vec<String> = waiting.iter().take(5).map(|e| format!("{} of pod {}", crate::names::short_id(&e.container_id), e.key.pod())).collect();
-    let more = if waiting.len() > names.len() { format!(" and {} more", waiting.len() - names.len()) } else { String::new() };
+    let names: Vec<String> = waiting
+        .iter()
+        .take(5)
+        .map(|e| {
+            format!(
+                "{} of pod {}",
+                crate::names::short_id(&e.container_id),
+                e.key.pod()
+            )
+        })
+        .collect();
+    let more = if waiting.len() > names.len() {
+        format!(" and {} more", waiting.len() - names.len())
+    } else {
+        String::new()
+    };
     let what = format!(
         "{} deferred DELs of network {} wait in {} ({}{more}), and only delegate mode replays them",
-        waiting.len(), net.name, state_dir.display(), names.join(", ")
+        waiting.len(),
+        net.name,
+        state_dir.display(),
+        names.join(", ")
     );
     if force {
         done.push(format!("--force: {what}; they are dropped from replay: they stay in the store, but only delegate mode replays them, so until it comes back the primary never gets those DELs (their addresses may stay allocated)"));
@@ -70,6 +95,14 @@ pub fn refuse_leaving_delegate(net: &Network, to: Option<Mode>, host_root: &Path
 
 /// The stateDir of the network's guard entry when that entry wraps a primary.
 fn delegate_state_dir(list: &Json) -> Option<PathBuf> {
-    let entry = edit::plugins(list).iter().find(|p| p.get("type").and_then(Json::as_str) == Some(edit::GUARD_TYPE) && p.get("delegate").is_some())?;
-    Some(entry.get("stateDir").and_then(Json::as_str).map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from))
+    let entry = edit::plugins(list).iter().find(|p| {
+        p.get("type").and_then(Json::as_str) == Some(edit::GUARD_TYPE)
+            && p.get("delegate").is_some()
+    })?;
+    Some(
+        entry
+            .get("stateDir")
+            .and_then(Json::as_str)
+            .map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from),
+    )
 }

@@ -39,7 +39,11 @@ const FIGHT_AFTER: u32 = 3;
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
 fn log(msg: &str) {
-    eprintln!("{} sandbox-guard[{}] install: {msg}", crate::clock::now_rfc3339(), std::process::id());
+    eprintln!(
+        "{} sandbox-guard[{}] install: {msg}",
+        crate::clock::now_rfc3339(),
+        std::process::id()
+    );
 }
 
 fn events() -> AddWatchFlags {
@@ -65,13 +69,21 @@ fn watch(options: &Options) -> Result<(), String> {
     let mut signals = SigSet::empty();
     signals.add(Signal::SIGTERM);
     signals.add(Signal::SIGINT);
-    signals.thread_block().map_err(|e| format!("cannot block SIGTERM: {e}"))?;
-    let signal_fd = SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).map_err(|e| format!("signalfd: {e}"))?;
-    let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(|e| format!("inotify: {e}"))?;
+    signals
+        .thread_block()
+        .map_err(|e| format!("cannot block SIGTERM: {e}"))?;
+    let signal_fd = SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .map_err(|e| format!("signalfd: {e}"))?;
+    let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+        .map_err(|e| format!("inotify: {e}"))?;
     inotify
         .add_watch(&options.conf_dir, events())
         .map_err(|e| format!("cannot watch {}: {e}", options.conf_dir.display()))?;
-    log(&format!("watching {} ({} mode)", options.conf_dir.display(), options.mode.name()));
+    log(&format!(
+        "watching {} ({} mode)",
+        options.conf_dir.display(),
+        options.mode.name()
+    ));
 
     let mut state = State::default();
     loop {
@@ -86,19 +98,35 @@ fn watch(options: &Options) -> Result<(), String> {
         let mut woke = false;
         loop {
             let now = Instant::now();
-            let wait = if woke { SETTLE } else { deadline.saturating_duration_since(now) };
+            let wait = if woke {
+                SETTLE
+            } else {
+                deadline.saturating_duration_since(now)
+            };
             if !woke && wait.is_zero() {
                 break;
             }
-            let mut fds = [PollFd::new(inotify.as_fd(), PollFlags::POLLIN), PollFd::new(signal_fd.as_fd(), PollFlags::POLLIN)];
-            let ready = match poll(&mut fds, PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX)) {
+            let mut fds = [
+                PollFd::new(inotify.as_fd(), PollFlags::POLLIN),
+                PollFd::new(signal_fd.as_fd(), PollFlags::POLLIN),
+            ];
+            let ready = match poll(
+                &mut fds,
+                PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX),
+            ) {
                 Ok(n) => n,
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => return Err(format!("poll: {e}")),
             };
-            if fds[1].revents().is_some_and(|r| r.contains(PollFlags::POLLIN)) {
+            if fds[1]
+                .revents()
+                .is_some_and(|r| r.contains(PollFlags::POLLIN))
+            {
                 if let Ok(Some(sig)) = signal_fd.read_signal() {
-                    log(&format!("signal {}: stopping, sandbox-guard stays installed", sig.ssi_signo));
+                    log(&format!(
+                        "signal {}: stopping, sandbox-guard stays installed",
+                        sig.ssi_signo
+                    ));
                 }
                 return Ok(());
             }
@@ -124,7 +152,10 @@ fn watch(options: &Options) -> Result<(), String> {
 
 fn sleep_unless_signalled(signal_fd: &SignalFd, duration: Duration) -> Result<(), String> {
     let mut fds = [PollFd::new(signal_fd.as_fd(), PollFlags::POLLIN)];
-    match poll(&mut fds, PollTimeout::try_from(duration).unwrap_or(PollTimeout::MAX)) {
+    match poll(
+        &mut fds,
+        PollTimeout::try_from(duration).unwrap_or(PollTimeout::MAX),
+    ) {
         Ok(0) | Err(nix::errno::Errno::EINTR) => Ok(()),
         Ok(_) => {
             log("signal: stopping, sandbox-guard stays installed");
@@ -160,9 +191,16 @@ fn reconcile(options: &Options, state: &mut State) {
             state.last_error.clear();
             if first {
                 installed.notes.iter().for_each(|line| log(line));
-                installed.warnings.iter().for_each(|line| log(&format!("warning: {line}")));
+                installed
+                    .warnings
+                    .iter()
+                    .for_each(|line| log(&format!("warning: {line}")));
             }
-            if installed.file.file_name().is_some_and(|n| n == super::edit::DROPIN_FILE) {
+            if installed
+                .file
+                .file_name()
+                .is_some_and(|n| n == super::edit::DROPIN_FILE)
+            {
                 state.dropin_dir = installed.file.parent().map(|d| d.to_path_buf());
             }
             state.entry = installed.entry.clone();
@@ -178,7 +216,10 @@ fn reconcile(options: &Options, state: &mut State) {
         Err(failure) => {
             *state.metrics.failures.entry(failure.reason).or_default() += 1;
             if state.last_error != failure.msg {
-                log(&format!("cannot install yet: {}; waiting for the next change", failure.msg));
+                log(&format!(
+                    "cannot install yet: {}; waiting for the next change",
+                    failure.msg
+                ));
                 state.last_error = failure.msg;
             }
         }
@@ -208,7 +249,10 @@ fn reinserted(state: &mut State, installed: &Installed, first: bool) {
     let primary = installed.primary_list.clone().unwrap_or(Json::Null);
     if !first {
         state.metrics.reinserts += 1;
-        let revert = state.last_insert.as_ref().is_some_and(|(at, list)| now.duration_since(*at).saturating_sub(state.slept) <= REVERT_WITHIN && list.same_as(&primary));
+        let revert = state.last_insert.as_ref().is_some_and(|(at, list)| {
+            now.duration_since(*at).saturating_sub(state.slept) <= REVERT_WITHIN
+                && list.same_as(&primary)
+        });
         state.reverts = if revert { state.reverts + 1 } else { 0 };
     }
     state.last_insert = Some((now, primary));
@@ -227,7 +271,11 @@ fn reinserted(state: &mut State, installed: &Installed, first: bool) {
                 state.backoff.as_secs()
             ));
         } else {
-            log(&format!("another writer keeps rewriting {}: still reverted; next look in {}s", installed.file.display(), state.backoff.as_secs()));
+            log(&format!(
+                "another writer keeps rewriting {}: still reverted; next look in {}s",
+                installed.file.display(),
+                state.backoff.as_secs()
+            ));
         }
         state.metrics.fight = true;
     } else if state.reverts == 0 {

@@ -6,32 +6,55 @@ use std::time::{Duration, Instant};
 use super::plan::{DAD_PATIENCE, Seen, Step};
 use super::report::Outcome;
 use crate::error::{GuardError, Kind, Result};
-use crate::kernel::{arp, ndisc, sysctl};
 use crate::kernel::link_facts::{InterfaceFacts, LinkFacts};
 use crate::kernel::netlink::{Dad, Kernel, LinkState, NewMacvlan, Side};
+use crate::kernel::{arp, ndisc, sysctl};
 use crate::state::checkpoint::Checkpoint;
 
 pub fn look(kernel: &Kernel, record: &Checkpoint) -> Result<Seen> {
     let interface = kernel.link_by_name(Side::Pod, &record.if_name)?;
     let interface_present = interface.is_some();
     let dad_failed = match (&interface, &record.links) {
-        (Some(link), Some(LinkFacts::Observed(facts))) if facts.addresses.iter().any(|a| a.is_ipv6()) => kernel
-            .ipv6_dad_states(link.index)?
-            .into_iter()
-            .filter(|(ip, dad)| *dad == Dad::Failed && facts.addresses.iter().any(|a| a.ip() == std::net::IpAddr::V6(*ip)))
-            .map(|(ip, _)| ip)
-            .collect(),
+        (Some(link), Some(LinkFacts::Observed(facts)))
+            if facts.addresses.iter().any(|a| a.is_ipv6()) =>
+        {
+            kernel
+                .ipv6_dad_states(link.index)?
+                .into_iter()
+                .filter(|(ip, dad)| {
+                    *dad == Dad::Failed
+                        && facts
+                            .addresses
+                            .iter()
+                            .any(|a| a.ip() == std::net::IpAddr::V6(*ip))
+                })
+                .map(|(ip, _)| ip)
+                .collect()
+        }
         _ => Vec::new(),
     };
-    let Some(LinkFacts::Observed(InterfaceFacts { parent: Some(parent), .. })) = &record.links else {
-        return Ok(Seen { interface_present, dad_failed, ..Seen::default() });
+    let Some(LinkFacts::Observed(InterfaceFacts {
+        parent: Some(parent),
+        ..
+    })) = &record.links
+    else {
+        return Ok(Seen {
+            interface_present,
+            dad_failed,
+            ..Seen::default()
+        });
     };
     let parent_now = kernel.link_by_name(Side::Host, &parent.name)?;
     let vlan_lower = match (&parent_now, &parent.vlan) {
         (None, Some(vlan)) => kernel.link_by_name(Side::Host, &vlan.lower)?,
         _ => None,
     };
-    Ok(Seen { interface_present, dad_failed, parent: parent_now, vlan_lower })
+    Ok(Seen {
+        interface_present,
+        dad_failed,
+        parent: parent_now,
+        vlan_lower,
+    })
 }
 
 /// Runs the steps in order after those `done` already; the first failure ends this
@@ -39,7 +62,10 @@ pub fn look(kernel: &Kernel, record: &Checkpoint) -> Result<Seen> {
 pub fn carry_out(kernel: &Kernel, mut done: Vec<Step>, steps: Vec<Step>) -> Outcome {
     for step in steps {
         if let Err(err) = apply(kernel, &step) {
-            return Outcome::Failed { done, error: format!("{step}: {}", err.msg) };
+            return Outcome::Failed {
+                done,
+                error: format!("{step}: {}", err.msg),
+            };
         }
         done.push(step);
     }
@@ -48,23 +74,48 @@ pub fn carry_out(kernel: &Kernel, mut done: Vec<Step>, steps: Vec<Step>) -> Outc
 
 fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
     match step {
-        Step::CreateVlan { name, lower, id, mtu } => {
+        Step::CreateVlan {
+            name,
+            lower,
+            id,
+            mtu,
+        } => {
             let lower = host_link(kernel, lower)?;
             kernel.create_vlan(name, lower.index, *id, Some(*mtu))
         }
         Step::SetHostLinkUp { name } => kernel.set_up(Side::Host, name),
-        Step::CreateMacvlan { name, parent, mode, mac, mtu } => {
+        Step::CreateMacvlan {
+            name,
+            parent,
+            mode,
+            mac,
+            mtu,
+        } => {
             let parent = host_link(kernel, parent)?;
             let mac = parse_mac(mac)?;
-            kernel.create_macvlan_in_pod(&NewMacvlan { name, parent_index: parent.index, mode, mac: &mac, mtu: Some(*mtu) })
+            kernel.create_macvlan_in_pod(&NewMacvlan {
+                name,
+                parent_index: parent.index,
+                mode,
+                mac: &mac,
+                mtu: Some(*mtu),
+            })
         }
         Step::SetUp { name } => kernel.set_up(Side::Pod, name),
         Step::EnableIpv6 { name } => sysctl::enable_ipv6(kernel.pod_netns(), name),
-        Step::AddAddress { name, address } => kernel.add_address(pod_link(kernel, name)?.index, *address),
-        Step::DeleteAddress { name, address } => kernel.delete_address(pod_link(kernel, name)?.index, *address),
-        Step::AddRoute { name, route } => {
-            kernel.add_route(pod_link(kernel, name)?.index, route.dst, route.gateway, route.link_scope, route.metric)
+        Step::AddAddress { name, address } => {
+            kernel.add_address(pod_link(kernel, name)?.index, *address)
         }
+        Step::DeleteAddress { name, address } => {
+            kernel.delete_address(pod_link(kernel, name)?.index, *address)
+        }
+        Step::AddRoute { name, route } => kernel.add_route(
+            pod_link(kernel, name)?.index,
+            route.dst,
+            route.gateway,
+            route.link_scope,
+            route.metric,
+        ),
         Step::Announce { name, addresses } => {
             let link = pod_link(kernel, name)?;
             let mac = parse_mac(link.mac.as_deref().unwrap_or_default())?;
@@ -108,10 +159,22 @@ fn await_dad(kernel: &Kernel, name: &str, addresses: &[Ipv6Addr]) -> Result<()> 
                 ),
             ));
         }
-        if let Some(missing) = addresses.iter().find(|ip| !states.iter().any(|(have, _)| have == *ip)) {
-            return Err(GuardError::new(Kind::Netlink, format!("address {missing} vanished from the interface during duplicate address detection")));
+        if let Some(missing) = addresses
+            .iter()
+            .find(|ip| !states.iter().any(|(have, _)| have == *ip))
+        {
+            return Err(GuardError::new(
+                Kind::Netlink,
+                format!(
+                    "address {missing} vanished from the interface during duplicate address detection"
+                ),
+            ));
         }
-        let tentative: Vec<String> = states.iter().filter(|(_, dad)| *dad == Dad::Tentative).map(|(ip, _)| ip.to_string()).collect();
+        let tentative: Vec<String> = states
+            .iter()
+            .filter(|(_, dad)| *dad == Dad::Tentative)
+            .map(|(ip, _)| ip.to_string())
+            .collect();
         if tentative.is_empty() {
             return Ok(());
         }
@@ -148,9 +211,12 @@ fn host_link(kernel: &Kernel, name: &str) -> Result<LinkState> {
 }
 
 fn pod_link(kernel: &Kernel, name: &str) -> Result<LinkState> {
-    kernel
-        .link_by_name(Side::Pod, name)?
-        .ok_or_else(|| GuardError::new(Kind::Netlink, format!("interface {name} is missing from the pod's netns")))
+    kernel.link_by_name(Side::Pod, name)?.ok_or_else(|| {
+        GuardError::new(
+            Kind::Netlink,
+            format!("interface {name} is missing from the pod's netns"),
+        )
+    })
 }
 
 fn parse_mac(text: &str) -> Result<[u8; 6]> {
@@ -160,10 +226,15 @@ fn parse_mac(text: &str) -> Result<[u8; 6]> {
         *byte = parts
             .next()
             .and_then(|part| u8::from_str_radix(part, 16).ok())
-            .ok_or_else(|| GuardError::new(Kind::Decode, format!("MAC {text:?} is not six hex bytes")))?;
+            .ok_or_else(|| {
+                GuardError::new(Kind::Decode, format!("MAC {text:?} is not six hex bytes"))
+            })?;
     }
     if parts.next().is_some() {
-        return Err(GuardError::new(Kind::Decode, format!("MAC {text:?} is not six hex bytes")));
+        return Err(GuardError::new(
+            Kind::Decode,
+            format!("MAC {text:?} is not six hex bytes"),
+        ));
     }
     Ok(mac)
 }
@@ -174,8 +245,16 @@ mod tests {
 
     #[test]
     fn macs_parse_strictly() {
-        assert_eq!(parse_mac("6e:92:1a:b4:fc:34").unwrap(), [0x6e, 0x92, 0x1a, 0xb4, 0xfc, 0x34]);
-        for bad in ["", "6e:92:1a:b4:fc", "6e:92:1a:b4:fc:34:00", "zz:92:1a:b4:fc:34"] {
+        assert_eq!(
+            parse_mac("6e:92:1a:b4:fc:34").unwrap(),
+            [0x6e, 0x92, 0x1a, 0xb4, 0xfc, 0x34]
+        );
+        for bad in [
+            "",
+            "6e:92:1a:b4:fc",
+            "6e:92:1a:b4:fc:34:00",
+            "zz:92:1a:b4:fc:34",
+        ] {
             assert!(parse_mac(bad).is_err(), "{bad}");
         }
     }

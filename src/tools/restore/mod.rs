@@ -80,7 +80,10 @@ fn restore_all(selected: Vec<Selected>, dry_run: bool) -> Vec<Row> {
                 })
             })
             .collect();
-        workers.into_iter().flat_map(|worker| worker.join().unwrap_or_default()).collect()
+        workers
+            .into_iter()
+            .flat_map(|worker| worker.join().unwrap_or_default())
+            .collect()
     });
     rows.sort_by_key(|(at, _)| *at);
     rows.into_iter().map(|(_, row)| row).collect()
@@ -107,26 +110,37 @@ fn restore_one(record: &Checkpoint, dry_run: bool, one_at_a_time: &Mutex<()>) ->
     let attempt = netlink::with_pod_netns(&netns, |kernel| {
         let turn = one_at_a_time.lock().unwrap_or_else(PoisonError::into_inner);
         let seen = apply::look(kernel, record)?;
-        Ok(match plan::plan(&record.if_name, record.links.as_ref(), &seen) {
-            Decision::Intact => Outcome::Intact,
-            Decision::NotRestorable(why) => Outcome::NotRestorable(why),
-            Decision::Rebuild(steps) if dry_run => Outcome::Planned(steps),
-            Decision::Rebuild(mut steps) => {
-                let waits = steps.iter().position(|step| matches!(step, Step::AwaitDad { .. })).unwrap_or(steps.len());
-                let after_the_wait = steps.split_off(waits);
-                match apply::carry_out(kernel, Vec::new(), steps) {
-                    Outcome::Restored(done) => {
-                        drop(turn);
-                        apply::carry_out(kernel, done, after_the_wait)
+        Ok(
+            match plan::plan(&record.if_name, record.links.as_ref(), &seen) {
+                Decision::Intact => Outcome::Intact,
+                Decision::NotRestorable(why) => Outcome::NotRestorable(why),
+                Decision::Rebuild(steps) if dry_run => Outcome::Planned(steps),
+                Decision::Rebuild(mut steps) => {
+                    let waits = steps
+                        .iter()
+                        .position(|step| matches!(step, Step::AwaitDad { .. }))
+                        .unwrap_or(steps.len());
+                    let after_the_wait = steps.split_off(waits);
+                    match apply::carry_out(kernel, Vec::new(), steps) {
+                        Outcome::Restored(done) => {
+                            drop(turn);
+                            apply::carry_out(kernel, done, after_the_wait)
+                        }
+                        failed => failed,
                     }
-                    failed => failed,
                 }
-            }
-        })
+            },
+        )
     });
     match attempt {
         Ok(outcome) => outcome,
-        Err(err) if err.kind == Kind::NetnsGone => Outcome::NetnsGone(format!("{}: the sandbox is dead; nothing to restore", err.msg)),
-        Err(err) => Outcome::Failed { done: Vec::new(), error: err.msg },
+        Err(err) if err.kind == Kind::NetnsGone => Outcome::NetnsGone(format!(
+            "{}: the sandbox is dead; nothing to restore",
+            err.msg
+        )),
+        Err(err) => Outcome::Failed {
+            done: Vec::new(),
+            error: err.msg,
+        },
     }
 }

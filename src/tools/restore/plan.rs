@@ -14,25 +14,60 @@ use crate::kernel::netlink::LinkState;
 /// which is what an operator reading a dry run knows.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
-    CreateVlan { name: String, lower: String, id: u16, mtu: u32 },
-    SetHostLinkUp { name: String },
+    CreateVlan {
+        name: String,
+        lower: String,
+        id: u16,
+        mtu: u32,
+    },
+    SetHostLinkUp {
+        name: String,
+    },
     /// Created on `parent` directly inside the pod's netns, under its own name.
-    CreateMacvlan { name: String, parent: String, mode: String, mac: String, mtu: u32 },
-    SetUp { name: String },
+    CreateMacvlan {
+        name: String,
+        parent: String,
+        mode: String,
+        mac: String,
+        mtu: u32,
+    },
+    SetUp {
+        name: String,
+    },
     /// `disable_ipv6` 0 for the interface, before its first IPv6 address (`kernel::sysctl`).
-    EnableIpv6 { name: String },
-    AddAddress { name: String, address: IpNetwork },
+    EnableIpv6 {
+        name: String,
+    },
+    AddAddress {
+        name: String,
+        address: IpNetwork,
+    },
     /// Taken off so that adding it again runs duplicate address detection anew: the kernel
     /// never retries detection for an address it marked `dadfailed`.
-    DeleteAddress { name: String, address: IpNetwork },
-    AddRoute { name: String, route: RouteFacts },
-    Announce { name: String, addresses: Vec<Ipv4Addr> },
+    DeleteAddress {
+        name: String,
+        address: IpNetwork,
+    },
+    AddRoute {
+        name: String,
+        route: RouteFacts,
+    },
+    Announce {
+        name: String,
+        addresses: Vec<Ipv4Addr>,
+    },
     /// Waits, at most `DAD_PATIENCE`, until duplicate address detection has settled for each
     /// address: a tentative address neither answers nor sends, and a failed one belongs to
     /// another node.
-    AwaitDad { name: String, addresses: Vec<Ipv6Addr> },
+    AwaitDad {
+        name: String,
+        addresses: Vec<Ipv6Addr>,
+    },
     /// Unsolicited neighbour advertisements with the Override flag, IPv6's gratuitous ARP.
-    Advertise { name: String, addresses: Vec<Ipv6Addr> },
+    Advertise {
+        name: String,
+        addresses: Vec<Ipv6Addr>,
+    },
 }
 
 /// Detection takes `dad_transmits` (1) probes `retrans_time` (1 s) apart after a random delay
@@ -43,16 +78,44 @@ pub const DAD_PATIENCE: Duration = Duration::from_secs(10);
 impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Step::CreateVlan { name, lower, id, mtu } => write!(f, "ip link add link {lower} name {name} mtu {mtu} type vlan id {id}"),
+            Step::CreateVlan {
+                name,
+                lower,
+                id,
+                mtu,
+            } => write!(
+                f,
+                "ip link add link {lower} name {name} mtu {mtu} type vlan id {id}"
+            ),
             Step::SetHostLinkUp { name } => write!(f, "ip link set {name} up"),
-            Step::CreateMacvlan { name, parent, mode, mac, mtu } => {
-                write!(f, "ip link add link {parent} name {name} address {mac} mtu {mtu} netns <pod> type macvlan mode {mode}")
+            Step::CreateMacvlan {
+                name,
+                parent,
+                mode,
+                mac,
+                mtu,
+            } => {
+                write!(
+                    f,
+                    "ip link add link {parent} name {name} address {mac} mtu {mtu} netns <pod> type macvlan mode {mode}"
+                )
             }
             Step::SetUp { name } => write!(f, "ip -n <pod> link set {name} up"),
-            Step::EnableIpv6 { name } => write!(f, "ip netns exec <pod> sysctl -qw net/ipv6/conf/{name}/disable_ipv6=0"),
-            Step::AddAddress { name, address: address @ IpNetwork::V4(_) } => write!(f, "ip -n <pod> addr add {address} dev {name}"),
-            Step::AddAddress { name, address: address @ IpNetwork::V6(_) } => write!(f, "ip -n <pod> -6 addr add {address} dev {name}"),
-            Step::DeleteAddress { name, address } => write!(f, "ip -n <pod> -6 addr del {address} dev {name}"),
+            Step::EnableIpv6 { name } => write!(
+                f,
+                "ip netns exec <pod> sysctl -qw net/ipv6/conf/{name}/disable_ipv6=0"
+            ),
+            Step::AddAddress {
+                name,
+                address: address @ IpNetwork::V4(_),
+            } => write!(f, "ip -n <pod> addr add {address} dev {name}"),
+            Step::AddAddress {
+                name,
+                address: address @ IpNetwork::V6(_),
+            } => write!(f, "ip -n <pod> -6 addr add {address} dev {name}"),
+            Step::DeleteAddress { name, address } => {
+                write!(f, "ip -n <pod> -6 addr del {address} dev {name}")
+            }
             Step::AddRoute { name, route } => {
                 write!(f, "ip -n <pod> route add {}", route.dst)?;
                 if let Some(gateway) = route.gateway {
@@ -83,7 +146,11 @@ impl fmt::Display for Step {
             }
             Step::Advertise { name, addresses } => {
                 let list: Vec<String> = addresses.iter().map(Ipv6Addr::to_string).collect();
-                write!(f, "unsolicited neighbour advertisement (override) on {name} for {}", list.join(", "))
+                write!(
+                    f,
+                    "unsolicited neighbour advertisement (override) on {name} for {}",
+                    list.join(", ")
+                )
             }
         }
     }
@@ -113,41 +180,52 @@ pub enum Decision {
 pub fn plan(if_name: &str, links: Option<&LinkFacts>, seen: &Seen) -> Decision {
     if seen.interface_present {
         return match links {
-            Some(LinkFacts::Observed(facts)) if !seen.dad_failed.is_empty() => Decision::Rebuild(dad_again(if_name, facts, &seen.dad_failed)),
+            Some(LinkFacts::Observed(facts)) if !seen.dad_failed.is_empty() => {
+                Decision::Rebuild(dad_again(if_name, facts, &seen.dad_failed))
+            }
             _ => Decision::Intact,
         };
     }
     let facts = match links {
         Some(LinkFacts::Observed(facts)) => facts,
         Some(LinkFacts::Unavailable { reason }) => {
-            return Decision::NotRestorable(format!("ADD could not record its link facts ({reason})"));
+            return Decision::NotRestorable(format!(
+                "ADD could not record its link facts ({reason})"
+            ));
         }
-        None => return Decision::NotRestorable("its checkpoint predates link facts: re-create the pod".to_string()),
+        None => {
+            return Decision::NotRestorable(
+                "its checkpoint predates link facts: re-create the pod".to_string(),
+            );
+        }
     };
     match facts.kind.as_deref() {
         Some("macvlan") => {}
-        Some("veth") => {
-            return Decision::NotRestorable(
-                "a veth's host end belongs to the primary plugin (a bridge port, calico's routes): \
+        Some("veth") => return Decision::NotRestorable(
+            "a veth's host end belongs to the primary plugin (a bridge port, calico's routes): \
                  re-create the pod so the primary sets both ends up"
-                    .to_string(),
-            )
-        }
+                .to_string(),
+        ),
         other => {
             return Decision::NotRestorable(format!(
                 "restore rebuilds macvlan interfaces only; this one is {}",
                 other.unwrap_or("a link without a driver kind")
-            ))
+            ));
         }
     }
-    let (Some(parent), Some(mac), Some(mode)) = (&facts.parent, &facts.mac, &facts.macvlan_mode) else {
-        return Decision::NotRestorable("its link facts lack the parent link, the MAC or the macvlan mode".to_string());
+    let (Some(parent), Some(mac), Some(mode)) = (&facts.parent, &facts.mac, &facts.macvlan_mode)
+    else {
+        return Decision::NotRestorable(
+            "its link facts lack the parent link, the MAC or the macvlan mode".to_string(),
+        );
     };
     let mut steps = Vec::new();
     match (&seen.parent, &parent.vlan) {
         (Some(present), _) => {
             if !present.up {
-                steps.push(Step::SetHostLinkUp { name: parent.name.clone() });
+                steps.push(Step::SetHostLinkUp {
+                    name: parent.name.clone(),
+                });
             }
         }
         (None, Some(vlan)) => {
@@ -159,36 +237,75 @@ pub fn plan(if_name: &str, links: Option<&LinkFacts>, seen: &Seen) -> Decision {
                 ));
             };
             if !lower.up {
-                steps.push(Step::SetHostLinkUp { name: lower.name.clone() });
+                steps.push(Step::SetHostLinkUp {
+                    name: lower.name.clone(),
+                });
             }
-            steps.push(Step::CreateVlan { name: parent.name.clone(), lower: vlan.lower.clone(), id: vlan.id, mtu: parent.mtu });
-            steps.push(Step::SetHostLinkUp { name: parent.name.clone() });
+            steps.push(Step::CreateVlan {
+                name: parent.name.clone(),
+                lower: vlan.lower.clone(),
+                id: vlan.id,
+                mtu: parent.mtu,
+            });
+            steps.push(Step::SetHostLinkUp {
+                name: parent.name.clone(),
+            });
         }
         (None, None) => {
             return Decision::NotRestorable(format!(
                 "its parent link {} is missing and is not a vlan that could be re-created: bring it back \
                  (finish the driver upgrade) and run again",
                 parent.name
-            ))
+            ));
         }
     }
-    steps.extend(pod_steps(if_name, facts, parent.name.clone(), mac.clone(), mode.clone()));
+    steps.extend(pod_steps(
+        if_name,
+        facts,
+        parent.name.clone(),
+        mac.clone(),
+        mode.clone(),
+    ));
     Decision::Rebuild(steps)
 }
 
-fn pod_steps(if_name: &str, facts: &InterfaceFacts, parent: String, mac: String, mode: String) -> Vec<Step> {
+fn pod_steps(
+    if_name: &str,
+    facts: &InterfaceFacts,
+    parent: String,
+    mac: String,
+    mode: String,
+) -> Vec<Step> {
     let name = if_name.to_string();
     let mut steps = vec![
-        Step::CreateMacvlan { name: name.clone(), parent, mode, mac, mtu: facts.mtu },
+        Step::CreateMacvlan {
+            name: name.clone(),
+            parent,
+            mode,
+            mac,
+            mtu: facts.mtu,
+        },
         Step::SetUp { name: name.clone() },
     ];
     if facts.addresses.iter().any(IpNetwork::is_ipv6) {
         steps.push(Step::EnableIpv6 { name: name.clone() });
     }
-    steps.extend(facts.addresses.iter().map(|address| Step::AddAddress { name: name.clone(), address: *address }));
+    steps.extend(facts.addresses.iter().map(|address| Step::AddAddress {
+        name: name.clone(),
+        address: *address,
+    }));
     // Routes through a gateway need the route to the gateway first: on-link ones go first.
-    let (on_link, via_gateway): (Vec<&RouteFacts>, Vec<&RouteFacts>) = facts.routes.iter().partition(|r| r.gateway.is_none());
-    steps.extend(on_link.into_iter().chain(via_gateway).map(|route| Step::AddRoute { name: name.clone(), route: route.clone() }));
+    let (on_link, via_gateway): (Vec<&RouteFacts>, Vec<&RouteFacts>) =
+        facts.routes.iter().partition(|r| r.gateway.is_none());
+    steps.extend(
+        on_link
+            .into_iter()
+            .chain(via_gateway)
+            .map(|route| Step::AddRoute {
+                name: name.clone(),
+                route: route.clone(),
+            }),
+    );
     let (mut ipv4, mut ipv6) = (Vec::new(), Vec::new());
     for address in &facts.addresses {
         match address.ip() {
@@ -198,11 +315,20 @@ fn pod_steps(if_name: &str, facts: &InterfaceFacts, parent: String, mac: String,
     }
     // IPv4 is announced before IPv6's wait: a conflict on the IPv6 address leaves it usable.
     if !ipv4.is_empty() {
-        steps.push(Step::Announce { name: name.clone(), addresses: ipv4 });
+        steps.push(Step::Announce {
+            name: name.clone(),
+            addresses: ipv4,
+        });
     }
     if !ipv6.is_empty() {
-        steps.push(Step::AwaitDad { name: name.clone(), addresses: ipv6.clone() });
-        steps.push(Step::Advertise { name, addresses: ipv6 });
+        steps.push(Step::AwaitDad {
+            name: name.clone(),
+            addresses: ipv6.clone(),
+        });
+        steps.push(Step::Advertise {
+            name,
+            addresses: ipv6,
+        });
     }
     steps
 }
@@ -213,14 +339,28 @@ fn pod_steps(if_name: &str, facts: &InterfaceFacts, parent: String, mac: String,
 /// detection fails again and nothing is advertised.
 fn dad_again(if_name: &str, facts: &InterfaceFacts, dad_failed: &[Ipv6Addr]) -> Vec<Step> {
     let name = if_name.to_string();
-    let failed: Vec<IpNetwork> = facts.addresses.iter().copied().filter(|a| matches!(a.ip(), IpAddr::V6(ip) if dad_failed.contains(&ip))).collect();
+    let failed: Vec<IpNetwork> = facts
+        .addresses
+        .iter()
+        .copied()
+        .filter(|a| matches!(a.ip(), IpAddr::V6(ip) if dad_failed.contains(&ip)))
+        .collect();
     let mut steps = Vec::new();
     for address in &failed {
-        steps.push(Step::DeleteAddress { name: name.clone(), address: *address });
-        steps.push(Step::AddAddress { name: name.clone(), address: *address });
+        steps.push(Step::DeleteAddress {
+            name: name.clone(),
+            address: *address,
+        });
+        steps.push(Step::AddAddress {
+            name: name.clone(),
+            address: *address,
+        });
     }
     let addresses: Vec<Ipv6Addr> = dad_failed.to_vec();
-    steps.push(Step::AwaitDad { name: name.clone(), addresses: addresses.clone() });
+    steps.push(Step::AwaitDad {
+        name: name.clone(),
+        addresses: addresses.clone(),
+    });
     steps.push(Step::Advertise { name, addresses });
     steps
 }
@@ -256,15 +396,28 @@ mod tests {
             mac: Some("6e:92:1a:b4:fc:34".into()),
             addresses: vec!["10.161.75.155/22".parse().unwrap()],
             routes: vec![
-                RouteFacts { dst: "0.0.0.0/0".parse().unwrap(), gateway: Some("10.161.72.1".parse().unwrap()), link_scope: false, metric: None },
-                RouteFacts { dst: "10.200.0.0/16".parse().unwrap(), gateway: None, link_scope: true, metric: Some(5) },
+                RouteFacts {
+                    dst: "0.0.0.0/0".parse().unwrap(),
+                    gateway: Some("10.161.72.1".parse().unwrap()),
+                    link_scope: false,
+                    metric: None,
+                },
+                RouteFacts {
+                    dst: "10.200.0.0/16".parse().unwrap(),
+                    gateway: None,
+                    link_scope: true,
+                    metric: Some(5),
+                },
             ],
             parent: Some(ParentFacts {
                 name: "bond4.3".into(),
                 index: 7,
                 kind: Some("vlan".into()),
                 mtu: 1500,
-                vlan: Some(VlanFacts { id: 3, lower: "bond4".into() }),
+                vlan: Some(VlanFacts {
+                    id: 3,
+                    lower: "bond4".into(),
+                }),
             }),
         })
     }
@@ -278,15 +431,26 @@ mod tests {
 
     #[test]
     fn a_present_interface_is_never_touched() {
-        let seen = Seen { interface_present: true, ..Seen::default() };
-        assert_eq!(plan("eth0", Some(&incident_facts()), &seen), Decision::Intact);
+        let seen = Seen {
+            interface_present: true,
+            ..Seen::default()
+        };
+        assert_eq!(
+            plan("eth0", Some(&incident_facts()), &seen),
+            Decision::Intact
+        );
         // Even without facts: present means present.
         assert_eq!(plan("eth0", None, &seen), Decision::Intact);
     }
 
     #[test]
     fn a_lost_vlan_parent_is_recreated_on_its_lower_link() {
-        let seen = Seen { interface_present: false, parent: None, vlan_lower: Some(link("bond4", true)), ..Seen::default() };
+        let seen = Seen {
+            interface_present: false,
+            parent: None,
+            vlan_lower: Some(link("bond4", true)),
+            ..Seen::default()
+        };
         assert_eq!(
             texts(plan("eth0", Some(&incident_facts()), &seen)),
             [
@@ -304,10 +468,22 @@ mod tests {
 
     #[test]
     fn ipv6_addresses_are_waited_for_then_advertised() {
-        let LinkFacts::Observed(mut facts) = incident_facts() else { unreachable!() };
+        let LinkFacts::Observed(mut facts) = incident_facts() else {
+            unreachable!()
+        };
         facts.addresses.push("fd00:161::9b/64".parse().unwrap());
-        facts.routes.push(RouteFacts { dst: "::/0".parse().unwrap(), gateway: Some("fd00:161::1".parse().unwrap()), link_scope: false, metric: Some(1024) });
-        let seen = Seen { interface_present: false, parent: Some(link("bond4.3", true)), vlan_lower: None, ..Seen::default() };
+        facts.routes.push(RouteFacts {
+            dst: "::/0".parse().unwrap(),
+            gateway: Some("fd00:161::1".parse().unwrap()),
+            link_scope: false,
+            metric: Some(1024),
+        });
+        let seen = Seen {
+            interface_present: false,
+            parent: Some(link("bond4.3", true)),
+            vlan_lower: None,
+            ..Seen::default()
+        };
         let steps = texts(plan("eth0", Some(&LinkFacts::Observed(facts)), &seen));
         assert_eq!(
             steps[2..],
@@ -329,12 +505,21 @@ mod tests {
 
     #[test]
     fn a_present_interface_with_a_dadfailed_address_runs_detection_again() {
-        let LinkFacts::Observed(mut facts) = incident_facts() else { unreachable!() };
+        let LinkFacts::Observed(mut facts) = incident_facts() else {
+            unreachable!()
+        };
         facts.addresses.push("fd00:161::9b/64".parse().unwrap());
         let facts = LinkFacts::Observed(facts);
-        let intact = Seen { interface_present: true, ..Seen::default() };
+        let intact = Seen {
+            interface_present: true,
+            ..Seen::default()
+        };
         assert_eq!(plan("eth0", Some(&facts), &intact), Decision::Intact);
-        let taken = Seen { interface_present: true, dad_failed: vec!["fd00:161::9b".parse().unwrap()], ..Seen::default() };
+        let taken = Seen {
+            interface_present: true,
+            dad_failed: vec!["fd00:161::9b".parse().unwrap()],
+            ..Seen::default()
+        };
         assert_eq!(
             texts(plan("eth0", Some(&facts), &taken)),
             [
@@ -350,7 +535,12 @@ mod tests {
 
     #[test]
     fn a_down_lower_link_is_brought_up_first() {
-        let seen = Seen { interface_present: false, parent: None, vlan_lower: Some(link("bond4", false)), ..Seen::default() };
+        let seen = Seen {
+            interface_present: false,
+            parent: None,
+            vlan_lower: Some(link("bond4", false)),
+            ..Seen::default()
+        };
         let steps = texts(plan("eth0", Some(&incident_facts()), &seen));
         assert_eq!(steps[0], "ip link set bond4 up");
         assert!(steps[1].starts_with("ip link add link bond4 name bond4.3"));
@@ -358,31 +548,67 @@ mod tests {
 
     #[test]
     fn a_present_parent_is_reused() {
-        let seen = Seen { interface_present: false, parent: Some(link("bond4.3", true)), vlan_lower: None, ..Seen::default() };
+        let seen = Seen {
+            interface_present: false,
+            parent: Some(link("bond4.3", true)),
+            vlan_lower: None,
+            ..Seen::default()
+        };
         let steps = texts(plan("eth0", Some(&incident_facts()), &seen));
-        assert!(steps[0].starts_with("ip link add link bond4.3 name eth0 address 6e:92:1a:b4:fc:34"), "{steps:?}");
+        assert!(
+            steps[0].starts_with("ip link add link bond4.3 name eth0 address 6e:92:1a:b4:fc:34"),
+            "{steps:?}"
+        );
         assert!(!steps.iter().any(|s| s.contains("type vlan")));
     }
 
     #[test]
     fn what_cannot_be_rebuilt_says_why() {
         let lost_everything = Seen::default();
-        let Decision::NotRestorable(why) = plan("eth0", Some(&incident_facts()), &lost_everything) else { panic!() };
-        assert!(why.contains("bond4.3") && why.contains("bond4") && why.contains("driver"), "{why}");
+        let Decision::NotRestorable(why) = plan("eth0", Some(&incident_facts()), &lost_everything)
+        else {
+            panic!()
+        };
+        assert!(
+            why.contains("bond4.3") && why.contains("bond4") && why.contains("driver"),
+            "{why}"
+        );
 
-        let LinkFacts::Observed(mut veth) = incident_facts() else { unreachable!() };
+        let LinkFacts::Observed(mut veth) = incident_facts() else {
+            unreachable!()
+        };
         veth.kind = Some("veth".into());
-        let Decision::NotRestorable(why) = plan("eth0", Some(&LinkFacts::Observed(veth)), &lost_everything) else { panic!() };
+        let Decision::NotRestorable(why) =
+            plan("eth0", Some(&LinkFacts::Observed(veth)), &lost_everything)
+        else {
+            panic!()
+        };
         assert!(why.contains("primary plugin"), "{why}");
 
-        let unavailable = LinkFacts::Unavailable { reason: "cannot open netns /proc/1/ns/x".into() };
-        let Decision::NotRestorable(why) = plan("eth0", Some(&unavailable), &lost_everything) else { panic!() };
+        let unavailable = LinkFacts::Unavailable {
+            reason: "cannot open netns /proc/1/ns/x".into(),
+        };
+        let Decision::NotRestorable(why) = plan("eth0", Some(&unavailable), &lost_everything)
+        else {
+            panic!()
+        };
         assert!(why.contains("cannot open netns"), "{why}");
-        assert!(matches!(plan("eth0", None, &lost_everything), Decision::NotRestorable(_)));
+        assert!(matches!(
+            plan("eth0", None, &lost_everything),
+            Decision::NotRestorable(_)
+        ));
 
-        let LinkFacts::Observed(mut plain_parent) = incident_facts() else { unreachable!() };
+        let LinkFacts::Observed(mut plain_parent) = incident_facts() else {
+            unreachable!()
+        };
         plain_parent.parent.as_mut().unwrap().vlan = None;
-        let Decision::NotRestorable(why) = plan("eth0", Some(&LinkFacts::Observed(plain_parent)), &lost_everything) else { panic!() };
+        let Decision::NotRestorable(why) = plan(
+            "eth0",
+            Some(&LinkFacts::Observed(plain_parent)),
+            &lost_everything,
+        ) else {
+            panic!()
+        };
         assert!(why.contains("not a vlan"), "{why}");
     }
 }

@@ -13,7 +13,10 @@ pub enum Outcome {
     NotRestorable(String),
     Planned(Vec<Step>),
     Restored(Vec<Step>),
-    Failed { done: Vec<Step>, error: String },
+    Failed {
+        done: Vec<Step>,
+        error: String,
+    },
 }
 
 impl Outcome {
@@ -53,16 +56,30 @@ pub fn write_report(out: &mut impl Write, rows: &[Row], dry_run: bool) -> io::Re
             row.outcome.word().to_string(),
         ]);
     }
-    let widths: Vec<usize> = (0..5).map(|c| lines.iter().map(|l| l[c].chars().count()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..5)
+        .map(|c| {
+            lines
+                .iter()
+                .map(|l| l[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
     for line in &lines {
-        let cells: Vec<String> = line.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        let cells: Vec<String> = line
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
         writeln!(out, "{}", cells.join("  ").trim_end())?;
     }
     let mut detailed = false;
     for row in rows {
         let (heading, steps, note): (&str, &[Step], Option<&str>) = match &row.outcome {
             Outcome::Intact => continue,
-            Outcome::NetnsGone(why) | Outcome::NotRestorable(why) | Outcome::Superseded(why) => ("", &[], Some(why)),
+            Outcome::NetnsGone(why) | Outcome::NotRestorable(why) | Outcome::Superseded(why) => {
+                ("", &[], Some(why))
+            }
             Outcome::Planned(steps) => ("would run:", steps, None),
             Outcome::Restored(steps) => ("ran:", steps, None),
             Outcome::Failed { done, error } => ("ran before the failure:", done, Some(error)),
@@ -71,7 +88,14 @@ pub fn write_report(out: &mut impl Write, rows: &[Row], dry_run: bool) -> io::Re
             writeln!(out)?;
             detailed = true;
         }
-        writeln!(out, "{} {} ({}): {}", row.container_id, row.if_name, row.network, row.outcome.word())?;
+        writeln!(
+            out,
+            "{} {} ({}): {}",
+            row.container_id,
+            row.if_name,
+            row.network,
+            row.outcome.word()
+        )?;
         if let Some(note) = note {
             writeln!(out, "  {note}")?;
         }
@@ -88,12 +112,20 @@ pub fn write_report(out: &mut impl Write, rows: &[Row], dry_run: bool) -> io::Re
         "\n{} sandboxes: {} {}, {} intact (untouched), {} superseded (untouched), {} with their netns gone, {} not restorable, {} failed{}",
         rows.len(),
         count(if dry_run { "would restore" } else { "restored" }),
-        if dry_run { "would be restored" } else { "restored" },
+        if dry_run {
+            "would be restored"
+        } else {
+            "restored"
+        },
         count("intact"),
         count("superseded"),
         count("netns-gone"),
         count("NOT RESTORABLE"),
         count("FAILED"),
-        if dry_run { " (dry run: nothing was changed)" } else { "" },
+        if dry_run {
+            " (dry run: nothing was changed)"
+        } else {
+            ""
+        },
     )
 }

@@ -10,7 +10,7 @@ use crate::error::{GuardError, Kind, Result};
 use crate::state::checkpoint::{AttachmentId, Checkpoint};
 use crate::state::lock::WaitNotice;
 use crate::state::ownership::{Ownership, PodKey};
-use crate::state::{Folder, Loaded, Store, read_for_listing, read_entry_for_listing};
+use crate::state::{Folder, Loaded, Store, read_entry_for_listing, read_for_listing};
 
 /// A selected checkpoint, or a selection that named something unusable.
 pub enum Selected {
@@ -19,11 +19,18 @@ pub enum Selected {
     Superseded(Row),
 }
 
-pub fn select(state_dir: &Path, selection: &Selection, lock_timeout: Duration) -> Result<Vec<Selected>> {
+pub fn select(
+    state_dir: &Path,
+    selection: &Selection,
+    lock_timeout: Duration,
+) -> Result<Vec<Selected>> {
     if std::fs::symlink_metadata(state_dir).is_err() {
         return Err(GuardError::new(
             Kind::Io,
-            format!("no state directory at {}: pass --state-dir with the plugin's stateDir", state_dir.display()),
+            format!(
+                "no state directory at {}: pass --state-dir with the plugin's stateDir",
+                state_dir.display()
+            ),
         ));
     }
     // Read under the shared lock, then let it go: the kernel work below may take seconds
@@ -31,10 +38,14 @@ pub fn select(state_dir: &Path, selection: &Selection, lock_timeout: Duration) -
     let store = Store::open_read_only(state_dir)?;
     let notice = WaitNotice::new(state_dir, lock_timeout);
     let on_wait = |holder: &str| notice.hear(holder);
-    let mut listed = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| Some(read_for_listing::<Checkpoint>(p)))?;
+    let mut listed = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| {
+        Some(read_for_listing::<Checkpoint>(p))
+    })?;
     // Sorted, so the report reads the same from run to run.
     listed.sort_by(|a, b| a.0.cmp(&b.0));
-    let owners = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |p| Some(read_entry_for_listing::<Ownership>(p)))?;
+    let owners = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |p| {
+        Some(read_entry_for_listing::<Ownership>(p))
+    })?;
     let owners: HashMap<PodKey, Ownership> = owners
         .into_iter()
         .filter_map(|(_, loaded)| match loaded {
@@ -56,23 +67,28 @@ pub fn select(state_dir: &Path, selection: &Selection, lock_timeout: Duration) -
     let mut selected = Vec::new();
     for (path, loaded) in listed {
         match loaded {
-            Loaded::Valid(record) if wanted(&record.container_id) => match superseded_by(&record, &owners, &netns_of) {
-                Some(why) => selected.push(Selected::Superseded(Row {
-                    container_id: record.container_id.clone(),
-                    if_name: record.if_name.clone(),
-                    network: record.network.clone(),
-                    netns: record.netns.clone(),
-                    outcome: Outcome::Superseded(why),
+            Loaded::Valid(record) if wanted(&record.container_id) => {
+                match superseded_by(&record, &owners, &netns_of) {
+                    Some(why) => selected.push(Selected::Superseded(Row {
+                        container_id: record.container_id.clone(),
+                        if_name: record.if_name.clone(),
+                        network: record.network.clone(),
+                        netns: record.netns.clone(),
+                        outcome: Outcome::Superseded(why),
+                    })),
+                    None => selected.push(Selected::Record(Box::new(record))),
+                }
+            }
+            Loaded::Corrupt { reason, .. } if unusable_is_wanted(&path, selection) => selected
+                .push(Selected::Unusable(Row {
+                    container_id: file_name(&path),
+                    if_name: "-".into(),
+                    network: "-".into(),
+                    netns: "-".into(),
+                    outcome: Outcome::NotRestorable(format!(
+                        "its checkpoint failed verification ({reason})"
+                    )),
                 })),
-                None => selected.push(Selected::Record(Box::new(record))),
-            },
-            Loaded::Corrupt { reason, .. } if unusable_is_wanted(&path, selection) => selected.push(Selected::Unusable(Row {
-                container_id: file_name(&path),
-                if_name: "-".into(),
-                network: "-".into(),
-                netns: "-".into(),
-                outcome: Outcome::NotRestorable(format!("its checkpoint failed verification ({reason})")),
-            })),
             _ => {}
         }
     }
@@ -80,7 +96,9 @@ pub fn select(state_dir: &Path, selection: &Selection, lock_timeout: Duration) -
         for id in ids {
             let matched = selected.iter().any(|s| match s {
                 Selected::Record(record) => record.container_id.starts_with(id.as_str()),
-                Selected::Unusable(row) | Selected::Superseded(row) => row.container_id.contains(id.as_str()),
+                Selected::Unusable(row) | Selected::Superseded(row) => {
+                    row.container_id.contains(id.as_str())
+                }
             });
             if !matched {
                 selected.push(Selected::Unusable(Row {
@@ -88,7 +106,10 @@ pub fn select(state_dir: &Path, selection: &Selection, lock_timeout: Duration) -
                     if_name: "-".into(),
                     network: "-".into(),
                     netns: "-".into(),
-                    outcome: Outcome::NotRestorable(format!("no checkpoint in {} for this container ID", state_dir.display())),
+                    outcome: Outcome::NotRestorable(format!(
+                        "no checkpoint in {} for this container ID",
+                        state_dir.display()
+                    )),
                 }));
             }
         }
@@ -104,10 +125,19 @@ fn superseded_by(
     owners: &HashMap<PodKey, Ownership>,
     netns_of: &HashMap<AttachmentId, String>,
 ) -> Option<String> {
-    let (key, owner) = record.pod_keys().into_iter().find_map(|key| Some((key.clone(), owners.get(&key)?)))?;
+    let (key, owner) = record
+        .pod_keys()
+        .into_iter()
+        .find_map(|key| Some((key.clone(), owners.get(&key)?)))?;
     let owner = Some(owner).filter(|o| o.container_id != record.container_id)?;
-    let remove = format!("remove it instead (`crictl rmp {}`)", crate::names::short_id(&record.container_id));
-    let owner_netns = owner.interfaces().into_iter().find_map(|if_name| netns_of.get(&AttachmentId::of(&key, &owner.container_id, if_name)));
+    let remove = format!(
+        "remove it instead (`crictl rmp {}`)",
+        crate::names::short_id(&record.container_id)
+    );
+    let owner_netns = owner
+        .interfaces()
+        .into_iter()
+        .find_map(|if_name| netns_of.get(&AttachmentId::of(&key, &owner.container_id, if_name)));
     Some(match owner_netns {
         Some(netns) if crate::kernel::netns::netns_state(netns, None, None).is_alive() => format!(
             "pod {} now lives in sandbox {} (netns {netns}, alive): restoring this older sandbox would put its \
@@ -125,7 +155,10 @@ fn superseded_by(
 }
 
 fn file_name(path: &Path) -> String {
-    path.file_name().unwrap_or_default().to_string_lossy().into_owned()
+    path.file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// A corrupt file is named `<network>:<container>:<if>`: only its name can say whose it is.
@@ -133,7 +166,9 @@ fn unusable_is_wanted(path: &Path, selection: &Selection) -> bool {
     match selection {
         Selection::All => true,
         Selection::ContainerIds(ids) => {
-            let container = AttachmentId::from_file_name(path).map(|id| id.container_id).unwrap_or_default();
+            let container = AttachmentId::from_file_name(path)
+                .map(|id| id.container_id)
+                .unwrap_or_default();
             ids.iter().any(|id| container.starts_with(id.as_str()))
         }
     }
@@ -163,15 +198,29 @@ mod tests {
             links: None,
         };
         let old = record("old", "/proc/self/ns/net");
-        let key = old.pod_key(crate::state::ownership::PodKeyRule::Name).unwrap();
+        let key = old
+            .pod_key(crate::state::ownership::PodKeyRule::Name)
+            .unwrap();
         let owner = crate::state::ownership::taken(&key, "new", "eth0", None, 2, None);
         let owners = HashMap::from([(key, owner)]);
-        let new_id = AttachmentId { network: "net".into(), container_id: "new".into(), if_name: "eth0".into() };
+        let new_id = AttachmentId {
+            network: "net".into(),
+            container_id: "new".into(),
+            if_name: "eth0".into(),
+        };
         let alive = HashMap::from([(new_id.clone(), "/proc/self/ns/net".to_string())]);
-        assert!(superseded_by(&old, &owners, &alive).unwrap().contains("alive"));
+        assert!(
+            superseded_by(&old, &owners, &alive)
+                .unwrap()
+                .contains("alive")
+        );
         // The owner's netns gone, or its record unknown: still not this sandbox's pod.
         let gone = HashMap::from([(new_id, "/nonexistent".to_string())]);
-        assert!(superseded_by(&old, &owners, &gone).unwrap().contains("not brought back"));
+        assert!(
+            superseded_by(&old, &owners, &gone)
+                .unwrap()
+                .contains("not brought back")
+        );
         assert!(superseded_by(&old, &owners, &HashMap::new()).is_some());
         // Its own pod key: nothing in the way.
         assert!(superseded_by(&record("new", "/proc/self/ns/net"), &owners, &alive).is_none());

@@ -190,8 +190,11 @@ async fn dispatch(socket: &str, command: &[String]) -> Result<Value, Failure> {
                 .into_inner();
             let status = reply.status.unwrap_or_default();
             let metadata = status.metadata.clone().unwrap_or_default();
-            let additional_ips: Vec<String> =
-                status.network.iter().flat_map(|n| n.additional_ips.iter().map(|a| a.ip.clone())).collect();
+            let additional_ips: Vec<String> = status
+                .network
+                .iter()
+                .flat_map(|n| n.additional_ips.iter().map(|a| a.ip.clone()))
+                .collect();
             Ok(json!({
                 "id": status.id,
                 "state": status.state().as_str_name(),

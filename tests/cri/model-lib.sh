@@ -84,8 +84,19 @@ trace() {
     printf '  %s\n' "$*" >>"$state_dir/calls.log"
 }
 
-# fail_if_injected WHAT: consumes the fail-next-del marker and fails the DEL naming WHAT.
+# fail_if_injected WHAT: consumes the fail-next-del marker and fails the DEL naming WHAT. A
+# file fail-dels/<namespace>.<pod> holding a count N fails that pod's next N DELs instead, so
+# that other pods' DELs on a busy node do not consume the failure meant for one pod.
 fail_if_injected() {
+    local counter=$state_dir/fail-dels/$namespace.$pod left
+    if [[ -f $counter ]]; then
+        left=$(<"$counter")
+        if ((left > 0)); then
+            echo $((left - 1)) >"$counter"
+            trace "DEL failed: injected (fail-dels, $((left - 1)) left)"
+            fail 100 "injected primary failure (fail-dels) for $1"
+        fi
+    fi
     [[ -f $state_dir/fail-next-del ]] || return 0
     rm -f "$state_dir/fail-next-del"
     trace "DEL failed: injected (fail-next-del)"

@@ -1,0 +1,110 @@
+# Sourced by scripts/node.sh: builds the real node's components from their Go modules (the
+# Go module proxy, the go command only; nothing prebuilt is downloaded and nothing upstream is
+# committed or patched), cached between runs under $NODE_CACHE: the module cache, the build
+# cache and the binaries, one directory per component and version.
+#
+# Pins (the nearest to the newest that runs on these machines: cgroup v1, containerd 1.6):
+#   Kubernetes 1.34 keeps cgroup v1 without a flag (1.35 asks for failCgroupV1: false) and
+#   still speaks to containerd 1.6; etcd 3.6 is what 1.34 is tested against; containerd 2.2
+#   is the newest 2.x line whose CRI still accepts kubelet 1.34's calls as 2.x does on nodes;
+#   cri-tools follows Kubernetes' minor version.
+K8S_VERSION=${SANDBOX_GUARD_K8S_VERSION:-1.34.4}
+ETCD_VERSION=3.6.16
+CONTAINERD2_VERSION=2.2.9
+CRITOOLS_VERSION=1.34.0
+NODE_CACHE=${SANDBOX_GUARD_NODE_CACHE:-/var/cache/sg-node}
+
+node_go_env() {
+  export GOMODCACHE=$NODE_CACHE/gomod GOCACHE=$NODE_CACHE/gocache GOFLAGS=-mod=mod
+  export GOTOOLCHAIN=local GO111MODULE=on
+  unset GOPATH GOBIN
+  if ! command -v go >/dev/null; then
+    echo "go is not installed: the node's components are built from their modules with Go >= 1.24" >&2
+    return 1
+  fi
+}
+
+# go_wrapper_build NAME DIR GO.MOD-TEXT PACKAGE...: builds PACKAGEs into $NODE_CACHE/bin/NAME
+# from a wrapper module whose go.mod is the given text; a stamp names what was built, so a
+# second run does nothing.
+go_wrapper_build() {
+  local name=$1 gomod=$2
+  shift 2
+  local out=$NODE_CACHE/bin/$name src=$NODE_CACHE/src/$name
+  local stamp="$gomod"$'\n'"$*"
+  if [[ -f $out/.stamp && $(<"$out/.stamp") == "$stamp" ]]; then
+    return 0
+  fi
+  mkdir -p "$src" "$out"
+  printf '%s\n' "$gomod" >"$src/go.mod"
+  echo "node: building $name from the Go module proxy (first time: several minutes)" >&2
+  local started=$SECONDS
+  # Progress while the go command is silent: a line a minute.
+  (while sleep 60; do echo "node: still building $name ($((SECONDS - started)) s)" >&2; done) &
+  local ticker=$!
+  local status=0
+  (cd "$src" && go build -o "$out/" "$@") || status=$?
+  kill "$ticker" 2>/dev/null || true
+  wait "$ticker" 2>/dev/null || true
+  if [[ $status != 0 ]]; then
+    echo "node: building $name failed (go build in $src)" >&2
+    return 1
+  fi
+  printf '%s' "$stamp" >"$out/.stamp"
+  echo "node: built $name in $((SECONDS - started)) s" >&2
+}
+
+# k8s.io/kubernetes pins its staging modules (k8s.io/api, client-go, ...) to v0.0.0 and
+# replaces them with paths inside its own tree, which a module that requires it cannot see:
+# the wrapper replaces each with its published v0.X.Y, the list read from the pinned go.mod.
+build_kubernetes() {
+  local v=$K8S_VERSION dir
+  dir=$(cd /tmp && go mod download -json "k8s.io/kubernetes@v$v" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  if [[ -z $dir || ! -f $dir/go.mod ]]; then
+    echo "node: the Go module proxy did not serve k8s.io/kubernetes@v$v" >&2
+    return 1
+  fi
+  local replaces
+  replaces=$(awk -v v="v0.${v#1.}" '$2 == "=>" && $3 ~ /^\.\/staging\// {print "\t" $1 " => " $1 " " v}' "$dir/go.mod")
+  go_wrapper_build "kubernetes-$v" "module sandbox-guard.test/node/kubernetes
+
+go 1.24.0
+
+require k8s.io/kubernetes v$v
+
+replace (
+$replaces
+)" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubectl
+}
+
+build_etcd() {
+  go_wrapper_build "etcd-$ETCD_VERSION" "module sandbox-guard.test/node/etcd
+
+go 1.24.0
+
+require go.etcd.io/etcd/server/v3 v$ETCD_VERSION" go.etcd.io/etcd/server/v3
+  # The server module's main package builds as `server`, the last element before /v3.
+  [[ -x $NODE_CACHE/bin/etcd-$ETCD_VERSION/etcd ]] ||
+    ln -sf server "$NODE_CACHE/bin/etcd-$ETCD_VERSION/etcd"
+}
+
+build_crictl() {
+  go_wrapper_build "cri-tools-$CRITOOLS_VERSION" "module sandbox-guard.test/node/critools
+
+go 1.24.0
+
+require sigs.k8s.io/cri-tools v$CRITOOLS_VERSION" sigs.k8s.io/cri-tools/cmd/crictl
+}
+
+build_containerd2() {
+  go_wrapper_build "containerd-$CONTAINERD2_VERSION" "module sandbox-guard.test/node/containerd
+
+go 1.24.0
+
+require github.com/containerd/containerd/v2 v$CONTAINERD2_VERSION" \
+    -tags no_btrfs github.com/containerd/containerd/v2/cmd/containerd \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+    github.com/containerd/containerd/v2/cmd/ctr
+}

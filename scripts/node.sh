@@ -1,0 +1,535 @@
+#!/usr/bin/env bash
+# A real single-node Kubernetes cluster on this machine, for watching and testing the guard
+# under a real kubelet: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+# containerd with runc and kubelet, all built from their Go modules (scripts/lib/node-build.sh)
+# or Debian's packages, on loopback, under one work dir. The node's CNI network is the
+# pod-name-keyed model primary (tests/cri/podname-keyed-plugin, calico v2's keying); the guard
+# is not installed: put it on as a user does (scripts/image.sh, ctr import, kubectl apply).
+#
+#   bash scripts/node.sh up [--runtime containerd16|containerd2]   # prints KUBECONFIG=... last
+#   bash scripts/node.sh down                 # leaves no process, mount, netns, link or chain
+#   bash scripts/node.sh build [--runtime R]  # only builds (or finds cached) the components
+#   bash scripts/node.sh restart kubelet|containerd
+#   bash scripts/node.sh kubectl ARGS... | crictl ARGS... | ctr ARGS...
+#   bash scripts/node.sh env                  # the running node's variables, as `up` printed
+#
+# containerd16 is Debian's containerd 1.6 (a DEL on every StopPodSandbox); containerd2 is
+# containerd 2.x from its module (a DEL while it holds a CNI result).
+# SANDBOX_GUARD_NODE_DIR: the work dir (default /var/tmp/sandbox-guard-node);
+# SANDBOX_GUARD_NODE_CACHE: the build cache (default /var/cache/sg-node). Needs root.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$repo/scripts/lib/packages.sh"
+. "$repo/scripts/lib/node-build.sh"
+help_if_asked "${BASH_SOURCE[0]}" 19 "${1:-}"
+
+W=${SANDBOX_GUARD_NODE_DIR:-/var/tmp/sandbox-guard-node}
+NODE_NAME=sg-node
+# Loopback and addresses of this machine only: the node's own address sits on lo (kubelet
+# refuses a loopback node IP), pods get the model's /24 behind host routes.
+NODE_IP=100.100.1.1
+POD_SUBNET=100.100.0.0/24
+SERVICE_RANGE=100.100.128.0/24
+ETCD_PORT=32379
+APISERVER_PORT=36443
+NETWORK_NAME=sg-node
+VETH_PREFIX=sgn
+CGROUP_ROOT=/sandbox-guard-node
+PAUSE_IMAGE=localhost/sandbox-guard-pause:node
+TOKEN=sandbox-guard-node-admin
+
+say() { echo "node: $*" >&2; }
+die() {
+  echo "node: $*" >&2
+  exit 1
+}
+
+bin_k8s() { echo "$NODE_CACHE/bin/kubernetes-$K8S_VERSION/$1"; }
+
+kubectl_() { "$(bin_k8s kubectl)" --kubeconfig "$W/kubeconfig" "$@"; }
+
+runtime_of_node() { cat "$W/runtime" 2>/dev/null || echo containerd16; }
+
+containerd_bin_dir() {
+  case $1 in
+    containerd16) echo /usr/bin ;;
+    containerd2) echo "$NODE_CACHE/bin/containerd-$CONTAINERD2_VERSION" ;;
+  esac
+}
+
+crictl_() {
+  "$NODE_CACHE/bin/cri-tools-$CRITOOLS_VERSION/crictl" \
+    --runtime-endpoint "unix://$W/containerd/containerd.sock" \
+    --image-endpoint "unix://$W/containerd/containerd.sock" --timeout 30s "$@"
+}
+
+ctr_() {
+  "$(containerd_bin_dir "$(runtime_of_node)")/ctr" --address "$W/containerd/containerd.sock" \
+    --namespace k8s.io "$@"
+}
+
+build_all() {
+  local runtime=$1
+  node_go_env
+  build_kubernetes
+  build_etcd
+  build_crictl
+  [[ $runtime == containerd2 ]] && build_containerd2
+  return 0
+}
+
+# start NAME CMD...: runs CMD in its own session, logging to $W/logs/NAME.log.
+start() {
+  local name=$1
+  shift
+  setsid "$@" </dev/null >>"$W/logs/$name.log" 2>&1 &
+  echo $! >"$W/run/$name.pid"
+}
+
+stop() {
+  local name=$1 pid
+  pid=$(cat "$W/run/$name.pid" 2>/dev/null) || return 0
+  rm -f "$W/run/$name.pid"
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for _ in $(seq 100); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
+# alive_and NAME CMD...: CMD's status while the component NAME runs; once it has exited, says
+# so with the tail of its log and stops the script.
+alive_and() {
+  local name=$1
+  shift
+  if ! kill -0 "$(cat "$W/run/$name.pid")" 2>/dev/null; then
+    tail -5 "$W/logs/$name.log" >&2
+    die "$name exited (log: $W/logs/$name.log)"
+  fi
+  "$@"
+}
+
+# wait_for WHAT SECONDS CMD...: polls CMD every half second, a progress line every 10 s.
+wait_for() {
+  local what=$1 limit=$2 started=$SECONDS next=10
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS - started >= limit)); then
+      say "timed out after ${limit} s waiting for $what; logs in $W/logs"
+      return 1
+    fi
+    if ((SECONDS - started >= next)); then
+      say "waiting for $what ($((SECONDS - started)) s)"
+      next=$((next + 10))
+    fi
+    sleep 0.5
+  done
+  say "$what ($((SECONDS - started)) s)"
+}
+
+write_pki() {
+  mkdir -p "$W/pki"
+  openssl genrsa -out "$W/pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$W/pki/sa.key" -pubout -out "$W/pki/sa.pub" 2>/dev/null
+  # The API server's serving certificate, which kube-root-ca.crt publishes to pods.
+  openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=sandbox-guard-node" \
+    -addext "subjectAltName=IP:127.0.0.1,IP:$NODE_IP,DNS:localhost" \
+    -keyout "$W/pki/apiserver.key" -out "$W/pki/apiserver.crt" 2>/dev/null
+  echo "$TOKEN,admin,admin,system:masters" >"$W/pki/tokens.csv"
+  chmod 600 "$W/pki/"*
+  cat >"$W/kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+  - name: node
+    cluster: { server: "https://127.0.0.1:$APISERVER_PORT", certificate-authority: "$W/pki/apiserver.crt" }
+users:
+  - name: admin
+    user: { token: "$TOKEN" }
+contexts:
+  - name: node
+    context: { cluster: node, user: admin }
+current-context: node
+EOF
+  chmod 600 "$W/kubeconfig"
+}
+
+# The pause image: catatonit (Debian's, static) FROM scratch, imported offline.
+pause_image_archive() {
+  local dir=$W/pause-image
+  mkdir -p "$dir/rootfs"
+  cp /usr/bin/catatonit "$dir/rootfs/catatonit"
+  tar --numeric-owner --owner=0 --group=0 -C "$dir/rootfs" -cf "$dir/layer.tar" catatonit
+  local digest arch
+  digest=$(sha256sum "$dir/layer.tar" | cut -d' ' -f1)
+  arch=$(dpkg --print-architecture)
+  printf '{"architecture":"%s","os":"linux","config":{"Entrypoint":["/catatonit","-P"],"Env":["PATH=/"]},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+    "$arch" "$digest" >"$dir/config.json"
+  printf '[{"Config":"config.json","RepoTags":["%s"],"Layers":["layer.tar"]}]' "$PAUSE_IMAGE" >"$dir/manifest.json"
+  tar -C "$dir" -cf "$dir/pause.tar" manifest.json config.json layer.tar
+  echo "$dir/pause.tar"
+}
+
+write_cni() {
+  mkdir -p "$W/cni/bin" "$W/cni/net.d" "$W/cni/primary"
+  # Copies, not links: the guard's DaemonSet sees this dir under its own root, where a link
+  # to a host path would point nowhere. The model's shared code lies beside it.
+  local plugin
+  for plugin in loopback bridge host-local portmap tuning; do
+    cp "/usr/lib/cni/$plugin" "$W/cni/bin/$plugin"
+  done
+  cp "$repo/tests/cri/podname-keyed-plugin" "$W/cni/bin/podname-keyed"
+  cp "$repo/tests/cri/model-lib.sh" "$W/cni/bin/model-lib.sh"
+  cat >"$W/cni/net.d/10-$NETWORK_NAME.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "$NETWORK_NAME",
+  "plugins": [
+    {
+      "type": "podname-keyed",
+      "stateDir": "$W/cni/primary",
+      "subnet": "$POD_SUBNET",
+      "hostVethPrefix": "$VETH_PREFIX",
+      "onMissingEndpoint": "ignore"
+    }
+  ]
+}
+EOF
+}
+
+write_containerd_config() {
+  local runtime=$1 c=$W/containerd
+  mkdir -p "$c"
+  case $runtime in
+    containerd16)
+      cat >"$c/config.toml" <<EOF
+version = 2
+root = "$c/root"
+state = "$c/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "$c/containerd.sock"
+[ttrpc]
+  address = "$c/containerd.sock.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$c/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  # No CAP_SYS_RESOURCE on these machines.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$W/cni/bin"
+    conf_dir = "$W/cni/net.d"
+    max_conf_num = 1
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = "$c/runc"
+EOF
+      ;;
+    containerd2)
+      cat >"$c/config.toml" <<EOF
+version = 3
+root = "$c/root"
+state = "$c/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "$c/containerd.sock"
+[ttrpc]
+  address = "$c/containerd.sock.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$c/opt"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "$PAUSE_IMAGE"
+[plugins."io.containerd.cri.v1.runtime"]
+  # No CAP_SYS_RESOURCE on these machines.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["$W/cni/bin"]
+    conf_dir = "$W/cni/net.d"
+    max_conf_num = 1
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        Root = "$c/runc"
+[plugins."io.containerd.grpc.v1.cri"]
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+EOF
+      ;;
+  esac
+}
+
+write_kubelet_config() {
+  mkdir -p "$W/kubelet"
+  cat >"$W/kubelet/config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+port: 30250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 30248
+authentication:
+  anonymous: { enabled: true }
+  webhook: { enabled: false }
+authorization: { mode: AlwaysAllow }
+containerRuntimeEndpoint: unix://$W/containerd/containerd.sock
+cgroupDriver: cgroupfs
+cgroupRoot: $CGROUP_ROOT
+# These machines run cgroup v1 without swap accounting.
+failSwapOn: false
+failCgroupV1: false
+podLogsDir: $W/pod-logs
+resolvConf: /etc/resolv.conf
+# No registry can be reached: the imported images must never be collected, and a busy test
+# machine must not evict the node's pods.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: { memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%" }
+serializeImagePulls: false
+EOF
+}
+
+start_containerd() {
+  local runtime bindir
+  runtime=$(runtime_of_node)
+  bindir=$(containerd_bin_dir "$runtime")
+  start containerd env PATH="$bindir:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+    "$bindir/containerd" --config "$W/containerd/config.toml"
+  wait_for "containerd ($runtime) serving CRI" 60 alive_and containerd crictl_ version
+}
+
+start_kubelet() {
+  # kubelet nests its pod cgroups under a root that must exist in every hierarchy.
+  local hierarchy
+  for hierarchy in /sys/fs/cgroup/*/; do
+    [[ $hierarchy == */unified/ ]] || mkdir -p "$hierarchy${CGROUP_ROOT#/}"
+  done
+  start kubelet "$(bin_k8s kubelet)" --kubeconfig "$W/kubeconfig" --config "$W/kubelet/config.yaml" \
+    --root-dir "$W/kubelet/root" --cert-dir "$W/kubelet/pki" --hostname-override "$NODE_NAME" \
+    --node-ip "$NODE_IP" --v=2
+  wait_for "kubelet healthy" 120 alive_and kubelet curl -sf http://127.0.0.1:30248/healthz
+}
+
+node_ready() {
+  [[ $(kubectl_ get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == True ]]
+}
+
+cmd_up() {
+  local runtime=containerd16
+  while (($#)); do
+    case $1 in
+      --runtime)
+        runtime=${2:-}
+        shift 2 || die "--runtime takes containerd16 or containerd2"
+        ;;
+      --runtime=*)
+        runtime=${1#*=}
+        shift
+        ;;
+      *) die "up: unknown argument '$1'" ;;
+    esac
+  done
+  [[ $runtime == containerd16 || $runtime == containerd2 ]] ||
+    die "--runtime takes containerd16 or containerd2, not '$runtime'"
+  need_root "scripts/node.sh up"
+  [[ ! -e $W/run ]] || die "a node is already up in $W (bash scripts/node.sh down first)"
+  need_packages containerd runc catatonit containernetworking-plugins iproute2 iptables openssl curl
+  build_all "$runtime"
+  local started=$SECONDS
+  mkdir -p "$W/logs" "$W/run" "$W/etcd" "$W/pod-logs"
+  echo "$runtime" >"$W/runtime"
+  write_pki
+  write_cni
+  write_containerd_config "$runtime"
+  write_kubelet_config
+  ip addr add "$NODE_IP/32" dev lo
+
+  start etcd "$NODE_CACHE/bin/etcd-$ETCD_VERSION/etcd" --data-dir "$W/etcd" --name node \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls http://127.0.0.1:32380 --initial-advertise-peer-urls http://127.0.0.1:32380 \
+    --initial-cluster node=http://127.0.0.1:32380 --unsafe-no-fsync
+  wait_for "etcd healthy" 60 alive_and etcd curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+
+  start apiserver "$(bin_k8s kube-apiserver)" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" --advertise-address "$NODE_IP" \
+    --tls-cert-file "$W/pki/apiserver.crt" --tls-private-key-file "$W/pki/apiserver.key" \
+    --token-auth-file "$W/pki/tokens.csv" --authorization-mode AlwaysAllow \
+    --service-account-issuer https://kubernetes.default.svc \
+    --service-account-key-file "$W/pki/sa.pub" --service-account-signing-key-file "$W/pki/sa.key" \
+    --service-cluster-ip-range "$SERVICE_RANGE" --allow-privileged=true --profiling=false \
+    --kubelet-preferred-address-types InternalIP
+  wait_for "kube-apiserver ready" 120 alive_and apiserver kubectl_ get --raw /readyz
+
+  start controller-manager "$(bin_k8s kube-controller-manager)" --kubeconfig "$W/kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 30257 \
+    --controllers statefulset-controller,daemonset-controller,garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,namespace-controller,node-lifecycle-controller \
+    --service-account-private-key-file "$W/pki/sa.key" --root-ca-file "$W/pki/apiserver.crt" \
+    --use-service-account-credentials=false --profiling=false
+  start scheduler "$(bin_k8s kube-scheduler)" --kubeconfig "$W/kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 30259 --profiling=false
+
+  start_containerd
+  ctr_ images import --snapshotter overlayfs "$(pause_image_archive)" >/dev/null
+  say "imported the pause image $PAUSE_IMAGE"
+  start_kubelet
+  wait_for "node $NODE_NAME Ready" 180 node_ready
+  wait_for "the default service account" 60 kubectl_ get serviceaccount default
+  say "up in $((SECONDS - started)) s: $runtime, kubelet $K8S_VERSION; the guard is not installed"
+  cmd_env
+}
+
+cmd_env() {
+  [[ -e $W/kubeconfig ]] || die "no node is up in $W"
+  echo "RUNTIME=$(runtime_of_node)"
+  echo "CONTAINERD_SOCKET=$W/containerd/containerd.sock"
+  echo "CNI_BIN_DIR=$W/cni/bin"
+  echo "CNI_CONF_DIR=$W/cni/net.d"
+  echo "PRIMARY_STATE=$W/cni/primary"
+  echo "NODE_DIR=$W"
+  echo "KUBELET_METRICS=https://$NODE_IP:30250/metrics"
+  echo "PATH_KUBECTL=$(bin_k8s kubectl)"
+  echo "PATH_CRICTL=$NODE_CACHE/bin/cri-tools-$CRITOOLS_VERSION/crictl"
+  echo "PATH_CTR=$(containerd_bin_dir "$(runtime_of_node)")/ctr"
+  echo "PAUSE_IMAGE=$PAUSE_IMAGE"
+  echo "KUBECONFIG=$W/kubeconfig"
+}
+
+cmd_restart() {
+  [[ -e $W/run ]] || die "no node is up in $W"
+  case ${1:-} in
+    kubelet)
+      stop kubelet
+      start_kubelet
+      ;;
+    containerd)
+      # Shims and containers live on, as when a node's containerd restarts.
+      stop containerd
+      start_containerd
+      ;;
+    *) die "restart takes kubelet or containerd" ;;
+  esac
+}
+
+# Processes whose command line names the work dir (shims, the model primary's children).
+pids_naming_workdir() {
+  local p
+  for p in /proc/[0-9]*; do
+    tr '\0' ' ' 2>/dev/null <"$p/cmdline" | grep -qF "$W/" && echo "${p#/proc/}"
+  done
+  return 0
+}
+
+cmd_down() {
+  need_root "scripts/node.sh down"
+  [[ -e $W ]] || {
+    say "no node in $W: nothing to do"
+    return 0
+  }
+  say "stopping the node in $W"
+  stop kubelet
+  # Containers first, while runc still knows them; then their shims and containerd.
+  local id
+  if [[ -d $W/containerd/runc/k8s.io ]]; then
+    for id in $(runc --root "$W/containerd/runc/k8s.io" list -q 2>/dev/null); do
+      runc --root "$W/containerd/runc/k8s.io" kill "$id" KILL 2>/dev/null || true
+      runc --root "$W/containerd/runc/k8s.io" delete --force "$id" 2>/dev/null || true
+    done
+  fi
+  stop containerd
+  for name in scheduler controller-manager apiserver etcd; do stop "$name"; done
+  local pids
+  pids=$(pids_naming_workdir)
+  [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
+  local mount round
+  for round in 1 2 3 4 5; do
+    mapfile -t mounts < <(awk -v w="$W/" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | sort -r)
+    ((${#mounts[@]})) || break
+    for mount in "${mounts[@]}"; do umount --lazy "$mount" 2>/dev/null || true; done
+  done
+  local link
+  for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^$VETH_PREFIX" || true); do
+    ip link delete "$link" 2>/dev/null || true
+  done
+  ip addr del "$NODE_IP/32" dev lo 2>/dev/null || true
+  # Cgroups kubelet made under its root, deepest first.
+  local hierarchy
+  for hierarchy in /sys/fs/cgroup/*/; do
+    [[ -d $hierarchy${CGROUP_ROOT#/} ]] || continue
+    find "$hierarchy${CGROUP_ROOT#/}" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done
+  # Chains kubelet adds (its canary and the iptables-mode hint); nothing else here uses them.
+  local tool table chain
+  for tool in iptables ip6tables; do
+    command -v "$tool" >/dev/null || continue
+    for table in mangle nat filter; do
+      for chain in KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT KUBE-FIREWALL KUBE-NODE-PORT; do
+        "$tool" -w -t "$table" -F "$chain" 2>/dev/null && "$tool" -w -t "$table" -X "$chain" 2>/dev/null || true
+      done
+    done
+  done
+  # libcni's result cache of containerd 1.6 lives in the host's /var/lib/cni.
+  rm -f /var/lib/cni/results/"$NETWORK_NAME"-* 2>/dev/null || true
+  rm -rf "$W"
+  say "down: nothing of the node is left"
+}
+
+need_node_bins() {
+  node_go_env
+  [[ -x $(bin_k8s kubectl) ]] || die "the node's components are not built (bash scripts/node.sh build)"
+}
+
+case ${1:-} in
+  up)
+    shift
+    cmd_up "$@"
+    ;;
+  down) cmd_down ;;
+  build)
+    shift
+    runtime=containerd2
+    [[ ${1:-} == --runtime ]] && runtime=${2:-containerd2}
+    [[ ${1:-} == --runtime=* ]] && runtime=${1#*=}
+    build_all "$runtime"
+    ;;
+  restart)
+    shift
+    cmd_restart "$@"
+    ;;
+  env) cmd_env ;;
+  kubectl)
+    shift
+    need_node_bins
+    kubectl_ "$@"
+    ;;
+  crictl)
+    shift
+    need_node_bins
+    crictl_ "$@"
+    ;;
+  ctr)
+    shift
+    ctr_ "$@"
+    ;;
+  *) die "usage: scripts/node.sh up [--runtime containerd16|containerd2] | down | build | restart kubelet|containerd | env | kubectl ... | crictl ... | ctr ..." ;;
+esac

@@ -264,16 +264,16 @@ pub fn check(
                     severity,
                     "stale-dels",
                     format!(
-                        "pod {} (network {}): {} stale DELs refused, protecting sandbox {protected}{}",
+                        "pod {} (network {}): {} refused, protecting sandbox {protected}{}",
                         key.label(),
                         key.network,
-                        stats.refused,
+                        stale_dels(stats.refused),
                         if current { ", which still owns the pod" } else { "" }
                     ),
                 )
                 .evidence(evidence.clone())
                 .fix(if current {
-                    "nothing is broken: the runtime keeps retrying the old sandbox's teardown, which passes once the owner is stopped and removed; if retries go on for long, remove the old sandbox"
+                    "nothing is broken: the runtime keeps retrying the old sandbox's teardown, which passes once the owner is stopped and removed; to let old sandboxes go at once, wrap the primary instead (`sandbox-guard --install --mode delegate`): their DELs are then deferred and answered with success"
                 } else {
                     "history: the owner has gone since, so later retries passed"
                 }),
@@ -285,10 +285,10 @@ pub fn check(
                     Severity::Info,
                     "stale-dels",
                     format!(
-                        "pod {} (network {}): {} stale DELs deferred while sandbox {protected} owned the pod",
+                        "pod {} (network {}): {} deferred while sandbox {protected} owned the pod",
                         key.label(),
                         key.network,
-                        stats.deferred
+                        stale_dels(stats.deferred)
                     ),
                 )
                 .evidence(evidence.clone())
@@ -306,10 +306,10 @@ pub fn check(
                     severity,
                     "stale-dels",
                     format!(
-                        "pod {} (network {}): {} stale DELs let through in audit mode while sandbox {protected} owned the pod",
+                        "pod {} (network {}): {} let through in audit mode while sandbox {protected} owned the pod",
                         key.label(),
                         key.network,
-                        stats.audited
+                        stale_dels(stats.audited)
                     ),
                 )
                 .evidence(evidence)
@@ -341,6 +341,14 @@ fn log_and_backups(path: &Path) -> Vec<PathBuf> {
         .collect();
     files.push(path.to_path_buf());
     files
+}
+
+/// "1 stale DEL", "2 stale DELs".
+fn stale_dels(count: usize) -> String {
+    match count {
+        1 => "1 stale DEL".to_string(),
+        n => format!("{n} stale DELs"),
+    }
 }
 
 #[cfg(test)]

@@ -681,10 +681,8 @@ fn table_row<'a>(table: &'a str, container: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no row of {container} in\n{table}"))
 }
 
-/// A sandbox whose pod another sandbox owns now (its stale DEL was just refused) is
-/// `superseded`, as `--restore` calls it, not `ok`.
-#[test]
-fn the_dump_calls_a_superseded_sandbox_superseded() {
+/// Sandbox A, then B of the same pod, then A's stale DEL refused: (store, A, B).
+fn refused_incident() -> (cni::Store, String, String) {
     let cni::Incident {
         store,
         pod_a,
@@ -695,6 +693,14 @@ fn the_dump_calls_a_superseded_sandbox_superseded() {
     store.add(&a, &pod_a).run().assert_ok();
     store.add(&b, &pod_b).run().assert_ok();
     store.del(&a, &pod_a).run().assert_error(11);
+    (store, a, b)
+}
+
+/// A sandbox whose pod another sandbox owns now (its stale DEL was just refused) is
+/// `superseded`, as `--restore` calls it, not `ok`.
+#[test]
+fn the_dump_calls_a_superseded_sandbox_superseded() {
+    let (store, a, b) = refused_incident();
     let rows = store.dump();
     let row_of = |id: &str| {
         rows.iter()
@@ -779,16 +785,7 @@ fn the_dump_of_a_node_without_a_pod_yet_is_empty_and_exits_0() {
 /// names its container as `ownerContainerId`; IDs in JSON are whole.
 #[test]
 fn every_json_key_of_the_dump_has_one_type() {
-    let cni::Incident {
-        store,
-        pod_a,
-        pod_b,
-        a,
-        b,
-    } = cni::Incident::of("shop", "web-0");
-    store.add(&a, &pod_a).run().assert_ok();
-    store.add(&b, &pod_b).run().assert_ok();
-    store.del(&a, &pod_a).run().assert_error(11);
+    let (store, a, b) = refused_incident();
     let rows = store.dump();
     for row in &rows {
         assert!(row["owner"].is_boolean(), "{row}");

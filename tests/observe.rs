@@ -683,15 +683,10 @@ fn no_log_max_bytes_value_fails_an_add() {
 /// names another sandbox in crictl's short form.
 #[test]
 fn the_add_line_carries_generation_as_a_field() {
-    let Incident {
-        store,
-        pod_a,
-        pod_b,
-        a,
-        b,
-    } = Incident::of("shop", "web-0");
-    store.add(&a, &pod_a).run().assert_ok();
-    store.add(&b, &pod_b).run().assert_ok();
+    let i = Incident::of("shop", "web-0");
+    let (store, a, b) = (&i.store, &i.a, &i.b);
+    store.add(a, &i.pod_a).run().assert_ok();
+    store.add(b, &i.pod_b).run().assert_ok();
     let text = std::fs::read_to_string(&store.log_file).unwrap();
     let added: Vec<&str> = text
         .lines()
@@ -710,7 +705,7 @@ fn the_add_line_carries_generation_as_a_field() {
         "{took_over}"
     );
     assert!(
-        !took_over.contains(&a),
+        !took_over.contains(a.as_str()),
         "one short form in the text: {took_over}"
     );
 }

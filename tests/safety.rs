@@ -657,17 +657,12 @@ fn the_cleanup_del_of_an_add_the_guard_failed_passes() {
 /// "never owned" it.
 #[test]
 fn the_refusal_of_a_gc_del_after_release_does_not_say_never_owned() {
-    let Incident {
-        store,
-        pod_a,
-        pod_b,
-        a,
-        b,
-    } = Incident::of("shop", "web-0");
-    store.add(&a, &pod_a).run().assert_ok();
-    store.del(&a, &pod_a).run().assert_ok();
-    store.add(&b, &pod_b).run().assert_ok();
-    let error = store.del(&a, &pod_a).netns("").run().assert_error(11);
+    let i = Incident::of("shop", "web-0");
+    let (store, a, b) = (&i.store, &i.a, &i.b);
+    store.add(a, &i.pod_a).run().assert_ok();
+    store.del(a, &i.pod_a).run().assert_ok();
+    store.add(b, &i.pod_b).run().assert_ok();
+    let error = store.del(a, &i.pod_a).netns("").run().assert_error(11);
     assert!(!error.msg.contains("never owned"), "{error:?}");
     assert!(error.msg.contains("has no checkpoint here"), "{error:?}");
     let details: Value = serde_json::from_str(&error.details).expect("details are JSON");

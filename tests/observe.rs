@@ -147,7 +147,7 @@ fn stale_dels_are_counted_in_the_ledger_which_the_doctor_and_dump_read() {
     )
     .unwrap();
     assert!(
-        table.contains("stale DELs of this pod: 3 refused, 0 audited, 0 deferred"),
+        table.contains("stale DEL calls for this pod: 3 refused, 0 audited, 0 deferred"),
         "{table}"
     );
 

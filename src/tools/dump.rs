@@ -736,7 +736,7 @@ impl Sink for TableSink {
                 .collect();
             writeln!(
                 out,
-                "    stale DELs of this pod: {} refused, {} audited, {} deferred, {} .. {}, from sandbox {}{more}",
+                "    stale DEL calls for this pod: {} refused, {} audited, {} deferred, {} .. {}, from sandbox {}{more}",
                 entry.refused,
                 entry.audited,
                 entry.deferred,
@@ -819,13 +819,10 @@ impl Sink for TableSink {
             ),
             (
                 Status::Deferred,
-                format!(
-                    "{}: the owner's DEL or GC replays them to the primary",
-                    counted(
-                        count(Status::Deferred),
-                        "stale DEL waits for its pod's name to be free",
-                        "stale DELs wait for their pod's name to be free"
-                    )
+                counted(
+                    count(Status::Deferred),
+                    "sandbox's stale DEL waits for its pod's name to be free: the owner's DEL or GC replays it to the primary",
+                    "sandboxes' stale DELs wait for their pod's name to be free: the owner's DEL or GC replays each to the primary",
                 ),
             ),
         ];

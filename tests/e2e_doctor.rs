@@ -634,8 +634,8 @@ fn stale_dels_are_reported_per_pod_with_the_owner_they_protected() {
     for needed in [
         "lijiaob/etcd1-0",
         "3 stale DELs refused",
-        b.as_str(),
-        a.as_str(),
+        &b[..13],
+        &a[..13],
     ] {
         assert!(
             stale.contains(needed),

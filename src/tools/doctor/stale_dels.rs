@@ -240,12 +240,21 @@ pub fn check(
             pod_name,
             if_name,
         };
-        let protected = stats.protected.clone().unwrap_or_else(|| "?".to_string());
+        // People read container IDs as crictl prints them.
+        let protected = stats
+            .protected
+            .as_deref()
+            .map_or("?", crate::names::short_id)
+            .to_string();
         // Old history is a note; a refusal protecting the pod key's owner of today is current.
         let current = owners
             .get(&key)
             .is_some_and(|o| Some(&o.container_id) == stats.protected.as_ref());
-        let stale: Vec<&str> = stats.stale_sandboxes.iter().map(String::as_str).collect();
+        let stale: Vec<&str> = stats
+            .stale_sandboxes
+            .iter()
+            .map(|id| crate::names::short_id(id))
+            .collect();
         let window = format!("{} .. {}", stats.first, stats.last);
         let from: Vec<&str> = stats.sources.iter().map(String::as_str).collect();
         let evidence = format!(

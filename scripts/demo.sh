@@ -45,13 +45,17 @@ if [[ -z $sudo_home ]] || ! { [[ -x $sudo_home/.cargo/bin/cargo ]] ||
 	runuser -u "$SUDO_USER" -- env HOME="$sudo_home" bash -lc 'command -v cargo' >/dev/null 2>&1; }; then
 	need_cargo
 fi
-# The kernel: network namespaces (unshare is util-linux, on every Debian) and veth links.
+# The kernel: network namespaces (unshare is util-linux, on every Debian) and veth links,
+# tried in a namespace of their own that vanishes with them. Without iproute2 yet, the veth
+# check waits until the packages are in.
 if command -v unshare >/dev/null && ! unshare --net true 2>/dev/null; then
 	die "this kernel (or container) cannot make a network namespace: the demo needs CONFIG_NET_NS and CAP_SYS_ADMIN"
 fi
-if [[ ! -d /sys/module/veth ]] && ! modprobe -q veth 2>/dev/null && ! grep -qsw veth "/lib/modules/$(uname -r)/modules.builtin"; then
-	die "this kernel has no veth driver (CONFIG_VETH): the demo's pods are attached by veth pairs"
-fi
+check_veth() {
+	unshare --net ip link add sgdemo0 type veth peer name sgdemo1 2>/dev/null ||
+		die "this kernel cannot make a veth pair (CONFIG_VETH): the demo's pods are attached by veth pairs"
+}
+command -v ip >/dev/null && command -v unshare >/dev/null && check_veth
 
 build_guard() {
 	local started=$SECONDS
@@ -100,6 +104,7 @@ free_subnet() {
 }
 
 need_packages golang-go golang-github-appc-cni-dev iproute2 iputils-ping util-linux
+check_veth
 step "Building sandbox-guard (cargo build --profile demo; the first build compiles every crate) and a libcni driver"
 build_guard
 work=$(mktemp -d /tmp/sandbox-guard-demo.XXXXXX)

@@ -6,7 +6,7 @@
 #   sudo bash scripts/bench.sh
 #
 # Needs root (network namespace, state under /var/lib). Builds the release binary, installs missing Debian
-# packages, prints PASS/FAIL per target and a markdown table for the README. Exit status: 0 when every
+# packages, prints PASS/FAIL per target and a markdown table for docs/benchmarks.md. Exit status: 0 when every
 # target passes, 1 when one fails, 2 when the benchmark itself could not run.
 #
 # Knobs (environment): ITERATIONS (400) timed rounds of each phase, WARMUP (20) discarded rounds,
@@ -38,7 +38,7 @@ BURST_RUNS=${BURST_RUNS:-7}
 FS_ITERATIONS=${FS_ITERATIONS:-200}
 BENCH_FILESYSTEMS=${BENCH_FILESYSTEMS-ext4 xfs}
 
-# Targets (README), as ratios of medians to tuning's in the same run: ADD and DEL well below a no-op
+# Targets (docs/benchmarks.md), as ratios of medians to tuning's in the same run: ADD and DEL well below a no-op
 # reference plugin in the same chain, and a pod's whole life (ADD then DEL) below two of its ADDs; a node
 # starting its pods (a burst of ADDs of new pods, no DEL between) below as many of tuning's.
 readonly MAX_ADD_RATIO=0.70 MAX_DEL_RATIO=0.55 MAX_ADD_DEL_RATIO=0.6 MAX_VERSION_RATIO=0.45 MAX_BURST_RATIO=0.85
@@ -268,7 +268,7 @@ bursts '' "$work/state" 0
 # --- The same ADD, DEL and burst with the state on journaling file systems the bench makes itself: ext4
 # and XFS on loop-mounted image files under BENCH_BASE_DIR (so their flushes reach the same disk). A loop
 # device's flush is an fsync of its image file, so these rows say what one journal commit costs there,
-# and that ADD and DEL make exactly one each (README). Reported beside the targets, not checked.
+# and that ADD and DEL make exactly one each (docs/store.md). Reported beside the targets, not checked.
 fs_cases=()
 for fs in $BENCH_FILESYSTEMS; do
   image=$work/$fs.img mnt=$work/mnt-$fs
@@ -325,7 +325,7 @@ done
 # which execs the primary. Run from this script instead, chained mode pays a bash fork for its second
 # plugin where libcni pays a vfork: measured that way it came out 2 ms dearer than delegate mode, through
 # libcni the same within the noise. The driver's own start, a Go program, is in every row alike.
-# The primary is Debian's Go reference `bridge` with `host-local`, as nodes run it (the README's bridge
+# The primary is Debian's Go reference `bridge` with `host-local`, as nodes run it (docs/install.md's bridge
 # example): it creates and deletes a veth and an IP reservation, so the guard's ADD reads real link facts
 # and its delegate does real work. Its DEL swings with the kernel's link teardown, yet on a quiet machine
 # the medians of 50-round quarters of one run stay within 0.4 ms of each other (ADD, ~15 ms) and 2 ms (DEL,

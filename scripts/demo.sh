@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Replays the stale-DEL incident (seed 001: pod lijiaob/etcd1-0, a StatefulSet pod whose name
-# survives re-creation) through the real libcni, three ways, each in fresh throwaway
+# Replays the stale-DEL incident (pod lijiaob/etcd1-0, a StatefulSet pod whose name survives
+# re-creation) through the real libcni, three ways, each in fresh throwaway
 # namespaces: without the guard, with sandbox-guard chained last, and with sandbox-guard
 # wrapping the primary (delegate mode). The primary is tests/cri/podname-keyed-plugin, a model
 # of calico CNI before 1.10: its IP handle, endpoint and host veth are keyed by the POD NAME,
 # so the old sandbox's late DEL tears down the new sandbox's network. Everything it creates
 # is removed on exit, also when interrupted.
+#
+# Needs root, a Rust toolchain (cargo, Rust >= 1.89) and a kernel with network namespaces and
+# veth links; checks them before it installs anything. It then installs the Debian packages
+# it lacks (Go and Debian's libcni source, iproute2, iputils-ping) and builds the plugin with
+# the demo profile (release code without LTO; Cargo.toml), which a first run compiles once.
 #
 #   sudo bash scripts/demo.sh
 set -euo pipefail
@@ -30,12 +35,35 @@ die() {
 
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/build.sh"
-need_root "scripts/demo.sh"
 
-# --- what the demo needs ------------------------------------------------------------------
+# --- what the demo needs, checked before anything is installed ----------------------------
+need_root "scripts/demo.sh"
+# Cargo as build_plugin finds it: the sudo user's own toolchain when there is one, else ours.
+sudo_home=''
+[[ -n ${SUDO_USER:-} && $SUDO_USER != root ]] && sudo_home=$(getent passwd "$SUDO_USER" | cut -d: -f6)
+if [[ -z $sudo_home ]] || ! { [[ -x $sudo_home/.cargo/bin/cargo ]] ||
+	runuser -u "$SUDO_USER" -- env HOME="$sudo_home" bash -lc 'command -v cargo' >/dev/null 2>&1; }; then
+	need_cargo
+fi
+# The kernel: network namespaces (unshare is util-linux, on every Debian) and veth links,
+# tried in a namespace of their own that vanishes with them. Without iproute2 yet, the veth
+# check waits until the packages are in.
+if command -v unshare >/dev/null && ! unshare --net true 2>/dev/null; then
+	die "this kernel (or container) cannot make a network namespace: the demo needs CONFIG_NET_NS and CAP_SYS_ADMIN"
+fi
+check_veth() {
+	unshare --net ip link add sgdemo0 type veth peer name sgdemo1 2>/dev/null ||
+		die "this kernel cannot make a veth pair (CONFIG_VETH): the demo's pods are attached by veth pairs"
+}
+command -v ip >/dev/null && command -v unshare >/dev/null && check_veth
+
 build_guard() {
-	guard_bin=$(build_plugin "$repo") || die "cargo build failed"
+	local started=$SECONDS
+	# The first build compiles every crate (a few minutes on a small machine); cargo's
+	# progress goes to the terminal.
+	guard_bin=$(PLUGIN_PROFILE=demo build_plugin "$repo") || die "cargo build of the plugin failed (its messages are above)"
 	[[ -x $guard_bin ]] || die "cargo built no sandbox-guard binary"
+	say "built in $((SECONDS - started)) s: $guard_bin"
 }
 
 # --- throwaway world, removed on any exit -------------------------------------------------
@@ -76,7 +104,8 @@ free_subnet() {
 }
 
 need_packages golang-go golang-github-appc-cni-dev iproute2 iputils-ping util-linux
-step "Building sandbox-guard (cargo build --release) and a libcni driver"
+check_veth
+step "Building sandbox-guard (cargo build --profile demo; the first build compiles every crate) and a libcni driver"
 build_guard
 work=$(mktemp -d /tmp/sandbox-guard-demo.XXXXXX)
 bash "$repo/scripts/build-libcni-driver.sh" "$work/driver" >/dev/null
@@ -131,8 +160,8 @@ exec 3>&1
 # An empty NETNS is containerd's second DEL, from RemovePodSandbox.
 libcni() {
 	local verb=$1 container=$2 netns=$3 uid=$4
-	printf '    %s$ libcni %sNetworkList  container=%s…  netns=%s  K8S_POD_NAMESPACE=lijiaob K8S_POD_NAME=etcd1-0 K8S_POD_UID=%s%s\n' \
-		"$dim" "${verb^}" "${container:0:12}" "$netns" "$uid" "$reset" >&3
+	printf '    %s$ libcni %sNetworkList  container=%s  netns=%s  K8S_POD_NAMESPACE=lijiaob K8S_POD_NAME=etcd1-0 K8S_POD_UID=%s%s\n' \
+		"$dim" "${verb^}" "${container:0:13}" "$netns" "$uid" "$reset" >&3
 	"$driver" -conflist "$conflist" -bin-dir "$work/bin" -cache-dir "$act_dir/cache" \
 		-container-id "$container" -netns "${netns:+/var/run/netns/$netns}" -ifname eth0 \
 		-args "K8S_POD_NAMESPACE=lijiaob;K8S_POD_NAME=etcd1-0;K8S_POD_UID=$uid;K8S_POD_INFRA_CONTAINER_ID=$container" \
@@ -141,8 +170,8 @@ libcni() {
 ip_of() { grep -o '"address":"[^"/]*' <<<"$1" | head -1 | cut -d'"' -f4; }
 # Who the primary thinks holds an address ("" when released).
 ipam_holder() { cat "$act_dir/primary/ips/$1" 2>/dev/null || true; }
-# Container IDs cut to their first 12 characters, as crictl shows them.
-short_ids() { sed 's/\([0-9a-f]\{12\}\)[0-9a-f]\{20,\}/\1…/g'; }
+# Container IDs cut to their first 13 characters, as crictl shows them.
+short_ids() { sed 's/\([0-9a-f]\{13\}\)[0-9a-f]\{19,\}/\1/g'; }
 # The DELs the primary got, from its own trace, and whose endpoint each removed.
 primary_dels() {
 	grep ' DEL ' "$act_dir/primary/calls.log" |
@@ -162,10 +191,10 @@ dump() { "$guard_bin" --dump-checkpoints --state-dir "$act_dir/guard" --output t
 start_both() {
 	step "kubelet starts lijiaob/etcd1-0 (uid 1): ADD for sandbox A"
 	ip_a=$(ip_of "$(libcni add "$sandbox_a" "$ns_a" 1)")
-	good "sandbox A ${sandbox_a:0:12}… got $ip_a"
+	good "sandbox A ${sandbox_a:0:13} got $ip_a"
 	step "The pod is re-created under the same name (uid 2) before A's teardown succeeded: ADD for sandbox B"
 	ip_b=$(ip_of "$(libcni add "$sandbox_b" "$ns_b" 2)")
-	good "sandbox B ${sandbox_b:0:12}… got $ip_b; the handle lijiaob.etcd1-0 now points at B"
+	good "sandbox B ${sandbox_b:0:13} got $ip_b; the handle lijiaob.etcd1-0 now points at B"
 	reachable "$ip_b" || die "B ($ip_b) is unreachable right after its ADD"
 	has_eth0 "$ns_a" && die "A still has eth0: the primary no longer replaces the host veth named after the pod"
 	say "(A's eth0 is already gone: the primary's ADD of B deleted the host veth named after the pod," \
@@ -194,6 +223,7 @@ bad "B is cut off: its eth0 is gone, its host route is gone, $ip_b is free for t
 say "B's netns now:"
 ip -n "$ns_b" -brief link | indent
 outcome[unguarded]="DEL A succeeded and cut B off: B's eth0 and route deleted, $ip_b released"
+say "This act showed: ${outcome[unguarded]}."
 end_act
 
 # --- act 2: chained last -------------------------------------------------------------------
@@ -208,20 +238,24 @@ if refusal=$(libcni del "$sandbox_a" "$ns_a" 1 2>&1); then
 	die "the guard let the stale DEL of A through"
 fi
 grep -v '^details:' <<<"$refusal" | short_ids | while IFS= read -r line; do bad "$line"; done
-say "(details: JSON with the owner's pod UID and generation and the way out)"
+way_out=$(sed -n 's/.*"wayOut":"\(\([^"\\]\|\\.\)*\)".*/\1/p' <<<"$refusal" | head -n 1 | sed 's/\\"/"/g')
+say "The error's details (JSON) name the owner's pod UID and generation, and the way out:" \
+	"  $way_out"
 [[ $refusal == *"code 11"* && $refusal == *"stale DEL"* ]] || die "DEL A failed, but not with the guard's stale-DEL error (code 11)"
 grep -q " DEL $sandbox_a " "$act_dir/primary/calls.log" && die "the primary saw DEL A"
 reachable "$ip_b" || die "B ($ip_b) is unreachable after the refused DEL"
 [[ $(ipam_holder "$ip_b") == lijiaob.etcd1-0 ]] || die "the primary no longer holds $ip_b for the pod"
 good "Refused (code 11, try again later): the primary never saw DEL A. B is reachable, $ip_b still B's."
 say "The price: containerd's StopPodSandbox of A fails, and kubelet retries it every minute for as" \
-	"long as B lives; A's sandbox stays NOTREADY and its netns stays pinned."
-step "The pod is finally deleted: DEL B, then kubelet's retry of DEL A"
+	"long as B lives; A's sandbox stays NOTREADY and its netns stays pinned. The guard's dump:"
+dump
+step "The way out, run: the pod is deleted (DEL B), then kubelet's next retry of DEL A"
 libcni del "$sandbox_b" "$ns_b" 2 || die "DEL B failed"
 libcni del "$sandbox_a" "$ns_a" 1 || die "the retried DEL A failed once B was gone"
 good "B owned the pod name, so DEL B passed; then nobody owned it, so DEL A passed too."
 [[ -z $(primary_holds) ]] || die "the primary still holds an address or endpoint"
 outcome[chained]="DEL A refused (code 11), B kept its network; A's stop failed until B was gone"
+say "This act showed: ${outcome[chained]}."
 end_act
 
 # --- act 3: delegate mode -----------------------------------------------------------------
@@ -264,6 +298,7 @@ dump_json=$("$guard_bin" --dump-checkpoints --state-dir "$act_dir/guard" --outpu
 [[ $dump_json == "[]" ]] || die "the guard still holds checkpoints or deferred DELs: $dump_json"
 good "Nothing left: no address or endpoint in the primary, no checkpoint or deferred DEL in the guard."
 outcome[delegate]="DEL A succeeded at once, B kept its network; the primary got A's DEL after B's"
+say "This act showed: ${outcome[delegate]}."
 end_act
 
 # --- summary -------------------------------------------------------------------------------
@@ -271,4 +306,10 @@ act "Summary: ADD A, ADD B (same pod name), DEL A"
 printf '    %-10s %s\n' "no guard" "${outcome[unguarded]}" \
 	"chained" "${outcome[chained]}" \
 	"delegate" "${outcome[delegate]}"
-printf '\n%sDemo complete; removing namespaces, links and %s.%s\n' "$bold" "$work" "$reset"
+say "" "Next, on a node of yours (the binary is $guard_bin):" \
+	"  sandbox-guard --doctor                 what this node's CNI config and state say, each finding with its fix" \
+	"  sandbox-guard --dump-checkpoints       which sandbox owns each pod name; what is superseded or deferred" \
+	"  sandbox-guard --install --mode delegate --entry '{\"staleDel\":\"audit\"}'" \
+	"                                         install it wrapping a pod-name-keyed primary, auditing first" \
+	"  On a cluster: README.md, \"Install on a cluster, in the safe order\"."
+printf '\n%sDemo complete in %d s; removing namespaces, links and %s.%s\n' "$bold" "$SECONDS" "$work" "$reset"

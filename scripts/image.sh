@@ -9,7 +9,7 @@
 #         the name the DaemonSets use)
 #
 # Publish: TAG names your registry (`podman login` to it first); --push pushes it there and
-# prints REPOSITORY@sha256:..., the reference to put in the DaemonSets (README, "On a
+# prints REPOSITORY@sha256:..., the reference to put in the DaemonSets (docs/install.md, "On a
 # cluster"). SANDBOX_GUARD_TLS_VERIFY=false pushes to a registry without TLS (a test's).
 # Or load it offline: `ctr -n k8s.io images import <archive>` on each node.
 # SANDBOX_GUARD_BIN=<path> puts that (static) binary in instead of building one: the tests

@@ -22,12 +22,26 @@ fn main() {
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let status = if args.is_empty() {
+    let status = if args.is_empty() && std::env::var_os("CNI_COMMAND").is_none_or(|c| c.is_empty())
+    {
+        about()
+    } else if args.is_empty() {
         run_cni()
     } else {
         tools::cli::run(&args)
     };
     std::process::exit(status);
+}
+
+/// Run by a person without CNI_COMMAND: what the reference plugins' skel prints then, on
+/// stderr, exit status 0.
+fn about() -> i32 {
+    eprintln!(
+        "CNI sandbox-guard plugin v{}\nCNI protocol versions supported: {}\nRun 'sandbox-guard --help' for the operator's commands.",
+        env!("CARGO_PKG_VERSION"),
+        version::SUPPORTED.join(", ")
+    );
+    0
 }
 
 /// Runs one CNI verb. The result goes to stdout; an error goes to stdout as CNI error JSON

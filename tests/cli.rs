@@ -607,3 +607,240 @@ fn lock_timeout_is_an_option_of_every_mode() {
         assert_usage_error(&doctor, "non-negative number", "--doctor");
     }
 }
+
+/// Run without CNI_COMMAND (a person trying the binary), it says what it is, as the reference
+/// plugins' skel does: the about line and the CNI versions on stderr, nothing on stdout,
+/// exit 0. The other CNI variables and a config on stdin change nothing.
+#[test]
+fn without_cni_command_it_prints_the_about_line_as_skel_does() {
+    for command in [None, Some("")] {
+        let mut run = std::process::Command::new(cni::BIN);
+        run.env_clear()
+            .env("CNI_CONTAINERID", "abc")
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_NETNS", "/proc/self/ns/net")
+            .env("CNI_PATH", "/opt/cni/bin")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if let Some(command) = command {
+            run.env("CNI_COMMAND", command);
+        }
+        let mut child = run.spawn().expect("exec the plugin");
+        use std::io::Write as _;
+        let _ = child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(br#"{"cniVersion":"1.0.0","name":"n","type":"sandbox-guard"}"#);
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{command:?}: {stdout:?} {stderr:?}"
+        );
+        assert_eq!(stdout, "", "{command:?}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(
+            lines.first().copied(),
+            Some(concat!(
+                "CNI sandbox-guard plugin v",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{stderr:?}"
+        );
+        assert_eq!(
+            lines.get(1).copied(),
+            Some(
+                "CNI protocol versions supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0"
+            ),
+            "{stderr:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// --dump-checkpoints as an operator reads it
+
+fn dump_table(store: &cni::Store) -> String {
+    let out = guard(&[
+        "--dump-checkpoints",
+        "--state-dir",
+        store.state_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// The table's row of the sandbox whose ID starts as `container` does.
+fn table_row<'a>(table: &'a str, container: &str) -> &'a str {
+    table
+        .lines()
+        .find(|line| !line.starts_with(' ') && line.contains(&container[..13]))
+        .unwrap_or_else(|| panic!("no row of {container} in\n{table}"))
+}
+
+/// Sandbox A, then B of the same pod, then A's stale DEL refused: (store, A, B).
+fn refused_incident() -> (cni::Store, String, String) {
+    let cni::Incident {
+        store,
+        pod_a,
+        pod_b,
+        a,
+        b,
+    } = cni::Incident::of("shop", "web-0");
+    store.add(&a, &pod_a).run().assert_ok();
+    store.add(&b, &pod_b).run().assert_ok();
+    store.del(&a, &pod_a).run().assert_error(11);
+    (store, a, b)
+}
+
+/// A sandbox whose pod another sandbox owns now (its stale DEL was just refused) is
+/// `superseded`, as `--restore` calls it, not `ok`.
+#[test]
+fn the_dump_calls_a_superseded_sandbox_superseded() {
+    let (store, a, b) = refused_incident();
+    let rows = store.dump();
+    let row_of = |id: &str| {
+        rows.iter()
+            .find(|row| row["containerId"] == id)
+            .unwrap_or_else(|| panic!("no row of {id}: {rows:?}"))
+            .clone()
+    };
+    assert_eq!(row_of(&a)["status"], "superseded", "{rows:?}");
+    assert_eq!(row_of(&a)["supersededBy"], b.as_str(), "{rows:?}");
+    assert_eq!(row_of(&b)["status"], "ok", "{rows:?}");
+    let table = dump_table(&store);
+    assert!(
+        table_row(&table, &a).trim_end().ends_with("superseded"),
+        "{table}"
+    );
+    assert!(table_row(&table, &b).trim_end().ends_with("ok"), "{table}");
+}
+
+/// Rows come as kubectl lists pods: by namespace, then name, whatever order they were added.
+#[test]
+fn the_dump_sorts_rows_by_namespace_then_name() {
+    let store = cni::Store::new();
+    let pods = [
+        ("shop", "web-1"),
+        ("db", "pg-0"),
+        ("shop", "api-0"),
+        ("db", "etcd-0"),
+    ];
+    for (namespace, name) in pods {
+        store
+            .add(&cni::container_id(), &cni::Pod::new(namespace, name))
+            .run()
+            .assert_ok();
+    }
+    let listed: Vec<String> = store
+        .dump()
+        .iter()
+        .map(|row| {
+            format!(
+                "{}/{}",
+                row["podNamespace"].as_str().unwrap(),
+                row["podName"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(listed, ["db/etcd-0", "db/pg-0", "shop/api-0", "shop/web-1"]);
+    let table = dump_table(&store);
+    let in_table: Vec<&str> = table
+        .lines()
+        .skip(1)
+        .take(4)
+        .map(|line| line.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(
+        in_table,
+        ["db/etcd-0", "db/pg-0", "shop/api-0", "shop/web-1"],
+        "{table}"
+    );
+}
+
+/// A node without a pod yet has no state dir (the first ADD makes it): the dump shows an
+/// empty table and exits 0, as `--doctor` says OK there.
+#[test]
+fn the_dump_of_a_node_without_a_pod_yet_is_empty_and_exits_0() {
+    let tmp = TempDir::new();
+    let absent = tmp.absent();
+    let out = guard(&["--dump-checkpoints", "--state-dir", &absent]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(table.starts_with("POD "), "{table}");
+    assert!(table.contains("0 checkpoints"), "{table}");
+    assert!(
+        text(&out.stderr).contains("no state directory"),
+        "says why it is empty"
+    );
+    let out = guard(&["--dump-checkpoints", "--state-dir", &absent, "-o", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "[]\n");
+}
+
+/// One type per key: `owner` is a row's boolean everywhere, so the owner's ledger entry
+/// names its container as `ownerContainerId`; IDs in JSON are whole.
+#[test]
+fn every_json_key_of_the_dump_has_one_type() {
+    let (store, a, b) = refused_incident();
+    let rows = store.dump();
+    for row in &rows {
+        assert!(row["owner"].is_boolean(), "{row}");
+    }
+    let owner = rows
+        .iter()
+        .find(|row| row["containerId"] == b.as_str())
+        .unwrap();
+    let stale = &owner["staleDels"];
+    assert!(stale.get("owner").is_none(), "{stale}");
+    assert_eq!(stale["ownerContainerId"], b.as_str(), "{stale}");
+    assert_eq!(stale["staleSandboxes"][0], a.as_str(), "{stale}");
+}
+
+/// One record: "1 checkpoint", not "1 checkpoints".
+#[test]
+fn the_dump_counts_in_words_that_agree() {
+    let (store, _pod, _id) = cni::Store::with_one_sandbox("shop", "web-0");
+    let table = dump_table(&store);
+    assert!(table.contains("\n1 checkpoint, "), "{table}");
+}
+
+/// A result whose interface names no MAC (0.x plugins, calico) still shows the one ADD read
+/// from the pod's netns, which `links.mac` holds.
+#[test]
+fn the_dump_fills_an_interface_mac_from_the_link_facts() {
+    sys::skip_unless_root!(&["ip"]);
+    let store = cni::Store::new();
+    let pod = cni::Pod::new("shop", "web-0");
+    let id = cni::container_id();
+    let (add, _netns) = store.add(&id, &pod).in_pod_netns();
+    let mut result = add.default_prev_result();
+    let mac = result["interfaces"][0]["mac"].as_str().unwrap().to_string();
+    result["interfaces"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("mac");
+    add.prev_result(&result).run().assert_ok();
+    let row = store.entry(&id, "eth0").expect("a row");
+    assert_eq!(row["links"]["mac"], mac.as_str(), "{row}");
+    assert_eq!(row["interfaces"][0]["mac"], mac.as_str(), "{row}");
+}
+
+/// docs/sandbox-guard.1 is what the binary renders from its --help text: regenerate it with
+/// `sandbox-guard --help-man > docs/sandbox-guard.1` when the help changes.
+#[test]
+fn the_committed_man_page_is_what_the_binary_renders() {
+    let out = guard(&["--help-man"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/sandbox-guard.1"))
+            .expect("docs/sandbox-guard.1");
+    assert!(
+        committed == text(&out.stdout),
+        "docs/sandbox-guard.1 differs from what `sandbox-guard --help-man` renders: regenerate it"
+    );
+    assert!(committed.starts_with(".TH SANDBOX-GUARD 1"));
+}

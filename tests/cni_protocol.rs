@@ -1,5 +1,5 @@
 //! The plugin as a runtime sees it: one exec per operation, CNI_* environment, config on stdin.
-//! Covers the stale-DEL incident (seed 001) and its variants, the pass-through of the primary
+//! Covers the stale-DEL incident and its variants, the pass-through of the primary
 //! plugin's result, the other verbs, the dump, the store's hardening and every bad input.
 
 #[path = "support/cni.rs"]
@@ -59,8 +59,8 @@ fn assert_stale_del(error: &CniError, owner: &str, owner_pod: &Pod, owner_genera
         "msg must say stale DEL: {error:?}"
     );
     assert!(
-        error.msg.contains(owner),
-        "msg must name the owning container {owner}: {error:?}"
+        error.msg.contains(&owner[..13]),
+        "msg must name the owning container {owner} as crictl does: {error:?}"
     );
     assert!(
         error.details.contains(&owner_pod.uid),
@@ -1406,16 +1406,7 @@ fn bad_inputs(store: &Store) -> Vec<BadInput> {
             call: add(&container_id()).version("9.9.9"),
             codes: &[1],
         },
-        BadInput {
-            what: "CNI_COMMAND unset",
-            call: add(&container_id()).env("CNI_COMMAND", None),
-            codes: &[4],
-        },
-        BadInput {
-            what: "CNI_COMMAND empty",
-            call: add(&container_id()).env("CNI_COMMAND", Some("")),
-            codes: &[4],
-        },
+        // Without CNI_COMMAND the plugin prints its about line, as skel's plugins do (tests/cli.rs).
         BadInput {
             what: "CNI_COMMAND unknown",
             call: add(&container_id()).env("CNI_COMMAND", Some("FROB")),
@@ -1804,7 +1795,7 @@ fn a_state_dir_of_the_previous_release_keeps_working_and_its_owners_change_form_
     assert!(store.dump().is_empty());
 }
 
-/// README: a 0.1.0/0.2.0 pod whose interface is not `CNI_IFNAME` in its netns at ADD has no
+/// docs/how-it-decides.md: a 0.1.0/0.2.0 pod whose interface is not `CNI_IFNAME` in its netns at ADD has no
 /// link facts, and "a network later raised to 0.4.0 or more is checked against the result's
 /// addresses and routes only". --restore cannot rebuild such an interface, so a CHECK that
 /// says "interface eth0 is missing; run --restore" fails the healthy pod for good and sends

@@ -1,4 +1,4 @@
-//! The stale-DEL incident (seed 001) under containerd 1.6's CRI, with a primary plugin that
+//! The stale-DEL incident under containerd 1.6's CRI, with a primary plugin that
 //! keys its endpoint by namespace/pod name as calico CNI did before 1.10
 //! (tests/cri/podname-keyed-plugin). A StatefulSet pod is recreated under the same name while
 //! the old sandbox still awaits its network teardown; the old sandbox's DEL, retried by kubelet,

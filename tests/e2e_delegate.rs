@@ -1,8 +1,8 @@
-//! Delegate mode against the stale-DEL incident (seed 001, calico#10375), under containerd
+//! Delegate mode against the stale-DEL incident (calico#10375), under containerd
 //! 1.6's CRI, with the model primaries of tests/cri/: the pod-name-keyed one (calico before
 //! 1.10: IPAM handle and endpoint keyed by the pod name), the current-calico one (IPAM per
 //! container, host veth named from the pod name and deleted by that name when a DEL's netns
-//! is empty, as RemovePodSandbox's is) and the sticky-IP macvlan one (seed 002's in-house
+//! is empty, as RemovePodSandbox's is) and the sticky-IP macvlan one (an in-house
 //! plugin: the pod name's address for every sandbox of the pod, a macvlan in the sandbox's
 //! netns only). With the calico models the new sandbox's ADD takes the old sandbox's interface
 //! along; with the sticky-IP one both sandboxes hold the pod's address at once (the duplicate

@@ -120,7 +120,7 @@ fn reserved_for(net: &Network, result: &serde_json::Value, sandbox: &Sandbox) ->
         .all(|ip| net.ip_holder(bare_ip(ip)).as_deref() == Some(sandbox.container_id.as_str()))
 }
 
-/// Issue 17: with the default `podKey` ("name") the pod's name stands for every interface its
+/// With the default `podKey` ("name") the pod's name stands for every interface its
 /// sandbox has on the network. The owner's DEL of one of two interfaces must not free the name
 /// while the other is attached, or the old sandbox's late DEL would pass and the primary would
 /// tear down what the new sandbox still uses.

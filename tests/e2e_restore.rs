@@ -698,7 +698,7 @@ fn a_dual_stack_pod_under_cri_comes_back_with_both_families() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Review of issue 20: what an operator meets after a reload with IPv6 pods.
+// What an operator meets after a reload with IPv6 pods.
 
 /// One dual-stack pod added through libcni (after `prepare` set up its netns), then the
 /// driver reload that takes its macvlan: the LAN, the network, the pod and its ADD result.
@@ -1073,7 +1073,7 @@ fn a_pod_without_dad_is_restored_without_waiting() {
         .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
 
-/// A node's worth of dual-stack pods after the reload: README says the DAD wait is paid about
+/// A node's worth of dual-stack pods after the reload: docs/cli.md says the DAD wait is paid about
 /// once per run, not once per pod. Forty pods' waits must overlap: the whole restore within
 /// a few seconds, not the sum of per-batch waits.
 #[test]

@@ -147,7 +147,7 @@ fn stale_dels_are_counted_in_the_ledger_which_the_doctor_and_dump_read() {
     )
     .unwrap();
     assert!(
-        table.contains("stale DELs of this pod: 3 refused, 0 audited, 0 deferred"),
+        table.contains("stale DEL calls for this pod: 3 refused, 0 audited, 0 deferred"),
         "{table}"
     );
 
@@ -158,18 +158,20 @@ fn stale_dels_are_counted_in_the_ledger_which_the_doctor_and_dump_read() {
         .iter()
         .find(|f| f["severity"] == "warning")
         .unwrap_or_else(|| panic!("{findings:?}"));
-    for needed in ["3 stale DELs refused", b.as_str(), a.as_str(), "ledger"] {
+    for needed in ["3 stale DELs refused", &b[..13], &a[..13], "ledger"] {
         assert!(
             finding_text(warning).contains(needed),
             "the finding must name {needed}: {warning}"
         );
     }
+    // People read IDs as crictl prints them: 13 characters, not 64.
+    assert!(!finding_text(warning).contains(b.as_str()), "{warning}");
     let error = findings
         .iter()
         .find(|f| f["severity"] == "error")
         .unwrap_or_else(|| panic!("{findings:?}"));
     assert!(
-        finding_text(error).contains("1 stale DELs let through in audit mode"),
+        finding_text(error).contains("1 stale DEL let through in audit mode"),
         "{error}"
     );
 
@@ -675,5 +677,37 @@ fn no_log_max_bytes_value_fails_an_add() {
     assert!(
         newest.contains("logMaxBytes 100 is below 4096"),
         "the log says it raised the cap:\n{newest}"
+    );
+}
+
+/// The ADD line's generation and netns are fields a program reads (`generation=2`), not text
+/// that starts with `generation=` and so comes out escaped as `generation\x3d2`; the text
+/// names another sandbox in crictl's short form.
+#[test]
+fn the_add_line_carries_generation_as_a_field() {
+    let i = Incident::of("shop", "web-0");
+    let (store, a, b) = (&i.store, &i.a, &i.b);
+    store.add(a, &i.pod_a).run().assert_ok();
+    store.add(b, &i.pod_b).run().assert_ok();
+    let text = std::fs::read_to_string(&store.log_file).unwrap();
+    let added: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains(" outcome=added "))
+        .collect();
+    assert_eq!(added.len(), 2, "{text}");
+    assert!(!text.contains("\\x3d"), "{text}");
+    for (line, generation) in added.iter().zip(["generation=1 ", "generation=2 "]) {
+        let fields = line.split(" outcome=added ").nth(1).unwrap();
+        assert!(fields.starts_with(generation), "{line}");
+        assert!(fields.contains(" netns="), "{line}");
+    }
+    let took_over = added[1];
+    assert!(
+        took_over.contains(&format!("from sandbox {} ", &a[..13])),
+        "{took_over}"
+    );
+    assert!(
+        !took_over.contains(a.as_str()),
+        "one short form in the text: {took_over}"
     );
 }

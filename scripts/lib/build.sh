@@ -68,6 +68,7 @@ is_static() {
 
 # build_plugin REPO [ARCH]: builds for ARCH (default: this machine's) and prints the path of
 # the static executable, as cargo reports it (named targets build under target/<triple>/).
+# PLUGIN_PROFILE names another cargo profile than release (the demo's: Cargo.toml).
 # Builds as the user who ran sudo when they own the checkout (a root-owned target/ would
 # trouble their next build), else as ourselves. For another arch it first installs Debian's
 # cross gcc (as root) and rustup's standard library for the target (as the builder).
@@ -78,7 +79,7 @@ build_plugin() {
   host=$(plugin_arch) || return 1
   triple=$(plugin_triple "$arch")
   local -a as_builder=()
-  local -a build=(cargo build --release --manifest-path "$checkout/Cargo.toml"
+  local -a build=(cargo build --profile "${PLUGIN_PROFILE:-release}" --manifest-path "$checkout/Cargo.toml"
     --config "$checkout/.cargo/static.toml" --target "$triple" --message-format=json-render-diagnostics)
   if [[ $arch != "$host" ]]; then
     linker=$(need_cross_toolchain "$arch") || return 1

@@ -29,6 +29,13 @@ need_cargo() {
     echo "cargo is not installed: install a Rust toolchain >= 1.89 (rustup) and rerun" >&2
     exit 1
   fi
+  # Cargo.toml's rust-version: an older toolchain fails far into the build otherwise.
+  local have
+  have=$(rustc --version 2>/dev/null | awk '{print $2}')
+  if [ -n "$have" ] && [ "$(printf '%s\n%s\n' 1.89 "$have" | sort -V | head -n 1)" != 1.89 ]; then
+    echo "rustc $have is older than the 1.89 this crate needs: update it (rustup update) and rerun" >&2
+    exit 1
+  fi
 }
 
 # help_if_asked SCRIPT LAST ARG: when ARG is -h or --help, prints SCRIPT's header comment

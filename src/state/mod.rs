@@ -509,7 +509,7 @@ impl Store {
     /// its log up to the file's last change, past every earlier change; metadata reaches the
     /// disk in the order it was changed, so the ownership (a symlink, metadata only) never
     /// outlives a crash without its record's name. The directory fsyncs after it find nothing
-    /// left to commit (measured: a few microseconds each on ext4 and XFS) and are kept for
+    /// left to commit and are kept for
     /// file systems that log each directory on its own (btrfs), in the same order.
     ///
     /// A crash before the sync can leave the record's name with its data not yet written

@@ -28,31 +28,36 @@ use crate::tools::restore::{self, Selection};
 const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 
 const OVERVIEW: &str = "\
-sandbox-guard: a chained CNI plugin that checkpoints every pod attachment and refuses the
-stale DEL of an old sandbox once a newer sandbox owns the same pod name.
+Usage: sandbox-guard MODE [options]
 
-As a CNI plugin it is run by the container runtime (CNI_COMMAND in the environment,
-config on stdin); list it LAST in the conflist. By hand, in one of five modes:
+sandbox-guard records which pod sandbox owns each pod name and keeps the stale DEL of an
+old sandbox away from a primary plugin that keys its state by pod name.
 
-  sandbox-guard --dump-checkpoints [options]   show what the checkpoints hold
-  sandbox-guard --restore [options] (--all | CONTAINER-ID...)
-                             re-create pod interfaces that vanished with their host
-                             parent (a NIC driver reload)
-  sandbox-guard --doctor [options]   explain this node's CNI failure classes before they
-                             bite; exit status 1 on any error
-  sandbox-guard --install [options]    put it into the network the runtime runs and copy
-                             the binary; --watch keeps it there
-  sandbox-guard --uninstall [options]  take it out, the primary's config as it was
-  sandbox-guard MODE --help  that mode's options
-  sandbox-guard --help       this text
-  sandbox-guard --version    the plugin version and the CNI versions it speaks
+The container runtime runs it as a CNI plugin (CNI_COMMAND in the environment, the config
+on stdin): chained, as the last plugin of the conflist, it refuses a stale DEL; in delegate
+mode, in the primary's place with the primary under \"delegate\", it defers it. --install
+puts it where its mode needs it. By hand, one mode a run:
 
-Options of the dump, --restore and --doctor:
-      --state-dir DIR        state directory (default /var/lib/cni/sandbox-guard)
-      --lock-timeout SECONDS how long to wait for the state dir's lock (default 10)
+Modes:
+  --dump-checkpoints                  show what the checkpoints hold
+  --restore (--all | CONTAINER-ID...)
+                                      re-create pod interfaces that vanished with their
+                                      host parent (a NIC driver reload)
+  --doctor                            explain this node's CNI failure classes before they
+                                      bite; exit status 1 on any error
+  --install                           put it into the network the runtime runs, in the
+                                      chosen mode, and copy the binary
+  --uninstall                         take it out, the primary's config as it was
+  MODE --help                         that mode's options
+  --help                              this text
+  --version                           the plugin version and the CNI versions it speaks
 
-A valued option takes its value as `--option VALUE` or `--option=VALUE`. A usage error
-exits with status 2.
+Options of --dump-checkpoints, --restore and --doctor:
+  --state-dir DIR                     state directory (default /var/lib/cni/sandbox-guard)
+  --lock-timeout SECONDS              how long to wait for the state dir's lock (default 10)
+
+A valued option takes its value as --option VALUE or --option=VALUE. A usage error exits
+with status 2.
 ";
 
 const DUMP_HELP: &str = "\
@@ -176,7 +181,21 @@ Options:
   -h, --help                   this text
 ";
 
+/// The modes in the order the overview and the man page list them.
+const MODES: [Mode; 5] = [
+    Mode::Dump,
+    Mode::Restore,
+    Mode::Doctor,
+    Mode::Install,
+    Mode::Uninstall,
+];
+
 pub fn run(args: &[String]) -> i32 {
+    // Hidden: the man page, rendered from the same text as --help (docs/sandbox-guard.1).
+    if args == ["--help-man"] {
+        print!("{}", man_page());
+        return 0;
+    }
     match parse(args) {
         Ok(Command::Help(mode)) => {
             print!("{}", mode.map_or(OVERVIEW, Mode::help));
@@ -773,8 +792,129 @@ fn container_id(what: &str, id: String) -> Result<String, String> {
 }
 
 /// Non-negative decimal seconds (`10`, `0.5`, `.25`, `3.`), exact to the nanosecond.
+/// The man page in roff: the overview as its description and each mode's help as a section,
+/// so that `--help` and `man` never say different things.
+fn man_page() -> String {
+    let mut out = format!(
+        ".TH SANDBOX-GUARD 1 \"\" \"sandbox-guard {}\" \"User Commands\"\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    out.push_str(".SH NAME\nsandbox-guard \\- keep the stale CNI DEL of an old pod sandbox away from the primary plugin\n");
+    out.push_str(".SH SYNOPSIS\n");
+    for mode in MODES {
+        if let Some(usage) = mode
+            .help()
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("Usage: "))
+        {
+            out.push_str(&format!("{}\n.br\n", roff_escape(usage)));
+        }
+    }
+    out.push_str("sandbox\\-guard \\-\\-version\n.SH DESCRIPTION\n");
+    out.push_str(&roff_body(OVERVIEW));
+    for mode in MODES {
+        out.push_str(&format!(
+            ".SH {}\n",
+            roff_escape(&mode.flag()[2..].to_uppercase())
+        ));
+        out.push_str(&roff_body(mode.help()));
+    }
+    out.push_str(".SH SEE ALSO\nThe documentation in the source tree: README.md and docs/.\n");
+    out
+}
+
+/// Plain help text as roff: paragraphs, bold headings (`Options:`), and tagged items for
+/// the lines laid out as a term, two or more spaces, and its description (a deeper indent
+/// continues the description).
+fn roff_body(help: &str) -> String {
+    let mut out = String::new();
+    let mut paragraph: Vec<&str> = Vec::new();
+    let flush = |out: &mut String, paragraph: &mut Vec<&str>| {
+        if !paragraph.is_empty() {
+            out.push_str(".PP\n");
+            out.push_str(&roff_escape(&paragraph.join(" ")));
+            out.push('\n');
+            paragraph.clear();
+        }
+    };
+    for line in help.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if let Some(usage) = line.strip_prefix("Usage: ") {
+            flush(&mut out, &mut paragraph);
+            out.push_str(&format!(".PP\n\\fB{}\\fR\n", roff_escape(usage)));
+        } else if trimmed.is_empty() {
+            flush(&mut out, &mut paragraph);
+        } else if indent == 0 && trimmed.ends_with(':') && !trimmed.contains(". ") {
+            flush(&mut out, &mut paragraph);
+            out.push_str(&format!(".PP\n\\fB{}\\fR\n", roff_escape(trimmed)));
+        } else if indent > 0 && indent <= 6 {
+            flush(&mut out, &mut paragraph);
+            let (term, description) = match trimmed.split_once("  ") {
+                Some((term, description)) => (term, description.trim_start()),
+                None => (trimmed, ""),
+            };
+            out.push_str(&format!(".TP\n\\fB{}\\fR\n", roff_escape(term)));
+            if !description.is_empty() {
+                out.push_str(&roff_escape(description));
+                out.push('\n');
+            }
+        } else if indent > 6 {
+            out.push_str(&roff_escape(trimmed));
+            out.push('\n');
+        } else {
+            paragraph.push(trimmed);
+        }
+    }
+    flush(&mut out, &mut paragraph);
+    out
+}
+
+/// Text safe in roff: backslashes and hyphens escaped, no line starting as a request.
+fn roff_escape(text: &str) -> String {
+    let escaped = text.replace('\\', "\\e").replace('-', "\\-");
+    if escaped.starts_with(['.', '\'']) {
+        format!("\\&{escaped}")
+    } else {
+        escaped
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    /// In each help text every description starts in one column, continuation lines too,
+    /// and nothing contradicts delegate mode (which is not "last in the conflist").
+    #[test]
+    fn help_columns_are_aligned_and_true_for_every_mode() {
+        for (name, help) in std::iter::once(("overview", OVERVIEW))
+            .chain(MODES.iter().map(|mode| (mode.flag(), mode.help())))
+        {
+            let mut columns = std::collections::BTreeSet::new();
+            for line in help.lines() {
+                let trimmed = line.trim_start();
+                let indent = line.len() - trimmed.len();
+                if trimmed.is_empty() || indent == 0 {
+                    continue;
+                }
+                if indent > 6 {
+                    columns.insert(indent);
+                } else if let Some((term, _)) = trimmed.split_once("  ") {
+                    let description = &trimmed[term.len()..];
+                    columns.insert(
+                        indent + term.len() + description.len() - description.trim_start().len(),
+                    );
+                }
+            }
+            assert_eq!(
+                columns.len(),
+                1,
+                "{name}: descriptions start at columns {columns:?}"
+            );
+            assert!(!help.contains("list it LAST"), "{name}");
+        }
+    }
+
     use super::*;
 
     fn parse_words(words: &[&str]) -> Result<Command, Usage> {

@@ -1,10 +1,10 @@
 //! `--dump-checkpoints`: every checkpoint with its ownership, for people or for tools.
 //!
-//! Streams: records are read and verified a batch at a time under the shared lock, rendered,
-//! and written after the lock is let go, in directory order, so a node with ten thousand pods
-//! dumps in constant memory (sort the JSON, or `sort` the table, for another order), and a
-//! reader that stops reading (`| less` left open) holds up no ADD or DEL. The primary's
-//! result is copied through as raw bytes. It creates, chmods and locks nothing it reads.
+//! Records are read and verified a batch at a time under the shared lock and rendered; the
+//! rendered rows are sorted as kubectl sorts pods (namespace, then name) and written after the
+//! lock is let go, so a reader that stops reading (`| less` left open) holds up no ADD or
+//! DEL. The primary's result is copied through as raw bytes. It creates, chmods and locks
+//! nothing it reads.
 
 use std::io::{self, Write};
 use std::path::Path;
@@ -88,6 +88,9 @@ struct Row<'a> {
     generation: Option<u64>,
     /// Owns its pod key now.
     owner: bool,
+    /// The sandbox that owns the pod key instead, when another one does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    superseded_by: Option<String>,
     ips: Vec<String>,
     interfaces: Vec<InterfaceRow<'a>>,
     routes: Vec<RouteRow>,
@@ -109,7 +112,39 @@ struct Row<'a> {
     deferred: Option<DeferredFields<'a>>,
     /// The owner's row: the stale DELs of its pod key the refusal ledger counted.
     #[serde(skip_serializing_if = "Option::is_none")]
-    stale_dels: Option<&'a LedgerEntry>,
+    stale_dels: Option<StaleDels<'a>>,
+}
+
+/// A ledger entry as the dump shows it: every key holding a container ID says so in its
+/// name, as `owner` on a row is a boolean.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StaleDels<'a> {
+    refused: u64,
+    audited: u64,
+    deferred: u64,
+    first_at: &'a str,
+    last_at: &'a str,
+    owner_container_id: &'a str,
+    owner_generation: u64,
+    stale_sandboxes: &'a [String],
+    more_sandboxes: u64,
+}
+
+impl<'a> StaleDels<'a> {
+    fn of(entry: &'a LedgerEntry) -> StaleDels<'a> {
+        StaleDels {
+            refused: entry.refused,
+            audited: entry.audited,
+            deferred: entry.deferred,
+            first_at: &entry.first_at,
+            last_at: &entry.last_at,
+            owner_container_id: &entry.owner,
+            owner_generation: entry.owner_generation,
+            stale_sandboxes: &entry.stale_sandboxes,
+            more_sandboxes: entry.more_sandboxes,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -126,6 +161,8 @@ struct DeferredFields<'a> {
 #[serde(rename_all = "kebab-case")]
 enum Status {
     Ok,
+    /// Another sandbox owns the pod key: this one's DEL is stale, and `--restore` leaves it.
+    Superseded,
     /// In records/, failing its checksum: the next ADD, DEL or GC sets it aside.
     Corrupt,
     /// In set-aside/ under its own name: refuses the DELs that need it.
@@ -142,11 +179,12 @@ impl Status {
     fn label(self) -> &'static str {
         match self {
             Status::Ok => "ok",
+            Status::Superseded => "superseded",
             Status::Corrupt => "CORRUPT",
             Status::SetAside => "SET ASIDE",
             Status::Kept => "kept",
             Status::OwnerWithoutRecord => "NO RECORD",
-            Status::Deferred => "DEFERRED",
+            Status::Deferred => "deferred",
         }
     }
 }
@@ -164,31 +202,31 @@ struct RouteRow {
     gw: Option<std::net::IpAddr>,
 }
 
-/// A batch is written out once it holds this much, whatever its count of records: a
-/// record may carry a prevResult of up to 1 MiB.
-const BATCH_BYTES: usize = 1 << 20;
-
 pub fn run(
     state_dir: &Path,
     format: Format,
     filter: &Filter,
     lock_timeout: Duration,
 ) -> Result<()> {
-    if std::fs::symlink_metadata(state_dir).is_err() {
-        return Err(GuardError::new(
-            Kind::Io,
-            format!(
-                "no state directory at {}: pass --state-dir with the plugin's stateDir",
-                state_dir.display()
-            ),
-        ));
-    }
-    let store = Store::open_read_only(state_dir)?;
     let mut sink: Box<dyn Sink> = match format {
-        Format::Json => Box::new(JsonSink::default()),
+        Format::Json => Box::new(JsonSink),
         Format::Table => Box::new(TableSink::default()),
     };
-    write_all(&store, filter, sink.as_mut(), lock_timeout)
+    // The plugin makes its state dir at the first ADD: a node without a pod yet has none,
+    // which is an empty dump, not an error.
+    let written = if std::fs::symlink_metadata(state_dir).is_err() {
+        eprintln!(
+            "sandbox-guard: no state directory at {} yet: no pod was added with it as stateDir (--state-dir names another)",
+            state_dir.display()
+        );
+        let mut out = io::stdout().lock();
+        sink.finish(&mut out, state_dir, Vec::new())
+            .map_err(DumpError::Write)
+    } else {
+        let store = Store::open_read_only(state_dir)?;
+        write_all(&store, filter, sink.as_mut(), lock_timeout)
+    };
+    written
         // A reader that stops early (`| head`) is not an error.
         .or_else(|e| match e {
             DumpError::Write(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
@@ -217,7 +255,23 @@ impl From<io::Error> for DumpError {
     }
 }
 
-/// Renders under the lock into `batch`, writes with the lock let go.
+/// One rendered row and where it sorts: kubectl's order (namespace, then name), then the
+/// sandbox and the interface; rows that name no pod go last.
+type SortKey = (bool, String, String, String, String);
+
+fn sort_key(row: &Row) -> SortKey {
+    let text = |value: Option<&str>| value.unwrap_or_default().to_string();
+    (
+        row.pod_name.is_none(),
+        text(row.pod_namespace),
+        text(row.pod_name),
+        text(row.container_id),
+        text(row.if_name),
+    )
+}
+
+/// Renders the rows under the lock, a batch at a time; sorts and writes them with the lock
+/// let go.
 fn write_all(
     store: &Store,
     filter: &Filter,
@@ -226,9 +280,8 @@ fn write_all(
 ) -> std::result::Result<(), DumpError> {
     let notice = WaitNotice::new(store.root(), lock_timeout);
     let on_wait = |holder: &str| notice.hear(holder);
-    let mut out = io::stdout().lock();
     let mut paths = store.record_paths()?;
-    let mut batch = Vec::with_capacity(64 * 1024);
+    let mut rows: Vec<(SortKey, Vec<u8>)> = Vec::new();
     // Records that own their pod key: when every owner file is one of them, no owner is
     // without its record, and the owners need not be read one by one.
     let mut owning = 0;
@@ -242,27 +295,22 @@ fn write_all(
             .collect()
     };
     loop {
-        batch.clear();
         let mut read = 0;
-        {
-            let _lock = store.read_lock(lock_timeout, &on_wait)?;
-            for path in paths.by_ref() {
-                owning += usize::from(record_rows(
-                    store, filter, &ledger, &path?, sink, &mut batch,
-                )?);
-                read += 1;
-                if read == READ_BATCH || batch.len() >= BATCH_BYTES {
-                    break;
-                }
+        let _lock = store.read_lock(lock_timeout, &on_wait)?;
+        for path in paths.by_ref() {
+            owning += usize::from(record_rows(
+                store, filter, &ledger, &path?, sink, &mut rows,
+            )?);
+            read += 1;
+            if read == READ_BATCH {
+                break;
             }
         }
-        out.write_all(&batch)?;
         if read == 0 {
             break;
         }
     }
     // Then what no record stands for: set-aside files (by name) and owners without a record.
-    batch.clear();
     for path in store.list_set_aside()? {
         let status = if crate::state::set_aside_blocks(&path) {
             (
@@ -277,7 +325,7 @@ fn write_all(
         };
         let row = unverified_row(&path, status.0, status.1.to_string());
         if filter.admits_container(row.container_id) {
-            sink.row(&mut batch, &row)?;
+            push_row(sink, &mut rows, &row)?;
         }
     }
     let orphans = if store.count(Folder::Owners)? > owning {
@@ -298,7 +346,7 @@ fn write_all(
             row.pod_uid,
             row.container_id,
         ) {
-            sink.row(&mut batch, &row)?;
+            push_row(sink, &mut rows, &row)?;
         }
     }
     let deferred = {
@@ -316,12 +364,24 @@ fn write_all(
             row.pod_uid,
             row.container_id,
         ) {
-            sink.row(&mut batch, &row)?;
+            push_row(sink, &mut rows, &row)?;
         }
     }
-    sink.finish(&mut batch, store.root())?;
-    out.write_all(&batch)?;
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = io::stdout().lock();
+    sink.finish(
+        &mut out,
+        store.root(),
+        rows.into_iter().map(|(_, bytes)| bytes).collect(),
+    )?;
     out.flush()?;
+    Ok(())
+}
+
+fn push_row(sink: &mut dyn Sink, rows: &mut Vec<(SortKey, Vec<u8>)>, row: &Row) -> io::Result<()> {
+    let mut bytes = Vec::new();
+    sink.row(&mut bytes, row)?;
+    rows.push((sort_key(row), bytes));
     Ok(())
 }
 
@@ -333,16 +393,29 @@ fn record_rows(
     ledger: &std::collections::HashMap<PodKey, LedgerEntry>,
     path: &Path,
     sink: &mut dyn Sink,
-    out: &mut dyn Write,
+    rows: &mut Vec<(SortKey, Vec<u8>)>,
 ) -> io::Result<bool> {
     match store.load_record_at(path) {
         Loaded::Valid(record) => {
-            let owner = owner_of(store, &record);
+            let (owner, superseded_by) = owner_of(store, &record);
             if filter.admits(&record) {
                 let view = ResultView::parse(&record.prev_result).ok();
                 let mut row = record_row(&record, owner.is_some(), &view);
-                row.stale_dels = owner.as_ref().and_then(|owner| ledger.get(&owner.key));
-                sink.row(out, &row)?;
+                row.stale_dels = owner
+                    .as_ref()
+                    .and_then(|owner| ledger.get(&owner.key))
+                    .map(StaleDels::of);
+                if let Some(other) = superseded_by {
+                    row.status = Status::Superseded;
+                    row.reason = Some(format!(
+                        "pod {} belongs to sandbox {} now: this sandbox's DEL is stale (chained: refused until {} is gone; delegate: deferred)",
+                        crate::names::pod_text(row.pod_namespace, row.pod_name),
+                        crate::names::short_id(&other),
+                        crate::names::short_id(&other),
+                    ));
+                    row.superseded_by = Some(other);
+                }
+                push_row(sink, rows, &row)?;
             }
             // Each owner file once, by its first interface.
             Ok(owner
@@ -355,7 +428,7 @@ fn record_rows(
                 format!("failed verification: {reason}"),
             );
             if filter.admits_container(row.container_id) {
-                sink.row(out, &row)?;
+                push_row(sink, rows, &row)?;
             }
             Ok(false)
         }
@@ -364,17 +437,29 @@ fn record_rows(
 }
 
 /// The ownership of the record's pod that stands on this very attachment, under whichever
-/// `podKey` rule its network follows (the dump reads no config).
-fn owner_of(store: &Store, record: &Checkpoint) -> Option<Ownership> {
-    record
+/// `podKey` rule its network follows (the dump reads no config); else the container that
+/// owns the pod instead, as `--restore` finds it.
+fn owner_of(store: &Store, record: &Checkpoint) -> (Option<Ownership>, Option<String>) {
+    let owners: Vec<Ownership> = record
         .pod_keys()
         .into_iter()
-        .find_map(|key| match store.load_owner(&key) {
-            Ok(Loaded::Valid(owner)) if owner.holds(&record.container_id, &record.if_name) => {
-                Some(owner)
-            }
+        .filter_map(|key| match store.load_owner(&key) {
+            Ok(Loaded::Valid(owner)) => Some(owner),
             _ => None,
         })
+        .collect();
+    let own = owners
+        .iter()
+        .find(|owner| owner.holds(&record.container_id, &record.if_name))
+        .cloned();
+    let other = match own {
+        Some(_) => None,
+        None => owners
+            .iter()
+            .find(|owner| owner.container_id != record.container_id)
+            .map(|owner| owner.container_id.clone()),
+    };
+    (own, other)
 }
 
 fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultView>) -> Row<'a> {
@@ -389,6 +474,7 @@ fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultVi
         netns: Some(&record.netns),
         generation: Some(record.generation),
         owner,
+        superseded_by: None,
         ips: view
             .iter()
             .flat_map(|v| v.ips.iter().map(|ip| ip.address.to_string()))
@@ -398,7 +484,8 @@ fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultVi
             .flat_map(|v| v.interfaces.iter())
             .map(|i| InterfaceRow {
                 name: &i.name,
-                mac: i.mac.as_deref(),
+                // Results of 0.x plugins often leave the MAC out; ADD read it from the netns.
+                mac: i.mac.as_deref().or_else(|| observed_mac(record, &i.name)),
                 sandbox: i.sandbox.as_deref(),
             })
             .collect(),
@@ -421,6 +508,14 @@ fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultVi
         links: record.links.as_ref(),
         deferred: None,
         stale_dels: None,
+    }
+}
+
+/// The MAC that ADD read from the pod's netns, when `name` is the checkpointed interface.
+fn observed_mac<'a>(record: &'a Checkpoint, name: &str) -> Option<&'a str> {
+    match record.links.as_ref()? {
+        LinkFacts::Observed(facts) if facts.name == name => facts.mac.as_deref(),
+        _ => None,
     }
 }
 
@@ -496,7 +591,8 @@ fn deferred_row(entry: &DeferredDel) -> Row<'_> {
             Status::Deferred,
             format!(
                 "stale DEL kept from the primary since {}, while sandbox {} owns the pod; replayed once the pod's name is free{failures}",
-                entry.deferred_at, entry.owner
+                entry.deferred_at,
+                crate::names::short_id(&entry.owner)
             ),
         )
     }
@@ -514,6 +610,7 @@ fn empty_row<'a>(status: Status, reason: String) -> Row<'a> {
         netns: None,
         generation: None,
         owner: false,
+        superseded_by: None,
         ips: Vec::new(),
         interfaces: Vec::new(),
         routes: Vec::new(),
@@ -532,37 +629,41 @@ fn empty_row<'a>(status: Status, reason: String) -> Row<'a> {
 }
 
 trait Sink {
+    /// Renders one row (and counts it); the rows are written, sorted, by `finish`.
     fn row(&mut self, out: &mut dyn Write, row: &Row) -> io::Result<()>;
-    fn finish(&mut self, out: &mut dyn Write, root: &Path) -> io::Result<()>;
+    fn finish(&mut self, out: &mut dyn Write, root: &Path, rows: Vec<Vec<u8>>) -> io::Result<()>;
 }
 
 /// A JSON array, one row per line.
 #[derive(Default)]
-struct JsonSink {
-    rows: usize,
-}
+struct JsonSink;
 
 impl Sink for JsonSink {
     fn row(&mut self, out: &mut dyn Write, row: &Row) -> io::Result<()> {
-        out.write_all(if self.rows == 0 { b"[\n  " } else { b",\n  " })?;
         serde_json::to_writer(&mut *out, row)?;
-        self.rows += 1;
         Ok(())
     }
 
-    fn finish(&mut self, out: &mut dyn Write, _root: &Path) -> io::Result<()> {
-        out.write_all(if self.rows == 0 { b"[]\n" } else { b"\n]\n" })
+    fn finish(&mut self, out: &mut dyn Write, _root: &Path, rows: Vec<Vec<u8>>) -> io::Result<()> {
+        if rows.is_empty() {
+            return out.write_all(b"[]\n");
+        }
+        for (at, row) in rows.iter().enumerate() {
+            out.write_all(if at == 0 { b"[\n  " } else { b",\n  " })?;
+            out.write_all(row)?;
+        }
+        out.write_all(b"\n]\n")
     }
 }
 
-/// Columns of fixed width, so rows can go out as they are read; a longer cell pushes its
-/// line out of alignment rather than being cut (a truncated pod name would mislead).
+/// Columns of fixed width; a longer cell pushes its line out of alignment rather than being
+/// cut (a truncated pod name would mislead).
 #[derive(Default)]
 struct TableSink {
     rows: usize,
     owned: usize,
     /// Rows per `Status`, in its order.
-    by_status: [usize; 6],
+    by_status: [usize; 7],
 }
 
 const COLUMNS: [(&str, usize); 9] = [
@@ -585,16 +686,18 @@ fn write_cells(out: &mut dyn Write, cells: [&str; 9]) -> io::Result<()> {
     writeln!(out, "{}", line.trim_end())
 }
 
+/// `count` and the noun, singular or plural as the count asks.
+fn counted(count: usize, one: &str, many: &str) -> String {
+    format!("{count} {}", if count == 1 { one } else { many })
+}
+
 impl Sink for TableSink {
     fn row(&mut self, out: &mut dyn Write, row: &Row) -> io::Result<()> {
-        if self.rows == 0 {
-            write_cells(out, COLUMNS.map(|(header, _)| header))?;
-        }
         self.rows += 1;
         self.owned += usize::from(row.owner && row.status == Status::Ok);
         self.by_status[row.status as usize] += 1;
         let pod = crate::names::pod_text(row.pod_namespace, row.pod_name);
-        let container: String = row.container_id.unwrap_or("-").chars().take(13).collect();
+        let container = crate::names::short_id(row.container_id.unwrap_or("-"));
         let ips = if row.ips.is_empty() {
             "-".to_string()
         } else {
@@ -610,7 +713,7 @@ impl Sink for TableSink {
         let owner = if row.owner { "*" } else { "" };
         let cells = [
             &pod,
-            &container,
+            container,
             row.if_name.unwrap_or("-"),
             row.network.unwrap_or("-"),
             &ips,
@@ -620,24 +723,29 @@ impl Sink for TableSink {
             row.status.label(),
         ];
         write_cells(out, cells)?;
-        // An untrusted row says which file and why, on a line of its own.
-        if let Some(entry) = row.stale_dels {
+        if let Some(entry) = &row.stale_dels {
             let more = if entry.more_sandboxes > 0 {
                 format!(" and {} more", entry.more_sandboxes)
             } else {
                 String::new()
             };
+            let stale: Vec<&str> = entry
+                .stale_sandboxes
+                .iter()
+                .map(|id| crate::names::short_id(id))
+                .collect();
             writeln!(
                 out,
-                "    stale DELs of this pod: {} refused, {} audited, {} deferred, {} .. {}, from sandbox {}{more}",
+                "    stale DEL calls for this pod: {} refused, {} audited, {} deferred, {} .. {}, from sandbox {}{more}",
                 entry.refused,
                 entry.audited,
                 entry.deferred,
                 entry.first_at,
                 entry.last_at,
-                entry.stale_sandboxes.join(", ")
+                stale.join(", ")
             )?;
         }
+        // A row that is not plainly ok says why (and an untrusted one which file) below it.
         match (row.path, &row.reason) {
             (Some(path), Some(reason)) => writeln!(out, "    {}: {reason}", path.display()),
             (None, Some(reason)) => writeln!(out, "    {reason}"),
@@ -645,31 +753,105 @@ impl Sink for TableSink {
         }
     }
 
-    fn finish(&mut self, out: &mut dyn Write, root: &Path) -> io::Result<()> {
-        if self.rows == 0 {
-            write_cells(out, COLUMNS.map(|(header, _)| header))?;
+    fn finish(&mut self, out: &mut dyn Write, root: &Path, rows: Vec<Vec<u8>>) -> io::Result<()> {
+        write_cells(out, COLUMNS.map(|(header, _)| header))?;
+        for row in &rows {
+            out.write_all(row)?;
         }
         let count = |status: Status| self.by_status[status as usize];
+        let records = count(Status::Ok) + count(Status::Superseded);
         writeln!(
             out,
-            "\n{} checkpoints, {} owning their pod name (*), {} not trusted",
-            count(Status::Ok),
+            "\n{}, {} owning their pod name (*), {} not trusted",
+            counted(records, "checkpoint", "checkpoints"),
             self.owned,
-            self.rows - count(Status::Ok) - count(Status::Deferred)
+            self.rows - records - count(Status::Deferred)
         )?;
         let root = root.display();
         let notes = [
-            (Status::Corrupt, format!("in {root}/records fail verification: the next ADD, DEL or GC of each sets it aside")),
-            (Status::SetAside, format!("in {root}/set-aside refuse the DELs that need them: delete each once `crictl pods` shows no newer sandbox of its pod")),
-            (Status::Kept, format!("in {root}/set-aside are damaged copies kept for inspection: they block nothing")),
-            (Status::OwnerWithoutRecord, "own a pod key without a record: the next DEL or GC of the pod drops that ownership".to_string()),
-            (Status::Deferred, "stale DELs wait for their pod's name to be free: the owner's DEL or GC replays them to the primary".to_string()),
+            (
+                Status::Superseded,
+                counted(
+                    count(Status::Superseded),
+                    "sandbox whose pod another sandbox owns now: its DEL is stale, and passes once the owner is gone",
+                    "sandboxes whose pod another sandbox owns now: their DELs are stale, and pass once the owners are gone",
+                ),
+            ),
+            (
+                Status::Corrupt,
+                format!(
+                    "{} in {root}/records: the next ADD, DEL or GC of each sets it aside",
+                    counted(
+                        count(Status::Corrupt),
+                        "file fails verification",
+                        "files fail verification"
+                    )
+                ),
+            ),
+            (
+                Status::SetAside,
+                format!(
+                    "{} in {root}/set-aside: delete each once `crictl pods` shows no newer sandbox of its pod",
+                    counted(
+                        count(Status::SetAside),
+                        "file refuses the DELs that need it",
+                        "files refuse the DELs that need them"
+                    )
+                ),
+            ),
+            (
+                Status::Kept,
+                format!(
+                    "{} in {root}/set-aside, kept for inspection: they block nothing",
+                    counted(count(Status::Kept), "damaged copy", "damaged copies")
+                ),
+            ),
+            (
+                Status::OwnerWithoutRecord,
+                format!(
+                    "{}: the next DEL or GC of the pod drops that ownership",
+                    counted(
+                        count(Status::OwnerWithoutRecord),
+                        "owner without a record",
+                        "owners without a record"
+                    )
+                ),
+            ),
+            (
+                Status::Deferred,
+                counted(
+                    count(Status::Deferred),
+                    "sandbox's stale DEL waits for its pod's name to be free: the owner's DEL or GC replays it to the primary",
+                    "sandboxes' stale DELs wait for their pod's name to be free: the owner's DEL or GC replays each to the primary",
+                ),
+            ),
         ];
         for (status, note) in notes {
             if count(status) > 0 {
-                writeln!(out, "{} {} {note}", count(status), status.label())?;
+                writeln!(out, "{}: {note}", status.label())?;
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table's states read as `--restore`'s results do: lower case for what is in order,
+    /// capitals for what needs an operator.
+    #[test]
+    fn states_read_as_the_restore_table_does() {
+        assert_eq!(Status::Deferred.label(), "deferred");
+        assert_eq!(Status::Superseded.label(), "superseded");
+        assert_eq!(Status::Ok.label(), "ok");
+    }
+
+    #[test]
+    fn counts_agree_with_their_nouns() {
+        assert_eq!(counted(1, "checkpoint", "checkpoints"), "1 checkpoint");
+        assert_eq!(counted(0, "checkpoint", "checkpoints"), "0 checkpoints");
+        assert_eq!(counted(2, "checkpoint", "checkpoints"), "2 checkpoints");
     }
 }

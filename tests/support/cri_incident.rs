@@ -1,4 +1,4 @@
-//! The stale-DEL incident (seed 001) under containerd 1.6's CRI (cri_node.rs): a StatefulSet
+//! The stale-DEL incident under containerd 1.6's CRI (cri_node.rs): a StatefulSet
 //! pod is recreated under the same name while the old sandbox still awaits its network
 //! teardown, on a node whose primary is one of the models of tests/cri/, run without
 //! sandbox-guard, with it chained last, or with it wrapping the primary as its delegate. The

@@ -51,7 +51,7 @@ pub enum Primary {
     /// Current calico (3.x): IPAM per container, the host veth still named from the pod name
     /// and deleted by that name by a DEL with an empty netns (calico#10375).
     CurrentCalico,
-    /// The in-house macvlan plugin of seed 002: the IP reserved for the pod name (sticky), the
+    /// The in-house sticky-IP macvlan plugin: the IP reserved for the pod name (sticky), the
     /// interface a macvlan on the node's master link, living in the sandbox's netns only.
     StickyMacvlan,
     /// Not a model: the reference macvlan plugin with host-local IPAM (/usr/lib/cni), on the

@@ -463,23 +463,26 @@ fn set_aside(store: &Store, from: &Path, to: &Path) -> Result<std::path::PathBuf
 /// A short `msg` (what happened, who owns the pod) and `details` (the facts as JSON, and the
 /// way out).
 fn stale_error(id: &AttachmentId, key: &PodKey, owner: &Ownership, ever_owned: bool) -> GuardError {
+    // Without a checkpoint the store cannot tell an old sandbox whose earlier DEL already
+    // passed (kubelet's container GC repeats it) from one added before the guard: say both.
     let history = if ever_owned {
         "which owned it before"
     } else {
-        "which never owned it here"
+        "which has no checkpoint here"
     };
     let msg = format!(
         "stale DEL refused: pod {} belongs to sandbox {}, not {}, {history}",
         key.label(),
-        owner.container_id,
+        crate::names::short_id(&owner.container_id),
         crate::names::short_id(&id.container_id)
     );
     let way_out = if ever_owned {
         "Passing this DEL on would let the primary plugin tear down the newer sandbox's network. It passes once \
          the newer sandbox is stopped and removed. \"staleDel\": \"audit\" lets such DELs through."
     } else {
-        "This sandbox has no checkpoint: it was added before sandbox-guard was installed, or its ADD failed before \
-         it could be recorded. Passing this DEL on would let a pod-name-keyed primary tear down the newer \
+        "This sandbox has no checkpoint: an earlier DEL of it already passed (kubelet's container GC repeats the \
+         DEL of an old sandbox after a new one took the pod's name), it was added before sandbox-guard was \
+         installed, or its ADD failed before it could be recorded. Passing this DEL on would let a pod-name-keyed primary tear down the newer \
          sandbox's network. It passes once the newer sandbox is stopped and removed."
     };
     let details = serde_json::json!({

@@ -1,5 +1,5 @@
 //! IP conflicts: an ADD handed an address that another sandbox's network namespace still
-//! uses. In seed 004 a force-deleted pod's container lived on in D state, the address was
+//! uses. When a force-deleted pod's container lives on in D state and the address is
 //! released anyway, and the next pod given it failed with "address already in use".
 //!
 //! The store's address index (`state::ip_index`) says who was last given an address; this is

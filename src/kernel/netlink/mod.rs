@@ -11,7 +11,7 @@
 //! does: the kernel builds an rtnetlink answer inside the calls themselves (the sendmsg() of
 //! the request, the recvmsg() that drains a dump), so one request at a time waits for
 //! nothing an event loop could overlap. It replaced rtnetlink on a tokio current-thread
-//! runtime, which cost more time, RSS and binary: see README, Benchmarks.
+//! runtime, which cost more time, RSS and binary: see docs/benchmarks.md.
 
 mod read;
 mod socket;

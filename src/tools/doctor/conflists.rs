@@ -94,7 +94,7 @@ pub fn read(conf_dir: &Path, report: &mut Report) -> NodeConfig {
                     conf_dir.display()
                 ),
             )
-            .fix("add {\"type\": \"sandbox-guard\"} as the LAST plugin of each network's conflist"),
+            .fix(NOT_INSTALLED_FIX),
         );
     }
     if problems.is_empty() {
@@ -114,6 +114,13 @@ pub fn read(conf_dir: &Path, report: &mut Report) -> NodeConfig {
     }
     node
 }
+
+/// The installer puts the entry where each mode needs it; the mode follows the primary.
+const NOT_INSTALLED_FIX: &str = "run `sandbox-guard --install --mode delegate` for a primary keyed by pod name \
+     (calico, sticky-IP plugins) or `--install --mode chained` for one keyed by container ID; on a cluster, \
+     apply the DaemonSet";
+const NOT_LAST_FIX: &str = "run `sandbox-guard --install --mode chained`, which moves the entry to the end of \
+     \"plugins\" so that it runs first on DEL, or `--install --mode delegate` to wrap the primary in its place";
 
 fn read_conf(
     file: &Path,
@@ -150,8 +157,7 @@ fn read_conf(
                         position + 1,
                         plugins.len()
                     ),
-                    "move the sandbox-guard entry to the end of \"plugins\" so that on DEL it runs FIRST, or give it \
-                     the primary as \"delegate\" in the primary's place",
+                    NOT_LAST_FIX,
                 ));
             }
             if !crate::cni::version::SUPPORTED.contains(&cni_version.as_str()) {
@@ -241,6 +247,10 @@ mod tests {
         assert_eq!(masters, [("macvlan", Some("bond1")), ("ipvlan", None)]);
         assert_eq!(node.guards[0].state_dir, PathBuf::from("/x"));
         assert!(problems[0].0.contains("must be LAST"), "{problems:?}");
+        assert!(
+            problems[0].1.contains("--install --mode chained"),
+            "the installer is the way: {problems:?}"
+        );
 
         let wrapping: Value = serde_json::from_str(
             r#"{"name":"k8s","plugins":[{"type":"sandbox-guard","delegate":{"type":"calico"}},{"type":"portmap"}]}"#,

@@ -1,5 +1,6 @@
 //! Host facts the conflists depend on: the lower links of macvlan/ipvlan, from sysfs
-//! (seed 000), and a route for the service CIDR, from the kernel's main table (seed 003).
+//! (an enslaved master fails every macvlan ADD), and a route for the service CIDR, from the
+//! kernel's main table (without it ClusterIPs are unreachable).
 
 use std::collections::BTreeMap;
 use std::io;
@@ -15,7 +16,7 @@ const SYS_NET: &str = "/sys/class/net";
 const IFF_UP: u32 = 0x1;
 const IFF_SLAVE: u32 = 0x800;
 const IFF_MASTER: u32 = 0x400;
-/// Where boot scripts enslave links by hand (seed 000's `ifenslave bond0 bond1 ...`).
+/// Where boot scripts enslave links by hand (`ifenslave bond0 bond1 ...` in rc.local).
 const BOOT_SCRIPTS: [&str; 3] = [
     "/etc/rc.local",
     "/etc/rc.d/rc.local",

@@ -1,5 +1,5 @@
 //! The store against the node: namespaces that outlived their sandbox and still hold its
-//! address (seed 004), addresses held twice, records whose DEL never came, interfaces gone
+//! address (a force-deleted pod whose process hangs), addresses held twice, records whose DEL never came, interfaces gone
 //! from live sandboxes. The store's own health is `store_health`'s.
 
 use std::collections::{BTreeMap, HashMap};

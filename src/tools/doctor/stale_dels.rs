@@ -240,12 +240,21 @@ pub fn check(
             pod_name,
             if_name,
         };
-        let protected = stats.protected.clone().unwrap_or_else(|| "?".to_string());
+        // People read container IDs as crictl prints them.
+        let protected = stats
+            .protected
+            .as_deref()
+            .map_or("?", crate::names::short_id)
+            .to_string();
         // Old history is a note; a refusal protecting the pod key's owner of today is current.
         let current = owners
             .get(&key)
             .is_some_and(|o| Some(&o.container_id) == stats.protected.as_ref());
-        let stale: Vec<&str> = stats.stale_sandboxes.iter().map(String::as_str).collect();
+        let stale: Vec<&str> = stats
+            .stale_sandboxes
+            .iter()
+            .map(|id| crate::names::short_id(id))
+            .collect();
         let window = format!("{} .. {}", stats.first, stats.last);
         let from: Vec<&str> = stats.sources.iter().map(String::as_str).collect();
         let evidence = format!(
@@ -264,16 +273,16 @@ pub fn check(
                     severity,
                     "stale-dels",
                     format!(
-                        "pod {} (network {}): {} stale DELs refused, protecting sandbox {protected}{}",
+                        "pod {} (network {}): {} refused, protecting sandbox {protected}{}",
                         key.label(),
                         key.network,
-                        stats.refused,
+                        stale_dels(stats.refused),
                         if current { ", which still owns the pod" } else { "" }
                     ),
                 )
                 .evidence(evidence.clone())
                 .fix(if current {
-                    "nothing is broken: the runtime keeps retrying the old sandbox's teardown, which passes once the owner is stopped and removed; if retries go on for long, remove the old sandbox"
+                    "nothing is broken: the runtime keeps retrying the old sandbox's teardown, which passes once the owner is stopped and removed; to let old sandboxes go at once, wrap the primary instead (`sandbox-guard --install --mode delegate`): their DELs are then deferred and answered with success"
                 } else {
                     "history: the owner has gone since, so later retries passed"
                 }),
@@ -285,10 +294,10 @@ pub fn check(
                     Severity::Info,
                     "stale-dels",
                     format!(
-                        "pod {} (network {}): {} stale DELs deferred while sandbox {protected} owned the pod",
+                        "pod {} (network {}): {} deferred while sandbox {protected} owned the pod",
                         key.label(),
                         key.network,
-                        stats.deferred
+                        stale_dels(stats.deferred)
                     ),
                 )
                 .evidence(evidence.clone())
@@ -306,10 +315,10 @@ pub fn check(
                     severity,
                     "stale-dels",
                     format!(
-                        "pod {} (network {}): {} stale DELs let through in audit mode while sandbox {protected} owned the pod",
+                        "pod {} (network {}): {} let through in audit mode while sandbox {protected} owned the pod",
                         key.label(),
                         key.network,
-                        stats.audited
+                        stale_dels(stats.audited)
                     ),
                 )
                 .evidence(evidence)
@@ -341,6 +350,14 @@ fn log_and_backups(path: &Path) -> Vec<PathBuf> {
         .collect();
     files.push(path.to_path_buf());
     files
+}
+
+/// "1 stale DEL", "2 stale DELs".
+fn stale_dels(count: usize) -> String {
+    match count {
+        1 => "1 stale DEL".to_string(),
+        n => format!("{n} stale DELs"),
+    }
 }
 
 #[cfg(test)]

@@ -231,10 +231,10 @@ pub(super) fn check_permissions(state_dir: &Path, report: &mut Report) {
             .iter()
             .any(|d| dir.ends_with(d));
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if let Ok(meta) = entry.metadata() {
-                if !(links_are_entries && meta.file_type().is_symlink()) {
-                    inspect(&entry.path(), &meta);
-                }
+            if let Ok(meta) = entry.metadata()
+                && !(links_are_entries && meta.file_type().is_symlink())
+            {
+                inspect(&entry.path(), &meta);
             }
         }
     }

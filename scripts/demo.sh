@@ -13,6 +13,10 @@
 # the demo profile (release code without LTO; Cargo.toml), which a first run compiles once.
 #
 #   sudo bash scripts/demo.sh
+#   sudo bash scripts/demo.sh --real-node   # the same incident on a real node: kubelet, the API
+#                                           # server, the StatefulSet controller (scripts/node.sh),
+#                                           # without the guard, then with its DaemonSet; needs Go
+#                                           # and the Go module proxy, minutes for the first build
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -35,6 +39,13 @@ die() {
 
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/build.sh"
+
+real_node=0
+case ${1:-} in
+	'') ;;
+	--real-node) real_node=1 ;;
+	*) die "usage: scripts/demo.sh [--real-node]" ;;
+esac
 
 # --- what the demo needs, checked before anything is installed ----------------------------
 need_root "scripts/demo.sh"
@@ -203,6 +214,12 @@ start_both() {
 del_a_banner() {
 	step "kubelet retries StopPodSandbox for the OLD sandbox A: DEL A"
 }
+
+if ((real_node)); then
+	. "$repo/scripts/lib/demo-node.sh"
+	demo_real_node
+	exit 0
+fi
 
 declare -A outcome=()
 

@@ -10,6 +10,8 @@
 #   bash scripts/node.sh down                 # leaves no process, mount, netns, link or chain
 #   bash scripts/node.sh build [--runtime R]  # only builds (or finds cached) the components
 #   bash scripts/node.sh restart kubelet|containerd
+#   bash scripts/node.sh guard install delegate|chained IMAGE   # the DaemonSet, as an operator applies it
+#   bash scripts/node.sh guard uninstall IMAGE                  # the uninstall DaemonSet, then gone
 #   bash scripts/node.sh kubectl ARGS... | crictl ARGS... | ctr ARGS...
 #   bash scripts/node.sh env                  # the running node's variables, as `up` printed
 #
@@ -22,7 +24,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/node-build.sh"
-help_if_asked "${BASH_SOURCE[0]}" 19 "${1:-}"
+help_if_asked "${BASH_SOURCE[0]}" 21 "${1:-}"
 
 W=${SANDBOX_GUARD_NODE_DIR:-/var/tmp/sandbox-guard-node}
 NODE_NAME=sg-node
@@ -38,6 +40,8 @@ VETH_PREFIX=sgn
 CGROUP_ROOT=/sandbox-guard-node
 PAUSE_IMAGE=localhost/sandbox-guard-pause:node
 TOKEN=sandbox-guard-node-admin
+# The guard's state dir on this node, under the work dir rather than the host's /var/lib/cni.
+GUARD_STATE=$W/guard/state
 
 say() { echo "node: $*" >&2; }
 die() {
@@ -406,6 +410,8 @@ cmd_env() {
   echo "CNI_BIN_DIR=$W/cni/bin"
   echo "CNI_CONF_DIR=$W/cni/net.d"
   echo "PRIMARY_STATE=$W/cni/primary"
+  echo "GUARD_STATE=$GUARD_STATE"
+  echo "GUARD_LOG=$W/guard/log/sandbox-guard.log"
   echo "NODE_DIR=$W"
   echo "KUBELET_METRICS=https://$NODE_IP:30250/metrics"
   echo "PATH_KUBECTL=$(bin_k8s kubectl)"
@@ -428,6 +434,106 @@ cmd_restart() {
       start_containerd
       ;;
     *) die "restart takes kubelet or containerd" ;;
+  esac
+}
+
+# kustomize takes a base by a relative path only.
+relative_to() { # TARGET FROM
+  local from=$2 up=''
+  while [[ $from != / ]]; do
+    up+=../
+    from=$(dirname "$from")
+  done
+  echo "$up${1#/}"
+}
+
+# arg_index MANIFEST-DIR PREFIX: the index of the installer's arg that starts with PREFIX.
+arg_index() {
+  "$(bin_k8s kubectl)" kustomize "$1" |
+    awk -v p="$2" '/^ *- args:/ {on=1; i=0; next} on && /^ *- / {if (index($2, p) == 1) {print i; exit} i++; next} on {exit}'
+}
+
+# write_overlay DIR BASE DAEMONSET IMAGE [ARG...]: a kustomize overlay of the project's
+# manifests for this node, as an operator of a node with its own dirs writes one: the image
+# (imported, never pulled), the node's CNI bin and conf dirs, the guard's state and log under
+# the work dir (so that down leaves nothing on the host), and each ARG (--name=value) put in
+# place of the installer's arg of that name.
+write_overlay() {
+  local dir=$1 base=$2 daemonset=$3 image=$4 arg index
+  shift 4
+  mkdir -p "$dir" "$W/guard/log"
+  cat >"$dir/kustomization.yaml" <<YAML
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - $(relative_to "$base" "$dir")
+images:
+  - name: registry.example.com/sandbox-guard
+    newName: ${image%:*}
+    newTag: ${image##*:}
+  - name: registry.k8s.io/pause
+    newName: ${PAUSE_IMAGE%:*}
+    newTag: ${PAUSE_IMAGE##*:}
+patches:
+  - path: node.yaml
+YAML
+  if (($#)); then
+    printf '  - target: { kind: DaemonSet, name: %s }\n    patch: |-\n' "$daemonset" >>"$dir/kustomization.yaml"
+    for arg in "$@"; do
+      index=$(arg_index "$base" "${arg%%=*}=")
+      [[ -n $index ]] || die "the DaemonSet $daemonset has no ${arg%%=*} arg to set"
+      printf '      - { op: replace, path: /spec/template/spec/containers/0/args/%s, value: "%s" }\n' \
+        "$index" "$arg" >>"$dir/kustomization.yaml"
+    done
+  fi
+  # The installer reads the state dir at the host root it is given plus the entry's path.
+  local containers=containers container=install
+  [[ $daemonset == sandbox-guard-uninstall ]] && containers=initContainers container=uninstall
+  cat >"$dir/node.yaml" <<YAML
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: { name: $daemonset, namespace: kube-system }
+spec:
+  template:
+    spec:
+      $containers:
+        - name: $container
+          volumeMounts:
+            - { name: cni-state, mountPath: /host$W/guard, readOnly: true }
+      volumes:
+        - { name: cni-bin, hostPath: { path: $W/cni/bin, type: DirectoryOrCreate } }
+        - { name: cni-conf, hostPath: { path: $W/cni/net.d, type: DirectoryOrCreate } }
+        - { name: cni-state, hostPath: { path: $W/guard, type: DirectoryOrCreate } }
+        - { name: logs, hostPath: { path: $W/guard/log, type: DirectoryOrCreate } }
+YAML
+}
+
+cmd_guard() {
+  [[ -e $W/run ]] || die "no node is up in $W"
+  node_go_env
+  local action=${1:-} mode image
+  case $action in
+    install)
+      mode=${2:-}
+      image=${3:-}
+      [[ ($mode == delegate || $mode == chained) && -n $image ]] ||
+        die "guard install takes delegate|chained and an image imported into the node"
+      write_overlay "$W/overlay-guard" "$repo/conf-examples/kubernetes" sandbox-guard "$image" \
+        --mode="$mode" --state-dir="$GUARD_STATE" --log-file="$W/guard/log/sandbox-guard.log"
+      kubectl_ apply -k "$W/overlay-guard" >&2
+      kubectl_ -n kube-system rollout status ds/sandbox-guard --timeout=180s >&2
+      ;;
+    uninstall)
+      image=${2:-}
+      [[ -n $image ]] || die "guard uninstall takes the image imported into the node"
+      kubectl_ -n kube-system delete ds/sandbox-guard --ignore-not-found --wait=true >&2
+      write_overlay "$W/overlay-uninstall" "$repo/conf-examples/kubernetes/uninstall" \
+        sandbox-guard-uninstall "$image"
+      kubectl_ apply -k "$W/overlay-uninstall" >&2
+      kubectl_ -n kube-system rollout status ds/sandbox-guard-uninstall --timeout=180s >&2
+      kubectl_ delete -k "$W/overlay-uninstall" --wait=true >&2
+      ;;
+    *) die "guard takes install or uninstall" ;;
   esac
 }
 
@@ -517,6 +623,10 @@ case ${1:-} in
     cmd_restart "$@"
     ;;
   env) cmd_env ;;
+  guard)
+    shift
+    cmd_guard "$@"
+    ;;
   kubectl)
     shift
     need_node_bins
@@ -531,5 +641,5 @@ case ${1:-} in
     shift
     ctr_ "$@"
     ;;
-  *) die "usage: scripts/node.sh up [--runtime containerd16|containerd2] | down | build | restart kubelet|containerd | env | kubectl ... | crictl ... | ctr ..." ;;
+  *) die "usage: scripts/node.sh up [--runtime containerd16|containerd2] | down | build | restart kubelet|containerd | guard install|uninstall ... | env | kubectl ... | crictl ... | ctr ..." ;;
 esac

@@ -26,14 +26,20 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const TOOLS: &[&str] = &["go", "podman", "runc", "catatonit", "ping", "curl", "openssl"];
+const TOOLS: &[&str] = &[
+    "go",
+    "podman",
+    "runc",
+    "catatonit",
+    "ping",
+    "curl",
+    "openssl",
+];
 /// kubelet's container GC runs once a minute (`ContainerGCPeriod`, a constant).
 const GC_PERIOD: Duration = Duration::from_secs(60);
 const GUARD_IMAGE: &str = "localhost/sandbox-guard:node-test";
 const GUARD_IMAGE_UPGRADE: &str = "localhost/sandbox-guard:node-test-upgrade";
 const STATEFULSET_REPLICAS_ROLLOUT: usize = 20;
-/// The guard's state dir and log as the DaemonSet's defaults put them on the host.
-const GUARD_STATE: &str = "/var/lib/cni/sandbox-guard";
 /// How many times the primary fails the old sandbox's DEL in the failing-DEL sequence.
 const PRIMARY_DEL_FAILURES: u32 = 3;
 
@@ -60,7 +66,10 @@ impl Node {
                 .arg(repo().join("scripts/node.sh"))
                 .arg("down")
                 .status();
-            panic!("scripts/node.sh up --runtime {runtime} failed: {}", out.status);
+            panic!(
+                "scripts/node.sh up --runtime {runtime} failed: {}",
+                out.status
+            );
         }
         let env: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -132,7 +141,8 @@ impl Node {
 
     fn conflist(&self) -> Value {
         let dir = PathBuf::from(self.var("CNI_CONF_DIR"));
-        let text = fs::read_to_string(dir.join("10-sg-node.conflist")).expect("the node's conflist");
+        let text =
+            fs::read_to_string(dir.join("10-sg-node.conflist")).expect("the node's conflist");
         serde_json::from_str(&text).expect("conflist JSON")
     }
 
@@ -156,8 +166,9 @@ impl Node {
         let metric = |suffix: &str| {
             text.lines()
                 .find(|l| {
-                    l.starts_with(&format!("kubelet_runtime_operations_duration_seconds_{suffix}{{"))
-                        && l.contains("operation_type=\"run_podsandbox\"")
+                    l.starts_with(&format!(
+                        "kubelet_runtime_operations_duration_seconds_{suffix}{{"
+                    )) && l.contains("operation_type=\"run_podsandbox\"")
                 })
                 .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .unwrap_or(0.0)
@@ -170,7 +181,11 @@ impl Node {
         let mut next_note = Duration::from_secs(15);
         while !done() {
             let waited = started.elapsed();
-            assert!(waited < limit, "timed out after {limit:?} waiting for {what}\n{}", self.diagnostics());
+            assert!(
+                waited < limit,
+                "timed out after {limit:?} waiting for {what}\n{}",
+                self.diagnostics()
+            );
             if waited >= next_note {
                 eprintln!("  waiting for {what} ({} s)", waited.as_secs());
                 next_note += Duration::from_secs(15);
@@ -186,12 +201,19 @@ impl Node {
         for (title, path) in [
             ("kubelet log", self.dir().join("logs/kubelet.log")),
             ("containerd log", self.dir().join("logs/containerd.log")),
-            ("primary calls", PathBuf::from(self.var("PRIMARY_STATE")).join("calls.log")),
-            ("guard log", PathBuf::from("/var/log/sandbox-guard/sandbox-guard.log")),
+            (
+                "primary calls",
+                PathBuf::from(self.var("PRIMARY_STATE")).join("calls.log"),
+            ),
+            ("guard log", PathBuf::from(self.var("GUARD_LOG"))),
         ] {
             let text = fs::read_to_string(&path).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
-            let _ = writeln!(out, "--- {title} (tail)\n{}", lines[lines.len().saturating_sub(40)..].join("\n"));
+            let _ = writeln!(
+                out,
+                "--- {title} (tail)\n{}",
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            );
         }
         out
     }
@@ -238,6 +260,9 @@ struct Figures {
     gc_periods: f64,
     deferred_left: usize,
     run_podsandbox_ms: f64,
+    /// Kubelet's "Observed pod startup duration" (from the API object's creation, whole
+    /// seconds, to running) of the rollout's re-created pods, mean.
+    create_to_running_ms: f64,
     rollout_pods_ready: usize,
 }
 
@@ -252,90 +277,6 @@ fn guard_image_archive(tag: &str) -> PathBuf {
         .expect("run scripts/image.sh");
     sys::assert_succeeded("scripts/image.sh", &[tag], &out);
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
-/// A kustomize overlay of conf-examples/kubernetes for this node, as an operator of a node
-/// with non-default CNI dirs writes one: the image, the node's bin and conf dirs, and for
-/// the chained mode its args.
-fn write_overlay(node: &Node, mode: Mode, image: &str) -> PathBuf {
-    let dir = node.dir().join(format!("overlay-{}", mode.name()));
-    fs::create_dir_all(&dir).unwrap();
-    let base = pathdiff(&repo().join("conf-examples/kubernetes"), &dir);
-    let (name, tag) = image.rsplit_once(':').unwrap();
-    let args_patch = match mode {
-        Mode::Chained => r#"
-      containers:
-        - name: install
-          args:
-            - --install
-            - --watch
-            - --mode=chained
-            - --platform=auto
-            - --host-root=/host
-            - --state-dir=/var/lib/cni/sandbox-guard
-            - --log-file=/var/log/sandbox-guard/sandbox-guard.log
-            - --entry-file=/etc/sandbox-guard/entry.json"#,
-        _ => "",
-    };
-    fs::write(
-        dir.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {base}\n\
-             images:\n  - name: registry.example.com/sandbox-guard\n    newName: {name}\n    newTag: {tag}\n\
-             patches:\n  - path: node-dirs.yaml\n"
-        ),
-    )
-    .unwrap();
-    fs::write(
-        dir.join("node-dirs.yaml"),
-        format!(
-            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {{ name: sandbox-guard, namespace: kube-system }}\n\
-             spec:\n  template:\n    spec:{args_patch}\n      volumes:\n\
-             \x20       - {{ name: cni-bin, hostPath: {{ path: {bin}, type: DirectoryOrCreate }} }}\n\
-             \x20       - {{ name: cni-conf, hostPath: {{ path: {conf}, type: DirectoryOrCreate }} }}\n",
-            bin = node.var("CNI_BIN_DIR"),
-            conf = node.var("CNI_CONF_DIR"),
-        ),
-    )
-    .unwrap();
-    dir
-}
-
-fn write_uninstall_overlay(node: &Node, image: &str) -> PathBuf {
-    let dir = node.dir().join("overlay-uninstall");
-    fs::create_dir_all(&dir).unwrap();
-    let base = pathdiff(&repo().join("conf-examples/kubernetes/uninstall"), &dir);
-    let (name, tag) = image.rsplit_once(':').unwrap();
-    let (pause_name, pause_tag) = node.var("PAUSE_IMAGE").rsplit_once(':').unwrap();
-    fs::write(
-        dir.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {base}\n\
-             images:\n  - name: registry.example.com/sandbox-guard\n    newName: {name}\n    newTag: {tag}\n\
-             \x20 - name: registry.k8s.io/pause\n    newName: {pause_name}\n    newTag: {pause_tag}\n\
-             patches:\n  - path: node-dirs.yaml\n"
-        ),
-    )
-    .unwrap();
-    fs::write(
-        dir.join("node-dirs.yaml"),
-        format!(
-            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {{ name: sandbox-guard-uninstall, namespace: kube-system }}\n\
-             spec:\n  template:\n    spec:\n      containers:\n        - {{ name: done, imagePullPolicy: Never }}\n      volumes:\n\
-             \x20       - {{ name: cni-bin, hostPath: {{ path: {bin}, type: DirectoryOrCreate }} }}\n\
-             \x20       - {{ name: cni-conf, hostPath: {{ path: {conf}, type: DirectoryOrCreate }} }}\n",
-            bin = node.var("CNI_BIN_DIR"),
-            conf = node.var("CNI_CONF_DIR"),
-        ),
-    )
-    .unwrap();
-    dir
-}
-
-/// `to` relative to `from` (both absolute): kustomize takes a base only by a relative path.
-fn pathdiff(to: &Path, from: &Path) -> String {
-    let depth = from.components().count() - 1;
-    format!("{}{}", "../".repeat(depth), to.strip_prefix("/").unwrap().display())
 }
 
 fn statefulset(name: &str, namespace: &str, replicas: usize, pause_image: &str) -> String {
@@ -385,19 +326,54 @@ fn pod_state(node: &Node, namespace: &str, pod: &str) -> Option<PodState> {
         .any(|c| c["type"] == "Ready" && c["status"] == "True");
     Some(PodState {
         uid: pod["metadata"]["uid"].as_str()?.to_string(),
-        ip: pod["status"]["podIP"].as_str().unwrap_or_default().to_string(),
+        ip: pod["status"]["podIP"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
         ready,
     })
 }
 
 fn wait_ready_pod(node: &Node, namespace: &str, pod: &str, not_uid: Option<&str>) -> PodState {
     let mut state = None;
-    node.wait_until(&format!("{namespace}/{pod} Ready"), Duration::from_secs(240), || {
-        state = pod_state(node, namespace, pod)
-            .filter(|s| s.ready && !s.ip.is_empty() && Some(s.uid.as_str()) != not_uid);
-        state.is_some()
-    });
+    node.wait_until(
+        &format!("{namespace}/{pod} Ready"),
+        Duration::from_secs(240),
+        || {
+            state = pod_state(node, namespace, pod)
+                .filter(|s| s.ready && !s.ip.is_empty() && Some(s.uid.as_str()) != not_uid);
+            state.is_some()
+        },
+    );
     state.unwrap()
+}
+
+/// podStartE2EDuration, in seconds, of kubelet's "Observed pod startup duration" lines for
+/// pods whose name starts with `pod_prefix` (namespace/name).
+fn pod_startups(log: &str, pod_prefix: &str) -> Vec<f64> {
+    log.lines()
+        .filter(|l| l.contains("\"Observed pod startup duration\""))
+        .filter(|l| l.contains(&format!("pod=\"{pod_prefix}")))
+        .filter_map(|l| {
+            let value = l.split("podStartE2EDuration=\"").nth(1)?;
+            let value = value.split('"').next()?;
+            parse_go_duration(value)
+        })
+        .collect()
+}
+
+/// A Go duration as kubelet logs it: "2.25s", "850.3ms", "1m2.5s".
+fn parse_go_duration(text: &str) -> Option<f64> {
+    if let Some(ms) = text.strip_suffix("ms") {
+        return ms.parse::<f64>().ok().map(|v| v / 1000.0);
+    }
+    let text = text.strip_suffix('s')?;
+    match text.split_once('m') {
+        Some((minutes, seconds)) => {
+            Some(minutes.parse::<f64>().ok()? * 60.0 + seconds.parse::<f64>().ok()?)
+        }
+        None => text.parse().ok(),
+    }
 }
 
 fn reachable(ip: &str) -> bool {
@@ -414,7 +390,10 @@ fn sandboxes(node: &Node, namespace: &str) -> Vec<(String, String, bool)> {
         .map(|s| {
             (
                 s["id"].as_str().unwrap_or_default().to_string(),
-                s["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                s["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
                 s["state"] == "SANDBOX_READY",
             )
         })
@@ -444,9 +423,15 @@ fn stale_dels_at_primary(calls: &str, since: usize) -> Vec<String> {
 }
 
 fn deferred_dels(state_dir: &Path) -> usize {
+    // deferred/<pod key digest>/<network>:<container>:<ifname>; writers' temp files start
+    // with a dot.
     cni::walk(&state_dir.join("deferred"))
         .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .filter(|p| p.is_file())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| !n.to_string_lossy().starts_with('.'))
+        })
         .count()
 }
 
@@ -469,17 +454,11 @@ fn kill_pause(node: &Node, namespace: &str, pod: &str) -> String {
     id
 }
 
+/// The guard's DaemonSet as an operator applies it (scripts/node.sh writes the kustomize
+/// overlay of conf-examples/kubernetes that sets this node's CNI dirs and the image; chained
+/// mode changes only the `--mode` arg), Ready by kubelet's own readiness probe.
 fn install_guard(node: &Node, mode: Mode, image: &str) {
-    let overlay = write_overlay(node, mode, image);
-    node.kubectl_ok(&["apply", "-k", overlay.to_str().unwrap()]);
-    node.kubectl_ok(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        "ds/sandbox-guard",
-        "--timeout=180s",
-    ]);
+    node.node_sh(&["guard", "install", mode.name(), image]);
     let conflist = node.conflist().to_string();
     assert!(
         conflist.contains("sandbox-guard"),
@@ -487,26 +466,18 @@ fn install_guard(node: &Node, mode: Mode, image: &str) {
     );
 }
 
+/// The installer's DaemonSet deleted, then the uninstall DaemonSet run to the end.
 fn uninstall_guard(node: &Node, image: &str, conflist_before: &Value) {
-    node.kubectl_ok(&["-n", "kube-system", "delete", "ds/sandbox-guard", "--wait=true"]);
-    let overlay = write_uninstall_overlay(node, image);
-    node.kubectl_ok(&["apply", "-k", overlay.to_str().unwrap()]);
-    node.kubectl_ok(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        "ds/sandbox-guard-uninstall",
-        "--timeout=180s",
-    ]);
-    node.kubectl_ok(&["delete", "-k", overlay.to_str().unwrap(), "--wait=true"]);
+    node.node_sh(&["guard", "uninstall", image]);
     assert_eq!(
         &node.conflist(),
         conflist_before,
         "the uninstall DaemonSet left the primary's conflist changed"
     );
     assert!(
-        !Path::new(node.var("CNI_BIN_DIR")).join("sandbox-guard").exists(),
+        !Path::new(node.var("CNI_BIN_DIR"))
+            .join("sandbox-guard")
+            .exists(),
         "the uninstall DaemonSet left the guard's binary"
     );
 }
@@ -517,14 +488,25 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     let pause = node.var("PAUSE_IMAGE").to_string();
     eprintln!("== {} on {}", mode.name(), node.runtime);
     node.kubectl_ok(&["create", "namespace", &ns]);
-    node.wait_until("the namespace's default service account", Duration::from_secs(60), || {
-        node.kubectl(&["-n", &ns, "get", "serviceaccount", "default"]).status.success()
-    });
+    node.wait_until(
+        "the namespace's default service account",
+        Duration::from_secs(60),
+        || {
+            node.kubectl(&["-n", &ns, "get", "serviceaccount", "default"])
+                .status
+                .success()
+        },
+    );
     let singles = ["graceful", "forced", "faildel", "pause"];
     for name in singles {
         node.apply(&statefulset(name, &ns, 1, &pause));
     }
-    node.apply(&statefulset("rollout", &ns, STATEFULSET_REPLICAS_ROLLOUT, &pause));
+    node.apply(&statefulset(
+        "rollout",
+        &ns,
+        STATEFULSET_REPLICAS_ROLLOUT,
+        &pause,
+    ));
     let mut first: BTreeMap<String, PodState> = BTreeMap::new();
     for name in singles {
         let pod = format!("{name}-0");
@@ -539,14 +521,28 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     // The failing primary: its next DELs of this pod fail, as calico's did in the incident.
     let fail_dir = PathBuf::from(node.var("PRIMARY_STATE")).join("fail-dels");
     fs::create_dir_all(&fail_dir).unwrap();
-    fs::write(fail_dir.join(format!("{ns}.faildel-0")), PRIMARY_DEL_FAILURES.to_string()).unwrap();
+    fs::write(
+        fail_dir.join(format!("{ns}.faildel-0")),
+        PRIMARY_DEL_FAILURES.to_string(),
+    )
+    .unwrap();
 
     // The sequences, all at once, as a node sees them.
     node.kubectl_ok(&["-n", &ns, "delete", "pod", "graceful-0", "--wait=false"]);
-    node.kubectl_ok(&["-n", &ns, "delete", "pod", "forced-0", "--grace-period=0", "--force", "--wait=false"]);
+    node.kubectl_ok(&[
+        "-n",
+        &ns,
+        "delete",
+        "pod",
+        "forced-0",
+        "--grace-period=0",
+        "--force",
+        "--wait=false",
+    ]);
     node.kubectl_ok(&["-n", &ns, "delete", "pod", "faildel-0", "--wait=false"]);
     let killed_sandbox = kill_pause(node, &ns, "pause-0");
     let (sum0, count0) = node.run_podsandbox_seconds();
+    let log_at_rollout = node.kubelet_log().len();
     node.kubectl_ok(&["-n", &ns, "rollout", "restart", "statefulset/rollout"]);
 
     let mut second: BTreeMap<String, PodState> = BTreeMap::new();
@@ -571,6 +567,10 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
         "--timeout=600s",
     ]);
     let (sum1, count1) = node.run_podsandbox_seconds();
+    let startups = pod_startups(
+        &node.kubelet_log()[log_at_rollout..],
+        &format!("{ns}/rollout-"),
+    );
 
     // Kubelet, then containerd restarted between the re-creates and kubelet's GC.
     node.node_sh(&["restart", "kubelet"]);
@@ -608,9 +608,18 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
         .lines()
         .filter(|l| l.contains("Failed to stop sandbox before removing"))
         .count();
-    figures.deferred_left = deferred_dels(Path::new(GUARD_STATE));
+    figures.deferred_left = deferred_dels(Path::new(node.var("GUARD_STATE")));
     let started = count1 - count0;
-    figures.run_podsandbox_ms = if started > 0.0 { (sum1 - sum0) / started * 1000.0 } else { 0.0 };
+    figures.run_podsandbox_ms = if started > 0.0 {
+        (sum1 - sum0) / started * 1000.0
+    } else {
+        0.0
+    };
+    figures.create_to_running_ms = if startups.is_empty() {
+        0.0
+    } else {
+        startups.iter().sum::<f64>() / startups.len() as f64 * 1000.0
+    };
     eprintln!("   {} on {}: {figures:?}", mode.name(), node.runtime);
 
     // The namespace goes: every pod's DEL, which in delegate mode frees the names that the
@@ -632,9 +641,15 @@ fn assert_mode(mode: Mode, runtime: &str, f: &Figures) {
             // can pass between the new sandbox's ADD at the primary and its ADD at the guard,
             // which chaining cannot see (docs/real-node.md). Delegate mode holds both under
             // the pod's lock.
-            let allowed: &[&str] = if mode == Mode::Chained { &["forced-0"] } else { &[] };
+            let allowed: &[&str] = if mode == Mode::Chained {
+                &["forced-0"]
+            } else {
+                &[]
+            };
             assert!(
-                f.stale_dels_at_primary.iter().all(|pod| allowed.contains(&pod.as_str())),
+                f.stale_dels_at_primary
+                    .iter()
+                    .all(|pod| allowed.contains(&pod.as_str())),
                 "{runtime} {mode:?}: a stale DEL reached the primary: {f:?}"
             );
             assert!(
@@ -670,19 +685,33 @@ fn run_runtime(runtime: &'static str) {
         }
         if mode == Mode::Delegate {
             // An upgrade by a new image: the DaemonSet rolls, the guard stays in place.
-            node.kubectl_ok(&["-n", "kube-system", "set", "image", "ds/sandbox-guard", &format!("install={GUARD_IMAGE_UPGRADE}")]);
-            node.kubectl_ok(&["-n", "kube-system", "rollout", "status", "ds/sandbox-guard", "--timeout=180s"]);
+            node.kubectl_ok(&[
+                "-n",
+                "kube-system",
+                "set",
+                "image",
+                "ds/sandbox-guard",
+                &format!("install={GUARD_IMAGE_UPGRADE}"),
+            ]);
+            node.kubectl_ok(&[
+                "-n",
+                "kube-system",
+                "rollout",
+                "status",
+                "ds/sandbox-guard",
+                "--timeout=180s",
+            ]);
         }
         let figures = run_mode(&node, mode);
         if mode != Mode::Unguarded {
             node.wait_until("no deferred DEL left", Duration::from_secs(180), || {
-                deferred_dels(Path::new(GUARD_STATE)) == 0
+                deferred_dels(Path::new(node.var("GUARD_STATE"))) == 0
             });
             uninstall_guard(&node, GUARD_IMAGE, &conflist_before);
         }
         let _ = writeln!(
             table,
-            "| {runtime} | {} | {} | {}/{} | {} | {:.1} | {} | {:.1} |",
+            "| {runtime} | {} | {} | {}/{} | {} | {:.1} | {} | {:.1} | {:.0} |",
             mode.name(),
             figures.stale_dels_at_primary.len(),
             figures.new_pods_unreachable.len(),
@@ -691,19 +720,21 @@ fn run_runtime(runtime: &'static str) {
             figures.kubelet_gc_errors as f64 / figures.gc_periods,
             figures.deferred_left,
             figures.run_podsandbox_ms,
+            figures.create_to_running_ms,
         );
         all.push((mode, figures));
     }
     eprintln!(
-        "\n| runtime | mode | stale DELs at the primary | new pods unreachable | sandboxes NotReady | kubelet GC errors per period | deferred DELs left | RunPodSandbox mean (ms) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n{table}"
+        "\n| runtime | mode | stale DELs at the primary | new pods unreachable | sandboxes NotReady | kubelet GC errors per period | deferred DELs left | RunPodSandbox mean (ms) | create to running, mean (ms) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n{table}"
     );
     let unguarded_ms = all[0].1.run_podsandbox_ms;
     for (mode, figures) in &all[1..] {
-        if unguarded_ms > 0.0 {
+        if unguarded_ms > 0.0 && all[0].1.create_to_running_ms > 0.0 {
             eprintln!(
-                "{runtime} {}: RunPodSandbox {:.2}x unguarded",
+                "{runtime} {}: RunPodSandbox {:.2}x unguarded, create to running {:.2}x",
                 mode.name(),
-                figures.run_podsandbox_ms / unguarded_ms
+                figures.run_podsandbox_ms / unguarded_ms,
+                figures.create_to_running_ms / all[0].1.create_to_running_ms
             );
         }
     }

@@ -18,8 +18,12 @@ node_go_env() {
   export GOMODCACHE=$NODE_CACHE/gomod GOCACHE=$NODE_CACHE/gocache GOFLAGS=-mod=mod
   export GOTOOLCHAIN=local GO111MODULE=on
   unset GOPATH GOBIN
-  if ! command -v go >/dev/null; then
-    echo "go is not installed: the node's components are built from their modules with Go >= 1.24" >&2
+  local version
+  version=$(go env GOVERSION 2>/dev/null) || version=''
+  version=${version#go}
+  if [[ -z $version ]] || ! printf '1.24\n%s\n' "${version%%[-+ ]*}" | sort -C -V; then
+    echo "the node's components are built from their Go modules with Go >= 1.24;" \
+      "found ${version:-no go command} (Debian's golang-go is older: install Go from go.dev's archive)" >&2
     return 1
   fi
 }

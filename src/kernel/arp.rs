@@ -1,6 +1,8 @@
-//! Gratuitous ARP for a restored interface: neighbours (the gateway first of all) still map
-//! the pod's IP to its MAC, but after the link vanished some may have dropped or aged the
-//! entry; one broadcast re-teaches them before the pod's first packet needs an answer.
+//! ARP for a restored interface. First RFC 5227 probes, before its IPv4 addresses go on the
+//! link: another node that answers holds the address, and an announcement would take its
+//! traffic. Then the gratuitous ARP: neighbours (the gateway first of all) still map the pod's
+//! IP to its MAC, but after the link vanished some may have dropped or aged the entry; one
+//! broadcast re-teaches them before the pod's first packet needs an answer.
 //!
 //! The AF_PACKET socket is made inside the pod's netns (`netns::inside`): like the netlink
 //! sockets, it belongs to the netns it was created in.

@@ -45,8 +45,8 @@ pub struct InterfaceFacts {
     pub routes: Vec<RouteFacts>,
     /// The host link the interface hangs off: a macvlan's master, a veth's host end.
     pub parent: Option<ParentFacts>,
-    /// Its settings of `sysctl::RESTORED` that differed from its netns's defaults at ADD;
-    /// None in records of earlier releases, and where the defaults could not be read.
+    /// Its settings of `sysctl::RESTORED` that differed from the kernel's defaults at ADD (one
+    /// left out had the default); None in records of earlier releases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settings: Option<InterfaceSettings>,
 }
@@ -62,19 +62,6 @@ pub struct InterfaceSettings {
 }
 
 impl InterfaceSettings {
-    /// Each setting with its family, IPv4's first.
-    pub fn each(&self) -> impl Iterator<Item = (Family, &str, i32)> {
-        let ipv4 = self
-            .ipv4
-            .iter()
-            .map(|(k, v)| (Family::Ipv4, k.as_str(), *v));
-        let ipv6 = self
-            .ipv6
-            .iter()
-            .map(|(k, v)| (Family::Ipv6, k.as_str(), *v));
-        ipv4.chain(ipv6)
-    }
-
     pub fn get(&self, family: Family, key: &str) -> Option<i32> {
         match family {
             Family::Ipv4 => self.ipv4.get(key),
@@ -157,26 +144,16 @@ fn observe(kernel: &Kernel, if_name: &str) -> Result<(InterfaceFacts, u32)> {
         _ => None,
     };
     let mut facts = interface_facts(&link, &addresses, &routes, parent);
-    // Settings are a restore's nicety: defaults that cannot be read cost them, not the facts.
-    facts.settings = sysctl::defaults(kernel.pod_netns())
-        .ok()
-        .map(|defaults| differing_settings(&link.settings, &defaults));
+    facts.settings = Some(settings_of(&link.settings));
     Ok((facts, link.index))
 }
 
-/// The link's values that differ from the netns's defaults: what a link made anew would not
-/// have by itself.
-fn differing_settings(
-    link: &[(Family, &'static str, i32)],
-    defaults: &[(Family, &'static str, i32)],
-) -> InterfaceSettings {
+/// The link's values that differ from the kernel's defaults (`sysctl::RESTORED`); one not
+/// recorded is the default.
+fn settings_of(link: &[(Family, &'static str, i32)]) -> InterfaceSettings {
     let mut settings = InterfaceSettings::default();
     for &(family, key, value) in link {
-        let default = defaults
-            .iter()
-            .find(|(f, k, _)| *f == family && *k == key)
-            .map(|(_, _, v)| *v);
-        if default.is_some_and(|default| default != value) {
+        if sysctl::kernel_default(family, key).is_some_and(|default| default != value) {
             match family {
                 Family::Ipv4 => settings.ipv4.insert(key.to_string(), value),
                 Family::Ipv6 => settings.ipv6.insert(key.to_string(), value),
@@ -458,22 +435,18 @@ mod tests {
     }
 
     #[test]
-    fn only_settings_that_differ_from_the_defaults_are_recorded() {
+    fn only_settings_that_differ_from_the_kernels_defaults_are_recorded() {
         let link = [
             (Family::Ipv4, "arp_ignore", 1),
-            (Family::Ipv4, "rp_filter", 2),
+            (Family::Ipv4, "rp_filter", 0),
             (Family::Ipv6, "addr_gen_mode", 1),
             (Family::Ipv6, "accept_ra", 1),
+            (Family::Ipv6, "accept_dad", 0),
         ];
-        let defaults = [
-            (Family::Ipv4, "arp_ignore", 0),
-            (Family::Ipv4, "rp_filter", 2),
-            (Family::Ipv6, "addr_gen_mode", 0),
-        ];
-        let settings = differing_settings(&link, &defaults);
+        let settings = settings_of(&link);
         assert_eq!(
             serde_json::to_string(&settings).unwrap(),
-            r#"{"ipv4":{"arp_ignore":1},"ipv6":{"addr_gen_mode":1}}"#
+            r#"{"ipv4":{"arp_ignore":1},"ipv6":{"accept_dad":0,"addr_gen_mode":1}}"#
         );
     }
 

@@ -6,7 +6,8 @@
 //! A raw ICMPv6 socket made inside the pod's netns (`netns::inside`), bound to the address
 //! it advertises: the kernel adds the IPv6 header and the checksum, and picks the multicast
 //! MAC of ff02::1. Sent only once duplicate address detection has settled: advertising an
-//! address another node holds, with Override, would take its traffic away.
+//! address another node holds, with Override, would take its traffic away. Where the link
+//! does no detection of its own, `Prober` sends the kernel's probe for it.
 
 use std::io;
 use std::net::{Ipv6Addr, SocketAddrV6};

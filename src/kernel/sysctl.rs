@@ -32,36 +32,50 @@ impl Family {
 /// The settings ADD records and a restore writes back: what changes how the interface
 /// answers and speaks on the wire (ARP, reverse-path filtering, forwarding) and which IPv6
 /// addresses it makes, detects and accepts (router advertisements, SLAAC, DAD, the
-/// link-local's generation). The kernel reports the interface's values with the link, in
-/// the netlink answer ADD reads anyway; only their defaults cost a file read each, so the
-/// list is kept to these. Counters, timers and logging are left out: losing them costs no
-/// traffic.
-pub const RESTORED: &[(Family, &str)] = &[
-    (Family::Ipv4, "forwarding"),
-    (Family::Ipv4, "rp_filter"),
-    (Family::Ipv4, "proxy_arp"),
-    (Family::Ipv4, "arp_ignore"),
-    (Family::Ipv4, "arp_announce"),
-    (Family::Ipv4, "arp_filter"),
-    (Family::Ipv4, "arp_notify"),
-    (Family::Ipv4, "accept_local"),
-    (Family::Ipv4, "route_localnet"),
-    (Family::Ipv6, "forwarding"),
-    (Family::Ipv6, "accept_ra"),
-    (Family::Ipv6, "autoconf"),
-    (Family::Ipv6, "accept_dad"),
-    (Family::Ipv6, "dad_transmits"),
-    (Family::Ipv6, "disable_ipv6"),
-    (Family::Ipv6, "use_tempaddr"),
-    (Family::Ipv6, "addr_gen_mode"),
+/// link-local's generation). Counters, timers and logging are left out: losing them costs no
+/// traffic. Each with the kernel's built-in default (a new netns's IPv6 `conf/default`; its
+/// IPv4 one copies the host's by default, `net.core.devconf_inherit_init_net`).
+///
+/// ADD records those of the interface's values that differ from the kernel's default: the
+/// values come with the netlink answer it reads anyway, and comparing them with this table
+/// reads no file, where reading the netns's `conf/default` files would cost each ADD 17 opens
+/// in the pod's netns. A value not recorded is the kernel's default, so a restore knows each
+/// one and writes those that differ from what its netns gives a new link.
+pub const RESTORED: &[(Family, &str, i32)] = &[
+    (Family::Ipv4, "forwarding", 0),
+    (Family::Ipv4, "rp_filter", 0),
+    (Family::Ipv4, "proxy_arp", 0),
+    (Family::Ipv4, "arp_ignore", 0),
+    (Family::Ipv4, "arp_announce", 0),
+    (Family::Ipv4, "arp_filter", 0),
+    (Family::Ipv4, "arp_notify", 0),
+    (Family::Ipv4, "accept_local", 0),
+    (Family::Ipv4, "route_localnet", 0),
+    (Family::Ipv6, "forwarding", 0),
+    (Family::Ipv6, "accept_ra", 1),
+    (Family::Ipv6, "autoconf", 1),
+    (Family::Ipv6, "accept_dad", 1),
+    (Family::Ipv6, "dad_transmits", 1),
+    (Family::Ipv6, "disable_ipv6", 0),
+    (Family::Ipv6, "use_tempaddr", 0),
+    (Family::Ipv6, "addr_gen_mode", 0),
 ];
 
-/// The netns's `conf/default` value of each of `RESTORED`, read from inside `netns`; a
-/// family the kernel has turned off altogether (no `/proc/sys/net/ipv6`) has none.
+/// The kernel's default of a setting of `RESTORED`.
+pub fn kernel_default(family: Family, key: &str) -> Option<i32> {
+    RESTORED
+        .iter()
+        .find(|(f, k, _)| *f == family && *k == key)
+        .map(|(_, _, default)| *default)
+}
+
+/// The netns's `conf/default` value of each of `RESTORED`, read from inside `netns`: what a
+/// link made there now starts with. A family the kernel has turned off altogether (no
+/// `/proc/sys/net/ipv6`) has none.
 pub fn defaults(netns: &Netns) -> Result<Vec<(Family, &'static str, i32)>> {
     netns::inside(netns, || {
         let mut values = Vec::with_capacity(RESTORED.len());
-        for (family, key) in RESTORED {
+        for (family, key, _) in RESTORED {
             let path = format!("/proc/sys/net/{}/conf/default/{key}", family.dir());
             match fs::read_to_string(&path) {
                 Ok(text) => values.extend(text.trim().parse().ok().map(|v| (*family, *key, v))),

@@ -221,7 +221,7 @@ fn restored_settings(families: &[AfSpecUnspec]) -> Vec<(Family, &'static str, i3
     }
     RESTORED
         .iter()
-        .filter_map(|&(family, key)| {
+        .filter_map(|&(family, key, _)| {
             let value = match family {
                 Family::Ipv4 => ipv4_value(ipv4.as_ref()?, key),
                 Family::Ipv6 => ipv6_value(ipv6.as_ref()?, key),

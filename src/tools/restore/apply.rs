@@ -40,6 +40,15 @@ pub fn look(kernel: &Kernel, record: &Checkpoint) -> Result<Seen> {
             .collect(),
         _ => Vec::new(),
     };
+    let new_link_defaults = match (&present, facts) {
+        (
+            None,
+            Some(InterfaceFacts {
+                settings: Some(_), ..
+            }),
+        ) => sysctl::defaults(kernel.pod_netns())?,
+        _ => Vec::new(),
+    };
     let interface_present = present.is_some();
     let addresses = present
         .map(|(_, addresses, _)| addresses)
@@ -54,6 +63,7 @@ pub fn look(kernel: &Kernel, record: &Checkpoint) -> Result<Seen> {
             addresses,
             dad_failed,
             detection,
+            new_link_defaults,
             ..Seen::default()
         });
     };
@@ -67,6 +77,7 @@ pub fn look(kernel: &Kernel, record: &Checkpoint) -> Result<Seen> {
         addresses,
         dad_failed,
         detection,
+        new_link_defaults,
         parent: parent_now,
         vlan_lower,
     })
@@ -93,11 +104,14 @@ fn detection(
                 None => sysctl::read_conf(netns, Family::Ipv6, &record.if_name, key),
             };
         }
-        match facts
-            .and_then(|f| f.settings.as_ref())
-            .and_then(|s| s.get(Family::Ipv6, key))
-        {
-            Some(recorded) => Ok(recorded),
+        // The restore writes every recorded setting; one not recorded was the kernel's default.
+        match facts.and_then(|f| f.settings.as_ref()) {
+            Some(settings) => settings
+                .get(Family::Ipv6, key)
+                .or(sysctl::kernel_default(Family::Ipv6, key))
+                .ok_or_else(|| {
+                    GuardError::new(Kind::Netlink, format!("no default known for {key}"))
+                }),
             None => sysctl::read_conf(netns, Family::Ipv6, "default", key),
         }
     };

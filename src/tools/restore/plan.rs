@@ -294,6 +294,9 @@ pub struct Seen {
     pub dad_failed: Vec<Ipv6Addr>,
     /// How the interface (the present one, or the one to be made) checks its IPv6 addresses.
     pub detection: Detection,
+    /// What a link made in the pod's netns now starts with (its `conf/default`), of each of
+    /// `sysctl::RESTORED`: the recorded settings that differ are written.
+    pub new_link_defaults: Vec<(Family, &'static str, i32)>,
     /// The recorded parent, looked up by name on the host.
     pub parent: Option<LinkState>,
     /// The recorded parent's lower link, when the parent is a vlan and is missing.
@@ -411,6 +414,7 @@ pub fn plan(if_name: &str, links: Option<&LinkFacts>, seen: &Seen) -> Decision {
         mac.clone(),
         mode.clone(),
         &seen.detection,
+        &seen.new_link_defaults,
     ));
     Decision::Rebuild(steps)
 }
@@ -422,6 +426,7 @@ fn pod_steps(
     mac: String,
     mode: String,
     detection: &Detection,
+    new_link_defaults: &[(Family, &'static str, i32)],
 ) -> Vec<Step> {
     let name = if_name.to_string();
     let mut steps = vec![Step::CreateMacvlan {
@@ -432,14 +437,19 @@ fn pod_steps(
         mtu: facts.mtu,
     }];
     match &facts.settings {
-        Some(settings) => {
-            steps.extend(settings.each().map(|(family, key, value)| Step::SetSysctl {
-                name: name.clone(),
-                family,
-                key: key.to_string(),
-                value,
-            }))
-        }
+        Some(settings) => steps.extend(new_link_defaults.iter().filter_map(
+            |&(family, key, netns_default)| {
+                let value = settings
+                    .get(family, key)
+                    .or(sysctl::kernel_default(family, key))?;
+                (value != netns_default).then(|| Step::SetSysctl {
+                    name: name.clone(),
+                    family,
+                    key: key.to_string(),
+                    value,
+                })
+            },
+        )),
         None => steps.push(Step::SettingsNotRecorded { name: name.clone() }),
     }
     steps.push(Step::SetUp { name: name.clone() });
@@ -674,6 +684,10 @@ mod tests {
         })
     }
 
+    fn kernel_defaults() -> Vec<(Family, &'static str, i32)> {
+        sysctl::RESTORED.to_vec()
+    }
+
     fn texts(decision: Decision) -> Vec<String> {
         match decision {
             Decision::Rebuild(steps) => steps.iter().map(Step::to_string).collect(),
@@ -736,6 +750,7 @@ mod tests {
     fn a_lost_vlan_parent_is_recreated_on_its_lower_link() {
         let seen = Seen {
             interface_present: false,
+            new_link_defaults: kernel_defaults(),
             parent: None,
             vlan_lower: Some(link("bond4", true)),
             ..Seen::default()
@@ -762,6 +777,7 @@ mod tests {
     fn ipv6_addresses_are_waited_for_beside_the_ipv4_probe_then_all_announced() {
         let seen = Seen {
             interface_present: false,
+            new_link_defaults: kernel_defaults(),
             parent: Some(link("bond4.3", true)),
             vlan_lower: None,
             ..Seen::default()
@@ -789,6 +805,7 @@ mod tests {
     fn where_the_link_does_no_detection_the_guard_probes_before_adding() {
         let seen = Seen {
             interface_present: false,
+            new_link_defaults: kernel_defaults(),
             parent: Some(link("bond4.3", true)),
             detection: Detection::Guard(
                 "the link does no duplicate address detection (accept_dad 0)".into(),
@@ -813,6 +830,7 @@ mod tests {
         );
         let noarp = Seen {
             interface_present: false,
+            new_link_defaults: kernel_defaults(),
             parent: Some(link("bond4.3", true)),
             detection: Detection::Nothing(
                 "the link is NOARP: it does no neighbour discovery".into(),
@@ -838,6 +856,7 @@ mod tests {
         facts.settings = None;
         let seen = Seen {
             interface_present: false,
+            new_link_defaults: kernel_defaults(),
             parent: Some(link("bond4.3", true)),
             ..Seen::default()
         };
@@ -931,6 +950,7 @@ mod tests {
     fn a_down_lower_link_is_brought_up_first() {
         let seen = Seen {
             interface_present: false,
+            new_link_defaults: kernel_defaults(),
             parent: None,
             vlan_lower: Some(link("bond4", false)),
             ..Seen::default()
@@ -944,6 +964,7 @@ mod tests {
     fn a_present_parent_is_reused() {
         let seen = Seen {
             interface_present: false,
+            new_link_defaults: kernel_defaults(),
             parent: Some(link("bond4.3", true)),
             vlan_lower: None,
             ..Seen::default()

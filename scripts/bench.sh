@@ -610,7 +610,7 @@ row "\`--dump-checkpoints --output table\`, $LARGE_RECORDS records" dump_table '
 
 if [[ -n $baseline_bin ]]; then
   echo
-  echo "Beside the baseline binary ($baseline_bin, $(stat -c %s "$baseline_bin") bytes), in the same rounds: ADD and DEL with $SMALL_RECORDS records; \\`--restore --all\\` of $RESTORE_PODS dual-stack macvlan pods after their master was re-created (median of $RESTORE_RUNS runs each, alternating)."
+  echo "Beside the baseline binary ($baseline_bin, $(stat -c %s "$baseline_bin") bytes), in the same rounds: ADD and DEL with $SMALL_RECORDS records; \`--restore --all\` of $RESTORE_PODS dual-stack macvlan pods after their master was re-created (median of $RESTORE_RUNS runs each, alternating)."
   echo
   echo "| Case | Baseline median (ms) | This binary median (ms) | Difference (ms) | Ratio |"
   echo "| --- | ---: | ---: | ---: | --- |"

@@ -13,6 +13,9 @@
 # LARGE_RECORDS (10000), SMALL_RECORDS (10), DUMP_RUNS (7), RSS_RUNS (5), BENCH_BASE_DIR (/var/lib) where
 # the state dirs live, BURST (150) ADDs of new pods in a row, BURST_RUNS (7) bursts of each, FS_ITERATIONS (200)
 # rounds on each loop-mounted file system (BENCH_FILESYSTEMS, "ext4 xfs"; empty: none), SANDBOX_GUARD_BIN to benchmark an already built binary instead of building one,
+# BASELINE_BIN (or BASELINE_REF, a git ref built into its own checkout and target dir) an earlier binary timed
+# beside this one in the same rounds: its ADD and DEL, and `--restore` of RESTORE_PODS (50) dual-stack macvlan
+# pods RESTORE_RUNS (5) times each, alternating at random;
 # GUARD_KEYS extra keys of the guard's entry (JSON members with a leading comma; @WORK@ stands for the
 # run's work dir, e.g. ',"metricsFile":"@WORK@/sg.prom"') to measure what a key costs against a run
 # without it.
@@ -43,6 +46,10 @@ BENCH_FILESYSTEMS=${BENCH_FILESYSTEMS-ext4 xfs}
 # starting its pods (a burst of ADDs of new pods, no DEL between) below as many of tuning's.
 readonly MAX_ADD_RATIO=0.70 MAX_DEL_RATIO=0.55 MAX_ADD_DEL_RATIO=0.6 MAX_VERSION_RATIO=0.45 MAX_BURST_RATIO=0.85
 readonly MAX_GROWTH_RATIO=1.20 MAX_DUMP_MS=500 MAX_RSS_KIB=3072
+# A node's restore of its dual-stack pods against the baseline binary's, when one is given.
+readonly MAX_RESTORE_RATIO=1.10
+RESTORE_PODS=${RESTORE_PODS:-50}
+RESTORE_RUNS=${RESTORE_RUNS:-5}
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly repo
@@ -69,15 +76,32 @@ build_release() {
   [[ -x $guard_bin ]] || die "no executable at $guard_bin"
 }
 
+# The baseline: a binary given, or a git ref exported into a checkout of its own (under target/, with its own
+# target dir) and built there the same way.
+build_baseline() {
+  baseline_bin=${BASELINE_BIN:-}
+  if [[ -z $baseline_bin && -n ${BASELINE_REF:-} ]]; then
+    local checkout=$repo/target/baseline-src
+    say "building the baseline binary from $BASELINE_REF"
+    # Its target dir stays from one run to the next: only the sources are replaced.
+    mkdir -p "$checkout" && find "$checkout" -mindepth 1 -maxdepth 1 ! -name target -exec rm -rf {} +
+    git -C "$repo" archive "$BASELINE_REF" | tar -x -C "$checkout" || die "cannot export $BASELINE_REF"
+    baseline_bin=$(build_plugin "$checkout") || die "cargo build of $BASELINE_REF failed"
+  fi
+  [[ -z $baseline_bin || -x $baseline_bin ]] || die "no executable at $baseline_bin"
+}
+
 work='' netns='' primary_bridge=''
 declare -A mode_netns=() # delegate-cost mode -> its netns
+restore_netns=() restore_masters=() # the restore comparison's pods, LANs and masters
 mounts=()                # loop-mounted file systems
 
 # shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
   local ns
   [[ -n $netns ]] && ip netns del "$netns" 2>/dev/null # takes the veth pair with it
-  for ns in "${mode_netns[@]}"; do ip netns del "$ns" 2>/dev/null; done
+  for ns in "${mode_netns[@]}" "${restore_netns[@]}"; do ip netns del "$ns" 2>/dev/null; done
+  for ns in "${restore_masters[@]}"; do ip link del "$ns" 2>/dev/null; done
   [[ -n $primary_bridge ]] && ip link del "$primary_bridge" 2>/dev/null
   for ns in "${mounts[@]}"; do umount "$ns" 2>/dev/null; done
   [[ -n $work ]] && rm -rf -- "$work"
@@ -88,6 +112,7 @@ trap 'exit 2' INT TERM HUP
 
 need_packages containernetworking-plugins time iproute2 jq file e2fsprogs xfsprogs
 build_release
+build_baseline
 
 mkdir -p "$BENCH_BASE_DIR"
 work=$(mktemp -d "$BENCH_BASE_DIR/sandbox-guard-bench.XXXXXX")
@@ -104,7 +129,7 @@ ip link add "sgb$$" type veth peer name "$ifname" netns "$netns"
 guard_keys=${GUARD_KEYS:-}
 guard_keys=${guard_keys//@WORK@/$work}
 version_input='{"cniVersion":"1.0.0"}'
-small_state=$work/state-small large_state=$work/state-large
+small_state=$work/state-small large_state=$work/state-large baseline_state=$work/state-baseline
 
 # One pod attachment: container, pod, UID, address and MACs all derive from a serial, so no two ADDs of the
 # run share any of them (a shared address would make every ADD look like the IP reuse the guard reports).
@@ -137,6 +162,7 @@ cni() { # binary verb stdin-text; the current attachment
     "${launcher[@]}" "$1" <<<"$3"
 }
 guard() { cni "$guard_bin" "$@"; }
+baseline() { cni "$baseline_bin" "$@"; }
 tuning() { cni "$tuning_bin" "$@"; }
 
 declare -A samples=() # case label -> space-separated microseconds
@@ -189,6 +215,9 @@ populate() { # state count
 }
 populate "$small_state" "$SMALL_RECORDS"
 populate "$large_state" "$LARGE_RECORDS"
+if [[ -n $baseline_bin ]]; then
+  guard_bin=$baseline_bin populate "$baseline_state" "$SMALL_RECORDS"
+fi
 
 # --- Latency: one round runs every case once, in a fresh random order. A fixed order would charge costs one
 # case defers to the same next case every time: an fsync also flushes whatever an earlier run left unsynced.
@@ -214,9 +243,14 @@ run_case() { # case
     timed "guard_add_$1" guard ADD "${round_input[$1]}"
     timed "guard_del_$1" guard DEL "${round_input[$1]}"
     ;;
+  baseline)
+    timed baseline_add baseline ADD "${round_input[baseline]}"
+    timed baseline_del baseline DEL "${round_input[baseline]}"
+    ;;
   esac
 }
 cases=(spawn tuning_version guard_version tuning_add small large)
+[[ -z $baseline_bin ]] || cases+=(baseline)
 declare -A round_input=() # tuning, small, large -> stdin text
 say "timing $ITERATIONS rounds (+$WARMUP warm-up) of: ${cases[*]}"
 for ((round = 0; round < WARMUP + ITERATIONS; round++)); do
@@ -226,6 +260,7 @@ for ((round = 0; round < WARMUP + ITERATIONS; round++)); do
   plugin_config 'round_input[tuning]' tuning
   guard_config 'round_input[small]' "$small_state"
   guard_config 'round_input[large]' "$large_state"
+  guard_config 'round_input[baseline]' "$baseline_state"
   shuffled order "${cases[@]}"
   for case in "${order[@]}"; do run_case "$case"; done
 done
@@ -391,6 +426,71 @@ for ((round = 0; round < WARMUP + ITERATIONS; round++)); do
 done
 [[ -z $(leftovers) ]] || contract "the rounds left $(leftovers | wc -l) files, e.g. $(leftovers | head -n 1)"
 
+# --- `--restore` of a node's dual-stack pods after a NIC driver reload, this binary beside the baseline.
+# Each binary gets a LAN of its own: a veth end in the host as the macvlan master (what a NIC would be), its
+# peer in a netns as the router at .1 and ::1, and RESTORE_PODS pods on it, each added by Debian's reference
+# macvlan with host-local (a v4 and a v6 range, a default route each), then by that binary (which checkpoints
+# its link facts). A run deletes and re-creates the master, which takes every pod's macvlan along as a driver
+# reload does, and times `--restore --all` until it returns with every pod back (exit 0). The runs of the two
+# alternate in a random order. The IPv6 detection a restore waits for takes 1-2 s whatever the machine's load.
+restore_lan() { # label second-octet -> re-creates the label's master and the router end
+  local lan=sgrl-$1-$$ n=$2 master=sgrm${1:0:1}$$ uplink=sgru${1:0:1}$$
+  ip link del "$master" 2>/dev/null || true
+  ip link add "$master" type veth peer name "$uplink" netns "$lan"
+  ip link set "$master" up
+  ip -n "$lan" addr add "10.$n.0.1/16" dev "$uplink"
+  ip -n "$lan" -6 addr add "fd00:$n::1/64" dev "$uplink" nodad
+  ip -n "$lan" link set "$uplink" up
+}
+restore_setup() { # label binary second-octet
+  local label=$1 bin=$2 n=$3 pod config result k
+  local lan=sgrl-$label-$$ state=$work/restore-state-$label
+  restore_netns+=("$lan") restore_masters+=("sgrm${label:0:1}$$")
+  ip netns add "$lan"
+  restore_lan "$label" "$n"
+  config='{"cniVersion":"1.0.0","name":"restorenet-'$label'","type":"macvlan","master":"sgrm'${label:0:1}$$'","mode":"bridge","ipam":{"type":"host-local","dataDir":"'$work/restore-ipam-$label'","ranges":[[{"subnet":"10.'$n'.0.0/16"}],[{"subnet":"fd00:'$n'::/64"}]],"routes":[{"dst":"0.0.0.0/0","gw":"10.'$n'.0.1"},{"dst":"::/0","gw":"fd00:'$n'::1"}]}}'
+  for ((k = 0; k < RESTORE_PODS; k++)); do
+    pod=sgrp-$label-$k-$$
+    restore_netns+=("$pod")
+    ip netns add "$pod"
+    # The primary waits for its IPv6 detection: the pods are added side by side.
+    CNI_COMMAND=ADD CNI_CONTAINERID=$label$k CNI_NETNS=/run/netns/$pod CNI_IFNAME=$ifname CNI_PATH=$cni_dir \
+      "$cni_dir/macvlan" <<<"$config" >"$work/restore-result-$label-$k" &
+  done
+  wait || die "a reference macvlan ADD failed for the $label restore pods"
+  for ((k = 0; k < RESTORE_PODS; k++)); do
+    result=$(<"$work/restore-result-$label-$k")
+    CNI_COMMAND=ADD CNI_CONTAINERID=$label$k CNI_NETNS=/run/netns/sgrp-$label-$k-$$ CNI_IFNAME=$ifname \
+      CNI_PATH=$cni_dir CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=$pod_namespace;K8S_POD_NAME=restore-$k;K8S_POD_INFRA_CONTAINER_ID=$label$k;K8S_POD_UID=uid-$label-$k" \
+      "$bin" <<<'{"cniVersion":"1.0.0","name":"restorenet-'$label'","type":"sandbox-guard","stateDir":"'$state'","prevResult":'"$result"'}' \
+      >/dev/null || die "the $label binary's ADD of restore pod $k failed"
+  done
+}
+restore_run() { # label binary second-octet
+  local out start
+  restore_lan "$1" "$3"
+  start=${EPOCHREALTIME/./}
+  out=$("$2" --restore --all --state-dir "$work/restore-state-$1" 2>&1) ||
+    die "the $1 binary's restore failed: $out"
+  samples[restore_$1]+="$((${EPOCHREALTIME/./} - start)) "
+  grep -q "$RESTORE_PODS restored" <<<"$out" || die "the $1 binary did not restore $RESTORE_PODS pods: $out"
+}
+if [[ -n $baseline_bin ]]; then
+  say "setting up $RESTORE_PODS dual-stack macvlan pods for each binary's --restore"
+  restore_setup guard "$guard_bin" 251
+  restore_setup baseline "$baseline_bin" 252
+  say "timing $RESTORE_RUNS --restore runs of $RESTORE_PODS dual-stack pods: this binary and the baseline"
+  for ((run = 0; run < RESTORE_RUNS; run++)); do
+    shuffled order guard baseline
+    for who in "${order[@]}"; do
+      case $who in
+      guard) restore_run guard "$guard_bin" 251 ;;
+      baseline) restore_run baseline "$baseline_bin" 252 ;;
+      esac
+    done
+  done
+fi
+
 # --- Peak RSS (GNU time's %M, KiB): the highest of RSS_RUNS runs of each. ---
 declare -A rss=()
 rss_run() { # label command...
@@ -474,6 +574,11 @@ done
 for label in guard_version guard_add_small guard_del_small guard_add_large guard_del_large dump_json dump_table; do
   verdict "peak RSS of $label ${rss[$label]} KiB (<= $MAX_RSS_KIB KiB)" "${rss[$label]} <= $MAX_RSS_KIB"
 done
+if [[ -n $baseline_bin ]]; then
+  restore_ratio=$(calc "${p50[restore_guard]} / ${p50[restore_baseline]}")
+  verdict "--restore of $RESTORE_PODS dual-stack pods ${p50[restore_guard]} ms is ${restore_ratio}x the baseline's ${p50[restore_baseline]} ms (<= $MAX_RESTORE_RATIO)" \
+    "${p50[restore_guard]} <= $MAX_RESTORE_RATIO * ${p50[restore_baseline]}"
+fi
 if ((${#contract_problems[@]})); then
   failed=1
   echo
@@ -502,6 +607,18 @@ row "sandbox-guard ADD, $LARGE_RECORDS records" guard_add_large "$add_growth x A
 row "sandbox-guard DEL, $LARGE_RECORDS records" guard_del_large "$del_growth x DEL, $SMALL_RECORDS records"
 row "\`--dump-checkpoints --output json\`, $LARGE_RECORDS records" dump_json '-'
 row "\`--dump-checkpoints --output table\`, $LARGE_RECORDS records" dump_table '-'
+
+if [[ -n $baseline_bin ]]; then
+  echo
+  echo "Beside the baseline binary ($baseline_bin, $(stat -c %s "$baseline_bin") bytes), in the same rounds: ADD and DEL with $SMALL_RECORDS records; \`--restore --all\` of $RESTORE_PODS dual-stack macvlan pods after their master was re-created (median of $RESTORE_RUNS runs each, alternating)."
+  echo
+  echo "| Case | Baseline median (ms) | This binary median (ms) | Difference (ms) | Ratio |"
+  echo "| --- | ---: | ---: | ---: | --- |"
+  for pair in "ADD:baseline_add:guard_add_small" "DEL:baseline_del:guard_del_small" "--restore, $RESTORE_PODS pods:restore_baseline:restore_guard"; do
+    IFS=: read -r name old new <<<"$pair"
+    printf '| %s | %.2f | %.2f | %+.2f | %s x |\n' "$name" "${p50[$old]}" "${p50[$new]}" "$(calc "${p50[$new]} - ${p50[$old]}")" "$(calc "${p50[$new]} / ${p50[$old]}")"
+  done
+fi
 
 echo
 echo "Bursts of $BURST ADDs of new pods in a row (median of $BURST_RUNS bursts each, the sum of the execs' times, ms; per ADD in brackets):"

@@ -5,6 +5,7 @@
 //! The primary's result names the interface, its MAC and addresses, but not its kind, its
 //! macvlan mode, its parent or the parent's VLAN: those come from netlink here.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::Path;
 
@@ -12,6 +13,7 @@ use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 
 use super::netlink::{self, Dad, Kernel, LinkState, RouteState, Side};
+use super::sysctl::{self, Family};
 use crate::error::{Kind, Result};
 
 /// Stored in the checkpoint as `links`.
@@ -43,6 +45,30 @@ pub struct InterfaceFacts {
     pub routes: Vec<RouteFacts>,
     /// The host link the interface hangs off: a macvlan's master, a veth's host end.
     pub parent: Option<ParentFacts>,
+    /// Its settings of `sysctl::RESTORED` that differed from the kernel's defaults at ADD (one
+    /// left out had the default); None in records of earlier releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<InterfaceSettings>,
+}
+
+/// `net.ipv4.conf.<if>.<key>` and `net.ipv6.conf.<if>.<key>` values, by key
+/// (`addr_gen_mode` is `ip link`'s `addrgenmode`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct InterfaceSettings {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ipv4: BTreeMap<String, i32>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ipv6: BTreeMap<String, i32>,
+}
+
+impl InterfaceSettings {
+    pub fn get(&self, family: Family, key: &str) -> Option<i32> {
+        match family {
+            Family::Ipv4 => self.ipv4.get(key),
+            Family::Ipv6 => self.ipv6.get(key),
+        }
+        .copied()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,10 +143,24 @@ fn observe(kernel: &Kernel, if_name: &str) -> Result<(InterfaceFacts, u32)> {
             .transpose()?,
         _ => None,
     };
-    Ok((
-        interface_facts(&link, &addresses, &routes, parent),
-        link.index,
-    ))
+    let mut facts = interface_facts(&link, &addresses, &routes, parent);
+    facts.settings = Some(settings_of(&link.settings));
+    Ok((facts, link.index))
+}
+
+/// The link's values that differ from the kernel's defaults (`sysctl::RESTORED`); one not
+/// recorded is the default.
+fn settings_of(link: &[(Family, &'static str, i32)]) -> InterfaceSettings {
+    let mut settings = InterfaceSettings::default();
+    for &(family, key, value) in link {
+        if sysctl::kernel_default(family, key).is_some_and(|default| default != value) {
+            match family {
+                Family::Ipv4 => settings.ipv4.insert(key.to_string(), value),
+                Family::Ipv6 => settings.ipv6.insert(key.to_string(), value),
+            };
+        }
+    }
+    settings
 }
 
 fn parent_facts(kernel: &Kernel, parent: LinkState) -> Result<ParentFacts> {
@@ -179,6 +219,7 @@ fn interface_facts(
             })
             .collect(),
         parent,
+        settings: None,
     }
 }
 
@@ -326,6 +367,8 @@ mod tests {
             parent_elsewhere: true,
             up: true,
             carrier: true,
+            noarp: false,
+            settings: Vec::new(),
         }
     }
 
@@ -389,6 +432,32 @@ mod tests {
         let dsts: Vec<String> = facts.routes.iter().map(|r| r.dst.to_string()).collect();
         assert_eq!(dsts, ["0.0.0.0/0", "10.9.0.0/16"]);
         assert!(facts.routes[1].link_scope);
+    }
+
+    #[test]
+    fn only_settings_that_differ_from_the_kernels_defaults_are_recorded() {
+        let link = [
+            (Family::Ipv4, "arp_ignore", 1),
+            (Family::Ipv4, "rp_filter", 0),
+            (Family::Ipv6, "addr_gen_mode", 1),
+            (Family::Ipv6, "accept_ra", 1),
+            (Family::Ipv6, "accept_dad", 0),
+        ];
+        let settings = settings_of(&link);
+        assert_eq!(
+            serde_json::to_string(&settings).unwrap(),
+            r#"{"ipv4":{"arp_ignore":1},"ipv6":{"accept_dad":0,"addr_gen_mode":1}}"#
+        );
+    }
+
+    #[test]
+    fn records_of_earlier_releases_have_no_settings() {
+        let old = r#"{"state":"observed","name":"eth0","kind":"macvlan","mtu":1500,"mac":null,
+            "addresses":[],"routes":[],"parent":null}"#;
+        let LinkFacts::Observed(facts) = serde_json::from_str(old).unwrap() else {
+            panic!()
+        };
+        assert_eq!(facts.settings, None);
     }
 
     #[test]

@@ -24,6 +24,7 @@ use std::time::Duration;
 use ipnetwork::IpNetwork;
 
 use super::netns::{self, Netns};
+use super::sysctl::Family;
 use crate::error::{GuardError, Kind, Result};
 
 pub use read::{Side, main_routes_here};
@@ -53,6 +54,10 @@ pub struct LinkState {
     pub up: bool,
     /// IFF_LOWER_UP: the link has carrier. A macvlan has it when its parent has.
     pub carrier: bool,
+    /// IFF_NOARP: the link does no ARP nor IPv6 neighbour discovery.
+    pub noarp: bool,
+    /// Its values of `sysctl::RESTORED`, as the kernel reports them with the link.
+    pub settings: Vec<(Family, &'static str, i32)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

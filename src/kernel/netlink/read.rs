@@ -4,7 +4,8 @@ use ipnetwork::IpNetwork;
 use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
-    InfoData, InfoMacVlan, InfoVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVlanMode,
+    AfSpecInet, AfSpecInet6, AfSpecUnspec, Inet6DevConf, InetDevConf, InfoData, InfoMacVlan,
+    InfoVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVlanMode,
 };
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
@@ -14,6 +15,7 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use super::socket::{NlError, RouteSocket};
 use super::{Dad, Kernel, LinkState, RouteState, errno, failed};
 use crate::error::Result;
+use crate::kernel::sysctl::{Family, RESTORED};
 
 const RT_TABLE_MAIN: u32 = 254;
 
@@ -159,6 +161,8 @@ fn link_state(message: &LinkMessage) -> LinkState {
         parent_elsewhere: false,
         up: message.header.flags.contains(LinkFlags::Up),
         carrier: message.header.flags.contains(LinkFlags::LowerUp),
+        noarp: message.header.flags.contains(LinkFlags::Noarp),
+        settings: Vec::new(),
     };
     for attribute in &message.attributes {
         match attribute {
@@ -167,6 +171,7 @@ fn link_state(message: &LinkMessage) -> LinkState {
             LinkAttribute::Address(bytes) if !bytes.is_empty() => link.mac = Some(mac_text(bytes)),
             LinkAttribute::Link(index) => link.parent_index = Some(*index),
             LinkAttribute::LinkNetNsId(_) => link.parent_elsewhere = true,
+            LinkAttribute::AfSpecUnspec(families) => link.settings = restored_settings(families),
             LinkAttribute::LinkInfo(infos) => {
                 for info in infos {
                     match info {
@@ -191,6 +196,68 @@ fn link_state(message: &LinkMessage) -> LinkState {
         }
     }
     link
+}
+
+/// The link's values of `sysctl::RESTORED`, from the per-family device configuration the
+/// kernel sends with every link (IFLA_AF_SPEC): no file to read for them.
+fn restored_settings(families: &[AfSpecUnspec]) -> Vec<(Family, &'static str, i32)> {
+    let (mut ipv4, mut ipv6) = (None, None);
+    for family in families {
+        match family {
+            AfSpecUnspec::Inet(values) => {
+                ipv4 = values.iter().find_map(|v| match v {
+                    AfSpecInet::DevConf(conf) => Some(*conf),
+                    _ => None,
+                });
+            }
+            AfSpecUnspec::Inet6(values) => {
+                ipv6 = values.iter().find_map(|v| match v {
+                    AfSpecInet6::DevConf(conf) => Some(*conf),
+                    _ => None,
+                });
+            }
+            _ => {}
+        }
+    }
+    RESTORED
+        .iter()
+        .filter_map(|&(family, key, _)| {
+            let value = match family {
+                Family::Ipv4 => ipv4_value(ipv4.as_ref()?, key),
+                Family::Ipv6 => ipv6_value(ipv6.as_ref()?, key),
+            }?;
+            Some((family, key, value))
+        })
+        .collect()
+}
+
+fn ipv4_value(conf: &InetDevConf, key: &str) -> Option<i32> {
+    Some(match key {
+        "forwarding" => conf.forwarding,
+        "rp_filter" => conf.rp_filter,
+        "proxy_arp" => conf.proxy_arp,
+        "arp_ignore" => conf.arp_ignore,
+        "arp_announce" => conf.arp_announce,
+        "arp_filter" => conf.arpfilter,
+        "arp_notify" => conf.arp_notify,
+        "accept_local" => conf.accept_local,
+        "route_localnet" => conf.route_localnet,
+        _ => return None,
+    })
+}
+
+fn ipv6_value(conf: &Inet6DevConf, key: &str) -> Option<i32> {
+    Some(match key {
+        "forwarding" => conf.forwarding,
+        "accept_ra" => conf.accept_ra,
+        "autoconf" => conf.autoconf,
+        "accept_dad" => conf.accept_dad,
+        "dad_transmits" => conf.dad_transmits,
+        "disable_ipv6" => conf.disable_ipv6,
+        "use_tempaddr" => conf.use_tempaddr,
+        "addr_gen_mode" => conf.addr_gen_mode,
+        _ => return None,
+    })
 }
 
 fn mac_text(bytes: &[u8]) -> String {

@@ -1,46 +1,69 @@
 //! Carrying a restore's plan out in the kernel, after looking at what is there.
 
-use std::net::Ipv6Addr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
-use super::plan::{DAD_PATIENCE, Seen, Step};
+use super::plan::{DAD_PATIENCE, Detection, PROBE_INTERVAL, PROBE_LISTEN, PROBES, Seen, Step};
 use super::report::Outcome;
 use crate::error::{GuardError, Kind, Result};
 use crate::kernel::link_facts::{InterfaceFacts, LinkFacts};
 use crate::kernel::netlink::{Dad, Kernel, LinkState, NewMacvlan, Side};
-use crate::kernel::{arp, ndisc, sysctl};
+use crate::kernel::sysctl::{self, Family};
+use crate::kernel::{arp, ndisc};
 use crate::state::checkpoint::Checkpoint;
 
 pub fn look(kernel: &Kernel, record: &Checkpoint) -> Result<Seen> {
-    let interface = kernel.link_by_name(Side::Pod, &record.if_name)?;
-    let interface_present = interface.is_some();
-    let dad_failed = match (&interface, &record.links) {
-        (Some(link), Some(LinkFacts::Observed(facts)))
-            if facts.addresses.iter().any(|a| a.is_ipv6()) =>
-        {
-            kernel
-                .ipv6_dad_states(link.index)?
-                .into_iter()
-                .filter(|(ip, dad)| {
-                    *dad == Dad::Failed
-                        && facts
-                            .addresses
-                            .iter()
-                            .any(|a| a.ip() == std::net::IpAddr::V6(*ip))
-                })
-                .map(|(ip, _)| ip)
-                .collect()
-        }
+    let present = kernel.link_with_addresses_and_routes(Side::Pod, &record.if_name)?;
+    let facts = match &record.links {
+        Some(LinkFacts::Observed(facts)) => Some(facts),
+        _ => None,
+    };
+    let has_ipv6 = facts.is_some_and(|f| f.addresses.iter().any(|a| a.is_ipv6()));
+    let detection = if has_ipv6 {
+        detection(
+            kernel,
+            record,
+            facts,
+            present.as_ref().map(|(link, _, _)| link),
+        )?
+    } else {
+        Detection::Kernel
+    };
+    let dad_failed = match (&present, facts) {
+        (Some((link, _, _)), Some(facts)) if has_ipv6 => kernel
+            .ipv6_dad_states(link.index)?
+            .into_iter()
+            .filter(|(ip, dad)| {
+                *dad == Dad::Failed && facts.addresses.iter().any(|a| a.ip() == IpAddr::V6(*ip))
+            })
+            .map(|(ip, _)| ip)
+            .collect(),
         _ => Vec::new(),
     };
-    let Some(LinkFacts::Observed(InterfaceFacts {
+    let new_link_defaults = match (&present, facts) {
+        (
+            None,
+            Some(InterfaceFacts {
+                settings: Some(_), ..
+            }),
+        ) => sysctl::defaults(kernel.pod_netns())?,
+        _ => Vec::new(),
+    };
+    let interface_present = present.is_some();
+    let addresses = present
+        .map(|(_, addresses, _)| addresses)
+        .unwrap_or_default();
+    let Some(InterfaceFacts {
         parent: Some(parent),
         ..
-    })) = &record.links
+    }) = facts
     else {
         return Ok(Seen {
             interface_present,
+            addresses,
             dad_failed,
+            detection,
+            new_link_defaults,
             ..Seen::default()
         });
     };
@@ -51,25 +74,100 @@ pub fn look(kernel: &Kernel, record: &Checkpoint) -> Result<Seen> {
     };
     Ok(Seen {
         interface_present,
+        addresses,
         dad_failed,
+        detection,
+        new_link_defaults,
         parent: parent_now,
         vlan_lower,
     })
 }
 
-/// Runs the steps in order after those `done` already; the first failure ends this
-/// sandbox's restore and is reported with the steps that did take effect.
-pub fn carry_out(kernel: &Kernel, mut done: Vec<Step>, steps: Vec<Step>) -> Outcome {
-    for step in steps {
-        if let Err(err) = apply(kernel, &step) {
-            return Outcome::Failed {
-                done,
-                error: format!("{step}: {}", err.msg),
+/// How the interface checks its IPv6 addresses: the present one by its own settings; one to
+/// be made by those it will have, its netns's defaults with what ADD recorded written over.
+fn detection(
+    kernel: &Kernel,
+    record: &Checkpoint,
+    facts: Option<&InterfaceFacts>,
+    present: Option<&LinkState>,
+) -> Result<Detection> {
+    let netns = kernel.pod_netns();
+    let all_accept_dad = sysctl::read_conf(netns, Family::Ipv6, "all", "accept_dad")?;
+    let value = |key: &str| -> Result<i32> {
+        if let Some(link) = present {
+            return match link
+                .settings
+                .iter()
+                .find(|(f, k, _)| *f == Family::Ipv6 && *k == key)
+            {
+                Some((_, _, value)) => Ok(*value),
+                None => sysctl::read_conf(netns, Family::Ipv6, &record.if_name, key),
             };
+        }
+        // The restore writes every recorded setting; one not recorded was the kernel's default.
+        match facts.and_then(|f| f.settings.as_ref()) {
+            Some(settings) => settings
+                .get(Family::Ipv6, key)
+                .or(sysctl::kernel_default(Family::Ipv6, key))
+                .ok_or_else(|| {
+                    GuardError::new(Kind::Netlink, format!("no default known for {key}"))
+                }),
+            None => sysctl::read_conf(netns, Family::Ipv6, "default", key),
+        }
+    };
+    let noarp = present.is_some_and(|link| link.noarp);
+    Ok(
+        match sysctl::detection_off(
+            all_accept_dad,
+            value("accept_dad")?,
+            value("dad_transmits")?,
+            noarp,
+        ) {
+            None => Detection::Kernel,
+            Some(why) if noarp => Detection::Nothing(why),
+            Some(why) => Detection::Guard(why),
+        },
+    )
+}
+
+/// Runs the steps in order after those `done` already. Consecutive checks for a holder of
+/// the pod's addresses run side by side (`check`). The first failure of any other step ends
+/// this sandbox's restore; a check that fails does not, but what runs after it is only what
+/// `Step::runs_after_a_failed_check` allows, and the sandbox is reported failed with the
+/// steps that did take effect.
+pub fn carry_out(kernel: &Kernel, mut done: Vec<Step>, steps: Vec<Step>) -> Outcome {
+    let mut steps = steps.into_iter().peekable();
+    let mut held: Vec<IpAddr> = Vec::new();
+    let mut failures: Vec<String> = Vec::new();
+    while let Some(step) = steps.next() {
+        if step.is_check() {
+            let mut checks = vec![step];
+            while let Some(next) = steps.next_if(Step::is_check) {
+                checks.push(next);
+            }
+            let found = check(kernel, &checks);
+            held.extend(found.held);
+            failures.extend(found.failures);
+            done.extend(checks);
+            continue;
+        }
+        if !failures.is_empty() && !step.runs_after_a_failed_check(&held) {
+            continue;
+        }
+        if let Err(err) = apply(kernel, &step) {
+            failures.push(format!("{step}: {}", err.msg));
+            break;
         }
         done.push(step);
     }
-    Outcome::Restored(done)
+    if failures.is_empty() {
+        Outcome::Restored(done)
+    } else {
+        Outcome::Failed {
+            done,
+            error: failures.join("; "),
+        }
+    }
 }
 
 fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
@@ -101,6 +199,13 @@ fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
                 mtu: Some(*mtu),
             })
         }
+        Step::SetSysctl {
+            name,
+            family,
+            key,
+            value,
+        } => sysctl::set_conf(kernel.pod_netns(), *family, name, key, *value),
+        Step::SettingsNotRecorded { .. } | Step::NoAdvertisement { .. } => Ok(()),
         Step::SetUp { name } => kernel.set_up(Side::Pod, name),
         Step::EnableIpv6 { name } => sysctl::enable_ipv6(kernel.pod_netns(), name),
         Step::AddAddress { name, address } => {
@@ -122,7 +227,13 @@ fn apply(kernel: &Kernel, step: &Step) -> Result<()> {
             // The kernel's view, not the record's: what neighbours must learn is the MAC in use.
             arp::announce(kernel.pod_netns(), link.index, mac, addresses)
         }
-        Step::AwaitDad { name, addresses } => await_dad(kernel, name, addresses),
+        Step::ProbeArp { .. } | Step::ProbeNs { .. } | Step::AwaitDad { .. } => {
+            let found = check(kernel, std::slice::from_ref(step));
+            match found.failures.is_empty() {
+                true => Ok(()),
+                false => Err(GuardError::new(Kind::Netlink, found.failures.join("; "))),
+            }
+        }
         Step::Advertise { name, addresses } => {
             let link = pod_link(kernel, name)?;
             let mac = parse_mac(link.mac.as_deref().unwrap_or_default())?;
@@ -139,47 +250,205 @@ const DAD_POLL: Duration = Duration::from_millis(50);
 /// past this the wait stops and names the link, rather than spend `DAD_PATIENCE` per sandbox.
 const NO_CARRIER_PATIENCE: Duration = Duration::from_secs(3);
 
-/// Returns once every IPv6 address of link #`index` is usable, the restored `addresses` and
-/// the link-local one the kernel made at link up alike (as the reference plugins wait at
-/// ADD); fails at once when detection failed for one (the kernel keeps it, unused, as
-/// evidence: `dadfailed` in `ip addr`), and after `DAD_PATIENCE` when one is still tentative.
-fn await_dad(kernel: &Kernel, name: &str, addresses: &[Ipv6Addr]) -> Result<()> {
+/// What the checks of one sandbox found: the pod's addresses another node holds, and one
+/// sentence per failed check.
+#[derive(Default)]
+struct Found {
+    held: Vec<IpAddr>,
+    failures: Vec<String>,
+}
+
+/// Runs `checks` (`Step::is_check`, all on one link) side by side: the ARP probes and the
+/// guard's neighbour solicitations go out `PROBES` times `PROBE_INTERVAL` apart and their
+/// answers are heard for `PROBE_LISTEN`, while the kernel's duplicate address detection is
+/// polled every `DAD_POLL`; the checks end together, when the last one does.
+fn check(kernel: &Kernel, checks: &[Step]) -> Found {
+    let mut found = Found::default();
+    let mut arp_probe = None;
+    let mut ns_probe = None;
+    let mut dad = None;
+    for step in checks {
+        let opened = match step {
+            Step::ProbeArp { name, addresses } => {
+                probe_link(kernel, name).and_then(|(index, mac)| {
+                    arp_probe = Some((
+                        step,
+                        arp::Prober::open(kernel.pod_netns(), index, mac, addresses.clone())?,
+                    ));
+                    Ok(())
+                })
+            }
+            Step::ProbeNs {
+                name, addresses, ..
+            } => probe_link(kernel, name).and_then(|(index, mac)| {
+                ns_probe = Some((
+                    step,
+                    ndisc::Prober::open(kernel.pod_netns(), index, mac, addresses.clone())?,
+                ));
+                Ok(())
+            }),
+            Step::AwaitDad { name, addresses } => {
+                dad = Some((step, name, addresses));
+                Ok(())
+            }
+            _ => Ok(()),
+        };
+        if let Err(err) = opened {
+            found.failures.push(format!("{step}: {}", err.msg));
+        }
+    }
     let started = Instant::now();
+    let mut sent = 0;
+    let mut holders: Vec<(IpAddr, [u8; 6], &Step)> = Vec::new();
     loop {
-        let link = pod_link(kernel, name)?;
-        let states = kernel.ipv6_dad_states(link.index)?;
-        if let Some((taken, _)) = states.iter().find(|(_, dad)| *dad == Dad::Failed) {
-            return Err(GuardError::new(
+        let probing = arp_probe.is_some() || ns_probe.is_some();
+        if probing && sent < PROBES && started.elapsed() >= PROBE_INTERVAL * sent {
+            sent += 1;
+            let sends = [
+                arp_probe.as_ref().map(|(step, p)| (*step, p.send())),
+                ns_probe.as_ref().map(|(step, p)| (*step, p.send())),
+            ];
+            for (step, sent) in sends.into_iter().flatten() {
+                if let Err(err) = sent {
+                    found.failures.push(format!("{step}: {}", err.msg));
+                }
+            }
+        }
+        if let Some((step, prober)) = &arp_probe {
+            match prober.held() {
+                Ok(heard) => holders.extend(
+                    heard
+                        .into_iter()
+                        .map(|(ip, mac)| (IpAddr::V4(ip), mac, *step)),
+                ),
+                Err(err) => found.failures.push(format!("{step}: {}", err.msg)),
+            }
+        }
+        if let Some((step, prober)) = &ns_probe {
+            match prober.held() {
+                Ok(heard) => holders.extend(
+                    heard
+                        .into_iter()
+                        .map(|(ip, mac)| (IpAddr::V6(ip), mac, *step)),
+                ),
+                Err(err) => found.failures.push(format!("{step}: {}", err.msg)),
+            }
+        }
+        if let Some((step, name, addresses)) = dad {
+            match poll_dad(kernel, name, addresses, started) {
+                Ok(false) => {}
+                Ok(true) => dad = None,
+                Err((taken, err)) => {
+                    found.held.extend(taken.into_iter().map(IpAddr::V6));
+                    found.failures.push(format!("{step}: {}", err.msg));
+                    dad = None;
+                }
+            }
+        }
+        if dad.is_none() && (!probing || started.elapsed() >= PROBE_LISTEN) {
+            break;
+        }
+        std::thread::sleep(DAD_POLL);
+    }
+    holders.sort_by_key(|(ip, _, _)| *ip);
+    holders.dedup_by_key(|(ip, _, _)| *ip);
+    for (ip, mac, step) in holders {
+        let neigh = if ip.is_ipv4() {
+            "ip neigh"
+        } else {
+            "ip -6 neigh"
+        };
+        let mac = mac
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":");
+        let name = match step {
+            Step::ProbeArp { name, .. } | Step::ProbeNs { name, .. } => name.as_str(),
+            _ => "",
+        };
+        found.held.push(ip);
+        found.failures.push(format!(
+            "{step}: {ip} is held by {mac}: another node on the link answers for it, so it was left off {name} \
+             and none of the pod's addresses was announced. Find that node (`{neigh} show {ip}` on the router \
+             names the MAC too) and stop it, then run --restore again, which probes anew; or re-create the pod \
+             for a new address"
+        ));
+    }
+    found
+}
+
+/// The index and MAC of the pod's link `name`: what a probe is sent out of and from.
+fn probe_link(kernel: &Kernel, name: &str) -> Result<(u32, [u8; 6])> {
+    let link = pod_link(kernel, name)?;
+    // The kernel's view, not the record's: what neighbours hear is the MAC in use.
+    Ok((
+        link.index,
+        parse_mac(link.mac.as_deref().unwrap_or_default())?,
+    ))
+}
+
+/// One look at duplicate address detection on the pod's link `name`, `started` ago: true
+/// once every IPv6 address is usable, the restored `addresses` and the link-local one the
+/// kernel made at link up alike (as the reference plugins wait at ADD); an error at once
+/// when detection failed for one (the kernel keeps it, unused, as evidence: `dadfailed` in
+/// `ip addr`), with the addresses that failed, and after `DAD_PATIENCE` when one is still
+/// tentative.
+fn poll_dad(
+    kernel: &Kernel,
+    name: &str,
+    addresses: &[Ipv6Addr],
+    started: Instant,
+) -> std::result::Result<bool, (Vec<Ipv6Addr>, GuardError)> {
+    let link = pod_link(kernel, name).map_err(|e| (Vec::new(), e))?;
+    let states = kernel
+        .ipv6_dad_states(link.index)
+        .map_err(|e| (Vec::new(), e))?;
+    let taken: Vec<Ipv6Addr> = states
+        .iter()
+        .filter(|(_, dad)| *dad == Dad::Failed)
+        .map(|(ip, _)| *ip)
+        .collect();
+    if let Some(first) = taken.first() {
+        return Err((
+            taken.clone(),
+            GuardError::new(
                 Kind::Netlink,
                 format!(
-                    "it failed for {taken}: another node on the link answers for it; the kernel keeps it as dadfailed, \
-                     unused, and the pod's other addresses work. Find that node (`ip -6 neigh show {taken}` on the \
+                    "it failed for {first}: another node on the link answers for it; the kernel keeps it as dadfailed, \
+                     unused, and none of the pod's addresses was announced. Find that node (`ip -6 neigh show {first}` on the \
                      router names its MAC) and stop it, then run --restore again, which runs detection anew; or re-create \
                      the pod for a new address"
                 ),
-            ));
-        }
-        if let Some(missing) = addresses
-            .iter()
-            .find(|ip| !states.iter().any(|(have, _)| have == *ip))
-        {
-            return Err(GuardError::new(
+            ),
+        ));
+    }
+    if let Some(missing) = addresses
+        .iter()
+        .find(|ip| !states.iter().any(|(have, _)| have == *ip))
+    {
+        return Err((
+            Vec::new(),
+            GuardError::new(
                 Kind::Netlink,
                 format!(
                     "address {missing} vanished from the interface during duplicate address detection"
                 ),
-            ));
-        }
-        let tentative: Vec<String> = states
-            .iter()
-            .filter(|(_, dad)| *dad == Dad::Tentative)
-            .map(|(ip, _)| ip.to_string())
-            .collect();
-        if tentative.is_empty() {
-            return Ok(());
-        }
-        if !link.carrier && started.elapsed() >= NO_CARRIER_PATIENCE {
-            return Err(GuardError::new(
+            ),
+        ));
+    }
+    let tentative: Vec<String> = states
+        .iter()
+        .filter(|(_, dad)| *dad == Dad::Tentative)
+        .map(|(ip, _)| ip.to_string())
+        .collect();
+    if tentative.is_empty() {
+        return Ok(true);
+    }
+    if !link.carrier && started.elapsed() >= NO_CARRIER_PATIENCE {
+        return Err((
+            Vec::new(),
+            GuardError::new(
                 Kind::Netlink,
                 format!(
                     "{} still tentative: {name} has no carrier (its parent link has none: the NIC still negotiating, \
@@ -187,10 +456,13 @@ fn await_dad(kernel: &Kernel, name: &str, addresses: &[Ipv6Addr]) -> Result<()> 
                      become usable by themselves then (`ip -n <pod> link show {name}` shows LOWER_UP)",
                     tentative.join(", ")
                 ),
-            ));
-        }
-        if started.elapsed() >= DAD_PATIENCE {
-            return Err(GuardError::new(
+            ),
+        ));
+    }
+    if started.elapsed() >= DAD_PATIENCE {
+        return Err((
+            Vec::new(),
+            GuardError::new(
                 Kind::Netlink,
                 format!(
                     "{} still tentative after {} s of duplicate address detection: it becomes usable once detection \
@@ -198,10 +470,10 @@ fn await_dad(kernel: &Kernel, name: &str, addresses: &[Ipv6Addr]) -> Result<()> 
                     tentative.join(", "),
                     DAD_PATIENCE.as_secs()
                 ),
-            ));
-        }
-        std::thread::sleep(DAD_POLL);
+            ),
+        ));
     }
+    Ok(false)
 }
 
 fn host_link(kernel: &Kernel, name: &str) -> Result<LinkState> {

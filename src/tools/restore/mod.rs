@@ -116,10 +116,7 @@ fn restore_one(record: &Checkpoint, dry_run: bool, one_at_a_time: &Mutex<()>) ->
                 Decision::NotRestorable(why) => Outcome::NotRestorable(why),
                 Decision::Rebuild(steps) if dry_run => Outcome::Planned(steps),
                 Decision::Rebuild(mut steps) => {
-                    let waits = steps
-                        .iter()
-                        .position(|step| matches!(step, Step::AwaitDad { .. }))
-                        .unwrap_or(steps.len());
+                    let waits = steps.iter().position(Step::is_check).unwrap_or(steps.len());
                     let after_the_wait = steps.split_off(waits);
                     match apply::carry_out(kernel, Vec::new(), steps) {
                         Outcome::Restored(done) => {

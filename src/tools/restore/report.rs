@@ -82,7 +82,7 @@ pub fn write_report(out: &mut impl Write, rows: &[Row], dry_run: bool) -> io::Re
             }
             Outcome::Planned(steps) => ("would run:", steps, None),
             Outcome::Restored(steps) => ("ran:", steps, None),
-            Outcome::Failed { done, error } => ("ran before the failure:", done, Some(error)),
+            Outcome::Failed { done, error } => ("ran:", done, Some(error)),
         };
         if !detailed {
             writeln!(out)?;

@@ -1130,3 +1130,108 @@ fn a_replay_that_hung_is_not_swept_again_at_the_next_short_back_off() {
     );
     assert!(processes_with("sleep 37.5").is_empty());
 }
+
+/// The kernel gives a freed netns's inode to the next namespace made: a netns made again at
+/// the old path can have the old inode, and so the old device and inode. Its eth0 (a new
+/// sandbox's, same name and MAC) must survive the old sandbox's stale DEL.
+#[test]
+fn a_netns_made_again_at_the_old_path_with_the_old_inode_keeps_its_interface() {
+    sys::skip_unless_root!(&["ip"]);
+    use std::os::unix::fs::MetadataExt;
+    let name = sys::unique("sgreuse");
+    let path = format!("/var/run/netns/{name}");
+    let inode = |path: &str| std::fs::metadata(path).map(|m| m.ino()).ok();
+    // A namespace whose inode comes back when it is made again (the lowest free one).
+    let again = |want: Option<u64>| {
+        for _ in 0..40 {
+            sys::run("ip", &["netns", "add", &name]);
+            if want.is_none() || inode(&path) == want {
+                return true;
+            }
+            sys::run("ip", &["netns", "del", &name]);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        false
+    };
+    let mut reused = false;
+    for _ in 0..10 {
+        again(None);
+        let first = inode(&path);
+        sys::run("ip", &["netns", "del", &name]);
+        if again(first) {
+            reused = true;
+            break;
+        }
+    }
+    if !reused {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the kernel never gave a netns its freed inode again: cannot reproduce"
+        );
+        eprintln!("SKIPPED: the kernel never gave a netns its freed inode again");
+        return;
+    }
+    let old_inode = inode(&path);
+    // Made inside the namespace both times, so each eth0 gets the same index there too.
+    let eth0 = || {
+        let host_end = sys::unique("sgh");
+        sys::run(
+            "ip",
+            &[
+                "link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &name,
+            ],
+        );
+        sys::run(
+            "ip",
+            &[
+                "-n",
+                &name,
+                "link",
+                "set",
+                "eth0",
+                "address",
+                "02:00:00:00:00:01",
+            ],
+        );
+        host_end
+    };
+    let (i, primary) = incident();
+    let host_a = eth0();
+    primary
+        .wrap(i.store.add(&i.a, &i.pod_a))
+        .netns(&path)
+        .run()
+        .assert_ok();
+    sys::try_run("ip", &["link", "del", &host_a]);
+    sys::run("ip", &["netns", "del", &name]);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    if !again(old_inode) {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the netns did not get its old inode again"
+        );
+        eprintln!("SKIPPED: the netns did not get its old inode again");
+        sys::try_run("ip", &["netns", "del", &name]);
+        return;
+    }
+    let netns = sys::Netns { name: name.clone() };
+    let host_end = eth0();
+    primary
+        .wrap(i.store.add(&i.b, &i.pod_b))
+        .netns("/proc/self/ns/net")
+        .run()
+        .assert_ok();
+    primary
+        .wrap(i.store.del(&i.a, &i.pod_a))
+        .netns(&path)
+        .run()
+        .assert_ok();
+    let kept = netns.try_exec(&["ip", "link", "show", "eth0"]);
+    sys::try_run("ip", &["link", "del", &host_end]);
+    drop(netns);
+    assert!(
+        kept,
+        "the stale DEL deleted the eth0 of the new namespace that has the old path and inode"
+    );
+    assert_eq!(deferred(&i.store).len(), 1);
+}

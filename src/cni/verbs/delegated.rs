@@ -525,6 +525,7 @@ fn remove_stale_interface(
         if_name: &attachment.ifname,
         mac: deferred.mac.as_deref(),
         netns_id: identity.map(|id| (id.netns_dev, id.netns_inode)),
+        netns_cookie: identity.and_then(|id| id.netns_cookie),
         if_index: identity.and_then(|id| id.if_index),
         if_kind: identity.and_then(|id| id.if_kind.as_deref()),
     };

@@ -1235,3 +1235,42 @@ fn a_netns_made_again_at_the_old_path_with_the_old_inode_keeps_its_interface() {
     );
     assert_eq!(deferred(&i.store).len(), 1);
 }
+
+/// Kills the processes whose command line holds `needle` (a test's hung primary's sleep).
+fn kill_processes_with(needle: &str) {
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline)
+            .replace('\0', " ")
+            .contains(needle)
+        {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &entry.file_name().to_string_lossy()])
+                .status();
+        }
+    }
+}
+
+/// Long enough for any replay here: a runtime's own limit is minutes.
+const REPLAYS_DONE: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// A primary that leaves a daemon behind holding its stdout: its DEL answered and exited, so
+/// the replay passed; the daemon goes with the primary's process group.
+#[test]
+fn a_replay_whose_primary_leaves_a_daemon_on_its_stdout_passes_and_the_daemon_goes() {
+    let (i, primary) = incident_deferred();
+    primary.daemon("DEL", &i.a, 91.25);
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
+    let left = processes_with("sleep 91.25");
+    kill_processes_with("sleep 91.25");
+    assert!(
+        deferred(&i.store).is_empty(),
+        "the replay passed, yet it stays deferred: {:?}",
+        deferred(&i.store)
+    );
+    assert!(
+        left.is_empty(),
+        "the primary's daemon outlived its replay: {left:?}"
+    );
+}

@@ -54,10 +54,20 @@ pub struct DeferredDel {
     /// The stale sandbox's interface, when the key does not name it (`podKey: "name"`).
     #[serde(default, rename = "interface", skip_serializing_if = "Option::is_none")]
     pub interface: Option<String>,
+    /// The last attempt's wall-clock time, for earlier releases; back-offs use the boot clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_attempt_ns: Option<u128>,
-    /// The last replay ran out of time (the primary hung and was killed): sweeps, which ride
-    /// on other pods' verbs, wait the longest back-off before trying it again.
+    /// The last attempt on the boot clock (`clock::boot_nanos`) of the boot `boot_id`: the
+    /// back-off, unmoved by a wall clock set back. Of another boot, it is over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_boot_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// How long the last replay ran, in seconds (killed or answered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_replay_seconds: Option<f64>,
+    /// The last replay ran out of its time (`replayTimeoutSeconds`) and was killed while the
+    /// primary still worked: slow or hung, not refused. Retried at the longest back-off.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hung: bool,
     /// The primary's object as the stale DEL would have handed it over (its own
@@ -84,6 +94,23 @@ impl DeferredDel {
 
     pub fn id(&self) -> AttachmentId {
         AttachmentId::of(&self.key, &self.container_id, self.if_name())
+    }
+
+    /// Whether the back-off after the last attempt is over at `now_boot_ns` of boot `boot_id`.
+    /// Never tried, tried in another boot, or noted by an earlier release (wall clock only):
+    /// over.
+    pub fn retry_due(
+        &self,
+        retry_after: std::time::Duration,
+        now_boot_ns: u64,
+        boot_id: Option<&str>,
+    ) -> bool {
+        match (self.boot_id.as_deref(), self.last_attempt_boot_ns) {
+            (Some(then_boot), Some(then)) if Some(then_boot) == boot_id => {
+                u128::from(now_boot_ns.saturating_sub(then)) >= retry_after.as_nanos()
+            }
+            _ => true,
+        }
     }
 }
 

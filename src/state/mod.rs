@@ -641,7 +641,18 @@ impl Store {
             &self.ledger,
         ];
         let (index, pod_keys) = (self.root.join(IPS), self.root.join(rekey::POD_KEYS));
-        for dir in folders.into_iter().chain([&index, &pod_keys]) {
+        // Each pod key's deferred DELs have a folder of their own.
+        let deferred_keys: Vec<PathBuf> = fs::read_dir(self.root.join(deferred::DEFERRED))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+            .collect();
+        for dir in folders
+            .into_iter()
+            .chain([&index, &pod_keys])
+            .chain(&deferred_keys)
+        {
             let Ok(entries) = fs::read_dir(dir) else {
                 continue;
             };

@@ -239,3 +239,38 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .and_then(|d| d.sync_all())
         .map_err(|e| GuardError::io("sync directory", dir, e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn entry(extra: serde_json::Value) -> DeferredDel {
+        let mut json = serde_json::json!({
+            "network": "net", "podNamespace": "ns", "podName": "p", "ifName": "eth0",
+            "containerId": "c", "podUid": null, "cniArgs": "", "cniVersion": "1.0.0",
+            "prevResult": null, "netns": "", "mac": null, "owner": "o",
+            "deferredAt": "2026-01-01T00:00:00Z", "deferredAtNs": 0
+        });
+        json.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn a_back_off_runs_on_this_boots_clock_and_ends_with_the_boot() {
+        let retry = Duration::from_secs(60);
+        let now = 1_000_000_000_000;
+        // Tried a second ago in this boot: not due.
+        let recent =
+            entry(serde_json::json!({"lastAttemptBootNs": now - 1_000_000_000, "bootId": "b1"}));
+        assert!(!recent.retry_due(retry, now, Some("b1")));
+        assert!(recent.retry_due(retry, now + 61_000_000_000, Some("b1")));
+        // The same numbers of another boot say nothing: due.
+        assert!(recent.retry_due(retry, now, Some("b2")));
+        // An earlier release's wall-clock note, an hour ahead after a clock step back: due.
+        let wall = entry(serde_json::json!({"lastAttemptNs": 1_800_003_600_000_000_000u64}));
+        assert!(wall.retry_due(retry, now, Some("b1")));
+    }
+}

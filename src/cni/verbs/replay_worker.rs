@@ -98,6 +98,11 @@ pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bo
 /// `handed`: the digests of `WORKER_ENV`.
 pub fn run(inv: &Invocation, delegate: &Delegate, handed: &str) {
     let root = &inv.conf.state_dir;
+    // Started by hand with the variable set, but not by a verb: nothing was handed over.
+    // SAFETY: F_GETFD only reads the descriptor's flags.
+    if unsafe { nix::libc::fcntl(FIRST_FD, nix::libc::F_GETFD) } < 0 {
+        return;
+    }
     // SAFETY: the verb that started this process put these descriptors there for it
     // (`spawn`), and nothing else in this process has taken them.
     let _replaying = unsafe { File::from_raw_fd(FIRST_FD) };

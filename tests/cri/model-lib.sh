@@ -85,7 +85,10 @@ trace() {
 }
 
 # fail_if_injected WHAT: consumes the fail-next-del marker and fails the DEL naming WHAT.
+# A file "slow-dels" in stateDir (seconds) makes every DEL take that long first: a primary
+# whose datastore is slow.
 fail_if_injected() {
+    [[ -f $state_dir/slow-dels ]] && sleep "$(cat "$state_dir/slow-dels")"
     [[ -f $state_dir/fail-next-del ]] || return 0
     rm -f "$state_dir/fail-next-del"
     trace "DEL failed: injected (fail-next-del)"

@@ -20,10 +20,9 @@
 //! Every worker holds `replay.lock` shared for its whole life (taken by the verb before the
 //! start, so there is no gap): whoever needs all replays finished takes it exclusively.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Seek, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -31,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use super::Invocation;
 use crate::cni::delegate::Delegate;
+use crate::state::open_lock_file;
 use crate::state::pod_lock::PodLock;
 
 /// Set in the worker's environment: the digests of the pod keys whose locks it was handed
@@ -137,33 +137,22 @@ fn anything_deferred(root: &Path) -> bool {
 /// Whether a worker sweeps now: one at a time per node, so the verb starts none.
 fn sweep_running(root: &Path) -> bool {
     let path = root.join(SWEEP_LOCK);
-    match open(&path) {
+    match open_lock_file(&path) {
         Ok(file) => matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
         Err(_) => false,
     }
 }
 
 fn try_lock(root: &Path, name: &str) -> Option<File> {
-    let file = open(&root.join(name)).ok()?;
+    let file = open_lock_file(&root.join(name)).ok()?;
     file.try_lock().ok()?;
     Some(file)
-}
-
-fn open(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-        .open(path)
 }
 
 /// Starts the worker: the verb's own config on a memfd as stdin, `replay.lock` (shared, taken
 /// here) and the handed pod locks as descriptors 3, 4, ...
 fn spawn(inv: &Invocation, handed: &[PodLock], gc: bool) -> std::io::Result<Child> {
-    let replaying = open(&inv.conf.state_dir.join(REPLAY_LOCK))?;
+    let replaying = open_lock_file(&inv.conf.state_dir.join(REPLAY_LOCK))?;
     replaying.lock_shared()?;
     let conf = nix::sys::memfd::memfd_create(
         c"sandbox-guard-conf",

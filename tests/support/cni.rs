@@ -229,11 +229,15 @@ impl Store {
                     .unwrap_or_default();
                 if fields.get(1) == Some(&worker.to_string().as_str()) {
                     let group = format!("-{}", entry.file_name().to_string_lossy());
-                    let _ = Command::new("kill").args(["-9", "--", &group]).status();
+                    let _ = Command::new("kill")
+                        .args(["-9", "--", &group])
+                        .stderr(Stdio::null())
+                        .status();
                 }
             }
             let _ = Command::new("kill")
                 .args(["-9", &worker.to_string()])
+                .stderr(Stdio::null())
                 .status();
         }
     }

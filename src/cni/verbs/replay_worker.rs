@@ -54,48 +54,61 @@ const OWN_REPLAY_WAIT: Duration = Duration::from_secs(1);
 /// No replay starts after a worker has run this long; the next verb starts a new one.
 const WORKER_LIFETIME: Duration = Duration::from_secs(600);
 
-/// Starts the worker if there is work for it: the `handed` pod locks' replays (then it waits
-/// for it, at most `OWN_REPLAY_WAIT`), or a sweep when deferred DELs wait and no sweep runs.
-/// `gc`: a GC's worker (`GC_SWEEP`), waited for as for handed keys. Never fails the verb: a worker that
-/// cannot start leaves the entries to the next one, and the handed keys' are replayed here.
+/// Starts the workers there is work for: one for the `handed` pod locks' replays (waited for
+/// at most `OWN_REPLAY_WAIT`), and a sweeping one when deferred DELs wait and no sweep runs
+/// (never waited for but by GC). `gc`: GC's sweep (`GC_SWEEP`). Never fails the verb: a
+/// worker that cannot start leaves the entries to the next one, and the handed keys' are
+/// replayed here.
 pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bool) {
-    let wait = gc;
     let root = &inv.conf.state_dir;
-    if handed.is_empty() && (!anything_deferred(root) || sweep_running(root)) {
-        return;
-    }
-    let mut handed = handed;
-    // More than a worker takes: those keys' locks go, and a sweep replays them.
-    handed.truncate(MAX_HANDED);
-    match spawn(inv, &handed, wait && handed.is_empty()) {
-        Ok(mut child) => {
-            // The worker holds the handed locks now (its own descriptors of the same files).
-            let own = !handed.is_empty();
-            drop(handed);
-            if wait || own {
-                let until = Instant::now() + OWN_REPLAY_WAIT;
-                while Instant::now() < until {
-                    if !matches!(child.try_wait(), Ok(None)) {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
+    if !handed.is_empty() {
+        let mut handed = handed;
+        // More than a worker takes: those keys' locks go, and a sweep replays them.
+        handed.truncate(MAX_HANDED);
+        match spawn(inv, &handed, false) {
+            Ok(child) => {
+                // The worker holds the handed locks now (its own descriptors of the same
+                // open files): ours go first, or its letting go between entries would not
+                // let the lock go.
+                drop(handed);
+                wait_a_moment(child);
+            }
+            Err(err) => {
+                eprintln!(
+                    "sandbox-guard: the replay worker could not start ({err}); replaying here"
+                );
+                let until = Instant::now() + inv.conf.replay_timeout;
+                for lock in handed {
+                    super::delegated::replay_key(inv, delegate, lock, false, until);
                 }
             }
-            // Not reaped when still running: it outlives the verb, and init (or the runtime,
-            // as a subreaper) reaps it.
         }
-        Err(err) => {
-            eprintln!("sandbox-guard: the replay worker could not start ({err}); replaying here");
-            let until = Instant::now() + inv.conf.replay_timeout;
-            for lock in handed {
-                super::delegated::replay_key(inv, delegate, lock, false, until);
-            }
-        }
+    }
+    if !anything_deferred(root) || sweep_running(root) {
+        return;
+    }
+    match spawn(inv, &[], gc) {
+        Ok(child) if gc => wait_a_moment(child),
+        Ok(_) => {}
+        Err(err) => eprintln!("sandbox-guard: the replay worker could not start: {err}"),
     }
 }
 
-/// The worker's entry: replays the handed keys, then sweeps if no other worker does.
-/// `handed`: the digests of `WORKER_ENV`.
+/// Waits for the worker at most `OWN_REPLAY_WAIT`. One still running is not reaped: it
+/// outlives the verb, and init (or the runtime, as a subreaper) reaps it.
+fn wait_a_moment(mut child: Child) {
+    let until = Instant::now() + OWN_REPLAY_WAIT;
+    while Instant::now() < until {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The worker's entry: replays the handed keys, or else sweeps if no other worker does (a
+/// worker handed keys never sweeps: the DEL that waits for it must not wait for other pods'
+/// primaries). `handed`: the digests of `WORKER_ENV`.
 pub fn run(inv: &Invocation, delegate: &Delegate, handed: &str) {
     let root = &inv.conf.state_dir;
     // Started by hand with the variable set, but not by a verb: nothing was handed over.
@@ -119,8 +132,11 @@ pub fn run(inv: &Invocation, delegate: &Delegate, handed: &str) {
         })
         .collect();
     let until = Instant::now() + WORKER_LIFETIME;
-    for lock in locks {
-        super::delegated::replay_key(inv, delegate, lock, false, until);
+    if !locks.is_empty() || !(gc || handed.is_empty()) {
+        for lock in locks {
+            super::delegated::replay_key(inv, delegate, lock, false, until);
+        }
+        return;
     }
     let Some(_sweeping) = try_lock(root, SWEEP_LOCK) else {
         return;

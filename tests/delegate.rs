@@ -1497,3 +1497,61 @@ fn a_stale_del_on_a_full_state_dir_is_refused_as_stale() {
     drop(i);
     drop(disk);
 }
+
+/// The doctor tells a slow primary (a replay that passed but took more than half of
+/// replayTimeoutSeconds) from a broken one (a replay the primary answered with an error).
+#[test]
+fn the_doctor_tells_a_slow_primary_from_a_broken_one() {
+    let (i, primary) = incident();
+    let short = |call: cni::Cni| {
+        primary
+            .wrap(call)
+            .config("replayTimeoutSeconds", Some(json!(3)))
+    };
+    let refused = json!({"cniVersion": "1.1.0", "code": 100, "msg": "datastore down"});
+    for (n, slow) in [(1, true), (2, false)] {
+        let pod = cni::Pod::new("lijiaob", &format!("etcd{n}-0"));
+        let (a, b) = (container_id(), container_id());
+        short(i.store.add(&a, &pod)).run().assert_ok();
+        short(i.store.add(&b, &pod)).run().assert_ok();
+        short(i.store.del(&a, &pod)).run().assert_ok();
+        if slow {
+            primary.slow("DEL", &a, 2.0);
+        } else {
+            primary.fail("DEL", &a, &refused);
+        }
+        short(i.store.del(&b, &pod)).run().assert_ok();
+        i.store.wait_for_replays(REPLAYS_DONE);
+    }
+    let conf = sys::TempDir::new("sgdoc");
+    let out = cni::guard(&[
+        "--doctor",
+        "--output",
+        "json",
+        "--conf-dir",
+        conf.path.to_str().unwrap(),
+        "--state-dir",
+        i.store.state_dir.to_str().unwrap(),
+        "--log-file",
+        i.store.log_file.to_str().unwrap(),
+    ]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let summaries: Vec<String> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| format!("{}: {}", f["check"], f["summary"]))
+        .collect();
+    assert!(
+        summaries
+            .iter()
+            .any(|s| s.contains("slow-replays") && s.contains("slow")),
+        "{summaries:#?}"
+    );
+    assert!(
+        summaries
+            .iter()
+            .any(|s| s.contains("store-deferred") && s.contains("broken")),
+        "{summaries:#?}"
+    );
+}

@@ -25,7 +25,7 @@ use super::del::{Judgement, Stale};
 use super::replay_worker;
 use crate::cni::delegate::{Delegate, EnvOverride};
 use crate::cni::env::Attachment;
-use crate::cni::log::{CAUSE_STALE_DEL, CAUSE_SUPERSEDED, Level, Subject};
+use crate::cni::log::{CAUSE_SLOW_PRIMARY, CAUSE_STALE_DEL, CAUSE_SUPERSEDED, Level, Subject};
 use crate::error::{GuardError, Kind, Result};
 use crate::kernel::link_facts::LinkFacts;
 use crate::kernel::teardown::{self, Teardown};
@@ -798,11 +798,17 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel) -> b
             });
             // Slow but working: the doctor's "slow", not "broken", reads this in the log.
             let slow = took * 2 >= inv.conf.replay_timeout;
-            inv.log.event(
+            let fields: &[(&str, &str)] = if slow {
+                &[("cause", CAUSE_SLOW_PRIMARY)]
+            } else {
+                &[]
+            };
+            inv.log.event_with(
                 if slow { Level::Warn } else { Level::Info },
                 inv.verb,
                 &subject,
                 "replayed",
+                fields,
                 &format!(
                     "the deferred DEL (since {}) reached the primary in {:.1}s{}{}",
                     entry.deferred_at,

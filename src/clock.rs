@@ -1,4 +1,5 @@
-//! Wall-clock time as RFC 3339 text, without a date crate for three small functions.
+//! Wall-clock time as RFC 3339 text, without a date crate for three small functions, and
+//! the boot clock for waits that must not move when the wall clock is set.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -12,6 +13,22 @@ pub fn unix_nanos() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos())
+}
+
+/// Nanoseconds since boot (CLOCK_BOOTTIME: counts suspend, never set back). Only meaningful
+/// with `boot_id`: a value of another boot compares with nothing.
+pub fn boot_nanos() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map_or(0, |t| {
+        (t.tv_sec() as u64).saturating_mul(1_000_000_000) + t.tv_nsec() as u64
+    })
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), `None` where it cannot be read.
+pub fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|id| id.trim().to_string())
+        .filter(|id| !id.is_empty())
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for the given Unix time.

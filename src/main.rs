@@ -22,6 +22,9 @@ fn main() {
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
+    if let Some(handed) = std::env::var_os(commands::replay_worker::WORKER_ENV) {
+        std::process::exit(run_replay_worker(&handed.to_string_lossy()));
+    }
     let status = if args.is_empty() && std::env::var_os("CNI_COMMAND").is_none_or(|c| c.is_empty())
     {
         about()
@@ -74,6 +77,34 @@ fn run_cni() -> i32 {
     }
 }
 
+/// The replay worker a delegate-mode verb started (`cni::verbs::replay_worker`): the verb's
+/// configuration on stdin, its environment, nobody reading its output.
+fn run_replay_worker(handed: &str) -> i32 {
+    // SAFETY: the process is single-threaded this early; the primaries it runs must not
+    // take themselves for workers.
+    unsafe { std::env::remove_var(commands::replay_worker::WORKER_ENV) };
+    let Ok(stdin) = config::read_stdin() else {
+        return 1;
+    };
+    let Ok(conf) = NetConf::parse(&stdin) else {
+        return 1;
+    };
+    let verb = CniEnv::from_process().map_or(Verb::Gc, |env| env.verb);
+    let log = log::Log::open(conf.log_file.as_deref(), conf.log);
+    let inv = Invocation {
+        verb,
+        conf,
+        log,
+        metrics_committed: std::cell::Cell::new(false),
+        conf_bytes: stdin,
+    };
+    let Some(delegate) = inv.conf.delegate.as_ref() else {
+        return 1;
+    };
+    commands::replay_worker::run(&inv, delegate, handed);
+    0
+}
+
 fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<String>> {
     let env = CniEnv::from_process().inspect_err(|err| eprintln!("sandbox-guard: {err}"))?;
     let conf = match env.verb {
@@ -101,6 +132,7 @@ fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<Stri
         conf,
         log,
         metrics_committed: std::cell::Cell::new(false),
+        conf_bytes: stdin.to_vec(),
     };
     let result = match (inv.conf.delegate.as_ref(), env.verb, &env.attachment) {
         (Some(delegate), Verb::Add, Some(attachment)) => {

@@ -516,23 +516,37 @@ fn processes_with(needle: &str) -> Vec<String> {
         .collect()
 }
 
-/// The runtime's view: a CNI call that takes more than this is one it times out on retry
-/// after retry. Replays get a few seconds in all; the primary's own runs are far quicker.
-const BOUND: std::time::Duration = std::time::Duration::from_secs(10);
-
+/// A replay that hangs is the worker's to wait for, never the runtime's: the owner's DEL and
+/// the pod's next ADD and DEL go on, and the primary is killed with its process group at
+/// `replayTimeoutSeconds`.
 #[test]
 fn a_primary_hanging_on_a_replay_holds_up_neither_the_owners_del_nor_the_pods_next_add() {
     let (i, primary) = incident_deferred();
     // The recording primary sleeps in a child process (`sleep`), as a primary's IPAM runs
     // in one: killing only the primary would leave it holding the answer pipe open.
     primary.slow("DEL", &i.a, 47.25);
-    let started = std::time::Instant::now();
-    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
-    let took = started.elapsed();
+    let short = |call: cni::Cni| {
+        primary
+            .wrap(call)
+            .config("replayTimeoutSeconds", Some(json!(3)))
+    };
+    short(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    for _ in 0..200 {
+        if primary.started().last() == Some(&("DEL".to_string(), i.a.clone())) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     assert!(
-        took < BOUND,
-        "the owner's DEL waited {took:?} on the replay of another sandbox's DEL"
+        !processes_with("sleep 47.25").is_empty(),
+        "the owner's DEL answered while the replay still ran, so it did not wait for it"
     );
+    // The pod's next sandbox: its ADD waits for the replay of its old sandbox (its pod lock,
+    // at most replayTimeoutSeconds), and then goes on.
+    let c = container_id();
+    short(i.store.add(&c, &i.pod_a)).run().assert_ok();
+    short(i.store.del(&c, &i.pod_a)).run().assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert!(
         processes_with("sleep 47.25").is_empty(),
         "the hanging primary's child outlived its deadline: {:?}",
@@ -544,18 +558,10 @@ fn a_primary_hanging_on_a_replay_holds_up_neither_the_owners_del_nor_the_pods_ne
         1,
         "the replay that ran out of time stays deferred: {waiting:?}"
     );
-    assert_eq!(waiting[0]["attempts"], 1);
-    // The pod's next sandbox starts, in time, while the primary still hangs on A.
-    let c = container_id();
-    let started = std::time::Instant::now();
-    primary.wrap(i.store.add(&c, &i.pod_a)).run().assert_ok();
-    primary.wrap(i.store.del(&c, &i.pod_a)).run().assert_ok();
-    assert!(
-        started.elapsed() < BOUND * 2,
-        "the next sandbox's ADD and DEL took {:?}",
-        started.elapsed()
+    assert_eq!(
+        waiting[0]["attempts"], 2,
+        "the owner's DEL and the next sandbox's each handed it to the worker"
     );
-    assert!(processes_with("sleep 47.25").is_empty());
 }
 
 #[test]
@@ -701,13 +707,15 @@ fn a_deferred_del_whose_pods_name_is_free_is_replayed_without_the_pod_coming_bac
     );
     primary.heal("DEL", &i.a);
     // No GC comes (containerd sends none) and the pod never comes back; another pod's ADD
-    // sweeps the entries whose name is free, once their retry time (2^attempts s) is past.
+    // starts the sweep of the entries whose name is free, once their retry time
+    // (2^attempts s) is past.
     std::thread::sleep(std::time::Duration::from_millis(4200));
     let other = cni::Pod::new("lijiaob", "etcd2-0");
     primary
         .wrap(i.store.add(&container_id(), &other))
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(primary.dels(&i.a), 1, "the sweep replayed it");
     assert!(deferred(&i.store).is_empty());
     let locks = cni::files_in(&i.store.state_dir.join("pod-locks"));
@@ -718,8 +726,10 @@ fn a_deferred_del_whose_pods_name_is_free_is_replayed_without_the_pod_coming_bac
     );
 }
 
+/// Four slow replays of one pod (1.6 s each, more than the owner's DEL waits for them): the
+/// owner's DEL answers, and the worker hands each to the primary, oldest first.
 #[test]
-fn a_replay_left_out_of_the_owners_budget_is_swept_by_the_next_verb() {
+fn slow_replays_of_one_pod_all_reach_the_primary_from_the_worker() {
     let (i, primary) = incident();
     let olds: Vec<String> = (0..4).map(|_| container_id()).collect();
     for old in &olds {
@@ -731,34 +741,27 @@ fn a_replay_left_out_of_the_owners_budget_is_swept_by_the_next_verb() {
         primary.slow("DEL", old, 1.6);
     }
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
-    let left = deferred(&i.store).len();
     assert!(
-        left > 0,
-        "four replays of 1.6 s each do not fit one verb's budget"
+        !deferred(&i.store).is_empty(),
+        "the owner's DEL waited for all four slow replays"
     );
-    for _ in 0..8 {
-        if deferred(&i.store).is_empty() {
-            break;
-        }
-        // One cut short by the budget is retried after 2 s.
-        std::thread::sleep(std::time::Duration::from_millis(700));
-        primary
-            .wrap(
-                i.store
-                    .add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0")),
-            )
-            .run()
-            .assert_ok();
-    }
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert!(
         deferred(&i.store).is_empty(),
-        "later verbs of the network replay the rest: {:?}",
+        "the worker replays them all: {:?}",
         deferred(&i.store)
     );
     assert_eq!(
         olds.iter().map(|old| primary.dels(old)).collect::<Vec<_>>(),
         [1, 1, 1, 1]
     );
+    let order: Vec<String> = primary
+        .started()
+        .into_iter()
+        .filter(|(verb, c)| verb == "DEL" && olds.contains(c))
+        .map(|(_, c)| c)
+        .collect();
+    assert_eq!(order, olds, "oldest first");
 }
 
 #[test]
@@ -871,6 +874,17 @@ fn a_reused_netns_path_keeps_its_interface_even_with_the_same_name_and_mac() {
             .unwrap()
             .to_string();
     sys::run("ip", &["-n", &name, "link", "set", "eth0", "address", &mac]);
+    stale_del_keeps_the_new_eth0(&i, &primary, &name, &host_end);
+}
+
+/// B takes the pod, A's stale DEL comes with the netns path `name` now has: the eth0 there
+/// (another sandbox's, with host end `host_end`) must stay. Both go after.
+fn stale_del_keeps_the_new_eth0(
+    i: &cni::Incident,
+    primary: &RecordingPrimary,
+    name: &str,
+    host_end: &str,
+) {
     primary
         .wrap(i.store.add(&i.b, &i.pod_b))
         .netns("/proc/self/ns/net")
@@ -878,12 +892,12 @@ fn a_reused_netns_path_keeps_its_interface_even_with_the_same_name_and_mac() {
         .assert_ok();
     primary
         .wrap(i.store.del(&i.a, &i.pod_a))
-        .netns(&path)
+        .netns(&format!("/var/run/netns/{name}"))
         .run()
         .assert_ok();
-    let kept = sys::try_run("ip", &["-n", &name, "link", "show", "eth0"]);
-    sys::try_run("ip", &["link", "del", &host_end]);
-    sys::try_run("ip", &["netns", "del", &name]);
+    let kept = sys::try_run("ip", &["-n", name, "link", "show", "eth0"]);
+    sys::try_run("ip", &["link", "del", host_end]);
+    sys::try_run("ip", &["netns", "del", name]);
     assert!(
         kept,
         "the stale DEL deleted the eth0 of the namespace that now has its path"
@@ -1033,6 +1047,7 @@ fn a_sweep_never_replays_an_old_networks_deferred_del_while_the_pod_lives_under_
         )
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(
         primary.dels(&i.a),
         0,
@@ -1048,6 +1063,7 @@ fn a_sweep_never_replays_an_old_networks_deferred_del_while_the_pod_lives_under_
         .wrap(i.store.del(&c, &i.pod_a).network(renamed))
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(
         primary.dels(&i.a),
         1,
@@ -1101,21 +1117,336 @@ fn each_stale_del_of_a_sandbox_with_two_interfaces_takes_its_interface_out() {
     assert_eq!(deferred(&i.store).len(), 2);
 }
 
-/// A replay the primary hangs on costs the verb that sweeps it its whole replay budget. The
-/// sweep rides on every pod's ADD and DEL: a hang must not be retried at each short back-off,
-/// or other pods' sandboxes start seconds late again and again while the primary hangs.
+/// A replay the primary hangs on holds its pod's lock for all of `replayTimeoutSeconds`: a
+/// hang is not retried at each short back-off, but after the longest.
 #[test]
 fn a_replay_that_hung_is_not_swept_again_at_the_next_short_back_off() {
     let (i, primary) = incident_deferred();
     primary.slow("DEL", &i.a, 37.5);
-    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    let short = |call: cni::Cni| {
+        primary
+            .wrap(call)
+            .config("replayTimeoutSeconds", Some(json!(2)))
+    };
+    short(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(
         deferred(&i.store)[0]["attempts"],
         1,
-        "the owner's DEL tried it and ran out of time"
+        "the worker tried it and ran out of time"
     );
     std::thread::sleep(std::time::Duration::from_millis(2200));
-    let started = std::time::Instant::now();
+    short(
+        i.store
+            .add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0")),
+    )
+    .run()
+    .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
+    assert_eq!(
+        deferred(&i.store)[0]["attempts"],
+        1,
+        "the sweep ran the replay the primary hung on moments ago again"
+    );
+    assert!(processes_with("sleep 37.5").is_empty());
+}
+
+/// Kills the processes whose command line holds `needle` (a test's hung primary's sleep).
+fn kill_processes_with(needle: &str) {
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline)
+            .replace('\0', " ")
+            .contains(needle)
+        {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &entry.file_name().to_string_lossy()])
+                .status();
+        }
+    }
+}
+
+/// Long enough for any replay here: a runtime's own limit is minutes.
+const REPLAYS_DONE: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// Fifty deferred DELs whose pods' names are free and whose primary DEL hangs: no other
+/// pod's verb may wait on them. The count, not the time: when an unrelated ADD returns, no
+/// hung replay has been cut short (a verb that ran one would have killed it at its own
+/// budget's end), and at most one runs at a time on the node.
+#[test]
+fn fifty_hung_deferred_dels_hold_up_no_other_pods_verb() {
+    let (i, primary) = incident();
+    let long = |call: cni::Cni| {
+        primary
+            .wrap(call)
+            .config("replayTimeoutSeconds", Some(json!(120)))
+            .config("podLockTimeoutSeconds", Some(json!(120)))
+    };
+    let timed_adds = |namespace: &str| {
+        let mut took: Vec<std::time::Duration> = (0..20)
+            .map(|n| {
+                let started = std::time::Instant::now();
+                long(i.store.add(
+                    &container_id(),
+                    &cni::Pod::new(namespace, &format!("api-{n}")),
+                ))
+                .run()
+                .assert_ok();
+                started.elapsed()
+            })
+            .collect();
+        took.sort();
+        (took[took.len() / 2], took[took.len() - 1])
+    };
+    let baseline = timed_adds("quiet");
+    let refused = json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"});
+    let mut stale = Vec::new();
+    for n in 0..50 {
+        let pod = cni::Pod::new("hung", &format!("web-{n}"));
+        let (a, b) = (container_id(), container_id());
+        long(i.store.add(&a, &pod)).run().assert_ok();
+        long(i.store.add(&b, &pod)).run().assert_ok();
+        long(i.store.del(&a, &pod)).run().assert_ok();
+        // The owner's DEL frees the name; its replay is refused, and then the primary hangs.
+        primary.fail("DEL", &a, &refused);
+        long(i.store.del(&b, &pod)).run().assert_ok();
+        stale.push(a);
+    }
+    i.store.wait_for_replays(std::time::Duration::from_secs(10));
+    for (n, a) in stale.iter().enumerate() {
+        primary.heal("DEL", a);
+        primary.slow("DEL", a, 300.0 + n as f64 / 100.0);
+    }
+    assert_eq!(deferred(&i.store).len(), 50);
+    // Past the refused replays' back-off (2 s): every entry is due.
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    let attempts = || -> std::collections::BTreeMap<String, u64> {
+        deferred(&i.store)
+            .into_iter()
+            .map(|e| {
+                let id = e["containerId"].as_str().unwrap_or_default().to_string();
+                (id, e["attempts"].as_u64().unwrap_or_default())
+            })
+            .collect()
+    };
+    let mut took = Vec::new();
+    for n in 0..20 {
+        let before = attempts();
+        let started = std::time::Instant::now();
+        long(
+            i.store
+                .add(&container_id(), &cni::Pod::new("busy", &format!("api-{n}"))),
+        )
+        .run()
+        .assert_ok();
+        took.push(started.elapsed());
+        // A replay that ends in under two minutes here was cut short by the verb.
+        let cut_short: Vec<String> = attempts()
+            .into_iter()
+            .filter(|(id, count)| before.get(id).is_some_and(|was| count > was))
+            .map(|(id, _)| id)
+            .collect();
+        let running = processes_with("sleep 300.").len();
+        assert!(
+            cut_short.is_empty(),
+            "unrelated ADD {n} ran and cut short the replays of {cut_short:?}"
+        );
+        assert!(
+            running <= 1,
+            "{running} hung replays run at once: one worker per node"
+        );
+    }
+    took.sort();
+    let (median, max) = (took[took.len() / 2], took[took.len() - 1]);
+    let (hung_median, hung_max) = timed_adds("busier");
+    eprintln!(
+        "20 unrelated ADDs: without deferred DELs {:?} median, {:?} max; with fifty hung ones {median:?} median, \
+         {max:?} max (checked one by one), {hung_median:?} median, {hung_max:?} max (in a row)",
+        baseline.0, baseline.1
+    );
+    i.store.kill_replay_workers();
+}
+
+/// A primary whose DEL takes ten seconds, more than a verb could ever spend on another
+/// sandbox: its replay runs to the end in the worker, within replayTimeoutSeconds (30 s).
+#[test]
+fn a_primary_whose_del_takes_ten_seconds_gets_its_replay() {
+    let (i, primary) = incident_deferred();
+    primary.slow("DEL", &i.a, 10.0);
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
+    // More chances, as a busy node gives them.
+    for _ in 0..3 {
+        if primary.dels(&i.a) > 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2200));
+        primary
+            .wrap(
+                i.store
+                    .add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0")),
+            )
+            .run()
+            .assert_ok();
+        i.store.wait_for_replays(REPLAYS_DONE);
+    }
+    assert_eq!(
+        primary.dels(&i.a),
+        1,
+        "the slow primary never got the deferred DEL: {:?}",
+        deferred(&i.store)
+    );
+    assert!(deferred(&i.store).is_empty());
+}
+
+/// The kernel gives a freed netns's inode to the next namespace made: a netns made again at
+/// the old path can have the old inode, and so the old device and inode. Its eth0 (a new
+/// sandbox's, same name and MAC) must survive the old sandbox's stale DEL.
+#[test]
+fn a_netns_made_again_at_the_old_path_with_the_old_inode_keeps_its_interface() {
+    sys::skip_unless_root!(&["ip"]);
+    use std::os::unix::fs::MetadataExt;
+    let name = sys::unique("sgreuse");
+    let path = format!("/var/run/netns/{name}");
+    let inode = |path: &str| std::fs::metadata(path).map(|m| m.ino()).ok();
+    // A namespace whose inode comes back when it is made again (the lowest free one).
+    let again = |want: Option<u64>| {
+        for _ in 0..40 {
+            sys::run("ip", &["netns", "add", &name]);
+            if want.is_none() || inode(&path) == want {
+                return true;
+            }
+            sys::run("ip", &["netns", "del", &name]);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        false
+    };
+    let mut reused = false;
+    for _ in 0..10 {
+        again(None);
+        let first = inode(&path);
+        sys::run("ip", &["netns", "del", &name]);
+        if again(first) {
+            reused = true;
+            break;
+        }
+    }
+    if !reused {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the kernel never gave a netns its freed inode again: cannot reproduce"
+        );
+        eprintln!("SKIPPED: the kernel never gave a netns its freed inode again");
+        return;
+    }
+    let old_inode = inode(&path);
+    // Made inside the namespace both times, so each eth0 gets the same index there too.
+    let eth0 = || {
+        let host_end = sys::unique("sgh");
+        sys::run(
+            "ip",
+            &[
+                "link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &name,
+            ],
+        );
+        sys::run(
+            "ip",
+            &[
+                "-n",
+                &name,
+                "link",
+                "set",
+                "eth0",
+                "address",
+                "02:00:00:00:00:01",
+            ],
+        );
+        host_end
+    };
+    let (i, primary) = incident();
+    let host_a = eth0();
+    primary
+        .wrap(i.store.add(&i.a, &i.pod_a))
+        .netns(&path)
+        .run()
+        .assert_ok();
+    sys::try_run("ip", &["link", "del", &host_a]);
+    sys::run("ip", &["netns", "del", &name]);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    if !again(old_inode) {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the netns did not get its old inode again"
+        );
+        eprintln!("SKIPPED: the netns did not get its old inode again");
+        sys::try_run("ip", &["netns", "del", &name]);
+        return;
+    }
+    let host_end = eth0();
+    stale_del_keeps_the_new_eth0(&i, &primary, &name, &host_end);
+}
+
+/// A primary that leaves a daemon behind holding its stdout: its DEL answered and exited, so
+/// the replay passed; the daemon goes with the primary's process group.
+#[test]
+fn a_replay_whose_primary_leaves_a_daemon_on_its_stdout_passes_and_the_daemon_goes() {
+    let (i, primary) = incident_deferred();
+    primary.daemon("DEL", &i.a, 91.25);
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
+    let left = processes_with("sleep 91.25");
+    kill_processes_with("sleep 91.25");
+    assert!(
+        deferred(&i.store).is_empty(),
+        "the replay passed, yet it stays deferred: {:?}",
+        deferred(&i.store)
+    );
+    assert!(
+        left.is_empty(),
+        "the primary's daemon outlived its replay: {left:?}"
+    );
+}
+
+/// A DEL the primary refuses and a CHECK, of sandboxes nobody owns, leave no lock file.
+#[test]
+fn refused_dels_and_checks_leave_no_pod_lock_file() {
+    let (i, primary) = incident();
+    let c = container_id();
+    let refused = json!({"cniVersion": "1.1.0", "code": 100, "msg": "datastore down"});
+    primary.fail("DEL", &c, &refused);
+    primary
+        .wrap(i.store.del(&c, &i.pod_a))
+        .run()
+        .assert_error(100);
+    let d = container_id();
+    let _ = primary
+        .wrap(
+            i.store
+                .cni("CHECK", &d)
+                .pod(&cni::Pod::new("lijiaob", "etcd9-0")),
+        )
+        .run();
+    let locks = cni::files_in(&i.store.state_dir.join("pod-locks"));
+    assert!(locks.is_empty(), "lock files left: {locks:?}");
+}
+
+/// A writer killed while it wrote a deferred DEL leaves a temp file in the key's folder:
+/// the replay worker's sweep collects it, and the folder with it.
+#[test]
+fn temp_files_of_killed_writers_in_deferred_folders_are_collected() {
+    let (i, primary) = incident_deferred();
+    let refused = json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"});
+    primary.fail("DEL", &i.a, &refused);
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
+    let folders = cni::files_in(&i.store.state_dir.join("deferred"));
+    assert_eq!(folders.len(), 1);
+    // A pid no process has (above the kernel's pid_max limit).
+    let temp = folders[0].join(".k8s-pod-network:x:eth0.4194305.tmp");
+    std::fs::write(&temp, b"half").unwrap();
+    let lonely = i.store.state_dir.join("deferred").join("0".repeat(64));
+    std::fs::create_dir(&lonely).unwrap();
+    std::fs::write(lonely.join(".k8s-pod-network:y:eth0.4194305.tmp"), b"").unwrap();
     primary
         .wrap(
             i.store
@@ -1123,10 +1454,104 @@ fn a_replay_that_hung_is_not_swept_again_at_the_next_short_back_off() {
         )
         .run()
         .assert_ok();
-    let took = started.elapsed();
+    i.store.wait_for_replays(REPLAYS_DONE);
+    assert!(!temp.exists(), "the temp file is still there");
+    assert!(!lonely.exists(), "the folder it alone held is still there");
+    assert_eq!(deferred(&i.store).len(), 1, "the entry itself stays");
+}
+
+/// Writes `path` until the filesystem refuses with ENOSPC.
+fn fill(path: &std::path::Path) {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path).unwrap();
+    let chunk = vec![0xa5u8; 4096];
+    while let Ok(n) = file.write(&chunk) {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+/// A full state dir cannot keep a stale DEL for later: refused with 11 as in chained mode
+/// (the runtime retries), not failed as an I/O error, and the primary never sees it.
+#[test]
+fn a_stale_del_on_a_full_state_dir_is_refused_as_stale() {
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let logs = sys::TempDir::new("sglogs");
+    let disk = mount::Mount::tmpfs("size=256k,mode=0755");
+    let mut i = cni::Incident::of("lijiaob", "etcd1-0");
+    i.store = Store::with_state_dir(disk.path.join("state"), &logs.path);
+    let primary = RecordingPrimary::new();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    let filler = disk.path.join("filler");
+    fill(&filler);
+    let reply = primary.wrap(i.store.del(&i.a, &i.pod_a)).run();
+    std::fs::remove_file(&filler).unwrap();
+    let err = reply.assert_error(11);
+    assert!(err.text().contains("deferred"), "{err:?}");
+    assert_eq!(primary.dels(&i.a), 0, "the primary got the stale DEL");
+    // With room again, the retry is deferred.
+    primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    assert_eq!(deferred(&i.store).len(), 1);
+    drop(i);
+    drop(disk);
+}
+
+/// The doctor tells a slow primary (a replay that passed but took more than half of
+/// replayTimeoutSeconds) from a broken one (a replay the primary answered with an error).
+#[test]
+fn the_doctor_tells_a_slow_primary_from_a_broken_one() {
+    let (i, primary) = incident();
+    let short = |call: cni::Cni| {
+        primary
+            .wrap(call)
+            .config("replayTimeoutSeconds", Some(json!(3)))
+    };
+    let refused = json!({"cniVersion": "1.1.0", "code": 100, "msg": "datastore down"});
+    for (n, slow) in [(1, true), (2, false)] {
+        let pod = cni::Pod::new("lijiaob", &format!("etcd{n}-0"));
+        let (a, b) = (container_id(), container_id());
+        short(i.store.add(&a, &pod)).run().assert_ok();
+        short(i.store.add(&b, &pod)).run().assert_ok();
+        short(i.store.del(&a, &pod)).run().assert_ok();
+        if slow {
+            primary.slow("DEL", &a, 2.0);
+        } else {
+            primary.fail("DEL", &a, &refused);
+        }
+        short(i.store.del(&b, &pod)).run().assert_ok();
+        i.store.wait_for_replays(REPLAYS_DONE);
+    }
+    let conf = sys::TempDir::new("sgdoc");
+    let out = cni::guard(&[
+        "--doctor",
+        "--output",
+        "json",
+        "--conf-dir",
+        conf.path.to_str().unwrap(),
+        "--state-dir",
+        i.store.state_dir.to_str().unwrap(),
+        "--log-file",
+        i.store.log_file.to_str().unwrap(),
+    ]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let summaries: Vec<String> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| format!("{}: {}", f["check"], f["summary"]))
+        .collect();
     assert!(
-        took < std::time::Duration::from_secs(2),
-        "another pod's ADD waited {took:?} on a replay the primary hung on moments ago"
+        summaries
+            .iter()
+            .any(|s| s.contains("slow-replays") && s.contains("slow")),
+        "{summaries:#?}"
     );
-    assert!(processes_with("sleep 37.5").is_empty());
+    assert!(
+        summaries
+            .iter()
+            .any(|s| s.contains("store-deferred") && s.contains("broken")),
+        "{summaries:#?}"
+    );
 }

@@ -214,6 +214,9 @@ impl World {
         if !killed {
             reply.assert_ok();
         }
+        // The replays it handed to the worker are its calls too (the worker outlives a
+        // killed guard, and the next run must not be charged with them).
+        self.store.wait_for_replays(Duration::from_secs(60));
         // Waits for a primary call that outlived its killed guard.
         let after = self.primary.calls().len();
         self.runs.push(Run {

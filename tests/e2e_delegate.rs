@@ -217,3 +217,44 @@ fn podname_keyed_late_add_of_superseded_sandbox_is_refused_before_the_primary() 
     sys::skip_unless_root!(EXEC_TOOLS);
     late_add_of_superseded_sandbox_is_refused(Primary::PodnameKeyed);
 }
+
+/// A primary whose DEL takes ten seconds, under containerd's CRI: the stop of the pod's new
+/// sandbox frees its name, and the old sandbox's deferred DEL reaches the primary in full (a
+/// verb's few seconds would kill it mid-DEL at every try).
+#[test]
+fn podname_keyed_primary_whose_del_takes_ten_seconds_gets_the_deferred_del() {
+    sys::skip_unless_root!(cri_node::TOOLS);
+    let node = cri_incident::node(Primary::PodnameKeyed, Mode::Delegate);
+    let pods = Sequence::RecreateThenStopOld.play(&node);
+    let (old, new) = (pods.old.clone(), pods.new.clone());
+    pods.stop_old
+        .as_ref()
+        .unwrap_or_else(|e| panic!("StopPodSandbox old {old}: {e:?}\n{}", node.diagnostics()));
+    node.remove_pod(&old)
+        .unwrap_or_else(|e| panic!("RemovePodSandbox old {old}: {e:?}\n{}", node.diagnostics()));
+    node.slow_primary_dels(10.0);
+    node.stop_pod(&new)
+        .unwrap_or_else(|e| panic!("StopPodSandbox new {new}: {e:?}\n{}", node.diagnostics()));
+    node.remove_pod(&new)
+        .unwrap_or_else(|e| panic!("RemovePodSandbox new {new}: {e:?}\n{}", node.diagnostics()));
+    let guard =
+        cni::Store::with_state_dir(node.layout.guard_state.clone(), &node.layout.guard_state);
+    guard.wait_for_replays(std::time::Duration::from_secs(90));
+    let calls = cri_incident::primary_call_list(&node);
+    let new_del = calls
+        .iter()
+        .position(|(verb, id)| verb == "DEL" && *id == new)
+        .expect("the primary got the new sandbox's DEL");
+    assert!(
+        calls[new_del..]
+            .iter()
+            .any(|(verb, id)| verb == "DEL" && *id == old),
+        "the slow primary never got the old sandbox's deferred DEL\n{}",
+        node.primary_calls()
+    );
+    assert!(
+        cri_incident::deferred_dels(&node).is_empty(),
+        "{:?}",
+        cri_incident::deferred_dels(&node)
+    );
+}

@@ -22,6 +22,11 @@ pub const MAX_STDIN: u64 = 1 << 20;
 /// delegate. A primary's ADD can take seconds (IPAM, a datastore); failing a RunPodSandbox
 /// costs kubelet a whole new sandbox, so this wait is generous. Other pods never wait on it.
 pub const DEFAULT_POD_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the replay worker gives the primary for one deferred DEL before it kills it with
+/// its process group. No pod's verb waits on it, so it can be as long as the slowest healthy
+/// primary DEL; a pod's own next ADD waits for it on its pod lock, so it may not exceed
+/// `podLockTimeoutSeconds`.
+pub const DEFAULT_REPLAY_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StaleDelPolicy {
@@ -73,6 +78,8 @@ struct RawConf {
     lock_timeout_seconds: Option<f64>,
     #[serde(rename = "podLockTimeoutSeconds")]
     pod_lock_timeout_seconds: Option<f64>,
+    #[serde(rename = "replayTimeoutSeconds")]
+    replay_timeout_seconds: Option<f64>,
     delegate: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(rename = "runtimeConfig")]
     runtime_config: Option<serde_json::Map<String, serde_json::Value>>,
@@ -105,6 +112,8 @@ pub struct NetConf {
     /// Delegate mode: the primary the guard wraps. `None`: chained mode.
     pub delegate: Option<crate::cni::delegate::Delegate>,
     pub pod_lock_timeout: Duration,
+    /// Delegate mode: the time one replayed DEL may take in the primary.
+    pub replay_timeout: Duration,
 }
 
 /// Reads stdin up to the limit; the bytes are parsed by `NetConf::parse`.
@@ -217,6 +226,32 @@ impl NetConf {
             Some(seconds) => self::lock_timeout("podLockTimeoutSeconds", seconds)
                 .map_err(|msg| GuardError::new(Kind::InvalidConfig, msg))?,
         };
+        let replay_timeout = match raw.replay_timeout_seconds {
+            None => DEFAULT_REPLAY_TIMEOUT,
+            Some(seconds) if seconds > 0.0 => {
+                self::lock_timeout("replayTimeoutSeconds", seconds)
+                    .map_err(|msg| GuardError::new(Kind::InvalidConfig, msg))?
+            }
+            Some(seconds) => {
+                return Err(GuardError::new(
+                    Kind::InvalidConfig,
+                    format!(
+                        "replayTimeoutSeconds {seconds} is not valid: use a positive number of seconds, at most {MAX_LOCK_TIMEOUT_SECONDS}"
+                    ),
+                ));
+            }
+        };
+        if raw.delegate.is_some() && pod_lock_timeout < replay_timeout {
+            return Err(GuardError::new(
+                Kind::InvalidConfig,
+                format!(
+                    "podLockTimeoutSeconds {} is below replayTimeoutSeconds {}: a pod's next ADD would give up while a replay of its old sandbox's DEL still runs",
+                    pod_lock_timeout.as_secs_f64(),
+                    replay_timeout.as_secs_f64()
+                ),
+            )
+            .with_details("Raise podLockTimeoutSeconds to at least replayTimeoutSeconds (defaults 60 and 30), or lower replayTimeoutSeconds."));
+        }
         // GC's lists go to the primary under the keys the runtime wrote them.
         let gc_lists: Vec<(&str, serde_json::Value)> = crate::cni::delegate::GC_LIST_KEYS
             .into_iter()
@@ -235,6 +270,7 @@ impl NetConf {
         Ok(NetConf {
             cni_version,
             pod_lock_timeout,
+            replay_timeout,
             delegate,
             lock_timeout,
             network,
@@ -357,6 +393,24 @@ mod tests {
                 String::from_utf8_lossy(bytes)
             );
         }
+    }
+
+    #[test]
+    fn a_pod_lock_wait_below_the_replay_timeout_is_refused() {
+        let parse = |extra: &str| {
+            let text =
+                format!(r#"{{"cniVersion":"1.0.0","name":"n","delegate":{{"type":"p"}}{extra}}}"#);
+            NetConf::parse(text.as_bytes())
+        };
+        let err = parse(r#","podLockTimeoutSeconds":10"#).unwrap_err();
+        assert_eq!(err.code(), 7);
+        assert!(err.msg.contains("replayTimeoutSeconds"), "{err:?}");
+        parse(r#","podLockTimeoutSeconds":10,"replayTimeoutSeconds":10"#).unwrap();
+        for bad in ["0", "-1", "601"] {
+            let extra = format!(r#","replayTimeoutSeconds":{bad}"#);
+            assert_eq!(parse(&extra).unwrap_err().code(), 7, "{bad}");
+        }
+        assert_eq!(parse("").unwrap().replay_timeout, DEFAULT_REPLAY_TIMEOUT);
     }
 
     #[test]

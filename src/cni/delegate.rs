@@ -300,6 +300,12 @@ impl Delegate {
         });
         if outcome.is_err() {
             kill_group(&mut child);
+        } else if deadline.is_some() {
+            // What the primary left running in its process group (a daemon holding its
+            // stdout) goes with it, so retries do not pile them up. One that left the group
+            // (setsid) is out of reach.
+            let group = nix::unistd::Pid::from_raw(child.id() as nix::libc::pid_t);
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
         }
         if let Some(writer) = writer {
             let _ = writer.join();
@@ -311,26 +317,38 @@ impl Delegate {
         Err(self.error_from(&reply, status))
     }
 
-    /// Everything the primary writes to stdout until it closes it, or the deadline.
+    /// Everything the primary writes to stdout until it closes it, or the deadline. With a
+    /// deadline (a replay), reading also ends once the primary itself has exited: a daemon it
+    /// forked may hold its stdout open for good, and the primary's answer is complete then.
     fn read_reply(&self, child: &mut Child, deadline: Option<Instant>) -> Result<Vec<u8>> {
         let mut reply = Vec::new();
         let Some(mut out) = child.stdout.take() else {
             return Ok(reply);
         };
         let mut chunk = [0u8; 8192];
+        let mut exited = false;
         loop {
             if let Some(deadline) = deadline {
                 let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
+                if left.is_zero() && !exited {
                     return Err(self.expired());
                 }
-                let wait = nix::poll::PollTimeout::from(left.as_millis().clamp(1, 60_000) as u16);
+                // Short rounds: between them, whether the primary has exited.
+                let wait = if exited {
+                    nix::poll::PollTimeout::ZERO
+                } else {
+                    nix::poll::PollTimeout::from(left.as_millis().clamp(1, 50) as u16)
+                };
                 let mut fds = [nix::poll::PollFd::new(
                     out.as_fd(),
                     nix::poll::PollFlags::POLLIN,
                 )];
                 match nix::poll::poll(&mut fds, wait) {
-                    Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+                    Ok(0) if exited => return Ok(reply),
+                    Ok(0) | Err(nix::errno::Errno::EINTR) => {
+                        exited = matches!(child.try_wait(), Ok(Some(_)));
+                        continue;
+                    }
                     Ok(_) => {}
                     Err(e) => {
                         return Err(self.broken(format!(

@@ -457,6 +457,8 @@ pub const CAUSE_STALE_DEL: &str = "stale-del";
 pub const CAUSE_SET_ASIDE: &str = "set-aside";
 /// Delegate mode refused the ADD of a sandbox a newer live one superseded.
 pub const CAUSE_SUPERSEDED: &str = "superseded";
+/// A replayed DEL that passed but took more than half of `replayTimeoutSeconds`.
+pub const CAUSE_SLOW_PRIMARY: &str = "slow-primary";
 
 /// The machine-read part of one log line, text or JSON: its time, level, verb and fields (in
 /// a text line, those before `outcome=`, `outcome=` itself and those right after it). The

@@ -97,6 +97,45 @@ pub fn refuse_if_stranded() -> Result<()> {
     Ok(())
 }
 
+/// `SO_NETNS_COOKIE` (Linux 5.14), as asm-generic numbers it for x86_64 and arm64.
+const SO_NETNS_COOKIE: i32 = 71;
+
+/// The netns cookie of the namespace at `path`: a number the kernel gives each network
+/// namespace once and never to another, unlike its inode, which a namespace made after this
+/// one is freed can get again. `None` when `path` is no namespace or the kernel has no
+/// cookie (before 5.14).
+pub fn netns_cookie(path: &str) -> Option<u64> {
+    netns_inode(path)?;
+    let netns = Netns::open(Path::new(path)).ok()?;
+    let socket = inside(&netns, || {
+        std::os::unix::net::UnixDatagram::unbound().map_err(|e| {
+            GuardError::new(
+                Kind::Netlink,
+                format!("cannot open a socket in the netns: {e}"),
+            )
+        })
+    })
+    .ok()?;
+    socket_netns_cookie(socket.as_raw_fd())
+}
+
+/// The cookie of the namespace a socket was made in.
+fn socket_netns_cookie(fd: i32) -> Option<u64> {
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as nix::libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `cookie`, which is that large.
+    let done = unsafe {
+        nix::libc::getsockopt(
+            fd,
+            nix::libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &mut len,
+        )
+    };
+    (done == 0 && len as usize == std::mem::size_of::<u64>()).then_some(cookie)
+}
+
 // ---------------------------------------------------------------------------------------
 // Is a recorded namespace still alive?
 
@@ -236,6 +275,16 @@ mod tests {
             netns_state("/proc/self/ns/net", Some(inode), None),
             NetnsState::Mounted
         );
+    }
+
+    #[test]
+    fn our_own_namespace_has_one_cookie() {
+        let Some(cookie) = netns_cookie("/proc/self/ns/net") else {
+            eprintln!("SKIPPED our_own_namespace_has_one_cookie: no SO_NETNS_COOKIE or setns here");
+            return;
+        };
+        assert_eq!(netns_cookie("/proc/thread-self/ns/net"), Some(cookie));
+        assert_eq!(netns_cookie("/nonexistent"), None);
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! the stale DEL comes (a `/proc/<pid>/ns/net` whose pid came back, as cri-dockerd passes
 //! them; a named netns made again), holding an interface of the same name and MAC (ipvlan
 //! slaves share their master's MAC; sticky-IP plugins derive the MAC from the IP). So the
-//! namespace must be the one recorded (device and inode), must not be the host's or one a
+//! namespace must be the one recorded (its netns cookie: a reused inode does not tell a new
+//! namespace at the old path from the old one), must not be the host's or one a
 //! live sandbox uses, and the link must be of a kind the sandbox owns outright (a veth, a
 //! macvlan...) with the recorded kind, index and MAC. A physical NIC or a host vlan or bond
 //! moved in by host-device or SR-IOV is the host's: its primary's replay gives it back.
@@ -15,7 +16,7 @@
 use std::path::Path;
 
 use super::netlink::{self, Side};
-use super::netns::netns_identity;
+use super::netns::{netns_cookie, netns_identity};
 use crate::error::{Kind, Result};
 
 /// Kinds made for one sandbox and gone with it: deleting one frees nothing of the host's.
@@ -38,6 +39,8 @@ pub struct Recorded<'a> {
     pub mac: Option<&'a str>,
     /// The namespace's device and inode; `None` for a checkpoint of an earlier release.
     pub netns_id: Option<(u64, u64)>,
+    /// Its cookie; `None` for a checkpoint of an earlier release or a kernel without one.
+    pub netns_cookie: Option<u64>,
     pub if_index: Option<u32>,
     pub if_kind: Option<&'a str>,
 }
@@ -63,6 +66,13 @@ pub fn remove_interface(recorded: &Recorded, live_netns: &[(u64, u64)]) -> Resul
         None => return left("its netns was not identified at ADD (a checkpoint of an earlier release), so it cannot be told from a new one at the same path".into()),
         Some(then) if then != now => return left(format!("{} is another netns than at ADD (inode {} then, {} now)", recorded.netns, then.1, now.1)),
         Some(_) => {}
+    }
+    // The kernel hands a freed namespace's inode to the next one made: only the cookie tells
+    // the old namespace from a new one at the old path.
+    match (recorded.netns_cookie, netns_cookie(recorded.netns)) {
+        (None, _) => return left("its netns cookie was not recorded at ADD (a kernel before 5.14, or a checkpoint of an earlier release), and device and inode alone do not tell it from a new netns at the same path".into()),
+        (Some(then), Some(now)) if then == now => {}
+        (Some(then), now) => return left(format!("{} is another netns than at ADD (cookie {then} then, {} now)", recorded.netns, now.map_or("none".to_string(), |c| c.to_string()))),
     }
     let kind = match recorded.if_kind {
         Some(kind) if SANDBOX_KINDS.contains(&kind) => kind,
@@ -127,6 +137,7 @@ mod tests {
             if_name: "lo",
             mac: None,
             netns_id,
+            netns_cookie: None,
             if_index: Some(1),
             if_kind: Some("veth"),
         }

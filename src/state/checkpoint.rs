@@ -101,6 +101,11 @@ pub struct Checkpoint {
 pub struct SandboxIdentity {
     pub netns_dev: u64,
     pub netns_inode: u64,
+    /// The namespace's cookie (`kernel::netns::netns_cookie`), where the kernel has one: the
+    /// only one of these a namespace made later never repeats. Without it the local teardown
+    /// is left to the primary's replay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_cookie: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub if_index: Option<u32>,
     /// The link's kind (`veth`, `macvlan`, ...; none for a physical NIC, as host-device and

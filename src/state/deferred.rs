@@ -54,10 +54,20 @@ pub struct DeferredDel {
     /// The stale sandbox's interface, when the key does not name it (`podKey: "name"`).
     #[serde(default, rename = "interface", skip_serializing_if = "Option::is_none")]
     pub interface: Option<String>,
+    /// The last attempt's wall-clock time, for earlier releases; back-offs use the boot clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_attempt_ns: Option<u128>,
-    /// The last replay ran out of time (the primary hung and was killed): sweeps, which ride
-    /// on other pods' verbs, wait the longest back-off before trying it again.
+    /// The last attempt on the boot clock (`clock::boot_nanos`) of the boot `boot_id`: the
+    /// back-off, unmoved by a wall clock set back. Of another boot, it is over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_boot_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// How long the last replay ran, in seconds (killed or answered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_replay_seconds: Option<f64>,
+    /// The last replay ran out of its time (`replayTimeoutSeconds`) and was killed while the
+    /// primary still worked: slow or hung, not refused. Retried at the longest back-off.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hung: bool,
     /// The primary's object as the stale DEL would have handed it over (its own
@@ -84,6 +94,23 @@ impl DeferredDel {
 
     pub fn id(&self) -> AttachmentId {
         AttachmentId::of(&self.key, &self.container_id, self.if_name())
+    }
+
+    /// Whether the back-off after the last attempt is over at `now_boot_ns` of boot `boot_id`.
+    /// Never tried, tried in another boot, or noted by an earlier release (wall clock only):
+    /// over.
+    pub fn retry_due(
+        &self,
+        retry_after: std::time::Duration,
+        now_boot_ns: u64,
+        boot_id: Option<&str>,
+    ) -> bool {
+        match (self.boot_id.as_deref(), self.last_attempt_boot_ns) {
+            (Some(then_boot), Some(then)) if Some(then_boot) == boot_id => {
+                u128::from(now_boot_ns.saturating_sub(then)) >= retry_after.as_nanos()
+            }
+            _ => true,
+        }
     }
 }
 
@@ -211,4 +238,39 @@ fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| GuardError::io("sync directory", dir, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn entry(extra: serde_json::Value) -> DeferredDel {
+        let mut json = serde_json::json!({
+            "network": "net", "podNamespace": "ns", "podName": "p", "ifName": "eth0",
+            "containerId": "c", "podUid": null, "cniArgs": "", "cniVersion": "1.0.0",
+            "prevResult": null, "netns": "", "mac": null, "owner": "o",
+            "deferredAt": "2026-01-01T00:00:00Z", "deferredAtNs": 0
+        });
+        json.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn a_back_off_runs_on_this_boots_clock_and_ends_with_the_boot() {
+        let retry = Duration::from_secs(60);
+        let now = 1_000_000_000_000;
+        // Tried a second ago in this boot: not due.
+        let recent =
+            entry(serde_json::json!({"lastAttemptBootNs": now - 1_000_000_000, "bootId": "b1"}));
+        assert!(!recent.retry_due(retry, now, Some("b1")));
+        assert!(recent.retry_due(retry, now + 61_000_000_000, Some("b1")));
+        // The same numbers of another boot say nothing: due.
+        assert!(recent.retry_due(retry, now, Some("b2")));
+        // An earlier release's wall-clock note, an hour ahead after a clock step back: due.
+        let wall = entry(serde_json::json!({"lastAttemptNs": 1_800_003_600_000_000_000u64}));
+        assert!(wall.retry_due(retry, now, Some("b1")));
+    }
 }

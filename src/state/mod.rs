@@ -143,14 +143,7 @@ impl Store {
             ensure_dir(dir)?;
         }
         let lock_path = root.join("lock");
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-            .open(&lock_path)
+        let lock = open_lock_file(&lock_path)
             .map_err(|e| GuardError::io("open the lock file", &lock_path, e))?;
         lock::acquire(&lock, &lock_path, Access::Exclusive, wait, &|_| {})?;
         Ok(Store {
@@ -641,7 +634,18 @@ impl Store {
             &self.ledger,
         ];
         let (index, pod_keys) = (self.root.join(IPS), self.root.join(rekey::POD_KEYS));
-        for dir in folders.into_iter().chain([&index, &pod_keys]) {
+        // Each pod key's deferred DELs have a folder of their own.
+        let deferred_keys: Vec<PathBuf> = fs::read_dir(self.root.join(deferred::DEFERRED))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+            .collect();
+        for dir in folders
+            .into_iter()
+            .chain([&index, &pod_keys])
+            .chain(&deferred_keys)
+        {
             let Ok(entries) = fs::read_dir(dir) else {
                 continue;
             };
@@ -676,6 +680,18 @@ impl Store {
         }
         Ok(removed)
     }
+}
+
+/// A lock file of the store, made if missing (0600, never through a symlink), for flock.
+pub fn open_lock_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(path)
 }
 
 /// A set-aside file under its own name refuses the DELs that need it; a copy under

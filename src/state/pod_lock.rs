@@ -68,6 +68,30 @@ impl PodLock {
 }
 
 impl PodLock {
+    /// A lock another process took and handed over as an open file (the replay worker's, from
+    /// the DEL that freed the key): `None` unless the file is still the one at the path.
+    pub fn handed(state_dir: &Path, digest: &str, file: File) -> Option<PodLock> {
+        let digest_like = digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit());
+        if !digest_like {
+            return None;
+        }
+        let path = state_dir.join(POD_LOCKS).join(digest);
+        same_file(&file, &path).then(|| PodLock {
+            _file: file,
+            path,
+            digest: digest.to_string(),
+        })
+    }
+
+    /// The open lock file, to hand over to the replay worker.
+    pub fn file(&self) -> &File {
+        &self._file
+    }
+
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
     /// Releases the lock, and first removes its file if nobody owns the key and no deferred
     /// DEL waits on it. Removed while held: a process waiting on the old file gets it next,
     /// sees it is no longer the one at the path (`same_file`) and opens the path anew.

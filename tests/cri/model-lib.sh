@@ -86,8 +86,11 @@ trace() {
 
 # fail_if_injected WHAT: consumes the fail-next-del marker and fails the DEL naming WHAT. A
 # file fail-dels/<namespace>.<pod> holding a count N fails that pod's next N DELs instead, so
-# that other pods' DELs on a busy node do not consume the failure meant for one pod.
+# that other pods' DELs on a busy node do not consume the failure meant for one pod. A file
+# "slow-dels" in stateDir (seconds) makes every DEL take that long first: a primary whose
+# datastore is slow.
 fail_if_injected() {
+    [[ -f $state_dir/slow-dels ]] && sleep "$(cat "$state_dir/slow-dels")"
     local counter=$state_dir/fail-dels/$namespace.$pod left
     if [[ -f $counter ]]; then
         left=$(<"$counter")

@@ -173,6 +173,75 @@ impl Store {
         Cni::new(verb, container, &self.state_dir, &self.log_file)
     }
 
+    /// Waits, at most `limit`, until no delegate-mode replay worker of this store runs (each
+    /// holds `replay.lock` shared while it lives); whether none does. A store without the
+    /// file has had no worker.
+    pub fn wait_for_replays(&self, limit: Duration) -> bool {
+        let Ok(file) = std::fs::File::open(self.state_dir.join("replay.lock")) else {
+            return true;
+        };
+        let until = Instant::now() + limit;
+        loop {
+            if file.try_lock().is_ok() {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The processes that hold this store's `replay.lock` open: its replay workers.
+    pub fn replay_workers(&self) -> Vec<u32> {
+        let lock = self.state_dir.join("replay.lock");
+        let mut pids = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let holds = std::fs::read_dir(entry.path().join("fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == lock));
+            if holds && pid != std::process::id() {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// Kills this store's replay workers and the process groups of the primaries they run
+    /// (a test's hung primary would outlive it).
+    pub fn kill_replay_workers(&self) {
+        for worker in self.replay_workers() {
+            for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+                // pid (comm) state ppid pgrp ...
+                let fields: Vec<&str> = stat
+                    .rsplit_once(')')
+                    .map(|(_, rest)| rest.split_whitespace().collect())
+                    .unwrap_or_default();
+                if fields.get(1) == Some(&worker.to_string().as_str()) {
+                    let group = format!("-{}", entry.file_name().to_string_lossy());
+                    let _ = Command::new("kill")
+                        .args(["-9", "--", &group])
+                        .stderr(Stdio::null())
+                        .status();
+                }
+            }
+            let _ = Command::new("kill")
+                .args(["-9", &worker.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+
     pub fn add(&self, container: &str, pod: &Pod) -> Cni {
         self.cni("ADD", container).pod(pod)
     }

@@ -87,6 +87,7 @@ impl CountingPrimary {
             Some(json!({"type": "counting-primary", "callLog": self.call_log})),
         )
         .config("podLockTimeoutSeconds", Some(json!(10)))
+        .config("replayTimeoutSeconds", Some(json!(10)))
         .env("CNI_PATH", Some(PRIMARIES))
     }
 

@@ -243,6 +243,15 @@ impl CriNode {
         fs::write(self.layout.primary_state.join("fail-next-del"), "").expect("write marker");
     }
 
+    /// Makes every DEL of the primary plugin take `seconds` from now on.
+    pub fn slow_primary_dels(&self, seconds: f64) {
+        fs::write(
+            self.layout.primary_state.join("slow-dels"),
+            seconds.to_string(),
+        )
+        .expect("write marker");
+    }
+
     /// The primary plugin's own trace: one line per call, plus what each call did to whose
     /// endpoint, host link or address (tests/cri/model-lib.sh).
     pub fn primary_calls(&self) -> String {

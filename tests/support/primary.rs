@@ -136,6 +136,17 @@ impl RecordingPrimary {
         .unwrap();
     }
 
+    /// Makes the primary leave a daemon behind on `verb` of `container`, living `seconds` and
+    /// holding the primary's stdout open.
+    pub fn daemon(&self, verb: &str, container: &str, seconds: f64) {
+        fs::create_dir_all(&self.state_dir).unwrap();
+        fs::write(
+            self.state_dir.join(format!("daemon-{verb}-{container}")),
+            seconds.to_string(),
+        )
+        .unwrap();
+    }
+
     /// Makes the primary answer ADD of `container` with exactly these bytes.
     pub fn answer_add(&self, container: &str, result: &str) {
         fs::create_dir_all(&self.state_dir).unwrap();

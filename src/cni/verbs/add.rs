@@ -69,6 +69,7 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
             crate::state::checkpoint::SandboxIdentity {
                 netns_dev,
                 netns_inode,
+                netns_cookie: crate::kernel::netns::netns_cookie(&attachment.netns),
                 if_index,
                 if_kind,
             }

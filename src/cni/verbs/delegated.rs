@@ -10,11 +10,11 @@
 //! - CHECK, GC, STATUS: the primary's first, then the guard's own; GC also replays the
 //!   deferred DELs of attachments the runtime no longer lists, whose key is free. GC goes on
 //!   after the primary's GC error and returns it after its own work, as libcni does.
-//! - Replays never hold up the call they ride on for long: they share one budget per verb
-//!   (`REPLAY_BUDGET`), each primary run is killed with its process group at the budget's
-//!   end, and what is left waits for the next chance. Every ADD, DEL and GC also sweeps the
-//!   deferred DELs whose pod's name is free (one directory read when any wait), so none
-//!   waits for its pod to come back to the node.
+//! - Replays run in the replay worker (`replay_worker`), off every pod's critical path: the
+//!   DEL that frees a pod key hands it that key's lock and waits a moment at most; every ADD,
+//!   DEL and GC starts a sweep of the deferred DELs whose pod's name is free when none runs
+//!   (one directory read when any wait), so none waits for its pod to come back to the node.
+//!   Each primary run gets `replayTimeoutSeconds`, then is killed with its process group.
 
 use std::time::{Duration, Instant};
 
@@ -22,9 +22,10 @@ use serde_json::value::RawValue;
 
 use super::Invocation;
 use super::del::{Judgement, Stale};
+use super::replay_worker;
 use crate::cni::delegate::{Delegate, EnvOverride};
 use crate::cni::env::Attachment;
-use crate::cni::log::{CAUSE_STALE_DEL, CAUSE_SUPERSEDED, Level, Subject};
+use crate::cni::log::{CAUSE_SLOW_PRIMARY, CAUSE_STALE_DEL, CAUSE_SUPERSEDED, Level, Subject};
 use crate::error::{GuardError, Kind, Result};
 use crate::kernel::link_facts::LinkFacts;
 use crate::kernel::teardown::{self, Teardown};
@@ -45,7 +46,7 @@ pub fn add(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
         }
     }
     if added.is_ok() {
-        sweep(inv, delegate, &Budget::new());
+        replay_worker::start(inv, delegate, Vec::new(), false);
     }
     added
 }
@@ -121,7 +122,7 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
     let peek = Store::open_read_only(&inv.conf.state_dir).ok();
     let locked_keys = super::del::keys_of(inv, attachment, peek.as_ref());
     drop(peek);
-    let _locks = match lock(inv, &locked_keys) {
+    let locks = match lock(inv, &locked_keys) {
         Ok(locks) => locks,
         // A store that takes no write (read-only, full) cannot make a lock file either; the
         // DEL goes on without one, as it does without writing (see `del::open`).
@@ -131,10 +132,38 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
         }
         Err(err) => return Err(err),
     };
+    let outcome = del_locked(inv, delegate, attachment, &locked_keys);
+    // The freed keys' locks go to the replay worker with their deferred DELs; the others'
+    // files go unless someone owns the pod or a deferred DEL waits on it, whatever the
+    // outcome (a DEL the primary refused included).
+    let root = &inv.conf.state_dir;
+    let mut handed = Vec::new();
+    for lock in locks {
+        let waiting = !surely_absent(&deferred::key_dir(root, lock.digest()));
+        if matches!(outcome, Ok(true)) && waiting {
+            handed.push(lock);
+        } else {
+            lock.release_unused(root);
+        }
+    }
+    if outcome.is_ok() {
+        replay_worker::start(inv, delegate, handed, false);
+    }
+    outcome.map(|_| ())
+}
+
+/// The DEL under its pod locks; `true` when it freed the pod's keys (the primary had the
+/// owner's DEL), so their deferred DELs may be replayed now.
+fn del_locked(
+    inv: &Invocation,
+    delegate: &Delegate,
+    attachment: &Attachment,
+    locked_keys: &[PodKey],
+) -> Result<bool> {
     let Some((store, unwritable)) = super::del::open(inv)? else {
         super::del::nothing_recorded(inv, attachment);
         pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
-        return Ok(());
+        return Ok(false);
     };
     let plan = match super::del::judge(inv, attachment, &store)? {
         Judgement::Stale(stale) => {
@@ -148,7 +177,20 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
                     why.msg, why.details
                 )));
             }
-            let deferred = defer(inv, attachment, &store, &stale, delegate)?;
+            let deferred = match defer(inv, attachment, &store, &stale, delegate) {
+                Ok(deferred) => deferred,
+                // The store took no write after all (a full disk takes a probe, not an
+                // entry): refused as stale, as above, never an I/O error the runtime reads
+                // as the sandbox's own failure.
+                Err(err) if matches!(err.kind, Kind::Io | Kind::ReadOnly) => {
+                    let refused = super::del::refuse(inv, attachment, stale);
+                    return Err(refused.with_details(format!(
+                        "The DEL cannot be deferred: {} {}",
+                        err.msg, err.details
+                    )));
+                }
+                Err(err) => return Err(err),
+            };
             let netns = if attachment.netns.is_empty() {
                 deferred.netns.clone()
             } else {
@@ -156,7 +198,8 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
             };
             let live = live_netns(&store, &deferred.id(), &netns);
             drop(store);
-            return remove_stale_interface(inv, attachment, &deferred, &netns, &live);
+            return remove_stale_interface(inv, attachment, &deferred, &netns, &live)
+                .map(|()| false);
         }
         Judgement::Go(plan) => plan,
     };
@@ -174,23 +217,22 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
     if let Some((store, unwritable)) = super::del::open(inv)? {
         super::del::finish(inv, attachment, &store, unwritable, plan);
     }
-    let budget = Budget::new();
     for key in &keys {
         // The primary has just had this sandbox's own DEL.
         drop_own_deferred(inv, key, &id);
-        replay(inv, delegate, key, &budget, false);
     }
-    for lock in _locks {
-        lock.release_unused(&inv.conf.state_dir);
-    }
-    sweep(inv, delegate, &budget);
-    Ok(())
+    Ok(true)
 }
 
 pub fn check(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Result<()> {
-    let _lock = lock(inv, inv.pod_key(attachment).as_slice())?;
-    pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
-    super::check::run(inv, attachment)
+    let locks = lock(inv, inv.pod_key(attachment).as_slice())?;
+    let checked = pass_on(inv, delegate, inv.conf.prev_result.as_deref())
+        .and_then(|_| super::check::run(inv, attachment));
+    // A CHECK of a sandbox the store does not know leaves no lock file behind.
+    for lock in locks {
+        lock.release_unused(&inv.conf.state_dir);
+    }
+    checked
 }
 
 /// libcni GCs every plugin of the list and collects their errors: the primary's error does
@@ -198,7 +240,12 @@ pub fn check(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> 
 pub fn gc(inv: &Invocation, delegate: &Delegate) -> Result<()> {
     let primary = pass_on(inv, delegate, None);
     let own = super::gc::run(inv);
-    replay_collected(inv, delegate);
+    // The owners GC dropped freed their keys: the worker replays those keys' deferred DELs
+    // (GC waits for it a moment, as the DEL that frees a key does).
+    replay_worker::start(inv, delegate, Vec::new(), true);
+    if let Ok(store) = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
+        store.remove_unused_pod_locks();
+    }
     primary?;
     own
 }
@@ -478,6 +525,9 @@ fn new_entry(
             .is_none()
             .then(|| attachment.ifname.clone()),
         last_attempt_ns: None,
+        last_attempt_boot_ns: None,
+        boot_id: None,
+        last_replay_seconds: None,
         hung: false,
         delegate: Some(delegate.recorded_conf()),
         conf_version: Some(inv.conf.cni_version.clone()),
@@ -525,6 +575,7 @@ fn remove_stale_interface(
         if_name: &attachment.ifname,
         mac: deferred.mac.as_deref(),
         netns_id: identity.map(|id| (id.netns_dev, id.netns_inode)),
+        netns_cookie: identity.and_then(|id| id.netns_cookie),
         if_index: identity.and_then(|id| id.if_index),
         if_kind: identity.and_then(|id| id.if_kind.as_deref()),
     };
@@ -585,21 +636,10 @@ fn drop_own_deferred(inv: &Invocation, key: &PodKey, id: &AttachmentId) {
     }
 }
 
-/// The time one verb may spend replaying other sandboxes' deferred DELs on top of its own
-/// work: a few seconds, well inside any runtime's timeout for a CNI call (kubelet's and
-/// containerd's are minutes), so a primary that hangs on a replay holds up neither the
-/// owner's DEL nor the pod's next ADD.
-const REPLAY_BUDGET: Duration = Duration::from_secs(4);
-/// No replay starts with less than this left: a primary's DEL needs some time.
-const MIN_REPLAY_TIME: Duration = Duration::from_millis(500);
 /// A replay the primary refused is tried again by a sweep only after 2^attempts seconds, at
-/// most this long, so a failing primary costs a busy node's verbs a replay now and then, not
-/// one each. One the primary hung on costs the verb that sweeps it the whole budget (seconds
-/// added to another pod's ADD): it waits this long at once.
+/// most this long, so a failing primary is not run again and again. One that ran out of its
+/// time (slow or hung) holds its pod's lock for all of it: it waits this long at once.
 const SWEEP_RETRY_MAX: Duration = Duration::from_secs(60);
-
-/// A replay killed at the budget's end after running this long counts as hung.
-const HUNG_AFTER: Duration = Duration::from_secs(2);
 
 fn sweep_retry_after(entry: &DeferredDel) -> Duration {
     if entry.hung {
@@ -607,94 +647,94 @@ fn sweep_retry_after(entry: &DeferredDel) -> Duration {
     }
     Duration::from_secs(1u64 << entry.attempts.min(6)).min(SWEEP_RETRY_MAX)
 }
-/// The most pod keys one sweep looks at (a stat each); the next verb goes on from a new place.
-const SWEEP_KEYS: usize = 64;
 
-struct Budget {
+/// Replays the deferred DELs of the key whose `lock` is held, oldest first, while nobody owns
+/// it and `until` has not come; each primary run gets `replayTimeoutSeconds`. Between two,
+/// the lock is let go and taken again if free, so a waiting ADD of the pod goes first (and
+/// the rest wait for its sandbox to go). Never fails: a replay the primary refuses, or that
+/// runs out of time, stays deferred for the next chance. `sweeping`: skip entries whose
+/// back-off is not over (`sweep_retry_after`, on the boot clock).
+pub fn replay_key(
+    inv: &Invocation,
+    delegate: &Delegate,
+    lock: PodLock,
+    sweeping: bool,
     until: Instant,
-}
-
-impl Budget {
-    fn new() -> Budget {
-        Budget {
-            until: Instant::now() + REPLAY_BUDGET,
-        }
-    }
-
-    fn allows_one_more(&self) -> bool {
-        self.until.saturating_duration_since(Instant::now()) >= MIN_REPLAY_TIME
-    }
-}
-
-/// Replays the deferred DELs of `key`, oldest first, if nobody owns it, within `budget`.
-/// The caller holds the key's pod lock, so no ADD can take it meanwhile. Never fails the verb
-/// it rides on: a replay the primary refuses, or that runs out of time, stays deferred for
-/// the next chance. `sweeping`: skip entries refused less than `sweep_retry_after(attempts)` ago.
-fn replay(inv: &Invocation, delegate: &Delegate, key: &PodKey, budget: &Budget, sweeping: bool) {
-    // Most DELs free a key nobody deferred anything for: one stat, no lock.
-    if surely_absent(&deferred::key_dir(&inv.conf.state_dir, &key.digest())) {
+) {
+    let root = &inv.conf.state_dir;
+    let Some(first) = entry_of(root, lock.digest(), &inv.conf.network) else {
+        lock.release_unused(root);
         return;
-    }
-    let pending = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout).and_then(|store| {
-        let owner = match store.load_owner(key)? {
-            Loaded::Valid(owner) => Some(owner),
-            Loaded::Missing => None,
-            Loaded::Corrupt { .. } => return Ok(Vec::new()),
+    };
+    let key = first.key;
+    let boot_id = crate::clock::boot_id();
+    let mut tried = std::collections::HashSet::new();
+    let mut held = Some(lock);
+    while let Some(lock) = held.take() {
+        let pending = match due_entries(inv, &key) {
+            Ok(pending) => pending,
+            Err(err) => {
+                eprintln!(
+                    "sandbox-guard: the deferred DELs of pod {} wait: {err}",
+                    key.pod()
+                );
+                return;
+            }
         };
-        let found = owner.as_ref().map(|o| Owner {
-            ownership: o,
-            backed: store.owner_is_backed(o),
+        let now = crate::clock::boot_nanos();
+        let next = pending.into_iter().find(|entry| {
+            !tried.contains(&entry.id().file_name())
+                && (!sweeping || entry.retry_due(sweep_retry_after(entry), now, boot_id.as_deref()))
         });
-        if !ownership::may_replay(found) {
-            return Ok(Vec::new());
-        }
-        Ok(store
-            .deferred_of(key)?
-            .into_iter()
-            .filter_map(|(_, loaded)| match loaded {
-                Loaded::Valid(entry) => Some(entry),
-                _ => None,
-            })
-            .collect())
-    });
-    let pending: Vec<DeferredDel> = match pending {
-        Ok(pending) => pending,
-        Err(err) => {
-            eprintln!(
-                "sandbox-guard: the deferred DELs of pod {} wait: {err}",
-                key.pod()
-            );
+        let Some(entry) = next else {
+            lock.release_unused(root);
+            return;
+        };
+        if Instant::now() >= until {
             return;
         }
-    };
-    let now = crate::clock::unix_nanos();
-    for entry in pending {
-        if sweeping
-            && entry
-                .last_attempt_ns
-                .is_some_and(|then| now.saturating_sub(then) < sweep_retry_after(&entry).as_nanos())
-        {
-            continue;
+        tried.insert(entry.id().file_name());
+        if !replay_one(inv, delegate, entry) {
+            return;
         }
-        if !budget.allows_one_more() {
-            break;
-        }
-        if !replay_one(inv, delegate, entry, budget) {
-            break;
-        }
+        drop(lock);
+        held = PodLock::try_acquire(root, &key).ok().flatten();
     }
+}
+
+/// The deferred DELs of `key`, oldest first, when nobody owns it (`ownership::may_replay`).
+fn due_entries(inv: &Invocation, key: &PodKey) -> Result<Vec<DeferredDel>> {
+    if surely_absent(&deferred::key_dir(&inv.conf.state_dir, &key.digest())) {
+        return Ok(Vec::new());
+    }
+    let store = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout)?;
+    let owner = match store.load_owner(key)? {
+        Loaded::Valid(owner) => Some(owner),
+        Loaded::Missing => None,
+        Loaded::Corrupt { .. } => return Ok(Vec::new()),
+    };
+    let found = owner.as_ref().map(|o| Owner {
+        ownership: o,
+        backed: store.owner_is_backed(o),
+    });
+    if !ownership::may_replay(found) {
+        return Ok(Vec::new());
+    }
+    Ok(store
+        .deferred_of(key)?
+        .into_iter()
+        .filter_map(|(_, loaded)| match loaded {
+            Loaded::Valid(entry) => Some(entry),
+            _ => None,
+        })
+        .collect())
 }
 
 /// One deferred DEL to the primary, as the stale sandbox's own call: its recorded primary
 /// object (its own `runtimeConfig`, no GC list) and network version, its `CNI_ARGS`, an
 /// empty `CNI_NETNS` and its result as `prevResult` where the version has one on DEL
 /// (0.4.0 on; libcni sends none below). Returns whether the store could note the outcome.
-fn replay_one(
-    inv: &Invocation,
-    current: &Delegate,
-    mut entry: DeferredDel,
-    budget: &Budget,
-) -> bool {
+fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel) -> bool {
     let recorded = entry.delegate.clone().map(Delegate::from_recorded);
     let delegate = match recorded {
         Some(Ok(recorded)) => recorded,
@@ -720,13 +760,15 @@ fn replay_one(
         args: Some(&entry.cni_args),
     };
     let started = Instant::now();
+    let deadline = started + inv.conf.replay_timeout;
     let outcome = delegate.call_within(
         &entry.key.network,
         &version,
         prev_result.as_deref(),
         &env,
-        Some(budget.until),
+        Some(deadline),
     );
+    let took = started.elapsed();
     let if_name = entry.if_name().to_string();
     let subject = Subject {
         network: &entry.key.network,
@@ -754,14 +796,31 @@ fn replay_one(
                     e.msg
                 )
             });
-            inv.log.event(
-                Level::Info,
+            // Slow but working: the doctor's "slow", not "broken", reads this in the log.
+            let slow = took * 2 >= inv.conf.replay_timeout;
+            let fields: &[(&str, &str)] = if slow {
+                &[("cause", CAUSE_SLOW_PRIMARY)]
+            } else {
+                &[]
+            };
+            inv.log.event_with(
+                if slow { Level::Warn } else { Level::Info },
                 inv.verb,
                 &subject,
                 "replayed",
+                fields,
                 &format!(
-                    "the deferred DEL (since {}) reached the primary{}",
+                    "the deferred DEL (since {}) reached the primary in {:.1}s{}{}",
                     entry.deferred_at,
+                    took.as_secs_f64(),
+                    if slow {
+                        format!(
+                            ", more than half of replayTimeoutSeconds ({}s): the primary is slow",
+                            inv.conf.replay_timeout.as_secs_f64()
+                        )
+                    } else {
+                        String::new()
+                    },
                     note.unwrap_or_default()
                 ),
             );
@@ -771,29 +830,43 @@ fn replay_one(
             entry.last_error = Some(crate::names::shorten(&err.msg));
             entry.last_attempt_at = Some(crate::clock::now_rfc3339());
             entry.last_attempt_ns = Some(crate::clock::unix_nanos());
-            // Killed at the budget's end after having most of it: the primary hangs. One cut
-            // short because others used the budget first is retried at the usual back-off.
-            entry.hung = Instant::now() >= budget.until
-                && budget.until.saturating_duration_since(started) >= HUNG_AFTER;
-            let _ = store.save_deferred(&entry);
+            entry.last_attempt_boot_ns = Some(crate::clock::boot_nanos());
+            entry.boot_id = crate::clock::boot_id();
+            entry.last_replay_seconds = Some((took.as_secs_f64() * 10.0).round() / 10.0);
+            // Killed at its deadline while the primary still ran: slow or hung, not refused.
+            entry.hung = err.kind == Kind::DelegateBroken && Instant::now() >= deadline;
+            let saved = store.save_deferred(&entry);
+            let how = if entry.hung {
+                format!(
+                    "the primary did not finish the deferred DEL within replayTimeoutSeconds ({}s) and was killed (attempt {})",
+                    inv.conf.replay_timeout.as_secs_f64(),
+                    entry.attempts
+                )
+            } else {
+                format!(
+                    "the primary refused the deferred DEL (attempt {}): {}",
+                    entry.attempts, err.msg
+                )
+            };
             inv.log.event(Level::Warn, inv.verb, &subject, "replay-failed", &format!(
-                "the primary refused the deferred DEL (attempt {}): {}; it stays deferred and is tried again by the node's next \
-                 delegate-mode verb after {}s, or GC",
-                entry.attempts, err.msg, sweep_retry_after(&entry).as_secs()
+                "{how}; it stays deferred and is tried again after {}s by the node's replay worker{}",
+                sweep_retry_after(&entry).as_secs(),
+                saved.err().map(|e| format!(" (its back-off could not be saved: {})", e.msg)).unwrap_or_default()
             ));
         }
     }
     true
 }
 
-/// Replays, within `budget`, the deferred DELs whose pod's name is free, so that none waits
-/// for its pod to come back to the node (containerd sends no GC). Costs one directory read
-/// when anything is deferred (nothing otherwise) and a stat per key looked at; a key whose
-/// owner file exists is skipped without a lock, one whose pod lock is held is skipped too.
-/// Entries of other networks are replayed with the primary object they recorded (a renamed
-/// network's too), when the pod is free under this network's name as well (`free_here`);
-/// those of an earlier release only by a verb of their own network.
-fn sweep(inv: &Invocation, delegate: &Delegate, budget: &Budget) {
+/// Replays, until `until`, the deferred DELs whose pod's name is free, so that none waits
+/// for its pod to come back to the node (containerd sends no GC). Run by the replay worker,
+/// one per node at a time. A key whose owner file exists is skipped without a lock, one
+/// whose pod lock is held is skipped too (never waited for). Entries of other networks are
+/// replayed with the primary object they recorded (a renamed network's too), when the pod is
+/// free under this network's name as well (`free_here`); those of an earlier release only by
+/// a worker of their own network. `backing_off`: skip entries whose back-off is not over
+/// (all but GC's sweep).
+pub fn sweep(inv: &Invocation, delegate: &Delegate, until: Instant, backing_off: bool) {
     let root = &inv.conf.state_dir;
     let Ok(dirs) = std::fs::read_dir(root.join(deferred::DEFERRED)) else {
         return;
@@ -802,14 +875,13 @@ fn sweep(inv: &Invocation, delegate: &Delegate, budget: &Budget) {
         .flatten()
         .filter_map(|e| e.file_name().to_str().map(str::to_string))
         .collect();
-    if digests.is_empty() {
-        return;
-    }
     // A different start each time: a key that keeps failing does not starve the others.
-    let start = (crate::clock::unix_nanos() % digests.len() as u128) as usize;
-    digests.rotate_left(start);
-    for digest in digests.into_iter().take(SWEEP_KEYS) {
-        if !budget.allows_one_more() {
+    if !digests.is_empty() {
+        let start = (crate::clock::unix_nanos() % digests.len() as u128) as usize;
+        digests.rotate_left(start);
+    }
+    for digest in digests {
+        if Instant::now() >= until {
             return;
         }
         if deferred::owned(root, &digest) {
@@ -829,11 +901,11 @@ fn sweep(inv: &Invocation, delegate: &Delegate, budget: &Budget) {
                 None => continue,
             }
         };
-        replay(inv, delegate, &entry.key, budget, true);
         // A key whose last entry was replayed is gone: so is its lock file (containerd
         // sends no GC to remove it later). The same for the lock taken to keep this
         // network's ADD of the pod out meanwhile.
-        for lock in std::iter::once(lock).chain(here) {
+        replay_key(inv, delegate, lock, backing_off, until);
+        if let Some(lock) = here {
             lock.release_unused(root);
         }
     }
@@ -881,44 +953,4 @@ fn entry_of(root: &std::path::Path, digest: &str, network: &str) -> Option<Defer
         }
     }
     None
-}
-
-/// GC's replays: the deferred DELs of attachments the runtime no longer lists, per key, when
-/// the key's pod lock is free now (GC never waits behind a pod); then the lock files of keys
-/// nobody owns or waits on.
-fn replay_collected(inv: &Invocation, delegate: &Delegate) {
-    let listed = |entry: &DeferredDel| {
-        inv.conf
-            .valid_attachments
-            .iter()
-            .flatten()
-            .any(|v| v.container_id == entry.container_id && v.ifname == entry.if_name())
-    };
-    let mut keys: Vec<PodKey> =
-        match Store::open_read_only(&inv.conf.state_dir).and_then(|store| store.list_deferred()) {
-            Ok(all) => all
-                .into_iter()
-                .filter_map(|(_, loaded)| match loaded {
-                    Loaded::Valid(entry)
-                        if entry.key.network == inv.conf.network && !listed(&entry) =>
-                    {
-                        Some(entry.key)
-                    }
-                    _ => None,
-                })
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-    keys.sort_by_key(PodKey::digest);
-    keys.dedup();
-    let budget = Budget::new();
-    for key in &keys {
-        if let Ok(Some(_lock)) = PodLock::try_acquire(&inv.conf.state_dir, key) {
-            replay(inv, delegate, key, &budget, false);
-        }
-    }
-    sweep(inv, delegate, &budget);
-    if let Ok(store) = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
-        store.remove_unused_pod_locks();
-    }
 }

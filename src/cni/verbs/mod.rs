@@ -6,6 +6,7 @@ pub mod del;
 pub mod delegated;
 pub mod gc;
 pub mod ip_conflict;
+pub mod replay_worker;
 pub mod status;
 
 use crate::cni::config::NetConf;
@@ -22,6 +23,8 @@ pub struct Invocation {
     pub log: Log,
     /// The verb's success is counted already (`metrics::commit`).
     pub metrics_committed: std::cell::Cell<bool>,
+    /// The network configuration as it came on stdin: the replay worker gets it too.
+    pub conf_bytes: Vec<u8>,
 }
 
 impl Invocation {

@@ -70,6 +70,7 @@ pub fn run(options: &Options) -> i32 {
     // Networks sharing one log file are read once.
     log_files.sort_by(|a, b| a.1.cmp(&b.1));
     log_files.dedup_by(|a, b| a.1.is_some() && a.1 == b.1);
+    stale_dels::check_slow_replays(&log_files, &mut report);
     stale_dels::check(
         &state_dirs,
         &log_files,

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::finding::{Finding, Report, Severity};
 use super::sandboxes::Owners;
-use crate::cni::log::{CAUSE_STALE_DEL, LOG_BACKUPS, LogEntry};
+use crate::cni::log::{CAUSE_SLOW_PRIMARY, CAUSE_STALE_DEL, LOG_BACKUPS, LogEntry};
 use crate::state::Store;
 use crate::state::ledger::{Handled, LedgerEntry};
 use crate::state::ownership::PodKey;
@@ -332,6 +332,45 @@ pub fn check(
     }
 }
 
+/// Replays that passed but took more than half of `replayTimeoutSeconds` (their log lines'
+/// `cause=slow-primary`): the primary is slow, not broken, and a slower day kills them.
+pub fn check_slow_replays(log_files: &[(String, Option<PathBuf>)], report: &mut Report) {
+    let mut slow: BTreeMap<String, (usize, String)> = BTreeMap::new();
+    for (_, log_file) in log_files {
+        let Some(path) = log_file else { continue };
+        for file in log_and_backups(path) {
+            let Ok(opened) = File::open(&file) else {
+                continue;
+            };
+            for line in BufReader::new(opened).lines().map_while(Result::ok) {
+                if let Some(network) = slow_replay(&line) {
+                    let seen = slow.entry(network).or_default();
+                    seen.0 += 1;
+                    seen.1 = line;
+                }
+            }
+        }
+    }
+    for (network, (count, last)) in slow {
+        report.add(
+            Finding::new(
+                Severity::Warning,
+                "slow-replays",
+                format!("network {network}: the primary is slow: {count} replayed DELs passed but took more than half of replayTimeoutSeconds"),
+            )
+            .evidence(crate::names::shorten(&last))
+            .fix("nothing failed yet, but a slower day kills such replays at replayTimeoutSeconds: raise it (and podLockTimeoutSeconds to at least that), or see why the primary's DELs are slow (its datastore, its IPAM)"),
+        );
+    }
+}
+
+/// The network of a replayed DEL's log line marked slow.
+fn slow_replay(line: &str) -> Option<String> {
+    let entry = LogEntry::parse(line)?;
+    (entry.field("outcome")? == "replayed" && entry.field("cause")? == CAUSE_SLOW_PRIMARY)
+        .then(|| entry.field("network").map(String::from))?
+}
+
 /// The ledger of one state dir, read under its shared lock; none if it was never written.
 fn read_ledger(state_dir: &Path, lock_timeout: Duration) -> Result<Vec<LedgerEntry>, String> {
     if crate::state::surely_absent(&state_dir.join(crate::state::ledger::LEDGER)) {
@@ -420,6 +459,16 @@ mod tests {
         assert_eq!(line.container, "aaa");
         assert_eq!(line.owner.as_deref(), Some("bbb"));
         assert!(line.handled != Handled::Audited);
+    }
+
+    #[test]
+    fn a_slow_replay_is_read_from_its_fields() {
+        let slow = "2026-01-02T03:04:05Z sandbox-guard[42] WARN DEL network=net container=aaa ifname=eth0 pod=ns/p outcome=replayed cause=slow-primary the deferred DEL reached the primary in 20.0s";
+        assert_eq!(slow_replay(slow).as_deref(), Some("net"));
+        let quick = "2026-01-02T03:04:05Z sandbox-guard[42] INFO DEL network=net container=aaa ifname=eth0 pod=ns/p outcome=replayed the deferred DEL reached the primary in 0.1s";
+        assert_eq!(slow_replay(quick), None);
+        let hung = "2026-01-02T03:04:05Z sandbox-guard[42] WARN DEL network=net container=aaa ifname=eth0 pod=ns/p outcome=replay-failed the primary did not finish";
+        assert_eq!(slow_replay(hung), None);
     }
 
     #[test]

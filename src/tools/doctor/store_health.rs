@@ -69,6 +69,7 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
     let mut old = Vec::new();
     let mut failing = Vec::new();
     let mut free = Vec::new();
+    let mut slow = Vec::new();
     let waiting = deferred.len();
     for (path, loaded) in &deferred {
         let Loaded::Valid(entry) = loaded else {
@@ -89,7 +90,14 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
             entry.attempts,
             entry.last_error.as_deref().unwrap_or("-")
         );
-        if entry.attempts > 0 && store.name_is_free(&entry.key) {
+        if entry.hung {
+            // Killed at replayTimeoutSeconds while it still ran: no answer, so not refused.
+            slow.push(format!(
+                "{what}; its last replay ran {}s and was killed while the primary still worked ({} attempts)",
+                entry.last_replay_seconds.map_or("?".to_string(), |s| s.to_string()),
+                entry.attempts
+            ));
+        } else if entry.attempts > 0 && store.name_is_free(&entry.key) {
             free.push(format!("{what}; the pod's name is free, but {failed}"));
         } else if entry.attempts >= REPLAYS_BEFORE_WARNING {
             failing.push(format!("{what}; {failed}"));
@@ -97,15 +105,27 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
             old.push(what);
         }
     }
-    let quiet = failing.is_empty() && old.is_empty() && free.is_empty();
+    let quiet = failing.is_empty() && old.is_empty() && free.is_empty() && slow.is_empty();
+    if !slow.is_empty() {
+        let summary = format!(
+            "{root}: the primary is slow: {} deferred DELs ran out of replayTimeoutSeconds without an answer",
+            slow.len()
+        );
+        report.add(Finding::new(Severity::Warning, "store-deferred", summary).listing(slow).fix(
+            "the primary did not answer, it did not refuse: if its DELs are just slow (its datastore, its IPAM), raise \
+             replayTimeoutSeconds in the conflist entry (and podLockTimeoutSeconds to at least that); if it hangs, see its \
+             own logs. The replay worker retries each a minute after the last try",
+        ));
+    }
     if !free.is_empty() {
         let summary = format!(
-            "{root}: {} deferred DELs whose pod's name is free were refused by the primary",
+            "{root}: the primary is broken: it refused {} deferred DELs whose pod's name is free",
             free.len()
         );
         report.add(Finding::new(Severity::Warning, "store-deferred", summary).listing(free).fix(
-            "read the last error and fix the primary: the primary holds what it gave each old sandbox until a replay passes; \
-             the node's next delegate-mode ADD, DEL or GC retries them (after 2^attempts seconds, at most a minute)",
+            "the primary answered with an error: read the last one and fix the primary; it holds what it gave each old sandbox \
+             until a replay passes; the replay worker, started by the node's next delegate-mode ADD, DEL or GC, retries them \
+             (after 2^attempts seconds, at most a minute)",
         ));
     }
     if !failing.is_empty() {
@@ -351,6 +371,9 @@ mod tests {
             last_attempt_at: None,
             interface: Some("eth0".into()),
             last_attempt_ns: None,
+            last_attempt_boot_ns: None,
+            boot_id: None,
+            last_replay_seconds: None,
             hung: false,
             delegate: None,
             conf_version: None,
@@ -422,6 +445,39 @@ mod tests {
                 .iter()
                 .any(|w| w.contains("etcd4-0") && w.contains("name is free")),
             "{warned:?}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_slow_primary_is_told_from_a_broken_one() {
+        let dir = std::env::temp_dir().join(format!("sg-doctor-slow-{}", std::process::id()));
+        let store = Store::open(&dir, std::time::Duration::from_secs(1)).unwrap();
+        let now = crate::clock::rfc3339(crate::clock::unix_seconds() - 60);
+        let mut slow = entry("etcd1-0", now.clone(), 1);
+        slow.hung = true;
+        slow.last_replay_seconds = Some(30.0);
+        store.save_deferred(&slow).unwrap();
+        store.save_deferred(&entry("etcd2-0", now, 1)).unwrap();
+        let mut report = Report::default();
+        check_deferred("s", &store, &mut report);
+        let found: Vec<String> = report
+            .findings
+            .iter()
+            .map(|f| format!("{} | {}", f.summary, f.evidence.join("\n")))
+            .collect();
+        assert!(
+            found.iter().any(|f| f.contains("slow")
+                && f.contains("replayTimeoutSeconds")
+                && f.contains("etcd1-0")
+                && !f.contains("etcd2-0")),
+            "{found:?}"
+        );
+        assert!(
+            found
+                .iter()
+                .any(|f| f.contains("broken") && f.contains("etcd2-0") && !f.contains("etcd1-0")),
+            "{found:?}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

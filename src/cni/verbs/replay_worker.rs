@@ -1,0 +1,233 @@
+//! Delegate mode's replay worker: the process that hands deferred DELs to the primary, off
+//! every pod's critical path.
+//!
+//! A verb never runs another sandbox's primary DEL itself. When it freed a pod key that has
+//! deferred DELs (the owner's DEL), or when any wait in the store, it starts the worker: the
+//! guard's own binary again (`/proc/self/exe`), with the verb's environment and network
+//! configuration (on a memfd as stdin), in a session of its own, its stdout and stderr on
+//! /dev/null so the runtime's pipes close when the verb exits. So the replay runs exactly as
+//! the runtime's exec of the primary would (host mounts, host network, `CNI_PATH`, the
+//! primary's files), which a replay from the DaemonSet's pod could not without the node's
+//! privileges.
+//!
+//! The DEL that freed a key hands its pod lock over (an inherited file descriptor): no ADD of
+//! the pod slips in between the owner's DEL and the replay. It waits for the worker at most
+//! `OWN_REPLAY_WAIT`, then answers; the worker goes on with its own replay budget
+//! (`replayTimeoutSeconds` per primary run). Every other verb starts the worker only when no
+//! sweep runs (a try-lock, `sweep.lock`), never waits for it, and so never pays for another
+//! pod's primary: one sweeping worker per node at a time, so N hung entries are never N waits.
+//!
+//! Every worker holds `replay.lock` shared for its whole life (taken by the verb before the
+//! start, so there is no gap): whoever needs all replays finished takes it exclusively.
+
+use std::fs::File;
+use std::io::{Seek, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::Invocation;
+use crate::cni::delegate::Delegate;
+use crate::state::open_lock_file;
+use crate::state::pod_lock::PodLock;
+
+/// Set in the worker's environment: the digests of the pod keys whose locks it was handed
+/// (comma separated, possibly none), or `GC_SWEEP`. Its presence makes the binary a worker.
+pub const WORKER_ENV: &str = "SANDBOX_GUARD_REPLAY_WORKER";
+/// A GC's worker: its sweep replays every free key's entries whatever their back-off, as
+/// the runtime asked for a collection now.
+const GC_SWEEP: &str = "gc";
+/// Held shared by every worker while it lives.
+pub const REPLAY_LOCK: &str = "replay.lock";
+/// Held exclusively by the one worker that sweeps the node.
+const SWEEP_LOCK: &str = "sweep.lock";
+/// The worker's first inherited descriptor: `replay.lock`; the handed pod locks follow.
+const FIRST_FD: i32 = 3;
+/// The most pod locks one worker is handed (a DEL locks one key per interface, at most).
+const MAX_HANDED: usize = 15;
+/// How long the DEL that freed a pod key waits for the replays of its pod before answering:
+/// a healthy primary's DEL fits, and then the pod's deferred DELs have reached the primary
+/// before its runtime goes on; a slow one is left to finish in the worker.
+const OWN_REPLAY_WAIT: Duration = Duration::from_secs(1);
+/// No replay starts after a worker has run this long; the next verb starts a new one.
+const WORKER_LIFETIME: Duration = Duration::from_secs(600);
+
+/// Starts the workers there is work for: one for the `handed` pod locks' replays (waited for
+/// at most `OWN_REPLAY_WAIT`), and a sweeping one when deferred DELs wait and no sweep runs
+/// (never waited for but by GC). `gc`: GC's sweep (`GC_SWEEP`). Never fails the verb: a
+/// worker that cannot start leaves the entries to the next one, and the handed keys' are
+/// replayed here.
+pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bool) {
+    let root = &inv.conf.state_dir;
+    if !handed.is_empty() {
+        let mut handed = handed;
+        // More than a worker takes: those keys' locks go, and a sweep replays them.
+        handed.truncate(MAX_HANDED);
+        match spawn(inv, &handed, false) {
+            Ok(child) => {
+                // The worker holds the handed locks now (its own descriptors of the same
+                // open files): ours go first, or its letting go between entries would not
+                // let the lock go.
+                drop(handed);
+                wait_a_moment(child);
+            }
+            Err(err) => {
+                eprintln!(
+                    "sandbox-guard: the replay worker could not start ({err}); replaying here"
+                );
+                let until = Instant::now() + inv.conf.replay_timeout;
+                for lock in handed {
+                    super::delegated::replay_key(inv, delegate, lock, false, until);
+                }
+            }
+        }
+    }
+    if !anything_deferred(root) || sweep_running(root) {
+        return;
+    }
+    match spawn(inv, &[], gc) {
+        Ok(child) if gc => wait_a_moment(child),
+        Ok(_) => {}
+        Err(err) => eprintln!("sandbox-guard: the replay worker could not start: {err}"),
+    }
+}
+
+/// Waits for the worker at most `OWN_REPLAY_WAIT`. One still running is not reaped: it
+/// outlives the verb, and init (or the runtime, as a subreaper) reaps it.
+fn wait_a_moment(mut child: Child) {
+    let until = Instant::now() + OWN_REPLAY_WAIT;
+    while Instant::now() < until {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The worker's entry: replays the handed keys, or else sweeps if no other worker does (a
+/// worker handed keys never sweeps: the DEL that waits for it must not wait for other pods'
+/// primaries). `handed`: the digests of `WORKER_ENV`.
+pub fn run(inv: &Invocation, delegate: &Delegate, handed: &str) {
+    let root = &inv.conf.state_dir;
+    // Started by hand with the variable set, but not by a verb: nothing was handed over.
+    // SAFETY: F_GETFD only reads the descriptor's flags.
+    if unsafe { nix::libc::fcntl(FIRST_FD, nix::libc::F_GETFD) } < 0 {
+        return;
+    }
+    // SAFETY: the verb that started this process put these descriptors there for it
+    // (`spawn`), and nothing else in this process has taken them.
+    let _replaying = unsafe { File::from_raw_fd(FIRST_FD) };
+    let gc = handed == GC_SWEEP;
+    let locks: Vec<PodLock> = handed
+        .split(',')
+        .filter(|_| !gc)
+        .filter(|d| !d.is_empty())
+        .enumerate()
+        .filter_map(|(n, digest)| {
+            // SAFETY: as above, one descriptor per digest after `FIRST_FD`.
+            let file = unsafe { File::from_raw_fd(FIRST_FD + 1 + n as i32) };
+            PodLock::handed(root, digest, file)
+        })
+        .collect();
+    let until = Instant::now() + WORKER_LIFETIME;
+    if !locks.is_empty() || !(gc || handed.is_empty()) {
+        for lock in locks {
+            super::delegated::replay_key(inv, delegate, lock, false, until);
+        }
+        return;
+    }
+    let Some(_sweeping) = try_lock(root, SWEEP_LOCK) else {
+        return;
+    };
+    super::delegated::sweep(inv, delegate, until, !gc);
+    collect_temp_files(root, inv.conf.lock_timeout);
+}
+
+fn anything_deferred(root: &Path) -> bool {
+    std::fs::read_dir(root.join(crate::state::deferred::DEFERRED))
+        .is_ok_and(|mut dirs| dirs.next().is_some())
+}
+
+/// Whether a worker sweeps now: one at a time per node, so the verb starts none.
+fn sweep_running(root: &Path) -> bool {
+    let path = root.join(SWEEP_LOCK);
+    match open_lock_file(&path) {
+        Ok(file) => matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+        Err(_) => false,
+    }
+}
+
+fn try_lock(root: &Path, name: &str) -> Option<File> {
+    let file = open_lock_file(&root.join(name)).ok()?;
+    file.try_lock().ok()?;
+    Some(file)
+}
+
+/// Starts the worker: the verb's own config on a memfd as stdin, `replay.lock` (shared, taken
+/// here) and the handed pod locks as descriptors 3, 4, ...
+fn spawn(inv: &Invocation, handed: &[PodLock], gc: bool) -> std::io::Result<Child> {
+    let replaying = open_lock_file(&inv.conf.state_dir.join(REPLAY_LOCK))?;
+    replaying.lock_shared()?;
+    let conf = nix::sys::memfd::memfd_create(
+        c"sandbox-guard-conf",
+        nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
+    )?;
+    let mut conf = File::from(conf);
+    conf.write_all(&inv.conf_bytes)?;
+    conf.rewind()?;
+    let digests: Vec<&str> = if gc {
+        vec![GC_SWEEP]
+    } else {
+        handed.iter().map(PodLock::digest).collect()
+    };
+    let mut fds = vec![replaying.as_raw_fd()];
+    fds.extend(handed.iter().map(|lock| lock.file().as_raw_fd()));
+    let mut command = Command::new("/proc/self/exe");
+    command
+        .arg0("sandbox-guard")
+        .env(WORKER_ENV, digests.join(","))
+        .stdin(Stdio::from(conf))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: setsid, fcntl and dup2 are async-signal-safe and touch only descriptors.
+    unsafe {
+        command.pre_exec(move || {
+            nix::libc::setsid();
+            // Out of the way first, so no target number overwrites a source (no allocation
+            // between fork and exec).
+            let mut moved = [0; MAX_HANDED + 1];
+            for (slot, &fd) in moved.iter_mut().zip(&fds) {
+                *slot = nix::libc::fcntl(fd, nix::libc::F_DUPFD_CLOEXEC, 64);
+                if *slot < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for (n, &fd) in moved[..fds.len()].iter().enumerate() {
+                // dup2 clears close-on-exec on the copy: the worker inherits it.
+                if nix::libc::dup2(fd, FIRST_FD + n as i32) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    command.spawn()
+}
+
+/// Temp files in `deferred/*/` of writers that were killed, and the folders they leave empty.
+fn collect_temp_files(root: &Path, wait: Duration) {
+    let Ok(store) = crate::state::Store::open(root, wait) else {
+        return;
+    };
+    let _ = store.remove_dead_temp_files();
+    for dir in std::fs::read_dir(root.join(crate::state::deferred::DEFERRED))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        // Only an empty one goes; a writer holds the store's lock to add to it.
+        let _ = std::fs::remove_dir(dir.path());
+    }
+}

@@ -919,3 +919,35 @@ fn the_dump_and_the_doctor_on_an_old_releases_state_dir_write_nothing() {
     assert_eq!(tree(&store.state_dir), before, "a read-only command wrote");
     assert!(!store.state_dir.join("pod-keys").exists());
 }
+
+#[test]
+fn a_superseded_sandboxs_late_add_on_another_interface_is_refused() {
+    // ADD A eth0, ADD B eth0, ADD A net1: A's record on eth0 (or its deferred DEL) says it was
+    // superseded, whichever interface its late ADD names.
+    for deferred_first in [false, true] {
+        let i = Incident::of("lijiaob", "etcd1-0");
+        let primary = RecordingPrimary::new();
+        primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+        // B is alive: its netns path names a live namespace (the plugin's own).
+        primary
+            .wrap(i.store.add(&i.b, &i.pod_b))
+            .netns("/proc/self/ns/net")
+            .run()
+            .assert_ok();
+        if deferred_first {
+            primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+        }
+        let err = primary
+            .wrap(i.store.add(&i.a, &i.pod_a).ifname("net1"))
+            .run()
+            .assert_error(104);
+        assert!(err.msg.contains(&i.b), "{err:?}");
+        assert!(i.store.is_owner(&i.b, "eth0"), "B keeps the pod's name");
+        let adds_of_a = primary
+            .started()
+            .iter()
+            .filter(|(verb, c)| verb == "ADD" && c == &i.a)
+            .count();
+        assert_eq!(adds_of_a, 1, "A's late ADD reached the primary");
+    }
+}

@@ -5,10 +5,10 @@
 
 #[path = "support/cni.rs"]
 mod cni;
-#[path = "support/sys.rs"]
-mod sys;
 #[path = "support/primary.rs"]
 mod primary;
+#[path = "support/sys.rs"]
+mod sys;
 #[path = "support/testdata.rs"]
 mod testdata;
 

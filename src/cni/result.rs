@@ -815,7 +815,9 @@ fn as_libcni_writes(value: &RawValue, with_prefix: bool) -> Option<String> {
         _ => None,
     };
     Some(match (mapped, prefix, with_prefix) {
-        (Some(v4), Some(prefix), true) => json_string(&format!("{v4}/{}", prefix.saturating_sub(96))),
+        (Some(v4), Some(prefix), true) => {
+            json_string(&format!("{v4}/{}", prefix.saturating_sub(96)))
+        }
         (Some(v4), None, false) => json_string(&v4.to_string()),
         _ => value.get().to_string(),
     })

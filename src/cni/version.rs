@@ -145,7 +145,10 @@ mod tests {
     fn plugin_versions_are_read_as_libcni_reads_them() {
         let read = |ok, text: &str| read_plugin_versions(ok, text.as_bytes());
         assert_eq!(
-            read(true, r#"{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}"#),
+            read(
+                true,
+                r#"{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}"#
+            ),
             Ok(vec!["0.4.0".to_string(), "1.0.0".to_string()])
         );
         // A 0.2.0-era answer without the list (libcni's PluginDecoder).
@@ -159,7 +162,10 @@ mod tests {
             Ok(vec!["0.1.0".to_string()])
         );
         for (ok, text) in [
-            (false, r#"{"code":4,"msg":"unknown CNI_COMMAND: VERSION","details":"x"}"#),
+            (
+                false,
+                r#"{"code":4,"msg":"unknown CNI_COMMAND: VERSION","details":"x"}"#,
+            ),
             (false, r#"{"code":7,"msg":"no"}"#),
             (true, r#"{"cniVersion":"0.3.1"}"#),
             (true, r#"{"supportedVersions":["1.0.0"]}"#),

@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-
 use super::conflists::GuardEntry;
 use super::finding::{Finding, Report, Severity};
 

@@ -433,11 +433,37 @@ impl Store {
         })
     }
 
-    /// When the owner of `key` took it (its file's mtime), for comparing with a failed ADD.
-    pub fn owner_since(&self, key: &PodKey) -> Option<SystemTime> {
+    /// The owner file's time (a note of a failed ADD from an earlier release is compared
+    /// with it, see `failed_add`).
+    pub fn owner_file_time(&self, key: &PodKey) -> Option<SystemTime> {
         fs::symlink_metadata(self.owner_path(key))
             .and_then(|m| m.modified())
             .ok()
+    }
+
+    /// The generation at which `owner`'s sandbox took its key: that of the oldest of its
+    /// records that hold it (its first ADD of the pod), which its later ADDs of other
+    /// interfaces leave as it is; the ownership's own where no record says.
+    pub fn owner_taken_at(&self, owner: &Ownership) -> u64 {
+        if !plain_owner(owner) {
+            return owner.generation;
+        }
+        owner
+            .interfaces()
+            .into_iter()
+            .filter_map(|if_name| {
+                let id = AttachmentId::of(&owner.key, &owner.container_id, if_name);
+                match self.load_record(&id) {
+                    Ok(Loaded::Valid(record))
+                        if record.pod_key(owner.key.rule()).as_ref() == Some(&owner.key) =>
+                    {
+                        Some(record.generation)
+                    }
+                    _ => None,
+                }
+            })
+            .min()
+            .unwrap_or(owner.generation)
     }
 
     /// Where a corrupt record, or a pod key's corrupt ownership, is kept. While it is there,

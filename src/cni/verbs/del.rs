@@ -161,8 +161,12 @@ pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) ->
         });
         // A failed ADD speaks only against the owner it failed next to: a sandbox that took
         // the pod later must not have its network torn down by this one's DEL.
-        let deleter = match (deleter, store.failed_add(&id), store.owner_since(key)) {
-            (Deleter::AddFailed, Some(failed), Some(owned)) if owned > failed => Deleter::Unknown,
+        let deleter = match (deleter, store.failed_add(&id), owner.as_ref()) {
+            (Deleter::AddFailed, Some(failed), Some(owner))
+                if failed.precedes(store.owner_taken_at(owner), store.owner_file_time(key)) =>
+            {
+                Deleter::Unknown
+            }
             (deleter, _, _) => deleter,
         };
         match ownership::judge_del(&id.container_id, deleter, found) {

@@ -951,3 +951,29 @@ fn a_superseded_sandboxs_late_add_on_another_interface_is_refused() {
         assert_eq!(adds_of_a, 1, "A's late ADD reached the primary");
     }
 }
+
+#[test]
+fn the_sweep_replays_a_deferred_del_whose_owner_has_no_record() {
+    // The owner's record is gone (the pod left the node; a crash between the two removals):
+    // an owner without its record owns nothing, and its file alone must not hold the
+    // deferred DEL back for ever.
+    let i = Incident::of("lijiaob", "etcd1-0");
+    let primary = RecordingPrimary::new();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 0, "deferred while B owns the pod");
+    std::fs::remove_file(i.store.record_path(NETWORK, &i.b, "eth0")).unwrap();
+    assert!(!i.store.owner_files().is_empty(), "B's owner file stays");
+    // Another pod's verb sweeps.
+    let other = Pod::new("lijiaob", "web-0");
+    primary
+        .wrap(i.store.add(&cni::container_id(), &other))
+        .run()
+        .assert_ok();
+    assert_eq!(
+        primary.dels(&i.a),
+        1,
+        "the sweep replays A's DEL: B's owner has no record"
+    );
+}

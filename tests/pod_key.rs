@@ -8,6 +8,8 @@
 mod cni;
 #[path = "support/mount.rs"]
 mod mount;
+#[path = "support/old_release.rs"]
+mod old_release;
 #[path = "support/primary.rs"]
 mod primary;
 #[path = "support/sys.rs"]
@@ -976,4 +978,70 @@ fn the_sweep_replays_a_deferred_del_whose_owner_has_no_record() {
         1,
         "the sweep replays A's DEL: B's owner has no record"
     );
+}
+
+/// A rolling upgrade: the old release's ADD of B is in flight (in delegate mode, waiting on
+/// its primary; chained, it simply runs late) when this release's first verb re-keys the
+/// store; B's owner lands under the old release's key after the marker says the move is done.
+/// This release must still find it: A's DEL is stale, B's own passes.
+#[test]
+fn an_old_releases_add_that_lands_after_the_rekey_still_owns_the_pod() {
+    if !sys::require(sys::test_name!(), false, &old_release::TOOLS) {
+        return;
+    }
+    let old = old_release::binary();
+    for delegated in [true, false] {
+        let i = Incident::of("lijiaob", "etcd1-0");
+        let primary = RecordingPrimary::new();
+        let wrap = |call: cni::Cni| if delegated { primary.wrap(call) } else { call };
+        old_release::by_old(wrap(i.store.add(&i.a, &i.pod_a)), &old)
+            .run()
+            .assert_ok();
+        let unrelated = || {
+            wrap(
+                i.store
+                    .add(&cni::container_id(), &Pod::new("lijiaob", "web-0")),
+            )
+        };
+        if delegated {
+            primary.slow("ADD", &i.b, 1.5);
+            let in_flight = old_release::by_old(wrap(i.store.add(&i.b, &i.pod_b)), &old).spawn();
+            while !primary
+                .started()
+                .iter()
+                .any(|(verb, c)| verb == "ADD" && c == &i.b)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            // This release's first verb on the node re-keys while B's ADD waits.
+            unrelated().run().assert_ok();
+            in_flight.wait().assert_ok();
+        } else {
+            unrelated().run().assert_ok();
+            old_release::by_old(wrap(i.store.add(&i.b, &i.pod_b)), &old)
+                .run()
+                .assert_ok();
+        }
+        let mode = if delegated { "delegate" } else { "chained" };
+        let del_a = wrap(i.store.del(&i.a, &i.pod_a)).run();
+        if delegated {
+            del_a.assert_ok();
+            assert_eq!(
+                primary.dels(&i.a),
+                0,
+                "{mode}: A's stale DEL reached the primary"
+            );
+        } else {
+            del_a.assert_error(11);
+        }
+        wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+        if delegated {
+            assert_eq!(
+                primary.dels(&i.b),
+                1,
+                "{mode}: B's own DEL reaches the primary"
+            );
+        }
+        i.store.assert_every_owner_has_its_record();
+    }
 }

@@ -51,16 +51,37 @@ fn marked(root: &std::path::Path, network: &str) -> Option<PodKeyRule> {
 
 /// Re-keys `network`'s files to `rule` unless its marker says they are already. Costs one
 /// read when nothing is to be done; a state dir that does not exist has nothing to re-key.
+///
+/// The marker alone is not trusted: a verb of the release before (a rolling upgrade, an ADD
+/// in flight across the switch) may file an owner or a deferred DEL under the other rule's
+/// key after it was written. `key` (the attachment's pod key under `rule`) and `if_name`
+/// name the one place such a file of this attachment's pod would be; found there, it is
+/// merged as in the first move (two stats when there is none).
 pub fn ensure(
     state_dir: &std::path::Path,
     network: &str,
     rule: PodKeyRule,
     wait: Duration,
+    key: Option<(&PodKey, &str)>,
 ) -> Result<()> {
-    if surely_absent(state_dir) || marked(state_dir, network) == Some(rule) {
+    if surely_absent(state_dir) {
         return Ok(());
     }
-    Store::open(state_dir, wait)?.rekey(network, rule)
+    let stray = key.is_some_and(|(key, if_name)| stray(state_dir, key, if_name).is_some());
+    if marked(state_dir, network) == Some(rule) && !stray {
+        return Ok(());
+    }
+    Store::open(state_dir, wait)?.rekey(network, rule, stray)
+}
+
+/// The key of `key`'s pod under the other rule for the attachment `if_name`, when an owner
+/// or deferred DELs sit there (two stats).
+pub fn stray(root: &std::path::Path, key: &PodKey, if_name: &str) -> Option<PodKey> {
+    let other = other(key.rule()).key(&key.network, &key.pod_namespace, &key.pod_name, if_name);
+    let digest = other.digest();
+    let there = !surely_absent(&root.join(super::OWNERS).join(&digest))
+        || !surely_absent(&super::deferred::key_dir(root, &digest));
+    there.then_some(other)
 }
 
 /// Whether `network`'s files may still sit under the keys of the other rule: its marker
@@ -116,8 +137,10 @@ impl Store {
     }
 
     /// See the module's comment for the order and why a crash anywhere in it is safe.
-    pub fn rekey(&self, network: &str, rule: PodKeyRule) -> Result<()> {
-        if marked(&self.root, network) == Some(rule) {
+    /// `stray`: files of the other rule were found after the marker (see `ensure`); the
+    /// move runs whatever the marker says.
+    pub fn rekey(&self, network: &str, rule: PodKeyRule, stray: bool) -> Result<()> {
+        if !stray && marked(&self.root, network) == Some(rule) {
             return Ok(());
         }
         let new_key = |key: &PodKey, if_name: &str| {
@@ -398,7 +421,7 @@ mod tests {
         store.sync().unwrap();
         let old_ledger = std::fs::read(root.join("ledger").join(old_key("net2").digest())).unwrap();
 
-        store.rekey("net", PodKeyRule::Name).unwrap();
+        store.rekey("net", PodKeyRule::Name, false).unwrap();
         let new_key = PodKeyRule::Name.key("net", "lijiaob", "etcd1-0", "net2");
         let check = |store: &Store| {
             let Loaded::Valid(owner) = store.load_owner(&new_key).unwrap() else {
@@ -437,11 +460,13 @@ mod tests {
         )
         .unwrap();
         std::fs::remove_file(root.join(POD_KEYS).join("net")).unwrap();
-        store.rekey("net", PodKeyRule::Name).unwrap();
+        store.rekey("net", PodKeyRule::Name, false).unwrap();
         check(&store);
 
         // And back to one key per interface: each interface's key gets the owner that held it.
-        store.rekey("net", PodKeyRule::NameAndIfname).unwrap();
+        store
+            .rekey("net", PodKeyRule::NameAndIfname, false)
+            .unwrap();
         let Loaded::Valid(owner) = store.load_owner(&old_key("net2")).unwrap() else {
             panic!("no owner of net2")
         };
@@ -473,14 +498,16 @@ mod tests {
         // Two refusals by the old release, one under "name".
         count(&store, &old_key("net2"));
         count(&store, &old_key("net2"));
-        store.rekey("net", PodKeyRule::Name).unwrap();
+        store.rekey("net", PodKeyRule::Name, false).unwrap();
         count(&store, &name_key);
         // The operator switches to "name-and-ifname": two more, under net2's key again.
-        store.rekey("net", PodKeyRule::NameAndIfname).unwrap();
+        store
+            .rekey("net", PodKeyRule::NameAndIfname, false)
+            .unwrap();
         count(&store, &old_key("net2"));
         count(&store, &old_key("net2"));
         // And back: all five are the pod's.
-        store.rekey("net", PodKeyRule::Name).unwrap();
+        store.rekey("net", PodKeyRule::Name, false).unwrap();
         assert_eq!(
             refused(&store),
             5,

@@ -79,10 +79,12 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     let pod_key = inv.pod_key(attachment);
     let subject = inv.subject(Some(attachment), pod_key.as_ref().map(|k| k.pod()));
 
-    let store = inv.open_store().map_err(|err| match err.kind {
-        Kind::ReadOnly => read_only_error(inv, attachment, err),
-        _ => err,
-    })?;
+    let store = inv
+        .open_store(Some(attachment))
+        .map_err(|err| match err.kind {
+            Kind::ReadOnly => read_only_error(inv, attachment, err),
+            _ => err,
+        })?;
     let previous: Option<Checkpoint> = match store.load_record(&id)? {
         Loaded::Valid(record) => Some(record),
         Loaded::Missing => None,

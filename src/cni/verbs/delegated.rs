@@ -131,7 +131,7 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
         }
         Err(err) => return Err(err),
     };
-    let Some((store, unwritable)) = super::del::open(inv)? else {
+    let Some((store, unwritable)) = super::del::open(inv, attachment)? else {
         super::del::nothing_recorded(inv, attachment);
         pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
         return Ok(());
@@ -171,7 +171,7 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
     pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
     let keys = plan.keys.clone();
     let id = plan.id.clone();
-    if let Some((store, unwritable)) = super::del::open(inv)? {
+    if let Some((store, unwritable)) = super::del::open(inv, attachment)? {
         super::del::finish(inv, attachment, &store, unwritable, plan);
     }
     let budget = Budget::new();
@@ -318,6 +318,7 @@ fn refuse_if_superseded(
         &inv.conf.network,
         inv.conf.pod_key,
         inv.conf.lock_timeout,
+        Some((key, &attachment.ifname)),
     )?;
     let store = Store::open_read_only(&inv.conf.state_dir)?;
     let _read = store.read_lock(inv.conf.lock_timeout, &|_| {})?;

@@ -1045,3 +1045,95 @@ fn an_old_releases_add_that_lands_after_the_rekey_still_owns_the_pod() {
         i.store.assert_every_owner_has_its_record();
     }
 }
+
+/// README's way back: the previous release refuses (or defers) A's stale DEL; upgrade; then
+/// scripts/downgrade-owners.sh and the older binary, with an ADD of this release in flight
+/// across the switch. Every owner must still be one the older release reads: A's DEL stays
+/// stale, its deferred DEL is one that release replays, B's own DEL passes.
+#[test]
+fn a_downgrade_to_the_previous_release_keeps_every_owner() {
+    if !sys::require(sys::test_name!(), false, &old_release::TOOLS) {
+        return;
+    }
+    let old = old_release::binary();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
+    for delegated in [false, true] {
+        let mode = if delegated { "delegate" } else { "chained" };
+        let i = Incident::of("lijiaob", "etcd1-0");
+        let primary = RecordingPrimary::new();
+        let wrap = |call: cni::Cni| if delegated { primary.wrap(call) } else { call };
+        let by_old = |call: cni::Cni| old_release::by_old(wrap(call), &old);
+        let stale_del_of_a = |call: cni::Cni| {
+            let reply = call.run();
+            if delegated {
+                reply.assert_ok();
+                assert_eq!(
+                    primary.dels(&i.a),
+                    0,
+                    "{mode}: A's stale DEL reached the primary"
+                );
+            } else {
+                reply.assert_error(11);
+            }
+        };
+        by_old(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+        by_old(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+        stale_del_of_a(by_old(i.store.del(&i.a, &i.pod_a)));
+        // The upgrade: this release's first verb moves the store to its keys.
+        let db = Pod::new("lijiaob", "db-0");
+        let d = cni::container_id();
+        wrap(
+            i.store
+                .add(&cni::container_id(), &Pod::new("lijiaob", "web-0")),
+        )
+        .run()
+        .assert_ok();
+        stale_del_of_a(wrap(i.store.del(&i.a, &i.pod_a)));
+        // The way back, with this release's ADD of D in flight across the first run.
+        let downgrade = || {
+            let out = std::process::Command::new("sh")
+                .args([script, i.store.state_dir.to_str().unwrap(), cni::BIN])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{mode}: {out:?}");
+        };
+        if delegated {
+            primary.slow("ADD", &d, 1.0);
+            let in_flight = wrap(i.store.add(&d, &db)).spawn();
+            while !primary
+                .started()
+                .iter()
+                .any(|(verb, c)| verb == "ADD" && c == &d)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            downgrade();
+            in_flight.wait().assert_ok();
+        } else {
+            downgrade();
+            wrap(i.store.add(&d, &db)).run().assert_ok();
+        }
+        // The older binary is in place: the second run.
+        downgrade();
+        stale_del_of_a(by_old(i.store.del(&i.a, &i.pod_a)));
+        by_old(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+        if delegated {
+            assert_eq!(
+                primary.dels(&i.b),
+                1,
+                "{mode}: B's own DEL reaches the primary"
+            );
+            // The older release read the deferred DEL the two moves kept, and replayed it
+            // once B's DEL freed the pod.
+            assert_eq!(
+                primary.dels(&i.a),
+                1,
+                "{mode}: A's deferred DEL is replayed"
+            );
+        }
+        by_old(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+        // D, added by this release, is the older one's to protect and release too.
+        by_old(i.store.del(&d, &db)).run().assert_ok();
+        i.store.assert_every_owner_has_its_record();
+    }
+}

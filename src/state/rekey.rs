@@ -370,6 +370,76 @@ impl Store {
         }
         Ok(damaged)
     }
+    /// Puts the store back in the form the release before the pod key reads, for a downgrade
+    /// to it: every network's owners, deferred DELs and ledger moved to the keys of
+    /// "name-and-ifname" (that release's only rule; the move is `rekey`'s, crash-safe, run
+    /// whatever the markers say), then every ownership and address index entry that is a
+    /// symlink (this release's form, which that release refuses) rewritten as the regular
+    /// file it read, each by an atomic rename. Run under the store's lock; running it again
+    /// finds nothing left to do. A ledger entry of a whole pod ("name") cannot say which
+    /// interface its stale DELs came by: it stays, and that release skips it (history only).
+    /// Returns the networks moved and how many entries were rewritten.
+    pub fn downgrade(&self) -> Result<(Vec<String>, usize)> {
+        let mut networks = std::collections::BTreeSet::new();
+        if let Ok(markers) = std::fs::read_dir(self.root.join(POD_KEYS)) {
+            for name in markers
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+            {
+                if !name.starts_with('.')
+                    && crate::names::check_plain(
+                        "network",
+                        &name,
+                        crate::names::MAX_NETWORK,
+                        crate::error::Kind::Io,
+                    )
+                    .is_ok()
+                {
+                    networks.insert(name);
+                }
+            }
+        }
+        for (_, loaded) in self.list_owners()? {
+            if let Loaded::Valid(owner) = loaded {
+                networks.insert(owner.key.network);
+            }
+        }
+        for (_, loaded) in self.list_deferred()? {
+            if let Loaded::Valid(entry) = loaded {
+                networks.insert(entry.key.network);
+            }
+        }
+        for network in &networks {
+            self.rekey(network, PodKeyRule::NameAndIfname, true)?;
+        }
+        let mut rewritten = 0;
+        for dir in [self.owners.clone(), self.root.join(super::IPS)] {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Ok(target) = std::fs::read_link(entry.path()) else {
+                    continue;
+                };
+                // A link that holds no sealed text was not written by the store: left alone.
+                let text = target.as_os_str().as_encoded_bytes();
+                if name.starts_with('.') || !text.starts_with(b"{") {
+                    continue;
+                }
+                let mut bytes = text.to_vec();
+                bytes.push(b'\n');
+                super::sealed::replace(&dir, &name, &bytes, super::sealed::Durability::Durable)
+                    .map_err(|e| {
+                        crate::error::GuardError::io("rewrite as a regular file", &entry.path(), e)
+                    })?;
+                rewritten += 1;
+            }
+            sync_path(&dir)?;
+        }
+        Ok((networks.into_iter().collect(), rewritten))
+    }
+
     /// Writes the marker durably: the re-key is done.
     fn mark(&self, network: &str, rule: PodKeyRule) -> Result<()> {
         let dir = self.root.join(POD_KEYS);

@@ -43,11 +43,13 @@ config on stdin); list it LAST in the conflist. By hand, in one of five modes:
   sandbox-guard --install [options]    put it into the network the runtime runs and copy
                              the binary; --watch keeps it there
   sandbox-guard --uninstall [options]  take it out, the primary's config as it was
+  sandbox-guard --downgrade [options]  put the state dir back in the form of the release
+                             before the pod key (podKey), to go back to it
   sandbox-guard MODE --help  that mode's options
   sandbox-guard --help       this text
   sandbox-guard --version    the plugin version and the CNI versions it speaks
 
-Options of the dump, --restore and --doctor:
+Options of the dump, --restore, --doctor and --downgrade:
       --state-dir DIR        state directory (default /var/lib/cni/sandbox-guard)
       --lock-timeout SECONDS how long to wait for the state dir's lock (default 10)
 
@@ -176,6 +178,20 @@ Options:
   -h, --help                   this text
 ";
 
+const DOWNGRADE_HELP: &str = "\
+Usage: sandbox-guard --downgrade [options]
+
+Moves owners, deferred DELs and the refusal ledger to the keys of the release before the
+pod key (\"name-and-ifname\") and rewrites ownerships as the regular files it reads, under
+the state dir's lock; crash-safe, and running it again changes nothing more. Run it, install
+the older binary, then run it again with this binary kept aside (a verb of this release in
+between moves the files back).
+
+      --state-dir DIR          state directory (default /var/lib/cni/sandbox-guard)
+      --lock-timeout SECONDS   how long to wait for the state dir's lock (default 10)
+  -h, --help                   this text
+";
+
 pub fn run(args: &[String]) -> i32 {
     match parse(args) {
         Ok(Command::Help(mode)) => {
@@ -193,6 +209,10 @@ pub fn run(args: &[String]) -> i32 {
         Ok(Command::Doctor(options)) => doctor::run(&options),
         Ok(Command::Install(options)) => install::run_install(&options),
         Ok(Command::Uninstall(options)) => install::run_uninstall(&options),
+        Ok(Command::Downgrade {
+            state_dir,
+            lock_timeout,
+        }) => crate::tools::downgrade::run(&state_dir, lock_timeout),
         Ok(Command::Restore {
             state_dir,
             selection,
@@ -243,6 +263,10 @@ enum Command {
     Doctor(doctor::Options),
     Install(install::Options),
     Uninstall(install::Options),
+    Downgrade {
+        state_dir: PathBuf,
+        lock_timeout: Duration,
+    },
 }
 
 #[cfg(test)]
@@ -256,6 +280,7 @@ impl std::fmt::Debug for Command {
             Command::Doctor(_) => "Doctor",
             Command::Install(_) => "Install",
             Command::Uninstall(_) => "Uninstall",
+            Command::Downgrade { .. } => "Downgrade",
         })
     }
 }
@@ -274,6 +299,7 @@ enum Mode {
     Doctor,
     Install,
     Uninstall,
+    Downgrade,
 }
 
 impl Mode {
@@ -284,6 +310,7 @@ impl Mode {
             "doctor" => Some(Mode::Doctor),
             "install" => Some(Mode::Install),
             "uninstall" => Some(Mode::Uninstall),
+            "downgrade" => Some(Mode::Downgrade),
             _ => None,
         }
     }
@@ -295,6 +322,7 @@ impl Mode {
             Mode::Doctor => "--doctor",
             Mode::Install => "--install",
             Mode::Uninstall => "--uninstall",
+            Mode::Downgrade => "--downgrade",
         }
     }
 
@@ -305,6 +333,7 @@ impl Mode {
             Mode::Doctor => DOCTOR_HELP,
             Mode::Install => INSTALL_HELP,
             Mode::Uninstall => UNINSTALL_HELP,
+            Mode::Downgrade => DOWNGRADE_HELP,
         }
     }
 }
@@ -405,8 +434,14 @@ impl Opt {
 
     fn modes(self) -> &'static [Mode] {
         match self {
-            Opt::StateDir => &[Mode::Dump, Mode::Restore, Mode::Doctor, Mode::Install],
-            Opt::LockTimeout => &[Mode::Dump, Mode::Restore, Mode::Doctor],
+            Opt::StateDir => &[
+                Mode::Dump,
+                Mode::Restore,
+                Mode::Doctor,
+                Mode::Install,
+                Mode::Downgrade,
+            ],
+            Opt::LockTimeout => &[Mode::Dump, Mode::Restore, Mode::Doctor, Mode::Downgrade],
             Opt::Output => &[Mode::Dump, Mode::Doctor],
             Opt::Namespace | Opt::Pod | Opt::PodUid | Opt::ContainerId => &[Mode::Dump],
             Opt::All | Opt::DryRun => &[Mode::Restore],
@@ -533,7 +568,7 @@ fn parse(args: &[String]) -> Result<Command, Usage> {
     let Some(mode) = mode else {
         return Err(fail(
             None,
-            "no mode given: use --dump-checkpoints, --restore, --doctor, --install or --uninstall"
+            "no mode given: use --dump-checkpoints, --restore, --doctor, --install, --uninstall or --downgrade"
                 .to_string(),
         ));
     };
@@ -587,7 +622,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                         "unexpected argument {id:?}: --dump-checkpoints filters by container ID with --container-id"
                     ));
                 }
-                Mode::Doctor | Mode::Install | Mode::Uninstall => {
+                Mode::Doctor | Mode::Install | Mode::Uninstall | Mode::Downgrade => {
                     return Err(format!(
                         "unexpected argument {id:?}: {} takes options only",
                         mode.flag()
@@ -757,6 +792,10 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                 lock_timeout,
             })
         }
+        Mode::Downgrade => Command::Downgrade {
+            state_dir: state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+            lock_timeout,
+        },
     })
 }
 

@@ -1137,3 +1137,55 @@ fn a_downgrade_to_the_previous_release_keeps_every_owner() {
         i.store.assert_every_owner_has_its_record();
     }
 }
+
+/// The release before this one never synced its generation counter: after a power cut a
+/// newer ADD of the pod on another interface may get a lower generation than an older one.
+/// The move to pod-name keys must not hand the pod to the older sandbox when its netns is
+/// gone and the newer one's lives.
+#[test]
+fn the_upgrades_merge_does_not_trust_the_old_releases_unsynced_generations() {
+    if !sys::require(sys::test_name!(), false, &old_release::TOOLS) {
+        return;
+    }
+    let old = old_release::binary();
+    let i = Incident::of("lijiaob", "etcd1-0");
+    let by_old = |call: cni::Cni| old_release::by_old(call, &old);
+    for n in 0..2 {
+        by_old(i.store.add(
+            &cni::container_id(),
+            &Pod::new("lijiaob", &format!("seed-{n}")),
+        ))
+        .run()
+        .assert_ok();
+    }
+    // A (generation 3) as net1; its sandbox is gone since (its netns path names nothing).
+    by_old(
+        i.store
+            .add(&i.a, &i.pod_a)
+            .ifname("net1")
+            .netns("/var/run/netns/sandbox-guard-test-gone"),
+    )
+    .run()
+    .assert_ok();
+    // The power cut takes the unsynced counter back; B, newer, gets generation 1 as net2.
+    let lock = i.store.state_dir.join("lock");
+    let mut counter = std::fs::read(&lock).unwrap();
+    counter[..20].copy_from_slice(b"00000000000000000000");
+    std::fs::write(&lock, counter).unwrap();
+    by_old(
+        i.store
+            .add(&i.b, &i.pod_b)
+            .ifname("net2")
+            .netns("/proc/self/ns/net"),
+    )
+    .run()
+    .assert_ok();
+    // This release moves the store; A's DEL is stale, B owns the pod.
+    i.store
+        .del(&i.a, &i.pod_a)
+        .ifname("net1")
+        .run()
+        .assert_error(11);
+    assert!(i.store.is_owner(&i.b, "net2"), "B, alive, owns the pod");
+    i.store.del(&i.b, &i.pod_b).ifname("net2").run().assert_ok();
+}

@@ -624,6 +624,19 @@ impl Store {
         }
     }
 
+    /// The counter written and its data synced: where it alone orders the ADDs of one pod's
+    /// different keys (`podKey: "name-and-ifname"`, whose owners a later move to "name"
+    /// merges by generation), a power cut must not take it back.
+    pub fn set_generation_counter_durably(&self, value: u64) -> Result<()> {
+        self.set_generation_counter(value);
+        match &self.lock {
+            Some(lock) => lock.sync_data().map_err(|e| {
+                GuardError::io("sync the generation counter in", &self.root.join("lock"), e)
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Every record file, for GC and the doctor. A file that cannot even be opened safely (a
     /// planted symlink, a FIFO) is listed as corrupt: the tools that list must keep working.
     pub fn list_records(&self) -> Result<Vec<(PathBuf, Loaded<Checkpoint>)>> {

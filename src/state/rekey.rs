@@ -181,6 +181,15 @@ impl Store {
             if let Loaded::Valid(there) = self.load_owner(&key)? {
                 owners.push(there);
             }
+            // Generations of different keys were never compared before the move, and the
+            // release before this one never synced the counter they come from: after a power
+            // cut an older ADD may carry the higher one. A sandbox whose netns is gone is no
+            // candidate while one of another sandbox lives; among the living the last ADD wins.
+            let alive: Vec<bool> = owners.iter().map(|o| self.sandbox_alive(o)).collect();
+            if alive.contains(&true) && alive.contains(&false) {
+                let mut alive = alive.into_iter();
+                owners.retain(|_| alive.next().unwrap_or(true));
+            }
             if let Some(owner) = ownership::merged(&key, &owners) {
                 self.save_owner(&owner)?;
             }
@@ -438,6 +447,20 @@ impl Store {
             sync_path(&dir)?;
         }
         Ok((networks.into_iter().collect(), rewritten))
+    }
+
+    /// Whether `owner`'s sandbox may still live: the netns its record names exists, or no
+    /// record says (it cannot be ruled out).
+    fn sandbox_alive(&self, owner: &Ownership) -> bool {
+        owner.interfaces().into_iter().all(|if_name| {
+            let id = super::checkpoint::AttachmentId::of(&owner.key, &owner.container_id, if_name);
+            match self.load_record(&id) {
+                Ok(Loaded::Valid(record)) => {
+                    crate::kernel::netns::netns_state(&record.netns, None, None).is_alive()
+                }
+                _ => true,
+            }
+        })
     }
 
     /// Writes the marker durably: the re-key is done.

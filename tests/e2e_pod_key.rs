@@ -213,8 +213,7 @@ fn install_guard(net: &Network, binary: &std::path::Path) {
 /// (scripts/downgrade-owners.sh, the older binary), through real libcni against the model of
 /// a primary keyed by pod name: the old sandbox's DEL never reaches the model while the new
 /// sandbox lives, under either binary, and each binary's DELs pass once the new one is gone.
-fn the_new_pod_survives_an_upgrade_and_a_downgrade(mode: Mode) {
-    let old_binary = old_release::binary();
+fn the_new_pod_survives_an_upgrade_and_a_downgrade(mode: Mode, old_binary: &std::path::Path) {
     let net = podname_keyed_network();
     let conflist = net.conflist_of(mode).to_path_buf();
     let pod = sys::unique("etcd");
@@ -237,7 +236,7 @@ fn the_new_pod_survives_an_upgrade_and_a_downgrade(mode: Mode) {
             "{when}: B lost its link to A's DEL"
         );
     };
-    install_guard(&net, &old_binary);
+    install_guard(&net, old_binary);
     net.add_with(&conflist, &old)
         .unwrap_or_else(|e| panic!("ADD A: {}", e.stderr));
     let new_result = net
@@ -248,7 +247,7 @@ fn the_new_pod_survives_an_upgrade_and_a_downgrade(mode: Mode) {
     stale_del("after the upgrade");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
     sys::run("sh", &[script, net.state_dir.to_str().unwrap(), cni::BIN]);
-    install_guard(&net, &old_binary);
+    install_guard(&net, old_binary);
     sys::run("sh", &[script, net.state_dir.to_str().unwrap(), cni::BIN]);
     stale_del("after the way back");
     assert_result_matches_kernel(&new_result, &new);
@@ -266,17 +265,17 @@ fn the_new_pod_survives_an_upgrade_and_a_downgrade(mode: Mode) {
 #[test]
 fn an_upgrade_and_a_downgrade_chained_through_libcni() {
     sys::skip_unless_root!(libcni::TOOLS);
-    if !sys::require(sys::test_name!(), true, &old_release::TOOLS) {
+    let Some(old) = old_release::required(sys::test_name!()) else {
         return;
-    }
-    the_new_pod_survives_an_upgrade_and_a_downgrade(Mode::Chained);
+    };
+    the_new_pod_survives_an_upgrade_and_a_downgrade(Mode::Chained, &old);
 }
 
 #[test]
 fn an_upgrade_and_a_downgrade_delegate_through_libcni() {
     sys::skip_unless_root!(libcni::TOOLS);
-    if !sys::require(sys::test_name!(), true, &old_release::TOOLS) {
+    let Some(old) = old_release::required(sys::test_name!()) else {
         return;
-    }
-    the_new_pod_survives_an_upgrade_and_a_downgrade(Mode::Delegate);
+    };
+    the_new_pod_survives_an_upgrade_and_a_downgrade(Mode::Delegate, &old);
 }

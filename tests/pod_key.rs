@@ -986,10 +986,9 @@ fn the_sweep_replays_a_deferred_del_whose_owner_has_no_record() {
 /// This release must still find it: A's DEL is stale, B's own passes.
 #[test]
 fn an_old_releases_add_that_lands_after_the_rekey_still_owns_the_pod() {
-    if !sys::require(sys::test_name!(), false, &old_release::TOOLS) {
+    let Some(old) = old_release::required(sys::test_name!()) else {
         return;
-    }
-    let old = old_release::binary();
+    };
     for delegated in [true, false] {
         let i = Incident::of("lijiaob", "etcd1-0");
         let primary = RecordingPrimary::new();
@@ -1052,10 +1051,9 @@ fn an_old_releases_add_that_lands_after_the_rekey_still_owns_the_pod() {
 /// stale, its deferred DEL is one that release replays, B's own DEL passes.
 #[test]
 fn a_downgrade_to_the_previous_release_keeps_every_owner() {
-    if !sys::require(sys::test_name!(), false, &old_release::TOOLS) {
+    let Some(old) = old_release::required(sys::test_name!()) else {
         return;
-    }
-    let old = old_release::binary();
+    };
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
     for delegated in [false, true] {
         let mode = if delegated { "delegate" } else { "chained" };
@@ -1144,10 +1142,9 @@ fn a_downgrade_to_the_previous_release_keeps_every_owner() {
 /// gone and the newer one's lives.
 #[test]
 fn the_upgrades_merge_does_not_trust_the_old_releases_unsynced_generations() {
-    if !sys::require(sys::test_name!(), false, &old_release::TOOLS) {
+    let Some(old) = old_release::required(sys::test_name!()) else {
         return;
-    }
-    let old = old_release::binary();
+    };
     let i = Incident::of("lijiaob", "etcd1-0");
     let by_old = |call: cni::Cni| old_release::by_old(call, &old);
     for n in 0..2 {

@@ -62,6 +62,12 @@ pub fn binary() -> PathBuf {
     binary
 }
 
+/// The old release's binary for `test`, or `None` once `sys::require` has said why not
+/// (SKIPPED outside CI, a failure in CI).
+pub fn required(test: &str) -> Option<PathBuf> {
+    crate::sys::require(test, false, &TOOLS).then(binary)
+}
+
 /// `call` run by the old release's binary instead of this one.
 pub fn by_old(call: Cni, old: &Path) -> Cni {
     call.wrapped_in(&["/bin/sh", "-c", "exec \"$0\"", old.to_str().unwrap()])

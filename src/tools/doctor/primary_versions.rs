@@ -57,7 +57,7 @@ pub fn check(guards: &[GuardEntry], report: &mut Report) {
             continue;
         }
         match supported_versions(primary, &search) {
-            Ok(versions) if versions.iter().any(|v| *v == guard.cni_version) => report.add(Finding::new(
+            Ok(versions) if versions.contains(&guard.cni_version) => report.add(Finding::new(
                 Severity::Ok,
                 "primary-version",
                 format!("{where_}: the primary {primary} speaks the network's cniVersion {}", guard.cni_version),

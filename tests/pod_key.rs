@@ -1145,44 +1145,50 @@ fn the_upgrades_merge_does_not_trust_the_old_releases_unsynced_generations() {
     let Some(old) = old_release::required(sys::test_name!()) else {
         return;
     };
-    let i = Incident::of("lijiaob", "etcd1-0");
-    let by_old = |call: cni::Cni| old_release::by_old(call, &old);
-    for n in 0..2 {
-        by_old(i.store.add(
-            &cni::container_id(),
-            &Pod::new("lijiaob", &format!("seed-{n}")),
-        ))
-        .run()
-        .assert_ok();
+    for delegated in [false, true] {
+        let mode = if delegated { "delegate" } else { "chained" };
+        let i = Incident::of("lijiaob", "etcd1-0");
+        let primary = RecordingPrimary::new();
+        let wrap = |call: cni::Cni| if delegated { primary.wrap(call) } else { call };
+        let by_old = |call: cni::Cni| old_release::by_old(wrap(call), &old);
+        for n in 0..2 {
+            let seed = Pod::new("lijiaob", &format!("seed-{n}"));
+            by_old(i.store.add(&cni::container_id(), &seed))
+                .run()
+                .assert_ok();
+        }
+        // A (generation 3) as net1; its sandbox is gone since (its netns path names nothing).
+        let gone = "/var/run/netns/sandbox-guard-test-gone";
+        by_old(i.store.add(&i.a, &i.pod_a).ifname("net1").netns(gone))
+            .run()
+            .assert_ok();
+        // The power cut takes the unsynced counter back; B, newer, gets generation 1 as net2.
+        let lock = i.store.state_dir.join("lock");
+        let mut counter = std::fs::read(&lock).unwrap();
+        counter[..20].copy_from_slice(b"00000000000000000000");
+        std::fs::write(&lock, counter).unwrap();
+        let live = "/proc/self/ns/net";
+        by_old(i.store.add(&i.b, &i.pod_b).ifname("net2").netns(live))
+            .run()
+            .assert_ok();
+        // This release moves the store; A's DEL is stale, B owns the pod.
+        let del_a = wrap(i.store.del(&i.a, &i.pod_a).ifname("net1").netns(gone)).run();
+        if delegated {
+            del_a.assert_ok();
+            assert_eq!(
+                primary.dels(&i.a),
+                0,
+                "{mode}: A's stale DEL reached the primary"
+            );
+        } else {
+            del_a.assert_error(11);
+        }
+        assert!(
+            i.store.is_owner(&i.b, "net2"),
+            "{mode}: B, alive, owns the pod"
+        );
+        wrap(i.store.del(&i.b, &i.pod_b).ifname("net2").netns(live))
+            .run()
+            .assert_ok();
     }
-    // A (generation 3) as net1; its sandbox is gone since (its netns path names nothing).
-    by_old(
-        i.store
-            .add(&i.a, &i.pod_a)
-            .ifname("net1")
-            .netns("/var/run/netns/sandbox-guard-test-gone"),
-    )
-    .run()
-    .assert_ok();
-    // The power cut takes the unsynced counter back; B, newer, gets generation 1 as net2.
-    let lock = i.store.state_dir.join("lock");
-    let mut counter = std::fs::read(&lock).unwrap();
-    counter[..20].copy_from_slice(b"00000000000000000000");
-    std::fs::write(&lock, counter).unwrap();
-    by_old(
-        i.store
-            .add(&i.b, &i.pod_b)
-            .ifname("net2")
-            .netns("/proc/self/ns/net"),
-    )
-    .run()
-    .assert_ok();
-    // This release moves the store; A's DEL is stale, B owns the pod.
-    i.store
-        .del(&i.a, &i.pod_a)
-        .ifname("net1")
-        .run()
-        .assert_error(11);
-    assert!(i.store.is_owner(&i.b, "net2"), "B, alive, owns the pod");
-    i.store.del(&i.b, &i.pod_b).ifname("net2").run().assert_ok();
 }

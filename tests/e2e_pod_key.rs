@@ -4,8 +4,10 @@
 //! numbers a pod's interfaces by their place in its annotation): the old sandbox's DEL must
 //! not reach the model while the new one lives, or the model releases the new pod's address
 //! and deletes its link. And a pod with two interfaces on one network, against Debian's
-//! bridge and host-local: its name is the pod's until its last interface goes. Needs root,
-//! Go and Debian's libcni source.
+//! bridge and host-local: its name is the pod's until its last interface goes. And an upgrade
+//! from the previous release's binary (built from its commit, tests/support/old_release.rs)
+//! and the way back to it. Needs root, Go and Debian's libcni source (and git and cargo for
+//! the old release).
 
 #[path = "support/cni.rs"]
 mod cni;

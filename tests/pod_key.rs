@@ -2,7 +2,9 @@
 //! (calico before 3.x, sticky-IP macvlan plugins) release whatever the pod's name holds on any
 //! DEL: an old sandbox attached as `net1` tears down a new one attached as `net2` (multus
 //! numbers interfaces by their place in the pod's annotation). Also: a sandbox with two
-//! interfaces on one network, and a state dir written by the release that keyed by ifname.
+//! interfaces on one network, and a state dir written by the release that keyed by ifname;
+//! that release's own binary (built from its commit, tests/support/old_release.rs) and this
+//! one interleaved: a rolling upgrade, its unsynced generations, the way back.
 
 #[path = "support/cni.rs"]
 mod cni;

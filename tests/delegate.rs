@@ -822,6 +822,37 @@ fn version_answers_what_both_the_guard_and_the_primary_speak() {
     i.store.cni("VERSION", "").run().assert_ok();
 }
 
+#[test]
+fn version_reads_a_legacy_primarys_answer_as_libcni_does() {
+    // libcni's reading (pkg/version PluginDecoder, pkg/invoke GetVersionInfo): a 0.2.0-era
+    // answer without supportedVersions speaks 0.1.0 and 0.2.0; a plugin from before VERSION
+    // fails it with "unknown CNI_COMMAND: VERSION" and speaks 0.1.0.
+    let (_i, primary) = incident();
+    for (plugin, script, speaks) in [
+        (
+            "primary-0-2-0",
+            r#"printf '{"cniVersion":"0.2.0"}\n'"#,
+            json!(["0.1.0", "0.2.0"]),
+        ),
+        (
+            "primary-0-1-0",
+            r#"printf '{"code":4,"msg":"unknown CNI_COMMAND: VERSION"}\n'; exit 1"#,
+            json!(["0.1.0"]),
+        ),
+    ] {
+        let path = primary.bin_dir.join(plugin);
+        std::fs::write(&path, format!("#!/bin/sh\ncat >/dev/null\n{script}\n")).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let conf = json!({"cniVersion": "0.2.0", "name": cni::NETWORK, "type": "sandbox-guard", "delegate": {"type": plugin}});
+        let reply = cni::Cni::with_config("VERSION", "", &conf)
+            .env("CNI_PATH", Some(primary.bin_dir.to_str().unwrap()))
+            .run();
+        assert!(reply.succeeded(), "{plugin}: {reply:?}");
+        assert_eq!(reply.json()["supportedVersions"], speaks, "{plugin}");
+    }
+}
+
 /// ext4 remounts itself read-only after a disk error: the primary must not set up a pod the
 /// guard cannot record.
 #[test]

@@ -165,8 +165,9 @@ fn add_without_an_unnamed_file_to_link_writes_the_record_through_a_temp_file() {
 }
 
 /// Releases before the symlink form refuse a symlink in the state dir, on every ADD and DEL of
-/// its pod, and say to remove it, which would drop the pod's owner. scripts/downgrade-owners.sh
-/// turns them back into the regular files those releases read: byte for byte what they wrote.
+/// its pod, and say to remove it, which would drop the pod's owner; the release before the pod
+/// key reads owners only under its own keys. scripts/downgrade-owners.sh (this release's
+/// `--downgrade`) moves them there and writes them as the regular files that release reads.
 #[test]
 fn the_downgrade_script_turns_every_symlink_back_into_the_file_of_the_release_before() {
     sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "flock"]);
@@ -179,27 +180,28 @@ fn the_downgrade_script_turns_every_symlink_back_into_the_file_of_the_release_be
     store.add(&b, &pod).run().assert_ok();
     let owner = store.owner_files().pop().unwrap();
     assert!(is_symlink(&owner), "the new form, to be turned back");
-    let target = std::fs::read_link(&owner).unwrap();
     let planted = store.state_dir.join("owners").join("planted");
     std::os::unix::fs::symlink("/etc/hostname", &planted).unwrap();
 
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
-    sys::run("sh", &[script, store.state_dir.to_str().unwrap()]);
-    let mut text = target.into_os_string().into_encoded_bytes();
-    text.push(b'\n');
-    assert!(!is_symlink(&owner));
-    assert_eq!(std::fs::read(&owner).unwrap(), text);
+    sys::run("sh", &[script, store.state_dir.to_str().unwrap(), cni::BIN]);
     assert!(
         is_symlink(&planted),
         "a link the store did not write is left alone"
     );
     std::fs::remove_file(&planted).unwrap();
-    assert_eq!(cni::mode(&owner), 0o600);
-    assert!(
-        cni::files_in(&store.state_dir.join("owners"))
-            .iter()
-            .all(|p| !is_symlink(p))
+    let owners = cni::files_in(&store.state_dir.join("owners"));
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    let owner = &owners[0];
+    assert!(!is_symlink(owner));
+    assert_eq!(cni::mode(owner), 0o600);
+    // The text that release wrote: a sealed record keyed by ifname, newline-terminated.
+    let record = cni::verify_envelope(owner).unwrap();
+    assert_eq!(
+        (record["ifName"].as_str(), record["containerId"].as_str()),
+        (Some("eth0"), Some(b.as_str()))
     );
+    assert!(std::fs::read(owner).unwrap().ends_with(b"}\n"));
     store.del(&a, &pod).run().assert_error(11);
     store.del(&b, &pod).run().assert_ok();
 }

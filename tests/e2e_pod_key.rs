@@ -4,13 +4,17 @@
 //! numbers a pod's interfaces by their place in its annotation): the old sandbox's DEL must
 //! not reach the model while the new one lives, or the model releases the new pod's address
 //! and deletes its link. And a pod with two interfaces on one network, against Debian's
-//! bridge and host-local: its name is the pod's until its last interface goes. Needs root,
-//! Go and Debian's libcni source.
+//! bridge and host-local: its name is the pod's until its last interface goes. And an upgrade
+//! from the previous release's binary (built from its commit, tests/support/old_release.rs)
+//! and the way back to it. Needs root, Go and Debian's libcni source (and git and cargo for
+//! the old release).
 
 #[path = "support/cni.rs"]
 mod cni;
 #[path = "support/libcni.rs"]
 mod libcni;
+#[path = "support/old_release.rs"]
+mod old_release;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
@@ -198,4 +202,82 @@ fn a_pod_with_two_interfaces_on_one_network_keeps_its_name_until_the_last_goes()
         );
     }
     assert_network_empty(&net);
+}
+
+/// The network's guard binary from now on: `binary` in the bin dir libcni runs plugins from.
+fn install_guard(net: &Network, binary: &std::path::Path) {
+    let link = net.bin_dir.join("sandbox-guard");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(binary, &link).unwrap();
+}
+
+/// The previous release, then this one (the upgrade), then README's way back
+/// (scripts/downgrade-owners.sh, the older binary), through real libcni against the model of
+/// a primary keyed by pod name: the old sandbox's DEL never reaches the model while the new
+/// sandbox lives, under either binary, and each binary's DELs pass once the new one is gone.
+fn the_new_pod_survives_an_upgrade_and_a_downgrade(mode: Mode, old_binary: &std::path::Path) {
+    let net = podname_keyed_network();
+    let conflist = net.conflist_of(mode).to_path_buf();
+    let pod = sys::unique("etcd");
+    let old = Sandbox::new("lijiaob", &pod, "uid1");
+    let new = Sandbox::new("lijiaob", &pod, "uid2");
+    let stale_del = |when: &str| {
+        for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
+            match mode {
+                Mode::Chained => {
+                    let refused = net.del_with(&conflist, &old, netns).expect_err(when);
+                    assert_eq!(refused.code, Some(11), "{when}: {}", refused.stderr);
+                }
+                Mode::Delegate => net
+                    .del_with(&conflist, &old, netns)
+                    .unwrap_or_else(|e| panic!("{when}: A's DEL is deferred: {}", e.stderr)),
+            }
+        }
+        assert!(
+            pod_has_link(&new, "eth0"),
+            "{when}: B lost its link to A's DEL"
+        );
+    };
+    install_guard(&net, old_binary);
+    net.add_with(&conflist, &old)
+        .unwrap_or_else(|e| panic!("ADD A: {}", e.stderr));
+    let new_result = net
+        .add_with(&conflist, &new)
+        .unwrap_or_else(|e| panic!("ADD B: {}", e.stderr));
+    stale_del("the previous release");
+    install_guard(&net, std::path::Path::new(cni::BIN));
+    stale_del("after the upgrade");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
+    sys::run("sh", &[script, net.state_dir.to_str().unwrap(), cni::BIN]);
+    install_guard(&net, old_binary);
+    sys::run("sh", &[script, net.state_dir.to_str().unwrap(), cni::BIN]);
+    stale_del("after the way back");
+    assert_result_matches_kernel(&new_result, &new);
+
+    net.del_with(&conflist, &new, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("DEL B: {}", e.stderr));
+    net.del_with(&conflist, &old, NetnsArg::Empty)
+        .unwrap_or_else(|e| panic!("A's DEL once B is gone: {}", e.stderr));
+    assert!(
+        !pod_has_link(&new, "eth0") && !pod_has_link(&old, "eth0"),
+        "a pod interface is left"
+    );
+}
+
+#[test]
+fn an_upgrade_and_a_downgrade_chained_through_libcni() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let Some(old) = old_release::required(sys::test_name!()) else {
+        return;
+    };
+    the_new_pod_survives_an_upgrade_and_a_downgrade(Mode::Chained, &old);
+}
+
+#[test]
+fn an_upgrade_and_a_downgrade_delegate_through_libcni() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let Some(old) = old_release::required(sys::test_name!()) else {
+        return;
+    };
+    the_new_pod_survives_an_upgrade_and_a_downgrade(Mode::Delegate, &old);
 }

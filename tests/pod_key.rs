@@ -2,12 +2,16 @@
 //! (calico before 3.x, sticky-IP macvlan plugins) release whatever the pod's name holds on any
 //! DEL: an old sandbox attached as `net1` tears down a new one attached as `net2` (multus
 //! numbers interfaces by their place in the pod's annotation). Also: a sandbox with two
-//! interfaces on one network, and a state dir written by the release that keyed by ifname.
+//! interfaces on one network, and a state dir written by the release that keyed by ifname;
+//! that release's own binary (built from its commit, tests/support/old_release.rs) and this
+//! one interleaved: a rolling upgrade, its unsynced generations, the way back.
 
 #[path = "support/cni.rs"]
 mod cni;
 #[path = "support/mount.rs"]
 mod mount;
+#[path = "support/old_release.rs"]
+mod old_release;
 #[path = "support/primary.rs"]
 mod primary;
 #[path = "support/sys.rs"]
@@ -918,4 +922,275 @@ fn the_dump_and_the_doctor_on_an_old_releases_state_dir_write_nothing() {
     }
     assert_eq!(tree(&store.state_dir), before, "a read-only command wrote");
     assert!(!store.state_dir.join("pod-keys").exists());
+}
+
+#[test]
+fn a_superseded_sandboxs_late_add_on_another_interface_is_refused() {
+    // ADD A eth0, ADD B eth0, ADD A net1: A's record on eth0 (or its deferred DEL) says it was
+    // superseded, whichever interface its late ADD names.
+    for deferred_first in [false, true] {
+        let i = Incident::of("lijiaob", "etcd1-0");
+        let primary = RecordingPrimary::new();
+        primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+        // B is alive: its netns path names a live namespace (the plugin's own).
+        primary
+            .wrap(i.store.add(&i.b, &i.pod_b))
+            .netns("/proc/self/ns/net")
+            .run()
+            .assert_ok();
+        if deferred_first {
+            primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+        }
+        let err = primary
+            .wrap(i.store.add(&i.a, &i.pod_a).ifname("net1"))
+            .run()
+            .assert_error(104);
+        assert!(err.msg.contains(&i.b), "{err:?}");
+        assert!(i.store.is_owner(&i.b, "eth0"), "B keeps the pod's name");
+        let adds_of_a = primary
+            .started()
+            .iter()
+            .filter(|(verb, c)| verb == "ADD" && c == &i.a)
+            .count();
+        assert_eq!(adds_of_a, 1, "A's late ADD reached the primary");
+    }
+}
+
+#[test]
+fn the_sweep_replays_a_deferred_del_whose_owner_has_no_record() {
+    // The owner's record is gone (the pod left the node; a crash between the two removals):
+    // an owner without its record owns nothing, and its file alone must not hold the
+    // deferred DEL back for ever.
+    let i = Incident::of("lijiaob", "etcd1-0");
+    let primary = RecordingPrimary::new();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    primary.wrap(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+    assert_eq!(primary.dels(&i.a), 0, "deferred while B owns the pod");
+    std::fs::remove_file(i.store.record_path(NETWORK, &i.b, "eth0")).unwrap();
+    assert!(!i.store.owner_files().is_empty(), "B's owner file stays");
+    // Another pod's verb sweeps.
+    let other = Pod::new("lijiaob", "web-0");
+    primary
+        .wrap(i.store.add(&cni::container_id(), &other))
+        .run()
+        .assert_ok();
+    assert_eq!(
+        primary.dels(&i.a),
+        1,
+        "the sweep replays A's DEL: B's owner has no record"
+    );
+}
+
+/// A rolling upgrade: the old release's ADD of B is in flight (in delegate mode, waiting on
+/// its primary; chained, it simply runs late) when this release's first verb re-keys the
+/// store; B's owner lands under the old release's key after the marker says the move is done.
+/// This release must still find it: A's DEL is stale, B's own passes.
+#[test]
+fn an_old_releases_add_that_lands_after_the_rekey_still_owns_the_pod() {
+    let Some(old) = old_release::required(sys::test_name!()) else {
+        return;
+    };
+    for delegated in [true, false] {
+        let i = Incident::of("lijiaob", "etcd1-0");
+        let primary = RecordingPrimary::new();
+        let wrap = |call: cni::Cni| if delegated { primary.wrap(call) } else { call };
+        old_release::by_old(wrap(i.store.add(&i.a, &i.pod_a)), &old)
+            .run()
+            .assert_ok();
+        let unrelated = || {
+            wrap(
+                i.store
+                    .add(&cni::container_id(), &Pod::new("lijiaob", "web-0")),
+            )
+        };
+        if delegated {
+            primary.slow("ADD", &i.b, 1.5);
+            let in_flight = old_release::by_old(wrap(i.store.add(&i.b, &i.pod_b)), &old).spawn();
+            while !primary
+                .started()
+                .iter()
+                .any(|(verb, c)| verb == "ADD" && c == &i.b)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            // This release's first verb on the node re-keys while B's ADD waits.
+            unrelated().run().assert_ok();
+            in_flight.wait().assert_ok();
+        } else {
+            unrelated().run().assert_ok();
+            old_release::by_old(wrap(i.store.add(&i.b, &i.pod_b)), &old)
+                .run()
+                .assert_ok();
+        }
+        let mode = if delegated { "delegate" } else { "chained" };
+        let del_a = wrap(i.store.del(&i.a, &i.pod_a)).run();
+        if delegated {
+            del_a.assert_ok();
+            assert_eq!(
+                primary.dels(&i.a),
+                0,
+                "{mode}: A's stale DEL reached the primary"
+            );
+        } else {
+            del_a.assert_error(11);
+        }
+        wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+        if delegated {
+            assert_eq!(
+                primary.dels(&i.b),
+                1,
+                "{mode}: B's own DEL reaches the primary"
+            );
+        }
+        i.store.assert_every_owner_has_its_record();
+    }
+}
+
+/// README's way back: the previous release refuses (or defers) A's stale DEL; upgrade; then
+/// scripts/downgrade-owners.sh and the older binary, with an ADD of this release in flight
+/// across the switch. Every owner must still be one the older release reads: A's DEL stays
+/// stale, its deferred DEL is one that release replays, B's own DEL passes.
+#[test]
+fn a_downgrade_to_the_previous_release_keeps_every_owner() {
+    let Some(old) = old_release::required(sys::test_name!()) else {
+        return;
+    };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
+    for delegated in [false, true] {
+        let mode = if delegated { "delegate" } else { "chained" };
+        let i = Incident::of("lijiaob", "etcd1-0");
+        let primary = RecordingPrimary::new();
+        let wrap = |call: cni::Cni| if delegated { primary.wrap(call) } else { call };
+        let by_old = |call: cni::Cni| old_release::by_old(wrap(call), &old);
+        let stale_del_of_a = |call: cni::Cni| {
+            let reply = call.run();
+            if delegated {
+                reply.assert_ok();
+                assert_eq!(
+                    primary.dels(&i.a),
+                    0,
+                    "{mode}: A's stale DEL reached the primary"
+                );
+            } else {
+                reply.assert_error(11);
+            }
+        };
+        by_old(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+        by_old(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+        stale_del_of_a(by_old(i.store.del(&i.a, &i.pod_a)));
+        // The upgrade: this release's first verb moves the store to its keys.
+        let db = Pod::new("lijiaob", "db-0");
+        let d = cni::container_id();
+        wrap(
+            i.store
+                .add(&cni::container_id(), &Pod::new("lijiaob", "web-0")),
+        )
+        .run()
+        .assert_ok();
+        stale_del_of_a(wrap(i.store.del(&i.a, &i.pod_a)));
+        // The way back, with this release's ADD of D in flight across the first run.
+        let downgrade = || {
+            let out = std::process::Command::new("sh")
+                .args([script, i.store.state_dir.to_str().unwrap(), cni::BIN])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{mode}: {out:?}");
+        };
+        if delegated {
+            primary.slow("ADD", &d, 1.0);
+            let in_flight = wrap(i.store.add(&d, &db)).spawn();
+            while !primary
+                .started()
+                .iter()
+                .any(|(verb, c)| verb == "ADD" && c == &d)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            downgrade();
+            in_flight.wait().assert_ok();
+        } else {
+            downgrade();
+            wrap(i.store.add(&d, &db)).run().assert_ok();
+        }
+        // The older binary is in place: the second run.
+        downgrade();
+        stale_del_of_a(by_old(i.store.del(&i.a, &i.pod_a)));
+        by_old(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+        if delegated {
+            assert_eq!(
+                primary.dels(&i.b),
+                1,
+                "{mode}: B's own DEL reaches the primary"
+            );
+            // The older release read the deferred DEL the two moves kept, and replayed it
+            // once B's DEL freed the pod.
+            assert_eq!(
+                primary.dels(&i.a),
+                1,
+                "{mode}: A's deferred DEL is replayed"
+            );
+        }
+        by_old(i.store.del(&i.a, &i.pod_a)).run().assert_ok();
+        // D, added by this release, is the older one's to protect and release too.
+        by_old(i.store.del(&d, &db)).run().assert_ok();
+        i.store.assert_every_owner_has_its_record();
+    }
+}
+
+/// The release before this one never synced its generation counter: after a power cut a
+/// newer ADD of the pod on another interface may get a lower generation than an older one.
+/// The move to pod-name keys must not hand the pod to the older sandbox when its netns is
+/// gone and the newer one's lives.
+#[test]
+fn the_upgrades_merge_does_not_trust_the_old_releases_unsynced_generations() {
+    let Some(old) = old_release::required(sys::test_name!()) else {
+        return;
+    };
+    for delegated in [false, true] {
+        let mode = if delegated { "delegate" } else { "chained" };
+        let i = Incident::of("lijiaob", "etcd1-0");
+        let primary = RecordingPrimary::new();
+        let wrap = |call: cni::Cni| if delegated { primary.wrap(call) } else { call };
+        let by_old = |call: cni::Cni| old_release::by_old(wrap(call), &old);
+        for n in 0..2 {
+            let seed = Pod::new("lijiaob", &format!("seed-{n}"));
+            by_old(i.store.add(&cni::container_id(), &seed))
+                .run()
+                .assert_ok();
+        }
+        // A (generation 3) as net1; its sandbox is gone since (its netns path names nothing).
+        let gone = "/var/run/netns/sandbox-guard-test-gone";
+        by_old(i.store.add(&i.a, &i.pod_a).ifname("net1").netns(gone))
+            .run()
+            .assert_ok();
+        // The power cut takes the unsynced counter back; B, newer, gets generation 1 as net2.
+        let lock = i.store.state_dir.join("lock");
+        let mut counter = std::fs::read(&lock).unwrap();
+        counter[..20].copy_from_slice(b"00000000000000000000");
+        std::fs::write(&lock, counter).unwrap();
+        let live = "/proc/self/ns/net";
+        by_old(i.store.add(&i.b, &i.pod_b).ifname("net2").netns(live))
+            .run()
+            .assert_ok();
+        // This release moves the store; A's DEL is stale, B owns the pod.
+        let del_a = wrap(i.store.del(&i.a, &i.pod_a).ifname("net1").netns(gone)).run();
+        if delegated {
+            del_a.assert_ok();
+            assert_eq!(
+                primary.dels(&i.a),
+                0,
+                "{mode}: A's stale DEL reached the primary"
+            );
+        } else {
+            del_a.assert_error(11);
+        }
+        assert!(
+            i.store.is_owner(&i.b, "net2"),
+            "{mode}: B, alive, owns the pod"
+        );
+        wrap(i.store.del(&i.b, &i.pod_b).ifname("net2").netns(live))
+            .run()
+            .assert_ok();
+    }
 }

@@ -5,6 +5,8 @@
 
 #[path = "support/cni.rs"]
 mod cni;
+#[path = "support/primary.rs"]
+mod primary;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
@@ -440,6 +442,75 @@ fn conversions_to_and_from_legacy_versions_are_libcnis() {
     assert!(
         failures.is_empty(),
         "{} conversions differ from libcni's:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn results_libcni_reads_are_added_in_both_modes_and_converted_as_libcni_converts_them() {
+    // An IP with `"version": ""`, a `"gateway": ""` or route `"gw": ""` (Go's net.IP reads ""
+    // as none), an IPv4-mapped IPv6 address (IPv4 to libcni: To4() != nil): libcni reads each,
+    // so a primary's result with them must not fail the ADD, chained or delegated, and a
+    // converted one must read as libcni's conversion reads.
+    sys::skip_unless_tools!(&["go", "bash"]);
+    let converter = built_libcni_convert();
+    let inputs = testdata::fixtures_in("results/libcni-reads");
+    assert!(inputs.len() >= 6, "{inputs:?}");
+    let mut failures = Vec::new();
+    for file in &inputs {
+        let raw = fixture(file);
+        let raw = raw.trim_end();
+        let from: Value = serde_json::from_str(raw).unwrap();
+        let from = from["cniVersion"].as_str().unwrap().to_string();
+        for to in cni::SUPPORTED_VERSIONS {
+            let expected = libcni_converts(&converter, raw, to);
+            for delegated in [false, true] {
+                let mode = if delegated { "delegate" } else { "chained" };
+                let store = Store::new();
+                let primary = primary::RecordingPrimary::new();
+                let a = container_id();
+                let call = store.add(&a, &Pod::new("default", "reads")).version(to);
+                let reply = if delegated {
+                    primary.answer_add(&a, raw);
+                    primary.wrap(call).run()
+                } else {
+                    call.prev_result_raw(raw).run()
+                };
+                let case = format!("{file} -> {to} ({mode})");
+                match (&expected, reply.succeeded()) {
+                    (Ok(_), true) if to == from => {
+                        if reply.stdout.trim_end() != raw {
+                            failures.push(format!("{case}: not passed through: {}", reply.stdout));
+                        }
+                    }
+                    (Ok(expected), true) => {
+                        if without_empty_dns(reply.json()) != without_empty_dns(expected.clone()) {
+                            failures.push(format!(
+                                "{case}:\n  guard  {}\n  libcni {expected}",
+                                reply.json()
+                            ));
+                        }
+                    }
+                    (Ok(_), false) => failures.push(format!(
+                        "{case}: libcni reads it, the guard refused: {reply:?}"
+                    )),
+                    (Err(_), false) => {
+                        let error = reply.assert_error(6);
+                        if !error.msg.contains("no IP address") {
+                            failures.push(format!("{case}: {error:?}"));
+                        }
+                    }
+                    (Err(why), true) => failures.push(format!(
+                        "{case}: libcni cannot convert it ({why}), the guard did"
+                    )),
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} results read otherwise than libcni reads them:\n{}",
         failures.len(),
         failures.join("\n")
     );

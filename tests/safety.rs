@@ -816,6 +816,23 @@ fn a_failed_add_excuses_no_del_against_a_sandbox_that_came_later() {
 }
 
 #[test]
+fn the_cleanup_del_of_a_failed_add_passes_after_the_owner_adds_an_interface() {
+    // The owner's file is rewritten when it adds a second interface: that is no new owner,
+    // and the cleanup DEL of the ADD that failed next to it must still pass.
+    sys::skip_unless_tools!(&["flock"]);
+    let store = Store::new();
+    let pod = Pod::new("shop", "web-0");
+    let (owner, failed) = (container_id(), container_id());
+    store.add(&owner, &pod).run().assert_ok();
+    fail_add_on_the_lock(&store, &failed, &pod);
+    // Orders the owner's rewrite after the note in file times too (what the check compared).
+    std::thread::sleep(Duration::from_millis(20));
+    store.add(&owner, &pod).ifname("net1").run().assert_ok();
+    store.del(&failed, &pod).run().assert_ok();
+    assert!(store.is_owner(&owner, "eth0"), "the owner keeps the pod");
+}
+
+#[test]
 fn a_del_passes_where_no_state_dir_can_exist() {
     sys::skip_unless_root!(&["mount", "umount"]);
     let logs = sys::TempDir::new("sglogs");

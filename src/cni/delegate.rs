@@ -213,29 +213,28 @@ impl Delegate {
             command: Some("VERSION"),
             ..EnvOverride::default()
         };
-        let reply = self.call_within(
+        // Read as libcni reads it (`version::read_plugin_versions`), the doctor's reading too.
+        let answered = self.call_within(
             network,
             cni_version,
             None,
             &env,
             Some(Instant::now() + VERSION_TIMEOUT),
-        )?;
-        let parsed: Value = serde_json::from_slice(&reply).map_err(|e| {
-            self.broken(format!(
-                "the delegate {} answered VERSION with something that is not JSON: {e}",
-                self.plugin_type
-            ))
-        })?;
-        // A plugin from before VERSION listed versions speaks 0.1.0 only (libcni's reading).
-        let versions = match parsed.get("supportedVersions") {
-            Some(Value::Array(list)) => list
-                .iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect(),
-            _ => vec!["0.1.0".to_string()],
+        );
+        let (exited_ok, reply) = match &answered {
+            Ok(reply) => (true, reply.as_slice()),
+            Err(err) => match (&err.kind, &err.verbatim) {
+                (Kind::Delegate(_), Some(text)) => (false, text.as_bytes()),
+                _ => return answered.map(|_| Vec::new()),
+            },
         };
-        Ok(versions)
+        crate::cni::version::read_plugin_versions(exited_ok, reply).map_err(|why| match answered {
+            Err(err) => err,
+            Ok(_) => self.broken(format!(
+                "the delegate {} answered VERSION with no answer libcni reads: it {why}",
+                self.plugin_type
+            )),
+        })
     }
 
     fn run(

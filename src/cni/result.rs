@@ -59,8 +59,19 @@ fn cidr<'de, D: serde::Deserializer<'de>>(
 #[derive(Debug, Deserialize)]
 pub struct RouteView {
     pub dst: IpNetwork,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "gateway")]
     pub gw: Option<IpAddr>,
+}
+
+/// A gateway: `""` reads as none, as Go's `net.IP` reads it (libcni's types).
+fn gateway<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Option<IpAddr>, D::Error> {
+    match <Option<std::borrow::Cow<str>>>::deserialize(deserializer)? {
+        None => Ok(None),
+        Some(text) if text.is_empty() => Ok(None),
+        Some(text) => text.parse().map(Some).map_err(serde::de::Error::custom),
+    }
 }
 
 impl ResultView {
@@ -214,6 +225,7 @@ pub fn as_version<'r>(raw: &'r RawValue, config_version: &str) -> Result<Cow<'r,
         ));
     };
     let converted = convert(&top.members, top.shape, to, config_version)
+        .and_then(|converted| addresses_as_libcni_writes(&converted))
         .map_err(|msg| invalid(msg, &top.version))?;
     let again: Members = serde_json::from_str(&converted).map_err(|e| {
         invalid(
@@ -382,12 +394,12 @@ fn check_legacy_ip(
         Some(address) => cidr_member(address, &format!("{at}.ip"))?,
         None => return Err(format!("{at} has no ip")),
     };
-    if family(&address) != want_family {
+    if family(&address) != want_family && !is_v4_mapped(&address) {
         return Err(format!(
             "{at}.ip {address} is not an IPv{want_family} address"
         ));
     }
-    optional(&members, at, "gateway", ip)?;
+    optional(&members, at, "gateway", gateway_ip)?;
     view.ips.push(IpView { address });
     if let Some(value) = members.get("routes", at)? {
         let path = format!("{at}.routes");
@@ -424,7 +436,7 @@ fn check_ip(value: &RawValue, at: &str, shape: Shape, interfaces: usize) -> Foun
         Some(address) => cidr_member(address, &format!("{at}.address"))?,
         None => return Err(format!("{at} has no address")),
     };
-    optional(&members, at, "gateway", ip)?;
+    optional(&members, at, "gateway", gateway_ip)?;
     if let Some(index) = optional(&members, at, "interface", unsigned)?
         && index >= interfaces as u64
     {
@@ -434,8 +446,10 @@ fn check_ip(value: &RawValue, at: &str, shape: Shape, interfaces: usize) -> Foun
         ));
     }
     // Before 1.0 an IP may say its family; 1.0 dropped the key, so there it is an unknown one.
+    // An empty one says nothing (libcni reads it, and converts the IP by its address alone).
     if shape == Shape::Pre1
         && let Some(version) = optional(&members, at, "version", string)?
+        && !version.is_empty()
     {
         let family = family(&address);
         if version != "4" && version != "6" {
@@ -444,7 +458,7 @@ fn check_ip(value: &RawValue, at: &str, shape: Shape, interfaces: usize) -> Foun
                 shown(&version)
             ));
         }
-        if version != family {
+        if version != family && !is_v4_mapped(&address) {
             return Err(format!(
                 "{at}.version is \"{version}\" but the address {address} is IPv{family}"
             ));
@@ -459,7 +473,7 @@ fn check_route(value: &RawValue, at: &str, shape: Shape) -> Found<RouteView> {
         Some(dst) => cidr_member(dst, &format!("{at}.dst"))?,
         None => return Err(format!("{at} has no dst")),
     };
-    let gw = optional(&members, at, "gw", ip)?;
+    let gw = optional(&members, at, "gw", gateway_ip)?.flatten();
     if shape == Shape::V1_1 {
         for key in ["mtu", "advmss", "priority", "table", "scope"] {
             optional(&members, at, key, integer)?;
@@ -659,7 +673,7 @@ fn convert_down_to_legacy(top: &Members, from: Shape, to_version: &str) -> Found
             let Some(dst) = members.get("dst", &route_at)? else {
                 return Err(format!("{route_at} has no dst"));
             };
-            let slot = if cidr_member(dst, &format!("{route_at}.dst"))?.is_ipv4() {
+            let slot = if family(&cidr_member(dst, &format!("{route_at}.dst"))?) == "4" {
                 0
             } else {
                 1
@@ -765,8 +779,107 @@ fn json_string(text: &str) -> String {
     serde_json::Value::String(text.to_string()).to_string()
 }
 
+/// An address's family as libcni reads it (`To4() != nil`): an IPv4-mapped IPv6 address
+/// (`::ffff:a.b.c.d`) is IPv4.
 fn family(address: &IpNetwork) -> &'static str {
-    if address.is_ipv4() { "4" } else { "6" }
+    if address.is_ipv4() || is_v4_mapped(address) {
+        "4"
+    } else {
+        "6"
+    }
+}
+
+fn is_v4_mapped(address: &IpNetwork) -> bool {
+    match address.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().is_some(),
+        IpAddr::V4(_) => false,
+    }
+}
+
+/// An address of a converted result as libcni writes it when it marshals its types again: an
+/// IPv4-mapped one in its IPv4 form (a prefix keeps its last 32 bits, as Go's `IPNet` prints
+/// it), an empty gateway left out (`None`). Every other text stays as it was.
+fn as_libcni_writes(value: &RawValue, with_prefix: bool) -> Option<String> {
+    let Ok(text) = serde_json::from_str::<String>(value.get()) else {
+        return Some(value.get().to_string());
+    };
+    if text.is_empty() && !with_prefix {
+        return None;
+    }
+    let (address, prefix) = match text.split_once('/') {
+        Some((address, prefix)) if with_prefix => (address, prefix.parse::<u8>().ok()),
+        _ => (text.as_str(), None),
+    };
+    let mapped = match address.parse::<IpAddr>() {
+        Ok(IpAddr::V6(v6)) => v6.to_ipv4_mapped(),
+        _ => None,
+    };
+    Some(match (mapped, prefix, with_prefix) {
+        (Some(v4), Some(prefix), true) => {
+            json_string(&format!("{v4}/{}", prefix.saturating_sub(96)))
+        }
+        (Some(v4), None, false) => json_string(&v4.to_string()),
+        _ => value.get().to_string(),
+    })
+}
+
+/// A converted result's addresses, gateways and routes as libcni writes them
+/// (`as_libcni_writes`); the members of each object stay in their order.
+fn addresses_as_libcni_writes(converted: &str) -> Found<String> {
+    const ADDRESSES: [(&str, bool); 5] = [
+        ("address", true),
+        ("ip", true),
+        ("dst", true),
+        ("gateway", false),
+        ("gw", false),
+    ];
+    fn rewrite(members: &mut Members) -> Found<()> {
+        let mut kept = Vec::with_capacity(members.0.len());
+        for (key, value) in members.0.drain(..) {
+            let Some(&(_, with_prefix)) = ADDRESSES.iter().find(|(name, _)| *name == key) else {
+                kept.push((key, value));
+                continue;
+            };
+            if let Some(text) = as_libcni_writes(&value, with_prefix) {
+                let value = RawValue::from_string(text).map_err(|e| e.to_string())?;
+                kept.push((key, value));
+            }
+        }
+        members.0 = kept;
+        Ok(())
+    }
+    fn rewrite_list(value: &RawValue, at: &str) -> Found<String> {
+        map_objects(value, at, |at, members| {
+            rewrite(members)?;
+            if let Some(at_routes) = members.0.iter().position(|(k, _)| k == "routes")
+                && kind(&members.0[at_routes].1) == Json::Array
+            {
+                let text = rewrite_list(&members.0[at_routes].1, &format!("{at}.routes"))?;
+                members.0[at_routes].1 = RawValue::from_string(text).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })
+    }
+    let raw = RawValue::from_string(converted.to_string()).map_err(|e| e.to_string())?;
+    let mut top = object(&raw, "prevResult")?;
+    for (key, value) in top.0.iter_mut() {
+        let text = match key.as_str() {
+            "ips" | "routes" if kind(value) == Json::Array => {
+                rewrite_list(value, &format!("prevResult.{key}"))?
+            }
+            "ip4" | "ip6" if kind(value) == Json::Object => {
+                let wrapped = RawValue::from_string(format!("[{}]", value.get()))
+                    .map_err(|e| e.to_string())?;
+                let list = rewrite_list(&wrapped, &format!("prevResult.{key}"))?;
+                list[1..list.len() - 1].to_string()
+            }
+            _ => continue,
+        };
+        *value = RawValue::from_string(text).map_err(|e| e.to_string())?;
+    }
+    let mut out = String::with_capacity(converted.len());
+    write_object(&mut out, top.0.iter().map(|(k, v)| (k.as_str(), v.get())));
+    Ok(out)
 }
 
 /// One JSON object of the result: its members in order, their values unparsed.
@@ -899,9 +1012,14 @@ fn integer(value: &RawValue, at: &str) -> Found<()> {
     }
 }
 
-fn ip(value: &RawValue, at: &str) -> Found<IpAddr> {
+/// A gateway: an IP address, or `""` for none (Go's `net.IP` reads it so, and libcni with it).
+fn gateway_ip(value: &RawValue, at: &str) -> Found<Option<IpAddr>> {
     let text = string(value, at)?;
+    if text.is_empty() {
+        return Ok(None);
+    }
     text.parse()
+        .map(Some)
         .map_err(|_| format!("{at} {} is not an IP address", shown(&text)))
 }
 

@@ -59,6 +59,53 @@ pub fn at_least(version: &str, min: &str) -> bool {
     parse(version) >= parse(min)
 }
 
+/// The versions a plugin speaks, from its answer to VERSION, as libcni reads it
+/// (`invoke.GetVersionInfo` and `version.PluginDecoder`): a plugin from before VERSION fails
+/// it with exactly "unknown CNI_COMMAND: VERSION" and speaks 0.1.0; an answer without
+/// `supportedVersions` speaks 0.1.0 and 0.2.0 when its `cniVersion` is 0.2.0 and is no answer
+/// otherwise, nor is one without `cniVersion`. `exited_ok`: the plugin exited with 0. `Err`
+/// says why the answer is none, as the rest of a sentence that starts with "VERSION".
+pub fn read_plugin_versions(
+    exited_ok: bool,
+    reply: &[u8],
+) -> std::result::Result<Vec<String>, String> {
+    let answer: Option<serde_json::Value> = serde_json::from_slice(reply).ok();
+    if !exited_ok {
+        // libcni compares the error's text, which is its msg alone when it has no details.
+        let field = |key: &str| answer.as_ref().and_then(|a| a.get(key)?.as_str());
+        if field("msg") == Some("unknown CNI_COMMAND: VERSION")
+            && field("details").is_none_or(str::is_empty)
+        {
+            return Ok(vec![UNVERSIONED.to_string()]);
+        }
+        return Err(format!(
+            "failed: {}",
+            crate::names::shorten(String::from_utf8_lossy(reply).trim())
+        ));
+    }
+    let Some(serde_json::Value::Object(answer)) = answer else {
+        return Err("wrote no JSON object".to_string());
+    };
+    let cni_version = match answer.get("cniVersion") {
+        Some(serde_json::Value::String(version)) if !version.is_empty() => version.as_str(),
+        _ => return Err("has no cniVersion".to_string()),
+    };
+    let listed: Vec<String> = match answer.get("supportedVersions") {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::Array(list)) => list
+            .iter()
+            .map(|v| v.as_str().map(String::from))
+            .collect::<Option<_>>()
+            .ok_or("lists a supported version that is not a string")?,
+        Some(_) => return Err("has a supportedVersions that is not a list".to_string()),
+    };
+    match (listed.is_empty(), cni_version) {
+        (false, _) => Ok(listed),
+        (true, "0.2.0") => Ok(vec!["0.1.0".to_string(), "0.2.0".to_string()]),
+        _ => Err("has no supportedVersions".to_string()),
+    }
+}
+
 fn parse(version: &str) -> (u32, u32, u32) {
     let mut parts = version.split('.').map(|p| p.parse().unwrap_or(0));
     (
@@ -93,6 +140,40 @@ pub fn version_reply_among(requested: Option<&str>, speaks: &[&str]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plugin_versions_are_read_as_libcni_reads_them() {
+        let read = |ok, text: &str| read_plugin_versions(ok, text.as_bytes());
+        assert_eq!(
+            read(
+                true,
+                r#"{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}"#
+            ),
+            Ok(vec!["0.4.0".to_string(), "1.0.0".to_string()])
+        );
+        // A 0.2.0-era answer without the list (libcni's PluginDecoder).
+        assert_eq!(
+            read(true, r#"{"cniVersion":"0.2.0"}"#),
+            Ok(vec!["0.1.0".to_string(), "0.2.0".to_string()])
+        );
+        // A plugin from before VERSION (libcni's GetVersionInfo).
+        assert_eq!(
+            read(false, r#"{"code":4,"msg":"unknown CNI_COMMAND: VERSION"}"#),
+            Ok(vec!["0.1.0".to_string()])
+        );
+        for (ok, text) in [
+            (
+                false,
+                r#"{"code":4,"msg":"unknown CNI_COMMAND: VERSION","details":"x"}"#,
+            ),
+            (false, r#"{"code":7,"msg":"no"}"#),
+            (true, r#"{"cniVersion":"0.3.1"}"#),
+            (true, r#"{"supportedVersions":["1.0.0"]}"#),
+            (true, "not json"),
+        ] {
+            assert!(read(ok, text).is_err(), "{text}");
+        }
+    }
 
     #[test]
     fn version_reply_is_the_json_it_always_was() {

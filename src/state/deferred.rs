@@ -139,11 +139,25 @@ pub fn waiting(state_dir: &Path, network: &str) -> Result<Vec<DeferredDel>> {
         .collect())
 }
 
-/// Whether a pod key, by its digest, has an owner file: its deferred DELs surely wait then
-/// (a stat, no lock). A name that is no digest counts as owned: nothing is done with it.
+/// Whether a pod key, by its digest, has an owner that owns it: its deferred DELs surely wait
+/// then (a stat, and where there is an owner file, it and its records read; no lock). An
+/// owner whose record is gone owns nothing (`Store::owner_is_backed`). A name that is no
+/// digest, or an owner file that cannot be read, counts as owned: nothing is done with it.
 pub fn owned(state_dir: &Path, digest: &str) -> bool {
     let digest_like = digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit());
-    !digest_like || !super::surely_absent(&state_dir.join(super::OWNERS).join(digest))
+    let path = state_dir.join(super::OWNERS).join(digest);
+    if !digest_like || super::surely_absent(&path) {
+        return !digest_like;
+    }
+    match (
+        super::sealed::read_entry::<super::ownership::Ownership>(&path),
+        Store::open_read_only(state_dir),
+    ) {
+        (Ok(Loaded::Valid(owner)), Ok(store)) if owner.key.digest() == digest => {
+            store.owner_is_backed(&owner)
+        }
+        _ => true,
+    }
 }
 
 impl Store {

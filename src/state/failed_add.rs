@@ -8,7 +8,11 @@
 //! block, so it can still be written when the ADD failed because the disk is full (root may
 //! use ext4's reserved blocks; tmpfs counts inodes apart). It is written only on the failure
 //! path, without the lock (the failure may be a lock timeout), and durably; DEL reads it
-//! under the lock and removes it with the record; GC removes those it no longer needs.
+//! under the lock and removes it with the record; GC removes those it no longer needs. Its
+//! length is the store's generation counter when the ADD failed (a sparse file: still no
+//! data block), which DEL compares with the generation at which the pod's owner took it: a
+//! number that stays when the owner's file is rewritten (it adds an interface), where a file
+//! time would not. A note of an earlier release (empty) is compared by its time.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
@@ -54,7 +58,8 @@ pub fn mark(state_dir: &Path, id: &AttachmentId, error: &GuardError) {
             .mode(0o600)
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
             .open(&path)
-            .and_then(|_| File::open(&dir)?.sync_all())
+            .and_then(|note| note.set_len(generation_counter(state_dir)))
+            .and_then(|()| File::open(&dir)?.sync_all())
             .map_err(|e| GuardError::io("note the failed ADD in", &path, e))
     });
     if let Err(e) = written {
@@ -68,15 +73,51 @@ pub fn mark(state_dir: &Path, id: &AttachmentId, error: &GuardError) {
     }
 }
 
+/// The store's generation counter, read from the lock file without the lock (the failure may
+/// be a lock timeout); 0 when there is none.
+fn generation_counter(state_dir: &Path) -> u64 {
+    let mut digits = [0u8; 20];
+    let read = File::open(state_dir.join("lock"))
+        .and_then(|lock| std::os::unix::fs::FileExt::read_at(&lock, &mut digits, 0))
+        .unwrap_or(0);
+    std::str::from_utf8(&digits[..read])
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// An ADD that failed in the guard, as its note says.
+#[derive(Debug, Clone, Copy)]
+pub struct FailedAdd {
+    pub at: SystemTime,
+    /// The store's generation counter then; 0 in a note of an earlier release.
+    pub generation: u64,
+}
+
+impl FailedAdd {
+    /// Whether `owner` took its pod key after this ADD failed (`owner_taken_at`: the
+    /// generation at which it did; `owner_file_time`: its file's time, for an older note).
+    pub fn precedes(&self, owner_taken_at: u64, owner_file_time: Option<SystemTime>) -> bool {
+        if self.generation > 0 {
+            owner_taken_at > self.generation
+        } else {
+            owner_file_time.is_some_and(|time| time > self.at)
+        }
+    }
+}
+
 impl Store {
-    /// When the ADD of `id` failed in the guard, if it did and never succeeded since. The
+    /// The ADD of `id` that failed in the guard, if it did and never succeeded since. The
     /// note only speaks for a sandbox that has no record and no set-aside one.
-    pub fn failed_add(&self, id: &AttachmentId) -> Option<SystemTime> {
+    pub fn failed_add(&self, id: &AttachmentId) -> Option<FailedAdd> {
         if !surely_absent(&self.set_aside_path_for_record(id)) {
             return None;
         }
         let meta = std::fs::symlink_metadata(self.failed_adds.join(id.file_name())).ok()?;
-        meta.is_file().then(|| meta.modified().ok()).flatten()
+        Some(FailedAdd {
+            at: meta.is_file().then(|| meta.modified().ok()).flatten()?,
+            generation: meta.len(),
+        })
     }
 
     pub fn remove_failed_add(&self, id: &AttachmentId) -> Result<()> {

@@ -426,11 +426,37 @@ impl Store {
         })
     }
 
-    /// When the owner of `key` took it (its file's mtime), for comparing with a failed ADD.
-    pub fn owner_since(&self, key: &PodKey) -> Option<SystemTime> {
+    /// The owner file's time (a note of a failed ADD from an earlier release is compared
+    /// with it, see `failed_add`).
+    pub fn owner_file_time(&self, key: &PodKey) -> Option<SystemTime> {
         fs::symlink_metadata(self.owner_path(key))
             .and_then(|m| m.modified())
             .ok()
+    }
+
+    /// The generation at which `owner`'s sandbox took its key: that of the oldest of its
+    /// records that hold it (its first ADD of the pod), which its later ADDs of other
+    /// interfaces leave as it is; the ownership's own where no record says.
+    pub fn owner_taken_at(&self, owner: &Ownership) -> u64 {
+        if !plain_owner(owner) {
+            return owner.generation;
+        }
+        owner
+            .interfaces()
+            .into_iter()
+            .filter_map(|if_name| {
+                let id = AttachmentId::of(&owner.key, &owner.container_id, if_name);
+                match self.load_record(&id) {
+                    Ok(Loaded::Valid(record))
+                        if record.pod_key(owner.key.rule()).as_ref() == Some(&owner.key) =>
+                    {
+                        Some(record.generation)
+                    }
+                    _ => None,
+                }
+            })
+            .min()
+            .unwrap_or(owner.generation)
     }
 
     /// Where a corrupt record, or a pod key's corrupt ownership, is kept. While it is there,
@@ -588,6 +614,19 @@ impl Store {
         // Best effort by design (see above).
         if let Some(lock) = &self.lock {
             let _ = lock.write_at(format!("{value:020}").as_bytes(), 0);
+        }
+    }
+
+    /// The counter written and its data synced: where it alone orders the ADDs of one pod's
+    /// different keys (`podKey: "name-and-ifname"`, whose owners a later move to "name"
+    /// merges by generation), a power cut must not take it back.
+    pub fn set_generation_counter_durably(&self, value: u64) -> Result<()> {
+        self.set_generation_counter(value);
+        match &self.lock {
+            Some(lock) => lock.sync_data().map_err(|e| {
+                GuardError::io("sync the generation counter in", &self.root.join("lock"), e)
+            }),
+            None => Ok(()),
         }
     }
 

@@ -51,16 +51,37 @@ fn marked(root: &std::path::Path, network: &str) -> Option<PodKeyRule> {
 
 /// Re-keys `network`'s files to `rule` unless its marker says they are already. Costs one
 /// read when nothing is to be done; a state dir that does not exist has nothing to re-key.
+///
+/// The marker alone is not trusted: a verb of the release before (a rolling upgrade, an ADD
+/// in flight across the switch) may file an owner or a deferred DEL under the other rule's
+/// key after it was written. `key` (the attachment's pod key under `rule`) and `if_name`
+/// name the one place such a file of this attachment's pod would be; found there, it is
+/// merged as in the first move (two stats when there is none).
 pub fn ensure(
     state_dir: &std::path::Path,
     network: &str,
     rule: PodKeyRule,
     wait: Duration,
+    key: Option<(&PodKey, &str)>,
 ) -> Result<()> {
-    if surely_absent(state_dir) || marked(state_dir, network) == Some(rule) {
+    if surely_absent(state_dir) {
         return Ok(());
     }
-    Store::open(state_dir, wait)?.rekey(network, rule)
+    let stray = key.is_some_and(|(key, if_name)| stray(state_dir, key, if_name).is_some());
+    if marked(state_dir, network) == Some(rule) && !stray {
+        return Ok(());
+    }
+    Store::open(state_dir, wait)?.rekey(network, rule, stray)
+}
+
+/// The key of `key`'s pod under the other rule for the attachment `if_name`, when an owner
+/// or deferred DELs sit there (two stats).
+pub fn stray(root: &std::path::Path, key: &PodKey, if_name: &str) -> Option<PodKey> {
+    let other = other(key.rule()).key(&key.network, &key.pod_namespace, &key.pod_name, if_name);
+    let digest = other.digest();
+    let there = !surely_absent(&root.join(super::OWNERS).join(&digest))
+        || !surely_absent(&super::deferred::key_dir(root, &digest));
+    there.then_some(other)
 }
 
 /// Whether `network`'s files may still sit under the keys of the other rule: its marker
@@ -116,8 +137,10 @@ impl Store {
     }
 
     /// See the module's comment for the order and why a crash anywhere in it is safe.
-    pub fn rekey(&self, network: &str, rule: PodKeyRule) -> Result<()> {
-        if marked(&self.root, network) == Some(rule) {
+    /// `stray`: files of the other rule were found after the marker (see `ensure`); the
+    /// move runs whatever the marker says.
+    pub fn rekey(&self, network: &str, rule: PodKeyRule, stray: bool) -> Result<()> {
+        if !stray && marked(&self.root, network) == Some(rule) {
             return Ok(());
         }
         let new_key = |key: &PodKey, if_name: &str| {
@@ -157,6 +180,15 @@ impl Store {
             }
             if let Loaded::Valid(there) = self.load_owner(&key)? {
                 owners.push(there);
+            }
+            // Generations of different keys were never compared before the move, and the
+            // release before this one never synced the counter they come from: after a power
+            // cut an older ADD may carry the higher one. A sandbox whose netns is gone is no
+            // candidate while one of another sandbox lives; among the living the last ADD wins.
+            let alive: Vec<bool> = owners.iter().map(|o| self.sandbox_alive(o)).collect();
+            if alive.contains(&true) && alive.contains(&false) {
+                let mut alive = alive.into_iter();
+                owners.retain(|_| alive.next().unwrap_or(true));
             }
             if let Some(owner) = ownership::merged(&key, &owners) {
                 self.save_owner(&owner)?;
@@ -347,6 +379,90 @@ impl Store {
         }
         Ok(damaged)
     }
+    /// Puts the store back in the form the release before the pod key reads, for a downgrade
+    /// to it: every network's owners, deferred DELs and ledger moved to the keys of
+    /// "name-and-ifname" (that release's only rule; the move is `rekey`'s, crash-safe, run
+    /// whatever the markers say), then every ownership and address index entry that is a
+    /// symlink (this release's form, which that release refuses) rewritten as the regular
+    /// file it read, each by an atomic rename. Run under the store's lock; running it again
+    /// finds nothing left to do. A ledger entry of a whole pod ("name") cannot say which
+    /// interface its stale DELs came by: it stays, and that release skips it (history only).
+    /// Returns the networks moved and how many entries were rewritten.
+    pub fn downgrade(&self) -> Result<(Vec<String>, usize)> {
+        let mut networks = std::collections::BTreeSet::new();
+        if let Ok(markers) = std::fs::read_dir(self.root.join(POD_KEYS)) {
+            for name in markers
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+            {
+                if !name.starts_with('.')
+                    && crate::names::check_plain(
+                        "network",
+                        &name,
+                        crate::names::MAX_NETWORK,
+                        crate::error::Kind::Io,
+                    )
+                    .is_ok()
+                {
+                    networks.insert(name);
+                }
+            }
+        }
+        for (_, loaded) in self.list_owners()? {
+            if let Loaded::Valid(owner) = loaded {
+                networks.insert(owner.key.network);
+            }
+        }
+        for (_, loaded) in self.list_deferred()? {
+            if let Loaded::Valid(entry) = loaded {
+                networks.insert(entry.key.network);
+            }
+        }
+        for network in &networks {
+            self.rekey(network, PodKeyRule::NameAndIfname, true)?;
+        }
+        let mut rewritten = 0;
+        for dir in [self.owners.clone(), self.root.join(super::IPS)] {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Ok(target) = std::fs::read_link(entry.path()) else {
+                    continue;
+                };
+                // A link that holds no sealed text was not written by the store: left alone.
+                let text = target.as_os_str().as_encoded_bytes();
+                if name.starts_with('.') || !text.starts_with(b"{") {
+                    continue;
+                }
+                let mut bytes = text.to_vec();
+                bytes.push(b'\n');
+                super::sealed::replace(&dir, &name, &bytes, super::sealed::Durability::Durable)
+                    .map_err(|e| {
+                        crate::error::GuardError::io("rewrite as a regular file", &entry.path(), e)
+                    })?;
+                rewritten += 1;
+            }
+            sync_path(&dir)?;
+        }
+        Ok((networks.into_iter().collect(), rewritten))
+    }
+
+    /// Whether `owner`'s sandbox may still live: the netns its record names exists, or no
+    /// record says (it cannot be ruled out).
+    fn sandbox_alive(&self, owner: &Ownership) -> bool {
+        owner.interfaces().into_iter().all(|if_name| {
+            let id = super::checkpoint::AttachmentId::of(&owner.key, &owner.container_id, if_name);
+            match self.load_record(&id) {
+                Ok(Loaded::Valid(record)) => {
+                    crate::kernel::netns::netns_state(&record.netns, None, None).is_alive()
+                }
+                _ => true,
+            }
+        })
+    }
+
     /// Writes the marker durably: the re-key is done.
     fn mark(&self, network: &str, rule: PodKeyRule) -> Result<()> {
         let dir = self.root.join(POD_KEYS);
@@ -398,7 +514,7 @@ mod tests {
         store.sync().unwrap();
         let old_ledger = std::fs::read(root.join("ledger").join(old_key("net2").digest())).unwrap();
 
-        store.rekey("net", PodKeyRule::Name).unwrap();
+        store.rekey("net", PodKeyRule::Name, false).unwrap();
         let new_key = PodKeyRule::Name.key("net", "lijiaob", "etcd1-0", "net2");
         let check = |store: &Store| {
             let Loaded::Valid(owner) = store.load_owner(&new_key).unwrap() else {
@@ -437,11 +553,13 @@ mod tests {
         )
         .unwrap();
         std::fs::remove_file(root.join(POD_KEYS).join("net")).unwrap();
-        store.rekey("net", PodKeyRule::Name).unwrap();
+        store.rekey("net", PodKeyRule::Name, false).unwrap();
         check(&store);
 
         // And back to one key per interface: each interface's key gets the owner that held it.
-        store.rekey("net", PodKeyRule::NameAndIfname).unwrap();
+        store
+            .rekey("net", PodKeyRule::NameAndIfname, false)
+            .unwrap();
         let Loaded::Valid(owner) = store.load_owner(&old_key("net2")).unwrap() else {
             panic!("no owner of net2")
         };
@@ -473,14 +591,16 @@ mod tests {
         // Two refusals by the old release, one under "name".
         count(&store, &old_key("net2"));
         count(&store, &old_key("net2"));
-        store.rekey("net", PodKeyRule::Name).unwrap();
+        store.rekey("net", PodKeyRule::Name, false).unwrap();
         count(&store, &name_key);
         // The operator switches to "name-and-ifname": two more, under net2's key again.
-        store.rekey("net", PodKeyRule::NameAndIfname).unwrap();
+        store
+            .rekey("net", PodKeyRule::NameAndIfname, false)
+            .unwrap();
         count(&store, &old_key("net2"));
         count(&store, &old_key("net2"));
         // And back: all five are the pod's.
-        store.rekey("net", PodKeyRule::Name).unwrap();
+        store.rekey("net", PodKeyRule::Name, false).unwrap();
         assert_eq!(
             refused(&store),
             5,

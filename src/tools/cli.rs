@@ -48,11 +48,13 @@ Modes:
   --install                           put it into the network the runtime runs, in the
                                       chosen mode, and copy the binary
   --uninstall                         take it out, the primary's config as it was
+  --downgrade                         put the state dir back in the form of the release
+                                      before the pod key (podKey), to go back to it
   MODE --help                         that mode's options
   --help                              this text
   --version                           the plugin version and the CNI versions it speaks
 
-Options of --dump-checkpoints, --restore and --doctor:
+Options of --dump-checkpoints, --restore, --doctor and --downgrade:
   --state-dir DIR                     state directory (default /var/lib/cni/sandbox-guard)
   --lock-timeout SECONDS              how long to wait for the state dir's lock (default 10)
 
@@ -181,13 +183,29 @@ Options:
   -h, --help                   this text
 ";
 
+const DOWNGRADE_HELP: &str = "\
+Usage: sandbox-guard --downgrade [options]
+
+Moves owners, deferred DELs and the refusal ledger to the keys of the release before the
+pod key (\"name-and-ifname\") and rewrites ownerships as the regular files it reads, under
+the state dir's lock; crash-safe, and running it again changes nothing more. Run it, install
+the older binary, then run it again with this binary kept aside (a verb of this release in
+between moves the files back).
+
+Options:
+      --state-dir DIR          state directory (default /var/lib/cni/sandbox-guard)
+      --lock-timeout SECONDS   how long to wait for the state dir's lock (default 10)
+  -h, --help                   this text
+";
+
 /// The modes in the order the overview and the man page list them.
-const MODES: [Mode; 5] = [
+const MODES: [Mode; 6] = [
     Mode::Dump,
     Mode::Restore,
     Mode::Doctor,
     Mode::Install,
     Mode::Uninstall,
+    Mode::Downgrade,
 ];
 
 pub fn run(args: &[String]) -> i32 {
@@ -212,6 +230,10 @@ pub fn run(args: &[String]) -> i32 {
         Ok(Command::Doctor(options)) => doctor::run(&options),
         Ok(Command::Install(options)) => install::run_install(&options),
         Ok(Command::Uninstall(options)) => install::run_uninstall(&options),
+        Ok(Command::Downgrade {
+            state_dir,
+            lock_timeout,
+        }) => crate::tools::downgrade::run(&state_dir, lock_timeout),
         Ok(Command::Restore {
             state_dir,
             selection,
@@ -262,6 +284,10 @@ enum Command {
     Doctor(doctor::Options),
     Install(install::Options),
     Uninstall(install::Options),
+    Downgrade {
+        state_dir: PathBuf,
+        lock_timeout: Duration,
+    },
 }
 
 #[cfg(test)]
@@ -275,6 +301,7 @@ impl std::fmt::Debug for Command {
             Command::Doctor(_) => "Doctor",
             Command::Install(_) => "Install",
             Command::Uninstall(_) => "Uninstall",
+            Command::Downgrade { .. } => "Downgrade",
         })
     }
 }
@@ -293,6 +320,7 @@ enum Mode {
     Doctor,
     Install,
     Uninstall,
+    Downgrade,
 }
 
 impl Mode {
@@ -303,6 +331,7 @@ impl Mode {
             "doctor" => Some(Mode::Doctor),
             "install" => Some(Mode::Install),
             "uninstall" => Some(Mode::Uninstall),
+            "downgrade" => Some(Mode::Downgrade),
             _ => None,
         }
     }
@@ -314,6 +343,7 @@ impl Mode {
             Mode::Doctor => "--doctor",
             Mode::Install => "--install",
             Mode::Uninstall => "--uninstall",
+            Mode::Downgrade => "--downgrade",
         }
     }
 
@@ -324,6 +354,7 @@ impl Mode {
             Mode::Doctor => DOCTOR_HELP,
             Mode::Install => INSTALL_HELP,
             Mode::Uninstall => UNINSTALL_HELP,
+            Mode::Downgrade => DOWNGRADE_HELP,
         }
     }
 }
@@ -424,8 +455,14 @@ impl Opt {
 
     fn modes(self) -> &'static [Mode] {
         match self {
-            Opt::StateDir => &[Mode::Dump, Mode::Restore, Mode::Doctor, Mode::Install],
-            Opt::LockTimeout => &[Mode::Dump, Mode::Restore, Mode::Doctor],
+            Opt::StateDir => &[
+                Mode::Dump,
+                Mode::Restore,
+                Mode::Doctor,
+                Mode::Install,
+                Mode::Downgrade,
+            ],
+            Opt::LockTimeout => &[Mode::Dump, Mode::Restore, Mode::Doctor, Mode::Downgrade],
             Opt::Output => &[Mode::Dump, Mode::Doctor],
             Opt::Namespace | Opt::Pod | Opt::PodUid | Opt::ContainerId => &[Mode::Dump],
             Opt::All | Opt::DryRun => &[Mode::Restore],
@@ -552,7 +589,7 @@ fn parse(args: &[String]) -> Result<Command, Usage> {
     let Some(mode) = mode else {
         return Err(fail(
             None,
-            "no mode given: use --dump-checkpoints, --restore, --doctor, --install or --uninstall"
+            "no mode given: use --dump-checkpoints, --restore, --doctor, --install, --uninstall or --downgrade"
                 .to_string(),
         ));
     };
@@ -606,7 +643,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                         "unexpected argument {id:?}: --dump-checkpoints filters by container ID with --container-id"
                     ));
                 }
-                Mode::Doctor | Mode::Install | Mode::Uninstall => {
+                Mode::Doctor | Mode::Install | Mode::Uninstall | Mode::Downgrade => {
                     return Err(format!(
                         "unexpected argument {id:?}: {} takes options only",
                         mode.flag()
@@ -776,6 +813,10 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                 lock_timeout,
             })
         }
+        Mode::Downgrade => Command::Downgrade {
+            state_dir: state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+            lock_timeout,
+        },
     })
 }
 

@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod doctor;
+pub mod downgrade;
 pub mod dump;
 pub mod install;
 pub mod restore;

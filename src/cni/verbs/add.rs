@@ -80,10 +80,12 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     let pod_key = inv.pod_key(attachment);
     let subject = inv.subject(Some(attachment), pod_key.as_ref().map(|k| k.pod()));
 
-    let store = inv.open_store().map_err(|err| match err.kind {
-        Kind::ReadOnly => read_only_error(inv, attachment, err),
-        _ => err,
-    })?;
+    let store = inv
+        .open_store(Some(attachment))
+        .map_err(|err| match err.kind {
+            Kind::ReadOnly => read_only_error(inv, attachment, err),
+            _ => err,
+        })?;
     let previous: Option<Checkpoint> = match store.load_record(&id)? {
         Loaded::Valid(record) => Some(record),
         Loaded::Missing => None,
@@ -180,6 +182,9 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     // The metrics' writes (no fsync) go before the sync too, for the same reason; this ADD is
     // counted as added now, and its log line below is not counted again.
     crate::cni::metrics::commit_with(inv, &store, true, Some("added"));
+    if inv.conf.pod_key == crate::state::ownership::PodKeyRule::NameAndIfname {
+        store.set_generation_counter_durably(generation)?;
+    }
     store.sync()?;
     // Blockers are disarmed only once what they stood for is durable again.
     let mut unblocked = store.unblock(&store.set_aside_path_for_record(&id))?;

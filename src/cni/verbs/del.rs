@@ -18,7 +18,7 @@ use crate::state::ownership::{self, DelVerdict, Deleter, Owner, Ownership, PodKe
 use crate::state::{Loaded, Store};
 
 pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
-    let Some((store, unwritable)) = open(inv)? else {
+    let Some((store, unwritable)) = open(inv, attachment)? else {
         nothing_recorded(inv, attachment);
         return Ok(());
     };
@@ -151,8 +151,13 @@ pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) ->
     let mut notes: Vec<String> = Vec::new();
     let mut audited = None;
     let mut audited_key = None;
+    // Files of the other rule after the marker that the re-key could not merge (a store that
+    // takes no write) count as a pending move too.
     let rekey_pending =
-        crate::state::rekey::pending(store.root(), &inv.conf.network, inv.conf.pod_key);
+        crate::state::rekey::pending(store.root(), &inv.conf.network, inv.conf.pod_key)
+            || keys.iter().any(|key| {
+                crate::state::rekey::stray(store.root(), key, &attachment.ifname).is_some()
+            });
     for key in &keys {
         let owner = load_owner(inv, store, attachment, key, rekey_pending)?;
         let found = owner.as_ref().map(|o| Owner {
@@ -161,8 +166,12 @@ pub(super) fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) ->
         });
         // A failed ADD speaks only against the owner it failed next to: a sandbox that took
         // the pod later must not have its network torn down by this one's DEL.
-        let deleter = match (deleter, store.failed_add(&id), store.owner_since(key)) {
-            (Deleter::AddFailed, Some(failed), Some(owned)) if owned > failed => Deleter::Unknown,
+        let deleter = match (deleter, store.failed_add(&id), owner.as_ref()) {
+            (Deleter::AddFailed, Some(failed), Some(owner))
+                if failed.precedes(store.owner_taken_at(owner), store.owner_file_time(key)) =>
+            {
+                Deleter::Unknown
+            }
             (deleter, _, _) => deleter,
         };
         match ownership::judge_del(&id.container_id, deleter, found) {
@@ -303,8 +312,11 @@ pub(super) fn finish(
 /// full one, a permission), the store read as it is, with the reason it cannot be written: a
 /// stale DEL is still refused, and every other DEL passes without writing. `None`: there is
 /// no state dir and none can be made.
-pub(super) fn open(inv: &Invocation) -> Result<Option<(Store, Option<GuardError>)>> {
-    match inv.open_store() {
+pub(super) fn open(
+    inv: &Invocation,
+    attachment: &Attachment,
+) -> Result<Option<(Store, Option<GuardError>)>> {
+    match inv.open_store(Some(attachment)) {
         Ok(store) => Ok(Some((store, None))),
         Err(_) if crate::state::surely_absent(&inv.conf.state_dir) => Ok(None),
         Err(err) if err.kind != Kind::Busy => {

@@ -160,7 +160,7 @@ fn del_locked(
     attachment: &Attachment,
     locked_keys: &[PodKey],
 ) -> Result<bool> {
-    let Some((store, unwritable)) = super::del::open(inv)? else {
+    let Some((store, unwritable)) = super::del::open(inv, attachment)? else {
         super::del::nothing_recorded(inv, attachment);
         pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
         return Ok(false);
@@ -214,7 +214,7 @@ fn del_locked(
     pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
     let keys = plan.keys.clone();
     let id = plan.id.clone();
-    if let Some((store, unwritable)) = super::del::open(inv)? {
+    if let Some((store, unwritable)) = super::del::open(inv, attachment)? {
         super::del::finish(inv, attachment, &store, unwritable, plan);
     }
     for key in &keys {
@@ -365,17 +365,29 @@ fn refuse_if_superseded(
         &inv.conf.network,
         inv.conf.pod_key,
         inv.conf.lock_timeout,
+        Some((key, &attachment.ifname)),
     )?;
     let store = Store::open_read_only(&inv.conf.state_dir)?;
     let _read = store.read_lock(inv.conf.lock_timeout, &|_| {})?;
     let Loaded::Valid(owner) = store.load_owner(key)? else {
         return Ok(());
     };
-    let own_generation = match store.load_record(id)? {
-        Loaded::Valid(record) => Some(record.generation),
-        _ => None,
-    };
-    let deferred = !surely_absent(&store.deferred_path(key, id));
+    // The sandbox's other interfaces speak for it too: a late ADD of a second interface must
+    // not take the pod back from the sandbox that superseded its first. Those are the ones the
+    // owner holds the key by (the sandbox's records under them), and its deferred DELs.
+    let mut own_generation = None;
+    for if_name in std::iter::once(id.if_name.as_str()).chain(owner.interfaces()) {
+        let here = AttachmentId::of(key, &id.container_id, if_name);
+        if let Loaded::Valid(record) = store.load_record(&here)?
+            && (here == *id || record.pod_key(inv.conf.pod_key).as_ref() == Some(key))
+        {
+            own_generation = own_generation.max(Some(record.generation));
+        }
+    }
+    let deferred = !surely_absent(&store.deferred_path(key, id))
+        || store.deferred_of(key)?.iter().any(
+            |(_, entry)| matches!(entry, Loaded::Valid(e) if e.container_id == id.container_id),
+        );
     let found = Owner {
         ownership: &owner,
         backed: owner.container_id == id.container_id || store.owner_is_backed(&owner),

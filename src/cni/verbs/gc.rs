@@ -32,7 +32,7 @@ pub fn run(inv: &Invocation) -> Result<()> {
         })
     };
 
-    let store = inv.open_store()?;
+    let store = inv.open_store(None)?;
     let records = store.list_records()?;
     let recorded: HashSet<AttachmentId> = records
         .iter()

@@ -53,9 +53,17 @@ impl Invocation {
     /// keyed by ifname, or a changed rule), under the lock it holds anyway. An ADD fails when
     /// that fails (a store that cannot be written fails it anyway); every other verb goes on,
     /// saying why on stderr: a DEL that is not stale never waits on the guard's bookkeeping.
-    pub fn open_store(&self) -> crate::error::Result<Store> {
+    ///
+    /// `attachment`: the verb's own, whose pod's files of the other rule are looked for even
+    /// where the marker says the move is done (`rekey::ensure`).
+    pub fn open_store(&self, attachment: Option<&Attachment>) -> crate::error::Result<Store> {
         let store = Store::open(&self.conf.state_dir, self.conf.lock_timeout)?;
-        match store.rekey(&self.conf.network, self.conf.pod_key) {
+        let stray = attachment
+            .and_then(|attachment| Some((self.pod_key(attachment)?, attachment)))
+            .is_some_and(|(key, attachment)| {
+                crate::state::rekey::stray(&self.conf.state_dir, &key, &attachment.ifname).is_some()
+            });
+        match store.rekey(&self.conf.network, self.conf.pod_key, stray) {
             Err(err) if self.verb == Verb::Add => Err(err),
             Err(err) => {
                 eprintln!(

@@ -9,8 +9,6 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use super::conflists::GuardEntry;
 use super::finding::{Finding, Report, Severity};
 
@@ -168,33 +166,6 @@ fn answer(path: &std::path::Path) -> Result<Vec<String>, String> {
             break;
         }
     }
-    let answer: Option<Value> = serde_json::from_slice(&reply).ok();
-    if !status.success() {
-        // Plugins older than VERSION answer it as an unknown command: libcni takes them for 0.1.0 ones.
-        if answer.as_ref().and_then(|a| a["msg"].as_str()) == Some("unknown CNI_COMMAND: VERSION") {
-            return Ok(vec!["0.1.0".to_string()]);
-        }
-        return Err(format!(
-            "{} VERSION failed: {}",
-            path.display(),
-            crate::names::shorten(String::from_utf8_lossy(&reply).trim())
-        ));
-    }
-    let answer = answer.ok_or_else(|| format!("{} VERSION wrote no JSON", path.display()))?;
-    let listed: Vec<String> = answer["supportedVersions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(String::from)
-        .collect();
-    match (listed.is_empty(), answer["cniVersion"].as_str()) {
-        (false, _) => Ok(listed),
-        // libcni's PluginDecoder: a 0.2.0 answer without the list speaks 0.1.0 and 0.2.0.
-        (true, Some("0.2.0")) => Ok(vec!["0.1.0".to_string(), "0.2.0".to_string()]),
-        _ => Err(format!(
-            "{} VERSION has no supportedVersions",
-            path.display()
-        )),
-    }
+    crate::cni::version::read_plugin_versions(status.success(), &reply)
+        .map_err(|why| format!("{} VERSION {why}", path.display()))
 }

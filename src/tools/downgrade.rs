@@ -1,0 +1,41 @@
+//! `--downgrade`: the state dir put back in the form of the release before the pod key
+//! (`Store::downgrade`), under the store's lock, for the operator who goes back to it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::state::Store;
+
+pub fn run(state_dir: &Path, lock_timeout: Duration) -> i32 {
+    if crate::state::surely_absent(state_dir) {
+        println!(
+            "no state dir at {}: nothing to downgrade",
+            state_dir.display()
+        );
+        return 0;
+    }
+    let done = Store::open(state_dir, lock_timeout).and_then(|store| store.downgrade());
+    match done {
+        Ok((networks, rewritten)) => {
+            println!(
+                "downgraded {}: networks {} keyed by \"name-and-ifname\", {rewritten} entries rewritten as regular files",
+                state_dir.display(),
+                if networks.is_empty() {
+                    "(none)".to_string()
+                } else {
+                    networks.join(", ")
+                }
+            );
+            println!(
+                "Install the older binary now. A verb of this release that runs before it is in place moves the \
+                 files back to this release's keys: run this command again (with this release's binary kept \
+                 aside) once the older one is installed."
+            );
+            0
+        }
+        Err(err) => {
+            eprintln!("sandbox-guard: {err}");
+            1
+        }
+    }
+}

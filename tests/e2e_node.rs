@@ -264,6 +264,9 @@ struct Figures {
     /// seconds, to running) of the rollout's re-created pods, mean.
     create_to_running_ms: f64,
     rollout_pods_ready: usize,
+    /// Which came first at the primary in the forced delete: the new sandbox's ADD or the old
+    /// one's first DEL. Only the first order is the race chained mode cannot close.
+    forced_add_before_del: Option<bool>,
 }
 
 /// The guard's image, built around the binary under test (scripts/image.sh), once.
@@ -446,6 +449,18 @@ fn stale_dels_at_primary(calls: &str, since: usize) -> Vec<String> {
     harmed
 }
 
+/// Whether the model's trace (from line `since`) has `added`'s ADD before `deleted`'s first
+/// DEL; `None` when either is missing.
+fn first_call_order(calls: &str, since: usize, added: &str, deleted: &str) -> Option<bool> {
+    let position = |verb: &str, container: &str| {
+        calls.lines().skip(since).position(|line| {
+            let mut fields = line.split(' ').skip(1);
+            fields.next() == Some(verb) && fields.next() == Some(container)
+        })
+    };
+    Some(position("ADD", added)? < position("DEL", deleted)?)
+}
+
 fn deferred_dels(state_dir: &Path) -> usize {
     // deferred/<pod key digest>/<network>:<container>:<ifname>; writers' temp files start
     // with a dot.
@@ -550,6 +565,11 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     )
     .unwrap();
 
+    let forced_old_sandbox = sandboxes(node, &ns)
+        .into_iter()
+        .find(|(_, pod, ready)| pod == "forced-0" && *ready)
+        .map(|(id, _, _)| id);
+
     // The sequences, all at once, as a node sees them.
     node.kubectl_ok(&["-n", &ns, "delete", "pod", "graceful-0", "--wait=false"]);
     node.kubectl_ok(&[
@@ -632,6 +652,10 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
         }
     }
     figures.stale_dels_at_primary = stale_dels_at_primary(&node.primary_calls(), calls_before);
+    figures.forced_add_before_del = match (&forced_old_sandbox, ready_sandboxes.get("forced-0")) {
+        (Some(old), Some(new)) => first_call_order(&node.primary_calls(), calls_before, new, old),
+        _ => None,
+    };
     figures.sandboxes_not_ready = sandboxes(node, &ns).iter().filter(|s| !s.2).count();
     let log = node.kubelet_log();
     figures.kubelet_gc_errors = log[log_at_gc.min(log.len())..]

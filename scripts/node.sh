@@ -43,9 +43,12 @@ TOKEN=sandbox-guard-node-admin
 # The guard's state dir on this node, under the work dir rather than the host's /var/lib/cni.
 GUARD_STATE=$W/guard/state
 
-say() { echo "node: $*" >&2; }
+# The script's own messages go to fd 3, the stderr it was started with: wait_for silences its
+# check's output, and a component's death is reported from inside that check (alive_and).
+exec 3>&2
+say() { echo "node: $*" >&3; }
 die() {
-  echo "node: $*" >&2
+  echo "node: $*" >&3
   exit 1
 }
 
@@ -87,7 +90,7 @@ build_all() {
 start() {
   local name=$1
   shift
-  setsid "$@" </dev/null >>"$W/logs/$name.log" 2>&1 &
+  setsid "$@" </dev/null >>"$W/logs/$name.log" 2>&1 3>&- &
   echo $! >"$W/run/$name.pid"
 }
 
@@ -109,7 +112,7 @@ alive_and() {
   local name=$1
   shift
   if ! kill -0 "$(cat "$W/run/$name.pid")" 2>/dev/null; then
-    tail -5 "$W/logs/$name.log" >&2
+    tail -5 "$W/logs/$name.log" >&3
     die "$name exited (log: $W/logs/$name.log)"
   fi
   "$@"

@@ -15,8 +15,8 @@
 #   bash scripts/node.sh kubectl ARGS... | crictl ARGS... | ctr ARGS...
 #   bash scripts/node.sh env                  # the running node's variables, as `up` printed
 #
-# containerd16 is Debian's containerd 1.6 (a DEL on every StopPodSandbox); containerd2 is
-# containerd 2.x from its module (a DEL while it holds a CNI result).
+# containerd16 is Debian's containerd 1.6 and containerd2 containerd 2.x from its module: both
+# run a DEL on every StopPodSandbox; 2.x ignores its failure when it holds no CNI result.
 # SANDBOX_GUARD_NODE_DIR: the work dir (default /var/tmp/sandbox-guard-node);
 # SANDBOX_GUARD_NODE_CACHE: the build cache (default /var/cache/sg-node). Needs root.
 set -euo pipefail
@@ -43,9 +43,12 @@ TOKEN=sandbox-guard-node-admin
 # The guard's state dir on this node, under the work dir rather than the host's /var/lib/cni.
 GUARD_STATE=$W/guard/state
 
-say() { echo "node: $*" >&2; }
+# The script's own messages go to fd 3, the stderr it was started with: wait_for silences its
+# check's output, and a component's death is reported from inside that check (alive_and).
+exec 3>&2
+say() { echo "node: $*" >&3; }
 die() {
-  echo "node: $*" >&2
+  echo "node: $*" >&3
   exit 1
 }
 
@@ -87,7 +90,7 @@ build_all() {
 start() {
   local name=$1
   shift
-  setsid "$@" </dev/null >>"$W/logs/$name.log" 2>&1 &
+  setsid "$@" </dev/null >>"$W/logs/$name.log" 2>&1 3>&- &
   echo $! >"$W/run/$name.pid"
 }
 
@@ -109,7 +112,7 @@ alive_and() {
   local name=$1
   shift
   if ! kill -0 "$(cat "$W/run/$name.pid")" 2>/dev/null; then
-    tail -5 "$W/logs/$name.log" >&2
+    tail -5 "$W/logs/$name.log" >&3
     die "$name exited (log: $W/logs/$name.log)"
   fi
   "$@"
@@ -367,7 +370,8 @@ cmd_up() {
   write_cni
   write_containerd_config "$runtime"
   write_kubelet_config
-  ip addr add "$NODE_IP/32" dev lo
+  # replace, not add: an address left by a node that was never taken down must not stop this one.
+  ip addr replace "$NODE_IP/32" dev lo
 
   start etcd "$NODE_CACHE/bin/etcd-$ETCD_VERSION/etcd" --data-dir "$W/etcd" --name node \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
@@ -562,11 +566,25 @@ cmd_down() {
       runc --root "$W/containerd/runc/k8s.io" delete --force "$id" 2>/dev/null || true
     done
   fi
+  # The ids of every task and sandbox the node had (the bundles left, and each sandbox the
+  # primary was asked to ADD): their shims' sockets and loopback results live outside $W.
+  local shim_ids=()
+  mapfile -t shim_ids < <({
+    ls "$W/containerd/state/io.containerd.runtime.v2.task/k8s.io" 2>/dev/null
+    awk '$2 == "ADD" {print $3}' "$W/cni/primary/calls.log" 2>/dev/null
+  } | grep -E '^[0-9a-f]{64}$' | sort -u)
   stop containerd
   for name in scheduler controller-manager apiserver etcd; do stop "$name"; done
   local pids
   pids=$(pids_naming_workdir)
   [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
+  # Whatever runc no longer knew and still runs in the pods' cgroups (kubelet's cgroup root).
+  local procs
+  for procs in /sys/fs/cgroup/*/"${CGROUP_ROOT#/}"; do
+    [[ -d $procs ]] || continue
+    pids=$(find "$procs" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
+    [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
+  done
   local mount round
   for round in 1 2 3 4 5; do
     mapfile -t mounts < <(awk -v w="$W/" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | sort -r)
@@ -578,25 +596,66 @@ cmd_down() {
     ip link delete "$link" 2>/dev/null || true
   done
   ip addr del "$NODE_IP/32" dev lo 2>/dev/null || true
-  # Cgroups kubelet made under its root, deepest first.
+  # Cgroups kubelet made under its root, deepest first, once the processes killed above are
+  # gone from them (a killed process leaves its cgroup a moment later).
   local hierarchy
+  for _ in $(seq 50); do
+    [[ -z $(find /sys/fs/cgroup/*/"${CGROUP_ROOT#/}" -name cgroup.procs -exec cat {} + 2>/dev/null) ]] && break
+    sleep 0.1
+  done
   for hierarchy in /sys/fs/cgroup/*/; do
     [[ -d $hierarchy${CGROUP_ROOT#/} ]] || continue
     find "$hierarchy${CGROUP_ROOT#/}" -depth -type d -exec rmdir {} + 2>/dev/null || true
   done
-  # Chains kubelet adds (its canary and the iptables-mode hint); nothing else here uses them.
+  # Chains kubelet adds (kubelet_network_linux.go: its canary, the iptables-mode hint, and
+  # KUBE-FIREWALL with jumps to it from INPUT and OUTPUT, which must go before the chain can).
   local tool table chain
   for tool in iptables ip6tables; do
     command -v "$tool" >/dev/null || continue
+    for chain in INPUT OUTPUT; do
+      while "$tool" -w -t filter -D "$chain" -j KUBE-FIREWALL 2>/dev/null; do :; done
+    done
     for table in mangle nat filter; do
-      for chain in KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT KUBE-FIREWALL KUBE-NODE-PORT; do
+      for chain in KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT KUBE-FIREWALL; do
         "$tool" -w -t "$table" -F "$chain" 2>/dev/null && "$tool" -w -t "$table" -X "$chain" 2>/dev/null || true
       done
     done
   done
-  # libcni's result cache of containerd 1.6 lives in the host's /var/lib/cni.
+  # What the node leaves outside its work dir, whatever the configs say: libcni's result cache
+  # (the node's network and containerd's own cni-loopback), kubelet's container log links
+  # (/var/log/containers is a constant in kubelet) and device-plugin socket, the shims'
+  # sockets (sha256 of "<containerd socket>/<namespace>/<id>[/debug]", pkg/shim).
+  local id link hash suffix
+  for id in "${shim_ids[@]}"; do
+    rm -f /var/lib/cni/results/cni-loopback-"$id"-* 2>/dev/null || true
+    for suffix in '' /debug; do
+      hash=$(printf '%s' "$W/containerd/containerd.sock/k8s.io/$id$suffix" | sha256sum | cut -d' ' -f1)
+      rm -f "/run/containerd/s/$hash"
+    done
+  done
   rm -f /var/lib/cni/results/"$NETWORK_NAME"-* 2>/dev/null || true
+  for link in /var/log/containers/*.log; do
+    if [[ -L $link && $(readlink "$link") == "$W/"* ]]; then rm -f "$link"; fi
+  done
+  rm -f /var/lib/kubelet/device-plugins/kubelet.sock
+  rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet /run/containerd/s /run/containerd 2>/dev/null || true
   rm -rf "$W"
+  # Say what is left rather than claim nothing is.
+  local left=()
+  [[ -z $(pids_naming_workdir) ]] || left+=("processes naming $W")
+  if awk -v w="$W/" 'index($5, w) == 1 {found=1} END {exit !found}' /proc/self/mountinfo; then
+    left+=("mounts under $W")
+  fi
+  if ip -o link show | awk -F': ' '{print $2}' | grep -q "^$VETH_PREFIX"; then
+    left+=("links $VETH_PREFIX*")
+  fi
+  if compgen -G "/sys/fs/cgroup/*/${CGROUP_ROOT#/}" >/dev/null; then
+    left+=("cgroups $CGROUP_ROOT")
+  fi
+  if ((${#left[@]})); then
+    say "down: left behind: ${left[*]}"
+    return 1
+  fi
   say "down: nothing of the node is left"
 }
 

@@ -13,7 +13,8 @@ kubectl_node() { node_sh kubectl "$@"; }
 demo_node_cleanup() {
   local status=$?
   step "Taking the node down"
-  node_sh down 2>&1 | indent
+  # down fails naming what it left; the demo's own cleanup must still run after it.
+  node_sh down 2>&1 | indent || true
   # Then the demo's own cleanup, with the status the demo ended with.
   (exit "$status")
   cleanup

@@ -26,6 +26,13 @@ node_go_env() {
       "found ${version:-no go command} (Debian's golang-go is older: install Go from go.dev's archive)" >&2
     return 1
   fi
+  # The module proxy only: a module it does not serve fails the build here instead of being
+  # cloned from its repository (go's default list ends in "direct").
+  local proxy
+  proxy=$(go env GOPROXY)
+  proxy=${proxy%[,|]direct}
+  [[ -n $proxy && $proxy != direct ]] || proxy=https://proxy.golang.org
+  export GOPROXY=$proxy
 }
 
 # go_wrapper_build NAME DIR GO.MOD-TEXT PACKAGE...: builds PACKAGEs into $NODE_CACHE/bin/NAME

@@ -4,7 +4,7 @@
 //! plugin enters a pod's namespace only to make its sockets (`inside`): the calling thread
 //! setns()es in, opens them and goes back, and everything else (netlink requests, ARP
 //! announcements, the store) runs in the host's namespace. No thread is started for it: a
-//! thread and its wake-up cost ADD about 0.2 ms, the largest part of reading link facts.
+//! thread and its wake-up were the largest part of reading link facts (docs/benchmarks.md).
 //! Netlink, the doctor and `--restore` all come in through here.
 
 use std::collections::HashMap;

@@ -360,6 +360,10 @@ cmd_up() {
   [[ $runtime == containerd16 || $runtime == containerd2 ]] ||
     die "--runtime takes containerd16 or containerd2, not '$runtime'"
   need_root "scripts/node.sh up"
+  # kubelet's cgroupfs layout here is cgroup v1's (these machines'); a unified-only host
+  # would need the v2 layout.
+  [[ ! -e /sys/fs/cgroup/cgroup.controllers ]] ||
+    die "this host mounts only cgroup v2 at /sys/fs/cgroup; scripts/node.sh sets up kubelet for cgroup v1"
   [[ ! -e $W/run ]] || die "a node is already up in $W (bash scripts/node.sh down first)"
   need_packages containerd runc catatonit containernetworking-plugins iproute2 iptables openssl curl
   build_all "$runtime"

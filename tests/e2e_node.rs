@@ -788,8 +788,15 @@ fn run_runtime(runtime: &'static str) {
         );
         all.push((mode, figures));
     }
-    eprintln!(
-        "\n| runtime | mode | stale DELs at the primary | new pods unreachable | sandboxes NotReady | kubelet GC errors per period | deferred DELs left | RunPodSandbox mean (ms) | create to running, mean (ms) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n{table}"
+    let report = format!(
+        "| runtime | mode | stale DELs at the primary | new pods unreachable | sandboxes NotReady | kubelet GC errors per period | deferred DELs left | RunPodSandbox mean (ms) | create to running, mean (ms) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n{table}"
+    );
+    eprintln!("\n{report}");
+    // cargo shows a passing test's output only with --nocapture: the figures also go where
+    // docs/real-node.md says to find them.
+    let _ = fs::write(
+        repo().join(format!("target/real-node-{runtime}.md")),
+        &report,
     );
     let unguarded_ms = all[0].1.run_podsandbox_ms;
     for (mode, figures) in &all[1..] {

@@ -40,6 +40,15 @@ const GC_PERIOD: Duration = Duration::from_secs(60);
 const GUARD_IMAGE: &str = "localhost/sandbox-guard:node-test";
 const GUARD_IMAGE_UPGRADE: &str = "localhost/sandbox-guard:node-test-upgrade";
 const STATEFULSET_REPLICAS_ROLLOUT: usize = 20;
+/// The entry keys an operator sets through the DaemonSet's ConfigMap (the default, said
+/// outright, so that the node's entry shows it once the installer has read it).
+const ENTRY_CONFIGMAP: &str = r#"apiVersion: v1
+kind: ConfigMap
+metadata: { name: sandbox-guard-entry, namespace: kube-system }
+data:
+  entry.json: |
+    {"staleDel": "refuse"}
+"#;
 /// How many times the primary fails the old sandbox's DEL in the failing-DEL sequence.
 const PRIMARY_DEL_FAILURES: u32 = 3;
 
@@ -620,11 +629,24 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     node.node_sh(&["restart", "kubelet"]);
     node.node_sh(&["restart", "containerd"]);
 
+    // The entry's keys changed as an operator changes them: the ConfigMap, which kubelet
+    // updates in the installer's volume, and the installer's watch puts into the entry.
+    if mode == Mode::Delegate {
+        node.apply(ENTRY_CONFIGMAP);
+    }
+
     // Two of kubelet's GC periods, and a margin for its first run after the restart. Its
     // error lines are counted over this wait only, which is what they are divided by.
     let log_at_gc = node.kubelet_log().len();
     let gc_started = Instant::now();
     std::thread::sleep(2 * GC_PERIOD + Duration::from_secs(20));
+    if mode == Mode::Delegate {
+        node.wait_until(
+            "the ConfigMap's staleDel in the node's entry",
+            Duration::from_secs(180),
+            || node.conflist()["plugins"][0]["staleDel"] == "refuse",
+        );
+    }
     let gc_periods = gc_started.elapsed().as_secs_f64() / GC_PERIOD.as_secs_f64();
 
     let mut figures = Figures {

@@ -1438,6 +1438,32 @@ fn a_replay_whose_primary_leaves_a_daemon_on_its_stdout_passes_and_the_daemon_go
     );
 }
 
+/// A primary whose replayed DEL leaves a daemon of its own session behind (out of reach of
+/// its process group's kill): the daemon must not inherit the replay worker's locks, or the
+/// pod's next ADD waits on a lock nobody releases, and the replay never looks finished.
+#[test]
+fn a_daemon_the_primary_leaves_on_a_replay_holds_no_lock_of_the_worker() {
+    let (i, primary) = incident_deferred();
+    primary.setsid_daemon("DEL", &i.a, 93.25);
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    let done = i.store.wait_for_replays(std::time::Duration::from_secs(20));
+    let c = container_id();
+    let added = primary
+        .wrap(i.store.add(&c, &i.pod_a))
+        .config("podLockTimeoutSeconds", Some(json!(5)))
+        .config("replayTimeoutSeconds", Some(json!(4)))
+        .run();
+    let left = processes_with("sleep 93.25");
+    kill_processes_with("sleep 93.25");
+    assert!(!left.is_empty(), "the model primary left no daemon behind");
+    added.assert_ok();
+    assert!(
+        done,
+        "the primary's daemon holds the worker's replay.lock: the replay never looks finished"
+    );
+    assert_eq!(primary.dels(&i.a), 1, "the replay passed");
+}
+
 /// A DEL the primary refuses and a CHECK, of sandboxes nobody owns, leave no lock file.
 #[test]
 fn refused_dels_and_checks_leave_no_pod_lock_file() {

@@ -1230,6 +1230,44 @@ fn an_ipv4_holder_keeps_its_address_and_the_routers_arp_entry() {
         .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
 }
 
+/// The NIC is back but has no carrier yet, and another node across it holds the pod's IPv4
+/// address. ARP probes sent on a link without carrier reach nobody, so silence proves nothing:
+/// the restore must not add the address and call the sandbox restored, or the pod answers for
+/// the holder's address the moment carrier comes.
+#[test]
+fn an_ipv4_probe_on_a_link_without_carrier_proves_nothing() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let (lan, net) = macvlan_network_on_a_lan();
+    let state_dir = net.state_dir.to_str().unwrap().to_string();
+    let pod = Sandbox::new("db", "pg-0", "uid-pg-0");
+    let result = net
+        .add(&pod)
+        .unwrap_or_else(|e| panic!("libcni ADD failed: {}", e.stderr));
+    let pod_v4 = address_of(&result, false);
+    lan.unplug();
+    lan.plug(&format!("{}/24", net.subnet.host(1)));
+    // The holder: a node behind the uplink (here the router's own netns) that has the address.
+    let held = format!("{pod_v4}/32");
+    lan.netns
+        .exec(&["ip", "addr", "add", &held, "dev", &lan.uplink]);
+    lan.netns.exec(&["ip", "link", "set", &lan.uplink, "down"]);
+    let out = guard(&["--restore", "--state-dir", &state_dir, &pod.container_id]);
+    let said = text(&out);
+    let on_pod = pod_addresses(&pod);
+    lan.netns.exec(&["ip", "link", "set", &lan.uplink, "up"]);
+    assert!(
+        !on_pod.contains(&pod_v4),
+        "an address probed on a link without carrier went on the pod: {said}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("carrier"),
+        "the reason is the missing carrier: {said}"
+    );
+    net.del(&pod, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("libcni DEL failed: {}", e.stderr));
+}
+
 /// Another node holds both of a dual-stack pod's addresses. IPv6's detection fails, and the
 /// IPv4 probe finds the holder too: the sandbox is FAILED for both, and neither family is
 /// announced, so the router keeps both entries on the holder.

@@ -975,6 +975,11 @@ fn the_sweep_replays_a_deferred_del_whose_owner_has_no_record() {
         .wrap(i.store.add(&cni::container_id(), &other))
         .run()
         .assert_ok();
+    // The sweep runs in the replay worker, which that ADD does not wait for.
+    assert!(
+        i.store.wait_for_replays(std::time::Duration::from_secs(90)),
+        "the replay worker did not finish"
+    );
     assert_eq!(
         primary.dels(&i.a),
         1,

@@ -256,6 +256,11 @@ impl Prober {
         Ok(())
     }
 
+    /// The addresses it probes for.
+    pub fn addresses(&self) -> impl Iterator<Item = Ipv6Addr> + '_ {
+        self.addresses.iter().copied()
+    }
+
     /// The addresses another node has shown to hold since the last call, with its MAC.
     pub fn held(&self) -> Result<Vec<(Ipv6Addr, [u8; 6])>> {
         let heard = raw_socket::drain(&self.socket)

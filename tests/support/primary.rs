@@ -147,6 +147,18 @@ impl RecordingPrimary {
         .unwrap();
     }
 
+    /// Makes the primary leave a daemon of its own session behind on `verb` of `container`
+    /// (`setsid`, its stdio on /dev/null, every other descriptor it inherited kept), living
+    /// `seconds`: out of reach of its process group's kill.
+    pub fn setsid_daemon(&self, verb: &str, container: &str, seconds: f64) {
+        fs::create_dir_all(&self.state_dir).unwrap();
+        fs::write(
+            self.state_dir.join(format!("setsid-{verb}-{container}")),
+            seconds.to_string(),
+        )
+        .unwrap();
+    }
+
     /// Makes the primary answer ADD of `container` with exactly these bytes.
     pub fn answer_add(&self, container: &str, result: &str) {
         fs::create_dir_all(&self.state_dir).unwrap();

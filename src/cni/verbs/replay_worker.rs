@@ -118,7 +118,7 @@ pub fn run(inv: &Invocation, delegate: &Delegate, handed: &str) {
     }
     // SAFETY: the verb that started this process put these descriptors there for it
     // (`spawn`), and nothing else in this process has taken them.
-    let _replaying = unsafe { File::from_raw_fd(FIRST_FD) };
+    let _replaying = unsafe { File::from_raw_fd(inherited(FIRST_FD)) };
     let gc = handed == GC_SWEEP;
     let locks: Vec<PodLock> = handed
         .split(',')
@@ -127,7 +127,7 @@ pub fn run(inv: &Invocation, delegate: &Delegate, handed: &str) {
         .enumerate()
         .filter_map(|(n, digest)| {
             // SAFETY: as above, one descriptor per digest after `FIRST_FD`.
-            let file = unsafe { File::from_raw_fd(FIRST_FD + 1 + n as i32) };
+            let file = unsafe { File::from_raw_fd(inherited(FIRST_FD + 1 + n as i32)) };
             PodLock::handed(root, digest, file)
         })
         .collect();
@@ -143,6 +143,15 @@ pub fn run(inv: &Invocation, delegate: &Delegate, handed: &str) {
     };
     super::delegated::sweep(inv, delegate, until, !gc);
     collect_temp_files(root, inv.conf.lock_timeout);
+}
+
+/// An inherited descriptor made close-on-exec again (`spawn`'s dup2 cleared it): the primaries
+/// this worker runs, and a daemon one of them leaves behind out of its process group, must not
+/// hold `replay.lock` or a pod's lock after the worker is done.
+fn inherited(fd: i32) -> i32 {
+    // SAFETY: F_SETFD only sets the descriptor's flags.
+    unsafe { nix::libc::fcntl(fd, nix::libc::F_SETFD, nix::libc::FD_CLOEXEC) };
+    fd
 }
 
 fn anything_deferred(root: &Path) -> bool {

@@ -271,9 +271,12 @@ pub(super) fn check_permissions(state_dir: &Path, report: &mut Report) {
             return;
         }
         _ => format!(
-            "{}: {} entries are not private to root",
+            "{}: {} not private to root",
             state_dir.display(),
-            problems.len()
+            match problems.len() {
+                1 => "1 entry is".to_string(),
+                n => format!("{n} entries are"),
+            }
         ),
     };
     let mut finding = Finding::new(worst, "store-permissions", summary).fix(format!(
@@ -379,6 +382,22 @@ mod tests {
             conf_version: None,
             identity: None,
         }
+    }
+
+    #[test]
+    fn one_entry_not_private_to_root_is_counted_in_the_singular() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("sg-doctor-perms-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut report = Report::default();
+        check_permissions(&dir, &mut report);
+        let _ = std::fs::remove_dir_all(&dir);
+        let summary = &report.findings[0].summary;
+        assert!(
+            summary.ends_with(": 1 entry is not private to root"),
+            "{summary}"
+        );
     }
 
     #[test]

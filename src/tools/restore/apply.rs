@@ -300,9 +300,55 @@ fn check(kernel: &Kernel, checks: &[Step]) -> Found {
     let started = Instant::now();
     let mut sent = 0;
     let mut holders: Vec<(IpAddr, [u8; 6], &Step)> = Vec::new();
+    // Probes sent on a link without carrier reach nobody, and their silence would pass for
+    // "nobody holds it": they start once it has carrier (`probes_from`), or not at all.
+    let mut probes_from = None;
     loop {
         let probing = arp_probe.is_some() || ns_probe.is_some();
-        if probing && sent < PROBES && started.elapsed() >= PROBE_INTERVAL * sent {
+        if probing && probes_from.is_none() {
+            let step = arp_probe
+                .as_ref()
+                .map(|(step, _)| *step)
+                .or(ns_probe.as_ref().map(|(step, _)| *step));
+            if let Some(Step::ProbeArp { name, .. } | Step::ProbeNs { name, .. }) = step {
+                match pod_link(kernel, name) {
+                    Ok(link) if link.carrier => probes_from = Some(Instant::now()),
+                    Ok(_) if started.elapsed() < NO_CARRIER_PATIENCE => {}
+                    outcome => {
+                        let why = match outcome {
+                            Err(err) => err.msg,
+                            Ok(_) => format!(
+                                "{name} has no carrier (its parent link has none: the NIC still negotiating, a cable or \
+                                 switch port down), so probes would reach nobody and silence would prove nothing"
+                            ),
+                        };
+                        for (step, addresses) in [
+                            arp_probe.take().map(|(step, p)| {
+                                (step, p.addresses().map(IpAddr::V4).collect::<Vec<_>>())
+                            }),
+                            ns_probe.take().map(|(step, p)| {
+                                (step, p.addresses().map(IpAddr::V6).collect::<Vec<_>>())
+                            }),
+                        ]
+                        .into_iter()
+                        .flatten()
+                        {
+                            found.held.extend(addresses.iter().copied());
+                            found.failures.push(format!(
+                                "{step}: {why}; {} left off {name} and nothing announced. Run --restore again once \
+                                 `ip -n <pod> link show {name}` shows LOWER_UP",
+                                list_ips(&addresses)
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        let probes_started = probes_from.map(|from: Instant| from.elapsed());
+        if let Some(since) = probes_started
+            && sent < PROBES
+            && since >= PROBE_INTERVAL * sent
+        {
             sent += 1;
             let sends = [
                 arp_probe.as_ref().map(|(step, p)| (*step, p.send())),
@@ -345,7 +391,8 @@ fn check(kernel: &Kernel, checks: &[Step]) -> Found {
                 }
             }
         }
-        if dad.is_none() && (!probing || started.elapsed() >= PROBE_LISTEN) {
+        if dad.is_none() && (!probing || probes_started.is_some_and(|since| since >= PROBE_LISTEN))
+        {
             break;
         }
         std::thread::sleep(DAD_POLL);
@@ -376,6 +423,14 @@ fn check(kernel: &Kernel, checks: &[Step]) -> Found {
         ));
     }
     found
+}
+
+fn list_ips(addresses: &[IpAddr]) -> String {
+    addresses
+        .iter()
+        .map(IpAddr::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The index and MAC of the pod's link `name`: what a probe is sent out of and from.

@@ -18,6 +18,9 @@ node_go_env() {
   export GOMODCACHE=$NODE_CACHE/gomod GOCACHE=$NODE_CACHE/gocache GOFLAGS=-mod=mod
   export GOTOOLCHAIN=local GO111MODULE=on
   unset GOPATH GOBIN
+  # Go's own archive installs to /usr/local/go, which a PATH may not name or may name after
+  # Debian's older golang-go (the libcni tests install that one).
+  [[ -x /usr/local/go/bin/go ]] && PATH=/usr/local/go/bin:$PATH
   local version
   version=$(go env GOVERSION 2>/dev/null) || version=''
   version=${version#go}

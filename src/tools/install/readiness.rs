@@ -1,0 +1,294 @@
+//! `--install --check` against what the runtime loaded: where a runtime's socket answers,
+//! ready means the network it uses for pods (its first, `eth0`) holds the guard in its
+//! place (last, or wrapping the primary), at a cniVersion the guard speaks, with the guard's
+//! binary the one found first in the dirs the runtime searches. Where no socket answers,
+//! the files are read as before (`super::check`). Either way the first line says which.
+
+use std::path::{Path, PathBuf};
+
+use super::{Failure, Options, Reason, edit::GUARD_TYPE};
+use crate::tools::runtime::{self, Loaded, Network};
+
+/// Multus's types: the runtime runs multus, which reads the network it delegates to itself.
+const MULTUS_TYPES: [&str; 2] = ["multus", "multus-shim"];
+
+/// The source line, then the verdict.
+pub fn check(options: &Options) -> (String, Result<Vec<String>, Failure>) {
+    let sockets = sockets(options);
+    match runtime::ask(&sockets) {
+        Ok(Loaded::Containerd {
+            socket,
+            conf_dir,
+            plugin_dirs,
+            networks,
+            load_error,
+        }) => {
+            let source = format!("source: containerd CRI status ({})", socket.display());
+            let dirs: Vec<PathBuf> = plugin_dirs
+                .iter()
+                .map(|d| on_host(&options.host_root, d))
+                .collect();
+            let conf_dir = on_host(&options.host_root, &conf_dir);
+            let verdict = match networks.first() {
+                None => Err(Failure::new(
+                    Reason::Network,
+                    format!(
+                        "containerd has loaded no network from {}{}",
+                        conf_dir.display(),
+                        load_error
+                            .map(|e| format!(" (its last load: {e})"))
+                            .unwrap_or_default()
+                    ),
+                )),
+                Some(net) if net.plugins.iter().any(|p| MULTUS_TYPES.contains(&p.kind.as_str())) => {
+                    // Multus reads the cluster network from the conf dir on each ADD.
+                    let through = Options {
+                        conf_dir: conf_dir.clone(),
+                        bin_dir: first_holding(&dirs, GUARD_TYPE)
+                            .unwrap_or_else(|| options.bin_dir.clone()),
+                        ..options.clone()
+                    };
+                    super::check(&through).map(|mut lines| {
+                        lines.insert(0, format!("containerd loaded multus (network {}); the network multus hands pods to was read from {}", net.name, conf_dir.display()));
+                        lines
+                    })
+                }
+                Some(net) => loaded_verdict(net, &dirs, "containerd", true).map(|mut lines| {
+                    if let Some(e) = load_error {
+                        lines.push(format!("warning: containerd's last CNI config load failed ({e}): it runs what it loaded before"));
+                    }
+                    if conf_dir != options.conf_dir {
+                        lines.push(format!(
+                            "note: containerd reads {}, not {}",
+                            conf_dir.display(),
+                            options.conf_dir.display()
+                        ));
+                    }
+                    lines
+                }),
+            };
+            (source, verdict)
+        }
+        Ok(Loaded::Crio { socket, network }) => {
+            let source = format!(
+                "source: CRI-O config (GET /config on {}), its network read from its files",
+                socket.display()
+            );
+            let dirs: Vec<PathBuf> = network
+                .plugin_dirs
+                .iter()
+                .map(|d| on_host(&options.host_root, d))
+                .collect();
+            let Some(bin_dir) = first_holding(&dirs, GUARD_TYPE) else {
+                return (source, Err(not_in_dirs(&dirs, "CRI-O")));
+            };
+            let as_crio = Options {
+                conf_dir: on_host(&options.host_root, &network.conf_dir),
+                bin_dir,
+                network: network.default_network.clone().or(options.network.clone()),
+                ..options.clone()
+            };
+            (source, super::check(&as_crio))
+        }
+        Err(why) if why.is_empty() => (
+            "source: files (--runtime-socket none)".to_string(),
+            super::check(options),
+        ),
+        Err(why) => (
+            format!("source: files ({})", why.join("; ")),
+            super::check(options),
+        ),
+    }
+}
+
+/// `--runtime-socket`, else the runtimes' usual sockets under the host's root.
+fn sockets(options: &Options) -> Vec<PathBuf> {
+    match &options.runtime_socket {
+        Some(socket) if socket.as_os_str() == "none" => Vec::new(),
+        Some(socket) => vec![socket.clone()],
+        None => runtime::DEFAULT_SOCKETS
+            .iter()
+            .map(|s| on_host(&options.host_root, Path::new(s)))
+            .collect(),
+    }
+}
+
+/// A path the runtime gave (the host's), as seen from here.
+fn on_host(host_root: &Path, path: &Path) -> PathBuf {
+    host_root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// libcni's `FindInPath`: the first dir holding the plugin is the one that runs.
+fn first_holding(dirs: &[PathBuf], plugin: &str) -> Option<PathBuf> {
+    dirs.iter().find(|d| d.join(plugin).is_file()).cloned()
+}
+
+fn not_in_dirs(dirs: &[PathBuf], runtime: &str) -> Failure {
+    let dirs: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+    Failure::new(
+        Reason::BinDir,
+        format!(
+            "sandbox-guard is in none of the dirs {runtime} searches for plugins ({}): every ADD would fail \
+             \"failed to find plugin\"; give the runtime's dir with --bin-dir or --platform",
+            dirs.join(", ")
+        ),
+    )
+}
+
+/// The verdict on the network the runtime uses for pods.
+/// `this_binary`: the one found must be this binary (the installer's probe; the doctor may
+/// be another version).
+fn loaded_verdict(
+    net: &Network,
+    dirs: &[PathBuf],
+    runtime: &str,
+    this_binary: bool,
+) -> Result<Vec<String>, Failure> {
+    let types: Vec<&str> = net.plugins.iter().map(|p| p.kind.as_str()).collect();
+    let not_placed = |why: String| {
+        Failure::new(
+            Reason::Network,
+            format!(
+                "{runtime} runs network {} with plugins {}: {why}",
+                net.name,
+                types.join(", ")
+            ),
+        )
+    };
+    let last = net.plugins.len().saturating_sub(1);
+    let place = match net.plugins.iter().position(|p| p.kind == GUARD_TYPE) {
+        None => {
+            return Err(not_placed(
+                "sandbox-guard is not among them (a file naming it was not loaded: run --install, \
+                 or wait for the runtime to reload its conf dir)"
+                    .to_string(),
+            ));
+        }
+        Some(0)
+            if net.plugins[0]
+                .conf
+                .get("delegate")
+                .and_then(|d| d.get("type"))
+                .is_some() =>
+        {
+            let primary = net.plugins[0].conf["delegate"]["type"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            format!("delegate, wrapping {primary}")
+        }
+        Some(i) if i == last && i > 0 => "chained, last".to_string(),
+        Some(_) => {
+            return Err(not_placed(
+                "sandbox-guard is neither the last plugin (chained: first on DEL) nor the first wrapping the primary \
+                 (delegate): run --install to put it back in its place"
+                    .to_string(),
+            ));
+        }
+    };
+    if !crate::cni::version::SUPPORTED.contains(&net.cni_version.as_str()) {
+        return Err(Failure::new(
+            Reason::Version,
+            format!(
+                "{runtime} runs network {} at cniVersion {}, which sandbox-guard does not speak ({}): every ADD would fail",
+                net.name,
+                crate::names::shorten(&net.cni_version),
+                crate::cni::version::SUPPORTED.join(", ")
+            ),
+        ));
+    }
+    let Some(dir) = first_holding(dirs, GUARD_TYPE) else {
+        return Err(not_in_dirs(dirs, runtime));
+    };
+    let mut wanted: Vec<&str> = types.clone();
+    wanted.extend(
+        net.plugins
+            .iter()
+            .filter_map(|p| p.conf.get("delegate")?.get("type")?.as_str()),
+    );
+    let missing: Vec<&str> = wanted
+        .into_iter()
+        .filter(|t| first_holding(dirs, t).is_none())
+        .collect();
+    if !missing.is_empty() {
+        return Err(Failure::new(
+            Reason::BinDir,
+            format!(
+                "{runtime} runs network {} but cannot find its plugins {} in the dirs it searches: every ADD would fail",
+                net.name,
+                missing.join(", ")
+            ),
+        ));
+    }
+    let binary = dir.join(GUARD_TYPE);
+    let this = match this_binary {
+        true => Some(
+            std::env::current_exe()
+                .and_then(std::fs::read)
+                .map_err(|e| format!("cannot read this binary: {e}"))?,
+        ),
+        false => None,
+    };
+    if this.is_some_and(|this| !std::fs::read(&binary).is_ok_and(|there| there == this)) {
+        return Err(Failure::new(
+            Reason::BinDir,
+            format!(
+                "{} is the sandbox-guard the runtime finds first, and it is not this version",
+                binary.display()
+            ),
+        ));
+    }
+    Ok(vec![format!(
+        "ready: {runtime} runs sandbox-guard in network {} ({place}), cniVersion {}, binary {}",
+        net.name,
+        net.cni_version,
+        binary.display()
+    )])
+}
+
+/// For `--doctor`, beside its look at the files: where containerd answers on its usual
+/// socket, why the network it runs for pods leaves the guard out (or out of its place, or
+/// unable to run), with the way out. Nothing when no containerd answers or it runs multus.
+pub fn runtime_view_problem() -> Option<(String, &'static str)> {
+    let sockets: Vec<PathBuf> = runtime::DEFAULT_SOCKETS.iter().map(PathBuf::from).collect();
+    let Ok(Loaded::Containerd {
+        socket,
+        plugin_dirs,
+        networks,
+        load_error,
+        ..
+    }) = runtime::ask(&sockets)
+    else {
+        return None;
+    };
+    let way_out = "run sandbox-guard --install --check: it says what containerd runs and why the guard is not ready there";
+    let Some(net) = networks.first() else {
+        return Some((
+            format!(
+                "containerd ({}) has loaded no CNI network{}",
+                socket.display(),
+                load_error.map(|e| format!(": {e}")).unwrap_or_default()
+            ),
+            way_out,
+        ));
+    };
+    if net
+        .plugins
+        .iter()
+        .any(|p| MULTUS_TYPES.contains(&p.kind.as_str()))
+    {
+        return None;
+    }
+    loaded_verdict(net, &plugin_dirs, "containerd", false)
+        .err()
+        .map(|failure| {
+            (
+                format!(
+                    "per containerd's CRI status ({}): {}",
+                    socket.display(),
+                    failure.msg
+                ),
+                way_out,
+            )
+        })
+}

@@ -153,6 +153,36 @@ impl Containerd {
         (out.status.success(), said(&out))
     }
 
+    /// `--doctor` asking this containerd: its `cni-runtime` finding.
+    fn doctor_says(&self) -> String {
+        let out = cni::guard(&[
+            "--doctor",
+            "--conf-dir",
+            self.root().join("net.d").to_str().unwrap(),
+            "--runtime-socket",
+            self.socket().to_str().unwrap(),
+            "-o",
+            "json",
+        ]);
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("--doctor -o json: {e}: {}", said(&out)));
+        let found: Vec<String> = report["findings"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["check"] == "cni-runtime")
+            .map(|f| format!("{} {}", f["severity"], f["summary"]))
+            .collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "{:?}: one cni-runtime finding: {}",
+            self.version,
+            said(&out)
+        );
+        found[0].clone()
+    }
+
     fn asked(&self) -> (bool, String) {
         let said = self.check("asked", &self.root().join("bin"));
         assert!(
@@ -378,6 +408,11 @@ fn files_say_ready_containerd_runs_no_guard(node: &Containerd, case: &str) {
         "{version:?}: {case}: {said}"
     );
     assert_eq!(ready, ready_per_crictl(&node.crictl_info().unwrap()));
+    let doctor = node.doctor_says();
+    assert!(
+        doctor.contains("\"error\"") && doctor.contains("sandbox-guard is not among them"),
+        "{version:?}: {case}: {doctor}"
+    );
 }
 
 fn not_ready_where_containerd_runs_something_else(version: Version) {

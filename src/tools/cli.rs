@@ -111,6 +111,8 @@ Options:
       --service-cidr CIDR      Kubernetes service range, repeatable (default 10.96.0.0/12)
   -o, --output table|json      table for people (default), JSON for monitoring
       --lock-timeout SECONDS   how long to wait for a state dir's lock (default 10)
+      --runtime-socket PATH    ask this runtime what it loaded (default: containerd's,
+                               k3s's and CRI-O's usual sockets); none: do not ask
   -h, --help                   this text
 ";
 
@@ -486,8 +488,8 @@ impl Opt {
             | Opt::Entry
             | Opt::EntryFile
             | Opt::Check
-            | Opt::MetricsFile
-            | Opt::RuntimeSocket => &[Mode::Install],
+            | Opt::MetricsFile => &[Mode::Install],
+            Opt::RuntimeSocket => &[Mode::Install, Mode::Doctor],
             Opt::RemoveBinary => &[Mode::Uninstall],
             Opt::Force => &[Mode::Install, Mode::Uninstall],
         }
@@ -830,6 +832,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                 service_cidrs,
                 format,
                 lock_timeout,
+                runtime_socket,
             })
         }
         Mode::Downgrade => Command::Downgrade {

@@ -83,7 +83,6 @@ pub fn read(conf_dir: &Path, report: &mut Report) -> NodeConfig {
     // A guard only counts where the runtime runs it, at a version it speaks.
     if !node.guards.is_empty() {
         problems.extend(crate::tools::install::runtime_problem(conf_dir));
-        problems.extend(crate::tools::install::runtime_view_problem());
     }
     if node.guards.is_empty() {
         report.add(

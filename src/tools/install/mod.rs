@@ -24,7 +24,7 @@ use files::{Expect, Keep, original_of};
 use json::{Doc, Json};
 use network::{Found, Network, file_name};
 pub use platform::Platform;
-pub use readiness::runtime_view_problem;
+pub use readiness::{runtime_view, sockets as runtime_sockets};
 
 #[derive(Debug, Clone)]
 pub struct Options {

@@ -14,7 +14,7 @@ const MULTUS_TYPES: [&str; 2] = ["multus", "multus-shim"];
 
 /// The source line, then the verdict.
 pub fn check(options: &Options) -> (String, Result<Vec<String>, Failure>) {
-    let sockets = sockets(options);
+    let sockets = sockets(options.runtime_socket.as_deref(), &options.host_root);
     match runtime::ask(&sockets) {
         Ok(Loaded::Containerd {
             socket,
@@ -101,14 +101,15 @@ pub fn check(options: &Options) -> (String, Result<Vec<String>, Failure>) {
     }
 }
 
-/// `--runtime-socket`, else the runtimes' usual sockets under the host's root.
-fn sockets(options: &Options) -> Vec<PathBuf> {
-    match &options.runtime_socket {
+/// `--runtime-socket` (`none`: no socket), else the runtimes' usual sockets under the
+/// host's root.
+pub fn sockets(given: Option<&Path>, host_root: &Path) -> Vec<PathBuf> {
+    match given {
         Some(socket) if socket.as_os_str() == "none" => Vec::new(),
-        Some(socket) => vec![socket.clone()],
+        Some(socket) => vec![socket.to_path_buf()],
         None => runtime::DEFAULT_SOCKETS
             .iter()
-            .map(|s| on_host(&options.host_root, Path::new(s)))
+            .map(|s| on_host(host_root, Path::new(s)))
             .collect(),
     }
 }
@@ -246,31 +247,31 @@ fn loaded_verdict(
     )])
 }
 
-/// For `--doctor`, beside its look at the files: where containerd answers on its usual
-/// socket, why the network it runs for pods leaves the guard out (or out of its place, or
-/// unable to run), with the way out. Nothing when no containerd answers or it runs multus.
-pub fn runtime_view_problem() -> Option<(String, &'static str)> {
-    let sockets: Vec<PathBuf> = runtime::DEFAULT_SOCKETS.iter().map(PathBuf::from).collect();
+/// For `--doctor`, beside its look at the files: where containerd answers on one of
+/// `sockets`, whether the network it runs for pods runs the guard (the line to show), or
+/// why not with the way out. `None` when no containerd answers or it runs multus (whose
+/// cluster network the doctor reads from the files).
+pub fn runtime_view(sockets: &[PathBuf]) -> Option<Result<String, (String, &'static str)>> {
     let Ok(Loaded::Containerd {
         socket,
         plugin_dirs,
         networks,
         load_error,
         ..
-    }) = runtime::ask(&sockets)
+    }) = runtime::ask(sockets)
     else {
         return None;
     };
     let way_out = "run sandbox-guard --install --check: it says what containerd runs and why the guard is not ready there";
     let Some(net) = networks.first() else {
-        return Some((
+        return Some(Err((
             format!(
                 "containerd ({}) has loaded no CNI network{}",
                 socket.display(),
                 load_error.map(|e| format!(": {e}")).unwrap_or_default()
             ),
             way_out,
-        ));
+        )));
     };
     if net
         .plugins
@@ -279,16 +280,10 @@ pub fn runtime_view_problem() -> Option<(String, &'static str)> {
     {
         return None;
     }
-    loaded_verdict(net, &plugin_dirs, "containerd", false)
-        .err()
-        .map(|failure| {
-            (
-                format!(
-                    "per containerd's CRI status ({}): {}",
-                    socket.display(),
-                    failure.msg
-                ),
-                way_out,
-            )
-        })
+    let said = |msg: &str| format!("per containerd's CRI status ({}): {msg}", socket.display());
+    Some(
+        loaded_verdict(net, &plugin_dirs, "containerd", false)
+            .map(|lines| said(&lines.join("; ")))
+            .map_err(|failure| (said(&failure.msg), way_out)),
+    )
 }

@@ -381,6 +381,21 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         "{version:?}: {said}"
     );
     assert_eq!(ready, ready_per_crictl(&node.crictl_info().unwrap()));
+
+    // A broken file sorting first: containerd's reload fails and leaves it no network.
+    replace(&file, &conflist(vec![bridge(), guard()]));
+    node.wait_until_loaded(&["bridge", "sandbox-guard"]);
+    replace(
+        &node.root().join("net.d/05-broken.conflist"),
+        "{\"plugins\": [",
+    );
+    node.wait_until_loaded(&[]);
+    let (ready, said) = node.asked();
+    assert!(
+        !ready && said.contains("has loaded no network") && said.contains("05-broken.conflist"),
+        "{version:?}: {said}"
+    );
+    assert_eq!(ready, ready_per_crictl(&node.crictl_info().unwrap()));
 }
 
 /// A write event in the conf dir: containerd's conf syncer reloads on writes, renames and

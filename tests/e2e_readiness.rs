@@ -543,3 +543,142 @@ fn a_hung_runtime_falls_back_to_the_files() {
         "{said}"
     );
 }
+
+/// An HTTP/2 frame, for the stand-in CRI-O below.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    out.extend([kind, flags]);
+    out.extend(stream.to_be_bytes());
+    out.extend(payload);
+    out
+}
+
+/// CRI-O does not run here. This stands in for its socket, answering as its source does
+/// (cmd/crio/main.go: gRPC and HTTP/1 on one listener): Status with `info` holding only
+/// `config` (server/runtime_status.go), and `GET /config` with the TOML of its running
+/// configuration (server/inspect.go, BurntSushi toml's encoder, tables indented two spaces).
+struct FakeCrio {
+    socket: PathBuf,
+    _serving: std::thread::JoinHandle<()>,
+}
+
+impl FakeCrio {
+    fn start(dir: &Path, conf_dir: &Path, plugin_dirs: &[&Path]) -> FakeCrio {
+        use std::io::{Read, Write};
+        let socket = dir.join("crio.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let dirs: Vec<String> = plugin_dirs
+            .iter()
+            .map(|d| format!("{:?}", d.display().to_string()))
+            .collect();
+        let toml = format!(
+            "[crio]\n  root = \"/var/lib/containers/storage\"\n  [crio.api]\n    listen = \"/var/run/crio/crio.sock\"\n  \
+             [crio.runtime]\n    default_runtime = \"crun\"\n  [crio.network]\n    cni_default_network = \"\"\n    \
+             network_dir = \"{}/\"\n    plugin_dirs = [{}]\n    cni_status_grace_period = \"0s\"\n  [crio.metrics]\n    \
+             enable_metrics = false\n",
+            conf_dir.display(),
+            dirs.join(", ")
+        );
+        let serving = std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                let answer = loop {
+                    let Ok(n) = stream.read(&mut buf) else {
+                        break None;
+                    };
+                    if n == 0 {
+                        break None;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    if got.starts_with(b"GET /config ") && got.ends_with(b"\r\n\r\n") {
+                        break Some(
+                            format!(
+                                "HTTP/1.0 200 OK\r\nContent-Type: application/toml\r\nContent-Length: {}\r\n\r\n{toml}",
+                                toml.len()
+                            )
+                            .into_bytes(),
+                        );
+                    }
+                    if got.starts_with(b"PRI * HTTP/2.0") && got.ends_with(&[0x08, 0x01]) {
+                        let config = r#"{"sandboxImage":"registry.k8s.io/pause:3.10","crio":{"default_runtime":"crun"}}"#;
+                        let mut entry = vec![0x0a, 6];
+                        entry.extend(b"config");
+                        entry.extend([0x12, config.len() as u8]);
+                        entry.extend(config.as_bytes());
+                        let mut message = vec![0x12, entry.len() as u8];
+                        message.extend(entry);
+                        let mut data = vec![0];
+                        data.extend((message.len() as u32).to_be_bytes());
+                        data.extend(message);
+                        let mut out = frame(4, 0, 0, &[]);
+                        out.extend(frame(1, 4, 1, &[0x88]));
+                        out.extend(frame(0, 0, 1, &data));
+                        out.extend(frame(1, 5, 1, &[0x40, 1, b'x', 1, b'0']));
+                        break Some(out);
+                    }
+                };
+                if let Some(answer) = answer {
+                    let _ = stream.write_all(&answer);
+                }
+            }
+        });
+        FakeCrio {
+            socket,
+            _serving: serving,
+        }
+    }
+}
+
+/// Where CRI-O answers, its network dir and plugin dirs are the ones checked, whatever
+/// --conf-dir and --bin-dir say.
+#[test]
+fn crio_is_asked_for_its_dirs() {
+    let dir = sys::TempDir::new("sgcrio");
+    let (conf, bin, other) = (
+        dir.path.join("net.d"),
+        dir.path.join("bin"),
+        dir.path.join("other"),
+    );
+    for d in [&conf, &bin, &other] {
+        fs::create_dir_all(d).unwrap();
+    }
+    link_plugins(&bin);
+    fs::write(
+        conf.join("10-pods.conflist"),
+        conflist(vec![bridge(), guard()]),
+    )
+    .unwrap();
+    let crio = FakeCrio::start(&dir.path, &conf, &[&dir.path.join("missing"), &bin]);
+    let check = |conf_dir: &Path, bin_dir: &Path| {
+        let out = cni::guard(&[
+            "--install",
+            "--check",
+            "--conf-dir",
+            conf_dir.to_str().unwrap(),
+            "--bin-dir",
+            bin_dir.to_str().unwrap(),
+            "--runtime-socket",
+            crio.socket.to_str().unwrap(),
+        ]);
+        (out.status.success(), said(&out))
+    };
+    // The operator's flags point elsewhere; CRI-O's own dirs hold the guarded network.
+    let (ready, said) = check(&other, &other);
+    assert!(ready, "{said}");
+    assert!(
+        said.starts_with(&format!(
+            "source: CRI-O config (GET /config on {})",
+            crio.socket.display()
+        )),
+        "{said}"
+    );
+    // The guard in no dir CRI-O searches.
+    fs::remove_file(bin.join("sandbox-guard")).unwrap();
+    let (ready, said) = check(&conf, &bin);
+    assert!(
+        !ready && said.contains("in none of the dirs CRI-O searches"),
+        "{said}"
+    );
+}

@@ -1,14 +1,19 @@
 //! `--install --check` against a live containerd: the probe asks containerd's CRI Status what
-//! it loaded, and its answer is compared with what `crictl info` says containerd loaded.
+//! it loaded over its hand-written client, and its answer is compared with what containerd
+//! says it loaded to a generated gRPC client (tests/cri-client `info`, the tonic client
+//! cri_node.rs uses; `crictl info` prints the same map).
 //! containerd 1.6 is Debian's (as in cri_node.rs); 2.2 is the binary the real node caches
 //! under /var/cache/sg-node. Each runs as a private process with its state, socket and CNI
 //! dirs in a temp dir, no pod started: CRI Status is all the probe reads. The cases are the
-//! ones where the files and the runtime disagree: a conf file reached through a symlink whose
-//! target changed (containerd's conf syncer watches the conf dir, not the target, so it keeps
-//! running what it loaded), a bin dir containerd does not search, the guard not last.
+//! ones where the files and the runtime disagree: containerd's conf syncer reloads on writes,
+//! renames and removals in the conf dir and ignores creations, so a write to a symlink's
+//! target and a conf moved in from another dir stay unloaded; a bin dir containerd does not
+//! search; the guard not last; a broken conf that leaves containerd no network.
 
 #[path = "support/cni.rs"]
 mod cni;
+#[path = "support/cri_node.rs"]
+mod cri_node;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
@@ -21,7 +26,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-const CRICTL: &str = "/var/cache/sg-node/bin/cri-tools-1.34.0/crictl";
 const CONTAINERD_2: &str = "/var/cache/sg-node/bin/containerd-2.2.9/containerd";
 
 #[derive(Clone, Copy, Debug)]
@@ -41,13 +45,18 @@ impl Version {
     }
 }
 
-/// True when the test may go on: root, crictl and this containerd present (under CI=true a
-/// missing one fails, naming it).
+/// True when the test may go on: root, this containerd, the reference plugins and protoc
+/// (for tests/cri-client) present (under CI=true a missing one fails, naming it).
 fn require(test: &str, version: Version) -> bool {
     sys::require(
         test,
         true,
-        &[CRICTL, version.binary(), "/usr/lib/cni/bridge"],
+        &[
+            version.binary(),
+            "/usr/lib/cni/bridge",
+            "/usr/lib/cni/portmap",
+            "protoc",
+        ],
     )
 }
 
@@ -92,20 +101,26 @@ impl Containerd {
         self.root().join("containerd.sock")
     }
 
-    /// `crictl info`: what containerd says it loaded.
-    fn crictl_info(&self) -> Option<Value> {
+    /// The verbose CRI Status's info map, through the generated client: what containerd
+    /// says it loaded.
+    fn cri_info(&self) -> Option<Value> {
         let out = Command::new("timeout")
-            .args(["30", CRICTL, "--runtime-endpoint"])
-            .arg(format!("unix://{}", self.socket().display()))
+            .arg("30")
+            .arg(cri_node::cri_client_binary())
+            .arg("--socket")
+            .arg(self.socket())
             .arg("info")
             .output()
             .ok()?;
-        serde_json::from_slice(&out.stdout).ok()
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).ok())
+            .flatten()
     }
 
-    /// The plugin types of the network containerd gives pods (`eth0`), per `crictl info`.
+    /// The plugin types of the network containerd gives pods (`eth0`), per containerd.
     fn loaded_types(&self) -> Vec<String> {
-        self.crictl_info()
+        self.cri_info()
             .map(|info| eth0_types(&info))
             .unwrap_or_default()
     }
@@ -115,7 +130,7 @@ impl Containerd {
     fn wait_for(&self, what: &str, done: impl Fn(Option<Value>) -> bool) {
         let until = Instant::now() + Duration::from_secs(60);
         while Instant::now() < until {
-            if done(self.crictl_info()) {
+            if done(self.cri_info()) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(200));
@@ -235,9 +250,9 @@ fn eth0_types(info: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// What containerd's own view says readiness is: the guard last, or first wrapping a
+/// What containerd's own view (through the generated client) says readiness is: the guard last, or first wrapping a
 /// primary, in the pods' network, and found in one of the dirs containerd searches.
-fn ready_per_crictl(info: &Value) -> bool {
+fn ready_per_containerd(info: &Value) -> bool {
     let eth0 = info["cniconfig"]["Networks"]
         .as_array()
         .into_iter()
@@ -352,7 +367,7 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         ready && said.contains("(chained, last)"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_crictl(&node.crictl_info().unwrap()));
+    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
 
     let mut wrapper = guard();
     wrapper["delegate"] = bridge();
@@ -363,7 +378,7 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         ready && said.contains("delegate, wrapping bridge"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_crictl(&node.crictl_info().unwrap()));
+    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
 
     // The guard in the list, not last: first on ADD, last on DEL, too late to refuse.
     replace(
@@ -380,7 +395,7 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         !ready && said.contains("neither the last plugin"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_crictl(&node.crictl_info().unwrap()));
+    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
 
     // A broken file sorting first: containerd's reload fails and leaves it no network.
     replace(&file, &conflist(vec![bridge(), guard()]));
@@ -395,7 +410,7 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         !ready && said.contains("has loaded no network") && said.contains("05-broken.conflist"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_crictl(&node.crictl_info().unwrap()));
+    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
 }
 
 /// A write event in the conf dir: containerd's conf syncer reloads on writes, renames and
@@ -407,7 +422,7 @@ fn nudge(node: &Containerd) {
 }
 
 /// The files probe says ready, containerd still runs the network without the guard, and
-/// the probe that asks containerd says not ready, as `crictl info` does.
+/// the probe that asks containerd says not ready, as containerd's own answer does.
 fn files_say_ready_containerd_runs_no_guard(node: &Containerd, case: &str) {
     let version = node.version;
     let (files_ready, files_said) = node.check("none", &node.root().join("bin"));
@@ -422,7 +437,7 @@ fn files_say_ready_containerd_runs_no_guard(node: &Containerd, case: &str) {
         !ready && said.contains("sandbox-guard is not among them"),
         "{version:?}: {case}: {said}"
     );
-    assert_eq!(ready, ready_per_crictl(&node.crictl_info().unwrap()));
+    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
     let doctor = node.doctor_says();
     assert!(
         doctor.contains("\"error\"") && doctor.contains("sandbox-guard is not among them"),
@@ -459,7 +474,7 @@ fn not_ready_where_containerd_runs_something_else(version: Version) {
     node.wait_until_loaded(&["bridge", "sandbox-guard"]);
     let (ready, said) = node.asked();
     assert!(ready, "{version:?}: {said}");
-    assert_eq!(ready, ready_per_crictl(&node.crictl_info().unwrap()));
+    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
 
     // A bin dir containerd does not search: the guard and the primary copied there, the
     // network guarded, and containerd's own bin dir without the guard.
@@ -482,7 +497,7 @@ fn not_ready_where_containerd_runs_something_else(version: Version) {
         !ready && said.contains("in none of the dirs containerd searches"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_crictl(&node.crictl_info().unwrap()));
+    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
 }
 
 #[test]

@@ -665,7 +665,13 @@ fn crio_is_asked_for_its_dirs() {
         conflist(vec![bridge(), guard()]),
     )
     .unwrap();
-    let crio = FakeCrio::start(&dir.path, &conf, &[&dir.path.join("missing"), &bin]);
+    let primaries = dir.path.join("primaries");
+    fs::create_dir_all(&primaries).unwrap();
+    let crio = FakeCrio::start(
+        &dir.path,
+        &conf,
+        &[&dir.path.join("missing"), &bin, &primaries],
+    );
     let check = |conf_dir: &Path, bin_dir: &Path| {
         let out = cni::guard(&[
             "--install",
@@ -689,6 +695,10 @@ fn crio_is_asked_for_its_dirs() {
         )),
         "{said}"
     );
+    // The primary in another of CRI-O's plugin dirs than the guard: CRI-O finds both.
+    fs::rename(bin.join("bridge"), primaries.join("bridge")).unwrap();
+    let (ready, said) = check(&conf, &bin);
+    assert!(ready && said.contains("CRI-O runs sandbox-guard"), "{said}");
     // The guard in no dir CRI-O searches.
     fs::remove_file(bin.join("sandbox-guard")).unwrap();
     let (ready, said) = check(&conf, &bin);

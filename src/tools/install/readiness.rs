@@ -88,7 +88,7 @@ pub fn check(options: &Options) -> (String, Result<Vec<String>, Failure>) {
                 network: network.default_network.clone().or(options.network.clone()),
                 ..options.clone()
             };
-            (source, super::check(&as_crio))
+            (source, crio_verdict(&as_crio, &dirs))
         }
         Err(why) if why.is_empty() => (
             "source: files (--runtime-socket none)".to_string(),
@@ -99,6 +99,43 @@ pub fn check(options: &Options) -> (String, Result<Vec<String>, Failure>) {
             super::check(options),
         ),
     }
+}
+
+/// CRI-O's network as the files give it, judged against every dir CRI-O searches (a
+/// primary and the guard may sit in different ones). A network that does not list the
+/// guard (a drop-in, none at all) gets the file check and its reasons.
+fn crio_verdict(as_crio: &Options, dirs: &[PathBuf]) -> Result<Vec<String>, Failure> {
+    let found = super::network::find(
+        &as_crio.conf_dir,
+        as_crio.network.as_deref(),
+        &as_crio.host_root,
+    );
+    let Some(found) = found.ok().filter(|f| f.runtime_runs_it) else {
+        return super::check(as_crio);
+    };
+    let list = found.net.list();
+    if !super::edit::has_guard(&list) {
+        return super::check(as_crio);
+    }
+    let net = Network {
+        name: found.net.name.clone(),
+        cni_version: super::network::version(&found.net),
+        plugins: super::edit::plugins(&list)
+            .iter()
+            .map(|p| runtime::Plugin {
+                kind: p
+                    .get("type")
+                    .and_then(|t| t.as_str())
+                    .unwrap_or_default()
+                    .to_string(),
+                conf: p.to_value(),
+            })
+            .collect(),
+    };
+    loaded_verdict(&net, dirs, "CRI-O", true).map(|mut lines| {
+        lines.splice(0..0, found.notes);
+        lines
+    })
 }
 
 /// `--runtime-socket` (`none`: no socket), else the runtimes' usual sockets under the

@@ -324,3 +324,105 @@ pub fn runtime_view(sockets: &[PathBuf]) -> Option<Result<String, (String, &'sta
             .map_err(|failure| (said(&failure.msg), way_out)),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::runtime::Plugin;
+    use serde_json::json;
+
+    fn net(version: &str, plugins: &[serde_json::Value]) -> Network {
+        Network {
+            name: "pods".to_string(),
+            cni_version: version.to_string(),
+            plugins: plugins
+                .iter()
+                .map(|p| Plugin {
+                    kind: p["type"].as_str().unwrap_or_default().to_string(),
+                    conf: p.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Plugin dirs: the first empty, the second holding `plugins`.
+    fn dirs(name: &str, plugins: &[&str]) -> Vec<PathBuf> {
+        let root = std::env::temp_dir().join(format!("sg-readiness-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (empty, full) = (root.join("empty"), root.join("full"));
+        std::fs::create_dir_all(&empty).unwrap();
+        std::fs::create_dir_all(&full).unwrap();
+        for plugin in plugins {
+            std::fs::write(full.join(plugin), b"").unwrap();
+        }
+        vec![empty, full]
+    }
+
+    fn verdict(net: &Network, dirs: &[PathBuf]) -> Result<String, String> {
+        loaded_verdict(net, dirs, "containerd", false)
+            .map(|lines| lines.join("\n"))
+            .map_err(|f| f.msg)
+    }
+
+    #[test]
+    fn placement_version_and_dirs() {
+        let all = dirs("all", &["bridge", "portmap", GUARD_TYPE]);
+        let bridge = json!({"type": "bridge"});
+        let guard = json!({"type": GUARD_TYPE});
+        let wrapped = json!({"type": GUARD_TYPE, "delegate": {"type": "bridge"}});
+        let portmap = json!({"type": "portmap"});
+
+        let ok = verdict(&net("1.0.0", &[bridge.clone(), guard.clone()]), &all).unwrap();
+        assert!(
+            ok.contains("(chained, last)") && ok.contains("full/sandbox-guard"),
+            "{ok}"
+        );
+        let ok = verdict(&net("0.3.1", &[wrapped.clone(), portmap.clone()]), &all).unwrap();
+        assert!(ok.contains("delegate, wrapping bridge"), "{ok}");
+
+        for (plugins, says) in [
+            (vec![bridge.clone()], "not among them"),
+            (vec![guard.clone()], "neither the last plugin"),
+            (
+                vec![bridge.clone(), guard.clone(), portmap.clone()],
+                "neither the last plugin",
+            ),
+            (vec![portmap.clone(), wrapped.clone()], "chained"),
+        ] {
+            match verdict(&net("1.0.0", &plugins), &all) {
+                Err(msg) => assert!(msg.contains(says), "{plugins:?}: {msg}"),
+                // A wrapper last is still last: chained, which runs it first on DEL.
+                Ok(line) => assert!(line.contains(says), "{plugins:?}: {line}"),
+            }
+        }
+        let err = verdict(&net("2.0.0", &[bridge.clone(), guard.clone()]), &all).unwrap_err();
+        assert!(err.contains("cniVersion 2.0.0"), "{err}");
+
+        let no_guard = dirs("noguard", &["bridge"]);
+        let err = verdict(&net("1.0.0", &[bridge.clone(), guard.clone()]), &no_guard).unwrap_err();
+        assert!(
+            err.contains("in none of the dirs containerd searches"),
+            "{err}"
+        );
+        let no_primary = dirs("noprimary", &[GUARD_TYPE]);
+        let err = verdict(&net("1.0.0", std::slice::from_ref(&wrapped)), &no_primary).unwrap_err();
+        assert!(err.contains("cannot find its plugins bridge"), "{err}");
+        for d in [all, no_guard, no_primary] {
+            let _ = std::fs::remove_dir_all(d[0].parent().unwrap());
+        }
+    }
+
+    #[test]
+    fn sockets_under_the_host_root() {
+        let host = Path::new("/host");
+        assert_eq!(
+            sockets(None, host)[0],
+            PathBuf::from("/host/run/containerd/containerd.sock")
+        );
+        assert!(sockets(Some(Path::new("none")), host).is_empty());
+        assert_eq!(
+            sockets(Some(Path::new("/x.sock")), host),
+            [PathBuf::from("/x.sock")]
+        );
+    }
+}

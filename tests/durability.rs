@@ -229,3 +229,56 @@ fn a_planted_symlink_for_an_ownership_is_refused_with_its_way_out() {
     assert!(text.contains("remove the link"), "no way out: {text}");
     assert!(is_symlink(&owner));
 }
+
+/// On one ordered log (ext4's journal, XFS's) the fsync of the directory changed last commits
+/// every change made before it: ADD fsyncs `owners/` after its one data sync, not `records/`
+/// too. Without a journal each changed directory is fsynced.
+fn directory_syncs_of_an_add(disk: &mount::Mount) -> Vec<String> {
+    let logs = sys::TempDir::new("sglogs");
+    let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
+    store
+        .add(&container_id(), &Pod::new("durable", "web-0"))
+        .run()
+        .assert_ok();
+    let trace = logs.path.join("trace");
+    let strace = [
+        "strace",
+        "-qq",
+        "-y",
+        "-e",
+        "trace=fsync",
+        "-o",
+        trace.to_str().unwrap(),
+    ];
+    store
+        .add(&container_id(), &Pod::new("durable", "web-1"))
+        .wrapped_in(&strace)
+        .run()
+        .assert_ok();
+    std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("fsync("))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn on_an_ordered_journal_add_fsyncs_one_directory() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "mkfs.xfs", "strace"]);
+    for disk in [
+        mount::Mount::ext4("has_journal"),
+        mount::Mount::image(&["mkfs.xfs", "-q", "-f"]),
+    ] {
+        let syncs = directory_syncs_of_an_add(&disk);
+        assert_eq!(syncs.len(), 1, "{syncs:#?}");
+        assert!(syncs[0].contains("/owners>"), "{syncs:#?}");
+    }
+    let disk = mount::Mount::ext4("^has_journal");
+    let syncs = directory_syncs_of_an_add(&disk);
+    assert!(
+        syncs.iter().any(|l| l.contains("/records>"))
+            && syncs.iter().any(|l| l.contains("/owners>")),
+        "{syncs:#?}"
+    );
+}

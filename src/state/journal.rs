@@ -16,17 +16,38 @@ use nix::sys::statfs::{
     BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC, fstatfs,
 };
 
+/// How the state dir's file system makes metadata durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Journal {
+    /// One log written in the order of the changes (jbd2 under ext3 and ext4, XFS's log): a
+    /// sync that commits a change commits every change made before it, in whatever directory.
+    /// On ext4 a directory's fsync commits the whole running transaction; on XFS it forces the
+    /// log up to the directory's last change. tmpfs counts here too: nothing survives a power
+    /// cut there, so there is no order to keep.
+    Ordered,
+    /// A log per inode (btrfs's log tree): each directory's fsync logs that directory only.
+    PerInode,
+    /// No journal (ext2, ext4 made without one) or one not known.
+    None,
+}
+
 /// `file` is any file of the state dir's file system (the lock file). One fstatfs; on the ext
 /// family (one magic for ext2, ext3 and ext4) an fstat, a readlink and an access more.
-pub fn journals_metadata(file: &File) -> bool {
-    let Ok(fs) = fstatfs(file) else { return false };
+pub fn journal_of(file: &File) -> Journal {
+    let Ok(fs) = fstatfs(file) else {
+        return Journal::None;
+    };
     match fs.filesystem_type() {
-        // tmpfs: nothing survives a power cut, so there is no order to keep.
-        XFS_SUPER_MAGIC | BTRFS_SUPER_MAGIC | TMPFS_MAGIC => true,
-        EXT4_SUPER_MAGIC => file
-            .metadata()
-            .is_ok_and(|meta| ext_has_journal(meta.dev())),
-        _ => false,
+        XFS_SUPER_MAGIC | TMPFS_MAGIC => Journal::Ordered,
+        BTRFS_SUPER_MAGIC => Journal::PerInode,
+        EXT4_SUPER_MAGIC
+            if file
+                .metadata()
+                .is_ok_and(|meta| ext_has_journal(meta.dev())) =>
+        {
+            Journal::Ordered
+        }
+        _ => Journal::None,
     }
 }
 

@@ -6,6 +6,8 @@
 
 #[path = "support/cni.rs"]
 mod cni;
+#[path = "support/install.rs"]
+mod install;
 #[path = "support/mount.rs"]
 mod mount;
 #[path = "support/sys.rs"]
@@ -228,4 +230,148 @@ fn a_planted_symlink_for_an_ownership_is_refused_with_its_way_out() {
     );
     assert!(text.contains("remove the link"), "no way out: {text}");
     assert!(is_symlink(&owner));
+}
+
+/// On one ordered log (ext4's journal, XFS's) the fsync of the directory changed last commits
+/// every change made before it: ADD fsyncs `owners/` after its one data sync, not `records/`
+/// too. Without a journal each changed directory is fsynced.
+fn directory_syncs_of_an_add(disk: &mount::Mount) -> Vec<String> {
+    let logs = sys::TempDir::new("sglogs");
+    let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
+    store
+        .add(&container_id(), &Pod::new("durable", "web-0"))
+        .run()
+        .assert_ok();
+    let trace = logs.path.join("trace");
+    let strace = [
+        "strace",
+        "-qq",
+        "-y",
+        "-e",
+        "trace=fsync",
+        "-o",
+        trace.to_str().unwrap(),
+    ];
+    store
+        .add(&container_id(), &Pod::new("durable", "web-1"))
+        .wrapped_in(&strace)
+        .run()
+        .assert_ok();
+    std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("fsync("))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn on_an_ordered_journal_add_fsyncs_one_directory() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "mkfs.xfs", "strace"]);
+    for disk in [
+        mount::Mount::ext4("has_journal"),
+        mount::Mount::image(&["mkfs.xfs", "-q", "-f"]),
+    ] {
+        let syncs = directory_syncs_of_an_add(&disk);
+        assert_eq!(syncs.len(), 1, "{syncs:#?}");
+        assert!(syncs[0].contains("/owners>"), "{syncs:#?}");
+    }
+    let disk = mount::Mount::ext4("^has_journal");
+    let syncs = directory_syncs_of_an_add(&disk);
+    assert!(
+        syncs.iter().any(|l| l.contains("/records>"))
+            && syncs.iter().any(|l| l.contains("/owners>")),
+        "{syncs:#?}"
+    );
+}
+
+/// What `--doctor` and the installer say of a state dir on `disk` (made there by an ADD, or
+/// not yet, as before a node's first pod): the doctor's store-journal finding, `--install`'s
+/// warnings and `--install --check`'s lines.
+fn said_of_journal(disk: &mount::Mount, made: bool) -> (String, String, String) {
+    let logs = sys::TempDir::new("sglogs");
+    let state_dir = disk.path.join(if made { "state" } else { "not-yet" });
+    if made {
+        let store = Store::with_state_dir(state_dir.clone(), &logs.path);
+        store
+            .add(&container_id(), &Pod::new("journal", "web-0"))
+            .run()
+            .assert_ok();
+    }
+    let state = state_dir.to_str().unwrap();
+    let node = sys::TempDir::new("sgjournal");
+    let (conf, bin) = (node.path.join("net.d"), node.path.join("bin"));
+    std::fs::create_dir_all(&conf).unwrap();
+    install::copy_fixture("install/calico/conf", &conf);
+    install::stub_plugins(&conf, &bin);
+    let doctor = cni::guard(&[
+        "--doctor",
+        "--output",
+        "json",
+        "--conf-dir",
+        conf.to_str().unwrap(),
+        "--state-dir",
+        state,
+    ]);
+    let findings: serde_json::Value = serde_json::from_slice(&doctor.stdout)
+        .unwrap_or_else(|e| panic!("--doctor did not answer JSON ({e}): {doctor:?}"));
+    let journal: Vec<String> = findings["findings"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no findings in {findings}"))
+        .iter()
+        .filter(|f| f["check"] == "store-journal")
+        .map(|f| f.to_string())
+        .collect();
+    let installed = install::run("--install", &conf, &bin, &["--state-dir", state]);
+    assert!(installed.status.success(), "{installed:?}");
+    let check = install::run("--install", &conf, &bin, &["--check"]);
+    assert!(check.status.success(), "{check:?}");
+    (
+        journal.join("\n"),
+        String::from_utf8_lossy(&installed.stderr).into_owned(),
+        String::from_utf8_lossy(&check.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn the_doctor_and_the_installer_warn_of_a_state_dir_without_a_journal() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4"]);
+    let disk = mount::Mount::ext4("^has_journal");
+    for made in [true, false] {
+        let (doctor, install, check) = said_of_journal(&disk, made);
+        let context = format!("state dir made: {made}");
+        assert!(
+            doctor.contains("\"warning\"")
+                && doctor.contains("without a journal")
+                && doctor.contains("63 acknowledged ADDs lost")
+                && doctor.contains("journal_task reads <none>")
+                && doctor.contains("tune2fs -O has_journal"),
+            "{context}: {doctor}"
+        );
+        for said in [&install, &check] {
+            assert!(
+                said.contains("warning: the state dir")
+                    && said.contains("without a journal")
+                    && said.contains("power cut"),
+                "{context}: {said}"
+            );
+        }
+    }
+}
+
+#[test]
+fn with_a_journal_neither_the_doctor_nor_the_installer_warns() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "mkfs.xfs"]);
+    for disk in [
+        mount::Mount::ext4("has_journal"),
+        mount::Mount::image(&["mkfs.xfs", "-q", "-f"]),
+    ] {
+        let (doctor, install, check) = said_of_journal(&disk, true);
+        assert!(
+            doctor.contains("\"ok\"") && doctor.contains("on a journaled file system"),
+            "{doctor}"
+        );
+        assert!(!install.contains("without a journal"), "{install}");
+        assert!(!check.contains("without a journal"), "{check}");
+    }
 }

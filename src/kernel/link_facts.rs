@@ -13,6 +13,7 @@ use ipnetwork::IpNetwork;
 use serde::{Deserialize, Serialize};
 
 use super::netlink::{self, Dad, Kernel, LinkState, RouteState, Side};
+use super::netns::Netns;
 use super::sysctl::{self, Family};
 use crate::error::{Kind, Result};
 
@@ -102,15 +103,53 @@ pub struct VlanFacts {
     pub lower: String,
 }
 
-/// ADD's call, before it takes the store lock: the facts of `if_name` in the netns at
-/// `netns`. Never fails the pod: facts that cannot be read (within the sockets' answer
-/// timeout) are recorded as missing, with why, and ADD's log line warns with `missing_note`.
-/// Also the interface's index in the netns, for the sandbox's identity (`None` when the
-/// facts are unavailable).
-pub fn read_at_add(netns: &str, if_name: &str) -> (LinkFacts, Option<u32>) {
-    match netlink::with_pod_netns(Path::new(netns), |kernel| observe(kernel, if_name)) {
+/// What ADD reads of the pod's netns, before it takes the store lock, with the namespace
+/// opened and entered once.
+pub struct AtAdd {
+    /// The facts of the interface. Never fails the pod: facts that cannot be read (within
+    /// the sockets' answer timeout) are recorded as missing, with why, and ADD's log line
+    /// warns with `missing_note`.
+    pub links: LinkFacts,
+    /// The interface's index in the netns (`None` when the facts are unavailable).
+    pub if_index: Option<u32>,
+    /// The namespace's device and inode, when the path is a namespace file.
+    pub netns_id: Option<(u64, u64)>,
+    /// Its cookie (`netns::netns_cookie`), read from the netlink socket made in it.
+    pub netns_cookie: Option<u64>,
+}
+
+/// ADD's call: the facts of `if_name` in the netns at `netns`, and the namespace's identity.
+pub fn read_at_add(netns: &str, if_name: &str) -> AtAdd {
+    let pod_netns = match Netns::open(Path::new(netns)) {
+        Ok(pod_netns) => pod_netns,
+        Err(err) => {
+            return AtAdd {
+                links: LinkFacts::Unavailable { reason: err.msg },
+                if_index: None,
+                netns_id: None,
+                netns_cookie: None,
+            };
+        }
+    };
+    let netns_id = pod_netns.identity();
+    let mut netns_cookie = None;
+    let observed = netlink::with_open_netns(pod_netns, |kernel| {
+        netns_cookie = kernel.pod_netns_cookie();
+        observe(kernel, if_name)
+    });
+    // No netlink socket could be made there: the cookie comes through a socket of its own.
+    if netns_cookie.is_none() && netns_id.is_some() {
+        netns_cookie = crate::kernel::netns::netns_cookie(netns);
+    }
+    let (links, if_index) = match observed {
         Ok((facts, index)) => (LinkFacts::Observed(facts), Some(index)),
         Err(err) => (LinkFacts::Unavailable { reason: err.msg }, None),
+    };
+    AtAdd {
+        links,
+        if_index,
+        netns_id,
+        netns_cookie,
     }
 }
 

@@ -54,6 +54,19 @@ impl Netns {
     pub fn raw_fd(&self) -> i32 {
         self.file.as_raw_fd()
     }
+
+    /// The device and inode of the namespace, when the file opened is a namespace file (see
+    /// `netns_inode`): asked of the open file, so the path is looked up once.
+    pub fn identity(&self) -> Option<(u64, u64)> {
+        let fs = nix::sys::statfs::fstatfs(&self.file).ok()?;
+        if fs.filesystem_type() != nix::sys::statfs::NSFS_MAGIC {
+            return None;
+        }
+        self.file
+            .metadata()
+            .ok()
+            .map(|meta| (meta.dev(), meta.ino()))
+    }
 }
 
 /// Set when a thread could not go back to the host's namespace: whatever it opened next
@@ -106,8 +119,13 @@ const SO_NETNS_COOKIE: i32 = 71;
 /// cookie (before 5.14).
 pub fn netns_cookie(path: &str) -> Option<u64> {
     netns_inode(path)?;
-    let netns = Netns::open(Path::new(path)).ok()?;
-    let socket = inside(&netns, || {
+    cookie_of(&Netns::open(Path::new(path)).ok()?)
+}
+
+/// The cookie of an open namespace, through a socket made in it for the purpose (a socket
+/// already made there answers with `socket_netns_cookie`).
+pub fn cookie_of(netns: &Netns) -> Option<u64> {
+    let socket = inside(netns, || {
         std::os::unix::net::UnixDatagram::unbound().map_err(|e| {
             GuardError::new(
                 Kind::Netlink,
@@ -120,7 +138,7 @@ pub fn netns_cookie(path: &str) -> Option<u64> {
 }
 
 /// The cookie of the namespace a socket was made in.
-fn socket_netns_cookie(fd: i32) -> Option<u64> {
+pub fn socket_netns_cookie(fd: i32) -> Option<u64> {
     let mut cookie: u64 = 0;
     let mut len = std::mem::size_of::<u64>() as nix::libc::socklen_t;
     // SAFETY: the kernel writes at most `len` bytes into `cookie`, which is that large.

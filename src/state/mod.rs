@@ -80,9 +80,9 @@ pub struct Store {
     dirty: Cell<DirtyDirs>,
     /// The record written since the last sync, whose data `sync` makes durable first.
     unsynced_record: Cell<Option<File>>,
-    /// Whether the file system journals metadata (`journal`), asked once, at the first
-    /// ownership written.
-    journaled: OnceCell<bool>,
+    /// How the file system journals metadata (`journal`), asked once, at the first ownership
+    /// written or the first sync of more than one directory.
+    journal: OnceCell<journal::Journal>,
 }
 
 /// Indexes into FOLDERS, each at most once, in the order they were first marked.
@@ -90,6 +90,8 @@ pub struct Store {
 struct DirtyDirs {
     order: [u8; 5],
     len: u8,
+    /// The one changed last.
+    last: u8,
 }
 
 impl DirtyDirs {
@@ -98,6 +100,7 @@ impl DirtyDirs {
             self.order[usize::from(self.len)] = index;
             self.len += 1;
         }
+        self.last = index;
     }
 
     fn in_order(&self) -> &[u8] {
@@ -108,6 +111,9 @@ impl DirtyDirs {
         if let Some(at) = self.in_order().iter().position(|&i| i == index) {
             self.order.copy_within(at + 1..usize::from(self.len), at);
             self.len -= 1;
+        }
+        if self.last == index {
+            self.last = self.in_order().last().copied().unwrap_or_default();
         }
     }
 }
@@ -189,7 +195,7 @@ impl Store {
             records_delta: Cell::new(0),
             dirty: Cell::new(DirtyDirs::default()),
             unsynced_record: Cell::new(None),
-            journaled: OnceCell::new(),
+            journal: OnceCell::new(),
         }
     }
 
@@ -517,19 +523,22 @@ impl Store {
     }
 
     /// Makes every change since the last sync durable: first the data of the record written
-    /// since (one fdatasync), then each changed directory, in the order they were first
-    /// changed.
+    /// since (one fdatasync), then the changed directories: on one ordered log
+    /// (`journal::Journal::Ordered`) the one changed last, elsewhere each, in the order they
+    /// were first changed.
     ///
     /// So a verb changes what it must, in the order that keeps the store consistent (ADD: the
     /// record, then the ownership that points at it, then the address index; DEL and GC: the
     /// ownership, then the record), and syncs once. On a journaling file system that first
-    /// fsync is the one journal commit of the operation: ext4 commits its whole running
+    /// fsync is the one journal commit of the operation: ext4 commits its running
     /// transaction, which holds every rename, link and unlink made before it, and XFS forces
     /// its log up to the file's last change, past every earlier change; metadata reaches the
     /// disk in the order it was changed, so the ownership (a symlink, metadata only) never
-    /// outlives a crash without its record's name. The directory fsyncs after it find nothing
-    /// left to commit and are kept for
-    /// file systems that log each directory on its own (btrfs), in the same order.
+    /// outlives a crash without its record's name. The directory fsync after it mostly finds
+    /// nothing left to commit; it is what commits the names made after the record's last
+    /// change where that change fell in an earlier commit (its blocks allocated at write time,
+    /// as with `nodelalloc` or `data=journal`, or a commit between the two). One suffices on
+    /// an ordered log; a file system that logs each directory on its own (btrfs) gets each.
     ///
     /// A crash before the sync can leave the record's name with its data not yet written
     /// (delayed allocation), and its ownership beside it: the record then reads as corrupt,
@@ -547,7 +556,16 @@ impl Store {
                 .map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
         }
         let dirty = self.dirty.take();
-        for &index in dirty.in_order() {
+        // On one ordered log the fsync of the directory changed last commits the changes made
+        // before it in the others too: one fsync instead of one per directory (on ext4 each
+        // would commit whatever else the node's processes changed meanwhile).
+        let last = [dirty.last];
+        let dirs = match dirty.in_order() {
+            many @ [_, _, ..] if self.journal() != journal::Journal::Ordered => many,
+            [_, _, ..] => &last[..],
+            few => few,
+        };
+        for &index in dirs {
             let dir = [
                 &self.records,
                 &self.owners,
@@ -581,10 +599,16 @@ impl Store {
         self.sync()
     }
 
+    fn journal(&self) -> journal::Journal {
+        *self.journal.get_or_init(|| {
+            self.lock
+                .as_ref()
+                .map_or(journal::Journal::None, journal::journal_of)
+        })
+    }
+
     fn journals_metadata(&self) -> bool {
-        *self
-            .journaled
-            .get_or_init(|| self.lock.as_ref().is_some_and(journal::journals_metadata))
+        self.journal() != journal::Journal::None
     }
 
     fn mark_dirty(&self, index: u8) {

@@ -58,22 +58,21 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     let view = ResultView::validated(prev_result, &inv.conf.cni_version)?;
     let output = crate::cni::result::as_version(prev_result, &inv.conf.cni_version)?;
     // Read from the kernel before the lock is taken: no ADD holds it while waiting on netlink.
-    let (links, if_index) =
-        crate::kernel::link_facts::read_at_add(&attachment.netns, &attachment.ifname);
-    let identity =
-        crate::kernel::netns::netns_identity(&attachment.netns).map(|(netns_dev, netns_inode)| {
-            let if_kind = match &links {
-                crate::kernel::link_facts::LinkFacts::Observed(facts) => facts.kind.clone(),
-                _ => None,
-            };
-            crate::state::checkpoint::SandboxIdentity {
-                netns_dev,
-                netns_inode,
-                netns_cookie: crate::kernel::netns::netns_cookie(&attachment.netns),
-                if_index,
-                if_kind,
-            }
-        });
+    let seen = crate::kernel::link_facts::read_at_add(&attachment.netns, &attachment.ifname);
+    let links = seen.links;
+    let identity = seen.netns_id.map(|(netns_dev, netns_inode)| {
+        let if_kind = match &links {
+            crate::kernel::link_facts::LinkFacts::Observed(facts) => facts.kind.clone(),
+            _ => None,
+        };
+        crate::state::checkpoint::SandboxIdentity {
+            netns_dev,
+            netns_inode,
+            netns_cookie: seen.netns_cookie,
+            if_index: seen.if_index,
+            if_kind,
+        }
+    });
 
     let id = inv.attachment_id(attachment);
     let pod = &attachment.pod;
@@ -121,8 +120,14 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     );
     // Before the record and the ownership are written: an ADD refused for an address that
     // another live namespace holds must not take the pod key.
-    let address_claim =
-        super::ip_conflict::check_addresses(inv.conf.ip_conflict, &store, attachment, &id, &view)?;
+    let address_claim = super::ip_conflict::check_addresses(
+        inv.conf.ip_conflict,
+        &store,
+        attachment,
+        &id,
+        &view,
+        seen.netns_id.map(|(_, inode)| inode),
+    )?;
     let now = crate::clock::now_rfc3339();
     let record = Checkpoint {
         network: id.network.clone(),

@@ -39,14 +39,15 @@ pub struct Claim {
 /// Called by ADD before it writes anything: finds the live holders of the new addresses and
 /// warns or refuses as `ipConflict` says. Reads one index entry, at most one record and one
 /// namespace per address: the cost does not depend on how many records the store holds.
+/// `own_inode` is the inode of the ADD's own namespace, which it has read already.
 pub fn check_addresses(
     policy: IpConflictPolicy,
     store: &Store,
     attachment: &Attachment,
     id: &AttachmentId,
     view: &ResultView,
+    own_inode: Option<u64>,
 ) -> Result<Claim> {
-    let own_inode = netns_inode(&attachment.netns);
     let mut addresses: Vec<IpAddr> = view.ips.iter().map(|ip| ip.address.ip()).collect();
     addresses.sort();
     addresses.dedup();

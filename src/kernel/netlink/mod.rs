@@ -107,7 +107,11 @@ pub struct Kernel {
 
 /// Runs `job` with sockets in both the netns at `netns_path` and the host's.
 pub fn with_pod_netns<T>(netns_path: &Path, job: impl FnOnce(&Kernel) -> Result<T>) -> Result<T> {
-    let pod_netns = Netns::open(netns_path)?;
+    with_open_netns(Netns::open(netns_path)?, job)
+}
+
+/// `with_pod_netns` for a namespace already open.
+pub fn with_open_netns<T>(pod_netns: Netns, job: impl FnOnce(&Kernel) -> Result<T>) -> Result<T> {
     job(&Kernel::open(pod_netns)?)
 }
 
@@ -131,6 +135,11 @@ impl Kernel {
 
     fn pod_netns_fd(&self) -> i32 {
         self.pod_netns.raw_fd()
+    }
+
+    /// The cookie of the pod's netns, from the socket made in it.
+    pub fn pod_netns_cookie(&self) -> Option<u64> {
+        netns::socket_netns_cookie(self.pod.raw_fd())
     }
 
     /// The pod's netns, for other sockets that must be made inside it (ARP).

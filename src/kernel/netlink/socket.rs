@@ -8,6 +8,7 @@
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use netlink_packet_core::{
@@ -63,6 +64,10 @@ impl RouteSocket {
             sequence: Cell::new(0),
             buffer: RefCell::new(Vec::new()),
         })
+    }
+
+    pub fn raw_fd(&self) -> i32 {
+        self.socket.as_raw_fd()
     }
 
     /// Sends `message` with `flags` and collects the inner messages of the answer: one for a

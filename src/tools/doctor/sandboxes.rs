@@ -40,6 +40,7 @@ pub fn check(
     lock_timeout: Duration,
 ) {
     let root_display = state_dir.display().to_string();
+    store_health::check_journal(state_dir, report);
     if std::fs::symlink_metadata(state_dir).is_err() {
         report.add(Finding::new(
             Severity::Ok,

@@ -9,6 +9,32 @@ use crate::state::checkpoint::Checkpoint;
 use crate::state::ownership::Ownership;
 use crate::state::{Loaded, Store};
 
+/// Without a journal a power cut can lose what the guard acknowledged (docs/store.md): said
+/// for the state dir, or for where it will be made.
+pub(super) fn check_journal(state_dir: &Path, report: &mut Report) {
+    use crate::state::journal::{NO_JOURNAL_COST, PowerCut, no_journal_fix, power_cut_of};
+    let root = state_dir.display();
+    match power_cut_of(state_dir) {
+        PowerCut::Journaled => report.add(Finding::new(
+            Severity::Ok,
+            "store-journal",
+            format!("{root}: on a journaled file system"),
+        )),
+        PowerCut::NoJournal { device, evidence } => report.add(
+            Finding::new(
+                Severity::Warning,
+                "store-journal",
+                format!(
+                    "{root}: on {device}, an ext file system without a journal: {NO_JOURNAL_COST}"
+                ),
+            )
+            .evidence(evidence)
+            .fix(no_journal_fix(&device)),
+        ),
+        PowerCut::Unknown => {}
+    }
+}
+
 /// An owner whose record is gone refused every other sandbox's DEL of its pod in earlier
 /// versions of the plugin, which could leave one behind; so can a hand edit.
 pub(super) fn check_orphans(root: &str, orphaned: &[Ownership], report: &mut Report) {

@@ -272,6 +272,8 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         .entry
         .json(current_entry.as_ref().or(remembered))
         .map_err(|msg| Failure::new(Reason::Conflict, msg))?;
+    let mut warnings = warnings;
+    warnings.extend(no_journal_warning(options, Some(&entry)));
     let mut out = Installed {
         notes,
         warnings,
@@ -449,6 +451,15 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
         ));
     }
     let mut lines = found.notes.clone();
+    let entry = edit::guard_entry(&net.list()).or_else(|| {
+        std::fs::read(&dropin)
+            .ok()
+            .and_then(|b| Doc::parse(&b).ok())
+            .map(|d| d.root)
+    });
+    lines.extend(
+        no_journal_warning(options, entry.as_ref()).map(|warning| format!("warning: {warning}")),
+    );
     lines.push(format!(
         "ready: sandbox-guard is {place}, network {} at cniVersion {}, binary {}",
         net.name,
@@ -456,6 +467,29 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
         binary.display()
     ));
     Ok(lines)
+}
+
+/// The guard's state dir (the entry's stateDir, seen through the host root) on a file system
+/// without a journal: what that costs and how out. Read only.
+fn no_journal_warning(options: &Options, entry: Option<&Json>) -> Option<String> {
+    use crate::state::journal::{NO_JOURNAL_COST, PowerCut, no_journal_fix, power_cut_of};
+    let on_host = entry
+        .and_then(|e| e.get("stateDir"))
+        .and_then(Json::as_str)
+        .map(PathBuf::from)
+        .or_else(|| options.entry.state_dir.clone())
+        .unwrap_or_else(|| PathBuf::from(crate::cni::config::DEFAULT_STATE_DIR));
+    let seen = options
+        .host_root
+        .join(on_host.strip_prefix("/").unwrap_or(&on_host));
+    match power_cut_of(&seen) {
+        PowerCut::NoJournal { device, evidence } => Some(format!(
+            "the state dir {} is on {device}, an ext file system without a journal ({evidence}): {NO_JOURNAL_COST}; {}",
+            on_host.display(),
+            no_journal_fix(&device)
+        )),
+        PowerCut::Journaled | PowerCut::Unknown => None,
+    }
 }
 
 /// For `--doctor`, which knows no bin dir and checks each guarded network's version on its

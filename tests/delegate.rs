@@ -764,6 +764,39 @@ fn slow_replays_of_one_pod_all_reach_the_primary_from_the_worker() {
     assert_eq!(order, olds, "oldest first");
 }
 
+/// The pod's next sandbox comes while the worker replays its old sandboxes' slow DELs: the
+/// worker lets the pod lock go between two entries, and the waiting ADD takes it then, so it
+/// waits for one replay, not for all of them.
+#[test]
+fn the_pods_next_add_waits_for_one_slow_replay_not_all() {
+    let (i, primary) = incident();
+    let olds: Vec<String> = (0..4).map(|_| container_id()).collect();
+    for old in &olds {
+        primary.wrap(i.store.add(old, &i.pod_a)).run().assert_ok();
+    }
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    for old in &olds {
+        primary.wrap(i.store.del(old, &i.pod_a)).run().assert_ok();
+        primary.slow("DEL", old, 2.5);
+    }
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    let c = container_id();
+    primary
+        .wrap(i.store.add(&c, &i.pod_a))
+        .config("podLockTimeoutSeconds", Some(json!(60)))
+        .run()
+        .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
+    let order: Vec<String> = primary
+        .started()
+        .into_iter()
+        .filter(|(verb, id)| (verb == "DEL" && olds.contains(id)) || (verb == "ADD" && *id == c))
+        .map(|(verb, id)| format!("{verb} {}", &id[..8]))
+        .collect();
+    let add_at = order.iter().position(|e| e.starts_with("ADD")).unwrap();
+    assert!(add_at <= 1, "the ADD waited for more than one replay: {order:?}");
+}
+
 #[test]
 fn gc_goes_on_after_the_primarys_gc_error_and_returns_it_after_its_own_work() {
     let (i, primary) = incident_deferred();

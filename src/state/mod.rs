@@ -12,6 +12,7 @@
 //! <stateDir>/deferred/<sha256 of the pod key>/<network>:<container>:<if>
 //!                                                  a stale DEL kept from the primary (delegate mode)
 //! <stateDir>/pod-locks/<sha256 of the pod key>     flock per pod key (delegate mode)
+//! <stateDir>/pod-waits/<sha256 of the pod key>     flock shared by the verbs waiting for that lock
 //! <stateDir>/ledger/<sha256 of the pod key>        stale DELs handled per pod key (ledger)
 //! <stateDir>/pod-keys/<network>                    the podKey rule the network's files follow (rekey)
 //! ```

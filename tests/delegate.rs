@@ -152,6 +152,7 @@ fn a_stale_del_succeeds_without_the_primary_and_is_replayed_once_the_owner_goes(
     );
 
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     let dels: Vec<(String, String)> = primary
         .started()
         .into_iter()
@@ -214,6 +215,7 @@ fn deferred_dels_reach_the_primary_in_the_order_they_came_even_within_a_second()
         primary.wrap(i.store.del(old, &i.pod_a)).run().assert_ok();
     }
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     let replayed: Vec<String> = primary
         .started()
         .into_iter()
@@ -233,6 +235,7 @@ fn a_replay_the_primary_refuses_stays_deferred_and_gc_retries_it() {
     );
     // The owner's own DEL passes whatever becomes of the replay.
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     let waiting = deferred(&i.store);
     assert_eq!(waiting.len(), 1, "{waiting:?}");
     assert_eq!(waiting[0]["attempts"], 1);
@@ -245,6 +248,7 @@ fn a_replay_the_primary_refuses_stays_deferred_and_gc_retries_it() {
         .config("cni.dev/valid-attachments", Some(json!([])))
         .run();
     gc.assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(
         primary.dels(&i.a),
         1,
@@ -596,6 +600,7 @@ fn a_replay_is_the_deferred_sandboxs_own_call() {
         .config("runtimeConfig", Some(ports(8002)))
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     let replay = primary.stdin("DEL", &i.a);
     assert_eq!(
         replay["runtimeConfig"],
@@ -626,6 +631,7 @@ fn a_replay_by_gc_carries_no_attachment_list_and_gc_hands_the_primary_both_keys(
         .config("cni.dev/attachments", Some(listed.clone()))
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     let replay = primary.stdin("DEL", &i.a);
     for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
         assert!(
@@ -677,6 +683,7 @@ fn a_replay_below_0_4_0_carries_no_prev_result() {
         )
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(primary.dels(&i.a), 1);
     let replay = primary.stdin("DEL", &i.a);
     assert_eq!(replay["cniVersion"], "0.3.1");
@@ -695,11 +702,13 @@ fn a_deferred_del_whose_pods_name_is_free_is_replayed_without_the_pod_coming_bac
         &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}),
     );
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     primary
         .wrap(i.store.del(&i.b, &i.pod_b))
         .netns("")
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(
         deferred(&i.store)[0]["attempts"],
         2,
@@ -794,7 +803,10 @@ fn the_pods_next_add_waits_for_one_slow_replay_not_all() {
         .map(|(verb, id)| format!("{verb} {}", &id[..8]))
         .collect();
     let add_at = order.iter().position(|e| e.starts_with("ADD")).unwrap();
-    assert!(add_at <= 1, "the ADD waited for more than one replay: {order:?}");
+    assert!(
+        add_at <= 1,
+        "the ADD waited for more than one replay: {order:?}"
+    );
 }
 
 #[test]

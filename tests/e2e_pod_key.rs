@@ -72,6 +72,7 @@ fn the_new_pod_keeps_its_address_and_link(mode: Mode) {
         net.del_with(&conflist, &old, NetnsArg::Empty)
             .unwrap_or_else(|e| panic!("A's DEL once B is gone: {}", e.stderr));
     } else {
+        net.wait_for_replays();
         let replayed = net
             .log_lines()
             .iter()

@@ -94,6 +94,7 @@ fn an_old_sandboxs_del_under_another_ifname_is_deferred_in_delegate_mode() {
         .wrap(i.store.del(&i.b, &i.pod_b).ifname("net2"))
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(
         primary.dels(&i.a),
         1,
@@ -290,6 +291,7 @@ fn an_old_releases_state_dir_keeps_every_pod_protected_and_moves_to_the_new_keys
     let primary = RecordingPrimary::new();
     let db_f = pod("db-0", "uid-f");
     primary.wrap(store.del(&ids["f"], &db_f)).run().assert_ok();
+    store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(primary.dels(&ids["e"]), 1, "E's deferred DEL was replayed");
     assert!(store.dump().iter().all(|row| row["status"] != "deferred"));
 
@@ -406,6 +408,7 @@ fn in_delegate_mode_a_deferred_del_waits_for_the_owners_last_interface() {
         .wrap(i.store.del(&i.b, &i.pod_b).ifname("net1"))
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(
         primary.dels(&i.a),
         1,
@@ -667,6 +670,7 @@ fn in_delegate_mode_a_twice_sent_del_of_one_interface_replays_nothing_early() {
         .wrap(i.store.del(&i.b, &i.pod_b).ifname("net1"))
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(primary.dels(&i.a), 1, "A's DEL is replayed once");
     i.store.assert_every_owner_has_its_record();
 }
@@ -850,6 +854,7 @@ fn switching_pod_key_back_and_forth_keeps_owners_and_deferred_dels() {
         .wrap(i.store.del(&i.b, &i.pod_b).ifname("net1"))
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(
         primary.dels(&i.a),
         1,
@@ -977,7 +982,7 @@ fn the_sweep_replays_a_deferred_del_whose_owner_has_no_record() {
         .assert_ok();
     // The sweep runs in the replay worker, which that ADD does not wait for.
     assert!(
-        i.store.wait_for_replays(std::time::Duration::from_secs(90)),
+        i.store.wait_for_replays(REPLAYS_DONE),
         "the replay worker did not finish"
     );
     assert_eq!(
@@ -1199,3 +1204,7 @@ fn the_upgrades_merge_does_not_trust_the_old_releases_unsynced_generations() {
             .assert_ok();
     }
 }
+
+/// How long a test waits for the replay worker to finish: the owner's DEL answers before a
+/// replay that outlasts its short wait, so a count right after it would race the worker.
+const REPLAYS_DONE: std::time::Duration = std::time::Duration::from_secs(90);

@@ -1125,7 +1125,33 @@ fn a_downgrade_to_the_previous_release_keeps_every_owner() {
         }
         // The older binary is in place: the second run.
         downgrade();
+        // The ledger is back in that release's form: one entry per interface, holding the
+        // stale DELs of A both releases counted; the older one counts on in it.
+        let stale_dels_of_a = || -> Vec<u64> {
+            files_in(&i.store.state_dir.join("ledger"))
+                .iter()
+                .map(|path| verify_envelope(path).unwrap())
+                .filter(|entry| entry["podName"] == "etcd1-0")
+                .map(|entry| {
+                    assert_eq!(entry["ifName"], "eth0", "{mode}: {entry}");
+                    ["refused", "deferred"]
+                        .iter()
+                        .map(|n| entry[n].as_u64().unwrap())
+                        .sum()
+                })
+                .collect()
+        };
+        assert_eq!(
+            stale_dels_of_a(),
+            [2],
+            "{mode}: the ledger after the downgrade"
+        );
         stale_del_of_a(by_old(i.store.del(&i.a, &i.pod_a)));
+        assert_eq!(
+            stale_dels_of_a(),
+            [3],
+            "{mode}: the older release counts on"
+        );
         by_old(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
         if delegated {
             assert_eq!(

@@ -14,9 +14,12 @@ pub fn run(state_dir: &Path, lock_timeout: Duration) -> i32 {
         );
         return 0;
     }
-    let done = Store::open(state_dir, lock_timeout).and_then(|store| store.downgrade());
+    let done = Store::open(state_dir, lock_timeout).and_then(|store| {
+        let done = store.downgrade()?;
+        Ok((done, store.ledger_left_behind()?))
+    });
     match done {
-        Ok((networks, rewritten)) => {
+        Ok(((networks, rewritten), ledger_left)) => {
             println!(
                 "downgraded {}: networks {} keyed by \"name-and-ifname\", {rewritten} entries rewritten as regular files",
                 state_dir.display(),
@@ -26,6 +29,11 @@ pub fn run(state_dir: &Path, lock_timeout: Duration) -> i32 {
                     networks.join(", ")
                 }
             );
+            if ledger_left > 0 {
+                println!(
+                    "{ledger_left} refusal ledger entries of whole pods stay as they are: their pods are gone with more than one interface, and which interface their stale DELs came by was never recorded. The older release skips them (history only; nothing it protects depends on them)."
+                );
+            }
             println!(
                 "Install the older binary now. A verb of this release that runs before it is in place moves the \
                  files back to this release's keys: run this command again (with this release's binary kept \

@@ -475,7 +475,7 @@ fn defer(
         store,
         &stale.key,
         crate::state::ledger::Handled::Deferred,
-        &attachment.container_id,
+        attachment,
         &stale.owner,
     );
     store.sync()?;

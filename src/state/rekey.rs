@@ -551,9 +551,10 @@ mod tests {
         store.sync().unwrap();
     }
 
-    #[test]
-    fn a_rekey_cut_short_by_a_crash_gives_the_same_store_when_run_again() {
-        let root = std::env::temp_dir().join(format!("sg-rekey-test-{}", std::process::id()));
+    /// A new store at a temp dir named `name`, with `leave_old_files` and two refusals of A
+    /// under net2's key, as the release before counted them.
+    fn old_store_with_two_refusals(name: &str) -> (PathBuf, Store) {
+        let root = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let store = Store::open(&root, Duration::from_secs(1)).unwrap();
         leave_old_files(&store);
@@ -563,6 +564,12 @@ mod tests {
                 .unwrap();
         }
         store.sync().unwrap();
+        (root, store)
+    }
+
+    #[test]
+    fn a_rekey_cut_short_by_a_crash_gives_the_same_store_when_run_again() {
+        let (root, store) = old_store_with_two_refusals("sg-rekey-test");
         let old_ledger = std::fs::read(root.join("ledger").join(old_key("net2").digest())).unwrap();
 
         store.rekey("net", PodKeyRule::Name, false).unwrap();
@@ -662,18 +669,9 @@ mod tests {
 
     #[test]
     fn a_downgrade_gives_each_interface_the_stale_dels_it_counted_under_the_pods_key() {
-        let root = std::env::temp_dir().join(format!("sg-rekey-down-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let store = Store::open(&root, Duration::from_secs(1)).unwrap();
-        leave_old_files(&store);
         // Two refusals under net2's key by the release before; the upgrade; then, under the
         // pod's key, two more by net2 and one deferral by net1.
-        for _ in 0..2 {
-            store
-                .note_stale_del(&old_key("net2"), Handled::Refused, "net2", "A", "B", 2)
-                .unwrap();
-        }
-        store.sync().unwrap();
+        let (root, store) = old_store_with_two_refusals("sg-rekey-down");
         store.rekey("net", PodKeyRule::Name, false).unwrap();
         let pod_key = PodKeyRule::Name.key("net", "lijiaob", "etcd1-0", "net2");
         for (if_name, handled) in [

@@ -1657,3 +1657,42 @@ fn the_doctor_tells_a_slow_primary_from_a_broken_one() {
         "{summaries:#?}"
     );
 }
+
+/// `--downgrade` moves the deferred DELs a replay worker reads and rewrites (its back-off, its
+/// removal once replayed): it must not run beside one. While a worker still hands a slow
+/// primary its replay, the command gives up after `--lock-timeout`, says why, and changes
+/// nothing; once the worker is done it runs.
+#[test]
+fn the_downgrade_never_runs_beside_a_replay() {
+    let (i, primary) = incident_deferred();
+    primary.slow("DEL", &i.a, 8.0);
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    assert!(
+        !i.store.replay_workers().is_empty(),
+        "the slow replay outlasts the owner's DEL"
+    );
+    let marker = i.store.state_dir.join("pod-keys").join(cni::NETWORK);
+    let before = std::fs::read(&marker).unwrap();
+    let downgrade = || {
+        std::process::Command::new(cni::BIN)
+            .args(["--downgrade", "--lock-timeout", "1", "--state-dir"])
+            .arg(&i.store.state_dir)
+            .output()
+            .unwrap()
+    };
+    let refused = downgrade();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("replay workers"),
+        "the downgrade ran beside the replay: {refused:?}"
+    );
+    assert_eq!(
+        std::fs::read(&marker).unwrap(),
+        before,
+        "it changed nothing"
+    );
+    assert!(i.store.wait_for_replays(REPLAYS_DONE));
+    let done = downgrade();
+    assert!(done.status.success(), "{done:?}");
+    assert_eq!(primary.dels(&i.a), 1, "the replay ran to its end");
+}

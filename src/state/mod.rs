@@ -722,6 +722,41 @@ impl Store {
     }
 }
 
+/// Held shared by every delegate-mode replay worker for its whole life (and by a verb that
+/// replays itself when no worker could start); taken exclusively by the commands that must
+/// not run beside a replay (`--downgrade`, leaving delegate mode).
+pub const REPLAY_LOCK: &str = "replay.lock";
+
+/// `replay.lock` taken exclusively within `wait`: while the file is held no replay runs and
+/// none starts (a verb that finds it taken starts no worker and leaves its deferred DELs to a
+/// later one). Taken before any other lock of the store and waited for holding none, so no
+/// verb waits behind it; a replay running a slow primary past `wait` is a Busy error naming
+/// the workers.
+pub fn hold_off_replays(root: &Path, wait: Duration) -> Result<File> {
+    let path = root.join(REPLAY_LOCK);
+    let file =
+        open_lock_file(&path).map_err(|e| GuardError::io("open the replay lock", &path, e))?;
+    lock::acquire(&file, &path, Access::Exclusive, wait, &|_| {}).map_err(|err| {
+        if err.kind != Kind::Busy {
+            return err;
+        }
+        let holder = lock::holders(&file).unwrap_or_else(|| "another process".to_string());
+        GuardError::new(
+            Kind::Busy,
+            format!(
+                "delegate mode's replay workers ({holder}) still hand deferred DELs to the primary in {}; gave up after {:.1}s",
+                root.display(),
+                wait.as_secs_f64()
+            ),
+        )
+        .with_details(
+            "Each primary run ends within the network's replayTimeoutSeconds and a worker starts no replay after ten \
+             minutes: run the command again then, or with a longer --lock-timeout. Nothing was changed.",
+        )
+    })?;
+    Ok(file)
+}
+
 /// A lock file of the store, made if missing (0600, never through a symlink), for flock.
 pub fn open_lock_file(path: &Path) -> io::Result<File> {
     OpenOptions::new()

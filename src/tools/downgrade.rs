@@ -1,5 +1,8 @@
 //! `--downgrade`: the state dir put back in the form of the release before the pod key
-//! (`Store::downgrade`), under the store's lock, for the operator who goes back to it.
+//! (`Store::downgrade`), under the store's lock, for the operator who goes back to it. No
+//! replay runs meanwhile: a worker of delegate mode would read and rewrite deferred DELs
+//! while they move (`replay.lock`, taken first and exclusively, waited for at most
+//! `--lock-timeout` while no other lock is held).
 
 use std::path::Path;
 use std::time::Duration;
@@ -14,7 +17,8 @@ pub fn run(state_dir: &Path, lock_timeout: Duration) -> i32 {
         );
         return 0;
     }
-    let done = Store::open(state_dir, lock_timeout).and_then(|store| {
+    let done = crate::state::hold_off_replays(state_dir, lock_timeout).and_then(|_replays| {
+        let store = Store::open(state_dir, lock_timeout)?;
         let done = store.downgrade()?;
         Ok((done, store.ledger_left_behind()?))
     });

@@ -1356,15 +1356,7 @@ fn a_primary_whose_del_takes_ten_seconds_gets_its_replay() {
         if primary.dels(&i.a) > 0 {
             break;
         }
-        std::thread::sleep(std::time::Duration::from_millis(2200));
-        primary
-            .wrap(
-                i.store
-                    .add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0")),
-            )
-            .run()
-            .assert_ok();
-        i.store.wait_for_replays(REPLAYS_DONE);
+        sweep_after_the_first_back_off(&i, &primary);
     }
     assert_eq!(
         primary.dels(&i.a),
@@ -1549,14 +1541,7 @@ fn temp_files_of_killed_writers_in_deferred_folders_are_collected() {
     let lonely = i.store.state_dir.join("deferred").join("0".repeat(64));
     std::fs::create_dir(&lonely).unwrap();
     std::fs::write(lonely.join(".k8s-pod-network:y:eth0.4194305.tmp"), b"").unwrap();
-    primary
-        .wrap(
-            i.store
-                .add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0")),
-        )
-        .run()
-        .assert_ok();
-    i.store.wait_for_replays(REPLAYS_DONE);
+    another_pods_add_sweeps(&i, &primary);
     assert!(!temp.exists(), "the temp file is still there");
     assert!(!lonely.exists(), "the folder it alone held is still there");
     assert_eq!(deferred(&i.store).len(), 1, "the entry itself stays");
@@ -1695,4 +1680,72 @@ fn the_downgrade_never_runs_beside_a_replay() {
     let done = downgrade();
     assert!(done.status.success(), "{done:?}");
     assert_eq!(primary.dels(&i.a), 1, "the replay ran to its end");
+}
+
+/// A refused replay's back-off runs on the boot clock, which no setting of the wall clock
+/// moves. The wall clock itself is not stepped here: `date -s` would move it for every process
+/// on this shared machine, a time namespace offsets only the monotonic and boot clocks (never
+/// CLOCK_REALTIME), and faketime's LD_PRELOAD does not reach a static binary. What a step back
+/// by an hour does to a deferred DEL is what this test writes: the wall-clock note of its last
+/// attempt lies an hour (here: a year) ahead of the wall clock now, while its boot-clock note
+/// and the boot clock go on as they were. The entry is sealed again as the store seals it;
+/// it must be replayed once its back-off on the boot clock is over, where a back-off on the
+/// wall clock would park it for that year.
+#[test]
+fn a_wall_clock_stepped_back_parks_no_deferred_del() {
+    let (i, primary) = incident_deferred();
+    let locked = json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"});
+    primary.fail("DEL", &i.a, &locked);
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    assert!(i.store.wait_for_replays(REPLAYS_DONE));
+    let folders = cni::files_in(&i.store.state_dir.join("deferred"));
+    let files: Vec<_> = folders.iter().flat_map(|dir| cni::files_in(dir)).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let mut record = cni::verify_envelope(&files[0]).unwrap();
+    assert_eq!(record["attempts"], 1, "{record}");
+    let year_ns: u64 = 366 * 86_400 * 1_000_000_000;
+    let wall_ns = record["lastAttemptNs"].as_u64().expect("a wall-clock note");
+    record["lastAttemptNs"] = json!(wall_ns + year_ns);
+    let at = record["lastAttemptAt"].as_str().unwrap().to_string();
+    let year: u32 = at[..4].parse().unwrap();
+    record["lastAttemptAt"] = json!(format!("{}{}", year + 1, &at[4..]));
+    assert!(
+        record["lastAttemptBootNs"].is_u64(),
+        "a boot-clock note: {record}"
+    );
+    let text = record.to_string();
+    let sealed = format!(
+        "{{\"checksum\":\"sha256:{}\",\"record\":{text}}}\n",
+        cni::sha256_hex(text.as_bytes())
+    );
+    std::fs::write(&files[0], sealed).unwrap();
+    cni::verify_envelope(&files[0]).unwrap();
+
+    primary.heal("DEL", &i.a);
+    sweep_after_the_first_back_off(&i, &primary);
+    assert!(
+        deferred(&i.store).is_empty(),
+        "the entry is parked by its wall-clock note: {:?}",
+        deferred(&i.store)
+    );
+    assert!(outcomes(&i.store).contains(&("replayed".to_string(), i.a.clone())));
+}
+
+/// Once a first attempt's back-off (two seconds on the boot clock) is over, another pod's ADD
+/// starts the node's sweep.
+fn sweep_after_the_first_back_off(i: &Incident, primary: &RecordingPrimary) {
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    another_pods_add_sweeps(i, primary);
+}
+
+/// Another pod's ADD, which starts the node's sweep; returns when its worker is done.
+fn another_pods_add_sweeps(i: &Incident, primary: &RecordingPrimary) {
+    primary
+        .wrap(
+            i.store
+                .add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0")),
+        )
+        .run()
+        .assert_ok();
+    assert!(i.store.wait_for_replays(REPLAYS_DONE));
 }

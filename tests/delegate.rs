@@ -1211,6 +1211,12 @@ fn a_replay_that_hung_is_not_swept_again_at_the_next_short_back_off() {
         1,
         "the worker tried it and ran out of time"
     );
+    assert_eq!(
+        deferred(&i.store)[0]["hung"],
+        true,
+        "the dump says it hung: {:?}",
+        deferred(&i.store)
+    );
     std::thread::sleep(std::time::Duration::from_millis(2200));
     short(
         i.store

@@ -1547,6 +1547,13 @@ fn temp_files_of_killed_writers_in_deferred_folders_are_collected() {
     let lonely = i.store.state_dir.join("deferred").join("0".repeat(64));
     std::fs::create_dir(&lonely).unwrap();
     std::fs::write(lonely.join(".k8s-pod-network:y:eth0.4194305.tmp"), b"").unwrap();
+    let summaries = doctor_summaries(&i.store);
+    assert!(
+        summaries
+            .iter()
+            .any(|s| s.contains("store-temp-files") && s.contains("2 temp files")),
+        "the doctor counts the temp files in deferred/*/: {summaries:#?}"
+    );
     another_pods_add_sweeps(&i, &primary);
     assert!(!temp.exists(), "the temp file is still there");
     assert!(!lonely.exists(), "the folder it alone held is still there");
@@ -1616,25 +1623,7 @@ fn the_doctor_tells_a_slow_primary_from_a_broken_one() {
         short(i.store.del(&b, &pod)).run().assert_ok();
         i.store.wait_for_replays(REPLAYS_DONE);
     }
-    let conf = sys::TempDir::new("sgdoc");
-    let out = cni::guard(&[
-        "--doctor",
-        "--output",
-        "json",
-        "--conf-dir",
-        conf.path.to_str().unwrap(),
-        "--state-dir",
-        i.store.state_dir.to_str().unwrap(),
-        "--log-file",
-        i.store.log_file.to_str().unwrap(),
-    ]);
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let summaries: Vec<String> = report["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| format!("{}: {}", f["check"], f["summary"]))
-        .collect();
+    let summaries = doctor_summaries(&i.store);
     assert!(
         summaries
             .iter()
@@ -1754,4 +1743,13 @@ fn another_pods_add_sweeps(i: &Incident, primary: &RecordingPrimary) {
         .run()
         .assert_ok();
     assert!(i.store.wait_for_replays(REPLAYS_DONE));
+}
+
+/// `--doctor`'s findings on `store` (with its log), "check: summary" each.
+fn doctor_summaries(store: &Store) -> Vec<String> {
+    store
+        .doctor_findings(&["--log-file", store.log_file.to_str().unwrap()])
+        .iter()
+        .map(|f| format!("{}: {}", f["check"], f["summary"]))
+        .collect()
 }

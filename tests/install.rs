@@ -9,6 +9,8 @@
 mod cni;
 #[path = "support/install.rs"]
 mod install;
+#[path = "support/mount.rs"]
+mod mount;
 #[path = "support/primary.rs"]
 mod primary;
 #[path = "support/prometheus.rs"]
@@ -615,7 +617,8 @@ fn leaving_delegate_mode_while_deferred_dels_wait_is_refused_unless_forced() {
 /// Whether deferred DELs wait is a question only while no replay runs: a replay worker that
 /// fails an attempt keeps its entry, one that is about to start would find the guard gone
 /// after. --uninstall waits a bounded time for the workers (each holds `replay.lock` shared,
-/// as the test does here) and, failing that, refuses and writes nothing.
+/// as the test does here) and, failing that, refuses and writes nothing. The state dir is
+/// mounted read-only, as the DaemonSets mount the host's.
 #[test]
 fn leaving_delegate_mode_waits_for_the_replays_running_and_refuses_if_they_go_on() {
     let node = Node::with("calico");
@@ -627,6 +630,7 @@ fn leaving_delegate_mode_waits_for_the_replays_running_and_refuses_if_they_go_on
     std::fs::create_dir_all(&state_dir).unwrap();
     let worker = std::fs::File::create(state_dir.join("replay.lock")).unwrap();
     worker.lock_shared().unwrap();
+    let _read_only = mount::Mount::read_only_bind(&state_dir);
     let before = contents(&node.conf());
     let out = run("--uninstall", &node.conf(), &node.bin(), &[]);
     assert!(

@@ -731,11 +731,23 @@ pub const REPLAY_LOCK: &str = "replay.lock";
 /// none starts (a verb that finds it taken starts no worker and leaves its deferred DELs to a
 /// later one). Taken before any other lock of the store and waited for holding none, so no
 /// verb waits behind it; a replay running a slow primary past `wait` is a Busy error naming
-/// the workers.
-pub fn hold_off_replays(root: &Path, wait: Duration) -> Result<File> {
+/// the workers. Opened read-only where it exists (flock needs no write: the installer's pod
+/// mounts the host's state dir read-only); `None` where it does not and cannot be made (a
+/// read-only store): no replay has ever run there, as every worker's verb makes the file.
+pub fn hold_off_replays(root: &Path, wait: Duration) -> Result<Option<File>> {
     let path = root.join(REPLAY_LOCK);
-    let file =
-        open_lock_file(&path).map_err(|e| GuardError::io("open the replay lock", &path, e))?;
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(&path);
+    let file = match opened {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => match open_lock_file(&path) {
+            Err(e) if e.raw_os_error() == Some(nix::libc::EROFS) => return Ok(None),
+            made => made,
+        },
+        opened => opened,
+    }
+    .map_err(|e| GuardError::io("open the replay lock", &path, e))?;
     lock::acquire(&file, &path, Access::Exclusive, wait, &|_| {}).map_err(|err| {
         if err.kind != Kind::Busy {
             return err;
@@ -754,7 +766,7 @@ pub fn hold_off_replays(root: &Path, wait: Duration) -> Result<File> {
              minutes: run the command again then, or with a longer --lock-timeout. Nothing was changed.",
         )
     })?;
-    Ok(file)
+    Ok(Some(file))
 }
 
 /// A lock file of the store, made if missing (0600, never through a symlink), for flock.

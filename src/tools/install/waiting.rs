@@ -55,7 +55,7 @@ pub fn refuse_leaving_delegate(
     let replays = match crate::state::surely_absent(&state_dir) {
         true => None,
         false => match crate::state::hold_off_replays(&state_dir, REPLAYS_WAIT) {
-            Ok(held) => Some(held),
+            Ok(held) => held,
             Err(e) if force => {
                 done.push(format!(
                     "--force: {e}; the replays running now may leave deferred DELs behind"

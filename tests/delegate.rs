@@ -1688,11 +1688,7 @@ fn the_downgrade_never_runs_beside_a_replay() {
 /// wall clock would park it for that year.
 #[test]
 fn a_wall_clock_stepped_back_parks_no_deferred_del() {
-    let (i, primary) = incident_deferred();
-    let locked = json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"});
-    primary.fail("DEL", &i.a, &locked);
-    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
-    assert!(i.store.wait_for_replays(REPLAYS_DONE));
+    let (i, primary) = a_replay_refused_once();
     let folders = cni::files_in(&i.store.state_dir.join("deferred"));
     let files: Vec<_> = folders.iter().flat_map(|dir| cni::files_in(dir)).collect();
     assert_eq!(files.len(), 1, "{files:?}");
@@ -1716,7 +1712,6 @@ fn a_wall_clock_stepped_back_parks_no_deferred_del() {
     std::fs::write(&files[0], sealed).unwrap();
     cni::verify_envelope(&files[0]).unwrap();
 
-    primary.heal("DEL", &i.a);
     sweep_after_the_first_back_off(&i, &primary);
     assert!(
         deferred(&i.store).is_empty(),
@@ -1752,4 +1747,37 @@ fn doctor_summaries(store: &Store) -> Vec<String> {
         .iter()
         .map(|f| format!("{}: {}", f["check"], f["summary"]))
         .collect()
+}
+
+/// GC is no pod's verb, but it is unrelated to the pods whose deferred DELs wait: it starts
+/// the node's sweep and answers without waiting for the replays the sweep runs, each on
+/// another pod's primary (here one that takes a little under a second).
+#[test]
+fn gc_does_not_wait_for_the_replays_its_sweep_runs() {
+    let (i, primary) = a_replay_refused_once();
+    primary.slow("DEL", &i.a, 0.9);
+    primary
+        .wrap(i.store.cni("GC", ""))
+        .config("cni.dev/valid-attachments", Some(json!([])))
+        .run()
+        .assert_ok();
+    let replayed_before_gc_answered = deferred(&i.store).is_empty();
+    assert!(i.store.wait_for_replays(REPLAYS_DONE));
+    assert!(deferred(&i.store).is_empty(), "the sweep replayed it");
+    assert!(
+        !replayed_before_gc_answered,
+        "GC answered only once another pod's replay was done"
+    );
+}
+
+/// The incident with A's DEL deferred, its replay refused once by the primary (when B's DEL
+/// freed the pod) and the primary healed since.
+fn a_replay_refused_once() -> (Incident, RecordingPrimary) {
+    let (i, primary) = incident_deferred();
+    let locked = json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"});
+    primary.fail("DEL", &i.a, &locked);
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    assert!(i.store.wait_for_replays(REPLAYS_DONE));
+    primary.heal("DEL", &i.a);
+    (i, primary)
 }

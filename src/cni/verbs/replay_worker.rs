@@ -56,7 +56,7 @@ const WORKER_LIFETIME: Duration = Duration::from_secs(600);
 
 /// Starts the workers there is work for: one for the `handed` pod locks' replays (waited for
 /// at most `OWN_REPLAY_WAIT`), and a sweeping one when deferred DELs wait and no sweep runs
-/// (never waited for but by GC). `gc`: GC's sweep (`GC_SWEEP`). Never fails the verb: a
+/// (never waited for). `gc`: GC's sweep (`GC_SWEEP`). Never fails the verb: a
 /// worker that cannot start leaves the entries to the next one, and the handed keys' are
 /// replayed here.
 pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bool) {
@@ -100,10 +100,9 @@ pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bo
     if !anything_deferred(root) || sweep_running(root) {
         return;
     }
-    match spawn(inv, &replaying, &[], gc) {
-        Ok(child) if gc => wait_a_moment(child),
-        Ok(_) => {}
-        Err(err) => eprintln!("sandbox-guard: the replay worker could not start: {err}"),
+    // Not waited for, GC's sweep neither: its replays run other pods' primaries.
+    if let Err(err) = spawn(inv, &replaying, &[], gc) {
+        eprintln!("sandbox-guard: the replay worker could not start: {err}");
     }
 }
 

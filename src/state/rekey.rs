@@ -412,7 +412,8 @@ impl Store {
     /// file it read, each by an atomic rename. Run under the store's lock; running it again
     /// finds nothing left to do. A ledger entry of a whole pod ("name") is cut into one per
     /// interface by the counts it keeps per interface; one whose counts no interface can be
-    /// found for (the pod gone, with several) stays, and that release skips it (history only):
+    /// found for (counts outside `by_interface`, of a pod without one single interface on the
+    /// node) stays, and that release skips it (history only):
     /// `Store::ledger_left_behind` counts those.
     /// Returns the networks moved and how many entries were rewritten.
     pub fn downgrade(&self) -> Result<(Vec<String>, usize)> {

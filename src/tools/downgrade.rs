@@ -35,7 +35,7 @@ pub fn run(state_dir: &Path, lock_timeout: Duration) -> i32 {
             );
             if ledger_left > 0 {
                 println!(
-                    "{ledger_left} refusal ledger entries of whole pods stay as they are: their pods are gone with more than one interface, and which interface their stale DELs came by was never recorded. The older release skips them (history only; nothing it protects depends on them)."
+                    "{ledger_left} refusal ledger entries of whole pods stay as they are: they hold counts of no known interface and their pod has no single interface on the node to give them to. The older release skips them (history only; nothing it protects depends on them)."
                 );
             }
             println!(

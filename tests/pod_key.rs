@@ -1066,26 +1066,14 @@ fn a_downgrade_to_the_previous_release_keeps_every_owner() {
     let Some(old) = old_release::required(sys::test_name!()) else {
         return;
     };
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
     for delegated in [false, true] {
         let mode = if delegated { "delegate" } else { "chained" };
         let i = Incident::of("lijiaob", "etcd1-0");
         let primary = RecordingPrimary::new();
         let wrap = |call: cni::Cni| if delegated { primary.wrap(call) } else { call };
         let by_old = |call: cni::Cni| old_release::by_old(wrap(call), &old);
-        let stale_del_of_a = |call: cni::Cni| {
-            let reply = call.run();
-            if delegated {
-                reply.assert_ok();
-                assert_eq!(
-                    primary.dels(&i.a),
-                    0,
-                    "{mode}: A's stale DEL reached the primary"
-                );
-            } else {
-                reply.assert_error(11);
-            }
-        };
+        let stale_del_of_a =
+            |call: cni::Cni| assert_stale(call, &i.a, delegated.then_some(&primary));
         by_old(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
         by_old(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
         stale_del_of_a(by_old(i.store.del(&i.a, &i.pod_a)));
@@ -1100,13 +1088,7 @@ fn a_downgrade_to_the_previous_release_keeps_every_owner() {
         .assert_ok();
         stale_del_of_a(wrap(i.store.del(&i.a, &i.pod_a)));
         // The way back, with this release's ADD of D in flight across the first run.
-        let downgrade = || {
-            let out = std::process::Command::new("sh")
-                .args([script, i.store.state_dir.to_str().unwrap(), cni::BIN])
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "{mode}: {out:?}");
-        };
+        let downgrade = || downgrade_script(&i.store);
         if delegated {
             primary.slow("ADD", &d, 1.0);
             let in_flight = wrap(i.store.add(&d, &db)).spawn();
@@ -1171,6 +1153,78 @@ fn a_downgrade_to_the_previous_release_keeps_every_owner() {
         // D, added by this release, is the older one's to protect and release too.
         by_old(i.store.del(&d, &db)).run().assert_ok();
         i.store.assert_every_owner_has_its_record();
+    }
+}
+
+/// The operator goes back and forth: the previous release, this one (its first verb re-keys),
+/// the way back (the script twice, around the older binary), the pod re-created under the
+/// older binary, then this release again. The markers say whatever the last move wrote; the
+/// owner the older binary filed since must still be the one this release judges by: the old
+/// sandbox's DEL stays stale, the new one's own DEL passes.
+#[test]
+fn downgrade_recreate_and_upgrade_again_keeps_the_new_owner() {
+    let Some(old) = old_release::required(sys::test_name!()) else {
+        return;
+    };
+    for (delegated, mode) in [(false, "chained"), (true, "delegate")] {
+        let (i, primary) = (Incident::of("lijiaob", "etcd1-0"), RecordingPrimary::new());
+        let wrap = |call: cni::Cni| if delegated { primary.wrap(call) } else { call };
+        let unrelated = || {
+            wrap(
+                i.store
+                    .add(&cni::container_id(), &Pod::new("lijiaob", "web-0")),
+            )
+        };
+        old_release::by_old(wrap(i.store.add(&i.a, &i.pod_a)), &old)
+            .run()
+            .assert_ok();
+        unrelated().run().assert_ok();
+        downgrade_script(&i.store);
+        downgrade_script(&i.store);
+        old_release::by_old(wrap(i.store.add(&i.b, &i.pod_b)), &old)
+            .run()
+            .assert_ok();
+        unrelated().run().assert_ok();
+        assert_stale(
+            wrap(i.store.del(&i.a, &i.pod_a)),
+            &i.a,
+            delegated.then_some(&primary),
+        );
+        wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+        i.store.wait_for_replays(REPLAYS_DONE);
+        if delegated {
+            assert_eq!(
+                (primary.dels(&i.b), primary.dels(&i.a)),
+                (1, 1),
+                "{mode}: B's own DEL, then A's replay"
+            );
+        }
+        i.store.assert_every_owner_has_its_record();
+    }
+}
+
+/// scripts/downgrade-owners.sh over `store`, with this release's binary, as README says.
+fn downgrade_script(store: &Store) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
+    let out = std::process::Command::new("sh")
+        .args([script, store.state_dir.to_str().unwrap(), cni::BIN])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// `call`, the DEL of the superseded sandbox `stale`: refused (chained), or answered and kept
+/// from `primary` (delegate).
+fn assert_stale(call: cni::Cni, stale: &str, primary: Option<&RecordingPrimary>) {
+    let reply = call.run();
+    match primary {
+        Some(primary) => {
+            reply.assert_ok();
+            assert_eq!(primary.dels(stale), 0, "the stale DEL reached the primary");
+        }
+        None => {
+            reply.assert_error(11);
+        }
     }
 }
 

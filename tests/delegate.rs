@@ -152,6 +152,7 @@ fn a_stale_del_succeeds_without_the_primary_and_is_replayed_once_the_owner_goes(
     );
 
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     let dels: Vec<(String, String)> = primary
         .started()
         .into_iter()
@@ -214,6 +215,7 @@ fn deferred_dels_reach_the_primary_in_the_order_they_came_even_within_a_second()
         primary.wrap(i.store.del(old, &i.pod_a)).run().assert_ok();
     }
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     let replayed: Vec<String> = primary
         .started()
         .into_iter()
@@ -233,6 +235,7 @@ fn a_replay_the_primary_refuses_stays_deferred_and_gc_retries_it() {
     );
     // The owner's own DEL passes whatever becomes of the replay.
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     let waiting = deferred(&i.store);
     assert_eq!(waiting.len(), 1, "{waiting:?}");
     assert_eq!(waiting[0]["attempts"], 1);
@@ -245,6 +248,7 @@ fn a_replay_the_primary_refuses_stays_deferred_and_gc_retries_it() {
         .config("cni.dev/valid-attachments", Some(json!([])))
         .run();
     gc.assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(
         primary.dels(&i.a),
         1,
@@ -596,6 +600,7 @@ fn a_replay_is_the_deferred_sandboxs_own_call() {
         .config("runtimeConfig", Some(ports(8002)))
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     let replay = primary.stdin("DEL", &i.a);
     assert_eq!(
         replay["runtimeConfig"],
@@ -626,6 +631,7 @@ fn a_replay_by_gc_carries_no_attachment_list_and_gc_hands_the_primary_both_keys(
         .config("cni.dev/attachments", Some(listed.clone()))
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     let replay = primary.stdin("DEL", &i.a);
     for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
         assert!(
@@ -677,6 +683,7 @@ fn a_replay_below_0_4_0_carries_no_prev_result() {
         )
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(primary.dels(&i.a), 1);
     let replay = primary.stdin("DEL", &i.a);
     assert_eq!(replay["cniVersion"], "0.3.1");
@@ -695,11 +702,13 @@ fn a_deferred_del_whose_pods_name_is_free_is_replayed_without_the_pod_coming_bac
         &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}),
     );
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     primary
         .wrap(i.store.del(&i.b, &i.pod_b))
         .netns("")
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(
         deferred(&i.store)[0]["attempts"],
         2,
@@ -762,6 +771,42 @@ fn slow_replays_of_one_pod_all_reach_the_primary_from_the_worker() {
         .map(|(_, c)| c)
         .collect();
     assert_eq!(order, olds, "oldest first");
+}
+
+/// The pod's next sandbox comes while the worker replays its old sandboxes' slow DELs: the
+/// worker lets the pod lock go between two entries, and the waiting ADD takes it then, so it
+/// waits for one replay, not for all of them.
+#[test]
+fn the_pods_next_add_waits_for_one_slow_replay_not_all() {
+    let (i, primary) = incident();
+    let olds: Vec<String> = (0..4).map(|_| container_id()).collect();
+    for old in &olds {
+        primary.wrap(i.store.add(old, &i.pod_a)).run().assert_ok();
+    }
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    for old in &olds {
+        primary.wrap(i.store.del(old, &i.pod_a)).run().assert_ok();
+        primary.slow("DEL", old, 2.5);
+    }
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    let c = container_id();
+    primary
+        .wrap(i.store.add(&c, &i.pod_a))
+        .config("podLockTimeoutSeconds", Some(json!(60)))
+        .run()
+        .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
+    let order: Vec<String> = primary
+        .started()
+        .into_iter()
+        .filter(|(verb, id)| (verb == "DEL" && olds.contains(id)) || (verb == "ADD" && *id == c))
+        .map(|(verb, id)| format!("{verb} {}", &id[..8]))
+        .collect();
+    let add_at = order.iter().position(|e| e.starts_with("ADD")).unwrap();
+    assert!(
+        add_at <= 1,
+        "the ADD waited for more than one replay: {order:?}"
+    );
 }
 
 #[test]
@@ -1166,6 +1211,12 @@ fn a_replay_that_hung_is_not_swept_again_at_the_next_short_back_off() {
         1,
         "the worker tried it and ran out of time"
     );
+    assert_eq!(
+        deferred(&i.store)[0]["hung"],
+        true,
+        "the dump says it hung: {:?}",
+        deferred(&i.store)
+    );
     std::thread::sleep(std::time::Duration::from_millis(2200));
     short(
         i.store
@@ -1311,15 +1362,7 @@ fn a_primary_whose_del_takes_ten_seconds_gets_its_replay() {
         if primary.dels(&i.a) > 0 {
             break;
         }
-        std::thread::sleep(std::time::Duration::from_millis(2200));
-        primary
-            .wrap(
-                i.store
-                    .add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0")),
-            )
-            .run()
-            .assert_ok();
-        i.store.wait_for_replays(REPLAYS_DONE);
+        sweep_after_the_first_back_off(&i, &primary);
     }
     assert_eq!(
         primary.dels(&i.a),
@@ -1504,14 +1547,14 @@ fn temp_files_of_killed_writers_in_deferred_folders_are_collected() {
     let lonely = i.store.state_dir.join("deferred").join("0".repeat(64));
     std::fs::create_dir(&lonely).unwrap();
     std::fs::write(lonely.join(".k8s-pod-network:y:eth0.4194305.tmp"), b"").unwrap();
-    primary
-        .wrap(
-            i.store
-                .add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0")),
-        )
-        .run()
-        .assert_ok();
-    i.store.wait_for_replays(REPLAYS_DONE);
+    let summaries = doctor_summaries(&i.store);
+    assert!(
+        summaries
+            .iter()
+            .any(|s| s.contains("store-temp-files") && s.contains("2 temp files")),
+        "the doctor counts the temp files in deferred/*/: {summaries:#?}"
+    );
+    another_pods_add_sweeps(&i, &primary);
     assert!(!temp.exists(), "the temp file is still there");
     assert!(!lonely.exists(), "the folder it alone held is still there");
     assert_eq!(deferred(&i.store).len(), 1, "the entry itself stays");
@@ -1580,25 +1623,7 @@ fn the_doctor_tells_a_slow_primary_from_a_broken_one() {
         short(i.store.del(&b, &pod)).run().assert_ok();
         i.store.wait_for_replays(REPLAYS_DONE);
     }
-    let conf = sys::TempDir::new("sgdoc");
-    let out = cni::guard(&[
-        "--doctor",
-        "--output",
-        "json",
-        "--conf-dir",
-        conf.path.to_str().unwrap(),
-        "--state-dir",
-        i.store.state_dir.to_str().unwrap(),
-        "--log-file",
-        i.store.log_file.to_str().unwrap(),
-    ]);
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let summaries: Vec<String> = report["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| format!("{}: {}", f["check"], f["summary"]))
-        .collect();
+    let summaries = doctor_summaries(&i.store);
     assert!(
         summaries
             .iter()
@@ -1611,4 +1636,148 @@ fn the_doctor_tells_a_slow_primary_from_a_broken_one() {
             .any(|s| s.contains("store-deferred") && s.contains("broken")),
         "{summaries:#?}"
     );
+}
+
+/// `--downgrade` moves the deferred DELs a replay worker reads and rewrites (its back-off, its
+/// removal once replayed): it must not run beside one. While a worker still hands a slow
+/// primary its replay, the command gives up after `--lock-timeout`, says why, and changes
+/// nothing; once the worker is done it runs.
+#[test]
+fn the_downgrade_never_runs_beside_a_replay() {
+    let (i, primary) = incident_deferred();
+    primary.slow("DEL", &i.a, 8.0);
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    assert!(
+        !i.store.replay_workers().is_empty(),
+        "the slow replay outlasts the owner's DEL"
+    );
+    let marker = i.store.state_dir.join("pod-keys").join(cni::NETWORK);
+    let before = std::fs::read(&marker).unwrap();
+    let downgrade = || {
+        std::process::Command::new(cni::BIN)
+            .args(["--downgrade", "--lock-timeout", "1", "--state-dir"])
+            .arg(&i.store.state_dir)
+            .output()
+            .unwrap()
+    };
+    let refused = downgrade();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("replay workers"),
+        "the downgrade ran beside the replay: {refused:?}"
+    );
+    assert_eq!(
+        std::fs::read(&marker).unwrap(),
+        before,
+        "it changed nothing"
+    );
+    assert!(i.store.wait_for_replays(REPLAYS_DONE));
+    let done = downgrade();
+    assert!(done.status.success(), "{done:?}");
+    assert_eq!(primary.dels(&i.a), 1, "the replay ran to its end");
+}
+
+/// A refused replay's back-off runs on the boot clock, which no setting of the wall clock
+/// moves. The wall clock itself is not stepped here: `date -s` would move it for every process
+/// on this shared machine, a time namespace offsets only the monotonic and boot clocks (never
+/// CLOCK_REALTIME), and faketime's LD_PRELOAD does not reach a static binary. What a step back
+/// by an hour does to a deferred DEL is what this test writes: the wall-clock note of its last
+/// attempt lies an hour (here: a year) ahead of the wall clock now, while its boot-clock note
+/// and the boot clock go on as they were. The entry is sealed again as the store seals it;
+/// it must be replayed once its back-off on the boot clock is over, where a back-off on the
+/// wall clock would park it for that year.
+#[test]
+fn a_wall_clock_stepped_back_parks_no_deferred_del() {
+    let (i, primary) = a_replay_refused_once();
+    let folders = cni::files_in(&i.store.state_dir.join("deferred"));
+    let files: Vec<_> = folders.iter().flat_map(|dir| cni::files_in(dir)).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let mut record = cni::verify_envelope(&files[0]).unwrap();
+    assert_eq!(record["attempts"], 1, "{record}");
+    let year_ns: u64 = 366 * 86_400 * 1_000_000_000;
+    let wall_ns = record["lastAttemptNs"].as_u64().expect("a wall-clock note");
+    record["lastAttemptNs"] = json!(wall_ns + year_ns);
+    let at = record["lastAttemptAt"].as_str().unwrap().to_string();
+    let year: u32 = at[..4].parse().unwrap();
+    record["lastAttemptAt"] = json!(format!("{}{}", year + 1, &at[4..]));
+    assert!(
+        record["lastAttemptBootNs"].is_u64(),
+        "a boot-clock note: {record}"
+    );
+    let text = record.to_string();
+    let sealed = format!(
+        "{{\"checksum\":\"sha256:{}\",\"record\":{text}}}\n",
+        cni::sha256_hex(text.as_bytes())
+    );
+    std::fs::write(&files[0], sealed).unwrap();
+    cni::verify_envelope(&files[0]).unwrap();
+
+    sweep_after_the_first_back_off(&i, &primary);
+    assert!(
+        deferred(&i.store).is_empty(),
+        "the entry is parked by its wall-clock note: {:?}",
+        deferred(&i.store)
+    );
+    assert!(outcomes(&i.store).contains(&("replayed".to_string(), i.a.clone())));
+}
+
+/// Once a first attempt's back-off (two seconds on the boot clock) is over, another pod's ADD
+/// starts the node's sweep.
+fn sweep_after_the_first_back_off(i: &Incident, primary: &RecordingPrimary) {
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    another_pods_add_sweeps(i, primary);
+}
+
+/// Another pod's ADD, which starts the node's sweep; returns when its worker is done.
+fn another_pods_add_sweeps(i: &Incident, primary: &RecordingPrimary) {
+    primary
+        .wrap(
+            i.store
+                .add(&container_id(), &cni::Pod::new("lijiaob", "etcd2-0")),
+        )
+        .run()
+        .assert_ok();
+    assert!(i.store.wait_for_replays(REPLAYS_DONE));
+}
+
+/// `--doctor`'s findings on `store` (with its log), "check: summary" each.
+fn doctor_summaries(store: &Store) -> Vec<String> {
+    store
+        .doctor_findings(&["--log-file", store.log_file.to_str().unwrap()])
+        .iter()
+        .map(|f| format!("{}: {}", f["check"], f["summary"]))
+        .collect()
+}
+
+/// GC is no pod's verb, but it is unrelated to the pods whose deferred DELs wait: it starts
+/// the node's sweep and answers without waiting for the replays the sweep runs, each on
+/// another pod's primary (here one that takes a little under a second).
+#[test]
+fn gc_does_not_wait_for_the_replays_its_sweep_runs() {
+    let (i, primary) = a_replay_refused_once();
+    primary.slow("DEL", &i.a, 0.9);
+    primary
+        .wrap(i.store.cni("GC", ""))
+        .config("cni.dev/valid-attachments", Some(json!([])))
+        .run()
+        .assert_ok();
+    let replayed_before_gc_answered = deferred(&i.store).is_empty();
+    assert!(i.store.wait_for_replays(REPLAYS_DONE));
+    assert!(deferred(&i.store).is_empty(), "the sweep replayed it");
+    assert!(
+        !replayed_before_gc_answered,
+        "GC answered only once another pod's replay was done"
+    );
+}
+
+/// The incident with A's DEL deferred, its replay refused once by the primary (when B's DEL
+/// freed the pod) and the primary healed since.
+fn a_replay_refused_once() -> (Incident, RecordingPrimary) {
+    let (i, primary) = incident_deferred();
+    let locked = json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"});
+    primary.fail("DEL", &i.a, &locked);
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    assert!(i.store.wait_for_replays(REPLAYS_DONE));
+    primary.heal("DEL", &i.a);
+    (i, primary)
 }

@@ -597,6 +597,7 @@ fn stale_del_is_deferred_through_libcni() {
 
     // B goes: its DEL frees the pod key and A's deferred DEL reaches bridge and host-local.
     assert_del_leaves_nothing_in(&net, Mode::Delegate, &new, &new_result);
+    net.wait_for_replays();
     assert_eq!(
         net.ip_holder(&old_ip),
         None,

@@ -72,6 +72,7 @@ fn the_new_pod_keeps_its_address_and_link(mode: Mode) {
         net.del_with(&conflist, &old, NetnsArg::Empty)
             .unwrap_or_else(|e| panic!("A's DEL once B is gone: {}", e.stderr));
     } else {
+        net.wait_for_replays();
         let replayed = net
             .log_lines()
             .iter()
@@ -215,29 +216,34 @@ fn install_guard(net: &Network, binary: &std::path::Path) {
 /// (scripts/downgrade-owners.sh, the older binary), through real libcni against the model of
 /// a primary keyed by pod name: the old sandbox's DEL never reaches the model while the new
 /// sandbox lives, under either binary, and each binary's DELs pass once the new one is gone.
+/// Each switch happens with an ADD of another pod still in the primary (chained: the guard
+/// that then runs is the next binary; delegate: the one that wraps the primary is the binary
+/// before), and that pod stays protected too: its next sandbox's ADD by the older binary,
+/// then its own stale DEL, refused or deferred.
 fn the_new_pod_survives_an_upgrade_and_a_downgrade(mode: Mode, old_binary: &std::path::Path) {
     let net = podname_keyed_network();
     let conflist = net.conflist_of(mode).to_path_buf();
     let pod = sys::unique("etcd");
     let old = Sandbox::new("lijiaob", &pod, "uid1");
     let new = Sandbox::new("lijiaob", &pod, "uid2");
-    let stale_del = |when: &str| {
+    let stale_del_of = |stale: &Sandbox, live: &Sandbox, when: &str| {
         for netns in [NetnsArg::Sandbox, NetnsArg::Empty] {
             match mode {
                 Mode::Chained => {
-                    let refused = net.del_with(&conflist, &old, netns).expect_err(when);
+                    let refused = net.del_with(&conflist, stale, netns).expect_err(when);
                     assert_eq!(refused.code, Some(11), "{when}: {}", refused.stderr);
                 }
                 Mode::Delegate => net
-                    .del_with(&conflist, &old, netns)
-                    .unwrap_or_else(|e| panic!("{when}: A's DEL is deferred: {}", e.stderr)),
+                    .del_with(&conflist, stale, netns)
+                    .unwrap_or_else(|e| panic!("{when}: the stale DEL is deferred: {}", e.stderr)),
             }
         }
         assert!(
-            pod_has_link(&new, "eth0"),
-            "{when}: B lost its link to A's DEL"
+            pod_has_link(live, "eth0"),
+            "{when}: the live sandbox lost its link to the stale DEL"
         );
     };
+    let stale_del = |when: &str| stale_del_of(&old, &new, when);
     install_guard(&net, old_binary);
     net.add_with(&conflist, &old)
         .unwrap_or_else(|e| panic!("ADD A: {}", e.stderr));
@@ -245,14 +251,37 @@ fn the_new_pod_survives_an_upgrade_and_a_downgrade(mode: Mode, old_binary: &std:
         .add_with(&conflist, &new)
         .unwrap_or_else(|e| panic!("ADD B: {}", e.stderr));
     stale_del("the previous release");
-    install_guard(&net, std::path::Path::new(cni::BIN));
+    let across_upgrade = with_an_add_in_flight(&net, &conflist, || {
+        install_guard(&net, std::path::Path::new(cni::BIN))
+    });
     stale_del("after the upgrade");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
-    sys::run("sh", &[script, net.state_dir.to_str().unwrap(), cni::BIN]);
+    let across_downgrade = with_an_add_in_flight(&net, &conflist, || {
+        sys::run("sh", &[script, net.state_dir.to_str().unwrap(), cni::BIN]);
+    });
     install_guard(&net, old_binary);
     sys::run("sh", &[script, net.state_dir.to_str().unwrap(), cni::BIN]);
     stale_del("after the way back");
     assert_result_matches_kernel(&new_result, &new);
+    for (n, in_flight) in [across_upgrade, across_downgrade].iter().enumerate() {
+        let next = Sandbox::new("lijiaob", &in_flight.pod, &format!("uid-next-{n}"));
+        net.add_with(&conflist, &next)
+            .unwrap_or_else(|e| panic!("ADD of {}'s next sandbox: {}", in_flight.pod, e.stderr));
+        stale_del_of(
+            in_flight,
+            &next,
+            &format!("{}'s sandbox added across a switch", in_flight.pod),
+        );
+        net.del_with(&conflist, &next, NetnsArg::Sandbox)
+            .unwrap_or_else(|e| panic!("DEL of {}'s next sandbox: {}", in_flight.pod, e.stderr));
+        net.del_with(&conflist, in_flight, NetnsArg::Empty)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "DEL of {}'s sandbox once its next went: {}",
+                    in_flight.pod, e.stderr
+                )
+            });
+    }
 
     net.del_with(&conflist, &new, NetnsArg::Sandbox)
         .unwrap_or_else(|e| panic!("DEL B: {}", e.stderr));
@@ -262,6 +291,38 @@ fn the_new_pod_survives_an_upgrade_and_a_downgrade(mode: Mode, old_binary: &std:
         !pod_has_link(&new, "eth0") && !pod_has_link(&old, "eth0"),
         "a pod interface is left"
     );
+}
+
+/// Runs `switch` while a libcni ADD of a new pod is still in the model primary (its trace
+/// has the call; `slow-adds` holds it a second and a half there) and returns that pod's
+/// sandbox once its ADD has passed.
+fn with_an_add_in_flight(
+    net: &Network,
+    conflist: &std::path::Path,
+    switch: impl FnOnce(),
+) -> Sandbox {
+    let sandbox = Sandbox::new("lijiaob", &sys::unique("web"), "uid-in-flight");
+    let model = net.ipam_dir.join("model");
+    std::fs::write(model.join("slow-adds"), "1.5").unwrap();
+    std::thread::scope(|scope| {
+        let add = scope.spawn(|| net.add_with(conflist, &sandbox).map(drop));
+        let started = || {
+            std::fs::read_to_string(model.join("calls.log"))
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.contains(" ADD ") && l.contains(&sandbox.container_id))
+        };
+        while !started() && !add.is_finished() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(started(), "the ADD never reached the primary");
+        switch();
+        std::fs::remove_file(model.join("slow-adds")).unwrap();
+        add.join()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("the ADD in flight across the switch: {}", e.stderr));
+    });
+    sandbox
 }
 
 #[test]

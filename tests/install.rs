@@ -9,6 +9,8 @@
 mod cni;
 #[path = "support/install.rs"]
 mod install;
+#[path = "support/mount.rs"]
+mod mount;
 #[path = "support/primary.rs"]
 mod primary;
 #[path = "support/prometheus.rs"]
@@ -610,6 +612,39 @@ fn leaving_delegate_mode_while_deferred_dels_wait_is_refused_unless_forced() {
         "--force says what is lost: {out}"
     );
     assert!(contents(&node.conf()) != before, "--force goes on");
+}
+
+/// Whether deferred DELs wait is a question only while no replay runs: a replay worker that
+/// fails an attempt keeps its entry, one that is about to start would find the guard gone
+/// after. --uninstall waits a bounded time for the workers (each holds `replay.lock` shared,
+/// as the test does here) and, failing that, refuses and writes nothing. The state dir is
+/// mounted read-only, as the DaemonSets mount the host's.
+#[test]
+fn leaving_delegate_mode_waits_for_the_replays_running_and_refuses_if_they_go_on() {
+    let node = Node::with("calico");
+    let state = sys::TempDir::new("sginstrp");
+    let state_dir = state.path.join("state");
+    let mut args = Node::args(Some("delegate"), None);
+    args.extend(["--state-dir", state_dir.to_str().unwrap()]);
+    run_ok("--install", &node.conf(), &node.bin(), &args);
+    std::fs::create_dir_all(&state_dir).unwrap();
+    let worker = std::fs::File::create(state_dir.join("replay.lock")).unwrap();
+    worker.lock_shared().unwrap();
+    let _read_only = mount::Mount::read_only_bind(&state_dir);
+    let before = contents(&node.conf());
+    let out = run("--uninstall", &node.conf(), &node.bin(), &[]);
+    assert!(
+        !out.status.success() && stderr_of(&out).contains("replay workers"),
+        "--uninstall went on beside a replay: {out:?}"
+    );
+    assert_eq!(
+        contents(&node.conf()),
+        before,
+        "refused, so nothing is written"
+    );
+    drop(worker);
+    run_ok("--uninstall", &node.conf(), &node.bin(), &[]);
+    assert!(contents(&node.conf()) != before);
 }
 
 /// A stale DEL deferred on calico's network in delegate mode: ADD A, ADD B of one pod, then

@@ -11,7 +11,7 @@ mod sys;
 #[path = "support/testdata.rs"]
 mod testdata;
 
-use cni::{Incident, Pod, Store, container_id, guard, mode};
+use cni::{Incident, Pod, Store, container_id, mode};
 use prometheus::prometheus_parse;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -19,34 +19,10 @@ use sys::TempDir;
 
 /// The doctor's findings of one check, from a run over `store` with `extra` arguments.
 fn stale_del_findings(store: &Store, extra: &[&str]) -> Vec<Value> {
-    let conf = TempDir::new("sgobc");
-    let state = store.state_dir.to_str().unwrap();
-    let args = [
-        &[
-            "--doctor",
-            "--output",
-            "json",
-            "--conf-dir",
-            conf.path.to_str().unwrap(),
-            "--state-dir",
-            state,
-        ],
-        extra,
-    ]
-    .concat();
-    let out = guard(&args);
-    let body: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "the report is not JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    body["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
+    store
+        .doctor_findings(extra)
+        .into_iter()
         .filter(|f| f["check"] == "stale-dels")
-        .cloned()
         .collect()
 }
 

@@ -94,6 +94,7 @@ fn an_old_sandboxs_del_under_another_ifname_is_deferred_in_delegate_mode() {
         .wrap(i.store.del(&i.b, &i.pod_b).ifname("net2"))
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(
         primary.dels(&i.a),
         1,
@@ -290,6 +291,7 @@ fn an_old_releases_state_dir_keeps_every_pod_protected_and_moves_to_the_new_keys
     let primary = RecordingPrimary::new();
     let db_f = pod("db-0", "uid-f");
     primary.wrap(store.del(&ids["f"], &db_f)).run().assert_ok();
+    store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(primary.dels(&ids["e"]), 1, "E's deferred DEL was replayed");
     assert!(store.dump().iter().all(|row| row["status"] != "deferred"));
 
@@ -406,6 +408,7 @@ fn in_delegate_mode_a_deferred_del_waits_for_the_owners_last_interface() {
         .wrap(i.store.del(&i.b, &i.pod_b).ifname("net1"))
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(
         primary.dels(&i.a),
         1,
@@ -667,6 +670,7 @@ fn in_delegate_mode_a_twice_sent_del_of_one_interface_replays_nothing_early() {
         .wrap(i.store.del(&i.b, &i.pod_b).ifname("net1"))
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(primary.dels(&i.a), 1, "A's DEL is replayed once");
     i.store.assert_every_owner_has_its_record();
 }
@@ -850,6 +854,7 @@ fn switching_pod_key_back_and_forth_keeps_owners_and_deferred_dels() {
         .wrap(i.store.del(&i.b, &i.pod_b).ifname("net1"))
         .run()
         .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
     assert_eq!(
         primary.dels(&i.a),
         1,
@@ -977,7 +982,7 @@ fn the_sweep_replays_a_deferred_del_whose_owner_has_no_record() {
         .assert_ok();
     // The sweep runs in the replay worker, which that ADD does not wait for.
     assert!(
-        i.store.wait_for_replays(std::time::Duration::from_secs(90)),
+        i.store.wait_for_replays(REPLAYS_DONE),
         "the replay worker did not finish"
     );
     assert_eq!(
@@ -1061,26 +1066,14 @@ fn a_downgrade_to_the_previous_release_keeps_every_owner() {
     let Some(old) = old_release::required(sys::test_name!()) else {
         return;
     };
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
     for delegated in [false, true] {
         let mode = if delegated { "delegate" } else { "chained" };
         let i = Incident::of("lijiaob", "etcd1-0");
         let primary = RecordingPrimary::new();
         let wrap = |call: cni::Cni| if delegated { primary.wrap(call) } else { call };
         let by_old = |call: cni::Cni| old_release::by_old(wrap(call), &old);
-        let stale_del_of_a = |call: cni::Cni| {
-            let reply = call.run();
-            if delegated {
-                reply.assert_ok();
-                assert_eq!(
-                    primary.dels(&i.a),
-                    0,
-                    "{mode}: A's stale DEL reached the primary"
-                );
-            } else {
-                reply.assert_error(11);
-            }
-        };
+        let stale_del_of_a =
+            |call: cni::Cni| assert_stale(call, &i.a, delegated.then_some(&primary));
         by_old(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
         by_old(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
         stale_del_of_a(by_old(i.store.del(&i.a, &i.pod_a)));
@@ -1095,13 +1088,7 @@ fn a_downgrade_to_the_previous_release_keeps_every_owner() {
         .assert_ok();
         stale_del_of_a(wrap(i.store.del(&i.a, &i.pod_a)));
         // The way back, with this release's ADD of D in flight across the first run.
-        let downgrade = || {
-            let out = std::process::Command::new("sh")
-                .args([script, i.store.state_dir.to_str().unwrap(), cni::BIN])
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "{mode}: {out:?}");
-        };
+        let downgrade = || downgrade_script(&i.store);
         if delegated {
             primary.slow("ADD", &d, 1.0);
             let in_flight = wrap(i.store.add(&d, &db)).spawn();
@@ -1120,7 +1107,33 @@ fn a_downgrade_to_the_previous_release_keeps_every_owner() {
         }
         // The older binary is in place: the second run.
         downgrade();
+        // The ledger is back in that release's form: one entry per interface, holding the
+        // stale DELs of A both releases counted; the older one counts on in it.
+        let stale_dels_of_a = || -> Vec<u64> {
+            files_in(&i.store.state_dir.join("ledger"))
+                .iter()
+                .map(|path| verify_envelope(path).unwrap())
+                .filter(|entry| entry["podName"] == "etcd1-0")
+                .map(|entry| {
+                    assert_eq!(entry["ifName"], "eth0", "{mode}: {entry}");
+                    ["refused", "deferred"]
+                        .iter()
+                        .map(|n| entry[n].as_u64().unwrap())
+                        .sum()
+                })
+                .collect()
+        };
+        assert_eq!(
+            stale_dels_of_a(),
+            [2],
+            "{mode}: the ledger after the downgrade"
+        );
         stale_del_of_a(by_old(i.store.del(&i.a, &i.pod_a)));
+        assert_eq!(
+            stale_dels_of_a(),
+            [3],
+            "{mode}: the older release counts on"
+        );
         by_old(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
         if delegated {
             assert_eq!(
@@ -1140,6 +1153,78 @@ fn a_downgrade_to_the_previous_release_keeps_every_owner() {
         // D, added by this release, is the older one's to protect and release too.
         by_old(i.store.del(&d, &db)).run().assert_ok();
         i.store.assert_every_owner_has_its_record();
+    }
+}
+
+/// The operator goes back and forth: the previous release, this one (its first verb re-keys),
+/// the way back (the script twice, around the older binary), the pod re-created under the
+/// older binary, then this release again. The markers say whatever the last move wrote; the
+/// owner the older binary filed since must still be the one this release judges by: the old
+/// sandbox's DEL stays stale, the new one's own DEL passes.
+#[test]
+fn downgrade_recreate_and_upgrade_again_keeps_the_new_owner() {
+    let Some(old) = old_release::required(sys::test_name!()) else {
+        return;
+    };
+    for (delegated, mode) in [(false, "chained"), (true, "delegate")] {
+        let (i, primary) = (Incident::of("lijiaob", "etcd1-0"), RecordingPrimary::new());
+        let wrap = |call: cni::Cni| if delegated { primary.wrap(call) } else { call };
+        let unrelated = || {
+            wrap(
+                i.store
+                    .add(&cni::container_id(), &Pod::new("lijiaob", "web-0")),
+            )
+        };
+        old_release::by_old(wrap(i.store.add(&i.a, &i.pod_a)), &old)
+            .run()
+            .assert_ok();
+        unrelated().run().assert_ok();
+        downgrade_script(&i.store);
+        downgrade_script(&i.store);
+        old_release::by_old(wrap(i.store.add(&i.b, &i.pod_b)), &old)
+            .run()
+            .assert_ok();
+        unrelated().run().assert_ok();
+        assert_stale(
+            wrap(i.store.del(&i.a, &i.pod_a)),
+            &i.a,
+            delegated.then_some(&primary),
+        );
+        wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+        i.store.wait_for_replays(REPLAYS_DONE);
+        if delegated {
+            assert_eq!(
+                (primary.dels(&i.b), primary.dels(&i.a)),
+                (1, 1),
+                "{mode}: B's own DEL, then A's replay"
+            );
+        }
+        i.store.assert_every_owner_has_its_record();
+    }
+}
+
+/// scripts/downgrade-owners.sh over `store`, with this release's binary, as README says.
+fn downgrade_script(store: &Store) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
+    let out = std::process::Command::new("sh")
+        .args([script, store.state_dir.to_str().unwrap(), cni::BIN])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// `call`, the DEL of the superseded sandbox `stale`: refused (chained), or answered and kept
+/// from `primary` (delegate).
+fn assert_stale(call: cni::Cni, stale: &str, primary: Option<&RecordingPrimary>) {
+    let reply = call.run();
+    match primary {
+        Some(primary) => {
+            reply.assert_ok();
+            assert_eq!(primary.dels(stale), 0, "the stale DEL reached the primary");
+        }
+        None => {
+            reply.assert_error(11);
+        }
     }
 }
 
@@ -1199,3 +1284,7 @@ fn the_upgrades_merge_does_not_trust_the_old_releases_unsynced_generations() {
             .assert_ok();
     }
 }
+
+/// How long a test waits for the replay worker to finish: the owner's DEL answers before a
+/// replay that outlasts its short wait, so a count right after it would race the worker.
+const REPLAYS_DONE: std::time::Duration = std::time::Duration::from_secs(90);

@@ -9,6 +9,7 @@
 //! and the folder at most `MAX_ENTRIES` entries: a new pod key past that drops the entry
 //! written longest ago. ADD and a DEL that is not stale never touch it.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -35,6 +36,26 @@ pub enum Handled {
     Deferred,
 }
 
+/// The stale DELs of one interface, as an entry of a whole pod's key counts them apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counts {
+    pub refused: u64,
+    pub audited: u64,
+    pub deferred: u64,
+}
+
+impl Counts {
+    fn add(&mut self, other: Counts) {
+        self.refused += other.refused;
+        self.audited += other.audited;
+        self.deferred += other.deferred;
+    }
+
+    fn is_zero(&self) -> bool {
+        *self == Counts::default()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LedgerEntry {
@@ -58,21 +79,43 @@ pub struct LedgerEntry {
     /// `rekey`): a re-key interrupted by a crash does not count them twice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub merged_from: Vec<String>,
+    /// Under a key of the whole pod ("name"): the counts per interface the stale DELs came
+    /// by, so that a move back to one key per interface (the rule switched back, a
+    /// downgrade) gives each interface's key its own entry.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_interface: BTreeMap<String, Counts>,
 }
 
 impl LedgerEntry {
     fn note(
         &mut self,
         handled: Handled,
+        if_name: &str,
         stale: &str,
         owner: &str,
         owner_generation: u64,
         now: &str,
     ) {
-        match handled {
-            Handled::Refused => self.refused += 1,
-            Handled::Audited => self.audited += 1,
-            Handled::Deferred => self.deferred += 1,
+        let one = match handled {
+            Handled::Refused => Counts {
+                refused: 1,
+                ..Counts::default()
+            },
+            Handled::Audited => Counts {
+                audited: 1,
+                ..Counts::default()
+            },
+            Handled::Deferred => Counts {
+                deferred: 1,
+                ..Counts::default()
+            },
+        };
+        self.add_counts(one);
+        if self.key.if_name.is_none() {
+            self.by_interface
+                .entry(if_name.to_string())
+                .or_default()
+                .add(one);
         }
         self.last_at = now.to_string();
         self.owner = owner.to_string();
@@ -91,12 +134,79 @@ impl LedgerEntry {
 }
 
 impl LedgerEntry {
+    pub fn counts(&self) -> Counts {
+        Counts {
+            refused: self.refused,
+            audited: self.audited,
+            deferred: self.deferred,
+        }
+    }
+
+    fn add_counts(&mut self, counts: Counts) {
+        self.refused += counts.refused;
+        self.audited += counts.audited;
+        self.deferred += counts.deferred;
+    }
+
+    /// An entry of the whole pod cut into one per interface, each with the counts of its
+    /// stale DELs (the history otherwise the same), under `key_of(if_name)`; counts that no
+    /// interface is known for go to the pod's only interface, `only` when given. `None` when
+    /// some counts can go nowhere: the entry cannot be cut without losing them.
+    pub fn per_interface(
+        &self,
+        only: Option<&str>,
+        key_of: impl Fn(&str) -> PodKey,
+    ) -> Option<Vec<LedgerEntry>> {
+        let mut parts = self.by_interface.clone();
+        let mut known = Counts::default();
+        for counts in parts.values() {
+            known.add(*counts);
+        }
+        let mut rest = self.counts();
+        rest.refused = rest.refused.saturating_sub(known.refused);
+        rest.audited = rest.audited.saturating_sub(known.audited);
+        rest.deferred = rest.deferred.saturating_sub(known.deferred);
+        if !rest.is_zero() {
+            let single = match parts.len() {
+                1 => parts.keys().next().cloned(),
+                0 => only.map(str::to_string),
+                _ => None,
+            };
+            parts.entry(single?).or_default().add(rest);
+        }
+        Some(
+            parts
+                .into_iter()
+                .map(|(if_name, counts)| LedgerEntry {
+                    key: key_of(&if_name),
+                    refused: counts.refused,
+                    audited: counts.audited,
+                    deferred: counts.deferred,
+                    merged_from: Vec::new(),
+                    by_interface: BTreeMap::new(),
+                    ..self.clone()
+                })
+                .collect(),
+        )
+    }
+
     /// Takes in the counts of `other`, an entry of a key this one's replaces (see `rekey`):
     /// counts add up, the first and latest times span both, the owner is the latest one's.
-    pub fn absorb(&mut self, other: &LedgerEntry) {
-        self.refused += other.refused;
-        self.audited += other.audited;
-        self.deferred += other.deferred;
+    /// `from`: the digest of the file `other` came from (its key's, unless it was cut).
+    pub fn absorb(&mut self, other: &LedgerEntry, from: &str) {
+        self.add_counts(other.counts());
+        if self.key.if_name.is_none() {
+            let mut theirs = other.by_interface.clone();
+            if let Some(if_name) = &other.key.if_name {
+                theirs
+                    .entry(if_name.clone())
+                    .or_default()
+                    .add(other.counts());
+            }
+            for (if_name, counts) in theirs {
+                self.by_interface.entry(if_name).or_default().add(counts);
+            }
+        }
         if other.first_at < self.first_at {
             self.first_at.clone_from(&other.first_at);
         }
@@ -115,7 +225,7 @@ impl LedgerEntry {
             self.stale_sandboxes.remove(0);
             self.more_sandboxes += 1;
         }
-        self.merged_from.push(other.key.digest());
+        self.merged_from.push(from.to_string());
     }
 }
 
@@ -132,6 +242,7 @@ impl Store {
         &self,
         key: &PodKey,
         handled: Handled,
+        if_name: &str,
         stale: &str,
         owner: &str,
         owner_generation: u64,
@@ -159,10 +270,11 @@ impl Store {
                     stale_sandboxes: Vec::new(),
                     more_sandboxes: 0,
                     merged_from: Vec::new(),
+                    by_interface: BTreeMap::new(),
                 }
             }
         };
-        entry.note(handled, stale, owner, owner_generation, &now);
+        entry.note(handled, if_name, stale, owner, owner_generation, &now);
         sealed::write(&self.ledger, &key.digest(), &entry)?;
         self.mark_dirty(super::LEDGER_INDEX);
         if created {
@@ -282,17 +394,19 @@ mod tests {
             stale_sandboxes: Vec::new(),
             more_sandboxes: 0,
             merged_from: Vec::new(),
+            by_interface: BTreeMap::new(),
         };
         for n in 0..(MAX_SANDBOXES + 3) {
             entry.note(
                 Handled::Refused,
+                "eth0",
                 &format!("s{n}"),
                 "own",
                 7,
                 &format!("t{}", n + 1),
             );
         }
-        entry.note(Handled::Deferred, "s5", "own2", 8, "tz");
+        entry.note(Handled::Deferred, "net1", "s5", "own2", 8, "tz");
         assert_eq!(
             (entry.refused, entry.deferred, entry.audited),
             (MAX_SANDBOXES as u64 + 3, 1, 0)

@@ -12,6 +12,7 @@
 //! <stateDir>/deferred/<sha256 of the pod key>/<network>:<container>:<if>
 //!                                                  a stale DEL kept from the primary (delegate mode)
 //! <stateDir>/pod-locks/<sha256 of the pod key>     flock per pod key (delegate mode)
+//! <stateDir>/pod-waits/<sha256 of the pod key>     flock shared by the verbs waiting for that lock
 //! <stateDir>/ledger/<sha256 of the pod key>        stale DELs handled per pod key (ledger)
 //! <stateDir>/pod-keys/<network>                    the podKey rule the network's files follow (rekey)
 //! ```
@@ -743,6 +744,53 @@ impl Store {
         }
         Ok(removed)
     }
+}
+
+/// Held shared by every delegate-mode replay worker for its whole life (and by a verb that
+/// replays itself when no worker could start); taken exclusively by the commands that must
+/// not run beside a replay (`--downgrade`, leaving delegate mode).
+pub const REPLAY_LOCK: &str = "replay.lock";
+
+/// `replay.lock` taken exclusively within `wait`: while the file is held no replay runs and
+/// none starts (a verb that finds it taken starts no worker and leaves its deferred DELs to a
+/// later one). Taken before any other lock of the store and waited for holding none, so no
+/// verb waits behind it; a replay running a slow primary past `wait` is a Busy error naming
+/// the workers. Opened read-only where it exists (flock needs no write: the installer's pod
+/// mounts the host's state dir read-only); `None` where it does not and cannot be made (a
+/// read-only store): no replay has ever run there, as every worker's verb makes the file.
+pub fn hold_off_replays(root: &Path, wait: Duration) -> Result<Option<File>> {
+    let path = root.join(REPLAY_LOCK);
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(&path);
+    let file = match opened {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => match open_lock_file(&path) {
+            Err(e) if e.raw_os_error() == Some(nix::libc::EROFS) => return Ok(None),
+            made => made,
+        },
+        opened => opened,
+    }
+    .map_err(|e| GuardError::io("open the replay lock", &path, e))?;
+    lock::acquire(&file, &path, Access::Exclusive, wait, &|_| {}).map_err(|err| {
+        if err.kind != Kind::Busy {
+            return err;
+        }
+        let holder = lock::holders(&file).unwrap_or_else(|| "another process".to_string());
+        GuardError::new(
+            Kind::Busy,
+            format!(
+                "delegate mode's replay workers ({holder}) still hand deferred DELs to the primary in {}; gave up after {:.1}s",
+                root.display(),
+                wait.as_secs_f64()
+            ),
+        )
+        .with_details(
+            "Each primary run ends within the network's replayTimeoutSeconds and a worker starts no replay after ten \
+             minutes: run the command again then, or with a longer --lock-timeout. Nothing was changed.",
+        )
+    })?;
+    Ok(Some(file))
 }
 
 /// A lock file of the store, made if missing (0600, never through a symlink), for flock.

@@ -8,6 +8,12 @@
 //! the folder holds about one file per pod on the node, not one per pod ever seen. A process
 //! that opened the file before it went sees, after locking, that its inode is no longer the
 //! one at the path and opens it again.
+//!
+//! `<stateDir>/pod-waits/<sha256 of the pod key>`: a verb that finds the pod lock taken holds
+//! this file's flock shared while it waits. The replay worker lets the pod lock go between two
+//! deferred DELs and takes it back only if nobody holds that file (`try_acquire`): flock is not
+//! fair, and a worker that took the lock back at once would make a waiting ADD wait for every
+//! replay of the pod, not for the one running when it came.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -19,6 +25,7 @@ use super::ownership::PodKey;
 use crate::error::{GuardError, Kind, Result};
 
 pub const POD_LOCKS: &str = "pod-locks";
+pub const POD_WAITS: &str = "pod-waits";
 
 /// Held until dropped (or the process dies: the kernel drops flocks with it). Its file
 /// descriptor is close-on-exec, so a primary left running by a killed guard holds nothing.
@@ -29,7 +36,7 @@ pub struct PodLock {
 }
 
 impl PodLock {
-    /// Waits at most `wait` for the lock of `key`.
+    /// Waits at most `wait` for the lock of `key`, seen as waiting (`POD_WAITS`) meanwhile.
     pub fn acquire(state_dir: &Path, key: &PodKey, wait: Duration) -> Result<PodLock> {
         let dir = state_dir.join(POD_LOCKS);
         if super::surely_absent(&dir) {
@@ -38,11 +45,23 @@ impl PodLock {
         }
         let digest = key.digest();
         let path = dir.join(&digest);
+        let mut waiting = None;
         // Bounded: each round means GC removed the file between our open and our lock.
         for _ in 0..8 {
             let file = open(&path)?;
-            lock::acquire(&file, &path, Access::Exclusive, wait, &|_| {})
-                .map_err(|err| busy(err, &file, key, wait))?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(GuardError::io("lock", &path, e));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    if waiting.is_none() && !wait.is_zero() {
+                        waiting = Waiting::start(state_dir, &digest);
+                    }
+                    lock::acquire(&file, &path, Access::Exclusive, wait, &|_| {})
+                        .map_err(|err| busy(err, &file, key, wait))?;
+                }
+            }
             if same_file(&file, &path) {
                 return Ok(PodLock {
                     _file: file,
@@ -57,13 +76,17 @@ impl PodLock {
         ))
     }
 
-    /// The lock of `key` if it is free now, else `None`: GC does not wait behind a pod.
+    /// The lock of `key` if it is free now and no verb waits for it, else `None`: GC and the
+    /// replay worker never wait behind a pod, nor go before a verb of the pod that waits.
     pub fn try_acquire(state_dir: &Path, key: &PodKey) -> Result<Option<PodLock>> {
-        match PodLock::acquire(state_dir, key, Duration::ZERO) {
-            Ok(lock) => Ok(Some(lock)),
-            Err(err) if err.kind == Kind::Busy => Ok(None),
-            Err(err) => Err(err),
-        }
+        let lock = match PodLock::acquire(state_dir, key, Duration::ZERO) {
+            Ok(lock) => lock,
+            Err(err) if err.kind == Kind::Busy => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        // Looked at once the lock is held: a verb that starts waiting after this waits for
+        // one operation of the pod, the one the lock is taken for.
+        Ok((!waited_for(state_dir, &lock.digest)).then_some(lock))
     }
 }
 
@@ -106,8 +129,17 @@ impl PodLock {
 
 impl super::Store {
     /// Removes the lock files of keys nobody owns and no deferred DEL waits on, unless held
-    /// (GC, under the store's lock). Returns how many went.
+    /// (GC, under the store's lock), and the signs of waiters that are gone (killed before
+    /// they could remove theirs). Returns how many lock files went.
     pub fn remove_unused_pod_locks(&self) -> usize {
+        for path in std::fs::read_dir(self.root.join(POD_WAITS))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+        {
+            remove_if_free(&path);
+        }
         let Ok(entries) = std::fs::read_dir(self.root.join(POD_LOCKS)) else {
             return 0;
         };
@@ -123,6 +155,56 @@ impl super::Store {
             }
         }
         removed
+    }
+}
+
+/// A verb's sign that it waits for a pod lock: a shared flock on `pod-waits/<digest>`, held
+/// until dropped. The last waiter to go removes the file (while it holds the flock
+/// exclusively); one that opened it before it went opens it again.
+struct Waiting {
+    _file: File,
+    path: std::path::PathBuf,
+}
+
+impl Waiting {
+    /// `None` when the sign cannot be made (a store that takes no write): the verb still waits,
+    /// only without precedence over the replay worker.
+    fn start(state_dir: &Path, digest: &str) -> Option<Waiting> {
+        let dir = state_dir.join(POD_WAITS);
+        if super::surely_absent(&dir) {
+            super::ensure_dir(&dir).ok()?;
+        }
+        let path = dir.join(digest);
+        for _ in 0..8 {
+            let file = open(&path).ok()?;
+            file.try_lock_shared().ok()?;
+            if same_file(&file, &path) {
+                return Some(Waiting { _file: file, path });
+            }
+        }
+        None
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self._file.try_lock().is_ok() {
+            let _ = super::remove(&self.path);
+        }
+    }
+}
+
+/// Whether a verb waits for the pod lock of `digest` (holds its `pod-waits` file's flock).
+fn waited_for(state_dir: &Path, digest: &str) -> bool {
+    let path = state_dir.join(POD_WAITS).join(digest);
+    let flags = nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC;
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(&path)
+    {
+        Ok(file) => matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+        Err(_) => false,
     }
 }
 

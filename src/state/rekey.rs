@@ -233,24 +233,49 @@ impl Store {
             if entry.key.network != network || entry.key.rule() == rule {
                 continue;
             }
-            // Under "name-and-ifname" an entry of the whole pod cannot say which interface its
-            // stale DELs came by: it stays where it is, history only.
-            let Some(if_name) = entry.key.if_name.clone() else {
-                continue;
-            };
-            let key = new_key(&entry.key, &if_name);
             let digest = entry.key.digest();
-            match self.load_ledger(&key)? {
-                Loaded::Valid(mut there) if !there.merged_from.contains(&digest) => {
-                    there.absorb(&entry);
-                    self.save_ledger(&there)?;
+            let parts = match &entry.key.if_name {
+                // One key per interface to the pod's key: the entry is taken in whole.
+                Some(if_name) => vec![(new_key(&entry.key, if_name), entry.clone())],
+                // The pod's key to one per interface: cut by the interfaces its stale DELs
+                // came by. Counts of no known interface go to the pod's only one; without
+                // it the entry stays where it is, history only, rather than be guessed.
+                None => {
+                    let only = self.only_interface(&entry.key)?;
+                    let Some(parts) = entry
+                        .per_interface(only.as_deref(), |if_name| new_key(&entry.key, if_name))
+                    else {
+                        continue;
+                    };
+                    parts
+                        .into_iter()
+                        .map(|part| (part.key.clone(), part))
+                        .collect()
                 }
-                Loaded::Valid(_) => {}
-                _ => self.save_ledger(&LedgerEntry {
-                    key,
-                    merged_from: vec![digest],
-                    ..entry.clone()
-                })?,
+            };
+            for (key, part) in parts {
+                match self.load_ledger(&key)? {
+                    Loaded::Valid(mut there) if !there.merged_from.contains(&digest) => {
+                        there.absorb(&part, &digest);
+                        self.save_ledger(&there)?;
+                    }
+                    Loaded::Valid(_) => {}
+                    _ => {
+                        let mut fresh = LedgerEntry {
+                            key,
+                            merged_from: Vec::new(),
+                            by_interface: Default::default(),
+                            refused: 0,
+                            audited: 0,
+                            deferred: 0,
+                            more_sandboxes: 0,
+                            stale_sandboxes: Vec::new(),
+                            ..part.clone()
+                        };
+                        fresh.absorb(&part, &digest);
+                        self.save_ledger(&fresh)?;
+                    }
+                }
             }
             old_entries.push(entry.key);
         }
@@ -385,10 +410,15 @@ impl Store {
     /// whatever the markers say), then every ownership and address index entry that is a
     /// symlink (this release's form, which that release refuses) rewritten as the regular
     /// file it read, each by an atomic rename. Run under the store's lock; running it again
-    /// finds nothing left to do. A ledger entry of a whole pod ("name") cannot say which
-    /// interface its stale DELs came by: it stays, and that release skips it (history only).
+    /// finds nothing left to do. A ledger entry of a whole pod ("name") is cut into one per
+    /// interface by the counts it keeps per interface; one whose counts no interface can be
+    /// found for (counts outside `by_interface`, of a pod without one single interface on the
+    /// node) stays, and that release skips it (history only):
+    /// `Store::ledger_left_behind` counts those.
     /// Returns the networks moved and how many entries were rewritten.
     pub fn downgrade(&self) -> Result<(Vec<String>, usize)> {
+        // Replays must not move the deferred DELs meanwhile: the caller holds them off
+        // (`hold_off_replays`).
         let mut networks = std::collections::BTreeSet::new();
         if let Ok(markers) = std::fs::read_dir(self.root.join(POD_KEYS)) {
             for name in markers
@@ -463,6 +493,28 @@ impl Store {
         })
     }
 
+    /// The ledger entries of whole pods' keys a downgrade could not cut per interface (see
+    /// `downgrade`): history the release before cannot read.
+    pub fn ledger_left_behind(&self) -> Result<usize> {
+        Ok(self
+            .list_ledger()?
+            .iter()
+            .filter(|entry| entry.key.if_name.is_none())
+            .count())
+    }
+
+    /// The one interface the pod's owner under `key` (a key of the whole pod) holds, if it
+    /// holds exactly one.
+    fn only_interface(&self, key: &PodKey) -> Result<Option<String>> {
+        Ok(match self.load_owner(key)? {
+            Loaded::Valid(owner) => match owner.interfaces().as_slice() {
+                [if_name] => Some(if_name.to_string()),
+                _ => None,
+            },
+            _ => None,
+        })
+    }
+
     /// Writes the marker durably: the re-key is done.
     fn mark(&self, network: &str, rule: PodKeyRule) -> Result<()> {
         let dir = self.root.join(POD_KEYS);
@@ -500,18 +552,25 @@ mod tests {
         store.sync().unwrap();
     }
 
-    #[test]
-    fn a_rekey_cut_short_by_a_crash_gives_the_same_store_when_run_again() {
-        let root = std::env::temp_dir().join(format!("sg-rekey-test-{}", std::process::id()));
+    /// A new store at a temp dir named `name`, with `leave_old_files` and two refusals of A
+    /// under net2's key, as the release before counted them.
+    fn old_store_with_two_refusals(name: &str) -> (PathBuf, Store) {
+        let root = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let store = Store::open(&root, Duration::from_secs(1)).unwrap();
         leave_old_files(&store);
         for _ in 0..2 {
             store
-                .note_stale_del(&old_key("net2"), Handled::Refused, "A", "B", 2)
+                .note_stale_del(&old_key("net2"), Handled::Refused, "net2", "A", "B", 2)
                 .unwrap();
         }
         store.sync().unwrap();
+        (root, store)
+    }
+
+    #[test]
+    fn a_rekey_cut_short_by_a_crash_gives_the_same_store_when_run_again() {
+        let (root, store) = old_store_with_two_refusals("sg-rekey-test");
         let old_ledger = std::fs::read(root.join("ledger").join(old_key("net2").digest())).unwrap();
 
         store.rekey("net", PodKeyRule::Name, false).unwrap();
@@ -579,7 +638,7 @@ mod tests {
         leave_old_files(&store);
         let count = |store: &Store, key: &PodKey| {
             store
-                .note_stale_del(key, Handled::Refused, "A", "B", 2)
+                .note_stale_del(key, Handled::Refused, "net2", "A", "B", 2)
                 .and_then(|()| store.sync())
                 .unwrap()
         };
@@ -606,6 +665,55 @@ mod tests {
             5,
             "the refusals made under name-and-ifname are kept"
         );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_downgrade_gives_each_interface_the_stale_dels_it_counted_under_the_pods_key() {
+        // Two refusals under net2's key by the release before; the upgrade; then, under the
+        // pod's key, two more by net2 and one deferral by net1.
+        let (root, store) = old_store_with_two_refusals("sg-rekey-down");
+        store.rekey("net", PodKeyRule::Name, false).unwrap();
+        let pod_key = PodKeyRule::Name.key("net", "lijiaob", "etcd1-0", "net2");
+        for (if_name, handled) in [
+            ("net2", Handled::Refused),
+            ("net2", Handled::Refused),
+            ("net1", Handled::Deferred),
+        ] {
+            store
+                .note_stale_del(&pod_key, handled, if_name, "A", "B", 2)
+                .unwrap();
+        }
+        store.sync().unwrap();
+        let pod_entry = std::fs::read(root.join("ledger").join(pod_key.digest())).unwrap();
+
+        store.downgrade().unwrap();
+        let counts = |if_name: &str| match store.load_ledger(&old_key(if_name)).unwrap() {
+            Loaded::Valid(entry) => (entry.refused, entry.deferred),
+            _ => (0, 0),
+        };
+        assert_eq!(
+            counts("net2"),
+            (4, 0),
+            "net2's own history and what came since"
+        );
+        assert_eq!(counts("net1"), (0, 1));
+        assert_eq!(
+            store.ledger_left_behind().unwrap(),
+            0,
+            "nothing stays under the pod's key"
+        );
+        // Each file is one the release before reads: a key with its ifname.
+        for file in std::fs::read_dir(root.join("ledger")).unwrap().flatten() {
+            let text = std::fs::read_to_string(file.path()).unwrap();
+            assert!(text.contains("\"ifName\""), "{text}");
+        }
+        // A crash after the cut entries were durable, before the pod's entry went: run
+        // again, nothing counted twice.
+        std::fs::write(root.join("ledger").join(pod_key.digest()), &pod_entry).unwrap();
+        store.downgrade().unwrap();
+        assert_eq!((counts("net2"), counts("net1")), ((4, 0), (0, 1)));
+        assert_eq!(store.ledger_left_behind().unwrap(), 0);
         let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -1,5 +1,8 @@
 //! `--downgrade`: the state dir put back in the form of the release before the pod key
-//! (`Store::downgrade`), under the store's lock, for the operator who goes back to it.
+//! (`Store::downgrade`), under the store's lock, for the operator who goes back to it. No
+//! replay runs meanwhile: a worker of delegate mode would read and rewrite deferred DELs
+//! while they move (`replay.lock`, taken first and exclusively, waited for at most
+//! `--lock-timeout` while no other lock is held).
 
 use std::path::Path;
 use std::time::Duration;
@@ -14,9 +17,13 @@ pub fn run(state_dir: &Path, lock_timeout: Duration) -> i32 {
         );
         return 0;
     }
-    let done = Store::open(state_dir, lock_timeout).and_then(|store| store.downgrade());
+    let done = crate::state::hold_off_replays(state_dir, lock_timeout).and_then(|_replays| {
+        let store = Store::open(state_dir, lock_timeout)?;
+        let done = store.downgrade()?;
+        Ok((done, store.ledger_left_behind()?))
+    });
     match done {
-        Ok((networks, rewritten)) => {
+        Ok(((networks, rewritten), ledger_left)) => {
             println!(
                 "downgraded {}: networks {} keyed by \"name-and-ifname\", {rewritten} entries rewritten as regular files",
                 state_dir.display(),
@@ -26,6 +33,11 @@ pub fn run(state_dir: &Path, lock_timeout: Duration) -> i32 {
                     networks.join(", ")
                 }
             );
+            if ledger_left > 0 {
+                println!(
+                    "{ledger_left} refusal ledger entries of whole pods stay as they are: they hold counts of no known interface and their pod has no single interface on the node to give them to. The older release skips them (history only; nothing it protects depends on them)."
+                );
+            }
             println!(
                 "Install the older binary now. A verb of this release that runs before it is in place moves the \
                  files back to this release's keys: run this command again (with this release's binary kept \

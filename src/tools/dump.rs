@@ -155,6 +155,9 @@ struct DeferredFields<'a> {
     attempts: u32,
     last_error: Option<&'a str>,
     last_attempt_at: Option<&'a str>,
+    /// The last replay ran out of `replayTimeoutSeconds` (a slow or hung primary).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    hung: bool,
 }
 
 #[derive(Serialize, Clone, Copy, PartialEq, Eq)]
@@ -563,6 +566,9 @@ fn deferred_row(entry: &DeferredDel) -> Row<'_> {
         .and_then(|raw| ResultView::parse(raw).ok());
     let failures = match (entry.attempts, entry.last_error.as_deref()) {
         (0, _) => String::new(),
+        (n, _) if entry.hung => format!(
+            "; {n} replays failed, the last hung: it ran out of replayTimeoutSeconds while the primary still worked"
+        ),
         (n, error) => format!("; {n} replays failed, the last: {}", error.unwrap_or("-")),
     };
     Row {
@@ -586,6 +592,7 @@ fn deferred_row(entry: &DeferredDel) -> Row<'_> {
             attempts: entry.attempts,
             last_error: entry.last_error.as_deref(),
             last_attempt_at: entry.last_attempt_at.as_deref(),
+            hung: entry.hung,
         }),
         ..empty_row(
             Status::Deferred,

@@ -106,6 +106,13 @@ fail_if_injected() {
     fail 100 "injected primary failure (fail-next-del) for $1"
 }
 
+# A file "slow-adds" in stateDir (seconds) makes every ADD take that long, after its line in
+# the trace: an ADD still in the primary while a test switches the guard's binary.
+slow_add_if_asked() {
+    [[ -f $state_dir/slow-adds ]] && sleep "$(cat "$state_dir/slow-adds")"
+    return 0
+}
+
 # host_veth_name KEY: calico's host-side name, the prefix and a hash of KEY cut to 15 bytes
 # (calico: "cali" + sha1(KEY)[:11]).
 host_veth_name() {

@@ -173,6 +173,34 @@ impl Store {
         Cni::new(verb, container, &self.state_dir, &self.log_file)
     }
 
+    /// `--doctor`'s findings (its JSON report's) over this store, with `extra` arguments and
+    /// an empty conf dir.
+    pub fn doctor_findings(&self, extra: &[&str]) -> Vec<Value> {
+        let conf = TempDir::new("sgdoc");
+        let state = self.state_dir.to_str().unwrap();
+        let args = [
+            &[
+                "--doctor",
+                "--output",
+                "json",
+                "--conf-dir",
+                conf.path.to_str().unwrap(),
+                "--state-dir",
+                state,
+            ],
+            extra,
+        ]
+        .concat();
+        let out = guard(&args);
+        let body: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "the report is not JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        body["findings"].as_array().cloned().unwrap_or_default()
+    }
+
     /// Waits, at most `limit`, until no delegate-mode replay worker of this store runs (each
     /// holds `replay.lock` shared while it lives); whether none does. A store without the
     /// file has had no worker.

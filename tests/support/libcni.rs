@@ -653,6 +653,16 @@ impl Network {
         records.into_iter().chain(owners).collect()
     }
 
+    /// Waits (at most a minute and a half) until no replay worker of the guard runs: the
+    /// owner's DEL answers before a replay that outlasts its short wait.
+    pub fn wait_for_replays(&self) {
+        let store = cni::Store::with_state_dir(self.state_dir.clone(), &self.state_dir);
+        assert!(
+            store.wait_for_replays(std::time::Duration::from_secs(90)),
+            "the replay worker still runs"
+        );
+    }
+
     /// The guard's log, one parsed line per operation.
     pub fn log_lines(&self) -> Vec<cni::LogLine> {
         let text = std::fs::read_to_string(&self.log_file).unwrap_or_default();

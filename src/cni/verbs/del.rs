@@ -28,7 +28,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
                 &store,
                 &stale.key,
                 Handled::Refused,
-                &attachment.container_id,
+                attachment,
                 &stale.owner,
             );
             if store.is_writable() {
@@ -277,13 +277,7 @@ pub(super) fn finish(
     };
     if let (Some((key, owner)), None) = (&plan.audited_key, &unwritable) {
         // Rides in the sync that `forget` makes.
-        note_in_ledger(
-            store,
-            key,
-            Handled::Audited,
-            &attachment.container_id,
-            owner,
-        );
+        note_in_ledger(store, key, Handled::Audited, attachment, owner);
     }
     let forgotten = match unwritable {
         Some(why) => Err(why),
@@ -359,12 +353,17 @@ pub(super) fn note_in_ledger(
     store: &Store,
     key: &PodKey,
     handled: Handled,
-    stale: &str,
+    attachment: &Attachment,
     owner: &Ownership,
 ) {
-    if let Err(err) =
-        store.note_stale_del(key, handled, stale, &owner.container_id, owner.generation)
-    {
+    if let Err(err) = store.note_stale_del(
+        key,
+        handled,
+        &attachment.ifname,
+        &attachment.container_id,
+        &owner.container_id,
+        owner.generation,
+    ) {
         eprintln!("sandbox-guard: the stale DEL could not be counted in the refusal ledger: {err}");
     }
 }

@@ -240,8 +240,8 @@ pub fn check(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> 
 pub fn gc(inv: &Invocation, delegate: &Delegate) -> Result<()> {
     let primary = pass_on(inv, delegate, None);
     let own = super::gc::run(inv);
-    // The owners GC dropped freed their keys: the worker replays those keys' deferred DELs
-    // (GC waits for it a moment, as the DEL that frees a key does).
+    // The owners GC dropped freed their keys: the node's sweep replays those keys' deferred
+    // DELs with the others', in a worker GC does not wait for.
     replay_worker::start(inv, delegate, Vec::new(), true);
     if let Ok(store) = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
         store.remove_unused_pod_locks();
@@ -475,7 +475,7 @@ fn defer(
         store,
         &stale.key,
         crate::state::ledger::Handled::Deferred,
-        &attachment.container_id,
+        attachment,
         &stale.owner,
     );
     store.sync()?;

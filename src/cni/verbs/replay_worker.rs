@@ -18,7 +18,9 @@
 //! pod's primary: one sweeping worker per node at a time, so N hung entries are never N waits.
 //!
 //! Every worker holds `replay.lock` shared for its whole life (taken by the verb before the
-//! start, so there is no gap): whoever needs all replays finished takes it exclusively.
+//! start, so there is no gap): whoever needs all replays finished takes it exclusively
+//! (`state::hold_off_replays`). The verb only tries it: while a command holds it, no worker
+//! starts and the deferred DELs wait for a later verb.
 
 use std::fs::File;
 use std::io::{Seek, Write};
@@ -30,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use super::Invocation;
 use crate::cni::delegate::Delegate;
-use crate::state::open_lock_file;
 use crate::state::pod_lock::PodLock;
+use crate::state::{REPLAY_LOCK, open_lock_file};
 
 /// Set in the worker's environment: the digests of the pod keys whose locks it was handed
 /// (comma separated, possibly none), or `GC_SWEEP`. Its presence makes the binary a worker.
@@ -39,8 +41,6 @@ pub const WORKER_ENV: &str = "SANDBOX_GUARD_REPLAY_WORKER";
 /// A GC's worker: its sweep replays every free key's entries whatever their back-off, as
 /// the runtime asked for a collection now.
 const GC_SWEEP: &str = "gc";
-/// Held shared by every worker while it lives.
-pub const REPLAY_LOCK: &str = "replay.lock";
 /// Held exclusively by the one worker that sweeps the node.
 const SWEEP_LOCK: &str = "sweep.lock";
 /// The worker's first inherited descriptor: `replay.lock`; the handed pod locks follow.
@@ -56,16 +56,29 @@ const WORKER_LIFETIME: Duration = Duration::from_secs(600);
 
 /// Starts the workers there is work for: one for the `handed` pod locks' replays (waited for
 /// at most `OWN_REPLAY_WAIT`), and a sweeping one when deferred DELs wait and no sweep runs
-/// (never waited for but by GC). `gc`: GC's sweep (`GC_SWEEP`). Never fails the verb: a
+/// (never waited for). `gc`: GC's sweep (`GC_SWEEP`). Never fails the verb: a
 /// worker that cannot start leaves the entries to the next one, and the handed keys' are
 /// replayed here.
 pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bool) {
     let root = &inv.conf.state_dir;
+    if handed.is_empty() && !anything_deferred(root) {
+        return;
+    }
+    // Held by every worker it starts, and by this verb for a replay of its own: a command that
+    // holds it exclusively (`--downgrade`, leaving delegate mode) sees no replay beside it.
+    // Never waited for: held off, the entries wait for a later verb's worker.
+    let replaying = match replay_lock(root) {
+        Ok(replaying) => replaying,
+        Err(err) => {
+            eprintln!("sandbox-guard: no replay now, the deferred DELs wait: {err}");
+            return;
+        }
+    };
     if !handed.is_empty() {
         let mut handed = handed;
         // More than a worker takes: those keys' locks go, and a sweep replays them.
         handed.truncate(MAX_HANDED);
-        match spawn(inv, &handed, false) {
+        match spawn(inv, &replaying, &handed, false) {
             Ok(child) => {
                 // The worker holds the handed locks now (its own descriptors of the same
                 // open files): ours go first, or its letting go between entries would not
@@ -87,10 +100,22 @@ pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bo
     if !anything_deferred(root) || sweep_running(root) {
         return;
     }
-    match spawn(inv, &[], gc) {
-        Ok(child) if gc => wait_a_moment(child),
-        Ok(_) => {}
-        Err(err) => eprintln!("sandbox-guard: the replay worker could not start: {err}"),
+    // Not waited for, GC's sweep neither: its replays run other pods' primaries.
+    if let Err(err) = spawn(inv, &replaying, &[], gc) {
+        eprintln!("sandbox-guard: the replay worker could not start: {err}");
+    }
+}
+
+/// `replay.lock`, shared, if no command holds it exclusively now.
+fn replay_lock(root: &Path) -> std::io::Result<File> {
+    let replaying = open_lock_file(&root.join(REPLAY_LOCK))?;
+    match replaying.try_lock_shared() {
+        Ok(()) => Ok(replaying),
+        Err(std::fs::TryLockError::WouldBlock) => Err(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            "an operator command (--downgrade, or leaving delegate mode) holds replay.lock",
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
     }
 }
 
@@ -174,11 +199,14 @@ fn try_lock(root: &Path, name: &str) -> Option<File> {
     Some(file)
 }
 
-/// Starts the worker: the verb's own config on a memfd as stdin, `replay.lock` (shared, taken
-/// here) and the handed pod locks as descriptors 3, 4, ...
-fn spawn(inv: &Invocation, handed: &[PodLock], gc: bool) -> std::io::Result<Child> {
-    let replaying = open_lock_file(&inv.conf.state_dir.join(REPLAY_LOCK))?;
-    replaying.lock_shared()?;
+/// Starts the worker: the verb's own config on a memfd as stdin, `replaying` (`replay.lock`,
+/// held shared) and the handed pod locks as descriptors 3, 4, ...
+fn spawn(
+    inv: &Invocation,
+    replaying: &File,
+    handed: &[PodLock],
+    gc: bool,
+) -> std::io::Result<Child> {
     let conf = nix::sys::memfd::memfd_create(
         c"sandbox-guard-conf",
         nix::sys::memfd::MFdFlags::MFD_CLOEXEC,

@@ -282,7 +282,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         ..Installed::default()
     };
     let done = &mut out.done;
-    waiting::refuse_leaving_delegate(
+    let _replays = waiting::refuse_leaving_delegate(
         &net,
         Some(options.mode),
         &options.host_root,
@@ -580,8 +580,16 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
         return Ok(done);
     }
     let scan = network::scan(&options.conf_dir)?;
+    // Held until the files are rewritten: no replay starts on a store being left.
+    let mut _replays = Vec::new();
     for net in &scan.networks {
-        waiting::refuse_leaving_delegate(net, None, &options.host_root, options.force, &mut done)?;
+        _replays.push(waiting::refuse_leaving_delegate(
+            net,
+            None,
+            &options.host_root,
+            options.force,
+            &mut done,
+        )?);
     }
     for net in &scan.networks {
         let list = net.list();

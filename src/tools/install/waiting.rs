@@ -1,16 +1,26 @@
 //! Leaving delegate mode (another mode, or `--uninstall`) while deferred DELs wait would
 //! leave them to nobody: only delegate mode replays them, so their sandboxes' addresses
-//! would stay allocated in the primary for good. Refused unless `--force`.
+//! would stay allocated in the primary for good. Refused unless `--force`. The look is made
+//! with no replay running (`replay.lock` held exclusively, returned to the caller to hold
+//! until the network file is rewritten): a worker that starts or finishes meanwhile would
+//! make the answer stale.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::edit::{self, Mode};
 use super::json::Json;
 use super::network::Network;
 use crate::cni::config::DEFAULT_STATE_DIR;
 
+/// How long leaving delegate mode waits for the replays running now (each primary run ends
+/// within the network's replayTimeoutSeconds); no other lock is held meanwhile.
+const REPLAYS_WAIT: Duration = Duration::from_secs(10);
+
 /// `to`: the mode being installed, `None` for `--uninstall`. With `force`, goes on and says
-/// in `done` what is lost.
+/// in `done` what is lost. Returns `replay.lock` of the network's state dir, held: no replay
+/// starts until it is dropped.
 /// The entry's stateDir is the host's path: it is looked at under `host_root` (the
 /// DaemonSets' `/host`), where a dir not mounted into the pod cannot be told from one
 /// without deferred DELs, so that is refused too.
@@ -20,12 +30,12 @@ pub fn refuse_leaving_delegate(
     host_root: &Path,
     force: bool,
     done: &mut Vec<String>,
-) -> Result<(), String> {
+) -> Result<Option<File>, String> {
     if to == Some(Mode::Delegate) {
-        return Ok(());
+        return Ok(None);
     }
     let Some(on_host) = delegate_state_dir(&net.doc.root) else {
-        return Ok(());
+        return Ok(None);
     };
     let state_dir = host_root.join(on_host.strip_prefix("/").unwrap_or(&on_host));
     // On the host itself (root /) a missing dir is a store never made: nothing waits.
@@ -42,13 +52,31 @@ pub fn refuse_leaving_delegate(
             host_root.display()
         ));
     }
+    let replays = match crate::state::surely_absent(&state_dir) {
+        true => None,
+        false => match crate::state::hold_off_replays(&state_dir, REPLAYS_WAIT) {
+            Ok(held) => held,
+            Err(e) if force => {
+                done.push(format!(
+                    "--force: {e}; the replays running now may leave deferred DELs behind"
+                ));
+                None
+            }
+            Err(e) => {
+                return Err(format!(
+                    "network {} is guarded in delegate mode: {e}; or give --force to go on (any deferred DELs left are then not replayed)",
+                    net.name
+                ));
+            }
+        },
+    };
     let waiting = match crate::state::deferred::waiting(&state_dir, &net.name) {
         Ok(waiting) => waiting,
         // --force is the way out the refusal names: a store that cannot be read must not
         // keep the node in delegate mode for good.
         Err(e) if force => {
             done.push(format!("--force: cannot tell whether deferred DELs wait in {} ({e}); any that do are not replayed", state_dir.display()));
-            return Ok(());
+            return Ok(replays);
         }
         Err(e) => {
             return Err(format!(
@@ -58,7 +86,7 @@ pub fn refuse_leaving_delegate(
         }
     };
     if waiting.is_empty() {
-        return Ok(());
+        return Ok(replays);
     }
     let names: Vec<String> = waiting
         .iter()
@@ -85,7 +113,7 @@ pub fn refuse_leaving_delegate(
     );
     if force {
         done.push(format!("--force: {what}; they are dropped from replay: they stay in the store, but only delegate mode replays them, so until it comes back the primary never gets those DELs (their addresses may stay allocated)"));
-        return Ok(());
+        return Ok(replays);
     }
     Err(format!(
         "{what}: stop and remove the pods that own those names (or wait until they go; `sandbox-guard --doctor` lists them), \

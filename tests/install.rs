@@ -1748,3 +1748,99 @@ fn uninstall_removes_the_temp_files_of_a_killed_installer() {
     assert_eq!(traces_of_the_guard(&node.bin()), Vec::<String>::new());
     assert!(node.conf().join(".calico-install.tmp").exists());
 }
+
+/// Entry keys the plugin rejects, each with the key an operator must see named.
+const BAD_ENTRIES: [(&str, &str, &str); 5] = [
+    (r#"{"staleDel":"Audit"}"#, "chained", "staleDel"),
+    (r#"{"ipConflict":true}"#, "chained", "ipConflict"),
+    (
+        r#"{"lockTimeoutSeconds":900}"#,
+        "chained",
+        "lockTimeoutSeconds",
+    ),
+    (r#"{"stateDir":"var/lib/sg"}"#, "chained", "stateDir"),
+    (
+        r#"{"podLockTimeoutSeconds":10}"#,
+        "delegate",
+        "podLockTimeoutSeconds",
+    ),
+];
+
+#[test]
+fn an_entry_the_plugin_rejects_is_refused_kept_out_and_not_ready() {
+    // Fails before this change: every one was written to the network (every ADD then
+    // failing) and the probe said ready.
+    for (keys, mode, key) in BAD_ENTRIES {
+        let node = Node::with("calico");
+        let before = tree(&node.dir.path);
+        let out = run(
+            "--install",
+            &node.conf(),
+            &node.bin(),
+            &["--mode", mode, "--entry", keys],
+        );
+        let said = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(1), "{keys}: {said}");
+        assert!(
+            said.contains(key) && said.contains("nothing written"),
+            "{keys}: {said}"
+        );
+        assert_eq!(
+            tree(&node.dir.path),
+            before,
+            "{keys}: a refused entry wrote"
+        );
+
+        // Written by hand, the probe fails on it, naming the key.
+        node.install(mode, None);
+        assert!(check(&node).0, "{keys}: {}", check(&node).1);
+        let file = node.conf().join("10-calico.conflist");
+        let mut list: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        let extra: serde_json::Value = serde_json::from_str(keys).unwrap();
+        for plugin in list["plugins"].as_array_mut().unwrap() {
+            if plugin["type"] == "sandbox-guard" {
+                for (k, v) in extra.as_object().unwrap() {
+                    plugin[k] = v.clone();
+                }
+            }
+        }
+        std::fs::write(&file, serde_json::to_vec_pretty(&list).unwrap()).unwrap();
+        let (ready, said) = check(&node);
+        assert!(!ready && said.contains(key), "{keys}: {said}");
+    }
+}
+
+#[test]
+fn the_watch_keeps_the_last_good_entry_when_the_configmap_goes_bad() {
+    // Fails before this change: the bad key reached the network at the next look.
+    let node = Node::with("calico");
+    let keys = node.dir.path.join("entry.json");
+    std::fs::write(&keys, r#"{"staleDel":"audit"}"#).unwrap();
+    let file = node.conf().join("10-calico.conflist");
+    let watcher = Watcher::start_with(
+        &node,
+        "chained",
+        &["--entry-file", keys.to_str().unwrap()],
+        "installed",
+    );
+    std::fs::write(&keys, r#"{"staleDel":"Audit"}"#).unwrap();
+    primary_rewrites(
+        &file,
+        &testdata::fixture_bytes("install/calico/conf/10-calico.conflist"),
+    );
+    watcher.wait_for("staleDel", Duration::from_secs(5));
+    watcher.wait_for("re-inserted", Duration::from_secs(5));
+    let list: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let entry = list["plugins"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(entry["staleDel"], "audit", "{entry}");
+    let out = run(
+        "--install",
+        &node.conf(),
+        &node.bin(),
+        &["--check", "--entry-file", keys.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("staleDel"));
+    assert_eq!(watcher.terminate().code(), Some(0));
+}

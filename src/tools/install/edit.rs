@@ -123,6 +123,49 @@ impl Entry {
     }
 }
 
+/// Why the plugin would reject the guard's entry in `list`, parsed as the plugin parses what
+/// the runtime hands it (the entry with the list's name and cniVersion): every ADD fails on
+/// an entry it rejects, so nothing is written with one. Each key is tried alone first, so
+/// the answer names the key whatever the parser says.
+pub fn entry_problem(list: &Json) -> Option<String> {
+    let entry = plugins(list).iter().find(|p| is_guard(p))?;
+    let Json::Object(pairs) = entry else {
+        return Some("the guard's entry is not a JSON object".to_string());
+    };
+    let conf = |pairs: &[(String, Json)]| -> Result<(), String> {
+        let mut all: Vec<(String, Json)> = ["cniVersion", "name"]
+            .into_iter()
+            .filter_map(|k| Some((k.to_string(), list.get(k)?.clone())))
+            .collect();
+        all.extend(
+            pairs
+                .iter()
+                .filter(|(k, _)| k != "cniVersion" && k != "name")
+                .cloned(),
+        );
+        let bytes = serde_json::to_vec(&Json::Object(all)).map_err(|e| e.to_string())?;
+        crate::cni::config::NetConf::parse(&bytes)
+            .map(|_| ())
+            .map_err(|e| e.msg)
+    };
+    for pair in pairs
+        .iter()
+        .filter(|(k, _)| !["type", "delegate", "capabilities"].contains(&k.as_str()))
+    {
+        if let Err(msg) = conf(std::slice::from_ref(pair)) {
+            let value = serde_json::to_string(&pair.1).unwrap_or_default();
+            return Some(format!(
+                "the entry's key {:?} ({}) is one the plugin rejects: {msg}",
+                pair.0,
+                crate::names::shorten(&value)
+            ));
+        }
+    }
+    conf(pairs)
+        .err()
+        .map(|msg| format!("the plugin rejects the guard's entry: {msg}"))
+}
+
 /// The guard's entry in a list (chained, or the wrapper of a delegate), without the
 /// wrapped primary.
 pub fn guard_entry(list: &Json) -> Option<Json> {

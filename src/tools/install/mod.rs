@@ -58,6 +58,8 @@ pub enum Reason {
     Changing,
     /// A file owner that reverts each insert.
     Fight,
+    /// An entry key the plugin would reject.
+    Entry,
     Io,
 }
 
@@ -70,6 +72,7 @@ impl Reason {
             Reason::Conflict => "conflict",
             Reason::Changing => "changing",
             Reason::Fight => "fight",
+            Reason::Entry => "entry",
             Reason::Io => "io",
         }
     }
@@ -262,10 +265,14 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
     let list = net.list();
     let current_entry =
         edit::guard_entry(&list).or_else(|| dropin_doc.as_ref().map(|d| d.root.clone()));
-    let entry = options
-        .entry
-        .json(current_entry.as_ref().or(remembered))
-        .map_err(|msg| Failure::new(Reason::Conflict, msg))?;
+    let mut warnings = warnings;
+    let entry = checked_entry(
+        options,
+        &list,
+        current_entry.as_ref(),
+        remembered,
+        &mut warnings,
+    )?;
     let mut out = Installed {
         notes,
         warnings,
@@ -393,6 +400,53 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
     Ok(out)
 }
 
+/// The list as the runtime would hand the entry to the plugin, for `edit::entry_problem`.
+fn with_entry(list: &Json, mode: Mode, entry: &Json) -> Json {
+    let mode = if mode == Mode::Delegate {
+        Mode::Delegate
+    } else {
+        Mode::Chained
+    };
+    edit::insert(&edit::strip(list), mode, entry)
+}
+
+/// The entry to write, refused (naming the key) when the plugin would reject it. A watch
+/// keeps the entry it last wrote instead: a bad ConfigMap must not take the guard out of
+/// the network the primary rewrites meanwhile; its probe says not ready until it is fixed.
+fn checked_entry(
+    options: &Options,
+    list: &Json,
+    current: Option<&Json>,
+    remembered: Option<&Json>,
+    warnings: &mut Vec<String>,
+) -> Result<Json, Failure> {
+    let entry = options
+        .entry
+        .json(current.or(remembered))
+        .map_err(|msg| Failure::new(Reason::Entry, msg))?;
+    let Some(problem) = edit::entry_problem(&with_entry(list, options.mode, &entry)) else {
+        return Ok(entry);
+    };
+    let good = current
+        .into_iter()
+        .chain(remembered)
+        .find(|last| edit::entry_problem(&with_entry(list, options.mode, last)).is_none());
+    match good {
+        Some(last) if options.watch => {
+            warnings.push(format!(
+                "{problem}; the last good entry stays: fix the key in --entry or --entry-file (the ConfigMap)"
+            ));
+            Ok(last.clone())
+        }
+        _ => Err(Failure::new(
+            Reason::Entry,
+            format!(
+                "{problem}: every ADD would fail; fix the key in --entry or --entry-file (the ConfigMap)"
+            ),
+        )),
+    }
+}
+
 /// The readiness check: the guard is in the network the runtime loads (or, for multus,
 /// the one it delegates to), that network can run it, and its binary is where the runtime
 /// looks. Only reads.
@@ -417,6 +471,7 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
             ),
         ));
     };
+    entry_ready(options, net, &dropin)?;
     let missing: Vec<String> = network::plugin_types(net)
         .into_iter()
         .filter(|t| !options.bin_dir.join(t).is_file())
@@ -450,6 +505,49 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
         binary.display()
     ));
     Ok(lines)
+}
+
+/// Not ready while the entry the runtime hands the plugin, or the one the installer is told
+/// to write, is one the plugin rejects.
+fn entry_ready(options: &Options, net: &Network, dropin: &Path) -> Result<(), Failure> {
+    let list = net.list();
+    let (in_place, mode) = match edit::guard_entry(&list) {
+        Some(entry) => (Some(entry), None),
+        None => {
+            let doc = std::fs::read(dropin).ok().map(|b| Doc::parse(&b));
+            match doc {
+                Some(Ok(doc)) => (Some(doc.root), Some(Mode::Chained)),
+                Some(Err(e)) => {
+                    return Err(Failure::new(
+                        Reason::Entry,
+                        format!("the drop-in {} does not parse: {e}", dropin.display()),
+                    ));
+                }
+                None => (None, None),
+            }
+        }
+    };
+    let guarded = match mode {
+        Some(mode) => in_place.as_ref().map(|e| with_entry(&list, mode, e)),
+        None => Some(list.clone()),
+    };
+    if let Some(problem) = guarded.as_ref().and_then(edit::entry_problem) {
+        return Err(Failure::new(
+            Reason::Entry,
+            format!("{problem}: every ADD fails"),
+        ));
+    }
+    let told = options
+        .entry
+        .json(in_place.as_ref())
+        .map_err(|msg| Failure::new(Reason::Entry, msg))?;
+    if let Some(problem) = edit::entry_problem(&with_entry(&list, options.mode, &told)) {
+        return Err(Failure::new(
+            Reason::Entry,
+            format!("{problem}; the installed entry stays until the key is fixed"),
+        ));
+    }
+    Ok(())
 }
 
 /// For `--doctor`, which knows no bin dir and checks each guarded network's version on its

@@ -181,6 +181,7 @@ struct State {
     dropin_dir: Option<std::path::PathBuf>,
     metrics: InstallMetrics,
     said_ready: Option<bool>,
+    warnings: Vec<String>,
 }
 
 fn reconcile(options: &Options, state: &mut State) {
@@ -191,10 +192,14 @@ fn reconcile(options: &Options, state: &mut State) {
             state.last_error.clear();
             if first {
                 installed.notes.iter().for_each(|line| log(line));
+            }
+            // Said again when they change: a bad entry key comes and goes with the ConfigMap.
+            if first || installed.warnings != state.warnings {
                 installed
                     .warnings
                     .iter()
                     .for_each(|line| log(&format!("warning: {line}")));
+                state.warnings = installed.warnings.clone();
             }
             if installed
                 .file

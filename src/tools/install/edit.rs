@@ -78,9 +78,12 @@ impl Entry {
     /// The entry to write, built on `current` (the one there now or last seen).
     pub fn json(&self, current: Option<&Json>) -> Result<Json, String> {
         let mut pairs: Vec<(String, Json)> = match current {
+            // A single plugin's wrapper carries the network's name and version: not the
+            // operator's keys (libcni sets both on every entry of a list).
             Some(Json::Object(pairs)) => pairs
                 .iter()
                 .filter(|(k, _)| !RESERVED_KEYS.contains(&k.as_str()))
+                .filter(|(k, _)| k != "cniVersion" && k != "name")
                 .cloned()
                 .collect(),
             _ => Vec::new(),
@@ -271,6 +274,25 @@ pub fn upconvert(plugin: &Json) -> Json {
     ));
     pairs.push(("plugins", Json::Array(vec![plugin.clone()])));
     Json::object(pairs)
+}
+
+/// A list of one plugin as a single plugin's file holds it: the plugin with the list's
+/// cniVersion and name, which libcni's upconversion gives back.
+pub fn single_of(list: &Json) -> Json {
+    let Some(Json::Object(plugin)) = plugins(list).first() else {
+        return list.clone();
+    };
+    let mut pairs: Vec<(String, Json)> = ["cniVersion", "name"]
+        .into_iter()
+        .filter_map(|k| Some((k.to_string(), list.get(k)?.clone())))
+        .collect();
+    pairs.extend(
+        plugin
+            .iter()
+            .filter(|(k, _)| k != "cniVersion" && k != "name")
+            .cloned(),
+    );
+    Json::Object(pairs)
 }
 
 /// `list` (already stripped) with `entry` put in for `mode` (chained or delegate).

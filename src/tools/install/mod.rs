@@ -228,17 +228,17 @@ pub fn runnable(options: &Options) -> Result<Found, Failure> {
             ),
         ));
     }
-    let types = network::plugin_types(net);
-    if !types.is_empty() && !types.iter().any(|t| options.bin_dir.join(t).is_file()) {
+    let missing = missing_plugins(options, net);
+    if !missing.is_empty() {
         return Err(Failure::new(
             Reason::BinDir,
             format!(
-                "none of network {}'s plugins ({}) is in {}: the runtime looks for plugins elsewhere, and would not find \
-                 sandbox-guard there either; give the runtime's plugin dir with --bin-dir, or --platform (gke: \
-                 /home/kubernetes/bin, openshift: /var/lib/cni/bin, k3s: /var/lib/rancher/k3s/data/<hash>/bin)",
+                "network {} names plugins the runtime cannot find in {}: {}; if the runtime looks elsewhere it \
+                 would not find sandbox-guard there either: give the runtime's plugin dir with --bin-dir, or \
+                 --platform (gke: /home/kubernetes/bin, openshift: /var/lib/cni/bin, k3s: /var/lib/rancher/k3s/data/cni)",
                 net.name,
-                types.join(", "),
-                options.bin_dir.display()
+                options.bin_dir.display(),
+                missing.join(", ")
             ),
         ));
     }
@@ -256,6 +256,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         notes,
         warnings,
         via_multus,
+        named_by,
         ..
     } = runnable(options)?;
     let dropin = options.conf_dir.join(&net.name).join(DROPIN_FILE);
@@ -300,14 +301,14 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
             ));
         }
         check_dropin(&net, &dropin)?;
-        if files::install_binary(&options.bin_dir)? {
+        if files::install_binary(&bin_dir(options))? {
             done.push(format!(
                 "copied the binary to {}",
-                options.bin_dir.join(edit::GUARD_TYPE).display()
+                bin_dir(options).join(edit::GUARD_TYPE).display()
             ));
         }
         if edit::has_guard(&net.doc.root) {
-            restore(&net, &edit::strip(&net.doc.root), done)?;
+            restore(&net, &edit::strip(&net.doc.root), named_by.as_deref(), done)?;
         }
         let wanted = Doc::new(entry);
         if !dropin_doc.is_some_and(|doc| doc.root.same_as(&wanted.root)) {
@@ -324,80 +325,123 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         return Ok(out);
     }
 
-    let wanted = edit::insert(&edit::strip(&list), options.mode, &entry);
-    let target = if net.single {
-        net.file.with_extension("conflist")
-    } else {
-        net.file.clone()
-    };
-    out.file = target.clone();
-    let mut target_had: Option<Vec<u8>> = None;
-    if net.single {
-        // Ours from an earlier conversion, or nobody's: anything else is not ours to replace.
-        if let Ok(bytes) = std::fs::read(&target) {
-            let ours = Doc::parse(&bytes).is_ok_and(|d| {
-                d.root.get("name") == wanted.get("name") && edit::has_guard(&d.root)
-            });
-            if !ours {
-                return Err(Failure::new(
-                    Reason::Conflict,
-                    format!(
-                        "{} must become {} to hold a list, and that file exists with other content",
-                        file_name(&net.file),
-                        file_name(&target)
-                    ),
-                ));
-            }
-            target_had = Some(bytes);
-        }
-    }
-    if files::install_binary(&options.bin_dir)? {
-        done.push(format!(
-            "copied the binary to {}",
-            options.bin_dir.join(edit::GUARD_TYPE).display()
+    if net.single && options.mode == Mode::Chained {
+        return Err(Failure::new(
+            Reason::Conflict,
+            format!(
+                "{} holds a single plugin: chained mode would have to turn it into a .conflist, removing a file {}; \
+                 use --mode delegate, which wraps the plugin in place and keeps the file",
+                net.file.display(),
+                named_by.as_deref().map_or_else(
+                    || "its owner writes again at its next start".to_string(),
+                    |who| format!("that {who}")
+                )
+            ),
         ));
     }
-    if net.single || !wanted.same_as(&net.doc.root) {
+    let wanted = edit::insert(&edit::strip(&list), options.mode, &entry);
+    // A single plugin stays one: the guard takes its place in its own file.
+    let wanted = if net.single {
+        edit::single_of(&wanted)
+    } else {
+        wanted
+    };
+    out.file = net.file.clone();
+    if files::install_binary(&bin_dir(options))? {
+        done.push(format!(
+            "copied the binary to {}",
+            bin_dir(options).join(edit::GUARD_TYPE).display()
+        ));
+    }
+    if !wanted.same_as(&net.doc.root) {
         let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
         // The primary's own bytes, for --uninstall: kept each time the primary wrote them.
         if !edit::has_guard(&list) {
             let original = original_of(&net.file);
             files::write_atomic(&original, &net.bytes, keep).map_err(io_err("write", &original))?;
         }
-        let expect = if net.single {
-            target_had.as_deref().map_or(Expect::Absent, Expect::Bytes)
+        let bytes = net.doc.with_root(wanted).render();
+        let expect = Expect::Bytes(&net.bytes);
+        let written = if in_place(&net, named_by.as_deref()) {
+            files::write_in_place_if(&net.file, &bytes, &expect)
         } else {
-            Expect::Bytes(&net.bytes)
-        };
-        let renamed =
-            files::write_atomic_if(&target, &net.doc.with_root(wanted).render(), keep, &expect)
-                .map_err(io_err("write", &target))?;
-        if !renamed {
-            return Err(changed(&target));
+            files::write_atomic_if(&net.file, &bytes, keep, &expect)
         }
-        if net.single {
-            // Only now: until the list is in place the runtime keeps reading the plugin.
-            // A plugin file the primary rewrote meanwhile stays: the next round converts it.
-            if !Expect::Bytes(&net.bytes).holds(&net.file) {
-                return Err(changed(&net.file));
-            }
-            files::remove(&net.file).map_err(io_err("remove", &net.file))?;
-            done.push(format!(
-                "converted {} into {} with sandbox-guard ({})",
-                file_name(&net.file),
-                target.display(),
-                options.mode.name()
-            ));
-        } else {
-            done.push(format!(
-                "put sandbox-guard into {} ({})",
-                target.display(),
-                options.mode.name()
-            ));
+        .map_err(io_err("write", &net.file))?;
+        if !written {
+            return Err(changed(&net.file));
         }
+        done.push(format!(
+            "put sandbox-guard into {} ({})",
+            net.file.display(),
+            options.mode.name()
+        ));
     }
     remove_dropin(&dropin, done)?;
     Ok(out)
+}
+
+/// A chained guard runs only if it is the last plugin (the first on DEL): anywhere else
+/// the plugins after it see a stale DEL before it can refuse it.
+fn first_on_del(net: &Network) -> Result<(), Failure> {
+    let list = net.list();
+    let plugins = edit::plugins(&list);
+    let last = plugins.len().saturating_sub(1);
+    let chained = plugins.iter().enumerate().find(|(_, p)| {
+        p.get("type").and_then(Json::as_str) == Some(edit::GUARD_TYPE)
+            && p.get("delegate").is_none()
+    });
+    match chained {
+        Some((i, _)) if i != last => Err(Failure::new(
+            Reason::Conflict,
+            format!(
+                "sandbox-guard is plugin {} of {} in {}, not the last: the plugins after it get a stale DEL before it \
+                 can refuse it; run --install again to put it last",
+                i + 1,
+                plugins.len(),
+                file_name(&net.file)
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Files do not say whether the runtime loads drop-ins (libcni 1.3: containerd 2.1+, CRI-O
+/// 1.33+; older ones ignore them and run the network unguarded): reading files alone, a
+/// drop-in is never ready. Asking the runtime what it loaded can say more.
+fn dropin_unknown(net: &Network, dropin: &Path) -> Failure {
+    Failure::new(
+        Reason::Network,
+        format!(
+            "sandbox-guard is only in the drop-in {}, which only libcni 1.3 runtimes (containerd 2.1+, CRI-O 1.33+) \
+             load into network {}: the files do not say which runtime runs; use --mode chained or delegate, or \
+             let the probe ask the runtime",
+            dropin.display(),
+            net.name
+        ),
+    )
+}
+
+/// The bin dir as the host resolves it (k3s's `data/current` is an absolute link).
+fn bin_dir(options: &Options) -> std::path::PathBuf {
+    network::host_resolve(&options.host_root, &options.bin_dir)
+}
+
+/// The network's plugins the runtime would not find in the bin dir.
+fn missing_plugins(options: &Options, net: &Network) -> Vec<String> {
+    network::plugin_types(net)
+        .into_iter()
+        .filter(|t| !network::plugin_found(&options.bin_dir, &options.host_root, t))
+        .collect()
+}
+
+/// Whether the network's file is written in place (same inode, never renamed over): a
+/// primary's single-plugin file, or one another component names by path. A watcher of
+/// that path (multus's readiness indicator, its config watch) reads a rename over it as
+/// the file going away, and multus then deletes its own config and exits; an in-place
+/// write reads as a write.
+fn in_place(net: &Network, named_by: Option<&str>) -> bool {
+    net.single || named_by.is_some()
 }
 
 /// The list as the runtime would hand the entry to the plugin, for `edit::entry_problem`.
@@ -458,9 +502,10 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
     }
     let dropin = options.conf_dir.join(&net.name).join(DROPIN_FILE);
     let place = if edit::has_guard(&net.list()) {
+        first_on_del(net)?;
         format!("in {}", file_name(&net.file))
     } else if dropin.is_file() && !net.single {
-        format!("in the drop-in {} (libcni 1.3 runtimes)", dropin.display())
+        return Err(dropin_unknown(net, &dropin));
     } else {
         return Err(Failure::new(
             Reason::Network,
@@ -472,10 +517,7 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
         ));
     };
     entry_ready(options, net, &dropin)?;
-    let missing: Vec<String> = network::plugin_types(net)
-        .into_iter()
-        .filter(|t| !options.bin_dir.join(t).is_file())
-        .collect();
+    let missing = missing_plugins(options, net);
     if !missing.is_empty() {
         return Err(Failure::new(
             Reason::BinDir,
@@ -487,7 +529,7 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
             ),
         ));
     }
-    let binary = options.bin_dir.join(edit::GUARD_TYPE);
+    let binary = bin_dir(options).join(edit::GUARD_TYPE);
     let this = std::env::current_exe()
         .and_then(std::fs::read)
         .map_err(|e| format!("cannot read this binary: {e}"))?;
@@ -637,14 +679,29 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
         remove_binary(options, &mut done)?;
         return Ok(done);
     }
-    let scan = network::scan(&options.conf_dir)?;
-    for net in &scan.networks {
+    let mut networks = network::scan(&options.conf_dir)?.networks;
+    // The file the runtime's network names by path, wherever it is (multus thick's cluster
+    // network outside the conf dir), is written in place.
+    let (mut named, mut named_by) = (None, None);
+    if let Ok(found) = network::find(&options.conf_dir, None, &options.host_root) {
+        if found.named_by.is_some() {
+            named = Some(found.net.file.clone());
+            named_by = found.named_by.clone();
+        }
+        if !networks.iter().any(|n| n.file == found.net.file) {
+            networks.push(found.net);
+        }
+    }
+    for net in &networks {
         waiting::refuse_leaving_delegate(net, None, &options.host_root, options.force, &mut done)?;
     }
-    for net in &scan.networks {
+    for net in &networks {
         let list = net.list();
+        let named_by = named_by
+            .as_deref()
+            .filter(|_| named.as_ref() == Some(&net.file));
         if edit::has_guard(&list) {
-            restore(net, &edit::strip(&list), &mut done)?;
+            restore(net, &edit::strip(&list), named_by, &mut done)?;
         } else if edit::names_guard_anywhere(&net.doc.root) {
             let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
             let stripped = net.doc.with_root(edit::strip_anywhere(&net.doc.root));
@@ -705,7 +762,12 @@ fn remove_binary(options: &Options, done: &mut Vec<String>) -> Result<(), String
 
 /// Writes the list without the guard: the primary's own bytes when the kept original says
 /// the same (a converted plugin goes back to its own file), else the stripped list.
-fn restore(net: &Network, stripped: &Json, done: &mut Vec<String>) -> Result<(), String> {
+fn restore(
+    net: &Network,
+    stripped: &Json,
+    named_by: Option<&str>,
+    done: &mut Vec<String>,
+) -> Result<(), String> {
     let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
     let kept = |file: &Path| -> Option<Vec<u8>> {
         let bytes = std::fs::read(original_of(file)).ok()?;
@@ -713,7 +775,7 @@ fn restore(net: &Network, stripped: &Json, done: &mut Vec<String>) -> Result<(),
             .ok()
             .map(|doc| (doc, bytes))
             .filter(|(doc, _)| {
-                let list = if file == net.file {
+                let list = if file == net.file && !net.single {
                     doc.root.clone()
                 } else {
                     edit::upconvert(&doc.root)
@@ -755,8 +817,21 @@ fn restore(net: &Network, stripped: &Json, done: &mut Vec<String>) -> Result<(),
             return Ok(());
         }
     }
-    let bytes = kept(&net.file).unwrap_or_else(|| net.doc.with_root(stripped.clone()).render());
-    files::write_atomic(&net.file, &bytes, keep).map_err(io_err("write", &net.file))?;
+    let bytes = kept(&net.file).unwrap_or_else(|| {
+        let root = if net.single {
+            edit::single_of(stripped)
+        } else {
+            stripped.clone()
+        };
+        net.doc.with_root(root).render()
+    });
+    if in_place(net, named_by) {
+        files::write_in_place_if(&net.file, &bytes, &Expect::Any)
+            .map(|_| ())
+            .map_err(io_err("write", &net.file))?;
+    } else {
+        files::write_atomic(&net.file, &bytes, keep).map_err(io_err("write", &net.file))?;
+    }
     files::remove(&original_of(&net.file)).map_err(io_err("remove", &original_of(&net.file)))?;
     done.push(format!("took sandbox-guard out of {}", net.file.display()));
     Ok(())

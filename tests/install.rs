@@ -284,11 +284,12 @@ fn the_binary_is_copied_once_and_removed_only_when_asked() {
         "uninstall without --remove-binary removed the binary"
     );
     node.install("chained", None);
+    let root = private_root(&node);
     run_ok(
         "--uninstall",
         &node.conf(),
         &node.bin(),
-        &["--remove-binary"],
+        &["--remove-binary", "--host-root", &root],
     );
     assert!(!binary.exists());
     assert_eq!(
@@ -924,11 +925,12 @@ fn uninstall_leaves_nothing_that_names_the_guard() {
                 node.install(mode, network);
                 reinline_master(&node.conf());
             }
+            let root = private_root(&node);
             let out = run(
                 "--uninstall",
                 &node.conf(),
                 &node.bin(),
-                &["--remove-binary"],
+                &["--remove-binary", "--host-root", &root],
             );
             assert!(out.status.success(), "{when}: {}", stderr_of(&out));
             assert_eq!(
@@ -1865,11 +1867,12 @@ fn uninstall_removes_the_temp_files_of_a_killed_installer() {
     .unwrap();
     // Another writer's dotfile is not the installer's to remove.
     std::fs::write(node.conf().join(".calico-install.tmp"), b"theirs").unwrap();
+    let root = private_root(&node);
     run_ok(
         "--uninstall",
         &node.conf(),
         &node.bin(),
-        &["--remove-binary"],
+        &["--remove-binary", "--host-root", &root],
     );
     assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
     assert_eq!(traces_of_the_guard(&node.bin()), Vec::<String>::new());
@@ -2191,4 +2194,87 @@ fn a_partial_plugin_set_is_refused_and_a_drop_in_is_not_ready_from_files() {
     node.install("dropin", None);
     let (ready, said) = check(&node);
     assert!(!ready && said.contains("drop-in"), "{said}");
+}
+
+/// `--host-root` for an uninstall that must not see this machine's own caches: a root
+/// with an empty /var/lib/cni.
+fn private_root(node: &Node) -> String {
+    let root = node.dir.path.join("root");
+    std::fs::create_dir_all(root.join("var/lib/cni")).unwrap();
+    root.display().to_string()
+}
+
+#[test]
+fn remove_binary_keeps_it_while_a_cached_attachment_names_the_guard() {
+    // Fails before this change: the binary went, and the DEL of every pod attached through
+    // the guard (CRI-O and multus replay the cached config) failed to find the plugin.
+    let node = Node::with("calico");
+    node.install("chained", None);
+    let root = private_root(&node);
+    let binary = node.bin().join("sandbox-guard");
+    let config = std::fs::read(node.conf().join("10-calico.conflist")).unwrap();
+    let encoded = {
+        let mut child = Command::new("base64")
+            .arg("-w0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), &config).unwrap();
+        String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
+    };
+    let results = Path::new(&root).join("var/lib/cni/results");
+    std::fs::create_dir_all(&results).unwrap();
+    let cached = results.join("k8s-pod-network-4f1c2a-eth0");
+    std::fs::write(
+        &cached,
+        format!(r#"{{"kind":"cniCacheV1","containerId":"4f1c2a","config":"{encoded}","ifName":"eth0","networkName":"k8s-pod-network"}}"#),
+    )
+    .unwrap();
+    let multus = Path::new(&root).join("var/lib/cni/multus");
+    std::fs::create_dir_all(&multus).unwrap();
+    std::fs::write(
+        multus.join("9e8d7c"),
+        br#"{"cniVersion":"0.3.1","name":"k8s-pod-network","plugins":[{"type":"calico"},{"type":"sandbox-guard"}]}"#,
+    )
+    .unwrap();
+    let said = run_ok(
+        "--uninstall",
+        &node.conf(),
+        &node.bin(),
+        &["--remove-binary", "--host-root", &root],
+    );
+    assert!(binary.exists(), "{said}");
+    assert!(
+        said.contains("kept") && said.contains("2 cached attachment"),
+        "{said}"
+    );
+    assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
+    std::fs::remove_file(&cached).unwrap();
+    std::fs::remove_file(multus.join("9e8d7c")).unwrap();
+    run_ok(
+        "--uninstall",
+        &node.conf(),
+        &node.bin(),
+        &["--remove-binary", "--host-root", &root],
+    );
+    assert!(!binary.exists());
+}
+
+#[test]
+fn uninstall_takes_the_guard_out_of_cilium_backups() {
+    // Fails before this change: cilium's exclusive mode had renamed the guarded file to
+    // .cilium_bak, the uninstall left it naming the guard, and cilium puts it back.
+    let node = Node::with("calico");
+    node.install("chained", None);
+    let calico = node.conf().join("10-calico.conflist");
+    std::fs::rename(&calico, node.conf().join("10-calico.conflist.cilium_bak")).unwrap();
+    copy_fixture("install/cilium-chaining/conf", &node.conf());
+    node.uninstall(None);
+    assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
+    assert_eq!(
+        std::fs::read(node.conf().join("10-calico.conflist.cilium_bak")).unwrap(),
+        testdata::fixture_bytes("install/calico/conf/10-calico.conflist"),
+        "the backup is not calico's own bytes"
+    );
 }

@@ -9,6 +9,7 @@
 mod edit;
 mod files;
 mod json;
+mod leftovers;
 mod metrics;
 mod network;
 mod platform;
@@ -713,6 +714,7 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             ));
         }
     }
+    leftovers::strip_backups(&options.conf_dir, &mut done)?;
     for entry in std::fs::read_dir(&options.conf_dir)
         .map_err(io_err("read", &options.conf_dir))?
         .flatten()
@@ -753,6 +755,25 @@ fn remove_binary(options: &Options, done: &mut Vec<String>) -> Result<(), String
             }
         }
         let binary = options.bin_dir.join(edit::GUARD_TYPE);
+        // A pod attached through the guard is torn down through it: its DEL would fail to
+        // find the plugin and the pod would never go.
+        let cached = leftovers::cached_attachments(&options.host_root);
+        if !cached.is_empty() && binary.exists() {
+            let shown: Vec<String> = cached
+                .iter()
+                .take(3)
+                .map(|p| p.display().to_string())
+                .collect();
+            done.push(format!(
+                "kept {}: {} cached attachment(s) still name sandbox-guard ({}{}), and their DEL runs it; \
+                 run --uninstall --remove-binary again once those pods are gone",
+                binary.display(),
+                cached.len(),
+                shown.join(", "),
+                if cached.len() > shown.len() { ", ..." } else { "" }
+            ));
+            return Ok(());
+        }
         if files::remove(&binary).map_err(io_err("remove", &binary))? {
             done.push(format!("removed {}", binary.display()));
         }

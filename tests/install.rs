@@ -1443,6 +1443,10 @@ fn no_layout_ends_ready_with_a_network_the_runtime_cannot_run() {
                     );
                 }
                 ready_means_runnable(&node, &when);
+                // Multus thin pods run its own copy, guarded only once it re-inlines.
+                if damage == "none" && out.status.success() && layout == "multus-thin" {
+                    reinline_master(&node.conf());
+                }
                 if damage == "none" && out.status.success() && mode != "dropin" {
                     assert!(
                         check(&node).0,
@@ -1681,6 +1685,8 @@ fn naming_multus_cluster_network_is_the_runtimes_network() {
         "{}",
         stderr_of(&out)
     );
+    // Ready once multus thin's own copy has the guard too.
+    reinline_master(&node.conf());
     assert!(check(&node).0, "{}", check(&node).1);
 }
 
@@ -2277,4 +2283,24 @@ fn uninstall_takes_the_guard_out_of_cilium_backups() {
         testdata::fixture_bytes("install/calico/conf/10-calico.conflist"),
         "the backup is not calico's own bytes"
     );
+}
+
+#[test]
+fn multus_thins_own_copy_without_the_guard_is_not_ready() {
+    // Fails before this change: upstream's multus thin (no --cleanup-config-on-exit) never
+    // re-reads the master file, so pods ran its inlined copy unguarded, and the probe said
+    // ready.
+    for mode in ["chained", "delegate"] {
+        let node = Node::with("multus-thin");
+        node.install(mode, None);
+        let (ready, said) = check(&node);
+        assert!(
+            !ready && said.contains("multus (thin) runs its own copy") && said.contains("Restart"),
+            "{mode}: {said}"
+        );
+        // Multus inlines the guarded master again (restarted, or with its watch loop).
+        reinline_master(&node.conf());
+        let (ready, said) = check(&node);
+        assert!(ready, "{mode}: {said}");
+    }
 }

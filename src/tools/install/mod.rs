@@ -407,6 +407,24 @@ fn first_on_del(net: &Network) -> Result<(), Failure> {
     }
 }
 
+/// Multus thin runs its own inlined copy of the network: the guard counts only once it is
+/// there too.
+fn multus_copy_guarded(found: &Found) -> Result<(), Failure> {
+    match &found.multus_copy {
+        Some((file, copy)) if !edit::names_guard_anywhere(copy) => Err(Failure::new(
+            Reason::Network,
+            format!(
+                "multus (thin) runs its own copy of {} inlined in {}, made when it started, and that copy has no \
+                 sandbox-guard: pods are not guarded. Restart multus's pod on this node (it inlines the file again), \
+                 or run multus thin with --cleanup-config-on-exit, which re-reads the file every second",
+                file_name(&found.net.file),
+                file_name(file)
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Files do not say whether the runtime loads drop-ins (libcni 1.3: containerd 2.1+, CRI-O
 /// 1.33+; older ones ignore them and run the network unguarded): reading files alone, a
 /// drop-in is never ready. Asking the runtime what it loaded can say more.
@@ -504,6 +522,7 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
     let dropin = options.conf_dir.join(&net.name).join(DROPIN_FILE);
     let place = if edit::has_guard(&net.list()) {
         first_on_del(net)?;
+        multus_copy_guarded(&found)?;
         format!("in {}", file_name(&net.file))
     } else if dropin.is_file() && !net.single {
         return Err(dropin_unknown(net, &dropin));

@@ -149,6 +149,8 @@ pub struct Found {
     pub runtime_runs_it: bool,
     /// Multus (`thick` or `thin`) runs `net` as its cluster network.
     pub via_multus: Option<&'static str>,
+    /// Multus thin's file and its inlined copy of `net`, which is what its pods run.
+    pub multus_copy: Option<(PathBuf, Json)>,
     /// Who else names `net.file` by its path (multus's `clusterNetwork`, its readiness
     /// indicator): that path must never go away, not even for an instant.
     pub named_by: Option<String>,
@@ -245,6 +247,9 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
         scan.networks.push(net);
     }
     let named_by = multus::names_by_path(&scan.networks[chosen], conf_dir, host_root);
+    let multus_copy = [&scan.networks[chosen], &scan.networks[0]]
+        .into_iter()
+        .find_map(|m| Some((m.file.clone(), multus::thin_copy(m)?)));
     if let Some(kind) = multus::kind(&scan.networks[chosen]) {
         let cluster =
             multus::cluster_network(&scan.networks[chosen], &scan.networks, conf_dir, host_root)?;
@@ -290,6 +295,7 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
         runtime_runs_it,
         via_multus,
         named_by,
+        multus_copy,
     })
 }
 
@@ -505,6 +511,20 @@ mod multus {
             }
         }
         named
+    }
+
+    /// Multus thin's own copy of the network it delegates to (its first `delegates`), made
+    /// when it wrote its file: the network pods actually get. Upstream's deployment re-reads
+    /// the master file only with `--cleanup-config-on-exit`, so an edit of the master file
+    /// may never reach this copy.
+    pub fn thin_copy(multus: &Network) -> Option<Json> {
+        if kind(multus) != Some("thin") {
+            return None;
+        }
+        match first_plugin(multus)?.get("delegates")? {
+            Json::Array(delegates) => delegates.first().cloned(),
+            _ => None,
+        }
     }
 
     pub fn same_file(a: &Path, b: &Path) -> bool {

@@ -2304,3 +2304,31 @@ fn multus_thins_own_copy_without_the_guard_is_not_ready() {
         assert!(ready, "{mode}: {said}");
     }
 }
+
+#[test]
+fn an_uninstall_waits_for_the_watch_to_stand_down_and_stays_done() {
+    // Fails before this change: the uninstall exited 0 and the live watch put everything
+    // back within its settling pause.
+    let node = Node::with("calico");
+    let watcher = Watcher::start(&node, "chained");
+    let said = node.uninstall(None);
+    assert!(said.contains("took sandbox-guard out"), "{said}");
+    watcher.wait_for("standing down", Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
+    assert_eq!(
+        contents(&node.conf()),
+        contents(&testdata::fixture_path("install/calico/conf"))
+    );
+    // The primary writes its file again: the watch that stood down stays down.
+    primary_rewrites(
+        &node.conf().join("10-calico.conflist"),
+        &testdata::fixture_bytes("install/calico/conf/10-calico.conflist"),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
+    assert_eq!(watcher.terminate().code(), Some(0));
+    // A later install (a new DaemonSet) runs as usual.
+    node.install("chained", None);
+    assert!(check(&node).0, "{}", check(&node).1);
+}

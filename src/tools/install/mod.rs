@@ -8,6 +8,7 @@
 
 mod edit;
 mod files;
+mod handover;
 mod json;
 mod leftovers;
 mod metrics;
@@ -150,7 +151,12 @@ pub fn run_install(options: &Options) -> i32 {
 }
 
 pub fn run_uninstall(options: &Options) -> i32 {
-    report(uninstall(options), "not installed: nothing changed")
+    let outcome = if options.conf_dir.is_dir() {
+        handover::while_no_watch_runs(&options.conf_dir, &options.bin_dir, || uninstall(options))
+    } else {
+        uninstall(options)
+    };
+    report(outcome, "not installed: nothing changed")
 }
 
 fn report(outcome: Result<Vec<String>, String>, unchanged: &str) -> i32 {

@@ -449,7 +449,7 @@ fn dropin_unknown(net: &Network, dropin: &Path) -> Failure {
 
 /// The bin dir as the host resolves it (k3s's `data/current` is an absolute link).
 fn bin_dir(options: &Options) -> std::path::PathBuf {
-    network::host_resolve(&options.host_root, &options.bin_dir)
+    network::host_dir(&options.host_root, &options.bin_dir)
 }
 
 /// The network's plugins the runtime would not find in the bin dir.

@@ -338,7 +338,19 @@ pub fn plugin_types(net: &Network) -> Vec<String> {
 /// followed as the host resolves them (k3s links `data/cni/<plugin>` to an absolute path
 /// in `data/<hash>/bin`, which means the host's, not this container's).
 pub fn plugin_found(bin_dir: &Path, host_root: &Path, name: &str) -> bool {
-    host_resolve(host_root, &host_resolve(host_root, bin_dir).join(name)).is_file()
+    let path = host_dir(host_root, bin_dir).join(name);
+    // Followed here as well: a mount seen through a link (no image has the host's paths).
+    host_resolve(host_root, &path).is_file() || path.is_file()
+}
+
+/// A dir as the host resolves it, when it is not one here (k3s's `data/current` is an
+/// absolute link).
+pub fn host_dir(host_root: &Path, dir: &Path) -> PathBuf {
+    if dir.is_dir() {
+        dir.to_path_buf()
+    } else {
+        host_resolve(host_root, dir)
+    }
 }
 
 /// `path` with its symlinks resolved as the host resolves them: an absolute target is
@@ -407,10 +419,13 @@ mod multus {
                 let candidates = [conf_dir.join(&base), under_root(path), under_root(path.strip_prefix("/host").unwrap_or(path))];
                 networks.iter().position(|n| candidates.iter().any(|c| same_file(c, &n.file))).ok_or_else(|| {
                     format!(
-                        "{} is multus's, and the cluster network it names ({path}) is not a network in {}: give --conf-dir \
-                         the directory that holds {base}",
+                        "{} is multus's, and the cluster network it names ({path}) is not a network in {} nor under \
+                         --host-root {}: mount the host's dir that holds {base} at the same path under the host root \
+                         (the OpenShift preset mounts /run/multus/cni/net.d), and keep --conf-dir the runtime's, so \
+                         that multus's file and its readiness indicator are seen and kept",
                         file_name(&multus.file),
-                        conf_dir.display()
+                        conf_dir.display(),
+                        host_root.display()
                     )
                 })?
             }

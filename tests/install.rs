@@ -2008,8 +2008,10 @@ fn a_single_plugin_file_multus_names_is_wrapped_in_place_never_converted() {
     // Delegate: the .conf stays a one-plugin .conf, written in place (same inode: a
     // watcher of that path sees a write, never a removal).
     let ino = inode(&ovn);
+    let watcher = PathWatcher::new(&ovn);
     node.install("delegate", None);
     assert_eq!(inode(&ovn), ino, "the file was replaced, not written");
+    watcher.saw_a_write_only();
     assert_matches_fixture(
         &node.conf(),
         "install/ovn-multus-thick/delegate",
@@ -2029,8 +2031,10 @@ fn a_single_plugin_file_multus_names_is_wrapped_in_place_never_converted() {
         "install/ovn-multus-thick/delegate",
         "re-installed",
     );
+    let watcher = PathWatcher::new(&ovn);
     node.uninstall(None);
     assert_eq!(inode(&ovn), ino, "the uninstall replaced the file");
+    watcher.saw_a_write_only();
     assert_matches_fixture(&node.conf(), "install/ovn-multus-thick/conf", "uninstalled");
 }
 
@@ -2331,4 +2335,49 @@ fn an_uninstall_waits_for_the_watch_to_stand_down_and_stays_done() {
     // A later install (a new DaemonSet) runs as usual.
     node.install("chained", None);
     assert!(check(&node).0, "{}", check(&node).1);
+}
+
+/// An inotify watch on one file, as multus's config watch and readiness check hold one.
+struct PathWatcher {
+    inotify: nix::sys::inotify::Inotify,
+}
+
+impl PathWatcher {
+    fn new(file: &Path) -> PathWatcher {
+        use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK).unwrap();
+        inotify
+            .add_watch(
+                file,
+                AddWatchFlags::IN_MODIFY
+                    | AddWatchFlags::IN_CLOSE_WRITE
+                    | AddWatchFlags::IN_DELETE_SELF
+                    | AddWatchFlags::IN_MOVE_SELF
+                    | AddWatchFlags::IN_IGNORED,
+            )
+            .unwrap();
+        PathWatcher { inotify }
+    }
+
+    /// The watcher saw the file written, and never removed, moved or replaced.
+    fn saw_a_write_only(&self) {
+        use nix::sys::inotify::AddWatchFlags;
+        let mut seen = AddWatchFlags::empty();
+        while let Ok(events) = self.inotify.read_events() {
+            if events.is_empty() {
+                break;
+            }
+            events.iter().for_each(|e| seen |= e.mask);
+        }
+        let gone =
+            AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF | AddWatchFlags::IN_IGNORED;
+        assert!(
+            !seen.intersects(gone),
+            "the watcher saw the file go: {seen:?}"
+        );
+        assert!(
+            seen.contains(AddWatchFlags::IN_MODIFY),
+            "no write seen: {seen:?}"
+        );
+    }
 }

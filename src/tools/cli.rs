@@ -111,6 +111,8 @@ Options:
       --service-cidr CIDR      Kubernetes service range, repeatable (default 10.96.0.0/12)
   -o, --output table|json      table for people (default), JSON for monitoring
       --lock-timeout SECONDS   how long to wait for a state dir's lock (default 10)
+      --runtime-socket PATH    ask this runtime what it loaded (default: containerd's,
+                               k3s's and CRI-O's usual sockets); none: do not ask
   -h, --help                   this text
 ";
 
@@ -160,7 +162,13 @@ Options:
       --metrics-file FILE      with --watch: the installer's textfile for node_exporter
       --check                  write nothing: exit 0 when the guard is in the network the
                                runtime loads, can run there, and its binary is in the bin
-                               dir; else 1 and why (the DaemonSet's readiness probe)
+                               dir; else 1 and why (the DaemonSet's readiness probe).
+                               Asks the runtime what it loaded where its socket answers
+                               (containerd's CRI status, CRI-O's config), else reads the
+                               files; the first line says which
+      --runtime-socket PATH    with --check: the runtime's socket (default: containerd's,
+                               k3s's and CRI-O's usual ones under --host-root); none: read
+                               the files only
   -h, --help                   this text
 ";
 
@@ -388,10 +396,11 @@ enum Opt {
     EntryFile,
     Check,
     MetricsFile,
+    RuntimeSocket,
 }
 
 impl Opt {
-    const EVERY: [Opt; 24] = [
+    const EVERY: [Opt; 25] = [
         Opt::StateDir,
         Opt::LockTimeout,
         Opt::Output,
@@ -416,6 +425,7 @@ impl Opt {
         Opt::EntryFile,
         Opt::Check,
         Opt::MetricsFile,
+        Opt::RuntimeSocket,
     ];
 
     fn from_long(name: &str) -> Option<Opt> {
@@ -452,6 +462,7 @@ impl Opt {
             Opt::EntryFile => "--entry-file",
             Opt::Check => "--check",
             Opt::MetricsFile => "--metrics-file",
+            Opt::RuntimeSocket => "--runtime-socket",
         }
     }
 
@@ -480,6 +491,7 @@ impl Opt {
             | Opt::EntryFile
             | Opt::Check
             | Opt::MetricsFile => &[Mode::Install],
+            Opt::RuntimeSocket => &[Mode::Install, Mode::Doctor],
             Opt::RemoveBinary => &[Mode::Uninstall],
             Opt::Force => &[Mode::Install, Mode::Uninstall],
         }
@@ -632,6 +644,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
         false,
         None,
     );
+    let mut runtime_socket = None;
     for item in given {
         let (opt, value) = match item {
             Given::Opt(opt, value) => (opt, value.unwrap_or_default()),
@@ -719,6 +732,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
             Opt::EntryFile => entry_file = Some(PathBuf::from(value)),
             Opt::Check => check = true,
             Opt::MetricsFile => metrics_file = Some(PathBuf::from(value)),
+            Opt::RuntimeSocket => runtime_socket = Some(PathBuf::from(value)),
             Opt::ServiceCidr => service_cidrs.push(
                 value
                     .parse()
@@ -738,6 +752,12 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
             if check && watch {
                 return Err(
                     "--check and --watch exclude each other: --check only looks".to_string()
+                );
+            }
+            if runtime_socket.is_some() && !check {
+                return Err(
+                    "--runtime-socket goes with --check: only the readiness check asks the runtime"
+                        .to_string(),
                 );
             }
             if metrics_file.is_some() && !watch {
@@ -765,6 +785,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                 force,
                 check,
                 metrics_file,
+                runtime_socket,
             };
             if mode == Mode::Install {
                 Command::Install(options)
@@ -813,6 +834,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                 service_cidrs,
                 format,
                 lock_timeout,
+                runtime_socket,
             })
         }
         Mode::Downgrade => Command::Downgrade {
@@ -982,6 +1004,18 @@ mod tests {
         match parse_words(&["--doctor"]) {
             Ok(Command::Doctor(options)) => assert_eq!(options.lock_timeout, DEFAULT_LOCK_TIMEOUT),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn runtime_socket_only_for_the_check() {
+        let err = parse_words(&["--install", "--runtime-socket", "/run/x.sock"]).unwrap_err();
+        assert!(err.msg.contains("goes with --check"), "{}", err.msg);
+        match parse_words(&["--install", "--check", "--runtime-socket=none"]) {
+            Ok(Command::Install(options)) => {
+                assert_eq!(options.runtime_socket, Some(PathBuf::from("none")))
+            }
+            _ => panic!("--runtime-socket with --check"),
         }
     }
 

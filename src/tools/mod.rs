@@ -7,3 +7,4 @@ pub mod downgrade;
 pub mod dump;
 pub mod install;
 pub mod restore;
+pub mod runtime;

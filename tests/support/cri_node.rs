@@ -562,7 +562,7 @@ fn plug_master(master: &str, subnet: &str, subnet6: &str) {
 
 /// Builds tests/cri-client once per test process, in its own target dir: its tonic stack
 /// must stay out of the plugin's dependency graph.
-fn cri_client_binary() -> PathBuf {
+pub fn cri_client_binary() -> PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY
         .get_or_init(|| {

@@ -14,13 +14,14 @@ mod sandboxes;
 mod stale_dels;
 mod store_health;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ipnetwork::IpNetwork;
 
 use crate::kernel::netns::NetnsUsers;
 use crate::tools::dump::Format;
-use finding::Report;
+use crate::tools::install;
+use finding::{Finding, Report, Severity};
 
 pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
 pub const DEFAULT_SERVICE_CIDR: &str = "10.96.0.0/12";
@@ -34,12 +35,15 @@ pub struct Options {
     pub service_cidrs: Vec<IpNetwork>,
     pub format: Format,
     pub lock_timeout: std::time::Duration,
+    /// The runtime's socket to ask what it loaded (`none`: do not ask), else the usual ones.
+    pub runtime_socket: Option<PathBuf>,
 }
 
 /// Returns the exit status: 0 clean or warnings only, 1 when any finding is an error.
 pub fn run(options: &Options) -> i32 {
     let mut report = Report::default();
     let node = conflists::read(&options.conf_dir, &mut report);
+    runtime_view(options, &mut report);
     primary_versions::check(&node.guards, &mut report);
     host::check_lower_links(&node.lower_links, &mut report);
     host::check_service_routes(&options.service_cidrs, &mut report);
@@ -87,5 +91,18 @@ pub fn run(options: &Options) -> i32 {
             1
         }
         _ => status,
+    }
+}
+
+/// What the runtime says it runs, beside what the files say: they differ until it reloads,
+/// and where it searches for plugins only it knows.
+fn runtime_view(options: &Options, report: &mut Report) {
+    let sockets = install::runtime_sockets(options.runtime_socket.as_deref(), Path::new("/"));
+    match install::runtime_view(&sockets) {
+        None => {}
+        Some(Ok(line)) => report.add(Finding::new(Severity::Ok, "cni-runtime", line)),
+        Some(Err((problem, fix))) => {
+            report.add(Finding::new(Severity::Error, "cni-runtime", problem).fix(fix))
+        }
     }
 }

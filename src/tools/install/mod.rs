@@ -14,6 +14,7 @@ mod leftovers;
 mod metrics;
 mod network;
 mod platform;
+mod readiness;
 mod waiting;
 mod watch;
 
@@ -25,6 +26,7 @@ use files::{Expect, Keep, original_of};
 use json::{Doc, Json};
 use network::{Found, Network, file_name};
 pub use platform::Platform;
+pub use readiness::{runtime_view, sockets as runtime_sockets};
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -43,6 +45,8 @@ pub struct Options {
     pub check: bool,
     /// The installer's own textfile for node_exporter (`--metrics-file`).
     pub metrics_file: Option<PathBuf>,
+    /// `--check`: the runtime's socket to ask (`none`: only the files), else the usual ones.
+    pub runtime_socket: Option<PathBuf>,
 }
 
 /// Why an install did not happen, as counted in the installer's metrics.
@@ -123,7 +127,9 @@ pub fn run_install(options: &Options) -> i32 {
         return watch::run(options);
     }
     if options.check {
-        return match check(options) {
+        let (source, verdict) = readiness::check(options);
+        println!("{source}");
+        return match verdict {
             Ok(lines) => {
                 lines.iter().for_each(|line| println!("{line}"));
                 0

@@ -21,6 +21,7 @@ const USAGE: &str = "usage: cri-client --socket PATH COMMAND
 commands:
   version
   status                      runtime and network readiness
+  info                        the verbose Status's info map (containerd: cniconfig, ...)
   run-pod --name N --namespace NS --uid U [--attempt A] [--log-dir DIR] [--cgroup-parent P]
   stop-pod ID
   remove-pod ID
@@ -126,6 +127,22 @@ async fn dispatch(socket: &str, command: &[String]) -> Result<Value, Failure> {
                 })
                 .collect();
             Ok(json!({"conditions": conditions}))
+        }
+        "info" => {
+            let status = client
+                .status(StatusRequest { verbose: true })
+                .await?
+                .into_inner();
+            // Values are JSON where the runtime wrote JSON (containerd's cniconfig).
+            let info: serde_json::Map<String, Value> = status
+                .info
+                .into_iter()
+                .map(|(k, v)| {
+                    let value = serde_json::from_str(&v).unwrap_or(Value::String(v));
+                    (k, value)
+                })
+                .collect();
+            Ok(Value::Object(info))
         }
         "run-pod" => {
             let flags = Flags::parse(rest)?;

@@ -1,0 +1,709 @@
+//! `--install --check` against a live containerd: the probe asks containerd's CRI Status what
+//! it loaded over its hand-written client, and its answer is compared with what containerd
+//! says it loaded to a generated gRPC client (tests/cri-client `info`, the tonic client
+//! cri_node.rs uses; `crictl info` prints the same map).
+//! containerd 1.6 is Debian's (as in cri_node.rs); 2.2 is the binary the real node caches
+//! under /var/cache/sg-node. Each runs as a private process with its state, socket and CNI
+//! dirs in a temp dir, no pod started: CRI Status is all the probe reads. The cases are the
+//! ones where the files and the runtime disagree: containerd's conf syncer reloads on writes,
+//! renames and removals in the conf dir and ignores creations, so a write to a symlink's
+//! target and a conf moved in from another dir stay unloaded; a bin dir containerd does not
+//! search; the guard not last; a broken conf that leaves containerd no network.
+
+#[path = "support/cni.rs"]
+mod cni;
+#[path = "support/cri_node.rs"]
+mod cri_node;
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const CONTAINERD_2: &str = "/var/cache/sg-node/bin/containerd-2.2.9/containerd";
+
+#[derive(Clone, Copy, Debug)]
+enum Version {
+    /// Debian's containerd 1.6 from PATH, CRI plugin `io.containerd.grpc.v1.cri`.
+    Debian16,
+    /// containerd 2.2, CRI's CNI settings under `io.containerd.cri.v1.runtime`.
+    V22,
+}
+
+impl Version {
+    fn binary(self) -> &'static str {
+        match self {
+            Version::Debian16 => "containerd",
+            Version::V22 => CONTAINERD_2,
+        }
+    }
+}
+
+/// True when the test may go on: root, this containerd, the reference plugins and protoc
+/// (for tests/cri-client) present (under CI=true a missing one fails, naming it).
+fn require(test: &str, version: Version) -> bool {
+    sys::require(
+        test,
+        true,
+        &[
+            version.binary(),
+            "/usr/lib/cni/bridge",
+            "/usr/lib/cni/portmap",
+            "protoc",
+        ],
+    )
+}
+
+/// A containerd whose CRI plugin reads `net.d` and searches `bin` for plugins.
+struct Containerd {
+    child: Child,
+    dir: sys::TempDir,
+    version: Version,
+}
+
+impl Containerd {
+    fn start(version: Version) -> Containerd {
+        let dir = sys::TempDir::new("sgready");
+        let root = dir.path.clone();
+        for sub in ["bin", "net.d", "elsewhere", "store"] {
+            fs::create_dir_all(root.join(sub)).unwrap();
+        }
+        fs::write(root.join("config.toml"), config(version, &root)).unwrap();
+        let log = fs::File::create(root.join("containerd.log")).unwrap();
+        let child = Command::new(version.binary())
+            .arg("--config")
+            .arg(root.join("config.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", version.binary()));
+        let node = Containerd {
+            child,
+            dir,
+            version,
+        };
+        node.wait_for("containerd serves CRI", |info| info.is_some());
+        node
+    }
+
+    fn root(&self) -> &Path {
+        &self.dir.path
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.root().join("containerd.sock")
+    }
+
+    /// The verbose CRI Status's info map, through the generated client: what containerd
+    /// says it loaded.
+    fn cri_info(&self) -> Option<Value> {
+        let out = Command::new("timeout")
+            .arg("30")
+            .arg(cri_node::cri_client_binary())
+            .arg("--socket")
+            .arg(self.socket())
+            .arg("info")
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).ok())
+            .flatten()
+    }
+
+    /// The plugin types of the network containerd gives pods (`eth0`), per containerd.
+    fn loaded_types(&self) -> Vec<String> {
+        self.cri_info()
+            .map(|info| eth0_types(&info))
+            .unwrap_or_default()
+    }
+
+    /// Waits (bounded) until containerd's own view satisfies `done`; a runtime that never
+    /// gets there fails the test with its log.
+    fn wait_for(&self, what: &str, done: impl Fn(Option<Value>) -> bool) {
+        let until = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < until {
+            if done(self.cri_info()) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!(
+            "{:?}: {what} did not happen; containerd's log:\n{}",
+            self.version,
+            fs::read_to_string(self.root().join("containerd.log")).unwrap_or_default()
+        );
+    }
+
+    fn wait_until_loaded(&self, types: &[&str]) {
+        self.wait_for(&format!("containerd loads {types:?}"), |info| {
+            info.is_some_and(|info| eth0_types(&info) == types)
+        });
+    }
+
+    /// `--install --check` asking this containerd (or only the files: `socket` "none").
+    fn check(&self, socket: &str, bin_dir: &Path) -> (bool, String) {
+        let socket = if socket == "none" {
+            "none".to_string()
+        } else {
+            self.socket().display().to_string()
+        };
+        let out = cni::guard(&[
+            "--install",
+            "--check",
+            "--conf-dir",
+            self.root().join("net.d").to_str().unwrap(),
+            "--bin-dir",
+            bin_dir.to_str().unwrap(),
+            "--runtime-socket",
+            &socket,
+        ]);
+        (out.status.success(), said(&out))
+    }
+
+    /// `--doctor` asking this containerd: its `cni-runtime` finding.
+    fn doctor_says(&self) -> String {
+        let out = cni::guard(&[
+            "--doctor",
+            "--conf-dir",
+            self.root().join("net.d").to_str().unwrap(),
+            "--runtime-socket",
+            self.socket().to_str().unwrap(),
+            "-o",
+            "json",
+        ]);
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("--doctor -o json: {e}: {}", said(&out)));
+        let found: Vec<String> = report["findings"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["check"] == "cni-runtime")
+            .map(|f| format!("{} {}", f["severity"], f["summary"]))
+            .collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "{:?}: one cni-runtime finding: {}",
+            self.version,
+            said(&out)
+        );
+        found[0].clone()
+    }
+
+    fn asked(&self) -> (bool, String) {
+        let said = self.check("asked", &self.root().join("bin"));
+        assert!(
+            said.1.starts_with(&format!(
+                "source: containerd CRI status ({})",
+                self.socket().display()
+            )),
+            "{:?}: the probe did not say it asked containerd: {}",
+            self.version,
+            said.1
+        );
+        said
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn said(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn eth0_types(info: &Value) -> Vec<String> {
+    info["cniconfig"]["Networks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["IFName"] == "eth0")
+        .map(|n| {
+            n["Config"]["Plugins"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| {
+                    p["Network"]["type"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What containerd's own view (through the generated client) says readiness is: the guard last, or first wrapping a
+/// primary, in the pods' network, and found in one of the dirs containerd searches.
+fn ready_per_containerd(info: &Value) -> bool {
+    let eth0 = info["cniconfig"]["Networks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["IFName"] == "eth0");
+    let Some(plugins) = eth0.and_then(|n| n["Config"]["Plugins"].as_array()) else {
+        return false;
+    };
+    let types: Vec<&str> = plugins
+        .iter()
+        .map(|p| p["Network"]["type"].as_str().unwrap_or_default())
+        .collect();
+    let delegates = |p: &Value| {
+        serde_json::from_str::<Value>(p["Source"].as_str().unwrap_or_default())
+            .is_ok_and(|s| s["delegate"]["type"].is_string())
+    };
+    let placed = (types.len() > 1 && types.last() == Some(&"sandbox-guard"))
+        || (types.first() == Some(&"sandbox-guard") && delegates(&plugins[0]));
+    let found = info["cniconfig"]["PluginDirs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .any(|d| Path::new(d).join("sandbox-guard").is_file());
+    placed && found
+}
+
+fn config(version: Version, root: &Path) -> String {
+    let r = root.display();
+    let common = format!(
+        r#"root = "{r}/root"
+state = "{r}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.erofs", "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing", "io.containerd.nri.v1.nri"]
+[grpc]
+  address = "{r}/containerd.sock"
+[ttrpc]
+  address = "{r}/containerd.sock.ttrpc"
+"#
+    );
+    match version {
+        Version::Debian16 => format!(
+            r#"version = 2
+{common}[plugins."io.containerd.internal.v1.opt"]
+  path = "{r}/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  restrict_oom_score_adj = true
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{r}/bin"
+    conf_dir = "{r}/net.d"
+    max_conf_num = 1
+"#
+        ),
+        Version::V22 => format!(
+            r#"version = 3
+{common}[plugins.'io.containerd.internal.v1.opt']
+  path = "{r}/opt"
+[plugins.'io.containerd.grpc.v1.cri']
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{r}/bin"]
+    conf_dir = "{r}/net.d"
+    max_conf_num = 1
+"#
+        ),
+    }
+}
+
+fn bridge() -> Value {
+    json!({"type": "bridge", "bridge": "sgready0", "ipam": {}})
+}
+
+fn guard() -> Value {
+    json!({"type": "sandbox-guard", "stateDir": "/var/lib/cni/sandbox-guard-readiness-test"})
+}
+
+fn conflist(plugins: Vec<Value>) -> String {
+    json!({"cniVersion": "1.0.0", "name": "pods", "plugins": plugins}).to_string()
+}
+
+fn link_plugins(dir: &Path) {
+    std::os::unix::fs::symlink("/usr/lib/cni/bridge", dir.join("bridge")).unwrap();
+    std::os::unix::fs::symlink("/usr/lib/cni/portmap", dir.join("portmap")).unwrap();
+    std::os::unix::fs::symlink(cni::BIN, dir.join("sandbox-guard")).unwrap();
+}
+
+/// Writes `text` to `file` through a temp file, as installers do.
+fn replace(file: &Path, text: &str) {
+    let tmp = file.with_extension("tmp-write");
+    fs::write(&tmp, text).unwrap();
+    fs::rename(&tmp, file).unwrap();
+}
+
+fn ready_where_containerd_loaded_the_guard(version: Version) {
+    let node = Containerd::start(version);
+    link_plugins(&node.root().join("bin"));
+    let file = node.root().join("net.d/10-pods.conflist");
+
+    replace(&file, &conflist(vec![bridge(), guard()]));
+    node.wait_until_loaded(&["bridge", "sandbox-guard"]);
+    let (ready, said) = node.asked();
+    assert!(
+        ready && said.contains("(chained, last)"),
+        "{version:?}: {said}"
+    );
+    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+
+    let mut wrapper = guard();
+    wrapper["delegate"] = bridge();
+    replace(&file, &conflist(vec![wrapper]));
+    node.wait_until_loaded(&["sandbox-guard"]);
+    let (ready, said) = node.asked();
+    assert!(
+        ready && said.contains("delegate, wrapping bridge"),
+        "{version:?}: {said}"
+    );
+    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+
+    // The guard in the list, not last: first on ADD, last on DEL, too late to refuse.
+    replace(
+        &file,
+        &conflist(vec![
+            bridge(),
+            guard(),
+            json!({"type": "portmap", "capabilities": {"portMappings": true}}),
+        ]),
+    );
+    node.wait_until_loaded(&["bridge", "sandbox-guard", "portmap"]);
+    let (ready, said) = node.asked();
+    assert!(
+        !ready && said.contains("neither the last plugin"),
+        "{version:?}: {said}"
+    );
+    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+
+    // A broken file sorting first: containerd's reload fails and leaves it no network.
+    replace(&file, &conflist(vec![bridge(), guard()]));
+    node.wait_until_loaded(&["bridge", "sandbox-guard"]);
+    replace(
+        &node.root().join("net.d/05-broken.conflist"),
+        "{\"plugins\": [",
+    );
+    node.wait_until_loaded(&[]);
+    let (ready, said) = node.asked();
+    assert!(
+        !ready && said.contains("has loaded no network") && said.contains("05-broken.conflist"),
+        "{version:?}: {said}"
+    );
+    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+}
+
+/// A write event in the conf dir: containerd's conf syncer reloads on writes, renames and
+/// removals, and ignores creations (a symlink made, a file moved in from another dir).
+fn nudge(node: &Containerd) {
+    let file = node.root().join("net.d/nudge.txt");
+    fs::write(&file, "reload").unwrap();
+    fs::remove_file(&file).unwrap();
+}
+
+/// The files probe says ready, containerd still runs the network without the guard, and
+/// the probe that asks containerd says not ready, as containerd's own answer does.
+fn files_say_ready_containerd_runs_no_guard(node: &Containerd, case: &str) {
+    let version = node.version;
+    let (files_ready, files_said) = node.check("none", &node.root().join("bin"));
+    assert!(files_ready, "{version:?}: {case}: {files_said}");
+    assert_eq!(
+        node.loaded_types(),
+        ["bridge"],
+        "{version:?}: {case}: containerd reloaded after all"
+    );
+    let (ready, said) = node.asked();
+    assert!(
+        !ready && said.contains("sandbox-guard is not among them"),
+        "{version:?}: {case}: {said}"
+    );
+    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    let doctor = node.doctor_says();
+    assert!(
+        doctor.contains("\"error\"") && doctor.contains("sandbox-guard is not among them"),
+        "{version:?}: {case}: {doctor}"
+    );
+}
+
+fn not_ready_where_containerd_runs_something_else(version: Version) {
+    let node = Containerd::start(version);
+    let bin = node.root().join("bin");
+    link_plugins(&bin);
+    let in_conf_dir = node.root().join("net.d/10-pods.conflist");
+    // The conf dir holds a symlink (as config-management tools leave it); containerd
+    // reloads on events in the conf dir, not on writes to the link's target.
+    let target = node.root().join("store/10-pods.conflist");
+    fs::write(&target, conflist(vec![bridge()])).unwrap();
+    std::os::unix::fs::symlink(&target, &in_conf_dir).unwrap();
+    nudge(&node);
+    node.wait_until_loaded(&["bridge"]);
+
+    replace(&target, &conflist(vec![bridge(), guard()]));
+    files_say_ready_containerd_runs_no_guard(&node, "the symlink's target names the guard");
+
+    // The guarded conf moved in over the unguarded one from another dir: to inotify that is
+    // a creation, which containerd does not reload on.
+    fs::remove_file(&in_conf_dir).unwrap();
+    fs::write(&in_conf_dir, conflist(vec![bridge()])).unwrap();
+    node.wait_until_loaded(&["bridge"]);
+    fs::write(&target, conflist(vec![bridge(), guard()])).unwrap();
+    fs::rename(&target, &in_conf_dir).unwrap();
+    files_say_ready_containerd_runs_no_guard(&node, "the moved-in file names the guard");
+    // The next event in the conf dir makes containerd load it: ready, by both views.
+    nudge(&node);
+    node.wait_until_loaded(&["bridge", "sandbox-guard"]);
+    let (ready, said) = node.asked();
+    assert!(ready, "{version:?}: {said}");
+    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+
+    // A bin dir containerd does not search: the guard and the primary copied there, the
+    // network guarded, and containerd's own bin dir without the guard.
+    let elsewhere = node.root().join("elsewhere");
+    link_plugins(&elsewhere);
+    fs::remove_file(bin.join("sandbox-guard")).unwrap();
+    fs::remove_file(node.root().join("net.d/10-pods.conflist")).unwrap();
+    replace(
+        &node.root().join("net.d/10-pods.conflist"),
+        &conflist(vec![bridge(), guard()]),
+    );
+    node.wait_until_loaded(&["bridge", "sandbox-guard"]);
+    let (files_ready, files_said) = node.check("none", &elsewhere);
+    assert!(
+        files_ready,
+        "{version:?}: the files and --bin-dir agree: {files_said}"
+    );
+    let (ready, said) = node.check("asked", &elsewhere);
+    assert!(
+        !ready && said.contains("in none of the dirs containerd searches"),
+        "{version:?}: {said}"
+    );
+    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+}
+
+#[test]
+fn containerd_16_ready_where_it_loaded_the_guard() {
+    if require(sys::test_name!(), Version::Debian16) {
+        ready_where_containerd_loaded_the_guard(Version::Debian16);
+    }
+}
+
+#[test]
+fn containerd_16_not_ready_where_it_runs_something_else() {
+    if require(sys::test_name!(), Version::Debian16) {
+        not_ready_where_containerd_runs_something_else(Version::Debian16);
+    }
+}
+
+#[test]
+fn containerd_22_ready_where_it_loaded_the_guard() {
+    if require(sys::test_name!(), Version::V22) {
+        ready_where_containerd_loaded_the_guard(Version::V22);
+    }
+}
+
+#[test]
+fn containerd_22_not_ready_where_it_runs_something_else() {
+    if require(sys::test_name!(), Version::V22) {
+        not_ready_where_containerd_runs_something_else(Version::V22);
+    }
+}
+
+/// A runtime that accepts and never answers: the probe gives up within its bound and reads
+/// the files, saying so.
+#[test]
+fn a_hung_runtime_falls_back_to_the_files() {
+    let dir = sys::TempDir::new("sghung");
+    let socket = dir.path.join("hung.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let conf = dir.path.join("net.d");
+    let bin = dir.path.join("bin");
+    fs::create_dir_all(&conf).unwrap();
+    fs::create_dir_all(&bin).unwrap();
+    let out = cni::guard(&[
+        "--install",
+        "--check",
+        "--conf-dir",
+        conf.to_str().unwrap(),
+        "--bin-dir",
+        bin.to_str().unwrap(),
+        "--runtime-socket",
+        socket.to_str().unwrap(),
+    ]);
+    drop(listener);
+    let said = said(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.starts_with(&format!("source: files ({}: ", socket.display()))
+            && said.contains("no answer within"),
+        "{said}"
+    );
+}
+
+/// An HTTP/2 frame, for the stand-in CRI-O below.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    out.extend([kind, flags]);
+    out.extend(stream.to_be_bytes());
+    out.extend(payload);
+    out
+}
+
+/// CRI-O does not run here. This stands in for its socket, answering as its source does
+/// (cmd/crio/main.go: gRPC and HTTP/1 on one listener): Status with `info` holding only
+/// `config` (server/runtime_status.go), and `GET /config` with the TOML of its running
+/// configuration (server/inspect.go, BurntSushi toml's encoder, tables indented two spaces).
+struct FakeCrio {
+    socket: PathBuf,
+    _serving: std::thread::JoinHandle<()>,
+}
+
+impl FakeCrio {
+    fn start(dir: &Path, conf_dir: &Path, plugin_dirs: &[&Path]) -> FakeCrio {
+        use std::io::{Read, Write};
+        let socket = dir.join("crio.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let dirs: Vec<String> = plugin_dirs
+            .iter()
+            .map(|d| format!("{:?}", d.display().to_string()))
+            .collect();
+        let toml = format!(
+            "[crio]\n  root = \"/var/lib/containers/storage\"\n  [crio.api]\n    listen = \"/var/run/crio/crio.sock\"\n  \
+             [crio.runtime]\n    default_runtime = \"crun\"\n  [crio.network]\n    cni_default_network = \"\"\n    \
+             network_dir = \"{}/\"\n    plugin_dirs = [{}]\n    cni_status_grace_period = \"0s\"\n  [crio.metrics]\n    \
+             enable_metrics = false\n",
+            conf_dir.display(),
+            dirs.join(", ")
+        );
+        let serving = std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                let answer = loop {
+                    let Ok(n) = stream.read(&mut buf) else {
+                        break None;
+                    };
+                    if n == 0 {
+                        break None;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    if got.starts_with(b"GET /config ") && got.ends_with(b"\r\n\r\n") {
+                        break Some(
+                            format!(
+                                "HTTP/1.0 200 OK\r\nContent-Type: application/toml\r\nContent-Length: {}\r\n\r\n{toml}",
+                                toml.len()
+                            )
+                            .into_bytes(),
+                        );
+                    }
+                    if got.starts_with(b"PRI * HTTP/2.0") && got.ends_with(&[0x08, 0x01]) {
+                        let config = r#"{"sandboxImage":"registry.k8s.io/pause:3.10","crio":{"default_runtime":"crun"}}"#;
+                        let mut entry = vec![0x0a, 6];
+                        entry.extend(b"config");
+                        entry.extend([0x12, config.len() as u8]);
+                        entry.extend(config.as_bytes());
+                        let mut message = vec![0x12, entry.len() as u8];
+                        message.extend(entry);
+                        let mut data = vec![0];
+                        data.extend((message.len() as u32).to_be_bytes());
+                        data.extend(message);
+                        let mut out = frame(4, 0, 0, &[]);
+                        out.extend(frame(1, 4, 1, &[0x88]));
+                        out.extend(frame(0, 0, 1, &data));
+                        out.extend(frame(1, 5, 1, &[0x40, 1, b'x', 1, b'0']));
+                        break Some(out);
+                    }
+                };
+                if let Some(answer) = answer {
+                    let _ = stream.write_all(&answer);
+                }
+            }
+        });
+        FakeCrio {
+            socket,
+            _serving: serving,
+        }
+    }
+}
+
+/// Where CRI-O answers, its network dir and plugin dirs are the ones checked, whatever
+/// --conf-dir and --bin-dir say.
+#[test]
+fn crio_is_asked_for_its_dirs() {
+    let dir = sys::TempDir::new("sgcrio");
+    let (conf, bin, other) = (
+        dir.path.join("net.d"),
+        dir.path.join("bin"),
+        dir.path.join("other"),
+    );
+    for d in [&conf, &bin, &other] {
+        fs::create_dir_all(d).unwrap();
+    }
+    link_plugins(&bin);
+    fs::write(
+        conf.join("10-pods.conflist"),
+        conflist(vec![bridge(), guard()]),
+    )
+    .unwrap();
+    let primaries = dir.path.join("primaries");
+    fs::create_dir_all(&primaries).unwrap();
+    let crio = FakeCrio::start(
+        &dir.path,
+        &conf,
+        &[&dir.path.join("missing"), &bin, &primaries],
+    );
+    let check = |conf_dir: &Path, bin_dir: &Path| {
+        let out = cni::guard(&[
+            "--install",
+            "--check",
+            "--conf-dir",
+            conf_dir.to_str().unwrap(),
+            "--bin-dir",
+            bin_dir.to_str().unwrap(),
+            "--runtime-socket",
+            crio.socket.to_str().unwrap(),
+        ]);
+        (out.status.success(), said(&out))
+    };
+    // The operator's flags point elsewhere; CRI-O's own dirs hold the guarded network.
+    let (ready, said) = check(&other, &other);
+    assert!(ready, "{said}");
+    assert!(
+        said.starts_with(&format!(
+            "source: CRI-O config (GET /config on {})",
+            crio.socket.display()
+        )),
+        "{said}"
+    );
+    // The primary in another of CRI-O's plugin dirs than the guard: CRI-O finds both.
+    fs::rename(bin.join("bridge"), primaries.join("bridge")).unwrap();
+    let (ready, said) = check(&conf, &bin);
+    assert!(ready && said.contains("CRI-O runs sandbox-guard"), "{said}");
+    // The guard in no dir CRI-O searches.
+    fs::remove_file(bin.join("sandbox-guard")).unwrap();
+    let (ready, said) = check(&conf, &bin);
+    assert!(
+        !ready && said.contains("in none of the dirs CRI-O searches"),
+        "{said}"
+    );
+}

@@ -37,7 +37,7 @@ const LOG: [&str; 2] = ["--log-file", "/var/log/sandbox-guard.log"];
 /// apply (a drop-in needs a .conflist that the runtime reads itself, not through multus)
 /// and a --network to give. Multus (thick and thin, as they write their files) is guarded
 /// in the cluster network it delegates to, multus's own file left alone.
-const CASES: [(&str, &str, &[&str], Option<&str>); 7] = [
+const CASES: [(&str, &str, &[&str], Option<&str>); 8] = [
     (
         "calico",
         "10-calico.conflist",
@@ -56,10 +56,11 @@ const CASES: [(&str, &str, &[&str], Option<&str>); 7] = [
         &["chained", "delegate", "dropin"],
         None,
     ),
+    ("macvlan-conf", "20-macvlan.conf", &["delegate"], None),
     (
-        "macvlan-conf",
-        "20-macvlan.conf",
-        &["chained", "delegate"],
+        "ovn-multus-thick",
+        "10-ovn-kubernetes.conf",
+        &["delegate"],
         None,
     ),
     (
@@ -87,22 +88,59 @@ struct Node {
 }
 
 impl Node {
+    /// A layout's conf dir (`conf`), or a whole host's tree (`host`, OpenShift's dirs).
     fn with(case: &str) -> Node {
         let node = Node {
             dir: sys::TempDir::new("sginst"),
         };
+        if testdata::fixture_path("install")
+            .join(case)
+            .join("host")
+            .is_dir()
+        {
+            std::fs::create_dir_all(node.dir.path.join("host")).unwrap();
+            copy_fixture(&format!("install/{case}/host"), &node.dir.path.join("host"));
+            stub_plugins(&node.dir.path.join("host"), &node.bin());
+            return node;
+        }
         std::fs::create_dir_all(node.conf()).unwrap();
         copy_fixture(&format!("install/{case}/conf"), &node.conf());
         stub_plugins(&node.conf(), &node.bin());
         node
     }
 
+    /// The host's root, for a layout that is a whole host's tree.
+    fn host(&self) -> Option<PathBuf> {
+        Some(self.dir.path.join("host")).filter(|h| h.is_dir())
+    }
+
     fn conf(&self) -> std::path::PathBuf {
-        self.dir.path.join("net.d")
+        match self.host() {
+            Some(host) => host.join("etc/kubernetes/cni/net.d"),
+            None => self.dir.path.join("net.d"),
+        }
     }
 
     fn bin(&self) -> std::path::PathBuf {
-        self.dir.path.join("bin")
+        match self.host() {
+            Some(host) => host.join("var/lib/cni/bin"),
+            None => self.dir.path.join("bin"),
+        }
+    }
+
+    /// `--host-root` for a host's tree.
+    fn host_args(&self) -> Vec<String> {
+        self.host()
+            .map(|h| vec!["--host-root".to_string(), h.display().to_string()])
+            .unwrap_or_default()
+    }
+
+    /// `run` with the node's host root.
+    fn run(&self, mode: &str, extra: &[&str]) -> std::process::Output {
+        let host = self.host_args();
+        let mut args: Vec<&str> = host.iter().map(String::as_str).collect();
+        args.extend_from_slice(extra);
+        run(mode, &self.conf(), &self.bin(), &args)
     }
 
     fn args<'a>(mode: Option<&'a str>, network: Option<&'a str>) -> Vec<&'a str> {
@@ -248,11 +286,12 @@ fn the_binary_is_copied_once_and_removed_only_when_asked() {
         "uninstall without --remove-binary removed the binary"
     );
     node.install("chained", None);
+    let root = private_root(&node);
     run_ok(
         "--uninstall",
         &node.conf(),
         &node.bin(),
-        &["--remove-binary"],
+        &["--remove-binary", "--host-root", &root],
     );
     assert!(!binary.exists());
     assert_eq!(
@@ -331,16 +370,11 @@ fn bad_input_is_refused_and_nothing_is_written() {
     std::fs::write(&file, text).unwrap();
     refused(&inlined, &["--mode", "dropin"], "loadOnlyInlinedPlugins");
 
-    let converted_over = Node::with("macvlan-conf");
-    std::fs::write(
-        converted_over.conf().join("20-macvlan.conflist"),
-        "{\"name\":\"other\",\"plugins\":[{\"type\":\"x\"}]}",
-    )
-    .unwrap();
+    // A single plugin's file is never converted (its owner and others name it by path).
     refused(
-        &converted_over,
-        &["--network", "macvlan-net"],
-        "exists with other content",
+        &Node::with("macvlan-conf"),
+        &["--mode", "chained"],
+        "use --mode delegate, which wraps the plugin in place",
     );
 }
 
@@ -739,9 +773,9 @@ fn a_network_the_guard_cannot_run_in_is_refused_and_nothing_is_written() {
     let stderr = stderr_of(&out);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains(
-            "none of network k8s-pod-network's plugins (calico, calico-ipam, portmap, bandwidth)"
-        ) && stderr.contains("--platform"),
+        stderr.contains("network k8s-pod-network names plugins the runtime cannot find in")
+            && stderr.contains("calico, calico-ipam, portmap, bandwidth")
+            && stderr.contains("--platform"),
         "{stderr}"
     );
     assert_eq!(tree(&node.dir.path), before);
@@ -884,7 +918,7 @@ fn several_networks_guard_the_one_the_runtime_loads_and_say_so() {
 
 /// `--install --check` on a node: ready or not, and what it said.
 fn check(node: &Node) -> (bool, String) {
-    let out = run("--install", &node.conf(), &node.bin(), &["--check"]);
+    let out = node.run("--install", &["--check"]);
     (
         out.status.success(),
         format!(
@@ -926,11 +960,12 @@ fn uninstall_leaves_nothing_that_names_the_guard() {
                 node.install(mode, network);
                 reinline_master(&node.conf());
             }
+            let root = private_root(&node);
             let out = run(
                 "--uninstall",
                 &node.conf(),
                 &node.bin(),
-                &["--remove-binary"],
+                &["--remove-binary", "--host-root", &root],
             );
             assert!(out.status.success(), "{when}: {}", stderr_of(&out));
             assert_eq!(
@@ -1248,11 +1283,13 @@ fn ready_only_where_the_runtime_runs_the_guard() {
     assert_eq!(tree(&node.dir.path), before);
 }
 
-/// The network a runtime loads from `conf`, found the test's own way: the lexically first
-/// file that parses, or for multus the master file it delegates to (thick: the file its
-/// clusterNetwork names; thin: the first file not named 00-multus*).
-fn loaded_network(conf: &Path) -> Option<(PathBuf, serde_json::Value)> {
-    let parsed: Vec<(PathBuf, serde_json::Value)> = install::network_files(conf)
+/// The network a runtime loads from the node's conf dir, found the test's own way: the
+/// lexically first file that parses, or for multus the master file it delegates to (thick:
+/// the file its clusterNetwork names, under the host's root for a host's tree; thin: the
+/// first file not named 00-multus*).
+fn loaded_network(node: &Node) -> Option<(PathBuf, serde_json::Value)> {
+    let conf = node.conf();
+    let parsed: Vec<(PathBuf, serde_json::Value)> = install::network_files(&conf)
         .into_iter()
         .filter_map(|f| {
             serde_json::from_slice(&std::fs::read(&f).ok()?)
@@ -1266,38 +1303,61 @@ fn loaded_network(conf: &Path) -> Option<(PathBuf, serde_json::Value)> {
         .and_then(|p| p.get(0))
         .unwrap_or(&first)
         .clone();
-    let multus_target = match first_plugin["type"].as_str() {
-        Some("multus-shim") => Some(
-            first_plugin["clusterNetwork"]
-                .as_str()?
-                .rsplit('/')
-                .next()?
-                .to_string(),
-        ),
-        Some("multus") => parsed
-            .iter()
-            .map(|(f, _)| f.file_name().unwrap().to_string_lossy().into_owned())
-            .find(|n| !n.starts_with("00-multus")),
-        _ => None,
+    let target = match first_plugin["type"].as_str() {
+        Some("multus-shim") => {
+            let path = first_plugin["clusterNetwork"].as_str()?;
+            match node.host() {
+                Some(host) => host.join(path.trim_start_matches("/host/")),
+                None => conf.join(path.rsplit('/').next()?),
+            }
+        }
+        Some("multus") => parsed.iter().map(|(f, _)| f.clone()).find(|f| {
+            !f.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("00-multus")
+        })?,
+        _ => return Some((file, first)),
     };
-    match multus_target {
-        Some(name) => parsed
-            .into_iter()
-            .find(|(f, _)| f.file_name().unwrap().to_string_lossy() == name),
-        None => Some((file, first)),
-    }
+    let value = serde_json::from_slice(&std::fs::read(&target).ok()?).ok()?;
+    Some((target, value))
+}
+
+/// The files multus's config names by path (its cluster network, its readiness indicator):
+/// none may ever go missing, whatever the installer did.
+fn named_by_path(node: &Node) -> Vec<PathBuf> {
+    let Some(file) = install::network_files(&node.conf()).into_iter().next() else {
+        return Vec::new();
+    };
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(&std::fs::read(&file).unwrap())
+    else {
+        return Vec::new();
+    };
+    ["clusterNetwork", "readinessindicatorfile"]
+        .into_iter()
+        .filter_map(|key| value[key].as_str())
+        .filter(|path| path.starts_with('/'))
+        .map(|path| match node.host() {
+            Some(host) => host.join(path.trim_start_matches("/host/")),
+            None => node.conf().join(path.rsplit('/').next().unwrap()),
+        })
+        .collect()
 }
 
 /// Asks of a node what the readiness probe must never get wrong: when it says ready, the
-/// network the runtime loads names the guard, every plugin it names is in the bin dir, and
-/// its version is one the guard speaks.
+/// network the runtime loads names the guard last (chained) or first (delegate), every
+/// plugin it names is in the bin dir, and its version is one the guard speaks. And, ready
+/// or not, no file another component names by path is missing.
 fn ready_means_runnable(node: &Node, when: &str) {
+    for file in named_by_path(node) {
+        assert!(file.is_file(), "{when}: {} is gone", file.display());
+    }
     let (ready, said) = check(node);
     if !ready {
         return;
     }
-    let (file, net) = loaded_network(&node.conf())
-        .unwrap_or_else(|| panic!("{when}: ready without a network: {said}"));
+    let (file, net) =
+        loaded_network(node).unwrap_or_else(|| panic!("{when}: ready without a network: {said}"));
     let version = net["cniVersion"].as_str().unwrap_or("0.1.0");
     assert!(
         speaks(version),
@@ -1310,8 +1370,17 @@ fn ready_means_runnable(node: &Node, when: &str) {
         .and_then(|p| p.as_array())
         .cloned()
         .unwrap_or_else(|| vec![net.clone()]);
-    for plugin in &plugins {
-        for plugin in [Some(plugin), plugin.get("delegate")].into_iter().flatten() {
+    for (i, plugin) in plugins.iter().enumerate() {
+        let guard = plugin["type"] == "sandbox-guard";
+        if guard && plugin.get("delegate").is_none() {
+            assert_eq!(
+                i + 1,
+                plugins.len(),
+                "{when}: ready, but the guard is not last"
+            );
+        }
+        let wrapped = plugin.get("delegate").filter(|_| guard);
+        for plugin in [Some(plugin), wrapped].into_iter().flatten() {
             names.extend(
                 [plugin["type"].as_str(), plugin["ipam"]["type"].as_str()]
                     .into_iter()
@@ -1320,12 +1389,8 @@ fn ready_means_runnable(node: &Node, when: &str) {
             );
         }
     }
-    let dropin = node
-        .conf()
-        .join(net["name"].as_str().unwrap_or_default())
-        .join("sandbox-guard.conf");
     assert!(
-        names.iter().any(|n| n == "sandbox-guard") || dropin.is_file(),
+        names.iter().any(|n| n == "sandbox-guard"),
         "{when}: ready, but {} does not name the guard",
         file.display()
     );
@@ -1338,23 +1403,57 @@ fn ready_means_runnable(node: &Node, when: &str) {
     }
 }
 
+/// The guard's entry in the loaded network, changed by `change`.
+fn edit_guard_entry(node: &Node, change: impl Fn(&mut serde_json::Value)) -> bool {
+    let Some((file, mut net)) = loaded_network(node) else {
+        return false;
+    };
+    let mut changed = false;
+    if net["type"] == "sandbox-guard" {
+        change(&mut net);
+        changed = true;
+    }
+    for plugin in net["plugins"].as_array_mut().into_iter().flatten() {
+        if plugin["type"] == "sandbox-guard" {
+            change(plugin);
+            changed = true;
+        }
+    }
+    std::fs::write(&file, serde_json::to_vec_pretty(&net).unwrap()).unwrap();
+    changed
+}
+
 #[test]
 fn no_layout_ends_ready_with_a_network_the_runtime_cannot_run() {
-    // Every layout of testdata/install, as it is and broken three ways (a version the guard
-    // cannot speak, a bin dir without the primary's plugins, one plugin missing), through
-    // every mode and an uninstall: the probe never says ready where the runtime would fail.
+    // Every layout of testdata/install, as it is and broken five ways (a version the guard
+    // cannot speak, a bin dir without the primary's plugins, one plugin missing, an entry
+    // key the plugin rejects, the guard moved off the end), through every mode and an
+    // uninstall: the probe never says ready where the runtime would fail, and no file
+    // another component names by path ever goes missing.
+    // Failed before this change on OVN-Kubernetes under multus thick (its .conf converted
+    // away), OpenShift's layout, a bad entry key and a guard not last.
     let layouts: Vec<String> = std::fs::read_dir(testdata::fixture_path("install"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert!(layouts.len() >= 6, "{layouts:?}");
+    assert!(layouts.len() >= 10, "{layouts:?}");
     for layout in &layouts {
-        for damage in ["none", "version", "empty-bin", "missing-plugin"] {
+        for damage in [
+            "none",
+            "version",
+            "empty-bin",
+            "missing-plugin",
+            "bad-entry",
+            "not-last",
+        ] {
             for mode in ["chained", "delegate", "dropin"] {
                 let when = format!("{layout}, damage {damage}, {mode}");
                 let node = Node::with(layout);
                 match damage {
-                    "version" => set_version(&node.conf(), Some("2.0.0")),
+                    "version" => {
+                        let (file, _) = loaded_network(&node).unwrap();
+                        set_version(file.parent().unwrap(), Some("2.0.0"));
+                    }
                     "empty-bin" => {
                         std::fs::remove_dir_all(node.bin()).unwrap();
                         std::fs::create_dir_all(node.bin()).unwrap();
@@ -1362,15 +1461,14 @@ fn no_layout_ends_ready_with_a_network_the_runtime_cannot_run() {
                     "missing-plugin" => {
                         let stub = std::fs::read_dir(node.bin())
                             .unwrap()
-                            .next()
-                            .unwrap()
-                            .unwrap()
-                            .path();
+                            .map(|e| e.unwrap().path())
+                            .find(|p| !p.ends_with(".keep"))
+                            .unwrap();
                         std::fs::remove_file(stub).unwrap();
                     }
                     _ => {}
                 }
-                let out = run("--install", &node.conf(), &node.bin(), &["--mode", mode]);
+                let out = node.run("--install", &["--mode", mode]);
                 if damage == "version" || damage == "empty-bin" {
                     assert_eq!(
                         out.status.code(),
@@ -1380,16 +1478,51 @@ fn no_layout_ends_ready_with_a_network_the_runtime_cannot_run() {
                     );
                 }
                 ready_means_runnable(&node, &when);
-                if damage == "none" && out.status.success() {
+                // Multus thin pods run its own copy, guarded only once it re-inlines.
+                if damage == "none" && out.status.success() && layout == "multus-thin" {
+                    reinline_master(&node.conf());
+                }
+                if damage == "none" && out.status.success() && mode != "dropin" {
                     assert!(
                         check(&node).0,
                         "{when}: installed but not ready: {}",
                         check(&node).1
                     );
                 }
-                run_ok("--uninstall", &node.conf(), &node.bin(), &[]);
+                let damaged = match damage {
+                    "bad-entry" => edit_guard_entry(&node, |e| e["staleDel"] = "Audit".into()),
+                    "not-last" => {
+                        let (file, mut net) = loaded_network(&node).unwrap();
+                        let moved = net["plugins"].as_array_mut().is_some_and(|plugins| {
+                            let last = plugins.len() - 1;
+                            let guard = plugins[last]["type"] == "sandbox-guard" && last > 0;
+                            if guard {
+                                plugins.swap(0, last);
+                            }
+                            guard
+                        });
+                        std::fs::write(&file, serde_json::to_vec_pretty(&net).unwrap()).unwrap();
+                        moved
+                    }
+                    _ => false,
+                };
+                if damaged {
+                    assert!(!check(&node).0, "{when}: ready: {}", check(&node).1);
+                }
+                ready_means_runnable(&node, &format!("{when}, damaged"));
+                let out = node.run("--uninstall", &[]);
+                assert!(out.status.success(), "{when}: {}", stderr_of(&out));
                 ready_means_runnable(&node, &format!("{when}, uninstalled"));
                 assert!(!check(&node).0, "{when}: ready after the uninstall");
+                for file in named_by_path(&node) {
+                    assert!(
+                        !std::fs::read_to_string(&file)
+                            .unwrap()
+                            .contains("sandbox-guard"),
+                        "{when}: {} names the guard after the uninstall",
+                        file.display()
+                    );
+                }
             }
         }
     }
@@ -1587,6 +1720,8 @@ fn naming_multus_cluster_network_is_the_runtimes_network() {
         "{}",
         stderr_of(&out)
     );
+    // Ready once multus thin's own copy has the guard too.
+    reinline_master(&node.conf());
     assert!(check(&node).0, "{}", check(&node).1);
 }
 
@@ -1773,13 +1908,511 @@ fn uninstall_removes_the_temp_files_of_a_killed_installer() {
     .unwrap();
     // Another writer's dotfile is not the installer's to remove.
     std::fs::write(node.conf().join(".calico-install.tmp"), b"theirs").unwrap();
+    let root = private_root(&node);
     run_ok(
         "--uninstall",
         &node.conf(),
         &node.bin(),
-        &["--remove-binary"],
+        &["--remove-binary", "--host-root", &root],
     );
     assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
     assert_eq!(traces_of_the_guard(&node.bin()), Vec::<String>::new());
     assert!(node.conf().join(".calico-install.tmp").exists());
+}
+
+/// Entry keys the plugin rejects, each with the key an operator must see named.
+const BAD_ENTRIES: [(&str, &str, &str); 5] = [
+    (r#"{"staleDel":"Audit"}"#, "chained", "staleDel"),
+    (r#"{"ipConflict":true}"#, "chained", "ipConflict"),
+    (
+        r#"{"lockTimeoutSeconds":900}"#,
+        "chained",
+        "lockTimeoutSeconds",
+    ),
+    (r#"{"stateDir":"var/lib/sg"}"#, "chained", "stateDir"),
+    (
+        r#"{"podLockTimeoutSeconds":10}"#,
+        "delegate",
+        "podLockTimeoutSeconds",
+    ),
+];
+
+#[test]
+fn an_entry_the_plugin_rejects_is_refused_kept_out_and_not_ready() {
+    // Fails before this change: every one was written to the network (every ADD then
+    // failing) and the probe said ready.
+    for (keys, mode, key) in BAD_ENTRIES {
+        let node = Node::with("calico");
+        let before = tree(&node.dir.path);
+        let out = run(
+            "--install",
+            &node.conf(),
+            &node.bin(),
+            &["--mode", mode, "--entry", keys],
+        );
+        let said = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(1), "{keys}: {said}");
+        assert!(
+            said.contains(key) && said.contains("nothing written"),
+            "{keys}: {said}"
+        );
+        assert_eq!(
+            tree(&node.dir.path),
+            before,
+            "{keys}: a refused entry wrote"
+        );
+
+        // Written by hand, the probe fails on it, naming the key.
+        node.install(mode, None);
+        assert!(check(&node).0, "{keys}: {}", check(&node).1);
+        let file = node.conf().join("10-calico.conflist");
+        let mut list: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        let extra: serde_json::Value = serde_json::from_str(keys).unwrap();
+        for plugin in list["plugins"].as_array_mut().unwrap() {
+            if plugin["type"] == "sandbox-guard" {
+                for (k, v) in extra.as_object().unwrap() {
+                    plugin[k] = v.clone();
+                }
+            }
+        }
+        std::fs::write(&file, serde_json::to_vec_pretty(&list).unwrap()).unwrap();
+        let (ready, said) = check(&node);
+        assert!(!ready && said.contains(key), "{keys}: {said}");
+    }
+}
+
+#[test]
+fn the_watch_keeps_the_last_good_entry_when_the_configmap_goes_bad() {
+    // Fails before this change: the bad key reached the network at the next look.
+    let node = Node::with("calico");
+    let keys = node.dir.path.join("entry.json");
+    std::fs::write(&keys, r#"{"staleDel":"audit"}"#).unwrap();
+    let file = node.conf().join("10-calico.conflist");
+    let watcher = Watcher::start_with(
+        &node,
+        "chained",
+        &["--entry-file", keys.to_str().unwrap()],
+        "installed",
+    );
+    std::fs::write(&keys, r#"{"staleDel":"Audit"}"#).unwrap();
+    primary_rewrites(
+        &file,
+        &testdata::fixture_bytes("install/calico/conf/10-calico.conflist"),
+    );
+    watcher.wait_for("staleDel", Duration::from_secs(5));
+    watcher.wait_for("re-inserted", Duration::from_secs(5));
+    let list: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let entry = list["plugins"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(entry["staleDel"], "audit", "{entry}");
+    let out = run(
+        "--install",
+        &node.conf(),
+        &node.bin(),
+        &["--check", "--entry-file", keys.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("staleDel"));
+    assert_eq!(watcher.terminate().code(), Some(0));
+}
+
+fn inode(file: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(file).unwrap().ino()
+}
+
+#[test]
+fn a_single_plugin_file_multus_names_is_wrapped_in_place_never_converted() {
+    // Fails before this change: chained converted 10-ovn-kubernetes.conf into a .conflist
+    // and removed the .conf multus thick names as its cluster network (every pod ADD then
+    // failed), and delegate did the same.
+    let node = Node::with("ovn-multus-thick");
+    let ovn = node.conf().join("10-ovn-kubernetes.conf");
+    let before = tree(&node.dir.path);
+    let out = node.run("--install", &["--mode", "chained"]);
+    let said = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("multus")
+            && said.contains("--mode delegate")
+            && said.contains("nothing written"),
+        "{said}"
+    );
+    assert_eq!(tree(&node.dir.path), before, "a refused install wrote");
+
+    // Delegate: the .conf stays a one-plugin .conf, written in place (same inode: a
+    // watcher of that path sees a write, never a removal).
+    let ino = inode(&ovn);
+    let watcher = PathWatcher::new(&ovn);
+    node.install("delegate", None);
+    assert_eq!(inode(&ovn), ino, "the file was replaced, not written");
+    watcher.saw_a_write_only();
+    assert_matches_fixture(
+        &node.conf(),
+        "install/ovn-multus-thick/delegate",
+        "installed",
+    );
+    assert!(check(&node).0, "{}", check(&node).1);
+    // ovnkube-node writes its file again: wrapped again, in place.
+    primary_rewrites(
+        &ovn,
+        &testdata::fixture_bytes("install/ovn-multus-thick/conf/10-ovn-kubernetes.conf"),
+    );
+    let ino = inode(&ovn);
+    node.install("delegate", None);
+    assert_eq!(inode(&ovn), ino);
+    assert_matches_fixture(
+        &node.conf(),
+        "install/ovn-multus-thick/delegate",
+        "re-installed",
+    );
+    let watcher = PathWatcher::new(&ovn);
+    node.uninstall(None);
+    assert_eq!(inode(&ovn), ino, "the uninstall replaced the file");
+    watcher.saw_a_write_only();
+    assert_matches_fixture(&node.conf(), "install/ovn-multus-thick/conf", "uninstalled");
+}
+
+#[test]
+fn openshift_keeps_ovns_file_and_multus_readiness_indicator() {
+    // Fails before this change: the cluster network outside the conf dir was not found, and
+    // the refusal's advice (--conf-dir /run/multus/cni/net.d) converted OVN's .conf, which
+    // is also multus's readiness indicator file, away.
+    let node = Node::with("openshift");
+    let host = node.host().unwrap();
+    let ovn = host.join("run/multus/cni/net.d/10-ovn-kubernetes.conf");
+    let platform = |extra: &[&str]| {
+        let mut args = vec![
+            "--platform",
+            "openshift",
+            "--host-root",
+            host.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        cni::guard(&args)
+    };
+    let before = tree(&node.dir.path);
+    for extra in [
+        &["--install", "--mode", "chained"][..],
+        &[
+            "--install",
+            "--mode",
+            "chained",
+            "--conf-dir",
+            ovn.parent().unwrap().to_str().unwrap(),
+        ],
+    ] {
+        let out = platform(extra);
+        let said = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {said}");
+        assert!(said.contains("--mode delegate"), "{extra:?}: {said}");
+        assert_eq!(
+            tree(&node.dir.path),
+            before,
+            "{extra:?}: a refused install wrote"
+        );
+    }
+    let ino = inode(&ovn);
+    let out = platform(&["--install", "--mode", "delegate"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(inode(&ovn), ino);
+    let wrapped: serde_json::Value = serde_json::from_slice(&std::fs::read(&ovn).unwrap()).unwrap();
+    assert_eq!(wrapped["type"], "sandbox-guard", "{wrapped}");
+    assert_eq!(
+        wrapped["delegate"]["type"], "ovn-k8s-cni-overlay",
+        "{wrapped}"
+    );
+    assert!(host.join("var/lib/cni/bin/sandbox-guard").is_file());
+    let out = platform(&["--install", "--check"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = platform(&["--uninstall"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(inode(&ovn), ino);
+    assert_eq!(
+        std::fs::read(&ovn).unwrap(),
+        testdata::fixture_bytes(
+            "install/openshift/host/run/multus/cni/net.d/10-ovn-kubernetes.conf"
+        )
+    );
+    assert!(!platform(&["--install", "--check"]).status.success());
+}
+
+/// A k3s node as it is since k3s's data/cni: containerd's bin_dir holds absolute links
+/// into data/<hash>/bin, where the release's multi-call `cni` and its relative links are.
+fn k3s_host(root: &Path) {
+    let conf = root.join("var/lib/rancher/k3s/agent/etc/cni/net.d");
+    std::fs::create_dir_all(&conf).unwrap();
+    copy_fixture("install/k3s/conf", &conf);
+    let data = root.join("var/lib/rancher/k3s/data");
+    let release = data.join("3d1f7b5e0c9a/bin");
+    std::fs::create_dir_all(&release).unwrap();
+    std::fs::create_dir_all(data.join("cni")).unwrap();
+    std::fs::write(release.join("cni"), b"").unwrap();
+    for plugin in [
+        "bandwidth",
+        "bridge",
+        "flannel",
+        "host-local",
+        "loopback",
+        "portmap",
+    ] {
+        std::os::unix::fs::symlink("cni", release.join(plugin)).unwrap();
+        std::os::unix::fs::symlink(
+            "/var/lib/rancher/k3s/data/3d1f7b5e0c9a/bin/cni",
+            data.join("cni").join(plugin),
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn k3s_data_cni_gets_the_binary_and_its_links_resolve_under_the_host_root() {
+    // Fails before this change: the binary went into data/<hash>/bin, where containerd
+    // (bin_dir data/cni) never looks, and the probe said ready.
+    let dir = sys::TempDir::new("sgk3s");
+    let host = dir.path.join("host");
+    k3s_host(&host);
+    let root = host.to_str().unwrap();
+    let out = cni::guard(&["--install", "--platform", "auto", "--host-root", root]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let runtime_bin = host.join("var/lib/rancher/k3s/data/cni");
+    assert!(runtime_bin.join("sandbox-guard").is_file());
+    assert!(
+        !host
+            .join("var/lib/rancher/k3s/data/3d1f7b5e0c9a/bin/sandbox-guard")
+            .exists()
+    );
+    let out = cni::guard(&[
+        "--install",
+        "--check",
+        "--platform",
+        "k3s",
+        "--host-root",
+        root,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // The links name the host's paths: resolved under the host root, not this one's.
+    let out = cni::guard(&[
+        "--install",
+        "--check",
+        "--host-root",
+        root,
+        "--conf-dir",
+        host.join("var/lib/rancher/k3s/agent/etc/cni/net.d")
+            .to_str()
+            .unwrap(),
+        "--bin-dir",
+        runtime_bin.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn a_partial_plugin_set_is_refused_and_a_drop_in_is_not_ready_from_files() {
+    // Fails before this change: one plugin of the network missing from the bin dir (the
+    // runtime looks elsewhere) was written anyway; a drop-in was ready whatever the runtime.
+    let node = Node::with("calico");
+    std::fs::remove_file(node.bin().join("portmap")).unwrap();
+    let before = tree(&node.dir.path);
+    let out = node.run("--install", &[]);
+    let said = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("portmap") && said.contains("nothing written"),
+        "{said}"
+    );
+    assert_eq!(tree(&node.dir.path), before);
+
+    let node = Node::with("calico");
+    node.install("dropin", None);
+    let (ready, said) = check(&node);
+    assert!(!ready && said.contains("drop-in"), "{said}");
+}
+
+/// `--host-root` for an uninstall that must not see this machine's own caches: a root
+/// with an empty /var/lib/cni.
+fn private_root(node: &Node) -> String {
+    let root = node.dir.path.join("root");
+    std::fs::create_dir_all(root.join("var/lib/cni")).unwrap();
+    root.display().to_string()
+}
+
+#[test]
+fn remove_binary_keeps_it_while_a_cached_attachment_names_the_guard() {
+    // Fails before this change: the binary went, and the DEL of every pod attached through
+    // the guard (CRI-O and multus replay the cached config) failed to find the plugin.
+    let node = Node::with("calico");
+    node.install("chained", None);
+    let root = private_root(&node);
+    let binary = node.bin().join("sandbox-guard");
+    let config = std::fs::read(node.conf().join("10-calico.conflist")).unwrap();
+    let encoded = {
+        let mut child = Command::new("base64")
+            .arg("-w0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), &config).unwrap();
+        String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
+    };
+    let results = Path::new(&root).join("var/lib/cni/results");
+    std::fs::create_dir_all(&results).unwrap();
+    let cached = results.join("k8s-pod-network-4f1c2a-eth0");
+    std::fs::write(
+        &cached,
+        format!(r#"{{"kind":"cniCacheV1","containerId":"4f1c2a","config":"{encoded}","ifName":"eth0","networkName":"k8s-pod-network"}}"#),
+    )
+    .unwrap();
+    let multus = Path::new(&root).join("var/lib/cni/multus");
+    std::fs::create_dir_all(&multus).unwrap();
+    std::fs::write(
+        multus.join("9e8d7c"),
+        br#"{"cniVersion":"0.3.1","name":"k8s-pod-network","plugins":[{"type":"calico"},{"type":"sandbox-guard"}]}"#,
+    )
+    .unwrap();
+    let said = run_ok(
+        "--uninstall",
+        &node.conf(),
+        &node.bin(),
+        &["--remove-binary", "--host-root", &root],
+    );
+    assert!(binary.exists(), "{said}");
+    assert!(
+        said.contains("kept") && said.contains("2 cached attachment"),
+        "{said}"
+    );
+    assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
+    std::fs::remove_file(&cached).unwrap();
+    std::fs::remove_file(multus.join("9e8d7c")).unwrap();
+    run_ok(
+        "--uninstall",
+        &node.conf(),
+        &node.bin(),
+        &["--remove-binary", "--host-root", &root],
+    );
+    assert!(!binary.exists());
+}
+
+#[test]
+fn uninstall_takes_the_guard_out_of_cilium_backups() {
+    // Fails before this change: cilium's exclusive mode had renamed the guarded file to
+    // .cilium_bak, the uninstall left it naming the guard, and cilium puts it back.
+    let node = Node::with("calico");
+    node.install("chained", None);
+    let calico = node.conf().join("10-calico.conflist");
+    std::fs::rename(&calico, node.conf().join("10-calico.conflist.cilium_bak")).unwrap();
+    copy_fixture("install/cilium-chaining/conf", &node.conf());
+    node.uninstall(None);
+    assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
+    assert_eq!(
+        std::fs::read(node.conf().join("10-calico.conflist.cilium_bak")).unwrap(),
+        testdata::fixture_bytes("install/calico/conf/10-calico.conflist"),
+        "the backup is not calico's own bytes"
+    );
+}
+
+#[test]
+fn multus_thins_own_copy_without_the_guard_is_not_ready() {
+    // Fails before this change: upstream's multus thin (no --cleanup-config-on-exit) never
+    // re-reads the master file, so pods ran its inlined copy unguarded, and the probe said
+    // ready.
+    for mode in ["chained", "delegate"] {
+        let node = Node::with("multus-thin");
+        node.install(mode, None);
+        let (ready, said) = check(&node);
+        assert!(
+            !ready && said.contains("multus (thin) runs its own copy") && said.contains("Restart"),
+            "{mode}: {said}"
+        );
+        // Multus inlines the guarded master again (restarted, or with its watch loop).
+        reinline_master(&node.conf());
+        let (ready, said) = check(&node);
+        assert!(ready, "{mode}: {said}");
+    }
+}
+
+#[test]
+fn an_uninstall_waits_for_the_watch_to_stand_down_and_stays_done() {
+    // Fails before this change: the uninstall exited 0 and the live watch put everything
+    // back within its settling pause.
+    let node = Node::with("calico");
+    let watcher = Watcher::start(&node, "chained");
+    let said = node.uninstall(None);
+    assert!(said.contains("took sandbox-guard out"), "{said}");
+    watcher.wait_for("standing down", Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
+    assert_eq!(
+        contents(&node.conf()),
+        contents(&testdata::fixture_path("install/calico/conf"))
+    );
+    // The primary writes its file again: the watch that stood down stays down.
+    primary_rewrites(
+        &node.conf().join("10-calico.conflist"),
+        &testdata::fixture_bytes("install/calico/conf/10-calico.conflist"),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
+    assert_eq!(watcher.terminate().code(), Some(0));
+    // A later install (a new DaemonSet) runs as usual.
+    node.install("chained", None);
+    assert!(check(&node).0, "{}", check(&node).1);
+}
+
+/// An inotify watch on one file, as multus's config watch and readiness check hold one.
+struct PathWatcher {
+    inotify: nix::sys::inotify::Inotify,
+}
+
+impl PathWatcher {
+    fn new(file: &Path) -> PathWatcher {
+        use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK).unwrap();
+        inotify
+            .add_watch(
+                file,
+                AddWatchFlags::IN_MODIFY
+                    | AddWatchFlags::IN_CLOSE_WRITE
+                    | AddWatchFlags::IN_DELETE_SELF
+                    | AddWatchFlags::IN_MOVE_SELF
+                    | AddWatchFlags::IN_IGNORED,
+            )
+            .unwrap();
+        PathWatcher { inotify }
+    }
+
+    /// The watcher saw the file written, and never removed, moved or replaced.
+    fn saw_a_write_only(&self) {
+        use nix::sys::inotify::AddWatchFlags;
+        let mut seen = AddWatchFlags::empty();
+        while let Ok(events) = self.inotify.read_events() {
+            if events.is_empty() {
+                break;
+            }
+            events.iter().for_each(|e| seen |= e.mask);
+        }
+        let gone =
+            AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF | AddWatchFlags::IN_IGNORED;
+        assert!(
+            !seen.intersects(gone),
+            "the watcher saw the file go: {seen:?}"
+        );
+        assert!(
+            seen.contains(AddWatchFlags::IN_MODIFY),
+            "no write seen: {seen:?}"
+        );
+    }
 }

@@ -122,12 +122,14 @@ Usage: sandbox-guard --install [options]
 Copies this binary into the bin dir (skipped when the same bytes are there) and puts
 sandbox-guard into the network the runtime runs: the one file in the conf dir that the
 runtime loads (libcni's order: the lexically first .conflist, .conf or .json that parses),
-or the network --network names; for multus, the cluster network it delegates to. Refuses
-a network at a cniVersion the plugin does not speak, and a bin dir that holds none of the
-network's plugins. A single-plugin .conf becomes a .conflist; the primary's
-own bytes are kept beside as FILE.sandbox-guard-orig for --uninstall. Writes only what
-differs (a second run writes nothing), each file through a temp file renamed into place,
-keeping its mode. An error writes nothing.
+or the network --network names; for multus, the cluster network it delegates to (wherever
+its clusterNetwork path is). Refuses a network at a cniVersion the plugin does not speak, a
+bin dir missing any of the network's plugins, and an entry key the plugin would reject.
+A single-plugin .conf is never converted: delegate wraps it in place, chained is refused.
+The primary's own bytes are kept beside as FILE.sandbox-guard-orig for --uninstall. Writes
+only what differs (a second run writes nothing), each file through a temp file renamed into
+place, keeping its mode; a single-plugin file, or one multus names by path, is written in
+place (a watcher of that path sees a write, not a removal). An error writes nothing.
 
 Options:
       --mode chained|delegate|dropin
@@ -175,9 +177,9 @@ Usage: sandbox-guard --uninstall [options]
 
 Takes sandbox-guard out of every network file that names it: a chained entry removed, a
 wrapped primary put back in its place, every drop-in and every kept original deleted; the
-primary's file gets back the bytes it had before the install (a converted .conf returns as
-the .conf; a .conf the primary wrote again stays, and the converted list goes). The binary
-stays unless asked.
+primary's file gets back the bytes it had before the install (a .conf converted by an
+older release returns as the .conf; a .conf the primary wrote again stays, and the
+converted list goes). The binary stays unless asked.
 
 Options:
       --conf-dir DIR           CNI config dir (default /etc/cni/net.d)

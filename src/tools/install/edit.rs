@@ -78,9 +78,12 @@ impl Entry {
     /// The entry to write, built on `current` (the one there now or last seen).
     pub fn json(&self, current: Option<&Json>) -> Result<Json, String> {
         let mut pairs: Vec<(String, Json)> = match current {
+            // A single plugin's wrapper carries the network's name and version: not the
+            // operator's keys (libcni sets both on every entry of a list).
             Some(Json::Object(pairs)) => pairs
                 .iter()
                 .filter(|(k, _)| !RESERVED_KEYS.contains(&k.as_str()))
+                .filter(|(k, _)| k != "cniVersion" && k != "name")
                 .cloned()
                 .collect(),
             _ => Vec::new(),
@@ -121,6 +124,49 @@ impl Entry {
         }
         Ok(Json::Object(pairs))
     }
+}
+
+/// Why the plugin would reject the guard's entry in `list`, parsed as the plugin parses what
+/// the runtime hands it (the entry with the list's name and cniVersion): every ADD fails on
+/// an entry it rejects, so nothing is written with one. Each key is tried alone first, so
+/// the answer names the key whatever the parser says.
+pub fn entry_problem(list: &Json) -> Option<String> {
+    let entry = plugins(list).iter().find(|p| is_guard(p))?;
+    let Json::Object(pairs) = entry else {
+        return Some("the guard's entry is not a JSON object".to_string());
+    };
+    let conf = |pairs: &[(String, Json)]| -> Result<(), String> {
+        let mut all: Vec<(String, Json)> = ["cniVersion", "name"]
+            .into_iter()
+            .filter_map(|k| Some((k.to_string(), list.get(k)?.clone())))
+            .collect();
+        all.extend(
+            pairs
+                .iter()
+                .filter(|(k, _)| k != "cniVersion" && k != "name")
+                .cloned(),
+        );
+        let bytes = serde_json::to_vec(&Json::Object(all)).map_err(|e| e.to_string())?;
+        crate::cni::config::NetConf::parse(&bytes)
+            .map(|_| ())
+            .map_err(|e| e.msg)
+    };
+    for pair in pairs
+        .iter()
+        .filter(|(k, _)| !["type", "delegate", "capabilities"].contains(&k.as_str()))
+    {
+        if let Err(msg) = conf(std::slice::from_ref(pair)) {
+            let value = serde_json::to_string(&pair.1).unwrap_or_default();
+            return Some(format!(
+                "the entry's key {:?} ({}) is one the plugin rejects: {msg}",
+                pair.0,
+                crate::names::shorten(&value)
+            ));
+        }
+    }
+    conf(pairs)
+        .err()
+        .map(|msg| format!("the plugin rejects the guard's entry: {msg}"))
 }
 
 /// The guard's entry in a list (chained, or the wrapper of a delegate), without the
@@ -228,6 +274,25 @@ pub fn upconvert(plugin: &Json) -> Json {
     ));
     pairs.push(("plugins", Json::Array(vec![plugin.clone()])));
     Json::object(pairs)
+}
+
+/// A list of one plugin as a single plugin's file holds it: the plugin with the list's
+/// cniVersion and name, which libcni's upconversion gives back.
+pub fn single_of(list: &Json) -> Json {
+    let Some(Json::Object(plugin)) = plugins(list).first() else {
+        return list.clone();
+    };
+    let mut pairs: Vec<(String, Json)> = ["cniVersion", "name"]
+        .into_iter()
+        .filter_map(|k| Some((k.to_string(), list.get(k)?.clone())))
+        .collect();
+    pairs.extend(
+        plugin
+            .iter()
+            .filter(|(k, _)| k != "cniVersion" && k != "name")
+            .cloned(),
+    );
+    Json::Object(pairs)
 }
 
 /// `list` (already stripped) with `entry` put in for `mode` (chained or delegate).

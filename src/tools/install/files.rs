@@ -46,7 +46,6 @@ pub fn write_atomic(target: &Path, bytes: &[u8], keep: Keep) -> io::Result<()> {
 pub enum Expect<'a> {
     /// Whatever it holds (a file only the installer writes).
     Any,
-    Absent,
     Bytes(&'a [u8]),
 }
 
@@ -54,7 +53,6 @@ impl Expect<'_> {
     pub fn holds(&self, file: &Path) -> bool {
         match (self, fs::read(file)) {
             (Expect::Any, _) => true,
-            (Expect::Absent, Err(e)) => e.kind() == io::ErrorKind::NotFound,
             (Expect::Bytes(expected), Ok(now)) => now == *expected,
             _ => false,
         }
@@ -102,12 +100,6 @@ pub fn write_atomic_if(
         };
         match expect {
             Expect::Any => fs::rename(&temp, target).map(|()| true),
-            Expect::Absent => match rename2(&temp, target, nix::libc::RENAME_NOREPLACE) {
-                Ok(()) => Ok(true),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-                Err(e) if unsupported(&e) => fs::rename(&temp, target).map(|()| true),
-                Err(e) => Err(e),
-            },
             Expect::Bytes(_) => match rename2(&temp, target, nix::libc::RENAME_EXCHANGE) {
                 Ok(()) if expect.holds(&temp) => Ok(true),
                 Ok(()) => {
@@ -131,6 +123,32 @@ pub fn write_atomic_if(
         return Ok(true);
     }
     Ok(false)
+}
+
+/// Writes `bytes` into `target` itself, same inode, if it still holds what `expect` says:
+/// for a file others watch by path, which a rename over it would read as removed. It never
+/// reads as anything but JSON: the new bytes go over the old in one write, padded with
+/// spaces to the old length (trailing whitespace is valid JSON), and only then is the file
+/// cut to the new length. One write of a config this size (under a page) is not seen half
+/// done by a reader on Linux's page cache.
+pub fn write_in_place_if(target: &Path, bytes: &[u8], expect: &Expect) -> io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let file = OpenOptions::new().write(true).open(target)?;
+    if !expect.holds(target) {
+        return Ok(false);
+    }
+    let old_len = file.metadata()?.len();
+    let mut padded = bytes.to_vec();
+    if (padded.len() as u64) < old_len {
+        padded.resize(old_len as usize, b' ');
+    }
+    file.write_all_at(&padded, 0)?;
+    file.sync_all()?;
+    if (bytes.len() as u64) < old_len {
+        file.set_len(bytes.len() as u64)?;
+        file.sync_all()?;
+    }
+    Ok(true)
 }
 
 /// A new temp file beside the target. The pid alone does not name it: in a container the
@@ -187,7 +205,7 @@ pub fn is_installer_temp(name: &str) -> bool {
     !tag.is_empty() && tag_ok && ours
 }
 
-/// renameat2(2) with `flags` (RENAME_EXCHANGE, RENAME_NOREPLACE), by system call: libc
+/// renameat2(2) with `flags` (RENAME_EXCHANGE), by system call: libc
 /// wrappers for it are not in every libc a static build may use.
 fn rename2(from: &Path, to: &Path, flags: std::ffi::c_uint) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;

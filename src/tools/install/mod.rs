@@ -8,7 +8,9 @@
 
 mod edit;
 mod files;
+mod handover;
 mod json;
+mod leftovers;
 mod metrics;
 mod network;
 mod platform;
@@ -62,6 +64,8 @@ pub enum Reason {
     Changing,
     /// A file owner that reverts each insert.
     Fight,
+    /// An entry key the plugin would reject.
+    Entry,
     Io,
 }
 
@@ -74,6 +78,7 @@ impl Reason {
             Reason::Conflict => "conflict",
             Reason::Changing => "changing",
             Reason::Fight => "fight",
+            Reason::Entry => "entry",
             Reason::Io => "io",
         }
     }
@@ -152,7 +157,12 @@ pub fn run_install(options: &Options) -> i32 {
 }
 
 pub fn run_uninstall(options: &Options) -> i32 {
-    report(uninstall(options), "not installed: nothing changed")
+    let outcome = if options.conf_dir.is_dir() {
+        handover::while_no_watch_runs(&options.conf_dir, &options.bin_dir, || uninstall(options))
+    } else {
+        uninstall(options)
+    };
+    report(outcome, "not installed: nothing changed")
 }
 
 fn report(outcome: Result<Vec<String>, String>, unchanged: &str) -> i32 {
@@ -231,17 +241,17 @@ pub fn runnable(options: &Options) -> Result<Found, Failure> {
             ),
         ));
     }
-    let types = network::plugin_types(net);
-    if !types.is_empty() && !types.iter().any(|t| options.bin_dir.join(t).is_file()) {
+    let missing = missing_plugins(options, net);
+    if !missing.is_empty() {
         return Err(Failure::new(
             Reason::BinDir,
             format!(
-                "none of network {}'s plugins ({}) is in {}: the runtime looks for plugins elsewhere, and would not find \
-                 sandbox-guard there either; give the runtime's plugin dir with --bin-dir, or --platform (gke: \
-                 /home/kubernetes/bin, openshift: /var/lib/cni/bin, k3s: /var/lib/rancher/k3s/data/<hash>/bin)",
+                "network {} names plugins the runtime cannot find in {}: {}; if the runtime looks elsewhere it \
+                 would not find sandbox-guard there either: give the runtime's plugin dir with --bin-dir, or \
+                 --platform (gke: /home/kubernetes/bin, openshift: /var/lib/cni/bin, k3s: /var/lib/rancher/k3s/data/cni)",
                 net.name,
-                types.join(", "),
-                options.bin_dir.display()
+                options.bin_dir.display(),
+                missing.join(", ")
             ),
         ));
     }
@@ -259,6 +269,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         notes,
         warnings,
         via_multus,
+        named_by,
         ..
     } = runnable(options)?;
     let dropin = options.conf_dir.join(&net.name).join(DROPIN_FILE);
@@ -268,11 +279,14 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
     let list = net.list();
     let current_entry =
         edit::guard_entry(&list).or_else(|| dropin_doc.as_ref().map(|d| d.root.clone()));
-    let entry = options
-        .entry
-        .json(current_entry.as_ref().or(remembered))
-        .map_err(|msg| Failure::new(Reason::Conflict, msg))?;
     let mut warnings = warnings;
+    let entry = checked_entry(
+        options,
+        &list,
+        current_entry.as_ref(),
+        remembered,
+        &mut warnings,
+    )?;
     warnings.extend(no_journal_warning(options, Some(&entry)));
     let mut out = Installed {
         notes,
@@ -301,14 +315,14 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
             ));
         }
         check_dropin(&net, &dropin)?;
-        if files::install_binary(&options.bin_dir)? {
+        if files::install_binary(&bin_dir(options))? {
             done.push(format!(
                 "copied the binary to {}",
-                options.bin_dir.join(edit::GUARD_TYPE).display()
+                bin_dir(options).join(edit::GUARD_TYPE).display()
             ));
         }
         if edit::has_guard(&net.doc.root) {
-            restore(&net, &edit::strip(&net.doc.root), done)?;
+            restore(&net, &edit::strip(&net.doc.root), named_by.as_deref(), done)?;
         }
         let wanted = Doc::new(entry);
         if !dropin_doc.is_some_and(|doc| doc.root.same_as(&wanted.root)) {
@@ -325,80 +339,188 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         return Ok(out);
     }
 
-    let wanted = edit::insert(&edit::strip(&list), options.mode, &entry);
-    let target = if net.single {
-        net.file.with_extension("conflist")
-    } else {
-        net.file.clone()
-    };
-    out.file = target.clone();
-    let mut target_had: Option<Vec<u8>> = None;
-    if net.single {
-        // Ours from an earlier conversion, or nobody's: anything else is not ours to replace.
-        if let Ok(bytes) = std::fs::read(&target) {
-            let ours = Doc::parse(&bytes).is_ok_and(|d| {
-                d.root.get("name") == wanted.get("name") && edit::has_guard(&d.root)
-            });
-            if !ours {
-                return Err(Failure::new(
-                    Reason::Conflict,
-                    format!(
-                        "{} must become {} to hold a list, and that file exists with other content",
-                        file_name(&net.file),
-                        file_name(&target)
-                    ),
-                ));
-            }
-            target_had = Some(bytes);
-        }
-    }
-    if files::install_binary(&options.bin_dir)? {
-        done.push(format!(
-            "copied the binary to {}",
-            options.bin_dir.join(edit::GUARD_TYPE).display()
+    if net.single && options.mode == Mode::Chained {
+        return Err(Failure::new(
+            Reason::Conflict,
+            format!(
+                "{} holds a single plugin: chained mode would have to turn it into a .conflist, removing a file {}; \
+                 use --mode delegate, which wraps the plugin in place and keeps the file",
+                net.file.display(),
+                named_by.as_deref().map_or_else(
+                    || "its owner writes again at its next start".to_string(),
+                    |who| format!("that {who}")
+                )
+            ),
         ));
     }
-    if net.single || !wanted.same_as(&net.doc.root) {
+    let wanted = edit::insert(&edit::strip(&list), options.mode, &entry);
+    // A single plugin stays one: the guard takes its place in its own file.
+    let wanted = if net.single {
+        edit::single_of(&wanted)
+    } else {
+        wanted
+    };
+    out.file = net.file.clone();
+    if files::install_binary(&bin_dir(options))? {
+        done.push(format!(
+            "copied the binary to {}",
+            bin_dir(options).join(edit::GUARD_TYPE).display()
+        ));
+    }
+    if !wanted.same_as(&net.doc.root) {
         let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
         // The primary's own bytes, for --uninstall: kept each time the primary wrote them.
         if !edit::has_guard(&list) {
             let original = original_of(&net.file);
             files::write_atomic(&original, &net.bytes, keep).map_err(io_err("write", &original))?;
         }
-        let expect = if net.single {
-            target_had.as_deref().map_or(Expect::Absent, Expect::Bytes)
+        let bytes = net.doc.with_root(wanted).render();
+        let expect = Expect::Bytes(&net.bytes);
+        let written = if in_place(&net, named_by.as_deref()) {
+            files::write_in_place_if(&net.file, &bytes, &expect)
         } else {
-            Expect::Bytes(&net.bytes)
-        };
-        let renamed =
-            files::write_atomic_if(&target, &net.doc.with_root(wanted).render(), keep, &expect)
-                .map_err(io_err("write", &target))?;
-        if !renamed {
-            return Err(changed(&target));
+            files::write_atomic_if(&net.file, &bytes, keep, &expect)
         }
-        if net.single {
-            // Only now: until the list is in place the runtime keeps reading the plugin.
-            // A plugin file the primary rewrote meanwhile stays: the next round converts it.
-            if !Expect::Bytes(&net.bytes).holds(&net.file) {
-                return Err(changed(&net.file));
-            }
-            files::remove(&net.file).map_err(io_err("remove", &net.file))?;
-            done.push(format!(
-                "converted {} into {} with sandbox-guard ({})",
-                file_name(&net.file),
-                target.display(),
-                options.mode.name()
-            ));
-        } else {
-            done.push(format!(
-                "put sandbox-guard into {} ({})",
-                target.display(),
-                options.mode.name()
-            ));
+        .map_err(io_err("write", &net.file))?;
+        if !written {
+            return Err(changed(&net.file));
         }
+        done.push(format!(
+            "put sandbox-guard into {} ({})",
+            net.file.display(),
+            options.mode.name()
+        ));
     }
     remove_dropin(&dropin, done)?;
     Ok(out)
+}
+
+/// A chained guard runs only if it is the last plugin (the first on DEL): anywhere else
+/// the plugins after it see a stale DEL before it can refuse it.
+fn first_on_del(net: &Network) -> Result<(), Failure> {
+    let list = net.list();
+    let plugins = edit::plugins(&list);
+    let last = plugins.len().saturating_sub(1);
+    let chained = plugins.iter().enumerate().find(|(_, p)| {
+        p.get("type").and_then(Json::as_str) == Some(edit::GUARD_TYPE)
+            && p.get("delegate").is_none()
+    });
+    match chained {
+        Some((i, _)) if i != last => Err(Failure::new(
+            Reason::Conflict,
+            format!(
+                "sandbox-guard is plugin {} of {} in {}, not the last: the plugins after it get a stale DEL before it \
+                 can refuse it; run --install again to put it last",
+                i + 1,
+                plugins.len(),
+                file_name(&net.file)
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Multus thin runs its own inlined copy of the network: the guard counts only once it is
+/// there too.
+fn multus_copy_guarded(found: &Found) -> Result<(), Failure> {
+    match &found.multus_copy {
+        Some((file, copy)) if !edit::names_guard_anywhere(copy) => Err(Failure::new(
+            Reason::Network,
+            format!(
+                "multus (thin) runs its own copy of {} inlined in {}, made when it started, and that copy has no \
+                 sandbox-guard: pods are not guarded. Restart multus's pod on this node (it inlines the file again), \
+                 or run multus thin with --cleanup-config-on-exit, which re-reads the file every second",
+                file_name(&found.net.file),
+                file_name(file)
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Files do not say whether the runtime loads drop-ins (libcni 1.3: containerd 2.1+, CRI-O
+/// 1.33+; older ones ignore them and run the network unguarded): reading files alone, a
+/// drop-in is never ready. Asking the runtime what it loaded can say more.
+fn dropin_unknown(net: &Network, dropin: &Path) -> Failure {
+    Failure::new(
+        Reason::Network,
+        format!(
+            "sandbox-guard is only in the drop-in {}, which only libcni 1.3 runtimes (containerd 2.1+, CRI-O 1.33+) \
+             load into network {}: the files do not say which runtime runs; use --mode chained or delegate, or \
+             let the probe ask the runtime",
+            dropin.display(),
+            net.name
+        ),
+    )
+}
+
+/// The bin dir as the host resolves it (k3s's `data/current` is an absolute link).
+fn bin_dir(options: &Options) -> std::path::PathBuf {
+    network::host_dir(&options.host_root, &options.bin_dir)
+}
+
+/// The network's plugins the runtime would not find in the bin dir.
+fn missing_plugins(options: &Options, net: &Network) -> Vec<String> {
+    network::plugin_types(net)
+        .into_iter()
+        .filter(|t| !network::plugin_found(&options.bin_dir, &options.host_root, t))
+        .collect()
+}
+
+/// Whether the network's file is written in place (same inode, never renamed over): a
+/// primary's single-plugin file, or one another component names by path. A watcher of
+/// that path (multus's readiness indicator, its config watch) reads a rename over it as
+/// the file going away, and multus then deletes its own config and exits; an in-place
+/// write reads as a write.
+fn in_place(net: &Network, named_by: Option<&str>) -> bool {
+    net.single || named_by.is_some()
+}
+
+/// The list as the runtime would hand the entry to the plugin, for `edit::entry_problem`.
+fn with_entry(list: &Json, mode: Mode, entry: &Json) -> Json {
+    let mode = if mode == Mode::Delegate {
+        Mode::Delegate
+    } else {
+        Mode::Chained
+    };
+    edit::insert(&edit::strip(list), mode, entry)
+}
+
+/// The entry to write, refused (naming the key) when the plugin would reject it. A watch
+/// keeps the entry it last wrote instead: a bad ConfigMap must not take the guard out of
+/// the network the primary rewrites meanwhile; its probe says not ready until it is fixed.
+fn checked_entry(
+    options: &Options,
+    list: &Json,
+    current: Option<&Json>,
+    remembered: Option<&Json>,
+    warnings: &mut Vec<String>,
+) -> Result<Json, Failure> {
+    let entry = options
+        .entry
+        .json(current.or(remembered))
+        .map_err(|msg| Failure::new(Reason::Entry, msg))?;
+    let Some(problem) = edit::entry_problem(&with_entry(list, options.mode, &entry)) else {
+        return Ok(entry);
+    };
+    let good = current
+        .into_iter()
+        .chain(remembered)
+        .find(|last| edit::entry_problem(&with_entry(list, options.mode, last)).is_none());
+    match good {
+        Some(last) if options.watch => {
+            warnings.push(format!(
+                "{problem}; the last good entry stays: fix the key in --entry or --entry-file (the ConfigMap)"
+            ));
+            Ok(last.clone())
+        }
+        _ => Err(Failure::new(
+            Reason::Entry,
+            format!(
+                "{problem}: every ADD would fail; fix the key in --entry or --entry-file (the ConfigMap)"
+            ),
+        )),
+    }
 }
 
 /// The readiness check: the guard is in the network the runtime loads (or, for multus,
@@ -412,9 +534,11 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
     }
     let dropin = options.conf_dir.join(&net.name).join(DROPIN_FILE);
     let place = if edit::has_guard(&net.list()) {
+        first_on_del(net)?;
+        multus_copy_guarded(&found)?;
         format!("in {}", file_name(&net.file))
     } else if dropin.is_file() && !net.single {
-        format!("in the drop-in {} (libcni 1.3 runtimes)", dropin.display())
+        return Err(dropin_unknown(net, &dropin));
     } else {
         return Err(Failure::new(
             Reason::Network,
@@ -425,10 +549,8 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
             ),
         ));
     };
-    let missing: Vec<String> = network::plugin_types(net)
-        .into_iter()
-        .filter(|t| !options.bin_dir.join(t).is_file())
-        .collect();
+    entry_ready(options, net, &dropin)?;
+    let missing = missing_plugins(options, net);
     if !missing.is_empty() {
         return Err(Failure::new(
             Reason::BinDir,
@@ -440,7 +562,7 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
             ),
         ));
     }
-    let binary = options.bin_dir.join(edit::GUARD_TYPE);
+    let binary = bin_dir(options).join(edit::GUARD_TYPE);
     let this = std::env::current_exe()
         .and_then(std::fs::read)
         .map_err(|e| format!("cannot read this binary: {e}"))?;
@@ -490,6 +612,49 @@ fn no_journal_warning(options: &Options, entry: Option<&Json>) -> Option<String>
         )),
         PowerCut::Journaled | PowerCut::Unknown => None,
     }
+}
+
+/// Not ready while the entry the runtime hands the plugin, or the one the installer is told
+/// to write, is one the plugin rejects.
+fn entry_ready(options: &Options, net: &Network, dropin: &Path) -> Result<(), Failure> {
+    let list = net.list();
+    let (in_place, mode) = match edit::guard_entry(&list) {
+        Some(entry) => (Some(entry), None),
+        None => {
+            let doc = std::fs::read(dropin).ok().map(|b| Doc::parse(&b));
+            match doc {
+                Some(Ok(doc)) => (Some(doc.root), Some(Mode::Chained)),
+                Some(Err(e)) => {
+                    return Err(Failure::new(
+                        Reason::Entry,
+                        format!("the drop-in {} does not parse: {e}", dropin.display()),
+                    ));
+                }
+                None => (None, None),
+            }
+        }
+    };
+    let guarded = match mode {
+        Some(mode) => in_place.as_ref().map(|e| with_entry(&list, mode, e)),
+        None => Some(list.clone()),
+    };
+    if let Some(problem) = guarded.as_ref().and_then(edit::entry_problem) {
+        return Err(Failure::new(
+            Reason::Entry,
+            format!("{problem}: every ADD fails"),
+        ));
+    }
+    let told = options
+        .entry
+        .json(in_place.as_ref())
+        .map_err(|msg| Failure::new(Reason::Entry, msg))?;
+    if let Some(problem) = edit::entry_problem(&with_entry(&list, options.mode, &told)) {
+        return Err(Failure::new(
+            Reason::Entry,
+            format!("{problem}; the installed entry stays until the key is fixed"),
+        ));
+    }
+    Ok(())
 }
 
 /// For `--doctor`, which knows no bin dir and checks each guarded network's version on its
@@ -579,10 +744,22 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
         remove_binary(options, &mut done)?;
         return Ok(done);
     }
-    let scan = network::scan(&options.conf_dir)?;
+    let mut networks = network::scan(&options.conf_dir)?.networks;
+    // The file the runtime's network names by path, wherever it is (multus thick's cluster
+    // network outside the conf dir), is written in place.
+    let (mut named, mut named_by) = (None, None);
+    if let Ok(found) = network::find(&options.conf_dir, None, &options.host_root) {
+        if found.named_by.is_some() {
+            named = Some(found.net.file.clone());
+            named_by = found.named_by.clone();
+        }
+        if !networks.iter().any(|n| n.file == found.net.file) {
+            networks.push(found.net);
+        }
+    }
     // Held until the files are rewritten: no replay starts on a store being left.
     let mut _replays = Vec::new();
-    for net in &scan.networks {
+    for net in &networks {
         _replays.push(waiting::refuse_leaving_delegate(
             net,
             None,
@@ -591,10 +768,13 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             &mut done,
         )?);
     }
-    for net in &scan.networks {
+    for net in &networks {
         let list = net.list();
+        let named_by = named_by
+            .as_deref()
+            .filter(|_| named.as_ref() == Some(&net.file));
         if edit::has_guard(&list) {
-            restore(net, &edit::strip(&list), &mut done)?;
+            restore(net, &edit::strip(&list), named_by, &mut done)?;
         } else if edit::names_guard_anywhere(&net.doc.root) {
             let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
             let stripped = net.doc.with_root(edit::strip_anywhere(&net.doc.root));
@@ -606,6 +786,7 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             ));
         }
     }
+    leftovers::strip_backups(&options.conf_dir, &mut done)?;
     for entry in std::fs::read_dir(&options.conf_dir)
         .map_err(io_err("read", &options.conf_dir))?
         .flatten()
@@ -646,6 +827,25 @@ fn remove_binary(options: &Options, done: &mut Vec<String>) -> Result<(), String
             }
         }
         let binary = options.bin_dir.join(edit::GUARD_TYPE);
+        // A pod attached through the guard is torn down through it: its DEL would fail to
+        // find the plugin and the pod would never go.
+        let cached = leftovers::cached_attachments(&options.host_root);
+        if !cached.is_empty() && binary.exists() {
+            let shown: Vec<String> = cached
+                .iter()
+                .take(3)
+                .map(|p| p.display().to_string())
+                .collect();
+            done.push(format!(
+                "kept {}: {} cached attachment(s) still name sandbox-guard ({}{}), and their DEL runs it; \
+                 run --uninstall --remove-binary again once those pods are gone",
+                binary.display(),
+                cached.len(),
+                shown.join(", "),
+                if cached.len() > shown.len() { ", ..." } else { "" }
+            ));
+            return Ok(());
+        }
         if files::remove(&binary).map_err(io_err("remove", &binary))? {
             done.push(format!("removed {}", binary.display()));
         }
@@ -655,7 +855,12 @@ fn remove_binary(options: &Options, done: &mut Vec<String>) -> Result<(), String
 
 /// Writes the list without the guard: the primary's own bytes when the kept original says
 /// the same (a converted plugin goes back to its own file), else the stripped list.
-fn restore(net: &Network, stripped: &Json, done: &mut Vec<String>) -> Result<(), String> {
+fn restore(
+    net: &Network,
+    stripped: &Json,
+    named_by: Option<&str>,
+    done: &mut Vec<String>,
+) -> Result<(), String> {
     let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
     let kept = |file: &Path| -> Option<Vec<u8>> {
         let bytes = std::fs::read(original_of(file)).ok()?;
@@ -663,7 +868,7 @@ fn restore(net: &Network, stripped: &Json, done: &mut Vec<String>) -> Result<(),
             .ok()
             .map(|doc| (doc, bytes))
             .filter(|(doc, _)| {
-                let list = if file == net.file {
+                let list = if file == net.file && !net.single {
                     doc.root.clone()
                 } else {
                     edit::upconvert(&doc.root)
@@ -705,8 +910,21 @@ fn restore(net: &Network, stripped: &Json, done: &mut Vec<String>) -> Result<(),
             return Ok(());
         }
     }
-    let bytes = kept(&net.file).unwrap_or_else(|| net.doc.with_root(stripped.clone()).render());
-    files::write_atomic(&net.file, &bytes, keep).map_err(io_err("write", &net.file))?;
+    let bytes = kept(&net.file).unwrap_or_else(|| {
+        let root = if net.single {
+            edit::single_of(stripped)
+        } else {
+            stripped.clone()
+        };
+        net.doc.with_root(root).render()
+    });
+    if in_place(net, named_by) {
+        files::write_in_place_if(&net.file, &bytes, &Expect::Any)
+            .map(|_| ())
+            .map_err(io_err("write", &net.file))?;
+    } else {
+        files::write_atomic(&net.file, &bytes, keep).map_err(io_err("write", &net.file))?;
+    }
     files::remove(&original_of(&net.file)).map_err(io_err("remove", &original_of(&net.file)))?;
     done.push(format!("took sandbox-guard out of {}", net.file.display()));
     Ok(())

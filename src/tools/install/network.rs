@@ -149,6 +149,11 @@ pub struct Found {
     pub runtime_runs_it: bool,
     /// Multus (`thick` or `thin`) runs `net` as its cluster network.
     pub via_multus: Option<&'static str>,
+    /// Multus thin's file and its inlined copy of `net`, which is what its pods run.
+    pub multus_copy: Option<(PathBuf, Json)>,
+    /// Who else names `net.file` by its path (multus's `clusterNetwork`, its readiness
+    /// indicator): that path must never go away, not even for an instant.
+    pub named_by: Option<String>,
 }
 
 /// The network to install into: the one the runtime loads (the lexically first that
@@ -234,6 +239,17 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
     let mut runtime_runs_it = chosen == 0;
     let mut chosen = chosen;
     let mut via_multus = None;
+    // Multus thick may name a file outside the runtime's conf dir (OpenShift: OVN's in
+    // /run/multus/cni/net.d): it is read where multus reads it.
+    if let Some(outside) = multus::outside_file(&scan.networks[chosen], &scan.networks, host_root)
+        && let Read::Network(net) = read(&outside)
+    {
+        scan.networks.push(net);
+    }
+    let named_by = multus::names_by_path(&scan.networks[chosen], conf_dir, host_root);
+    let multus_copy = [&scan.networks[chosen], &scan.networks[0]]
+        .into_iter()
+        .find_map(|m| Some((m.file.clone(), multus::thin_copy(m)?)));
     if let Some(kind) = multus::kind(&scan.networks[chosen]) {
         let cluster =
             multus::cluster_network(&scan.networks[chosen], &scan.networks, conf_dir, host_root)?;
@@ -257,7 +273,15 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
         via_multus = multus::kind(&scan.networks[0]);
     }
     let net = scan.networks.swap_remove(chosen);
-    if let Some((file, why)) = scan.broken.iter().find(|(f, _)| *f < net.file) {
+    let named_by = named_by
+        .into_iter()
+        .find(|(file, _)| multus::same_file(file, &net.file))
+        .map(|(_, who)| who);
+    if let Some((file, why)) = scan
+        .broken
+        .iter()
+        .find(|(f, _)| *f < net.file && f.parent() == net.file.parent())
+    {
         return Err(format!(
             "{} {why}, and it sorts before {}: containerd would fail on it and CRI-O skip it; fix or remove it first",
             file.display(),
@@ -270,6 +294,8 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
         warnings,
         runtime_runs_it,
         via_multus,
+        named_by,
+        multus_copy,
     })
 }
 
@@ -291,7 +317,9 @@ pub fn version(net: &Network) -> String {
 pub fn plugin_types(net: &Network) -> Vec<String> {
     let mut types: Vec<String> = Vec::new();
     for plugin in super::edit::plugins(&net.list()) {
-        let plugin = plugin.get("delegate").unwrap_or(plugin);
+        // The guard's wrapped primary; other plugins' `delegate` (flannel's) is no plugin.
+        let guard = plugin.get("type").and_then(Json::as_str) == Some(super::edit::GUARD_TYPE);
+        let plugin = plugin.get("delegate").filter(|_| guard).unwrap_or(plugin);
         let ipam = plugin.get("ipam").and_then(|i| i.get("type"));
         for t in [plugin.get("type"), ipam]
             .into_iter()
@@ -304,6 +332,41 @@ pub fn plugin_types(net: &Network) -> Vec<String> {
         }
     }
     types
+}
+
+/// Whether the runtime finds plugin `name` in `bin_dir`: a file there, its symlinks
+/// followed as the host resolves them (k3s links `data/cni/<plugin>` to an absolute path
+/// in `data/<hash>/bin`, which means the host's, not this container's).
+pub fn plugin_found(bin_dir: &Path, host_root: &Path, name: &str) -> bool {
+    let path = host_dir(host_root, bin_dir).join(name);
+    // Followed here as well: a mount seen through a link (no image has the host's paths).
+    host_resolve(host_root, &path).is_file() || path.is_file()
+}
+
+/// A dir as the host resolves it, when it is not one here (k3s's `data/current` is an
+/// absolute link).
+pub fn host_dir(host_root: &Path, dir: &Path) -> PathBuf {
+    if dir.is_dir() {
+        dir.to_path_buf()
+    } else {
+        host_resolve(host_root, dir)
+    }
+}
+
+/// `path` with its symlinks resolved as the host resolves them: an absolute target is
+/// under `host_root`. Gives up after as many links as the kernel follows.
+pub fn host_resolve(host_root: &Path, path: &Path) -> PathBuf {
+    let mut path = path.to_path_buf();
+    for _ in 0..40 {
+        let Ok(target) = std::fs::read_link(&path) else {
+            return path;
+        };
+        path = match target.strip_prefix("/") {
+            Ok(relative) => host_root.join(relative),
+            Err(_) => path.parent().unwrap_or(Path::new("/")).join(target),
+        };
+    }
+    path
 }
 
 /// Multus, as its two installers leave a conf dir. Thick (multus-daemon) writes
@@ -356,10 +419,13 @@ mod multus {
                 let candidates = [conf_dir.join(&base), under_root(path), under_root(path.strip_prefix("/host").unwrap_or(path))];
                 networks.iter().position(|n| candidates.iter().any(|c| same_file(c, &n.file))).ok_or_else(|| {
                     format!(
-                        "{} is multus's, and the cluster network it names ({path}) is not a network in {}: give --conf-dir \
-                         the directory that holds {base}",
+                        "{} is multus's, and the cluster network it names ({path}) is not a network in {} nor under \
+                         --host-root {}: mount the host's dir that holds {base} at the same path under the host root \
+                         (the OpenShift preset mounts /run/multus/cni/net.d), and keep --conf-dir the runtime's, so \
+                         that multus's file and its readiness indicator are seen and kept",
                         file_name(&multus.file),
-                        conf_dir.display()
+                        conf_dir.display(),
+                        host_root.display()
                     )
                 })?
             }
@@ -394,7 +460,89 @@ mod multus {
                 .is_ok_and(|i| networks[i].file == net.file)
     }
 
-    fn same_file(a: &Path, b: &Path) -> bool {
+    /// The path multus thick names as its cluster network, under the host's root, when no
+    /// network in `networks` is that file.
+    pub fn outside_file(
+        multus: &Network,
+        networks: &[Network],
+        host_root: &Path,
+    ) -> Option<std::path::PathBuf> {
+        if kind(multus) != Some("thick") {
+            return None;
+        }
+        let path = first_plugin(multus)?
+            .get("clusterNetwork")?
+            .as_str()
+            .filter(|p| p.starts_with('/'))?;
+        let file = host_path(host_root, path)
+            .into_iter()
+            .find(|c| c.is_file())?;
+        (!networks.iter().any(|n| same_file(&file, &n.file))).then_some(file)
+    }
+
+    /// A path as multus's daemon writes it (with or without its `/host` prefix), under the
+    /// host's root: the first that exists, else both.
+    fn host_path(host_root: &Path, path: &str) -> Vec<std::path::PathBuf> {
+        let under_root = |p: &str| host_root.join(p.trim_start_matches('/'));
+        let mut paths = vec![under_root(path)];
+        if let Some(stripped) = path.strip_prefix("/host/") {
+            paths.insert(0, under_root(stripped));
+        }
+        paths
+    }
+
+    /// The files multus's file names by path, with what names them: thick's
+    /// `clusterNetwork`, and the readiness indicator file (multus deletes its own config and
+    /// exits when that file goes away).
+    pub fn names_by_path(
+        multus: &Network,
+        conf_dir: &Path,
+        host_root: &Path,
+    ) -> Vec<(std::path::PathBuf, String)> {
+        let Some(plugin) = first_plugin(multus) else {
+            return Vec::new();
+        };
+        let mut named = Vec::new();
+        for (key, what) in [
+            ("clusterNetwork", "its cluster network"),
+            ("readinessindicatorfile", "its readiness indicator file"),
+        ] {
+            if let Some(path) = plugin
+                .get(key)
+                .and_then(Json::as_str)
+                .filter(|p| p.starts_with('/'))
+            {
+                // As the daemon sees it, the conf dir may be mounted anywhere: its name there too.
+                let base = Path::new(path).file_name().map(|n| conf_dir.join(n));
+                for file in host_path(host_root, path).into_iter().chain(base) {
+                    named.push((
+                        file,
+                        format!(
+                            "multus ({}) names it as {what} ({path})",
+                            file_name(&multus.file)
+                        ),
+                    ));
+                }
+            }
+        }
+        named
+    }
+
+    /// Multus thin's own copy of the network it delegates to (its first `delegates`), made
+    /// when it wrote its file: the network pods actually get. Upstream's deployment re-reads
+    /// the master file only with `--cleanup-config-on-exit`, so an edit of the master file
+    /// may never reach this copy.
+    pub fn thin_copy(multus: &Network) -> Option<Json> {
+        if kind(multus) != Some("thin") {
+            return None;
+        }
+        match first_plugin(multus)?.get("delegates")? {
+            Json::Array(delegates) => delegates.first().cloned(),
+            _ => None,
+        }
+    }
+
+    pub fn same_file(a: &Path, b: &Path) -> bool {
         use std::os::unix::fs::MetadataExt;
         match (std::fs::metadata(a), std::fs::metadata(b)) {
             (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),

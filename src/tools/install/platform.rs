@@ -60,8 +60,14 @@ impl Platform {
 }
 
 /// k3s unpacks each release's binaries into `data/<hash>/bin` and points `data/current`
-/// at the running one; without that link, the newest `<hash>/bin`.
+/// at the running one; without that link, the newest `<hash>/bin`. Newer k3s points
+/// containerd at `data/cni` instead (links into `data/<hash>/bin`): where it exists, that is
+/// the only dir the runtime searches.
 fn k3s_bin(data: &Path) -> PathBuf {
+    let cni = data.join("cni");
+    if cni.is_dir() {
+        return cni;
+    }
     let current = data.join("current").join("bin");
     if current.is_dir() {
         return current;

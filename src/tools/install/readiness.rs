@@ -235,6 +235,15 @@ fn loaded_verdict(
             ),
         ));
     }
+    if let Some(problem) = loaded_entry_problem(net) {
+        return Err(Failure::new(
+            Reason::Entry,
+            format!(
+                "{runtime} runs network {}, and {problem}: every ADD fails",
+                net.name
+            ),
+        ));
+    }
     let Some(dir) = first_holding(dirs, GUARD_TYPE) else {
         return Err(not_in_dirs(dirs, runtime));
     };
@@ -325,6 +334,19 @@ pub fn runtime_view(sockets: &[PathBuf]) -> Option<Result<String, (String, &'sta
     )
 }
 
+/// Why the plugin would reject the guard's entry as the runtime loaded it, parsed by the
+/// plugin's own parser (`edit::entry_problem`).
+fn loaded_entry_problem(net: &Network) -> Option<String> {
+    let entry = net.plugins.iter().find(|p| p.kind == GUARD_TYPE)?;
+    let list = serde_json::json!({
+        "cniVersion": net.cni_version,
+        "name": net.name,
+        "plugins": [entry.conf],
+    });
+    let list: super::json::Json = serde_json::from_value(list).ok()?;
+    super::edit::entry_problem(&list)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -362,6 +384,28 @@ mod tests {
         loaded_verdict(net, dirs, "containerd", false)
             .map(|lines| lines.join("\n"))
             .map_err(|f| f.msg)
+    }
+
+    #[test]
+    fn an_entry_the_plugin_rejects_is_not_ready() {
+        let all = dirs("entry", &["bridge", GUARD_TYPE]);
+        let bridge = json!({"type": "bridge"});
+        for guard in [
+            json!({"type": GUARD_TYPE, "staleDel": "Audit"}),
+            json!({"type": GUARD_TYPE, "delegate": {"type": "bridge"}, "podLockTimeoutSeconds": 10}),
+        ] {
+            let plugins = if guard.get("delegate").is_some() {
+                vec![guard.clone()]
+            } else {
+                vec![bridge.clone(), guard.clone()]
+            };
+            let err = verdict(&net("1.0.0", &plugins), &all).unwrap_err();
+            assert!(
+                err.contains("staleDel") || err.contains("podLockTimeoutSeconds"),
+                "{err}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(all[0].parent().unwrap());
     }
 
     #[test]

@@ -86,7 +86,22 @@ fn watch(options: &Options) -> Result<(), String> {
     ));
 
     let mut state = State::default();
+    let mut watching = Some(super::handover::Watching::start(&options.bin_dir)?);
     loop {
+        if watching.is_some() && super::handover::uninstalling(&options.conf_dir) {
+            // For good: the uninstall waits for this lock, and this process must not put
+            // back what it takes out.
+            watching = None;
+            log("an uninstall is under way: standing down, writing nothing until stopped");
+            state.metrics.installed = false;
+            if let Some(file) = &options.metrics_file {
+                state.metrics.write(file);
+            }
+        }
+        if watching.is_none() {
+            sleep_unless_signalled(&signal_fd, RESYNC)?;
+            continue;
+        }
         reconcile(options, &mut state);
         // A drop-in lives in the network's subdirectory: watch it too once it exists.
         if let Some(dir) = state.dropin_dir.as_ref() {
@@ -181,6 +196,7 @@ struct State {
     dropin_dir: Option<std::path::PathBuf>,
     metrics: InstallMetrics,
     said_ready: Option<bool>,
+    warnings: Vec<String>,
 }
 
 fn reconcile(options: &Options, state: &mut State) {
@@ -191,10 +207,14 @@ fn reconcile(options: &Options, state: &mut State) {
             state.last_error.clear();
             if first {
                 installed.notes.iter().for_each(|line| log(line));
+            }
+            // Said again when they change: a bad entry key comes and goes with the ConfigMap.
+            if first || installed.warnings != state.warnings {
                 installed
                     .warnings
                     .iter()
                     .for_each(|line| log(&format!("warning: {line}")));
+                state.warnings = installed.warnings.clone();
             }
             if installed
                 .file

@@ -14,6 +14,7 @@
 #   bash scripts/node.sh guard uninstall IMAGE                  # the uninstall DaemonSet, then gone
 #   bash scripts/node.sh multus install thin|thick   # multus v4 in front of the node's network
 #   bash scripts/node.sh multus remove
+#   bash scripts/node.sh primary bridge|model     # Debian's bridge + host-local, or the model
 #   bash scripts/node.sh kubectl ARGS... | crictl ARGS... | ctr ARGS...
 #   bash scripts/node.sh env                  # the running node's variables, as `up` printed
 #
@@ -26,7 +27,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/node-build.sh"
-help_if_asked "${BASH_SOURCE[0]}" 23 "${1:-}"
+help_if_asked "${BASH_SOURCE[0]}" 24 "${1:-}"
 
 W=${SANDBOX_GUARD_NODE_DIR:-/var/tmp/sandbox-guard-node}
 NODE_NAME=sg-node
@@ -202,6 +203,32 @@ write_cni() {
       "subnet": "$POD_SUBNET",
       "hostVethPrefix": "$VETH_PREFIX",
       "onMissingEndpoint": "ignore"
+    }
+  ]
+}
+EOF
+}
+
+# The node's network with Debian's bridge and host-local as its primary instead of the model:
+# a primary that keys everything by container ID (a bridge port and an address per sandbox),
+# as calico 3.x's IPAM and most reference plugins do. The bridge's name starts with the
+# node's link prefix, so down removes it.
+write_bridge_conflist() {
+  mkdir -p "$W/cni/host-local"
+  cat >"$W/cni/net.d/10-$NETWORK_NAME.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "$NETWORK_NAME",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "${VETH_PREFIX}br0",
+      "isGateway": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{ "subnet": "$POD_SUBNET" }]],
+        "dataDir": "$W/cni/host-local"
+      }
     }
   ]
 }
@@ -799,6 +826,14 @@ case ${1:-} in
     shift
     cmd_multus "$@"
     ;;
+  primary)
+    [[ -e $W/run ]] || die "no node is up in $W"
+    case ${2:-} in
+      bridge) write_bridge_conflist ;;
+      model) write_cni ;;
+      *) die "primary takes bridge or model" ;;
+    esac
+    ;;
   kubectl)
     shift
     need_node_bins
@@ -813,5 +848,5 @@ case ${1:-} in
     shift
     ctr_ "$@"
     ;;
-  *) die "usage: scripts/node.sh up [--runtime containerd16|containerd2] | down | build | restart kubelet|containerd | guard install|uninstall ... | multus install thin|thick | multus remove | env | kubectl ... | crictl ... | ctr ..." ;;
+  *) die "usage: scripts/node.sh up [--runtime containerd16|containerd2] | down | build | restart kubelet|containerd | guard install|uninstall ... | multus install thin|thick | multus remove | primary bridge|model | env | kubectl ... | crictl ... | ctr ..." ;;
 esac

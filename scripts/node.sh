@@ -12,6 +12,9 @@
 #   bash scripts/node.sh restart kubelet|containerd
 #   bash scripts/node.sh guard install delegate|chained IMAGE   # the DaemonSet, as an operator applies it
 #   bash scripts/node.sh guard uninstall IMAGE                  # the uninstall DaemonSet, then gone
+#   bash scripts/node.sh multus install thin|thick   # multus v4 in front of the node's network
+#   bash scripts/node.sh multus remove
+#   bash scripts/node.sh primary bridge|model     # Debian's bridge + host-local, or the model
 #   bash scripts/node.sh kubectl ARGS... | crictl ARGS... | ctr ARGS...
 #   bash scripts/node.sh env                  # the running node's variables, as `up` printed
 #
@@ -24,7 +27,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/node-build.sh"
-help_if_asked "${BASH_SOURCE[0]}" 21 "${1:-}"
+help_if_asked "${BASH_SOURCE[0]}" 24 "${1:-}"
 
 W=${SANDBOX_GUARD_NODE_DIR:-/var/tmp/sandbox-guard-node}
 NODE_NAME=sg-node
@@ -200,6 +203,32 @@ write_cni() {
       "subnet": "$POD_SUBNET",
       "hostVethPrefix": "$VETH_PREFIX",
       "onMissingEndpoint": "ignore"
+    }
+  ]
+}
+EOF
+}
+
+# The node's network with Debian's bridge and host-local as its primary instead of the model:
+# a primary that keys everything by container ID (a bridge port and an address per sandbox),
+# as calico 3.x's IPAM and most reference plugins do. The bridge's name starts with the
+# node's link prefix, so down removes it.
+write_bridge_conflist() {
+  mkdir -p "$W/cni/host-local"
+  cat >"$W/cni/net.d/10-$NETWORK_NAME.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "$NETWORK_NAME",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "${VETH_PREFIX}br0",
+      "isGateway": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{ "subnet": "$POD_SUBNET" }]],
+        "dataDir": "$W/cni/host-local"
+      }
     }
   ]
 }
@@ -545,6 +574,103 @@ cmd_guard() {
   esac
 }
 
+# The NetworkAttachmentDefinition CRD, read from multus's module source (the first document
+# of its DaemonSet manifest), never committed.
+multus_crd() {
+  local dir
+  dir=$(cd /tmp && go mod download -json "gopkg.in/k8snetworkplumbingwg/multus-cni.v4@v$MULTUS_VERSION" |
+    sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  [[ -f $dir/deployments/multus-daemonset.yml ]] ||
+    die "the Go module proxy did not serve multus-cni.v4@v$MULTUS_VERSION's source"
+  awk 'BEGIN {RS = "\n---\n"} /kind: CustomResourceDefinition/ {print; exit}' "$dir/deployments/multus-daemonset.yml"
+}
+
+# in_cluster_wrapper: the command words that run a host process finding the API server as a
+# pod does (multus's daemon and thin entrypoint know no other way): the service account's
+# files and the KUBERNETES_SERVICE_* variables, the files on a /run of its own mount
+# namespace, which still sees every netns containerd mounts later (slave propagation).
+in_cluster_wrapper() {
+  local sa=$W/multus/serviceaccount
+  mkdir -p "$sa"
+  printf '%s' "$TOKEN" >"$sa/token"
+  cp "$W/pki/apiserver.crt" "$sa/ca.crt"
+  printf kube-system >"$sa/namespace"
+  chmod 600 "$sa/token"
+  IN_CLUSTER=(unshare --mount --propagation slave -- /bin/sh -c '
+    mount -t tmpfs -o mode=0755,size=1m tmpfs /run &&
+    mkdir -p /run/secrets/kubernetes.io/serviceaccount &&
+    mount --bind "$1" /run/secrets/kubernetes.io/serviceaccount &&
+    port=$0 && shift && exec env KUBERNETES_SERVICE_HOST=127.0.0.1 KUBERNETES_SERVICE_PORT="$port" "$@"'
+    "$APISERVER_PORT" "$sa")
+}
+
+multus_conf_written() { compgen -G "$W/cni/net.d/00-multus.conf*" >/dev/null; }
+
+# Multus v4 as its two DaemonSets put it on a node, as host processes (no registry for its
+# images): thin, the thin entrypoint copying the multus binary into the bin dir and writing
+# 00-multus.conf(list) with the node's network inlined as its delegate, re-inlined whenever
+# that file changes; thick, multus-shim in the bin dir and multus-daemon writing
+# 00-multus.conf (type multus-shim, clusterNetwork the primary's file) and running the
+# delegates itself.
+cmd_multus() {
+  [[ -e $W/run ]] || die "no node is up in $W"
+  node_go_env
+  local bins=$NODE_CACHE/bin/multus-$MULTUS_VERSION
+  case ${1:-} in
+    install)
+      [[ ${2:-} == thin || ${2:-} == thick ]] || die "multus install takes thin or thick"
+      [[ ! -e $W/run/multus.pid ]] || die "multus is already installed (bash scripts/node.sh multus remove)"
+      build_multus
+      multus_crd | kubectl_ apply -f - >&2
+      mkdir -p "$W/multus/net.d" "$W/multus/cache" "$W/multus/run"
+      # The daemon enters each pod's netns by its path: containerd mounts it later, and this
+      # host's / is a private mount, so the dir is made a shared mount for the daemon's own
+      # mount namespace to receive them (down unmounts everything under the work dir).
+      local netns_dir=$W/containerd/state/io.containerd.grpc.v1.cri/netns
+      mkdir -p "$netns_dir"
+      mountpoint -q "$netns_dir" || mount --rbind "$netns_dir" "$netns_dir"
+      mount --make-rshared "$netns_dir"
+      in_cluster_wrapper
+      case $2 in
+        thin)
+          start multus "${IN_CLUSTER[@]}" "$bins/thin_entrypoint" --cni-bin-dir "$W/cni/bin" \
+            --cni-conf-dir "$W/cni/net.d" --multus-bin-file "$bins/multus" \
+            --multus-cni-conf-dir "$W/multus/net.d" --multus-autoconfig-dir "$W/cni/net.d" \
+            --multus-kubeconfig-file-host "$W/cni/net.d/multus.d/multus.kubeconfig" \
+            --multus-conf-file auto --multus-log-level verbose --cleanup-config-on-exit
+          ;;
+        thick)
+          cp "$bins/multus-shim" "$W/cni/bin/multus-shim"
+          # Upstream's daemon-config.json, with this node's dirs and no chroot (a host process).
+          cat >"$W/multus/daemon-config.json" <<EOF
+{
+    "cniVersion": "0.3.1",
+    "logLevel": "verbose",
+    "logToStderr": true,
+    "cniConfigDir": "$W/cni/net.d",
+    "multusAutoconfigDir": "$W/cni/net.d",
+    "multusConfigFile": "auto",
+    "binDir": "$W/cni/bin",
+    "cniDir": "$W/multus/cache",
+    "socketDir": "$W/multus/run",
+    "daemonSocketDir": "$W/multus/run"
+}
+EOF
+          start multus "${IN_CLUSTER[@]}" env MULTUS_NODE_NAME="$NODE_NAME" "$bins/multus-daemon" -config "$W/multus/daemon-config.json"
+          ;;
+      esac
+      wait_for "multus ($2) writing 00-multus.conf" 60 alive_and multus multus_conf_written
+      ;;
+    remove)
+      stop multus
+      rm -f "$W/cni/net.d/00-multus.conf" "$W/cni/net.d/00-multus.conflist" "$W/cni/bin/multus" \
+        "$W/cni/bin/multus-shim"
+      rm -rf "$W/cni/net.d/multus.d"
+      ;;
+    *) die "multus takes install thin|thick or remove" ;;
+  esac
+}
+
 # Processes whose command line names the work dir (shims, the model primary's children).
 pids_naming_workdir() {
   local p
@@ -637,7 +763,13 @@ cmd_down() {
       rm -f "/run/containerd/s/$hash"
     done
   done
-  rm -f /var/lib/cni/results/"$NETWORK_NAME"-* 2>/dev/null || true
+  rm -f /var/lib/cni/results/"$NETWORK_NAME"-* /var/lib/cni/results/multus-cni-network-* 2>/dev/null || true
+  # Multus thin's cache of each sandbox's delegates and their libcni results (its conf names
+  # no cniDir, so they go to multus's default).
+  for id in "${shim_ids[@]}"; do
+    rm -f /var/lib/cni/multus/"$id" /var/lib/cni/multus/results/*-"$id"-* 2>/dev/null || true
+  done
+  rmdir /var/lib/cni/multus/results /var/lib/cni/multus 2>/dev/null || true
   for link in /var/log/containers/*.log; do
     if [[ -L $link && $(readlink "$link") == "$W/"* ]]; then rm -f "$link"; fi
   done
@@ -690,6 +822,18 @@ case ${1:-} in
     shift
     cmd_guard "$@"
     ;;
+  multus)
+    shift
+    cmd_multus "$@"
+    ;;
+  primary)
+    [[ -e $W/run ]] || die "no node is up in $W"
+    case ${2:-} in
+      bridge) write_bridge_conflist ;;
+      model) write_cni ;;
+      *) die "primary takes bridge or model" ;;
+    esac
+    ;;
   kubectl)
     shift
     need_node_bins
@@ -704,5 +848,5 @@ case ${1:-} in
     shift
     ctr_ "$@"
     ;;
-  *) die "usage: scripts/node.sh up [--runtime containerd16|containerd2] | down | build | restart kubelet|containerd | guard install|uninstall ... | env | kubectl ... | crictl ... | ctr ..." ;;
+  *) die "usage: scripts/node.sh up [--runtime containerd16|containerd2] | down | build | restart kubelet|containerd | guard install|uninstall ... | multus install thin|thick | multus remove | primary bridge|model | env | kubectl ... | crictl ... | ctr ..." ;;
 esac

@@ -431,6 +431,24 @@ fn sandboxes(node: &Node, namespace: &str) -> Vec<(String, String, bool)> {
         .collect()
 }
 
+/// The pods of `namespace` with a sandbox the runtime lists NotReady, one entry a sandbox.
+fn not_ready_pods(node: &Node, namespace: &str) -> Vec<String> {
+    sandboxes(node, namespace)
+        .into_iter()
+        .filter(|s| !s.2)
+        .map(|s| s.1)
+        .collect()
+}
+
+/// How many lines of `log` from byte `from` on contain `needle`.
+fn lines_since(log: &str, from: usize, needle: &str) -> usize {
+    log.get(from.min(log.len())..)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .count()
+}
+
 /// The pods whose primary endpoint a DEL of another sandbox removed (the harm), from the
 /// model's trace: a call's line names its pod key, the lines below it what it did.
 fn stale_dels_at_primary(calls: &str, since: usize) -> Vec<String> {
@@ -478,6 +496,21 @@ fn deferred_dels(state_dir: &Path) -> usize {
         .count()
 }
 
+/// `kubectl delete --grace-period=0 --force`: the API object goes at once, and the
+/// controller's new pod can be wired before kubelet tears down the old sandbox.
+fn force_delete(node: &Node, namespace: &str, pod: &str) {
+    node.kubectl_ok(&[
+        "-n",
+        namespace,
+        "delete",
+        "pod",
+        pod,
+        "--grace-period=0",
+        "--force",
+        "--wait=false",
+    ]);
+}
+
 /// Kills the pause process of the pod's ready sandbox: kubelet then makes a new sandbox for
 /// the same pod (same UID), its DEL of the old one strictly before the new one's ADD.
 fn kill_pause(node: &Node, namespace: &str, pod: &str) -> String {
@@ -502,15 +535,19 @@ fn kill_pause(node: &Node, namespace: &str, pod: &str) -> String {
 /// mode changes only the `--mode` arg), Ready by kubelet's own readiness probe.
 fn install_guard(node: &Node, mode: Mode, image: &str) {
     node.node_sh(&["guard", "install", mode.name(), image]);
-    let conflist = node.conflist().to_string();
+    let conflist = node.conflist();
     assert!(
-        conflist.contains("sandbox-guard"),
+        names_guard(&conflist),
         "the DaemonSet is Ready but the node's conflist does not name the guard: {conflist}"
     );
 }
 
-/// The installer's DaemonSet deleted, then the uninstall DaemonSet run to the end.
+/// Once every deferred DEL was replayed, the installer's DaemonSet deleted, then the
+/// uninstall DaemonSet run to the end.
 fn uninstall_guard(node: &Node, image: &str, conflist_before: &Value) {
+    node.wait_until("no deferred DEL left", Duration::from_secs(180), || {
+        deferred_dels(Path::new(node.var("GUARD_STATE"))) == 0
+    });
     node.node_sh(&["guard", "uninstall", image]);
     assert_eq!(
         &node.conflist(),
@@ -525,21 +562,26 @@ fn uninstall_guard(node: &Node, image: &str, conflist_before: &Value) {
     );
 }
 
+/// A namespace, once its default service account (which pods need) exists.
+fn create_namespace(node: &Node, ns: &str) {
+    node.kubectl_ok(&["create", "namespace", ns]);
+    node.wait_until(
+        "the namespace's default service account",
+        Duration::from_secs(60),
+        || {
+            node.kubectl(&["-n", ns, "get", "serviceaccount", "default"])
+                .status
+                .success()
+        },
+    );
+}
+
 /// One mode on the running node: the sequences of kubelet's own making, then the figures.
 fn run_mode(node: &Node, mode: Mode) -> Figures {
     let ns = format!("sg-{}", mode.name());
     let pause = node.var("PAUSE_IMAGE").to_string();
     eprintln!("== {} on {}", mode.name(), node.runtime);
-    node.kubectl_ok(&["create", "namespace", &ns]);
-    node.wait_until(
-        "the namespace's default service account",
-        Duration::from_secs(60),
-        || {
-            node.kubectl(&["-n", &ns, "get", "serviceaccount", "default"])
-                .status
-                .success()
-        },
-    );
+    create_namespace(node, &ns);
     let singles = ["graceful", "forced", "faildel", "pause"];
     for name in singles {
         node.apply(&statefulset(name, &ns, 1, &pause));
@@ -576,16 +618,7 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
 
     // The sequences, all at once, as a node sees them.
     node.kubectl_ok(&["-n", &ns, "delete", "pod", "graceful-0", "--wait=false"]);
-    node.kubectl_ok(&[
-        "-n",
-        &ns,
-        "delete",
-        "pod",
-        "forced-0",
-        "--grace-period=0",
-        "--force",
-        "--wait=false",
-    ]);
+    force_delete(node, &ns, "forced-0");
     node.kubectl_ok(&["-n", &ns, "delete", "pod", "faildel-0", "--wait=false"]);
     let killed_sandbox = kill_pause(node, &ns, "pause-0");
     let (sum0, count0) = node.run_podsandbox_seconds();
@@ -673,16 +706,12 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
         (Some(old), Some(new)) => first_call_order(&node.primary_calls(), calls_before, new, old),
         _ => None,
     };
-    figures.sandboxes_not_ready = sandboxes(node, &ns)
-        .into_iter()
-        .filter(|s| !s.2)
-        .map(|s| s.1)
-        .collect();
-    let log = node.kubelet_log();
-    figures.kubelet_gc_errors = log[log_at_gc.min(log.len())..]
-        .lines()
-        .filter(|l| l.contains("Failed to stop sandbox before removing"))
-        .count();
+    figures.sandboxes_not_ready = not_ready_pods(node, &ns);
+    figures.kubelet_gc_errors = lines_since(
+        &node.kubelet_log(),
+        log_at_gc,
+        "Failed to stop sandbox before removing",
+    );
     figures.deferred_left = deferred_dels(Path::new(node.var("GUARD_STATE")));
     let started = count1 - count0;
     figures.run_podsandbox_ms = if started > 0.0 {
@@ -784,9 +813,6 @@ fn run_runtime(runtime: &'static str) {
         }
         let figures = run_mode(&node, mode);
         if mode != Mode::Unguarded {
-            node.wait_until("no deferred DEL left", Duration::from_secs(180), || {
-                deferred_dels(Path::new(node.var("GUARD_STATE"))) == 0
-            });
             uninstall_guard(&node, GUARD_IMAGE, &conflist_before);
         }
         let _ = writeln!(
@@ -840,4 +866,386 @@ fn kubelet_sequences_containerd16() {
 fn kubelet_sequences_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_runtime("containerd2");
+}
+
+/// The network containerd loaded for pods, as `crictl info` shows it: its name and its file's
+/// text as the runtime read it.
+fn loaded_network(node: &Node) -> (String, String) {
+    let info = node.crictl_json(&["info"]);
+    let networks = info["cniconfig"]["Networks"].as_array().cloned();
+    let last = networks.and_then(|n| n.last().cloned()).unwrap_or_default();
+    (
+        last["Config"]["Name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        last["Config"]["Source"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
+
+/// The network multus hands every pod to, as the runtime's pods get it: thin inlines the
+/// node's network in the file the runtime loaded; thick's daemon reads the file it names
+/// (and without multus, the runtime reads it).
+fn network_multus_runs(node: &Node, flavor: &str) -> Value {
+    if flavor == "thin" {
+        let (_, source) = loaded_network(node);
+        let multus: Value = serde_json::from_str(&source).unwrap_or_default();
+        multus["plugins"][0]["delegates"][0].clone()
+    } else {
+        node.conflist()
+    }
+}
+
+/// Whether any plugin in `doc`, at any depth (a conflist, multus's delegates, a guard's
+/// delegate), is the guard.
+fn names_guard(doc: &Value) -> bool {
+    match doc {
+        Value::Object(map) => {
+            map.get("type").and_then(Value::as_str) == Some("sandbox-guard")
+                || map.values().any(names_guard)
+        }
+        Value::Array(items) => items.iter().any(names_guard),
+        _ => false,
+    }
+}
+
+/// What one mode showed with multus in front of the node's network.
+#[derive(Default, Debug)]
+struct MultusFigures {
+    stale_dels_at_primary: Vec<String>,
+    new_pods_unreachable: Vec<String>,
+    sandboxes_not_ready: Vec<String>,
+    kubelet_gc_errors: usize,
+    /// The network containerd loaded, and whether what multus runs named the guard.
+    loaded: String,
+    guard_in_what_multus_runs: bool,
+    /// DELs multus handed the node's network without the primary's own keys (multus's log:
+    /// the model then fails for want of its stateDir).
+    primary_dels_without_config: usize,
+    /// DELs the primary ran (its trace: it writes one only with its own config).
+    primary_dels: usize,
+}
+
+fn multus_log(node: &Node) -> String {
+    fs::read_to_string(node.dir().join("logs/multus.log")).unwrap_or_default()
+}
+
+/// "multus thin", "multus thick" or "bridge": what stands in front of, or for, the model.
+fn setup_name(flavor: &str) -> String {
+    if flavor == "bridge" {
+        "bridge".to_string()
+    } else {
+        format!("multus {flavor}")
+    }
+}
+
+/// Whether the pod still has its own network behind Debian's bridge: host-local's lease of
+/// its address names its ready sandbox, and the address answers.
+fn bridge_keeps_network(node: &Node, state: &PodState, ready_sandbox: Option<&String>) -> bool {
+    let lease = fs::read_to_string(node.dir().join("cni/host-local/sg-node").join(&state.ip))
+        .unwrap_or_default();
+    let owner = lease.lines().next().map(str::trim);
+    ready_sandbox.is_some_and(|id| owner == Some(id.as_str())) && reachable(&state.ip)
+}
+
+/// StatefulSet pods re-created the normal way (graceful delete, kubelet's container GC of
+/// the old sandbox) and by a forced delete (the new sandbox's ADD before the old one's DEL),
+/// then their namespace deleted: with multus (`thin`, `thick`) in front of the node's
+/// network, or with Debian's bridge as its primary (`bridge`).
+fn run_recreate_mode(node: &Node, flavor: &str, mode: Mode) -> MultusFigures {
+    let what = setup_name(flavor);
+    let ns = format!("sg-{}-{}", what.replace(' ', "-"), mode.name());
+    let pause = node.var("PAUSE_IMAGE").to_string();
+    eprintln!("== {what}, {} on {}", mode.name(), node.runtime);
+    create_namespace(node, &ns);
+    node.apply(&statefulset("db", &ns, 2, &pause));
+    node.apply(&statefulset("forced", &ns, 1, &pause));
+    let first = wait_ready_pod(node, &ns, "db-0", None);
+    wait_ready_pod(node, &ns, "db-1", None);
+    let forced_first = wait_ready_pod(node, &ns, "forced-0", None);
+    if flavor != "bridge" {
+        // Multus itself wired the pods: it annotates each with the networks it attached.
+        let annotations = node.kubectl_ok(&[
+            "-n",
+            &ns,
+            "get",
+            "pod",
+            "db-0",
+            "-o",
+            "jsonpath={.metadata.annotations}",
+        ]);
+        assert!(
+            annotations.contains("k8s.v1.cni.cncf.io/network-status"),
+            "{what}: db-0 carries no network-status annotation, so multus did not wire it: {annotations}"
+        );
+    }
+    let (loaded, _) = loaded_network(node);
+    let mut figures = MultusFigures {
+        loaded,
+        guard_in_what_multus_runs: names_guard(&network_multus_runs(node, flavor)),
+        ..MultusFigures::default()
+    };
+    let calls_before = node.primary_calls().lines().count();
+    let old_sandbox = sandboxes(node, &ns)
+        .into_iter()
+        .find(|(_, pod, ready)| pod == "db-0" && *ready)
+        .map(|(id, _, _)| id)
+        .expect("db-0's sandbox");
+    let log_at_delete = node.kubelet_log().len();
+    let multus_log_at_delete = multus_log(node).len();
+    node.kubectl_ok(&["-n", &ns, "delete", "pod", "db-0", "--wait=false"]);
+    force_delete(node, &ns, "forced-0");
+    let second = wait_ready_pod(node, &ns, "db-0", Some(&first.uid));
+    let forced_second = wait_ready_pod(node, &ns, "forced-0", Some(&forced_first.uid));
+    // Kubelet's container GC stops and removes the old sandbox within a period or two; a
+    // chained guard that refuses those DELs keeps it, and GC tries again each period.
+    let started = Instant::now();
+    let removed = loop {
+        if !sandboxes(node, &ns)
+            .iter()
+            .any(|(id, _, _)| *id == old_sandbox)
+        {
+            break true;
+        }
+        if started.elapsed() > 2 * GC_PERIOD + Duration::from_secs(20) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    assert!(
+        removed || mode == Mode::Chained,
+        "{what} {mode:?}: kubelet's GC did not remove db-0's old sandbox in two periods\n{}",
+        node.diagnostics()
+    );
+    let ready_sandboxes: BTreeMap<String, String> = sandboxes(node, &ns)
+        .into_iter()
+        .filter(|(_, _, ready)| *ready)
+        .map(|(id, pod, _)| (pod, id))
+        .collect();
+    let other = pod_state(node, &ns, "db-1").expect("db-1");
+    for (pod, state) in [
+        ("db-0", &second),
+        ("db-1", &other),
+        ("forced-0", &forced_second),
+    ] {
+        let kept = if flavor == "bridge" {
+            bridge_keeps_network(node, state, ready_sandboxes.get(pod))
+        } else {
+            keeps_network(node, &ns, pod, state, ready_sandboxes.get(pod))
+        };
+        if !kept {
+            figures.new_pods_unreachable.push(pod.to_string());
+        }
+    }
+    figures.stale_dels_at_primary = stale_dels_at_primary(&node.primary_calls(), calls_before);
+    figures.primary_dels = node
+        .primary_calls()
+        .lines()
+        .skip(calls_before)
+        .filter(|l| l.split(' ').nth(1) == Some("DEL"))
+        .count();
+    figures.sandboxes_not_ready = not_ready_pods(node, &ns);
+    figures.kubelet_gc_errors = lines_since(
+        &node.kubelet_log(),
+        log_at_delete,
+        "Failed to stop sandbox before removing",
+    );
+    figures.primary_dels_without_config = lines_since(
+        &multus_log(node),
+        multus_log_at_delete,
+        "failed (delete): stateDir is required",
+    );
+    eprintln!(
+        "   {what}, {} on {}: {figures:?}",
+        mode.name(),
+        node.runtime
+    );
+    // Stop: kubelet deletes a pod only once its sandbox's DEL succeeded.
+    node.kubectl_ok(&["delete", "namespace", &ns, "--wait=true", "--timeout=300s"]);
+    figures
+}
+
+/// The guard's image imported into the node; the node's network as it is before any install.
+fn import_guard_image(node: &Node) -> Value {
+    let archive = guard_image_archive(GUARD_IMAGE);
+    node.node_sh(&["ctr", "images", "import", archive.to_str().unwrap()]);
+    node.conflist()
+}
+
+/// Each mode in turn on the running node, the guard put on and taken off by its DaemonSets.
+fn run_recreate_modes(
+    node: &Node,
+    flavor: &str,
+    conflist_before: &Value,
+) -> Vec<(Mode, MultusFigures)> {
+    [Mode::Unguarded, Mode::Chained, Mode::Delegate]
+        .into_iter()
+        .map(|mode| {
+            if mode != Mode::Unguarded {
+                // Ready by kubelet's probe (`--install --check`): then the network the pods
+                // get must name the guard, or the probe lied.
+                install_guard(node, mode, GUARD_IMAGE);
+                node.wait_until(
+                    "the guard in the network the pods get",
+                    Duration::from_secs(30),
+                    || names_guard(&network_multus_runs(node, flavor)),
+                );
+            }
+            let figures = run_recreate_mode(node, flavor, mode);
+            if mode != Mode::Unguarded {
+                uninstall_guard(node, GUARD_IMAGE, conflist_before);
+            }
+            (mode, figures)
+        })
+        .collect()
+}
+
+/// A table of figures to stderr and to target/real-node-NAME.md, where docs/real-node.md
+/// says to find it (cargo shows a passing test's output only with --nocapture).
+fn write_report(name: &str, header: &str, table: &str) {
+    let report = format!("{header}\n{table}");
+    eprintln!("\n{report}");
+    let _ = fs::write(repo().join(format!("target/real-node-{name}.md")), &report);
+}
+
+fn run_multus(runtime: &'static str) {
+    let node = Node::up(runtime);
+    let conflist_before = import_guard_image(&node);
+    let mut table = String::new();
+    let mut all = Vec::new();
+    for flavor in ["thin", "thick"] {
+        node.node_sh(&["multus", "install", flavor]);
+        node.wait_until(
+            "containerd loading multus's network",
+            Duration::from_secs(60),
+            || loaded_network(&node).1.contains("multus"),
+        );
+        for (mode, figures) in run_recreate_modes(&node, flavor, &conflist_before) {
+            let _ = writeln!(
+                table,
+                "| {runtime} | multus {flavor} | {} | {} | {} | {} | {} | {}/3 | {} | {} |",
+                mode.name(),
+                figures.loaded,
+                figures.primary_dels,
+                figures.stale_dels_at_primary.len(),
+                figures.primary_dels_without_config,
+                figures.new_pods_unreachable.len(),
+                figures.sandboxes_not_ready.len(),
+                figures.kubelet_gc_errors,
+            );
+            all.push((flavor, mode, figures));
+        }
+        node.node_sh(&["multus", "remove"]);
+    }
+    write_report(
+        &format!("multus-{runtime}"),
+        "| runtime | meta plugin | mode | network containerd loaded | DELs the primary ran | stale DELs at the primary | DELs without the primary's keys | pods unreachable | sandboxes NotReady | kubelet GC errors |\n| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        &table,
+    );
+    for (flavor, mode, f) in &all {
+        if *flavor == "thick" {
+            // Multus 4.2.3's daemon hands a conflist delegate its DEL with each plugin cut
+            // to CNI's typed keys (LoadDelegateNetConfFromConfList; upstream's fix, multus
+            // PR 1521, is in no release the proxy serves): no DEL reaches the primary with
+            // its config, stale or not (the model fails it for want of its stateDir; in
+            // delegate mode the guard gets no primary to hand it to), and the shim answers
+            // every DEL with success.
+            assert!(
+                f.primary_dels == 0 && f.stale_dels_at_primary.is_empty(),
+                "multus thick {mode:?}: the primary ran a DEL; if multus passes the primary's config now, the harm must show unguarded again: {f:?}"
+            );
+            assert!(
+                f.new_pods_unreachable.is_empty(),
+                "multus thick {mode:?}: new pods lost their network: {f:?}"
+            );
+            continue;
+        }
+        match mode {
+            Mode::Unguarded => assert!(
+                !f.stale_dels_at_primary.is_empty() && !f.new_pods_unreachable.is_empty(),
+                "multus {flavor} unguarded: the harm did not show through multus: {f:?}"
+            ),
+            Mode::Chained | Mode::Delegate => {
+                assert!(
+                    f.guard_in_what_multus_runs,
+                    "multus {flavor} {mode:?}: the probe said Ready, but the network multus runs does not name the guard: {f:?}"
+                );
+                // Chained, the forced delete's race (docs/real-node.md) stays open.
+                let allowed: &[&str] = if *mode == Mode::Chained {
+                    &["forced-0"]
+                } else {
+                    &[]
+                };
+                assert!(
+                    f.stale_dels_at_primary
+                        .iter()
+                        .chain(&f.new_pods_unreachable)
+                        .all(|pod| allowed.contains(&pod.as_str())),
+                    "multus {flavor} {mode:?}: a stale DEL reached the primary through multus: {f:?}"
+                );
+            }
+        }
+        if *mode == Mode::Delegate {
+            assert!(
+                f.sandboxes_not_ready.is_empty(),
+                "multus {flavor} delegate: kubelet's normal path left sandboxes NotReady: {f:?}"
+            );
+        }
+    }
+}
+
+/// Multus v4, thin and then thick, in front of the node's network (the pod-name-keyed
+/// model as its cluster network), built from its module (scripts/lib/node-build.sh); the
+/// guard installed by its DaemonSet into the cluster network multus delegates to.
+#[test]
+fn multus_containerd2() {
+    sys::skip_unless_root!(TOOLS);
+    run_multus("containerd2");
+}
+
+/// Debian's bridge and host-local as the node's primary: keyed by container ID, so a stale
+/// DEL frees only the old sandbox's own address and port. Kubelet's sequences in each mode:
+/// pods start, re-create and stop cleanly, and no new pod loses its address.
+fn run_bridge(runtime: &'static str) {
+    let node = Node::up(runtime);
+    node.node_sh(&["primary", "bridge"]);
+    let conflist_before = import_guard_image(&node);
+    let all = run_recreate_modes(&node, "bridge", &conflist_before);
+    let mut table = String::new();
+    for (mode, figures) in &all {
+        let _ = writeln!(
+            table,
+            "| {runtime} | bridge | {} | {}/3 | {} | {} |",
+            mode.name(),
+            figures.new_pods_unreachable.len(),
+            figures.sandboxes_not_ready.len(),
+            figures.kubelet_gc_errors,
+        );
+    }
+    write_report(
+        &format!("bridge-{runtime}"),
+        "| runtime | primary | mode | pods unreachable | sandboxes NotReady | kubelet GC errors |\n| --- | --- | --- | ---: | ---: | ---: |",
+        &table,
+    );
+    for (mode, f) in &all {
+        assert!(
+            f.new_pods_unreachable.is_empty(),
+            "bridge {mode:?}: pods lost their address or their network: {f:?}"
+        );
+        if *mode == Mode::Delegate {
+            assert!(
+                f.sandboxes_not_ready.is_empty(),
+                "bridge delegate: kubelet's normal path left sandboxes NotReady: {f:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bridge_containerd2() {
+    sys::skip_unless_root!(TOOLS);
+    run_bridge("containerd2");
 }

@@ -12,6 +12,7 @@ K8S_VERSION=${SANDBOX_GUARD_K8S_VERSION:-1.34.4}
 ETCD_VERSION=3.6.16
 CONTAINERD2_VERSION=2.2.9
 CRITOOLS_VERSION=1.34.0
+MULTUS_VERSION=4.2.3
 NODE_CACHE=${SANDBOX_GUARD_NODE_CACHE:-/var/cache/sg-node}
 
 node_go_env() {
@@ -121,4 +122,21 @@ require github.com/containerd/containerd/v2 v$CONTAINERD2_VERSION" \
     -tags no_btrfs github.com/containerd/containerd/v2/cmd/containerd \
     github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
     github.com/containerd/containerd/v2/cmd/ctr
+}
+
+# Multus v4 as upstream ships it: thin (cmd/multus, the delegating plugin itself, and
+# cmd/thin_entrypoint, which its DaemonSet runs to write 00-multus.conf(list) and re-inline
+# the primary's file whenever it changes) and thick (cmd/multus-daemon, which runs the
+# delegates, and cmd/multus-shim, the plugin the runtime execs and that forwards to the
+# daemon's socket). Its module installs as it is.
+build_multus() {
+  go_wrapper_build "multus-$MULTUS_VERSION" "module sandbox-guard.test/node/multus
+
+go 1.24.0
+
+require gopkg.in/k8snetworkplumbingwg/multus-cni.v4 v$MULTUS_VERSION" \
+    gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus \
+    gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/thin_entrypoint \
+    gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon \
+    gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim
 }

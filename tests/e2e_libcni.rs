@@ -22,6 +22,7 @@ use libcni::{
     mode_of, pod_has_link, result_ips, shape,
 };
 use serde_json::{Value, json};
+use std::os::unix::fs::OpenOptionsExt;
 
 fn add(net: &Network, sandbox: &Sandbox) -> Value {
     net.add(sandbox)
@@ -1037,4 +1038,112 @@ fn calico_v2_model_unguarded_loses_the_new_pod() {
     );
     net.del_with(&unguarded, &new, NetnsArg::Sandbox)
         .unwrap_or_else(|e| panic!("DEL of B failed: {}", e.stderr));
+}
+
+/// A deferred DEL whose primary hangs, through libcni in delegate mode, the primary the model
+/// of a pod-name-keyed one (tests/cri/podname-keyed-plugin, its `hung-dels` marker: a DEL
+/// that blocks on a dead datastore, holding none of the model's locks): the replay hangs in the worker, and unrelated pods' ADD
+/// and CHECK through libcni succeed meanwhile without running it or cutting it short. Once
+/// the primary answers again the hung DEL still reaches it.
+#[test]
+fn a_hung_replay_holds_up_no_other_pods_verb_through_libcni() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let net = libcni::podname_keyed_network();
+    let conflist = net.conflist_of(Mode::Delegate).to_path_buf();
+    let model = net.ipam_dir.join("model");
+    let pod = sys::unique("etcd");
+    let (old, new) = (
+        Sandbox::new("lijiaob", &pod, "uid1"),
+        Sandbox::new("lijiaob", &pod, "uid2"),
+    );
+    add_in(&net, Mode::Delegate, &old);
+    add_in(&net, Mode::Delegate, &new);
+    net.del_with(&conflist, &old, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("A's stale DEL is deferred: {}", e.stderr));
+    // B's own DEL frees the pod while the test holds replays off (as `--downgrade` does), so
+    // the replay of A starts only once the primary hangs.
+    let replay_lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(net.state_dir.join("replay.lock"))
+        .unwrap();
+    replay_lock.lock().unwrap();
+    net.del_with(&conflist, &new, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("B's own DEL: {}", e.stderr));
+    std::fs::write(model.join("hung-dels"), "300").unwrap();
+    replay_lock.unlock().unwrap();
+    assert_eq!(deferred_of(&net, &old).len(), 1, "A's DEL is not deferred");
+    let attempts = || {
+        deferred_of(&net, &old)[0]["attempts"]
+            .as_u64()
+            .unwrap_or_default()
+    };
+    let replays_of_a = || {
+        std::fs::read_to_string(model.join("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.ends_with(&format!(" HUNG-DEL {}", old.container_id)))
+            .count()
+    };
+    let before = attempts();
+    let store = cni::Store::with_state_dir(net.state_dir.clone(), &net.state_dir);
+    let unrelated: Vec<Sandbox> = (0..3)
+        .map(|n| Sandbox::new("lijiaob", &sys::unique(&format!("web{n}")), "uid3"))
+        .collect();
+    for (n, sandbox) in unrelated.iter().enumerate() {
+        add_in(&net, Mode::Delegate, sandbox);
+        if n == 0 {
+            // The first ADD started the worker: its replay of A reaches the primary and hangs.
+            for _ in 0..500 {
+                if replays_of_a() > 0 {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            assert_eq!(replays_of_a(), 1, "the worker never ran A's replay");
+        }
+        net.check_with(&conflist, sandbox)
+            .unwrap_or_else(|e| panic!("CHECK of unrelated pod {n}: {}", e.stderr));
+        assert_eq!(
+            attempts(),
+            before,
+            "unrelated pod {n}'s verbs cut the hung replay short"
+        );
+        assert_eq!(
+            replays_of_a(),
+            1,
+            "unrelated pod {n}'s verbs ran A's replay again"
+        );
+    }
+    assert!(
+        !store.replay_workers().is_empty(),
+        "the hung replay no longer runs"
+    );
+    // The primary answers again: a later verb's worker replays A (more verbs, as a busy node
+    // gives them, in case the first came while the killed worker still held the sweep).
+    store.kill_replay_workers();
+    std::fs::remove_file(model.join("hung-dels")).unwrap();
+    for sandbox in &unrelated {
+        net.del_with(&conflist, sandbox, NetnsArg::Sandbox)
+            .unwrap_or_else(|e| panic!("DEL of an unrelated pod: {}", e.stderr));
+    }
+    for _ in 0..5 {
+        net.wait_for_replays();
+        if deferred_of(&net, &old).is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let later = Sandbox::new("lijiaob", &sys::unique("later"), "uid4");
+        add_in(&net, Mode::Delegate, &later);
+        net.del_with(&conflist, &later, NetnsArg::Sandbox)
+            .unwrap_or_else(|e| panic!("DEL of a later pod: {}", e.stderr));
+    }
+    assert!(
+        deferred_of(&net, &old).is_empty(),
+        "A's DEL never reached the primary once it answered: {:?}",
+        deferred_of(&net, &old)
+    );
 }

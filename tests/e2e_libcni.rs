@@ -497,6 +497,15 @@ fn logged(net: &Network, sandbox: &Sandbox, outcome: &str) -> usize {
         .count()
 }
 
+/// The bridge network of testdata, and two sandboxes of lijiaob/etcd1-0, old and new.
+fn bridge_incident() -> (Network, Sandbox, Sandbox) {
+    (
+        bridge_network_from(Source::Testdata { pin: None }),
+        Sandbox::new("lijiaob", "etcd1-0", "uid1"),
+        Sandbox::new("lijiaob", "etcd1-0", "uid2"),
+    )
+}
+
 /// The incident of `stale_del_is_refused_through_libcni` in delegate mode: kubelet re-creates
 /// lijiaob/etcd1-0 (B), a late ADD of the old sandbox A comes back, then A is stopped and
 /// removed. The late ADD is refused before bridge sees it; A's DELs succeed for libcni on the
@@ -505,10 +514,8 @@ fn logged(net: &Network, sandbox: &Sandbox, outcome: &str) -> usize {
 #[test]
 fn stale_del_is_deferred_through_libcni() {
     sys::skip_unless_root!(libcni::TOOLS);
-    let net = bridge_network_from(Source::Testdata { pin: None });
+    let (net, old, new) = bridge_incident();
     let delegate = net.conflist_of(Mode::Delegate);
-    let old = Sandbox::new("lijiaob", "etcd1-0", "uid1");
-    let new = Sandbox::new("lijiaob", "etcd1-0", "uid2");
     let old_result = add_in(&net, Mode::Delegate, &old);
     assert_attached_in(&net, Mode::Delegate, &old, &old_result);
     let new_result = add_in(&net, Mode::Delegate, &new);
@@ -1146,4 +1153,80 @@ fn a_hung_replay_holds_up_no_other_pods_verb_through_libcni() {
         "A's DEL never reached the primary once it answered: {:?}",
         deferred_of(&net, &old)
     );
+}
+
+/// The kernel gives a freed netns's inode to the next namespace made, so a netns made again at
+/// a stale sandbox's path can have its old device and inode. Through libcni in delegate mode
+/// (bridge and host-local): A is added, superseded by B, its netns goes and one is made again
+/// at its path with its old inode, holding an eth0 of its own; A's stale DEL then must leave
+/// that eth0 alone (the netns cookie tells the two apart) and still be deferred and replayed.
+#[test]
+fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcni() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    use std::os::unix::fs::MetadataExt;
+    let (net, old, new) = bridge_incident();
+    let delegate = net.conflist_of(Mode::Delegate);
+    let old_result = add_in(&net, Mode::Delegate, &old);
+    let (old_ip, old_mac) = (first_ip(&old_result), pod_mac(&old_result, &old).unwrap());
+    let new_ip = first_ip(&add_in(&net, Mode::Delegate, &new));
+    // A's sandbox goes; a namespace is made at its path until it has A's old inode.
+    let (name, path) = (old.netns.name.clone(), old.netns_path());
+    let inode = || std::fs::metadata(&path).map(|m| m.ino()).ok();
+    let old_inode = inode();
+    sys::run("ip", &["netns", "del", &name]);
+    let reused = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        sys::run("ip", &["netns", "add", &name]);
+        if inode() == old_inode {
+            return true;
+        }
+        sys::run("ip", &["netns", "del", &name]);
+        false
+    });
+    if !reused {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the kernel never gave A's netns inode to a namespace made again at its path"
+        );
+        eprintln!("SKIPPED: the kernel never gave A's netns inode to a namespace made again");
+        return;
+    }
+    // Its own eth0, with the MAC A's had: only the namespace itself tells them apart.
+    let host_end = sys::HostLink {
+        name: sys::unique("sgh"),
+    };
+    let veth = format!(
+        "link add {} type veth peer name {IFNAME} netns {name}",
+        host_end.name
+    );
+    sys::run("ip", &veth.split(' ').collect::<Vec<_>>());
+    sys::run(
+        "ip",
+        &["-n", &name, "link", "set", IFNAME, "address", &old_mac],
+    );
+    net.del_with(delegate, &old, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("A's stale DEL must succeed in delegate mode: {}", e.stderr));
+    assert!(
+        sys::try_run("ip", &["-n", &name, "link", "show", IFNAME]),
+        "A's stale DEL deleted the eth0 of the namespace that now has A's path"
+    );
+    assert_eq!(deferred_of(&net, &old).len(), 1, "A's DEL is not deferred");
+    assert_eq!(
+        net.ip_holder(&old_ip),
+        Some(old.container_id.clone()),
+        "bridge/host-local saw A's DEL while B lives"
+    );
+    assert!(pod_has_link(&new, IFNAME), "B lost its link to A's DEL");
+    assert_eq!(net.ip_holder(&new_ip), Some(new.container_id.clone()));
+    // B goes: A's deferred DEL reaches bridge and host-local.
+    drop(host_end);
+    net.del_with(delegate, &new, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("B's own DEL: {}", e.stderr));
+    net.wait_for_replays();
+    assert_eq!(
+        net.ip_holder(&old_ip),
+        None,
+        "A's deferred DEL never reached host-local"
+    );
+    assert!(deferred_of(&net, &old).is_empty());
 }

@@ -25,7 +25,8 @@
 # then only BENCH_BASE_DIR's), DELEGATE_COST (1; 0 skips that phase), SANDBOX_GUARD_BIN to benchmark an already built binary instead of building one,
 # BASELINE_BIN (or BASELINE_REF, a git ref built into its own checkout and target dir) an earlier binary timed
 # beside this one in the same rounds: its ADD and DEL, and `--restore` of RESTORE_PODS (50) dual-stack macvlan
-# pods RESTORE_RUNS (5) times each, alternating at random;
+# pods RESTORE_RUNS (5) times each, alternating at random; HUNG_ENTRIES (50) hung deferred DELs beside which
+# HUNG_ROUNDS (30) unrelated pods' ADD, CHECK, DEL and STATUS are timed;
 # GUARD_KEYS extra keys of the guard's entry (JSON members with a leading comma; @WORK@ stands for the
 # run's work dir, e.g. ',"metricsFile":"@WORK@/sg.prom"') to measure what a key costs against a run
 # without it.
@@ -78,8 +79,12 @@ readonly MAX_GROWTH_RATIO=1.20 MAX_DUMP_MS=500 MAX_RSS_KIB=3072
 readonly TUNING_ADD_RATIO=0.70 TUNING_DEL_RATIO=0.55 TUNING_ADD_DEL_RATIO=0.6 TUNING_VERSION_RATIO=0.45 TUNING_BURST_RATIO=0.85
 # A node's restore of its dual-stack pods against the baseline binary's, when one is given.
 readonly MAX_RESTORE_RATIO=1.10
+# No verb of one pod waits for another pod's primary: with hung deferred DELs of other pods, at most this long.
+readonly MAX_UNRELATED_VERB_MS=500
 RESTORE_PODS=${RESTORE_PODS:-50}
 RESTORE_RUNS=${RESTORE_RUNS:-5}
+HUNG_ENTRIES=${HUNG_ENTRIES:-50}
+HUNG_ROUNDS=${HUNG_ROUNDS:-30}
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly repo
@@ -129,6 +134,7 @@ mounts=()                # loop-mounted file systems
 # shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
   local ns
+  declare -F stop_hung_workers >/dev/null && stop_hung_workers
   [[ -n $netns ]] && ip netns del "$netns" 2>/dev/null # takes the veth pair with it
   for ns in "${mode_netns[@]}" "${restore_netns[@]}"; do ip netns del "$ns" 2>/dev/null; done
   for ns in "${restore_masters[@]}"; do ip link del "$ns" 2>/dev/null; done
@@ -445,6 +451,90 @@ for ((run = 0; run < DUMP_RUNS; run++)); do
   timed dump_table dump table
 done
 
+# --- 50 hung deferred DELs: the slowest unrelated verb. A delegate-mode store holds HUNG_ENTRIES deferred
+# DELs whose primary hangs on every replay (the test primary tests/primaries/recording-plugin, steered by its
+# sleep-DEL-<container> files; it stands for a primary whose DEL blocks on a dead API server), all due; then
+# HUNG_ROUNDS unrelated pods each get ADD, CHECK, DEL and a STATUS of the network, one exec timed at a time.
+# The deferred DELs' sandboxes have no netns (their paths name none): the model primary plumbs nothing.
+# The bound (docs/delegate-mode.md): no verb of one pod waits for another pod's primary, at most 0.5 s in all.
+hung_state=$work/state-hung hung_primary=$work/hung-primary hung_bin=$work/hung-bin
+mkdir -p "$hung_primary" "$hung_bin"
+ln -s "$repo/tests/primaries/recording-plugin" "$hung_bin/recording-primary"
+hung_call() { # verb container namespace pod [prevResult] -> the guard's answer
+  local config='{"cniVersion":"1.1.0","name":"hungnet","type":"sandbox-guard","stateDir":"'$hung_state'","replayTimeoutSeconds":120,"podLockTimeoutSeconds":120'$guard_keys',"delegate":{"type":"recording-primary","stateDir":"'$hung_primary'"}'
+  [[ -z ${5:-} ]] || config+=',"prevResult":'$5
+  if [[ $1 == STATUS ]]; then
+    CNI_COMMAND=STATUS CNI_PATH=$hung_bin "$guard_bin" <<<"$config}" 2>>"$work/hung.log"
+  else
+    CNI_COMMAND=$1 CNI_CONTAINERID=$2 CNI_NETNS=/run/netns/sgbhung-$$-${2: -12} CNI_IFNAME=$ifname CNI_PATH=$hung_bin \
+      CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=$3;K8S_POD_NAME=$4;K8S_POD_INFRA_CONTAINER_ID=$2;K8S_POD_UID=uid-$4" \
+      "$guard_bin" <<<"$config}" 2>>"$work/hung.log"
+  fi
+}
+hung_answer=''
+hung_timed() { # verb container namespace pod [prevResult]: one timed exec, its answer in hung_answer
+  local start rc=0
+  start=${EPOCHREALTIME/./}
+  hung_answer=$(hung_call "$@") || rc=$?
+  samples[hung_$1]+="$((${EPOCHREALTIME/./} - start)) "
+  ((rc == 0)) || die "an unrelated $1 beside the hung deferred DELs failed (exit $rc): $hung_answer"
+}
+# The replay workers of the hung store and the primaries they run (each in its own process group): ended
+# here, by their ids, or they would hang on for the primary's five minutes.
+stop_hung_workers() {
+  local fd worker child
+  [[ -d ${hung_state:-} ]] || return 0
+  for worker in $(for fd in /proc/[0-9]*/fd/*; do
+    [[ $(readlink "$fd" 2>/dev/null) == "$hung_state/replay.lock" ]] && { fd=${fd#/proc/}; echo "${fd%%/*}"; }
+  done | sort -u); do
+    for child in $(ps -o pid= --ppid "$worker"); do kill -9 -- "-$child" 2>/dev/null || kill -9 "$child" 2>/dev/null; done
+    kill -9 "$worker" 2>/dev/null
+  done
+  return 0
+}
+hung_deferred() { "$guard_bin" --dump-checkpoints --state-dir "$hung_state" --output json | jq '[.[] | select(.status == "deferred")] | length'; }
+say "setting up $HUNG_ENTRIES deferred DELs whose primary hangs"
+hung_olds=()
+for ((n = 0; n < HUNG_ENTRIES; n++)); do
+  printf -v old '%064x' $((8000000 + n))
+  printf -v new '%064x' $((8100000 + n))
+  hung_olds+=("$old")
+  old_result=$(hung_call ADD "$old" hung "web-$n") || die "hung setup: ADD of the old sandbox of web-$n failed"
+  new_result=$(hung_call ADD "$new" hung "web-$n") || die "hung setup: ADD of the new sandbox of web-$n failed"
+  hung_call DEL "$old" hung "web-$n" "$old_result" >/dev/null || die "hung setup: the stale DEL of web-$n failed"
+  # The owner's DEL frees the name: its replay is refused, so the entry stays, due after its back-off.
+  printf '{"cniVersion":"1.1.0","code":11,"msg":"datastore is locked"}' >"$hung_primary/fail-DEL-$old"
+  hung_call DEL "$new" hung "web-$n" "$new_result" >/dev/null || die "hung setup: the owner's DEL of web-$n failed"
+done
+[[ ! -e $hung_state/replay.lock ]] || flock -w 60 "$hung_state/replay.lock" true || die "hung setup: the replay worker did not finish"
+for ((n = 0; n < HUNG_ENTRIES; n++)); do
+  rm -f "$hung_primary/fail-DEL-${hung_olds[n]}"
+  printf '300.%02d' "$n" >"$hung_primary/sleep-DEL-${hung_olds[n]}"
+done
+hung_before=$(hung_deferred)
+((hung_before == HUNG_ENTRIES)) || contract "the hung setup left $hung_before deferred DELs, not $HUNG_ENTRIES"
+sleep 2.2 # past the refused replays' back-off: every entry is due
+say "timing $HUNG_ROUNDS unrelated pods' ADD, CHECK, DEL and STATUS beside $HUNG_ENTRIES hung deferred DELs"
+for ((round = 0; round < HUNG_ROUNDS; round++)); do
+  printf -v cid '%064x' $((8200000 + round))
+  # The unrelated pod's sandbox, with the interface the model primary's result names (its CHECK compares
+  # the two), made before the clock starts.
+  mode_netns[hung$round]=sgbhung-$$-${cid: -12}
+  ip netns add "${mode_netns[hung$round]}"
+  ip link add "sgbh$round-$$" type veth peer name "$ifname" netns "${mode_netns[hung$round]}"
+  ip -n "${mode_netns[hung$round]}" link set "$ifname" address 02:00:00:00:00:01 up
+  ip -n "${mode_netns[hung$round]}" addr add 10.22.0.5/24 dev "$ifname"
+  hung_timed ADD "$cid" busy "api-$round"
+  result=$hung_answer
+  hung_timed CHECK "$cid" busy "api-$round" "$result"
+  hung_timed STATUS
+  hung_timed DEL "$cid" busy "api-$round" "$result"
+  ip netns del "${mode_netns[hung$round]}" && unset "mode_netns[hung$round]"
+done
+hung_after=$(hung_deferred)
+((hung_after == HUNG_ENTRIES)) || contract "$HUNG_ENTRIES hung deferred DELs became $hung_after while unrelated verbs ran"
+stop_hung_workers
+
 # --- Delegate mode's own cost: the same primary run alone, chained with the guard last, and wrapped by the
 # guard (its "delegate" key), each an ADD then a DEL of a fresh attachment in its own netns; every round runs
 # the three in a random order. Each goes through the libcni driver (tests/libcni-driver), so the runtime's
@@ -674,6 +764,11 @@ if [[ -n $baseline_bin ]]; then
   verdict "--restore of $RESTORE_PODS dual-stack pods ${p50[restore_guard]} ms is ${restore_ratio}x the baseline's ${p50[restore_baseline]} ms (<= $MAX_RESTORE_RATIO)" \
     "${p50[restore_guard]} <= $MAX_RESTORE_RATIO * ${p50[restore_baseline]}"
 fi
+hung_max() { tr ' ' '\n' <<<"${samples[hung_$1]}" | grep . | sort -n | tail -n 1 | awk '{ printf "%.3f", $1 / 1000 }'; } # verb
+for verb in ADD CHECK DEL STATUS; do
+  verdict "$verb of an unrelated pod beside $HUNG_ENTRIES hung deferred DELs: max $(hung_max "$verb") ms, median ${p50[hung_$verb]} ms over $HUNG_ROUNDS (<= $MAX_UNRELATED_VERB_MS ms)" \
+    "$(hung_max "$verb") <= $MAX_UNRELATED_VERB_MS"
+done
 if ((${#contract_problems[@]})); then
   failed=1
   echo
@@ -713,6 +808,15 @@ row "sandbox-guard ADD, $LARGE_RECORDS records" guard_add_large "$add_growth x A
 row "sandbox-guard DEL, $LARGE_RECORDS records" guard_del_large "$del_growth x DEL, $SMALL_RECORDS records"
 row "\`--dump-checkpoints --output json\`, $LARGE_RECORDS records" dump_json '-'
 row "\`--dump-checkpoints --output table\`, $LARGE_RECORDS records" dump_table '-'
+
+echo
+echo "50 hung deferred DELs: the slowest unrelated verb. $HUNG_ENTRIES deferred DELs of other pods, all due, whose primary hangs on every replay (tests/primaries/recording-plugin sleeping 300 s); $HUNG_ROUNDS unrelated pods each ADD, CHECK, DEL and a STATUS, delegate mode, one exec timed at a time (ms; target: max <= $MAX_UNRELATED_VERB_MS ms)."
+echo
+echo "| Verb | Median (ms) | p90 (ms) | Max (ms) |"
+echo "| --- | ---: | ---: | ---: |"
+for verb in ADD CHECK DEL STATUS; do
+  printf '| %s | %.2f | %.2f | %.2f |\n' "$verb" "${p50[hung_$verb]}" "${p90[hung_$verb]}" "$(hung_max "$verb")"
+done
 
 if [[ -n $baseline_bin ]]; then
   echo

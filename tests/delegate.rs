@@ -1252,11 +1252,12 @@ fn kill_processes_with(needle: &str) {
 const REPLAYS_DONE: std::time::Duration = std::time::Duration::from_secs(90);
 
 /// Fifty deferred DELs whose pods' names are free and whose primary DEL hangs: no other
-/// pod's verb may wait on them. The count, not the time: when an unrelated ADD returns, no
-/// hung replay has been cut short (a verb that ran one would have killed it at its own
+/// pod's verb may wait on them. The count, not the time: when an unrelated ADD, CHECK, DEL or
+/// STATUS returns, it has succeeded, no hung replay has been cut short (a verb that ran one would have killed it at its own
 /// budget's end), and at most one runs at a time on the node.
 #[test]
 fn fifty_hung_deferred_dels_hold_up_no_other_pods_verb() {
+    sys::skip_unless_root!(&["ip"]);
     let (i, primary) = incident();
     let long = |call: cni::Cni| {
         primary
@@ -1311,41 +1312,75 @@ fn fifty_hung_deferred_dels_hold_up_no_other_pods_verb() {
             })
             .collect()
     };
-    let mut took = Vec::new();
+    // Each unrelated pod's ADD, CHECK and DEL, and a STATUS of the network, one at a time.
+    let verbs = ["ADD", "CHECK", "DEL", "STATUS"];
+    let mut took: std::collections::BTreeMap<&str, Vec<std::time::Duration>> = Default::default();
     for n in 0..20 {
-        let before = attempts();
-        let started = std::time::Instant::now();
-        long(
-            i.store
-                .add(&container_id(), &cni::Pod::new("busy", &format!("api-{n}"))),
-        )
-        .run()
-        .assert_ok();
-        took.push(started.elapsed());
-        // A replay that ends in under two minutes here was cut short by the verb.
-        let cut_short: Vec<String> = attempts()
+        let pod = cni::Pod::new("busy", &format!("api-{n}"));
+        let id = container_id();
+        // The pod's sandbox as its primary leaves it: CHECK reads the kernel.
+        let (add, sandbox) = long(i.store.add(&id, &pod)).in_pod_netns();
+        primary.answer_add(&id, &add.default_prev_result().to_string());
+        for verb in verbs {
+            let call = match verb {
+                "ADD" => add.clone(),
+                "STATUS" => long(i.store.cni("STATUS", "")),
+                _ => long(i.store.cni(verb, &id).pod(&pod)).netns(&sandbox.path()),
+            };
+            let before = attempts();
+            let started = std::time::Instant::now();
+            let answer = call.run();
+            took.entry(verb).or_default().push(started.elapsed());
+            answer.assert_ok();
+            // A replay that ends in under two minutes here was cut short by the verb.
+            let cut_short: Vec<String> = attempts()
+                .into_iter()
+                .filter(|(id, count)| before.get(id).is_some_and(|was| count > was))
+                .map(|(id, _)| id)
+                .collect();
+            let running = processes_with("sleep 300.").len();
+            assert!(
+                cut_short.is_empty(),
+                "unrelated {verb} {n} ran and cut short the replays of {cut_short:?}"
+            );
+            assert!(
+                running <= 1,
+                "{running} hung replays run at once: one worker per node"
+            );
+        }
+        let reached: Vec<String> = primary
+            .calls()
             .into_iter()
-            .filter(|(id, count)| before.get(id).is_some_and(|was| count > was))
-            .map(|(id, _)| id)
+            .filter(|c| c.container == id && c.phase == "end")
+            .map(|c| c.verb)
             .collect();
-        let running = processes_with("sleep 300.").len();
-        assert!(
-            cut_short.is_empty(),
-            "unrelated ADD {n} ran and cut short the replays of {cut_short:?}"
-        );
-        assert!(
-            running <= 1,
-            "{running} hung replays run at once: one worker per node"
+        assert_eq!(
+            reached,
+            ["ADD", "CHECK", "DEL"],
+            "the unrelated pod {n}'s own verbs did not all reach the primary"
         );
     }
-    took.sort();
-    let (median, max) = (took[took.len() / 2], took[took.len() - 1]);
+    assert_eq!(
+        deferred(&i.store).len(),
+        50,
+        "an unrelated verb settled a hung deferred DEL"
+    );
+    let spread = |samples: &mut Vec<std::time::Duration>| {
+        samples.sort();
+        (samples[samples.len() / 2], samples[samples.len() - 1])
+    };
     let (hung_median, hung_max) = timed_adds("busier");
     eprintln!(
-        "20 unrelated ADDs: without deferred DELs {:?} median, {:?} max; with fifty hung ones {median:?} median, \
-         {max:?} max (checked one by one), {hung_median:?} median, {hung_max:?} max (in a row)",
+        "20 unrelated ADDs: without deferred DELs {:?} median, {:?} max; with fifty hung ones {hung_median:?} \
+         median, {hung_max:?} max (in a row)",
         baseline.0, baseline.1
     );
+    for (verb, samples) in took.iter_mut() {
+        let (median, max) = spread(samples);
+        eprintln!(
+            "20 unrelated {verb}s beside fifty hung deferred DELs (checked one by one): {median:?} median, {max:?} max"
+        );
+    }
     i.store.kill_replay_workers();
 }
 

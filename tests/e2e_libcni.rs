@@ -22,6 +22,7 @@ use libcni::{
     mode_of, pod_has_link, result_ips, shape,
 };
 use serde_json::{Value, json};
+use std::os::unix::fs::OpenOptionsExt;
 
 fn add(net: &Network, sandbox: &Sandbox) -> Value {
     net.add(sandbox)
@@ -496,6 +497,15 @@ fn logged(net: &Network, sandbox: &Sandbox, outcome: &str) -> usize {
         .count()
 }
 
+/// The bridge network of testdata, and two sandboxes of lijiaob/etcd1-0, old and new.
+fn bridge_incident() -> (Network, Sandbox, Sandbox) {
+    (
+        bridge_network_from(Source::Testdata { pin: None }),
+        Sandbox::new("lijiaob", "etcd1-0", "uid1"),
+        Sandbox::new("lijiaob", "etcd1-0", "uid2"),
+    )
+}
+
 /// The incident of `stale_del_is_refused_through_libcni` in delegate mode: kubelet re-creates
 /// lijiaob/etcd1-0 (B), a late ADD of the old sandbox A comes back, then A is stopped and
 /// removed. The late ADD is refused before bridge sees it; A's DELs succeed for libcni on the
@@ -504,10 +514,8 @@ fn logged(net: &Network, sandbox: &Sandbox, outcome: &str) -> usize {
 #[test]
 fn stale_del_is_deferred_through_libcni() {
     sys::skip_unless_root!(libcni::TOOLS);
-    let net = bridge_network_from(Source::Testdata { pin: None });
+    let (net, old, new) = bridge_incident();
     let delegate = net.conflist_of(Mode::Delegate);
-    let old = Sandbox::new("lijiaob", "etcd1-0", "uid1");
-    let new = Sandbox::new("lijiaob", "etcd1-0", "uid2");
     let old_result = add_in(&net, Mode::Delegate, &old);
     assert_attached_in(&net, Mode::Delegate, &old, &old_result);
     let new_result = add_in(&net, Mode::Delegate, &new);
@@ -1037,4 +1045,188 @@ fn calico_v2_model_unguarded_loses_the_new_pod() {
     );
     net.del_with(&unguarded, &new, NetnsArg::Sandbox)
         .unwrap_or_else(|e| panic!("DEL of B failed: {}", e.stderr));
+}
+
+/// A deferred DEL whose primary hangs, through libcni in delegate mode, the primary the model
+/// of a pod-name-keyed one (tests/cri/podname-keyed-plugin, its `hung-dels` marker: a DEL
+/// that blocks on a dead datastore, holding none of the model's locks): the replay hangs in the worker, and unrelated pods' ADD
+/// and CHECK through libcni succeed meanwhile without running it or cutting it short. Once
+/// the primary answers again the hung DEL still reaches it.
+#[test]
+fn a_hung_replay_holds_up_no_other_pods_verb_through_libcni() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    let net = libcni::podname_keyed_network();
+    let conflist = net.conflist_of(Mode::Delegate).to_path_buf();
+    let model = net.ipam_dir.join("model");
+    let pod = sys::unique("etcd");
+    let (old, new) = (
+        Sandbox::new("lijiaob", &pod, "uid1"),
+        Sandbox::new("lijiaob", &pod, "uid2"),
+    );
+    add_in(&net, Mode::Delegate, &old);
+    add_in(&net, Mode::Delegate, &new);
+    net.del_with(&conflist, &old, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("A's stale DEL is deferred: {}", e.stderr));
+    // B's own DEL frees the pod while the test holds replays off (as `--downgrade` does), so
+    // the replay of A starts only once the primary hangs.
+    let replay_lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(net.state_dir.join("replay.lock"))
+        .unwrap();
+    replay_lock.lock().unwrap();
+    net.del_with(&conflist, &new, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("B's own DEL: {}", e.stderr));
+    std::fs::write(model.join("hung-dels"), "300").unwrap();
+    replay_lock.unlock().unwrap();
+    assert_eq!(deferred_of(&net, &old).len(), 1, "A's DEL is not deferred");
+    let attempts = || {
+        deferred_of(&net, &old)[0]["attempts"]
+            .as_u64()
+            .unwrap_or_default()
+    };
+    let replays_of_a = || {
+        std::fs::read_to_string(model.join("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.ends_with(&format!(" HUNG-DEL {}", old.container_id)))
+            .count()
+    };
+    let before = attempts();
+    let store = cni::Store::with_state_dir(net.state_dir.clone(), &net.state_dir);
+    let unrelated: Vec<Sandbox> = (0..3)
+        .map(|n| Sandbox::new("lijiaob", &sys::unique(&format!("web{n}")), "uid3"))
+        .collect();
+    for (n, sandbox) in unrelated.iter().enumerate() {
+        add_in(&net, Mode::Delegate, sandbox);
+        if n == 0 {
+            // The first ADD started the worker: its replay of A reaches the primary and hangs.
+            for _ in 0..500 {
+                if replays_of_a() > 0 {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            assert_eq!(replays_of_a(), 1, "the worker never ran A's replay");
+        }
+        net.check_with(&conflist, sandbox)
+            .unwrap_or_else(|e| panic!("CHECK of unrelated pod {n}: {}", e.stderr));
+        assert_eq!(
+            attempts(),
+            before,
+            "unrelated pod {n}'s verbs cut the hung replay short"
+        );
+        assert_eq!(
+            replays_of_a(),
+            1,
+            "unrelated pod {n}'s verbs ran A's replay again"
+        );
+    }
+    assert!(
+        !store.replay_workers().is_empty(),
+        "the hung replay no longer runs"
+    );
+    // The primary answers again: a later verb's worker replays A (more verbs, as a busy node
+    // gives them, in case the first came while the killed worker still held the sweep).
+    store.kill_replay_workers();
+    std::fs::remove_file(model.join("hung-dels")).unwrap();
+    for sandbox in &unrelated {
+        net.del_with(&conflist, sandbox, NetnsArg::Sandbox)
+            .unwrap_or_else(|e| panic!("DEL of an unrelated pod: {}", e.stderr));
+    }
+    for _ in 0..5 {
+        net.wait_for_replays();
+        if deferred_of(&net, &old).is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let later = Sandbox::new("lijiaob", &sys::unique("later"), "uid4");
+        add_in(&net, Mode::Delegate, &later);
+        net.del_with(&conflist, &later, NetnsArg::Sandbox)
+            .unwrap_or_else(|e| panic!("DEL of a later pod: {}", e.stderr));
+    }
+    assert!(
+        deferred_of(&net, &old).is_empty(),
+        "A's DEL never reached the primary once it answered: {:?}",
+        deferred_of(&net, &old)
+    );
+}
+
+/// The kernel gives a freed netns's inode to the next namespace made, so a netns made again at
+/// a stale sandbox's path can have its old device and inode. Through libcni in delegate mode
+/// (bridge and host-local): A is added, superseded by B, its netns goes and one is made again
+/// at its path with its old inode, holding an eth0 of its own; A's stale DEL then must leave
+/// that eth0 alone (the netns cookie tells the two apart) and still be deferred and replayed.
+#[test]
+fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcni() {
+    sys::skip_unless_root!(libcni::TOOLS);
+    use std::os::unix::fs::MetadataExt;
+    let (net, old, new) = bridge_incident();
+    let delegate = net.conflist_of(Mode::Delegate);
+    let old_result = add_in(&net, Mode::Delegate, &old);
+    let (old_ip, old_mac) = (first_ip(&old_result), pod_mac(&old_result, &old).unwrap());
+    let new_ip = first_ip(&add_in(&net, Mode::Delegate, &new));
+    // A's sandbox goes; a namespace is made at its path until it has A's old inode.
+    let (name, path) = (old.netns.name.clone(), old.netns_path());
+    let inode = || std::fs::metadata(&path).map(|m| m.ino()).ok();
+    let old_inode = inode();
+    sys::run("ip", &["netns", "del", &name]);
+    let reused = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        sys::run("ip", &["netns", "add", &name]);
+        if inode() == old_inode {
+            return true;
+        }
+        sys::run("ip", &["netns", "del", &name]);
+        false
+    });
+    if !reused {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the kernel never gave A's netns inode to a namespace made again at its path"
+        );
+        eprintln!("SKIPPED: the kernel never gave A's netns inode to a namespace made again");
+        return;
+    }
+    // Its own eth0, with the MAC A's had: only the namespace itself tells them apart.
+    let host_end = sys::HostLink {
+        name: sys::unique("sgh"),
+    };
+    let veth = format!(
+        "link add {} type veth peer name {IFNAME} netns {name}",
+        host_end.name
+    );
+    sys::run("ip", &veth.split(' ').collect::<Vec<_>>());
+    sys::run(
+        "ip",
+        &["-n", &name, "link", "set", IFNAME, "address", &old_mac],
+    );
+    net.del_with(delegate, &old, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("A's stale DEL must succeed in delegate mode: {}", e.stderr));
+    assert!(
+        sys::try_run("ip", &["-n", &name, "link", "show", IFNAME]),
+        "A's stale DEL deleted the eth0 of the namespace that now has A's path"
+    );
+    assert_eq!(deferred_of(&net, &old).len(), 1, "A's DEL is not deferred");
+    assert_eq!(
+        net.ip_holder(&old_ip),
+        Some(old.container_id.clone()),
+        "bridge/host-local saw A's DEL while B lives"
+    );
+    assert!(pod_has_link(&new, IFNAME), "B lost its link to A's DEL");
+    assert_eq!(net.ip_holder(&new_ip), Some(new.container_id.clone()));
+    // B goes: A's deferred DEL reaches bridge and host-local.
+    drop(host_end);
+    net.del_with(delegate, &new, NetnsArg::Sandbox)
+        .unwrap_or_else(|e| panic!("B's own DEL: {}", e.stderr));
+    net.wait_for_replays();
+    assert_eq!(
+        net.ip_holder(&old_ip),
+        None,
+        "A's deferred DEL never reached host-local"
+    );
+    assert!(deferred_of(&net, &old).is_empty());
 }

@@ -480,13 +480,14 @@ fn an_old_releases_state_dir_that_cannot_be_rekeyed_still_refuses_stale_dels() {
 /// What the re-key leaves behind, to compare runs: each owner, deferred DEL, set-aside file
 /// (a kept copy without its time) and marker by path, with what it holds when it verifies.
 fn rekeyed_state(store: &Store) -> std::collections::BTreeMap<String, Value> {
+    files_under(store, &["owners", "deferred", "set-aside", "pod-keys"])
+}
+
+/// Each file under the store's `dirs` (temp files aside) by path, a kept copy without its
+/// time, with what it holds when it verifies.
+fn files_under(store: &Store, dirs: &[&str]) -> std::collections::BTreeMap<String, Value> {
     let mut found = std::collections::BTreeMap::new();
-    let mut dirs = vec![
-        store.state_dir.join("owners"),
-        store.state_dir.join("deferred"),
-        store.state_dir.join("set-aside"),
-        store.state_dir.join("pod-keys"),
-    ];
+    let mut dirs: Vec<std::path::PathBuf> = dirs.iter().map(|d| store.state_dir.join(d)).collect();
     while let Some(dir) = dirs.pop() {
         for path in files_in(&dir) {
             let name = path
@@ -507,6 +508,16 @@ fn rekeyed_state(store: &Store) -> std::collections::BTreeMap<String, Value> {
     }
     found
 }
+
+/// The system calls a store's writer makes its steps with, one kind at a time: a test kills it
+/// on entry to each in turn.
+const WRITE_STEPS: [&str; 5] = [
+    "rename",
+    "link,linkat",
+    "unlink,unlinkat",
+    "fsync,fdatasync",
+    "mkdir,mkdirat",
+];
 
 /// SIGKILL on entry to each of the re-key's steps in turn (every rename, link, unlink, fsync
 /// and mkdir it makes, until a run gets through), on the old release's state dir, with and
@@ -551,13 +562,7 @@ fn a_rekey_killed_at_any_step_loses_nothing_and_runs_again_to_the_same_store() {
             .ledger_entry(&web_c)
             .map(|entry| entry["refused"].clone());
         let mut kills = 0;
-        for syscalls in [
-            "rename",
-            "link,linkat",
-            "unlink,unlinkat",
-            "fsync,fdatasync",
-            "mkdir,mkdirat",
-        ] {
+        for syscalls in WRITE_STEPS {
             for nth in 1..100 {
                 let (_root, store) = fresh();
                 let reply = store.del(&ids["a"], &etcd_a).ifname("net1").run_killed_at(
@@ -1200,6 +1205,188 @@ fn downgrade_recreate_and_upgrade_again_keeps_the_new_owner() {
             );
         }
         i.store.assert_every_owner_has_its_record();
+    }
+}
+
+/// SIGKILL on entry to each of `--downgrade`'s steps in turn (every rename, link, unlink,
+/// fsync and mkdir it makes, until a run gets through), in both modes, on a store this release
+/// re-keyed: an owner, the stale DELs of its old sandbox counted in the ledger and, in delegate
+/// mode, that sandbox's deferred DEL. `--downgrade` run again leaves the owners, deferred DELs
+/// and ledger an uncut run leaves (nothing lost, nothing doubled), and the older binary then
+/// judges as after an uncut downgrade: the old sandbox's DEL stays stale and is counted once
+/// more, the owner's own DEL passes, the deferred DEL is replayed once.
+#[test]
+fn a_downgrade_killed_at_any_step_keeps_every_owner_and_runs_again_to_the_same_store() {
+    sys::skip_unless_root!(&["strace", "cp"]);
+    let Some(old) = old_release::required(sys::test_name!()) else {
+        return;
+    };
+    for (delegated, mode) in [(false, "chained"), (true, "delegate")] {
+        let (i, primary) = (Incident::of("lijiaob", "etcd1-0"), RecordingPrimary::new());
+        let wrap = |call: cni::Cni| if delegated { primary.wrap(call) } else { call };
+        let by_old = |call: cni::Cni| old_release::by_old(wrap(call), &old);
+        by_old(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+        by_old(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+        assert_stale(
+            by_old(i.store.del(&i.a, &i.pod_a)),
+            &i.a,
+            delegated.then_some(&primary),
+        );
+        // The upgrade: this release's first verb moves the store to its keys.
+        wrap(
+            i.store
+                .add(&cni::container_id(), &Pod::new("lijiaob", "web-0")),
+        )
+        .run()
+        .assert_ok();
+        assert_stale(
+            wrap(i.store.del(&i.a, &i.pod_a)),
+            &i.a,
+            delegated.then_some(&primary),
+        );
+        i.store.wait_for_replays(REPLAYS_DONE);
+        // Each run on its own copy of that store.
+        let copy = || {
+            let root = sys::TempDir::new("sgdown");
+            let state_dir = root.path.join("state");
+            let copied = std::process::Command::new("cp")
+                .arg("-a")
+                .arg(&i.store.state_dir)
+                .arg(&state_dir)
+                .status()
+                .unwrap();
+            assert!(copied.success(), "cp -a of the state dir failed");
+            let store = Store::with_state_dir(state_dir, &root.path);
+            (root, store)
+        };
+        let downgrade = |store: &Store, killed_at: Option<(&str, usize)>| {
+            let state_dir = store.state_dir.to_str().unwrap();
+            let command = [cni::BIN, "--downgrade", "--state-dir", state_dir];
+            let (trace, inject) =
+                killed_at.map_or((String::new(), String::new()), |(calls, nth)| {
+                    (
+                        format!("trace={calls}"),
+                        format!("inject={calls}:signal=SIGKILL:when={nth}"),
+                    )
+                });
+            let strace = [
+                "strace",
+                "-qq",
+                "-o",
+                "/dev/null",
+                "-e",
+                &trace,
+                "-e",
+                &inject,
+            ];
+            let argv: Vec<&str> = match killed_at {
+                Some(_) => strace.iter().chain(command.iter()).copied().collect(),
+                None => command.to_vec(),
+            };
+            std::process::Command::new(argv[0])
+                .args(&argv[1..])
+                .output()
+                .unwrap()
+        };
+        let stale_dels_of_a = |store: &Store| -> Vec<u64> {
+            files_in(&store.state_dir.join("ledger"))
+                .iter()
+                .filter_map(|path| verify_envelope(path).ok())
+                .filter(|entry| entry["podName"] == "etcd1-0")
+                .map(|entry| {
+                    ["refused", "deferred"]
+                        .iter()
+                        .map(|n| entry[n].as_u64().unwrap_or_default())
+                        .sum()
+                })
+                .collect()
+        };
+        let older_judges = |store: &Store, run: &str| {
+            let replays_before = primary.dels(&i.a);
+            let stale = by_old(store.del(&i.a, &i.pod_a)).run();
+            if delegated {
+                stale.assert_ok();
+                assert_eq!(
+                    primary.dels(&i.a),
+                    replays_before,
+                    "{mode}, {run}: the older release sent the stale DEL to the primary"
+                );
+            } else {
+                stale.assert_error(11);
+            }
+            assert_eq!(
+                stale_dels_of_a(store),
+                [3],
+                "{mode}, {run}: the older release counts on from the two stale DELs"
+            );
+            by_old(store.del(&i.b, &i.pod_b)).run().assert_ok();
+            store.wait_for_replays(REPLAYS_DONE);
+            if delegated {
+                assert_eq!(
+                    primary.dels(&i.a) - replays_before,
+                    1,
+                    "{mode}, {run}: the deferred DEL replayed once"
+                );
+            }
+            store.assert_every_owner_has_its_record();
+        };
+        // Owners, deferred DELs and the ledger; a ledger entry's `mergedFrom` only where the
+        // entry it names still exists (the next re-key forgets the others: they mean nothing).
+        let kept = |store: &Store| {
+            let mut files = files_under(store, &["owners", "deferred", "ledger"]);
+            for (name, entry) in files.iter_mut() {
+                let Some(merged) = entry.get_mut("mergedFrom").and_then(Value::as_array_mut) else {
+                    continue;
+                };
+                merged.retain(|digest| {
+                    let digest = digest.as_str().unwrap_or_default();
+                    store.state_dir.join("ledger").join(digest).exists()
+                });
+                if merged.is_empty() {
+                    entry.as_object_mut().unwrap().remove("mergedFrom");
+                }
+                assert!(name.starts_with("ledger/"), "{mode}: mergedFrom in {name}");
+            }
+            files
+        };
+        let (_uncut_root, uncut) = copy();
+        let out = downgrade(&uncut, None);
+        assert!(out.status.success(), "{mode}: {out:?}");
+        let expected = kept(&uncut);
+        assert_eq!(
+            stale_dels_of_a(&uncut),
+            [2],
+            "{mode}: the uncut downgrade's ledger"
+        );
+        assert!(
+            expected.keys().any(|k| k.starts_with("deferred/")) == delegated,
+            "{mode}: the deferred DELs the uncut downgrade left: {expected:?}"
+        );
+        older_judges(&uncut, "uncut");
+        let mut kills = 0;
+        for syscalls in WRITE_STEPS {
+            for nth in 1..100 {
+                let (_root, store) = copy();
+                let out = downgrade(&store, Some((syscalls, nth)));
+                if out.status.signal() != Some(9) {
+                    assert!(out.status.success(), "{mode}: {out:?}");
+                    break;
+                }
+                kills += 1;
+                let run = format!("killed at {syscalls} #{nth}");
+                let again = downgrade(&store, None);
+                assert!(
+                    again.status.success(),
+                    "{mode}, {run}, run again: {again:?}"
+                );
+                assert_eq!(kept(&store), expected, "{mode}, {run}");
+                older_judges(&store, &run);
+            }
+        }
+        assert!(
+            kills > 10,
+            "{mode}: only {kills} kills: the test proves little"
+        );
     }
 }
 

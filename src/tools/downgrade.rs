@@ -2,7 +2,8 @@
 //! (`Store::downgrade`), under the store's lock, for the operator who goes back to it. No
 //! replay runs meanwhile: a worker of delegate mode would read and rewrite deferred DELs
 //! while they move (`replay.lock`, taken first and exclusively, waited for at most
-//! `--lock-timeout` while no other lock is held).
+//! `--lock-timeout` while no other lock is held). The temp files of writers that are gone go
+//! too, a killed run's among them.
 
 use std::path::Path;
 use std::time::Duration;
@@ -20,6 +21,8 @@ pub fn run(state_dir: &Path, lock_timeout: Duration) -> i32 {
     let done = crate::state::hold_off_replays(state_dir, lock_timeout).and_then(|_replays| {
         let store = Store::open(state_dir, lock_timeout)?;
         let done = store.downgrade()?;
+        // A killed run leaves its temp files; the older release never collects them.
+        store.remove_dead_temp_files()?;
         Ok((done, store.ledger_left_behind()?))
     });
     match done {

@@ -66,6 +66,14 @@ esac
 state_dir=$(conf stateDir)
 [[ -n $state_dir ]] || fail 7 "stateDir is required"
 mkdir -p "$state_dir/ips" "$state_dir/links" || fail 5 "cannot create $state_dir"
+# A file "hung-dels" in stateDir (seconds) makes every DEL wait that long before it takes the
+# lock, after a line "<time> HUNG-DEL <container>" in the trace: a primary blocked on a dead
+# datastore that holds nothing the node's other pods need (unlike "slow-dels", below, which
+# holds the lock as a slow IPAM run does).
+if [[ ${CNI_COMMAND:-} == DEL && -f $state_dir/hung-dels ]]; then
+    printf '%s HUNG-DEL %s\n' "$(date +%T.%N)" "${CNI_CONTAINERID:-}" >>"$state_dir/calls.log"
+    sleep "$(cat "$state_dir/hung-dels")"
+fi
 exec 9>"$state_dir/lock"
 flock 9
 

@@ -7,6 +7,7 @@
 //! nothing it reads.
 
 use std::io::{self, Write};
+use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
 
@@ -223,7 +224,7 @@ pub fn run(
             state_dir.display()
         );
         let mut out = io::stdout().lock();
-        sink.finish(&mut out, state_dir, Vec::new())
+        sink.finish(&mut out, state_dir, &[])
             .map_err(DumpError::Write)
     } else {
         let store = Store::open_read_only(state_dir)?;
@@ -258,21 +259,6 @@ impl From<io::Error> for DumpError {
     }
 }
 
-/// One rendered row and where it sorts: kubectl's order (namespace, then name), then the
-/// sandbox and the interface; rows that name no pod go last.
-type SortKey = (bool, String, String, String, String);
-
-fn sort_key(row: &Row) -> SortKey {
-    let text = |value: Option<&str>| value.unwrap_or_default().to_string();
-    (
-        row.pod_name.is_none(),
-        text(row.pod_namespace),
-        text(row.pod_name),
-        text(row.container_id),
-        text(row.if_name),
-    )
-}
-
 /// Renders the rows under the lock, a batch at a time; sorts and writes them with the lock
 /// let go.
 fn write_all(
@@ -284,7 +270,7 @@ fn write_all(
     let notice = WaitNotice::new(store.root(), lock_timeout);
     let on_wait = |holder: &str| notice.hear(holder);
     let mut paths = store.record_paths()?;
-    let mut rows: Vec<(SortKey, Vec<u8>)> = Vec::new();
+    let mut rows = Rendered::default();
     // Records that own their pod key: when every owner file is one of them, no owner is
     // without its record, and the owners need not be read one by one.
     let mut owning = 0;
@@ -370,21 +356,67 @@ fn write_all(
             push_row(sink, &mut rows, &row)?;
         }
     }
-    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    rows.at.sort_by(|a, b| RowAt::order(&rows.keys, a, b));
+    let sorted: Vec<&[u8]> = rows
+        .at
+        .iter()
+        .map(|at| &rows.bytes[at.row.clone()])
+        .collect();
     let mut out = io::stdout().lock();
-    sink.finish(
-        &mut out,
-        store.root(),
-        rows.into_iter().map(|(_, bytes)| bytes).collect(),
-    )?;
+    sink.finish(&mut out, store.root(), &sorted)?;
     out.flush()?;
     Ok(())
 }
 
-fn push_row(sink: &mut dyn Sink, rows: &mut Vec<(SortKey, Vec<u8>)>, row: &Row) -> io::Result<()> {
-    let mut bytes = Vec::new();
-    sink.row(&mut bytes, row)?;
-    rows.push((sort_key(row), bytes));
+/// The rendered rows back to back in one buffer, and their sort keys in another: a buffer of
+/// its own per row or per key would round every one up to its allocation's size and about
+/// double the memory a large store's dump takes.
+#[derive(Default)]
+struct Rendered {
+    bytes: Vec<u8>,
+    keys: Vec<u8>,
+    at: Vec<RowAt>,
+}
+
+/// Where one rendered row is and where it sorts: kubectl's order (namespace, then name), then
+/// the sandbox and the interface; rows that name no pod go last.
+struct RowAt {
+    no_pod: bool,
+    /// The namespace, the pod's name, the container ID and the interface, in `keys`.
+    key: [Range<usize>; 4],
+    row: Range<usize>,
+}
+
+impl RowAt {
+    /// Compares two rows by their keys, which lie in `keys`.
+    fn order(keys: &[u8], a: &RowAt, b: &RowAt) -> std::cmp::Ordering {
+        let fields = |at: &RowAt| at.key.clone().into_iter().map(|range| &keys[range]);
+        a.no_pod
+            .cmp(&b.no_pod)
+            .then_with(|| fields(a).cmp(fields(b)))
+    }
+}
+
+fn push_row(sink: &mut dyn Sink, rows: &mut Rendered, row: &Row) -> io::Result<()> {
+    let start = rows.bytes.len();
+    sink.row(&mut rows.bytes, row)?;
+    let mut key = |value: Option<&str>| {
+        let at = rows.keys.len();
+        rows.keys
+            .extend_from_slice(value.unwrap_or_default().as_bytes());
+        at..rows.keys.len()
+    };
+    let key = [
+        key(row.pod_namespace),
+        key(row.pod_name),
+        key(row.container_id),
+        key(row.if_name),
+    ];
+    rows.at.push(RowAt {
+        no_pod: row.pod_name.is_none(),
+        key,
+        row: start..rows.bytes.len(),
+    });
     Ok(())
 }
 
@@ -396,7 +428,7 @@ fn record_rows(
     ledger: &std::collections::HashMap<PodKey, LedgerEntry>,
     path: &Path,
     sink: &mut dyn Sink,
-    rows: &mut Vec<(SortKey, Vec<u8>)>,
+    rows: &mut Rendered,
 ) -> io::Result<bool> {
     match store.load_record_at(path) {
         Loaded::Valid(record) => {
@@ -638,7 +670,7 @@ fn empty_row<'a>(status: Status, reason: String) -> Row<'a> {
 trait Sink {
     /// Renders one row (and counts it); the rows are written, sorted, by `finish`.
     fn row(&mut self, out: &mut dyn Write, row: &Row) -> io::Result<()>;
-    fn finish(&mut self, out: &mut dyn Write, root: &Path, rows: Vec<Vec<u8>>) -> io::Result<()>;
+    fn finish(&mut self, out: &mut dyn Write, root: &Path, rows: &[&[u8]]) -> io::Result<()>;
 }
 
 /// A JSON array, one row per line.
@@ -651,7 +683,7 @@ impl Sink for JsonSink {
         Ok(())
     }
 
-    fn finish(&mut self, out: &mut dyn Write, _root: &Path, rows: Vec<Vec<u8>>) -> io::Result<()> {
+    fn finish(&mut self, out: &mut dyn Write, _root: &Path, rows: &[&[u8]]) -> io::Result<()> {
         if rows.is_empty() {
             return out.write_all(b"[]\n");
         }
@@ -760,9 +792,9 @@ impl Sink for TableSink {
         }
     }
 
-    fn finish(&mut self, out: &mut dyn Write, root: &Path, rows: Vec<Vec<u8>>) -> io::Result<()> {
+    fn finish(&mut self, out: &mut dyn Write, root: &Path, rows: &[&[u8]]) -> io::Result<()> {
         write_cells(out, COLUMNS.map(|(header, _)| header))?;
-        for row in &rows {
+        for row in rows {
             out.write_all(row)?;
         }
         let count = |status: Status| self.by_status[status as usize];

@@ -2375,6 +2375,20 @@ fn an_uninstall_waits_for_the_watch_to_stand_down_and_stays_done() {
     assert!(check(&node).0, "{}", check(&node).1);
 }
 
+#[test]
+fn a_marker_left_by_a_killed_uninstall_does_not_stand_down_later_watches() {
+    // Fails before this change: an uninstall killed while it waited for the watches (Ctrl-C,
+    // a Job's deadline, the OOM killer) left its marker in the conf dir, and every watch
+    // started after it stood down at once, for good: the guard was never put back after the
+    // primary's next rewrite, and the DaemonSet stayed not ready saying an uninstall was
+    // under way.
+    let node = Node::with("calico");
+    std::fs::write(node.conf().join(".sandbox-guard-uninstalling"), b"4242\n").unwrap();
+    let watcher = Watcher::start(&node, "chained");
+    assert!(check(&node).0, "{}", check(&node).1);
+    assert_eq!(watcher.terminate().code(), Some(0));
+}
+
 /// An inotify watch on one file, as multus's config watch and readiness check hold one.
 struct PathWatcher {
     inotify: nix::sys::inotify::Inotify,

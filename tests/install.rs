@@ -2433,3 +2433,54 @@ impl PathWatcher {
         );
     }
 }
+
+#[test]
+fn an_in_place_write_that_runs_out_of_room_leaves_the_file_as_it_was() {
+    // Fails before this change: the in-place write of a primary's single-plugin .conf got
+    // its first page over the old bytes, then ENOSPC for the page beyond them: the file was
+    // left cut inside the new JSON, which no runtime or multus can parse, and the install
+    // exited with the error. A full root file system is a common node failure.
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let disk = mount::Mount::tmpfs("size=64k,mode=0755");
+    let conf = disk.path.join("net.d");
+    std::fs::create_dir_all(&conf).unwrap();
+    let bin = sys::TempDir::new("sgfullbin");
+    std::os::unix::fs::symlink("/usr/lib/cni/bridge", bin.path.join("bridge")).unwrap();
+    // A primary's .conf of just under a page: the guard's wrap needs a second one.
+    let mut text = String::from(
+        r#"{"cniVersion":"1.0.0","name":"pods","type":"bridge","bridge":"sgfull0","ipam":{},"comment":""#,
+    );
+    text.push_str(&"x".repeat(4090 - text.len() - 2));
+    text.push_str("\"}");
+    assert_eq!(text.len(), 4090);
+    let file = conf.join("10-pods.conf");
+    std::fs::write(&file, &text).unwrap();
+    // Room for the kept original (one page), none for the file's second page.
+    let slack = disk.path.join("slack");
+    std::fs::write(&slack, vec![0u8; 4096]).unwrap();
+    {
+        use std::io::Write;
+        let mut filler = std::fs::File::create(disk.path.join("filler")).unwrap();
+        let chunk = vec![0xa5u8; 4096];
+        while filler.write(&chunk).is_ok_and(|n| n > 0) {}
+    }
+    std::fs::remove_file(&slack).unwrap();
+    let out = cni::guard(&[
+        "--install",
+        "--mode",
+        "delegate",
+        "--conf-dir",
+        conf.to_str().unwrap(),
+        "--bin-dir",
+        bin.path.to_str().unwrap(),
+    ]);
+    let now = std::fs::read_to_string(&file).unwrap();
+    assert!(!out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        now == text,
+        "{}: the file now ends {:?}",
+        stderr_of(&out),
+        &now[now.len().saturating_sub(60)..]
+    );
+    drop(disk);
+}

@@ -707,3 +707,142 @@ fn crio_is_asked_for_its_dirs() {
         "{said}"
     );
 }
+
+/// A protobuf length prefix.
+fn varint(mut n: usize, out: &mut Vec<u8>) {
+    while n >= 0x80 {
+        out.push((n as u8 & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+/// containerd's CRI Status answer (StatusResponse: `info`, field 2, a map of strings) over
+/// HTTP/2, as its gRPC server frames it: SETTINGS, headers, one DATA, trailers.
+fn status_answer(info: &[(&str, String)]) -> Vec<u8> {
+    let mut message = Vec::new();
+    for (key, value) in info {
+        let mut entry = vec![0x0a];
+        varint(key.len(), &mut entry);
+        entry.extend(key.as_bytes());
+        entry.push(0x12);
+        varint(value.len(), &mut entry);
+        entry.extend(value.as_bytes());
+        message.push(0x12);
+        varint(entry.len(), &mut message);
+        message.extend(entry);
+    }
+    let mut data = vec![0];
+    data.extend((message.len() as u32).to_be_bytes());
+    data.extend(message);
+    let mut out = frame(4, 0, 0, &[]);
+    out.extend(frame(1, 4, 1, &[0x88]));
+    for chunk in data.chunks(16_384) {
+        out.extend(frame(0, 0, 1, chunk));
+    }
+    out.extend(frame(1, 5, 1, &[0x40, 1, b'x', 1, b'0']));
+    out
+}
+
+/// A containerd socket that answers CRI Status with `cniconfig`, for layouts this machine's
+/// containerd cannot be given (another node's paths, seen under --host-root).
+fn fake_containerd(socket: &Path, cniconfig: Value) -> std::thread::JoinHandle<()> {
+    use std::io::{Read, Write};
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    let answer = status_answer(&[
+        ("cniconfig", cniconfig.to_string()),
+        ("lastCNILoadStatus", "OK".to_string()),
+    ]);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stream.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+                if got.starts_with(b"PRI * HTTP/2.0") && got.ends_with(&[0x08, 0x01]) {
+                    // The connection stays open, for the client's acknowledgements.
+                    let _ = stream.write_all(&answer);
+                }
+            }
+        }
+    })
+}
+
+/// k3s since its data/cni: containerd (k3s's socket) searches `data/cni`, whose plugins are
+/// absolute links into `data/<hash>/bin`. Seen from the installer's pod those links name the
+/// host's paths, which resolve only under --host-root.
+#[test]
+fn k3s_links_in_the_runtimes_plugin_dir_resolve_under_the_host_root() {
+    // Fails before this change: the runtime's answer was judged with the links followed in
+    // the pod's own root, where /var/lib/rancher does not exist: "cannot find its plugins
+    // flannel, portmap, bandwidth" on every healthy k3s node, a probe that never passes.
+    let dir = sys::TempDir::new("sgk3sprobe");
+    let host = dir.path.join("host");
+    let conf = host.join("var/lib/rancher/k3s/agent/etc/cni/net.d");
+    fs::create_dir_all(&conf).unwrap();
+    fs::write(
+        conf.join("10-flannel.conflist"),
+        testdata::fixture_bytes("install/k3s/conf/10-flannel.conflist"),
+    )
+    .unwrap();
+    let data = host.join("var/lib/rancher/k3s/data");
+    let release = data.join("3d1f7b5e0c9a/bin");
+    fs::create_dir_all(&release).unwrap();
+    fs::create_dir_all(data.join("cni")).unwrap();
+    fs::write(release.join("cni"), b"").unwrap();
+    for plugin in ["bandwidth", "flannel", "host-local", "loopback", "portmap"] {
+        std::os::unix::fs::symlink("cni", release.join(plugin)).unwrap();
+        std::os::unix::fs::symlink(
+            "/var/lib/rancher/k3s/data/3d1f7b5e0c9a/bin/cni",
+            data.join("cni").join(plugin),
+        )
+        .unwrap();
+    }
+    let root = host.to_str().unwrap();
+    let out = cni::guard(&["--install", "--platform", "k3s", "--host-root", root]);
+    assert!(out.status.success(), "{}", said(&out));
+    // What k3s's containerd then reports: its dirs as the host names them, and the network.
+    let source = fs::read_to_string(conf.join("10-flannel.conflist")).unwrap();
+    let list: Value = serde_json::from_str(&source).unwrap();
+    let plugins: Vec<Value> = list["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| json!({"Network": {"type": p["type"]}, "Source": p.to_string()}))
+        .collect();
+    assert_eq!(plugins.last().unwrap()["Network"]["type"], "sandbox-guard");
+    let cniconfig = json!({
+        "PluginConfDir": "/var/lib/rancher/k3s/agent/etc/cni/net.d",
+        "PluginDirs": ["/var/lib/rancher/k3s/data/cni"],
+        "PluginMaxConfNum": 1,
+        "Prefix": "eth",
+        "Networks": [
+            {"IFName": "lo", "Config": {"Name": "cni-loopback", "CNIVersion": "0.3.1",
+                "Plugins": [{"Network": {"type": "loopback"}, "Source": "{\"type\":\"loopback\"}"}]}},
+            {"IFName": "eth0", "Config": {"Name": "cbr0", "CNIVersion": "1.0.0", "Plugins": plugins}}
+        ]
+    });
+    let socket = dir.path.join("containerd.sock");
+    let _serving = fake_containerd(&socket, cniconfig);
+    let out = cni::guard(&[
+        "--install",
+        "--check",
+        "--platform",
+        "k3s",
+        "--host-root",
+        root,
+        "--runtime-socket",
+        socket.to_str().unwrap(),
+    ]);
+    let said = said(&out);
+    assert!(said.starts_with("source: containerd CRI status"), "{said}");
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("ready: containerd runs sandbox-guard"),
+        "{said}"
+    );
+}

@@ -2375,6 +2375,20 @@ fn an_uninstall_waits_for_the_watch_to_stand_down_and_stays_done() {
     assert!(check(&node).0, "{}", check(&node).1);
 }
 
+#[test]
+fn a_marker_left_by_a_killed_uninstall_does_not_stand_down_later_watches() {
+    // Fails before this change: an uninstall killed while it waited for the watches (Ctrl-C,
+    // a Job's deadline, the OOM killer) left its marker in the conf dir, and every watch
+    // started after it stood down at once, for good: the guard was never put back after the
+    // primary's next rewrite, and the DaemonSet stayed not ready saying an uninstall was
+    // under way.
+    let node = Node::with("calico");
+    std::fs::write(node.conf().join(".sandbox-guard-uninstalling"), b"4242\n").unwrap();
+    let watcher = Watcher::start(&node, "chained");
+    assert!(check(&node).0, "{}", check(&node).1);
+    assert_eq!(watcher.terminate().code(), Some(0));
+}
+
 /// An inotify watch on one file, as multus's config watch and readiness check hold one.
 struct PathWatcher {
     inotify: nix::sys::inotify::Inotify,
@@ -2418,4 +2432,55 @@ impl PathWatcher {
             "no write seen: {seen:?}"
         );
     }
+}
+
+#[test]
+fn an_in_place_write_that_runs_out_of_room_leaves_the_file_as_it_was() {
+    // Fails before this change: the in-place write of a primary's single-plugin .conf got
+    // its first page over the old bytes, then ENOSPC for the page beyond them: the file was
+    // left cut inside the new JSON, which no runtime or multus can parse, and the install
+    // exited with the error. A full root file system is a common node failure.
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let disk = mount::Mount::tmpfs("size=64k,mode=0755");
+    let conf = disk.path.join("net.d");
+    std::fs::create_dir_all(&conf).unwrap();
+    let bin = sys::TempDir::new("sgfullbin");
+    std::os::unix::fs::symlink("/usr/lib/cni/bridge", bin.path.join("bridge")).unwrap();
+    // A primary's .conf of just under a page: the guard's wrap needs a second one.
+    let mut text = String::from(
+        r#"{"cniVersion":"1.0.0","name":"pods","type":"bridge","bridge":"sgfull0","ipam":{},"comment":""#,
+    );
+    text.push_str(&"x".repeat(4090 - text.len() - 2));
+    text.push_str("\"}");
+    assert_eq!(text.len(), 4090);
+    let file = conf.join("10-pods.conf");
+    std::fs::write(&file, &text).unwrap();
+    // Room for the kept original (one page), none for the file's second page.
+    let slack = disk.path.join("slack");
+    std::fs::write(&slack, vec![0u8; 4096]).unwrap();
+    {
+        use std::io::Write;
+        let mut filler = std::fs::File::create(disk.path.join("filler")).unwrap();
+        let chunk = vec![0xa5u8; 4096];
+        while filler.write(&chunk).is_ok_and(|n| n > 0) {}
+    }
+    std::fs::remove_file(&slack).unwrap();
+    let out = cni::guard(&[
+        "--install",
+        "--mode",
+        "delegate",
+        "--conf-dir",
+        conf.to_str().unwrap(),
+        "--bin-dir",
+        bin.path.to_str().unwrap(),
+    ]);
+    let now = std::fs::read_to_string(&file).unwrap();
+    assert!(!out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        now == text,
+        "{}: the file now ends {:?}",
+        stderr_of(&out),
+        &now[now.len().saturating_sub(60)..]
+    );
+    drop(disk);
 }

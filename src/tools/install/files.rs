@@ -130,25 +130,51 @@ pub fn write_atomic_if(
 /// reads as anything but JSON: the new bytes go over the old in one write, padded with
 /// spaces to the old length (trailing whitespace is valid JSON), and only then is the file
 /// cut to the new length. One write of a config this size (under a page) is not seen half
-/// done by a reader on Linux's page cache.
+/// done by a reader on Linux's page cache. The room a longer file needs is taken before
+/// the old bytes are touched, and a write that fails all the same (a full disk) puts the
+/// old bytes back: a file others read is never left cut inside the new JSON.
 pub fn write_in_place_if(target: &Path, bytes: &[u8], expect: &Expect) -> io::Result<bool> {
     use std::os::unix::fs::FileExt;
-    let file = OpenOptions::new().write(true).open(target)?;
+    let file = OpenOptions::new().read(true).write(true).open(target)?;
     if !expect.holds(target) {
         return Ok(false);
     }
-    let old_len = file.metadata()?.len();
+    let mut old = Vec::new();
+    io::Read::read_to_end(&mut &file, &mut old)?;
+    let old_len = old.len() as u64;
     let mut padded = bytes.to_vec();
     if (padded.len() as u64) < old_len {
         padded.resize(old_len as usize, b' ');
     }
-    file.write_all_at(&padded, 0)?;
-    file.sync_all()?;
+    if padded.len() as u64 > old_len {
+        reserve(&file, padded.len() as u64)?;
+    }
+    let written = file.write_all_at(&padded, 0).and_then(|()| file.sync_all());
+    if let Err(e) = written {
+        // Within the old length: the blocks are the file's already.
+        let _ = file
+            .write_all_at(&old, 0)
+            .and_then(|()| file.set_len(old_len))
+            .and_then(|()| file.sync_all());
+        return Err(e);
+    }
     if (bytes.len() as u64) < old_len {
         file.set_len(bytes.len() as u64)?;
         file.sync_all()?;
     }
     Ok(true)
+}
+
+/// Allocates the file's blocks up to `len` without changing its size (what readers see),
+/// so that the write after it does not run out of room half way. File systems that cannot
+/// are left to the write and its undo.
+fn reserve(file: &File, len: u64) -> io::Result<()> {
+    use nix::fcntl::{FallocateFlags, fallocate};
+    match fallocate(file, FallocateFlags::FALLOC_FL_KEEP_SIZE, 0, len as i64) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EOPNOTSUPP) => Ok(()),
+        Err(e) => Err(io::Error::from(e)),
+    }
 }
 
 /// A new temp file beside the target. The pid alone does not name it: in a container the

@@ -4,9 +4,12 @@
 //! uninstall first leaves a marker in the conf dir, which wakes the watches; each one
 //! that sees it stands down for good, dropping its lock. The uninstall takes the lock
 //! exclusively, so it starts only once no watch can write any more, and if one does not
-//! stand down in time it says so and takes nothing out.
+//! stand down in time it says so and takes nothing out. The marker counts only while its
+//! uninstall holds a lock on it: one left by an uninstall that was killed stands no later
+//! watch down.
 
-use std::fs::{File, OpenOptions};
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -53,9 +56,33 @@ impl Watching {
     }
 }
 
-/// Whether an uninstall is under way: a watch that sees it stands down.
+/// Whether an uninstall is under way: a watch that sees it stands down. Only reads.
 pub fn uninstalling(conf_dir: &Path) -> bool {
-    conf_dir.join(MARKER).exists()
+    File::open(conf_dir.join(MARKER))
+        .is_ok_and(|marker| matches!(marker.try_lock_shared(), Err(TryLockError::WouldBlock)))
+}
+
+/// The marker, locked by this process before it appears under its name (a watch never
+/// sees it unlocked while the uninstall lives), held until dropped.
+fn leave_marker(marker: &Path) -> std::io::Result<File> {
+    let mut name = marker.as_os_str().to_owned();
+    name.push(format!(".{}.tmp", std::process::id()));
+    let temp = PathBuf::from(name);
+    let written = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&temp)?;
+        file.lock()?;
+        writeln!(file, "{}", std::process::id())?;
+        std::fs::rename(&temp, marker)?;
+        Ok(file)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written
 }
 
 /// The uninstall's side: the marker, then the lock, held while `work` runs. Both go when it
@@ -71,8 +98,8 @@ pub fn while_no_watch_runs<T>(
         return work();
     }
     let marker = conf_dir.join(MARKER);
-    std::fs::write(&marker, format!("{}\n", std::process::id()))
-        .map_err(|e| format!("cannot write {}: {e}", marker.display()))?;
+    let _marked =
+        leave_marker(&marker).map_err(|e| format!("cannot write {}: {e}", marker.display()))?;
     let lock = match open_lock(bin_dir) {
         Ok(lock) => lock,
         Err(e) => {
@@ -83,12 +110,12 @@ pub fn while_no_watch_runs<T>(
     let deadline = Instant::now() + STAND_DOWN_WITHIN;
     while lock.try_lock().is_err() {
         if Instant::now() >= deadline {
+            let _ = std::fs::remove_file(&marker);
             return Err(format!(
                 "a sandbox-guard --install --watch on this node has not stood down within {}s (its DaemonSet still \
-                 runs and is busy, or stopped): it would put the guard back. {} stays, so it stands down at its next \
-                 look; delete the installing DaemonSet first, then run the uninstall again",
-                STAND_DOWN_WITHIN.as_secs(),
-                marker.display()
+                 runs and is busy, or stopped): it would put the guard back, so nothing was taken out; delete the \
+                 installing DaemonSet first, then run the uninstall again",
+                STAND_DOWN_WITHIN.as_secs()
             ));
         }
         std::thread::sleep(Duration::from_millis(100));

@@ -44,7 +44,7 @@ pub fn check(options: &Options) -> (String, Result<Vec<String>, Failure>) {
                     // Multus reads the cluster network from the conf dir on each ADD.
                     let through = Options {
                         conf_dir: conf_dir.clone(),
-                        bin_dir: first_holding(&dirs, GUARD_TYPE)
+                        bin_dir: first_holding(&options.host_root, &dirs, GUARD_TYPE)
                             .unwrap_or_else(|| options.bin_dir.clone()),
                         ..options.clone()
                     };
@@ -53,7 +53,7 @@ pub fn check(options: &Options) -> (String, Result<Vec<String>, Failure>) {
                         lines
                     })
                 }
-                Some(net) => loaded_verdict(net, &dirs, "containerd", true).map(|mut lines| {
+                Some(net) => loaded_verdict(&options.host_root, net, &dirs, "containerd", true).map(|mut lines| {
                     if let Some(e) = load_error {
                         lines.push(format!("warning: containerd's last CNI config load failed ({e}): it runs what it loaded before"));
                     }
@@ -79,7 +79,7 @@ pub fn check(options: &Options) -> (String, Result<Vec<String>, Failure>) {
                 .iter()
                 .map(|d| on_host(&options.host_root, d))
                 .collect();
-            let Some(bin_dir) = first_holding(&dirs, GUARD_TYPE) else {
+            let Some(bin_dir) = first_holding(&options.host_root, &dirs, GUARD_TYPE) else {
                 return (source, Err(not_in_dirs(&dirs, "CRI-O")));
             };
             let as_crio = Options {
@@ -132,7 +132,7 @@ fn crio_verdict(as_crio: &Options, dirs: &[PathBuf]) -> Result<Vec<String>, Fail
             })
             .collect(),
     };
-    loaded_verdict(&net, dirs, "CRI-O", true).map(|mut lines| {
+    loaded_verdict(&as_crio.host_root, &net, dirs, "CRI-O", true).map(|mut lines| {
         lines.splice(0..0, found.notes);
         lines
     })
@@ -156,9 +156,16 @@ fn on_host(host_root: &Path, path: &Path) -> PathBuf {
     host_root.join(path.strip_prefix("/").unwrap_or(path))
 }
 
-/// libcni's `FindInPath`: the first dir holding the plugin is the one that runs.
-fn first_holding(dirs: &[PathBuf], plugin: &str) -> Option<PathBuf> {
-    dirs.iter().find(|d| d.join(plugin).is_file()).cloned()
+/// libcni's `FindInPath`: the first dir holding the plugin is the one that runs. The dirs
+/// are the host's seen under `host_root`, and so are their links' absolute targets (k3s's
+/// `data/cni` holds nothing else).
+fn first_holding(host_root: &Path, dirs: &[PathBuf], plugin: &str) -> Option<PathBuf> {
+    dirs.iter()
+        .find(|d| {
+            let path = d.join(plugin);
+            super::network::host_resolve(host_root, &path).is_file() || path.is_file()
+        })
+        .cloned()
 }
 
 fn not_in_dirs(dirs: &[PathBuf], runtime: &str) -> Failure {
@@ -177,6 +184,7 @@ fn not_in_dirs(dirs: &[PathBuf], runtime: &str) -> Failure {
 /// `this_binary`: the one found must be this binary (the installer's probe; the doctor may
 /// be another version).
 fn loaded_verdict(
+    host_root: &Path,
     net: &Network,
     dirs: &[PathBuf],
     runtime: &str,
@@ -244,7 +252,7 @@ fn loaded_verdict(
             ),
         ));
     }
-    let Some(dir) = first_holding(dirs, GUARD_TYPE) else {
+    let Some(dir) = first_holding(host_root, dirs, GUARD_TYPE) else {
         return Err(not_in_dirs(dirs, runtime));
     };
     let mut wanted: Vec<&str> = types.clone();
@@ -255,7 +263,7 @@ fn loaded_verdict(
     );
     let missing: Vec<&str> = wanted
         .into_iter()
-        .filter(|t| first_holding(dirs, t).is_none())
+        .filter(|t| first_holding(host_root, dirs, t).is_none())
         .collect();
     if !missing.is_empty() {
         return Err(Failure::new(
@@ -268,6 +276,7 @@ fn loaded_verdict(
         ));
     }
     let binary = dir.join(GUARD_TYPE);
+    let found = super::network::host_resolve(host_root, &binary);
     let this = match this_binary {
         true => Some(
             std::env::current_exe()
@@ -276,7 +285,10 @@ fn loaded_verdict(
         ),
         false => None,
     };
-    if this.is_some_and(|this| !std::fs::read(&binary).is_ok_and(|there| there == this)) {
+    if this.is_some_and(|this| {
+        !std::fs::read(&found).is_ok_and(|there| there == this)
+            && !std::fs::read(&binary).is_ok_and(|there| there == this)
+    }) {
         return Err(Failure::new(
             Reason::BinDir,
             format!(
@@ -328,7 +340,7 @@ pub fn runtime_view(sockets: &[PathBuf]) -> Option<Result<String, (String, &'sta
     }
     let said = |msg: &str| format!("per containerd's CRI status ({}): {msg}", socket.display());
     Some(
-        loaded_verdict(net, &plugin_dirs, "containerd", false)
+        loaded_verdict(Path::new("/"), net, &plugin_dirs, "containerd", false)
             .map(|lines| said(&lines.join("; ")))
             .map_err(|failure| (said(&failure.msg), way_out)),
     )
@@ -381,7 +393,7 @@ mod tests {
     }
 
     fn verdict(net: &Network, dirs: &[PathBuf]) -> Result<String, String> {
-        loaded_verdict(net, dirs, "containerd", false)
+        loaded_verdict(Path::new("/"), net, dirs, "containerd", false)
             .map(|lines| lines.join("\n"))
             .map_err(|f| f.msg)
     }

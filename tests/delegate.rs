@@ -1781,3 +1781,56 @@ fn a_replay_refused_once() -> (Incident, RecordingPrimary) {
     primary.heal("DEL", &i.a);
     (i, primary)
 }
+
+/// The flock held on `pod-waits/<digest>` by `pid`, shared, per /proc/locks.
+fn holds_shared_flock(pid: u32, file: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(file).unwrap().ino();
+    std::fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .any(|f| {
+            f.len() >= 6
+                && f[1] == "FLOCK"
+                && f[3] == "READ"
+                && f[4] == pid.to_string()
+                && f[5].ends_with(&format!(":{ino}"))
+        })
+}
+
+/// A verb that comes while someone looks at the pod's waiting sign (the worker's `try_acquire`,
+/// GC's clean-up, another waiter leaving: each holds that file's flock exclusively for a
+/// moment) still makes its sign once the look is over, so the worker does not take the pod
+/// lock back before it.
+#[test]
+fn a_verb_that_waits_makes_its_sign_after_a_momentary_look_at_it() {
+    let (i, primary) = incident();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+    let locks = cni::files_in(&i.store.state_dir.join("pod-locks"));
+    assert_eq!(locks.len(), 1, "{locks:?}");
+    let lock_path = locks[0].clone();
+    let held = std::fs::File::open(&lock_path).unwrap();
+    held.try_lock().unwrap();
+    let waits = i.store.state_dir.join("pod-waits");
+    std::fs::create_dir_all(&waits).unwrap();
+    let sign = waits.join(lock_path.file_name().unwrap());
+    let look = std::fs::File::create(&sign).unwrap();
+    look.try_lock().unwrap();
+    let c = container_id();
+    let running = primary
+        .wrap(i.store.add(&c, &i.pod_a))
+        .config("podLockTimeoutSeconds", Some(json!(60)))
+        .spawn();
+    // Ordering only: the verb has found the pod lock taken and the sign's file locked.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    drop(look);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let signed = holds_shared_flock(running.pid, &sign);
+    drop(held);
+    running.wait().assert_ok();
+    assert!(
+        signed,
+        "the waiting ADD holds no shared flock on its pod's pod-waits file: the worker would go before it"
+    );
+}

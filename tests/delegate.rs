@@ -1834,3 +1834,47 @@ fn a_verb_that_waits_makes_its_sign_after_a_momentary_look_at_it() {
         "the waiting ADD holds no shared flock on its pod's pod-waits file: the worker would go before it"
     );
 }
+
+/// A worker with several slow replays of one pod ahead of it: an operator's `--downgrade` that
+/// waits for `replay.lock` runs once the replay running when it came ends, not after every
+/// replay the worker would still start (each a primary run of up to replayTimeoutSeconds, for
+/// up to ten minutes of a worker's life): a worker starts no replay while an operator command
+/// waits, and no verb starts a worker then.
+#[test]
+fn a_waiting_downgrade_goes_before_the_workers_next_replays() {
+    let (i, primary) = incident();
+    let olds: Vec<String> = (0..4).map(|_| container_id()).collect();
+    for old in &olds {
+        primary.wrap(i.store.add(old, &i.pod_a)).run().assert_ok();
+    }
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    for old in &olds {
+        primary.wrap(i.store.del(old, &i.pod_a)).run().assert_ok();
+        primary.slow("DEL", old, 2.5);
+    }
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    assert!(
+        !i.store.replay_workers().is_empty(),
+        "the slow replays outlast the owner's DEL"
+    );
+    let done = std::process::Command::new(cni::BIN)
+        .args(["--downgrade", "--lock-timeout", "60", "--state-dir"])
+        .arg(&i.store.state_dir)
+        .output()
+        .unwrap();
+    assert!(done.status.success(), "{done:?}");
+    let replayed_before = olds
+        .iter()
+        .filter(|old| {
+            primary
+                .started()
+                .iter()
+                .any(|(verb, c)| verb == "DEL" && c == *old)
+        })
+        .count();
+    i.store.wait_for_replays(REPLAYS_DONE);
+    assert!(
+        replayed_before <= 2,
+        "the downgrade waited for {replayed_before} of the worker's 4 slow replays"
+    );
+}

@@ -108,6 +108,12 @@ pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bo
 
 /// `replay.lock`, shared, if no command holds it exclusively now.
 fn replay_lock(root: &Path) -> std::io::Result<File> {
+    if crate::state::replays_awaited(root) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            "an operator command (--downgrade, or leaving delegate mode) waits for replay.lock",
+        ));
+    }
     let replaying = open_lock_file(&root.join(REPLAY_LOCK))?;
     match replaying.try_lock_shared() {
         Ok(()) => Ok(replaying),

@@ -20,6 +20,9 @@ pub fn run(state_dir: &Path, lock_timeout: Duration) -> i32 {
     let done = crate::state::hold_off_replays(state_dir, lock_timeout).and_then(|_replays| {
         let store = Store::open(state_dir, lock_timeout)?;
         let done = store.downgrade()?;
+        // A run killed before this one left its temp files; the older release may never
+        // collect them.
+        store.remove_dead_temp_files()?;
         Ok((done, store.ledger_left_behind()?))
     });
     match done {

@@ -1878,3 +1878,40 @@ fn a_waiting_downgrade_goes_before_the_workers_next_replays() {
         "the downgrade waited for {replayed_before} of the worker's 4 slow replays"
     );
 }
+
+/// A verb killed while it waited for its pod's lock (the runtime's timeout) leaves its
+/// `pod-waits` file; containerd before 2.0 sends no GC, so the sweep collects it.
+#[test]
+fn the_waiting_sign_of_a_killed_verb_goes_with_the_next_sweep() {
+    let (i, primary) = incident_deferred();
+    let locks = cni::files_in(&i.store.state_dir.join("pod-locks"));
+    assert_eq!(locks.len(), 1, "{locks:?}");
+    let held = std::fs::File::open(&locks[0]).unwrap();
+    held.try_lock().unwrap();
+    let sign = i
+        .store
+        .state_dir
+        .join("pod-waits")
+        .join(locks[0].file_name().unwrap());
+    let mut running = primary
+        .wrap(i.store.add(&container_id(), &i.pod_a))
+        .config("podLockTimeoutSeconds", Some(json!(60)))
+        .spawn();
+    let mut polls = 0;
+    while !(sign.exists() && holds_shared_flock(running.pid, &sign)) {
+        polls += 1;
+        assert!(polls < 3000, "the ADD never waited for the pod lock");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(running.kill());
+    let _ = running.wait();
+    drop(held);
+    let other = cni::Pod::new("lijiaob", "etcd2-0");
+    primary
+        .wrap(i.store.add(&container_id(), &other))
+        .run()
+        .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
+    let waits = cni::files_in(&i.store.state_dir.join("pod-waits"));
+    assert!(waits.is_empty(), "left: {waits:?}");
+}

@@ -129,14 +129,7 @@ impl super::Store {
     /// (GC, under the store's lock), and the signs of waiters that are gone (killed before
     /// they could remove theirs). Returns how many lock files went.
     pub fn remove_unused_pod_locks(&self) -> usize {
-        for path in std::fs::read_dir(self.root.join(POD_WAITS))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|entry| entry.path())
-        {
-            remove_if_free(&path);
-        }
+        remove_gone_waiters(&self.root);
         let Ok(entries) = std::fs::read_dir(self.root.join(POD_LOCKS)) else {
             return 0;
         };
@@ -152,6 +145,20 @@ impl super::Store {
             }
         }
         removed
+    }
+}
+
+/// Removes the signs of waiters that are gone (killed before they could remove theirs): a
+/// file nobody holds. Needs no lock of the store: a waiter that opened one before it went
+/// sees it is gone (`same_file`) and opens the path anew.
+pub fn remove_gone_waiters(state_dir: &Path) {
+    for path in std::fs::read_dir(state_dir.join(POD_WAITS))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+    {
+        remove_if_free(&path);
     }
 }
 

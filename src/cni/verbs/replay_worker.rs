@@ -259,8 +259,10 @@ fn spawn(
     command.spawn()
 }
 
-/// Temp files in `deferred/*/` of writers that were killed, and the folders they leave empty.
+/// Temp files in `deferred/*/` of writers that were killed, the folders they leave empty, and
+/// the pod-waits files of verbs killed while they waited (containerd before 2.0 sends no GC).
 fn collect_temp_files(root: &Path, wait: Duration) {
+    crate::state::pod_lock::remove_gone_waiters(root);
     let Ok(store) = crate::state::Store::open(root, wait) else {
         return;
     };

@@ -1816,3 +1816,137 @@ fn a_replay_refused_once() -> (Incident, RecordingPrimary) {
     primary.heal("DEL", &i.a);
     (i, primary)
 }
+
+/// The flock held on `pod-waits/<digest>` by `pid`, shared, per /proc/locks.
+fn holds_shared_flock(pid: u32, file: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(file).unwrap().ino();
+    std::fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .any(|f| {
+            f.len() >= 6
+                && f[1] == "FLOCK"
+                && f[3] == "READ"
+                && f[4] == pid.to_string()
+                && f[5].ends_with(&format!(":{ino}"))
+        })
+}
+
+/// A verb that comes while someone looks at the pod's waiting sign (the worker's `try_acquire`,
+/// GC's clean-up, another waiter leaving: each holds that file's flock exclusively for a
+/// moment) still makes its sign once the look is over, so the worker does not take the pod
+/// lock back before it.
+#[test]
+fn a_verb_that_waits_makes_its_sign_after_a_momentary_look_at_it() {
+    let (i, primary) = incident();
+    primary.wrap(i.store.add(&i.a, &i.pod_a)).run().assert_ok();
+    let locks = cni::files_in(&i.store.state_dir.join("pod-locks"));
+    assert_eq!(locks.len(), 1, "{locks:?}");
+    let lock_path = locks[0].clone();
+    let held = std::fs::File::open(&lock_path).unwrap();
+    held.try_lock().unwrap();
+    let waits = i.store.state_dir.join("pod-waits");
+    std::fs::create_dir_all(&waits).unwrap();
+    let sign = waits.join(lock_path.file_name().unwrap());
+    let look = std::fs::File::create(&sign).unwrap();
+    look.try_lock().unwrap();
+    let c = container_id();
+    let running = primary
+        .wrap(i.store.add(&c, &i.pod_a))
+        .config("podLockTimeoutSeconds", Some(json!(60)))
+        .spawn();
+    // Ordering only: the verb has found the pod lock taken and the sign's file locked.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    drop(look);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let signed = holds_shared_flock(running.pid, &sign);
+    drop(held);
+    running.wait().assert_ok();
+    assert!(
+        signed,
+        "the waiting ADD holds no shared flock on its pod's pod-waits file: the worker would go before it"
+    );
+}
+
+/// A worker with several slow replays of one pod ahead of it: an operator's `--downgrade` that
+/// waits for `replay.lock` runs once the replay running when it came ends, not after every
+/// replay the worker would still start (each a primary run of up to replayTimeoutSeconds, for
+/// up to ten minutes of a worker's life): a worker starts no replay while an operator command
+/// waits, and no verb starts a worker then.
+#[test]
+fn a_waiting_downgrade_goes_before_the_workers_next_replays() {
+    let (i, primary) = incident();
+    let olds: Vec<String> = (0..4).map(|_| container_id()).collect();
+    for old in &olds {
+        primary.wrap(i.store.add(old, &i.pod_a)).run().assert_ok();
+    }
+    primary.wrap(i.store.add(&i.b, &i.pod_b)).run().assert_ok();
+    for old in &olds {
+        primary.wrap(i.store.del(old, &i.pod_a)).run().assert_ok();
+        primary.slow("DEL", old, 2.5);
+    }
+    primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
+    assert!(
+        !i.store.replay_workers().is_empty(),
+        "the slow replays outlast the owner's DEL"
+    );
+    let done = std::process::Command::new(cni::BIN)
+        .args(["--downgrade", "--lock-timeout", "60", "--state-dir"])
+        .arg(&i.store.state_dir)
+        .output()
+        .unwrap();
+    assert!(done.status.success(), "{done:?}");
+    let replayed_before = olds
+        .iter()
+        .filter(|old| {
+            primary
+                .started()
+                .iter()
+                .any(|(verb, c)| verb == "DEL" && c == *old)
+        })
+        .count();
+    i.store.wait_for_replays(REPLAYS_DONE);
+    assert!(
+        replayed_before <= 2,
+        "the downgrade waited for {replayed_before} of the worker's 4 slow replays"
+    );
+}
+
+/// A verb killed while it waited for its pod's lock (the runtime's timeout) leaves its
+/// `pod-waits` file; containerd before 2.0 sends no GC, so the sweep collects it.
+#[test]
+fn the_waiting_sign_of_a_killed_verb_goes_with_the_next_sweep() {
+    let (i, primary) = incident_deferred();
+    let locks = cni::files_in(&i.store.state_dir.join("pod-locks"));
+    assert_eq!(locks.len(), 1, "{locks:?}");
+    let held = std::fs::File::open(&locks[0]).unwrap();
+    held.try_lock().unwrap();
+    let sign = i
+        .store
+        .state_dir
+        .join("pod-waits")
+        .join(locks[0].file_name().unwrap());
+    let mut running = primary
+        .wrap(i.store.add(&container_id(), &i.pod_a))
+        .config("podLockTimeoutSeconds", Some(json!(60)))
+        .spawn();
+    let mut polls = 0;
+    while !(sign.exists() && holds_shared_flock(running.pid, &sign)) {
+        polls += 1;
+        assert!(polls < 3000, "the ADD never waited for the pod lock");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(running.kill());
+    let _ = running.wait();
+    drop(held);
+    let other = cni::Pod::new("lijiaob", "etcd2-0");
+    primary
+        .wrap(i.store.add(&container_id(), &other))
+        .run()
+        .assert_ok();
+    i.store.wait_for_replays(REPLAYS_DONE);
+    let waits = cni::files_in(&i.store.state_dir.join("pod-waits"));
+    assert!(waits.is_empty(), "left: {waits:?}");
+}

@@ -375,3 +375,28 @@ fn with_a_journal_neither_the_doctor_nor_the_installer_warns() {
         assert!(!check.contains("without a journal"), "{check}");
     }
 }
+
+/// ext4 with its journal but mounted `nobarrier` (or `barrier=0`): jbd2 then sends the drive
+/// no cache flush, so on a drive with a volatile write cache a power cut can lose or reorder
+/// what the journal committed, acknowledged ADDs with it. The doctor and the installer must
+/// not call that journaled and safe.
+#[test]
+fn the_doctor_and_the_installer_warn_of_a_journal_mounted_without_barriers() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4"]);
+    let disk = mount::Mount::ext4("has_journal");
+    sys::run(
+        "mount",
+        &["-o", "remount,nobarrier", disk.path.to_str().unwrap()],
+    );
+    let (doctor, install, check) = said_of_journal(&disk, true);
+    assert!(
+        doctor.contains("\"warning\"") && doctor.contains("nobarrier"),
+        "{doctor}"
+    );
+    for said in [&install, &check] {
+        assert!(
+            said.contains("warning: the state dir") && said.contains("nobarrier"),
+            "{said}"
+        );
+    }
+}

@@ -1475,3 +1475,112 @@ fn the_upgrades_merge_does_not_trust_the_old_releases_unsynced_generations() {
 /// How long a test waits for the replay worker to finish: the owner's DEL answers before a
 /// replay that outlasts its short wait, so a count right after it would race the worker.
 const REPLAYS_DONE: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// The ledger as the release before reads it: (ifName, refused) of every entry, sorted; and
+/// how many owner files there are.
+fn ledger_per_interface(store: &Store) -> (Vec<(String, u64)>, usize) {
+    let mut entries: Vec<(String, u64)> = files_in(&store.state_dir.join("ledger"))
+        .iter()
+        .map(|path| verify_envelope(path).unwrap())
+        .map(|entry| {
+            (
+                entry["ifName"]
+                    .as_str()
+                    .unwrap_or("(whole pod)")
+                    .to_string(),
+                entry["refused"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    entries.sort();
+    let owners = store
+        .owner_files()
+        .iter()
+        .filter(|path| !path.file_name().unwrap().to_string_lossy().starts_with('.'))
+        .count();
+    let temp: Vec<_> = store
+        .owner_files()
+        .into_iter()
+        .filter(|path| path.file_name().unwrap().to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(temp.is_empty(), "temp files left in owners/: {temp:?}");
+    (entries, owners)
+}
+
+/// `--downgrade` SIGKILLed on entry to each of its steps in turn (every rename, link, unlink
+/// and fsync), then run again: the whole pod's ledger entry is cut into one per interface
+/// with each interface's refusals counted once, as an uncut run cuts it, and no owner is
+/// without its record.
+#[test]
+fn a_downgrade_killed_at_any_step_runs_again_to_the_same_ledger() {
+    sys::skip_unless_root!(&["strace"]);
+    let fresh = || {
+        let i = two_interfaces();
+        i.store.del(&i.a, &i.pod_a).run().assert_error(11);
+        for _ in 0..2 {
+            i.store
+                .del(&i.a, &i.pod_a)
+                .ifname("net1")
+                .run()
+                .assert_error(11);
+        }
+        i
+    };
+    let downgrade = |store: &Store, kill: Option<(&str, usize)>| {
+        let mut command = match kill {
+            Some((syscalls, nth)) => {
+                let mut strace = std::process::Command::new("strace");
+                strace.args([
+                    "-o",
+                    "/dev/null",
+                    &format!("--trace={syscalls}"),
+                    &format!("--inject={syscalls}:signal=SIGKILL:when={nth}"),
+                    cni::BIN,
+                ]);
+                strace
+            }
+            None => std::process::Command::new(cni::BIN),
+        };
+        command
+            .args(["--downgrade", "--lock-timeout", "5", "--state-dir"])
+            .arg(&store.state_dir)
+            .output()
+            .unwrap()
+    };
+    let uncut = fresh();
+    assert!(downgrade(&uncut.store, None).status.success());
+    let expected = ledger_per_interface(&uncut.store);
+    assert_eq!(
+        expected.0,
+        [("eth0".to_string(), 1), ("net1".to_string(), 2)],
+        "the uncut run"
+    );
+    let mut kills = 0;
+    for syscalls in [
+        "rename",
+        "link,linkat",
+        "unlink,unlinkat",
+        "fsync,fdatasync",
+    ] {
+        for nth in 1..200 {
+            let i = fresh();
+            let out = downgrade(&i.store, Some((syscalls, nth)));
+            let killed = out.status.signal() == Some(9) || out.status.code() == Some(137);
+            if !killed {
+                assert!(out.status.success(), "{syscalls} #{nth}: {out:?}");
+                break;
+            }
+            kills += 1;
+            i.store.assert_every_owner_has_its_record();
+            let again = downgrade(&i.store, None);
+            assert!(again.status.success(), "{syscalls} #{nth}: {again:?}");
+            assert_eq!(
+                ledger_per_interface(&i.store),
+                expected,
+                "killed at {syscalls} #{nth}"
+            );
+            i.store.assert_every_owner_has_its_record();
+        }
+    }
+    assert!(kills > 10, "only {kills} kills: the test proves little");
+}

@@ -78,6 +78,9 @@ pub enum PowerCut {
     /// read-only look at /sys/fs/ext4/<device>/journal_task, "<none>" without one; where the
     /// ext4 driver does not show the device, jbd2's list /proc/fs/jbd2 has no entry for it).
     NoJournal { device: String, evidence: String },
+    /// ext4 with its journal, mounted `nobarrier` (`barrier=0`): jbd2 sends the drive no cache
+    /// flush, so a drive with a volatile write cache can lose or reorder what was committed.
+    NoBarrier { device: String, evidence: String },
     /// Another file system, or one that could not be told (no /sys or /proc).
     Unknown,
 }
@@ -110,20 +113,56 @@ pub fn power_cut_of(dir: &std::path::Path) -> PowerCut {
         return PowerCut::Unknown;
     };
     let task = format!("/sys/fs/ext4/{device}/journal_task");
-    match std::fs::read_to_string(&task) {
-        Ok(text) if text.trim() == "<none>" => PowerCut::NoJournal {
-            evidence: format!("{task} reads <none>"),
+    let journaled = match std::fs::read_to_string(&task) {
+        Ok(text) if text.trim() == "<none>" => {
+            return PowerCut::NoJournal {
+                evidence: format!("{task} reads <none>"),
+                device,
+            };
+        }
+        Ok(_) => true,
+        Err(_) => ext_has_journal(dev),
+    };
+    match journaled {
+        true if mounted_nobarrier(major, minor) => PowerCut::NoBarrier {
+            evidence: format!("/proc/self/mountinfo: device {major}:{minor} is mounted nobarrier"),
             device,
         },
-        Ok(_) => PowerCut::Journaled,
-        Err(_) if ext_has_journal(dev) => PowerCut::Journaled,
-        Err(_) if std::path::Path::new("/proc/fs").is_dir() => PowerCut::NoJournal {
+        true => PowerCut::Journaled,
+        false if std::path::Path::new("/proc/fs").is_dir() => PowerCut::NoJournal {
             evidence: format!("no journal /proc/fs/jbd2/{device}-8 runs for it"),
             device,
         },
-        Err(_) => PowerCut::Unknown,
+        false => PowerCut::Unknown,
     }
 }
+
+/// Whether a mount of the device `major:minor` has `nobarrier` (or `barrier=0`, shown so) among
+/// its file system's options, the last field of a /proc/self/mountinfo line: the options are
+/// the file system's, so every mount of the device shows the same.
+fn mounted_nobarrier(major: u64, minor: u64) -> bool {
+    let device = format!("{major}:{minor}");
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|mounts| {
+        mounts.lines().any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.get(2) == Some(&device.as_str())
+                && fields.last().is_some_and(|options| {
+                    options
+                        .split(',')
+                        .any(|o| o == "nobarrier" || o == "barrier=0")
+                })
+        })
+    })
+}
+
+/// What a journal without barriers costs, and how out.
+pub const NO_BARRIER_COST: &str = "ext4 mounted nobarrier sends the drive no cache flush, so on a \
+    drive with a volatile write cache a power cut can lose or reorder what the journal \
+    committed, ADDs the guard acknowledged with it";
+
+pub const NO_BARRIER_FIX: &str = "remount the file system with barriers (mount -o remount,barrier \
+    <mount point>, and drop nobarrier from fstab), unless the drive's write cache is \
+    non-volatile (battery- or capacitor-backed)";
 
 /// What a file system without a journal costs, said the same by `--doctor` and the installer.
 pub const NO_JOURNAL_COST: &str = "a power cut can lose ADDs the guard acknowledged (measured: 63 \

@@ -772,6 +772,9 @@ pub fn hold_off_replays(root: &Path, wait: Duration) -> Result<Option<File>> {
         opened => opened,
     }
     .map_err(|e| GuardError::io("open the replay lock", &path, e))?;
+    // flock gives a waiting exclusive lock no precedence over new shared ones: the sign keeps
+    // new workers from starting and running ones from starting their next replay meanwhile.
+    let _awaiting = await_replays(root);
     lock::acquire(&file, &path, Access::Exclusive, wait, &|_| {}).map_err(|err| {
         if err.kind != Kind::Busy {
             return err;
@@ -791,6 +794,42 @@ pub fn hold_off_replays(root: &Path, wait: Duration) -> Result<Option<File>> {
         )
     })?;
     Ok(Some(file))
+}
+
+/// Held shared by a command waiting in `hold_off_replays`: no worker starts and none starts
+/// its next replay while anyone holds it (`replays_awaited`).
+pub const REPLAY_WAITS: &str = "replay-waits";
+
+/// The sign of a command waiting for `replay.lock`, held until dropped; `None` where it cannot
+/// be made (a read-only store where it never was): the command then only waits.
+fn await_replays(root: &Path) -> Option<File> {
+    let path = root.join(REPLAY_WAITS);
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(&path)
+        .or_else(|_| open_lock_file(&path))
+        .ok()?;
+    // Another look at it (`replays_awaited`) holds it exclusively for a moment only.
+    lock::acquire(
+        &file,
+        &path,
+        Access::Shared,
+        Duration::from_secs(1),
+        &|_| {},
+    )
+    .ok()?;
+    Some(file)
+}
+
+/// Whether a command waits for `replay.lock` (`hold_off_replays`): a worker starts no replay
+/// and a verb starts no worker then.
+pub fn replays_awaited(root: &Path) -> bool {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(root.join(REPLAY_WAITS))
+        .is_ok_and(|file| matches!(file.try_lock(), Err(fs::TryLockError::WouldBlock)))
 }
 
 /// A lock file of the store, made if missing (0600, never through a symlink), for flock.

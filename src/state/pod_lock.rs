@@ -55,10 +55,7 @@ impl PodLock {
                     return Err(GuardError::io("lock", &path, e));
                 }
                 Err(std::fs::TryLockError::WouldBlock) => {
-                    if waiting.is_none() && !wait.is_zero() {
-                        waiting = Waiting::start(state_dir, &digest);
-                    }
-                    lock::acquire(&file, &path, Access::Exclusive, wait, &|_| {})
+                    wait_signed(state_dir, &digest, &file, &path, wait, &mut waiting)
                         .map_err(|err| busy(err, &file, key, wait))?;
                 }
             }
@@ -132,14 +129,7 @@ impl super::Store {
     /// (GC, under the store's lock), and the signs of waiters that are gone (killed before
     /// they could remove theirs). Returns how many lock files went.
     pub fn remove_unused_pod_locks(&self) -> usize {
-        for path in std::fs::read_dir(self.root.join(POD_WAITS))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|entry| entry.path())
-        {
-            remove_if_free(&path);
-        }
+        remove_gone_waiters(&self.root);
         let Ok(entries) = std::fs::read_dir(self.root.join(POD_LOCKS)) else {
             return 0;
         };
@@ -155,6 +145,20 @@ impl super::Store {
             }
         }
         removed
+    }
+}
+
+/// Removes the signs of waiters that are gone (killed before they could remove theirs): a
+/// file nobody holds. Needs no lock of the store: a waiter that opened one before it went
+/// sees it is gone (`same_file`) and opens the path anew.
+pub fn remove_gone_waiters(state_dir: &Path) {
+    for path in std::fs::read_dir(state_dir.join(POD_WAITS))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+    {
+        remove_if_free(&path);
     }
 }
 
@@ -193,6 +197,37 @@ impl Drop for Waiting {
         }
     }
 }
+
+/// Waits at most `wait` for the pod lock's `file`, seen as waiting meanwhile: a sign that
+/// cannot be made at once (its file is held exclusively for a moment by a look at it, or by a
+/// waiter that leaves) is tried again between two polls, not given up for the whole wait.
+fn wait_signed(
+    state_dir: &Path,
+    digest: &str,
+    file: &File,
+    path: &Path,
+    wait: Duration,
+    waiting: &mut Option<Waiting>,
+) -> Result<()> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        if waiting.is_none() && !wait.is_zero() {
+            *waiting = Waiting::start(state_dir, digest);
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let slice = match waiting {
+            Some(_) => left,
+            None => left.min(SIGN_RETRY),
+        };
+        match lock::acquire(file, path, Access::Exclusive, slice, &|_| {}) {
+            Err(err) if err.kind == Kind::Busy && slice < left => continue,
+            done => return done,
+        }
+    }
+}
+
+/// How often a verb that could not make its waiting sign tries again.
+const SIGN_RETRY: Duration = Duration::from_millis(5);
 
 /// Whether a verb waits for the pod lock of `digest` (holds its `pod-waits` file's flock).
 fn waited_for(state_dir: &Path, digest: &str) -> bool {

@@ -702,7 +702,8 @@ pub fn replay_key(
             lock.release_unused(root);
             return;
         };
-        if Instant::now() >= until {
+        // An operator command waiting for `replay.lock` goes before the next replay.
+        if Instant::now() >= until || crate::state::replays_awaited(root) {
             return;
         }
         tried.insert(entry.id().file_name());
@@ -893,7 +894,7 @@ pub fn sweep(inv: &Invocation, delegate: &Delegate, until: Instant, backing_off:
         digests.rotate_left(start);
     }
     for digest in digests {
-        if Instant::now() >= until {
+        if Instant::now() >= until || crate::state::replays_awaited(root) {
             return;
         }
         if deferred::owned(root, &digest) {

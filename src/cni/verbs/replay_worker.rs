@@ -108,6 +108,12 @@ pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bo
 
 /// `replay.lock`, shared, if no command holds it exclusively now.
 fn replay_lock(root: &Path) -> std::io::Result<File> {
+    if crate::state::replays_awaited(root) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            "an operator command (--downgrade, or leaving delegate mode) waits for replay.lock",
+        ));
+    }
     let replaying = open_lock_file(&root.join(REPLAY_LOCK))?;
     match replaying.try_lock_shared() {
         Ok(()) => Ok(replaying),
@@ -253,8 +259,10 @@ fn spawn(
     command.spawn()
 }
 
-/// Temp files in `deferred/*/` of writers that were killed, and the folders they leave empty.
+/// Temp files in `deferred/*/` of writers that were killed, the folders they leave empty, and
+/// the pod-waits files of verbs killed while they waited (containerd before 2.0 sends no GC).
 fn collect_temp_files(root: &Path, wait: Duration) {
+    crate::state::pod_lock::remove_gone_waiters(root);
     let Ok(store) = crate::state::Store::open(root, wait) else {
         return;
     };

@@ -12,7 +12,9 @@ use crate::state::{Loaded, Store};
 /// Without a journal a power cut can lose what the guard acknowledged (docs/store.md): said
 /// for the state dir, or for where it will be made.
 pub(super) fn check_journal(state_dir: &Path, report: &mut Report) {
-    use crate::state::journal::{NO_JOURNAL_COST, PowerCut, no_journal_fix, power_cut_of};
+    use crate::state::journal::{
+        NO_BARRIER_COST, NO_BARRIER_FIX, NO_JOURNAL_COST, PowerCut, no_journal_fix, power_cut_of,
+    };
     let root = state_dir.display();
     match power_cut_of(state_dir) {
         PowerCut::Journaled => report.add(Finding::new(
@@ -30,6 +32,15 @@ pub(super) fn check_journal(state_dir: &Path, report: &mut Report) {
             )
             .evidence(evidence)
             .fix(no_journal_fix(&device)),
+        ),
+        PowerCut::NoBarrier { device, evidence } => report.add(
+            Finding::new(
+                Severity::Warning,
+                "store-journal",
+                format!("{root}: on {device}, journaled but mounted nobarrier: {NO_BARRIER_COST}"),
+            )
+            .evidence(evidence)
+            .fix(NO_BARRIER_FIX),
         ),
         PowerCut::Unknown => {}
     }

@@ -594,7 +594,9 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
 /// The guard's state dir (the entry's stateDir, seen through the host root) on a file system
 /// without a journal: what that costs and how out. Read only.
 fn no_journal_warning(options: &Options, entry: Option<&Json>) -> Option<String> {
-    use crate::state::journal::{NO_JOURNAL_COST, PowerCut, no_journal_fix, power_cut_of};
+    use crate::state::journal::{
+        NO_BARRIER_COST, NO_BARRIER_FIX, NO_JOURNAL_COST, PowerCut, no_journal_fix, power_cut_of,
+    };
     let on_host = entry
         .and_then(|e| e.get("stateDir"))
         .and_then(Json::as_str)
@@ -609,6 +611,10 @@ fn no_journal_warning(options: &Options, entry: Option<&Json>) -> Option<String>
             "the state dir {} is on {device}, an ext file system without a journal ({evidence}): {NO_JOURNAL_COST}; {}",
             on_host.display(),
             no_journal_fix(&device)
+        )),
+        PowerCut::NoBarrier { device, evidence } => Some(format!(
+            "the state dir {} is on {device}, journaled but mounted nobarrier ({evidence}): {NO_BARRIER_COST}; {NO_BARRIER_FIX}",
+            on_host.display()
         )),
         PowerCut::Journaled | PowerCut::Unknown => None,
     }

@@ -707,3 +707,86 @@ fn crio_is_asked_for_its_dirs() {
         "{said}"
     );
 }
+
+/// The `installed` line of the watch's metrics file, once written.
+fn installed_metric(file: &Path) -> Option<String> {
+    fs::read_to_string(file).ok()?.lines().find_map(|line| {
+        line.strip_prefix("sandbox_guard_install_installed ")
+            .map(|v| v.trim().to_string())
+    })
+}
+
+/// Waits (bounded, so a broken watch fails instead of hanging the suite) until `done`.
+fn wait_until(what: &str, watch: &mut Child, log: &Path, done: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120) && matches!(watch.try_wait(), Ok(None)),
+            "{what}: never; the watch said:\n{}",
+            fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The watch's readiness (its `installed` metric) is the probe's verdict, the runtime's word
+/// first: CRI-O searches a dir the installed binary is not in, so not ready although the files
+/// say ready; and it looks again without a conf-dir event, so the binary put where CRI-O
+/// searches turns it ready.
+#[test]
+fn the_watch_is_ready_only_where_the_runtime_finds_the_guard() {
+    let dir = sys::TempDir::new("sgwatchrt");
+    let (conf, bin, searched) = (
+        dir.path.join("net.d"),
+        dir.path.join("bin"),
+        dir.path.join("searched"),
+    );
+    for d in [&conf, &bin, &searched] {
+        fs::create_dir_all(d).unwrap();
+        fs::write(d.join("bridge"), b"").unwrap();
+    }
+    fs::write(conf.join("10-pods.conflist"), conflist(vec![bridge()])).unwrap();
+    let crio = FakeCrio::start(&dir.path, &conf, &[&searched]);
+    // Installed before the watch starts, so the watch writes nothing and no event of its own
+    // wakes it: only its own looks can see the binary arrive where CRI-O searches.
+    let flags = [
+        "--mode",
+        "chained",
+        "--conf-dir",
+        conf.to_str().unwrap(),
+        "--bin-dir",
+        bin.to_str().unwrap(),
+    ];
+    let out = cni::guard(&[&["--install"][..], &flags].concat());
+    assert!(out.status.success(), "{}", said(&out));
+    let (metrics, log) = (dir.path.join("install.prom"), dir.path.join("watch.log"));
+    let mut watch = Command::new(cni::BIN)
+        .args(["--install", "--watch"])
+        .args(flags)
+        .arg("--metrics-file")
+        .arg(&metrics)
+        .arg("--runtime-socket")
+        .arg(&crio.socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("the watch writes its metrics", &mut watch, &log, || {
+        installed_metric(&metrics).is_some()
+    });
+    let said = fs::read_to_string(&log).unwrap();
+    assert_eq!(installed_metric(&metrics).as_deref(), Some("0"), "{said}");
+    assert!(
+        said.contains("in none of the dirs CRI-O searches"),
+        "{said}"
+    );
+    assert!(said.contains("already installed"), "{said}");
+    // No event in the conf dir the watch watches: only a look of its own can see this.
+    fs::copy(bin.join("sandbox-guard"), searched.join("sandbox-guard")).unwrap();
+    wait_until("ready once CRI-O finds the guard", &mut watch, &log, || {
+        installed_metric(&metrics).as_deref() == Some("1")
+    });
+    let _ = watch.kill();
+    let _ = watch.wait();
+}

@@ -578,7 +578,8 @@ struct FakeCrio {
 }
 
 impl FakeCrio {
-    fn start(dir: &Path, conf_dir: &Path, plugin_dirs: &[&Path]) -> FakeCrio {
+    /// Answers CRI Version with `version` as its `runtime_version`.
+    fn start(dir: &Path, conf_dir: &Path, plugin_dirs: &[&Path], version: &str) -> FakeCrio {
         use std::io::{Read, Write};
         let socket = dir.join("crio.sock");
         let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
@@ -594,6 +595,23 @@ impl FakeCrio {
             conf_dir.display(),
             dirs.join(", ")
         );
+        // A gRPC answer: SETTINGS, HEADERS :status 200, the message, trailers.
+        let grpc = |message: Vec<u8>| {
+            let mut data = vec![0];
+            data.extend((message.len() as u32).to_be_bytes());
+            data.extend(message);
+            let mut out = frame(4, 0, 0, &[]);
+            out.extend(frame(1, 4, 1, &[0x88]));
+            out.extend(frame(0, 0, 1, &data));
+            out.extend(frame(1, 5, 1, &[0x40, 1, b'x', 1, b'0']));
+            out
+        };
+        // VersionResponse: version, runtime_name, runtime_version, runtime_api_version.
+        let mut version_response = Vec::new();
+        for (number, text) in [(1u8, "0.1.0"), (2, "cri-o"), (3, version), (4, "v1")] {
+            version_response.extend([number << 3 | 2, text.len() as u8]);
+            version_response.extend(text.as_bytes());
+        }
         let serving = std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { return };
@@ -616,6 +634,11 @@ impl FakeCrio {
                             .into_bytes(),
                         );
                     }
+                    let asks_version = got.windows(8).any(|w| w == b"/Version");
+                    if got.starts_with(b"PRI * HTTP/2.0") && asks_version && got.ends_with(&[0; 5])
+                    {
+                        break Some(grpc(version_response.clone()));
+                    }
                     if got.starts_with(b"PRI * HTTP/2.0") && got.ends_with(&[0x08, 0x01]) {
                         let config = r#"{"sandboxImage":"registry.k8s.io/pause:3.10","crio":{"default_runtime":"crun"}}"#;
                         let mut entry = vec![0x0a, 6];
@@ -624,18 +647,16 @@ impl FakeCrio {
                         entry.extend(config.as_bytes());
                         let mut message = vec![0x12, entry.len() as u8];
                         message.extend(entry);
-                        let mut data = vec![0];
-                        data.extend((message.len() as u32).to_be_bytes());
-                        data.extend(message);
-                        let mut out = frame(4, 0, 0, &[]);
-                        out.extend(frame(1, 4, 1, &[0x88]));
-                        out.extend(frame(0, 0, 1, &data));
-                        out.extend(frame(1, 5, 1, &[0x40, 1, b'x', 1, b'0']));
-                        break Some(out);
+                        break Some(grpc(message));
                     }
                 };
                 if let Some(answer) = answer {
                     let _ = stream.write_all(&answer);
+                    // gRPC: held open until the client is done (it acknowledges the
+                    // SETTINGS); HTTP/1.0 ends with the close.
+                    if answer.starts_with(&frame(4, 0, 0, &[])) {
+                        let _ = stream.read_to_end(&mut Vec::new());
+                    }
                 }
             }
         });
@@ -671,6 +692,7 @@ fn crio_is_asked_for_its_dirs() {
         &dir.path,
         &conf,
         &[&dir.path.join("missing"), &bin, &primaries],
+        "1.34.1",
     );
     let check = |conf_dir: &Path, bin_dir: &Path| {
         let out = cni::guard(&[
@@ -746,7 +768,7 @@ fn the_watch_is_ready_only_where_the_runtime_finds_the_guard() {
         fs::write(d.join("bridge"), b"").unwrap();
     }
     fs::write(conf.join("10-pods.conflist"), conflist(vec![bridge()])).unwrap();
-    let crio = FakeCrio::start(&dir.path, &conf, &[&searched]);
+    let crio = FakeCrio::start(&dir.path, &conf, &[&searched], "1.34.1");
     // Installed before the watch starts, so the watch writes nothing and no event of its own
     // wakes it: only its own looks can see the binary arrive where CRI-O searches.
     let flags = [
@@ -789,4 +811,50 @@ fn the_watch_is_ready_only_where_the_runtime_finds_the_guard() {
     });
     let _ = watch.kill();
     let _ = watch.wait();
+}
+
+/// Under CRI-O the guard's drop-in counts where CRI-O's version loads drop-ins (libcni 1.3,
+/// CRI-O 1.33+): ready there, judged with the drop-in appended; not ready on CRI-O 1.32,
+/// saying why.
+#[test]
+fn crio_judges_the_dropin_by_its_version() {
+    let dir = sys::TempDir::new("sgcriodropin");
+    let (conf, bin) = (dir.path.join("net.d"), dir.path.join("bin"));
+    fs::create_dir_all(&conf).unwrap();
+    fs::create_dir_all(&bin).unwrap();
+    fs::write(bin.join("bridge"), b"").unwrap();
+    fs::write(conf.join("10-pods.conflist"), conflist(vec![bridge()])).unwrap();
+    let flags = [
+        "--conf-dir",
+        conf.to_str().unwrap(),
+        "--bin-dir",
+        bin.to_str().unwrap(),
+    ];
+    let out = cni::guard(&[&["--install", "--mode", "dropin"][..], &flags].concat());
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(conf.join("pods/sandbox-guard.conf").is_file());
+    let check = |version: &str| {
+        let at = dir.path.join(version);
+        fs::create_dir_all(&at).unwrap();
+        let crio = FakeCrio::start(&at, &conf, &[&bin], version);
+        let out = cni::guard(
+            &[
+                &["--install", "--check", "--runtime-socket"][..],
+                &[crio.socket.to_str().unwrap()],
+                &flags,
+            ]
+            .concat(),
+        );
+        (out.status.success(), said(&out))
+    };
+    let (ready, says) = check("1.33.0");
+    assert!(ready, "{says}");
+    assert!(
+        says.contains("CRI-O 1.33.0 loads drop-ins")
+            && says.contains("CRI-O runs sandbox-guard in network pods (chained, last)"),
+        "{says}"
+    );
+    let (ready, says) = check("1.32.13");
+    assert!(!ready, "{says}");
+    assert!(says.contains("CRI-O 1.32.13 loads no drop-ins"), "{says}");
 }

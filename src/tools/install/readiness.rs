@@ -131,7 +131,8 @@ fn crio_verdict(
     if !super::edit::has_guard(&list) {
         let conf_dir = found.net.file.parent().unwrap_or(&as_crio.conf_dir);
         let dropin = conf_dir.join(&found.net.name).join(DROPIN_FILE);
-        if !dropin.is_file() {
+        // Through multus, multus's own libcni reads the drop-ins, whatever CRI-O's version.
+        if !dropin.is_file() || found.via_multus.is_some() {
             return super::check(as_crio);
         }
         plugins.extend(crio_dropins(&found.net, &dropin, version)?);

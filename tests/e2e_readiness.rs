@@ -14,6 +14,8 @@
 mod cni;
 #[path = "support/cri_node.rs"]
 mod cri_node;
+#[path = "support/loaded.rs"]
+mod loaded;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
@@ -250,36 +252,6 @@ fn eth0_types(info: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// What containerd's own view (through the generated client) says readiness is: the guard last, or first wrapping a
-/// primary, in the pods' network, and found in one of the dirs containerd searches.
-fn ready_per_containerd(info: &Value) -> bool {
-    let eth0 = info["cniconfig"]["Networks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|n| n["IFName"] == "eth0");
-    let Some(plugins) = eth0.and_then(|n| n["Config"]["Plugins"].as_array()) else {
-        return false;
-    };
-    let types: Vec<&str> = plugins
-        .iter()
-        .map(|p| p["Network"]["type"].as_str().unwrap_or_default())
-        .collect();
-    let delegates = |p: &Value| {
-        serde_json::from_str::<Value>(p["Source"].as_str().unwrap_or_default())
-            .is_ok_and(|s| s["delegate"]["type"].is_string())
-    };
-    let placed = (types.len() > 1 && types.last() == Some(&"sandbox-guard"))
-        || (types.first() == Some(&"sandbox-guard") && delegates(&plugins[0]));
-    let found = info["cniconfig"]["PluginDirs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .any(|d| Path::new(d).join("sandbox-guard").is_file());
-    placed && found
-}
-
 fn config(version: Version, root: &Path) -> String {
     let r = root.display();
     let common = format!(
@@ -367,7 +339,10 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         ready && said.contains("(chained, last)"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    assert_eq!(
+        ready,
+        loaded::ready_per_containerd(&node.cri_info().unwrap())
+    );
 
     let mut wrapper = guard();
     wrapper["delegate"] = bridge();
@@ -378,7 +353,10 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         ready && said.contains("delegate, wrapping bridge"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    assert_eq!(
+        ready,
+        loaded::ready_per_containerd(&node.cri_info().unwrap())
+    );
 
     // The guard in the list, not last: first on ADD, last on DEL, too late to refuse.
     replace(
@@ -395,7 +373,10 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         !ready && said.contains("neither the last plugin"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    assert_eq!(
+        ready,
+        loaded::ready_per_containerd(&node.cri_info().unwrap())
+    );
 
     // A broken file sorting first: containerd's reload fails and leaves it no network.
     replace(&file, &conflist(vec![bridge(), guard()]));
@@ -410,7 +391,10 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         !ready && said.contains("has loaded no network") && said.contains("05-broken.conflist"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    assert_eq!(
+        ready,
+        loaded::ready_per_containerd(&node.cri_info().unwrap())
+    );
 }
 
 /// A write event in the conf dir: containerd's conf syncer reloads on writes, renames and
@@ -437,7 +421,10 @@ fn files_say_ready_containerd_runs_no_guard(node: &Containerd, case: &str) {
         !ready && said.contains("sandbox-guard is not among them"),
         "{version:?}: {case}: {said}"
     );
-    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    assert_eq!(
+        ready,
+        loaded::ready_per_containerd(&node.cri_info().unwrap())
+    );
     let doctor = node.doctor_says();
     assert!(
         doctor.contains("\"error\"") && doctor.contains("sandbox-guard is not among them"),
@@ -474,7 +461,10 @@ fn not_ready_where_containerd_runs_something_else(version: Version) {
     node.wait_until_loaded(&["bridge", "sandbox-guard"]);
     let (ready, said) = node.asked();
     assert!(ready, "{version:?}: {said}");
-    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    assert_eq!(
+        ready,
+        loaded::ready_per_containerd(&node.cri_info().unwrap())
+    );
 
     // A bin dir containerd does not search: the guard and the primary copied there, the
     // network guarded, and containerd's own bin dir without the guard.
@@ -497,7 +487,10 @@ fn not_ready_where_containerd_runs_something_else(version: Version) {
         !ready && said.contains("in none of the dirs containerd searches"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    assert_eq!(
+        ready,
+        loaded::ready_per_containerd(&node.cri_info().unwrap())
+    );
 }
 
 #[test]

@@ -537,7 +537,16 @@ spec:
         - name: $container
           volumeMounts:
             - { name: cni-state, mountPath: /host$W/guard, readOnly: true }
+$(if [[ $daemonset == sandbox-guard ]]; then
+  # containerd names its dirs as the host sees them: the probe finds them under /host.
+  echo "            - { name: cni-bin, mountPath: /host$W/cni/bin, readOnly: true }"
+  echo "            - { name: cni-conf, mountPath: /host$W/cni/net.d, readOnly: true }"
+fi)
       volumes:
+$(if [[ $daemonset == sandbox-guard ]]; then
+  # The node's containerd socket, where the probe looks for containerd's.
+  echo "        - { name: runtime-socket, hostPath: { path: $W/containerd, type: DirectoryOrCreate } }"
+fi)
         - { name: cni-bin, hostPath: { path: $W/cni/bin, type: DirectoryOrCreate } }
         - { name: cni-conf, hostPath: { path: $W/cni/net.d, type: DirectoryOrCreate } }
         - { name: cni-state, hostPath: { path: $W/guard, type: DirectoryOrCreate } }

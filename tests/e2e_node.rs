@@ -12,6 +12,8 @@
 
 #[path = "support/cni.rs"]
 mod cni;
+#[path = "support/loaded.rs"]
+mod loaded;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
@@ -539,6 +541,37 @@ fn install_guard(node: &Node, mode: Mode, image: &str) {
     assert!(
         names_guard(&conflist),
         "the DaemonSet is Ready but the node's conflist does not name the guard: {conflist}"
+    );
+    probe_agrees_with_containerd(node);
+}
+
+/// The DaemonSet's readiness answer, its probe's command run in its pod, agrees with what
+/// containerd says it loaded (`crictl info`'s cniconfig), and came from containerd's socket
+/// through the pod's mount, not from the files.
+fn probe_agrees_with_containerd(node: &Node) {
+    let pod = node.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "get",
+        "ds/sandbox-guard",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].readinessProbe.exec.command}",
+    ]);
+    let probe: Vec<String> = serde_json::from_str(&pod).expect("the probe's command");
+    let mut args = vec!["-n", "kube-system", "exec", "ds/sandbox-guard", "--"];
+    args.extend(probe.iter().map(String::as_str));
+    let out = node.kubectl(&args);
+    let said = String::from_utf8_lossy(&out.stdout);
+    let info = node.crictl_json(&["info"]);
+    assert!(
+        said.starts_with("source: containerd CRI status"),
+        "the probe in the pod did not ask containerd: {said}"
+    );
+    assert_eq!(
+        out.status.success(),
+        loaded::ready_per_containerd(&info),
+        "the probe and containerd disagree: the probe said {said}; containerd loaded {}",
+        info["cniconfig"]
     );
 }
 

@@ -14,6 +14,8 @@
 mod cni;
 #[path = "support/cri_node.rs"]
 mod cri_node;
+#[path = "support/loaded.rs"]
+mod loaded;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
@@ -250,36 +252,6 @@ fn eth0_types(info: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// What containerd's own view (through the generated client) says readiness is: the guard last, or first wrapping a
-/// primary, in the pods' network, and found in one of the dirs containerd searches.
-fn ready_per_containerd(info: &Value) -> bool {
-    let eth0 = info["cniconfig"]["Networks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|n| n["IFName"] == "eth0");
-    let Some(plugins) = eth0.and_then(|n| n["Config"]["Plugins"].as_array()) else {
-        return false;
-    };
-    let types: Vec<&str> = plugins
-        .iter()
-        .map(|p| p["Network"]["type"].as_str().unwrap_or_default())
-        .collect();
-    let delegates = |p: &Value| {
-        serde_json::from_str::<Value>(p["Source"].as_str().unwrap_or_default())
-            .is_ok_and(|s| s["delegate"]["type"].is_string())
-    };
-    let placed = (types.len() > 1 && types.last() == Some(&"sandbox-guard"))
-        || (types.first() == Some(&"sandbox-guard") && delegates(&plugins[0]));
-    let found = info["cniconfig"]["PluginDirs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .any(|d| Path::new(d).join("sandbox-guard").is_file());
-    placed && found
-}
-
 fn config(version: Version, root: &Path) -> String {
     let r = root.display();
     let common = format!(
@@ -367,7 +339,10 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         ready && said.contains("(chained, last)"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    assert_eq!(
+        ready,
+        loaded::ready_per_containerd(&node.cri_info().unwrap())
+    );
 
     let mut wrapper = guard();
     wrapper["delegate"] = bridge();
@@ -378,7 +353,10 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         ready && said.contains("delegate, wrapping bridge"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    assert_eq!(
+        ready,
+        loaded::ready_per_containerd(&node.cri_info().unwrap())
+    );
 
     // The guard in the list, not last: first on ADD, last on DEL, too late to refuse.
     replace(
@@ -395,7 +373,10 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         !ready && said.contains("neither the last plugin"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    assert_eq!(
+        ready,
+        loaded::ready_per_containerd(&node.cri_info().unwrap())
+    );
 
     // A broken file sorting first: containerd's reload fails and leaves it no network.
     replace(&file, &conflist(vec![bridge(), guard()]));
@@ -410,7 +391,10 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         !ready && said.contains("has loaded no network") && said.contains("05-broken.conflist"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    assert_eq!(
+        ready,
+        loaded::ready_per_containerd(&node.cri_info().unwrap())
+    );
 }
 
 /// A write event in the conf dir: containerd's conf syncer reloads on writes, renames and
@@ -437,7 +421,10 @@ fn files_say_ready_containerd_runs_no_guard(node: &Containerd, case: &str) {
         !ready && said.contains("sandbox-guard is not among them"),
         "{version:?}: {case}: {said}"
     );
-    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    assert_eq!(
+        ready,
+        loaded::ready_per_containerd(&node.cri_info().unwrap())
+    );
     let doctor = node.doctor_says();
     assert!(
         doctor.contains("\"error\"") && doctor.contains("sandbox-guard is not among them"),
@@ -474,7 +461,10 @@ fn not_ready_where_containerd_runs_something_else(version: Version) {
     node.wait_until_loaded(&["bridge", "sandbox-guard"]);
     let (ready, said) = node.asked();
     assert!(ready, "{version:?}: {said}");
-    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    assert_eq!(
+        ready,
+        loaded::ready_per_containerd(&node.cri_info().unwrap())
+    );
 
     // A bin dir containerd does not search: the guard and the primary copied there, the
     // network guarded, and containerd's own bin dir without the guard.
@@ -497,7 +487,10 @@ fn not_ready_where_containerd_runs_something_else(version: Version) {
         !ready && said.contains("in none of the dirs containerd searches"),
         "{version:?}: {said}"
     );
-    assert_eq!(ready, ready_per_containerd(&node.cri_info().unwrap()));
+    assert_eq!(
+        ready,
+        loaded::ready_per_containerd(&node.cri_info().unwrap())
+    );
 }
 
 #[test]
@@ -578,7 +571,8 @@ struct FakeCrio {
 }
 
 impl FakeCrio {
-    fn start(dir: &Path, conf_dir: &Path, plugin_dirs: &[&Path]) -> FakeCrio {
+    /// Answers CRI Version with `version` as its `runtime_version`.
+    fn start(dir: &Path, conf_dir: &Path, plugin_dirs: &[&Path], version: &str) -> FakeCrio {
         use std::io::{Read, Write};
         let socket = dir.join("crio.sock");
         let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
@@ -594,6 +588,23 @@ impl FakeCrio {
             conf_dir.display(),
             dirs.join(", ")
         );
+        // A gRPC answer: SETTINGS, HEADERS :status 200, the message, trailers.
+        let grpc = |message: Vec<u8>| {
+            let mut data = vec![0];
+            data.extend((message.len() as u32).to_be_bytes());
+            data.extend(message);
+            let mut out = frame(4, 0, 0, &[]);
+            out.extend(frame(1, 4, 1, &[0x88]));
+            out.extend(frame(0, 0, 1, &data));
+            out.extend(frame(1, 5, 1, &[0x40, 1, b'x', 1, b'0']));
+            out
+        };
+        // VersionResponse: version, runtime_name, runtime_version, runtime_api_version.
+        let mut version_response = Vec::new();
+        for (number, text) in [(1u8, "0.1.0"), (2, "cri-o"), (3, version), (4, "v1")] {
+            version_response.extend([number << 3 | 2, text.len() as u8]);
+            version_response.extend(text.as_bytes());
+        }
         let serving = std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { return };
@@ -616,6 +627,11 @@ impl FakeCrio {
                             .into_bytes(),
                         );
                     }
+                    let asks_version = got.windows(8).any(|w| w == b"/Version");
+                    if got.starts_with(b"PRI * HTTP/2.0") && asks_version && got.ends_with(&[0; 5])
+                    {
+                        break Some(grpc(version_response.clone()));
+                    }
                     if got.starts_with(b"PRI * HTTP/2.0") && got.ends_with(&[0x08, 0x01]) {
                         let config = r#"{"sandboxImage":"registry.k8s.io/pause:3.10","crio":{"default_runtime":"crun"}}"#;
                         let mut entry = vec![0x0a, 6];
@@ -624,18 +640,16 @@ impl FakeCrio {
                         entry.extend(config.as_bytes());
                         let mut message = vec![0x12, entry.len() as u8];
                         message.extend(entry);
-                        let mut data = vec![0];
-                        data.extend((message.len() as u32).to_be_bytes());
-                        data.extend(message);
-                        let mut out = frame(4, 0, 0, &[]);
-                        out.extend(frame(1, 4, 1, &[0x88]));
-                        out.extend(frame(0, 0, 1, &data));
-                        out.extend(frame(1, 5, 1, &[0x40, 1, b'x', 1, b'0']));
-                        break Some(out);
+                        break Some(grpc(message));
                     }
                 };
                 if let Some(answer) = answer {
                     let _ = stream.write_all(&answer);
+                    // gRPC: held open until the client is done (it acknowledges the
+                    // SETTINGS); HTTP/1.0 ends with the close.
+                    if answer.starts_with(&frame(4, 0, 0, &[])) {
+                        let _ = stream.read_to_end(&mut Vec::new());
+                    }
                 }
             }
         });
@@ -671,6 +685,7 @@ fn crio_is_asked_for_its_dirs() {
         &dir.path,
         &conf,
         &[&dir.path.join("missing"), &bin, &primaries],
+        "1.34.1",
     );
     let check = |conf_dir: &Path, bin_dir: &Path| {
         let out = cni::guard(&[
@@ -706,6 +721,135 @@ fn crio_is_asked_for_its_dirs() {
         !ready && said.contains("in none of the dirs CRI-O searches"),
         "{said}"
     );
+}
+
+/// The `installed` line of the watch's metrics file, once written.
+fn installed_metric(file: &Path) -> Option<String> {
+    fs::read_to_string(file).ok()?.lines().find_map(|line| {
+        line.strip_prefix("sandbox_guard_install_installed ")
+            .map(|v| v.trim().to_string())
+    })
+}
+
+/// Waits (bounded, so a broken watch fails instead of hanging the suite) until `done`.
+fn wait_until(what: &str, watch: &mut Child, log: &Path, done: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120) && matches!(watch.try_wait(), Ok(None)),
+            "{what}: never; the watch said:\n{}",
+            fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The watch's readiness (its `installed` metric) is the probe's verdict, the runtime's word
+/// first: CRI-O searches a dir the installed binary is not in, so not ready although the files
+/// say ready; and it looks again without a conf-dir event, so the binary put where CRI-O
+/// searches turns it ready.
+#[test]
+fn the_watch_is_ready_only_where_the_runtime_finds_the_guard() {
+    let dir = sys::TempDir::new("sgwatchrt");
+    let (conf, bin, searched) = (
+        dir.path.join("net.d"),
+        dir.path.join("bin"),
+        dir.path.join("searched"),
+    );
+    for d in [&conf, &bin, &searched] {
+        fs::create_dir_all(d).unwrap();
+        fs::write(d.join("bridge"), b"").unwrap();
+    }
+    fs::write(conf.join("10-pods.conflist"), conflist(vec![bridge()])).unwrap();
+    let crio = FakeCrio::start(&dir.path, &conf, &[&searched], "1.34.1");
+    // Installed before the watch starts, so the watch writes nothing and no event of its own
+    // wakes it: only its own looks can see the binary arrive where CRI-O searches.
+    let flags = [
+        "--mode",
+        "chained",
+        "--conf-dir",
+        conf.to_str().unwrap(),
+        "--bin-dir",
+        bin.to_str().unwrap(),
+    ];
+    let out = cni::guard(&[&["--install"][..], &flags].concat());
+    assert!(out.status.success(), "{}", said(&out));
+    let (metrics, log) = (dir.path.join("install.prom"), dir.path.join("watch.log"));
+    let mut watch = Command::new(cni::BIN)
+        .args(["--install", "--watch"])
+        .args(flags)
+        .arg("--metrics-file")
+        .arg(&metrics)
+        .arg("--runtime-socket")
+        .arg(&crio.socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("the watch writes its metrics", &mut watch, &log, || {
+        installed_metric(&metrics).is_some()
+    });
+    let said = fs::read_to_string(&log).unwrap();
+    assert_eq!(installed_metric(&metrics).as_deref(), Some("0"), "{said}");
+    assert!(
+        said.contains("in none of the dirs CRI-O searches"),
+        "{said}"
+    );
+    assert!(said.contains("already installed"), "{said}");
+    // No event in the conf dir the watch watches: only a look of its own can see this.
+    fs::copy(bin.join("sandbox-guard"), searched.join("sandbox-guard")).unwrap();
+    wait_until("ready once CRI-O finds the guard", &mut watch, &log, || {
+        installed_metric(&metrics).as_deref() == Some("1")
+    });
+    let _ = watch.kill();
+    let _ = watch.wait();
+}
+
+/// Under CRI-O the guard's drop-in counts where CRI-O's version loads drop-ins (libcni 1.3,
+/// CRI-O 1.33+): ready there, judged with the drop-in appended; not ready on CRI-O 1.32,
+/// saying why.
+#[test]
+fn crio_judges_the_dropin_by_its_version() {
+    let dir = sys::TempDir::new("sgcriodropin");
+    let (conf, bin) = (dir.path.join("net.d"), dir.path.join("bin"));
+    fs::create_dir_all(&conf).unwrap();
+    fs::create_dir_all(&bin).unwrap();
+    fs::write(bin.join("bridge"), b"").unwrap();
+    fs::write(conf.join("10-pods.conflist"), conflist(vec![bridge()])).unwrap();
+    let flags = [
+        "--conf-dir",
+        conf.to_str().unwrap(),
+        "--bin-dir",
+        bin.to_str().unwrap(),
+    ];
+    let out = cni::guard(&[&["--install", "--mode", "dropin"][..], &flags].concat());
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(conf.join("pods/sandbox-guard.conf").is_file());
+    let check = |version: &str| {
+        let at = dir.path.join(version);
+        fs::create_dir_all(&at).unwrap();
+        let crio = FakeCrio::start(&at, &conf, &[&bin], version);
+        let out = cni::guard(
+            &[
+                &["--install", "--check", "--runtime-socket"][..],
+                &[crio.socket.to_str().unwrap()],
+                &flags,
+            ]
+            .concat(),
+        );
+        (out.status.success(), said(&out))
+    };
+    let (ready, says) = check("1.33.0");
+    assert!(ready, "{says}");
+    assert!(
+        says.contains("CRI-O 1.33.0 loads drop-ins")
+            && says.contains("CRI-O runs sandbox-guard in network pods (chained, last)"),
+        "{says}"
+    );
+    let (ready, says) = check("1.32.13");
+    assert!(!ready, "{says}");
+    assert!(says.contains("CRI-O 1.32.13 loads no drop-ins"), "{says}");
 }
 
 /// A protobuf length prefix.

@@ -202,22 +202,30 @@ fn the_daemonsets_ask_for_no_more_than_the_installer_needs() {
 }
 
 /// Each platform preset (conf-examples/platforms/<name>, `kubectl apply -k`) as kustomize
-/// renders it, and a node of that platform: (preset, the host's conf dir, its bin dir, dirs
-/// only that platform has).
-const PLATFORMS: [(&str, &str, &str, &[&str]); 3] = [
-    ("gke", "etc/cni/net.d", "home/kubernetes/bin", &[]),
+/// renders it, and a node of that platform: (preset, the host's conf dir, its bin dir, its
+/// runtime's socket, dirs only that platform has).
+const PLATFORMS: [(&str, &str, &str, &str, &[&str]); 3] = [
+    (
+        "gke",
+        "etc/cni/net.d",
+        "home/kubernetes/bin",
+        "run/containerd/containerd.sock",
+        &[],
+    ),
     // k3s points data/current at the running release with an absolute link, which does
     // not resolve inside the pod: the installer takes the newest data/<hash>/bin there.
     (
         "k3s",
         "var/lib/rancher/k3s/agent/etc/cni/net.d",
         "var/lib/rancher/k3s/data/2d1d8d2b/bin",
+        "run/k3s/containerd/containerd.sock",
         &["var/lib/rancher/k3s/data/current"],
     ),
     (
         "openshift",
         "etc/kubernetes/cni/net.d",
         "var/lib/cni/bin",
+        "var/run/crio/crio.sock",
         &[],
     ),
 ];
@@ -320,7 +328,7 @@ fn each_platform_preset_passes_the_schemas_and_installs_ready_on_its_platform() 
     if !sys::require(test, false, &["kubectl"]) {
         return;
     }
-    for (platform, conf, bin, extra) in PLATFORMS {
+    for (platform, conf, bin, socket, extra) in PLATFORMS {
         let work = sys::TempDir::new("sgpf");
         let daemonset = validated_daemonset(&tool, &work.path, platform);
         let container = &daemonset["spec"]["template"]["spec"]["containers"][0];
@@ -334,6 +342,11 @@ fn each_platform_preset_passes_the_schemas_and_installs_ready_on_its_platform() 
                 .unwrap();
         }
         let host = pod_view(&daemonset, container, &node, &work.path.join("pod"));
+        // The runtime's socket on the node, held by a runtime that never answers: the probe
+        // reaches it through the pod's mount, gives up within its bound and reads the files.
+        std::fs::create_dir_all(node.join(socket).parent().unwrap()).unwrap();
+        let _runtime = std::os::unix::net::UnixListener::bind(node.join(socket)).unwrap();
+        let asked = format!("{host}/{socket}: ");
         let pod_root = |arg: String| arg.replace("=/host", &format!("={host}"));
         let args: Vec<String> = strings(&container["args"])
             .into_iter()
@@ -357,10 +370,11 @@ fn each_platform_preset_passes_the_schemas_and_installs_ready_on_its_platform() 
             String::from_utf8_lossy(&out.stderr)
         );
         let ready = guard_with(&probe);
+        let said = String::from_utf8_lossy(&ready.stdout);
+        assert!(ready.status.success(), "{platform}: {probe:?}: {said}");
         assert!(
-            ready.status.success(),
-            "{platform}: {probe:?}: {}",
-            String::from_utf8_lossy(&ready.stdout)
+            said.contains(&asked) && said.contains("no answer within"),
+            "{platform}: the probe did not reach the runtime's socket through the pod's mounts: {said}"
         );
         // Where the runtime of that platform looks: the guard in its conf dir, its binary
         // in its bin dir.

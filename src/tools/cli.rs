@@ -166,9 +166,9 @@ Options:
                                Asks the runtime what it loaded where its socket answers
                                (containerd's CRI status, CRI-O's config), else reads the
                                files; the first line says which
-      --runtime-socket PATH    with --check: the runtime's socket (default: containerd's,
-                               k3s's and CRI-O's usual ones under --host-root); none: read
-                               the files only
+      --runtime-socket PATH    with --check or --watch: the runtime's socket (default:
+                               containerd's, k3s's and CRI-O's usual ones under
+                               --host-root); none: read the files only
   -h, --help                   this text
 ";
 
@@ -754,9 +754,9 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                     "--check and --watch exclude each other: --check only looks".to_string()
                 );
             }
-            if runtime_socket.is_some() && !check {
+            if runtime_socket.is_some() && !check && !watch {
                 return Err(
-                    "--runtime-socket goes with --check: only the readiness check asks the runtime"
+                    "--runtime-socket goes with --check or --watch: only their readiness asks the runtime"
                         .to_string(),
                 );
             }
@@ -1008,9 +1008,14 @@ mod tests {
     }
 
     #[test]
-    fn runtime_socket_only_for_the_check() {
+    fn runtime_socket_only_for_the_readiness() {
         let err = parse_words(&["--install", "--runtime-socket", "/run/x.sock"]).unwrap_err();
-        assert!(err.msg.contains("goes with --check"), "{}", err.msg);
+        assert!(
+            err.msg.contains("goes with --check or --watch"),
+            "{}",
+            err.msg
+        );
+        assert!(parse_words(&["--install", "--watch", "--runtime-socket", "/run/x.sock"]).is_ok());
         match parse_words(&["--install", "--check", "--runtime-socket=none"]) {
             Ok(Command::Install(options)) => {
                 assert_eq!(options.runtime_socket, Some(PathBuf::from("none")))

@@ -6,7 +6,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Failure, Options, Reason, edit::GUARD_TYPE};
+use super::{
+    Failure, Options, Reason,
+    edit::{DROPIN_FILE, GUARD_TYPE},
+};
 use crate::tools::runtime::{self, Loaded, Network};
 
 /// Multus's types: the runtime runs multus, which reads the network it delegates to itself.
@@ -69,7 +72,11 @@ pub fn check(options: &Options) -> (String, Result<Vec<String>, Failure>) {
             };
             (source, verdict)
         }
-        Ok(Loaded::Crio { socket, network }) => {
+        Ok(Loaded::Crio {
+            socket,
+            network,
+            version,
+        }) => {
             let source = format!(
                 "source: CRI-O config (GET /config on {}), its network read from its files",
                 socket.display()
@@ -88,7 +95,7 @@ pub fn check(options: &Options) -> (String, Result<Vec<String>, Failure>) {
                 network: network.default_network.clone().or(options.network.clone()),
                 ..options.clone()
             };
-            (source, crio_verdict(&as_crio, &dirs))
+            (source, crio_verdict(&as_crio, &dirs, &version))
         }
         Err(why) if why.is_empty() => (
             "source: files (--runtime-socket none)".to_string(),
@@ -102,9 +109,14 @@ pub fn check(options: &Options) -> (String, Result<Vec<String>, Failure>) {
 }
 
 /// CRI-O's network as the files give it, judged against every dir CRI-O searches (a
-/// primary and the guard may sit in different ones). A network that does not list the
-/// guard (a drop-in, none at all) gets the file check and its reasons.
-fn crio_verdict(as_crio: &Options, dirs: &[PathBuf]) -> Result<Vec<String>, Failure> {
+/// primary and the guard may sit in different ones). The guard's drop-in counts where
+/// CRI-O's version loads drop-ins (`crio_loads_dropins`), appended as libcni appends them;
+/// a network without the guard at all gets the file check and its reasons.
+fn crio_verdict(
+    as_crio: &Options,
+    dirs: &[PathBuf],
+    version: &Result<String, String>,
+) -> Result<Vec<String>, Failure> {
     let found = super::network::find(
         &as_crio.conf_dir,
         as_crio.network.as_deref(),
@@ -114,13 +126,27 @@ fn crio_verdict(as_crio: &Options, dirs: &[PathBuf]) -> Result<Vec<String>, Fail
         return super::check(as_crio);
     };
     let list = found.net.list();
+    let mut plugins = super::edit::plugins(&list).to_vec();
+    let mut notes = found.notes.clone();
     if !super::edit::has_guard(&list) {
-        return super::check(as_crio);
+        let conf_dir = found.net.file.parent().unwrap_or(&as_crio.conf_dir);
+        let dropin = conf_dir.join(&found.net.name).join(DROPIN_FILE);
+        // Through multus, multus's own libcni reads the drop-ins, whatever CRI-O's version.
+        if !dropin.is_file() || found.via_multus.is_some() {
+            return super::check(as_crio);
+        }
+        plugins.extend(crio_dropins(&found.net, &dropin, version)?);
+        notes.push(format!(
+            "CRI-O {} loads drop-ins (libcni 1.3): network {} read with {}",
+            version.as_deref().unwrap_or_default(),
+            found.net.name,
+            dropin.display()
+        ));
     }
     let net = Network {
         name: found.net.name.clone(),
         cni_version: super::network::version(&found.net),
-        plugins: super::edit::plugins(&list)
+        plugins: plugins
             .iter()
             .map(|p| runtime::Plugin {
                 kind: p
@@ -133,9 +159,95 @@ fn crio_verdict(as_crio: &Options, dirs: &[PathBuf]) -> Result<Vec<String>, Fail
             .collect(),
     };
     loaded_verdict(&as_crio.host_root, &net, dirs, "CRI-O", true).map(|mut lines| {
-        lines.splice(0..0, found.notes);
+        lines.splice(0..0, notes);
         lines
     })
+}
+
+/// CRI-O took libcni 1.3, which appends `<conf dir>/<network>/*.conf` to a `.conflist`'s
+/// plugins, in 1.33.0 (its go.mod: containernetworking/cni v1.2.3 through 1.32.x, v1.3.0 from
+/// 1.33.0). `None` for a version that does not read as `major.minor`.
+fn crio_loads_dropins(version: &str) -> Option<bool> {
+    let mut parts = version
+        .trim()
+        .trim_start_matches('v')
+        .split(['.', '-', '+']);
+    let major: u32 = parts.next()?.parse().ok()?;
+    let minor: u32 = parts.next()?.parse().ok()?;
+    Some((major, minor) >= (1, 33))
+}
+
+/// The drop-ins of `net` as CRI-O's libcni appends them (every `.conf` of the dir, by name),
+/// or why CRI-O runs the network without the guard's `dropin`.
+fn crio_dropins(
+    net: &super::network::Network,
+    dropin: &Path,
+    version: &Result<String, String>,
+) -> Result<Vec<super::json::Json>, Failure> {
+    let unguarded = |why: String| {
+        Failure::new(
+            Reason::Network,
+            format!(
+                "sandbox-guard is only in the drop-in {}, and {why}: CRI-O runs network {} without it; use --mode \
+                 chained or delegate",
+                dropin.display(),
+                net.name
+            ),
+        )
+    };
+    match version.as_deref().map(crio_loads_dropins) {
+        Ok(Some(true)) => {}
+        Ok(Some(false)) => {
+            return Err(unguarded(format!(
+                "CRI-O {} loads no drop-ins (libcni 1.3 came with CRI-O 1.33)",
+                crate::names::shorten(version.as_deref().unwrap_or_default())
+            )));
+        }
+        Ok(None) => {
+            return Err(unguarded(format!(
+                "CRI-O's version {:?} does not say whether it loads drop-ins (CRI-O 1.33+ does)",
+                crate::names::shorten(version.as_deref().unwrap_or_default())
+            )));
+        }
+        Err(why) => {
+            return Err(unguarded(format!(
+                "CRI-O did not say its version ({why}), which decides whether it loads drop-ins (1.33+ does)"
+            )));
+        }
+    }
+    // A single-plugin file, loadOnlyInlinedPlugins, a drop-in after the guard's.
+    super::check_dropin(net, dropin)?;
+    let dir = dropin.parent().expect("a drop-in has a directory");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| {
+            Failure::new(
+                Reason::Network,
+                format!("cannot read {}: {e}", dir.display()),
+            )
+        })?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "conf"))
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .map(|file| {
+            std::fs::read(file)
+                .map_err(|e| e.to_string())
+                .and_then(|b| super::json::Doc::parse(&b).map_err(|e| e.to_string()))
+                .map(|doc| doc.root)
+                .map_err(|e| {
+                    Failure::new(
+                        Reason::Entry,
+                        format!(
+                            "the drop-in {} does not parse: {e}: CRI-O fails every ADD",
+                            file.display()
+                        ),
+                    )
+                })
+        })
+        .collect()
 }
 
 /// `--runtime-socket` (`none`: no socket), else the runtimes' usual sockets under the
@@ -465,6 +577,21 @@ mod tests {
         assert!(err.contains("cannot find its plugins bridge"), "{err}");
         for d in [all, no_guard, no_primary] {
             let _ = std::fs::remove_dir_all(d[0].parent().unwrap());
+        }
+    }
+
+    #[test]
+    fn crio_loads_dropins_from_1_33() {
+        for (version, loads) in [
+            ("1.33.0", Some(true)),
+            ("1.34.2-dev", Some(true)),
+            ("v2.0.0", Some(true)),
+            ("1.32.13", Some(false)),
+            ("1.9.10", Some(false)),
+            ("", None),
+            ("unknown", None),
+        ] {
+            assert_eq!(crio_loads_dropins(version), loads, "{version}");
         }
     }
 

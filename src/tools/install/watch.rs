@@ -3,7 +3,9 @@
 //! and upgrade; kindnet and multus thin rewrite often). inotify on the conf dir wakes it;
 //! after a short settling pause (a primary may write in several steps) it runs the same
 //! install, which writes only when the entry is missing or wrong, so its own writes wake it
-//! once and change nothing. The entry's keys it last saw come back with it.
+//! once and change nothing. The entry's keys it last saw come back with it. Its readiness
+//! (the `installed` metric) is the probe's verdict, the runtime's word first; while the
+//! runtime has not loaded what was written it looks again every `RECHECK`.
 //!
 //! A rewrite is an upgrade, however frequent, unless it is a revert: the file's owner put
 //! back exactly the list the guard was inserted into, soon after the insert (cilium's
@@ -23,12 +25,16 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use super::json::Json;
 use super::metrics::InstallMetrics;
-use super::{Installed, Options, Reason, check, install_retrying};
+use super::{Installed, Options, Reason, install_retrying};
 
 /// How long the directory must stay quiet before the files are read.
 const SETTLE: Duration = Duration::from_millis(300);
-/// Even without an event (a watch lost to an overflow, a dir re-created), look again.
+/// Even without an event (a watch lost to an overflow, a dir re-created, a runtime that
+/// reloads its CNI config later than the write), look again.
 const RESYNC: Duration = Duration::from_secs(60);
+/// While not ready, look sooner: the runtime that has not yet loaded the entry (a reload on
+/// its own schedule, a binary put where it searches) turns ready without a conf-dir event.
+const RECHECK: Duration = Duration::from_secs(10);
 /// A removal of the entry this soon after its insert, with nothing else changed, is a
 /// revert: measured insert to re-insert, so it holds the settling pause. A file owner
 /// that watches the dir (cilium) reverts within milliseconds; an upgrade or a person
@@ -109,7 +115,15 @@ fn watch(options: &Options) -> Result<(), String> {
         }
         let backoff = state.backoff;
         // Wait for a change, a signal or the resync; then let the directory settle.
-        let deadline = Instant::now() + RESYNC.max(backoff);
+        // Sooner only when installed and waiting on the runtime: a failed install waits for
+        // the next write, a fight for its backoff.
+        let waiting_on_runtime =
+            !state.metrics.installed && backoff.is_zero() && state.last_error.is_empty();
+        let look_again = match waiting_on_runtime {
+            true => RECHECK,
+            false => RESYNC.max(backoff),
+        };
+        let deadline = Instant::now() + look_again;
         let mut woke = false;
         loop {
             let now = Instant::now();
@@ -244,10 +258,12 @@ fn reconcile(options: &Options, state: &mut State) {
             }
         }
     }
-    let ready = check(options);
+    // The probe's verdict, the runtime's word first: the metric and the probe never differ.
+    let (source, ready) = super::readiness::check(options);
     state.metrics.installed = ready.is_ok() && !state.metrics.fight;
     // Said when it changes; a failed install has said why already.
     if state.last_error.is_empty() && state.said_ready != Some(state.metrics.installed) {
+        log(&source);
         match &ready {
             Ok(lines) if !state.metrics.fight => log(lines.last().map_or("ready", String::as_str)),
             Ok(_) => log("not ready: another writer reverts each insert"),

@@ -33,6 +33,23 @@ pub fn info<S: Read + Write>(
     Err(errors.join("; "))
 }
 
+/// CRI `RuntimeService/Version` (v1): `(runtime_name, runtime_version)` of the
+/// `VersionResponse` (fields 2 and 3), e.g. `("cri-o", "1.33.0")`. The request is the empty
+/// `VersionRequest`.
+pub fn version<S: Read + Write>(stream: &mut S) -> Result<(String, String), String> {
+    let message = http2::unary(stream, "/runtime.v1.RuntimeService/Version", &[])?;
+    let (mut name, mut version) = (String::new(), String::new());
+    let mut at = 0;
+    while at < message.len() {
+        match field(&message, &mut at)? {
+            (2, Value::Bytes(b)) => name = text(b)?,
+            (3, Value::Bytes(b)) => version = text(b)?,
+            _ => {}
+        }
+    }
+    Ok((name, version))
+}
+
 /// A protobuf field's payload, as far as this reader needs to tell them apart.
 enum Value<'a> {
     Varint,
@@ -182,6 +199,21 @@ mod tests {
             both.contains("v1.Runtime") && both.contains("v1alpha2"),
             "{both}"
         );
+    }
+
+    #[test]
+    fn reads_the_runtime_version() {
+        let mut message = Vec::new();
+        for (number, text) in [(1u8, "0.1.0"), (2, "cri-o"), (3, "1.33.2"), (4, "v1")] {
+            message.extend([number << 3 | 2, text.len() as u8]);
+            message.extend(text.as_bytes());
+        }
+        let mut answer = Canned::new(server_answer(&message));
+        assert_eq!(
+            version(&mut answer).unwrap(),
+            ("cri-o".to_string(), "1.33.2".to_string())
+        );
+        assert!(version(&mut Canned::new(Vec::new())).is_err());
     }
 
     #[test]

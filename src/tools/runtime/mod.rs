@@ -55,6 +55,8 @@ pub enum Loaded {
     Crio {
         socket: PathBuf,
         network: crio::CrioNetwork,
+        /// Its CRI Version's `runtime_version` (`1.33.0`), or why it did not say.
+        version: Result<String, String>,
     },
 }
 
@@ -125,15 +127,20 @@ fn ask_one(socket: &Path) -> Result<Loaded, String> {
         // its HTTP endpoint on the same socket.
         status => {
             let mut stream = Timed::connect(socket, deadline)?;
-            crio::network(&mut stream)
-                .map(|network| Loaded::Crio {
-                    socket: socket.to_path_buf(),
-                    network,
-                })
-                .map_err(|e| match status {
-                    Ok(_) => format!("CRI Status has no cniconfig, and {e}"),
-                    Err(status) => format!("{status}; {e}"),
-                })
+            let network = crio::network(&mut stream).map_err(|e| match status {
+                Ok(_) => format!("CRI Status has no cniconfig, and {e}"),
+                Err(status) => format!("{status}; {e}"),
+            })?;
+            // Which libcni it runs, hence whether it loads drop-ins, goes by its version.
+            let version = Timed::connect(socket, deadline)
+                .and_then(|mut stream| cri_status::version(&mut stream))
+                .map(|(_, version)| version)
+                .map_err(|e| format!("CRI Version: {e}"));
+            Ok(Loaded::Crio {
+                socket: socket.to_path_buf(),
+                network,
+                version,
+            })
         }
     }
 }

@@ -677,10 +677,14 @@ fn a_clean_node_reports_clean() {
     .assert_ok();
 
     let report = doctor(Some(&node), &["--conf-dir", path_arg(&conf.path)]);
+    // The test's state dir lies on this machine's file system, whose journal is the machine's,
+    // not the node's CNI: a warning about it is allowed here (tests/durability.rs makes both
+    // kinds of file system and checks that warning).
     let bad: Vec<&Value> = report
         .findings
         .iter()
         .filter(|f| f["severity"] != "ok")
+        .filter(|f| !(f["check"] == "store-journal" && f["severity"] == "warning"))
         .collect();
     assert!(
         bad.is_empty(),

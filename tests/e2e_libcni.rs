@@ -1174,15 +1174,40 @@ fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcn
     let inode = || std::fs::metadata(&path).map(|m| m.ino()).ok();
     let old_inode = inode();
     sys::run("ip", &["netns", "del", &name]);
-    let reused = (0..100).any(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        sys::run("ip", &["netns", "add", &name]);
-        if inode() == old_inode {
-            return true;
+    // The kernel gives a new namespace the lowest free inode number, and a freed namespace's
+    // number comes free a moment after its last user goes. Numbers freed below A's (by other
+    // namespaces of this machine) are taken by fillers kept until A's comes back.
+    let mut fillers = Vec::new();
+    let filler_inode = |filler: &str| {
+        std::fs::metadata(format!("/run/netns/{filler}"))
+            .map(|m| m.ino())
+            .ok()
+    };
+    let mut reused = false;
+    for _ in 0..400 {
+        let filler = sys::unique("sgfill");
+        sys::run("ip", &["netns", "add", &filler]);
+        if filler_inode(&filler) != old_inode {
+            fillers.push(filler);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
         }
-        sys::run("ip", &["netns", "del", &name]);
-        false
-    });
+        // A's number is free again and every lower one taken: hand it to A's path.
+        sys::run("ip", &["netns", "del", &filler]);
+        reused = (0..50).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            sys::run("ip", &["netns", "add", &name]);
+            if inode() == old_inode {
+                return true;
+            }
+            sys::run("ip", &["netns", "del", &name]);
+            false
+        });
+        break;
+    }
+    for filler in &fillers {
+        sys::run("ip", &["netns", "del", filler]);
+    }
     if !reused {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),

@@ -567,6 +567,12 @@ fn probe_agrees_with_containerd(node: &Node) {
         said.starts_with("source: containerd CRI status"),
         "the probe in the pod did not ask containerd: {said}"
     );
+    if !loaded::containerd_shows_the_pods_network(&info) {
+        eprintln!(
+            "   containerd runs multus thick's shim: its view holds no pod network to compare the probe's with ({said})"
+        );
+        return;
+    }
     assert_eq!(
         out.status.success(),
         loaded::ready_per_containerd(&info),

@@ -14,6 +14,8 @@
 mod cni;
 #[path = "support/cri_node.rs"]
 mod cri_node;
+#[path = "support/install.rs"]
+mod install;
 #[path = "support/loaded.rs"]
 mod loaded;
 #[path = "support/sys.rs"]
@@ -926,26 +928,8 @@ fn k3s_links_in_the_runtimes_plugin_dir_resolve_under_the_host_root() {
     // flannel, portmap, bandwidth" on every healthy k3s node, a probe that never passes.
     let dir = sys::TempDir::new("sgk3sprobe");
     let host = dir.path.join("host");
+    install::k3s_host(&host);
     let conf = host.join("var/lib/rancher/k3s/agent/etc/cni/net.d");
-    fs::create_dir_all(&conf).unwrap();
-    fs::write(
-        conf.join("10-flannel.conflist"),
-        testdata::fixture_bytes("install/k3s/conf/10-flannel.conflist"),
-    )
-    .unwrap();
-    let data = host.join("var/lib/rancher/k3s/data");
-    let release = data.join("3d1f7b5e0c9a/bin");
-    fs::create_dir_all(&release).unwrap();
-    fs::create_dir_all(data.join("cni")).unwrap();
-    fs::write(release.join("cni"), b"").unwrap();
-    for plugin in ["bandwidth", "flannel", "host-local", "loopback", "portmap"] {
-        std::os::unix::fs::symlink("cni", release.join(plugin)).unwrap();
-        std::os::unix::fs::symlink(
-            "/var/lib/rancher/k3s/data/3d1f7b5e0c9a/bin/cni",
-            data.join("cni").join(plugin),
-        )
-        .unwrap();
-    }
     let root = host.to_str().unwrap();
     let out = cni::guard(&["--install", "--platform", "k3s", "--host-root", root]);
     assert!(out.status.success(), "{}", said(&out));

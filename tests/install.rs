@@ -2144,41 +2144,13 @@ fn openshift_keeps_ovns_file_and_multus_readiness_indicator() {
     assert!(!platform(&["--install", "--check"]).status.success());
 }
 
-/// A k3s node as it is since k3s's data/cni: containerd's bin_dir holds absolute links
-/// into data/<hash>/bin, where the release's multi-call `cni` and its relative links are.
-fn k3s_host(root: &Path) {
-    let conf = root.join("var/lib/rancher/k3s/agent/etc/cni/net.d");
-    std::fs::create_dir_all(&conf).unwrap();
-    copy_fixture("install/k3s/conf", &conf);
-    let data = root.join("var/lib/rancher/k3s/data");
-    let release = data.join("3d1f7b5e0c9a/bin");
-    std::fs::create_dir_all(&release).unwrap();
-    std::fs::create_dir_all(data.join("cni")).unwrap();
-    std::fs::write(release.join("cni"), b"").unwrap();
-    for plugin in [
-        "bandwidth",
-        "bridge",
-        "flannel",
-        "host-local",
-        "loopback",
-        "portmap",
-    ] {
-        std::os::unix::fs::symlink("cni", release.join(plugin)).unwrap();
-        std::os::unix::fs::symlink(
-            "/var/lib/rancher/k3s/data/3d1f7b5e0c9a/bin/cni",
-            data.join("cni").join(plugin),
-        )
-        .unwrap();
-    }
-}
-
 #[test]
 fn k3s_data_cni_gets_the_binary_and_its_links_resolve_under_the_host_root() {
     // Fails before this change: the binary went into data/<hash>/bin, where containerd
     // (bin_dir data/cni) never looks, and the probe said ready.
     let dir = sys::TempDir::new("sgk3s");
     let host = dir.path.join("host");
-    k3s_host(&host);
+    install::k3s_host(&host);
     let root = host.to_str().unwrap();
     let out = cni::guard(&["--install", "--platform", "auto", "--host-root", root]);
     assert!(out.status.success(), "{}", stderr_of(&out));

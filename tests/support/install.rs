@@ -158,3 +158,31 @@ pub fn network_files(conf_dir: &Path) -> Vec<PathBuf> {
     files.sort();
     files
 }
+
+/// A k3s node as it is since k3s's data/cni: containerd's bin_dir holds absolute links
+/// into data/<hash>/bin, where the release's multi-call `cni` and its relative links are.
+pub fn k3s_host(root: &Path) {
+    let conf = root.join("var/lib/rancher/k3s/agent/etc/cni/net.d");
+    std::fs::create_dir_all(&conf).unwrap();
+    copy_fixture("install/k3s/conf", &conf);
+    let data = root.join("var/lib/rancher/k3s/data");
+    let release = data.join("3d1f7b5e0c9a/bin");
+    std::fs::create_dir_all(&release).unwrap();
+    std::fs::create_dir_all(data.join("cni")).unwrap();
+    std::fs::write(release.join("cni"), b"").unwrap();
+    for plugin in [
+        "bandwidth",
+        "bridge",
+        "flannel",
+        "host-local",
+        "loopback",
+        "portmap",
+    ] {
+        std::os::unix::fs::symlink("cni", release.join(plugin)).unwrap();
+        std::os::unix::fs::symlink(
+            "/var/lib/rancher/k3s/data/3d1f7b5e0c9a/bin/cni",
+            data.join("cni").join(plugin),
+        )
+        .unwrap();
+    }
+}

@@ -5,7 +5,7 @@ use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
     AfSpecInet, AfSpecInet6, AfSpecUnspec, Inet6DevConf, InetDevConf, InfoData, InfoMacVlan,
-    InfoVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVlanMode,
+    InfoVlan, LinkAttribute, LinkExtentMask, LinkFlags, LinkInfo, LinkMessage, MacVlanMode,
 };
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
@@ -413,11 +413,16 @@ fn first_link(
     }
 }
 
-/// RTM_GETLINK for one link, by the name or the index in `request`.
+/// RTM_GETLINK for one link, by the name or the index in `request`. Its counters are left
+/// out (`RTEXT_FILTER_SKIP_STATS`): nothing here reads them, and the kernel would sum them
+/// over every CPU of the node, and the parser walk them, on every ADD.
 fn get_link(
     socket: &RouteSocket,
-    request: LinkMessage,
+    mut request: LinkMessage,
 ) -> std::result::Result<Option<LinkMessage>, NlError> {
+    request
+        .attributes
+        .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
     let answers = socket.request(RouteNetlinkMessage::GetLink(request), NLM_F_REQUEST)?;
     match answers.into_iter().next() {
         Some(RouteNetlinkMessage::NewLink(message)) => Ok(Some(message)),

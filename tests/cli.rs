@@ -761,6 +761,123 @@ fn the_dump_sorts_rows_by_namespace_then_name() {
     );
 }
 
+/// A store larger than what one pass of the dump looks up at a time (a large store's records
+/// are read twice, a part at a time, so that their rows never sit in memory together): every
+/// record once, in kubectl's order, the sandboxes and interfaces of one pod by ID and name, a
+/// record without a pod name after those with one, a file failing verification last; and the
+/// table in the same order.
+#[test]
+fn the_dump_of_a_large_store_lists_every_record_once_in_order() {
+    use serde_json::Value;
+    let store = cni::Store::new();
+    let first = cni::container_id();
+    store
+        .add(&first, &cni::Pod::new("shop", "web-0"))
+        .run()
+        .assert_ok();
+    let template: Value = serde_json::from_slice(
+        &std::fs::read(store.record_path(cni::NETWORK, &first, "eth0")).unwrap(),
+    )
+    .unwrap();
+    // What a plugin would write for another attachment, sealed as the store seals.
+    let plant = |namespace: Option<&str>, pod: Option<&str>, container: &str, if_name: &str| {
+        let mut record = template["record"].clone();
+        record["podNamespace"] = namespace.into();
+        record["podName"] = pod.into();
+        record["containerId"] = container.into();
+        record["ifName"] = if_name.into();
+        let body = serde_json::to_string(&record).unwrap();
+        let sealed = format!(
+            "{{\"checksum\":\"sha256:{}\",\"record\":{body}}}\n",
+            cni::sha256_hex(body.as_bytes())
+        );
+        let path = store.record_path(cni::NETWORK, container, if_name);
+        std::fs::write(&path, sealed).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+    };
+    let mut expected = vec![(
+        false,
+        "shop".to_string(),
+        "web-0".to_string(),
+        first.clone(),
+        "eth0".to_string(),
+    )];
+    // Pods added in no order, some with several sandboxes or interfaces, in a few namespaces.
+    for n in 0..2600_u32 {
+        let namespace = ["shop", "db", "kube-system"][(n % 3) as usize];
+        let pod = format!("app-{}", (n * 7919) % 2000);
+        let container = cni::container_id();
+        let if_name = if n % 11 == 0 { "net1" } else { "eth0" };
+        plant(Some(namespace), Some(&pod), &container, if_name);
+        expected.push((false, namespace.into(), pod, container, if_name.into()));
+    }
+    let podless = cni::container_id();
+    plant(None, None, &podless, "eth0");
+    expected.push((true, String::new(), String::new(), podless, "eth0".into()));
+    let corrupt = cni::container_id();
+    std::fs::write(
+        store.record_path(cni::NETWORK, &corrupt, "eth0"),
+        "{\"checksum\":\"sha256:00\",\"record\":{}}\n",
+    )
+    .unwrap();
+    expected.push((
+        true,
+        String::new(),
+        String::new(),
+        corrupt.clone(),
+        "eth0".into(),
+    ));
+    expected.sort();
+
+    let rows = store.dump();
+    let listed: Vec<(bool, String, String, String, String)> = rows
+        .iter()
+        .map(|row| {
+            let text = |key: &str| row[key].as_str().unwrap_or_default().to_string();
+            (
+                row["podName"].is_null(),
+                text("podNamespace"),
+                text("podName"),
+                text("containerId"),
+                text("ifName"),
+            )
+        })
+        .collect();
+    assert_eq!(listed.len(), expected.len());
+    assert!(
+        listed == expected,
+        "rows out of kubectl's order or not each once"
+    );
+    for row in &rows {
+        if row["containerId"] == corrupt.as_str() {
+            assert_eq!(row["status"], "corrupt", "{row}");
+        } else {
+            assert_eq!(row["status"], "ok", "{row}");
+            assert_eq!(row["prevResult"], template["record"]["prevResult"], "{row}");
+        }
+    }
+
+    let table = dump_table(&store);
+    let in_table: Vec<&str> = table
+        .lines()
+        .skip(1)
+        .filter(|line| !line.starts_with(' '))
+        .take_while(|line| !line.is_empty())
+        .map(|line| line.split_whitespace().nth(1).unwrap())
+        .collect();
+    let short: Vec<&str> = expected.iter().map(|(.., id, _)| &id[..13]).collect();
+    assert!(
+        in_table == short,
+        "the table lists the rows as the JSON does"
+    );
+    assert!(
+        table.contains(&format!("{} checkpoints", expected.len() - 1)),
+        "{}",
+        &table[table.len().saturating_sub(400)..]
+    );
+}
+
 /// A node without a pod yet has no state dir (the first ADD makes it): the dump shows an
 /// empty table and exits 0, as `--doctor` says OK there.
 #[test]

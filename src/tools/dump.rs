@@ -6,8 +6,12 @@
 //! DEL. The primary's result is copied through as raw bytes. It creates, chmods and locks
 //! nothing it reads.
 
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::hash::{BuildHasher, RandomState};
 use std::io::{self, Write};
 use std::ops::Range;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -22,8 +26,8 @@ use crate::state::deferred::DeferredDel;
 use crate::state::ledger::LedgerEntry;
 use crate::state::lock::WaitNotice;
 use crate::state::ownership::Ownership;
-use crate::state::ownership::PodKey;
-use crate::state::{Folder, Loaded, READ_BATCH, Store, read_entry_for_listing};
+use crate::state::ownership::{PodKey, PodKeyRule};
+use crate::state::{Folder, Loaded, READ_BATCH, RECORDS, Store, read_entry_for_listing};
 
 #[derive(Debug, Clone, Copy)]
 pub enum Format {
@@ -213,7 +217,7 @@ pub fn run(
     lock_timeout: Duration,
 ) -> Result<()> {
     let mut sink: Box<dyn Sink> = match format {
-        Format::Json => Box::new(JsonSink),
+        Format::Json => Box::new(JsonSink::default()),
         Format::Table => Box::new(TableSink::default()),
     };
     // The plugin makes its state dir at the first ADD: a node without a pod yet has none,
@@ -224,7 +228,8 @@ pub fn run(
             state_dir.display()
         );
         let mut out = io::stdout().lock();
-        sink.finish(&mut out, state_dir, &[])
+        sink.begin(&mut out)
+            .and_then(|()| sink.finish(&mut out, state_dir))
             .map_err(DumpError::Write)
     } else {
         let store = Store::open_read_only(state_dir)?;
@@ -259,8 +264,12 @@ impl From<io::Error> for DumpError {
     }
 }
 
-/// Renders the rows under the lock, a batch at a time; sorts and writes them with the lock
-/// let go.
+/// A large store's rendered rows would not fit the memory a plugin's exec may take, so the
+/// records are read twice: a first pass keeps only where each row sorts and a hash of its
+/// file's name, a second reads the records again in that order and renders each one. Each batch
+/// is written with the lock let go, so a reader that stops reading (`| less` left open) holds up
+/// no ADD or DEL. The few rows that stand for no record (set-aside files, owners without a
+/// record, deferred DELs) are rendered in the first pass and merged in.
 fn write_all(
     store: &Store,
     filter: &Filter,
@@ -269,13 +278,8 @@ fn write_all(
 ) -> std::result::Result<(), DumpError> {
     let notice = WaitNotice::new(store.root(), lock_timeout);
     let on_wait = |holder: &str| notice.hear(holder);
-    let mut paths = store.record_paths()?;
-    let mut rows = Rendered::default();
-    // Records that own their pod key: when every owner file is one of them, no owner is
-    // without its record, and the owners need not be read one by one.
-    let mut owning = 0;
     // Small and bounded (`state::ledger`): read once, shown on the owners' rows.
-    let ledger: std::collections::HashMap<PodKey, LedgerEntry> = {
+    let ledger: HashMap<PodKey, LedgerEntry> = {
         let _lock = store.read_lock(lock_timeout, &on_wait)?;
         store
             .list_ledger()?
@@ -283,13 +287,20 @@ fn write_all(
             .map(|entry| (entry.key.clone(), entry))
             .collect()
     };
+    let mut keys = RecordKeys::default();
+    // Sized once: growing by doubling would copy the keys and leave the old buffer behind.
+    keys.entries.reserve_exact(store.count(Folder::Records)?);
+    keys.texts
+        .reserve_exact(keys.entries.capacity() * TEXT_PER_RECORD);
+    // Records that own their pod key: when every owner file is one of them, no owner is
+    // without its record, and the owners need not be read one by one.
+    let mut owning = 0;
+    let mut paths = store.record_paths()?;
     loop {
         let mut read = 0;
         let _lock = store.read_lock(lock_timeout, &on_wait)?;
         for path in paths.by_ref() {
-            owning += usize::from(record_rows(
-                store, filter, &ledger, &path?, sink, &mut rows,
-            )?);
+            owning += usize::from(keys.add(store, filter, &path.map_err(listing_error)?)?);
             read += 1;
             if read == READ_BATCH {
                 break;
@@ -299,6 +310,8 @@ fn write_all(
             break;
         }
     }
+    drop(paths);
+    let mut others = Rendered::default();
     // Then what no record stands for: set-aside files (by name) and owners without a record.
     for path in store.list_set_aside()? {
         let status = if crate::state::set_aside_blocks(&path) {
@@ -314,7 +327,7 @@ fn write_all(
         };
         let row = unverified_row(&path, status.0, status.1.to_string());
         if filter.admits_container(row.container_id) {
-            push_row(sink, &mut rows, &row)?;
+            push_row(sink, &mut others, &row)?;
         }
     }
     let orphans = if store.count(Folder::Owners)? > owning {
@@ -335,7 +348,7 @@ fn write_all(
             row.pod_uid,
             row.container_id,
         ) {
-            push_row(sink, &mut rows, &row)?;
+            push_row(sink, &mut others, &row)?;
         }
     }
     let deferred = {
@@ -353,24 +366,444 @@ fn write_all(
             row.pod_uid,
             row.container_id,
         ) {
-            push_row(sink, &mut rows, &row)?;
+            push_row(sink, &mut others, &row)?;
         }
     }
-    rows.at.sort_by(|a, b| RowAt::order(&rows.keys, a, b));
-    let sorted: Vec<&[u8]> = rows
+    // Stable: rows of equal keys keep the order they were read in, records first.
+    others
         .at
-        .iter()
-        .map(|at| &rows.bytes[at.row.clone()])
-        .collect();
+        .sort_by(|a, b| a.key(&others.keys).cmp(&b.key(&others.keys)));
+    keys.sort()?;
+
     let mut out = io::stdout().lock();
-    sink.finish(&mut out, store.root(), &sorted)?;
+    let mut pending = Vec::with_capacity(PENDING_BYTES);
+    sink.begin(&mut pending)?;
+    let mut others_left = others.at.iter().peekable();
+    let records = store.root().join(RECORDS);
+    let mut start = 0;
+    let mut window = Window::default();
+    while start < keys.entries.len() {
+        let end = keys.window_end(start);
+        keys.find_names(store, start..end, &mut window)?;
+        let mut lock = None;
+        let mut loads = 0;
+        for at in 0..window.order.len() {
+            let slot = window.order[at] as usize;
+            let key = window.key(&keys, slot);
+            while let Some(other) = others_left.next_if(|at| at.key(&others.keys) < key) {
+                sink.separate(&mut pending)?;
+                pending.extend_from_slice(&others.bytes[other.row.clone()]);
+            }
+            let path = records.join(OsStr::from_bytes(window.name(slot)));
+            if lock.is_none() {
+                lock = Some(store.read_lock(lock_timeout, &on_wait)?);
+            }
+            let seen = keys.seen(&keys.entries[window.start + slot]);
+            record_rows(store, filter, &ledger, &path, &seen, &mut |row| {
+                sink.separate(&mut pending)?;
+                sink.render(&mut pending, row)
+            })?;
+            loads += 1;
+            if loads == READ_BATCH || pending.len() >= PENDING_BYTES {
+                lock = None;
+                loads = 0;
+                out.write_all(&pending)?;
+                pending.clear();
+            }
+        }
+        drop(lock);
+        start = end;
+    }
+    for other in others_left {
+        sink.separate(&mut pending)?;
+        pending.extend_from_slice(&others.bytes[other.row.clone()]);
+    }
+    sink.finish(&mut pending, store.root())?;
+    out.write_all(&pending)?;
     out.flush()?;
     Ok(())
 }
 
-/// The rendered rows back to back in one buffer, and their sort keys in another: a buffer of
-/// its own per row or per key would round every one up to its allocation's size and about
-/// double the memory a large store's dump takes.
+/// Rendered rows are written in pieces of about this size, each with the lock let go.
+const PENDING_BYTES: usize = 8 << 10;
+
+/// Records whose file names one pass over the directory looks up: more take more memory,
+/// fewer more passes.
+const WINDOW: usize = 1024;
+
+/// What the keys of one record take in `RecordKeys::texts`, about, to size it once.
+const TEXT_PER_RECORD: usize = 16;
+
+fn listing_error(e: io::Error) -> GuardError {
+    GuardError::new(Kind::Io, format!("cannot list the records: {e}"))
+}
+
+/// Where each admitted record's row sorts, packed: a large store's keys must take little
+/// memory. The container ID and interface that break ties are read from the file's name in
+/// the second pass (a record names its own file), so only the namespace and the pod's name are
+/// kept, and a hash of the file's name to find the file again.
+#[derive(Default)]
+struct RecordKeys {
+    entries: Vec<KeyEntry>,
+    /// Each entry's fields from its `text` on, each after its length: the pod's name, then
+    /// the namespace when it is not in `namespaces`, then the container ID and interface when
+    /// the record's own differ from its file's name.
+    texts: Vec<u8>,
+    /// Pods share a few namespaces: each is kept once.
+    namespaces: Vec<Box<str>>,
+    namespace_at: HashMap<Box<str>, u16>,
+    /// Keyed at random per run: file names cannot be chosen to collide.
+    hasher: RandomState,
+}
+
+#[derive(Clone, Copy)]
+struct KeyEntry {
+    name_hash: u64,
+    /// Where its fields start in `texts`; grows in the order the records were read.
+    text: u32,
+    /// Its index in `namespaces`, unless OWN_NAMESPACE.
+    namespace: u16,
+    flags: u8,
+}
+
+const NO_POD: u8 = 1;
+const OWN_NAMESPACE: u8 = 2;
+const OTHER_ID: u8 = 4;
+/// It owned its pod key, under the rule BY_IFNAME tells.
+const OWNER: u8 = 8;
+const BY_IFNAME: u8 = 16;
+/// Another sandbox owned its pod key, the container ID in `texts`.
+const SUPERSEDED: u8 = 32;
+/// It was not a valid record: the first pass kept nothing of its ownership.
+const UNREAD: u8 = 64;
+
+/// A record's ownership as the first pass read it: the second reads only the record again,
+/// and the owners too when the record's generation changed in between.
+#[derive(Default)]
+struct Seen {
+    generation: Option<u64>,
+    owner_rule: Option<PodKeyRule>,
+    superseded_by: Option<String>,
+}
+
+/// What the first pass kept of where a record's row sorts.
+struct Fields<'a> {
+    namespace: &'a [u8],
+    pod: &'a [u8],
+    /// The record's own container ID and interface, where its file's name differs.
+    other_id: Option<[&'a [u8]; 2]>,
+}
+
+/// A row's sort key: kubectl's order (namespace, then name), then the sandbox and the
+/// interface; rows that name no pod go last.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct SortKey<'a> {
+    no_pod: bool,
+    /// The namespace, the pod's name, the container ID and the interface.
+    fields: [&'a [u8]; 4],
+}
+
+impl RecordKeys {
+    /// Reads the record at `path` and keeps its key if the filter admits it; returns whether
+    /// the record owns its pod key, filtered or not.
+    fn add(&mut self, store: &Store, filter: &Filter, path: &Path) -> io::Result<bool> {
+        let file_name = path.file_name().unwrap_or_default();
+        match store.load_record_at(path) {
+            Loaded::Valid(record) => {
+                let (owner, superseded_by) = owner_of(store, &record);
+                if filter.admits(&record) {
+                    let own_name = record.id().file_name();
+                    let other_id = (own_name.as_bytes() != file_name.as_bytes())
+                        .then_some((record.container_id.as_str(), record.if_name.as_str()));
+                    let at = self.push(
+                        file_name,
+                        record.pod_name.is_none(),
+                        record.pod_namespace.as_deref().unwrap_or_default(),
+                        record.pod_name.as_deref().unwrap_or_default(),
+                        other_id,
+                    )?;
+                    let entry = &mut self.entries[at];
+                    put_number(&mut self.texts, record.generation);
+                    if let Some(owner) = &owner {
+                        entry.flags |= OWNER;
+                        if owner.key.rule() == PodKeyRule::NameAndIfname {
+                            entry.flags |= BY_IFNAME;
+                        }
+                    }
+                    if let Some(other) = &superseded_by {
+                        entry.flags |= SUPERSEDED;
+                        put(&mut self.texts, other.as_bytes());
+                    }
+                }
+                // Each owner file once, by its first interface.
+                Ok(owner.is_some_and(|owner| {
+                    owner.interfaces().first() == Some(&record.if_name.as_str())
+                }))
+            }
+            Loaded::Corrupt { .. } => {
+                let container_id = file_name
+                    .to_str()
+                    .and_then(split_file_name)
+                    .map(|(_, container_id, _)| container_id);
+                if filter.admits_container(container_id) {
+                    let at = self.push(file_name, true, "", "", None)?;
+                    self.entries[at].flags |= UNREAD;
+                }
+                Ok(false)
+            }
+            Loaded::Missing => Ok(false),
+        }
+    }
+
+    fn push(
+        &mut self,
+        file_name: &OsStr,
+        no_pod: bool,
+        namespace: &str,
+        pod: &str,
+        other_id: Option<(&str, &str)>,
+    ) -> io::Result<usize> {
+        let text = u32::try_from(self.texts.len())
+            .map_err(|_| io::Error::other("too many records to sort"))?;
+        let mut flags = if no_pod { NO_POD } else { 0 };
+        put(&mut self.texts, pod.as_bytes());
+        let index = match self.namespace_at.get(namespace) {
+            Some(&index) => Some(index),
+            None => u16::try_from(self.namespaces.len()).ok().inspect(|&index| {
+                self.namespaces.push(namespace.into());
+                self.namespace_at.insert(namespace.into(), index);
+            }),
+        };
+        let namespace = index.unwrap_or_else(|| {
+            flags |= OWN_NAMESPACE;
+            put(&mut self.texts, namespace.as_bytes());
+            0
+        });
+        if let Some((container_id, if_name)) = other_id {
+            flags |= OTHER_ID;
+            put(&mut self.texts, container_id.as_bytes());
+            put(&mut self.texts, if_name.as_bytes());
+        }
+        self.entries.push(KeyEntry {
+            name_hash: self.hasher.hash_one(file_name.as_bytes()),
+            text,
+            namespace,
+            flags,
+        });
+        Ok(self.entries.len() - 1)
+    }
+
+    /// The entry's namespace and pod's name, and the record's own container ID and interface
+    /// when its file's name does not give them; and where the fields after those start.
+    fn fields(&self, entry: &KeyEntry) -> (Fields<'_>, usize) {
+        let mut at = entry.text as usize;
+        let pod = take(&self.texts, &mut at);
+        let namespace = if entry.flags & OWN_NAMESPACE != 0 {
+            take(&self.texts, &mut at)
+        } else {
+            self.namespaces[usize::from(entry.namespace)].as_bytes()
+        };
+        let other_id = (entry.flags & OTHER_ID != 0)
+            .then(|| [take(&self.texts, &mut at), take(&self.texts, &mut at)]);
+        (
+            Fields {
+                namespace,
+                pod,
+                other_id,
+            },
+            at,
+        )
+    }
+
+    /// What the first pass found of the record's ownership.
+    fn seen(&self, entry: &KeyEntry) -> Seen {
+        if entry.flags & UNREAD != 0 {
+            return Seen::default();
+        }
+        let (_, mut at) = self.fields(entry);
+        let generation = take_number(&self.texts, &mut at);
+        let superseded_by = (entry.flags & SUPERSEDED != 0)
+            .then(|| String::from_utf8_lossy(take(&self.texts, &mut at)).into_owned());
+        let rule = if entry.flags & BY_IFNAME != 0 {
+            PodKeyRule::NameAndIfname
+        } else {
+            PodKeyRule::Name
+        };
+        Seen {
+            generation: Some(generation),
+            owner_rule: (entry.flags & OWNER != 0).then_some(rule),
+            superseded_by,
+        }
+    }
+
+    /// The part of the order the first pass can tell: no pod, namespace, pod's name.
+    fn pod_order(&self, a: &KeyEntry, b: &KeyEntry) -> std::cmp::Ordering {
+        let (a_fields, _) = self.fields(a);
+        let (b_fields, _) = self.fields(b);
+        (a.flags & NO_POD, a_fields.namespace, a_fields.pod).cmp(&(
+            b.flags & NO_POD,
+            b_fields.namespace,
+            b_fields.pod,
+        ))
+    }
+
+    /// Sorts by pod, then in the order read (which `text` grows with): an unstable sort takes
+    /// no memory of its own.
+    fn sort(&mut self) -> io::Result<()> {
+        let mut entries = std::mem::take(&mut self.entries);
+        entries.sort_unstable_by(|a, b| self.pod_order(a, b).then(a.text.cmp(&b.text)));
+        self.entries = entries;
+        Ok(())
+    }
+
+    /// Where the window that starts at `start` ends: after WINDOW entries, but never inside
+    /// one pod's rows, whose order only their file names complete.
+    fn window_end(&self, start: usize) -> usize {
+        let mut end = (start + WINDOW).min(self.entries.len());
+        while end < self.entries.len()
+            && self
+                .pod_order(&self.entries[end - 1], &self.entries[end])
+                .is_eq()
+        {
+            end += 1;
+        }
+        end
+    }
+
+    /// Lists the records' folder once and keeps the names of the entries in `range`. A record
+    /// removed since the first pass is not found and is left out, as `ls` or `ps` leave out
+    /// what went between listing it and reading it: its row would describe what is gone. One
+    /// added since is not looked for.
+    /// Its buffers are `window`'s, kept from one window to the next.
+    fn find_names(
+        &self,
+        store: &Store,
+        range: Range<usize>,
+        window: &mut Window,
+    ) -> std::result::Result<(), DumpError> {
+        window.start = range.start;
+        window.by_hash.clear();
+        window.by_hash.extend(
+            range
+                .clone()
+                .map(|at| (self.entries[at].name_hash, (at - range.start) as u32)),
+        );
+        window.by_hash.sort_unstable();
+        window.names.clear();
+        window.found.clear();
+        window.found.resize(range.len(), (0, 0));
+        for path in store.record_paths()? {
+            let path = path.map_err(listing_error)?;
+            let name = path.file_name().unwrap_or_default().as_bytes();
+            let hash = self.hasher.hash_one(name);
+            let first = window.by_hash.partition_point(|(h, _)| *h < hash);
+            let slot = window.by_hash[first..]
+                .iter()
+                .take_while(|(h, _)| *h == hash)
+                .map(|(_, slot)| *slot as usize)
+                .find(|&slot| window.found[slot].1 == 0);
+            if let Some(slot) = slot {
+                window.found[slot] = (window.names.len() as u32, name.len() as u32);
+                window.names.extend_from_slice(name);
+            }
+        }
+        let mut order = std::mem::take(&mut window.order);
+        order.clear();
+        order.extend((0..range.len() as u32).filter(|&slot| window.found[slot as usize].1 != 0));
+        // Stable, so equal keys keep the order read.
+        order.sort_by(|&a, &b| {
+            window
+                .key(self, a as usize)
+                .cmp(&window.key(self, b as usize))
+        });
+        window.order = order;
+        Ok(())
+    }
+}
+
+/// The file names of a window of sorted entries.
+#[derive(Default)]
+struct Window {
+    start: usize,
+    by_hash: Vec<(u64, u32)>,
+    names: Vec<u8>,
+    /// Per entry: where its name is in `names` and its length; 0 when not found.
+    found: Vec<(u32, u32)>,
+    /// The entries found, in the dump's order.
+    order: Vec<u32>,
+}
+
+impl Window {
+    fn name(&self, slot: usize) -> &[u8] {
+        let (at, len) = self.found[slot];
+        &self.names[at as usize..(at + len) as usize]
+    }
+
+    fn key<'a>(&'a self, keys: &'a RecordKeys, slot: usize) -> SortKey<'a> {
+        let entry = &keys.entries[self.start + slot];
+        let (
+            Fields {
+                namespace,
+                pod,
+                other_id,
+            },
+            _,
+        ) = keys.fields(entry);
+        let [container_id, if_name] = other_id.unwrap_or_else(|| {
+            std::str::from_utf8(self.name(slot))
+                .ok()
+                .and_then(split_file_name)
+                .map_or([&[][..], &[][..]], |(_, container_id, if_name)| {
+                    [container_id.as_bytes(), if_name.as_bytes()]
+                })
+        });
+        SortKey {
+            no_pod: entry.flags & NO_POD != 0,
+            fields: [namespace, pod, container_id, if_name],
+        }
+    }
+}
+
+/// Appends `field` after its length.
+fn put(texts: &mut Vec<u8>, field: &[u8]) {
+    put_number(texts, field.len() as u64);
+    texts.extend_from_slice(field);
+}
+
+/// The field `put` appended at `*at`; moves `*at` past it.
+fn take<'a>(texts: &'a [u8], at: &mut usize) -> &'a [u8] {
+    let len = take_number(texts, at) as usize;
+    let field = &texts[*at..*at + len];
+    *at += len;
+    field
+}
+
+/// Appends `number` in as few bytes as it needs (LEB128).
+fn put_number(texts: &mut Vec<u8>, mut number: u64) {
+    while number >= 0x80 {
+        texts.push((number & 0x7f) as u8 | 0x80);
+        number >>= 7;
+    }
+    texts.push(number as u8);
+}
+
+fn take_number(texts: &[u8], at: &mut usize) -> u64 {
+    let mut number = 0;
+    let mut shift = 0;
+    loop {
+        let byte = texts[*at];
+        *at += 1;
+        number |= u64::from(byte & 0x7f) << shift;
+        shift += 7;
+        if byte & 0x80 == 0 {
+            return number;
+        }
+    }
+}
+
+/// The rows that stand for no record, rendered back to back in one buffer and their sort keys
+/// in another: a buffer of its own per row or per key would round every one up to its
+/// allocation's size.
 #[derive(Default)]
 struct Rendered {
     bytes: Vec<u8>,
@@ -378,8 +811,7 @@ struct Rendered {
     at: Vec<RowAt>,
 }
 
-/// Where one rendered row is and where it sorts: kubectl's order (namespace, then name), then
-/// the sandbox and the interface; rows that name no pod go last.
+/// Where one rendered row is and where it sorts.
 struct RowAt {
     no_pod: bool,
     /// The namespace, the pod's name, the container ID and the interface, in `keys`.
@@ -388,18 +820,17 @@ struct RowAt {
 }
 
 impl RowAt {
-    /// Compares two rows by their keys, which lie in `keys`.
-    fn order(keys: &[u8], a: &RowAt, b: &RowAt) -> std::cmp::Ordering {
-        let fields = |at: &RowAt| at.key.clone().into_iter().map(|range| &keys[range]);
-        a.no_pod
-            .cmp(&b.no_pod)
-            .then_with(|| fields(a).cmp(fields(b)))
+    fn key<'a>(&self, keys: &'a [u8]) -> SortKey<'a> {
+        SortKey {
+            no_pod: self.no_pod,
+            fields: self.key.clone().map(|range| &keys[range]),
+        }
     }
 }
 
 fn push_row(sink: &mut dyn Sink, rows: &mut Rendered, row: &Row) -> io::Result<()> {
     let start = rows.bytes.len();
-    sink.row(&mut rows.bytes, row)?;
+    sink.render(&mut rows.bytes, row)?;
     let mut key = |value: Option<&str>| {
         let at = rows.keys.len();
         rows.keys
@@ -420,25 +851,34 @@ fn push_row(sink: &mut dyn Sink, rows: &mut Rendered, row: &Row) -> io::Result<(
     Ok(())
 }
 
-/// Writes the row of the record at `path` if the filter admits it; returns whether the
-/// record owns its pod key, filtered or not.
+/// Hands `emit` the row of the record at `path` if the filter admits it. A record that
+/// changed since the first pass shows as it is now, its ownership read again; one gone since
+/// shows nothing.
 fn record_rows(
     store: &Store,
     filter: &Filter,
-    ledger: &std::collections::HashMap<PodKey, LedgerEntry>,
+    ledger: &HashMap<PodKey, LedgerEntry>,
     path: &Path,
-    sink: &mut dyn Sink,
-    rows: &mut Rendered,
-) -> io::Result<bool> {
+    seen: &Seen,
+    emit: &mut dyn FnMut(&Row) -> io::Result<()>,
+) -> io::Result<()> {
     match store.load_record_at(path) {
         Loaded::Valid(record) => {
-            let (owner, superseded_by) = owner_of(store, &record);
+            let (owner_key, superseded_by) = if seen.generation == Some(record.generation) {
+                (
+                    seen.owner_rule.and_then(|rule| record.pod_key(rule)),
+                    seen.superseded_by.clone(),
+                )
+            } else {
+                let (owner, superseded_by) = owner_of(store, &record);
+                (owner.map(|owner| owner.key), superseded_by)
+            };
             if filter.admits(&record) {
                 let view = ResultView::parse(&record.prev_result).ok();
-                let mut row = record_row(&record, owner.is_some(), &view);
-                row.stale_dels = owner
+                let mut row = record_row(&record, owner_key.is_some(), &view);
+                row.stale_dels = owner_key
                     .as_ref()
-                    .and_then(|owner| ledger.get(&owner.key))
+                    .and_then(|key| ledger.get(key))
                     .map(StaleDels::of);
                 if let Some(other) = superseded_by {
                     row.status = Status::Superseded;
@@ -450,11 +890,9 @@ fn record_rows(
                     ));
                     row.superseded_by = Some(other);
                 }
-                push_row(sink, rows, &row)?;
+                emit(&row)?;
             }
-            // Each owner file once, by its first interface.
-            Ok(owner
-                .is_some_and(|owner| owner.interfaces().first() == Some(&record.if_name.as_str())))
+            Ok(())
         }
         Loaded::Corrupt { path, reason } => {
             let row = unverified_row(
@@ -463,11 +901,11 @@ fn record_rows(
                 format!("failed verification: {reason}"),
             );
             if filter.admits_container(row.container_id) {
-                push_row(sink, rows, &row)?;
+                emit(&row)?;
             }
-            Ok(false)
+            Ok(())
         }
-        Loaded::Missing => Ok(false),
+        Loaded::Missing => Ok(()),
     }
 }
 
@@ -668,30 +1106,43 @@ fn empty_row<'a>(status: Status, reason: String) -> Row<'a> {
 }
 
 trait Sink {
-    /// Renders one row (and counts it); the rows are written, sorted, by `finish`.
-    fn row(&mut self, out: &mut dyn Write, row: &Row) -> io::Result<()>;
-    fn finish(&mut self, out: &mut dyn Write, root: &Path, rows: &[&[u8]]) -> io::Result<()>;
+    /// What comes before the first row.
+    fn begin(&mut self, out: &mut dyn Write) -> io::Result<()>;
+    /// What comes before each row written, in the order written.
+    fn separate(&mut self, out: &mut dyn Write) -> io::Result<()>;
+    /// Renders one row and counts it.
+    fn render(&mut self, out: &mut dyn Write, row: &Row) -> io::Result<()>;
+    /// What comes after the last row.
+    fn finish(&mut self, out: &mut dyn Write, root: &Path) -> io::Result<()>;
 }
 
 /// A JSON array, one row per line.
 #[derive(Default)]
-struct JsonSink;
+struct JsonSink {
+    written: usize,
+}
 
 impl Sink for JsonSink {
-    fn row(&mut self, out: &mut dyn Write, row: &Row) -> io::Result<()> {
+    fn begin(&mut self, _out: &mut dyn Write) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn separate(&mut self, out: &mut dyn Write) -> io::Result<()> {
+        self.written += 1;
+        out.write_all(if self.written == 1 {
+            b"[\n  "
+        } else {
+            b",\n  "
+        })
+    }
+
+    fn render(&mut self, out: &mut dyn Write, row: &Row) -> io::Result<()> {
         serde_json::to_writer(&mut *out, row)?;
         Ok(())
     }
 
-    fn finish(&mut self, out: &mut dyn Write, _root: &Path, rows: &[&[u8]]) -> io::Result<()> {
-        if rows.is_empty() {
-            return out.write_all(b"[]\n");
-        }
-        for (at, row) in rows.iter().enumerate() {
-            out.write_all(if at == 0 { b"[\n  " } else { b",\n  " })?;
-            out.write_all(row)?;
-        }
-        out.write_all(b"\n]\n")
+    fn finish(&mut self, out: &mut dyn Write, _root: &Path) -> io::Result<()> {
+        out.write_all(if self.written == 0 { b"[]\n" } else { b"\n]\n" })
     }
 }
 
@@ -731,7 +1182,15 @@ fn counted(count: usize, one: &str, many: &str) -> String {
 }
 
 impl Sink for TableSink {
-    fn row(&mut self, out: &mut dyn Write, row: &Row) -> io::Result<()> {
+    fn begin(&mut self, out: &mut dyn Write) -> io::Result<()> {
+        write_cells(out, COLUMNS.map(|(header, _)| header))
+    }
+
+    fn separate(&mut self, _out: &mut dyn Write) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn render(&mut self, out: &mut dyn Write, row: &Row) -> io::Result<()> {
         self.rows += 1;
         self.owned += usize::from(row.owner && row.status == Status::Ok);
         self.by_status[row.status as usize] += 1;
@@ -792,11 +1251,7 @@ impl Sink for TableSink {
         }
     }
 
-    fn finish(&mut self, out: &mut dyn Write, root: &Path, rows: &[&[u8]]) -> io::Result<()> {
-        write_cells(out, COLUMNS.map(|(header, _)| header))?;
-        for row in rows {
-            out.write_all(row)?;
-        }
+    fn finish(&mut self, out: &mut dyn Write, root: &Path) -> io::Result<()> {
         let count = |status: Status| self.by_status[status as usize];
         let records = count(Status::Ok) + count(Status::Superseded);
         writeln!(

@@ -361,20 +361,24 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         wanted
     };
     out.file = net.file.clone();
+    let changes = !wanted.same_as(&net.doc.root);
+    let bytes = net.doc.with_root(wanted).render();
+    if changes && in_place(&net, named_by.as_deref()) {
+        fits_in_place(&net, bytes.len(), named_by.as_deref())?;
+    }
     if files::install_binary(&bin_dir(options))? {
         done.push(format!(
             "copied the binary to {}",
             bin_dir(options).join(edit::GUARD_TYPE).display()
         ));
     }
-    if !wanted.same_as(&net.doc.root) {
+    if changes {
         let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
         // The primary's own bytes, for --uninstall: kept each time the primary wrote them.
         if !edit::has_guard(&list) {
             let original = original_of(&net.file);
             files::write_atomic(&original, &net.bytes, keep).map_err(io_err("write", &original))?;
         }
-        let bytes = net.doc.with_root(wanted).render();
         let expect = Expect::Bytes(&net.bytes);
         let written = if in_place(&net, named_by.as_deref()) {
             files::write_in_place_if(&net.file, &bytes, &expect)
@@ -474,6 +478,28 @@ fn missing_plugins(options: &Options, net: &Network) -> Vec<String> {
 /// write reads as a write.
 fn in_place(net: &Network, named_by: Option<&str>) -> bool {
     net.single || named_by.is_some()
+}
+
+/// An in-place write longer than one page could be read half-done (`files::IN_PLACE_MAX`):
+/// refused before anything is written, saying how to make it fit.
+fn fits_in_place(net: &Network, new_len: usize, named_by: Option<&str>) -> Result<(), Failure> {
+    let span = files::in_place_span(net.bytes.len(), new_len);
+    if span <= files::IN_PLACE_MAX {
+        return Ok(());
+    }
+    let why =
+        named_by.unwrap_or("it is the primary's single-plugin file, which its owner names by path");
+    Err(Failure::new(
+        Reason::Conflict,
+        format!(
+            "{} must be written in place ({why}), and with sandbox-guard it would take {span} bytes, more than one \
+             page ({}), the most one write puts in place whole: a reader could get part old, part new JSON, and \
+             so could a crash; shorten the entry (fewer or shorter keys in --entry or --entry-file, the ConfigMap) \
+             or the primary's own config until it fits",
+            net.file.display(),
+            files::IN_PLACE_MAX
+        ),
+    ))
 }
 
 /// The list as the runtime would hand the entry to the plugin, for `edit::entry_problem`.
@@ -927,7 +953,12 @@ fn restore(
     if in_place(net, named_by) {
         files::write_in_place_if(&net.file, &bytes, &Expect::Any)
             .map(|_| ())
-            .map_err(io_err("write", &net.file))?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::FileTooLarge => format!(
+                    "{e}; have its owner write it again (that takes the guard out), then run this again"
+                ),
+                _ => io_err("write", &net.file)(e),
+            })?;
     } else {
         files::write_atomic(&net.file, &bytes, keep).map_err(io_err("write", &net.file))?;
     }

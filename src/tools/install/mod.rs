@@ -309,7 +309,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
             return Err(Failure::new(
                 Reason::Conflict,
                 format!(
-                    "--mode dropin: multus ({kind}) runs {} itself, from its own copy or read, without drop-ins; use --mode chained or delegate",
+                    "--mode dropin: multus ({kind}) runs {} itself, and whether it appends drop-ins is its version's to say (v4.2.1+ for a cluster network given as a .conflist path, never its inlined copy), which no file shows; use --mode chained or delegate",
                     file_name(&net.file)
                 ),
             ));

@@ -2535,3 +2535,39 @@ fn an_in_place_write_that_runs_out_of_room_leaves_the_file_as_it_was() {
     );
     drop(disk);
 }
+
+#[test]
+fn multus_finds_the_guard_in_its_bin_dir() {
+    // Fails before this change: with multus thick's binDir (its daemon's config, written
+    // into 00-multus.conf) another dir than the runtime's, the guard went only into the
+    // runtime's bin dir and the probe said ready, while multus's daemon, which searches
+    // binDir alone (the runtime's CNI_PATH does not reach it), fails every ADD with "failed
+    // to find plugin sandbox-guard".
+    let node = Node::with("multus-thick");
+    let multus_bin = node.dir.path.join("multus-bin");
+    install::stub_plugins(&node.conf(), &multus_bin);
+    let multus = node.conf().join("00-multus.conf");
+    let mut conf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&multus).unwrap()).unwrap();
+    conf["binDir"] = multus_bin.display().to_string().into();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    let said = node.install("delegate", None);
+    assert!(said.contains("multus-bin/sandbox-guard too"), "{said}");
+    assert_eq!(
+        std::fs::read(multus_bin.join("sandbox-guard")).unwrap(),
+        std::fs::read(node.bin().join("sandbox-guard")).unwrap()
+    );
+    assert!(check(&node).0, "{}", check(&node).1);
+    std::fs::remove_file(multus_bin.join("sandbox-guard")).unwrap();
+    let (ready, said) = check(&node);
+    assert!(!ready && said.contains("its binDir"), "{said}");
+    // A binDir holding none of the network's plugins is not where multus finds them (its
+    // daemon config names another dir): nothing is copied there, and it does not count.
+    let elsewhere = node.dir.path.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    conf["binDir"] = elsewhere.display().to_string().into();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    node.install("delegate", None);
+    assert!(!elsewhere.join("sandbox-guard").exists());
+    assert!(check(&node).0, "{}", check(&node).1);
+}

@@ -264,6 +264,8 @@ pub fn runnable(options: &Options) -> Result<Found, Failure> {
 /// `remembered`: the entry the watch saw last, whose keys come back after a primary's
 /// rewrite dropped it.
 pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed, Failure> {
+    let found = runnable(options)?;
+    let multus_dir = multus_bin_dir(options, &found);
     let Found {
         net,
         notes,
@@ -271,7 +273,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         via_multus,
         named_by,
         ..
-    } = runnable(options)?;
+    } = found;
     let dropin = options.conf_dir.join(&net.name).join(DROPIN_FILE);
     let dropin_doc = std::fs::read(&dropin)
         .ok()
@@ -372,6 +374,14 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
             bin_dir(options).join(edit::GUARD_TYPE).display()
         ));
     }
+    if let Some(dir) = &multus_dir
+        && files::install_binary(dir)?
+    {
+        done.push(format!(
+            "copied the binary to {} too: multus looks for its delegates there first (its binDir)",
+            dir.join(edit::GUARD_TYPE).display()
+        ));
+    }
     if changes {
         let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
         // The primary's own bytes, for --uninstall: kept each time the primary wrote them.
@@ -469,6 +479,29 @@ fn missing_plugins(options: &Options, net: &Network) -> Vec<String> {
         .into_iter()
         .filter(|t| !network::plugin_found(&options.bin_dir, &options.host_root, t))
         .collect()
+}
+
+/// Multus's `binDir` (under the host root) when multus runs this network's plugins from
+/// there and it is not the bin dir: the guard goes there too. Thick's daemon looks nowhere
+/// else, so without it every ADD fails "failed to find plugin"; thin looks there before the
+/// runtime's dirs, so an older guard there would run instead. A binDir holding none of the
+/// network's plugins and no guard is not where multus finds them (its daemon config names
+/// another dir, which the files do not show, or the dir is not mounted): left alone.
+fn multus_bin_dir(options: &Options, found: &Found) -> Option<PathBuf> {
+    let named = found.multus_bin_dir.as_ref()?;
+    let root = &options.host_root;
+    let dir = network::host_dir(root, &root.join(named.strip_prefix("/").unwrap_or(named)));
+    let canonical = |d: &Path| d.canonicalize().ok();
+    if canonical(&dir).is_none() || canonical(&dir) == canonical(&bin_dir(options)) {
+        return None;
+    }
+    let plugins: Vec<String> = network::plugin_types(&found.net)
+        .into_iter()
+        .filter(|t| t != edit::GUARD_TYPE)
+        .collect();
+    let runs_there =
+        !plugins.is_empty() && plugins.iter().all(|t| network::plugin_found(&dir, root, t));
+    (runs_there || dir.join(edit::GUARD_TYPE).is_file()).then_some(dir)
 }
 
 /// Whether the network's file is written in place (same inode, never renamed over): a
@@ -596,6 +629,21 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
         return Err(Failure::new(
             Reason::BinDir,
             format!("{} is missing or not this version", binary.display()),
+        ));
+    }
+    if let Some(dir) = multus_bin_dir(options, &found)
+        && !std::fs::read(dir.join(edit::GUARD_TYPE)).is_ok_and(|there| there == this)
+    {
+        return Err(Failure::new(
+            Reason::BinDir,
+            format!(
+                "multus ({}) looks for its delegates first in its binDir, {}, where network {}'s plugins are, and \
+                 sandbox-guard there is missing or not this version: multus (thick: only there) would fail to find it \
+                 or run another; run --install, which copies it there, with that dir mounted",
+                found.via_multus.unwrap_or("multus"),
+                dir.display(),
+                net.name
+            ),
         ));
     }
     let mut lines = found.notes.clone();

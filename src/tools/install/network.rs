@@ -424,6 +424,19 @@ mod multus {
                 let under_root = |p: &str| host_root.join(p.trim_start_matches('/'));
                 let candidates = [conf_dir.join(&base), under_root(path), under_root(path.strip_prefix("/host").unwrap_or(path))];
                 networks.iter().position(|n| candidates.iter().any(|c| same_file(c, &n.file))).ok_or_else(|| {
+                    let broken = candidates.iter().filter(|c| c.is_file()).find_map(|c| match super::read(c) {
+                        super::Read::Broken(file, why) => Some((file, why)),
+                        super::Read::Network(_) => None,
+                    });
+                    if let Some((file, why)) = broken {
+                        return format!(
+                            "{} is multus's, and the cluster network it names ({path}), {}, {why}: multus fails every \
+                             pod ADD until it does (a write cut short by a crash leaves a file so); have its owner write \
+                             it again (restart the primary's pod on this node), then run again",
+                            file_name(&multus.file),
+                            file.display()
+                        );
+                    }
                     format!(
                         "{} is multus's, and the cluster network it names ({path}) is not a network in {} nor under \
                          --host-root {}: mount the host's dir that holds {base} at the same path under the host root \

@@ -2450,6 +2450,29 @@ fn an_in_place_write_longer_than_a_page_is_refused_writing_nothing() {
 }
 
 #[test]
+fn an_uninstall_past_one_page_in_place_says_how_out() {
+    // A wrapped file longer than a page (as an installer without the page rule wrote it):
+    // taking the guard out in place would be a write of that length, so the uninstall
+    // leaves it whole and says how to get the primary's own file back.
+    let node = Node::with("ovn-multus-thick");
+    let ovn = node.conf().join("10-ovn-kubernetes.conf");
+    node.install("delegate", None);
+    let mut wrapped: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&ovn).unwrap()).unwrap();
+    wrapped["delegate"]["comment"] = "x".repeat(4096).into();
+    std::fs::write(&ovn, wrapped.to_string()).unwrap();
+    let before = std::fs::read(&ovn).unwrap();
+    let out = node.run("--uninstall", &[]);
+    let said = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("more than one page") && said.contains("have its owner write it again"),
+        "{said}"
+    );
+    assert_eq!(std::fs::read(&ovn).unwrap(), before);
+}
+
+#[test]
 fn a_file_a_crash_cut_is_never_called_ready() {
     // What a crash in an in-place write can leave where the disk or the file system tears:
     // the file grown to its new length with the old bytes and zeros after them, or the new

@@ -2565,32 +2565,68 @@ fn multus_finds_the_guard_in_its_bin_dir() {
     // into 00-multus.conf) another dir than the runtime's, the guard went only into the
     // runtime's bin dir and the probe said ready, while multus's daemon, which searches
     // binDir alone (the runtime's CNI_PATH does not reach it), fails every ADD with "failed
-    // to find plugin sandbox-guard".
+    // to find plugin sandbox-guard". binDir is the host's path: under --host-root here,
+    // which also keeps this machine's cached attachments out of --remove-binary.
     let node = Node::with("multus-thick");
+    let root = node.dir.path.display().to_string();
+    let guard = |mode: &str, extra: &[&str]| {
+        run(
+            mode,
+            &node.conf(),
+            &node.bin(),
+            &[&["--host-root", root.as_str()][..], extra].concat(),
+        )
+    };
+    let said = |out: &std::process::Output| {
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr_of(out))
+    };
+    // Where leaving delegate mode looks for deferred DELs: none wait.
+    std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
     let multus_bin = node.dir.path.join("multus-bin");
     install::stub_plugins(&node.conf(), &multus_bin);
     let multus = node.conf().join("00-multus.conf");
     let mut conf: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&multus).unwrap()).unwrap();
-    conf["binDir"] = multus_bin.display().to_string().into();
-    std::fs::write(&multus, conf.to_string()).unwrap();
-    let said = node.install("delegate", None);
-    assert!(said.contains("multus-bin/sandbox-guard too"), "{said}");
+    let set_bin_dir = |conf: &mut serde_json::Value, dir: &str| {
+        conf["binDir"] = dir.into();
+        std::fs::write(&multus, conf.to_string()).unwrap();
+    };
+    set_bin_dir(&mut conf, "/multus-bin");
+    let out = guard("--install", &["--mode", "delegate"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(
+        said(&out).contains("multus-bin/sandbox-guard too"),
+        "{}",
+        said(&out)
+    );
     assert_eq!(
         std::fs::read(multus_bin.join("sandbox-guard")).unwrap(),
         std::fs::read(node.bin().join("sandbox-guard")).unwrap()
     );
-    assert!(check(&node).0, "{}", check(&node).1);
+    let out = guard("--install", &["--check"]);
+    assert!(out.status.success(), "{}", said(&out));
     std::fs::remove_file(multus_bin.join("sandbox-guard")).unwrap();
-    let (ready, said) = check(&node);
-    assert!(!ready && said.contains("its binDir"), "{said}");
+    let out = guard("--install", &["--check"]);
+    assert!(
+        !out.status.success() && said(&out).contains("its binDir"),
+        "{}",
+        said(&out)
+    );
     // A binDir holding none of the network's plugins is not where multus finds them (its
     // daemon config names another dir): nothing is copied there, and it does not count.
-    let elsewhere = node.dir.path.join("elsewhere");
-    std::fs::create_dir_all(&elsewhere).unwrap();
-    conf["binDir"] = elsewhere.display().to_string().into();
-    std::fs::write(&multus, conf.to_string()).unwrap();
-    node.install("delegate", None);
-    assert!(!elsewhere.join("sandbox-guard").exists());
-    assert!(check(&node).0, "{}", check(&node).1);
+    std::fs::create_dir_all(node.dir.path.join("elsewhere")).unwrap();
+    set_bin_dir(&mut conf, "/elsewhere");
+    let out = guard("--install", &["--mode", "delegate"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(!node.dir.path.join("elsewhere/sandbox-guard").exists());
+    let out = guard("--install", &["--check"]);
+    assert!(out.status.success(), "{}", said(&out));
+    // --remove-binary takes the copy in multus's binDir as well.
+    set_bin_dir(&mut conf, "/multus-bin");
+    let out = guard("--install", &["--mode", "delegate"]);
+    assert!(multus_bin.join("sandbox-guard").is_file(), "{}", said(&out));
+    let out = guard("--uninstall", &["--remove-binary"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(!multus_bin.join("sandbox-guard").exists(), "{}", said(&out));
+    assert!(!node.bin().join("sandbox-guard").exists(), "{}", said(&out));
 }

@@ -821,14 +821,15 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             "no CNI config dir {}: no config to take sandbox-guard out of",
             options.conf_dir.display()
         );
-        remove_binary(options, &mut done)?;
+        remove_binary(options, None, &mut done)?;
         return Ok(done);
     }
     let mut networks = network::scan(&options.conf_dir)?.networks;
     // The file the runtime's network names by path, wherever it is (multus thick's cluster
     // network outside the conf dir), is written in place.
-    let (mut named, mut named_by) = (None, None);
+    let (mut named, mut named_by, mut multus_dir) = (None, None, None);
     if let Ok(found) = network::find(&options.conf_dir, None, &options.host_root) {
+        multus_dir = multus_bin_dir(options, &found);
         if found.named_by.is_some() {
             named = Some(found.net.file.clone());
             named_by = found.named_by.clone();
@@ -881,7 +882,7 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             done.push(format!("removed {}", path.display()));
         }
     }
-    remove_binary(options, &mut done)?;
+    remove_binary(options, multus_dir, &mut done)?;
     Ok(done)
 }
 
@@ -889,14 +890,22 @@ fn is_temp(name: &std::ffi::OsStr) -> bool {
     files::is_installer_temp(&name.to_string_lossy())
 }
 
-fn remove_binary(options: &Options, done: &mut Vec<String>) -> Result<(), String> {
-    if options.remove_binary {
+/// `--remove-binary`: the binary in the bin dir and in `multus_dir` (multus's binDir, where
+/// the install put it too), unless a cached attachment still names the guard.
+fn remove_binary(
+    options: &Options,
+    multus_dir: Option<PathBuf>,
+    done: &mut Vec<String>,
+) -> Result<(), String> {
+    if !options.remove_binary {
+        return Ok(());
+    }
+    let dirs: Vec<PathBuf> = std::iter::once(options.bin_dir.clone())
+        .chain(multus_dir)
+        .collect();
+    for dir in &dirs {
         // Left by an installer killed while it copied the binary.
-        for entry in std::fs::read_dir(&options.bin_dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let name = entry.file_name();
             let path = entry.path();
             if name.to_string_lossy().starts_with(".sandbox-guard.")
@@ -906,26 +915,33 @@ fn remove_binary(options: &Options, done: &mut Vec<String>) -> Result<(), String
                 done.push(format!("removed {}", path.display()));
             }
         }
-        let binary = options.bin_dir.join(edit::GUARD_TYPE);
-        // A pod attached through the guard is torn down through it: its DEL would fail to
-        // find the plugin and the pod would never go.
-        let cached = leftovers::cached_attachments(&options.host_root);
-        if !cached.is_empty() && binary.exists() {
-            let shown: Vec<String> = cached
-                .iter()
-                .take(3)
-                .map(|p| p.display().to_string())
-                .collect();
-            done.push(format!(
-                "kept {}: {} cached attachment(s) still name sandbox-guard ({}{}), and their DEL runs it; \
-                 run --uninstall --remove-binary again once those pods are gone",
-                binary.display(),
-                cached.len(),
-                shown.join(", "),
-                if cached.len() > shown.len() { ", ..." } else { "" }
-            ));
-            return Ok(());
-        }
+    }
+    let binaries: Vec<PathBuf> = dirs
+        .iter()
+        .map(|d| d.join(edit::GUARD_TYPE))
+        .filter(|b| b.exists())
+        .collect();
+    // A pod attached through the guard is torn down through it: its DEL would fail to
+    // find the plugin and the pod would never go.
+    let cached = leftovers::cached_attachments(&options.host_root);
+    if !cached.is_empty() && !binaries.is_empty() {
+        let shown: Vec<String> = cached
+            .iter()
+            .take(3)
+            .map(|p| p.display().to_string())
+            .collect();
+        let kept: Vec<String> = binaries.iter().map(|b| b.display().to_string()).collect();
+        done.push(format!(
+            "kept {}: {} cached attachment(s) still name sandbox-guard ({}{}), and their DEL runs it; \
+             run --uninstall --remove-binary again once those pods are gone",
+            kept.join(", "),
+            cached.len(),
+            shown.join(", "),
+            if cached.len() > shown.len() { ", ..." } else { "" }
+        ));
+        return Ok(());
+    }
+    for binary in binaries {
         if files::remove(&binary).map_err(io_err("remove", &binary))? {
             done.push(format!("removed {}", binary.display()));
         }

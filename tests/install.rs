@@ -154,6 +154,26 @@ impl Node {
         args
     }
 
+    /// `run` with `--host-root` the node's own dir: a host path such as multus's binDir is
+    /// then one of its dirs, and this machine's cached attachments stay out of it.
+    fn run_under_its_dir(&self, mode: &str, extra: &[&str]) -> std::process::Output {
+        let root = self.dir.path.display().to_string();
+        run(
+            mode,
+            &self.conf(),
+            &self.bin(),
+            &[&["--host-root", root.as_str()][..], extra].concat(),
+        )
+    }
+
+    /// `/multus-bin` under the node's dir, holding the networks' plugins: a binDir multus
+    /// runs them from.
+    fn multus_bin_dir(&self) -> PathBuf {
+        let dir = self.dir.path.join("multus-bin");
+        stub_plugins(&self.conf(), &dir);
+        dir
+    }
+
     fn install(&self, mode: &str, network: Option<&str>) -> String {
         run_ok(
             "--install",
@@ -2568,22 +2588,13 @@ fn multus_finds_the_guard_in_its_bin_dir() {
     // to find plugin sandbox-guard". binDir is the host's path: under --host-root here,
     // which also keeps this machine's cached attachments out of --remove-binary.
     let node = Node::with("multus-thick");
-    let root = node.dir.path.display().to_string();
-    let guard = |mode: &str, extra: &[&str]| {
-        run(
-            mode,
-            &node.conf(),
-            &node.bin(),
-            &[&["--host-root", root.as_str()][..], extra].concat(),
-        )
-    };
+    let guard = |mode: &str, extra: &[&str]| node.run_under_its_dir(mode, extra);
     let said = |out: &std::process::Output| {
         format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr_of(out))
     };
     // Where leaving delegate mode looks for deferred DELs: none wait.
     std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
-    let multus_bin = node.dir.path.join("multus-bin");
-    install::stub_plugins(&node.conf(), &multus_bin);
+    let multus_bin = node.multus_bin_dir();
     let multus = node.conf().join("00-multus.conf");
     let mut conf: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&multus).unwrap()).unwrap();
@@ -2629,4 +2640,47 @@ fn multus_finds_the_guard_in_its_bin_dir() {
     assert!(out.status.success(), "{}", said(&out));
     assert!(!multus_bin.join("sandbox-guard").exists(), "{}", said(&out));
     assert!(!node.bin().join("sandbox-guard").exists(), "{}", said(&out));
+}
+
+#[test]
+fn multus_thin_runs_the_guard_its_bin_dir_holds_first() {
+    // Multus thin searches its binDir before the runtime's dirs (its CNI_PATH): a guard
+    // there is the one it runs, so it must be this one; with none there it finds the guard
+    // where the runtime does, and nothing is copied.
+    let node = Node::with("multus-thin");
+    let guard = |mode: &str, extra: &[&str]| node.run_under_its_dir(mode, extra);
+    let multus_bin = node.multus_bin_dir();
+    let multus = node.conf().join("00-multus.conflist");
+    let mut conf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&multus).unwrap()).unwrap();
+    conf["plugins"][0]["binDir"] = "/multus-bin".into();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    let out = guard("--install", &["--mode", "chained"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(!multus_bin.join("sandbox-guard").exists());
+    // Multus inlines the guarded master file again (its pod restarted).
+    conf["plugins"][0]["delegates"][0] =
+        serde_json::from_slice(&std::fs::read(node.conf().join("10-calico.conflist")).unwrap())
+            .unwrap();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    let out = guard("--install", &["--check"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // An older guard in multus's binDir: replaced, and not ready while it is there.
+    std::fs::write(multus_bin.join("sandbox-guard"), b"older").unwrap();
+    let out = guard("--install", &["--check"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        !out.status.success() && said.contains("its binDir"),
+        "{said}"
+    );
+    let out = guard("--install", &["--mode", "chained"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(
+        std::fs::read(multus_bin.join("sandbox-guard")).unwrap(),
+        std::fs::read(node.bin().join("sandbox-guard")).unwrap()
+    );
 }

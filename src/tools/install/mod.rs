@@ -481,12 +481,14 @@ fn missing_plugins(options: &Options, net: &Network) -> Vec<String> {
         .collect()
 }
 
-/// Multus's `binDir` (under the host root) when multus runs this network's plugins from
-/// there and it is not the bin dir: the guard goes there too. Thick's daemon looks nowhere
-/// else, so without it every ADD fails "failed to find plugin"; thin looks there before the
-/// runtime's dirs, so an older guard there would run instead. A binDir holding none of the
-/// network's plugins and no guard is not where multus finds them (its daemon config names
-/// another dir, which the files do not show, or the dir is not mounted): left alone.
+/// Multus's `binDir` (under the host root) when the guard must be there too, it not being
+/// the bin dir: for thick, when it holds this network's plugins (its daemon runs them from
+/// there and looks nowhere else, so without the guard every ADD fails "failed to find
+/// plugin"); for either, when it holds a sandbox-guard (thin looks there before the
+/// runtime's dirs, so an older guard there would run instead). Thin finds the guard in the
+/// runtime's dirs otherwise. A binDir holding none of the network's plugins and no guard is
+/// not where thick finds them (its daemon config names another dir, which the files do not
+/// show, or the dir is not mounted): left alone.
 fn multus_bin_dir(options: &Options, found: &Found) -> Option<PathBuf> {
     let named = found.multus_bin_dir.as_ref()?;
     let root = &options.host_root;
@@ -499,8 +501,9 @@ fn multus_bin_dir(options: &Options, found: &Found) -> Option<PathBuf> {
         .into_iter()
         .filter(|t| t != edit::GUARD_TYPE)
         .collect();
-    let runs_there =
-        !plugins.is_empty() && plugins.iter().all(|t| network::plugin_found(&dir, root, t));
+    let runs_there = found.via_multus == Some("thick")
+        && !plugins.is_empty()
+        && plugins.iter().all(|t| network::plugin_found(&dir, root, t));
     (runs_there || dir.join(edit::GUARD_TYPE).is_file()).then_some(dir)
 }
 

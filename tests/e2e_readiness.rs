@@ -808,50 +808,97 @@ fn the_watch_is_ready_only_where_the_runtime_finds_the_guard() {
     let _ = watch.wait();
 }
 
+/// A conf dir with network `pods` (a bridge) and the guard only in its drop-in, put there by
+/// `--install --mode dropin`; `plugins` stand in the bin dir. `check` asks a stand-in CRI-O
+/// of `version` what it runs.
+struct DropinNode {
+    dir: sys::TempDir,
+    conf: PathBuf,
+    bin: PathBuf,
+}
+
+impl DropinNode {
+    fn new(prefix: &str, plugins: &[&str]) -> DropinNode {
+        let dir = sys::TempDir::new(prefix);
+        let (conf, bin) = (dir.path.join("net.d"), dir.path.join("bin"));
+        fs::create_dir_all(&conf).unwrap();
+        fs::create_dir_all(&bin).unwrap();
+        for plugin in plugins {
+            fs::write(bin.join(plugin), b"").unwrap();
+        }
+        fs::write(conf.join("10-pods.conflist"), conflist(vec![bridge()])).unwrap();
+        let node = DropinNode { dir, conf, bin };
+        let out = cni::guard(&[&["--install", "--mode", "dropin"][..], &node.flags()].concat());
+        assert!(out.status.success(), "{}", said(&out));
+        assert!(node.conf.join("pods/sandbox-guard.conf").is_file());
+        node
+    }
+
+    fn flags(&self) -> [&str; 4] {
+        [
+            "--conf-dir",
+            self.conf.to_str().unwrap(),
+            "--bin-dir",
+            self.bin.to_str().unwrap(),
+        ]
+    }
+
+    fn check(&self, version: &str) -> (bool, String) {
+        let at = self.dir.path.join(version);
+        fs::create_dir_all(&at).unwrap();
+        let crio = FakeCrio::start(&at, &self.conf, &[&self.bin], version);
+        let out = cni::guard(
+            &[
+                &["--install", "--check", "--runtime-socket"][..],
+                &[crio.socket.to_str().unwrap()],
+                &self.flags(),
+            ]
+            .concat(),
+        );
+        (out.status.success(), said(&out))
+    }
+}
+
 /// Under CRI-O the guard's drop-in counts where CRI-O's version loads drop-ins (libcni 1.3,
 /// CRI-O 1.33+): ready there, judged with the drop-in appended; not ready on CRI-O 1.32,
 /// saying why.
 #[test]
 fn crio_judges_the_dropin_by_its_version() {
-    let dir = sys::TempDir::new("sgcriodropin");
-    let (conf, bin) = (dir.path.join("net.d"), dir.path.join("bin"));
-    fs::create_dir_all(&conf).unwrap();
-    fs::create_dir_all(&bin).unwrap();
-    fs::write(bin.join("bridge"), b"").unwrap();
-    fs::write(conf.join("10-pods.conflist"), conflist(vec![bridge()])).unwrap();
-    let flags = [
-        "--conf-dir",
-        conf.to_str().unwrap(),
-        "--bin-dir",
-        bin.to_str().unwrap(),
-    ];
-    let out = cni::guard(&[&["--install", "--mode", "dropin"][..], &flags].concat());
-    assert!(out.status.success(), "{}", said(&out));
-    assert!(conf.join("pods/sandbox-guard.conf").is_file());
-    let check = |version: &str| {
-        let at = dir.path.join(version);
-        fs::create_dir_all(&at).unwrap();
-        let crio = FakeCrio::start(&at, &conf, &[&bin], version);
-        let out = cni::guard(
-            &[
-                &["--install", "--check", "--runtime-socket"][..],
-                &[crio.socket.to_str().unwrap()],
-                &flags,
-            ]
-            .concat(),
-        );
-        (out.status.success(), said(&out))
-    };
-    let (ready, says) = check("1.33.0");
+    let node = DropinNode::new("sgcriodropin", &["bridge"]);
+    let (ready, says) = node.check("1.33.0");
     assert!(ready, "{says}");
     assert!(
         says.contains("CRI-O 1.33.0 loads drop-ins")
             && says.contains("CRI-O runs sandbox-guard in network pods (chained, last)"),
         "{says}"
     );
-    let (ready, says) = check("1.32.13");
+    let (ready, says) = node.check("1.32.13");
     assert!(!ready, "{says}");
     assert!(says.contains("CRI-O 1.32.13 loads no drop-ins"), "{says}");
+}
+
+/// Under CRI-O running multus the guard's drop-in is judged by the files (never ready), not by
+/// CRI-O's version: multus reads the cluster network itself, with its own libcni and its own
+/// loader, so whether the drop-in runs is multus's to say (its v4.2.1+ appends
+/// `<dir>/<network>/*.conf` to a cluster network given as a `.conflist` path, v4.2.0 does
+/// not, its inlined delegates never), which no file shows. Ready here would be a guess that
+/// leaves pods unguarded under an older multus.
+#[test]
+fn crio_running_multus_does_not_vouch_for_a_dropin() {
+    // The drop-in first: with multus in place the installer refuses to write one.
+    let node = DropinNode::new("sgcriomultus", &["bridge", "multus-shim"]);
+    let pods = node.conf.join("10-pods.conflist");
+    fs::write(
+        node.conf.join("00-multus.conf"),
+        json!({"cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus-shim",
+               "clusterNetwork": pods.display().to_string()})
+        .to_string(),
+    )
+    .unwrap();
+    // A CRI-O whose own libcni loads drop-ins.
+    let (ready, says) = node.check("1.34.1");
+    assert!(!ready, "{says}");
+    assert!(says.contains("only in the drop-in"), "{says}");
 }
 
 /// A protobuf length prefix.

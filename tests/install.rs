@@ -154,6 +154,26 @@ impl Node {
         args
     }
 
+    /// `run` with `--host-root` the node's own dir: a host path such as multus's binDir is
+    /// then one of its dirs, and this machine's cached attachments stay out of it.
+    fn run_under_its_dir(&self, mode: &str, extra: &[&str]) -> std::process::Output {
+        let root = self.dir.path.display().to_string();
+        run(
+            mode,
+            &self.conf(),
+            &self.bin(),
+            &[&["--host-root", root.as_str()][..], extra].concat(),
+        )
+    }
+
+    /// `/multus-bin` under the node's dir, holding the networks' plugins: a binDir multus
+    /// runs them from.
+    fn multus_bin_dir(&self) -> PathBuf {
+        let dir = self.dir.path.join("multus-bin");
+        stub_plugins(&self.conf(), &dir);
+        dir
+    }
+
     fn install(&self, mode: &str, network: Option<&str>) -> String {
         run_ok(
             "--install",
@@ -2406,35 +2426,132 @@ impl PathWatcher {
     }
 }
 
+/// OVN-Kubernetes' `.conf`, which multus thick names by path, grown by a `comment` key to
+/// `len` bytes.
+fn ovn_conf_of(len: usize) -> String {
+    let mut text = String::from(
+        r#"{"cniVersion":"0.4.0","name":"ovn-kubernetes","type":"ovn-k8s-cni-overlay","ipam":{},"comment":""#,
+    );
+    text.push_str(&"x".repeat(len - text.len() - 2));
+    text.push_str("\"}");
+    assert_eq!(text.len(), len);
+    text
+}
+
+#[test]
+fn an_in_place_write_longer_than_a_page_is_refused_writing_nothing() {
+    // Fails before this change: the delegate wrap of a file multus names by path went in
+    // place whatever its length. Past one page the kernel copies it page by page, so multus
+    // or the runtime reading meanwhile gets the new first page with the old rest (and a
+    // crash can leave that on disk): JSON nothing parses, and every pod ADD fails.
+    let node = Node::with("ovn-multus-thick");
+    let ovn = node.conf().join("10-ovn-kubernetes.conf");
+    std::fs::write(&ovn, ovn_conf_of(4000)).unwrap();
+    let before = tree(&node.dir.path);
+    let out = node.run("--install", &["--mode", "delegate"]);
+    let said = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("more than one page (4096)")
+            && said.contains("multus")
+            && said.contains("shorten the entry")
+            && said.contains("nothing written"),
+        "{said}"
+    );
+    assert_eq!(tree(&node.dir.path), before, "a refused install wrote");
+    // What fits in a page goes in, in place.
+    std::fs::write(&ovn, ovn_conf_of(3000)).unwrap();
+    let ino = inode(&ovn);
+    node.install("delegate", None);
+    assert_eq!(inode(&ovn), ino);
+    let wrapped = std::fs::read(&ovn).unwrap();
+    assert!(wrapped.len() <= 4096, "{}", wrapped.len());
+    assert!(check(&node).0, "{}", check(&node).1);
+}
+
+#[test]
+fn an_uninstall_past_one_page_in_place_says_how_out() {
+    // A wrapped file longer than a page (as an installer without the page rule wrote it):
+    // taking the guard out in place would be a write of that length, so the uninstall
+    // leaves it whole and says how to get the primary's own file back.
+    let node = Node::with("ovn-multus-thick");
+    let ovn = node.conf().join("10-ovn-kubernetes.conf");
+    node.install("delegate", None);
+    let mut wrapped: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&ovn).unwrap()).unwrap();
+    wrapped["delegate"]["comment"] = "x".repeat(4096).into();
+    std::fs::write(&ovn, wrapped.to_string()).unwrap();
+    let before = std::fs::read(&ovn).unwrap();
+    let out = node.run("--uninstall", &[]);
+    let said = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("more than one page") && said.contains("have its owner write it again"),
+        "{said}"
+    );
+    assert_eq!(std::fs::read(&ovn).unwrap(), before);
+}
+
+#[test]
+fn a_file_a_crash_cut_is_never_called_ready() {
+    // What a crash in an in-place write can leave where the disk or the file system tears:
+    // the file grown to its new length with the old bytes and zeros after them, or the new
+    // bytes cut short. Neither parses, for multus or the runtime: the probe must not say
+    // ready, and an install must not say it succeeded.
+    let node = Node::with("ovn-multus-thick");
+    let ovn = node.conf().join("10-ovn-kubernetes.conf");
+    let old = std::fs::read(&ovn).unwrap();
+    node.install("delegate", None);
+    let new = std::fs::read(&ovn).unwrap();
+    let mut grown = old.clone();
+    grown.resize(new.len(), 0);
+    for torn in [grown, new[..new.len() / 2].to_vec()] {
+        std::fs::write(&ovn, &torn).unwrap();
+        let (ready, said) = check(&node);
+        assert!(!ready && said.contains("does not parse"), "{said}");
+        let out = node.run("--install", &["--mode", "delegate"]);
+        let now = std::fs::read(&ovn).unwrap();
+        assert!(
+            !out.status.success() || serde_json::from_slice::<serde_json::Value>(&now).is_ok(),
+            "the install said it succeeded and left {:?}",
+            String::from_utf8_lossy(&now)
+        );
+    }
+}
+
 #[test]
 fn an_in_place_write_that_runs_out_of_room_leaves_the_file_as_it_was() {
     // Fails before this change: the in-place write of a primary's single-plugin .conf got
-    // its first page over the old bytes, then ENOSPC for the page beyond them: the file was
+    // its first block over the old bytes, then ENOSPC for the block beyond them: the file was
     // left cut inside the new JSON, which no runtime or multus can parse, and the install
-    // exited with the error. A full root file system is a common node failure.
-    sys::skip_unless_root!(&["mount", "umount"]);
-    let disk = mount::Mount::tmpfs("size=64k,mode=0755");
+    // exited with the error. A full root file system is a common node failure. An ext4 of
+    // 1 KiB blocks: a file within one page still needs a second block to grow.
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4"]);
+    let disk = mount::Mount::image(&["mkfs.ext4", "-q", "-F", "-b", "1024", "-O", "^has_journal"]);
     let conf = disk.path.join("net.d");
     std::fs::create_dir_all(&conf).unwrap();
     let bin = sys::TempDir::new("sgfullbin");
     std::os::unix::fs::symlink("/usr/lib/cni/bridge", bin.path.join("bridge")).unwrap();
-    // A primary's .conf of just under a page: the guard's wrap needs a second one.
+    // A primary's .conf of just under a block: the guard's wrap needs a second one.
     let mut text = String::from(
         r#"{"cniVersion":"1.0.0","name":"pods","type":"bridge","bridge":"sgfull0","ipam":{},"comment":""#,
     );
-    text.push_str(&"x".repeat(4090 - text.len() - 2));
+    text.push_str(&"x".repeat(1020 - text.len() - 2));
     text.push_str("\"}");
-    assert_eq!(text.len(), 4090);
+    assert_eq!(text.len(), 1020);
     let file = conf.join("10-pods.conf");
     std::fs::write(&file, &text).unwrap();
-    // Room for the kept original (one page), none for the file's second page.
+    // Room for the kept original (one block), none for the file's second block.
     let slack = disk.path.join("slack");
-    std::fs::write(&slack, vec![0u8; 4096]).unwrap();
+    std::fs::write(&slack, vec![0u8; 1024]).unwrap();
     {
         use std::io::Write;
         let mut filler = std::fs::File::create(disk.path.join("filler")).unwrap();
-        let chunk = vec![0xa5u8; 4096];
-        while filler.write(&chunk).is_ok_and(|n| n > 0) {}
+        for size in [1 << 20, 1024] {
+            let chunk = vec![0xa5u8; size];
+            while filler.write(&chunk).is_ok_and(|n| n > 0) {}
+        }
+        let _ = filler.sync_all();
     }
     std::fs::remove_file(&slack).unwrap();
     let out = cni::guard(&[
@@ -2449,10 +2566,121 @@ fn an_in_place_write_that_runs_out_of_room_leaves_the_file_as_it_was() {
     let now = std::fs::read_to_string(&file).unwrap();
     assert!(!out.status.success(), "{}", stderr_of(&out));
     assert!(
+        stderr_of(&out).contains("space"),
+        "not the full disk: {}",
+        stderr_of(&out)
+    );
+    assert!(
         now == text,
         "{}: the file now ends {:?}",
         stderr_of(&out),
         &now[now.len().saturating_sub(60)..]
     );
     drop(disk);
+}
+
+#[test]
+fn multus_finds_the_guard_in_its_bin_dir() {
+    // Fails before this change: with multus thick's binDir (its daemon's config, written
+    // into 00-multus.conf) another dir than the runtime's, the guard went only into the
+    // runtime's bin dir and the probe said ready, while multus's daemon, which searches
+    // binDir alone (the runtime's CNI_PATH does not reach it), fails every ADD with "failed
+    // to find plugin sandbox-guard". binDir is the host's path: under --host-root here,
+    // which also keeps this machine's cached attachments out of --remove-binary.
+    let node = Node::with("multus-thick");
+    let guard = |mode: &str, extra: &[&str]| node.run_under_its_dir(mode, extra);
+    let said = |out: &std::process::Output| {
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr_of(out))
+    };
+    // Where leaving delegate mode looks for deferred DELs: none wait.
+    std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
+    let multus_bin = node.multus_bin_dir();
+    let multus = node.conf().join("00-multus.conf");
+    let mut conf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&multus).unwrap()).unwrap();
+    let set_bin_dir = |conf: &mut serde_json::Value, dir: &str| {
+        conf["binDir"] = dir.into();
+        std::fs::write(&multus, conf.to_string()).unwrap();
+    };
+    set_bin_dir(&mut conf, "/multus-bin");
+    let out = guard("--install", &["--mode", "delegate"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(
+        said(&out).contains("multus-bin/sandbox-guard too"),
+        "{}",
+        said(&out)
+    );
+    assert_eq!(
+        std::fs::read(multus_bin.join("sandbox-guard")).unwrap(),
+        std::fs::read(node.bin().join("sandbox-guard")).unwrap()
+    );
+    let out = guard("--install", &["--check"]);
+    assert!(out.status.success(), "{}", said(&out));
+    std::fs::remove_file(multus_bin.join("sandbox-guard")).unwrap();
+    let out = guard("--install", &["--check"]);
+    assert!(
+        !out.status.success() && said(&out).contains("its binDir"),
+        "{}",
+        said(&out)
+    );
+    // A binDir holding none of the network's plugins is not where multus finds them (its
+    // daemon config names another dir): nothing is copied there, and it does not count.
+    std::fs::create_dir_all(node.dir.path.join("elsewhere")).unwrap();
+    set_bin_dir(&mut conf, "/elsewhere");
+    let out = guard("--install", &["--mode", "delegate"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(!node.dir.path.join("elsewhere/sandbox-guard").exists());
+    let out = guard("--install", &["--check"]);
+    assert!(out.status.success(), "{}", said(&out));
+    // --remove-binary takes the copy in multus's binDir as well.
+    set_bin_dir(&mut conf, "/multus-bin");
+    let out = guard("--install", &["--mode", "delegate"]);
+    assert!(multus_bin.join("sandbox-guard").is_file(), "{}", said(&out));
+    let out = guard("--uninstall", &["--remove-binary"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(!multus_bin.join("sandbox-guard").exists(), "{}", said(&out));
+    assert!(!node.bin().join("sandbox-guard").exists(), "{}", said(&out));
+}
+
+#[test]
+fn multus_thin_runs_the_guard_its_bin_dir_holds_first() {
+    // Multus thin searches its binDir before the runtime's dirs (its CNI_PATH): a guard
+    // there is the one it runs, so it must be this one; with none there it finds the guard
+    // where the runtime does, and nothing is copied.
+    let node = Node::with("multus-thin");
+    let guard = |mode: &str, extra: &[&str]| node.run_under_its_dir(mode, extra);
+    let multus_bin = node.multus_bin_dir();
+    let multus = node.conf().join("00-multus.conflist");
+    let mut conf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&multus).unwrap()).unwrap();
+    conf["plugins"][0]["binDir"] = "/multus-bin".into();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    let out = guard("--install", &["--mode", "chained"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(!multus_bin.join("sandbox-guard").exists());
+    // Multus inlines the guarded master file again (its pod restarted).
+    conf["plugins"][0]["delegates"][0] =
+        serde_json::from_slice(&std::fs::read(node.conf().join("10-calico.conflist")).unwrap())
+            .unwrap();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    let out = guard("--install", &["--check"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // An older guard in multus's binDir: replaced, and not ready while it is there.
+    std::fs::write(multus_bin.join("sandbox-guard"), b"older").unwrap();
+    let out = guard("--install", &["--check"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        !out.status.success() && said.contains("its binDir"),
+        "{said}"
+    );
+    let out = guard("--install", &["--mode", "chained"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(
+        std::fs::read(multus_bin.join("sandbox-guard")).unwrap(),
+        std::fs::read(node.bin().join("sandbox-guard")).unwrap()
+    );
 }

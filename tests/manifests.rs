@@ -149,15 +149,8 @@ fn the_daemonsets_ask_for_no_more_than_the_installer_needs() {
                 volume["name"].as_str().unwrap()
             })
             .collect();
-        let containers = [
-            pod["initContainers"].as_array(),
-            pod["containers"].as_array(),
-        ]
-        .into_iter()
-        .flatten()
-        .flatten();
         let mut guard_images = 0;
-        for container in containers {
+        for container in containers(pod) {
             let mounts_host = container["volumeMounts"].as_array().is_some_and(|mounts| {
                 mounts
                     .iter()
@@ -199,6 +192,17 @@ fn the_daemonsets_ask_for_no_more_than_the_installer_needs() {
         }
         assert!(guard_images > 0, "{name}");
     }
+}
+
+/// A pod spec's init containers and containers.
+fn containers(pod: &Value) -> impl Iterator<Item = &Value> {
+    [
+        pod["initContainers"].as_array(),
+        pod["containers"].as_array(),
+    ]
+    .into_iter()
+    .flatten()
+    .flatten()
 }
 
 /// Each platform preset (conf-examples/platforms/<name>, `kubectl apply -k`) as kustomize
@@ -416,4 +420,44 @@ fn each_platform_preset_passes_the_schemas_and_installs_ready_on_its_platform() 
             "{preset}: the guard is left in {conf}"
         );
     }
+}
+
+#[test]
+fn no_host_mount_asks_for_mount_propagation() {
+    // Fails with the runtime socket mounted `mountPropagation: HostToContainer`: kubelet then
+    // asks the runtime for a slave mount of that host dir, and containerd refuses to create
+    // the container where the host mount holding it is not shared or slave ("is mounted on
+    // / but it is not a shared or slave mount", as on a node whose / is private). The pod
+    // would never start there, so the guard would never install on that node. No mount of
+    // the installer needs the host's later mounts: it reads files and a socket.
+    sys::skip_unless_tools!(&["kubectl", "python3"]);
+    let work = sys::TempDir::new("sgprop");
+    let mut sources: Vec<(String, PathBuf)> = manifests()
+        .into_iter()
+        .map(|file| (file.display().to_string(), file))
+        .collect();
+    for (preset, ..) in PLATFORMS {
+        for preset in [preset.to_string(), format!("{preset}/uninstall")] {
+            let file = work.path.join(format!("{}.yaml", preset.replace('/', "-")));
+            std::fs::write(&file, rendered(&preset)).unwrap();
+            sources.push((preset, file));
+        }
+    }
+    let mut mounts_seen = 0;
+    for (name, file) in sources {
+        for doc in documents(Path::new("python3"), &file) {
+            let pod = &doc["spec"]["template"]["spec"];
+            for mount in
+                containers(pod).flat_map(|c| c["volumeMounts"].as_array().into_iter().flatten())
+            {
+                mounts_seen += 1;
+                assert!(
+                    matches!(mount.get("mountPropagation"), None | Some(Value::Null))
+                        || mount["mountPropagation"] == "None",
+                    "{name}: {mount}"
+                );
+            }
+        }
+    }
+    assert!(mounts_seen > 0);
 }

@@ -125,14 +125,40 @@ pub fn write_atomic_if(
     Ok(false)
 }
 
+/// The most an in-place write may cover: one page (4096 bytes, the smallest page of any
+/// Linux arch). A write within one page at offset 0 is one copy into one cached page; a
+/// longer one is copied page by page, and a reader between two pages gets the new start
+/// with the old end, which no JSON parser takes. (XFS makes readers wait for the whole
+/// write; ext4 does not, so within a page a reader can still meet the one copy under way.)
+/// On disk it is one block of a 4 KiB-block file system.
+pub const IN_PLACE_MAX: usize = 4096;
+
+/// How many bytes an in-place write of `new_len` bytes over `old_len` covers: the old
+/// length at least, since a shorter file is padded with spaces over the old bytes first.
+pub fn in_place_span(old_len: usize, new_len: usize) -> usize {
+    old_len.max(new_len)
+}
+
+/// The refusal of an in-place write longer than `IN_PLACE_MAX`, for the caller to phrase.
+pub fn too_long_in_place(target: &Path, span: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::FileTooLarge,
+        format!(
+            "writing {} in place would cover {span} bytes, more than one page ({IN_PLACE_MAX}): a reader could see \
+             it half-written",
+            target.display()
+        ),
+    )
+}
+
 /// Writes `bytes` into `target` itself, same inode, if it still holds what `expect` says:
 /// for a file others watch by path, which a rename over it would read as removed. It never
-/// reads as anything but JSON: the new bytes go over the old in one write, padded with
-/// spaces to the old length (trailing whitespace is valid JSON), and only then is the file
-/// cut to the new length. One write of a config this size (under a page) is not seen half
-/// done by a reader on Linux's page cache. The room a longer file needs is taken before
-/// the old bytes are touched, and a write that fails all the same (a full disk) puts the
-/// old bytes back: a file others read is never left cut inside the new JSON.
+/// reads as anything but JSON: the new bytes go over the old in one `pwrite` at offset 0,
+/// padded with spaces to the old length (trailing whitespace is valid JSON), and only then
+/// is the file cut to the new length. Refused, with nothing written, when that write would
+/// cover more than `IN_PLACE_MAX`. The room a longer file needs is taken before the old
+/// bytes are touched, and a write that fails all the same (a full disk) puts the old bytes
+/// back: a file others read is never left cut inside the new JSON.
 pub fn write_in_place_if(target: &Path, bytes: &[u8], expect: &Expect) -> io::Result<bool> {
     use std::os::unix::fs::FileExt;
     let file = OpenOptions::new().read(true).write(true).open(target)?;
@@ -141,20 +167,30 @@ pub fn write_in_place_if(target: &Path, bytes: &[u8], expect: &Expect) -> io::Re
     }
     let mut old = Vec::new();
     io::Read::read_to_end(&mut &file, &mut old)?;
+    let span = in_place_span(old.len(), bytes.len());
+    if span > IN_PLACE_MAX {
+        return Err(too_long_in_place(target, span));
+    }
     let old_len = old.len() as u64;
     let mut padded = bytes.to_vec();
-    if (padded.len() as u64) < old_len {
-        padded.resize(old_len as usize, b' ');
-    }
+    padded.resize(span, b' ');
     if padded.len() as u64 > old_len {
         reserve(&file, padded.len() as u64)?;
     }
-    let written = file.write_all_at(&padded, 0).and_then(|()| file.sync_all());
+    // One call: a loop of shorter writes would show a reader each step.
+    let written = match file.write_at(&padded, 0) {
+        Ok(n) if n == padded.len() => file.sync_all(),
+        Ok(n) => Err(io::Error::other(format!(
+            "wrote {n} of {} bytes",
+            padded.len()
+        ))),
+        Err(e) => Err(e),
+    };
     if let Err(e) = written {
         // Within the old length: the blocks are the file's already.
         let _ = file
-            .write_all_at(&old, 0)
-            .and_then(|()| file.set_len(old_len))
+            .write_at(&old, 0)
+            .and_then(|_| file.set_len(old_len))
             .and_then(|()| file.sync_all());
         return Err(e);
     }

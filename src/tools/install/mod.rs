@@ -264,6 +264,8 @@ pub fn runnable(options: &Options) -> Result<Found, Failure> {
 /// `remembered`: the entry the watch saw last, whose keys come back after a primary's
 /// rewrite dropped it.
 pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed, Failure> {
+    let found = runnable(options)?;
+    let multus_dir = multus_bin_dir(options, &found);
     let Found {
         net,
         notes,
@@ -271,7 +273,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         via_multus,
         named_by,
         ..
-    } = runnable(options)?;
+    } = found;
     let dropin = options.conf_dir.join(&net.name).join(DROPIN_FILE);
     let dropin_doc = std::fs::read(&dropin)
         .ok()
@@ -309,7 +311,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
             return Err(Failure::new(
                 Reason::Conflict,
                 format!(
-                    "--mode dropin: multus ({kind}) runs {} itself, from its own copy or read, without drop-ins; use --mode chained or delegate",
+                    "--mode dropin: multus ({kind}) runs {} itself, and whether it appends drop-ins is its version's to say (v4.2.1+ for a cluster network given as a .conflist path, never its inlined copy), which no file shows; use --mode chained or delegate",
                     file_name(&net.file)
                 ),
             ));
@@ -361,20 +363,32 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         wanted
     };
     out.file = net.file.clone();
+    let changes = !wanted.same_as(&net.doc.root);
+    let bytes = net.doc.with_root(wanted).render();
+    if changes && in_place(&net, named_by.as_deref()) {
+        fits_in_place(&net, bytes.len(), named_by.as_deref())?;
+    }
     if files::install_binary(&bin_dir(options))? {
         done.push(format!(
             "copied the binary to {}",
             bin_dir(options).join(edit::GUARD_TYPE).display()
         ));
     }
-    if !wanted.same_as(&net.doc.root) {
+    if let Some(dir) = &multus_dir
+        && files::install_binary(dir)?
+    {
+        done.push(format!(
+            "copied the binary to {} too: multus looks for its delegates there first (its binDir)",
+            dir.join(edit::GUARD_TYPE).display()
+        ));
+    }
+    if changes {
         let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
         // The primary's own bytes, for --uninstall: kept each time the primary wrote them.
         if !edit::has_guard(&list) {
             let original = original_of(&net.file);
             files::write_atomic(&original, &net.bytes, keep).map_err(io_err("write", &original))?;
         }
-        let bytes = net.doc.with_root(wanted).render();
         let expect = Expect::Bytes(&net.bytes);
         let written = if in_place(&net, named_by.as_deref()) {
             files::write_in_place_if(&net.file, &bytes, &expect)
@@ -467,6 +481,32 @@ fn missing_plugins(options: &Options, net: &Network) -> Vec<String> {
         .collect()
 }
 
+/// Multus's `binDir` (under the host root) when the guard must be there too, it not being
+/// the bin dir: for thick, when it holds this network's plugins (its daemon runs them from
+/// there and looks nowhere else, so without the guard every ADD fails "failed to find
+/// plugin"); for either, when it holds a sandbox-guard (thin looks there before the
+/// runtime's dirs, so an older guard there would run instead). Thin finds the guard in the
+/// runtime's dirs otherwise. A binDir holding none of the network's plugins and no guard is
+/// not where thick finds them (its daemon config names another dir, which the files do not
+/// show, or the dir is not mounted): left alone.
+fn multus_bin_dir(options: &Options, found: &Found) -> Option<PathBuf> {
+    let named = found.multus_bin_dir.as_ref()?;
+    let root = &options.host_root;
+    let dir = network::host_dir(root, &root.join(named.strip_prefix("/").unwrap_or(named)));
+    let canonical = |d: &Path| d.canonicalize().ok();
+    if canonical(&dir).is_none() || canonical(&dir) == canonical(&bin_dir(options)) {
+        return None;
+    }
+    let plugins: Vec<String> = network::plugin_types(&found.net)
+        .into_iter()
+        .filter(|t| t != edit::GUARD_TYPE)
+        .collect();
+    let runs_there = found.via_multus == Some("thick")
+        && !plugins.is_empty()
+        && plugins.iter().all(|t| network::plugin_found(&dir, root, t));
+    (runs_there || dir.join(edit::GUARD_TYPE).is_file()).then_some(dir)
+}
+
 /// Whether the network's file is written in place (same inode, never renamed over): a
 /// primary's single-plugin file, or one another component names by path. A watcher of
 /// that path (multus's readiness indicator, its config watch) reads a rename over it as
@@ -474,6 +514,28 @@ fn missing_plugins(options: &Options, net: &Network) -> Vec<String> {
 /// write reads as a write.
 fn in_place(net: &Network, named_by: Option<&str>) -> bool {
     net.single || named_by.is_some()
+}
+
+/// An in-place write longer than one page could be read half-done (`files::IN_PLACE_MAX`):
+/// refused before anything is written, saying how to make it fit.
+fn fits_in_place(net: &Network, new_len: usize, named_by: Option<&str>) -> Result<(), Failure> {
+    let span = files::in_place_span(net.bytes.len(), new_len);
+    if span <= files::IN_PLACE_MAX {
+        return Ok(());
+    }
+    let why =
+        named_by.unwrap_or("it is the primary's single-plugin file, which its owner names by path");
+    Err(Failure::new(
+        Reason::Conflict,
+        format!(
+            "{} must be written in place ({why}), and with sandbox-guard it would take {span} bytes, more than one \
+             page ({}), the most one write puts in place whole: a reader could get part old, part new JSON, and \
+             so could a crash; shorten the entry (fewer or shorter keys in --entry or --entry-file, the ConfigMap) \
+             or the primary's own config until it fits",
+            net.file.display(),
+            files::IN_PLACE_MAX
+        ),
+    ))
 }
 
 /// The list as the runtime would hand the entry to the plugin, for `edit::entry_problem`.
@@ -570,6 +632,21 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
         return Err(Failure::new(
             Reason::BinDir,
             format!("{} is missing or not this version", binary.display()),
+        ));
+    }
+    if let Some(dir) = multus_bin_dir(options, &found)
+        && !std::fs::read(dir.join(edit::GUARD_TYPE)).is_ok_and(|there| there == this)
+    {
+        return Err(Failure::new(
+            Reason::BinDir,
+            format!(
+                "multus ({}) looks for its delegates first in its binDir, {}, where network {}'s plugins are, and \
+                 sandbox-guard there is missing or not this version: multus (thick: only there) would fail to find it \
+                 or run another; run --install, which copies it there, with that dir mounted",
+                found.via_multus.unwrap_or("multus"),
+                dir.display(),
+                net.name
+            ),
         ));
     }
     let mut lines = found.notes.clone();
@@ -747,14 +824,15 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             "no CNI config dir {}: no config to take sandbox-guard out of",
             options.conf_dir.display()
         );
-        remove_binary(options, &mut done)?;
+        remove_binary(options, None, &mut done)?;
         return Ok(done);
     }
     let mut networks = network::scan(&options.conf_dir)?.networks;
     // The file the runtime's network names by path, wherever it is (multus thick's cluster
     // network outside the conf dir), is written in place.
-    let (mut named, mut named_by) = (None, None);
+    let (mut named, mut named_by, mut multus_dir) = (None, None, None);
     if let Ok(found) = network::find(&options.conf_dir, None, &options.host_root) {
+        multus_dir = multus_bin_dir(options, &found);
         if found.named_by.is_some() {
             named = Some(found.net.file.clone());
             named_by = found.named_by.clone();
@@ -807,7 +885,7 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             done.push(format!("removed {}", path.display()));
         }
     }
-    remove_binary(options, &mut done)?;
+    remove_binary(options, multus_dir, &mut done)?;
     Ok(done)
 }
 
@@ -815,14 +893,22 @@ fn is_temp(name: &std::ffi::OsStr) -> bool {
     files::is_installer_temp(&name.to_string_lossy())
 }
 
-fn remove_binary(options: &Options, done: &mut Vec<String>) -> Result<(), String> {
-    if options.remove_binary {
+/// `--remove-binary`: the binary in the bin dir and in `multus_dir` (multus's binDir, where
+/// the install put it too), unless a cached attachment still names the guard.
+fn remove_binary(
+    options: &Options,
+    multus_dir: Option<PathBuf>,
+    done: &mut Vec<String>,
+) -> Result<(), String> {
+    if !options.remove_binary {
+        return Ok(());
+    }
+    let dirs: Vec<PathBuf> = std::iter::once(options.bin_dir.clone())
+        .chain(multus_dir)
+        .collect();
+    for dir in &dirs {
         // Left by an installer killed while it copied the binary.
-        for entry in std::fs::read_dir(&options.bin_dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let name = entry.file_name();
             let path = entry.path();
             if name.to_string_lossy().starts_with(".sandbox-guard.")
@@ -832,26 +918,33 @@ fn remove_binary(options: &Options, done: &mut Vec<String>) -> Result<(), String
                 done.push(format!("removed {}", path.display()));
             }
         }
-        let binary = options.bin_dir.join(edit::GUARD_TYPE);
-        // A pod attached through the guard is torn down through it: its DEL would fail to
-        // find the plugin and the pod would never go.
-        let cached = leftovers::cached_attachments(&options.host_root);
-        if !cached.is_empty() && binary.exists() {
-            let shown: Vec<String> = cached
-                .iter()
-                .take(3)
-                .map(|p| p.display().to_string())
-                .collect();
-            done.push(format!(
-                "kept {}: {} cached attachment(s) still name sandbox-guard ({}{}), and their DEL runs it; \
-                 run --uninstall --remove-binary again once those pods are gone",
-                binary.display(),
-                cached.len(),
-                shown.join(", "),
-                if cached.len() > shown.len() { ", ..." } else { "" }
-            ));
-            return Ok(());
-        }
+    }
+    let binaries: Vec<PathBuf> = dirs
+        .iter()
+        .map(|d| d.join(edit::GUARD_TYPE))
+        .filter(|b| b.exists())
+        .collect();
+    // A pod attached through the guard is torn down through it: its DEL would fail to
+    // find the plugin and the pod would never go.
+    let cached = leftovers::cached_attachments(&options.host_root);
+    if !cached.is_empty() && !binaries.is_empty() {
+        let shown: Vec<String> = cached
+            .iter()
+            .take(3)
+            .map(|p| p.display().to_string())
+            .collect();
+        let kept: Vec<String> = binaries.iter().map(|b| b.display().to_string()).collect();
+        done.push(format!(
+            "kept {}: {} cached attachment(s) still name sandbox-guard ({}{}), and their DEL runs it; \
+             run --uninstall --remove-binary again once those pods are gone",
+            kept.join(", "),
+            cached.len(),
+            shown.join(", "),
+            if cached.len() > shown.len() { ", ..." } else { "" }
+        ));
+        return Ok(());
+    }
+    for binary in binaries {
         if files::remove(&binary).map_err(io_err("remove", &binary))? {
             done.push(format!("removed {}", binary.display()));
         }
@@ -927,7 +1020,12 @@ fn restore(
     if in_place(net, named_by) {
         files::write_in_place_if(&net.file, &bytes, &Expect::Any)
             .map(|_| ())
-            .map_err(io_err("write", &net.file))?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::FileTooLarge => format!(
+                    "{e}; have its owner write it again (that takes the guard out), then run this again"
+                ),
+                _ => io_err("write", &net.file)(e),
+            })?;
     } else {
         files::write_atomic(&net.file, &bytes, keep).map_err(io_err("write", &net.file))?;
     }

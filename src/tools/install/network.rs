@@ -154,6 +154,8 @@ pub struct Found {
     /// Who else names `net.file` by its path (multus's `clusterNetwork`, its readiness
     /// indicator): that path must never go away, not even for an instant.
     pub named_by: Option<String>,
+    /// Where multus looks first for its delegates' binaries, as the host names it.
+    pub multus_bin_dir: Option<PathBuf>,
 }
 
 /// The network to install into: the one the runtime loads (the lexically first that
@@ -250,6 +252,7 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
     let multus_copy = [&scan.networks[chosen], &scan.networks[0]]
         .into_iter()
         .find_map(|m| Some((m.file.clone(), multus::thin_copy(m)?)));
+    let mut multus_bin_dir = None;
     if let Some(kind) = multus::kind(&scan.networks[chosen]) {
         let cluster =
             multus::cluster_network(&scan.networks[chosen], &scan.networks, conf_dir, host_root)?;
@@ -259,6 +262,7 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
             scan.networks[cluster].name,
             file_name(&scan.networks[cluster].file)
         ));
+        multus_bin_dir = Some(multus::bin_dir(&scan.networks[chosen]));
         chosen = cluster;
         via_multus = Some(kind);
     } else if multus::is_cluster_network_of(
@@ -271,6 +275,7 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
         // --network named multus's cluster network itself.
         runtime_runs_it = true;
         via_multus = multus::kind(&scan.networks[0]);
+        multus_bin_dir = Some(multus::bin_dir(&scan.networks[0]));
     }
     let net = scan.networks.swap_remove(chosen);
     let named_by = named_by
@@ -296,6 +301,7 @@ pub fn find(conf_dir: &Path, wanted: Option<&str>, host_root: &Path) -> Result<F
         via_multus,
         named_by,
         multus_copy,
+        multus_bin_dir,
     })
 }
 
@@ -418,6 +424,19 @@ mod multus {
                 let under_root = |p: &str| host_root.join(p.trim_start_matches('/'));
                 let candidates = [conf_dir.join(&base), under_root(path), under_root(path.strip_prefix("/host").unwrap_or(path))];
                 networks.iter().position(|n| candidates.iter().any(|c| same_file(c, &n.file))).ok_or_else(|| {
+                    let broken = candidates.iter().filter(|c| c.is_file()).find_map(|c| match super::read(c) {
+                        super::Read::Broken(file, why) => Some((file, why)),
+                        super::Read::Network(_) => None,
+                    });
+                    if let Some((file, why)) = broken {
+                        return format!(
+                            "{} is multus's, and the cluster network it names ({path}), {}, {why}: multus fails every \
+                             pod ADD until it does (a write cut short by a crash leaves a file so); have its owner write \
+                             it again (restart the primary's pod on this node), then run again",
+                            file_name(&multus.file),
+                            file.display()
+                        );
+                    }
                     format!(
                         "{} is multus's, and the cluster network it names ({path}) is not a network in {} nor under \
                          --host-root {}: mount the host's dir that holds {base} at the same path under the host root \
@@ -478,6 +497,22 @@ mod multus {
             .into_iter()
             .find(|c| c.is_file())?;
         (!networks.iter().any(|n| same_file(&file, &n.file))).then_some(file)
+    }
+
+    /// The dir multus looks in first for a delegate's binary: its `binDir`, else its default
+    /// (multus-cni pkg/types/conf.go). Every delegate call searches `binDir`, then the dirs of
+    /// `CNI_PATH` in multus's own environment (pkg/multus/multus.go): thin is exec'd by the
+    /// runtime, which sets `CNI_PATH` to its own plugin dirs; thick's daemon takes only the
+    /// CNI_COMMAND, CONTAINERID, NETNS, IFNAME and ARGS of the shim's environment
+    /// (pkg/server/server.go), so it searches `binDir` alone, the daemon config's key winning
+    /// over this file's.
+    pub fn bin_dir(multus: &Network) -> std::path::PathBuf {
+        first_plugin(multus)
+            .and_then(|p| p.get("binDir"))
+            .and_then(Json::as_str)
+            .filter(|d| d.starts_with('/'))
+            .unwrap_or("/opt/cni/bin")
+            .into()
     }
 
     /// A path as multus's daemon writes it (with or without its `/host` prefix), under the

@@ -878,6 +878,32 @@ fn the_dump_of_a_large_store_lists_every_record_once_in_order() {
     );
 }
 
+/// A file in records/ whose name is not UTF-8 (planted, or left by a damaged disk) is one
+/// corrupt row among the others: the JSON dump still answers, with the name made readable.
+#[test]
+fn the_json_dump_lists_a_record_file_whose_name_is_not_utf8() {
+    use std::os::unix::ffi::OsStrExt;
+    let store = cni::Store::new();
+    let container = cni::container_id();
+    store
+        .add(&container, &cni::Pod::new("shop", "web-0"))
+        .run()
+        .assert_ok();
+    let records = store
+        .record_path(cni::NETWORK, &container, "eth0")
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let odd = records.join(std::ffi::OsStr::from_bytes(b"net:c\xff\xfe:eth0"));
+    std::fs::write(&odd, "junk\n").unwrap();
+
+    let rows = store.dump();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0]["containerId"], container.as_str(), "{rows:?}");
+    assert_eq!(rows[1]["status"], "corrupt", "{rows:?}");
+    assert_eq!(rows[1]["path"], odd.to_string_lossy().as_ref(), "{rows:?}");
+}
+
 /// A node without a pod yet has no state dir (the first ADD makes it): the dump shows an
 /// empty table and exits 0, as `--doctor` says OK there.
 #[test]

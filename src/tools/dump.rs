@@ -107,7 +107,8 @@ struct Row<'a> {
     /// Why a row is not `ok`, and where its file is.
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// A file's name may be any bytes: shown as the table shows it, never failing the dump.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "lossy_path")]
     path: Option<&'a Path>,
     prev_result: Option<&'a RawValue>,
     /// Null for records from before link facts; {"state":"unavailable",...} when ADD could not read them.
@@ -194,6 +195,16 @@ impl Status {
             Status::OwnerWithoutRecord => "NO RECORD",
             Status::Deferred => "deferred",
         }
+    }
+}
+
+fn lossy_path<S: serde::Serializer>(
+    path: &Option<&Path>,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match path {
+        Some(path) => serializer.serialize_str(&path.to_string_lossy()),
+        None => serializer.serialize_none(),
     }
 }
 

@@ -904,6 +904,50 @@ fn the_json_dump_lists_a_record_file_whose_name_is_not_utf8() {
     assert_eq!(rows[1]["path"], odd.to_string_lossy().as_ref(), "{rows:?}");
 }
 
+/// A dump read slowly (`| less`) while its pod's other sandbox is added again shows one owner
+/// of the pod, not the one it saw before and the one it sees now: each row's ownership is
+/// read with its record.
+#[test]
+fn a_slowly_read_dump_shows_one_owner_per_pod_while_sandboxes_are_added() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let cni::Incident {
+        store,
+        pod_a,
+        pod_b,
+        a,
+        b,
+    } = cni::Incident::of("zz-last", "web-0");
+    store.add(&a, &pod_a).run().assert_ok();
+    store.add(&b, &pod_b).run().assert_ok();
+    // Rows that sort before the pod's, many times what a pipe holds.
+    for n in 0..600 {
+        store
+            .add(&cni::container_id(), &cni::Pod::new("aa", &format!("p{n}")))
+            .run()
+            .assert_ok();
+    }
+    let mut dump = Command::new(cni::BIN)
+        .args(["--dump-checkpoints", "--output", "json", "--state-dir"])
+        .arg(&store.state_dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = dump.stdout.take().unwrap();
+    let mut head = vec![0; 64 << 10];
+    stdout.read_exact(&mut head).unwrap();
+    // The dump waits on the full pipe, far before the pod's rows: A takes the pod back.
+    store.add(&a, &pod_a).run().assert_ok();
+    stdout.read_to_end(&mut head).unwrap();
+    assert!(dump.wait().unwrap().success());
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&head).unwrap();
+    let owners: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|row| row["podName"] == "web-0" && row["owner"] == true)
+        .collect();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+}
+
 /// A node without a pod yet has no state dir (the first ADD makes it): the dump shows an
 /// empty table and exits 0, as `--doctor` says OK there.
 #[test]

@@ -393,9 +393,12 @@ fn write_all(
     let records = store.root().join(RECORDS);
     let mut start = 0;
     let mut window = Window::default();
+    // Rows are on stdout: an error from here on leaves them short of the whole list.
+    let mut written = false;
     while start < keys.entries.len() {
         let end = keys.window_end(start);
-        keys.find_names(store, start..end, &mut window)?;
+        keys.find_names(store, start..end, &mut window)
+            .map_err(|e| cut_short(e, written))?;
         let mut lock = None;
         let mut loads = 0;
         for at in 0..window.order.len() {
@@ -407,7 +410,11 @@ fn write_all(
             }
             let path = records.join(OsStr::from_bytes(window.name(slot)));
             if lock.is_none() {
-                lock = Some(store.read_lock(lock_timeout, &on_wait)?);
+                lock = Some(
+                    store
+                        .read_lock(lock_timeout, &on_wait)
+                        .map_err(|e| cut_short(e.into(), written))?,
+                );
             }
             record_rows(store, filter, &ledger, &path, &mut |row| {
                 sink.separate(&mut pending)?;
@@ -419,6 +426,7 @@ fn write_all(
                 loads = 0;
                 out.write_all(&pending)?;
                 pending.clear();
+                written = true;
             }
         }
         drop(lock);
@@ -432,6 +440,24 @@ fn write_all(
     out.write_all(&pending)?;
     out.flush()?;
     Ok(())
+}
+
+/// The error that stopped the dump, saying the rows it wrote are not all of them when it had
+/// written some: a table or an array cut short looks whole to whoever reads only stdout.
+fn cut_short(err: DumpError, written: bool) -> DumpError {
+    match err {
+        DumpError::Store(err) if written => {
+            let details = format!(
+                "{} The rows written before it are incomplete: run the dump again for the whole list.",
+                err.details
+            );
+            DumpError::Store(
+                GuardError::new(err.kind, format!("the dump stopped part way: {}", err.msg))
+                    .with_details(details.trim_start()),
+            )
+        }
+        err => err,
+    }
 }
 
 /// Rendered rows are written in pieces of about this size, each with the lock let go.

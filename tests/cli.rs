@@ -987,6 +987,48 @@ fn a_slowly_read_dump_shows_one_owner_per_pod_while_sandboxes_are_added() {
     assert_eq!(owners.len(), 1, "{owners:?}");
 }
 
+/// A records/ or owners/ folder that is a symlink (planted, or a mount gone wrong) is not
+/// followed: the dump refuses it and says which, rather than listing another directory's
+/// records as this node's.
+#[test]
+fn the_dump_does_not_follow_a_symlinked_folder() {
+    for folder in ["records", "owners"] {
+        let elsewhere = cni::Store::new();
+        elsewhere
+            .add(&cni::container_id(), &cni::Pod::new("other", "web-0"))
+            .run()
+            .assert_ok();
+        let store = cni::Store::new();
+        store
+            .add(&cni::container_id(), &cni::Pod::new("shop", "web-0"))
+            .run()
+            .assert_ok();
+        let planted = store.state_dir.join(folder);
+        std::fs::remove_dir_all(&planted).unwrap();
+        std::os::unix::fs::symlink(elsewhere.state_dir.join(folder), &planted).unwrap();
+        for output in ["table", "json"] {
+            let out = guard(&[
+                "--dump-checkpoints",
+                "--output",
+                output,
+                "--state-dir",
+                store.state_dir.to_str().unwrap(),
+            ]);
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{folder} {output}: {stderr}");
+            assert!(
+                !text(&out.stdout).contains("other"),
+                "{folder} {output}: {}",
+                text(&out.stdout)
+            );
+            assert!(
+                stderr.contains(&format!("{} is a symbolic link", planted.display())),
+                "{folder} {output}: {stderr}"
+            );
+        }
+    }
+}
+
 /// A node without a pod yet has no state dir (the first ADD makes it): the dump shows an
 /// empty table and exits 0, as `--doctor` says OK there.
 #[test]

@@ -878,6 +878,157 @@ fn the_dump_of_a_large_store_lists_every_record_once_in_order() {
     );
 }
 
+/// A file in records/ whose name is not UTF-8 (planted, or left by a damaged disk) is one
+/// corrupt row among the others: the JSON dump still answers, with the name made readable.
+#[test]
+fn the_json_dump_lists_a_record_file_whose_name_is_not_utf8() {
+    use std::os::unix::ffi::OsStrExt;
+    let store = cni::Store::new();
+    let container = cni::container_id();
+    store
+        .add(&container, &cni::Pod::new("shop", "web-0"))
+        .run()
+        .assert_ok();
+    let records = store
+        .record_path(cni::NETWORK, &container, "eth0")
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let odd = records.join(std::ffi::OsStr::from_bytes(b"net:c\xff\xfe:eth0"));
+    std::fs::write(&odd, "junk\n").unwrap();
+
+    let rows = store.dump();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0]["containerId"], container.as_str(), "{rows:?}");
+    assert_eq!(rows[1]["status"], "corrupt", "{rows:?}");
+    assert_eq!(rows[1]["path"], odd.to_string_lossy().as_ref(), "{rows:?}");
+}
+
+/// Adds pods in namespace "aa" whose rows sort first and are many times what a pipe holds,
+/// starts a JSON dump and reads what fills one pipe: the dump then waits on its stdout, its
+/// lock let go, far before the rows of any other namespace.
+fn dump_waiting_on_its_pipe(
+    store: &cni::Store,
+    args: &[&str],
+) -> (std::process::Child, std::process::ChildStdout, Vec<u8>) {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    for n in 0..600 {
+        store
+            .add(&cni::container_id(), &cni::Pod::new("aa", &format!("p{n}")))
+            .run()
+            .assert_ok();
+    }
+    let mut dump = Command::new(cni::BIN)
+        .args(["--dump-checkpoints", "--output", "json", "--state-dir"])
+        .arg(&store.state_dir)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = dump.stdout.take().unwrap();
+    let mut head = vec![0; 64 << 10];
+    stdout.read_exact(&mut head).unwrap();
+    (dump, stdout, head)
+}
+
+/// A dump that cannot take the lock again part way (a writer holding it past --lock-timeout)
+/// has written some rows already: it exits 1 and says that what it wrote is not the whole
+/// list, not only why it stopped.
+#[test]
+fn a_dump_cut_short_by_the_lock_says_its_rows_are_incomplete() {
+    use std::io::Read;
+    let store = cni::Store::new();
+    store
+        .add(&cni::container_id(), &cni::Pod::new("zz-last", "web-0"))
+        .run()
+        .assert_ok();
+    let (dump, mut stdout, mut head) = dump_waiting_on_its_pipe(&store, &["--lock-timeout", "1"]);
+    let lock = std::fs::File::open(store.state_dir.join("lock")).unwrap();
+    lock.lock().unwrap();
+    stdout.read_to_end(&mut head).unwrap();
+    let out = dump.wait_with_output().unwrap();
+    drop(lock);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        serde_json::from_slice::<serde_json::Value>(&head).is_err(),
+        "the dump got every row out"
+    );
+    assert!(stderr.contains("incomplete"), "{stderr}");
+}
+
+/// A dump read slowly (`| less`) while its pod's other sandbox is added again shows one owner
+/// of the pod, not the one it saw before and the one it sees now: each row's ownership is
+/// read with its record.
+#[test]
+fn a_slowly_read_dump_shows_one_owner_per_pod_while_sandboxes_are_added() {
+    use std::io::Read;
+    let cni::Incident {
+        store,
+        pod_a,
+        pod_b,
+        a,
+        b,
+    } = cni::Incident::of("zz-last", "web-0");
+    store.add(&a, &pod_a).run().assert_ok();
+    store.add(&b, &pod_b).run().assert_ok();
+    let (mut dump, mut stdout, mut head) = dump_waiting_on_its_pipe(&store, &[]);
+    // The dump waits on the full pipe, far before the pod's rows: A takes the pod back.
+    store.add(&a, &pod_a).run().assert_ok();
+    stdout.read_to_end(&mut head).unwrap();
+    assert!(dump.wait().unwrap().success());
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&head).unwrap();
+    let owners: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|row| row["podName"] == "web-0" && row["owner"] == true)
+        .collect();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+}
+
+/// A records/ or owners/ folder that is a symlink (planted, or a mount gone wrong) is not
+/// followed: the dump refuses it and says which, rather than listing another directory's
+/// records as this node's.
+#[test]
+fn the_dump_does_not_follow_a_symlinked_folder() {
+    for folder in ["records", "owners"] {
+        let elsewhere = cni::Store::new();
+        elsewhere
+            .add(&cni::container_id(), &cni::Pod::new("other", "web-0"))
+            .run()
+            .assert_ok();
+        let store = cni::Store::new();
+        store
+            .add(&cni::container_id(), &cni::Pod::new("shop", "web-0"))
+            .run()
+            .assert_ok();
+        let planted = store.state_dir.join(folder);
+        std::fs::remove_dir_all(&planted).unwrap();
+        std::os::unix::fs::symlink(elsewhere.state_dir.join(folder), &planted).unwrap();
+        for output in ["table", "json"] {
+            let out = guard(&[
+                "--dump-checkpoints",
+                "--output",
+                output,
+                "--state-dir",
+                store.state_dir.to_str().unwrap(),
+            ]);
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{folder} {output}: {stderr}");
+            assert!(
+                !text(&out.stdout).contains("other"),
+                "{folder} {output}: {}",
+                text(&out.stdout)
+            );
+            assert!(
+                stderr.contains(&format!("{} is a symbolic link", planted.display())),
+                "{folder} {output}: {stderr}"
+            );
+        }
+    }
+}
+
 /// A node without a pod yet has no state dir (the first ADD makes it): the dump shows an
 /// empty table and exits 0, as `--doctor` says OK there.
 #[test]

@@ -255,9 +255,13 @@ impl Store {
     }
 
     /// The paths of `folder`'s files in directory order, listed lazily; none for a folder
-    /// that does not exist yet.
+    /// that does not exist yet. A folder that is a symlink is refused, not listed: a reader
+    /// has no `ensure_dir` to refuse it at open, and would list another directory's files.
     fn paths(&self, folder: Folder) -> Result<impl Iterator<Item = io::Result<PathBuf>> + use<>> {
         let dir = self.folder(folder);
+        if fs::symlink_metadata(dir).is_ok_and(|meta| meta.file_type().is_symlink()) {
+            return Err(symlinked(dir));
+        }
         let entries = match fs::read_dir(dir) {
             Ok(entries) => Some(entries),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,

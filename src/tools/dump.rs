@@ -26,7 +26,7 @@ use crate::state::deferred::DeferredDel;
 use crate::state::ledger::LedgerEntry;
 use crate::state::lock::WaitNotice;
 use crate::state::ownership::Ownership;
-use crate::state::ownership::{PodKey, PodKeyRule};
+use crate::state::ownership::PodKey;
 use crate::state::{Folder, Loaded, READ_BATCH, RECORDS, Store, read_entry_for_listing};
 
 #[derive(Debug, Clone, Copy)]
@@ -107,7 +107,8 @@ struct Row<'a> {
     /// Why a row is not `ok`, and where its file is.
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// A file's name may be any bytes: shown as the table shows it, never failing the dump.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "lossy_path")]
     path: Option<&'a Path>,
     prev_result: Option<&'a RawValue>,
     /// Null for records from before link facts; {"state":"unavailable",...} when ADD could not read them.
@@ -194,6 +195,16 @@ impl Status {
             Status::OwnerWithoutRecord => "NO RECORD",
             Status::Deferred => "deferred",
         }
+    }
+}
+
+fn lossy_path<S: serde::Serializer>(
+    path: &Option<&Path>,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match path {
+        Some(path) => serializer.serialize_str(&path.to_string_lossy()),
+        None => serializer.serialize_none(),
     }
 }
 
@@ -382,9 +393,12 @@ fn write_all(
     let records = store.root().join(RECORDS);
     let mut start = 0;
     let mut window = Window::default();
+    // Rows are on stdout: an error from here on leaves them short of the whole list.
+    let mut written = false;
     while start < keys.entries.len() {
         let end = keys.window_end(start);
-        keys.find_names(store, start..end, &mut window)?;
+        keys.find_names(store, start..end, &mut window)
+            .map_err(|e| cut_short(e, written))?;
         let mut lock = None;
         let mut loads = 0;
         for at in 0..window.order.len() {
@@ -396,10 +410,13 @@ fn write_all(
             }
             let path = records.join(OsStr::from_bytes(window.name(slot)));
             if lock.is_none() {
-                lock = Some(store.read_lock(lock_timeout, &on_wait)?);
+                lock = Some(
+                    store
+                        .read_lock(lock_timeout, &on_wait)
+                        .map_err(|e| cut_short(e.into(), written))?,
+                );
             }
-            let seen = keys.seen(&keys.entries[window.start + slot]);
-            record_rows(store, filter, &ledger, &path, &seen, &mut |row| {
+            record_rows(store, filter, &ledger, &path, &mut |row| {
                 sink.separate(&mut pending)?;
                 sink.render(&mut pending, row)
             })?;
@@ -409,6 +426,7 @@ fn write_all(
                 loads = 0;
                 out.write_all(&pending)?;
                 pending.clear();
+                written = true;
             }
         }
         drop(lock);
@@ -422,6 +440,24 @@ fn write_all(
     out.write_all(&pending)?;
     out.flush()?;
     Ok(())
+}
+
+/// The error that stopped the dump, saying the rows it wrote are not all of them when it had
+/// written some: a table or an array cut short looks whole to whoever reads only stdout.
+fn cut_short(err: DumpError, written: bool) -> DumpError {
+    match err {
+        DumpError::Store(err) if written => {
+            let details = format!(
+                "{} The rows written before it are incomplete: run the dump again for the whole list.",
+                err.details
+            );
+            DumpError::Store(
+                GuardError::new(err.kind, format!("the dump stopped part way: {}", err.msg))
+                    .with_details(details.trim_start()),
+            )
+        }
+        err => err,
+    }
 }
 
 /// Rendered rows are written in pieces of about this size, each with the lock let go.
@@ -469,23 +505,6 @@ struct KeyEntry {
 const NO_POD: u8 = 1;
 const OWN_NAMESPACE: u8 = 2;
 const OTHER_ID: u8 = 4;
-/// It owned its pod key, under the rule BY_IFNAME tells.
-const OWNER: u8 = 8;
-const BY_IFNAME: u8 = 16;
-/// Another sandbox owned its pod key, the container ID in `texts`.
-const SUPERSEDED: u8 = 32;
-/// It was not a valid record: the first pass kept nothing of its ownership.
-const UNREAD: u8 = 64;
-
-/// A record's ownership as the first pass read it: the second reads only the record again,
-/// and the owners too when the record's generation changed in between.
-#[derive(Default)]
-struct Seen {
-    generation: Option<u64>,
-    owner_rule: Option<PodKeyRule>,
-    superseded_by: Option<String>,
-}
-
 /// What the first pass kept of where a record's row sorts.
 struct Fields<'a> {
     namespace: &'a [u8],
@@ -510,30 +529,18 @@ impl RecordKeys {
         let file_name = path.file_name().unwrap_or_default();
         match store.load_record_at(path) {
             Loaded::Valid(record) => {
-                let (owner, superseded_by) = owner_of(store, &record);
+                let (owner, _) = owner_of(store, &record);
                 if filter.admits(&record) {
                     let own_name = record.id().file_name();
                     let other_id = (own_name.as_bytes() != file_name.as_bytes())
                         .then_some((record.container_id.as_str(), record.if_name.as_str()));
-                    let at = self.push(
+                    self.push(
                         file_name,
                         record.pod_name.is_none(),
                         record.pod_namespace.as_deref().unwrap_or_default(),
                         record.pod_name.as_deref().unwrap_or_default(),
                         other_id,
                     )?;
-                    let entry = &mut self.entries[at];
-                    put_number(&mut self.texts, record.generation);
-                    if let Some(owner) = &owner {
-                        entry.flags |= OWNER;
-                        if owner.key.rule() == PodKeyRule::NameAndIfname {
-                            entry.flags |= BY_IFNAME;
-                        }
-                    }
-                    if let Some(other) = &superseded_by {
-                        entry.flags |= SUPERSEDED;
-                        put(&mut self.texts, other.as_bytes());
-                    }
                 }
                 // Each owner file once, by its first interface.
                 Ok(owner.is_some_and(|owner| {
@@ -546,8 +553,7 @@ impl RecordKeys {
                     .and_then(split_file_name)
                     .map(|(_, container_id, _)| container_id);
                 if filter.admits_container(container_id) {
-                    let at = self.push(file_name, true, "", "", None)?;
-                    self.entries[at].flags |= UNREAD;
+                    self.push(file_name, true, "", "", None)?;
                 }
                 Ok(false)
             }
@@ -562,7 +568,7 @@ impl RecordKeys {
         namespace: &str,
         pod: &str,
         other_id: Option<(&str, &str)>,
-    ) -> io::Result<usize> {
+    ) -> io::Result<()> {
         let text = u32::try_from(self.texts.len())
             .map_err(|_| io::Error::other("too many records to sort"))?;
         let mut flags = if no_pod { NO_POD } else { 0 };
@@ -590,12 +596,12 @@ impl RecordKeys {
             namespace,
             flags,
         });
-        Ok(self.entries.len() - 1)
+        Ok(())
     }
 
     /// The entry's namespace and pod's name, and the record's own container ID and interface
-    /// when its file's name does not give them; and where the fields after those start.
-    fn fields(&self, entry: &KeyEntry) -> (Fields<'_>, usize) {
+    /// when its file's name does not give them.
+    fn fields(&self, entry: &KeyEntry) -> Fields<'_> {
         let mut at = entry.text as usize;
         let pod = take(&self.texts, &mut at);
         let namespace = if entry.flags & OWN_NAMESPACE != 0 {
@@ -605,41 +611,17 @@ impl RecordKeys {
         };
         let other_id = (entry.flags & OTHER_ID != 0)
             .then(|| [take(&self.texts, &mut at), take(&self.texts, &mut at)]);
-        (
-            Fields {
-                namespace,
-                pod,
-                other_id,
-            },
-            at,
-        )
-    }
-
-    /// What the first pass found of the record's ownership.
-    fn seen(&self, entry: &KeyEntry) -> Seen {
-        if entry.flags & UNREAD != 0 {
-            return Seen::default();
-        }
-        let (_, mut at) = self.fields(entry);
-        let generation = take_number(&self.texts, &mut at);
-        let superseded_by = (entry.flags & SUPERSEDED != 0)
-            .then(|| String::from_utf8_lossy(take(&self.texts, &mut at)).into_owned());
-        let rule = if entry.flags & BY_IFNAME != 0 {
-            PodKeyRule::NameAndIfname
-        } else {
-            PodKeyRule::Name
-        };
-        Seen {
-            generation: Some(generation),
-            owner_rule: (entry.flags & OWNER != 0).then_some(rule),
-            superseded_by,
+        Fields {
+            namespace,
+            pod,
+            other_id,
         }
     }
 
     /// The part of the order the first pass can tell: no pod, namespace, pod's name.
     fn pod_order(&self, a: &KeyEntry, b: &KeyEntry) -> std::cmp::Ordering {
-        let (a_fields, _) = self.fields(a);
-        let (b_fields, _) = self.fields(b);
+        let a_fields = self.fields(a);
+        let b_fields = self.fields(b);
         (a.flags & NO_POD, a_fields.namespace, a_fields.pod).cmp(&(
             b.flags & NO_POD,
             b_fields.namespace,
@@ -741,14 +723,11 @@ impl Window {
 
     fn key<'a>(&'a self, keys: &'a RecordKeys, slot: usize) -> SortKey<'a> {
         let entry = &keys.entries[self.start + slot];
-        let (
-            Fields {
-                namespace,
-                pod,
-                other_id,
-            },
-            _,
-        ) = keys.fields(entry);
+        let Fields {
+            namespace,
+            pod,
+            other_id,
+        } = keys.fields(entry);
         let [container_id, if_name] = other_id.unwrap_or_else(|| {
             std::str::from_utf8(self.name(slot))
                 .ok()
@@ -851,28 +830,20 @@ fn push_row(sink: &mut dyn Sink, rows: &mut Rendered, row: &Row) -> io::Result<(
     Ok(())
 }
 
-/// Hands `emit` the row of the record at `path` if the filter admits it. A record that
-/// changed since the first pass shows as it is now, its ownership read again; one gone since
-/// shows nothing.
+/// Hands `emit` the row of the record at `path` if the filter admits it, as it is now. Its
+/// ownership is read again with it, not taken from the first pass: another sandbox of its pod
+/// may have been added since, and the rows of one pod must name one owner.
 fn record_rows(
     store: &Store,
     filter: &Filter,
     ledger: &HashMap<PodKey, LedgerEntry>,
     path: &Path,
-    seen: &Seen,
     emit: &mut dyn FnMut(&Row) -> io::Result<()>,
 ) -> io::Result<()> {
     match store.load_record_at(path) {
         Loaded::Valid(record) => {
-            let (owner_key, superseded_by) = if seen.generation == Some(record.generation) {
-                (
-                    seen.owner_rule.and_then(|rule| record.pod_key(rule)),
-                    seen.superseded_by.clone(),
-                )
-            } else {
-                let (owner, superseded_by) = owner_of(store, &record);
-                (owner.map(|owner| owner.key), superseded_by)
-            };
+            let (owner, superseded_by) = owner_of(store, &record);
+            let owner_key = owner.map(|owner| owner.key);
             if filter.admits(&record) {
                 let view = ResultView::parse(&record.prev_result).ok();
                 let mut row = record_row(&record, owner_key.is_some(), &view);

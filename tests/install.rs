@@ -2684,3 +2684,83 @@ fn multus_thin_runs_the_guard_its_bin_dir_holds_first() {
         std::fs::read(node.bin().join("sandbox-guard")).unwrap()
     );
 }
+
+#[test]
+fn multus_thick_bin_dir_the_installer_cannot_see_is_refused_and_never_written_outside() {
+    // Fails before this change: multus thick runs every delegate from its binDir alone, and
+    // a binDir the installer could not see under --host-root (not mounted, a relative
+    // path) was "left alone": the guard went into the cluster network, multus failed every
+    // pod ADD with "failed to find plugin", and the probe said ready. A binDir that is an
+    // absolute link (the host's path), or that climbs with `..`, was resolved in the
+    // installer's own root and the binary copied outside --host-root.
+    let node = Node::with("multus-thick");
+    let guard = |mode: &str, extra: &[&str]| node.run_under_its_dir(mode, extra);
+    let said = |out: &std::process::Output| {
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr_of(out))
+    };
+    std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
+    // A dir of this machine holding the network's plugins, outside the host root.
+    let outside = sys::TempDir::new("sgoutside");
+    stub_plugins(&node.conf(), &outside.path);
+    let multus = node.conf().join("00-multus.conf");
+    let mut conf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&multus).unwrap()).unwrap();
+    std::os::unix::fs::symlink(&outside.path, node.dir.path.join("linked-bin")).unwrap();
+    let climbing = format!(
+        "/{}{}",
+        "../".repeat(16),
+        outside.path.strip_prefix("/").unwrap().display()
+    );
+    for bin_dir in [
+        "/not-mounted",
+        "relative/bin",
+        "/linked-bin",
+        climbing.as_str(),
+    ] {
+        conf["binDir"] = bin_dir.into();
+        std::fs::write(&multus, conf.to_string()).unwrap();
+        let before = (tree(&node.conf()), tree(&node.bin()));
+        let out = guard("--install", &["--mode", "delegate"]);
+        assert_eq!(out.status.code(), Some(1), "{bin_dir}: {}", said(&out));
+        assert!(
+            said(&out).contains("binDir") && said(&out).contains("mount"),
+            "{bin_dir}: {}",
+            said(&out)
+        );
+        assert_eq!(
+            (tree(&node.conf()), tree(&node.bin())),
+            before,
+            "{bin_dir}: a refused install wrote"
+        );
+        assert!(
+            !outside.path.join("sandbox-guard").exists(),
+            "{bin_dir}: copied outside the host root"
+        );
+    }
+    // The host's own links resolve under the host root: an absolute link to /multus-bin.
+    let multus_bin = node.multus_bin_dir();
+    std::fs::remove_file(node.dir.path.join("linked-bin")).unwrap();
+    std::os::unix::fs::symlink("/multus-bin", node.dir.path.join("linked-bin")).unwrap();
+    conf["binDir"] = "/linked-bin".into();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    let out = guard("--install", &["--mode", "delegate"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(multus_bin.join("sandbox-guard").is_file(), "{}", said(&out));
+    assert!(
+        std::fs::symlink_metadata(node.dir.path.join("linked-bin"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    let out = guard("--install", &["--check"]);
+    assert!(out.status.success(), "{}", said(&out));
+    // The guard in the network, multus's binDir gone from view: not ready.
+    conf["binDir"] = "/not-mounted".into();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    let out = guard("--install", &["--check"]);
+    assert!(
+        !out.status.success() && said(&out).contains("binDir"),
+        "{}",
+        said(&out)
+    );
+}

@@ -2146,6 +2146,12 @@ fn openshift_keeps_ovns_file_and_multus_readiness_indicator() {
         "{wrapped}"
     );
     assert!(host.join("var/lib/cni/bin/sandbox-guard").is_file());
+    // Multus's binDir (its daemon config's, CNO's CNIBinDir) is the runtime's: one copy.
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("too") && !host.join("opt").exists(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let out = platform(&["--install", "--check"]);
     assert!(
         out.status.success(),

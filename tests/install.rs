@@ -2096,6 +2096,18 @@ fn a_single_plugin_file_multus_names_is_wrapped_in_place_never_converted() {
     assert_matches_fixture(&node.conf(), "install/ovn-multus-thick/conf", "uninstalled");
 }
 
+/// The guard run with OpenShift's preset on the host tree `host`.
+fn on_openshift(host: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "--platform",
+        "openshift",
+        "--host-root",
+        host.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    cni::guard(&args)
+}
+
 #[test]
 fn openshift_keeps_ovns_file_and_multus_readiness_indicator() {
     // Fails before this change: the cluster network outside the conf dir was not found, and
@@ -2104,16 +2116,7 @@ fn openshift_keeps_ovns_file_and_multus_readiness_indicator() {
     let node = Node::with("openshift");
     let host = node.host().unwrap();
     let ovn = host.join("run/multus/cni/net.d/10-ovn-kubernetes.conf");
-    let platform = |extra: &[&str]| {
-        let mut args = vec![
-            "--platform",
-            "openshift",
-            "--host-root",
-            host.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        cni::guard(&args)
-    };
+    let platform = |extra: &[&str]| on_openshift(&host, extra);
     let before = tree(&node.dir.path);
     for extra in [
         &["--install", "--mode", "chained"][..],
@@ -2769,4 +2772,29 @@ fn multus_thick_bin_dir_the_installer_cannot_see_is_refused_and_never_written_ou
         "{}",
         said(&out)
     );
+}
+
+#[test]
+fn an_uninstall_refused_past_one_page_writes_nothing_first() {
+    // Fails before this change: the uninstall took the guard out of the networks that sort
+    // before the one it then refused (OpenShift's OVN file, outside the conf dir, comes
+    // last), and said "nothing written".
+    let node = Node::with("openshift");
+    let host = node.host().unwrap();
+    let ovn = host.join("run/multus/cni/net.d/10-ovn-kubernetes.conf");
+    let platform = |extra: &[&str]| on_openshift(&host, extra);
+    let out = platform(&["--install", "--mode", "delegate"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    // A network the guard went into by hand (--network), beside multus's file.
+    copy_fixture("install/calico/chained", &node.conf());
+    let mut wrapped: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&ovn).unwrap()).unwrap();
+    wrapped["delegate"]["comment"] = "x".repeat(4096).into();
+    std::fs::write(&ovn, wrapped.to_string()).unwrap();
+    let before = tree(&host);
+    let out = platform(&["--uninstall"]);
+    let said = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("more than one page"), "{said}");
+    assert!(tree(&host) == before, "a refused uninstall wrote: {said}");
 }

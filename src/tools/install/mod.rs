@@ -864,6 +864,22 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             networks.push(found.net);
         }
     }
+    // A file taken back in place past one page is refused (restore): before any other is
+    // written, so that a refusal leaves the node as it was.
+    for net in &networks {
+        let named_by = named_by
+            .as_deref()
+            .filter(|_| named.as_ref() == Some(&net.file));
+        if edit::has_guard(&net.list())
+            && in_place(net, named_by)
+            && net.bytes.len() > files::IN_PLACE_MAX
+        {
+            return Err(format!(
+                "{}; have its owner write it again (that takes the guard out), then run this again",
+                files::too_long_in_place(&net.file, net.bytes.len())
+            ));
+        }
+    }
     // Held until the files are rewritten: no replay starts on a store being left.
     let mut _replays = Vec::new();
     for net in &networks {

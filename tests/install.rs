@@ -2798,3 +2798,33 @@ fn an_uninstall_refused_past_one_page_writes_nothing_first() {
     assert!(said.contains("more than one page"), "{said}");
     assert!(tree(&host) == before, "a refused uninstall wrote: {said}");
 }
+
+#[test]
+fn multus_bin_dir_the_installer_cannot_write_says_how_out() {
+    // Fails before this change: a binDir of multus thick mounted read-only (the default
+    // DaemonSet mounts /var/lib/cni read-only, where OpenShift-like setups keep their
+    // plugins) failed the install with the bare write error and no way out.
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let node = Node::with("multus-thick");
+    std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
+    let multus_bin = node.multus_bin_dir();
+    let multus = node.conf().join("00-multus.conf");
+    let mut conf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&multus).unwrap()).unwrap();
+    conf["binDir"] = "/multus-bin".into();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    let read_only = mount::Mount::read_only_bind(&multus_bin);
+    let before = tree(&node.conf());
+    let out = node.run_under_its_dir("--install", &["--mode", "delegate"]);
+    let said = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("binDir") && said.contains("writable"),
+        "{said}"
+    );
+    assert!(
+        tree(&node.conf()) == before,
+        "the network was written: {said}"
+    );
+    drop(read_only);
+}

@@ -375,7 +375,16 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         ));
     }
     if let Some(dir) = &multus_dir
-        && files::install_binary(dir)?
+        && files::install_binary(dir).map_err(|e| {
+            Failure::new(
+                Reason::BinDir,
+                format!(
+                    "{e}: multus ({}) looks for its delegates there first, its binDir, and without sandbox-guard \
+                     there it would fail to find it or run another; mount the host's dir writable at that path",
+                    via_multus.unwrap_or("multus")
+                ),
+            )
+        })?
     {
         done.push(format!(
             "copied the binary to {} too: multus looks for its delegates there first (its binDir)",

@@ -539,6 +539,28 @@ fn multus_bin_dir(options: &Options, found: &Found) -> Result<Option<PathBuf>, F
     Ok((runs_there || dir.join(edit::GUARD_TYPE).is_file()).then_some(dir))
 }
 
+/// Not ready while multus's binDir, where it looks for its delegates first (thick: only
+/// there), lacks this binary (`this`): multus would fail to find the guard or run another.
+fn multus_bin_dir_ready(options: &Options, found: &Found, this: &[u8]) -> Result<(), Failure> {
+    let Some(dir) = multus_bin_dir(options, found)? else {
+        return Ok(());
+    };
+    if std::fs::read(dir.join(edit::GUARD_TYPE)).is_ok_and(|there| there == this) {
+        return Ok(());
+    }
+    Err(Failure::new(
+        Reason::BinDir,
+        format!(
+            "multus ({}) looks for its delegates first in its binDir, {}, where network {}'s plugins are, and \
+             sandbox-guard there is missing or not this version: multus (thick: only there) would fail to find it \
+             or run another; run --install, which copies it there, with that dir mounted",
+            found.via_multus.unwrap_or("multus"),
+            dir.display(),
+            found.net.name
+        ),
+    ))
+}
+
 /// Whether the network's file is written in place (same inode, never renamed over): a
 /// primary's single-plugin file, or one another component names by path. A watcher of
 /// that path (multus's readiness indicator, its config watch) reads a rename over it as
@@ -666,21 +688,7 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
             format!("{} is missing or not this version", binary.display()),
         ));
     }
-    if let Some(dir) = multus_bin_dir(options, &found)?
-        && !std::fs::read(dir.join(edit::GUARD_TYPE)).is_ok_and(|there| there == this)
-    {
-        return Err(Failure::new(
-            Reason::BinDir,
-            format!(
-                "multus ({}) looks for its delegates first in its binDir, {}, where network {}'s plugins are, and \
-                 sandbox-guard there is missing or not this version: multus (thick: only there) would fail to find it \
-                 or run another; run --install, which copies it there, with that dir mounted",
-                found.via_multus.unwrap_or("multus"),
-                dir.display(),
-                net.name
-            ),
-        ));
-    }
+    multus_bin_dir_ready(options, &found, &this)?;
     let mut lines = found.notes.clone();
     let entry = edit::guard_entry(&net.list()).or_else(|| {
         std::fs::read(&dropin)

@@ -648,3 +648,40 @@ pub fn file_name(path: &Path) -> String {
         |n| n.to_string_lossy().into_owned(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::under_host_root;
+    use std::path::{Path, PathBuf};
+
+    /// A host root under the system's temp dir, removed when dropped.
+    struct Root(PathBuf);
+
+    impl Drop for Root {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_host_path_stays_under_the_host_root() {
+        let root = Root(std::env::temp_dir().join(format!("sgroot{}", std::process::id())));
+        let r = &root.0;
+        std::fs::create_dir_all(r.join("opt/cni/bin")).unwrap();
+        std::fs::create_dir_all(r.join("usr/libexec/cni")).unwrap();
+        let link = |at: &str, to: &str| std::os::unix::fs::symlink(to, r.join(at)).unwrap();
+        // The host's own absolute link, a relative one, and a loop.
+        link("abs", "/usr/libexec/cni");
+        link("rel", "usr/libexec/cni");
+        link("loop", "/loop");
+        let at = |p: &str| under_host_root(r, Path::new(p));
+        assert_eq!(at("/opt/cni/bin/"), Some(r.join("opt/cni/bin")));
+        assert_eq!(at("/abs"), Some(r.join("usr/libexec/cni")));
+        assert_eq!(at("/rel"), Some(r.join("usr/libexec/cni")));
+        assert_eq!(at("/../../../opt/cni/bin"), Some(r.join("opt/cni/bin")));
+        assert_eq!(at("/abs/../../../../opt"), Some(r.join("opt")));
+        assert_eq!(at("/loop"), None);
+        assert_eq!(at("/missing/bin"), None);
+        assert_eq!(at("opt/cni/bin"), None);
+    }
+}

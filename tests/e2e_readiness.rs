@@ -1021,3 +1021,62 @@ fn k3s_links_in_the_runtimes_plugin_dir_resolve_under_the_host_root() {
         "{said}"
     );
 }
+
+/// Under CRI-O running multus thick, the guard must be in multus's binDir too: multus's
+/// daemon runs every delegate from there alone, whatever dirs CRI-O searches. Fails before
+/// this change: CRI-O's dirs held the guard, and the probe said ready while multus would
+/// fail every ADD to find it.
+#[test]
+fn crio_running_multus_thick_needs_the_guard_in_multus_bin_dir() {
+    let dir = sys::TempDir::new("sgcriomultusbin");
+    let (conf, bin, multus_bin) = (
+        dir.path.join("net.d"),
+        dir.path.join("bin"),
+        dir.path.join("multus-bin"),
+    );
+    for d in [&conf, &bin, &multus_bin] {
+        fs::create_dir_all(d).unwrap();
+    }
+    for plugin in ["bridge", "multus-shim"] {
+        fs::write(bin.join(plugin), b"").unwrap();
+    }
+    fs::write(multus_bin.join("bridge"), b"").unwrap();
+    let pods = conf.join("10-pods.conflist");
+    fs::write(&pods, conflist(vec![bridge()])).unwrap();
+    fs::write(
+        conf.join("00-multus.conf"),
+        json!({"cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus-shim",
+               "clusterNetwork": pods.display().to_string(),
+               "binDir": multus_bin.display().to_string()})
+        .to_string(),
+    )
+    .unwrap();
+    let flags = [
+        "--conf-dir",
+        conf.to_str().unwrap(),
+        "--bin-dir",
+        bin.to_str().unwrap(),
+    ];
+    let out = cni::guard(&[&["--install", "--mode", "chained"][..], &flags].concat());
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(multus_bin.join("sandbox-guard").is_file(), "{}", said(&out));
+    let check = |name: &str| {
+        let at = dir.path.join(name);
+        fs::create_dir_all(&at).unwrap();
+        let crio = FakeCrio::start(&at, &conf, &[&bin], "1.34.1");
+        let out = cni::guard(
+            &[
+                &["--install", "--check", "--runtime-socket"][..],
+                &[crio.socket.to_str().unwrap()],
+                &flags,
+            ]
+            .concat(),
+        );
+        (out.status.success(), said(&out))
+    };
+    let (ready, says) = check("crio-a");
+    assert!(ready, "{says}");
+    fs::remove_file(multus_bin.join("sandbox-guard")).unwrap();
+    let (ready, says) = check("crio-b");
+    assert!(!ready && says.contains("binDir"), "{says}");
+}

@@ -2096,6 +2096,18 @@ fn a_single_plugin_file_multus_names_is_wrapped_in_place_never_converted() {
     assert_matches_fixture(&node.conf(), "install/ovn-multus-thick/conf", "uninstalled");
 }
 
+/// The guard run with OpenShift's preset on the host tree `host`.
+fn on_openshift(host: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "--platform",
+        "openshift",
+        "--host-root",
+        host.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    cni::guard(&args)
+}
+
 #[test]
 fn openshift_keeps_ovns_file_and_multus_readiness_indicator() {
     // Fails before this change: the cluster network outside the conf dir was not found, and
@@ -2104,16 +2116,7 @@ fn openshift_keeps_ovns_file_and_multus_readiness_indicator() {
     let node = Node::with("openshift");
     let host = node.host().unwrap();
     let ovn = host.join("run/multus/cni/net.d/10-ovn-kubernetes.conf");
-    let platform = |extra: &[&str]| {
-        let mut args = vec![
-            "--platform",
-            "openshift",
-            "--host-root",
-            host.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        cni::guard(&args)
-    };
+    let platform = |extra: &[&str]| on_openshift(&host, extra);
     let before = tree(&node.dir.path);
     for extra in [
         &["--install", "--mode", "chained"][..],
@@ -2146,6 +2149,12 @@ fn openshift_keeps_ovns_file_and_multus_readiness_indicator() {
         "{wrapped}"
     );
     assert!(host.join("var/lib/cni/bin/sandbox-guard").is_file());
+    // Multus's binDir (its daemon config's, CNO's CNIBinDir) is the runtime's: one copy.
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("too") && !host.join("opt").exists(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let out = platform(&["--install", "--check"]);
     assert!(
         out.status.success(),
@@ -2683,4 +2692,139 @@ fn multus_thin_runs_the_guard_its_bin_dir_holds_first() {
         std::fs::read(multus_bin.join("sandbox-guard")).unwrap(),
         std::fs::read(node.bin().join("sandbox-guard")).unwrap()
     );
+}
+
+#[test]
+fn multus_thick_bin_dir_the_installer_cannot_see_is_refused_and_never_written_outside() {
+    // Fails before this change: multus thick runs every delegate from its binDir alone, and
+    // a binDir the installer could not see under --host-root (not mounted, a relative
+    // path) was "left alone": the guard went into the cluster network, multus failed every
+    // pod ADD with "failed to find plugin", and the probe said ready. A binDir that is an
+    // absolute link (the host's path), or that climbs with `..`, was resolved in the
+    // installer's own root and the binary copied outside --host-root.
+    let node = Node::with("multus-thick");
+    let guard = |mode: &str, extra: &[&str]| node.run_under_its_dir(mode, extra);
+    let said = |out: &std::process::Output| {
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr_of(out))
+    };
+    std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
+    // A dir of this machine holding the network's plugins, outside the host root.
+    let outside = sys::TempDir::new("sgoutside");
+    stub_plugins(&node.conf(), &outside.path);
+    let multus = node.conf().join("00-multus.conf");
+    let mut conf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&multus).unwrap()).unwrap();
+    std::os::unix::fs::symlink(&outside.path, node.dir.path.join("linked-bin")).unwrap();
+    let climbing = format!(
+        "/{}{}",
+        "../".repeat(16),
+        outside.path.strip_prefix("/").unwrap().display()
+    );
+    for bin_dir in [
+        "/not-mounted",
+        "relative/bin",
+        "/linked-bin",
+        climbing.as_str(),
+    ] {
+        conf["binDir"] = bin_dir.into();
+        std::fs::write(&multus, conf.to_string()).unwrap();
+        let before = (tree(&node.conf()), tree(&node.bin()));
+        let out = guard("--install", &["--mode", "delegate"]);
+        assert_eq!(out.status.code(), Some(1), "{bin_dir}: {}", said(&out));
+        assert!(
+            said(&out).contains("binDir") && said(&out).contains("mount"),
+            "{bin_dir}: {}",
+            said(&out)
+        );
+        assert_eq!(
+            (tree(&node.conf()), tree(&node.bin())),
+            before,
+            "{bin_dir}: a refused install wrote"
+        );
+        assert!(
+            !outside.path.join("sandbox-guard").exists(),
+            "{bin_dir}: copied outside the host root"
+        );
+    }
+    // The host's own links resolve under the host root: an absolute link to /multus-bin.
+    let multus_bin = node.multus_bin_dir();
+    std::fs::remove_file(node.dir.path.join("linked-bin")).unwrap();
+    std::os::unix::fs::symlink("/multus-bin", node.dir.path.join("linked-bin")).unwrap();
+    conf["binDir"] = "/linked-bin".into();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    let out = guard("--install", &["--mode", "delegate"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(multus_bin.join("sandbox-guard").is_file(), "{}", said(&out));
+    assert!(
+        std::fs::symlink_metadata(node.dir.path.join("linked-bin"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    let out = guard("--install", &["--check"]);
+    assert!(out.status.success(), "{}", said(&out));
+    // The guard in the network, multus's binDir gone from view: not ready.
+    conf["binDir"] = "/not-mounted".into();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    let out = guard("--install", &["--check"]);
+    assert!(
+        !out.status.success() && said(&out).contains("binDir"),
+        "{}",
+        said(&out)
+    );
+}
+
+#[test]
+fn an_uninstall_refused_past_one_page_writes_nothing_first() {
+    // Fails before this change: the uninstall took the guard out of the networks that sort
+    // before the one it then refused (OpenShift's OVN file, outside the conf dir, comes
+    // last), and said "nothing written".
+    let node = Node::with("openshift");
+    let host = node.host().unwrap();
+    let ovn = host.join("run/multus/cni/net.d/10-ovn-kubernetes.conf");
+    let platform = |extra: &[&str]| on_openshift(&host, extra);
+    let out = platform(&["--install", "--mode", "delegate"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    // A network the guard went into by hand (--network), beside multus's file.
+    copy_fixture("install/calico/chained", &node.conf());
+    let mut wrapped: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&ovn).unwrap()).unwrap();
+    wrapped["delegate"]["comment"] = "x".repeat(4096).into();
+    std::fs::write(&ovn, wrapped.to_string()).unwrap();
+    let before = tree(&host);
+    let out = platform(&["--uninstall"]);
+    let said = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("more than one page"), "{said}");
+    assert!(tree(&host) == before, "a refused uninstall wrote: {said}");
+}
+
+#[test]
+fn multus_bin_dir_the_installer_cannot_write_says_how_out() {
+    // Fails before this change: a binDir of multus thick mounted read-only (the default
+    // DaemonSet mounts /var/lib/cni read-only, where OpenShift-like setups keep their
+    // plugins) failed the install with the bare write error and no way out.
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let node = Node::with("multus-thick");
+    std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
+    let multus_bin = node.multus_bin_dir();
+    let multus = node.conf().join("00-multus.conf");
+    let mut conf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&multus).unwrap()).unwrap();
+    conf["binDir"] = "/multus-bin".into();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    let read_only = mount::Mount::read_only_bind(&multus_bin);
+    let before = tree(&node.conf());
+    let out = node.run_under_its_dir("--install", &["--mode", "delegate"]);
+    let said = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("binDir") && said.contains("writable"),
+        "{said}"
+    );
+    assert!(
+        tree(&node.conf()) == before,
+        "the network was written: {said}"
+    );
+    drop(read_only);
 }

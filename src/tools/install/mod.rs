@@ -265,7 +265,7 @@ pub fn runnable(options: &Options) -> Result<Found, Failure> {
 /// rewrite dropped it.
 pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed, Failure> {
     let found = runnable(options)?;
-    let multus_dir = multus_bin_dir(options, &found);
+    let multus_dir = multus_bin_dir(options, &found)?;
     let Found {
         net,
         notes,
@@ -375,7 +375,16 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         ));
     }
     if let Some(dir) = &multus_dir
-        && files::install_binary(dir)?
+        && files::install_binary(dir).map_err(|e| {
+            Failure::new(
+                Reason::BinDir,
+                format!(
+                    "{e}: multus ({}) looks for its delegates there first, its binDir, and without sandbox-guard \
+                     there it would fail to find it or run another; mount the host's dir writable at that path",
+                    via_multus.unwrap_or("multus")
+                ),
+            )
+        })?
     {
         done.push(format!(
             "copied the binary to {} too: multus looks for its delegates there first (its binDir)",
@@ -487,24 +496,69 @@ fn missing_plugins(options: &Options, net: &Network) -> Vec<String> {
 /// plugin"); for either, when it holds a sandbox-guard (thin looks there before the
 /// runtime's dirs, so an older guard there would run instead). Thin finds the guard in the
 /// runtime's dirs otherwise. A binDir holding none of the network's plugins and no guard is
-/// not where thick finds them (its daemon config names another dir, which the files do not
-/// show, or the dir is not mounted): left alone.
-fn multus_bin_dir(options: &Options, found: &Found) -> Option<PathBuf> {
-    let named = found.multus_bin_dir.as_ref()?;
+/// not where thick finds them (multus cannot run this network from there either): left
+/// alone. A binDir thick's file names that is not a dir under the host root (not mounted,
+/// a relative path) is refused: multus would run every pod's delegates from a dir the guard
+/// cannot be put into or seen in.
+fn multus_bin_dir(options: &Options, found: &Found) -> Result<Option<PathBuf>, Failure> {
+    let Some((named, explicit)) = found.multus_bin_dir.as_ref() else {
+        return Ok(None);
+    };
     let root = &options.host_root;
-    let dir = network::host_dir(root, &root.join(named.strip_prefix("/").unwrap_or(named)));
+    let thick = found.via_multus == Some("thick");
+    let Some(dir) = network::under_host_root(root, named).filter(|d| d.is_dir()) else {
+        // Multus's default where no binDir is named: the default DaemonSet mounts it, and a
+        // host without it gives multus none of the network's plugins either.
+        if !thick || !explicit {
+            return Ok(None);
+        }
+        return Err(Failure::new(
+            Reason::BinDir,
+            format!(
+                "multus (thick) runs every delegate from its binDir, {}, and looks nowhere else, but that is no dir \
+                 under --host-root {}: sandbox-guard could not be put there, and every pod ADD would fail to find \
+                 it; mount the host's {} at the same path under the host root (or set multus's binDir, in its daemon \
+                 config, to the runtime's plugin dir)",
+                named.display(),
+                root.display(),
+                named.display()
+            ),
+        ));
+    };
     let canonical = |d: &Path| d.canonicalize().ok();
-    if canonical(&dir).is_none() || canonical(&dir) == canonical(&bin_dir(options)) {
-        return None;
+    if canonical(&dir) == canonical(&bin_dir(options)) {
+        return Ok(None);
     }
     let plugins: Vec<String> = network::plugin_types(&found.net)
         .into_iter()
         .filter(|t| t != edit::GUARD_TYPE)
         .collect();
-    let runs_there = found.via_multus == Some("thick")
+    let runs_there = thick
         && !plugins.is_empty()
         && plugins.iter().all(|t| network::plugin_found(&dir, root, t));
-    (runs_there || dir.join(edit::GUARD_TYPE).is_file()).then_some(dir)
+    Ok((runs_there || dir.join(edit::GUARD_TYPE).is_file()).then_some(dir))
+}
+
+/// Not ready while multus's binDir, where it looks for its delegates first (thick: only
+/// there), lacks this binary (`this`): multus would fail to find the guard or run another.
+fn multus_bin_dir_ready(options: &Options, found: &Found, this: &[u8]) -> Result<(), Failure> {
+    let Some(dir) = multus_bin_dir(options, found)? else {
+        return Ok(());
+    };
+    if std::fs::read(dir.join(edit::GUARD_TYPE)).is_ok_and(|there| there == this) {
+        return Ok(());
+    }
+    Err(Failure::new(
+        Reason::BinDir,
+        format!(
+            "multus ({}) looks for its delegates first in its binDir, {}, where network {}'s plugins are, and \
+             sandbox-guard there is missing or not this version: multus (thick: only there) would fail to find it \
+             or run another; run --install, which copies it there, with that dir mounted",
+            found.via_multus.unwrap_or("multus"),
+            dir.display(),
+            found.net.name
+        ),
+    ))
 }
 
 /// Whether the network's file is written in place (same inode, never renamed over): a
@@ -634,21 +688,7 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
             format!("{} is missing or not this version", binary.display()),
         ));
     }
-    if let Some(dir) = multus_bin_dir(options, &found)
-        && !std::fs::read(dir.join(edit::GUARD_TYPE)).is_ok_and(|there| there == this)
-    {
-        return Err(Failure::new(
-            Reason::BinDir,
-            format!(
-                "multus ({}) looks for its delegates first in its binDir, {}, where network {}'s plugins are, and \
-                 sandbox-guard there is missing or not this version: multus (thick: only there) would fail to find it \
-                 or run another; run --install, which copies it there, with that dir mounted",
-                found.via_multus.unwrap_or("multus"),
-                dir.display(),
-                net.name
-            ),
-        ));
-    }
+    multus_bin_dir_ready(options, &found, &this)?;
     let mut lines = found.notes.clone();
     let entry = edit::guard_entry(&net.list()).or_else(|| {
         std::fs::read(&dropin)
@@ -832,13 +872,29 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
     // network outside the conf dir), is written in place.
     let (mut named, mut named_by, mut multus_dir) = (None, None, None);
     if let Ok(found) = network::find(&options.conf_dir, None, &options.host_root) {
-        multus_dir = multus_bin_dir(options, &found);
+        multus_dir = multus_bin_dir(options, &found).ok().flatten();
         if found.named_by.is_some() {
             named = Some(found.net.file.clone());
             named_by = found.named_by.clone();
         }
         if !networks.iter().any(|n| n.file == found.net.file) {
             networks.push(found.net);
+        }
+    }
+    // A file taken back in place past one page is refused (restore): before any other is
+    // written, so that a refusal leaves the node as it was.
+    for net in &networks {
+        let named_by = named_by
+            .as_deref()
+            .filter(|_| named.as_ref() == Some(&net.file));
+        if edit::has_guard(&net.list())
+            && in_place(net, named_by)
+            && net.bytes.len() > files::IN_PLACE_MAX
+        {
+            return Err(format!(
+                "{}; have its owner write it again (that takes the guard out), then run this again",
+                files::too_long_in_place(&net.file, net.bytes.len())
+            ));
         }
     }
     // Held until the files are rewritten: no replay starts on a store being left.

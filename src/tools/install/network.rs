@@ -154,8 +154,9 @@ pub struct Found {
     /// Who else names `net.file` by its path (multus's `clusterNetwork`, its readiness
     /// indicator): that path must never go away, not even for an instant.
     pub named_by: Option<String>,
-    /// Where multus looks first for its delegates' binaries, as the host names it.
-    pub multus_bin_dir: Option<PathBuf>,
+    /// Where multus looks first for its delegates' binaries, as the host names it, and
+    /// whether multus's file names it (else it is multus's default).
+    pub multus_bin_dir: Option<(PathBuf, bool)>,
 }
 
 /// The network to install into: the one the runtime loads (the lexically first that
@@ -359,6 +360,62 @@ pub fn host_dir(host_root: &Path, dir: &Path) -> PathBuf {
     }
 }
 
+/// A path of the host's (`host_path`, absolute) where it is under `host_root`, every
+/// component's symlink resolved as the host resolves it (an absolute target is under
+/// `host_root`) and `..` stopping at it, as `/..` stops at `/`: never a path outside
+/// `host_root`, which would be this container's own file, not the host's. None when the
+/// path is relative, a component is missing, or the links go round.
+pub fn under_host_root(host_root: &Path, host_path: &Path) -> Option<PathBuf> {
+    use std::ffi::OsString;
+    use std::path::Component;
+    if !host_path.is_absolute() {
+        return None;
+    }
+    let parent = OsString::from("..");
+    // Still to walk, last component first.
+    let push = |pending: &mut Vec<OsString>, path: &Path| {
+        for part in path.components().rev() {
+            match part {
+                Component::Normal(name) => pending.push(name.to_os_string()),
+                Component::ParentDir => pending.push(parent.clone()),
+                _ => {}
+            }
+        }
+    };
+    let mut pending = Vec::new();
+    push(&mut pending, host_path);
+    let mut resolved = host_root.to_path_buf();
+    let mut depth = 0usize;
+    let mut links = 0;
+    while let Some(part) = pending.pop() {
+        if part == parent {
+            if depth > 0 {
+                resolved.pop();
+                depth -= 1;
+            }
+            continue;
+        }
+        let next = resolved.join(&part);
+        let meta = std::fs::symlink_metadata(&next).ok()?;
+        if !meta.file_type().is_symlink() {
+            resolved = next;
+            depth += 1;
+            continue;
+        }
+        links += 1;
+        if links > 40 {
+            return None;
+        }
+        let target = std::fs::read_link(&next).ok()?;
+        if target.is_absolute() {
+            resolved = host_root.to_path_buf();
+            depth = 0;
+        }
+        push(&mut pending, &target);
+    }
+    Some(resolved)
+}
+
 /// `path` with its symlinks resolved as the host resolves them: an absolute target is
 /// under `host_root`. Gives up after as many links as the kernel follows.
 pub fn host_resolve(host_root: &Path, path: &Path) -> PathBuf {
@@ -506,13 +563,12 @@ mod multus {
     /// CNI_COMMAND, CONTAINERID, NETNS, IFNAME and ARGS of the shim's environment
     /// (pkg/server/server.go), so it searches `binDir` alone, the daemon config's key winning
     /// over this file's.
-    pub fn bin_dir(multus: &Network) -> std::path::PathBuf {
-        first_plugin(multus)
+    pub fn bin_dir(multus: &Network) -> (std::path::PathBuf, bool) {
+        let named = first_plugin(multus)
             .and_then(|p| p.get("binDir"))
             .and_then(Json::as_str)
-            .filter(|d| d.starts_with('/'))
-            .unwrap_or("/opt/cni/bin")
-            .into()
+            .filter(|d| !d.is_empty());
+        (named.unwrap_or("/opt/cni/bin").into(), named.is_some())
     }
 
     /// A path as multus's daemon writes it (with or without its `/host` prefix), under the
@@ -591,4 +647,41 @@ pub fn file_name(path: &Path) -> String {
         || path.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::under_host_root;
+    use std::path::{Path, PathBuf};
+
+    /// A host root under the system's temp dir, removed when dropped.
+    struct Root(PathBuf);
+
+    impl Drop for Root {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_host_path_stays_under_the_host_root() {
+        let root = Root(std::env::temp_dir().join(format!("sgroot{}", std::process::id())));
+        let r = &root.0;
+        std::fs::create_dir_all(r.join("opt/cni/bin")).unwrap();
+        std::fs::create_dir_all(r.join("usr/libexec/cni")).unwrap();
+        let link = |at: &str, to: &str| std::os::unix::fs::symlink(to, r.join(at)).unwrap();
+        // The host's own absolute link, a relative one, and a loop.
+        link("abs", "/usr/libexec/cni");
+        link("rel", "usr/libexec/cni");
+        link("loop", "/loop");
+        let at = |p: &str| under_host_root(r, Path::new(p));
+        assert_eq!(at("/opt/cni/bin/"), Some(r.join("opt/cni/bin")));
+        assert_eq!(at("/abs"), Some(r.join("usr/libexec/cni")));
+        assert_eq!(at("/rel"), Some(r.join("usr/libexec/cni")));
+        assert_eq!(at("/../../../opt/cni/bin"), Some(r.join("opt/cni/bin")));
+        assert_eq!(at("/abs/../../../../opt"), Some(r.join("opt")));
+        assert_eq!(at("/loop"), None);
+        assert_eq!(at("/missing/bin"), None);
+        assert_eq!(at("opt/cni/bin"), None);
+    }
 }

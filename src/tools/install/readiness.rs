@@ -158,10 +158,14 @@ fn crio_verdict(
             })
             .collect(),
     };
-    loaded_verdict(&as_crio.host_root, &net, dirs, "CRI-O", true).map(|mut lines| {
-        lines.splice(0..0, notes);
-        lines
-    })
+    let mut lines = loaded_verdict(&as_crio.host_root, &net, dirs, "CRI-O", true)?;
+    // Multus runs the network with its own search: its binDir first (thick: alone).
+    let this = std::env::current_exe()
+        .and_then(std::fs::read)
+        .map_err(|e| format!("cannot read this binary: {e}"))?;
+    super::multus_bin_dir_ready(as_crio, &found, &this)?;
+    lines.splice(0..0, notes);
+    Ok(lines)
 }
 
 /// CRI-O took libcni 1.3, which appends `<conf dir>/<network>/*.conf` to a `.conflist`'s

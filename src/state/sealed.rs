@@ -65,10 +65,20 @@ pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
             ),
         });
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(MAX_SEALED_FILE)
-        .read_to_end(&mut bytes)
-        .map_err(|e| GuardError::io("read checkpoint", path, e))?;
+    // A sealed file is whole once it has a name (written unnamed, or under a temp name, then
+    // linked or renamed in): its size at open is all there is, so no further read looks for
+    // the end. One that came out shorter fails its checksum below.
+    let mut bytes = vec![0; meta.len() as usize];
+    let mut filled = 0;
+    while filled < bytes.len() {
+        match (&file).read(&mut bytes[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(GuardError::io("read checkpoint", path, e)),
+        }
+    }
+    bytes.truncate(filled);
     Ok(match verify::<T>(&bytes) {
         Ok(value) => Loaded::Valid(value),
         Err(reason) => Loaded::Corrupt {

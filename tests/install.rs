@@ -2828,3 +2828,167 @@ fn multus_bin_dir_the_installer_cannot_write_says_how_out() {
     );
     drop(read_only);
 }
+
+#[test]
+fn a_guard_multus_cannot_find_is_taken_out_of_its_network() {
+    // Fails before this change: the guard installed, then multus thick deployed with a
+    // binDir the installer cannot write (the default DaemonSet mounts the host's
+    // /var/lib/cni read-only; OpenShift keeps its plugins in /var/lib/cni/bin). The install
+    // was refused, but the cluster network still named the guard, and multus thick, which
+    // runs delegates from its binDir alone, failed every pod ADD on the node while the
+    // watch waited. Now the guard stands aside: pods start unguarded rather than not at all,
+    // and the probe says why; once the dir is writable the guard goes back in.
+    sys::skip_unless_root!(&["mount", "umount"]);
+    for mode in ["chained", "delegate"] {
+        let node = Node::with("multus-thick");
+        std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
+        let said = |out: &std::process::Output| {
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr_of(out))
+        };
+        let multus = node.conf().join("00-multus.conf");
+        let deployed = std::fs::read(&multus).unwrap();
+        std::fs::remove_file(&multus).unwrap();
+        let calico = node.conf().join("10-calico.conflist");
+        let primary = std::fs::read(&calico).unwrap();
+        let out = node.run_under_its_dir("--install", &["--mode", mode]);
+        assert!(out.status.success(), "{mode}: {}", said(&out));
+        assert!(std::fs::read(&calico).unwrap() != primary);
+        // Multus thick arrives, its binDir read-only to the installer.
+        let multus_bin = node.multus_bin_dir();
+        let mut conf: serde_json::Value = serde_json::from_slice(&deployed).unwrap();
+        conf["binDir"] = "/multus-bin".into();
+        std::fs::write(&multus, conf.to_string()).unwrap();
+        let read_only = mount::Mount::read_only_bind(&multus_bin);
+        let out = node.run_under_its_dir("--install", &["--mode", mode]);
+        assert_eq!(out.status.code(), Some(1), "{mode}: {}", said(&out));
+        assert!(
+            said(&out).contains("took sandbox-guard out of") && said(&out).contains("writable"),
+            "{mode}: {}",
+            said(&out)
+        );
+        assert!(
+            std::fs::read(&calico).unwrap() == primary,
+            "{mode}: the cluster network still names a guard multus cannot find: {}",
+            said(&out)
+        );
+        let out = node.run_under_its_dir("--install", &["--check"]);
+        assert!(
+            !out.status.success() && said(&out).contains("binDir"),
+            "{mode}: {}",
+            said(&out)
+        );
+        // Once the dir can be written, the guard goes back in.
+        drop(read_only);
+        let out = node.run_under_its_dir("--install", &["--mode", mode]);
+        assert!(out.status.success(), "{mode}: {}", said(&out));
+        assert!(multus_bin.join("sandbox-guard").is_file());
+        let out = node.run_under_its_dir("--install", &["--check"]);
+        assert!(out.status.success(), "{mode}: {}", said(&out));
+    }
+}
+
+#[test]
+fn a_guard_in_a_network_raised_to_a_version_it_does_not_speak_stands_aside() {
+    // Fails before this change: the guard installed, then the primary's config moved to a
+    // cniVersion the guard does not speak with the entry kept (an operator's edit, a
+    // primary that merges its file): the install was refused and the network kept the
+    // guard, so every ADD failed on the version.
+    for mode in ["chained", "delegate"] {
+        let node = Node::with("calico");
+        node.install(mode, None);
+        let file = node.conf().join("10-calico.conflist");
+        let mut list: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        list["cniVersion"] = "2.0.0".into();
+        std::fs::write(&file, list.to_string()).unwrap();
+        let out = run(
+            "--install",
+            &node.conf(),
+            &node.bin(),
+            &Node::args(Some(mode), None),
+        );
+        let stderr = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(1), "{mode}: {stderr}");
+        assert!(
+            stderr.contains("does not speak") && !stderr.contains("nothing written"),
+            "{mode}: {stderr}"
+        );
+        let now = String::from_utf8_lossy(&std::fs::read(&file).unwrap()).into_owned();
+        assert!(
+            !now.contains("sandbox-guard") && now.contains("2.0.0"),
+            "{mode}: {now}"
+        );
+    }
+}
+
+#[test]
+fn the_watch_stands_aside_when_multus_cannot_find_the_guard_and_comes_back() {
+    // The same under the DaemonSet's watch: multus thick arrives with a binDir the watch
+    // cannot write; the guard leaves the cluster network, the metric and the log say so,
+    // and it returns once the dir is writable.
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let node = Node::with("multus-thick");
+    std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
+    let multus = node.conf().join("00-multus.conf");
+    let deployed = std::fs::read(&multus).unwrap();
+    std::fs::remove_file(&multus).unwrap();
+    let calico = node.conf().join("10-calico.conflist");
+    let primary = std::fs::read(&calico).unwrap();
+    let metrics = node.dir.path.join("install.prom");
+    let root = node.dir.path.display().to_string();
+    let watcher = Watcher::start_with(
+        &node,
+        "chained",
+        &[
+            "--host-root",
+            &root,
+            "--metrics-file",
+            metrics.to_str().unwrap(),
+        ],
+        "installed: put sandbox-guard into",
+    );
+    let multus_bin = node.multus_bin_dir();
+    let read_only = mount::Mount::read_only_bind(&multus_bin);
+    let mut conf: serde_json::Value = serde_json::from_slice(&deployed).unwrap();
+    conf["binDir"] = "/multus-bin".into();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    watcher.wait_for(
+        "stood aside: took sandbox-guard out of",
+        Duration::from_secs(10),
+    );
+    watcher.wait_for("writable", Duration::from_secs(10));
+    assert!(std::fs::read(&calico).unwrap() == primary);
+    let value = |name: &str| {
+        let text = std::fs::read_to_string(&metrics).unwrap_or_default();
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_string)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while value("sandbox_guard_install_stood_aside_total").as_deref() != Some("1") {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            std::fs::read_to_string(&metrics)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        value("sandbox_guard_install_installed ").as_deref(),
+        Some("0")
+    );
+    // Its own write wakes it once: it stays aside without writing again.
+    let settled = tree(&node.conf());
+    watcher.drain(Duration::from_secs(2));
+    assert_eq!(tree(&node.conf()), settled);
+    // The dir made writable (the DaemonSet fixed and rolled): the next change puts it back.
+    drop(read_only);
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    watcher.wait_for(
+        "re-inserted: put sandbox-guard into",
+        Duration::from_secs(10),
+    );
+    assert!(multus_bin.join("sandbox-guard").is_file());
+    assert_eq!(watcher.terminate().code(), Some(0));
+}

@@ -88,6 +88,11 @@ impl Reason {
 pub struct Failure {
     pub reason: Reason,
     pub msg: String,
+    /// The guard cannot run in its network as the node is now (a version it does not speak,
+    /// a binDir multus runs it from that it cannot be put in): it must not stay named there.
+    guard_cannot_run: bool,
+    /// What was written all the same: the guard taken out of its network (`stand_aside`).
+    pub done: Vec<String>,
 }
 
 impl Failure {
@@ -95,7 +100,14 @@ impl Failure {
         Failure {
             reason,
             msg: msg.into(),
+            guard_cannot_run: false,
+            done: Vec::new(),
         }
+    }
+
+    fn guard_cannot_run(mut self) -> Failure {
+        self.guard_cannot_run = true;
+        self
     }
 }
 
@@ -152,6 +164,11 @@ pub fn run_install(options: &Options) -> i32 {
                 .for_each(|line| eprintln!("sandbox-guard: warning: {line}"));
             report(Ok(installed.done), "already installed: nothing changed")
         }
+        Err(failure) if !failure.done.is_empty() => {
+            failure.done.iter().for_each(|line| println!("{line}"));
+            eprintln!("sandbox-guard: {}", failure.msg);
+            1
+        }
         Err(failure) => report(Err(failure.msg), ""),
     }
 }
@@ -191,18 +208,75 @@ fn io_err(what: &str, path: &Path) -> impl FnOnce(std::io::Error) -> String {
 /// How many times an install starts over because the primary wrote again meanwhile.
 const ATTEMPTS: usize = 5;
 
-/// `install`, started over while the primary keeps writing the file under it.
+/// `install`, started over while the primary keeps writing the file under it. A refusal
+/// that means the guard cannot run where its network names it takes it out (`stand_aside`).
 pub fn install_retrying(
     options: &Options,
     remembered: Option<&Json>,
 ) -> Result<Installed, Failure> {
+    let mut outcome = install(options, remembered);
     for _ in 1..ATTEMPTS {
-        match install(options, remembered) {
-            Err(failure) if failure.reason == Reason::Changing => continue,
-            other => return other,
+        match outcome {
+            Err(ref failure) if failure.reason == Reason::Changing => {
+                outcome = install(options, remembered);
+            }
+            _ => break,
         }
     }
-    install(options, remembered)
+    outcome.map_err(|mut failure| {
+        if failure.guard_cannot_run {
+            match stand_aside(options) {
+                Ok(done) => failure.done = done,
+                Err(e) => {
+                    failure.msg = format!(
+                        "{}; and it cannot be taken out of its network: {e}",
+                        failure.msg
+                    );
+                }
+            }
+        }
+        failure
+    })
+}
+
+/// Takes the guard out of the network it cannot run in: the runtime (or multus) would fail
+/// every pod's ADD on it, and pods that start unguarded are the node as it was without the
+/// guard. Delegate mode's deferred DELs stay in the store, for its return.
+fn stand_aside(options: &Options) -> Result<Vec<String>, String> {
+    let found = network::find(
+        &options.conf_dir,
+        options.network.as_deref(),
+        &options.host_root,
+    )?;
+    let net = &found.net;
+    let mut done = Vec::new();
+    let list = net.list();
+    if edit::has_guard(&list) {
+        let _replays = waiting::refuse_leaving_delegate(
+            net,
+            None,
+            &options.host_root,
+            Some("standing aside"),
+            &mut done,
+        )?;
+        restore(
+            net,
+            &edit::strip(&list),
+            found.named_by.as_deref(),
+            &mut done,
+        )?;
+    }
+    remove_dropin(
+        &options.conf_dir.join(&net.name).join(DROPIN_FILE),
+        &mut done,
+    )?;
+    if !done.is_empty() {
+        done.push(format!(
+            "pods of network {} start unguarded until sandbox-guard can run there",
+            net.name
+        ));
+    }
+    Ok(done)
 }
 
 fn changed(file: &Path) -> Failure {
@@ -239,7 +313,8 @@ pub fn runnable(options: &Options) -> Result<Found, Failure> {
                 crate::names::shorten(&version),
                 crate::cni::version::SUPPORTED.join(", ")
             ),
-        ));
+        )
+        .guard_cannot_run());
     }
     let missing = missing_plugins(options, net);
     if !missing.is_empty() {
@@ -302,7 +377,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         &net,
         Some(options.mode),
         &options.host_root,
-        options.force,
+        options.force.then_some("--force"),
         done,
     )?;
     if options.mode == Mode::Dropin {
@@ -384,6 +459,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
                     via_multus.unwrap_or("multus")
                 ),
             )
+            .guard_cannot_run()
         })?
     {
         done.push(format!(
@@ -523,7 +599,8 @@ fn multus_bin_dir(options: &Options, found: &Found) -> Result<Option<PathBuf>, F
                 root.display(),
                 named.display()
             ),
-        ));
+        )
+        .guard_cannot_run());
     };
     let canonical = |d: &Path| d.canonicalize().ok();
     if canonical(&dir) == canonical(&bin_dir(options)) {
@@ -656,10 +733,16 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
     } else if dropin.is_file() && !net.single {
         return Err(dropin_unknown(net, &dropin));
     } else {
+        // Where the guard stood aside, the reason it could not stay.
+        let why = this_binary()
+            .and_then(|this| multus_bin_dir_ready(options, &found, &this))
+            .err()
+            .map(|failure| format!(": {}", failure.msg))
+            .unwrap_or_default();
         return Err(Failure::new(
             Reason::Network,
             format!(
-                "sandbox-guard is not in network {} ({})",
+                "sandbox-guard is not in network {} ({}){why}",
                 net.name,
                 file_name(&net.file)
             ),
@@ -679,9 +762,7 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
         ));
     }
     let binary = bin_dir(options).join(edit::GUARD_TYPE);
-    let this = std::env::current_exe()
-        .and_then(std::fs::read)
-        .map_err(|e| format!("cannot read this binary: {e}"))?;
+    let this = this_binary()?;
     if !std::fs::read(&binary).is_ok_and(|there| there == this) {
         return Err(Failure::new(
             Reason::BinDir,
@@ -706,6 +787,12 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
         binary.display()
     ));
     Ok(lines)
+}
+
+fn this_binary() -> Result<Vec<u8>, Failure> {
+    std::env::current_exe()
+        .and_then(std::fs::read)
+        .map_err(|e| Failure::from(format!("cannot read this binary: {e}")))
 }
 
 /// The guard's state dir (the entry's stateDir, seen through the host root) on a file system
@@ -904,7 +991,7 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             net,
             None,
             &options.host_root,
-            options.force,
+            options.force.then_some("--force"),
             &mut done,
         )?);
     }

@@ -2992,3 +2992,32 @@ fn the_watch_stands_aside_when_multus_cannot_find_the_guard_and_comes_back() {
     assert!(multus_bin.join("sandbox-guard").is_file());
     assert_eq!(watcher.terminate().code(), Some(0));
 }
+
+#[test]
+fn a_bin_dir_that_is_a_link_resolves_under_the_host_root() {
+    // Fails before this change: a bin dir under --host-root that is an absolute link (the
+    // host's path, as k3s's data/current is) was followed in the installer's own root when
+    // that root happened to hold the same path, and the binary copied outside the host root,
+    // where the runtime never looks.
+    let node = Node::with("calico");
+    let root = &node.dir.path;
+    // The host's real dir, and a dir of this machine at the same absolute path.
+    let outside = sys::TempDir::new("sgbinout");
+    stub_plugins(&node.conf(), &outside.path);
+    let on_host = root.join(outside.path.strip_prefix("/").unwrap());
+    stub_plugins(&node.conf(), &on_host);
+    let link = root.join("opt-cni-bin");
+    std::os::unix::fs::symlink(&outside.path, &link).unwrap();
+    let out = run(
+        "--install",
+        &node.conf(),
+        &link,
+        &["--host-root", root.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        !outside.path.join("sandbox-guard").exists(),
+        "copied outside the host root"
+    );
+    assert!(on_host.join("sandbox-guard").is_file());
+}

@@ -174,6 +174,19 @@ impl Node {
         dir
     }
 
+    /// Multus thick's file naming `/multus-bin` as its binDir (a host's dir beside
+    /// `var/lib/cni`), which holds the networks' plugins: returns that dir.
+    fn with_multus_bin_dir_named(&self) -> PathBuf {
+        std::fs::create_dir_all(self.dir.path.join("var/lib/cni")).unwrap();
+        let multus_bin = self.multus_bin_dir();
+        let multus = self.conf().join("00-multus.conf");
+        let mut conf: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&multus).unwrap()).unwrap();
+        conf["binDir"] = "/multus-bin".into();
+        std::fs::write(&multus, conf.to_string()).unwrap();
+        multus_bin
+    }
+
     fn install(&self, mode: &str, network: Option<&str>) -> String {
         run_ok(
             "--install",
@@ -2806,13 +2819,7 @@ fn multus_bin_dir_the_installer_cannot_write_says_how_out() {
     // plugins) failed the install with the bare write error and no way out.
     sys::skip_unless_root!(&["mount", "umount"]);
     let node = Node::with("multus-thick");
-    std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
-    let multus_bin = node.multus_bin_dir();
-    let multus = node.conf().join("00-multus.conf");
-    let mut conf: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&multus).unwrap()).unwrap();
-    conf["binDir"] = "/multus-bin".into();
-    std::fs::write(&multus, conf.to_string()).unwrap();
+    let multus_bin = node.with_multus_bin_dir_named();
     let read_only = mount::Mount::read_only_bind(&multus_bin);
     let before = tree(&node.conf());
     let out = node.run_under_its_dir("--install", &["--mode", "delegate"]);
@@ -3020,4 +3027,42 @@ fn a_bin_dir_that_is_a_link_resolves_under_the_host_root() {
         "copied outside the host root"
     );
     assert!(on_host.join("sandbox-guard").is_file());
+}
+
+#[test]
+fn an_older_guard_multus_can_run_is_not_taken_out_when_its_dir_cannot_be_written() {
+    // Fails before this change: multus's binDir held a guard (an older build: the image
+    // was upgraded) in a dir the installer can no longer write (mounted read-only, full).
+    // Multus runs that guard, so the node was guarded; the install took the guard out of
+    // the cluster network all the same, as if multus could not find it. Only a dir without
+    // a guard is one the guard cannot run from.
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let node = Node::with("multus-thick");
+    let multus_bin = node.with_multus_bin_dir_named();
+    let out = node.run_under_its_dir("--install", &["--mode", "chained"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let guarded = std::fs::read(node.conf().join("10-calico.conflist")).unwrap();
+    assert!(multus_bin.join("sandbox-guard").is_file());
+    // The older build: other bytes, the same guard to multus.
+    let older = multus_bin.join("sandbox-guard");
+    let mut bytes = std::fs::read(&older).unwrap();
+    bytes.extend_from_slice(b"older build");
+    std::fs::write(&older, bytes).unwrap();
+    let read_only = mount::Mount::read_only_bind(&multus_bin);
+    let out = node.run_under_its_dir("--install", &["--mode", "chained"]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr_of(&out)
+    );
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        std::fs::read(node.conf().join("10-calico.conflist")).unwrap() == guarded,
+        "the guard multus runs was taken out of its network: {said}"
+    );
+    assert!(
+        said.contains("writable") && !said.contains("took sandbox-guard out"),
+        "{said}"
+    );
+    drop(read_only);
 }

@@ -451,15 +451,26 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
     }
     if let Some(dir) = &multus_dir
         && files::install_binary(dir).map_err(|e| {
-            Failure::new(
+            // A guard there (an older build) is one multus runs: the node stays guarded.
+            let older = dir.join(edit::GUARD_TYPE).is_file();
+            let failure = Failure::new(
                 Reason::BinDir,
                 format!(
-                    "{e}: multus ({}) looks for its delegates there first, its binDir, and without sandbox-guard \
-                     there it would fail to find it or run another; mount the host's dir writable at that path",
-                    via_multus.unwrap_or("multus")
+                    "{e}: multus ({}) looks for its delegates there first, its binDir, and {}; mount the host's \
+                     dir writable at that path",
+                    via_multus.unwrap_or("multus"),
+                    if older {
+                        "runs the sandbox-guard already there, another build, until this one is put there"
+                    } else {
+                        "without sandbox-guard there it would fail to find it"
+                    }
                 ),
-            )
-            .guard_cannot_run()
+            );
+            if older {
+                failure
+            } else {
+                failure.guard_cannot_run()
+            }
         })?
     {
         done.push(format!(

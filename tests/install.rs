@@ -3066,3 +3066,63 @@ fn an_older_guard_multus_can_run_is_not_taken_out_when_its_dir_cannot_be_written
     );
     drop(read_only);
 }
+
+#[test]
+fn taking_the_guard_out_never_writes_back_a_network_the_primary_rewrote_meanwhile() {
+    // Fails before this change: standing aside (and --uninstall) read the network, waited
+    // for delegate mode's replays to pause (up to ten seconds), then wrote the guard-less
+    // copy of what it had read over whatever was there: a primary that wrote its file in
+    // between lost its bytes. The replay worker is this test holding `replay.lock`; the
+    // installer waits on it once it holds `replay-waits`, after its read.
+    for verb in ["--install", "--uninstall"] {
+        let node = Node::with("calico");
+        let state = sys::TempDir::new("sginstsa");
+        let state_dir = state.path.join("state");
+        let mut args = Node::args(Some("delegate"), None);
+        args.extend(["--state-dir", state_dir.to_str().unwrap()]);
+        run_ok("--install", &node.conf(), &node.bin(), &args);
+        let file = node.conf().join("10-calico.conflist");
+        if verb == "--install" {
+            // A version the guard does not speak, the entry kept: it stands aside.
+            let mut list: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+            list["cniVersion"] = "2.0.0".into();
+            std::fs::write(&file, list.to_string()).unwrap();
+        } else {
+            args.clear();
+        }
+        std::fs::create_dir_all(&state_dir).unwrap();
+        let worker = std::fs::File::create(state_dir.join("replay.lock")).unwrap();
+        worker.lock_shared().unwrap();
+        let installer = Command::new(cni::BIN)
+            .arg(verb)
+            .args(["--conf-dir", node.conf().to_str().unwrap()])
+            .args(["--bin-dir", node.bin().to_str().unwrap()])
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let waits = state_dir.join("replay-waits");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !waits.exists() || std::fs::File::open(&waits).is_ok_and(|f| f.try_lock().is_ok()) {
+            assert!(Instant::now() < deadline, "{verb} never waited");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The primary writes its own file again, without the guard.
+        let rewritten = br#"{"name":"k8s-pod-network","cniVersion":"1.0.0","plugins":[{"type":"calico","mtu":1440,"ipam":{"type":"calico-ipam"}}]}"#;
+        std::fs::write(&file, rewritten).unwrap();
+        drop(worker);
+        let out = installer.wait_with_output().unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            stderr_of(&out)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&std::fs::read(&file).unwrap()),
+            String::from_utf8_lossy(rewritten),
+            "{verb}: the primary's write was lost: {said}"
+        );
+    }
+}

@@ -243,29 +243,42 @@ pub fn install_retrying(
 /// every pod's ADD on it, and pods that start unguarded are the node as it was without the
 /// guard. Delegate mode's deferred DELs stay in the store, for its return.
 fn stand_aside(options: &Options) -> Result<Vec<String>, String> {
-    let found = network::find(
-        &options.conf_dir,
-        options.network.as_deref(),
-        &options.host_root,
-    )?;
-    let net = &found.net;
-    let mut done = Vec::new();
-    let list = net.list();
-    if edit::has_guard(&list) {
+    let mut attempts = 0;
+    let (net, mut done) = loop {
+        attempts += 1;
+        let found = network::find(
+            &options.conf_dir,
+            options.network.as_deref(),
+            &options.host_root,
+        )?;
+        let net = found.net;
+        let mut done = Vec::new();
+        let list = net.list();
+        if !edit::has_guard(&list) {
+            break (net, done);
+        }
         let _replays = waiting::refuse_leaving_delegate(
-            net,
+            &net,
             None,
             &options.host_root,
             Some("standing aside"),
             &mut done,
         )?;
-        restore(
-            net,
+        // The primary wrote its file since it was read (the wait for the replays can be
+        // long): what it wrote stays, and is looked at again.
+        if restore(
+            &net,
             &edit::strip(&list),
             found.named_by.as_deref(),
             &mut done,
-        )?;
-    }
+        )? {
+            break (net, done);
+        }
+        if attempts == ATTEMPTS {
+            return Err(changed(&net.file).msg);
+        }
+    };
+    let net = &net;
     remove_dropin(
         &options.conf_dir.join(&net.name).join(DROPIN_FILE),
         &mut done,
@@ -398,8 +411,10 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
                 bin_dir(options).join(edit::GUARD_TYPE).display()
             ));
         }
-        if edit::has_guard(&net.doc.root) {
-            restore(&net, &edit::strip(&net.doc.root), named_by.as_deref(), done)?;
+        if edit::has_guard(&net.doc.root)
+            && !restore(&net, &edit::strip(&net.doc.root), named_by.as_deref(), done)?
+        {
+            return Err(changed(&net.file));
         }
         let wanted = Doc::new(entry);
         if !dropin_doc.is_some_and(|doc| doc.root.same_as(&wanted.root)) {
@@ -1012,7 +1027,21 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             .as_deref()
             .filter(|_| named.as_ref() == Some(&net.file));
         if edit::has_guard(&list) {
-            restore(net, &edit::strip(&list), named_by, &mut done)?;
+            // Its owner may write it meanwhile: what it wrote is read again, never overwritten.
+            let mut now = None;
+            for attempt in 1..=ATTEMPTS {
+                let net = now.as_ref().unwrap_or(net);
+                let list = net.list();
+                if !edit::has_guard(&list)
+                    || restore(net, &edit::strip(&list), named_by, &mut done)?
+                {
+                    break;
+                }
+                if attempt == ATTEMPTS {
+                    return Err(changed(&net.file).msg);
+                }
+                now = Some(network::reread(net)?);
+            }
         } else if edit::names_guard_anywhere(&net.doc.root) {
             let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
             let stripped = net.doc.with_root(edit::strip_anywhere(&net.doc.root));
@@ -1107,13 +1136,15 @@ fn remove_binary(
 }
 
 /// Writes the list without the guard: the primary's own bytes when the kept original says
-/// the same (a converted plugin goes back to its own file), else the stripped list.
+/// the same (a converted plugin goes back to its own file), else the stripped list. False
+/// when the file no longer holds what was read (`net.bytes`): its owner wrote it since, and
+/// what it wrote is left as it is, for the caller to read again.
 fn restore(
     net: &Network,
     stripped: &Json,
     named_by: Option<&str>,
     done: &mut Vec<String>,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
     let kept = |file: &Path| -> Option<Vec<u8>> {
         let bytes = std::fs::read(original_of(file)).ok()?;
@@ -1148,7 +1179,7 @@ fn restore(
                 net.file.display(),
                 single.display()
             ));
-            return Ok(());
+            return Ok(true);
         }
         if let Some(bytes) = kept(&single) {
             files::write_atomic(&single, &bytes, keep).map_err(io_err("write", &single))?;
@@ -1160,7 +1191,7 @@ fn restore(
                 single.display(),
                 file_name(&net.file)
             ));
-            return Ok(());
+            return Ok(true);
         }
     }
     let bytes = kept(&net.file).unwrap_or_else(|| {
@@ -1171,19 +1202,22 @@ fn restore(
         };
         net.doc.with_root(root).render()
     });
-    if in_place(net, named_by) {
-        files::write_in_place_if(&net.file, &bytes, &Expect::Any)
-            .map(|_| ())
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::FileTooLarge => format!(
-                    "{e}; have its owner write it again (that takes the guard out), then run this again"
-                ),
-                _ => io_err("write", &net.file)(e),
-            })?;
+    let expect = Expect::Bytes(&net.bytes);
+    let written = if in_place(net, named_by) {
+        files::write_in_place_if(&net.file, &bytes, &expect).map_err(|e| match e.kind() {
+            std::io::ErrorKind::FileTooLarge => format!(
+                "{e}; have its owner write it again (that takes the guard out), then run this again"
+            ),
+            _ => io_err("write", &net.file)(e),
+        })?
     } else {
-        files::write_atomic(&net.file, &bytes, keep).map_err(io_err("write", &net.file))?;
+        files::write_atomic_if(&net.file, &bytes, keep, &expect)
+            .map_err(io_err("write", &net.file))?
+    };
+    if !written {
+        return Ok(false);
     }
     files::remove(&original_of(&net.file)).map_err(io_err("remove", &original_of(&net.file)))?;
     done.push(format!("took sandbox-guard out of {}", net.file.display()));
-    Ok(())
+    Ok(true)
 }

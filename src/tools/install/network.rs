@@ -116,6 +116,14 @@ fn read(file: &Path) -> Read {
     })
 }
 
+/// The network's file read again (its owner wrote it since `net` was read).
+pub fn reread(net: &Network) -> Result<Network, String> {
+    match read(&net.file) {
+        Read::Network(again) => Ok(again),
+        Read::Broken(file, why) => Err(format!("{} {why}", file.display())),
+    }
+}
+
 /// Every network of a conf dir in the runtime's order, and the files it would not load.
 pub struct Scan {
     pub networks: Vec<Network>,

@@ -3126,3 +3126,27 @@ fn taking_the_guard_out_never_writes_back_a_network_the_primary_rewrote_meanwhil
         );
     }
 }
+
+#[test]
+fn standing_aside_says_when_it_could_not_look_for_deferred_dels() {
+    // Fails before this change: a delegate-mode stateDir not mounted under --host-root
+    // cannot tell whether deferred DELs wait; standing aside went on (as it must) without a
+    // word about them, so the operator never learned that some may wait for delegate mode.
+    let node = Node::with("calico");
+    let state = ["--state-dir", "/not-mounted/sandbox-guard"];
+    let out = node.run_under_its_dir("--install", &[&["--mode", "delegate"][..], &state].concat());
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let file = node.conf().join("10-calico.conflist");
+    let mut list: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    list["cniVersion"] = "2.0.0".into();
+    std::fs::write(&file, list.to_string()).unwrap();
+    let out = node.run_under_its_dir("--install", &[&["--mode", "delegate"][..], &state].concat());
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{said}{}", stderr_of(&out));
+    assert!(said.contains("took sandbox-guard out of"), "{said}");
+    assert!(
+        said.contains("standing aside") && said.contains("/not-mounted/sandbox-guard"),
+        "nothing said about the deferred DELs it could not look for: {said}"
+    );
+}

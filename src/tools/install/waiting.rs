@@ -41,7 +41,18 @@ pub fn refuse_leaving_delegate(
     let state_dir = host_root.join(on_host.strip_prefix("/").unwrap_or(&on_host));
     // On the host itself (root /) a missing dir is a store never made: nothing waits.
     let visible = host_root == Path::new("/") || state_dir.parent().is_none_or(Path::is_dir);
-    if !visible && force.is_none() {
+    if let (false, Some(why)) = (visible, force) {
+        // Going on without looking: said, as the DELs that may wait there are lost to it.
+        done.push(format!(
+            "{why}: {} is not there to tell whether deferred DELs of network {} wait in {}; any that do are \
+             replayed only when delegate mode returns",
+            state_dir.parent().unwrap_or(&state_dir).display(),
+            net.name,
+            on_host.display()
+        ));
+        return Ok(None);
+    }
+    if !visible {
         return Err(format!(
             "network {} is guarded in delegate mode with stateDir {}, and {} is not there to tell whether deferred DELs \
              wait (only delegate mode replays them): mount the host's {} under {} (the shipped DaemonSets mount \

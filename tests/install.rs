@@ -3150,3 +3150,31 @@ fn standing_aside_says_when_it_could_not_look_for_deferred_dels() {
         "nothing said about the deferred DELs it could not look for: {said}"
     );
 }
+
+#[test]
+fn a_multus_bin_dir_the_installer_cannot_see_does_not_unguard_the_node() {
+    // Fails before this change: with the guard installed, multus thick's binDir not under
+    // --host-root (not mounted into the installer's pod, or a wrong --host-root) took the
+    // guard out. The installer cannot tell "not mounted" from "not on the node", and on a
+    // node without that dir multus runs no delegate at all, guard or not: taking it out
+    // could only unguard a working node. Refused, not ready, nothing written.
+    let node = Node::with("multus-thick");
+    std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
+    let multus = node.conf().join("00-multus.conf");
+    let deployed = std::fs::read(&multus).unwrap();
+    std::fs::remove_file(&multus).unwrap();
+    let out = node.run_under_its_dir("--install", &["--mode", "chained"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let mut conf: serde_json::Value = serde_json::from_slice(&deployed).unwrap();
+    conf["binDir"] = "/not-mounted".into();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    let before = tree(&node.dir.path);
+    let out = node.run_under_its_dir("--install", &["--mode", "chained"]);
+    let said = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("binDir") && said.contains("mount"), "{said}");
+    assert!(
+        tree(&node.dir.path) == before,
+        "a binDir it cannot see took the guard out: {said}"
+    );
+}

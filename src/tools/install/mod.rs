@@ -625,8 +625,7 @@ fn multus_bin_dir(options: &Options, found: &Found) -> Result<Option<PathBuf>, F
                 root.display(),
                 named.display()
             ),
-        )
-        .guard_cannot_run());
+        ));
     };
     let canonical = |d: &Path| d.canonicalize().ok();
     if canonical(&dir) == canonical(&bin_dir(options)) {

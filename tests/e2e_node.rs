@@ -260,6 +260,10 @@ impl Mode {
 struct Figures {
     /// Pods whose endpoint a stale DEL removed at the primary, one entry a DEL.
     stale_dels_at_primary: Vec<String>,
+    /// Of those, the ones the guard let through after it had the new sandbox's ADD (its
+    /// rule broken), each with what its log shows; the rest passed it before that ADD
+    /// reached it (chained mode's window, which it cannot see).
+    passed_after_new_add: Vec<String>,
     new_pods: usize,
     new_pods_unreachable: Vec<String>,
     /// Pods with a sandbox left NotReady, one entry a sandbox.
@@ -528,6 +532,15 @@ fn lines_since(log: &str, from: usize, needle: &str) -> usize {
 /// The pods whose primary endpoint a DEL of another sandbox removed (the harm), from the
 /// model's trace: a call's line names its pod key, the lines below it what it did.
 fn stale_dels_at_primary(calls: &str, since: usize) -> Vec<String> {
+    stale_del_sandboxes(calls, since)
+        .into_iter()
+        .map(|(pod, _, _)| pod)
+        .collect()
+}
+
+/// The stale DELs at the primary as (pod, the sandbox the DEL was of, the sandbox whose
+/// endpoint it removed).
+fn stale_del_sandboxes(calls: &str, since: usize) -> Vec<(String, String, String)> {
     let mut pod = "";
     let mut harmed = Vec::new();
     for line in calls.lines().skip(since) {
@@ -541,10 +554,51 @@ fn stale_dels_at_primary(calls: &str, since: usize) -> Vec<String> {
         if let Some((by, of)) = rest.split_once(" removes endpoint of ")
             && by != of
         {
-            harmed.push(pod.rsplit('.').next().unwrap_or(pod).to_string());
+            let name = pod.rsplit('.').next().unwrap_or(pod).to_string();
+            harmed.push((name, by.to_string(), of.to_string()));
         }
     }
     harmed
+}
+
+/// The stale DELs (`stale_del_sandboxes`) that the guard let through after it logged the
+/// ADD of the sandbox they harmed, from its log (`log`, oldest line first): chained, the
+/// guard runs last on ADD and first on DEL, so a DEL of the old sandbox that reaches it
+/// before the new sandbox's ADD does passes, unseen; one that passes after breaks its rule.
+/// Each with the reason, for the assertion's message.
+fn passed_after_new_add(stale: &[(String, String, String)], log: &str) -> Vec<String> {
+    let lines: Vec<&str> = log.lines().collect();
+    let of_sandbox = |line: &str, verb: &str, container: &str| {
+        line.contains(&format!(" {verb} ")) && line.contains(&format!(" container={container} "))
+    };
+    stale
+        .iter()
+        .filter_map(|(pod, by, of)| {
+            let Some(added) = lines
+                .iter()
+                .position(|l| of_sandbox(l, "ADD", of) && l.contains(" outcome=added "))
+            else {
+                return Some(format!("{pod}: the guard's log has no ADD of {of}"));
+            };
+            lines[added..]
+                .iter()
+                .find(|l| of_sandbox(l, "DEL", by) && !l.contains(" outcome=refused "))
+                .map(|l| format!("{pod}: a DEL of {by} passed after the ADD of {of}: {l}"))
+        })
+        .collect()
+}
+
+/// The guard's log, its rotated files first.
+fn guard_log(node: &Node) -> String {
+    let current = PathBuf::from(node.var("GUARD_LOG"));
+    [".2", ".1", ""]
+        .iter()
+        .map(|suffix| {
+            let mut path = current.clone().into_os_string();
+            path.push(suffix);
+            fs::read_to_string(path).unwrap_or_default()
+        })
+        .collect()
 }
 
 /// Whether the model's trace (from line `since`) has `added`'s ADD before `deleted`'s first
@@ -844,7 +898,11 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
             figures.new_pods_unreachable.push(pod.clone());
         }
     }
-    figures.stale_dels_at_primary = stale_dels_at_primary(&node.primary_calls(), calls_before);
+    let stale = stale_del_sandboxes(&node.primary_calls(), calls_before);
+    figures.stale_dels_at_primary = stale.iter().map(|(pod, _, _)| pod.clone()).collect();
+    if mode != Mode::Unguarded {
+        figures.passed_after_new_add = passed_after_new_add(&stale, &guard_log(node));
+    }
     figures.forced_add_before_del = match (&forced_old_sandbox, ready_sandboxes.get("forced-0")) {
         (Some(old), Some(new)) => first_call_order(&node.primary_calls(), calls_before, new, old),
         _ => None,
@@ -884,25 +942,30 @@ fn assert_mode(mode: Mode, runtime: &str, f: &Figures) {
             );
         }
         Mode::Chained | Mode::Delegate => {
-            // Chained, the guard runs last on ADD: a forced delete's DEL of the old sandbox
-            // can pass between the new sandbox's ADD at the primary and its ADD at the guard,
-            // which chaining cannot see (docs/real-node.md). Delegate mode holds both under
-            // the pod's lock.
-            let allowed: &[&str] = if mode == Mode::Chained {
-                &["forced-0"]
-            } else {
-                &[]
+            // Chained, the guard runs last on ADD: a DEL of the old sandbox (a forced
+            // delete's, or kubelet's container GC landing while the new sandbox's ADD is
+            // still at the primary) can pass between the new sandbox's ADD at the primary and
+            // its ADD at the guard, which chaining cannot see (docs/real-node.md); never
+            // after the guard has that ADD. Delegate mode holds both under the pod's lock.
+            assert!(
+                f.passed_after_new_add.is_empty(),
+                "{runtime} {mode:?}: the guard let a stale DEL through: {:?}; {f:?}",
+                f.passed_after_new_add
+            );
+            let window: Vec<&String> = match mode {
+                Mode::Chained => f.stale_dels_at_primary.iter().collect(),
+                _ => Vec::new(),
             };
             assert!(
                 f.stale_dels_at_primary
                     .iter()
-                    .all(|pod| allowed.contains(&pod.as_str())),
+                    .all(|pod| window.contains(&pod)),
                 "{runtime} {mode:?}: a stale DEL reached the primary: {f:?}"
             );
             assert!(
                 f.new_pods_unreachable
                     .iter()
-                    .all(|pod| allowed.contains(&pod.as_str())),
+                    .all(|pod| window.contains(&pod)),
                 "{runtime} {mode:?}: new pods lost their network: {f:?}"
             );
             assert_eq!(
@@ -1395,4 +1458,40 @@ fn run_bridge(runtime: &'static str) {
 fn bridge_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_bridge("containerd2");
+}
+
+#[test]
+fn a_stale_del_in_chained_modes_window_is_told_from_one_the_guard_let_through() {
+    // Reads the two logs only: no node. The window (the old sandbox's DEL passed the guard
+    // before the new sandbox's ADD reached it) is allowed; a DEL that passed after is not.
+    let line = |verb: &str, container: &str, outcome: &str| {
+        format!(
+            "2026-11-26T05:31:00Z sandbox-guard[1] INFO {verb} network=k8s-pod-network container={container} ifname=eth0 pod=ns/rollout-5 outcome={outcome} x\n"
+        )
+    };
+    let stale = vec![(
+        "rollout-5".to_string(),
+        "aaa".to_string(),
+        "bbb".to_string(),
+    )];
+    let window = [
+        line("ADD", "aaa", "added"),
+        line("DEL", "aaa", "deleted"),
+        line("ADD", "bbb", "added"),
+        line("DEL", "aaa", "refused"),
+    ]
+    .concat();
+    assert!(passed_after_new_add(&stale, &window).is_empty());
+    let broken = [
+        line("ADD", "aaa", "added"),
+        line("ADD", "bbb", "added"),
+        line("DEL", "aaa", "deleted"),
+    ]
+    .concat();
+    assert_eq!(passed_after_new_add(&stale, &broken).len(), 1);
+    // A new sandbox the guard never saw added is not the window either.
+    let unseen = [line("ADD", "aaa", "added"), line("DEL", "aaa", "deleted")].concat();
+    assert_eq!(passed_after_new_add(&stale, &unseen).len(), 1);
+    let calls = "05:31:00.1 ADD bbb ns.rollout-5 netns=/x\n05:31:00.2 DEL aaa ns.rollout-5 netns=\n  DEL by aaa removes endpoint of bbb\n";
+    assert_eq!(stale_del_sandboxes(calls, 0), stale);
 }

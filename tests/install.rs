@@ -174,6 +174,19 @@ impl Node {
         dir
     }
 
+    /// Multus thick's file naming `/multus-bin` as its binDir (a host's dir beside
+    /// `var/lib/cni`), which holds the networks' plugins: returns that dir.
+    fn with_multus_bin_dir_named(&self) -> PathBuf {
+        std::fs::create_dir_all(self.dir.path.join("var/lib/cni")).unwrap();
+        let multus_bin = self.multus_bin_dir();
+        let multus = self.conf().join("00-multus.conf");
+        let mut conf: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&multus).unwrap()).unwrap();
+        conf["binDir"] = "/multus-bin".into();
+        std::fs::write(&multus, conf.to_string()).unwrap();
+        multus_bin
+    }
+
     fn install(&self, mode: &str, network: Option<&str>) -> String {
         run_ok(
             "--install",
@@ -2806,13 +2819,7 @@ fn multus_bin_dir_the_installer_cannot_write_says_how_out() {
     // plugins) failed the install with the bare write error and no way out.
     sys::skip_unless_root!(&["mount", "umount"]);
     let node = Node::with("multus-thick");
-    std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
-    let multus_bin = node.multus_bin_dir();
-    let multus = node.conf().join("00-multus.conf");
-    let mut conf: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&multus).unwrap()).unwrap();
-    conf["binDir"] = "/multus-bin".into();
-    std::fs::write(&multus, conf.to_string()).unwrap();
+    let multus_bin = node.with_multus_bin_dir_named();
     let read_only = mount::Mount::read_only_bind(&multus_bin);
     let before = tree(&node.conf());
     let out = node.run_under_its_dir("--install", &["--mode", "delegate"]);
@@ -2827,4 +2834,347 @@ fn multus_bin_dir_the_installer_cannot_write_says_how_out() {
         "the network was written: {said}"
     );
     drop(read_only);
+}
+
+#[test]
+fn a_guard_multus_cannot_find_is_taken_out_of_its_network() {
+    // Fails before this change: the guard installed, then multus thick deployed with a
+    // binDir the installer cannot write (the default DaemonSet mounts the host's
+    // /var/lib/cni read-only; OpenShift keeps its plugins in /var/lib/cni/bin). The install
+    // was refused, but the cluster network still named the guard, and multus thick, which
+    // runs delegates from its binDir alone, failed every pod ADD on the node while the
+    // watch waited. Now the guard stands aside: pods start unguarded rather than not at all,
+    // and the probe says why; once the dir is writable the guard goes back in.
+    sys::skip_unless_root!(&["mount", "umount"]);
+    for mode in ["chained", "delegate"] {
+        let node = Node::with("multus-thick");
+        std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
+        let said = |out: &std::process::Output| {
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr_of(out))
+        };
+        let multus = node.conf().join("00-multus.conf");
+        let deployed = std::fs::read(&multus).unwrap();
+        std::fs::remove_file(&multus).unwrap();
+        let calico = node.conf().join("10-calico.conflist");
+        let primary = std::fs::read(&calico).unwrap();
+        let out = node.run_under_its_dir("--install", &["--mode", mode]);
+        assert!(out.status.success(), "{mode}: {}", said(&out));
+        assert!(std::fs::read(&calico).unwrap() != primary);
+        // Multus thick arrives, its binDir read-only to the installer.
+        let multus_bin = node.multus_bin_dir();
+        let mut conf: serde_json::Value = serde_json::from_slice(&deployed).unwrap();
+        conf["binDir"] = "/multus-bin".into();
+        std::fs::write(&multus, conf.to_string()).unwrap();
+        let read_only = mount::Mount::read_only_bind(&multus_bin);
+        let out = node.run_under_its_dir("--install", &["--mode", mode]);
+        assert_eq!(out.status.code(), Some(1), "{mode}: {}", said(&out));
+        assert!(
+            said(&out).contains("took sandbox-guard out of") && said(&out).contains("writable"),
+            "{mode}: {}",
+            said(&out)
+        );
+        assert!(
+            std::fs::read(&calico).unwrap() == primary,
+            "{mode}: the cluster network still names a guard multus cannot find: {}",
+            said(&out)
+        );
+        let out = node.run_under_its_dir("--install", &["--check"]);
+        assert!(
+            !out.status.success() && said(&out).contains("binDir"),
+            "{mode}: {}",
+            said(&out)
+        );
+        // Once the dir can be written, the guard goes back in.
+        drop(read_only);
+        let out = node.run_under_its_dir("--install", &["--mode", mode]);
+        assert!(out.status.success(), "{mode}: {}", said(&out));
+        assert!(multus_bin.join("sandbox-guard").is_file());
+        let out = node.run_under_its_dir("--install", &["--check"]);
+        assert!(out.status.success(), "{mode}: {}", said(&out));
+    }
+}
+
+#[test]
+fn a_guard_in_a_network_raised_to_a_version_it_does_not_speak_stands_aside() {
+    // Fails before this change: the guard installed, then the primary's config moved to a
+    // cniVersion the guard does not speak with the entry kept (an operator's edit, a
+    // primary that merges its file): the install was refused and the network kept the
+    // guard, so every ADD failed on the version.
+    for mode in ["chained", "delegate"] {
+        let node = Node::with("calico");
+        node.install(mode, None);
+        let file = node.conf().join("10-calico.conflist");
+        let mut list: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        list["cniVersion"] = "2.0.0".into();
+        std::fs::write(&file, list.to_string()).unwrap();
+        let out = run(
+            "--install",
+            &node.conf(),
+            &node.bin(),
+            &Node::args(Some(mode), None),
+        );
+        let stderr = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(1), "{mode}: {stderr}");
+        assert!(
+            stderr.contains("does not speak") && !stderr.contains("nothing written"),
+            "{mode}: {stderr}"
+        );
+        let now = String::from_utf8_lossy(&std::fs::read(&file).unwrap()).into_owned();
+        assert!(
+            !now.contains("sandbox-guard") && now.contains("2.0.0"),
+            "{mode}: {now}"
+        );
+    }
+}
+
+#[test]
+fn the_watch_stands_aside_when_multus_cannot_find_the_guard_and_comes_back() {
+    // The same under the DaemonSet's watch: multus thick arrives with a binDir the watch
+    // cannot write; the guard leaves the cluster network, the metric and the log say so,
+    // and it returns once the dir is writable.
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let node = Node::with("multus-thick");
+    std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
+    let multus = node.conf().join("00-multus.conf");
+    let deployed = std::fs::read(&multus).unwrap();
+    std::fs::remove_file(&multus).unwrap();
+    let calico = node.conf().join("10-calico.conflist");
+    let primary = std::fs::read(&calico).unwrap();
+    let metrics = node.dir.path.join("install.prom");
+    let root = node.dir.path.display().to_string();
+    let watcher = Watcher::start_with(
+        &node,
+        "chained",
+        &[
+            "--host-root",
+            &root,
+            "--metrics-file",
+            metrics.to_str().unwrap(),
+        ],
+        "installed: put sandbox-guard into",
+    );
+    let multus_bin = node.multus_bin_dir();
+    let read_only = mount::Mount::read_only_bind(&multus_bin);
+    let mut conf: serde_json::Value = serde_json::from_slice(&deployed).unwrap();
+    conf["binDir"] = "/multus-bin".into();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    watcher.wait_for(
+        "stood aside: took sandbox-guard out of",
+        Duration::from_secs(10),
+    );
+    watcher.wait_for("writable", Duration::from_secs(10));
+    assert!(std::fs::read(&calico).unwrap() == primary);
+    let value = |name: &str| {
+        let text = std::fs::read_to_string(&metrics).unwrap_or_default();
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_string)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while value("sandbox_guard_install_stood_aside_total").as_deref() != Some("1") {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            std::fs::read_to_string(&metrics)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        value("sandbox_guard_install_installed ").as_deref(),
+        Some("0")
+    );
+    // Its own write wakes it once: it stays aside without writing again.
+    let settled = tree(&node.conf());
+    watcher.drain(Duration::from_secs(2));
+    assert_eq!(tree(&node.conf()), settled);
+    // The dir made writable (the DaemonSet fixed and rolled): the next change puts it back.
+    drop(read_only);
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    watcher.wait_for(
+        "re-inserted: put sandbox-guard into",
+        Duration::from_secs(10),
+    );
+    assert!(multus_bin.join("sandbox-guard").is_file());
+    assert_eq!(watcher.terminate().code(), Some(0));
+}
+
+#[test]
+fn a_bin_dir_that_is_a_link_resolves_under_the_host_root() {
+    // Fails before this change: a bin dir under --host-root that is an absolute link (the
+    // host's path, as k3s's data/current is) was followed in the installer's own root when
+    // that root happened to hold the same path, and the binary copied outside the host root,
+    // where the runtime never looks.
+    let node = Node::with("calico");
+    let root = &node.dir.path;
+    // The host's real dir, and a dir of this machine at the same absolute path.
+    let outside = sys::TempDir::new("sgbinout");
+    stub_plugins(&node.conf(), &outside.path);
+    let on_host = root.join(outside.path.strip_prefix("/").unwrap());
+    stub_plugins(&node.conf(), &on_host);
+    let link = root.join("opt-cni-bin");
+    std::os::unix::fs::symlink(&outside.path, &link).unwrap();
+    let out = run(
+        "--install",
+        &node.conf(),
+        &link,
+        &["--host-root", root.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        !outside.path.join("sandbox-guard").exists(),
+        "copied outside the host root"
+    );
+    assert!(on_host.join("sandbox-guard").is_file());
+}
+
+#[test]
+fn an_older_guard_multus_can_run_is_not_taken_out_when_its_dir_cannot_be_written() {
+    // Fails before this change: multus's binDir held a guard (an older build: the image
+    // was upgraded) in a dir the installer can no longer write (mounted read-only, full).
+    // Multus runs that guard, so the node was guarded; the install took the guard out of
+    // the cluster network all the same, as if multus could not find it. Only a dir without
+    // a guard is one the guard cannot run from.
+    sys::skip_unless_root!(&["mount", "umount"]);
+    let node = Node::with("multus-thick");
+    let multus_bin = node.with_multus_bin_dir_named();
+    let out = node.run_under_its_dir("--install", &["--mode", "chained"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let guarded = std::fs::read(node.conf().join("10-calico.conflist")).unwrap();
+    assert!(multus_bin.join("sandbox-guard").is_file());
+    // The older build: other bytes, the same guard to multus.
+    let older = multus_bin.join("sandbox-guard");
+    let mut bytes = std::fs::read(&older).unwrap();
+    bytes.extend_from_slice(b"older build");
+    std::fs::write(&older, bytes).unwrap();
+    let read_only = mount::Mount::read_only_bind(&multus_bin);
+    let out = node.run_under_its_dir("--install", &["--mode", "chained"]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr_of(&out)
+    );
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        std::fs::read(node.conf().join("10-calico.conflist")).unwrap() == guarded,
+        "the guard multus runs was taken out of its network: {said}"
+    );
+    assert!(
+        said.contains("writable") && !said.contains("took sandbox-guard out"),
+        "{said}"
+    );
+    drop(read_only);
+}
+
+#[test]
+fn taking_the_guard_out_never_writes_back_a_network_the_primary_rewrote_meanwhile() {
+    // Fails before this change: standing aside (and --uninstall) read the network, waited
+    // for delegate mode's replays to pause (up to ten seconds), then wrote the guard-less
+    // copy of what it had read over whatever was there: a primary that wrote its file in
+    // between lost its bytes. The replay worker is this test holding `replay.lock`; the
+    // installer waits on it once it holds `replay-waits`, after its read.
+    for verb in ["--install", "--uninstall"] {
+        let node = Node::with("calico");
+        let state = sys::TempDir::new("sginstsa");
+        let state_dir = state.path.join("state");
+        let mut args = Node::args(Some("delegate"), None);
+        args.extend(["--state-dir", state_dir.to_str().unwrap()]);
+        run_ok("--install", &node.conf(), &node.bin(), &args);
+        let file = node.conf().join("10-calico.conflist");
+        if verb == "--install" {
+            // A version the guard does not speak, the entry kept: it stands aside.
+            let mut list: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+            list["cniVersion"] = "2.0.0".into();
+            std::fs::write(&file, list.to_string()).unwrap();
+        } else {
+            args.clear();
+        }
+        std::fs::create_dir_all(&state_dir).unwrap();
+        let worker = std::fs::File::create(state_dir.join("replay.lock")).unwrap();
+        worker.lock_shared().unwrap();
+        let installer = Command::new(cni::BIN)
+            .arg(verb)
+            .args(["--conf-dir", node.conf().to_str().unwrap()])
+            .args(["--bin-dir", node.bin().to_str().unwrap()])
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let waits = state_dir.join("replay-waits");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !waits.exists() || std::fs::File::open(&waits).is_ok_and(|f| f.try_lock().is_ok()) {
+            assert!(Instant::now() < deadline, "{verb} never waited");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The primary writes its own file again, without the guard.
+        let rewritten = br#"{"name":"k8s-pod-network","cniVersion":"1.0.0","plugins":[{"type":"calico","mtu":1440,"ipam":{"type":"calico-ipam"}}]}"#;
+        std::fs::write(&file, rewritten).unwrap();
+        drop(worker);
+        let out = installer.wait_with_output().unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            stderr_of(&out)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&std::fs::read(&file).unwrap()),
+            String::from_utf8_lossy(rewritten),
+            "{verb}: the primary's write was lost: {said}"
+        );
+    }
+}
+
+#[test]
+fn standing_aside_says_when_it_could_not_look_for_deferred_dels() {
+    // Fails before this change: a delegate-mode stateDir not mounted under --host-root
+    // cannot tell whether deferred DELs wait; standing aside went on (as it must) without a
+    // word about them, so the operator never learned that some may wait for delegate mode.
+    let node = Node::with("calico");
+    let state = ["--state-dir", "/not-mounted/sandbox-guard"];
+    let out = node.run_under_its_dir("--install", &[&["--mode", "delegate"][..], &state].concat());
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let file = node.conf().join("10-calico.conflist");
+    let mut list: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    list["cniVersion"] = "2.0.0".into();
+    std::fs::write(&file, list.to_string()).unwrap();
+    let out = node.run_under_its_dir("--install", &[&["--mode", "delegate"][..], &state].concat());
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{said}{}", stderr_of(&out));
+    assert!(said.contains("took sandbox-guard out of"), "{said}");
+    assert!(
+        said.contains("standing aside") && said.contains("/not-mounted/sandbox-guard"),
+        "nothing said about the deferred DELs it could not look for: {said}"
+    );
+}
+
+#[test]
+fn a_multus_bin_dir_the_installer_cannot_see_does_not_unguard_the_node() {
+    // Fails before this change: with the guard installed, multus thick's binDir not under
+    // --host-root (not mounted into the installer's pod, or a wrong --host-root) took the
+    // guard out. The installer cannot tell "not mounted" from "not on the node", and on a
+    // node without that dir multus runs no delegate at all, guard or not: taking it out
+    // could only unguard a working node. Refused, not ready, nothing written.
+    let node = Node::with("multus-thick");
+    std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
+    let multus = node.conf().join("00-multus.conf");
+    let deployed = std::fs::read(&multus).unwrap();
+    std::fs::remove_file(&multus).unwrap();
+    let out = node.run_under_its_dir("--install", &["--mode", "chained"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let mut conf: serde_json::Value = serde_json::from_slice(&deployed).unwrap();
+    conf["binDir"] = "/not-mounted".into();
+    std::fs::write(&multus, conf.to_string()).unwrap();
+    let before = tree(&node.dir.path);
+    let out = node.run_under_its_dir("--install", &["--mode", "chained"]);
+    let said = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("binDir") && said.contains("mount"), "{said}");
+    assert!(
+        tree(&node.dir.path) == before,
+        "a binDir it cannot see took the guard out: {said}"
+    );
 }

@@ -16,6 +16,8 @@ pub struct InstallMetrics {
     pub installed: bool,
     pub fight: bool,
     pub reinserts: u64,
+    /// Times the guard was taken out of a network it could not run in.
+    pub stood_aside: u64,
     pub failures: BTreeMap<Reason, u64>,
 }
 
@@ -45,6 +47,12 @@ impl InstallMetrics {
             "counter",
             "Times the watch put the entry back after the primary rewrote its file.",
             &[(String::new(), self.reinserts)],
+        );
+        family(
+            "sandbox_guard_install_stood_aside_total",
+            "counter",
+            "Times the watch took sandbox-guard out of a network it could not run in (pods there start unguarded).",
+            &[(String::new(), self.stood_aside)],
         );
         let failures: Vec<(String, u64)> = self
             .failures

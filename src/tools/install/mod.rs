@@ -88,6 +88,11 @@ impl Reason {
 pub struct Failure {
     pub reason: Reason,
     pub msg: String,
+    /// The guard cannot run in its network as the node is now (a version it does not speak,
+    /// a binDir multus runs it from that it cannot be put in): it must not stay named there.
+    guard_cannot_run: bool,
+    /// What was written all the same: the guard taken out of its network (`stand_aside`).
+    pub done: Vec<String>,
 }
 
 impl Failure {
@@ -95,7 +100,14 @@ impl Failure {
         Failure {
             reason,
             msg: msg.into(),
+            guard_cannot_run: false,
+            done: Vec::new(),
         }
+    }
+
+    fn guard_cannot_run(mut self) -> Failure {
+        self.guard_cannot_run = true;
+        self
     }
 }
 
@@ -152,6 +164,11 @@ pub fn run_install(options: &Options) -> i32 {
                 .for_each(|line| eprintln!("sandbox-guard: warning: {line}"));
             report(Ok(installed.done), "already installed: nothing changed")
         }
+        Err(failure) if !failure.done.is_empty() => {
+            failure.done.iter().for_each(|line| println!("{line}"));
+            eprintln!("sandbox-guard: {}", failure.msg);
+            1
+        }
         Err(failure) => report(Err(failure.msg), ""),
     }
 }
@@ -191,18 +208,88 @@ fn io_err(what: &str, path: &Path) -> impl FnOnce(std::io::Error) -> String {
 /// How many times an install starts over because the primary wrote again meanwhile.
 const ATTEMPTS: usize = 5;
 
-/// `install`, started over while the primary keeps writing the file under it.
+/// `install`, started over while the primary keeps writing the file under it. A refusal
+/// that means the guard cannot run where its network names it takes it out (`stand_aside`).
 pub fn install_retrying(
     options: &Options,
     remembered: Option<&Json>,
 ) -> Result<Installed, Failure> {
+    let mut outcome = install(options, remembered);
     for _ in 1..ATTEMPTS {
-        match install(options, remembered) {
-            Err(failure) if failure.reason == Reason::Changing => continue,
-            other => return other,
+        match outcome {
+            Err(ref failure) if failure.reason == Reason::Changing => {
+                outcome = install(options, remembered);
+            }
+            _ => break,
         }
     }
-    install(options, remembered)
+    outcome.map_err(|mut failure| {
+        if failure.guard_cannot_run {
+            match stand_aside(options) {
+                Ok(done) => failure.done = done,
+                Err(e) => {
+                    failure.msg = format!(
+                        "{}; and it cannot be taken out of its network: {e}",
+                        failure.msg
+                    );
+                }
+            }
+        }
+        failure
+    })
+}
+
+/// Takes the guard out of the network it cannot run in: the runtime (or multus) would fail
+/// every pod's ADD on it, and pods that start unguarded are the node as it was without the
+/// guard. Delegate mode's deferred DELs stay in the store, for its return.
+fn stand_aside(options: &Options) -> Result<Vec<String>, String> {
+    let mut attempts = 0;
+    let (net, mut done) = loop {
+        attempts += 1;
+        let found = network::find(
+            &options.conf_dir,
+            options.network.as_deref(),
+            &options.host_root,
+        )?;
+        let net = found.net;
+        let mut done = Vec::new();
+        let list = net.list();
+        if !edit::has_guard(&list) {
+            break (net, done);
+        }
+        let _replays = waiting::refuse_leaving_delegate(
+            &net,
+            None,
+            &options.host_root,
+            Some("standing aside"),
+            &mut done,
+        )?;
+        // The primary wrote its file since it was read (the wait for the replays can be
+        // long): what it wrote stays, and is looked at again.
+        if restore(
+            &net,
+            &edit::strip(&list),
+            found.named_by.as_deref(),
+            &mut done,
+        )? {
+            break (net, done);
+        }
+        if attempts == ATTEMPTS {
+            return Err(changed(&net.file).msg);
+        }
+    };
+    let net = &net;
+    remove_dropin(
+        &options.conf_dir.join(&net.name).join(DROPIN_FILE),
+        &mut done,
+    )?;
+    if !done.is_empty() {
+        done.push(format!(
+            "pods of network {} start unguarded until sandbox-guard can run there",
+            net.name
+        ));
+    }
+    Ok(done)
 }
 
 fn changed(file: &Path) -> Failure {
@@ -239,7 +326,8 @@ pub fn runnable(options: &Options) -> Result<Found, Failure> {
                 crate::names::shorten(&version),
                 crate::cni::version::SUPPORTED.join(", ")
             ),
-        ));
+        )
+        .guard_cannot_run());
     }
     let missing = missing_plugins(options, net);
     if !missing.is_empty() {
@@ -302,7 +390,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         &net,
         Some(options.mode),
         &options.host_root,
-        options.force,
+        options.force.then_some("--force"),
         done,
     )?;
     if options.mode == Mode::Dropin {
@@ -323,8 +411,10 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
                 bin_dir(options).join(edit::GUARD_TYPE).display()
             ));
         }
-        if edit::has_guard(&net.doc.root) {
-            restore(&net, &edit::strip(&net.doc.root), named_by.as_deref(), done)?;
+        if edit::has_guard(&net.doc.root)
+            && !restore(&net, &edit::strip(&net.doc.root), named_by.as_deref(), done)?
+        {
+            return Err(changed(&net.file));
         }
         let wanted = Doc::new(entry);
         if !dropin_doc.is_some_and(|doc| doc.root.same_as(&wanted.root)) {
@@ -376,14 +466,26 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
     }
     if let Some(dir) = &multus_dir
         && files::install_binary(dir).map_err(|e| {
-            Failure::new(
+            // A guard there (an older build) is one multus runs: the node stays guarded.
+            let older = dir.join(edit::GUARD_TYPE).is_file();
+            let failure = Failure::new(
                 Reason::BinDir,
                 format!(
-                    "{e}: multus ({}) looks for its delegates there first, its binDir, and without sandbox-guard \
-                     there it would fail to find it or run another; mount the host's dir writable at that path",
-                    via_multus.unwrap_or("multus")
+                    "{e}: multus ({}) looks for its delegates there first, its binDir, and {}; mount the host's \
+                     dir writable at that path",
+                    via_multus.unwrap_or("multus"),
+                    if older {
+                        "runs the sandbox-guard already there, another build, until this one is put there"
+                    } else {
+                        "without sandbox-guard there it would fail to find it"
+                    }
                 ),
-            )
+            );
+            if older {
+                failure
+            } else {
+                failure.guard_cannot_run()
+            }
         })?
     {
         done.push(format!(
@@ -656,10 +758,16 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
     } else if dropin.is_file() && !net.single {
         return Err(dropin_unknown(net, &dropin));
     } else {
+        // Where the guard stood aside, the reason it could not stay.
+        let why = this_binary()
+            .and_then(|this| multus_bin_dir_ready(options, &found, &this))
+            .err()
+            .map(|failure| format!(": {}", failure.msg))
+            .unwrap_or_default();
         return Err(Failure::new(
             Reason::Network,
             format!(
-                "sandbox-guard is not in network {} ({})",
+                "sandbox-guard is not in network {} ({}){why}",
                 net.name,
                 file_name(&net.file)
             ),
@@ -679,9 +787,7 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
         ));
     }
     let binary = bin_dir(options).join(edit::GUARD_TYPE);
-    let this = std::env::current_exe()
-        .and_then(std::fs::read)
-        .map_err(|e| format!("cannot read this binary: {e}"))?;
+    let this = this_binary()?;
     if !std::fs::read(&binary).is_ok_and(|there| there == this) {
         return Err(Failure::new(
             Reason::BinDir,
@@ -706,6 +812,12 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
         binary.display()
     ));
     Ok(lines)
+}
+
+fn this_binary() -> Result<Vec<u8>, Failure> {
+    std::env::current_exe()
+        .and_then(std::fs::read)
+        .map_err(|e| Failure::from(format!("cannot read this binary: {e}")))
 }
 
 /// The guard's state dir (the entry's stateDir, seen through the host root) on a file system
@@ -904,7 +1016,7 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             net,
             None,
             &options.host_root,
-            options.force,
+            options.force.then_some("--force"),
             &mut done,
         )?);
     }
@@ -914,7 +1026,21 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             .as_deref()
             .filter(|_| named.as_ref() == Some(&net.file));
         if edit::has_guard(&list) {
-            restore(net, &edit::strip(&list), named_by, &mut done)?;
+            // Its owner may write it meanwhile: what it wrote is read again, never overwritten.
+            let mut now = None;
+            for attempt in 1..=ATTEMPTS {
+                let net = now.as_ref().unwrap_or(net);
+                let list = net.list();
+                if !edit::has_guard(&list)
+                    || restore(net, &edit::strip(&list), named_by, &mut done)?
+                {
+                    break;
+                }
+                if attempt == ATTEMPTS {
+                    return Err(changed(&net.file).msg);
+                }
+                now = Some(network::reread(net)?);
+            }
         } else if edit::names_guard_anywhere(&net.doc.root) {
             let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
             let stripped = net.doc.with_root(edit::strip_anywhere(&net.doc.root));
@@ -1009,13 +1135,15 @@ fn remove_binary(
 }
 
 /// Writes the list without the guard: the primary's own bytes when the kept original says
-/// the same (a converted plugin goes back to its own file), else the stripped list.
+/// the same (a converted plugin goes back to its own file), else the stripped list. False
+/// when the file no longer holds what was read (`net.bytes`): its owner wrote it since, and
+/// what it wrote is left as it is, for the caller to read again.
 fn restore(
     net: &Network,
     stripped: &Json,
     named_by: Option<&str>,
     done: &mut Vec<String>,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
     let kept = |file: &Path| -> Option<Vec<u8>> {
         let bytes = std::fs::read(original_of(file)).ok()?;
@@ -1050,7 +1178,7 @@ fn restore(
                 net.file.display(),
                 single.display()
             ));
-            return Ok(());
+            return Ok(true);
         }
         if let Some(bytes) = kept(&single) {
             files::write_atomic(&single, &bytes, keep).map_err(io_err("write", &single))?;
@@ -1062,7 +1190,7 @@ fn restore(
                 single.display(),
                 file_name(&net.file)
             ));
-            return Ok(());
+            return Ok(true);
         }
     }
     let bytes = kept(&net.file).unwrap_or_else(|| {
@@ -1073,19 +1201,22 @@ fn restore(
         };
         net.doc.with_root(root).render()
     });
-    if in_place(net, named_by) {
-        files::write_in_place_if(&net.file, &bytes, &Expect::Any)
-            .map(|_| ())
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::FileTooLarge => format!(
-                    "{e}; have its owner write it again (that takes the guard out), then run this again"
-                ),
-                _ => io_err("write", &net.file)(e),
-            })?;
+    let expect = Expect::Bytes(&net.bytes);
+    let written = if in_place(net, named_by) {
+        files::write_in_place_if(&net.file, &bytes, &expect).map_err(|e| match e.kind() {
+            std::io::ErrorKind::FileTooLarge => format!(
+                "{e}; have its owner write it again (that takes the guard out), then run this again"
+            ),
+            _ => io_err("write", &net.file)(e),
+        })?
     } else {
-        files::write_atomic(&net.file, &bytes, keep).map_err(io_err("write", &net.file))?;
+        files::write_atomic_if(&net.file, &bytes, keep, &expect)
+            .map_err(io_err("write", &net.file))?
+    };
+    if !written {
+        return Ok(false);
     }
     files::remove(&original_of(&net.file)).map_err(io_err("remove", &original_of(&net.file)))?;
     done.push(format!("took sandbox-guard out of {}", net.file.display()));
-    Ok(())
+    Ok(true)
 }

@@ -116,6 +116,14 @@ fn read(file: &Path) -> Read {
     })
 }
 
+/// The network's file read again (its owner wrote it since `net` was read).
+pub fn reread(net: &Network) -> Result<Network, String> {
+    match read(&net.file) {
+        Read::Network(again) => Ok(again),
+        Read::Broken(file, why) => Err(format!("{} {why}", file.display())),
+    }
+}
+
 /// Every network of a conf dir in the runtime's order, and the files it would not load.
 pub struct Scan {
     pub networks: Vec<Network>,
@@ -350,13 +358,18 @@ pub fn plugin_found(bin_dir: &Path, host_root: &Path, name: &str) -> bool {
     host_resolve(host_root, &path).is_file() || path.is_file()
 }
 
-/// A dir as the host resolves it, when it is not one here (k3s's `data/current` is an
-/// absolute link).
+/// A dir as the host resolves it (k3s's `data/current` is an absolute link): a dir under
+/// `host_root` is walked there (`under_host_root`), never followed in this root, which
+/// could hold the same path; one outside it, or not there, as before.
 pub fn host_dir(host_root: &Path, dir: &Path) -> PathBuf {
-    if dir.is_dir() {
-        dir.to_path_buf()
-    } else {
-        host_resolve(host_root, dir)
+    let on_host = dir
+        .strip_prefix(host_root)
+        .ok()
+        .and_then(|rest| under_host_root(host_root, &Path::new("/").join(rest)));
+    match on_host {
+        Some(resolved) => resolved,
+        None if dir.is_dir() => dir.to_path_buf(),
+        None => host_resolve(host_root, dir),
     }
 }
 

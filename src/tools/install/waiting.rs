@@ -18,8 +18,9 @@ use crate::cni::config::DEFAULT_STATE_DIR;
 /// within the network's replayTimeoutSeconds); no other lock is held meanwhile.
 const REPLAYS_WAIT: Duration = Duration::from_secs(10);
 
-/// `to`: the mode being installed, `None` for `--uninstall`. With `force`, goes on and says
-/// in `done` what is lost. Returns `replay.lock` of the network's state dir, held: no replay
+/// `to`: the mode being installed, `None` for `--uninstall`. With `force` (what makes it
+/// go on: `--force`, the guard standing aside), goes on and says in `done` what is lost.
+/// Returns `replay.lock` of the network's state dir, held: no replay
 /// starts until it is dropped.
 /// The entry's stateDir is the host's path: it is looked at under `host_root` (the
 /// DaemonSets' `/host`), where a dir not mounted into the pod cannot be told from one
@@ -28,7 +29,7 @@ pub fn refuse_leaving_delegate(
     net: &Network,
     to: Option<Mode>,
     host_root: &Path,
-    force: bool,
+    force: Option<&str>,
     done: &mut Vec<String>,
 ) -> Result<Option<File>, String> {
     if to == Some(Mode::Delegate) {
@@ -40,7 +41,18 @@ pub fn refuse_leaving_delegate(
     let state_dir = host_root.join(on_host.strip_prefix("/").unwrap_or(&on_host));
     // On the host itself (root /) a missing dir is a store never made: nothing waits.
     let visible = host_root == Path::new("/") || state_dir.parent().is_none_or(Path::is_dir);
-    if !visible && !force {
+    if let (false, Some(why)) = (visible, force) {
+        // Going on without looking: said, as the DELs that may wait there are lost to it.
+        done.push(format!(
+            "{why}: {} is not there to tell whether deferred DELs of network {} wait in {}; any that do are \
+             replayed only when delegate mode returns",
+            state_dir.parent().unwrap_or(&state_dir).display(),
+            net.name,
+            on_host.display()
+        ));
+        return Ok(None);
+    }
+    if !visible {
         return Err(format!(
             "network {} is guarded in delegate mode with stateDir {}, and {} is not there to tell whether deferred DELs \
              wait (only delegate mode replays them): mount the host's {} under {} (the shipped DaemonSets mount \
@@ -56,9 +68,10 @@ pub fn refuse_leaving_delegate(
         true => None,
         false => match crate::state::hold_off_replays(&state_dir, REPLAYS_WAIT) {
             Ok(held) => held,
-            Err(e) if force => {
+            Err(e) if force.is_some() => {
                 done.push(format!(
-                    "--force: {e}; the replays running now may leave deferred DELs behind"
+                    "{}: {e}; the replays running now may leave deferred DELs behind",
+                    force.unwrap_or_default()
                 ));
                 None
             }
@@ -74,8 +87,8 @@ pub fn refuse_leaving_delegate(
         Ok(waiting) => waiting,
         // --force is the way out the refusal names: a store that cannot be read must not
         // keep the node in delegate mode for good.
-        Err(e) if force => {
-            done.push(format!("--force: cannot tell whether deferred DELs wait in {} ({e}); any that do are not replayed", state_dir.display()));
+        Err(e) if force.is_some() => {
+            done.push(format!("{}: cannot tell whether deferred DELs wait in {} ({e}); any that do are not replayed", force.unwrap_or_default(), state_dir.display()));
             return Ok(replays);
         }
         Err(e) => {
@@ -111,8 +124,8 @@ pub fn refuse_leaving_delegate(
         state_dir.display(),
         names.join(", ")
     );
-    if force {
-        done.push(format!("--force: {what}; they are dropped from replay: they stay in the store, but only delegate mode replays them, so until it comes back the primary never gets those DELs (their addresses may stay allocated)"));
+    if let Some(why) = force {
+        done.push(format!("{why}: {what}; they are dropped from replay: they stay in the store, but only delegate mode replays them, so until it comes back the primary never gets those DELs (their addresses may stay allocated)"));
         return Ok(replays);
     }
     Err(format!(

@@ -249,6 +249,14 @@ fn reconcile(options: &Options, state: &mut State) {
         // A primary midway through its own install: say it once, look again at its next write.
         Err(failure) => {
             *state.metrics.failures.entry(failure.reason).or_default() += 1;
+            if !failure.done.is_empty() {
+                state.metrics.stood_aside += 1;
+                for line in &failure.done {
+                    log(&format!("stood aside: {line}"));
+                }
+                // Said again with what it wrote, though the reason may be the same.
+                state.last_error.clear();
+            }
             if state.last_error != failure.msg {
                 log(&format!(
                     "cannot install yet: {}; waiting for the next change",

@@ -129,7 +129,11 @@ A single-plugin .conf is never converted: delegate wraps it in place, chained is
 The primary's own bytes are kept beside as FILE.sandbox-guard-orig for --uninstall. Writes
 only what differs (a second run writes nothing), each file through a temp file renamed into
 place, keeping its mode; a single-plugin file, or one multus names by path, is written in
-place (a watcher of that path sees a write, not a removal). An error writes nothing.
+place (a watcher of that path sees a write, not a removal). An error writes nothing, but
+where the network already names the guard and it can no longer run there (a cniVersion it
+does not speak; multus thick's binDir it cannot write, holding no guard): then it takes the
+guard out of that network as --uninstall would, says so and exits 1, so that pods start
+unguarded rather than every ADD failing.
 
 Options:
       --mode chained|delegate|dropin

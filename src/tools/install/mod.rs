@@ -243,42 +243,23 @@ pub fn install_retrying(
 /// every pod's ADD on it, and pods that start unguarded are the node as it was without the
 /// guard. Delegate mode's deferred DELs stay in the store, for its return.
 fn stand_aside(options: &Options) -> Result<Vec<String>, String> {
-    let mut attempts = 0;
-    let (net, mut done) = loop {
-        attempts += 1;
-        let found = network::find(
-            &options.conf_dir,
-            options.network.as_deref(),
-            &options.host_root,
-        )?;
-        let net = found.net;
-        let mut done = Vec::new();
-        let list = net.list();
-        if !edit::has_guard(&list) {
-            break (net, done);
-        }
+    let found = network::find(
+        &options.conf_dir,
+        options.network.as_deref(),
+        &options.host_root,
+    )?;
+    let net = &found.net;
+    let mut done = Vec::new();
+    if edit::has_guard(&net.list()) {
         let _replays = waiting::refuse_leaving_delegate(
-            &net,
+            net,
             None,
             &options.host_root,
             Some("standing aside"),
             &mut done,
         )?;
-        // The primary wrote its file since it was read (the wait for the replays can be
-        // long): what it wrote stays, and is looked at again.
-        if restore(
-            &net,
-            &edit::strip(&list),
-            found.named_by.as_deref(),
-            &mut done,
-        )? {
-            break (net, done);
-        }
-        if attempts == ATTEMPTS {
-            return Err(changed(&net.file).msg);
-        }
-    };
-    let net = &net;
+        restore_current(net, found.named_by.as_deref(), &mut done)?;
+    }
     remove_dropin(
         &options.conf_dir.join(&net.name).join(DROPIN_FILE),
         &mut done,
@@ -1026,21 +1007,7 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             .as_deref()
             .filter(|_| named.as_ref() == Some(&net.file));
         if edit::has_guard(&list) {
-            // Its owner may write it meanwhile: what it wrote is read again, never overwritten.
-            let mut now = None;
-            for attempt in 1..=ATTEMPTS {
-                let net = now.as_ref().unwrap_or(net);
-                let list = net.list();
-                if !edit::has_guard(&list)
-                    || restore(net, &edit::strip(&list), named_by, &mut done)?
-                {
-                    break;
-                }
-                if attempt == ATTEMPTS {
-                    return Err(changed(&net.file).msg);
-                }
-                now = Some(network::reread(net)?);
-            }
+            restore_current(net, named_by, &mut done)?;
         } else if edit::names_guard_anywhere(&net.doc.root) {
             let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
             let stripped = net.doc.with_root(edit::strip_anywhere(&net.doc.root));
@@ -1132,6 +1099,30 @@ fn remove_binary(
         }
     }
     Ok(())
+}
+
+/// `restore` of the file as it is now: its owner may write it meanwhile (the wait for the
+/// replays can be long), and what it wrote is read again, never overwritten; a write that
+/// took the guard out ends it.
+fn restore_current(
+    net: &Network,
+    named_by: Option<&str>,
+    done: &mut Vec<String>,
+) -> Result<(), String> {
+    let mut now: Option<Network> = None;
+    let mut attempts = 0;
+    loop {
+        let current = now.as_ref().unwrap_or(net);
+        let list = current.list();
+        if !edit::has_guard(&list) || restore(current, &edit::strip(&list), named_by, done)? {
+            return Ok(());
+        }
+        attempts += 1;
+        if attempts == ATTEMPTS {
+            return Err(changed(&current.file).msg);
+        }
+        now = Some(network::reread(current)?);
+    }
 }
 
 /// Writes the list without the guard: the primary's own bytes when the kept original says

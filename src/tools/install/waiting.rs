@@ -20,8 +20,8 @@ const REPLAYS_WAIT: Duration = Duration::from_secs(10);
 
 /// `to`: the mode being installed, `None` for `--uninstall`. With `force` (what makes it
 /// go on: `--force`, the guard standing aside), goes on and says in `done` what is lost.
-/// Returns `replay.lock` of the network's state dir, held: no replay
-/// starts until it is dropped.
+/// Returns `replay.lock` of the network's state dir, held: no replay starts until it is
+/// dropped.
 /// The entry's stateDir is the host's path: it is looked at under `host_root` (the
 /// DaemonSets' `/host`), where a dir not mounted into the pod cannot be told from one
 /// without deferred DELs, so that is refused too.

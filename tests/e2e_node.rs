@@ -201,6 +201,34 @@ impl Node {
         }
     }
 
+    /// Copies the node's logs, the primary's trace and the guard's log and state out of the
+    /// work dir that `down` removes, so that a failure can be read afterwards; says where.
+    /// Under `SANDBOX_GUARD_NODE_KEEP` (a dir), also when the test passes.
+    fn keep_logs(&self) {
+        let kept = std::env::var_os("SANDBOX_GUARD_NODE_KEEP")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| std::env::temp_dir().join("sandbox-guard-node-failures"))
+            .join(sys::unique(self.runtime));
+        let guard_dir = PathBuf::from(self.var("GUARD_LOG"))
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let _ = fs::create_dir_all(&kept);
+        for (name, from) in [
+            ("logs", self.dir().join("logs")),
+            ("primary", PathBuf::from(self.var("PRIMARY_STATE"))),
+            ("guard-log", guard_dir),
+            ("guard-state", PathBuf::from(self.var("GUARD_STATE"))),
+        ] {
+            let _ = Command::new("cp")
+                .args(["-a", "--no-dereference"])
+                .arg(&from)
+                .arg(kept.join(name))
+                .status();
+        }
+        eprintln!("the node's logs and state are kept in {}", kept.display());
+    }
+
     fn diagnostics(&self) -> String {
         let mut out = String::new();
         let pods = self.kubectl(&["get", "pods", "-A", "-o", "wide"]);
@@ -231,6 +259,9 @@ impl Drop for Node {
         if std::thread::panicking() {
             eprintln!("{}", self.diagnostics());
         }
+        if std::thread::panicking() || std::env::var_os("SANDBOX_GUARD_NODE_KEEP").is_some() {
+            self.keep_logs();
+        }
         let _ = Command::new("bash")
             .arg(repo().join("scripts/node.sh"))
             .arg("down")
@@ -260,10 +291,11 @@ impl Mode {
 struct Figures {
     /// Pods whose endpoint a stale DEL removed at the primary, one entry a DEL.
     stale_dels_at_primary: Vec<String>,
-    /// Of those, the ones the guard let through after it had the new sandbox's ADD (its
-    /// rule broken), each with what its log shows; the rest passed it before that ADD
-    /// reached it (chained mode's window, which it cannot see).
-    passed_after_new_add: Vec<String>,
+    /// Of those, the ones the guard should have kept from the primary (its rule broken:
+    /// `let_through`), each with what its log shows; the rest removed what the primary had
+    /// made of a sandbox whose ADD the guard never answered (which never ran), or, chained,
+    /// passed the guard before the new sandbox's ADD reached it (the window it cannot see).
+    let_through: Vec<String>,
     new_pods: usize,
     new_pods_unreachable: Vec<String>,
     /// Pods with a sandbox left NotReady, one entry a sandbox.
@@ -561,14 +593,22 @@ fn stale_del_sandboxes(calls: &str, since: usize) -> Vec<(String, String, String
     harmed
 }
 
-/// The stale DELs (`stale_del_sandboxes`) that the guard let through after it logged the
-/// ADD of the sandbox they harmed, from its log (`log`, oldest line first): chained, the
-/// guard runs last on ADD and first on DEL, so a DEL of the old sandbox that reaches it
-/// before the new sandbox's ADD does passes, unseen; one that passes after breaks its rule.
-/// Let through: any outcome but refused, error (failed in the guard, never at the primary)
-/// or deferred, so that an outcome added later fails loudly. Each with the reason, for the
-/// assertion's message.
-fn passed_after_new_add(stale: &[(String, String, String)], log: &str) -> Vec<String> {
+/// The stale DELs (`stale_del_sandboxes`) the guard should have kept from the primary, from
+/// its log (`log`, oldest line first), each with the reason, for the assertion's message.
+///
+/// None where the guard never answered the harmed sandbox's ADD (no `outcome=added`): the
+/// runtime never saw that sandbox set up, so it never ran; its ADD failed at the primary, or
+/// the runtime killed the guard mid-ADD (a containerd restart cancels the RunPodSandbox in
+/// flight), and the DEL removed what the primary had made of it, as that sandbox's own
+/// teardown does. Otherwise, per mode:
+/// - chained, the guard runs last on ADD and first on DEL: a DEL of the old sandbox that
+///   reaches it before the new sandbox's ADD does passes, unseen (the window); one that passes
+///   after breaks its rule. Passed: any outcome but refused, error (failed in the guard, never
+///   at the primary) or deferred, so that an outcome added later fails loudly;
+/// - delegate, the pod's lock orders the guard's verbs of a pod around the primary's: a DEL
+///   that removed the endpoint of a sandbox whose ADD the guard answered breaks its rule,
+///   whichever was logged first.
+fn let_through(mode: Mode, stale: &[(String, String, String)], log: &str) -> Vec<String> {
     let lines: Vec<&str> = log.lines().collect();
     let of_sandbox = |line: &str, verb: &str, container: &str| {
         line.contains(&format!(" {verb} ")) && line.contains(&format!(" container={container} "))
@@ -576,11 +616,15 @@ fn passed_after_new_add(stale: &[(String, String, String)], log: &str) -> Vec<St
     stale
         .iter()
         .filter_map(|(pod, by, of)| {
-            // A new sandbox whose ADD never reached the guard (it failed at the primary,
-            // whose endpoint the DEL had just removed) is the window too.
             let added = lines
                 .iter()
                 .position(|l| of_sandbox(l, "ADD", of) && l.contains(" outcome=added "))?;
+            if mode == Mode::Delegate {
+                return Some(format!(
+                    "{pod}: a DEL of {by} removed the endpoint of {of}, whose ADD the guard answered: {}",
+                    lines[added]
+                ));
+            }
             let held = [" outcome=refused ", " outcome=error ", " outcome=deferred "];
             lines[added..]
                 .iter()
@@ -903,7 +947,7 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     let stale = stale_del_sandboxes(&node.primary_calls(), calls_before);
     figures.stale_dels_at_primary = stale.iter().map(|(pod, _, _)| pod.clone()).collect();
     if mode != Mode::Unguarded {
-        figures.passed_after_new_add = passed_after_new_add(&stale, &guard_log(node));
+        figures.let_through = let_through(mode, &stale, &guard_log(node));
     }
     figures.forced_add_before_del = match (&forced_old_sandbox, ready_sandboxes.get("forced-0")) {
         (Some(old), Some(new)) => first_call_order(&node.primary_calls(), calls_before, new, old),
@@ -948,31 +992,35 @@ fn assert_mode(mode: Mode, runtime: &str, f: &Figures) {
             // delete's, or kubelet's container GC landing while the new sandbox's ADD is
             // still at the primary) can pass between the new sandbox's ADD at the primary and
             // its ADD at the guard, which chaining cannot see (docs/real-node.md); never
-            // after the guard has that ADD. Delegate mode holds both under the pod's lock.
+            // after the guard has that ADD. Delegate mode holds both under the pod's lock. In
+            // both, a DEL can reach the primary while it holds a sandbox whose ADD the guard
+            // never answered (a runtime restart killed it mid-ADD): that sandbox never ran.
             assert!(
-                f.passed_after_new_add.is_empty(),
+                f.let_through.is_empty(),
                 "{runtime} {mode:?}: the guard let a stale DEL through: {:?}; {f:?}",
-                f.passed_after_new_add
+                f.let_through
             );
-            // Chained, every stale DEL at the primary is in the window once the check above
-            // holds; what holds chained mode here is that check and that every pod that
-            // lost its network had a stale DEL at the primary.
+            // Chained, what holds it here is that check and that every pod that lost its
+            // network had a stale DEL at the primary; delegate, no pod loses it, and the
+            // rollout (no restarts) sends no stale DEL to the primary at all.
             let window: Vec<&String> = match mode {
                 Mode::Chained => f.stale_dels_at_primary.iter().collect(),
                 _ => Vec::new(),
             };
-            assert!(
-                f.stale_dels_at_primary
-                    .iter()
-                    .all(|pod| window.contains(&pod)),
-                "{runtime} {mode:?}: a stale DEL reached the primary: {f:?}"
-            );
             assert!(
                 f.new_pods_unreachable
                     .iter()
                     .all(|pod| window.contains(&pod)),
                 "{runtime} {mode:?}: new pods lost their network: {f:?}"
             );
+            if mode == Mode::Delegate {
+                assert!(
+                    !f.stale_dels_at_primary
+                        .iter()
+                        .any(|pod| pod.starts_with("rollout-")),
+                    "{runtime} delegate: a stale DEL of the rollout reached the primary: {f:?}"
+                );
+            }
             assert_eq!(
                 f.rollout_pods_ready, STATEFULSET_REPLICAS_ROLLOUT,
                 "{runtime} {mode:?}: not every pod of the rollout is Ready: {f:?}"
@@ -1466,9 +1514,12 @@ fn bridge_containerd2() {
 }
 
 #[test]
-fn a_stale_del_in_chained_modes_window_is_told_from_one_the_guard_let_through() {
-    // Reads the two logs only: no node. The window (the old sandbox's DEL passed the guard
-    // before the new sandbox's ADD reached it) is allowed; a DEL that passed after is not.
+fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
+    // Reads the two logs only: no node. Chained, the window (the old sandbox's DEL passed the
+    // guard before the new sandbox's ADD reached it) is allowed, a DEL that passed after is
+    // not; delegate, a DEL that removed a sandbox whose ADD the guard answered is not, in
+    // either order. In both, one that removed a sandbox whose ADD the guard never answered
+    // (it never ran) is allowed.
     let line = |verb: &str, container: &str, outcome: &str| {
         format!(
             "2026-11-26T05:31:00Z sandbox-guard[1] INFO {verb} network=k8s-pod-network container={container} ifname=eth0 pod=ns/rollout-5 outcome={outcome} x\n"
@@ -1486,24 +1537,33 @@ fn a_stale_del_in_chained_modes_window_is_told_from_one_the_guard_let_through() 
         line("DEL", "aaa", "refused"),
     ]
     .concat();
-    assert!(passed_after_new_add(&stale, &window).is_empty());
+    assert!(let_through(Mode::Chained, &stale, &window).is_empty());
+    assert_eq!(let_through(Mode::Delegate, &stale, &window).len(), 1);
     let failed_in_the_guard = [
         line("ADD", "aaa", "added"),
         line("ADD", "bbb", "added"),
         line("DEL", "aaa", "error"),
     ]
     .concat();
-    assert!(passed_after_new_add(&stale, &failed_in_the_guard).is_empty());
+    assert!(let_through(Mode::Chained, &stale, &failed_in_the_guard).is_empty());
     let broken = [
         line("ADD", "aaa", "added"),
         line("ADD", "bbb", "added"),
         line("DEL", "aaa", "deleted"),
     ]
     .concat();
-    assert_eq!(passed_after_new_add(&stale, &broken).len(), 1);
-    // A new sandbox whose ADD never reached the guard: the DEL passed in the window.
-    let unseen = [line("ADD", "aaa", "added"), line("DEL", "aaa", "deleted")].concat();
-    assert!(passed_after_new_add(&stale, &unseen).is_empty());
+    assert_eq!(let_through(Mode::Chained, &stale, &broken).len(), 1);
+    assert_eq!(let_through(Mode::Delegate, &stale, &broken).len(), 1);
+    // A new sandbox whose ADD the guard never answered (it failed at the primary, or a
+    // runtime restart killed the guard mid-ADD): it never ran.
+    let unseen = [
+        line("ADD", "aaa", "added"),
+        line("DEL", "aaa", "deleted"),
+        line("DEL", "aaa", "deleted"),
+    ]
+    .concat();
+    assert!(let_through(Mode::Chained, &stale, &unseen).is_empty());
+    assert!(let_through(Mode::Delegate, &stale, &unseen).is_empty());
     let calls = "05:31:00.1 ADD bbb ns.rollout-5 netns=/x\n05:31:00.2 DEL aaa ns.rollout-5 netns=\n  DEL by aaa removes endpoint of bbb\n";
     assert_eq!(stale_del_sandboxes(calls, 0), stale);
 }

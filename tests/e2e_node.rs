@@ -293,7 +293,7 @@ struct Figures {
     stale_dels_at_primary: Vec<String>,
     /// Of those, the ones the guard should have kept from the primary (its rule broken:
     /// `let_through`), each with what its log shows; the rest removed what the primary had
-    /// made of a sandbox whose ADD the guard never answered (which never ran), or, chained,
+    /// made of a sandbox whose ADD the guard never finished (which never ran), or, chained,
     /// passed the guard before the new sandbox's ADD reached it (the window it cannot see).
     let_through: Vec<String>,
     new_pods: usize,
@@ -596,18 +596,19 @@ fn stale_del_sandboxes(calls: &str, since: usize) -> Vec<(String, String, String
 /// The stale DELs (`stale_del_sandboxes`) the guard should have kept from the primary, from
 /// its log (`log`, oldest line first), each with the reason, for the assertion's message.
 ///
-/// None where the guard never answered the harmed sandbox's ADD (no `outcome=added`): the
-/// runtime never saw that sandbox set up, so it never ran; its ADD failed at the primary, or
-/// the runtime killed the guard mid-ADD (a containerd restart cancels the RunPodSandbox in
-/// flight), and the DEL removed what the primary had made of it, as that sandbox's own
-/// teardown does. Otherwise, per mode:
+/// Per mode:
 /// - chained, the guard runs last on ADD and first on DEL: a DEL of the old sandbox that
-///   reaches it before the new sandbox's ADD does passes, unseen (the window); one that passes
-///   after breaks its rule. Passed: any outcome but refused, error (failed in the guard, never
-///   at the primary) or deferred, so that an outcome added later fails loudly;
+///   reaches it before the new sandbox's ADD does passes, unseen (the window), and so does one
+///   whose new sandbox's ADD never got `outcome=added` (it failed at the primary, whose
+///   endpoint the DEL had just removed). One that passes after that ADD breaks its rule.
+///   Passed: any outcome but refused, error (failed in the guard, never at the primary) or
+///   deferred, so that an outcome added later fails loudly;
 /// - delegate, the pod's lock orders the guard's verbs of a pod around the primary's: a DEL
-///   that removed the endpoint of a sandbox whose ADD the guard answered breaks its rule,
-///   whichever was logged first.
+///   that removed the endpoint of a sandbox whose ADD the guard logged at all (added, or
+///   failed in the guard after the primary's) breaks its rule, whichever was logged first.
+///   One whose ADD left no line is allowed: the runtime killed the guard mid-ADD (a
+///   containerd restart cancels the RunPodSandbox in flight), so that sandbox never ran, and
+///   the DEL removed what the primary had made of it, as its own teardown would have.
 fn let_through(mode: Mode, stale: &[(String, String, String)], log: &str) -> Vec<String> {
     let lines: Vec<&str> = log.lines().collect();
     let of_sandbox = |line: &str, verb: &str, container: &str| {
@@ -616,15 +617,15 @@ fn let_through(mode: Mode, stale: &[(String, String, String)], log: &str) -> Vec
     stale
         .iter()
         .filter_map(|(pod, by, of)| {
+            if mode == Mode::Delegate {
+                let logged = lines.iter().find(|l| of_sandbox(l, "ADD", of))?;
+                return Some(format!(
+                    "{pod}: a DEL of {by} removed the endpoint of {of}, whose ADD the guard logged: {logged}"
+                ));
+            }
             let added = lines
                 .iter()
                 .position(|l| of_sandbox(l, "ADD", of) && l.contains(" outcome=added "))?;
-            if mode == Mode::Delegate {
-                return Some(format!(
-                    "{pod}: a DEL of {by} removed the endpoint of {of}, whose ADD the guard answered: {}",
-                    lines[added]
-                ));
-            }
             let held = [" outcome=refused ", " outcome=error ", " outcome=deferred "];
             lines[added..]
                 .iter()
@@ -994,7 +995,7 @@ fn assert_mode(mode: Mode, runtime: &str, f: &Figures) {
             // its ADD at the guard, which chaining cannot see (docs/real-node.md); never
             // after the guard has that ADD. Delegate mode holds both under the pod's lock. In
             // both, a DEL can reach the primary while it holds a sandbox whose ADD the guard
-            // never answered (a runtime restart killed it mid-ADD): that sandbox never ran.
+            // never finished (a runtime restart killed it mid-ADD): that sandbox never ran.
             assert!(
                 f.let_through.is_empty(),
                 "{runtime} {mode:?}: the guard let a stale DEL through: {:?}; {f:?}",
@@ -1517,9 +1518,9 @@ fn bridge_containerd2() {
 fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
     // Reads the two logs only: no node. Chained, the window (the old sandbox's DEL passed the
     // guard before the new sandbox's ADD reached it) is allowed, a DEL that passed after is
-    // not; delegate, a DEL that removed a sandbox whose ADD the guard answered is not, in
-    // either order. In both, one that removed a sandbox whose ADD the guard never answered
-    // (it never ran) is allowed.
+    // not; delegate, a DEL that removed a sandbox whose ADD the guard logged is not, in
+    // either order. In both, one that removed a sandbox whose ADD left no line in the guard's
+    // log (it never ran) is allowed.
     let line = |verb: &str, container: &str, outcome: &str| {
         format!(
             "2026-11-26T05:31:00Z sandbox-guard[1] INFO {verb} network=k8s-pod-network container={container} ifname=eth0 pod=ns/rollout-5 outcome={outcome} x\n"
@@ -1554,8 +1555,8 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
     .concat();
     assert_eq!(let_through(Mode::Chained, &stale, &broken).len(), 1);
     assert_eq!(let_through(Mode::Delegate, &stale, &broken).len(), 1);
-    // A new sandbox whose ADD the guard never answered (it failed at the primary, or a
-    // runtime restart killed the guard mid-ADD): it never ran.
+    // A new sandbox whose ADD left no line in the guard's log (a runtime restart killed the
+    // guard mid-ADD): it never ran.
     let unseen = [
         line("ADD", "aaa", "added"),
         line("DEL", "aaa", "deleted"),
@@ -1564,6 +1565,17 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
     .concat();
     assert!(let_through(Mode::Chained, &stale, &unseen).is_empty());
     assert!(let_through(Mode::Delegate, &stale, &unseen).is_empty());
+    // Delegate, an ADD that failed in the guard after the primary's is the guard's to answer
+    // for; chained, the primary's ADD came first and the DEL may have failed it.
+    let failed_add = [
+        line("ADD", "aaa", "added"),
+        line("DEL", "aaa", "deleted"),
+        line("ADD", "bbb", "error"),
+        line("DEL", "aaa", "deleted"),
+    ]
+    .concat();
+    assert!(let_through(Mode::Chained, &stale, &failed_add).is_empty());
+    assert_eq!(let_through(Mode::Delegate, &stale, &failed_add).len(), 1);
     let calls = "05:31:00.1 ADD bbb ns.rollout-5 netns=/x\n05:31:00.2 DEL aaa ns.rollout-5 netns=\n  DEL by aaa removes endpoint of bbb\n";
     assert_eq!(stale_del_sandboxes(calls, 0), stale);
 }

@@ -202,13 +202,10 @@ impl Node {
     }
 
     /// Copies the node's logs, the primary's trace and the guard's log and state out of the
-    /// work dir that `down` removes, so that a failure can be read afterwards; says where.
-    /// Under `SANDBOX_GUARD_NODE_KEEP` (a dir), also when the test passes.
-    fn keep_logs(&self) {
-        let kept = std::env::var_os("SANDBOX_GUARD_NODE_KEEP")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| std::env::temp_dir().join("sandbox-guard-node-failures"))
-            .join(sys::unique(self.runtime));
+    /// work dir that `down` removes, into a new dir under `into`, so that they can be read
+    /// afterwards; says where.
+    fn keep_logs(&self, into: &Path) {
+        let kept = into.join(sys::unique(self.runtime));
         let guard_dir = PathBuf::from(self.var("GUARD_LOG"))
             .parent()
             .map(Path::to_path_buf)
@@ -256,11 +253,16 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
+        // Kept when the test fails, and under SANDBOX_GUARD_NODE_KEEP (a dir) also when it
+        // passes.
+        let keep = std::env::var_os("SANDBOX_GUARD_NODE_KEEP").map(PathBuf::from);
         if std::thread::panicking() {
             eprintln!("{}", self.diagnostics());
-        }
-        if std::thread::panicking() || std::env::var_os("SANDBOX_GUARD_NODE_KEEP").is_some() {
-            self.keep_logs();
+            self.keep_logs(
+                &keep.unwrap_or_else(|| std::env::temp_dir().join("sandbox-guard-node-failures")),
+            );
+        } else if let Some(keep) = keep {
+            self.keep_logs(&keep);
         }
         let _ = Command::new("bash")
             .arg(repo().join("scripts/node.sh"))

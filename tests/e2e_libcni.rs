@@ -1169,41 +1169,40 @@ fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcn
     let old_result = add_in(&net, Mode::Delegate, &old);
     let (old_ip, old_mac) = (first_ip(&old_result), pod_mac(&old_result, &old).unwrap());
     let new_ip = first_ip(&add_in(&net, Mode::Delegate, &new));
-    // A's sandbox goes; a namespace is made at its path until it has A's old inode.
+    // A's sandbox goes; a namespace with A's old inode is made and mounted at its path.
     let (name, path) = (old.netns.name.clone(), old.netns_path());
     let inode = || std::fs::metadata(&path).map(|m| m.ino()).ok();
     let old_inode = inode();
+    assert!(old_inode.is_some(), "A's netns has no file at {path}");
     sys::run("ip", &["netns", "del", &name]);
     // The kernel gives a new namespace the lowest free inode number, and a freed namespace's
-    // number comes free a moment after its last user goes. Numbers freed below A's (by other
-    // namespaces of this machine) are taken by fillers kept until A's comes back.
-    let mut fillers = Vec::new();
+    // number comes free only once the kernel's cleanup of it has run, which lags behind on a
+    // busy node. Fillers are made until one has A's number: a filler below it fills a hole
+    // (kept until the end), one above it means A's number is not free yet (deleted again).
+    // The one with A's number is mounted at A's path, so no second wait is needed.
     let filler_inode = |filler: &str| {
         std::fs::metadata(format!("/run/netns/{filler}"))
             .map(|m| m.ino())
             .ok()
     };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut fillers = Vec::new();
     let mut reused = false;
-    for _ in 0..400 {
+    while !reused && std::time::Instant::now() < deadline {
         let filler = sys::unique("sgfill");
         sys::run("ip", &["netns", "add", &filler]);
-        if filler_inode(&filler) != old_inode {
+        let filler_ino = filler_inode(&filler);
+        if filler_ino == old_inode {
+            std::fs::File::create(&path).unwrap();
+            sys::run("mount", &["--bind", &format!("/run/netns/{filler}"), &path]);
+            sys::run("ip", &["netns", "del", &filler]);
+            reused = inode() == old_inode;
+        } else if filler_ino < old_inode {
             fillers.push(filler);
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            continue;
-        }
-        // A's number is free again and every lower one taken: hand it to A's path.
-        sys::run("ip", &["netns", "del", &filler]);
-        reused = (0..50).any(|_| {
+        } else {
+            sys::run("ip", &["netns", "del", &filler]);
             std::thread::sleep(std::time::Duration::from_millis(20));
-            sys::run("ip", &["netns", "add", &name]);
-            if inode() == old_inode {
-                return true;
-            }
-            sys::run("ip", &["netns", "del", &name]);
-            false
-        });
-        break;
+        }
     }
     for filler in &fillers {
         sys::run("ip", &["netns", "del", filler]);
@@ -1211,7 +1210,7 @@ fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcn
     if !reused {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
-            "the kernel never gave A's netns inode to a namespace made again at its path"
+            "the kernel never gave A's netns inode to a namespace made again in 120 s"
         );
         eprintln!("SKIPPED: the kernel never gave A's netns inode to a namespace made again");
         return;

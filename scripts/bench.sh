@@ -14,9 +14,10 @@
 # into place, fsync of the directory). ADD and DEL are reported as multiples of one commit, both above the
 # exec, with the state on journaled ext4 and XFS made on loop-mounted image files and on BENCH_BASE_DIR's
 # own file system, FLOOR_ROUNDS (300) rounds in a random order, medians; ADD at most 1.15x and DEL at most
-# 1.0x one commit on journaled ext4 and XFS. Tuning's rows are reported beside them, not checked: tuning is a
-# Go exec, not a floor. --rounds N sets FLOOR_ROUNDS; --quick runs every phase with few rounds and a small
-# store (a few minutes) and skips delegate mode's cost.
+# 1.0x one commit on journaled ext4 and XFS. Reported beside them, not checked: ADD's kernel work (a static
+# C program making ADD's system calls with none of its parsing) and tuning's rows (tuning is a Go exec, not
+# a floor). --rounds N sets FLOOR_ROUNDS; --quick runs every phase with few rounds and a small store (a few
+# minutes) and skips delegate mode's cost.
 #
 # Knobs (environment): ITERATIONS (400) timed rounds of each phase, WARMUP (20) discarded rounds,
 # LARGE_RECORDS (10000), SMALL_RECORDS (10), DUMP_RUNS (7), RSS_RUNS (5), BENCH_BASE_DIR (/var/lib) where
@@ -158,7 +159,7 @@ case $fs_type in tmpfs | ramfs) die "$BENCH_BASE_DIR is on $fs_type; point BENCH
 
 # The floor: a static no-op (what any exec costs) and a static program that makes one durable commit the
 # way a careful writer does, both fed the same stdin as the plugin, through the same path.
-noop_bin=$work/noop commit_bin=$work/commit
+noop_bin=$work/noop commit_bin=$work/commit kernel_add_bin=$work/kernel_add
 printf 'int main(void) { return 0; }\n' >"$work/noop.c"
 cat >"$work/commit.c" <<'C'
 /* One durable commit in DIR: about 700 bytes to a temp file, fdatasync, rename into place, fsync of DIR. */
@@ -180,7 +181,90 @@ int main(int argc, char **argv) {
   return 0;
 }
 C
-for program in noop commit; do
+# And ADD's own system calls with none of its user-space work: what no implementation of ADD can skip
+# (the pod's link facts read through a netlink socket made in its netns, the store's lock, the record, the
+# owner and the address index, one data sync and one directory sync), reported beside the floor.
+cat >"$work/kernel_add.c" <<'C'
+/* ADD's kernel work in STATE for the interface IFNAME of the netns at NETNS; SERIAL names the entries.
+ * Asks what the guard asks (the link, the addresses, the routes, the link's host-side peer), writes an
+ * O_TMPFILE record of 1,200 bytes linked into records/, symlinks in owners/ and ips/, fdatasyncs the
+ * record, fsyncs owners/. No parsing beyond the netlink framing, no checksum. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <unistd.h>
+static char answer[65536];
+static int peer; /* IFLA_LINK of the first link answered */
+static int ask(int sock, int type, int dump, int index, const char *name) {
+  struct { struct nlmsghdr h; struct ifinfomsg i; char attrs[64]; } req;
+  memset(&req, 0, sizeof req);
+  int len = NLMSG_LENGTH(sizeof req.i);
+  req.h.nlmsg_type = type, req.h.nlmsg_flags = NLM_F_REQUEST | (dump ? NLM_F_DUMP : 0), req.i.ifi_index = index;
+  if (name) {
+    struct rtattr *a = (struct rtattr *)((char *)&req + NLMSG_ALIGN(len));
+    a->rta_type = IFLA_IFNAME, a->rta_len = RTA_LENGTH(strlen(name) + 1);
+    strcpy(RTA_DATA(a), name);
+    len = NLMSG_ALIGN(len) + RTA_ALIGN(a->rta_len);
+  }
+  req.h.nlmsg_len = len;
+  if (send(sock, &req, len, 0) != len) return -1;
+  for (;;) {
+    int n = recv(sock, answer, sizeof answer, 0);
+    if (n <= 0) return -1;
+    for (struct nlmsghdr *h = (struct nlmsghdr *)answer; NLMSG_OK(h, n); h = NLMSG_NEXT(h, n)) {
+      if (h->nlmsg_type == NLMSG_ERROR) return -1;
+      if (h->nlmsg_type == NLMSG_DONE) return 0;
+      if (h->nlmsg_type == RTM_NEWLINK && !peer) {
+        int left = IFLA_PAYLOAD(h);
+        for (struct rtattr *a = IFLA_RTA(NLMSG_DATA(h)); RTA_OK(a, left); a = RTA_NEXT(a, left))
+          if (a->rta_type == IFLA_LINK) peer = *(int *)RTA_DATA(a);
+      }
+      if (!(h->nlmsg_flags & NLM_F_MULTI)) return 0;
+    }
+  }
+}
+int main(int argc, char **argv) {
+  char input[16384], path[4096], target[600];
+  ssize_t got = 0, n;
+  if (argc != 5) return 2;
+  while ((n = read(0, input + got, sizeof input - got)) > 0) got += n;
+  int pod = open(argv[2], O_RDONLY | O_CLOEXEC), self = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+  int host = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_ROUTE);
+  if (pod < 0 || self < 0 || host < 0 || setns(pod, CLONE_NEWNET)) return 1;
+  int inside = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_ROUTE);
+  if (inside < 0 || setns(self, CLONE_NEWNET)) return 1;
+  if (ask(inside, RTM_GETLINK, 0, 0, argv[3]) || ask(inside, RTM_GETADDR, 1, 0, NULL) ||
+      ask(inside, RTM_GETROUTE, 1, 0, NULL) || ask(host, RTM_GETLINK, 0, peer ? peer : 1, NULL))
+    return 1;
+  close(inside), close(host), close(self), close(pod);
+  snprintf(path, sizeof path, "%s/lock", argv[1]);
+  int lock = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  snprintf(path, sizeof path, "%s/records", argv[1]);
+  int record = open(path, O_WRONLY | O_TMPFILE | O_CLOEXEC, 0600);
+  if (lock < 0 || flock(lock, LOCK_EX) || record < 0) return 1;
+  memset(input + got, ' ', sizeof input - got);
+  if (write(record, input, 1200) != 1200) return 1;
+  snprintf(path, sizeof path, "%s/records/%s", argv[1], argv[4]);
+  if (linkat(record, "", AT_FDCWD, path, AT_EMPTY_PATH)) return 1;
+  memset(target, 'o', sizeof target - 1), target[sizeof target - 1] = 0;
+  snprintf(path, sizeof path, "%s/owners/%s", argv[1], argv[4]);
+  if (symlink(target, path)) return 1;
+  target[300] = 0;
+  snprintf(path, sizeof path, "%s/ips/%s", argv[1], argv[4]);
+  if (symlink(target, path) || fdatasync(record)) return 1;
+  snprintf(path, sizeof path, "%s/owners", argv[1]);
+  int owners = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (owners < 0 || fsync(owners) || write(1, input, got < 350 ? got : 350) < 0) return 1;
+  return 0;
+}
+C
+for program in noop commit kernel_add; do
   gcc -O2 -static -o "$work/$program" "$work/$program.c" || die "cannot build the static $program program (gcc, libc6-dev)"
 done
 
@@ -398,11 +482,13 @@ for fs in $BENCH_FILESYSTEMS; do
   floor_name[$fs]="$(journal_of "$mnt"), loop-mounted"
 done
 for fs in "${floor_fs[@]}"; do
-  mkdir -p "${floor_dir[$fs]}/commit"
+  mkdir -p "${floor_dir[$fs]}/commit" "${floor_dir[$fs]}"/kernel-add/{records,owners,ips}
   attachment "$preflight_kind" 3
   guard_config config "${floor_dir[$fs]}/state"
   guard ADD "$config" >/dev/null && guard DEL "$config" >/dev/null || die "ADD/DEL in ${floor_dir[$fs]} failed"
   "$commit_bin" "${floor_dir[$fs]}/commit" || die "the commit program failed in ${floor_dir[$fs]}/commit"
+  "$kernel_add_bin" "${floor_dir[$fs]}/kernel-add" "$netns_path" "$ifname" preflight </dev/null >/dev/null ||
+    die "the kernel_add program failed in ${floor_dir[$fs]}/kernel-add"
 done
 # The text on stdin, as cni() gives it to a plugin: inside the timed command.
 # shellcheck disable=SC2317 # run through timed
@@ -412,7 +498,7 @@ stdin_to() { # text command...
   "$@" <<<"$text"
 }
 floor_cases=(noop tuning)
-for fs in "${floor_fs[@]}"; do floor_cases+=("commit:$fs" "guard:$fs"); done
+for fs in "${floor_fs[@]}"; do floor_cases+=("commit:$fs" "kernel:$fs" "guard:$fs"); done
 say "timing $FLOOR_ROUNDS rounds (+$WARMUP warm-up) of the floor on: ${floor_fs[*]}"
 for ((round = 0; round < WARMUP + FLOOR_ROUNDS; round++)); do
   if ((round == WARMUP)); then
@@ -428,6 +514,8 @@ for ((round = 0; round < WARMUP + FLOOR_ROUNDS; round++)); do
     noop) timed floor_noop stdin_to "${round_input[tuning]}" "$noop_bin" ;;
     tuning) timed floor_tuning_add tuning ADD "${round_input[tuning]}" ;;
     commit:*) timed "floor_commit_$fs" stdin_to "${round_input[$fs]}" "$commit_bin" "${floor_dir[$fs]}/commit" ;;
+    kernel:*) timed "floor_kernel_add_$fs" stdin_to "${round_input[$fs]}" "$kernel_add_bin" "${floor_dir[$fs]}/kernel-add" \
+      "$netns_path" "$ifname" "$round" ;;
     guard:*)
       timed "floor_add_$fs" guard ADD "${round_input[$fs]}"
       timed "floor_del_$fs" guard DEL "${round_input[$fs]}"
@@ -747,6 +835,7 @@ for fs in "${fs_cases[@]}"; do
     "${p50[floor_add_$fs]} - ${p50[floor_noop]} <= $MAX_ADD_COMMITS * ($commit_above)"
   verdict "DEL on ${floor_name[$fs]}: $(above "floor_del_$fs") ms above the exec is $(commits "floor_del_$fs" "$fs")x one commit (<= $MAX_DEL_COMMITS)" \
     "${p50[floor_del_$fs]} - ${p50[floor_noop]} <= $MAX_DEL_COMMITS * ($commit_above)"
+  printf 'INFO  %s\n' "ADD's kernel work alone (no parsing) on ${floor_name[$fs]}: $(above "floor_kernel_add_$fs") ms above the exec, $(commits "floor_kernel_add_$fs" "$fs")x one commit (reported, not checked)"
 done
 verdict "ADD with $LARGE_RECORDS records is ${add_growth}x ADD with $SMALL_RECORDS (<= $MAX_GROWTH_RATIO)" \
   "${p50[guard_add_large]} <= $MAX_GROWTH_RATIO * ${p50[guard_add_small]}"
@@ -843,14 +932,15 @@ burst_row() { # name label-prefix
 burst_row "$fs_type ($BENCH_BASE_DIR)" ''
 for fs in "${fs_cases[@]}"; do burst_row "$fs, loop-mounted" "${fs}_"; done
 echo
-echo "The floor ($FLOOR_ROUNDS rounds in a random order, medians, ms): a static no-op exec ${p50[floor_noop]} ms, tuning's no-op ADD ${p50[floor_tuning_add]} ms in the same rounds; \"above\" is the median less the no-op's; one commit = about 700 bytes to a temp file, fdatasync, rename into place, fsync of the directory, by a static C program. Targets on journaled ext4 and XFS: ADD <= ${MAX_ADD_COMMITS}x, DEL <= ${MAX_DEL_COMMITS}x one commit."
+echo "The floor ($FLOOR_ROUNDS rounds in a random order, medians, ms): a static no-op exec ${p50[floor_noop]} ms, tuning's no-op ADD ${p50[floor_tuning_add]} ms in the same rounds; \"above\" is the median less the no-op's; one commit = about 700 bytes to a temp file, fdatasync, rename into place, fsync of the directory, by a static C program; ADD's kernel work = a static C program making ADD's system calls (the pod's link facts through netlink in its netns, the lock, the record, the owner and index symlinks, one fdatasync and one directory fsync) with none of its parsing, reported, not checked. Targets on journaled ext4 and XFS: ADD <= ${MAX_ADD_COMMITS}x, DEL <= ${MAX_DEL_COMMITS}x one commit."
 echo
-echo "| State on | One commit (above) | ADD (above) | DEL (above) | ADD, commits | DEL, commits | ADD / tuning ADD | DEL / tuning ADD |"
-echo "| --- | ---: | ---: | ---: | --- | --- | --- | --- |"
+echo "| State on | One commit (above) | ADD's kernel work (above) | ADD (above) | DEL (above) | ADD's kernel work, commits | ADD, commits | DEL, commits | ADD / tuning ADD | DEL / tuning ADD |"
+echo "| --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |"
 for fs in "${floor_fs[@]}"; do
-  printf '| %s | %.2f (%.2f) | %.2f (%.2f) | %.2f (%.2f) | %s x | %s x | %s | %s |\n' "${floor_name[$fs]}" \
-    "${p50[floor_commit_$fs]}" "$(above "floor_commit_$fs")" "${p50[floor_add_$fs]}" "$(above "floor_add_$fs")" \
-    "${p50[floor_del_$fs]}" "$(above "floor_del_$fs")" "$(commits "floor_add_$fs" "$fs")" "$(commits "floor_del_$fs" "$fs")" \
+  printf '| %s | %.2f (%.2f) | %.2f (%.2f) | %.2f (%.2f) | %.2f (%.2f) | %s x | %s x | %s x | %s | %s |\n' "${floor_name[$fs]}" \
+    "${p50[floor_commit_$fs]}" "$(above "floor_commit_$fs")" "${p50[floor_kernel_add_$fs]}" "$(above "floor_kernel_add_$fs")" \
+    "${p50[floor_add_$fs]}" "$(above "floor_add_$fs")" "${p50[floor_del_$fs]}" "$(above "floor_del_$fs")" \
+    "$(commits "floor_kernel_add_$fs" "$fs")" "$(commits "floor_add_$fs" "$fs")" "$(commits "floor_del_$fs" "$fs")" \
     "$(calc "${p50[floor_add_$fs]} / ${p50[floor_tuning_add]}")" "$(calc "${p50[floor_del_$fs]} / ${p50[floor_tuning_add]}")"
 done
 

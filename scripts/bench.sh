@@ -186,9 +186,9 @@ C
 # owner and the address index, one data sync and one directory sync), reported beside the floor.
 cat >"$work/kernel_add.c" <<'C'
 /* ADD's kernel work in STATE for the interface IFNAME of the netns at NETNS; SERIAL names the entries.
- * Asks what the guard asks (the link, the addresses, the routes, the link's host-side peer), writes an
- * O_TMPFILE record of 1,200 bytes linked into records/, symlinks in owners/ and ips/, fdatasyncs the
- * record, fsyncs owners/. No parsing beyond the netlink framing, no checksum. */
+ * Asks what the guard asks (the link and its host-side peer without counters, the addresses and the
+ * routes), writes an O_TMPFILE record of 1,200 bytes linked into records/, symlinks in owners/ and ips/,
+ * fdatasyncs the record, fsyncs owners/. No parsing beyond the netlink framing, no checksum. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <linux/netlink.h>
@@ -210,6 +210,11 @@ static int ask(int sock, int type, int dump, int index, const char *name) {
     struct rtattr *a = (struct rtattr *)((char *)&req + NLMSG_ALIGN(len));
     a->rta_type = IFLA_IFNAME, a->rta_len = RTA_LENGTH(strlen(name) + 1);
     strcpy(RTA_DATA(a), name);
+    len = NLMSG_ALIGN(len) + RTA_ALIGN(a->rta_len);
+  }
+  if (type == RTM_GETLINK) { /* without the counters, as the guard asks */
+    struct rtattr *a = (struct rtattr *)((char *)&req + NLMSG_ALIGN(len));
+    a->rta_type = IFLA_EXT_MASK, a->rta_len = RTA_LENGTH(4), *(unsigned *)RTA_DATA(a) = RTEXT_FILTER_SKIP_STATS;
     len = NLMSG_ALIGN(len) + RTA_ALIGN(a->rta_len);
   }
   req.h.nlmsg_len = len;

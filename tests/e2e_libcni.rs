@@ -1169,50 +1169,48 @@ fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcn
     let old_result = add_in(&net, Mode::Delegate, &old);
     let (old_ip, old_mac) = (first_ip(&old_result), pod_mac(&old_result, &old).unwrap());
     let new_ip = first_ip(&add_in(&net, Mode::Delegate, &new));
-    // A's sandbox goes; a namespace with A's old inode is made and mounted at its path.
+    // A's sandbox goes; a namespace with A's old inode is made again at its path.
     let (name, path) = (old.netns.name.clone(), old.netns_path());
     let inode = || std::fs::metadata(&path).map(|m| m.ino()).ok();
     let old_inode = inode();
     assert!(old_inode.is_some(), "A's netns has no file at {path}");
     sys::run("ip", &["netns", "del", &name]);
-    // The kernel gives a new namespace the lowest free inode number, and a freed namespace's
-    // number comes free only once the kernel's cleanup of it has run, which lags behind on a
-    // busy node. Fillers are made until one has A's number: a filler below it fills a hole
-    // (kept until the end), one above it means A's number is not free yet (deleted again).
-    // The one with A's number is mounted at A's path, so no second wait is needed.
-    let filler_inode = |filler: &str| {
-        std::fs::metadata(format!("/run/netns/{filler}"))
-            .map(|m| m.ino())
-            .ok()
-    };
+    // A new namespace takes the lowest free number of the kernel's proc inode pool (a netns
+    // then takes about 70 more for its /proc/net entries), and a deleted netns's numbers come
+    // free only once the kernel's cleanup of it has run, which lags on a busy node. Holes
+    // below A's number are filled with UTS namespaces, one number each, kept until the end;
+    // once one gets A's number, it is dropped and A's path made again at once, taking it.
+    let old_inode = old_inode.unwrap();
+    let mut fillers = UtsFillers::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    let mut fillers = Vec::new();
-    let mut reused = false;
+    let (mut reused, mut last) = (false, 0);
     while !reused && std::time::Instant::now() < deadline {
-        let filler = sys::unique("sgfill");
-        sys::run("ip", &["netns", "add", &filler]);
-        let filler_ino = filler_inode(&filler);
-        if filler_ino == old_inode {
-            std::fs::File::create(&path).unwrap();
-            sys::run("mount", &["--bind", &format!("/run/netns/{filler}"), &path]);
-            sys::run("ip", &["netns", "del", &filler]);
-            reused = inode() == old_inode;
-        } else if filler_ino < old_inode {
-            fillers.push(filler);
+        let (filler, number) = fillers.make();
+        last = number;
+        if number < old_inode {
+            fillers.keep(filler);
+            continue;
+        }
+        fillers.drop_one(&filler);
+        if number == old_inode {
+            sys::run("ip", &["netns", "add", &name]);
+            reused = inode() == Some(old_inode);
+            if !reused {
+                sys::run("ip", &["netns", "del", &name]);
+            }
         } else {
-            sys::run("ip", &["netns", "del", &filler]);
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
-    for filler in &fillers {
-        sys::run("ip", &["netns", "del", filler]);
-    }
+    let holes = fillers.kept.len();
+    drop(fillers);
     if !reused {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "the kernel never gave A's netns inode to a namespace made again in 120 s"
+        let why = format!(
+            "no namespace got A's netns inode {old_inode} again in 120 s ({holes} holes below it \
+             filled, the last namespace made got {last})"
         );
-        eprintln!("SKIPPED: the kernel never gave A's netns inode to a namespace made again");
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+        eprintln!("SKIPPED: {why}");
         return;
     }
     // Its own eth0, with the MAC A's had: only the namespace itself tells them apart.
@@ -1253,4 +1251,53 @@ fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcn
         "A's deferred DEL never reached host-local"
     );
     assert!(deferred_of(&net, &old).is_empty());
+}
+
+/// UTS namespaces kept on files, each holding one number of the kernel's proc inode pool; all
+/// are released when dropped, also when a test panics.
+struct UtsFillers {
+    dir: std::path::PathBuf,
+    kept: Vec<std::path::PathBuf>,
+}
+
+impl UtsFillers {
+    fn new() -> UtsFillers {
+        let dir = std::path::PathBuf::from(format!("/run/{}", sys::unique("sgfill")));
+        std::fs::create_dir(&dir).unwrap();
+        UtsFillers {
+            dir,
+            kept: Vec::new(),
+        }
+    }
+
+    /// A new UTS namespace mounted on a file, and its inode number.
+    fn make(&self) -> (std::path::PathBuf, u64) {
+        use std::os::unix::fs::MetadataExt;
+        let file = self.dir.join(sys::unique("uts"));
+        std::fs::File::create(&file).unwrap();
+        let arg = format!("--uts={}", file.display());
+        sys::run("unshare", &[&arg, "true"]);
+        let number = std::fs::metadata(&file)
+            .unwrap_or_else(|e| panic!("no UTS namespace on {}: {e}", file.display()))
+            .ino();
+        (file, number)
+    }
+
+    fn keep(&mut self, filler: std::path::PathBuf) {
+        self.kept.push(filler);
+    }
+
+    fn drop_one(&self, filler: &std::path::Path) {
+        sys::try_run("umount", &[&filler.to_string_lossy()]);
+        let _ = std::fs::remove_file(filler);
+    }
+}
+
+impl Drop for UtsFillers {
+    fn drop(&mut self) {
+        for filler in &self.kept {
+            self.drop_one(filler);
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
 }

@@ -1155,14 +1155,16 @@ fn a_hung_replay_holds_up_no_other_pods_verb_through_libcni() {
     );
 }
 
-/// The kernel gives a freed netns's inode to the next namespace made, so a netns made again at
-/// a stale sandbox's path can have its old device and inode. Through libcni in delegate mode
+/// The kernel gives a new namespace the lowest free inode number, a deleted netns's among them
+/// once its cleanup has run, so a netns made again at a stale sandbox's path can have its old
+/// device and inode. Through libcni in delegate mode
 /// (bridge and host-local): A is added, superseded by B, its netns goes and one is made again
 /// at its path with its old inode, holding an eth0 of its own; A's stale DEL then must leave
 /// that eth0 alone (the netns cookie tells the two apart) and still be deferred and replayed.
 #[test]
 fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcni() {
     sys::skip_unless_root!(libcni::TOOLS);
+    sys::skip_unless_tools!(&["unshare", "umount"]);
     use std::os::unix::fs::MetadataExt;
     let (net, old, new) = bridge_incident();
     let delegate = net.conflist_of(Mode::Delegate);
@@ -1183,7 +1185,7 @@ fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcn
     let old_inode = old_inode.unwrap();
     let mut fillers = UtsFillers::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    let (mut reused, mut last) = (false, 0);
+    let (mut reused, mut last, mut lost) = (false, 0, Vec::new());
     while !reused && std::time::Instant::now() < deadline {
         let (filler, number) = fillers.make();
         last = number;
@@ -1196,6 +1198,8 @@ fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcn
             sys::run("ip", &["netns", "add", &name]);
             reused = inode() == Some(old_inode);
             if !reused {
+                // Another process took the number between the release and this netns.
+                lost.extend(inode());
                 sys::run("ip", &["netns", "del", &name]);
             }
         } else {
@@ -1206,8 +1210,10 @@ fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcn
     drop(fillers);
     if !reused {
         let why = format!(
-            "no namespace got A's netns inode {old_inode} again in 120 s ({holes} holes below it \
-             filled, the last namespace made got {last})"
+            "no namespace got A's netns inode {old_inode} again in 120 s: {holes} holes below it \
+             filled, the last filler got {last}; {} times the number came free but the netns made \
+             at once got another ({lost:?}), so another process took it",
+            lost.len()
         );
         assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
         eprintln!("SKIPPED: {why}");
@@ -1295,8 +1301,9 @@ impl UtsFillers {
 
 impl Drop for UtsFillers {
     fn drop(&mut self) {
-        for filler in &self.kept {
-            self.drop_one(filler);
+        // Every file in the dir, kept or not: a failed unshare leaves one unmounted.
+        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            self.drop_one(&entry.path());
         }
         let _ = std::fs::remove_dir(&self.dir);
     }

@@ -181,9 +181,9 @@ int main(int argc, char **argv) {
   return 0;
 }
 C
-# And ADD's own system calls with none of its user-space work: what no implementation of ADD can skip
-# (the pod's link facts read through a netlink socket made in its netns, the store's lock, the record, the
-# owner and the address index, one data sync and one directory sync), reported beside the floor.
+# And ADD's own system calls with none of its user-space work: the kernel's side of ADD as the guard does
+# it (the pod's link facts read through a netlink socket made in its netns, the store's lock, the record,
+# the owner and the address index, one data sync and one directory sync), reported beside the floor.
 cat >"$work/kernel_add.c" <<'C'
 /* ADD's kernel work in STATE for the interface IFNAME of the netns at NETNS; SERIAL names the entries.
  * Asks what the guard asks (the link and its host-side peer without counters, the addresses and the

@@ -1157,10 +1157,10 @@ fn a_hung_replay_holds_up_no_other_pods_verb_through_libcni() {
 
 /// The kernel gives a new namespace the lowest free inode number, a deleted netns's among them
 /// once its cleanup has run, so a netns made again at a stale sandbox's path can have its old
-/// device and inode. Through libcni in delegate mode
-/// (bridge and host-local): A is added, superseded by B, its netns goes and one is made again
-/// at its path with its old inode, holding an eth0 of its own; A's stale DEL then must leave
-/// that eth0 alone (the netns cookie tells the two apart) and still be deferred and replayed.
+/// device and inode. Through libcni in delegate mode (bridge and host-local): A is added,
+/// superseded by B, its netns goes and one is made again at its path with its old inode,
+/// holding an eth0 of its own; A's stale DEL then must leave that eth0 alone (the netns cookie
+/// tells the two apart) and still be deferred and replayed.
 #[test]
 fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcni() {
     sys::skip_unless_root!(libcni::TOOLS);
@@ -1174,23 +1174,21 @@ fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcn
     // A's sandbox goes; a namespace with A's old inode is made again at its path.
     let (name, path) = (old.netns.name.clone(), old.netns_path());
     let inode = || std::fs::metadata(&path).map(|m| m.ino()).ok();
-    let old_inode = inode();
-    assert!(old_inode.is_some(), "A's netns has no file at {path}");
+    let old_inode = inode().unwrap_or_else(|| panic!("A's netns has no file at {path}"));
     sys::run("ip", &["netns", "del", &name]);
     // A new namespace takes the lowest free number of the kernel's proc inode pool (a netns
     // then takes about 70 more for its /proc/net entries), and a deleted netns's numbers come
     // free only once the kernel's cleanup of it has run, which lags on a busy node. Holes
     // below A's number are filled with UTS namespaces, one number each, kept until the end;
     // once one gets A's number, it is dropped and A's path made again at once, taking it.
-    let old_inode = old_inode.unwrap();
-    let mut fillers = UtsFillers::new();
+    let fillers = UtsFillers::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    let (mut reused, mut last, mut lost) = (false, 0, Vec::new());
+    let (mut reused, mut holes, mut last, mut lost) = (false, 0, 0, Vec::new());
     while !reused && std::time::Instant::now() < deadline {
         let (filler, number) = fillers.make();
         last = number;
         if number < old_inode {
-            fillers.keep(filler);
+            holes += 1;
             continue;
         }
         fillers.drop_one(&filler);
@@ -1206,7 +1204,6 @@ fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcn
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
-    let holes = fillers.kept.len();
     drop(fillers);
     if !reused {
         let why = format!(
@@ -1259,21 +1256,17 @@ fn a_netns_made_again_at_a_stale_sandboxs_path_keeps_its_interface_through_libcn
     assert!(deferred_of(&net, &old).is_empty());
 }
 
-/// UTS namespaces kept on files, each holding one number of the kernel's proc inode pool; all
-/// are released when dropped, also when a test panics.
+/// UTS namespaces kept on files in one dir, each holding one number of the kernel's proc inode
+/// pool; all are released when dropped, also when a test panics.
 struct UtsFillers {
     dir: std::path::PathBuf,
-    kept: Vec<std::path::PathBuf>,
 }
 
 impl UtsFillers {
     fn new() -> UtsFillers {
         let dir = std::path::PathBuf::from(format!("/run/{}", sys::unique("sgfill")));
         std::fs::create_dir(&dir).unwrap();
-        UtsFillers {
-            dir,
-            kept: Vec::new(),
-        }
+        UtsFillers { dir }
     }
 
     /// A new UTS namespace mounted on a file, and its inode number.
@@ -1289,10 +1282,6 @@ impl UtsFillers {
         (file, number)
     }
 
-    fn keep(&mut self, filler: std::path::PathBuf) {
-        self.kept.push(filler);
-    }
-
     fn drop_one(&self, filler: &std::path::Path) {
         sys::try_run("umount", &[&filler.to_string_lossy()]);
         let _ = std::fs::remove_file(filler);
@@ -1301,7 +1290,7 @@ impl UtsFillers {
 
 impl Drop for UtsFillers {
     fn drop(&mut self) {
-        // Every file in the dir, kept or not: a failed unshare leaves one unmounted.
+        // Every file in the dir: a failed unshare leaves one unmounted.
         for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
             self.drop_one(&entry.path());
         }

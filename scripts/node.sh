@@ -36,8 +36,16 @@ NODE_NAME=sg-node
 NODE_IP=100.100.1.1
 POD_SUBNET=100.100.0.0/24
 SERVICE_RANGE=100.100.128.0/24
+# Every port below the kernel's default ephemeral range (32768-60999): a connection on
+# loopback, such as the API server's own to etcd before it listens, can be given a port in
+# that range, and the component that binds it next exits.
 ETCD_PORT=32379
-APISERVER_PORT=36443
+ETCD_PEER_PORT=32380
+APISERVER_PORT=30443
+KUBELET_PORT=30250
+KUBELET_HEALTHZ_PORT=30248
+CONTROLLER_MANAGER_PORT=30257
+SCHEDULER_PORT=30259
 NETWORK_NAME=sg-node
 VETH_PREFIX=sgn
 CGROUP_ROOT=/sandbox-guard-node
@@ -127,6 +135,9 @@ wait_for() {
   shift 2
   until "$@" >/dev/null 2>&1; do
     if ((SECONDS - started >= limit)); then
+      # The check's own output, and the log of the component it watches, say why.
+      "$@" 2>&1 | tail -5 >&3 || true
+      [[ $1 != alive_and ]] || tail -5 "$W/logs/$2.log" >&3
       say "timed out after ${limit} s waiting for $what; logs in $W/logs"
       return 1
     fi
@@ -321,10 +332,10 @@ write_kubelet_config() {
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: $NODE_IP
-port: 30250
+port: $KUBELET_PORT
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
-healthzPort: 30248
+healthzPort: $KUBELET_HEALTHZ_PORT
 authentication:
   anonymous: { enabled: true }
   webhook: { enabled: false }
@@ -364,7 +375,25 @@ start_kubelet() {
   start kubelet "$(bin_k8s kubelet)" --kubeconfig "$W/kubeconfig" --config "$W/kubelet/config.yaml" \
     --root-dir "$W/kubelet/root" --cert-dir "$W/kubelet/pki" --hostname-override "$NODE_NAME" \
     --node-ip "$NODE_IP" --v=2
-  wait_for "kubelet healthy" 120 alive_and kubelet curl -sf http://127.0.0.1:30248/healthz
+  wait_for "kubelet healthy" 120 alive_and kubelet curl -sf "http://127.0.0.1:$KUBELET_HEALTHZ_PORT/healthz"
+}
+
+# Dies naming what holds one of the node's ports (TCP, any state but TIME-WAIT, which a
+# listener may bind over), before any component fails to bind it.
+check_ports_free() {
+  local ports=("$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KUBELET_PORT"
+    "$KUBELET_HEALTHZ_PORT" "$CONTROLLER_MANAGER_PORT" "$SCHEDULER_PORT") port holder
+  for port in "${ports[@]}"; do
+    holder=$(ss -Htanp exclude time-wait "( sport = :$port )" | head -1 | tr -s " ")
+    [[ -z $holder ]] || die "port $port is taken, so the node cannot bind it: $holder"
+  done
+  local low high
+  read -r low high </proc/sys/net/ipv4/ip_local_port_range
+  for port in "${ports[@]}"; do
+    ((port < low || port > high)) ||
+      say "port $port is in this host's ephemeral range ($low-$high): a connection may take it first"
+  done
+  return 0
 }
 
 node_ready() {
@@ -395,6 +424,7 @@ cmd_up() {
     die "this host mounts only cgroup v2 at /sys/fs/cgroup; scripts/node.sh sets up kubelet for cgroup v1"
   [[ ! -e $W/run ]] || die "a node is already up in $W (bash scripts/node.sh down first)"
   need_packages containerd runc catatonit containernetworking-plugins iproute2 iptables openssl curl
+  check_ports_free
   build_all "$runtime"
   local started=$SECONDS
   mkdir -p "$W/logs" "$W/run" "$W/etcd" "$W/pod-logs"
@@ -408,8 +438,9 @@ cmd_up() {
 
   start etcd "$NODE_CACHE/bin/etcd-$ETCD_VERSION/etcd" --data-dir "$W/etcd" --name node \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-    --listen-peer-urls http://127.0.0.1:32380 --initial-advertise-peer-urls http://127.0.0.1:32380 \
-    --initial-cluster node=http://127.0.0.1:32380 --unsafe-no-fsync
+    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster "node=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync
   wait_for "etcd healthy" 60 alive_and etcd curl -sf "http://127.0.0.1:$ETCD_PORT/health"
 
   start apiserver "$(bin_k8s kube-apiserver)" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
@@ -423,12 +454,12 @@ cmd_up() {
   wait_for "kube-apiserver ready" 120 alive_and apiserver kubectl_ get --raw /readyz
 
   start controller-manager "$(bin_k8s kube-controller-manager)" --kubeconfig "$W/kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port 30257 \
+    --bind-address 127.0.0.1 --secure-port "$CONTROLLER_MANAGER_PORT" \
     --controllers statefulset-controller,daemonset-controller,garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,namespace-controller,node-lifecycle-controller \
     --service-account-private-key-file "$W/pki/sa.key" --root-ca-file "$W/pki/apiserver.crt" \
     --use-service-account-credentials=false --profiling=false
   start scheduler "$(bin_k8s kube-scheduler)" --kubeconfig "$W/kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port 30259 --profiling=false
+    --bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" --profiling=false
 
   start_containerd
   ctr_ images import --snapshotter overlayfs "$(pause_image_archive)" >/dev/null
@@ -450,7 +481,7 @@ cmd_env() {
   echo "GUARD_STATE=$GUARD_STATE"
   echo "GUARD_LOG=$W/guard/log/sandbox-guard.log"
   echo "NODE_DIR=$W"
-  echo "KUBELET_METRICS=https://$NODE_IP:30250/metrics"
+  echo "KUBELET_METRICS=https://$NODE_IP:$KUBELET_PORT/metrics"
   echo "PATH_KUBECTL=$(bin_k8s kubectl)"
   echo "PATH_CRICTL=$NODE_CACHE/bin/cri-tools-$CRITOOLS_VERSION/crictl"
   echo "PATH_CTR=$(containerd_bin_dir "$(runtime_of_node)")/ctr"

@@ -54,6 +54,36 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The node's work dir, as scripts/node.sh picks it.
+fn node_dir() -> PathBuf {
+    std::env::var_os("SANDBOX_GUARD_NODE_DIR").map_or_else(
+        || PathBuf::from("/var/tmp/sandbox-guard-node"),
+        PathBuf::from,
+    )
+}
+
+/// The last lines of each component's log in a node's work dir, which `down` removes.
+fn node_logs_tail(dir: &Path) -> String {
+    let mut out = String::new();
+    let mut logs: Vec<PathBuf> = fs::read_dir(dir.join("logs"))
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .collect();
+    logs.sort();
+    for log in logs {
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let _ = writeln!(
+            out,
+            "--- {} (tail)\n{}",
+            log.display(),
+            lines[lines.len().saturating_sub(8)..].join("\n")
+        );
+    }
+    out
+}
+
 /// The node, up for one runtime; `down` on drop, also when a test panics.
 struct Node {
     env: BTreeMap<String, String>,
@@ -62,19 +92,39 @@ struct Node {
 
 impl Node {
     fn up(runtime: &'static str) -> Node {
-        let out = Command::new("bash")
+        let mut child = Command::new("bash")
             .arg(repo().join("scripts/node.sh"))
             .args(["up", "--runtime", runtime])
-            .stderr(std::process::Stdio::inherit())
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .expect("run scripts/node.sh up");
+        // up's progress shows as it comes; its last lines also go into the panic, which is
+        // what a CI summary keeps of a failure.
+        let stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
+        let progress = std::thread::spawn(move || {
+            let mut tail = std::collections::VecDeque::new();
+            for line in std::io::BufRead::lines(stderr).map_while(Result::ok) {
+                eprintln!("{line}");
+                if tail.len() == 30 {
+                    tail.pop_front();
+                }
+                tail.push_back(line);
+            }
+            Vec::from(tail).join("\n")
+        });
+        let out = child
+            .wait_with_output()
+            .expect("wait for scripts/node.sh up");
+        let said = progress.join().unwrap_or_default();
         if !out.status.success() {
+            let logs = node_logs_tail(&node_dir());
             let _ = Command::new("bash")
                 .arg(repo().join("scripts/node.sh"))
                 .arg("down")
                 .status();
             panic!(
-                "scripts/node.sh up --runtime {runtime} failed: {}",
+                "scripts/node.sh up --runtime {runtime} failed: {}\n--- what it said (tail)\n{said}\n{logs}",
                 out.status
             );
         }
@@ -1580,4 +1630,29 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
     assert_eq!(let_through(Mode::Delegate, &stale, &failed_add).len(), 1);
     let calls = "05:31:00.1 ADD bbb ns.rollout-5 netns=/x\n05:31:00.2 DEL aaa ns.rollout-5 netns=\n  DEL by aaa removes endpoint of bbb\n";
     assert_eq!(stale_del_sandboxes(calls, 0), stale);
+}
+
+#[test]
+fn a_node_that_cannot_bind_its_port_says_so_in_the_failure() {
+    // A CI summary keeps a failed test's panic, not the output before it: what stopped the
+    // node must be in the panic. A port the node needs, held by another process, stops `up`
+    // before any component starts, and the panic names the port and its holder.
+    sys::skip_unless_root!(TOOLS);
+    let held = std::net::TcpListener::bind("127.0.0.1:30443").expect("bind the API server's port");
+    let failure = std::panic::catch_unwind(|| Node::up("containerd16"))
+        .err()
+        .expect("up must fail while the API server's port is held");
+    drop(held);
+    let message = failure
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        message.contains("port 30443 is taken") && message.contains("e2e_node"),
+        "the panic must say which port was taken and by whom: {message}"
+    );
+    assert!(
+        !node_dir().join("run").exists(),
+        "a node that never started must leave no work dir behind"
+    );
 }

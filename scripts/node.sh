@@ -36,9 +36,9 @@ NODE_NAME=sg-node
 NODE_IP=100.100.1.1
 POD_SUBNET=100.100.0.0/24
 SERVICE_RANGE=100.100.128.0/24
-# Every port below the kernel's default ephemeral range (32768-60999): a connection on
-# loopback, such as the API server's own to etcd before it listens, can be given a port in
-# that range, and the component that binds it next exits.
+# Every port below the kernel's default ephemeral range (32768-60999): a socket given a port
+# in that range (a client's, or a listener's on port 0) can hold the one a component binds
+# next, and that component exits.
 ETCD_PORT=32379
 ETCD_PEER_PORT=32380
 APISERVER_PORT=30443
@@ -137,7 +137,7 @@ wait_for() {
     if ((SECONDS - started >= limit)); then
       # The check's own output, and the log of the component it watches, say why.
       "$@" 2>&1 | tail -5 >&3 || true
-      [[ $1 != alive_and ]] || tail -5 "$W/logs/$2.log" >&3
+      [[ $1 != alive_and ]] || tail -5 "$W/logs/$2.log" >&3 || true
       say "timed out after ${limit} s waiting for $what; logs in $W/logs"
       return 1
     fi
@@ -375,16 +375,18 @@ start_kubelet() {
   start kubelet "$(bin_k8s kubelet)" --kubeconfig "$W/kubeconfig" --config "$W/kubelet/config.yaml" \
     --root-dir "$W/kubelet/root" --cert-dir "$W/kubelet/pki" --hostname-override "$NODE_NAME" \
     --node-ip "$NODE_IP" --v=2
-  wait_for "kubelet healthy" 120 alive_and kubelet curl -sf "http://127.0.0.1:$KUBELET_HEALTHZ_PORT/healthz"
+  wait_for "kubelet healthy" 120 alive_and kubelet curl -sf --max-time 5 "http://127.0.0.1:$KUBELET_HEALTHZ_PORT/healthz"
 }
 
-# Dies naming what holds one of the node's ports (TCP, any state but TIME-WAIT, which a
-# listener may bind over), before any component fails to bind it.
+# Dies naming the listener that holds one of the node's ports, before a component fails to
+# bind it. Listeners only: the components set SO_REUSEADDR, which binds over any other
+# socket left on the port, except a client's, and a client gets one of these ports only
+# from an ephemeral range that covers it (said below).
 check_ports_free() {
   local ports=("$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KUBELET_PORT"
     "$KUBELET_HEALTHZ_PORT" "$CONTROLLER_MANAGER_PORT" "$SCHEDULER_PORT") port holder
   for port in "${ports[@]}"; do
-    holder=$(ss -Htanp exclude time-wait "( sport = :$port )" | head -1 | tr -s " ")
+    holder=$(ss -Htlnp "( sport = :$port )" | sed -n 1p | tr -s " ")
     [[ -z $holder ]] || die "port $port is taken, so the node cannot bind it: $holder"
   done
   local low high
@@ -397,7 +399,7 @@ check_ports_free() {
 }
 
 node_ready() {
-  [[ $(kubectl_ get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == True ]]
+  [[ $(kubectl_ --request-timeout=10s get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == True ]]
 }
 
 cmd_up() {
@@ -424,8 +426,8 @@ cmd_up() {
     die "this host mounts only cgroup v2 at /sys/fs/cgroup; scripts/node.sh sets up kubelet for cgroup v1"
   [[ ! -e $W/run ]] || die "a node is already up in $W (bash scripts/node.sh down first)"
   need_packages containerd runc catatonit containernetworking-plugins iproute2 iptables openssl curl
-  check_ports_free
   build_all "$runtime"
+  check_ports_free
   local started=$SECONDS
   mkdir -p "$W/logs" "$W/run" "$W/etcd" "$W/pod-logs"
   echo "$runtime" >"$W/runtime"
@@ -441,7 +443,7 @@ cmd_up() {
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-cluster "node=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync
-  wait_for "etcd healthy" 60 alive_and etcd curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+  wait_for "etcd healthy" 60 alive_and etcd curl -sf --max-time 5 "http://127.0.0.1:$ETCD_PORT/health"
 
   start apiserver "$(bin_k8s kube-apiserver)" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
     --bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" --advertise-address "$NODE_IP" \
@@ -451,7 +453,7 @@ cmd_up() {
     --service-account-key-file "$W/pki/sa.pub" --service-account-signing-key-file "$W/pki/sa.key" \
     --service-cluster-ip-range "$SERVICE_RANGE" --allow-privileged=true --profiling=false \
     --kubelet-preferred-address-types InternalIP
-  wait_for "kube-apiserver ready" 120 alive_and apiserver kubectl_ get --raw /readyz
+  wait_for "kube-apiserver ready" 120 alive_and apiserver kubectl_ --request-timeout=10s get --raw /readyz
 
   start controller-manager "$(bin_k8s kube-controller-manager)" --kubeconfig "$W/kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$CONTROLLER_MANAGER_PORT" \
@@ -466,7 +468,7 @@ cmd_up() {
   say "imported the pause image $PAUSE_IMAGE"
   start_kubelet
   wait_for "node $NODE_NAME Ready" 180 node_ready
-  wait_for "the default service account" 60 kubectl_ get serviceaccount default
+  wait_for "the default service account" 60 kubectl_ --request-timeout=10s get serviceaccount default
   say "up in $((SECONDS - started)) s: $runtime, kubelet $K8S_VERSION; the guard is not installed"
   cmd_env
 }
@@ -618,8 +620,7 @@ cmd_guard() {
 # of its DaemonSet manifest), never committed.
 multus_crd() {
   local dir
-  dir=$(cd /tmp && go mod download -json "gopkg.in/k8snetworkplumbingwg/multus-cni.v4@v$MULTUS_VERSION" |
-    sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  dir=$(module_dir "gopkg.in/k8snetworkplumbingwg/multus-cni.v4@v$MULTUS_VERSION") || exit 1
   [[ -f $dir/deployments/multus-daemonset.yml ]] ||
     die "the Go module proxy did not serve multus-cni.v4@v$MULTUS_VERSION's source"
   awk 'BEGIN {RS = "\n---\n"} /kind: CustomResourceDefinition/ {print; exit}' "$dir/deployments/multus-daemonset.yml"

@@ -39,6 +39,22 @@ node_go_env() {
   export GOPROXY=$proxy
 }
 
+# module_dir MODULE@VERSION: the module's source dir in the module cache, downloaded from the
+# proxy if it is not there. go mod download puts its error only in the JSON on stdout: said
+# here, after a second try, since a proxy's error is often passing.
+module_dir() {
+  local json try
+  for try in 1 2; do
+    if json=$(cd /tmp && go mod download -json "$1"); then
+      sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$json"
+      return 0
+    fi
+    echo "node: the Go module proxy did not serve $1 (try $try of 2): $(sed -n 's/^\t"Error": //p' <<<"$json")" >&2
+    ((try == 2)) || sleep 5
+  done
+  return 1
+}
+
 # go_wrapper_build NAME DIR GO.MOD-TEXT PACKAGE...: builds PACKAGEs into $NODE_CACHE/bin/NAME
 # from a wrapper module whose go.mod is the given text; a stamp names what was built, so a
 # second run does nothing.
@@ -54,15 +70,25 @@ go_wrapper_build() {
   printf '%s\n' "$gomod" >"$src/go.mod"
   echo "node: building $name from the Go module proxy (first time: several minutes)" >&2
   local started=$SECONDS
-  # Progress while the go command is silent: a line a minute.
-  (while sleep 60; do echo "node: still building $name ($((SECONDS - started)) s)" >&2; done) &
+  # Progress while the go command is silent: a line a minute. Its sleep goes with it, or
+  # the sleep would hold the caller's pipes open for up to a minute.
+  (
+    trap 'kill $! 2>/dev/null; exit 0' TERM
+    while sleep 60 & wait $!; do echo "node: still building $name ($((SECONDS - started)) s)" >&2; done
+  ) &
   local ticker=$!
-  local status=0
-  (cd "$src" && go build -o "$out/" "$@") || status=$?
+  local status=0 try
+  # A second try for a proxy's passing error; what was downloaded stays in the cache.
+  for try in 1 2; do
+    status=0
+    (cd "$src" && go build -o "$out/" "$@") || status=$?
+    [[ $status != 0 && $try == 1 ]] || break
+    echo "node: building $name failed (go build in $src); trying once more" >&2
+  done
   kill "$ticker" 2>/dev/null || true
   wait "$ticker" 2>/dev/null || true
   if [[ $status != 0 ]]; then
-    echo "node: building $name failed (go build in $src)" >&2
+    echo "node: building $name failed twice (go build in $src)" >&2
     return 1
   fi
   printf '%s' "$stamp" >"$out/.stamp"
@@ -74,8 +100,8 @@ go_wrapper_build() {
 # the wrapper replaces each with its published v0.X.Y, the list read from the pinned go.mod.
 build_kubernetes() {
   local v=$K8S_VERSION dir
-  dir=$(cd /tmp && go mod download -json "k8s.io/kubernetes@v$v" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-  if [[ -z $dir || ! -f $dir/go.mod ]]; then
+  dir=$(module_dir "k8s.io/kubernetes@v$v") || return 1
+  if [[ ! -f $dir/go.mod ]]; then
     echo "node: the Go module proxy did not serve k8s.io/kubernetes@v$v" >&2
     return 1
   fi

@@ -46,6 +46,8 @@ KUBELET_PORT=30250
 KUBELET_HEALTHZ_PORT=30248
 CONTROLLER_MANAGER_PORT=30257
 SCHEDULER_PORT=30259
+NODE_PORTS=("$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KUBELET_PORT" "$KUBELET_HEALTHZ_PORT"
+  "$CONTROLLER_MANAGER_PORT" "$SCHEDULER_PORT")
 NETWORK_NAME=sg-node
 VETH_PREFIX=sgn
 CGROUP_ROOT=/sandbox-guard-node
@@ -383,15 +385,20 @@ start_kubelet() {
 # socket left on the port, except a client's, and a client gets one of these ports only
 # from an ephemeral range that covers it (said below).
 check_ports_free() {
-  local ports=("$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KUBELET_PORT"
-    "$KUBELET_HEALTHZ_PORT" "$CONTROLLER_MANAGER_PORT" "$SCHEDULER_PORT") port holder
-  for port in "${ports[@]}"; do
-    holder=$(ss -Htlnp "( sport = :$port )" | sed -n 1p | tr -s " ")
+  local port holder listeners
+  for port in "${NODE_PORTS[@]}"; do
+    listeners=$(ss -Htlnp "( sport = :$port )") || die "ss could not list the listeners on port $port"
+    holder=$(sed -n 1p <<<"$listeners" | tr -s " ")
     [[ -z $holder ]] || die "port $port is taken, so the node cannot bind it: $holder"
   done
-  local low high
+}
+
+# Says which of the node's ports this host's ephemeral range covers: a socket given one
+# first (a client's, or a listener's on port 0) would stop the component that binds it.
+warn_ephemeral_ports() {
+  local port low high
   read -r low high </proc/sys/net/ipv4/ip_local_port_range
-  for port in "${ports[@]}"; do
+  for port in "${NODE_PORTS[@]}"; do
     ((port < low || port > high)) ||
       say "port $port is in this host's ephemeral range ($low-$high): a connection may take it first"
   done
@@ -426,6 +433,9 @@ cmd_up() {
     die "this host mounts only cgroup v2 at /sys/fs/cgroup; scripts/node.sh sets up kubelet for cgroup v1"
   [[ ! -e $W/run ]] || die "a node is already up in $W (bash scripts/node.sh down first)"
   need_packages containerd runc catatonit containernetworking-plugins iproute2 iptables openssl curl
+  # Before a build that can take minutes, and again after it.
+  warn_ephemeral_ports
+  check_ports_free
   build_all "$runtime"
   check_ports_free
   local started=$SECONDS

@@ -73,8 +73,11 @@ go_wrapper_build() {
   # Progress while the go command is silent: a line a minute. Its sleep goes with it, or
   # the sleep would hold the caller's pipes open for up to a minute.
   (
-    trap 'kill $! 2>/dev/null; exit 0' TERM
-    while sleep 60 & wait $!; do echo "node: still building $name ($((SECONDS - started)) s)" >&2; done
+    sleeper=''
+    trap 'kill $sleeper 2>/dev/null; exit 0' TERM
+    while sleep 60 & sleeper=$!; wait "$sleeper"; do
+      echo "node: still building $name ($((SECONDS - started)) s)" >&2
+    done
   ) &
   local ticker=$!
   local status=0 try
@@ -84,6 +87,7 @@ go_wrapper_build() {
     (cd "$src" && go build -o "$out/" "$@") || status=$?
     [[ $status != 0 && $try == 1 ]] || break
     echo "node: building $name failed (go build in $src); trying once more" >&2
+    sleep 5
   done
   kill "$ticker" 2>/dev/null || true
   wait "$ticker" 2>/dev/null || true

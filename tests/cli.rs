@@ -933,6 +933,18 @@ fn dump_waiting_on_its_pipe(
     (dump, stdout, head)
 }
 
+/// A dump whose reader went away (`| head`) stops with status 0: the closed pipe is an error
+/// the dump handles, not a signal that kills it. The guard starts with SIGPIPE at its
+/// default, as a runtime's exec and std's spawn leave it.
+#[test]
+fn a_dump_whose_reader_went_away_exits_0() {
+    let store = cni::Store::new();
+    let (mut dump, stdout, _head) = dump_waiting_on_its_pipe(&store, &[]);
+    drop(stdout);
+    let status = dump.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
 /// A dump that cannot take the lock again part way (a writer holding it past --lock-timeout)
 /// has written some rows already: it exits 1 and says that what it wrote is not the whole
 /// list, not only why it stopped.

@@ -202,6 +202,38 @@ fn fail_add_on_the_lock(store: &Store, container: &str, pod: &Pod) {
         .assert_error(11);
 }
 
+/// A runtime that execs the plugin with fd 1 closed: the plugin puts /dev/null there before
+/// it opens anything, so no file it opens (the pod's netns, the lock, a record) becomes
+/// what it writes its result to. Seen while the verb waits on a held lock.
+#[test]
+fn a_verb_started_without_stdout_has_dev_null_there_not_a_state_file() {
+    sys::skip_unless_tools!(&["flock"]);
+    let (store, _pod, _a) = Store::with_one_sandbox("shop", "web-0");
+    let holder = LockHolder::start(&store);
+    let add = store
+        .add(&container_id(), &Pod::new("shop", "web-1"))
+        .config("lockTimeoutSeconds", Some(json!(10)))
+        .wrapped_in(&["/bin/sh", "-c", "exec \"$0\" >&-"])
+        .spawn();
+    let lock = std::fs::canonicalize(store.state_dir.join("lock")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let fds = format!("/proc/{}/fd", add.pid);
+    // Until the verb holds the lock file open, waiting on it.
+    while !std::fs::read_dir(&fds)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|to| to == lock))
+    {
+        assert!(Instant::now() < deadline, "the ADD never opened the lock");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stdout = std::fs::read_link(format!("{fds}/1"));
+    drop(holder);
+    let _ = add.wait();
+    assert_eq!(stdout.unwrap(), Path::new("/dev/null"));
+}
+
 #[test]
 fn every_verb_gives_up_on_a_held_lock_and_names_the_holder() {
     sys::skip_unless_tools!(&["flock"]);

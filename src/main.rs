@@ -1,6 +1,6 @@
 //! sandbox-guard: a chained CNI plugin that checkpoints pod attachments and refuses the
 //! stale DEL of an old sandbox once a newer sandbox owns the same pod name.
-#![cfg_attr(not(test), no_main)]
+#![cfg_attr(all(not(test), target_env = "gnu"), no_main)]
 
 mod clock;
 mod cni;
@@ -22,9 +22,9 @@ use error::{GuardError, Kind, Result};
 /// overflow (it reads /proc/self/maps to find the main thread's stack, maps a signal stack
 /// and installs two handlers): 17 system calls on every pod start and stop, for a plugin
 /// whose input's depth serde_json already bounds. What the plugin needs of that start-up is
-/// done here; `std::process::exit` still flushes stdout, and args and the environment come
-/// from glibc as before.
-#[cfg(not(test))]
+/// done here; `std::process::exit` still flushes stdout, and the arguments and environment
+/// come from glibc's start-up as before (hence glibc only).
+#[cfg(all(not(test), target_env = "gnu"))]
 #[unsafe(no_mangle)]
 extern "C" fn main(
     _argc: std::ffi::c_int,
@@ -34,29 +34,50 @@ extern "C" fn main(
     run()
 }
 
+/// Elsewhere std reads the arguments in its own start-up: it stays.
+#[cfg(not(any(test, target_env = "gnu")))]
+fn main() {
+    run()
+}
+
 /// Fds 0-2 open, on /dev/null where the runtime closed one, so that no state file opened
 /// later becomes stdout; and SIGPIPE ignored, so that a reader gone away is an error to
-/// handle rather than a kill in the middle of a commit.
-#[cfg(not(test))]
+/// handle rather than a kill in the middle of a commit. As std's start-up does, down to
+/// aborting where it cannot tell.
+#[cfg(all(not(test), target_env = "gnu"))]
 fn standard_streams() {
     use nix::libc;
+    let errno = || std::io::Error::last_os_error().raw_os_error();
     let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
         fd,
         events: 0,
         revents: 0,
     });
-    // SAFETY: poll reads and writes only the three pollfds it is given; open and signal take
-    // a NUL-terminated path and plain values. One thread runs at this point.
+    // SAFETY: poll reads and writes only the three pollfds it is given; fcntl, open, dup2,
+    // close and signal take plain values and a NUL-terminated path. One thread runs here.
     unsafe {
-        while libc::poll(fds.as_mut_ptr(), 3, 0) < 0 {
-            if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                break;
+        let closed = loop {
+            if libc::poll(fds.as_mut_ptr(), 3, 0) >= 0 {
+                break fds.map(|fd| fd.revents & libc::POLLNVAL != 0);
             }
-        }
-        for fd in fds {
-            if fd.revents & libc::POLLNVAL != 0
-                && libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) != fd.fd
-            {
+            match errno() {
+                Some(libc::EINTR) => {}
+                // poll cannot take the three (a fd limit of 2): each fd is asked instead.
+                Some(libc::EINVAL | libc::EAGAIN | libc::ENOMEM) => {
+                    break [0, 1, 2].map(|fd| {
+                        libc::fcntl(fd, libc::F_GETFD) == -1 && errno() == Some(libc::EBADF)
+                    });
+                }
+                _ => std::process::abort(),
+            }
+        };
+        for (fd, closed) in (0..).zip(closed) {
+            if !closed {
+                continue;
+            }
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            // Elsewhere than fd when fd holds what poll cannot use (an O_PATH descriptor).
+            if null < 0 || (null != fd && (libc::dup2(null, fd) != fd || libc::close(null) != 0)) {
                 std::process::abort();
             }
         }

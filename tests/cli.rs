@@ -940,6 +940,12 @@ fn dump_waiting_on_its_pipe(
 fn a_dump_whose_reader_went_away_exits_0() {
     let store = cni::Store::new();
     let (mut dump, stdout, _head) = dump_waiting_on_its_pipe(&store, &[]);
+    // Still writing, so that it meets the closed pipe (a pipe that held the whole dump, as
+    // one can with larger pages, would prove nothing).
+    assert!(
+        dump.try_wait().unwrap().is_none(),
+        "the dump ended before its reader went away"
+    );
     drop(stdout);
     let status = dump.wait().unwrap();
     assert!(status.success(), "{status:?}");

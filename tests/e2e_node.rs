@@ -72,16 +72,16 @@ fn node_logs_tail(dir: &Path) -> String {
         .collect();
     logs.sort();
     for log in logs {
-        let text = fs::read_to_string(&log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let _ = writeln!(
-            out,
-            "--- {} (tail)\n{}",
-            log.display(),
-            lines[lines.len().saturating_sub(8)..].join("\n")
-        );
+        let _ = writeln!(out, "--- {} (tail)\n{}", log.display(), tail_of(&log, 8));
     }
     out
+}
+
+/// The last `lines` lines of the file at `path`; nothing when it cannot be read.
+fn tail_of(path: &Path, lines: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// The node, up for one runtime; `down` on drop, also when a test panics.
@@ -294,13 +294,7 @@ impl Node {
             ),
             ("guard log", PathBuf::from(self.var("GUARD_LOG"))),
         ] {
-            let text = fs::read_to_string(&path).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            let _ = writeln!(
-                out,
-                "--- {title} (tail)\n{}",
-                lines[lines.len().saturating_sub(40)..].join("\n")
-            );
+            let _ = writeln!(out, "--- {title} (tail)\n{}", tail_of(&path, 40));
         }
         out
     }
@@ -1643,8 +1637,14 @@ fn a_node_that_cannot_bind_its_port_says_so_in_the_failure() {
     // node must be in the panic. A port the node needs, held by another process, stops `up`
     // before any component starts, and the panic names the port and its holder.
     sys::skip_unless_root!(TOOLS);
-    // APISERVER_PORT in scripts/node.sh.
-    let held = std::net::TcpListener::bind("127.0.0.1:30443").expect("bind the API server's port");
+    let script = fs::read_to_string(repo().join("scripts/node.sh")).expect("read scripts/node.sh");
+    let port: u16 = script
+        .lines()
+        .find_map(|line| line.strip_prefix("APISERVER_PORT="))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("scripts/node.sh sets APISERVER_PORT to a number");
+    let held =
+        std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind the API server's port");
     let failure = std::panic::catch_unwind(|| Node::up("containerd16"))
         .err()
         .expect("up must fail while the API server's port is held");
@@ -1654,7 +1654,7 @@ fn a_node_that_cannot_bind_its_port_says_so_in_the_failure() {
         .cloned()
         .unwrap_or_default();
     assert!(
-        message.contains("port 30443 is taken")
+        message.contains(&format!("port {port} is taken"))
             && message.contains(&format!("pid={}", std::process::id())),
         "the panic must say which port was taken and by whom: {message}"
     );

@@ -7,8 +7,9 @@
 # runs kept most of its code resident and faulted in a run at a time.
 #
 # The list names functions demangled (v0 mangling: one name an instance of a generic function,
-# and no hash), so it holds across builds; each name is matched to the symbols of the objects
-# being linked, and a name no longer found is passed over, as is a function missing from the
+# and no hash), so it holds across builds; each name is matched to the symbols of the .o objects
+# being linked (with the release profile's LTO, one object that holds every crate's code; a
+# build without LTO orders only its own crate's), and a name no longer found is passed over, as is a function missing from the
 # list (linked as before, only further on). Whatever cannot be ordered is linked plainly: other
 # outputs (build scripts, proc macros, test binaries), a link not made by lld (rustc links
 # x86_64 with lld from Rust 1.90), arguments in a response file, or an nm that fails.

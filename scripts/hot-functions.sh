@@ -16,8 +16,8 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$repo/scripts/lib/build.sh"
 help_if_asked "${BASH_SOURCE[0]}" 12 "${1:-}"
 need_root "scripts/hot-functions.sh"
-need_packages valgrind iproute2 binutils containernetworking-plugins
 [[ $(plugin_arch) == x86_64 ]] || { echo "the ordered link is x86_64's: run this on x86_64" >&2; exit 1; }
+need_packages valgrind iproute2 binutils containernetworking-plugins
 
 export CARGO_TARGET_DIR=$repo/target/hot-functions CARGO_PROFILE_RELEASE_STRIP=false
 bin=$(build_plugin "$repo")
@@ -39,7 +39,7 @@ runs=0
 verb() { # VERB IFNAME CONTAINER CONFIG
   CNI_COMMAND=$1 CNI_IFNAME=$2 CNI_CONTAINERID=$3 CNI_NETNS=/run/netns/$netns CNI_PATH=/usr/lib/cni \
     CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=hot;K8S_POD_NAME=pod-0;K8S_POD_INFRA_CONTAINER_ID=$3;K8S_POD_UID=00000000-0000-4000-8000-000000000001" \
-    valgrind --tool=callgrind -q --callgrind-out-file="$work/callgrind.$((++runs))" "$bin" <<<"$4" >"$work/out" ||
+    valgrind --tool=callgrind -q --show-below-main=yes --callgrind-out-file="$work/callgrind.$((++runs))" "$bin" <<<"$4" >"$work/out" ||
     { echo "$1 failed under callgrind: $(cat "$work/out")" >&2; exit 1; }
 }
 state=$work/state

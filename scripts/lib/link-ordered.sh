@@ -7,12 +7,14 @@
 # runs kept most of its code resident and faulted in a run at a time.
 #
 # The list names functions demangled (v0 mangling: one name an instance of a generic function,
-# and no hash), so it holds across builds; each name is matched to the symbols of the .o objects
-# being linked (with the release profile's LTO, one object that holds every crate's code; a
-# build without LTO orders only its own crate's), and a name no longer found is passed over, as is a function missing from the
+# and no hash), so it holds across builds; each name is matched to the symbols of the .o
+# objects being linked (with the release profile's LTO, one object that holds every crate's
+# code; a build without LTO orders only its own crate's), and a name no longer found is passed
+# over, as is a function missing from the
 # list (linked as before, only further on). Whatever cannot be ordered is linked plainly: other
-# outputs (build scripts, proc macros, test binaries), a link not made by lld (rustc links
-# x86_64 with lld from Rust 1.90), arguments in a response file, or an nm that fails.
+# outputs (build scripts, proc macros, the integration tests; the crate's unit tests are
+# ordered too), a link not made by lld (rustc links x86_64 with lld from Rust 1.90), arguments
+# in a response file, or an nm that fails.
 set -uo pipefail
 list=$(dirname "${BASH_SOURCE[0]}")/hot-functions.txt
 objects=() lld=0 ours=0 expect_output=0
@@ -49,6 +51,7 @@ ordered() {
   awk -F '\t' -v list="$list" '
     BEGIN {
       while ((getline name < list) > 0) {
+        sub(/\r$/, "", name)
         if (name == "" || name ~ /^#/) continue
         n++
         names[n] = name

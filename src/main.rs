@@ -42,8 +42,8 @@ fn main() {
 
 /// Fds 0-2 open, on /dev/null where the runtime closed one, so that no state file opened
 /// later becomes stdout; and SIGPIPE ignored, so that a reader gone away (of stdout, or of a
-/// log line on stderr while a verb is under way) is an error to handle rather than a kill. As std's start-up does, down to
-/// aborting where it cannot tell.
+/// log line on stderr while a verb is under way) is an error to handle rather than a kill.
+/// As std's start-up does, down to aborting where it cannot tell.
 #[cfg(all(not(test), target_env = "gnu"))]
 fn standard_streams() {
     use nix::libc;

@@ -62,7 +62,7 @@ verb VERSION eth0 "$chained_id" '{"cniVersion":"1.1.0"}'
   {
     sed -n "s/^c\{0,1\}fn=([0-9]*) //p" "$work"/callgrind.* | sed "s/'[0-9]*$//" |
       grep -v -e '^0x' -e '^(below main)$'
-    nm --demangle "$bin" | awk 'NF >= 3 { $1 = $2 = ""; print substr($0, 3) }' |
+    nm --defined-only --format=just-symbols --demangle "$bin" |
       grep -E -e '^__(mem|str|stp|rawmem|wmem|wcs)[a-z0-9]*_(avx|evex)' -e '^sha2::sha256::x86::'
   } | LC_ALL=C sort -u
 } >"$list.new"

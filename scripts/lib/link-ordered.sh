@@ -10,11 +10,10 @@
 # and no hash), so it holds across builds; each name is matched to the symbols of the .o
 # objects being linked (with the release profile's LTO, one object that holds every crate's
 # code; a build without LTO orders only its own crate's), and a name no longer found is passed
-# over, as is a function missing from the
-# list (linked as before, only further on). Whatever cannot be ordered is linked plainly: other
-# outputs (build scripts, proc macros, the integration tests; the crate's unit tests are
-# ordered too), a link not made by lld (rustc links x86_64 with lld from Rust 1.90), arguments
-# in a response file, or an nm that fails.
+# over, as is a function missing from the list (linked as before, only further on).
+# Whatever cannot be ordered is linked plainly: other outputs (build scripts, proc macros, the
+# integration tests; the crate's unit tests are ordered too), a link not made by lld (rustc
+# links x86_64 with lld from Rust 1.90), arguments in a response file, or an nm that fails.
 set -uo pipefail
 list=$(dirname "${BASH_SOURCE[0]}")/hot-functions.txt
 objects=() lld=0 ours=0 expect_output=0

@@ -272,6 +272,13 @@ C
 for program in noop commit kernel_add; do
   gcc -O2 -static -o "$work/$program" "$work/$program.c" || die "cannot build the static $program program (gcc, libc6-dev)"
 done
+# And a lean ADD in Rust (scripts/lib/lean-add): that kernel work, plus the config parsed and the texts the
+# guard writes sealed as it seals them, and nothing checked; built as the guard is, with the crates the
+# guard's build fetched. What the guard costs above it is its own logic.
+lean_add_bin=$repo/target/lean-add/$(plugin_triple "$(plugin_arch)")/release/lean-add
+RUSTFLAGS="-C target-feature=+crt-static -C relocation-model=static" cargo build --release --quiet --locked \
+  --manifest-path "$repo/scripts/lib/lean-add/Cargo.toml" --target-dir "$repo/target/lean-add" \
+  --target "$(plugin_triple "$(plugin_arch)")" >&2 || die "cannot build scripts/lib/lean-add"
 
 # A real netns with the pod end of a veth named as in prevResult: tuning's ADD enters it and must succeed.
 netns=sgbench-$$
@@ -315,6 +322,7 @@ cni() { # binary verb stdin-text; the current attachment
     "${launcher[@]}" "$1" <<<"$3"
 }
 guard() { cni "$guard_bin" "$@"; }
+lean_add() { LEAN_ADD_WRITES=$1 cni "$lean_add_bin" ADD "$2"; } # all|record stdin-text
 baseline() { cni "$baseline_bin" "$@"; }
 tuning() { cni "$tuning_bin" "$@"; }
 
@@ -487,14 +495,18 @@ for fs in $BENCH_FILESYSTEMS; do
   floor_name[$fs]="$(journal_of "$mnt"), loop-mounted"
 done
 for fs in "${floor_fs[@]}"; do
-  mkdir -p "${floor_dir[$fs]}/commit" "${floor_dir[$fs]}"/kernel-add/{records,owners,ips}
+  mkdir -p "${floor_dir[$fs]}/commit" "${floor_dir[$fs]}"/{kernel-add,lean,lean-record}/{records,owners,ips}
   attachment "$preflight_kind" 3
   guard_config config "${floor_dir[$fs]}/state"
   guard ADD "$config" >/dev/null && guard DEL "$config" >/dev/null || die "ADD/DEL in ${floor_dir[$fs]} failed"
   "$commit_bin" "${floor_dir[$fs]}/commit" || die "the commit program failed in ${floor_dir[$fs]}/commit"
   "$kernel_add_bin" "${floor_dir[$fs]}/kernel-add" "$netns_path" "$ifname" preflight </dev/null >/dev/null ||
     die "the kernel_add program failed in ${floor_dir[$fs]}/kernel-add"
+  guard_config config "${floor_dir[$fs]}/lean"
+  lean_add all "$config" >/dev/null || die "the lean ADD failed in ${floor_dir[$fs]}/lean"
 done
+# The lean ADD's record and owner go after each run, untimed, as the guard's DEL takes its own.
+lean_cleared() { rm -f "$1"/records/* "$1"/owners/*; }
 # The text on stdin, as cni() gives it to a plugin: inside the timed command.
 # shellcheck disable=SC2317 # run through timed
 stdin_to() { # text command...
@@ -503,7 +515,7 @@ stdin_to() { # text command...
   "$@" <<<"$text"
 }
 floor_cases=(noop tuning)
-for fs in "${floor_fs[@]}"; do floor_cases+=("commit:$fs" "kernel:$fs" "guard:$fs"); done
+for fs in "${floor_fs[@]}"; do floor_cases+=("commit:$fs" "kernel:$fs" "lean:$fs" "lean_record:$fs" "guard:$fs"); done
 say "timing $FLOOR_ROUNDS rounds (+$WARMUP warm-up) of the floor on: ${floor_fs[*]}"
 for ((round = 0; round < WARMUP + FLOOR_ROUNDS; round++)); do
   if ((round == WARMUP)); then
@@ -511,7 +523,11 @@ for ((round = 0; round < WARMUP + FLOOR_ROUNDS; round++)); do
   fi
   attachment "$fs_kind" "$round"
   plugin_config 'round_input[tuning]' tuning
-  for fs in "${floor_fs[@]}"; do guard_config "round_input[$fs]" "${floor_dir[$fs]}/state"; done
+  for fs in "${floor_fs[@]}"; do
+    guard_config "round_input[$fs]" "${floor_dir[$fs]}/state"
+    guard_config "round_input[lean_$fs]" "${floor_dir[$fs]}/lean"
+    guard_config "round_input[lean_record_$fs]" "${floor_dir[$fs]}/lean-record"
+  done
   shuffled order "${floor_cases[@]}"
   for case in "${order[@]}"; do
     fs=${case#*:}
@@ -521,6 +537,14 @@ for ((round = 0; round < WARMUP + FLOOR_ROUNDS; round++)); do
     commit:*) timed "floor_commit_$fs" stdin_to "${round_input[$fs]}" "$commit_bin" "${floor_dir[$fs]}/commit" ;;
     kernel:*) timed "floor_kernel_add_$fs" stdin_to "${round_input[$fs]}" "$kernel_add_bin" "${floor_dir[$fs]}/kernel-add" \
       "$netns_path" "$ifname" "$round" ;;
+    lean:*)
+      timed "floor_lean_add_$fs" lean_add all "${round_input[lean_$fs]}"
+      lean_cleared "${floor_dir[$fs]}/lean"
+      ;;
+    lean_record:*)
+      timed "floor_lean_record_$fs" lean_add record "${round_input[lean_record_$fs]}"
+      lean_cleared "${floor_dir[$fs]}/lean-record"
+      ;;
     guard:*)
       timed "floor_add_$fs" guard ADD "${round_input[$fs]}"
       timed "floor_del_$fs" guard DEL "${round_input[$fs]}"
@@ -841,6 +865,7 @@ for fs in "${fs_cases[@]}"; do
   verdict "DEL on ${floor_name[$fs]}: $(above "floor_del_$fs") ms above the exec is $(commits "floor_del_$fs" "$fs")x one commit (<= $MAX_DEL_COMMITS)" \
     "${p50[floor_del_$fs]} - ${p50[floor_noop]} <= $MAX_DEL_COMMITS * ($commit_above)"
   printf 'INFO  %s\n' "ADD's kernel work alone (no parsing) on ${floor_name[$fs]}: $(above "floor_kernel_add_$fs") ms above the exec, $(commits "floor_kernel_add_$fs" "$fs")x one commit (reported, not checked)"
+  printf 'INFO  %s\n' "A lean ADD (that kernel work, parsed and sealed, nothing checked) on ${floor_name[$fs]}: $(above "floor_lean_add_$fs") ms above the exec, $(commits "floor_lean_add_$fs" "$fs")x one commit; writing its record alone $(commits "floor_lean_record_$fs" "$fs")x (reported, not checked)"
 done
 verdict "ADD with $LARGE_RECORDS records is ${add_growth}x ADD with $SMALL_RECORDS (<= $MAX_GROWTH_RATIO)" \
   "${p50[guard_add_large]} <= $MAX_GROWTH_RATIO * ${p50[guard_add_small]}"
@@ -937,7 +962,7 @@ burst_row() { # name label-prefix
 burst_row "$fs_type ($BENCH_BASE_DIR)" ''
 for fs in "${fs_cases[@]}"; do burst_row "$fs, loop-mounted" "${fs}_"; done
 echo
-echo "The floor ($FLOOR_ROUNDS rounds in a random order, medians, ms): a static no-op exec ${p50[floor_noop]} ms, tuning's no-op ADD ${p50[floor_tuning_add]} ms in the same rounds; \"above\" is the median less the no-op's; one commit = about 700 bytes to a temp file, fdatasync, rename into place, fsync of the directory, by a static C program; ADD's kernel work = a static C program making ADD's system calls (the pod's link facts through netlink in its netns, the lock, the record, the owner and index symlinks, one fdatasync and one directory fsync) with none of its parsing, reported, not checked. Targets on journaled ext4 and XFS: ADD <= ${MAX_ADD_COMMITS}x, DEL <= ${MAX_DEL_COMMITS}x one commit."
+echo "The floor ($FLOOR_ROUNDS rounds in a random order, medians, ms): a static no-op exec ${p50[floor_noop]} ms, tuning's no-op ADD ${p50[floor_tuning_add]} ms in the same rounds; \"above\" is the median less the no-op's; one commit = about 700 bytes to a temp file, fdatasync, rename into place, fsync of the directory, by a static C program; ADD's kernel work = a static C program making ADD's system calls (the pod's link facts through netlink in its netns, the lock, the record, the owner and index symlinks, one fdatasync and one directory fsync) with none of its parsing, reported, not checked; a lean ADD = a static Rust program (scripts/lib/lean-add) making those calls with the config parsed and the guard's three texts sealed as the guard writes them, nothing checked, and the same writing its record alone, reported, not checked. Targets on journaled ext4 and XFS: ADD <= ${MAX_ADD_COMMITS}x, DEL <= ${MAX_DEL_COMMITS}x one commit."
 echo
 echo "| State on | One commit (above) | ADD's kernel work (above) | ADD (above) | DEL (above) | ADD's kernel work, commits | ADD, commits | DEL, commits | ADD / tuning ADD | DEL / tuning ADD |"
 echo "| --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |"

@@ -12,10 +12,11 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use netlink_packet_core::{
-    ErrorMessage, NLM_F_ACK, NLM_F_MULTIPART, NetlinkBuffer, NetlinkHeader, NetlinkMessage,
-    NetlinkPayload,
+    DecodeError, ErrorMessage, NLM_F_ACK, NLM_F_MULTIPART, NetlinkBuffer, NetlinkHeader,
+    NetlinkMessage, NetlinkPayload, NlasIterator, ParseableParametrized,
 };
 use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::link::{LinkAttribute, LinkHeader, LinkMessage};
 use netlink_sys::protocols::NETLINK_ROUTE;
 use netlink_sys::{Socket, SocketAddr};
 use nix::sys::socket::{setsockopt, sockopt};
@@ -160,6 +161,23 @@ fn read_datagram(
         if !own_sequence {
             continue;
         }
+        if header.message_type() == RTM_NEWLINK {
+            match link_message(header.payload()) {
+                Ok(link) => {
+                    answers.push(RouteNetlinkMessage::NewLink(link));
+                    if !multipart && !expecting_ack {
+                        return Ok(Answer::Complete);
+                    }
+                }
+                Err(_) if multipart => {}
+                Err(e) => {
+                    return Err(NlError::Malformed(format!(
+                        "cannot parse the kernel's answer: {e}"
+                    )));
+                }
+            }
+            continue;
+        }
         let message = match NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes) {
             Ok(message) => message,
             // One part of a dump that this crate cannot parse is left out; the rest still tells.
@@ -189,6 +207,28 @@ fn read_datagram(
         }
     }
     Ok(Answer::MoreToCome)
+}
+
+const RTM_NEWLINK: u16 = 16;
+
+/// The size of a link message's own header (`struct ifinfomsg`), before its attributes.
+const LINK_HEADER_LEN: usize = 16;
+
+/// A link's answer with only the attributes the guard reads (`super::LINK_ATTRIBUTES_READ`)
+/// parsed; the others are passed over unread, so one this crate cannot parse fails nothing.
+fn link_message(payload: &[u8]) -> Result<LinkMessage, DecodeError> {
+    let header = LinkHeader::parse(payload)?;
+    let family = header.interface_family;
+    let mut link = LinkMessage::default();
+    link.header = header;
+    for attribute in NlasIterator::new(payload.get(LINK_HEADER_LEN..).unwrap_or_default()) {
+        let attribute = attribute?;
+        if super::LINK_ATTRIBUTES_READ.contains(&attribute.kind()) {
+            link.attributes
+                .push(LinkAttribute::parse_with_param(&attribute, family)?);
+        }
+    }
+    Ok(link)
 }
 
 #[cfg(test)]
@@ -234,6 +274,55 @@ mod tests {
             Ok(Answer::Complete)
         ));
         assert_eq!(answers.len(), 2);
+    }
+
+    #[test]
+    fn a_link_answer_keeps_the_attributes_the_guard_reads_and_only_those() {
+        use netlink_packet_core::Nla;
+        use netlink_packet_route::link::{
+            AfSpecInet, AfSpecUnspec, InetDevConf, InfoKind, LinkInfo, State,
+        };
+        let mut conf = InetDevConf::default();
+        conf.forwarding = 1;
+        let mut message = LinkMessage::default();
+        message.header.index = 7;
+        message.attributes = vec![
+            LinkAttribute::Address(vec![2, 0, 0, 0, 0, 1]),
+            LinkAttribute::IfName("eth0".into()),
+            LinkAttribute::TxQueueLen(1000),
+            LinkAttribute::Mtu(1450),
+            LinkAttribute::OperState(State::Up),
+            LinkAttribute::Link(12),
+            LinkAttribute::Group(0),
+            LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Veth)]),
+            LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![AfSpecInet::DevConf(conf)])]),
+            LinkAttribute::LinkNetNsId(0),
+            LinkAttribute::Promiscuity(0),
+        ];
+        let datagram = emitted(
+            5,
+            0,
+            NetlinkPayload::from(RouteNetlinkMessage::NewLink(message.clone())),
+        );
+        let mut answers = Vec::new();
+        assert!(matches!(
+            read_datagram(&datagram, 5, false, &mut answers),
+            Ok(Answer::Complete)
+        ));
+        let read: Vec<LinkAttribute> = message
+            .attributes
+            .iter()
+            .filter(|a| super::super::LINK_ATTRIBUTES_READ.contains(&a.kind()))
+            .cloned()
+            .collect();
+        assert_eq!(read.len(), super::super::LINK_ATTRIBUTES_READ.len());
+        match &answers[..] {
+            [RouteNetlinkMessage::NewLink(answer)] => {
+                assert_eq!(answer.header, message.header);
+                assert_eq!(answer.attributes, read);
+            }
+            other => panic!("one link expected, got {other:?}"),
+        }
     }
 
     #[test]

@@ -273,6 +273,28 @@ fn invalid(msg: String, version: &str) -> GuardError {
     ))
 }
 
+/// Where in the result a value sits, for a message: written out only when there is one, so
+/// that a valid result, the case on every ADD, formats no path.
+type At<'a> = &'a dyn fmt::Display;
+
+/// The member `key` of the object at `.0`.
+struct Key<'a>(At<'a>, &'a str);
+
+impl fmt::Display for Key<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}.{}", self.0, self.1)
+    }
+}
+
+/// The item `index` of the array at `.0`.
+struct Index<'a>(At<'a>, usize);
+
+impl fmt::Display for Index<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}[{}]", self.0, self.1)
+    }
+}
+
 /// A problem found in the result: one sentence naming the member and what is wrong.
 type Found<T> = std::result::Result<T, String>;
 
@@ -286,15 +308,15 @@ struct Top {
 fn read_top(raw: &RawValue, config_version: &str) -> Result<Top> {
     let bad = |msg: String| invalid(msg, config_version);
     let members = match kind(raw) {
-        Json::Object => read_members(raw, "prevResult").map_err(bad)?,
+        Json::Object => read_members(raw, &"prevResult").map_err(bad)?,
         other => {
             return Err(bad(format!(
                 "prevResult is {other}, not a CNI result object"
             )));
         }
     };
-    let version = match members.get("cniVersion", "prevResult").map_err(bad)? {
-        Some(value) => string(value, "prevResult.cniVersion").map_err(bad)?,
+    let version = match members.get("cniVersion", &"prevResult").map_err(bad)? {
+        Some(value) => string(value, &"prevResult.cniVersion").map_err(bad)?,
         None => return Err(bad("prevResult has no cniVersion".to_string())),
     };
     let Some(shape) = shape_of(&version) else {
@@ -333,7 +355,7 @@ fn read_top(raw: &RawValue, config_version: &str) -> Result<Top> {
 }
 
 fn check_result(top: &Members, shape: Shape) -> Found<ResultView> {
-    let at = "prevResult";
+    let at: At = &"prevResult";
     let mut view = ResultView {
         interfaces: Vec::new(),
         ips: Vec::new(),
@@ -343,41 +365,41 @@ fn check_result(top: &Members, shape: Shape) -> Found<ResultView> {
         // Here `interfaces`, `ips` and `routes` are unknown keys, passed on unread.
         for (key, family) in [("ip4", "4"), ("ip6", "6")] {
             if let Some(value) = top.get(key, at)? {
-                check_legacy_ip(value, &format!("{at}.{key}"), family, &mut view)?;
+                check_legacy_ip(value, &Key(at, key), family, &mut view)?;
             }
         }
         if let Some(value) = top.get("dns", at)? {
-            check_dns(value, &format!("{at}.dns"))?;
+            check_dns(value, &Key(at, "dns"))?;
         }
         return Ok(view);
     }
     if let Some(value) = top.get("interfaces", at)? {
-        let path = format!("{at}.interfaces");
+        let path = Key(at, "interfaces");
         for (i, item) in array(value, &path)?.iter().enumerate() {
             view.interfaces
-                .push(check_interface(item, &format!("{path}[{i}]"), shape)?);
+                .push(check_interface(item, &Index(&path, i), shape)?);
         }
     }
     if let Some(value) = top.get("ips", at)? {
-        let path = format!("{at}.ips");
+        let path = Key(at, "ips");
         for (i, item) in array(value, &path)?.iter().enumerate() {
             view.ips.push(check_ip(
                 item,
-                &format!("{path}[{i}]"),
+                &Index(&path, i),
                 shape,
                 view.interfaces.len(),
             )?);
         }
     }
     if let Some(value) = top.get("routes", at)? {
-        let path = format!("{at}.routes");
+        let path = Key(at, "routes");
         for (i, item) in array(value, &path)?.iter().enumerate() {
             view.routes
-                .push(check_route(item, &format!("{path}[{i}]"), shape)?);
+                .push(check_route(item, &Index(&path, i), shape)?);
         }
     }
     if let Some(value) = top.get("dns", at)? {
-        check_dns(value, &format!("{at}.dns"))?;
+        check_dns(value, &Key(at, "dns"))?;
     }
     Ok(view)
 }
@@ -385,13 +407,13 @@ fn check_result(top: &Members, shape: Shape) -> Found<ResultView> {
 /// An `ip4` or `ip6` of a 0.1.0/0.2.0 result: `ip` in CIDR form and of the key's family.
 fn check_legacy_ip(
     value: &RawValue,
-    at: &str,
+    at: At,
     want_family: &str,
     view: &mut ResultView,
 ) -> Found<()> {
     let members = object(value, at)?;
     let address = match members.get("ip", at)? {
-        Some(address) => cidr_member(address, &format!("{at}.ip"))?,
+        Some(address) => cidr_member(address, &Key(at, "ip"))?,
         None => return Err(format!("{at} has no ip")),
     };
     if family(&address) != want_family && !is_v4_mapped(&address) {
@@ -402,19 +424,19 @@ fn check_legacy_ip(
     optional(&members, at, "gateway", gateway_ip)?;
     view.ips.push(IpView { address });
     if let Some(value) = members.get("routes", at)? {
-        let path = format!("{at}.routes");
+        let path = Key(at, "routes");
         for (i, item) in array(value, &path)?.iter().enumerate() {
             view.routes
-                .push(check_route(item, &format!("{path}[{i}]"), Shape::Legacy)?);
+                .push(check_route(item, &Index(&path, i), Shape::Legacy)?);
         }
     }
     Ok(())
 }
 
-fn check_interface(value: &RawValue, at: &str, shape: Shape) -> Found<InterfaceView> {
+fn check_interface(value: &RawValue, at: At, shape: Shape) -> Found<InterfaceView> {
     let members = object(value, at)?;
     let name = match members.get("name", at)? {
-        Some(name) => string(name, &format!("{at}.name"))?,
+        Some(name) => string(name, &Key(at, "name"))?,
         None => return Err(format!("{at} has no name")),
     };
     if name.is_empty() {
@@ -430,10 +452,10 @@ fn check_interface(value: &RawValue, at: &str, shape: Shape) -> Found<InterfaceV
     Ok(InterfaceView { name, mac, sandbox })
 }
 
-fn check_ip(value: &RawValue, at: &str, shape: Shape, interfaces: usize) -> Found<IpView> {
+fn check_ip(value: &RawValue, at: At, shape: Shape, interfaces: usize) -> Found<IpView> {
     let members = object(value, at)?;
     let address = match members.get("address", at)? {
-        Some(address) => cidr_member(address, &format!("{at}.address"))?,
+        Some(address) => cidr_member(address, &Key(at, "address"))?,
         None => return Err(format!("{at} has no address")),
     };
     optional(&members, at, "gateway", gateway_ip)?;
@@ -467,10 +489,10 @@ fn check_ip(value: &RawValue, at: &str, shape: Shape, interfaces: usize) -> Foun
     Ok(IpView { address })
 }
 
-fn check_route(value: &RawValue, at: &str, shape: Shape) -> Found<RouteView> {
+fn check_route(value: &RawValue, at: At, shape: Shape) -> Found<RouteView> {
     let members = object(value, at)?;
     let dst = match members.get("dst", at)? {
-        Some(dst) => cidr_member(dst, &format!("{at}.dst"))?,
+        Some(dst) => cidr_member(dst, &Key(at, "dst"))?,
         None => return Err(format!("{at} has no dst")),
     };
     let gw = optional(&members, at, "gw", gateway_ip)?.flatten();
@@ -482,13 +504,13 @@ fn check_route(value: &RawValue, at: &str, shape: Shape) -> Found<RouteView> {
     Ok(RouteView { dst, gw })
 }
 
-fn check_dns(value: &RawValue, at: &str) -> Found<()> {
+fn check_dns(value: &RawValue, at: At) -> Found<()> {
     let members = object(value, at)?;
     for key in ["nameservers", "search", "options"] {
         if let Some(list) = members.get(key, at)? {
-            let path = format!("{at}.{key}");
+            let path = Key(at, key);
             for (i, item) in array(list, &path)?.iter().enumerate() {
-                string(item, &format!("{path}[{i}]"))?;
+                string(item, &Index(&path, i))?;
             }
         }
     }
@@ -523,7 +545,7 @@ fn convert(top: &Members, from: Shape, to: Shape, to_version: &str) -> Found<Str
             {
                 Cow::Owned(map_objects(
                     value,
-                    "prevResult.interfaces",
+                    &"prevResult.interfaces",
                     |_, members| {
                         members
                             .0
@@ -564,14 +586,14 @@ fn with_version(top: &Members, to_version: &str) -> String {
 /// take the place of `ip4`; keys the new version defines that the old result carried as
 /// unknown ones (`interfaces`, `ips`, `routes`) would clash with them and are dropped.
 fn convert_up_from_legacy(top: &Members, to: Shape, to_version: &str) -> Found<String> {
-    let at = "prevResult";
+    let at: At = &"prevResult";
     let mut ips = Vec::new();
     let mut routes = Vec::new();
     for (key, family) in [("ip4", "4"), ("ip6", "6")] {
         let Some(value) = top.get(key, at)? else {
             continue;
         };
-        let path = format!("{at}.{key}");
+        let path = Key(at, key);
         let members = object(value, &path)?;
         let mut ip = Vec::new();
         if to == Shape::Pre1 {
@@ -583,7 +605,7 @@ fn convert_up_from_legacy(top: &Members, to: Shape, to_version: &str) -> Found<S
                 "routes" => {
                     if kind(value) != Json::Null {
                         routes.extend(
-                            array(value, &format!("{path}.routes"))?
+                            array(value, &Key(&path, "routes"))?
                                 .iter()
                                 .map(|r| r.get().to_string()),
                         );
@@ -628,17 +650,17 @@ fn convert_up_from_legacy(top: &Members, to: Shape, to_version: &str) -> Found<S
 
 /// 0.3.0 and later down to 0.1.0/0.2.0, as libcni's `convertTo02x`.
 fn convert_down_to_legacy(top: &Members, from: Shape, to_version: &str) -> Found<String> {
-    let at = "prevResult";
+    let at: At = &"prevResult";
     let mut configs: [Option<Vec<(&str, String)>>; 2] = [None, None];
     if let Some(value) = top.get("ips", at)? {
-        let path = format!("{at}.ips");
+        let path = Key(at, "ips");
         for (i, item) in array(value, &path)?.iter().enumerate() {
-            let item_at = format!("{path}[{i}]");
+            let item_at = Index(&path, i);
             let members = object(item, &item_at)?;
             let Some(address_text) = members.get("address", &item_at)? else {
                 return Err(format!("{item_at} has no address"));
             };
-            let address = cidr_member(address_text, &format!("{item_at}.address"))?;
+            let address = cidr_member(address_text, &Key(&item_at, "address"))?;
             // libcni's 0.4.0 IP says its family in `version` only; 1.0 derives it.
             let family = match from {
                 Shape::Pre1 => optional(&members, &item_at, "version", string)?,
@@ -666,14 +688,14 @@ fn convert_down_to_legacy(top: &Members, from: Shape, to_version: &str) -> Found
     }
     let mut routes: [Vec<String>; 2] = [Vec::new(), Vec::new()];
     if let Some(value) = top.get("routes", at)? {
-        let path = format!("{at}.routes");
+        let path = Key(at, "routes");
         for (i, item) in array(value, &path)?.iter().enumerate() {
-            let route_at = format!("{path}[{i}]");
+            let route_at = Index(&path, i);
             let members = object(item, &route_at)?;
             let Some(dst) = members.get("dst", &route_at)? else {
                 return Err(format!("{route_at} has no dst"));
             };
-            let slot = if family(&cidr_member(dst, &format!("{route_at}.dst"))?) == "4" {
+            let slot = if family(&cidr_member(dst, &Key(&route_at, "dst"))?) == "4" {
                 0
             } else {
                 1
@@ -723,11 +745,11 @@ fn convert_down_to_legacy(top: &Members, from: Shape, to_version: &str) -> Found
 }
 
 fn convert_ips(value: &RawValue, to_pre1: bool) -> Found<String> {
-    map_objects(value, "prevResult.ips", |at, members| {
+    map_objects(value, &"prevResult.ips", |at, members| {
         members.0.retain(|(k, _)| k != "version");
         if to_pre1 {
             let address = match members.get("address", at)? {
-                Some(address) => cidr_member(address, &format!("{at}.address"))?,
+                Some(address) => cidr_member(address, &Key(at, "address"))?,
                 None => return Err(format!("{at} has no address")),
             };
             let version =
@@ -741,8 +763,8 @@ fn convert_ips(value: &RawValue, to_pre1: bool) -> Found<String> {
 /// An array of objects with `edit` applied to each object's members.
 fn map_objects(
     value: &RawValue,
-    at: &str,
-    edit: impl Fn(&str, &mut Members) -> Found<()>,
+    at: At,
+    edit: impl Fn(At, &mut Members) -> Found<()>,
 ) -> Found<String> {
     let mut out = String::with_capacity(value.get().len() + 16);
     out.push('[');
@@ -750,7 +772,7 @@ fn map_objects(
         if i > 0 {
             out.push(',');
         }
-        let path = format!("{at}[{i}]");
+        let path = Index(at, i);
         let mut members = object(item, &path)?;
         edit(&path, &mut members)?;
         write_object(
@@ -848,20 +870,20 @@ fn addresses_as_libcni_writes(converted: &str) -> Found<String> {
         members.0 = kept;
         Ok(())
     }
-    fn rewrite_list(value: &RawValue, at: &str) -> Found<String> {
+    fn rewrite_list(value: &RawValue, at: At) -> Found<String> {
         map_objects(value, at, |at, members| {
             rewrite(members)?;
             if let Some(at_routes) = members.0.iter().position(|(k, _)| k == "routes")
                 && kind(&members.0[at_routes].1) == Json::Array
             {
-                let text = rewrite_list(&members.0[at_routes].1, &format!("{at}.routes"))?;
+                let text = rewrite_list(&members.0[at_routes].1, &Key(at, "routes"))?;
                 members.0[at_routes].1 = RawValue::from_string(text).map_err(|e| e.to_string())?;
             }
             Ok(())
         })
     }
     let raw = RawValue::from_string(converted.to_string()).map_err(|e| e.to_string())?;
-    let mut top = object(&raw, "prevResult")?;
+    let mut top = object(&raw, &"prevResult")?;
     for (key, value) in top.0.iter_mut() {
         let text = match key.as_str() {
             "ips" | "routes" if kind(value) == Json::Array => {
@@ -913,7 +935,7 @@ impl<'de> Deserialize<'de> for Members {
 impl Members {
     /// The value of a key the spec defines. `null` counts as absent, as libcni's Go decoder
     /// reads it; a key given twice is refused, since readers would disagree on which counts.
-    fn get(&self, key: &str, at: &str) -> Found<Option<&RawValue>> {
+    fn get(&self, key: &str, at: At) -> Found<Option<&RawValue>> {
         let mut values = self.0.iter().filter(|(k, _)| k == key).map(|(_, v)| &**v);
         let first = values.next();
         if values.next().is_some() {
@@ -958,7 +980,7 @@ fn kind(value: &RawValue) -> Json {
     }
 }
 
-fn expect(value: &RawValue, at: &str, want: Json) -> Found<()> {
+fn expect(value: &RawValue, at: At, want: Json) -> Found<()> {
     let have = kind(value);
     if have == want {
         Ok(())
@@ -967,26 +989,26 @@ fn expect(value: &RawValue, at: &str, want: Json) -> Found<()> {
     }
 }
 
-fn read_members(value: &RawValue, at: &str) -> Found<Members> {
+fn read_members(value: &RawValue, at: At) -> Found<Members> {
     serde_json::from_str(value.get()).map_err(|e| format!("{at} cannot be read: {e}"))
 }
 
-fn object(value: &RawValue, at: &str) -> Found<Members> {
+fn object(value: &RawValue, at: At) -> Found<Members> {
     expect(value, at, Json::Object)?;
     read_members(value, at)
 }
 
-fn array(value: &RawValue, at: &str) -> Found<Vec<Box<RawValue>>> {
+fn array(value: &RawValue, at: At) -> Found<Vec<Box<RawValue>>> {
     expect(value, at, Json::Array)?;
     serde_json::from_str(value.get()).map_err(|e| format!("{at} cannot be read: {e}"))
 }
 
-fn string(value: &RawValue, at: &str) -> Found<String> {
+fn string(value: &RawValue, at: At) -> Found<String> {
     expect(value, at, Json::String)?;
     serde_json::from_str(value.get()).map_err(|e| format!("{at} cannot be read: {e}"))
 }
 
-fn number(value: &RawValue, at: &str, what: &str) -> Found<serde_json::Number> {
+fn number(value: &RawValue, at: At, what: &str) -> Found<serde_json::Number> {
     if kind(value) != Json::Number {
         return Err(format!("{at} is {}, not {what}", kind(value)));
     }
@@ -995,14 +1017,14 @@ fn number(value: &RawValue, at: &str, what: &str) -> Found<serde_json::Number> {
         .map_err(|_| format!("{at} {} is not {what}", shown_number(value.get())))
 }
 
-fn unsigned(value: &RawValue, at: &str) -> Found<u64> {
+fn unsigned(value: &RawValue, at: At) -> Found<u64> {
     let what = "an unsigned integer";
     number(value, at, what)?
         .as_u64()
         .ok_or_else(|| format!("{at} {} is not {what}", shown_number(value.get())))
 }
 
-fn integer(value: &RawValue, at: &str) -> Found<()> {
+fn integer(value: &RawValue, at: At) -> Found<()> {
     let what = "an integer";
     let n = number(value, at, what)?;
     if n.is_i64() || n.is_u64() {
@@ -1013,7 +1035,7 @@ fn integer(value: &RawValue, at: &str) -> Found<()> {
 }
 
 /// A gateway: an IP address, or `""` for none (Go's `net.IP` reads it so, and libcni with it).
-fn gateway_ip(value: &RawValue, at: &str) -> Found<Option<IpAddr>> {
+fn gateway_ip(value: &RawValue, at: At) -> Found<Option<IpAddr>> {
     let text = string(value, at)?;
     if text.is_empty() {
         return Ok(None);
@@ -1023,7 +1045,7 @@ fn gateway_ip(value: &RawValue, at: &str) -> Found<Option<IpAddr>> {
         .map_err(|_| format!("{at} {} is not an IP address", shown(&text)))
 }
 
-fn cidr_member(value: &RawValue, at: &str) -> Found<IpNetwork> {
+fn cidr_member(value: &RawValue, at: At) -> Found<IpNetwork> {
     let text = string(value, at)?;
     parse_cidr(&text).ok_or_else(|| {
         if text.contains('/') {
@@ -1050,13 +1072,13 @@ fn parse_cidr(text: &str) -> Option<IpNetwork> {
 /// An optional member, read by `read` when present and not null.
 fn optional<T>(
     members: &Members,
-    at: &str,
+    at: At,
     key: &str,
-    read: fn(&RawValue, &str) -> Found<T>,
+    read: fn(&RawValue, At) -> Found<T>,
 ) -> Found<Option<T>> {
     members
         .get(key, at)?
-        .map(|value| read(value, &format!("{at}.{key}")))
+        .map(|value| read(value, &Key(at, key)))
         .transpose()
 }
 

@@ -73,29 +73,19 @@ is_static() {
 # trouble their next build), else as ourselves. For another arch it first installs Debian's
 # cross gcc (as root) and rustup's standard library for the target (as the builder).
 build_plugin() {
-  local checkout arch host triple linker home cargo_bin='' messages bin
+  local checkout arch host triple linker messages bin
   checkout=$(cd "$1" && pwd) || return 1
   arch=$(plugin_arch "${2:-}") || return 1
   host=$(plugin_arch) || return 1
   triple=$(plugin_triple "$arch")
-  local -a as_builder=()
   local -a build=(cargo build --profile "${PLUGIN_PROFILE:-release}" --manifest-path "$checkout/Cargo.toml"
     --config "$checkout/.cargo/static.toml" --target "$triple" --message-format=json-render-diagnostics)
   if [[ $arch != "$host" ]]; then
     linker=$(need_cross_toolchain "$arch") || return 1
     build+=(--config "target.$triple.linker=\"$linker\"")
   fi
-  if [[ -n ${SUDO_USER:-} && $SUDO_USER != root && $(stat -c %U "$checkout") == "$SUDO_USER" ]]; then
-    home=$(getent passwd "$SUDO_USER" | cut -d: -f6)
-    # A login shell picks up rustup's PATH from the user's profile.
-    cargo_bin=$(runuser -u "$SUDO_USER" -- env HOME="$home" bash -lc 'command -v cargo' 2>/dev/null) || cargo_bin=''
-    [[ -z $cargo_bin && -x $home/.cargo/bin/cargo ]] && cargo_bin=$home/.cargo/bin/cargo
-  fi
-  if [[ -n $cargo_bin ]]; then
-    as_builder=(runuser -u "$SUDO_USER" -- env HOME="$home" PATH="$(dirname "$cargo_bin"):$PATH")
-  else
-    need_cargo
-  fi
+  local -a as_builder=()
+  choose_builder "$checkout" || return 1
   if [[ $arch != "$host" ]]; then
     (cd "$checkout" && need_rust_target "$triple" "${as_builder[@]}") || return 1
   fi
@@ -108,6 +98,47 @@ build_plugin() {
   if ! is_static "$bin"; then
     echo "$bin is not statically linked: does RUSTFLAGS in the environment override" \
       ".cargo/static.toml's rustflags?" >&2
+    return 1
+  fi
+  echo "$bin"
+}
+
+# choose_builder CHECKOUT: sets the caller's `as_builder` to what cargo runs under: the user
+# who ran sudo, with their rustup's PATH, when they own the checkout (a root-owned target/
+# would trouble their next build); else nothing, with cargo made available here.
+choose_builder() {
+  local home cargo_bin=''
+  as_builder=()
+  if [[ -n ${SUDO_USER:-} && $SUDO_USER != root && $(stat -c %U "$1") == "$SUDO_USER" ]]; then
+    home=$(getent passwd "$SUDO_USER" | cut -d: -f6)
+    # A login shell picks up rustup's PATH from the user's profile.
+    cargo_bin=$(runuser -u "$SUDO_USER" -- env HOME="$home" bash -lc 'command -v cargo' 2>/dev/null) || cargo_bin=''
+    [[ -z $cargo_bin && -x $home/.cargo/bin/cargo ]] && cargo_bin=$home/.cargo/bin/cargo
+  fi
+  if [[ -n $cargo_bin ]]; then
+    as_builder=(runuser -u "$SUDO_USER" -- env HOME="$home" PATH="$(dirname "$cargo_bin"):$PATH")
+  else
+    need_cargo
+  fi
+}
+
+# build_lean_add REPO: builds the benchmark's lean ADD (scripts/lib/lean-add) static for this
+# machine, as the plugin is built (same builder, same crate versions: from the cache its build
+# filled when there is no network), and prints its path.
+build_lean_add() {
+  local checkout triple bin
+  checkout=$(cd "$1" && pwd) || return 1
+  triple=$(plugin_triple "$(plugin_arch)") || return 1
+  local -a as_builder=()
+  choose_builder "$checkout" || return 1
+  local -a build=(env RUSTFLAGS="-C target-feature=+crt-static -C relocation-model=static"
+    cargo build --release --locked --quiet --manifest-path "$checkout/scripts/lib/lean-add/Cargo.toml"
+    --target-dir "$checkout/target/lean-add" --target "$triple")
+  (cd "$checkout" && { "${as_builder[@]}" "${build[@]}" --offline 2>/dev/null || "${as_builder[@]}" "${build[@]}"; }) >&2 ||
+    return 1
+  bin=$checkout/target/lean-add/$triple/release/lean-add
+  if ! is_static "$bin"; then
+    echo "$bin is not statically linked" >&2
     return 1
   fi
   echo "$bin"

@@ -277,19 +277,19 @@ fn invalid(msg: String, version: &str) -> GuardError {
 /// that a valid result, the case on every ADD, formats no path.
 type At<'a> = &'a dyn fmt::Display;
 
-/// The member `key` of the object at `.0`.
-struct Key<'a>(At<'a>, &'a str);
+/// Where the member `.1` of the object at `.0` sits.
+struct MemberAt<'a>(At<'a>, &'a str);
 
-impl fmt::Display for Key<'_> {
+impl fmt::Display for MemberAt<'_> {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "{}.{}", self.0, self.1)
     }
 }
 
-/// The item `index` of the array at `.0`.
-struct Index<'a>(At<'a>, usize);
+/// Where the item `.1` of the array at `.0` sits.
+struct ItemAt<'a>(At<'a>, usize);
 
-impl fmt::Display for Index<'_> {
+impl fmt::Display for ItemAt<'_> {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "{}[{}]", self.0, self.1)
     }
@@ -365,41 +365,41 @@ fn check_result(top: &Members, shape: Shape) -> Found<ResultView> {
         // Here `interfaces`, `ips` and `routes` are unknown keys, passed on unread.
         for (key, family) in [("ip4", "4"), ("ip6", "6")] {
             if let Some(value) = top.get(key, at)? {
-                check_legacy_ip(value, &Key(at, key), family, &mut view)?;
+                check_legacy_ip(value, &MemberAt(at, key), family, &mut view)?;
             }
         }
         if let Some(value) = top.get("dns", at)? {
-            check_dns(value, &Key(at, "dns"))?;
+            check_dns(value, &MemberAt(at, "dns"))?;
         }
         return Ok(view);
     }
     if let Some(value) = top.get("interfaces", at)? {
-        let path = Key(at, "interfaces");
+        let path = MemberAt(at, "interfaces");
         for (i, item) in array(value, &path)?.iter().enumerate() {
             view.interfaces
-                .push(check_interface(item, &Index(&path, i), shape)?);
+                .push(check_interface(item, &ItemAt(&path, i), shape)?);
         }
     }
     if let Some(value) = top.get("ips", at)? {
-        let path = Key(at, "ips");
+        let path = MemberAt(at, "ips");
         for (i, item) in array(value, &path)?.iter().enumerate() {
             view.ips.push(check_ip(
                 item,
-                &Index(&path, i),
+                &ItemAt(&path, i),
                 shape,
                 view.interfaces.len(),
             )?);
         }
     }
     if let Some(value) = top.get("routes", at)? {
-        let path = Key(at, "routes");
+        let path = MemberAt(at, "routes");
         for (i, item) in array(value, &path)?.iter().enumerate() {
             view.routes
-                .push(check_route(item, &Index(&path, i), shape)?);
+                .push(check_route(item, &ItemAt(&path, i), shape)?);
         }
     }
     if let Some(value) = top.get("dns", at)? {
-        check_dns(value, &Key(at, "dns"))?;
+        check_dns(value, &MemberAt(at, "dns"))?;
     }
     Ok(view)
 }
@@ -413,7 +413,7 @@ fn check_legacy_ip(
 ) -> Found<()> {
     let members = object(value, at)?;
     let address = match members.get("ip", at)? {
-        Some(address) => cidr_member(address, &Key(at, "ip"))?,
+        Some(address) => cidr_member(address, &MemberAt(at, "ip"))?,
         None => return Err(format!("{at} has no ip")),
     };
     if family(&address) != want_family && !is_v4_mapped(&address) {
@@ -424,10 +424,10 @@ fn check_legacy_ip(
     optional(&members, at, "gateway", gateway_ip)?;
     view.ips.push(IpView { address });
     if let Some(value) = members.get("routes", at)? {
-        let path = Key(at, "routes");
+        let path = MemberAt(at, "routes");
         for (i, item) in array(value, &path)?.iter().enumerate() {
             view.routes
-                .push(check_route(item, &Index(&path, i), Shape::Legacy)?);
+                .push(check_route(item, &ItemAt(&path, i), Shape::Legacy)?);
         }
     }
     Ok(())
@@ -436,7 +436,7 @@ fn check_legacy_ip(
 fn check_interface(value: &RawValue, at: At, shape: Shape) -> Found<InterfaceView> {
     let members = object(value, at)?;
     let name = match members.get("name", at)? {
-        Some(name) => string(name, &Key(at, "name"))?,
+        Some(name) => string(name, &MemberAt(at, "name"))?,
         None => return Err(format!("{at} has no name")),
     };
     if name.is_empty() {
@@ -455,7 +455,7 @@ fn check_interface(value: &RawValue, at: At, shape: Shape) -> Found<InterfaceVie
 fn check_ip(value: &RawValue, at: At, shape: Shape, interfaces: usize) -> Found<IpView> {
     let members = object(value, at)?;
     let address = match members.get("address", at)? {
-        Some(address) => cidr_member(address, &Key(at, "address"))?,
+        Some(address) => cidr_member(address, &MemberAt(at, "address"))?,
         None => return Err(format!("{at} has no address")),
     };
     optional(&members, at, "gateway", gateway_ip)?;
@@ -492,7 +492,7 @@ fn check_ip(value: &RawValue, at: At, shape: Shape, interfaces: usize) -> Found<
 fn check_route(value: &RawValue, at: At, shape: Shape) -> Found<RouteView> {
     let members = object(value, at)?;
     let dst = match members.get("dst", at)? {
-        Some(dst) => cidr_member(dst, &Key(at, "dst"))?,
+        Some(dst) => cidr_member(dst, &MemberAt(at, "dst"))?,
         None => return Err(format!("{at} has no dst")),
     };
     let gw = optional(&members, at, "gw", gateway_ip)?.flatten();
@@ -508,9 +508,9 @@ fn check_dns(value: &RawValue, at: At) -> Found<()> {
     let members = object(value, at)?;
     for key in ["nameservers", "search", "options"] {
         if let Some(list) = members.get(key, at)? {
-            let path = Key(at, key);
+            let path = MemberAt(at, key);
             for (i, item) in array(list, &path)?.iter().enumerate() {
-                string(item, &Index(&path, i))?;
+                string(item, &ItemAt(&path, i))?;
             }
         }
     }
@@ -593,7 +593,7 @@ fn convert_up_from_legacy(top: &Members, to: Shape, to_version: &str) -> Found<S
         let Some(value) = top.get(key, at)? else {
             continue;
         };
-        let path = Key(at, key);
+        let path = MemberAt(at, key);
         let members = object(value, &path)?;
         let mut ip = Vec::new();
         if to == Shape::Pre1 {
@@ -605,7 +605,7 @@ fn convert_up_from_legacy(top: &Members, to: Shape, to_version: &str) -> Found<S
                 "routes" => {
                     if kind(value) != Json::Null {
                         routes.extend(
-                            array(value, &Key(&path, "routes"))?
+                            array(value, &MemberAt(&path, "routes"))?
                                 .iter()
                                 .map(|r| r.get().to_string()),
                         );
@@ -653,14 +653,14 @@ fn convert_down_to_legacy(top: &Members, from: Shape, to_version: &str) -> Found
     let at: At = &"prevResult";
     let mut configs: [Option<Vec<(&str, String)>>; 2] = [None, None];
     if let Some(value) = top.get("ips", at)? {
-        let path = Key(at, "ips");
+        let path = MemberAt(at, "ips");
         for (i, item) in array(value, &path)?.iter().enumerate() {
-            let item_at = Index(&path, i);
+            let item_at = ItemAt(&path, i);
             let members = object(item, &item_at)?;
             let Some(address_text) = members.get("address", &item_at)? else {
                 return Err(format!("{item_at} has no address"));
             };
-            let address = cidr_member(address_text, &Key(&item_at, "address"))?;
+            let address = cidr_member(address_text, &MemberAt(&item_at, "address"))?;
             // libcni's 0.4.0 IP says its family in `version` only; 1.0 derives it.
             let family = match from {
                 Shape::Pre1 => optional(&members, &item_at, "version", string)?,
@@ -688,14 +688,14 @@ fn convert_down_to_legacy(top: &Members, from: Shape, to_version: &str) -> Found
     }
     let mut routes: [Vec<String>; 2] = [Vec::new(), Vec::new()];
     if let Some(value) = top.get("routes", at)? {
-        let path = Key(at, "routes");
+        let path = MemberAt(at, "routes");
         for (i, item) in array(value, &path)?.iter().enumerate() {
-            let route_at = Index(&path, i);
+            let route_at = ItemAt(&path, i);
             let members = object(item, &route_at)?;
             let Some(dst) = members.get("dst", &route_at)? else {
                 return Err(format!("{route_at} has no dst"));
             };
-            let slot = if family(&cidr_member(dst, &Key(&route_at, "dst"))?) == "4" {
+            let slot = if family(&cidr_member(dst, &MemberAt(&route_at, "dst"))?) == "4" {
                 0
             } else {
                 1
@@ -749,7 +749,7 @@ fn convert_ips(value: &RawValue, to_pre1: bool) -> Found<String> {
         members.0.retain(|(k, _)| k != "version");
         if to_pre1 {
             let address = match members.get("address", at)? {
-                Some(address) => cidr_member(address, &Key(at, "address"))?,
+                Some(address) => cidr_member(address, &MemberAt(at, "address"))?,
                 None => return Err(format!("{at} has no address")),
             };
             let version =
@@ -772,7 +772,7 @@ fn map_objects(
         if i > 0 {
             out.push(',');
         }
-        let path = Index(at, i);
+        let path = ItemAt(at, i);
         let mut members = object(item, &path)?;
         edit(&path, &mut members)?;
         write_object(
@@ -876,7 +876,7 @@ fn addresses_as_libcni_writes(converted: &str) -> Found<String> {
             if let Some(at_routes) = members.0.iter().position(|(k, _)| k == "routes")
                 && kind(&members.0[at_routes].1) == Json::Array
             {
-                let text = rewrite_list(&members.0[at_routes].1, &Key(at, "routes"))?;
+                let text = rewrite_list(&members.0[at_routes].1, &MemberAt(at, "routes"))?;
                 members.0[at_routes].1 = RawValue::from_string(text).map_err(|e| e.to_string())?;
             }
             Ok(())
@@ -887,12 +887,12 @@ fn addresses_as_libcni_writes(converted: &str) -> Found<String> {
     for (key, value) in top.0.iter_mut() {
         let text = match key.as_str() {
             "ips" | "routes" if kind(value) == Json::Array => {
-                rewrite_list(value, &format!("prevResult.{key}"))?
+                rewrite_list(value, &MemberAt(&"prevResult", key))?
             }
             "ip4" | "ip6" if kind(value) == Json::Object => {
                 let wrapped = RawValue::from_string(format!("[{}]", value.get()))
                     .map_err(|e| e.to_string())?;
-                let list = rewrite_list(&wrapped, &format!("prevResult.{key}"))?;
+                let list = rewrite_list(&wrapped, &MemberAt(&"prevResult", key))?;
                 list[1..list.len() - 1].to_string()
             }
             _ => continue,
@@ -1078,7 +1078,7 @@ fn optional<T>(
 ) -> Found<Option<T>> {
     members
         .get(key, at)?
-        .map(|value| read(value, &Key(at, key)))
+        .map(|value| read(value, &MemberAt(at, key)))
         .transpose()
 }
 

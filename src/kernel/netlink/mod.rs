@@ -34,9 +34,9 @@ use socket::{NlError, RouteSocket};
 
 /// The link attributes `LinkState` is made of (`read::link_state`), by number: IFLA_ADDRESS,
 /// IFLA_IFNAME, IFLA_MTU, IFLA_LINK, IFLA_LINKINFO, IFLA_AF_SPEC and IFLA_LINK_NETNSID. Only
-/// these are parsed out of a link's answer (`socket`): the kernel sends forty-odd more, and
-/// parsing them was most of the cost of reading a pod's link facts at every ADD. An
-/// attribute `link_state` starts reading is added here too.
+/// these are parsed out of a link's answer (`socket`): the kernel sends forty-odd more, which
+/// every ADD would parse for nothing. An attribute `link_state` starts reading goes here too;
+/// a test in `read` holds the two together.
 const LINK_ATTRIBUTES_READ: [u16; 7] = [1, 3, 4, 5, 18, 26, 37];
 
 /// A link as the kernel reports it, reduced to what the guard records and compares.

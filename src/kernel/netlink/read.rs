@@ -484,3 +484,79 @@ pub fn main_routes_here() -> Result<Vec<NamedRoute>> {
     }
     Ok(named)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netlink_packet_core::{Emitable, Parseable};
+    use netlink_packet_route::link::{InfoKind, LinkFlags, State};
+
+    /// A link answer with every attribute `link_state` reads and many it does not: read the
+    /// way `socket` reads answers (`LINK_ATTRIBUTES_READ` only), it must give the same
+    /// `LinkState` as the whole answer parsed. One that `link_state` starts reading without
+    /// the list fails here, as long as it is in this answer.
+    #[test]
+    fn a_link_read_by_the_attributes_kept_is_the_link_read_whole() {
+        let mut conf = InetDevConf::default();
+        (conf.forwarding, conf.rp_filter, conf.arp_ignore) = (1, 2, 1);
+        let mut conf6 = Inet6DevConf::default();
+        (conf6.forwarding, conf6.accept_ra, conf6.disable_ipv6) = (1, 0, 1);
+        let mut message = LinkMessage::default();
+        message.header.index = 9;
+        message.header.flags = LinkFlags::Up | LinkFlags::LowerUp | LinkFlags::Noarp;
+        message.attributes = vec![
+            LinkAttribute::Address(vec![2, 0, 0, 0, 0, 9]),
+            LinkAttribute::Broadcast(vec![0xff; 6]),
+            LinkAttribute::PermAddress(vec![2, 0, 0, 0, 0, 8]),
+            LinkAttribute::IfName("eth0".into()),
+            LinkAttribute::IfAlias("pod".into()),
+            LinkAttribute::Qdisc("noqueue".into()),
+            LinkAttribute::Mtu(1450),
+            LinkAttribute::MinMtu(68),
+            LinkAttribute::MaxMtu(9000),
+            LinkAttribute::TxQueueLen(1000),
+            LinkAttribute::OperState(State::Up),
+            LinkAttribute::Carrier(1),
+            LinkAttribute::Link(12),
+            LinkAttribute::Controller(3),
+            LinkAttribute::LinkNetNsId(0),
+            LinkAttribute::Group(0),
+            LinkAttribute::Promiscuity(0),
+            LinkAttribute::AllMulticast(0),
+            LinkAttribute::NumTxQueues(2),
+            LinkAttribute::NumRxQueues(2),
+            LinkAttribute::CarrierChanges(1),
+            LinkAttribute::GsoMaxSegs(65535),
+            LinkAttribute::GsoMaxSize(65536),
+            LinkAttribute::ParentDevName("0000:00:03.0".into()),
+            LinkAttribute::LinkInfo(vec![
+                LinkInfo::Kind(InfoKind::MacVlan),
+                LinkInfo::Data(InfoData::MacVlan(vec![InfoMacVlan::Mode(
+                    MacVlanMode::Bridge,
+                )])),
+            ]),
+            LinkAttribute::AfSpecUnspec(vec![
+                AfSpecUnspec::Inet(vec![AfSpecInet::DevConf(conf)]),
+                AfSpecUnspec::Inet6(vec![AfSpecInet6::DevConf(conf6)]),
+            ]),
+        ];
+        let mut bytes = vec![0u8; message.buffer_len()];
+        message.emit(&mut bytes);
+
+        let whole = LinkMessage::parse(&bytes[..]).expect("the whole answer parses");
+        let kept = super::super::socket::link_message(&bytes).expect("the kept attributes parse");
+        assert!(kept.attributes.len() < whole.attributes.len());
+        let link = link_state(&kept);
+        assert_eq!(link, link_state(&whole));
+        // The answer exercises what link_state reads: none of it came out empty.
+        assert_eq!(link.name, "eth0");
+        assert_eq!(
+            (link.mtu, link.parent_index, link.parent_elsewhere),
+            (1450, Some(12), true)
+        );
+        assert_eq!(link.mac.as_deref(), Some("02:00:00:00:00:09"));
+        assert_eq!(link.kind.as_deref(), Some("macvlan"));
+        assert!(link.macvlan_mode.is_some());
+        assert!(!link.settings.is_empty());
+    }
+}

@@ -3,7 +3,8 @@
 //! Requests go one at a time, so the answers to read are those the kernel sent with the
 //! request's sequence number; anything else on the socket is passed over. The
 //! kernel's bytes are checked before they are trusted: a length that does not fit, an answer
-//! that does not parse or a message type that makes no sense is an error, never a panic.
+//! that does not parse or a message type that makes no sense is an error, never a panic. Of a
+//! link's attributes only those the guard reads are parsed; the others are passed over.
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
@@ -161,7 +162,7 @@ fn read_datagram(
         if !own_sequence {
             continue;
         }
-        if header.message_type() == RTM_NEWLINK {
+        if header.message_type() == nix::libc::RTM_NEWLINK {
             match link_message(header.payload()) {
                 Ok(link) => {
                     answers.push(RouteNetlinkMessage::NewLink(link));
@@ -172,7 +173,7 @@ fn read_datagram(
                 Err(_) if multipart => {}
                 Err(e) => {
                     return Err(NlError::Malformed(format!(
-                        "cannot parse the kernel's answer: {e}"
+                        "cannot parse the kernel's answer about a link: {e}"
                     )));
                 }
             }
@@ -209,14 +210,12 @@ fn read_datagram(
     Ok(Answer::MoreToCome)
 }
 
-const RTM_NEWLINK: u16 = 16;
-
 /// The size of a link message's own header (`struct ifinfomsg`), before its attributes.
 const LINK_HEADER_LEN: usize = 16;
 
 /// A link's answer with only the attributes the guard reads (`super::LINK_ATTRIBUTES_READ`)
 /// parsed; the others are passed over unread, so one this crate cannot parse fails nothing.
-fn link_message(payload: &[u8]) -> Result<LinkMessage, DecodeError> {
+pub(super) fn link_message(payload: &[u8]) -> Result<LinkMessage, DecodeError> {
     let header = LinkHeader::parse(payload)?;
     let family = header.interface_family;
     let mut link = LinkMessage::default();

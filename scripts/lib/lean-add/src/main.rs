@@ -145,7 +145,14 @@ fn ask(sock: i32, kind: u16, dump: bool, index: i32, name: Option<&str>, buf: &m
         while at + 16 <= got {
             let mlen = u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap()) as usize;
             let (mtype, mflags) = (field(at + 4), field(at + 6));
-            if mtype == libc::NLMSG_DONE as u16 || mtype == libc::NLMSG_ERROR as u16 {
+            if mtype == libc::NLMSG_ERROR as u16 {
+                let code = buf
+                    .get(at + 16..at + 20)
+                    .map_or(-1, |b| i32::from_ne_bytes(b.try_into().unwrap()));
+                check(code == 0, "the kernel refused a request");
+                return peer;
+            }
+            if mtype == libc::NLMSG_DONE as u16 {
                 return peer;
             }
             if mtype == libc::RTM_NEWLINK && peer == 0 {

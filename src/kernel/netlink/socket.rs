@@ -162,25 +162,16 @@ fn read_datagram(
         if !own_sequence {
             continue;
         }
-        if header.message_type() == nix::libc::RTM_NEWLINK {
-            match link_message(header.payload()) {
-                Ok(link) => {
-                    answers.push(RouteNetlinkMessage::NewLink(link));
-                    if !multipart && !expecting_ack {
-                        return Ok(Answer::Complete);
-                    }
-                }
-                Err(_) if multipart => {}
-                Err(e) => {
-                    return Err(NlError::Malformed(format!(
-                        "cannot parse the kernel's answer about a link: {e}"
-                    )));
-                }
-            }
-            continue;
-        }
-        let message = match NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes) {
-            Ok(message) => message,
+        // A link's answer is parsed here, for the attributes the guard reads; any other by the
+        // crate, whole.
+        let parsed = if header.message_type() == nix::libc::RTM_NEWLINK {
+            link_message(header.payload())
+                .map(|link| NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)))
+        } else {
+            NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes).map(|message| message.payload)
+        };
+        let payload = match parsed {
+            Ok(payload) => payload,
             // One part of a dump that this crate cannot parse is left out; the rest still tells.
             Err(_) if multipart => continue,
             Err(e) => {
@@ -189,7 +180,7 @@ fn read_datagram(
                 )));
             }
         };
-        match message.payload {
+        match payload {
             NetlinkPayload::InnerMessage(inner) => {
                 answers.push(inner);
                 if !multipart && !expecting_ack {

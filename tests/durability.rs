@@ -1,8 +1,9 @@
-//! What ADD syncs, on the file systems a node's /var/lib may be: an ownership is a symlink made
-//! durable by its directory's fsync only where a journal commits the symlink's inode with it;
-//! on ext4 without a journal a directory fsync writes the entry but not the inode, so a power
-//! cut could lose an ownership ADD reported made, and there it is a regular file synced on its
-//! own. Run under strace on loop-mounted ext4 with and without a journal.
+//! What ADD syncs, on the file systems a node's /var/lib may be: an ownership, and a record
+//! whose text the file system keeps in a symlink's target, is a symlink made durable by its
+//! directory's fsync only where a journal commits the symlink's inode with it; on ext4 without
+//! a journal a directory fsync writes the entry but not the inode, so a power cut could lose
+//! an ownership ADD reported made, and there both are regular files synced on their own. Run
+//! under strace on loop-mounted ext4 with and without a journal, and XFS.
 
 #[path = "support/cni.rs"]
 mod cni;
@@ -18,14 +19,29 @@ mod testdata;
 use cni::{Pod, Store, container_id};
 use std::path::Path;
 
-/// The data syncs of an ADD and whether the ownership it wrote is a symlink.
-fn add_on(disk: &mount::Mount) -> (Vec<String>, bool) {
+/// The data syncs of an ADD, and whether the ownership and the record it wrote are symlinks.
+fn add_on(disk: &mount::Mount) -> (Vec<String>, bool, bool) {
+    add_with_routes_on(disk, 0)
+}
+
+/// `add_on` with a prevResult of `routes` routes more: each makes the record 43 bytes longer.
+fn add_with_routes_on(disk: &mount::Mount, routes: usize) -> (Vec<String>, bool, bool) {
     let logs = sys::TempDir::new("sglogs");
     let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
     let pod = Pod::new("durable", "db-0");
     // A first ADD makes the folders and a second sandbox's ADD rewrites the key's ownership,
     // so both a new ownership and a rewrite are seen.
     store.add(&container_id(), &pod).run().assert_ok();
+    let b = container_id();
+    let mut result = cni::prev_result_for(cni::LATEST_VERSION, &b, "eth0", &cni::default_netns(&b));
+    for n in 0..routes {
+        result["routes"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!(
+                {"dst": format!("10.{}.{}.0/24", n / 256, n % 256), "gw": "10.22.0.1"}
+            ));
+    }
     let trace = logs.path.join("trace");
     let strace = [
         "strace",
@@ -37,7 +53,8 @@ fn add_on(disk: &mount::Mount) -> (Vec<String>, bool) {
         trace.to_str().unwrap(),
     ];
     store
-        .add(&container_id(), &pod)
+        .add(&b, &pod)
+        .prev_result(&result)
         .wrapped_in(&strace)
         .run()
         .assert_ok();
@@ -49,7 +66,12 @@ fn add_on(disk: &mount::Mount) -> (Vec<String>, bool) {
         .collect();
     let owners = store.owner_files();
     assert_eq!(owners.len(), 1, "{owners:?}");
-    (syncs, is_symlink(&owners[0]))
+    let record = store.record_path(cni::NETWORK, &b, "eth0");
+    cni::verify_envelope(&record).unwrap();
+    if !is_symlink(&record) {
+        assert_eq!(cni::mode(&record), 0o600);
+    }
+    (syncs, is_symlink(&owners[0]), is_symlink(&record))
 }
 
 fn is_symlink(path: &Path) -> bool {
@@ -63,9 +85,9 @@ fn is_symlink(path: &Path) -> bool {
 fn without_a_journal_the_ownership_is_a_file_synced_on_its_own() {
     sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "strace"]);
     let disk = mount::Mount::ext4("^has_journal");
-    let (syncs, symlink) = add_on(&disk);
+    let (syncs, symlink, record_symlink) = add_on(&disk);
     assert!(
-        !symlink,
+        !symlink && !record_symlink,
         "a directory fsync does not write a new symlink's inode here"
     );
     assert!(
@@ -78,14 +100,46 @@ fn without_a_journal_the_ownership_is_a_file_synced_on_its_own() {
     );
 }
 
+/// The journal commit that makes the names durable carries the symlinks' targets too: no data
+/// sync at all (the one directory fsync: `on_an_ordered_journal_add_fsyncs_one_directory`).
 #[test]
-fn with_a_journal_add_makes_one_data_sync_and_the_ownership_a_symlink() {
-    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "strace"]);
-    let disk = mount::Mount::ext4("has_journal");
-    let (syncs, symlink) = add_on(&disk);
-    assert!(symlink);
-    assert_eq!(syncs.len(), 1, "{syncs:#?}");
-    assert!(syncs[0].contains("/records/"), "{syncs:#?}");
+fn with_a_journal_add_makes_no_data_sync_and_the_record_and_ownership_symlinks() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "mkfs.xfs", "strace"]);
+    for disk in [
+        mount::Mount::ext4("has_journal"),
+        mount::Mount::image(&["mkfs.xfs", "-q", "-f"]),
+    ] {
+        let (syncs, symlink, record_symlink) = add_on(&disk);
+        assert!(symlink && record_symlink);
+        assert!(syncs.is_empty(), "{syncs:#?}");
+    }
+}
+
+/// A record longer than the file system keeps in a target (XFS: 1,024 bytes; ext4: a block less
+/// one, and mkfs.ext4 gives a file system under 512 MiB blocks of 1 KiB; Linux: 4,095) is a
+/// file, its data synced once, as without a journal.
+#[test]
+fn a_record_too_long_for_a_symlink_is_a_file_with_one_data_sync() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "mkfs.xfs", "strace"]);
+    let ext4 = |block: &str| {
+        mount::Mount::image(&["mkfs.ext4", "-q", "-F", "-O", "has_journal", "-b", block])
+    };
+    for (disk, routes, linked) in [
+        (mount::Mount::image(&["mkfs.xfs", "-q", "-f"]), 20, false),
+        (ext4("1024"), 20, false),
+        (ext4("4096"), 20, true),
+        (ext4("4096"), 100, false),
+    ] {
+        let (syncs, symlink, record_symlink) = add_with_routes_on(&disk, routes);
+        assert!(symlink);
+        assert_eq!(record_symlink, linked, "{routes} routes");
+        if linked {
+            assert!(syncs.is_empty(), "{syncs:#?}");
+        } else {
+            assert_eq!(syncs.len(), 1, "{syncs:#?}");
+            assert!(syncs[0].contains("/records/"), "{syncs:#?}");
+        }
+    }
 }
 
 /// The longest names an ownership can hold (a pod name of 253 characters, a namespace of 63,
@@ -233,8 +287,8 @@ fn a_planted_symlink_for_an_ownership_is_refused_with_its_way_out() {
 }
 
 /// On one ordered log (ext4's journal, XFS's) the fsync of the directory changed last commits
-/// every change made before it: ADD fsyncs `owners/` after its one data sync, not `records/`
-/// too. Without a journal each changed directory is fsynced.
+/// every change made before it: ADD fsyncs `owners/`, not `records/` too. Without a journal
+/// each changed directory is fsynced.
 fn directory_syncs_of_an_add(disk: &mount::Mount) -> Vec<String> {
     let logs = sys::TempDir::new("sglogs");
     let store = Store::with_state_dir(disk.path.join("state"), &logs.path);

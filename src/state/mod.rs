@@ -81,8 +81,8 @@ pub struct Store {
     dirty: Cell<DirtyDirs>,
     /// The record written since the last sync, whose data `sync` makes durable first.
     unsynced_record: Cell<Option<File>>,
-    /// How the file system journals metadata (`journal`), asked once, at the first ownership
-    /// written or the first sync of more than one directory.
+    /// How the file system journals metadata (`journal`), asked once, at the first record or
+    /// ownership written or the first sync of more than one directory.
     journal: OnceCell<journal::Journal>,
 }
 
@@ -291,19 +291,39 @@ impl Store {
     }
 
     pub fn load_record(&self, id: &AttachmentId) -> Result<Loaded<Checkpoint>> {
-        sealed::read(&self.record_path(id))
+        sealed::read_entry(&self.record_path(id))
     }
 
-    /// Puts the record in place; its data is made durable by the next `sync`, which it must
-    /// precede in the same operation (see there).
+    /// Puts the record in place; it is made durable by the next `sync`, which it must precede
+    /// in the same operation (see there).
+    ///
+    /// On a journal it is a symlink entry, as an ownership is (`save_owner`): the journal
+    /// commit of `sync` carries its text, with no data write and no data sync of its own. One
+    /// longer than the file system keeps in a target (XFS keeps 1,024 bytes), and every record
+    /// where no journal orders the writes, is a file whose data `sync` makes durable first.
     pub fn save_record(&self, record: &Checkpoint) -> Result<()> {
-        let new = surely_absent(&self.record_path(&record.id()));
-        let file = sealed::write_unsynced(&self.records, &record.id().file_name(), record, new)?;
-        if let Some(earlier) = self.unsynced_record.replace(Some(file)) {
-            earlier
-                .sync_data()
-                .map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
-        }
+        let name = record.id().file_name();
+        let sealed = sealed::seal(record);
+        let linked = if self.journals_metadata() {
+            sealed::link_entry(&self.records, &name, &sealed)
+                .map_err(|e| GuardError::io("write checkpoint", &self.records.join(&name), e))?
+        } else {
+            sealed::Linked::TooLong
+        };
+        let new = match linked {
+            sealed::Linked::New => true,
+            sealed::Linked::Replaced => false,
+            sealed::Linked::TooLong => {
+                let new = surely_absent(&self.records.join(&name));
+                let file = sealed::write_unsynced(&self.records, &name, &sealed, new)?;
+                if let Some(earlier) = self.unsynced_record.replace(Some(file)) {
+                    earlier
+                        .sync_data()
+                        .map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
+                }
+                new
+            }
+        };
         self.mark_dirty(0);
         self.records_delta
             .set(self.records_delta.get() + i64::from(new));
@@ -527,26 +547,29 @@ impl Store {
         Ok(true)
     }
 
-    /// Makes every change since the last sync durable: first the data of the record written
-    /// since (one fdatasync), then the changed directories: on one ordered log
+    /// Makes every change since the last sync durable: first the data of a record written
+    /// since as a file (one fdatasync), then the changed directories: on one ordered log
     /// (`journal::Journal::Ordered`) the one changed last, elsewhere each, in the order they
     /// were first changed.
     ///
     /// So a verb changes what it must, in the order that keeps the store consistent (ADD: the
     /// record, then the ownership that points at it, then the address index; DEL and GC: the
-    /// ownership, then the record), and syncs once. On a journaling file system that first
-    /// fsync is the one journal commit of the operation: ext4 commits its running
-    /// transaction, which holds every rename, link and unlink made before it, and XFS forces
-    /// its log up to the file's last change, past every earlier change; metadata reaches the
-    /// disk in the order it was changed, so the ownership (a symlink, metadata only) never
-    /// outlives a crash without its record's name. The directory fsync after it mostly finds
-    /// nothing left to commit; it is what commits the names made after the record's last
-    /// change where that change fell in an earlier commit (its blocks allocated at write time,
-    /// as with `nodelalloc` or `data=journal`, or a commit between the two). One suffices on
-    /// an ordered log; a file system that logs each directory on its own (btrfs) gets each.
+    /// ownership, then the record), and syncs once. On a journaling file system the first
+    /// fsync is the one journal commit of the operation (the record's fdatasync where it is a
+    /// file, else the directory's): ext4 commits its running transaction, which holds every
+    /// rename, link, symlink and unlink made before it, and XFS forces its log up to the
+    /// file's last change, past every earlier change; metadata reaches the disk in the order
+    /// it was changed, so the ownership (a symlink, metadata only) never outlives a crash
+    /// without its record's name. After a record file's fdatasync the directory fsync mostly
+    /// finds nothing left to commit; it is what commits the names made after the record's
+    /// last change where that change fell in an earlier commit (its blocks allocated at write
+    /// time, as with `nodelalloc` or `data=journal`, or a commit between the two). One
+    /// suffices on an ordered log; a file system that logs each directory on its own (btrfs)
+    /// gets each.
     ///
-    /// A crash before the sync can leave the record's name with its data not yet written
-    /// (delayed allocation), and its ownership beside it: the record then reads as corrupt,
+    /// A record that is a symlink is whole or absent after a crash. A crash before the sync
+    /// can leave a record file's name with its data not yet written (delayed allocation),
+    /// and its ownership beside it: the record then reads as corrupt,
     /// never as valid and wrong, and the store trusts an owner whose record is corrupt
     /// (`owner_is_backed`), so the pod keeps its owner and stale DELs stay refused, as after
     /// any other damage to a record. Were a crash still to leave an owner whose record is
@@ -662,7 +685,7 @@ impl Store {
     /// Every record file, for GC and the doctor. A file that cannot even be opened safely (a
     /// planted symlink, a FIFO) is listed as corrupt: the tools that list must keep working.
     pub fn list_records(&self) -> Result<Vec<(PathBuf, Loaded<Checkpoint>)>> {
-        list(&self.records, |path| Ok(read_for_listing(path)))
+        list(&self.records, |path| Ok(read_entry_for_listing(path)))
     }
 
     /// The record files' paths in directory order, read lazily: a reader that loads one
@@ -674,7 +697,7 @@ impl Store {
 
     /// Reads one path of `record_paths` as `list_records` would.
     pub fn load_record_at(&self, path: &Path) -> Loaded<Checkpoint> {
-        read_for_listing(path)
+        read_entry_for_listing(path)
     }
 
     pub fn list_owners(&self) -> Result<Vec<(PathBuf, Loaded<Ownership>)>> {

@@ -93,7 +93,9 @@ pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
 /// before the symlink form wrote, and the fallback for a text too long for a target) reads
 /// as `read` reads it.
 pub fn read_entry<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
-    match fs::read_link(path) {
+    // nix's readlink asks once with room for the longest target; std's starts at 256 bytes and
+    // asks again for each doubling, four calls for a record.
+    match nix::fcntl::readlink(path).map(PathBuf::from).map_err(io::Error::from) {
         // Not one the store wrote (a sealed text starts with '{'): a link planted to point
         // elsewhere fails as a symlink always has in the state dir, it is no damaged entry to
         // overwrite.
@@ -131,24 +133,40 @@ pub fn write_entry<T: Serialize>(
     durability: Durability,
 ) -> io::Result<()> {
     let sealed = seal(value);
-    let text = sealed.strip_suffix(b"\n").unwrap_or(&sealed);
+    match link_entry(dir, name, &sealed)? {
+        Linked::TooLong => replace(dir, name, &sealed, durability),
+        Linked::New | Linked::Replaced => Ok(()),
+    }
+}
+
+/// What `link_entry` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Linked {
+    New,
+    Replaced,
+    /// Nothing: the text is longer than a target may hold there.
+    TooLong,
+}
+
+/// Puts `sealed` (from `seal`) at `dir/name` as the symlink entry `write_entry` describes,
+/// or nothing where the text is longer than the file system keeps in a target.
+pub fn link_entry(dir: &Path, name: &str, sealed: &[u8]) -> io::Result<Linked> {
+    let text = sealed.strip_suffix(b"\n").unwrap_or(sealed);
     if text.len() > MAX_LINK_TARGET {
-        return replace(dir, name, &sealed, durability);
+        return Ok(Linked::TooLong);
     }
     match write_link(dir, name, text) {
-        Err(e) if e.raw_os_error() == Some(nix::libc::ENAMETOOLONG) => {
-            replace(dir, name, &sealed, durability)
-        }
+        Err(e) if e.raw_os_error() == Some(nix::libc::ENAMETOOLONG) => Ok(Linked::TooLong),
         done => done,
     }
 }
 
-fn write_link(dir: &Path, name: &str, text: &[u8]) -> io::Result<()> {
+fn write_link(dir: &Path, name: &str, text: &[u8]) -> io::Result<Linked> {
     let target = std::ffi::OsStr::from_bytes(text);
     let path = dir.join(name);
     match std::os::unix::fs::symlink(target, &path) {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        done => return done,
+        done => return done.map(|()| Linked::New),
     }
     let temp = temp_path(dir);
     // A temp entry left by a killed process with our pid would make symlink() fail.
@@ -157,7 +175,7 @@ fn write_link(dir: &Path, name: &str, text: &[u8]) -> io::Result<()> {
     if written.is_err() {
         let _ = fs::remove_file(&temp);
     }
-    written
+    written.map(|()| Linked::Replaced)
 }
 
 /// The longest symlink target Linux stores (PATH_MAX, 4096, with its NUL).
@@ -201,23 +219,22 @@ pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<()> {
         .map_err(|e| GuardError::io("write checkpoint", &dir.join(name), e))
 }
 
-/// Puts `value` sealed at `dir/name`, atomically but not yet durably, and returns the file for
+/// Puts `sealed` (from `seal`) at `dir/name`, atomically but not yet durably, and returns the file for
 /// the caller to sync once everything its operation changes is in place (`Store::sync`). A
 /// crash before that sync may leave the new name with its data missing (a file system
 /// allocates the blocks at writeback): it then reads as corrupt, never as valid and wrong.
 /// `new`: `name` is known to be free, so the data goes into an unnamed file (O_TMPFILE)
 /// that is linked in once written: no temp name is created, renamed or left by a kill.
-pub fn write_unsynced<T: Serialize>(dir: &Path, name: &str, value: &T, new: bool) -> Result<File> {
+pub fn write_unsynced(dir: &Path, name: &str, sealed: &[u8], new: bool) -> Result<File> {
     let path = dir.join(name);
-    let sealed = seal(value);
     let written = if new {
-        link_new(dir, &path, &sealed)
+        link_new(dir, &path, sealed)
     } else {
         None
     }
     .unwrap_or_else(|| {
         let temp = temp_path(dir);
-        let written = write_temp(&temp, &sealed, Durability::Hint)
+        let written = write_temp(&temp, sealed, Durability::Hint)
             .and_then(|file| fs::rename(&temp, &path).map(|()| file));
         if written.is_err() {
             let _ = fs::remove_file(&temp);

@@ -17,7 +17,7 @@ use crate::state::checkpoint::Checkpoint;
 use crate::state::ip_index::{self, IpHolder};
 use crate::state::lock::WaitNotice;
 use crate::state::ownership::{Ownership, PodKey};
-use crate::state::{Folder, Loaded, Store, read_entry_for_listing, read_for_listing};
+use crate::state::{Folder, Loaded, Store, read_entry_for_listing};
 
 /// Every pod key's owner across the stores read, for judging the log's stale DELs.
 pub type Owners = HashMap<PodKey, Ownership>;
@@ -70,7 +70,7 @@ pub fn check(
     let on_wait = |holder: &str| notice.hear(holder);
     let listed = (|| -> crate::error::Result<_> {
         let mut records = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| {
-            Some(read_for_listing::<Checkpoint>(p))
+            Some(read_entry_for_listing::<Checkpoint>(p))
         })?;
         let mut owners = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |p| {
             let owner = read_entry_for_listing::<Ownership>(p);

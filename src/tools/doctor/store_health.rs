@@ -282,9 +282,10 @@ pub(super) fn check_permissions(state_dir: &Path, report: &mut Report) {
         if !meta.is_dir() {
             continue;
         }
-        // Ownerships and address index entries are symlinks whose target is their sealed text
-        // (never followed); a set-aside ownership stays one. A link has no mode of its own.
-        let links_are_entries = ["owners", "set-aside", crate::state::IPS]
+        // Ownerships, address index entries and, on a journal, records are symlinks whose
+        // target is their sealed text (never followed); one set aside stays one. A link has no
+        // mode of its own.
+        let links_are_entries = ["records", "owners", "set-aside", crate::state::IPS]
             .iter()
             .any(|d| dir.ends_with(d));
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {

@@ -10,7 +10,7 @@ use crate::error::{GuardError, Kind, Result};
 use crate::state::checkpoint::{AttachmentId, Checkpoint};
 use crate::state::lock::WaitNotice;
 use crate::state::ownership::{Ownership, PodKey};
-use crate::state::{Folder, Loaded, Store, read_entry_for_listing, read_for_listing};
+use crate::state::{Folder, Loaded, Store, read_entry_for_listing};
 
 /// A selected checkpoint, or a selection that named something unusable.
 pub enum Selected {
@@ -39,7 +39,7 @@ pub fn select(
     let notice = WaitNotice::new(state_dir, lock_timeout);
     let on_wait = |holder: &str| notice.hear(holder);
     let mut listed = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| {
-        Some(read_for_listing::<Checkpoint>(p))
+        Some(read_entry_for_listing::<Checkpoint>(p))
     })?;
     // Sorted, so the report reads the same from run to run.
     listed.sort_by(|a, b| a.0.cmp(&b.0));

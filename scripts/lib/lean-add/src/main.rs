@@ -1,7 +1,8 @@
 //! A lean ADD, for scripts/bench.sh: the guard's kernel work (the pod's netns entered for a
 //! netlink socket, the link, its addresses and routes and its host-side peer asked for, the
-//! store's lock, the record as an O_TMPFILE linked into `records/`, the owner and address-index
-//! symlinks, one fdatasync and one directory fsync, the result written) plus the least
+//! store's lock, the record as a symlink where the file system keeps its text as a target, else
+//! an O_TMPFILE linked into `records/` and fdatasynced, the owner and address-index symlinks,
+//! one directory fsync, the result written) plus the least
 //! user-space work a durable ADD needs: the config and its prevResult parsed with serde_json,
 //! three texts serialised and sealed with sha256 as the store seals them, of the sizes the
 //! guard writes for the bench's pod. Built as the guard is (static, LTO, the same C `main`
@@ -300,28 +301,37 @@ extern "C" fn main(_argc: i32, _argv: *const *const u8) -> i32 {
             0o600,
         );
         check(lock >= 0 && libc::flock(lock, libc::LOCK_EX) == 0, "lock");
-        let file = libc::open(
-            c(&format!("{state}/records")).as_ptr(),
-            libc::O_WRONLY | libc::O_TMPFILE | libc::O_CLOEXEC,
-            0o600,
-        );
-        let text = record.as_bytes();
-        check(
-            file >= 0 && libc::write(file, text.as_ptr().cast(), text.len()) == text.len() as isize,
-            "write",
-        );
         let name = c(&format!("{state}/records/{}:{cid}:{ifname}", conf.name));
-        check(
-            libc::linkat(
-                file,
-                c("").as_ptr(),
-                libc::AT_FDCWD,
-                name.as_ptr(),
-                libc::AT_EMPTY_PATH,
-            ) == 0,
-            "link",
-        );
-        if std::env::var_os("LEAN_ADD_WRITES").is_none_or(|writes| writes != "record") {
+        let mut file = -1;
+        if libc::symlink(record.as_ptr(), name.as_ptr()) != 0 {
+            check(
+                std::io::Error::last_os_error().raw_os_error() == Some(libc::ENAMETOOLONG),
+                "record",
+            );
+            file = libc::open(
+                c(&format!("{state}/records")).as_ptr(),
+                libc::O_WRONLY | libc::O_TMPFILE | libc::O_CLOEXEC,
+                0o600,
+            );
+            let text = record.as_bytes();
+            check(
+                file >= 0
+                    && libc::write(file, text.as_ptr().cast(), text.len()) == text.len() as isize,
+                "write",
+            );
+            check(
+                libc::linkat(
+                    file,
+                    c("").as_ptr(),
+                    libc::AT_FDCWD,
+                    name.as_ptr(),
+                    libc::AT_EMPTY_PATH,
+                ) == 0,
+                "link",
+            );
+        }
+        let whole = std::env::var_os("LEAN_ADD_WRITES").is_none_or(|writes| writes != "record");
+        if whole {
             check(
                 libc::symlink(owner.as_ptr(), c(&format!("{state}/owners/{key}")).as_ptr()) == 0,
                 "owner",
@@ -334,13 +344,15 @@ extern "C" fn main(_argc: i32, _argv: *const *const u8) -> i32 {
                 "address entry",
             );
         }
-        check(libc::fdatasync(file) == 0, "fdatasync");
-        let owners = libc::open(
-            c(&format!("{state}/owners")).as_ptr(),
+        check(file < 0 || libc::fdatasync(file) == 0, "fdatasync");
+        // The directory changed last, as the guard's sync takes it.
+        let changed_last = if whole { "owners" } else { "records" };
+        let dir = libc::open(
+            c(&format!("{state}/{changed_last}")).as_ptr(),
             libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
         );
-        check(owners >= 0 && libc::fsync(owners) == 0, "fsync");
-        for fd in [owners, file, lock] {
+        check(dir >= 0 && libc::fsync(dir) == 0, "fsync");
+        for fd in [dir, file, lock] {
             libc::close(fd);
         }
     }

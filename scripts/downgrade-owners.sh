@@ -1,8 +1,8 @@
 #!/bin/sh
 # Puts a state dir back in the form of the release before the pod key (podKey), so that it
 # can take the node over: owners, deferred DELs and the refusal ledger moved to that release's
-# keys (by pod name and ifname), ownerships and address index entries rewritten from symlinks
-# (this release's form, which it refuses) into regular files. The work is this release's
+# keys (by pod name and ifname), records, ownerships and address index entries rewritten from
+# symlinks (this release's form, which it refuses) into regular files. The work is this release's
 # `--downgrade`, under the store's lock, crash-safe: run again, it finishes what a crash left.
 #
 #   sh scripts/downgrade-owners.sh [STATE_DIR [THIS_RELEASES_BINARY]]

@@ -221,7 +221,8 @@ fn add_without_an_unnamed_file_to_link_writes_the_record_through_a_temp_file() {
 }
 
 /// Releases before the symlink form refuse a symlink in the state dir, on every ADD and DEL of
-/// its pod, and say to remove it, which would drop the pod's owner; the release before the pod
+/// its pod, and say to remove it, which would drop the pod's owner (releases before records
+/// took it, a record that is one); the release before the pod
 /// key reads owners only under its own keys. scripts/downgrade-owners.sh (this release's
 /// `--downgrade`) moves them there and writes them as the regular files that release reads.
 #[test]
@@ -236,6 +237,8 @@ fn the_downgrade_script_turns_every_symlink_back_into_the_file_of_the_release_be
     store.add(&b, &pod).run().assert_ok();
     let owner = store.owner_files().pop().unwrap();
     assert!(is_symlink(&owner), "the new form, to be turned back");
+    let record = store.record_path(cni::NETWORK, &b, "eth0");
+    assert!(is_symlink(&record), "the new form, to be turned back");
     let planted = store.state_dir.join("owners").join("planted");
     std::os::unix::fs::symlink("/etc/hostname", &planted).unwrap();
 
@@ -258,6 +261,11 @@ fn the_downgrade_script_turns_every_symlink_back_into_the_file_of_the_release_be
         (Some("eth0"), Some(b.as_str()))
     );
     assert!(std::fs::read(owner).unwrap().ends_with(b"}\n"));
+    for record in cni::files_in(&store.state_dir.join("records")) {
+        assert!(!is_symlink(&record), "{record:?}");
+        assert_eq!(cni::mode(&record), 0o600);
+        cni::verify_envelope(&record).unwrap();
+    }
     store.del(&a, &pod).run().assert_error(11);
     store.del(&b, &pod).run().assert_ok();
 }

@@ -407,9 +407,9 @@ impl Store {
     /// Puts the store back in the form the release before the pod key reads, for a downgrade
     /// to it: every network's owners, deferred DELs and ledger moved to the keys of
     /// "name-and-ifname" (that release's only rule; the move is `rekey`'s, crash-safe, run
-    /// whatever the markers say), then every ownership and address index entry that is a
-    /// symlink (this release's form, which that release refuses) rewritten as the regular
-    /// file it read, each by an atomic rename. Run under the store's lock; running it again
+    /// whatever the markers say), then every record, ownership and address index entry that
+    /// is a symlink (this release's form, which that release and, for records, every release
+    /// before this one refuse) rewritten as the regular file it read, each by an atomic rename. Run under the store's lock; running it again
     /// finds nothing left to do. A ledger entry of a whole pod ("name") is cut into one per
     /// interface by the counts it keeps per interface; one whose counts no interface can be
     /// found for (counts outside `by_interface`, of a pod without one single interface on the
@@ -452,7 +452,11 @@ impl Store {
             self.rekey(network, PodKeyRule::NameAndIfname, true)?;
         }
         let mut rewritten = 0;
-        for dir in [self.owners.clone(), self.root.join(super::IPS)] {
+        for dir in [
+            self.records.clone(),
+            self.owners.clone(),
+            self.root.join(super::IPS),
+        ] {
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
             };

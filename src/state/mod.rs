@@ -291,7 +291,7 @@ impl Store {
     }
 
     pub fn load_record(&self, id: &AttachmentId) -> Result<Loaded<Checkpoint>> {
-        sealed::read_entry(&self.record_path(id))
+        sealed::read_either(&self.record_path(id), self.journals_metadata())
     }
 
     /// Puts the record in place; it is made durable by the next `sync`, which it must precede
@@ -628,10 +628,11 @@ impl Store {
     }
 
     fn journal(&self) -> journal::Journal {
-        *self.journal.get_or_init(|| {
-            self.lock
-                .as_ref()
-                .map_or(journal::Journal::None, journal::journal_of)
+        *self.journal.get_or_init(|| match &self.lock {
+            Some(lock) => journal::journal_of(lock),
+            // A reader without the lock file asks of the state dir itself.
+            None => File::open(&self.root)
+                .map_or(journal::Journal::None, |root| journal::journal_of(&root)),
         })
     }
 
@@ -685,7 +686,7 @@ impl Store {
     /// Every record file, for GC and the doctor. A file that cannot even be opened safely (a
     /// planted symlink, a FIFO) is listed as corrupt: the tools that list must keep working.
     pub fn list_records(&self) -> Result<Vec<(PathBuf, Loaded<Checkpoint>)>> {
-        list(&self.records, |path| Ok(read_entry_for_listing(path)))
+        list(&self.records, |path| Ok(self.load_record_at(path)))
     }
 
     /// The record files' paths in directory order, read lazily: a reader that loads one
@@ -695,9 +696,13 @@ impl Store {
         self.paths(Folder::Records)
     }
 
-    /// Reads one path of `record_paths` as `list_records` would.
+    /// Reads one path of `record_paths` as `list_records` would: either form, the one records
+    /// take on this file system asked for first (`save_record`).
     pub fn load_record_at(&self, path: &Path) -> Loaded<Checkpoint> {
-        read_entry_for_listing(path)
+        sealed::read_either(path, self.journals_metadata()).unwrap_or_else(|e| Loaded::Corrupt {
+            path: path.to_path_buf(),
+            reason: e.msg,
+        })
     }
 
     pub fn list_owners(&self) -> Result<Vec<(PathBuf, Loaded<Ownership>)>> {

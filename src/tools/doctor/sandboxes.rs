@@ -70,7 +70,7 @@ pub fn check(
     let on_wait = |holder: &str| notice.hear(holder);
     let listed = (|| -> crate::error::Result<_> {
         let mut records = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| {
-            Some(read_entry_for_listing::<Checkpoint>(p))
+            Some(store.load_record_at(p))
         })?;
         let mut owners = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |p| {
             let owner = read_entry_for_listing::<Ownership>(p);

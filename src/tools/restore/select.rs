@@ -39,7 +39,7 @@ pub fn select(
     let notice = WaitNotice::new(state_dir, lock_timeout);
     let on_wait = |holder: &str| notice.hear(holder);
     let mut listed = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| {
-        Some(read_entry_for_listing::<Checkpoint>(p))
+        Some(store.load_record_at(p))
     })?;
     // Sorted, so the report reads the same from run to run.
     listed.sort_by(|a, b| a.0.cmp(&b.0));

@@ -115,7 +115,7 @@ fn with_a_journal_add_makes_no_data_sync_and_the_record_and_ownership_symlinks()
     }
 }
 
-/// A record longer than the file system keeps in a target (XFS: 1,024 bytes; ext4: a block less
+/// A record longer than the file system keeps in a target (XFS: 1,023 bytes; ext4: a block less
 /// one, and mkfs.ext4 gives a file system under 512 MiB blocks of 1 KiB; Linux: 4,095) is a
 /// file, its data synced once, as without a journal.
 #[test]
@@ -145,7 +145,7 @@ fn a_record_too_long_for_a_symlink_is_a_file_with_one_data_sync() {
 /// The longest names an ownership can hold (a pod name of 253 characters, a namespace of 63,
 /// a container ID of 128), and one sandbox attached to the network under 40 interfaces of 15
 /// characters: its ownership (the pod key has no ifname by default) lists them all, over 1 KiB,
-/// past what XFS (1,024 bytes) or ext4 with 1 KiB blocks keeps as a symlink's target.
+/// past what XFS (1,023 bytes) or ext4 with 1 KiB blocks keeps as a symlink's target.
 fn add_of_the_longest_names(disk: &mount::Mount) {
     let logs = sys::TempDir::new("sglogs");
     let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
@@ -266,6 +266,61 @@ fn the_downgrade_script_turns_every_symlink_back_into_the_file_of_the_release_be
         assert_eq!(cni::mode(&record), 0o600);
         cni::verify_envelope(&record).unwrap();
     }
+    store.del(&a, &pod).run().assert_error(11);
+    store.del(&b, &pod).run().assert_ok();
+}
+
+/// A release before the record's symlink form cannot open a record that is one, and its GC
+/// moves each it finds to `set-aside/` as damaged (a rename), where it refuses its DELs: the
+/// downgrade puts every such record, which still verifies, back as the file that release reads.
+#[test]
+fn the_downgrade_puts_back_the_records_an_older_release_set_aside() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4"]);
+    let disk = mount::Mount::ext4("has_journal");
+    let logs = sys::TempDir::new("sglogs");
+    let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
+    let pod = Pod::new("down", "db-0");
+    let (a, b) = (container_id(), container_id());
+    store.add(&a, &pod).run().assert_ok();
+    store.add(&b, &pod).run().assert_ok();
+    let set_aside = store.state_dir.join("set-aside");
+    let record_of = |container: &str| store.record_path(cni::NETWORK, container, "eth0");
+    assert!(is_symlink(&record_of(&a)) && is_symlink(&record_of(&b)));
+    std::fs::rename(
+        &record_of(&b),
+        set_aside.join(record_of(&b).file_name().unwrap()),
+    )
+    .unwrap();
+    // As a downgrade killed between putting a record back and removing its copy leaves it.
+    std::fs::hard_link(
+        &record_of(&a),
+        set_aside.join(record_of(&a).file_name().unwrap()),
+    )
+    .unwrap();
+
+    let said = sys::run(
+        cni::BIN,
+        &[
+            "--downgrade",
+            "--state-dir",
+            store.state_dir.to_str().unwrap(),
+        ],
+    );
+    let said = String::from_utf8_lossy(&said.stdout);
+    assert!(said.contains("entries rewritten"), "{said}");
+    assert!(
+        cni::files_in(&set_aside).is_empty(),
+        "{:?}",
+        cni::files_in(&set_aside)
+    );
+    for container in [&a, &b] {
+        let record = record_of(container);
+        assert!(!is_symlink(&record), "{record:?}");
+        assert_eq!(cni::mode(&record), 0o600);
+        cni::verify_envelope(&record).unwrap();
+    }
+    store.assert_every_owner_has_its_record();
+    assert!(store.is_owner(&b, "eth0"));
     store.del(&a, &pod).run().assert_error(11);
     store.del(&b, &pod).run().assert_ok();
 }

@@ -55,7 +55,7 @@ pub(crate) const SET_ASIDE: &str = "set-aside";
 pub const FAILED_ADDS: &str = "failed-adds";
 /// The address index (ip_index.rs).
 pub const IPS: &str = "ips";
-const OWNER_PREFIX: &str = "owner-";
+pub(crate) const OWNER_PREFIX: &str = "owner-";
 /// Where the record count sits in the lock file, after the generation counter's 20 digits.
 const RECORD_COUNT_AT: u64 = 20;
 /// The folders below the state dir; `Store::dirty` names them by their index here.
@@ -299,7 +299,7 @@ impl Store {
     ///
     /// On a journal it is a symlink entry, as an ownership is (`save_owner`): the journal
     /// commit of `sync` carries its text, with no data write and no data sync of its own. One
-    /// longer than the file system keeps in a target (XFS keeps 1,024 bytes), and every record
+    /// longer than the file system keeps in a target (XFS keeps 1,023 bytes), and every record
     /// where no journal orders the writes, is a file whose data `sync` makes durable first.
     pub fn save_record(&self, record: &Checkpoint) -> Result<()> {
         let name = record.id().file_name();

@@ -480,7 +480,60 @@ impl Store {
             }
             sync_path(&dir)?;
         }
+        rewritten += self.restore_set_aside_records()?;
         Ok((networks.into_iter().collect(), rewritten))
+    }
+
+    /// A release before the record's symlink form cannot open a record that is one: its GC
+    /// sets each it finds aside as if damaged, where it refuses its attachment's DELs, and
+    /// removing it as that release's dump advises would leave its owner without a record.
+    /// Such a record still verifies (one set aside by this release never does): put back in
+    /// `records/` as the file that release reads, where no record took its place since, and
+    /// taken out of `set-aside/`, the record first.
+    fn restore_set_aside_records(&self) -> Result<usize> {
+        let Ok(entries) = std::fs::read_dir(&self.set_aside) else {
+            return Ok(0);
+        };
+        let mut restored = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if name.starts_with('.')
+                || name.starts_with(super::OWNER_PREFIX)
+                || super::checkpoint::is_kept_copy(&name)
+                || !entry.file_type().is_ok_and(|t| t.is_symlink())
+                || !matches!(
+                    super::sealed::read_entry::<super::checkpoint::Checkpoint>(&path),
+                    Ok(Loaded::Valid(_))
+                )
+            {
+                continue;
+            }
+            if surely_absent(&self.records.join(&name)) {
+                let mut bytes = std::fs::read_link(&path)
+                    .map_err(|e| crate::error::GuardError::io("read", &path, e))?
+                    .into_os_string()
+                    .into_encoded_bytes();
+                bytes.push(b'\n');
+                super::sealed::replace(
+                    &self.records,
+                    &name,
+                    &bytes,
+                    super::sealed::Durability::Durable,
+                )
+                .map_err(|e| crate::error::GuardError::io("put back", &path, e))?;
+            }
+            restored.push(path);
+        }
+        if restored.is_empty() {
+            return Ok(0);
+        }
+        sync_path(&self.records)?;
+        for path in &restored {
+            super::remove(path)?;
+        }
+        sync_path(&self.set_aside)?;
+        Ok(restored.len())
     }
 
     /// Whether `owner`'s sandbox may still live: the netns its record names exists, or no

@@ -142,7 +142,7 @@ pub fn read_entry<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
 /// one is replaced by a symlink to a temp name and a rename over it. The caller fsyncs
 /// `dir` (see `Store::sync`). A text longer than a target may hold goes to a regular file,
 /// durable, as before: longer than PATH_MAX - 1, or than the file system keeps (ENAMETOOLONG:
-/// XFS keeps 1,024 bytes, ext4 a block, 1 KiB on a small one; a pod's longest names and some
+/// XFS keeps 1,023 bytes, ext4 a block, 1 KiB on a small one; a pod's longest names and some
 /// twenty interfaces come past that).
 pub fn write_entry<T: Serialize>(
     dir: &Path,

@@ -287,13 +287,13 @@ fn the_downgrade_puts_back_the_records_an_older_release_set_aside() {
     let record_of = |container: &str| store.record_path(cni::NETWORK, container, "eth0");
     assert!(is_symlink(&record_of(&a)) && is_symlink(&record_of(&b)));
     std::fs::rename(
-        &record_of(&b),
+        record_of(&b),
         set_aside.join(record_of(&b).file_name().unwrap()),
     )
     .unwrap();
     // As a downgrade killed between putting a record back and removing its copy leaves it.
     std::fs::hard_link(
-        &record_of(&a),
+        record_of(&a),
         set_aside.join(record_of(&a).file_name().unwrap()),
     )
     .unwrap();

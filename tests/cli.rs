@@ -776,7 +776,7 @@ fn the_dump_of_a_large_store_lists_every_record_once_in_order() {
         .run()
         .assert_ok();
     let template: Value = serde_json::from_slice(
-        &std::fs::read(store.record_path(cni::NETWORK, &first, "eth0")).unwrap(),
+        &cni::read_entry(&store.record_path(cni::NETWORK, &first, "eth0")).unwrap(),
     )
     .unwrap();
     // What a plugin would write for another attachment, sealed as the store seals.

@@ -960,12 +960,13 @@ fn state_dir_and_files_are_private_whatever_the_umask() {
         if meta.is_dir() {
             assert_eq!(mode(&path), 0o700, "{}", path.display());
         } else if meta.file_type().is_symlink() {
-            // An ownership or an address index entry: a symlink whose target is its sealed text.
-            // A link has no mode of its own (Linux ignores it); its 0700 directory keeps it private.
+            // An ownership, an address index entry or, on a journal, a record: a symlink whose
+            // target is its sealed text. A link has no mode of its own (Linux ignores it); its
+            // 0700 directory keeps it private.
             let dir = path.parent().unwrap();
             assert!(
-                dir.ends_with("owners") || dir.ends_with("ips"),
-                "{} is a symlink outside owners/ and ips/",
+                dir.ends_with("owners") || dir.ends_with("ips") || dir.ends_with("records"),
+                "{} is a symlink outside records/, owners/ and ips/",
                 path.display()
             );
             verify_envelope(&path).unwrap_or_else(|e| panic!("{e}"));
@@ -1142,7 +1143,7 @@ fn every_damaged_checkpoint_is_set_aside_and_refuses_the_del_that_needs_it() {
             .assert_ok();
         let bytes = testdata::fixture_bytes(&fixture);
         let record = store.record_path(NETWORK, &a, "eth0");
-        std::fs::write(&record, &bytes).unwrap();
+        cni::put_file(&record, &bytes);
 
         let error = store.identityless_del(&a).run().assert_error(101);
         assert!(
@@ -1201,6 +1202,7 @@ fn a_huge_file_in_the_store_is_untrusted_not_a_crash() {
     let (store, _, a) = Store::with_one_sandbox("lijiaob", "etcd1-0");
     // Sparse: 8 TiB that cost no disk, which a whole-file read would try to allocate.
     let record = store.record_path(NETWORK, &a, "eth0");
+    cni::put_file(&record, b"");
     std::fs::OpenOptions::new()
         .write(true)
         .open(&record)
@@ -1632,7 +1634,7 @@ fn bad_input_on_del_is_a_cni_error_too() {
         .run()
         .assert_error(7);
     assert_eq!(store.snapshot(), before);
-    assert!(store.record_path(NETWORK, &a, "eth0").exists());
+    assert!(cni::entry_exists(&store.record_path(NETWORK, &a, "eth0")));
 }
 
 /// The longest name of `build(len)` the plugin accepts (1..=512), found with DELs of nothing,
@@ -1712,10 +1714,10 @@ fn add_over_a_corrupted_record_with_long_names_writes_a_fresh_one() {
         .expect("some long container id can be added");
     let records = files_in(&store.state_dir.join("records"));
     assert_eq!(records.len(), 1, "{records:?}");
-    let mut bytes = std::fs::read(&records[0]).unwrap();
+    let mut bytes = cni::read_entry(&records[0]).unwrap();
     let at = find(&bytes, b"web-0").expect("the record holds the pod name");
     bytes[at] = b'W';
-    std::fs::write(&records[0], &bytes).unwrap();
+    cni::write_entry_like(&records[0], &bytes);
 
     added.run().assert_ok();
     assert!(

@@ -196,7 +196,7 @@ fn concurrent_execs_match_a_serial_replay_of_the_log() {
     // No owner names a container without its record.
     for owner in &owner_files {
         assert!(
-            store.record_path(NETWORK, owner, "eth0").exists(),
+            cni::entry_exists(&store.record_path(NETWORK, owner, "eth0")),
             "owner {owner} has no record"
         );
     }

@@ -24,16 +24,11 @@ fn add_on(disk: &mount::Mount) -> (Vec<String>, bool, bool) {
     add_with_routes_on(disk, 0)
 }
 
-/// `add_on` with a prevResult of `routes` routes more: each makes the record 43 bytes longer.
-fn add_with_routes_on(disk: &mount::Mount, routes: usize) -> (Vec<String>, bool, bool) {
-    let logs = sys::TempDir::new("sglogs");
-    let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
-    let pod = Pod::new("durable", "db-0");
-    // A first ADD makes the folders and a second sandbox's ADD rewrites the key's ownership,
-    // so both a new ownership and a rewrite are seen.
-    store.add(&container_id(), &pod).run().assert_ok();
-    let b = container_id();
-    let mut result = cni::prev_result_for(cni::LATEST_VERSION, &b, "eth0", &cni::default_netns(&b));
+/// The default prevResult of `container`'s eth0 with `routes` routes more: each makes its
+/// record 43 bytes longer.
+fn result_with_routes(container: &str, routes: usize) -> serde_json::Value {
+    let netns = cni::default_netns(container);
+    let mut result = cni::prev_result_for(cni::LATEST_VERSION, container, "eth0", &netns);
     for n in 0..routes {
         result["routes"]
             .as_array_mut()
@@ -42,6 +37,19 @@ fn add_with_routes_on(disk: &mount::Mount, routes: usize) -> (Vec<String>, bool,
                 {"dst": format!("10.{}.{}.0/24", n / 256, n % 256), "gw": "10.22.0.1"}
             ));
     }
+    result
+}
+
+/// `add_on` with a prevResult of `routes` routes more.
+fn add_with_routes_on(disk: &mount::Mount, routes: usize) -> (Vec<String>, bool, bool) {
+    let logs = sys::TempDir::new("sglogs");
+    let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
+    let pod = Pod::new("durable", "db-0");
+    // A first ADD makes the folders and a second sandbox's ADD rewrites the key's ownership,
+    // so both a new ownership and a rewrite are seen.
+    store.add(&container_id(), &pod).run().assert_ok();
+    let b = container_id();
+    let result = result_with_routes(&b, routes);
     let trace = logs.path.join("trace");
     let strace = [
         "strace",
@@ -181,6 +189,7 @@ fn an_ownership_of_the_longest_names_is_written_on_ext4_with_small_blocks() {
 /// Where a new record cannot be linked in from an unnamed file (no O_TMPFILE on overlayfs
 /// before 6.6 or NFS, no CAP_DAC_READ_SEARCH for linkat's AT_EMPTY_PATH in a container), ADD
 /// writes it through a temp file as a rewrite does: it succeeds, whole, with nothing left over.
+/// The records are too long for a symlink, so they are files on a journal too.
 #[test]
 fn add_without_an_unnamed_file_to_link_writes_the_record_through_a_temp_file() {
     sys::skip_unless_root!(&["strace"]);
@@ -204,6 +213,7 @@ fn add_without_an_unnamed_file_to_link_writes_the_record_through_a_temp_file() {
         ];
         store
             .add(container, &pod)
+            .prev_result(&result_with_routes(container, 100))
             .wrapped_in(&strace)
             .run()
             .assert_ok();

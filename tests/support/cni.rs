@@ -352,12 +352,13 @@ impl Store {
             let backed = ifnames.iter().any(|ifname| {
                 let record_path =
                     self.record_path(owner["network"].as_str().unwrap(), container, ifname);
-                if !record_path.exists()
-                    && self
-                        .state_dir
-                        .join("set-aside")
-                        .join(record_path.file_name().unwrap())
-                        .exists()
+                if !entry_exists(&record_path)
+                    && entry_exists(
+                        &self
+                            .state_dir
+                            .join("set-aside")
+                            .join(record_path.file_name().unwrap()),
+                    )
                 {
                     return true;
                 }
@@ -574,6 +575,20 @@ pub fn read_entry(path: &Path) -> std::io::Result<Vec<u8>> {
     } else {
         std::fs::read(path)
     }
+}
+
+/// Whether the store has an entry at `path`, in either form (`Path::exists` follows a symlink,
+/// and a record's or an ownership's target is its text, no path).
+pub fn entry_exists(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok()
+}
+
+/// Puts `bytes` at `path` as a regular file (0600) in place of the entry there, whatever its
+/// form: the store reads either, and a symlink cannot hold every damage a test makes.
+pub fn put_file(path: &Path, bytes: &[u8]) {
+    let _ = std::fs::remove_file(path);
+    std::fs::write(path, bytes).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 /// Rewrites a store entry in the form it has: a symlink's target, or a file's content.

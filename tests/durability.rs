@@ -235,9 +235,9 @@ fn add_without_an_unnamed_file_to_link_writes_the_record_through_a_temp_file() {
 /// took it, a record that is one); the release before the pod
 /// key reads owners only under its own keys. scripts/downgrade-owners.sh (this release's
 /// `--downgrade`) moves them there and writes them as the regular files that release reads.
-#[test]
-fn the_downgrade_script_turns_every_symlink_back_into_the_file_of_the_release_before() {
-    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "flock"]);
+/// A store on a journaled ext4 (its disk and log dir, held by the caller) with two sandboxes
+/// of one pod added, the second owning it.
+fn two_sandboxes_on_a_journal() -> (mount::Mount, sys::TempDir, Store, Pod, String, String) {
     let disk = mount::Mount::ext4("has_journal");
     let logs = sys::TempDir::new("sglogs");
     let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
@@ -245,6 +245,13 @@ fn the_downgrade_script_turns_every_symlink_back_into_the_file_of_the_release_be
     let (a, b) = (container_id(), container_id());
     store.add(&a, &pod).run().assert_ok();
     store.add(&b, &pod).run().assert_ok();
+    (disk, logs, store, pod, a, b)
+}
+
+#[test]
+fn the_downgrade_script_turns_every_symlink_back_into_the_file_of_the_release_before() {
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "flock"]);
+    let (_disk, _logs, store, pod, a, b) = two_sandboxes_on_a_journal();
     let owner = store.owner_files().pop().unwrap();
     assert!(is_symlink(&owner), "the new form, to be turned back");
     let record = store.record_path(cni::NETWORK, &b, "eth0");
@@ -286,13 +293,7 @@ fn the_downgrade_script_turns_every_symlink_back_into_the_file_of_the_release_be
 #[test]
 fn the_downgrade_puts_back_the_records_an_older_release_set_aside() {
     sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4"]);
-    let disk = mount::Mount::ext4("has_journal");
-    let logs = sys::TempDir::new("sglogs");
-    let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
-    let pod = Pod::new("down", "db-0");
-    let (a, b) = (container_id(), container_id());
-    store.add(&a, &pod).run().assert_ok();
-    store.add(&b, &pod).run().assert_ok();
+    let (_disk, _logs, store, pod, a, b) = two_sandboxes_on_a_journal();
     let set_aside = store.state_dir.join("set-aside");
     let record_of = |container: &str| store.record_path(cni::NETWORK, container, "eth0");
     assert!(is_symlink(&record_of(&a)) && is_symlink(&record_of(&b)));

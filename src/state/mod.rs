@@ -308,6 +308,7 @@ impl Store {
             sealed::link_entry(&self.records, &name, &sealed)
                 .map_err(|e| GuardError::io("write checkpoint", &self.records.join(&name), e))?
         } else {
+            // No journal: a file, as a text too long for a link is.
             sealed::Linked::TooLong
         };
         let new = match linked {

@@ -409,8 +409,9 @@ impl Store {
     /// "name-and-ifname" (that release's only rule; the move is `rekey`'s, crash-safe, run
     /// whatever the markers say), then every record, ownership and address index entry that
     /// is a symlink (this release's form, which that release and, for records, every release
-    /// before this one refuse) rewritten as the regular file it read, each by an atomic rename. Run under the store's lock; running it again
-    /// finds nothing left to do. A ledger entry of a whole pod ("name") is cut into one per
+    /// before this one refuse) rewritten as the regular file it read, each by an atomic
+    /// rename, and the records such a release set aside put back. Run under the store's lock;
+    /// running it again finds nothing left to do. A ledger entry of a whole pod ("name") is cut into one per
     /// interface by the counts it keeps per interface; one whose counts no interface can be
     /// found for (counts outside `by_interface`, of a pod without one single interface on the
     /// node) stays, and that release skips it (history only):

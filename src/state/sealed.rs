@@ -39,23 +39,25 @@ pub fn open_nofollow(path: &Path) -> io::Result<File> {
 }
 
 pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
-    match open_nofollow(path) {
-        Ok(file) => read_opened(&file, path),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Loaded::Missing),
-        Err(e) => Err(GuardError::io("open checkpoint", path, e)),
-    }
+    read_file(path, false)
 }
 
 /// Reads what may be a file (`read`) or an entry (`read_entry`), asking first for the form
 /// the caller expects: one system call fewer for each read of the other form's store.
 pub fn read_either<T: DeserializeOwned>(path: &Path, expect_entry: bool) -> Result<Loaded<T>> {
     if expect_entry {
-        return read_entry(path);
+        read_entry(path)
+    } else {
+        read_file(path, true)
     }
+}
+
+/// `or_entry`: a symlink there is read as an entry (`read_entry`) instead of refused.
+fn read_file<T: DeserializeOwned>(path: &Path, or_entry: bool) -> Result<Loaded<T>> {
     match open_nofollow(path) {
         Ok(file) => read_opened(&file, path),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Loaded::Missing),
-        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => read_entry(path),
+        Err(e) if or_entry && e.raw_os_error() == Some(nix::libc::ELOOP) => read_entry(path),
         Err(e) => Err(GuardError::io("open checkpoint", path, e)),
     }
 }

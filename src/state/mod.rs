@@ -305,16 +305,19 @@ impl Store {
         let name = record.id().file_name();
         let sealed = sealed::seal(record);
         let linked = if self.journals_metadata() {
-            sealed::link_entry(&self.records, &name, &sealed)
-                .map_err(|e| GuardError::io("write checkpoint", &self.records.join(&name), e))?
+            Some(
+                sealed::link_entry(&self.records, &name, &sealed).map_err(|e| {
+                    GuardError::io("write checkpoint", &self.records.join(&name), e)
+                })?,
+            )
         } else {
-            // No journal: a file, as a text too long for a link is.
-            sealed::Linked::TooLong
+            None
         };
         let new = match linked {
-            sealed::Linked::New => true,
-            sealed::Linked::Replaced => false,
-            sealed::Linked::TooLong => {
+            Some(sealed::Linked::New) => true,
+            Some(sealed::Linked::Replaced) => false,
+            // No journal, or a text too long for a link.
+            Some(sealed::Linked::TooLong) | None => {
                 let new = surely_absent(&self.records.join(&name));
                 let file = sealed::write_unsynced(&self.records, &name, &sealed, new)?;
                 if let Some(earlier) = self.unsynced_record.replace(Some(file)) {
@@ -700,10 +703,7 @@ impl Store {
     /// Reads one path of `record_paths` as `list_records` would: either form, the one records
     /// take on this file system asked for first (`save_record`).
     pub fn load_record_at(&self, path: &Path) -> Loaded<Checkpoint> {
-        sealed::read_either(path, self.journals_metadata()).unwrap_or_else(|e| Loaded::Corrupt {
-            path: path.to_path_buf(),
-            reason: e.msg,
-        })
+        listed(path, sealed::read_either(path, self.journals_metadata()))
     }
 
     pub fn list_owners(&self) -> Result<Vec<(PathBuf, Loaded<Ownership>)>> {
@@ -913,15 +913,17 @@ fn temp_file_pid(name: &str) -> Option<u32> {
 }
 
 pub(crate) fn read_for_listing<T: serde::de::DeserializeOwned>(path: &Path) -> Loaded<T> {
-    sealed::read(path).unwrap_or_else(|e| Loaded::Corrupt {
-        path: path.to_path_buf(),
-        reason: e.msg,
-    })
+    listed(path, sealed::read(path))
 }
 
 /// Reads an ownership (or another `sealed::write_entry` entry) as `read_for_listing` reads a file.
 pub(crate) fn read_entry_for_listing<T: serde::de::DeserializeOwned>(path: &Path) -> Loaded<T> {
-    sealed::read_entry(path).unwrap_or_else(|e| Loaded::Corrupt {
+    listed(path, sealed::read_entry(path))
+}
+
+/// A listing goes on past a file it cannot read: that one shows as corrupt, with why.
+fn listed<T>(path: &Path, read: Result<Loaded<T>>) -> Loaded<T> {
+    read.unwrap_or_else(|e| Loaded::Corrupt {
         path: path.to_path_buf(),
         reason: e.msg,
     })

@@ -99,6 +99,20 @@ pub fn other(rule: PodKeyRule) -> PodKeyRule {
         .unwrap_or(rule)
 }
 
+/// Writes an entry's sealed text (a symlink target, read from `from`) at `dir/name` as the
+/// regular file releases before the symlink form read, durably, by an atomic rename.
+fn write_as_file(
+    dir: &std::path::Path,
+    name: &str,
+    text: &[u8],
+    from: &std::path::Path,
+) -> Result<()> {
+    let mut bytes = text.to_vec();
+    bytes.push(b'\n');
+    super::sealed::replace(dir, name, &bytes, super::sealed::Durability::Durable)
+        .map_err(|e| crate::error::GuardError::io("rewrite as a regular file", from, e))
+}
+
 impl Store {
     /// The owners of `key` the re-key would merge into it, read where they sit now: every valid
     /// owner file of the same pod under the other rule, cut down to the interfaces `key`
@@ -471,12 +485,7 @@ impl Store {
                 if name.starts_with('.') || !text.starts_with(b"{") {
                     continue;
                 }
-                let mut bytes = text.to_vec();
-                bytes.push(b'\n');
-                super::sealed::replace(&dir, &name, &bytes, super::sealed::Durability::Durable)
-                    .map_err(|e| {
-                        crate::error::GuardError::io("rewrite as a regular file", &entry.path(), e)
-                    })?;
+                write_as_file(&dir, &name, text, &entry.path())?;
                 rewritten += 1;
             }
             sync_path(&dir)?;
@@ -511,18 +520,14 @@ impl Store {
                 continue;
             }
             if surely_absent(&self.records.join(&name)) {
-                let mut bytes = std::fs::read_link(&path)
-                    .map_err(|e| crate::error::GuardError::io("read", &path, e))?
-                    .into_os_string()
-                    .into_encoded_bytes();
-                bytes.push(b'\n');
-                super::sealed::replace(
+                let target = std::fs::read_link(&path)
+                    .map_err(|e| crate::error::GuardError::io("read", &path, e))?;
+                write_as_file(
                     &self.records,
                     &name,
-                    &bytes,
-                    super::sealed::Durability::Durable,
-                )
-                .map_err(|e| crate::error::GuardError::io("put back", &path, e))?;
+                    target.as_os_str().as_encoded_bytes(),
+                    &path,
+                )?;
             }
             restored.push(path);
         }

@@ -21,7 +21,8 @@ use std::path::Path;
 
 /// The data syncs of an ADD, and whether the ownership and the record it wrote are symlinks.
 fn add_on(disk: &mount::Mount) -> (Vec<String>, bool, bool) {
-    add_with_routes_on(disk, 0)
+    let (syncs, symlink, record_symlink, _) = add_with_routes_on(disk, 0);
+    (syncs, symlink, record_symlink)
 }
 
 /// The default prevResult of `container`'s eth0 with `routes` routes more: each makes its
@@ -41,7 +42,7 @@ fn result_with_routes(container: &str, routes: usize) -> serde_json::Value {
 }
 
 /// `add_on` with a prevResult of `routes` routes more.
-fn add_with_routes_on(disk: &mount::Mount, routes: usize) -> (Vec<String>, bool, bool) {
+fn add_with_routes_on(disk: &mount::Mount, routes: usize) -> (Vec<String>, bool, bool, usize) {
     let logs = sys::TempDir::new("sglogs");
     let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
     let pod = Pod::new("durable", "db-0");
@@ -79,7 +80,8 @@ fn add_with_routes_on(disk: &mount::Mount, routes: usize) -> (Vec<String>, bool,
     if !is_symlink(&record) {
         assert_eq!(cni::mode(&record), 0o600);
     }
-    (syncs, is_symlink(&owners[0]), is_symlink(&record))
+    let full = cni::read_entry(&record).unwrap().len();
+    (syncs, is_symlink(&owners[0]), is_symlink(&record), full)
 }
 
 fn is_symlink(path: &Path) -> bool {
@@ -124,29 +126,35 @@ fn with_a_journal_add_makes_no_data_sync_and_the_record_and_ownership_symlinks()
 }
 
 /// A record longer than the file system keeps in a target (XFS: 1,023 bytes; ext4: a block less
-/// one, and mkfs.ext4 gives a file system under 512 MiB blocks of 1 KiB; Linux: 4,095) is a
-/// file, its data synced once, as without a journal.
+/// one, and mkfs.ext4 gives a file system under 512 MiB blocks of 1 KiB; Linux: 4,095) once
+/// compacted is a file, its data synced once, as without a journal. One whose full text is
+/// past that but whose compacted text is not is a symlink.
 #[test]
 fn a_record_too_long_for_a_symlink_is_a_file_with_one_data_sync() {
     sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "mkfs.xfs", "strace"]);
     let ext4 = |block: &str| {
         mount::Mount::image(&["mkfs.ext4", "-q", "-F", "-O", "has_journal", "-b", block])
     };
+    let xfs = || mount::Mount::image(&["mkfs.xfs", "-q", "-f"]);
     for (disk, routes, linked) in [
-        (mount::Mount::image(&["mkfs.xfs", "-q", "-f"]), 20, false),
-        (ext4("1024"), 20, false),
-        (ext4("4096"), 20, true),
-        (ext4("4096"), 100, false),
+        (xfs(), 8, true),
+        (xfs(), 30, false),
+        (ext4("1024"), 8, true),
+        (ext4("1024"), 30, false),
+        (ext4("4096"), 30, true),
+        (ext4("4096"), 150, false),
     ] {
-        let (syncs, symlink, record_symlink) = add_with_routes_on(&disk, routes);
+        let (syncs, symlink, record_symlink, full) = add_with_routes_on(&disk, routes);
         assert!(symlink);
-        assert_eq!(record_symlink, linked, "{routes} routes");
+        assert_eq!(record_symlink, linked, "{routes} routes, {full} bytes");
         if linked {
             assert!(syncs.is_empty(), "{syncs:#?}");
         } else {
             assert_eq!(syncs.len(), 1, "{syncs:#?}");
             assert!(syncs[0].contains("/records/"), "{syncs:#?}");
         }
+        // Only its compacted text fits a target of 1,023 bytes.
+        assert!(routes != 8 || full > 1023, "{full} bytes");
     }
 }
 
@@ -213,7 +221,7 @@ fn add_without_an_unnamed_file_to_link_writes_the_record_through_a_temp_file() {
         ];
         store
             .add(container, &pod)
-            .prev_result(&result_with_routes(container, 100))
+            .prev_result(&result_with_routes(container, 150))
             .wrapped_in(&strace)
             .run()
             .assert_ok();

@@ -26,6 +26,7 @@
 
 pub mod checkpoint;
 pub mod deferred;
+pub mod entry_text;
 pub mod failed_add;
 pub mod ip_index;
 pub mod journal;
@@ -298,21 +299,24 @@ impl Store {
     /// in the same operation (see there).
     ///
     /// On a journal it is a symlink entry, as an ownership is (`save_owner`): the journal
-    /// commit of `sync` carries its text, with no data write and no data sync of its own. One
-    /// longer than the file system keeps in a target (XFS keeps 1,023 bytes), and every record
-    /// where no journal orders the writes, is a file whose data `sync` makes durable first.
+    /// commit of `sync` carries its text, compacted (`entry_text`) to fit more often, with no
+    /// data write and no data sync of its own. One still longer than the file system keeps in a
+    /// target (XFS keeps 1,023 bytes), and every record where no journal orders the writes,
+    /// is a file whose data `sync` makes durable first.
     pub fn save_record(&self, record: &Checkpoint) -> Result<()> {
         let name = record.id().file_name();
         let sealed = sealed::seal(record);
-        let linked = if self.journals_metadata() {
-            Some(
-                sealed::link_entry(&self.records, &name, &sealed).map_err(|e| {
-                    GuardError::io("write checkpoint", &self.records.join(&name), e)
-                })?,
-            )
-        } else {
-            None
+        let entry = match self.journals_metadata() {
+            true => entry_text::compact(&sealed),
+            false => None,
         };
+        let linked =
+            match entry {
+                Some(text) => Some(sealed::link_entry(&self.records, &name, &text).map_err(
+                    |e| GuardError::io("write checkpoint", &self.records.join(&name), e),
+                )?),
+                None => None,
+            };
         let new = match linked {
             Some(sealed::Linked::New) => true,
             Some(sealed::Linked::Replaced) => false,

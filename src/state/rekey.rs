@@ -481,11 +481,11 @@ impl Store {
                     continue;
                 };
                 // A link that holds no sealed text was not written by the store: left alone.
-                let text = target.as_os_str().as_encoded_bytes();
+                let text = super::entry_text::expand(target.as_os_str().as_encoded_bytes());
                 if name.starts_with('.') || !text.starts_with(b"{") {
                     continue;
                 }
-                write_as_file(&dir, &name, text, &entry.path())?;
+                write_as_file(&dir, &name, &text, &entry.path())?;
                 rewritten += 1;
             }
             sync_path(&dir)?;
@@ -525,7 +525,7 @@ impl Store {
                 write_as_file(
                     &self.records,
                     &name,
-                    target.as_os_str().as_encoded_bytes(),
+                    &super::entry_text::expand(target.as_os_str().as_encoded_bytes()),
                     &path,
                 )?;
             }

@@ -108,31 +108,38 @@ fn read_opened<T: DeserializeOwned>(file: &File, path: &Path) -> Result<Loaded<T
     })
 }
 
-/// Reads an entry that `write_entry` wrote: a symlink whose target is the sealed text, read
-/// with readlink and never followed. A regular file holding the same text (what releases
+/// Reads an entry that `write_entry` wrote: a symlink whose target is the sealed text (a
+/// record's compacted, see `entry_text`), read with readlink and never followed. A regular file holding the same text (what releases
 /// before the symlink form wrote, and the fallback for a text too long for a target) reads
 /// as `read` reads it.
 pub fn read_entry<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
     // nix's readlink asks once with room for the longest target; std's starts at 256 bytes and
     // asks again for each doubling, four calls for a record.
-    match nix::fcntl::readlink(path).map(PathBuf::from).map_err(io::Error::from) {
-        // Not one the store wrote (a sealed text starts with '{'): a link planted to point
-        // elsewhere fails as a symlink always has in the state dir, it is no damaged entry to
-        // overwrite.
-        Ok(target) if !target.as_os_str().as_encoded_bytes().starts_with(b"{") => Err(GuardError::new(
+    let target = match nix::fcntl::readlink(path).map_err(io::Error::from) {
+        Ok(target) => target,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Loaded::Missing),
+        // EINVAL: there, but no symlink.
+        Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => return read(path),
+        Err(e) => return Err(GuardError::io("read checkpoint", path, e)),
+    };
+    let text = super::entry_text::expand(target.as_encoded_bytes());
+    // Not one the store wrote (a sealed text starts with '{'): a link planted to point
+    // elsewhere fails as a symlink always has in the state dir, it is no damaged entry to
+    // overwrite.
+    if !text.starts_with(b"{") {
+        return Err(GuardError::new(
             crate::error::Kind::Io,
             format!("{} is a symbolic link to {} that the guard did not write", path.display(), target.display()),
         )
-        .with_details("the state dir never follows a link: remove the link (the guard's own hold their sealed text, starting with '{')")),
-        Ok(target) => Ok(match verify::<T>(target.as_os_str().as_encoded_bytes()) {
-            Ok(value) => Loaded::Valid(value),
-            Err(reason) => Loaded::Corrupt { path: path.to_path_buf(), reason },
-        }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Loaded::Missing),
-        // EINVAL: there, but no symlink.
-        Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => read(path),
-        Err(e) => Err(GuardError::io("read checkpoint", path, e)),
+        .with_details("the state dir never follows a link: remove the link (the guard's own hold their sealed text, starting with '{')"));
     }
+    Ok(match verify::<T>(&text) {
+        Ok(value) => Loaded::Valid(value),
+        Err(reason) => Loaded::Corrupt {
+            path: path.to_path_buf(),
+            reason,
+        },
+    })
 }
 
 /// Writes `dir/name` as a symlink whose target is `value`'s sealed text: an entry that is

@@ -565,13 +565,18 @@ pub fn copy_state_dir(from: &Path, to: &Path) {
     }
 }
 
+/// How a record's symlink entry holds its text: the guard's own table, the file itself.
+#[allow(dead_code)]
+#[path = "../../src/state/entry_text.rs"]
+mod entry_text;
+
 /// The bytes of a store entry: a regular file's content, or the target of a symlink (the form
-/// ownerships and address index entries take), read without following it.
+/// ownerships, address index entries and records on a journal take), read without following
+/// it, a record's expanded as the guard expands it.
 pub fn read_entry(path: &Path) -> std::io::Result<Vec<u8>> {
     if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
-        Ok(std::fs::read_link(path)?
-            .into_os_string()
-            .into_encoded_bytes())
+        let target = std::fs::read_link(path)?;
+        Ok(entry_text::expand(target.as_os_str().as_encoded_bytes()).into_owned())
     } else {
         std::fs::read(path)
     }
@@ -591,11 +596,13 @@ pub fn put_file(path: &Path, bytes: &[u8]) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
-/// Rewrites a store entry in the form it has: a symlink's target, or a file's content.
+/// Rewrites a store entry in the form it has: a symlink's target (compacted as the guard
+/// compacts a record's), or a file's content.
 pub fn write_entry_like(path: &Path, bytes: &[u8]) {
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
         std::fs::remove_file(path).unwrap();
-        let target = std::ffi::OsStr::from_bytes(bytes.strip_suffix(b"\n").unwrap_or(bytes));
+        let bytes = entry_text::compact(bytes).unwrap_or_else(|| bytes.to_vec());
+        let target = std::ffi::OsStr::from_bytes(bytes.strip_suffix(b"\n").unwrap_or(&bytes));
         std::os::unix::fs::symlink(target, path).unwrap();
     } else {
         std::fs::write(path, bytes).unwrap();

@@ -189,9 +189,12 @@ C
 cat >"$work/kernel_add.c" <<'C'
 /* ADD's kernel work in STATE for the interface IFNAME of the netns at NETNS; SERIAL names the entries.
  * Asks what the guard asks (the link and its host-side peer without counters, the addresses and the
- * routes), writes a record of 1,200 bytes as the guard does (a symlink in records/ where the file
+ * routes), writes a record of RECORD bytes as the guard does (a symlink in records/ where the file
  * system keeps that as a target, else an O_TMPFILE linked in and fdatasynced), symlinks in owners/
  * and ips/, fsyncs owners/. No parsing beyond the netlink framing, no checksum. */
+/* The bench pod's record as the guard writes it on a journal: 1.3 KiB of sealed text compacted
+ * (src/state/entry_text.rs). */
+#define RECORD 860
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -256,15 +259,15 @@ int main(int argc, char **argv) {
   int lock = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (lock < 0 || flock(lock, LOCK_EX)) return 1;
   memset(input + got, ' ', sizeof input - got);
-  char text[1201];
-  memcpy(text, input, 1200), text[1200] = 0;
+  char text[RECORD + 1];
+  memcpy(text, input, RECORD), text[RECORD] = 0;
   snprintf(path, sizeof path, "%s/records/%s", argv[1], argv[4]);
   int record = -1;
   if (symlink(text, path)) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/records", argv[1]);
     if (errno != ENAMETOOLONG || (record = open(dir, O_WRONLY | O_TMPFILE | O_CLOEXEC, 0600)) < 0 ||
-        write(record, input, 1200) != 1200 || linkat(record, "", AT_FDCWD, path, AT_EMPTY_PATH))
+        write(record, input, RECORD) != RECORD || linkat(record, "", AT_FDCWD, path, AT_EMPTY_PATH))
       return 1;
   }
   memset(target, 'o', sizeof target - 1), target[sizeof target - 1] = 0;

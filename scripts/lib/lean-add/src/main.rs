@@ -1,6 +1,7 @@
 //! A lean ADD, for scripts/bench.sh: the guard's kernel work (the pod's netns entered for a
 //! netlink socket, the link, its addresses and routes and its host-side peer asked for, the
-//! store's lock, the record as a symlink where the file system keeps its text as a target, else
+//! store's lock, the record as a symlink where the file system keeps its compacted text (the
+//! guard's own `entry_text`) as a target, else
 //! an O_TMPFILE linked into `records/` and fdatasynced, the owner and address-index symlinks,
 //! one directory fsync, the result written) plus the least
 //! user-space work a durable ADD needs: the config and its prevResult parsed with serde_json,
@@ -22,6 +23,10 @@ use std::io::{Read, Write};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
+
+#[allow(dead_code)]
+#[path = "../../../../src/state/entry_text.rs"]
+mod entry_text;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -303,7 +308,9 @@ extern "C" fn main(_argc: i32, _argv: *const *const u8) -> i32 {
         check(lock >= 0 && libc::flock(lock, libc::LOCK_EX) == 0, "lock");
         let name = c(&format!("{state}/records/{}:{cid}:{ifname}", conf.name));
         let mut file = -1;
-        if libc::symlink(record.as_ptr(), name.as_ptr()) != 0 {
+        let entry = entry_text::compact(record.as_bytes()).and_then(|text| CString::new(text).ok());
+        let entry = entry.expect("JSON compacts");
+        if libc::symlink(entry.as_ptr(), name.as_ptr()) != 0 {
             check(
                 std::io::Error::last_os_error().raw_os_error() == Some(libc::ENAMETOOLONG),
                 "record",

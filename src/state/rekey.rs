@@ -481,10 +481,11 @@ impl Store {
                     continue;
                 };
                 // A link that holds no sealed text was not written by the store: left alone.
-                let text = super::entry_text::expand(target.as_os_str().as_encoded_bytes());
+                let text = target.as_os_str().as_encoded_bytes();
                 if name.starts_with('.') || !text.starts_with(b"{") {
                     continue;
                 }
+                let text = super::entry_text::expand(text);
                 write_as_file(&dir, &name, &text, &entry.path())?;
                 rewritten += 1;
             }

@@ -99,7 +99,9 @@ fn read_opened<T: DeserializeOwned>(file: &File, path: &Path) -> Result<Loaded<T
         }
     }
     bytes.truncate(filled);
-    Ok(match verify::<T>(&bytes) {
+    // A compacted text copied into a file as it was (a release that wrote records' symlinks
+    // uncompacted copies them so when it rewrites them as files) reads as its symlink did.
+    Ok(match verify::<T>(&super::entry_text::expand(&bytes)) {
         Ok(value) => Loaded::Valid(value),
         Err(reason) => Loaded::Corrupt {
             path: path.to_path_buf(),
@@ -122,24 +124,25 @@ pub fn read_entry<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
         Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => return read(path),
         Err(e) => return Err(GuardError::io("read checkpoint", path, e)),
     };
-    let text = super::entry_text::expand(target.as_encoded_bytes());
-    // Not one the store wrote (a sealed text starts with '{'): a link planted to point
-    // elsewhere fails as a symlink always has in the state dir, it is no damaged entry to
-    // overwrite.
-    if !text.starts_with(b"{") {
+    // Not one the store wrote (a sealed text starts with '{', compacted or not): a link
+    // planted to point elsewhere fails as a symlink always has in the state dir, it is no
+    // damaged entry to overwrite.
+    if !target.as_encoded_bytes().starts_with(b"{") {
         return Err(GuardError::new(
             crate::error::Kind::Io,
             format!("{} is a symbolic link to {} that the guard did not write", path.display(), target.display()),
         )
         .with_details("the state dir never follows a link: remove the link (the guard's own hold their sealed text, starting with '{')"));
     }
-    Ok(match verify::<T>(&text) {
-        Ok(value) => Loaded::Valid(value),
-        Err(reason) => Loaded::Corrupt {
-            path: path.to_path_buf(),
-            reason,
+    Ok(
+        match verify::<T>(&super::entry_text::expand(target.as_encoded_bytes())) {
+            Ok(value) => Loaded::Valid(value),
+            Err(reason) => Loaded::Corrupt {
+                path: path.to_path_buf(),
+                reason,
+            },
         },
-    })
+    )
 }
 
 /// Writes `dir/name` as a symlink whose target is `value`'s sealed text: an entry that is
@@ -372,6 +375,33 @@ mod tests {
         let long = vec![b'x'; MAX_LINK_TARGET + 1];
         assert_eq!(link_entry(&dir, "long", &long).unwrap(), Linked::TooLong);
         assert!(fs::symlink_metadata(dir.join("long")).is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A release that wrote records' symlinks uncompacted copies a compacted one into a file as
+    /// it is when it rewrites it as a file (its `--downgrade`): that file reads as the link did.
+    /// A link whose target does not start as a sealed text, compacted or not, is refused even
+    /// where its expansion would start like one.
+    #[test]
+    fn a_compacted_text_reads_from_a_file_and_no_planted_link_reads_as_an_entry() {
+        let dir = std::env::temp_dir().join(format!("sg-sealed-compact-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let value = serde_json::json!({"netns": "/run/netns/x", "mtu": 1500});
+        let compacted = super::super::entry_text::compact(&seal(&value)).unwrap();
+        assert_ne!(compacted, seal(&value));
+        replace(&dir, "file", &compacted, Durability::Hint).unwrap();
+        assert!(
+            matches!(read::<serde_json::Value>(&dir.join("file")), Ok(Loaded::Valid(v)) if v == value)
+        );
+        let planted = [0x1a]
+            .iter()
+            .chain(b"10.0.0.0/8\"}")
+            .copied()
+            .collect::<Vec<u8>>();
+        std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&planted), dir.join("planted"))
+            .unwrap();
+        assert!(read_entry::<serde_json::Value>(&dir.join("planted")).is_err());
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -596,12 +596,16 @@ pub fn put_file(path: &Path, bytes: &[u8]) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
-/// Rewrites a store entry in the form it has: a symlink's target (compacted as the guard
-/// compacts a record's), or a file's content.
+/// Rewrites a store entry in the form it has: a symlink's target (a record's compacted as
+/// the guard compacts it), or a file's content.
 pub fn write_entry_like(path: &Path, bytes: &[u8]) {
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
         std::fs::remove_file(path).unwrap();
-        let bytes = entry_text::compact(bytes).unwrap_or_else(|| bytes.to_vec());
+        let record = path.parent().is_some_and(|dir| dir.ends_with("records"));
+        let bytes = match record {
+            true => entry_text::compact(bytes).unwrap_or_else(|| bytes.to_vec()),
+            false => bytes.to_vec(),
+        };
         let target = std::ffi::OsStr::from_bytes(bytes.strip_suffix(b"\n").unwrap_or(&bytes));
         std::os::unix::fs::symlink(target, path).unwrap();
     } else {

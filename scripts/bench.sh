@@ -350,7 +350,9 @@ timed() { # label command...
 contract_problems=()
 contract() { contract_problems+=("$*"); say "CONTRACT: $*"; }
 record_file() { printf '%s/records/%s:%s:%s' "$1" "$network" "$cid" "$ifname"; } # state dir
-count_records() { find "$1/records" -maxdepth 1 -type f 2>/dev/null | wc -l; }
+# On a journal a record is a symlink whose target is its text (docs/store.md): -L, never -e or -f.
+has_record() { [[ -L $1 || -f $1 ]]; }
+count_records() { find "$1/records" -maxdepth 1 \( -type f -o -type l \) 2>/dev/null | wc -l; }
 
 # --- Preflight: every case must do its real work once, untimed, before any number means anything. ---
 attachment "$preflight_kind" 1
@@ -367,9 +369,9 @@ guard_config config "$small_state"
 out=$(guard ADD "$config") || die "sandbox-guard ADD failed: $out"
 # $(...) drops a trailing newline, which a runtime's JSON decoder ignores too.
 [[ $out == "$prev_result" ]] || contract "ADD did not print prevResult byte for byte: $out"
-[[ -f $(record_file "$small_state") ]] || contract "ADD wrote no $(record_file "$small_state")"
+has_record "$(record_file "$small_state")" || contract "ADD wrote no $(record_file "$small_state")"
 out=$(guard DEL "$config") || die "sandbox-guard DEL failed: $out"
-[[ ! -e $(record_file "$small_state") ]] || contract "DEL left $(record_file "$small_state")"
+! has_record "$(record_file "$small_state")" || contract "DEL left $(record_file "$small_state")"
 out=$(guard DEL "$config") || contract "a repeated DEL failed (DEL must be idempotent): $out"
 
 populate() { # state count
@@ -709,8 +711,8 @@ mode_libcni() { # mode verb; the current attachment
     -args "K8S_POD_NAMESPACE=$pod_namespace;K8S_POD_NAME=$pod;K8S_POD_INFRA_CONTAINER_ID=$cid;K8S_POD_UID=$uid" "$2"
 }
 leftovers() { # what DELs should have removed: reservations, libcni's cache, the guard's records
-  find "$work/ipam" "$work/cache" "${mode_state[@]/%//records}" -type f ! -name 'last_reserved_ip.*' ! -name lock \
-    2>/dev/null
+  find "$work/ipam" "$work/cache" "${mode_state[@]/%//records}" \( -type f -o -type l \) ! -name 'last_reserved_ip.*' \
+    ! -name lock 2>/dev/null
 }
 
 # Preflight: each mode does its real work once, untimed, and gives a result of the same shape.

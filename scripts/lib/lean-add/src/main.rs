@@ -38,8 +38,9 @@ struct Conf<'a> {
     prev_result: &'a RawValue,
 }
 
-/// The guard's record for the bench's pod, field for field; the link facts as one text of the
-/// size the guard writes for it.
+/// The guard's record for the bench's pod, field for field; the link facts and the identity
+/// as the texts the guard writes for it (`LINKS`, `IDENTITY`), so that compacted it is the
+/// guard's size too.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Record<'a> {
@@ -56,9 +57,14 @@ struct Record<'a> {
     created_at: &'a str,
     updated_at: &'a str,
     prev_result: &'a RawValue,
-    links: &'a str,
-    identity: [u64; 5],
+    links: &'a RawValue,
+    identity: &'a RawValue,
 }
+
+/// What the guard records of the bench pod's link and its netns.
+const LINKS: &str = r#"{"state":"observed","name":"eth0","kind":"veth","mtu":1500,"mac":"2e:2b:e2:bc:06:ec","addresses":["10.0.0.5/8"],"routes":[],"parent":{"name":"flrh","index":7502,"kind":"veth","mtu":1500},"settings":{"ipv4":{"forwarding":1}}}"#;
+const IDENTITY: &str =
+    r#"{"netnsDev":4,"netnsInode":4026532178,"netnsCookie":18226,"ifIndex":2,"ifKind":"veth"}"#;
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -254,7 +260,8 @@ extern "C" fn main(_argc: i32, _argv: *const *const u8) -> i32 {
     }
 
     let now = "2026-01-01T00:00:00Z";
-    let links = "x".repeat(300);
+    let links: &RawValue = serde_json::from_str(LINKS).expect("JSON");
+    let identity: &RawValue = serde_json::from_str(IDENTITY).expect("JSON");
     let record = seal(&Record {
         network: &conf.name,
         container_id: &cid,
@@ -269,8 +276,8 @@ extern "C" fn main(_argc: i32, _argv: *const *const u8) -> i32 {
         created_at: now,
         updated_at: now,
         prev_result: conf.prev_result,
-        links: &links,
-        identity: [4, 4026532178, 18226, 2, 0],
+        links,
+        identity,
     });
     let owner = seal(&Owner {
         network: &conf.name,

@@ -306,12 +306,12 @@ impl Store {
     pub fn save_record(&self, record: &Checkpoint) -> Result<()> {
         let name = record.id().file_name();
         let sealed = sealed::seal(record);
-        let entry = match self.journals_metadata() {
+        let compacted = match self.journals_metadata() {
             true => entry_text::compact(&sealed),
             false => None,
         };
         let linked =
-            match entry {
+            match compacted {
                 Some(text) => Some(sealed::link_entry(&self.records, &name, &text).map_err(
                     |e| GuardError::io("write checkpoint", &self.records.join(&name), e),
                 )?),
@@ -320,7 +320,7 @@ impl Store {
         let new = match linked {
             Some(sealed::Linked::New) => true,
             Some(sealed::Linked::Replaced) => false,
-            // No journal, or a text too long for a link.
+            // No journal, a text that cannot be compacted, or one too long for a link.
             Some(sealed::Linked::TooLong) | None => {
                 let new = surely_absent(&self.records.join(&name));
                 let file = sealed::write_unsynced(&self.records, &name, &sealed, new)?;

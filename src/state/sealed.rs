@@ -101,19 +101,27 @@ fn read_opened<T: DeserializeOwned>(file: &File, path: &Path) -> Result<Loaded<T
     bytes.truncate(filled);
     // A compacted text copied into a file as it was (a release that wrote records' symlinks
     // uncompacted copies them so when it rewrites them as files) reads as its symlink did.
-    Ok(match verify::<T>(&super::entry_text::expand(&bytes)) {
+    // Only one of a target's length is expanded: a longer file of codes would grow tenfold.
+    if bytes.len() <= MAX_LINK_TARGET + 1 {
+        return Ok(verified(&super::entry_text::expand(&bytes), path));
+    }
+    Ok(verified(&bytes, path))
+}
+
+fn verified<T: DeserializeOwned>(bytes: &[u8], path: &Path) -> Loaded<T> {
+    match verify::<T>(bytes) {
         Ok(value) => Loaded::Valid(value),
         Err(reason) => Loaded::Corrupt {
             path: path.to_path_buf(),
             reason,
         },
-    })
+    }
 }
 
 /// Reads an entry that `write_entry` wrote: a symlink whose target is the sealed text (a
-/// record's compacted, see `entry_text`), read with readlink and never followed. A regular file holding the same text (what releases
-/// before the symlink form wrote, and the fallback for a text too long for a target) reads
-/// as `read` reads it.
+/// record's compacted, see `entry_text`), read with readlink and never followed. A regular
+/// file holding the same text (what releases before the symlink form wrote, and the fallback
+/// for a text too long for a target) reads as `read` reads it.
 pub fn read_entry<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
     // nix's readlink asks once with room for the longest target; std's starts at 256 bytes and
     // asks again for each doubling, four calls for a record.
@@ -134,15 +142,10 @@ pub fn read_entry<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
         )
         .with_details("the state dir never follows a link: remove the link (the guard's own hold their sealed text, starting with '{')"));
     }
-    Ok(
-        match verify::<T>(&super::entry_text::expand(target.as_encoded_bytes())) {
-            Ok(value) => Loaded::Valid(value),
-            Err(reason) => Loaded::Corrupt {
-                path: path.to_path_buf(),
-                reason,
-            },
-        },
-    )
+    Ok(verified(
+        &super::entry_text::expand(target.as_encoded_bytes()),
+        path,
+    ))
 }
 
 /// Writes `dir/name` as a symlink whose target is `value`'s sealed text: an entry that is
@@ -178,10 +181,11 @@ pub enum Linked {
     TooLong,
 }
 
-/// Puts `sealed` (from `seal`) at `dir/name` as the symlink entry `write_entry` describes,
-/// or nothing where the text is longer than the file system keeps in a target.
-pub fn link_entry(dir: &Path, name: &str, sealed: &[u8]) -> io::Result<Linked> {
-    let text = sealed.strip_suffix(b"\n").unwrap_or(sealed);
+/// Puts `text` (from `seal`, or that compacted by `entry_text`) at `dir/name` as the symlink
+/// entry `write_entry` describes, or nothing where the text is longer than the file system
+/// keeps in a target.
+pub fn link_entry(dir: &Path, name: &str, text: &[u8]) -> io::Result<Linked> {
+    let text = text.strip_suffix(b"\n").unwrap_or(text);
     if text.len() > MAX_LINK_TARGET {
         return Ok(Linked::TooLong);
     }

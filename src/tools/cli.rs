@@ -48,8 +48,8 @@ Modes:
   --install                           put it into the network the runtime runs, in the
                                       chosen mode, and copy the binary
   --uninstall                         take it out, the primary's config as it was
-  --downgrade                         put the state dir back in the form of the release
-                                      before the pod key (podKey), to go back to it
+  --downgrade                         put the state dir back in the form every earlier
+                                      release reads, to go back to one
   MODE --help                         that mode's options
   --help                              this text
   --version                           the plugin version and the CNI versions it speaks
@@ -201,8 +201,10 @@ const DOWNGRADE_HELP: &str = "\
 Usage: sandbox-guard --downgrade [options]
 
 Moves owners, deferred DELs and the refusal ledger to the keys of the release before the
-pod key (\"name-and-ifname\") and rewrites ownerships as the regular files it reads, under
-the state dir's lock; crash-safe, and running it again changes nothing more. Run it, install
+pod key (\"name-and-ifname\"), rewrites every ownership, address entry and checkpoint that
+is a symlink as the regular file earlier releases read (a checkpoint's text expanded), and
+puts back the checkpoints an earlier release's GC set aside, under the state dir's lock;
+crash-safe, and running it again changes nothing more. Run it, install
 the older binary, then run it again with this binary kept aside (a verb of this release in
 between moves the files back).
 

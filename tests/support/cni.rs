@@ -601,8 +601,8 @@ pub fn put_file(path: &Path, bytes: &[u8]) {
 pub fn write_entry_like(path: &Path, bytes: &[u8]) {
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
         std::fs::remove_file(path).unwrap();
-        let record = path.parent().is_some_and(|dir| dir.ends_with("records"));
-        let bytes = match record {
+        let in_records = path.parent().is_some_and(|dir| dir.ends_with("records"));
+        let bytes = match in_records {
             true => entry_text::compact(bytes).unwrap_or_else(|| bytes.to_vec()),
             false => bytes.to_vec(),
         };

@@ -350,7 +350,8 @@ timed() { # label command...
 contract_problems=()
 contract() { contract_problems+=("$*"); say "CONTRACT: $*"; }
 record_file() { printf '%s/records/%s:%s:%s' "$1" "$network" "$cid" "$ifname"; } # state dir
-# On a journal a record is a symlink whose target is its text (docs/store.md): -L, never -e or -f.
+# On a journal a record is a symlink whose target is its text (docs/store.md): -L as well as -f,
+# and never -e, which follows the link.
 has_record() { [[ -L $1 || -f $1 ]]; }
 count_records() { find "$1/records" -maxdepth 1 \( -type f -o -type l \) 2>/dev/null | wc -l; }
 
@@ -385,7 +386,7 @@ populate() { # state count
   done
   local have
   have=$(count_records "$1")
-  ((have == $2)) || contract "$2 ADDs left $have files in $1/records"
+  ((have == $2)) || contract "$2 ADDs left $have entries in $1/records"
 }
 populate "$small_state" "$SMALL_RECORDS"
 populate "$large_state" "$LARGE_RECORDS"

@@ -13,9 +13,19 @@ use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+#[path = "packages.rs"]
+mod packages;
+
 /// True when the test may go on. Outside CI a missing privilege or tool skips the test
 /// loudly; under `CI=true` it fails, because a quiet skip there would hide a broken setup.
 pub fn require(test: &str, root: bool, tools: &[&str]) -> bool {
+    for tool in tools {
+        assert!(
+            packages::provider(tool).is_some(),
+            "{test} asks for `{tool}`, which has no row in tests/support/packages.rs: add the \
+             package that provides it there and to scripts/test.sh's need_packages"
+        );
+    }
     let mut missing = Vec::new();
     if root && !nix_is_root() {
         missing.push("root privileges".to_string());

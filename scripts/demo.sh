@@ -3,7 +3,7 @@
 # re-creation) through the real libcni, three ways, each in fresh throwaway
 # namespaces: without the guard, with sandbox-guard chained last, and with sandbox-guard
 # wrapping the primary (delegate mode). The primary is tests/cri/podname-keyed-plugin, a model
-# of calico CNI before 1.10: its IP handle, endpoint and host veth are keyed by the POD NAME,
+# of calico-cni up to v1.6.2 (calico 2.1.3): its IP handle, endpoint and host veth are keyed by the POD NAME,
 # so the old sandbox's late DEL tears down the new sandbox's network. Everything it creates
 # is removed on exit, also when interrupted.
 #
@@ -131,7 +131,7 @@ ip route add unreachable "$net_prefix.0/24"
 unreachable=$net_prefix.0/24
 say "plugin: $guard_bin" \
 	"driver: Debian's libcni $(dpkg-query -W -f='${Version}' golang-github-appc-cni-dev), the library containerd's CRI plugin calls" \
-	"primary: podname-keyed, a model of calico CNI before 1.10: IP handle, workload endpoint and host" \
+	"primary: podname-keyed, a model of calico-cni up to v1.6.2 (calico 2.1.3): IP handle, workload endpoint and host" \
 	"         veth all keyed by \"lijiaob.etcd1-0\" (namespace.podname), never by the sandbox"
 
 # --- one act: fresh namespaces, a fresh primary and guard state, its own conflist ---------

@@ -3,7 +3,7 @@
 # under a real kubelet: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # containerd with runc and kubelet, all built from their Go modules (scripts/lib/node-build.sh)
 # or Debian's packages, on loopback, under one work dir. The node's CNI network is the
-# pod-name-keyed model primary (tests/cri/podname-keyed-plugin, calico v2's keying); the guard
+# pod-name-keyed model primary (tests/cri/podname-keyed-plugin, calico 2.1's keying); the guard
 # is not installed: put it on as a user does (scripts/image.sh, ctr import, kubectl apply).
 #
 #   bash scripts/node.sh up [--runtime containerd16|containerd2]   # prints KUBECONFIG=... last

@@ -1,5 +1,5 @@
 //! The stale-DEL incident under containerd 1.6's CRI, with a primary plugin that
-//! keys its endpoint by namespace/pod name as calico CNI did before 1.10
+//! keys its endpoint by namespace/pod name as calico-cni did up to v1.6.2 (calico 2.1.3)
 //! (tests/cri/podname-keyed-plugin). A StatefulSet pod is recreated under the same name while
 //! the old sandbox still awaits its network teardown; the old sandbox's DEL, retried by kubelet,
 //! then tears down the NEW pod's network. Each scenario runs once without sandbox-guard, to
@@ -7,7 +7,7 @@
 //! stale DEL must be refused, the new pod must keep its network, and both sandboxes must still
 //! be removable in kubelet's order. The sequences and what each way must end in are
 //! tests/support/cri_incident.rs's; tests/e2e_delegate.rs plays them with the other models
-//! (current calico, a sticky-IP macvlan) and in delegate mode.
+//! (a pod-named veth, a sticky-IP macvlan) and in delegate mode.
 
 #[path = "support/cni.rs"]
 mod cni;

@@ -1,13 +1,13 @@
-//! Delegate mode against the stale-DEL incident (calico#10375), under containerd
-//! 1.6's CRI, with the model primaries of tests/cri/: the pod-name-keyed one (calico before
-//! 1.10: IPAM handle and endpoint keyed by the pod name), the current-calico one (IPAM per
-//! container, host veth named from the pod name and deleted by that name when a DEL's netns
-//! is empty, as RemovePodSandbox's is) and the sticky-IP macvlan one (an in-house
-//! plugin: the pod name's address for every sandbox of the pod, a macvlan in the sandbox's
-//! netns only). With the calico models the new sandbox's ADD takes the old sandbox's interface
-//! along; with the sticky-IP one both sandboxes hold the pod's address at once (the duplicate
-//! address, asserted first), which only the guard's own teardown of the stale sandbox's
-//! interface, in delegate mode, removes.
+//! Delegate mode against the stale-DEL incident, under containerd 1.6's CRI, with the model
+//! primaries of tests/cri/: the pod-name-keyed one (calico-cni <= v1.6.2: IPAM handle and
+//! endpoint keyed by the pod name), the pod-named-veth one (IPAM per container, host veth
+//! named from the pod name and deleted by that name when a DEL's netns is empty, as
+//! RemovePodSandbox's is: a chained plugin acting on a pod-named veth, cilium#44530) and the
+//! sticky-IP macvlan one (an in-house plugin: the pod name's address for every sandbox of the
+//! pod, a macvlan in the sandbox's netns only). With the pod-name models the new sandbox's ADD
+//! takes the old sandbox's interface along; with the sticky-IP one both sandboxes hold the
+//! pod's address at once (the duplicate address, asserted first), which only the guard's own
+//! teardown of the stale sandbox's interface, in delegate mode, removes.
 //!
 //! Both sequences of the incident (the failed stop and its retry; ADD A, ADD B, DEL A) run
 //! three ways, each asserting what tests/support/cri_incident.rs says that way ends in:
@@ -66,18 +66,18 @@ macro_rules! incident_tests {
 }
 
 incident_tests! {
-    calico_failed_stop_then_retry_without_guard_destroys_new_pod:
-        CurrentCalico, FailedStopThenRetry, Unguarded;
-    calico_failed_stop_then_retry_chained_refuses_old_stop:
-        CurrentCalico, FailedStopThenRetry, Chained;
-    calico_failed_stop_then_retry_delegate_defers_old_del:
-        CurrentCalico, FailedStopThenRetry, Delegate;
-    calico_recreate_then_stop_old_without_guard_destroys_new_pod:
-        CurrentCalico, RecreateThenStopOld, Unguarded;
-    calico_recreate_then_stop_old_chained_refuses_old_stop:
-        CurrentCalico, RecreateThenStopOld, Chained;
-    calico_recreate_then_stop_old_delegate_defers_old_del:
-        CurrentCalico, RecreateThenStopOld, Delegate;
+    podnamed_veth_failed_stop_then_retry_without_guard_destroys_new_pod:
+        PodNamedVeth, FailedStopThenRetry, Unguarded;
+    podnamed_veth_failed_stop_then_retry_chained_refuses_old_stop:
+        PodNamedVeth, FailedStopThenRetry, Chained;
+    podnamed_veth_failed_stop_then_retry_delegate_defers_old_del:
+        PodNamedVeth, FailedStopThenRetry, Delegate;
+    podnamed_veth_recreate_then_stop_old_without_guard_destroys_new_pod:
+        PodNamedVeth, RecreateThenStopOld, Unguarded;
+    podnamed_veth_recreate_then_stop_old_chained_refuses_old_stop:
+        PodNamedVeth, RecreateThenStopOld, Chained;
+    podnamed_veth_recreate_then_stop_old_delegate_defers_old_del:
+        PodNamedVeth, RecreateThenStopOld, Delegate;
     podname_keyed_failed_stop_then_retry_delegate_defers_old_del:
         PodnameKeyed, FailedStopThenRetry, Delegate;
     podname_keyed_recreate_then_stop_old_delegate_defers_old_del:
@@ -209,7 +209,7 @@ fn late_add_of_superseded_sandbox_is_refused(primary: Primary) {
 #[test]
 fn calico_late_add_of_superseded_sandbox_is_refused_before_the_primary() {
     sys::skip_unless_root!(EXEC_TOOLS);
-    late_add_of_superseded_sandbox_is_refused(Primary::CurrentCalico);
+    late_add_of_superseded_sandbox_is_refused(Primary::PodNamedVeth);
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! `--install` and `--uninstall` on a live node: a private containerd 1.6 (cri_node.rs) whose
-//! CRI plugin reloads its conf dir when a file there changes, running the current-calico
-//! model (tests/cri/calico-model-plugin) alone. A pod started before the install is not
+//! CRI plugin reloads its conf dir when a file there changes, running the pod-named-veth
+//! model (tests/cri/podnamed-veth-plugin) alone. A pod started before the install is not
 //! checkpointed, one started after it is, and after the uninstall (the conf dir back byte
 //! for byte) the next one is not again. A sandbox from before the install is stopped and
 //! removed through the guard without trouble: a DEL the guard has no checkpoint for passes.
@@ -43,7 +43,7 @@ fn checkpointed(node: &CriNode) -> Vec<String> {
 }
 
 fn install_while_containerd_runs(mode: &str) {
-    let node = CriNode::start(Primary::CurrentCalico, |layout| {
+    let node = CriNode::start(Primary::PodNamedVeth, |layout| {
         conflist(layout, Mode::Unguarded, MissingEndpoint::Ignore)
     });
     let conf = node.layout.dir.join("net.d");

@@ -2,7 +2,7 @@
 //! DaemonSet and pod GC controllers, the scheduler and containerd (Debian's 1.6, and 2.x built
 //! from its module) run it, installed by its own DaemonSet from its own image, as a user puts
 //! it on. The node's primary is the pod-name-keyed model (tests/cri/podname-keyed-plugin:
-//! calico v2's keying, which releases whatever the pod's name holds).
+//! calico 2.1's keying, which releases whatever the pod's name holds).
 //!
 //! Every sequence is driven through the API only (kubectl); the runtime is only observed. Each
 //! runs without the guard first (the harm must show, or the test could not fail), then with

@@ -1,5 +1,5 @@
 //! Staleness judged by the key the primary uses (`podKey`). Primaries keyed by pod name alone
-//! (calico before 3.x, sticky-IP macvlan plugins) release whatever the pod's name holds on any
+//! (calico up to 2.1 with etcd, sticky-IP macvlan plugins) release whatever the pod's name holds on any
 //! DEL: an old sandbox attached as `net1` tears down a new one attached as `net2` (multus
 //! numbers interfaces by their place in the pod's annotation). Also: a sandbox with two
 //! interfaces on one network, and a state dir written by the release that keyed by ifname;

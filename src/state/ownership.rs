@@ -5,7 +5,7 @@
 //! one's, so a retried DEL of the old sandbox tears down the new pod's network. The rule:
 //!
 //! 1. The pod key is what the primary keys its state by (`podKey`, `PodKeyRule`):
-//!    (network, namespace, pod name) by default, as calico before 3.x and sticky-IP macvlan
+//!    (network, namespace, pod name) by default, as calico up to 2.1 with etcd and sticky-IP macvlan
 //!    plugins do, so that an old sandbox attached as `net1` is stale once a new one attached
 //!    as `net2` owns the pod; or (network, namespace, pod name, ifname) for a primary that
 //!    keys per interface.
@@ -35,7 +35,7 @@ use sha2::{Digest, Sha256};
 /// What the network's primary keys its state by: the `podKey` config key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodKeyRule {
-    /// (network, namespace, pod name): calico before 3.x, sticky-IP macvlan plugins.
+    /// (network, namespace, pod name): calico up to 2.1 with etcd, sticky-IP macvlan plugins.
     Name,
     /// (network, namespace, pod name, ifname): a primary that keys per interface.
     NameAndIfname,

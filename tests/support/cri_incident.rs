@@ -234,10 +234,10 @@ pub fn assert_stale_del_destroys_new_pod(node: &CriNode, pods: Recreated) {
     } = pods;
     stop_old
         .unwrap_or_else(|e| panic!("without the guard the old sandbox's DEL goes through: {e:?}"));
-    if node.layout.primary == Primary::CurrentCalico {
+    if node.layout.primary == Primary::PodNamedVeth {
         assert!(
             reachable(&new_ip) && !old_del_hit_new(node, &old, &new),
-            "calico 3.x's DEL of the old sandbox with its netns named should not touch the new pod\n{}",
+            "the pod-named-veth model's DEL of the old sandbox with its netns named should not touch the new pod\n{}",
             node.diagnostics()
         );
         node.remove_pod(&old).unwrap_or_else(|e| {

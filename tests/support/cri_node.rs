@@ -46,11 +46,12 @@ const CALL_TIMEOUT_SECS: &str = "90";
 /// the plugin type `plugin_type()`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Primary {
-    /// calico CNI before 1.10: IPAM handle, endpoint and host veth all keyed by the pod name.
+    /// calico-cni <= v1.6.2 (calico <= 2.1.3) with etcd: IPAM handle, endpoint and host veth
+    /// all keyed by the pod name.
     PodnameKeyed,
-    /// Current calico (3.x): IPAM per container, the host veth still named from the pod name
-    /// and deleted by that name by a DEL with an empty netns (calico#10375).
-    CurrentCalico,
+    /// IPAM per container, the host veth named from the pod name and deleted by that name by a
+    /// DEL with an empty netns: a chained plugin acting on a pod-named veth (cilium#44530).
+    PodNamedVeth,
     /// The in-house sticky-IP macvlan plugin: the IP reserved for the pod name (sticky), the
     /// interface a macvlan on the node's master link, living in the sandbox's netns only.
     StickyMacvlan,
@@ -66,7 +67,7 @@ impl Primary {
     pub fn plugin_type(self) -> &'static str {
         match self {
             Primary::PodnameKeyed => "podname-keyed",
-            Primary::CurrentCalico => "calico-model",
+            Primary::PodNamedVeth => "podnamed-veth",
             Primary::StickyMacvlan => "sticky-macvlan",
             Primary::ReferenceMacvlan => "macvlan",
             Primary::CalicoV2 => "calico-v2-model",
@@ -77,7 +78,7 @@ impl Primary {
     pub fn executable(self) -> PathBuf {
         let file = match self {
             Primary::PodnameKeyed => "podname-keyed-plugin",
-            Primary::CurrentCalico => "calico-model-plugin",
+            Primary::PodNamedVeth => "podnamed-veth-plugin",
             Primary::StickyMacvlan => "sticky-macvlan-plugin",
             Primary::ReferenceMacvlan => return PathBuf::from("/usr/lib/cni/macvlan"),
             Primary::CalicoV2 => "calico-v2-model-plugin",

@@ -750,7 +750,7 @@ pub fn calico_v2_network() -> Network {
 }
 
 /// conf-examples' bridge network on a bridge of its own.
-/// A network whose primary is the model of calico before 3.x (tests/cri/podname-keyed-plugin,
+/// A network whose primary is the model of calico up to 2.1 with etcd (tests/cri/podname-keyed-plugin,
 /// which says in what it behaves as calico): IPAM handle, endpoint and host veth keyed by
 /// `namespace.podname`. `conflist` chains the guard last; `delegate_conflist` has it wrap the
 /// model. One model state dir for both, inside the network's dir.

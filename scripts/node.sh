@@ -51,6 +51,10 @@ NODE_PORTS=("$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KUBELET_PORT" "$K
 NETWORK_NAME=sg-node
 VETH_PREFIX=sgn
 CGROUP_ROOT=/sandbox-guard-node
+# The node's own processes (etcd, the control plane, containerd and what it runs: shims, CNI
+# plugins, and the guard's replay workers; kubelet; multus) live in one cgroup beside kubelet's
+# pods, so that down ends exactly what the node started. The pids hierarchy limits nothing here.
+NODE_CGROUP=/sys/fs/cgroup/pids$CGROUP_ROOT/node
 PAUSE_IMAGE=localhost/sandbox-guard-pause:node
 TOKEN=sandbox-guard-node-admin
 # The guard's state dir on this node, under the work dir rather than the host's /var/lib/cni.
@@ -99,11 +103,14 @@ build_all() {
   return 0
 }
 
-# start NAME CMD...: runs CMD in its own session, logging to $W/logs/NAME.log.
+# start NAME CMD...: runs CMD in its own session and in the node's cgroup (joined before the
+# exec, so every child is in it too), logging to $W/logs/NAME.log.
 start() {
   local name=$1
   shift
-  setsid "$@" </dev/null >>"$W/logs/$name.log" 2>&1 3>&- &
+  mkdir -p "$NODE_CGROUP"
+  setsid sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$NODE_CGROUP" "$@" \
+    </dev/null >>"$W/logs/$name.log" 2>&1 3>&- &
   echo $! >"$W/run/$name.pid"
 }
 
@@ -722,13 +729,9 @@ EOF
   esac
 }
 
-# Processes whose command line names the work dir (shims, the model primary's children).
-pids_naming_workdir() {
-  local p
-  for p in /proc/[0-9]*; do
-    tr '\0' ' ' 2>/dev/null <"$p/cmdline" | grep -qF "$W/" && echo "${p#/proc/}"
-  done
-  return 0
+# The processes the node started: those in its cgroup and in kubelet's pods', in any hierarchy.
+node_pids() {
+  find /sys/fs/cgroup/*/"${CGROUP_ROOT#/}" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u
 }
 
 cmd_down() {
@@ -755,16 +758,16 @@ cmd_down() {
     awk '$2 == "ADD" {print $3}' "$W/cni/primary/calls.log" 2>/dev/null
   } | grep -E '^[0-9a-f]{64}$' | sort -u)
   stop containerd
-  for name in scheduler controller-manager apiserver etcd; do stop "$name"; done
+  for name in multus scheduler controller-manager apiserver etcd; do stop "$name"; done
+  # What they left running (shims, a primary's children, what runc no longer knew), until none
+  # is left: a process forked between a read and the kill is caught at the next round. A
+  # killed process leaves its cgroup a moment later.
   local pids
-  pids=$(pids_naming_workdir)
-  [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
-  # Whatever runc no longer knew and still runs in the pods' cgroups (kubelet's cgroup root).
-  local procs
-  for procs in /sys/fs/cgroup/*/"${CGROUP_ROOT#/}"; do
-    [[ -d $procs ]] || continue
-    pids=$(find "$procs" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
-    [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
+  for _ in $(seq 50); do
+    pids=$(node_pids)
+    [[ -n $pids ]] || break
+    kill -KILL $pids 2>/dev/null || true
+    sleep 0.1
   done
   local mount round
   for round in 1 2 3 4 5; do
@@ -777,13 +780,8 @@ cmd_down() {
     ip link delete "$link" 2>/dev/null || true
   done
   ip addr del "$NODE_IP/32" dev lo 2>/dev/null || true
-  # Cgroups kubelet made under its root, deepest first, once the processes killed above are
-  # gone from them (a killed process leaves its cgroup a moment later).
+  # Cgroups kubelet and start made under the root, deepest first, now that they are empty.
   local hierarchy
-  for _ in $(seq 50); do
-    [[ -z $(find /sys/fs/cgroup/*/"${CGROUP_ROOT#/}" -name cgroup.procs -exec cat {} + 2>/dev/null) ]] && break
-    sleep 0.1
-  done
   for hierarchy in /sys/fs/cgroup/*/; do
     [[ -d $hierarchy${CGROUP_ROOT#/} ]] || continue
     find "$hierarchy${CGROUP_ROOT#/}" -depth -type d -exec rmdir {} + 2>/dev/null || true
@@ -829,7 +827,7 @@ cmd_down() {
   rm -rf "$W"
   # Say what is left rather than claim nothing is.
   local left=()
-  [[ -z $(pids_naming_workdir) ]] || left+=("processes naming $W")
+  [[ -z $(node_pids) ]] || left+=("processes in the cgroups $CGROUP_ROOT")
   if awk -v w="$W/" 'index($5, w) == 1 {found=1} END {exit !found}' /proc/self/mountinfo; then
     left+=("mounts under $W")
   fi

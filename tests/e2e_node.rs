@@ -1169,6 +1169,22 @@ fn run_runtime(runtime: &'static str) {
     for (mode, figures) in &all {
         assert_mode(*mode, runtime, figures);
     }
+    // down ends what the node started, never a process for naming the node's work dir in its
+    // command line, such as an operator's tail of a node log.
+    let mut operator_tail = Command::new("tail")
+        .arg("-f")
+        .arg(node.dir().join("logs/kubelet.log"))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("run tail -f");
+    node.node_sh(&["down"]);
+    let tail_survived = operator_tail.try_wait().unwrap().is_none();
+    let _ = operator_tail.kill();
+    let _ = operator_tail.wait();
+    assert!(
+        tail_survived,
+        "scripts/node.sh down killed an operator's tail -f of a node log"
+    );
 }
 
 #[test]

@@ -36,6 +36,13 @@ need_cargo() {
     echo "rustc $have is older than the 1.89 this crate needs: update it (rustup update) and rerun" >&2
     exit 1
   fi
+  # rustc links through the system's cc, proc macros and build scripts included.
+  if [ "$(id -u)" = 0 ]; then
+    need_packages gcc libc6-dev
+  elif ! command -v cc >/dev/null; then
+    echo "rustc needs a C linker (cc): install Debian's gcc and libc6-dev and rerun" >&2
+    exit 1
+  fi
 }
 
 # help_if_asked SCRIPT LAST ARG: when ARG is -h or --help, prints SCRIPT's header comment

@@ -13,11 +13,12 @@ need_root "scripts/test.sh"
 need_cargo
 # Every package a test asks for a tool of (tests/support/packages.rs maps each tool to its
 # package; tests/packages.rs fails when one is missing here), even those a Debian base has.
-need_packages bash coreutils dash procps tar git mount util-linux iproute2 iputils-ping strace \
+need_packages bash coreutils dash grep sed procps tar git mount util-linux iproute2 iputils-ping \
+  strace \
   containernetworking-plugins golang-go golang-github-appc-cni-dev \
   containerd runc catatonit conmon protobuf-compiler curl openssl \
   podman qemu-user python3-minimal python3-prometheus-client binutils docker-registry python3-venv \
-  tcpdump kubectl e2fsprogs xfsprogs
+  tcpdump e2fsprogs xfsprogs
 
 # The manifests' schema test (tests/manifests.rs) runs PyPI's kubernetes-validate, which
 # Debian does not package, from a virtualenv of its own; no pip here stops the tests.

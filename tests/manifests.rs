@@ -22,6 +22,9 @@ use std::process::Command;
 const MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/conf-examples/kubernetes");
 /// The oldest Kubernetes the manifests are for: the schemas of later ones only add fields.
 const KUBERNETES: &str = "1.27.0";
+/// kubectl as the real node builds it (scripts/node.sh build, which scripts/test.sh runs first):
+/// Debian 12 packages no kubectl.
+const KUBECTL: &str = "/var/cache/sg-node/bin/kubernetes-1.34.4/kubectl";
 
 fn manifests() -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = [MANIFESTS.to_string(), format!("{MANIFESTS}/uninstall")]
@@ -238,7 +241,7 @@ fn rendered(preset: &str) -> String {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("conf-examples/platforms")
         .join(preset);
-    let out = Command::new("kubectl")
+    let out = Command::new(KUBECTL)
         .arg("kustomize")
         .arg(&dir)
         .output()
@@ -329,7 +332,7 @@ fn each_platform_preset_passes_the_schemas_and_installs_ready_on_its_platform() 
     let Some(tool) = kubernetes_validate(test) else {
         return;
     };
-    if !sys::require(test, false, &["kubectl"]) {
+    if !sys::require(test, false, &[KUBECTL]) {
         return;
     }
     for (platform, conf, bin, socket, extra) in PLATFORMS {
@@ -430,7 +433,7 @@ fn no_host_mount_asks_for_mount_propagation() {
     // / but it is not a shared or slave mount", as on a node whose / is private). The pod
     // would never start there, so the guard would never install on that node. No mount of
     // the installer needs the host's later mounts: it reads files and a socket.
-    sys::skip_unless_tools!(&["kubectl", "python3"]);
+    sys::skip_unless_tools!(&[KUBECTL, "python3"]);
     let work = sys::TempDir::new("sgprop");
     let mut sources: Vec<(String, PathBuf)> = manifests()
         .into_iter()

@@ -51,10 +51,6 @@ fn tools_in(source: &str) -> BTreeSet<String> {
             spans.push(bracketed(source, at + marker.len()));
         }
     }
-    // A program named by a literal; one named by a variable is a built or found path.
-    for (at, _) in source.match_indices("Command::new(\"") {
-        spans.push(bracketed(source, at + "Command::new(".len()));
-    }
     // `const TOOLS: &[&str] = &[...]` and its kin (EXEC_TOOLS, `[&str; 3] = [...]`).
     for (at, _) in source.match_indices("TOOLS: ") {
         let rest = &source[at..];
@@ -66,11 +62,33 @@ fn tools_in(source: &str) -> BTreeSet<String> {
         };
         spans.push(bracketed(rest, list));
     }
-    spans
+    let mut tools: BTreeSet<String> = spans
         .into_iter()
         .flat_map(string_literals)
         .map(str::to_string)
-        .collect()
+        .collect();
+    // A program run by name: Command::new, sys::run and try_run, Netns::exec and try_exec.
+    // A name in a variable is a built or found path; what starts with `-` (the guard's own
+    // flag, install::run) or is a relative path (a conflist, e2e_doctor's run) is no program.
+    for marker in ["Command::new(", "run(", "exec(&["] {
+        for (at, _) in source.match_indices(marker) {
+            let Some(rest) = source[at + marker.len()..].trim_start().strip_prefix('"') else {
+                continue;
+            };
+            let program = &rest[..rest.find('"').unwrap_or(0)];
+            let relative = program.contains('/') && !program.starts_with('/');
+            if !program.is_empty() && !program.starts_with('-') && !relative {
+                tools.insert(program.to_string());
+            }
+        }
+    }
+    // The reference plugins, wherever a test names one.
+    for literal in string_literals(source) {
+        if literal.starts_with("/usr/lib/cni/") && !literal.contains(['{', ' ']) {
+            tools.insert(literal.to_string());
+        }
+    }
+    tools
 }
 
 /// Each tool the tests ask for, with the files that ask for it.
@@ -89,16 +107,44 @@ fn tools_asked_for() -> BTreeMap<String, Vec<String>> {
             }
         }
     }
+    // The shell model primaries say what they run in a `# Needs:` line; each must have one.
+    for dir in ["tests/cri", "tests/primaries"] {
+        for entry in std::fs::read_dir(Path::new(REPO).join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            let name = format!("{dir}/{}", path.file_name().unwrap().to_string_lossy());
+            let text = std::fs::read_to_string(&path).unwrap();
+            let needs = text
+                .lines()
+                .find_map(|line| line.strip_prefix("# Needs: "))
+                .unwrap_or_else(|| {
+                    panic!("{name} has no `# Needs:` line naming the tools it runs")
+                });
+            // "(and model-lib.sh's)": what it sources says the rest.
+            let own = needs.split(" (").next().unwrap();
+            for tool in own.split_whitespace() {
+                tools
+                    .entry(tool.to_string())
+                    .or_default()
+                    .push(name.clone());
+            }
+        }
+    }
     tools
 }
 
-/// The packages named by `need_packages` in a script (continued lines joined).
+/// The packages named by `need_packages` in a script: the words after it on its line (continued
+/// lines joined), also where the call is an argument (`timed "..." need_packages ...`).
 fn need_packages(script: &str) -> BTreeSet<String> {
-    let joined = script.replace("\\\n", " ");
-    joined
+    script
+        .replace("\\\n", " ")
         .lines()
-        .filter_map(|line| line.trim_start().strip_prefix("need_packages "))
-        .flat_map(|words| words.split_whitespace().map(str::to_string))
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            words.find(|word| *word == "need_packages")?;
+            Some(words.map(str::to_string).collect::<Vec<_>>())
+        })
+        .flatten()
         .collect()
 }
 
@@ -106,8 +152,9 @@ fn need_packages(script: &str) -> BTreeSet<String> {
 /// `test_sh`), or None.
 fn not_provided(provider: Provider, test_sh: &str) -> Option<String> {
     match provider {
-        Provider::Debian(package) => (!need_packages(test_sh).contains(package))
-            .then(|| format!("Debian's {package} is not in scripts/test.sh's need_packages")),
+        Provider::Debian(package) | Provider::DebianPython(package) => (!need_packages(test_sh)
+            .contains(package))
+        .then(|| format!("Debian's {package} is not in scripts/test.sh's need_packages")),
         Provider::PyPi(package) => {
             let pinned = format!("'{package}==");
             (!(test_sh.contains("pip install") && test_sh.contains(&pinned)))
@@ -162,40 +209,60 @@ fn every_tool_a_test_asks_for_is_installed_by_the_test_script() {
     );
 }
 
-/// The control: the same check on a test.sh that lacks one package must name the tool.
+/// `test_sh` with `package` taken out of its need_packages lists.
+fn without_package(test_sh: &str, package: &str) -> String {
+    test_sh
+        .replace("\\\n", " ")
+        .lines()
+        .map(|line| {
+            if line.split_whitespace().any(|word| word == "need_packages") {
+                line.split_whitespace()
+                    .filter(|word| *word != package)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The control: the same check on a test.sh that lacks one package names that package's tools,
+/// and only those.
 #[test]
 fn a_package_dropped_from_the_test_script_is_caught() {
     let test_sh = read("scripts/test.sh");
+    assert!(
+        unprovided(&test_sh).is_empty(),
+        "the script itself must pass"
+    );
     for (package, tool) in [
         ("xfsprogs", "mkfs.xfs"),
         ("strace", "strace"),
         ("tcpdump", "tcpdump"),
     ] {
-        let dropped: String = test_sh
-            .replace("\\\n", " ")
-            .lines()
-            .map(|line| {
-                if line.trim_start().starts_with("need_packages ") {
-                    line.split_whitespace()
-                        .filter(|word| *word != package)
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                } else {
-                    line.to_string()
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
+        let dropped = without_package(&test_sh, package);
+        assert_ne!(
+            need_packages(&dropped),
+            need_packages(&test_sh),
+            "{package} was not in scripts/test.sh's need_packages to drop"
+        );
         let missing = unprovided(&dropped);
         assert!(
             missing.iter().any(|m| m.starts_with(&format!("`{tool}`"))),
             "without {package} in need_packages the check did not name `{tool}`: {missing:?}"
         );
+        let why = format!("Debian's {package} is not");
+        assert!(
+            missing.iter().all(|m| m.contains(&why)),
+            "without {package} the check named other tools too: {missing:?}"
+        );
     }
 }
 
 #[test]
-fn the_node_build_builds_the_containerd_a_test_asks_for() {
+fn the_node_build_builds_the_versions_the_tests_ask_for() {
     for (tool, provider) in packages::PROVIDERS {
         let Provider::NodeBuild(script) = provider else {
             continue;
@@ -203,16 +270,19 @@ fn the_node_build_builds_the_containerd_a_test_asks_for() {
         // .../<component>-<version>/<binary>: the version the build script pins.
         let dir = Path::new(tool).parent().unwrap().file_name().unwrap();
         let version = dir.to_str().unwrap().rsplit_once('-').unwrap().1;
+        // Pinned as `NAME_VERSION=1.2.3` or `${OVERRIDE:-1.2.3}`.
+        let text = read(script);
         assert!(
-            read(script).contains(&format!("_VERSION={version}\n")),
+            text.contains(&format!("_VERSION={version}\n"))
+                || text.contains(&format!(":-{version}}}\n")),
             "{tool}: {script} does not build version {version}"
         );
     }
 }
 
-/// True when `package`'s own file list holds `tool` (a path, with /usr merged or not, or a
-/// command in a bin dir), or when the tool is the package's own name.
-fn package_holds(files: &str, package: &str, tool: &str) -> bool {
+/// True when a package's file list holds `tool`: a path, with /usr merged or not, or a command
+/// in a bin dir.
+fn package_holds(files: &str, tool: &str) -> bool {
     let merged = |path: &str| path.strip_prefix("/usr").unwrap_or(path).to_string();
     files.lines().any(|file| {
         if tool.starts_with('/') {
@@ -220,7 +290,7 @@ fn package_holds(files: &str, package: &str, tool: &str) -> bool {
         } else {
             file.ends_with(&format!("/bin/{tool}")) || file.ends_with(&format!("/sbin/{tool}"))
         }
-    }) || tool == package
+    })
 }
 
 #[test]
@@ -228,7 +298,7 @@ fn each_debian_row_names_the_package_that_holds_the_tool() {
     let ci = std::env::var("CI").as_deref() == Ok("true");
     let mut wrong = Vec::new();
     for (tool, provider) in packages::PROVIDERS {
-        let Provider::Debian(package) = provider else {
+        let (Provider::Debian(package) | Provider::DebianPython(package)) = provider else {
             continue;
         };
         let listed = Command::new("dpkg-query").args(["-L", package]).output();
@@ -244,7 +314,11 @@ fn each_debian_row_names_the_package_that_holds_the_tool() {
                 continue;
             }
         };
-        if !package_holds(&files, package, tool) {
+        let holds = match provider {
+            Provider::DebianPython(_) => files.lines().any(|f| f.contains("/dist-packages/")),
+            _ => package_holds(&files, tool),
+        };
+        if !holds {
             wrong.push(format!("`{tool}` is not in {package}'s file list"));
         }
     }

@@ -1,3 +1,4 @@
+# Needs: cat cut date flock ip mkdir nsenter rm sed seq sha1sum sleep tr
 # Sourced (never run) by the test-only model primaries in this directory: the CNI plumbing
 # they share (config and CNI_ARGS reading, errors, the call trace, the injected failure, IP
 # allocation and the veth wiring), so that each plugin file holds only what it models: how

@@ -84,7 +84,7 @@ pub fn node(primary: Primary, mode: Mode) -> CriNode {
 }
 
 /// `node` with its network at `version` (calico v2's manifests install 0.1.0 networks), a
-/// guarded one: every model's DEL that finds no endpoint passes, as calico/cni v1.10's does.
+/// guarded one: every model's DEL that finds no endpoint passes, as calico-cni v1.6.1's does.
 pub fn node_at_version(primary: Primary, mode: Mode, version: &str) -> CriNode {
     CriNode::start(primary, |layout| {
         let mut list = conflist(layout, mode, MissingEndpoint::Ignore);

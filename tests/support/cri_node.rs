@@ -58,7 +58,7 @@ pub enum Primary {
     /// Not a model: the reference macvlan plugin with host-local IPAM (/usr/lib/cni), on the
     /// node's master link, for what a real primary does (dual-stack, DAD at ADD).
     ReferenceMacvlan,
-    /// calico v2.x: `PodnameKeyed` (as calico/cni v1.10+, a DEL without endpoint passes) run
+    /// calico v2.x: `PodnameKeyed` (as calico-cni v1.6.1+, a DEL without endpoint passes) run
     /// at cniVersion 0.1.0/0.2.0 with 0.2.0-shaped results (tests/cri/calico-v2-model-plugin).
     CalicoV2,
 }

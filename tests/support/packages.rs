@@ -9,6 +9,8 @@
 pub enum Provider {
     /// A Debian package; scripts/test.sh's `need_packages` list must name it.
     Debian(&'static str),
+    /// A Debian package of a Python module, asked for by the package's own name.
+    DebianPython(&'static str),
     /// PyPI's package of that name, which scripts/test.sh pip-installs in a virtualenv.
     PyPi(&'static str),
     /// Built from the Go module proxy by the script named (scripts/node.sh and its library),
@@ -22,6 +24,18 @@ pub enum Provider {
 pub const PROVIDERS: &[(&str, Provider)] = &[
     ("bash", Provider::Debian("bash")),
     ("base64", Provider::Debian("coreutils")),
+    ("basename", Provider::Debian("coreutils")),
+    ("cat", Provider::Debian("coreutils")),
+    ("cut", Provider::Debian("coreutils")),
+    ("date", Provider::Debian("coreutils")),
+    ("dirname", Provider::Debian("coreutils")),
+    ("mkdir", Provider::Debian("coreutils")),
+    ("readlink", Provider::Debian("coreutils")),
+    ("rm", Provider::Debian("coreutils")),
+    ("seq", Provider::Debian("coreutils")),
+    ("tr", Provider::Debian("coreutils")),
+    ("sed", Provider::Debian("sed")),
+    ("grep", Provider::Debian("grep")),
     ("cp", Provider::Debian("coreutils")),
     ("paste", Provider::Debian("coreutils")),
     ("sha1sum", Provider::Debian("coreutils")),
@@ -32,10 +46,12 @@ pub const PROVIDERS: &[(&str, Provider)] = &[
     ("true", Provider::Debian("coreutils")),
     ("sh", Provider::Debian("dash")),
     ("kill", Provider::Debian("procps")),
+    ("sysctl", Provider::Debian("procps")),
     ("tar", Provider::Debian("tar")),
     ("git", Provider::Debian("git")),
     ("mount", Provider::Debian("mount")),
     ("umount", Provider::Debian("mount")),
+    ("findmnt", Provider::Debian("util-linux")),
     ("flock", Provider::Debian("util-linux")),
     ("nsenter", Provider::Debian("util-linux")),
     ("unshare", Provider::Debian("util-linux")),
@@ -51,9 +67,8 @@ pub const PROVIDERS: &[(&str, Provider)] = &[
     ("python3", Provider::Debian("python3-minimal")),
     (
         "python3-prometheus-client",
-        Provider::Debian("python3-prometheus-client"),
+        Provider::DebianPython("python3-prometheus-client"),
     ),
-    ("kubectl", Provider::Debian("kubectl")),
     ("go", Provider::Debian("golang-go")),
     (
         "/usr/share/gocode/src/github.com/containernetworking/cni/libcni",
@@ -79,6 +94,10 @@ pub const PROVIDERS: &[(&str, Provider)] = &[
         "/usr/lib/cni/portmap",
         Provider::Debian("containernetworking-plugins"),
     ),
+    (
+        "/usr/lib/cni/tuning",
+        Provider::Debian("containernetworking-plugins"),
+    ),
     ("containerd", Provider::Debian("containerd")),
     ("containerd-shim-runc-v2", Provider::Debian("containerd")),
     ("ctr", Provider::Debian("containerd")),
@@ -92,6 +111,10 @@ pub const PROVIDERS: &[(&str, Provider)] = &[
     ("kubernetes-validate", Provider::PyPi("kubernetes-validate")),
     (
         "/var/cache/sg-node/bin/containerd-2.2.9/containerd",
+        Provider::NodeBuild("scripts/lib/node-build.sh"),
+    ),
+    (
+        "/var/cache/sg-node/bin/kubernetes-1.34.4/kubectl",
         Provider::NodeBuild("scripts/lib/node-build.sh"),
     ),
     ("cargo", Provider::RustToolchain),

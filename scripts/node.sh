@@ -438,6 +438,9 @@ cmd_up() {
   # would need the v2 layout.
   [[ ! -e /sys/fs/cgroup/cgroup.controllers ]] ||
     die "this host mounts only cgroup v2 at /sys/fs/cgroup; scripts/node.sh sets up kubelet for cgroup v1"
+  # The node's own processes are kept in the pids hierarchy (NODE_CGROUP), so down finds them.
+  [[ $(stat -fc %T /sys/fs/cgroup/pids 2>/dev/null) == cgroupfs ]] ||
+    die "this host has no cgroup v1 pids hierarchy at /sys/fs/cgroup/pids, where the node keeps its processes"
   [[ ! -e $W/run ]] || die "a node is already up in $W (bash scripts/node.sh down first)"
   need_packages containerd runc catatonit containernetworking-plugins iproute2 iptables openssl curl
   # Before a build that can take minutes, and again after it.

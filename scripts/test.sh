@@ -13,30 +13,33 @@ need_root "scripts/test.sh"
 need_cargo
 # Every package a test asks for a tool of (tests/support/packages.rs maps each tool to its
 # package; tests/packages.rs fails when one is missing here), even those a Debian base has.
-need_packages bash coreutils dash grep sed procps tar git mount util-linux iproute2 iputils-ping \
-  strace \
-  containernetworking-plugins golang-go golang-github-appc-cni-dev \
+timed "Debian packages" need_packages bash coreutils dash grep sed procps tar git mount util-linux \
+  iproute2 iputils-ping strace containernetworking-plugins golang-go golang-github-appc-cni-dev \
   containerd runc catatonit conmon protobuf-compiler curl openssl \
   podman qemu-user python3-minimal python3-prometheus-client binutils docker-registry python3-venv \
   tcpdump e2fsprogs xfsprogs
 
 # The manifests' schema test (tests/manifests.rs) runs PyPI's kubernetes-validate, which
 # Debian does not package, from a virtualenv of its own; no pip here stops the tests.
-if [ ! -x target/python/bin/kubernetes-validate ]; then
+kubernetes_validate() {
+  [ -x target/python/bin/kubernetes-validate ] && return 0
   python3 -m venv target/python
   target/python/bin/pip install --quiet --disable-pip-version-check 'kubernetes-validate==1.37.0'
-fi
+}
+timed "PyPI's kubernetes-validate" kubernetes_validate
+
+host=$(plugin_arch)
 
 # The other arch's nodes (arm64 on an x86_64 machine) get a binary built from these same
 # files: build it static, as scripts/build.sh does, and run its VERSION under qemu-user. A
 # build or a run that fails stops the tests; nothing here is skipped. Adds about two minutes
 # to a fresh run (Debian's cross gcc, then a release build of every crate for the target).
 # Built as root, like the tests below.
-host=$(plugin_arch)
 case $host in
   x86_64) other=arm64 ;;
   arm64) other=x86_64 ;;
 esac
+other_started=$SECONDS
 other_bin=$(SUDO_USER='' build_plugin . "$other") || {
   echo "the static $other build failed" >&2
   exit 1
@@ -50,12 +53,22 @@ if [[ $version != *'"supportedVersions"'* ]]; then
   exit 1
 fi
 echo "static $other build answers VERSION under $(qemu_user "$other"): $version"
+echo "time: the static $other build, with its cross gcc: $((SECONDS - other_started)) s" >&2
+
+# The real node's components, built from the Go module proxy into the node's cache (a stamp
+# per component: nothing to do once built). Built here, before the Rust tests, so that their
+# cost shows apart from the node suite's. A failed build does not stop the other suites: the
+# real-node tests then fail, saying why.
+timed "the node's Go builds" bash scripts/node.sh build --runtime containerd2 ||
+  echo "the node's Go builds failed: the real-node tests will fail and say why" >&2
 
 # The tests run the binary the nodes get: static, for this machine's target. One test process
 # at a time per binary keeps the kernel-touching suites from racing each other for the same
 # names and keeps the timing of the crash test honest on 2 cores.
-cargo test --release --no-fail-fast --config .cargo/static.toml --target "$(plugin_triple "$host")" \
-  -- --test-threads=1
+timed "the Rust test build" cargo test --release --no-run --config .cargo/static.toml \
+  --target "$(plugin_triple "$host")"
+timed "the tests" cargo test --release --no-fail-fast --config .cargo/static.toml \
+  --target "$(plugin_triple "$host")" -- --test-threads=1
 
 # The store writes an ownership, and a record that fits, as a symlink only on a journaled file
 # system (ext4 with its journal, XFS, btrfs, tmpfs) and as a synced regular file elsewhere
@@ -70,6 +83,6 @@ truncate -s 1G "$journaled/ext4.img"
 mkfs.ext4 -q -F -O has_journal "$journaled/ext4.img"
 mkdir "$journaled/mnt"
 mount -o loop "$journaled/ext4.img" "$journaled/mnt"
-TMPDIR="$journaled/mnt" cargo test --release --no-fail-fast --config .cargo/static.toml \
-  --target "$(plugin_triple "$host")" --test crash --test concurrency --test cli --test cni_protocol \
+TMPDIR="$journaled/mnt" timed "the suites again on a journal" cargo test --release --no-fail-fast \
+  --config .cargo/static.toml --target "$(plugin_triple "$host")" --test crash --test concurrency --test cli --test cni_protocol \
   --test safety --test durability --test pod_key -- --test-threads=1

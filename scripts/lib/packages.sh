@@ -45,6 +45,16 @@ need_cargo() {
   fi
 }
 
+# timed PART CMD...: runs CMD and says how long it took, as "time: PART: N s" on stderr (the
+# cold-run budget in README is read from these lines).
+timed() {
+  local part=$1 started=$SECONDS status=0
+  shift
+  "$@" || status=$?
+  echo "time: $part: $((SECONDS - started)) s" >&2
+  return "$status"
+}
+
 # help_if_asked SCRIPT LAST ARG: when ARG is -h or --help, prints SCRIPT's header comment
 # (lines 2 to LAST) and exits.
 help_if_asked() {

@@ -1,13 +1,28 @@
 #!/usr/bin/env bash
 # Runs every test: unit tests, the CNI protocol, concurrency, crash and ENOSPC tests, and the
-# end-to-end suites under real libcni, containerd's CRI and podman, against the static release
-# binary; first, the static release for the other arch's nodes, cross-built and run under
-# qemu-user. Needs root (namespaces, links, a private containerd); installs the Debian
+# end-to-end suites under real libcni, containerd's CRI, podman and the real node, against the
+# static release binary; first, the static release for the other arch's nodes, cross-built and
+# run under qemu-user. Needs root (namespaces, links, a private containerd); installs the Debian
 # packages it needs.
+#
+#   bash scripts/test.sh          # what CI runs (.ci/run), within its cold-run budget (README)
+#   bash scripts/test.sh --long   # only the long run: the real-node tests CI leaves out
+#                                 # (#[ignore = "long run: ..."]), whose results are published
+#                                 # in docs/runs/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/packages.sh
 . scripts/lib/build.sh
+help_if_asked "$0" 11 "${1:-}"
+long=''
+case ${1:-} in
+  --long) long=1 ;;
+  '') ;;
+  *)
+    echo "unknown argument '$1' (see --help)" >&2
+    exit 2
+    ;;
+esac
 
 need_root "scripts/test.sh"
 need_cargo
@@ -29,6 +44,12 @@ kubernetes_validate() {
 timed "PyPI's kubernetes-validate" kubernetes_validate
 
 host=$(plugin_arch)
+if [[ -n $long ]]; then
+  timed "the node's Go builds" bash scripts/node.sh build --runtime containerd2
+  timed "the long run" cargo test --release --no-fail-fast --config .cargo/static.toml \
+    --target "$(plugin_triple "$host")" --test e2e_node -- --ignored --test-threads=1
+  exit
+fi
 
 # The other arch's nodes (arm64 on an x86_64 machine) get a binary built from these same
 # files: build it static, as scripts/build.sh does, and run its VERSION under qemu-user. A

@@ -1532,6 +1532,7 @@ fn run_multus(runtime: &'static str) {
 /// model as its cluster network), built from its module (scripts/lib/node-build.sh); the
 /// guard installed by its DaemonSet into the cluster network multus delegates to.
 #[test]
+#[ignore = "long run: bash scripts/test.sh --long (README, CI's minutes)"]
 fn multus_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_multus("containerd2");
@@ -1576,6 +1577,7 @@ fn run_bridge(runtime: &'static str) {
 }
 
 #[test]
+#[ignore = "long run: bash scripts/test.sh --long (README, CI's minutes)"]
 fn bridge_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_bridge("containerd2");

@@ -6,9 +6,9 @@
 #   sudo bash scripts/ci-cold-run.sh --yes [--keep-packages]
 #
 # Destructive, hence --yes. It purges the Debian packages the project's scripts install (their
-# need_packages lists) that dpkg installed since this boot, with the dependencies that came
-# with them since boot and are left orphaned; nothing the machine had when it booted, nothing
-# another tool installed, and it refuses when apt would remove more. It also removes the
+# need_packages lists) that dpkg installed since this boot, whoever installed them, with the
+# dependencies that came since boot and are left orphaned; nothing the machine had when it
+# booted, and it refuses when apt would remove more. It also removes the
 # aarch64 Rust standard library and empties cargo's registry, Go's module and build caches,
 # the real node's cache (/var/cache/sg-node) and pip's cache. --keep-packages leaves the
 # packages (a run that measures only the builds). Run it with nothing else on the machine:
@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/packages.sh
-help_if_asked "$0" 15 "${1:-}"
+help_if_asked "$0" 16 "${1:-}"
 need_root "scripts/ci-cold-run.sh"
 
 yes='' keep_packages=''
@@ -81,7 +81,7 @@ if [[ -z $keep_packages ]]; then
     # Their dependencies, orphaned now, that also came since boot; the image's own orphans stay.
     mapfile -t orphans < <(comm -12 <(apt_removals autoremove) <(echo "$since_boot"))
     if ((${#orphans[@]})); then
-      DEBIAN_FRONTEND=noninteractive apt-get purge -y -q "${orphans[@]}" >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get purge -y -q -o DPkg::Lock::Timeout=600 "${orphans[@]}" >/dev/null
       purged+=("${orphans[@]}")
     fi
   fi

@@ -46,9 +46,25 @@ timed "PyPI's kubernetes-validate" kubernetes_validate
 host=$(plugin_arch)
 if [[ -n $long ]]; then
   timed "the node's Go builds" bash scripts/node.sh build --runtime containerd2
+  rm -f target/real-node-*.md
+  status=0
   timed "the long run" cargo test --release --no-fail-fast --config .cargo/static.toml \
-    --target "$(plugin_triple "$host")" --test e2e_node -- --ignored --test-threads=1
-  exit
+    --target "$(plugin_triple "$host")" --test e2e_node -- --ignored --test-threads=1 || status=$?
+  # Published as the tests wrote them, passing or failing: docs/runs/<date>-<commit>-long.md.
+  mkdir -p docs/runs
+  out=docs/runs/$(date -u +%Y-%m-%d)-$(git rev-parse --short HEAD)-long.md
+  {
+    echo "# Long run of $(git rev-parse --short HEAD): $([[ $status == 0 ]] && echo passed || echo "FAILED (exit $status)")"
+    echo
+    echo "\`bash scripts/test.sh --long\`, $(date -u '+%Y-%m-%d %H:%M') UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)$([[ -z $(git status --porcelain --untracked-files=no) ]] || echo ', with uncommitted changes')."
+    for table in target/real-node-*.md; do
+      [[ -e $table ]] || continue
+      printf '\n## %s\n\n' "$(basename "$table" .md)"
+      cat "$table"
+    done
+  } >"$out"
+  echo "wrote $out" >&2
+  exit "$status"
 fi
 
 # The other arch's nodes (arm64 on an x86_64 machine) get a binary built from these same
@@ -80,8 +96,13 @@ echo "time: the static $other build, with its cross gcc: $((SECONDS - other_star
 # per component: nothing to do once built). Built here, before the Rust tests, so that their
 # cost shows apart from the node suite's. A failed build does not stop the other suites: the
 # real-node tests then fail, saying why.
-timed "the node's Go builds" bash scripts/node.sh build --runtime containerd2 ||
+if ! timed "the node's Go builds" bash scripts/node.sh build --runtime containerd2; then
+  [[ ${CI:-} != true ]] || {
+    echo "the node's Go builds failed: under CI=true the run stops here" >&2
+    exit 1
+  }
   echo "the node's Go builds failed: the real-node tests will fail and say why" >&2
+fi
 
 # The tests run the binary the nodes get: static, for this machine's target. One test process
 # at a time per binary keeps the kernel-touching suites from racing each other for the same

@@ -43,8 +43,62 @@ fn string_literals(span: &str) -> impl Iterator<Item = &str> {
     span.split('"').skip(1).step_by(2)
 }
 
-/// The tools one test source asks for.
-fn tools_in(source: &str) -> BTreeSet<String> {
+/// Every `const NAME: &str` of the tests with its value: a literal, or the repository's own
+/// path joined with one (`concat!(env!("CARGO_MANIFEST_DIR"), "...")`).
+fn str_constants(sources: &[String]) -> BTreeMap<String, String> {
+    let mut constants = BTreeMap::new();
+    for source in sources {
+        for (at, _) in source.match_indices("const ") {
+            let rest = &source[at + "const ".len()..];
+            let Some((name, rest)) = rest.split_once(": &str = ") else {
+                continue;
+            };
+            if !name
+                .bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            {
+                continue;
+            }
+            let value = &rest[..rest.find(';').unwrap_or(0)];
+            let literals: Vec<&str> = string_literals(value).collect();
+            let value = match literals.as_slice() {
+                [literal] if value.trim_start().starts_with('"') => literal.to_string(),
+                ["CARGO_MANIFEST_DIR", tail] if value.starts_with("concat!") => {
+                    format!("{REPO}{tail}")
+                }
+                _ => continue,
+            };
+            constants.insert(name.to_string(), value);
+        }
+    }
+    constants
+}
+
+/// The constants named in a needs list (`libcni::LIBCNI_1_3`, `KUBECTL`), lists of tools
+/// (`TOOLS`) aside: those are read where they are defined.
+fn constants_named(span: &str) -> impl Iterator<Item = &str> {
+    span.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        // `module::NAME`, not `Type::VARIANT`.
+        .filter(|token| {
+            let mut path: Vec<&str> = token.split("::").collect();
+            path.pop();
+            path.iter()
+                .all(|module| module.starts_with(|c: char| c.is_ascii_lowercase()))
+        })
+        .filter_map(|token| token.rsplit("::").next())
+        .filter(|name| {
+            name.len() > 1
+                && name.starts_with(|c: char| c.is_ascii_uppercase())
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+                && !name.ends_with("TOOLS")
+        })
+}
+
+/// The tools one test source asks for, its constants looked up in `constants`; one it cannot
+/// look up is named as such, so that the check fails on it.
+fn tools_in(source: &str, constants: &BTreeMap<String, String>) -> BTreeSet<String> {
     let mut spans = Vec::new();
     for marker in ["skip_unless_root!(", "skip_unless_tools!(", "require("] {
         for (at, _) in source.match_indices(marker) {
@@ -63,10 +117,15 @@ fn tools_in(source: &str) -> BTreeSet<String> {
         spans.push(bracketed(rest, list));
     }
     let mut tools: BTreeSet<String> = spans
-        .into_iter()
-        .flat_map(string_literals)
+        .iter()
+        .flat_map(|span| string_literals(span))
         .map(str::to_string)
         .collect();
+    for name in spans.iter().flat_map(|span| constants_named(span)) {
+        let tool = constants.get(name).cloned();
+        tools
+            .insert(tool.unwrap_or_else(|| format!("the constant {name}, not found as a literal")));
+    }
     // A program run by name: Command::new, sys::run and try_run, Netns::exec and try_exec.
     // A name in a variable is a built or found path; what starts with `-` (the guard's own
     // flag, install::run) or is a relative path (a conflist, e2e_doctor's run) is no program.
@@ -93,7 +152,7 @@ fn tools_in(source: &str) -> BTreeSet<String> {
 
 /// Each tool the tests ask for, with the files that ask for it.
 fn tools_asked_for() -> BTreeMap<String, Vec<String>> {
-    let mut tools: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut sources = Vec::new();
     for dir in ["tests", "tests/support"] {
         for entry in std::fs::read_dir(Path::new(REPO).join(dir)).unwrap() {
             let path = entry.unwrap().path();
@@ -102,9 +161,15 @@ fn tools_asked_for() -> BTreeMap<String, Vec<String>> {
             if path.extension().is_none_or(|e| e != "rs") || name == "tests/packages.rs" {
                 continue;
             }
-            for tool in tools_in(&std::fs::read_to_string(&path).unwrap()) {
-                tools.entry(tool).or_default().push(name.clone());
-            }
+            sources.push((name, std::fs::read_to_string(&path).unwrap()));
+        }
+    }
+    let texts: Vec<String> = sources.iter().map(|(_, text)| text.clone()).collect();
+    let constants = str_constants(&texts);
+    let mut tools: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, text) in &sources {
+        for tool in tools_in(text, &constants) {
+            tools.entry(tool).or_default().push(name.clone());
         }
     }
     // The shell model primaries say what they run in a `# Needs:` line; each must have one.
@@ -160,8 +225,9 @@ fn not_provided(provider: Provider, test_sh: &str) -> Option<String> {
             (!(test_sh.contains("pip install") && test_sh.contains(&pinned)))
                 .then(|| format!("PyPI's {package} is not pip-installed by scripts/test.sh"))
         }
-        Provider::NodeBuild(script) => (!Path::new(REPO).join(script).is_file())
-            .then(|| format!("{script}, which builds it, is missing")),
+        Provider::NodeBuild(script) => (!test_sh.contains("scripts/node.sh build"))
+            .then(|| format!("scripts/test.sh does not run the node's build ({script})")),
+        Provider::InRepo(_) => None,
         Provider::RustToolchain => (!test_sh.contains("need_cargo"))
             .then(|| "scripts/test.sh does not check for cargo (need_cargo)".to_string()),
     }
@@ -194,6 +260,9 @@ fn every_tool_a_test_asks_for_is_installed_by_the_test_script() {
         "/usr/lib/cni/bridge",
         "strace",
         "podman",
+        "/usr/bin/catatonit",
+        "/var/cache/sg-node/bin/kubernetes-1.34.4/kubectl",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vendor/cni-1.3.0"),
     ] {
         assert!(
             tools.contains_key(known),
@@ -259,6 +328,24 @@ fn a_package_dropped_from_the_test_script_is_caught() {
             "without {package} the check named other tools too: {missing:?}"
         );
     }
+}
+
+/// The control for the node's build: without it in the script, the binaries it builds are named.
+#[test]
+fn a_test_script_without_the_node_build_is_caught() {
+    let test_sh = read("scripts/test.sh");
+    let dropped = test_sh.replace("scripts/node.sh build", "scripts/node.sh");
+    assert_ne!(
+        dropped, test_sh,
+        "scripts/test.sh does not run the node's build"
+    );
+    let missing = unprovided(&dropped);
+    assert!(
+        missing
+            .iter()
+            .any(|m| m.starts_with("`/var/cache/sg-node/bin/kubernetes-1.34.4/kubectl`")),
+        "without the node's build the check did not name the node's kubectl: {missing:?}"
+    );
 }
 
 #[test]

@@ -18,8 +18,9 @@ need_packages() {
   [ ${#missing[@]} -eq 0 ] && return 0
   echo "installing Debian packages: ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q -o DPkg::Lock::Timeout=600 >/dev/null
-  apt-get install -y -q -o DPkg::Lock::Timeout=600 "${missing[@]}" >/dev/null
+  # Each checked here too: called where errexit is off (timed, an if), a failure must still show.
+  apt-get update -q -o DPkg::Lock::Timeout=600 >/dev/null || return
+  apt-get install -y -q -o DPkg::Lock::Timeout=600 "${missing[@]}" >/dev/null || return
 }
 
 # need_cargo: the Rust toolchain cannot be fetched by a script here; say so plainly.

@@ -18,6 +18,8 @@ pub enum Provider {
     NodeBuild(&'static str),
     /// The Rust toolchain the suite itself is built with (`need_cargo` checks it).
     RustToolchain,
+    /// A path in this repository (tests/vendor's libcni source), there in every clone.
+    InRepo(&'static str),
 }
 
 /// Every tool a test asks for, by the name it asks for it (a command on PATH, or a path).
@@ -53,6 +55,7 @@ pub const PROVIDERS: &[(&str, Provider)] = &[
     ("umount", Provider::Debian("mount")),
     ("findmnt", Provider::Debian("util-linux")),
     ("flock", Provider::Debian("util-linux")),
+    ("setsid", Provider::Debian("util-linux")),
     ("nsenter", Provider::Debian("util-linux")),
     ("unshare", Provider::Debian("util-linux")),
     ("ip", Provider::Debian("iproute2")),
@@ -120,8 +123,12 @@ pub const PROVIDERS: &[(&str, Provider)] = &[
     ("cargo", Provider::RustToolchain),
 ];
 
-/// The row for `tool`, if it has one.
+/// The row for `tool`, if it has one; a path in this repository is its own.
 pub fn provider(tool: &str) -> Option<Provider> {
+    const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/");
+    if tool.starts_with(REPO) {
+        return Some(Provider::InRepo(REPO));
+    }
     PROVIDERS
         .iter()
         .find(|(name, _)| *name == tool)

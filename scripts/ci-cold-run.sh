@@ -54,7 +54,7 @@ project_packages() {
 installed_since_boot() {
   local since
   since=$(date -d "@$(awk '/^btime/ {print $2}' /proc/stat)" '+%Y-%m-%d %H:%M:%S')
-  cat /var/log/dpkg.log.1 /var/log/dpkg.log 2>/dev/null |
+  { [[ ! -e /var/log/dpkg.log.1 ]] || cat /var/log/dpkg.log.1; cat /var/log/dpkg.log; } |
     awk -v since="$since" '$3 == "install" && ($1 " " $2) >= since { sub(/:.*/, "", $4); print $4 }' |
     sort -u
 }

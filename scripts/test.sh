@@ -94,8 +94,9 @@ echo "time: the static $other build, with its cross gcc: $((SECONDS - other_star
 
 # The real node's components, built from the Go module proxy into the node's cache (a stamp
 # per component: nothing to do once built). Built here, before the Rust tests, so that their
-# cost shows apart from the node suite's. A failed build does not stop the other suites: the
-# real-node tests then fail, saying why.
+# cost shows apart from the node suite's. Under CI=true a failed build ends the run here (each
+# real-node test would retry it); elsewhere the other suites still run and the real-node tests
+# fail, saying why.
 if ! timed "the node's Go builds" bash scripts/node.sh build --runtime containerd2; then
   [[ ${CI:-} != true ]] || {
     echo "the node's Go builds failed: under CI=true the run stops here" >&2

@@ -41,7 +41,8 @@ done
 }
 
 commit=$(git rev-parse --short HEAD)
-booted=$(date -u -d "@$(awk '/^btime/ {print $2}' /proc/stat)" '+%Y-%m-%d %H:%M:%S')
+btime=$(awk '/^btime/ {print $2}' /proc/stat)
+booted=$(date -u -d "@$btime" '+%Y-%m-%d %H:%M:%S')
 # The packages the project's scripts install: the words of their need_packages calls and of
 # build.sh's cross-toolchain lists.
 project_packages() {
@@ -53,7 +54,7 @@ project_packages() {
 # What dpkg installed since this boot (dpkg.log stamps local time, compared in the same form).
 installed_since_boot() {
   local since
-  since=$(date -d "@$(awk '/^btime/ {print $2}' /proc/stat)" '+%Y-%m-%d %H:%M:%S')
+  since=$(date -d "@$btime" '+%Y-%m-%d %H:%M:%S')
   { [[ ! -e /var/log/dpkg.log.1 ]] || cat /var/log/dpkg.log.1; cat /var/log/dpkg.log; } |
     awk -v since="$since" '$3 == "install" && ($1 " " $2) >= since { sub(/:.*/, "", $4); print $4 }' |
     sort -u

@@ -45,7 +45,7 @@ fn string_literals(span: &str) -> impl Iterator<Item = &str> {
 
 /// Every `const NAME: &str` of the tests with its value: a literal, or the repository's own
 /// path joined with one (`concat!(env!("CARGO_MANIFEST_DIR"), "...")`).
-fn str_constants(sources: &[String]) -> BTreeMap<String, String> {
+fn str_constants<'a>(sources: impl Iterator<Item = &'a str>) -> BTreeMap<String, String> {
     let mut constants = BTreeMap::new();
     for source in sources {
         for (at, _) in source.match_indices("const ") {
@@ -53,10 +53,7 @@ fn str_constants(sources: &[String]) -> BTreeMap<String, String> {
             let Some((name, rest)) = rest.split_once(": &str = ") else {
                 continue;
             };
-            if !name
-                .bytes()
-                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
-            {
+            if !is_constant_name(name) {
                 continue;
             }
             let value = &rest[..rest.find(';').unwrap_or(0)];
@@ -74,6 +71,12 @@ fn str_constants(sources: &[String]) -> BTreeMap<String, String> {
     constants
 }
 
+/// SCREAMING_SNAKE_CASE, as a constant's name is.
+fn is_constant_name(name: &str) -> bool {
+    name.bytes()
+        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+}
+
 /// The constants named in a needs list (`libcni::LIBCNI_1_3`, `KUBECTL`), lists of tools
 /// (`TOOLS`) aside: those are read where they are defined.
 fn constants_named(span: &str) -> impl Iterator<Item = &str> {
@@ -89,9 +92,7 @@ fn constants_named(span: &str) -> impl Iterator<Item = &str> {
         .filter(|name| {
             name.len() > 1
                 && name.starts_with(|c: char| c.is_ascii_uppercase())
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+                && is_constant_name(name)
                 && !name.ends_with("TOOLS")
         })
 }
@@ -164,8 +165,7 @@ fn tools_asked_for() -> BTreeMap<String, Vec<String>> {
             sources.push((name, std::fs::read_to_string(&path).unwrap()));
         }
     }
-    let texts: Vec<String> = sources.iter().map(|(_, text)| text.clone()).collect();
-    let constants = str_constants(&texts);
+    let constants = str_constants(sources.iter().map(|(_, text)| text.as_str()));
     let mut tools: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (name, text) in &sources {
         for tool in tools_in(text, &constants) {
@@ -203,14 +203,20 @@ fn need_packages(script: &str) -> BTreeSet<String> {
     script
         .replace("\\\n", " ")
         .lines()
-        .filter(|line| !line.trim_start().starts_with('#'))
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            words.find(|word| *word == "need_packages")?;
-            Some(words.map(str::to_string).collect::<Vec<_>>())
+        .filter(|line| calls_need_packages(line))
+        .flat_map(|line| {
+            line.split_whitespace()
+                .skip_while(|word| *word != "need_packages")
+                .skip(1)
+                .map(str::to_string)
+                .collect::<Vec<_>>()
         })
-        .flatten()
         .collect()
+}
+
+/// Whether a (continued-lines-joined) script line calls need_packages, a comment not.
+fn calls_need_packages(line: &str) -> bool {
+    !line.trim_start().starts_with('#') && line.split_whitespace().any(|w| w == "need_packages")
 }
 
 /// Why `provider` is not provided by a fresh run of scripts/test.sh (whose text is
@@ -284,7 +290,7 @@ fn without_package(test_sh: &str, package: &str) -> String {
         .replace("\\\n", " ")
         .lines()
         .map(|line| {
-            if line.split_whitespace().any(|word| word == "need_packages") {
+            if calls_need_packages(line) {
                 line.split_whitespace()
                     .filter(|word| *word != package)
                     .collect::<Vec<_>>()

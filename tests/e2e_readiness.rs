@@ -202,6 +202,8 @@ impl Containerd {
         found[0].clone()
     }
 
+    /// The probe asking this containerd, its verdict checked against containerd's own
+    /// answer (tests/support/loaded.rs).
     fn asked(&self) -> (bool, String) {
         let said = self.check("asked", &self.root().join("bin"));
         assert!(
@@ -210,6 +212,13 @@ impl Containerd {
                 self.socket().display()
             )),
             "{:?}: the probe did not say it asked containerd: {}",
+            self.version,
+            said.1
+        );
+        assert_eq!(
+            said.0,
+            loaded::ready_per_containerd(&self.cri_info().unwrap()),
+            "{:?}: the probe and containerd's own answer differ: {}",
             self.version,
             said.1
         );
@@ -341,10 +350,6 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         ready && said.contains("(chained, last)"),
         "{version:?}: {said}"
     );
-    assert_eq!(
-        ready,
-        loaded::ready_per_containerd(&node.cri_info().unwrap())
-    );
 
     let mut wrapper = guard();
     wrapper["delegate"] = bridge();
@@ -354,10 +359,6 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
     assert!(
         ready && said.contains("delegate, wrapping bridge"),
         "{version:?}: {said}"
-    );
-    assert_eq!(
-        ready,
-        loaded::ready_per_containerd(&node.cri_info().unwrap())
     );
 
     // The guard in the list, not last: first on ADD, last on DEL, too late to refuse.
@@ -375,10 +376,6 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
         !ready && said.contains("neither the last plugin"),
         "{version:?}: {said}"
     );
-    assert_eq!(
-        ready,
-        loaded::ready_per_containerd(&node.cri_info().unwrap())
-    );
 
     // A broken file sorting first: containerd's reload fails and leaves it no network.
     replace(&file, &conflist(vec![bridge(), guard()]));
@@ -392,10 +389,6 @@ fn ready_where_containerd_loaded_the_guard(version: Version) {
     assert!(
         !ready && said.contains("has loaded no network") && said.contains("05-broken.conflist"),
         "{version:?}: {said}"
-    );
-    assert_eq!(
-        ready,
-        loaded::ready_per_containerd(&node.cri_info().unwrap())
     );
 }
 
@@ -422,10 +415,6 @@ fn files_say_ready_containerd_runs_no_guard(node: &Containerd, case: &str) {
     assert!(
         !ready && said.contains("sandbox-guard is not among them"),
         "{version:?}: {case}: {said}"
-    );
-    assert_eq!(
-        ready,
-        loaded::ready_per_containerd(&node.cri_info().unwrap())
     );
     let doctor = node.doctor_says();
     assert!(
@@ -463,10 +452,6 @@ fn not_ready_where_containerd_runs_something_else(version: Version) {
     node.wait_until_loaded(&["bridge", "sandbox-guard"]);
     let (ready, said) = node.asked();
     assert!(ready, "{version:?}: {said}");
-    assert_eq!(
-        ready,
-        loaded::ready_per_containerd(&node.cri_info().unwrap())
-    );
 
     // A bin dir containerd does not search: the guard and the primary copied there, the
     // network guarded, and containerd's own bin dir without the guard.
@@ -747,11 +732,12 @@ fn wait_until(what: &str, watch: &mut Child, log: &Path, done: impl Fn() -> bool
 }
 
 /// The watch's readiness (its `installed` metric) is the probe's verdict, the runtime's word
-/// first: CRI-O searches a dir the installed binary is not in, so not ready although the files
-/// say ready; and it looks again without a conf-dir event, so the binary put where CRI-O
-/// searches turns it ready.
+/// first, and its looks follow the runtime without a conf-dir event: CRI-O restarted with
+/// another plugin dir (a config change) finds no guard there, and the watch's next look puts
+/// it there, saying not ready meanwhile. Before the installer asked the runtime where it
+/// looks, the watch kept copying into --bin-dir and stayed not ready for good.
 #[test]
-fn the_watch_is_ready_only_where_the_runtime_finds_the_guard() {
+fn the_watch_follows_the_runtimes_plugin_dir_without_a_conf_dir_event() {
     let dir = sys::TempDir::new("sgwatchrt");
     let (conf, bin, searched) = (
         dir.path.join("net.d"),
@@ -763,9 +749,9 @@ fn the_watch_is_ready_only_where_the_runtime_finds_the_guard() {
         fs::write(d.join("bridge"), b"").unwrap();
     }
     fs::write(conf.join("10-pods.conflist"), conflist(vec![bridge()])).unwrap();
-    let crio = FakeCrio::start(&dir.path, &conf, &[&searched], "1.34.1");
+    let crio = FakeCrio::start(&dir.path, &conf, &[&bin], "1.34.1");
     // Installed before the watch starts, so the watch writes nothing and no event of its own
-    // wakes it: only its own looks can see the binary arrive where CRI-O searches.
+    // wakes it: only its own looks can see the runtime's dir move.
     let flags = [
         "--mode",
         "chained",
@@ -789,21 +775,35 @@ fn the_watch_is_ready_only_where_the_runtime_finds_the_guard() {
         .stderr(fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    wait_until("the watch writes its metrics", &mut watch, &log, || {
-        installed_metric(&metrics).is_some()
-    });
-    let said = fs::read_to_string(&log).unwrap();
-    assert_eq!(installed_metric(&metrics).as_deref(), Some("0"), "{said}");
-    assert!(
-        said.contains("in none of the dirs CRI-O searches"),
-        "{said}"
-    );
-    assert!(said.contains("already installed"), "{said}");
-    // No event in the conf dir the watch watches: only a look of its own can see this.
-    fs::copy(bin.join("sandbox-guard"), searched.join("sandbox-guard")).unwrap();
-    wait_until("ready once CRI-O finds the guard", &mut watch, &log, || {
+    wait_until("the watch says ready", &mut watch, &log, || {
         installed_metric(&metrics).as_deref() == Some("1")
     });
+    assert!(
+        fs::read_to_string(&log)
+            .unwrap()
+            .contains("already installed"),
+        "the watch wrote at its start: no look without an event is shown"
+    );
+    // CRI-O comes back searching another dir: no event in the conf dir the watch watches.
+    fs::remove_file(&crio.socket).unwrap();
+    let _moved = FakeCrio::start(&dir.path, &conf, &[&searched], "1.34.1");
+    wait_until(
+        "ready once CRI-O's dir holds the guard",
+        &mut watch,
+        &log,
+        || {
+            installed_metric(&metrics).as_deref() == Some("1")
+                && searched.join("sandbox-guard").is_file()
+        },
+    );
+    let said = fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains(&format!(
+            "re-inserted: copied the binary to {}",
+            searched.join("sandbox-guard").display()
+        )),
+        "{said}"
+    );
     let _ = watch.kill();
     let _ = watch.wait();
 }
@@ -940,15 +940,24 @@ fn status_answer(info: &[(&str, String)]) -> Vec<u8> {
 /// A containerd socket that answers CRI Status with `cniconfig`, for layouts this machine's
 /// containerd cannot be given (another node's paths, seen under --host-root).
 fn fake_containerd(socket: &Path, cniconfig: Value) -> std::thread::JoinHandle<()> {
+    fake_containerd_with(socket, move || cniconfig.clone())
+}
+
+/// The same, its `cniconfig` made anew for each connection: a runtime whose dirs and
+/// loaded network change while it runs.
+fn fake_containerd_with(
+    socket: &Path,
+    cniconfig: impl Fn() -> Value + Send + 'static,
+) -> std::thread::JoinHandle<()> {
     use std::io::{Read, Write};
     let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
-    let answer = status_answer(&[
-        ("cniconfig", cniconfig.to_string()),
-        ("lastCNILoadStatus", "OK".to_string()),
-    ]);
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
+            let answer = status_answer(&[
+                ("cniconfig", cniconfig().to_string()),
+                ("lastCNILoadStatus", "OK".to_string()),
+            ]);
             let mut got = Vec::new();
             let mut buf = [0u8; 4096];
             while let Ok(n) = stream.read(&mut buf) {
@@ -962,6 +971,34 @@ fn fake_containerd(socket: &Path, cniconfig: Value) -> std::thread::JoinHandle<(
                 }
             }
         }
+    })
+}
+
+/// containerd's `cniconfig` for a node seen under a host root: its conf dir and plugin dirs
+/// as the host names them, and the network it loaded, read from `file` now (containerd
+/// reloads on every write to its conf dir).
+fn cniconfig_of(conf_dir: &str, plugin_dirs: &[&str], file: &Path) -> Value {
+    let list: Value = fs::read(file)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or(Value::Null);
+    let plugins: Vec<Value> = list["plugins"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| json!({"Network": {"type": p["type"]}, "Source": p.to_string()}))
+        .collect();
+    json!({
+        "PluginConfDir": conf_dir,
+        "PluginDirs": plugin_dirs,
+        "PluginMaxConfNum": 1,
+        "Prefix": "eth",
+        "Networks": [
+            {"IFName": "lo", "Config": {"Name": "cni-loopback", "CNIVersion": "0.3.1",
+                "Plugins": [{"Network": {"type": "loopback"}, "Source": "{\"type\":\"loopback\"}"}]}},
+            {"IFName": "eth0", "Config": {"Name": list["name"], "CNIVersion": list["cniVersion"],
+                "Plugins": plugins}}
+        ]
     })
 }
 
@@ -981,26 +1018,16 @@ fn k3s_links_in_the_runtimes_plugin_dir_resolve_under_the_host_root() {
     let out = cni::guard(&["--install", "--platform", "k3s", "--host-root", root]);
     assert!(out.status.success(), "{}", said(&out));
     // What k3s's containerd then reports: its dirs as the host names them, and the network.
-    let source = fs::read_to_string(conf.join("10-flannel.conflist")).unwrap();
-    let list: Value = serde_json::from_str(&source).unwrap();
-    let plugins: Vec<Value> = list["plugins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| json!({"Network": {"type": p["type"]}, "Source": p.to_string()}))
-        .collect();
-    assert_eq!(plugins.last().unwrap()["Network"]["type"], "sandbox-guard");
-    let cniconfig = json!({
-        "PluginConfDir": "/var/lib/rancher/k3s/agent/etc/cni/net.d",
-        "PluginDirs": ["/var/lib/rancher/k3s/data/cni"],
-        "PluginMaxConfNum": 1,
-        "Prefix": "eth",
-        "Networks": [
-            {"IFName": "lo", "Config": {"Name": "cni-loopback", "CNIVersion": "0.3.1",
-                "Plugins": [{"Network": {"type": "loopback"}, "Source": "{\"type\":\"loopback\"}"}]}},
-            {"IFName": "eth0", "Config": {"Name": "cbr0", "CNIVersion": "1.0.0", "Plugins": plugins}}
-        ]
-    });
+    let cniconfig = cniconfig_of(
+        "/var/lib/rancher/k3s/agent/etc/cni/net.d",
+        &["/var/lib/rancher/k3s/data/cni"],
+        &conf.join("10-flannel.conflist"),
+    );
+    let plugins = &cniconfig["Networks"][1]["Config"]["Plugins"];
+    assert_eq!(
+        plugins.as_array().unwrap().last().unwrap()["Network"]["type"],
+        "sandbox-guard"
+    );
     let socket = dir.path.join("containerd.sock");
     let _serving = fake_containerd(&socket, cniconfig);
     let out = cni::guard(&[
@@ -1079,4 +1106,252 @@ fn crio_running_multus_thick_needs_the_guard_in_multus_bin_dir() {
     fs::remove_file(multus_bin.join("sandbox-guard")).unwrap();
     let (ready, says) = check("crio-b");
     assert!(!ready && says.contains("binDir"), "{says}");
+}
+
+/// The file names in a dir, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// A GKE node under the plain DaemonSet, not the GKE preset: containerd searches
+/// /home/kubernetes/bin (its config's `bin_dir`), and an image or an earlier CNI left the
+/// network's plugins in /opt/cni/bin as well, so the files alone point at /opt/cni/bin. The
+/// installer asks containerd where it looks. Where the pod cannot see that dir (the plain
+/// DaemonSet does not mount it) the install is refused with nothing written; where it can,
+/// the guard goes there and nowhere else. Fails before this change: the guard went into
+/// /opt/cni/bin and into the network, and every pod ADD then failed to find it.
+#[test]
+fn gke_with_plugins_in_opt_cni_bin_too_guards_where_containerd_looks() {
+    for mounted in [false, true] {
+        let dir = sys::TempDir::new("sggkebin");
+        let host = dir.path.join("host");
+        let conf = host.join("etc/cni/net.d");
+        let (opt_bin, gke_bin) = (host.join("opt/cni/bin"), host.join("home/kubernetes/bin"));
+        fs::create_dir_all(&conf).unwrap();
+        install::copy_fixture("install/calico/conf", &conf);
+        install::stub_plugins(&conf, &opt_bin);
+        if mounted {
+            install::stub_plugins(&conf, &gke_bin);
+        }
+        let file = conf.join("10-calico.conflist");
+        let socket = host.join("run/containerd/containerd.sock");
+        fs::create_dir_all(socket.parent().unwrap()).unwrap();
+        let loaded = file.clone();
+        let _serving = fake_containerd_with(&socket, move || {
+            cniconfig_of("/etc/cni/net.d", &["/home/kubernetes/bin"], &loaded)
+        });
+        let root = format!("--host-root={}", host.display());
+        // The plain DaemonSet's args; where the dir is mounted, `auto` would find GKE by it
+        // anyway: `default` keeps the files pointing at /opt/cni/bin.
+        let platform = if mounted {
+            "--platform=default"
+        } else {
+            "--platform=auto"
+        };
+        let before = install::tree(&host.join("etc"));
+        let out = cni::guard(&["--install", "--mode=delegate", platform, &root]);
+        let said = said(&out);
+        let probe = cni::guard(&["--install", "--check", platform, &root]);
+        if !mounted {
+            assert_eq!(out.status.code(), Some(1), "{said}");
+            assert!(
+                said.contains("/home/kubernetes/bin") && said.contains("not mounted"),
+                "{said}"
+            );
+            assert_eq!(install::tree(&host.join("etc")), before, "{said}");
+            assert!(!opt_bin.join("sandbox-guard").exists(), "{said}");
+            assert!(!probe.status.success(), "{}", self::said(&probe));
+            continue;
+        }
+        assert!(out.status.success(), "{said}");
+        assert_eq!(
+            fs::read(gke_bin.join("sandbox-guard")).ok(),
+            fs::read(cni::BIN).ok(),
+            "{said}"
+        );
+        assert!(!opt_bin.join("sandbox-guard").exists(), "{said}");
+        assert!(
+            fs::read_to_string(&file).unwrap().contains("sandbox-guard"),
+            "{said}"
+        );
+        let probe = cni::guard(&["--install", "--check", platform, &root]);
+        let says = self::said(&probe);
+        assert!(probe.status.success(), "{says}");
+        assert!(says.contains("home/kubernetes/bin/sandbox-guard"), "{says}");
+    }
+}
+
+/// k3s before its data/cni (PR #10868), upgraded under a running watch: the new release is
+/// unpacked into data/<new>/bin, data/current re-pointed, containerd restarted with
+/// `bin_dir` the new dir, and flannel's list written again. The watch's next look puts the
+/// guard into the new dir with the list, and its metrics never say installed while the dir
+/// the runtime searches lacks it: asking k3s's containerd, and from the files alone
+/// (`--runtime-socket none`), where `data/current` says which release runs. Fails before
+/// this change: the bin dir was fixed when the watch started (the old release's), so the
+/// guard never reached the new dir while the network named it; the files said installed.
+#[test]
+fn a_k3s_upgrade_under_the_watch_ends_guarded_in_the_new_release() {
+    for asked in [true, false] {
+        let dir = sys::TempDir::new("sgk3sup");
+        let host = dir.path.join("host");
+        let old_bin = install::k3s_host_before_data_cni(&host, "5c2b9e1d07aa");
+        let conf = host.join("var/lib/rancher/k3s/agent/etc/cni/net.d");
+        let file = conf.join("10-flannel.conflist");
+        let flannels = fs::read(&file).unwrap();
+        let runs = std::sync::Arc::new(std::sync::Mutex::new(
+            "/var/lib/rancher/k3s/data/5c2b9e1d07aa/bin".to_string(),
+        ));
+        let socket = host.join("run/k3s/containerd/containerd.sock");
+        fs::create_dir_all(socket.parent().unwrap()).unwrap();
+        let (loaded, bin_dir) = (file.clone(), runs.clone());
+        let _serving = fake_containerd_with(&socket, move || {
+            let bin_dir = bin_dir.lock().unwrap().clone();
+            cniconfig_of(
+                "/var/lib/rancher/k3s/agent/etc/cni/net.d",
+                &[&bin_dir],
+                &loaded,
+            )
+        });
+        let (metrics, log) = (dir.path.join("install.prom"), dir.path.join("watch.log"));
+        let mut args = vec![
+            "--install".to_string(),
+            "--watch".to_string(),
+            "--platform=k3s".to_string(),
+            format!("--host-root={}", host.display()),
+            format!("--metrics-file={}", metrics.display()),
+        ];
+        if !asked {
+            args.push("--runtime-socket=none".to_string());
+        }
+        let mut watch = Command::new(cni::BIN)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        wait_until("installed in the first release", &mut watch, &log, || {
+            installed_metric(&metrics).as_deref() == Some("1")
+        });
+        assert!(old_bin.join("sandbox-guard").is_file());
+        let upgraded_at = fs::read_to_string(&log).unwrap().len();
+
+        let new_bin = install::k3s_release(&host, "8e41f0c3b6d2");
+        *runs.lock().unwrap() = "/var/lib/rancher/k3s/data/8e41f0c3b6d2/bin".to_string();
+        replace(&file, &String::from_utf8(flannels.clone()).unwrap());
+        let new_guard = new_bin.join("sandbox-guard");
+        // The watch's look after flannel's write: it re-inserts the entry, and writes its
+        // metrics after that.
+        wait_until("the watch's next look", &mut watch, &log, || {
+            fs::read_to_string(&log).unwrap_or_default()[upgraded_at..].contains("re-inserted")
+                && metrics.metadata().and_then(|m| m.modified()).ok()
+                    >= file.metadata().and_then(|m| m.modified()).ok()
+        });
+        let said = fs::read_to_string(&log).unwrap();
+        assert!(
+            installed_metric(&metrics).as_deref() != Some("1") || new_guard.is_file(),
+            "asked {asked}: installed 1 while {} lacks the guard:\n{said}",
+            new_bin.display()
+        );
+        wait_until("installed in the new release", &mut watch, &log, || {
+            installed_metric(&metrics).as_deref() == Some("1") && new_guard.is_file()
+        });
+        let said = fs::read_to_string(&log).unwrap()[upgraded_at..].to_string();
+        // In the look that re-inserted the entry, not a later one.
+        let copied = said.find(&format!(
+            "re-inserted: copied the binary to {}",
+            new_guard.display()
+        ));
+        let put = said.find("re-inserted: put sandbox-guard into");
+        assert!(
+            copied.is_some()
+                && put.is_some()
+                && said[..put.unwrap()]
+                    .lines()
+                    .all(|l| !l.contains("not ready")),
+            "asked {asked}:\n{said}"
+        );
+        assert_eq!(fs::read(&new_guard).ok(), fs::read(cni::BIN).ok());
+        let _ = watch.kill();
+        let _ = watch.wait();
+    }
+}
+
+/// Against a real containerd: `--install` puts the binary into the dir containerd reports
+/// it searches (its CRI status), not `--bin-dir`; where that dir lacks one of the network's
+/// plugins it refuses, naming both dirs, and writes nothing. Fails before this change: the
+/// guard went into `--bin-dir`, a dir containerd does not search, and into the network.
+fn install_puts_the_guard_where_containerd_searches(version: Version) {
+    let node = Containerd::start(version);
+    let (bin, elsewhere) = (node.root().join("bin"), node.root().join("elsewhere"));
+    for plugin in ["bridge", "portmap"] {
+        std::os::unix::fs::symlink(format!("/usr/lib/cni/{plugin}"), elsewhere.join(plugin))
+            .unwrap();
+    }
+    std::os::unix::fs::symlink("/usr/lib/cni/portmap", bin.join("portmap")).unwrap();
+    let conf = node.root().join("net.d");
+    let file = conf.join("10-pods.conflist");
+    replace(&file, &conflist(vec![bridge()]));
+    node.wait_until_loaded(&["bridge"]);
+    let install = || {
+        cni::guard(&[
+            "--install",
+            "--conf-dir",
+            conf.to_str().unwrap(),
+            "--bin-dir",
+            elsewhere.to_str().unwrap(),
+            "--runtime-socket",
+            node.socket().to_str().unwrap(),
+        ])
+    };
+    let before = install::tree(&conf);
+    let out = install();
+    let says = said(&out);
+    assert_eq!(out.status.code(), Some(1), "{version:?}: {says}");
+    assert!(
+        says.contains(&bin.display().to_string())
+            && says.contains(&elsewhere.display().to_string())
+            && says.contains("bridge"),
+        "{version:?}: {says}"
+    );
+    assert_eq!(install::tree(&conf), before, "{version:?}: {says}");
+    assert_eq!(names_in(&bin), ["portmap"], "{version:?}");
+    assert_eq!(names_in(&elsewhere), ["bridge", "portmap"], "{version:?}");
+
+    std::os::unix::fs::symlink("/usr/lib/cni/bridge", bin.join("bridge")).unwrap();
+    let out = install();
+    let says = said(&out);
+    assert!(out.status.success(), "{version:?}: {says}");
+    assert_eq!(
+        fs::read(bin.join("sandbox-guard")).ok(),
+        fs::read(cni::BIN).ok(),
+        "{version:?}: {says}"
+    );
+    assert!(!elsewhere.join("sandbox-guard").exists(), "{version:?}");
+    node.wait_until_loaded(&["bridge", "sandbox-guard"]);
+    let (ready, said) = node.asked();
+    assert!(ready, "{version:?}: {said}");
+}
+
+#[test]
+fn containerd_16_install_puts_the_guard_where_it_searches() {
+    if require(sys::test_name!(), Version::Debian16) {
+        install_puts_the_guard_where_containerd_searches(Version::Debian16);
+    }
+}
+
+#[test]
+fn containerd_22_install_puts_the_guard_where_it_searches() {
+    if require(sys::test_name!(), Version::V22) {
+        install_puts_the_guard_where_containerd_searches(Version::V22);
+    }
 }

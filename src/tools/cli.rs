@@ -119,8 +119,8 @@ Options:
 const INSTALL_HELP: &str = "\
 Usage: sandbox-guard --install [options]
 
-Copies this binary into the bin dir (skipped when the same bytes are there) and puts
-sandbox-guard into the network the runtime runs: the one file in the conf dir that the
+Copies this binary into the dir the runtime searches for plugins (skipped when the same
+bytes are there) and puts sandbox-guard into the network the runtime runs: the one file in the conf dir that the
 runtime loads (libcni's order: the lexically first .conflist, .conf or .json that parses),
 or the network --network names; for multus, the cluster network it delegates to (wherever
 its clusterNetwork path is). Refuses a network at a cniVersion the plugin does not speak, a
@@ -142,7 +142,10 @@ Options:
                                CONF-DIR/NETWORK/sandbox-guard.conf (libcni 1.3 runtimes:
                                containerd 2.1+, CRI-O 1.33+), the primary's file untouched
       --conf-dir DIR           CNI config dir (default /etc/cni/net.d)
-      --bin-dir DIR            CNI plugin dir (default /opt/cni/bin)
+      --bin-dir DIR            CNI plugin dir (default /opt/cni/bin) where the runtime
+                               does not say its own: where its socket answers for the
+                               conf dir (containerd's CRI status, CRI-O's config), the
+                               binary goes into the dir it searches, asked on every look
       --platform auto|default|gke|k3s|openshift
                                the conf and bin dirs of that platform's runtime (default:
                                default, /etc/cni/net.d and /opt/cni/bin); auto picks by the
@@ -170,7 +173,8 @@ Options:
                                Asks the runtime what it loaded where its socket answers
                                (containerd's CRI status, CRI-O's config), else reads the
                                files; the first line says which
-      --runtime-socket PATH    with --check or --watch: the runtime's socket (default:
+      --runtime-socket PATH    the runtime's socket, asked where it looks for plugins
+                               and, by --check and --watch, what it loaded (default:
                                containerd's, k3s's and CRI-O's usual ones under
                                --host-root); none: read the files only
   -h, --help                   this text
@@ -189,8 +193,9 @@ Options:
       --conf-dir DIR           CNI config dir (default /etc/cni/net.d)
       --network NAME           accepted for symmetry: every network is cleaned
       --bin-dir DIR            CNI plugin dir (default /opt/cni/bin)
-      --platform, --host-root  as for --install
-      --remove-binary          remove BIN-DIR/sandbox-guard as well
+      --platform, --host-root, --runtime-socket
+                               as for --install
+      --remove-binary          remove sandbox-guard from BIN-DIR and the runtime's dir
       --force                  go on although deferred DELs wait (they stay in the store,
                                replayed only once delegate mode is back: meanwhile their
                                sandboxes' addresses may leak)
@@ -497,7 +502,7 @@ impl Opt {
             | Opt::EntryFile
             | Opt::Check
             | Opt::MetricsFile => &[Mode::Install],
-            Opt::RuntimeSocket => &[Mode::Install, Mode::Doctor],
+            Opt::RuntimeSocket => &[Mode::Install, Mode::Uninstall, Mode::Doctor],
             Opt::RemoveBinary => &[Mode::Uninstall],
             Opt::Force => &[Mode::Install, Mode::Uninstall],
         }
@@ -760,12 +765,6 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                     "--check and --watch exclude each other: --check only looks".to_string()
                 );
             }
-            if runtime_socket.is_some() && !check && !watch {
-                return Err(
-                    "--runtime-socket goes with --check or --watch: only their readiness asks the runtime"
-                        .to_string(),
-                );
-            }
             if metrics_file.is_some() && !watch {
                 return Err(
                     "--metrics-file goes with --watch: it counts what the watch does".to_string(),
@@ -776,6 +775,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
             let (platform_conf, platform_bin) = platform.dirs(&host_root);
             let options = install::Options {
                 conf_dir: conf_dir.unwrap_or(platform_conf),
+                platform: bin_dir.is_none().then_some(platform),
                 bin_dir: bin_dir.unwrap_or(platform_bin),
                 host_root,
                 network,
@@ -1014,13 +1014,9 @@ mod tests {
     }
 
     #[test]
-    fn runtime_socket_only_for_the_readiness() {
-        let err = parse_words(&["--install", "--runtime-socket", "/run/x.sock"]).unwrap_err();
-        assert!(
-            err.msg.contains("goes with --check or --watch"),
-            "{}",
-            err.msg
-        );
+    fn runtime_socket_for_every_install() {
+        assert!(parse_words(&["--install", "--runtime-socket", "/run/x.sock"]).is_ok());
+        assert!(parse_words(&["--uninstall", "--runtime-socket", "/run/x.sock"]).is_ok());
         assert!(parse_words(&["--install", "--watch", "--runtime-socket", "/run/x.sock"]).is_ok());
         match parse_words(&["--install", "--check", "--runtime-socket=none"]) {
             Ok(Command::Install(options)) => {

@@ -159,30 +159,64 @@ pub fn network_files(conf_dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// The CNI plugins a k3s release unpacks into data/<hash>/bin, each a link to its multi-call
+/// `cni`.
+const K3S_PLUGINS: [&str; 6] = [
+    "bandwidth",
+    "bridge",
+    "flannel",
+    "host-local",
+    "loopback",
+    "portmap",
+];
+
+/// k3s's data dir under `root`.
+pub fn k3s_data(root: &Path) -> PathBuf {
+    root.join("var/lib/rancher/k3s/data")
+}
+
 /// A k3s node as it is since k3s's data/cni: containerd's bin_dir holds absolute links
 /// into data/<hash>/bin, where the release's multi-call `cni` and its relative links are.
 pub fn k3s_host(root: &Path) {
     let conf = root.join("var/lib/rancher/k3s/agent/etc/cni/net.d");
     std::fs::create_dir_all(&conf).unwrap();
     copy_fixture("install/k3s/conf", &conf);
-    let data = root.join("var/lib/rancher/k3s/data");
-    let release = data.join("3d1f7b5e0c9a/bin");
-    std::fs::create_dir_all(&release).unwrap();
+    let data = k3s_data(root);
+    k3s_release(root, "3d1f7b5e0c9a");
     std::fs::create_dir_all(data.join("cni")).unwrap();
-    std::fs::write(release.join("cni"), b"").unwrap();
-    for plugin in [
-        "bandwidth",
-        "bridge",
-        "flannel",
-        "host-local",
-        "loopback",
-        "portmap",
-    ] {
-        std::os::unix::fs::symlink("cni", release.join(plugin)).unwrap();
+    for plugin in K3S_PLUGINS {
         std::os::unix::fs::symlink(
             "/var/lib/rancher/k3s/data/3d1f7b5e0c9a/bin/cni",
             data.join("cni").join(plugin),
         )
         .unwrap();
     }
+}
+
+/// One k3s release's bin dir, data/<hash>/bin, as k3s's `extract` (cmd/k3s/main.go) leaves
+/// it, and `data/current` pointed at it with an absolute link (the one before it becomes
+/// `data/previous`). Before k3s's data/cni (PR #10868) containerd's bin_dir is this dir
+/// itself: the agent finds `host-local` in the PATH that starts with it.
+pub fn k3s_release(root: &Path, hash: &str) -> PathBuf {
+    let data = k3s_data(root);
+    let release = data.join(hash).join("bin");
+    std::fs::create_dir_all(&release).unwrap();
+    std::fs::write(release.join("cni"), b"").unwrap();
+    for plugin in K3S_PLUGINS {
+        std::os::unix::fs::symlink("cni", release.join(plugin)).unwrap();
+    }
+    let current = data.join("current");
+    if std::fs::symlink_metadata(&current).is_ok() {
+        std::fs::rename(&current, data.join("previous")).unwrap();
+    }
+    std::os::unix::fs::symlink(format!("/var/lib/rancher/k3s/data/{hash}"), &current).unwrap();
+    release
+}
+
+/// A k3s node before data/cni: its agent's conf dir with flannel's list, one release.
+pub fn k3s_host_before_data_cni(root: &Path, hash: &str) -> PathBuf {
+    let conf = root.join("var/lib/rancher/k3s/agent/etc/cni/net.d");
+    std::fs::create_dir_all(&conf).unwrap();
+    copy_fixture("install/k3s/conf", &conf);
+    k3s_release(root, hash)
 }

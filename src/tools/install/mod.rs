@@ -6,6 +6,7 @@
 //! the list it wants (`edit`) and writes only what differs (`files`), so a second run writes
 //! nothing and a run after the primary's installer rewrote its file puts the entry back.
 
+mod bin_dirs;
 mod edit;
 mod files;
 mod handover;
@@ -20,6 +21,7 @@ mod watch;
 
 use std::path::{Path, PathBuf};
 
+use bin_dirs::BinDirs;
 use edit::DROPIN_FILE;
 pub use edit::{Entry, Mode, entry_keys};
 use files::{Expect, Keep, original_of};
@@ -31,7 +33,12 @@ pub use readiness::{runtime_view, sockets as runtime_sockets};
 #[derive(Debug, Clone)]
 pub struct Options {
     pub conf_dir: PathBuf,
+    /// `--bin-dir`, else the platform's as it was at the start. Where the runtime answers,
+    /// its own dirs win (`bin_dirs`).
     pub bin_dir: PathBuf,
+    /// The platform whose bin dir is looked up again on every look (no `--bin-dir` given):
+    /// k3s's moves with each release.
+    pub platform: Option<Platform>,
     /// Where the host's `/` is (`/host` in the DaemonSet): multus's paths are the host's.
     pub host_root: PathBuf,
     pub network: Option<String>,
@@ -45,7 +52,8 @@ pub struct Options {
     pub check: bool,
     /// The installer's own textfile for node_exporter (`--metrics-file`).
     pub metrics_file: Option<PathBuf>,
-    /// `--check`: the runtime's socket to ask (`none`: only the files), else the usual ones.
+    /// The runtime's socket to ask where it looks for plugins and what it loaded (`none`:
+    /// only the files), else the usual ones under the host root.
     pub runtime_socket: Option<PathBuf>,
 }
 
@@ -283,10 +291,11 @@ fn changed(file: &Path) -> Failure {
     )
 }
 
-/// The network the guard goes into, refused when the guard could not run there: a
-/// cniVersion it does not speak (every ADD would fail), or a bin dir that holds none of the
-/// network's plugins (the runtime looks for plugins elsewhere: the guard would not be found).
-pub fn runnable(options: &Options) -> Result<Found, Failure> {
+/// The network the guard goes into and the dirs its runtime searches, refused when the
+/// guard could not run there: a cniVersion it does not speak (every ADD would fail), a
+/// runtime's dir it cannot be put in, or dirs that hold none of the network's plugins (the
+/// runtime looks for plugins elsewhere: the guard would not be found).
+pub fn runnable(options: &Options) -> Result<(Found, BinDirs), Failure> {
     let found = network::find(
         &options.conf_dir,
         options.network.as_deref(),
@@ -310,21 +319,11 @@ pub fn runnable(options: &Options) -> Result<Found, Failure> {
         )
         .guard_cannot_run());
     }
-    let missing = missing_plugins(options, net);
-    if !missing.is_empty() {
-        return Err(Failure::new(
-            Reason::BinDir,
-            format!(
-                "network {} names plugins the runtime cannot find in {}: {}; if the runtime looks elsewhere it \
-                 would not find sandbox-guard there either: give the runtime's plugin dir with --bin-dir, or \
-                 --platform (gke: /home/kubernetes/bin, openshift: /var/lib/cni/bin, k3s: /var/lib/rancher/k3s/data/cni)",
-                net.name,
-                options.bin_dir.display(),
-                missing.join(", ")
-            ),
-        ));
+    let dirs = bin_dirs::locate(options, net)?;
+    if let Some(failure) = bin_dirs::missing_failure(options, &dirs, net) {
+        return Err(failure);
     }
-    Ok(found)
+    Ok((found, dirs))
 }
 
 /// Puts the guard in. Every check that can refuse runs before the first write; each write
@@ -333,8 +332,8 @@ pub fn runnable(options: &Options) -> Result<Found, Failure> {
 /// `remembered`: the entry the watch saw last, whose keys come back after a primary's
 /// rewrite dropped it.
 pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed, Failure> {
-    let found = runnable(options)?;
-    let multus_dir = multus_bin_dir(options, &found)?;
+    let (found, dirs) = runnable(options)?;
+    let multus_dir = multus_bin_dir(options, &found, &dirs.target)?;
     let Found {
         net,
         notes,
@@ -350,6 +349,16 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
     let list = net.list();
     let current_entry =
         edit::guard_entry(&list).or_else(|| dropin_doc.as_ref().map(|d| d.root.clone()));
+    let mut notes = notes;
+    notes.extend(dirs.notes.iter().cloned());
+    if dirs.asked {
+        notes.push(format!(
+            "{} searches {} for plugins: sandbox-guard goes into {}",
+            dirs.named_by,
+            shown(&dirs.searched),
+            dirs.target.display()
+        ));
+    }
     let mut warnings = warnings;
     let entry = checked_entry(
         options,
@@ -386,10 +395,10 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
             ));
         }
         check_dropin(&net, &dropin)?;
-        if files::install_binary(&bin_dir(options))? {
+        if files::install_binary(&dirs.target)? {
             done.push(format!(
                 "copied the binary to {}",
-                bin_dir(options).join(edit::GUARD_TYPE).display()
+                dirs.target.join(edit::GUARD_TYPE).display()
             ));
         }
         if edit::has_guard(&net.doc.root)
@@ -439,10 +448,10 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
     if changes && in_place(&net, named_by.as_deref()) {
         fits_in_place(&net, bytes.len(), named_by.as_deref())?;
     }
-    if files::install_binary(&bin_dir(options))? {
+    if files::install_binary(&dirs.target)? {
         done.push(format!(
             "copied the binary to {}",
-            bin_dir(options).join(edit::GUARD_TYPE).display()
+            dirs.target.join(edit::GUARD_TYPE).display()
         ));
     }
     if let Some(dir) = &multus_dir
@@ -560,17 +569,12 @@ fn dropin_unknown(net: &Network, dropin: &Path) -> Failure {
     )
 }
 
-/// The bin dir as the host resolves it (k3s's `data/current` is an absolute link).
-fn bin_dir(options: &Options) -> std::path::PathBuf {
-    network::host_dir(&options.host_root, &options.bin_dir)
-}
-
-/// The network's plugins the runtime would not find in the bin dir.
-fn missing_plugins(options: &Options, net: &Network) -> Vec<String> {
-    network::plugin_types(net)
-        .into_iter()
-        .filter(|t| !network::plugin_found(&options.bin_dir, &options.host_root, t))
-        .collect()
+/// Dirs for a message, comma-separated.
+fn shown(dirs: &[PathBuf]) -> String {
+    dirs.iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Multus's `binDir` (under the host root) when the guard must be there too, it not being
@@ -583,7 +587,11 @@ fn missing_plugins(options: &Options, net: &Network) -> Vec<String> {
 /// alone. A binDir thick's file names that is not a dir under the host root (not mounted,
 /// a relative path) is refused: multus would run every pod's delegates from a dir the guard
 /// cannot be put into or seen in.
-fn multus_bin_dir(options: &Options, found: &Found) -> Result<Option<PathBuf>, Failure> {
+fn multus_bin_dir(
+    options: &Options,
+    found: &Found,
+    bin_dir: &Path,
+) -> Result<Option<PathBuf>, Failure> {
     let Some((named, explicit)) = found.multus_bin_dir.as_ref() else {
         return Ok(None);
     };
@@ -609,7 +617,7 @@ fn multus_bin_dir(options: &Options, found: &Found) -> Result<Option<PathBuf>, F
         ));
     };
     let canonical = |d: &Path| d.canonicalize().ok();
-    if canonical(&dir) == canonical(&bin_dir(options)) {
+    if canonical(&dir) == canonical(bin_dir) {
         return Ok(None);
     }
     let plugins: Vec<String> = network::plugin_types(&found.net)
@@ -624,8 +632,13 @@ fn multus_bin_dir(options: &Options, found: &Found) -> Result<Option<PathBuf>, F
 
 /// Not ready while multus's binDir, where it looks for its delegates first (thick: only
 /// there), lacks this binary (`this`): multus would fail to find the guard or run another.
-fn multus_bin_dir_ready(options: &Options, found: &Found, this: &[u8]) -> Result<(), Failure> {
-    let Some(dir) = multus_bin_dir(options, found)? else {
+fn multus_bin_dir_ready(
+    options: &Options,
+    found: &Found,
+    bin_dir: &Path,
+    this: &[u8],
+) -> Result<(), Failure> {
+    let Some(dir) = multus_bin_dir(options, found, bin_dir)? else {
         return Ok(());
     };
     if std::fs::read(dir.join(edit::GUARD_TYPE)).is_ok_and(|there| there == this) {
@@ -726,7 +739,7 @@ fn checked_entry(
 /// the one it delegates to), that network can run it, and its binary is where the runtime
 /// looks. Only reads.
 pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
-    let found = runnable(options)?;
+    let (found, dirs) = runnable(options)?;
     let net = &found.net;
     if !found.runtime_runs_it {
         return Err(Failure::new(Reason::Network, found.warnings.join("; ")));
@@ -741,7 +754,7 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
     } else {
         // Where the guard stood aside, the reason it could not stay.
         let why = this_binary()
-            .and_then(|this| multus_bin_dir_ready(options, &found, &this))
+            .and_then(|this| multus_bin_dir_ready(options, &found, &dirs.target, &this))
             .err()
             .map(|failure| format!(": {}", failure.msg))
             .unwrap_or_default();
@@ -755,28 +768,25 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
         ));
     };
     entry_ready(options, net, &dropin)?;
-    let missing = missing_plugins(options, net);
-    if !missing.is_empty() {
-        return Err(Failure::new(
-            Reason::BinDir,
-            format!(
-                "network {} names plugins the runtime cannot find in {}: {}",
-                net.name,
-                options.bin_dir.display(),
-                missing.join(", ")
-            ),
-        ));
-    }
-    let binary = bin_dir(options).join(edit::GUARD_TYPE);
+    let binary = dirs.target.join(edit::GUARD_TYPE);
     let this = this_binary()?;
     if !std::fs::read(&binary).is_ok_and(|there| there == this) {
         return Err(Failure::new(
             Reason::BinDir,
-            format!("{} is missing or not this version", binary.display()),
+            format!(
+                "{} is missing or not this version{}",
+                binary.display(),
+                if dirs.asked {
+                    format!(", and {} searches it", dirs.named_by)
+                } else {
+                    String::new()
+                }
+            ),
         ));
     }
-    multus_bin_dir_ready(options, &found, &this)?;
+    multus_bin_dir_ready(options, &found, &dirs.target, &this)?;
     let mut lines = found.notes.clone();
+    lines.extend(dirs.notes.iter().cloned());
     let entry = edit::guard_entry(&net.list()).or_else(|| {
         std::fs::read(&dropin)
             .ok()
@@ -957,15 +967,21 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             "no CNI config dir {}: no config to take sandbox-guard out of",
             options.conf_dir.display()
         );
-        remove_binary(options, None, &mut done)?;
+        remove_binary(options, Vec::new(), &mut done)?;
         return Ok(done);
     }
     let mut networks = network::scan(&options.conf_dir)?.networks;
     // The file the runtime's network names by path, wherever it is (multus thick's cluster
     // network outside the conf dir), is written in place.
-    let (mut named, mut named_by, mut multus_dir) = (None, None, None);
+    let (mut named, mut named_by) = (None, None);
+    // Where the install put the binary: the runtime's dir, and multus's binDir.
+    let mut other_dirs = Vec::new();
     if let Ok(found) = network::find(&options.conf_dir, None, &options.host_root) {
-        multus_dir = multus_bin_dir(options, &found).ok().flatten();
+        let target = bin_dirs::locate(options, &found.net)
+            .map(|dirs| dirs.target)
+            .unwrap_or_else(|_| network::host_dir(&options.host_root, &options.bin_dir));
+        other_dirs.extend(multus_bin_dir(options, &found, &target).ok().flatten());
+        other_dirs.push(target);
         if found.named_by.is_some() {
             named = Some(found.net.file.clone());
             named_by = found.named_by.clone();
@@ -1034,7 +1050,7 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             done.push(format!("removed {}", path.display()));
         }
     }
-    remove_binary(options, multus_dir, &mut done)?;
+    remove_binary(options, other_dirs, &mut done)?;
     Ok(done)
 }
 
@@ -1042,19 +1058,24 @@ fn is_temp(name: &std::ffi::OsStr) -> bool {
     files::is_installer_temp(&name.to_string_lossy())
 }
 
-/// `--remove-binary`: the binary in the bin dir and in `multus_dir` (multus's binDir, where
-/// the install put it too), unless a cached attachment still names the guard.
+/// `--remove-binary`: the binary in the bin dir and in `other_dirs` (the runtime's dir and
+/// multus's binDir, where the install put it too), unless a cached attachment still names
+/// the guard.
 fn remove_binary(
     options: &Options,
-    multus_dir: Option<PathBuf>,
+    other_dirs: Vec<PathBuf>,
     done: &mut Vec<String>,
 ) -> Result<(), String> {
     if !options.remove_binary {
         return Ok(());
     }
-    let dirs: Vec<PathBuf> = std::iter::once(options.bin_dir.clone())
-        .chain(multus_dir)
-        .collect();
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let canonical = |d: &Path| d.canonicalize().unwrap_or_else(|_| d.to_path_buf());
+    for dir in std::iter::once(options.bin_dir.clone()).chain(other_dirs) {
+        if !dirs.iter().any(|d| canonical(d) == canonical(&dir)) {
+            dirs.push(dir);
+        }
+    }
     for dir in &dirs {
         // Left by an installer killed while it copied the binary.
         for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {

@@ -29,6 +29,16 @@ impl Platform {
         }
     }
 
+    pub fn name(self) -> &'static str {
+        match self {
+            Platform::Auto => "auto",
+            Platform::Default => "default",
+            Platform::Gke => "gke",
+            Platform::K3s => "k3s",
+            Platform::Openshift => "openshift",
+        }
+    }
+
     /// `auto` made concrete: GKE by its plugin dir, k3s by its agent's conf dir, OpenShift
     /// by multus's conf dir beside its plugin dir; else the upstream default.
     pub fn resolve(self, host_root: &Path) -> Platform {
@@ -52,7 +62,7 @@ impl Platform {
         let at = |p: &str| host_root.join(p);
         match self.resolve(host_root) {
             Platform::Gke => (at("etc/cni/net.d"), at("home/kubernetes/bin")),
-            Platform::K3s => (at(K3S_CONF), k3s_bin(&at(K3S_DATA))),
+            Platform::K3s => (at(K3S_CONF), k3s_bin(host_root)),
             Platform::Openshift => (at("etc/kubernetes/cni/net.d"), at("var/lib/cni/bin")),
             Platform::Default | Platform::Auto => (at("etc/cni/net.d"), at("opt/cni/bin")),
         }
@@ -60,26 +70,29 @@ impl Platform {
 }
 
 /// k3s unpacks each release's binaries into `data/<hash>/bin` and points `data/current`
-/// at the running one; without that link, the newest `<hash>/bin`. Newer k3s points
-/// containerd at `data/cni` instead (links into `data/<hash>/bin`): where it exists, that is
-/// the only dir the runtime searches.
-fn k3s_bin(data: &Path) -> PathBuf {
+/// at the running one with an absolute link (the host's path: followed under `host_root`);
+/// without that link, the newest `<hash>/bin`. Newer k3s points containerd at `data/cni`
+/// instead (links into `data/<hash>/bin`): where it exists, that is the only dir the runtime
+/// searches.
+fn k3s_bin(host_root: &Path) -> PathBuf {
+    let data = host_root.join(K3S_DATA);
     let cni = data.join("cni");
     if cni.is_dir() {
         return cni;
     }
-    let current = data.join("current").join("bin");
-    if current.is_dir() {
-        return current;
+    let current = Path::new("/").join(K3S_DATA).join("current/bin");
+    if let Some(bin) = super::network::under_host_root(host_root, &current).filter(|d| d.is_dir()) {
+        return bin;
     }
-    std::fs::read_dir(data)
+    std::fs::read_dir(&data)
         .into_iter()
         .flatten()
         .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .map(|e| e.path().join("bin"))
         .filter(|bin| bin.is_dir())
         .max_by_key(|bin| std::fs::metadata(bin).and_then(|m| m.modified()).ok())
-        .unwrap_or(current)
+        .unwrap_or_else(|| data.join("current/bin"))
 }
 
 #[cfg(test)]
@@ -102,6 +115,15 @@ mod tests {
             dirs(&root),
             (root.join(K3S_CONF), root.join(K3S_DATA).join("abc123/bin"))
         );
+        // data/current names the running release with the host's path, whatever the
+        // newest dir: followed under the root, never in this one.
+        std::fs::create_dir_all(root.join(K3S_DATA).join("fff999/bin")).unwrap();
+        std::os::unix::fs::symlink(
+            Path::new("/").join(K3S_DATA).join("abc123"),
+            root.join(K3S_DATA).join("current"),
+        )
+        .unwrap();
+        assert_eq!(dirs(&root).1, root.join(K3S_DATA).join("abc123/bin"));
         std::fs::create_dir_all(root.join("home/kubernetes/bin")).unwrap();
         assert_eq!(dirs(&root).1, root.join("home/kubernetes/bin"));
         assert_eq!(

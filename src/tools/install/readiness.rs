@@ -49,6 +49,8 @@ pub fn check(options: &Options) -> (String, Result<Vec<String>, Failure>) {
                         conf_dir: conf_dir.clone(),
                         bin_dir: first_holding(&options.host_root, &dirs, GUARD_TYPE)
                             .unwrap_or_else(|| options.bin_dir.clone()),
+                        platform: None,
+                        runtime_socket: Some(PathBuf::from("none")),
                         ..options.clone()
                     };
                     super::check(&through).map(|mut lines| {
@@ -92,18 +94,24 @@ pub fn check(options: &Options) -> (String, Result<Vec<String>, Failure>) {
             let as_crio = Options {
                 conf_dir: on_host(&options.host_root, &network.conf_dir),
                 bin_dir,
+                platform: None,
+                runtime_socket: Some(PathBuf::from("none")),
                 network: network.default_network.clone().or(options.network.clone()),
                 ..options.clone()
             };
             (source, crio_verdict(&as_crio, &dirs, &version))
         }
+        // Not asked again: the files' check goes by --bin-dir or the platform's dir.
         Err(why) if why.is_empty() => (
             "source: files (--runtime-socket none)".to_string(),
             super::check(options),
         ),
         Err(why) => (
             format!("source: files ({})", why.join("; ")),
-            super::check(options),
+            super::check(&Options {
+                runtime_socket: Some(PathBuf::from("none")),
+                ..options.clone()
+            }),
         ),
     }
 }
@@ -163,7 +171,8 @@ fn crio_verdict(
     let this = std::env::current_exe()
         .and_then(std::fs::read)
         .map_err(|e| format!("cannot read this binary: {e}"))?;
-    super::multus_bin_dir_ready(as_crio, &found, &this)?;
+    let bin_dir = super::network::host_dir(&as_crio.host_root, &as_crio.bin_dir);
+    super::multus_bin_dir_ready(as_crio, &found, &bin_dir, &this)?;
     lines.splice(0..0, notes);
     Ok(lines)
 }

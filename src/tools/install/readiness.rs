@@ -380,16 +380,22 @@ fn loaded_verdict(
     let Some(dir) = first_holding(host_root, dirs, GUARD_TYPE) else {
         return Err(not_in_dirs(dirs, runtime));
     };
+    // Every binary the runtime execs for the network: the plugins, a wrapped or delegated
+    // plugin, and their IPAM plugins.
     let mut wanted: Vec<&str> = types.clone();
-    wanted.extend(
-        net.plugins
-            .iter()
-            .filter_map(|p| p.conf.get("delegate")?.get("type")?.as_str()),
-    );
-    let missing: Vec<&str> = wanted
-        .into_iter()
-        .filter(|t| first_holding(host_root, dirs, t).is_none())
-        .collect();
+    for conf in net.plugins.iter().map(|p| &p.conf) {
+        let delegate = conf.get("delegate");
+        wanted.extend(delegate.and_then(|d| d.get("type")?.as_str()));
+        for ipam in [Some(conf), delegate].into_iter().flatten() {
+            wanted.extend(ipam.get("ipam").and_then(|i| i.get("type")?.as_str()));
+        }
+    }
+    let mut missing: Vec<&str> = Vec::new();
+    for plugin in wanted {
+        if !missing.contains(&plugin) && first_holding(host_root, dirs, plugin).is_none() {
+            missing.push(plugin);
+        }
+    }
     if !missing.is_empty() {
         return Err(Failure::new(
             Reason::BinDir,
@@ -585,6 +591,12 @@ mod tests {
             err.contains("in none of the dirs containerd searches"),
             "{err}"
         );
+        let no_ipam = dirs("noipam", &["bridge", GUARD_TYPE]);
+        let with_ipam = json!({"type": GUARD_TYPE,
+            "delegate": {"type": "bridge", "ipam": {"type": "host-local"}}});
+        let err = verdict(&net("1.0.0", std::slice::from_ref(&with_ipam)), &no_ipam).unwrap_err();
+        assert!(err.contains("cannot find its plugins host-local"), "{err}");
+        let _ = std::fs::remove_dir_all(no_ipam[0].parent().unwrap());
         let no_primary = dirs("noprimary", &[GUARD_TYPE]);
         let err = verdict(&net("1.0.0", std::slice::from_ref(&wrapped)), &no_primary).unwrap_err();
         assert!(err.contains("cannot find its plugins bridge"), "{err}");

@@ -1956,6 +1956,49 @@ fn uninstall_removes_the_temp_files_of_a_killed_installer() {
     assert!(node.conf().join(".calico-install.tmp").exists());
 }
 
+#[test]
+fn uninstall_removes_a_killed_installers_dropin_temp_and_the_dropin_dir() {
+    // An installer killed while it wrote the drop-in leaves its temp file in
+    // <conf dir>/<network>/. Fails before this change: --uninstall left the temp, and with it
+    // the directory, which it removed only when it was empty.
+    let node = Node::with("calico");
+    let dir = node.conf().join("k8s-pod-network");
+    for before_the_first_write in [false, true] {
+        if before_the_first_write {
+            // Killed before the drop-in was ever renamed into place: only the temp is there.
+            std::fs::create_dir_all(&dir).unwrap();
+        } else {
+            node.install("dropin", None);
+            assert!(dir.join("sandbox-guard.conf").is_file());
+        }
+        std::fs::write(
+            dir.join(".sandbox-guard.conf.1-3b9aca00-0.tmp"),
+            br#"{"type":"sandbox-guard"}"#,
+        )
+        .unwrap();
+        let said = node.uninstall(None);
+        assert!(
+            !dir.exists(),
+            "before the first write: {before_the_first_write}: {said}; left {:?}",
+            std::fs::read_dir(&dir).map(|d| d.count())
+        );
+        assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
+    }
+    // The primary's own drop-ins keep the directory, and a temp file not of the installer
+    // stays.
+    node.install("dropin", None);
+    std::fs::write(dir.join("90-tuning.conf"), br#"{"type":"tuning"}"#).unwrap();
+    std::fs::write(dir.join(".90-tuning.conf.swp"), b"theirs").unwrap();
+    std::fs::write(dir.join(".sandbox-guard.conf.1-3b9aca00-0.tmp"), b"{}").unwrap();
+    node.uninstall(None);
+    let mut left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, [".90-tuning.conf.swp", "90-tuning.conf"]);
+}
+
 /// Entry keys the plugin rejects, each with the key an operator must see named.
 const BAD_ENTRIES: [(&str, &str, &str); 5] = [
     (r#"{"staleDel":"Audit"}"#, "chained", "staleDel"),

@@ -1042,7 +1042,7 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
     {
         let path = entry.path();
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_dropin(&path.join(DROPIN_FILE), &mut done)?;
+            remove_dropin_and_temps(&path.join(DROPIN_FILE), &mut done)?;
         } else if (path.to_string_lossy().ends_with(files::ORIGINAL_SUFFIX)
             || is_temp(&entry.file_name()))
             && files::remove(&path).map_err(io_err("remove", &path))?
@@ -1052,6 +1052,31 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
     }
     remove_binary(options, other_dirs, &mut done)?;
     Ok(done)
+}
+
+/// The drop-in and the temp files an installer killed while it wrote one left beside it;
+/// the directory too, once nothing else is in it.
+fn remove_dropin_and_temps(dropin: &Path, done: &mut Vec<String>) -> Result<(), String> {
+    let dir = dropin.parent().expect("a drop-in has a directory");
+    let mut removed = false;
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let (name, path) = (entry.file_name(), entry.path());
+        if name
+            .to_string_lossy()
+            .starts_with(&format!(".{DROPIN_FILE}."))
+            && is_temp(&name)
+            && files::remove(&path).map_err(io_err("remove", &path))?
+        {
+            done.push(format!("removed {}", path.display()));
+            removed = true;
+        }
+    }
+    remove_dropin(dropin, done)?;
+    if removed {
+        // Only an empty directory goes: the primary's own drop-ins stay.
+        let _ = std::fs::remove_dir(dir);
+    }
+    Ok(())
 }
 
 fn is_temp(name: &std::ffi::OsStr) -> bool {

@@ -425,6 +425,51 @@ fn each_platform_preset_passes_the_schemas_and_installs_ready_on_its_platform() 
     }
 }
 
+/// The options the base DaemonSet documents in comments, to uncomment (`# - --opt=PATH`).
+fn documented_options() -> Vec<String> {
+    std::fs::read_to_string(format!("{MANIFESTS}/sandbox-guard.yaml"))
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("# - --"))
+        .map(|option| format!("--{option}"))
+        .collect()
+}
+
+#[test]
+fn the_daemonsets_mount_what_their_documented_options_write() {
+    // Fails before this change: the commented --metrics-file named a path under no mount,
+    // so uncommenting it as docs/install.md says made every write fail on the read-only root.
+    let test = sys::test_name!();
+    let Some(tool) = kubernetes_validate(test) else {
+        return;
+    };
+    if !sys::require(test, false, &[KUBECTL]) {
+        return;
+    }
+    let written: Vec<String> = documented_options()
+        .into_iter()
+        .filter_map(|o| o.strip_prefix("--metrics-file=").map(str::to_string))
+        .collect();
+    assert!(!written.is_empty(), "{:?}", documented_options());
+    let work = sys::TempDir::new("sgmounts");
+    for (preset, ..) in PLATFORMS {
+        let daemonset = validated_daemonset(&tool, &work.path, preset);
+        let container = &daemonset["spec"]["template"]["spec"]["containers"][0];
+        for path in &written {
+            let dir = Path::new(path).parent().unwrap();
+            let mount = container["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| dir.starts_with(m["mountPath"].as_str().unwrap()));
+            assert!(
+                mount.is_some_and(|m| m["readOnly"] != true),
+                "{preset}: --metrics-file={path} is under no writable mount: {mount:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn no_host_mount_asks_for_mount_propagation() {
     // Fails with the runtime socket mounted `mountPropagation: HostToContainer`: kubelet then

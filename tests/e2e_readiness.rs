@@ -1164,7 +1164,7 @@ fn gke_with_plugins_in_opt_cni_bin_too_guards_where_containerd_looks() {
         if !mounted {
             assert_eq!(out.status.code(), Some(1), "{said}");
             assert!(
-                said.contains("/home/kubernetes/bin") && said.contains("not mounted"),
+                said.contains("mount the host's /home/kubernetes/bin"),
                 "{said}"
             );
             assert_eq!(install::tree(&host.join("etc")), before, "{said}");
@@ -1354,4 +1354,182 @@ fn containerd_22_install_puts_the_guard_where_it_searches() {
     if require(sys::test_name!(), Version::V22) {
         install_puts_the_guard_where_containerd_searches(Version::V22);
     }
+}
+
+/// A GKE host under `host` with calico's list in /etc/cni/net.d and its plugins in
+/// /opt/cni/bin, and containerd (`socket` under it) answering that it searches `dirs`.
+fn gke_host(dir: &Path, dirs: &'static [&'static str]) -> (PathBuf, std::thread::JoinHandle<()>) {
+    let host = dir.join("host");
+    let conf = host.join("etc/cni/net.d");
+    fs::create_dir_all(&conf).unwrap();
+    install::copy_fixture("install/calico/conf", &conf);
+    install::stub_plugins(&conf, &host.join("opt/cni/bin"));
+    let socket = host.join("run/containerd/containerd.sock");
+    fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    let loaded = conf.join("10-calico.conflist");
+    let serving = fake_containerd_with(&socket, move || {
+        cniconfig_of("/etc/cni/net.d", dirs, &loaded)
+    });
+    (host, serving)
+}
+
+/// A network that names the guard already (put in /opt/cni/bin by an installer that did not
+/// ask containerd) on a GKE node whose /home/kubernetes/bin the pod cannot see: every pod ADD
+/// fails to find the guard. The install takes the guard out of the network, saying so, and
+/// pods start unguarded. Fails before this change: refused, "nothing written", the network
+/// left naming a guard containerd cannot find.
+#[test]
+fn a_guard_named_where_containerd_cannot_be_seen_stands_aside() {
+    let dir = sys::TempDir::new("sggkeaside");
+    let (host, _serving) = gke_host(&dir.path, &["/home/kubernetes/bin"]);
+    let root = format!("--host-root={}", host.display());
+    let file = host.join("etc/cni/net.d/10-calico.conflist");
+    let out = cni::guard(&[
+        "--install",
+        "--platform=default",
+        "--runtime-socket=none",
+        &root,
+    ]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(fs::read_to_string(&file).unwrap().contains("sandbox-guard"));
+    let out = cni::guard(&["--install", "--platform=auto", &root]);
+    let says = said(&out);
+    assert_eq!(out.status.code(), Some(1), "{says}");
+    assert!(
+        says.contains("start unguarded") && says.contains("/home/kubernetes/bin"),
+        "{says}"
+    );
+    assert!(
+        !fs::read_to_string(&file).unwrap().contains("sandbox-guard"),
+        "{says}"
+    );
+}
+
+/// CRI-O searching /opt/cni/bin and then /usr/libexec/cni (Fedora's and RHEL's setting), the
+/// network's plugins in the second, which the base DaemonSet does not mount: the guard goes
+/// into the first, which CRI-O searches first, and the install says what it could not see.
+/// Before, it refused, saying the runtime could not run the network.
+#[test]
+fn a_searched_dir_not_mounted_is_said_not_refused() {
+    let dir = sys::TempDir::new("sglibexec");
+    let host = dir.path.join("host");
+    let conf = host.join("etc/cni/net.d");
+    fs::create_dir_all(&conf).unwrap();
+    fs::create_dir_all(host.join("opt/cni/bin")).unwrap();
+    fs::write(conf.join("10-pods.conflist"), conflist(vec![bridge()])).unwrap();
+    let socket_dir = host.join("var/run/crio");
+    fs::create_dir_all(&socket_dir).unwrap();
+    let _crio = FakeCrio::start(
+        &socket_dir,
+        Path::new("/etc/cni/net.d"),
+        &[Path::new("/opt/cni/bin/"), Path::new("/usr/libexec/cni/")],
+        "1.33.2",
+    );
+    let out = cni::guard(&[
+        "--install",
+        "--platform=auto",
+        &format!("--host-root={}", host.display()),
+    ]);
+    let says = said(&out);
+    assert!(out.status.success(), "{says}");
+    assert!(host.join("opt/cni/bin/sandbox-guard").is_file(), "{says}");
+    assert!(
+        says.contains("/usr/libexec/cni") && says.contains("not mounted here"),
+        "{says}"
+    );
+}
+
+/// Multus thin runs its delegates from its binDir first: the cluster network's plugins there
+/// and not in the runtime's dir is a node that works, and installs. Before, the runtime's dirs
+/// alone were searched and the install was refused.
+#[test]
+fn multus_thins_bin_dir_counts_for_its_delegates() {
+    let dir = sys::TempDir::new("sgthinbin");
+    let host = dir.path.join("host");
+    let conf = host.join("etc/cni/net.d");
+    let (opt_bin, multus_bin) = (host.join("opt/cni/bin"), host.join("var/lib/cni/bin"));
+    fs::create_dir_all(&conf).unwrap();
+    install::copy_fixture("install/calico/conf", &conf);
+    install::stub_plugins(&conf, &multus_bin);
+    fs::create_dir_all(&opt_bin).unwrap();
+    fs::write(opt_bin.join("multus"), b"").unwrap();
+    let calico: Value =
+        serde_json::from_slice(&fs::read(conf.join("10-calico.conflist")).unwrap()).unwrap();
+    fs::write(
+        conf.join("00-multus.conf"),
+        json!({"cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus",
+               "binDir": "/var/lib/cni/bin", "delegates": [calico],
+               "kubeconfig": "/etc/cni/net.d/multus.d/multus.kubeconfig"})
+        .to_string(),
+    )
+    .unwrap();
+    let socket = host.join("run/containerd/containerd.sock");
+    fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    let loaded = conf.join("00-multus.conf");
+    let _serving = fake_containerd_with(&socket, move || {
+        let mut config = cniconfig_of("/etc/cni/net.d", &["/opt/cni/bin"], &loaded);
+        config["Networks"][1]["Config"]["Plugins"] =
+            json!([{"Network": {"type": "multus"}, "Source": "{}"}]);
+        config
+    });
+    let out = cni::guard(&[
+        "--install",
+        "--mode=delegate",
+        &format!("--host-root={}", host.display()),
+    ]);
+    let says = said(&out);
+    assert!(out.status.success(), "{says}");
+}
+
+/// An uninstall after a k3s upgrade (before data/cni) stands the running watch down: the
+/// watch's lock is in k3s's data dir, not in the release dir the watch started with, which
+/// the uninstall no longer resolves. Before, the uninstall found no lock in the new release's
+/// dir, and the watch put the guard back.
+#[test]
+fn an_uninstall_after_a_k3s_upgrade_stands_the_watch_down() {
+    let dir = sys::TempDir::new("sgk3sun");
+    let host = dir.path.join("host");
+    install::k3s_host_before_data_cni(&host, "5c2b9e1d07aa");
+    let file = host.join("var/lib/rancher/k3s/agent/etc/cni/net.d/10-flannel.conflist");
+    let root = format!("--host-root={}", host.display());
+    let log = dir.path.join("watch.log");
+    let mut watch = Command::new(cni::BIN)
+        .args([
+            "--install",
+            "--watch",
+            "--platform=k3s",
+            "--runtime-socket=none",
+            &root,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("installed", &mut watch, &log, || {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("ready:")
+    });
+    install::k3s_release(&host, "8e41f0c3b6d2");
+    let out = cni::guard(&[
+        "--uninstall",
+        "--platform=k3s",
+        "--runtime-socket=none",
+        &root,
+    ]);
+    assert!(out.status.success(), "{}", said(&out));
+    wait_until("the watch stands down", &mut watch, &log, || {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("standing down")
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let said = fs::read_to_string(&log).unwrap();
+    assert!(
+        !fs::read_to_string(&file).unwrap().contains("sandbox-guard"),
+        "{said}"
+    );
+    let _ = watch.kill();
+    let _ = watch.wait();
 }

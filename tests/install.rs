@@ -1945,13 +1945,21 @@ fn uninstall_removes_the_temp_files_of_a_killed_installer() {
     // Another writer's dotfile is not the installer's to remove.
     std::fs::write(node.conf().join(".calico-install.tmp"), b"theirs").unwrap();
     let root = private_root(&node);
+    // Without --remove-binary the binary stays, its killed copy's temp file does not.
+    run_ok(
+        "--uninstall",
+        &node.conf(),
+        &node.bin(),
+        &["--host-root", &root],
+    );
+    assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
+    assert_eq!(traces_of_the_guard(&node.bin()), ["sandbox-guard"]);
     run_ok(
         "--uninstall",
         &node.conf(),
         &node.bin(),
         &["--remove-binary", "--host-root", &root],
     );
-    assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
     assert_eq!(traces_of_the_guard(&node.bin()), Vec::<String>::new());
     assert!(node.conf().join(".calico-install.tmp").exists());
 }

@@ -1,14 +1,14 @@
 //! Where the runtime looks for plugins, and where the guard's binary goes. The runtime's own
 //! word first: containerd's CRI status (`cniconfig.PluginDirs`, its `bin_dir`, or 2.x's
-//! `bin_dirs`) or CRI-O's config (`plugin_dirs`), taken only from a runtime that reads the
-//! conf dir being installed into; else `--bin-dir`; else the platform's dir as the node
-//! has it now. Asked again on every look: the dir can move under a running watch (k3s's
-//! upgrade points containerd at the new release's dir, a changed containerd config).
+//! `bin_dirs`) or CRI-O's config (`plugin_dirs`), taken from the runtime that reads the conf
+//! dir being installed into; else `--bin-dir`; else the platform's dir as the node has it
+//! now. Asked again on every look: the dir can move under a running watch (k3s's upgrade
+//! points containerd at the new release's dir, a changed containerd config).
 
 use std::path::{Path, PathBuf};
 
 use super::edit::GUARD_TYPE;
-use super::network::{self, Network};
+use super::network::{self, Found};
 use super::{Failure, Options, Reason, readiness};
 use crate::tools::runtime::{self, Loaded};
 
@@ -16,98 +16,120 @@ use crate::tools::runtime::{self, Loaded};
 pub struct BinDirs {
     /// The dirs searched for plugins, in the runtime's order, as seen from here.
     pub searched: Vec<PathBuf>,
-    /// Where the binary goes, its links resolved as the host resolves them: the searched
-    /// dir that holds a sandbox-guard already (libcni runs the first it finds), else the
-    /// one holding the network's primary, else the first.
+    /// Where the binary goes, its links resolved as the host resolves them: the first
+    /// searched dir seen here that holds a sandbox-guard already (libcni runs the first it
+    /// finds), else the first seen here.
     pub target: PathBuf,
-    /// Who named the dirs, for messages: `containerd (its answer on ...)`, `--bin-dir`.
+    /// Who named the dirs, for messages: `containerd (asked on ...)`, `--bin-dir`.
     pub named_by: String,
     /// Whether the runtime named them.
     pub asked: bool,
-    /// Said on every run: a runtime that answered for another conf dir.
+    /// Said on every run: a runtime that answered for another conf dir, a searched dir that
+    /// is not mounted here.
     pub notes: Vec<String>,
 }
 
-impl BinDirs {
-    /// The network's plugins not found in any searched dir (the guard's own left out: it is
-    /// what the install puts there).
-    pub fn missing(&self, host_root: &Path, net: &Network) -> Vec<String> {
-        network::plugin_types(net)
-            .into_iter()
-            .filter(|t| {
-                !self
-                    .searched
-                    .iter()
-                    .any(|d| network::plugin_found(d, host_root, t))
-            })
-            .collect()
-    }
-}
-
-/// The dirs for `net`, or why the guard cannot be put where the runtime looks.
-pub fn locate(options: &Options, net: &Network) -> Result<BinDirs, Failure> {
+/// The dirs for the network of `found`, or why the guard cannot be put where the runtime
+/// looks. A network that names the guard already and whose runtime's dirs are none of them
+/// mounted here is one the guard cannot run in as far as this installer can make it.
+pub fn locate(options: &Options, found: &Found) -> Result<BinDirs, Failure> {
+    let host_root = &options.host_root;
     let (fallback, fallback_name) = fallback(options);
     let mut notes = Vec::new();
-    let asked = match runtime_dirs(options) {
-        Ok(found) => Some(found),
+    let (named_by, searched) = match runtime_dirs(options) {
+        Ok(asked) => asked,
         Err(note) => {
             notes.extend(note);
-            None
+            return Ok(BinDirs {
+                target: network::host_dir(host_root, &fallback),
+                searched: vec![fallback],
+                named_by: fallback_name,
+                asked: false,
+                notes,
+            });
         }
     };
-    let Some((runtime, searched)) = asked else {
-        return Ok(BinDirs {
-            target: network::host_dir(&options.host_root, &fallback),
-            searched: vec![fallback],
-            named_by: fallback_name,
-            asked: false,
-            notes,
-        });
-    };
-    let host_root = &options.host_root;
-    let holds = |dir: &PathBuf, plugin: &str| network::plugin_found(dir, host_root, plugin);
-    let primary = network::plugin_types(net).into_iter().next();
-    let target = searched
+    let seen = |d: &PathBuf| network::host_dir(host_root, d).is_dir();
+    let visible: Vec<&PathBuf> = searched.iter().filter(|d| seen(d)).collect();
+    let unseen: Vec<String> = searched
         .iter()
-        .find(|d| holds(d, GUARD_TYPE))
-        .or_else(|| {
-            primary
-                .as_deref()
-                .and_then(|p| searched.iter().find(|d| holds(d, p)))
-        })
-        .unwrap_or(&searched[0])
-        .clone();
-    let seen = network::host_dir(host_root, &target);
-    if !seen.is_dir() {
-        return Err(Failure::new(
+        .filter(|d| !seen(d))
+        .map(|d| on_the_host(host_root, d).display().to_string())
+        .collect();
+    let Some(first) = visible.first() else {
+        let failure = Failure::new(
             Reason::BinDir,
             format!(
-                "{runtime} looks for plugins in {}, which is not mounted here (no dir at {}): sandbox-guard \
-                 cannot be put where {runtime} looks, and a network naming it would fail every pod's ADD; mount the \
-                 host's {} at {} (the GKE preset, conf-examples/platforms/gke, mounts /home/kubernetes/bin)",
-                on_the_host(host_root, &target).display(),
-                target.display(),
-                on_the_host(host_root, &target).display(),
-                target.display()
+                "{named_by} looks for plugins in {}, none of them mounted under --host-root {}: sandbox-guard \
+                 cannot be put where the runtime looks, and a network naming it fails every pod's ADD; mount the \
+                 host's {} at the same path under --host-root{}",
+                unseen.join(", "),
+                host_root.display(),
+                unseen[0],
+                preset_hint(&unseen[0])
             ),
+        );
+        return Err(if super::edit::names_guard_anywhere(&found.net.doc.root) {
+            failure.guard_cannot_run()
+        } else {
+            failure
+        });
+    };
+    let target = visible
+        .iter()
+        .find(|d| network::plugin_found(d, host_root, GUARD_TYPE))
+        .unwrap_or(first);
+    if !unseen.is_empty() {
+        notes.push(format!(
+            "{named_by} also looks for plugins in {}, not mounted here: a sandbox-guard there, if it comes \
+             before {} in the runtime's order, would run instead of this one, and the network's plugins there \
+             are not checked; mount it at the same path under --host-root",
+            unseen.join(", "),
+            target.display()
         ));
     }
     Ok(BinDirs {
+        target: network::host_dir(host_root, target),
         searched,
-        target: seen,
-        named_by: runtime,
+        named_by,
         asked: true,
         notes,
     })
 }
 
-/// The refusal for plugins of `net` that no searched dir holds, naming where they are
-/// instead where that is `--bin-dir` or the platform's dir.
-pub fn missing_failure(options: &Options, dirs: &BinDirs, net: &Network) -> Option<Failure> {
-    let missing = dirs.missing(&options.host_root, net);
+/// The refusal for plugins of `found`'s network that no dir holds where the runtime (or
+/// multus, for its cluster network) finds plugins, naming where they are instead where that
+/// is `--bin-dir` or the platform's dir. None where a searched dir cannot be seen here: the
+/// plugins may be there.
+pub fn missing_failure(options: &Options, dirs: &BinDirs, found: &Found) -> Option<Failure> {
+    let host_root = &options.host_root;
+    if dirs
+        .searched
+        .iter()
+        .any(|d| !network::host_dir(host_root, d).is_dir())
+        && dirs.asked
+    {
+        return None;
+    }
+    // Multus runs its delegates from its binDir first (thin: then the runtime's dirs).
+    let multus_dir = found
+        .multus_bin_dir
+        .as_ref()
+        .and_then(|(named, _)| network::under_host_root(host_root, named));
+    let missing: Vec<String> = network::plugin_types(&found.net)
+        .into_iter()
+        .filter(|t| {
+            !dirs
+                .searched
+                .iter()
+                .chain(multus_dir.as_ref())
+                .any(|d| network::plugin_found(d, host_root, t))
+        })
+        .collect();
     if missing.is_empty() {
         return None;
     }
+    let net = &found.net;
     let shown: Vec<String> = dirs
         .searched
         .iter()
@@ -117,7 +139,7 @@ pub fn missing_failure(options: &Options, dirs: &BinDirs, net: &Network) -> Opti
         let (fallback, fallback_name) = fallback(options);
         let there = missing
             .iter()
-            .all(|t| network::plugin_found(&fallback, &options.host_root, t));
+            .all(|t| network::plugin_found(&fallback, host_root, t));
         let elsewhere = if there {
             format!(
                 "; they are in {} ({fallback_name}), a dir the runtime does not search",
@@ -127,9 +149,9 @@ pub fn missing_failure(options: &Options, dirs: &BinDirs, net: &Network) -> Opti
             String::new()
         };
         format!(
-            "network {} names plugins {} cannot find in the dirs it searches ({}): {}{elsewhere}; the runtime \
-             cannot run this network as the node is now, and sandbox-guard would not be found beside them either: \
-             put the network's plugins in the runtime's dir, or point the runtime at theirs",
+            "network {} names plugins that {} cannot find in the dirs it searches ({}): {}{elsewhere}; the \
+             runtime cannot run this network as the node is now, guard or not: put the network's plugins in the \
+             runtime's dir, or point the runtime at theirs",
             net.name,
             dirs.named_by,
             shown.join(", "),
@@ -161,41 +183,55 @@ fn fallback(options: &Options) -> (PathBuf, String) {
     }
 }
 
-/// The dirs a runtime that reads this conf dir searches, seen from here, with its name; or
-/// the note to say when none answered for it (`None`: none answered at all).
+/// The dirs the runtime that reads this conf dir searches, seen from here, with its name;
+/// else the note to say (`None`: no runtime answered at all).
 fn runtime_dirs(options: &Options) -> Result<(String, Vec<PathBuf>), Option<String>> {
-    let sockets = readiness::sockets(options.runtime_socket.as_deref(), &options.host_root);
-    let (runtime, socket, conf_dir, dirs) = match runtime::ask(&sockets) {
-        Ok(Loaded::Containerd {
-            socket,
-            conf_dir,
-            plugin_dirs,
-            ..
-        }) => ("containerd", socket, conf_dir, plugin_dirs),
-        Ok(Loaded::Crio {
-            socket, network, ..
-        }) => ("CRI-O", socket, network.conf_dir, network.plugin_dirs),
-        Err(_) => return Err(None),
-    };
-    let seen = |p: &Path| options.host_root.join(p.strip_prefix("/").unwrap_or(p));
+    let host_root = &options.host_root;
+    let seen = |p: &Path| host_root.join(p.strip_prefix("/").unwrap_or(p));
     let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => a == b,
     };
-    let conf_seen = network::host_dir(&options.host_root, &seen(&conf_dir));
-    if !same(&conf_seen, &options.conf_dir) {
-        return Err(Some(format!(
-            "{runtime} on {} reads {}, not {}: the dirs it searches are not taken for this network",
-            socket.display(),
-            conf_dir.display(),
-            options.conf_dir.display()
-        )));
-    }
+    let conf_dir = |loaded: &Loaded| match loaded {
+        Loaded::Containerd { conf_dir, .. } => conf_dir.clone(),
+        Loaded::Crio { network, .. } => network.conf_dir.clone(),
+    };
+    let sockets = readiness::sockets(options.runtime_socket.as_deref(), host_root);
+    let answered = runtime::ask_until(&sockets, |loaded| {
+        let theirs = conf_dir(loaded);
+        match same(
+            &network::host_dir(host_root, &seen(&theirs)),
+            &options.conf_dir,
+        ) {
+            true => Ok(()),
+            false => Err(format!("reads {}, not this conf dir", theirs.display())),
+        }
+    });
+    let (runtime, socket, dirs) = match answered {
+        Ok(Loaded::Containerd {
+            socket,
+            plugin_dirs,
+            ..
+        }) => ("containerd", socket, plugin_dirs),
+        Ok(Loaded::Crio {
+            socket, network, ..
+        }) => ("CRI-O", socket, network.plugin_dirs),
+        Err(why) => {
+            let other: Vec<String> = why.into_iter().filter(|w| w.contains("reads ")).collect();
+            return Err((!other.is_empty()).then(|| {
+                format!(
+                    "the runtime that answered reads another conf dir ({}): the dirs it searches are not taken for {}",
+                    other.join("; "),
+                    options.conf_dir.display()
+                )
+            }));
+        }
+    };
     if dirs.is_empty() {
         return Err(None);
     }
     Ok((
-        format!("{runtime} (its answer on {})", socket.display()),
+        format!("{runtime} (asked on {})", socket.display()),
         dirs.iter().map(|d| seen(d)).collect(),
     ))
 }
@@ -205,5 +241,17 @@ fn on_the_host(host_root: &Path, seen: &Path) -> PathBuf {
     match seen.strip_prefix(host_root) {
         Ok(rest) if host_root != Path::new("/") => Path::new("/").join(rest),
         _ => seen.to_path_buf(),
+    }
+}
+
+/// The preset that mounts a platform's plugin dir, where one does.
+fn preset_hint(dir: &str) -> &'static str {
+    match dir.trim_end_matches('/') {
+        "/home/kubernetes/bin" => " (the GKE preset, conf-examples/platforms/gke, does)",
+        "/var/lib/cni/bin" => " (the OpenShift preset, conf-examples/platforms/openshift, does)",
+        d if d.starts_with("/var/lib/rancher/k3s/data") => {
+            " (the k3s preset, conf-examples/platforms/k3s, mounts /var/lib/rancher/k3s/data)"
+        }
+        _ => "",
     }
 }

@@ -181,9 +181,21 @@ pub fn run_install(options: &Options) -> i32 {
     }
 }
 
+/// Where the watches' lock lives, one place for the life of a node: the bin dir as given or
+/// as the platform had it at the start, but k3s's data dir, whose release dirs come and go
+/// (an uninstall after an upgrade must find the lock the watch took before it).
+fn handover_dir(options: &Options) -> PathBuf {
+    match options.platform.map(|p| p.resolve(&options.host_root)) {
+        Some(Platform::K3s) => platform::k3s_data(&options.host_root),
+        _ => options.bin_dir.clone(),
+    }
+}
+
 pub fn run_uninstall(options: &Options) -> i32 {
     let outcome = if options.conf_dir.is_dir() {
-        handover::while_no_watch_runs(&options.conf_dir, &options.bin_dir, || uninstall(options))
+        handover::while_no_watch_runs(&options.conf_dir, &handover_dir(options), || {
+            uninstall(options)
+        })
     } else {
         uninstall(options)
     };
@@ -319,8 +331,8 @@ pub fn runnable(options: &Options) -> Result<(Found, BinDirs), Failure> {
         )
         .guard_cannot_run());
     }
-    let dirs = bin_dirs::locate(options, net)?;
-    if let Some(failure) = bin_dirs::missing_failure(options, &dirs, net) {
+    let dirs = bin_dirs::locate(options, &found)?;
+    if let Some(failure) = bin_dirs::missing_failure(options, &dirs, &found) {
         return Err(failure);
     }
     Ok((found, dirs))
@@ -977,7 +989,7 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
     // Where the install put the binary: the runtime's dir, and multus's binDir.
     let mut other_dirs = Vec::new();
     if let Ok(found) = network::find(&options.conf_dir, None, &options.host_root) {
-        let target = bin_dirs::locate(options, &found.net)
+        let target = bin_dirs::locate(options, &found)
             .map(|dirs| dirs.target)
             .unwrap_or_else(|_| network::host_dir(&options.host_root, &options.bin_dir));
         other_dirs.extend(multus_bin_dir(options, &found, &target).ok().flatten());
@@ -1083,17 +1095,14 @@ fn is_temp(name: &std::ffi::OsStr) -> bool {
     files::is_installer_temp(&name.to_string_lossy())
 }
 
-/// `--remove-binary`: the binary in the bin dir and in `other_dirs` (the runtime's dir and
-/// multus's binDir, where the install put it too), unless a cached attachment still names
-/// the guard.
+/// The temp files a killed installer left in the bin dir and in `other_dirs` (the runtime's
+/// dir and multus's binDir, where the install put the binary too); with `--remove-binary`
+/// the binary as well, unless a cached attachment still names the guard.
 fn remove_binary(
     options: &Options,
     other_dirs: Vec<PathBuf>,
     done: &mut Vec<String>,
 ) -> Result<(), String> {
-    if !options.remove_binary {
-        return Ok(());
-    }
     let mut dirs: Vec<PathBuf> = Vec::new();
     let canonical = |d: &Path| d.canonicalize().unwrap_or_else(|_| d.to_path_buf());
     for dir in std::iter::once(options.bin_dir.clone()).chain(other_dirs) {
@@ -1113,6 +1122,9 @@ fn remove_binary(
                 done.push(format!("removed {}", path.display()));
             }
         }
+    }
+    if !options.remove_binary {
+        return Ok(());
     }
     let binaries: Vec<PathBuf> = dirs
         .iter()

@@ -17,6 +17,11 @@ pub enum Platform {
 const K3S_CONF: &str = "var/lib/rancher/k3s/agent/etc/cni/net.d";
 const K3S_DATA: &str = "var/lib/rancher/k3s/data";
 
+/// k3s's data dir, which holds each release's dir, under `host_root`.
+pub fn k3s_data(host_root: &Path) -> PathBuf {
+    host_root.join(K3S_DATA)
+}
+
 impl Platform {
     pub fn parse(text: &str) -> Option<Platform> {
         match text {

@@ -33,7 +33,8 @@ const SETTLE: Duration = Duration::from_millis(300);
 /// reloads its CNI config later than the write), look again.
 const RESYNC: Duration = Duration::from_secs(60);
 /// While not ready, look sooner: the runtime that has not yet loaded the entry (a reload on
-/// its own schedule, a binary put where it searches) turns ready without a conf-dir event.
+/// its own schedule, a binary put where it searches) turns ready without a conf-dir event;
+/// so while a runtime's socket is there but did not answer (the runtime restarting).
 const RECHECK: Duration = Duration::from_secs(10);
 /// A removal of the entry this soon after its insert, with nothing else changed, is a
 /// revert: measured insert to re-insert, so it holds the settling pause. A file owner
@@ -92,7 +93,9 @@ fn watch(options: &Options) -> Result<(), String> {
     ));
 
     let mut state = State::default();
-    let mut watching = Some(super::handover::Watching::start(&options.bin_dir)?);
+    let mut watching = Some(super::handover::Watching::start(&super::handover_dir(
+        options,
+    ))?);
     loop {
         if watching.is_some() && super::handover::uninstalling(&options.conf_dir) {
             // For good: the uninstall waits for this lock, and this process must not put
@@ -117,8 +120,9 @@ fn watch(options: &Options) -> Result<(), String> {
         // Wait for a change, a signal or the resync; then let the directory settle.
         // Sooner only when installed and waiting on the runtime: a failed install waits for
         // the next write, a fight for its backoff.
-        let waiting_on_runtime =
-            !state.metrics.installed && backoff.is_zero() && state.last_error.is_empty();
+        let waiting_on_runtime = (!state.metrics.installed || state.provisional)
+            && backoff.is_zero()
+            && state.last_error.is_empty();
         let look_again = match waiting_on_runtime {
             true => RECHECK,
             false => RESYNC.max(backoff),
@@ -211,6 +215,9 @@ struct State {
     metrics: InstallMetrics,
     said_ready: Option<bool>,
     warnings: Vec<String>,
+    /// The last verdict came from the files while a runtime's socket is there: a runtime
+    /// restarting (k3s's upgrade or rollback) may come back searching another dir.
+    provisional: bool,
 }
 
 fn reconcile(options: &Options, state: &mut State) {
@@ -269,6 +276,10 @@ fn reconcile(options: &Options, state: &mut State) {
     // The probe's verdict, the runtime's word first: the metric and the probe never differ.
     let (source, ready) = super::readiness::check(options);
     state.metrics.installed = ready.is_ok() && !state.metrics.fight;
+    state.provisional = source.starts_with("source: files")
+        && super::readiness::sockets(options.runtime_socket.as_deref(), &options.host_root)
+            .iter()
+            .any(|socket| socket.exists());
     // Said when it changes; a failed install has said why already.
     if state.last_error.is_empty() && state.said_ready != Some(state.metrics.installed) {
         log(&source);

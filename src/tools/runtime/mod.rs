@@ -103,14 +103,25 @@ impl Write for Timed {
 }
 
 /// The first of `sockets` whose runtime answers, or why none did (one line per socket).
+/// All of them together within `TIMEOUT`.
 pub fn ask(sockets: &[PathBuf]) -> Result<Loaded, Vec<String>> {
+    ask_until(sockets, |_| Ok(()))
+}
+
+/// The first of `sockets` whose runtime answers and `wanted` takes (a runtime reading a
+/// given conf dir, where a node runs two), or why none did; within one `TIMEOUT` in all.
+pub fn ask_until(
+    sockets: &[PathBuf],
+    wanted: impl Fn(&Loaded) -> Result<(), String>,
+) -> Result<Loaded, Vec<String>> {
+    let deadline = Instant::now() + TIMEOUT;
     let mut why = Vec::new();
     for socket in sockets {
         if !socket.exists() {
             why.push(format!("no runtime socket at {}", socket.display()));
             continue;
         }
-        match ask_one(socket) {
+        match ask_one(socket, deadline).and_then(|loaded| wanted(&loaded).map(|()| loaded)) {
             Ok(loaded) => return Ok(loaded),
             Err(e) => why.push(format!("{}: {e}", socket.display())),
         }
@@ -118,8 +129,7 @@ pub fn ask(sockets: &[PathBuf]) -> Result<Loaded, Vec<String>> {
     Err(why)
 }
 
-fn ask_one(socket: &Path) -> Result<Loaded, String> {
-    let deadline = Instant::now() + TIMEOUT;
+fn ask_one(socket: &Path, deadline: Instant) -> Result<Loaded, String> {
     let info = cri_status::info(|| Timed::connect(socket, deadline));
     match info {
         Ok(info) if info.iter().any(|(k, _)| k == "cniconfig") => containerd(socket, &info),

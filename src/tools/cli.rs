@@ -102,7 +102,7 @@ Usage: sandbox-guard --doctor [options]
 Explains this node's CNI failure classes before they bite: enslaved macvlan/ipvlan
 masters, no route for the service CIDR, addresses still held by deleted or superseded
 sandboxes, stale DELs per pod, store health, interfaces missing from live sandboxes. Only
-reads. Exit status 1 on any error.
+reads; of the plugins it runs only VERSION. Exit status 1 on any error.
 
 Options:
       --conf-dir DIR           CNI config dir (default /etc/cni/net.d)
@@ -113,6 +113,8 @@ Options:
       --lock-timeout SECONDS   how long to wait for a state dir's lock (default 10)
       --runtime-socket PATH    ask this runtime what it loaded (default: containerd's,
                                k3s's and CRI-O's usual sockets); none: do not ask
+      --bin-dir DIR            where the primaries are (default: CNI_PATH, else the dirs
+                               the runtime says it searches, else /opt/cni/bin)
   -h, --help                   this text
 ";
 
@@ -493,9 +495,8 @@ impl Opt {
             Opt::ConfDir => &[Mode::Doctor, Mode::Install, Mode::Uninstall],
             Opt::LogFile => &[Mode::Doctor, Mode::Install],
             Opt::ServiceCidr => &[Mode::Doctor],
-            Opt::BinDir | Opt::Network | Opt::Platform | Opt::HostRoot => {
-                &[Mode::Install, Mode::Uninstall]
-            }
+            Opt::BinDir => &[Mode::Install, Mode::Uninstall, Mode::Doctor],
+            Opt::Network | Opt::Platform | Opt::HostRoot => &[Mode::Install, Mode::Uninstall],
             Opt::InstallMode
             | Opt::Watch
             | Opt::Entry
@@ -841,6 +842,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                 format,
                 lock_timeout,
                 runtime_socket,
+                bin_dir,
             })
         }
         Mode::Downgrade => Command::Downgrade {

@@ -6,5 +6,6 @@ pub mod doctor;
 pub mod downgrade;
 pub mod dump;
 pub mod install;
+pub mod plugin_exec;
 pub mod restore;
 pub mod runtime;

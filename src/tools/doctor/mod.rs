@@ -37,6 +37,8 @@ pub struct Options {
     pub lock_timeout: std::time::Duration,
     /// The runtime's socket to ask what it loaded (`none`: do not ask), else the usual ones.
     pub runtime_socket: Option<PathBuf>,
+    /// Where the primaries are looked for (`--bin-dir`), else `bin_dirs`'s default.
+    pub bin_dir: Option<PathBuf>,
 }
 
 /// Returns the exit status: 0 clean or warnings only, 1 when any finding is an error.
@@ -44,7 +46,8 @@ pub fn run(options: &Options) -> i32 {
     let mut report = Report::default();
     let node = conflists::read(&options.conf_dir, &mut report);
     runtime_view(options, &mut report);
-    primary_versions::check(&node.guards, &mut report);
+    let bin_dirs = bin_dirs(options);
+    primary_versions::check(&node.guards, &bin_dirs, &mut report);
     host::check_lower_links(&node.lower_links, &mut report);
     host::check_service_routes(&options.service_cidrs, &mut report);
 
@@ -91,6 +94,28 @@ pub fn run(options: &Options) -> i32 {
             1
         }
         _ => status,
+    }
+}
+
+/// Where the runtime finds the primaries: `--bin-dir`, else CNI_PATH, else the dirs the
+/// runtime says it searches, else containerd's default.
+fn bin_dirs(options: &Options) -> Vec<PathBuf> {
+    if let Some(dir) = &options.bin_dir {
+        return vec![dir.clone()];
+    }
+    if let Some(path) = std::env::var_os("CNI_PATH").filter(|p| !p.is_empty()) {
+        return std::env::split_paths(&path).collect();
+    }
+    let sockets = install::runtime_sockets(options.runtime_socket.as_deref(), Path::new("/"));
+    let asked = match crate::tools::runtime::ask(&sockets) {
+        Ok(crate::tools::runtime::Loaded::Containerd { plugin_dirs, .. }) => plugin_dirs,
+        Ok(crate::tools::runtime::Loaded::Crio { network, .. }) => network.plugin_dirs,
+        Err(_) => Vec::new(),
+    };
+    if asked.is_empty() {
+        vec![PathBuf::from("/opt/cni/bin")]
+    } else {
+        asked
     }
 }
 

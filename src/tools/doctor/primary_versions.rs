@@ -4,31 +4,17 @@
 //! `ValidateNetworkList` runs): VERSION with fake attachment values and libcni's own version
 //! on stdin. VERSION changes nothing, so running it keeps the doctor read-only.
 
-use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use super::conflists::GuardEntry;
 use super::finding::{Finding, Report, Severity};
+use crate::tools::plugin_exec;
 
-/// A primary answers VERSION in milliseconds; one that hangs must not hang the doctor.
-const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
-/// After the primary exited, how long its stdout may stay silent before the doctor takes what
-/// it has: the primary's own bytes are in the pipe by then.
-const DRAIN_WAIT: Duration = Duration::from_millis(200);
-/// A VERSION answer is a hundred bytes.
-const MAX_ANSWER: usize = 1 << 20;
-/// Where containerd looks for plugins when CNI_PATH is not set.
-const DEFAULT_CNI_PATH: &str = "/opt/cni/bin";
 /// The version libcni 1.1+ sends on stdin with VERSION.
 const LIBCNI_CURRENT: &str = "1.1.0";
 
-pub fn check(guards: &[GuardEntry], report: &mut Report) {
-    let search = std::env::var("CNI_PATH")
-        .ok()
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| DEFAULT_CNI_PATH.to_string());
+/// `bin_dirs`: where the runtime looks for plugins (`super::bin_dirs`).
+pub fn check(guards: &[GuardEntry], bin_dirs: &[PathBuf], report: &mut Report) {
     for guard in guards {
         let Some(primary) = &guard.delegate_type else {
             continue;
@@ -56,7 +42,7 @@ pub fn check(guards: &[GuardEntry], report: &mut Report) {
             );
             continue;
         }
-        match supported_versions(primary, &search) {
+        match supported_versions(primary, bin_dirs) {
             Ok(versions) if versions.contains(&guard.cni_version) => report.add(Finding::new(
                 Severity::Ok,
                 "primary-version",
@@ -79,7 +65,7 @@ pub fn check(guards: &[GuardEntry], report: &mut Report) {
             ),
             Err(Unanswered::NotFound(why)) => report.add(
                 Finding::new(Severity::Warning, "primary-version", format!("{where_}: cannot ask the primary {primary} which versions it speaks: {why}"))
-                    .fix("run the doctor with CNI_PATH set to the runtime's plugin dirs (containerd: cni.bin_dir), or install the primary there"),
+                    .fix("run the doctor with --bin-dir set to the runtime's plugin dir (containerd: cni.bin_dir), or install the primary there"),
             ),
             Err(Unanswered::Failed(why)) => report.add(
                 Finding::new(Severity::Warning, "primary-version", format!("{where_}: the primary {primary} gives no usable VERSION answer: {why}"))
@@ -97,75 +83,25 @@ enum Unanswered {
     Failed(String),
 }
 
-/// The primary's `supportedVersions`, as libcni reads its VERSION answer.
-fn supported_versions(plugin_type: &str, search: &str) -> Result<Vec<String>, Unanswered> {
-    let path = search
-        .split(':')
-        .filter(|d| !d.is_empty())
-        .map(|dir| PathBuf::from(dir).join(plugin_type))
-        .find(|path| path.is_file())
-        .ok_or_else(|| Unanswered::NotFound(format!("it is not in {search}")))?;
-    answer(&path).map_err(Unanswered::Failed)
-}
-
-fn answer(path: &std::path::Path) -> Result<Vec<String>, String> {
-    let mut child = Command::new(path)
-        .env_clear()
-        .envs([
+/// The primary's `supportedVersions`, as libcni reads its VERSION answer (with fake
+/// attachment values and libcni's own version on stdin).
+fn supported_versions(plugin_type: &str, dirs: &[PathBuf]) -> Result<Vec<String>, Unanswered> {
+    let path = plugin_exec::find(plugin_type, dirs).ok_or_else(|| {
+        let shown: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        Unanswered::NotFound(format!("it is not in {}", shown.join(":")))
+    })?;
+    let (exited_ok, reply) = plugin_exec::run(
+        &path,
+        &[],
+        &[
             ("CNI_COMMAND", "VERSION"),
             ("CNI_NETNS", "dummy"),
             ("CNI_IFNAME", "dummy"),
             ("CNI_PATH", "dummy"),
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", path.display()))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(format!(r#"{{"cniVersion":"{LIBCNI_CURRENT}"}}"#).as_bytes());
-    }
-    // Read while it runs, on a thread of its own: a process the primary leaves behind may
-    // keep the pipe open long after the primary exited, and waiting for its end would hang
-    // the doctor past the bound.
-    let (sender, chunks) = std::sync::mpsc::channel::<Vec<u8>>();
-    if let Some(mut out) = child.stdout.take() {
-        std::thread::spawn(move || {
-            let mut buffer = [0u8; 8192];
-            let mut total = 0;
-            while let Ok(n @ 1..) = out.read(&mut buffer) {
-                total += n;
-                if sender.send(buffer[..n].to_vec()).is_err() || total > MAX_ANSWER {
-                    break;
-                }
-            }
-        });
-    }
-    let deadline = Instant::now() + VERSION_TIMEOUT;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{} did not answer VERSION within {} s",
-                    path.display(),
-                    VERSION_TIMEOUT.as_secs()
-                ));
-            }
-            Err(e) => return Err(format!("cannot wait for {}: {e}", path.display())),
-        }
-    };
-    // Exited, it has written all it will: what is still to come is in the pipe already.
-    let mut reply = Vec::new();
-    while let Ok(chunk) = chunks.recv_timeout(DRAIN_WAIT) {
-        reply.extend(chunk);
-        if reply.len() > MAX_ANSWER {
-            break;
-        }
-    }
-    crate::cni::version::read_plugin_versions(status.success(), &reply)
-        .map_err(|why| format!("{} VERSION {why}", path.display()))
+        ],
+        format!(r#"{{"cniVersion":"{LIBCNI_CURRENT}"}}"#).as_bytes(),
+    )
+    .map_err(|e| Unanswered::Failed(e.replace("did not answer", "did not answer VERSION")))?;
+    crate::cni::version::read_plugin_versions(exited_ok, &reply)
+        .map_err(|why| Unanswered::Failed(format!("{} VERSION {why}", path.display())))
 }

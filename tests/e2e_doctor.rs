@@ -5,6 +5,8 @@
 
 #[path = "support/cni.rs"]
 mod cni;
+#[path = "support/install.rs"]
+mod install;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
@@ -679,12 +681,26 @@ fn a_clean_node_reports_clean() {
     let report = doctor(Some(&node), &["--conf-dir", path_arg(&conf.path)]);
     // The test's state dir lies on this machine's file system, whose journal is the machine's,
     // not the node's CNI: a warning about it is allowed here (tests/durability.rs makes both
-    // kinds of file system and checks that warning).
+    // kinds of file system and checks that warning). macvlan with host-local keys its DEL by
+    // container ID: that the guard is not needed there is a note the doctor must give.
+    let not_needed = |f: &&Value| {
+        f["check"] == "primary-need"
+            && f["severity"] == "info"
+            && f["verdict"]["need"] == "not-needed"
+            && f["verdict"]["primary"] == "macvlan with host-local"
+    };
+    assert_eq!(
+        report.findings.iter().filter(not_needed).count(),
+        1,
+        "{}",
+        report.raw
+    );
     let bad: Vec<&Value> = report
         .findings
         .iter()
         .filter(|f| f["severity"] != "ok")
         .filter(|f| !(f["check"] == "store-journal" && f["severity"] == "warning"))
+        .filter(|f| !not_needed(f))
         .collect();
     assert!(
         bad.is_empty(),
@@ -1101,5 +1117,103 @@ fn the_doctor_never_runs_a_delegate_type_that_is_a_path() {
         "the doctor ran {}: {}",
         script.display(),
         report.raw
+    );
+}
+
+/// The doctor says per network whether its primary needs the guard, calico's by the version
+/// its own binary prints (`-v`), with stand-ins answering as calico-cni v1.6.2 (calico
+/// 2.1.3), calico v3.17.2 and v3.26.1 do; an unknown primary is to be audited first.
+#[test]
+fn the_doctor_names_whether_each_primary_needs_the_guard() {
+    for (release, datastore, need, mode) in [
+        ("v1.6.2", "etcdv2", "needed", Some("delegate")),
+        ("v3.17.2", "kubernetes", "needed", Some("delegate")),
+        ("v3.17.2", "etcdv3", "not-needed", None),
+        ("v3.26.1", "kubernetes", "not-needed", None),
+        ("", "kubernetes", "unknown", None),
+    ] {
+        let dir = TempDir::new("sgneed");
+        let (conf, bin) = (dir.path.join("net.d"), dir.path.join("bin"));
+        std::fs::create_dir_all(&conf).unwrap();
+        std::fs::create_dir_all(&bin).unwrap();
+        install::copy_fixture("install/calico/conf", &conf);
+        let file = conf.join("10-calico.conflist");
+        let mut list: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        list["plugins"][0]["datastore_type"] = json!(datastore);
+        std::fs::write(&file, list.to_string()).unwrap();
+        if !release.is_empty() {
+            install::calico_stand_in(&bin, release);
+        }
+        let found = doctor(
+            None,
+            &[
+                "--conf-dir",
+                conf.to_str().unwrap(),
+                "--bin-dir",
+                bin.to_str().unwrap(),
+                "--runtime-socket",
+                "none",
+                "--state-dir",
+                dir.path.join("state").to_str().unwrap(),
+            ],
+        );
+        let case = format!("calico {release:?} on {datastore}");
+        let verdicts: Vec<&Value> = found
+            .findings
+            .iter()
+            .filter(|f| f["check"] == "primary-need")
+            .collect();
+        assert_eq!(verdicts.len(), 1, "{case}: {}", found.raw);
+        let verdict = &verdicts[0]["verdict"];
+        assert_eq!(verdict["need"], need, "{case}: {}", found.raw);
+        assert_eq!(verdict["mode"].as_str(), mode, "{case}: {}", found.raw);
+        if !release.is_empty() {
+            assert!(
+                verdict["primary"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("calico {release}")),
+                "{case}: {}",
+                found.raw
+            );
+            assert!(
+                verdict["read"].to_string().contains("-v printed"),
+                "{case}: {}",
+                found.raw
+            );
+        }
+        assert!(!verdict["source"].as_str().unwrap().is_empty(), "{case}");
+    }
+    // A primary the table does not know: audit first, whatever it prints.
+    let dir = TempDir::new("sgneedx");
+    std::fs::write(
+        dir.path.join("10-sticky.conflist"),
+        json!({"cniVersion": "1.0.0", "name": "sticky", "plugins": [{"type": "sticky-ip"}]})
+            .to_string(),
+    )
+    .unwrap();
+    let found = doctor(
+        None,
+        &[
+            "--conf-dir",
+            dir.path.to_str().unwrap(),
+            "--bin-dir",
+            dir.path.to_str().unwrap(),
+            "--runtime-socket",
+            "none",
+            "--state-dir",
+            dir.path.join("state").to_str().unwrap(),
+        ],
+    );
+    let verdict = found
+        .findings
+        .iter()
+        .find(|f| f["check"] == "primary-need")
+        .unwrap_or_else(|| panic!("{}", found.raw));
+    assert_eq!(verdict["verdict"]["need"], "unknown", "{}", found.raw);
+    assert!(
+        verdict["fix"].as_str().unwrap().contains("audit"),
+        "{}",
+        found.raw
     );
 }

@@ -2007,6 +2007,46 @@ fn uninstall_removes_a_killed_installers_dropin_temp_and_the_dropin_dir() {
     assert_eq!(left, [".90-tuning.conf.swp", "90-tuning.conf"]);
 }
 
+#[test]
+fn the_installer_says_whether_the_primary_needs_the_guard() {
+    // calico v3.26.1 keys its DEL by container ID: delegate mode there only costs, and the
+    // install says what. calico-cni v1.6.2 on etcd keys it by pod name: needed, no warning.
+    let node = Node::with("calico");
+    install::calico_stand_in(&node.bin(), "v3.26.1");
+    let out = node.run("--install", &["--mode", "delegate"]);
+    let said = stderr_of(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("calico v3.26.1 (kubernetes datastore): not needed")
+            && said.contains(
+                "warning: calico v3.26.1 (kubernetes datastore) does not need sandbox-guard"
+            )
+            && said.contains("holds the old sandbox's DEL"),
+        "{said}"
+    );
+    node.uninstall(None);
+    let file = node.conf().join("10-calico.conflist");
+    let mut list: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    list["plugins"][0]["datastore_type"] = "etcdv2".into();
+    std::fs::write(&file, list.to_string()).unwrap();
+    install::calico_stand_in(&node.bin(), "v1.6.2");
+    let metrics = node.dir.path.join("install.prom");
+    let watch = Watcher::start_with(
+        &node,
+        "delegate",
+        &["--metrics-file", metrics.to_str().unwrap()],
+        "installed: put sandbox-guard into",
+    );
+    let said = watch.drain(Duration::from_millis(500)).join("\n");
+    assert!(!said.contains("does not need"), "{said}");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    assert!(
+        text.contains("sandbox_guard_install_primary_need{need=\"needed\"} 1"),
+        "{text}"
+    );
+}
+
 /// Entry keys the plugin rejects, each with the key an operator must see named.
 const BAD_ENTRIES: [(&str, &str, &str); 5] = [
     (r#"{"staleDel":"Audit"}"#, "chained", "staleDel"),

@@ -101,8 +101,10 @@ Usage: sandbox-guard --doctor [options]
 
 Explains this node's CNI failure classes before they bite: enslaved macvlan/ipvlan
 masters, no route for the service CIDR, addresses still held by deleted or superseded
-sandboxes, stale DELs per pod, store health, interfaces missing from live sandboxes. Only
-reads; of the plugins it runs only VERSION. Exit status 1 on any error.
+sandboxes, stale DELs per pod, store health, interfaces missing from live sandboxes. Says
+per network whether its primary needs the guard (needed, with the mode; not needed, with
+the source; unknown: audit first), calico's by its own version (calico -v). Only reads;
+of the plugins it runs only VERSION and calico -v. Exit status 1 on any error.
 
 Options:
       --conf-dir DIR           CNI config dir (default /etc/cni/net.d)

@@ -7,5 +7,6 @@ pub mod downgrade;
 pub mod dump;
 pub mod install;
 pub mod plugin_exec;
+pub mod primaries;
 pub mod restore;
 pub mod runtime;

@@ -111,7 +111,8 @@ pub fn run_ok(mode: &str, conf_dir: &Path, bin_dir: &Path, extra: &[&str]) -> St
 
 /// Every plugin the networks of `conf_dir` name (their IPAM plugins too, a delegate's, and
 /// what multus inlines), as a file in `bin_dir`: the installer and its readiness check look
-/// for the files the runtime would exec. They are never run, so they are empty.
+/// for the files the runtime would exec. They are empty: none is run as a plugin, and the
+/// `-v` the installer asks calico fails on one (its verdict: unknown).
 pub fn stub_plugins(conf_dir: &Path, bin_dir: &Path) {
     fn types(value: &serde_json::Value, out: &mut Vec<String>) {
         match value {
@@ -219,4 +220,22 @@ pub fn k3s_host_before_data_cni(root: &Path, hash: &str) -> PathBuf {
     std::fs::create_dir_all(&conf).unwrap();
     copy_fixture("install/k3s/conf", &conf);
     k3s_release(root, hash)
+}
+
+/// A stand-in for calico's binary as `release` answers `-v`: calico-cni v1.x (`calico.go`
+/// main) and calico 3.x (`cni-plugin/pkg/plugin/plugin.go` Main) print their `git describe`
+/// version and exit 0; any CNI verb fails, as no datastore is reachable here.
+pub fn calico_stand_in(bin_dir: &Path, release: &str) {
+    std::fs::create_dir_all(bin_dir).unwrap();
+    let file = bin_dir.join("calico");
+    let _ = std::fs::remove_file(&file);
+    std::fs::write(
+        &file,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = \"-v\" ]; then echo {release}; exit 0; fi\n\
+             echo '{{\"code\":100,\"msg\":\"stand-in: no datastore\"}}'; exit 1\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
 }

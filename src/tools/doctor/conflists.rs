@@ -116,9 +116,8 @@ pub fn read(conf_dir: &Path, report: &mut Report) -> NodeConfig {
 }
 
 /// The installer puts the entry where each mode needs it; the mode follows the primary.
-const NOT_INSTALLED_FIX: &str = "run `sandbox-guard --install --mode delegate` for a primary keyed by pod name \
-     (calico, sticky-IP plugins) or `--install --mode chained` for one keyed by container ID; on a cluster, \
-     apply the DaemonSet";
+const NOT_INSTALLED_FIX: &str = "where the primary-need finding says needed, run `sandbox-guard --install` with \
+     the mode it names; on a cluster, apply the DaemonSet";
 const NOT_LAST_FIX: &str = "run `sandbox-guard --install --mode chained`, which moves the entry to the end of \
      \"plugins\" so that it runs first on DEL, or `--install --mode delegate` to wrap the primary in its place";
 

@@ -40,6 +40,9 @@ pub struct Finding {
     pub evidence: Vec<String>,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub fix: String,
+    /// For `primary-need`: the verdict on the network's primary, whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<crate::tools::primaries::Verdict>,
 }
 
 impl Finding {
@@ -50,7 +53,13 @@ impl Finding {
             summary: summary.into(),
             evidence: Vec::new(),
             fix: String::new(),
+            verdict: None,
         }
+    }
+
+    pub fn verdict(mut self, verdict: crate::tools::primaries::Verdict) -> Finding {
+        self.verdict = Some(verdict);
+        self
     }
 
     pub fn evidence(mut self, line: impl Into<String>) -> Finding {

@@ -9,6 +9,7 @@
 mod conflists;
 mod finding;
 mod host;
+mod primary_need;
 mod primary_versions;
 mod sandboxes;
 mod stale_dels;
@@ -48,6 +49,7 @@ pub fn run(options: &Options) -> i32 {
     runtime_view(options, &mut report);
     let bin_dirs = bin_dirs(options);
     primary_versions::check(&node.guards, &bin_dirs, &mut report);
+    primary_need::check(&options.conf_dir, &bin_dirs, &mut report);
     host::check_lower_links(&node.lower_links, &mut report);
     host::check_service_routes(&options.service_cidrs, &mut report);
 

@@ -19,6 +19,8 @@ pub struct InstallMetrics {
     /// Times the guard was taken out of a network it could not run in.
     pub stood_aside: u64,
     pub failures: BTreeMap<Reason, u64>,
+    /// Whether the network's primary needs the guard, per README's table, at the last look.
+    pub need: Option<crate::tools::primaries::Need>,
 }
 
 impl InstallMetrics {
@@ -53,6 +55,17 @@ impl InstallMetrics {
             "counter",
             "Times the watch took sandbox-guard out of a network it could not run in (pods there start unguarded).",
             &[(String::new(), self.stood_aside)],
+        );
+        let needs: Vec<(String, u64)> = self
+            .need
+            .iter()
+            .map(|need| (format!("{{need=\"{}\"}}", need.name().replace(' ', "-")), 1))
+            .collect();
+        family(
+            "sandbox_guard_install_primary_need",
+            "gauge",
+            "1 for whether the network's primary needs sandbox-guard, per the table in README (needed, not-needed, unknown).",
+            &needs,
         );
         let failures: Vec<(String, u64)> = self
             .failures

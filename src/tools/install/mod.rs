@@ -140,6 +140,8 @@ pub struct Installed {
     pub primary_list: Option<Json>,
     /// The entry as it is now: the watch puts the operator's keys back from it.
     pub entry: Option<Json>,
+    /// Whether the network's primary needs the guard, per README's table.
+    pub verdict: Option<crate::tools::primaries::Verdict>,
 }
 
 pub fn run_install(options: &Options) -> i32 {
@@ -371,7 +373,21 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
             dirs.target.display()
         ));
     }
+    let verdict = crate::tools::primaries::judge(&net.list().to_value(), &dirs.searched);
+    notes.push(format!(
+        "network {}'s primary: {}",
+        net.name,
+        verdict.line()
+    ));
     let mut warnings = warnings;
+    if verdict.need == crate::tools::primaries::Need::NotNeeded {
+        warnings.push(format!(
+            "{} does not need sandbox-guard, and {} mode only costs here: {}",
+            verdict.primary,
+            options.mode.name(),
+            primary_cost(options.mode)
+        ));
+    }
     let entry = checked_entry(
         options,
         &list,
@@ -385,6 +401,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         warnings,
         primary_list: Some(edit::strip(&list)),
         entry: Some(entry.clone()),
+        verdict: Some(verdict),
         ..Installed::default()
     };
     let done = &mut out.done;
@@ -520,6 +537,28 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
     }
     remove_dropin(&dropin, done)?;
     Ok(out)
+}
+
+/// What a mode costs over a primary that does not need the guard (the doctor's names:
+/// `delegate`, `chained`).
+pub fn mode_cost(mode: &str) -> &'static str {
+    primary_cost(if mode == "delegate" {
+        Mode::Delegate
+    } else {
+        Mode::Chained
+    })
+}
+
+fn primary_cost(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Delegate => {
+            "it holds the old sandbox's DEL (its address release) back from the primary while the new pod lives"
+        }
+        Mode::Chained | Mode::Dropin => {
+            "it refuses the old sandbox's DELs while the new pod lives: that sandbox stays NotReady and kubelet's \
+             GC retries every minute"
+        }
+    }
 }
 
 /// A chained guard runs only if it is the last plugin (the first on DEL): anywhere else
@@ -893,6 +932,23 @@ fn entry_ready(options: &Options, net: &Network, dropin: &Path) -> Result<(), Fa
         ));
     }
     Ok(())
+}
+
+/// For `--doctor`: the network the runtime runs from `conf_dir` (the lexically first; where
+/// that is multus, the cluster network it delegates to) as JSON, its file, and whether it
+/// came through multus.
+pub fn runtime_network(conf_dir: &Path) -> Option<(PathBuf, serde_json::Value, bool)> {
+    let found = network::find(conf_dir, None, Path::new("/")).ok()?;
+    Some((
+        found.net.file.clone(),
+        found.net.list().to_value(),
+        found.via_multus.is_some(),
+    ))
+}
+
+/// For `--doctor`: the files of `conf_dir` libcni reads as networks, in its order.
+pub fn network_files(conf_dir: &Path) -> Vec<PathBuf> {
+    network::files(conf_dir).unwrap_or_default()
 }
 
 /// For `--doctor`, which knows no bin dir and checks each guarded network's version on its

@@ -245,6 +245,7 @@ fn reconcile(options: &Options, state: &mut State) {
                 state.dropin_dir = installed.file.parent().map(|d| d.to_path_buf());
             }
             state.entry = installed.entry.clone();
+            state.metrics.need = installed.verdict.as_ref().map(|v| v.need);
             if installed.done.is_empty() {
                 if first {
                     log("already installed: nothing changed");

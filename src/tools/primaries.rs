@@ -1,0 +1,398 @@
+//! Does this network need the guard? Its plugins matched against README's table "Do you need
+//! it?", each row read in the primary's own source (docs/how-it-decides.md has the details):
+//! a primary that acts on a pod's name when a DEL comes needs it, one that keys its DEL by
+//! container ID does not, and one this table does not know is to be audited first. Of the
+//! binaries only calico's is asked its version (`calico -v` prints its `git describe`, in
+//! calico-cni v1.x `calico.go` main and in calico's `cni-plugin/pkg/plugin/plugin.go` Main);
+//! the others' version ranges are named for the operator to check.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::plugin_exec;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Need {
+    Needed,
+    NotNeeded,
+    Unknown,
+}
+
+impl Need {
+    pub fn name(self) -> &'static str {
+        match self {
+            Need::Needed => "needed",
+            Need::NotNeeded => "not needed",
+            Need::Unknown => "unknown",
+        }
+    }
+}
+
+/// The verdict on one network, with what it rests on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    pub need: Need,
+    /// `delegate` or `chained`, where needed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<&'static str>,
+    /// The primary as identified: `calico v3.26.1 (kubernetes datastore)`.
+    pub primary: String,
+    /// What was read to identify it.
+    pub read: Vec<String>,
+    /// What its DEL acts on, or why it is not known.
+    pub why: String,
+    /// README's citation for the row.
+    pub source: &'static str,
+}
+
+impl Verdict {
+    /// One line: `calico v3.26.1: not needed: ... (source)`.
+    pub fn line(&self) -> String {
+        let need = match self.mode {
+            Some(mode) => format!("{} ({mode} mode)", self.need.name()),
+            None => self.need.name().to_string(),
+        };
+        format!("{}: {need}: {} ({})", self.primary, self.why, self.source)
+    }
+}
+
+const CALICO_NAME_KEYED: &str = "projectcalico/cni-plugin@v1.6.2 calico.go cmdDel, ipam/calico-ipam.go cmdDel; \
+     cni-plugin@v1.7.0 k8s/k8s.go CmdDelK8s; calico#1117, libcalico#189, cni-plugin#385";
+const CALICO_4710: &str =
+    "calico#4710; fixed by libcalico-go#1472 (in cni-plugin v3.18.5, v3.19.2, v3.20.0)";
+const CALICO_BY_ID: &str = "projectcalico/calico@87c1590 cni-plugin/pkg/k8s/k8s.go CmdDelK8s, \
+     cni-plugin/internal/pkg/utils/utils.go GetHandleID, cni-plugin/pkg/ipamplugin/ipam_plugin.go cmdDel";
+const CILIUM_BY_NAME: &str = "cilium#44463 (fixed by #44494), cilium#44530 (open)";
+const REFERENCE: &str = "containernetworking/plugins@v1.9.1 plugins/main/{bridge,macvlan,ipvlan,ptp} cmdDel, \
+     plugins/ipam/host-local/backend/disk/backend.go ReleaseByID";
+const AUDIT: &str = "README: Do you need it?";
+
+/// Plugins that run after a primary and key what they undo by container ID or act inside
+/// CNI_NETNS (portmap's chains, bandwidth's ifb, tuning's backup), or are the guard itself.
+const SAFE_CHAINED: [&str; 4] = ["portmap", "bandwidth", "tuning", "sandbox-guard"];
+/// Main plugins of the reference set, which act only inside CNI_NETNS on a DEL.
+const REFERENCE_MAIN: [&str; 4] = ["bridge", "macvlan", "ipvlan", "ptp"];
+/// IPAM plugins that release by container ID (or skip while a pod of the name lives).
+const ID_KEYED_IPAM: [(&str, &str); 3] = [
+    ("host-local", REFERENCE),
+    (
+        "whereabouts",
+        "k8snetworkplumbingwg/whereabouts pkg/allocate/allocate.go DeallocateIP",
+    ),
+    (
+        "spiderpool",
+        "spidernet-io/spiderpool@v1.2.2 pkg/ipam/release.go Release",
+    ),
+];
+/// Primaries whose host veth is named from the pod: cilium chained after them tears down the
+/// live pod's interface by that name.
+const POD_NAMED_VETH: [&str; 2] = ["aws-cni", "calico"];
+
+/// The verdict on a network (a `.conflist`, or a single plugin's `.conf`), the guard's own
+/// entry unwrapped; `bin_dirs` is where its binaries are looked for.
+pub fn judge(network: &Value, bin_dirs: &[PathBuf]) -> Verdict {
+    let plugins = chain(network);
+    let types: Vec<&str> = plugins.iter().map(|p| plugin_type(p)).collect();
+    let Some(primary) = plugins.first() else {
+        return unknown(
+            "no plugin".to_string(),
+            Vec::new(),
+            "the network lists no plugin",
+        );
+    };
+    let mut read = vec![format!("plugins: {}", types.join(", "))];
+    if let Some(at) = types.iter().position(|t| *t == "cilium-cni")
+        && at > 0
+        && POD_NAMED_VETH.contains(&types[0])
+    {
+        return Verdict {
+            need: Need::Needed,
+            mode: Some("chained"),
+            primary: format!("cilium-cni chained after {}", types[0]),
+            read,
+            why: format!(
+                "the old endpoint's teardown finds the host veth by the name {} gives it from the pod: the live pod's",
+                types[0]
+            ),
+            source: CILIUM_BY_NAME,
+        };
+    }
+    if let Some(other) = types
+        .iter()
+        .skip(1)
+        .find(|t| !SAFE_CHAINED.contains(t) && **t != "cilium-cni")
+    {
+        return unknown(
+            types[0].to_string(),
+            read,
+            &format!(
+                "plugin {other}, chained after the primary, is not in the table: what its DEL keys by is not known here"
+            ),
+        );
+    }
+    let ipam = primary
+        .get("ipam")
+        .and_then(|i| i.get("type"))
+        .and_then(Value::as_str);
+    match types[0] {
+        "calico" => calico(primary, ipam, bin_dirs, read),
+        "cilium-cni" => not_needed(
+            "cilium-cni",
+            read,
+            "its own veths (lxc + a hash of the container ID) and endpoints by container ID",
+            "cilium plugins/cilium-cni/cmd/cmd.go Del",
+        ),
+        "aws-cni" => not_needed(
+            "aws-cni",
+            read,
+            "ipamd releases by IPAMKey{ContainerID, ...}",
+            "aws/amazon-vpc-cni-k8s pkg/ipamd/rpc_handler.go DelNetwork",
+        ),
+        "kube-ovn" => not_needed(
+            "kube-ovn",
+            read,
+            "OVS ports named by container ID; nothing done on an empty netns",
+            "kubeovn/kube-ovn pkg/daemon/handler.go handleDel",
+        ),
+        "multus" | "multus-shim" => unknown(
+            "multus".to_string(),
+            read,
+            "as safe as the delegates it runs: judge the cluster network it delegates to",
+        ),
+        "antrea" => {
+            read.push("antrea's version is not read from its binary".to_string());
+            unknown(
+                "antrea".to_string(),
+                read,
+                "Antrea <= v0.7.1 finds the OVS port and host veth by pod name (needed, delegate mode; antrea#785), \
+                 v0.7.2 and >= v0.8.0 by container ID (not needed): check the antrea-agent image's version",
+            )
+        }
+        "terway" => {
+            read.push("terway's version is not read from its binary".to_string());
+            unknown(
+                "terway".to_string(),
+                read,
+                "Terway v1.2.0-v1.4.0 releases IP resources by namespace/name (needed, delegate mode), >= v1.4.1 \
+                 checks the container ID (not needed): check the terway image's version",
+            )
+        }
+        main if REFERENCE_MAIN.contains(&main) => match ipam {
+            Some(kind) => match ID_KEYED_IPAM.iter().find(|(k, _)| *k == kind) {
+                Some((_, source)) => not_needed(
+                    &format!("{main} with {kind}"),
+                    read,
+                    "links only inside CNI_NETNS; the IPAM releases by container ID",
+                    source,
+                ),
+                None => unknown(
+                    format!("{main} with {kind}"),
+                    read,
+                    &format!(
+                        "the IPAM plugin {kind} is not in the table: what its DEL keys by is not known here"
+                    ),
+                ),
+            },
+            None => not_needed(main, read, "links only inside CNI_NETNS", REFERENCE),
+        },
+        other => unknown(
+            other.to_string(),
+            read,
+            "not in the table: check what its DEL keys by (a pod's name: delegate mode), or run the guard with \
+             staleDel audit first",
+        ),
+    }
+}
+
+/// The network's plugins in order, the guard unwrapped: a wrapping guard's `delegate` in
+/// its place, a chained guard left out.
+fn chain(network: &Value) -> Vec<&Value> {
+    let plugins: Vec<&Value> = match network.get("plugins").and_then(Value::as_array) {
+        Some(list) => list.iter().collect(),
+        None => vec![network],
+    };
+    plugins
+        .into_iter()
+        .filter_map(|p| match (plugin_type(p), p.get("delegate")) {
+            ("sandbox-guard", Some(delegate)) => Some(delegate),
+            ("sandbox-guard", None) => None,
+            _ => Some(p),
+        })
+        .collect()
+}
+
+fn plugin_type(plugin: &Value) -> &str {
+    plugin.get("type").and_then(Value::as_str).unwrap_or("")
+}
+
+/// calico by its own version and datastore: calico-cni <= v1.11.1 (calico <= 2.6.3) keys its
+/// IPAM handle by `namespace.pod` on the etcd datastore; on the Kubernetes datastore calico
+/// 2.x used host-local. 3.16.0-3.19.1 on the Kubernetes datastore blank the live pod's podIP
+/// annotations (calico#4710). Everything else keys by container ID.
+fn calico(
+    conf: &Value,
+    ipam: Option<&str>,
+    bin_dirs: &[PathBuf],
+    mut read: Vec<String>,
+) -> Verdict {
+    let kdd = conf.get("datastore_type").and_then(Value::as_str) == Some("kubernetes");
+    let datastore = if kdd { "kubernetes" } else { "etcd" };
+    read.push(format!(
+        "datastore_type {}, ipam {}",
+        conf.get("datastore_type")
+            .and_then(Value::as_str)
+            .unwrap_or("(none: etcd)"),
+        ipam.unwrap_or("(none)")
+    ));
+    let version = match plugin_exec::find("calico", bin_dirs) {
+        None => Err(format!(
+            "no calico binary in {}",
+            bin_dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(":")
+        )),
+        Some(path) => plugin_exec::run(&path, &["-v"], &[], b"").and_then(|(ok, out)| {
+            let text = String::from_utf8_lossy(&out).trim().to_string();
+            read.push(format!(
+                "{} -v printed {:?}",
+                path.display(),
+                crate::names::shorten(&text)
+            ));
+            match (ok, release(&text)) {
+                (true, Some(version)) => Ok(version),
+                _ => Err(format!("{} -v gave no version", path.display())),
+            }
+        }),
+    };
+    let version = match version {
+        Ok(version) => version,
+        Err(why) => {
+            read.push(why);
+            return unknown(
+                format!("calico ({datastore} datastore)"),
+                read,
+                "its version decides (calico-cni <= v1.11.1 on etcd, and 3.16.0-3.19.1 on the Kubernetes datastore, \
+                 need delegate mode): run `calico -v` where the runtime finds it, or give the doctor --bin-dir",
+            );
+        }
+    };
+    let primary = format!(
+        "calico v{}.{}.{} ({datastore} datastore)",
+        version.0, version.1, version.2
+    );
+    let needed = |why: &str, source| Verdict {
+        need: Need::Needed,
+        mode: Some("delegate"),
+        primary: primary.clone(),
+        read: read.clone(),
+        why: why.to_string(),
+        source,
+    };
+    if version < (1, 11, 2) {
+        if kdd || ipam == Some("host-local") {
+            return not_needed(
+                &primary,
+                read,
+                "calico 2.x on the Kubernetes datastore used host-local, which releases by container ID",
+                REFERENCE,
+            );
+        }
+        return needed(
+            "the workload endpoint and the IPAM handle by namespace.pod (the ActiveInstanceID check from v1.7.0 has holes)",
+            CALICO_NAME_KEYED,
+        );
+    }
+    let by_4710 = (3, 16, 0) <= version
+        && (version < (3, 18, 0)
+            || (version.0 == 3 && version.1 == 18 && version.2 < 5)
+            || (version.0 == 3 && version.1 == 19 && version.2 < 2));
+    if kdd && by_4710 {
+        return needed(
+            "the old sandbox's DEL blanks the live pod's podIP annotations",
+            CALICO_4710,
+        );
+    }
+    not_needed(
+        &primary,
+        read,
+        "IPAM handle <network>.<containerID>; the endpoint skipped when its container differs; links only inside CNI_NETNS",
+        CALICO_BY_ID,
+    )
+}
+
+/// `v3.26.1`, `v1.6.2-dirty`, `v3.18.5-12-gabcdef`: (major, minor, patch).
+fn release(text: &str) -> Option<(u32, u32, u32)> {
+    let word = text.split_whitespace().next()?;
+    let mut parts = word
+        .strip_prefix('v')
+        .unwrap_or(word)
+        .split(['.', '-', '+']);
+    let mut number = || parts.next()?.parse::<u32>().ok();
+    Some((number()?, number()?, number()?))
+}
+
+fn not_needed(primary: &str, read: Vec<String>, why: &str, source: &'static str) -> Verdict {
+    Verdict {
+        need: Need::NotNeeded,
+        mode: None,
+        primary: primary.to_string(),
+        read,
+        why: why.to_string(),
+        source,
+    }
+}
+
+fn unknown(primary: String, read: Vec<String>, why: &str) -> Verdict {
+    Verdict {
+        need: Need::Unknown,
+        mode: None,
+        primary,
+        read,
+        why: why.to_string(),
+        source: AUDIT,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn versions_read_as_calico_prints_them() {
+        assert_eq!(release("v3.26.1\n"), Some((3, 26, 1)));
+        assert_eq!(release("v1.6.2-dirty"), Some((1, 6, 2)));
+        assert_eq!(release("v3.18.5-12-gabc1234"), Some((3, 18, 5)));
+        assert_eq!(release("3.20.0"), Some((3, 20, 0)));
+        assert_eq!(release(""), None);
+        assert_eq!(release("unknown"), None);
+    }
+
+    #[test]
+    fn the_tables_rows_without_a_binary() {
+        let none: [PathBuf; 0] = [];
+        let judged = |net: Value| judge(&net, &none);
+        let bridge = judged(json!({"type": "bridge", "ipam": {"type": "host-local"}}));
+        assert_eq!(bridge.need, Need::NotNeeded, "{bridge:?}");
+        let wrapped = judged(json!({"plugins": [
+            {"type": "sandbox-guard", "delegate": {"type": "macvlan", "ipam": {"type": "whereabouts"}}},
+            {"type": "portmap"}]}));
+        assert_eq!(wrapped.need, Need::NotNeeded, "{wrapped:?}");
+        let cilium = judged(json!({"plugins": [{"type": "aws-cni"}, {"type": "cilium-cni"}]}));
+        assert_eq!((cilium.need, cilium.mode), (Need::Needed, Some("chained")));
+        for net in [
+            json!({"type": "sticky-ip"}),
+            json!({"plugins": [{"type": "bridge"}, {"type": "my-cleanup"}]}),
+            json!({"type": "antrea"}),
+            json!({"type": "calico"}),
+            json!({"plugins": []}),
+        ] {
+            assert_eq!(judged(net.clone()).need, Need::Unknown, "{net}");
+        }
+    }
+}

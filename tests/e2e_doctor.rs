@@ -1125,12 +1125,48 @@ fn the_doctor_never_runs_a_delegate_type_that_is_a_path() {
 /// 2.1.3), calico v3.17.2 and v3.26.1 do; an unknown primary is to be audited first.
 #[test]
 fn the_doctor_names_whether_each_primary_needs_the_guard() {
-    for (release, datastore, need, mode) in [
-        ("v1.6.2", "etcdv2", "needed", Some("delegate")),
-        ("v3.17.2", "kubernetes", "needed", Some("delegate")),
-        ("v3.17.2", "etcdv3", "not-needed", None),
-        ("v3.26.1", "kubernetes", "not-needed", None),
-        ("", "kubernetes", "unknown", None),
+    // (what -v prints, datastore_type, IPAM, the verdict, its mode)
+    for (release, datastore, ipam, need, mode) in [
+        (
+            "v1.6.2",
+            Some("etcdv2"),
+            "calico-ipam",
+            "needed",
+            Some("delegate"),
+        ),
+        // calico-cni v1.x deletes the endpoint by namespace.pod whatever the IPAM.
+        (
+            "v1.6.2",
+            Some("etcdv2"),
+            "host-local",
+            "needed",
+            Some("delegate"),
+        ),
+        (
+            "v1.11.8",
+            Some("kubernetes"),
+            "host-local",
+            "not-needed",
+            None,
+        ),
+        (
+            "v3.17.2",
+            Some("kubernetes"),
+            "calico-ipam",
+            "needed",
+            Some("delegate"),
+        ),
+        // From 3.17 no datastore_type and no etcd endpoint is the Kubernetes datastore.
+        ("v3.17.2", None, "calico-ipam", "needed", Some("delegate")),
+        ("v3.17.2", Some("etcdv3"), "calico-ipam", "not-needed", None),
+        (
+            "v3.26.1",
+            Some("kubernetes"),
+            "calico-ipam",
+            "not-needed",
+            None,
+        ),
+        ("", Some("kubernetes"), "calico-ipam", "unknown", None),
     ] {
         let dir = TempDir::new("sgneed");
         let (conf, bin) = (dir.path.join("net.d"), dir.path.join("bin"));
@@ -1139,7 +1175,16 @@ fn the_doctor_names_whether_each_primary_needs_the_guard() {
         install::copy_fixture("install/calico/conf", &conf);
         let file = conf.join("10-calico.conflist");
         let mut list: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
-        list["plugins"][0]["datastore_type"] = json!(datastore);
+        match datastore {
+            Some(kind) => list["plugins"][0]["datastore_type"] = json!(kind),
+            None => {
+                list["plugins"][0]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("datastore_type");
+            }
+        }
+        list["plugins"][0]["ipam"]["type"] = json!(ipam);
         std::fs::write(&file, list.to_string()).unwrap();
         if !release.is_empty() {
             install::calico_stand_in(&bin, release);
@@ -1157,7 +1202,7 @@ fn the_doctor_names_whether_each_primary_needs_the_guard() {
                 dir.path.join("state").to_str().unwrap(),
             ],
         );
-        let case = format!("calico {release:?} on {datastore}");
+        let case = format!("calico {release:?} on {datastore:?} with {ipam}");
         let verdicts: Vec<&Value> = found
             .findings
             .iter()
@@ -1168,11 +1213,9 @@ fn the_doctor_names_whether_each_primary_needs_the_guard() {
         assert_eq!(verdict["need"], need, "{case}: {}", found.raw);
         assert_eq!(verdict["mode"].as_str(), mode, "{case}: {}", found.raw);
         if !release.is_empty() {
+            let primary = verdict["primary"].as_str().unwrap();
             assert!(
-                verdict["primary"]
-                    .as_str()
-                    .unwrap()
-                    .starts_with(&format!("calico {release}")),
+                primary.starts_with("calico") && primary.contains(release),
                 "{case}: {}",
                 found.raw
             );

@@ -2017,7 +2017,7 @@ fn the_installer_says_whether_the_primary_needs_the_guard() {
     let said = stderr_of(&out);
     assert!(out.status.success(), "{said}");
     assert!(
-        said.contains("calico v3.26.1 (kubernetes datastore): not needed")
+        said.contains("calico v3.26.1 (kubernetes datastore): NOT NEEDED")
             && said.contains(
                 "warning: calico v3.26.1 (kubernetes datastore) does not need sandbox-guard"
             )
@@ -2042,8 +2042,28 @@ fn the_installer_says_whether_the_primary_needs_the_guard() {
     assert!(!said.contains("does not need"), "{said}");
     let text = std::fs::read_to_string(&metrics).unwrap();
     assert!(
-        text.contains("sandbox_guard_install_primary_need{need=\"needed\"} 1"),
+        text.contains("sandbox_guard_install_primary_need{need=\"needed\"} 1")
+            && text.contains("sandbox_guard_install_primary_need{need=\"unknown\"} 0"),
         "{text}"
+    );
+    // Cilium chained after aws-cni needs the guard after cilium-cni: delegate mode, which
+    // wraps aws-cni, does not keep the DEL from cilium-cni, and the install says so.
+    let node = Node::with("aws-vpc-cni");
+    let file = install::network_files(&node.conf())[0].clone();
+    let mut list: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    list["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"type": "cilium-cni", "chaining-mode": "aws-cni"}));
+    std::fs::write(&file, list.to_string()).unwrap();
+    std::fs::write(node.bin().join("cilium-cni"), b"").unwrap();
+    let out = node.run("--install", &["--mode", "delegate"]);
+    let said = stderr_of(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("needs sandbox-guard in chained mode") && said.contains("--mode chained"),
+        "{said}"
     );
 }
 

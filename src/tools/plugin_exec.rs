@@ -3,6 +3,7 @@
 //! process holding its stdout, cannot hang the tool.
 
 use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,7 +31,9 @@ pub fn run(
     env: &[(&str, &str)],
     stdin: &[u8],
 ) -> Result<(bool, Vec<u8>), String> {
+    // A group of its own: what it leaves running is killed with it on a timeout.
     let mut child = Command::new(path)
+        .process_group(0)
         .args(args)
         .env_clear()
         .envs(env.iter().copied())
@@ -63,6 +66,12 @@ pub fn run(
             Ok(Some(status)) => break status,
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
             Ok(None) => {
+                if let Ok(pid) = i32::try_from(child.id()) {
+                    let _ = nix::sys::signal::killpg(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(format!(

@@ -6,7 +6,7 @@
 //! calico-cni v1.x `calico.go` main and in calico's `cni-plugin/pkg/plugin/plugin.go` Main);
 //! the others' version ranges are named for the operator to check.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -49,13 +49,23 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// One line: `calico v3.26.1: not needed: ... (source)`.
+    /// Short, for a summary: `calico v3.26.1 (kubernetes datastore): NOT NEEDED`.
     pub fn line(&self) -> String {
-        let need = match self.mode {
-            Some(mode) => format!("{} ({mode} mode)", self.need.name()),
-            None => self.need.name().to_string(),
-        };
-        format!("{}: {need}: {} ({})", self.primary, self.why, self.source)
+        let need = self.need.name().to_uppercase();
+        match self.mode {
+            Some(mode) => format!("{}: {need}, {mode} mode", self.primary),
+            None => format!("{}: {need}", self.primary),
+        }
+    }
+
+    /// The why and the source, then what was read: for evidence lines.
+    pub fn evidence(&self) -> Vec<String> {
+        let mut lines = vec![
+            format!("why: {}", self.why),
+            format!("source: {}", self.source),
+        ];
+        lines.extend(self.read.iter().map(|r| format!("read: {r}")));
+        lines
     }
 }
 
@@ -65,25 +75,41 @@ const CALICO_4710: &str =
     "calico#4710; fixed by libcalico-go#1472 (in cni-plugin v3.18.5, v3.19.2, v3.20.0)";
 const CALICO_BY_ID: &str = "projectcalico/calico@87c1590 cni-plugin/pkg/k8s/k8s.go CmdDelK8s, \
      cni-plugin/internal/pkg/utils/utils.go GetHandleID, cni-plugin/pkg/ipamplugin/ipam_plugin.go cmdDel";
-const CILIUM_BY_NAME: &str = "cilium#44463 (fixed by #44494), cilium#44530 (open)";
+const CILIUM_BY_NAME: &str = "cilium#44463 (fixed by #44494), cilium#44530 (open); \
+     aws-cni pkg/networkutils/names.go GeneratePodHostVethName, calico cni-plugin/pkg/k8s/k8s.go VethNameForWorkload";
 const REFERENCE: &str = "containernetworking/plugins@v1.9.1 plugins/main/{bridge,macvlan,ipvlan,ptp} cmdDel, \
      plugins/ipam/host-local/backend/disk/backend.go ReleaseByID";
 const AUDIT: &str = "README: Do you need it?";
 
 /// Plugins that run after a primary and key what they undo by container ID or act inside
-/// CNI_NETNS (portmap's chains, bandwidth's ifb, tuning's backup), or are the guard itself.
-const SAFE_CHAINED: [&str; 4] = ["portmap", "bandwidth", "tuning", "sandbox-guard"];
+/// CNI_NETNS (portmap's chains, bandwidth's ifb, tuning's backup; aws's egress plugins'
+/// SNAT chain and host-local), or are the guard itself.
+const SAFE_CHAINED: [&str; 6] = [
+    "portmap",
+    "bandwidth",
+    "tuning",
+    "egress-cni",
+    "egress-v4-cni",
+    "sandbox-guard",
+];
 /// Main plugins of the reference set, which act only inside CNI_NETNS on a DEL.
 const REFERENCE_MAIN: [&str; 4] = ["bridge", "macvlan", "ipvlan", "ptp"];
-/// IPAM plugins that release by container ID (or skip while a pod of the name lives).
-const ID_KEYED_IPAM: [(&str, &str); 3] = [
-    ("host-local", REFERENCE),
+/// IPAM plugins whose DEL never frees what a live pod of the name holds: by container ID,
+/// or skipped while a pod of the name lives. With why, and the source.
+const SAFE_IPAM: [(&str, &str, &str); 3] = [
+    (
+        "host-local",
+        "host-local releases by container ID",
+        REFERENCE,
+    ),
     (
         "whereabouts",
+        "whereabouts releases by container ID",
         "k8snetworkplumbingwg/whereabouts pkg/allocate/allocate.go DeallocateIP",
     ),
     (
         "spiderpool",
+        "spiderpool skips the release while a pod of the name lives",
         "spidernet-io/spiderpool@v1.2.2 pkg/ipam/release.go Release",
     ),
 ];
@@ -92,8 +118,9 @@ const ID_KEYED_IPAM: [(&str, &str); 3] = [
 const POD_NAMED_VETH: [&str; 2] = ["aws-cni", "calico"];
 
 /// The verdict on a network (a `.conflist`, or a single plugin's `.conf`), the guard's own
-/// entry unwrapped; `bin_dirs` is where its binaries are looked for.
-pub fn judge(network: &Value, bin_dirs: &[PathBuf]) -> Verdict {
+/// entry unwrapped; `bin_dirs` is where its binaries are looked for, and `resolve` follows
+/// a path's links as the host does (the installer sees the host under `--host-root`).
+pub fn judge(network: &Value, bin_dirs: &[PathBuf], resolve: &dyn Fn(&Path) -> PathBuf) -> Verdict {
     let plugins = chain(network);
     let types: Vec<&str> = plugins.iter().map(|p| plugin_type(p)).collect();
     let Some(primary) = plugins.first() else {
@@ -138,19 +165,21 @@ pub fn judge(network: &Value, bin_dirs: &[PathBuf]) -> Verdict {
         .and_then(|i| i.get("type"))
         .and_then(Value::as_str);
     match types[0] {
-        "calico" => calico(primary, ipam, bin_dirs, read),
+        "calico" => calico(primary, ipam, bin_dirs, resolve, read),
         "cilium-cni" => not_needed(
             "cilium-cni",
             read,
             "its own veths (lxc + a hash of the container ID) and endpoints by container ID",
             "cilium plugins/cilium-cni/cmd/cmd.go Del",
         ),
-        "aws-cni" => not_needed(
-            "aws-cni",
+        "aws-cni" => unknown(
+            "aws-cni".to_string(),
             read,
-            "ipamd releases by IPAMKey{ContainerID, ...}",
-            "aws/amazon-vpc-cni-k8s pkg/ipamd/rpc_handler.go DelNetwork",
+            "ipamd releases by container ID (not needed), but with its network policy agent \
+             (NETWORK_POLICY_ENFORCING_MODE set) a DEL asks the agent to delete the pod's policy by namespace \
+             and name (cmd/routed-eni-cni-plugin/cni.go del, DeletePodNp), which is not audited here",
         ),
+        "flannel" => flannel(primary, read),
         "kube-ovn" => not_needed(
             "kube-ovn",
             read,
@@ -181,11 +210,11 @@ pub fn judge(network: &Value, bin_dirs: &[PathBuf]) -> Verdict {
             )
         }
         main if REFERENCE_MAIN.contains(&main) => match ipam {
-            Some(kind) => match ID_KEYED_IPAM.iter().find(|(k, _)| *k == kind) {
-                Some((_, source)) => not_needed(
+            Some(kind) => match SAFE_IPAM.iter().find(|(k, ..)| *k == kind) {
+                Some((_, why, source)) => not_needed(
                     &format!("{main} with {kind}"),
                     read,
-                    "links only inside CNI_NETNS; the IPAM releases by container ID",
+                    &format!("links only inside CNI_NETNS; {why}"),
                     source,
                 ),
                 None => unknown(
@@ -228,26 +257,39 @@ fn plugin_type(plugin: &Value) -> &str {
     plugin.get("type").and_then(Value::as_str).unwrap_or("")
 }
 
-/// calico by its own version and datastore: calico-cni <= v1.11.1 (calico <= 2.6.3) keys its
-/// IPAM handle by `namespace.pod` on the etcd datastore; on the Kubernetes datastore calico
-/// 2.x used host-local. 3.16.0-3.19.1 on the Kubernetes datastore blank the live pod's podIP
-/// annotations (calico#4710). Everything else keys by container ID.
+/// calico by its own version and datastore: calico-cni <= v1.11.1 (calico <= 2.6.3) deletes
+/// the workload endpoint by `namespace.pod` on the etcd datastore, whatever the IPAM; on the
+/// Kubernetes datastore calico 2.x used host-local and could not delete endpoints. 3.16.0 to
+/// 3.19.1 on the Kubernetes datastore blank the live pod's podIP annotations (calico#4710).
+/// Everything else keys by container ID.
 fn calico(
     conf: &Value,
     ipam: Option<&str>,
     bin_dirs: &[PathBuf],
+    resolve: &dyn Fn(&Path) -> PathBuf,
     mut read: Vec<String>,
 ) -> Verdict {
-    let kdd = conf.get("datastore_type").and_then(Value::as_str) == Some("kubernetes");
-    let datastore = if kdd { "kubernetes" } else { "etcd" };
-    read.push(format!(
-        "datastore_type {}, ipam {}",
-        conf.get("datastore_type")
+    let named = conf.get("datastore_type").and_then(Value::as_str);
+    let etcd_named = ["etcd_endpoints", "etcd_discovery_srv"].iter().any(|k| {
+        conf.get(k)
             .and_then(Value::as_str)
-            .unwrap_or("(none: etcd)"),
+            .is_some_and(|v| !v.is_empty())
+    });
+    read.push(format!(
+        "datastore_type {}, {}, ipam {}",
+        named.unwrap_or("(none)"),
+        if etcd_named {
+            "etcd endpoints given"
+        } else {
+            "no etcd endpoints"
+        },
         ipam.unwrap_or("(none)")
     ));
-    let version = match plugin_exec::find("calico", bin_dirs) {
+    let found = bin_dirs
+        .iter()
+        .map(|dir| resolve(&dir.join("calico")))
+        .find(|path| path.is_file());
+    let version = match found {
         None => Err(format!(
             "no calico binary in {}",
             bin_dirs
@@ -274,17 +316,44 @@ fn calico(
         Err(why) => {
             read.push(why);
             return unknown(
-                format!("calico ({datastore} datastore)"),
+                "calico".to_string(),
                 read,
-                "its version decides (calico-cni <= v1.11.1 on etcd, and 3.16.0-3.19.1 on the Kubernetes datastore, \
-                 need delegate mode): run `calico -v` where the runtime finds it, or give the doctor --bin-dir",
+                "its version decides (calico-cni <= v1.11.1 on etcd, and calico 3.16.0-3.19.1 on the Kubernetes \
+                 datastore, need delegate mode): run `calico -v` where the runtime finds it",
             );
         }
     };
+    // Without datastore_type: calico 3.x takes the Kubernetes datastore where no etcd
+    // endpoint is given (from 3.17, libcalico-go lib/apiconfig/load.go applyConfigDefaults;
+    // 3.16 would need DATASTORE_TYPE from the runtime's environment, which the file does
+    // not show), calico-cni v1.x etcd.
+    let kdd = match named {
+        Some(kind) => kind == "kubernetes",
+        None => version >= (3, 0, 0) && !etcd_named,
+    };
+    let datastore = if kdd { "kubernetes" } else { "etcd" };
+    // calico-cni's own numbers up to v2.x (v1.6.2 is calico 2.1.3, v2.0 calico 3.0).
+    let name = if version < (3, 0, 0) {
+        "calico-cni"
+    } else {
+        "calico"
+    };
     let primary = format!(
-        "calico v{}.{}.{} ({datastore} datastore)",
+        "{name} v{}.{}.{} ({datastore} datastore)",
         version.0, version.1, version.2
     );
+    let by_4710 = (3, 16, 0) <= version
+        && (version < (3, 18, 0)
+            || (version.0 == 3 && version.1 == 18 && version.2 < 5)
+            || (version.0 == 3 && version.1 == 19 && version.2 < 2));
+    if named.is_none() && version.0 == 3 && version.1 == 16 && !etcd_named {
+        return unknown(
+            primary,
+            read,
+            "calico 3.16 without datastore_type or etcd endpoints runs on the datastore its environment names: \
+             on the Kubernetes datastore it needs delegate mode (calico#4710); set datastore_type in the network",
+        );
+    }
     let needed = |why: &str, source| Verdict {
         need: Need::Needed,
         mode: Some("delegate"),
@@ -293,24 +362,22 @@ fn calico(
         why: why.to_string(),
         source,
     };
-    if version < (1, 11, 2) {
-        if kdd || ipam == Some("host-local") {
-            return not_needed(
-                &primary,
-                read,
-                "calico 2.x on the Kubernetes datastore used host-local, which releases by container ID",
-                REFERENCE,
-            );
-        }
+    if version < (1, 11, 2) && !kdd {
         return needed(
-            "the workload endpoint and the IPAM handle by namespace.pod (the ActiveInstanceID check from v1.7.0 has holes)",
+            "the workload endpoint by namespace.pod (its ActiveInstanceID check from v1.7.0 has holes), and with \
+             calico-ipam the IPAM handle too",
             CALICO_NAME_KEYED,
         );
     }
-    let by_4710 = (3, 16, 0) <= version
-        && (version < (3, 18, 0)
-            || (version.0 == 3 && version.1 == 18 && version.2 < 5)
-            || (version.0 == 3 && version.1 == 19 && version.2 < 2));
+    if version < (1, 11, 2) {
+        return not_needed(
+            &primary,
+            read,
+            "calico 2.x on the Kubernetes datastore used host-local, which releases by container ID, and could not \
+             delete endpoints",
+            REFERENCE,
+        );
+    }
     if kdd && by_4710 {
         return needed(
             "the old sandbox's DEL blanks the live pod's podIP annotations",
@@ -320,8 +387,38 @@ fn calico(
     not_needed(
         &primary,
         read,
-        "IPAM handle <network>.<containerID>; the endpoint skipped when its container differs; links only inside CNI_NETNS",
+        "IPAM handle <network>.<containerID>; the endpoint skipped when its container differs; links only inside \
+         CNI_NETNS",
         CALICO_BY_ID,
+    )
+}
+
+/// flannel keeps the delegate's config by container ID and runs its DEL (bridge with
+/// host-local unless the config names another).
+fn flannel(conf: &Value, read: Vec<String>) -> Verdict {
+    let delegate = conf.get("delegate");
+    let kind = delegate
+        .and_then(|d| d.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("bridge");
+    let ipam = delegate
+        .and_then(|d| d.get("ipam"))
+        .and_then(|i| i.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("host-local");
+    if kind == "bridge" && ipam == "host-local" {
+        return not_needed(
+            "flannel (bridge with host-local)",
+            read,
+            "flannel keeps its delegate's config by container ID; bridge acts inside CNI_NETNS, host-local releases by \
+             container ID",
+            "containernetworking/plugins@v0.9.1 plugins/meta/flannel/flannel_linux.go doCmdDel (consumeScratchNetConf)",
+        );
+    }
+    unknown(
+        format!("flannel ({kind} with {ipam})"),
+        read,
+        "flannel's delegate is not the default bridge with host-local: judge the delegate",
     )
 }
 
@@ -376,19 +473,25 @@ mod tests {
     #[test]
     fn the_tables_rows_without_a_binary() {
         let none: [PathBuf; 0] = [];
-        let judged = |net: Value| judge(&net, &none);
+        let judged = |net: Value| judge(&net, &none, &|p: &Path| p.to_path_buf());
         let bridge = judged(json!({"type": "bridge", "ipam": {"type": "host-local"}}));
         assert_eq!(bridge.need, Need::NotNeeded, "{bridge:?}");
         let wrapped = judged(json!({"plugins": [
             {"type": "sandbox-guard", "delegate": {"type": "macvlan", "ipam": {"type": "whereabouts"}}},
             {"type": "portmap"}]}));
         assert_eq!(wrapped.need, Need::NotNeeded, "{wrapped:?}");
+        let flannel = judged(
+            json!({"plugins": [{"type": "flannel", "delegate": {"hairpinMode": true}}, {"type": "portmap"}]}),
+        );
+        assert_eq!(flannel.need, Need::NotNeeded, "{flannel:?}");
         let cilium = judged(json!({"plugins": [{"type": "aws-cni"}, {"type": "cilium-cni"}]}));
         assert_eq!((cilium.need, cilium.mode), (Need::Needed, Some("chained")));
         for net in [
             json!({"type": "sticky-ip"}),
             json!({"plugins": [{"type": "bridge"}, {"type": "my-cleanup"}]}),
             json!({"type": "antrea"}),
+            json!({"plugins": [{"type": "aws-cni"}, {"type": "egress-v4-cni"}]}),
+            json!({"plugins": [{"type": "macvlan", "ipam": {"type": "spiderpool"}}, {"type": "coordinator"}]}),
             json!({"type": "calico"}),
             json!({"plugins": []}),
         ] {

@@ -56,15 +56,20 @@ impl InstallMetrics {
             "Times the watch took sandbox-guard out of a network it could not run in (pods there start unguarded).",
             &[(String::new(), self.stood_aside)],
         );
-        let needs: Vec<(String, u64)> = self
-            .need
-            .iter()
-            .map(|need| (format!("{{need=\"{}\"}}", need.name().replace(' ', "-")), 1))
+        use crate::tools::primaries::Need;
+        let needs: Vec<(String, u64)> = [Need::Needed, Need::NotNeeded, Need::Unknown]
+            .into_iter()
+            .map(|need| {
+                (
+                    format!("{{need=\"{}\"}}", need.name().replace(' ', "-")),
+                    u64::from(self.need == Some(need)),
+                )
+            })
             .collect();
         family(
             "sandbox_guard_install_primary_need",
             "gauge",
-            "1 for whether the network's primary needs sandbox-guard, per the table in README (needed, not-needed, unknown).",
+            "1 on whether the network's primary needs sandbox-guard at the last install, per the table in README; all 0 before one.",
             &needs,
         );
         let failures: Vec<(String, u64)> = self

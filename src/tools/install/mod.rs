@@ -347,6 +347,53 @@ pub fn runnable(options: &Options) -> Result<(Found, BinDirs), Failure> {
 /// rewrite dropped it.
 pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed, Failure> {
     let (found, dirs) = runnable(options)?;
+    let (name, list) = (found.net.name.clone(), found.net.list().to_value());
+    let mut out = put_in(options, remembered, found, &dirs)?;
+    // After the writes: a primary's binary that is slow to say its version never holds the
+    // guard's return back.
+    let resolved: Vec<PathBuf> = dirs
+        .searched
+        .iter()
+        .map(|d| network::host_dir(&options.host_root, d))
+        .collect();
+    let verdict = crate::tools::primaries::judge(&list, &resolved, &|p| {
+        network::host_resolve(&options.host_root, p)
+    });
+    out.notes
+        .push(format!("network {name}: {}", verdict.line()));
+    use crate::tools::primaries::Need;
+    let chosen = match options.mode {
+        Mode::Delegate => "delegate",
+        Mode::Chained | Mode::Dropin => "chained",
+    };
+    match (verdict.need, verdict.mode) {
+        (Need::NotNeeded, _) => out.warnings.push(format!(
+            "{} does not need sandbox-guard ({}), and {} mode only costs here: {}",
+            verdict.primary,
+            verdict.why,
+            options.mode.name(),
+            primary_cost(options.mode)
+        )),
+        (Need::Needed, Some(mode)) if mode != chosen => out.warnings.push(format!(
+            "{} needs sandbox-guard in {mode} mode ({}); in {} mode it does not keep that DEL away: run --install \
+             --mode {mode}",
+            verdict.primary,
+            verdict.why,
+            options.mode.name()
+        )),
+        _ => {}
+    }
+    out.verdict = Some(verdict);
+    Ok(out)
+}
+
+/// `install` up to the verdict: the checks, then the writes.
+fn put_in(
+    options: &Options,
+    remembered: Option<&Json>,
+    found: Found,
+    dirs: &BinDirs,
+) -> Result<Installed, Failure> {
     let multus_dir = multus_bin_dir(options, &found, &dirs.target)?;
     let Found {
         net,
@@ -373,21 +420,7 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
             dirs.target.display()
         ));
     }
-    let verdict = crate::tools::primaries::judge(&net.list().to_value(), &dirs.searched);
-    notes.push(format!(
-        "network {}'s primary: {}",
-        net.name,
-        verdict.line()
-    ));
     let mut warnings = warnings;
-    if verdict.need == crate::tools::primaries::Need::NotNeeded {
-        warnings.push(format!(
-            "{} does not need sandbox-guard, and {} mode only costs here: {}",
-            verdict.primary,
-            options.mode.name(),
-            primary_cost(options.mode)
-        ));
-    }
     let entry = checked_entry(
         options,
         &list,
@@ -401,7 +434,6 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
         warnings,
         primary_list: Some(edit::strip(&list)),
         entry: Some(entry.clone()),
-        verdict: Some(verdict),
         ..Installed::default()
     };
     let done = &mut out.done;
@@ -944,11 +976,6 @@ pub fn runtime_network(conf_dir: &Path) -> Option<(PathBuf, serde_json::Value, b
         found.net.list().to_value(),
         found.via_multus.is_some(),
     ))
-}
-
-/// For `--doctor`: the files of `conf_dir` libcni reads as networks, in its order.
-pub fn network_files(conf_dir: &Path) -> Vec<PathBuf> {
-    network::files(conf_dir).unwrap_or_default()
 }
 
 /// For `--doctor`, which knows no bin dir and checks each guarded network's version on its

@@ -16,10 +16,11 @@ const DRAIN_WAIT: Duration = Duration::from_millis(200);
 /// An answer is a hundred bytes.
 const MAX_ANSWER: usize = 1 << 20;
 
-/// The first of `dirs` holding `plugin` (libcni's `FindInPath`).
-pub fn find(plugin: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
+/// The first of `dirs` holding `plugin` (libcni's `FindInPath`), each path's links followed
+/// by `resolve` (the host's, where the host is seen under a root).
+pub fn find(plugin: &str, dirs: &[PathBuf], resolve: &dyn Fn(&Path) -> PathBuf) -> Option<PathBuf> {
     dirs.iter()
-        .map(|dir| dir.join(plugin))
+        .map(|dir| resolve(&dir.join(plugin)))
         .find(|path| path.is_file())
 }
 

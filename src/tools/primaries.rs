@@ -285,11 +285,7 @@ fn calico(
         },
         ipam.unwrap_or("(none)")
     ));
-    let found = bin_dirs
-        .iter()
-        .map(|dir| resolve(&dir.join("calico")))
-        .find(|path| path.is_file());
-    let version = match found {
+    let version = match plugin_exec::find("calico", bin_dirs, resolve) {
         None => Err(format!(
             "no calico binary in {}",
             bin_dirs

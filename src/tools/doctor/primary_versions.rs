@@ -86,7 +86,7 @@ enum Unanswered {
 /// The primary's `supportedVersions`, as libcni reads its VERSION answer (with fake
 /// attachment values and libcni's own version on stdin).
 fn supported_versions(plugin_type: &str, dirs: &[PathBuf]) -> Result<Vec<String>, Unanswered> {
-    let path = plugin_exec::find(plugin_type, dirs).ok_or_else(|| {
+    let path = plugin_exec::find(plugin_type, dirs, &|p| p.to_path_buf()).ok_or_else(|| {
         let shown: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
         Unanswered::NotFound(format!("it is not in {}", shown.join(":")))
     })?;

@@ -187,7 +187,7 @@ fn fallback(options: &Options) -> (PathBuf, String) {
 /// else the note to say (`None`: no runtime answered at all).
 fn runtime_dirs(options: &Options) -> Result<(String, Vec<PathBuf>), Option<String>> {
     let host_root = &options.host_root;
-    let seen = |p: &Path| host_root.join(p.strip_prefix("/").unwrap_or(p));
+    let seen = |p: &Path| readiness::on_host(host_root, p);
     let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => a == b,

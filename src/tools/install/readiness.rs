@@ -277,7 +277,7 @@ pub fn sockets(given: Option<&Path>, host_root: &Path) -> Vec<PathBuf> {
 }
 
 /// A path the runtime gave (the host's), as seen from here.
-fn on_host(host_root: &Path, path: &Path) -> PathBuf {
+pub fn on_host(host_root: &Path, path: &Path) -> PathBuf {
     host_root.join(path.strip_prefix("/").unwrap_or(path))
 }
 

@@ -714,9 +714,75 @@ fn leaving_delegate_mode_waits_for_the_replays_running_and_refuses_if_they_go_on
     assert!(contents(&node.conf()) != before);
 }
 
+/// A node upgraded from a guard that wrapped aws-cni in a chain with cilium-cni after it:
+/// `--install --mode delegate` now wraps cilium-cni (whose DEL is the one acting by the pod's
+/// name), and goes on while a stale DEL deferred for the plugin wrapped before waits: each
+/// deferred DEL keeps the plugin it was deferred for, and its replay goes there.
+#[test]
+fn an_upgrade_wraps_cilium_cni_and_keeps_the_deferred_dels_plugin() {
+    let node = Node::with("aws-vpc-cni");
+    let state = sys::TempDir::new("sginstrw");
+    let state_dir = state.path.join("state");
+    let file = install::network_files(&node.conf())[0].clone();
+    let mut list: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let plugins = list["plugins"].as_array_mut().unwrap();
+    let aws = plugins.remove(0);
+    plugins.insert(
+        0,
+        serde_json::json!({"type": "sandbox-guard", "stateDir": state_dir, "delegate": aws}),
+    );
+    plugins.push(serde_json::json!({"type": "cilium-cni", "chaining-mode": "aws-cni"}));
+    std::fs::write(&file, list.to_string()).unwrap();
+    std::fs::write(node.bin().join("cilium-cni"), b"").unwrap();
+    let a = defer_a_stale_del_on(&state_dir, &state.path, "aws-cni");
+    let deferred_for = || {
+        let entry = cni::walk(&state_dir.join("deferred"))
+            .into_iter()
+            .find(|p| p.to_string_lossy().contains(&a))
+            .expect("A's deferred DEL");
+        let entry: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(entry).unwrap()).unwrap();
+        entry["record"]["delegate"]["type"].clone()
+    };
+    let before = deferred_for();
+    assert!(before.is_string(), "{before}");
+    let mut args = Node::args(Some("delegate"), None);
+    args.extend(["--state-dir", state_dir.to_str().unwrap()]);
+    // Not ready as it stands: cilium-cni's DEL runs unheld.
+    let out = run(
+        "--install",
+        &node.conf(),
+        &node.bin(),
+        &[&args[..], &["--check"]].concat(),
+    );
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr_of(&out)
+    );
+    assert!(
+        !out.status.success()
+            && said.contains("wraps aws-cni")
+            && said.contains("run --install again to wrap cilium-cni"),
+        "{said}"
+    );
+    run_ok("--install", &node.conf(), &node.bin(), &args);
+    let list: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(list["plugins"][0]["type"], "aws-cni", "{list}");
+    let last = list["plugins"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["delegate"]["type"], "cilium-cni", "{list}");
+    assert_eq!(deferred_for(), before, "the deferred DEL's plugin changed");
+}
+
 /// A stale DEL deferred on calico's network in delegate mode: ADD A, ADD B of one pod, then
 /// A's DEL. Returns A.
 fn defer_a_stale_del(state_dir: &Path, scratch: &Path) -> String {
+    defer_a_stale_del_on(state_dir, scratch, "k8s-pod-network")
+}
+
+/// `defer_a_stale_del` on network `network`.
+fn defer_a_stale_del_on(state_dir: &Path, scratch: &Path, network: &str) -> String {
     let store = cni::Store::with_state_dir(state_dir.to_path_buf(), scratch);
     let recording = primary::RecordingPrimary::new();
     let pod = cni::Pod::new("lijiaob", "etcd1-0");
@@ -726,10 +792,7 @@ fn defer_a_stale_del(state_dir: &Path, scratch: &Path) -> String {
         store.add(&b, &pod),
         store.del(&a, &pod),
     ] {
-        recording
-            .wrap(call.network("k8s-pod-network"))
-            .run()
-            .assert_ok();
+        recording.wrap(call.network(network)).run().assert_ok();
     }
     a
 }
@@ -2046,8 +2109,9 @@ fn the_installer_says_whether_the_primary_needs_the_guard() {
             && text.contains("sandbox_guard_install_primary_need{need=\"unknown\"} 0"),
         "{text}"
     );
-    // Cilium chained after aws-cni needs the guard after cilium-cni: delegate mode, which
-    // wraps aws-cni, does not keep the DEL from cilium-cni, and the install says so.
+    // Cilium chained after aws-cni: cilium-cni's DEL is the one acting by the pod's name, and
+    // libcni runs it before the primary's, so delegate mode wraps cilium-cni, not aws-cni; the
+    // row names chained mode, whose guard, last, holds every plugin's DEL.
     let node = Node::with("aws-vpc-cni");
     let file = install::network_files(&node.conf())[0].clone();
     let mut list: serde_json::Value =
@@ -2062,7 +2126,38 @@ fn the_installer_says_whether_the_primary_needs_the_guard() {
     let said = stderr_of(&out);
     assert!(out.status.success(), "{said}");
     assert!(
-        said.contains("needs sandbox-guard in chained mode") && said.contains("--mode chained"),
+        said.contains("needs sandbox-guard in chained mode")
+            && said.contains("delegate mode would wrap cilium-cni alone")
+            && said.contains("--mode chained"),
+        "{said}"
+    );
+    let installed: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let types: Vec<&str> = installed["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types.first(), Some(&"aws-cni"), "{installed}");
+    assert_eq!(types.last(), Some(&"sandbox-guard"), "{installed}");
+    assert_eq!(
+        installed["plugins"][types.len() - 1]["delegate"]["type"],
+        "cilium-cni",
+        "{installed}"
+    );
+    assert_eq!(
+        installed["plugins"][types.len() - 1]["delegate"]["chaining-mode"],
+        "aws-cni",
+        "{installed}"
+    );
+    let (ready, said) = check(&node);
+    assert!(ready, "{said}");
+    let out = node.run("--install", &["--mode", "chained"]);
+    let said = stderr_of(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("NEEDED, chained mode") && !said.contains("needs sandbox-guard"),
         "{said}"
     );
 }

@@ -117,6 +117,37 @@ const SAFE_IPAM: [(&str, &str, &str); 3] = [
 /// live pod's interface by that name.
 const POD_NAMED_VETH: [&str; 2] = ["aws-cni", "calico"];
 
+/// The index of the plugin delegate mode wraps in a chain of `types`: the one whose DEL acts
+/// on the pod's name. That is the primary, except for cilium-cni chained after a primary with
+/// pod-named host veths: libcni runs a chain's DELs last plugin first, so cilium-cni's DEL
+/// would run before a guard wrapping the primary could decide.
+pub fn delegate_target(types: &[&str]) -> usize {
+    match types.iter().position(|t| *t == "cilium-cni") {
+        Some(at) if at > 0 && POD_NAMED_VETH.contains(&types[0]) => at,
+        _ => 0,
+    }
+}
+
+/// The plugin the guard's entry in `network` wraps and the one delegate mode wraps there, when
+/// the table names a plugin after the primary (cilium-cni) and the guard wraps another: that
+/// plugin's DEL then runs unheld.
+pub fn misplaced_wrapper(network: &Value) -> Option<(String, String)> {
+    let wrapped = match network.get("plugins").and_then(Value::as_array) {
+        Some(list) => list.iter().find(|p| plugin_type(p) == "sandbox-guard")?,
+        None => network,
+    }
+    .get("delegate")
+    .map(plugin_type)?
+    .to_string();
+    let plugins = chain(network);
+    let types: Vec<&str> = plugins.iter().map(|p| plugin_type(p)).collect();
+    let target = match delegate_target(&types) {
+        0 => return None,
+        at => types[at],
+    };
+    (wrapped != target).then(|| (wrapped, target.to_string()))
+}
+
 /// The verdict on a network (a `.conflist`, or a single plugin's `.conf`), the guard's own
 /// entry unwrapped; `bin_dirs` is where its binaries are looked for, and `resolve` follows
 /// a path's links as the host does (the installer sees the host under `--host-root`).
@@ -131,19 +162,35 @@ pub fn judge(network: &Value, bin_dirs: &[PathBuf], resolve: &dyn Fn(&Path) -> P
         );
     };
     let mut read = vec![format!("plugins: {}", types.join(", "))];
-    if let Some(at) = types.iter().position(|t| *t == "cilium-cni")
-        && at > 0
-        && POD_NAMED_VETH.contains(&types[0])
-    {
+    let target = delegate_target(&types);
+    if target > 0 {
+        // Chained, last, holds every plugin's DEL. Delegate mode wraps cilium-cni and holds
+        // its DEL only; and its replay, once the name is free, can run after a new sandbox's
+        // primary ADD (outside the guard's lock) made the veth of that name.
+        let mut others: Vec<Value> = plugins.iter().map(|p| (*p).clone()).collect();
+        others.remove(target);
+        let alone = judge(&serde_json::json!({ "plugins": others }), bin_dirs, resolve);
+        read.extend(alone.read.iter().skip(1).cloned());
+        let mut why = format!(
+            "the old endpoint's teardown finds the host veth by the name {} gives it from the pod: the live pod's; \
+             delegate mode would wrap cilium-cni alone, and replay its DEL when the name frees, which can come after \
+             a new sandbox's {} ADD made that veth",
+            types[0], types[0]
+        );
+        if alone.need != Need::NotNeeded {
+            why.push_str(&format!(
+                "; and {}'s own DEL is {} ({})",
+                alone.primary,
+                alone.need.name(),
+                alone.why
+            ));
+        }
         return Verdict {
             need: Need::Needed,
             mode: Some("chained"),
-            primary: format!("cilium-cni chained after {}", types[0]),
+            primary: format!("cilium-cni chained after {}", alone.primary),
             read,
-            why: format!(
-                "the old endpoint's teardown finds the host veth by the name {} gives it from the pod: the live pod's",
-                types[0]
-            ),
+            why,
             source: CILIUM_BY_NAME,
         };
     }
@@ -481,7 +528,27 @@ mod tests {
         );
         assert_eq!(flannel.need, Need::NotNeeded, "{flannel:?}");
         let cilium = judged(json!({"plugins": [{"type": "aws-cni"}, {"type": "cilium-cni"}]}));
+        // aws-cni's own DEL is unknown (its policy agent): chained holds both DELs.
         assert_eq!((cilium.need, cilium.mode), (Need::Needed, Some("chained")));
+        // Without its binary calico's version, so its own verdict, is unknown.
+        let over_calico = judged(json!({"plugins": [{"type": "calico"}, {"type": "cilium-cni"}]}));
+        assert_eq!(
+            (over_calico.need, over_calico.mode),
+            (Need::Needed, Some("chained")),
+            "{over_calico:?}"
+        );
+        let wrapped = json!({"plugins": [{"type": "aws-cni"},
+            {"type": "sandbox-guard", "delegate": {"type": "cilium-cni"}}]});
+        assert_eq!(misplaced_wrapper(&wrapped), None);
+        let before = json!({"plugins": [{"type": "sandbox-guard", "delegate": {"type": "aws-cni"}},
+            {"type": "cilium-cni"}]});
+        assert_eq!(
+            misplaced_wrapper(&before),
+            Some(("aws-cni".to_string(), "cilium-cni".to_string()))
+        );
+        assert_eq!(delegate_target(&["aws-cni", "egress-cni", "cilium-cni"]), 2);
+        assert_eq!(delegate_target(&["cilium-cni", "portmap"]), 0);
+        assert_eq!(delegate_target(&["bridge", "cilium-cni"]), 0);
         for net in [
             json!({"type": "sticky-ip"}),
             json!({"plugins": [{"type": "bridge"}, {"type": "my-cleanup"}]}),

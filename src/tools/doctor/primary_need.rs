@@ -19,14 +19,32 @@ pub fn check(conf_dir: &Path, bin_dirs: &[PathBuf], report: &mut Report) {
     let through = if via_multus { " (through multus)" } else { "" };
     let verdict = primaries::judge(&network, bin_dirs, &|p: &Path| p.to_path_buf());
     let guarded = guard_mode(&network);
+    let misplaced = primaries::misplaced_wrapper(&network);
+    let named = verdict.mode.unwrap_or("delegate");
     let (severity, fix) = match (verdict.need, guarded) {
+        (Need::Needed, Some("delegate")) if let Some((wrapped, target)) = &misplaced => (
+            Severity::Warning,
+            format!(
+                "delegate mode wraps {wrapped} here, but {target}'s DEL is the one that acts on the pod's name, and it \
+                 runs unheld: run sandbox-guard --install --mode {named}"
+            ),
+        ),
         (Need::Needed, Some(mode)) if Some(mode) == verdict.mode => (Severity::Ok, String::new()),
+        // Chained, last, holds every plugin's DEL: it protects, at its cost.
+        (Need::Needed, Some("chained")) => (
+            Severity::Info,
+            format!(
+                "chained mode holds the DEL too, but {}; delegate mode, which this row names, does not: \
+                 sandbox-guard --install --mode delegate",
+                crate::tools::install::mode_cost("chained")
+            ),
+        ),
         (Need::Needed, Some(mode)) => (
             Severity::Warning,
             format!(
-                "guarded in {mode} mode, where {} mode is what protects it: run sandbox-guard --install --mode {}",
-                verdict.mode.unwrap_or("delegate"),
-                verdict.mode.unwrap_or("delegate")
+                "guarded in {mode} mode, where {named} mode is the one that holds it: {}; run sandbox-guard --install \
+                 --mode {named}",
+                verdict.why
             ),
         ),
         (Need::Needed, None) => (

@@ -12,7 +12,8 @@ pub const DROPIN_FILE: &str = "sandbox-guard.conf";
 pub enum Mode {
     /// Last in the list: first on DEL, where refusing a stale DEL keeps it from the primary.
     Chained,
-    /// In the primary's place, the primary under `delegate`.
+    /// In the primary's place, the primary under `delegate` (cilium-cni's, in a chain where
+    /// its DEL is the one acting on the pod's name).
     Delegate,
     /// `<conf-dir>/<network>/sandbox-guard.conf`, which libcni 1.3 appends to the list.
     Dropin,
@@ -295,14 +296,24 @@ pub fn single_of(list: &Json) -> Json {
     Json::Object(pairs)
 }
 
+/// Where delegate mode wraps a plugin of `list` (already stripped).
+fn delegate_index(list: &Json) -> usize {
+    let types: Vec<&str> = plugins(list)
+        .iter()
+        .map(|p| p.get("type").and_then(Json::as_str).unwrap_or_default())
+        .collect();
+    crate::tools::primaries::delegate_target(&types)
+}
+
 /// `list` (already stripped) with `entry` put in for `mode` (chained or delegate).
 pub fn insert(list: &Json, mode: Mode, entry: &Json) -> Json {
     let mut list = list.clone();
+    let at = delegate_index(&list);
     let plugins = plugins_mut(&mut list);
     match mode {
         Mode::Chained => plugins.push(entry.clone()),
         Mode::Delegate => {
-            let primary = plugins.remove(0);
+            let primary = plugins.remove(at);
             let Json::Object(mut pairs) = entry.clone() else {
                 unreachable!("an entry is an object")
             };
@@ -311,7 +322,7 @@ pub fn insert(list: &Json, mode: Mode, entry: &Json) -> Json {
                 pairs.insert(1, ("capabilities".to_string(), capabilities.clone()));
             }
             pairs.push(("delegate".to_string(), primary));
-            plugins.insert(0, Json::Object(pairs));
+            plugins.insert(at, Json::Object(pairs));
         }
         Mode::Dropin => unreachable!("a drop-in leaves the list alone"),
     }

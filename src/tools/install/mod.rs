@@ -374,12 +374,16 @@ pub fn install(options: &Options, remembered: Option<&Json>) -> Result<Installed
             options.mode.name(),
             primary_cost(options.mode)
         )),
-        (Need::Needed, Some(mode)) if mode != chosen => out.warnings.push(format!(
-            "{} needs sandbox-guard in {mode} mode ({}); in {} mode it does not keep that DEL away: run --install \
-             --mode {mode}",
+        // Chained, last, holds every plugin's DEL: it protects, at its cost.
+        (Need::Needed, Some("delegate")) if chosen == "chained" => out.notes.push(format!(
+            "{} needs sandbox-guard ({}): chained mode holds that DEL, but {}; delegate mode does not",
             verdict.primary,
             verdict.why,
-            options.mode.name()
+            primary_cost(options.mode)
+        )),
+        (Need::Needed, Some(mode)) if mode != chosen => out.warnings.push(format!(
+            "{} needs sandbox-guard in {mode} mode: {}; run --install --mode {mode}",
+            verdict.primary, verdict.why
         )),
         _ => {}
     }
@@ -594,7 +598,8 @@ fn primary_cost(mode: Mode) -> &'static str {
 }
 
 /// A chained guard runs only if it is the last plugin (the first on DEL): anywhere else
-/// the plugins after it see a stale DEL before it can refuse it.
+/// the plugins after it see a stale DEL before it can refuse it. A wrapper holds only the
+/// DEL of the plugin it wraps: the one whose DEL acts on the pod's name.
 fn first_on_del(net: &Network) -> Result<(), Failure> {
     let list = net.list();
     let plugins = edit::plugins(&list);
@@ -614,7 +619,17 @@ fn first_on_del(net: &Network) -> Result<(), Failure> {
                 file_name(&net.file)
             ),
         )),
-        _ => Ok(()),
+        _ => match crate::tools::primaries::misplaced_wrapper(&list.to_value()) {
+            Some((wrapped, target)) => Err(Failure::new(
+                Reason::Conflict,
+                format!(
+                    "sandbox-guard wraps {wrapped} in {}, but {target}'s DEL, which acts on the pod's name, runs before \
+                     it and unheld; run --install again to wrap {target}",
+                    file_name(&net.file)
+                ),
+            )),
+            None => Ok(()),
+        },
     }
 }
 

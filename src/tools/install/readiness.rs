@@ -335,23 +335,26 @@ fn loaded_verdict(
                     .to_string(),
             ));
         }
-        Some(0)
-            if net.plugins[0]
-                .conf
-                .get("delegate")
-                .and_then(|d| d.get("type"))
-                .is_some() =>
-        {
-            let primary = net.plugins[0].conf["delegate"]["type"]
+        Some(i) if net.plugins[i].conf["delegate"]["type"].is_string() => {
+            let primary = net.plugins[i].conf["delegate"]["type"]
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
+            let chain = serde_json::json!({
+                "plugins": net.plugins.iter().map(|p| p.conf.clone()).collect::<Vec<_>>()
+            });
+            if let Some((_, target)) = crate::tools::primaries::misplaced_wrapper(&chain) {
+                return Err(not_placed(format!(
+                    "sandbox-guard wraps {primary}, but {target}'s DEL, which acts on the pod's name, runs before it \
+                     and unheld: run --install to wrap {target}"
+                )));
+            }
             format!("delegate, wrapping {primary}")
         }
         Some(i) if i == last && i > 0 => "chained, last".to_string(),
         Some(_) => {
             return Err(not_placed(
-                "sandbox-guard is neither the last plugin (chained: first on DEL) nor the first wrapping the primary \
+                "sandbox-guard is neither the last plugin (chained: first on DEL) nor wrapping a plugin \
                  (delegate): run --install to put it back in its place"
                     .to_string(),
             ));
@@ -574,11 +577,14 @@ mod tests {
                 vec![bridge.clone(), guard.clone(), portmap.clone()],
                 "neither the last plugin",
             ),
-            (vec![portmap.clone(), wrapped.clone()], "chained"),
+            // A wrapper runs its plugin wherever it stands (after cilium-cni's primary too).
+            (
+                vec![portmap.clone(), wrapped.clone()],
+                "delegate, wrapping bridge",
+            ),
         ] {
             match verdict(&net("1.0.0", &plugins), &all) {
                 Err(msg) => assert!(msg.contains(says), "{plugins:?}: {msg}"),
-                // A wrapper last is still last: chained, which runs it first on DEL.
                 Ok(line) => assert!(line.contains(says), "{plugins:?}: {line}"),
             }
         }

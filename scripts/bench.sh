@@ -683,7 +683,7 @@ stop_hung_workers
 # example): it creates and deletes a veth and an IP reservation, so the guard's ADD reads real link facts
 # and its delegate does real work. Its DEL swings with the kernel's link teardown, yet on a quiet machine
 # the medians of 50-round quarters of one run stay within 0.4 ms of each other (ADD, ~15 ms) and 2 ms (DEL,
-# ~26 ms). The podname-keyed model, a bash script of about 20 forks a verb, takes 85 ms an ADD and its
+# ~26 ms). The calico-cni v1 model, a bash script of about 20 forks a verb, takes 85 ms an ADD and its
 # quarters spread by 5 ms; `tuning` cannot come first in a chain (it needs a prevResult); `loopback` gives
 # a result no pod is keyed by. The odd/even split in the report says how far one run's difference holds.
 if ((DELEGATE_COST)); then

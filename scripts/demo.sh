@@ -2,7 +2,7 @@
 # Replays the stale-DEL incident (pod lijiaob/etcd1-0, a StatefulSet pod whose name survives
 # re-creation) through the real libcni, three ways, each in fresh throwaway
 # namespaces: without the guard, with sandbox-guard chained last, and with sandbox-guard
-# wrapping the primary (delegate mode). The primary is tests/cri/podname-keyed-plugin, a model
+# wrapping the primary (delegate mode). The primary is tests/cri/calico-cni-v1-model-plugin, a model
 # of calico-cni up to v1.6.2 (calico 2.1.3): its IP handle, endpoint and host veth are keyed by the POD NAME,
 # so the old sandbox's late DEL tears down the new sandbox's network. Everything it creates
 # is removed on exit, also when interrupted.
@@ -122,7 +122,7 @@ work=$(mktemp -d /tmp/sandbox-guard-demo.XXXXXX)
 bash "$repo/scripts/build-libcni-driver.sh" "$work/driver" >/dev/null
 driver=$work/driver/libcni-driver
 mkdir -p "$work/bin"
-ln -s "$repo/tests/cri/podname-keyed-plugin" "$work/bin/podname-keyed"
+ln -s "$repo/tests/cri/calico-cni-v1-model-plugin" "$work/bin/calico-cni-v1-model"
 ln -s "$guard_bin" "$work/bin/sandbox-guard"
 net_prefix=$(free_subnet)
 # The pods' /32 routes are more specific; an address whose route the primary took away fails
@@ -131,7 +131,7 @@ ip route add unreachable "$net_prefix.0/24"
 unreachable=$net_prefix.0/24
 say "plugin: $guard_bin" \
 	"driver: Debian's libcni $(dpkg-query -W -f='${Version}' golang-github-appc-cni-dev), the library containerd's CRI plugin calls" \
-	"primary: podname-keyed, a model of calico-cni up to v1.6.2 (calico 2.1.3): IP handle, workload endpoint and host" \
+	"primary: calico-cni-v1-model, a model of calico-cni up to v1.6.2 (calico 2.1.3): IP handle, workload endpoint and host" \
 	"         veth all keyed by \"lijiaob.etcd1-0\" (namespace.podname), never by the sandbox"
 
 # --- one act: fresh namespaces, a fresh primary and guard state, its own conflist ---------
@@ -154,7 +154,7 @@ end_act() { ip netns delete "$ns_a"; ip netns delete "$ns_b"; }
 # The primary's conflist entry; "onMissingEndpoint": "ignore" is calico 1.10's answer to
 # containerd's second DEL of a sandbox.
 primary_entry() {
-	printf '{ "type": "podname-keyed", "stateDir": "%s", "subnet": "%s", "hostVethPrefix": "%s", "onMissingEndpoint": "ignore" }' \
+	printf '{ "type": "calico-cni-v1-model", "stateDir": "%s", "subnet": "%s", "hostVethPrefix": "%s", "onMissingEndpoint": "ignore" }' \
 		"$act_dir/primary" "$net_prefix.0/24" "$veth_prefix"
 }
 guard_keys() { printf '"stateDir": "%s", "logFile": "%s"' "$act_dir/guard" "$act_dir/guard.log"; }

@@ -3,7 +3,7 @@
 # under a real kubelet: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # containerd with runc and kubelet, all built from their Go modules (scripts/lib/node-build.sh)
 # or Debian's packages, on loopback, under one work dir. The node's CNI network is the
-# pod-name-keyed model primary (tests/cri/podname-keyed-plugin, calico 2.1's keying); the guard
+# calico-cni v1 model primary (tests/cri/calico-cni-v1-model-plugin, calico 2.1's keying); the guard
 # is not installed: put it on as a user does (scripts/image.sh, ctr import, kubectl apply).
 #
 #   bash scripts/node.sh up [--runtime containerd16|containerd2]   # prints KUBECONFIG=... last
@@ -14,7 +14,8 @@
 #   bash scripts/node.sh guard uninstall IMAGE                  # the uninstall DaemonSet, then gone
 #   bash scripts/node.sh multus install thin|thick   # multus v4 in front of the node's network
 #   bash scripts/node.sh multus remove
-#   bash scripts/node.sh primary bridge|model     # Debian's bridge + host-local, or the model
+#   bash scripts/node.sh primary bridge|model|cilium-chained   # Debian's bridge + host-local,
+#                                             # the model, or aws-cni + cilium-cni (models)
 #   bash scripts/node.sh kubectl ARGS... | crictl ARGS... | ctr ARGS...
 #   bash scripts/node.sh env                  # the running node's variables, as `up` printed
 #
@@ -27,7 +28,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/node-build.sh"
-help_if_asked "${BASH_SOURCE[0]}" 24 "${1:-}"
+help_if_asked "${BASH_SOURCE[0]}" 25 "${1:-}"
 
 W=${SANDBOX_GUARD_NODE_DIR:-/var/tmp/sandbox-guard-node}
 NODE_NAME=sg-node
@@ -210,7 +211,7 @@ write_cni() {
   for plugin in loopback bridge host-local portmap tuning; do
     cp "/usr/lib/cni/$plugin" "$W/cni/bin/$plugin"
   done
-  cp "$repo/tests/cri/podname-keyed-plugin" "$W/cni/bin/podname-keyed"
+  cp "$repo/tests/cri/calico-cni-v1-model-plugin" "$W/cni/bin/calico-cni-v1-model"
   cp "$repo/tests/cri/model-lib.sh" "$W/cni/bin/model-lib.sh"
   cat >"$W/cni/net.d/10-$NETWORK_NAME.conflist" <<EOF
 {
@@ -218,7 +219,7 @@ write_cni() {
   "name": "$NETWORK_NAME",
   "plugins": [
     {
-      "type": "podname-keyed",
+      "type": "calico-cni-v1-model",
       "stateDir": "$W/cni/primary",
       "subnet": "$POD_SUBNET",
       "hostVethPrefix": "$VETH_PREFIX",
@@ -249,6 +250,36 @@ write_bridge_conflist() {
         "ranges": [[{ "subnet": "$POD_SUBNET" }]],
         "dataDir": "$W/cni/host-local"
       }
+    }
+  ]
+}
+EOF
+}
+
+# The node's network as aws-cni with cilium-cni chained after it (cilium's aws-cni chaining),
+# both test models under the real plugins' types, so that the guard's table of primaries
+# knows the chain as it would know the real one: tests/cri/podnamed-veth-plugin (host veths
+# named from the pod, addresses by container, its DEL never acting by name) and
+# tests/cri/cilium-chained-model-plugin (whose DEL's teardown finds the host veth by name).
+write_cilium_chained_conflist() {
+  cp "$repo/tests/cri/podnamed-veth-plugin" "$W/cni/bin/aws-cni"
+  cp "$repo/tests/cri/cilium-chained-model-plugin" "$W/cni/bin/cilium-cni"
+  cat >"$W/cni/net.d/10-$NETWORK_NAME.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "$NETWORK_NAME",
+  "plugins": [
+    {
+      "type": "aws-cni",
+      "stateDir": "$W/cni/primary",
+      "subnet": "$POD_SUBNET",
+      "hostVethPrefix": "$VETH_PREFIX",
+      "delByName": "no"
+    },
+    {
+      "type": "cilium-cni",
+      "chaining-mode": "aws-cni",
+      "stateDir": "$W/cni/primary"
     }
   ]
 }
@@ -883,7 +914,8 @@ case ${1:-} in
     case ${2:-} in
       bridge) write_bridge_conflist ;;
       model) write_cni ;;
-      *) die "primary takes bridge or model" ;;
+      cilium-chained) write_cilium_chained_conflist ;;
+      *) die "primary takes bridge, model or cilium-chained" ;;
     esac
     ;;
   kubectl)
@@ -900,5 +932,5 @@ case ${1:-} in
     shift
     ctr_ "$@"
     ;;
-  *) die "usage: scripts/node.sh up [--runtime containerd16|containerd2] | down | build | restart kubelet|containerd | guard install|uninstall ... | multus install thin|thick | multus remove | primary bridge|model | env | kubectl ... | crictl ... | ctr ..." ;;
+  *) die "usage: scripts/node.sh up [--runtime containerd16|containerd2] | down | build | restart kubelet|containerd | guard install|uninstall ... | multus install thin|thick | multus remove | primary bridge|model|cilium-chained | env | kubectl ... | crictl ... | ctr ..." ;;
 esac

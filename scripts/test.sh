@@ -9,14 +9,20 @@
 #   bash scripts/test.sh --long   # only the long run: the real-node tests CI leaves out
 #                                 # (#[ignore = "long run: ..."]), whose results are published
 #                                 # in docs/runs/
+#   bash scripts/test.sh --long NAME   # only the real-node tests whose names contain NAME,
+#                                      # CI's too, published the same way
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/packages.sh
 . scripts/lib/build.sh
-help_if_asked "$0" 11 "${1:-}"
+help_if_asked "$0" 13 "${1:-}"
 long=''
+only=''
 case ${1:-} in
-  --long) long=1 ;;
+  --long)
+    long=1
+    only=${2:-}
+    ;;
   '') ;;
   *)
     echo "unknown argument '$1' (see --help)" >&2
@@ -49,14 +55,15 @@ if [[ -n $long ]]; then
   rm -f target/real-node-*.md
   status=0
   timed "the long run" cargo test --release --no-fail-fast --config .cargo/static.toml \
-    --target "$(plugin_triple "$host")" --test e2e_node -- --ignored --test-threads=1 || status=$?
-  # Published as the tests wrote them, passing or failing: docs/runs/<date>-<commit>-long.md.
+    --target "$(plugin_triple "$host")" --test e2e_node -- "--${only:+include-}ignored" --test-threads=1 ${only:+"$only"} || status=$?
+  # Published as the tests wrote them, passing or failing:
+  # docs/runs/<date>-<commit>-long[-NAME].md.
   mkdir -p docs/runs
-  out=docs/runs/$(date -u +%Y-%m-%d)-$(git rev-parse --short HEAD)-long.md
+  out=docs/runs/$(date -u +%Y-%m-%d)-$(git rev-parse --short HEAD)-long${only:+-$only}.md
   {
-    echo "# Long run of $(git rev-parse --short HEAD): $([[ $status == 0 ]] && echo passed || echo "FAILED (exit $status)")"
+    echo "# Long run of $(git rev-parse --short HEAD)${only:+ (tests named *$only*)}: $([[ $status == 0 ]] && echo passed || echo "FAILED (exit $status)")"
     echo
-    echo "\`bash scripts/test.sh --long\`, $(date -u '+%Y-%m-%d %H:%M') UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)$([[ -z $(git status --porcelain --untracked-files=no) ]] || echo ', with uncommitted changes')."
+    echo "\`bash scripts/test.sh --long${only:+ $only}\`, $(date -u '+%Y-%m-%d %H:%M') UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)$([[ -z $(git status --porcelain --untracked-files=no) ]] || echo ', with uncommitted changes')."
     for table in target/real-node-*.md; do
       [[ -e $table ]] || continue
       printf '\n## %s\n\n' "$(basename "$table" .md)"

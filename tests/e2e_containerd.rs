@@ -1,6 +1,6 @@
 //! The stale-DEL incident under containerd 1.6's CRI, with a primary plugin that
 //! keys its endpoint by namespace/pod name as calico-cni did up to v1.6.2 (calico 2.1.3)
-//! (tests/cri/podname-keyed-plugin). A StatefulSet pod is recreated under the same name while
+//! (tests/cri/calico-cni-v1-model-plugin). A StatefulSet pod is recreated under the same name while
 //! the old sandbox still awaits its network teardown; the old sandbox's DEL, retried by kubelet,
 //! then tears down the NEW pod's network. Each scenario runs once without sandbox-guard, to
 //! prove the test sees the damage, and once with sandbox-guard last in the chain, where the
@@ -29,7 +29,7 @@ use cri_node::Primary;
 #[test]
 fn failed_stop_then_recreate_then_retry_without_guard_destroys_new_pod() {
     sys::skip_unless_root!(cri_node::TOOLS);
-    let node = node(Primary::PodnameKeyed, Mode::Unguarded);
+    let node = node(Primary::CalicoCniV1, Mode::Unguarded);
     let pods = recreate_after_failed_stop(&node);
     let new = pods.new.clone();
     assert_stale_del_destroys_new_pod(&node, pods);
@@ -47,20 +47,20 @@ fn failed_stop_then_recreate_then_retry_without_guard_destroys_new_pod() {
 #[test]
 fn failed_stop_then_recreate_then_retry_with_guard_keeps_new_pod() {
     sys::skip_unless_root!(cri_node::TOOLS);
-    let node = node(Primary::PodnameKeyed, Mode::Chained);
+    let node = node(Primary::CalicoCniV1, Mode::Chained);
     assert_guard_refuses_and_both_sandboxes_go(&node, recreate_after_failed_stop(&node));
 }
 
 #[test]
 fn recreate_then_stop_old_without_guard_destroys_new_pod() {
     sys::skip_unless_root!(cri_node::TOOLS);
-    let node = node(Primary::PodnameKeyed, Mode::Unguarded);
+    let node = node(Primary::CalicoCniV1, Mode::Unguarded);
     assert_stale_del_destroys_new_pod(&node, recreate_then_stop_old(&node));
 }
 
 #[test]
 fn recreate_then_stop_old_with_guard_keeps_new_pod() {
     sys::skip_unless_root!(cri_node::TOOLS);
-    let node = node(Primary::PodnameKeyed, Mode::Chained);
+    let node = node(Primary::CalicoCniV1, Mode::Chained);
     assert_guard_refuses_and_both_sandboxes_go(&node, recreate_then_stop_old(&node));
 }

@@ -20,7 +20,7 @@
 //! The sticky-IP model's unguarded run shows its own harm: the old sandbox's DEL releases the
 //! address the new pod holds, and the node's next pod is given it.
 //!
-//! The pod-name-keyed model's unguarded and chained runs are tests/e2e_containerd.rs's
+//! The calico-cni v1 model's unguarded and chained runs are tests/e2e_containerd.rs's
 //! (with the seed's vicious circle on top); this file holds the others. Last, a superseded
 //! sandbox's late ADD is refused before the primary sees it, through the exec harness (CRI
 //! cannot time out a RunPodSandbox on purpose).
@@ -79,9 +79,9 @@ incident_tests! {
     podnamed_veth_recreate_then_stop_old_delegate_defers_old_del:
         PodNamedVeth, RecreateThenStopOld, Delegate;
     podname_keyed_failed_stop_then_retry_delegate_defers_old_del:
-        PodnameKeyed, FailedStopThenRetry, Delegate;
+        CalicoCniV1, FailedStopThenRetry, Delegate;
     podname_keyed_recreate_then_stop_old_delegate_defers_old_del:
-        PodnameKeyed, RecreateThenStopOld, Delegate;
+        CalicoCniV1, RecreateThenStopOld, Delegate;
     sticky_ip_failed_stop_then_retry_without_guard_frees_new_pods_address:
         StickyMacvlan, FailedStopThenRetry, Unguarded;
     sticky_ip_failed_stop_then_retry_chained_refuses_and_leaves_duplicate:
@@ -215,7 +215,7 @@ fn calico_late_add_of_superseded_sandbox_is_refused_before_the_primary() {
 #[test]
 fn podname_keyed_late_add_of_superseded_sandbox_is_refused_before_the_primary() {
     sys::skip_unless_root!(EXEC_TOOLS);
-    late_add_of_superseded_sandbox_is_refused(Primary::PodnameKeyed);
+    late_add_of_superseded_sandbox_is_refused(Primary::CalicoCniV1);
 }
 
 /// A primary whose DEL takes ten seconds, under containerd's CRI: the stop of the pod's new
@@ -224,7 +224,7 @@ fn podname_keyed_late_add_of_superseded_sandbox_is_refused_before_the_primary() 
 #[test]
 fn podname_keyed_primary_whose_del_takes_ten_seconds_gets_the_deferred_del() {
     sys::skip_unless_root!(cri_node::TOOLS);
-    let node = cri_incident::node(Primary::PodnameKeyed, Mode::Delegate);
+    let node = cri_incident::node(Primary::CalicoCniV1, Mode::Delegate);
     let pods = Sequence::RecreateThenStopOld.play(&node);
     let (old, new) = (pods.old.clone(), pods.new.clone());
     pods.stop_old

@@ -1,5 +1,5 @@
 //! The two-ifnames sequence through real libcni (tests/libcni-driver) against the model of
-//! calico up to 2.1 with etcd (tests/cri/podname-keyed-plugin: IPAM handle, endpoint and host veth by
+//! calico up to 2.1 with etcd (tests/cri/calico-cni-v1-model-plugin: IPAM handle, endpoint and host veth by
 //! `namespace.podname`). The old sandbox attached as `net1`, the new one as `net2` (multus
 //! numbers a pod's interfaces by their place in its annotation): the old sandbox's DEL must
 //! not reach the model while the new one lives, or the model releases the new pod's address

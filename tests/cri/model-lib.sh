@@ -9,9 +9,11 @@
 # without cniVersion; default 1.0.0).
 #
 # Sourcing reads the plugin's config from stdin, answers VERSION, rejects the verbs the models
-# do not implement, opens the state dir under its lock (one run at a time, as calico's IPAM
-# lock serialises its runs) and reads the pod's identity; it leaves in the caller's scope:
-# config, cni_version, state_dir, namespace, pod, ifname.
+# do not implement, opens the state dir and reads the pod's identity; it leaves in the caller's
+# scope: config, cni_version, state_dir, namespace, pod, ifname. The state dir's lock is held
+# for the whole run (one run at a time) unless the plugin set model_lock=store before sourcing:
+# then it takes the lock around each change of its stores only (lock_store, unlock_store), as a
+# primary whose datastore makes each change atomic and takes no node-wide lock.
 #
 # Config keys every model reads (plugin entry): stateDir (required), subnet (a /24, e.g.
 # "100.64.3.0/24"), hostVethPrefix (default "cali"). A file "fail-next-del" in stateDir makes
@@ -76,7 +78,9 @@ if [[ ${CNI_COMMAND:-} == DEL && -f $state_dir/hung-dels ]]; then
     sleep "$(cat "$state_dir/hung-dels")"
 fi
 exec 9>"$state_dir/lock"
-flock 9
+lock_store() { flock 9; }
+unlock_store() { flock -u 9; }
+[[ ${model_lock:-run} == store ]] || lock_store
 
 namespace=$(cni_arg K8S_POD_NAMESPACE)
 pod=$(cni_arg K8S_POD_NAME)

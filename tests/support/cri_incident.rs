@@ -28,8 +28,9 @@ pub enum Mode {
     Delegate,
 }
 
-/// How the pod-name-keyed model answers a DEL whose endpoint is gone: calico 1.5.0 failed
-/// ("resource does not exist"), which kept kubelet retrying forever; calico 1.10.0 ignores it.
+/// How the calico-cni v1 model answers a DEL whose endpoint is gone: calico-cni 1.5.x failed
+/// ("resource does not exist"), which kept kubelet retrying forever; calico-cni v1.6.1 ignores
+/// it.
 #[derive(Clone, Copy)]
 pub enum MissingEndpoint {
     Fail,
@@ -48,7 +49,7 @@ pub fn conflist(layout: &NodeLayout, mode: Mode, missing: MissingEndpoint) -> Va
     if let Some(master) = &layout.master {
         primary["master"] = json!(master);
     }
-    if layout.primary == Primary::PodnameKeyed {
+    if layout.primary == Primary::CalicoCniV1 {
         primary["onMissingEndpoint"] = json!(match missing {
             MissingEndpoint::Fail => "fail",
             MissingEndpoint::Ignore => "ignore",
@@ -71,8 +72,8 @@ pub fn conflist(layout: &NodeLayout, mode: Mode, missing: MissingEndpoint) -> Va
     json!({"cniVersion": "1.0.0", "name": "e2e-pod-network", "plugins": plugins})
 }
 
-/// A node of the incident run `mode`. Unguarded, the pod-name-keyed model is calico 1.5.0,
-/// the version of the incident; guarded it is 1.10.0: containerd DELs twice per sandbox (Stop,
+/// A node of the incident run `mode`. Unguarded, the calico-cni v1 model is calico-cni 1.5.x,
+/// the version of the incident; guarded it is v1.6.1: containerd DELs twice per sandbox (Stop,
 /// Remove) and the guarded tests finish by removing both sandboxes, and in delegate mode the
 /// replayed DEL of the old sandbox finds the endpoint gone with the new one's DEL.
 pub fn node(primary: Primary, mode: Mode) -> CriNode {
@@ -193,9 +194,9 @@ pub fn recreate_then_stop_old(node: &CriNode) -> Recreated {
 }
 
 /// Whether the primary's trace shows a DEL of `old` tearing down something of `new`: the
-/// pod-name-keyed model's "DEL by <old> removes endpoint of <new>", the calico model's "DEL
-/// by <old> deletes host link <name> of <new> (by name, empty netns)", the sticky-IP model's
-/// "DEL by <old> releases <address> of <new> (sticky for <pod>)".
+/// calico-cni v1 model's "DEL by <old> removes endpoint of <new>", the calico model's "DEL
+/// by <old> deletes host link <name> of <new> (by name, empty netns)" (podnamed-veth), the
+/// sticky-IP model's "DEL by <old> releases <address> of <new> (sticky for <pod>)".
 pub fn old_del_hit_new(node: &CriNode, old: &str, new: &str) -> bool {
     let (by_old, of_new) = (format!("DEL by {old} "), format!(" of {new}"));
     node.primary_calls()
@@ -217,7 +218,7 @@ pub fn primary_call_list(node: &CriNode) -> Vec<(String, String)> {
 }
 
 /// Without the guard the old sandbox's teardown goes through and reaches the new pod: the
-/// pod-name-keyed model's DEL removes the new pod's endpoint at StopPodSandbox; the calico
+/// calico-cni v1 model's DEL removes the new pod's endpoint at StopPodSandbox; the calico
 /// model's StopPodSandbox DEL (the old netns named) hurts no one, its RemovePodSandbox DEL
 /// (an empty netns) deletes the new pod's host veth by name. The sticky-IP model's harm is
 /// the address's (`assert_stale_del_frees_new_pods_address`).
@@ -256,11 +257,21 @@ pub fn assert_stale_del_destroys_new_pod(node: &CriNode, pods: Recreated) {
          if it did not, this test cannot see the incident\n{}",
         node.diagnostics()
     );
-    let links = node.host_links();
-    assert!(
-        links.is_empty(),
-        "the new pod's host veth should be gone with the old sandbox's DEL: {links:?}"
-    );
+    if node.layout.primary == Primary::PodNamedVeth {
+        let links = node.host_links();
+        assert!(
+            links.is_empty(),
+            "the new pod's host veth should be gone with the old sandbox's DEL: {links:?}"
+        );
+    } else {
+        // Calico's DEL leaves the host veth: the endpoint (with its route) and the address
+        // are what it takes.
+        assert!(
+            !node.layout.primary_state.join("ips").join(&new_ip).exists(),
+            "the old sandbox's DEL should have released the new pod's address {new_ip}\n{}",
+            node.diagnostics()
+        );
+    }
 }
 
 /// With a sticky IP, the new sandbox got the address the old one still held: two netns answer

@@ -48,7 +48,7 @@ const CALL_TIMEOUT_SECS: &str = "90";
 pub enum Primary {
     /// calico-cni <= v1.6.2 (calico <= 2.1.3) with etcd: IPAM handle, endpoint and host veth
     /// all keyed by the pod name.
-    PodnameKeyed,
+    CalicoCniV1,
     /// IPAM per container, the host veth named from the pod name and deleted by that name by a
     /// DEL with an empty netns: a chained plugin acting on a pod-named veth (cilium#44530).
     PodNamedVeth,
@@ -58,7 +58,7 @@ pub enum Primary {
     /// Not a model: the reference macvlan plugin with host-local IPAM (/usr/lib/cni), on the
     /// node's master link, for what a real primary does (dual-stack, DAD at ADD).
     ReferenceMacvlan,
-    /// calico v2.x: `PodnameKeyed` (as calico-cni v1.6.1+, a DEL without endpoint passes) run
+    /// calico v2.x: `CalicoCniV1` (as calico-cni v1.6.1+, a DEL without endpoint passes) run
     /// at cniVersion 0.1.0/0.2.0 with 0.2.0-shaped results (tests/cri/calico-v2-model-plugin).
     CalicoV2,
 }
@@ -66,7 +66,7 @@ pub enum Primary {
 impl Primary {
     pub fn plugin_type(self) -> &'static str {
         match self {
-            Primary::PodnameKeyed => "podname-keyed",
+            Primary::CalicoCniV1 => "calico-cni-v1-model",
             Primary::PodNamedVeth => "podnamed-veth",
             Primary::StickyMacvlan => "sticky-macvlan",
             Primary::ReferenceMacvlan => "macvlan",
@@ -77,7 +77,7 @@ impl Primary {
     /// The model's executable (its shared shell code lies next to it).
     pub fn executable(self) -> PathBuf {
         let file = match self {
-            Primary::PodnameKeyed => "podname-keyed-plugin",
+            Primary::CalicoCniV1 => "calico-cni-v1-model-plugin",
             Primary::PodNamedVeth => "podnamed-veth-plugin",
             Primary::StickyMacvlan => "sticky-macvlan-plugin",
             Primary::ReferenceMacvlan => return PathBuf::from("/usr/lib/cni/macvlan"),

@@ -750,17 +750,20 @@ pub fn calico_v2_network() -> Network {
 }
 
 /// conf-examples' bridge network on a bridge of its own.
-/// A network whose primary is the model of calico up to 2.1 with etcd (tests/cri/podname-keyed-plugin,
+/// A network whose primary is the model of calico up to 2.1 with etcd (tests/cri/calico-cni-v1-model-plugin,
 /// which says in what it behaves as calico): IPAM handle, endpoint and host veth keyed by
 /// `namespace.podname`. `conflist` chains the guard last; `delegate_conflist` has it wrap the
 /// model. One model state dir for both, inside the network's dir.
 pub fn podname_keyed_network() -> Network {
-    let primary = json!({"type": "podname-keyed", "onMissingEndpoint": "ignore"});
+    let primary = json!({"type": "calico-cni-v1-model", "onMissingEndpoint": "ignore"});
     let chained = json!({"cniVersion": "1.0.0", "name": "-", "plugins": [primary, {"type": "sandbox-guard", "staleDel": "refuse"}]});
     let delegate = json!({"cniVersion": "1.0.0", "name": "-", "plugins": [{"type": "sandbox-guard", "delegate": primary}]});
     let files = [
-        ("podname-keyed.conflist".to_string(), chained),
-        ("delegate-podname-keyed.conflist".to_string(), delegate),
+        ("calico-cni-v1-model.conflist".to_string(), chained),
+        (
+            "delegate-calico-cni-v1-model.conflist".to_string(),
+            delegate,
+        ),
     ];
     let mut net = Network::build(&files, Vec::new(), |primary, subnet| {
         let data_dir = primary["ipam"]["dataDir"].as_str().unwrap().to_string();

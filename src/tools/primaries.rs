@@ -129,23 +129,25 @@ pub fn delegate_target(types: &[&str]) -> usize {
 }
 
 /// The plugin the guard's entry in `network` wraps and the one delegate mode wraps there, when
-/// the table names a plugin after the primary (cilium-cni) and the guard wraps another: that
-/// plugin's DEL then runs unheld.
+/// the two differ and the other is not one that keys its DEL by container ID: that plugin's
+/// DEL then runs unheld.
 pub fn misplaced_wrapper(network: &Value) -> Option<(String, String)> {
-    let wrapped = match network.get("plugins").and_then(Value::as_array) {
-        Some(list) => list.iter().find(|p| plugin_type(p) == "sandbox-guard")?,
-        None => network,
-    }
-    .get("delegate")
-    .map(plugin_type)?
-    .to_string();
     let plugins = chain(network);
     let types: Vec<&str> = plugins.iter().map(|p| plugin_type(p)).collect();
-    let target = match delegate_target(&types) {
-        0 => return None,
-        at => types[at],
+    // chain() keeps a wrapper's place: it puts the wrapped plugin there.
+    let listed: Vec<&Value> = match network.get("plugins").and_then(Value::as_array) {
+        Some(list) => list.iter().collect(),
+        None => vec![network],
     };
-    (wrapped != target).then(|| (wrapped, target.to_string()))
+    let wrapped_at = listed
+        .iter()
+        .filter(|p| !(plugin_type(p) == "sandbox-guard" && p.get("delegate").is_none()))
+        .position(|p| plugin_type(p) == "sandbox-guard")?;
+    let target = delegate_target(&types);
+    if wrapped_at == target || SAFE_CHAINED.contains(&types[target]) {
+        return None;
+    }
+    Some((types[wrapped_at].to_string(), types[target].to_string()))
 }
 
 /// The verdict on a network (a `.conflist`, or a single plugin's `.conf`), the guard's own
@@ -167,8 +169,11 @@ pub fn judge(network: &Value, bin_dirs: &[PathBuf], resolve: &dyn Fn(&Path) -> P
         // Chained, last, holds every plugin's DEL. Delegate mode wraps cilium-cni and holds
         // its DEL only; and its replay, once the name is free, can run after a new sandbox's
         // primary ADD (outside the guard's lock) made the veth of that name.
-        let mut others: Vec<Value> = plugins.iter().map(|p| (*p).clone()).collect();
-        others.remove(target);
+        let others: Vec<Value> = plugins
+            .iter()
+            .filter(|p| plugin_type(p) != "cilium-cni")
+            .map(|p| (*p).clone())
+            .collect();
         let alone = judge(&serde_json::json!({ "plugins": others }), bin_dirs, resolve);
         read.extend(alone.read.iter().skip(1).cloned());
         let mut why = format!(
@@ -179,7 +184,7 @@ pub fn judge(network: &Value, bin_dirs: &[PathBuf], resolve: &dyn Fn(&Path) -> P
         );
         if alone.need != Need::NotNeeded {
             why.push_str(&format!(
-                "; and {}'s own DEL is {} ({})",
+                "; and the rest of the chain ({}) is {}: {}",
                 alone.primary,
                 alone.need.name(),
                 alone.why
@@ -540,6 +545,18 @@ mod tests {
         let wrapped = json!({"plugins": [{"type": "aws-cni"},
             {"type": "sandbox-guard", "delegate": {"type": "cilium-cni"}}]});
         assert_eq!(misplaced_wrapper(&wrapped), None);
+        let on_portmap = json!({"plugins": [{"type": "calico"},
+            {"type": "sandbox-guard", "delegate": {"type": "portmap"}}]});
+        assert_eq!(
+            misplaced_wrapper(&on_portmap),
+            Some(("portmap".to_string(), "calico".to_string()))
+        );
+        let after_portmap = json!({"plugins": [{"type": "portmap"},
+            {"type": "sandbox-guard", "delegate": {"type": "bridge"}}]});
+        assert_eq!(misplaced_wrapper(&after_portmap), None);
+        let twice = json!({"plugins": [{"type": "aws-cni"}, {"type": "cilium-cni"},
+            {"type": "sandbox-guard", "delegate": {"type": "cilium-cni"}}]});
+        assert!(misplaced_wrapper(&twice).is_some());
         let before = json!({"plugins": [{"type": "sandbox-guard", "delegate": {"type": "aws-cni"}},
             {"type": "cilium-cni"}]});
         assert_eq!(

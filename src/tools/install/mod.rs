@@ -647,8 +647,30 @@ fn multus_copy_guarded(found: &Found) -> Result<(), Failure> {
                 file_name(file)
             ),
         )),
+        Some((file, copy)) => match inlined_misplaced(copy) {
+            Some((wrapped, target)) => Err(Failure::new(
+                Reason::Network,
+                format!(
+                    "multus (thin) runs its own copy of {} inlined in {}, made when it started, where sandbox-guard \
+                     wraps {wrapped}, and {target}'s DEL, which acts on the pod's name, runs unheld. Restart multus's \
+                     pod on this node (it inlines the file again)",
+                    file_name(&found.net.file),
+                    file_name(file)
+                ),
+            )),
+            None => Ok(()),
+        },
         _ => Ok(()),
     }
+}
+
+/// A misplaced wrapper (`primaries::misplaced_wrapper`) in any list inlined in multus's conf.
+fn inlined_misplaced(doc: &Json) -> Option<(String, String)> {
+    let value = doc.to_value();
+    let lists = value.get("delegates").and_then(|d| d.as_array())?;
+    lists
+        .iter()
+        .find_map(crate::tools::primaries::misplaced_wrapper)
 }
 
 /// Files do not say whether the runtime loads drop-ins (libcni 1.3: containerd 2.1+, CRI-O

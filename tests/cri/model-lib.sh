@@ -204,7 +204,9 @@ wire_veth() {
     must nsenter --net="$CNI_NETNS" ip route add default via "$GATEWAY" dev "$ifname"
     must ip addr add "$GATEWAY/32" dev "$host_veth" scope link
     must ip link set "$host_veth" up
-    must ip route add "$ip/32" dev "$host_veth" src "$GATEWAY"
+    # replace: a route left to an address that a stale DEL freed goes to the newest holder,
+    # as felix routes an address to its newest endpoint; the older holder loses it.
+    must ip route replace "$ip/32" dev "$host_veth" src "$GATEWAY"
 
     host_mac=$(cat "/sys/class/net/$host_veth/address")
     pod_mac=$(read_pod_mac)

@@ -1,8 +1,9 @@
 //! `--install --check` against what the runtime loaded: where a runtime's socket answers,
 //! ready means the network it uses for pods (its first, `eth0`) holds the guard in its
-//! place (last, or wrapping the plugin whose DEL acts on the pod's name), at a cniVersion the guard speaks, with the guard's
-//! binary the one found first in the dirs the runtime searches. Where no socket answers,
-//! the files are read as before (`super::check`). Either way the first line says which.
+//! place (last, or wrapping the plugin whose DEL acts on the pod's name), at a cniVersion
+//! the guard speaks, with the guard's binary the one found first in the dirs the runtime
+//! searches. Where no socket answers, the files are read as before (`super::check`). Either
+//! way the first line says which.
 
 use std::path::{Path, PathBuf};
 

@@ -135,11 +135,7 @@ pub fn misplaced_wrapper(network: &Value) -> Option<(String, String)> {
     let plugins = chain(network);
     let types: Vec<&str> = plugins.iter().map(|p| plugin_type(p)).collect();
     // chain() keeps a wrapper's place: it puts the wrapped plugin there.
-    let listed: Vec<&Value> = match network.get("plugins").and_then(Value::as_array) {
-        Some(list) => list.iter().collect(),
-        None => vec![network],
-    };
-    let wrapped_at = listed
+    let wrapped_at = listed(network)
         .iter()
         .filter(|p| !(plugin_type(p) == "sandbox-guard" && p.get("delegate").is_none()))
         .position(|p| plugin_type(p) == "sandbox-guard")?;
@@ -291,11 +287,7 @@ pub fn judge(network: &Value, bin_dirs: &[PathBuf], resolve: &dyn Fn(&Path) -> P
 /// The network's plugins in order, the guard unwrapped: a wrapping guard's `delegate` in
 /// its place, a chained guard left out.
 fn chain(network: &Value) -> Vec<&Value> {
-    let plugins: Vec<&Value> = match network.get("plugins").and_then(Value::as_array) {
-        Some(list) => list.iter().collect(),
-        None => vec![network],
-    };
-    plugins
+    listed(network)
         .into_iter()
         .filter_map(|p| match (plugin_type(p), p.get("delegate")) {
             ("sandbox-guard", Some(delegate)) => Some(delegate),
@@ -303,6 +295,15 @@ fn chain(network: &Value) -> Vec<&Value> {
             _ => Some(p),
         })
         .collect()
+}
+
+/// A network's plugins as its file lists them: a `.conflist`'s `plugins`, or a `.conf`, which
+/// is a plugin of its own.
+pub fn listed(network: &Value) -> Vec<&Value> {
+    match network.get("plugins").and_then(Value::as_array) {
+        Some(list) => list.iter().collect(),
+        None => vec![network],
+    }
 }
 
 fn plugin_type(plugin: &Value) -> &str {

@@ -88,11 +88,7 @@ pub fn check(conf_dir: &Path, bin_dirs: &[PathBuf], report: &mut Report) {
 /// The guard's mode in the network: `delegate` when it wraps the primary, `chained` when it
 /// is a plugin of its own.
 fn guard_mode(network: &Value) -> Option<&'static str> {
-    let plugins: Vec<&Value> = match network.get("plugins").and_then(Value::as_array) {
-        Some(list) => list.iter().collect(),
-        None => vec![network],
-    };
-    plugins
+    primaries::listed(network)
         .iter()
         .find(|p| p["type"] == "sandbox-guard")
         .map(|p| match p.get("delegate") {

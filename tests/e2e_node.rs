@@ -310,7 +310,8 @@ impl Drop for Node {
             self.keep_logs(
                 &keep.unwrap_or_else(|| std::env::temp_dir().join("sandbox-guard-node-failures")),
             );
-        } else if let Some(keep) = keep {
+        } else if let Some(keep) = keep.filter(|_| self.dir().join("logs").is_dir()) {
+            // A test that took the node down itself kept its logs before.
             self.keep_logs(&keep);
         }
         let _ = Command::new("bash")
@@ -1184,6 +1185,9 @@ fn run_runtime(runtime: &'static str) {
         .stdout(Stdio::null())
         .spawn()
         .expect("run tail -f");
+    if let Some(keep) = std::env::var_os("SANDBOX_GUARD_NODE_KEEP") {
+        node.keep_logs(Path::new(&keep));
+    }
     node.node_sh(&["down"]);
     let tail_survived = operator_tail.try_wait().unwrap().is_none();
     let _ = operator_tail.kill();

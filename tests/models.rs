@@ -1,0 +1,182 @@
+//! The calico-cni v1 model's trace (tests/cri/calico-cni-v1-model-plugin), which the real-node
+//! test counts as harm: a DEL's line "removes endpoint of Y" must name only a sandbox whose
+//! ADD came after the DEL's own (or any, when the DEL's sandbox never ADDed), and every exit
+//! must answer on stdout. The model runs in a network namespace of its own as its host, so no
+//! link of the machine's is touched. Needs root.
+
+#[path = "support/sys.rs"]
+mod sys;
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+const TOOLS: &[&str] = &["ip", "flock", "nsenter", "sha1sum"];
+
+struct Model {
+    host: sys::Netns,
+    state: sys::TempDir,
+    pod: String,
+}
+
+impl Model {
+    fn new() -> Model {
+        Model {
+            host: sys::Netns::new("mdh"),
+            state: sys::TempDir::new("model"),
+            pod: sys::unique("web"),
+        }
+    }
+
+    fn call(&self, verb: &str, container: &str, netns: &str) -> Output {
+        let config = format!(
+            r#"{{"cniVersion":"1.0.0","name":"m","type":"calico-cni-v1-model","stateDir":"{}","subnet":"100.64.98.0/24","hostVethPrefix":"md","onMissingEndpoint":"ignore"}}"#,
+            self.state.path.display()
+        );
+        let plugin = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/cri/calico-cni-v1-model-plugin"
+        );
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.host.name, plugin])
+            .env("CNI_COMMAND", verb)
+            .env("CNI_CONTAINERID", container)
+            .env("CNI_NETNS", netns)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", "/nonexistent")
+            .env(
+                "CNI_ARGS",
+                format!("K8S_POD_NAMESPACE=ns;K8S_POD_NAME={}", self.pod),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run the model");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(config.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success() || String::from_utf8_lossy(&out.stdout).contains("\"code\""),
+            "{verb} {container} exited {} without a CNI error on stdout; stderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    fn trace(&self) -> String {
+        std::fs::read_to_string(self.state.path.join("calls.log")).unwrap_or_default()
+    }
+}
+
+fn losses(trace: &str) -> Vec<&str> {
+    trace
+        .lines()
+        .filter(|l| l.contains(" removes endpoint of "))
+        .map(str::trim)
+        .collect()
+}
+
+#[test]
+fn an_older_sandboxs_del_is_traced_as_the_newer_ones_loss() {
+    sys::skip_unless_root!(TOOLS);
+    let model = Model::new();
+    let (a, b) = (sys::Netns::new("mda"), sys::Netns::new("mdb"));
+    assert!(
+        model
+            .call("ADD", "A", &a.path().display().to_string())
+            .status
+            .success()
+    );
+    assert!(
+        model
+            .call("ADD", "B", &b.path().display().to_string())
+            .status
+            .success()
+    );
+    assert!(model.call("DEL", "A", "").status.success());
+    let trace = model.trace();
+    assert!(
+        losses(&trace)
+            .iter()
+            .any(|l| l.starts_with("DEL by A removes endpoint of B ")),
+        "{trace}"
+    );
+}
+
+#[test]
+fn a_newer_sandboxs_del_after_its_failed_add_is_no_loss_of_the_older() {
+    sys::skip_unless_root!(TOOLS);
+    let model = Model::new();
+    let a = sys::Netns::new("mda");
+    assert!(
+        model
+            .call("ADD", "A", &a.path().display().to_string())
+            .status
+            .success()
+    );
+    // B's ADD takes an address, then fails: the endpoint is still A's.
+    assert!(
+        !model
+            .call("ADD", "B", "/var/run/netns/none-such")
+            .status
+            .success()
+    );
+    assert!(model.call("DEL", "B", "").status.success());
+    let trace = model.trace();
+    assert_eq!(losses(&trace), Vec::<&str>::new(), "{trace}");
+    assert!(
+        trace.contains("DEL by B removes what its older sandbox A left"),
+        "{trace}"
+    );
+}
+
+#[test]
+fn two_failed_adds_then_the_newer_ones_del_is_no_loss() {
+    sys::skip_unless_root!(TOOLS);
+    let model = Model::new();
+    assert!(
+        !model
+            .call("ADD", "A", "/var/run/netns/none-such")
+            .status
+            .success()
+    );
+    assert!(
+        !model
+            .call("ADD", "B", "/var/run/netns/none-such")
+            .status
+            .success()
+    );
+    assert!(model.call("DEL", "B", "").status.success());
+    let trace = model.trace();
+    assert_eq!(losses(&trace), Vec::<&str>::new(), "{trace}");
+}
+
+#[test]
+fn a_del_of_a_sandbox_never_added_is_the_owners_loss_and_a_second_one_succeeds() {
+    sys::skip_unless_root!(TOOLS);
+    let model = Model::new();
+    let b = sys::Netns::new("mdb");
+    assert!(
+        model
+            .call("ADD", "B", &b.path().display().to_string())
+            .status
+            .success()
+    );
+    assert!(model.call("DEL", "Z", "").status.success());
+    // No endpoint left: containerd's second DEL of the sandbox.
+    assert!(model.call("DEL", "Z", "").status.success());
+    let trace = model.trace();
+    assert_eq!(
+        losses(&trace),
+        vec![format!(
+            "DEL by Z removes endpoint of B (workload ns.{})",
+            model.pod
+        )],
+        "{trace}"
+    );
+}

@@ -86,6 +86,7 @@ namespace=$(cni_arg K8S_POD_NAMESPACE)
 pod=$(cni_arg K8S_POD_NAME)
 [[ -n $namespace && -n $pod ]] || fail 4 "CNI_ARGS lacks K8S_POD_NAMESPACE or K8S_POD_NAME"
 ifname=${CNI_IFNAME:-eth0}
+[[ -n ${CNI_CONTAINERID:-} ]] || fail 4 "CNI_CONTAINERID is required"
 
 # log_call KEY: the call's line in the trace, KEY being what the model keys it by.
 log_call() {

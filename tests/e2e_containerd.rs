@@ -5,7 +5,8 @@
 //! then tears down the NEW pod's network. Each scenario runs once without sandbox-guard, to
 //! prove the test sees the damage, and once with sandbox-guard last in the chain, where the
 //! stale DEL must be refused, the new pod must keep its network, and both sandboxes must still
-//! be removable in kubelet's order. The sequences and what each way must end in are
+//! be removable, the new one first (the test's order: kubelet's container GC removes the old
+//! sandbox of a deleted pod while the new pod lives, which chained mode refuses). The sequences and what each way must end in are
 //! tests/support/cri_incident.rs's; tests/e2e_delegate.rs plays them with the other models
 //! (a pod-named veth, a sticky-IP macvlan) and in delegate mode.
 

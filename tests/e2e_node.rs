@@ -4,7 +4,10 @@
 //! it on. The node's primary is the calico-cni v1 model (tests/cri/calico-cni-v1-model-plugin:
 //! calico 2.1's keying, which releases whatever the pod's name holds).
 //!
-//! Every sequence is driven through the API only (kubectl); the runtime is only observed. Each
+//! Every sequence is driven through the API (kubectl). Besides, the harness injects stand-ins
+//! for faults it cannot cause through the API: the primary's DEL failures (the model's
+//! `fail-dels` counter), a pause process killed with SIGKILL, and kubelet and containerd
+//! restarted (SIGTERM, `scripts/node.sh restart`). Each
 //! runs without the guard first (the harm must show, or the test could not fail), then with
 //! the guard chained, then in delegate mode, and reports per mode: stale DELs that reached
 //! the primary, new pods unreachable, sandboxes left NotReady, kubelet's error lines per GC

@@ -329,8 +329,9 @@ fn assert_stale_del_frees_new_pods_address(node: &CriNode, pods: Recreated) {
     );
 }
 
-/// Chained, the stale DEL is refused, the new pod keeps its network, and kubelet's order (new
-/// sandbox stopped and removed, then the old one) completes.
+/// Chained, the stale DEL is refused, the new pod keeps its network, and the test's order (new
+/// sandbox stopped and removed, then the old one; kubelet's GC goes the other way, old first,
+/// which chained mode refuses while the new pod lives) completes.
 pub fn assert_guard_refuses_and_both_sandboxes_go(node: &CriNode, pods: Recreated) {
     let refusal = pods
         .stop_old

@@ -68,6 +68,25 @@ impl Model {
         out
     }
 
+    /// Runs a call that must succeed.
+    fn ok(&self, verb: &str, container: &str, netns: &str) {
+        let out = self.call(verb, container, netns);
+        assert!(
+            out.status.success(),
+            "{verb} {container}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+
+    /// Runs an ADD into a netns that does not exist: it takes an address, then fails.
+    fn failed_add(&self, container: &str) {
+        let out = self.call("ADD", container, "/var/run/netns/none-such");
+        assert!(
+            !out.status.success(),
+            "ADD {container} into no netns passed"
+        );
+    }
+
     fn trace(&self) -> String {
         std::fs::read_to_string(self.state.path.join("calls.log")).unwrap_or_default()
     }
@@ -86,19 +105,9 @@ fn an_older_sandboxs_del_is_traced_as_the_newer_ones_loss() {
     sys::skip_unless_root!(TOOLS);
     let model = Model::new();
     let (a, b) = (sys::Netns::new("mda"), sys::Netns::new("mdb"));
-    assert!(
-        model
-            .call("ADD", "A", &a.path().display().to_string())
-            .status
-            .success()
-    );
-    assert!(
-        model
-            .call("ADD", "B", &b.path().display().to_string())
-            .status
-            .success()
-    );
-    assert!(model.call("DEL", "A", "").status.success());
+    model.ok("ADD", "A", &a.path().display().to_string());
+    model.ok("ADD", "B", &b.path().display().to_string());
+    model.ok("DEL", "A", "");
     let trace = model.trace();
     assert!(
         losses(&trace)
@@ -113,20 +122,10 @@ fn a_newer_sandboxs_del_after_its_failed_add_is_no_loss_of_the_older() {
     sys::skip_unless_root!(TOOLS);
     let model = Model::new();
     let a = sys::Netns::new("mda");
-    assert!(
-        model
-            .call("ADD", "A", &a.path().display().to_string())
-            .status
-            .success()
-    );
+    model.ok("ADD", "A", &a.path().display().to_string());
     // B's ADD takes an address, then fails: the endpoint is still A's.
-    assert!(
-        !model
-            .call("ADD", "B", "/var/run/netns/none-such")
-            .status
-            .success()
-    );
-    assert!(model.call("DEL", "B", "").status.success());
+    model.failed_add("B");
+    model.ok("DEL", "B", "");
     let trace = model.trace();
     assert_eq!(losses(&trace), Vec::<&str>::new(), "{trace}");
     assert!(
@@ -139,19 +138,9 @@ fn a_newer_sandboxs_del_after_its_failed_add_is_no_loss_of_the_older() {
 fn two_failed_adds_then_the_newer_ones_del_is_no_loss() {
     sys::skip_unless_root!(TOOLS);
     let model = Model::new();
-    assert!(
-        !model
-            .call("ADD", "A", "/var/run/netns/none-such")
-            .status
-            .success()
-    );
-    assert!(
-        !model
-            .call("ADD", "B", "/var/run/netns/none-such")
-            .status
-            .success()
-    );
-    assert!(model.call("DEL", "B", "").status.success());
+    model.failed_add("A");
+    model.failed_add("B");
+    model.ok("DEL", "B", "");
     let trace = model.trace();
     assert_eq!(losses(&trace), Vec::<&str>::new(), "{trace}");
 }
@@ -161,15 +150,10 @@ fn a_del_of_a_sandbox_never_added_is_the_owners_loss_and_a_second_one_succeeds()
     sys::skip_unless_root!(TOOLS);
     let model = Model::new();
     let b = sys::Netns::new("mdb");
-    assert!(
-        model
-            .call("ADD", "B", &b.path().display().to_string())
-            .status
-            .success()
-    );
-    assert!(model.call("DEL", "Z", "").status.success());
+    model.ok("ADD", "B", &b.path().display().to_string());
+    model.ok("DEL", "Z", "");
     // No endpoint left: containerd's second DEL of the sandbox.
-    assert!(model.call("DEL", "Z", "").status.success());
+    model.ok("DEL", "Z", "");
     let trace = model.trace();
     assert_eq!(
         losses(&trace),

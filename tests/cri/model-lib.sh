@@ -168,7 +168,8 @@ release_ips_of() {
     local ip_file
     for ip_file in "$state_dir"/ips/*; do
         [[ -f $ip_file && $(<"$ip_file") == "$1" ]] || continue
-        rm -f "$ip_file"
+        # Who took it (a model's record, if it keeps one) goes first, with the address.
+        rm -f "$state_dir/allocated-by/${ip_file##*/}" "$ip_file"
         trace "DEL by $CNI_CONTAINERID releases ${ip_file##*/} of handle $1"
     done
 }

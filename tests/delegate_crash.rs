@@ -166,20 +166,61 @@ impl World {
         }
     }
 
+    /// A newer sandbox of `pod`'s name (a new pod UID), ADDed through the guard as `kill`
+    /// says, its primary first waiting `ipam_seconds` for a child of its own when given.
+    fn newer_sandbox(
+        &mut self,
+        pod: &Pod,
+        kill: Kill,
+        ipam_seconds: Option<f64>,
+    ) -> (Sandbox, Outcome) {
+        let (container, pod, netns) = (
+            container_id(),
+            Pod::new(&pod.namespace, &pod.name),
+            sys::Netns::new("sgdc"),
+        );
+        let netns_path = netns.path().to_string_lossy().into_owned();
+        let add = self
+            .store
+            .add(&container, &pod)
+            .netns(&netns_path)
+            .no_prev_result();
+        let call = match ipam_seconds {
+            Some(seconds) => self.primary.wrap_with_slow_ipam(add, seconds),
+            None => self.primary.wrap(add),
+        };
+        let outcome = self.run(call, kill);
+        let result = if outcome.killed {
+            Value::Null
+        } else {
+            outcome.reply.json()
+        };
+        let sandbox = Sandbox {
+            container,
+            pod,
+            netns,
+            result,
+        };
+        (sandbox, outcome)
+    }
+
     /// The runtime's DEL of `sandbox`: StopPodSandbox's with the netns, RemovePodSandbox's
-    /// without; both with the cached result.
+    /// without; both with the cached result, if its ADD gave one.
     fn del(&self, sandbox: &Sandbox, with_netns: bool) -> Cni {
         let netns = if with_netns {
             sandbox.netns.path().to_string_lossy().into_owned()
         } else {
             String::new()
         };
-        self.primary.wrap(
-            self.store
-                .del(&sandbox.container, &sandbox.pod)
-                .netns(&netns)
-                .prev_result(&sandbox.result),
-        )
+        let del = self
+            .store
+            .del(&sandbox.container, &sandbox.pod)
+            .netns(&netns);
+        self.primary.wrap(if sandbox.result.is_null() {
+            del.no_prev_result()
+        } else {
+            del.prev_result(&sandbox.result)
+        })
     }
 
     /// GC listing `valid` as the runtime's attachments.
@@ -338,9 +379,32 @@ impl World {
                 self.history()
             );
         }
-        if let Err(harm) = no_del_reached_a_held_pod(&self.primary.calls()) {
+        if let Err(harm) = no_del_reached_a_held_pod(&self.primary.calls(), &self.teardowns()) {
             panic!("{when}: {harm}\n{}", self.history());
         }
+    }
+
+    /// For each primary call made within the runtime's DEL of a sandbox, before that
+    /// sandbox's own DEL reached the primary: that sandbox (its network was going then).
+    fn teardowns(&self) -> BTreeMap<usize, String> {
+        let calls = self.primary.calls();
+        let mut teardowns = BTreeMap::new();
+        for run in &self.runs {
+            let Some(container) = run
+                .what
+                .strip_prefix("DEL ")
+                .and_then(|rest| rest.split(' ').find_map(|w| w.strip_prefix("container=")))
+            else {
+                continue;
+            };
+            for at in run.calls.clone() {
+                if calls[at].verb == "DEL" && calls[at].container == container {
+                    break;
+                }
+                teardowns.insert(at, container.to_string());
+            }
+        }
+        teardowns
     }
 
     /// Every guard exec so far and the calls it made to the primary, for failure messages.
@@ -414,16 +478,28 @@ impl World {
 /// Replays the primary's calls through a primary keyed by pod name (legacy calico): ADD makes
 /// the sandbox the pod's holder, a DEL by the holder frees the pod, GC frees the pods whose
 /// holder it does not list. A DEL by any other sandbox while the pod is held would tear the
-/// holder's network down.
-fn no_del_reached_a_held_pod(calls: &[PrimaryCall]) -> Result<(), String> {
+/// holder's network down, but the DEL of a sandbox the primary never had an ADD of within
+/// the runtime's DEL of the holder itself, before the holder's own (`teardowns`, by call
+/// index): that network was being torn down by the runtime's own call (the rollback of an ADD
+/// cut off before its primary logged it).
+fn no_del_reached_a_held_pod(
+    calls: &[PrimaryCall],
+    teardowns: &BTreeMap<usize, String>,
+) -> Result<(), String> {
     let mut holder: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut added = std::collections::BTreeSet::new();
     for (index, call) in calls.iter().enumerate() {
         match call.verb.as_str() {
             "ADD" => {
                 holder.insert(&call.pod, &call.container);
+                added.insert(&call.container);
             }
             "DEL" => match holder.get(call.pod.as_str()) {
-                Some(&live) if live != call.container => {
+                Some(&live)
+                    if live != call.container
+                        && (added.contains(&call.container)
+                            || teardowns.get(&index).map(String::as_str) != Some(live)) =>
+                {
                     return Err(format!(
                         "call {index}: DEL of {} reached the primary while {live} holds {} there",
                         call.container, call.pod
@@ -606,4 +682,108 @@ fn a_gc_replay_killed_anywhere_loses_no_deferred_del() {
         world.assert_empty(when);
         (interrupted.killed, interrupted.took)
     });
+}
+
+/// The live processes whose environment names `container` as CNI_CONTAINERID: what is left
+/// of a primary's run for that sandbox.
+fn processes_of(container: &str) -> Vec<String> {
+    let wanted = format!("CNI_CONTAINERID={container}");
+    cni::files_in(std::path::Path::new("/proc"))
+        .into_iter()
+        .filter(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .filter(|path| {
+            let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
+            let state = stat.rsplit_once(')').map(|(_, after)| after.trim_start());
+            !state.is_some_and(|s| s.starts_with('Z') || s.starts_with('X'))
+        })
+        .filter(|path| {
+            std::fs::read(path.join("environ")).is_ok_and(|environ| {
+                environ
+                    .split(|&b| b == 0)
+                    .any(|var| var == wanted.as_bytes())
+            })
+        })
+        .map(|path| {
+            let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+            format!(
+                "{} {}",
+                path.display(),
+                String::from_utf8_lossy(&cmdline).replace('\0', " ")
+            )
+        })
+        .collect()
+}
+
+/// An ADD of a newer sandbox killed anywhere (as a runtime restart or a CRI timeout kills
+/// it), with and without its primary waiting for an IPAM child that outlives the kill. Then,
+/// as the sequence: the older owner's DEL, the cut-off sandbox's DEL, a third
+/// sandbox's ADD and a GC. What the cut-off ADD left reaches the primary as that sandbox's
+/// DEL before the owner's DEL does, no process of its primary outlives the pod's next verb,
+/// no note is left after the GC and the third sandbox owns the pod.
+#[test]
+fn an_add_cut_off_anywhere_is_rolled_back_by_the_pods_next_verb() {
+    sys::skip_unless_root!(TOOLS);
+    for ipam_seconds in [None, Some(0.5)] {
+        let name = match ipam_seconds {
+            None => "cut-off ADD".to_string(),
+            Some(seconds) => format!("cut-off ADD, IPAM child of {seconds}s"),
+        };
+        kill_everywhere(&name, |kill, when| {
+            let (mut world, [owner]) = World::with_sandboxes();
+            let (cut_off, interrupted) = world.newer_sandbox(&owner.pod, kill, ipam_seconds);
+            world.assert_consistent(&[], when);
+
+            let owners_del = world.runs.len();
+            world.run(world.del(&owner, true), Kill::Never);
+            let left = processes_of(&cut_off.container);
+            assert!(
+                left.is_empty(),
+                "{when}: processes of the cut-off ADD outlived the pod's next verb: {left:?}\n{}",
+                world.history()
+            );
+            world.assert_consistent(&[], when);
+            for with_netns in [true, false] {
+                world.run(world.del(&cut_off, with_netns), Kill::Never);
+                world.assert_consistent(&[], when);
+            }
+            let (third, _) = world.newer_sandbox(&owner.pod, Kill::Never, None);
+            world.run(world.gc(&[&third]), Kill::Never);
+            world.assert_consistent(&[], when);
+            let notes: Vec<_> = cni::files_in(&world.store.state_dir.join("pending-adds"))
+                .into_iter()
+                .filter(|path| !path.to_string_lossy().ends_with(".tmp"))
+                .collect();
+            assert!(
+                notes.is_empty(),
+                "{when}: notes left after the GC: {notes:?}"
+            );
+            let owners: Vec<Value> = world
+                .store
+                .owner_files()
+                .iter()
+                .filter_map(|path| cni::verify_envelope(path).ok())
+                .collect();
+            assert_eq!(owners.len(), 1, "{when}: owners {owners:?}");
+            assert_eq!(owners[0]["containerId"], json!(third.container), "{when}");
+            assert!(
+                third.has_interface(),
+                "{when}: the third sandbox has no interface"
+            );
+            // Rolled back by the owner's DEL: the cut-off sandbox's own DEL, next, was
+            // answered without the primary.
+            let dels = world.dels_of(&cut_off);
+            if dels.iter().any(|d| d.run == owners_del) {
+                assert!(
+                    !dels.iter().any(|d| d.run == owners_del + 1),
+                    "{when}: the primary had the rolled-back sandbox's DEL again\n{}",
+                    world.history()
+                );
+            }
+            (interrupted.killed, interrupted.took)
+        });
+    }
 }

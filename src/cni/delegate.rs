@@ -10,6 +10,7 @@
 
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
@@ -45,7 +46,7 @@ pub struct Delegate {
 }
 
 /// What replaces the guard's own `CNI_*` environment for one call (a replayed DEL is
-/// another sandbox's).
+/// another sandbox's), and where the primary notes its pid.
 #[derive(Debug, Default)]
 pub struct EnvOverride<'a> {
     pub command: Option<&'a str>,
@@ -53,6 +54,9 @@ pub struct EnvOverride<'a> {
     pub netns: Option<&'a str>,
     pub if_name: Option<&'a str>,
     pub args: Option<&'a str>,
+    /// Written by the primary's process before it execs (`state::pending_add`): its pid is
+    /// its process group's, and without the file it never ran.
+    pub pid_file: Option<&'a std::path::Path>,
 }
 
 impl Delegate {
@@ -245,8 +249,23 @@ impl Delegate {
         deadline: Option<Instant>,
     ) -> Result<Vec<u8>> {
         let mut command = Command::new(path);
+        // A config that fits a pipe is in it before the primary runs: an exec'd primary has
+        // all of it whatever happens to the guard, and a cut-off ADD's note can take the
+        // primary's pid (`pid_file`) for a primary that acts.
+        let prefilled = if stdin.len() <= PIPE_CAPACITY {
+            let (reader, mut writer) = std::io::pipe().map_err(|e| {
+                self.broken(format!("cannot make a pipe for {}: {e}", path.display()))
+            })?;
+            writer.write_all(&stdin).map_err(|e| {
+                self.broken(format!("cannot fill the pipe for {}: {e}", path.display()))
+            })?;
+            Some(reader)
+        } else {
+            None
+        };
+        let fits = prefilled.is_some();
         command
-            .stdin(Stdio::piped())
+            .stdin(prefilled.map_or_else(Stdio::piped, Stdio::from))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         for (key, value) in [
@@ -264,7 +283,13 @@ impl Delegate {
         // IPAM), which would otherwise hold its stdout open and outlive it.
         command.process_group(0);
         let guard_pid = std::process::id() as nix::libc::pid_t;
-        // SAFETY: prctl and getppid are async-signal-safe and touch no memory of the parent's.
+        let pid_file = env
+            .pid_file
+            .map(|path| std::ffi::CString::new(path.as_os_str().as_bytes()))
+            .transpose()
+            .map_err(|_| self.broken("the pid file's path holds a NUL byte".into()))?;
+        // SAFETY: prctl, getppid, getpid, open, write and close are async-signal-safe; the
+        // closure reads only its own captures and writes only its stack.
         unsafe {
             command.pre_exec(move || {
                 if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGKILL) != 0 {
@@ -274,17 +299,17 @@ impl Delegate {
                 if nix::libc::getppid() != guard_pid {
                     return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
                 }
-                Ok(())
+                match &pid_file {
+                    Some(path) => write_own_pid(path),
+                    None => Ok(()),
+                }
             });
         }
         let mut child = command
             .spawn()
             .map_err(|e| self.broken(format!("cannot run {}: {e}", path.display())))?;
         let mut pipe = child.stdin.take();
-        let writer = if stdin.len() <= PIPE_CAPACITY {
-            // Fits the pipe: written at once, no thread.
-            let _ = pipe.as_mut().map(|p| p.write_all(&stdin));
-            drop(pipe);
+        let writer = if fits {
             None
         } else {
             Some(std::thread::spawn(move || {
@@ -468,6 +493,41 @@ impl Delegate {
             names::shorten(&search)
         )))
     }
+}
+
+/// In the primary's process before its exec: its pid into `path`, or no exec at all.
+fn write_own_pid(path: &std::ffi::CStr) -> std::io::Result<()> {
+    let mut digits = [0u8; 12];
+    let mut at = digits.len();
+    // SAFETY: getpid cannot fail.
+    let mut pid = unsafe { nix::libc::getpid() } as u32;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (pid % 10) as u8;
+        pid /= 10;
+        if pid == 0 {
+            break;
+        }
+    }
+    let text = &digits[at..];
+    let flags = nix::libc::O_WRONLY
+        | nix::libc::O_CREAT
+        | nix::libc::O_TRUNC
+        | nix::libc::O_NOFOLLOW
+        | nix::libc::O_CLOEXEC;
+    // SAFETY: a valid C string and a buffer of ours; the descriptor is closed here.
+    unsafe {
+        let fd = nix::libc::open(path.as_ptr(), flags, 0o600);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let written = nix::libc::write(fd, text.as_ptr().cast(), text.len());
+        nix::libc::close(fd);
+        if written != text.len() as isize {
+            return Err(std::io::Error::from_raw_os_error(nix::libc::EIO));
+        }
+    }
+    Ok(())
 }
 
 /// The child's exit status, or `None` when `deadline` came first.

@@ -6,6 +6,7 @@ pub mod link_facts;
 pub mod ndisc;
 pub mod netlink;
 pub mod netns;
+pub mod processes;
 mod raw_socket;
 pub mod sysctl;
 pub mod teardown;

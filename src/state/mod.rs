@@ -15,6 +15,9 @@
 //! <stateDir>/pod-waits/<sha256 of the pod key>     flock shared by the verbs waiting for that lock
 //! <stateDir>/ledger/<sha256 of the pod key>        stale DELs handled per pod key (ledger)
 //! <stateDir>/pod-keys/<network>                    the podKey rule the network's files follow (rekey)
+//! <stateDir>/pending-adds/<sha256 of the pod key>[.pid]
+//!                                                  an ADD at the primary now, and its pid (pending_add)
+//! <stateDir>/rolled-back/<network>:<container>:<if> a cut-off ADD the primary had a DEL for
 //! ```
 //!
 //! Every ADD, DEL and CHECK touches a fixed number of files whatever the store holds;
@@ -33,6 +36,7 @@ pub mod journal;
 pub mod ledger;
 pub mod lock;
 pub mod ownership;
+pub mod pending_add;
 pub mod pod_lock;
 pub mod rekey;
 pub mod sealed;
@@ -467,6 +471,21 @@ impl Store {
 
     /// The owner file's time (a note of a failed ADD from an earlier release is compared
     /// with it, see `failed_add`).
+    /// Whether the owner's netns still exists; when its record cannot say, it is taken as
+    /// alive.
+    pub fn owner_netns_alive(&self, owner: &Ownership) -> bool {
+        let first = owner
+            .interfaces()
+            .first()
+            .map(|if_name| AttachmentId::of(&owner.key, &owner.container_id, if_name));
+        match first.map(|id| self.load_record(&id)) {
+            Some(Ok(Loaded::Valid(record))) => {
+                crate::kernel::netns::netns_state(&record.netns, None, None).is_alive()
+            }
+            _ => true,
+        }
+    }
+
     pub fn owner_file_time(&self, key: &PodKey) -> Option<SystemTime> {
         fs::symlink_metadata(self.owner_path(key))
             .and_then(|m| m.modified())

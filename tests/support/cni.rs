@@ -333,8 +333,18 @@ impl Store {
     /// record exists and holds the same pod key (or was set aside, failing its checksum, and
     /// blocks the DELs that need it: the store then trusts the owner). An owner keyed by pod
     /// name (`podKey: "name"`) lists its interfaces: one record of them is enough.
+    /// A temp file of a writer that is dead (`.<pid>.tmp`) is no owner: it is never renamed
+    /// into place, and the store's listings skip names that start with a dot.
     pub fn assert_every_owner_has_its_record(&self) {
         for path in self.owner_files() {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let writer = name
+                .strip_prefix('.')
+                .and_then(|n| n.strip_suffix(".tmp"))
+                .and_then(|pid| pid.parse::<u32>().ok());
+            if writer.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+                continue;
+            }
             let Ok(owner) = verify_envelope(&path) else {
                 continue;
             };

@@ -91,6 +91,14 @@ impl CountingPrimary {
         .env("CNI_PATH", Some(PRIMARIES))
     }
 
+    /// `wrap`, with an ADD that first waits `seconds` for a child of its own (an IPAM plugin).
+    pub fn wrap_with_slow_ipam(&self, call: Cni, seconds: f64) -> Cni {
+        self.wrap(call).config(
+            "delegate",
+            Some(json!({"type": "counting-primary", "callLog": self.call_log, "ipamSeconds": seconds.to_string()})),
+        )
+    }
+
     /// Every call so far, oldest first. Waits for calls still running (one that outlived its
     /// killed guard) to finish first.
     pub fn calls(&self) -> Vec<PrimaryCall> {

@@ -22,7 +22,7 @@ use serde_json::value::RawValue;
 
 use super::Invocation;
 use super::del::{Judgement, Stale};
-use super::replay_worker;
+use super::{pending, replay_worker};
 use crate::cni::delegate::{Delegate, EnvOverride};
 use crate::cni::env::Attachment;
 use crate::cni::log::{CAUSE_SLOW_PRIMARY, CAUSE_STALE_DEL, CAUSE_SUPERSEDED, Level, Subject};
@@ -38,7 +38,8 @@ use crate::state::{Loaded, Store, surely_absent};
 pub fn add(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Result<String> {
     let key = inv.pod_key(attachment);
     let locks = lock(inv, key.as_slice())?;
-    let added = add_locked(inv, delegate, attachment, key.as_ref());
+    let added = resolve_pending(inv, delegate, key.as_slice(), false)
+        .and_then(|()| add_locked(inv, delegate, attachment, key.as_ref()));
     // A failed ADD took no key: its lock file goes unless someone owns the pod.
     for lock in locks {
         if added.is_err() {
@@ -62,7 +63,39 @@ fn add_locked(
         refuse_if_superseded(inv, attachment, &id, key)?;
     }
     refuse_if_unwritable(inv, attachment)?;
-    let reply = pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
+    let Some(key) = key else {
+        return run_and_checkpoint(inv, delegate, attachment, None, None);
+    };
+    let pid_file = pending::note(inv, delegate, attachment, key);
+    let added = run_and_checkpoint(inv, delegate, attachment, Some(key), pid_file.as_deref());
+    if pid_file.is_some() {
+        pending::clear(inv, key);
+    }
+    let output = added?;
+    // Added again: a DEL of its earlier self kept for later would tear down this one.
+    drop_own_deferred(inv, key, &id);
+    Ok(output)
+}
+
+/// The primary's ADD and, from its result, the checkpoint and the ownership.
+fn run_and_checkpoint(
+    inv: &Invocation,
+    delegate: &Delegate,
+    attachment: &Attachment,
+    key: Option<&PodKey>,
+    pid_file: Option<&std::path::Path>,
+) -> Result<String> {
+    let id = inv.attachment_id(attachment);
+    let env = EnvOverride {
+        pid_file,
+        ..EnvOverride::default()
+    };
+    let reply = delegate.call(
+        &inv.conf.network,
+        &inv.conf.cni_version,
+        inv.conf.prev_result.as_deref(),
+        &env,
+    )?;
     let not_a_result = |why: &str| {
         let owner = key.and_then(|key| owner_other_than(inv, key, &id.container_id));
         not_a_result(delegate, why, owner.as_deref())
@@ -71,12 +104,19 @@ fn add_locked(
     let result =
         RawValue::from_string(text.trim().to_string()).map_err(|e| not_a_result(&e.to_string()))?;
     let result = crate::cni::result::versioned_as_libcni_reads_it(result, &inv.conf.cni_version);
-    let output = super::add::checkpoint(inv, attachment, &result)?;
-    if let Some(key) = key {
-        // Added again: a DEL of its earlier self kept for later would tear down this one.
-        drop_own_deferred(inv, key, &id);
-    }
-    Ok(output)
+    super::add::checkpoint(inv, attachment, &result)
+}
+
+/// Rolls back a cut-off ADD of each of `keys`, whose locks the caller holds (`pending`).
+/// `owners_del`: the verb is the DEL of `keys`' owner.
+fn resolve_pending(
+    inv: &Invocation,
+    delegate: &Delegate,
+    keys: &[PodKey],
+    owners_del: bool,
+) -> Result<()> {
+    keys.iter()
+        .try_for_each(|key| pending::resolve(inv, delegate, key, owners_del))
 }
 
 /// The primary must not set up a pod the guard then cannot record: without its checkpoint
@@ -132,7 +172,13 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
         }
         Err(err) => return Err(err),
     };
-    let outcome = del_locked(inv, delegate, attachment, &locked_keys);
+    let outcome = if locks.is_empty() {
+        del_locked(inv, delegate, attachment, &locked_keys)
+    } else {
+        let owners_del = owns_all(inv, attachment, &locked_keys);
+        resolve_pending(inv, delegate, &locked_keys, owners_del)
+            .and_then(|()| del_locked(inv, delegate, attachment, &locked_keys))
+    };
     // The freed keys' locks go to the replay worker with their deferred DELs; the others'
     // files go unless someone owns the pod or a deferred DEL waits on it, whatever the
     // outcome (a DEL the primary refused included).
@@ -152,6 +198,16 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
     outcome.map(|_| ())
 }
 
+/// Whether the sandbox of this DEL owns every one of `keys`: its network goes now.
+fn owns_all(inv: &Invocation, attachment: &Attachment, keys: &[PodKey]) -> bool {
+    let Ok(store) = Store::open_read_only(&inv.conf.state_dir) else {
+        return false;
+    };
+    keys.iter().all(|key| {
+        matches!(store.load_owner(key), Ok(Loaded::Valid(owner)) if owner.container_id == attachment.container_id)
+    })
+}
+
 /// The DEL under its pod locks; `true` when it freed the pod's keys (the primary had the
 /// owner's DEL), so their deferred DELs may be replayed now.
 fn del_locked(
@@ -160,6 +216,9 @@ fn del_locked(
     attachment: &Attachment,
     locked_keys: &[PodKey],
 ) -> Result<bool> {
+    if pending::answered_as_rolled_back(inv, attachment) {
+        return Ok(false);
+    }
     let Some((store, unwritable)) = super::del::open(inv, attachment)? else {
         super::del::nothing_recorded(inv, attachment);
         pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
@@ -225,8 +284,10 @@ fn del_locked(
 }
 
 pub fn check(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Result<()> {
-    let locks = lock(inv, inv.pod_key(attachment).as_slice())?;
-    let checked = pass_on(inv, delegate, inv.conf.prev_result.as_deref())
+    let key = inv.pod_key(attachment);
+    let locks = lock(inv, key.as_slice())?;
+    let checked = resolve_pending(inv, delegate, key.as_slice(), false)
+        .and_then(|()| pass_on(inv, delegate, inv.conf.prev_result.as_deref()))
         .and_then(|_| super::check::run(inv, attachment));
     // A CHECK of a sandbox the store does not know leaves no lock file behind.
     for lock in locks {
@@ -392,7 +453,7 @@ fn refuse_if_superseded(
         ownership: &owner,
         backed: owner.container_id == id.container_id || store.owner_is_backed(&owner),
     };
-    let owner_alive = netns_alive(&store, &owner);
+    let owner_alive = store.owner_netns_alive(&owner);
     let AddVerdict::Superseded { owner } = ownership::judge_add(
         &id.container_id,
         own_generation,
@@ -426,20 +487,6 @@ fn refuse_if_superseded(
         &err.msg,
     );
     Err(err)
-}
-
-/// Whether the owner's netns still exists; when its record cannot say, it is taken as alive.
-fn netns_alive(store: &Store, owner: &crate::state::ownership::Ownership) -> bool {
-    let first = owner
-        .interfaces()
-        .first()
-        .map(|if_name| AttachmentId::of(&owner.key, &owner.container_id, if_name));
-    match first.map(|id| store.load_record(&id)) {
-        Some(Ok(Loaded::Valid(record))) => {
-            crate::kernel::netns::netns_state(&record.netns, None, None).is_alive()
-        }
-        _ => true,
-    }
 }
 
 /// Keeps the stale DEL for the primary (durably, before it is answered) and forgets the
@@ -683,6 +730,14 @@ pub fn replay_key(
     let mut tried = std::collections::HashSet::new();
     let mut held = Some(lock);
     while let Some(lock) = held.take() {
+        // An ADD of the pod cut off while the lock was let go is rolled back first.
+        if let Err(err) = pending::resolve(inv, delegate, &key, false) {
+            eprintln!(
+                "sandbox-guard: the deferred DELs of pod {} wait: {err}",
+                key.pod()
+            );
+            return;
+        }
         let pending = match due_entries(inv, &key) {
             Ok(pending) => pending,
             Err(err) => {
@@ -771,6 +826,7 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel) -> b
         netns: Some(""),
         if_name: Some(entry.if_name()),
         args: Some(&entry.cni_args),
+        pid_file: None,
     };
     let started = Instant::now();
     let deadline = started + inv.conf.replay_timeout;
@@ -881,6 +937,7 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel) -> b
 /// (all but GC's sweep).
 pub fn sweep(inv: &Invocation, delegate: &Delegate, until: Instant, backing_off: bool) {
     let root = &inv.conf.state_dir;
+    roll_back_cut_off_adds(inv, delegate, until);
     let Ok(dirs) = std::fs::read_dir(root.join(deferred::DEFERRED)) else {
         return;
     };
@@ -921,6 +978,30 @@ pub fn sweep(inv: &Invocation, delegate: &Delegate, until: Instant, backing_off:
         if let Some(lock) = here {
             lock.release_unused(root);
         }
+    }
+}
+
+/// Rolls back the ADDs of this network cut off at the primary whose pod lock is free now
+/// (`pending`): an ADD in flight holds its lock, so its note is skipped.
+fn roll_back_cut_off_adds(inv: &Invocation, delegate: &Delegate, until: Instant) {
+    let root = &inv.conf.state_dir;
+    for digest in crate::state::pending_add::digests(root) {
+        if Instant::now() >= until {
+            return;
+        }
+        let Ok(Loaded::Valid(note)) = crate::state::pending_add::load(root, &digest) else {
+            continue;
+        };
+        if note.key.network != inv.conf.network || note.key.digest() != digest {
+            continue;
+        }
+        let Ok(Some(lock)) = PodLock::try_acquire(root, &note.key) else {
+            continue;
+        };
+        if let Err(err) = pending::resolve(inv, delegate, &note.key, false) {
+            eprintln!("sandbox-guard: {err}");
+        }
+        lock.release_unused(root);
     }
 }
 

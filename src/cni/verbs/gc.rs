@@ -127,6 +127,13 @@ pub fn run(inv: &Invocation) -> Result<()> {
             notes += 1;
         }
     }
+    // A rollback's mark answers its sandbox's own DEL, which an attachment no longer listed
+    // does not get.
+    for id in crate::state::pending_add::rolled_back_ids(store.root()) {
+        if id.network == *network && !is_valid(&id.container_id, &id.if_name) {
+            crate::state::pending_add::remove_rolled_back(store.root(), &id)?;
+        }
+    }
     let temp_files = store.remove_dead_temp_files()?;
     let forgotten = super::ip_conflict::forget_released(&store, network);
     store.sync()?;

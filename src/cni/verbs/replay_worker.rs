@@ -61,7 +61,9 @@ const WORKER_LIFETIME: Duration = Duration::from_secs(600);
 /// replayed here.
 pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bool) {
     let root = &inv.conf.state_dir;
-    if handed.is_empty() && !anything_deferred(root) {
+    // GC's sweep also rolls back ADDs cut off at the primary; the others do so on their way.
+    let waiting = |root: &Path| anything_deferred(root) || (gc && anything_pending(root));
+    if handed.is_empty() && !waiting(root) {
         return;
     }
     // Held by every worker it starts, and by this verb for a replay of its own: a command that
@@ -97,7 +99,7 @@ pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bo
             }
         }
     }
-    if !anything_deferred(root) || sweep_running(root) {
+    if !waiting(root) || sweep_running(root) {
         return;
     }
     // Not waited for, GC's sweep neither: its replays run other pods' primaries.
@@ -188,6 +190,10 @@ fn inherited(fd: i32) -> i32 {
 fn anything_deferred(root: &Path) -> bool {
     std::fs::read_dir(root.join(crate::state::deferred::DEFERRED))
         .is_ok_and(|mut dirs| dirs.next().is_some())
+}
+
+fn anything_pending(root: &Path) -> bool {
+    !crate::state::pending_add::digests(root).is_empty()
 }
 
 /// Whether a worker sweeps now: one at a time per node, so the verb starts none.

@@ -1,0 +1,236 @@
+//! Delegate mode's ADDs cut off at the primary (`state::pending_add`). Whoever takes the
+//! pod's lock next (an ADD, DEL or CHECK of the pod, the replay sweep) finds the note of an
+//! ADD that neither committed nor failed, and before its own work rolls it back: what is
+//! left of that primary run is killed, and the primary gets the DEL of that sandbox. So no
+//! other DEL of the pod reaches the primary beside that sandbox's half-made state, and no
+//! note outlives the pod's next verb.
+//!
+//! A rollback the primary refuses keeps its note, and the verb fails with code 11 (the runtime
+//! retries it): nothing else of the pod may reach the primary meanwhile.
+
+use serde_json::value::RawValue;
+
+use super::Invocation;
+use crate::cni::delegate::{Delegate, EnvOverride};
+use crate::cni::env::Attachment;
+use crate::cni::log::{Level, Subject};
+use crate::error::{GuardError, Kind, Result};
+use crate::state::ownership::PodKey;
+use crate::state::pending_add::{self, PendingAdd};
+use crate::state::{Loaded, Store, surely_absent};
+
+/// `outcome=` of a cut-off ADD's rollback, and of its sandbox's DEL answered from it.
+pub const ROLLED_BACK: &str = "rolled-back";
+pub const ROLLBACK_FAILED: &str = "rollback-failed";
+/// `outcome=` of a cut-off ADD whose processes were killed and whose DEL waits for the owner.
+pub const CUT_OFF: &str = "cut-off";
+
+/// Notes the ADD of `attachment` before its primary runs; the path its primary writes its
+/// pid to, or `None` when no note could be written (the ADD goes on as without one).
+pub fn note(
+    inv: &Invocation,
+    delegate: &Delegate,
+    attachment: &Attachment,
+    key: &PodKey,
+) -> Option<std::path::PathBuf> {
+    let note = PendingAdd::new(
+        key,
+        &attachment.container_id,
+        &attachment.ifname,
+        &attachment.netns,
+        &attachment.args,
+        &inv.conf.cni_version,
+        delegate.recorded_conf(),
+    );
+    let root = &inv.conf.state_dir;
+    match pending_add::save(root, &note) {
+        Ok(()) => Some(pending_add::pid_path(root, &key.digest())),
+        Err(err) => {
+            eprintln!(
+                "sandbox-guard: the ADD goes on without its note ({err}); if it is cut off, the next DEL of the pod may reach the primary beside what it left"
+            );
+            None
+        }
+    }
+}
+
+/// Removes the note of the ADD that just committed or failed.
+pub fn clear(inv: &Invocation, key: &PodKey) {
+    if let Err(err) = pending_add::clear(&inv.conf.state_dir, &key.digest()) {
+        eprintln!("sandbox-guard: the note of this ADD could not be removed: {err}");
+    }
+}
+
+/// Rolls back the cut-off ADD noted for `key`, if there is one; the caller holds its lock.
+/// `owners_del`: the verb is the DEL of the sandbox that owns `key`, whose network goes now.
+pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, owners_del: bool) -> Result<()> {
+    let root = &inv.conf.state_dir;
+    let digest = key.digest();
+    if surely_absent(&pending_add::note_path(root, &digest)) {
+        return Ok(());
+    }
+    let mut note = match pending_add::load(root, &digest)? {
+        Loaded::Missing => return Ok(()),
+        Loaded::Valid(note) if !note.of_another_boot() && note.key == *key => note,
+        // Unreadable, or of another boot (nothing of it runs): nothing to roll back by.
+        _ => return pending_add::clear(root, &digest),
+    };
+    let id = note.id();
+    let holder = Holder::of(root, key, &note.container_id);
+    let Some(pid) = pending_add::primary_pid(root, &digest).filter(|_| holder != Holder::Itself)
+    else {
+        // Committed (its guard died before removing the note), or its primary never ran.
+        return pending_add::clear(root, &digest);
+    };
+    let subject = Subject {
+        network: &note.key.network,
+        container_id: &note.container_id,
+        if_name: &note.if_name,
+        pod: Some(note.key.pod()),
+    };
+    let left = crate::kernel::processes::kill_leftovers(pid, &note.container_id);
+    if left == 0 && holder == Holder::Live && !owners_del {
+        // The primary may have been killed before it acted on this ADD: a DEL as this
+        // sandbox could then tear down the live owner's network by the pod's name. Its
+        // runtime's own DEL is judged as any stale DEL (deferred while the owner lives).
+        pending_add::clear(root, &digest)?;
+        inv.log.event(Level::Warn, inv.verb, &subject, CUT_OFF, &format!(
+            "the ADD of sandbox {} (since {}) was cut off at the primary; what was left of it was killed, and its DEL waits \
+             while the pod's owner lives",
+            note.container_id, note.written_at
+        ));
+        return Ok(());
+    }
+    let outcome = if left > 0 {
+        Err(GuardError::new(
+            Kind::Busy,
+            format!("{left} processes of the primary's ADD still run after SIGKILL"),
+        ))
+    } else {
+        delete_as(inv, current, &note)
+    };
+    match outcome {
+        Ok(()) => {
+            pending_add::mark_rolled_back(root, &id)?;
+            pending_add::clear(root, &digest)?;
+            inv.log.event(Level::Warn, inv.verb, &subject, ROLLED_BACK, &format!(
+                "the ADD of sandbox {} (since {}) was cut off at the primary; what was left of it was killed and the primary had its DEL",
+                note.container_id, note.written_at
+            ));
+            Ok(())
+        }
+        Err(err) => {
+            note.attempts += 1;
+            note.last_error = Some(crate::names::shorten(&err.msg));
+            let saved = pending_add::update(root, &note);
+            inv.log.event(Level::Error, inv.verb, &subject, ROLLBACK_FAILED, &format!(
+                "the ADD of sandbox {} was cut off at the primary and its rollback failed (attempt {}): {}",
+                note.container_id, note.attempts, err.msg
+            ));
+            let path = pending_add::note_path(root, &digest);
+            Err(GuardError::new(
+                Kind::Busy,
+                format!(
+                    "pod {} waits for the rollback of sandbox {}'s cut-off ADD, which failed: {}",
+                    key.pod(),
+                    crate::names::short_id(&note.container_id),
+                    err.msg
+                ),
+            )
+            .with_details(format!(
+                "Nothing else of the pod reaches the primary beside that sandbox's half-made state. The runtime retries; \
+                 the next try rolls back again. To give the rollback up (what the primary made of that sandbox stays), remove {}{}",
+                path.display(),
+                saved.err().map(|e| format!(" ({})", e.msg)).unwrap_or_default()
+            )))
+        }
+    }
+}
+
+/// The primary's DEL as the cut-off sandbox: its recorded object, `CNI_ARGS` and version,
+/// its netns while the path still names it, no prevResult (the ADD gave none), the replay
+/// budget.
+fn delete_as(inv: &Invocation, current: &Delegate, note: &PendingAdd) -> Result<()> {
+    let recorded = Delegate::from_recorded(note.delegate.clone());
+    let delegate = recorded.as_ref().unwrap_or(current);
+    let netns = match note.netns_id {
+        Some(then) if crate::kernel::netns::netns_identity(&note.netns) == Some(then) => {
+            note.netns.as_str()
+        }
+        _ => "",
+    };
+    let env = EnvOverride {
+        command: Some("DEL"),
+        container_id: Some(&note.container_id),
+        netns: Some(netns),
+        if_name: Some(&note.if_name),
+        args: Some(&note.cni_args),
+        pid_file: None,
+    };
+    let deadline = std::time::Instant::now() + inv.conf.replay_timeout;
+    let none: Option<&RawValue> = None;
+    delegate
+        .call_within(
+            &note.key.network,
+            &note.cni_version,
+            none,
+            &env,
+            Some(deadline),
+        )
+        .map(|_| ())
+}
+
+/// Who holds a pod key, seen from one sandbox of it.
+#[derive(Debug, PartialEq, Eq)]
+enum Holder {
+    /// The sandbox itself (its ADD committed), or the store cannot say otherwise.
+    Itself,
+    /// Another sandbox whose netns lives.
+    Live,
+    /// Nobody, or a sandbox whose netns is gone.
+    None,
+}
+
+impl Holder {
+    fn of(root: &std::path::Path, key: &PodKey, container_id: &str) -> Holder {
+        let Ok(store) = Store::open_read_only(root) else {
+            return Holder::Itself;
+        };
+        match store.load_owner(key) {
+            Ok(Loaded::Valid(owner)) if owner.container_id == container_id => Holder::Itself,
+            Ok(Loaded::Valid(owner)) if store.owner_netns_alive(&owner) => Holder::Live,
+            Ok(Loaded::Valid(_) | Loaded::Missing) => Holder::None,
+            _ => Holder::Itself,
+        }
+    }
+}
+
+/// A DEL of a sandbox whose cut-off ADD was rolled back: the primary has had it, so it is
+/// answered here (once; a later one is judged as any). `false`: not such a DEL.
+pub fn answered_as_rolled_back(inv: &Invocation, attachment: &Attachment) -> bool {
+    let root = &inv.conf.state_dir;
+    let id = inv.attachment_id(attachment);
+    if !pending_add::rolled_back(root, &id) {
+        return false;
+    }
+    let _ = pending_add::remove_rolled_back(root, &id);
+    if inv
+        .pod_key(attachment)
+        .is_none_or(|key| Holder::of(root, &key, &attachment.container_id) == Holder::Itself)
+    {
+        // Added again since: its DEL is judged as any owner's.
+        return false;
+    }
+    let subject = inv.subject(Some(attachment), None);
+    inv.log.event(
+        Level::Info,
+        inv.verb,
+        &subject,
+        ROLLED_BACK,
+        &format!(
+            "sandbox {}'s cut-off ADD was rolled back, so the primary has had this DEL already",
+            attachment.container_id
+        ),
+    );
+    true
+}

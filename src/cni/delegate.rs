@@ -252,10 +252,18 @@ impl Delegate {
         // A config that fits a pipe is in it before the primary runs: an exec'd primary has
         // all of it whatever happens to the guard, and a cut-off ADD's note can take the
         // primary's pid (`pid_file`) for a primary that acts.
-        let prefilled = if stdin.len() <= PIPE_CAPACITY {
-            let (reader, mut writer) = std::io::pipe().map_err(|e| {
-                self.broken(format!("cannot make a pipe for {}: {e}", path.display()))
-            })?;
+        let pipe = (stdin.len() <= PIPE_CAPACITY)
+            .then(std::io::pipe)
+            .transpose()
+            .map_err(|e| self.broken(format!("cannot make a pipe for {}: {e}", path.display())))?
+            // A pipe smaller than asked (a user over its pipe pages) goes the writer's way.
+            .filter(|(_, writer)| {
+                use std::os::fd::AsRawFd;
+                // SAFETY: F_GETPIPE_SZ only reads the pipe's size.
+                let size = unsafe { nix::libc::fcntl(writer.as_raw_fd(), nix::libc::F_GETPIPE_SZ) };
+                usize::try_from(size).is_ok_and(|size| size >= stdin.len())
+            });
+        let prefilled = if let Some((reader, mut writer)) = pipe {
             writer.write_all(&stdin).map_err(|e| {
                 self.broken(format!("cannot fill the pipe for {}: {e}", path.display()))
             })?;

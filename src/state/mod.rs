@@ -469,8 +469,6 @@ impl Store {
         })
     }
 
-    /// The owner file's time (a note of a failed ADD from an earlier release is compared
-    /// with it, see `failed_add`).
     /// Whether the owner's netns still exists; when its record cannot say, it is taken as
     /// alive.
     pub fn owner_netns_alive(&self, owner: &Ownership) -> bool {
@@ -486,6 +484,8 @@ impl Store {
         }
     }
 
+    /// The owner file's time (a note of a failed ADD from an earlier release is compared
+    /// with it, see `failed_add`).
     pub fn owner_file_time(&self, key: &PodKey) -> Option<SystemTime> {
         fs::symlink_metadata(self.owner_path(key))
             .and_then(|m| m.modified())

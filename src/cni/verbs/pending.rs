@@ -22,6 +22,8 @@ use crate::state::{Loaded, Store, surely_absent};
 /// `outcome=` of a cut-off ADD's rollback, and of its sandbox's DEL answered from it.
 pub const ROLLED_BACK: &str = "rolled-back";
 pub const ROLLBACK_FAILED: &str = "rollback-failed";
+/// Failed rollbacks after which the note goes and the pod's verbs go on without it.
+const GIVE_UP_AFTER: u32 = 5;
 /// `outcome=` of a cut-off ADD whose processes were killed and whose DEL waits for the owner.
 pub const CUT_OFF: &str = "cut-off";
 
@@ -43,6 +45,8 @@ pub fn note(
         delegate.recorded_conf(),
     );
     let root = &inv.conf.state_dir;
+    // A mark of an earlier try of this sandbox speaks for that try only.
+    let _ = pending_add::remove_rolled_back(root, &note.id());
     match pending_add::save(root, &note) {
         Ok(()) => Some(pending_add::pid_path(root, &key.digest())),
         Err(err) => {
@@ -69,18 +73,32 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, owners_del: b
     if surely_absent(&pending_add::note_path(root, &digest)) {
         return Ok(());
     }
-    let mut note = match pending_add::load(root, &digest)? {
-        Loaded::Missing => return Ok(()),
-        Loaded::Valid(note) if !note.of_another_boot() && note.key == *key => note,
+    // The note is a safety net: a store that cannot read or remove it fails no verb.
+    let forget = || {
+        if let Err(err) = pending_add::clear(root, &digest) {
+            eprintln!("sandbox-guard: a note of a cut-off ADD could not be removed: {err}");
+        }
+    };
+    let mut note = match pending_add::load(root, &digest) {
+        Ok(Loaded::Valid(note)) if !note.of_another_boot() && note.key == *key => note,
+        Ok(Loaded::Missing) => return Ok(()),
+        Err(err) => {
+            eprintln!("sandbox-guard: a note of a cut-off ADD could not be read: {err}");
+            return Ok(());
+        }
         // Unreadable, or of another boot (nothing of it runs): nothing to roll back by.
-        _ => return pending_add::clear(root, &digest),
+        Ok(_) => {
+            forget();
+            return Ok(());
+        }
     };
     let id = note.id();
     let holder = Holder::of(root, key, &note.container_id);
     let Some(pid) = pending_add::primary_pid(root, &digest).filter(|_| holder != Holder::Itself)
     else {
         // Committed (its guard died before removing the note), or its primary never ran.
-        return pending_add::clear(root, &digest);
+        forget();
+        return Ok(());
     };
     let subject = Subject {
         network: &note.key.network,
@@ -93,7 +111,7 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, owners_del: b
         // The primary may have been killed before it acted on this ADD: a DEL as this
         // sandbox could then tear down the live owner's network by the pod's name. Its
         // runtime's own DEL is judged as any stale DEL (deferred while the owner lives).
-        pending_add::clear(root, &digest)?;
+        forget();
         inv.log.event(Level::Warn, inv.verb, &subject, CUT_OFF, &format!(
             "the ADD of sandbox {} (since {}) was cut off at the primary; what was left of it was killed, and its DEL waits \
              while the pod's owner lives",
@@ -111,11 +129,26 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, owners_del: b
     };
     match outcome {
         Ok(()) => {
-            pending_add::mark_rolled_back(root, &id)?;
-            pending_add::clear(root, &digest)?;
+            // Without its mark the sandbox's own DEL is judged as any; without the note's
+            // removal the next verb gives the primary this DEL again, which it tolerates.
+            if let Err(err) = pending_add::mark_rolled_back(root, &id) {
+                eprintln!("sandbox-guard: a rollback could not be marked: {err}");
+            }
+            forget();
             inv.log.event(Level::Warn, inv.verb, &subject, ROLLED_BACK, &format!(
                 "the ADD of sandbox {} (since {}) was cut off at the primary; what was left of it was killed and the primary had its DEL",
                 note.container_id, note.written_at
+            ));
+            Ok(())
+        }
+        Err(err) if note.attempts + 1 >= GIVE_UP_AFTER => {
+            // The pod's teardown is not held for good: what the primary made of the cut-off
+            // sandbox stays, as without a note, and its own DEL is judged as any.
+            forget();
+            inv.log.event(Level::Error, inv.verb, &subject, ROLLBACK_FAILED, &format!(
+                "the rollback of sandbox {}'s cut-off ADD failed {GIVE_UP_AFTER} times and is given up (what the primary made \
+                 of it may stay): {}",
+                note.container_id, err.msg
             ));
             Ok(())
         }
@@ -183,9 +216,9 @@ fn delete_as(inv: &Invocation, current: &Delegate, note: &PendingAdd) -> Result<
 /// Who holds a pod key, seen from one sandbox of it.
 #[derive(Debug, PartialEq, Eq)]
 enum Holder {
-    /// The sandbox itself (its ADD committed), or the store cannot say otherwise.
+    /// The sandbox itself: its ADD committed.
     Itself,
-    /// Another sandbox whose netns lives.
+    /// Another sandbox whose netns lives, or the store cannot say.
     Live,
     /// Nobody, or a sandbox whose netns is gone.
     None,
@@ -193,14 +226,15 @@ enum Holder {
 
 impl Holder {
     fn of(root: &std::path::Path, key: &PodKey, container_id: &str) -> Holder {
+        // A store that cannot say is read as a live owner: no DEL goes to the primary.
         let Ok(store) = Store::open_read_only(root) else {
-            return Holder::Itself;
+            return Holder::Live;
         };
         match store.load_owner(key) {
             Ok(Loaded::Valid(owner)) if owner.container_id == container_id => Holder::Itself,
             Ok(Loaded::Valid(owner)) if store.owner_netns_alive(&owner) => Holder::Live,
             Ok(Loaded::Valid(_) | Loaded::Missing) => Holder::None,
-            _ => Holder::Itself,
+            _ => Holder::Live,
         }
     }
 }

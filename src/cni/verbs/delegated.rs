@@ -38,7 +38,7 @@ use crate::state::{Loaded, Store, surely_absent};
 pub fn add(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Result<String> {
     let key = inv.pod_key(attachment);
     let locks = lock(inv, key.as_slice())?;
-    let added = resolve_pending(inv, delegate, key.as_slice(), false)
+    let added = resolve_pending(inv, delegate, key.as_slice(), None)
         .and_then(|()| add_locked(inv, delegate, attachment, key.as_ref()));
     // A failed ADD took no key: its lock file goes unless someone owns the pod.
     for lock in locks {
@@ -108,15 +108,15 @@ fn run_and_checkpoint(
 }
 
 /// Rolls back a cut-off ADD of each of `keys`, whose locks the caller holds (`pending`).
-/// `owners_del`: the verb is the DEL of `keys`' owner.
+/// `deleting`: the container whose DEL the verb is.
 fn resolve_pending(
     inv: &Invocation,
     delegate: &Delegate,
     keys: &[PodKey],
-    owners_del: bool,
+    deleting: Option<&str>,
 ) -> Result<()> {
     keys.iter()
-        .try_for_each(|key| pending::resolve(inv, delegate, key, owners_del))
+        .try_for_each(|key| pending::resolve(inv, delegate, key, deleting))
 }
 
 /// The primary must not set up a pod the guard then cannot record: without its checkpoint
@@ -175,8 +175,7 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
     let outcome = if locks.is_empty() {
         del_locked(inv, delegate, attachment, &locked_keys)
     } else {
-        let owners_del = owns_all(inv, attachment, &locked_keys);
-        resolve_pending(inv, delegate, &locked_keys, owners_del)
+        resolve_pending(inv, delegate, &locked_keys, Some(&attachment.container_id))
             .and_then(|()| del_locked(inv, delegate, attachment, &locked_keys))
     };
     // The freed keys' locks go to the replay worker with their deferred DELs; the others'
@@ -196,16 +195,6 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
         replay_worker::start(inv, delegate, handed, false);
     }
     outcome.map(|_| ())
-}
-
-/// Whether the sandbox of this DEL owns every one of `keys`: its network goes now.
-fn owns_all(inv: &Invocation, attachment: &Attachment, keys: &[PodKey]) -> bool {
-    let Ok(store) = Store::open_read_only(&inv.conf.state_dir) else {
-        return false;
-    };
-    keys.iter().all(|key| {
-        matches!(store.load_owner(key), Ok(Loaded::Valid(owner)) if owner.container_id == attachment.container_id)
-    })
 }
 
 /// The DEL under its pod locks; `true` when it freed the pod's keys (the primary had the
@@ -286,7 +275,7 @@ fn del_locked(
 pub fn check(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Result<()> {
     let key = inv.pod_key(attachment);
     let locks = lock(inv, key.as_slice())?;
-    let checked = resolve_pending(inv, delegate, key.as_slice(), false)
+    let checked = resolve_pending(inv, delegate, key.as_slice(), None)
         .and_then(|()| pass_on(inv, delegate, inv.conf.prev_result.as_deref()))
         .and_then(|_| super::check::run(inv, attachment));
     // A CHECK of a sandbox the store does not know leaves no lock file behind.
@@ -731,7 +720,7 @@ pub fn replay_key(
     let mut held = Some(lock);
     while let Some(lock) = held.take() {
         // An ADD of the pod cut off while the lock was let go is rolled back first.
-        if let Err(err) = pending::resolve(inv, delegate, &key, false) {
+        if let Err(err) = pending::resolve(inv, delegate, &key, None) {
             eprintln!(
                 "sandbox-guard: the deferred DELs of pod {} wait: {err}",
                 key.pod()
@@ -998,7 +987,7 @@ fn roll_back_cut_off_adds(inv: &Invocation, delegate: &Delegate, until: Instant)
         let Ok(Some(lock)) = PodLock::try_acquire(root, &note.key) else {
             continue;
         };
-        if let Err(err) = pending::resolve(inv, delegate, &note.key, false) {
+        if let Err(err) = pending::resolve(inv, delegate, &note.key, None) {
             eprintln!("sandbox-guard: {err}");
         }
         lock.release_unused(root);

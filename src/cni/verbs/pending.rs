@@ -66,8 +66,13 @@ pub fn clear(inv: &Invocation, key: &PodKey) {
 }
 
 /// Rolls back the cut-off ADD noted for `key`, if there is one; the caller holds its lock.
-/// `owners_del`: the verb is the DEL of the sandbox that owns `key`, whose network goes now.
-pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, owners_del: bool) -> Result<()> {
+/// `deleting`: the container whose DEL the verb is; when it owns `key`, its network goes now.
+pub fn resolve(
+    inv: &Invocation,
+    current: &Delegate,
+    key: &PodKey,
+    deleting: Option<&str>,
+) -> Result<()> {
     let root = &inv.conf.state_dir;
     let digest = key.digest();
     if surely_absent(&pending_add::note_path(root, &digest)) {
@@ -107,7 +112,9 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, owners_del: b
         pod: Some(note.key.pod()),
     };
     let left = crate::kernel::processes::kill_leftovers(pid, &note.container_id);
-    if left == 0 && holder == Holder::Live && !owners_del {
+    let owners_del =
+        matches!((&holder, deleting), (Holder::Live(Some(owner)), Some(del)) if owner == del);
+    if left == 0 && matches!(holder, Holder::Live(_)) && !owners_del {
         // The primary may have been killed before it acted on this ADD: a DEL as this
         // sandbox could then tear down the live owner's network by the pod's name. Its
         // runtime's own DEL is judged as any stale DEL (deferred while the owner lives).
@@ -218,8 +225,8 @@ fn delete_as(inv: &Invocation, current: &Delegate, note: &PendingAdd) -> Result<
 enum Holder {
     /// The sandbox itself: its ADD committed.
     Itself,
-    /// Another sandbox whose netns lives, or the store cannot say.
-    Live,
+    /// Another sandbox whose netns lives (`None`: the store cannot say who).
+    Live(Option<String>),
     /// Nobody, or a sandbox whose netns is gone.
     None,
 }
@@ -228,13 +235,15 @@ impl Holder {
     fn of(root: &std::path::Path, key: &PodKey, container_id: &str) -> Holder {
         // A store that cannot say is read as a live owner: no DEL goes to the primary.
         let Ok(store) = Store::open_read_only(root) else {
-            return Holder::Live;
+            return Holder::Live(None);
         };
         match store.load_owner(key) {
             Ok(Loaded::Valid(owner)) if owner.container_id == container_id => Holder::Itself,
-            Ok(Loaded::Valid(owner)) if store.owner_netns_alive(&owner) => Holder::Live,
+            Ok(Loaded::Valid(owner)) if store.owner_netns_alive(&owner) => {
+                Holder::Live(Some(owner.container_id))
+            }
             Ok(Loaded::Valid(_) | Loaded::Missing) => Holder::None,
-            _ => Holder::Live,
+            _ => Holder::Live(None),
         }
     }
 }

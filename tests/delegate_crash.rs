@@ -787,3 +787,106 @@ fn an_add_cut_off_anywhere_is_rolled_back_by_the_pods_next_verb() {
         });
     }
 }
+
+/// What an operator reads of a cut-off ADD: the dump shows its note (its primary's pid and
+/// what of it still runs) and then its rolled-back mark; the doctor lists the store's notes;
+/// `--downgrade` says it leaves them for the older release, which does not read them.
+#[test]
+fn a_cut_off_add_shows_in_the_dump_the_doctor_and_the_downgrade() {
+    sys::skip_unless_root!(TOOLS);
+    let (mut world, [owner]) = World::with_sandboxes();
+    // Killed while its primary waits for its IPAM child, which the dump then finds running.
+    let cut_off = Sandbox {
+        container: container_id(),
+        pod: Pod::new(&owner.pod.namespace, &owner.pod.name),
+        netns: sys::Netns::new("sgdc"),
+        result: Value::Null,
+    };
+    let add = world
+        .store
+        .add(&cut_off.container, &cut_off.pod)
+        .netns(cut_off.netns.path().to_str().unwrap())
+        .no_prev_result();
+    let mut running = world.primary.wrap_with_slow_ipam(add, 5.0).spawn();
+    std::thread::sleep(Duration::from_secs(1));
+    let guard_pid = running.pid;
+    assert!(running.kill(), "the ADD was not cut off at the primary");
+    // Its stderr is the primary's too: it is reaped only once the IPAM child is gone.
+    let reaped = std::thread::spawn(move || running.wait());
+    let dead = || {
+        std::fs::read_to_string(format!("/proc/{guard_pid}/stat")).map_or(true, |stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, s)| s.trim_start().starts_with('Z'))
+        })
+    };
+    while !dead() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let state_dir = world.store.state_dir.to_str().unwrap().to_string();
+    let guard = |args: &[&str]| {
+        let out = std::process::Command::new(cni::BIN)
+            .args(args)
+            .args(["--state-dir", &state_dir])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let row_of = |container: &str| -> Value {
+        let (code, out) = guard(&["--dump-checkpoints", "--output", "json"]);
+        assert_eq!(code, Some(0), "{out}");
+        let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+        rows.into_iter()
+            .find(|row| row["containerId"] == json!(container))
+            .unwrap_or(Value::Null)
+    };
+
+    let row = row_of(&cut_off.container);
+    assert_eq!(row["status"], "pending-add", "{row}");
+    assert!(row["primaryPid"].is_i64(), "the primary ran: {row}");
+    assert!(
+        row["primaryProcesses"].as_u64() >= Some(1),
+        "its IPAM child still runs: {row}"
+    );
+    let (_, table) = guard(&["--dump-checkpoints"]);
+    assert!(
+        table.contains("pending-add") && table.contains("the pod's next verb"),
+        "{table}"
+    );
+    let (_, doctor) = guard(&["--doctor", "--output", "json"]);
+    let report: Value = serde_json::from_str(&doctor).unwrap();
+    let finding = report["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|f| f["check"] == "store-pending-adds")
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert!(
+        finding["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("1 at the primary now")),
+        "{doctor}"
+    );
+    assert_eq!(reaped.join().unwrap().status.signal(), Some(SIGKILL));
+    let (code, downgraded) = guard(&["--downgrade"]);
+    assert_eq!(code, Some(0), "{downgraded}");
+    assert!(
+        downgraded.contains("1 ADD cut off at the primary is not rolled back"),
+        "{downgraded}"
+    );
+
+    // The owner's DEL, by this release again, rolls the cut-off ADD back.
+    world.run(world.del(&owner, true), Kill::Never);
+    let row = row_of(&cut_off.container);
+    assert_eq!(row["status"], "rolled-back", "{row}");
+    let (_, downgraded) = guard(&["--downgrade"]);
+    assert!(
+        downgraded.contains("1 mark of a rolled-back sandbox stays"),
+        "{downgraded}"
+    );
+    world.run(world.gc(&[]), Kill::Never);
+    assert_eq!(row_of(&cut_off.container), Value::Null, "GC keeps the mark");
+}

@@ -3,7 +3,8 @@
 //! replay runs meanwhile: a worker of delegate mode would read and rewrite deferred DELs
 //! while they move (`replay.lock`, taken first and exclusively, waited for at most
 //! `--lock-timeout` while no other lock is held). The temp files of writers that are gone go
-//! too, a killed run's among them.
+//! too, a killed run's among them. Delegate mode's notes of cut-off ADDs and marks of
+//! rolled-back ones stay as they are and are reported: the older release reads neither.
 
 use std::path::Path;
 use std::time::Duration;
@@ -39,6 +40,28 @@ pub fn run(state_dir: &Path, lock_timeout: Duration) -> i32 {
             if ledger_left > 0 {
                 println!(
                     "{ledger_left} refusal ledger entries of whole pods stay as they are: they hold counts of no known interface and their pod has no single interface on the node to give them to. The older release skips them (history only; nothing it protects depends on them)."
+                );
+            }
+            let notes = crate::state::pending_add::digests(state_dir).len();
+            let marks = crate::state::pending_add::rolled_back_ids(state_dir).len();
+            if notes > 0 {
+                let (counted, verb) = if notes == 1 {
+                    ("1 ADD cut off at the primary".to_string(), "is")
+                } else {
+                    (format!("{notes} ADDs cut off at the primary"), "are")
+                };
+                println!(
+                    "{counted} {verb} not rolled back yet and stay in pending-adds/: the older release does not read them, so what the primary made of a cut-off sandbox stays, as it did under that release (the next DEL of an older sandbox of its pod may reach the primary beside it). This release rolls each back at its pod's next verb if it comes back; --dump-checkpoints shows them."
+                );
+            }
+            if marks > 0 {
+                let counted = if marks == 1 {
+                    "1 mark of a rolled-back sandbox stays".to_string()
+                } else {
+                    format!("{marks} marks of rolled-back sandboxes stay")
+                };
+                println!(
+                    "{counted} in rolled-back/: the older release does not read them and judges such a sandbox's late DEL as any other (the primary may have that DEL a second time, for what it no longer holds)."
                 );
             }
             println!(

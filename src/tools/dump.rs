@@ -27,6 +27,7 @@ use crate::state::ledger::LedgerEntry;
 use crate::state::lock::WaitNotice;
 use crate::state::ownership::Ownership;
 use crate::state::ownership::PodKey;
+use crate::state::pending_add::{self, PendingAdd};
 use crate::state::{Folder, Loaded, READ_BATCH, RECORDS, Store, read_entry_for_listing};
 
 #[derive(Debug, Clone, Copy)]
@@ -119,6 +120,22 @@ struct Row<'a> {
     /// The owner's row: the stale DELs of its pod key the refusal ledger counted.
     #[serde(skip_serializing_if = "Option::is_none")]
     stale_dels: Option<StaleDels<'a>>,
+    /// A pending ADD's: when it was noted, its primary's pid, its failed rollbacks.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pending_add: Option<PendingAddFields<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PendingAddFields<'a> {
+    noted_at: &'a str,
+    /// None when the primary never ran.
+    primary_pid: Option<i32>,
+    /// Processes of the primary's group that still carry the sandbox's container ID.
+    primary_processes: usize,
+    of_another_boot: bool,
+    rollback_attempts: u32,
+    rollback_last_error: Option<&'a str>,
 }
 
 /// A ledger entry as the dump shows it: every key holding a container ID says so in its
@@ -182,6 +199,12 @@ enum Status {
     OwnerWithoutRecord,
     /// Delegate mode: a stale DEL kept from the primary until its pod key is free.
     Deferred,
+    /// Delegate mode: an ADD at the primary now, or cut off there: the pod's next verb rolls
+    /// it back.
+    PendingAdd,
+    /// Delegate mode: a cut-off ADD the primary has had the DEL of: the sandbox's own DEL is
+    /// answered without it.
+    RolledBack,
 }
 
 impl Status {
@@ -194,6 +217,8 @@ impl Status {
             Status::Kept => "kept",
             Status::OwnerWithoutRecord => "NO RECORD",
             Status::Deferred => "deferred",
+            Status::PendingAdd => "pending-add",
+            Status::RolledBack => "rolled-back",
         }
     }
 }
@@ -377,6 +402,45 @@ fn write_all(
             row.pod_uid,
             row.container_id,
         ) {
+            push_row(sink, &mut others, &row)?;
+        }
+    }
+    let notes: Vec<(PendingAdd, Option<i32>, usize)> = pending_add::digests(store.root())
+        .iter()
+        .filter_map(|digest| match pending_add::load(store.root(), digest) {
+            Ok(Loaded::Valid(note)) => {
+                let pid = pending_add::primary_pid(store.root(), digest);
+                let running = pid.map_or(0, |pid| {
+                    crate::kernel::processes::leftovers(pid, &note.container_id).len()
+                });
+                Some((note, pid, running))
+            }
+            // Written or removed as it was read: the pod's verb owns it.
+            _ => None,
+        })
+        .collect();
+    for (note, pid, running) in &notes {
+        let row = pending_add_row(note, *pid, *running);
+        if filter.admits_fields(row.pod_namespace, row.pod_name, None, row.container_id) {
+            push_row(sink, &mut others, &row)?;
+        }
+    }
+    let rolled_back = pending_add::rolled_back_ids(store.root());
+    for id in &rolled_back {
+        let row = Row {
+            network: Some(&id.network),
+            container_id: Some(&id.container_id),
+            if_name: Some(&id.if_name),
+            ..empty_row(
+                Status::RolledBack,
+                "its ADD was cut off at the primary and rolled back: the primary has had its DEL, and its own DEL is answered without the primary".to_string(),
+            )
+        };
+        if filter.admits_container(row.container_id)
+            && filter.namespace.is_none()
+            && filter.pod_name.is_none()
+            && filter.pod_uid.is_none()
+        {
             push_row(sink, &mut others, &row)?;
         }
     }
@@ -952,6 +1016,7 @@ fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultVi
         links: record.links.as_ref(),
         deferred: None,
         stale_dels: None,
+        pending_add: None,
     }
 }
 
@@ -1046,6 +1111,53 @@ fn deferred_row(entry: &DeferredDel) -> Row<'_> {
     }
 }
 
+fn pending_add_row(note: &PendingAdd, pid: Option<i32>, running: usize) -> Row<'_> {
+    let primary = match (pid, running) {
+        (None, _) => "its primary never ran".to_string(),
+        (Some(pid), 0) => format!("its primary ran as pid {pid} and nothing of it runs now"),
+        (Some(pid), n) => format!(
+            "its primary ran as pid {pid}, and {} of its group still run",
+            counted(n, "process", "processes")
+        ),
+    };
+    let reason = if note.of_another_boot() {
+        format!(
+            "an ADD noted in an earlier boot ({primary}): nothing of it runs; the pod's next verb drops the note"
+        )
+    } else {
+        let failures = match note.attempts {
+            0 => String::new(),
+            n => format!(
+                "; {} failed, the last: {}",
+                counted(n as usize, "rollback", "rollbacks"),
+                note.last_error.as_deref().unwrap_or("-")
+            ),
+        };
+        format!(
+            "an ADD at the primary now, or cut off there ({primary}): the pod's next verb rolls it back, giving the primary this sandbox's DEL unless another sandbox owns the pod{failures}"
+        )
+    };
+    Row {
+        network: Some(&note.key.network),
+        container_id: Some(&note.container_id),
+        if_name: Some(&note.if_name),
+        pod_namespace: Some(&note.key.pod_namespace),
+        pod_name: Some(&note.key.pod_name),
+        netns: Some(&note.netns),
+        cni_version: Some(&note.cni_version),
+        created_at: Some(&note.written_at),
+        pending_add: Some(PendingAddFields {
+            noted_at: &note.written_at,
+            primary_pid: pid,
+            primary_processes: running,
+            of_another_boot: note.of_another_boot(),
+            rollback_attempts: note.attempts,
+            rollback_last_error: note.last_error.as_deref(),
+        }),
+        ..empty_row(Status::PendingAdd, reason)
+    }
+}
+
 fn empty_row<'a>(status: Status, reason: String) -> Row<'a> {
     Row {
         network: None,
@@ -1073,6 +1185,7 @@ fn empty_row<'a>(status: Status, reason: String) -> Row<'a> {
         links: None,
         deferred: None,
         stale_dels: None,
+        pending_add: None,
     }
 }
 
@@ -1124,7 +1237,7 @@ struct TableSink {
     rows: usize,
     owned: usize,
     /// Rows per `Status`, in its order.
-    by_status: [usize; 7],
+    by_status: [usize; 9],
 }
 
 const COLUMNS: [(&str, usize); 9] = [
@@ -1230,7 +1343,11 @@ impl Sink for TableSink {
             "\n{}, {} owning their pod name (*), {} not trusted",
             counted(records, "checkpoint", "checkpoints"),
             self.owned,
-            self.rows - records - count(Status::Deferred)
+            self.rows
+                - records
+                - count(Status::Deferred)
+                - count(Status::PendingAdd)
+                - count(Status::RolledBack)
         )?;
         let root = root.display();
         let notes = [
@@ -1288,6 +1405,22 @@ impl Sink for TableSink {
                     count(Status::Deferred),
                     "sandbox's stale DEL waits for its pod's name to be free: the owner's DEL or GC replays it to the primary",
                     "sandboxes' stale DELs wait for their pod's name to be free: the owner's DEL or GC replays each to the primary",
+                ),
+            ),
+            (
+                Status::PendingAdd,
+                counted(
+                    count(Status::PendingAdd),
+                    "ADD is at the primary now or was cut off there: the pod's next verb, or the sweep, rolls it back",
+                    "ADDs are at the primary now or were cut off there: each pod's next verb, or the sweep, rolls them back",
+                ),
+            ),
+            (
+                Status::RolledBack,
+                counted(
+                    count(Status::RolledBack),
+                    "cut-off ADD was rolled back: its sandbox's DEL is answered without the primary, and GC drops the mark once the runtime forgets the sandbox",
+                    "cut-off ADDs were rolled back: their sandboxes' DELs are answered without the primary, and GC drops each mark once the runtime forgets the sandbox",
                 ),
             ),
         ];

@@ -7,6 +7,7 @@ use std::path::Path;
 use super::finding::{Finding, Report, Severity, capped};
 use crate::state::checkpoint::Checkpoint;
 use crate::state::ownership::Ownership;
+use crate::state::pending_add;
 use crate::state::{Loaded, Store};
 
 /// Without a journal a power cut can lose what the guard acknowledged (docs/store.md): said
@@ -192,6 +193,90 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
         ));
     }
 }
+
+/// Delegate mode's pending ADDs: one the primary refuses to roll back holds its pod's verbs at
+/// code 11, and one cut off long ago waits for a verb of its pod that has not come.
+pub(super) fn check_pending_adds(root: &Path, report: &mut Report) {
+    let shown = root.display();
+    let now = crate::clock::unix_seconds();
+    let mut refused = Vec::new();
+    let mut waiting = Vec::new();
+    let mut earlier_boot = Vec::new();
+    let mut at_primary = 0;
+    for digest in pending_add::digests(root) {
+        let Ok(Loaded::Valid(note)) = pending_add::load(root, &digest) else {
+            continue;
+        };
+        let since = crate::clock::parse_rfc3339(&note.written_at).unwrap_or(now);
+        let running = pending_add::primary_pid(root, &digest).map_or(0, |pid| {
+            crate::kernel::processes::leftovers(pid, &note.container_id).len()
+        });
+        let what = format!(
+            "pod {} ({}): sandbox {}, noted {} ago, {running} processes of its primary running ({})",
+            note.key.pod(),
+            note.if_name,
+            note.container_id,
+            crate::clock::age(since, now),
+            pending_add::note_path(root, &digest).display()
+        );
+        if note.of_another_boot() {
+            earlier_boot.push(what);
+        } else if note.attempts > 0 {
+            refused.push(format!(
+                "{what}; {} rollbacks failed, the last: {}",
+                note.attempts,
+                note.last_error.as_deref().unwrap_or("-")
+            ));
+        } else if now - since > CUT_OFF_AFTER {
+            waiting.push(what);
+        } else {
+            at_primary += 1;
+        }
+    }
+    let marks = pending_add::rolled_back_ids(root).len();
+    let quiet = refused.is_empty() && waiting.is_empty() && earlier_boot.is_empty();
+    if !refused.is_empty() {
+        let summary = format!(
+            "{shown}: the primary refused to roll back {} ADDs cut off at it",
+            refused.len()
+        );
+        report.add(Finding::new(Severity::Warning, "store-pending-adds", summary).listing(refused).fix(
+            "each pod's verbs fail with code 11 until the primary takes the cut-off sandbox's DEL: read the last error and fix the \
+             primary. After five refusals the note goes and what the primary made of that sandbox stays; removing the note (and its \
+             .pid file) gives the rollback up at once",
+        ));
+    }
+    if !waiting.is_empty() {
+        let summary = format!(
+            "{shown}: {} ADDs were cut off at the primary and wait for their pod's next verb",
+            waiting.len()
+        );
+        report.add(Finding::new(Severity::Info, "store-pending-adds", summary).listing(waiting).fix(
+            "nothing is broken: the pod's next ADD, DEL or CHECK rolls each back before its own work, and so does the sweep that \
+             the node's next delegate-mode verb starts; until then the primary holds what it made of the cut-off sandbox",
+        ));
+    }
+    if !earlier_boot.is_empty() {
+        let summary = format!(
+            "{shown}: {} notes of ADDs of an earlier boot wait to be dropped",
+            earlier_boot.len()
+        );
+        report.add(Finding::new(Severity::Info, "store-pending-adds", summary).listing(earlier_boot).fix(
+            "nothing of them runs since the reboot: the pod's next verb or the sweep drops each without calling the primary",
+        ));
+    }
+    if quiet {
+        report.add(Finding::new(
+            Severity::Ok,
+            "store-pending-adds",
+            format!("{shown}: no ADD cut off at the primary waits ({at_primary} at the primary now, {marks} rolled back)"),
+        ));
+    }
+}
+
+/// Longer than a runtime gives a CNI call (kubelet's `runtimeRequestTimeout` is 2 minutes):
+/// a note this old belongs to an ADD that was cut off, not one still at the primary.
+const CUT_OFF_AFTER: i64 = 10 * 60;
 
 const REPLAYS_BEFORE_WARNING: u32 = 3;
 const DEFERRED_FOR_LONG: i64 = 24 * 3600;
@@ -537,5 +622,95 @@ mod tests {
             "{found:?}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod pending_add_tests {
+    use super::*;
+    use crate::state::ownership::PodKey;
+    use crate::state::pending_add::PendingAdd;
+
+    fn note(pod: &str, noted_at: i64, attempts: u32, boot: Option<String>) -> PendingAdd {
+        let key = PodKey {
+            network: "net".into(),
+            pod_namespace: "lijiaob".into(),
+            pod_name: pod.into(),
+            if_name: None,
+        };
+        let mut note = PendingAdd::new(
+            &key,
+            &format!("cut-{pod}"),
+            "eth0",
+            "",
+            "",
+            "1.0.0",
+            Default::default(),
+        );
+        note.written_at = crate::clock::rfc3339(noted_at);
+        note.attempts = attempts;
+        note.last_error = (attempts > 0).then(|| "datastore is locked".to_string());
+        if boot.is_some() {
+            note.boot_id = boot;
+        }
+        note
+    }
+
+    #[test]
+    fn a_refused_rollback_and_a_cut_off_add_waiting_long_are_reported() {
+        let dir = std::env::temp_dir().join(format!("sg-doctor-pending-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let now = crate::clock::unix_seconds();
+        pending_add::save(&dir, &note("etcd1-0", now - 5, 0, None)).unwrap();
+        let mut report = Report::default();
+        check_pending_adds(&dir, &mut report);
+        let found: Vec<(Severity, &str)> = report
+            .findings
+            .iter()
+            .map(|f| (f.severity, f.summary.as_str()))
+            .collect();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            found[0].0,
+            Severity::Ok,
+            "an ADD at the primary now is no finding"
+        );
+        assert!(found[0].1.contains("1 at the primary now"), "{found:?}");
+
+        pending_add::save(&dir, &note("etcd2-0", now - 3600, 0, None)).unwrap();
+        pending_add::save(&dir, &note("etcd3-0", now - 60, 2, None)).unwrap();
+        pending_add::save(
+            &dir,
+            &note("etcd4-0", now - 60, 0, Some("another-boot".into())),
+        )
+        .unwrap();
+        let mut report = Report::default();
+        check_pending_adds(&dir, &mut report);
+        let _ = std::fs::remove_dir_all(&dir);
+        let found: Vec<(Severity, String)> = report
+            .findings
+            .iter()
+            .map(|f| {
+                (
+                    f.severity,
+                    format!("{} {}", f.summary, f.evidence.join("\n")),
+                )
+            })
+            .collect();
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert!(
+            found[0].0 == Severity::Warning
+                && found[0].1.contains("cut-etcd3-0")
+                && found[0].1.contains("datastore is locked"),
+            "{found:?}"
+        );
+        assert!(
+            found[1].0 == Severity::Info && found[1].1.contains("cut-etcd2-0"),
+            "{found:?}"
+        );
+        assert!(
+            found[2].0 == Severity::Info && found[2].1.contains("cut-etcd4-0"),
+            "{found:?}"
+        );
     }
 }

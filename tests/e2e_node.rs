@@ -6,8 +6,10 @@
 //!
 //! Every sequence is driven through the API (kubectl). Besides, the harness injects stand-ins
 //! for faults it cannot cause through the API: the primary's DEL failures (the model's
-//! `fail-dels` counter), a pause process killed with SIGKILL, and kubelet and containerd
-//! restarted (SIGTERM, `scripts/node.sh restart`). Each
+//! `fail-dels` counter), a pause process killed with SIGKILL, kubelet and containerd
+//! restarted (SIGTERM, `scripts/node.sh restart`), and an ADD held at the primary once its
+//! endpoint is written (the model's `hold-adds`, with a child process as an IPAM plugin's)
+//! until a containerd restart cuts it off there. Each
 //! runs without the guard first (the harm must show, or the test could not fail), then with
 //! the guard chained, then in delegate mode, and reports per mode: stale DELs that reached
 //! the primary, new pods unreachable, sandboxes left NotReady, kubelet's error lines per GC
@@ -52,6 +54,10 @@ data:
 "#;
 /// How many times the primary fails the old sandbox's DEL in the failing-DEL sequence.
 const PRIMARY_DEL_FAILURES: u32 = 3;
+/// How long the model holds cutadd-0's next ADD at the primary once its endpoint is written:
+/// far longer than the mode's run up to the check of what is left of it, so that only the
+/// rollback ends it before then.
+const CUT_HOLD_SECONDS: u32 = 900;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -366,6 +372,23 @@ struct Figures {
     /// Which came first at the primary in the forced delete: the new sandbox's ADD or the old
     /// one's first DEL. Only the first order is the race chained mode cannot close.
     forced_add_before_del: Option<bool>,
+    /// cutadd-0's new sandbox, whose ADD a containerd restart cut off at the primary.
+    cut_add: Option<CutAdd>,
+}
+
+/// What the runtime, the primary and the guard show of an ADD cut off at the primary.
+#[derive(Debug)]
+struct CutAdd {
+    sandbox: String,
+    /// Its sandbox is the pod's ready one (it never should be: its ADD never answered).
+    became_ready: bool,
+    /// Live processes carrying its CNI_CONTAINERID once the pod is Ready again: the model's
+    /// held child, which only delegate mode's rollback kills.
+    processes_left: usize,
+    /// Delegate: the guard's line that rolled it back or cut it off (its log).
+    resolved: Option<String>,
+    /// The order at the primary: its ADD, then the old sandbox's first DEL.
+    add_before_old_del: Option<bool>,
 }
 
 /// The guard's image, built around the binary under test (scripts/image.sh), once.
@@ -655,23 +678,17 @@ fn stale_del_sandboxes(calls: &str, since: usize) -> Vec<(String, String, String
     harmed
 }
 
-/// The stale DELs (`stale_del_sandboxes`) the guard should have kept from the primary, from
-/// its log (`log`, oldest line first), each with the reason, for the assertion's message.
+/// The stale DELs (`stale_del_sandboxes`) chained mode should have kept from the primary,
+/// from its log (`log`, oldest line first), each with the reason, for the assertion's message.
 ///
-/// Per mode:
-/// - chained, the guard runs last on ADD and first on DEL: a DEL of the old sandbox that
-///   reaches it before the new sandbox's ADD does passes, unseen (the window), and so does one
-///   whose new sandbox's ADD never got `outcome=added` (it failed at the primary, whose
-///   endpoint the DEL had just removed). One that passes after that ADD breaks its rule.
-///   Passed: any outcome but refused, error (failed in the guard, never at the primary) or
-///   deferred, so that an outcome added later fails loudly;
-/// - delegate, the pod's lock orders the guard's verbs of a pod around the primary's: a DEL
-///   that removed the endpoint of a sandbox whose ADD the guard logged at all (added, or
-///   failed in the guard after the primary's) breaks its rule, whichever was logged first.
-///   One whose ADD left no line is allowed: the runtime killed the guard mid-ADD (a
-///   containerd restart cancels the RunPodSandbox in flight), so that sandbox never ran, and
-///   the DEL removed what the primary had made of it, as its own teardown would have.
-fn let_through(mode: Mode, stale: &[(String, String, String)], log: &str) -> Vec<String> {
+/// Chained, the guard runs last on ADD and first on DEL: a DEL of the old sandbox that
+/// reaches it before the new sandbox's ADD does passes, unseen (the window), and so does one
+/// whose new sandbox's ADD never got `outcome=added` (it failed at the primary, whose
+/// endpoint the DEL had just removed, or the runtime cut it off there). One that passes
+/// after that ADD breaks its rule. Passed: any outcome but refused, error (failed in the
+/// guard, never at the primary) or deferred, so that an outcome added later fails loudly.
+/// Delegate mode has no such window: no stale DEL may reach its primary at all.
+fn let_through(stale: &[(String, String, String)], log: &str) -> Vec<String> {
     let lines: Vec<&str> = log.lines().collect();
     let of_sandbox = |line: &str, verb: &str, container: &str| {
         line.contains(&format!(" {verb} ")) && line.contains(&format!(" container={container} "))
@@ -679,12 +696,6 @@ fn let_through(mode: Mode, stale: &[(String, String, String)], log: &str) -> Vec
     stale
         .iter()
         .filter_map(|(pod, by, of)| {
-            if mode == Mode::Delegate {
-                let logged = lines.iter().find(|l| of_sandbox(l, "ADD", of))?;
-                return Some(format!(
-                    "{pod}: a DEL of {by} removed the endpoint of {of}, whose ADD the guard logged: {logged}"
-                ));
-            }
             let added = lines
                 .iter()
                 .position(|l| of_sandbox(l, "ADD", of) && l.contains(" outcome=added "))?;
@@ -706,6 +717,42 @@ fn guard_log(node: &Node) -> String {
             let mut path = current.clone().into_os_string();
             path.push(suffix);
             fs::read_to_string(path).unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The sandbox whose ADD the model holds at the primary (`hold-adds`), from its trace from
+/// line `since` on.
+fn held_add(calls: &str, since: usize) -> Option<String> {
+    calls.lines().skip(since).find_map(|line| {
+        let held = line.trim_start().strip_prefix("held: ADD of ")?;
+        held.split([' ', ',']).next().map(str::to_string)
+    })
+}
+
+/// The live processes whose environment carries `CNI_CONTAINERID=<container>`: what runs of
+/// a CNI call of that sandbox.
+fn processes_carrying(container: &str) -> Vec<u32> {
+    if container.is_empty() {
+        return Vec::new();
+    }
+    let wanted = format!("CNI_CONTAINERID={container}");
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat.rsplit_once(')').map(|(_, after)| after.trim_start());
+            !state.is_some_and(|s| s.starts_with('Z') || s.starts_with('X'))
+        })
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| {
+                environ
+                    .split(|&b| b == 0)
+                    .any(|var| var == wanted.as_bytes())
+            })
         })
         .collect()
 }
@@ -858,7 +905,7 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     let pause = node.var("PAUSE_IMAGE").to_string();
     eprintln!("== {} on {}", mode.name(), node.runtime);
     create_namespace(node, &ns);
-    let singles = ["graceful", "forced", "faildel", "pause"];
+    let singles = ["graceful", "forced", "faildel", "pause", "cutadd"];
     for name in singles {
         node.apply(&statefulset(name, &ns, 1, &pause));
     }
@@ -899,16 +946,42 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
             .unwrap_or(0)
     };
 
-    let forced_old_sandbox = sandboxes(node, &ns)
-        .into_iter()
-        .find(|(_, pod, ready)| pod == "forced-0" && *ready)
-        .map(|(id, _, _)| id);
+    let old_sandbox_of = |pod: &str| {
+        sandboxes(node, &ns)
+            .into_iter()
+            .find(|(_, name, ready)| name == pod && *ready)
+            .map(|(id, _, _)| id)
+    };
+    let forced_old_sandbox = old_sandbox_of("forced-0");
+    let cutadd_old_sandbox = old_sandbox_of("cutadd-0");
+    // cutadd-0's next ADD holds at the primary once its endpoint is written, as a slow primary
+    // (its datastore, its IPAM) holds one, until a containerd restart cuts it off there.
+    let holds = PathBuf::from(node.var("PRIMARY_STATE")).join("hold-adds");
+    fs::create_dir_all(&holds).unwrap();
+    fs::write(
+        holds.join(format!("{ns}.cutadd-0")),
+        CUT_HOLD_SECONDS.to_string(),
+    )
+    .unwrap();
 
     // The sequences, all at once, as a node sees them.
     node.kubectl_ok(&["-n", &ns, "delete", "pod", "graceful-0", "--wait=false"]);
     force_delete(node, &ns, "forced-0");
     node.kubectl_ok(&["-n", &ns, "delete", "pod", "faildel-0", "--wait=false"]);
     let killed_sandbox = kill_pause(node, &ns, "pause-0");
+    force_delete(node, &ns, "cutadd-0");
+
+    // The cut: containerd restarted while the primary holds cutadd-0's new sandbox's ADD.
+    let mut cut_sandbox = String::new();
+    node.wait_until(
+        "cutadd-0's new sandbox's ADD held at the primary",
+        Duration::from_secs(120),
+        || {
+            cut_sandbox = held_add(&node.primary_calls(), calls_before).unwrap_or_default();
+            !cut_sandbox.is_empty()
+        },
+    );
+    node.node_sh(&["restart", "containerd"]);
 
     // Kubelet, then containerd, restarted while the primary still fails the old sandbox's
     // DEL, each after one more failure: the restarted component meets the failing DEL, and
@@ -932,11 +1005,13 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     );
 
     let mut second: BTreeMap<String, PodState> = BTreeMap::new();
-    for name in ["graceful", "forced", "faildel"] {
+    for name in ["graceful", "forced", "faildel", "cutadd"] {
         let pod = format!("{name}-0");
         let old = first[&pod].uid.clone();
         second.insert(pod.clone(), wait_ready_pod(node, &ns, &pod, Some(&old)));
     }
+    // What is left of the cut-off ADD once its pod runs again.
+    let cut_processes_left = processes_carrying(&cut_sandbox).len();
     node.wait_until("pause-0 in a new sandbox", Duration::from_secs(240), || {
         sandboxes(node, &ns)
             .iter()
@@ -1009,13 +1084,34 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     }
     let stale = stale_del_sandboxes(&node.primary_calls(), calls_before);
     figures.stale_dels_at_primary = stale.iter().map(|(pod, _, _)| pod.clone()).collect();
-    if mode != Mode::Unguarded {
-        figures.let_through = let_through(mode, &stale, &guard_log(node));
+    if mode == Mode::Chained {
+        figures.let_through = let_through(&stale, &guard_log(node));
     }
     figures.forced_add_before_del = match (&forced_old_sandbox, ready_sandboxes.get("forced-0")) {
         (Some(old), Some(new)) => first_call_order(&node.primary_calls(), calls_before, new, old),
         _ => None,
     };
+    let log = if mode == Mode::Unguarded {
+        String::new()
+    } else {
+        guard_log(node)
+    };
+    figures.cut_add = Some(CutAdd {
+        became_ready: ready_sandboxes.get("cutadd-0") == Some(&cut_sandbox),
+        processes_left: cut_processes_left,
+        resolved: log
+            .lines()
+            .find(|line| {
+                line.contains(&format!(" container={cut_sandbox} "))
+                    && (line.contains(" outcome=rolled-back ")
+                        || line.contains(" outcome=cut-off "))
+            })
+            .map(str::to_string),
+        add_before_old_del: cutadd_old_sandbox.as_deref().and_then(|old| {
+            first_call_order(&node.primary_calls(), calls_before, &cut_sandbox, old)
+        }),
+        sandbox: std::mem::take(&mut cut_sandbox),
+    });
     figures.sandboxes_not_ready = not_ready_pods(node, &ns);
     figures.kubelet_gc_errors = lines_since(
         &node.kubelet_log(),
@@ -1030,6 +1126,12 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
         0.0
     };
     eprintln!("   {} on {}: {figures:?}", mode.name(), node.runtime);
+    // Without delegate mode's rollback the held child runs on: it goes before the next mode.
+    if let Some(cut) = &figures.cut_add {
+        for pid in processes_carrying(&cut.sandbox) {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    }
 
     // The namespace goes: every pod's DEL, which in delegate mode frees the names that the
     // deferred DELs wait for.
@@ -1053,19 +1155,18 @@ fn assert_mode(mode: Mode, runtime: &str, f: &Figures) {
         Mode::Chained | Mode::Delegate => {
             // Chained, the guard runs last on ADD: a DEL of the old sandbox (a forced
             // delete's, or kubelet's container GC landing while the new sandbox's ADD is
-            // still at the primary) can pass between the new sandbox's ADD at the primary and
-            // its ADD at the guard, which chaining cannot see (docs/real-node.md); never
-            // after the guard has that ADD. Delegate mode holds both under the pod's lock. In
-            // both, a DEL can reach the primary while it holds a sandbox whose ADD the guard
-            // never finished (a runtime restart killed it mid-ADD): that sandbox never ran.
+            // still at the primary, or after the runtime cut that ADD off there) can pass
+            // between the new sandbox's ADD at the primary and its ADD at the guard, which
+            // chaining cannot see (docs/real-node.md); never after the guard has that ADD.
+            // What holds it here is that check and that every pod that lost its network had
+            // a stale DEL at the primary. Delegate mode holds the primary's calls of a pod
+            // under the pod's lock and rolls a cut-off ADD back before the pod's next verb:
+            // no stale DEL reaches its primary at all, in any sequence.
             assert!(
                 f.let_through.is_empty(),
                 "{runtime} {mode:?}: the guard let a stale DEL through: {:?}; {f:?}",
                 f.let_through
             );
-            // Chained, what holds it here is that check and that every pod that lost its
-            // network had a stale DEL at the primary; delegate, no pod loses it, and the
-            // rollout (no restarts) sends no stale DEL to the primary at all.
             let window: Vec<&String> = match mode {
                 Mode::Chained => f.stale_dels_at_primary.iter().collect(),
                 _ => Vec::new(),
@@ -1078,10 +1179,8 @@ fn assert_mode(mode: Mode, runtime: &str, f: &Figures) {
             );
             if mode == Mode::Delegate {
                 assert!(
-                    !f.stale_dels_at_primary
-                        .iter()
-                        .any(|pod| pod.starts_with("rollout-")),
-                    "{runtime} delegate: a stale DEL of the rollout reached the primary: {f:?}"
+                    f.stale_dels_at_primary.is_empty(),
+                    "{runtime} delegate: a stale DEL reached the primary: {f:?}"
                 );
             }
             assert_eq!(
@@ -1089,6 +1188,28 @@ fn assert_mode(mode: Mode, runtime: &str, f: &Figures) {
                 "{runtime} {mode:?}: not every pod of the rollout is Ready: {f:?}"
             );
         }
+    }
+    // The cut: its sandbox never ran; without delegate mode's rollback what its primary
+    // started runs on (the negative control of the delegate check below, in every run), and
+    // delegate mode killed it and resolved the sandbox at the pod's next verb.
+    let cut = f
+        .cut_add
+        .as_ref()
+        .unwrap_or_else(|| panic!("{runtime} {mode:?}: no ADD was cut off: {f:?}"));
+    assert!(
+        !cut.became_ready,
+        "{runtime} {mode:?}: the cut-off sandbox is the pod's ready one: {cut:?}"
+    );
+    if mode == Mode::Delegate {
+        assert!(
+            cut.processes_left == 0 && cut.resolved.is_some(),
+            "{runtime} delegate: the cut-off ADD was not rolled back before the pod ran again: {cut:?}"
+        );
+    } else {
+        assert!(
+            cut.processes_left > 0,
+            "{runtime} {mode:?}: nothing of the cut-off ADD ran on, so the delegate check of it cannot fail: {cut:?}"
+        );
     }
     if mode == Mode::Delegate {
         // The killed pause sandbox still holds the pod's exited container, which kubelet's
@@ -1176,6 +1297,33 @@ fn run_runtime(runtime: &'static str) {
         runtime,
         "| runtime | mode | stale DELs at the primary | new pods unreachable | sandboxes NotReady | kubelet GC errors per period | deferred DELs left | RunPodSandbox mean (ms) | create to Ready, mean (ms) | create to Ready, median (ms) | create to Ready, mean / none's |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         &table,
+    );
+    let mut cuts = String::new();
+    for (mode, figures) in &all {
+        if let Some(cut) = &figures.cut_add {
+            let _ = writeln!(
+                cuts,
+                "| {runtime} | {} | {} | {} | {} | {} |",
+                mode.name(),
+                &cut.sandbox[..cut.sandbox.len().min(13)],
+                match cut.add_before_old_del {
+                    Some(true) => "yes",
+                    Some(false) => "no",
+                    None => "-",
+                },
+                cut.processes_left,
+                cut.resolved
+                    .as_deref()
+                    .and_then(|line| line.split(" outcome=").nth(1))
+                    .and_then(|rest| rest.split(' ').next())
+                    .unwrap_or("-"),
+            );
+        }
+    }
+    write_report(
+        &format!("{runtime}-cut"),
+        "| runtime | mode | cut-off sandbox | its ADD before the old sandbox's first DEL | its processes left when the pod ran again | the guard's outcome for it |\n| --- | --- | --- | --- | ---: | --- |",
+        &cuts,
     );
     for (mode, figures) in &all {
         assert_mode(*mode, runtime, figures);
@@ -1848,10 +1996,9 @@ fn cilium_chained_on_pod_named_veths_containerd2() {
 #[test]
 fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
     // Reads the two logs only: no node. Chained, the window (the old sandbox's DEL passed the
-    // guard before the new sandbox's ADD reached it) is allowed, a DEL that passed after is
-    // not; delegate, a DEL that removed a sandbox whose ADD the guard logged is not, in
-    // either order. In both, one that removed a sandbox whose ADD left no line in the guard's
-    // log (it never ran) is allowed.
+    // guard before the new sandbox's ADD reached it) is allowed, and so is one that removed a
+    // sandbox whose ADD left no line in the guard's log (cut off at the primary); a DEL that
+    // passed after the new sandbox's ADD is not.
     let line = |verb: &str, container: &str, outcome: &str| {
         format!(
             "2026-11-26T05:31:00Z sandbox-guard[1] INFO {verb} network=k8s-pod-network container={container} ifname=eth0 pod=ns/rollout-5 outcome={outcome} x\n"
@@ -1869,23 +2016,21 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
         line("DEL", "aaa", "refused"),
     ]
     .concat();
-    assert!(let_through(Mode::Chained, &stale, &window).is_empty());
-    assert_eq!(let_through(Mode::Delegate, &stale, &window).len(), 1);
+    assert!(let_through(&stale, &window).is_empty());
     let failed_in_the_guard = [
         line("ADD", "aaa", "added"),
         line("ADD", "bbb", "added"),
         line("DEL", "aaa", "error"),
     ]
     .concat();
-    assert!(let_through(Mode::Chained, &stale, &failed_in_the_guard).is_empty());
+    assert!(let_through(&stale, &failed_in_the_guard).is_empty());
     let broken = [
         line("ADD", "aaa", "added"),
         line("ADD", "bbb", "added"),
         line("DEL", "aaa", "deleted"),
     ]
     .concat();
-    assert_eq!(let_through(Mode::Chained, &stale, &broken).len(), 1);
-    assert_eq!(let_through(Mode::Delegate, &stale, &broken).len(), 1);
+    assert_eq!(let_through(&stale, &broken).len(), 1);
     // A new sandbox whose ADD left no line in the guard's log (a runtime restart killed the
     // guard mid-ADD): it never ran.
     let unseen = [
@@ -1894,10 +2039,8 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
         line("DEL", "aaa", "deleted"),
     ]
     .concat();
-    assert!(let_through(Mode::Chained, &stale, &unseen).is_empty());
-    assert!(let_through(Mode::Delegate, &stale, &unseen).is_empty());
-    // Delegate, an ADD that failed in the guard after the primary's is the guard's to answer
-    // for; chained, the primary's ADD came first and the DEL may have failed it.
+    assert!(let_through(&stale, &unseen).is_empty());
+    // The primary's ADD came first and the DEL may have failed it.
     let failed_add = [
         line("ADD", "aaa", "added"),
         line("DEL", "aaa", "deleted"),
@@ -1905,8 +2048,11 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
         line("DEL", "aaa", "deleted"),
     ]
     .concat();
-    assert!(let_through(Mode::Chained, &stale, &failed_add).is_empty());
-    assert_eq!(let_through(Mode::Delegate, &stale, &failed_add).len(), 1);
+    assert!(let_through(&stale, &failed_add).is_empty());
+    // The model's trace of a held ADD names its sandbox.
+    let held = "05:31:00.1 ADD bbb ns.cutadd-0 netns=/x\n  held: ADD of bbb, its endpoint written (hold-adds, 900s)\n";
+    assert_eq!(held_add(held, 0).as_deref(), Some("bbb"));
+    assert_eq!(held_add(held, 2), None);
     // A call's lines may fall between another's: each trace line names its workload.
     let calls = "05:31:00.1 ADD bbb ns.rollout-5 netns=/x\n05:31:00.2 DEL aaa ns.rollout-5 netns=\n\
                  05:31:00.3 ADD ccc ns.rollout-6 netns=/y\n  DEL by aaa removes endpoint of bbb (workload ns.rollout-5)\n\

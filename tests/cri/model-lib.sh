@@ -127,6 +127,19 @@ slow_add_if_asked() {
     return 0
 }
 
+# A file hold-adds/<namespace>.<pod> (seconds) holds that pod's next ADD that long once its
+# endpoint is written, and goes: an ADD at the primary with its state made, for a test to cut
+# off by restarting the runtime. The wait is a child process carrying the call's environment,
+# as an IPAM plugin the primary runs is, without the call's pipes.
+hold_add_if_asked() {
+    local hold=$state_dir/hold-adds/$namespace.$pod seconds
+    [[ -f $hold ]] || return 0
+    seconds=$(<"$hold")
+    rm -f "$hold"
+    trace "held: ADD of $CNI_CONTAINERID, its endpoint written (hold-adds, ${seconds}s)"
+    sleep "$seconds" </dev/null >/dev/null 2>&1 9>&-
+}
+
 # host_veth_name KEY: calico's host-side name, the prefix and a hash of KEY cut to 15 bytes
 # (calico: "cali" + sha1(KEY)[:11]).
 host_veth_name() {

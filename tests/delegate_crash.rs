@@ -846,6 +846,7 @@ fn a_cut_off_add_shows_in_the_dump_the_doctor_and_the_downgrade() {
     let row = row_of(&cut_off.container);
     assert_eq!(row["status"], "pending-add", "{row}");
     assert!(row["primaryPid"].is_i64(), "the primary ran: {row}");
+    assert_eq!(row["standing"], "cut-off", "its guard is gone: {row}");
     assert!(
         row["primaryProcesses"].as_u64() >= Some(1),
         "its IPAM child still runs: {row}"
@@ -865,9 +866,10 @@ fn a_cut_off_add_shows_in_the_dump_the_doctor_and_the_downgrade() {
         .cloned()
         .unwrap_or(Value::Null);
     assert!(
-        finding["summary"]
-            .as_str()
-            .is_some_and(|s| s.contains("1 at the primary now")),
+        finding["severity"] == "info"
+            && finding["summary"]
+                .as_str()
+                .is_some_and(|s| s.contains("1 ADD cut off at the primary")),
         "{doctor}"
     );
     assert_eq!(reaped.join().unwrap().status.signal(), Some(SIGKILL));
@@ -889,4 +891,77 @@ fn a_cut_off_add_shows_in_the_dump_the_doctor_and_the_downgrade() {
     );
     world.run(world.gc(&[]), Kill::Never);
     assert_eq!(row_of(&cut_off.container), Value::Null, "GC keeps the mark");
+}
+
+/// While another sandbox holds the pod, a verb that may not give the primary the cut-off
+/// sandbox's DEL (that sandbox's own DEL, as containerd's cleanup of a failed RunPodSandbox
+/// sends it, and GC's sweep) kills what is left and keeps the note. The holder's DEL then
+/// rolls it back before the holder's own DEL reaches the primary, and the cut-off sandbox's
+/// deferred DEL goes without the primary, which has had it.
+#[test]
+fn a_cut_off_add_whose_own_del_comes_first_is_rolled_back_by_the_owners_del() {
+    sys::skip_unless_root!(TOOLS);
+    let (mut world, [owner]) = World::with_sandboxes();
+    let (cut_off, interrupted) = world.newer_sandbox(
+        &owner.pod,
+        Kill::After(Duration::from_millis(500)),
+        Some(2.0),
+    );
+    assert!(interrupted.killed, "the ADD was not cut off at the primary");
+    let note = world
+        .store
+        .state_dir
+        .join("pending-adds")
+        .join(owner_digest(&world, &owner));
+    world.run(world.del(&cut_off, true), Kill::Never);
+    world.run(world.gc(&[&owner]), Kill::Never);
+    world.assert_consistent(&[&cut_off], "after the cut-off sandbox's own DEL and a GC");
+    assert!(
+        world.dels_of(&cut_off).is_empty(),
+        "a DEL as the cut-off sandbox reached the primary while the owner lived:\n{}",
+        world.history()
+    );
+    assert!(note.exists(), "the note went before the owner's DEL");
+
+    let owners_del = world.runs.len();
+    world.run(world.del(&owner, true), Kill::Never);
+    let first = |dels: Vec<Delivery>| {
+        dels.into_iter()
+            .find(|d| d.run == owners_del)
+            .map(|d| (d.at, d.call.verb))
+    };
+    let (cut_off_at, owner_at) = (first(world.dels_of(&cut_off)), first(world.dels_of(&owner)));
+    assert!(
+        matches!((&cut_off_at, &owner_at), (Some((a, _)), Some((b, _))) if a < b),
+        "the owner's DEL did not give the primary the cut-off sandbox's DEL before its own:\n{}",
+        world.history()
+    );
+    world.run(world.gc(&[]), Kill::Never);
+    world.assert_consistent(&[], "after the owner's DEL and a GC");
+    assert_eq!(
+        world.dels_of(&cut_off).len(),
+        1,
+        "the primary had the rolled-back sandbox's DEL again:\n{}",
+        world.history()
+    );
+    assert!(!note.exists(), "the note outlived the owner's DEL");
+    assert!(
+        world.deferred().is_empty(),
+        "deferred: {:?}",
+        world.deferred()
+    );
+}
+
+/// The file name of `sandbox`'s pod key's note: its owner file's.
+fn owner_digest(world: &World, sandbox: &Sandbox) -> String {
+    world
+        .store
+        .owner_files()
+        .iter()
+        .find(|path| {
+            cni::verify_envelope(path)
+                .is_ok_and(|owner| owner["containerId"] == json!(sandbox.container))
+        })
+        .and_then(|path| path.file_name()?.to_str().map(str::to_string))
+        .expect("the owner's file")
 }

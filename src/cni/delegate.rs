@@ -57,6 +57,8 @@ pub struct EnvOverride<'a> {
     /// Written by the primary's process before it execs (`state::pending_add`): its pid is
     /// its process group's, and without the file it never ran.
     pub pid_file: Option<&'a std::path::Path>,
+    /// The pending ADD's nonce, as `pending_add::MARKER_VAR` in the primary's environment.
+    pub marker: Option<&'a str>,
 }
 
 impl Delegate {
@@ -282,6 +284,7 @@ impl Delegate {
             ("CNI_NETNS", env.netns),
             ("CNI_IFNAME", env.if_name),
             ("CNI_ARGS", env.args),
+            (crate::state::pending_add::MARKER_VAR, env.marker),
         ] {
             if let Some(value) = value {
                 command.env(key, value);

@@ -1,7 +1,10 @@
 //! What is left of a primary whose guard was killed: the primary dies with the guard
 //! (`PR_SET_PDEATHSIG`), the plugins it runs (its IPAM) do not. They stay in its process
-//! group and carry its `CNI_CONTAINERID`, which is how they are found: a process counts only
-//! with both, so a reused pid or group id never takes an unrelated process down.
+//! group and carry its environment, which is how they are found: a process counts only in
+//! that group and with the call's marker (`NAME=nonce`), or, if it carries no such variable
+//! (a plugin that builds its children's environment), with the call's `CNI_CONTAINERID`. So
+//! a reused pid or group id never takes an unrelated process down, not even another
+//! network's call for the same container, which carries a marker of its own.
 
 use std::time::{Duration, Instant};
 
@@ -11,12 +14,33 @@ use nix::unistd::Pid;
 /// How long the killed processes get to be gone.
 const GONE_WITHIN: Duration = Duration::from_secs(2);
 
-/// Kills every live process of group `pgid` whose environment names `container_id`, and
-/// returns how many still run after `GONE_WITHIN` (a process in an uninterruptible wait).
-pub fn kill_leftovers(pgid: i32, container_id: &str) -> usize {
+/// The environment a call's processes carry: its container, and its marker (`NAME=value`).
+#[derive(Debug, Clone, Copy)]
+pub struct CallIdentity<'a> {
+    pub container_id: &'a str,
+    pub marker: Option<&'a str>,
+}
+
+impl CallIdentity<'_> {
+    fn carried_by(&self, environ: &[u8]) -> bool {
+        let vars = || environ.split(|&b| b == 0);
+        if let Some((name, _)) = self.marker.and_then(|m| m.split_once('=')) {
+            let prefix = format!("{name}=");
+            if let Some(var) = vars().find(|var| var.starts_with(prefix.as_bytes())) {
+                return self.marker.is_some_and(|m| var == m.as_bytes());
+            }
+        }
+        let container = format!("CNI_CONTAINERID={}", self.container_id);
+        vars().any(|var| var == container.as_bytes())
+    }
+}
+
+/// Kills every live process of group `pgid` that carries `call`, and returns how many still
+/// run after `GONE_WITHIN` (a process in an uninterruptible wait).
+pub fn kill_leftovers(pgid: i32, call: CallIdentity) -> usize {
     let until = Instant::now() + GONE_WITHIN;
     loop {
-        let left = leftovers(pgid, container_id);
+        let left = leftovers(pgid, call);
         if left.is_empty() || Instant::now() >= until {
             return left.len();
         }
@@ -27,23 +51,19 @@ pub fn kill_leftovers(pgid: i32, container_id: &str) -> usize {
     }
 }
 
-/// The live (not zombie) processes of group `pgid` whose environment names `container_id`.
-pub fn leftovers(pgid: i32, container_id: &str) -> Vec<i32> {
+/// The live (not zombie) processes of group `pgid` that carry `call`.
+pub fn leftovers(pgid: i32, call: CallIdentity) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let wanted = format!("CNI_CONTAINERID={container_id}");
     entries
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter(|&pid| pid != std::process::id() as i32)
         .filter(|&pid| live_in_group(pid, pgid))
         .filter(|&pid| {
-            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| {
-                environ
-                    .split(|&b| b == 0)
-                    .any(|var| var == wanted.as_bytes())
-            })
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|environ| call.carried_by(&environ))
         })
         .collect()
 }
@@ -69,29 +89,62 @@ mod tests {
     use std::os::unix::process::CommandExt;
 
     #[test]
-    fn only_the_group_members_that_name_the_container_are_killed() {
-        let spawn = |container: &str| {
-            std::process::Command::new("sleep")
+    fn only_the_group_members_that_carry_the_call_are_killed() {
+        let spawn = |vars: &[(&str, &str)]| {
+            let mut command = std::process::Command::new("sleep");
+            command
                 .arg("30")
-                .env("CNI_CONTAINERID", container)
-                .process_group(0)
-                .spawn()
-                .unwrap()
+                .envs(vars.iter().copied())
+                .process_group(0);
+            command.spawn().unwrap()
         };
-        let mut ours = spawn("cut-off");
-        let mut other = spawn("another");
+        let call = CallIdentity {
+            container_id: "cut-off",
+            marker: Some("SANDBOX_GUARD_ADD=1234"),
+        };
+        let mut ours = spawn(&[
+            ("CNI_CONTAINERID", "cut-off"),
+            ("SANDBOX_GUARD_ADD", "1234"),
+        ]);
         let group = ours.id() as i32;
-        assert_eq!(leftovers(group, "cut-off"), vec![group]);
-        assert!(leftovers(group, "another").is_empty());
-        assert!(leftovers(other.id() as i32, "cut-off").is_empty());
+        assert_eq!(leftovers(group, call), vec![group]);
+        let without_marker = CallIdentity {
+            marker: None,
+            ..call
+        };
+        assert_eq!(leftovers(group, without_marker), vec![group]);
+        let another = CallIdentity {
+            container_id: "another",
+            marker: None,
+        };
+        assert!(leftovers(group, another).is_empty());
+        let prefix = CallIdentity {
+            container_id: "cut",
+            marker: None,
+        };
+        assert!(leftovers(group, prefix).is_empty(), "a prefix matched");
+        // Another call for the same container: its own marker, or none (a plugin that built
+        // its child's environment) and the container.
+        let mut other_call = spawn(&[
+            ("CNI_CONTAINERID", "cut-off"),
+            ("SANDBOX_GUARD_ADD", "5678"),
+        ]);
+        assert!(leftovers(other_call.id() as i32, call).is_empty());
+        let rebuilt = spawn(&[("CNI_CONTAINERID", "cut-off")]);
+        assert_eq!(
+            leftovers(rebuilt.id() as i32, call),
+            vec![rebuilt.id() as i32]
+        );
         // A zombie (not reaped yet) is gone already.
-        assert_eq!(kill_leftovers(group, "cut-off"), 0);
+        assert_eq!(kill_leftovers(group, call), 0);
         assert!(ours.wait().unwrap().code().is_none());
         assert!(
-            other.try_wait().unwrap().is_none(),
-            "another container's process was killed"
+            other_call.try_wait().unwrap().is_none(),
+            "another call's process was killed"
         );
-        let _ = other.kill();
-        let _ = other.wait();
+        for mut child in [other_call, rebuilt] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }

@@ -29,8 +29,12 @@ use super::ownership::PodKey;
 use super::sealed::{self, Durability, Loaded};
 use super::{ensure_dir, remove};
 use crate::error::{GuardError, Result};
+use crate::kernel::processes::CallIdentity;
 
 pub const PENDING_ADDS: &str = "pending-adds";
+/// The variable that carries a note's nonce into its primary's environment, and so into
+/// every process the primary starts: what the rollback kills is what carries it.
+pub const MARKER_VAR: &str = "SANDBOX_GUARD_ADD";
 pub const ROLLED_BACK: &str = "rolled-back";
 /// The version of the note's format.
 const FORMAT: u32 = 1;
@@ -60,11 +64,44 @@ pub struct PendingAdd {
     pub attempts: u32,
     #[serde(default)]
     pub last_error: Option<String>,
+    /// In the primary's environment as `MARKER_VAR`: no other call's process carries it, even
+    /// one of the same container in a process group of a reused id.
+    #[serde(default)]
+    pub nonce: String,
 }
 
 impl PendingAdd {
     pub fn id(&self) -> AttachmentId {
         AttachmentId::of(&self.key, &self.container_id, &self.if_name)
+    }
+
+    /// The environment entry every process of this ADD's primary carries, if it has one.
+    pub fn marker(&self) -> Option<String> {
+        (!self.nonce.is_empty()).then(|| format!("{MARKER_VAR}={}", self.nonce))
+    }
+
+    fn call(&self) -> (Option<String>, &str) {
+        (self.marker(), &self.container_id)
+    }
+
+    /// The live processes of this ADD's primary, in its group `pgid`.
+    pub fn processes_left(&self, pgid: i32) -> Vec<i32> {
+        let (marker, container_id) = self.call();
+        let call = CallIdentity {
+            container_id,
+            marker: marker.as_deref(),
+        };
+        crate::kernel::processes::leftovers(pgid, call)
+    }
+
+    /// Kills what runs of this ADD's primary; how many processes still run.
+    pub fn kill_processes(&self, pgid: i32) -> usize {
+        let (marker, container_id) = self.call();
+        let call = CallIdentity {
+            container_id,
+            marker: marker.as_deref(),
+        };
+        crate::kernel::processes::kill_leftovers(pgid, call)
     }
 
     /// Written in another boot: nothing of its sandbox runs now.
@@ -96,8 +133,77 @@ impl PendingAdd {
             written_at: crate::clock::now_rfc3339(),
             attempts: 0,
             last_error: None,
+            nonce: nonce(),
         }
     }
+}
+
+/// 64 random bits, from the seed the standard library takes from the kernel per hasher.
+fn nonce() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    format!(
+        "{:016x}",
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    )
+}
+
+/// Where a noted ADD stands, as a reader without the pod's lock (the dump, the doctor) can
+/// tell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Written in an earlier boot: nothing of it runs.
+    EarlierBoot,
+    /// Its sandbox owns the pod: it committed, and its guard died before removing the note.
+    Committed,
+    /// Its primary runs (the primary dies with its guard), or is about to start.
+    AtThePrimary { processes: usize },
+    /// Its guard is gone: `processes` of its primary's group still run.
+    CutOff { processes: usize },
+}
+
+/// How long a note without a pid may be an ADD about to start its primary.
+const STARTING_WITHIN: i64 = 60;
+
+/// Where the ADD noted under `digest` stands, and its primary's pid; read only.
+pub fn standing(root: &Path, digest: &str, note: &PendingAdd) -> (Standing, Option<i32>) {
+    let pid = primary_pid(root, digest);
+    if note.of_another_boot() {
+        return (Standing::EarlierBoot, pid);
+    }
+    let committed = super::Store::open_read_only(root)
+        .and_then(|store| store.load_owner(&note.key))
+        .is_ok_and(
+            |owner| matches!(owner, Loaded::Valid(o) if o.container_id == note.container_id),
+        );
+    if committed {
+        return (Standing::Committed, pid);
+    }
+    let standing = match pid {
+        Some(pid) => {
+            let left = note.processes_left(pid);
+            if left.contains(&pid) {
+                Standing::AtThePrimary {
+                    processes: left.len(),
+                }
+            } else {
+                Standing::CutOff {
+                    processes: left.len(),
+                }
+            }
+        }
+        None => {
+            let now = crate::clock::unix_seconds();
+            let age = now - crate::clock::parse_rfc3339(&note.written_at).unwrap_or(now);
+            if age < STARTING_WITHIN {
+                Standing::AtThePrimary { processes: 0 }
+            } else {
+                Standing::CutOff { processes: 0 }
+            }
+        }
+    };
+    (standing, pid)
 }
 
 pub fn note_path(root: &Path, digest: &str) -> PathBuf {
@@ -174,8 +280,8 @@ pub fn mark_rolled_back(root: &Path, id: &AttachmentId) -> Result<()> {
         .map_err(|e| GuardError::io("mark a rollback in", &dir, e))
 }
 
-/// Whether `id` was rolled back in this boot; a mark of another boot is removed.
-pub fn rolled_back(root: &Path, id: &AttachmentId) -> bool {
+/// Whether `id` was rolled back in this boot, read only.
+pub fn marked_in_this_boot(root: &Path, id: &AttachmentId) -> bool {
     let path = root.join(ROLLED_BACK).join(id.file_name());
     let Ok(file) = sealed::open_nofollow(&path) else {
         return false;
@@ -183,10 +289,15 @@ pub fn rolled_back(root: &Path, id: &AttachmentId) -> bool {
     let mut text = String::new();
     let _ = std::io::Read::read_to_string(&mut std::io::Read::take(file, 256), &mut text);
     let boot: Option<String> = serde_json::from_str(&text).unwrap_or_default();
-    if boot.is_some() && boot == crate::clock::boot_id() {
+    boot.is_some() && boot == crate::clock::boot_id()
+}
+
+/// Whether `id` was rolled back in this boot; a mark of another boot is removed.
+pub fn rolled_back(root: &Path, id: &AttachmentId) -> bool {
+    if marked_in_this_boot(root, id) {
         return true;
     }
-    let _ = remove(&path);
+    let _ = remove(&root.join(ROLLED_BACK).join(id.file_name()));
     false
 }
 

@@ -51,7 +51,7 @@ pub fn run(state_dir: &Path, lock_timeout: Duration) -> i32 {
                     (format!("{notes} ADDs cut off at the primary"), "are")
                 };
                 println!(
-                    "{counted} {verb} not rolled back yet and stay in pending-adds/: the older release does not read them, so what the primary made of a cut-off sandbox stays, as it did under that release (the next DEL of an older sandbox of its pod may reach the primary beside it). This release rolls each back at its pod's next verb if it comes back; --dump-checkpoints shows them."
+                    "{counted} {verb} not rolled back yet and stay in pending-adds/: the older release does not read them, so what the primary made of a cut-off sandbox stays, as it did under that release (the next DEL of an older sandbox of its pod may reach the primary beside it). This release rolls each back at its pod's next verb if it comes back; this release's --dump-checkpoints shows them (the older one's does not)."
                 );
             }
             if marks > 0 {

@@ -27,7 +27,7 @@ use crate::state::ledger::LedgerEntry;
 use crate::state::lock::WaitNotice;
 use crate::state::ownership::Ownership;
 use crate::state::ownership::PodKey;
-use crate::state::pending_add::{self, PendingAdd};
+use crate::state::pending_add::{self, PendingAdd, Standing};
 use crate::state::{Folder, Loaded, READ_BATCH, RECORDS, Store, read_entry_for_listing};
 
 #[derive(Debug, Clone, Copy)]
@@ -131,8 +131,10 @@ struct PendingAddFields<'a> {
     noted_at: &'a str,
     /// None when the primary never ran.
     primary_pid: Option<i32>,
-    /// Processes of the primary's group that still carry the sandbox's container ID.
+    /// Processes of the primary's group that still carry the call's marker.
     primary_processes: usize,
+    /// `at-the-primary`, `cut-off`, `committed` or `earlier-boot`.
+    standing: &'static str,
     of_another_boot: bool,
     rollback_attempts: u32,
     rollback_last_error: Option<&'a str>,
@@ -405,36 +407,35 @@ fn write_all(
             push_row(sink, &mut others, &row)?;
         }
     }
-    let notes: Vec<(PendingAdd, Option<i32>, usize)> = pending_add::digests(store.root())
+    let notes: Vec<(PendingAdd, Standing, Option<i32>)> = pending_add::digests(store.root())
         .iter()
         .filter_map(|digest| match pending_add::load(store.root(), digest) {
             Ok(Loaded::Valid(note)) => {
-                let pid = pending_add::primary_pid(store.root(), digest);
-                let running = pid.map_or(0, |pid| {
-                    crate::kernel::processes::leftovers(pid, &note.container_id).len()
-                });
-                Some((note, pid, running))
+                let (standing, pid) = pending_add::standing(store.root(), digest, &note);
+                Some((note, standing, pid))
             }
             // Written or removed as it was read: the pod's verb owns it.
             _ => None,
         })
         .collect();
-    for (note, pid, running) in &notes {
-        let row = pending_add_row(note, *pid, *running);
+    for (note, standing, pid) in &notes {
+        let row = pending_add_row(note, *standing, *pid);
         if filter.admits_fields(row.pod_namespace, row.pod_name, None, row.container_id) {
             push_row(sink, &mut others, &row)?;
         }
     }
     let rolled_back = pending_add::rolled_back_ids(store.root());
     for id in &rolled_back {
+        let reason = if pending_add::marked_in_this_boot(store.root(), id) {
+            "its ADD was cut off at the primary and rolled back: the primary has had its DEL, and its own DEL is answered without the primary"
+        } else {
+            "a mark of an earlier boot: it answers nothing, and the sandbox's next DEL or GC removes it"
+        };
         let row = Row {
             network: Some(&id.network),
             container_id: Some(&id.container_id),
             if_name: Some(&id.if_name),
-            ..empty_row(
-                Status::RolledBack,
-                "its ADD was cut off at the primary and rolled back: the primary has had its DEL, and its own DEL is answered without the primary".to_string(),
-            )
+            ..empty_row(Status::RolledBack, reason.to_string())
         };
         if filter.admits_container(row.container_id)
             && filter.namespace.is_none()
@@ -1111,31 +1112,37 @@ fn deferred_row(entry: &DeferredDel) -> Row<'_> {
     }
 }
 
-fn pending_add_row(note: &PendingAdd, pid: Option<i32>, running: usize) -> Row<'_> {
-    let primary = match (pid, running) {
-        (None, _) => "its primary never ran".to_string(),
-        (Some(pid), 0) => format!("its primary ran as pid {pid} and nothing of it runs now"),
-        (Some(pid), n) => format!(
-            "its primary ran as pid {pid}, and {} of its group still run",
-            counted(n, "process", "processes")
+fn pending_add_row(note: &PendingAdd, standing: Standing, pid: Option<i32>) -> Row<'_> {
+    let ran = match pid {
+        Some(pid) => format!("its primary ran as pid {pid}"),
+        None => "its primary never ran".to_string(),
+    };
+    let failures = match note.attempts {
+        0 => String::new(),
+        n => format!(
+            "; {} failed, the last: {}",
+            counted(n as usize, "rollback", "rollbacks"),
+            note.last_error.as_deref().unwrap_or("-")
         ),
     };
-    let reason = if note.of_another_boot() {
-        format!(
-            "an ADD noted in an earlier boot ({primary}): nothing of it runs; the pod's next verb drops the note"
-        )
-    } else {
-        let failures = match note.attempts {
-            0 => String::new(),
-            n => format!(
-                "; {} failed, the last: {}",
-                counted(n as usize, "rollback", "rollbacks"),
-                note.last_error.as_deref().unwrap_or("-")
-            ),
-        };
-        format!(
-            "an ADD at the primary now, or cut off there ({primary}): the pod's next verb rolls it back, giving the primary this sandbox's DEL unless another sandbox owns the pod{failures}"
-        )
+    let reason = match standing {
+        Standing::EarlierBoot => format!(
+            "an ADD noted in an earlier boot ({ran}): nothing of it runs; the pod's next verb drops the note"
+        ),
+        Standing::Committed => format!(
+            "its ADD committed ({ran}) before its guard could remove the note: the pod's next verb drops it"
+        ),
+        Standing::AtThePrimary { .. } => format!("an ADD at the primary now ({ran})"),
+        Standing::CutOff { processes } => format!(
+            "an ADD cut off at the primary ({ran}; {} of its group still run): the pod's next verb kills them and \
+             gives the primary this sandbox's DEL, or, while another sandbox holds the pod, that sandbox's DEL does, and \
+             the pod's next ADD drops the note{failures}",
+            counted(processes, "process", "processes")
+        ),
+    };
+    let running = match standing {
+        Standing::CutOff { processes } | Standing::AtThePrimary { processes } => processes,
+        Standing::EarlierBoot | Standing::Committed => 0,
     };
     Row {
         network: Some(&note.key.network),
@@ -1150,6 +1157,12 @@ fn pending_add_row(note: &PendingAdd, pid: Option<i32>, running: usize) -> Row<'
             noted_at: &note.written_at,
             primary_pid: pid,
             primary_processes: running,
+            standing: match standing {
+                Standing::EarlierBoot => "earlier-boot",
+                Standing::Committed => "committed",
+                Standing::AtThePrimary { .. } => "at-the-primary",
+                Standing::CutOff { .. } => "cut-off",
+            },
             of_another_boot: note.of_another_boot(),
             rollback_attempts: note.attempts,
             rollback_last_error: note.last_error.as_deref(),

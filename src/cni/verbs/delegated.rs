@@ -38,7 +38,7 @@ use crate::state::{Loaded, Store, surely_absent};
 pub fn add(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Result<String> {
     let key = inv.pod_key(attachment);
     let locks = lock(inv, key.as_slice())?;
-    let added = resolve_pending(inv, delegate, key.as_slice(), None)
+    let added = resolve_pending(inv, delegate, key.as_slice(), pending::NextVerb::Add)
         .and_then(|()| add_locked(inv, delegate, attachment, key.as_ref()));
     // A failed ADD took no key: its lock file goes unless someone owns the pod.
     for lock in locks {
@@ -66,9 +66,9 @@ fn add_locked(
     let Some(key) = key else {
         return run_and_checkpoint(inv, delegate, attachment, None, None);
     };
-    let pid_file = pending::note(inv, delegate, attachment, key);
-    let added = run_and_checkpoint(inv, delegate, attachment, Some(key), pid_file.as_deref());
-    if pid_file.is_some() {
+    let noted = pending::note(inv, delegate, attachment, key);
+    let added = run_and_checkpoint(inv, delegate, attachment, Some(key), noted.as_ref());
+    if noted.is_some() {
         pending::clear(inv, key);
     }
     let output = added?;
@@ -83,11 +83,12 @@ fn run_and_checkpoint(
     delegate: &Delegate,
     attachment: &Attachment,
     key: Option<&PodKey>,
-    pid_file: Option<&std::path::Path>,
+    noted: Option<&pending::Noted>,
 ) -> Result<String> {
     let id = inv.attachment_id(attachment);
     let env = EnvOverride {
-        pid_file,
+        pid_file: noted.map(|n| n.pid_file.as_path()),
+        marker: noted.map(|n| n.nonce.as_str()),
         ..EnvOverride::default()
     };
     let reply = delegate.call(
@@ -108,15 +109,15 @@ fn run_and_checkpoint(
 }
 
 /// Rolls back a cut-off ADD of each of `keys`, whose locks the caller holds (`pending`).
-/// `deleting`: the container whose DEL the verb is.
+/// `verb`: the verb that takes them.
 fn resolve_pending(
     inv: &Invocation,
     delegate: &Delegate,
     keys: &[PodKey],
-    deleting: Option<&str>,
+    verb: pending::NextVerb,
 ) -> Result<()> {
     keys.iter()
-        .try_for_each(|key| pending::resolve(inv, delegate, key, deleting))
+        .try_for_each(|key| pending::resolve(inv, delegate, key, verb))
 }
 
 /// The primary must not set up a pod the guard then cannot record: without its checkpoint
@@ -175,8 +176,13 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
     let outcome = if locks.is_empty() {
         del_locked(inv, delegate, attachment, &locked_keys)
     } else {
-        resolve_pending(inv, delegate, &locked_keys, Some(&attachment.container_id))
-            .and_then(|()| del_locked(inv, delegate, attachment, &locked_keys))
+        resolve_pending(
+            inv,
+            delegate,
+            &locked_keys,
+            pending::NextVerb::Del(&attachment.container_id),
+        )
+        .and_then(|()| del_locked(inv, delegate, attachment, &locked_keys))
     };
     // The freed keys' locks go to the replay worker with their deferred DELs; the others'
     // files go unless someone owns the pod or a deferred DEL waits on it, whatever the
@@ -275,7 +281,7 @@ fn del_locked(
 pub fn check(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Result<()> {
     let key = inv.pod_key(attachment);
     let locks = lock(inv, key.as_slice())?;
-    let checked = resolve_pending(inv, delegate, key.as_slice(), None)
+    let checked = resolve_pending(inv, delegate, key.as_slice(), pending::NextVerb::Other)
         .and_then(|()| pass_on(inv, delegate, inv.conf.prev_result.as_deref()))
         .and_then(|_| super::check::run(inv, attachment));
     // A CHECK of a sandbox the store does not know leaves no lock file behind.
@@ -720,7 +726,7 @@ pub fn replay_key(
     let mut held = Some(lock);
     while let Some(lock) = held.take() {
         // An ADD of the pod cut off while the lock was let go is rolled back first.
-        if let Err(err) = pending::resolve(inv, delegate, &key, None) {
+        if let Err(err) = pending::resolve(inv, delegate, &key, pending::NextVerb::Other) {
             eprintln!(
                 "sandbox-guard: the deferred DELs of pod {} wait: {err}",
                 key.pod()
@@ -792,6 +798,9 @@ fn due_entries(inv: &Invocation, key: &PodKey) -> Result<Vec<DeferredDel>> {
 /// empty `CNI_NETNS` and its result as `prevResult` where the version has one on DEL
 /// (0.4.0 on; libcni sends none below). Returns whether the store could note the outcome.
 fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel) -> bool {
+    if pending::answered_by_rollback(inv, &entry) {
+        return true;
+    }
     let recorded = entry.delegate.clone().map(Delegate::from_recorded);
     let delegate = match recorded {
         Some(Ok(recorded)) => recorded,
@@ -816,6 +825,7 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel) -> b
         if_name: Some(entry.if_name()),
         args: Some(&entry.cni_args),
         pid_file: None,
+        marker: None,
     };
     let started = Instant::now();
     let deadline = started + inv.conf.replay_timeout;
@@ -987,7 +997,7 @@ fn roll_back_cut_off_adds(inv: &Invocation, delegate: &Delegate, until: Instant)
         let Ok(Some(lock)) = PodLock::try_acquire(root, &note.key) else {
             continue;
         };
-        if let Err(err) = pending::resolve(inv, delegate, &note.key, None) {
+        if let Err(err) = pending::resolve(inv, delegate, &note.key, pending::NextVerb::Other) {
             eprintln!("sandbox-guard: {err}");
         }
         lock.release_unused(root);

@@ -2,8 +2,13 @@
 //! pod's lock next (an ADD, DEL or CHECK of the pod, the replay sweep) finds the note of an
 //! ADD that neither committed nor failed, and before its own work rolls it back: what is
 //! left of that primary run is killed, and the primary gets the DEL of that sandbox. So no
-//! other DEL of the pod reaches the primary beside that sandbox's half-made state, and no
-//! note outlives the pod's next verb.
+//! other DEL of the pod reaches the primary beside that sandbox's half-made state.
+//!
+//! While another sandbox holds the pod with a live netns, a DEL as the cut-off sandbox could
+//! tear the holder's network down by the pod's name (its primary may have been killed before
+//! it acted): then only the holder's own DEL rolls back (its network goes anyway), and an ADD
+//! of another sandbox drops the note (at the primary it takes the pod's name over). Any other
+//! verb only kills what is left, and the note waits for one of those two.
 //!
 //! A rollback the primary refuses keeps its note, and the verb fails with code 11 (the runtime
 //! retries it): nothing else of the pod may reach the primary meanwhile.
@@ -15,6 +20,7 @@ use crate::cni::delegate::{Delegate, EnvOverride};
 use crate::cni::env::Attachment;
 use crate::cni::log::{Level, Subject};
 use crate::error::{GuardError, Kind, Result};
+use crate::state::deferred::DeferredDel;
 use crate::state::ownership::PodKey;
 use crate::state::pending_add::{self, PendingAdd};
 use crate::state::{Loaded, Store, surely_absent};
@@ -24,17 +30,36 @@ pub const ROLLED_BACK: &str = "rolled-back";
 pub const ROLLBACK_FAILED: &str = "rollback-failed";
 /// Failed rollbacks after which the note goes and the pod's verbs go on without it.
 const GIVE_UP_AFTER: u32 = 5;
-/// `outcome=` of a cut-off ADD whose processes were killed and whose DEL waits for the owner.
+/// `outcome=` of a cut-off ADD whose processes were killed and whose pod an ADD of another
+/// sandbox takes over at the primary, while a live owner holds it.
 pub const CUT_OFF: &str = "cut-off";
 
-/// Notes the ADD of `attachment` before its primary runs; the path its primary writes its
-/// pid to, or `None` when no note could be written (the ADD goes on as without one).
+/// The verb that takes the pod's lock after a cut-off ADD, which decides what may reach the
+/// primary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NextVerb<'a> {
+    /// An ADD of a sandbox of the pod.
+    Add,
+    /// The DEL of this container.
+    Del(&'a str),
+    /// A CHECK, a replay or a sweep.
+    Other,
+}
+
+/// What the primary of a noted ADD is given: where it writes its pid, and its nonce.
+pub struct Noted {
+    pub pid_file: std::path::PathBuf,
+    pub nonce: String,
+}
+
+/// Notes the ADD of `attachment` before its primary runs; `None` when no note could be
+/// written (the ADD goes on as without one).
 pub fn note(
     inv: &Invocation,
     delegate: &Delegate,
     attachment: &Attachment,
     key: &PodKey,
-) -> Option<std::path::PathBuf> {
+) -> Option<Noted> {
     let note = PendingAdd::new(
         key,
         &attachment.container_id,
@@ -48,7 +73,10 @@ pub fn note(
     // A mark of an earlier try of this sandbox speaks for that try only.
     let _ = pending_add::remove_rolled_back(root, &note.id());
     match pending_add::save(root, &note) {
-        Ok(()) => Some(pending_add::pid_path(root, &key.digest())),
+        Ok(()) => Some(Noted {
+            pid_file: pending_add::pid_path(root, &key.digest()),
+            nonce: note.nonce,
+        }),
         Err(err) => {
             eprintln!(
                 "sandbox-guard: the ADD goes on without its note ({err}); if it is cut off, the next DEL of the pod may reach the primary beside what it left"
@@ -65,14 +93,9 @@ pub fn clear(inv: &Invocation, key: &PodKey) {
     }
 }
 
-/// Rolls back the cut-off ADD noted for `key`, if there is one; the caller holds its lock.
-/// `deleting`: the container whose DEL the verb is; when it owns `key`, its network goes now.
-pub fn resolve(
-    inv: &Invocation,
-    current: &Delegate,
-    key: &PodKey,
-    deleting: Option<&str>,
-) -> Result<()> {
+/// Rolls back the cut-off ADD noted for `key`, if there is one, before `verb` does its own
+/// work; the caller holds the pod's lock.
+pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVerb) -> Result<()> {
     let root = &inv.conf.state_dir;
     let digest = key.digest();
     if surely_absent(&pending_add::note_path(root, &digest)) {
@@ -111,17 +134,21 @@ pub fn resolve(
         if_name: &note.if_name,
         pod: Some(note.key.pod()),
     };
-    let left = crate::kernel::processes::kill_leftovers(pid, &note.container_id);
+    let left = note.kill_processes(pid);
     let owners_del =
-        matches!((&holder, deleting), (Holder::Live(Some(owner)), Some(del)) if owner == del);
+        matches!((&holder, verb), (Holder::Live(Some(owner)), NextVerb::Del(del)) if *owner == del);
     if left == 0 && matches!(holder, Holder::Live(_)) && !owners_del {
         // The primary may have been killed before it acted on this ADD: a DEL as this
-        // sandbox could then tear down the live owner's network by the pod's name. Its
-        // runtime's own DEL is judged as any stale DEL (deferred while the owner lives).
+        // sandbox could then tear down the live owner's network by the pod's name.
+        if verb != NextVerb::Add {
+            // Kept for the owner's DEL, or an ADD; this verb is judged as without a note
+            // (the sandbox's own DEL as any stale one).
+            return Ok(());
+        }
         forget();
         inv.log.event(Level::Warn, inv.verb, &subject, CUT_OFF, &format!(
-            "the ADD of sandbox {} (since {}) was cut off at the primary; what was left of it was killed, and its DEL waits \
-             while the pod's owner lives",
+            "the ADD of sandbox {} (since {}) was cut off at the primary; what was left of it was killed, and this ADD takes \
+             the pod's name over at the primary; the cut-off sandbox's own DEL is judged as any stale one",
             note.container_id, note.written_at
         ));
         return Ok(());
@@ -206,6 +233,7 @@ fn delete_as(inv: &Invocation, current: &Delegate, note: &PendingAdd) -> Result<
         if_name: Some(&note.if_name),
         args: Some(&note.cni_args),
         pid_file: None,
+        marker: None,
     };
     let deadline = std::time::Instant::now() + inv.conf.replay_timeout;
     let none: Option<&RawValue> = None;
@@ -246,6 +274,34 @@ impl Holder {
             _ => Holder::Live(None),
         }
     }
+}
+
+/// A deferred DEL of a sandbox whose cut-off ADD was rolled back since: the primary has had
+/// it, so the entry goes without calling the primary. `false`: not such an entry, or one
+/// whose removal failed (it is replayed as any).
+pub fn answered_by_rollback(inv: &Invocation, entry: &DeferredDel) -> bool {
+    let root = &inv.conf.state_dir;
+    let id = entry.id();
+    if !pending_add::rolled_back(root, &id) {
+        return false;
+    }
+    let removed = Store::open(root, inv.conf.lock_timeout)
+        .and_then(|store| store.remove_deferred(&entry.key, &id));
+    if removed.is_err() {
+        return false;
+    }
+    let _ = pending_add::remove_rolled_back(root, &id);
+    let subject = Subject {
+        network: &entry.key.network,
+        container_id: &entry.container_id,
+        if_name: entry.if_name(),
+        pod: Some(entry.key.pod()),
+    };
+    inv.log.event(Level::Info, inv.verb, &subject, ROLLED_BACK, &format!(
+        "the deferred DEL of sandbox {} goes without the primary: its cut-off ADD was rolled back, which gave the primary this DEL",
+        entry.container_id
+    ));
+    true
 }
 
 /// A DEL of a sandbox whose cut-off ADD was rolled back: the primary has had it, so it is

@@ -7,8 +7,8 @@ use std::path::Path;
 use super::finding::{Finding, Report, Severity, capped};
 use crate::state::checkpoint::Checkpoint;
 use crate::state::ownership::Ownership;
-use crate::state::pending_add;
-use crate::state::{Loaded, Store};
+use crate::state::pending_add::{self, Standing};
+use crate::state::{Loaded, Store, surely_absent};
 
 /// Without a journal a power cut can lose what the guard acknowledged (docs/store.md): said
 /// for the state dir, or for where it will be made.
@@ -194,8 +194,17 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
     }
 }
 
+fn adds(count: usize) -> String {
+    if count == 1 {
+        "1 ADD".to_string()
+    } else {
+        format!("{count} ADDs")
+    }
+}
+
 /// Delegate mode's pending ADDs: one the primary refuses to roll back holds its pod's verbs at
-/// code 11, and one cut off long ago waits for a verb of its pod that has not come.
+/// code 11, and one cut off (its primary, which dies with its guard, is gone) waits for a verb
+/// of its pod.
 pub(super) fn check_pending_adds(root: &Path, report: &mut Report) {
     let shown = root.display();
     let now = crate::clock::unix_seconds();
@@ -208,9 +217,11 @@ pub(super) fn check_pending_adds(root: &Path, report: &mut Report) {
             continue;
         };
         let since = crate::clock::parse_rfc3339(&note.written_at).unwrap_or(now);
-        let running = pending_add::primary_pid(root, &digest).map_or(0, |pid| {
-            crate::kernel::processes::leftovers(pid, &note.container_id).len()
-        });
+        let (standing, _) = pending_add::standing(root, &digest, &note);
+        let running = match standing {
+            Standing::CutOff { processes } | Standing::AtThePrimary { processes } => processes,
+            Standing::EarlierBoot | Standing::Committed => 0,
+        };
         let what = format!(
             "pod {} ({}): sandbox {}, noted {} ago, {running} processes of its primary running ({})",
             note.key.pod(),
@@ -219,26 +230,29 @@ pub(super) fn check_pending_adds(root: &Path, report: &mut Report) {
             crate::clock::age(since, now),
             pending_add::note_path(root, &digest).display()
         );
-        if note.of_another_boot() {
-            earlier_boot.push(what);
-        } else if note.attempts > 0 {
-            refused.push(format!(
+        match standing {
+            Standing::EarlierBoot => earlier_boot.push(what),
+            // Harmless: the pod's next verb drops it.
+            Standing::Committed => {}
+            _ if note.attempts > 0 => refused.push(format!(
                 "{what}; {} rollbacks failed, the last: {}",
                 note.attempts,
                 note.last_error.as_deref().unwrap_or("-")
-            ));
-        } else if now - since > CUT_OFF_AFTER {
-            waiting.push(what);
-        } else {
-            at_primary += 1;
+            )),
+            Standing::CutOff { .. } => waiting.push(what),
+            Standing::AtThePrimary { .. } => at_primary += 1,
         }
     }
     let marks = pending_add::rolled_back_ids(root).len();
+    if surely_absent(&root.join(pending_add::PENDING_ADDS)) && marks == 0 {
+        // No delegate-mode ADD here yet: nothing to say.
+        return;
+    }
     let quiet = refused.is_empty() && waiting.is_empty() && earlier_boot.is_empty();
     if !refused.is_empty() {
         let summary = format!(
-            "{shown}: the primary refused to roll back {} ADDs cut off at it",
-            refused.len()
+            "{shown}: the primary refused to roll back {} cut off at it",
+            adds(refused.len())
         );
         report.add(Finding::new(Severity::Warning, "store-pending-adds", summary).listing(refused).fix(
             "each pod's verbs fail with code 11 until the primary takes the cut-off sandbox's DEL: read the last error and fix the \
@@ -248,18 +262,19 @@ pub(super) fn check_pending_adds(root: &Path, report: &mut Report) {
     }
     if !waiting.is_empty() {
         let summary = format!(
-            "{shown}: {} ADDs were cut off at the primary and wait for their pod's next verb",
-            waiting.len()
+            "{shown}: {} cut off at the primary, waiting to be rolled back",
+            adds(waiting.len())
         );
         report.add(Finding::new(Severity::Info, "store-pending-adds", summary).listing(waiting).fix(
-            "nothing is broken: the pod's next ADD, DEL or CHECK rolls each back before its own work, and so does the sweep that \
-             the node's next delegate-mode verb starts; until then the primary holds what it made of the cut-off sandbox",
+            "nothing is broken: the pod's next verb kills what runs of each and gives the primary the cut-off sandbox's DEL (while \
+             another sandbox holds the pod with a live netns, that sandbox's DEL does, and the pod's next ADD drops the note); GC's \
+             sweep does the same; until then the primary holds what it made of the cut-off sandbox",
         ));
     }
     if !earlier_boot.is_empty() {
         let summary = format!(
-            "{shown}: {} notes of ADDs of an earlier boot wait to be dropped",
-            earlier_boot.len()
+            "{shown}: the notes of {} of an earlier boot wait to be dropped",
+            adds(earlier_boot.len())
         );
         report.add(Finding::new(Severity::Info, "store-pending-adds", summary).listing(earlier_boot).fix(
             "nothing of them runs since the reboot: the pod's next verb or the sweep drops each without calling the primary",
@@ -273,10 +288,6 @@ pub(super) fn check_pending_adds(root: &Path, report: &mut Report) {
         ));
     }
 }
-
-/// Longer than a runtime gives a CNI call (kubelet's `runtimeRequestTimeout` is 2 minutes):
-/// a note this old belongs to an ADD that was cut off, not one still at the primary.
-const CUT_OFF_AFTER: i64 = 10 * 60;
 
 const REPLAYS_BEFORE_WARNING: u32 = 3;
 const DEFERRED_FOR_LONG: i64 = 24 * 3600;

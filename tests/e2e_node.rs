@@ -382,8 +382,8 @@ struct CutAdd {
     sandbox: String,
     /// Its sandbox is the pod's ready one (it never should be: its ADD never answered).
     became_ready: bool,
-    /// Live processes carrying its CNI_CONTAINERID once the pod is Ready again: the model's
-    /// held child, which only delegate mode's rollback kills.
+    /// The model's held child of its ADD (`held_processes`) still running once the pod is
+    /// Ready again, which only delegate mode's rollback kills.
     processes_left: usize,
     /// Delegate: the guard's line that rolled it back or cut it off (its log).
     resolved: Option<String>,
@@ -730,13 +730,14 @@ fn held_add(calls: &str, since: usize) -> Option<String> {
     })
 }
 
-/// The live processes whose environment carries `CNI_CONTAINERID=<container>`: what runs of
-/// a CNI call of that sandbox.
-fn processes_carrying(container: &str) -> Vec<u32> {
+/// The live processes of the model's held ADD of `container` (`MODEL_HOLD=<container>` in
+/// their environment): the child that runs on after its primary is killed, and nothing of the
+/// sandbox's other calls.
+fn held_processes(container: &str) -> Vec<u32> {
     if container.is_empty() {
         return Vec::new();
     }
-    let wanted = format!("CNI_CONTAINERID={container}");
+    let wanted = format!("MODEL_HOLD={container}");
     fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -1011,7 +1012,7 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
         second.insert(pod.clone(), wait_ready_pod(node, &ns, &pod, Some(&old)));
     }
     // What is left of the cut-off ADD once its pod runs again.
-    let cut_processes_left = processes_carrying(&cut_sandbox).len();
+    let cut_processes_left = held_processes(&cut_sandbox).len();
     node.wait_until("pause-0 in a new sandbox", Duration::from_secs(240), || {
         sandboxes(node, &ns)
             .iter()
@@ -1128,7 +1129,7 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     eprintln!("   {} on {}: {figures:?}", mode.name(), node.runtime);
     // Without delegate mode's rollback the held child runs on: it goes before the next mode.
     if let Some(cut) = &figures.cut_add {
-        for pid in processes_carrying(&cut.sandbox) {
+        for pid in held_processes(&cut.sandbox) {
             let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
         }
     }

@@ -130,14 +130,15 @@ slow_add_if_asked() {
 # A file hold-adds/<namespace>.<pod> (seconds) holds that pod's next ADD that long once its
 # endpoint is written, and goes: an ADD at the primary with its state made, for a test to cut
 # off by restarting the runtime. The wait is a child process carrying the call's environment,
-# as an IPAM plugin the primary runs is, without the call's pipes.
+# as an IPAM plugin the primary runs is, without the call's pipes, and MODEL_HOLD=<container>
+# so that a test finds it and nothing else of that sandbox's calls.
 hold_add_if_asked() {
     local hold=$state_dir/hold-adds/$namespace.$pod seconds
     [[ -f $hold ]] || return 0
     seconds=$(<"$hold")
     rm -f "$hold"
     trace "held: ADD of $CNI_CONTAINERID, its endpoint written (hold-adds, ${seconds}s)"
-    sleep "$seconds" </dev/null >/dev/null 2>&1 9>&-
+    MODEL_HOLD=$CNI_CONTAINERID sleep "$seconds" </dev/null >/dev/null 2>&1 9>&-
 }
 
 # host_veth_name KEY: calico's host-side name, the prefix and a hash of KEY cut to 15 bytes

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Per-execution latency and peak memory of sandbox-guard, side by side with Debian's Go reference plugin
 # `tuning`, in one run (the machines are shared and noisy: only numbers taken together compare); then
-# delegate mode's own cost: one primary run alone, chained with the guard last, and wrapped by the guard.
+# delegate mode's own cost: one primary run alone, chained with the guard last, and wrapped by the guard
+# (and by the baseline binary, when one is given).
 #
 #   sudo bash scripts/bench.sh [--quick] [--rounds N]
 #
@@ -690,9 +691,17 @@ if ((DELEGATE_COST)); then
 need_packages golang-go golang-github-appc-cni-dev
 bash "$repo/scripts/build-libcni-driver.sh" "$work/driver" >/dev/null || die "building the libcni driver failed"
 readonly driver=$work/driver/libcni-driver primary_name='bridge + host-local'
-readonly delegate_modes=(alone chained delegate) delegate_kind=5
+delegate_modes=(alone chained delegate)
+# With a baseline binary, its delegate mode too, in the same rounds: what this binary's own delegate-mode
+# work (the pending-ADD note among it) costs above the baseline's. libcni finds it by its type's name.
+if [[ -n $baseline_bin ]]; then
+  delegate_modes+=(delegate_baseline)
+  mkdir -p "$work/baseline-cni" && cp "$baseline_bin" "$work/baseline-cni/sandbox-guard"
+fi
+readonly delegate_kind=5
 primary_bridge=sgbr$$
 declare -A mode_state=([chained]=$work/state-chained [delegate]=$work/state-delegate)
+[[ -z $baseline_bin ]] || mode_state[delegate_baseline]=$work/state-delegate-baseline
 serial=0
 for mode in "${delegate_modes[@]}"; do
   mode_netns[$mode]=sgbench-$$-$mode
@@ -702,12 +711,15 @@ for mode in "${delegate_modes[@]}"; do
   case $mode in
   alone) plugins=$primary ;;
   chained) plugins=$primary',{"type":"sandbox-guard","stateDir":"'${mode_state[$mode]}'"'$guard_keys'}' ;;
-  delegate) plugins='{"type":"sandbox-guard","stateDir":"'${mode_state[$mode]}'"'$guard_keys',"delegate":'$primary'}' ;;
+  delegate*) plugins='{"type":"sandbox-guard","stateDir":"'${mode_state[$mode]}'"'$guard_keys',"delegate":'$primary'}' ;;
   esac
   printf '{"cniVersion":"1.0.0","name":"%s-%s","plugins":[%s]}\n' "$network" "$mode" "$plugins" >"$work/$mode.conflist"
 done
 mode_libcni() { # mode verb; the current attachment
-  "$driver" -conflist "$work/$1.conflist" -bin-dir "$cni_dir:$(dirname "$guard_bin")" -cache-dir "$work/cache" \
+  local bin_dir
+  bin_dir=$(dirname "$guard_bin")
+  [[ $1 != delegate_baseline ]] || bin_dir=$work/baseline-cni
+  "$driver" -conflist "$work/$1.conflist" -bin-dir "$cni_dir:$bin_dir" -cache-dir "$work/cache" \
     -container-id "$cid" -netns "/run/netns/${mode_netns[$1]}" -ifname "$ifname" \
     -args "K8S_POD_NAMESPACE=$pod_namespace;K8S_POD_NAME=$pod;K8S_POD_INFRA_CONTAINER_ID=$cid;K8S_POD_UID=$uid" "$2"
 }
@@ -716,7 +728,16 @@ leftovers() { # what DELs should have removed: reservations, libcni's cache, the
     ! -name lock 2>/dev/null
 }
 
-# Preflight: each mode does its real work once, untimed, and gives a result of the same shape.
+# Preflight: each mode does its real work once, untimed, and gives a result of the same shape. A baseline
+# without delegate mode (or one that fails it) is left out of this phase, said so.
+if [[ -n $baseline_bin ]]; then
+  attachment "$preflight_kind" 3
+  if ! out=$(mode_libcni delegate_baseline add 2>&1) || ! mode_libcni delegate_baseline del >/dev/null 2>&1; then
+    say "the baseline's delegate mode is left out: its ADD or DEL failed: ${out:0:300}"
+    delegate_modes=(alone chained delegate)
+  fi
+fi
+readonly delegate_modes
 attachment "$preflight_kind" 2
 shapes=()
 for mode in "${delegate_modes[@]}"; do
@@ -728,7 +749,7 @@ for mode in "${delegate_modes[@]}"; do
   [[ -z $state || $(count_records "$state") -eq 1 ]] || contract "$mode ADD wrote no record in $state"
   out=$(mode_libcni "$mode" del 2>&1) || die "$mode DEL with $primary_name failed: $out"
 done
-[[ ${shapes[1]} == "${shapes[0]}" && ${shapes[2]} == "${shapes[0]}" ]] ||
+[[ ${shapes[1]} == "${shapes[0]}" && ${shapes[2]} == "${shapes[0]}" && ${shapes[3]:-${shapes[0]}} == "${shapes[0]}" ]] ||
   contract "the modes' results differ in shape: ${shapes[*]}"
 [[ -z $(leftovers) ]] || contract "a DEL left $(leftovers | head -n 3)"
 
@@ -1016,13 +1037,22 @@ difference_row "**delegate - chained** (difference of medians)" delegate chained
 difference_row "sandbox-guard's share, chained (chained - alone)" chained alone
 difference_row "sandbox-guard's share, delegate (delegate - alone)" delegate alone
 # How far one run's difference can be trusted: the same difference from half the rounds, twice.
-half_difference() { # verb parity (NR % 2)
-  local delegate chained
+half_difference() { # verb parity (NR % 2) [subtrahend mode]
+  local delegate other
   read -r delegate _ < <(percentiles "delegate_$1" "NR % 2 == $2")
-  read -r chained _ < <(percentiles "chained_$1" "NR % 2 == $2")
-  printf '%+.2f' "$(calc "$delegate - $chained")"
+  read -r other _ < <(percentiles "${3:-chained}_$1" "NR % 2 == $2")
+  printf '%+.2f' "$(calc "$delegate - $other")"
 }
 echo
 echo "Delegate - chained from the odd and the even rounds alone: ADD $(half_difference add 1) and $(half_difference add 0) ms, DEL $(half_difference del 1) and $(half_difference del 0) ms."
+if [[ " ${delegate_modes[*]} " == *" delegate_baseline "* ]]; then
+  echo
+  echo "| Case | ADD median (ms) | ADD p90 (ms) | DEL median (ms) | DEL p90 (ms) |"
+  echo "| --- | ---: | ---: | ---: | ---: |"
+  mode_row "delegate, the baseline binary ($baseline_bin)" delegate_baseline
+  difference_row "**delegate - the baseline's delegate** (difference of medians)" delegate delegate_baseline
+  echo
+  echo "Delegate - the baseline's delegate from the odd and the even rounds alone: ADD $(half_difference add 1 delegate_baseline) and $(half_difference add 0 delegate_baseline) ms, DEL $(half_difference del 1 delegate_baseline) and $(half_difference del 0 delegate_baseline) ms."
+fi
 fi
 exit "$failed"

@@ -80,28 +80,23 @@ impl PendingAdd {
         (!self.nonce.is_empty()).then(|| format!("{MARKER_VAR}={}", self.nonce))
     }
 
-    fn call(&self) -> (Option<String>, &str) {
-        (self.marker(), &self.container_id)
+    /// `run` given what this ADD's primary's processes carry.
+    fn with_call<T>(&self, run: impl FnOnce(CallIdentity) -> T) -> T {
+        let marker = self.marker();
+        run(CallIdentity {
+            container_id: &self.container_id,
+            marker: marker.as_deref(),
+        })
     }
 
     /// The live processes of this ADD's primary, in its group `pgid`.
     pub fn processes_left(&self, pgid: i32) -> Vec<i32> {
-        let (marker, container_id) = self.call();
-        let call = CallIdentity {
-            container_id,
-            marker: marker.as_deref(),
-        };
-        crate::kernel::processes::leftovers(pgid, call)
+        self.with_call(|call| crate::kernel::processes::leftovers(pgid, call))
     }
 
     /// Kills what runs of this ADD's primary; how many processes still run.
     pub fn kill_processes(&self, pgid: i32) -> usize {
-        let (marker, container_id) = self.call();
-        let call = CallIdentity {
-            container_id,
-            marker: marker.as_deref(),
-        };
-        crate::kernel::processes::kill_leftovers(pgid, call)
+        self.with_call(|call| crate::kernel::processes::kill_leftovers(pgid, call))
     }
 
     /// Written in another boot: nothing of its sandbox runs now.
@@ -161,6 +156,16 @@ pub enum Standing {
     AtThePrimary { processes: usize },
     /// Its guard is gone: `processes` of its primary's group still run.
     CutOff { processes: usize },
+}
+
+impl Standing {
+    /// The processes of its primary still running.
+    pub fn processes(self) -> usize {
+        match self {
+            Standing::AtThePrimary { processes } | Standing::CutOff { processes } => processes,
+            Standing::EarlierBoot | Standing::Committed => 0,
+        }
+    }
 }
 
 /// How long a note without a pid may be an ADD about to start its primary.

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::state::Store;
+use crate::tools::counted;
 
 pub fn run(state_dir: &Path, lock_timeout: Duration) -> i32 {
     if crate::state::surely_absent(state_dir) {
@@ -45,23 +46,21 @@ pub fn run(state_dir: &Path, lock_timeout: Duration) -> i32 {
             let notes = crate::state::pending_add::digests(state_dir).len();
             let marks = crate::state::pending_add::rolled_back_ids(state_dir).len();
             if notes > 0 {
-                let (counted, verb) = if notes == 1 {
-                    ("1 ADD cut off at the primary".to_string(), "is")
-                } else {
-                    (format!("{notes} ADDs cut off at the primary"), "are")
-                };
+                let verb = if notes == 1 { "is" } else { "are" };
                 println!(
-                    "{counted} {verb} not rolled back yet and stay in pending-adds/: the older release does not read them, so what the primary made of a cut-off sandbox stays, as it did under that release (the next DEL of an older sandbox of its pod may reach the primary beside it). This release rolls each back at its pod's next verb if it comes back; this release's --dump-checkpoints shows them (the older one's does not)."
+                    "{} cut off at the primary {verb} not rolled back yet and stay in pending-adds/: the older release does not read them, so what the primary made of a cut-off sandbox stays, as it did under that release (the next DEL of an older sandbox of its pod may reach the primary beside it). This release rolls each back at its pod's next verb if it comes back; this release's --dump-checkpoints shows them (the older one's does not).",
+                    counted(notes, "ADD", "ADDs")
                 );
             }
             if marks > 0 {
-                let counted = if marks == 1 {
-                    "1 mark of a rolled-back sandbox stays".to_string()
-                } else {
-                    format!("{marks} marks of rolled-back sandboxes stay")
-                };
+                let verb = if marks == 1 { "stays" } else { "stay" };
                 println!(
-                    "{counted} in rolled-back/: the older release does not read them and judges such a sandbox's late DEL as any other (the primary may have that DEL a second time, for what it no longer holds)."
+                    "{} {verb} in rolled-back/: the older release does not read them and judges such a sandbox's late DEL as any other (the primary may have that DEL a second time, for what it no longer holds).",
+                    counted(
+                        marks,
+                        "mark of a rolled-back sandbox",
+                        "marks of rolled-back sandboxes"
+                    )
                 );
             }
             println!(

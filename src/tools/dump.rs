@@ -29,6 +29,7 @@ use crate::state::ownership::Ownership;
 use crate::state::ownership::PodKey;
 use crate::state::pending_add::{self, PendingAdd, Standing};
 use crate::state::{Folder, Loaded, READ_BATCH, RECORDS, Store, read_entry_for_listing};
+use crate::tools::counted;
 
 #[derive(Debug, Clone, Copy)]
 pub enum Format {
@@ -1140,10 +1141,6 @@ fn pending_add_row(note: &PendingAdd, standing: Standing, pid: Option<i32>) -> R
             counted(processes, "process", "processes")
         ),
     };
-    let running = match standing {
-        Standing::CutOff { processes } | Standing::AtThePrimary { processes } => processes,
-        Standing::EarlierBoot | Standing::Committed => 0,
-    };
     Row {
         network: Some(&note.key.network),
         container_id: Some(&note.container_id),
@@ -1156,7 +1153,7 @@ fn pending_add_row(note: &PendingAdd, standing: Standing, pid: Option<i32>) -> R
         pending_add: Some(PendingAddFields {
             noted_at: &note.written_at,
             primary_pid: pid,
-            primary_processes: running,
+            primary_processes: standing.processes(),
             standing: match standing {
                 Standing::EarlierBoot => "earlier-boot",
                 Standing::Committed => "committed",
@@ -1271,11 +1268,6 @@ fn write_cells(out: &mut dyn Write, cells: [&str; 9]) -> io::Result<()> {
         line.push_str(&format!("{cell:<width$}  "));
     }
     writeln!(out, "{}", line.trim_end())
-}
-
-/// `count` and the noun, singular or plural as the count asks.
-fn counted(count: usize, one: &str, many: &str) -> String {
-    format!("{count} {}", if count == 1 { one } else { many })
 }
 
 impl Sink for TableSink {

@@ -10,3 +10,8 @@ pub mod plugin_exec;
 pub mod primaries;
 pub mod restore;
 pub mod runtime;
+
+/// `count` and the noun, singular or plural as the count asks.
+pub(crate) fn counted(count: usize, one: &str, many: &str) -> String {
+    format!("{count} {}", if count == 1 { one } else { many })
+}

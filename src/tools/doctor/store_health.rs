@@ -9,6 +9,7 @@ use crate::state::checkpoint::Checkpoint;
 use crate::state::ownership::Ownership;
 use crate::state::pending_add::{self, Standing};
 use crate::state::{Loaded, Store, surely_absent};
+use crate::tools::counted;
 
 /// Without a journal a power cut can lose what the guard acknowledged (docs/store.md): said
 /// for the state dir, or for where it will be made.
@@ -194,14 +195,6 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
     }
 }
 
-fn adds(count: usize) -> String {
-    if count == 1 {
-        "1 ADD".to_string()
-    } else {
-        format!("{count} ADDs")
-    }
-}
-
 /// Delegate mode's pending ADDs: one the primary refuses to roll back holds its pod's verbs at
 /// code 11, and one cut off (its primary, which dies with its guard, is gone) waits for a verb
 /// of its pod.
@@ -218,10 +211,7 @@ pub(super) fn check_pending_adds(root: &Path, report: &mut Report) {
         };
         let since = crate::clock::parse_rfc3339(&note.written_at).unwrap_or(now);
         let (standing, _) = pending_add::standing(root, &digest, &note);
-        let running = match standing {
-            Standing::CutOff { processes } | Standing::AtThePrimary { processes } => processes,
-            Standing::EarlierBoot | Standing::Committed => 0,
-        };
+        let running = standing.processes();
         let what = format!(
             "pod {} ({}): sandbox {}, noted {} ago, {running} processes of its primary running ({})",
             note.key.pod(),
@@ -252,7 +242,7 @@ pub(super) fn check_pending_adds(root: &Path, report: &mut Report) {
     if !refused.is_empty() {
         let summary = format!(
             "{shown}: the primary refused to roll back {} cut off at it",
-            adds(refused.len())
+            counted(refused.len(), "ADD", "ADDs")
         );
         report.add(Finding::new(Severity::Warning, "store-pending-adds", summary).listing(refused).fix(
             "each pod's verbs fail with code 11 until the primary takes the cut-off sandbox's DEL: read the last error and fix the \
@@ -263,7 +253,7 @@ pub(super) fn check_pending_adds(root: &Path, report: &mut Report) {
     if !waiting.is_empty() {
         let summary = format!(
             "{shown}: {} cut off at the primary, waiting to be rolled back",
-            adds(waiting.len())
+            counted(waiting.len(), "ADD", "ADDs")
         );
         report.add(Finding::new(Severity::Info, "store-pending-adds", summary).listing(waiting).fix(
             "nothing is broken: the pod's next verb kills what runs of each and gives the primary the cut-off sandbox's DEL (while \
@@ -274,7 +264,7 @@ pub(super) fn check_pending_adds(root: &Path, report: &mut Report) {
     if !earlier_boot.is_empty() {
         let summary = format!(
             "{shown}: the notes of {} of an earlier boot wait to be dropped",
-            adds(earlier_boot.len())
+            counted(earlier_boot.len(), "ADD", "ADDs")
         );
         report.add(Finding::new(Severity::Info, "store-pending-adds", summary).listing(earlier_boot).fix(
             "nothing of them runs since the reboot: the pod's next verb or the sweep drops each without calling the primary",

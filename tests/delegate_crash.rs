@@ -31,6 +31,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -202,6 +203,37 @@ impl World {
             result,
         };
         (sandbox, outcome)
+    }
+
+    /// A newer sandbox of `owner`'s pod whose ADD is cut off half a second in, while its
+    /// primary waits `ipam_seconds` for a child of its own; and the path of its note.
+    fn cut_off_beside(&mut self, owner: &Sandbox, ipam_seconds: f64) -> (Sandbox, PathBuf) {
+        let (cut_off, interrupted) = self.newer_sandbox(
+            &owner.pod,
+            Kill::After(Duration::from_millis(500)),
+            Some(ipam_seconds),
+        );
+        assert!(interrupted.killed, "the ADD was not cut off at the primary");
+        let note = self
+            .store
+            .state_dir
+            .join("pending-adds")
+            .join(owner_digest(self, owner));
+        (cut_off, note)
+    }
+
+    /// Runs `owner`'s DEL, which must give the primary `cut_off`'s DEL before its own.
+    fn assert_owners_del_rolls_back_first(&mut self, owner: &Sandbox, cut_off: &Sandbox) {
+        let owners_del = self.runs.len();
+        self.run(self.del(owner, true), Kill::Never);
+        let first =
+            |dels: Vec<Delivery>| dels.into_iter().find(|d| d.run == owners_del).map(|d| d.at);
+        let (cut_off_at, owner_at) = (first(self.dels_of(cut_off)), first(self.dels_of(owner)));
+        assert!(
+            matches!((cut_off_at, owner_at), (Some(a), Some(b)) if a < b),
+            "the owner's DEL did not give the primary the cut-off sandbox's DEL before its own:\n{}",
+            self.history()
+        );
     }
 
     /// The runtime's DEL of `sandbox`: StopPodSandbox's with the netns, RemovePodSandbox's
@@ -788,6 +820,27 @@ fn an_add_cut_off_anywhere_is_rolled_back_by_the_pods_next_verb() {
     }
 }
 
+/// Runs `add` (its primary waiting for a slow IPAM child), kills the guard a second in and
+/// returns once it is dead, the IPAM child still running; its reply is reaped by the thread
+/// returned (the guard's stderr is the primary's too: only once that child is gone).
+fn cut_off_while_ipam_runs(add: Cni) -> std::thread::JoinHandle<Reply> {
+    let mut running = add.spawn();
+    std::thread::sleep(Duration::from_secs(1));
+    let guard_pid = running.pid;
+    assert!(running.kill(), "the ADD was not cut off at the primary");
+    let reaped = std::thread::spawn(move || running.wait());
+    let dead = || {
+        std::fs::read_to_string(format!("/proc/{guard_pid}/stat")).map_or(true, |stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, s)| s.trim_start().starts_with('Z'))
+        })
+    };
+    while !dead() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    reaped
+}
+
 /// What an operator reads of a cut-off ADD: the dump shows its note (its primary's pid and
 /// what of it still runs) and then its rolled-back mark; the doctor lists the store's notes;
 /// `--downgrade` says it leaves them for the older release, which does not read them.
@@ -807,21 +860,7 @@ fn a_cut_off_add_shows_in_the_dump_the_doctor_and_the_downgrade() {
         .add(&cut_off.container, &cut_off.pod)
         .netns(cut_off.netns.path().to_str().unwrap())
         .no_prev_result();
-    let mut running = world.primary.wrap_with_slow_ipam(add, 5.0).spawn();
-    std::thread::sleep(Duration::from_secs(1));
-    let guard_pid = running.pid;
-    assert!(running.kill(), "the ADD was not cut off at the primary");
-    // Its stderr is the primary's too: it is reaped only once the IPAM child is gone.
-    let reaped = std::thread::spawn(move || running.wait());
-    let dead = || {
-        std::fs::read_to_string(format!("/proc/{guard_pid}/stat")).map_or(true, |stat| {
-            stat.rsplit_once(')')
-                .is_some_and(|(_, s)| s.trim_start().starts_with('Z'))
-        })
-    };
-    while !dead() {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let reaped = cut_off_while_ipam_runs(world.primary.wrap_with_slow_ipam(add, 5.0));
     let state_dir = world.store.state_dir.to_str().unwrap().to_string();
     let guard = |args: &[&str]| {
         let out = std::process::Command::new(cni::BIN)
@@ -902,17 +941,7 @@ fn a_cut_off_add_shows_in_the_dump_the_doctor_and_the_downgrade() {
 fn a_cut_off_add_whose_own_del_comes_first_is_rolled_back_by_the_owners_del() {
     sys::skip_unless_root!(TOOLS);
     let (mut world, [owner]) = World::with_sandboxes();
-    let (cut_off, interrupted) = world.newer_sandbox(
-        &owner.pod,
-        Kill::After(Duration::from_millis(500)),
-        Some(2.0),
-    );
-    assert!(interrupted.killed, "the ADD was not cut off at the primary");
-    let note = world
-        .store
-        .state_dir
-        .join("pending-adds")
-        .join(owner_digest(&world, &owner));
+    let (cut_off, note) = world.cut_off_beside(&owner, 2.0);
     world.run(world.del(&cut_off, true), Kill::Never);
     world.run(world.gc(&[&owner]), Kill::Never);
     world.assert_consistent(&[&cut_off], "after the cut-off sandbox's own DEL and a GC");
@@ -923,19 +952,7 @@ fn a_cut_off_add_whose_own_del_comes_first_is_rolled_back_by_the_owners_del() {
     );
     assert!(note.exists(), "the note went before the owner's DEL");
 
-    let owners_del = world.runs.len();
-    world.run(world.del(&owner, true), Kill::Never);
-    let first = |dels: Vec<Delivery>| {
-        dels.into_iter()
-            .find(|d| d.run == owners_del)
-            .map(|d| (d.at, d.call.verb))
-    };
-    let (cut_off_at, owner_at) = (first(world.dels_of(&cut_off)), first(world.dels_of(&owner)));
-    assert!(
-        matches!((&cut_off_at, &owner_at), (Some((a, _)), Some((b, _))) if a < b),
-        "the owner's DEL did not give the primary the cut-off sandbox's DEL before its own:\n{}",
-        world.history()
-    );
+    world.assert_owners_del_rolls_back_first(&owner, &cut_off);
     world.run(world.gc(&[]), Kill::Never);
     world.assert_consistent(&[], "after the owner's DEL and a GC");
     assert_eq!(
@@ -964,4 +981,88 @@ fn owner_digest(world: &World, sandbox: &Sandbox) -> String {
         })
         .and_then(|path| path.file_name()?.to_str().map(str::to_string))
         .expect("the owner's file")
+}
+
+/// An ADD the guard refuses before its primary runs (a superseded sandbox's late ADD) takes
+/// nothing over at the primary: the note kept for the owner's DEL stays, and that DEL still
+/// gives the primary the cut-off sandbox's DEL before its own.
+#[test]
+fn a_kept_note_outlives_an_add_refused_before_the_primary() {
+    sys::skip_unless_root!(TOOLS);
+    let (mut world, [superseded, owner]) = World::with_sandboxes();
+    let (cut_off, note) = world.cut_off_beside(&owner, 2.0);
+    let late = world.primary.wrap(
+        world
+            .store
+            .add(&superseded.container, &superseded.pod)
+            .netns(superseded.netns.path().to_str().unwrap())
+            .no_prev_result(),
+    );
+    late.run().assert_error(104);
+    assert!(
+        note.exists(),
+        "the note went with an ADD that never reached the primary"
+    );
+
+    world.assert_owners_del_rolls_back_first(&owner, &cut_off);
+}
+
+/// Keyed by the pod's name, one sandbox attached twice to the network: the ADD of its second
+/// interface cut off at the primary is not taken for committed because the sandbox holds the
+/// pod by its first. The next verb kills what that ADD left running.
+#[test]
+fn a_cut_off_add_of_the_owners_second_interface_is_not_taken_for_committed() {
+    sys::skip_unless_root!(TOOLS);
+    let (mut world, [owner]) = World::with_sandboxes();
+    let second = world
+        .store
+        .add(&owner.container, &owner.pod)
+        .netns(owner.netns.path().to_str().unwrap())
+        .env("CNI_IFNAME", Some("net1"))
+        .no_prev_result();
+    let reaped = cut_off_while_ipam_runs(world.primary.wrap_with_slow_ipam(second, 5.0));
+    assert!(
+        !processes_of(&owner.container).is_empty(),
+        "no IPAM child outlived the cut, so this test cannot fail"
+    );
+    world.run(
+        world.del(&owner, true).env("CNI_IFNAME", Some("net1")),
+        Kill::Never,
+    );
+    let left = processes_of(&owner.container);
+    assert!(
+        left.is_empty(),
+        "processes of the cut-off ADD outlived the pod's next verb: {left:?}\n{}",
+        world.history()
+    );
+    assert_eq!(reaped.join().unwrap().status.signal(), Some(SIGKILL));
+}
+
+/// A note written under the network's earlier `podKey` rule, found by a GC's sweep after an
+/// operator changed the rule: the owner's files are under the new rule's keys, so the old
+/// key reads as free. No DEL as the cut-off sandbox may reach the primary while the owner
+/// lives; what is left of the ADD is killed, and the note goes.
+#[test]
+fn a_note_of_an_earlier_pod_key_rule_sends_no_del_beside_a_live_owner() {
+    sys::skip_unless_root!(TOOLS);
+    let (mut world, [owner]) = World::with_sandboxes();
+    let (cut_off, _) = world.cut_off_beside(&owner, 30.0);
+    let rekeyed = |call: Cni| call.config("podKey", Some(json!("name-and-ifname")));
+    world.run(rekeyed(world.gc(&[&owner])), Kill::Never);
+    world.run(rekeyed(world.gc(&[&owner])), Kill::Never);
+    assert!(
+        world.dels_of(&cut_off).is_empty(),
+        "a DEL as the cut-off sandbox reached the primary while the owner lived:\n{}",
+        world.history()
+    );
+    let left = processes_of(&cut_off.container);
+    assert!(
+        left.is_empty(),
+        "processes of the cut-off ADD run on: {left:?}"
+    );
+    let notes: Vec<_> = cni::files_in(&world.store.state_dir.join("pending-adds"))
+        .into_iter()
+        .filter(|path| !path.to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(notes.is_empty(), "notes left: {notes:?}");
 }

@@ -27,7 +27,7 @@ use serde_json::{Map, Value};
 use super::checkpoint::AttachmentId;
 use super::ownership::PodKey;
 use super::sealed::{self, Durability, Loaded};
-use super::{ensure_dir, remove};
+use super::{ensure_dir, remove, surely_absent};
 use crate::error::{GuardError, Result};
 use crate::kernel::processes::CallIdentity;
 
@@ -231,9 +231,13 @@ pub fn save(root: &Path, note: &PendingAdd) -> Result<()> {
         .map_err(|e| GuardError::io("write the note of an ADD in", &dir, e))
 }
 
-/// Keeps a failed rollback's count and error in its note, its pid file untouched.
+/// Keeps a failed rollback's count and error in its note, its pid file untouched; a note
+/// removed meanwhile (an operator giving the rollback up) stays removed.
 pub fn update(root: &Path, note: &PendingAdd) -> Result<()> {
     let dir = root.join(PENDING_ADDS);
+    if surely_absent(&note_path(root, &note.key.digest())) {
+        return Ok(());
+    }
     sealed::replace(
         &dir,
         &note.key.digest(),

@@ -38,7 +38,7 @@ use crate::state::{Loaded, Store, surely_absent};
 pub fn add(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Result<String> {
     let key = inv.pod_key(attachment);
     let locks = lock(inv, key.as_slice())?;
-    let added = resolve_pending(inv, delegate, key.as_slice(), pending::NextVerb::Add)
+    let added = resolve_pending(inv, delegate, key.as_slice(), pending::NextVerb::Other)
         .and_then(|()| add_locked(inv, delegate, attachment, key.as_ref()));
     // A failed ADD took no key: its lock file goes unless someone owns the pod.
     for lock in locks {
@@ -212,6 +212,11 @@ fn del_locked(
     locked_keys: &[PodKey],
 ) -> Result<bool> {
     if pending::answered_as_rolled_back(inv, attachment) {
+        // The rollback gave the primary this DEL: a deferred one of it would be another.
+        let id = inv.attachment_id(attachment);
+        for key in locked_keys {
+            drop_own_deferred(inv, key, &id);
+        }
         return Ok(false);
     }
     let Some((store, unwritable)) = super::del::open(inv, attachment)? else {

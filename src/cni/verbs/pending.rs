@@ -6,9 +6,9 @@
 //!
 //! While another sandbox holds the pod with a live netns, a DEL as the cut-off sandbox could
 //! tear the holder's network down by the pod's name (its primary may have been killed before
-//! it acted): then only the holder's own DEL rolls back (its network goes anyway), and an ADD
-//! of another sandbox drops the note (at the primary it takes the pod's name over). Any other
-//! verb only kills what is left, and the note waits for one of those two.
+//! it acted): then only the holder's own DEL rolls back (its network goes anyway), and the
+//! note of an ADD that reaches the primary replaces it (at the primary that ADD takes the
+//! pod's name over). Any other verb only kills what is left, and the note waits.
 //!
 //! A rollback the primary refuses keeps its note, and the verb fails with code 11 (the runtime
 //! retries it): nothing else of the pod may reach the primary meanwhile.
@@ -30,19 +30,18 @@ pub const ROLLED_BACK: &str = "rolled-back";
 pub const ROLLBACK_FAILED: &str = "rollback-failed";
 /// Failed rollbacks after which the note goes and the pod's verbs go on without it.
 const GIVE_UP_AFTER: u32 = 5;
-/// `outcome=` of a cut-off ADD whose processes were killed and whose pod an ADD of another
-/// sandbox takes over at the primary, while a live owner holds it.
+/// `outcome=` of a cut-off ADD given up without a DEL as its sandbox: an ADD of another
+/// sandbox takes the pod over at the primary while a live owner holds it, or the network's
+/// `podKey` rule changed since.
 pub const CUT_OFF: &str = "cut-off";
 
 /// The verb that takes the pod's lock after a cut-off ADD, which decides what may reach the
 /// primary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NextVerb<'a> {
-    /// An ADD of a sandbox of the pod.
-    Add,
     /// The DEL of this container.
     Del(&'a str),
-    /// A CHECK, a replay or a sweep.
+    /// An ADD, a CHECK, a replay or a sweep.
     Other,
 }
 
@@ -72,11 +71,26 @@ pub fn note(
     let root = &inv.conf.state_dir;
     // A mark of an earlier try of this sandbox speaks for that try only.
     let _ = pending_add::remove_rolled_back(root, &note.id());
+    let replaced = match pending_add::load(root, &key.digest()) {
+        Ok(Loaded::Valid(kept)) if kept.container_id != attachment.container_id => Some(kept),
+        _ => None,
+    };
     match pending_add::save(root, &note) {
-        Ok(()) => Some(Noted {
-            pid_file: pending_add::pid_path(root, &key.digest()),
-            nonce: note.nonce,
-        }),
+        Ok(()) => {
+            if let Some(kept) = replaced {
+                // Kept while a live sandbox owns the pod (`resolve` killed what was left):
+                // this ADD takes the pod's name over at the primary.
+                log_given_up(
+                    inv,
+                    &kept,
+                    "this ADD takes the pod's name over at the primary",
+                );
+            }
+            Some(Noted {
+                pid_file: pending_add::pid_path(root, &key.digest()),
+                nonce: note.nonce,
+            })
+        }
         Err(err) => {
             eprintln!(
                 "sandbox-guard: the ADD goes on without its note ({err}); if it is cut off, the next DEL of the pod may reach the primary beside what it left"
@@ -121,7 +135,7 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
         }
     };
     let id = note.id();
-    let holder = Holder::of(root, key, &note.container_id);
+    let holder = Holder::of(root, key, &note.container_id, &note.if_name);
     let Some(pid) = pending_add::primary_pid(root, &digest).filter(|_| holder != Holder::Itself)
     else {
         // Committed (its guard died before removing the note), or its primary never ran.
@@ -135,22 +149,27 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
         pod: Some(note.key.pod()),
     };
     let left = note.kill_processes(pid);
+    let pod = &note.key;
+    let rule_key = inv.conf.pod_key.key(
+        &pod.network,
+        &pod.pod_namespace,
+        &pod.pod_name,
+        &note.if_name,
+    );
+    if left == 0 && rule_key != *pod {
+        // Keyed by the rule before the network's podKey changed: the pod's owner and locks
+        // are under other keys now, so whether a DEL as this sandbox is safe cannot be told.
+        forget();
+        log_given_up(inv, &note, "the network's podKey rule changed since");
+        return Ok(());
+    }
     let owners_del =
         matches!((&holder, verb), (Holder::Live(Some(owner)), NextVerb::Del(del)) if *owner == del);
     if left == 0 && matches!(holder, Holder::Live(_)) && !owners_del {
         // The primary may have been killed before it acted on this ADD: a DEL as this
-        // sandbox could then tear down the live owner's network by the pod's name.
-        if verb != NextVerb::Add {
-            // Kept for the owner's DEL, or an ADD; this verb is judged as without a note
-            // (the sandbox's own DEL as any stale one).
-            return Ok(());
-        }
-        forget();
-        inv.log.event(Level::Warn, inv.verb, &subject, CUT_OFF, &format!(
-            "the ADD of sandbox {} (since {}) was cut off at the primary; what was left of it was killed, and this ADD takes \
-             the pod's name over at the primary; the cut-off sandbox's own DEL is judged as any stale one",
-            note.container_id, note.written_at
-        ));
+        // sandbox could then tear down the live owner's network by the pod's name. Kept for
+        // the owner's DEL, or for the note of an ADD that reaches the primary; this verb is
+        // judged as without a note (the sandbox's own DEL as any stale one).
         return Ok(());
     }
     let outcome = if left > 0 {
@@ -189,7 +208,17 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
         Err(err) => {
             note.attempts += 1;
             note.last_error = Some(crate::names::shorten(&err.msg));
-            let saved = pending_add::update(root, &note);
+            if let Err(unsaved) = pending_add::update(root, &note) {
+                // Uncounted, the attempts would hold the pod's teardown for as long as the
+                // store takes no write (a full disk, when kubelet evicts pods).
+                forget();
+                inv.log.event(Level::Error, inv.verb, &subject, ROLLBACK_FAILED, &format!(
+                    "the rollback of sandbox {}'s cut-off ADD failed and is given up, since its note cannot count the \
+                     attempt ({}): {}",
+                    note.container_id, unsaved.msg, err.msg
+                ));
+                return Ok(());
+            }
             inv.log.event(Level::Error, inv.verb, &subject, ROLLBACK_FAILED, &format!(
                 "the ADD of sandbox {} was cut off at the primary and its rollback failed (attempt {}): {}",
                 note.container_id, note.attempts, err.msg
@@ -206,12 +235,29 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
             )
             .with_details(format!(
                 "Nothing else of the pod reaches the primary beside that sandbox's half-made state. The runtime retries; \
-                 the next try rolls back again. To give the rollback up (what the primary made of that sandbox stays), remove {}{}",
-                path.display(),
-                saved.err().map(|e| format!(" ({})", e.msg)).unwrap_or_default()
+                 the next try rolls back again. To give the rollback up (what the primary made of that sandbox stays), remove {}",
+                path.display()
             )))
         }
     }
+}
+
+fn note_subject(note: &PendingAdd) -> Subject<'_> {
+    Subject {
+        network: &note.key.network,
+        container_id: &note.container_id,
+        if_name: &note.if_name,
+        pod: Some(note.key.pod()),
+    }
+}
+
+/// Logs a cut-off ADD whose note goes without a DEL as its sandbox (`CUT_OFF`), and `why`.
+fn log_given_up(inv: &Invocation, note: &PendingAdd, why: &str) {
+    inv.log.event(Level::Warn, inv.verb, &note_subject(note), CUT_OFF, &format!(
+        "the ADD of sandbox {} (since {}) was cut off at the primary and what was left of it was killed; {why}, so its \
+         rollback is given up and the cut-off sandbox's own DEL is judged as any stale one",
+        note.container_id, note.written_at
+    ));
 }
 
 /// The primary's DEL as the cut-off sandbox: its recorded object, `CNI_ARGS` and version,
@@ -248,10 +294,10 @@ fn delete_as(inv: &Invocation, current: &Delegate, note: &PendingAdd) -> Result<
         .map(|_| ())
 }
 
-/// Who holds a pod key, seen from one sandbox of it.
+/// Who holds a pod key, seen from one attachment of a sandbox.
 #[derive(Debug, PartialEq, Eq)]
 enum Holder {
-    /// The sandbox itself: its ADD committed.
+    /// The sandbox itself, by this attachment: its ADD committed.
     Itself,
     /// Another sandbox whose netns lives (`None`: the store cannot say who).
     Live(Option<String>),
@@ -260,13 +306,13 @@ enum Holder {
 }
 
 impl Holder {
-    fn of(root: &std::path::Path, key: &PodKey, container_id: &str) -> Holder {
+    fn of(root: &std::path::Path, key: &PodKey, container_id: &str, if_name: &str) -> Holder {
         // A store that cannot say is read as a live owner: no DEL goes to the primary.
         let Ok(store) = Store::open_read_only(root) else {
             return Holder::Live(None);
         };
         match store.load_owner(key) {
-            Ok(Loaded::Valid(owner)) if owner.container_id == container_id => Holder::Itself,
+            Ok(Loaded::Valid(owner)) if owner.holds(container_id, if_name) => Holder::Itself,
             Ok(Loaded::Valid(owner)) if store.owner_netns_alive(&owner) => {
                 Holder::Live(Some(owner.container_id))
             }
@@ -313,10 +359,9 @@ pub fn answered_as_rolled_back(inv: &Invocation, attachment: &Attachment) -> boo
         return false;
     }
     let _ = pending_add::remove_rolled_back(root, &id);
-    if inv
-        .pod_key(attachment)
-        .is_none_or(|key| Holder::of(root, &key, &attachment.container_id) == Holder::Itself)
-    {
+    if inv.pod_key(attachment).is_none_or(|key| {
+        Holder::of(root, &key, &attachment.container_id, &attachment.ifname) == Holder::Itself
+    }) {
         // Added again since: its DEL is judged as any owner's.
         return false;
     }

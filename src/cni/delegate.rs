@@ -284,7 +284,12 @@ impl Delegate {
             ("CNI_NETNS", env.netns),
             ("CNI_IFNAME", env.if_name),
             ("CNI_ARGS", env.args),
-            (crate::state::pending_add::MARKER_VAR, env.marker),
+            // Every primary carries the variable, empty where its ADD has no note: the
+            // rollback's kill tells a noted ADD's processes from any other call's by it.
+            (
+                crate::state::pending_add::MARKER_VAR,
+                Some(env.marker.unwrap_or_default()),
+            ),
         ] {
             if let Some(value) = value {
                 command.env(key, value);
@@ -310,10 +315,12 @@ impl Delegate {
                 if nix::libc::getppid() != guard_pid {
                     return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
                 }
-                match &pid_file {
-                    Some(path) => write_own_pid(path),
-                    None => Ok(()),
+                // Without its pid the note reads as of a primary that never ran: the ADD
+                // goes on as without a note rather than fail the pod's start.
+                if let Some(path) = &pid_file {
+                    let _ = write_own_pid(path);
                 }
+                Ok(())
             });
         }
         let mut child = command
@@ -506,7 +513,7 @@ impl Delegate {
     }
 }
 
-/// In the primary's process before its exec: its pid into `path`, or no exec at all.
+/// In the primary's process before its exec: its pid into `path`.
 fn write_own_pid(path: &std::ffi::CStr) -> std::io::Result<()> {
     let mut digits = [0u8; 12];
     let mut at = digits.len();

@@ -237,6 +237,9 @@ fn spawn(
     command
         .arg0("sandbox-guard")
         .env(WORKER_ENV, digests.join(","))
+        // Its own session, whose id may once have been a cut-off ADD's process group: the
+        // rollback's kill knows it by this variable's other value.
+        .env(crate::state::pending_add::MARKER_VAR, "")
         .stdin(Stdio::from(conf))
         .stdout(Stdio::null())
         .stderr(Stdio::null());

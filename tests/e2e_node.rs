@@ -45,6 +45,8 @@ const GC_PERIOD: Duration = Duration::from_secs(60);
 const GUARD_IMAGE: &str = "localhost/sandbox-guard:node-test";
 const GUARD_IMAGE_UPGRADE: &str = "localhost/sandbox-guard:node-test-upgrade";
 const STATEFULSET_REPLICAS_ROLLOUT: usize = 20;
+/// The StatefulSets of one pod each, one a sequence: their pods are re-created once.
+const SINGLE_PODS: [&str; 5] = ["graceful", "forced", "faildel", "pause", "cutadd"];
 /// The DaemonSet's ConfigMap of entry keys, as an operator sets it, with `staleDel`; the
 /// installer's watch puts it into the node's entry, where the test reads it back.
 fn entry_configmap(stale_del: &str) -> String {
@@ -386,6 +388,12 @@ struct Figures {
     kubelet_gc_errors: usize,
     gc_periods: f64,
     deferred_left: usize,
+    /// Delegate: the sandboxes of those deferred DELs, and the ones of them whose DEL never
+    /// reached the primary once the namespace was deleted (read in the model's trace).
+    deferred: Vec<String>,
+    deferred_not_replayed: Vec<String>,
+    /// The model's trace line the mode's sequences began at.
+    calls_before: usize,
     run_podsandbox_ms: f64,
     /// From the API watch's first event of each of the rollout's new pods to its first event
     /// with the Ready condition True, stamped on arrival, in ms.
@@ -793,16 +801,32 @@ fn first_call_order(calls: &str, since: usize, added: &str, deleted: &str) -> Op
 }
 
 fn deferred_dels(state_dir: &Path) -> usize {
+    deferred_sandboxes(state_dir).len()
+}
+
+/// The sandboxes of the deferred DELs in the guard's state, one entry a DEL.
+fn deferred_sandboxes(state_dir: &Path) -> Vec<String> {
     // deferred/<pod key digest>/<network>:<container>:<ifname>; writers' temp files start
     // with a dot.
     cni::walk(&state_dir.join("deferred"))
         .into_iter()
         .filter(|p| p.is_file())
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| !n.to_string_lossy().starts_with('.'))
+        .filter_map(|p| {
+            let name = p.file_name()?.to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                return None;
+            }
+            name.rsplit(':').nth(1).map(str::to_string)
         })
-        .count()
+        .collect()
+}
+
+/// Whether the model's trace (from line `since`) has a DEL of `sandbox`.
+fn del_at_primary(calls: &str, since: usize, sandbox: &str) -> bool {
+    calls.lines().skip(since).any(|line| {
+        let mut fields = line.split(' ').skip(1);
+        fields.next() == Some("DEL") && fields.next() == Some(sandbox)
+    })
 }
 
 /// `kubectl delete --grace-period=0 --force`: the API object goes at once, and the
@@ -951,7 +975,7 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     let pause = node.var("PAUSE_IMAGE").to_string();
     eprintln!("== {} on {}", mode.name(), node.runtime);
     create_namespace(node, &ns);
-    let singles = ["graceful", "forced", "faildel", "pause", "cutadd"];
+    let singles = SINGLE_PODS;
     for name in singles {
         node.apply(&statefulset(name, &ns, 1, &pause));
     }
@@ -1158,7 +1182,9 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
         log_at_gc,
         "Failed to stop sandbox before removing",
     );
-    figures.deferred_left = deferred_dels(Path::new(node.var("GUARD_STATE")));
+    figures.deferred = deferred_sandboxes(Path::new(node.var("GUARD_STATE")));
+    figures.deferred_left = figures.deferred.len();
+    figures.calls_before = calls_before;
     let started = count1 - count0;
     figures.run_podsandbox_ms = if started > 0.0 {
         (sum1 - sum0) / started * 1000.0
@@ -1184,6 +1210,11 @@ fn assert_mode(mode: Mode, runtime: &str, f: &Figures) {
         f.create_to_ready_ms.len(),
         STATEFULSET_REPLICAS_ROLLOUT,
         "{runtime} {mode:?}: the pod watch did not see every new pod of the rollout become Ready: {f:?}"
+    );
+    assert_eq!(
+        f.new_pods,
+        SINGLE_PODS.len() + STATEFULSET_REPLICAS_ROLLOUT,
+        "{runtime} {mode:?}: not every re-created pod was counted: {f:?}"
     );
     let cut = f
         .cut_add
@@ -1290,6 +1321,17 @@ fn unmet(rule: Mode, f: &Figures) -> Vec<String> {
                 ),
             );
             check(
+                f.kubelet_gc_errors == 0,
+                format!("kubelet's GC logged {} failed stops", f.kubelet_gc_errors),
+            );
+            check(
+                f.deferred_not_replayed.is_empty(),
+                format!(
+                    "deferred DELs never reached the primary: {:?}",
+                    f.deferred_not_replayed
+                ),
+            );
+            check(
                 cut.is_some_and(|cut| cut.processes_left == 0 && cut.resolved.is_some()),
                 format!("the cut-off ADD was not rolled back before the pod ran again: {cut:?}"),
             );
@@ -1354,10 +1396,18 @@ fn run_runtime(runtime: &'static str) {
                 "--timeout=180s",
             ]);
         }
-        let figures = run_mode(&node, mode);
+        let mut figures = run_mode(&node, mode);
         if mode.installed() {
             uninstall_guard(&node, GUARD_IMAGE, &conflist_before);
         }
+        // Replayed by now (uninstall waits for none to be left): each reached the primary.
+        let calls = node.primary_calls();
+        figures.deferred_not_replayed = figures
+            .deferred
+            .iter()
+            .filter(|sandbox| !del_at_primary(&calls, figures.calls_before, sandbox))
+            .cloned()
+            .collect();
         all.push((mode, figures));
     }
     let unguarded_ready_ms = mean(&all[0].1.create_to_ready_ms);

@@ -180,7 +180,7 @@ pub fn standing(root: &Path, digest: &str, note: &PendingAdd) -> (Standing, Opti
     let committed = super::Store::open_read_only(root)
         .and_then(|store| store.load_owner(&note.key))
         .is_ok_and(
-            |owner| matches!(owner, Loaded::Valid(o) if o.container_id == note.container_id),
+            |owner| matches!(owner, Loaded::Valid(o) if o.holds(&note.container_id, &note.if_name)),
         );
     if committed {
         return (Standing::Committed, pid);
@@ -231,12 +231,12 @@ pub fn save(root: &Path, note: &PendingAdd) -> Result<()> {
         .map_err(|e| GuardError::io("write the note of an ADD in", &dir, e))
 }
 
-/// Keeps a failed rollback's count and error in its note, its pid file untouched; a note
-/// removed meanwhile (an operator giving the rollback up) stays removed.
-pub fn update(root: &Path, note: &PendingAdd) -> Result<()> {
+/// Keeps a failed rollback's count and error in its note, its pid file untouched. `false`: the
+/// note was removed meanwhile (an operator giving the rollback up), and stays removed.
+pub fn update(root: &Path, note: &PendingAdd) -> Result<bool> {
     let dir = root.join(PENDING_ADDS);
     if surely_absent(&note_path(root, &note.key.digest())) {
-        return Ok(());
+        return Ok(false);
     }
     sealed::replace(
         &dir,
@@ -244,6 +244,7 @@ pub fn update(root: &Path, note: &PendingAdd) -> Result<()> {
         &sealed::seal(note),
         Durability::Hint,
     )
+    .map(|()| true)
     .map_err(|e| GuardError::io("write the note of an ADD in", &dir, e))
 }
 

@@ -101,10 +101,15 @@ trace() {
 # fail_if_injected WHAT: consumes the fail-next-del marker and fails the DEL naming WHAT. A
 # file fail-dels/<namespace>.<pod> holding a count N fails that pod's next N DELs instead, so
 # that other pods' DELs on a busy node do not consume the failure meant for one pod. A file
-# "slow-dels" in stateDir (seconds) makes every DEL take that long first: a primary whose
-# datastore is slow.
+# fail-dels-of/<container> fails every DEL of that sandbox while it exists: a datastore that
+# fails one sandbox's teardown until it recovers. A file "slow-dels" in stateDir (seconds)
+# makes every DEL take that long first: a primary whose datastore is slow.
 fail_if_injected() {
     [[ -f $state_dir/slow-dels ]] && sleep "$(cat "$state_dir/slow-dels")"
+    if [[ -f $state_dir/fail-dels-of/$CNI_CONTAINERID ]]; then
+        trace "DEL failed: injected (fail-dels-of)"
+        fail 100 "injected primary failure (fail-dels-of) for $1"
+    fi
     local counter=$state_dir/fail-dels/$namespace.$pod left
     if [[ -f $counter ]]; then
         left=$(<"$counter")

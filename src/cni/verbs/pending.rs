@@ -72,7 +72,7 @@ pub fn note(
     // A mark of an earlier try of this sandbox speaks for that try only.
     let _ = pending_add::remove_rolled_back(root, &note.id());
     let replaced = match pending_add::load(root, &key.digest()) {
-        Ok(Loaded::Valid(kept)) if kept.container_id != attachment.container_id => Some(kept),
+        Ok(Loaded::Valid(kept)) if kept.id() != note.id() => Some(kept),
         _ => None,
     };
     match pending_add::save(root, &note) {
@@ -208,16 +208,23 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
         Err(err) => {
             note.attempts += 1;
             note.last_error = Some(crate::names::shorten(&err.msg));
-            if let Err(unsaved) = pending_add::update(root, &note) {
+            match pending_add::update(root, &note) {
+                Ok(true) => {}
+                // Removed meanwhile: the operator gave the rollback up.
+                Ok(false) => return Ok(()),
                 // Uncounted, the attempts would hold the pod's teardown for as long as the
-                // store takes no write (a full disk, when kubelet evicts pods).
-                forget();
-                inv.log.event(Level::Error, inv.verb, &subject, ROLLBACK_FAILED, &format!(
-                    "the rollback of sandbox {}'s cut-off ADD failed and is given up, since its note cannot count the \
-                     attempt ({}): {}",
-                    note.container_id, unsaved.msg, err.msg
-                ));
-                return Ok(());
+                // store takes no write (a full disk, when kubelet evicts pods); but while
+                // processes of the cut-off ADD still run, nothing may go to the primary.
+                Err(unsaved) if left == 0 => {
+                    forget();
+                    inv.log.event(Level::Error, inv.verb, &subject, ROLLBACK_FAILED, &format!(
+                        "the rollback of sandbox {}'s cut-off ADD failed and is given up, since its note cannot count the \
+                         attempt ({}): {}",
+                        note.container_id, unsaved.msg, err.msg
+                    ));
+                    return Ok(());
+                }
+                Err(_) => {}
             }
             inv.log.event(Level::Error, inv.verb, &subject, ROLLBACK_FAILED, &format!(
                 "the ADD of sandbox {} was cut off at the primary and its rollback failed (attempt {}): {}",

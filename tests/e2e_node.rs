@@ -712,13 +712,19 @@ fn stale_del_sandboxes(calls: &str, since: usize) -> Vec<(String, String, String
 /// from its log (`log`, oldest line first), each with the reason, for the assertion's message.
 ///
 /// Chained, the guard runs last on ADD and first on DEL: a DEL of the old sandbox that
-/// reaches it before the new sandbox's ADD does passes, unseen (the window), and so does one
-/// whose new sandbox's ADD never got `outcome=added` (it failed at the primary, whose
-/// endpoint the DEL had just removed, or the runtime cut it off there). One that passes
-/// after that ADD breaks its rule. Passed: any outcome but refused, error (failed in the
-/// guard, never at the primary) or deferred, so that an outcome added later fails loudly.
-/// Delegate mode has no such window: no stale DEL may reach its primary at all.
-fn let_through(stale: &[(String, String, String)], log: &str) -> Vec<String> {
+/// reaches it before the new sandbox's ADD does passes, unseen (the window: both lines in
+/// its log, in that order). One whose new sandbox's ADD the guard never logged as added is
+/// excused only by the runtime's view: that sandbox is not a ready one (`ready`), so its ADD
+/// failed at the primary, whose endpoint the DEL had just removed, or the runtime cut it off
+/// there; a ready sandbox without that line (a log elsewhere, a line lost) is not excused.
+/// One that passes after that ADD breaks its rule. Passed: any outcome but refused, error
+/// (failed in the guard, never at the primary) or deferred, so that an outcome added later
+/// fails loudly. Delegate mode has no such window: no stale DEL may reach its primary at all.
+fn let_through(
+    stale: &[(String, String, String)],
+    log: &str,
+    ready: &BTreeSet<&String>,
+) -> Vec<String> {
     let lines: Vec<&str> = log.lines().collect();
     let of_sandbox = |line: &str, verb: &str, container: &str| {
         line.contains(&format!(" {verb} ")) && line.contains(&format!(" container={container} "))
@@ -726,9 +732,14 @@ fn let_through(stale: &[(String, String, String)], log: &str) -> Vec<String> {
     stale
         .iter()
         .filter_map(|(pod, by, of)| {
-            let added = lines
+            let Some(added) = lines
                 .iter()
-                .position(|l| of_sandbox(l, "ADD", of) && l.contains(" outcome=added "))?;
+                .position(|l| of_sandbox(l, "ADD", of) && l.contains(" outcome=added "))
+            else {
+                return ready.contains(of).then(|| {
+                    format!("{pod}: a DEL of {by} removed the endpoint of {of}, a ready sandbox whose ADD the guard's log does not show")
+                });
+            };
             let held = [" outcome=refused ", " outcome=error ", " outcome=deferred "];
             lines[added..]
                 .iter()
@@ -1163,7 +1174,8 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     figures.stale_dels_at_primary = stale.iter().map(|(pod, _, _)| pod.clone()).collect();
     let log = guard_log(node);
     if matches!(mode, Mode::Chained | Mode::Audit) {
-        figures.let_through = let_through(&stale, &log);
+        let ready: BTreeSet<&String> = ready_sandboxes.values().collect();
+        figures.let_through = let_through(&stale, &log, &ready);
     }
     figures.refusals = log
         .lines()
@@ -2217,8 +2229,8 @@ fn cilium_chained_on_pod_named_veths_containerd2() {
 fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
     // Reads the two logs only: no node. Chained, the window (the old sandbox's DEL passed the
     // guard before the new sandbox's ADD reached it) is allowed, and so is one that removed a
-    // sandbox whose ADD left no line in the guard's log (cut off at the primary); a DEL that
-    // passed after the new sandbox's ADD is not.
+    // sandbox whose ADD left no line in the guard's log (cut off at the primary) if the
+    // runtime does not show it ready; a DEL that passed after the new sandbox's ADD is not.
     let line = |verb: &str, container: &str, outcome: &str| {
         format!(
             "2026-11-26T05:31:00Z sandbox-guard[1] INFO {verb} network=k8s-pod-network container={container} ifname=eth0 pod=ns/rollout-5 outcome={outcome} x\n"
@@ -2236,21 +2248,22 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
         line("DEL", "aaa", "refused"),
     ]
     .concat();
-    assert!(let_through(&stale, &window).is_empty());
+    let none = BTreeSet::new();
+    assert!(let_through(&stale, &window, &none).is_empty());
     let failed_in_the_guard = [
         line("ADD", "aaa", "added"),
         line("ADD", "bbb", "added"),
         line("DEL", "aaa", "error"),
     ]
     .concat();
-    assert!(let_through(&stale, &failed_in_the_guard).is_empty());
+    assert!(let_through(&stale, &failed_in_the_guard, &none).is_empty());
     let broken = [
         line("ADD", "aaa", "added"),
         line("ADD", "bbb", "added"),
         line("DEL", "aaa", "deleted"),
     ]
     .concat();
-    assert_eq!(let_through(&stale, &broken).len(), 1);
+    assert_eq!(let_through(&stale, &broken, &none).len(), 1);
     // A new sandbox whose ADD left no line in the guard's log (a runtime restart killed the
     // guard mid-ADD): it never ran.
     let unseen = [
@@ -2259,7 +2272,14 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
         line("DEL", "aaa", "deleted"),
     ]
     .concat();
-    assert!(let_through(&stale, &unseen).is_empty());
+    assert!(let_through(&stale, &unseen, &none).is_empty());
+    // The same, its sandbox ready in the runtime: it ran, so its ADD is missing from the log
+    // (a log elsewhere, a line lost), which excuses nothing.
+    let bbb = "bbb".to_string();
+    assert_eq!(
+        let_through(&stale, &unseen, &BTreeSet::from([&bbb])).len(),
+        1
+    );
     // The primary's ADD came first and the DEL may have failed it.
     let failed_add = [
         line("ADD", "aaa", "added"),
@@ -2268,7 +2288,7 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
         line("DEL", "aaa", "deleted"),
     ]
     .concat();
-    assert!(let_through(&stale, &failed_add).is_empty());
+    assert!(let_through(&stale, &failed_add, &none).is_empty());
     // The model's trace of a held ADD names its sandbox.
     let held = "05:31:00.1 ADD bbb ns.cutadd-0 netns=/x\n  held: ADD of bbb, its endpoint written (hold-adds, 900s)\n";
     assert_eq!(held_add(held, 0).as_deref(), Some("bbb"));

@@ -2524,10 +2524,9 @@ fn run_incident(runtime: &'static str) {
     mark_reports_passed();
 }
 
-/// The incident's order on containerd 2.2 (seed 001's sequence, issue 41): its run is
-/// published with the long run.
+/// The incident's order on containerd 2.2 (seed 001's sequence): about four minutes, so CI
+/// runs it.
 #[test]
-#[ignore = "long run: bash scripts/test.sh --long (README, CI's minutes)"]
 fn incident_order_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_incident("containerd2");

@@ -142,12 +142,6 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
         forget();
         return Ok(());
     };
-    let subject = Subject {
-        network: &note.key.network,
-        container_id: &note.container_id,
-        if_name: &note.if_name,
-        pod: Some(note.key.pod()),
-    };
     let left = note.kill_processes(pid);
     let pod = &note.key;
     let rule_key = inv.conf.pod_key.key(
@@ -188,7 +182,7 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
                 eprintln!("sandbox-guard: a rollback could not be marked: {err}");
             }
             forget();
-            inv.log.event(Level::Warn, inv.verb, &subject, ROLLED_BACK, &format!(
+            inv.log.event(Level::Warn, inv.verb, &note_subject(&note), ROLLED_BACK, &format!(
                 "the ADD of sandbox {} (since {}) was cut off at the primary; what was left of it was killed and the primary had its DEL",
                 note.container_id, note.written_at
             ));
@@ -198,7 +192,7 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
             // The pod's teardown is not held for good: what the primary made of the cut-off
             // sandbox stays, as without a note, and its own DEL is judged as any.
             forget();
-            inv.log.event(Level::Error, inv.verb, &subject, ROLLBACK_FAILED, &format!(
+            inv.log.event(Level::Error, inv.verb, &note_subject(&note), ROLLBACK_FAILED, &format!(
                 "the rollback of sandbox {}'s cut-off ADD failed {GIVE_UP_AFTER} times and is given up (what the primary made \
                  of it may stay): {}",
                 note.container_id, err.msg
@@ -217,7 +211,7 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
                 // processes of the cut-off ADD still run, nothing may go to the primary.
                 Err(unsaved) if left == 0 => {
                     forget();
-                    inv.log.event(Level::Error, inv.verb, &subject, ROLLBACK_FAILED, &format!(
+                    inv.log.event(Level::Error, inv.verb, &note_subject(&note), ROLLBACK_FAILED, &format!(
                         "the rollback of sandbox {}'s cut-off ADD failed and is given up, since its note cannot count the \
                          attempt ({}): {}",
                         note.container_id, unsaved.msg, err.msg
@@ -226,7 +220,7 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
                 }
                 Err(_) => {}
             }
-            inv.log.event(Level::Error, inv.verb, &subject, ROLLBACK_FAILED, &format!(
+            inv.log.event(Level::Error, inv.verb, &note_subject(&note), ROLLBACK_FAILED, &format!(
                 "the ADD of sandbox {} was cut off at the primary and its rollback failed (attempt {}): {}",
                 note.container_id, note.attempts, err.msg
             ));

@@ -652,6 +652,14 @@ fn sandboxes(node: &Node, namespace: &str) -> Vec<(String, String, bool)> {
 }
 
 /// The pods of `namespace` with a sandbox the runtime lists NotReady, one entry a sandbox.
+/// The ready sandbox of `pod`, as the runtime shows it.
+fn ready_sandbox_of(node: &Node, namespace: &str, pod: &str) -> Option<String> {
+    sandboxes(node, namespace)
+        .into_iter()
+        .find(|(_, name, ready)| name == pod && *ready)
+        .map(|(id, _, _)| id)
+}
+
 fn not_ready_pods(node: &Node, namespace: &str) -> Vec<String> {
     sandboxes(node, namespace)
         .into_iter()
@@ -726,15 +734,12 @@ fn let_through(
     ready: &BTreeSet<&String>,
 ) -> Vec<String> {
     let lines: Vec<&str> = log.lines().collect();
-    let of_sandbox = |line: &str, verb: &str, container: &str| {
-        line.contains(&format!(" {verb} ")) && line.contains(&format!(" container={container} "))
-    };
     stale
         .iter()
         .filter_map(|(pod, by, of)| {
             let Some(added) = lines
                 .iter()
-                .position(|l| of_sandbox(l, "ADD", of) && l.contains(" outcome=added "))
+                .position(|l| guard_line_of(l, "ADD", of) && l.contains(" outcome=added "))
             else {
                 return ready.contains(of).then(|| {
                     format!("{pod}: a DEL of {by} removed the endpoint of {of}, a ready sandbox whose ADD the guard's log does not show")
@@ -743,10 +748,20 @@ fn let_through(
             let held = [" outcome=refused ", " outcome=error ", " outcome=deferred "];
             lines[added..]
                 .iter()
-                .find(|l| of_sandbox(l, "DEL", by) && !held.iter().any(|h| l.contains(h)))
+                .find(|l| guard_line_of(l, "DEL", by) && !held.iter().any(|h| l.contains(h)))
                 .map(|l| format!("{pod}: a DEL of {by} passed after the ADD of {of}: {l}"))
         })
         .collect()
+}
+
+/// Whether a line of the guard's log is of `verb` for `container`.
+fn guard_line_of(line: &str, verb: &str, container: &str) -> bool {
+    line.contains(&format!(" {verb} ")) && line.contains(&format!(" container={container} "))
+}
+
+/// The `outcome=` word of a line of the guard's log.
+fn outcome_of(line: &str) -> Option<&str> {
+    line.split(" outcome=").nth(1)?.split(' ').next()
 }
 
 /// The guard's log, its rotated files first.
@@ -1038,14 +1053,8 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
             .unwrap_or(0)
     };
 
-    let old_sandbox_of = |pod: &str| {
-        sandboxes(node, &ns)
-            .into_iter()
-            .find(|(_, name, ready)| name == pod && *ready)
-            .map(|(id, _, _)| id)
-    };
-    let forced_old_sandbox = old_sandbox_of("forced-0");
-    let cutadd_old_sandbox = old_sandbox_of("cutadd-0");
+    let forced_old_sandbox = ready_sandbox_of(node, &ns, "forced-0");
+    let cutadd_old_sandbox = ready_sandbox_of(node, &ns, "cutadd-0");
     // cutadd-0's next ADD holds at the primary once its endpoint is written, as a slow primary
     // (its datastore, its IPAM) holds one, until a containerd restart cuts it off there.
     let holds = PathBuf::from(node.var("PRIMARY_STATE")).join("hold-adds");
@@ -1488,11 +1497,7 @@ fn run_runtime(runtime: &'static str) {
                     None => "-",
                 },
                 cut.processes_left,
-                cut.resolved
-                    .as_deref()
-                    .and_then(|line| line.split(" outcome=").nth(1))
-                    .and_then(|rest| rest.split(' ').next())
-                    .unwrap_or("-"),
+                cut.resolved.as_deref().and_then(outcome_of).unwrap_or("-"),
             );
         }
     }
@@ -2376,12 +2381,7 @@ fn run_incident_mode(node: &Node, mode: Mode) -> IncidentFigures {
     create_namespace(node, &ns);
     node.apply(&statefulset("incident", &ns, 1, node.var("PAUSE_IMAGE")));
     let first = wait_ready_pod(node, &ns, "incident-0", None);
-    let ready_sandbox = || {
-        sandboxes(node, &ns)
-            .into_iter()
-            .find(|(_, name, ready)| name == "incident-0" && *ready)
-            .map(|(id, _, _)| id)
-    };
+    let ready_sandbox = || ready_sandbox_of(node, &ns, "incident-0");
     let mut figures = IncidentFigures {
         old_sandbox: ready_sandbox().expect("incident-0's ready sandbox"),
         ..IncidentFigures::default()
@@ -2416,18 +2416,13 @@ fn run_incident_mode(node: &Node, mode: Mode) -> IncidentFigures {
     let first_retry = || {
         let log = guard_log(node);
         let lines: Vec<&str> = log.lines().collect();
-        let of = |line: &str, verb: &str, container: &str| {
-            line.contains(&format!(" {verb} "))
-                && line.contains(&format!(" container={container} "))
-        };
         let added = lines
             .iter()
-            .position(|line| of(line, "ADD", &figures.new_sandbox))?;
+            .position(|line| guard_line_of(line, "ADD", &figures.new_sandbox))?;
         lines[added..]
             .iter()
-            .find(|line| of(line, "DEL", &figures.old_sandbox))
-            .and_then(|line| line.split(" outcome=").nth(1))
-            .and_then(|rest| rest.split(' ').next())
+            .find(|line| guard_line_of(line, "DEL", &figures.old_sandbox))
+            .and_then(|line| outcome_of(line))
             .map(str::to_string)
     };
     let harmed = || {

@@ -1,22 +1,15 @@
-//! sandbox-guard: a chained CNI plugin that checkpoints pod attachments and refuses the
-//! stale DEL of an old sandbox once a newer sandbox owns the same pod name.
+//! sandbox-guard, the CNI plugin the runtime execs: reads the CNI call (or an operator's
+//! command) and hands it to the library (src/lib.rs).
 #![cfg_attr(all(not(test), target_env = "gnu"), no_main)]
-
-mod clock;
-mod cni;
-mod error;
-mod kernel;
-mod names;
-mod state;
-mod tools;
 
 use std::io::{IsTerminal, Write};
 
-use cni::config::{self, NetConf};
-use cni::env::{CniEnv, Verb};
-use cni::verbs::{self as commands, Invocation};
-use cni::{log, version};
-use error::{GuardError, Kind, Result};
+use sandbox_guard::cni::config::{self, NetConf};
+use sandbox_guard::cni::env::{CniEnv, Verb};
+use sandbox_guard::cni::verbs::{self as commands, Invocation};
+use sandbox_guard::cni::{log, version};
+use sandbox_guard::error::{GuardError, Kind, Result};
+use sandbox_guard::{cni, tools};
 
 /// The process's entry, in place of std's. std's start-up prepares to report a stack
 /// overflow (it reads /proc/self/maps to find the main thread's stack, maps a signal stack

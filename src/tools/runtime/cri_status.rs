@@ -235,9 +235,9 @@ mod tests {
         let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
         for _ in 0..20_000 {
             let mut input = good.clone();
-            let at = rng.next() as usize % input.len();
-            input[at] = rng.next() as u8;
-            input.truncate(rng.next() as usize % (input.len() + 1) + at / 2);
+            let at = rng.next_u64() as usize % input.len();
+            input[at] = rng.next_u64() as u8;
+            input.truncate(rng.next_u64() as usize % (input.len() + 1) + at / 2);
             let _ = status_info(&input);
         }
     }

@@ -215,15 +215,15 @@ mod tests {
         );
         for _ in 0..5000 {
             let mut input = good.clone();
-            let at = rng.next() as usize % input.len();
-            input[at] = rng.next() as u8;
-            input.truncate(rng.next() as usize % (input.len() + 1));
+            let at = rng.next_u64() as usize % input.len();
+            input[at] = rng.next_u64() as u8;
+            input.truncate(rng.next_u64() as usize % (input.len() + 1));
             let _ = network(&mut Canned::new(input));
         }
         for _ in 0..5000 {
             let mut text: Vec<u8> = CONFIG.as_bytes().to_vec();
-            let at = rng.next() as usize % text.len();
-            text[at] = b"\"\\u[]=\n"[rng.next() as usize % 7];
+            let at = rng.next_u64() as usize % text.len();
+            text[at] = b"\"\\u[]=\n"[rng.next_u64() as usize % 7];
             let _ = parse_network(&String::from_utf8_lossy(&text));
         }
     }

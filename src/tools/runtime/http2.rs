@@ -338,7 +338,7 @@ pub mod tests {
     pub struct XorShift(pub u64);
 
     impl XorShift {
-        pub fn next(&mut self) -> u64 {
+        pub fn next_u64(&mut self) -> u64 {
             self.0 ^= self.0 << 13;
             self.0 ^= self.0 >> 7;
             self.0 ^= self.0 << 17;
@@ -353,17 +353,21 @@ pub mod tests {
         for round in 0..20_000 {
             let mut input = good.clone();
             match round % 4 {
-                0 => input.truncate(rng.next() as usize % (good.len() + 1)),
+                0 => input.truncate(rng.next_u64() as usize % (good.len() + 1)),
                 1 => {
-                    for _ in 0..1 + rng.next() % 4 {
-                        let at = rng.next() as usize % input.len();
-                        input[at] = rng.next() as u8;
+                    for _ in 0..1 + rng.next_u64() % 4 {
+                        let at = rng.next_u64() as usize % input.len();
+                        input[at] = rng.next_u64() as u8;
                     }
                 }
-                2 => input = (0..rng.next() % 200).map(|_| rng.next() as u8).collect(),
+                2 => {
+                    input = (0..rng.next_u64() % 200)
+                        .map(|_| rng.next_u64() as u8)
+                        .collect()
+                }
                 _ => {
-                    let at = rng.next() as usize % input.len();
-                    input.insert(at, rng.next() as u8);
+                    let at = rng.next_u64() as usize % input.len();
+                    input.insert(at, rng.next_u64() as u8);
                 }
             }
             let _ = unary(&mut Canned::new(input), "/p", &[]);

@@ -231,7 +231,7 @@ fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<Stri
                 log::Level::Error,
                 inv.verb,
                 &inv.subject(env.attachment.as_ref(), pod),
-                "error",
+                log::Outcome::Error,
                 &err.msg,
             );
         }

@@ -126,13 +126,92 @@ pub struct Subject<'a> {
     pub pod: Option<String>,
 }
 
+/// `outcome=` of a line: what the operation came to. The names are read by programs (the
+/// doctor, the metrics, the tests), so a name, once written, stays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Added,
+    Deleted,
+    /// A stale DEL passed on in audit mode.
+    Audited,
+    Refused,
+    /// A stale DEL answered with success and kept for the primary until the pod is free.
+    Deferred,
+    Replayed,
+    ReplayFailed,
+    /// A cut-off ADD's rollback, and its sandbox's DEL answered from it.
+    RolledBack,
+    RollbackFailed,
+    /// A cut-off ADD given up without a DEL as its sandbox.
+    CutOff,
+    /// A previous record or owner failed verification and was kept aside.
+    SetAside,
+    Checked,
+    CheckFailed,
+    Collected,
+    /// Refused for its config (`cni::rejected`), with `reason=` one of a few words (`Kind`'s
+    /// decode, invalid-config, incompatible-version).
+    Rejected,
+    Error,
+    /// The log's own note that `logMaxBytes` was adjusted.
+    LogCap,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 17] = [
+        Outcome::Added,
+        Outcome::Deleted,
+        Outcome::Audited,
+        Outcome::Refused,
+        Outcome::Deferred,
+        Outcome::Replayed,
+        Outcome::ReplayFailed,
+        Outcome::RolledBack,
+        Outcome::RollbackFailed,
+        Outcome::CutOff,
+        Outcome::SetAside,
+        Outcome::Checked,
+        Outcome::CheckFailed,
+        Outcome::Collected,
+        Outcome::Rejected,
+        Outcome::Error,
+        Outcome::LogCap,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Added => "added",
+            Outcome::Deleted => "deleted",
+            Outcome::Audited => "audited",
+            Outcome::Refused => "refused",
+            Outcome::Deferred => "deferred",
+            Outcome::Replayed => "replayed",
+            Outcome::ReplayFailed => "replay-failed",
+            Outcome::RolledBack => "rolled-back",
+            Outcome::RollbackFailed => "rollback-failed",
+            Outcome::CutOff => "cut-off",
+            Outcome::SetAside => "set-aside",
+            Outcome::Checked => "checked",
+            Outcome::CheckFailed => "check-failed",
+            Outcome::Collected => "collected",
+            Outcome::Rejected => "rejected",
+            Outcome::Error => "error",
+            Outcome::LogCap => "log-cap",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Outcome> {
+        Outcome::ALL.into_iter().find(|o| o.as_str() == name)
+    }
+}
+
 pub struct Log {
     /// The file this process appends to; another once a rotation renamed it away.
     file: RefCell<Option<File>>,
     path: Option<PathBuf>,
     options: LogOptions,
     /// (verb, outcome) of every event so far, for the metrics (`cni::metrics`).
-    outcomes: RefCell<Vec<(Verb, String)>>,
+    outcomes: RefCell<Vec<(Verb, Outcome)>>,
 }
 
 impl Log {
@@ -161,11 +240,11 @@ impl Log {
     }
 
     /// The events logged so far, taken: each is counted once.
-    pub fn take_outcomes(&self) -> Vec<(Verb, String)> {
+    pub fn take_outcomes(&self) -> Vec<(Verb, Outcome)> {
         std::mem::take(&mut *self.outcomes.borrow_mut())
     }
 
-    pub fn event(&self, level: Level, verb: Verb, subject: &Subject, outcome: &str, text: &str) {
+    pub fn event(&self, level: Level, verb: Verb, subject: &Subject, outcome: Outcome, text: &str) {
         self.event_with(level, verb, subject, outcome, &[], text);
     }
 
@@ -176,11 +255,11 @@ impl Log {
         level: Level,
         verb: Verb,
         subject: &Subject,
-        outcome: &str,
+        outcome: Outcome,
         fields: &[(&str, &str)],
         text: &str,
     ) {
-        self.outcomes.borrow_mut().push((verb, outcome.to_string()));
+        self.outcomes.borrow_mut().push((verb, outcome));
         let time = crate::clock::now_rfc3339();
         let event = Event {
             time: &time,
@@ -203,7 +282,7 @@ impl Log {
                 };
                 let note = Event {
                     level: Level::Warn,
-                    outcome: "log-cap",
+                    outcome: Outcome::LogCap,
                     fields: &[],
                     text: &text,
                     ..event
@@ -225,7 +304,7 @@ struct Event<'a> {
     level: Level,
     verb: Verb,
     subject: &'a Subject<'a>,
-    outcome: &'a str,
+    outcome: Outcome,
     fields: &'a [(&'a str, &'a str)],
     text: &'a str,
 }
@@ -255,7 +334,7 @@ impl Event<'_> {
                     escaped(subject.container_id, Part::Value),
                     escaped(subject.if_name, Part::Value),
                     escaped(pod, Part::Value),
-                    escaped(self.outcome, Part::Value),
+                    escaped(self.outcome.as_str(), Part::Value),
                     escaped(self.text, Part::Text),
                 )
             }
@@ -270,7 +349,7 @@ impl Event<'_> {
                     ("container", subject.container_id),
                     ("ifname", subject.if_name),
                     ("pod", pod),
-                    ("outcome", self.outcome),
+                    ("outcome", self.outcome.as_str()),
                 ] {
                     object.insert(key.to_string(), serde_json::json!(value));
                 }
@@ -524,6 +603,11 @@ impl LogEntry {
         })
     }
 
+    /// The `outcome=` field, when it is one of this build's names.
+    pub fn outcome(&self) -> Option<Outcome> {
+        Outcome::from_name(self.field("outcome")?)
+    }
+
     pub fn field(&self, key: &str) -> Option<&str> {
         self.fields
             .iter()
@@ -611,7 +695,13 @@ mod tests {
                         ..LogOptions::default()
                     },
                 );
-                log.event(Level::Info, Verb::Add, &subject, "added", "generation=1");
+                log.event(
+                    Level::Info,
+                    Verb::Add,
+                    &subject,
+                    Outcome::Added,
+                    "generation=1",
+                );
             }
         }
         let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
@@ -686,11 +776,23 @@ mod tests {
             max_bytes: Some(MIN_MAX_BYTES),
             ..LogOptions::default()
         };
-        Log::open(Some(&path), options).event(Level::Info, Verb::Add, &subject, "added", "first");
+        Log::open(Some(&path), options).event(
+            Level::Info,
+            Verb::Add,
+            &subject,
+            Outcome::Added,
+            "first",
+        );
         let holder = File::open(&path).unwrap();
         holder.lock().unwrap();
         let started = Instant::now();
-        Log::open(Some(&path), options).event(Level::Info, Verb::Add, &subject, "added", "second");
+        Log::open(Some(&path), options).event(
+            Level::Info,
+            Verb::Add,
+            &subject,
+            Outcome::Added,
+            "second",
+        );
         assert!(started.elapsed() < LOCK_WAIT * 5, "{:?}", started.elapsed());
         assert_eq!(
             std::fs::read_to_string(&path).unwrap().lines().count(),
@@ -698,7 +800,13 @@ mod tests {
             "the line went to stderr"
         );
         drop(holder);
-        Log::open(Some(&path), options).event(Level::Info, Verb::Add, &subject, "added", "third");
+        Log::open(Some(&path), options).event(
+            Level::Info,
+            Verb::Add,
+            &subject,
+            Outcome::Added,
+            "third",
+        );
         assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -718,21 +826,21 @@ mod tests {
             Level::Error,
             Verb::Add,
             &subject,
-            "error",
+            Outcome::Error,
             &format!("the primary failed: boom\n{forged}\r\n{forged}"),
         );
         log.event(
             Level::Error,
             Verb::Add,
             &subject,
-            "error",
+            Outcome::Error,
             "cause=stale-del owner=ccc the primary's words",
         );
         log.event_with(
             Level::Warn,
             Verb::Del,
             &subject,
-            "refused",
+            Outcome::Refused,
             &[("owner", "x y\nz")],
             "text",
         );
@@ -778,7 +886,13 @@ mod tests {
             },
         );
         std::fs::rename(&path, dir.join("guard.log.1")).unwrap();
-        log.event(Level::Info, Verb::Add, &subject, "added", "generation=1");
+        log.event(
+            Level::Info,
+            Verb::Add,
+            &subject,
+            Outcome::Added,
+            "generation=1",
+        );
         assert_eq!(
             std::fs::metadata(dir.join("guard.log.1")).unwrap().len(),
             4001,
@@ -825,7 +939,7 @@ mod tests {
                             Level::Info,
                             Verb::Add,
                             &subject,
-                            "added",
+                            Outcome::Added,
                             "generation=1 and some words to fill the line",
                         );
                     }

@@ -24,14 +24,12 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::env::Verb;
+use super::log::Outcome;
 use super::verbs::Invocation;
 use crate::state::Store;
 use crate::state::sealed::{self, Durability, Loaded};
 
 pub const COUNTERS: &str = "counters";
-/// `outcome=` of an operation refused for its config (`cni::rejected`); its `reason=` is one of
-/// a few words (`Kind`'s decode, invalid-config, incompatible-version).
-pub const OUTCOME_REJECTED: &str = "rejected";
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -48,7 +46,7 @@ pub struct Counters {
 /// What one commit adds to the counters.
 #[derive(Default)]
 struct Tally {
-    outcomes: Vec<(Verb, String)>,
+    outcomes: Vec<(Verb, Outcome)>,
     /// An operation refused for its config, and the reason.
     rejected: Option<(Verb, &'static str)>,
     /// The verb that succeeded.
@@ -63,12 +61,12 @@ pub fn commit(inv: &Invocation, store: &Store, succeeded: bool) {
 }
 
 /// `commit`, counting `outcome` too: the outcome of an operation whose log line comes later.
-pub fn commit_with(inv: &Invocation, store: &Store, succeeded: bool, outcome: Option<&str>) {
+pub fn commit_with(inv: &Invocation, store: &Store, succeeded: bool, outcome: Option<Outcome>) {
     let Some(metrics_file) = inv.conf.metrics_file.as_deref() else {
         return;
     };
     let mut outcomes = inv.log.take_outcomes();
-    outcomes.extend(outcome.map(|outcome| (inv.verb, outcome.to_string())));
+    outcomes.extend(outcome.map(|outcome| (inv.verb, outcome)));
     if !store.is_writable() {
         return;
     }
@@ -117,7 +115,7 @@ fn commit_tally(store: &Store, metrics_file: &Path, tally: Tally) {
             .operations
             .entry(verb.name().to_string())
             .or_default()
-            .entry(outcome)
+            .entry(outcome.as_str().to_string())
             .or_default() += 1;
     }
     if let Some((verb, reason)) = tally.rejected {
@@ -239,8 +237,9 @@ fn render(counters: &Counters, gauges: &Gauges, state_dir: &Path, now: i64) -> S
         for (reason, count) in reasons {
             let _ = writeln!(
                 out,
-                "sandbox_guard_operations_total{{state_dir=\"{dir}\",verb=\"{}\",outcome=\"{OUTCOME_REJECTED}\",reason=\"{}\"}} {count}",
+                "sandbox_guard_operations_total{{state_dir=\"{dir}\",verb=\"{}\",outcome=\"{}\",reason=\"{}\"}} {count}",
                 escape(verb),
+                Outcome::Rejected.as_str(),
                 escape(reason)
             );
         }

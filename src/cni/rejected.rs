@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use crate::cni::config::{self, DEFAULT_STATE_DIR};
 use crate::cni::env::{Attachment, Verb};
-use crate::cni::log::{Level, Log, LogFormat, LogOptions, Subject};
+use crate::cni::log::{Level, Log, LogFormat, LogOptions, Outcome, Subject};
 use crate::cni::metrics;
 use crate::error::{GuardError, Kind};
 use crate::names::{self, MAX_NETWORK};
@@ -57,7 +57,7 @@ pub fn record(verb: Verb, attachment: Option<&Attachment>, stdin: &[u8], err: &G
         Level::Error,
         verb,
         &subject,
-        metrics::OUTCOME_REJECTED,
+        Outcome::Rejected,
         &[("reason", reason)],
         &err.msg,
     );

@@ -1,7 +1,7 @@
 //! ADD: checkpoint the attachment and make this sandbox the owner of its pod key.
 
 use crate::cni::env::Attachment;
-use crate::cni::log::Level;
+use crate::cni::log::{Level, Outcome};
 use crate::cni::result::ResultView;
 use crate::cni::verbs::Invocation;
 use crate::error::{GuardError, Kind, Result};
@@ -90,7 +90,7 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
         Loaded::Missing => None,
         Loaded::Corrupt { path, reason } => {
             let kept = store.keep_copy(&path, &store.set_aside_path_for_record(&id))?;
-            inv.log.event(Level::Warn, inv.verb, &subject, "set-aside",
+            inv.log.event(Level::Warn, inv.verb, &subject, Outcome::SetAside,
                 &format!("previous checkpoint failed verification ({reason}); kept at {}; this ADD writes a fresh one", kept.display()));
             None
         }
@@ -102,7 +102,7 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
             Loaded::Missing => None,
             Loaded::Corrupt { path, reason } => {
                 let kept = store.keep_copy(&path, &store.set_aside_path_for_owner(key))?;
-                inv.log.event(Level::Warn, inv.verb, &subject, "set-aside",
+                inv.log.event(Level::Warn, inv.verb, &subject, Outcome::SetAside,
                     &format!("ownership record failed verification ({reason}); kept at {}; this ADD takes ownership", kept.display()));
                 None
             }
@@ -186,7 +186,7 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
     let ip_conflict = address_claim.record(&store);
     // The metrics' writes (no fsync) go before the sync too, for the same reason; this ADD is
     // counted as added now, and its log line below is not counted again.
-    crate::cni::metrics::commit_with(inv, &store, true, Some("added"));
+    crate::cni::metrics::commit_with(inv, &store, true, Some(Outcome::Added));
     if inv.conf.pod_key == crate::state::ownership::PodKeyRule::NameAndIfname {
         store.set_generation_counter_durably(generation)?;
     }
@@ -223,7 +223,7 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
         level,
         inv.verb,
         &subject,
-        "added",
+        Outcome::Added,
         &[
             ("generation", generation.as_str()),
             ("netns", attachment.netns.as_str()),

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::cni::config::DEFAULT_STATE_DIR;
 use crate::cni::env::Attachment;
-use crate::cni::log::Level;
+use crate::cni::log::{Level, Outcome};
 use crate::cni::result::ResultView;
 use crate::cni::verbs::Invocation;
 use crate::error::{GuardError, Kind, Result};
@@ -79,12 +79,17 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
     match failure {
         None => {
             inv.log
-                .event(Level::Info, inv.verb, &subject, "checked", "");
+                .event(Level::Info, inv.verb, &subject, Outcome::Checked, "");
             Ok(())
         }
         Some(err) => {
-            inv.log
-                .event(Level::Warn, inv.verb, &subject, "check-failed", &err.msg);
+            inv.log.event(
+                Level::Warn,
+                inv.verb,
+                &subject,
+                Outcome::CheckFailed,
+                &err.msg,
+            );
             Err(err)
         }
     }

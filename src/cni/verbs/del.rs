@@ -9,7 +9,7 @@ use std::path::Path;
 
 use crate::cni::config::StaleDelPolicy;
 use crate::cni::env::Attachment;
-use crate::cni::log::{CAUSE_SET_ASIDE, CAUSE_STALE_DEL, Level};
+use crate::cni::log::{CAUSE_SET_ASIDE, CAUSE_STALE_DEL, Level, Outcome};
 use crate::cni::verbs::Invocation;
 use crate::error::{GuardError, Kind, Result};
 use crate::state::checkpoint::AttachmentId;
@@ -84,7 +84,7 @@ pub(super) fn nothing_recorded(inv: &Invocation, attachment: &Attachment) {
         Level::Warn,
         inv.verb,
         &subject,
-        "deleted",
+        Outcome::Deleted,
         "no state dir, and it cannot be created: nothing recorded",
     );
 }
@@ -250,7 +250,7 @@ pub(super) fn refuse(inv: &Invocation, attachment: &Attachment, stale: Stale) ->
         Level::Warn,
         inv.verb,
         &subject,
-        "refused",
+        Outcome::Refused,
         &fields,
         &stale.error.msg,
     );
@@ -268,8 +268,8 @@ pub(super) fn finish(
 ) {
     let subject = inv.subject(Some(attachment), plan.keys.first().map(PodKey::pod));
     let (outcome, level, why) = match &plan.audited {
-        Some((_, text)) => ("audited", Level::Warn, text.clone()),
-        None => ("deleted", Level::Info, plan.notes.join("; ")),
+        Some((_, text)) => (Outcome::Audited, Level::Warn, text.clone()),
+        None => (Outcome::Deleted, Level::Info, plan.notes.join("; ")),
     };
     let fields: Vec<(&str, &str)> = match &plan.audited {
         Some((owner, _)) => vec![("cause", CAUSE_STALE_DEL), ("owner", owner)],
@@ -558,7 +558,7 @@ fn set_aside_error(
         Level::Error,
         inv.verb,
         &subject,
-        "refused",
+        Outcome::Refused,
         &[("cause", CAUSE_SET_ASIDE)],
         &format!("{} ({reason})", err.msg),
     );

@@ -25,7 +25,9 @@ use super::del::{Judgement, Stale};
 use super::{pending, replay_worker};
 use crate::cni::delegate::{Delegate, EnvOverride};
 use crate::cni::env::Attachment;
-use crate::cni::log::{CAUSE_SLOW_PRIMARY, CAUSE_STALE_DEL, CAUSE_SUPERSEDED, Level, Subject};
+use crate::cni::log::{
+    CAUSE_SLOW_PRIMARY, CAUSE_STALE_DEL, CAUSE_SUPERSEDED, Level, Outcome, Subject,
+};
 use crate::error::{GuardError, Kind, Result};
 use crate::kernel::link_facts::LinkFacts;
 use crate::kernel::teardown::{self, Teardown};
@@ -482,7 +484,7 @@ fn refuse_if_superseded(
         Level::Warn,
         inv.verb,
         &subject,
-        "refused",
+        Outcome::Refused,
         &[("cause", CAUSE_SUPERSEDED), ("owner", &owner.container_id)],
         &err.msg,
     );
@@ -656,7 +658,7 @@ fn remove_stale_interface(
     ];
     match done {
         Ok(text) => {
-            inv.log.event_with(Level::Warn, inv.verb, &subject, "deferred", &fields, &format!(
+            inv.log.event_with(Level::Warn, inv.verb, &subject, Outcome::Deferred, &fields, &format!(
                 "stale DEL deferred: pod {} belongs to sandbox {}; the primary gets this DEL once it is free; {text}",
                 deferred.key.pod(), deferred.owner
             ));
@@ -667,7 +669,7 @@ fn remove_stale_interface(
                 Level::Error,
                 inv.verb,
                 &subject,
-                "deferred",
+                Outcome::Deferred,
                 &fields,
                 &format!(
                     "stale DEL deferred, but its interface could not be removed: {}",
@@ -880,7 +882,7 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel) -> b
                 if slow { Level::Warn } else { Level::Info },
                 inv.verb,
                 &subject,
-                "replayed",
+                Outcome::Replayed,
                 fields,
                 &format!(
                     "the deferred DEL (since {}) reached the primary in {:.1}s{}{}",
@@ -921,7 +923,7 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel) -> b
                     entry.attempts, err.msg
                 )
             };
-            inv.log.event(Level::Warn, inv.verb, &subject, "replay-failed", &format!(
+            inv.log.event(Level::Warn, inv.verb, &subject, Outcome::ReplayFailed, &format!(
                 "{how}; it stays deferred and is tried again after {}s by the node's replay worker{}",
                 sweep_retry_after(&entry).as_secs(),
                 saved.err().map(|e| format!(" (its back-off could not be saved: {})", e.msg)).unwrap_or_default()

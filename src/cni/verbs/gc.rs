@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use crate::cni::config::ValidAttachment;
-use crate::cni::log::Level;
+use crate::cni::log::{Level, Outcome};
 use crate::cni::verbs::Invocation;
 use crate::error::{GuardError, Kind, Result};
 use crate::state::Loaded;
@@ -143,7 +143,7 @@ pub fn run(inv: &Invocation) -> Result<()> {
         Level::Info,
         inv.verb,
         &inv.subject(None, None),
-        "collected",
+        Outcome::Collected,
         &format!(
             "kept {} valid attachments; released {released} pod keys, dropped {repaired} owners without a record, \
              removed {removed_records} records, set aside {set_aside} corrupt records, removed {notes} failed-ADD \

@@ -18,22 +18,15 @@ use serde_json::value::RawValue;
 use super::Invocation;
 use crate::cni::delegate::{Delegate, EnvOverride};
 use crate::cni::env::Attachment;
-use crate::cni::log::{Level, Subject};
+use crate::cni::log::{Level, Outcome, Subject};
 use crate::error::{GuardError, Kind, Result};
 use crate::state::deferred::DeferredDel;
 use crate::state::ownership::PodKey;
 use crate::state::pending_add::{self, PendingAdd};
 use crate::state::{Loaded, Store, surely_absent};
 
-/// `outcome=` of a cut-off ADD's rollback, and of its sandbox's DEL answered from it.
-pub const ROLLED_BACK: &str = "rolled-back";
-pub const ROLLBACK_FAILED: &str = "rollback-failed";
 /// Failed rollbacks after which the note goes and the pod's verbs go on without it.
 const GIVE_UP_AFTER: u32 = 5;
-/// `outcome=` of a cut-off ADD given up without a DEL as its sandbox: an ADD of another
-/// sandbox takes the pod over at the primary while a live owner holds it, or the network's
-/// `podKey` rule changed since.
-pub const CUT_OFF: &str = "cut-off";
 
 /// The verb that takes the pod's lock after a cut-off ADD, which decides what may reach the
 /// primary.
@@ -182,7 +175,7 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
                 eprintln!("sandbox-guard: a rollback could not be marked: {err}");
             }
             forget();
-            inv.log.event(Level::Warn, inv.verb, &note_subject(&note), ROLLED_BACK, &format!(
+            inv.log.event(Level::Warn, inv.verb, &note_subject(&note), Outcome::RolledBack, &format!(
                 "the ADD of sandbox {} (since {}) was cut off at the primary; what was left of it was killed and the primary had its DEL",
                 note.container_id, note.written_at
             ));
@@ -192,7 +185,7 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
             // The pod's teardown is not held for good: what the primary made of the cut-off
             // sandbox stays, as without a note, and its own DEL is judged as any.
             forget();
-            inv.log.event(Level::Error, inv.verb, &note_subject(&note), ROLLBACK_FAILED, &format!(
+            inv.log.event(Level::Error, inv.verb, &note_subject(&note), Outcome::RollbackFailed, &format!(
                 "the rollback of sandbox {}'s cut-off ADD failed {GIVE_UP_AFTER} times and is given up (what the primary made \
                  of it may stay): {}",
                 note.container_id, err.msg
@@ -211,7 +204,7 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
                 // processes of the cut-off ADD still run, nothing may go to the primary.
                 Err(unsaved) if left == 0 => {
                     forget();
-                    inv.log.event(Level::Error, inv.verb, &note_subject(&note), ROLLBACK_FAILED, &format!(
+                    inv.log.event(Level::Error, inv.verb, &note_subject(&note), Outcome::RollbackFailed, &format!(
                         "the rollback of sandbox {}'s cut-off ADD failed and is given up, since its note cannot count the \
                          attempt ({}): {}",
                         note.container_id, unsaved.msg, err.msg
@@ -220,7 +213,7 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
                 }
                 Err(_) => {}
             }
-            inv.log.event(Level::Error, inv.verb, &note_subject(&note), ROLLBACK_FAILED, &format!(
+            inv.log.event(Level::Error, inv.verb, &note_subject(&note), Outcome::RollbackFailed, &format!(
                 "the ADD of sandbox {} was cut off at the primary and its rollback failed (attempt {}): {}",
                 note.container_id, note.attempts, err.msg
             ));
@@ -252,9 +245,9 @@ fn note_subject(note: &PendingAdd) -> Subject<'_> {
     }
 }
 
-/// Logs a cut-off ADD whose note goes without a DEL as its sandbox (`CUT_OFF`), and `why`.
+/// Logs a cut-off ADD whose note goes without a DEL as its sandbox (`Outcome::CutOff`), and `why`.
 fn log_given_up(inv: &Invocation, note: &PendingAdd, why: &str) {
-    inv.log.event(Level::Warn, inv.verb, &note_subject(note), CUT_OFF, &format!(
+    inv.log.event(Level::Warn, inv.verb, &note_subject(note), Outcome::CutOff, &format!(
         "the ADD of sandbox {} (since {}) was cut off at the primary and what was left of it was killed; {why}, so its \
          rollback is given up and the cut-off sandbox's own DEL is judged as any stale one",
         note.container_id, note.written_at
@@ -344,7 +337,7 @@ pub fn answered_by_rollback(inv: &Invocation, entry: &DeferredDel) -> bool {
         if_name: entry.if_name(),
         pod: Some(entry.key.pod()),
     };
-    inv.log.event(Level::Info, inv.verb, &subject, ROLLED_BACK, &format!(
+    inv.log.event(Level::Info, inv.verb, &subject, Outcome::RolledBack, &format!(
         "the deferred DEL of sandbox {} goes without the primary: its cut-off ADD was rolled back, which gave the primary this DEL",
         entry.container_id
     ));
@@ -371,7 +364,7 @@ pub fn answered_as_rolled_back(inv: &Invocation, attachment: &Attachment) -> boo
         Level::Info,
         inv.verb,
         &subject,
-        ROLLED_BACK,
+        Outcome::RolledBack,
         &format!(
             "sandbox {}'s cut-off ADD was rolled back, so the primary has had this DEL already",
             attachment.container_id

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::finding::{Finding, Report, Severity};
 use super::sandboxes::Owners;
-use crate::cni::log::{CAUSE_SLOW_PRIMARY, CAUSE_STALE_DEL, LOG_BACKUPS, LogEntry};
+use crate::cni::log::{CAUSE_SLOW_PRIMARY, CAUSE_STALE_DEL, LOG_BACKUPS, LogEntry, Outcome};
 use crate::state::Store;
 use crate::state::ledger::{Handled, LedgerEntry};
 use crate::state::ownership::PodKey;
@@ -91,10 +91,10 @@ fn parse_line(line: &str) -> Option<StaleDelLine> {
         Some(_) => return None,
         None => legacy_stale_del(line)?,
     };
-    let handled = match entry.field("outcome")? {
-        "audited" => Handled::Audited,
-        "refused" => Handled::Refused,
-        "deferred" => Handled::Deferred,
+    let handled = match entry.outcome()? {
+        Outcome::Audited => Handled::Audited,
+        Outcome::Refused => Handled::Refused,
+        Outcome::Deferred => Handled::Deferred,
         _ => return None,
     };
     let (namespace, name) = entry.field("pod")?.split_once('/')?;
@@ -129,7 +129,7 @@ fn legacy_stale_del(line: &str) -> Option<Option<String>> {
             text,
         ),
     };
-    (outcome == "audited" || text.starts_with("stale DEL")).then_some(owner)
+    (outcome == Outcome::Audited.as_str() || text.starts_with("stale DEL")).then_some(owner)
 }
 
 type PodFields = (String, String, String, Option<String>);
@@ -367,7 +367,7 @@ pub fn check_slow_replays(log_files: &[(String, Option<PathBuf>)], report: &mut 
 /// The network of a replayed DEL's log line marked slow.
 fn slow_replay(line: &str) -> Option<String> {
     let entry = LogEntry::parse(line)?;
-    (entry.field("outcome")? == "replayed" && entry.field("cause")? == CAUSE_SLOW_PRIMARY)
+    (entry.outcome()? == Outcome::Replayed && entry.field("cause")? == CAUSE_SLOW_PRIMARY)
         .then(|| entry.field("network").map(String::from))?
 }
 

@@ -9,7 +9,7 @@
 #   bash scripts/node.sh up [--runtime containerd16|containerd2]   # prints KUBECONFIG=... last
 #   bash scripts/node.sh down                 # leaves no process, mount, netns, link or chain
 #   bash scripts/node.sh build [--runtime R]  # only builds (or finds cached) the components
-#   bash scripts/node.sh restart kubelet|containerd
+#   bash scripts/node.sh restart kubelet|containerd [--kill]   # --kill: SIGKILL, not SIGTERM
 #   bash scripts/node.sh guard install delegate|chained IMAGE   # the DaemonSet, as an operator applies it
 #   bash scripts/node.sh guard uninstall IMAGE                  # the uninstall DaemonSet, then gone
 #   bash scripts/node.sh multus install thin|thick   # multus v4 in front of the node's network
@@ -75,6 +75,8 @@ bin_k8s() { echo "$NODE_CACHE/bin/kubernetes-$K8S_VERSION/$1"; }
 kubectl_() { "$(bin_k8s kubectl)" --kubeconfig "$W/kubeconfig" "$@"; }
 
 runtime_of_node() { cat "$W/runtime" 2>/dev/null || echo containerd16; }
+# The running node's Kubernetes; `up` and `build` set their runtime's.
+K8S_VERSION=$(k8s_version "$(runtime_of_node)")
 
 containerd_bin_dir() {
   case $1 in
@@ -115,11 +117,12 @@ start() {
   echo $! >"$W/run/$name.pid"
 }
 
+# stop NAME [SIGNAL]: SIGTERM (or SIGNAL), then SIGKILL after 10 s.
 stop() {
-  local name=$1 pid
+  local name=$1 signal=${2:-TERM} pid
   pid=$(cat "$W/run/$name.pid" 2>/dev/null) || return 0
   rm -f "$W/run/$name.pid"
-  kill -TERM "$pid" 2>/dev/null || return 0
+  kill "-$signal" "$pid" 2>/dev/null || return 0
   for _ in $(seq 100); do
     kill -0 "$pid" 2>/dev/null || return 0
     sleep 0.1
@@ -464,6 +467,7 @@ cmd_up() {
   done
   [[ $runtime == containerd16 || $runtime == containerd2 ]] ||
     die "--runtime takes containerd16 or containerd2, not '$runtime'"
+  K8S_VERSION=$(k8s_version "$runtime")
   need_root "scripts/node.sh up"
   # kubelet's cgroupfs layout here is cgroup v1's (these machines'); a unified-only host
   # would need the v2 layout.
@@ -550,11 +554,15 @@ cmd_restart() {
       start_kubelet
       ;;
     containerd)
-      # Shims and containers live on, as when a node's containerd restarts.
-      stop containerd
+      # Shims and containers live on, as when a node's containerd restarts. --kill: SIGKILL,
+      # as the OOM killer or a crash ends it, with no chance to cancel the calls it runs
+      # (the CNI plugins it exec'd run on).
+      local signal=TERM
+      [[ ${2:-} == --kill ]] && signal=KILL
+      stop containerd "$signal"
       start_containerd
       ;;
-    *) die "restart takes kubelet or containerd" ;;
+    *) die "restart takes kubelet or containerd [--kill]" ;;
   esac
 }
 
@@ -894,6 +902,7 @@ case ${1:-} in
     runtime=containerd2
     [[ ${1:-} == --runtime ]] && runtime=${2:-containerd2}
     [[ ${1:-} == --runtime=* ]] && runtime=${1#*=}
+    K8S_VERSION=$(k8s_version "$runtime")
     build_all "$runtime"
     ;;
   restart)
@@ -932,5 +941,5 @@ case ${1:-} in
     shift
     ctr_ "$@"
     ;;
-  *) die "usage: scripts/node.sh up [--runtime containerd16|containerd2] | down | build | restart kubelet|containerd | guard install|uninstall ... | multus install thin|thick | multus remove | primary bridge|model|cilium-chained | env | kubectl ... | crictl ... | ctr ..." ;;
+  *) die "usage: scripts/node.sh up [--runtime containerd16|containerd2] | down | build | restart kubelet|containerd [--kill] | guard install|uninstall ... | multus install thin|thick | multus remove | primary bridge|model|cilium-chained | env | kubectl ... | crictl ... | ctr ..." ;;
 esac

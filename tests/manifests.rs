@@ -24,7 +24,7 @@ const MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/conf-examples/kube
 const KUBERNETES: &str = "1.27.0";
 /// kubectl as the real node builds it (scripts/node.sh build, which scripts/test.sh runs first):
 /// Debian 12 packages no kubectl.
-const KUBECTL: &str = "/var/cache/sg-node/bin/kubernetes-1.34.4/kubectl";
+const KUBECTL: &str = "/var/cache/sg-node/bin/kubernetes-1.37.2/kubectl";
 
 fn manifests() -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = [MANIFESTS.to_string(), format!("{MANIFESTS}/uninstall")]

@@ -267,7 +267,7 @@ fn every_tool_a_test_asks_for_is_installed_by_the_test_script() {
         "strace",
         "podman",
         "/usr/bin/catatonit",
-        "/var/cache/sg-node/bin/kubernetes-1.34.4/kubectl",
+        "/var/cache/sg-node/bin/kubernetes-1.37.2/kubectl",
         concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vendor/cni-1.3.0"),
     ] {
         assert!(
@@ -349,7 +349,7 @@ fn a_test_script_without_the_node_build_is_caught() {
     assert!(
         missing
             .iter()
-            .any(|m| m.starts_with("`/var/cache/sg-node/bin/kubernetes-1.34.4/kubectl`")),
+            .any(|m| m.starts_with("`/var/cache/sg-node/bin/kubernetes-1.37.2/kubectl`")),
         "without the node's build the check did not name the node's kubectl: {missing:?}"
     );
 }

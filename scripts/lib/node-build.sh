@@ -3,12 +3,24 @@
 # committed or patched), cached between runs under $NODE_CACHE: the module cache, the build
 # cache and the binaries, one directory per component and version.
 #
-# Pins (the nearest to the newest that runs on these machines: cgroup v1, containerd 1.6):
-#   Kubernetes 1.34 keeps cgroup v1 without a flag (1.35 asks for failCgroupV1: false) and
-#   still speaks to containerd 1.6; etcd 3.6 is what 1.34 is tested against; containerd 2.2
-#   is the newest 2.x line whose CRI still accepts kubelet 1.34's calls as 2.x does on nodes;
-#   cri-tools follows Kubernetes' minor version.
-K8S_VERSION=${SANDBOX_GUARD_K8S_VERSION:-1.34.4}
+# Pins (the newest that runs on these machines: cgroup v1, no CAP_SYS_RESOURCE), Kubernetes
+# per runtime, since a node's kubelet goes with its runtime:
+#   containerd 2.2 runs Kubernetes 1.37, the newest released minor (1.38 is in beta); it
+#   needs failCgroupV1: false here, which the node's config sets.
+#   containerd 1.6 keeps Kubernetes 1.34, a minor that supports containerd 1.x (SIG Node's
+#   last is 1.35: the v1.35 release blog, kubernetes/website#53498) and the one these tests
+#   have run against since they began; it speaks to 1.6, logging that 1.6 lacks the
+#   RuntimeConfig call and falling back to the configured cgroup driver.
+#   etcd 3.6 serves both API servers; containerd 2.2 is the newest 2.x line whose CRI
+#   accepts both kubelets' calls as 2.x does on nodes; cri-tools 1.34 speaks CRI v1 to
+#   either runtime.
+# SANDBOX_GUARD_K8S_VERSION sets one version for both.
+k8s_version() {
+  case $1 in
+    containerd16) echo "${SANDBOX_GUARD_K8S_VERSION:-1.34.4}" ;;
+    *) echo "${SANDBOX_GUARD_K8S_VERSION:-1.37.2}" ;;
+  esac
+}
 ETCD_VERSION=3.6.16
 CONTAINERD2_VERSION=2.2.9
 CRITOOLS_VERSION=1.34.0

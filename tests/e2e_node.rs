@@ -6,10 +6,10 @@
 //!
 //! Every sequence is driven through the API (kubectl). Besides, the harness injects stand-ins
 //! for faults it cannot cause through the API: the primary's DEL failures (the model's
-//! `fail-dels` counter), a pause process killed with SIGKILL, kubelet and containerd
-//! restarted (SIGTERM, `scripts/node.sh restart`), and an ADD held at the primary once its
-//! endpoint is written (the model's `hold-adds`, with a child process as an IPAM plugin's)
-//! until a containerd restart cuts it off there. Each
+//! `fail-dels` counter), a pause process killed with SIGKILL, kubelet restarted (SIGTERM) and
+//! containerd killed (SIGKILL) and restarted (`scripts/node.sh restart`), and an ADD held at
+//! the primary once its endpoint is written (the model's `hold-adds`, with a child process as
+//! an IPAM plugin's) until a containerd restart (SIGTERM) cuts it off there. Each
 //! runs without the guard first (the harm must show, or the test could not fail), then with
 //! the guard chained in audit mode (the negative control: it passes every DEL on, and the
 //! guarded modes' checks must fail on it), then chained, then in delegate mode, and reports
@@ -35,6 +35,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use sandbox_guard::cni::log::{LOG_BACKUPS, LogEntry, Outcome};
 use serde_json::Value;
 
 /// Go is looked for by scripts/node.sh itself (also in /usr/local/go), which says what it
@@ -54,6 +55,18 @@ fn entry_configmap(stale_del: &str) -> String {
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {{ name: sandbox-guard-entry, namespace: kube-system }}\ndata:\n  entry.json: |\n    {{\"staleDel\": \"{stale_del}\"}}\n"
     )
 }
+/// Chained mode's window, pod by pod: the sequences in which kubelet can tear the old sandbox
+/// down while the new sandbox's ADD is at the primary, before the guard (last on ADD) has it,
+/// and how many stale DELs may pass there. A forced delete lets the new pod's ADD run beside
+/// the old sandbox's stop; a killed pause sandbox is re-created while kubelet's container GC
+/// removes the old one; a cut-off ADD never reaches the guard, so the window stays open until
+/// the pod's next sandbox is added: two sandboxes, two windows. Each window admits the pod
+/// worker's DEL and one GC DEL (the GC runs once a minute; each window closes within a
+/// minute: the next ADD's run at the guard, or kubelet's next RunPodSandbox). A graceful
+/// delete, the failing DEL and the rollout have no window: the API object goes only after the
+/// old sandbox's stop succeeded, so every DEL of it that comes after the new ADD reaches a guard
+/// that has that ADD, and a stale DEL at the primary for one of their pods is the guard's failure.
+const CHAINED_WINDOWS: [(&str, usize); 3] = [("forced-0", 2), ("pause-0", 2), ("cutadd-0", 4)];
 /// How many times the primary fails the old sandbox's DEL in the failing-DEL sequence.
 const PRIMARY_DEL_FAILURES: u32 = 3;
 /// How long the model holds cutadd-0's next ADD at the primary once its endpoint is written:
@@ -416,7 +429,7 @@ struct CutAdd {
     /// Ready again, which only delegate mode's rollback kills.
     processes_left: usize,
     /// Delegate: the guard's line that rolled it back or cut it off (its log).
-    resolved: Option<String>,
+    resolved: Option<Outcome>,
     /// The order at the primary: its ADD, then the old sandbox's first DEL.
     add_before_old_del: Option<bool>,
 }
@@ -722,57 +735,97 @@ fn stale_del_sandboxes(calls: &str, since: usize) -> Vec<(String, String, String
 /// Chained, the guard runs last on ADD and first on DEL: a DEL of the old sandbox that
 /// reaches it before the new sandbox's ADD does passes, unseen (the window: both lines in
 /// its log, in that order). One whose new sandbox's ADD the guard never logged as added is
-/// excused only by the runtime's view: that sandbox is not a ready one (`ready`), so its ADD
-/// failed at the primary, whose endpoint the DEL had just removed, or the runtime cut it off
-/// there; a ready sandbox without that line (a log elsewhere, a line lost) is not excused.
-/// One that passes after that ADD breaks its rule. Passed: any outcome but refused, error
-/// (failed in the guard, never at the primary) or deferred, so that an outcome added later
-/// fails loudly. Delegate mode has no such window: no stale DEL may reach its primary at all.
+/// excused only by evidence from outside the guard that the sandbox never ran: the runtime
+/// does not show it ready (`ready`), and its ADD failed by kubelet's log or was cut off by the
+/// harness (`failed`, from `failed_sandboxes`); a missing line alone (a log elsewhere, a line
+/// lost) excuses nothing. One that passes after that ADD breaks its rule. Passed: any
+/// outcome but refused, error (failed in the guard, never at the primary) or deferred, so
+/// that an outcome added later fails loudly. Delegate mode has no such window: no stale DEL
+/// may reach its primary at all.
 fn let_through(
     stale: &[(String, String, String)],
-    log: &str,
+    log: &[LogEntry],
     ready: &BTreeSet<&String>,
+    failed: &BTreeSet<String>,
 ) -> Vec<String> {
-    let lines: Vec<&str> = log.lines().collect();
     stale
         .iter()
         .filter_map(|(pod, by, of)| {
-            let Some(added) = lines
+            let Some(added) = log
                 .iter()
-                .position(|l| guard_line_of(l, "ADD", of) && l.contains(" outcome=added "))
+                .position(|e| is_of(e, "ADD", of) && e.outcome() == Some(Outcome::Added))
             else {
-                return ready.contains(of).then(|| {
-                    format!("{pod}: a DEL of {by} removed the endpoint of {of}, a ready sandbox whose ADD the guard's log does not show")
-                });
+                return if ready.contains(of) {
+                    Some(format!("{pod}: a DEL of {by} removed the endpoint of {of}, a ready sandbox whose ADD the guard's log does not show"))
+                } else if !failed.contains(of) {
+                    Some(format!("{pod}: a DEL of {by} removed the endpoint of {of}, whose ADD the guard's log does not show and neither kubelet nor the harness shows failed"))
+                } else {
+                    None
+                };
             };
-            let held = [" outcome=refused ", " outcome=error ", " outcome=deferred "];
-            lines[added..]
+            let held = [Outcome::Refused, Outcome::Error, Outcome::Deferred];
+            log[added..]
                 .iter()
-                .find(|l| guard_line_of(l, "DEL", by) && !held.iter().any(|h| l.contains(h)))
-                .map(|l| format!("{pod}: a DEL of {by} passed after the ADD of {of}: {l}"))
+                .find(|e| is_of(e, "DEL", by) && !e.outcome().is_some_and(|o| held.contains(&o)))
+                .map(|e| format!("{pod}: a DEL of {by} passed after the ADD of {of}: {e:?}"))
         })
         .collect()
 }
 
-/// Whether a line of the guard's log is of `verb` for `container`.
-fn guard_line_of(line: &str, verb: &str, container: &str) -> bool {
-    line.contains(&format!(" {verb} ")) && line.contains(&format!(" container={container} "))
+/// The sandboxes whose ADD failed by evidence from outside the guard: kubelet's log of a
+/// RunPodSandbox that failed at the network step (containerd's `failed to setup network for
+/// sandbox "<id>"`, its words in 1.6 and 2.x), and the ADDs the harness held at the primary
+/// (the model's trace `held: ADD of <id>`, from line `since` on), which only a runtime
+/// restart ends here.
+fn failed_sandboxes(kubelet_log: &str, calls: &str, since: usize) -> BTreeSet<String> {
+    let failed_network = kubelet_log
+        .lines()
+        .filter(|line| line.contains("failed to setup network for sandbox"))
+        .flat_map(|line| {
+            line.split(|c: char| !c.is_ascii_hexdigit())
+                .filter(|word| word.len() == 64)
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        });
+    let held = calls.lines().skip(since).filter_map(|line| {
+        let held = line.trim_start().strip_prefix("held: ADD of ")?;
+        held.split([' ', ',']).next().map(str::to_string)
+    });
+    failed_network.chain(held).collect()
 }
 
-/// The `outcome=` word of a line of the guard's log.
-fn outcome_of(line: &str) -> Option<&str> {
-    line.split(" outcome=").nth(1)?.split(' ').next()
+/// Whether an entry of the guard's log is of `verb` for `container`.
+fn is_of(entry: &LogEntry, verb: &str, container: &str) -> bool {
+    entry.verb == verb && entry.field("container") == Some(container)
 }
 
-/// The guard's log, its rotated files first.
-fn guard_log(node: &Node) -> String {
+/// The guard's log, its rotated files first, read by the crate's own reader
+/// (`LogEntry::parse`): a line it cannot read fails the test, rather than being passed over.
+fn guard_log(node: &Node) -> Vec<LogEntry> {
+    parse_guard_log(&guard_log_text(node))
+}
+
+fn guard_log_text(node: &Node) -> String {
     let current = PathBuf::from(node.var("GUARD_LOG"));
-    [".2", ".1", ""]
-        .iter()
-        .map(|suffix| {
+    (0..=LOG_BACKUPS)
+        .rev()
+        .map(|backup| {
             let mut path = current.clone().into_os_string();
-            path.push(suffix);
+            if backup > 0 {
+                path.push(format!(".{backup}"));
+            }
             fs::read_to_string(path).unwrap_or_default()
+        })
+        .collect()
+}
+
+fn parse_guard_log(text: &str) -> Vec<LogEntry> {
+    text.lines()
+        .filter(|line| !line.is_empty())
+        .map(|line| {
+            LogEntry::parse(line).unwrap_or_else(|| {
+                panic!("a line of the guard's log its own reader cannot read: {line}")
+            })
         })
         .collect()
 }
@@ -1086,14 +1139,18 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
 
     // Kubelet, then containerd, restarted while the primary still fails the old sandbox's
     // DEL, each after one more failure: the restarted component meets the failing DEL, and
-    // the last failure comes through both.
-    for (failed, component) in [(1, "kubelet"), (2, "containerd")] {
+    // the last failure comes through both. containerd is killed (SIGKILL), as a crash or the
+    // OOM killer ends it: the CNI calls it runs at that moment are not cancelled.
+    for (failed, restart) in [
+        (1, &["restart", "kubelet"][..]),
+        (2, &["restart", "containerd", "--kill"]),
+    ] {
         node.wait_until(
             &format!("faildel-0's DEL failed {failed} time(s) at the primary"),
             Duration::from_secs(240),
             || failures_left() <= PRIMARY_DEL_FAILURES - failed,
         );
-        node.node_sh(&["restart", component]);
+        node.node_sh(restart);
     }
     assert!(
         failures_left() > 0,
@@ -1184,11 +1241,16 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     let log = guard_log(node);
     if matches!(mode, Mode::Chained | Mode::Audit) {
         let ready: BTreeSet<&String> = ready_sandboxes.values().collect();
-        figures.let_through = let_through(&stale, &log, &ready);
+        let failed = failed_sandboxes(&node.kubelet_log(), &node.primary_calls(), calls_before);
+        figures.let_through = let_through(&stale, &log, &ready, &failed);
     }
     figures.refusals = log
-        .lines()
-        .filter(|line| line.contains(&format!(" pod={ns}/")) && line.contains(" outcome=refused "))
+        .iter()
+        .filter(|e| {
+            e.field("pod")
+                .is_some_and(|pod| pod.starts_with(&format!("{ns}/")))
+                && e.outcome() == Some(Outcome::Refused)
+        })
         .count();
     figures.forced_add_before_del = match (&forced_old_sandbox, ready_sandboxes.get("forced-0")) {
         (Some(old), Some(new)) => first_call_order(&node.primary_calls(), calls_before, new, old),
@@ -1198,13 +1260,10 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
         became_ready: ready_sandboxes.get("cutadd-0") == Some(&cut_sandbox),
         processes_left: cut_processes_left,
         resolved: log
-            .lines()
-            .find(|line| {
-                line.contains(&format!(" container={cut_sandbox} "))
-                    && (line.contains(" outcome=rolled-back ")
-                        || line.contains(" outcome=cut-off "))
-            })
-            .map(str::to_string),
+            .iter()
+            .filter(|e| e.field("container") == Some(cut_sandbox.as_str()))
+            .filter_map(LogEntry::outcome)
+            .find(|o| matches!(o, Outcome::RolledBack | Outcome::CutOff)),
         add_before_old_del: cutadd_old_sandbox.as_deref().and_then(|old| {
             first_call_order(&node.primary_calls(), calls_before, &cut_sandbox, old)
         }),
@@ -1349,6 +1408,11 @@ fn unmet(rule: Mode, f: &Figures) -> Vec<String> {
             // Chained mode's price: it refuses the old sandboxes' DELs, so kubelet cannot
             // stop them; they stay NotReady and its GC logs each failed stop.
             check(f.refusals > 0, "the guard refused no DEL".into());
+            let beyond = beyond_chained_windows(&f.stale_dels_at_primary);
+            check(
+                beyond.is_empty(),
+                format!("stale DELs reached the primary beyond chained mode's windows: {beyond:?}"),
+            );
             // (The killed pause sandbox stays NotReady in every mode: see delegate's.)
             check(
                 f.sandboxes_not_ready.iter().any(|pod| pod != "pause-0") && f.kubelet_gc_errors > 0,
@@ -1396,6 +1460,26 @@ fn unmet(rule: Mode, f: &Figures) -> Vec<String> {
         }
     }
     unmet
+}
+
+/// The pods of `stale` (one entry a stale DEL at the primary) with more stale DELs than
+/// CHAINED_WINDOWS allows them, with their counts.
+fn beyond_chained_windows(stale: &[String]) -> Vec<(String, usize)> {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for pod in stale {
+        *counts.entry(pod).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .filter(|(pod, count)| {
+            let allowed = CHAINED_WINDOWS
+                .iter()
+                .find(|(window, _)| window == pod)
+                .map_or(0, |(_, allowed)| *allowed);
+            *count > allowed
+        })
+        .map(|(pod, count)| (pod.to_string(), count))
+        .collect()
 }
 
 fn mean(values: &[f64]) -> f64 {
@@ -1497,7 +1581,7 @@ fn run_runtime(runtime: &'static str) {
                     None => "-",
                 },
                 cut.processes_left,
-                cut.resolved.as_deref().and_then(outcome_of).unwrap_or("-"),
+                cut.resolved.map_or("-", Outcome::as_str),
             );
         }
     }
@@ -2074,15 +2158,10 @@ fn run_cilium_chained_mode(node: &Node, mode: Mode) -> CiliumFigures {
     // every 10-15 s, and its GC every minute): unguarded it reaches cilium-cni; guarded, the
     // guard's log says it held it.
     let held_by_guard = |old: &str| {
-        let log = guard_log(node);
-        log.get(log_before.min(log.len())..)
-            .unwrap_or_default()
-            .lines()
-            .any(|l| {
-                l.contains(" DEL ")
-                    && l.contains(&format!(" container={old} "))
-                    && (l.contains(" outcome=refused ") || l.contains(" outcome=deferred "))
-            })
+        guard_log(node).iter().skip(log_before).any(|e| {
+            is_of(e, "DEL", old)
+                && matches!(e.outcome(), Some(Outcome::Refused | Outcome::Deferred))
+        })
     };
     let dels_at_cilium = |old: &str| {
         node.primary_calls()
@@ -2234,10 +2313,11 @@ fn cilium_chained_on_pod_named_veths_containerd2() {
 
 #[test]
 fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
-    // Reads the two logs only: no node. Chained, the window (the old sandbox's DEL passed the
+    // Reads the logs only: no node. Chained, the window (the old sandbox's DEL passed the
     // guard before the new sandbox's ADD reached it) is allowed, and so is one that removed a
-    // sandbox whose ADD left no line in the guard's log (cut off at the primary) if the
-    // runtime does not show it ready; a DEL that passed after the new sandbox's ADD is not.
+    // sandbox whose ADD left no line in the guard's log if the runtime does not show it
+    // ready and kubelet's log or the harness shows its ADD failed; a DEL that passed after the
+    // new sandbox's ADD is not.
     let line = |verb: &str, container: &str, outcome: &str| {
         format!(
             "2026-11-26T05:31:00Z sandbox-guard[1] INFO {verb} network=k8s-pod-network container={container} ifname=eth0 pod=ns/rollout-5 outcome={outcome} x\n"
@@ -2256,21 +2336,39 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
     ]
     .concat();
     let none = BTreeSet::new();
-    assert!(let_through(&stale, &window, &none).is_empty());
+    // kubelet's line of bbb's failed RunPodSandbox, as it logs one.
+    let bbb_id = "b".repeat(64);
+    let kubelet = format!(
+        r#"E1203 09:34:53.087493   26275 kuberuntime_manager.go:1343] "CreatePodSandbox for pod failed" err="rpc error: code = Unknown desc = failed to setup network for sandbox \"{bbb_id}\": plugin type=\"calico\" failed (add): no endpoint" pod="ns/rollout-5""#
+    );
+    assert_eq!(failed_sandboxes(&kubelet, "", 0), BTreeSet::from([bbb_id]));
+    let failed = BTreeSet::from(["bbb".to_string()]);
+    assert!(let_through(&stale, &parse_guard_log(&window), &none, &failed).is_empty());
     let failed_in_the_guard = [
         line("ADD", "aaa", "added"),
         line("ADD", "bbb", "added"),
         line("DEL", "aaa", "error"),
     ]
     .concat();
-    assert!(let_through(&stale, &failed_in_the_guard, &none).is_empty());
+    assert!(
+        let_through(
+            &stale,
+            &parse_guard_log(&failed_in_the_guard),
+            &none,
+            &failed
+        )
+        .is_empty()
+    );
     let broken = [
         line("ADD", "aaa", "added"),
         line("ADD", "bbb", "added"),
         line("DEL", "aaa", "deleted"),
     ]
     .concat();
-    assert_eq!(let_through(&stale, &broken, &none).len(), 1);
+    assert_eq!(
+        let_through(&stale, &parse_guard_log(&broken), &none, &failed).len(),
+        1
+    );
     // A new sandbox whose ADD left no line in the guard's log (a runtime restart killed the
     // guard mid-ADD): it never ran.
     let unseen = [
@@ -2279,12 +2377,24 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
         line("DEL", "aaa", "deleted"),
     ]
     .concat();
-    assert!(let_through(&stale, &unseen, &none).is_empty());
+    assert!(let_through(&stale, &parse_guard_log(&unseen), &none, &failed).is_empty());
+    // The same without a word from kubelet or the harness that its ADD failed: only the
+    // guard's missing line says so, which excuses nothing.
+    assert_eq!(
+        let_through(&stale, &parse_guard_log(&unseen), &none, &BTreeSet::new()).len(),
+        1
+    );
     // The same, its sandbox ready in the runtime: it ran, so its ADD is missing from the log
     // (a log elsewhere, a line lost), which excuses nothing.
     let bbb = "bbb".to_string();
     assert_eq!(
-        let_through(&stale, &unseen, &BTreeSet::from([&bbb])).len(),
+        let_through(
+            &stale,
+            &parse_guard_log(&unseen),
+            &BTreeSet::from([&bbb]),
+            &failed
+        )
+        .len(),
         1
     );
     // The primary's ADD came first and the DEL may have failed it.
@@ -2295,10 +2405,28 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
         line("DEL", "aaa", "deleted"),
     ]
     .concat();
-    assert!(let_through(&stale, &failed_add, &none).is_empty());
+    assert!(let_through(&stale, &parse_guard_log(&failed_add), &none, &failed).is_empty());
+    // Chained mode's windows: the concurrent sequences' pods, up to their count; any other
+    // pod's stale DEL is beyond them.
+    let pods = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    assert!(
+        beyond_chained_windows(&pods(&["forced-0", "cutadd-0", "cutadd-0", "pause-0"])).is_empty()
+    );
+    assert_eq!(
+        beyond_chained_windows(&pods(&["forced-0", "rollout-3", "graceful-0"])),
+        vec![("graceful-0".to_string(), 1), ("rollout-3".to_string(), 1)]
+    );
+    assert_eq!(
+        beyond_chained_windows(&pods(&["forced-0", "forced-0", "forced-0"])),
+        vec![("forced-0".to_string(), 3)]
+    );
     // The model's trace of a held ADD names its sandbox.
     let held = "05:31:00.1 ADD bbb ns.cutadd-0 netns=/x\n  held: ADD of bbb, its endpoint written (hold-adds, 900s)\n";
     assert_eq!(held_add(held, 0).as_deref(), Some("bbb"));
+    assert_eq!(
+        failed_sandboxes("", held, 0),
+        BTreeSet::from(["bbb".to_string()])
+    );
     assert_eq!(held_add(held, 2), None);
     // A call's lines may fall between another's: each trace line names its workload.
     let calls = "05:31:00.1 ADD bbb ns.rollout-5 netns=/x\n05:31:00.2 DEL aaa ns.rollout-5 netns=\n\
@@ -2361,7 +2489,7 @@ struct IncidentFigures {
     failed_before: usize,
     /// The guard's outcome for the old sandbox's first DEL after the new sandbox's ADD at the
     /// guard (its log); unguarded, none.
-    first_retry_at_guard: Option<String>,
+    first_retry_at_guard: Option<Outcome>,
     /// A DEL of the old sandbox removed the new one's endpoint at the primary (its trace).
     harmed: bool,
     new_pod_keeps_network: bool,
@@ -2415,15 +2543,13 @@ fn run_incident_mode(node: &Node, mode: Mode) -> IncidentFigures {
 
     let first_retry = || {
         let log = guard_log(node);
-        let lines: Vec<&str> = log.lines().collect();
-        let added = lines
+        let added = log
             .iter()
-            .position(|line| guard_line_of(line, "ADD", &figures.new_sandbox))?;
-        lines[added..]
+            .position(|e| is_of(e, "ADD", &figures.new_sandbox))?;
+        log[added..]
             .iter()
-            .find(|line| guard_line_of(line, "DEL", &figures.old_sandbox))
-            .and_then(|line| outcome_of(line))
-            .map(str::to_string)
+            .find(|e| is_of(e, "DEL", &figures.old_sandbox))
+            .and_then(LogEntry::outcome)
     };
     let harmed = || {
         stale_del_sandboxes(&node.primary_calls(), calls_before)
@@ -2476,7 +2602,7 @@ fn run_incident(runtime: &'static str) {
             mode.name(),
             &f.old_sandbox[..f.old_sandbox.len().min(13)],
             f.failed_before,
-            f.first_retry_at_guard.as_deref().unwrap_or("-"),
+            f.first_retry_at_guard.map_or("-", Outcome::as_str),
             if f.harmed { "yes" } else { "no" },
             if f.new_pod_keeps_network { "yes" } else { "no" },
         );
@@ -2501,15 +2627,13 @@ fn run_incident(runtime: &'static str) {
             ),
             Mode::Chained | Mode::Delegate => {
                 let answer = if *mode == Mode::Chained {
-                    "refused"
+                    Outcome::Refused
                 } else {
-                    "deferred"
+                    Outcome::Deferred
                 };
                 assert!(
-                    f.first_retry_at_guard.as_deref() == Some(answer)
-                        && !f.harmed
-                        && f.new_pod_keeps_network,
-                    "{runtime} {mode:?}: the old sandbox's first DEL after the new ADD was not {answer}, or the new pod lost its network: {f:?}"
+                    f.first_retry_at_guard == Some(answer) && !f.harmed && f.new_pod_keeps_network,
+                    "{runtime} {mode:?}: the old sandbox's first DEL after the new ADD was not {answer:?}, or the new pod lost its network: {f:?}"
                 );
             }
         }

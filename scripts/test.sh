@@ -117,8 +117,7 @@ echo "time: the static $other build, with its cross gcc: $((SECONDS - other_star
 # cost shows apart from the node suite's. Under CI=true a failed build ends the run here (each
 # real-node test would retry it); elsewhere the other suites still run and the real-node tests
 # fail, saying why.
-if ! timed "the node's Go builds" bash -c 'bash scripts/node.sh build --runtime containerd2 &&
-  bash scripts/node.sh build --runtime containerd16'; then
+if ! timed "the node's Go builds" bash scripts/node.sh build --runtime containerd2; then
   [[ ${CI:-} != true ]] || {
     echo "the node's Go builds failed: under CI=true the run stops here" >&2
     exit 1

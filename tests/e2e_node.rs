@@ -1646,7 +1646,10 @@ fn run_runtime(runtime: &'static str) {
     mark_reports_passed();
 }
 
+/// containerd 1.6 with the kubelet it needs (1.34: scripts/lib/node-build.sh) is a second
+/// Kubernetes build, which a cold CI run cannot fit: the long run has it.
 #[test]
+#[ignore = "long run: bash scripts/test.sh --long (README, CI's minutes)"]
 fn kubelet_sequences_containerd16() {
     sys::skip_unless_root!(TOOLS);
     run_runtime("containerd16");

@@ -47,7 +47,12 @@ const GUARD_IMAGE: &str = "localhost/sandbox-guard:node-test";
 const GUARD_IMAGE_UPGRADE: &str = "localhost/sandbox-guard:node-test-upgrade";
 const STATEFULSET_REPLICAS_ROLLOUT: usize = 20;
 /// The StatefulSets of one pod each, one a sequence: their pods are re-created once.
-const SINGLE_PODS: [&str; 5] = ["graceful", "forced", "faildel", "pause", "cutadd"];
+const SINGLE_PODS: [&str; 6] = ["graceful", "drain", "forced", "faildel", "pause", "cutadd"];
+/// The draining StatefulSet's grace period and its container's preStop sleep: a database
+/// that takes its time to stop, so its old sandbox's teardown comes that long after the
+/// delete (kubelet's sleep action: the pause image has no shell to sleep in).
+const DRAIN_GRACE_SECONDS: u32 = 30;
+const DRAIN_PRESTOP_SECONDS: u32 = 20;
 /// The DaemonSet's ConfigMap of entry keys, as an operator sets it, with `staleDel`; the
 /// installer's watch puts it into the node's entry, where the test reads it back.
 fn entry_configmap(stale_del: &str) -> String {
@@ -55,6 +60,7 @@ fn entry_configmap(stale_del: &str) -> String {
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {{ name: sandbox-guard-entry, namespace: kube-system }}\ndata:\n  entry.json: |\n    {{\"staleDel\": \"{stale_del}\"}}\n"
     )
 }
+
 /// Chained mode's window, pod by pod: the sequences in which kubelet can tear the old sandbox
 /// down while the new sandbox's ADD is at the primary, before the guard (last on ADD) has it,
 /// and how many stale DELs may pass there. A forced delete lets the new pod's ADD run beside
@@ -63,9 +69,10 @@ fn entry_configmap(stale_del: &str) -> String {
 /// the pod's next sandbox is added: two sandboxes, two windows. Each window admits the pod
 /// worker's DEL and one GC DEL (the GC runs once a minute; each window closes within a
 /// minute: the next ADD's run at the guard, or kubelet's next RunPodSandbox). A graceful
-/// delete, the failing DEL and the rollout have no window: the API object goes only after the
-/// old sandbox's stop succeeded, so every DEL of it that comes after the new ADD reaches a guard
-/// that has that ADD, and a stale DEL at the primary for one of their pods is the guard's failure.
+/// delete (a draining one too), the failing DEL and the rollout have no window: the API
+/// object goes only after the old sandbox's stop succeeded, so every DEL of it that comes
+/// after the new ADD reaches a guard that has that ADD, and a stale DEL at the primary for one
+/// of their pods is the guard's failure.
 const CHAINED_WINDOWS: [(&str, usize); 3] = [("forced-0", 2), ("pause-0", 2), ("cutadd-0", 4)];
 /// How many times the primary fails the old sandbox's DEL in the failing-DEL sequence.
 const PRIMARY_DEL_FAILURES: u32 = 3;
@@ -448,6 +455,16 @@ fn guard_image_archive(tag: &str) -> PathBuf {
 }
 
 fn statefulset(name: &str, namespace: &str, replicas: usize, pause_image: &str) -> String {
+    let (grace, lifecycle) = if name == "drain" {
+        (
+            DRAIN_GRACE_SECONDS,
+            format!(
+                "\n          lifecycle: {{ preStop: {{ sleep: {{ seconds: {DRAIN_PRESTOP_SECONDS} }} }} }}"
+            ),
+        )
+    } else {
+        (1, String::new())
+    };
     format!(
         r#"apiVersion: apps/v1
 kind: StatefulSet
@@ -460,13 +477,13 @@ spec:
   template:
     metadata: {{ labels: {{ app: {name} }} }}
     spec:
-      terminationGracePeriodSeconds: 1
+      terminationGracePeriodSeconds: {grace}
       automountServiceAccountToken: false
       enableServiceLinks: false
       containers:
         - name: db
           image: {pause_image}
-          imagePullPolicy: Never
+          imagePullPolicy: Never{lifecycle}
 "#
     )
 }
@@ -1120,6 +1137,7 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
 
     // The sequences, all at once, as a node sees them.
     node.kubectl_ok(&["-n", &ns, "delete", "pod", "graceful-0", "--wait=false"]);
+    node.kubectl_ok(&["-n", &ns, "delete", "pod", "drain-0", "--wait=false"]);
     force_delete(node, &ns, "forced-0");
     node.kubectl_ok(&["-n", &ns, "delete", "pod", "faildel-0", "--wait=false"]);
     let killed_sandbox = kill_pause(node, &ns, "pause-0");
@@ -1163,7 +1181,7 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     );
 
     let mut second: BTreeMap<String, PodState> = BTreeMap::new();
-    for name in ["graceful", "forced", "faildel", "cutadd"] {
+    for name in ["graceful", "drain", "forced", "faildel", "cutadd"] {
         let pod = format!("{name}-0");
         let old = first[&pod].uid.clone();
         second.insert(pod.clone(), wait_ready_pod(node, &ns, &pod, Some(&old)));

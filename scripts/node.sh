@@ -6,7 +6,7 @@
 # calico-cni v1 model primary (tests/cri/calico-cni-v1-model-plugin, calico 2.1's keying); the guard
 # is not installed: put it on as a user does (scripts/image.sh, ctr import, kubectl apply).
 #
-#   bash scripts/node.sh up [--runtime containerd16|containerd2]   # prints KUBECONFIG=... last
+#   bash scripts/node.sh up [--runtime containerd2|containerd16]   # prints KUBECONFIG=... last
 #   bash scripts/node.sh down                 # leaves no process, mount, netns, link or chain
 #   bash scripts/node.sh build [--runtime R]  # only builds (or finds cached) the components
 #   bash scripts/node.sh restart kubelet|containerd [--kill]   # --kill: SIGKILL, not SIGTERM
@@ -75,8 +75,9 @@ bin_k8s() { echo "$NODE_CACHE/bin/kubernetes-$K8S_VERSION/$1"; }
 kubectl_() { "$(bin_k8s kubectl)" --kubeconfig "$W/kubeconfig" "$@"; }
 
 runtime_of_node() { cat "$W/runtime" 2>/dev/null || echo containerd16; }
-# The running node's Kubernetes; `up` and `build` set their runtime's.
-K8S_VERSION=$(k8s_version "$(runtime_of_node)")
+# The running node's Kubernetes (containerd 2.2's when none is up: what scripts/test.sh
+# builds); `up` and `build` set their runtime's.
+K8S_VERSION=$(k8s_version "$(cat "$W/runtime" 2>/dev/null || echo containerd2)")
 
 containerd_bin_dir() {
   case $1 in
@@ -451,7 +452,7 @@ node_ready() {
 }
 
 cmd_up() {
-  local runtime=containerd16
+  local runtime=containerd2
   while (($#)); do
     case $1 in
       --runtime)

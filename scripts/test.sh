@@ -77,7 +77,8 @@ publish_node_run() {
 
 host=$(plugin_arch)
 if [[ -n $long ]]; then
-  timed "the node's Go builds" bash scripts/node.sh build --runtime containerd2
+  timed "the node's Go builds" bash -c 'bash scripts/node.sh build --runtime containerd2 &&
+    bash scripts/node.sh build --runtime containerd16'
   rm -f target/real-node-*.md target/real-node-*.passed
   status=0
   timed "the long run" cargo test --release --no-fail-fast --config .cargo/static.toml \

@@ -1,5 +1,5 @@
 # Run by `scripts/demo.sh --real-node`: the incident on a real node (scripts/node.sh: kubelet,
-# the API server, the StatefulSet controller, containerd 1.6), driven through the API only.
+# the API server, the StatefulSet controller, containerd 2.2), driven through the API only.
 # A StatefulSet pod is deleted the normal way; kubelet's container GC then stops and removes
 # the old sandbox about a minute later, after the new pod took the name. Without the guard
 # the pod-name-keyed primary tears down the new pod's network; with the guard's DaemonSet in
@@ -92,7 +92,7 @@ node_act() {
 
 demo_real_node() {
   trap demo_node_cleanup EXIT
-  act "The incident on a real node: kubelet, the API server, the StatefulSet controller, containerd 1.6"
+  act "The incident on a real node: kubelet, the API server, the StatefulSet controller, containerd 2.2"
   step "Starting the node (scripts/node.sh up; the first run builds Kubernetes from its Go modules, which takes minutes)"
   local env
   env=$(node_sh up) || die "the node did not come up"

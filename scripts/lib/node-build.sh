@@ -6,19 +6,22 @@
 # Pins (the newest that runs on these machines: cgroup v1, no CAP_SYS_RESOURCE), Kubernetes
 # per runtime, since a node's kubelet goes with its runtime:
 #   containerd 2.2 runs Kubernetes 1.37, the newest released minor (1.38 is in beta); it
-#   needs failCgroupV1: false here, which the node's config sets.
-#   containerd 1.6 keeps Kubernetes 1.34, a minor that supports containerd 1.x (SIG Node's
-#   last is 1.35: the v1.35 release blog, kubernetes/website#53498) and the one these tests
-#   have run against since they began; it speaks to 1.6, logging that 1.6 lacks the
-#   RuntimeConfig call and falling back to the configured cgroup driver.
+#   needs failCgroupV1: false here, which the node's config sets, and Go 1.26.
+#   containerd 1.6 keeps Kubernetes 1.34 by policy, not for want of a newer kubelet that runs
+#   (1.37 still falls back to the configured cgroup driver when RuntimeConfig is missing):
+#   SIG Node supports containerd 1.x up to 1.35 (the v1.35 release blog,
+#   kubernetes/website#53498), so no supported 1.6 node runs a newer kubelet, and 1.34 is the
+#   one these tests have run against since they began.
 #   etcd 3.6 serves both API servers; containerd 2.2 is the newest 2.x line whose CRI
 #   accepts both kubelets' calls as 2.x does on nodes; cri-tools 1.34 speaks CRI v1 to
 #   either runtime.
 # SANDBOX_GUARD_K8S_VERSION sets one version for both.
+CONTAINERD2_K8S_VERSION=1.37.2
+CONTAINERD16_K8S_VERSION=1.34.4
 k8s_version() {
   case $1 in
-    containerd16) echo "${SANDBOX_GUARD_K8S_VERSION:-1.34.4}" ;;
-    *) echo "${SANDBOX_GUARD_K8S_VERSION:-1.37.2}" ;;
+    containerd16) echo "${SANDBOX_GUARD_K8S_VERSION:-$CONTAINERD16_K8S_VERSION}" ;;
+    *) echo "${SANDBOX_GUARD_K8S_VERSION:-$CONTAINERD2_K8S_VERSION}" ;;
   esac
 }
 ETCD_VERSION=3.6.16
@@ -37,8 +40,8 @@ node_go_env() {
   local version
   version=$(go env GOVERSION 2>/dev/null) || version=''
   version=${version#go}
-  if [[ -z $version ]] || ! printf '1.24\n%s\n' "${version%%[-+ ]*}" | sort -C -V; then
-    echo "the node's components are built from their Go modules with Go >= 1.24;" \
+  if [[ -z $version ]] || ! printf '1.26\n%s\n' "${version%%[-+ ]*}" | sort -C -V; then
+    echo "the node's components are built from their Go modules with Go >= 1.26 (Kubernetes 1.37's go.mod);" \
       "found ${version:-no go command} (Debian's golang-go is older: install Go from go.dev's archive)" >&2
     return 1
   fi

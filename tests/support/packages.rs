@@ -117,7 +117,7 @@ pub const PROVIDERS: &[(&str, Provider)] = &[
         Provider::NodeBuild("scripts/lib/node-build.sh"),
     ),
     (
-        "/var/cache/sg-node/bin/kubernetes-1.34.4/kubectl",
+        "/var/cache/sg-node/bin/kubernetes-1.37.2/kubectl",
         Provider::NodeBuild("scripts/lib/node-build.sh"),
     ),
     ("cargo", Provider::RustToolchain),

@@ -61,19 +61,18 @@ fn entry_configmap(stale_del: &str) -> String {
     )
 }
 
-/// Chained mode's window, pod by pod: the sequences in which kubelet can tear the old sandbox
-/// down while the new sandbox's ADD is at the primary, before the guard (last on ADD) has it,
-/// and how many stale DELs may pass there. A forced delete lets the new pod's ADD run beside
-/// the old sandbox's stop; a killed pause sandbox is re-created while kubelet's container GC
-/// removes the old one; a cut-off ADD never reaches the guard, so the window stays open until
-/// the pod's next sandbox is added: two sandboxes, two windows. Each window admits the pod
-/// worker's DEL and one GC DEL (the GC runs once a minute; each window closes within a
-/// minute: the next ADD's run at the guard, or kubelet's next RunPodSandbox). A graceful
-/// delete (a draining one too), the failing DEL and the rollout have no window: the API
-/// object goes only after the old sandbox's stop succeeded, so every DEL of it that comes
-/// after the new ADD reaches a guard that has that ADD, and a stale DEL at the primary for one
-/// of their pods is the guard's failure.
-const CHAINED_WINDOWS: [(&str, usize); 3] = [("forced-0", 2), ("pause-0", 2), ("cutadd-0", 4)];
+/// Chained mode's windows, pod by pod: how many stale DELs of a pod may reach the primary
+/// between its new sandbox's ADD there and the guard's (last on ADD). A window lasts one ADD,
+/// under a minute here, so it admits at most one DEL from kubelet's container GC (once a
+/// minute; it stops and removes a terminated pod's old sandbox whenever it runs, unordered
+/// with the new pod's ADD), and the pod worker's own stop of the old sandbox only where that
+/// stop runs beside the new ADD: a forced delete (the API object goes at once). A graceful
+/// delete, a draining one, the failing DEL and the rollout stop the old sandbox before the
+/// API object goes, and a killed pause sandbox is stopped by kubelet's SyncPod before it runs
+/// the new one: one GC DEL each. A cut-off ADD never reaches the guard, so its window stays
+/// open until the pod's next sandbox is added: two windows, each with both DELs.
+const CHAINED_WINDOW_DELS: usize = 1;
+const CHAINED_WINDOWS_WIDER: [(&str, usize); 2] = [("forced-0", 2), ("cutadd-0", 4)];
 /// How many times the primary fails the old sandbox's DEL in the failing-DEL sequence.
 const PRIMARY_DEL_FAILURES: u32 = 3;
 /// How long the model holds cutadd-0's next ADD at the primary once its endpoint is written:
@@ -250,6 +249,10 @@ impl Node {
 
     fn kubelet_log(&self) -> String {
         fs::read_to_string(self.dir().join("logs/kubelet.log")).unwrap_or_default()
+    }
+
+    fn containerd_log(&self) -> String {
+        fs::read_to_string(self.dir().join("logs/containerd.log")).unwrap_or_default()
     }
 
     fn primary_calls(&self) -> String {
@@ -789,26 +792,74 @@ fn let_through(
         .collect()
 }
 
-/// The sandboxes whose ADD failed by evidence from outside the guard: kubelet's log of a
-/// RunPodSandbox that failed at the network step (containerd's `failed to setup network for
-/// sandbox "<id>"`, its words in 1.6 and 2.x), and the ADDs the harness held at the primary
-/// (the model's trace `held: ADD of <id>`, from line `since` on), which only a runtime
-/// restart ends here.
-fn failed_sandboxes(kubelet_log: &str, calls: &str, since: usize) -> BTreeSet<String> {
-    let failed_network = kubelet_log
-        .lines()
-        .filter(|line| line.contains("failed to setup network for sandbox"))
+/// The sandboxes whose ADD failed, by evidence from outside the guard:
+/// - kubelet's or containerd's log of a RunPodSandbox that failed at the network step
+///   (containerd's `failed to setup network for sandbox "<id>"`, its words in 1.6 and 2.x,
+///   which it logs also for a call that kubelet's restart cancelled);
+/// - the ADDs the harness held at the primary (the model's trace `held: ADD of <id>`), which
+///   only a runtime restart ends here;
+/// - the ADDs at the primary that containerd's restart cut: its `starting containerd` line at
+///   most RESTART_CUT after the ADD's line in the model's trace (a stop waits up to 10 s).
+///
+/// The trace from line `since` on.
+fn failed_sandboxes(
+    runtime_logs: &[&str],
+    containerd_log: &str,
+    calls: &str,
+    since: usize,
+) -> BTreeSet<String> {
+    const PHRASE: &str = "failed to setup network for sandbox";
+    const RESTART_CUT: f64 = 15.0;
+    let failed_network = runtime_logs
+        .iter()
+        .flat_map(|log| log.lines())
         .flat_map(|line| {
-            line.split(|c: char| !c.is_ascii_hexdigit())
-                .filter(|word| word.len() == 64)
-                .map(str::to_string)
-                .collect::<Vec<_>>()
+            line.match_indices(PHRASE)
+                .map(|(at, _)| &line[at + PHRASE.len()..])
+        })
+        .filter_map(|after| {
+            let id = after.trim_start_matches(|c: char| !c.is_ascii_hexdigit());
+            let id = &id[..id
+                .find(|c: char| !c.is_ascii_hexdigit())
+                .unwrap_or(id.len())];
+            (id.len() == 64).then(|| id.to_string())
         });
     let held = calls.lines().skip(since).filter_map(|line| {
         let held = line.trim_start().strip_prefix("held: ADD of ")?;
         held.split([' ', ',']).next().map(str::to_string)
     });
-    failed_network.chain(held).collect()
+    let starts: Vec<f64> = containerd_log
+        .lines()
+        .filter(|line| line.contains(r#"msg="starting containerd""#))
+        .filter_map(|line| {
+            let time = line.split_once(r#"time=""#)?.1;
+            seconds_of_day(time.split_once('T')?.1)
+        })
+        .collect();
+    let cut = calls.lines().skip(since).filter_map(|line| {
+        let mut words = line.split(' ');
+        let at = seconds_of_day(words.next()?)?;
+        (words.next()? == "ADD").then_some(())?;
+        let id = words.next()?;
+        starts
+            .iter()
+            .any(|start| (start - at).rem_euclid(86_400.0) <= RESTART_CUT)
+            .then(|| id.to_string())
+    });
+    failed_network.chain(held).chain(cut).collect()
+}
+
+/// `HH:MM:SS[.fraction]` (what follows may be anything but a digit) as seconds since midnight.
+fn seconds_of_day(time: &str) -> Option<f64> {
+    let mut parts = time.splitn(3, ':');
+    let hours: f64 = parts.next()?.parse().ok()?;
+    let minutes: f64 = parts.next()?.parse().ok()?;
+    let rest = parts.next()?;
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(rest.len());
+    let seconds: f64 = rest[..end].parse().ok()?;
+    Some(hours * 3600.0 + minutes * 60.0 + seconds)
 }
 
 /// Whether an entry of the guard's log is of `verb` for `container`.
@@ -837,7 +888,10 @@ fn guard_log_text(node: &Node) -> String {
 }
 
 fn parse_guard_log(text: &str) -> Vec<LogEntry> {
-    text.lines()
+    // A last line without its newline is one a guard is writing now: the next read has it.
+    let whole = text.rfind('\n').map_or("", |end| &text[..=end]);
+    whole
+        .lines()
         .filter(|line| !line.is_empty())
         .map(|line| {
             LogEntry::parse(line).unwrap_or_else(|| {
@@ -1259,7 +1313,13 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     let log = guard_log(node);
     if matches!(mode, Mode::Chained | Mode::Audit) {
         let ready: BTreeSet<&String> = ready_sandboxes.values().collect();
-        let failed = failed_sandboxes(&node.kubelet_log(), &node.primary_calls(), calls_before);
+        let containerd_log = node.containerd_log();
+        let failed = failed_sandboxes(
+            &[&node.kubelet_log(), &containerd_log],
+            &containerd_log,
+            &node.primary_calls(),
+            calls_before,
+        );
         figures.let_through = let_through(&stale, &log, &ready, &failed);
     }
     figures.refusals = log
@@ -1481,7 +1541,8 @@ fn unmet(rule: Mode, f: &Figures) -> Vec<String> {
 }
 
 /// The pods of `stale` (one entry a stale DEL at the primary) with more stale DELs than
-/// CHAINED_WINDOWS allows them, with their counts.
+/// chained mode's windows admit (CHAINED_WINDOW_DELS, CHAINED_WINDOWS_WIDER), with their
+/// counts.
 fn beyond_chained_windows(stale: &[String]) -> Vec<(String, usize)> {
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     for pod in stale {
@@ -1490,10 +1551,10 @@ fn beyond_chained_windows(stale: &[String]) -> Vec<(String, usize)> {
     counts
         .into_iter()
         .filter(|(pod, count)| {
-            let allowed = CHAINED_WINDOWS
+            let allowed = CHAINED_WINDOWS_WIDER
                 .iter()
                 .find(|(window, _)| window == pod)
-                .map_or(0, |(_, allowed)| *allowed);
+                .map_or(CHAINED_WINDOW_DELS, |(_, allowed)| *allowed);
             *count > allowed
         })
         .map(|(pod, count)| (pod.to_string(), count))
@@ -2362,7 +2423,21 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
     let kubelet = format!(
         r#"E1203 09:34:53.087493   26275 kuberuntime_manager.go:1343] "CreatePodSandbox for pod failed" err="rpc error: code = Unknown desc = failed to setup network for sandbox \"{bbb_id}\": plugin type=\"calico\" failed (add): no endpoint" pod="ns/rollout-5""#
     );
-    assert_eq!(failed_sandboxes(&kubelet, "", 0), BTreeSet::from([bbb_id]));
+    assert_eq!(
+        failed_sandboxes(&[&kubelet], "", "", 0),
+        BTreeSet::from([bbb_id.clone()])
+    );
+    // containerd's own line of it, and an ADD that containerd's restart cut: its start logged
+    // 4 s after the ADD's line in the trace; an ADD 20 s before the start is not cut.
+    let containerd = format!(
+        "time=\"2026-12-03T09:34:53.0Z\" level=error msg=\"RunPodSandbox for &PodSandboxMetadata{{Name:rollout-5,}} failed, error\" error=\"failed to setup network for sandbox \\\"{bbb_id}\\\": context canceled\"\ntime=\"2026-12-03T09:35:04.5Z\" level=info msg=\"starting containerd\" revision= version=2.2.9\n"
+    );
+    let trace =
+        "09:34:44.1 ADD ccc ns.rollout-6 netns=/x\n09:35:00.5 ADD ddd ns.rollout-7 netns=/y\n";
+    assert_eq!(
+        failed_sandboxes(&[&containerd], &containerd, trace, 0),
+        BTreeSet::from([bbb_id, "ddd".to_string()])
+    );
     let failed = BTreeSet::from(["bbb".to_string()]);
     assert!(let_through(&stale, &parse_guard_log(&window), &none, &failed).is_empty());
     let failed_in_the_guard = [
@@ -2427,15 +2502,22 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
     ]
     .concat();
     assert!(let_through(&stale, &parse_guard_log(&failed_add), &none, &failed).is_empty());
-    // Chained mode's windows: the concurrent sequences' pods, up to their count; any other
-    // pod's stale DEL is beyond them.
+    // Chained mode's windows: one GC DEL a pod, more for the forced delete and the cut.
     let pods = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
     assert!(
-        beyond_chained_windows(&pods(&["forced-0", "cutadd-0", "cutadd-0", "pause-0"])).is_empty()
+        beyond_chained_windows(&pods(&[
+            "forced-0",
+            "forced-0",
+            "cutadd-0",
+            "cutadd-0",
+            "pause-0",
+            "rollout-3"
+        ]))
+        .is_empty()
     );
     assert_eq!(
-        beyond_chained_windows(&pods(&["forced-0", "rollout-3", "graceful-0"])),
-        vec![("graceful-0".to_string(), 1), ("rollout-3".to_string(), 1)]
+        beyond_chained_windows(&pods(&["forced-0", "rollout-3", "graceful-0", "rollout-3"])),
+        vec![("rollout-3".to_string(), 2)]
     );
     assert_eq!(
         beyond_chained_windows(&pods(&["forced-0", "forced-0", "forced-0"])),
@@ -2445,7 +2527,7 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
     let held = "05:31:00.1 ADD bbb ns.cutadd-0 netns=/x\n  held: ADD of bbb, its endpoint written (hold-adds, 900s)\n";
     assert_eq!(held_add(held, 0).as_deref(), Some("bbb"));
     assert_eq!(
-        failed_sandboxes("", held, 0),
+        failed_sandboxes(&[], "", held, 0),
         BTreeSet::from(["bbb".to_string()])
     );
     assert_eq!(held_add(held, 2), None);

@@ -620,6 +620,11 @@ impl LogEntry {
 mod tests {
     use super::*;
 
+    /// An ADD's `added` line, as the verb logs it.
+    fn added(log: &Log, subject: &Subject, text: &str) {
+        log.event(Level::Info, Verb::Add, subject, Outcome::Added, text);
+    }
+
     /// An empty dir of its own and the log's path in it.
     fn fresh_log(name: &str) -> (PathBuf, PathBuf) {
         let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
@@ -695,13 +700,7 @@ mod tests {
                         ..LogOptions::default()
                     },
                 );
-                log.event(
-                    Level::Info,
-                    Verb::Add,
-                    &subject,
-                    Outcome::Added,
-                    "generation=1",
-                );
+                added(&log, &subject, "generation=1");
             }
         }
         let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
@@ -886,13 +885,7 @@ mod tests {
             },
         );
         std::fs::rename(&path, dir.join("guard.log.1")).unwrap();
-        log.event(
-            Level::Info,
-            Verb::Add,
-            &subject,
-            Outcome::Added,
-            "generation=1",
-        );
+        added(&log, &subject, "generation=1");
         assert_eq!(
             std::fs::metadata(dir.join("guard.log.1")).unwrap().len(),
             4001,
@@ -935,11 +928,9 @@ mod tests {
                                 ..LogOptions::default()
                             },
                         );
-                        log.event(
-                            Level::Info,
-                            Verb::Add,
+                        added(
+                            &log,
                             &subject,
-                            Outcome::Added,
                             "generation=1 and some words to fill the line",
                         );
                     }

@@ -40,7 +40,9 @@ done
   exit 2
 }
 
+# Read now: the run measures the clone made below, whatever HEAD becomes while it runs.
 commit=$(git rev-parse --short HEAD)
+commit_line=$(git log -1 --format='%H %s')
 btime=$(awk '/^btime/ {print $2}' /proc/stat)
 booted=$(date -u -d "@$btime" '+%Y-%m-%d %H:%M:%S')
 # The packages the project's scripts install: the words of their need_packages calls and of
@@ -100,7 +102,8 @@ fi
 rm -rf "$HOME/.cargo/registry" "$HOME/.cargo/git" "${go_caches[@]}" /var/cache/sg-node "$HOME/.cache/pip"
 
 work=$(mktemp -d /var/tmp/ci-cold-run.XXXXXX)
-git clone -q . "$work/clone"
+git clone -q --no-checkout . "$work/clone"
+git -C "$work/clone" checkout -q "$commit"
 log=$work/ci.log
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 started=$(date -u '+%Y-%m-%d %H:%M:%S')
@@ -117,7 +120,7 @@ out=docs/runs/$(date -u +%Y-%m-%d)-$commit-ci-cold.md
   echo
   echo "Written by \`scripts/ci-cold-run.sh\`$([[ -n $keep_packages ]] && echo ' --keep-packages')."
   echo
-  echo "- commit: $(git log -1 --format='%H %s')"
+  echo "- commit: $commit_line"
   echo "- run: $started to $ended UTC; machine booted $booted UTC; $(nproc) cores; load average $load_before before, $load_after after"
   echo "- emptied: cargo's registry and git checkouts, Go's module and build caches (${go_caches[*]:-none}), /var/cache/sg-node, pip's cache; the aarch64 Rust standard library removed"
   echo "- packages purged first (the scripts' own installs since boot, with their orphaned dependencies): ${purged[*]:-none}"

@@ -575,16 +575,20 @@ pub fn copy_state_dir(from: &Path, to: &Path) {
     }
 }
 
+/// How a record's symlink entry holds its text: the guard's own table, the file itself,
+/// included rather than linked from the library. Linked, every test binary that includes this
+/// file would take the whole library into its release build's LTO (one per test binary).
+#[allow(dead_code)]
+#[path = "../../src/state/entry_text.rs"]
+mod entry_text;
+
 /// The bytes of a store entry: a regular file's content, or the target of a symlink (the form
 /// ownerships, address index entries and records on a journal take), read without following
 /// it, a record's expanded as the guard expands it.
 pub fn read_entry(path: &Path) -> std::io::Result<Vec<u8>> {
     if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
         let target = std::fs::read_link(path)?;
-        Ok(
-            sandbox_guard::state::entry_text::expand(target.as_os_str().as_encoded_bytes())
-                .into_owned(),
-        )
+        Ok(entry_text::expand(target.as_os_str().as_encoded_bytes()).into_owned())
     } else {
         std::fs::read(path)
     }
@@ -611,9 +615,7 @@ pub fn write_entry_like(path: &Path, bytes: &[u8]) {
         std::fs::remove_file(path).unwrap();
         let in_records = path.parent().is_some_and(|dir| dir.ends_with("records"));
         let bytes = match in_records {
-            true => {
-                sandbox_guard::state::entry_text::compact(bytes).unwrap_or_else(|| bytes.to_vec())
-            }
+            true => entry_text::compact(bytes).unwrap_or_else(|| bytes.to_vec()),
             false => bytes.to_vec(),
         };
         let target = std::ffi::OsStr::from_bytes(bytes.strip_suffix(b"\n").unwrap_or(&bytes));

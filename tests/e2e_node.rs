@@ -684,7 +684,6 @@ fn sandboxes(node: &Node, namespace: &str) -> Vec<(String, String, bool)> {
         .collect()
 }
 
-/// The pods of `namespace` with a sandbox the runtime lists NotReady, one entry a sandbox.
 /// The ready sandbox of `pod`, as the runtime shows it.
 fn ready_sandbox_of(node: &Node, namespace: &str, pod: &str) -> Option<String> {
     sandboxes(node, namespace)
@@ -693,6 +692,7 @@ fn ready_sandbox_of(node: &Node, namespace: &str, pod: &str) -> Option<String> {
         .map(|(id, _, _)| id)
 }
 
+/// The pods of `namespace` with a sandbox the runtime lists NotReady, one entry a sandbox.
 fn not_ready_pods(node: &Node, namespace: &str) -> Vec<String> {
     sandboxes(node, namespace)
         .into_iter()
@@ -803,16 +803,16 @@ fn let_through(
 ///
 /// The trace from line `since` on.
 fn failed_sandboxes(
-    runtime_logs: &[&str],
+    kubelet_log: &str,
     containerd_log: &str,
     calls: &str,
     since: usize,
 ) -> BTreeSet<String> {
     const PHRASE: &str = "failed to setup network for sandbox";
     const RESTART_CUT: f64 = 15.0;
-    let failed_network = runtime_logs
-        .iter()
-        .flat_map(|log| log.lines())
+    let failed_network = [kubelet_log, containerd_log]
+        .into_iter()
+        .flat_map(str::lines)
         .flat_map(|line| {
             line.match_indices(PHRASE)
                 .map(|(at, _)| &line[at + PHRASE.len()..])
@@ -824,10 +824,7 @@ fn failed_sandboxes(
                 .unwrap_or(id.len())];
             (id.len() == 64).then(|| id.to_string())
         });
-    let held = calls.lines().skip(since).filter_map(|line| {
-        let held = line.trim_start().strip_prefix("held: ADD of ")?;
-        held.split([' ', ',']).next().map(str::to_string)
-    });
+    let held = held_adds(calls, since);
     let starts: Vec<f64> = containerd_log
         .lines()
         .filter(|line| line.contains(r#"msg="starting containerd""#))
@@ -837,10 +834,8 @@ fn failed_sandboxes(
         })
         .collect();
     let cut = calls.lines().skip(since).filter_map(|line| {
-        let mut words = line.split(' ');
-        let at = seconds_of_day(words.next()?)?;
-        (words.next()? == "ADD").then_some(())?;
-        let id = words.next()?;
+        let (time, verb, id) = trace_call(line)?;
+        let at = seconds_of_day(time).filter(|_| verb == "ADD")?;
         starts
             .iter()
             .any(|start| (start - at).rem_euclid(86_400.0) <= RESTART_CUT)
@@ -904,10 +899,22 @@ fn parse_guard_log(text: &str) -> Vec<LogEntry> {
 /// The sandbox whose ADD the model holds at the primary (`hold-adds`), from its trace from
 /// line `since` on.
 fn held_add(calls: &str, since: usize) -> Option<String> {
-    calls.lines().skip(since).find_map(|line| {
+    held_adds(calls, since).next()
+}
+
+/// Every sandbox whose ADD the model held, from its trace from line `since` on.
+fn held_adds(calls: &str, since: usize) -> impl Iterator<Item = String> + '_ {
+    calls.lines().skip(since).filter_map(|line| {
         let held = line.trim_start().strip_prefix("held: ADD of ")?;
         held.split([' ', ',']).next().map(str::to_string)
     })
+}
+
+/// A call's line of the model's trace, `<time> <verb> <container> ...`, as (time, verb,
+/// container); none for the lines below it that say what the call did.
+fn trace_call(line: &str) -> Option<(&str, &str, &str)> {
+    let mut words = line.split(' ');
+    Some((words.next()?, words.next()?, words.next()?))
 }
 
 /// The live processes of the model's held ADD of `container` (`MODEL_HOLD=<container>` in
@@ -942,10 +949,10 @@ fn held_processes(container: &str) -> Vec<u32> {
 /// DEL; `None` when either is missing.
 fn first_call_order(calls: &str, since: usize, added: &str, deleted: &str) -> Option<bool> {
     let position = |verb: &str, container: &str| {
-        calls.lines().skip(since).position(|line| {
-            let mut fields = line.split(' ').skip(1);
-            fields.next() == Some(verb) && fields.next() == Some(container)
-        })
+        calls
+            .lines()
+            .skip(since)
+            .position(|line| trace_call(line).is_some_and(|(_, v, c)| v == verb && c == container))
     };
     Some(position("ADD", added)? < position("DEL", deleted)?)
 }
@@ -973,10 +980,10 @@ fn deferred_sandboxes(state_dir: &Path) -> Vec<String> {
 
 /// Whether the model's trace (from line `since`) has a DEL of `sandbox`.
 fn del_at_primary(calls: &str, since: usize, sandbox: &str) -> bool {
-    calls.lines().skip(since).any(|line| {
-        let mut fields = line.split(' ').skip(1);
-        fields.next() == Some("DEL") && fields.next() == Some(sandbox)
-    })
+    calls
+        .lines()
+        .skip(since)
+        .any(|line| trace_call(line).is_some_and(|(_, verb, c)| verb == "DEL" && c == sandbox))
 }
 
 /// `kubectl delete --grace-period=0 --force`: the API object goes at once, and the
@@ -1313,10 +1320,9 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     let log = guard_log(node);
     if matches!(mode, Mode::Chained | Mode::Audit) {
         let ready: BTreeSet<&String> = ready_sandboxes.values().collect();
-        let containerd_log = node.containerd_log();
         let failed = failed_sandboxes(
-            &[&node.kubelet_log(), &containerd_log],
-            &containerd_log,
+            &node.kubelet_log(),
+            &node.containerd_log(),
             &node.primary_calls(),
             calls_before,
         );
@@ -2424,7 +2430,7 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
         r#"E1203 09:34:53.087493   26275 kuberuntime_manager.go:1343] "CreatePodSandbox for pod failed" err="rpc error: code = Unknown desc = failed to setup network for sandbox \"{bbb_id}\": plugin type=\"calico\" failed (add): no endpoint" pod="ns/rollout-5""#
     );
     assert_eq!(
-        failed_sandboxes(&[&kubelet], "", "", 0),
+        failed_sandboxes(&kubelet, "", "", 0),
         BTreeSet::from([bbb_id.clone()])
     );
     // containerd's own line of it, and an ADD that containerd's restart cut: its start logged
@@ -2435,7 +2441,7 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
     let trace =
         "09:34:44.1 ADD ccc ns.rollout-6 netns=/x\n09:35:00.5 ADD ddd ns.rollout-7 netns=/y\n";
     assert_eq!(
-        failed_sandboxes(&[&containerd], &containerd, trace, 0),
+        failed_sandboxes("", &containerd, trace, 0),
         BTreeSet::from([bbb_id, "ddd".to_string()])
     );
     let failed = BTreeSet::from(["bbb".to_string()]);
@@ -2527,7 +2533,7 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
     let held = "05:31:00.1 ADD bbb ns.cutadd-0 netns=/x\n  held: ADD of bbb, its endpoint written (hold-adds, 900s)\n";
     assert_eq!(held_add(held, 0).as_deref(), Some("bbb"));
     assert_eq!(
-        failed_sandboxes(&[], "", held, 0),
+        failed_sandboxes("", "", held, 0),
         BTreeSet::from(["bbb".to_string()])
     );
     assert_eq!(held_add(held, 2), None);

@@ -510,7 +510,7 @@ fn gc_keeps_only_the_valid_attachments_and_their_ownership() {
         store
             .log_lines()
             .iter()
-            .any(|l| l.verb == "GC" && l.outcome == "collected")
+            .any(|l| l.verb == "GC" && l.outcome == cni::Outcome::Collected)
     );
 
     // No list at all is a broken runtime, not "nothing is valid": forgetting every pod of
@@ -751,7 +751,7 @@ fn a_legacy_result_is_checkpointed_with_the_interface_cni_ifname_names() {
         .log_lines()
         .into_iter()
         .rev()
-        .find(|l| l.container == b && l.outcome == "added")
+        .find(|l| l.container == b && l.outcome == cni::Outcome::Added)
         .expect("B's ADD line");
     assert_eq!(added.level, "WARN", "{}", added.raw);
     assert!(
@@ -838,7 +838,7 @@ fn check_passes_for_the_recorded_attachment_and_fails_otherwise() {
         .log_lines()
         .iter()
         .filter(|l| l.verb == "CHECK")
-        .map(|l| l.outcome.clone())
+        .map(|l| l.outcome.as_str().to_string())
         .collect();
     assert!(
         outcomes.contains(&"checked".to_string()) && outcomes.contains(&"check-failed".to_string()),
@@ -1305,7 +1305,13 @@ fn one_log_line_per_operation_even_when_the_netns_cannot_be_read() {
     let seen: Vec<(String, String, String)> = store
         .log_lines()
         .iter()
-        .map(|l| (l.verb.clone(), l.container.clone(), l.outcome.clone()))
+        .map(|l| {
+            (
+                l.verb.clone(),
+                l.container.clone(),
+                l.outcome.as_str().to_string(),
+            )
+        })
         .collect();
     let expected = [("ADD", &a, "added"), ("ADD", &b, "error")]
         .map(|(v, c, o)| (v.to_string(), c.to_string(), o.to_string()));

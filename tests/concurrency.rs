@@ -43,22 +43,22 @@ struct Model {
 }
 
 impl Model {
-    fn apply(&mut self, verb: &str, container: &str, pod: &str) -> &'static str {
+    fn apply(&mut self, verb: &str, container: &str, pod: &str) -> cni::Outcome {
         match verb {
             "ADD" => {
                 self.records.insert(container.to_string());
                 self.owner_by_pod
                     .insert(pod.to_string(), container.to_string());
-                "added"
+                cni::Outcome::Added
             }
             "DEL" => match self.owner_by_pod.get(pod) {
-                Some(owner) if owner != container => "refused",
+                Some(owner) if owner != container => cni::Outcome::Refused,
                 owner => {
                     if owner.is_some() {
                         self.owner_by_pod.remove(pod);
                     }
                     self.records.remove(container);
-                    "deleted"
+                    cni::Outcome::Deleted
                 }
             },
             other => panic!("unexpected verb {other}"),
@@ -155,7 +155,7 @@ fn concurrent_execs_match_a_serial_replay_of_the_log() {
         );
         assert_eq!(
             op.reply.succeeded(),
-            expected != "refused",
+            expected != cni::Outcome::Refused,
             "line {index}: exit status vs outcome: {:?}",
             op.reply
         );

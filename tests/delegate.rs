@@ -41,7 +41,7 @@ fn deferred(store: &Store) -> Vec<Value> {
         .collect()
 }
 
-fn outcomes(store: &Store) -> Vec<(String, String)> {
+fn outcomes(store: &Store) -> Vec<(cni::Outcome, String)> {
     store
         .log_lines()
         .into_iter()
@@ -194,11 +194,11 @@ fn a_stale_del_succeeds_without_the_primary_and_is_replayed_once_the_owner_goes(
     );
     let log = outcomes(&i.store);
     assert!(
-        log.contains(&("deferred".to_string(), i.a.clone())),
+        log.contains(&(cni::Outcome::Deferred, i.a.clone())),
         "{log:?}"
     );
     assert!(
-        log.contains(&("replayed".to_string(), i.a.clone())),
+        log.contains(&(cni::Outcome::Replayed, i.a.clone())),
         "{log:?}"
     );
 }
@@ -240,7 +240,7 @@ fn a_replay_the_primary_refuses_stays_deferred_and_gc_retries_it() {
     assert_eq!(waiting.len(), 1, "{waiting:?}");
     assert_eq!(waiting[0]["attempts"], 1);
     assert_eq!(waiting[0]["lastError"], "datastore is locked");
-    assert!(outcomes(&i.store).contains(&("replay-failed".to_string(), i.a.clone())));
+    assert!(outcomes(&i.store).contains(&(cni::Outcome::ReplayFailed, i.a.clone())));
 
     primary.heal("DEL", &i.a);
     let gc = primary
@@ -504,7 +504,7 @@ fn legacy_results_of_the_primary_pass_through_and_a_malformed_one_writes_nothing
         i.store
             .log_lines()
             .iter()
-            .all(|l| !(l.container == i.b && l.outcome == "added")),
+            .all(|l| !(l.container == i.b && l.outcome == cni::Outcome::Added)),
         "B's ADD was logged as a success"
     );
 }
@@ -1046,7 +1046,7 @@ fn an_interface_of_a_kind_the_primary_gives_back_is_left_to_the_replay() {
         .store
         .log_lines()
         .into_iter()
-        .find(|l| l.outcome == "deferred")
+        .find(|l| l.outcome == cni::Outcome::Deferred)
         .unwrap();
     assert!(deferral.raw.contains("bridge link"), "{}", deferral.raw);
 }
@@ -1753,7 +1753,7 @@ fn a_wall_clock_stepped_back_parks_no_deferred_del() {
         "the entry is parked by its wall-clock note: {:?}",
         deferred(&i.store)
     );
-    assert!(outcomes(&i.store).contains(&("replayed".to_string(), i.a.clone())));
+    assert!(outcomes(&i.store).contains(&(cni::Outcome::Replayed, i.a.clone())));
 }
 
 /// Once a first attempt's back-off (two seconds on the boot clock) is over, another pod's ADD

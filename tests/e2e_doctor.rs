@@ -498,7 +498,9 @@ fn two_namespaces_with_one_address_are_a_conflict() {
         .find(|l| l.container == b)
         .expect("a log line for the ADD");
     assert!(
-        line.outcome == "added" && line.level == "WARN" && line.raw.contains("IP conflict"),
+        line.outcome == cni::Outcome::Added
+            && line.level == "WARN"
+            && line.raw.contains("IP conflict"),
         "{line:?}"
     );
 

@@ -490,7 +490,7 @@ fn deferred_of(net: &Network, sandbox: &Sandbox) -> Vec<Value> {
         .collect()
 }
 
-fn logged(net: &Network, sandbox: &Sandbox, outcome: &str) -> usize {
+fn logged(net: &Network, sandbox: &Sandbox, outcome: cni::Outcome) -> usize {
     net.log_lines()
         .iter()
         .filter(|l| l.container == sandbox.container_id && l.outcome == outcome)
@@ -575,7 +575,12 @@ fn stale_del_is_deferred_through_libcni() {
         1,
         "A's DEL is recorded as deferred"
     );
-    assert_eq!(logged(&net, &old, "deferred"), 1, "{:?}", net.log_lines());
+    assert_eq!(
+        logged(&net, &old, cni::Outcome::Deferred),
+        1,
+        "{:?}",
+        net.log_lines()
+    );
     net.del_with(delegate, &old, NetnsArg::Empty)
         .unwrap_or_else(|e| panic!("RemovePodSandbox's DEL of A must succeed: {}", e.stderr));
     assert_eq!(
@@ -615,7 +620,12 @@ fn stale_del_is_deferred_through_libcni() {
         deferred_of(&net, &old).is_empty(),
         "A's DEL is still deferred after its replay"
     );
-    assert_eq!(logged(&net, &old, "replayed"), 1, "{:?}", net.log_lines());
+    assert_eq!(
+        logged(&net, &old, cni::Outcome::Replayed),
+        1,
+        "{:?}",
+        net.log_lines()
+    );
     assert_network_empty(&net);
 }
 

@@ -76,7 +76,7 @@ fn the_new_pod_keeps_its_address_and_link(mode: Mode) {
         let replayed = net
             .log_lines()
             .iter()
-            .filter(|l| l.outcome == "replayed" && l.container == old.container_id)
+            .filter(|l| l.outcome == cni::Outcome::Replayed && l.container == old.container_id)
             .count();
         assert_eq!(replayed, 1, "{:?}", net.log_lines());
     }

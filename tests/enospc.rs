@@ -118,7 +118,7 @@ fn an_add_that_failed_is_not_logged_as_added() {
     small_disk.fill();
     store.add(&blocked, &pod).run().assert_error(5);
 
-    let outcomes: Vec<String> = store
+    let outcomes: Vec<cni::Outcome> = store
         .log_lines()
         .into_iter()
         .filter(|l| l.container == blocked)
@@ -126,7 +126,7 @@ fn an_add_that_failed_is_not_logged_as_added() {
         .collect();
     assert_eq!(
         outcomes,
-        ["error"],
+        [cni::Outcome::Error],
         "whoever reads the log must not see this pod as added"
     );
 }

@@ -240,7 +240,10 @@ fn a_legacy_result_that_does_not_parse_is_code_6_and_writes_nothing() {
             let error = assert_refused_untouched(&store, call, 6, file);
             assert!(error.msg.contains(names), "{file} at {version}: {error:?}");
             assert!(
-                store.log_lines().iter().all(|l| l.outcome != "added"),
+                store
+                    .log_lines()
+                    .iter()
+                    .all(|l| l.outcome != cni::Outcome::Added),
                 "{file} at {version}: a success was logged"
             );
             assert!(
@@ -268,7 +271,7 @@ fn a_config_version_that_is_none_of_the_known_ones_is_code_1_and_writes_nothing(
         // bad install shows in the log): none of success.
         let lines = store.log_lines();
         assert!(
-            lines.iter().all(|l| l.outcome == "rejected"),
+            lines.iter().all(|l| l.outcome == cni::Outcome::Rejected),
             "{version}: {:?}",
             lines.iter().map(|l| &l.raw).collect::<Vec<_>>()
         );

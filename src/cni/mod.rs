@@ -5,6 +5,7 @@ pub mod config;
 pub mod delegate;
 pub mod env;
 pub mod log;
+pub mod log_entry;
 pub mod metrics;
 pub mod rejected;
 pub mod result;

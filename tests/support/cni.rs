@@ -1262,8 +1262,15 @@ impl Reply {
     }
 }
 
-/// One line of the plugin's log file:
-/// `<time> sandbox-guard[<pid>] <LEVEL> <VERB> network=.. container=.. ifname=.. pod=ns/name|- outcome=.. <text>`
+/// The guard's own reader of its log and its `outcome=` names, the file itself, included for
+/// the reason `entry_text` is.
+#[path = "../../src/cni/log_entry.rs"]
+mod log_entry;
+pub use log_entry::{LogEntry, Outcome};
+
+/// One line of the plugin's log file, read by the guard's own parser (`LogEntry::parse`):
+/// `<time> sandbox-guard[<pid>] <LEVEL> <VERB> network=.. container=.. ifname=.. pod=ns/name|- outcome=.. <text>`.
+/// A line it cannot read, or an outcome that is not one of the guard's names, fails the test.
 #[derive(Clone, Debug)]
 pub struct LogLine {
     pub time: String,
@@ -1274,54 +1281,45 @@ pub struct LogLine {
     pub container: String,
     pub ifname: String,
     pub pod: String,
-    pub outcome: String,
+    pub outcome: Outcome,
     pub raw: String,
 }
 
 impl LogLine {
     pub fn parse(line: &str) -> LogLine {
-        let mut words = line.split(' ');
-        let mut next = |what: &str| {
-            words
-                .next()
-                .unwrap_or_else(|| panic!("log line lacks {what}: {line}"))
-                .to_string()
-        };
-        let time = next("the time");
-        let program = next("sandbox-guard[pid]");
-        let pid = program
-            .strip_prefix("sandbox-guard[")
-            .and_then(|rest| rest.strip_suffix(']'))
-            .and_then(|pid| pid.parse().ok())
-            .unwrap_or_else(|| panic!("log line lacks sandbox-guard[<pid>]: {line}"));
-        let level = next("the level");
-        let verb = next("the verb");
-        let mut fields = BTreeMap::new();
-        for word in line.split(' ').skip(4) {
-            let Some((key, value)) = word.split_once('=') else {
-                break;
-            };
-            fields.entry(key).or_insert(value);
-            if key == "outcome" {
-                break;
-            }
+        let entry = LogEntry::parse(line)
+            .unwrap_or_else(|| panic!("the guard's parser cannot read: {line}"));
+        let pid = match line.starts_with('{') {
+            true => serde_json::from_str::<Value>(line)
+                .ok()
+                .and_then(|object| object["pid"].as_u64())
+                .and_then(|pid| u32::try_from(pid).ok()),
+            false => line
+                .split(' ')
+                .nth(1)
+                .and_then(|program| program.strip_prefix("sandbox-guard["))
+                .and_then(|rest| rest.strip_suffix(']'))
+                .and_then(|pid| pid.parse().ok()),
         }
+        .unwrap_or_else(|| panic!("log line lacks its pid: {line}"));
         let field = |key: &str| {
-            fields
-                .get(key)
+            entry
+                .field(key)
                 .unwrap_or_else(|| panic!("log line lacks {key}=: {line}"))
                 .to_string()
         };
         LogLine {
-            time,
             pid,
-            level,
-            verb,
             network: field("network"),
             container: field("container"),
             ifname: field("ifname"),
             pod: field("pod"),
-            outcome: field("outcome"),
+            outcome: entry
+                .outcome()
+                .unwrap_or_else(|| panic!("log line's outcome is none of the guard's: {line}")),
+            time: entry.time,
+            level: entry.level,
+            verb: entry.verb,
             raw: line.to_string(),
         }
     }

@@ -408,7 +408,7 @@ pub fn assert_delegate_defers_and_replays(node: &CriNode, pods: Recreated) {
     assert_new_holds_its_address(node, &pods);
     let deferral = guard_log(node)
         .into_iter()
-        .find(|l| l.container == old && l.outcome == "deferred")
+        .find(|l| l.container == old && l.outcome == cni::Outcome::Deferred)
         .unwrap_or_else(|| {
             panic!(
                 "the guard's log has no outcome=deferred for {old}\n{}",
@@ -477,7 +477,7 @@ pub fn assert_delegate_defers_and_replays(node: &CriNode, pods: Recreated) {
     assert!(
         guard_log(node)
             .iter()
-            .any(|l| l.container == old && l.outcome == "replayed"),
+            .any(|l| l.container == old && l.outcome == cni::Outcome::Replayed),
         "the guard's log has no outcome=replayed for {old}\n{}",
         node.diagnostics()
     );

@@ -49,6 +49,8 @@ CONTROLLER_MANAGER_PORT=30257
 SCHEDULER_PORT=30259
 NODE_PORTS=("$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KUBELET_PORT" "$KUBELET_HEALTHZ_PORT"
   "$CONTROLLER_MANAGER_PORT" "$SCHEDULER_PORT")
+# kubelet's runtimeRequestTimeout (its config, below): RunPodSandbox gets twice this.
+RUNTIME_REQUEST_TIMEOUT_SECONDS=30
 NETWORK_NAME=sg-node
 VETH_PREFIX=sgn
 CGROUP_ROOT=/sandbox-guard-node
@@ -398,6 +400,9 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: { memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%" }
 serializeImagePulls: false
+# Shorter than the default 2m, as operators set it: a RunPodSandbox (given twice this) that
+# outlives it is cancelled with its CNI ADD, which the tests make a slow primary meet.
+runtimeRequestTimeout: ${RUNTIME_REQUEST_TIMEOUT_SECONDS}s
 EOF
 }
 
@@ -545,6 +550,7 @@ cmd_env() {
   echo "PATH_CTR=$(containerd_bin_dir "$(runtime_of_node)")/ctr"
   echo "PAUSE_IMAGE=$PAUSE_IMAGE"
   echo "KUBECONFIG=$W/kubeconfig"
+  echo "RUNTIME_REQUEST_TIMEOUT_SECONDS=$RUNTIME_REQUEST_TIMEOUT_SECONDS"
 }
 
 cmd_restart() {

@@ -7,9 +7,11 @@
 //! Every sequence is driven through the API (kubectl). Besides, the harness injects stand-ins
 //! for faults it cannot cause through the API: the primary's DEL failures (the model's
 //! `fail-dels` counter), a pause process killed with SIGKILL, kubelet restarted (SIGTERM) and
-//! containerd killed (SIGKILL) and restarted (`scripts/node.sh restart`), and an ADD held at
+//! containerd killed (SIGKILL) and restarted (`scripts/node.sh restart`), an ADD held at
 //! the primary once its endpoint is written (the model's `hold-adds`, with a child process as
-//! an IPAM plugin's) until a containerd restart (SIGTERM) cuts it off there. Each
+//! an IPAM plugin's) until a containerd restart (SIGTERM) cuts it off there, and another held
+//! past kubelet's RunPodSandbox deadline (twice the node's `runtimeRequestTimeout`), which
+//! kubelet and containerd end on their own. Each
 //! runs without the guard first (the harm must show, or the test could not fail), then with
 //! the guard chained in audit mode (the negative control: it passes every DEL on, and the
 //! guarded modes' checks must fail on it), then chained, then in delegate mode, and reports
@@ -47,7 +49,9 @@ const GUARD_IMAGE: &str = "localhost/sandbox-guard:node-test";
 const GUARD_IMAGE_UPGRADE: &str = "localhost/sandbox-guard:node-test-upgrade";
 const STATEFULSET_REPLICAS_ROLLOUT: usize = 20;
 /// The StatefulSets of one pod each, one a sequence: their pods are re-created once.
-const SINGLE_PODS: [&str; 6] = ["graceful", "drain", "forced", "faildel", "pause", "cutadd"];
+const SINGLE_PODS: [&str; 7] = [
+    "graceful", "drain", "forced", "faildel", "pause", "cutadd", "slowadd",
+];
 /// The draining StatefulSet's grace period and its container's preStop sleep: a database
 /// that takes its time to stop, so its old sandbox's teardown comes that long after the
 /// delete (kubelet's sleep action: the pause image has no shell to sleep in).
@@ -70,7 +74,9 @@ fn entry_configmap(stale_del: &str) -> String {
 /// delete, a draining one, the failing DEL and the rollout stop the old sandbox before the
 /// API object goes, and a killed pause sandbox is stopped by kubelet's SyncPod before it runs
 /// the new one: one GC DEL each. A cut-off ADD never reaches the guard, so its window stays
-/// open until the pod's next sandbox is added: two windows, each with both DELs.
+/// open until the pod's next sandbox is added: two windows, each with both DELs. The ADD held
+/// past kubelet's deadline (slowadd-0) keeps its window open over a minute, but its pod was
+/// deleted gracefully: the one GC DEL again (the first that passes removes the sandbox).
 const CHAINED_WINDOW_DELS: usize = 1;
 const CHAINED_WINDOWS_WIDER: [(&str, usize); 2] = [("forced-0", 2), ("cutadd-0", 4)];
 /// How many times the primary fails the old sandbox's DEL in the failing-DEL sequence.
@@ -79,6 +85,12 @@ const PRIMARY_DEL_FAILURES: u32 = 3;
 /// far longer than the mode's run up to the check of what is left of it, so that only the
 /// rollback ends it before then.
 const CUT_HOLD_SECONDS: u32 = 900;
+/// How long the model holds slowadd-0's next ADD past kubelet's RunPodSandbox deadline (twice
+/// the node's `runtimeRequestTimeout`): the deadline ends the call first. containerd then
+/// kills the plugin it ran (libcni's exec), waits for the plugin's output pipes to close (a
+/// delegate's primary holds them until its hold ends), tears the sandbox down with a DEL and
+/// frees the pod's sandbox name, and kubelet's next sync runs the pod in a new sandbox.
+const SLOW_ADD_PAST_DEADLINE_SECONDS: u32 = 30;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -415,6 +427,9 @@ struct Figures {
     /// reached the primary once the namespace was deleted (read in the model's trace).
     deferred: Vec<String>,
     deferred_not_replayed: Vec<String>,
+    /// Delegate: the sandbox whose deferral the harness removed from the guard's state once
+    /// `deferred` was read (`lose_one_deferral`), which the replay check must name.
+    deferral_lost: Vec<String>,
     /// The model's trace lines when `deferred` was read: their replays come after.
     calls_at_deferred: usize,
     run_podsandbox_ms: f64,
@@ -427,6 +442,23 @@ struct Figures {
     forced_add_before_del: Option<bool>,
     /// cutadd-0's new sandbox, whose ADD a containerd restart cut off at the primary.
     cut_add: Option<CutAdd>,
+    /// slowadd-0's new sandbox, whose ADD outlived kubelet's RunPodSandbox deadline.
+    slow_add: Option<SlowAdd>,
+}
+
+/// What kubelet, containerd and the primary show of an ADD held past kubelet's deadline.
+#[derive(Debug)]
+struct SlowAdd {
+    sandbox: String,
+    /// kubelet logged the pod's RunPodSandbox ending at its deadline.
+    deadline_logged: bool,
+    /// containerd (or kubelet) logged that sandbox's network setup failed.
+    network_failure_logged: bool,
+    /// Its sandbox is the pod's ready one (it never should be).
+    became_ready: bool,
+    /// Its DEL reached the primary by the time the figures were read (containerd's teardown
+    /// of the failed sandbox), or the guard deferred it (checked replayed with the others).
+    del_at_primary: bool,
 }
 
 /// What the runtime, the primary and the guard show of an ADD cut off at the primary.
@@ -808,22 +840,8 @@ fn failed_sandboxes(
     calls: &str,
     since: usize,
 ) -> BTreeSet<String> {
-    const PHRASE: &str = "failed to setup network for sandbox";
     const RESTART_CUT: f64 = 15.0;
-    let failed_network = [kubelet_log, containerd_log]
-        .into_iter()
-        .flat_map(str::lines)
-        .flat_map(|line| {
-            line.match_indices(PHRASE)
-                .map(|(at, _)| &line[at + PHRASE.len()..])
-        })
-        .filter_map(|after| {
-            let id = after.trim_start_matches(|c: char| !c.is_ascii_hexdigit());
-            let id = &id[..id
-                .find(|c: char| !c.is_ascii_hexdigit())
-                .unwrap_or(id.len())];
-            (id.len() == 64).then(|| id.to_string())
-        });
+    let failed_network = network_setup_failures(kubelet_log, containerd_log);
     let held = held_adds(calls, since);
     let starts: Vec<f64> = containerd_log
         .lines()
@@ -841,7 +859,37 @@ fn failed_sandboxes(
             .any(|start| (start - at).rem_euclid(86_400.0) <= RESTART_CUT)
             .then(|| id.to_string())
     });
-    failed_network.chain(held).chain(cut).collect()
+    failed_network.into_iter().chain(held).chain(cut).collect()
+}
+
+/// The sandboxes whose RunPodSandbox kubelet or containerd logged as failed at the network
+/// step (containerd's `failed to setup network for sandbox "<id>"`, its words in 1.6 and 2.x).
+fn network_setup_failures(kubelet_log: &str, containerd_log: &str) -> BTreeSet<String> {
+    const PHRASE: &str = "failed to setup network for sandbox";
+    [kubelet_log, containerd_log]
+        .into_iter()
+        .flat_map(str::lines)
+        .flat_map(|line| {
+            line.match_indices(PHRASE)
+                .map(|(at, _)| &line[at + PHRASE.len()..])
+        })
+        .filter_map(|after| {
+            let id = after.trim_start_matches(|c: char| !c.is_ascii_hexdigit());
+            let id = &id[..id
+                .find(|c: char| !c.is_ascii_hexdigit())
+                .unwrap_or(id.len())];
+            (id.len() == 64).then(|| id.to_string())
+        })
+        .collect()
+}
+
+/// Whether kubelet logged a sandbox of `namespace/pod` failing at its RunPodSandbox deadline
+/// (`"Failed to create sandbox for pod" err="rpc error: code = DeadlineExceeded ..."`).
+fn sandbox_deadline_logged(kubelet_log: &str, namespace: &str, pod: &str) -> bool {
+    let of_pod = format!("pod=\"{namespace}/{pod}\"");
+    kubelet_log
+        .lines()
+        .any(|line| line.contains("DeadlineExceeded") && line.contains(&of_pod))
 }
 
 /// `HH:MM:SS[.fraction]` (what follows may be anything but a digit) as seconds since midnight.
@@ -896,10 +944,16 @@ fn parse_guard_log(text: &str) -> Vec<LogEntry> {
         .collect()
 }
 
-/// The sandbox whose ADD the model holds at the primary (`hold-adds`), from its trace from
-/// line `since` on.
-fn held_add(calls: &str, since: usize) -> Option<String> {
-    held_adds(calls, since).next()
+/// The sandbox of the pod `key` (`<namespace>.<pod>`, the model's key) whose ADD the model
+/// held at the primary (`hold-adds`), from its trace from line `since` on.
+fn held_add(calls: &str, since: usize, key: &str) -> Option<String> {
+    held_adds(calls, since).find(|held| {
+        calls.lines().skip(since).any(|line| {
+            let mut words = line.split(' ');
+            (words.nth(1), words.next(), words.next())
+                == (Some("ADD"), Some(held.as_str()), Some(key))
+        })
+    })
 }
 
 /// Every sandbox whose ADD the model held, from its trace from line `since` on.
@@ -976,6 +1030,27 @@ fn deferred_sandboxes(state_dir: &Path) -> Vec<String> {
             name.rsplit(':').nth(1).map(str::to_string)
         })
         .collect()
+}
+
+/// Removes one deferred DEL from the guard's state, as a lost write would, and names its
+/// sandbox; none when there is none.
+fn lose_one_deferral(state_dir: &Path) -> Vec<String> {
+    let Some(path) = cni::walk(&state_dir.join("deferred"))
+        .into_iter()
+        .filter(|p| p.is_file())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| !n.to_string_lossy().starts_with('.'))
+        })
+    else {
+        return Vec::new();
+    };
+    let sandbox = path
+        .file_name()
+        .and_then(|n| n.to_string_lossy().rsplit(':').nth(1).map(str::to_string))
+        .unwrap_or_default();
+    fs::remove_file(&path).unwrap_or_else(|e| panic!("removing {}: {e}", path.display()));
+    vec![sandbox]
 }
 
 /// Whether the model's trace (from line `since`) has a DEL of `sandbox`.
@@ -1195,10 +1270,21 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
         CUT_HOLD_SECONDS.to_string(),
     )
     .unwrap();
+    // slowadd-0's next ADD holds at the primary past kubelet's RunPodSandbox deadline.
+    let runtime_request_timeout: u32 = node
+        .var("RUNTIME_REQUEST_TIMEOUT_SECONDS")
+        .parse()
+        .expect("node.sh printed RUNTIME_REQUEST_TIMEOUT_SECONDS, a number of seconds");
+    fs::write(
+        holds.join(format!("{ns}.slowadd-0")),
+        (2 * runtime_request_timeout + SLOW_ADD_PAST_DEADLINE_SECONDS).to_string(),
+    )
+    .unwrap();
 
     // The sequences, all at once, as a node sees them.
     node.kubectl_ok(&["-n", &ns, "delete", "pod", "graceful-0", "--wait=false"]);
     node.kubectl_ok(&["-n", &ns, "delete", "pod", "drain-0", "--wait=false"]);
+    node.kubectl_ok(&["-n", &ns, "delete", "pod", "slowadd-0", "--wait=false"]);
     force_delete(node, &ns, "forced-0");
     node.kubectl_ok(&["-n", &ns, "delete", "pod", "faildel-0", "--wait=false"]);
     let killed_sandbox = kill_pause(node, &ns, "pause-0");
@@ -1210,7 +1296,12 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
         "cutadd-0's new sandbox's ADD held at the primary",
         Duration::from_secs(120),
         || {
-            cut_sandbox = held_add(&node.primary_calls(), calls_before).unwrap_or_default();
+            cut_sandbox = held_add(
+                &node.primary_calls(),
+                calls_before,
+                &format!("{ns}.cutadd-0"),
+            )
+            .unwrap_or_default();
             !cut_sandbox.is_empty()
         },
     );
@@ -1242,7 +1333,9 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     );
 
     let mut second: BTreeMap<String, PodState> = BTreeMap::new();
-    for name in ["graceful", "drain", "forced", "faildel", "cutadd"] {
+    for name in [
+        "graceful", "drain", "forced", "faildel", "cutadd", "slowadd",
+    ] {
         let pod = format!("{name}-0");
         let old = first[&pod].uid.clone();
         second.insert(pod.clone(), wait_ready_pod(node, &ns, &pod, Some(&old)));
@@ -1318,6 +1411,18 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     let stale = stale_del_sandboxes(&node.primary_calls(), calls_before);
     figures.stale_dels_at_primary = stale.iter().map(|(pod, _, _)| pod.clone()).collect();
     let log = guard_log(node);
+    let calls = node.primary_calls();
+    figures.slow_add = held_add(&calls, calls_before, &format!("{ns}.slowadd-0")).map(|sandbox| {
+        let kubelet_log = node.kubelet_log();
+        SlowAdd {
+            deadline_logged: sandbox_deadline_logged(&kubelet_log, &ns, "slowadd-0"),
+            network_failure_logged: network_setup_failures(&kubelet_log, &node.containerd_log())
+                .contains(&sandbox),
+            became_ready: ready_sandboxes.get("slowadd-0") == Some(&sandbox),
+            del_at_primary: del_at_primary(&calls, calls_before, &sandbox),
+            sandbox,
+        }
+    });
     if matches!(mode, Mode::Chained | Mode::Audit) {
         let ready: BTreeSet<&String> = ready_sandboxes.values().collect();
         let failed = failed_sandboxes(
@@ -1362,6 +1467,11 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     figures.deferred = deferred_sandboxes(Path::new(node.var("GUARD_STATE")));
     figures.deferred_left = figures.deferred.len();
     figures.calls_at_deferred = node.primary_calls().lines().count();
+    // The negative control of the replay check: one deferral lost, as a lost write would
+    // lose it. The check must name its sandbox as never replayed, and no other.
+    if mode == Mode::Delegate {
+        figures.deferral_lost = lose_one_deferral(Path::new(node.var("GUARD_STATE")));
+    }
     let started = count1 - count0;
     figures.run_podsandbox_ms = if started > 0.0 {
         (sum1 - sum0) / started * 1000.0
@@ -1400,6 +1510,15 @@ fn assert_mode(mode: Mode, runtime: &str, f: &Figures) {
     assert!(
         !cut.became_ready,
         "{runtime} {mode:?}: the cut-off sandbox is the pod's ready one: {cut:?}"
+    );
+    // The slow ADD ran past kubelet's deadline, by kubelet's and containerd's own logs.
+    let slow = f
+        .slow_add
+        .as_ref()
+        .unwrap_or_else(|| panic!("{runtime} {mode:?}: slowadd-0's ADD was never held: {f:?}"));
+    assert!(
+        slow.deadline_logged && slow.network_failure_logged && !slow.became_ready,
+        "{runtime} {mode:?}: slowadd-0's held ADD did not end at kubelet's RunPodSandbox deadline: {slow:?}"
     );
     match mode {
         Mode::Chained | Mode::Delegate => {
@@ -1441,6 +1560,11 @@ fn assert_mode(mode: Mode, runtime: &str, f: &Figures) {
             );
         }
     }
+    // The replay check's control ran: with one deferral lost, the check names it.
+    assert!(
+        mode != Mode::Delegate || !f.deferral_lost.is_empty(),
+        "{runtime} delegate: no DEL was deferred while the pods lived, so the replay check's control could not run: {f:?}"
+    );
     // Without delegate mode's rollback what the cut-off ADD's primary started runs on (the
     // negative control of delegate mode's check of it, in every run).
     assert!(
@@ -1486,6 +1610,15 @@ fn unmet(rule: Mode, f: &Figures) -> Vec<String> {
             f.rollout_pods_ready
         ),
     );
+    // The sandbox kubelet gave up on is torn down at the primary (or its DEL kept for it),
+    // so that what its ADD made there is not stranded.
+    let slow = f.slow_add.as_ref();
+    check(
+        slow.is_some_and(|slow| slow.del_at_primary || f.deferred.contains(&slow.sandbox)),
+        format!(
+            "the DEL of the sandbox whose ADD outlived kubelet's deadline never reached the primary: {slow:?}"
+        ),
+    );
     let cut = f.cut_add.as_ref();
     match rule {
         Mode::Chained => {
@@ -1519,11 +1652,12 @@ fn unmet(rule: Mode, f: &Figures) -> Vec<String> {
                 f.kubelet_gc_errors == 0,
                 format!("kubelet's GC logged {} failed stops", f.kubelet_gc_errors),
             );
+            // Each deferred DEL but the one the harness removed reached the primary.
             check(
-                f.deferred_not_replayed.is_empty(),
+                f.deferred_not_replayed == f.deferral_lost,
                 format!(
-                    "deferred DELs never reached the primary: {:?}",
-                    f.deferred_not_replayed
+                    "deferred DELs never reached the primary: {:?} (the one removed: {:?})",
+                    f.deferred_not_replayed, f.deferral_lost
                 ),
             );
             check(
@@ -2531,12 +2665,22 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
     );
     // The model's trace of a held ADD names its sandbox.
     let held = "05:31:00.1 ADD bbb ns.cutadd-0 netns=/x\n  held: ADD of bbb, its endpoint written (hold-adds, 900s)\n";
-    assert_eq!(held_add(held, 0).as_deref(), Some("bbb"));
+    assert_eq!(held_add(held, 0, "ns.cutadd-0").as_deref(), Some("bbb"));
+    assert_eq!(held_add(held, 0, "ns.slowadd-0"), None);
     assert_eq!(
         failed_sandboxes("", "", held, 0),
         BTreeSet::from(["bbb".to_string()])
     );
-    assert_eq!(held_add(held, 2), None);
+    assert_eq!(held_add(held, 2, "ns.cutadd-0"), None);
+    // kubelet's line of a RunPodSandbox ended at its deadline names the pod.
+    let kubelet = "E1203 15:00:00.000000 123 kuberuntime_manager.go:1] \"CreatePodSandbox for pod failed\" err=\"rpc error: code = DeadlineExceeded desc = context deadline exceeded\" pod=\"ns/slowadd-0\"\n";
+    assert!(sandbox_deadline_logged(kubelet, "ns", "slowadd-0"));
+    assert!(!sandbox_deadline_logged(kubelet, "ns", "slowadd-1"));
+    assert!(!sandbox_deadline_logged(
+        &kubelet.replace("DeadlineExceeded", "Unavailable"),
+        "ns",
+        "slowadd-0"
+    ));
     // A call's lines may fall between another's: each trace line names its workload.
     let calls = "05:31:00.1 ADD bbb ns.rollout-5 netns=/x\n05:31:00.2 DEL aaa ns.rollout-5 netns=\n\
                  05:31:00.3 ADD ccc ns.rollout-6 netns=/y\n  DEL by aaa removes endpoint of bbb (workload ns.rollout-5)\n\

@@ -134,7 +134,7 @@ slow_add_if_asked() {
 
 # A file hold-adds/<namespace>.<pod> (seconds) holds that pod's next ADD that long once its
 # endpoint is written, and goes: an ADD at the primary with its state made, for a test to cut
-# off by restarting the runtime. The wait is a child process carrying the call's environment,
+# off by restarting the runtime, or to outlive kubelet's RunPodSandbox deadline. The wait is a child process carrying the call's environment,
 # as an IPAM plugin the primary runs is, without the call's pipes, and MODEL_HOLD=<container>
 # so that a test finds it and nothing else of that sandbox's calls.
 hold_add_if_asked() {

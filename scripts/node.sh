@@ -6,7 +6,8 @@
 # calico-cni v1 model primary (tests/cri/calico-cni-v1-model-plugin, calico 2.1's keying); the guard
 # is not installed: put it on as a user does (scripts/image.sh, ctr import, kubectl apply).
 #
-#   bash scripts/node.sh up [--runtime containerd2|containerd16]   # prints KUBECONFIG=... last
+#   bash scripts/node.sh up [--runtime containerd2|containerd16] [--runtime-request-timeout S]
+#                                             # prints KUBECONFIG=... last; S: kubelet's, 120
 #   bash scripts/node.sh down                 # leaves no process, mount, netns, link or chain
 #   bash scripts/node.sh build [--runtime R]  # only builds (or finds cached) the components
 #   bash scripts/node.sh restart kubelet|containerd [--kill]   # --kill: SIGKILL, not SIGTERM
@@ -28,7 +29,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/node-build.sh"
-help_if_asked "${BASH_SOURCE[0]}" 25 "${1:-}"
+help_if_asked "${BASH_SOURCE[0]}" 26 "${1:-}"
 
 W=${SANDBOX_GUARD_NODE_DIR:-/var/tmp/sandbox-guard-node}
 NODE_NAME=sg-node
@@ -49,8 +50,9 @@ CONTROLLER_MANAGER_PORT=30257
 SCHEDULER_PORT=30259
 NODE_PORTS=("$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KUBELET_PORT" "$KUBELET_HEALTHZ_PORT"
   "$CONTROLLER_MANAGER_PORT" "$SCHEDULER_PORT")
-# kubelet's runtimeRequestTimeout (its config, below): RunPodSandbox gets twice this.
-RUNTIME_REQUEST_TIMEOUT_SECONDS=30
+# kubelet's runtimeRequestTimeout (its config, below), its default unless up is given one:
+# RunPodSandbox gets twice this, StopPodSandbox and RemovePodSandbox this.
+RUNTIME_REQUEST_TIMEOUT_SECONDS=120
 NETWORK_NAME=sg-node
 VETH_PREFIX=sgn
 CGROUP_ROOT=/sandbox-guard-node
@@ -400,8 +402,6 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: { memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%" }
 serializeImagePulls: false
-# Shorter than the default 2m, as operators set it: a RunPodSandbox (given twice this) that
-# outlives it is cancelled with its CNI ADD, which the tests make a slow primary meet.
 runtimeRequestTimeout: ${RUNTIME_REQUEST_TIMEOUT_SECONDS}s
 EOF
 }
@@ -467,6 +467,12 @@ cmd_up() {
       --runtime=*)
         runtime=${1#*=}
         shift
+        ;;
+      --runtime-request-timeout)
+        RUNTIME_REQUEST_TIMEOUT_SECONDS=${2:-}
+        shift 2 || die "--runtime-request-timeout takes a number of seconds"
+        [[ $RUNTIME_REQUEST_TIMEOUT_SECONDS =~ ^[1-9][0-9]*$ ]] ||
+          die "--runtime-request-timeout takes a number of seconds, not '$RUNTIME_REQUEST_TIMEOUT_SECONDS'"
         ;;
       *) die "up: unknown argument '$1'" ;;
     esac
@@ -549,8 +555,8 @@ cmd_env() {
   echo "PATH_CRICTL=$NODE_CACHE/bin/cri-tools-$CRITOOLS_VERSION/crictl"
   echo "PATH_CTR=$(containerd_bin_dir "$(runtime_of_node)")/ctr"
   echo "PAUSE_IMAGE=$PAUSE_IMAGE"
+  echo "RUNTIME_REQUEST_TIMEOUT_SECONDS=$(sed -n 's/^runtimeRequestTimeout: \([0-9]*\)s$/\1/p' "$W/kubelet/config.yaml")"
   echo "KUBECONFIG=$W/kubeconfig"
-  echo "RUNTIME_REQUEST_TIMEOUT_SECONDS=$RUNTIME_REQUEST_TIMEOUT_SECONDS"
 }
 
 cmd_restart() {

@@ -1352,11 +1352,13 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
         node.apply(&entry_configmap("refuse"));
     }
 
-    // Two of kubelet's GC periods, and a margin. Its error lines are counted over this wait
-    // only, which is what they are divided by.
+    // One of kubelet's GC periods, and a margin: the GC removes every sandbox it may in one
+    // run, so the rollout's last old sandboxes are gone by then, and each refused stop has
+    // been retried once. Its error lines are counted over this wait only, which is what they
+    // are divided by.
     let log_at_gc = node.kubelet_log().len();
     let gc_started = Instant::now();
-    std::thread::sleep(2 * GC_PERIOD + Duration::from_secs(20));
+    std::thread::sleep(GC_PERIOD + Duration::from_secs(20));
     if mode == Mode::Delegate {
         wait_stale_del_in_entry(node, "refuse");
     }

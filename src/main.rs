@@ -84,7 +84,7 @@ fn run() -> ! {
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    if let Some(handed) = std::env::var_os(commands::replay_worker::WORKER_ENV) {
+    if let Some(handed) = std::env::var_os(commands::replay::worker::WORKER_ENV) {
         std::process::exit(run_replay_worker(&handed.to_string_lossy()));
     }
     let status = if args.is_empty() && std::env::var_os("CNI_COMMAND").is_none_or(|c| c.is_empty())
@@ -139,12 +139,12 @@ fn run_cni() -> i32 {
     }
 }
 
-/// The replay worker a delegate-mode verb started (`cni::verbs::replay_worker`): the verb's
+/// The replay worker a delegate-mode verb started (`cni::verbs::replay::worker`): the verb's
 /// configuration on stdin, its environment, nobody reading its output.
 fn run_replay_worker(handed: &str) -> i32 {
     // SAFETY: the process is single-threaded this early; the primaries it runs must not
     // take themselves for workers.
-    unsafe { std::env::remove_var(commands::replay_worker::WORKER_ENV) };
+    unsafe { std::env::remove_var(commands::replay::worker::WORKER_ENV) };
     let Ok(stdin) = config::read_stdin() else {
         return 1;
     };
@@ -163,7 +163,7 @@ fn run_replay_worker(handed: &str) -> i32 {
     let Some(delegate) = inv.conf.delegate.as_ref() else {
         return 1;
     };
-    commands::replay_worker::run(&inv, delegate, handed);
+    commands::replay::worker::run(&inv, delegate, handed);
     0
 }
 

@@ -7,7 +7,7 @@ pub mod delegated;
 pub mod gc;
 pub mod ip_conflict;
 pub mod pending;
-pub mod replay_worker;
+pub mod replay;
 pub mod status;
 
 use crate::cni::config::NetConf;

@@ -30,8 +30,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::Invocation;
 use crate::cni::delegate::Delegate;
+use crate::cni::verbs::Invocation;
 use crate::state::pod_lock::PodLock;
 use crate::state::{REPLAY_LOCK, open_lock_file};
 
@@ -94,7 +94,7 @@ pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bo
                 );
                 let until = Instant::now() + inv.conf.replay_timeout;
                 for lock in handed {
-                    super::delegated::replay_key(inv, delegate, lock, false, until);
+                    super::replay_key(inv, delegate, lock, false, until);
                 }
             }
         }
@@ -167,14 +167,14 @@ pub fn run(inv: &Invocation, delegate: &Delegate, handed: &str) {
     let until = Instant::now() + WORKER_LIFETIME;
     if !locks.is_empty() || !(gc || handed.is_empty()) {
         for lock in locks {
-            super::delegated::replay_key(inv, delegate, lock, false, until);
+            super::replay_key(inv, delegate, lock, false, until);
         }
         return;
     }
     let Some(_sweeping) = try_lock(root, SWEEP_LOCK) else {
         return;
     };
-    super::delegated::sweep(inv, delegate, until, !gc);
+    super::sweep(inv, delegate, until, !gc);
     collect_temp_files(root, inv.conf.lock_timeout);
 }
 

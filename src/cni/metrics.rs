@@ -24,8 +24,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::env::Verb;
+use super::invocation::Invocation;
 use super::log::Outcome;
-use super::verbs::Invocation;
 use crate::state::Store;
 use crate::state::sealed::{self, Durability, Loaded};
 

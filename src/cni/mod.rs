@@ -4,6 +4,7 @@
 pub mod config;
 pub mod delegate;
 pub mod env;
+pub mod invocation;
 pub mod log;
 pub mod log_entry;
 pub mod metrics;

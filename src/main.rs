@@ -196,26 +196,14 @@ fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<Stri
         metrics_committed: std::cell::Cell::new(false),
         conf_bytes: stdin.to_vec(),
     };
-    let result = match (inv.conf.delegate.as_ref(), env.verb, &env.attachment) {
-        (Some(delegate), Verb::Add, Some(attachment)) => {
-            commands::delegated::add(&inv, delegate, attachment).map(Some)
-        }
-        (Some(delegate), Verb::Del, Some(attachment)) => {
-            commands::delegated::del(&inv, delegate, attachment).map(|()| None)
-        }
-        (Some(delegate), Verb::Check, Some(attachment)) => {
-            commands::delegated::check(&inv, delegate, attachment).map(|()| None)
-        }
-        (Some(delegate), Verb::Gc, _) => commands::delegated::gc(&inv, delegate).map(|()| None),
-        (Some(delegate), Verb::Status, _) => {
-            commands::delegated::status(&inv, delegate).map(|()| None)
-        }
-        (_, Verb::Add, Some(attachment)) => commands::add::run(&inv, attachment).map(Some),
-        (_, Verb::Del, Some(attachment)) => commands::del::run(&inv, attachment).map(|()| None),
-        (_, Verb::Check, Some(attachment)) => commands::check::run(&inv, attachment).map(|()| None),
-        (_, Verb::Gc, _) => commands::gc::run(&inv).map(|()| None),
-        (_, Verb::Status, _) => commands::status::run(&inv).map(|()| None),
-        (_, verb, _) => Err(GuardError::new(
+    let mode = commands::mode::of(&inv);
+    let result = match (env.verb, &env.attachment) {
+        (Verb::Add, Some(attachment)) => mode.add(&inv, attachment).map(Some),
+        (Verb::Del, Some(attachment)) => mode.del(&inv, attachment).map(|()| None),
+        (Verb::Check, Some(attachment)) => mode.check(&inv, attachment).map(|()| None),
+        (Verb::Gc, _) => mode.gc(&inv).map(|()| None),
+        (Verb::Status, _) => mode.status(&inv).map(|()| None),
+        (verb, _) => Err(GuardError::new(
             Kind::InvalidEnvironment,
             format!("{} without its attachment", verb.name()),
         )),

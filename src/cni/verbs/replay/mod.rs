@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
 
-use super::Invocation;
 use super::pending;
 use crate::cni::delegate::{Delegate, EnvOverride};
+use crate::cni::invocation::Invocation;
 use crate::cni::log::{CAUSE_SLOW_PRIMARY, Level, Outcome, Subject};
 use crate::error::{Kind, Result};
 use crate::state::deferred::{self, DeferredDel};

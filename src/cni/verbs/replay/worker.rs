@@ -31,7 +31,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cni::delegate::Delegate;
-use crate::cni::verbs::Invocation;
+use crate::cni::invocation::Invocation;
 use crate::state::pod_lock::PodLock;
 use crate::state::{REPLAY_LOCK, open_lock_file};
 

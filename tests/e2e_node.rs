@@ -1765,6 +1765,12 @@ fn run_runtime(runtime: &'static str) {
         &cuts,
     );
     let mut pods = String::new();
+    let short = |sandboxes: &[String]| -> Vec<String> {
+        sandboxes
+            .iter()
+            .map(|id| id.chars().take(13).collect())
+            .collect()
+    };
     let listed = |pods: &[String]| match pods {
         [] => "-".to_string(),
         pods => pods.join(", "),
@@ -1772,7 +1778,7 @@ fn run_runtime(runtime: &'static str) {
     for (mode, figures) in &all {
         let _ = writeln!(
             pods,
-            "| {runtime} | {} | {} | {} | {} | {} | {} |",
+            "| {runtime} | {} | {} | {} | {} | {} | {} | {} | {} |",
             mode.name(),
             listed(&figures.stale_dels_at_primary),
             listed(&figures.new_pods_unreachable),
@@ -1785,12 +1791,14 @@ fn run_runtime(runtime: &'static str) {
                     .collect::<Vec<_>>()
             ),
             figures.refusals,
+            listed(&short(&figures.deferral_lost)),
+            listed(&short(&figures.deferred_not_replayed)),
         );
     }
     write_report(
         &format!("{runtime}-pods"),
         &format!(
-            "The node: {}. The pods behind the counts above, each mode's own.\n\n| runtime | mode | stale DELs at the primary, by pod | new pods unreachable | pods with a sandbox NotReady | stale DELs the guard passed after the new ADD | DELs the guard refused |\n| --- | --- | --- | --- | --- | --- | ---: |",
+            "The node: {}. The pods behind the counts above, each mode's own.\n\n| runtime | mode | stale DELs at the primary, by pod | new pods unreachable | pods with a sandbox NotReady | stale DELs the guard passed after the new ADD | DELs the guard refused | deferral removed (the replay check's control) | deferred DELs never replayed |\n| --- | --- | --- | --- | --- | --- | ---: | --- | --- |",
             node.up
         ),
         &pods,

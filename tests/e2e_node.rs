@@ -2796,20 +2796,29 @@ fn run_incident_mode(node: &Node, mode: Mode) -> IncidentFigures {
     figures
 }
 
+/// `run` on the node in each mode in turn (unguarded, audit, chained, delegate), the guard put
+/// on before and taken off after by its DaemonSets.
+fn each_mode<T>(node: &Node, run: impl Fn(&Node, Mode) -> T) -> Vec<(Mode, T)> {
+    let conflist_before = import_guard_image(node);
+    [Mode::Unguarded, Mode::Audit, Mode::Chained, Mode::Delegate]
+        .into_iter()
+        .map(|mode| {
+            if mode.installed() {
+                install_guard(node, mode, GUARD_IMAGE);
+            }
+            let figures = run(node, mode);
+            if mode.installed() {
+                uninstall_guard(node, GUARD_IMAGE, &conflist_before);
+            }
+            (mode, figures)
+        })
+        .collect()
+}
+
 fn run_incident(runtime: &'static str) {
     start_reports();
     let node = Node::up(runtime);
-    let conflist_before = import_guard_image(&node);
-    let mut all = Vec::new();
-    for mode in [Mode::Unguarded, Mode::Audit, Mode::Chained, Mode::Delegate] {
-        if mode.installed() {
-            install_guard(&node, mode, GUARD_IMAGE);
-        }
-        all.push((mode, run_incident_mode(&node, mode)));
-        if mode.installed() {
-            uninstall_guard(&node, GUARD_IMAGE, &conflist_before);
-        }
-    }
+    let all = each_mode(&node, run_incident_mode);
     let mut table = String::new();
     for (mode, f) in &all {
         let _ = writeln!(
@@ -2969,17 +2978,7 @@ fn run_slow_add(runtime: &'static str) {
             &SLOW_ADD_RUNTIME_REQUEST_TIMEOUT.to_string(),
         ],
     );
-    let conflist_before = import_guard_image(&node);
-    let mut all = Vec::new();
-    for mode in [Mode::Unguarded, Mode::Audit, Mode::Chained, Mode::Delegate] {
-        if mode.installed() {
-            install_guard(&node, mode, GUARD_IMAGE);
-        }
-        all.push((mode, run_slow_add_mode(&node, mode)));
-        if mode.installed() {
-            uninstall_guard(&node, GUARD_IMAGE, &conflist_before);
-        }
-    }
+    let all = each_mode(&node, run_slow_add_mode);
     let mut table = String::new();
     for (mode, f) in &all {
         let yes = |b: bool| if b { "yes" } else { "no" };

@@ -132,12 +132,21 @@ fi
 timed "the Rust test build" cargo test --release --no-run --config .cargo/static.toml \
   --target "$(plugin_triple "$host")"
 rm -f target/real-node-*.md target/real-node-*.passed
+# The output is kept (target/tests.log) and, when a test fails, its panics end the run's
+# output: CI keeps only the head and the tail of what a run prints, and its clone is gone.
+run_tests() {
+  cargo test --release --no-fail-fast --config .cargo/static.toml \
+    --target "$(plugin_triple "$host")" -- --test-threads=1 2>&1 | tee target/tests.log
+}
 status=0
-timed "the tests" cargo test --release --no-fail-fast --config .cargo/static.toml \
-  --target "$(plugin_triple "$host")" -- --test-threads=1 || status=$?
+timed "the tests" run_tests || status=$?
 publish_node_run nodes "The real-node tests of $(git rev-parse --short HEAD) in the test run" \
   "bash scripts/test.sh" "$status"
-((status == 0)) || exit "$status"
+if ((status != 0)); then
+  echo "== the tests failed; their panics (whole output: target/tests.log):" >&2
+  grep -A3 "panicked at" target/tests.log | cut -c1-4000 >&2 || true
+  exit "$status"
+fi
 
 # The store writes an ownership, and a record that fits, as a symlink only on a journaled file
 # system (ext4 with its journal, XFS, btrfs, tmpfs) and as a synced regular file elsewhere

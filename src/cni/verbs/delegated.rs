@@ -19,7 +19,7 @@
 use serde_json::value::RawValue;
 
 use super::Invocation;
-use super::del::{Judgement, Stale};
+use super::judgement::{self, Judgement, Stale};
 use super::pending;
 use super::replay::worker;
 use crate::cni::delegate::{Delegate, EnvOverride};
@@ -160,12 +160,12 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
     // The keys are read before the store's lock, so the pod locks come first (never the
     // other way round) and the store's lock is not held while the primary runs.
     let peek = Store::open_read_only(&inv.conf.state_dir).ok();
-    let locked_keys = super::del::keys_of(inv, attachment, peek.as_ref());
+    let locked_keys = judgement::keys_of(inv, attachment, peek.as_ref());
     drop(peek);
     let locks = match lock(inv, &locked_keys) {
         Ok(locks) => locks,
         // A store that takes no write (read-only, full) cannot make a lock file either; the
-        // DEL goes on without one, as it does without writing (see `del::open`).
+        // DEL goes on without one, as it does without writing (see `judgement::open`).
         Err(err) if err.kind != Kind::Busy => {
             eprintln!("sandbox-guard: DEL goes on without its pod lock: {err}");
             Vec::new()
@@ -218,18 +218,18 @@ fn del_locked(
         }
         return Ok(false);
     }
-    let Some((store, unwritable)) = super::del::open(inv, attachment)? else {
-        super::del::nothing_recorded(inv, attachment);
+    let Some((store, unwritable)) = judgement::open(inv, attachment)? else {
+        judgement::nothing_recorded(inv, attachment);
         pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
         return Ok(false);
     };
-    let plan = match super::del::judge(inv, attachment, &store)? {
+    let plan = match judgement::judge(inv, attachment, &store)? {
         Judgement::Stale(stale) => {
             if let Some(why) = unwritable {
                 // Kept from the primary for good, it would leak; told nothing, the primary
                 // would tear down the owner. Refused, as chained mode does, until the store
                 // takes writes again.
-                let err = super::del::refuse(inv, attachment, stale);
+                let err = judgement::refuse(inv, attachment, stale);
                 return Err(err.with_details(format!(
                     "The DEL cannot be deferred: {} {}",
                     why.msg, why.details
@@ -241,7 +241,7 @@ fn del_locked(
                 // entry): refused as stale, as above, never an I/O error the runtime reads
                 // as the sandbox's own failure.
                 Err(err) if matches!(err.kind, Kind::Io | Kind::ReadOnly) => {
-                    let refused = super::del::refuse(inv, attachment, stale);
+                    let refused = judgement::refuse(inv, attachment, stale);
                     return Err(refused.with_details(format!(
                         "The DEL cannot be deferred: {} {}",
                         err.msg, err.details
@@ -272,8 +272,8 @@ fn del_locked(
     pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
     let keys = plan.keys.clone();
     let id = plan.id.clone();
-    if let Some((store, unwritable)) = super::del::open(inv, attachment)? {
-        super::del::finish(inv, attachment, &store, unwritable, plan);
+    if let Some((store, unwritable)) = judgement::open(inv, attachment)? {
+        judgement::finish(inv, attachment, &store, unwritable, plan);
     }
     for key in &keys {
         // The primary has just had this sandbox's own DEL.
@@ -517,7 +517,7 @@ fn defer(
         Loaded::Missing => {}
     }
     store.remove_failed_add(&id)?;
-    super::del::note_in_ledger(
+    judgement::note_in_ledger(
         store,
         &stale.key,
         crate::state::ledger::Handled::Deferred,

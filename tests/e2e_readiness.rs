@@ -1007,9 +1007,9 @@ fn cniconfig_of(conf_dir: &str, plugin_dirs: &[&str], file: &Path) -> Value {
 /// host's paths, which resolve only under --host-root.
 #[test]
 fn k3s_links_in_the_runtimes_plugin_dir_resolve_under_the_host_root() {
-    // Fails before this change: the runtime's answer was judged with the links followed in
-    // the pod's own root, where /var/lib/rancher does not exist: "cannot find its plugins
-    // flannel, portmap, bandwidth" on every healthy k3s node, a probe that never passes.
+    // Catches the runtime's answer judged with the links followed in the pod's own root, where
+    // /var/lib/rancher does not exist: "cannot find its plugins flannel, portmap, bandwidth" on
+    // every healthy k3s node, a probe that never passes.
     let dir = sys::TempDir::new("sgk3sprobe");
     let host = dir.path.join("host");
     install::k3s_host(&host);
@@ -1127,8 +1127,8 @@ fn names_in(dir: &Path) -> Vec<String> {
 /// network's plugins in /opt/cni/bin as well, so the files alone point at /opt/cni/bin. The
 /// installer asks containerd where it looks. Where the pod cannot see that dir (the plain
 /// DaemonSet does not mount it) the install is refused with nothing written; where it can,
-/// the guard goes there and nowhere else. Fails before this change: the guard went into
-/// /opt/cni/bin and into the network, and every pod ADD then failed to find it.
+/// the guard goes there and nowhere else. Catches a guard put into /opt/cni/bin and into the
+/// network, where every pod ADD then fails to find it.
 #[test]
 fn gke_with_plugins_in_opt_cni_bin_too_guards_where_containerd_looks() {
     for mounted in [false, true] {
@@ -1288,8 +1288,8 @@ fn a_k3s_upgrade_under_the_watch_ends_guarded_in_the_new_release() {
 
 /// Against a real containerd: `--install` puts the binary into the dir containerd reports
 /// it searches (its CRI status), not `--bin-dir`; where that dir lacks one of the network's
-/// plugins it refuses, naming both dirs, and writes nothing. Fails before this change: the
-/// guard went into `--bin-dir`, a dir containerd does not search, and into the network.
+/// plugins it refuses, naming both dirs, and writes nothing. Catches a guard put into `--bin-dir`,
+/// a dir containerd does not search, and into the network.
 fn install_puts_the_guard_where_containerd_searches(version: Version) {
     let node = Containerd::start(version);
     let (bin, elsewhere) = (node.root().join("bin"), node.root().join("elsewhere"));
@@ -1376,8 +1376,8 @@ fn gke_host(dir: &Path, dirs: &'static [&'static str]) -> (PathBuf, std::thread:
 /// A network that names the guard already (put in /opt/cni/bin by an installer that did not
 /// ask containerd) on a GKE node whose /home/kubernetes/bin the pod cannot see: every pod ADD
 /// fails to find the guard. The install takes the guard out of the network, saying so, and
-/// pods start unguarded. Fails before this change: refused, "nothing written", the network
-/// left naming a guard containerd cannot find.
+/// pods start unguarded. Catches a refusal, "nothing written", that leaves the network naming a
+/// guard containerd cannot find.
 #[test]
 fn a_guard_named_where_containerd_cannot_be_seen_stands_aside() {
     let dir = sys::TempDir::new("sggkeaside");

@@ -833,7 +833,7 @@ fn set_version(conf: &Path, version: Option<&str>) {
 
 #[test]
 fn a_network_the_guard_cannot_run_in_is_refused_and_nothing_is_written() {
-    // Fails before this change: both installed, and every ADD on the node would fail.
+    // Catches both being installed, which fails every ADD on the node.
     for version in [Some("0.5.0"), Some("2.0.0")] {
         let node = Node::with("calico");
         set_version(&node.conf(), version);
@@ -977,7 +977,7 @@ fn several_networks_guard_the_one_the_runtime_loads_and_say_so() {
     stub_plugins(&node.conf(), &node.bin());
     let out = run("--install", &node.conf(), &node.bin(), &LOG);
     let stderr = stderr_of(&out);
-    // Fails before this change: "several networks ... give the one to guard with --network".
+    // Catches an install that answers "several networks ... give the one to guard with --network".
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("the runtime loads the lexically first, k8s-pod-network (10-calico.conflist), which is guarded"), "{stderr}");
     assert_eq!(
@@ -1047,8 +1047,8 @@ fn uninstall_leaves_nothing_that_names_the_guard() {
             let primary = node.conf().join(file);
             // The primary writes its own file again after the install: calico's upgrade, or a
             // re-created .conf beside the converted list (multus removes and rewrites its file
-            // on every start). Fails before this change for macvlan-conf: the guarded
-            // .conflist stayed, and loads as soon as the .conf goes.
+            // on every start). For macvlan-conf, catches the guarded .conflist staying, which loads
+            // as soon as the .conf goes.
             let original = testdata::fixture_bytes(&format!("install/{case}/conf/{file}"));
             primary_rewrites(&primary, &original);
             // Multus thin re-inlines the guarded master into its own file within a second.
@@ -1122,7 +1122,7 @@ fn the_operators_keys_survive_every_install_and_the_daemonset_can_set_them() {
             .unwrap()
             .clone()
     };
-    // Fails before this change: the next run wrote the entry afresh, the keys gone.
+    // Catches the next run writing the entry afresh, the keys gone.
     for mode in ["chained", "delegate", "chained"] {
         node.install(mode, None);
         let entry = guard_entry();
@@ -1193,7 +1193,8 @@ fn a_write_of_the_primary_while_the_installer_replaces_its_file_is_not_lost() {
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
     // Aimed at the window: when the installer's temp file for 10-calico.conflist appears (it
     // then writes and fsyncs it, and renames it over the file), the primary writes its new
-    // version. Fails before this change: the rename put back the older content, 5 of 5.
+    // version. Catches the rename putting back the older content, which would happen in each of the
+    // 5 rounds.
     for round in 0..5 {
         let node = Node::with("calico");
         let file = node.conf().join("10-calico.conflist");
@@ -1345,7 +1346,7 @@ fn frequent_rewrites_are_followed_and_a_fight_is_reported_not_ready() {
 
 #[test]
 fn ready_only_where_the_runtime_runs_the_guard() {
-    // Fails before this change: there was no readiness check at all (--check unknown).
+    // Catches a DaemonSet with no readiness check (`--check` unknown).
     let node = Node::with("calico");
     let (ready, said) = check(&node);
     assert!(
@@ -1647,7 +1648,7 @@ fn the_doctor_does_not_say_ok_where_the_runtime_does_not_run_the_guard() {
             .cloned()
             .collect()
     };
-    // Fails before this change: both said "... networks guarded" with severity ok.
+    // Catches both saying "... networks guarded" with severity ok.
     // The guard in a network the runtime does not load (the second of two).
     let node = Node::with("calico");
     copy_fixture("install/flannel/conf", &node.conf());
@@ -2030,8 +2031,8 @@ fn uninstall_removes_the_temp_files_of_a_killed_installer() {
 #[test]
 fn uninstall_removes_a_killed_installers_dropin_temp_and_the_dropin_dir() {
     // An installer killed while it wrote the drop-in leaves its temp file in
-    // <conf dir>/<network>/. Fails before this change: --uninstall left the temp, and with it
-    // the directory, which it removed only when it was empty.
+    // <conf dir>/<network>/. Catches --uninstall leaving the temp, and with it the directory, if it
+    // removes the directory only when empty.
     let node = Node::with("calico");
     let dir = node.conf().join("k8s-pod-network");
     for before_the_first_write in [false, true] {
@@ -2181,8 +2182,8 @@ const BAD_ENTRIES: [(&str, &str, &str); 5] = [
 
 #[test]
 fn an_entry_the_plugin_rejects_is_refused_kept_out_and_not_ready() {
-    // Fails before this change: every one was written to the network (every ADD then
-    // failing) and the probe said ready.
+    // Catches any one of them written to the network (every ADD then failing) and the probe saying
+    // ready.
     for (keys, mode, key) in BAD_ENTRIES {
         let node = Node::with("calico");
         let before = tree(&node.dir.path);
@@ -2226,7 +2227,7 @@ fn an_entry_the_plugin_rejects_is_refused_kept_out_and_not_ready() {
 
 #[test]
 fn the_watch_keeps_the_last_good_entry_when_the_configmap_goes_bad() {
-    // Fails before this change: the bad key reached the network at the next look.
+    // Catches the bad key reaching the network at the next look.
     let node = Node::with("calico");
     let keys = node.dir.path.join("entry.json");
     std::fs::write(&keys, r#"{"staleDel":"audit"}"#).unwrap();
@@ -2265,9 +2266,9 @@ fn inode(file: &Path) -> u64 {
 
 #[test]
 fn a_single_plugin_file_multus_names_is_wrapped_in_place_never_converted() {
-    // Fails before this change: chained converted 10-ovn-kubernetes.conf into a .conflist
-    // and removed the .conf multus thick names as its cluster network (every pod ADD then
-    // failed), and delegate did the same.
+    // Catches chained converting 10-ovn-kubernetes.conf into a .conflist and removing the .conf
+    // multus thick names as its cluster network (every pod ADD then failing), and delegate doing
+    // the same.
     let node = Node::with("ovn-multus-thick");
     let ovn = node.conf().join("10-ovn-kubernetes.conf");
     let before = tree(&node.dir.path);
@@ -2329,9 +2330,9 @@ fn on_openshift(host: &Path, extra: &[&str]) -> std::process::Output {
 
 #[test]
 fn openshift_keeps_ovns_file_and_multus_readiness_indicator() {
-    // Fails before this change: the cluster network outside the conf dir was not found, and
-    // the refusal's advice (--conf-dir /run/multus/cni/net.d) converted OVN's .conf, which
-    // is also multus's readiness indicator file, away.
+    // Catches the cluster network outside the conf dir not being found, and the refusal's advice
+    // (--conf-dir /run/multus/cni/net.d) converting OVN's .conf, which is also multus's readiness
+    // indicator file, away.
     let node = Node::with("openshift");
     let host = node.host().unwrap();
     let ovn = host.join("run/multus/cni/net.d/10-ovn-kubernetes.conf");
@@ -2394,8 +2395,8 @@ fn openshift_keeps_ovns_file_and_multus_readiness_indicator() {
 
 #[test]
 fn k3s_data_cni_gets_the_binary_and_its_links_resolve_under_the_host_root() {
-    // Fails before this change: the binary went into data/<hash>/bin, where containerd
-    // (bin_dir data/cni) never looks, and the probe said ready.
+    // Catches the binary put into data/<hash>/bin, where containerd (bin_dir data/cni) never looks,
+    // and the probe saying ready.
     let dir = sys::TempDir::new("sgk3s");
     let host = dir.path.join("host");
     install::k3s_host(&host);
@@ -2444,8 +2445,8 @@ fn k3s_data_cni_gets_the_binary_and_its_links_resolve_under_the_host_root() {
 
 #[test]
 fn a_partial_plugin_set_is_refused_and_a_drop_in_is_not_ready_from_files() {
-    // Fails before this change: one plugin of the network missing from the bin dir (the
-    // runtime looks elsewhere) was written anyway; a drop-in was ready whatever the runtime.
+    // Catches a network with one of its plugins missing from the bin dir (the runtime looks
+    // elsewhere) written anyway, and a drop-in ready whatever the runtime.
     let node = Node::with("calico");
     std::fs::remove_file(node.bin().join("portmap")).unwrap();
     let before = tree(&node.dir.path);
@@ -2474,8 +2475,8 @@ fn private_root(node: &Node) -> String {
 
 #[test]
 fn remove_binary_keeps_it_while_a_cached_attachment_names_the_guard() {
-    // Fails before this change: the binary went, and the DEL of every pod attached through
-    // the guard (CRI-O and multus replay the cached config) failed to find the plugin.
+    // Catches the binary going, and the DEL of every pod attached through the guard (CRI-O and
+    // multus replay the cached config) then failing to find the plugin.
     let node = Node::with("calico");
     node.install("chained", None);
     let root = private_root(&node);
@@ -2531,8 +2532,8 @@ fn remove_binary_keeps_it_while_a_cached_attachment_names_the_guard() {
 
 #[test]
 fn uninstall_takes_the_guard_out_of_cilium_backups() {
-    // Fails before this change: cilium's exclusive mode had renamed the guarded file to
-    // .cilium_bak, the uninstall left it naming the guard, and cilium puts it back.
+    // Where cilium's exclusive mode has renamed the guarded file to .cilium_bak, catches the
+    // uninstall leaving it naming the guard, which cilium puts back.
     let node = Node::with("calico");
     node.install("chained", None);
     let calico = node.conf().join("10-calico.conflist");
@@ -2549,9 +2550,8 @@ fn uninstall_takes_the_guard_out_of_cilium_backups() {
 
 #[test]
 fn multus_thins_own_copy_without_the_guard_is_not_ready() {
-    // Fails before this change: upstream's multus thin (no --cleanup-config-on-exit) never
-    // re-reads the master file, so pods ran its inlined copy unguarded, and the probe said
-    // ready.
+    // Upstream's multus thin (no --cleanup-config-on-exit) never re-reads the master file: catches
+    // pods running its inlined copy unguarded and the probe saying ready.
     for mode in ["chained", "delegate"] {
         let node = Node::with("multus-thin");
         node.install(mode, None);
@@ -2569,8 +2569,8 @@ fn multus_thins_own_copy_without_the_guard_is_not_ready() {
 
 #[test]
 fn an_uninstall_waits_for_the_watch_to_stand_down_and_stays_done() {
-    // Fails before this change: the uninstall exited 0 and the live watch put everything
-    // back within its settling pause.
+    // Catches the uninstall exiting 0 and the live watch putting everything back within its
+    // settling pause.
     let node = Node::with("calico");
     let watcher = Watcher::start(&node, "chained");
     let said = node.uninstall(None);
@@ -2597,11 +2597,10 @@ fn an_uninstall_waits_for_the_watch_to_stand_down_and_stays_done() {
 
 #[test]
 fn a_marker_left_by_a_killed_uninstall_does_not_stand_down_later_watches() {
-    // Fails before this change: an uninstall killed while it waited for the watches (Ctrl-C,
-    // a Job's deadline, the OOM killer) left its marker in the conf dir, and every watch
-    // started after it stood down at once, for good: the guard was never put back after the
-    // primary's next rewrite, and the DaemonSet stayed not ready saying an uninstall was
-    // under way.
+    // Catches an uninstall killed while it waits for the watches (Ctrl-C, a Job's deadline, the OOM
+    // killer) leaving its marker in the conf dir, and every watch started after it standing down at
+    // once, for good: the guard never put back after the primary's next rewrite, and the DaemonSet
+    // staying not ready saying an uninstall is under way.
     let node = Node::with("calico");
     std::fs::write(node.conf().join(".sandbox-guard-uninstalling"), b"4242\n").unwrap();
     let watcher = Watcher::start(&node, "chained");
@@ -2668,10 +2667,10 @@ fn ovn_conf_of(len: usize) -> String {
 
 #[test]
 fn an_in_place_write_longer_than_a_page_is_refused_writing_nothing() {
-    // Fails before this change: the delegate wrap of a file multus names by path went in
-    // place whatever its length. Past one page the kernel copies it page by page, so multus
-    // or the runtime reading meanwhile gets the new first page with the old rest (and a
-    // crash can leave that on disk): JSON nothing parses, and every pod ADD fails.
+    // Catches the delegate wrap of a file multus names by path going in place whatever its length.
+    // Past one page the kernel copies it page by page, so multus or the runtime reading meanwhile
+    // gets the new first page with the old rest (and a crash can leave that on disk): JSON nothing
+    // parses, and every pod ADD fails.
     let node = Node::with("ovn-multus-thick");
     let ovn = node.conf().join("10-ovn-kubernetes.conf");
     std::fs::write(&ovn, ovn_conf_of(4000)).unwrap();
@@ -2749,11 +2748,11 @@ fn a_file_a_crash_cut_is_never_called_ready() {
 
 #[test]
 fn an_in_place_write_that_runs_out_of_room_leaves_the_file_as_it_was() {
-    // Fails before this change: the in-place write of a primary's single-plugin .conf got
-    // its first block over the old bytes, then ENOSPC for the block beyond them: the file was
-    // left cut inside the new JSON, which no runtime or multus can parse, and the install
-    // exited with the error. A full root file system is a common node failure. An ext4 of
-    // 1 KiB blocks: a file within one page still needs a second block to grow.
+    // Catches the in-place write of a primary's single-plugin .conf getting its first block over
+    // the old bytes, then ENOSPC for the block beyond them: the file left cut inside the new JSON,
+    // which no runtime or multus can parse, and the install exiting with the error. A full root
+    // file system is a common node failure. An ext4 of 1 KiB blocks: a file within one page still
+    // needs a second block to grow.
     sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4"]);
     let disk = mount::Mount::image(&["mkfs.ext4", "-q", "-F", "-b", "1024", "-O", "^has_journal"]);
     let conf = disk.path.join("net.d");
@@ -2809,12 +2808,12 @@ fn an_in_place_write_that_runs_out_of_room_leaves_the_file_as_it_was() {
 
 #[test]
 fn multus_finds_the_guard_in_its_bin_dir() {
-    // Fails before this change: with multus thick's binDir (its daemon's config, written
-    // into 00-multus.conf) another dir than the runtime's, the guard went only into the
-    // runtime's bin dir and the probe said ready, while multus's daemon, which searches
-    // binDir alone (the runtime's CNI_PATH does not reach it), fails every ADD with "failed
-    // to find plugin sandbox-guard". binDir is the host's path: under --host-root here,
-    // which also keeps this machine's cached attachments out of --remove-binary.
+    // With multus thick's binDir (its daemon's config, written into 00-multus.conf) another dir
+    // than the runtime's, catches the guard going only into the runtime's bin dir and the probe
+    // saying ready, while multus's daemon, which searches binDir alone (the runtime's CNI_PATH does
+    // not reach it), fails every ADD with "failed to find plugin sandbox-guard". binDir is the
+    // host's path: under --host-root here, which also keeps this machine's cached attachments out
+    // of --remove-binary.
     let node = Node::with("multus-thick");
     let guard = |mode: &str, extra: &[&str]| node.run_under_its_dir(mode, extra);
     let said = |out: &std::process::Output| {
@@ -2915,12 +2914,12 @@ fn multus_thin_runs_the_guard_its_bin_dir_holds_first() {
 
 #[test]
 fn multus_thick_bin_dir_the_installer_cannot_see_is_refused_and_never_written_outside() {
-    // Fails before this change: multus thick runs every delegate from its binDir alone, and
-    // a binDir the installer could not see under --host-root (not mounted, a relative
-    // path) was "left alone": the guard went into the cluster network, multus failed every
-    // pod ADD with "failed to find plugin", and the probe said ready. A binDir that is an
-    // absolute link (the host's path), or that climbs with `..`, was resolved in the
-    // installer's own root and the binary copied outside --host-root.
+    // Multus thick runs every delegate from its binDir alone. Catches a binDir the installer cannot
+    // see under --host-root (not mounted, a relative path) "left alone": the guard put into the
+    // cluster network, multus failing every pod ADD with "failed to find plugin", and the probe
+    // saying ready. Also catches a binDir that is an absolute link (the host's path), or that
+    // climbs with `..`, resolved in the installer's own root and the binary copied outside
+    // --host-root.
     let node = Node::with("multus-thick");
     let guard = |mode: &str, extra: &[&str]| node.run_under_its_dir(mode, extra);
     let said = |out: &std::process::Output| {
@@ -2995,9 +2994,9 @@ fn multus_thick_bin_dir_the_installer_cannot_see_is_refused_and_never_written_ou
 
 #[test]
 fn an_uninstall_refused_past_one_page_writes_nothing_first() {
-    // Fails before this change: the uninstall took the guard out of the networks that sort
-    // before the one it then refused (OpenShift's OVN file, outside the conf dir, comes
-    // last), and said "nothing written".
+    // Catches the uninstall taking the guard out of the networks that sort before the one it then
+    // refuses (OpenShift's OVN file, outside the conf dir, comes last), and saying "nothing
+    // written".
     let node = Node::with("openshift");
     let host = node.host().unwrap();
     let ovn = host.join("run/multus/cni/net.d/10-ovn-kubernetes.conf");
@@ -3020,9 +3019,9 @@ fn an_uninstall_refused_past_one_page_writes_nothing_first() {
 
 #[test]
 fn multus_bin_dir_the_installer_cannot_write_says_how_out() {
-    // Fails before this change: a binDir of multus thick mounted read-only (the default
-    // DaemonSet mounts /var/lib/cni read-only, where OpenShift-like setups keep their
-    // plugins) failed the install with the bare write error and no way out.
+    // Catches a binDir of multus thick mounted read-only (the default DaemonSet mounts /var/lib/cni
+    // read-only, where OpenShift-like setups keep their plugins) failing the install with the bare
+    // write error and no way out.
     sys::skip_unless_root!(&["mount", "umount"]);
     let node = Node::with("multus-thick");
     let multus_bin = node.with_multus_bin_dir_named();
@@ -3044,13 +3043,12 @@ fn multus_bin_dir_the_installer_cannot_write_says_how_out() {
 
 #[test]
 fn a_guard_multus_cannot_find_is_taken_out_of_its_network() {
-    // Fails before this change: the guard installed, then multus thick deployed with a
-    // binDir the installer cannot write (the default DaemonSet mounts the host's
-    // /var/lib/cni read-only; OpenShift keeps its plugins in /var/lib/cni/bin). The install
-    // was refused, but the cluster network still named the guard, and multus thick, which
-    // runs delegates from its binDir alone, failed every pod ADD on the node while the
-    // watch waited. Now the guard stands aside: pods start unguarded rather than not at all,
-    // and the probe says why; once the dir is writable the guard goes back in.
+    // The guard installed, then multus thick deployed with a binDir the installer cannot write (the
+    // default DaemonSet mounts the host's /var/lib/cni read-only; OpenShift keeps its plugins in
+    // /var/lib/cni/bin). Catches the install refused but the cluster network still naming the
+    // guard, and multus thick, which runs delegates from its binDir alone, failing every pod ADD on
+    // the node while the watch waits. Instead the guard stands aside: pods start unguarded rather
+    // than not at all, and the probe says why; once the dir is writable the guard goes back in.
     sys::skip_unless_root!(&["mount", "umount"]);
     for mode in ["chained", "delegate"] {
         let node = Node::with("multus-thick");
@@ -3102,10 +3100,9 @@ fn a_guard_multus_cannot_find_is_taken_out_of_its_network() {
 
 #[test]
 fn a_guard_in_a_network_raised_to_a_version_it_does_not_speak_stands_aside() {
-    // Fails before this change: the guard installed, then the primary's config moved to a
-    // cniVersion the guard does not speak with the entry kept (an operator's edit, a
-    // primary that merges its file): the install was refused and the network kept the
-    // guard, so every ADD failed on the version.
+    // The guard installed, then the primary's config moved to a cniVersion the guard does not speak
+    // with the entry kept (an operator's edit, a primary that merges its file): catches the install
+    // refused and the network keeping the guard, so that every ADD fails on the version.
     for mode in ["chained", "delegate"] {
         let node = Node::with("calico");
         node.install(mode, None);
@@ -3208,10 +3205,9 @@ fn the_watch_stands_aside_when_multus_cannot_find_the_guard_and_comes_back() {
 
 #[test]
 fn a_bin_dir_that_is_a_link_resolves_under_the_host_root() {
-    // Fails before this change: a bin dir under --host-root that is an absolute link (the
-    // host's path, as k3s's data/current is) was followed in the installer's own root when
-    // that root happened to hold the same path, and the binary copied outside the host root,
-    // where the runtime never looks.
+    // Catches a bin dir under --host-root that is an absolute link (the host's path, as k3s's
+    // data/current is) followed in the installer's own root when that root happens to hold the same
+    // path, and the binary copied outside the host root, where the runtime never looks.
     let node = Node::with("calico");
     let root = &node.dir.path;
     // The host's real dir, and a dir of this machine at the same absolute path.
@@ -3237,11 +3233,10 @@ fn a_bin_dir_that_is_a_link_resolves_under_the_host_root() {
 
 #[test]
 fn an_older_guard_multus_can_run_is_not_taken_out_when_its_dir_cannot_be_written() {
-    // Fails before this change: multus's binDir held a guard (an older build: the image
-    // was upgraded) in a dir the installer can no longer write (mounted read-only, full).
-    // Multus runs that guard, so the node was guarded; the install took the guard out of
-    // the cluster network all the same, as if multus could not find it. Only a dir without
-    // a guard is one the guard cannot run from.
+    // Multus's binDir holds a guard (an older build: the image was upgraded) in a dir the installer
+    // can no longer write (mounted read-only, full). Multus runs that guard, so the node is
+    // guarded; catches the install taking the guard out of the cluster network all the same, as if
+    // multus could not find it. Only a dir without a guard is one the guard cannot run from.
     sys::skip_unless_root!(&["mount", "umount"]);
     let node = Node::with("multus-thick");
     let multus_bin = node.with_multus_bin_dir_named();
@@ -3275,11 +3270,11 @@ fn an_older_guard_multus_can_run_is_not_taken_out_when_its_dir_cannot_be_written
 
 #[test]
 fn taking_the_guard_out_never_writes_back_a_network_the_primary_rewrote_meanwhile() {
-    // Fails before this change: standing aside (and --uninstall) read the network, waited
-    // for delegate mode's replays to pause (up to ten seconds), then wrote the guard-less
-    // copy of what it had read over whatever was there: a primary that wrote its file in
-    // between lost its bytes. The replay worker is this test holding `replay.lock`; the
-    // installer waits on it once it holds `replay-waits`, after its read.
+    // Standing aside (and --uninstall) reads the network, then waits for delegate mode's replays to
+    // pause (up to ten seconds). Catches it then writing the guard-less copy of what it read over
+    // whatever is there: a primary that writes its file in between loses its bytes. The replay
+    // worker is this test holding `replay.lock`; the installer waits on it once it holds
+    // `replay-waits`, after its read.
     for verb in ["--install", "--uninstall"] {
         let node = Node::with("calico");
         let state = sys::TempDir::new("sginstsa");
@@ -3335,9 +3330,9 @@ fn taking_the_guard_out_never_writes_back_a_network_the_primary_rewrote_meanwhil
 
 #[test]
 fn standing_aside_says_when_it_could_not_look_for_deferred_dels() {
-    // Fails before this change: a delegate-mode stateDir not mounted under --host-root
-    // cannot tell whether deferred DELs wait; standing aside went on (as it must) without a
-    // word about them, so the operator never learned that some may wait for delegate mode.
+    // A delegate-mode stateDir not mounted under --host-root cannot tell whether deferred DELs
+    // wait. Catches standing aside going on (as it must) without a word about them, so that the
+    // operator never learns that some may wait for delegate mode.
     let node = Node::with("calico");
     let state = ["--state-dir", "/not-mounted/sandbox-guard"];
     let out = node.run_under_its_dir("--install", &[&["--mode", "delegate"][..], &state].concat());
@@ -3359,11 +3354,11 @@ fn standing_aside_says_when_it_could_not_look_for_deferred_dels() {
 
 #[test]
 fn a_multus_bin_dir_the_installer_cannot_see_does_not_unguard_the_node() {
-    // Fails before this change: with the guard installed, multus thick's binDir not under
-    // --host-root (not mounted into the installer's pod, or a wrong --host-root) took the
-    // guard out. The installer cannot tell "not mounted" from "not on the node", and on a
-    // node without that dir multus runs no delegate at all, guard or not: taking it out
-    // could only unguard a working node. Refused, not ready, nothing written.
+    // With the guard installed, catches multus thick's binDir not under --host-root (not mounted
+    // into the installer's pod, or a wrong --host-root) taking the guard out. The installer cannot
+    // tell "not mounted" from "not on the node", and on a node without that dir multus runs no
+    // delegate at all, guard or not: taking it out could only unguard a working node. Refused, not
+    // ready, nothing written.
     let node = Node::with("multus-thick");
     std::fs::create_dir_all(node.dir.path.join("var/lib/cni")).unwrap();
     let multus = node.conf().join("00-multus.conf");

@@ -437,8 +437,8 @@ fn documented_options() -> Vec<String> {
 
 #[test]
 fn the_daemonsets_mount_what_their_documented_options_write() {
-    // Fails before this change: the commented --metrics-file named a path under no mount,
-    // so uncommenting it as docs/install.md says made every write fail on the read-only root.
+    // Catches a commented --metrics-file naming a path under no mount, so that uncommenting it as
+    // docs/install.md says makes every write fail on the read-only root.
     let test = sys::test_name!();
     let Some(tool) = kubernetes_validate(test) else {
         return;

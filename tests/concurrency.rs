@@ -202,3 +202,75 @@ fn concurrent_execs_match_a_serial_replay_of_the_log() {
     }
     assert_eq!(store.owner_files().len(), model.owner_by_pod.len());
 }
+
+/// A dump taken while ADDs of the same pod names change their owners names one owner per
+/// pod: every row of a pod is judged against the one ownership the dump read of it, however
+/// many holds of the lock its rows took to read.
+#[test]
+fn a_dump_during_adds_names_one_owner_per_pod() {
+    sys::skip_unless_root!(&["ip"]);
+    const PODS: usize = 2;
+    const SANDBOXES_PER_POD: usize = 16;
+    let store = Store::new();
+    let sandboxes: Vec<Sandbox> = (0..PODS * SANDBOXES_PER_POD)
+        .map(|i| {
+            let (container, pod) = (
+                container_id(),
+                Pod::new("dump", &format!("db-{}", i % PODS)),
+            );
+            let (add, netns) = store.add(&container, &pod).in_pod_netns();
+            add.run().assert_ok();
+            Sandbox {
+                container,
+                pod,
+                netns,
+            }
+        })
+        .collect();
+    let adding = std::sync::atomic::AtomicBool::new(true);
+    let (dumps, torn) = std::thread::scope(|scope| {
+        let dumper = scope.spawn(|| {
+            let mut dumps = 0;
+            let mut torn = Vec::new();
+            while adding.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut named: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+                for row in store.dump() {
+                    let pod = format!("{}/{}", row["podNamespace"], row["podName"]);
+                    let owner = if row["owner"] == true {
+                        row["containerId"].as_str()
+                    } else {
+                        row["supersededBy"].as_str()
+                    };
+                    named
+                        .entry(pod)
+                        .or_default()
+                        .extend(owner.map(str::to_string));
+                }
+                torn.extend(named.into_iter().filter(|(_, owners)| owners.len() > 1));
+                dumps += 1;
+            }
+            (dumps, torn)
+        });
+        let workload = Workload {
+            workers: 4,
+            ops_per_worker: 150,
+            seed: 0xd0_4d,
+        };
+        workload.run(|rng| {
+            let sandbox = &sandboxes[rng.below(sandboxes.len() as u64) as usize];
+            store
+                .add(&sandbox.container, &sandbox.pod)
+                .netns(&sandbox.netns.path())
+                .run()
+                .assert_ok();
+        });
+        adding.store(false, std::sync::atomic::Ordering::Relaxed);
+        dumper.join().unwrap()
+    });
+    eprintln!("{dumps} dumps during the ADDs");
+    assert!(dumps >= 10, "only {dumps} dumps ran during the ADDs");
+    assert!(
+        torn.is_empty(),
+        "dumps named two owners for one pod (the owning row's and the supersededBy of another): {torn:?}"
+    );
+}

@@ -461,6 +461,9 @@ fn write_all(
     let mut window = Window::default();
     // Rows are on stdout: an error from here on leaves them short of the whole list.
     let mut written = false;
+    // Each pod key's ownership as first read: the rows of one pod may take several holds of
+    // the lock, and ADDs between them must not give one pod two owners in one dump.
+    let mut owners: HashMap<PodKey, Option<Ownership>> = HashMap::new();
     while start < keys.entries.len() {
         let end = keys.window_end(start);
         keys.find_names(store, start..end, &mut window)
@@ -482,7 +485,7 @@ fn write_all(
                         .map_err(|e| cut_short(e.into(), written))?,
                 );
             }
-            record_rows(store, filter, &ledger, &path, &mut |row| {
+            record_rows(store, filter, &ledger, &mut owners, &path, &mut |row| {
                 sink.separate(&mut pending)?;
                 sink.render(&mut pending, row)
             })?;
@@ -595,7 +598,7 @@ impl RecordKeys {
         let file_name = path.file_name().unwrap_or_default();
         match store.load_record_at(path) {
             Loaded::Valid(record) => {
-                let (owner, _) = owner_of(store, &record);
+                let (owner, _) = owner_of(store, &mut HashMap::new(), &record);
                 if filter.admits(&record) {
                     let own_name = record.id().file_name();
                     let other_id = (own_name.as_bytes() != file_name.as_bytes())
@@ -897,18 +900,20 @@ fn push_row(sink: &mut dyn Sink, rows: &mut Rendered, row: &Row) -> io::Result<(
 }
 
 /// Hands `emit` the row of the record at `path` if the filter admits it, as it is now. Its
-/// ownership is read again with it, not taken from the first pass: another sandbox of its pod
-/// may have been added since, and the rows of one pod must name one owner.
+/// ownership is the one this dump read of its pod key first (`owners`), not taken from the
+/// first pass: another sandbox of its pod may have been added since, and the rows of one pod
+/// must name one owner.
 fn record_rows(
     store: &Store,
     filter: &Filter,
     ledger: &HashMap<PodKey, LedgerEntry>,
+    owners: &mut HashMap<PodKey, Option<Ownership>>,
     path: &Path,
     emit: &mut dyn FnMut(&Row) -> io::Result<()>,
 ) -> io::Result<()> {
     match store.load_record_at(path) {
         Loaded::Valid(record) => {
-            let (owner, superseded_by) = owner_of(store, &record);
+            let (owner, superseded_by) = owner_of(store, owners, &record);
             let owner_key = owner.map(|owner| owner.key);
             if filter.admits(&record) {
                 let view = ResultView::parse(&record.prev_result).ok();
@@ -949,13 +954,21 @@ fn record_rows(
 /// The ownership of the record's pod that stands on this very attachment, under whichever
 /// `podKey` rule its network follows (the dump reads no config); else the container that
 /// owns the pod instead, as `--restore` finds it.
-fn owner_of(store: &Store, record: &Checkpoint) -> (Option<Ownership>, Option<String>) {
+fn owner_of(
+    store: &Store,
+    read: &mut HashMap<PodKey, Option<Ownership>>,
+    record: &Checkpoint,
+) -> (Option<Ownership>, Option<String>) {
     let owners: Vec<Ownership> = record
         .pod_keys()
         .into_iter()
-        .filter_map(|key| match store.load_owner(&key) {
-            Ok(Loaded::Valid(owner)) => Some(owner),
-            _ => None,
+        .filter_map(|key| {
+            read.entry(key)
+                .or_insert_with_key(|key| match store.load_owner(key) {
+                    Ok(Loaded::Valid(owner)) => Some(owner),
+                    _ => None,
+                })
+                .clone()
         })
         .collect();
     let own = owners

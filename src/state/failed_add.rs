@@ -124,7 +124,7 @@ impl Store {
         let path = self.failed_adds.join(id.file_name());
         if std::fs::symlink_metadata(&path).is_ok() {
             remove(&path)?;
-            self.mark_dirty(3);
+            self.mark_dirty(super::Dir::FailedAdds);
         }
         Ok(())
     }
@@ -139,7 +139,7 @@ impl Store {
 
     pub fn remove_failed_add_at(&self, path: &Path) -> Result<()> {
         remove(path)?;
-        self.mark_dirty(3);
+        self.mark_dirty(super::Dir::FailedAdds);
         Ok(())
     }
 }

@@ -276,7 +276,7 @@ impl Store {
         };
         entry.note(handled, if_name, stale, owner, owner_generation, &now);
         sealed::write(&self.ledger, &key.digest(), &entry)?;
-        self.mark_dirty(super::LEDGER_INDEX);
+        self.mark_dirty(super::Dir::Ledger);
         if created {
             super::sync_path(&self.root)?;
         }
@@ -287,13 +287,13 @@ impl Store {
     pub fn save_ledger(&self, entry: &LedgerEntry) -> Result<()> {
         super::ensure_dir(&self.ledger)?;
         sealed::write(&self.ledger, &entry.key.digest(), entry)?;
-        self.mark_dirty(super::LEDGER_INDEX);
+        self.mark_dirty(super::Dir::Ledger);
         Ok(())
     }
 
     pub fn remove_ledger(&self, key: &PodKey) -> Result<()> {
         super::remove(&self.ledger_path(key))?;
-        self.mark_dirty(super::LEDGER_INDEX);
+        self.mark_dirty(super::Dir::Ledger);
         Ok(())
     }
 
@@ -344,7 +344,7 @@ impl Store {
         for (_, path) in files.iter().take(files.len() + 1 - MAX_ENTRIES) {
             let _ = super::remove(path);
         }
-        self.mark_dirty(super::LEDGER_INDEX);
+        self.mark_dirty(super::Dir::Ledger);
     }
 }
 

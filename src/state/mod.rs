@@ -63,9 +63,18 @@ pub const IPS: &str = "ips";
 pub(crate) const OWNER_PREFIX: &str = "owner-";
 /// Where the record count sits in the lock file, after the generation counter's 20 digits.
 const RECORD_COUNT_AT: u64 = 20;
-/// The folders below the state dir; `Store::dirty` names them by their index here.
+/// The folders below the state dir whose changes a sync makes durable, in `FOLDERS`' order.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    #[default]
+    Records,
+    Owners,
+    SetAside,
+    FailedAdds,
+    Ledger,
+}
+
 const FOLDERS: [&str; 5] = [RECORDS, OWNERS, SET_ASIDE, FAILED_ADDS, ledger::LEDGER];
-const LEDGER_INDEX: u8 = 4;
 
 pub struct Store {
     root: PathBuf,
@@ -81,8 +90,8 @@ pub struct Store {
     /// Record files created (+) and removed (-) since the last sync: `sync` moves the count kept
     /// in the lock file by that much (see `record_count`).
     records_delta: Cell<i64>,
-    /// Directories changed since the last sync (indexes into FOLDERS), in the order of their
-    /// first change: `sync` keeps that order.
+    /// Directories changed since the last sync, in the order of their first change: `sync`
+    /// keeps that order.
     dirty: Cell<DirtyDirs>,
     /// The record written since the last sync, whose data `sync` makes durable first.
     unsynced_record: Cell<Option<File>>,
@@ -91,34 +100,34 @@ pub struct Store {
     journal: OnceCell<journal::Journal>,
 }
 
-/// Indexes into FOLDERS, each at most once, in the order they were first marked.
+/// Folders, each at most once, in the order they were first marked.
 #[derive(Debug, Default, Clone, Copy)]
 struct DirtyDirs {
-    order: [u8; 5],
+    order: [Dir; 5],
     len: u8,
     /// The one changed last.
-    last: u8,
+    last: Dir,
 }
 
 impl DirtyDirs {
-    fn mark(&mut self, index: u8) {
-        if !self.in_order().contains(&index) {
-            self.order[usize::from(self.len)] = index;
+    fn mark(&mut self, dir: Dir) {
+        if !self.in_order().contains(&dir) {
+            self.order[usize::from(self.len)] = dir;
             self.len += 1;
         }
-        self.last = index;
+        self.last = dir;
     }
 
-    fn in_order(&self) -> &[u8] {
+    fn in_order(&self) -> &[Dir] {
         &self.order[..usize::from(self.len)]
     }
 
-    fn forget(&mut self, index: u8) {
-        if let Some(at) = self.in_order().iter().position(|&i| i == index) {
+    fn forget(&mut self, dir: Dir) {
+        if let Some(at) = self.in_order().iter().position(|&d| d == dir) {
             self.order.copy_within(at + 1..usize::from(self.len), at);
             self.len -= 1;
         }
-        if self.last == index {
+        if self.last == dir {
             self.last = self.in_order().last().copied().unwrap_or_default();
         }
     }
@@ -336,7 +345,7 @@ impl Store {
                 new
             }
         };
-        self.mark_dirty(0);
+        self.mark_dirty(Dir::Records);
         self.records_delta
             .set(self.records_delta.get() + i64::from(new));
         Ok(())
@@ -346,7 +355,7 @@ impl Store {
         if remove(&self.record_path(id))? {
             self.records_delta.set(self.records_delta.get() - 1);
         }
-        self.mark_dirty(0);
+        self.mark_dirty(Dir::Records);
         Ok(())
     }
 
@@ -430,13 +439,13 @@ impl Store {
             )
             .map_err(|e| GuardError::io("write the ownership", &self.owners.join(&name), e))?;
         }
-        self.mark_dirty(1);
+        self.mark_dirty(Dir::Owners);
         Ok(())
     }
 
     pub fn remove_owner(&self, key: &PodKey) -> Result<()> {
         remove(&self.owner_path(key))?;
-        self.mark_dirty(1);
+        self.mark_dirty(Dir::Owners);
         Ok(())
     }
 
@@ -540,12 +549,12 @@ impl Store {
         };
         fs::rename(from, &target)
             .map_err(|e| GuardError::io("set aside corrupt checkpoint", from, e))?;
-        self.mark_dirty(2);
+        self.mark_dirty(Dir::SetAside);
         if from.starts_with(&self.records) {
             self.records_delta.set(self.records_delta.get() - 1);
-            self.mark_dirty(0);
+            self.mark_dirty(Dir::Records);
         } else if from.starts_with(&self.owners) {
-            self.mark_dirty(1);
+            self.mark_dirty(Dir::Owners);
         }
         Ok(target)
     }
@@ -557,7 +566,7 @@ impl Store {
         let target = kept_copy_path(to);
         fs::hard_link(from, &target)
             .map_err(|e| GuardError::io("keep a copy of corrupt checkpoint", from, e))?;
-        self.mark_dirty(2);
+        self.mark_dirty(Dir::SetAside);
         Ok(target)
     }
 
@@ -620,15 +629,14 @@ impl Store {
             [_, _, ..] => &last[..],
             few => few,
         };
-        for &index in dirs {
-            let dir = [
-                &self.records,
-                &self.owners,
-                &self.set_aside,
-                &self.failed_adds,
-                &self.ledger,
-            ][usize::from(index)];
-            sync_path(dir)?;
+        for &dir in dirs {
+            sync_path(match dir {
+                Dir::Records => &self.records,
+                Dir::Owners => &self.owners,
+                Dir::SetAside => &self.set_aside,
+                Dir::FailedAdds => &self.failed_adds,
+                Dir::Ledger => &self.ledger,
+            })?;
         }
         let delta = self.records_delta.take();
         if delta != 0
@@ -647,8 +655,8 @@ impl Store {
     /// repeated DEL or GC removes it. So records/ is not synced after owners/: one sync.
     pub fn sync_released(&self) -> Result<()> {
         let mut dirty = self.dirty.get();
-        if dirty.in_order().first() == Some(&1) {
-            dirty.forget(0);
+        if dirty.in_order().first() == Some(&Dir::Owners) {
+            dirty.forget(Dir::Records);
             self.dirty.set(dirty);
         }
         self.sync()
@@ -667,9 +675,9 @@ impl Store {
         self.journal() != journal::Journal::None
     }
 
-    fn mark_dirty(&self, index: u8) {
+    fn mark_dirty(&self, dir: Dir) {
         let mut dirty = self.dirty.get();
-        dirty.mark(index);
+        dirty.mark(dir);
         self.dirty.set(dirty);
     }
 

@@ -339,7 +339,7 @@ impl Store {
                             e,
                         )
                     })?;
-                    self.mark_dirty(2);
+                    self.mark_dirty(super::Dir::SetAside);
                 }
                 old_blockers.push(blocker);
             }
@@ -347,7 +347,7 @@ impl Store {
         self.sync()?;
         for blocker in old_blockers {
             super::remove(&blocker)?;
-            self.mark_dirty(2);
+            self.mark_dirty(super::Dir::SetAside);
         }
         self.sync()?;
         Ok(damaged)

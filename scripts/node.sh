@@ -7,7 +7,9 @@
 # is not installed: put it on as a user does (scripts/image.sh, ctr import, kubectl apply).
 #
 #   bash scripts/node.sh up [--runtime containerd2|containerd16] [--runtime-request-timeout S]
-#                                             # prints KUBECONFIG=... last; S: kubelet's, 120
+#                           [--terminated-pod-gc-threshold N]
+#                                             # prints KUBECONFIG=... last; S: kubelet's, 120;
+#                                             # N: kube-controller-manager's, 12500
 #   bash scripts/node.sh down                 # leaves no process, mount, netns, link or chain
 #   bash scripts/node.sh build [--runtime R]  # only builds (or finds cached) the components
 #   bash scripts/node.sh restart kubelet|containerd [--kill]   # --kill: SIGKILL, not SIGTERM
@@ -29,7 +31,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/node-build.sh"
-help_if_asked "${BASH_SOURCE[0]}" 26 "${1:-}"
+help_if_asked "${BASH_SOURCE[0]}" 28 "${1:-}"
 
 W=${SANDBOX_GUARD_NODE_DIR:-/var/tmp/sandbox-guard-node}
 NODE_NAME=sg-node
@@ -53,6 +55,9 @@ NODE_PORTS=("$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KUBELET_PORT" "$K
 # kubelet's runtimeRequestTimeout (its config, below), its default unless up is given one:
 # RunPodSandbox gets twice this, StopPodSandbox and RemovePodSandbox this.
 RUNTIME_REQUEST_TIMEOUT_SECONDS=120
+# kube-controller-manager's --terminated-pod-gc-threshold, its default unless up is given one:
+# the pod GC force-deletes the oldest terminated pods beyond it.
+TERMINATED_POD_GC_THRESHOLD=12500
 NETWORK_NAME=sg-node
 VETH_PREFIX=sgn
 CGROUP_ROOT=/sandbox-guard-node
@@ -474,6 +479,12 @@ cmd_up() {
         [[ $RUNTIME_REQUEST_TIMEOUT_SECONDS =~ ^[1-9][0-9]*$ ]] ||
           die "--runtime-request-timeout takes a number of seconds, not '$RUNTIME_REQUEST_TIMEOUT_SECONDS'"
         ;;
+      --terminated-pod-gc-threshold)
+        TERMINATED_POD_GC_THRESHOLD=${2:-}
+        shift 2 || die "--terminated-pod-gc-threshold takes a number of pods"
+        [[ $TERMINATED_POD_GC_THRESHOLD =~ ^[1-9][0-9]*$ ]] ||
+          die "--terminated-pod-gc-threshold takes a number of pods above 0, not '$TERMINATED_POD_GC_THRESHOLD'"
+        ;;
       *) die "up: unknown argument '$1'" ;;
     esac
   done
@@ -526,7 +537,9 @@ cmd_up() {
     --bind-address 127.0.0.1 --secure-port "$CONTROLLER_MANAGER_PORT" \
     --controllers statefulset-controller,daemonset-controller,garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,namespace-controller,node-lifecycle-controller \
     --service-account-private-key-file "$W/pki/sa.key" --root-ca-file "$W/pki/apiserver.crt" \
-    --use-service-account-credentials=false --profiling=false
+    --use-service-account-credentials=false --profiling=false \
+    --terminated-pod-gc-threshold "$TERMINATED_POD_GC_THRESHOLD"
+  echo "$TERMINATED_POD_GC_THRESHOLD" >"$W/terminated-pod-gc-threshold"
   start scheduler "$(bin_k8s kube-scheduler)" --kubeconfig "$W/kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" --profiling=false
 
@@ -556,6 +569,7 @@ cmd_env() {
   echo "PATH_CTR=$(containerd_bin_dir "$(runtime_of_node)")/ctr"
   echo "PAUSE_IMAGE=$PAUSE_IMAGE"
   echo "RUNTIME_REQUEST_TIMEOUT_SECONDS=$(sed -n 's/^runtimeRequestTimeout: \([0-9]*\)s$/\1/p' "$W/kubelet/config.yaml")"
+  echo "TERMINATED_POD_GC_THRESHOLD=$(cat "$W/terminated-pod-gc-threshold")"
   echo "KUBECONFIG=$W/kubeconfig"
 }
 

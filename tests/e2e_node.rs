@@ -3056,3 +3056,278 @@ fn slow_add_past_kubelet_deadline_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_slow_add("containerd2");
 }
+
+/// kube-controller-manager's `--terminated-pod-gc-threshold` on the pod GC test's node: the
+/// smallest the flag takes, so that two terminated pods set the pod GC off.
+const POD_GC_THRESHOLD: u32 = 1;
+
+/// What the primary and the guard show of a pod the pod GC force-deleted once it was
+/// terminated, and of the same name coming back, in one mode.
+#[derive(Debug, Default)]
+struct PodGcFigures {
+    /// The pod's sandbox before it was terminated, and its sandbox once it came back.
+    old: String,
+    new: String,
+    /// kube-controller-manager logged the pod GC force-deleting the pod.
+    deleted_by_pod_gc: bool,
+    /// The pod's phase when the pod GC deleted it (terminal: `Failed`).
+    phase_when_deleted: String,
+    /// The old sandbox's first DEL reached the primary before the new sandbox's ADD did (the
+    /// order kubelet's `SyncTerminatingPod` makes: the DEL before the terminal phase).
+    old_del_before_new_add: bool,
+    /// The old sandbox's DELs at the primary after the new sandbox's ADD.
+    old_dels_after_new_add: usize,
+    /// The DELs of the old sandbox that removed the new sandbox's endpoint at the primary.
+    stale_dels_at_primary: usize,
+    /// The guard's outcomes for the old sandbox's DELs after the new ADD (its log).
+    guard_outcomes_after_new_add: Vec<Outcome>,
+    new_pod_keeps_network: bool,
+}
+
+/// A bare pod of the pause image; with `deadline`, one kubelet ends (`activeDeadlineSeconds`)
+/// and marks `Failed`.
+fn bare_pod(name: &str, namespace: &str, pause_image: &str, deadline: Option<u32>) -> String {
+    let deadline = deadline
+        .map(|s| format!("\n  activeDeadlineSeconds: {s}"))
+        .unwrap_or_default();
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {namespace}
+spec:
+  terminationGracePeriodSeconds: 1
+  automountServiceAccountToken: false
+  enableServiceLinks: false{deadline}
+  containers:
+    - name: db
+      image: {pause_image}
+      imagePullPolicy: Never
+"#
+    )
+}
+
+/// The line number in the model's trace (from line `since` on) of the first `verb` call of
+/// `sandbox`.
+fn first_call(calls: &str, since: usize, verb: &str, sandbox: &str) -> Option<usize> {
+    calls
+        .lines()
+        .enumerate()
+        .skip(since)
+        .find_map(|(at, line)| {
+            let mut words = line.split(' ');
+            ((words.nth(1), words.next()) == (Some(verb), Some(sandbox))).then_some(at)
+        })
+}
+
+fn run_pod_gc_mode(node: &Node, mode: Mode) -> PodGcFigures {
+    let ns = format!("sg-podgc-{}", mode.name());
+    let pod = "podgc-0";
+    eprintln!(
+        "== the pod GC's threshold, {} on {}",
+        mode.name(),
+        node.runtime
+    );
+    create_namespace(node, &ns);
+    let image = node.var("PAUSE_IMAGE");
+    node.apply(&bare_pod(pod, &ns, image, None));
+    let first = wait_ready_pod(node, &ns, pod, None);
+    let old = ready_sandbox_of(node, &ns, pod).expect("the pod's ready sandbox");
+    let calls_before = node.primary_calls().lines().count();
+    let controller_log = node.dir().join("logs/controller-manager.log");
+    let controller_log_before = fs::read_to_string(&controller_log)
+        .unwrap_or_default()
+        .len();
+
+    // Terminated as eviction, a node's shutdown or a deadline terminates a pod: kubelet stops
+    // it and marks it Failed; its API object stays.
+    node.kubectl_ok(&[
+        "-n",
+        &ns,
+        "patch",
+        "pod",
+        pod,
+        "-p",
+        r#"{"spec":{"activeDeadlineSeconds":1}}"#,
+    ]);
+    let phase = || {
+        let out = node.kubectl(&["-n", &ns, "get", "pod", pod, "-o", "json"]);
+        serde_json::from_slice::<Value>(&out.stdout)
+            .ok()
+            .filter(|p| p["metadata"]["uid"] == first.uid.as_str())
+            .map(|p| {
+                p["status"]["phase"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+    };
+    node.wait_until(
+        &format!("{ns}/{pod} Failed"),
+        Duration::from_secs(120),
+        || phase().as_deref() == Some("Failed"),
+    );
+    // A second terminated pod, newer: one beyond the threshold, so the pod GC force-deletes
+    // the oldest, ours.
+    node.apply(&bare_pod("filler", &ns, image, Some(1)));
+    let mut phase_when_deleted = String::from("Failed");
+    node.wait_until(
+        &format!("the pod GC to delete {ns}/{pod}"),
+        Duration::from_secs(180),
+        || match phase() {
+            Some(now) => {
+                phase_when_deleted = now;
+                false
+            }
+            None => true,
+        },
+    );
+    // The same name back, as the pod's StatefulSet makes it.
+    node.apply(&bare_pod(pod, &ns, image, None));
+    let second = wait_ready_pod(node, &ns, pod, Some(&first.uid));
+    let new = ready_sandbox_of(node, &ns, pod).expect("the new pod's ready sandbox");
+    // One of kubelet's GC periods, and a margin: its container GC removes the old sandbox.
+    std::thread::sleep(GC_PERIOD + Duration::from_secs(20));
+
+    let calls = node.primary_calls();
+    let new_add = first_call(&calls, calls_before, "ADD", &new);
+    let old_del = first_call(&calls, calls_before, "DEL", &old);
+    let new_add_at = new_add.unwrap_or(usize::MAX);
+    let after_new_add = |line: &str| {
+        let mut words = line.split(' ');
+        (words.nth(1), words.next()) == (Some("DEL"), Some(old.as_str()))
+    };
+    let log = guard_log(node);
+    let new_added_at = log
+        .iter()
+        .position(|e| is_of(e, "ADD", &new))
+        .unwrap_or(usize::MAX);
+    let controller = fs::read_to_string(&controller_log).unwrap_or_default();
+    let figures = PodGcFigures {
+        deleted_by_pod_gc: controller
+            .get(controller_log_before..)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| {
+                l.contains("\"PodGC is force deleting Pod\"")
+                    && l.contains(&format!("pod=\"{ns}/{pod}\""))
+            }),
+        phase_when_deleted,
+        old_del_before_new_add: old_del.is_some_and(|del| del < new_add_at),
+        old_dels_after_new_add: calls
+            .lines()
+            .skip(new_add_at.saturating_add(1))
+            .filter(|l| after_new_add(l))
+            .count(),
+        stale_dels_at_primary: stale_del_sandboxes(&calls, calls_before)
+            .iter()
+            .filter(|(_, by, of)| *by == old && *of == new)
+            .count(),
+        guard_outcomes_after_new_add: log
+            .iter()
+            .skip(new_added_at.saturating_add(1))
+            .filter(|e| is_of(e, "DEL", &old))
+            .filter_map(LogEntry::outcome)
+            .collect(),
+        new_pod_keeps_network: keeps_network(node, &ns, pod, &second, Some(&new)),
+        old,
+        new,
+    };
+    eprintln!("   {} on {}: {figures:?}", mode.name(), node.runtime);
+    node.kubectl_ok(&["delete", "namespace", &ns, "--wait=true", "--timeout=300s"]);
+    figures
+}
+
+/// A pod terminated, force-deleted by the pod GC beyond its threshold, and its name back, in
+/// each mode, on a node whose kube-controller-manager has `--terminated-pod-gc-threshold`
+/// POD_GC_THRESHOLD.
+fn run_pod_gc(runtime: &'static str) {
+    start_reports();
+    let node = Node::up_with(
+        runtime,
+        &[
+            "--terminated-pod-gc-threshold",
+            &POD_GC_THRESHOLD.to_string(),
+        ],
+    );
+    assert_eq!(
+        node.var("TERMINATED_POD_GC_THRESHOLD"),
+        POD_GC_THRESHOLD.to_string(),
+        "the node's kube-controller-manager flag"
+    );
+    let all = each_mode(&node, run_pod_gc_mode);
+    let mut table = String::new();
+    for (mode, f) in &all {
+        let yes = |b: bool| if b { "yes" } else { "no" };
+        let outcomes: Vec<&str> = f
+            .guard_outcomes_after_new_add
+            .iter()
+            .map(|o| o.as_str())
+            .collect();
+        let _ = writeln!(
+            table,
+            "| {runtime} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            mode.name(),
+            &f.old[..f.old.len().min(13)],
+            &f.new[..f.new.len().min(13)],
+            yes(f.deleted_by_pod_gc),
+            f.phase_when_deleted,
+            yes(f.old_del_before_new_add),
+            f.old_dels_after_new_add,
+            f.stale_dels_at_primary,
+            if outcomes.is_empty() {
+                "-".to_string()
+            } else {
+                outcomes.join(", ")
+            },
+            yes(f.new_pod_keeps_network),
+        );
+    }
+    write_report(
+        &format!("pod-gc-{runtime}"),
+        &format!(
+            "The node: {}; kube-controller-manager's --terminated-pod-gc-threshold {POD_GC_THRESHOLD}.\n\n| runtime | mode | old sandbox | new sandbox | force-deleted by the pod GC | its phase then | its first DEL at the primary before the new ADD | its DELs at the primary after the new ADD | of them, stale (the new endpoint removed) | the guard's outcomes for its DELs after the new ADD | the new pod keeps its network |\n| --- | --- | --- | --- | --- | --- | --- | ---: | ---: | --- | --- |",
+            node.up
+        ),
+        &table,
+    );
+    for (mode, f) in &all {
+        // The path itself, by kube-controller-manager's line, and the order the docs read
+        // in kubelet's source: the old sandbox's DEL before the terminal phase.
+        assert!(
+            f.deleted_by_pod_gc && f.phase_when_deleted == "Failed" && f.old_del_before_new_add,
+            "{runtime} {mode:?}: the pod was not force-deleted by the pod GC once terminal, or its sandbox's first DEL did not come before the new ADD: {f:?}"
+        );
+        match mode {
+            // The controls: the container GC's DEL of the old sandbox reaches the primary
+            // after the new ADD and takes the new pod's network.
+            Mode::Unguarded | Mode::Audit => assert!(
+                f.stale_dels_at_primary > 0 && !f.new_pod_keeps_network,
+                "{runtime} {mode:?}: no DEL of the old sandbox harmed the new pod, so the guarded modes' checks cannot fail: {f:?}"
+            ),
+            Mode::Chained | Mode::Delegate => assert!(
+                f.stale_dels_at_primary == 0
+                    && f.new_pod_keeps_network
+                    && f.guard_outcomes_after_new_add.iter().any(|o| matches!(
+                        (mode, o),
+                        (Mode::Chained, Outcome::Refused) | (Mode::Delegate, Outcome::Deferred)
+                    )),
+                "{runtime} {mode:?}: a DEL of the old sandbox reached the primary after the new ADD, or the guard did not stop one: {f:?}"
+            ),
+        }
+    }
+    if let Some(keep) = std::env::var_os("SANDBOX_GUARD_NODE_KEEP") {
+        node.keep_logs(Path::new(&keep));
+    }
+    node.node_sh(&["down"]);
+    mark_reports_passed();
+}
+
+/// The pod GC's threshold path on containerd 2.2: about eight minutes, in the long run.
+#[test]
+#[ignore = "long run: bash scripts/test.sh --long (README, CI's minutes)"]
+fn pod_gc_threshold_containerd2() {
+    sys::skip_unless_root!(TOOLS);
+    run_pod_gc("containerd2");
+}

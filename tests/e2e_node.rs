@@ -9,9 +9,10 @@
 //! `fail-dels` counter), a pause process killed with SIGKILL, kubelet restarted (SIGTERM) and
 //! containerd killed (SIGKILL) and restarted (`scripts/node.sh restart`), an ADD held at
 //! the primary once its endpoint is written (the model's `hold-adds`, with a child process as
-//! an IPAM plugin's) until a containerd restart (SIGTERM) cuts it off there, and (in a test
-//! of its own) one held past kubelet's RunPodSandbox deadline, which kubelet and containerd
-//! end on their own. Each
+//! an IPAM plugin's) until a containerd restart (SIGTERM) cuts it off there, (in a test of
+//! its own) one held past kubelet's RunPodSandbox deadline, which kubelet and containerd end
+//! on their own, and (in another) a pod terminated by a patched `activeDeadlineSeconds` and
+//! re-created once the pod GC deleted it, in its StatefulSet's place. Each
 //! runs without the guard first (the harm must show, or the test could not fail), then with
 //! the guard chained in audit mode (the negative control: it passes every DEL on, and the
 //! guarded modes' checks must fail on it), then chained, then in delegate mode, and reports

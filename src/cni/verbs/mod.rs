@@ -6,7 +6,7 @@ pub mod del;
 pub mod delegated;
 pub mod gc;
 pub mod ip_conflict;
-pub mod judgement;
+mod judgement;
 pub mod mode;
 pub mod pending;
 pub mod replay;

@@ -466,6 +466,8 @@ fn write_all(
     let mut owners: HashMap<PodKey, Option<Ownership>> = HashMap::new();
     while start < keys.entries.len() {
         let end = keys.window_end(start);
+        // No pod's rows span two windows: what one window read of its pods is done with.
+        owners.clear();
         keys.find_names(store, start..end, &mut window)
             .map_err(|e| cut_short(e, written))?;
         let mut lock = None;

@@ -137,13 +137,15 @@ rm -f target/real-node-*.md target/real-node-*.passed
 run_tests() {
   cargo test --release --no-fail-fast --config .cargo/static.toml \
     --target "$(plugin_triple "$host")" -- --test-threads=1 2>&1 | tee target/tests.log
+  return "${PIPESTATUS[0]}"
 }
 status=0
 timed "the tests" run_tests || status=$?
 publish_node_run nodes "The real-node tests of $(git rev-parse --short HEAD) in the test run" \
   "bash scripts/test.sh" "$status"
 if ((status != 0)); then
-  echo "== the tests failed; their panics (whole output: target/tests.log):" >&2
+  echo "== the tests failed (whole output: target/tests.log); the failing ones and their panics:" >&2
+  grep -E '^test .* FAILED$|^error: .*|^    `--test ' target/tests.log >&2 || true
   grep -A3 "panicked at" target/tests.log | cut -c1-4000 >&2 || true
   exit "$status"
 fi

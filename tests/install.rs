@@ -1193,8 +1193,8 @@ fn a_write_of_the_primary_while_the_installer_replaces_its_file_is_not_lost() {
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
     // Aimed at the window: when the installer's temp file for 10-calico.conflist appears (it
     // then writes and fsyncs it, and renames it over the file), the primary writes its new
-    // version. Catches the rename putting back the older content, which would happen in each of the
-    // 5 rounds.
+    // version. Catches the rename putting back the older content; five rounds, since one
+    // may miss the window.
     for round in 0..5 {
         let node = Node::with("calico");
         let file = node.conf().join("10-calico.conflist");
@@ -2597,10 +2597,10 @@ fn an_uninstall_waits_for_the_watch_to_stand_down_and_stays_done() {
 
 #[test]
 fn a_marker_left_by_a_killed_uninstall_does_not_stand_down_later_watches() {
-    // Catches an uninstall killed while it waits for the watches (Ctrl-C, a Job's deadline, the OOM
-    // killer) leaving its marker in the conf dir, and every watch started after it standing down at
-    // once, for good: the guard never put back after the primary's next rewrite, and the DaemonSet
-    // staying not ready saying an uninstall is under way.
+    // An uninstall killed while it waits for the watches (Ctrl-C, a Job's deadline, the OOM
+    // killer) leaves its marker in the conf dir (planted here). Catches every watch started
+    // after it standing down at once, for good: the guard never put back after the primary's
+    // next rewrite, and the DaemonSet staying not ready saying an uninstall is under way.
     let node = Node::with("calico");
     std::fs::write(node.conf().join(".sandbox-guard-uninstalling"), b"4242\n").unwrap();
     let watcher = Watcher::start(&node, "chained");

@@ -342,6 +342,15 @@ impl Node {
         eprintln!("the node's logs and state are kept in {}", kept.display());
     }
 
+    /// Takes the node down, its logs kept first under SANDBOX_GUARD_NODE_KEEP (a dir) when
+    /// it is set: `down` removes the work dir they are in.
+    fn down_keeping_logs(&self) {
+        if let Some(keep) = std::env::var_os("SANDBOX_GUARD_NODE_KEEP") {
+            self.keep_logs(Path::new(&keep));
+        }
+        self.node_sh(&["down"]);
+    }
+
     fn diagnostics(&self) -> String {
         let mut out = String::new();
         let pods = self.kubectl(&["get", "pods", "-A", "-o", "wide"]);
@@ -994,13 +1003,7 @@ fn held_processes(container: &str) -> Vec<u32> {
 /// Whether the model's trace (from line `since`) has `added`'s ADD before `deleted`'s first
 /// DEL; `None` when either is missing.
 fn first_call_order(calls: &str, since: usize, added: &str, deleted: &str) -> Option<bool> {
-    let position = |verb: &str, container: &str| {
-        calls
-            .lines()
-            .skip(since)
-            .position(|line| trace_call(line).is_some_and(|(_, v, c)| v == verb && c == container))
-    };
-    Some(position("ADD", added)? < position("DEL", deleted)?)
+    Some(first_call(calls, since, "ADD", added)? < first_call(calls, since, "DEL", deleted)?)
 }
 
 fn deferred_dels(state_dir: &Path) -> usize {
@@ -1052,7 +1055,7 @@ fn del_at_primary(calls: &str, since: usize, sandbox: &str) -> bool {
     calls
         .lines()
         .skip(since)
-        .any(|line| trace_call(line).is_some_and(|(_, verb, c)| verb == "DEL" && c == sandbox))
+        .any(|line| is_call(line, "DEL", sandbox))
 }
 
 /// `kubectl delete --grace-period=0 --force`: the API object goes at once, and the
@@ -1657,6 +1660,23 @@ fn beyond_chained_windows(stale: &[String]) -> Vec<(String, usize)> {
         .collect()
 }
 
+/// A table cell of a yes-or-no figure.
+fn yes(holds: bool) -> &'static str {
+    if holds { "yes" } else { "no" }
+}
+
+/// A table cell of a list: its items, or `-` for none.
+fn listed<S: AsRef<str>>(items: &[S]) -> String {
+    match items {
+        [] => "-".to_string(),
+        items => items
+            .iter()
+            .map(AsRef::as_ref)
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
 fn mean(values: &[f64]) -> f64 {
     values.iter().sum::<f64>() / values.len().max(1) as f64
 }
@@ -1772,10 +1792,6 @@ fn run_runtime(runtime: &'static str) {
             .map(|id| id.chars().take(13).collect())
             .collect()
     };
-    let listed = |pods: &[String]| match pods {
-        [] => "-".to_string(),
-        pods => pods.join(", "),
-    };
     for (mode, figures) in &all {
         let _ = writeln!(
             pods,
@@ -1815,10 +1831,7 @@ fn run_runtime(runtime: &'static str) {
         .stdout(Stdio::null())
         .spawn()
         .expect("run tail -f");
-    if let Some(keep) = std::env::var_os("SANDBOX_GUARD_NODE_KEEP") {
-        node.keep_logs(Path::new(&keep));
-    }
-    node.node_sh(&["down"]);
+    node.down_keeping_logs();
     let tail_survived = operator_tail.try_wait().unwrap().is_none();
     let _ = operator_tail.kill();
     let _ = operator_tail.wait();
@@ -2650,6 +2663,13 @@ fn a_stale_del_the_guard_could_not_see_is_told_from_one_it_let_through() {
                  05:31:00.3 ADD ccc ns.rollout-6 netns=/y\n  DEL by aaa removes endpoint of bbb (workload ns.rollout-5)\n\
                  05:31:00.4 DEL ddd cilium:ns.rollout-5 netns=\n";
     assert_eq!(stale_del_sandboxes(calls, 0), stale);
+    // A call is found by its verb and sandbox, the lines below a call are none.
+    assert_eq!(first_call(calls, 0, "DEL", "aaa"), Some(1));
+    assert_eq!(first_call(calls, 2, "DEL", "aaa"), None);
+    assert_eq!(first_call(calls, 0, "DEL", "bbb"), None);
+    assert_eq!(first_call_order(calls, 0, "bbb", "aaa"), Some(true));
+    assert_eq!(first_call_order(calls, 0, "ccc", "aaa"), Some(false));
+    assert!(del_at_primary(calls, 0, "ddd") && !del_at_primary(calls, 0, "bbb"));
     let cilium = "  DEL by aaa removes endpoint of bbb (workload ns.rollout-5: sets host link sgn1 down by name)\n";
     assert_eq!(stale_del_sandboxes(cilium, 0), stale);
     // A veth of the pod's name that no endpoint holds yet is a newer sandbox's too.
@@ -2829,8 +2849,8 @@ fn run_incident(runtime: &'static str) {
             &f.old_sandbox[..f.old_sandbox.len().min(13)],
             f.failed_before,
             f.first_retry_at_guard.map_or("-", Outcome::as_str),
-            if f.harmed { "yes" } else { "no" },
-            if f.new_pod_keeps_network { "yes" } else { "no" },
+            yes(f.harmed),
+            yes(f.new_pod_keeps_network),
         );
     }
     write_report(
@@ -2864,10 +2884,7 @@ fn run_incident(runtime: &'static str) {
             }
         }
     }
-    if let Some(keep) = std::env::var_os("SANDBOX_GUARD_NODE_KEEP") {
-        node.keep_logs(Path::new(&keep));
-    }
-    node.node_sh(&["down"]);
+    node.down_keeping_logs();
     mark_reports_passed();
 }
 
@@ -2982,7 +2999,6 @@ fn run_slow_add(runtime: &'static str) {
     let all = each_mode(&node, run_slow_add_mode);
     let mut table = String::new();
     for (mode, f) in &all {
-        let yes = |b: bool| if b { "yes" } else { "no" };
         let outcomes: Vec<&str> = f.guard_dels.iter().map(|o| o.as_str()).collect();
         let _ = writeln!(
             table,
@@ -2992,11 +3008,7 @@ fn run_slow_add(runtime: &'static str) {
             yes(f.deadline_logged && f.network_failure_logged),
             yes(f.became_ready),
             yes(f.del_at_primary),
-            if outcomes.is_empty() {
-                "-".to_string()
-            } else {
-                outcomes.join(", ")
-            },
+            listed(&outcomes),
             f.processes_left,
             yes(f.new_pod_keeps_network),
             f.failed_stops,
@@ -3042,10 +3054,7 @@ fn run_slow_add(runtime: &'static str) {
             ),
         }
     }
-    if let Some(keep) = std::env::var_os("SANDBOX_GUARD_NODE_KEEP") {
-        node.keep_logs(Path::new(&keep));
-    }
-    node.node_sh(&["down"]);
+    node.down_keeping_logs();
     mark_reports_passed();
 }
 
@@ -3122,10 +3131,12 @@ fn first_call(calls: &str, since: usize, verb: &str, sandbox: &str) -> Option<us
         .lines()
         .enumerate()
         .skip(since)
-        .find_map(|(at, line)| {
-            let mut words = line.split(' ');
-            ((words.nth(1), words.next()) == (Some(verb), Some(sandbox))).then_some(at)
-        })
+        .find_map(|(at, line)| is_call(line, verb, sandbox).then_some(at))
+}
+
+/// Whether `line` of the model's trace is a `verb` call of `sandbox`.
+fn is_call(line: &str, verb: &str, sandbox: &str) -> bool {
+    trace_call(line).is_some_and(|(_, v, c)| v == verb && c == sandbox)
 }
 
 fn run_pod_gc_mode(node: &Node, mode: Mode) -> PodGcFigures {
@@ -3211,10 +3222,6 @@ fn run_pod_gc_mode(node: &Node, mode: Mode) -> PodGcFigures {
     let new_add = first_call(&calls, calls_before, "ADD", &new);
     let old_del = first_call(&calls, calls_before, "DEL", &old);
     let new_add_at = new_add.unwrap_or(usize::MAX);
-    let after_new_add = |line: &str| {
-        let mut words = line.split(' ');
-        (words.nth(1), words.next()) == (Some("DEL"), Some(old.as_str()))
-    };
     let log = guard_log(node);
     let new_added_at = log
         .iter()
@@ -3252,7 +3259,7 @@ fn run_pod_gc_mode(node: &Node, mode: Mode) -> PodGcFigures {
         old_dels_after_new_add: calls
             .lines()
             .skip(new_add_at.saturating_add(1))
-            .filter(|l| after_new_add(l))
+            .filter(|l| is_call(l, "DEL", &old))
             .count(),
         stale_dels_at_primary: stale_del_sandboxes(&calls, calls_before)
             .iter()
@@ -3293,7 +3300,6 @@ fn run_pod_gc(runtime: &'static str) {
     let all = each_mode(&node, run_pod_gc_mode);
     let mut table = String::new();
     for (mode, f) in &all {
-        let yes = |b: bool| if b { "yes" } else { "no" };
         let outcomes: Vec<&str> = f
             .guard_outcomes_after_new_add
             .iter()
@@ -3310,11 +3316,7 @@ fn run_pod_gc(runtime: &'static str) {
             yes(f.old_del_before_failed),
             f.old_dels_after_new_add,
             f.stale_dels_at_primary,
-            if outcomes.is_empty() {
-                "-".to_string()
-            } else {
-                outcomes.join(", ")
-            },
+            listed(&outcomes),
             yes(f.new_pod_keeps_network),
         );
     }
@@ -3361,10 +3363,7 @@ fn run_pod_gc(runtime: &'static str) {
             ),
         }
     }
-    if let Some(keep) = std::env::var_os("SANDBOX_GUARD_NODE_KEEP") {
-        node.keep_logs(Path::new(&keep));
-    }
-    node.node_sh(&["down"]);
+    node.down_keeping_logs();
     mark_reports_passed();
 }
 

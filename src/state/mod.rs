@@ -63,7 +63,7 @@ pub const IPS: &str = "ips";
 pub(crate) const OWNER_PREFIX: &str = "owner-";
 /// Where the record count sits in the lock file, after the generation counter's 20 digits.
 const RECORD_COUNT_AT: u64 = 20;
-/// The folders below the state dir whose changes a sync makes durable, in `FOLDERS`' order.
+/// The folders below the state dir whose changes a sync makes durable (`Store::sync`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 enum Dir {
     #[default]

@@ -955,7 +955,7 @@ row() { # name label ratio
 echo
 echo "## Results"
 echo
-echo "$(date -u +%Y-%m-%d), binary $(stat -c %s "$guard_bin") bytes ($(file -b "$guard_bin" | cut -d, -f1-2)), $(nproc) cores ($(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)), kernel $(uname -r), state on $fs_type; $ITERATIONS interleaved rounds, $DUMP_RUNS dumps, peak RSS the highest of $RSS_RUNS runs (GNU time, floor $rss_floor KiB). \"Median - spawn\" leaves out the cost of starting any process, which every row pays."
+echo "$(date -u +%Y-%m-%d), plugin $(stat -c %s "$guard_bin") bytes ($(file -b "$guard_bin" | cut -d, -f1-2)), the operator's sandbox-guard-ctl beside it $(stat -c %s "$(dirname "$guard_bin")/sandbox-guard-ctl" 2>/dev/null || echo '(none)') bytes, $(nproc) cores ($(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)), kernel $(uname -r), state on $fs_type; $ITERATIONS interleaved rounds, $DUMP_RUNS dumps, peak RSS the highest of $RSS_RUNS runs (GNU time, floor $rss_floor KiB). \"Median - spawn\" leaves out the cost of starting any process, which every row pays."
 echo
 echo "| Case | Median (ms) | p90 (ms) | Median - spawn (ms) | Ratio of medians | Peak RSS (KiB) |"
 echo "| --- | ---: | ---: | ---: | --- | ---: |"

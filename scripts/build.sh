@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the release binary, statically linked, for x86_64 or arm64 nodes (default: this
-# machine's arch), and prints its path: target/<triple>/release/sandbox-guard.
+# Builds the release binaries, statically linked, for x86_64 or arm64 nodes (default: this
+# machine's arch), and prints the plugin's path, target/<triple>/release/sandbox-guard, with
+# the operator's sandbox-guard-ctl beside it.
 #
 #   bash scripts/build.sh [x86_64|arm64]
 #
@@ -12,7 +13,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/build.sh"
 
-help_if_asked "${BASH_SOURCE[0]}" 8 "${1:-}"
+help_if_asked "${BASH_SOURCE[0]}" 9 "${1:-}"
 if (($# > 1)); then
   echo "usage: bash scripts/build.sh [x86_64|arm64]" >&2
   exit 2

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the node image: FROM scratch, the static binary alone at /sandbox-guard (its
-# entrypoint: the installer's flags go in the DaemonSet's args), offline with Debian's podman,
+# Builds the node image: FROM scratch, the two static binaries alone, the plugin at
+# /sandbox-guard (its entrypoint: the installer's flags go in the DaemonSet's args, and it
+# hands them to /sandbox-guard-ctl beside it, which --install copies onto the node with it), offline with Debian's podman,
 # and saves it as an OCI archive to load onto nodes or into a registry. Prints the archive's
 # path; with --push, then the image's reference pinned by digest.
 #
@@ -12,8 +13,8 @@
 # prints REPOSITORY@sha256:..., the reference to put in the DaemonSets (docs/install.md, "On a
 # cluster"). SANDBOX_GUARD_TLS_VERIFY=false pushes to a registry without TLS (a test's).
 # Or load it offline: `ctr -n k8s.io images import <archive>` on each node.
-# SANDBOX_GUARD_BIN=<path> puts that (static) binary in instead of building one: the tests
-# build the image around the binary they test.
+# SANDBOX_GUARD_BIN=<path> puts that (static) plugin, and the sandbox-guard-ctl beside it,
+# in instead of building them: the tests build the image around the binaries they test.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -40,19 +41,23 @@ if [ -n "${SANDBOX_GUARD_BIN:-}" ]; then
 else
   bin=$(build_plugin "$repo" "$arch")
 fi
+ctl=$(dirname "$bin")/sandbox-guard-ctl
 # FROM scratch has no loader and no libc.
-if ! is_static "$bin"; then
-  echo "$bin is not statically linked: a scratch image cannot run it (build it with scripts/build.sh)" >&2
-  exit 1
-fi
+for binary in "$bin" "$ctl"; do
+  if ! is_static "$binary"; then
+    echo "$binary is missing or not statically linked: a scratch image cannot run it (build both with scripts/build.sh)" >&2
+    exit 1
+  fi
+done
 
 context=$(mktemp -d)
 trap 'rm -rf "$context"' EXIT
 cp "$bin" "$context/sandbox-guard"
-# Nothing but the binary: it is static, and the installer needs no shell or libc.
+cp "$ctl" "$context/sandbox-guard-ctl"
+# Nothing but the binaries: they are static, and the installer needs no shell or libc.
 cat >"$context/Containerfile" <<'CONTAINERFILE'
 FROM scratch
-COPY sandbox-guard /sandbox-guard
+COPY sandbox-guard sandbox-guard-ctl /
 ENTRYPOINT ["/sandbox-guard"]
 CONTAINERFILE
 platform=linux/amd64

@@ -110,6 +110,12 @@ if [[ $version != *'"supportedVersions"'* ]]; then
   echo "the static $other build answered VERSION with: $version" >&2
   exit 1
 fi
+# The operator's binary beside it, run directly: the plugin's exec of it would not go through
+# qemu-user.
+"$(qemu_user "$other")" "$(dirname "$other_bin")/sandbox-guard-ctl" --version || {
+  echo "the static $other build's sandbox-guard-ctl failed to answer --version under $(qemu_user "$other")" >&2
+  exit 1
+}
 echo "static $other build answers VERSION under $(qemu_user "$other"): $version"
 echo "time: the static $other build, with its cross gcc: $((SECONDS - other_started)) s" >&2
 

@@ -1,15 +1,17 @@
-//! sandbox-guard, the CNI plugin the runtime execs: reads the CNI call (or an operator's
-//! command) and hands it to the library (src/lib.rs).
+//! sandbox-guard, the CNI plugin the runtime execs: reads the CNI call and hands it to the
+//! library (src/lib.rs). An operator's command line goes to sandbox-guard-ctl beside it.
 #![cfg_attr(all(not(test), target_env = "gnu"), no_main)]
 
+use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
+use std::os::unix::process::CommandExt;
 
 use sandbox_guard::cni::config::{self, NetConf};
 use sandbox_guard::cni::env::{CniEnv, Verb};
 use sandbox_guard::cni::verbs::{self as commands, Invocation};
 use sandbox_guard::cni::{log, version};
 use sandbox_guard::error::{GuardError, Kind, Result};
-use sandbox_guard::{cni, tools};
+use sandbox_guard::{CTL_BINARY, cni};
 
 /// The process's entry, in place of std's. std's start-up prepares to report a stack
 /// overflow (it reads /proc/self/maps to find the main thread's stack, maps a signal stack
@@ -80,10 +82,7 @@ fn standard_streams() {
 
 #[cfg_attr(test, allow(dead_code))]
 fn run() -> ! {
-    let args: Vec<String> = std::env::args_os()
-        .skip(1)
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     if let Some(handed) = std::env::var_os(commands::replay::worker::WORKER_ENV) {
         std::process::exit(run_replay_worker(&handed.to_string_lossy()));
     }
@@ -93,9 +92,31 @@ fn run() -> ! {
     } else if args.is_empty() {
         run_cni()
     } else {
-        tools::cli::run(&args)
+        run_ctl(&args)
     };
     std::process::exit(status);
+}
+
+/// The operator's commands, in the binary beside this one (the installer puts both in the
+/// same dir; a symlink to the plugin is followed to it). Exec'd in this process's place, so
+/// its output, exit status and signals are the command's own.
+fn run_ctl(args: &[OsString]) -> i32 {
+    let ctl = match std::env::current_exe() {
+        Ok(exe) => exe.with_file_name(CTL_BINARY),
+        Err(err) => {
+            eprintln!(
+                "sandbox-guard: cannot find this binary to run {CTL_BINARY} beside it ({err}); run {CTL_BINARY} itself"
+            );
+            return 127;
+        }
+    };
+    let err = std::process::Command::new(&ctl).args(args).exec();
+    eprintln!(
+        "sandbox-guard: the operator's commands are in {}, which cannot be run ({err}); \
+         it ships beside the plugin (the image and --install put both in one dir)",
+        ctl.display()
+    );
+    127
 }
 
 /// Run by a person without CNI_COMMAND: what the reference plugins' skel prints then, on

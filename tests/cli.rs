@@ -1130,3 +1130,76 @@ fn the_committed_man_page_is_what_the_binary_renders() {
     );
     assert!(committed.starts_with(".TH SANDBOX-GUARD 1"));
 }
+
+/// The operator's binary, which the plugin execs from beside itself.
+const CTL: &str = env!("CARGO_BIN_EXE_sandbox-guard-ctl");
+
+/// Text only the operator's commands hold: their usage, the dump's, the installer's and the
+/// doctor's words, and the ARP and neighbour discovery `--restore` sends.
+const OPERATOR_TEXT: [&str; 6] = [
+    "Usage: sandbox-guard MODE",
+    "checkpoints, {} owning their pod name",
+    "copied the binary to",
+    "creating a {plugin} on it returns EBUSY",
+    "send the gratuitous ARP for",
+    "send the neighbour solicitation for",
+];
+
+/// The binary the runtime execs for every pod start and stop carries none of the operator's
+/// code: each text is found in the operator's binary (so the search can find it) and not in
+/// the plugin's.
+#[test]
+fn the_plugin_binary_carries_none_of_the_operator_commands() {
+    let plugin = std::fs::read(cni::BIN).unwrap();
+    let ctl = std::fs::read(CTL).unwrap();
+    let holds = |bytes: &[u8], text: &str| {
+        // A format string is stored in pieces: the longest piece without a `{}` stands for it.
+        let piece = text
+            .split(['{', '}'])
+            .max_by_key(|piece| piece.len())
+            .unwrap();
+        bytes.windows(piece.len()).any(|w| w == piece.as_bytes())
+    };
+    for text in OPERATOR_TEXT {
+        assert!(holds(&ctl, text), "{CTL} lacks {text:?}: a stale marker");
+        assert!(!holds(&plugin, text), "{} holds {text:?}", cni::BIN);
+    }
+}
+
+/// Every documented `sandbox-guard --MODE` still works: the plugin runs the operator's binary
+/// beside it, also when reached through a symlink (k3s's bin dir), and where that binary is
+/// missing it says where it looked.
+#[test]
+fn the_plugin_hands_a_command_line_to_the_operator_binary_beside_it() {
+    let through_plugin = guard(&["--version"]);
+    let direct = std::process::Command::new(CTL)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(through_plugin.status.success(), "{through_plugin:?}");
+    assert_eq!(through_plugin.stdout, direct.stdout);
+
+    let dir = TempDir::new();
+    let link = Path::new(dir.path()).join("sandbox-guard");
+    std::os::unix::fs::symlink(cni::BIN, &link).unwrap();
+    let linked = std::process::Command::new(&link)
+        .args(["--dump-checkpoints", "--state-dir", dir.path()])
+        .output()
+        .unwrap();
+    assert!(linked.status.success(), "{linked:?}");
+
+    let alone = TempDir::new();
+    let copy = Path::new(alone.path()).join("sandbox-guard");
+    std::fs::copy(cni::BIN, &copy).unwrap();
+    let out = std::process::Command::new(&copy)
+        .arg("--doctor")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    let said = text(&out.stderr);
+    assert!(
+        said.contains(&format!("{}/sandbox-guard-ctl", alone.path())),
+        "{said}"
+    );
+    assert!(out.stdout.is_empty());
+}

@@ -183,6 +183,11 @@ fn the_image_installs_and_uninstalls_the_guard_as_the_daemonset_runs_it() {
         std::fs::read(cni::BIN).unwrap(),
         "the image installs itself"
     );
+    assert_eq!(
+        std::fs::read(bin_dir.join("sandbox-guard-ctl")).unwrap(),
+        std::fs::read(env!("CARGO_BIN_EXE_sandbox-guard-ctl")).unwrap(),
+        "the image installs the operator's binary beside the plugin"
+    );
     run(&["--uninstall", "--remove-binary"]);
     assert_matches_fixture(
         &conf_dir,
@@ -190,5 +195,6 @@ fn the_image_installs_and_uninstalls_the_guard_as_the_daemonset_runs_it() {
         "after the image's --uninstall",
     );
     assert!(!bin_dir.join("sandbox-guard").exists());
+    assert!(!bin_dir.join("sandbox-guard-ctl").exists());
     env.podman(&["rmi", "--force", tag]);
 }

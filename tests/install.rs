@@ -300,12 +300,19 @@ fn switching_modes_leaves_one_guard_and_uninstall_still_restores() {
 fn the_binary_is_copied_once_and_removed_only_when_asked() {
     let node = Node::with("flannel");
     let binary = node.bin().join("sandbox-guard");
+    let ctl = node.bin().join("sandbox-guard-ctl");
     node.install("chained", None);
     assert_eq!(
         std::fs::read(&binary).unwrap(),
         std::fs::read(cni::BIN).unwrap()
     );
+    assert_eq!(
+        std::fs::read(&ctl).unwrap(),
+        std::fs::read(env!("CARGO_BIN_EXE_sandbox-guard-ctl")).unwrap(),
+        "the operator's binary goes beside the plugin"
+    );
     assert_eq!(cni::mode(&binary), 0o755);
+    assert_eq!(cni::mode(&ctl), 0o755);
     let first = tree(&node.bin());
     node.install("delegate", None);
     assert_eq!(
@@ -327,6 +334,7 @@ fn the_binary_is_copied_once_and_removed_only_when_asked() {
         &["--remove-binary", "--host-root", &root],
     );
     assert!(!binary.exists());
+    assert!(!ctl.exists());
     assert_eq!(
         contents(&node.conf()),
         contents(&testdata::fixture_path("install/flannel/conf"))
@@ -2001,11 +2009,13 @@ fn uninstall_removes_the_temp_files_of_a_killed_installer() {
         &guarded,
     )
     .unwrap();
-    std::fs::write(
-        node.bin().join(".sandbox-guard.1-3b9aca00-0.tmp"),
-        b"\x7fELF",
-    )
-    .unwrap();
+    for binary in ["sandbox-guard", "sandbox-guard-ctl"] {
+        std::fs::write(
+            node.bin().join(format!(".{binary}.1-3b9aca00-0.tmp")),
+            b"\x7fELF",
+        )
+        .unwrap();
+    }
     // Another writer's dotfile is not the installer's to remove.
     std::fs::write(node.conf().join(".calico-install.tmp"), b"theirs").unwrap();
     let root = private_root(&node);
@@ -2017,7 +2027,10 @@ fn uninstall_removes_the_temp_files_of_a_killed_installer() {
         &["--host-root", &root],
     );
     assert_eq!(traces_of_the_guard(&node.conf()), Vec::<String>::new());
-    assert_eq!(traces_of_the_guard(&node.bin()), ["sandbox-guard"]);
+    assert_eq!(
+        traces_of_the_guard(&node.bin()),
+        ["sandbox-guard", "sandbox-guard-ctl"]
+    );
     run_ok(
         "--uninstall",
         &node.conf(),
@@ -2865,8 +2878,11 @@ fn multus_finds_the_guard_in_its_bin_dir() {
     assert!(multus_bin.join("sandbox-guard").is_file(), "{}", said(&out));
     let out = guard("--uninstall", &["--remove-binary"]);
     assert!(out.status.success(), "{}", said(&out));
-    assert!(!multus_bin.join("sandbox-guard").exists(), "{}", said(&out));
-    assert!(!node.bin().join("sandbox-guard").exists(), "{}", said(&out));
+    for dir in [&multus_bin, &node.bin()] {
+        for binary in ["sandbox-guard", "sandbox-guard-ctl"] {
+            assert!(!dir.join(binary).exists(), "{}", said(&out));
+        }
+    }
 }
 
 #[test]

@@ -67,7 +67,7 @@ is_static() {
 }
 
 # build_plugin REPO [ARCH]: builds for ARCH (default: this machine's) and prints the path of
-# the static executable, as cargo reports it (named targets build under target/<triple>/).
+# the static plugin, as cargo reports it, with sandbox-guard-ctl beside it (named targets build under target/<triple>/).
 # PLUGIN_PROFILE names another cargo profile than release (the demo's: Cargo.toml).
 # Builds as the user who ran sudo when they own the checkout (a root-owned target/ would
 # trouble their next build), else as ourselves. For another arch it first installs Debian's
@@ -95,11 +95,14 @@ build_plugin() {
     echo "cargo reported no sandbox-guard executable for $triple" >&2
     return 1
   fi
-  if ! is_static "$bin"; then
-    echo "$bin is not statically linked: does RUSTFLAGS in the environment override" \
-      ".cargo/static.toml's rustflags?" >&2
-    return 1
-  fi
+  # The operator's binary, which the plugin execs from beside itself, is built with it.
+  for binary in "$bin" "$(dirname "$bin")/sandbox-guard-ctl"; do
+    if ! is_static "$binary"; then
+      echo "$binary is missing or not statically linked: does RUSTFLAGS in the environment" \
+        "override .cargo/static.toml's rustflags?" >&2
+      return 1
+    fi
+  done
   echo "$bin"
 }
 

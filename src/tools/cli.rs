@@ -1,4 +1,5 @@
-//! The operator's side: the binary run by hand with flags instead of by a runtime.
+//! The operator's side: the commands run by hand with flags instead of by a runtime, in
+//! their own binary, sandbox-guard-ctl.
 //!
 //! Five modes (`--dump-checkpoints`, `--restore`, `--doctor`, `--install`, `--uninstall`),
 //! exactly one per run, each with
@@ -8,8 +9,8 @@
 //! a single-valued flag given twice, a container ID that could not be one. A usage error exits
 //! 2 with one line and a pointer to the mode's help.
 //!
-//! Only this path parses: `main` calls `run` only when there are arguments, so a runtime's
-//! exec (no arguments) never reaches the parser.
+//! Only the operator's binary parses (src/bin/sandbox-guard-ctl.rs): the plugin hands it any
+//! command line, so a runtime's exec (no arguments) never reaches the parser.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -36,7 +37,8 @@ old sandbox away from a primary plugin that keys its state by pod name.
 The container runtime runs it as a CNI plugin (CNI_COMMAND in the environment, the config
 on stdin): chained, as the last plugin of the conflist, it refuses a stale DEL; in delegate
 mode, in the primary's place with the primary under \"delegate\", it defers it. --install
-puts it where its mode needs it. By hand, one mode a run:
+puts it where its mode needs it, with sandbox-guard-ctl beside it: the operator's commands,
+which `sandbox-guard MODE` runs. By hand, one mode a run:
 
 Modes:
   --dump-checkpoints                  show what the checkpoints hold
@@ -46,7 +48,7 @@ Modes:
   --doctor                            explain this node's CNI failure classes before they
                                       bite; exit status 1 on any error
   --install                           put it into the network the runtime runs, in the
-                                      chosen mode, and copy the binary
+                                      chosen mode, and copy the binaries
   --uninstall                         take it out, the primary's config as it was
   --downgrade                         put the state dir back in the form every earlier
                                       release reads, to go back to one

@@ -263,7 +263,8 @@ pub fn is_installer_temp(name: &str) -> bool {
     let ours = [".conflist", ".conf", ".json", ORIGINAL_SUFFIX, ".prom"]
         .iter()
         .any(|ext| file.ends_with(ext))
-        || file == super::edit::GUARD_TYPE;
+        || file == super::edit::GUARD_TYPE
+        || file == crate::CTL_BINARY;
     !tag.is_empty() && tag_ok && ours
 }
 
@@ -307,17 +308,44 @@ pub fn remove(file: &Path) -> io::Result<bool> {
     }
 }
 
-/// Copies this binary to `<bin-dir>/sandbox-guard` unless the same bytes are there already.
-/// True when it wrote.
-pub fn install_binary(bin_dir: &Path) -> Result<bool, String> {
-    let source = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
-    let bytes = fs::read(&source).map_err(|e| format!("cannot read {}: {e}", source.display()))?;
-    let target = bin_dir.join(super::edit::GUARD_TYPE);
-    if fs::read(&target).is_ok_and(|there| there == bytes) {
-        return Ok(false);
+/// The plugin this installer ships: the `sandbox-guard` beside this binary, as the build and
+/// the image leave them. What the runtime execs, and what readiness compares with the one
+/// the runtime finds.
+pub fn plugin_source() -> Result<PathBuf, String> {
+    std::env::current_exe()
+        .map(|ctl| ctl.with_file_name(super::edit::GUARD_TYPE))
+        .map_err(|e| format!("cannot find this binary: {e}"))
+}
+
+/// The plugin's bytes (`plugin_source`).
+pub fn plugin_bytes() -> Result<Vec<u8>, String> {
+    let plugin = plugin_source()?;
+    fs::read(&plugin).map_err(|e| {
+        format!(
+            "cannot read the plugin {} that ships beside this binary: {e}",
+            plugin.display()
+        )
+    })
+}
+
+/// Copies the plugin and this operator's binary into `bin_dir`, each unless the same bytes
+/// are there already: the operator's first, so that a plugin there always has its commands
+/// beside it. The files written.
+pub fn install_binaries(bin_dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let ctl = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let ctl = fs::read(&ctl).map_err(|e| format!("cannot read {}: {e}", ctl.display()))?;
+    let plugin = plugin_bytes()?;
+    let mut written = Vec::new();
+    for (name, bytes) in [(crate::CTL_BINARY, ctl), (super::edit::GUARD_TYPE, plugin)] {
+        let target = bin_dir.join(name);
+        if fs::read(&target).is_ok_and(|there| there == bytes) {
+            continue;
+        }
+        fs::create_dir_all(bin_dir)
+            .map_err(|e| format!("cannot create {}: {e}", bin_dir.display()))?;
+        write_atomic(&target, &bytes, Keep::mode(0o755))
+            .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
+        written.push(target);
     }
-    fs::create_dir_all(bin_dir).map_err(|e| format!("cannot create {}: {e}", bin_dir.display()))?;
-    write_atomic(&target, &bytes, Keep::mode(0o755))
-        .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
-    Ok(true)
+    Ok(written)
 }

@@ -460,11 +460,8 @@ fn put_in(
             ));
         }
         check_dropin(&net, &dropin)?;
-        if files::install_binary(&dirs.target)? {
-            done.push(format!(
-                "copied the binary to {}",
-                dirs.target.join(edit::GUARD_TYPE).display()
-            ));
+        for written in files::install_binaries(&dirs.target)? {
+            done.push(format!("copied the binary to {}", written.display()));
         }
         if edit::has_guard(&net.doc.root)
             && !restore(&net, &edit::strip(&net.doc.root), named_by.as_deref(), done)?
@@ -513,14 +510,11 @@ fn put_in(
     if changes && in_place(&net, named_by.as_deref()) {
         fits_in_place(&net, bytes.len(), named_by.as_deref())?;
     }
-    if files::install_binary(&dirs.target)? {
-        done.push(format!(
-            "copied the binary to {}",
-            dirs.target.join(edit::GUARD_TYPE).display()
-        ));
+    for written in files::install_binaries(&dirs.target)? {
+        done.push(format!("copied the binary to {}", written.display()));
     }
-    if let Some(dir) = &multus_dir
-        && files::install_binary(dir).map_err(|e| {
+    if let Some(dir) = &multus_dir {
+        let written = files::install_binaries(dir).map_err(|e| {
             // A guard there (an older build) is one multus runs: the node stays guarded.
             let older = dir.join(edit::GUARD_TYPE).is_file();
             let failure = Failure::new(
@@ -541,12 +535,13 @@ fn put_in(
             } else {
                 failure.guard_cannot_run()
             }
-        })?
-    {
-        done.push(format!(
-            "copied the binary to {} too: multus looks for its delegates there first (its binDir)",
-            dir.join(edit::GUARD_TYPE).display()
-        ));
+        })?;
+        for written in written {
+            done.push(format!(
+                "copied the binary to {} too: multus looks for its delegates there first (its binDir)",
+                written.display()
+            ));
+        }
     }
     if changes {
         let keep = Keep::of(&net.file).map_err(io_err("read", &net.file))?;
@@ -873,7 +868,7 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
         return Err(dropin_unknown(net, &dropin));
     } else {
         // Where the guard stood aside, the reason it could not stay.
-        let why = this_binary()
+        let why = shipped_plugin()
             .and_then(|this| multus_bin_dir_ready(options, &found, &dirs.target, &this))
             .err()
             .map(|failure| format!(": {}", failure.msg))
@@ -889,7 +884,7 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
     };
     entry_ready(options, net, &dropin)?;
     let binary = dirs.target.join(edit::GUARD_TYPE);
-    let this = this_binary()?;
+    let this = shipped_plugin()?;
     if !std::fs::read(&binary).is_ok_and(|there| there == this) {
         return Err(Failure::new(
             Reason::BinDir,
@@ -925,10 +920,8 @@ pub fn check(options: &Options) -> Result<Vec<String>, Failure> {
     Ok(lines)
 }
 
-fn this_binary() -> Result<Vec<u8>, Failure> {
-    std::env::current_exe()
-        .and_then(std::fs::read)
-        .map_err(|e| Failure::from(format!("cannot read this binary: {e}")))
+fn shipped_plugin() -> Result<Vec<u8>, Failure> {
+    files::plugin_bytes().map_err(Failure::from)
 }
 
 /// The guard's state dir (the entry's stateDir, seen through the host root) on a file system
@@ -1235,7 +1228,10 @@ fn remove_binary(
         for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let name = entry.file_name();
             let path = entry.path();
-            if name.to_string_lossy().starts_with(".sandbox-guard.")
+            let name_text = name.to_string_lossy();
+            if [edit::GUARD_TYPE, crate::CTL_BINARY]
+                .iter()
+                .any(|binary| name_text.starts_with(&format!(".{binary}.")))
                 && is_temp(&name)
                 && files::remove(&path).map_err(io_err("remove", &path))?
             {
@@ -1248,7 +1244,7 @@ fn remove_binary(
     }
     let binaries: Vec<PathBuf> = dirs
         .iter()
-        .map(|d| d.join(edit::GUARD_TYPE))
+        .flat_map(|d| [d.join(edit::GUARD_TYPE), d.join(crate::CTL_BINARY)])
         .filter(|b| b.exists())
         .collect();
     // A pod attached through the guard is torn down through it: its DEL would fail to

@@ -169,9 +169,7 @@ fn crio_verdict(
     };
     let mut lines = loaded_verdict(&as_crio.host_root, &net, dirs, "CRI-O", true)?;
     // Multus runs the network with its own search: its binDir first (thick: alone).
-    let this = std::env::current_exe()
-        .and_then(std::fs::read)
-        .map_err(|e| format!("cannot read this binary: {e}"))?;
+    let this = super::files::plugin_bytes()?;
     let bin_dir = super::network::host_dir(&as_crio.host_root, &as_crio.bin_dir);
     super::multus_bin_dir_ready(as_crio, &found, &bin_dir, &this)?;
     lines.splice(0..0, notes);
@@ -307,8 +305,8 @@ fn not_in_dirs(dirs: &[PathBuf], runtime: &str) -> Failure {
 }
 
 /// The verdict on the network the runtime uses for pods.
-/// `this_binary`: the one found must be this binary (the installer's probe; the doctor may
-/// be another version).
+/// `this_binary`: the one found must be the plugin this installer ships (the installer's
+/// probe; the doctor may be another version).
 fn loaded_verdict(
     host_root: &Path,
     net: &Network,
@@ -413,11 +411,7 @@ fn loaded_verdict(
     let binary = dir.join(GUARD_TYPE);
     let found = super::network::host_resolve(host_root, &binary);
     let this = match this_binary {
-        true => Some(
-            std::env::current_exe()
-                .and_then(std::fs::read)
-                .map_err(|e| format!("cannot read this binary: {e}"))?,
-        ),
+        true => Some(super::files::plugin_bytes()?),
         false => None,
     };
     if this.is_some_and(|this| {

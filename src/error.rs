@@ -54,6 +54,9 @@ pub struct GuardError {
     pub details: String,
     /// An error object of the delegate's, passed on as it wrote it (code, msg, details).
     pub verbatim: Option<String>,
+    /// The failure underneath (the system call's, the parser's), for whoever walks the chain
+    /// (`std::error::Error::source`); `msg` already says it in words.
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
 pub type Result<T> = std::result::Result<T, GuardError>;
@@ -65,7 +68,16 @@ impl GuardError {
             msg: msg.into(),
             details: String::new(),
             verbatim: None,
+            source: None,
         }
+    }
+
+    pub fn with_source(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> GuardError {
+        self.source = Some(Box::new(source));
+        self
     }
 
     pub fn with_details(mut self, details: impl Into<String>) -> GuardError {
@@ -98,6 +110,7 @@ impl GuardError {
         };
         GuardError::new(kind, format!("cannot {action} {}: {err}", path.display()))
             .with_details(way_out)
+            .with_source(err)
     }
 
     /// The CNI error code; plugin-specific codes start at 100 as the spec reserves.
@@ -135,6 +148,14 @@ impl GuardError {
     }
 }
 
+impl std::error::Error for GuardError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|source| source as &(dyn std::error::Error + 'static))
+    }
+}
+
 impl fmt::Display for GuardError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.msg)?;
@@ -142,5 +163,33 @@ impl fmt::Display for GuardError {
             write!(f, " ({})", self.details)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    #[test]
+    fn an_io_error_keeps_the_system_call_s_error_as_its_source() {
+        let err = GuardError::io(
+            "write",
+            Path::new("/var/lib/cni/sandbox-guard/records/x"),
+            io::Error::from_raw_os_error(nix::libc::ENOSPC),
+        );
+        assert_eq!(err.code(), 5);
+        let source = err.source().expect("a source");
+        let io = source.downcast_ref::<io::Error>().expect("an io::Error");
+        assert_eq!(io.raw_os_error(), Some(nix::libc::ENOSPC));
+        assert!(err.msg.ends_with(&io.to_string()), "{}", err.msg);
+        assert!(GuardError::new(Kind::Busy, "held").source().is_none());
+    }
+
+    #[test]
+    fn a_decode_error_keeps_the_parser_s_error_as_its_source() {
+        let err = crate::cni::config::NetConf::parse(b"{").unwrap_err();
+        assert_eq!(err.code(), 6);
+        assert!(err.source().is_some_and(|s| s.is::<serde_json::Error>()));
     }
 }

@@ -169,6 +169,7 @@ impl NetConf {
                 Kind::Decode,
                 format!("cannot decode the network configuration: {e}"),
             )
+            .with_source(e)
         })?;
         let cni_version = version_or_unversioned(raw.cni_version);
         let network = raw.name.ok_or_else(|| {

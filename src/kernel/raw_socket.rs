@@ -40,7 +40,7 @@ pub fn send_to<Address>(socket: &OwnedFd, packet: &[u8], to: &Address) -> io::Re
 }
 
 pub fn failed(action: &str, err: io::Error) -> GuardError {
-    GuardError::new(Kind::Netlink, format!("cannot {action}: {err}"))
+    GuardError::new(Kind::Netlink, format!("cannot {action}: {err}")).with_source(err)
 }
 
 /// An AF_PACKET socket of `kind` for `protocol` (an EtherType), made inside `netns` and

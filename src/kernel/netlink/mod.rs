@@ -157,8 +157,9 @@ impl Kernel {
 
 fn connect() -> Result<RouteSocket> {
     netns::refuse_if_stranded()?;
-    RouteSocket::open(ANSWER_TIMEOUT)
-        .map_err(|e| GuardError::new(Kind::Netlink, format!("cannot open a netlink socket: {e}")))
+    RouteSocket::open(ANSWER_TIMEOUT).map_err(|e| {
+        GuardError::new(Kind::Netlink, format!("cannot open a netlink socket: {e}")).with_source(e)
+    })
 }
 
 /// The errno of a kernel refusal, to tell "not there" and "busy" from real failures.

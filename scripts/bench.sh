@@ -76,8 +76,10 @@ done
 # Targets (docs/benchmarks.md). ADD and DEL against the floor, on the journaled file systems a node's /var/lib
 # is: what each costs above the exec, as a multiple of one durable commit above the same exec.
 readonly MAX_ADD_COMMITS=1.15 MAX_DEL_COMMITS=1.0
-# The store's size must not show, the dump of a large one stays short, and the process small.
-readonly MAX_GROWTH_RATIO=1.20 MAX_DUMP_MS=500 MAX_RSS_KIB=3072
+# The store's size must not show, the dump of a large one stays short, and the plugin's process small. The
+# dump is the operator's command (sandbox-guard-ctl) and sorts a plain vector of its records: its bound is for
+# 10,000 records, about ninety times the 110 pods a node runs by default.
+readonly MAX_GROWTH_RATIO=1.20 MAX_DUMP_MS=500 MAX_RSS_KIB=3072 MAX_DUMP_RSS_KIB=16384
 # Reported beside them, not checked: ratios of medians to Debian's Go `tuning` in the same run (its no-op
 # ADD is a Go exec, not a floor).
 readonly TUNING_ADD_RATIO=0.70 TUNING_DEL_RATIO=0.55 TUNING_ADD_DEL_RATIO=0.6 TUNING_VERSION_RATIO=0.45 TUNING_BURST_RATIO=0.85
@@ -917,8 +919,12 @@ for output in json table; do
   verdict "dump --output $output of $LARGE_RECORDS records ${p50[dump_$output]} ms (<= $MAX_DUMP_MS ms)" \
     "${p50[dump_$output]} <= $MAX_DUMP_MS"
 done
-for label in guard_version guard_add_small guard_del_small guard_add_large guard_del_large dump_json dump_table; do
+for label in guard_version guard_add_small guard_del_small guard_add_large guard_del_large; do
   verdict "peak RSS of $label ${rss[$label]} KiB (<= $MAX_RSS_KIB KiB)" "${rss[$label]} <= $MAX_RSS_KIB"
+done
+for label in dump_json dump_table; do
+  verdict "peak RSS of $label of $LARGE_RECORDS records ${rss[$label]} KiB (<= $MAX_DUMP_RSS_KIB KiB)" \
+    "${rss[$label]} <= $MAX_DUMP_RSS_KIB"
 done
 if [[ -n $baseline_bin ]]; then
   restore_ratio=$(calc "${p50[restore_guard]} / ${p50[restore_baseline]}")

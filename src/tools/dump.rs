@@ -7,11 +7,9 @@
 //! nothing it reads.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
-use std::hash::{BuildHasher, RandomState};
+use std::ffi::OsString;
 use std::io::{self, Write};
 use std::ops::Range;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -303,12 +301,12 @@ impl From<io::Error> for DumpError {
     }
 }
 
-/// A large store's rendered rows would not fit the memory a plugin's exec may take, so the
-/// records are read twice: a first pass keeps only where each row sorts and a hash of its
-/// file's name, a second reads the records again in that order and renders each one. Each batch
-/// is written with the lock let go, so a reader that stops reading (`| less` left open) holds up
-/// no ADD or DEL. The few rows that stand for no record (set-aside files, owners without a
-/// record, deferred DELs) are rendered in the first pass and merged in.
+/// The records are read twice: a first pass lists where each row sorts and its file's name in
+/// a plain vector, sorted once; a second reads the records again in that order and renders
+/// each one, so what is shown is the record as it is then, and no more than a batch of rendered
+/// rows is held. Each batch is written with the lock let go, so a reader that stops reading
+/// (`| less` left open) holds up no ADD or DEL. The few rows that stand for no record (set-aside
+/// files, owners without a record, deferred DELs) are rendered in the first pass and merged in.
 fn write_all(
     store: &Store,
     filter: &Filter,
@@ -326,11 +324,8 @@ fn write_all(
             .map(|entry| (entry.key.clone(), entry))
             .collect()
     };
-    let mut keys = RecordKeys::default();
-    // Sized once: growing by doubling would copy the keys and leave the old buffer behind.
-    keys.entries.reserve_exact(store.count(Folder::Records)?);
-    keys.texts
-        .reserve_exact(keys.entries.capacity() * TEXT_PER_RECORD);
+    // Every admitted record's place in the order and its file's name.
+    let mut listed: Vec<Listed> = Vec::new();
     // Records that own their pod key: when every owner file is one of them, no owner is
     // without its record, and the owners need not be read one by one.
     let mut owning = 0;
@@ -339,7 +334,12 @@ fn write_all(
         let mut read = 0;
         let _lock = store.read_lock(lock_timeout, &on_wait)?;
         for path in paths.by_ref() {
-            owning += usize::from(keys.add(store, filter, &path.map_err(listing_error)?)?);
+            owning += usize::from(list_record(
+                store,
+                filter,
+                &path.map_err(listing_error)?,
+                &mut listed,
+            ));
             read += 1;
             if read == READ_BATCH {
                 break;
@@ -450,59 +450,61 @@ fn write_all(
     others
         .at
         .sort_by(|a, b| a.key(&others.keys).cmp(&b.key(&others.keys)));
-    keys.sort()?;
+    // Stable: records of equal keys keep the order they were read in.
+    listed.sort_by(|a, b| a.key().cmp(&b.key()));
 
     let mut out = io::stdout().lock();
     let mut pending = Vec::with_capacity(PENDING_BYTES);
     sink.begin(&mut pending)?;
     let mut others_left = others.at.iter().peekable();
     let records = store.root().join(RECORDS);
-    let mut start = 0;
-    let mut window = Window::default();
     // Rows are on stdout: an error from here on leaves them short of the whole list.
     let mut written = false;
     // Each pod key's ownership as first read: the rows of one pod may take several holds of
-    // the lock, and ADDs between them must not give one pod two owners in one dump.
+    // the lock, and ADDs between them must not give one pod two owners in one dump. A pod's
+    // records are next to each other in the order, so the map holds one pod's keys.
     let mut owners: HashMap<PodKey, Option<Ownership>> = HashMap::new();
-    while start < keys.entries.len() {
-        let end = keys.window_end(start);
-        // No pod's rows span two windows: what one window read of its pods is done with.
-        owners.clear();
-        keys.find_names(store, start..end, &mut window)
-            .map_err(|e| cut_short(e, written))?;
-        let mut lock = None;
-        let mut loads = 0;
-        for at in 0..window.order.len() {
-            let slot = window.order[at] as usize;
-            let key = window.key(&keys, slot);
-            while let Some(other) = others_left.next_if(|at| at.key(&others.keys) < key) {
-                sink.separate(&mut pending)?;
-                pending.extend_from_slice(&others.bytes[other.row.clone()]);
-            }
-            let path = records.join(OsStr::from_bytes(window.name(slot)));
-            if lock.is_none() {
-                lock = Some(
-                    store
-                        .read_lock(lock_timeout, &on_wait)
-                        .map_err(|e| cut_short(e.into(), written))?,
-                );
-            }
-            record_rows(store, filter, &ledger, &mut owners, &path, &mut |row| {
+    let mut lock = None;
+    let mut loads = 0;
+    for (at, record) in listed.iter().enumerate() {
+        let key = record.key();
+        while let Some(other) = others_left.next_if(|at| at.key(&others.keys) < key) {
+            sink.separate(&mut pending)?;
+            pending.extend_from_slice(&others.bytes[other.row.clone()]);
+        }
+        if at > 0 && !listed[at - 1].same_pod(record) {
+            owners.clear();
+        }
+        if lock.is_none() {
+            lock = Some(
+                store
+                    .read_lock(lock_timeout, &on_wait)
+                    .map_err(|e| cut_short(e.into(), written))?,
+            );
+        }
+        // A record removed since the first pass is not found and is left out, as `ls` or
+        // `ps` leave out what went between listing it and reading it.
+        record_rows(
+            store,
+            filter,
+            &ledger,
+            &mut owners,
+            &records.join(&record.file_name),
+            &mut |row| {
                 sink.separate(&mut pending)?;
                 sink.render(&mut pending, row)
-            })?;
-            loads += 1;
-            if loads == READ_BATCH || pending.len() >= PENDING_BYTES {
-                lock = None;
-                loads = 0;
-                out.write_all(&pending)?;
-                pending.clear();
-                written = true;
-            }
+            },
+        )?;
+        loads += 1;
+        if loads == READ_BATCH || pending.len() >= PENDING_BYTES {
+            lock = None;
+            loads = 0;
+            out.write_all(&pending)?;
+            pending.clear();
+            written = true;
         }
-        drop(lock);
-        start = end;
     }
+    drop(lock);
     for other in others_left {
         sink.separate(&mut pending)?;
         pending.extend_from_slice(&others.bytes[other.row.clone()]);
@@ -534,54 +536,80 @@ fn cut_short(err: DumpError, written: bool) -> DumpError {
 /// Rendered rows are written in pieces of about this size, each with the lock let go.
 const PENDING_BYTES: usize = 8 << 10;
 
-/// Records whose file names one pass over the directory looks up: more take more memory,
-/// fewer more passes.
-const WINDOW: usize = 1024;
-
-/// What the keys of one record take in `RecordKeys::texts`, about, to size it once.
-const TEXT_PER_RECORD: usize = 16;
-
 fn listing_error(e: io::Error) -> GuardError {
     GuardError::new(Kind::Io, format!("cannot list the records: {e}"))
 }
 
-/// Where each admitted record's row sorts, packed: a large store's keys must take little
-/// memory. The container ID and interface that break ties are read from the file's name in
-/// the second pass (a record names its own file), so only the namespace and the pod's name are
-/// kept, and a hash of the file's name to find the file again.
-#[derive(Default)]
-struct RecordKeys {
-    entries: Vec<KeyEntry>,
-    /// Each entry's fields from its `text` on, each after its length: the pod's name, then
-    /// the namespace when it is not in `namespaces`, then the container ID and interface when
-    /// the record's own differ from its file's name.
-    texts: Vec<u8>,
-    /// Pods share a few namespaces: each is kept once.
-    namespaces: Vec<Box<str>>,
-    namespace_at: HashMap<Box<str>, u16>,
-    /// Keyed at random per run: file names cannot be chosen to collide.
-    hasher: RandomState,
+/// Where a record's row sorts, and its file, from the first pass.
+struct Listed {
+    no_pod: bool,
+    namespace: String,
+    pod: String,
+    container_id: String,
+    if_name: String,
+    file_name: OsString,
 }
 
-#[derive(Clone, Copy)]
-struct KeyEntry {
-    name_hash: u64,
-    /// Where its fields start in `texts`; grows in the order the records were read.
-    text: u32,
-    /// Its index in `namespaces`, unless OWN_NAMESPACE.
-    namespace: u16,
-    flags: u8,
+impl Listed {
+    fn key(&self) -> SortKey<'_> {
+        SortKey {
+            no_pod: self.no_pod,
+            fields: [
+                self.namespace.as_bytes(),
+                self.pod.as_bytes(),
+                self.container_id.as_bytes(),
+                self.if_name.as_bytes(),
+            ],
+        }
+    }
+
+    fn same_pod(&self, other: &Listed) -> bool {
+        (self.no_pod, &self.namespace, &self.pod) == (other.no_pod, &other.namespace, &other.pod)
+    }
 }
 
-const NO_POD: u8 = 1;
-const OWN_NAMESPACE: u8 = 2;
-const OTHER_ID: u8 = 4;
-/// What the first pass kept of where a record's row sorts.
-struct Fields<'a> {
-    namespace: &'a [u8],
-    pod: &'a [u8],
-    /// The record's own container ID and interface, where its file's name differs.
-    other_id: Option<[&'a [u8]; 2]>,
+/// Reads the record at `path` and lists it if the filter admits it; returns whether the
+/// record owns its pod key, filtered or not.
+fn list_record(store: &Store, filter: &Filter, path: &Path, listed: &mut Vec<Listed>) -> bool {
+    let file_name = path.file_name().unwrap_or_default().to_os_string();
+    match store.load_record_at(path) {
+        Loaded::Valid(record) => {
+            let (owner, _) = owner_of(store, &mut HashMap::new(), &record);
+            if filter.admits(&record) {
+                listed.push(Listed {
+                    no_pod: record.pod_name.is_none(),
+                    namespace: record.pod_namespace.clone().unwrap_or_default(),
+                    pod: record.pod_name.clone().unwrap_or_default(),
+                    container_id: record.container_id.clone(),
+                    if_name: record.if_name.clone(),
+                    file_name,
+                });
+            }
+            // Each owner file once, by its first interface.
+            owner.is_some_and(|owner| owner.interfaces().first() == Some(&record.if_name.as_str()))
+        }
+        Loaded::Corrupt { .. } => {
+            // Shown with what its name tells, as its row is.
+            let named = file_name.to_str().and_then(split_file_name);
+            if filter.admits_container(named.map(|(_, container_id, _)| container_id)) {
+                let (container_id, if_name) = named
+                    .map(|(_, container_id, if_name)| {
+                        (container_id.to_string(), if_name.to_string())
+                    })
+                    .unwrap_or_default();
+                listed.push(Listed {
+                    no_pod: true,
+                    namespace: String::new(),
+                    pod: String::new(),
+                    container_id,
+                    if_name,
+                    file_name,
+                });
+            }
+            false
+        }
+        Loaded::Missing => false,
+    }
 }
 
 /// A row's sort key: kubectl's order (namespace, then name), then the sandbox and the
@@ -591,264 +619,6 @@ struct SortKey<'a> {
     no_pod: bool,
     /// The namespace, the pod's name, the container ID and the interface.
     fields: [&'a [u8]; 4],
-}
-
-impl RecordKeys {
-    /// Reads the record at `path` and keeps its key if the filter admits it; returns whether
-    /// the record owns its pod key, filtered or not.
-    fn add(&mut self, store: &Store, filter: &Filter, path: &Path) -> io::Result<bool> {
-        let file_name = path.file_name().unwrap_or_default();
-        match store.load_record_at(path) {
-            Loaded::Valid(record) => {
-                let (owner, _) = owner_of(store, &mut HashMap::new(), &record);
-                if filter.admits(&record) {
-                    let own_name = record.id().file_name();
-                    let other_id = (own_name.as_bytes() != file_name.as_bytes())
-                        .then_some((record.container_id.as_str(), record.if_name.as_str()));
-                    self.push(
-                        file_name,
-                        record.pod_name.is_none(),
-                        record.pod_namespace.as_deref().unwrap_or_default(),
-                        record.pod_name.as_deref().unwrap_or_default(),
-                        other_id,
-                    )?;
-                }
-                // Each owner file once, by its first interface.
-                Ok(owner.is_some_and(|owner| {
-                    owner.interfaces().first() == Some(&record.if_name.as_str())
-                }))
-            }
-            Loaded::Corrupt { .. } => {
-                let container_id = file_name
-                    .to_str()
-                    .and_then(split_file_name)
-                    .map(|(_, container_id, _)| container_id);
-                if filter.admits_container(container_id) {
-                    self.push(file_name, true, "", "", None)?;
-                }
-                Ok(false)
-            }
-            Loaded::Missing => Ok(false),
-        }
-    }
-
-    fn push(
-        &mut self,
-        file_name: &OsStr,
-        no_pod: bool,
-        namespace: &str,
-        pod: &str,
-        other_id: Option<(&str, &str)>,
-    ) -> io::Result<()> {
-        let text = u32::try_from(self.texts.len())
-            .map_err(|_| io::Error::other("too many records to sort"))?;
-        let mut flags = if no_pod { NO_POD } else { 0 };
-        put(&mut self.texts, pod.as_bytes());
-        let index = match self.namespace_at.get(namespace) {
-            Some(&index) => Some(index),
-            None => u16::try_from(self.namespaces.len()).ok().inspect(|&index| {
-                self.namespaces.push(namespace.into());
-                self.namespace_at.insert(namespace.into(), index);
-            }),
-        };
-        let namespace = index.unwrap_or_else(|| {
-            flags |= OWN_NAMESPACE;
-            put(&mut self.texts, namespace.as_bytes());
-            0
-        });
-        if let Some((container_id, if_name)) = other_id {
-            flags |= OTHER_ID;
-            put(&mut self.texts, container_id.as_bytes());
-            put(&mut self.texts, if_name.as_bytes());
-        }
-        self.entries.push(KeyEntry {
-            name_hash: self.hasher.hash_one(file_name.as_bytes()),
-            text,
-            namespace,
-            flags,
-        });
-        Ok(())
-    }
-
-    /// The entry's namespace and pod's name, and the record's own container ID and interface
-    /// when its file's name does not give them.
-    fn fields(&self, entry: &KeyEntry) -> Fields<'_> {
-        let mut at = entry.text as usize;
-        let pod = take(&self.texts, &mut at);
-        let namespace = if entry.flags & OWN_NAMESPACE != 0 {
-            take(&self.texts, &mut at)
-        } else {
-            self.namespaces[usize::from(entry.namespace)].as_bytes()
-        };
-        let other_id = (entry.flags & OTHER_ID != 0)
-            .then(|| [take(&self.texts, &mut at), take(&self.texts, &mut at)]);
-        Fields {
-            namespace,
-            pod,
-            other_id,
-        }
-    }
-
-    /// The part of the order the first pass can tell: no pod, namespace, pod's name.
-    fn pod_order(&self, a: &KeyEntry, b: &KeyEntry) -> std::cmp::Ordering {
-        let a_fields = self.fields(a);
-        let b_fields = self.fields(b);
-        (a.flags & NO_POD, a_fields.namespace, a_fields.pod).cmp(&(
-            b.flags & NO_POD,
-            b_fields.namespace,
-            b_fields.pod,
-        ))
-    }
-
-    /// Sorts by pod, then in the order read (which `text` grows with): an unstable sort takes
-    /// no memory of its own.
-    fn sort(&mut self) -> io::Result<()> {
-        let mut entries = std::mem::take(&mut self.entries);
-        entries.sort_unstable_by(|a, b| self.pod_order(a, b).then(a.text.cmp(&b.text)));
-        self.entries = entries;
-        Ok(())
-    }
-
-    /// Where the window that starts at `start` ends: after WINDOW entries, but never inside
-    /// one pod's rows, whose order only their file names complete.
-    fn window_end(&self, start: usize) -> usize {
-        let mut end = (start + WINDOW).min(self.entries.len());
-        while end < self.entries.len()
-            && self
-                .pod_order(&self.entries[end - 1], &self.entries[end])
-                .is_eq()
-        {
-            end += 1;
-        }
-        end
-    }
-
-    /// Lists the records' folder once and keeps the names of the entries in `range`. A record
-    /// removed since the first pass is not found and is left out, as `ls` or `ps` leave out
-    /// what went between listing it and reading it: its row would describe what is gone. One
-    /// added since is not looked for.
-    /// Its buffers are `window`'s, kept from one window to the next.
-    fn find_names(
-        &self,
-        store: &Store,
-        range: Range<usize>,
-        window: &mut Window,
-    ) -> std::result::Result<(), DumpError> {
-        window.start = range.start;
-        window.by_hash.clear();
-        window.by_hash.extend(
-            range
-                .clone()
-                .map(|at| (self.entries[at].name_hash, (at - range.start) as u32)),
-        );
-        window.by_hash.sort_unstable();
-        window.names.clear();
-        window.found.clear();
-        window.found.resize(range.len(), (0, 0));
-        for path in store.record_paths()? {
-            let path = path.map_err(listing_error)?;
-            let name = path.file_name().unwrap_or_default().as_bytes();
-            let hash = self.hasher.hash_one(name);
-            let first = window.by_hash.partition_point(|(h, _)| *h < hash);
-            let slot = window.by_hash[first..]
-                .iter()
-                .take_while(|(h, _)| *h == hash)
-                .map(|(_, slot)| *slot as usize)
-                .find(|&slot| window.found[slot].1 == 0);
-            if let Some(slot) = slot {
-                window.found[slot] = (window.names.len() as u32, name.len() as u32);
-                window.names.extend_from_slice(name);
-            }
-        }
-        let mut order = std::mem::take(&mut window.order);
-        order.clear();
-        order.extend((0..range.len() as u32).filter(|&slot| window.found[slot as usize].1 != 0));
-        // Stable, so equal keys keep the order read.
-        order.sort_by(|&a, &b| {
-            window
-                .key(self, a as usize)
-                .cmp(&window.key(self, b as usize))
-        });
-        window.order = order;
-        Ok(())
-    }
-}
-
-/// The file names of a window of sorted entries.
-#[derive(Default)]
-struct Window {
-    start: usize,
-    by_hash: Vec<(u64, u32)>,
-    names: Vec<u8>,
-    /// Per entry: where its name is in `names` and its length; 0 when not found.
-    found: Vec<(u32, u32)>,
-    /// The entries found, in the dump's order.
-    order: Vec<u32>,
-}
-
-impl Window {
-    fn name(&self, slot: usize) -> &[u8] {
-        let (at, len) = self.found[slot];
-        &self.names[at as usize..(at + len) as usize]
-    }
-
-    fn key<'a>(&'a self, keys: &'a RecordKeys, slot: usize) -> SortKey<'a> {
-        let entry = &keys.entries[self.start + slot];
-        let Fields {
-            namespace,
-            pod,
-            other_id,
-        } = keys.fields(entry);
-        let [container_id, if_name] = other_id.unwrap_or_else(|| {
-            std::str::from_utf8(self.name(slot))
-                .ok()
-                .and_then(split_file_name)
-                .map_or([&[][..], &[][..]], |(_, container_id, if_name)| {
-                    [container_id.as_bytes(), if_name.as_bytes()]
-                })
-        });
-        SortKey {
-            no_pod: entry.flags & NO_POD != 0,
-            fields: [namespace, pod, container_id, if_name],
-        }
-    }
-}
-
-/// Appends `field` after its length.
-fn put(texts: &mut Vec<u8>, field: &[u8]) {
-    put_number(texts, field.len() as u64);
-    texts.extend_from_slice(field);
-}
-
-/// The field `put` appended at `*at`; moves `*at` past it.
-fn take<'a>(texts: &'a [u8], at: &mut usize) -> &'a [u8] {
-    let len = take_number(texts, at) as usize;
-    let field = &texts[*at..*at + len];
-    *at += len;
-    field
-}
-
-/// Appends `number` in as few bytes as it needs (LEB128).
-fn put_number(texts: &mut Vec<u8>, mut number: u64) {
-    while number >= 0x80 {
-        texts.push((number & 0x7f) as u8 | 0x80);
-        number >>= 7;
-    }
-    texts.push(number as u8);
-}
-
-fn take_number(texts: &[u8], at: &mut usize) -> u64 {
-    let mut number = 0;
-    let mut shift = 0;
-    loop {
-        let byte = texts[*at];
-        *at += 1;
-        number |= u64::from(byte & 0x7f) << shift;
-        shift += 7;
-        if byte & 0x80 == 0 {
-            return number;
-        }
-    }
 }
 
 /// The rows that stand for no record, rendered back to back in one buffer and their sort keys

@@ -117,6 +117,14 @@ build_release() {
   [[ -x $guard_bin ]] || die "no executable at $guard_bin"
 }
 
+# The operator's binary beside a plugin, which the dump and --restore rows run directly (the plugin would
+# exec it); the plugin itself for a build from before the two were split.
+ctl_of() { # plugin
+  local ctl
+  ctl=$(dirname "$1")/sandbox-guard-ctl
+  if [[ -x $ctl ]]; then echo "$ctl"; else echo "$1"; fi
+}
+
 # The baseline: a binary given, or a git ref exported into a checkout of its own (under target/, with its own
 # target dir) and built there the same way.
 build_baseline() {
@@ -580,7 +588,7 @@ for ((k = 0; k < ${#fs_cases[@]}; k++)); do
 done
 
 # --- Dump over the large store. ---
-dump() { "${launcher[@]}" "$guard_bin" --dump-checkpoints --state-dir "$large_state" --output "$1"; }
+dump() { "${launcher[@]}" "$(ctl_of "$guard_bin")" --dump-checkpoints --state-dir "$large_state" --output "$1"; }
 dumped=$(dump json | jq length) || contract "--dump-checkpoints --output json is not a JSON array"
 [[ ${dumped:-0} -eq $LARGE_RECORDS ]] || contract "the JSON dump lists ${dumped:-0} records, the store holds $LARGE_RECORDS"
 lines=$(dump table | wc -l) || contract "--dump-checkpoints --output table failed"
@@ -632,7 +640,7 @@ stop_hung_workers() {
   done
   return 0
 }
-hung_deferred() { "$guard_bin" --dump-checkpoints --state-dir "$hung_state" --output json | jq '[.[] | select(.status == "deferred")] | length'; }
+hung_deferred() { "$(ctl_of "$guard_bin")" --dump-checkpoints --state-dir "$hung_state" --output json | jq '[.[] | select(.status == "deferred")] | length'; }
 say "setting up $HUNG_ENTRIES deferred DELs whose primary hangs"
 hung_olds=()
 for ((n = 0; n < HUNG_ENTRIES; n++)); do
@@ -814,7 +822,7 @@ restore_run() { # label binary second-octet
   local out start
   restore_lan "$1" "$3"
   start=${EPOCHREALTIME/./}
-  out=$("$2" --restore --all --state-dir "$work/restore-state-$1" 2>&1) ||
+  out=$("$(ctl_of "$2")" --restore --all --state-dir "$work/restore-state-$1" 2>&1) ||
     die "the $1 binary's restore failed: $out"
   samples[restore_$1]+="$((${EPOCHREALTIME/./} - start)) "
   grep -q "$RESTORE_PODS restored" <<<"$out" || die "the $1 binary did not restore $RESTORE_PODS pods: $out"

@@ -2,9 +2,11 @@
 //! library (src/lib.rs). An operator's command line goes to sandbox-guard-ctl beside it.
 #![cfg_attr(all(not(test), target_env = "gnu"), no_main)]
 
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
 use std::io::{IsTerminal, Write};
-use std::os::unix::process::CommandExt;
+use std::os::unix::ffi::OsStrExt;
+
+use nix::errno::Errno;
 
 use sandbox_guard::cni::config::{self, NetConf};
 use sandbox_guard::cni::env::{CniEnv, Verb};
@@ -98,9 +100,14 @@ fn run() -> ! {
 }
 
 /// The operator's commands, in the binary beside this one (the installer puts both in the
-/// same dir; a symlink to the plugin is followed to it). Exec'd in this process's place, so
-/// its output, exit status and signals are the command's own.
+/// same dir; a symlink to the plugin is followed to it), run in this process's place. By
+/// execv, not a PATH search: a file there that is not an executable is an error to say, never
+/// a shell script to run. `--version` alone is the plugin's own: it names what the runtime runs.
 fn run_ctl(args: &[OsString]) -> i32 {
+    if args.len() == 1 && args[0] == "--version" {
+        println!("{}", version::version_line());
+        return 0;
+    }
     let ctl = match std::env::current_exe() {
         Ok(exe) => exe.with_file_name(CTL_BINARY),
         Err(err) => {
@@ -110,13 +117,23 @@ fn run_ctl(args: &[OsString]) -> i32 {
             return 127;
         }
     };
-    let err = std::process::Command::new(&ctl).args(args).exec();
+    let argv: std::result::Result<Vec<CString>, _> = std::iter::once(ctl.as_os_str())
+        .chain(args.iter().map(OsString::as_os_str))
+        .map(|arg| CString::new(arg.as_bytes()))
+        .collect();
+    let (status, err) = match argv {
+        Ok(argv) => match nix::unistd::execv(&argv[0], &argv) {
+            Err(Errno::ENOENT) => (127, "it is not there".to_string()),
+            Err(errno) => (126, format!("it cannot be run: {errno}")),
+        },
+        Err(_) => (126, "a path or argument holds a NUL byte".to_string()),
+    };
     eprintln!(
-        "sandbox-guard: the operator's commands are in {}, which cannot be run ({err}); \
-         it ships beside the plugin (the image and --install put both in one dir)",
+        "sandbox-guard: the operator's commands are in {}, and {err}; put the {CTL_BINARY} of this build there \
+         (scripts/build.sh builds both, the image holds both)",
         ctl.display()
     );
-    127
+    status
 }
 
 /// Run by a person without CNI_COMMAND: what the reference plugins' skel prints then, on

@@ -1202,4 +1202,53 @@ fn the_plugin_hands_a_command_line_to_the_operator_binary_beside_it() {
         "{said}"
     );
     assert!(out.stdout.is_empty());
+    // What the runtime runs says its own version, with or without the ctl.
+    let version = std::process::Command::new(&copy)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(version.status.success(), "{version:?}");
+    assert_eq!(version.stdout, direct.stdout);
+
+    // A file there that is no executable is an error, never a shell script run in its place
+    // (an empty one would "succeed" under /bin/sh).
+    let ctl = Path::new(alone.path()).join("sandbox-guard-ctl");
+    std::fs::write(&ctl, b"").unwrap();
+    std::fs::set_permissions(&ctl, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = std::process::Command::new(&copy)
+        .arg("--doctor")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    assert!(text(&out.stderr).contains("cannot be run"), "{out:?}");
+}
+
+/// A conflist that names the operator's binary as its plugin gets a CNI error the runtime
+/// reads, at the config's version, saying which type to name.
+#[test]
+fn the_operator_binary_run_as_a_plugin_answers_a_cni_error() {
+    let mut run = std::process::Command::new(CTL)
+        .env("CNI_COMMAND", "ADD")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(
+        &mut run.stdin.take().unwrap(),
+        br#"{"cniVersion":"0.4.0","name":"pods","type":"sandbox-guard-ctl"}"#,
+    )
+    .unwrap();
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let error: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(error["cniVersion"], "0.4.0");
+    assert_eq!(error["code"], 7);
+    assert!(
+        error["details"]
+            .as_str()
+            .unwrap()
+            .contains("\"sandbox-guard\""),
+        "{error}"
+    );
 }

@@ -95,8 +95,11 @@ build_plugin() {
     echo "cargo reported no sandbox-guard executable for $triple" >&2
     return 1
   fi
-  # The operator's binary, which the plugin execs from beside itself, is built with it.
-  for binary in "$bin" "$(dirname "$bin")/sandbox-guard-ctl"; do
+  # The operator's binary, which the plugin execs from beside itself, is built with it (a
+  # checkout from before it was split off, a bench's baseline, has none).
+  local -a binaries=("$bin")
+  grep -q '"executable":"[^"]*/sandbox-guard-ctl"' <<<"$messages" && binaries+=("$(dirname "$bin")/sandbox-guard-ctl")
+  for binary in "${binaries[@]}"; do
     if ! is_static "$binary"; then
       echo "$binary is missing or not statically linked: does RUSTFLAGS in the environment" \
         "override .cargo/static.toml's rustflags?" >&2

@@ -14,6 +14,15 @@ pub const SUPPORTED: [&str; 7] = [
 pub const UNVERSIONED: &str = "0.1.0";
 pub const LATEST: &str = "1.1.0";
 
+/// What `--version` prints, the plugin's and the operator's binary's alike.
+pub fn version_line() -> String {
+    format!(
+        "sandbox-guard {} (CNI {})",
+        env!("CARGO_PKG_VERSION"),
+        SUPPORTED.join(", ")
+    )
+}
+
 /// The version to put in an error: the config's when we speak it, else our newest, so
 /// the runtime can always decode the error.
 pub fn for_reply(requested: Option<&str>) -> &str {

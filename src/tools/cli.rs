@@ -125,8 +125,8 @@ Options:
 const INSTALL_HELP: &str = "\
 Usage: sandbox-guard --install [options]
 
-Copies this binary into the dir the runtime searches for plugins (skipped when the same
-bytes are there) and puts sandbox-guard into the network the runtime runs: the one file in the conf dir that the
+Copies the plugin and sandbox-guard-ctl into the dir the runtime searches for plugins
+(each skipped when the same bytes are there) and puts sandbox-guard into the network the runtime runs: the one file in the conf dir that the
 runtime loads (libcni's order: the lexically first .conflist, .conf or .json that parses),
 or the network --network names; for multus, the cluster network it delegates to (wherever
 its clusterNetwork path is). Refuses a network at a cniVersion the plugin does not speak, a
@@ -216,8 +216,8 @@ pod key (\"name-and-ifname\"), rewrites every ownership, address entry and check
 is a symlink as the regular file earlier releases read (a checkpoint's text expanded), and
 puts back the checkpoints an earlier release's GC set aside, under the state dir's lock;
 crash-safe, and running it again changes nothing more. Run it, install
-the older binary, then run it again with this binary kept aside (a verb of this release in
-between moves the files back).
+the older binary, then run it again with this release's binaries kept aside in one dir, the
+plugin and sandbox-guard-ctl (a verb of this release in between moves the files back).
 
 Options:
       --state-dir DIR          state directory (default /var/lib/cni/sandbox-guard)
@@ -247,11 +247,7 @@ pub fn run(args: &[String]) -> i32 {
             0
         }
         Ok(Command::Version) => {
-            println!(
-                "sandbox-guard {} (CNI {})",
-                env!("CARGO_PKG_VERSION"),
-                crate::cni::version::SUPPORTED.join(", ")
-            );
+            println!("{}", crate::cni::version::version_line());
             0
         }
         Ok(Command::Doctor(options)) => doctor::run(&options),

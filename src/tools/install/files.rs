@@ -328,6 +328,15 @@ pub fn plugin_bytes() -> Result<Vec<u8>, String> {
     })
 }
 
+/// What the installer says of a binary `install_binaries` wrote.
+pub fn copied(written: &Path) -> String {
+    if written.file_name() == Some(std::ffi::OsStr::new(crate::CTL_BINARY)) {
+        format!("copied the operator's binary to {}", written.display())
+    } else {
+        format!("copied the binary to {}", written.display())
+    }
+}
+
 /// Copies the plugin and this operator's binary into `bin_dir`, each unless the same bytes
 /// are there already: the operator's first, so that a plugin there always has its commands
 /// beside it. The files written.

@@ -461,7 +461,7 @@ fn put_in(
         }
         check_dropin(&net, &dropin)?;
         for written in files::install_binaries(&dirs.target)? {
-            done.push(format!("copied the binary to {}", written.display()));
+            done.push(files::copied(&written));
         }
         if edit::has_guard(&net.doc.root)
             && !restore(&net, &edit::strip(&net.doc.root), named_by.as_deref(), done)?
@@ -511,7 +511,7 @@ fn put_in(
         fits_in_place(&net, bytes.len(), named_by.as_deref())?;
     }
     for written in files::install_binaries(&dirs.target)? {
-        done.push(format!("copied the binary to {}", written.display()));
+        done.push(files::copied(&written));
     }
     if let Some(dir) = &multus_dir {
         let written = files::install_binaries(dir).map_err(|e| {
@@ -538,8 +538,8 @@ fn put_in(
         })?;
         for written in written {
             done.push(format!(
-                "copied the binary to {} too: multus looks for its delegates there first (its binDir)",
-                written.display()
+                "{} too: multus looks for its delegates there first (its binDir)",
+                files::copied(&written)
             ));
         }
     }

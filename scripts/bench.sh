@@ -148,6 +148,9 @@ mounts=()                # loop-mounted file systems
 # shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
   local ns
+  # Everything here runs whatever failed before it: under errexit a worker that had already
+  # exited (its kill failing) ended the script here, leaving the loop mounts and the work dir.
+  set +e
   declare -F stop_hung_workers >/dev/null && stop_hung_workers
   [[ -n $netns ]] && ip netns del "$netns" 2>/dev/null # takes the veth pair with it
   for ns in "${mode_netns[@]}" "${restore_netns[@]}"; do ip netns del "$ns" 2>/dev/null; done

@@ -201,7 +201,8 @@ Options:
       --bin-dir DIR            CNI plugin dir (default /opt/cni/bin)
       --platform, --host-root, --runtime-socket
                                as for --install
-      --remove-binary          remove sandbox-guard from BIN-DIR and the runtime's dir
+      --remove-binary          remove sandbox-guard and sandbox-guard-ctl from BIN-DIR and
+                               the runtime's dir
       --force                  go on although deferred DELs wait (they stay in the store,
                                replayed only once delegate mode is back: meanwhile their
                                sandboxes' addresses may leak)

@@ -128,6 +128,7 @@ pub fn read_stdin() -> Result<Vec<u8>> {
                 Kind::Io,
                 format!("cannot read the network configuration from stdin: {e}"),
             )
+            .with_source(e)
         })?;
     if bytes.len() as u64 > MAX_STDIN {
         return Err(GuardError::new(

@@ -276,10 +276,9 @@ pub fn run(
         // A reader that stops early (`| head`) is not an error.
         .or_else(|e| match e {
             DumpError::Write(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
-            DumpError::Write(e) => Err(GuardError::new(
-                Kind::Io,
-                format!("cannot write the dump: {e}"),
-            )),
+            DumpError::Write(e) => {
+                Err(GuardError::new(Kind::Io, format!("cannot write the dump: {e}")).with_source(e))
+            }
             DumpError::Store(e) => Err(e),
         })
 }
@@ -537,7 +536,7 @@ fn cut_short(err: DumpError, written: bool) -> DumpError {
 const PENDING_BYTES: usize = 8 << 10;
 
 fn listing_error(e: io::Error) -> GuardError {
-    GuardError::new(Kind::Io, format!("cannot list the records: {e}"))
+    GuardError::new(Kind::Io, format!("cannot list the records: {e}")).with_source(e)
 }
 
 /// Where a record's row sorts, and its file, from the first pass.

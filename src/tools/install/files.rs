@@ -263,8 +263,7 @@ pub fn is_installer_temp(name: &str) -> bool {
     let ours = [".conflist", ".conf", ".json", ORIGINAL_SUFFIX, ".prom"]
         .iter()
         .any(|ext| file.ends_with(ext))
-        || file == super::edit::GUARD_TYPE
-        || file == crate::CTL_BINARY;
+        || BINARIES.contains(&file);
     !tag.is_empty() && tag_ok && ours
 }
 
@@ -308,18 +307,17 @@ pub fn remove(file: &Path) -> io::Result<bool> {
     }
 }
 
-/// The plugin this installer ships: the `sandbox-guard` beside this binary, as the build and
-/// the image leave them. What the runtime execs, and what readiness compares with the one
-/// the runtime finds.
-pub fn plugin_source() -> Result<PathBuf, String> {
-    std::env::current_exe()
-        .map(|ctl| ctl.with_file_name(super::edit::GUARD_TYPE))
-        .map_err(|e| format!("cannot find this binary: {e}"))
-}
+/// The binaries the installer puts in a bin dir, in the order it writes them: the operator's
+/// first, so that a plugin there always has its commands beside it.
+pub const BINARIES: [&str; 2] = [crate::CTL_BINARY, super::edit::GUARD_TYPE];
 
-/// The plugin's bytes (`plugin_source`).
+/// The bytes of the plugin this installer ships: the `sandbox-guard` beside this binary, as
+/// the build and the image leave them. What the runtime execs, and what readiness compares
+/// with the one the runtime finds.
 pub fn plugin_bytes() -> Result<Vec<u8>, String> {
-    let plugin = plugin_source()?;
+    let plugin = std::env::current_exe()
+        .map(|ctl| ctl.with_file_name(super::edit::GUARD_TYPE))
+        .map_err(|e| format!("cannot find this binary: {e}"))?;
     fs::read(&plugin).map_err(|e| {
         format!(
             "cannot read the plugin {} that ships beside this binary: {e}",
@@ -337,15 +335,14 @@ pub fn copied(written: &Path) -> String {
     }
 }
 
-/// Copies the plugin and this operator's binary into `bin_dir`, each unless the same bytes
-/// are there already: the operator's first, so that a plugin there always has its commands
-/// beside it. The files written.
+/// Copies `BINARIES` into `bin_dir`, each unless the same bytes are there already: this
+/// operator's binary and the plugin beside it. The files written.
 pub fn install_binaries(bin_dir: &Path) -> Result<Vec<PathBuf>, String> {
     let ctl = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
     let ctl = fs::read(&ctl).map_err(|e| format!("cannot read {}: {e}", ctl.display()))?;
     let plugin = plugin_bytes()?;
     let mut written = Vec::new();
-    for (name, bytes) in [(crate::CTL_BINARY, ctl), (super::edit::GUARD_TYPE, plugin)] {
+    for (name, bytes) in BINARIES.into_iter().zip([ctl, plugin]) {
         let target = bin_dir.join(name);
         if fs::read(&target).is_ok_and(|there| there == bytes) {
             continue;

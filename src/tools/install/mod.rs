@@ -1229,7 +1229,7 @@ fn remove_binary(
             let name = entry.file_name();
             let path = entry.path();
             let name_text = name.to_string_lossy();
-            if [edit::GUARD_TYPE, crate::CTL_BINARY]
+            if files::BINARIES
                 .iter()
                 .any(|binary| name_text.starts_with(&format!(".{binary}.")))
                 && is_temp(&name)
@@ -1242,9 +1242,10 @@ fn remove_binary(
     if !options.remove_binary {
         return Ok(());
     }
+    // In the reverse of the install's order: the plugin goes before its commands.
     let binaries: Vec<PathBuf> = dirs
         .iter()
-        .flat_map(|d| [d.join(edit::GUARD_TYPE), d.join(crate::CTL_BINARY)])
+        .flat_map(|d| files::BINARIES.iter().rev().map(|binary| d.join(binary)))
         .filter(|b| b.exists())
         .collect();
     // A pod attached through the guard is torn down through it: its DEL would fail to

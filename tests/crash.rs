@@ -278,18 +278,18 @@ fn assert_whole(store: &Store, where_: &str) {
     store.assert_every_owner_has_its_record();
 }
 
-/// A store with one sandbox of a pod: in a temp dir on the root file system (no journal here,
-/// so records and ownerships are files), or on `journal`, a tmpfs, which the store treats as
-/// a journal, as it does ext4's and XFS's: there they are symlinks.
-fn store_with_one_sandbox(journal: Option<&mount::Mount>) -> (Store, Pod, String) {
-    let Some(disk) = journal else {
+/// A store with one sandbox of a pod: in a temp dir on the root file system (ext4 without a
+/// journal here), or on `disk`, a tmpfs. Records are plain files on every file system (the
+/// symlink form that releases before took on a journal and on a tmpfs is only read).
+fn store_with_one_sandbox(disk: Option<&mount::Mount>) -> (Store, Pod, String) {
+    let Some(disk) = disk else {
         return Store::with_one_sandbox("crash", "db-0");
     };
     let store = Store::with_state_dir(disk.path.join(sys::unique("state")), &disk.path);
     let (pod, a) = (Pod::new("crash", "db-0"), container_id());
     store.add(&a, &pod).run().assert_ok();
     let record = store.record_path(NETWORK, &a, "eth0");
-    assert!(std::fs::symlink_metadata(&record).unwrap().is_symlink());
+    assert!(std::fs::symlink_metadata(&record).unwrap().is_file());
     (store, pod, a)
 }
 
@@ -300,14 +300,14 @@ fn add_killed_at_every_syscall_leaves_the_old_owner_or_the_new_one_on_its_record
 }
 
 #[test]
-fn add_killed_at_every_syscall_on_a_journal_leaves_the_old_owner_or_the_new_one_on_its_record() {
+fn add_killed_at_every_syscall_on_a_tmpfs_leaves_the_old_owner_or_the_new_one_on_its_record() {
     sys::skip_unless_root!(&["strace", "mount", "umount"]);
     add_killed_at_every_syscall(Some(&mount::Mount::tmpfs("size=32m,mode=0755")));
 }
 
-fn add_killed_at_every_syscall(journal: Option<&mount::Mount>) {
+fn add_killed_at_every_syscall(disk: Option<&mount::Mount>) {
     let setup = || {
-        let (store, pod, a) = store_with_one_sandbox(journal);
+        let (store, pod, a) = store_with_one_sandbox(disk);
         (store, pod, a, container_id())
     };
     kill_at_every_syscall(
@@ -334,14 +334,14 @@ fn del_killed_at_every_syscall_releases_the_pod_only_with_its_record_gone_after(
 }
 
 #[test]
-fn del_killed_at_every_syscall_on_a_journal_releases_the_pod_only_with_its_record_gone_after() {
+fn del_killed_at_every_syscall_on_a_tmpfs_releases_the_pod_only_with_its_record_gone_after() {
     sys::skip_unless_root!(&["strace", "mount", "umount"]);
     del_killed_at_every_syscall(Some(&mount::Mount::tmpfs("size=32m,mode=0755")));
 }
 
-fn del_killed_at_every_syscall(journal: Option<&mount::Mount>) {
+fn del_killed_at_every_syscall(disk: Option<&mount::Mount>) {
     let setup = || {
-        let (store, pod, a) = store_with_one_sandbox(journal);
+        let (store, pod, a) = store_with_one_sandbox(disk);
         let b = container_id();
         store.add(&b, &pod).run().assert_ok();
         (store, pod, a, b)

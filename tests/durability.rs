@@ -1,9 +1,8 @@
-//! What ADD syncs, on the file systems a node's /var/lib may be: an ownership, and a record
-//! whose text the file system keeps in a symlink's target, is a symlink made durable by its
-//! directory's fsync only where a journal commits the symlink's inode with it; on ext4 without
-//! a journal a directory fsync writes the entry but not the inode, so a power cut could lose
-//! an ownership ADD reported made, and there both are regular files synced on their own. Run
-//! under strace on loop-mounted ext4 with and without a journal, and XFS.
+//! What ADD and DEL sync, on the file systems a node's /var/lib may be: nothing, in a store
+//! scoped to the boot (docs/store.md), whatever the file system; records and ownerships are
+//! plain files. Run under strace on loop-mounted ext4 with and without a journal, and XFS.
+//! Stores of the releases before (symlink entries) are made here from this release's files,
+//! as those releases wrote them, for the downgrade's tests.
 
 #[path = "support/cni.rs"]
 mod cni;
@@ -19,10 +18,11 @@ mod testdata;
 use cni::{Pod, Store, container_id};
 use std::path::Path;
 
-/// The data syncs of an ADD, and whether the ownership and the record it wrote are symlinks.
-fn add_on(disk: &mount::Mount) -> (Vec<String>, bool, bool) {
-    let (syncs, symlink, record_symlink, _) = add_with_routes_on(disk, 0);
-    (syncs, symlink, record_symlink)
+/// The syncs of an ADD and of a DEL (a second sandbox's ADD, which rewrites the ownership, and
+/// its DEL), after a first ADD made the folders and marked the boot.
+fn syncs_on(disk: &mount::Mount) -> Vec<String> {
+    let (syncs, _) = add_with_routes_on(disk, 0);
+    syncs
 }
 
 /// The default prevResult of `container`'s eth0 with `routes` routes more: each makes its
@@ -41,47 +41,58 @@ fn result_with_routes(container: &str, routes: usize) -> serde_json::Value {
     result
 }
 
-/// `add_on` with a prevResult of `routes` routes more.
-fn add_with_routes_on(disk: &mount::Mount, routes: usize) -> (Vec<String>, bool, bool, usize) {
+/// `syncs_on` with a prevResult of `routes` routes more; and the record's length.
+fn add_with_routes_on(disk: &mount::Mount, routes: usize) -> (Vec<String>, usize) {
     let logs = sys::TempDir::new("sglogs");
     let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
     let pod = Pod::new("durable", "db-0");
-    // A first ADD makes the folders and a second sandbox's ADD rewrites the key's ownership,
-    // so both a new ownership and a rewrite are seen.
     store.add(&container_id(), &pod).run().assert_ok();
     let b = container_id();
     let result = result_with_routes(&b, routes);
     let trace = logs.path.join("trace");
-    let strace = [
-        "strace",
-        "-qq",
-        "-y",
-        "-e",
-        "trace=fsync,fdatasync",
-        "-o",
-        trace.to_str().unwrap(),
-    ];
+    let strace = sync_tracer(&trace);
     store
         .add(&b, &pod)
         .prev_result(&result)
         .wrapped_in(&strace)
         .run()
         .assert_ok();
-    let syncs = std::fs::read_to_string(&trace)
+    let mut syncs: Vec<String> = std::fs::read_to_string(&trace)
         .unwrap()
         .lines()
-        .filter(|l| l.starts_with("fdatasync("))
-        .map(str::to_string)
+        .map(|l| format!("ADD: {l}"))
         .collect();
     let owners = store.owner_files();
     assert_eq!(owners.len(), 1, "{owners:?}");
     let record = store.record_path(cni::NETWORK, &b, "eth0");
-    cni::verify_envelope(&record).unwrap();
-    if !is_symlink(&record) {
-        assert_eq!(cni::mode(&record), 0o600);
+    for entry in [&record, &owners[0]] {
+        assert!(!is_symlink(entry), "{entry:?} is a plain file");
+        assert_eq!(cni::mode(entry), 0o600);
+        cni::verify_envelope(entry).unwrap();
     }
-    let full = cni::read_entry(&record).unwrap().len();
-    (syncs, is_symlink(&owners[0]), is_symlink(&record), full)
+    let full = std::fs::read(&record).unwrap().len();
+    store.del(&b, &pod).wrapped_in(&strace).run().assert_ok();
+    syncs.extend(
+        std::fs::read_to_string(&trace)
+            .unwrap()
+            .lines()
+            .map(|l| format!("DEL: {l}")),
+    );
+    (syncs, full)
+}
+
+/// strace's arguments to log every sync call of the plugin and its children to `trace`.
+fn sync_tracer(trace: &Path) -> [&str; 8] {
+    [
+        "strace",
+        "-f",
+        "-qq",
+        "-y",
+        "-e",
+        "trace=fsync,fdatasync,sync,syncfs,sync_file_range",
+        "-o",
+        trace.to_str().unwrap(),
+    ]
 }
 
 fn is_symlink(path: &Path) -> bool {
@@ -91,71 +102,70 @@ fn is_symlink(path: &Path) -> bool {
         .is_symlink()
 }
 
+/// A power cut is a new boot, whose first writer moves what this boot's ADDs and DELs wrote
+/// aside: they sync nothing, on a journal or without one, with a record of any length.
 #[test]
-fn without_a_journal_the_ownership_is_a_file_synced_on_its_own() {
-    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "strace"]);
-    let disk = mount::Mount::ext4("^has_journal");
-    let (syncs, symlink, record_symlink) = add_on(&disk);
-    assert!(
-        !symlink && !record_symlink,
-        "a directory fsync does not write a new symlink's inode here"
-    );
-    assert!(
-        syncs.iter().any(|l| l.contains("/owners/")),
-        "the ownership's own data sync: {syncs:#?}"
-    );
-    assert!(
-        syncs.iter().any(|l| l.contains("/records/")),
-        "the record's data sync: {syncs:#?}"
-    );
-}
-
-/// The journal commit that makes the names durable carries the symlinks' targets too: no data
-/// sync at all (the one directory fsync: `on_an_ordered_journal_add_fsyncs_one_directory`).
-#[test]
-fn with_a_journal_add_makes_no_data_sync_and_the_record_and_ownership_symlinks() {
+fn add_and_del_sync_nothing_on_any_file_system() {
     sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "mkfs.xfs", "strace"]);
     for disk in [
+        mount::Mount::ext4("^has_journal"),
         mount::Mount::ext4("has_journal"),
         mount::Mount::image(&["mkfs.xfs", "-q", "-f"]),
     ] {
-        let (syncs, symlink, record_symlink) = add_on(&disk);
-        assert!(symlink && record_symlink);
+        let syncs = syncs_on(&disk);
         assert!(syncs.is_empty(), "{syncs:#?}");
     }
+    let disk = mount::Mount::image(&["mkfs.xfs", "-q", "-f"]);
+    let (syncs, full) = add_with_routes_on(&disk, 150);
+    assert!(full > 4096, "{full} bytes");
+    assert!(syncs.is_empty(), "{syncs:#?}");
 }
 
-/// A record longer than the file system keeps in a target (XFS: 1,023 bytes; ext4: a block less
-/// one, and mkfs.ext4 gives a file system under 512 MiB blocks of 1 KiB; Linux: 4,095) once
-/// compacted is a file, its data synced once, as without a journal. One whose full text is
-/// past that but whose compacted text is not is a symlink.
+/// The first writer of a boot marks the store as this boot's, durably, before its entries.
 #[test]
-fn a_record_too_long_for_a_symlink_is_a_file_with_one_data_sync() {
-    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "mkfs.xfs", "strace"]);
-    let ext4 = |block: &str| {
-        mount::Mount::image(&["mkfs.ext4", "-q", "-F", "-O", "has_journal", "-b", block])
-    };
-    let xfs = || mount::Mount::image(&["mkfs.xfs", "-q", "-f"]);
-    for (disk, routes, linked) in [
-        (xfs(), 8, true),
-        (xfs(), 30, false),
-        (ext4("1024"), 8, true),
-        (ext4("1024"), 30, false),
-        (ext4("4096"), 30, true),
-        (ext4("4096"), 150, false),
-    ] {
-        let (syncs, symlink, record_symlink, full) = add_with_routes_on(&disk, routes);
-        assert!(symlink);
-        assert_eq!(record_symlink, linked, "{routes} routes, {full} bytes");
-        if linked {
-            assert!(syncs.is_empty(), "{syncs:#?}");
-        } else {
-            assert_eq!(syncs.len(), 1, "{syncs:#?}");
-            assert!(syncs[0].contains("/records/"), "{syncs:#?}");
-        }
-        // Only its compacted text fits a target of 1,023 bytes.
-        assert!(routes != 8 || full > 1023, "{full} bytes");
+fn the_first_writer_of_a_boot_syncs_the_marker_once() {
+    sys::skip_unless_root!(&["strace"]);
+    let store = Store::new();
+    let logs = sys::TempDir::new("sgtrace");
+    let trace = logs.path.join("trace");
+    let strace = sync_tracer(&trace);
+    store
+        .add(&container_id(), &Pod::new("durable", "db-0"))
+        .wrapped_in(&strace)
+        .run()
+        .assert_ok();
+    let syncs: Vec<String> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    // The marker's data and the state dir, first; then only what outlives the boot: the
+    // network's `podKey` marker (`pod-keys/`), which a first ADD writes.
+    assert!(syncs.len() >= 2, "{syncs:#?}");
+    let marker_tmp = format!("/state/.{}", syncs[0].split(' ').next().unwrap());
+    assert!(
+        syncs[0].contains(" fdatasync(") && syncs[0].contains(&marker_tmp),
+        "{syncs:#?}"
+    );
+    assert!(
+        syncs[1].contains(" fsync(") && syncs[1].ends_with("/state>) = 0"),
+        "{syncs:#?}"
+    );
+    for sync in &syncs[2..] {
+        assert!(
+            sync.contains("/state/pod-keys") || sync.ends_with("/state>) = 0"),
+            "{syncs:#?}"
+        );
     }
+    let marker: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(store.state_dir.join("boot")).unwrap()).unwrap();
+    assert_eq!(marker["formatVersion"], 2);
+    assert_eq!(
+        marker["bootId"].as_str().unwrap(),
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .unwrap()
+            .trim()
+    );
 }
 
 /// The longest names an ownership can hold (a pod name of 253 characters, a namespace of 63,
@@ -253,7 +263,25 @@ fn two_sandboxes_on_a_journal() -> (mount::Mount, sys::TempDir, Store, Pod, Stri
     let (a, b) = (container_id(), container_id());
     store.add(&a, &pod).run().assert_ok();
     store.add(&b, &pod).run().assert_ok();
+    as_the_release_before_wrote_it(&store.state_dir);
     (disk, logs, store, pod, a, b)
+}
+
+/// Turns this release's files into the symlink entries the release before wrote on a journal:
+/// ownerships and address index entries hold their sealed text as a target, records theirs
+/// compacted; none carries a format version.
+fn as_the_release_before_wrote_it(state_dir: &Path) {
+    for dir in ["owners", "ips", "records"] {
+        for path in cni::files_in(&state_dir.join(dir)) {
+            let text = String::from_utf8(std::fs::read(&path).unwrap()).unwrap();
+            let text = text.replacen("\"formatVersion\":2,", "", 1);
+            std::fs::remove_file(&path).unwrap();
+            std::os::unix::fs::symlink("{}", &path).unwrap();
+            cni::write_entry_like(&path, text.as_bytes());
+            assert!(is_symlink(&path));
+            cni::verify_envelope(&path).unwrap();
+        }
+    }
 }
 
 #[test]
@@ -368,59 +396,6 @@ fn a_planted_symlink_for_an_ownership_is_refused_with_its_way_out() {
     assert!(is_symlink(&owner));
 }
 
-/// On one ordered log (ext4's journal, XFS's) the fsync of the directory changed last commits
-/// every change made before it: ADD fsyncs `owners/`, not `records/` too. Without a journal
-/// each changed directory is fsynced.
-fn directory_syncs_of_an_add(disk: &mount::Mount) -> Vec<String> {
-    let logs = sys::TempDir::new("sglogs");
-    let store = Store::with_state_dir(disk.path.join("state"), &logs.path);
-    store
-        .add(&container_id(), &Pod::new("durable", "web-0"))
-        .run()
-        .assert_ok();
-    let trace = logs.path.join("trace");
-    let strace = [
-        "strace",
-        "-qq",
-        "-y",
-        "-e",
-        "trace=fsync",
-        "-o",
-        trace.to_str().unwrap(),
-    ];
-    store
-        .add(&container_id(), &Pod::new("durable", "web-1"))
-        .wrapped_in(&strace)
-        .run()
-        .assert_ok();
-    std::fs::read_to_string(&trace)
-        .unwrap()
-        .lines()
-        .filter(|l| l.starts_with("fsync("))
-        .map(str::to_string)
-        .collect()
-}
-
-#[test]
-fn on_an_ordered_journal_add_fsyncs_one_directory() {
-    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "mkfs.xfs", "strace"]);
-    for disk in [
-        mount::Mount::ext4("has_journal"),
-        mount::Mount::image(&["mkfs.xfs", "-q", "-f"]),
-    ] {
-        let syncs = directory_syncs_of_an_add(&disk);
-        assert_eq!(syncs.len(), 1, "{syncs:#?}");
-        assert!(syncs[0].contains("/owners>"), "{syncs:#?}");
-    }
-    let disk = mount::Mount::ext4("^has_journal");
-    let syncs = directory_syncs_of_an_add(&disk);
-    assert!(
-        syncs.iter().any(|l| l.contains("/records>"))
-            && syncs.iter().any(|l| l.contains("/owners>")),
-        "{syncs:#?}"
-    );
-}
-
 /// What `--doctor` and the installer say of a state dir on `disk` (made there by an ADD, or
 /// not yet, as before a node's first pod): the doctor's store-journal finding, `--install`'s
 /// warnings and `--install --check`'s lines.
@@ -479,7 +454,8 @@ fn the_doctor_and_the_installer_warn_of_a_state_dir_without_a_journal() {
         assert!(
             doctor.contains("\"warning\"")
                 && doctor.contains("without a journal")
-                && doctor.contains("63 acknowledged ADDs lost")
+                && doctor.contains("deferred DELs can be lost")
+                && doctor.contains("63 acknowledged ADDs")
                 && doctor.contains("journal_task reads <none>")
                 && doctor.contains("tune2fs -O has_journal"),
             "{context}: {doctor}"

@@ -90,6 +90,9 @@ pub struct Checkpoint {
     /// path and name; absent in records of earlier releases and when ADD could not read it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<SandboxIdentity>,
+    /// The boot its sandbox lives in; absent in earlier releases' records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
 }
 
 /// The sandbox's netns and interface as ADD found them. A netns path can come to name another

@@ -59,7 +59,11 @@ pub fn mark(state_dir: &Path, id: &AttachmentId, error: &GuardError) {
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
             .open(&path)
             .and_then(|note| note.set_len(generation_counter(state_dir)))
-            .and_then(|()| File::open(&dir)?.sync_all())
+            // Boot-scoped (`boot`): synced only where no boot id scopes the store.
+            .and_then(|()| match crate::clock::boot_id() {
+                Some(_) => Ok(()),
+                None => File::open(&dir)?.sync_all(),
+            })
             .map_err(|e| GuardError::io("note the failed ADD in", &path, e))
     });
     if let Err(e) = written {

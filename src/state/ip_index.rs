@@ -7,12 +7,11 @@
 //! last gave the address to.
 //!
 //! ```text
-//! <stateDir>/ips/<network>:<address>    IpHolder, sealed, as a symlink's target
+//! <stateDir>/ips/<network>:<address>    IpHolder, sealed
 //! ```
 //!
-//! An entry is a symlink whose target is its sealed text, as an ownership is
-//! (`sealed::write_entry`): a new address costs one symlink() and no temp file; entries
-//! written as regular files by earlier releases are read too.
+//! Entries written by earlier releases as symlinks whose target is the sealed text are read
+//! too. The index is boot-scoped (`boot`): after a reboot no namespace it names exists.
 //!
 //! DEL leaves the entry where it is on purpose: once the record is gone, the entry is the only
 //! trace of which namespace had the address, and that is what tells "deleted, but its
@@ -92,7 +91,9 @@ impl Store {
         let mut first_failure = None;
         for holder in holders {
             let name = entry_name(&holder.network, holder.address);
-            if let Err(e) = sealed::write_entry(&dir, &name, holder, sealed::Durability::Hint) {
+            let written =
+                sealed::replace(&dir, &name, &sealed::seal(holder), sealed::Durability::Hint);
+            if let Err(e) = written {
                 first_failure.get_or_insert(crate::error::GuardError::io(
                     "record the holder of an address in",
                     &dir.join(&name),
@@ -133,7 +134,7 @@ impl Store {
 }
 
 fn read_entry(path: &Path) -> Option<IpHolder> {
-    match sealed::read_entry::<IpHolder>(path) {
+    match sealed::read_any::<IpHolder>(path) {
         // A checksum is no signature: names from the file are checked before they make a path.
         Ok(Loaded::Valid(holder)) if plain_names(&holder) => Some(holder),
         _ => None,

@@ -1,78 +1,16 @@
-//! Whether the state dir's file system journals its metadata: what lets an ownership be a
-//! symlink made durable by its directory's fsync alone (`Store::save_owner`).
-//!
-//! A journaling file system (ext4 with its journal, XFS, btrfs) commits a new symlink's inode
-//! with the directory entry that names it, in the order the changes were made. ext2, ext3 and
-//! ext4 without a journal (`mkfs.ext4 -O ^has_journal`, some cloud images' root), vfat and
-//! the rest do not: a directory fsync there writes the entry but not the new inode, so a
-//! power cut could lose an ownership ADD reported made. Those get the regular file with its
-//! own fsync, as releases before the symlink form wrote it. Unknown means no journal: the
-//! durable form costs a sync, the other could cost the outage the guard prevents.
+//! What the state dir's file system does for a power cut, for `--doctor` and the installer.
+//! The store itself syncs only what outlives the boot (`boot`): on ext2, ext3 and ext4 without
+//! a journal the file system writes its blocks in its own order whatever a program syncs, so
+//! even those can be lost, and a power cut can leave it for a manual fsck.
 
-use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 
-use nix::sys::statfs::{
-    BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC, fstatfs,
-};
+use nix::sys::statfs::{BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC};
 
-/// How the state dir's file system makes metadata durable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Journal {
-    /// One log written in the order of the changes (jbd2 under ext3 and ext4, XFS's log): a
-    /// sync that commits a change commits every change made before it, in whatever directory.
-    /// On ext4 a directory's fsync commits the whole running transaction; on XFS it forces the
-    /// log up to the directory's last change. tmpfs counts here too: nothing survives a power
-    /// cut there, so there is no order to keep.
-    Ordered,
-    /// A log per inode (btrfs's log tree): each directory's fsync logs that directory only.
-    PerInode,
-    /// No journal (ext2, ext4 made without one) or one not known.
-    None,
-}
-
-/// `file` is any file of the state dir's file system (the lock file). One fstatfs; on the ext
-/// family (one magic for ext2, ext3 and ext4) an fstat, a readlink and an access more.
-pub fn journal_of(file: &File) -> Journal {
-    let Ok(fs) = fstatfs(file) else {
-        return Journal::None;
-    };
-    match fs.filesystem_type() {
-        XFS_SUPER_MAGIC | TMPFS_MAGIC => Journal::Ordered,
-        BTRFS_SUPER_MAGIC => Journal::PerInode,
-        EXT4_SUPER_MAGIC
-            if file
-                .metadata()
-                .is_ok_and(|meta| ext_has_journal(meta.dev())) =>
-        {
-            Journal::Ordered
-        }
-        _ => Journal::None,
-    }
-}
-
-/// jbd2 lists each journal it runs as /proc/fs/jbd2/<device>-<journal inode>, 8 for an
-/// internal one; the device's name comes from /sys/dev/block. Without /proc or /sys (a bare
-/// container) or with an external journal, no journal is found: the durable form is taken.
-fn ext_has_journal(dev: u64) -> bool {
-    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
-    let Ok(device) = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")) else {
-        return false;
-    };
-    let Some(name) = device.file_name() else {
-        return false;
-    };
-    let mut jbd2 = std::ffi::OsString::from("/proc/fs/jbd2/");
-    jbd2.push(name);
-    jbd2.push("-8");
-    std::path::Path::new(&jbd2).exists()
-}
-
-/// What a state dir's file system does for a power cut, for `--doctor` and the installer
-/// (the store decides per exec with `journal_of`).
+/// What a state dir's file system does for a power cut.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PowerCut {
-    /// Journaled: what the guard acknowledged survives.
+    /// Journaled: what the guard syncs survives.
     Journaled,
     /// ext2, ext3 or ext4 without a journal, on this device: what ext4 itself says (a
     /// read-only look at /sys/fs/ext4/<device>/journal_task, "<none>" without one; where the
@@ -158,17 +96,18 @@ fn mounted_nobarrier(major: u64, minor: u64) -> bool {
 /// What a journal without barriers costs, and how out.
 pub const NO_BARRIER_COST: &str = "ext4 mounted nobarrier sends the drive no cache flush, so on a \
     drive with a volatile write cache a power cut can lose or reorder what the journal \
-    committed, ADDs the guard acknowledged with it";
+    committed, delegate mode's deferred DELs (the state the guard syncs) with it";
 
 pub const NO_BARRIER_FIX: &str = "remount the file system with barriers (mount -o remount,barrier \
     <mount point>, and drop nobarrier from fstab), unless the drive's write cache is \
     non-volatile (battery- or capacitor-backed)";
 
 /// What a file system without a journal costs, said the same by `--doctor` and the installer.
-pub const NO_JOURNAL_COST: &str = "a power cut can lose ADDs the guard acknowledged (measured: 63 \
-    acknowledged ADDs lost at 16 of 1,390 cuts) and leave the file system for a manual fsck \
-    (e2fsck -p gives up at most cuts), and every ADD pays two data syncs and two directory \
-    syncs instead of one commit";
+pub const NO_JOURNAL_COST: &str = "a power cut can leave the file system for a manual fsck \
+    (e2fsck -p gave up at most of 1,390 cuts measured), so the node may not boot unattended, and \
+    the file system writes its blocks in its own order whatever the guard syncs, so delegate \
+    mode's deferred DELs can be lost (an earlier, synced store lost 63 acknowledged ADDs at 16 \
+    of those cuts)";
 
 /// How to get a journal there.
 pub fn no_journal_fix(device: &str) -> String {
@@ -176,6 +115,22 @@ pub fn no_journal_fix(device: &str) -> String {
         "put the state dir (stateDir) on a journaled file system (ext4 with its journal, XFS), or add a \
          journal to this one: tune2fs -O has_journal /dev/{device} (effective at its next mount)"
     )
+}
+
+/// jbd2 lists each journal it runs as /proc/fs/jbd2/<device>-<journal inode>, 8 for an
+/// internal one; the device's name comes from /sys/dev/block.
+fn ext_has_journal(dev: u64) -> bool {
+    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    let Ok(device) = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")) else {
+        return false;
+    };
+    let Some(name) = device.file_name() else {
+        return false;
+    };
+    let mut jbd2 = std::ffi::OsString::from("/proc/fs/jbd2/");
+    jbd2.push(name);
+    jbd2.push("-8");
+    std::path::Path::new(&jbd2).exists()
 }
 
 #[cfg(test)]

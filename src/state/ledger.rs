@@ -277,7 +277,7 @@ impl Store {
         entry.note(handled, if_name, stale, owner, owner_generation, &now);
         sealed::write(&self.ledger, &key.digest(), &entry)?;
         self.mark_dirty(super::Dir::Ledger);
-        if created {
+        if created && self.durable {
             super::sync_path(&self.root)?;
         }
         Ok(())

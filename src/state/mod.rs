@@ -4,11 +4,13 @@
 //!
 //! ```text
 //! <stateDir>/lock                                  flock; holds the generation counter
+//! <stateDir>/boot                                  the boot the folders below are of (boot)
+//! <stateDir>/previous-boot/<boot id>/              the boot before's records, owners, ...
 //! <stateDir>/records/<network>:<container>:<if>    Checkpoint
-//! <stateDir>/owners/<sha256 of the pod key>        Ownership, a symlink whose target is its sealed text
+//! <stateDir>/owners/<sha256 of the pod key>        Ownership
 //! <stateDir>/set-aside/<original name>             corrupt files, kept for the operator
 //! <stateDir>/failed-adds/<network>:<container>:<if> an ADD the guard failed (see failed_add)
-//! <stateDir>/ips/<network>:<address>               who was last given an address (ip_index), a symlink too
+//! <stateDir>/ips/<network>:<address>               who was last given an address (ip_index)
 //! <stateDir>/deferred/<sha256 of the pod key>/<network>:<container>:<if>
 //!                                                  a stale DEL kept from the primary (delegate mode)
 //! <stateDir>/pod-locks/<sha256 of the pod key>     flock per pod key (delegate mode)
@@ -27,6 +29,7 @@
 //! create, chmod and lock-create nothing, and take the shared lock only around what must be
 //! read consistently, never while they write to stdout.
 
+pub mod boot;
 pub mod checkpoint;
 pub mod deferred;
 pub mod entry_text;
@@ -41,7 +44,7 @@ pub mod pod_lock;
 pub mod rekey;
 pub mod sealed;
 
-use std::cell::{Cell, OnceCell};
+use std::cell::Cell;
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
@@ -93,11 +96,16 @@ pub struct Store {
     /// Directories changed since the last sync, in the order of their first change: `sync`
     /// keeps that order.
     dirty: Cell<DirtyDirs>,
-    /// The record written since the last sync, whose data `sync` makes durable first.
+    /// A durable store's record written since the last sync, whose data `sync` makes durable
+    /// first.
     unsynced_record: Cell<Option<File>>,
-    /// How the file system journals metadata (`journal`), asked once, at the first record or
-    /// ownership written or the first sync of more than one directory.
-    journal: OnceCell<journal::Journal>,
+    /// This boot's id, where the kernel gives one.
+    boot_now: Option<String>,
+    /// Whether every write must be durable: a writer whose store is not scoped to the boot
+    /// (no boot id to scope it by, `boot::enter`).
+    durable: bool,
+    /// What the boot marker says of the live folders (readers; a writer's are this boot's).
+    live: boot::LiveFolders,
 }
 
 /// Folders, each at most once, in the order they were first marked.
@@ -105,8 +113,6 @@ pub struct Store {
 struct DirtyDirs {
     order: [Dir; 5],
     len: u8,
-    /// The one changed last.
-    last: Dir,
 }
 
 impl DirtyDirs {
@@ -115,7 +121,6 @@ impl DirtyDirs {
             self.order[usize::from(self.len)] = dir;
             self.len += 1;
         }
-        self.last = dir;
     }
 
     fn in_order(&self) -> &[Dir] {
@@ -126,9 +131,6 @@ impl DirtyDirs {
         if let Some(at) = self.in_order().iter().position(|&d| d == dir) {
             self.order.copy_within(at + 1..usize::from(self.len), at);
             self.len -= 1;
-        }
-        if self.last == dir {
-            self.last = self.in_order().last().copied().unwrap_or_default();
         }
     }
 }
@@ -157,20 +159,30 @@ impl Drop for ReadLock<'_> {
 impl Store {
     /// For writers: creates (mode 0700) the state dir and its folders, and waits at most
     /// `wait` for the exclusive lock. On a read-only filesystem this fails with Kind::ReadOnly.
+    ///
+    /// The first writer of a boot moves the boot before's folders aside (`boot::enter`) before
+    /// it makes the folders anew.
     pub fn open(root: &Path, wait: Duration) -> Result<Store> {
         ensure_dir(root)?;
-        let store = Store::at(root, None, true);
-        for dir in [&store.records, &store.owners, &store.set_aside] {
-            ensure_dir(dir)?;
-        }
         let lock_path = root.join("lock");
         let lock = open_lock_file(&lock_path)
             .map_err(|e| GuardError::io("open the lock file", &lock_path, e))?;
         lock::acquire(&lock, &lock_path, Access::Exclusive, wait, &|_| {})?;
-        Ok(Store {
+        let entered = boot::enter(root)?;
+        let store = Store {
             lock: Some(lock),
-            ..store
-        })
+            durable: entered.boot.is_none(),
+            boot_now: entered.boot,
+            live: boot::LiveFolders::ThisBoot,
+            ..Store::at(root, None, true)
+        };
+        for dir in [&store.records, &store.owners, &store.set_aside] {
+            ensure_dir(dir)?;
+        }
+        if entered.moved {
+            store.set_record_count(0);
+        }
+        Ok(store)
     }
 
     /// For readers: the state dir must exist; nothing is created, chmodded or locked here.
@@ -193,7 +205,12 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(GuardError::io("open the lock file", &lock_path, e)),
         };
-        Ok(Store::at(root, lock, false))
+        let boot_now = crate::clock::boot_id();
+        Ok(Store {
+            live: boot::live_folders(root, boot_now.as_deref()),
+            boot_now,
+            ..Store::at(root, lock, false)
+        })
     }
 
     fn at(root: &Path, lock: Option<File>, writable: bool) -> Store {
@@ -210,7 +227,9 @@ impl Store {
             records_delta: Cell::new(0),
             dirty: Cell::new(DirtyDirs::default()),
             unsynced_record: Cell::new(None),
-            journal: OnceCell::new(),
+            boot_now: None,
+            durable: true,
+            live: boot::LiveFolders::Unscoped,
         }
     }
 
@@ -305,46 +324,23 @@ impl Store {
     }
 
     pub fn load_record(&self, id: &AttachmentId) -> Result<Loaded<Checkpoint>> {
-        sealed::read_either(&self.record_path(id), self.journals_metadata())
+        sealed::read_any(&self.record_path(id))
     }
 
-    /// Puts the record in place; it is made durable by the next `sync`, which it must precede
-    /// in the same operation (see there).
-    ///
-    /// On a journal it is a symlink entry, as an ownership is (`save_owner`): the journal
-    /// commit of `sync` carries its text, compacted (`entry_text`) to fit more often, with no
-    /// data write and no data sync of its own. One still longer than the file system keeps in a
-    /// target (XFS keeps 1,023 bytes), and every record where no journal orders the writes,
-    /// is a file whose data `sync` makes durable first.
+    /// Puts the record in place, atomically: a writer killed at any point leaves the old file
+    /// or the new one. Only a durable store (`durable`) syncs it, at the next `sync`, which it
+    /// must then precede in the same operation.
     pub fn save_record(&self, record: &Checkpoint) -> Result<()> {
         let name = record.id().file_name();
-        let sealed = sealed::seal(record);
-        let compacted = match self.journals_metadata() {
-            true => entry_text::compact(&sealed),
-            false => None,
-        };
-        let linked =
-            match compacted {
-                Some(text) => Some(sealed::link_entry(&self.records, &name, &text).map_err(
-                    |e| GuardError::io("write checkpoint", &self.records.join(&name), e),
-                )?),
-                None => None,
-            };
-        let new = match linked {
-            Some(sealed::Linked::New) => true,
-            Some(sealed::Linked::Replaced) => false,
-            // No journal, a text that cannot be compacted, or one too long for a link.
-            Some(sealed::Linked::TooLong) | None => {
-                let new = surely_absent(&self.records.join(&name));
-                let file = sealed::write_unsynced(&self.records, &name, &sealed, new)?;
-                if let Some(earlier) = self.unsynced_record.replace(Some(file)) {
-                    earlier
-                        .sync_data()
-                        .map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
-                }
-                new
-            }
-        };
+        let new = surely_absent(&self.records.join(&name));
+        let file = sealed::write_unsynced(&self.records, &name, &sealed::seal(record), new)?;
+        if self.durable
+            && let Some(earlier) = self.unsynced_record.replace(Some(file))
+        {
+            earlier
+                .sync_data()
+                .map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
+        }
         self.mark_dirty(Dir::Records);
         self.records_delta
             .set(self.records_delta.get() + i64::from(new));
@@ -393,7 +389,7 @@ impl Store {
     }
 
     pub fn load_owner(&self, key: &PodKey) -> Result<Loaded<Ownership>> {
-        let loaded = sealed::read_entry::<Ownership>(&self.owner_path(key))?;
+        let loaded = sealed::read_any::<Ownership>(&self.owner_path(key))?;
         // A digest collision or a file copied by hand would name another key.
         Ok(match loaded {
             Loaded::Valid(owner) if owner.key != *key => Loaded::Corrupt {
@@ -407,40 +403,54 @@ impl Store {
                 path: self.owner_path(key),
                 reason: "it names a container or interface that is not plain".to_string(),
             },
+            // Copied from another boot's store: its sandbox has ended with that boot.
+            Loaded::Valid(owner) if !self.of_this_boot(owner.boot_id.as_deref()) => Loaded::Missing,
             other => other,
         })
     }
 
-    /// An ownership is a symlink whose target is its sealed text (`sealed::write_entry`): no
-    /// data of its own to sync, so the one journal commit of `sync` takes it with the record.
-    /// One written by an earlier release as a regular file is read as well, and replaced by
-    /// the new form here, on its next change.
-    ///
-    /// On a file system without a journal (`journal`) a directory fsync would not write the
-    /// symlink's inode, and a power cut could lose an ownership the verb reported made: there
-    /// it is the regular file of earlier releases, its data synced before its rename, after
-    /// the record's data, as those releases did.
+    /// Replaces the ownership atomically; a durable store syncs the record's data first, so no
+    /// crash leaves an owner whose record's data is lost.
     pub fn save_owner(&self, owner: &Ownership) -> Result<()> {
         let name = owner.key.digest();
-        if self.journals_metadata() {
-            sealed::write_entry(&self.owners, &name, owner, sealed::Durability::Durable)
-                .map_err(|e| GuardError::io("write the ownership", &self.owners.join(&name), e))?;
-        } else {
-            if let Some(record) = self.unsynced_record.take() {
-                record
-                    .sync_data()
-                    .map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
+        let durability = match self.durable {
+            true => {
+                if let Some(record) = self.unsynced_record.take() {
+                    record
+                        .sync_data()
+                        .map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
+                }
+                sealed::Durability::Durable
             }
-            sealed::replace(
-                &self.owners,
-                &name,
-                &sealed::seal(owner),
-                sealed::Durability::Durable,
-            )
+            false => sealed::Durability::Hint,
+        };
+        let stamped = Ownership {
+            boot_id: self.boot_now.clone(),
+            ..owner.clone()
+        };
+        sealed::replace(&self.owners, &name, &sealed::seal(&stamped), durability)
             .map_err(|e| GuardError::io("write the ownership", &self.owners.join(&name), e))?;
-        }
         self.mark_dirty(Dir::Owners);
         Ok(())
+    }
+
+    /// Whether an entry that names `boot` (none: written before entries named one) belongs
+    /// to this boot. Where this boot's id is unknown, every entry is taken as its own.
+    pub fn of_this_boot(&self, boot: Option<&str>) -> bool {
+        match (boot, &self.boot_now) {
+            (Some(boot), Some(now)) => boot == now,
+            _ => true,
+        }
+    }
+
+    /// This boot's id, which ADD writes into its record and ownership.
+    pub fn boot_id(&self) -> Option<&str> {
+        self.boot_now.as_deref()
+    }
+
+    /// What the boot marker says of the live folders (a writer's are always this boot's).
+    pub fn live_folders(&self) -> &boot::LiveFolders {
+        &self.live
     }
 
     pub fn remove_owner(&self, key: &PodKey) -> Result<()> {
@@ -583,60 +593,33 @@ impl Store {
         Ok(true)
     }
 
-    /// Makes every change since the last sync durable: first the data of a record written
-    /// since as a file (one fdatasync), then the changed directories: on one ordered log
-    /// (`journal::Journal::Ordered`) the one changed last, elsewhere each, in the order they
-    /// were first changed.
+    /// Where the store is scoped to the boot (`boot`), nothing a verb wrote needs a sync: a
+    /// crash that loses page-cache writes is a new boot, whose first writer moves every one
+    /// of these folders aside, and a killed writer leaves whole files (each is renamed in).
+    /// Only the record count is brought up to date.
     ///
-    /// So a verb changes what it must, in the order that keeps the store consistent (ADD: the
-    /// record, then the ownership that points at it, then the address index; DEL and GC: the
-    /// ownership, then the record), and syncs once. On a journaling file system the first
-    /// fsync is the one journal commit of the operation (the record's fdatasync where it is a
-    /// file, else the directory's): ext4 commits its running transaction, which holds every
-    /// rename, link, symlink and unlink made before it, and XFS forces its log up to the
-    /// file's last change, past every earlier change; metadata reaches the disk in the order
-    /// it was changed, so the ownership (a symlink, metadata only) never outlives a crash
-    /// without its record's name. After a record file's fdatasync the directory fsync mostly
-    /// finds nothing left to commit; it is what commits the names made after the record's
-    /// last change where that change fell in an earlier commit (its blocks allocated at write
-    /// time, as with `nodelalloc` or `data=journal`, or a commit between the two). One
-    /// suffices on an ordered log; a file system that logs each directory on its own (btrfs)
-    /// gets each.
-    ///
-    /// A record that is a symlink is whole or absent after a crash. A crash before the sync
-    /// can leave a record file's name with its data not yet written (delayed allocation),
-    /// and its ownership beside it: the record then reads as corrupt,
-    /// never as valid and wrong, and the store trusts an owner whose record is corrupt
-    /// (`owner_is_backed`), so the pod keeps its owner and stale DELs stay refused, as after
-    /// any other damage to a record. Were a crash still to leave an owner whose record is
-    /// gone, the ownership rule drops it (`DelVerdict::Repair`). A file system without a
-    /// journal keeps no order at all, and its directory fsync does not write the inode of a
-    /// symlink made in it: there the ownership is a regular file synced on its own
-    /// (`save_owner`), one data sync more.
+    /// A durable store (no boot id to scope it by) makes every change since the last sync
+    /// durable: first the data of a record written since, then each changed directory in the
+    /// order it was first changed (ADD: the record, then the ownership that points at it;
+    /// DEL and GC: the ownership, then the record), so no crash leaves an owner without its
+    /// record.
     pub fn sync(&self) -> Result<()> {
-        if let Some(record) = self.unsynced_record.take() {
-            record
-                .sync_data()
-                .map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
-        }
         let dirty = self.dirty.take();
-        // On one ordered log the fsync of the directory changed last commits the changes made
-        // before it in the others too: one fsync instead of one per directory (on ext4 each
-        // would commit whatever else the node's processes changed meanwhile).
-        let last = [dirty.last];
-        let dirs = match dirty.in_order() {
-            many @ [_, _, ..] if self.journal() != journal::Journal::Ordered => many,
-            [_, _, ..] => &last[..],
-            few => few,
-        };
-        for &dir in dirs {
-            sync_path(match dir {
-                Dir::Records => &self.records,
-                Dir::Owners => &self.owners,
-                Dir::SetAside => &self.set_aside,
-                Dir::FailedAdds => &self.failed_adds,
-                Dir::Ledger => &self.ledger,
-            })?;
+        if self.durable {
+            if let Some(record) = self.unsynced_record.take() {
+                record
+                    .sync_data()
+                    .map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
+            }
+            for &dir in dirty.in_order() {
+                sync_path(match dir {
+                    Dir::Records => &self.records,
+                    Dir::Owners => &self.owners,
+                    Dir::SetAside => &self.set_aside,
+                    Dir::FailedAdds => &self.failed_adds,
+                    Dir::Ledger => &self.ledger,
+                })?;
+            }
         }
         let delta = self.records_delta.take();
         if delta != 0
@@ -660,19 +643,6 @@ impl Store {
             self.dirty.set(dirty);
         }
         self.sync()
-    }
-
-    fn journal(&self) -> journal::Journal {
-        *self.journal.get_or_init(|| match &self.lock {
-            Some(lock) => journal::journal_of(lock),
-            // A reader without the lock file asks of the state dir itself.
-            None => File::open(&self.root)
-                .map_or(journal::Journal::None, |root| journal::journal_of(&root)),
-        })
-    }
-
-    fn journals_metadata(&self) -> bool {
-        self.journal() != journal::Journal::None
     }
 
     fn mark_dirty(&self, dir: Dir) {
@@ -711,6 +681,8 @@ impl Store {
     pub fn set_generation_counter_durably(&self, value: u64) -> Result<()> {
         self.set_generation_counter(value);
         match &self.lock {
+            // In a store scoped to the boot a power cut takes every owner aside with it.
+            Some(_) if !self.durable => Ok(()),
             Some(lock) => lock.sync_data().map_err(|e| {
                 GuardError::io("sync the generation counter in", &self.root.join("lock"), e)
             }),
@@ -731,10 +703,9 @@ impl Store {
         self.paths(Folder::Records)
     }
 
-    /// Reads one path of `record_paths` as `list_records` would: either form, the one records
-    /// take on this file system asked for first (`save_record`).
+    /// Reads one path of `record_paths` as `list_records` would.
     pub fn load_record_at(&self, path: &Path) -> Loaded<Checkpoint> {
-        listed(path, sealed::read_either(path, self.journals_metadata()))
+        listed(path, sealed::read_any(path))
     }
 
     pub fn list_owners(&self) -> Result<Vec<(PathBuf, Loaded<Ownership>)>> {
@@ -947,9 +918,10 @@ pub(crate) fn read_for_listing<T: serde::de::DeserializeOwned>(path: &Path) -> L
     listed(path, sealed::read(path))
 }
 
-/// Reads an ownership (or another `sealed::write_entry` entry) as `read_for_listing` reads a file.
+/// Reads an ownership or an address index entry (a file, or the symlink entry releases
+/// before wrote) as `read_for_listing` reads a file.
 pub(crate) fn read_entry_for_listing<T: serde::de::DeserializeOwned>(path: &Path) -> Loaded<T> {
-    listed(path, sealed::read_entry(path))
+    listed(path, sealed::read_any(path))
 }
 
 /// A listing goes on past a file it cannot read: that one shows as corrupt, with why.

@@ -128,6 +128,9 @@ pub struct Ownership {
     /// network under this pod name). A key with one names its only interface itself.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces: Vec<String>,
+    /// The boot it was written in (`Store::save_owner` stamps it); absent in earlier releases'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
 }
 
 impl Ownership {
@@ -171,6 +174,7 @@ pub fn taken(
         pod_uid,
         generation,
         interfaces,
+        boot_id: None,
     }
 }
 

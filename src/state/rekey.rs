@@ -22,7 +22,7 @@ use std::time::Duration;
 use super::ledger::LedgerEntry;
 use super::ownership::{self, Ownership, PodKey, PodKeyRule};
 use super::{Loaded, Store, ensure_dir, surely_absent, sync_path};
-use crate::error::Result;
+use crate::error::{GuardError, Result};
 
 pub const POD_KEYS: &str = "pod-keys";
 
@@ -492,6 +492,12 @@ impl Store {
             sync_path(&dir)?;
         }
         rewritten += self.restore_set_aside_records()?;
+        // This boot's files were written without a sync (`boot`), and the release before
+        // knows no boot: after a power cut it would judge by whatever of them reached the disk.
+        let root = std::fs::File::open(&self.root)
+            .map_err(|e| GuardError::io("open the state dir", &self.root, e))?;
+        nix::unistd::syncfs(&root)
+            .map_err(|e| GuardError::io("sync the file system of", &self.root, e.into()))?;
         Ok((networks.into_iter().collect(), rewritten))
     }
 

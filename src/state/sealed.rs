@@ -1,11 +1,12 @@
-//! Files that carry their own sha256, written atomically and durably.
+//! Files that carry their own sha256, written atomically (and durably where asked).
 //!
-//! On disk: `{"checksum":"sha256:<hex>","record":<record>}`. The checksum covers the exact
-//! bytes of `<record>`, so verifying needs no re-serialisation.
+//! On disk: `{"formatVersion":2,"checksum":"sha256:<hex>","record":<record>}`. The checksum
+//! covers the exact bytes of `<record>`, so verifying needs no re-serialisation. A file
+//! without `formatVersion` is of format 1 (releases before it) and reads alike; one of a
+//! format newer than this release knows is never trusted.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -42,14 +43,10 @@ pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
     read_file(path, false)
 }
 
-/// Reads what may be a file (`read`) or an entry (`read_entry`), asking first for the form
-/// the caller expects: one system call fewer for each read of the other form's store.
-pub fn read_either<T: DeserializeOwned>(path: &Path, expect_entry: bool) -> Result<Loaded<T>> {
-    if expect_entry {
-        read_entry(path)
-    } else {
-        read_file(path, true)
-    }
+/// Reads a store entry: a file, or the symlink entry (`read_entry`) that releases before
+/// wrote for ownerships, address index entries and, on a journal, records.
+pub fn read_any<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
+    read_file(path, true)
 }
 
 /// `or_entry`: a symlink there is read as an entry (`read_entry`) instead of refused.
@@ -148,82 +145,30 @@ pub fn read_entry<T: DeserializeOwned>(path: &Path) -> Result<Loaded<T>> {
     ))
 }
 
-/// Writes `dir/name` as a symlink whose target is `value`'s sealed text: an entry that is
-/// metadata only. It needs no data write of its own and so no data sync: the journal commit
-/// that makes its directory entry durable carries its target too (ext4 writes a long
-/// target's block in or before the commit that creates the link, XFS logs a target or keeps
-/// a short one in the inode), and a target is set whole by the one syscall
-/// that creates the link, so no crash tears it. A new name is one symlink(); an existing
-/// one is replaced by a symlink to a temp name and a rename over it. The caller fsyncs
-/// `dir` (see `Store::sync`). A text longer than a target may hold goes to a regular file,
-/// durable, as before: longer than PATH_MAX - 1, or than the file system keeps (ENAMETOOLONG:
-/// XFS keeps 1,023 bytes, ext4 a block, 1 KiB on a small one; a pod's longest names and some
-/// twenty interfaces come past that).
-pub fn write_entry<T: Serialize>(
-    dir: &Path,
-    name: &str,
-    value: &T,
-    durability: Durability,
-) -> io::Result<()> {
-    let sealed = seal(value);
-    match link_entry(dir, name, &sealed)? {
-        Linked::TooLong => replace(dir, name, &sealed, durability),
-        Linked::New | Linked::Replaced => Ok(()),
-    }
-}
-
-/// What `link_entry` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Linked {
-    New,
-    Replaced,
-    /// Nothing: the text is longer than a target may hold there.
-    TooLong,
-}
-
-/// Puts `text` (from `seal`, or that compacted by `entry_text`) at `dir/name` as the symlink
-/// entry `write_entry` describes, or nothing where the text is longer than the file system
-/// keeps in a target.
-pub fn link_entry(dir: &Path, name: &str, text: &[u8]) -> io::Result<Linked> {
-    let text = text.strip_suffix(b"\n").unwrap_or(text);
-    if text.len() > MAX_LINK_TARGET {
-        return Ok(Linked::TooLong);
-    }
-    match write_link(dir, name, text) {
-        Err(e) if e.raw_os_error() == Some(nix::libc::ENAMETOOLONG) => Ok(Linked::TooLong),
-        done => done,
-    }
-}
-
-fn write_link(dir: &Path, name: &str, text: &[u8]) -> io::Result<Linked> {
-    let target = std::ffi::OsStr::from_bytes(text);
-    let path = dir.join(name);
-    match std::os::unix::fs::symlink(target, &path) {
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        done => return done.map(|()| Linked::New),
-    }
-    let temp = temp_path(dir);
-    // A temp entry left by a killed process with our pid would make symlink() fail.
-    let _ = fs::remove_file(&temp);
-    let written = std::os::unix::fs::symlink(target, &temp).and_then(|()| fs::rename(&temp, &path));
-    if written.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    written.map(|()| Linked::Replaced)
-}
-
 /// The longest symlink target Linux stores (PATH_MAX, 4096, with its NUL).
 const MAX_LINK_TARGET: usize = 4095;
 
 fn verify<T: DeserializeOwned>(bytes: &[u8]) -> std::result::Result<T, String> {
     #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
     struct Envelope<'a> {
+        #[serde(default)]
+        format_version: Option<u32>,
         checksum: &'a str,
         #[serde(borrow)]
         record: &'a RawValue,
     }
     let envelope: Envelope =
         serde_json::from_slice(bytes).map_err(|e| format!("not a sealed checkpoint: {e}"))?;
+    if let Some(version) = envelope
+        .format_version
+        .filter(|&v| v > super::boot::FORMAT_VERSION)
+    {
+        return Err(format!(
+            "it is of format {version}, which a newer release writes; this one reads up to {}",
+            super::boot::FORMAT_VERSION
+        ));
+    }
     let expected = format!(
         "sha256:{}",
         hex(&Sha256::digest(envelope.record.get().as_bytes()))
@@ -242,7 +187,11 @@ pub fn seal<T: Serialize>(value: &T) -> Vec<u8> {
     // Serialising our own plain structs cannot fail.
     let record = serde_json::to_string(value).unwrap_or_default();
     let checksum = hex(&Sha256::digest(record.as_bytes()));
-    format!("{{\"checksum\":\"sha256:{checksum}\",\"record\":{record}}}\n").into_bytes()
+    format!(
+        "{{\"formatVersion\":{},\"checksum\":\"sha256:{checksum}\",\"record\":{record}}}\n",
+        super::boot::FORMAT_VERSION
+    )
+    .into_bytes()
 }
 
 /// Writes `dir/name` so that a crash leaves either the old file or the new one, never a
@@ -354,32 +303,40 @@ pub fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::ffi::OsStrExt;
 
-    /// A record read from a store of the other form (moved between file systems, or written
-    /// by another release) reads whole whichever form is asked for first.
+    /// An entry reads whole in either form: the file this release writes, and the symlink
+    /// whose target is the sealed text that releases before wrote.
     #[test]
-    fn either_form_reads_whichever_is_asked_first() {
+    fn either_form_reads() {
         let dir = std::env::temp_dir().join(format!("sg-sealed-either-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         let value = serde_json::json!({"a": 1});
         let sealed = seal(&value);
-        assert_eq!(link_entry(&dir, "link", &sealed).unwrap(), Linked::New);
-        assert_eq!(link_entry(&dir, "link", &sealed).unwrap(), Linked::Replaced);
+        let target = std::ffi::OsStr::from_bytes(sealed.strip_suffix(b"\n").unwrap());
+        std::os::unix::fs::symlink(target, dir.join("link")).unwrap();
         replace(&dir, "file", &sealed, Durability::Hint).unwrap();
         for name in ["link", "file"] {
-            for expect_entry in [true, false] {
-                let read = read_either::<serde_json::Value>(&dir.join(name), expect_entry);
-                assert!(
-                    matches!(&read, Ok(Loaded::Valid(v)) if *v == value),
-                    "{name}, expecting an entry: {expect_entry}: {read:?}"
-                );
-            }
+            let read = read_any::<serde_json::Value>(&dir.join(name));
+            assert!(
+                matches!(&read, Ok(Loaded::Valid(v)) if *v == value),
+                "{name}: {read:?}"
+            );
         }
-        let long = vec![b'x'; MAX_LINK_TARGET + 1];
-        assert_eq!(link_entry(&dir, "long", &long).unwrap(), Linked::TooLong);
-        assert!(fs::symlink_metadata(dir.join("long")).is_err());
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Format 1 (no version) and this release's read; a newer format is never trusted.
+    #[test]
+    fn a_file_of_a_newer_format_is_not_trusted() {
+        let sealed = String::from_utf8(seal(&serde_json::json!({"a": 1}))).unwrap();
+        assert!(sealed.starts_with("{\"formatVersion\":2,"), "{sealed}");
+        let unversioned = sealed.replace("\"formatVersion\":2,", "");
+        assert!(verify::<serde_json::Value>(unversioned.as_bytes()).is_ok());
+        let newer = sealed.replace("\"formatVersion\":2,", "\"formatVersion\":3,");
+        let reason = verify::<serde_json::Value>(newer.as_bytes()).unwrap_err();
+        assert!(reason.contains("format 3"), "{reason}");
     }
 
     /// A release that wrote records' symlinks uncompacted copies a compacted one into a file as

@@ -206,6 +206,8 @@ enum Status {
     /// Delegate mode: a cut-off ADD the primary has had the DEL of: the sandbox's own DEL is
     /// answered without it.
     RolledBack,
+    /// A record of a sandbox that ended with an earlier boot: nothing judges by it.
+    PreviousBoot,
 }
 
 impl Status {
@@ -220,6 +222,7 @@ impl Status {
             Status::Deferred => "deferred",
             Status::PendingAdd => "pending-add",
             Status::RolledBack => "rolled-back",
+            Status::PreviousBoot => "previous-boot",
         }
     }
 }
@@ -703,6 +706,13 @@ fn record_rows(
                     ));
                     row.superseded_by = Some(other);
                 }
+                if let Some(boot) = ended_with(store, &record) {
+                    row.status = Status::PreviousBoot;
+                    row.reason = Some(format!(
+                        "its sandbox ended with the boot {boot}: no verb judges by this record, and the next ADD, DEL or GC moves it to previous-boot/"
+                    ));
+                    row.superseded_by = None;
+                }
                 emit(&row)?;
             }
             Ok(())
@@ -803,6 +813,18 @@ fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultVi
         deferred: None,
         stale_dels: None,
         pending_add: None,
+    }
+}
+
+/// The boot `record`'s sandbox ended with, where it is not this one: the live folders are
+/// still an earlier boot's (no writer ran since), or the record says so.
+fn ended_with<'a>(store: &'a Store, record: &'a Checkpoint) -> Option<&'a str> {
+    match store.live_folders() {
+        crate::state::boot::LiveFolders::Previous(boot) => Some(boot),
+        _ => record
+            .boot_id
+            .as_deref()
+            .filter(|boot| !store.of_this_boot(Some(boot))),
     }
 }
 
@@ -1031,7 +1053,7 @@ struct TableSink {
     rows: usize,
     owned: usize,
     /// Rows per `Status`, in its order.
-    by_status: [usize; 9],
+    by_status: [usize; 10],
 }
 
 const COLUMNS: [(&str, usize); 9] = [
@@ -1126,7 +1148,7 @@ impl Sink for TableSink {
 
     fn finish(&mut self, out: &mut dyn Write, root: &Path) -> io::Result<()> {
         let count = |status: Status| self.by_status[status as usize];
-        let records = count(Status::Ok) + count(Status::Superseded);
+        let records = count(Status::Ok) + count(Status::Superseded) + count(Status::PreviousBoot);
         writeln!(
             out,
             "\n{}, {} owning their pod name (*), {} not trusted",
@@ -1210,6 +1232,14 @@ impl Sink for TableSink {
                     count(Status::RolledBack),
                     "cut-off ADD was rolled back: its sandbox's DEL is answered without the primary, and GC drops the mark once the runtime forgets the sandbox",
                     "cut-off ADDs were rolled back: their sandboxes' DELs are answered without the primary, and GC drops each mark once the runtime forgets the sandbox",
+                ),
+            ),
+            (
+                Status::PreviousBoot,
+                counted(
+                    count(Status::PreviousBoot),
+                    "checkpoint is of a sandbox that ended with an earlier boot: nothing judges by it, and the next ADD, DEL or GC moves it aside",
+                    "checkpoints are of sandboxes that ended with an earlier boot: nothing judges by them, and the next ADD, DEL or GC moves them aside",
                 ),
             ),
         ];

@@ -145,6 +145,7 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
         prev_result: prev_result.to_owned(),
         links: Some(links),
         identity,
+        boot_id: store.boot_id().map(str::to_string),
     };
     // Re-ADDed under another pod name: the key its old record held is no longer this
     // interface's. Released first, so no crash leaves an owner whose record names another key.

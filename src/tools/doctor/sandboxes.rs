@@ -113,6 +113,7 @@ pub fn check(
     store_health::check_untrusted(&root_display, &records, &set_aside, report);
     store_health::check_orphans(&root_display, &orphaned, report);
     store_health::check_temp_files(&root_display, &store, report);
+    store_health::check_boot(state_dir, &store, report);
     store_health::check_deferred(&root_display, &store, report);
     store_health::check_pending_adds(state_dir, report);
     let valid: Vec<Checkpoint> = records

@@ -48,6 +48,47 @@ pub(super) fn check_journal(state_dir: &Path, report: &mut Report) {
     }
 }
 
+/// Which boot the live folders are of, and what the boot before left in `previous-boot/`.
+pub(super) fn check_boot(state_dir: &Path, store: &Store, report: &mut Report) {
+    use crate::state::boot::{LiveFolders, PREVIOUS_BOOT};
+    let root = state_dir.display();
+    let kept: Vec<String> = std::fs::read_dir(state_dir.join(PREVIOUS_BOOT))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    let kept = match kept.as_slice() {
+        [] => String::new(),
+        boots => format!(
+            "; {root}/{PREVIOUS_BOOT}/ keeps the state of the boot before ({}), which nothing judges by",
+            boots.join(", ")
+        ),
+    };
+    let finding = match store.live_folders() {
+        LiveFolders::ThisBoot => Finding::new(
+            Severity::Ok,
+            "store-boot",
+            format!("{root}: its records and owners are this boot's{kept}"),
+        ),
+        LiveFolders::Previous(boot) => Finding::new(
+            Severity::Ok,
+            "store-boot",
+            format!(
+                "{root}: its records and owners are of the boot {boot}, whose sandboxes have all ended: no verb ran since this boot began, and the first one moves them to {PREVIOUS_BOOT}/{kept}"
+            ),
+        ),
+        LiveFolders::Unscoped => Finding::new(
+            Severity::Ok,
+            "store-boot",
+            format!(
+                "{root}: no boot marker yet (a store of a release before it, or no boot id to read): its files were written durably, and the next verb that reads a boot id marks them as this boot's{kept}"
+            ),
+        ),
+    };
+    report.add(finding);
+}
+
 /// An owner whose record is gone refused every other sandbox's DEL of its pod in earlier
 /// versions of the plugin, which could leave one behind; so can a hand edit.
 pub(super) fn check_orphans(root: &str, orphaned: &[Ownership], report: &mut Report) {

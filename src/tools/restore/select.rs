@@ -68,6 +68,16 @@ pub fn select(
     for (path, loaded) in listed {
         match loaded {
             Loaded::Valid(record) if wanted(&record.container_id) => {
+                if let Some(why) = of_another_boot(&store, &record) {
+                    selected.push(Selected::Unusable(Row {
+                        container_id: record.container_id.clone(),
+                        if_name: record.if_name.clone(),
+                        network: record.network.clone(),
+                        netns: record.netns.clone(),
+                        outcome: Outcome::NotRestorable(why),
+                    }));
+                    continue;
+                }
                 match superseded_by(&record, &owners, &netns_of) {
                     Some(why) => selected.push(Selected::Superseded(Row {
                         container_id: record.container_id.clone(),
@@ -115,6 +125,23 @@ pub fn select(
         }
     }
     Ok(selected)
+}
+
+/// Why `record` must never be entered: its sandbox ended with an earlier boot, and the netns
+/// path, inode and cookie it names are counters of that boot, which can name a live netns of
+/// this one.
+fn of_another_boot(store: &Store, record: &Checkpoint) -> Option<String> {
+    if let crate::state::boot::LiveFolders::Previous(boot) = store.live_folders() {
+        return Some(format!(
+            "its sandbox ended with the boot {boot} (the state dir's live folders are that boot's: no verb ran since)"
+        ));
+    }
+    (!store.of_this_boot(record.boot_id.as_deref())).then(|| {
+        format!(
+            "its sandbox ended with the boot {} (its checkpoint says so)",
+            record.boot_id.as_deref().unwrap_or("-")
+        )
+    })
 }
 
 /// Why `record` must be left alone: another sandbox owns its pod key, so the pod's address
@@ -196,6 +223,7 @@ mod tests {
             updated_at: String::new(),
             prev_result: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
             links: None,
+            boot_id: None,
         };
         let old = record("old", "/proc/self/ns/net");
         let key = old

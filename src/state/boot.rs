@@ -1,0 +1,204 @@
+//! The boot a store's sandboxes live in.
+//!
+//! A sandbox never outlives the boot that made it: after a power cut or a reboot the runtime
+//! marks every old sandbox not ready and runs no CNI call for it, and its netns, interfaces
+//! and the counters that name them (netns inode and cookie, `/proc/<pid>` paths) are gone.
+//! So the records and ownerships of one boot need no sync: within the boot the page cache is
+//! the truth (a killed writer leaves a whole file or the old one, by rename), and a crash that
+//! loses unsynced writes starts a new boot, whose first writer moves the old boot's folders to
+//! `previous-boot/<its id>/`, where nothing judges by them. What outlives the boot (deferred
+//! DELs the primary has not yet received, the `podKey` markers) keeps its syncs.
+//!
+//! `<stateDir>/boot` names the boot the live folders belong to. It is made durable before
+//! the first entry of its boot is written, so a power cut never leaves a boot's unsynced
+//! entries under a marker that the next boot takes for its own.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::sealed::{self, Durability};
+use super::{ensure_dir, sync_path};
+use crate::error::{GuardError, Result};
+
+/// The marker file in the state dir.
+pub const BOOT: &str = "boot";
+/// Where the first writer of a boot puts the folders of the boot before it.
+pub const PREVIOUS_BOOT: &str = "previous-boot";
+/// The folders whose files describe one boot's sandboxes.
+pub const BOOT_SCOPED: [&str; 5] = [
+    super::RECORDS,
+    super::OWNERS,
+    super::SET_ASIDE,
+    super::FAILED_ADDS,
+    super::IPS,
+];
+/// The store's format: 2 is the boot-scoped store of plain files. Files without a version
+/// are of format 1 (every release before), read as they are.
+pub const FORMAT_VERSION: u32 = 2;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Marker {
+    format_version: u32,
+    boot_id: String,
+}
+
+/// What the marker says of the live folders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LiveFolders {
+    /// Of this boot.
+    ThisBoot,
+    /// Of the boot with this id: every sandbox they name has ended.
+    Previous(String),
+    /// No marker: a store no writer of a boot-scoped release has opened yet (its files were
+    /// written durably), or a boot id that cannot be read.
+    Unscoped,
+}
+
+/// What the marker of `root` says, for readers, `now` being this boot's id; reads only.
+pub fn live_folders(root: &Path, now: Option<&str>) -> LiveFolders {
+    match (read_marker(root), now) {
+        (Some(Ok(marker)), Some(now)) if marker.boot_id == now => LiveFolders::ThisBoot,
+        (Some(Ok(marker)), Some(_)) => LiveFolders::Previous(marker.boot_id),
+        _ => LiveFolders::Unscoped,
+    }
+}
+
+/// What `enter` found.
+pub struct Entered {
+    /// This boot's id, or `None` where none can be read: then every write is made durable, as
+    /// a store without a boot must.
+    pub boot: Option<String>,
+    /// Whether the live folders were another boot's and went aside.
+    pub moved: bool,
+}
+
+/// For every writer, under the store's exclusive lock; the first of each boot moves the
+/// previous boot's folders aside and marks the store as this boot's.
+///
+/// A store without a marker was written by a release that synced every entry: its files are
+/// adopted as this boot's, so an upgrade in place keeps every owner. A marker that does not
+/// decode is treated so too: keeping owners refuses stale DELs, which is the safe side.
+pub fn enter(root: &Path) -> Result<Entered> {
+    let Some(now) = crate::clock::boot_id() else {
+        return Ok(Entered {
+            boot: None,
+            moved: false,
+        });
+    };
+    let mut moved = false;
+    match read_marker(root) {
+        Some(Ok(marker)) if marker.boot_id == now => {
+            return Ok(Entered {
+                boot: Some(now),
+                moved,
+            });
+        }
+        Some(Ok(marker)) => {
+            move_aside(root, &marker.boot_id)?;
+            moved = true;
+        }
+        Some(Err(reason)) => eprintln!(
+            "sandbox-guard: {} does not decode ({reason}); its folders are taken as this boot's",
+            root.join(BOOT).display()
+        ),
+        None => {}
+    }
+    let marker = Marker {
+        format_version: FORMAT_VERSION,
+        boot_id: now.clone(),
+    };
+    let mut text = serde_json::to_vec(&marker).unwrap_or_default();
+    text.push(b'\n');
+    sealed::replace(root, BOOT, &text, Durability::Durable)
+        .map_err(|e| GuardError::io("write the boot marker", &root.join(BOOT), e))?;
+    sync_path(root)?;
+    Ok(Entered {
+        boot: Some(now),
+        moved,
+    })
+}
+
+fn read_marker(root: &Path) -> Option<std::result::Result<Marker, String>> {
+    let path = root.join(BOOT);
+    let file = match sealed::open_nofollow(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+        Err(e) => return Some(Err(e.to_string())),
+    };
+    let mut text = Vec::new();
+    if let Err(e) = io::Read::read_to_end(&mut io::Read::take(file, 4096), &mut text) {
+        return Some(Err(e.to_string()));
+    }
+    Some(
+        serde_json::from_slice::<Marker>(&text)
+            .map_err(|e| e.to_string())
+            .and_then(|marker| match plain_boot_id(&marker.boot_id) {
+                true => Ok(marker),
+                false => Err("its boot id is not one the kernel gives".to_string()),
+            }),
+    )
+}
+
+/// A boot id is a UUID: it names a folder, so nothing else passes.
+fn plain_boot_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+}
+
+/// `previous-boot/<boot>/`, where the folders of `boot` go. Only the boot before the current
+/// one is kept: the one before that is removed, it ended two boots ago.
+pub fn previous_boot_dir(root: &Path, boot: &str) -> PathBuf {
+    root.join(PREVIOUS_BOOT).join(boot)
+}
+
+/// Renames each boot-scoped folder into `previous-boot/<boot>/`. Run again after a kill, it
+/// moves what is left; nothing here needs a sync: a power cut before the marker is durable
+/// leaves the old marker, and the next boot moves the folders again.
+fn move_aside(root: &Path, boot: &str) -> Result<()> {
+    let previous = root.join(PREVIOUS_BOOT);
+    ensure_dir(&previous)?;
+    let entries = fs::read_dir(&previous).map_err(|e| GuardError::io("list", &previous, e))?;
+    for entry in entries.flatten() {
+        if entry.file_name() != boot {
+            let path = entry.path();
+            let removed = match entry.file_type() {
+                Ok(kind) if kind.is_dir() => fs::remove_dir_all(&path),
+                _ => fs::remove_file(&path),
+            };
+            removed.map_err(|e| GuardError::io("remove an older boot's state", &path, e))?;
+        }
+    }
+    let target = previous_boot_dir(root, boot);
+    ensure_dir(&target)?;
+    for folder in BOOT_SCOPED {
+        let from = root.join(folder);
+        match fs::symlink_metadata(&from) {
+            Ok(meta) if meta.is_dir() => {}
+            _ => continue,
+        }
+        let mut to = target.join(folder);
+        // Moved already by a run cut short, after which a writer that takes no marker (a
+        // release before it, in a rolling upgrade) made the folder again.
+        if fs::symlink_metadata(&to).is_ok() {
+            to = target.join(format!("{folder}.{}", std::process::id()));
+        }
+        fs::rename(&from, &to).map_err(|e| GuardError::io("move the previous boot's", &from, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_uuid_names_a_folder() {
+        assert!(plain_boot_id("6146a751-55d6-44c4-9b8c-89e6f319b004"));
+        for bad in ["", "..", "a/b", "x", &"a".repeat(65)] {
+            assert!(!plain_boot_id(bad), "{bad}");
+        }
+    }
+}

@@ -156,19 +156,3 @@ if ((status != 0)); then
   exit "$status"
 fi
 
-# The store writes an ownership, and a record that fits, as a symlink only on a journaled file
-# system (ext4 with its journal, XFS, btrfs, tmpfs) and as a synced regular file elsewhere
-# (src/state/journal.rs). Where the tests' temp dir has no journal (as on these machines'
-# /var/lib and /tmp), the run above took the regular-file path: the suites that kill the plugin
-# at every syscall, damage records or check the state dir's entries run again with their state
-# on a loop-mounted ext4 that has one (4 KiB blocks, as a node's), so both layouts are proven
-# in one run.
-journaled=$(mktemp -d)
-trap 'umount "$journaled/mnt" 2>/dev/null; rm -rf "$journaled"' EXIT
-truncate -s 1G "$journaled/ext4.img"
-mkfs.ext4 -q -F -O has_journal "$journaled/ext4.img"
-mkdir "$journaled/mnt"
-mount -o loop "$journaled/ext4.img" "$journaled/mnt"
-TMPDIR="$journaled/mnt" timed "the suites again on a journal" cargo test --release --no-fail-fast \
-  --config .cargo/static.toml --target "$(plugin_triple "$host")" --test crash --test concurrency --test cli --test cni_protocol \
-  --test safety --test durability --test pod_key -- --test-threads=1

@@ -23,12 +23,18 @@ pub fn boot_nanos() -> u64 {
     })
 }
 
-/// This boot's id (`/proc/sys/kernel/random/boot_id`), `None` where it cannot be read.
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), `None` where it cannot be read; read
+/// once per process.
 pub fn boot_id() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .ok()
-        .map(|id| id.trim().to_string())
-        .filter(|id| !id.is_empty())
+    static BOOT_ID: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    BOOT_ID
+        .get_or_init(|| {
+            std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .ok()
+                .map(|id| id.trim().to_string())
+                .filter(|id| !id.is_empty())
+        })
+        .clone()
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for the given Unix time.

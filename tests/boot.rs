@@ -2,96 +2,22 @@
 //! played by bind-mounting another id over `/proc/sys/kernel/random/boot_id` in a mount
 //! namespace of the plugin's own (the kernel's file, read as the plugin reads it).
 
+#[path = "support/boot.rs"]
+mod boot;
 #[path = "support/cni.rs"]
 mod cni;
+#[path = "support/mount.rs"]
+mod mount;
 #[path = "support/sys.rs"]
 mod sys;
 #[path = "support/testdata.rs"]
 mod testdata;
 
-use cni::{BIN, Cni, Pod, Store, container_id};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use boot::Boot;
+use cni::{Pod, Store, container_id};
+use std::path::Path;
 
-/// A boot id of the test's own, in a file to bind-mount over the kernel's.
-struct Boot {
-    id: String,
-    file: PathBuf,
-    _dir: sys::TempDir,
-}
-
-impl Boot {
-    fn new(n: u8) -> Boot {
-        let dir = sys::TempDir::new("sgboot");
-        let id = format!("{n:08x}-0000-4000-8000-{:012x}", std::process::id());
-        let file = dir.path.join("boot_id");
-        std::fs::write(&file, format!("{id}\n")).unwrap();
-        Boot {
-            id,
-            file,
-            _dir: dir,
-        }
-    }
-
-    /// `command`'s program and arguments run under this boot id.
-    fn wrapper(&self) -> Vec<String> {
-        vec![
-            "/usr/bin/unshare".into(),
-            "-m".into(),
-            "/bin/sh".into(),
-            "-c".into(),
-            format!(
-                "/usr/bin/mount --bind {} /proc/sys/kernel/random/boot_id && exec \"$@\"",
-                self.file.display()
-            ),
-            "sh".into(),
-        ]
-    }
-
-    fn cni(&self, cni: Cni) -> Cni {
-        let wrapper = self.wrapper();
-        let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-        cni.wrapped_in(&wrapper)
-    }
-
-    /// The operator's command `args` (the plugin hands them to the ctl beside it).
-    fn guard(&self, args: &[&str]) -> std::process::Output {
-        let wrapper = self.wrapper();
-        Command::new(&wrapper[0])
-            .args(&wrapper[1..])
-            .arg(BIN)
-            .args(args)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .output()
-            .unwrap()
-    }
-
-    /// Whether the dump, read in this boot, shows `container`'s eth0 as its pod's owner.
-    fn is_owner(&self, store: &Store, container: &str) -> bool {
-        self.dump(&store.state_dir)
-            .iter()
-            .any(|r| r["containerId"] == container && r["ifName"] == "eth0" && r["owner"] == true)
-    }
-
-    fn dump(&self, state_dir: &Path) -> Vec<serde_json::Value> {
-        let out = self.guard(&[
-            "--dump-checkpoints",
-            "--state-dir",
-            state_dir.to_str().unwrap(),
-            "--output",
-            "json",
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-}
-
-fn marker(state_dir: &Path) -> serde_json::Value {
+fn marker_of(state_dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(state_dir.join("boot")).unwrap()).unwrap()
 }
 
@@ -107,7 +33,7 @@ fn a_new_boot_moves_the_old_boots_owners_aside_and_judges_later_dels_by_its_own(
     let pod = Pod::new("db", "etcd-0");
     let (old, new) = (container_id(), container_id());
     before.cni(store.add(&old, &pod)).run().assert_ok();
-    assert_eq!(marker(&store.state_dir)["bootId"], before.id.as_str());
+    assert_eq!(marker_of(&store.state_dir)["bootId"], before.id.as_str());
     let owner = &store.owner_files()[0];
     let text = std::fs::read(owner).unwrap();
     assert!(
@@ -127,11 +53,11 @@ fn a_new_boot_moves_the_old_boots_owners_aside_and_judges_later_dels_by_its_own(
         .unwrap();
     assert_eq!(row["status"], "previous-boot", "{row}");
     assert!(store.record_path(cni::NETWORK, &old, "eth0").exists());
-    assert_eq!(marker(&store.state_dir)["bootId"], before.id.as_str());
+    assert_eq!(marker_of(&store.state_dir)["bootId"], before.id.as_str());
 
     // The old sandbox's DEL after the reboot: its owner is dead, so it passes.
     after.cni(store.del(&old, &pod).netns("")).run().assert_ok();
-    assert_eq!(marker(&store.state_dir)["bootId"], after.id.as_str());
+    assert_eq!(marker_of(&store.state_dir)["bootId"], after.id.as_str());
     let aside = store.state_dir.join("previous-boot").join(&before.id);
     assert!(aside.join("owners").is_dir() && aside.join("records").is_dir());
     assert!(store.owner_files().is_empty());
@@ -202,7 +128,7 @@ fn a_store_without_a_marker_is_adopted_with_its_owners() {
     boot.cni(store.del(&"a".repeat(64), &pod).netns(""))
         .run()
         .assert_error(11);
-    assert_eq!(marker(&store.state_dir)["bootId"], boot.id.as_str());
+    assert_eq!(marker_of(&store.state_dir)["bootId"], boot.id.as_str());
     assert!(!store.state_dir.join("previous-boot").exists());
     assert!(boot.is_owner(&store, &"b".repeat(64)));
 }
@@ -223,8 +149,9 @@ fn an_owner_that_names_another_boot_refuses_nothing() {
     boot.cni(store.del(&a, &pod).netns("")).run().assert_ok();
 }
 
-/// In a store scoped to the boot, ADD and DEL make no sync at all: a power cut is a new boot,
-/// and its first writer moves what they wrote aside.
+/// In a store scoped to the boot, ADD and DEL make no sync at all, nor does a refused stale
+/// DEL (its ledger entry is history): a power cut is a new boot, and its first writer moves
+/// what they wrote aside.
 #[test]
 fn add_and_del_make_no_sync() {
     sys::skip_unless_root!(&["unshare", "mount", "strace"]);
@@ -236,10 +163,13 @@ fn add_and_del_make_no_sync() {
     boot.cni(store.add(&a, &pod)).run().assert_ok();
     let logs = sys::TempDir::new("sgstrace");
     let trace = logs.path.join("trace");
-    for (n, verb) in [store.add(&b, &pod), store.del(&b, &pod)]
-        .into_iter()
-        .enumerate()
-    {
+    // b's ADD, a's stale DEL (refused, counted in the ledger), b's DEL.
+    let verbs = [
+        ("ADD", store.add(&b, &pod), None),
+        ("stale DEL", store.del(&a, &pod), Some(11)),
+        ("DEL", store.del(&b, &pod), None),
+    ];
+    for (n, (what, verb, refused)) in verbs.into_iter().enumerate() {
         let trace = trace.with_extension(n.to_string());
         let mut wrapper = boot.wrapper();
         wrapper.extend(
@@ -255,8 +185,140 @@ fn add_and_del_make_no_sync() {
             .map(String::from),
         );
         let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-        verb.wrapped_in(&wrapper).run().assert_ok();
+        let reply = verb.wrapped_in(&wrapper).run();
+        match refused {
+            Some(code) => {
+                reply.assert_error(code);
+            }
+            None => {
+                reply.assert_ok();
+            }
+        }
         let syncs = std::fs::read_to_string(&trace).unwrap();
-        assert!(syncs.trim().is_empty(), "{}: {syncs}", ["ADD", "DEL"][n]);
+        assert!(syncs.trim().is_empty(), "{what}: {syncs}");
     }
+}
+
+/// A state dir that takes no write in the new boot (read-only after an error, full) cannot be
+/// marked: a DEL then reads the live folders as the previous boot's, whose sandboxes have all
+/// ended and whose files may be torn. The old sandbox's DEL passes; with the boot unchanged
+/// the same torn ownership refuses it (code 101).
+#[test]
+fn a_read_only_state_dir_in_the_next_boot_judges_by_no_torn_file() {
+    sys::skip_unless_root!(&["unshare", "mount", "umount"]);
+    let pod = Pod::new("db", "etcd-0");
+    for next_boot in [true, false] {
+        let (before, after) = (Boot::new(11), Boot::new(12));
+        let after = if next_boot { &after } else { &before };
+        let store = Store::new();
+        let old = container_id();
+        before.cni(store.add(&old, &pod)).run().assert_ok();
+        std::fs::write(&store.owner_files()[0], b"").unwrap();
+        let _read_only = mount::Mount::read_only_bind(&store.state_dir);
+        let reply = after.cni(store.del(&old, &pod).netns("")).run();
+        match next_boot {
+            true => {
+                reply.assert_ok();
+            }
+            false => {
+                reply.assert_error(101);
+            }
+        }
+    }
+}
+
+/// A release that knows no boot writes owners without one. Gone back to without
+/// `--downgrade` (the marker stays) and rebooted, it files live owners under a marker that
+/// names an earlier boot: when this release comes back, those stay in place. The control: the
+/// same owners older than the marker (adopted with it, then the node rebooted) go aside.
+#[test]
+fn owners_a_release_without_boots_wrote_after_the_marker_are_kept() {
+    sys::skip_unless_root!(&["unshare", "mount", "touch"]);
+    let (earlier, now) = (Boot::new(13), Boot::new(14));
+    let pod = Pod::new("migrate", "db-0");
+    for written_after_the_marker in [true, false] {
+        let store = Store::from_fixture("state-previous-release-owners");
+        let marker = store.state_dir.join("boot");
+        std::fs::write(
+            &marker,
+            format!("{{\"formatVersion\":2,\"bootId\":\"{}\"}}\n", earlier.id),
+        )
+        .unwrap();
+        let (marker_at, owners_at) = match written_after_the_marker {
+            true => ("2026-01-01 00:00", "2026-01-02 00:00"),
+            false => ("2026-01-02 00:00", "2026-01-01 00:00"),
+        };
+        sys::run("touch", &["-d", marker_at, marker.to_str().unwrap()]);
+        for owner in store.owner_files() {
+            sys::run("touch", &["-d", owners_at, owner.to_str().unwrap()]);
+        }
+        let reply = now.cni(store.del(&"a".repeat(64), &pod).netns("")).run();
+        let moved = store.state_dir.join("previous-boot").exists();
+        match written_after_the_marker {
+            true => {
+                reply.assert_error(11);
+                assert!(!moved);
+            }
+            false => {
+                reply.assert_ok();
+                assert!(moved);
+            }
+        }
+        assert_eq!(marker_of(&store.state_dir)["bootId"], now.id.as_str());
+    }
+}
+
+/// Where no boot id can be read, nothing is scoped: every write is made durable, the record's
+/// data and the ownership's, then each directory changed, in the order changed.
+#[test]
+fn without_a_boot_id_add_makes_every_write_durable() {
+    sys::skip_unless_root!(&["unshare", "mount", "strace"]);
+    let store = Store::new();
+    let pod = Pod::new("db", "etcd-0");
+    let logs = sys::TempDir::new("sgstrace");
+    let trace = logs.path.join("trace");
+    let wrapper = [
+        "/usr/bin/unshare",
+        "-m",
+        "/bin/sh",
+        "-c",
+        "/usr/bin/mount --bind /dev/null /proc/sys/kernel/random/boot_id && exec \"$@\"",
+        "sh",
+        "/usr/bin/strace",
+        "-f",
+        "-qq",
+        "-y",
+        "-e",
+        "trace=fsync,fdatasync",
+        "-o",
+        trace.to_str().unwrap(),
+    ];
+    store
+        .add(&container_id(), &pod)
+        .wrapped_in(&wrapper)
+        .run()
+        .assert_ok();
+    store
+        .add(&container_id(), &pod)
+        .wrapped_in(&wrapper)
+        .run()
+        .assert_ok();
+    let syncs = std::fs::read_to_string(&trace).unwrap();
+    let at = |what: &str| {
+        syncs
+            .lines()
+            .position(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what}: {syncs}"))
+    };
+    let (record_data, owner_data, records_dir, owners_dir) = (
+        at("/state/records/"),
+        at("/state/owners/."),
+        at("/state/records>"),
+        at("/state/owners>"),
+    );
+    assert!(
+        record_data < owner_data && owner_data < records_dir && records_dir < owners_dir,
+        "{syncs}"
+    );
+    assert!(!store.state_dir.join("boot").exists());
 }

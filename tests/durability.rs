@@ -123,7 +123,7 @@ fn add_and_del_sync_nothing_on_any_file_system() {
 
 /// The first writer of a boot marks the store as this boot's, durably, before its entries.
 #[test]
-fn the_first_writer_of_a_boot_syncs_the_marker_once() {
+fn the_first_writer_of_a_boot_makes_the_marker_durable_first() {
     sys::skip_unless_root!(&["strace"]);
     let store = Store::new();
     let logs = sys::TempDir::new("sgtrace");

@@ -1,8 +1,9 @@
 //! The boot a store's sandboxes live in.
 //!
 //! A sandbox never outlives the boot that made it: after a power cut or a reboot the runtime
-//! marks every old sandbox not ready and runs no CNI call for it, and its netns, interfaces
-//! and the counters that name them (netns inode and cookie, `/proc/<pid>` paths) are gone.
+//! marks every old sandbox not ready and runs no CNI call of its own (kubelet's stops of
+//! them come as DELs with an empty netns), and its netns, interfaces and the counters that
+//! name them (netns inode and cookie, `/proc/<pid>` paths) are gone.
 //! So the records and ownerships of one boot need no sync: within the boot the page cache is
 //! the truth (a killed writer leaves a whole file or the old one, by rename), and a crash that
 //! loses unsynced writes starts a new boot, whose first writer moves the old boot's folders to
@@ -27,6 +28,9 @@ use crate::error::{GuardError, Result};
 pub const BOOT: &str = "boot";
 /// Where the first writer of a boot puts the folders of the boot before it.
 pub const PREVIOUS_BOOT: &str = "previous-boot";
+/// Never made: where a verb's read-only view looks for the folders while the live ones are
+/// another boot's (`Store::open_read_only`).
+pub const ANOTHER_BOOTS: &str = ".folders-of-another-boot";
 /// The folders whose files describe one boot's sandboxes.
 pub const BOOT_SCOPED: [&str; 5] = [
     super::RECORDS,
@@ -97,6 +101,11 @@ pub fn enter(root: &Path) -> Result<Entered> {
                 moved,
             });
         }
+        Some(Ok(_)) if written_since_by_a_release_without_boots(root) => eprintln!(
+            "sandbox-guard: {} names another boot, but a release that knows no boot wrote owners \
+             since (one went back without --downgrade): its files are taken as this boot's",
+            root.join(BOOT).display()
+        ),
         Some(Ok(marker)) => {
             move_aside(root, &marker.boot_id)?;
             moved = true;
@@ -120,6 +129,29 @@ pub fn enter(root: &Path) -> Result<Entered> {
         boot: Some(now),
         moved,
     })
+}
+
+/// Whether an ownership that names no boot was written after the marker: a release that knows
+/// no boot ran here since (a rollback without `--downgrade`, then a reboot), and synced what
+/// it wrote; those are live owners. One adopted with the marker is older than it.
+fn written_since_by_a_release_without_boots(root: &Path) -> bool {
+    let since = |path: &Path| fs::symlink_metadata(path).and_then(|m| m.modified()).ok();
+    let Some(marked) = since(&root.join(BOOT)) else {
+        return false;
+    };
+    let Ok(entries) = fs::read_dir(root.join(super::OWNERS)) else {
+        return false;
+    };
+    entries
+        .flatten()
+        .filter(|entry| !entry.file_name().as_encoded_bytes().starts_with(b"."))
+        .any(|entry| {
+            since(&entry.path()).is_some_and(|written| written > marked)
+                && matches!(
+                    sealed::read_any::<super::ownership::Ownership>(&entry.path()),
+                    Ok(super::Loaded::Valid(owner)) if owner.boot_id.is_none()
+                )
+        })
 }
 
 fn read_marker(root: &Path) -> Option<std::result::Result<Marker, String>> {
@@ -168,7 +200,10 @@ fn move_aside(root: &Path, boot: &str) -> Result<()> {
                 Ok(kind) if kind.is_dir() => fs::remove_dir_all(&path),
                 _ => fs::remove_file(&path),
             };
-            removed.map_err(|e| GuardError::io("remove an older boot's state", &path, e))?;
+            // History only: a failure here must not stop the verbs.
+            if let Err(e) = removed {
+                eprintln!("sandbox-guard: cannot remove {}: {e}", path.display());
+            }
         }
     }
     let target = previous_boot_dir(root, boot);

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::ownership::PodKey;
 use super::sealed::{self, Loaded};
 use super::{Store, read_for_listing};
-use crate::error::Result;
+use crate::error::{GuardError, Result};
 
 pub const LEDGER: &str = "ledger";
 /// Stale sandboxes an entry names; a pod that churns for days still takes one small file.
@@ -275,7 +275,18 @@ impl Store {
             }
         };
         entry.note(handled, if_name, stale, owner, owner_generation, &now);
-        sealed::write(&self.ledger, &key.digest(), &entry)?;
+        // History: synced only where the store is not scoped to the boot (docs/store.md).
+        let durability = match self.durable {
+            true => sealed::Durability::Durable,
+            false => sealed::Durability::Hint,
+        };
+        sealed::replace(
+            &self.ledger,
+            &key.digest(),
+            &sealed::seal(&entry),
+            durability,
+        )
+        .map_err(|e| GuardError::io("write checkpoint", &self.ledger.join(key.digest()), e))?;
         self.mark_dirty(super::Dir::Ledger);
         if created && self.durable {
             super::sync_path(&self.root)?;

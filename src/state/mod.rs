@@ -185,9 +185,33 @@ impl Store {
         Ok(store)
     }
 
-    /// For readers: the state dir must exist; nothing is created, chmodded or locked here.
-    /// Take `read_lock` around reads that must be consistent with each other.
+    /// For the verbs that read (CHECK, STATUS, a DEL on a store that takes no write): the
+    /// state dir must exist; nothing is created, chmodded or locked here. Take `read_lock`
+    /// around reads that must be consistent with each other. Where no writer has moved the
+    /// previous boot's folders aside yet (a state dir that takes no write), they read as
+    /// empty: their sandboxes have ended, and their files may be torn.
     pub fn open_read_only(root: &Path) -> Result<Store> {
+        let store = Store::open_as_it_is(root)?;
+        Ok(match &store.live {
+            boot::LiveFolders::Previous(_) => {
+                let none = root.join(boot::ANOTHER_BOOTS);
+                let [records, owners, set_aside, failed_adds] =
+                    [RECORDS, OWNERS, SET_ASIDE, FAILED_ADDS].map(|dir| none.join(dir));
+                Store {
+                    records,
+                    owners,
+                    set_aside,
+                    failed_adds,
+                    ..store
+                }
+            }
+            _ => store,
+        })
+    }
+
+    /// For the operator's tools (the dump, the doctor, `--restore`): `open_read_only`, the
+    /// live folders read as they are, whichever boot they are of (`live_folders` says).
+    pub fn open_as_it_is(root: &Path) -> Result<Store> {
         match fs::symlink_metadata(root) {
             Ok(meta) if meta.file_type().is_symlink() => return Err(symlinked(root)),
             Ok(meta) if !meta.is_dir() => return Err(not_a_dir(root)),

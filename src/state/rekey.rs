@@ -498,6 +498,11 @@ impl Store {
             .map_err(|e| GuardError::io("open the state dir", &self.root, e))?;
         nix::unistd::syncfs(&root)
             .map_err(|e| GuardError::io("sync the file system of", &self.root, e.into()))?;
+        // Without the marker, the next release that knows boots adopts what the release
+        // before writes; with it, that release's owners would go aside at the next boot.
+        if super::remove(&self.root.join(super::boot::BOOT))? {
+            sync_path(&self.root)?;
+        }
         Ok((networks.into_iter().collect(), rewritten))
     }
 

@@ -195,16 +195,16 @@ pub fn seal<T: Serialize>(value: &T) -> Vec<u8> {
 }
 
 /// Writes `dir/name` so that a crash leaves either the old file or the new one, never a
-/// mix: a temp file in the same directory, fsync, rename. The caller fsyncs `dir` once
-/// for all its renames (see `Store::sync`).
+/// mix: a temp file in the same directory, fsync, rename. The caller fsyncs `dir` where the
+/// name must be durable too.
 pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<()> {
     replace(dir, name, &seal(value), Durability::Durable)
         .map_err(|e| GuardError::io("write checkpoint", &dir.join(name), e))
 }
 
-/// Puts `sealed` (from `seal`) at `dir/name`, atomically but not yet durably, and returns the file for
-/// the caller to sync once everything its operation changes is in place (`Store::sync`). A
-/// crash before that sync may leave the new name with its data missing (a file system
+/// Puts `sealed` (from `seal`) at `dir/name`, atomically but not durably, and returns the file
+/// for a caller that must sync it (`Store::save_record` where no boot scopes the store). A
+/// power cut before a sync may leave the new name with its data missing (a file system
 /// allocates the blocks at writeback): it then reads as corrupt, never as valid and wrong.
 /// `new`: `name` is known to be free, so the data goes into an unnamed file (O_TMPFILE)
 /// that is linked in once written: no temp name is created, renamed or left by a kill.

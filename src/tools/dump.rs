@@ -272,7 +272,7 @@ pub fn run(
             .and_then(|()| sink.finish(&mut out, state_dir))
             .map_err(DumpError::Write)
     } else {
-        let store = Store::open_read_only(state_dir)?;
+        let store = Store::open_as_it_is(state_dir)?;
         write_all(&store, filter, sink.as_mut(), lock_timeout)
     };
     written

@@ -26,7 +26,8 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
                 &stale.owner,
             );
             if store.is_writable() {
-                // The refusal writes nothing else: the ledger's entry is made durable here.
+                // The refusal writes nothing else but the ledger's entry (`Store::sync` says
+                // whether it is synced).
                 let _ = store.sync().inspect_err(|err| {
                     eprintln!("sandbox-guard: the refusal ledger could not be synced: {err}")
                 });

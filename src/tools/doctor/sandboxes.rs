@@ -50,7 +50,7 @@ pub fn check(
         return;
     }
     store_health::check_permissions(state_dir, report);
-    let store = match Store::open_read_only(state_dir) {
+    let store = match Store::open_as_it_is(state_dir) {
         Ok(store) => store,
         Err(e) => {
             report.add(

@@ -376,7 +376,7 @@ fn read_ledger(state_dir: &Path, lock_timeout: Duration) -> Result<Vec<LedgerEnt
     if crate::state::surely_absent(&state_dir.join(crate::state::ledger::LEDGER)) {
         return Ok(Vec::new());
     }
-    let store = Store::open_read_only(state_dir).map_err(|e| e.msg)?;
+    let store = Store::open_as_it_is(state_dir).map_err(|e| e.msg)?;
     let _lock = store.read_lock(lock_timeout, &|_| {}).map_err(|e| e.msg)?;
     store.list_ledger().map_err(|e| e.msg)
 }

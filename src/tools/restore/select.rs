@@ -35,7 +35,7 @@ pub fn select(
     }
     // Read under the shared lock, then let it go: the kernel work below may take seconds
     // and must not hold up the runtime's ADDs and DELs.
-    let store = Store::open_read_only(state_dir)?;
+    let store = Store::open_as_it_is(state_dir)?;
     let notice = WaitNotice::new(state_dir, lock_timeout);
     let on_wait = |holder: &str| notice.hear(holder);
     let mut listed = store.read_in_batches(Folder::Records, lock_timeout, &on_wait, |p| {

@@ -66,41 +66,31 @@ pub enum LiveFolders {
 pub fn live_folders(root: &Path, now: Option<&str>) -> LiveFolders {
     match (read_marker(root), now) {
         (Some(Ok(marker)), Some(now)) if marker.boot_id == now => LiveFolders::ThisBoot,
+        // As `enter` judges it: such owners are live, and the next writer keeps them.
+        (Some(Ok(_)), Some(_)) if written_since_by_a_release_without_boots(root) => {
+            LiveFolders::Unscoped
+        }
         (Some(Ok(marker)), Some(_)) => LiveFolders::Previous(marker.boot_id),
         _ => LiveFolders::Unscoped,
     }
 }
 
-/// What `enter` found.
-pub struct Entered {
-    /// This boot's id, or `None` where none can be read: then every write is made durable, as
-    /// a store without a boot must.
-    pub boot: Option<String>,
-    /// Whether the live folders were another boot's and went aside.
-    pub moved: bool,
-}
-
 /// For every writer, under the store's exclusive lock; the first of each boot moves the
-/// previous boot's folders aside and marks the store as this boot's.
+/// previous boot's folders aside and marks the store as this boot's. Returns this boot's id,
+/// or `None` where none can be read: then every write is made durable, as a store without a
+/// boot must.
 ///
 /// A store without a marker was written by a release that synced every entry: its files are
 /// adopted as this boot's, so an upgrade in place keeps every owner. A marker that does not
 /// decode is treated so too: keeping owners refuses stale DELs, which is the safe side.
-pub fn enter(root: &Path) -> Result<Entered> {
+/// `moved` runs once the folders went aside, before the marker says so: what counts their
+/// files is reset there, so no kill leaves the old boot's count under this boot's marker.
+pub fn enter(root: &Path, moved_aside: impl FnOnce()) -> Result<Option<String>> {
     let Some(now) = crate::clock::boot_id() else {
-        return Ok(Entered {
-            boot: None,
-            moved: false,
-        });
+        return Ok(None);
     };
-    let mut moved = false;
     match read_marker(root) {
-        Some(Ok(marker)) if marker.boot_id == now => {
-            return Ok(Entered {
-                boot: Some(now),
-                moved,
-            });
-        }
+        Some(Ok(marker)) if marker.boot_id == now => return Ok(Some(now)),
         Some(Ok(_)) if written_since_by_a_release_without_boots(root) => eprintln!(
             "sandbox-guard: {} names another boot, but a release that knows no boot wrote owners \
              since (one went back without --downgrade): its files are taken as this boot's",
@@ -108,7 +98,7 @@ pub fn enter(root: &Path) -> Result<Entered> {
         ),
         Some(Ok(marker)) => {
             move_aside(root, &marker.boot_id)?;
-            moved = true;
+            moved_aside();
         }
         Some(Err(reason)) => eprintln!(
             "sandbox-guard: {} does not decode ({reason}); its folders are taken as this boot's",
@@ -125,10 +115,7 @@ pub fn enter(root: &Path) -> Result<Entered> {
     sealed::replace(root, BOOT, &text, Durability::Durable)
         .map_err(|e| GuardError::io("write the boot marker", &root.join(BOOT), e))?;
     sync_path(root)?;
-    Ok(Entered {
-        boot: Some(now),
-        moved,
-    })
+    Ok(Some(now))
 }
 
 /// Whether an ownership that names no boot was written after the marker: a release that knows

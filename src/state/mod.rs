@@ -168,19 +168,19 @@ impl Store {
         let lock = open_lock_file(&lock_path)
             .map_err(|e| GuardError::io("open the lock file", &lock_path, e))?;
         lock::acquire(&lock, &lock_path, Access::Exclusive, wait, &|_| {})?;
-        let entered = boot::enter(root)?;
         let store = Store {
             lock: Some(lock),
-            durable: entered.boot.is_none(),
-            boot_now: entered.boot,
             live: boot::LiveFolders::ThisBoot,
             ..Store::at(root, None, true)
         };
+        let boot_now = boot::enter(root, || store.set_record_count(0))?;
+        let store = Store {
+            durable: boot_now.is_none(),
+            boot_now,
+            ..store
+        };
         for dir in [&store.records, &store.owners, &store.set_aside] {
             ensure_dir(dir)?;
-        }
-        if entered.moved {
-            store.set_record_count(0);
         }
         Ok(store)
     }

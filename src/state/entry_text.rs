@@ -1,10 +1,11 @@
 //! A record's sealed text as the symlink entries of format 1 held it on a journal: the store's
 //! field names, with the punctuation around them, written as one byte each. This release
 //! writes plain files and only reads these (`expand`); `compact` remains for tests that make
-//! a store of the releases before. The bytes used are control characters that JSON never carries raw (a string
-//! escapes them, and whitespace is only space, tab, newline and return), so expanding is
-//! exact, and a text holding none of them (an ownership, a record an earlier release wrote)
-//! is its own expansion. The table is part of the store's format: never change an entry.
+//! a store of the releases before. The bytes used are control characters that JSON never
+//! carries raw (a string escapes them, and whitespace is only space, tab, newline and
+//! return), so expanding is exact, and a text holding none of them (an ownership, a record of
+//! another form) is its own expansion. The table is part of the format: never change an
+//! entry.
 
 use std::borrow::Cow;
 

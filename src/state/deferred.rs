@@ -180,6 +180,16 @@ impl Store {
         let created = super::surely_absent(&dir);
         ensure_dir(&parent)?;
         ensure_dir(&dir)?;
+        if cfg!(feature = "power-cut-control") {
+            let name = deferred.id().file_name();
+            return sealed::replace(
+                &dir,
+                &name,
+                &sealed::seal(deferred),
+                sealed::Durability::Hint,
+            )
+            .map_err(|e| GuardError::io("write checkpoint", &dir.join(name), e));
+        }
         sealed::write(&dir, &deferred.id().file_name(), deferred)?;
         sync_dir(&dir)?;
         if created {

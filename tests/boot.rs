@@ -79,6 +79,14 @@ fn a_new_boot_moves_the_old_boots_owners_aside_and_judges_later_dels_by_its_own(
 #[test]
 fn an_ownership_torn_by_a_power_cut_blocks_nothing_in_the_next_boot() {
     sys::skip_unless_root!(&["unshare", "mount"]);
+    torn_ownership_then_its_del(false);
+}
+
+/// An old sandbox's DEL after its ownership was torn as a power cut leaves an unsynced one
+/// (its name without its data), with the state dir `read_only` then: in the next boot it
+/// passes; read in the same boot (what a store not scoped to the boot sees) it is refused as
+/// untrusted, code 101, the control.
+fn torn_ownership_then_its_del(read_only: bool) {
     let pod = Pod::new("db", "etcd-0");
     for next_boot in [true, false] {
         let (before, after) = (Boot::new(9), Boot::new(10));
@@ -87,6 +95,7 @@ fn an_ownership_torn_by_a_power_cut_blocks_nothing_in_the_next_boot() {
         let old = container_id();
         before.cni(store.add(&old, &pod)).run().assert_ok();
         std::fs::write(&store.owner_files()[0], b"").unwrap();
+        let _read_only = read_only.then(|| mount::Mount::read_only_bind(&store.state_dir));
         let reply = after.cni(store.del(&old, &pod).netns("")).run();
         match next_boot {
             true => {
@@ -206,25 +215,7 @@ fn add_and_del_make_no_sync() {
 #[test]
 fn a_read_only_state_dir_in_the_next_boot_judges_by_no_torn_file() {
     sys::skip_unless_root!(&["unshare", "mount", "umount"]);
-    let pod = Pod::new("db", "etcd-0");
-    for next_boot in [true, false] {
-        let (before, after) = (Boot::new(11), Boot::new(12));
-        let after = if next_boot { &after } else { &before };
-        let store = Store::new();
-        let old = container_id();
-        before.cni(store.add(&old, &pod)).run().assert_ok();
-        std::fs::write(&store.owner_files()[0], b"").unwrap();
-        let _read_only = mount::Mount::read_only_bind(&store.state_dir);
-        let reply = after.cni(store.del(&old, &pod).netns("")).run();
-        match next_boot {
-            true => {
-                reply.assert_ok();
-            }
-            false => {
-                reply.assert_error(101);
-            }
-        }
-    }
+    torn_ownership_then_its_del(true);
 }
 
 /// A release that knows no boot writes owners without one. Gone back to without

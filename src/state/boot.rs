@@ -39,9 +39,6 @@ pub const BOOT_SCOPED: [&str; 5] = [
     super::FAILED_ADDS,
     super::IPS,
 ];
-/// The store's format: 2 is the boot-scoped store of plain files. Files without a version
-/// are of format 1 (every release before), read as they are.
-pub const FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -107,7 +104,7 @@ pub fn enter(root: &Path, moved_aside: impl FnOnce()) -> Result<Option<String>> 
         None => {}
     }
     let marker = Marker {
-        format_version: FORMAT_VERSION,
+        format_version: sealed::FORMAT_VERSION,
         boot_id: now.clone(),
     };
     let mut text = serde_json::to_vec(&marker).unwrap_or_default();

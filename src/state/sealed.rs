@@ -19,6 +19,10 @@ use crate::error::{GuardError, Result};
 
 const MAX_SEALED_FILE: u64 = 4 << 20;
 
+/// The store's format: 2 is the boot-scoped store of plain files (`boot`). Files without a
+/// version are of format 1 (every release before), read as they are.
+pub const FORMAT_VERSION: u32 = 2;
+
 /// What reading a sealed file found.
 #[derive(Debug)]
 pub enum Loaded<T> {
@@ -160,13 +164,10 @@ fn verify<T: DeserializeOwned>(bytes: &[u8]) -> std::result::Result<T, String> {
     }
     let envelope: Envelope =
         serde_json::from_slice(bytes).map_err(|e| format!("not a sealed checkpoint: {e}"))?;
-    if let Some(version) = envelope
-        .format_version
-        .filter(|&v| v > super::boot::FORMAT_VERSION)
-    {
+    if let Some(version) = envelope.format_version.filter(|&v| v > FORMAT_VERSION) {
         return Err(format!(
             "it is of format {version}, which a newer release writes; this one reads up to {}",
-            super::boot::FORMAT_VERSION
+            FORMAT_VERSION
         ));
     }
     let expected = format!(
@@ -189,7 +190,7 @@ pub fn seal<T: Serialize>(value: &T) -> Vec<u8> {
     let checksum = hex(&Sha256::digest(record.as_bytes()));
     format!(
         "{{\"formatVersion\":{},\"checksum\":\"sha256:{checksum}\",\"record\":{record}}}\n",
-        super::boot::FORMAT_VERSION
+        FORMAT_VERSION
     )
     .into_bytes()
 }

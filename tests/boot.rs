@@ -140,6 +140,12 @@ fn a_store_without_a_marker_is_adopted_with_its_owners() {
     assert_eq!(marker_of(&store.state_dir)["bootId"], boot.id.as_str());
     assert!(!store.state_dir.join("previous-boot").exists());
     assert!(boot.is_owner(&store, &"b".repeat(64)));
+    // Stamped with this boot, so that an owner under the marker that names none is always
+    // one a release without boots wrote.
+    for owner in store.owner_files() {
+        let sealed = cni::verify_envelope(&owner).unwrap();
+        assert_eq!(sealed["bootId"], boot.id.as_str(), "{owner:?}");
+    }
 }
 
 /// An ownership copied in from another boot's store names that boot: its sandbox has ended,
@@ -220,41 +226,46 @@ fn a_read_only_state_dir_in_the_next_boot_judges_by_no_torn_file() {
 
 /// A release that knows no boot writes owners without one. Gone back to without
 /// `--downgrade` (the marker stays) and rebooted, it files live owners under a marker that
-/// names an earlier boot: when this release comes back, those stay in place. The control: the
-/// same owners older than the marker (adopted with it, then the node rebooted) go aside.
+/// names an earlier boot: when this release comes back, those come back from the move with
+/// their records, and the stale DEL is still refused. The control: the same store adopted by
+/// this release first (which stamps its owners with that boot), then rebooted: they go aside.
 #[test]
-fn owners_a_release_without_boots_wrote_after_the_marker_are_kept() {
-    sys::skip_unless_root!(&["unshare", "mount", "touch"]);
+fn owners_a_release_without_boots_wrote_under_the_marker_stay_live() {
+    sys::skip_unless_root!(&["unshare", "mount"]);
     let (earlier, now) = (Boot::new(13), Boot::new(14));
     let pod = Pod::new("migrate", "db-0");
-    for written_after_the_marker in [true, false] {
+    for written_by_a_release_without_boots in [true, false] {
         let store = Store::from_fixture("state-previous-release-owners");
-        let marker = store.state_dir.join("boot");
-        std::fs::write(
-            &marker,
-            format!("{{\"formatVersion\":2,\"bootId\":\"{}\"}}\n", earlier.id),
-        )
-        .unwrap();
-        let (marker_at, owners_at) = match written_after_the_marker {
-            true => ("2026-01-01 00:00", "2026-01-02 00:00"),
-            false => ("2026-01-02 00:00", "2026-01-01 00:00"),
-        };
-        sys::run("touch", &["-d", marker_at, marker.to_str().unwrap()]);
-        for owner in store.owner_files() {
-            sys::run("touch", &["-d", owners_at, owner.to_str().unwrap()]);
+        if written_by_a_release_without_boots {
+            std::fs::write(
+                store.state_dir.join("boot"),
+                format!("{{\"formatVersion\":2,\"bootId\":\"{}\"}}\n", earlier.id),
+            )
+            .unwrap();
+        } else {
+            let web = Pod::new("migrate", "web-1");
+            earlier
+                .cni(store.add(&container_id(), &web))
+                .run()
+                .assert_ok();
         }
         let reply = now.cni(store.del(&"a".repeat(64), &pod).netns("")).run();
-        let moved = store.state_dir.join("previous-boot").exists();
-        match written_after_the_marker {
+        match written_by_a_release_without_boots {
             true => {
                 reply.assert_error(11);
-                assert!(!moved);
+                assert!(now.is_owner(&store, &"b".repeat(64)));
             }
             false => {
                 reply.assert_ok();
-                assert!(moved);
             }
         }
+        assert!(
+            store
+                .state_dir
+                .join("previous-boot")
+                .join(&earlier.id)
+                .is_dir()
+        );
         assert_eq!(marker_of(&store.state_dir)["bootId"], now.id.as_str());
     }
 }

@@ -63,8 +63,8 @@ pub enum LiveFolders {
 pub fn live_folders(root: &Path, now: Option<&str>) -> LiveFolders {
     match (read_marker(root), now) {
         (Some(Ok(marker)), Some(now)) if marker.boot_id == now => LiveFolders::ThisBoot,
-        // As `enter` judges it: such owners are live, and the next writer keeps them.
-        (Some(Ok(_)), Some(_)) if written_since_by_a_release_without_boots(root) => {
+        // As `enter` judges them: such owners are live, and the next writer keeps them.
+        (Some(Ok(_)), Some(_)) if !unstamped_owners(&root.join(super::OWNERS)).is_empty() => {
             LiveFolders::Unscoped
         }
         (Some(Ok(marker)), Some(_)) => LiveFolders::Previous(marker.boot_id),
@@ -88,20 +88,19 @@ pub fn enter(root: &Path, moved_aside: impl FnOnce()) -> Result<Option<String>> 
     };
     match read_marker(root) {
         Some(Ok(marker)) if marker.boot_id == now => return Ok(Some(now)),
-        Some(Ok(_)) if written_since_by_a_release_without_boots(root) => eprintln!(
-            "sandbox-guard: {} names another boot, but a release that knows no boot wrote owners \
-             since (one went back without --downgrade): its files are taken as this boot's",
-            root.join(BOOT).display()
-        ),
         Some(Ok(marker)) => {
             move_aside(root, &marker.boot_id)?;
             moved_aside();
+            bring_back_unstamped(root, &marker.boot_id)?;
         }
-        Some(Err(reason)) => eprintln!(
-            "sandbox-guard: {} does not decode ({reason}); its folders are taken as this boot's",
-            root.join(BOOT).display()
-        ),
-        None => {}
+        Some(Err(reason)) => {
+            eprintln!(
+                "sandbox-guard: {} does not decode ({reason}); its folders are taken as this boot's",
+                root.join(BOOT).display()
+            );
+            stamp_unstamped(root, &now)?;
+        }
+        None => stamp_unstamped(root, &now)?,
     }
     let marker = Marker {
         format_version: sealed::FORMAT_VERSION,
@@ -115,27 +114,83 @@ pub fn enter(root: &Path, moved_aside: impl FnOnce()) -> Result<Option<String>> 
     Ok(Some(now))
 }
 
-/// Whether an ownership that names no boot was written after the marker: a release that knows
-/// no boot ran here since (a rollback without `--downgrade`, then a reboot), and synced what
-/// it wrote; those are live owners. One adopted with the marker is older than it.
-fn written_since_by_a_release_without_boots(root: &Path) -> bool {
-    let since = |path: &Path| fs::symlink_metadata(path).and_then(|m| m.modified()).ok();
-    let Some(marked) = since(&root.join(BOOT)) else {
-        return false;
-    };
-    let Ok(entries) = fs::read_dir(root.join(super::OWNERS)) else {
-        return false;
+/// The ownerships in `dir` that name no boot, which only a release that knows no boot writes
+/// under a marker (`stamp_unstamped` stamps those a marker adopts).
+fn unstamped_owners(dir: &Path) -> Vec<(PathBuf, super::ownership::Ownership)> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
     };
     entries
         .flatten()
         .filter(|entry| !entry.file_name().as_encoded_bytes().starts_with(b"."))
-        .any(|entry| {
-            since(&entry.path()).is_some_and(|written| written > marked)
-                && matches!(
-                    sealed::read_any::<super::ownership::Ownership>(&entry.path()),
-                    Ok(super::Loaded::Valid(owner)) if owner.boot_id.is_none()
-                )
+        .filter_map(|entry| match sealed::read_any(&entry.path()) {
+            Ok(super::Loaded::Valid(owner)) => Some((entry.path(), owner)),
+            _ => None,
         })
+        .filter(|(_, owner): &(PathBuf, super::ownership::Ownership)| owner.boot_id.is_none())
+        .collect()
+}
+
+/// Adopting a store that no marker names (a release before the marker, its files synced):
+/// each ownership is stamped with this boot, durably, before the marker is written, so an
+/// ownership that names no boot under a marker is always one a release without boots wrote.
+fn stamp_unstamped(root: &Path, now: &str) -> Result<()> {
+    let owners = root.join(super::OWNERS);
+    let unstamped = unstamped_owners(&owners);
+    for (path, owner) in &unstamped {
+        let stamped = super::ownership::Ownership {
+            boot_id: Some(now.to_string()),
+            ..owner.clone()
+        };
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        sealed::replace(&owners, &name, &sealed::seal(&stamped), Durability::Durable)
+            .map_err(|e| GuardError::io("stamp the ownership", path, e))?;
+    }
+    if !unstamped.is_empty() {
+        sync_path(&owners)?;
+    }
+    Ok(())
+}
+
+/// After the move: the ownerships that name no boot, and their records, go back. A release
+/// that knows no boot wrote them since the marker (gone back to without `--downgrade`, then
+/// rebooted) and synced them: they are live owners.
+fn bring_back_unstamped(root: &Path, boot: &str) -> Result<()> {
+    let aside = previous_boot_dir(root, boot);
+    let unstamped = unstamped_owners(&aside.join(super::OWNERS));
+    if unstamped.is_empty() {
+        return Ok(());
+    }
+    eprintln!(
+        "sandbox-guard: {} ownerships a release that knows no boot wrote since the marker stay live",
+        unstamped.len()
+    );
+    for dir in [super::OWNERS, super::RECORDS] {
+        ensure_dir(&root.join(dir))?;
+    }
+    for (path, owner) in &unstamped {
+        let name = path.file_name().unwrap_or_default();
+        let mut back = vec![(path.clone(), root.join(super::OWNERS).join(name))];
+        for if_name in owner.interfaces() {
+            let record =
+                super::checkpoint::AttachmentId::of(&owner.key, &owner.container_id, if_name)
+                    .file_name();
+            back.push((
+                aside.join(super::RECORDS).join(&record),
+                root.join(super::RECORDS).join(&record),
+            ));
+        }
+        // The records first: no owner is ever back without them.
+        for (from, to) in back.iter().rev() {
+            match fs::rename(from, to) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(GuardError::io("bring back", from, e));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 fn read_marker(root: &Path) -> Option<std::result::Result<Marker, String>> {

@@ -145,16 +145,20 @@ pub fn waiting(state_dir: &Path, network: &str) -> Result<Vec<DeferredDel>> {
 /// digest, or an owner file that cannot be read, counts as owned: nothing is done with it.
 pub fn owned(state_dir: &Path, digest: &str) -> bool {
     let digest_like = digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit());
-    let path = state_dir.join(super::OWNERS).join(digest);
-    if !digest_like || super::surely_absent(&path) {
-        return !digest_like;
+    if !digest_like {
+        return true;
     }
-    match (
-        super::sealed::read_entry::<super::ownership::Ownership>(&path),
-        Store::open_read_only(state_dir),
-    ) {
-        (Ok(Loaded::Valid(owner)), Ok(store)) if owner.key.digest() == digest => {
-            store.owner_is_backed(&owner)
+    // The verbs' view: another boot's folders, not yet moved aside, own nothing.
+    let Ok(store) = Store::open_read_only(state_dir) else {
+        return true;
+    };
+    let path = store.owners.join(digest);
+    if super::surely_absent(&path) {
+        return false;
+    }
+    match super::sealed::read_any::<super::ownership::Ownership>(&path) {
+        Ok(Loaded::Valid(owner)) if owner.key.digest() == digest => {
+            store.of_this_boot(owner.boot_id.as_deref()) && store.owner_is_backed(&owner)
         }
         _ => true,
     }
@@ -178,6 +182,7 @@ impl Store {
         let parent = self.root.join(DEFERRED);
         let dir = self.deferred_dir(&deferred.key);
         let created = super::surely_absent(&dir);
+        let parent_created = super::surely_absent(&parent);
         ensure_dir(&parent)?;
         ensure_dir(&dir)?;
         if cfg!(feature = "power-cut-control") {
@@ -194,6 +199,9 @@ impl Store {
         sync_dir(&dir)?;
         if created {
             sync_dir(&parent)?;
+        }
+        if parent_created {
+            sync_dir(&self.root)?;
         }
         Ok(())
     }

@@ -41,6 +41,18 @@ pub fn mark(state_dir: &Path, id: &AttachmentId, error: &GuardError) {
         }
         Ok(_) => {}
     }
+    // Written without the store's lock: before this boot's first writer moved the previous
+    // boot's folders aside, the note would go aside with them.
+    let now = crate::clock::boot_id();
+    if let super::boot::LiveFolders::Previous(_) =
+        super::boot::live_folders(state_dir, now.as_deref())
+    {
+        eprintln!(
+            "sandbox-guard: the ADD failed before any verb of this boot could mark {}, so no note of it is written",
+            state_dir.display()
+        );
+        return;
+    }
     let name = id.file_name();
     if [super::RECORDS, super::SET_ASIDE]
         .iter()

@@ -434,6 +434,12 @@ impl Store {
     pub fn downgrade(&self) -> Result<(Vec<String>, usize)> {
         // Replays must not move the deferred DELs meanwhile: the caller holds them off
         // (`hold_off_replays`).
+        // The marker goes first: without it, the next release that knows boots adopts what
+        // the release before writes (and stamps it); with it, that release's owners would go
+        // aside at the next boot, and a run cut short would leave rewritten files under it.
+        if super::remove(&self.root.join(super::boot::BOOT))? {
+            sync_path(&self.root)?;
+        }
         let mut networks = std::collections::BTreeSet::new();
         if let Ok(markers) = std::fs::read_dir(self.root.join(POD_KEYS)) {
             for name in markers
@@ -498,11 +504,6 @@ impl Store {
             .map_err(|e| GuardError::io("open the state dir", &self.root, e))?;
         nix::unistd::syncfs(&root)
             .map_err(|e| GuardError::io("sync the file system of", &self.root, e.into()))?;
-        // Without the marker, the next release that knows boots adopts what the release
-        // before writes; with it, that release's owners would go aside at the next boot.
-        if super::remove(&self.root.join(super::boot::BOOT))? {
-            sync_path(&self.root)?;
-        }
         Ok((networks.into_iter().collect(), rewritten))
     }
 

@@ -3,20 +3,25 @@
 //! A sequence of delegate-mode verbs runs on a state dir on journaled ext4 whose block writes
 //! are recorded (tests/blockrec: a loop device over a FUSE file that logs each write and each
 //! cache flush). At every cut of that log, the image as the disk held it then is mounted (its
-//! journal replayed) and the next boot is played on it under a new boot id, as kubelet and
-//! containerd play it: every old sandbox the runtime still has is stopped and removed (DELs
-//! with an empty netns), each pod's new sandbox is added, the container GC repeats the old
-//! DELs, a GC sweeps, and at last the pods are scaled to zero. A pod-name-keyed primary
-//! (tests/primaries/counting-primary) logs every call. Harm is:
+//! journal replayed) and the next boot is played on it under a new boot id, in both orders
+//! kubelet has (`Order`), as containerd runs it (no CNI GC): every old sandbox the runtime
+//! still has is stopped and removed (DELs with an empty netns), each pod's new sandbox added,
+//! the container GC's DELs repeated, and at last the pods scaled to zero. The primary
+//! (tests/primaries/counting-primary) logs every call; which pod a call is of comes from the
+//! cast, so its harm is judged as a pod-name-keyed primary would suffer it. Harm is:
 //! - a DEL of another sandbox of a pod reaching the primary while the pod's new sandbox lives
 //!   (it would free the new pod's name-keyed state);
-//! - a pod that cannot restart (its new ADD fails) or an old sandbox that cannot be torn down;
+//! - a pod that cannot restart (its new ADD fails), or an old sandbox's DEL that fails;
 //! - a deferred DEL the guard acknowledged before the cut that never reaches the primary (its
-//!   sandbox is gone from the runtime, so nothing else will ever tear it down there);
-//! - an owner that is not a sandbox of the new boot.
+//!   sandbox is gone from the runtime, so nothing else will ever tear it down there), any old
+//!   sandbox never torn down at the primary, or a deferred DEL left once every pod is gone;
+//! - owners other than none after the old DELs (same UID), and the new sandboxes after the
+//!   new ADDs.
 //!
-//! The control is the same test with a build whose deferral is written without its sync
-//! (`--features power-cut-control`): it must show harm.
+//! The control is a build whose deferral is written without its sync (`--features
+//! power-cut-control`), recording its own sequence as a node running it would: it must lose
+//! the deferral at some cut. The recording mount commits its journal on syncs alone (no
+//! timer within the sequence), so that loss does not hang on the journal's timer.
 
 #[path = "support/boot.rs"]
 mod boot;
@@ -32,7 +37,6 @@ mod testdata;
 use boot::Boot;
 use cni::{Cni, Pod, Store};
 use counting_primary::CountingPrimary;
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -155,7 +159,12 @@ impl Recording {
         }
         assert!(disk.exists(), "blockrec did not mount {}", fuse.display());
         let device = attach(&disk);
-        sys::run("mount", &[&device, mnt.to_str().unwrap()]);
+        // No journal commit on the timer while the sequence runs (it takes a second): what is
+        // durable at a cut is what a sync made so, for the tested build and the control alike.
+        sys::run(
+            "mount",
+            &["-o", "commit=300", &device, mnt.to_str().unwrap()],
+        );
         Recording {
             server,
             fuse,
@@ -236,9 +245,11 @@ struct Recorded {
     base: PathBuf,
     log: PathBuf,
     calls_before: String,
-    /// The deferred DELs (container IDs) and how many writes the log held when each was
-    /// acknowledged.
+    /// The deferred DEL (a's) and how many writes the log held when it was acknowledged.
     deferred: Vec<(String, usize)>,
+    /// The sandboxes whose DEL the runtime saw succeed before the cut, and from which write on
+    /// (a's, deferred, and c's): a cut before leaves them with the runtime.
+    torn_down: Vec<(String, usize)>,
 }
 
 /// Before the cut, in one boot: db-0's sandbox a, then b (the pod force-deleted and made
@@ -269,12 +280,13 @@ fn record(
     let [db, web, cache] = &cast.pods;
     verb(store.add(&cast.old[0][0], db));
     verb(store.add(&cast.old[0][1], db));
+    let acked = || writes_within(&log, std::fs::metadata(&log).unwrap().len());
     verb(store.del(&cast.old[0][0], db));
-    let acked = writes_within(&log, std::fs::metadata(&log).unwrap().len());
-    let deferred = vec![(cast.old[0][0].clone(), acked)];
+    let deferred = vec![(cast.old[0][0].clone(), acked())];
     verb(store.del(&cast.old[0][0], db).netns(""));
     verb(store.add(&cast.old[1][0], web));
     verb(store.del(&cast.old[1][0], web));
+    let torn_down = vec![deferred[0].clone(), (cast.old[1][0].clone(), acked())];
     verb(store.del(&cast.old[1][0], web).netns(""));
     verb(store.add(&cast.old[1][1], web));
     verb(store.add(&cast.old[2][0], cache));
@@ -292,15 +304,18 @@ fn record(
         log,
         calls_before,
         deferred,
+        torn_down,
     }
 }
 
-/// The cuts to play: every number of writes the disk may have held.
-fn cuts(log: &Path) -> Vec<usize> {
-    let out = sys::run(
-        blockrec().to_str().unwrap(),
-        &["cuts", "--log", log.to_str().unwrap()],
-    );
+/// The cuts to play: every number of writes the disk may have held, or (`at_flushes`) those
+/// at which the disk flushed its cache.
+fn cuts(log: &Path, at_flushes: bool) -> Vec<usize> {
+    let mut args = vec!["cuts", "--log", log.to_str().unwrap()];
+    if at_flushes {
+        args.push("--barriers");
+    }
+    let out = sys::run(blockrec().to_str().unwrap(), &args);
     String::from_utf8(out.stdout)
         .unwrap()
         .lines()
@@ -308,8 +323,45 @@ fn cuts(log: &Path) -> Vec<usize> {
         .collect()
 }
 
-/// Plays the next boot on the disk cut after `writes` writes; the harm it finds.
-#[allow(clippy::too_many_arguments)]
+/// The orders in which kubelet's next boot reaches the plugin (field notes, 2026-11-25 and
+/// 2026-12-01): for one pod UID, every old sandbox stopped and removed before the new one
+/// runs; for a pod made again under a new UID (a StatefulSet's, force-deleted), the new
+/// sandbox first, and the container GC's stops and removals of the old ones after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Order {
+    SameUid,
+    NewUid,
+}
+
+/// A cut to play: the writes the disk held, the seed of the unflushed writes kept (none: all
+/// of them), and the order of the next boot.
+type Cut = (usize, Option<u64>, Order);
+
+/// A disk image attached and mounted at `mnt`, taken down on drop (a failed check too).
+struct Mounted {
+    device: String,
+    mnt: PathBuf,
+}
+
+impl Mounted {
+    fn new(image: &Path, mnt: &Path) -> Mounted {
+        let mounted = Mounted {
+            device: attach(image),
+            mnt: mnt.to_path_buf(),
+        };
+        sys::run("mount", &[&mounted.device, mnt.to_str().unwrap()]);
+        mounted
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+        let _ = Command::new("losetup").args(["-d", &self.device]).status();
+    }
+}
+
+/// Plays the next boot on the disk of `cut`; the harm it finds.
 fn play_cut(
     build: Build,
     cast: &Cast,
@@ -317,8 +369,7 @@ fn play_cut(
     primary: &CountingPrimary,
     store: &Store,
     work: &Path,
-    mnt: &Path,
-    (writes, subset): (usize, Option<u64>),
+    (writes, subset, order): Cut,
 ) -> Vec<String> {
     let image = work.join("cut.img");
     let _ = std::fs::remove_file(&image);
@@ -338,8 +389,7 @@ fn play_cut(
         args.extend(["--subset", &seed]);
     }
     sys::run(blockrec().to_str().unwrap(), &args);
-    let device = attach(&image);
-    sys::run("mount", &[&device, mnt.to_str().unwrap()]);
+    let mounted = Mounted::new(&image, store.state_dir.parent().unwrap());
     std::fs::write(&primary.call_log, &recorded.calls_before).unwrap();
     let boot = Boot::new(0xb);
     let mut harm = Vec::new();
@@ -352,90 +402,100 @@ fn play_cut(
             harm.push(format!("a replay after {what} outlived {REPLAYS:?}"));
         }
     };
-    // The runtime stops and removes every sandbox it still has; a's was removed before.
+    let owners = |harm: &mut Vec<String>, expected: &[String]| {
+        let mut found: Vec<String> = boot
+            .dump(&store.state_dir)
+            .iter()
+            .filter(|r| r["owner"] == true)
+            .filter_map(|r| r["containerId"].as_str().map(str::to_string))
+            .collect();
+        found.sort();
+        if found != expected {
+            harm.push(format!("the owners are {found:?}, not {expected:?}"));
+        }
+    };
+    // In that order the pods come back under new UIDs (the same names).
+    let pods: Vec<Pod> = cast
+        .pods
+        .iter()
+        .map(|pod| match order {
+            Order::SameUid => pod.clone(),
+            Order::NewUid => Pod::new(&pod.namespace, &pod.name),
+        })
+        .collect();
+    // What the runtime still has: every old sandbox but those whose DEL it saw succeed.
     let still_there: Vec<(usize, &String)> = cast
         .old
         .iter()
         .enumerate()
         .flat_map(|(pod, ids)| ids.iter().map(move |id| (pod, id)))
-        .filter(|(_, id)| **id != cast.old[0][0] && **id != cast.old[1][0])
+        .filter(|(_, id)| {
+            !recorded
+                .torn_down
+                .iter()
+                .any(|(gone, acked)| gone == *id && *acked <= writes)
+        })
         .collect();
-    for &(pod, id) in &still_there {
-        for _ in 0..2 {
-            verb(
-                "an old sandbox's DEL",
-                store.del(id, &cast.pods[pod]).netns(""),
-                &mut harm,
-            );
+    let old_dels = |harm: &mut Vec<String>| {
+        for &(pod, id) in &still_there {
+            for _ in 0..2 {
+                let del = store.del(id, &cast.pods[pod]).netns("");
+                verb("an old sandbox's DEL", del, harm);
+            }
+        }
+    };
+    let new_adds = |harm: &mut Vec<String>| {
+        for (pod, id) in cast.new.iter().enumerate() {
+            verb("a new sandbox's ADD", store.add(id, &pods[pod]), harm);
+        }
+    };
+    match order {
+        Order::SameUid => {
+            old_dels(&mut harm);
+            owners(&mut harm, &[]);
+            new_adds(&mut harm);
+        }
+        Order::NewUid => {
+            new_adds(&mut harm);
+            old_dels(&mut harm);
         }
     }
-    for (pod, id) in cast.new.iter().enumerate() {
-        verb(
-            "a new sandbox's ADD",
-            store.add(id, &cast.pods[pod]),
-            &mut harm,
-        );
-    }
+    // The container GC's repeats; then the new sandboxes own every pod.
     for &(pod, id) in &still_there {
-        verb(
-            "the GC's repeat of an old DEL",
-            store.del(id, &cast.pods[pod]).netns(""),
-            &mut harm,
-        );
+        let del = store.del(id, &cast.pods[pod]).netns("");
+        verb("the GC's repeat of an old DEL", del, &mut harm);
     }
-    let valid: Vec<serde_json::Value> = cast
-        .new
-        .iter()
-        .map(|id| json!({"containerID": id, "ifname": "eth0"}))
-        .collect();
-    verb(
-        "the GC sweep",
-        store
-            .cni("GC", "")
-            .config("cni.dev/valid-attachments", Some(json!(valid))),
-        &mut harm,
-    );
-    let rows = boot.dump(&store.state_dir);
-    for row in rows.iter().filter(|r| r["owner"] == true) {
-        let owner = row["containerId"].as_str().unwrap_or_default();
-        if !cast.new.iter().any(|id| id == owner) {
-            harm.push(format!(
-                "{owner} owns its pod, and is no sandbox of the new boot"
-            ));
-        }
-    }
+    let mut new: Vec<String> = cast.new.to_vec();
+    new.sort();
+    owners(&mut harm, &new);
     for (pod, id) in cast.new.iter().enumerate() {
-        verb(
-            "the scale to zero",
-            store.del(id, &cast.pods[pod]),
-            &mut harm,
-        );
+        verb("the scale to zero", store.del(id, &pods[pod]), &mut harm);
     }
-    verb(
-        "a GC after the scale to zero",
-        store
-            .cni("GC", "")
-            .config("cni.dev/valid-attachments", Some(json!([]))),
-        &mut harm,
-    );
     let calls = primary.calls();
     let after_cut = &calls[recorded.calls_before.lines().count()..];
+    // Whose pod each sandbox is, from the cast (the log's pod= is what CNI_ARGS said).
+    let pod_of = |container: &str| {
+        (0..cast.pods.len()).find(|&pod| {
+            cast.old[pod].iter().any(|id| id == container) || cast.new[pod] == container
+        })
+    };
     for (pod, new) in cast.new.iter().enumerate() {
-        let name = format!("{}/{}", cast.pods[pod].namespace, cast.pods[pod].name);
-        let lives = |i: usize| {
-            let added = after_cut[..i]
-                .iter()
-                .any(|c| c.verb == "ADD" && c.container == *new);
-            let gone = after_cut[..i]
-                .iter()
-                .any(|c| c.verb == "DEL" && c.container == *new);
-            added && !gone
+        let added = after_cut
+            .iter()
+            .position(|c| c.verb == "ADD" && c.container == *new);
+        let gone = after_cut
+            .iter()
+            .position(|c| c.verb == "DEL" && c.container == *new);
+        let (Some(added), Some(gone)) = (added, gone) else {
+            harm.push(format!("{new}'s ADD or DEL never reached the primary"));
+            continue;
         };
-        for (i, call) in after_cut.iter().enumerate() {
-            if call.verb == "DEL" && call.pod == name && call.container != *new && lives(i) {
+        for call in &after_cut[added..gone] {
+            if call.verb == "DEL" && pod_of(&call.container) == Some(pod) && call.container != *new
+            {
                 harm.push(format!(
-                    "{}'s DEL reached the primary while {new} owned {name}",
-                    call.container
+                    "{}'s DEL reached the primary while {new} owned {}",
+                    call.container, cast.pods[pod].name
                 ));
             }
         }
@@ -453,9 +513,22 @@ fn play_cut(
             ));
         }
     }
+    // Every sandbox the runtime still had is torn down at the primary once its pod is gone,
+    // and nothing is left deferred.
+    for &(_, id) in &still_there {
+        if !calls.iter().any(|c| c.verb == "DEL" && c.container == *id) {
+            harm.push(format!("{id} was never torn down at the primary"));
+        }
+    }
+    let left = cni::walk(&store.state_dir.join("deferred"))
+        .into_iter()
+        .filter(|p| p.is_file())
+        .count();
+    if left > 0 {
+        harm.push(format!("{left} deferred DELs left after every pod is gone"));
+    }
     let_go(store);
-    sys::run("umount", &[mnt.to_str().unwrap()]);
-    sys::run("losetup", &["-d", &device]);
+    drop(mounted);
     harm
 }
 
@@ -463,25 +536,32 @@ fn play_cut(
 /// verb that started it, with its copy of the disk's mount, which would keep the file system
 /// and the loop device alive past the umount and send its last writes into the next cut.
 fn let_go(store: &Store) {
+    let workers = store.replay_workers();
     store.kill_replay_workers();
+    // Gone, or a zombie: its mount namespace, and with it the disk's mount, is released.
+    let alive = |pid: &u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+    };
     for _ in 0..400 {
-        if store.replay_workers().is_empty() {
+        if !workers.iter().any(alive) {
             return;
         }
         std::thread::sleep(Duration::from_millis(25));
     }
-    panic!(
-        "replay workers outlived their kill: {:?}",
-        store.replay_workers()
-    );
+    panic!("replay workers outlived their kill: {workers:?}");
 }
 
-/// The harm found, by cut (writes, and the seed of the unflushed writes kept).
-type Harmed = BTreeMap<(usize, Option<u64>), Vec<String>>;
+/// The harm found, by cut.
+type Harmed = BTreeMap<Cut, Vec<String>>;
 
-/// Records the sequence with `build` and plays every cut, and with `subsets` each cut again
-/// with a random half of the writes since the last flush lost (a drive's volatile cache).
-fn run(build: Build, subsets: bool) -> (usize, Harmed) {
+/// Records the sequence with `build` and plays every cut in `orders`; with `subsets`, each cut
+/// at a flush again with a random half of the writes since the one before lost (a drive's
+/// volatile cache), in the first order. Returns how many plays ran, and the harm.
+fn run(build: Build, orders: &[Order], subsets: bool) -> (usize, Harmed) {
     let work = sys::TempDir::new("sgcut");
     let mnt = work.path.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
@@ -489,43 +569,48 @@ fn run(build: Build, subsets: bool) -> (usize, Harmed) {
     let primary = CountingPrimary::new();
     let store = Store::with_state_dir(mnt.join("state"), &work.path);
     let recorded = record(build, &cast, &primary, &store, &work.path, &mnt);
-    let cuts = cuts(&recorded.log);
+    let mut plays: Vec<Cut> = cuts(&recorded.log, false)
+        .into_iter()
+        .flat_map(|writes| orders.iter().map(move |&order| (writes, None, order)))
+        .collect();
+    if subsets {
+        let at_flushes = cuts(&recorded.log, true);
+        plays.extend(
+            at_flushes
+                .iter()
+                .map(|&writes| (writes, Some(0x5eed + writes as u64), orders[0])),
+        );
+    }
     let mut harmed = BTreeMap::new();
-    let seeds = if subsets {
-        vec![None, Some(0x5eed)]
-    } else {
-        vec![None]
-    };
-    for &writes in &cuts {
-        for &seed in &seeds {
-            let cut = (writes, seed.map(|s: u64| s + writes as u64));
-            let harm = play_cut(
-                build, &cast, &recorded, &primary, &store, &work.path, &mnt, cut,
-            );
-            if !harm.is_empty() {
-                harmed.insert(cut, harm);
-            }
+    for &cut in &plays {
+        let harm = play_cut(build, &cast, &recorded, &primary, &store, &work.path, cut);
+        if !harm.is_empty() {
+            harmed.insert(cut, harm);
         }
     }
     eprintln!(
-        "{} cuts of {} writes, {} plays (deferral acknowledged at write {:?}); harm at {} plays",
-        cuts.len(),
-        cuts.last().unwrap_or(&0),
-        cuts.len() * seeds.len(),
+        "{} plays over {} writes (deferral acknowledged at write {:?}, the runtime's teardowns at {:?}); harm at {} plays",
+        plays.len(),
+        cuts(&recorded.log, false).last().unwrap_or(&0),
         recorded
             .deferred
             .iter()
             .map(|(_, at)| at)
             .collect::<Vec<_>>(),
+        recorded
+            .torn_down
+            .iter()
+            .map(|(_, at)| at)
+            .collect::<Vec<_>>(),
         harmed.len()
     );
-    (cuts.len(), harmed)
+    (plays.len(), harmed)
 }
 
 #[test]
 fn at_every_cut_of_the_write_log_the_next_boot_decides_without_harm() {
     sys::skip_unless_root!(TOOLS);
-    let (cuts, harmed) = run(Build::Tested, true);
+    let (cuts, harmed) = run(Build::Tested, &[Order::SameUid, Order::NewUid], true);
     assert!(cuts > 10, "only {cuts} cuts: nothing was recorded?");
     assert!(
         harmed.is_empty(),
@@ -539,7 +624,7 @@ fn at_every_cut_of_the_write_log_the_next_boot_decides_without_harm() {
 fn a_build_without_the_deferrals_sync_loses_a_deferred_del() {
     sys::skip_unless_root!(TOOLS);
     let control = control_binary();
-    let (cuts, harmed) = run(Build::Control(&control), false);
+    let (cuts, harmed) = run(Build::Control(&control), &[Order::SameUid], false);
     let lost = harmed
         .values()
         .flatten()

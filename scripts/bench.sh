@@ -14,8 +14,8 @@
 # and a static C program that makes one durable commit (about 700 bytes to a temp file, fdatasync, rename
 # into place, fsync of the directory). ADD and DEL are reported as multiples of one commit, both above the
 # exec, with the state on journaled ext4 and XFS made on loop-mounted image files and on BENCH_BASE_DIR's
-# own file system, FLOOR_ROUNDS (300) rounds in a random order, medians; ADD at most 1.15x and DEL at most
-# 1.0x one commit on journaled ext4 and XFS. Reported beside them, not checked: ADD's kernel work (a static
+# own file system, FLOOR_ROUNDS (300) rounds in a random order, medians; ADD at most 1.5x and DEL at most
+# 1.3x the no-op's exec on each of them. Reported beside them, not checked: ADD's kernel work (a static
 # C program making ADD's system calls with none of its parsing), a lean ADD (scripts/lib/lean-add, a static
 # Rust program making those calls with the config parsed and the guard's texts sealed, nothing checked;
 # built with cargo, its rows left out when it does not build) and tuning's rows (tuning is a Go exec, not
@@ -73,9 +73,10 @@ while (($#)); do
   shift
 done
 
-# Targets (docs/benchmarks.md). ADD and DEL against the floor, on the journaled file systems a node's /var/lib
-# is: what each costs above the exec, as a multiple of one durable commit above the same exec.
-readonly MAX_ADD_COMMITS=1.15 MAX_DEL_COMMITS=1.0
+# Targets (docs/benchmarks.md). ADD and DEL against the exec of the static no-op, in the same rounds, with the
+# state on every file system a node's /var/lib may be (journaled ext4 and XFS, and BENCH_BASE_DIR's own): the
+# boot-scoped store syncs nothing on either (docs/store.md), so only the plugin's own work is left to measure.
+readonly MAX_ADD_EXECS=1.5 MAX_DEL_EXECS=1.3
 # The store's size must not show, the dump of a large one stays short, and the plugin's process small. The
 # dump is the operator's command (sandbox-guard-ctl) and sorts a plain vector of its records: its bound is for
 # 10,000 records, about ninety times the 110 pods a node runs by default.
@@ -911,13 +912,13 @@ echo "## Targets"
 # Above the exec: what the plugin adds to a pod start, against what one durable commit adds.
 above() { calc "${p50[$1]} - ${p50[floor_noop]}"; } # label
 commits() { calc "(${p50[$1]} - ${p50[floor_noop]}) / (${p50[floor_commit_$2]} - ${p50[floor_noop]})"; } # label fs
-for fs in "${fs_cases[@]}"; do
-  [[ $fs == ext4 || $fs == xfs ]] || continue
-  commit_above=$(above "floor_commit_$fs")
-  verdict "ADD on ${floor_name[$fs]}: $(above "floor_add_$fs") ms above the exec is $(commits "floor_add_$fs" "$fs")x one commit ($commit_above ms above it) (<= $MAX_ADD_COMMITS)" \
-    "${p50[floor_add_$fs]} - ${p50[floor_noop]} <= $MAX_ADD_COMMITS * ($commit_above)"
-  verdict "DEL on ${floor_name[$fs]}: $(above "floor_del_$fs") ms above the exec is $(commits "floor_del_$fs" "$fs")x one commit (<= $MAX_DEL_COMMITS)" \
-    "${p50[floor_del_$fs]} - ${p50[floor_noop]} <= $MAX_DEL_COMMITS * ($commit_above)"
+execs() { calc "${p50[$1]} / ${p50[floor_noop]}"; } # label
+for fs in "${floor_fs[@]}"; do
+  verdict "ADD on ${floor_name[$fs]}: ${p50[floor_add_$fs]} ms is $(execs "floor_add_$fs")x the no-op's exec, ${p50[floor_noop]} ms (<= $MAX_ADD_EXECS)" \
+    "${p50[floor_add_$fs]} <= $MAX_ADD_EXECS * ${p50[floor_noop]}"
+  verdict "DEL on ${floor_name[$fs]}: ${p50[floor_del_$fs]} ms is $(execs "floor_del_$fs")x the no-op's exec (<= $MAX_DEL_EXECS)" \
+    "${p50[floor_del_$fs]} <= $MAX_DEL_EXECS * ${p50[floor_noop]}"
+  printf 'INFO  %s\n' "ADD on ${floor_name[$fs]}: $(above "floor_add_$fs") ms above the exec, $(commits "floor_add_$fs" "$fs")x one commit; DEL $(commits "floor_del_$fs" "$fs")x (reported, not checked)"
   printf 'INFO  %s\n' "ADD's kernel work alone (no parsing) on ${floor_name[$fs]}: $(above "floor_kernel_add_$fs") ms above the exec, $(commits "floor_kernel_add_$fs" "$fs")x one commit (reported, not checked)"
   [[ -z $lean_add_bin ]] ||
     printf 'INFO  %s\n' "A lean ADD (that kernel work, parsed and sealed, nothing checked) on ${floor_name[$fs]}: $(above "floor_lean_add_$fs") ms above the exec, $(commits "floor_lean_add_$fs" "$fs")x one commit; writing its record alone $(commits "floor_lean_record_$fs" "$fs")x (reported, not checked)"
@@ -1021,7 +1022,7 @@ burst_row() { # name label-prefix
 burst_row "$fs_type ($BENCH_BASE_DIR)" ''
 for fs in "${fs_cases[@]}"; do burst_row "$fs, loop-mounted" "${fs}_"; done
 echo
-echo "The floor ($FLOOR_ROUNDS rounds in a random order, medians, ms): a static no-op exec ${p50[floor_noop]} ms, tuning's no-op ADD ${p50[floor_tuning_add]} ms in the same rounds; \"above\" is the median less the no-op's; one commit = about 700 bytes to a temp file, fdatasync, rename into place, fsync of the directory, by a static C program; ADD's kernel work = a static C program making ADD's system calls (the pod's link facts through netlink in its netns, the lock, the record as a symlink where the file system keeps its text as a target and else as a file with its fdatasync, the owner and index symlinks, one directory fsync) with none of its parsing, reported, not checked; a lean ADD = a static Rust program (scripts/lib/lean-add) making those calls with the config parsed and the guard's three texts sealed as the guard writes them, nothing checked, and the same writing its record alone, reported, not checked. Targets on journaled ext4 and XFS: ADD <= ${MAX_ADD_COMMITS}x, DEL <= ${MAX_DEL_COMMITS}x one commit."
+echo "The floor ($FLOOR_ROUNDS rounds in a random order, medians, ms): a static no-op exec ${p50[floor_noop]} ms, tuning's no-op ADD ${p50[floor_tuning_add]} ms in the same rounds; \"above\" is the median less the no-op's; one commit = about 700 bytes to a temp file, fdatasync, rename into place, fsync of the directory, by a static C program; ADD's kernel work = a static C program making ADD's system calls (the pod's link facts through netlink in its netns, the lock, the record as a symlink where the file system keeps its text as a target and else as a file with its fdatasync, the owner and index symlinks, one directory fsync) with none of its parsing, reported, not checked; a lean ADD = a static Rust program (scripts/lib/lean-add) making those calls with the config parsed and the guard's three texts sealed as the guard writes them, nothing checked, and the same writing its record alone, reported, not checked. ADD's kernel work and the lean ADD model the store of format 1 (symlinks, one directory fsync), which format 2 no longer makes. Targets on every file system: ADD <= ${MAX_ADD_EXECS}x, DEL <= ${MAX_DEL_EXECS}x the no-op's exec."
 echo
 echo "| State on | One commit (above) | ADD's kernel work (above) | ADD (above) | DEL (above) | ADD's kernel work, commits | ADD, commits | DEL, commits | ADD / tuning ADD | DEL / tuning ADD |"
 echo "| --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |"

@@ -23,8 +23,9 @@
 //! ```
 //!
 //! Every ADD, DEL and CHECK touches a fixed number of files whatever the store holds;
-//! only GC, the operator tools and, once per network and `podKey` rule, `rekey` list
-//! directories. Writers (`Store::open`) create what is
+//! only GC, the operator tools, once per network and `podKey` rule `rekey`, and once per
+//! boot its first writer's move (`boot`; and a reader's look at `owners/` while the marker
+//! names another boot) list directories. Writers (`Store::open`) create what is
 //! missing and hold the exclusive lock for their life; readers (`Store::open_read_only`)
 //! create, chmod and lock-create nothing, and take the shared lock only around what must be
 //! read consistently, never while they write to stdout.

@@ -63,6 +63,10 @@ pub struct DeferredDel {
     pub last_attempt_boot_ns: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
+    /// The boot the entry was made in: its `netns` and `identity` are that boot's counters,
+    /// which can name a live netns of another. Absent in entries of earlier releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deferred_in_boot: Option<String>,
     /// How long the last replay ran, in seconds (killed or answered).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_replay_seconds: Option<f64>,
@@ -84,6 +88,15 @@ pub struct DeferredDel {
 }
 
 impl DeferredDel {
+    /// The netns a repeated DEL without one of its own tears the stale interface down in:
+    /// the entry's, unless it was made in another boot (nothing of that boot lives now).
+    pub fn netns_in_this_boot(&self, now: Option<&str>) -> &str {
+        match (&self.deferred_in_boot, now) {
+            (Some(made), Some(now)) if made != now => "",
+            _ => &self.netns,
+        }
+    }
+
     /// The stale sandbox's interface: the one its replay names in CNI_IFNAME.
     pub fn if_name(&self) -> &str {
         self.interface
@@ -288,6 +301,25 @@ mod tests {
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
         serde_json::from_value(json).unwrap()
+    }
+
+    /// A netns path, inode and cookie are counters of one boot: a repeated DEL after a
+    /// reboot (kubelet's, with no netns of its own) tears down in none.
+    #[test]
+    fn an_entry_of_another_boot_names_no_netns_of_this_one() {
+        let made = |boot: Option<&str>| {
+            entry(serde_json::json!({"netns": "/proc/4242/ns/net", "deferredInBoot": boot}))
+        };
+        assert_eq!(
+            made(Some("b1")).netns_in_this_boot(Some("b1")),
+            "/proc/4242/ns/net"
+        );
+        assert_eq!(made(Some("b1")).netns_in_this_boot(Some("b2")), "");
+        // An entry of an earlier release says no boot: as before.
+        assert_eq!(
+            made(None).netns_in_this_boot(Some("b2")),
+            "/proc/4242/ns/net"
+        );
     }
 
     #[test]

@@ -250,7 +250,8 @@ fn del_locked(
                 Err(err) => return Err(err),
             };
             let netns = if attachment.netns.is_empty() {
-                deferred.netns.clone()
+                let now = crate::clock::boot_id();
+                deferred.netns_in_this_boot(now.as_deref()).to_string()
             } else {
                 attachment.netns.clone()
             };
@@ -585,6 +586,7 @@ fn new_entry(
         last_attempt_ns: None,
         last_attempt_boot_ns: None,
         boot_id: None,
+        deferred_in_boot: crate::clock::boot_id(),
         last_replay_seconds: None,
         hung: false,
         delegate: Some(delegate.recorded_conf()),

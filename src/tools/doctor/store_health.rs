@@ -541,6 +541,7 @@ mod tests {
             last_attempt_ns: None,
             last_attempt_boot_ns: None,
             boot_id: None,
+            deferred_in_boot: None,
             last_replay_seconds: None,
             hung: false,
             delegate: None,

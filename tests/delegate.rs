@@ -1104,16 +1104,18 @@ fn a_sweep_never_replays_an_old_networks_deferred_del_while_the_pod_lives_under_
         &json!({"cniVersion": "1.1.0", "code": 11, "msg": "datastore is locked"}),
     );
     primary.wrap(i.store.del(&i.b, &i.pod_b)).run().assert_ok();
-    primary.heal("DEL", &i.a);
     // The conflist's network is renamed; the pod's next sandbox starts under the new name.
     // The primary keys by the pod's name (calico v2), not by the network's: A's DEL given
-    // to it now would release C's handle and endpoint.
+    // to it now would release C's handle and endpoint. The primary refuses A's DEL until C
+    // is in: a replay while the name was still free (a slow machine lets the back-off run out
+    // before C's ADD) must not be taken for one while C lives.
     let renamed = "k8s-pod-network-renamed";
     let c = container_id();
     primary
         .wrap(i.store.add(&c, &i.pod_a).network(renamed))
         .run()
         .assert_ok();
+    primary.heal("DEL", &i.a);
     std::thread::sleep(std::time::Duration::from_millis(2200));
     primary
         .wrap(
@@ -1124,10 +1126,15 @@ fn a_sweep_never_replays_an_old_networks_deferred_del_while_the_pod_lives_under_
         .run()
         .assert_ok();
     i.store.wait_for_replays(REPLAYS_DONE);
+    // The calls in the order they started, and the guard's log: whether A's DEL came before
+    // C's ADD reached the primary (the name still free) or after it.
     assert_eq!(
         primary.dels(&i.a),
         0,
-        "the old sandbox's DEL reached the primary while sandbox {c} of the pod lives"
+        "the old sandbox's DEL reached the primary while sandbox {c} of the pod lives; the \
+         primary's calls: {:#?}\nthe guard's log: {}",
+        primary.calls(),
+        std::fs::read_to_string(&i.store.log_file).unwrap_or_default()
     );
     assert_eq!(
         deferred(&i.store).len(),
@@ -1641,7 +1648,7 @@ fn the_doctor_tells_a_slow_primary_from_a_broken_one() {
     let short = |call: cni::Cni| {
         primary
             .wrap(call)
-            .config("replayTimeoutSeconds", Some(json!(3)))
+            .config("replayTimeoutSeconds", Some(json!(10)))
     };
     let refused = json!({"cniVersion": "1.1.0", "code": 100, "msg": "datastore down"});
     for (n, slow) in [(1, true), (2, false)] {
@@ -1651,7 +1658,9 @@ fn the_doctor_tells_a_slow_primary_from_a_broken_one() {
         short(i.store.add(&b, &pod)).run().assert_ok();
         short(i.store.del(&a, &pod)).run().assert_ok();
         if slow {
-            primary.slow("DEL", &a, 2.0);
+            // Over half of replayTimeoutSeconds, with seconds to spare both ways on a loaded
+            // machine (it ran out of a 3 s timeout with a 2 s primary on one).
+            primary.slow("DEL", &a, 6.0);
         } else {
             primary.fail("DEL", &a, &refused);
         }

@@ -29,6 +29,7 @@ pub const PROVIDERS: &[(&str, Provider)] = &[
     ("basename", Provider::Debian("coreutils")),
     ("cat", Provider::Debian("coreutils")),
     ("touch", Provider::Debian("coreutils")),
+    ("truncate", Provider::Debian("coreutils")),
     ("cut", Provider::Debian("coreutils")),
     ("date", Provider::Debian("coreutils")),
     ("dirname", Provider::Debian("coreutils")),

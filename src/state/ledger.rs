@@ -276,10 +276,7 @@ impl Store {
         };
         entry.note(handled, if_name, stale, owner, owner_generation, &now);
         // History: synced only where the store is not scoped to the boot (docs/store.md).
-        let durability = match self.durable {
-            true => sealed::Durability::Durable,
-            false => sealed::Durability::Hint,
-        };
+        let durability = self.durability();
         sealed::replace(
             &self.ledger,
             &key.digest(),

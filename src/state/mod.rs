@@ -438,25 +438,35 @@ impl Store {
     /// crash leaves an owner whose record's data is lost.
     pub fn save_owner(&self, owner: &Ownership) -> Result<()> {
         let name = owner.key.digest();
-        let durability = match self.durable {
-            true => {
-                if let Some(record) = self.unsynced_record.take() {
-                    record
-                        .sync_data()
-                        .map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
-                }
-                sealed::Durability::Durable
-            }
-            false => sealed::Durability::Hint,
-        };
+        if self.durable
+            && let Some(record) = self.unsynced_record.take()
+        {
+            record
+                .sync_data()
+                .map_err(|e| GuardError::io("sync checkpoint in", &self.records, e))?;
+        }
         let stamped = Ownership {
             boot_id: self.boot_now.clone(),
             ..owner.clone()
         };
-        sealed::replace(&self.owners, &name, &sealed::seal(&stamped), durability)
-            .map_err(|e| GuardError::io("write the ownership", &self.owners.join(&name), e))?;
+        sealed::replace(
+            &self.owners,
+            &name,
+            &sealed::seal(&stamped),
+            self.durability(),
+        )
+        .map_err(|e| GuardError::io("write the ownership", &self.owners.join(&name), e))?;
         self.mark_dirty(Dir::Owners);
         Ok(())
+    }
+
+    /// How a file this store's verbs write is made: durable only where no boot scopes the
+    /// store (`boot`).
+    fn durability(&self) -> sealed::Durability {
+        match self.durable {
+            true => sealed::Durability::Durable,
+            false => sealed::Durability::Hint,
+        }
     }
 
     /// Whether an entry that names `boot` (none: written before entries named one) belongs

@@ -1,6 +1,6 @@
 //! Reading the operation log back: the `outcome=` names and the one parser of a line, text
-//! or JSON. Programs read the log through this file (the doctor, the metrics, the tests), so
-//! it depends on nothing of the crate.
+//! or JSON. Every program reads the log through this file (the doctor, the metrics, the
+//! tests), so none can drift from the format the plugin writes.
 
 /// `outcome=` of a line: what the operation came to. The names are read by programs (the
 /// doctor, the metrics, the tests), so a name, once written, stays.

@@ -575,12 +575,8 @@ pub fn copy_state_dir(from: &Path, to: &Path) {
     }
 }
 
-/// How a record's symlink entry holds its text: the guard's own table, the file itself,
-/// included rather than linked from the library. Linked, every test binary that includes this
-/// file would take the whole library into its release build's LTO (one per test binary).
-#[allow(dead_code)]
-#[path = "../../src/state/entry_text.rs"]
-mod entry_text;
+/// How a format-1 record's symlink entry holds its text: the guard's own table.
+use sandbox_guard::state::entry_text;
 
 /// The bytes of a store entry: a regular file's content, or the target of a symlink (the form
 /// ownerships, address index entries and records on a journal take), read without following
@@ -1262,11 +1258,8 @@ impl Reply {
     }
 }
 
-/// The guard's own reader of its log and its `outcome=` names, the file itself, included for
-/// the reason `entry_text` is.
-#[path = "../../src/cni/log_entry.rs"]
-mod log_entry;
-pub use log_entry::{LogEntry, Outcome};
+/// The guard's own reader of its log and its `outcome=` names.
+pub use sandbox_guard::cni::log_entry::{LogEntry, Outcome};
 
 /// One line of the plugin's log file, read by the guard's own parser (`LogEntry::parse`):
 /// `<time> sandbox-guard[<pid>] <LEVEL> <VERB> network=.. container=.. ifname=.. pod=ns/name|- outcome=.. <text>`.

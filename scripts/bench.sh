@@ -16,10 +16,8 @@
 # exec, with the state on journaled ext4 and XFS made on loop-mounted image files and on BENCH_BASE_DIR's
 # own file system, FLOOR_ROUNDS (300) rounds in a random order, medians; ADD at most 1.5x and DEL at most
 # 1.3x the no-op's exec on each of them. Reported beside them, not checked: ADD's kernel work (a static
-# C program making ADD's system calls with none of its parsing), a lean ADD (scripts/lib/lean-add, a static
-# Rust program making those calls with the config parsed and the guard's texts sealed, nothing checked;
-# built with cargo, its rows left out when it does not build) and tuning's rows (tuning is a Go exec, not
-# a floor). --rounds N sets FLOOR_ROUNDS; --quick runs every phase with few rounds and a small store (a few
+# C program making ADD's system calls with none of its parsing) and tuning's rows (tuning is a Go exec,
+# not a floor). --rounds N sets FLOOR_ROUNDS; --quick runs every phase with few rounds and a small store (a few
 # minutes) and skips delegate mode's cost.
 #
 # Knobs (environment): ITERATIONS (400) timed rounds of each phase, WARMUP (20) discarded rounds,
@@ -199,17 +197,20 @@ int main(int argc, char **argv) {
 }
 C
 # And ADD's own system calls with none of its user-space work: the kernel's side of ADD as the guard does
-# it (the pod's link facts read through a netlink socket made in its netns, the store's lock, the record,
-# the owner and the address index, one data sync and one directory sync), reported beside the floor.
+# it (the pod's link facts read through a netlink socket made in its netns, the store's lock, the boot id
+# and the store's boot marker read, the record, the owner and the address index written as files of the
+# sizes the guard writes for the bench's pod, each made whole by a rename, nothing synced: docs/store.md),
+# reported beside the floor.
 cat >"$work/kernel_add.c" <<'C'
 /* ADD's kernel work in STATE for the interface IFNAME of the netns at NETNS; SERIAL names the entries.
  * Asks what the guard asks (the link and its host-side peer without counters, the addresses and the
- * routes), writes a record of RECORD bytes as the guard does (a symlink in records/ where the file
- * system keeps that as a target, else an O_TMPFILE linked in and fdatasynced), symlinks in owners/
- * and ips/, fsyncs owners/. No parsing beyond the netlink framing, no checksum. */
-/* The bench pod's record as the guard writes it on a journal: 1.3 KiB of sealed text compacted
- * (src/state/entry_text.rs). */
-#define RECORD 860
+ * routes), reads the boot id and STATE/boot, writes a record of RECORD bytes as the guard does (an
+ * O_TMPFILE linked into records/), then the owner and the address entry as temporary files renamed
+ * into owners/ and ips/. No parsing beyond the netlink framing, no checksum, no sync. */
+/* The bench pod's entries as the guard writes them (format 2, sealed plain JSON). */
+#define RECORD 1227
+#define OWNER 391
+#define ADDRESS 375
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -256,8 +257,25 @@ static int ask(int sock, int type, int dump, int index, const char *name) {
     }
   }
 }
+/* A temporary file of LEN bytes renamed to DIR/NAME, as the guard replaces an entry. */
+static int replace(const char *state, const char *dir, const char *name, const char *text, int len) {
+  char temp[4096], path[4096];
+  snprintf(temp, sizeof temp, "%s/%s/.%d.tmp", state, dir, getpid());
+  snprintf(path, sizeof path, "%s/%s/%s", state, dir, name);
+  int fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0 || write(fd, text, len) != len || rename(temp, path)) return -1;
+  return close(fd);
+}
+/* The whole of a small file, as the guard reads the boot id and the marker. */
+static int slurp(const char *path, char *into, int size) {
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC), got = 0, n;
+  if (fd < 0) return -1;
+  while ((n = read(fd, into + got, size - got)) > 0) got += n;
+  close(fd);
+  return got;
+}
 int main(int argc, char **argv) {
-  char input[16384], path[4096], target[600];
+  char input[16384], path[4096], small[128];
   ssize_t got = 0, n;
   if (argc != 5) return 2;
   while ((n = read(0, input + got, sizeof input - got)) > 0) got += n;
@@ -273,38 +291,25 @@ int main(int argc, char **argv) {
   snprintf(path, sizeof path, "%s/lock", argv[1]);
   int lock = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (lock < 0 || flock(lock, LOCK_EX)) return 1;
+  snprintf(path, sizeof path, "%s/boot", argv[1]);
+  if (slurp("/proc/sys/kernel/random/boot_id", small, sizeof small) < 0 || slurp(path, small, sizeof small) < 0)
+    return 1;
   memset(input + got, ' ', sizeof input - got);
-  char text[RECORD + 1];
-  memcpy(text, input, RECORD), text[RECORD] = 0;
+  snprintf(path, sizeof path, "%s/records", argv[1]);
+  int record = open(path, O_WRONLY | O_TMPFILE | O_CLOEXEC, 0600);
   snprintf(path, sizeof path, "%s/records/%s", argv[1], argv[4]);
-  int record = -1;
-  if (symlink(text, path)) {
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/records", argv[1]);
-    if (errno != ENAMETOOLONG || (record = open(dir, O_WRONLY | O_TMPFILE | O_CLOEXEC, 0600)) < 0 ||
-        write(record, input, RECORD) != RECORD || linkat(record, "", AT_FDCWD, path, AT_EMPTY_PATH))
-      return 1;
-  }
-  memset(target, 'o', sizeof target - 1), target[sizeof target - 1] = 0;
-  snprintf(path, sizeof path, "%s/owners/%s", argv[1], argv[4]);
-  if (symlink(target, path)) return 1;
-  target[300] = 0;
-  snprintf(path, sizeof path, "%s/ips/%s", argv[1], argv[4]);
-  if (symlink(target, path) || (record >= 0 && fdatasync(record))) return 1;
-  snprintf(path, sizeof path, "%s/owners", argv[1]);
-  int owners = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (owners < 0 || fsync(owners) || write(1, input, got < 350 ? got : 350) < 0) return 1;
+  if (record < 0 || write(record, input, RECORD) != RECORD || linkat(record, "", AT_FDCWD, path, AT_EMPTY_PATH) ||
+      close(record))
+    return 1;
+  if (replace(argv[1], "owners", argv[4], input, OWNER) || replace(argv[1], "ips", argv[4], input, ADDRESS))
+    return 1;
+  if (write(1, input, got < 350 ? got : 350) < 0) return 1;
   return 0;
 }
 C
 for program in noop commit kernel_add; do
   gcc -O2 -static -o "$work/$program" "$work/$program.c" || die "cannot build the static $program program (gcc, libc6-dev)"
 done
-# And a lean ADD in Rust (scripts/lib/lean-add): that kernel work, plus the config parsed and the texts the
-# guard writes sealed as it seals them, and nothing checked. What the guard costs above it is its own logic.
-# Reported only: a build that fails leaves its rows out.
-say "building the lean ADD (scripts/lib/lean-add)"
-lean_add_bin=$(build_lean_add "$repo") || { say "the lean ADD did not build: its rows are left out"; lean_add_bin=''; }
 
 # A real netns with the pod end of a veth named as in prevResult: tuning's ADD enters it and must succeed.
 netns=sgbench-$$
@@ -348,7 +353,6 @@ cni() { # binary verb stdin-text; the current attachment
     "${launcher[@]}" "$1" <<<"$3"
 }
 guard() { cni "$guard_bin" "$@"; }
-lean_add() { LEAN_ADD_WRITES=$1 cni "$lean_add_bin" ADD "$2"; } # all|record stdin-text
 baseline() { cni "$baseline_bin" "$@"; }
 tuning() { cni "$tuning_bin" "$@"; }
 
@@ -524,21 +528,15 @@ for fs in $BENCH_FILESYSTEMS; do
   floor_name[$fs]="$(journal_of "$mnt"), loop-mounted"
 done
 for fs in "${floor_fs[@]}"; do
-  mkdir -p "${floor_dir[$fs]}/commit" "${floor_dir[$fs]}"/{kernel-add,lean,lean-record}/{records,owners,ips}
+  mkdir -p "${floor_dir[$fs]}/commit" "${floor_dir[$fs]}"/kernel-add/{records,owners,ips}
+  printf '{"formatVersion":2,"bootId":"%s"}\n' "$(</proc/sys/kernel/random/boot_id)" >"${floor_dir[$fs]}/kernel-add/boot"
   attachment "$preflight_kind" 3
   guard_config config "${floor_dir[$fs]}/state"
   guard ADD "$config" >/dev/null && guard DEL "$config" >/dev/null || die "ADD/DEL in ${floor_dir[$fs]} failed"
   "$commit_bin" "${floor_dir[$fs]}/commit" || die "the commit program failed in ${floor_dir[$fs]}/commit"
   "$kernel_add_bin" "${floor_dir[$fs]}/kernel-add" "$netns_path" "$ifname" preflight </dev/null >/dev/null ||
     die "the kernel_add program failed in ${floor_dir[$fs]}/kernel-add"
-  if [[ -n $lean_add_bin ]]; then
-    guard_config config "${floor_dir[$fs]}/lean"
-    lean_add all "$config" >/dev/null || die "the lean ADD failed in ${floor_dir[$fs]}/lean"
-  fi
 done
-# The lean ADD's record and owner go after each run, as the guard's DEL takes its own, and their removal
-# is committed then, untimed, not by whichever case comes next.
-lean_cleared() { rm -f "$1"/records/* "$1"/owners/* && sync -f "$1"; }
 # The text on stdin, as cni() gives it to a plugin: inside the timed command.
 # shellcheck disable=SC2317 # run through timed
 stdin_to() { # text command...
@@ -549,7 +547,6 @@ stdin_to() { # text command...
 floor_cases=(noop tuning)
 for fs in "${floor_fs[@]}"; do
   floor_cases+=("commit:$fs" "kernel:$fs" "guard:$fs")
-  [[ -z $lean_add_bin ]] || floor_cases+=("lean:$fs" "lean_record:$fs")
 done
 say "timing $FLOOR_ROUNDS rounds (+$WARMUP warm-up) of the floor on: ${floor_fs[*]}"
 for ((round = 0; round < WARMUP + FLOOR_ROUNDS; round++)); do
@@ -560,8 +557,6 @@ for ((round = 0; round < WARMUP + FLOOR_ROUNDS; round++)); do
   plugin_config 'round_input[tuning]' tuning
   for fs in "${floor_fs[@]}"; do
     guard_config "round_input[$fs]" "${floor_dir[$fs]}/state"
-    guard_config "round_input[lean_$fs]" "${floor_dir[$fs]}/lean"
-    guard_config "round_input[lean_record_$fs]" "${floor_dir[$fs]}/lean-record"
   done
   shuffled order "${floor_cases[@]}"
   for case in "${order[@]}"; do
@@ -572,14 +567,6 @@ for ((round = 0; round < WARMUP + FLOOR_ROUNDS; round++)); do
     commit:*) timed "floor_commit_$fs" stdin_to "${round_input[$fs]}" "$commit_bin" "${floor_dir[$fs]}/commit" ;;
     kernel:*) timed "floor_kernel_add_$fs" stdin_to "${round_input[$fs]}" "$kernel_add_bin" "${floor_dir[$fs]}/kernel-add" \
       "$netns_path" "$ifname" "$round" ;;
-    lean:*)
-      timed "floor_lean_add_$fs" lean_add all "${round_input[lean_$fs]}"
-      lean_cleared "${floor_dir[$fs]}/lean"
-      ;;
-    lean_record:*)
-      timed "floor_lean_record_$fs" lean_add record "${round_input[lean_record_$fs]}"
-      lean_cleared "${floor_dir[$fs]}/lean-record"
-      ;;
     guard:*)
       timed "floor_add_$fs" guard ADD "${round_input[$fs]}"
       timed "floor_del_$fs" guard DEL "${round_input[$fs]}"
@@ -920,8 +907,6 @@ for fs in "${floor_fs[@]}"; do
     "${p50[floor_del_$fs]} <= $MAX_DEL_EXECS * ${p50[floor_noop]}"
   printf 'INFO  %s\n' "ADD on ${floor_name[$fs]}: $(above "floor_add_$fs") ms above the exec, $(commits "floor_add_$fs" "$fs")x one commit; DEL $(commits "floor_del_$fs" "$fs")x (reported, not checked)"
   printf 'INFO  %s\n' "ADD's kernel work alone (no parsing) on ${floor_name[$fs]}: $(above "floor_kernel_add_$fs") ms above the exec, $(commits "floor_kernel_add_$fs" "$fs")x one commit (reported, not checked)"
-  [[ -z $lean_add_bin ]] ||
-    printf 'INFO  %s\n' "A lean ADD (that kernel work, parsed and sealed, nothing checked) on ${floor_name[$fs]}: $(above "floor_lean_add_$fs") ms above the exec, $(commits "floor_lean_add_$fs" "$fs")x one commit; writing its record alone $(commits "floor_lean_record_$fs" "$fs")x (reported, not checked)"
 done
 verdict "ADD with $LARGE_RECORDS records is ${add_growth}x ADD with $SMALL_RECORDS (<= $MAX_GROWTH_RATIO)" \
   "${p50[guard_add_large]} <= $MAX_GROWTH_RATIO * ${p50[guard_add_small]}"
@@ -1022,7 +1007,7 @@ burst_row() { # name label-prefix
 burst_row "$fs_type ($BENCH_BASE_DIR)" ''
 for fs in "${fs_cases[@]}"; do burst_row "$fs, loop-mounted" "${fs}_"; done
 echo
-echo "The floor ($FLOOR_ROUNDS rounds in a random order, medians, ms): a static no-op exec ${p50[floor_noop]} ms, tuning's no-op ADD ${p50[floor_tuning_add]} ms in the same rounds; \"above\" is the median less the no-op's; one commit = about 700 bytes to a temp file, fdatasync, rename into place, fsync of the directory, by a static C program; ADD's kernel work = a static C program making ADD's system calls (the pod's link facts through netlink in its netns, the lock, the record as a symlink where the file system keeps its text as a target and else as a file with its fdatasync, the owner and index symlinks, one directory fsync) with none of its parsing, reported, not checked; a lean ADD = a static Rust program (scripts/lib/lean-add) making those calls with the config parsed and the guard's three texts sealed as the guard writes them, nothing checked, and the same writing its record alone, reported, not checked. ADD's kernel work and the lean ADD model the store of format 1 (symlinks, one directory fsync), which format 2 no longer makes. Targets on every file system: ADD <= ${MAX_ADD_EXECS}x, DEL <= ${MAX_DEL_EXECS}x the no-op's exec."
+echo "The floor ($FLOOR_ROUNDS rounds in a random order, medians, ms): a static no-op exec ${p50[floor_noop]} ms, tuning's no-op ADD ${p50[floor_tuning_add]} ms in the same rounds; \"above\" is the median less the no-op's; one commit = about 700 bytes to a temp file, fdatasync, rename into place, fsync of the directory, by a static C program; ADD's kernel work = a static C program making ADD's system calls (the pod's link facts through netlink in its netns, the lock, the boot id and the store's marker read, the record, the owner and the address entry written as plain files of the guard's sizes, each whole by a rename, nothing synced) with none of its parsing, reported, not checked. Targets on every file system: ADD <= ${MAX_ADD_EXECS}x, DEL <= ${MAX_DEL_EXECS}x the no-op's exec."
 echo
 echo "| State on | One commit (above) | ADD's kernel work (above) | ADD (above) | DEL (above) | ADD's kernel work, commits | ADD, commits | DEL, commits | ADD / tuning ADD | DEL / tuning ADD |"
 echo "| --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |"

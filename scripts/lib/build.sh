@@ -128,28 +128,6 @@ choose_builder() {
   fi
 }
 
-# build_lean_add REPO: builds the benchmark's lean ADD (scripts/lib/lean-add) static for this
-# machine, as the plugin is built (same builder, same crate versions: from the cache its build
-# filled when there is no network), and prints its path.
-build_lean_add() {
-  local checkout triple bin
-  checkout=$(cd "$1" && pwd) || return 1
-  triple=$(plugin_triple "$(plugin_arch)") || return 1
-  local -a as_builder=()
-  choose_builder "$checkout" || return 1
-  local -a build=(env RUSTFLAGS="-C target-feature=+crt-static -C relocation-model=static"
-    cargo build --release --locked --quiet --manifest-path "$checkout/scripts/lib/lean-add/Cargo.toml"
-    --target-dir "$checkout/target/lean-add" --target "$triple")
-  (cd "$checkout" && { "${as_builder[@]}" "${build[@]}" --offline 2>/dev/null || "${as_builder[@]}" "${build[@]}"; }) >&2 ||
-    return 1
-  bin=$checkout/target/lean-add/$triple/release/lean-add
-  if ! is_static "$bin"; then
-    echo "$bin is not statically linked" >&2
-    return 1
-  fi
-  echo "$bin"
-}
-
 # need_rust_target TRIPLE [RUNNER...]: the Rust standard library for TRIPLE, added with rustup
 # (run through RUNNER, the builder's user) when the toolchain lacks it.
 need_rust_target() {

@@ -71,6 +71,42 @@ fn a_new_boot_moves_the_old_boots_owners_aside_and_judges_later_dels_by_its_own(
     assert!(after.is_owner(&store, &new));
 }
 
+/// An ownership whose record is gone (removed by hand) is shown as its boot's too once that
+/// boot has ended, in both outputs, and the table counts it as no checkpoint. The control is
+/// the same store read in its own boot: an owner without a record.
+#[test]
+fn the_dump_shows_an_ended_boots_ownership_without_its_record_as_ended() {
+    sys::skip_unless_root!(&["unshare", "mount"]);
+    let (before, after) = (Boot::new(1), Boot::new(2));
+    let store = Store::new();
+    let old = container_id();
+    before
+        .cni(store.add(&old, &Pod::new("db", "etcd-0")))
+        .run()
+        .assert_ok();
+    std::fs::remove_file(store.record_path(cni::NETWORK, &old, "eth0")).unwrap();
+
+    let same_boot = before.dump(&store.state_dir);
+    assert_eq!(same_boot.len(), 1, "{same_boot:?}");
+    assert_eq!(same_boot[0]["status"], "owner-without-record");
+
+    let rows = after.dump(&store.state_dir);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["containerId"], old.as_str());
+    assert_eq!(rows[0]["status"], "previous-boot", "{}", rows[0]);
+    let table = after.guard(&[
+        "--dump-checkpoints",
+        "--state-dir",
+        store.state_dir.to_str().unwrap(),
+    ]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("0 checkpoints, 0 owning their pod name (*), 0 not trusted")
+            && table.contains("1 entry is of a sandbox that ended with an earlier boot"),
+        "{table}"
+    );
+}
+
 /// What a power cut can leave of an ownership written without a sync: its name without its
 /// data. In the next boot it is the old boot's and refuses nothing: the old sandbox's DEL
 /// passes and the pod can start again. The control reads the same torn file as a store not

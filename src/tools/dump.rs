@@ -206,7 +206,8 @@ enum Status {
     /// Delegate mode: a cut-off ADD the primary has had the DEL of: the sandbox's own DEL is
     /// answered without it.
     RolledBack,
-    /// A record of a sandbox that ended with an earlier boot: nothing judges by it.
+    /// A record or an ownership of a sandbox that ended with an earlier boot: nothing judges
+    /// by it.
     PreviousBoot,
 }
 
@@ -382,7 +383,7 @@ fn write_all(
         Vec::new()
     };
     for (_, owner) in &orphans {
-        let row = orphan_row(owner);
+        let row = orphan_row(owner, ended_with(store, owner.boot_id.as_deref()));
         if filter.admits_fields(
             row.pod_namespace,
             row.pod_name,
@@ -706,7 +707,7 @@ fn record_rows(
                     ));
                     row.superseded_by = Some(other);
                 }
-                if let Some(boot) = ended_with(store, &record) {
+                if let Some(boot) = ended_with(store, record.boot_id.as_deref()) {
                     row.status = Status::PreviousBoot;
                     row.reason = Some(format!(
                         "its sandbox ended with the boot {boot}: no verb judges by this record, and the next ADD, DEL or GC moves it to previous-boot/"
@@ -816,15 +817,13 @@ fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultVi
     }
 }
 
-/// The boot `record`'s sandbox ended with, where it is not this one: the live folders are
-/// still an earlier boot's (no writer ran since), or the record says so.
-fn ended_with<'a>(store: &'a Store, record: &'a Checkpoint) -> Option<&'a str> {
+/// The boot a record's or an ownership's sandbox ended with (`written_in`, the boot that wrote
+/// it), where it is not this one: the live folders are still an earlier boot's (no writer ran
+/// since), or the entry says so.
+fn ended_with<'a>(store: &'a Store, written_in: Option<&'a str>) -> Option<&'a str> {
     match store.live_folders() {
         crate::state::boot::LiveFolders::Previous(boot) => Some(boot),
-        _ => record
-            .boot_id
-            .as_deref()
-            .filter(|boot| !store.of_this_boot(Some(boot))),
+        _ => written_in.filter(|boot| !store.of_this_boot(Some(boot))),
     }
 }
 
@@ -856,7 +855,19 @@ fn unverified_row(path: &Path, status: Status, reason: String) -> Row<'_> {
     }
 }
 
-fn orphan_row(owner: &Ownership) -> Row<'_> {
+fn orphan_row<'a>(owner: &'a Ownership, ended_with: Option<&str>) -> Row<'a> {
+    let (status, reason) = match ended_with {
+        Some(boot) => (
+            Status::PreviousBoot,
+            format!(
+                "its sandbox ended with the boot {boot}: no verb judges by this ownership, and the next ADD, DEL or GC moves it to previous-boot/"
+            ),
+        ),
+        None => (
+            Status::OwnerWithoutRecord,
+            "owns the pod key but its record is gone; the next DEL or GC of the pod drops this ownership".to_string(),
+        ),
+    };
     Row {
         network: Some(&owner.key.network),
         container_id: Some(&owner.container_id),
@@ -866,10 +877,7 @@ fn orphan_row(owner: &Ownership) -> Row<'_> {
         pod_uid: owner.pod_uid.as_deref(),
         generation: Some(owner.generation),
         owner: true,
-        ..empty_row(
-            Status::OwnerWithoutRecord,
-            "owns the pod key but its record is gone; the next DEL or GC of the pod drops this ownership".to_string(),
-        )
+        ..empty_row(status, reason)
     }
 }
 
@@ -1054,6 +1062,8 @@ struct TableSink {
     owned: usize,
     /// Rows per `Status`, in its order.
     by_status: [usize; 10],
+    /// Of the previous-boot rows, those of an ownership whose record is gone: no checkpoint.
+    previous_boot_owners: usize,
 }
 
 const COLUMNS: [(&str, usize); 9] = [
@@ -1089,6 +1099,8 @@ impl Sink for TableSink {
         self.rows += 1;
         self.owned += usize::from(row.owner && row.status == Status::Ok);
         self.by_status[row.status as usize] += 1;
+        self.previous_boot_owners +=
+            usize::from(row.status == Status::PreviousBoot && row.prev_result.is_none());
         let pod = crate::names::pod_text(row.pod_namespace, row.pod_name);
         let container = crate::names::short_id(row.container_id.unwrap_or("-"));
         let ips = if row.ips.is_empty() {
@@ -1148,7 +1160,8 @@ impl Sink for TableSink {
 
     fn finish(&mut self, out: &mut dyn Write, root: &Path) -> io::Result<()> {
         let count = |status: Status| self.by_status[status as usize];
-        let records = count(Status::Ok) + count(Status::Superseded) + count(Status::PreviousBoot);
+        let records = count(Status::Ok) + count(Status::Superseded) + count(Status::PreviousBoot)
+            - self.previous_boot_owners;
         writeln!(
             out,
             "\n{}, {} owning their pod name (*), {} not trusted",
@@ -1159,6 +1172,7 @@ impl Sink for TableSink {
                 - count(Status::Deferred)
                 - count(Status::PendingAdd)
                 - count(Status::RolledBack)
+                - self.previous_boot_owners
         )?;
         let root = root.display();
         let notes = [
@@ -1238,8 +1252,8 @@ impl Sink for TableSink {
                 Status::PreviousBoot,
                 counted(
                     count(Status::PreviousBoot),
-                    "checkpoint is of a sandbox that ended with an earlier boot: nothing judges by it, and the next ADD, DEL or GC moves it aside",
-                    "checkpoints are of sandboxes that ended with an earlier boot: nothing judges by them, and the next ADD, DEL or GC moves them aside",
+                    "entry is of a sandbox that ended with an earlier boot: nothing judges by it, and the next ADD, DEL or GC moves it aside",
+                    "entries are of sandboxes that ended with an earlier boot: nothing judges by them, and the next ADD, DEL or GC moves them aside",
                 ),
             ),
         ];

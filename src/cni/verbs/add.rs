@@ -156,10 +156,10 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
         store.update_owner(&old_key, ownership::released(&owner, &id.if_name).as_ref())?;
         store.sync()?;
     }
-    // The record before the ownership that points at it, then one sync that keeps that
-    // order and makes the record's data durable with both names, in one journal commit
-    // (`Store::sync`): no crash leaves an owner without its record. A note of an earlier
-    // failed ADD goes in the same sync: this sandbox has a record now.
+    // The record before the ownership that points at it: no killed writer leaves an owner
+    // without its record. Where the store is not scoped to a boot, `Store::sync` then makes
+    // both durable in that order, with the removal of an earlier failed ADD's note (this
+    // sandbox has a record now).
     store.save_record(&record)?;
     store.remove_failed_add(&id)?;
     if let Some(key) = &pod_key {
@@ -180,13 +180,10 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
             return Err(err);
         }
     }
-    // The address index is a hint (written without fsync): its entries go in once the record
-    // and the ownership are in place, so a failed ADD never displaces the live holder an
-    // entry names, and before the sync, so they ride in the journal commit the sync makes
-    // anyway instead of stalling on the journal after it.
+    // The address index is a hint, never synced: its entries go in once the record and the
+    // ownership are in place, so a failed ADD never displaces the live holder an entry names.
     let ip_conflict = address_claim.record(&store);
-    // The metrics' writes (no fsync) go before the sync too, for the same reason; this ADD is
-    // counted as added now, and its log line below is not counted again.
+    // This ADD is counted as added now, and its log line below is not counted again.
     crate::cni::metrics::commit_with(inv, &store, true, Some(Outcome::Added));
     if inv.conf.pod_key == crate::state::ownership::PodKeyRule::NameAndIfname {
         store.set_generation_counter_durably(generation)?;

@@ -152,28 +152,33 @@ pub fn waiting(state_dir: &Path, network: &str) -> Result<Vec<DeferredDel>> {
         .collect())
 }
 
-/// Whether a pod key, by its digest, has an owner that owns it: its deferred DELs surely wait
-/// then (a stat, and where there is an owner file, it and its records read; no lock). An
-/// owner whose record is gone owns nothing (`Store::owner_is_backed`). A name that is no
-/// digest, or an owner file that cannot be read, counts as owned: nothing is done with it.
+/// Whether a pod key, by its digest, has an owner that owns it (`Store::owns`), read in the
+/// verbs' view of `state_dir`; a state dir that cannot be opened counts as owned.
 pub fn owned(state_dir: &Path, digest: &str) -> bool {
-    let digest_like = digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit());
-    if !digest_like {
-        return true;
-    }
-    // The verbs' view: another boot's folders, not yet moved aside, own nothing.
-    let Ok(store) = Store::open_read_only(state_dir) else {
-        return true;
-    };
-    let path = store.owners.join(digest);
-    if super::surely_absent(&path) {
-        return false;
-    }
-    match super::sealed::read_any::<super::ownership::Ownership>(&path) {
-        Ok(Loaded::Valid(owner)) if owner.key.digest() == digest => {
-            store.of_this_boot(owner.boot_id.as_deref()) && store.owner_is_backed(&owner)
+    Store::open_read_only(state_dir).map_or(true, |store| store.owns(digest))
+}
+
+impl Store {
+    /// Whether a pod key, by its digest, has an owner that owns it: its deferred DELs surely
+    /// wait then (a stat, and where there is an owner file, it and its records read; no lock).
+    /// An owner whose record is gone owns nothing (`Store::owner_is_backed`), nor does one of
+    /// another boot. A name that is no digest, or an owner file that cannot be read, counts
+    /// as owned: nothing is done with it.
+    pub fn owns(&self, digest: &str) -> bool {
+        let digest_like = digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit());
+        if !digest_like {
+            return true;
         }
-        _ => true,
+        let path = self.owners.join(digest);
+        if super::surely_absent(&path) {
+            return false;
+        }
+        match super::sealed::read_any::<super::ownership::Ownership>(&path) {
+            Ok(Loaded::Valid(owner)) if owner.key.digest() == digest => {
+                self.of_this_boot(owner.boot_id.as_deref()) && self.owner_is_backed(&owner)
+            }
+            _ => true,
+        }
     }
 }
 

@@ -268,6 +268,11 @@ pub fn sweep(inv: &Invocation, delegate: &Delegate, until: Instant, backing_off:
     let Ok(dirs) = std::fs::read_dir(root.join(deferred::DEFERRED)) else {
         return;
     };
+    // The verbs' view, opened once for the quick skip below; `replay_key` judges each key
+    // again under its pod lock, in a store of its own.
+    let Ok(store) = crate::state::Store::open_read_only(root) else {
+        return;
+    };
     let mut digests: Vec<String> = dirs
         .flatten()
         .filter_map(|e| e.file_name().to_str().map(str::to_string))
@@ -281,7 +286,7 @@ pub fn sweep(inv: &Invocation, delegate: &Delegate, until: Instant, backing_off:
         if Instant::now() >= until || crate::state::replays_awaited(root) {
             return;
         }
-        if deferred::owned(root, &digest) {
+        if store.owns(&digest) {
             continue;
         }
         let Some(entry) = entry_of(root, &digest, &inv.conf.network) else {

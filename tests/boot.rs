@@ -86,9 +86,32 @@ fn the_dump_shows_an_ended_boots_ownership_without_its_record_as_ended() {
         .assert_ok();
     std::fs::remove_file(store.record_path(cni::NETWORK, &old, "eth0")).unwrap();
 
+    let doctor = |boot: &Boot| {
+        let conf = sys::TempDir::new("sgdoc");
+        let out = boot.guard(&[
+            "--doctor",
+            "--output",
+            "json",
+            "--conf-dir",
+            conf.path.to_str().unwrap(),
+            "--state-dir",
+            store.state_dir.to_str().unwrap(),
+        ]);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let owners = report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["check"] == "store-owners")
+            .cloned();
+        owners.unwrap_or_else(|| panic!("no store-owners finding: {report}"))
+    };
+
     let same_boot = before.dump(&store.state_dir);
     assert_eq!(same_boot.len(), 1, "{same_boot:?}");
     assert_eq!(same_boot[0]["status"], "owner-without-record");
+    let warned = doctor(&before);
+    assert_eq!(warned["severity"], "warning", "{warned}");
 
     let rows = after.dump(&store.state_dir);
     assert_eq!(rows.len(), 1, "{rows:?}");
@@ -101,10 +124,15 @@ fn the_dump_shows_an_ended_boots_ownership_without_its_record_as_ended() {
     ]);
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(
-        table.contains("0 checkpoints, 0 owning their pod name (*), 0 not trusted")
+        table
+            .lines()
+            .any(|row| row.starts_with("db/etcd-0") && row.trim_end().ends_with(" previous-boot"))
+            && table.contains("0 checkpoints, 0 owning their pod name (*), 0 not trusted")
             && table.contains("1 entry is of a sandbox that ended with an earlier boot"),
         "{table}"
     );
+    let ok = doctor(&after);
+    assert_eq!(ok["severity"], "ok", "{ok}");
 }
 
 /// What a power cut can leave of an ownership written without a sync: its name without its

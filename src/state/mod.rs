@@ -488,6 +488,16 @@ impl Store {
         &self.live
     }
 
+    /// The boot an entry's sandbox ended with (`written_in`: the boot the entry names), where
+    /// it is not this one: the live folders are still an earlier boot's (no writer ran since),
+    /// or the entry says so. No verb judges by such an entry.
+    pub fn ended_with<'a>(&'a self, written_in: Option<&'a str>) -> Option<&'a str> {
+        match &self.live {
+            boot::LiveFolders::Previous(boot) => Some(boot),
+            _ => written_in.filter(|boot| !self.of_this_boot(Some(boot))),
+        }
+    }
+
     pub fn remove_owner(&self, key: &PodKey) -> Result<()> {
         remove(&self.owner_path(key))?;
         self.mark_dirty(Dir::Owners);

@@ -122,6 +122,9 @@ struct Row<'a> {
     /// A pending ADD's: when it was noted, its primary's pid, its failed rollbacks.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pending_add: Option<PendingAddFields<'a>>,
+    /// An ownership's row whose record is gone: counted as no checkpoint.
+    #[serde(skip)]
+    without_record: bool,
 }
 
 #[derive(Serialize)]
@@ -383,7 +386,12 @@ fn write_all(
         Vec::new()
     };
     for (_, owner) in &orphans {
-        let row = orphan_row(owner, ended_with(store, owner.boot_id.as_deref()));
+        let row = orphan_row(
+            owner,
+            store
+                .ended_with(owner.boot_id.as_deref())
+                .map(|boot| ended_reason(store, boot, "ownership")),
+        );
         if filter.admits_fields(
             row.pod_namespace,
             row.pod_name,
@@ -707,11 +715,9 @@ fn record_rows(
                     ));
                     row.superseded_by = Some(other);
                 }
-                if let Some(boot) = ended_with(store, record.boot_id.as_deref()) {
+                if let Some(boot) = store.ended_with(record.boot_id.as_deref()) {
                     row.status = Status::PreviousBoot;
-                    row.reason = Some(format!(
-                        "its sandbox ended with the boot {boot}: no verb judges by this record, and the next ADD, DEL or GC moves it to previous-boot/"
-                    ));
+                    row.reason = Some(ended_reason(store, boot, "record"));
                     row.superseded_by = None;
                 }
                 emit(&row)?;
@@ -814,16 +820,7 @@ fn record_row<'a>(record: &'a Checkpoint, owner: bool, view: &'a Option<ResultVi
         deferred: None,
         stale_dels: None,
         pending_add: None,
-    }
-}
-
-/// The boot a record's or an ownership's sandbox ended with (`written_in`, the boot that wrote
-/// it), where it is not this one: the live folders are still an earlier boot's (no writer ran
-/// since), or the entry says so.
-fn ended_with<'a>(store: &'a Store, written_in: Option<&'a str>) -> Option<&'a str> {
-    match store.live_folders() {
-        crate::state::boot::LiveFolders::Previous(boot) => Some(boot),
-        _ => written_in.filter(|boot| !store.of_this_boot(Some(boot))),
+        without_record: false,
     }
 }
 
@@ -855,14 +852,23 @@ fn unverified_row(path: &Path, status: Status, reason: String) -> Row<'_> {
     }
 }
 
-fn orphan_row<'a>(owner: &'a Ownership, ended_with: Option<&str>) -> Row<'a> {
-    let (status, reason) = match ended_with {
-        Some(boot) => (
-            Status::PreviousBoot,
-            format!(
-                "its sandbox ended with the boot {boot}: no verb judges by this ownership, and the next ADD, DEL or GC moves it to previous-boot/"
-            ),
-        ),
+/// Why a previous-boot row blocks nothing, and what becomes of it: the live folders of an
+/// earlier boot go aside with the next writer; an entry that names another boot under this
+/// boot's marker stays until its sandbox's DEL or its pod's next verb replaces it.
+fn ended_reason(store: &Store, boot: &str, what: &str) -> String {
+    let next = match store.live_folders() {
+        crate::state::boot::LiveFolders::Previous(_) => {
+            "the next ADD, DEL or GC moves it to previous-boot/"
+        }
+        _ => "the DEL of its sandbox, or its pod's next ADD, DEL or GC, replaces or removes it",
+    };
+    format!("its sandbox ended with the boot {boot}: no verb judges by this {what}, and {next}")
+}
+
+/// `ended`: why the ownership is an ended boot's, where it is.
+fn orphan_row(owner: &Ownership, ended: Option<String>) -> Row<'_> {
+    let (status, reason) = match ended {
+        Some(reason) => (Status::PreviousBoot, reason),
         None => (
             Status::OwnerWithoutRecord,
             "owns the pod key but its record is gone; the next DEL or GC of the pod drops this ownership".to_string(),
@@ -877,6 +883,7 @@ fn orphan_row<'a>(owner: &'a Ownership, ended_with: Option<&str>) -> Row<'a> {
         pod_uid: owner.pod_uid.as_deref(),
         generation: Some(owner.generation),
         owner: true,
+        without_record: true,
         ..empty_row(status, reason)
     }
 }
@@ -1010,6 +1017,7 @@ fn empty_row<'a>(status: Status, reason: String) -> Row<'a> {
         deferred: None,
         stale_dels: None,
         pending_add: None,
+        without_record: false,
     }
 }
 
@@ -1100,7 +1108,7 @@ impl Sink for TableSink {
         self.owned += usize::from(row.owner && row.status == Status::Ok);
         self.by_status[row.status as usize] += 1;
         self.previous_boot_owners +=
-            usize::from(row.status == Status::PreviousBoot && row.prev_result.is_none());
+            usize::from(row.status == Status::PreviousBoot && row.without_record);
         let pod = crate::names::pod_text(row.pod_namespace, row.pod_name);
         let container = crate::names::short_id(row.container_id.unwrap_or("-"));
         let ips = if row.ips.is_empty() {

@@ -93,10 +93,15 @@ pub fn check(
             return;
         }
     };
+    // An ended boot's ownership blocks nothing: `check_boot` reports those folders.
     let orphaned: Vec<Ownership> = owners
         .iter()
         .filter_map(|(_, (loaded, backed))| match loaded {
-            Loaded::Valid(owner) if !backed => Some(owner.clone()),
+            Loaded::Valid(owner)
+                if !backed && store.ended_with(owner.boot_id.as_deref()).is_none() =>
+            {
+                Some(owner.clone())
+            }
             _ => None,
         })
         .collect();

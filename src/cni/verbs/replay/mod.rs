@@ -13,6 +13,7 @@ use crate::cni::delegate::{Delegate, EnvOverride};
 use crate::cni::invocation::Invocation;
 use crate::cni::log::{CAUSE_SLOW_PRIMARY, Level, Outcome, Subject};
 use crate::error::{Kind, Result};
+use crate::state::boot::LiveFolders;
 use crate::state::deferred::{self, DeferredDel};
 use crate::state::ownership::{self, Owner, PodKey};
 use crate::state::pod_lock::PodLock;
@@ -268,11 +269,10 @@ pub fn sweep(inv: &Invocation, delegate: &Delegate, until: Instant, backing_off:
     let Ok(dirs) = std::fs::read_dir(root.join(deferred::DEFERRED)) else {
         return;
     };
-    // The verbs' view, opened once for the quick skip below; `replay_key` judges each key
-    // again under its pod lock, in a store of its own.
-    let Ok(store) = crate::state::Store::open_read_only(root) else {
-        return;
-    };
+    // The verbs' view for the quick skip below, opened again only while no writer has entered
+    // this boot (then it sees no owner at all); `replay_key` judges each key again under its
+    // pod lock, in a store of its own.
+    let mut view: Option<Store> = None;
     let mut digests: Vec<String> = dirs
         .flatten()
         .filter_map(|e| e.file_name().to_str().map(str::to_string))
@@ -286,7 +286,13 @@ pub fn sweep(inv: &Invocation, delegate: &Delegate, until: Instant, backing_off:
         if Instant::now() >= until || crate::state::replays_awaited(root) {
             return;
         }
-        if store.owns(&digest) {
+        if view
+            .as_ref()
+            .is_none_or(|store| matches!(store.live_folders(), LiveFolders::Previous(_)))
+        {
+            view = Store::open_read_only(root).ok();
+        }
+        if view.as_ref().is_none_or(|store| store.owns(&digest)) {
             continue;
         }
         let Some(entry) = entry_of(root, &digest, &inv.conf.network) else {

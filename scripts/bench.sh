@@ -199,7 +199,8 @@ C
 # And ADD's own system calls with none of its user-space work: the kernel's side of ADD as the guard does
 # it (the pod's link facts read through a netlink socket made in its netns, the store's lock, the boot id
 # and the store's boot marker read, the record, the owner and the address index written as files of the
-# sizes the guard writes for the bench's pod, each made whole by a rename, nothing synced: docs/store.md),
+# sizes the guard writes for the bench's pod, the record an O_TMPFILE linked in and the others a temporary
+# file renamed into place, nothing synced: docs/store.md),
 # reported beside the floor.
 cat >"$work/kernel_add.c" <<'C'
 /* ADD's kernel work in STATE for the interface IFNAME of the netns at NETNS; SERIAL names the entries.
@@ -212,7 +213,6 @@ cat >"$work/kernel_add.c" <<'C'
 #define OWNER 391
 #define ADDRESS 375
 #define _GNU_SOURCE
-#include <errno.h>
 #include <fcntl.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
@@ -1007,7 +1007,7 @@ burst_row() { # name label-prefix
 burst_row "$fs_type ($BENCH_BASE_DIR)" ''
 for fs in "${fs_cases[@]}"; do burst_row "$fs, loop-mounted" "${fs}_"; done
 echo
-echo "The floor ($FLOOR_ROUNDS rounds in a random order, medians, ms): a static no-op exec ${p50[floor_noop]} ms, tuning's no-op ADD ${p50[floor_tuning_add]} ms in the same rounds; \"above\" is the median less the no-op's; one commit = about 700 bytes to a temp file, fdatasync, rename into place, fsync of the directory, by a static C program; ADD's kernel work = a static C program making ADD's system calls (the pod's link facts through netlink in its netns, the lock, the boot id and the store's marker read, the record, the owner and the address entry written as plain files of the guard's sizes, each whole by a rename, nothing synced) with none of its parsing, reported, not checked. Targets on every file system: ADD <= ${MAX_ADD_EXECS}x, DEL <= ${MAX_DEL_EXECS}x the no-op's exec."
+echo "The floor ($FLOOR_ROUNDS rounds in a random order, medians, ms): a static no-op exec ${p50[floor_noop]} ms, tuning's no-op ADD ${p50[floor_tuning_add]} ms in the same rounds; \"above\" is the median less the no-op's; one commit = about 700 bytes to a temp file, fdatasync, rename into place, fsync of the directory, by a static C program; ADD's kernel work = a static C program making ADD's system calls (the pod's link facts through netlink in its netns, the lock, the boot id and the store's marker read, the record, the owner and the address entry written as plain files of the guard's sizes, the record linked in from an O_TMPFILE and the others renamed into place, nothing synced; a subset of ADD's calls: none of its lookups of earlier entries) with none of its parsing, reported, not checked. Targets on every file system: ADD <= ${MAX_ADD_EXECS}x, DEL <= ${MAX_DEL_EXECS}x the no-op's exec."
 echo
 echo "| State on | One commit (above) | ADD's kernel work (above) | ADD (above) | DEL (above) | ADD's kernel work, commits | ADD, commits | DEL, commits | ADD / tuning ADD | DEL / tuning ADD |"
 echo "| --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |"

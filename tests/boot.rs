@@ -87,24 +87,11 @@ fn the_dump_shows_an_ended_boots_ownership_without_its_record_as_ended() {
     std::fs::remove_file(store.record_path(cni::NETWORK, &old, "eth0")).unwrap();
 
     let doctor = |boot: &Boot| {
-        let conf = sys::TempDir::new("sgdoc");
-        let out = boot.guard(&[
-            "--doctor",
-            "--output",
-            "json",
-            "--conf-dir",
-            conf.path.to_str().unwrap(),
-            "--state-dir",
-            store.state_dir.to_str().unwrap(),
-        ]);
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let owners = report["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["check"] == "store-owners")
-            .cloned();
-        owners.unwrap_or_else(|| panic!("no store-owners finding: {report}"))
+        let findings = cni::doctor_findings(&store.state_dir, &[], |args| boot.guard(args));
+        let owners = findings.iter().find(|f| f["check"] == "store-owners");
+        owners
+            .cloned()
+            .unwrap_or_else(|| panic!("no store-owners: {findings:?}"))
     };
 
     let same_boot = before.dump(&store.state_dir);

@@ -176,29 +176,7 @@ impl Store {
     /// `--doctor`'s findings (its JSON report's) over this store, with `extra` arguments and
     /// an empty conf dir.
     pub fn doctor_findings(&self, extra: &[&str]) -> Vec<Value> {
-        let conf = TempDir::new("sgdoc");
-        let state = self.state_dir.to_str().unwrap();
-        let args = [
-            &[
-                "--doctor",
-                "--output",
-                "json",
-                "--conf-dir",
-                conf.path.to_str().unwrap(),
-                "--state-dir",
-                state,
-            ],
-            extra,
-        ]
-        .concat();
-        let out = guard(&args);
-        let body: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "the report is not JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        body["findings"].as_array().cloned().unwrap_or_default()
+        doctor_findings(&self.state_dir, extra, guard)
     }
 
     /// Waits, at most `limit`, until no delegate-mode replay worker of this store runs (each
@@ -446,6 +424,37 @@ fn guard_command(program: &str, args: &[&str]) -> Command {
         .env("PATH", PATH)
         .stdin(Stdio::null());
     command
+}
+
+/// The doctor's findings (JSON) for `state_dir`, with a conf dir of its own, run by `run`
+/// (the guard as it is, or under a wrapper).
+pub fn doctor_findings(
+    state_dir: &Path,
+    extra: &[&str],
+    run: impl Fn(&[&str]) -> std::process::Output,
+) -> Vec<Value> {
+    let conf = TempDir::new("sgdoc");
+    let args = [
+        &[
+            "--doctor",
+            "--output",
+            "json",
+            "--conf-dir",
+            conf.path.to_str().unwrap(),
+            "--state-dir",
+            state_dir.to_str().unwrap(),
+        ],
+        extra,
+    ]
+    .concat();
+    let out = run(&args);
+    let body: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "the report is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    body["findings"].as_array().cloned().unwrap_or_default()
 }
 
 /// Runs the operator CLI (`--dump-checkpoints`, `--restore`, `--doctor`, `--help`) and

@@ -1260,8 +1260,8 @@ impl Sink for TableSink {
                 Status::PreviousBoot,
                 counted(
                     count(Status::PreviousBoot),
-                    "entry is of a sandbox that ended with an earlier boot: nothing judges by it, and the next ADD, DEL or GC moves it aside",
-                    "entries are of sandboxes that ended with an earlier boot: nothing judges by them, and the next ADD, DEL or GC moves them aside",
+                    "entry is of a sandbox that ended with an earlier boot: nothing judges by it, and its row says what becomes of it",
+                    "entries are of sandboxes that ended with an earlier boot: nothing judges by them, and each row says what becomes of it",
                 ),
             ),
         ];

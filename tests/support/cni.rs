@@ -10,6 +10,10 @@
 
 use crate::sys::{HostLink, Netns, TempDir, hex, run, unique};
 use crate::testdata;
+/// The guard's own reader of its log and its `outcome=` names.
+pub use sandbox_guard::cni::log_entry::{LogEntry, Outcome};
+/// How a format-1 record's symlink entry holds its text: the guard's own table.
+use sandbox_guard::state::entry_text;
 use serde_json::{Map, Value, json, value::RawValue};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -583,9 +587,6 @@ pub fn copy_state_dir(from: &Path, to: &Path) {
         }
     }
 }
-
-/// How a format-1 record's symlink entry holds its text: the guard's own table.
-use sandbox_guard::state::entry_text;
 
 /// The bytes of a store entry: a regular file's content, or the target of a symlink (the form
 /// ownerships, address index entries and records on a journal take), read without following
@@ -1266,9 +1267,6 @@ impl Reply {
         error
     }
 }
-
-/// The guard's own reader of its log and its `outcome=` names.
-pub use sandbox_guard::cni::log_entry::{LogEntry, Outcome};
 
 /// One line of the plugin's log file, read by the guard's own parser (`LogEntry::parse`):
 /// `<time> sandbox-guard[<pid>] <LEVEL> <VERB> network=.. container=.. ifname=.. pod=ns/name|- outcome=.. <text>`.

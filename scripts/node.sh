@@ -10,6 +10,8 @@
 #                           [--terminated-pod-gc-threshold N]
 #                                             # prints KUBECONFIG=... last; S: kubelet's, 120;
 #                                             # N: kube-controller-manager's, 12500
+#   bash scripts/node.sh up --api-only        # etcd and kube-apiserver alone, with RBAC: for the
+#                                             # tests that only ask the API (prints KUBECONFIG=... last)
 #   bash scripts/node.sh down                 # leaves no process, mount, netns, link or chain
 #   bash scripts/node.sh build [--runtime R]  # only builds (or finds cached) the components
 #   bash scripts/node.sh restart kubelet|containerd [--kill]   # --kill: SIGKILL, not SIGTERM
@@ -31,7 +33,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/node-build.sh"
-help_if_asked "${BASH_SOURCE[0]}" 28 "${1:-}"
+help_if_asked "${BASH_SOURCE[0]}" 30 "${1:-}"
 
 W=${SANDBOX_GUARD_NODE_DIR:-/var/tmp/sandbox-guard-node}
 NODE_NAME=sg-node
@@ -177,10 +179,16 @@ write_pki() {
   mkdir -p "$W/pki"
   openssl genrsa -out "$W/pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$W/pki/sa.key" -pubout -out "$W/pki/sa.pub" 2>/dev/null
-  # The API server's serving certificate, which kube-root-ca.crt publishes to pods.
-  openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=sandbox-guard-node" \
-    -addext "subjectAltName=IP:127.0.0.1,IP:$NODE_IP,DNS:localhost" \
-    -keyout "$W/pki/apiserver.key" -out "$W/pki/apiserver.crt" 2>/dev/null
+  # A CA, which kube-root-ca.crt publishes to pods and the kubeconfigs name, and the API
+  # server's serving certificate signed by it: a client that checks the chain as webpki does
+  # refuses a self-signed CA certificate served as the server's own.
+  openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=sandbox-guard-node-ca" \
+    -keyout "$W/pki/ca.key" -out "$W/pki/ca.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=sandbox-guard-node" \
+    -keyout "$W/pki/apiserver.key" -out "$W/pki/apiserver.csr" 2>/dev/null
+  openssl x509 -req -in "$W/pki/apiserver.csr" -CA "$W/pki/ca.crt" -CAkey "$W/pki/ca.key" \
+    -CAcreateserial -days 30 -out "$W/pki/apiserver.crt" \
+    -extfile <(printf 'subjectAltName=IP:127.0.0.1,IP:%s,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' "$NODE_IP") 2>/dev/null
   echo "$TOKEN,admin,admin,system:masters" >"$W/pki/tokens.csv"
   chmod 600 "$W/pki/"*
   cat >"$W/kubeconfig" <<EOF
@@ -188,7 +196,7 @@ apiVersion: v1
 kind: Config
 clusters:
   - name: node
-    cluster: { server: "https://127.0.0.1:$APISERVER_PORT", certificate-authority: "$W/pki/apiserver.crt" }
+    cluster: { server: "https://127.0.0.1:$APISERVER_PORT", certificate-authority: "$W/pki/ca.crt" }
 users:
   - name: admin
     user: { token: "$TOKEN" }
@@ -462,9 +470,13 @@ node_ready() {
 }
 
 cmd_up() {
-  local runtime=containerd2
+  local runtime=containerd2 api_only=false
   while (($#)); do
     case $1 in
+      --api-only)
+        api_only=true
+        shift
+        ;;
       --runtime)
         runtime=${2:-}
         shift 2 || die "--runtime takes containerd16 or containerd2"
@@ -500,21 +512,38 @@ cmd_up() {
   [[ $(stat -fc %T /sys/fs/cgroup/pids 2>/dev/null) == cgroupfs ]] ||
     die "this host has no cgroup v1 pids hierarchy at /sys/fs/cgroup/pids, where the node keeps its processes"
   [[ ! -e $W/run ]] || die "a node is already up in $W (bash scripts/node.sh down first)"
-  need_packages containerd runc catatonit containernetworking-plugins iproute2 iptables openssl curl
+  if $api_only; then
+    need_packages openssl curl
+  else
+    need_packages containerd runc catatonit containernetworking-plugins iproute2 iptables openssl curl
+  fi
   # Before a build that can take minutes, and again after it.
   warn_ephemeral_ports
   check_ports_free
-  build_all "$runtime"
+  if $api_only; then
+    node_go_env
+    build_kubernetes
+    build_etcd
+  else
+    build_all "$runtime"
+  fi
   check_ports_free
   local started=$SECONDS
   mkdir -p "$W/logs" "$W/run" "$W/etcd" "$W/pod-logs"
   echo "$runtime" >"$W/runtime"
   write_pki
-  write_cni
-  write_containerd_config "$runtime"
-  write_kubelet_config
-  # replace, not add: an address left by a node that was never taken down must not stop this one.
-  ip addr replace "$NODE_IP/32" dev lo
+  # The full node authorizes everything, as its components run with the admin token; the API
+  # alone checks RBAC, so that a test sees what a ServiceAccount's role allows.
+  local authorization=AlwaysAllow
+  if $api_only; then
+    authorization=RBAC
+  else
+    write_cni
+    write_containerd_config "$runtime"
+    write_kubelet_config
+    # replace, not add: an address left by a node that was never taken down must not stop this one.
+    ip addr replace "$NODE_IP/32" dev lo
+  fi
 
   start etcd "$NODE_CACHE/bin/etcd-$ETCD_VERSION/etcd" --data-dir "$W/etcd" --name node \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
@@ -526,17 +555,25 @@ cmd_up() {
   start apiserver "$(bin_k8s kube-apiserver)" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
     --bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" --advertise-address "$NODE_IP" \
     --tls-cert-file "$W/pki/apiserver.crt" --tls-private-key-file "$W/pki/apiserver.key" \
-    --token-auth-file "$W/pki/tokens.csv" --authorization-mode AlwaysAllow \
+    --token-auth-file "$W/pki/tokens.csv" --authorization-mode "$authorization" \
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "$W/pki/sa.pub" --service-account-signing-key-file "$W/pki/sa.key" \
     --service-cluster-ip-range "$SERVICE_RANGE" --allow-privileged=true --profiling=false \
     --kubelet-preferred-address-types InternalIP
   wait_for "kube-apiserver ready" 120 alive_and apiserver kubectl_ --request-timeout=10s get --raw /readyz
+  if $api_only; then
+    say "the API alone up in $((SECONDS - started)) s: kube-apiserver $K8S_VERSION"
+    echo "NODE_DIR=$W"
+    echo "PATH_KUBECTL=$(bin_k8s kubectl)"
+    echo "APISERVER_PID_FILE=$W/run/apiserver.pid"
+    echo "KUBECONFIG=$W/kubeconfig"
+    return 0
+  fi
 
   start controller-manager "$(bin_k8s kube-controller-manager)" --kubeconfig "$W/kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$CONTROLLER_MANAGER_PORT" \
     --controllers statefulset-controller,daemonset-controller,garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,namespace-controller,node-lifecycle-controller \
-    --service-account-private-key-file "$W/pki/sa.key" --root-ca-file "$W/pki/apiserver.crt" \
+    --service-account-private-key-file "$W/pki/sa.key" --root-ca-file "$W/pki/ca.crt" \
     --use-service-account-credentials=false --profiling=false \
     --terminated-pod-gc-threshold "$TERMINATED_POD_GC_THRESHOLD"
   echo "$TERMINATED_POD_GC_THRESHOLD" >"$W/terminated-pod-gc-threshold"
@@ -720,7 +757,7 @@ in_cluster_wrapper() {
   local sa=$W/multus/serviceaccount
   mkdir -p "$sa"
   printf '%s' "$TOKEN" >"$sa/token"
-  cp "$W/pki/apiserver.crt" "$sa/ca.crt"
+  cp "$W/pki/ca.crt" "$sa/ca.crt"
   printf kube-system >"$sa/namespace"
   chmod 600 "$sa/token"
   IN_CLUSTER=(unshare --mount --propagation slave -- /bin/sh -c '

@@ -8,6 +8,7 @@ pub mod invocation;
 pub mod log;
 pub mod log_entry;
 pub mod metrics;
+pub mod pod_in_api;
 pub mod rejected;
 pub mod result;
 pub mod verbs;

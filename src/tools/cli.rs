@@ -242,6 +242,10 @@ pub fn run(args: &[String]) -> i32 {
         print!("{}", man_page());
         return 0;
     }
+    // Hidden: the plugin's question to the API server (cni::pod_in_api).
+    if args.first().map(String::as_str) == Some(crate::cni::pod_in_api::GET_POD_FLAG) {
+        return crate::tools::api::run(&args[1..]);
+    }
     match parse(args) {
         Ok(Command::Help(mode)) => {
             print!("{}", mode.map_or(OVERVIEW, Mode::help));

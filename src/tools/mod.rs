@@ -1,6 +1,7 @@
 //! The operator's side: the command line and what it runs by hand, never on a runtime's
 //! exec: the checkpoint dump, `--restore`, `--doctor`, and `--install`/`--uninstall`.
 
+pub mod api;
 pub mod cli;
 pub mod doctor;
 pub mod downgrade;

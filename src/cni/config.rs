@@ -80,6 +80,11 @@ struct RawConf {
     pod_lock_timeout_seconds: Option<f64>,
     #[serde(rename = "replayTimeoutSeconds")]
     replay_timeout_seconds: Option<f64>,
+    kubeconfig: Option<PathBuf>,
+    #[serde(rename = "podKeyScope")]
+    pod_key_scope: Option<String>,
+    #[serde(rename = "nodeName")]
+    node_name: Option<String>,
     delegate: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(rename = "runtimeConfig")]
     runtime_config: Option<serde_json::Map<String, serde_json::Value>>,
@@ -114,6 +119,14 @@ pub struct NetConf {
     pub pod_lock_timeout: Duration,
     /// Delegate mode: the time one replayed DEL may take in the primary.
     pub replay_timeout: Duration,
+    /// Where the local rule cannot decide, ask the API server (`cni::pod_in_api`) with this
+    /// kubeconfig; `None`: never ask.
+    pub kubeconfig: Option<PathBuf>,
+    /// How far the primary's pod-name state reaches: whether a DEL whose pod name the API
+    /// shows on another node is held.
+    pub pod_key_scope: crate::state::ownership::PodKeyScope,
+    /// This node's name as kubelet registers it (`nodeName`, else the host name).
+    pub node_name: Option<String>,
 }
 
 /// Reads stdin up to the limit; the bytes are parsed by `NetConf::parse`.
@@ -254,6 +267,22 @@ impl NetConf {
             )
             .with_details("Raise podLockTimeoutSeconds to at least replayTimeoutSeconds (defaults 60 and 30), or lower replayTimeoutSeconds."));
         }
+        let pod_key_scope = choice(
+            "podKeyScope",
+            raw.pod_key_scope.as_deref(),
+            &crate::state::ownership::PodKeyScope::CHOICES,
+        )?;
+        if let Some(kubeconfig) = &raw.kubeconfig {
+            require_absolute("kubeconfig", kubeconfig)?;
+        }
+        if let Some(node_name) = &raw.node_name {
+            names::check_plain(
+                "nodeName",
+                node_name,
+                names::MAX_POD_FIELD,
+                Kind::InvalidConfig,
+            )?;
+        }
         // GC's lists go to the primary under the keys the runtime wrote them.
         let gc_lists: Vec<(&str, serde_json::Value)> = crate::cni::delegate::GC_LIST_KEYS
             .into_iter()
@@ -285,6 +314,9 @@ impl NetConf {
             ip_conflict,
             prev_result: raw.prev_result,
             valid_attachments,
+            kubeconfig: raw.kubeconfig,
+            pod_key_scope,
+            node_name: raw.node_name,
         })
     }
 }

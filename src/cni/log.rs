@@ -36,7 +36,8 @@ use std::time::{Duration, Instant};
 
 use crate::cni::env::Verb;
 pub use crate::cni::log_entry::{
-    CAUSE_SET_ASIDE, CAUSE_SLOW_PRIMARY, CAUSE_STALE_DEL, CAUSE_SUPERSEDED, LogEntry, Outcome,
+    CAUSE_LATE_ADD, CAUSE_NAME_MOVED, CAUSE_SET_ASIDE, CAUSE_SLOW_PRIMARY, CAUSE_STALE_DEL,
+    CAUSE_SUPERSEDED, LogEntry, Outcome,
 };
 
 /// Rotated files kept beside the log: `<file>.1` (newest) .. `<file>.<LOG_BACKUPS>`.

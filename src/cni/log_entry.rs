@@ -31,10 +31,13 @@ pub enum Outcome {
     Error,
     /// The log's own note that `logMaxBytes` was adjusted.
     LogCap,
+    /// The API server was to be asked (`kubeconfig`) and did not answer in time: the local
+    /// rule decided alone.
+    ApiUnanswered,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 17] = [
+    pub const ALL: [Outcome; 18] = [
         Outcome::Added,
         Outcome::Deleted,
         Outcome::Audited,
@@ -52,6 +55,7 @@ impl Outcome {
         Outcome::Rejected,
         Outcome::Error,
         Outcome::LogCap,
+        Outcome::ApiUnanswered,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -73,6 +77,7 @@ impl Outcome {
             Outcome::Rejected => "rejected",
             Outcome::Error => "error",
             Outcome::LogCap => "log-cap",
+            Outcome::ApiUnanswered => "api-unanswered",
         }
     }
 
@@ -88,6 +93,10 @@ pub const CAUSE_STALE_DEL: &str = "stale-del";
 pub const CAUSE_SET_ASIDE: &str = "set-aside";
 /// Delegate mode refused the ADD of a sandbox a newer live one superseded.
 pub const CAUSE_SUPERSEDED: &str = "superseded";
+/// A DEL refused because the API server shows the pod's name on another pod (rule 7).
+pub const CAUSE_NAME_MOVED: &str = "name-moved";
+/// An ADD refused because the API server no longer has its pod under that name (rule 8).
+pub const CAUSE_LATE_ADD: &str = "late-add";
 /// A replayed DEL that passed but took more than half of `replayTimeoutSeconds`.
 pub const CAUSE_SLOW_PRIMARY: &str = "slow-primary";
 

@@ -27,6 +27,18 @@
 //!    owner's, or its DEL was deferred) is refused before the primary sees it: the primary
 //!    would hand the pod's name back to the old sandbox (`judge_add`).
 //!
+//! With a kubeconfig (`kubeconfig`), the API server's pod of the name decides where the
+//! store cannot (the store holds one node's sandboxes; the API, the pod a name belongs to now):
+//!
+//! 7. A DEL the rules above let go, of a pod UID the API no longer has under that name, is
+//!    held while the API's pod is one the primary's state of the name reaches (`name_moved`):
+//!    any, for a primary keyed across the cluster (`podKeyScope: "cluster"`); one on this node
+//!    or not yet placed, for one keyed per node.
+//! 8. An ADD whose pod name has a record of another pod UID is refused when the API does not
+//!    have its UID under that name (`late_add`): a force-deleted pod's sandbox coming late.
+//!
+//! Where the API does not answer in time, rules 1-6 decide alone.
+//!
 //! This module decides; the store persists and the verbs act on the decision.
 
 use serde::{Deserialize, Serialize};
@@ -62,6 +74,48 @@ impl PodKeyRule {
             if_name: (self == PodKeyRule::NameAndIfname).then(|| if_name.to_string()),
         }
     }
+}
+
+/// How far the primary's state keyed by pod name reaches: the `podKeyScope` config key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodKeyScope {
+    /// One node's: a DEL on this node can only hurt a pod of the name on this node.
+    Node,
+    /// The cluster's (calico up to 2.1's IPAM handle in etcd): a DEL on any node frees what
+    /// the pod of that name holds on every node.
+    Cluster,
+}
+
+impl PodKeyScope {
+    pub const CHOICES: [(&'static str, PodKeyScope); 2] = [
+        ("node", PodKeyScope::Node),
+        ("cluster", PodKeyScope::Cluster),
+    ];
+}
+
+/// The pod the API server holds under a pod's namespace and name.
+#[derive(Debug, Clone, Copy)]
+pub struct ApiPod<'a> {
+    pub uid: &'a str,
+    /// `None` while it is not placed on a node.
+    pub node: Option<&'a str>,
+}
+
+/// Rule 7: whether a DEL of pod UID `uid` that rules 1-6 let go must be held, because the name
+/// now belongs to `api` (`None`: the API has no pod of that name).
+pub fn name_moved(uid: &str, api: Option<ApiPod>, scope: PodKeyScope, this_node: &str) -> bool {
+    match api {
+        Some(pod) if pod.uid != uid => {
+            scope == PodKeyScope::Cluster || pod.node.is_none_or(|node| node == this_node)
+        }
+        _ => false,
+    }
+}
+
+/// Rule 8: whether an ADD of pod UID `uid`, whose name has a record of another UID, comes
+/// from a pod the API no longer has under that name.
+pub fn late_add(uid: &str, api: Option<ApiPod>) -> bool {
+    api.is_none_or(|pod| pod.uid != uid)
 }
 
 /// Identifies a pod by name across sandboxes, and one of its interfaces when the rule says so.
@@ -333,6 +387,37 @@ pub fn next_generation(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_dels_name_moved_by_scope_and_a_late_adds_uid() {
+        use PodKeyScope::{Cluster, Node};
+        let here = |uid| {
+            Some(ApiPod {
+                uid,
+                node: Some("a"),
+            })
+        };
+        let there = |uid| {
+            Some(ApiPod {
+                uid,
+                node: Some("b"),
+            })
+        };
+        let unplaced = |uid| Some(ApiPod { uid, node: None });
+        // The same pod, or none of the name: rules 1-6 decide.
+        for scope in [Node, Cluster] {
+            assert!(!name_moved("u1", here("u1"), scope, "a"));
+            assert!(!name_moved("u1", None, scope, "a"));
+            assert!(name_moved("u1", here("u2"), scope, "a"));
+            assert!(name_moved("u1", unplaced("u2"), scope, "a"));
+        }
+        // Another node's pod of the name: held only where the primary's state reaches it.
+        assert!(name_moved("u1", there("u2"), Cluster, "a"));
+        assert!(!name_moved("u1", there("u2"), Node, "a"));
+        assert!(!late_add("u1", here("u1")));
+        assert!(late_add("u1", here("u2")));
+        assert!(late_add("u1", None));
+    }
+
     use super::*;
 
     fn pod() -> PodKey {

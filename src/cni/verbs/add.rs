@@ -24,6 +24,9 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<String> {
              primary plugin that sets up the interface (or wrap the primary: \"delegate\")",
         )
     })?;
+    if let Some(key) = inv.pod_key(attachment) {
+        super::api_check::refuse_late_add(inv, attachment, &key)?;
+    }
     checkpoint(inv, attachment, prev_result)
 }
 

@@ -5,6 +5,7 @@
 //! other DEL must pass, even when the store cannot be written: a teardown is never held up
 //! for the guard's own bookkeeping.
 
+use super::api_check;
 use super::judgement::{self, Judgement};
 use crate::cni::env::Attachment;
 use crate::cni::verbs::Invocation;
@@ -12,11 +13,40 @@ use crate::error::Result;
 use crate::state::ledger::Handled;
 
 pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
-    let Some((store, unwritable)) = judgement::open(inv, attachment)? else {
-        judgement::nothing_recorded(inv, attachment);
-        return Ok(());
-    };
-    match judgement::judge(inv, attachment, &store)? {
+    let mut asked_api = false;
+    loop {
+        let Some((store, unwritable)) = judgement::open(inv, attachment)? else {
+            judgement::nothing_recorded(inv, attachment);
+            return Ok(());
+        };
+        let judged = judgement::judge(inv, attachment, &store)?;
+        if let Judgement::Go(plan) = &judged
+            && !asked_api
+            && plan.asks_api(inv)
+        {
+            // Asked without the store's lock, then judged again: a newer ADD of the pod may
+            // have come in meanwhile.
+            drop(store);
+            if let Some(err) =
+                api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref())
+            {
+                return Err(err);
+            }
+            asked_api = true;
+            continue;
+        }
+        return decide(inv, attachment, store, unwritable, judged);
+    }
+}
+
+fn decide(
+    inv: &Invocation,
+    attachment: &Attachment,
+    store: crate::state::Store,
+    unwritable: Option<crate::error::GuardError>,
+    judged: Judgement,
+) -> Result<()> {
+    match judged {
         Judgement::Stale(stale) => {
             judgement::note_in_ledger(
                 &store,

@@ -60,6 +60,7 @@ fn add_locked(
     let id = inv.attachment_id(attachment);
     if let Some(key) = key {
         refuse_if_superseded(inv, attachment, &id, key)?;
+        super::api_check::refuse_late_add(inv, attachment, key)?;
     }
     refuse_if_unwritable(inv, attachment)?;
     let Some(key) = key else {
@@ -270,6 +271,14 @@ fn del_locked(
         .with_details("The runtime retries the DEL."));
     }
     drop(store);
+    // Rule 7 under the pod's locks, so no ADD of the pod comes in between. Refused as chained
+    // mode refuses: the runtime retries it until the name is free.
+    if plan.asks_api(inv)
+        && let Some(err) =
+            super::api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref())
+    {
+        return Err(err);
+    }
     pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
     let keys = plan.keys.clone();
     let id = plan.id.clone();

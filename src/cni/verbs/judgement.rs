@@ -33,6 +33,19 @@ pub struct Plan {
     audited: Option<(String, String)>,
     /// The key and owner of a stale DEL let through in audit mode, for the ledger.
     audited_key: Option<(PodKey, Ownership)>,
+    /// The deleting sandbox's pod UID: CNI_ARGS', else its record's.
+    pub pod_uid: Option<String>,
+}
+
+impl Plan {
+    /// Whether rule 7 asks the API server about this DEL: a kubeconfig, a pod identity and
+    /// UID to compare, and not a stale DEL audit mode lets through.
+    pub fn asks_api(&self, inv: &Invocation) -> bool {
+        inv.conf.kubeconfig.is_some()
+            && self.pod_uid.is_some()
+            && !self.keys.is_empty()
+            && self.audited.is_none()
+    }
 }
 
 pub enum Judgement {
@@ -80,8 +93,12 @@ pub fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) -> Result
 
     // The record says which key this container took at ADD, whatever CNI_ARGS say now.
     let mut corrupt_record = None;
+    let mut pod_uid = attachment.pod.uid.clone();
     let (record_key, deleter) = match store.load_record(&id)? {
-        Loaded::Valid(record) => (record.pod_key(inv.conf.pod_key), Deleter::Recorded),
+        Loaded::Valid(record) => {
+            pod_uid = pod_uid.or(record.pod_uid.clone());
+            (record.pod_key(inv.conf.pod_key), Deleter::Recorded)
+        }
         Loaded::Missing => {
             if key_from_args.is_none() {
                 refuse_if_set_aside(inv, attachment, &store.set_aside_path_for_record(&id), None)?;
@@ -199,6 +216,7 @@ pub fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) -> Result
         corrupt_record,
         audited,
         audited_key,
+        pod_uid,
     }))
 }
 

@@ -1,6 +1,7 @@
 //! One file per CNI verb. Each gets the parsed invocation and returns what goes to stdout.
 
 pub mod add;
+mod api_check;
 pub mod check;
 pub mod del;
 pub mod delegated;

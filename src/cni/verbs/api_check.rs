@@ -1,0 +1,166 @@
+//! Rules 7 and 8 (`state::ownership`): the API server's word where the store cannot decide,
+//! asked only with a `kubeconfig` and a pod UID to compare, never under the store's lock
+//! (one pod's slow answer must not hold another pod's verb). An answer that does not come
+//! within `API_BOUND` leaves the verb to the local rule, logged as `api-unanswered`.
+
+use crate::cni::config::StaleDelPolicy;
+use crate::cni::env::Attachment;
+use crate::cni::log::{CAUSE_LATE_ADD, CAUSE_NAME_MOVED, Level, Outcome};
+use crate::cni::pod_in_api::{self, Asked, PodInApi};
+use crate::cni::verbs::Invocation;
+use crate::error::{GuardError, Kind, Result};
+use crate::state::ownership::{self, ApiPod, PodKey, PodKeyScope};
+use crate::state::{Loaded, Store};
+
+/// The pod the API server holds under the name, or `None` when it cannot tell in time.
+fn ask(inv: &Invocation, attachment: &Attachment, key: &PodKey) -> Option<PodInApi> {
+    let kubeconfig = inv.conf.kubeconfig.as_deref()?;
+    match pod_in_api::ask(kubeconfig, &key.pod_namespace, &key.pod_name) {
+        Asked::Answered(pod) => Some(pod),
+        Asked::Unknown(why) => {
+            let subject = inv.subject(Some(attachment), Some(key.pod()));
+            inv.log.event(
+                Level::Warn,
+                inv.verb,
+                &subject,
+                Outcome::ApiUnanswered,
+                &format!(
+                    "the API server could not be asked, so the local rule alone decides: {why}"
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn api_pod(pod: &PodInApi) -> Option<ApiPod<'_>> {
+    Some(ApiPod {
+        uid: pod.uid.as_deref().filter(|_| pod.found)?,
+        node: pod.node_name.as_deref(),
+    })
+}
+
+/// This node's name as kubelet registered it: `nodeName`, else the host name (kubelet's
+/// default without `--hostname-override`).
+fn this_node(inv: &Invocation) -> String {
+    inv.conf.node_name.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|name| name.trim().to_lowercase())
+            .unwrap_or_default()
+    })
+}
+
+/// Rule 7 for a DEL rules 1-6 let go, of pod UID `uid`: the refusal when the name has moved
+/// to another pod the primary's state reaches.
+pub fn name_moved(
+    inv: &Invocation,
+    attachment: &Attachment,
+    keys: &[PodKey],
+    uid: Option<&str>,
+) -> Option<GuardError> {
+    inv.conf.kubeconfig.as_ref()?;
+    let uid = uid?;
+    let key = keys.first()?;
+    let pod = ask(inv, attachment, key)?;
+    let node = this_node(inv);
+    if !ownership::name_moved(uid, api_pod(&pod), inv.conf.pod_key_scope, &node) {
+        return None;
+    }
+    let other_uid = pod.uid.as_deref().unwrap_or_default();
+    let place = match pod.node_name.as_deref() {
+        Some(there) if there == node => "on this node".to_string(),
+        Some(there) => format!("on node {there}"),
+        None => "not yet on a node".to_string(),
+    };
+    let reach = match inv.conf.pod_key_scope {
+        PodKeyScope::Cluster => {
+            "podKeyScope is \"cluster\": the primary's state of the name is the whole cluster's"
+        }
+        PodKeyScope::Node => "the primary keeps its state of the name on this node",
+    };
+    let err = GuardError::new(
+        Kind::StaleDel,
+        format!(
+            "stale DEL refused: pod {} is now pod UID {other_uid} {place} in the API server, not this sandbox's pod UID {uid}",
+            key.pod()
+        ),
+    )
+    .with_details(format!(
+        "{reach}, so this DEL would free what the newer pod holds in it. The runtime retries the DEL; it passes once the API \
+         server has no other pod of that name (the StatefulSet scaled down, or the pod deleted)."
+    ));
+    let subject = inv.subject(Some(attachment), Some(key.pod()));
+    let fields = [("cause", CAUSE_NAME_MOVED), ("owner", other_uid)];
+    if inv.conf.stale_del == StaleDelPolicy::Audit {
+        let text = format!("audit mode let a stale DEL through: {}", err.msg);
+        inv.log.event_with(
+            Level::Warn,
+            inv.verb,
+            &subject,
+            Outcome::Audited,
+            &fields,
+            &text,
+        );
+        return None;
+    }
+    inv.log.event_with(
+        Level::Warn,
+        inv.verb,
+        &subject,
+        Outcome::Refused,
+        &fields,
+        &err.msg,
+    );
+    Some(err)
+}
+
+/// Rule 8, before the ADD takes the name: refused when the name's owner here is of another pod
+/// UID and the API server does not have this ADD's UID under the name. Read without the
+/// store's lock.
+pub fn refuse_late_add(inv: &Invocation, attachment: &Attachment, key: &PodKey) -> Result<()> {
+    let (Some(_), Some(uid)) = (&inv.conf.kubeconfig, attachment.pod.uid.as_deref()) else {
+        return Ok(());
+    };
+    let Ok(store) = Store::open_read_only(&inv.conf.state_dir) else {
+        return Ok(());
+    };
+    let owner_uid = match store.load_owner(key) {
+        Ok(Loaded::Valid(owner)) => owner.pod_uid,
+        _ => None,
+    };
+    drop(store);
+    if owner_uid.as_deref().is_none_or(|owner| owner == uid) {
+        return Ok(());
+    }
+    let Some(pod) = ask(inv, attachment, key) else {
+        return Ok(());
+    };
+    if !ownership::late_add(uid, api_pod(&pod)) {
+        return Ok(());
+    }
+    let now = match pod.uid.as_deref().filter(|_| pod.found) {
+        Some(other) => format!("the API server's pod of that name is pod UID {other}"),
+        None => "the API server has no pod of that name".to_string(),
+    };
+    let err = GuardError::new(
+        Kind::Superseded,
+        format!(
+            "ADD refused: pod {} UID {uid} is no longer in the API server ({now})",
+            key.pod()
+        ),
+    )
+    .with_details(
+        "This sandbox is of a pod that was deleted while its sandbox was made; adding it would take the name from the \
+         pod that has it now. The runtime removes this sandbox; nothing is to be done.",
+    );
+    let subject = inv.subject(Some(attachment), Some(key.pod()));
+    inv.log.event_with(
+        Level::Warn,
+        inv.verb,
+        &subject,
+        Outcome::Refused,
+        &[("cause", CAUSE_LATE_ADD)],
+        &err.msg,
+    );
+    Err(err)
+}

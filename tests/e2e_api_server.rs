@@ -1,0 +1,473 @@
+//! Rules 7 and 8 (`state::ownership`) against a real kube-apiserver (`scripts/node.sh up
+//! --api-only`: etcd and the API server built from their modules, with RBAC), read with a
+//! ServiceAccount token whose ClusterRole may `get` pods and nothing else, as the plugin's
+//! kubeconfig gives it. The CNI calls are made to the plugin directly, as a runtime makes them,
+//! on one node (`nodeName: node-a`); the API's pods are placed by `spec.nodeName`, with no
+//! kubelet or controller to move them.
+//!
+//! - The failover: db-0 (UID 1) runs here; it is force deleted and made again on node-b
+//!   (UID 2); then this node's DEL of the old sandbox comes. Without a kubeconfig, and in audit
+//!   mode (the negative control), it passes: a primary keyed by name across the cluster frees
+//!   the new pod's address. With one, it is refused (chained and delegate mode) and the
+//!   delegate's primary never has it, under `podKeyScope: "cluster"`; under `"node"` it passes.
+//!   Once the API has no db-0 (scaled to zero), it passes.
+//! - A late ADD: db-1 (UID 3) is force deleted while its sandbox is made, after db-1 (UID 4)
+//!   took the name here; UID 3's ADD is refused (the delegate's primary never sees it), where
+//!   without a kubeconfig it takes the name.
+//! - The API server stopped (SIGSTOP: it takes connections and never answers) and killed: a
+//!   DEL passes within the bound, and the log says the local rule decided alone.
+
+#[path = "support/cni.rs"]
+mod cni;
+#[path = "support/primary.rs"]
+mod primary;
+#[path = "support/sys.rs"]
+mod sys;
+#[path = "support/testdata.rs"]
+mod testdata;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use cni::{Cni, Pod, Store, container_id};
+use primary::RecordingPrimary;
+use serde_json::{Value, json};
+
+const THIS_NODE: &str = "node-a";
+const NAMESPACE: &str = "api-check";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The API alone, taken down on drop.
+struct Api {
+    env: BTreeMap<String, String>,
+}
+
+impl Api {
+    fn up() -> Api {
+        let out = Command::new("bash")
+            .arg(repo().join("scripts/node.sh"))
+            .args(["up", "--api-only"])
+            .output()
+            .expect("run scripts/node.sh up --api-only");
+        if !out.status.success() {
+            let _ = Command::new("bash")
+                .arg(repo().join("scripts/node.sh"))
+                .arg("down")
+                .output();
+            panic!(
+                "scripts/node.sh up --api-only failed: {}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let env = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| line.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Api { env }
+    }
+
+    fn var(&self, name: &str) -> &str {
+        self.env
+            .get(name)
+            .unwrap_or_else(|| panic!("node.sh up --api-only printed no {name}"))
+    }
+
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        use std::io::Write;
+        let mut child = Command::new(self.var("PATH_KUBECTL"))
+            .arg("--kubeconfig")
+            .arg(self.var("KUBECONFIG"))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run kubectl");
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+        drop(input);
+        child.wait_with_output().unwrap()
+    }
+
+    fn kubectl_ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.kubectl(args, stdin);
+        sys::assert_succeeded("kubectl", args, &out);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Makes pod `name` on `node`; its UID.
+    fn pod_on(&self, name: &str, node: &str) -> String {
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]},
+        });
+        self.kubectl_ok(&["create", "-f", "-"], Some(&pod.to_string()));
+        self.kubectl_ok(
+            &[
+                "get",
+                "pod",
+                "-n",
+                NAMESPACE,
+                name,
+                "-o",
+                "jsonpath={.metadata.uid}",
+            ],
+            None,
+        )
+    }
+
+    fn force_delete(&self, name: &str) {
+        self.kubectl_ok(
+            &[
+                "delete",
+                "pod",
+                "-n",
+                NAMESPACE,
+                name,
+                "--grace-period=0",
+                "--force",
+            ],
+            None,
+        );
+    }
+
+    /// The ServiceAccount, its role (get on pods, nothing else) and a kubeconfig with its
+    /// token, JSON and 0600, as the plugin reads it.
+    fn plugin_kubeconfig(&self, dir: &Path) -> PathBuf {
+        let rbac = json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": "sandbox-guard-cni", "namespace": "kube-system"}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": {"name": "sandbox-guard-cni"},
+             "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": {"name": "sandbox-guard-cni"},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "sandbox-guard-cni"},
+             "subjects": [{"kind": "ServiceAccount", "name": "sandbox-guard-cni", "namespace": "kube-system"}]},
+        ]});
+        self.kubectl_ok(&["apply", "-f", "-"], Some(&rbac.to_string()));
+        let token = self.kubectl_ok(
+            &[
+                "create",
+                "token",
+                "-n",
+                "kube-system",
+                "sandbox-guard-cni",
+                "--duration=1h",
+            ],
+            None,
+        );
+        let admin: Value = serde_json::from_str(&self.kubectl_ok(
+            &["config", "view", "--raw", "--flatten", "-o", "json"],
+            None,
+        ))
+        .unwrap();
+        let cluster = &admin["clusters"][0]["cluster"];
+        let kubeconfig = json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": cluster}],
+            "users": [{"name": "sandbox-guard-cni", "user": {"token": token.trim()}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "sandbox-guard-cni"}}],
+            "current-context": "c",
+        });
+        let path = dir.join("sandbox-guard.kubeconfig");
+        fs::write(&path, kubeconfig.to_string()).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        path
+    }
+
+    fn signal_apiserver(&self, signal: &str) {
+        use nix::sys::signal::Signal;
+        let pid: i32 = fs::read_to_string(self.var("APISERVER_PID_FILE"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let signal = match signal {
+            "STOP" => Signal::SIGSTOP,
+            "CONT" => Signal::SIGCONT,
+            _ => Signal::SIGKILL,
+        };
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).unwrap();
+    }
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(repo().join("scripts/node.sh"))
+            .arg("down")
+            .output();
+    }
+}
+
+/// The guard's entry keys for a run: the kubeconfig or none, and the scope.
+#[derive(Clone)]
+struct Keys {
+    kubeconfig: Option<PathBuf>,
+    scope: &'static str,
+    stale_del: &'static str,
+}
+
+impl Keys {
+    fn on(&self, call: Cni) -> Cni {
+        call.config(
+            "kubeconfig",
+            self.kubeconfig.as_ref().map(|p| json!(p.to_str().unwrap())),
+        )
+        .config("podKeyScope", Some(json!(self.scope)))
+        .config("nodeName", Some(json!(THIS_NODE)))
+        .config("staleDel", Some(json!(self.stale_del)))
+    }
+
+    /// `on`, chained, or wrapping `delegate`.
+    fn in_mode(&self, call: Cni, delegate: Option<&RecordingPrimary>) -> Cni {
+        match delegate {
+            Some(primary) => primary.wrap(self.on(call)),
+            None => self.on(call),
+        }
+    }
+}
+
+fn pod(name: &str, uid: &str) -> Pod {
+    Pod {
+        namespace: NAMESPACE.into(),
+        name: name.into(),
+        uid: uid.into(),
+    }
+}
+
+/// The failover in one mode: the old sandbox's DEL after its pod moved to node-b. Whether it
+/// got past the guard (chained: it answered 0; delegate: the primary had it), and the answer.
+fn failover_del(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> (bool, String) {
+    let name = format!("db-{}", &container_id()[..6]);
+    let store = Store::new();
+    let wrap = |call: Cni| keys.in_mode(call, delegate);
+    let uid_1 = api.pod_on(&name, THIS_NODE);
+    let old = container_id();
+    wrap(store.add(&old, &pod(&name, &uid_1))).run().assert_ok();
+    api.force_delete(&name);
+    let uid_2 = api.pod_on(&name, "node-b");
+    let reply = wrap(store.del(&old, &pod(&name, &uid_1))).run();
+    let passed = match delegate {
+        Some(primary) => primary.dels(&old) > 0,
+        None => reply.succeeded(),
+    };
+    let answer = if reply.succeeded() {
+        "ok".to_string()
+    } else {
+        let err = reply.assert_error(11);
+        assert!(
+            err.msg.contains(&uid_2) && err.msg.contains("node-b") && err.msg.contains(&uid_1),
+            "the refusal names the API's pod and node: {}",
+            err.text()
+        );
+        // Scaled to zero: the API has no pod of the name, and the DEL passes.
+        api.force_delete(&name);
+        wrap(store.del(&old, &pod(&name, &uid_1))).run().assert_ok();
+        if let Some(primary) = delegate {
+            assert_eq!(
+                primary.dels(&old),
+                1,
+                "the DEL reaches the primary once the name is free"
+            );
+        }
+        err.msg
+    };
+    if reply.succeeded() {
+        api.force_delete(&name);
+    }
+    (passed, answer)
+}
+
+/// A late ADD: the pod force deleted while its sandbox was made, after the new pod's ADD
+/// here. Whether the late ADD took the name (it answered 0 and owns the pod).
+fn late_add(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> bool {
+    let name = format!("web-{}", &container_id()[..6]);
+    let store = Store::new();
+    let wrap = |call: Cni| keys.in_mode(call, delegate);
+    let uid_3 = api.pod_on(&name, THIS_NODE);
+    api.force_delete(&name);
+    let uid_4 = api.pod_on(&name, THIS_NODE);
+    let (late, new) = (container_id(), container_id());
+    wrap(store.add(&new, &pod(&name, &uid_4))).run().assert_ok();
+    let reply = wrap(store.add(&late, &pod(&name, &uid_3))).run();
+    let took = reply.succeeded() && store.is_owner(&late, "eth0");
+    if !reply.succeeded() {
+        let err = reply.assert_error(104);
+        assert!(err.msg.contains(&uid_3), "{}", err.text());
+        assert!(store.is_owner(&new, "eth0"), "the new pod keeps its name");
+        if let Some(primary) = delegate {
+            assert!(
+                !primary
+                    .started()
+                    .iter()
+                    .any(|(verb, c)| verb == "ADD" && *c == late),
+                "the late ADD never reaches the primary"
+            );
+        }
+    }
+    api.force_delete(&name);
+    took
+}
+
+#[test]
+fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
+    sys::skip_unless_root!(&["openssl", "curl"]);
+    let api = Api::up();
+    let dir = sys::TempDir::new("sg-api");
+    api.kubectl_ok(&["create", "namespace", NAMESPACE], None);
+    api.kubectl_ok(
+        &["create", "serviceaccount", "-n", NAMESPACE, "default"],
+        None,
+    );
+    let kubeconfig = api.plugin_kubeconfig(&dir.path);
+
+    // The role allows get on pods and nothing else, and the token is what the plugin reads.
+    let ctl = Path::new(cni::BIN).with_file_name("sandbox-guard-ctl");
+    let as_plugin = |args: &[&str]| {
+        Command::new(api.var("PATH_KUBECTL"))
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert!(
+        String::from_utf8_lossy(&as_plugin(&["auth", "can-i", "get", "pods", "-A"]).stdout)
+            .starts_with("yes")
+    );
+    for verb in ["list", "watch", "delete", "update"] {
+        assert!(
+            String::from_utf8_lossy(&as_plugin(&["auth", "can-i", verb, "pods", "-A"]).stdout)
+                .starts_with("no"),
+            "the plugin's role allows {verb} on pods"
+        );
+    }
+    let missing = sys::run(
+        ctl.to_str().unwrap(),
+        &[
+            "--get-pod",
+            &format!("{NAMESPACE}/none-0"),
+            kubeconfig.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&missing.stdout).trim(),
+        r#"{"found":false,"deleting":false}"#
+    );
+
+    let unguarded = Keys {
+        kubeconfig: None,
+        scope: "cluster",
+        stale_del: "refuse",
+    };
+    let audit = Keys {
+        kubeconfig: Some(kubeconfig.clone()),
+        scope: "cluster",
+        stale_del: "audit",
+    };
+    let cluster = Keys {
+        kubeconfig: Some(kubeconfig.clone()),
+        scope: "cluster",
+        stale_del: "refuse",
+    };
+    let node = Keys {
+        kubeconfig: Some(kubeconfig.clone()),
+        scope: "node",
+        stale_del: "refuse",
+    };
+
+    let mut report = Vec::new();
+    for (label, keys, primary) in [
+        ("no kubeconfig, chained", &unguarded, None),
+        (
+            "no kubeconfig, delegate",
+            &unguarded,
+            Some(RecordingPrimary::new()),
+        ),
+        ("audit mode (control), chained", &audit, None),
+        ("podKeyScope cluster, chained", &cluster, None),
+        (
+            "podKeyScope cluster, delegate",
+            &cluster,
+            Some(RecordingPrimary::new()),
+        ),
+        ("podKeyScope node, chained", &node, None),
+    ] {
+        let (passed, answer) = failover_del(&api, keys, primary.as_ref());
+        report.push(format!(
+            "failover DEL, {label}: {}",
+            if passed {
+                "reached the primary"
+            } else {
+                "held"
+            }
+        ));
+        let harm_expected =
+            keys.kubeconfig.is_none() || keys.stale_del == "audit" || keys.scope == "node";
+        assert_eq!(passed, harm_expected, "{label}: {answer}");
+    }
+    for (label, keys, primary) in [
+        ("no kubeconfig, chained", &unguarded, None),
+        ("podKeyScope cluster, chained", &cluster, None),
+        (
+            "podKeyScope cluster, delegate",
+            &cluster,
+            Some(RecordingPrimary::new()),
+        ),
+    ] {
+        let took = late_add(&api, keys, primary.as_ref());
+        report.push(format!(
+            "late ADD, {label}: {}",
+            if took { "took the name" } else { "refused" }
+        ));
+        assert_eq!(took, keys.kubeconfig.is_none(), "{label}");
+    }
+
+    // The API server stopped (no answer) and then gone (refused): the local rule alone, within
+    // the bound, and said.
+    for (signal, how) in [("STOP", "stopped"), ("KILL", "killed")] {
+        let name = format!("db-{}", &container_id()[..6]);
+        let uid = if signal == "STOP" {
+            api.pod_on(&name, THIS_NODE)
+        } else {
+            "u-gone".to_string()
+        };
+        api.signal_apiserver(signal);
+        let store = Store::new();
+        let sandbox = container_id();
+        cluster
+            .on(store.add(&sandbox, &pod(&name, &uid)))
+            .run()
+            .assert_ok();
+        let started = Instant::now();
+        cluster
+            .on(store.del(&sandbox, &pod(&name, &uid)))
+            .run()
+            .assert_ok();
+        let took = started.elapsed();
+        report.push(format!(
+            "DEL with the API server {how}: passed in {} ms",
+            took.as_millis()
+        ));
+        // The bound is 1 s; the rest is room for a loaded machine, not a speed target.
+        assert!(took < Duration::from_secs(5), "the DEL waited {took:?}");
+        let said = fs::read_to_string(&store.log_file).unwrap();
+        assert!(said.contains("outcome=api-unanswered"), "{said}");
+        if signal == "STOP" {
+            api.signal_apiserver("CONT");
+        }
+    }
+    println!("{}", report.join("\n"));
+}

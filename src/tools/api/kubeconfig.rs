@@ -72,7 +72,7 @@ struct Context {
 
 /// Reads `path`. A relative path inside it is relative to its folder, as kubectl reads it.
 pub fn load(path: &Path) -> Result<Credentials, String> {
-    let text = fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = read_trusted(path, true)?;
     let config: Kubeconfig = serde_json::from_slice(&text).map_err(|e| {
         format!(
             "{} is not a JSON kubeconfig ({e}); write it as JSON: kubectl config view --raw --flatten -o json",
@@ -124,9 +124,8 @@ pub fn load(path: &Path) -> Result<Credentials, String> {
         (Some(token), _) => Some(token.trim().to_string()),
         (None, Some(file)) => {
             let file = base.join(file);
-            let token = fs::read_to_string(&file)
-                .map_err(|e| format!("cannot read the token file {}: {e}", file.display()))?;
-            Some(token.trim().to_string())
+            let token = read_trusted(&file, false)?;
+            Some(String::from_utf8_lossy(&token).trim().to_string())
         }
         (None, None) => None,
     };
@@ -156,6 +155,38 @@ pub fn load(path: &Path) -> Result<Credentials, String> {
     })
 }
 
+/// Reads a file the node's credentials come from, if only this user could have written it:
+/// owned by it, not writable by group or others (the kubeconfig names the server the token goes
+/// to). The kubeconfig itself is never followed through a symlink.
+fn read_trusted(path: &Path, no_symlink: bool) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let flags = nix::libc::O_CLOEXEC | if no_symlink { nix::libc::O_NOFOLLOW } else { 0 };
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { nix::libc::geteuid() };
+    if meta.uid() != me || meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} is owned by uid {} with mode {:o}: it must be this user's (uid {me}) and writable by it alone",
+            path.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(1 << 20)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(bytes)
+}
+
 fn data_or_file(
     what: &str,
     data: &Option<String>,
@@ -169,12 +200,7 @@ fn data_or_file(
             .map_err(|e| format!("{what}-data is not base64: {e}"));
     }
     match file {
-        Some(file) => {
-            let file = base.join(file);
-            fs::read(&file)
-                .map(Some)
-                .map_err(|e| format!("cannot read the {what} {}: {e}", file.display()))
-        }
+        Some(file) => read_trusted(&base.join(file), false).map(Some),
         None => Ok(None),
     }
 }
@@ -226,6 +252,18 @@ mod tests {
         assert_eq!(creds.ca.as_deref(), Some(&b"PEM"[..]));
         assert_eq!(creds.token.as_deref(), Some("abc"));
         assert!(creds.client_cert.is_none());
+    }
+
+    #[test]
+    fn a_kubeconfig_others_can_write_or_a_symlink_to_one_is_not_read() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, path) = write(r#"{"clusters":[]}"#);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(load(&path).err().unwrap().contains("writable by it alone"));
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.0.join("link");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(load(&link).err().unwrap().contains("cannot read"));
     }
 
     #[test]

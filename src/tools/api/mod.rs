@@ -34,6 +34,8 @@ pub fn run(args: &[String]) -> i32 {
 /// that it makes one path segment of the URL and nothing else.
 fn is_object_name(name: &str) -> bool {
     !name.is_empty()
+        && name != "."
+        && name != ".."
         && name.len() <= 253
         && name
             .bytes()
@@ -69,7 +71,6 @@ pub fn get_pod(pod: &str, kubeconfig: &Path) -> Result<PodInApi, String> {
                 found: false,
                 uid: None,
                 node_name: None,
-                deleting: false,
             });
         }
         _ => {
@@ -88,6 +89,23 @@ pub fn get_pod(pod: &str, kubeconfig: &Path) -> Result<PodInApi, String> {
             .filter(|s| !s.is_empty())
             .map(str::to_string)
     };
+    // The object asked for, not whatever the server or a proxy in front of it answered.
+    let asked = (
+        text(pod.get("kind")),
+        text(pod.pointer("/metadata/namespace")),
+        text(pod.pointer("/metadata/name")),
+    );
+    if asked
+        != (
+            Some("Pod".into()),
+            Some(namespace.into()),
+            Some(name.into()),
+        )
+    {
+        return Err(format!(
+            "GET {url}: the answer is not that pod (kind, namespace, name: {asked:?})"
+        ));
+    }
     // A static pod's mirror has a UID of its own; kubelet's (the one in CNI_ARGS) is in the
     // mirror annotation.
     let uid = text(pod.pointer("/metadata/annotations/kubernetes.io~1config.mirror"))
@@ -97,9 +115,6 @@ pub fn get_pod(pod: &str, kubeconfig: &Path) -> Result<PodInApi, String> {
         found: true,
         uid: Some(uid),
         node_name: text(pod.pointer("/spec/nodeName")),
-        deleting: pod
-            .pointer("/metadata/deletionTimestamp")
-            .is_some_and(|t| !t.is_null()),
     })
 }
 
@@ -154,6 +169,10 @@ fn agent(creds: &kubeconfig::Credentials) -> Result<ureq::Agent, String> {
     Ok(ureq::Agent::config_builder()
         .tls_config(tls)
         .timeout_global(Some(REQUEST_BOUND))
+        // The API server answers a GET of a pod itself; a redirect is not followed, and never
+        // to plain HTTP.
+        .max_redirects(0)
+        .https_only(true)
         .http_status_as_error(false)
         .build()
         .into())

@@ -38,7 +38,8 @@ pub struct DeferredDel {
     /// Where the sandbox's interface was, and its MAC: the interface the guard removes there.
     pub netns: String,
     pub mac: Option<String>,
-    /// The sandbox that owned the pod key when this DEL came.
+    /// The sandbox that owned the pod key when this DEL came; for a DEL held for the API
+    /// server's pod of the name (`moved_to`), that pod's UID.
     pub owner: String,
     pub deferred_at: String,
     /// The deferral's time in nanoseconds: replays go oldest first, and several stale DELs
@@ -85,6 +86,19 @@ pub struct DeferredDel {
     /// the local teardown deletes only that interface in that netns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<crate::state::checkpoint::SandboxIdentity>,
+    /// Held for the API server's pod of the name (rule 7), not for an owner here: replayed once
+    /// the API has no other pod of the name that the primary's state reaches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_to: Option<MovedTo>,
+}
+
+/// The pod the API server showed under the name when the DEL was held.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MovedTo {
+    pub pod_uid: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 impl DeferredDel {

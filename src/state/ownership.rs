@@ -34,8 +34,9 @@
 //!    held while the API's pod is one the primary's state of the name reaches (`name_moved`):
 //!    any, for a primary keyed across the cluster (`podKeyScope: "cluster"`); one on this node
 //!    or not yet placed, for one keyed per node.
-//! 8. An ADD whose pod name has a record of another pod UID is refused when the API does not
-//!    have its UID under that name (`late_add`): a force-deleted pod's sandbox coming late.
+//! 8. An ADD whose pod name has an owner of another pod UID is refused when the API's pod of
+//!    that name has another UID than the ADD's (`late_add`): a force-deleted pod's sandbox
+//!    coming late.
 //!
 //! Where the API does not answer in time, rules 1-6 decide alone.
 //!
@@ -112,10 +113,11 @@ pub fn name_moved(uid: &str, api: Option<ApiPod>, scope: PodKeyScope, this_node:
     }
 }
 
-/// Rule 8: whether an ADD of pod UID `uid`, whose name has a record of another UID, comes
-/// from a pod the API no longer has under that name.
+/// Rule 8: whether an ADD of pod UID `uid`, whose name has an owner of another UID, comes from
+/// a pod the API has replaced under that name. No pod of the name decides nothing: a static
+/// pod's mirror can be missing while its sandbox starts.
 pub fn late_add(uid: &str, api: Option<ApiPod>) -> bool {
-    api.is_none_or(|pod| pod.uid != uid)
+    api.is_some_and(|pod| pod.uid != uid)
 }
 
 /// Identifies a pod by name across sandboxes, and one of its interfaces when the rule says so.
@@ -415,7 +417,7 @@ mod tests {
         assert!(!name_moved("u1", there("u2"), Node, "a"));
         assert!(!late_add("u1", here("u1")));
         assert!(late_add("u1", here("u2")));
-        assert!(late_add("u1", None));
+        assert!(!late_add("u1", None));
     }
 
     use super::*;

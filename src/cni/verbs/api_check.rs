@@ -50,14 +50,62 @@ fn this_node(inv: &Invocation) -> String {
     })
 }
 
-/// Rule 7 for a DEL rules 1-6 let go, of pod UID `uid`: the refusal when the name has moved
-/// to another pod the primary's state reaches.
+/// A DEL rule 7 holds: its key, the API's pod of the name now, and the refusal chained mode
+/// answers with.
+pub struct Moved {
+    pub key: PodKey,
+    pub uid: String,
+    pub node: Option<String>,
+    pub error: GuardError,
+}
+
+impl Moved {
+    /// The log's fields: `owner=` is the API's pod UID, not a container ID.
+    fn fields(&self) -> [(&'static str, &str); 2] {
+        [("cause", CAUSE_NAME_MOVED), ("owner", self.uid.as_str())]
+    }
+
+    /// Chained mode's answer (and delegate mode's where it cannot defer): refused.
+    pub fn refuse(self, inv: &Invocation, attachment: &Attachment) -> GuardError {
+        let subject = inv.subject(Some(attachment), Some(self.key.pod()));
+        inv.log.event_with(
+            Level::Warn,
+            inv.verb,
+            &subject,
+            Outcome::Refused,
+            &self.fields(),
+            &self.error.msg,
+        );
+        self.error
+    }
+
+    /// Delegate mode's: deferred until the name is free (`still_moved`), its interface
+    /// removed here; `done` says what became of the interface.
+    pub fn log_deferred(&self, inv: &Invocation, attachment: &Attachment, done: &str) {
+        let subject = inv.subject(Some(attachment), Some(self.key.pod()));
+        inv.log.event_with(
+            Level::Warn,
+            inv.verb,
+            &subject,
+            Outcome::Deferred,
+            &self.fields(),
+            &format!(
+                "DEL deferred: pod {} is now pod UID {} in the API server; the primary gets this DEL once the API has no other pod of that name; {done}",
+                self.key.pod(),
+                self.uid
+            ),
+        );
+    }
+}
+
+/// Rule 7 for a DEL rules 1-6 let go, of pod UID `uid`: `Some` when the name has moved to
+/// another pod the primary's state reaches. Logs only an unanswered ask.
 pub fn name_moved(
     inv: &Invocation,
     attachment: &Attachment,
     keys: &[PodKey],
     uid: Option<&str>,
-) -> Option<GuardError> {
+) -> Option<Moved> {
     inv.conf.kubeconfig.as_ref()?;
     let uid = uid?;
     let key = keys.first()?;
@@ -66,7 +114,7 @@ pub fn name_moved(
     if !ownership::name_moved(uid, api_pod(&pod), inv.conf.pod_key_scope, &node) {
         return None;
     }
-    let other_uid = pod.uid.as_deref().unwrap_or_default();
+    let other_uid = pod.uid.clone().unwrap_or_default();
     let place = match pod.node_name.as_deref() {
         Some(there) if there == node => "on this node".to_string(),
         Some(there) => format!("on node {there}"),
@@ -78,7 +126,7 @@ pub fn name_moved(
         }
         PodKeyScope::Node => "the primary keeps its state of the name on this node",
     };
-    let err = GuardError::new(
+    let error = GuardError::new(
         Kind::StaleDel,
         format!(
             "stale DEL refused: pod {} is now pod UID {other_uid} {place} in the API server, not this sandbox's pod UID {uid}",
@@ -89,34 +137,42 @@ pub fn name_moved(
         "{reach}, so this DEL would free what the newer pod holds in it. The runtime retries the DEL; it passes once the API \
          server has no other pod of that name (the StatefulSet scaled down, or the pod deleted)."
     ));
-    let subject = inv.subject(Some(attachment), Some(key.pod()));
-    let fields = [("cause", CAUSE_NAME_MOVED), ("owner", other_uid)];
-    if inv.conf.stale_del == StaleDelPolicy::Audit {
-        let text = format!("audit mode let a stale DEL through: {}", err.msg);
-        inv.log.event_with(
-            Level::Warn,
-            inv.verb,
-            &subject,
-            Outcome::Audited,
-            &fields,
-            &text,
-        );
-        return None;
+    Some(Moved {
+        key: key.clone(),
+        uid: other_uid,
+        node: pod.node_name,
+        error,
+    })
+}
+
+/// For a deferred DEL held by rule 7: whether the name is still another pod's. An API that
+/// does not answer keeps it held (replayed now, it could free a live pod's state); a config
+/// without a kubeconfig any more leaves it to the local rule.
+pub fn still_moved(inv: &Invocation, entry: &crate::state::deferred::DeferredDel) -> bool {
+    let Some(kubeconfig) = inv.conf.kubeconfig.as_deref() else {
+        return false;
+    };
+    let Some(uid) = entry.pod_uid.as_deref() else {
+        return false;
+    };
+    match pod_in_api::ask(kubeconfig, &entry.key.pod_namespace, &entry.key.pod_name) {
+        Asked::Answered(pod) => {
+            ownership::name_moved(uid, api_pod(&pod), inv.conf.pod_key_scope, &this_node(inv))
+        }
+        Asked::Unknown(why) => {
+            eprintln!(
+                "sandbox-guard: the deferred DEL of pod {} waits: the API server could not be asked: {why}",
+                entry.key.pod()
+            );
+            true
+        }
     }
-    inv.log.event_with(
-        Level::Warn,
-        inv.verb,
-        &subject,
-        Outcome::Refused,
-        &fields,
-        &err.msg,
-    );
-    Some(err)
 }
 
 /// Rule 8, before the ADD takes the name: refused when the name's owner here is of another pod
-/// UID and the API server does not have this ADD's UID under the name. Read without the
-/// store's lock.
+/// UID and the API server's pod of the name has another UID than this ADD's. Read without the
+/// store's lock. A name the API has no pod of is let go: a static pod's mirror may not be
+/// there yet.
 pub fn refuse_late_add(inv: &Invocation, attachment: &Attachment, key: &PodKey) -> Result<()> {
     let (Some(_), Some(uid)) = (&inv.conf.kubeconfig, attachment.pod.uid.as_deref()) else {
         return Ok(());
@@ -138,28 +194,43 @@ pub fn refuse_late_add(inv: &Invocation, attachment: &Attachment, key: &PodKey) 
     if !ownership::late_add(uid, api_pod(&pod)) {
         return Ok(());
     }
-    let now = match pod.uid.as_deref().filter(|_| pod.found) {
-        Some(other) => format!("the API server's pod of that name is pod UID {other}"),
-        None => "the API server has no pod of that name".to_string(),
-    };
+    let other = pod.uid.as_deref().unwrap_or_default();
+    let chained = inv.conf.delegate.is_none();
     let err = GuardError::new(
         Kind::Superseded,
         format!(
-            "ADD refused: pod {} UID {uid} is no longer in the API server ({now})",
+            "ADD refused: pod {} is pod UID {other} in the API server, not this sandbox's pod UID {uid}",
             key.pod()
         ),
     )
-    .with_details(
-        "This sandbox is of a pod that was deleted while its sandbox was made; adding it would take the name from the \
-         pod that has it now. The runtime removes this sandbox; nothing is to be done.",
-    );
+    .with_details(if chained {
+        "This sandbox is of a pod deleted while its sandbox was made; taking the name would take it from the pod that has it \
+         now. Chained, the primary has set this sandbox up already: its DELs are refused while the newer pod owns the name \
+         here, then pass. The runtime removes the sandbox."
+    } else {
+        "This sandbox is of a pod deleted while its sandbox was made; the primary was not run for it. The runtime removes \
+         the sandbox; nothing is to be done."
+    });
     let subject = inv.subject(Some(attachment), Some(key.pod()));
+    let fields = [("cause", CAUSE_LATE_ADD), ("owner", other)];
+    if inv.conf.stale_del == StaleDelPolicy::Audit {
+        let text = format!("audit mode let a late ADD through: {}", err.msg);
+        inv.log.event_with(
+            Level::Warn,
+            inv.verb,
+            &subject,
+            Outcome::Audited,
+            &fields,
+            &text,
+        );
+        return Ok(());
+    }
     inv.log.event_with(
         Level::Warn,
         inv.verb,
         &subject,
         Outcome::Refused,
-        &[("cause", CAUSE_LATE_ADD)],
+        &fields,
         &err.msg,
     );
     Err(err)

@@ -7,6 +7,7 @@
 
 use super::api_check;
 use super::judgement::{self, Judgement};
+use crate::cni::config::StaleDelPolicy;
 use crate::cni::env::Attachment;
 use crate::cni::verbs::Invocation;
 use crate::error::Result;
@@ -14,12 +15,13 @@ use crate::state::ledger::Handled;
 
 pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
     let mut asked_api = false;
+    let mut moved = None;
     loop {
         let Some((store, unwritable)) = judgement::open(inv, attachment)? else {
             judgement::nothing_recorded(inv, attachment);
             return Ok(());
         };
-        let judged = judgement::judge(inv, attachment, &store)?;
+        let mut judged = judgement::judge(inv, attachment, &store)?;
         if let Judgement::Go(plan) = &judged
             && !asked_api
             && plan.asks_api(inv)
@@ -27,13 +29,15 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             // Asked without the store's lock, then judged again: a newer ADD of the pod may
             // have come in meanwhile.
             drop(store);
-            if let Some(err) =
-                api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref())
-            {
-                return Err(err);
-            }
             asked_api = true;
+            moved = api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref());
+            if let Some(moved) = moved.take_if(|_| inv.conf.stale_del == StaleDelPolicy::Refuse) {
+                return Err(moved.refuse(inv, attachment));
+            }
             continue;
+        }
+        if let (Judgement::Go(plan), Some(moved)) = (&mut judged, moved.take()) {
+            plan.audit_moved(moved);
         }
         return decide(inv, attachment, store, unwritable, judged);
     }

@@ -19,9 +19,11 @@
 use serde_json::value::RawValue;
 
 use super::Invocation;
+use super::api_check;
 use super::judgement::{self, Judgement, Stale};
 use super::pending;
 use super::replay::worker;
+use crate::cni::config::StaleDelPolicy;
 use crate::cni::delegate::{Delegate, EnvOverride};
 use crate::cni::env::Attachment;
 use crate::cni::log::{CAUSE_STALE_DEL, CAUSE_SUPERSEDED, Level, Outcome};
@@ -60,7 +62,7 @@ fn add_locked(
     let id = inv.attachment_id(attachment);
     if let Some(key) = key {
         refuse_if_superseded(inv, attachment, &id, key)?;
-        super::api_check::refuse_late_add(inv, attachment, key)?;
+        api_check::refuse_late_add(inv, attachment, key)?;
     }
     refuse_if_unwritable(inv, attachment)?;
     let Some(key) = key else {
@@ -263,6 +265,7 @@ fn del_locked(
         }
         Judgement::Go(plan) => plan,
     };
+    let mut plan = plan;
     if plan.keys.iter().any(|key| !locked_keys.contains(key)) {
         return Err(GuardError::new(
             Kind::Busy,
@@ -271,13 +274,16 @@ fn del_locked(
         .with_details("The runtime retries the DEL."));
     }
     drop(store);
-    // Rule 7 under the pod's locks, so no ADD of the pod comes in between. Refused as chained
-    // mode refuses: the runtime retries it until the name is free.
+    // Rule 7 under the pod's locks, so no ADD of the pod comes in between.
     if plan.asks_api(inv)
-        && let Some(err) =
-            super::api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref())
+        && let Some(moved) =
+            api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref())
     {
-        return Err(err);
+        if inv.conf.stale_del == StaleDelPolicy::Audit {
+            plan.audit_moved(moved);
+        } else {
+            return hold_moved(inv, delegate, attachment, plan, moved).map(|()| false);
+        }
     }
     pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
     let keys = plan.keys.clone();
@@ -513,7 +519,14 @@ fn defer(
     let deferred = match store.load_deferred(&stale.key, &id)? {
         Loaded::Valid(entry) => entry,
         _ => {
-            let entry = new_entry(inv, attachment, stale, &record, delegate);
+            let entry = new_entry(
+                inv,
+                attachment,
+                &stale.key,
+                &stale.owner.container_id,
+                &record,
+                delegate,
+            );
             store.save_deferred(&entry)?;
             entry
         }
@@ -538,10 +551,13 @@ fn defer(
     Ok(deferred)
 }
 
+/// The deferred DEL of `attachment` under `key`, kept from the primary for `owner` (the
+/// sandbox that owns the key, or the API's pod of the name).
 fn new_entry(
     inv: &Invocation,
     attachment: &Attachment,
-    stale: &Stale,
+    key: &PodKey,
+    owner: &str,
     record: &Loaded<checkpoint::Checkpoint>,
     delegate: &Delegate,
 ) -> DeferredDel {
@@ -569,7 +585,7 @@ fn new_entry(
             .and_then(|i| i.mac)
     });
     DeferredDel {
-        key: stale.key.clone(),
+        key: key.clone(),
         container_id: attachment.container_id.clone(),
         pod_uid: attachment
             .pod
@@ -581,17 +597,13 @@ fn new_entry(
         prev_result,
         netns,
         mac,
-        owner: stale.owner.container_id.clone(),
+        owner: owner.to_string(),
         deferred_at: crate::clock::now_rfc3339(),
         deferred_at_ns: crate::clock::unix_nanos(),
         attempts: 0,
         last_error: None,
         last_attempt_at: None,
-        interface: stale
-            .key
-            .if_name
-            .is_none()
-            .then(|| attachment.ifname.clone()),
+        interface: key.if_name.is_none().then(|| attachment.ifname.clone()),
         last_attempt_ns: None,
         last_attempt_boot_ns: None,
         boot_id: None,
@@ -601,6 +613,7 @@ fn new_entry(
         delegate: Some(delegate.recorded_conf()),
         conf_version: Some(inv.conf.cni_version.clone()),
         identity: record.and_then(|r| r.identity.clone()),
+        moved_to: None,
     }
 }
 
@@ -631,13 +644,14 @@ fn live_netns(store: &Store, stale: &AttachmentId, netns: &str) -> Vec<(u64, u64
 /// checkpointed (`kernel::teardown`), and logs the deferral. A failure fails the DEL (the
 /// entry is kept): the runtime's retry tries again, so the old netns does not go on
 /// answering for the pod's address. What is left alone is logged with why.
-fn remove_stale_interface(
-    inv: &Invocation,
+/// Removes the deferred sandbox's interface from `netns` here (never from one of `live`):
+/// what became of it, for the log.
+fn remove_interface_of(
     attachment: &Attachment,
     deferred: &DeferredDel,
     netns: &str,
     live: &[(u64, u64)],
-) -> Result<()> {
+) -> Result<String> {
     let identity = deferred.identity.as_ref();
     let recorded = teardown::Recorded {
         netns,
@@ -648,7 +662,7 @@ fn remove_stale_interface(
         if_index: identity.and_then(|id| id.if_index),
         if_kind: identity.and_then(|id| id.if_kind.as_deref()),
     };
-    let done = teardown::remove_interface(&recorded, live).map(|outcome| match outcome {
+    teardown::remove_interface(&recorded, live).map(|outcome| match outcome {
         Teardown::Removed => format!(
             "removed {} ({}) from its netns {netns}",
             attachment.ifname,
@@ -658,34 +672,146 @@ fn remove_stale_interface(
         Teardown::LeftAlone(why) => {
             format!("nothing removed from {netns}: {why}; the primary's replay tears it down")
         }
-    });
-    let subject = inv.subject(Some(attachment), Some(deferred.key.pod()));
+    })
+}
+
+/// The error of a deferred DEL whose interface could not be removed: the runtime retries.
+fn not_removed(
+    inv: &Invocation,
+    attachment: &Attachment,
+    subject_pod: String,
+    fields: &[(&str, &str)],
+    netns: &str,
+    err: GuardError,
+) -> GuardError {
+    let subject = inv.subject(Some(attachment), Some(subject_pod));
+    inv.log.event_with(
+        Level::Error,
+        inv.verb,
+        &subject,
+        Outcome::Deferred,
+        fields,
+        &format!(
+            "DEL deferred, but its interface could not be removed: {}",
+            err.msg
+        ),
+    );
+    GuardError::new(
+        err.kind,
+        format!(
+            "DEL deferred, but {} could not be removed from {netns}: {}",
+            attachment.ifname, err.msg
+        ),
+    )
+    .with_details(
+        "The old netns may still answer for the pod's address. The runtime's retry tries again.",
+    )
+}
+
+fn remove_stale_interface(
+    inv: &Invocation,
+    attachment: &Attachment,
+    deferred: &DeferredDel,
+    netns: &str,
+    live: &[(u64, u64)],
+) -> Result<()> {
     let fields = [
         ("cause", CAUSE_STALE_DEL),
         ("owner", deferred.owner.as_str()),
     ];
-    match done {
+    match remove_interface_of(attachment, deferred, netns, live) {
         Ok(text) => {
+            let subject = inv.subject(Some(attachment), Some(deferred.key.pod()));
             inv.log.event_with(Level::Warn, inv.verb, &subject, Outcome::Deferred, &fields, &format!(
                 "stale DEL deferred: pod {} belongs to sandbox {}; the primary gets this DEL once it is free; {text}",
                 deferred.key.pod(), deferred.owner
             ));
             Ok(())
         }
+        Err(err) => Err(not_removed(
+            inv,
+            attachment,
+            deferred.key.pod(),
+            &fields,
+            netns,
+            err,
+        )),
+    }
+}
+
+/// Rule 7 in delegate mode: the DEL is kept for the primary until the API server has no other
+/// pod of the name (`api_check::still_moved`, asked by the replay), durably before it is
+/// answered with success; the store forgets the sandbox as for any DEL that goes on, and its
+/// interface is removed here. Where it cannot be kept, refused as chained mode refuses.
+fn hold_moved(
+    inv: &Invocation,
+    delegate: &Delegate,
+    attachment: &Attachment,
+    plan: judgement::Plan,
+    moved: api_check::Moved,
+) -> Result<()> {
+    let Some((store, unwritable)) = judgement::open(inv, attachment)? else {
+        return Err(moved.refuse(inv, attachment));
+    };
+    let cannot_defer = |moved: api_check::Moved, why: GuardError| {
+        let err = moved.refuse(inv, attachment);
+        err.with_details(format!(
+            "The DEL cannot be deferred: {} {}",
+            why.msg, why.details
+        ))
+    };
+    if let Some(why) = unwritable {
+        return Err(cannot_defer(moved, why));
+    }
+    let id = plan.id.clone();
+    let record = store.load_record(&id)?;
+    let entry = match store.load_deferred(&moved.key, &id)? {
+        Loaded::Valid(entry) => entry,
+        _ => {
+            let mut entry = new_entry(inv, attachment, &moved.key, &moved.uid, &record, delegate);
+            entry.moved_to = Some(deferred::MovedTo {
+                pod_uid: moved.uid.clone(),
+                node: moved.node.clone(),
+            });
+            match store.save_deferred(&entry).and_then(|()| store.sync()) {
+                Ok(()) => entry,
+                Err(err) if matches!(err.kind, Kind::Io | Kind::ReadOnly) => {
+                    return Err(cannot_defer(moved, err));
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    };
+    // Kept first: a crash here leaves the owner and its entry, and the runtime's retry finds
+    // the entry and forgets the owner.
+    judgement::forget_planned(&store, &plan)?;
+    let netns = if attachment.netns.is_empty() {
+        let now = crate::clock::boot_id();
+        entry.netns_in_this_boot(now.as_deref()).to_string()
+    } else {
+        attachment.netns.clone()
+    };
+    let live = live_netns(&store, &entry.id(), &netns);
+    crate::cni::metrics::commit(inv, &store, true);
+    drop(store);
+    match remove_interface_of(attachment, &entry, &netns, &live) {
+        Ok(done) => {
+            moved.log_deferred(inv, attachment, &done);
+            Ok(())
+        }
         Err(err) => {
-            inv.log.event_with(
-                Level::Error,
-                inv.verb,
-                &subject,
-                Outcome::Deferred,
+            let fields = [
+                ("cause", crate::cni::log::CAUSE_NAME_MOVED),
+                ("owner", moved.uid.as_str()),
+            ];
+            Err(not_removed(
+                inv,
+                attachment,
+                moved.key.pod(),
                 &fields,
-                &format!(
-                    "stale DEL deferred, but its interface could not be removed: {}",
-                    err.msg
-                ),
-            );
-            Err(GuardError::new(err.kind, format!("stale DEL deferred, but {} could not be removed from {netns}: {}", attachment.ifname, err.msg))
-                .with_details("The old netns may still answer for the pod's address. The runtime's retry tries again."))
+                &netns,
+                err,
+            ))
         }
     }
 }

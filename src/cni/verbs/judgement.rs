@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::cni::config::StaleDelPolicy;
 use crate::cni::env::Attachment;
-use crate::cni::log::{CAUSE_SET_ASIDE, CAUSE_STALE_DEL, Level, Outcome};
+use crate::cni::log::{CAUSE_NAME_MOVED, CAUSE_SET_ASIDE, CAUSE_STALE_DEL, Level, Outcome};
 use crate::cni::verbs::Invocation;
 use crate::error::{GuardError, Kind, Result};
 use crate::state::checkpoint::AttachmentId;
@@ -35,6 +35,8 @@ pub struct Plan {
     audited_key: Option<(PodKey, Ownership)>,
     /// The deleting sandbox's pod UID: CNI_ARGS', else its record's.
     pub pod_uid: Option<String>,
+    /// What `audited` is for: `cause=` of its log line.
+    audited_cause: &'static str,
 }
 
 impl Plan {
@@ -45,6 +47,15 @@ impl Plan {
             && self.pod_uid.is_some()
             && !self.keys.is_empty()
             && self.audited.is_none()
+    }
+
+    /// Audit mode's answer to a DEL rule 7 holds: let through, logged once, as audited.
+    pub fn audit_moved(&mut self, moved: super::api_check::Moved) {
+        self.audited = Some((
+            moved.uid,
+            format!("audit mode let a stale DEL through: {}", moved.error.msg),
+        ));
+        self.audited_cause = CAUSE_NAME_MOVED;
     }
 }
 
@@ -217,6 +228,7 @@ pub fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) -> Result
         audited,
         audited_key,
         pod_uid,
+        audited_cause: CAUSE_STALE_DEL,
     }))
 }
 
@@ -253,7 +265,7 @@ pub fn finish(
         None => (Outcome::Deleted, Level::Info, plan.notes.join("; ")),
     };
     let fields: Vec<(&str, &str)> = match &plan.audited {
-        Some((owner, _)) => vec![("cause", CAUSE_STALE_DEL), ("owner", owner)],
+        Some((owner, _)) => vec![("cause", plan.audited_cause), ("owner", owner)],
         None => Vec::new(),
     };
     if let (Some((key, owner)), None) = (&plan.audited_key, &unwritable) {
@@ -281,6 +293,17 @@ pub fn finish(
     if committed {
         crate::cni::metrics::commit(inv, store, true);
     }
+}
+
+/// The store's part of a DEL that goes on, without its log line: what delegate mode's rule 7
+/// keeps from the primary is logged as deferred (`delegated::hold_moved`).
+pub fn forget_planned(store: &Store, plan: &Plan) -> Result<()> {
+    forget(
+        store,
+        &plan.id,
+        &plan.owner_changes,
+        plan.corrupt_record.as_deref(),
+    )
 }
 
 /// The store for writing; where it cannot be opened for writing (a read-only filesystem, a

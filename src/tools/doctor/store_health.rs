@@ -547,6 +547,7 @@ mod tests {
             delegate: None,
             conf_version: None,
             identity: None,
+            moved_to: None,
         }
     }
 

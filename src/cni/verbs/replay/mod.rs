@@ -86,6 +86,11 @@ pub fn replay_key(
             return;
         }
         tried.insert(entry.id().file_name());
+        // Held for the API's pod of the name: only once the API has none the primary reaches.
+        if entry.moved_to.is_some() && super::api_check::still_moved(inv, &entry) {
+            held = Some(lock);
+            continue;
+        }
         if !replay_one(inv, delegate, entry) {
             return;
         }

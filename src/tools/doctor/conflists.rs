@@ -27,6 +27,8 @@ pub struct GuardEntry {
     pub cni_version: String,
     /// Delegate mode: the `type` of the primary the guard wraps.
     pub delegate_type: Option<String>,
+    /// The kubeconfig the entry asks the API server with (`kubeconfig`).
+    pub kubeconfig: Option<PathBuf>,
     pub file: PathBuf,
 }
 
@@ -179,6 +181,7 @@ fn read_conf(
                 log_file: plugin["logFile"].as_str().map(PathBuf::from),
                 cni_version: cni_version.clone(),
                 delegate_type: plugin["delegate"]["type"].as_str().map(String::from),
+                kubeconfig: plugin["kubeconfig"].as_str().map(PathBuf::from),
                 file: file.to_path_buf(),
             });
         }

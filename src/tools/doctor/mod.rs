@@ -50,6 +50,7 @@ pub fn run(options: &Options) -> i32 {
     let bin_dirs = bin_dirs(options);
     primary_versions::check(&node.guards, &bin_dirs, &mut report);
     primary_need::check(&options.conf_dir, &bin_dirs, &mut report);
+    check_api_server(&node.guards, &mut report);
     host::check_lower_links(&node.lower_links, &mut report);
     host::check_service_routes(&options.service_cidrs, &mut report);
 
@@ -96,6 +97,55 @@ pub fn run(options: &Options) -> i32 {
             1
         }
         _ => status,
+    }
+}
+
+/// The pod the `api-server` check asks for: a name no pod has, so that the answer is the
+/// API's own "not found", which only credentials allowed to get pods receive.
+const PROBE_POD: &str = "kube-system/sandbox-guard-doctor-probe";
+
+/// Each entry's `kubeconfig` (rules 7 and 8): read, and answering a GET of a pod as the plugin
+/// makes it, within the plugin's bound.
+fn check_api_server(guards: &[conflists::GuardEntry], report: &mut Report) {
+    let mut kubeconfigs: Vec<(&PathBuf, &str)> = guards
+        .iter()
+        .filter_map(|g| Some((g.kubeconfig.as_ref()?, g.network.as_str())))
+        .collect();
+    kubeconfigs.sort();
+    kubeconfigs.dedup_by(|a, b| a.0 == b.0);
+    for (kubeconfig, network) in kubeconfigs {
+        let started = std::time::Instant::now();
+        let answer = crate::tools::api::get_pod(PROBE_POD, kubeconfig);
+        let took = started.elapsed();
+        let bound = crate::cni::pod_in_api::API_BOUND;
+        let finding = match answer {
+            Ok(_) if took < bound => Finding::new(
+                Severity::Ok,
+                "api-server",
+                format!(
+                    "network {network}: the API server answers with {} in {} ms",
+                    kubeconfig.display(),
+                    took.as_millis()
+                ),
+            ),
+            Ok(_) => Finding::new(
+                Severity::Warning,
+                "api-server",
+                format!(
+                    "network {network}: the API server answered with {} in {} ms, past the plugin's bound of {} ms: the plugin would decide by its local rule alone",
+                    kubeconfig.display(),
+                    took.as_millis(),
+                    bound.as_millis()
+                ),
+            ),
+            Err(why) => Finding::new(
+                Severity::Error,
+                "api-server",
+                format!("network {network}: the API server cannot be asked with {}: {why}", kubeconfig.display()),
+            )
+            .fix("Until it can, a DEL or ADD the store cannot decide is decided by the local rule alone (logged as outcome=api-unanswered). Give the kubeconfig a token that may get pods, as JSON, owned by root and 0600."),
+        };
+        report.add(finding);
     }
 }
 

@@ -8,12 +8,14 @@
 //! - The failover: db-0 (UID 1) runs here; it is force deleted and made again on node-b
 //!   (UID 2); then this node's DEL of the old sandbox comes. Without a kubeconfig, and in audit
 //!   mode (the negative control), it passes: a primary keyed by name across the cluster frees
-//!   the new pod's address. With one, it is refused (chained and delegate mode) and the
-//!   delegate's primary never has it, under `podKeyScope: "cluster"`; under `"node"` it passes.
-//!   Once the API has no db-0 (scaled to zero), it passes.
+//!   the new pod's address. With one, under `podKeyScope: "cluster"`, chained mode refuses it
+//!   (code 11, naming the API's pod UID and node) and delegate mode defers it (answered with
+//!   success, its repeat too, the primary never has it); under `"node"` it passes. Once the API
+//!   has no db-0 (scaled to zero), chained mode's retry passes and delegate mode's next sweep
+//!   replays it to the primary, once.
 //! - A late ADD: db-1 (UID 3) is force deleted while its sandbox is made, after db-1 (UID 4)
 //!   took the name here; UID 3's ADD is refused (the delegate's primary never sees it), where
-//!   without a kubeconfig it takes the name.
+//!   without a kubeconfig, and in audit mode, it takes the name.
 //! - The API server stopped (SIGSTOP: it takes connections and never answers) and killed: a
 //!   DEL passes within the bound, and the log says the local rule decided alone.
 
@@ -263,31 +265,56 @@ fn failover_del(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> 
         Some(primary) => primary.dels(&old) > 0,
         None => reply.succeeded(),
     };
-    let answer = if reply.succeeded() {
-        "ok".to_string()
-    } else {
-        let err = reply.assert_error(11);
-        assert!(
-            err.msg.contains(&uid_2) && err.msg.contains("node-b") && err.msg.contains(&uid_1),
-            "the refusal names the API's pod and node: {}",
-            err.text()
-        );
-        // Scaled to zero: the API has no pod of the name, and the DEL passes.
+    if passed {
         api.force_delete(&name);
-        wrap(store.del(&old, &pod(&name, &uid_1))).run().assert_ok();
-        if let Some(primary) = delegate {
+        return (true, "passed".into());
+    }
+    let answer = match delegate {
+        // Deferred: answered with success, kept for the primary with the API's pod it waits
+        // for, and forgotten as the pod's owner.
+        Some(primary) => {
+            reply.assert_ok();
+            let rows = store.dump();
+            let entry = rows
+                .iter()
+                .find(|row| row["status"] == "deferred" && row["containerId"] == old.as_str())
+                .unwrap_or_else(|| panic!("no deferred DEL of the old sandbox: {rows:#?}"));
+            assert!(
+                !store.is_owner(&old, "eth0"),
+                "the old sandbox still owns the pod"
+            );
+            // The runtime's repeat is answered the same way, and reaches no primary either.
+            wrap(store.del(&old, &pod(&name, &uid_1))).run().assert_ok();
+            assert_eq!(primary.dels(&old), 0);
+            // Scaled to zero: the API has no pod of the name, and the next verb on the node
+            // starts the sweep that replays it.
+            api.force_delete(&name);
+            let other = container_id();
+            wrap(store.add(&other, &Pod::new(NAMESPACE, "sweep-0")))
+                .run()
+                .assert_ok();
+            assert!(store.wait_for_replays(Duration::from_secs(60)));
             assert_eq!(
                 primary.dels(&old),
                 1,
                 "the DEL reaches the primary once the name is free"
             );
+            format!("deferred: {entry}")
         }
-        err.msg
+        None => {
+            let err = reply.assert_error(11);
+            assert!(
+                err.msg.contains(&uid_2) && err.msg.contains("node-b") && err.msg.contains(&uid_1),
+                "the refusal names the API's pod and node: {}",
+                err.text()
+            );
+            // Scaled to zero: the API has no pod of the name, and the DEL passes.
+            api.force_delete(&name);
+            wrap(store.del(&old, &pod(&name, &uid_1))).run().assert_ok();
+            err.msg
+        }
     };
-    if reply.succeeded() {
-        api.force_delete(&name);
-    }
-    (passed, answer)
+    (false, answer)
 }
 
 /// A late ADD: the pod force deleted while its sandbox was made, after the new pod's ADD
@@ -364,7 +391,7 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     );
     assert_eq!(
         String::from_utf8_lossy(&missing.stdout).trim(),
-        r#"{"found":false,"deleting":false}"#
+        r#"{"found":false}"#
     );
 
     let unguarded = Keys {
@@ -408,10 +435,10 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
         let (passed, answer) = failover_del(&api, keys, primary.as_ref());
         report.push(format!(
             "failover DEL, {label}: {}",
-            if passed {
-                "reached the primary"
-            } else {
-                "held"
+            match (passed, primary.is_some()) {
+                (true, _) => "reached the primary",
+                (false, false) => "refused (code 11)",
+                (false, true) => "deferred, then replayed once the name was free",
             }
         ));
         let harm_expected =
@@ -420,6 +447,7 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     }
     for (label, keys, primary) in [
         ("no kubeconfig, chained", &unguarded, None),
+        ("audit mode (control), chained", &audit, None),
         ("podKeyScope cluster, chained", &cluster, None),
         (
             "podKeyScope cluster, delegate",
@@ -432,7 +460,48 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
             "late ADD, {label}: {}",
             if took { "took the name" } else { "refused" }
         ));
-        assert_eq!(took, keys.kubeconfig.is_none(), "{label}");
+        assert_eq!(
+            took,
+            keys.kubeconfig.is_none() || keys.stale_del == "audit",
+            "{label}"
+        );
+    }
+
+    // The doctor asks as the plugin does: the ServiceAccount's kubeconfig answers; one whose
+    // token the API refuses is an error, saying what the plugin then does.
+    let refused = dir.path.join("refused.kubeconfig");
+    let mut bad: Value = serde_json::from_slice(&fs::read(&kubeconfig).unwrap()).unwrap();
+    bad["users"][0]["user"]["token"] = json!("not-a-token");
+    fs::write(&refused, bad.to_string()).unwrap();
+    fs::set_permissions(&refused, fs::Permissions::from_mode(0o600)).unwrap();
+    for (file, severity) in [(&kubeconfig, "ok"), (&refused, "error")] {
+        let conf = sys::TempDir::new("sg-api-conf");
+        let entry = json!({"cniVersion": "1.0.0", "name": "api-check", "plugins": [
+            {"type": "bridge"},
+            {"type": "sandbox-guard", "kubeconfig": file.to_str().unwrap(), "podKeyScope": "cluster"},
+        ]});
+        fs::write(conf.path.join("10-api.conflist"), entry.to_string()).unwrap();
+        let out = cni::guard(&[
+            "--doctor",
+            "--output",
+            "json",
+            "--conf-dir",
+            conf.path.to_str().unwrap(),
+        ]);
+        let body: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let found: Vec<&Value> = body["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["check"] == "api-server")
+            .collect();
+        assert_eq!(found.len(), 1, "{body:#}");
+        assert_eq!(found[0]["severity"], severity, "{:#}", found[0]);
+        report.push(format!(
+            "doctor api-server with {}: {}",
+            file.file_name().unwrap().to_string_lossy(),
+            found[0]["summary"]
+        ));
     }
 
     // The API server stopped (no answer) and then gone (refused): the local rule alone, within

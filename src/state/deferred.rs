@@ -92,13 +92,19 @@ pub struct DeferredDel {
     pub moved_to: Option<MovedTo>,
 }
 
-/// The pod the API server showed under the name when the DEL was held.
+/// The pod the API server showed under the name when the DEL was held, and what the held
+/// DEL's own network asks the API with: a sweep of another network (one state dir serves
+/// several) judges it by these, not by its own config.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MovedTo {
     pub pod_uid: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    pub kubeconfig: std::path::PathBuf,
+    /// `podKeyScope`'s word.
+    pub scope: String,
+    pub this_node: String,
 }
 
 impl DeferredDel {

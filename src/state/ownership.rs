@@ -92,6 +92,21 @@ impl PodKeyScope {
         ("node", PodKeyScope::Node),
         ("cluster", PodKeyScope::Cluster),
     ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PodKeyScope::Node => "node",
+            PodKeyScope::Cluster => "cluster",
+        }
+    }
+
+    /// The scope a word names; an unknown word is the wider one.
+    pub fn from_name(word: &str) -> PodKeyScope {
+        match word {
+            "node" => PodKeyScope::Node,
+            _ => PodKeyScope::Cluster,
+        }
+    }
 }
 
 /// The pod the API server holds under a pod's namespace and name.

@@ -59,6 +59,37 @@ pub struct Moved {
     pub error: GuardError,
 }
 
+/// What a held DEL keeps of its hold, for the replay to ask again as this network asked.
+pub fn moved_to(inv: &Invocation, moved: &Moved) -> Option<crate::state::deferred::MovedTo> {
+    Some(crate::state::deferred::MovedTo {
+        pod_uid: moved.uid.clone(),
+        node: moved.node.clone(),
+        kubeconfig: inv.conf.kubeconfig.clone()?,
+        scope: inv.conf.pod_key_scope.name().to_string(),
+        this_node: this_node(inv),
+    })
+}
+
+/// A held DEL's own entry, found again (its retry after the sandbox was forgotten): held as
+/// before, without asking, so an API that does not answer now cannot let it through.
+pub fn held_before(entry: &crate::state::deferred::DeferredDel) -> Option<Moved> {
+    let moved = entry.moved_to.as_ref()?;
+    Some(Moved {
+        key: entry.key.clone(),
+        uid: moved.pod_uid.clone(),
+        node: moved.node.clone(),
+        error: GuardError::new(
+            Kind::StaleDel,
+            format!(
+                "stale DEL refused: pod {} was pod UID {} in the API server when this DEL was first held",
+                entry.key.pod(),
+                moved.pod_uid
+            ),
+        )
+        .with_details("The DEL is kept for the primary until the API server has no other pod of that name."),
+    })
+}
+
 impl Moved {
     /// The log's fields: `owner=` is the API's pod UID, not a container ID.
     fn fields(&self) -> [(&'static str, &str); 2] {
@@ -145,24 +176,31 @@ pub fn name_moved(
     })
 }
 
-/// For a deferred DEL held by rule 7: whether the name is still another pod's. An API that
-/// does not answer keeps it held (replayed now, it could free a live pod's state); a config
-/// without a kubeconfig any more leaves it to the local rule.
+/// For a deferred DEL held by rule 7: whether the name is still another pod's, asked with
+/// what its own network asked with when it was held. An API that does not answer keeps it
+/// held (replayed now, it could free a live pod's state), and the log says so.
 pub fn still_moved(inv: &Invocation, entry: &crate::state::deferred::DeferredDel) -> bool {
-    let Some(kubeconfig) = inv.conf.kubeconfig.as_deref() else {
+    let (Some(moved), Some(uid)) = (&entry.moved_to, entry.pod_uid.as_deref()) else {
         return false;
     };
-    let Some(uid) = entry.pod_uid.as_deref() else {
-        return false;
-    };
-    match pod_in_api::ask(kubeconfig, &entry.key.pod_namespace, &entry.key.pod_name) {
-        Asked::Answered(pod) => {
-            ownership::name_moved(uid, api_pod(&pod), inv.conf.pod_key_scope, &this_node(inv))
+    let scope = PodKeyScope::from_name(&moved.scope);
+    let pod = entry.key.pod();
+    match pod_in_api::ask(
+        &moved.kubeconfig,
+        &entry.key.pod_namespace,
+        &entry.key.pod_name,
+    ) {
+        Asked::Answered(answer) => {
+            ownership::name_moved(uid, api_pod(&answer), scope, &moved.this_node)
         }
         Asked::Unknown(why) => {
-            eprintln!(
-                "sandbox-guard: the deferred DEL of pod {} waits: the API server could not be asked: {why}",
-                entry.key.pod()
+            let subject = inv.subject(None, Some(pod.clone()));
+            inv.log.event(
+                Level::Warn,
+                inv.verb,
+                &subject,
+                Outcome::ApiUnanswered,
+                &format!("the deferred DELs of pod {pod} stay held: the API server could not be asked: {why}"),
             );
             true
         }

@@ -274,7 +274,14 @@ fn del_locked(
         .with_details("The runtime retries the DEL."));
     }
     drop(store);
-    // Rule 7 under the pod's locks, so no ADD of the pod comes in between.
+    // Rule 7 under the pod's locks, so no ADD of the pod comes in between. A DEL held before
+    // (its retry, once the sandbox was forgotten) stays held without asking.
+    if let Some(moved) = own_held_entry(inv, &plan)
+        .as_ref()
+        .and_then(api_check::held_before)
+    {
+        return hold_moved(inv, delegate, attachment, plan, moved).map(|()| false);
+    }
     if plan.asks_api(inv)
         && let Some(moved) =
             api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref())
@@ -739,6 +746,17 @@ fn remove_stale_interface(
     }
 }
 
+/// This DEL's own entry held for the API's pod of the name (rule 7), if one was kept.
+fn own_held_entry(inv: &Invocation, plan: &judgement::Plan) -> Option<DeferredDel> {
+    let store = Store::open_read_only(&inv.conf.state_dir).ok()?;
+    plan.keys
+        .iter()
+        .find_map(|key| match store.load_deferred(key, &plan.id) {
+            Ok(Loaded::Valid(entry)) if entry.moved_to.is_some() => Some(entry),
+            _ => None,
+        })
+}
+
 /// Rule 7 in delegate mode: the DEL is kept for the primary until the API server has no other
 /// pod of the name (`api_check::still_moved`, asked by the replay), durably before it is
 /// answered with success; the store forgets the sandbox as for any DEL that goes on, and its
@@ -765,14 +783,23 @@ fn hold_moved(
     }
     let id = plan.id.clone();
     let record = store.load_record(&id)?;
-    let entry = match store.load_deferred(&moved.key, &id)? {
-        Loaded::Valid(entry) => entry,
-        _ => {
-            let mut entry = new_entry(inv, attachment, &moved.key, &moved.uid, &record, delegate);
-            entry.moved_to = Some(deferred::MovedTo {
-                pod_uid: moved.uid.clone(),
-                node: moved.node.clone(),
-            });
+    // An entry of this DEL kept before (stale then, or held) is held for the API's pod now.
+    let (entry, write) = match store.load_deferred(&moved.key, &id)? {
+        Loaded::Valid(entry) if entry.moved_to.is_some() => (entry, false),
+        Loaded::Valid(entry) => (entry, true),
+        _ => (
+            new_entry(inv, attachment, &moved.key, &moved.uid, &record, delegate),
+            true,
+        ),
+    };
+    let entry = if !write {
+        entry
+    } else {
+        let entry = DeferredDel {
+            moved_to: api_check::moved_to(inv, &moved),
+            ..entry
+        };
+        {
             match store.save_deferred(&entry).and_then(|()| store.sync()) {
                 Ok(()) => entry,
                 Err(err) if matches!(err.kind, Kind::Io | Kind::ReadOnly) => {
@@ -783,7 +810,7 @@ fn hold_moved(
         }
     };
     // Kept first: a crash here leaves the owner and its entry, and the runtime's retry finds
-    // the entry and forgets the owner.
+    // the entry (`held_before`) and forgets the owner.
     judgement::forget_planned(&store, &plan)?;
     let netns = if attachment.netns.is_empty() {
         let now = crate::clock::boot_id();
@@ -792,7 +819,6 @@ fn hold_moved(
         attachment.netns.clone()
     };
     let live = live_netns(&store, &entry.id(), &netns);
-    crate::cni::metrics::commit(inv, &store, true);
     drop(store);
     match remove_interface_of(attachment, &entry, &netns, &live) {
         Ok(done) => {

@@ -51,6 +51,9 @@ impl Plan {
 
     /// Audit mode's answer to a DEL rule 7 holds: let through, logged once, as audited.
     pub fn audit_moved(&mut self, moved: super::api_check::Moved) {
+        if self.audited.is_some() {
+            return;
+        }
         self.audited = Some((
             moved.uid,
             format!("audit mode let a stale DEL through: {}", moved.error.msg),

@@ -52,6 +52,10 @@ pub fn replay_key(
     let key = first.key;
     let boot_id = crate::clock::boot_id();
     let mut tried = std::collections::HashSet::new();
+    // Asked once per call: whether the API still shows the name on the pod a held entry waits
+    // for (rule 7). While it does, none of the key's entries is replayed: any DEL of the name
+    // would free what that pod holds in a primary keyed across the cluster.
+    let mut api_asked = false;
     let mut held = Some(lock);
     while let Some(lock) = held.take() {
         // An ADD of the pod cut off while the lock was let go is rolled back first.
@@ -72,6 +76,13 @@ pub fn replay_key(
                 return;
             }
         };
+        if !api_asked && let Some(moved) = pending.iter().find(|e| e.moved_to.is_some()) {
+            api_asked = true;
+            if super::api_check::still_moved(inv, moved) {
+                lock.release_unused(root);
+                return;
+            }
+        }
         let now = crate::clock::boot_nanos();
         let next = pending.into_iter().find(|entry| {
             !tried.contains(&entry.id().file_name())
@@ -86,11 +97,6 @@ pub fn replay_key(
             return;
         }
         tried.insert(entry.id().file_name());
-        // Held for the API's pod of the name: only once the API has none the primary reaches.
-        if entry.moved_to.is_some() && super::api_check::still_moved(inv, &entry) {
-            held = Some(lock);
-            continue;
-        }
         if !replay_one(inv, delegate, entry) {
             return;
         }

@@ -317,6 +317,42 @@ fn failover_del(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> 
     (false, answer)
 }
 
+/// Delegate mode, a stale DEL already waiting when the owner's DEL is held: sandbox s1 of
+/// db's first pod, s2 of its second (s1's DEL deferred, s2 owns the name here), then the pod
+/// moves to node-b and s2's DEL comes. Neither DEL may reach the primary while node-b's pod
+/// lives; both do once it is gone.
+fn held_with_an_older_deferral(api: &Api, keys: &Keys, primary: &RecordingPrimary) {
+    let name = format!("db-{}", &container_id()[..6]);
+    let store = Store::new();
+    let wrap = |call: Cni| keys.in_mode(call, Some(primary));
+    let uid_1 = api.pod_on(&name, THIS_NODE);
+    let (s1, s2) = (container_id(), container_id());
+    wrap(store.add(&s1, &pod(&name, &uid_1))).run().assert_ok();
+    api.force_delete(&name);
+    let uid_2 = api.pod_on(&name, THIS_NODE);
+    wrap(store.add(&s2, &pod(&name, &uid_2))).run().assert_ok();
+    wrap(store.del(&s1, &pod(&name, &uid_1))).run().assert_ok();
+    api.force_delete(&name);
+    api.pod_on(&name, "node-b");
+    wrap(store.del(&s2, &pod(&name, &uid_2))).run().assert_ok();
+    // The hold's own sweep, and one more started by another pod's ADD.
+    wrap(store.add(&container_id(), &Pod::new(NAMESPACE, "sweep-1")))
+        .run()
+        .assert_ok();
+    assert!(store.wait_for_replays(Duration::from_secs(60)));
+    assert_eq!(
+        (primary.dels(&s1), primary.dels(&s2)),
+        (0, 0),
+        "a DEL of the name reached the primary while node-b's pod lives"
+    );
+    api.force_delete(&name);
+    wrap(store.add(&container_id(), &Pod::new(NAMESPACE, "sweep-2")))
+        .run()
+        .assert_ok();
+    assert!(store.wait_for_replays(Duration::from_secs(60)));
+    assert_eq!((primary.dels(&s1), primary.dels(&s2)), (1, 1));
+}
+
 /// A late ADD: the pod force deleted while its sandbox was made, after the new pod's ADD
 /// here. Whether the late ADD took the name (it answered 0 and owns the pod).
 fn late_add(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> bool {
@@ -445,6 +481,8 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
             keys.kubeconfig.is_none() || keys.stale_del == "audit" || keys.scope == "node";
         assert_eq!(passed, harm_expected, "{label}: {answer}");
     }
+    held_with_an_older_deferral(&api, &cluster, &RecordingPrimary::new());
+    report.push("delegate, a stale DEL waiting when the owner's DEL is held: neither replayed while node-b's pod lived, both after".into());
     for (label, keys, primary) in [
         ("no kubeconfig, chained", &unguarded, None),
         ("audit mode (control), chained", &audit, None),

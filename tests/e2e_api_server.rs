@@ -283,6 +283,12 @@ fn failover_del(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> 
                 !store.is_owner(&old, "eth0"),
                 "the old sandbox still owns the pod"
             );
+            // The dump says what it waits for: the API's pod, not a sandbox here.
+            let said = entry.to_string();
+            assert!(
+                said.contains(&uid_2) && said.contains("API server") && said.contains("node-b"),
+                "{said}"
+            );
             // The runtime's repeat is answered the same way, and reaches no primary either.
             wrap(store.del(&old, &pod(&name, &uid_1))).run().assert_ok();
             assert_eq!(primary.dels(&old), 0);

@@ -179,6 +179,9 @@ impl<'a> StaleDels<'a> {
 struct DeferredFields<'a> {
     deferred_at: &'a str,
     deferred_for_owner: &'a str,
+    /// Held for the API server's pod of the name (rule 7): `deferredForOwner` is its UID.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held_for_api_pod: Option<&'a crate::state::deferred::MovedTo>,
     attempts: u32,
     last_error: Option<&'a str>,
     last_attempt_at: Option<&'a str>,
@@ -918,6 +921,7 @@ fn deferred_row(entry: &DeferredDel) -> Row<'_> {
         deferred: Some(DeferredFields {
             deferred_at: &entry.deferred_at,
             deferred_for_owner: &entry.owner,
+            held_for_api_pod: entry.moved_to.as_ref(),
             attempts: entry.attempts,
             last_error: entry.last_error.as_deref(),
             last_attempt_at: entry.last_attempt_at.as_deref(),
@@ -925,11 +929,22 @@ fn deferred_row(entry: &DeferredDel) -> Row<'_> {
         }),
         ..empty_row(
             Status::Deferred,
-            format!(
-                "stale DEL kept from the primary since {}, while sandbox {} owns the pod; replayed once the pod's name is free{failures}",
-                entry.deferred_at,
-                crate::names::short_id(&entry.owner)
-            ),
+            match &entry.moved_to {
+                Some(moved) => format!(
+                    "DEL kept from the primary since {}, while the API server shows the pod's name on pod UID {} ({}); replayed once it has no other pod of that name{failures}",
+                    entry.deferred_at,
+                    moved.pod_uid,
+                    moved
+                        .node
+                        .as_deref()
+                        .map_or("not on a node".to_string(), |node| format!("node {node}"))
+                ),
+                None => format!(
+                    "stale DEL kept from the primary since {}, while sandbox {} owns the pod; replayed once the pod's name is free{failures}",
+                    entry.deferred_at,
+                    crate::names::short_id(&entry.owner)
+                ),
+            },
         )
     }
 }

@@ -157,13 +157,19 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
             continue;
         };
         let since = crate::clock::parse_rfc3339(&entry.deferred_at).unwrap_or(now);
+        let holder = match &entry.moved_to {
+            Some(moved) => format!(
+                "the API server showed the name on pod UID {}",
+                moved.pod_uid
+            ),
+            None => format!("{} owned the pod", entry.owner),
+        };
         let what = format!(
-            "pod {} ({}): sandbox {}, deferred {} ago while {} owned the pod",
+            "pod {} ({}): sandbox {}, deferred {} ago while {holder}",
             entry.key.pod(),
             entry.if_name(),
             entry.container_id,
             crate::clock::age(since, now),
-            entry.owner
         );
         let failed = format!(
             "{} replays failed, the last: {}",

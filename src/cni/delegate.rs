@@ -549,7 +549,7 @@ fn write_own_pid(path: &std::ffi::CStr) -> std::io::Result<()> {
 }
 
 /// The child's exit status, or `None` when `deadline` came first.
-fn wait_until(
+pub(crate) fn wait_until(
     child: &mut Child,
     deadline: Option<Instant>,
 ) -> std::io::Result<Option<std::process::ExitStatus>> {

@@ -68,15 +68,8 @@ pub fn ask_with(client: &Path, kubeconfig: &Path, namespace: &str, name: &str) -
             return Asked::Unknown(format!("cannot run {}: {err}", client.display()));
         }
     };
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if started.elapsed() >= API_BOUND => break None,
-            Ok(None) => std::thread::sleep(Duration::from_millis(2)),
-            Err(_) => break None,
-        }
-    };
-    let Some(status) = status else {
+    let status = crate::cni::delegate::wait_until(&mut child, Some(started + API_BOUND));
+    let Ok(Some(status)) = status else {
         let group = nix::unistd::Pid::from_raw(child.id() as nix::libc::pid_t);
         let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
         // Reaped if it dies at once; one stuck in the kernel (a hung file system) is left to

@@ -404,6 +404,8 @@ pub fn next_generation(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_dels_name_moved_by_scope_and_a_late_adds_uid() {
         use PodKeyScope::{Cluster, Node};
@@ -434,8 +436,6 @@ mod tests {
         assert!(late_add("u1", here("u2")));
         assert!(!late_add("u1", None));
     }
-
-    use super::*;
 
     fn pod() -> PodKey {
         PodKeyRule::Name.key("net", "lijiaob", "etcd1-0", "eth0")

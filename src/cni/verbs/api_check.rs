@@ -12,25 +12,41 @@ use crate::error::{GuardError, Kind, Result};
 use crate::state::ownership::{self, ApiPod, PodKey, PodKeyScope};
 use crate::state::{Loaded, Store};
 
-/// The pod the API server holds under the name, or `None` when it cannot tell in time.
-fn ask(inv: &Invocation, attachment: &Attachment, key: &PodKey) -> Option<PodInApi> {
-    let kubeconfig = inv.conf.kubeconfig.as_deref()?;
+/// The pod the API server holds under `key`'s name, asked with `kubeconfig`, or `None` when
+/// it cannot tell in time: logged as `api-unanswered`, with `then` saying what follows.
+fn ask(
+    inv: &Invocation,
+    attachment: Option<&Attachment>,
+    kubeconfig: &std::path::Path,
+    key: &PodKey,
+    then: &str,
+) -> Option<PodInApi> {
     match pod_in_api::ask(kubeconfig, &key.pod_namespace, &key.pod_name) {
         Asked::Answered(pod) => Some(pod),
         Asked::Unknown(why) => {
-            let subject = inv.subject(Some(attachment), Some(key.pod()));
+            let subject = inv.subject(attachment, Some(key.pod()));
             inv.log.event(
                 Level::Warn,
                 inv.verb,
                 &subject,
                 Outcome::ApiUnanswered,
-                &format!(
-                    "the API server could not be asked, so the local rule alone decides: {why}"
-                ),
+                &format!("the API server could not be asked, so {then}: {why}"),
             );
             None
         }
     }
+}
+
+/// `ask` with the network's kubeconfig, for a verb the local rule then decides alone.
+fn ask_for_verb(inv: &Invocation, attachment: &Attachment, key: &PodKey) -> Option<PodInApi> {
+    let kubeconfig = inv.conf.kubeconfig.as_deref()?;
+    ask(
+        inv,
+        Some(attachment),
+        kubeconfig,
+        key,
+        "the local rule alone decides",
+    )
 }
 
 fn api_pod(pod: &PodInApi) -> Option<ApiPod<'_>> {
@@ -140,7 +156,7 @@ pub fn name_moved(
     inv.conf.kubeconfig.as_ref()?;
     let uid = uid?;
     let key = keys.first()?;
-    let pod = ask(inv, attachment, key)?;
+    let pod = ask_for_verb(inv, attachment, key)?;
     let node = this_node(inv);
     if !ownership::name_moved(uid, api_pod(&pod), inv.conf.pod_key_scope, &node) {
         return None;
@@ -184,26 +200,10 @@ pub fn still_moved(inv: &Invocation, entry: &crate::state::deferred::DeferredDel
         return false;
     };
     let scope = PodKeyScope::from_name(&moved.scope);
-    let pod = entry.key.pod();
-    match pod_in_api::ask(
-        &moved.kubeconfig,
-        &entry.key.pod_namespace,
-        &entry.key.pod_name,
-    ) {
-        Asked::Answered(answer) => {
-            ownership::name_moved(uid, api_pod(&answer), scope, &moved.this_node)
-        }
-        Asked::Unknown(why) => {
-            let subject = inv.subject(None, Some(pod.clone()));
-            inv.log.event(
-                Level::Warn,
-                inv.verb,
-                &subject,
-                Outcome::ApiUnanswered,
-                &format!("the deferred DELs of pod {pod} stay held: the API server could not be asked: {why}"),
-            );
-            true
-        }
+    let then = format!("the deferred DELs of pod {} stay held", entry.key.pod());
+    match ask(inv, None, &moved.kubeconfig, &entry.key, &then) {
+        Some(answer) => ownership::name_moved(uid, api_pod(&answer), scope, &moved.this_node),
+        None => true,
     }
 }
 
@@ -226,7 +226,7 @@ pub fn refuse_late_add(inv: &Invocation, attachment: &Attachment, key: &PodKey) 
     if owner_uid.as_deref().is_none_or(|owner| owner == uid) {
         return Ok(());
     }
-    let Some(pod) = ask(inv, attachment, key) else {
+    let Some(pod) = ask_for_verb(inv, attachment, key) else {
         return Ok(());
     };
     if !ownership::late_add(uid, api_pod(&pod)) {

@@ -226,7 +226,7 @@ fn del_locked(
         pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
         return Ok(false);
     };
-    let plan = match judgement::judge(inv, attachment, &store)? {
+    let mut plan = match judgement::judge(inv, attachment, &store)? {
         Judgement::Stale(stale) => {
             if let Some(why) = unwritable {
                 // Kept from the primary for good, it would leak; told nothing, the primary
@@ -252,12 +252,7 @@ fn del_locked(
                 }
                 Err(err) => return Err(err),
             };
-            let netns = if attachment.netns.is_empty() {
-                let now = crate::clock::boot_id();
-                deferred.netns_in_this_boot(now.as_deref()).to_string()
-            } else {
-                attachment.netns.clone()
-            };
+            let netns = teardown_netns(attachment, &deferred);
             let live = live_netns(&store, &deferred.id(), &netns);
             drop(store);
             return remove_stale_interface(inv, attachment, &deferred, &netns, &live)
@@ -265,7 +260,6 @@ fn del_locked(
         }
         Judgement::Go(plan) => plan,
     };
-    let mut plan = plan;
     if plan.keys.iter().any(|key| !locked_keys.contains(key)) {
         return Err(GuardError::new(
             Kind::Busy,
@@ -647,12 +641,19 @@ fn live_netns(store: &Store, stale: &AttachmentId, netns: &str) -> Vec<(u64, u64
         .collect()
 }
 
-/// Takes the stale sandbox's interface out of its netns, if it is provably the one
-/// checkpointed (`kernel::teardown`), and logs the deferral. A failure fails the DEL (the
-/// entry is kept): the runtime's retry tries again, so the old netns does not go on
-/// answering for the pod's address. What is left alone is logged with why.
-/// Removes the deferred sandbox's interface from `netns` here (never from one of `live`):
-/// what became of it, for the log.
+/// The netns a deferred DEL's interface is removed from: the DEL's own, else (a repeated DEL
+/// without one) the entry's, unless the entry is of another boot.
+fn teardown_netns(attachment: &Attachment, entry: &DeferredDel) -> String {
+    if attachment.netns.is_empty() {
+        let now = crate::clock::boot_id();
+        entry.netns_in_this_boot(now.as_deref()).to_string()
+    } else {
+        attachment.netns.clone()
+    }
+}
+
+/// Takes the deferred sandbox's interface out of `netns` (never one of `live`), if it is
+/// provably the one checkpointed (`kernel::teardown`): what became of it, for the log.
 fn remove_interface_of(
     attachment: &Attachment,
     deferred: &DeferredDel,
@@ -715,6 +716,9 @@ fn not_removed(
     )
 }
 
+/// `remove_interface_of`, and the stale DEL's deferral logged. A failure fails the DEL (the
+/// entry is kept): the runtime's retry tries again, so the old netns does not go on
+/// answering for the pod's address. What is left alone is logged with why.
 fn remove_stale_interface(
     inv: &Invocation,
     attachment: &Attachment,
@@ -747,7 +751,15 @@ fn remove_stale_interface(
 }
 
 /// This DEL's own entry held for the API's pod of the name (rule 7), if one was kept.
+/// One stat per key where none was kept: every DEL that goes on in delegate mode looks.
 fn own_held_entry(inv: &Invocation, plan: &judgement::Plan) -> Option<DeferredDel> {
+    if plan
+        .keys
+        .iter()
+        .all(|key| surely_absent(&own_deferred_path(inv, key, &plan.id)))
+    {
+        return None;
+    }
     let store = Store::open_read_only(&inv.conf.state_dir).ok()?;
     plan.keys
         .iter()
@@ -755,6 +767,11 @@ fn own_held_entry(inv: &Invocation, plan: &judgement::Plan) -> Option<DeferredDe
             Ok(Loaded::Valid(entry)) if entry.moved_to.is_some() => Some(entry),
             _ => None,
         })
+}
+
+/// Where `id`'s own deferred DEL under `key` is kept, read without opening the store.
+fn own_deferred_path(inv: &Invocation, key: &PodKey, id: &AttachmentId) -> std::path::PathBuf {
+    deferred::key_dir(&inv.conf.state_dir, &key.digest()).join(id.file_name())
 }
 
 /// Rule 7 in delegate mode: the DEL is kept for the primary until the API server has no other
@@ -784,22 +801,17 @@ fn hold_moved(
     let id = plan.id.clone();
     let record = store.load_record(&id)?;
     // An entry of this DEL kept before (stale then, or held) is held for the API's pod now.
-    let (entry, write) = match store.load_deferred(&moved.key, &id)? {
-        Loaded::Valid(entry) if entry.moved_to.is_some() => (entry, false),
-        Loaded::Valid(entry) => (entry, true),
-        _ => (
-            new_entry(inv, attachment, &moved.key, &moved.uid, &record, delegate),
-            true,
-        ),
-    };
-    let entry = if !write {
-        entry
-    } else {
-        let entry = DeferredDel {
-            moved_to: api_check::moved_to(inv, &moved),
-            ..entry
-        };
-        {
+    let entry = match store.load_deferred(&moved.key, &id)? {
+        Loaded::Valid(entry) if entry.moved_to.is_some() => entry,
+        kept => {
+            let entry = match kept {
+                Loaded::Valid(entry) => entry,
+                _ => new_entry(inv, attachment, &moved.key, &moved.uid, &record, delegate),
+            };
+            let entry = DeferredDel {
+                moved_to: api_check::moved_to(inv, &moved),
+                ..entry
+            };
             match store.save_deferred(&entry).and_then(|()| store.sync()) {
                 Ok(()) => entry,
                 Err(err) if matches!(err.kind, Kind::Io | Kind::ReadOnly) => {
@@ -812,12 +824,7 @@ fn hold_moved(
     // Kept first: a crash here leaves the owner and its entry, and the runtime's retry finds
     // the entry (`held_before`) and forgets the owner.
     judgement::forget_planned(&store, &plan)?;
-    let netns = if attachment.netns.is_empty() {
-        let now = crate::clock::boot_id();
-        entry.netns_in_this_boot(now.as_deref()).to_string()
-    } else {
-        attachment.netns.clone()
-    };
+    let netns = teardown_netns(attachment, &entry);
     let live = live_netns(&store, &entry.id(), &netns);
     drop(store);
     match remove_interface_of(attachment, &entry, &netns, &live) {
@@ -843,7 +850,7 @@ fn hold_moved(
 }
 
 fn drop_own_deferred(inv: &Invocation, key: &PodKey, id: &AttachmentId) {
-    let path = deferred::key_dir(&inv.conf.state_dir, &key.digest()).join(id.file_name());
+    let path = own_deferred_path(inv, key, id);
     if surely_absent(&path) {
         return;
     }

@@ -129,16 +129,21 @@ fn is_not_found_of_the_pod(body: &str) -> bool {
         && status.pointer("/details/kind").and_then(Value::as_str) == Some("pods")
 }
 
+/// The certificates of a PEM text, its other items (keys) left out.
+fn certificates(pem: &[u8]) -> Vec<ureq::tls::Certificate<'static>> {
+    ureq::tls::parse_pem(pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(cert)) => Some(cert),
+            _ => None,
+        })
+        .collect()
+}
+
 fn agent(creds: &kubeconfig::Credentials) -> Result<ureq::Agent, String> {
-    use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
+    use ureq::tls::{ClientCert, PrivateKey, RootCerts, TlsConfig};
     let roots = match &creds.ca {
         Some(pem) => {
-            let certs: Vec<Certificate<'static>> = ureq::tls::parse_pem(pem)
-                .filter_map(|item| match item {
-                    Ok(PemItem::Certificate(cert)) => Some(cert),
-                    _ => None,
-                })
-                .collect();
+            let certs = certificates(pem);
             if certs.is_empty() {
                 return Err(
                     "the kubeconfig's certificate authority holds no PEM certificate".into(),
@@ -150,12 +155,7 @@ fn agent(creds: &kubeconfig::Credentials) -> Result<ureq::Agent, String> {
     };
     let client_cert = match &creds.client_cert {
         Some((cert, key)) => {
-            let chain: Vec<Certificate<'static>> = ureq::tls::parse_pem(cert)
-                .filter_map(|item| match item {
-                    Ok(PemItem::Certificate(cert)) => Some(cert),
-                    _ => None,
-                })
-                .collect();
+            let chain = certificates(cert);
             let key = PrivateKey::from_pem(key)
                 .map_err(|e| format!("the kubeconfig's client key: {e}"))?;
             Some(ClientCert::new_with_certs(&chain, key))

@@ -6,7 +6,7 @@
 //!
 //! Every sequence is driven through the API (kubectl). Besides, the harness injects stand-ins
 //! for faults it cannot cause through the API: the primary's DEL failures (the model's
-//! `fail-dels` counter), a pause process killed with SIGKILL, kubelet restarted (SIGTERM) and
+//! `fail-dels` counter and `fail-dels-of` marker), a pause process killed with SIGKILL, kubelet restarted (SIGTERM) and
 //! containerd killed (SIGKILL) and restarted (`scripts/node.sh restart`), an ADD held at
 //! the primary once its endpoint is written (the model's `hold-adds`, with a child process as
 //! an IPAM plugin's) until a containerd restart (SIGTERM) cuts it off there, (in a test of
@@ -36,7 +36,7 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sandbox_guard::cni::log::{LOG_BACKUPS, LogEntry, Outcome};
 use serde_json::Value;
@@ -76,8 +76,6 @@ fn entry_configmap(stale_del: &str) -> String {
 /// open until the pod's next sandbox is added: two windows, each with both DELs.
 const CHAINED_WINDOW_DELS: usize = 1;
 const CHAINED_WINDOWS_WIDER: [(&str, usize); 2] = [("forced-0", 2), ("cutadd-0", 4)];
-/// How many times the primary fails the old sandbox's DEL in the failing-DEL sequence.
-const PRIMARY_DEL_FAILURES: u32 = 3;
 /// How long the model holds cutadd-0's next ADD at the primary once its endpoint is written:
 /// far longer than the mode's run up to the check of what is left of it, so that only the
 /// rollback ends it before then.
@@ -1243,17 +1241,21 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     );
     let known = watch.uids();
 
-    // The failing primary: its next DELs of this pod fail, as calico's did in the incident.
+    // The failing primary: every DEL of faildel-0's sandbox fails until the test lets it
+    // through, as calico's datastore failed them in the incident.
+    let faildel_sandbox = ready_sandbox_of(node, &ns, "faildel-0").expect("faildel-0's sandbox");
     let fail_dels = PathBuf::from(node.var("PRIMARY_STATE"))
-        .join("fail-dels")
-        .join(format!("{ns}.faildel-0"));
+        .join("fail-dels-of")
+        .join(&faildel_sandbox);
     fs::create_dir_all(fail_dels.parent().unwrap()).unwrap();
-    fs::write(&fail_dels, PRIMARY_DEL_FAILURES.to_string()).unwrap();
-    let failures_left = || {
-        fs::read_to_string(&fail_dels)
-            .ok()
-            .and_then(|text| text.trim().parse::<u32>().ok())
-            .unwrap_or(0)
+    fs::write(&fail_dels, "").unwrap();
+    // The starts (seconds since the epoch) of the DELs of that sandbox the primary failed.
+    let failed_starts = || -> Vec<f64> {
+        let marker = format!("DEL failed: injected (fail-dels-of) of {faildel_sandbox} started ");
+        node.primary_calls()
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix(&marker)?.parse().ok())
+            .collect()
     };
 
     let forced_old_sandbox = ready_sandbox_of(node, &ns, "forced-0");
@@ -1293,30 +1295,36 @@ fn run_mode(node: &Node, mode: Mode) -> Figures {
     );
     node.node_sh(&["restart", "containerd"]);
 
-    // Kubelet, then containerd, restarted while the primary still fails the old sandbox's
-    // DEL, each after one more failure: the restarted component meets the failing DEL, and
-    // the last failure comes through both. containerd is killed (SIGKILL), as a crash or the
-    // OOM killer ends it: the CNI calls it runs at that moment are not cancelled.
-    for (failed, restart) in [
-        (1, &["restart", "kubelet"][..]),
-        (2, &["restart", "containerd", "--kill"]),
-    ] {
-        node.wait_until(
-            &format!("faildel-0's DEL failed {failed} time(s) at the primary"),
-            Duration::from_secs(240),
-            || failures_left() <= PRIMARY_DEL_FAILURES - failed,
-        );
-        node.node_sh(restart);
-    }
-    assert!(
-        failures_left() > 0,
-        "the primary's injected failures ran out before containerd restarted: the restarts missed the failing DEL"
-    );
+    // Kubelet, then containerd, restarted while the primary fails the old sandbox's DEL; the
+    // failure lasts until a DEL started after each restart has failed too, so that each
+    // restarted component meets the failing DEL. containerd is killed (SIGKILL), as a crash
+    // or the OOM killer ends it: the CNI calls it runs at that moment are not cancelled.
     node.wait_until(
-        "faildel-0's DEL failing through the restarted kubelet and containerd",
+        "faildel-0's DEL failing at the primary",
         Duration::from_secs(240),
-        || failures_left() == 0,
+        || !failed_starts().is_empty(),
     );
+    for (component, restart) in [
+        ("kubelet", &["restart", "kubelet"][..]),
+        ("containerd", &["restart", "containerd", "--kill"]),
+    ] {
+        node.node_sh(restart);
+        let restarted = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let deadline = Instant::now() + Duration::from_secs(240);
+        while !failed_starts().iter().any(|&start| start > restarted) {
+            assert!(
+                Instant::now() < deadline,
+                "no DEL of faildel-0's sandbox started after the {component} restart (at {restarted:.3}) failed at the primary within 240 s; the starts of those that failed: {:?}\n{}",
+                failed_starts(),
+                node.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    fs::remove_file(&fail_dels).unwrap();
 
     let mut second: BTreeMap<String, PodState> = BTreeMap::new();
     for name in ["graceful", "drain", "forced", "faildel", "cutadd"] {

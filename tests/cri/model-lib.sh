@@ -88,10 +88,12 @@ pod=$(cni_arg K8S_POD_NAME)
 ifname=${CNI_IFNAME:-eth0}
 [[ -n ${CNI_CONTAINERID:-} ]] || fail 4 "CNI_CONTAINERID is required"
 
-# log_call KEY: the call's line in the trace, KEY being what the model keys it by.
+# log_call KEY: the call's line in the trace, KEY being what the model keys it by. The
+# call's start, in seconds since the epoch, is kept for a failure's line (fail_if_injected).
 log_call() {
-    printf '%s %s %s %s netns=%s\n' "$(date +%T.%N)" "$CNI_COMMAND" "$CNI_CONTAINERID" "$1" \
-        "${CNI_NETNS:-}" >>"$state_dir/calls.log"
+    call_started=$(date +%s.%N)
+    printf '%s %s %s %s netns=%s\n' "$(date -d "@$call_started" +%T.%N)" "$CNI_COMMAND" \
+        "$CNI_CONTAINERID" "$1" "${CNI_NETNS:-}" >>"$state_dir/calls.log"
 }
 
 trace() {
@@ -102,12 +104,13 @@ trace() {
 # file fail-dels/<namespace>.<pod> holding a count N fails that pod's next N DELs instead, so
 # that other pods' DELs on a busy node do not consume the failure meant for one pod. A file
 # fail-dels-of/<container> fails every DEL of that sandbox while it exists: a datastore that
-# fails one sandbox's teardown until it recovers. A file "slow-dels" in stateDir (seconds)
-# makes every DEL take that long first: a primary whose datastore is slow.
+# fails one sandbox's teardown until it recovers; its trace line names the sandbox and the
+# call's start (calls run at once, so their lines interleave). A file "slow-dels" in stateDir
+# (seconds) makes every DEL take that long first: a primary whose datastore is slow.
 fail_if_injected() {
     [[ -f $state_dir/slow-dels ]] && sleep "$(cat "$state_dir/slow-dels")"
     if [[ -f $state_dir/fail-dels-of/$CNI_CONTAINERID ]]; then
-        trace "DEL failed: injected (fail-dels-of)"
+        trace "DEL failed: injected (fail-dels-of) of $CNI_CONTAINERID started ${call_started:-0}"
         fail 100 "injected primary failure (fail-dels-of) for $1"
     fi
     local counter=$state_dir/fail-dels/$namespace.$pod left

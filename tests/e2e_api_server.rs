@@ -323,6 +323,52 @@ fn failover_del(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> 
     (false, answer)
 }
 
+/// Delegate mode, the API server's view turned off while a DEL is held (the installer removes
+/// the kubeconfig it wrote once it is no longer asked for one): the next sweep lets the local
+/// rule decide, and the DEL reaches the primary, where before it was held for good.
+fn held_until_the_view_is_turned_off(api: &Api, kubeconfig: &Path, primary: &RecordingPrimary) {
+    let dir = sys::TempDir::new("sg-api-off");
+    let own = dir.path.join("kubeconfig");
+    fs::copy(kubeconfig, &own).unwrap();
+    fs::set_permissions(&own, fs::Permissions::from_mode(0o600)).unwrap();
+    let keys = Keys {
+        kubeconfig: Some(own.clone()),
+        scope: "cluster",
+        stale_del: "refuse",
+    };
+    let name = format!("db-{}", &container_id()[..6]);
+    let store = Store::new();
+    let wrap = |call: Cni| keys.in_mode(call, Some(primary));
+    let uid_1 = api.pod_on(&name, THIS_NODE);
+    let old = container_id();
+    wrap(store.add(&old, &pod(&name, &uid_1))).run().assert_ok();
+    api.force_delete(&name);
+    api.pod_on(&name, "node-b");
+    wrap(store.del(&old, &pod(&name, &uid_1))).run().assert_ok();
+    let sweep = |pod_name: &str| {
+        wrap(store.add(&container_id(), &Pod::new(NAMESPACE, pod_name)))
+            .run()
+            .assert_ok();
+        assert!(store.wait_for_replays(Duration::from_secs(60)));
+    };
+    sweep("sweep-held");
+    assert_eq!(
+        primary.dels(&old),
+        0,
+        "held while node-b's pod has the name"
+    );
+    fs::remove_file(&own).unwrap();
+    sweep("sweep-off");
+    assert_eq!(
+        primary.dels(&old),
+        1,
+        "the DEL held with a kubeconfig that is gone reaches the primary at the next sweep"
+    );
+    let said = fs::read_to_string(&store.log_file).unwrap();
+    assert!(said.contains("the API server's view turned off"), "{said}");
+    api.force_delete(&name);
+}
+
 /// Delegate mode, a stale DEL already waiting when the owner's DEL is held: sandbox s1 of
 /// db's first pod, s2 of its second (s1's DEL deferred, s2 owns the name here), then the pod
 /// moves to node-b and s2's DEL comes. Neither DEL may reach the primary while node-b's pod
@@ -489,6 +535,8 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     }
     held_with_an_older_deferral(&api, &cluster, &RecordingPrimary::new());
     report.push("delegate, a stale DEL waiting when the owner's DEL is held: neither replayed while node-b's pod lived, both after".into());
+    held_until_the_view_is_turned_off(&api, &kubeconfig, &RecordingPrimary::new());
+    report.push("delegate, a held DEL whose kubeconfig was removed: replayed at the next sweep by the local rule".into());
     for (label, keys, primary) in [
         ("no kubeconfig, chained", &unguarded, None),
         ("audit mode (control), chained", &audit, None),

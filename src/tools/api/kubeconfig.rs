@@ -155,6 +155,20 @@ pub fn load(path: &Path) -> Result<Credentials, String> {
     })
 }
 
+/// When a ServiceAccount token was issued and when it expires (its JWT's `iat`, if there,
+/// and `exp`, seconds since the epoch), read without checking its signature: only the API
+/// server can, and this only says when the token stops working. `None`: not a JWT, or one
+/// without `exp`.
+pub fn token_life(token: &str) -> Option<(Option<u64>, u64)> {
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let issued = claims.get("iat").and_then(serde_json::Value::as_u64);
+    Some((issued, claims.get("exp")?.as_u64()?))
+}
+
 /// Reads a file the node's credentials come from, if only this user could have written it:
 /// owned by it, not writable by group or others (the kubeconfig names the server the token goes
 /// to). The kubeconfig itself is never followed through a symlink.
@@ -252,6 +266,23 @@ mod tests {
         assert_eq!(creds.ca.as_deref(), Some(&b"PEM"[..]));
         assert_eq!(creds.token.as_deref(), Some("abc"));
         assert!(creds.client_cert.is_none());
+    }
+
+    #[test]
+    fn a_tokens_life_is_its_jwt_iat_and_exp_and_none_for_anything_else() {
+        let encode = |json: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json);
+        let jwt = |claims: &str| format!("{}.{}.sig", encode(r#"{"alg":"RS256"}"#), encode(claims));
+        assert_eq!(
+            token_life(&jwt(r#"{"iat":1767139200,"exp":1767225600,"sub":"x"}"#)),
+            Some((Some(1767139200), 1767225600))
+        );
+        assert_eq!(
+            token_life(&jwt(r#"{"exp":1767225600}"#)),
+            Some((None, 1767225600))
+        );
+        assert_eq!(token_life(&jwt(r#"{"sub":"x"}"#)), None);
+        assert_eq!(token_life("opaque-static-token"), None);
+        assert_eq!(token_life("a.!!!.c"), None);
     }
 
     #[test]

@@ -114,6 +114,9 @@ fn check_api_server(guards: &[conflists::GuardEntry], report: &mut Report) {
     kubeconfigs.sort();
     kubeconfigs.dedup_by(|a, b| a.0 == b.0);
     for (kubeconfig, network) in kubeconfigs {
+        if let Some(finding) = token_expiry_finding(kubeconfig, network) {
+            report.add(finding);
+        }
         let started = std::time::Instant::now();
         let answer = crate::tools::api::get_pod(PROBE_POD, kubeconfig);
         let took = started.elapsed();
@@ -149,6 +152,57 @@ fn check_api_server(guards: &[conflists::GuardEntry], report: &mut Report) {
     }
 }
 
+/// The share of its life (in percent) a token has left when it is worth a warning: kubelet
+/// rotates a projected token once 80% of its life has passed, and the installer's watch
+/// copies the new one within a minute, so a token this close to its end was not renewed.
+/// Without `iat`, an hour.
+const TOKEN_WARN_PERCENT_LEFT: u64 = 15;
+const TOKEN_WARN_WITHIN: u64 = 3600;
+
+/// The kubeconfig's token expired, or soon will: the installer's watch copies kubelet's
+/// rotated token, so an old one means the watch is not running on this node.
+fn token_expiry_finding(kubeconfig: &Path, network: &str) -> Option<Finding> {
+    let token = crate::tools::api::kubeconfig::load(kubeconfig)
+        .ok()?
+        .token?;
+    let (issued, expires) = crate::tools::api::kubeconfig::token_life(&token)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_secs();
+    let fix = "The DaemonSet's --install --watch rewrites it from its ServiceAccount whenever kubelet rotates the token: see that it runs on this node (kubectl -n kube-system get pods -l app.kubernetes.io/name=sandbox-guard -o wide) and read its log.";
+    if expires <= now {
+        return Some(
+            Finding::new(
+                Severity::Error,
+                "api-server",
+                format!(
+                    "network {network}: the token in {} expired {} s ago: the API server refuses it, and the plugin decides by its local rule alone",
+                    kubeconfig.display(),
+                    now - expires
+                ),
+            )
+            .fix(fix),
+        );
+    }
+    let warn_within = match issued {
+        Some(issued) if issued < expires => (expires - issued) * TOKEN_WARN_PERCENT_LEFT / 100,
+        _ => TOKEN_WARN_WITHIN,
+    };
+    (expires - now < warn_within).then(|| {
+        Finding::new(
+            Severity::Warning,
+            "api-server",
+            format!(
+                "network {network}: the token in {} expires in {} s: a token the installer copied from kubelet's would have been renewed by now",
+                kubeconfig.display(),
+                expires - now
+            ),
+        )
+        .fix(fix)
+    })
+}
+
 /// Where the runtime finds the primaries: `--bin-dir`, else CNI_PATH, else the dirs the
 /// runtime says it searches, else containerd's default.
 fn bin_dirs(options: &Options) -> Vec<PathBuf> {
@@ -181,5 +235,57 @@ fn runtime_view(options: &Options, report: &mut Report) {
         Some(Err((problem, fix))) => {
             report.add(Finding::new(Severity::Error, "cni-runtime", problem).fix(fix))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::Engine as _;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A kubeconfig whose token is a JWT issued `issued` and expiring `expires` seconds from now.
+    fn kubeconfig_with(dir: &Path, issued: i64, expires: i64) -> PathBuf {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let encode = |json: String| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json);
+        let token = format!(
+            "{}.{}.sig",
+            encode(r#"{"alg":"RS256"}"#.to_string()),
+            encode(format!(
+                r#"{{"iat":{},"exp":{}}}"#,
+                now + issued,
+                now + expires
+            ))
+        );
+        let config = serde_json::json!({
+            "clusters": [{"name": "c", "cluster": {"server": "https://10.96.0.1:443"}}],
+            "users": [{"name": "u", "user": {"token": token}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "x",
+        });
+        let path = dir.join(format!("kubeconfig-{issued}-{expires}"));
+        std::fs::write(&path, config.to_string()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        path
+    }
+
+    #[test]
+    fn an_expired_or_unrenewed_token_is_said_and_a_renewed_one_is_not() {
+        let dir = std::env::temp_dir().join(format!("sg-doctor-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let severity = |issued, expires| {
+            token_expiry_finding(&kubeconfig_with(&dir, issued, expires), "net").map(|f| f.severity)
+        };
+        // A day's token: renewed by kubelet after 80% of it, so 10% left was not renewed.
+        assert_eq!(severity(-86_400 - 60, -60), Some(Severity::Error));
+        assert_eq!(severity(-77_760, 8_640), Some(Severity::Warning));
+        assert_eq!(severity(-3_600, 82_800), None);
+        // An hour's token at 48 minutes, when kubelet renews it, has 12 minutes left: not yet
+        // worth a warning.
+        assert_eq!(severity(-2_880, 720), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

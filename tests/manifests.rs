@@ -301,12 +301,7 @@ fn pod_view(daemonset: &Value, container: &Value, node: &Path, root: &Path) -> S
         .collect();
     mounts.sort_by_key(|m| m["mountPath"].as_str().unwrap().len());
     for mount in mounts {
-        let volume = pod["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == mount["name"])
-            .unwrap();
+        let volume = volume_of(pod, mount);
         let Some(on_host) = volume["hostPath"]["path"].as_str() else {
             continue;
         };
@@ -514,4 +509,81 @@ fn no_host_mount_asks_for_mount_propagation() {
         }
     }
     assert!(mounts_seen > 0);
+}
+
+/// The pod's volume a container's mount names.
+fn volume_of<'a>(pod: &'a Value, mount: &Value) -> &'a Value {
+    pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap_or_else(|| panic!("no volume for the mount {mount}"))
+}
+
+#[test]
+fn the_documented_api_credentials_are_a_projected_token_whose_role_only_gets_pods() {
+    // Uncommenting --api-credentials as the manifest says must give the installer a token and
+    // the cluster's CA there, of a ServiceAccount bound to a role that may get pods and do
+    // nothing else (docs/api-server-check.md).
+    let Some(tool) = kubernetes_validate(sys::test_name!()) else {
+        return;
+    };
+    let file = PathBuf::from(format!("{MANIFESTS}/sandbox-guard.yaml"));
+    let docs = documents(&python_of(&tool), &file);
+    let of_kind =
+        |kind: &str| -> Vec<&Value> { docs.iter().filter(|d| d["kind"] == kind).collect() };
+    let dir: String = documented_options()
+        .iter()
+        .find_map(|o| o.strip_prefix("--api-credentials=").map(str::to_string))
+        .expect("the manifest documents --api-credentials");
+    let pod = &of_kind("DaemonSet")[0]["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == dir.as_str())
+        .unwrap_or_else(|| panic!("no mount at --api-credentials={dir}"));
+    let volume = volume_of(pod, mount);
+    let sources = volume["projected"]["sources"].as_array().unwrap();
+    let paths: Vec<&str> = sources
+        .iter()
+        .flat_map(|s| {
+            let token = s["serviceAccountToken"]["path"].as_str();
+            let ca = s["configMap"]["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|_| s["configMap"]["name"] == "kube-root-ca.crt")
+                .filter_map(|i| i["path"].as_str());
+            token.into_iter().chain(ca)
+        })
+        .collect();
+    assert_eq!(paths, ["token", "ca.crt"], "{volume}");
+    let account = pod["serviceAccountName"]
+        .as_str()
+        .expect("a ServiceAccount");
+    let bindings = of_kind("ClusterRoleBinding");
+    let binding = bindings
+        .iter()
+        .find(|b| {
+            b["subjects"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["kind"] == "ServiceAccount" && s["name"] == account)
+        })
+        .expect("a binding of the ServiceAccount");
+    let roles = of_kind("ClusterRole");
+    let role = roles
+        .iter()
+        .find(|r| r["metadata"]["name"] == binding["roleRef"]["name"])
+        .expect("the bound role");
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]),
+        "{role}"
+    );
+    assert_eq!(of_kind("RoleBinding").len(), 0);
 }

@@ -12,7 +12,7 @@
 //! Only the operator's binary parses (src/bin/sandbox-guard-ctl.rs): the plugin hands it any
 //! command line, so a runtime's exec (no arguments) never reaches the parser.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lexopt::Arg;
@@ -183,6 +183,15 @@ Options:
                                and, by --check and --watch, what it loaded (default:
                                containerd's, k3s's and CRI-O's usual ones under
                                --host-root); none: read the files only
+      --api-credentials DIR    the DaemonSet's projected ServiceAccount volume (token,
+                               ca.crt): write the plugin's kubeconfig from it into the conf
+                               dir (sandbox-guard.d/kubeconfig, 0600), again whenever kubelet
+                               renews the token, and name it in the entry; without it, one
+                               an earlier install wrote goes (docs/api-server-check.md)
+      --api-server URL         with --api-credentials: the API server's https URL (default:
+                               from KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT)
+      --node-name NAME         the entry's nodeName: this node's name as kubelet registers
+                               it (the DaemonSet: spec.nodeName; default: the host name)
   -h, --help                   this text
 ";
 
@@ -415,10 +424,13 @@ enum Opt {
     Check,
     MetricsFile,
     RuntimeSocket,
+    ApiCredentials,
+    ApiServer,
+    NodeName,
 }
 
 impl Opt {
-    const EVERY: [Opt; 25] = [
+    const EVERY: [Opt; 28] = [
         Opt::StateDir,
         Opt::LockTimeout,
         Opt::Output,
@@ -444,6 +456,9 @@ impl Opt {
         Opt::Check,
         Opt::MetricsFile,
         Opt::RuntimeSocket,
+        Opt::ApiCredentials,
+        Opt::ApiServer,
+        Opt::NodeName,
     ];
 
     fn from_long(name: &str) -> Option<Opt> {
@@ -481,6 +496,9 @@ impl Opt {
             Opt::Check => "--check",
             Opt::MetricsFile => "--metrics-file",
             Opt::RuntimeSocket => "--runtime-socket",
+            Opt::ApiCredentials => "--api-credentials",
+            Opt::ApiServer => "--api-server",
+            Opt::NodeName => "--node-name",
         }
     }
 
@@ -507,7 +525,10 @@ impl Opt {
             | Opt::Entry
             | Opt::EntryFile
             | Opt::Check
-            | Opt::MetricsFile => &[Mode::Install],
+            | Opt::MetricsFile
+            | Opt::ApiCredentials
+            | Opt::ApiServer
+            | Opt::NodeName => &[Mode::Install],
             Opt::RuntimeSocket => &[Mode::Install, Mode::Uninstall, Mode::Doctor],
             Opt::RemoveBinary => &[Mode::Uninstall],
             Opt::Force => &[Mode::Install, Mode::Uninstall],
@@ -662,6 +683,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
         None,
     );
     let mut runtime_socket = None;
+    let (mut api_credentials, mut api_server, mut node_name) = (None, None, None);
     for item in given {
         let (opt, value) = match item {
             Given::Opt(opt, value) => (opt, value.unwrap_or_default()),
@@ -750,6 +772,16 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
             Opt::Check => check = true,
             Opt::MetricsFile => metrics_file = Some(PathBuf::from(value)),
             Opt::RuntimeSocket => runtime_socket = Some(PathBuf::from(value)),
+            Opt::ApiCredentials => api_credentials = Some(PathBuf::from(value)),
+            Opt::ApiServer => {
+                if !value.starts_with("https://") {
+                    return Err(format!(
+                        "{flag} {value:?}: give the API server's https URL, e.g. https://10.96.0.1:443"
+                    ));
+                }
+                api_server = Some(value)
+            }
+            Opt::NodeName => node_name = Some(value),
             Opt::ServiceCidr => service_cidrs.push(
                 value
                     .parse()
@@ -779,8 +811,38 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
             let host_root =
                 absolute("--host-root", host_root)?.unwrap_or_else(|| PathBuf::from("/"));
             let (platform_conf, platform_bin) = platform.dirs(&host_root);
+            let conf_dir = conf_dir.unwrap_or(platform_conf);
+            if api_server.is_some() && api_credentials.is_none() {
+                return Err("--api-server goes with --api-credentials".to_string());
+            }
+            let api_access = api_credentials.map(|dir| install::ApiAccess {
+                service_account_dir: dir,
+                server: api_server,
+            });
+            if api_access.is_some()
+                && host_root != Path::new("/")
+                && !conf_dir.starts_with(&host_root)
+            {
+                return Err(format!(
+                    "--api-credentials: the conf dir {} is not under --host-root {}, so the entry could not name the kubeconfig as the host sees it",
+                    conf_dir.display(),
+                    host_root.display()
+                ));
+            }
+            // The kubeconfig key, set with --api-credentials and taken out without it (the
+            // installer removes the file then: docs/api-server-check.md).
+            let kubeconfig_key = install::api_entry_keys(&conf_dir, &host_root, true, None);
+            let mut entry_keys = entry_keys;
+            let mut unset = Vec::new();
+            match api_access.is_some() {
+                true => entry_keys.extend(kubeconfig_key),
+                false => unset = kubeconfig_key,
+            }
+            entry_keys.extend(install::api_entry_keys(
+                &conf_dir, &host_root, false, node_name,
+            ));
             let options = install::Options {
-                conf_dir: conf_dir.unwrap_or(platform_conf),
+                conf_dir,
                 platform: bin_dir.is_none().then_some(platform),
                 bin_dir: bin_dir.unwrap_or(platform_bin),
                 host_root,
@@ -791,6 +853,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                     log_file: absolute("--log-file", log_file)?,
                     keys: entry_keys,
                     keys_file: entry_file,
+                    unset,
                 },
                 watch,
                 remove_binary,
@@ -798,6 +861,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                 check,
                 metrics_file,
                 runtime_socket,
+                api_access,
             };
             if mode == Mode::Install {
                 Command::Install(options)

@@ -51,6 +51,9 @@ pub struct Entry {
     /// A JSON object read on every install (`--entry-file`, a ConfigMap's key), set after
     /// `keys`: a ConfigMap update reaches the entry at the watch's next look.
     pub keys_file: Option<PathBuf>,
+    /// Keys the installer set before and no longer sets, taken out where the entry still has
+    /// them with that value (the kubeconfig it wrote, once `--api-credentials` is gone).
+    pub unset: Vec<(String, Json)>,
 }
 
 /// Keys an entry must not be given: the installer owns them.
@@ -85,6 +88,7 @@ impl Entry {
                 .iter()
                 .filter(|(k, _)| !RESERVED_KEYS.contains(&k.as_str()))
                 .filter(|(k, _)| k != "cniVersion" && k != "name")
+                .filter(|pair| !self.unset.contains(pair))
                 .cloned()
                 .collect(),
             _ => Vec::new(),
@@ -356,6 +360,29 @@ mod tests {
             r#"{"type":"sandbox-guard","stateDir":"/old","staleDel":"audit","logFile":"/l","ipConflict":"refuse"}"#
         );
         assert!(entry_keys(r#"{"type":"x"}"#, "--entry").is_err());
+    }
+
+    #[test]
+    fn a_key_the_installer_no_longer_sets_goes_only_with_the_value_it_set() {
+        let current: Json = serde_json::from_str(
+            r#"{"type":"sandbox-guard","stateDir":"/s","kubeconfig":"/etc/cni/net.d/sandbox-guard.d/kubeconfig"}"#,
+        )
+        .unwrap();
+        let ours = Json::String("/etc/cni/net.d/sandbox-guard.d/kubeconfig".into());
+        let entry = Entry {
+            unset: vec![("kubeconfig".into(), ours)],
+            ..Entry::default()
+        };
+        let json = entry.json(Some(&current)).unwrap();
+        assert_eq!(
+            serde_json::to_string(&json).unwrap(),
+            r#"{"type":"sandbox-guard","stateDir":"/s"}"#
+        );
+        let operators: Json = serde_json::from_str(
+            r#"{"type":"sandbox-guard","stateDir":"/s","kubeconfig":"/etc/kubernetes/guard.json"}"#,
+        )
+        .unwrap();
+        assert_eq!(entry.json(Some(&operators)).unwrap(), operators);
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub struct InstallMetrics {
     pub failures: BTreeMap<Reason, u64>,
     /// Whether the network's primary needs the guard, per README's table, at the last look.
     pub need: Option<crate::tools::primaries::Need>,
+    /// With `--api-credentials`: whether the plugin's kubeconfig was written at the last look.
+    pub api_credentials: Option<bool>,
 }
 
 impl InstallMetrics {
@@ -72,6 +74,14 @@ impl InstallMetrics {
             "1 on whether the network's primary needs sandbox-guard at the last install, per the table in README; all 0 before one.",
             &needs,
         );
+        if let Some(written) = self.api_credentials {
+            family(
+                "sandbox_guard_install_api_credentials",
+                "gauge",
+                "With --api-credentials: 1 when the plugin's kubeconfig holds the ServiceAccount's current token, 0 when it cannot be written (the plugin then decides by its local rule alone).",
+                &[(String::new(), u64::from(written))],
+            );
+        }
         let failures: Vec<(String, u64)> = self
             .failures
             .iter()

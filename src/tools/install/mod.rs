@@ -6,6 +6,7 @@
 //! the list it wants (`edit`) and writes only what differs (`files`), so a second run writes
 //! nothing and a run after the primary's installer rewrote its file puts the entry back.
 
+mod api_access;
 mod bin_dirs;
 mod edit;
 mod files;
@@ -21,6 +22,7 @@ mod watch;
 
 use std::path::{Path, PathBuf};
 
+pub use api_access::ApiAccess;
 use bin_dirs::BinDirs;
 use edit::DROPIN_FILE;
 pub use edit::{Entry, Mode, entry_keys};
@@ -55,6 +57,64 @@ pub struct Options {
     /// The runtime's socket to ask where it looks for plugins and what it loaded (`none`:
     /// only the files), else the usual ones under the host root.
     pub runtime_socket: Option<PathBuf>,
+    /// `--api-credentials`: the plugin's kubeconfig is written from this ServiceAccount.
+    pub api_access: Option<ApiAccess>,
+}
+
+/// The entry's keys for the API server's view: the kubeconfig the installer writes, named as
+/// the host (where the runtime runs the plugin) sees it, and the node's name.
+pub fn api_entry_keys(
+    conf_dir: &Path,
+    host_root: &Path,
+    kubeconfig: bool,
+    node_name: Option<String>,
+) -> Vec<(String, Json)> {
+    let mut keys = Vec::new();
+    if kubeconfig {
+        let on_host = match conf_dir.strip_prefix(host_root) {
+            Ok(rest) => Path::new("/").join(rest),
+            Err(_) => conf_dir.to_path_buf(),
+        };
+        let path = api_access::kubeconfig_path(&on_host);
+        keys.push((
+            "kubeconfig".to_string(),
+            Json::String(path.to_string_lossy().into_owned()),
+        ));
+    }
+    if let Some(name) = node_name {
+        keys.push(("nodeName".to_string(), Json::String(name)));
+    }
+    keys
+}
+
+/// Writes the plugin's kubeconfig where `--api-credentials` asks for one: before the entry
+/// that names it. A failure is said, never a reason to leave the node unguarded: without the
+/// file the plugin decides by its local rule and logs each DEL it could not ask about.
+/// Without `--api-credentials`, a kubeconfig an earlier install wrote goes with the entry's
+/// key (`Entry::unset`): its token is bound to a pod that no longer renews it. Answers
+/// whether the plugin's kubeconfig is current, or `None` when none is asked for.
+fn refresh_api_access(options: &Options, say: &mut dyn FnMut(String)) -> Option<bool> {
+    let Some(access) = &options.api_access else {
+        match api_access::remove(&options.conf_dir) {
+            Ok(removed) => removed.into_iter().for_each(&mut *say),
+            Err(e) => say(format!(
+                "warning: cannot remove the kubeconfig an earlier install wrote under {}: {e}",
+                options.conf_dir.display()
+            )),
+        }
+        return None;
+    };
+    match api_access::refresh(access, &options.conf_dir) {
+        Ok(Some(line)) => say(line),
+        Ok(None) => {}
+        Err(why) => {
+            say(format!(
+                "warning: the plugin's kubeconfig cannot be written: {why}; until it is, the plugin decides by its local rule alone"
+            ));
+            return Some(false);
+        }
+    }
+    Some(true)
 }
 
 /// Why an install did not happen, as counted in the installer's metrics.
@@ -161,6 +221,13 @@ pub fn run_install(options: &Options) -> i32 {
                 1
             }
         };
+    }
+    refresh_api_access(options, &mut |line| eprintln!("sandbox-guard: {line}"));
+    if options.api_access.is_some() {
+        eprintln!(
+            "sandbox-guard: warning: without --watch nothing copies a renewed token into the plugin's kubeconfig: \
+             once this one expires (or the pod it is bound to goes) the plugin decides by its local rule alone"
+        );
     }
     match install_retrying(options, None) {
         Ok(installed) => {
@@ -1175,6 +1242,10 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             done.push(format!("removed {}", path.display()));
         }
     }
+    done.extend(
+        api_access::remove(&options.conf_dir)
+            .map_err(io_err("remove the kubeconfig under", &options.conf_dir))?,
+    );
     remove_binary(options, other_dirs, &mut done)?;
     Ok(done)
 }

@@ -86,6 +86,16 @@ fn watch(options: &Options) -> Result<(), String> {
     inotify
         .add_watch(&options.conf_dir, events())
         .map_err(|e| format!("cannot watch {}: {e}", options.conf_dir.display()))?;
+    // kubelet renews a projected token by swapping the volume's `..data` link: the new token
+    // is copied into the plugin's kubeconfig at once, not at the next resync.
+    if let Some(access) = &options.api_access
+        && let Err(e) = inotify.add_watch(&access.service_account_dir, events())
+    {
+        log(&format!(
+            "cannot watch {} ({e}): a renewed token reaches the plugin's kubeconfig at the next look",
+            access.service_account_dir.display()
+        ));
+    }
     log(&format!(
         "watching {} ({} mode)",
         options.conf_dir.display(),
@@ -218,11 +228,24 @@ struct State {
     /// The last verdict came from the files while a runtime's socket is there: a runtime
     /// restarting (k3s's upgrade or rollback) may come back searching another dir.
     provisional: bool,
+    /// What the last write of the plugin's kubeconfig said: a failure is said once.
+    api_access_said: String,
 }
 
 fn reconcile(options: &Options, state: &mut State) {
     let first = !state.started;
     state.started = true;
+    let mut said = None;
+    state.metrics.api_credentials =
+        super::refresh_api_access(options, &mut |line| said = Some(line));
+    match said {
+        Some(line) if line != state.api_access_said => {
+            log(&line);
+            state.api_access_said = line;
+        }
+        Some(_) => {}
+        None => state.api_access_said.clear(),
+    }
     match install_retrying(options, state.entry.as_ref()) {
         Ok(installed) => {
             state.last_error.clear();

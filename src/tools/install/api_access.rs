@@ -1,0 +1,244 @@
+//! The plugin's kubeconfig, written from the DaemonSet's ServiceAccount as calico's installer
+//! writes `calico-kubeconfig` and multus's writes `multus.d/multus.kubeconfig`: the API
+//! server's address, the cluster's CA and the pod's projected token, in one JSON file, root's
+//! and 0600. It lives in a folder of its own in the conf dir (`sandbox-guard.d`), as multus's
+//! does: the runtimes' and the installer's own watches of the conf dir do not descend into
+//! it, so a renewed token reloads no network and wakes no other installer. kubelet renews
+//! the projected token before it expires; every look of the watch copies the current one, so
+//! the file changes only when the token or the CA did.
+
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+
+use super::files::{self, Keep};
+
+/// The kubeconfig's folder in the conf dir, and its name there.
+pub const KUBECONFIG_DIR: &str = "sandbox-guard.d";
+pub const KUBECONFIG_FILE: &str = "kubeconfig";
+
+/// Where the installer reads the ServiceAccount and the address of the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiAccess {
+    /// The projected ServiceAccount volume: `token` and `ca.crt`.
+    pub service_account_dir: PathBuf,
+    /// `--api-server`, else the `kubernetes` Service's address kubelet puts in every pod's
+    /// environment (`KUBERNETES_SERVICE_HOST`, `_PORT`), as calico's installer takes it.
+    pub server: Option<String>,
+}
+
+/// The kubeconfig's path under `conf_dir`.
+pub fn kubeconfig_path(conf_dir: &Path) -> PathBuf {
+    conf_dir.join(KUBECONFIG_DIR).join(KUBECONFIG_FILE)
+}
+
+/// The server from the `kubernetes` Service's environment.
+fn server_from_env() -> Result<String, String> {
+    let host = std::env::var("KUBERNETES_SERVICE_HOST").unwrap_or_default();
+    let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_default();
+    if host.is_empty() || port.is_empty() {
+        return Err(
+            "KUBERNETES_SERVICE_HOST or KUBERNETES_SERVICE_PORT is not set: give --api-server https://<host>:<port>"
+                .to_string(),
+        );
+    }
+    Ok(match host.contains(':') {
+        true => format!("https://[{host}]:{port}"),
+        false => format!("https://{host}:{port}"),
+    })
+}
+
+/// The kubeconfig's bytes from the ServiceAccount volume.
+fn render(access: &ApiAccess) -> Result<Vec<u8>, String> {
+    let server = match &access.server {
+        Some(server) => server.clone(),
+        None => server_from_env()?,
+    };
+    let read = |name: &str| {
+        let path = access.service_account_dir.join(name);
+        std::fs::read(&path).map_err(|e| {
+            format!(
+                "cannot read {} ({e}): mount the DaemonSet's projected ServiceAccount token and kube-root-ca.crt there",
+                path.display()
+            )
+        })
+    };
+    let token = String::from_utf8(read("token")?)
+        .map_err(|_| "the ServiceAccount token is not text".to_string())?;
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(format!(
+            "{} is empty",
+            access.service_account_dir.join("token").display()
+        ));
+    }
+    let ca = read("ca.crt")?;
+    let name = "sandbox-guard";
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {
+            "server": server,
+            "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(ca),
+        }}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+        "current-context": name,
+    });
+    let mut bytes = serde_json::to_vec_pretty(&config).map_err(|e| e.to_string())?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// Writes the kubeconfig under `conf_dir` when it is missing or differs from what the
+/// ServiceAccount gives now; says what it wrote (`None`: it was current).
+pub fn refresh(access: &ApiAccess, conf_dir: &Path) -> Result<Option<String>, String> {
+    let bytes = render(access)?;
+    let dir = conf_dir.join(KUBECONFIG_DIR);
+    // Never through a symlink: this root must not write where a link in the host's conf dir
+    // points, and the plugin refuses a kubeconfig read through one.
+    match std::fs::symlink_metadata(&dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => {
+            return Err(format!(
+                "{} is not a directory: remove it, and the installer makes its own",
+                dir.display()
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?,
+        Err(e) => return Err(format!("cannot read {}: {e}", dir.display())),
+    }
+    let path = dir.join(KUBECONFIG_FILE);
+    // Read only a regular file (a FIFO would block the read); anything else is replaced.
+    let current = match std::fs::symlink_metadata(&path) {
+        Ok(meta) if meta.is_file() => std::fs::read(&path).ok(),
+        _ => None,
+    };
+    if current.as_deref() == Some(&bytes[..]) {
+        return Ok(None);
+    }
+    files::write_atomic(&path, &bytes, Keep::mode(0o600))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(Some(format!(
+        "wrote {} from the ServiceAccount in {}",
+        path.display(),
+        access.service_account_dir.display()
+    )))
+}
+
+/// Removes the kubeconfig, the temp files of a writer killed while it wrote one, and their
+/// folder once empty; says what it removed. A folder that is not one (a symlink) is left.
+pub fn remove(conf_dir: &Path) -> io::Result<Vec<String>> {
+    let dir = conf_dir.join(KUBECONFIG_DIR);
+    let mut removed = Vec::new();
+    if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+        return Ok(removed);
+    }
+    let temp_prefix = format!(".{KUBECONFIG_FILE}.");
+    for entry in std::fs::read_dir(&dir)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours =
+            name == KUBECONFIG_FILE || (name.starts_with(&temp_prefix) && name.ends_with(".tmp"));
+        if ours && files::remove(&entry.path())? {
+            removed.push(format!("removed {}", entry.path().display()));
+        }
+    }
+    match std::fs::remove_dir(&dir) {
+        Ok(()) => removed.push(format!("removed {}", dir.display())),
+        Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => {}
+        Err(e) => return Err(e),
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    struct Dir(PathBuf);
+    impl Dir {
+        fn new() -> Dir {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static N: AtomicU32 = AtomicU32::new(0);
+            let path = std::env::temp_dir().join(format!(
+                "sg-api-access-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(path.join("sa")).unwrap();
+            std::fs::create_dir_all(path.join("conf")).unwrap();
+            Dir(path)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn access(dir: &Dir) -> ApiAccess {
+        ApiAccess {
+            service_account_dir: dir.0.join("sa"),
+            server: Some("https://10.96.0.1:443".to_string()),
+        }
+    }
+
+    #[test]
+    fn written_0600_rewritten_only_when_the_token_rotates_and_read_back_by_the_plugins_reader() {
+        let dir = Dir::new();
+        std::fs::write(dir.0.join("sa/token"), "first\n").unwrap();
+        std::fs::write(dir.0.join("sa/ca.crt"), "PEM").unwrap();
+        let conf = dir.0.join("conf");
+        assert!(refresh(&access(&dir), &conf).unwrap().is_some());
+        let path = kubeconfig_path(&conf);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let dir_mode = std::fs::metadata(conf.join(KUBECONFIG_DIR))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(dir_mode & 0o777, 0o700);
+        let creds = crate::tools::api::kubeconfig::load(&path).unwrap();
+        assert_eq!(creds.server, "https://10.96.0.1:443");
+        assert_eq!(creds.token.as_deref(), Some("first"));
+        assert_eq!(creds.ca.as_deref(), Some(&b"PEM"[..]));
+        assert_eq!(refresh(&access(&dir), &conf).unwrap(), None);
+        std::fs::write(dir.0.join("sa/token"), "second").unwrap();
+        assert!(refresh(&access(&dir), &conf).unwrap().is_some());
+        let creds = crate::tools::api::kubeconfig::load(&path).unwrap();
+        assert_eq!(creds.token.as_deref(), Some("second"));
+    }
+
+    #[test]
+    fn a_missing_token_says_what_to_mount_and_a_symlink_is_replaced_not_followed() {
+        let dir = Dir::new();
+        let conf = dir.0.join("conf");
+        let err = refresh(&access(&dir), &conf).unwrap_err();
+        assert!(err.contains("projected ServiceAccount token"), "{err}");
+        std::fs::write(dir.0.join("sa/token"), "t").unwrap();
+        std::fs::write(dir.0.join("sa/ca.crt"), "PEM").unwrap();
+        let elsewhere = dir.0.join("elsewhere");
+        std::fs::write(&elsewhere, "keep").unwrap();
+        std::fs::create_dir(conf.join(KUBECONFIG_DIR)).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, kubeconfig_path(&conf)).unwrap();
+        assert!(refresh(&access(&dir), &conf).unwrap().is_some());
+        assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "keep");
+        let meta = std::fs::symlink_metadata(kubeconfig_path(&conf)).unwrap();
+        assert!(meta.file_type().is_file());
+        // Its folder a symlink: refused, nothing written there.
+        assert_eq!(remove(&conf).unwrap().len(), 2);
+        let other = dir.0.join("other");
+        std::fs::create_dir(&other).unwrap();
+        std::os::unix::fs::symlink(&other, conf.join(KUBECONFIG_DIR)).unwrap();
+        let err = refresh(&access(&dir), &conf).unwrap_err();
+        assert!(err.contains("not a directory"), "{err}");
+        assert!(remove(&conf).unwrap().is_empty());
+        assert_eq!(std::fs::read_dir(&other).unwrap().count(), 0);
+    }
+}

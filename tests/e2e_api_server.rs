@@ -548,46 +548,63 @@ fn failover_del(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> 
     (false, answer)
 }
 
-/// Delegate mode, the API server's view turned off while a DEL is held (the installer removes
-/// the kubeconfig it wrote once it is no longer asked for one): the next sweep lets the local
-/// rule decide, and the DEL reaches the primary, where before it was held for good.
+/// Delegate mode, a DEL held by rule 7 when its kubeconfig goes: the file gone (between two
+/// writes, or removed) keeps it held, since an unanswered ask cannot say the name is free;
+/// its network's config without a `kubeconfig` (the operator turned the API server's view
+/// off) lets the local rule decide at the next sweep, and the DEL reaches the primary.
 fn held_until_the_view_is_turned_off(api: &Api, kubeconfig: &Path, primary: &RecordingPrimary) {
     let dir = sys::TempDir::new("sg-api-off");
     let own = dir.path.join("kubeconfig");
     fs::copy(kubeconfig, &own).unwrap();
     fs::set_permissions(&own, fs::Permissions::from_mode(0o600)).unwrap();
-    let keys = Keys {
+    let on = Keys {
         kubeconfig: Some(own.clone()),
         scope: "cluster",
         stale_del: "refuse",
     };
+    let off = Keys {
+        kubeconfig: None,
+        ..on.clone()
+    };
     let name = format!("db-{}", &container_id()[..6]);
     let store = Store::new();
-    let wrap = |call: Cni| keys.in_mode(call, Some(primary));
     let uid_1 = api.pod_on(&name, THIS_NODE);
     let old = container_id();
-    wrap(store.add(&old, &pod(&name, &uid_1))).run().assert_ok();
+    on.in_mode(store.add(&old, &pod(&name, &uid_1)), Some(primary))
+        .run()
+        .assert_ok();
     api.force_delete(&name);
     api.pod_on(&name, "node-b");
-    wrap(store.del(&old, &pod(&name, &uid_1))).run().assert_ok();
-    let sweep = |pod_name: &str| {
-        wrap(store.add(&container_id(), &Pod::new(NAMESPACE, pod_name)))
-            .run()
-            .assert_ok();
+    on.in_mode(store.del(&old, &pod(&name, &uid_1)), Some(primary))
+        .run()
+        .assert_ok();
+    let sweep = |keys: &Keys, pod_name: &str| {
+        keys.in_mode(
+            store.add(&container_id(), &Pod::new(NAMESPACE, pod_name)),
+            Some(primary),
+        )
+        .run()
+        .assert_ok();
         assert!(store.wait_for_replays(Duration::from_secs(60)));
     };
-    sweep("sweep-held");
+    sweep(&on, "sweep-held");
     assert_eq!(
         primary.dels(&old),
         0,
         "held while node-b's pod has the name"
     );
     fs::remove_file(&own).unwrap();
-    sweep("sweep-off");
+    sweep(&on, "sweep-gone");
+    assert_eq!(
+        primary.dels(&old),
+        0,
+        "a kubeconfig that is not there says nothing of the name: still held"
+    );
+    sweep(&off, "sweep-off");
     assert_eq!(
         primary.dels(&old),
         1,
-        "the DEL held with a kubeconfig that is gone reaches the primary at the next sweep"
+        "its network without a kubeconfig: the local rule replays the DEL at the next sweep"
     );
     let said = fs::read_to_string(&store.log_file).unwrap();
     assert!(said.contains("the API server's view turned off"), "{said}");
@@ -761,7 +778,7 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     held_with_an_older_deferral(&api, &cluster, &RecordingPrimary::new());
     report.push("delegate, a stale DEL waiting when the owner's DEL is held: neither replayed while node-b's pod lived, both after".into());
     held_until_the_view_is_turned_off(&api, &kubeconfig, &RecordingPrimary::new());
-    report.push("delegate, a held DEL whose kubeconfig was removed: replayed at the next sweep by the local rule".into());
+    report.push("delegate, a held DEL whose kubeconfig file went: still held; its network's config without a kubeconfig: replayed at the next sweep by the local rule".into());
     for (label, keys, primary) in [
         ("no kubeconfig, chained", &unguarded, None),
         ("audit mode (control), chained", &audit, None),

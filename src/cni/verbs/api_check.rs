@@ -194,18 +194,16 @@ pub fn name_moved(
 
 /// For a deferred DEL held by rule 7: whether the name is still another pod's, asked with
 /// what its own network asked with when it was held. An API that does not answer keeps it
-/// held (replayed now, it could free a live pod's state), and the log says so. A kubeconfig
-/// that is no longer there lets the local rule decide: the API server's view was turned off
-/// (the installer removes the file it wrote once it is no longer asked for one), and a hold
-/// nothing can lift would keep the primary's DEL, and what it frees, for good.
+/// held (replayed now, it could free a live pod's state), and the log says so; so does a
+/// kubeconfig that is not there, which may be between two writes. Its own network's config
+/// without a `kubeconfig` lets the local rule decide: the operator turned the API server's
+/// view off, and a hold nothing could lift would keep the primary's DEL, and what it frees,
+/// for good. Another network's sweep (one state dir serves several) cannot say that.
 pub fn still_moved(inv: &Invocation, entry: &crate::state::deferred::DeferredDel) -> bool {
     let (Some(moved), Some(uid)) = (&entry.moved_to, entry.pod_uid.as_deref()) else {
         return false;
     };
-    let scope = PodKeyScope::from_name(&moved.scope);
-    if std::fs::symlink_metadata(&moved.kubeconfig)
-        .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
-    {
+    if entry.key.network == inv.conf.network && inv.conf.kubeconfig.is_none() {
         let subject = inv.subject(None, Some(entry.key.pod()));
         inv.log.event(
             Level::Warn,
@@ -213,12 +211,14 @@ pub fn still_moved(inv: &Invocation, entry: &crate::state::deferred::DeferredDel
             &subject,
             Outcome::ApiUnanswered,
             &format!(
-                "the kubeconfig {} this DEL was held with is gone (the API server's view turned off): the local rule decides its replay",
+                "network {} no longer names a kubeconfig (the API server's view turned off): the local rule decides the replay of this DEL, held with {}",
+                entry.key.network,
                 moved.kubeconfig.display()
             ),
         );
         return false;
     }
+    let scope = PodKeyScope::from_name(&moved.scope);
     let then = format!("the deferred DELs of pod {} stay held", entry.key.pod());
     match ask(inv, None, &moved.kubeconfig, &entry.key, &then) {
         Some(answer) => ownership::name_moved(uid, api_pod(&answer), scope, &moved.this_node),

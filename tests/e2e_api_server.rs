@@ -383,7 +383,7 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
     assert_eq!(get(&written), r#"{"found":false}"#);
-    let holds = |token: &str| fs::read_to_string(&written).unwrap().contains(token);
+    let holds = |token: &str| fs::read_to_string(&written).is_ok_and(|t| t.contains(token));
     assert!(holds(&first));
 
     // Renewed: kubelet swaps the projected volume's files; the watch copies the new token
@@ -407,6 +407,18 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
         std::thread::sleep(Duration::from_millis(100));
     }
     let copied_in = renewed.elapsed();
+    // A run by hand without --api-credentials while the watch runs: the watch's key and file
+    // stay (the watch would write them back, and a DEL meanwhile would find no kubeconfig).
+    let mut off = install_args(&[]);
+    for flag in ["--api-credentials", "--api-server"] {
+        let at = off.iter().position(|a| a == flag).unwrap();
+        off.drain(at..at + 2);
+    }
+    let out = Command::new(&ctl).args(&off).output().unwrap();
+    sys::assert_succeeded("sandbox-guard-ctl", &["--install"], &out);
+    let list: Value =
+        serde_json::from_slice(&fs::read(conf.join("10-api.conflist")).unwrap()).unwrap();
+    let by_hand_kept = list["plugins"][1].get("kubeconfig").is_some() && written.exists();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(watch.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -415,23 +427,22 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
     let watched = watch.wait_with_output().unwrap();
     let said = String::from_utf8_lossy(&watched.stderr);
     assert!(
+        by_hand_kept,
+        "a run by hand without --api-credentials took the running watch's kubeconfig:\n{list:#}\n{said}"
+    );
+    assert!(
         holds(&second),
         "the watch did not copy the renewed token:
 {said}"
     );
     assert_eq!(get(&written), r#"{"found":false}"#);
     report.push(format!(
-        "installer: the manifest's ServiceAccount gets pods only; its kubeconfig written 0600 and named in the entry; a renewed token (the volume's ..data link swapped) copied by the watch in {} ms",
+        "installer: the manifest's ServiceAccount gets pods only; its kubeconfig written 0600 and named in the entry; a renewed token (the volume's ..data link swapped) copied by the watch in {} ms; a run by hand without --api-credentials meanwhile left it",
         copied_in.as_millis()
     ));
 
-    // Turned off: an install without --api-credentials takes the key out and the file away;
-    // on again, it writes them back.
-    let mut off = install_args(&[]);
-    for flag in ["--api-credentials", "--api-server"] {
-        let at = off.iter().position(|a| a == flag).unwrap();
-        off.drain(at..at + 2);
-    }
+    // Turned off: an install without --api-credentials, no watch running, takes the key out
+    // and the file away; on again, it writes them back.
     let out = Command::new(&ctl).args(&off).output().unwrap();
     sys::assert_succeeded("sandbox-guard-ctl", &["--install"], &out);
     let list: Value =

@@ -819,6 +819,12 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                 service_account_dir: dir,
                 server: api_server,
             });
+            if api_access.is_some() && conf_dir.is_relative() {
+                return Err(format!(
+                    "--api-credentials: give an absolute --conf-dir, not {} (the entry names the kubeconfig in it)",
+                    conf_dir.display()
+                ));
+            }
             if api_access.is_some()
                 && host_root != Path::new("/")
                 && !conf_dir.starts_with(&host_root)
@@ -831,16 +837,16 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
             }
             // The kubeconfig key, set with --api-credentials and taken out without it (the
             // installer removes the file then: docs/api-server-check.md).
-            let kubeconfig_key = install::api_entry_keys(&conf_dir, &host_root, true, None);
+            let kubeconfig_key = install::kubeconfig_entry_key(&conf_dir, &host_root);
             let mut entry_keys = entry_keys;
             let mut unset = Vec::new();
             match api_access.is_some() {
-                true => entry_keys.extend(kubeconfig_key),
-                false => unset = kubeconfig_key,
+                true => entry_keys.push(kubeconfig_key),
+                false => unset.push(kubeconfig_key),
             }
-            entry_keys.extend(install::api_entry_keys(
-                &conf_dir, &host_root, false, node_name,
-            ));
+            if let Some(name) = node_name {
+                entry_keys.push(install::node_name_entry_key(name));
+            }
             let options = install::Options {
                 conf_dir,
                 platform: bin_dir.is_none().then_some(platform),
@@ -1095,6 +1101,44 @@ mod tests {
             }
             _ => panic!("--runtime-socket with --check"),
         }
+    }
+
+    #[test]
+    fn api_credentials_name_the_kubeconfig_as_the_host_sees_it_and_its_absence_unsets_it() {
+        let words = |extra: &[&str]| {
+            let mut words = vec!["--install", "--host-root", "/host", "--conf-dir"];
+            words.extend(extra);
+            parse_words(&words)
+        };
+        let named = r#"["kubeconfig","/etc/cni/net.d/sandbox-guard.d/kubeconfig"]"#;
+        match words(&[
+            "/host/etc/cni/net.d",
+            "--api-credentials",
+            "/sa",
+            "--node-name",
+            "n1",
+        ]) {
+            Ok(Command::Install(options)) => {
+                let keys = serde_json::to_string(&options.entry.keys).unwrap();
+                assert_eq!(keys, format!(r#"[{named},["nodeName","n1"]]"#));
+                assert!(options.entry.unset.is_empty());
+            }
+            other => panic!("{other:?}"),
+        }
+        match words(&["/host/etc/cni/net.d"]) {
+            Ok(Command::Install(options)) => {
+                let unset = serde_json::to_string(&options.entry.unset).unwrap();
+                assert_eq!(unset, format!("[{named}]"));
+            }
+            other => panic!("{other:?}"),
+        }
+        for outside in ["/etc/cni/net.d", "net.d"] {
+            assert!(
+                words(&[outside, "--api-credentials", "/sa"]).is_err(),
+                "{outside}"
+            );
+        }
+        assert!(parse_words(&["--install", "--api-server", "https://x:6443"]).is_err());
     }
 
     #[test]

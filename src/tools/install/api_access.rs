@@ -8,7 +8,7 @@
 //! the file changes only when the token or the CA did.
 
 use std::io;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
@@ -100,7 +100,13 @@ pub fn refresh(access: &ApiAccess, conf_dir: &Path) -> Result<Option<String>, St
     // Never through a symlink: this root must not write where a link in the host's conf dir
     // points, and the plugin refuses a kubeconfig read through one.
     match std::fs::symlink_metadata(&dir) {
-        Ok(meta) if meta.is_dir() => {}
+        // Its mode as this installer makes it, whoever made it before.
+        Ok(meta) if meta.is_dir() => {
+            if meta.permissions().mode() & 0o7777 != 0o700 {
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                    .map_err(|e| format!("cannot make {} 0700: {e}", dir.display()))?;
+            }
+        }
         Ok(_) => {
             return Err(format!(
                 "{} is not a directory: remove it, and the installer makes its own",

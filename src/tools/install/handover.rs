@@ -56,6 +56,22 @@ impl Watching {
     }
 }
 
+/// Whether a watch holds its lock in `bin_dir`: a run by hand then leaves the keys the
+/// watch owns alone. Only reads (a missing lock file is no watch).
+pub fn watch_runs(bin_dir: &Path) -> bool {
+    let Ok(file) = File::open(lock_path(bin_dir)) else {
+        return false;
+    };
+    match file.try_lock() {
+        Ok(()) => {
+            let _ = file.unlock();
+            false
+        }
+        Err(TryLockError::WouldBlock) => true,
+        Err(TryLockError::Error(_)) => false,
+    }
+}
+
 /// Whether an uninstall is under way: a watch that sees it stands down. Only reads.
 pub fn uninstalling(conf_dir: &Path) -> bool {
     File::open(conf_dir.join(MARKER))

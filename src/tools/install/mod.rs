@@ -61,49 +61,31 @@ pub struct Options {
     pub api_access: Option<ApiAccess>,
 }
 
-/// The entry's keys for the API server's view: the kubeconfig the installer writes, named as
-/// the host (where the runtime runs the plugin) sees it, and the node's name.
-pub fn api_entry_keys(
-    conf_dir: &Path,
-    host_root: &Path,
-    kubeconfig: bool,
-    node_name: Option<String>,
-) -> Vec<(String, Json)> {
-    let mut keys = Vec::new();
-    if kubeconfig {
-        let on_host = match conf_dir.strip_prefix(host_root) {
-            Ok(rest) => Path::new("/").join(rest),
-            Err(_) => conf_dir.to_path_buf(),
-        };
-        let path = api_access::kubeconfig_path(&on_host);
-        keys.push((
-            "kubeconfig".to_string(),
-            Json::String(path.to_string_lossy().into_owned()),
-        ));
-    }
-    if let Some(name) = node_name {
-        keys.push(("nodeName".to_string(), Json::String(name)));
-    }
-    keys
+/// The entry's `kubeconfig` key for the file `--api-credentials` writes, named as the host
+/// (where the runtime runs the plugin) sees it.
+pub fn kubeconfig_entry_key(conf_dir: &Path, host_root: &Path) -> (String, Json) {
+    let on_host = match conf_dir.strip_prefix(host_root) {
+        Ok(rest) => Path::new("/").join(rest),
+        Err(_) => conf_dir.to_path_buf(),
+    };
+    let path = api_access::kubeconfig_path(&on_host);
+    (
+        "kubeconfig".to_string(),
+        Json::String(path.to_string_lossy().into_owned()),
+    )
+}
+
+/// The entry's `nodeName` key (`--node-name`).
+pub fn node_name_entry_key(name: String) -> (String, Json) {
+    ("nodeName".to_string(), Json::String(name))
 }
 
 /// Writes the plugin's kubeconfig where `--api-credentials` asks for one: before the entry
 /// that names it. A failure is said, never a reason to leave the node unguarded: without the
 /// file the plugin decides by its local rule and logs each DEL it could not ask about.
-/// Without `--api-credentials`, a kubeconfig an earlier install wrote goes with the entry's
-/// key (`Entry::unset`): its token is bound to a pod that no longer renews it. Answers
-/// whether the plugin's kubeconfig is current, or `None` when none is asked for.
+/// Answers whether the kubeconfig is current, or `None` when none is asked for.
 fn refresh_api_access(options: &Options, say: &mut dyn FnMut(String)) -> Option<bool> {
-    let Some(access) = &options.api_access else {
-        match api_access::remove(&options.conf_dir) {
-            Ok(removed) => removed.into_iter().for_each(&mut *say),
-            Err(e) => say(format!(
-                "warning: cannot remove the kubeconfig an earlier install wrote under {}: {e}",
-                options.conf_dir.display()
-            )),
-        }
-        return None;
-    };
+    let access = options.api_access.as_ref()?;
     match api_access::refresh(access, &options.conf_dir) {
         Ok(Some(line)) => say(line),
         Ok(None) => {}
@@ -115,6 +97,32 @@ fn refresh_api_access(options: &Options, say: &mut dyn FnMut(String)) -> Option<
         }
     }
     Some(true)
+}
+
+/// Without `--api-credentials`, the kubeconfig an earlier install wrote goes, once the entry
+/// just written no longer names it (`Entry::unset` took the key out): its token is bound to
+/// a pod that no longer renews it. Left while the entry still names it (the operator's
+/// ConfigMap sets the key), and where this install does not unset the key.
+fn forget_api_access(options: &Options, installed: &Installed, say: &mut dyn FnMut(String)) {
+    if options.api_access.is_some() || options.entry.unset.is_empty() {
+        return;
+    }
+    let (key, ours) = kubeconfig_entry_key(&options.conf_dir, &options.host_root);
+    if installed
+        .entry
+        .as_ref()
+        .and_then(|entry| entry.get(&key))
+        .is_some_and(|named| *named == ours)
+    {
+        return;
+    }
+    match api_access::remove(&options.conf_dir) {
+        Ok(removed) => removed.into_iter().for_each(&mut *say),
+        Err(e) => say(format!(
+            "warning: cannot remove the kubeconfig an earlier install wrote under {}: {e}",
+            options.conf_dir.display()
+        )),
+    }
 }
 
 /// Why an install did not happen, as counted in the installer's metrics.
@@ -222,6 +230,13 @@ pub fn run_install(options: &Options) -> i32 {
             }
         };
     }
+    // A running watch owns the entry's keys: a run by hand without --api-credentials leaves
+    // the watch's kubeconfig and its key alone.
+    let mut options = options.clone();
+    if options.api_access.is_none() && handover::watch_runs(&handover_dir(&options)) {
+        options.entry.unset.clear();
+    }
+    let options = &options;
     refresh_api_access(options, &mut |line| eprintln!("sandbox-guard: {line}"));
     if options.api_access.is_some() {
         eprintln!(
@@ -231,6 +246,9 @@ pub fn run_install(options: &Options) -> i32 {
     }
     match install_retrying(options, None) {
         Ok(installed) => {
+            forget_api_access(options, &installed, &mut |line| {
+                eprintln!("sandbox-guard: {line}")
+            });
             installed
                 .notes
                 .iter()
@@ -1242,10 +1260,15 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             done.push(format!("removed {}", path.display()));
         }
     }
-    done.extend(
-        api_access::remove(&options.conf_dir)
-            .map_err(io_err("remove the kubeconfig under", &options.conf_dir))?,
-    );
+    // After the network files: a kubeconfig that cannot be removed is said, never a reason
+    // to stop before the binaries.
+    match api_access::remove(&options.conf_dir) {
+        Ok(removed) => done.extend(removed),
+        Err(e) => done.push(format!(
+            "warning: cannot remove the plugin's kubeconfig under {}: {e}",
+            options.conf_dir.display()
+        )),
+    }
     remove_binary(options, other_dirs, &mut done)?;
     Ok(done)
 }

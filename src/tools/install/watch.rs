@@ -235,16 +235,11 @@ struct State {
 fn reconcile(options: &Options, state: &mut State) {
     let first = !state.started;
     state.started = true;
-    let mut said = None;
-    state.metrics.api_credentials =
-        super::refresh_api_access(options, &mut |line| said = Some(line));
-    match said {
-        Some(line) if line != state.api_access_said => {
-            log(&line);
-            state.api_access_said = line;
-        }
-        Some(_) => {}
-        None => state.api_access_said.clear(),
+    let mut said = Vec::new();
+    state.metrics.api_credentials = super::refresh_api_access(options, &mut |line| said.push(line));
+    if said.join("\n") != state.api_access_said {
+        said.iter().for_each(|line| log(line));
+        state.api_access_said = said.join("\n");
     }
     match install_retrying(options, state.entry.as_ref()) {
         Ok(installed) => {
@@ -268,6 +263,7 @@ fn reconcile(options: &Options, state: &mut State) {
                 state.dropin_dir = installed.file.parent().map(|d| d.to_path_buf());
             }
             state.entry = installed.entry.clone();
+            super::forget_api_access(options, &installed, &mut |line| log(&line));
             state.metrics.need = installed.verdict.as_ref().map(|v| v.need);
             if installed.done.is_empty() {
                 if first {

@@ -153,8 +153,9 @@ fn check_api_server(guards: &[conflists::GuardEntry], report: &mut Report) {
 }
 
 /// The share of its life (in percent) a token has left when it is worth a warning: kubelet
-/// rotates a projected token once 80% of its life has passed, and the installer's watch
-/// copies the new one within a minute, so a token this close to its end was not renewed.
+/// renews a projected token once 80% of its life has passed, writing it at its next sync of
+/// the volume, and the installer's watch copies it at once: a token this close to its end
+/// was not renewed.
 /// Without `iat`, an hour.
 const TOKEN_WARN_PERCENT_LEFT: u64 = 15;
 const TOKEN_WARN_WITHIN: u64 = 3600;
@@ -170,7 +171,7 @@ fn token_expiry_finding(kubeconfig: &Path, network: &str) -> Option<Finding> {
         .duration_since(std::time::UNIX_EPOCH)
         .ok()?
         .as_secs();
-    let fix = "The DaemonSet's --install --watch rewrites it from its ServiceAccount whenever kubelet rotates the token: see that it runs on this node (kubectl -n kube-system get pods -l app.kubernetes.io/name=sandbox-guard -o wide) and read its log.";
+    let fix = "Where the installer wrote it (--api-credentials), its watch copies the token kubelet renews: see that the DaemonSet's pod runs on this node (kubectl -n kube-system get pods -l app.kubernetes.io/name=sandbox-guard -o wide) and read its log; else renew the token in the kubeconfig.";
     if expires <= now {
         return Some(
             Finding::new(

@@ -2766,7 +2766,7 @@ fn an_in_place_write_that_runs_out_of_room_leaves_the_file_as_it_was() {
     // which no runtime or multus can parse, and the install exiting with the error. A full root
     // file system is a common node failure. An ext4 of 1 KiB blocks: a file within one page still
     // needs a second block to grow.
-    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4"]);
+    sys::skip_unless_root!(&["mount", "umount", "mkfs.ext4", "/usr/lib/cni/bridge"]);
     let disk = mount::Mount::image(&["mkfs.ext4", "-q", "-F", "-b", "1024", "-O", "^has_journal"]);
     let conf = disk.path.join("net.d");
     std::fs::create_dir_all(&conf).unwrap();

@@ -559,10 +559,12 @@ fn failover_del(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> 
     (false, answer)
 }
 
-/// Delegate mode, a DEL held by rule 7 when its kubeconfig goes: the file gone (between two
-/// writes, or removed) keeps it held, since an unanswered ask cannot say the name is free;
-/// its network's config without a `kubeconfig` (the operator turned the API server's view
-/// off) lets the local rule decide at the next sweep, and the DEL reaches the primary.
+/// Delegate mode, a DEL held by rule 7 (db's pod moved to node-b) and the sweeps of what
+/// follows. A config without a `kubeconfig` while the file is there (the config of an ADD
+/// from before the view was on, which CRI-O and multus hand to the DEL) keeps it held; so does
+/// the file gone while the config names it (between two writes). Both together (the operator
+/// turned the view off, the installer removed the file) let the local rule decide, and the
+/// DEL reaches the primary.
 fn held_until_the_view_is_turned_off(api: &Api, kubeconfig: &Path, primary: &RecordingPrimary) {
     let dir = sys::TempDir::new("sg-api-off");
     let own = dir.path.join("kubeconfig");
@@ -577,32 +579,19 @@ fn held_until_the_view_is_turned_off(api: &Api, kubeconfig: &Path, primary: &Rec
         kubeconfig: None,
         ..on.clone()
     };
-    let name = format!("db-{}", &container_id()[..6]);
-    let store = Store::new();
-    let uid_1 = api.pod_on(&name, THIS_NODE);
-    let old = container_id();
-    on.in_mode(store.add(&old, &pod(&name, &uid_1)), Some(primary))
-        .run()
-        .assert_ok();
-    api.force_delete(&name);
-    api.pod_on(&name, "node-b");
-    on.in_mode(store.del(&old, &pod(&name, &uid_1)), Some(primary))
-        .run()
-        .assert_ok();
-    let sweep = |keys: &Keys, pod_name: &str| {
-        keys.in_mode(
-            store.add(&container_id(), &Pod::new(NAMESPACE, pod_name)),
-            Some(primary),
-        )
-        .run()
-        .assert_ok();
-        assert!(store.wait_for_replays(Duration::from_secs(60)));
-    };
+    let (name, old, store) = held_on_node_b(api, &on, primary);
+    let sweep = |keys: &Keys, pod_name: &str| sweep_with(&store, keys, primary, pod_name);
     sweep(&on, "sweep-held");
     assert_eq!(
         primary.dels(&old),
         0,
         "held while node-b's pod has the name"
+    );
+    sweep(&off, "sweep-cached");
+    assert_eq!(
+        primary.dels(&old),
+        0,
+        "a config without a kubeconfig while the file is there (an ADD's, cached from before the view): still held"
     );
     fs::remove_file(&own).unwrap();
     sweep(&on, "sweep-gone");
@@ -615,11 +604,86 @@ fn held_until_the_view_is_turned_off(api: &Api, kubeconfig: &Path, primary: &Rec
     assert_eq!(
         primary.dels(&old),
         1,
-        "its network without a kubeconfig: the local rule replays the DEL at the next sweep"
+        "the file gone and the config naming none: the local rule replays the DEL at the next sweep"
     );
     let said = fs::read_to_string(&store.log_file).unwrap();
     assert!(said.contains("the API server's view turned off"), "{said}");
     api.force_delete(&name);
+}
+
+/// Delegate mode, a DEL held with a kubeconfig that then goes while the network names another
+/// (the operator moved it, say from a ConfigMap's file to the installer's): the sweep asks
+/// with the one the network names, so the DEL stays held while node-b's pod lives and
+/// reaches the primary once the API has no pod of the name.
+fn held_asks_with_the_networks_kubeconfig(
+    api: &Api,
+    kubeconfig: &Path,
+    primary: &RecordingPrimary,
+) {
+    let dir = sys::TempDir::new("sg-api-moved");
+    let (first, second) = (dir.path.join("first"), dir.path.join("second"));
+    for file in [&first, &second] {
+        fs::copy(kubeconfig, file).unwrap();
+        fs::set_permissions(file, fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let held_with = Keys {
+        kubeconfig: Some(first.clone()),
+        scope: "cluster",
+        stale_del: "refuse",
+    };
+    let moved = Keys {
+        kubeconfig: Some(second),
+        ..held_with.clone()
+    };
+    let (name, old, store) = held_on_node_b(api, &held_with, primary);
+    fs::remove_file(&first).unwrap();
+    sweep_with(&store, &moved, primary, "sweep-moved");
+    assert_eq!(
+        primary.dels(&old),
+        0,
+        "held while node-b's pod has the name"
+    );
+    api.force_delete(&name);
+    sweep_with(&store, &moved, primary, "sweep-free");
+    assert_eq!(
+        primary.dels(&old),
+        1,
+        "the API, asked with the network's kubeconfig, has no pod of the name: replayed"
+    );
+}
+
+/// A delegate-mode DEL held by rule 7: db's pod on this node, force deleted and re-created on
+/// node-b, then its old sandbox's DEL. Answers the pod's name, the old sandbox and the store.
+fn held_on_node_b(api: &Api, keys: &Keys, primary: &RecordingPrimary) -> (String, String, Store) {
+    let name = format!("db-{}", &container_id()[..6]);
+    let store = Store::new();
+    let uid_1 = api.pod_on(&name, THIS_NODE);
+    let old = container_id();
+    keys.in_mode(store.add(&old, &pod(&name, &uid_1)), Some(primary))
+        .run()
+        .assert_ok();
+    api.force_delete(&name);
+    api.pod_on(&name, "node-b");
+    keys.in_mode(store.del(&old, &pod(&name, &uid_1)), Some(primary))
+        .run()
+        .assert_ok();
+    assert_eq!(
+        primary.dels(&old),
+        0,
+        "the DEL of db's old sandbox was not held"
+    );
+    (name, old, store)
+}
+
+/// An ADD of another pod with `keys`, whose replay sweep reaches the held DELs; waits for it.
+fn sweep_with(store: &Store, keys: &Keys, primary: &RecordingPrimary, pod_name: &str) {
+    keys.in_mode(
+        store.add(&container_id(), &Pod::new(NAMESPACE, pod_name)),
+        Some(primary),
+    )
+    .run()
+    .assert_ok();
+    assert!(store.wait_for_replays(Duration::from_secs(60)));
 }
 
 /// Delegate mode, a stale DEL already waiting when the owner's DEL is held: sandbox s1 of
@@ -789,7 +853,9 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     held_with_an_older_deferral(&api, &cluster, &RecordingPrimary::new());
     report.push("delegate, a stale DEL waiting when the owner's DEL is held: neither replayed while node-b's pod lived, both after".into());
     held_until_the_view_is_turned_off(&api, &kubeconfig, &RecordingPrimary::new());
-    report.push("delegate, a held DEL whose kubeconfig file went: still held; its network's config without a kubeconfig: replayed at the next sweep by the local rule".into());
+    report.push("delegate, a held DEL: still held by a config without a kubeconfig while the file is there, and by the file gone while the config names it; replayed by the local rule at the sweep of both".into());
+    held_asks_with_the_networks_kubeconfig(&api, &kubeconfig, &RecordingPrimary::new());
+    report.push("delegate, a held DEL whose kubeconfig went while the network names another: asked with that one, held while node-b's pod lived, replayed after".into());
     for (label, keys, primary) in [
         ("no kubeconfig, chained", &unguarded, None),
         ("audit mode (control), chained", &audit, None),

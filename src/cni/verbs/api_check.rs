@@ -192,35 +192,43 @@ pub fn name_moved(
     })
 }
 
-/// For a deferred DEL held by rule 7: whether the name is still another pod's, asked with
-/// what its own network asked with when it was held. An API that does not answer keeps it
-/// held (replayed now, it could free a live pod's state), and the log says so; so does a
-/// kubeconfig that is not there, which may be between two writes. Its own network's config
-/// without a `kubeconfig` lets the local rule decide: the operator turned the API server's
-/// view off, and a hold nothing could lift would keep the primary's DEL, and what it frees,
-/// for good. Another network's sweep (one state dir serves several) cannot say that.
+/// For a deferred DEL held by rule 7: whether the name is still another pod's. An API that
+/// does not answer keeps it held (replayed now, it could free a live pod's state), and the
+/// log says so. Asked with the kubeconfig it was held with, or, once that file is gone, with
+/// the one this verb's config names (the operator moved it). The local rule decides only
+/// when both say the API server's view is off: the file is gone and this config names none.
+/// The config alone cannot say it: CRI-O and multus hand a DEL the config of its ADD, which
+/// may predate the view. Without that way out a hold nothing could lift would keep the
+/// primary's DEL, and what it frees, for good.
 pub fn still_moved(inv: &Invocation, entry: &crate::state::deferred::DeferredDel) -> bool {
     let (Some(moved), Some(uid)) = (&entry.moved_to, entry.pod_uid.as_deref()) else {
         return false;
     };
-    if entry.key.network == inv.conf.network && inv.conf.kubeconfig.is_none() {
-        let subject = inv.subject(None, Some(entry.key.pod()));
-        inv.log.event(
-            Level::Warn,
-            inv.verb,
-            &subject,
-            Outcome::ApiUnanswered,
-            &format!(
-                "network {} no longer names a kubeconfig (the API server's view turned off): the local rule decides the replay of this DEL, held with {}",
-                entry.key.network,
-                moved.kubeconfig.display()
-            ),
-        );
-        return false;
-    }
+    let held_with_gone = std::fs::symlink_metadata(&moved.kubeconfig)
+        .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+    let kubeconfig = match &inv.conf.kubeconfig {
+        Some(named) if held_with_gone => named,
+        Some(_) => &moved.kubeconfig,
+        None if held_with_gone => {
+            let subject = inv.subject(None, Some(entry.key.pod()));
+            inv.log.event(
+                Level::Warn,
+                inv.verb,
+                &subject,
+                Outcome::ApiUnanswered,
+                &format!(
+                    "the kubeconfig {} this DEL was held with is gone and network {} names none (the API server's view turned off): the local rule decides its replay",
+                    moved.kubeconfig.display(),
+                    inv.conf.network,
+                ),
+            );
+            return false;
+        }
+        None => &moved.kubeconfig,
+    };
     let scope = PodKeyScope::from_name(&moved.scope);
     let then = format!("the deferred DELs of pod {} stay held", entry.key.pod());
-    match ask(inv, None, &moved.kubeconfig, &entry.key, &then) {
+    match ask(inv, None, kubeconfig, &entry.key, &then) {
         Some(answer) => ownership::name_moved(uid, api_pod(&answer), scope, &moved.this_node),
         None => true,
     }

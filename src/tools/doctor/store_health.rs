@@ -150,6 +150,7 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
     let mut failing = Vec::new();
     let mut free = Vec::new();
     let mut slow = Vec::new();
+    let mut unasked = Vec::new();
     let waiting = deferred.len();
     for (path, loaded) in &deferred {
         let Loaded::Valid(entry) = loaded else {
@@ -176,6 +177,15 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
             entry.attempts,
             entry.last_error.as_deref().unwrap_or("-")
         );
+        if let Some(moved) = &entry.moved_to
+            && std::fs::symlink_metadata(&moved.kubeconfig)
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        {
+            unasked.push(format!(
+                "{what}; it was held with {}, which is gone",
+                moved.kubeconfig.display()
+            ));
+        }
         if entry.hung {
             // Killed at replayTimeoutSeconds while it still ran: no answer, so not refused.
             slow.push(format!(
@@ -191,7 +201,20 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
             old.push(what);
         }
     }
-    let quiet = failing.is_empty() && old.is_empty() && free.is_empty() && slow.is_empty();
+    let quiet = failing.is_empty()
+        && old.is_empty()
+        && free.is_empty()
+        && slow.is_empty()
+        && unasked.is_empty();
+    if !unasked.is_empty() {
+        let summary = format!(
+            "{root}: {} deferred DELs held for the API server's pod have lost the kubeconfig they were held with",
+            unasked.len()
+        );
+        report.add(Finding::new(Severity::Warning, "store-deferred", summary).listing(unasked).fix(
+            "each waits for a delegate-mode verb on this state dir: one whose network names a kubeconfig asks with that one;              one whose network names none replays them by the local rule (the API server's view turned off). If no network              runs here any more, run one such verb, or check the primary and remove the entries by hand",
+        ));
+    }
     if !slow.is_empty() {
         let summary = format!(
             "{root}: the primary is slow: {} deferred DELs ran out of replayTimeoutSeconds without an answer",
@@ -672,6 +695,41 @@ mod tests {
             "{found:?}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_held_del_whose_kubeconfig_is_gone_is_said() {
+        let dir = std::env::temp_dir().join(format!("sg-doctor-unasked-{}", std::process::id()));
+        let store = Store::open(&dir, std::time::Duration::from_secs(1)).unwrap();
+        let now = crate::clock::rfc3339(crate::clock::unix_seconds() - 60);
+        let there = dir.join("kubeconfig");
+        std::fs::write(&there, "{}").unwrap();
+        for (pod, kubeconfig) in [("db-0", dir.join("gone")), ("db-1", there)] {
+            let mut held = entry(pod, now.clone(), 0);
+            held.moved_to = Some(crate::state::deferred::MovedTo {
+                pod_uid: "u2".into(),
+                node: Some("node-b".into()),
+                kubeconfig,
+                scope: "cluster".into(),
+                this_node: "node-a".into(),
+            });
+            store.save_deferred(&held).unwrap();
+        }
+        let mut report = Report::default();
+        check_deferred("s", &store, &mut report);
+        let found: Vec<String> = report
+            .findings
+            .iter()
+            .map(|f| format!("{:?} {} | {}", f.severity, f.summary, f.evidence.join("\n")))
+            .collect();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            found.iter().any(|f| f.starts_with("Warning")
+                && f.contains("lost the kubeconfig")
+                && f.contains("db-0")
+                && !f.contains("db-1")),
+            "{found:?}"
+        );
     }
 }
 

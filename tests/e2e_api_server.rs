@@ -441,8 +441,37 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
         copied_in.as_millis()
     ));
 
-    // Turned off: an install without --api-credentials, no watch running, takes the key out
-    // and the file away; on again, it writes them back.
+    // Turned off while another network's guard names the file, through a symlinked spelling
+    // of the conf dir: the entry loses the key, the file stays.
+    let link = work.path.join("net.d-link");
+    std::os::unix::fs::symlink(&conf, &link).unwrap();
+    let other = conf.join("20-other.conflist");
+    let named = link.join("sandbox-guard.d/kubeconfig");
+    fs::write(
+        &other,
+        json!({"cniVersion": "1.0.0", "name": "other", "plugins": [
+            {"type": "bridge"},
+            {"type": "sandbox-guard", "kubeconfig": named.to_str().unwrap()},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let out = Command::new(&ctl).args(&off).output().unwrap();
+    sys::assert_succeeded("sandbox-guard-ctl", &["--install"], &out);
+    let list: Value =
+        serde_json::from_slice(&fs::read(conf.join("10-api.conflist")).unwrap()).unwrap();
+    assert!(list["plugins"][1].get("kubeconfig").is_none(), "{list:#}");
+    assert!(
+        written.exists(),
+        "the kubeconfig went while {} names it as {}",
+        other.display(),
+        named.display()
+    );
+    fs::remove_file(&other).unwrap();
+    report.push("installer: run without --api-credentials while another network names the file (a symlinked spelling): the key goes, the file stays".into());
+
+    // Turned off: an install without --api-credentials, no watch running and nothing else
+    // naming the file, takes the key out and the file away; on again, it writes them back.
     let out = Command::new(&ctl).args(&off).output().unwrap();
     sys::assert_succeeded("sandbox-guard-ctl", &["--install"], &out);
     let list: Value =

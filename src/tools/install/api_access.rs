@@ -137,6 +137,57 @@ pub fn refresh(access: &ApiAccess, conf_dir: &Path) -> Result<Option<String>, St
     )))
 }
 
+/// The first network file that still names the kubeconfig under `conf_dir` in a `kubeconfig`
+/// key, at any depth (multus thin's inlined copy too): the files libcni loads from the conf
+/// dir, the drop-ins in its network folders, and `also` (the file that holds the guard, which
+/// multus thick may read from outside the conf dir). Paths are compared as the file system
+/// resolves them, read as the host names them (`host_root`), so that another spelling of the
+/// same file counts.
+pub fn named_in(conf_dir: &Path, host_root: &Path, also: &[&Path]) -> Option<PathBuf> {
+    let ours = std::fs::canonicalize(kubeconfig_path(conf_dir)).ok()?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(conf_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .flat_map(|path| match path.is_dir() {
+            true => vec![path.join(super::edit::DROPIN_FILE)],
+            false => vec![path],
+        })
+        .collect();
+    files.extend(also.iter().map(|file| file.to_path_buf()));
+    let names_ours = |value: &str| {
+        let named = Path::new(value);
+        let on_host = match named.strip_prefix("/") {
+            Ok(rest) => host_root.join(rest),
+            Err(_) => return false,
+        };
+        std::fs::canonicalize(on_host).is_ok_and(|resolved| resolved == ours)
+    };
+    files.into_iter().find(|file| {
+        let is_network = file
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| ["conflist", "conf", "json"].contains(&e));
+        is_network
+            && std::fs::read(file)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+                .is_some_and(|doc| names_kubeconfig(&doc, &names_ours))
+    })
+}
+
+fn names_kubeconfig(doc: &serde_json::Value, names_ours: &dyn Fn(&str) -> bool) -> bool {
+    match doc {
+        serde_json::Value::Object(pairs) => pairs.iter().any(|(key, value)| {
+            (key == "kubeconfig" && value.as_str().is_some_and(names_ours))
+                || names_kubeconfig(value, names_ours)
+        }),
+        serde_json::Value::Array(items) => items.iter().any(|v| names_kubeconfig(v, names_ours)),
+        _ => false,
+    }
+}
+
 /// Removes the kubeconfig, the temp files of a writer killed while it wrote one, and their
 /// folder once empty; says what it removed. A folder that is not one (a symlink) is left.
 pub fn remove(conf_dir: &Path) -> io::Result<Vec<String>> {
@@ -193,6 +244,77 @@ mod tests {
             service_account_dir: dir.0.join("sa"),
             server: Some("https://10.96.0.1:443".to_string()),
         }
+    }
+
+    #[test]
+    fn a_network_file_names_the_kubeconfig_in_any_spelling_the_host_resolves() {
+        let dir = Dir::new();
+        // The host's root as the DaemonSet mounts it: its conf dir at <root>/etc/cni/net.d.
+        let root = dir.0.join("root");
+        let conf = root.join("etc/cni/net.d");
+        std::fs::create_dir_all(conf.join(KUBECONFIG_DIR)).unwrap();
+        std::fs::write(kubeconfig_path(&conf), "{}").unwrap();
+        std::os::unix::fs::symlink("cni/net.d", root.join("etc/cni-link")).unwrap();
+        let write = |name: &str, text: &str| std::fs::write(conf.join(name), text).unwrap();
+        write(
+            "10-other.conflist",
+            r#"{"name":"o","plugins":[{"type":"bridge"}]}"#,
+        );
+        assert_eq!(named_in(&conf, &root, &[]), None);
+        for (file, spelling) in [
+            ("20-a.conflist", "/etc/cni/net.d/sandbox-guard.d/kubeconfig"),
+            ("20-a.conflist", "/etc/cni-link/sandbox-guard.d/kubeconfig"),
+            (
+                "20-a.conflist",
+                "/etc/cni/net.d/./sandbox-guard.d/kubeconfig",
+            ),
+        ] {
+            write(
+                file,
+                &format!(r#"{{"plugins":[{{"type":"sandbox-guard","kubeconfig":"{spelling}"}}]}}"#),
+            );
+            assert_eq!(
+                named_in(&conf, &root, &[]),
+                Some(conf.join(file)),
+                "{spelling}"
+            );
+        }
+        std::fs::remove_file(conf.join("20-a.conflist")).unwrap();
+        // multus thin's inlined copy, and a drop-in in a network's folder.
+        write(
+            "00-multus.conf",
+            r#"{"type":"multus","delegates":[{"plugins":[{"type":"sandbox-guard","kubeconfig":"/etc/cni/net.d/sandbox-guard.d/kubeconfig"}]}]}"#,
+        );
+        assert_eq!(
+            named_in(&conf, &root, &[]),
+            Some(conf.join("00-multus.conf"))
+        );
+        std::fs::remove_file(conf.join("00-multus.conf")).unwrap();
+        std::fs::create_dir(conf.join("pods")).unwrap();
+        let dropin = conf
+            .join("pods")
+            .join(crate::tools::install::edit::DROPIN_FILE);
+        std::fs::write(
+            &dropin,
+            r#"{"type":"sandbox-guard","kubeconfig":"/etc/cni/net.d/sandbox-guard.d/kubeconfig"}"#,
+        )
+        .unwrap();
+        assert_eq!(named_in(&conf, &root, &[]), Some(dropin.clone()));
+        std::fs::remove_file(&dropin).unwrap();
+        // A file outside the conf dir (multus thick's), given by the install.
+        let outside = dir.0.join("ovn.conflist");
+        std::fs::write(
+            &outside,
+            r#"{"plugins":[{"type":"sandbox-guard","kubeconfig":"/etc/cni/net.d/sandbox-guard.d/kubeconfig"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(named_in(&conf, &root, &[&outside]), Some(outside.clone()));
+        // Another file of that name elsewhere, or a relative path, is not it.
+        write(
+            "30-b.conflist",
+            r#"{"plugins":[{"type":"sandbox-guard","kubeconfig":"/etc/kubernetes/kubeconfig"},{"type":"x","kubeconfig":"sandbox-guard.d/kubeconfig"}]}"#,
+        );
+        assert_eq!(named_in(&conf, &root, &[]), None);
     }
 
     #[test]

@@ -57,7 +57,8 @@ impl Watching {
 }
 
 /// Whether a watch holds its lock in `bin_dir`: a run by hand then leaves the keys the
-/// watch owns alone. Only reads (a missing lock file is no watch).
+/// watch owns alone. Only reads (a missing lock file is no watch); a lock that cannot be
+/// tried may be a watch's.
 pub fn watch_runs(bin_dir: &Path) -> bool {
     let Ok(file) = File::open(lock_path(bin_dir)) else {
         return false;
@@ -67,8 +68,7 @@ pub fn watch_runs(bin_dir: &Path) -> bool {
             let _ = file.unlock();
             false
         }
-        Err(TryLockError::WouldBlock) => true,
-        Err(TryLockError::Error(_)) => false,
+        Err(TryLockError::WouldBlock | TryLockError::Error(_)) => true,
     }
 }
 

@@ -99,21 +99,16 @@ fn refresh_api_access(options: &Options, say: &mut dyn FnMut(String)) -> Option<
     Some(true)
 }
 
-/// Without `--api-credentials`, the kubeconfig an earlier install wrote goes, once the entry
-/// just written no longer names it (`Entry::unset` took the key out): its token is bound to
-/// a pod that no longer renews it. Left while the entry still names it (the operator's
-/// ConfigMap sets the key), and where this install does not unset the key.
+/// Without `--api-credentials`, the kubeconfig an earlier install wrote goes once no network
+/// file names it any more (`Entry::unset` took the key out of the guard's entry): its token
+/// is bound to a pod that no longer renews it. Left while any file names it: another guarded
+/// network, multus's inlined copy, the operator's ConfigMap; and where this install does not
+/// unset the key.
 fn forget_api_access(options: &Options, installed: &Installed, say: &mut dyn FnMut(String)) {
     if options.api_access.is_some() || options.entry.unset.is_empty() {
         return;
     }
-    let (key, ours) = kubeconfig_entry_key(&options.conf_dir, &options.host_root);
-    if installed
-        .entry
-        .as_ref()
-        .and_then(|entry| entry.get(&key))
-        .is_some_and(|named| *named == ours)
-    {
+    if api_access::named_in(&options.conf_dir, &options.host_root, &[&installed.file]).is_some() {
         return;
     }
     match api_access::remove(&options.conf_dir) {
@@ -233,7 +228,13 @@ pub fn run_install(options: &Options) -> i32 {
     // A running watch owns the entry's keys: a run by hand without --api-credentials leaves
     // the watch's kubeconfig and its key alone.
     let mut options = options.clone();
-    if options.api_access.is_none() && handover::watch_runs(&handover_dir(&options)) {
+    if options.api_access.is_none()
+        && !options.entry.unset.is_empty()
+        && handover::watch_runs(&handover_dir(&options))
+    {
+        eprintln!(
+            "sandbox-guard: a --watch runs for this node's plugins: it owns the entry's kubeconfig key, left as it is (turn the API server's view off in the DaemonSet's arguments)"
+        );
         options.entry.unset.clear();
     }
     let options = &options;

@@ -2,7 +2,8 @@
 # Per-execution latency and peak memory of sandbox-guard, side by side with Debian's Go reference plugin
 # `tuning`, in one run (the machines are shared and noisy: only numbers taken together compare); then
 # delegate mode's own cost: one primary run alone, chained with the guard last, and wrapped by the guard
-# (and by the baseline binary, when one is given).
+# (and by the baseline binary, when one is given). Where the plugin asks the API server (a kubeconfig in its
+# entry), an ADD and a DEL that ask and the operator's binary's GET alone, against a local TLS stand-in.
 #
 #   sudo bash scripts/bench.sh [--quick] [--rounds N]
 #
@@ -139,7 +140,7 @@ build_baseline() {
   [[ -z $baseline_bin || -x $baseline_bin ]] || die "no executable at $baseline_bin"
 }
 
-work='' netns='' primary_bridge=''
+work='' netns='' primary_bridge='' api_server_pid=''
 declare -A mode_netns=() # delegate-cost mode -> its netns
 restore_netns=() restore_masters=() # the restore comparison's pods, LANs and masters
 mounts=()                # loop-mounted file systems
@@ -155,6 +156,7 @@ cleanup() {
   for ns in "${mode_netns[@]}" "${restore_netns[@]}"; do ip netns del "$ns" 2>/dev/null; done
   for ns in "${restore_masters[@]}"; do ip link del "$ns" 2>/dev/null; done
   [[ -n $primary_bridge ]] && ip link del "$primary_bridge" 2>/dev/null
+  [[ -n $api_server_pid ]] && kill "$api_server_pid" 2>/dev/null
   for ns in "${mounts[@]}"; do umount "$ns" 2>/dev/null; done
   [[ -n $work ]] && rm -rf -- "$work"
   return 0
@@ -162,7 +164,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 2' INT TERM HUP
 
-need_packages containernetworking-plugins time iproute2 jq file e2fsprogs xfsprogs gcc libc6-dev
+need_packages containernetworking-plugins time iproute2 jq file e2fsprogs xfsprogs gcc libc6-dev openssl
 build_release
 build_baseline
 
@@ -325,7 +327,7 @@ small_state=$work/state-small large_state=$work/state-large baseline_state=$work
 # One pod attachment: container, pod, UID, address and MACs all derive from a serial, so no two ADDs of the
 # run share any of them (a shared address would make every ADD look like the IP reuse the guard reports).
 # Kinds keep the serials of the phases below apart.
-readonly preflight_kind=1 fill_kind=2 round_kind=3 rss_kind=4 burst_kind=6 fs_kind=7
+readonly preflight_kind=1 fill_kind=2 round_kind=3 rss_kind=4 burst_kind=6 fs_kind=7 ask_owner_kind=12 ask_kind=13
 attachment() { # kind serial -> cid pod uid prev_result
   local serial=$(($1 * 1000000 + $2)) hex
   local a=$((serial >> 16 & 255)) b=$((serial >> 8 & 255)) c=$((serial & 255))
@@ -394,6 +396,62 @@ out=$(guard DEL "$config") || die "sandbox-guard DEL failed: $out"
 ! has_record "$(record_file "$small_state")" || contract "DEL left $(record_file "$small_state")"
 out=$(guard DEL "$config") || contract "a repeated DEL failed (DEL must be idempotent): $out"
 
+# --- The API server's view (docs/api-server-check.md): where the local rule cannot decide, the plugin
+# execs sandbox-guard-ctl, which GETs the pod over TLS. A local stand-in answers the GET: `openssl s_server
+# -WWW` serving the pod's JSON as a file under the request's path, with a certificate of a CA of its own,
+# so that the client's exec, its kubeconfig, its TLS handshake and the request are all paid, and only the
+# API server's own work and the network are not (a real API server answered the doctor's GET in 5 ms:
+# docs/runs/2026-12-05-29dd12d-api-server-check.md). Each round of the "ask" case makes the name's owner
+# a sandbox of another pod UID (untimed), then times an ADD that asks (rule 8: a record of another UID)
+# and the owner's DEL, which asks too (rule 7), against the same pod's ADD and DEL in the "small" case.
+ask_state=$work/state-ask ask_www=$work/api-www ask_port=$((20000 + $$ % 20000))
+ask_kubeconfig=$work/api.kubeconfig
+mkdir -p "$ask_www/api/v1/namespaces/$pod_namespace/pods"
+(
+  cd "$work"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=bench-ca \
+    -keyout api-ca.key -out api-ca.crt -days 1
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=127.0.0.1 \
+    -keyout api.key -out api.csr
+  printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >api.ext
+  openssl x509 -req -in api.csr -CA api-ca.crt -CAkey api-ca.key -CAcreateserial -days 1 -extfile api.ext \
+    -out api.crt
+) >/dev/null 2>&1 || die "openssl could not make the stand-in API server's certificates"
+(cd "$ask_www" && exec openssl s_server -quiet -accept "127.0.0.1:$ask_port" -cert "$work/api.crt" \
+  -key "$work/api.key" -WWW) >"$work/api-server.log" 2>&1 &
+api_server_pid=$!
+jq -n --arg server "https://127.0.0.1:$ask_port" --arg ca "$(base64 -w0 "$work/api-ca.crt")" \
+  '{apiVersion: "v1", kind: "Config", "current-context": "bench",
+    contexts: [{name: "bench", context: {cluster: "bench", user: "bench"}}],
+    clusters: [{name: "bench", cluster: {server: $server, "certificate-authority-data": $ca}}],
+    users: [{name: "bench", user: {token: "bench"}}]}' >"$ask_kubeconfig"
+chmod 600 "$ask_kubeconfig"
+readonly ask_keys=",\"kubeconfig\":\"$ask_kubeconfig\",\"podKeyScope\":\"cluster\""
+api_pod() { # name uid node: what the stand-in answers for the pod
+  jq -cn --arg ns "$pod_namespace" --arg name "$1" --arg uid "$2" --arg node "$3" \
+    '{kind: "Pod", metadata: {namespace: $ns, name: $name, uid: $uid}, spec: {nodeName: $node}}' \
+    >"$ask_www/api/v1/namespaces/$pod_namespace/pods/$1"
+}
+ctl_bin=$(ctl_of "$guard_bin")
+api_pod ctl-probe uid-ctl-probe bench-node
+for ((n = 0; n < 50; n++)); do
+  "$ctl_bin" --get-pod "$pod_namespace/none" "$ask_kubeconfig" 2>&1 | grep -q 'not a pod' && break
+  sleep 0.1
+done
+# The check must be able to fail: the API shows the name as another pod's on another node, and the
+# owner's DEL is refused (code 11), which only the answer can have said.
+attachment "$preflight_kind" 2
+api_pod "$pod" someone-else other-node
+guard_config config "$ask_state"
+out=$(guard ADD "$config") || die "the ask's preflight ADD failed: $out"
+guard_keys="${guard_keys:-}$ask_keys" guard_config ask_config "$ask_state"
+if out=$(guard DEL "$ask_config"); then
+  die "the owner's DEL asked the stand-in API server, which shows the name as another pod's, and was not refused: $out (is $ctl_bin there?)"
+fi
+jq -e '.code == 11 and (.msg | contains("someone-else"))' <<<"$out" >/dev/null ||
+  die "the owner's DEL was refused, not for the API's pod: $out"
+out=$(guard DEL "$config") || die "the ask's preflight DEL, without the kubeconfig, failed: $out"
+
 populate() { # state count
   local n start=$SECONDS config
   say "populating $(basename "$1") with $2 records"
@@ -433,6 +491,25 @@ run_case() { # case
   tuning_version) timed tuning_version tuning VERSION "$version_input" ;;
   guard_version) timed guard_version guard VERSION "$version_input" ;;
   tuning_add) timed tuning_add tuning ADD "${round_input[tuning]}" ;;
+  ctl_get) timed ctl_get "$ctl_bin" --get-pod "$pod_namespace/ctl-probe" "$ask_kubeconfig" ;;
+  ask)
+    # The round's pod, its name owned first by a sandbox of another UID: set up and taken down
+    # untimed, with a config that does not ask.
+    local cid pod uid prev_result owner_input owner_cid owner_uid input
+    attachment "$ask_owner_kind" "$round"
+    pod=ask-$round
+    guard_config owner_input "$ask_state"
+    guard ADD "$owner_input" >/dev/null || die "the ask case's owner ADD failed"
+    owner_cid=$cid owner_uid=$uid
+    attachment "$ask_kind" "$round"
+    pod=ask-$round
+    api_pod "$pod" "$uid" bench-node
+    guard_keys="${guard_keys:-}$ask_keys" guard_config input "$ask_state"
+    timed guard_add_ask guard ADD "$input"
+    timed guard_del_ask guard DEL "$input"
+    cid=$owner_cid uid=$owner_uid
+    guard DEL "$owner_input" >/dev/null || die "the ask case's owner DEL failed"
+    ;;
   small | large)
     timed "guard_add_$1" guard ADD "${round_input[$1]}"
     timed "guard_del_$1" guard DEL "${round_input[$1]}"
@@ -443,7 +520,7 @@ run_case() { # case
     ;;
   esac
 }
-cases=(spawn tuning_version guard_version tuning_add small large)
+cases=(spawn tuning_version guard_version tuning_add small large ask ctl_get)
 [[ -z $baseline_bin ]] || cases+=(baseline)
 declare -A round_input=() # tuning, small, large -> stdin text
 say "timing $ITERATIONS rounds (+$WARMUP warm-up) of: ${cases[*]}"
@@ -972,6 +1049,9 @@ row "sandbox-guard ADD, $LARGE_RECORDS records" guard_add_large "$add_growth x A
 row "sandbox-guard DEL, $LARGE_RECORDS records" guard_del_large "$del_growth x DEL, $SMALL_RECORDS records"
 row "\`--dump-checkpoints --output json\`, $LARGE_RECORDS records" dump_json '-'
 row "\`--dump-checkpoints --output table\`, $LARGE_RECORDS records" dump_table '-'
+row "sandbox-guard ADD that asks the API server (a record of another pod UID)" guard_add_ask "$(calc "${p50[guard_add_ask]} - ${p50[guard_add_small]}") ms above ADD, $SMALL_RECORDS records"
+row "sandbox-guard DEL that asks the API server (the owner's)" guard_del_ask "$(calc "${p50[guard_del_ask]} - ${p50[guard_del_small]}") ms above DEL, $SMALL_RECORDS records"
+row "\`sandbox-guard-ctl --get-pod\` alone (exec, kubeconfig, TLS, GET)" ctl_get '-'
 
 echo
 echo "50 hung deferred DELs: the slowest unrelated verb. $HUNG_ENTRIES deferred DELs of other pods, all due, whose primary hangs on every replay (tests/primaries/recording-plugin sleeping 300 s); $HUNG_ROUNDS unrelated pods each ADD, CHECK, DEL and a STATUS, delegate mode, one exec timed at a time (ms; target: max <= $MAX_UNRELATED_VERB_MS ms)."

@@ -456,11 +456,15 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
         .to_string(),
     )
     .unwrap();
-    let out = Command::new(&ctl).args(&off).output().unwrap();
-    sys::assert_succeeded("sandbox-guard-ctl", &["--install"], &out);
-    let list: Value =
-        serde_json::from_slice(&fs::read(conf.join("10-api.conflist")).unwrap()).unwrap();
-    assert!(list["plugins"][1].get("kubeconfig").is_none(), "{list:#}");
+    // An install without --api-credentials, no watch running: the entry loses the key.
+    let turn_off = || {
+        let out = Command::new(&ctl).args(&off).output().unwrap();
+        sys::assert_succeeded("sandbox-guard-ctl", &["--install"], &out);
+        let list: Value =
+            serde_json::from_slice(&fs::read(conf.join("10-api.conflist")).unwrap()).unwrap();
+        assert!(list["plugins"][1].get("kubeconfig").is_none(), "{list:#}");
+    };
+    turn_off();
     assert!(
         written.exists(),
         "the kubeconfig went while {} names it as {}",
@@ -472,11 +476,7 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
 
     // Turned off: an install without --api-credentials, no watch running and nothing else
     // naming the file, takes the key out and the file away; on again, it writes them back.
-    let out = Command::new(&ctl).args(&off).output().unwrap();
-    sys::assert_succeeded("sandbox-guard-ctl", &["--install"], &out);
-    let list: Value =
-        serde_json::from_slice(&fs::read(conf.join("10-api.conflist")).unwrap()).unwrap();
-    assert!(list["plugins"][1].get("kubeconfig").is_none(), "{list:#}");
+    turn_off();
     assert!(
         !written.parent().unwrap().exists(),
         "the kubeconfig's folder stayed"

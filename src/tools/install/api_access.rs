@@ -138,43 +138,70 @@ pub fn refresh(access: &ApiAccess, conf_dir: &Path) -> Result<Option<String>, St
 }
 
 /// The first network file that still names the kubeconfig under `conf_dir` in a `kubeconfig`
-/// key, at any depth (multus thin's inlined copy too): the files libcni loads from the conf
-/// dir, the drop-ins in its network folders, and `also` (the file that holds the guard, which
-/// multus thick may read from outside the conf dir). Paths are compared as the file system
-/// resolves them, read as the host names them (`host_root`), so that another spelling of the
-/// same file counts.
+/// key, at any depth (multus thin's inlined copy too), or one that cannot be read, which may
+/// (the kubeconfig stays until the next look): the files libcni loads from the conf dir, the
+/// drop-ins in its network folders, and `also` (the file that holds the guard, which multus
+/// thick may read from outside the conf dir). Each path is resolved as the host resolves it
+/// (`network::under_host_root`) and compared by inode, so another spelling of the same file
+/// counts. Reads only regular files, at most `MAX_NETWORK_FILE` bytes, never blocking.
 pub fn named_in(conf_dir: &Path, host_root: &Path, also: &[&Path]) -> Option<PathBuf> {
-    let ours = std::fs::canonicalize(kubeconfig_path(conf_dir)).ok()?;
-    let mut files: Vec<PathBuf> = std::fs::read_dir(conf_dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|entry| entry.path())
-        .flat_map(|path| match path.is_dir() {
-            true => vec![path.join(super::edit::DROPIN_FILE)],
-            false => vec![path],
-        })
-        .collect();
-    files.extend(also.iter().map(|file| file.to_path_buf()));
-    let names_ours = |value: &str| {
-        let named = Path::new(value);
-        let on_host = match named.strip_prefix("/") {
-            Ok(rest) => host_root.join(rest),
-            Err(_) => return false,
-        };
-        std::fs::canonicalize(on_host).is_ok_and(|resolved| resolved == ours)
-    };
-    files.into_iter().find(|file| {
-        let is_network = file
+    use std::os::unix::fs::MetadataExt;
+    let identity = |path: &Path| std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    let ours = identity(&kubeconfig_path(conf_dir))?;
+    let mut files: Vec<PathBuf> = Vec::new();
+    for entry in std::fs::read_dir(conf_dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let dropin = path.join(super::edit::DROPIN_FILE);
+            if std::fs::symlink_metadata(&dropin).is_ok() {
+                files.push(dropin);
+            }
+        } else if path
             .extension()
             .and_then(|e| e.to_str())
-            .is_some_and(|e| ["conflist", "conf", "json"].contains(&e));
-        is_network
-            && std::fs::read(file)
-                .ok()
-                .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
-                .is_some_and(|doc| names_kubeconfig(&doc, &names_ours))
-    })
+            .is_some_and(|e| ["conflist", "conf", "json"].contains(&e))
+        {
+            files.push(path);
+        }
+    }
+    files.extend(also.iter().map(|file| file.to_path_buf()));
+    let names_ours = |value: &str| {
+        super::network::under_host_root(host_root, Path::new(value))
+            .is_some_and(|resolved| identity(&resolved) == Some(ours))
+    };
+    files
+        .into_iter()
+        .find(|file| match read_network_file(file, host_root) {
+            Some(doc) => names_kubeconfig(&doc, &names_ours),
+            None => true,
+        })
+}
+
+/// The most a network file is read of: libcni's are a few KiB.
+const MAX_NETWORK_FILE: u64 = 1 << 20;
+
+/// A network file's JSON, read as the host would read `file` (its links resolved under
+/// `host_root`), or `None` when it is not a regular file, is larger than `MAX_NETWORK_FILE`,
+/// or does not read or parse.
+fn read_network_file(file: &Path, host_root: &Path) -> Option<serde_json::Value> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let resolved = match file.strip_prefix(host_root) {
+        Ok(rest) => super::network::under_host_root(host_root, &Path::new("/").join(rest))?,
+        Err(_) => file.to_path_buf(),
+    };
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(resolved)
+        .ok()?;
+    let meta = opened.metadata().ok()?;
+    if !meta.is_file() || meta.len() > MAX_NETWORK_FILE {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    opened.take(MAX_NETWORK_FILE).read_to_end(&mut bytes).ok()?;
+    serde_json::from_slice(&bytes).ok()
 }
 
 fn names_kubeconfig(doc: &serde_json::Value, names_ours: &dyn Fn(&str) -> bool) -> bool {
@@ -255,6 +282,8 @@ mod tests {
         std::fs::create_dir_all(conf.join(KUBECONFIG_DIR)).unwrap();
         std::fs::write(kubeconfig_path(&conf), "{}").unwrap();
         std::os::unix::fs::symlink("cni/net.d", root.join("etc/cni-link")).unwrap();
+        // As the host resolves it: an absolute target is under the host's root.
+        std::os::unix::fs::symlink("/etc/cni/net.d", root.join("etc/cni-abs")).unwrap();
         let write = |name: &str, text: &str| std::fs::write(conf.join(name), text).unwrap();
         write(
             "10-other.conflist",
@@ -264,6 +293,7 @@ mod tests {
         for (file, spelling) in [
             ("20-a.conflist", "/etc/cni/net.d/sandbox-guard.d/kubeconfig"),
             ("20-a.conflist", "/etc/cni-link/sandbox-guard.d/kubeconfig"),
+            ("20-a.conflist", "/etc/cni-abs/sandbox-guard.d/kubeconfig"),
             (
                 "20-a.conflist",
                 "/etc/cni/net.d/./sandbox-guard.d/kubeconfig",
@@ -315,6 +345,20 @@ mod tests {
             r#"{"plugins":[{"type":"sandbox-guard","kubeconfig":"/etc/kubernetes/kubeconfig"},{"type":"x","kubeconfig":"sandbox-guard.d/kubeconfig"}]}"#,
         );
         assert_eq!(named_in(&conf, &root, &[]), None);
+        // A file that cannot be read as a network (cut mid-write, not a regular file) may name
+        // it: the kubeconfig stays.
+        write(
+            "40-half.conflist",
+            r#"{"plugins":[{"type":"sandbox-guard","kubecon"#,
+        );
+        assert_eq!(
+            named_in(&conf, &root, &[]),
+            Some(conf.join("40-half.conflist"))
+        );
+        std::fs::remove_file(conf.join("40-half.conflist")).unwrap();
+        let fifo = conf.join("50-fifo.json");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(named_in(&conf, &root, &[]), Some(fifo));
     }
 
     #[test]

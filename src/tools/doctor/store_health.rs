@@ -212,7 +212,9 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
             unasked.len()
         );
         report.add(Finding::new(Severity::Warning, "store-deferred", summary).listing(unasked).fix(
-            "each waits for a delegate-mode verb on this state dir: one whose network names a kubeconfig asks with that one;              one whose network names none replays them by the local rule (the API server's view turned off). If no network              runs here any more, run one such verb, or check the primary and remove the entries by hand",
+            "each waits for a delegate-mode verb on this state dir: one whose config names a kubeconfig that answers asks \
+             with it; one whose config names none replays them by the local rule (the API server's view turned off). If no \
+             network runs here any more, run one such verb, or check the primary and remove the entries by hand",
         ));
     }
     if !slow.is_empty() {

@@ -107,6 +107,14 @@ pub struct MovedTo {
     pub this_node: String,
 }
 
+impl MovedTo {
+    /// Whether the kubeconfig the DEL was held with is gone (not merely unreadable).
+    pub fn kubeconfig_gone(&self) -> bool {
+        std::fs::symlink_metadata(&self.kubeconfig)
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
 impl DeferredDel {
     /// The netns a repeated DEL without one of its own tears the stale interface down in:
     /// the entry's, unless it was made in another boot (nothing of that boot lives now).

@@ -204,8 +204,7 @@ pub fn still_moved(inv: &Invocation, entry: &crate::state::deferred::DeferredDel
     let (Some(moved), Some(uid)) = (&entry.moved_to, entry.pod_uid.as_deref()) else {
         return false;
     };
-    let held_with_gone = std::fs::symlink_metadata(&moved.kubeconfig)
-        .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+    let held_with_gone = moved.kubeconfig_gone();
     let kubeconfig = match &inv.conf.kubeconfig {
         Some(named) if held_with_gone => named,
         Some(_) => &moved.kubeconfig,

@@ -178,8 +178,7 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
             entry.last_error.as_deref().unwrap_or("-")
         );
         if let Some(moved) = &entry.moved_to
-            && std::fs::symlink_metadata(&moved.kubeconfig)
-                .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+            && moved.kubeconfig_gone()
         {
             unasked.push(format!(
                 "{what}; it was held with {}, which is gone",

@@ -156,11 +156,7 @@ pub fn named_in(conf_dir: &Path, host_root: &Path, also: &[&Path]) -> Option<Pat
             if std::fs::symlink_metadata(&dropin).is_ok() {
                 files.push(dropin);
             }
-        } else if path
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| ["conflist", "conf", "json"].contains(&e))
-        {
+        } else if super::network::is_candidate(&entry.file_name().to_string_lossy()) {
             files.push(path);
         }
     }

@@ -237,9 +237,10 @@ fn reconcile(options: &Options, state: &mut State) {
     state.started = true;
     let mut said = Vec::new();
     state.metrics.api_credentials = super::refresh_api_access(options, &mut |line| said.push(line));
-    if said.join("\n") != state.api_access_said {
+    let said_now = said.join("\n");
+    if said_now != state.api_access_said {
         said.iter().for_each(|line| log(line));
-        state.api_access_said = said.join("\n");
+        state.api_access_said = said_now;
     }
     match install_retrying(options, state.entry.as_ref()) {
         Ok(installed) => {

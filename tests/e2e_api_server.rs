@@ -475,13 +475,19 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
     report.push("installer: run without --api-credentials while another network names the file (a symlinked spelling): the key goes, the file stays".into());
 
     // Turned off: an install without --api-credentials, no watch running and nothing else
-    // naming the file, takes the key out and the file away; on again, it writes them back.
+    // naming the file, takes the key out and leaves the turn-off sign in the file, for the
+    // DELs held with it; on again, it writes them back.
     turn_off();
-    assert!(
-        !written.parent().unwrap().exists(),
-        "the kubeconfig's folder stayed"
+    assert_eq!(
+        fs::read_to_string(&written).unwrap(),
+        sandbox_guard::state::deferred::VIEW_OFF,
+        "the kubeconfig, once no network names it"
     );
-    report.push("installer: run without --api-credentials, the entry's kubeconfig key and the file are gone".into());
+    assert_eq!(
+        fs::metadata(&written).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    report.push("installer: run without --api-credentials, the entry's kubeconfig key is gone and the file holds the turn-off sign".into());
     let out = Command::new(&ctl).args(install_args(&[])).output().unwrap();
     sys::assert_succeeded("sandbox-guard-ctl", &["--install"], &out);
     assert!(holds(&second));
@@ -591,9 +597,10 @@ fn failover_del(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> 
 /// Delegate mode, a DEL held by rule 7 (db's pod moved to node-b) and the sweeps of what
 /// follows. A config without a `kubeconfig` while the file is there (the config of an ADD
 /// from before the view was on, which CRI-O and multus hand to the DEL) keeps it held; so does
-/// the file gone while the config names it (between two writes). Both together (the operator
-/// turned the view off, the installer removed the file) let the local rule decide, and the
-/// DEL reaches the primary.
+/// the file gone while the config names it (between two writes), and the file gone with such
+/// a cached config (the operator moved the file and deleted the old one). Only the sign the
+/// installer leaves when it turns the view off lets the local rule decide, and the DEL
+/// reaches the primary.
 fn held_until_the_view_is_turned_off(api: &Api, kubeconfig: &Path, primary: &RecordingPrimary) {
     let dir = sys::TempDir::new("sg-api-off");
     let own = dir.path.join("kubeconfig");
@@ -629,15 +636,78 @@ fn held_until_the_view_is_turned_off(api: &Api, kubeconfig: &Path, primary: &Rec
         0,
         "a kubeconfig that is not there says nothing of the name: still held"
     );
-    sweep(&off, "sweep-off");
+    sweep(&off, "sweep-moved");
+    assert_eq!(
+        primary.dels(&old),
+        0,
+        "the file gone (moved by the operator) and a config naming none (cached from before the view): still held"
+    );
+    fs::write(&own, sandbox_guard::state::deferred::VIEW_OFF).unwrap();
+    sweep(&on, "sweep-off");
     assert_eq!(
         primary.dels(&old),
         1,
-        "the file gone and the config naming none: the local rule replays the DEL at the next sweep"
+        "the installer's turn-off sign in the file: the local rule replays the DEL at the next sweep"
     );
     let said = fs::read_to_string(&store.log_file).unwrap();
-    assert!(said.contains("the API server's view turned off"), "{said}");
+    assert!(
+        said.contains("says the API server's view is turned off"),
+        "{said}"
+    );
     api.force_delete(&name);
+}
+
+/// Delegate mode, a DEL held with a kubeconfig whose token then dies (a pod-bound token whose
+/// pod is gone) while the network names one that answers: the sweep falls back to that one,
+/// so the DEL stays held while node-b's pod lives and reaches the primary once the API has
+/// no pod of the name.
+fn held_with_a_dead_token(api: &Api, kubeconfig: &Path, primary: &RecordingPrimary) {
+    let dir = sys::TempDir::new("sg-api-dead");
+    let (held_with, network) = two_kubeconfigs(&dir, kubeconfig);
+    let dead = held_with.kubeconfig.clone().unwrap();
+    let (name, old, store) = held_on_node_b(api, &held_with, primary);
+    let mut config: Value = serde_json::from_slice(&fs::read(&dead).unwrap()).unwrap();
+    for user in config["users"].as_array_mut().unwrap() {
+        user["user"]["token"] = json!("a-token-the-api-server-refuses");
+    }
+    fs::write(&dead, config.to_string()).unwrap();
+    sweep_with(&store, &network, primary, "sweep-dead");
+    assert_eq!(
+        primary.dels(&old),
+        0,
+        "held while node-b's pod has the name"
+    );
+    // The doctor names the held entry whose kubeconfig the API server refuses.
+    let out = cni::guard(&[
+        "--doctor",
+        "--output",
+        "json",
+        "--conf-dir",
+        dir.path.to_str().unwrap(),
+        "--state-dir",
+        store.state_dir.to_str().unwrap(),
+    ]);
+    let body: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed = body["findings"].as_array().unwrap().iter().any(|f| {
+        f["check"] == "store-deferred"
+            && f["evidence"].as_array().is_some_and(|lines| {
+                lines.iter().any(|line| {
+                    line.as_str().is_some_and(|line| {
+                        line.contains(&name)
+                            && line.contains(dead.to_str().unwrap())
+                            && line.contains("cannot be asked")
+                    })
+                })
+            })
+    });
+    assert!(listed, "the doctor did not list the held DEL: {body:#}");
+    api.force_delete(&name);
+    sweep_with(&store, &network, primary, "sweep-fallback");
+    assert_eq!(
+        primary.dels(&old),
+        1,
+        "the held-with kubeconfig refused, the network's answers that no pod has the name: replayed"
+    );
 }
 
 /// Delegate mode, a DEL held with a kubeconfig that then goes while the network names another
@@ -650,20 +720,8 @@ fn held_asks_with_the_networks_kubeconfig(
     primary: &RecordingPrimary,
 ) {
     let dir = sys::TempDir::new("sg-api-moved");
-    let (first, second) = (dir.path.join("first"), dir.path.join("second"));
-    for file in [&first, &second] {
-        fs::copy(kubeconfig, file).unwrap();
-        fs::set_permissions(file, fs::Permissions::from_mode(0o600)).unwrap();
-    }
-    let held_with = Keys {
-        kubeconfig: Some(first.clone()),
-        scope: "cluster",
-        stale_del: "refuse",
-    };
-    let moved = Keys {
-        kubeconfig: Some(second),
-        ..held_with.clone()
-    };
+    let (held_with, moved) = two_kubeconfigs(&dir, kubeconfig);
+    let first = held_with.kubeconfig.clone().unwrap();
     let (name, old, store) = held_on_node_b(api, &held_with, primary);
     fs::remove_file(&first).unwrap();
     sweep_with(&store, &moved, primary, "sweep-moved");
@@ -679,6 +737,26 @@ fn held_asks_with_the_networks_kubeconfig(
         1,
         "the API, asked with the network's kubeconfig, has no pod of the name: replayed"
     );
+}
+
+/// Two copies of the plugin's kubeconfig in `dir`, each private to root: the keys a DEL is
+/// held with (`first`), and those of the network that sweeps later (`second`).
+fn two_kubeconfigs(dir: &sys::TempDir, kubeconfig: &Path) -> (Keys, Keys) {
+    let (first, second) = (dir.path.join("first"), dir.path.join("second"));
+    for file in [&first, &second] {
+        fs::copy(kubeconfig, file).unwrap();
+        fs::set_permissions(file, fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let held_with = Keys {
+        kubeconfig: Some(first),
+        scope: "cluster",
+        stale_del: "refuse",
+    };
+    let later = Keys {
+        kubeconfig: Some(second),
+        ..held_with.clone()
+    };
+    (held_with, later)
 }
 
 /// A delegate-mode DEL held by rule 7: db's pod on this node, force deleted and re-created on
@@ -882,7 +960,9 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     held_with_an_older_deferral(&api, &cluster, &RecordingPrimary::new());
     report.push("delegate, a stale DEL waiting when the owner's DEL is held: neither replayed while node-b's pod lived, both after".into());
     held_until_the_view_is_turned_off(&api, &kubeconfig, &RecordingPrimary::new());
-    report.push("delegate, a held DEL: still held by a config without a kubeconfig while the file is there, and by the file gone while the config names it; replayed by the local rule at the sweep of both".into());
+    report.push("delegate, a held DEL: still held by a config without a kubeconfig while the file is there, by the file gone while the config names it, and by the file gone with a config naming none; replayed by the local rule once the file holds the installer's turn-off sign".into());
+    held_with_a_dead_token(&api, &kubeconfig, &RecordingPrimary::new());
+    report.push("delegate, a held DEL whose kubeconfig's token the API server refuses while the network names one that answers: asked with that one, held while node-b's pod lived, replayed after".into());
     held_asks_with_the_networks_kubeconfig(&api, &kubeconfig, &RecordingPrimary::new());
     report.push("delegate, a held DEL whose kubeconfig went while the network names another: asked with that one, held while node-b's pod lived, replayed after".into());
     for (label, keys, primary) in [

@@ -107,11 +107,57 @@ pub struct MovedTo {
     pub this_node: String,
 }
 
+/// What the installer leaves in place of its kubeconfig when the API server's view is turned
+/// off, and what an operator writes over a kubeconfig of their own to say the same: the one
+/// sign that lets a held DEL go by the local rule. A missing file is no such sign: the
+/// operator may have moved it, and a DEL's config may be one cached before the view.
+pub const VIEW_OFF: &str = "{\"apiServerView\": \"off\"}\n";
+
+/// The most of a held DEL's kubeconfig read to tell the off sign: the sign is a few bytes.
+const VIEW_OFF_READ: u64 = 4096;
+
+/// What the kubeconfig a DEL was held with says now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeldWith {
+    /// Something is there: the hold asks with it.
+    Present,
+    /// Nothing is there (not merely unreadable).
+    Gone,
+    /// `VIEW_OFF` is there.
+    TurnedOff,
+}
+
 impl MovedTo {
-    /// Whether the kubeconfig the DEL was held with is gone (not merely unreadable).
-    pub fn kubeconfig_gone(&self) -> bool {
-        std::fs::symlink_metadata(&self.kubeconfig)
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+    /// Reads a regular file only, never through a symlink, never blocking: what cannot be
+    /// read is `Present`, and the ask with it fails and keeps the DEL held.
+    pub fn held_with(&self) -> HeldWith {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+            .open(&self.kubeconfig);
+        let file = match opened {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return HeldWith::Gone,
+            Err(_) => return HeldWith::Present,
+        };
+        if !file
+            .metadata()
+            .is_ok_and(|m| m.is_file() && m.len() <= VIEW_OFF_READ)
+        {
+            return HeldWith::Present;
+        }
+        let mut bytes = Vec::new();
+        if file.take(VIEW_OFF_READ).read_to_end(&mut bytes).is_err() {
+            return HeldWith::Present;
+        }
+        let off = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .is_ok_and(|doc| doc.get("apiServerView").and_then(|v| v.as_str()) == Some("off"));
+        match off {
+            true => HeldWith::TurnedOff,
+            false => HeldWith::Present,
+        }
     }
 }
 
@@ -322,6 +368,34 @@ fn sync_dir(dir: &Path) -> Result<()> {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn a_held_dels_kubeconfig_is_off_only_where_it_holds_the_sign() {
+        let dir = std::env::temp_dir().join(format!("sg-held-with-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let moved = |name: &str| MovedTo {
+            pod_uid: "u".into(),
+            node: None,
+            kubeconfig: dir.join(name),
+            scope: "cluster".into(),
+            this_node: "n".into(),
+        };
+        assert_eq!(moved("none").held_with(), HeldWith::Gone);
+        std::fs::write(dir.join("off"), VIEW_OFF).unwrap();
+        assert_eq!(moved("off").held_with(), HeldWith::TurnedOff);
+        std::fs::write(dir.join("compact"), r#"{"apiServerView":"off"}"#).unwrap();
+        assert_eq!(moved("compact").held_with(), HeldWith::TurnedOff);
+        std::fs::write(dir.join("config"), r#"{"kind":"Config"}"#).unwrap();
+        assert_eq!(moved("config").held_with(), HeldWith::Present);
+        std::fs::write(dir.join("empty"), "").unwrap();
+        assert_eq!(moved("empty").held_with(), HeldWith::Present);
+        // Never through a symlink, never a FIFO read: both are there, and not the sign.
+        std::os::unix::fs::symlink(dir.join("off"), dir.join("link")).unwrap();
+        assert_eq!(moved("link").held_with(), HeldWith::Present);
+        nix::unistd::mkfifo(&dir.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert_eq!(moved("fifo").held_with(), HeldWith::Present);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn entry(extra: serde_json::Value) -> DeferredDel {
         let mut json = serde_json::json!({

@@ -9,6 +9,7 @@ use crate::cni::log::{CAUSE_LATE_ADD, CAUSE_NAME_MOVED, Level, Outcome};
 use crate::cni::pod_in_api::{self, Asked, PodInApi};
 use crate::cni::verbs::Invocation;
 use crate::error::{GuardError, Kind, Result};
+use crate::state::deferred::{DeferredDel, HeldWith};
 use crate::state::ownership::{self, ApiPod, PodKey, PodKeyScope};
 use crate::state::{Loaded, Store};
 
@@ -194,43 +195,57 @@ pub fn name_moved(
 
 /// For a deferred DEL held by rule 7: whether the name is still another pod's. An API that
 /// does not answer keeps it held (replayed now, it could free a live pod's state), and the
-/// log says so. Asked with the kubeconfig it was held with, or, once that file is gone, with
-/// the one this verb's config names (the operator moved it). The local rule decides only
-/// when both say the API server's view is off: the file is gone and this config names none.
-/// The config alone cannot say it: CRI-O and multus hand a DEL the config of its ADD, which
-/// may predate the view. Without that way out a hold nothing could lift would keep the
-/// primary's DEL, and what it frees, for good.
-pub fn still_moved(inv: &Invocation, entry: &crate::state::deferred::DeferredDel) -> bool {
+/// log says so. Asked with the kubeconfig it was held with; when that does not answer, or
+/// is gone (the operator moved it), with the one this verb's config names. The local rule
+/// decides only where the held-with file says the API server's view is off (`VIEW_OFF`, the
+/// installer's turn-off): neither a missing file nor a config without a kubeconfig says so,
+/// as CRI-O and multus hand a DEL the config of its ADD, which may predate the view.
+pub fn still_moved(inv: &Invocation, entry: &DeferredDel) -> bool {
     let (Some(moved), Some(uid)) = (&entry.moved_to, entry.pod_uid.as_deref()) else {
         return false;
     };
-    let held_with_gone = moved.kubeconfig_gone();
-    let kubeconfig = match &inv.conf.kubeconfig {
-        Some(named) if held_with_gone => named,
-        Some(_) => &moved.kubeconfig,
-        None if held_with_gone => {
-            let subject = inv.subject(None, Some(entry.key.pod()));
-            inv.log.event(
-                Level::Warn,
-                inv.verb,
-                &subject,
-                Outcome::ApiUnanswered,
-                &format!(
-                    "the kubeconfig {} this DEL was held with is gone and network {} names none (the API server's view turned off): the local rule decides its replay",
-                    moved.kubeconfig.display(),
-                    inv.conf.network,
-                ),
-            );
+    let this_network = inv.conf.kubeconfig.as_deref();
+    let held_with = moved.held_with();
+    let warn = |text: String| {
+        let subject = inv.subject(None, Some(entry.key.pod()));
+        inv.log.event(
+            Level::Warn,
+            inv.verb,
+            &subject,
+            Outcome::ApiUnanswered,
+            &text,
+        );
+    };
+    let first = match (held_with, this_network) {
+        (HeldWith::TurnedOff, _) => {
+            warn(format!(
+                "the kubeconfig {} this DEL was held with says the API server's view is turned off: the local rule decides its replay",
+                moved.kubeconfig.display(),
+            ));
             return false;
         }
-        None => &moved.kubeconfig,
+        (HeldWith::Present, _) => moved.kubeconfig.as_path(),
+        (HeldWith::Gone, Some(named)) => named,
+        (HeldWith::Gone, None) => {
+            warn(format!(
+                "the kubeconfig {} this DEL was held with is gone and network {} names none: the DEL stays held (sandbox-guard --doctor says how out)",
+                moved.kubeconfig.display(),
+                inv.conf.network,
+            ));
+            return true;
+        }
     };
     let scope = PodKeyScope::from_name(&moved.scope);
     let then = format!("the deferred DELs of pod {} stay held", entry.key.pod());
-    match ask(inv, None, kubeconfig, &entry.key, &then) {
-        Some(answer) => ownership::name_moved(uid, api_pod(&answer), scope, &moved.this_node),
-        None => true,
-    }
+    let fallback = this_network.filter(|named| *named != first);
+    let answer = match ask(inv, None, first, &entry.key, &then) {
+        Some(answer) => answer,
+        None => match fallback.and_then(|named| ask(inv, None, named, &entry.key, &then)) {
+            Some(answer) => answer,
+            None => return true,
+        },
+    };
+    ownership::name_moved(uid, api_pod(&answer), scope, &moved.this_node)
 }
 
 /// Rule 8, before the ADD takes the name: refused when the name's owner here is of another pod

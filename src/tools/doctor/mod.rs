@@ -102,7 +102,7 @@ pub fn run(options: &Options) -> i32 {
 
 /// The pod the `api-server` check asks for: a name no pod has, so that the answer is the
 /// API's own "not found", which only credentials allowed to get pods receive.
-const PROBE_POD: &str = "kube-system/sandbox-guard-doctor-probe";
+pub(super) const PROBE_POD: &str = "kube-system/sandbox-guard-doctor-probe";
 
 /// Each entry's `kubeconfig` (rules 7 and 8): read, and answering a GET of a pod as the plugin
 /// makes it, within the plugin's bound.

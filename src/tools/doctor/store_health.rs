@@ -6,6 +6,7 @@ use std::path::Path;
 
 use super::finding::{Finding, Report, Severity, capped};
 use crate::state::checkpoint::Checkpoint;
+use crate::state::deferred::{HeldWith, VIEW_OFF};
 use crate::state::ownership::Ownership;
 use crate::state::pending_add::{self, Standing};
 use crate::state::{Loaded, Store, surely_absent};
@@ -152,6 +153,7 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
     let mut slow = Vec::new();
     let mut unasked = Vec::new();
     let waiting = deferred.len();
+    let mut answers = Answers::default();
     for (path, loaded) in &deferred {
         let Loaded::Valid(entry) = loaded else {
             failing.push(format!("{}: failed verification, it is never replayed: delete it once its sandbox is gone from the primary", path.display()));
@@ -177,13 +179,21 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
             entry.attempts,
             entry.last_error.as_deref().unwrap_or("-")
         );
-        if let Some(moved) = &entry.moved_to
-            && moved.kubeconfig_gone()
-        {
-            unasked.push(format!(
-                "{what}; it was held with {}, which is gone",
-                moved.kubeconfig.display()
-            ));
+        if let Some(moved) = &entry.moved_to {
+            match moved.held_with() {
+                HeldWith::Gone => unasked.push(format!(
+                    "{what}; it was held with {}, which is gone",
+                    moved.kubeconfig.display()
+                )),
+                HeldWith::Present => match answers.probe(&moved.kubeconfig) {
+                    Ok(()) => {}
+                    Err(why) => unasked.push(format!(
+                        "{what}; it was held with {}, with which the API server cannot be asked: {why}",
+                        moved.kubeconfig.display()
+                    )),
+                },
+                HeldWith::TurnedOff => {}
+            }
         }
         if entry.hung {
             // Killed at replayTimeoutSeconds while it still ran: no answer, so not refused.
@@ -207,14 +217,22 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
         && unasked.is_empty();
     if !unasked.is_empty() {
         let summary = format!(
-            "{root}: {} deferred DELs held for the API server's pod have lost the kubeconfig they were held with",
+            "{root}: {} deferred DELs held for the API server's pod cannot ask it with the kubeconfig they were held with",
             unasked.len()
         );
-        report.add(Finding::new(Severity::Warning, "store-deferred", summary).listing(unasked).fix(
-            "each waits for a delegate-mode verb on this state dir: one whose config names a kubeconfig that answers asks \
-             with it; one whose config names none replays them by the local rule (the API server's view turned off). If no \
-             network runs here any more, run one such verb, or check the primary and remove the entries by hand",
-        ));
+        let fix = format!(
+            "each stays held, and each delegate-mode verb on this state dir asks again with the kubeconfig its own config \
+             names, if any. Make that one answer (a token that may get pods). If the API server's view is off for good, \
+             write {} to the file each was held with (the installer does when it turns the view off): the next verb \
+             replays them by the local rule, which frees what the primary holds under the name even where a pod of that \
+             name lives on another node",
+            VIEW_OFF.trim_end()
+        );
+        report.add(
+            Finding::new(Severity::Warning, "store-deferred", summary)
+                .listing(unasked)
+                .fix(fix),
+        );
     }
     if !slow.is_empty() {
         let summary = format!(
@@ -699,13 +717,14 @@ mod tests {
     }
 
     #[test]
-    fn a_held_del_whose_kubeconfig_is_gone_is_said() {
+    fn a_held_del_whose_kubeconfig_is_gone_or_does_not_answer_is_said() {
         let dir = std::env::temp_dir().join(format!("sg-doctor-unasked-{}", std::process::id()));
         let store = Store::open(&dir, std::time::Duration::from_secs(1)).unwrap();
         let now = crate::clock::rfc3339(crate::clock::unix_seconds() - 60);
-        let there = dir.join("kubeconfig");
-        std::fs::write(&there, "{}").unwrap();
-        for (pod, kubeconfig) in [("db-0", dir.join("gone")), ("db-1", there)] {
+        let (broken, off) = (dir.join("broken"), dir.join("off"));
+        std::fs::write(&broken, "{}").unwrap();
+        std::fs::write(&off, crate::state::deferred::VIEW_OFF).unwrap();
+        for (pod, kubeconfig) in [("db-0", dir.join("gone")), ("db-1", broken), ("db-2", off)] {
             let mut held = entry(pod, now.clone(), 0);
             held.moved_to = Some(crate::state::deferred::MovedTo {
                 pod_uid: "u2".into(),
@@ -726,9 +745,12 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(
             found.iter().any(|f| f.starts_with("Warning")
-                && f.contains("lost the kubeconfig")
+                && f.contains("cannot ask it with the kubeconfig")
                 && f.contains("db-0")
-                && !f.contains("db-1")),
+                && f.contains("which is gone")
+                && f.contains("db-1")
+                && f.contains("with which the API server cannot be asked")
+                && !f.contains("db-2")),
             "{found:?}"
         );
     }
@@ -821,5 +843,19 @@ mod pending_add_tests {
             found[2].0 == Severity::Info && found[2].1.contains("cut-etcd4-0"),
             "{found:?}"
         );
+    }
+}
+
+/// The held DELs' kubeconfigs, each asked once (`super::PROBE_POD`) however many entries name
+/// it.
+#[derive(Default)]
+struct Answers(std::collections::BTreeMap<std::path::PathBuf, Result<(), String>>);
+
+impl Answers {
+    fn probe(&mut self, kubeconfig: &Path) -> Result<(), String> {
+        self.0
+            .entry(kubeconfig.to_path_buf())
+            .or_insert_with(|| crate::tools::api::get_pod(super::PROBE_POD, kubeconfig).map(|_| ()))
+            .clone()
     }
 }

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use base64::Engine as _;
 
 use super::files::{self, Keep};
+use crate::state::deferred::VIEW_OFF;
 
 /// The kubeconfig's folder in the conf dir, and its name there.
 pub const KUBECONFIG_DIR: &str = "sandbox-guard.d";
@@ -209,6 +210,31 @@ fn names_kubeconfig(doc: &serde_json::Value, names_ours: &dyn Fn(&str) -> bool) 
         serde_json::Value::Array(items) => items.iter().any(|v| names_kubeconfig(v, names_ours)),
         _ => false,
     }
+}
+
+/// Puts `VIEW_OFF` in place of the kubeconfig under `conf_dir` (its token is bound to a pod
+/// that no longer renews it): the sign that lets the DELs held with it go by the local rule.
+/// The file stays, so that sign outlives the view; nothing is written where no kubeconfig
+/// is, or through a folder or file that is a symlink. Says what it wrote.
+pub fn turn_off(conf_dir: &Path) -> io::Result<Option<String>> {
+    let dir = conf_dir.join(KUBECONFIG_DIR);
+    if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+        return Ok(None);
+    }
+    let path = dir.join(KUBECONFIG_FILE);
+    match std::fs::symlink_metadata(&path) {
+        Ok(meta) if meta.is_file() => {}
+        _ => return Ok(None),
+    }
+    if std::fs::read(&path)? == VIEW_OFF.as_bytes() {
+        return Ok(None);
+    }
+    files::write_atomic(&path, VIEW_OFF.as_bytes(), Keep::mode(0o600))?;
+    Ok(Some(format!(
+        "wrote {} over the kubeconfig {}: the API server's view is off, and the DELs held with it replay by the local rule",
+        VIEW_OFF.trim_end(),
+        path.display()
+    )))
 }
 
 /// Removes the kubeconfig, the temp files of a writer killed while it wrote one, and their
@@ -407,6 +433,35 @@ mod tests {
         let err = refresh(&access(&dir), &conf).unwrap_err();
         assert!(err.contains("not a directory"), "{err}");
         assert!(remove(&conf).unwrap().is_empty());
+        assert!(turn_off(&conf).unwrap().is_none());
         assert_eq!(std::fs::read_dir(&other).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn turned_off_the_kubeconfig_holds_the_sign_once_and_only_where_one_was() {
+        let dir = Dir::new();
+        let conf = dir.0.join("conf");
+        assert!(
+            turn_off(&conf).unwrap().is_none(),
+            "no folder, nothing written"
+        );
+        std::fs::create_dir(conf.join(KUBECONFIG_DIR)).unwrap();
+        assert!(
+            turn_off(&conf).unwrap().is_none(),
+            "no kubeconfig, nothing written"
+        );
+        assert!(!kubeconfig_path(&conf).exists());
+        std::fs::write(dir.0.join("sa/token"), "t").unwrap();
+        std::fs::write(dir.0.join("sa/ca.crt"), "PEM").unwrap();
+        refresh(&access(&dir), &conf).unwrap();
+        assert!(turn_off(&conf).unwrap().is_some());
+        let path = kubeconfig_path(&conf);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), VIEW_OFF);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(turn_off(&conf).unwrap().is_none(), "already off");
+        // On again: the sign is replaced by the kubeconfig.
+        assert!(refresh(&access(&dir), &conf).unwrap().is_some());
+        assert!(crate::tools::api::kubeconfig::load(&path).is_ok());
     }
 }

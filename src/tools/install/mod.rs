@@ -99,11 +99,11 @@ fn refresh_api_access(options: &Options, say: &mut dyn FnMut(String)) -> Option<
     Some(true)
 }
 
-/// Without `--api-credentials`, the kubeconfig an earlier install wrote goes once no network
-/// file names it any more (`Entry::unset` took the key out of the guard's entry): its token
-/// is bound to a pod that no longer renews it. Left while any file names it: another guarded
-/// network, multus's inlined copy, the operator's ConfigMap; and where this install does not
-/// unset the key.
+/// Without `--api-credentials`, the kubeconfig an earlier install wrote is turned off
+/// (`api_access::turn_off`) once no network file names it any more (`Entry::unset` took the
+/// key out of the guard's entry). Left while any file names it: another guarded network,
+/// multus's inlined copy, the operator's ConfigMap; and where this install does not unset
+/// the key.
 fn forget_api_access(options: &Options, installed: &Installed, say: &mut dyn FnMut(String)) {
     if options.api_access.is_some() || options.entry.unset.is_empty() {
         return;
@@ -111,10 +111,10 @@ fn forget_api_access(options: &Options, installed: &Installed, say: &mut dyn FnM
     if api_access::named_in(&options.conf_dir, &options.host_root, &[&installed.file]).is_some() {
         return;
     }
-    match api_access::remove(&options.conf_dir) {
-        Ok(removed) => removed.into_iter().for_each(&mut *say),
+    match api_access::turn_off(&options.conf_dir) {
+        Ok(wrote) => wrote.into_iter().for_each(&mut *say),
         Err(e) => say(format!(
-            "warning: cannot remove the kubeconfig an earlier install wrote under {}: {e}",
+            "warning: cannot turn off the kubeconfig an earlier install wrote under {}: {e}; DELs held with it stay held",
             options.conf_dir.display()
         )),
     }

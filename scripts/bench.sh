@@ -426,7 +426,10 @@ jq -n --arg server "https://127.0.0.1:$ask_port" --arg ca "$(base64 -w0 "$work/a
     clusters: [{name: "bench", cluster: {server: $server, "certificate-authority-data": $ca}}],
     users: [{name: "bench", user: {token: "bench"}}]}' >"$ask_kubeconfig"
 chmod 600 "$ask_kubeconfig"
-readonly ask_keys=",\"kubeconfig\":\"$ask_kubeconfig\",\"podKeyScope\":\"cluster\""
+# The log says of each ask that went unanswered (outcome=api-unanswered): the rounds must have none, or
+# the figures time the bound, not an answer. One appended line per verb, against the ask's milliseconds.
+ask_log=$work/ask.log
+readonly ask_keys=",\"kubeconfig\":\"$ask_kubeconfig\",\"podKeyScope\":\"cluster\",\"logFile\":\"$ask_log\""
 api_pod() { # name uid node: what the stand-in answers for the pod
   jq -cn --arg ns "$pod_namespace" --arg name "$1" --arg uid "$2" --arg node "$3" \
     '{kind: "Pod", metadata: {namespace: $ns, name: $name, uid: $uid}, spec: {nodeName: $node}}' \
@@ -451,6 +454,25 @@ fi
 jq -e '.code == 11 and (.msg | contains("someone-else"))' <<<"$out" >/dev/null ||
   die "the owner's DEL was refused, not for the API's pod: $out"
 out=$(guard DEL "$config") || die "the ask's preflight DEL, without the kubeconfig, failed: $out"
+# And rule 8's: an ADD of the name, owned here by a sandbox of another pod UID, while the API shows a third
+# UID, is refused (code 104), which only the answer can have said.
+attachment "$preflight_kind" 3
+pod=ask-preflight
+guard_config config "$ask_state"
+out=$(guard ADD "$config") || die "the ask's preflight owner ADD failed: $out"
+owner_config=$config owner_cid=$cid owner_uid=$uid
+attachment "$preflight_kind" 4
+pod=ask-preflight
+api_pod "$pod" a-third-uid bench-node
+guard_keys="${guard_keys:-}$ask_keys" guard_config ask_config "$ask_state"
+if out=$(guard ADD "$ask_config"); then
+  die "an ADD of a name owned here by another pod UID asked the stand-in API server, which shows a third UID, and was not refused: $out"
+fi
+jq -e '.code == 104 and (.msg | contains("a-third-uid"))' <<<"$out" >/dev/null ||
+  die "the late ADD was refused, not for the API's pod: $out"
+cid=$owner_cid uid=$owner_uid
+out=$(guard DEL "$owner_config") || die "the ask's preflight owner DEL failed: $out"
+: >"$ask_log"
 
 populate() { # state count
   local n start=$SECONDS config
@@ -485,6 +507,24 @@ shuffled() { # variable item...: the items in a random order
     swap=${into[k]} into[k]=${into[j]} into[j]=$swap
   done
 }
+# The round's pod, its name owned first by a sandbox of another UID: set up and taken down untimed, with a
+# config that does not ask; then the timed ADD and DEL that ask.
+ask_round() { # label-prefix state-dir plugin-function
+  local cid pod uid prev_result owner_input owner_cid owner_uid input
+  attachment "$ask_owner_kind" "$round"
+  pod=ask-$round
+  guard_config owner_input "$2"
+  "$3" ADD "$owner_input" >/dev/null || die "the ask case's owner ADD ($1) failed"
+  owner_cid=$cid owner_uid=$uid
+  attachment "$ask_kind" "$round"
+  pod=ask-$round
+  api_pod "$pod" "$uid" bench-node
+  guard_keys="${guard_keys:-}$ask_keys" guard_config input "$2"
+  timed "$1_add_ask" "$3" ADD "$input"
+  timed "$1_del_ask" "$3" DEL "$input"
+  cid=$owner_cid uid=$owner_uid
+  "$3" DEL "$owner_input" >/dev/null || die "the ask case's owner DEL ($1) failed"
+}
 run_case() { # case
   case $1 in
   spawn) timed spawn /bin/true ;;
@@ -492,24 +532,8 @@ run_case() { # case
   guard_version) timed guard_version guard VERSION "$version_input" ;;
   tuning_add) timed tuning_add tuning ADD "${round_input[tuning]}" ;;
   ctl_get) timed ctl_get "$ctl_bin" --get-pod "$pod_namespace/ctl-probe" "$ask_kubeconfig" ;;
-  ask)
-    # The round's pod, its name owned first by a sandbox of another UID: set up and taken down
-    # untimed, with a config that does not ask.
-    local cid pod uid prev_result owner_input owner_cid owner_uid input
-    attachment "$ask_owner_kind" "$round"
-    pod=ask-$round
-    guard_config owner_input "$ask_state"
-    guard ADD "$owner_input" >/dev/null || die "the ask case's owner ADD failed"
-    owner_cid=$cid owner_uid=$uid
-    attachment "$ask_kind" "$round"
-    pod=ask-$round
-    api_pod "$pod" "$uid" bench-node
-    guard_keys="${guard_keys:-}$ask_keys" guard_config input "$ask_state"
-    timed guard_add_ask guard ADD "$input"
-    timed guard_del_ask guard DEL "$input"
-    cid=$owner_cid uid=$owner_uid
-    guard DEL "$owner_input" >/dev/null || die "the ask case's owner DEL failed"
-    ;;
+  ask) ask_round guard "$ask_state" guard ;;
+  ask_baseline) ask_round baseline "$baseline_ask_state" baseline ;;
   small | large)
     timed "guard_add_$1" guard ADD "${round_input[$1]}"
     timed "guard_del_$1" guard DEL "${round_input[$1]}"
@@ -522,6 +546,9 @@ run_case() { # case
 }
 cases=(spawn tuning_version guard_version tuning_add small large ask ctl_get)
 [[ -z $baseline_bin ]] || cases+=(baseline)
+# The baseline's asks too, where it asks (a ctl beside it): the same stand-in, in the same rounds.
+baseline_ask_state=$work/state-ask-baseline
+[[ -z $baseline_bin || $(ctl_of "$baseline_bin") == "$baseline_bin" ]] || cases+=(ask_baseline)
 declare -A round_input=() # tuning, small, large -> stdin text
 say "timing $ITERATIONS rounds (+$WARMUP warm-up) of: ${cases[*]}"
 for ((round = 0; round < WARMUP + ITERATIONS; round++)); do
@@ -536,6 +563,8 @@ for ((round = 0; round < WARMUP + ITERATIONS; round++)); do
   for case in "${order[@]}"; do run_case "$case"; done
 done
 [[ $(count_records "$large_state") -eq $LARGE_RECORDS ]] || contract "the ADD/DEL rounds changed the record count of the large store"
+unanswered=$(grep -c 'outcome=api-unanswered' "$ask_log" || true)
+((unanswered == 0)) || contract "$unanswered of the rounds' asks went unanswered (see $ask_log): the ask rows time the bound"
 # Only the rounds ask the stand-in; a job left running would hold up the restore set-up's `wait`.
 kill "$api_server_pid" 2>/dev/null
 wait "$api_server_pid" 2>/dev/null || true
@@ -1055,6 +1084,10 @@ row "\`--dump-checkpoints --output json\`, $LARGE_RECORDS records" dump_json '-'
 row "\`--dump-checkpoints --output table\`, $LARGE_RECORDS records" dump_table '-'
 row "sandbox-guard ADD that asks the API server (a record of another pod UID)" guard_add_ask "$(calc "${p50[guard_add_ask]} - ${p50[guard_add_small]}") ms above ADD, $SMALL_RECORDS records"
 row "sandbox-guard DEL that asks the API server (the owner's)" guard_del_ask "$(calc "${p50[guard_del_ask]} - ${p50[guard_del_small]}") ms above DEL, $SMALL_RECORDS records"
+[[ -z ${p50[baseline_add_ask]:-} ]] || {
+  row "baseline ADD that asks the API server" baseline_add_ask "this binary's: $(calc "${p50[guard_add_ask]} / ${p50[baseline_add_ask]}")x"
+  row "baseline DEL that asks the API server" baseline_del_ask "this binary's: $(calc "${p50[guard_del_ask]} / ${p50[baseline_del_ask]}")x"
+}
 row "\`sandbox-guard-ctl --get-pod\` alone (exec, kubeconfig, TLS, GET)" ctl_get '-'
 
 echo

@@ -487,8 +487,9 @@ EOF
 # Node b's mount namespace, kept by a bind mount of its file so that each of its commands can
 # enter it, with node b's dirs mounted over node a's. Made before node a's containerd and kubelet
 # mount anything: the new namespace gets a copy of every mount the host has, and such a copy
-# would keep a netns or a volume of node a's alive after node a unmounts it. slave, so that
-# an unmount under the host's one shared mount (/run/netns, another test's netns) reaches it.
+# would keep a netns or a volume of node a's alive after node a unmounts it. slave rather than
+# private: they differ only under the host's one shared mount, /run/netns, whose later mounts
+# and unmounts then reach the namespace too.
 make_node_b_namespace() {
   local ns_dir dir
   ns_dir=$(dirname "$NODE_B_MOUNT_NS")

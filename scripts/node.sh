@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# A real single-node Kubernetes cluster on this machine, for watching and testing the guard
-# under a real kubelet: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-# containerd with runc and kubelet, all built from their Go modules (scripts/lib/node-build.sh)
-# or Debian's packages, on loopback, under one work dir. The node's CNI network is the
-# calico-cni v1 model primary (tests/cri/calico-cni-v1-model-plugin, calico 2.1's keying); the guard
-# is not installed: put it on as a user does (scripts/image.sh, ctr import, kubectl apply).
+# A real single-node Kubernetes cluster on this machine (or two nodes: up --nodes 2), for
+# watching and testing the guard under a real kubelet: etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, containerd with runc and kubelet, all built from their
+# Go modules (scripts/lib/node-build.sh) or Debian's packages, on loopback, under one work dir.
+# The CNI network is the calico-cni v1 model primary (tests/cri/calico-cni-v1-model-plugin,
+# calico 2.1's keying); no guard: put it on as a user does (scripts/image.sh, ctr import, kubectl apply).
 #
 #   bash scripts/node.sh up [--runtime containerd2|containerd16] [--runtime-request-timeout S]
 #                           [--terminated-pod-gc-threshold N] [--nodes 2]

@@ -987,8 +987,11 @@ cmd_down() {
   # Node b's dirs as the host sees them, if it was up; its processes, in the cgroups of node
   # a's root, go with node a's, and its mount namespace, with all its mounts and the netns
   # its containerd pinned there, once no process is left in it and its file is unmounted.
-  local node_dirs=("$W")
+  local node_dirs=("$W") node_b_ns=''
   [[ ! -d $NODE_B_DIR ]] || node_dirs+=("$NODE_B_DIR")
+  # The namespace's inode, to tell afterwards whether a process outside the node's cgroups (an
+  # operator's nsenter shell) still holds it, and with it the mounts and netns made there.
+  [[ ! -e $NODE_B_MOUNT_NS ]] || node_b_ns=$(stat -c %i "$NODE_B_MOUNT_NS" 2>/dev/null) || true
   stop kubelet
   stop kubelet-b
   # Containers first, while runc still knows them; then their shims and containerd.
@@ -1088,6 +1091,15 @@ cmd_down() {
   fi
   if compgen -G "/sys/fs/cgroup/*/${CGROUP_ROOT#/}" >/dev/null; then
     left+=("cgroups $CGROUP_ROOT")
+  fi
+  local ns
+  if [[ -n $node_b_ns ]]; then
+    for ns in /proc/[0-9]*/ns/mnt; do
+      if [[ $(readlink "$ns" 2>/dev/null) == "mnt:[$node_b_ns]" ]]; then
+        left+=("processes in node b's mount namespace, which keeps its mounts (${ns%/ns/mnt})")
+        break
+      fi
+    done
   fi
   if ((${#left[@]})); then
     say "down: left behind: ${left[*]}"

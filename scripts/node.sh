@@ -82,12 +82,12 @@ GUARD_STATE=$W/guard/state
 NODE_B_DIR=$W/nodes/b
 NODE_B_MOUNT_NS=$NODE_B_DIR/ns/mnt
 NODE_B_IP=100.100.1.2
-# Apart from node a's pods, its node addresses and SERVICE_RANGE.
+# Disjoint from node a's POD_SUBNET, the node addresses' 100.100.1.0/24 and SERVICE_RANGE.
 NODE_B_POD_SUBNET=100.100.2.0/24
 NODE_B_KUBELET_PORT=30251
 NODE_B_KUBELET_HEALTHZ_PORT=30249
-# The dirs of $W that are each node's own, and the host paths kubelet and containerd use
-# whatever their config says (kubelet's device-plugin socket, containerd's NRI socket).
+# The dirs of $W that are each node's own, and the host paths kubelet and containerd use that
+# no config here sets (kubelet's device-plugin socket, a constant; containerd's NRI socket).
 NODE_OWN_DIRS=(cni containerd kubelet guard pod-logs)
 NODE_OWN_HOST_DIRS=(/var/lib/kubelet /run/nri)
 # The model primary's IPAM store (calico's etcd: handles and addresses for the whole cluster),

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# A real single-node Kubernetes cluster on this machine, for watching and testing the guard
-# under a real kubelet: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-# containerd with runc and kubelet, all built from their Go modules (scripts/lib/node-build.sh)
-# or Debian's packages, on loopback, under one work dir. The node's CNI network is the
-# calico-cni v1 model primary (tests/cri/calico-cni-v1-model-plugin, calico 2.1's keying); the guard
-# is not installed: put it on as a user does (scripts/image.sh, ctr import, kubectl apply).
+# A real single-node Kubernetes cluster on this machine (or two nodes: up --nodes 2), for
+# watching and testing the guard under a real kubelet: etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, containerd with runc and kubelet, all built from their
+# Go modules (scripts/lib/node-build.sh) or Debian's packages, on loopback, under one work dir.
+# The CNI network is the calico-cni v1 model primary (tests/cri/calico-cni-v1-model-plugin,
+# calico 2.1's keying); no guard: put it on as a user does (scripts/image.sh, ctr import, kubectl apply).
 #
 #   bash scripts/node.sh up [--runtime containerd2|containerd16] [--runtime-request-timeout S]
-#                           [--terminated-pod-gc-threshold N]
+#                           [--terminated-pod-gc-threshold N] [--nodes 2]
 #                                             # prints KUBECONFIG=... last; S: kubelet's, 120;
-#                                             # N: kube-controller-manager's, 12500
+#                                             # N: kube-controller-manager's, 12500; --nodes 2:
+#                                             # a second node, sg-node-b (docs/real-node.md)
 #   bash scripts/node.sh up --api-only        # etcd and kube-apiserver alone, with RBAC: for the
 #                                             # tests that only ask the API (prints KUBECONFIG=... last)
 #   bash scripts/node.sh down                 # leaves no process, mount, netns, link or chain
@@ -23,6 +24,7 @@
 #                                             # the model, or aws-cni + cilium-cni (models)
 #   bash scripts/node.sh kubectl ARGS... | crictl ARGS... | ctr ARGS...
 #   bash scripts/node.sh env                  # the running node's variables, as `up` printed
+#   bash scripts/node.sh --node b env|restart ...|crictl ...|ctr ...   # the same on node b
 #
 # containerd16 is Debian's containerd 1.6 and containerd2 containerd 2.x from its module: both
 # run a DEL on every StopPodSandbox; 2.x ignores its failure when it holds no CNI result.
@@ -33,7 +35,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/node-build.sh"
-help_if_asked "${BASH_SOURCE[0]}" 30 "${1:-}"
+help_if_asked "${BASH_SOURCE[0]}" 32 "${1:-}"
 
 W=${SANDBOX_GUARD_NODE_DIR:-/var/tmp/sandbox-guard-node}
 NODE_NAME=sg-node
@@ -72,6 +74,34 @@ TOKEN=sandbox-guard-node-admin
 # The guard's state dir on this node, under the work dir rather than the host's /var/lib/cni.
 GUARD_STATE=$W/guard/state
 
+# up --nodes 2: node b, sg-node-b, joins the same control plane with a containerd and kubelet
+# of its own, both in one mount namespace of their own (kubelet mounts the volumes runc then
+# binds into containers), in which node b's dirs under NODE_B_DIR are bind-mounted over node
+# a's ($W/cni, $W/containerd, ...): the same path, a DaemonSet's hostPath among them, names
+# each node's own dir, as on two machines. Node a stays in the host's mount namespace.
+NODE_B_DIR=$W/nodes/b
+NODE_B_MOUNT_NS=$NODE_B_DIR/ns/mnt
+NODE_B_IP=100.100.1.2
+# Disjoint from node a's POD_SUBNET, the node addresses' 100.100.1.0/24 and SERVICE_RANGE.
+NODE_B_POD_SUBNET=100.100.2.0/24
+NODE_B_KUBELET_PORT=30251
+NODE_B_KUBELET_HEALTHZ_PORT=30249
+# The dirs of $W that are each node's own, and the host paths kubelet and containerd use that
+# no config here sets (kubelet's device-plugin socket, a constant; containerd's NRI socket).
+NODE_OWN_DIRS=(cni containerd kubelet guard pod-logs)
+NODE_OWN_HOST_DIRS=(/var/lib/kubelet /run/nri)
+# The model primary's IPAM store (calico's etcd: handles and addresses for the whole cluster),
+# shared by both nodes, outside their own dirs; endpoints stay in each node's stateDir.
+IPAM_DIR=$W/ipam
+
+# The node a command acts on (--node): a, or b, whose dirs the host sees under NODE_B_DIR
+# and whose commands run in its mount namespace (NODE_EXEC).
+NODE=a
+NODE_HOST_DIR=$W
+NODE_EXEC=()
+NODE_SUFFIX=''
+KUBELET_CGROUP_ROOT=$CGROUP_ROOT
+
 # The script's own messages go to fd 3, the stderr it was started with: wait_for silences its
 # check's output, and a component's death is reported from inside that check (alive_and).
 exec 3>&2
@@ -82,6 +112,32 @@ die() {
 }
 
 bin_k8s() { echo "$NODE_CACHE/bin/kubernetes-$K8S_VERSION/$1"; }
+
+two_nodes() { [[ -d $NODE_B_DIR ]]; }
+
+select_node() {
+  case $1 in
+    a) ;;
+    b)
+      NODE=b
+      NODE_NAME=sg-node-b
+      NODE_IP=$NODE_B_IP
+      POD_SUBNET=$NODE_B_POD_SUBNET
+      KUBELET_PORT=$NODE_B_KUBELET_PORT
+      KUBELET_HEALTHZ_PORT=$NODE_B_KUBELET_HEALTHZ_PORT
+      # Its own host veth names: both nodes' links share the host's network namespace, and a
+      # pod of one name on both nodes would otherwise get one name on both.
+      VETH_PREFIX=sgnb
+      # Nested in node a's root, so that down finds both nodes' processes and cgroups there.
+      KUBELET_CGROUP_ROOT=$CGROUP_ROOT/b
+      NODE_CGROUP=/sys/fs/cgroup/pids$CGROUP_ROOT/b/node
+      NODE_HOST_DIR=$NODE_B_DIR
+      NODE_EXEC=(nsenter --mount="$NODE_B_MOUNT_NS" --)
+      NODE_SUFFIX=-b
+      ;;
+    *) die "--node takes a or b, not '$1'" ;;
+  esac
+}
 
 kubectl_() { "$(bin_k8s kubectl)" --kubeconfig "$W/kubeconfig" "$@"; }
 
@@ -98,13 +154,13 @@ containerd_bin_dir() {
 }
 
 crictl_() {
-  "$NODE_CACHE/bin/cri-tools-$CRITOOLS_VERSION/crictl" \
+  "${NODE_EXEC[@]}" "$NODE_CACHE/bin/cri-tools-$CRITOOLS_VERSION/crictl" \
     --runtime-endpoint "unix://$W/containerd/containerd.sock" \
     --image-endpoint "unix://$W/containerd/containerd.sock" --timeout 30s "$@"
 }
 
 ctr_() {
-  "$(containerd_bin_dir "$(runtime_of_node)")/ctr" --address "$W/containerd/containerd.sock" \
+  "${NODE_EXEC[@]}" "$(containerd_bin_dir "$(runtime_of_node)")/ctr" --address "$W/containerd/containerd.sock" \
     --namespace k8s.io "$@"
 }
 
@@ -224,24 +280,33 @@ pause_image_archive() {
   echo "$dir/pause.tar"
 }
 
+# Writes the node's own files where the host sees them (NODE_HOST_DIR), naming paths as the
+# node's own processes see them ($W).
 write_cni() {
-  mkdir -p "$W/cni/bin" "$W/cni/net.d" "$W/cni/primary"
+  local h=$NODE_HOST_DIR
+  mkdir -p "$h/cni/bin" "$h/cni/net.d" "$h/cni/primary"
   # Copies, not links: the guard's DaemonSet sees this dir under its own root, where a link
   # to a host path would point nowhere. The model's shared code lies beside it.
   local plugin
   for plugin in loopback bridge host-local portmap tuning; do
-    cp "/usr/lib/cni/$plugin" "$W/cni/bin/$plugin"
+    cp "/usr/lib/cni/$plugin" "$h/cni/bin/$plugin"
   done
-  cp "$repo/tests/cri/calico-cni-v1-model-plugin" "$W/cni/bin/calico-cni-v1-model"
-  cp "$repo/tests/cri/model-lib.sh" "$W/cni/bin/model-lib.sh"
-  cat >"$W/cni/net.d/10-$NETWORK_NAME.conflist" <<EOF
+  cp "$repo/tests/cri/calico-cni-v1-model-plugin" "$h/cni/bin/calico-cni-v1-model"
+  cp "$repo/tests/cri/model-lib.sh" "$h/cni/bin/model-lib.sh"
+  # Two nodes share the model's IPAM, as calico's nodes share its etcd.
+  local ipam=''
+  if two_nodes; then
+    mkdir -p "$IPAM_DIR"
+    ipam=$'\n      "ipamDir": "'"$IPAM_DIR"'",'
+  fi
+  cat >"$h/cni/net.d/10-$NETWORK_NAME.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "$NETWORK_NAME",
   "plugins": [
     {
       "type": "calico-cni-v1-model",
-      "stateDir": "$W/cni/primary",
+      "stateDir": "$W/cni/primary",$ipam
       "subnet": "$POD_SUBNET",
       "hostVethPrefix": "$VETH_PREFIX",
       "onMissingEndpoint": "ignore"
@@ -309,10 +374,10 @@ EOF
 
 write_containerd_config() {
   local runtime=$1 c=$W/containerd
-  mkdir -p "$c"
+  mkdir -p "$NODE_HOST_DIR/containerd"
   case $runtime in
     containerd16)
-      cat >"$c/config.toml" <<EOF
+      cat >"$NODE_HOST_DIR/containerd/config.toml" <<EOF
 version = 2
 root = "$c/root"
 state = "$c/state"
@@ -347,7 +412,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 EOF
       ;;
     containerd2)
-      cat >"$c/config.toml" <<EOF
+      cat >"$NODE_HOST_DIR/containerd/config.toml" <<EOF
 version = 3
 root = "$c/root"
 state = "$c/state"
@@ -388,8 +453,8 @@ EOF
 }
 
 write_kubelet_config() {
-  mkdir -p "$W/kubelet"
-  cat >"$W/kubelet/config.yaml" <<EOF
+  mkdir -p "$NODE_HOST_DIR/kubelet"
+  cat >"$NODE_HOST_DIR/kubelet/config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: $NODE_IP
@@ -403,7 +468,7 @@ authentication:
 authorization: { mode: AlwaysAllow }
 containerRuntimeEndpoint: unix://$W/containerd/containerd.sock
 cgroupDriver: cgroupfs
-cgroupRoot: $CGROUP_ROOT
+cgroupRoot: $KUBELET_CGROUP_ROOT
 # These machines run cgroup v1 without swap accounting.
 failSwapOn: false
 failCgroupV1: false
@@ -419,25 +484,51 @@ runtimeRequestTimeout: ${RUNTIME_REQUEST_TIMEOUT_SECONDS}s
 EOF
 }
 
+# Node b's mount namespace, kept by a bind mount of its file so that each of its commands can
+# enter it, with node b's dirs mounted over node a's. Made before node a's containerd and kubelet
+# mount anything: the new namespace gets a copy of every mount the host has, and such a copy
+# would keep a netns or a volume of node a's alive after node a unmounts it. slave rather than
+# private: they differ only under the host's one shared mount, /run/netns, whose later mounts
+# and unmounts then reach the namespace too.
+make_node_b_namespace() {
+  local ns_dir dir
+  ns_dir=$(dirname "$NODE_B_MOUNT_NS")
+  mkdir -p "$ns_dir"
+  # unshare binds the namespace's file on the host: a mount that propagated it into the new
+  # namespace itself would make a loop, which the kernel refuses.
+  mount --bind "$ns_dir" "$ns_dir"
+  mount --make-private "$ns_dir"
+  touch "$NODE_B_MOUNT_NS"
+  unshare --mount="$NODE_B_MOUNT_NS" --propagation slave true
+  for dir in "${NODE_OWN_DIRS[@]}"; do
+    mkdir -p "$W/$dir" "$NODE_B_DIR/$dir"
+    nsenter --mount="$NODE_B_MOUNT_NS" -- mount --bind "$NODE_B_DIR/$dir" "$W/$dir"
+  done
+  for dir in "${NODE_OWN_HOST_DIRS[@]}"; do
+    mkdir -p "$dir" "$NODE_B_DIR/host$dir"
+    nsenter --mount="$NODE_B_MOUNT_NS" -- mount --bind "$NODE_B_DIR/host$dir" "$dir"
+  done
+}
+
 start_containerd() {
   local runtime bindir
   runtime=$(runtime_of_node)
   bindir=$(containerd_bin_dir "$runtime")
-  start containerd env PATH="$bindir:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+  start "containerd$NODE_SUFFIX" "${NODE_EXEC[@]}" env PATH="$bindir:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
     "$bindir/containerd" --config "$W/containerd/config.toml"
-  wait_for "containerd ($runtime) serving CRI" 60 alive_and containerd crictl_ version
+  wait_for "containerd$NODE_SUFFIX ($runtime) serving CRI" 60 alive_and "containerd$NODE_SUFFIX" crictl_ version
 }
 
 start_kubelet() {
   # kubelet nests its pod cgroups under a root that must exist in every hierarchy.
   local hierarchy
   for hierarchy in /sys/fs/cgroup/*/; do
-    [[ $hierarchy == */unified/ ]] || mkdir -p "$hierarchy${CGROUP_ROOT#/}"
+    [[ $hierarchy == */unified/ ]] || mkdir -p "$hierarchy${KUBELET_CGROUP_ROOT#/}"
   done
-  start kubelet "$(bin_k8s kubelet)" --kubeconfig "$W/kubeconfig" --config "$W/kubelet/config.yaml" \
+  start "kubelet$NODE_SUFFIX" "${NODE_EXEC[@]}" "$(bin_k8s kubelet)" --kubeconfig "$W/kubeconfig" --config "$W/kubelet/config.yaml" \
     --root-dir "$W/kubelet/root" --cert-dir "$W/kubelet/pki" --hostname-override "$NODE_NAME" \
     --node-ip "$NODE_IP" --v=2
-  wait_for "kubelet healthy" 120 alive_and kubelet curl -sf --max-time 5 "http://127.0.0.1:$KUBELET_HEALTHZ_PORT/healthz"
+  wait_for "kubelet$NODE_SUFFIX healthy" 120 alive_and "kubelet$NODE_SUFFIX" curl -sf --max-time 5 "http://127.0.0.1:$KUBELET_HEALTHZ_PORT/healthz"
 }
 
 # Dies naming the listener that holds one of the node's ports, before a component fails to
@@ -470,9 +561,14 @@ node_ready() {
 }
 
 cmd_up() {
-  local runtime=containerd2 api_only=false
+  local runtime=containerd2 api_only=false nodes=1
   while (($#)); do
     case $1 in
+      --nodes)
+        nodes=${2:-}
+        shift 2 || die "--nodes takes 1 or 2"
+        [[ $nodes == 1 || $nodes == 2 ]] || die "--nodes takes 1 or 2, not '$nodes'"
+        ;;
       --api-only)
         api_only=true
         shift
@@ -502,6 +598,8 @@ cmd_up() {
   done
   [[ $runtime == containerd16 || $runtime == containerd2 ]] ||
     die "--runtime takes containerd16 or containerd2, not '$runtime'"
+  [[ $nodes == 1 ]] || ! $api_only || die "--api-only runs no node: --nodes does not go with it"
+  ((nodes == 1)) || NODE_PORTS+=("$NODE_B_KUBELET_PORT" "$NODE_B_KUBELET_HEALTHZ_PORT")
   K8S_VERSION=$(k8s_version "$runtime")
   need_root "scripts/node.sh up"
   # kubelet's cgroupfs layout here is cgroup v1's (these machines'); a unified-only host
@@ -538,11 +636,21 @@ cmd_up() {
   if $api_only; then
     authorization=RBAC
   else
+    ((nodes == 1)) || make_node_b_namespace
     write_cni
     write_containerd_config "$runtime"
     write_kubelet_config
     # replace, not add: an address left by a node that was never taken down must not stop this one.
     ip addr replace "$NODE_IP/32" dev lo
+    if ((nodes == 2)); then
+      (
+        select_node b
+        write_cni
+        write_containerd_config "$runtime"
+        write_kubelet_config
+        ip addr replace "$NODE_IP/32" dev lo
+      )
+    fi
   fi
 
   start etcd "$NODE_CACHE/bin/etcd-$ETCD_VERSION/etcd" --data-dir "$W/etcd" --name node \
@@ -581,31 +689,60 @@ cmd_up() {
     --bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" --profiling=false
 
   start_containerd
-  ctr_ images import --snapshotter overlayfs "$(pause_image_archive)" >/dev/null
+  local pause_archive
+  pause_archive=$(pause_image_archive)
+  ctr_ images import --snapshotter overlayfs "$pause_archive" >/dev/null
   say "imported the pause image $PAUSE_IMAGE"
   start_kubelet
+  if ((nodes == 2)); then
+    (
+      select_node b
+      start_containerd
+      ctr_ images import --snapshotter overlayfs "$pause_archive" >/dev/null
+      say "imported the pause image $PAUSE_IMAGE on node b"
+      start_kubelet
+    )
+  fi
   wait_for "node $NODE_NAME Ready" 180 node_ready
+  if ((nodes == 2)); then
+    (
+      select_node b
+      wait_for "node $NODE_NAME Ready" 180 node_ready
+    )
+  fi
   wait_for "the default service account" 60 kubectl_ --request-timeout=10s get serviceaccount default
-  say "up in $((SECONDS - started)) s: $runtime, kubelet $K8S_VERSION; the guard is not installed"
+  local node_b=''
+  ((nodes == 1)) || node_b=" and node b ($NODE_B_DIR, bash scripts/node.sh --node b env)"
+  say "up in $((SECONDS - started)) s: $runtime, kubelet $K8S_VERSION$node_b; the guard is not installed"
   cmd_env
 }
 
+# The node's paths as the host sees them (node b's under NODE_B_DIR); with two nodes up, also
+# what tells them apart, and the IPAM dir they share.
 cmd_env() {
   [[ -e $W/kubeconfig ]] || die "no node is up in $W"
+  local h=$NODE_HOST_DIR
   echo "RUNTIME=$(runtime_of_node)"
-  echo "CONTAINERD_SOCKET=$W/containerd/containerd.sock"
-  echo "CNI_BIN_DIR=$W/cni/bin"
-  echo "CNI_CONF_DIR=$W/cni/net.d"
-  echo "PRIMARY_STATE=$W/cni/primary"
-  echo "GUARD_STATE=$GUARD_STATE"
-  echo "GUARD_LOG=$W/guard/log/sandbox-guard.log"
+  echo "CONTAINERD_SOCKET=$h/containerd/containerd.sock"
+  echo "CNI_BIN_DIR=$h/cni/bin"
+  echo "CNI_CONF_DIR=$h/cni/net.d"
+  echo "PRIMARY_STATE=$h/cni/primary"
+  echo "GUARD_STATE=$h/guard/state"
+  echo "GUARD_LOG=$h/guard/log/sandbox-guard.log"
   echo "NODE_DIR=$W"
+  if two_nodes; then
+    echo "NODE_NAME=$NODE_NAME"
+    echo "NODE_IP=$NODE_IP"
+    echo "POD_SUBNET=$POD_SUBNET"
+    echo "IPAM_DIR=$IPAM_DIR"
+    [[ $NODE == a ]] || echo "NODE_MOUNT_NS=$NODE_B_MOUNT_NS"
+  fi
   echo "KUBELET_METRICS=https://$NODE_IP:$KUBELET_PORT/metrics"
   echo "PATH_KUBECTL=$(bin_k8s kubectl)"
   echo "PATH_CRICTL=$NODE_CACHE/bin/cri-tools-$CRITOOLS_VERSION/crictl"
   echo "PATH_CTR=$(containerd_bin_dir "$(runtime_of_node)")/ctr"
   echo "PAUSE_IMAGE=$PAUSE_IMAGE"
-  echo "RUNTIME_REQUEST_TIMEOUT_SECONDS=$(sed -n 's/^runtimeRequestTimeout: \([0-9]*\)s$/\1/p' "$W/kubelet/config.yaml")"
+  echo "RUNTIME_REQUEST_TIMEOUT_SECONDS=$(sed -n 's/^runtimeRequestTimeout: \([0-9]*\)s$/\1/p' "$h/kubelet/config.yaml")"
   echo "TERMINATED_POD_GC_THRESHOLD=$(cat "$W/terminated-pod-gc-threshold")"
   echo "KUBECONFIG=$W/kubeconfig"
 }
@@ -614,7 +751,7 @@ cmd_restart() {
   [[ -e $W/run ]] || die "no node is up in $W"
   case ${1:-} in
     kubelet)
-      stop kubelet
+      stop "kubelet$NODE_SUFFIX"
       start_kubelet
       ;;
     containerd)
@@ -623,7 +760,7 @@ cmd_restart() {
       # (the CNI plugins it exec'd run on).
       local signal=TERM
       [[ ${2:-} == --kill ]] && signal=KILL
-      stop containerd "$signal"
+      stop "containerd$NODE_SUFFIX" "$signal"
       start_containerd
       ;;
     *) die "restart takes kubelet or containerd [--kill]" ;;
@@ -847,23 +984,34 @@ cmd_down() {
     return 0
   }
   say "stopping the node in $W"
+  # Node b's dirs as the host sees them, if it was up; its processes, in the cgroups of node
+  # a's root, go with node a's, and its mount namespace, with all its mounts and the netns
+  # its containerd pinned there, once no process is left in it and its file is unmounted.
+  local node_dirs=("$W") node_b_ns=''
+  [[ ! -d $NODE_B_DIR ]] || node_dirs+=("$NODE_B_DIR")
+  # The namespace's inode, to tell afterwards whether a process outside the node's cgroups (an
+  # operator's nsenter shell) still holds it, and with it the mounts and netns made there.
+  [[ ! -e $NODE_B_MOUNT_NS ]] || node_b_ns=$(stat -c %i "$NODE_B_MOUNT_NS" 2>/dev/null) || true
   stop kubelet
+  stop kubelet-b
   # Containers first, while runc still knows them; then their shims and containerd.
-  local id
-  if [[ -d $W/containerd/runc/k8s.io ]]; then
-    for id in $(runc --root "$W/containerd/runc/k8s.io" list -q 2>/dev/null); do
-      runc --root "$W/containerd/runc/k8s.io" kill "$id" KILL 2>/dev/null || true
-      runc --root "$W/containerd/runc/k8s.io" delete --force "$id" 2>/dev/null || true
+  local id dir
+  for dir in "${node_dirs[@]}"; do
+    [[ -d $dir/containerd/runc/k8s.io ]] || continue
+    for id in $(runc --root "$dir/containerd/runc/k8s.io" list -q 2>/dev/null); do
+      runc --root "$dir/containerd/runc/k8s.io" kill "$id" KILL 2>/dev/null || true
+      runc --root "$dir/containerd/runc/k8s.io" delete --force "$id" 2>/dev/null || true
     done
-  fi
+  done
   # The ids of every task and sandbox the node had (the bundles left, and each sandbox the
   # primary was asked to ADD): their shims' sockets and loopback results live outside $W.
   local shim_ids=()
-  mapfile -t shim_ids < <({
-    ls "$W/containerd/state/io.containerd.runtime.v2.task/k8s.io" 2>/dev/null
-    awk '$2 == "ADD" {print $3}' "$W/cni/primary/calls.log" 2>/dev/null
-  } | grep -E '^[0-9a-f]{64}$' | sort -u)
+  mapfile -t shim_ids < <(for dir in "${node_dirs[@]}"; do
+    ls "$dir/containerd/state/io.containerd.runtime.v2.task/k8s.io" 2>/dev/null
+    awk '$2 == "ADD" {print $3}' "$dir/cni/primary/calls.log" 2>/dev/null
+  done | grep -E '^[0-9a-f]{64}$' | sort -u)
   stop containerd
+  stop containerd-b
   for name in multus scheduler controller-manager apiserver etcd; do stop "$name"; done
   # What they left running (shims, a primary's children, what runc no longer knew), until none
   # is left: a process forked between a read and the kill is caught at the next round. A
@@ -886,6 +1034,7 @@ cmd_down() {
     ip link delete "$link" 2>/dev/null || true
   done
   ip addr del "$NODE_IP/32" dev lo 2>/dev/null || true
+  ip addr del "$NODE_B_IP/32" dev lo 2>/dev/null || true
   # Cgroups kubelet and start made under the root, deepest first, now that they are empty.
   local hierarchy
   for hierarchy in /sys/fs/cgroup/*/; do
@@ -943,6 +1092,15 @@ cmd_down() {
   if compgen -G "/sys/fs/cgroup/*/${CGROUP_ROOT#/}" >/dev/null; then
     left+=("cgroups $CGROUP_ROOT")
   fi
+  local ns
+  if [[ -n $node_b_ns ]]; then
+    for ns in /proc/[0-9]*/ns/mnt; do
+      if [[ $(readlink "$ns" 2>/dev/null) == "mnt:[$node_b_ns]" ]]; then
+        left+=("processes in node b's mount namespace, which keeps its mounts (${ns%/ns/mnt})")
+        break
+      fi
+    done
+  fi
   if ((${#left[@]})); then
     say "down: left behind: ${left[*]}"
     return 1
@@ -954,6 +1112,25 @@ need_node_bins() {
   node_go_env
   [[ -x $(bin_k8s kubectl) ]] || die "the node's components are not built (bash scripts/node.sh build)"
 }
+
+# --node b, before the command: env, restart, crictl and ctr act on node b.
+case ${1:-} in
+  --node | --node=*)
+    if [[ $1 == --node ]]; then
+      node=${2:-}
+      shift 2 || die "--node takes a or b"
+    else
+      node=${1#*=}
+      shift
+    fi
+    select_node "$node"
+    if [[ $NODE == b ]]; then
+      [[ ${1:-} == env || ${1:-} == restart || ${1:-} == crictl || ${1:-} == ctr ]] ||
+        die "--node b goes with env, restart, crictl or ctr, not '${1:-}'"
+      [[ -e $NODE_B_MOUNT_NS ]] || die "node b is not up in $W (bash scripts/node.sh up --nodes 2)"
+    fi
+    ;;
+esac
 
 case ${1:-} in
   up)
@@ -1005,5 +1182,5 @@ case ${1:-} in
     shift
     ctr_ "$@"
     ;;
-  *) die "usage: scripts/node.sh up [--runtime containerd16|containerd2] | down | build | restart kubelet|containerd [--kill] | guard install|uninstall ... | multus install thin|thick | multus remove | primary bridge|model|cilium-chained | env | kubectl ... | crictl ... | ctr ..." ;;
+  *) die "usage: scripts/node.sh [--node a|b] up [--runtime containerd16|containerd2] [--nodes 2] | down | build | restart kubelet|containerd [--kill] | guard install|uninstall ... | multus install thin|thick | multus remove | primary bridge|model|cilium-chained | env | kubectl ... | crictl ... | ctr ..." ;;
 esac

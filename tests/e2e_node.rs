@@ -3382,3 +3382,207 @@ fn pod_gc_threshold_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_pod_gc("containerd2");
 }
+
+/// A pod of the pause image pinned to the node named `host` (the scheduler's nodeSelector on
+/// kubelet's `kubernetes.io/hostname` label).
+fn pinned_pod(name: &str, namespace: &str, host: &str, pause_image: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {namespace}
+spec:
+  nodeSelector: {{ kubernetes.io/hostname: {host} }}
+  terminationGracePeriodSeconds: 1
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  containers:
+    - name: db
+      image: {pause_image}
+      imagePullPolicy: Never
+"#
+    )
+}
+
+/// The variables `scripts/node.sh --node NODE env` prints.
+fn env_of_node(node: &str) -> BTreeMap<String, String> {
+    let out = Command::new("bash")
+        .arg(repo().join("scripts/node.sh"))
+        .args(["--node", node, "env"])
+        .output()
+        .expect("run scripts/node.sh env");
+    sys::assert_succeeded("scripts/node.sh", &["--node", node, "env"], &out);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The mount namespace of the process whose pid the file at `pid_file` holds.
+fn mount_ns_of(pid_file: &Path) -> String {
+    let pid = fs::read_to_string(pid_file).unwrap_or_default();
+    fs::read_link(format!("/proc/{}/ns/mnt", pid.trim()))
+        .map(|link| link.display().to_string())
+        .unwrap_or_else(|e| panic!("the mount namespace of {}: {e}", pid_file.display()))
+}
+
+/// `up --nodes 2`: node b (sg-node-b) joins the same control plane with its own containerd
+/// and kubelet, both in one mount namespace of their own, in which node b's dirs are mounted
+/// over node a's paths. Both nodes are Ready; a pod pinned to each runs with an address of its
+/// node's subnet and answers ping; each address is held by its pod's handle in the IPAM dir
+/// the two nodes' primaries share, and each endpoint is in its own node's state only; the
+/// node's CNI conf dir, read at the same path through node b's kubelet, is node b's; `down`
+/// leaves no process in node b's mount namespace, no mount, link, route or node address.
+#[test]
+fn two_nodes_containerd2() {
+    sys::skip_unless_root!(TOOLS);
+    let node = Node::up_with("containerd2", &["--nodes", "2"]);
+    let a = &node.env;
+    let b = env_of_node("b");
+    for host in ["sg-node", "sg-node-b"] {
+        let ready = node.kubectl_ok(&[
+            "get",
+            "node",
+            host,
+            "-o",
+            r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
+        ]);
+        assert_eq!(ready, "True", "node {host} is not Ready");
+    }
+    assert_eq!(
+        a["IPAM_DIR"], b["IPAM_DIR"],
+        "the nodes must share one IPAM dir"
+    );
+    assert_ne!(a["POD_SUBNET"], b["POD_SUBNET"]);
+    assert_ne!(a["PRIMARY_STATE"], b["PRIMARY_STATE"]);
+
+    // Each node's own processes, as up started them: node b's two share a mount namespace
+    // that is not the host's, where node a's run.
+    let run = node.dir().join("run");
+    let host_ns = fs::read_link("/proc/self/ns/mnt")
+        .unwrap()
+        .display()
+        .to_string();
+    let node_b_ns = mount_ns_of(&run.join("kubelet-b.pid"));
+    assert_eq!(mount_ns_of(&run.join("kubelet.pid")), host_ns);
+    assert_eq!(mount_ns_of(&run.join("containerd.pid")), host_ns);
+    assert_eq!(mount_ns_of(&run.join("containerd-b.pid")), node_b_ns);
+    assert_ne!(
+        node_b_ns, host_ns,
+        "node b's kubelet runs in the host's mount namespace"
+    );
+    // The one path a DaemonSet's hostPath names, seen through node b's kubelet: node b's dir.
+    let kubelet_b = fs::read_to_string(run.join("kubelet-b.pid")).unwrap();
+    let conflist_b = fs::read_to_string(format!(
+        "/proc/{}/root{}/10-sg-node.conflist",
+        kubelet_b.trim(),
+        a["CNI_CONF_DIR"]
+    ))
+    .expect("node a's conf dir path, read in node b's mount namespace");
+    assert!(
+        conflist_b.contains(&format!("\"subnet\": \"{}\"", b["POD_SUBNET"])),
+        "the conf dir's path in node b's mount namespace is not node b's: {conflist_b}"
+    );
+
+    let ns = "sg-two-nodes";
+    create_namespace(&node, ns);
+    let pause = node.var("PAUSE_IMAGE");
+    for (pod, host) in [("on-a", "sg-node"), ("on-b", "sg-node-b")] {
+        node.apply(&pinned_pod(pod, ns, host, pause));
+    }
+    let ipam = PathBuf::from(&a["IPAM_DIR"]);
+    for (pod, host, own, other) in [("on-a", "sg-node", a, &b), ("on-b", "sg-node-b", &b, a)] {
+        let state = wait_ready_pod(&node, ns, pod, None);
+        let on = node.kubectl_ok(&[
+            "-n",
+            ns,
+            "get",
+            "pod",
+            pod,
+            "-o",
+            "jsonpath={.spec.nodeName}",
+        ]);
+        assert_eq!(on, host, "{pod} runs on {on}, not {host}");
+        let subnet = own["POD_SUBNET"].trim_end_matches(|c| c != '.');
+        assert!(
+            state.ip.starts_with(subnet),
+            "{pod} on {host} has {}, not an address of its node's subnet {}",
+            state.ip,
+            own["POD_SUBNET"]
+        );
+        assert!(
+            reachable(&state.ip),
+            "{pod} at {} does not answer ping",
+            state.ip
+        );
+        let handle = format!("{ns}.{pod}");
+        assert_eq!(
+            fs::read_to_string(ipam.join("ips").join(&state.ip)).unwrap_or_default(),
+            handle,
+            "{pod}'s address {} is not its handle's in the shared IPAM dir",
+            state.ip
+        );
+        let endpoints = |env: &BTreeMap<String, String>| {
+            PathBuf::from(&env["PRIMARY_STATE"])
+                .join("endpoints")
+                .join(&handle)
+        };
+        assert!(
+            endpoints(own).is_file(),
+            "{pod}'s endpoint is not in {host}'s state"
+        );
+        assert!(
+            !endpoints(other).exists(),
+            "{pod}'s endpoint is in the other node's state"
+        );
+    }
+
+    let dir = node.dir();
+    node.down_keeping_logs();
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let dir_prefix = format!("{}/", dir.display());
+    assert!(
+        !mounts.lines().any(|l| l
+            .split(' ')
+            .nth(4)
+            .is_some_and(|m| m.starts_with(&dir_prefix))),
+        "down left mounts under {dir_prefix}"
+    );
+    let in_node_b_ns: Vec<String> = fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            fs::read_link(e.path().join("ns/mnt"))
+                .is_ok_and(|l| l.display().to_string() == node_b_ns)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        in_node_b_ns.is_empty(),
+        "processes left in node b's mount namespace: {in_node_b_ns:?}"
+    );
+    let links = sys::run("ip", &["-o", "link", "show"]);
+    assert!(
+        !String::from_utf8_lossy(&links.stdout).contains(": sgn"),
+        "down left the nodes' host veths"
+    );
+    let routes = String::from_utf8_lossy(&sys::run("ip", &["route", "show"]).stdout).into_owned();
+    for env in [a, &b] {
+        let subnet = env["POD_SUBNET"].trim_end_matches(|c| c != '.');
+        assert!(
+            !routes.lines().any(|r| r.starts_with(subnet)),
+            "down left routes to {}: {routes}",
+            env["POD_SUBNET"]
+        );
+    }
+    let lo = sys::run("ip", &["-o", "addr", "show", "dev", "lo"]);
+    for env in [a, &b] {
+        assert!(
+            !String::from_utf8_lossy(&lo.stdout).contains(&format!(" {}/", env["NODE_IP"])),
+            "down left {} on lo",
+            env["NODE_IP"]
+        );
+    }
+}

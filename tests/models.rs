@@ -16,6 +16,9 @@ struct Model {
     host: sys::Netns,
     state: sys::TempDir,
     pod: String,
+    subnet: &'static str,
+    /// The config's `ipamDir` key, whole, when the model is given one.
+    ipam_dir: String,
 }
 
 impl Model {
@@ -24,13 +27,28 @@ impl Model {
             host: sys::Netns::new("mdh"),
             state: sys::TempDir::new("model"),
             pod: sys::unique("web"),
+            subnet: "100.64.98.0/24",
+            ipam_dir: String::new(),
+        }
+    }
+
+    /// The model of one node of two whose IPAM is in `ipam` (calico's etcd), allocating from
+    /// `subnet`, for the pod `pod`.
+    fn on_node(ipam: &sys::TempDir, subnet: &'static str, pod: &str) -> Model {
+        Model {
+            subnet,
+            ipam_dir: format!(r#""ipamDir":"{}","#, ipam.path.display()),
+            pod: pod.to_string(),
+            ..Model::new()
         }
     }
 
     fn call(&self, verb: &str, container: &str, netns: &str) -> Output {
         let config = format!(
-            r#"{{"cniVersion":"1.0.0","name":"m","type":"calico-cni-v1-model","stateDir":"{}","subnet":"100.64.98.0/24","hostVethPrefix":"md","onMissingEndpoint":"ignore"}}"#,
-            self.state.path.display()
+            r#"{{"cniVersion":"1.0.0","name":"m","type":"calico-cni-v1-model","stateDir":"{}",{}"subnet":"{}","hostVethPrefix":"md","onMissingEndpoint":"ignore"}}"#,
+            self.state.path.display(),
+            self.ipam_dir,
+            self.subnet
         );
         let plugin = concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -187,5 +205,63 @@ fn a_del_of_a_sandbox_never_added_is_the_owners_loss_and_a_second_one_succeeds()
             model.pod
         )],
         "{trace}"
+    );
+}
+
+/// The addresses in `dir`'s address store (`ips/`), each with the handle that holds it.
+fn addresses(dir: &std::path::Path) -> Vec<(String, String)> {
+    let mut held: Vec<(String, String)> = std::fs::read_dir(dir.join("ips"))
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let handle = std::fs::read_to_string(entry.path()).ok()?;
+            Some((entry.file_name().to_string_lossy().into_owned(), handle))
+        })
+        .collect();
+    held.sort();
+    held
+}
+
+/// Two nodes whose models share one `ipamDir`, as calico 2.1's nodes share its etcd: the pod
+/// re-created on node b under its name, node a's late DEL of the old sandbox frees the new
+/// sandbox's address on node b (the handle `<namespace>.<pod>` is the cluster's) and is traced
+/// as its loss, while node b's endpoint, kept per node, stays.
+#[test]
+fn with_a_shared_ipam_dir_a_del_on_one_node_frees_the_handles_address_on_the_other() {
+    sys::skip_unless_root!(TOOLS);
+    let ipam = sys::TempDir::new("ipam");
+    let node_a = Model::on_node(&ipam, "100.64.98.0/24", &sys::unique("web"));
+    let node_b = Model::on_node(&ipam, "100.64.99.0/24", &node_a.pod);
+    let (a, b) = (sys::Netns::new("mda"), sys::Netns::new("mdb"));
+    node_a.ok("ADD", "A", &a.path().display().to_string());
+    node_b.ok("ADD", "B", &b.path().display().to_string());
+    let handle = format!("ns.{}", node_a.pod);
+    assert_eq!(
+        addresses(&ipam.path),
+        [
+            ("100.64.98.2".to_string(), handle.clone()),
+            ("100.64.99.2".to_string(), handle.clone())
+        ],
+        "each node's address, from its own subnet, held by the one handle in the shared dir"
+    );
+    assert!(addresses(&node_a.state.path).is_empty() && addresses(&node_b.state.path).is_empty());
+    node_a.ok("DEL", "A", "");
+    assert!(
+        addresses(&ipam.path).is_empty(),
+        "{:?}",
+        addresses(&ipam.path)
+    );
+    let trace = node_a.trace();
+    assert!(
+        losses(&trace).iter().any(
+            |l| l.starts_with("DEL by A removes endpoint of B (workload ")
+                && l.ends_with("releases its address 100.64.99.2)")
+        ),
+        "{trace}"
+    );
+    assert!(
+        node_b.state.path.join("endpoints").join(&handle).is_file(),
+        "node a's DEL removed node b's endpoint"
     );
 }

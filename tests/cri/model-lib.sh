@@ -10,7 +10,7 @@
 #
 # Sourcing reads the plugin's config from stdin, answers VERSION, rejects the verbs the models
 # do not implement, opens the state dir and reads the pod's identity; it leaves in the caller's
-# scope: config, cni_version, state_dir, namespace, pod, ifname. The state dir's lock is held
+# scope: config, cni_version, state_dir, ipam_dir, namespace, pod, ifname. The state dir's lock is held
 # for the whole run (one run at a time) unless the plugin set model_lock=store before sourcing:
 # then it takes the lock around each change of its stores only (lock_store, unlock_store), as a
 # primary whose datastore makes each change atomic and takes no node-wide lock.
@@ -19,6 +19,10 @@
 # "100.64.3.0/24"), hostVethPrefix (default "cali"). A file "fail-next-del" in stateDir makes
 # the next DEL fail before touching anything and is consumed: it stands in for the primary's
 # own first failure that makes kubelet retry.
+#
+# ipam_dir: where allocate_ip and release_ips_of keep the addresses (ipam_dir/ips/<ip>, its
+# holder's key; ipam_dir/allocated-by/<ip>, a model's record of who took it): the state dir,
+# unless the plugin moves it after sourcing.
 #
 # The trace, stateDir/calls.log: one line per call, "<time> <VERB> <container> <key>
 # netns=<CNI_NETNS>", then indented lines saying what the call did to whose resources.
@@ -69,6 +73,7 @@ esac
 state_dir=$(conf stateDir)
 [[ -n $state_dir ]] || fail 7 "stateDir is required"
 mkdir -p "$state_dir/ips" "$state_dir/links" || fail 5 "cannot create $state_dir"
+ipam_dir=$state_dir
 # A file "hung-dels" in stateDir (seconds) makes every DEL wait that long before it takes the
 # lock, after a line "<time> HUNG-DEL <container>" in the trace: a primary blocked on a dead
 # datastore that holds nothing the node's other pods need (unlike "slow-dels", below, which
@@ -179,7 +184,7 @@ allocate_ip() {
     subnet=${subnet:-100.64.0.0/24}
     for n in $(seq 2 254); do
         ip="${subnet%.*/*}.$n"
-        (set -o noclobber; printf '%s' "$1" >"$state_dir/ips/$ip") 2>/dev/null && return 0
+        (set -o noclobber; printf '%s' "$1" >"$ipam_dir/ips/$ip") 2>/dev/null && return 0
     done
     ip=
     fail 5 "subnet $subnet exhausted"
@@ -188,10 +193,10 @@ allocate_ip() {
 # release_ips_of HANDLE: frees every address HANDLE holds, saying which in the trace.
 release_ips_of() {
     local ip_file
-    for ip_file in "$state_dir"/ips/*; do
+    for ip_file in "$ipam_dir"/ips/*; do
         [[ -f $ip_file && $(<"$ip_file") == "$1" ]] || continue
         # Who took it (a model's record, if it keeps one) goes first, with the address.
-        rm -f "$state_dir/allocated-by/${ip_file##*/}" "$ip_file"
+        rm -f "$ipam_dir/allocated-by/${ip_file##*/}" "$ip_file"
         trace "DEL by $CNI_CONTAINERID releases ${ip_file##*/} of handle $1"
     done
 }

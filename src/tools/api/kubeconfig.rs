@@ -73,6 +73,12 @@ struct Context {
 /// Reads `path`. A relative path inside it is relative to its folder, as kubectl reads it.
 pub fn load(path: &Path) -> Result<Credentials, String> {
     let text = read_trusted(path, true)?;
+    if text == crate::state::deferred::VIEW_OFF.as_bytes() {
+        return Err(format!(
+            "{} says the API server's view is turned off (the installer wrote it so): no ask is made with it",
+            path.display()
+        ));
+    }
     let config: Kubeconfig = serde_json::from_slice(&text).map_err(|e| {
         format!(
             "{} is not a JSON kubeconfig ({e}); write it as JSON: kubectl config view --raw --flatten -o json",
@@ -266,6 +272,15 @@ mod tests {
         assert_eq!(creds.ca.as_deref(), Some(&b"PEM"[..]));
         assert_eq!(creds.token.as_deref(), Some("abc"));
         assert!(creds.client_cert.is_none());
+    }
+
+    #[test]
+    fn the_installers_off_sign_is_said_as_such() {
+        use std::os::unix::fs::PermissionsExt;
+        let (_dir, path) = write(crate::state::deferred::VIEW_OFF);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        let err = load(&path).err().unwrap();
+        assert!(err.contains("view is turned off"), "{err}");
     }
 
     #[test]

@@ -689,6 +689,62 @@ fn leaving_delegate_mode_while_deferred_dels_wait_is_refused_unless_forced() {
     assert!(contents(&node.conf()) != before, "--force goes on");
 }
 
+/// Turning the API server's view off (an install without `--api-credentials`) while delegate
+/// mode holds a DEL with its kubeconfig: the installer writes the off sign over the file, which
+/// lets that DEL reach the primary at the next verb, and says which DELs those are.
+#[test]
+fn turning_the_view_off_says_which_held_dels_now_reach_the_primary() {
+    let node = Node::with("calico");
+    let state = sys::TempDir::new("sginstvw");
+    let state_dir = state.path.join("state");
+    let sa = state.path.join("sa");
+    std::fs::create_dir(&sa).unwrap();
+    std::fs::write(sa.join("token"), "t").unwrap();
+    std::fs::write(sa.join("ca.crt"), "PEM").unwrap();
+    let args = |view: bool| {
+        let mut args: Vec<String> = Node::args(Some("delegate"), None)
+            .into_iter()
+            .map(String::from)
+            .collect();
+        args.extend(["--state-dir".into(), state_dir.display().to_string()]);
+        if view {
+            args.extend(["--api-credentials".into(), sa.display().to_string()]);
+            args.extend(["--api-server".into(), "https://127.0.0.1:6443".into()]);
+        }
+        args
+    };
+    run_ok("--install", &node.conf(), &node.bin(), &strs(&args(true)));
+    let kubeconfig = node.conf().join("sandbox-guard.d/kubeconfig");
+    assert!(kubeconfig.is_file());
+    defer_a_stale_del(&state_dir, &state.path);
+    // Held for the API server's pod with that kubeconfig, as rule 7 keeps it.
+    let store = sandbox_guard::state::Store::open(&state_dir, Duration::from_secs(5)).unwrap();
+    let (_, loaded) = store.list_deferred().unwrap().pop().unwrap();
+    let sandbox_guard::state::Loaded::Valid(mut held) = loaded else {
+        panic!("the deferred DEL does not read back")
+    };
+    held.moved_to = Some(sandbox_guard::state::deferred::MovedTo {
+        pod_uid: "the-pod-on-node-b".into(),
+        node: Some("node-b".into()),
+        kubeconfig: kubeconfig.clone(),
+        scope: "cluster".into(),
+        this_node: "node-a".into(),
+    });
+    store.save_deferred(&held).unwrap();
+    drop(store);
+    let out = run("--install", &node.conf(), &node.bin(), &strs(&args(false)));
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(
+        std::fs::read_to_string(&kubeconfig).unwrap(),
+        sandbox_guard::state::deferred::VIEW_OFF
+    );
+    let said = stderr_of(&out);
+    assert!(
+        said.contains("warning: 1 DELs") && said.contains("lijiaob/etcd1-0"),
+        "the turn-off did not name the held DEL: {said}"
+    );
+}
+
 /// Whether deferred DELs wait is a question only while no replay runs: a replay worker that
 /// fails an attempt keeps its entry, one that is about to start would find the guard gone
 /// after. --uninstall waits a bounded time for the workers (each holds `replay.lock` shared,

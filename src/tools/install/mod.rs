@@ -112,12 +112,53 @@ fn forget_api_access(options: &Options, installed: &Installed, say: &mut dyn FnM
         return;
     }
     match api_access::turn_off(&options.conf_dir) {
-        Ok(wrote) => wrote.into_iter().for_each(&mut *say),
+        Ok(Some(wrote)) => {
+            say(wrote);
+            if let Some(warning) = held_with_the_kubeconfig(options) {
+                say(warning);
+            }
+        }
+        Ok(None) => {}
         Err(e) => say(format!(
             "warning: cannot turn off the kubeconfig an earlier install wrote under {}: {e}; DELs held with it stay held",
             options.conf_dir.display()
         )),
     }
+}
+
+/// The DELs delegate mode holds for the API server's pod with the kubeconfig just turned off:
+/// each now reaches the primary at the node's next verb. Said, not refused: the operator
+/// turned the view off, and a hold nothing lifts would keep what the primary frees for good.
+fn held_with_the_kubeconfig(options: &Options) -> Option<String> {
+    let (on_host, seen) = state_dir(options, None);
+    let (_, kubeconfig) = kubeconfig_entry_key(&options.conf_dir, &options.host_root);
+    let store = crate::state::Store::open_read_only(&seen).ok()?;
+    let held: Vec<String> = store
+        .list_deferred()
+        .ok()?
+        .into_iter()
+        .filter_map(|(_, loaded)| match loaded {
+            crate::state::Loaded::Valid(entry) => Some(entry),
+            _ => None,
+        })
+        .filter(|entry| {
+            entry
+                .moved_to
+                .as_ref()
+                .is_some_and(|moved| kubeconfig.as_str() == moved.kubeconfig.to_str())
+        })
+        .map(|entry| entry.key.pod())
+        .collect();
+    (!held.is_empty()).then(|| {
+        format!(
+            "warning: {} DELs in {} were held with it for the API server's pod ({}): each now reaches the primary at the \
+             node's next verb, which frees what the primary holds under the pod's name, though a pod of that name may live \
+             on another node",
+            held.len(),
+            on_host.display(),
+            held.join(", ")
+        )
+    })
 }
 
 /// Why an install did not happen, as counted in the installer's metrics.
@@ -1010,12 +1051,9 @@ fn shipped_plugin() -> Result<Vec<u8>, Failure> {
     files::plugin_bytes().map_err(Failure::from)
 }
 
-/// The guard's state dir (the entry's stateDir, seen through the host root) on a file system
-/// without a journal: what that costs and how out. Read only.
-fn no_journal_warning(options: &Options, entry: Option<&Json>) -> Option<String> {
-    use crate::state::journal::{
-        NO_BARRIER_COST, NO_BARRIER_FIX, NO_JOURNAL_COST, PowerCut, no_journal_fix, power_cut_of,
-    };
+/// The guard's state dir: the entry's `stateDir`, else `--state-dir`, else the default; as
+/// the host names it, and as this installer sees it through the host root.
+fn state_dir(options: &Options, entry: Option<&Json>) -> (PathBuf, PathBuf) {
     let on_host = entry
         .and_then(|e| e.get("stateDir"))
         .and_then(Json::as_str)
@@ -1025,6 +1063,16 @@ fn no_journal_warning(options: &Options, entry: Option<&Json>) -> Option<String>
     let seen = options
         .host_root
         .join(on_host.strip_prefix("/").unwrap_or(&on_host));
+    (on_host, seen)
+}
+
+/// The guard's state dir (the entry's stateDir, seen through the host root) on a file system
+/// without a journal: what that costs and how out. Read only.
+fn no_journal_warning(options: &Options, entry: Option<&Json>) -> Option<String> {
+    use crate::state::journal::{
+        NO_BARRIER_COST, NO_BARRIER_FIX, NO_JOURNAL_COST, PowerCut, no_journal_fix, power_cut_of,
+    };
+    let (on_host, seen) = state_dir(options, entry);
     match power_cut_of(&seen) {
         PowerCut::NoJournal { device, evidence } => Some(format!(
             "the state dir {} is on {device}, an ext file system without a journal ({evidence}): {NO_JOURNAL_COST}; {}",

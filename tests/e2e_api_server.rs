@@ -710,6 +710,34 @@ fn held_with_a_dead_token(api: &Api, kubeconfig: &Path, primary: &RecordingPrima
     );
 }
 
+/// Delegate mode, a DEL held with a kubeconfig that then holds the off sign while the network
+/// names another that answers (the operator moved the view to a kubeconfig of their own): the
+/// sign must not release it while the network's kubeconfig says the name is node-b's pod's.
+fn held_with_a_turned_off_file_while_the_network_names_another(
+    api: &Api,
+    kubeconfig: &Path,
+    primary: &RecordingPrimary,
+) {
+    let dir = sys::TempDir::new("sg-api-offother");
+    let (held_with, network) = two_kubeconfigs(&dir, kubeconfig);
+    let first = held_with.kubeconfig.clone().unwrap();
+    let (name, old, store) = held_on_node_b(api, &held_with, primary);
+    fs::write(&first, sandbox_guard::state::deferred::VIEW_OFF).unwrap();
+    sweep_with(&store, &network, primary, "sweep-offother");
+    assert_eq!(
+        primary.dels(&old),
+        0,
+        "the off sign released the DEL while the network's kubeconfig shows node-b's pod"
+    );
+    api.force_delete(&name);
+    sweep_with(&store, &network, primary, "sweep-offother-free");
+    assert_eq!(
+        primary.dels(&old),
+        1,
+        "the network's kubeconfig shows no pod of the name: replayed"
+    );
+}
+
 /// Delegate mode, a DEL held with a kubeconfig that then goes while the network names another
 /// (the operator moved it, say from a ConfigMap's file to the installer's): the sweep asks
 /// with the one the network names, so the DEL stays held while node-b's pod lives and
@@ -774,6 +802,8 @@ fn held_on_node_b(api: &Api, keys: &Keys, primary: &RecordingPrimary) -> (String
     keys.in_mode(store.del(&old, &pod(&name, &uid_1)), Some(primary))
         .run()
         .assert_ok();
+    // The hold's own sweep, done before the caller changes what it asks with.
+    assert!(store.wait_for_replays(Duration::from_secs(60)));
     assert_eq!(
         primary.dels(&old),
         0,
@@ -962,6 +992,12 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     held_until_the_view_is_turned_off(&api, &kubeconfig, &RecordingPrimary::new());
     report.push("delegate, a held DEL: still held by a config without a kubeconfig while the file is there, by the file gone while the config names it, and by the file gone with a config naming none; replayed by the local rule once the file holds the installer's turn-off sign".into());
     held_with_a_dead_token(&api, &kubeconfig, &RecordingPrimary::new());
+    held_with_a_turned_off_file_while_the_network_names_another(
+        &api,
+        &kubeconfig,
+        &RecordingPrimary::new(),
+    );
+    report.push("delegate, a held DEL whose kubeconfig holds the off sign while the network names one that answers: asked with that one, held while node-b's pod lived, replayed after".into());
     report.push("delegate, a held DEL whose kubeconfig's token the API server refuses while the network names one that answers: asked with that one, held while node-b's pod lived, replayed after".into());
     held_asks_with_the_networks_kubeconfig(&api, &kubeconfig, &RecordingPrimary::new());
     report.push("delegate, a held DEL whose kubeconfig went while the network names another: asked with that one, held while node-b's pod lived, replayed after".into());

@@ -128,37 +128,47 @@ pub enum HeldWith {
 }
 
 impl MovedTo {
-    /// Reads a regular file only, never through a symlink, never blocking: what cannot be
-    /// read is `Present`, and the ask with it fails and keeps the DEL held.
     pub fn held_with(&self) -> HeldWith {
-        use std::io::Read;
-        use std::os::unix::fs::OpenOptionsExt;
-        let opened = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-            .open(&self.kubeconfig);
-        let file = match opened {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return HeldWith::Gone,
-            Err(_) => return HeldWith::Present,
-        };
-        if !file
-            .metadata()
-            .is_ok_and(|m| m.is_file() && m.len() <= VIEW_OFF_READ)
-        {
-            return HeldWith::Present;
-        }
-        let mut bytes = Vec::new();
-        if file.take(VIEW_OFF_READ).read_to_end(&mut bytes).is_err() {
-            return HeldWith::Present;
-        }
-        let off = serde_json::from_slice::<serde_json::Value>(&bytes)
-            .is_ok_and(|doc| doc.get("apiServerView").and_then(|v| v.as_str()) == Some("off"));
-        match off {
-            true => HeldWith::TurnedOff,
-            false => HeldWith::Present,
-        }
+        held_with_at(&self.kubeconfig)
     }
+}
+
+/// What the kubeconfig at `path` says now. Reads a regular file only, never through a
+/// symlink, never blocking: what cannot be read is `Present`, and an ask with it fails. The
+/// sign counts only in a file of this user's that no one else can write, as a kubeconfig must
+/// be: a folder others can write in must not let them lift the holds.
+pub fn held_with_at(path: &Path) -> HeldWith {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path);
+    let file = match opened {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return HeldWith::Gone,
+        Err(_) => return HeldWith::Present,
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { nix::libc::geteuid() };
+    let trusted = file.metadata().is_ok_and(|m| {
+        m.is_file() && m.len() <= VIEW_OFF_READ && m.uid() == me && m.mode() & 0o022 == 0
+    });
+    let mut bytes = Vec::new();
+    if !trusted || file.take(VIEW_OFF_READ).read_to_end(&mut bytes).is_err() {
+        return HeldWith::Present;
+    }
+    match is_view_off(&bytes) {
+        true => HeldWith::TurnedOff,
+        false => HeldWith::Present,
+    }
+}
+
+/// Whether a kubeconfig's bytes are the off sign: JSON whose `apiServerView` is `"off"`,
+/// however it is spaced.
+pub fn is_view_off(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .is_ok_and(|doc| doc.get("apiServerView").and_then(|v| v.as_str()) == Some("off"))
 }
 
 impl DeferredDel {
@@ -387,6 +397,14 @@ mod tests {
         assert_eq!(moved("compact").held_with(), HeldWith::TurnedOff);
         std::fs::write(dir.join("config"), r#"{"kind":"Config"}"#).unwrap();
         assert_eq!(moved("config").held_with(), HeldWith::Present);
+        // The sign in a file others may write is no sign.
+        std::fs::write(dir.join("open"), VIEW_OFF).unwrap();
+        std::fs::set_permissions(
+            dir.join("open"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o666),
+        )
+        .unwrap();
+        assert_eq!(moved("open").held_with(), HeldWith::Present);
         std::fs::write(dir.join("empty"), "").unwrap();
         assert_eq!(moved("empty").held_with(), HeldWith::Present);
         // Never through a symlink, never a FIFO read: both are there, and not the sign.

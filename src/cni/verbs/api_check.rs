@@ -193,19 +193,32 @@ pub fn name_moved(
     })
 }
 
-/// For a deferred DEL held by rule 7: whether the name is still another pod's. An API that
-/// does not answer keeps it held (replayed now, it could free a live pod's state), and the
-/// log says so. Asked with the kubeconfig it was held with; when that does not answer, or
-/// is gone (the operator moved it), with the one this verb's config names. The local rule
-/// decides only where the held-with file says the API server's view is off (`VIEW_OFF`, the
-/// installer's turn-off): neither a missing file nor a config without a kubeconfig says so,
-/// as CRI-O and multus hand a DEL the config of its ADD, which may predate the view.
+/// For a deferred DEL held by rule 7: whether the name is still another pod's. Asked with the
+/// kubeconfig it was held with, else (gone, turned off, or refused at once) with the one this
+/// verb's config names; an answer from either decides. With no answer it stays held (replayed
+/// now, it could free a live pod's state), and the log says so. The local rule decides only
+/// where the held-with file says the API server's view is off (`VIEW_OFF`, the installer's
+/// turn-off) and this config names no kubeconfig that could answer instead: neither a missing
+/// file nor a config without a kubeconfig says so alone, as CRI-O and multus hand a DEL the
+/// config of its ADD, which may predate the view.
 pub fn still_moved(inv: &Invocation, entry: &DeferredDel) -> bool {
     let (Some(moved), Some(uid)) = (&entry.moved_to, entry.pod_uid.as_deref()) else {
         return false;
     };
-    let this_network = inv.conf.kubeconfig.as_deref();
     let held_with = moved.held_with();
+    let this_network = inv
+        .conf
+        .kubeconfig
+        .as_deref()
+        .filter(|named| *named != moved.kubeconfig.as_path())
+        .filter(|named| kubeconfig_at(named) == HeldWith::Present);
+    let candidates: Vec<&std::path::Path> = [
+        (held_with == HeldWith::Present).then_some(moved.kubeconfig.as_path()),
+        this_network,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let warn = |text: String| {
         let subject = inv.subject(None, Some(entry.key.pod()));
         inv.log.event(
@@ -216,36 +229,49 @@ pub fn still_moved(inv: &Invocation, entry: &DeferredDel) -> bool {
             &text,
         );
     };
-    let first = match (held_with, this_network) {
-        (HeldWith::TurnedOff, _) => {
+    if candidates.is_empty() {
+        if held_with == HeldWith::TurnedOff {
             warn(format!(
-                "the kubeconfig {} this DEL was held with says the API server's view is turned off: the local rule decides its replay",
-                moved.kubeconfig.display(),
-            ));
-            return false;
-        }
-        (HeldWith::Present, _) => moved.kubeconfig.as_path(),
-        (HeldWith::Gone, Some(named)) => named,
-        (HeldWith::Gone, None) => {
-            warn(format!(
-                "the kubeconfig {} this DEL was held with is gone and network {} names none: the DEL stays held (sandbox-guard --doctor says how out)",
+                "the kubeconfig {} this DEL was held with says the API server's view is turned off, and network {} names no other: the local rule decides its replay",
                 moved.kubeconfig.display(),
                 inv.conf.network,
             ));
-            return true;
+            return false;
         }
-    };
-    let scope = PodKeyScope::from_name(&moved.scope);
-    let then = format!("the deferred DELs of pod {} stay held", entry.key.pod());
-    let fallback = this_network.filter(|named| *named != first);
-    let answer = match ask(inv, None, first, &entry.key, &then) {
-        Some(answer) => answer,
-        None => match fallback.and_then(|named| ask(inv, None, named, &entry.key, &then)) {
-            Some(answer) => answer,
-            None => return true,
-        },
-    };
-    ownership::name_moved(uid, api_pod(&answer), scope, &moved.this_node)
+        warn(format!(
+            "the kubeconfig {} this DEL was held with is gone and network {} names no other: the DEL stays held (sandbox-guard --doctor says how out)",
+            moved.kubeconfig.display(),
+            inv.conf.network,
+        ));
+        return true;
+    }
+    let started = std::time::Instant::now();
+    let mut unanswered = Vec::new();
+    for kubeconfig in candidates {
+        // One bound for the whole decision: a second ask only after a first that failed at
+        // once (credentials refused, a file it cannot use), never after a timeout.
+        if !unanswered.is_empty() && started.elapsed() >= pod_in_api::API_BOUND / 2 {
+            break;
+        }
+        match pod_in_api::ask(kubeconfig, &entry.key.pod_namespace, &entry.key.pod_name) {
+            Asked::Answered(answer) => {
+                let scope = PodKeyScope::from_name(&moved.scope);
+                return ownership::name_moved(uid, api_pod(&answer), scope, &moved.this_node);
+            }
+            Asked::Unknown(why) => unanswered.push(format!("with {}: {why}", kubeconfig.display())),
+        }
+    }
+    warn(format!(
+        "the API server could not be asked, so the deferred DELs of pod {} stay held: {}",
+        entry.key.pod(),
+        unanswered.join("; ")
+    ));
+    true
+}
+
+/// What the kubeconfig at `path` says: `HeldWith` read for any path.
+fn kubeconfig_at(path: &std::path::Path) -> HeldWith {
+    crate::state::deferred::held_with_at(path)
 }
 
 /// Rule 8, before the ADD takes the name: refused when the name's owner here is of another pod

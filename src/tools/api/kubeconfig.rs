@@ -73,9 +73,9 @@ struct Context {
 /// Reads `path`. A relative path inside it is relative to its folder, as kubectl reads it.
 pub fn load(path: &Path) -> Result<Credentials, String> {
     let text = read_trusted(path, true)?;
-    if text == crate::state::deferred::VIEW_OFF.as_bytes() {
+    if crate::state::deferred::is_view_off(&text) {
         return Err(format!(
-            "{} says the API server's view is turned off (the installer wrote it so): no ask is made with it",
+            "{} holds {{\"apiServerView\": \"off\"}}, the sign that the API server's view is turned off: no ask is made with it",
             path.display()
         ));
     }

@@ -76,9 +76,20 @@ pub fn replay_key(
                 return;
             }
         };
-        if !api_asked && let Some(moved) = pending.iter().find(|e| e.moved_to.is_some()) {
+        if !api_asked {
             api_asked = true;
-            if super::api_check::still_moved(inv, moved) {
+            // Each kubeconfig the key's DELs were held with is asked: one that says the view
+            // is off must not release a DEL another still holds.
+            let mut held = std::collections::BTreeMap::new();
+            for entry in &pending {
+                if let Some(moved) = &entry.moved_to {
+                    held.entry(moved.kubeconfig.as_path()).or_insert(entry);
+                }
+            }
+            if held
+                .values()
+                .any(|entry| super::api_check::still_moved(inv, entry))
+            {
                 lock.release_unused(root);
                 return;
             }

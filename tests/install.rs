@@ -743,6 +743,57 @@ fn turning_the_view_off_says_which_held_dels_now_reach_the_primary() {
         said.contains("warning: 1 DELs") && said.contains("lijiaob/etcd1-0"),
         "the turn-off did not name the held DEL: {said}"
     );
+
+    // Gone while the DEL is held with it, as an earlier release left it on turn-off: the
+    // install writes the sign again, in a folder of its own.
+    std::fs::remove_dir_all(kubeconfig.parent().unwrap()).unwrap();
+    let out = run("--install", &node.conf(), &node.bin(), &strs(&args(false)));
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(
+        std::fs::read_to_string(&kubeconfig).unwrap(),
+        sandbox_guard::state::deferred::VIEW_OFF,
+        "{}",
+        stderr_of(&out)
+    );
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(kubeconfig.parent().unwrap())
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o700);
+
+    // Turned on again while the ServiceAccount's files cannot be read: the sign goes, so the
+    // held DEL waits for the kubeconfig instead of being released.
+    let empty = state.path.join("empty-sa");
+    std::fs::create_dir(&empty).unwrap();
+    let mut on: Vec<String> = args(false);
+    on.extend(["--api-credentials".into(), empty.display().to_string()]);
+    on.extend(["--api-server".into(), "https://127.0.0.1:6443".into()]);
+    let out = run("--install", &node.conf(), &node.bin(), &strs(&on));
+    assert!(
+        !kubeconfig.exists(),
+        "the off sign stayed while the view is asked for: {}",
+        stderr_of(&out)
+    );
+
+    // The view turned on with a kubeconfig of the operator's instead, and --api-credentials
+    // gone: the installer's file is removed, not turned off, so the held DEL asks with the
+    // operator's.
+    run_ok("--install", &node.conf(), &node.bin(), &strs(&args(true)));
+    assert!(kubeconfig.is_file());
+    let own = state.path.join("own.kubeconfig");
+    let mut theirs = args(false);
+    theirs.extend([
+        "--entry".into(),
+        format!(r#"{{"kubeconfig": "{}"}}"#, own.display()),
+    ]);
+    let out = run("--install", &node.conf(), &node.bin(), &strs(&theirs));
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        !kubeconfig.exists(),
+        "the installer's kubeconfig stayed (or holds the off sign) while the entry names another: {}",
+        stderr_of(&out)
+    );
 }
 
 /// Whether deferred DELs wait is a question only while no replay runs: a replay worker that

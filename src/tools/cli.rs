@@ -836,7 +836,7 @@ fn build(mode: Mode, given: Vec<Given>) -> Result<Command, String> {
                 ));
             }
             // The kubeconfig key, set with --api-credentials and taken out without it (the
-            // installer removes the file then: docs/api-server-check.md).
+            // installer turns the file off then: docs/api-server-check.md).
             let kubeconfig_key = install::kubeconfig_entry_key(&conf_dir, &host_root);
             let mut entry_keys = entry_keys;
             let mut unset = Vec::new();

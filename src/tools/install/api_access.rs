@@ -214,20 +214,28 @@ fn names_kubeconfig(doc: &serde_json::Value, names_ours: &dyn Fn(&str) -> bool) 
 
 /// Puts `VIEW_OFF` in place of the kubeconfig under `conf_dir` (its token is bound to a pod
 /// that no longer renews it): the sign that lets the DELs held with it go by the local rule.
-/// The file stays, so that sign outlives the view; nothing is written where no kubeconfig
-/// is, or through a folder or file that is a symlink. Says what it wrote.
-pub fn turn_off(conf_dir: &Path) -> io::Result<Option<String>> {
+/// The file stays, so that sign outlives the view. Where no kubeconfig is, the sign is
+/// written only when `for_held` (DELs are held with the file: an earlier release removed it
+/// on turn-off), its folder made 0700 as `refresh` makes it. Never through a folder or file
+/// that is a symlink. Says what it wrote.
+pub fn turn_off(conf_dir: &Path, for_held: bool) -> io::Result<Option<String>> {
     let dir = conf_dir.join(KUBECONFIG_DIR);
-    if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
-        return Ok(None);
-    }
     let path = dir.join(KUBECONFIG_FILE);
-    match std::fs::symlink_metadata(&path) {
-        Ok(meta) if meta.is_file() => {}
+    match std::fs::symlink_metadata(&dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound && for_held => {
+            std::fs::DirBuilder::new().mode(0o700).create(&dir)?
+        }
         _ => return Ok(None),
     }
-    if std::fs::read(&path)? == VIEW_OFF.as_bytes() {
-        return Ok(None);
+    match std::fs::symlink_metadata(&path) {
+        Ok(meta) if meta.is_file() => {
+            if std::fs::read(&path)? == VIEW_OFF.as_bytes() {
+                return Ok(None);
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound && for_held => {}
+        _ => return Ok(None),
     }
     files::write_atomic(&path, VIEW_OFF.as_bytes(), Keep::mode(0o600))?;
     Ok(Some(format!(
@@ -433,7 +441,7 @@ mod tests {
         let err = refresh(&access(&dir), &conf).unwrap_err();
         assert!(err.contains("not a directory"), "{err}");
         assert!(remove(&conf).unwrap().is_empty());
-        assert!(turn_off(&conf).unwrap().is_none());
+        assert!(turn_off(&conf, true).unwrap().is_none());
         assert_eq!(std::fs::read_dir(&other).unwrap().count(), 0);
     }
 
@@ -442,26 +450,36 @@ mod tests {
         let dir = Dir::new();
         let conf = dir.0.join("conf");
         assert!(
-            turn_off(&conf).unwrap().is_none(),
+            turn_off(&conf, false).unwrap().is_none(),
             "no folder, nothing written"
         );
         std::fs::create_dir(conf.join(KUBECONFIG_DIR)).unwrap();
         assert!(
-            turn_off(&conf).unwrap().is_none(),
+            turn_off(&conf, false).unwrap().is_none(),
             "no kubeconfig, nothing written"
         );
         assert!(!kubeconfig_path(&conf).exists());
         std::fs::write(dir.0.join("sa/token"), "t").unwrap();
         std::fs::write(dir.0.join("sa/ca.crt"), "PEM").unwrap();
         refresh(&access(&dir), &conf).unwrap();
-        assert!(turn_off(&conf).unwrap().is_some());
+        assert!(turn_off(&conf, false).unwrap().is_some());
         let path = kubeconfig_path(&conf);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), VIEW_OFF);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
-        assert!(turn_off(&conf).unwrap().is_none(), "already off");
+        assert!(turn_off(&conf, true).unwrap().is_none(), "already off");
         // On again: the sign is replaced by the kubeconfig.
         assert!(refresh(&access(&dir), &conf).unwrap().is_some());
         assert!(crate::tools::api::kubeconfig::load(&path).is_ok());
+        // Gone while DELs are held with it (an earlier release removed it): the sign is
+        // written, its folder made 0700.
+        std::fs::remove_dir_all(conf.join(KUBECONFIG_DIR)).unwrap();
+        assert!(turn_off(&conf, true).unwrap().is_some());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), VIEW_OFF);
+        let dir_mode = std::fs::metadata(conf.join(KUBECONFIG_DIR))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(dir_mode & 0o777, 0o700);
     }
 }

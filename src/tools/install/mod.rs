@@ -93,6 +93,18 @@ fn refresh_api_access(options: &Options, say: &mut dyn FnMut(String)) -> Option<
             say(format!(
                 "warning: the plugin's kubeconfig cannot be written: {why}; until it is, the plugin decides by its local rule alone"
             ));
+            // The view is asked for: an off sign left from before must not release the DELs
+            // held with the file while it cannot be written. Gone, they stay held.
+            let path = api_access::kubeconfig_path(&options.conf_dir);
+            if crate::state::deferred::held_with_at(&path)
+                == crate::state::deferred::HeldWith::TurnedOff
+                && files::remove(&path).is_ok_and(|removed| removed)
+            {
+                say(format!(
+                    "removed the off sign {}: DELs held with it stay held until the kubeconfig is written",
+                    path.display()
+                ));
+            }
             return Some(false);
         }
     }
@@ -103,7 +115,8 @@ fn refresh_api_access(options: &Options, say: &mut dyn FnMut(String)) -> Option<
 /// (`api_access::turn_off`) once no network file names it any more (`Entry::unset` took the
 /// key out of the guard's entry). Left while any file names it: another guarded network,
 /// multus's inlined copy, the operator's ConfigMap; and where this install does not unset
-/// the key.
+/// the key. Where the entry names a kubeconfig of the operator's instead, the file is removed
+/// rather than turned off: the DELs held with it then ask with that one.
 fn forget_api_access(options: &Options, installed: &Installed, say: &mut dyn FnMut(String)) {
     if options.api_access.is_some() || options.entry.unset.is_empty() {
         return;
@@ -111,31 +124,60 @@ fn forget_api_access(options: &Options, installed: &Installed, say: &mut dyn FnM
     if api_access::named_in(&options.conf_dir, &options.host_root, &[&installed.file]).is_some() {
         return;
     }
-    match api_access::turn_off(&options.conf_dir) {
+    let dir = options.conf_dir.display();
+    let another = installed
+        .entry
+        .as_ref()
+        .and_then(|e| e.get("kubeconfig"))
+        .map(|k| k.as_str().unwrap_or("(not a path)").to_string());
+    if let Some(another) = another {
+        match api_access::remove(&options.conf_dir) {
+            Ok(removed) if !removed.is_empty() => {
+                removed.into_iter().for_each(&mut *say);
+                say(format!(
+                    "the entry names the kubeconfig {another}: DELs held with the one removed ask with it"
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => say(format!(
+                "warning: cannot remove the kubeconfig an earlier install wrote under {dir}: {e}"
+            )),
+        }
+        return;
+    }
+    let held = held_with_the_kubeconfig(options);
+    match api_access::turn_off(&options.conf_dir, !held.is_empty()) {
         Ok(Some(wrote)) => {
             say(wrote);
-            if let Some(warning) = held_with_the_kubeconfig(options) {
-                say(warning);
+            if !held.is_empty() {
+                say(format!(
+                    "warning: {} DELs were held with it for the API server's pod ({}): each now reaches the primary at the \
+                     node's next verb, which frees what the primary holds under the pod's name, though a pod of that name \
+                     may live on another node",
+                    held.len(),
+                    held.join(", ")
+                ));
             }
         }
         Ok(None) => {}
         Err(e) => say(format!(
-            "warning: cannot turn off the kubeconfig an earlier install wrote under {}: {e}; DELs held with it stay held",
-            options.conf_dir.display()
+            "warning: cannot turn off the kubeconfig an earlier install wrote under {dir}: {e}; DELs held with it stay held"
         )),
     }
 }
 
-/// The DELs delegate mode holds for the API server's pod with the kubeconfig just turned off:
-/// each now reaches the primary at the node's next verb. Said, not refused: the operator
-/// turned the view off, and a hold nothing lifts would keep what the primary frees for good.
-fn held_with_the_kubeconfig(options: &Options) -> Option<String> {
-    let (on_host, seen) = state_dir(options, None);
+/// The pods whose DELs delegate mode holds for the API server's pod with the installer's
+/// kubeconfig, read from the guard's state dir (none where it cannot be read).
+fn held_with_the_kubeconfig(options: &Options) -> Vec<String> {
+    let (_, seen) = state_dir(options, None);
     let (_, kubeconfig) = kubeconfig_entry_key(&options.conf_dir, &options.host_root);
-    let store = crate::state::Store::open_read_only(&seen).ok()?;
-    let held: Vec<String> = store
-        .list_deferred()
-        .ok()?
+    let Ok(store) = crate::state::Store::open_read_only(&seen) else {
+        return Vec::new();
+    };
+    let Ok(deferred) = store.list_deferred() else {
+        return Vec::new();
+    };
+    deferred
         .into_iter()
         .filter_map(|(_, loaded)| match loaded {
             crate::state::Loaded::Valid(entry) => Some(entry),
@@ -148,17 +190,7 @@ fn held_with_the_kubeconfig(options: &Options) -> Option<String> {
                 .is_some_and(|moved| kubeconfig.as_str() == moved.kubeconfig.to_str())
         })
         .map(|entry| entry.key.pod())
-        .collect();
-    (!held.is_empty()).then(|| {
-        format!(
-            "warning: {} DELs in {} were held with it for the API server's pod ({}): each now reaches the primary at the \
-             node's next verb, which frees what the primary holds under the pod's name, though a pod of that name may live \
-             on another node",
-            held.len(),
-            on_host.display(),
-            held.join(", ")
-        )
-    })
+        .collect()
 }
 
 /// Why an install did not happen, as counted in the installer's metrics.

@@ -65,8 +65,23 @@ pub fn run(options: &Options) -> i32 {
     state_dirs.dedup();
     let users = NetnsUsers::scan();
     let mut owners = sandboxes::Owners::new();
+    // The kubeconfigs this node's networks ask with: a held DEL's sweep may ask with them.
+    let mut kubeconfigs: Vec<PathBuf> = node
+        .guards
+        .iter()
+        .filter_map(|g| g.kubeconfig.clone())
+        .collect();
+    kubeconfigs.sort();
+    kubeconfigs.dedup();
     for dir in &state_dirs {
-        sandboxes::check(dir, &users, &mut report, &mut owners, options.lock_timeout);
+        sandboxes::check(
+            dir,
+            &users,
+            &mut report,
+            &mut owners,
+            options.lock_timeout,
+            &kubeconfigs,
+        );
     }
 
     let mut log_files: Vec<(String, Option<PathBuf>)> = match &options.log_file {
@@ -102,7 +117,7 @@ pub fn run(options: &Options) -> i32 {
 
 /// The pod the `api-server` check asks for: a name no pod has, so that the answer is the
 /// API's own "not found", which only credentials allowed to get pods receive.
-pub(super) const PROBE_POD: &str = "kube-system/sandbox-guard-doctor-probe";
+const PROBE_POD: &str = "kube-system/sandbox-guard-doctor-probe";
 
 /// Each entry's `kubeconfig` (rules 7 and 8): read, and answering a GET of a pod as the plugin
 /// makes it, within the plugin's bound.

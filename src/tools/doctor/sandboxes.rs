@@ -38,6 +38,7 @@ pub fn check(
     report: &mut Report,
     owners_seen: &mut Owners,
     lock_timeout: Duration,
+    kubeconfigs: &[std::path::PathBuf],
 ) {
     let root_display = state_dir.display().to_string();
     store_health::check_journal(state_dir, report);
@@ -119,7 +120,7 @@ pub fn check(
     store_health::check_orphans(&root_display, &orphaned, report);
     store_health::check_temp_files(&root_display, &store, report);
     store_health::check_boot(state_dir, &store, report);
-    store_health::check_deferred(&root_display, &store, report);
+    store_health::check_deferred(&root_display, &store, kubeconfigs, report);
     store_health::check_pending_adds(state_dir, report);
     let valid: Vec<Checkpoint> = records
         .into_iter()

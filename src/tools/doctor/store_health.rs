@@ -126,7 +126,12 @@ pub(super) fn check_orphans(root: &str, orphaned: &[Ownership], report: &mut Rep
 
 /// A deferred DEL waits for its pod's owner to go; one waiting for more than a day, or whose
 /// replays the primary keeps refusing, leaks what the primary holds for the old sandbox.
-pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
+pub(super) fn check_deferred(
+    root: &str,
+    store: &Store,
+    kubeconfigs: &[std::path::PathBuf],
+    report: &mut Report,
+) {
     let deferred = match store.list_deferred() {
         Ok(deferred) => deferred,
         Err(e) => {
@@ -179,21 +184,10 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
             entry.attempts,
             entry.last_error.as_deref().unwrap_or("-")
         );
-        if let Some(moved) = &entry.moved_to {
-            match moved.held_with() {
-                HeldWith::Gone => unasked.push(format!(
-                    "{what}; it was held with {}, which is gone",
-                    moved.kubeconfig.display()
-                )),
-                HeldWith::Present => match answers.probe(&moved.kubeconfig) {
-                    Ok(()) => {}
-                    Err(why) => unasked.push(format!(
-                        "{what}; it was held with {}, with which the API server cannot be asked: {why}",
-                        moved.kubeconfig.display()
-                    )),
-                },
-                HeldWith::TurnedOff => {}
-            }
+        if let Some(moved) = &entry.moved_to
+            && let Some(why) = answers.none_answers(moved, &entry.key, kubeconfigs)
+        {
+            unasked.push(format!("{what}; {why}"));
         }
         if entry.hung {
             // Killed at replayTimeoutSeconds while it still ran: no answer, so not refused.
@@ -221,11 +215,12 @@ pub(super) fn check_deferred(root: &str, store: &Store, report: &mut Report) {
             unasked.len()
         );
         let fix = format!(
-            "each stays held, and each delegate-mode verb on this state dir asks again with the kubeconfig its own config \
-             names, if any. Make that one answer (a token that may get pods). If the API server's view is off for good, \
-             write {} to the file each was held with (the installer does when it turns the view off): the next verb \
-             replays them by the local rule, which frees what the primary holds under the name even where a pod of that \
-             name lives on another node",
+            "each stays held, and each delegate-mode verb on this state dir asks again with the kubeconfig it was held \
+             with, or the one the verb's own network names. Make one of them answer (a token that may get pods in the \
+             pod's namespace). Only if the API server's view is off for good, write {} into the file each was held \
+             with, owned by root and writable by it alone (the installer does when it turns the view off): the next \
+             verb replays them by the local rule, which frees what the primary holds under the name even where a pod \
+             of that name lives on another node",
             VIEW_OFF.trim_end()
         );
         report.add(
@@ -624,7 +619,7 @@ mod tests {
             .save_deferred(&entry("etcd1-0", crate::clock::rfc3339(now - 60), 0))
             .unwrap();
         let mut report = Report::default();
-        check_deferred("s", &store, &mut report);
+        check_deferred("s", &store, &[], &mut report);
         assert_eq!(
             report
                 .findings
@@ -642,7 +637,7 @@ mod tests {
             .save_deferred(&entry("etcd3-0", crate::clock::rfc3339(now - 600), 3))
             .unwrap();
         let mut report = Report::default();
-        check_deferred("s", &store, &mut report);
+        check_deferred("s", &store, &[], &mut report);
         let found: Vec<(Severity, String)> = report
             .findings
             .iter()
@@ -667,7 +662,7 @@ mod tests {
             .save_deferred(&entry("etcd4-0", crate::clock::rfc3339(now - 60), 1))
             .unwrap();
         let mut report = Report::default();
-        check_deferred("s", &store, &mut report);
+        check_deferred("s", &store, &[], &mut report);
         let warned: Vec<String> = report
             .findings
             .iter()
@@ -694,7 +689,7 @@ mod tests {
         store.save_deferred(&slow).unwrap();
         store.save_deferred(&entry("etcd2-0", now, 1)).unwrap();
         let mut report = Report::default();
-        check_deferred("s", &store, &mut report);
+        check_deferred("s", &store, &[], &mut report);
         let found: Vec<String> = report
             .findings
             .iter()
@@ -736,7 +731,7 @@ mod tests {
             store.save_deferred(&held).unwrap();
         }
         let mut report = Report::default();
-        check_deferred("s", &store, &mut report);
+        check_deferred("s", &store, &[], &mut report);
         let found: Vec<String> = report
             .findings
             .iter()
@@ -846,16 +841,63 @@ mod pending_add_tests {
     }
 }
 
-/// The held DELs' kubeconfigs, each asked once (`super::PROBE_POD`) however many entries name
-/// it.
+/// The held DELs' kubeconfigs, each asked once per namespace (for a pod of the entry's, as
+/// the plugin asks) however many entries name it.
 #[derive(Default)]
-struct Answers(std::collections::BTreeMap<std::path::PathBuf, Result<(), String>>);
+struct Answers(std::collections::BTreeMap<(std::path::PathBuf, String), Result<(), String>>);
 
 impl Answers {
-    fn probe(&mut self, kubeconfig: &Path) -> Result<(), String> {
+    fn probe(
+        &mut self,
+        kubeconfig: &Path,
+        key: &crate::state::ownership::PodKey,
+    ) -> Result<(), String> {
         self.0
-            .entry(kubeconfig.to_path_buf())
-            .or_insert_with(|| crate::tools::api::get_pod(super::PROBE_POD, kubeconfig).map(|_| ()))
+            .entry((kubeconfig.to_path_buf(), key.pod_namespace.clone()))
+            .or_insert_with(|| crate::tools::api::get_pod(&key.pod(), kubeconfig).map(|_| ()))
             .clone()
+    }
+
+    /// Why a held DEL's sweep can get no answer, or `None` when one of the kubeconfigs it
+    /// would ask with answers: the one it was held with, or one a network here names.
+    fn none_answers(
+        &mut self,
+        moved: &crate::state::deferred::MovedTo,
+        key: &crate::state::ownership::PodKey,
+        networks: &[std::path::PathBuf],
+    ) -> Option<String> {
+        let held_with = moved.held_with();
+        if held_with == HeldWith::TurnedOff {
+            return None;
+        }
+        let mut why = vec![match held_with {
+            HeldWith::Gone => format!(
+                "it was held with {}, which is gone",
+                moved.kubeconfig.display()
+            ),
+            _ => match self.probe(&moved.kubeconfig, key) {
+                Ok(()) => return None,
+                Err(e) => format!(
+                    "it was held with {}, with which the API server cannot be asked: {e}",
+                    moved.kubeconfig.display()
+                ),
+            },
+        }];
+        for other in networks.iter().filter(|k| **k != moved.kubeconfig) {
+            if crate::state::deferred::held_with_at(other) != HeldWith::Present {
+                continue;
+            }
+            match self.probe(other, key) {
+                Ok(()) => return None,
+                Err(e) => why.push(format!(
+                    "nor with {}, a network's here: {e}",
+                    other.display()
+                )),
+            }
+        }
+        if why.len() == 1 {
+            why.push("and no network here names another kubeconfig".to_string());
+        }
+        Some(why.join("; "))
     }
 }

@@ -560,7 +560,12 @@ pub(crate) fn wait_until(
     let Some(deadline) = deadline else {
         return child.wait().map(Some);
     };
+    // Reaped already (a caller's try_wait): its pid may name another process by now.
+    if let Some(status) = child.try_wait()? {
+        return Ok(Some(status));
+    }
     let exited = pidfd(child);
+    let mut woken = false;
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(Some(status));
@@ -572,13 +577,16 @@ pub(crate) fn wait_until(
             return Ok(None);
         };
         match &exited {
+            // Readable yet not reapable (a tracer holds the exit): poll would not wait again.
+            Some(_) if woken => std::thread::sleep(left.min(Duration::from_millis(5))),
             Some(fd) => {
                 // Whole milliseconds, rounded up: a zero timeout would spin.
                 let millis = left.as_millis().saturating_add(1).min(i32::MAX as u128) as i32;
                 let timeout = PollTimeout::try_from(millis).unwrap_or(PollTimeout::MAX);
                 let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
                 match poll(&mut fds, timeout) {
-                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                    Ok(ready) => woken = ready > 0,
+                    Err(nix::errno::Errno::EINTR) => {}
                     Err(e) => return Err(e.into()),
                 }
             }
@@ -588,7 +596,7 @@ pub(crate) fn wait_until(
 }
 
 /// A pidfd of the child, readable once it has exited; `None` where the kernel has none. The
-/// child is not reaped before `wait_until` reaps it, so its pid names no other process.
+/// caller has seen it unreaped, and only `wait_until` reaps it after, so its pid names it.
 fn pidfd(child: &Child) -> Option<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     let pid = child.id() as nix::libc::pid_t;

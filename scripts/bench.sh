@@ -563,6 +563,7 @@ for ((round = 0; round < WARMUP + ITERATIONS; round++)); do
   for case in "${order[@]}"; do run_case "$case"; done
 done
 [[ $(count_records "$large_state") -eq $LARGE_RECORDS ]] || contract "the ADD/DEL rounds changed the record count of the large store"
+[[ -f $ask_log ]] || contract "the ask log $ask_log is gone: nothing says whether the rounds' asks were answered"
 unanswered=$(grep -c 'outcome=api-unanswered' "$ask_log" || true)
 ((unanswered == 0)) || contract "$unanswered of the rounds' asks went unanswered (see $ask_log): the ask rows time the bound"
 # Only the rounds ask the stand-in; a job left running would hold up the restore set-up's `wait`.

@@ -97,10 +97,10 @@ NODE_OWN_HOST_DIRS=(/var/lib/kubelet /run/nri)
 # shared by both nodes, outside their own dirs; endpoints stay in each node's stateDir.
 IPAM_DIR=$W/ipam
 
-# Args write_overlay adds to the installer's (guard install --api-view), and whether its mount
-# of the node's conf dir at the host's path is read-only (only the probe reads it otherwise).
+# Args write_overlay adds to the installer's (guard install --api-view), and whether its mounts
+# of the node's CNI dirs at the host's paths are read-only (only the probe reads them otherwise).
 OVERLAY_ADD_ARGS=()
-OVERLAY_CONF_READ_ONLY=true
+OVERLAY_CNI_READ_ONLY=true
 
 # The node a command acts on (--node): a, or b, whose dirs the host sees under NODE_B_DIR
 # and whose commands run in its mount namespace (NODE_EXEC).
@@ -857,8 +857,8 @@ spec:
             - { name: cni-state, mountPath: /host$W/guard, readOnly: true }
 $(if [[ $daemonset == sandbox-guard ]]; then
   # containerd names its dirs as the host sees them: the probe finds them under /host.
-  echo "            - { name: cni-bin, mountPath: /host$W/cni/bin, readOnly: true }"
-  echo "            - { name: cni-conf, mountPath: /host$W/cni/net.d, readOnly: $OVERLAY_CONF_READ_ONLY }"
+  echo "            - { name: cni-bin, mountPath: /host$W/cni/bin, readOnly: $OVERLAY_CNI_READ_ONLY }"
+  echo "            - { name: cni-conf, mountPath: /host$W/cni/net.d, readOnly: $OVERLAY_CNI_READ_ONLY }"
 fi)
       volumes:
 $(if [[ $daemonset == sandbox-guard ]]; then
@@ -889,13 +889,15 @@ cmd_guard() {
           # host reaches no Service address here (no kube-proxy): the API server's own, which
           # its certificate names. The model primary keys its IPAM handle by pod name across
           # the cluster (calico 2.1), hence podKeyScope "cluster". The conf dir as the host
-          # names it (under /host, where the overlay mounts it, writable then): the entry names
-          # the kubeconfig by it, and the base's /etc/cni/net.d is another dir on this host.
+          # names it (under /host, where the overlay mounts it): the entry names the kubeconfig
+          # by it, and the base's /etc/cni/net.d is another dir on this host. containerd then
+          # answers for that conf dir, and the binaries go into the bin dir it names: both
+          # mounts writable.
           # shellcheck disable=SC2016 # $(NODE_NAME) is kubelet's to expand, from the pod's env.
           OVERLAY_ADD_ARGS=(--api-credentials=/var/run/secrets/sandbox-guard
             '--node-name=$(NODE_NAME)' "--api-server=https://127.0.0.1:$APISERVER_PORT"
             '--entry={"podKeyScope":"cluster"}' "--conf-dir=/host$W/cni/net.d")
-          OVERLAY_CONF_READ_ONLY=false
+          OVERLAY_CNI_READ_ONLY=false
           ;;
         *) die "guard install takes --api-view after the image, or nothing" ;;
       esac

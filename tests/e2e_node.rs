@@ -4086,3 +4086,232 @@ fn failover_two_nodes_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_failover("containerd2");
 }
+
+/// What one mode showed of the pod GC's threshold across the two nodes.
+#[derive(Debug, Default)]
+struct PodGcTwoNodesFigures {
+    /// The pod's sandbox on node a, and its address once made again on node b.
+    old: String,
+    new_on: String,
+    new_ip: String,
+    deleted_by_pod_gc: bool,
+    /// Node a's DELs of the old sandbox at its primary once the new pod was Ready on node b
+    /// (kubelet's container GC's), and whether one released the new pod's address.
+    old_dels_at_primary_after_new: usize,
+    new_address_released: bool,
+    new_address_held: bool,
+    /// The guard's outcomes (node a's log) for the old sandbox's DELs then.
+    guard_outcomes_after_new: Vec<String>,
+    /// Once the pod of the name was deleted (and, delegate, a pod started on node a): the old
+    /// sandbox's DEL at node a's primary, and the guard's outcomes for it.
+    old_del_once_free: bool,
+    guard_outcomes_once_free: Vec<String>,
+}
+
+/// A pod terminated on node a, force-deleted by the pod GC beyond its threshold, its name
+/// back on node b (by the harness, in a StatefulSet's place); kubelet's container GC on node
+/// a then removes the old sandbox, whose DEL frees what the pod's name holds in the shared
+/// IPAM unless the guard holds it.
+fn run_pod_gc_two_nodes_mode(node: &Node, mode: Mode) -> PodGcTwoNodesFigures {
+    let ns = format!("sg-podgc2-{}", mode.name());
+    let pod = "podgc-0";
+    let handle = format!("{ns}.{pod}");
+    eprintln!(
+        "== the pod GC's threshold across two nodes, {}",
+        mode.name()
+    );
+    create_namespace(node, &ns);
+    let image = node.var("PAUSE_IMAGE");
+    node.apply(&pinned_pod(pod, &ns, "sg-node", image));
+    let first = wait_ready_pod(node, &ns, pod, None);
+    let old = ready_sandbox_of(node, &ns, pod).expect("the pod's ready sandbox on node a");
+    let controller_log = node.dir().join("logs/controller-manager.log");
+    let controller_log_before = fs::read_to_string(&controller_log)
+        .unwrap_or_default()
+        .len();
+    node.kubectl_ok(&[
+        "-n",
+        &ns,
+        "patch",
+        "pod",
+        pod,
+        "-p",
+        r#"{"spec":{"activeDeadlineSeconds":1}}"#,
+    ]);
+    let phase = || {
+        let out = node.kubectl(&["-n", &ns, "get", "pod", pod, "-o", "json"]);
+        let found: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        (found["metadata"]["uid"] == first.uid.as_str()).then(|| {
+            found["status"]["phase"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+    };
+    node.wait_until(
+        &format!("{ns}/{pod} Failed"),
+        Duration::from_secs(120),
+        || phase().as_deref() == Some("Failed"),
+    );
+    node.apply(&bare_pod("filler", &ns, image, Some(1)));
+    node.wait_until(
+        &format!("the pod GC to delete {ns}/{pod}"),
+        Duration::from_secs(180),
+        || pod_gone(node, &ns, pod),
+    );
+    node.apply(&pinned_pod(pod, &ns, "sg-node-b", image));
+    let second = wait_ready_pod(node, &ns, pod, Some(&first.uid));
+    let calls_at_new = node.primary_calls().lines().count();
+    let log_at_new = guard_log(node).len();
+    // One of kubelet's GC periods, and a margin: node a's container GC removes the old
+    // sandbox.
+    std::thread::sleep(GC_PERIOD + Duration::from_secs(20));
+    let calls = node.primary_calls();
+    let controller = fs::read_to_string(&controller_log).unwrap_or_default();
+    let ipam = PathBuf::from(node.var("IPAM_DIR"));
+    let mut figures = PodGcTwoNodesFigures {
+        new_on: node_of(node, &ns, pod),
+        deleted_by_pod_gc: controller
+            .get(controller_log_before..)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| {
+                l.contains("\"PodGC is force deleting Pod\"")
+                    && l.contains(&format!("pod=\"{ns}/{pod}\""))
+            }),
+        old_dels_at_primary_after_new: calls
+            .lines()
+            .skip(calls_at_new)
+            .filter(|l| is_call(l, "DEL", &old))
+            .count(),
+        new_address_released: calls
+            .lines()
+            .skip(calls_at_new)
+            .any(|l| l.trim() == format!("DEL by {old} releases {} of handle {handle}", second.ip)),
+        new_address_held: fs::read_to_string(ipam.join("ips").join(&second.ip))
+            .is_ok_and(|holder| holder == handle),
+        guard_outcomes_after_new: outcomes_of(&guard_log(node), log_at_new, Some("DEL"), &old),
+        new_ip: second.ip.clone(),
+        old,
+        ..PodGcTwoNodesFigures::default()
+    };
+    if mode.installed() {
+        let calls_at_free = node.primary_calls().lines().count();
+        let log_at_free = guard_log(node).len();
+        node.kubectl_ok(&["-n", &ns, "delete", "pod", pod, "--wait=true"]);
+        if mode == Mode::Delegate {
+            node.apply(&pinned_pod("trigger", &ns, "sg-node", image));
+            wait_ready_pod(node, &ns, "trigger", None);
+        }
+        // Chained: kubelet's container GC retries the refused DEL once a minute.
+        node.wait_until(
+            "the old sandbox's DEL at node a's primary once the name is free",
+            GC_PERIOD * 2 + Duration::from_secs(30),
+            || del_at_primary(&node.primary_calls(), calls_at_free, &figures.old),
+        );
+        figures.old_del_once_free = true;
+        std::thread::sleep(Duration::from_secs(3));
+        figures.guard_outcomes_once_free =
+            outcomes_of(&guard_log(node), log_at_free, None, &figures.old);
+    }
+    eprintln!("   {}: {figures:?}", mode.name());
+    node.kubectl_ok(&["delete", "namespace", &ns, "--wait=true", "--timeout=300s"]);
+    figures
+}
+
+fn run_pod_gc_two_nodes(runtime: &'static str) {
+    start_reports();
+    let node = Node::up_with(
+        runtime,
+        &[
+            "--nodes",
+            "2",
+            "--terminated-pod-gc-threshold",
+            &POD_GC_THRESHOLD.to_string(),
+        ],
+    );
+    let b = env_of_node("b");
+    let archive = guard_image_archive(GUARD_IMAGE);
+    let archive = archive.to_str().unwrap();
+    node.node_sh(&["ctr", "images", "import", archive]);
+    node.node_sh(&["--node", "b", "ctr", "images", "import", archive]);
+    let conflist_before = node.conflist();
+    let mut all = Vec::new();
+    for mode in [Mode::Unguarded, Mode::Chained, Mode::Delegate] {
+        if mode.installed() {
+            install_guard_api_view(&node, mode, &b);
+        }
+        let figures = run_pod_gc_two_nodes_mode(&node, mode);
+        if mode.installed() {
+            uninstall_guard(&node, GUARD_IMAGE, &conflist_before);
+        }
+        all.push((mode, figures));
+    }
+    let mut table = String::new();
+    for (mode, f) in &all {
+        let _ = writeln!(
+            table,
+            "| {runtime} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} |",
+            mode.name(),
+            &f.old[..f.old.len().min(13)],
+            yes(f.deleted_by_pod_gc),
+            f.new_on,
+            f.new_ip,
+            f.old_dels_at_primary_after_new,
+            yes(f.new_address_released),
+            yes(f.new_address_held),
+            listed(&f.guard_outcomes_after_new),
+            yes(f.old_del_once_free),
+            listed(&f.guard_outcomes_once_free),
+        );
+    }
+    write_report(
+        &format!("pod-gc-two-nodes-{runtime}"),
+        &format!(
+            "The nodes: {}; kube-controller-manager's --terminated-pod-gc-threshold {POD_GC_THRESHOLD}.\n\n| runtime | mode | old sandbox (node a) | force-deleted by the pod GC | made again on (its address) | node a's DELs of it at the primary once the new pod was Ready | they released the new pod's address | the shared IPAM still gives it to the name | the guard's outcomes for them | its DEL at node a's primary once the name was free | the guard's outcomes then |\n| --- | --- | --- | --- | --- | ---: | --- | --- | --- | --- | --- |",
+            node.up
+        ),
+        &table,
+    );
+    for (mode, f) in &all {
+        assert!(
+            f.deleted_by_pod_gc && f.new_on == "sg-node-b",
+            "{mode:?}: the pod GC did not delete the pod, or its name did not come back on node b: {f:?}"
+        );
+        match mode {
+            Mode::Unguarded => assert!(
+                f.old_dels_at_primary_after_new > 0
+                    && f.new_address_released
+                    && !f.new_address_held,
+                "{mode:?}: node a's container GC's DEL did not free the new pod's address, so the guarded checks cannot fail: {f:?}"
+            ),
+            Mode::Chained | Mode::Delegate => {
+                let held = if *mode == Mode::Chained {
+                    "refused (name-moved)"
+                } else {
+                    "deferred (name-moved)"
+                };
+                assert!(
+                    f.old_dels_at_primary_after_new == 0
+                        && !f.new_address_released
+                        && f.new_address_held
+                        && f.guard_outcomes_after_new.iter().any(|o| o == held)
+                        && f.old_del_once_free,
+                    "{mode:?}: a DEL of the old sandbox reached the shared handle while the new pod lived, the guard held none ({held}), or it never reached the primary once the name was free: {f:?}"
+                );
+            }
+            Mode::Audit => unreachable!(),
+        }
+    }
+    node.down_keeping_logs();
+    mark_reports_passed();
+}
+
+/// The pod GC's threshold across two nodes: about nine minutes (kubelet's container GC once
+/// a minute, twice in chained mode), in the long run.
+#[test]
+#[ignore = "long run: bash scripts/test.sh --long (README, CI's minutes)"]
+fn pod_gc_threshold_two_nodes_containerd2() {
+    sys::skip_unless_root!(TOOLS);
+    run_pod_gc_two_nodes("containerd2");
+}

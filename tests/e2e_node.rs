@@ -4315,3 +4315,239 @@ fn pod_gc_threshold_two_nodes_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_pod_gc_two_nodes("containerd2");
 }
+
+/// How long the model holds db-0's ADD on node a at the primary (`hold-adds`) in the late ADD
+/// across two nodes: long enough for the pod to be force deleted and made again on node b
+/// meanwhile, well inside kubelet's RunPodSandbox deadline (twice its 120 s).
+const LATE_ADD_HOLD_SECONDS: u32 = 40;
+
+/// The late ADD across two nodes, in one mode: db-0 (a StatefulSet of one) is scheduled to
+/// node a, whose primary holds its ADD once the address and endpoint are made (the model's
+/// `hold-adds`); meanwhile the pod is force deleted and made again on node b (node a
+/// cordoned). The held ADD then completes on node a for a pod UID the API no longer has, and
+/// node a's kubelet tears that sandbox down. The figures are the failover's, of the late
+/// sandbox; besides, the guard's outcomes for the late ADD (node a's log).
+fn run_late_add_mode(node: &Node, mode: Mode) -> (FailoverFigures, Vec<String>) {
+    let ns = format!("sg-lateadd-{}", mode.name());
+    let pod = "db-0";
+    let handle = format!("{ns}.{pod}");
+    eprintln!("== a late ADD across two nodes, {}", mode.name());
+    create_namespace(node, &ns);
+    let image = node.var("PAUSE_IMAGE");
+    let state = PathBuf::from(node.var("PRIMARY_STATE"));
+    fs::create_dir_all(state.join("hold-adds")).unwrap();
+    fs::write(
+        state.join("hold-adds").join(&handle),
+        LATE_ADD_HOLD_SECONDS.to_string(),
+    )
+    .unwrap();
+    let calls_before = node.primary_calls().lines().count();
+    let log_before = guard_log(node).len();
+    node.kubectl_ok(&["cordon", "sg-node-b"]);
+    node.apply(&statefulset("db", &ns, 1, image));
+    let mut late = None;
+    node.wait_until(
+        "db-0's ADD held at node a's primary",
+        Duration::from_secs(120),
+        || {
+            late = held_add(&node.primary_calls(), calls_before, &handle);
+            late.is_some()
+        },
+    );
+    let late = late.unwrap();
+    let first_uid = node.kubectl_ok(&[
+        "-n",
+        &ns,
+        "get",
+        "pod",
+        pod,
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+    let endpoint = fs::read_to_string(state.join("endpoints").join(&handle)).unwrap_or_default();
+    let late_veth = endpoint
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    node.kubectl_ok(&["cordon", "sg-node"]);
+    node.kubectl_ok(&["uncordon", "sg-node-b"]);
+    force_delete(node, &ns, pod);
+    let second = wait_ready_pod(node, &ns, pod, Some(&first_uid));
+    let new_on = node_of(node, &ns, pod);
+
+    // The held ADD completes, then node a's kubelet finds its pod gone and tears it down.
+    let held = |log: &[LogEntry]| {
+        log.iter().skip(log_before).any(|e| {
+            is_of(e, "DEL", &late)
+                && matches!(e.outcome(), Some(Outcome::Refused | Outcome::Deferred))
+        })
+    };
+    node.wait_until(
+        "node a's kubelet's DEL of the late sandbox",
+        Duration::from_secs(180),
+        || del_at_primary(&node.primary_calls(), calls_before, &late) || held(&guard_log(node)),
+    );
+    std::thread::sleep(Duration::from_secs(20));
+
+    let calls = node.primary_calls();
+    let log = guard_log(node);
+    let ipam = PathBuf::from(node.var("IPAM_DIR"));
+    let late_sandbox_state = sandboxes(node, &ns)
+        .into_iter()
+        .find(|(id, _, _)| *id == late)
+        .map_or(
+            "gone",
+            |(_, _, ready)| if ready { "ready" } else { "not-ready" },
+        )
+        .to_string();
+    let add_outcomes = outcomes_of(&log, log_before, Some("ADD"), &late);
+    let mut figures = FailoverFigures {
+        old_dels_at_primary: calls
+            .lines()
+            .skip(calls_before)
+            .filter(|l| is_call(l, "DEL", &late))
+            .count(),
+        new_address_released: calls.lines().skip(calls_before).any(|l| {
+            l.trim() == format!("DEL by {late} releases {} of handle {handle}", second.ip)
+        }),
+        new_address_held: fs::read_to_string(ipam.join("ips").join(&second.ip))
+            .is_ok_and(|holder| holder == handle),
+        guard_outcomes: outcomes_of(&log, log_before, Some("DEL"), &late),
+        old_sandbox_state: late_sandbox_state,
+        old_veth_left: !late_veth.is_empty()
+            && Path::new("/sys/class/net").join(&late_veth).exists(),
+        old_deferred: deferred_sandboxes(Path::new(node.var("GUARD_STATE"))).contains(&late),
+        new_on,
+        new_ip: second.ip.clone(),
+        old: late,
+        old_veth: late_veth,
+        ..FailoverFigures::default()
+    };
+
+    let calls_at_zero = node.primary_calls().lines().count();
+    let log_at_zero = guard_log(node).len();
+    let zero = Instant::now();
+    node.kubectl_ok(&["-n", &ns, "scale", "statefulset", "db", "--replicas=0"]);
+    node.wait_until("db-0 gone from the API", Duration::from_secs(120), || {
+        pod_gone(node, &ns, pod)
+    });
+    if mode != Mode::Unguarded {
+        node.kubectl_ok(&["uncordon", "sg-node"]);
+        if mode == Mode::Delegate {
+            node.apply(&pinned_pod("trigger", &ns, "sg-node", image));
+            wait_ready_pod(node, &ns, "trigger", None);
+        }
+        node.wait_until(
+            "the late sandbox's DEL at node a's primary once the name is free",
+            Duration::from_secs(150),
+            || del_at_primary(&node.primary_calls(), calls_at_zero, &figures.old),
+        );
+        figures.old_del_after_zero = true;
+        figures.seconds_to_old_del = zero.elapsed().as_secs_f64();
+        std::thread::sleep(Duration::from_secs(3));
+        figures.guard_outcomes_after_zero =
+            outcomes_of(&guard_log(node), log_at_zero, None, &figures.old);
+    }
+    figures.deferred_left = deferred_dels(Path::new(node.var("GUARD_STATE")));
+    eprintln!("   {}: late ADD {add_outcomes:?}, {figures:?}", mode.name());
+    node.kubectl_ok(&["uncordon", "sg-node"]);
+    node.kubectl_ok(&["uncordon", "sg-node-b"]);
+    node.kubectl_ok(&["delete", "namespace", &ns, "--wait=true", "--timeout=300s"]);
+    (figures, add_outcomes)
+}
+
+fn run_late_add_two_nodes(runtime: &'static str) {
+    start_reports();
+    let node = Node::up_with(runtime, &["--nodes", "2"]);
+    let b = env_of_node("b");
+    let archive = guard_image_archive(GUARD_IMAGE);
+    let archive = archive.to_str().unwrap();
+    node.node_sh(&["ctr", "images", "import", archive]);
+    node.node_sh(&["--node", "b", "ctr", "images", "import", archive]);
+    let conflist_before = node.conflist();
+    let mut all = Vec::new();
+    for mode in [Mode::Unguarded, Mode::Chained, Mode::Delegate] {
+        if mode.installed() {
+            install_guard_api_view(&node, mode, &b);
+        }
+        let (figures, add_outcomes) = run_late_add_mode(&node, mode);
+        if mode.installed() {
+            uninstall_guard(&node, GUARD_IMAGE, &conflist_before);
+        }
+        all.push((mode, figures, add_outcomes));
+    }
+    let mut table = String::new();
+    for (mode, f, add) in &all {
+        let after_zero = if f.old_del_after_zero {
+            format!("yes, {:.0} s", f.seconds_to_old_del)
+        } else {
+            "-".to_string()
+        };
+        let _ = writeln!(
+            table,
+            "| {runtime} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} ({}) | {} | {after_zero} | {} |",
+            mode.name(),
+            &f.old[..f.old.len().min(13)],
+            listed(add),
+            f.new_on,
+            f.new_ip,
+            f.old_dels_at_primary,
+            yes(f.new_address_released),
+            yes(f.new_address_held),
+            listed(&f.guard_outcomes),
+            f.old_sandbox_state,
+            yes(f.old_veth_left),
+            f.old_veth,
+            yes(f.old_deferred),
+            listed(&f.guard_outcomes_after_zero),
+        );
+    }
+    write_report(
+        &format!("late-add-two-nodes-{runtime}"),
+        &format!(
+            "The nodes: {}; node a's primary holds db-0's ADD {LATE_ADD_HOLD_SECONDS} s.\n\n| runtime | mode | late sandbox (node a) | the guard's outcomes for its ADD | db-0 made again on (its address) | node a's DELs of the late sandbox at the primary while the new pod lived | they released the new pod's address | the shared IPAM still gives it to db-0 | the guard's outcomes for them | the late sandbox on node a then | its host veth left (name) | its DEL deferred | its DEL at node a's primary after the scale to zero | the guard's outcomes then |\n| --- | --- | --- | --- | --- | ---: | --- | --- | --- | --- | --- | --- | --- | --- |",
+            node.up
+        ),
+        &table,
+    );
+    for (mode, f, add) in &all {
+        assert_eq!(
+            f.new_on, "sg-node-b",
+            "{mode:?}: db-0 was not made again on node b: {f:?}"
+        );
+        match mode {
+            Mode::Unguarded => assert!(
+                f.old_dels_at_primary > 0 && f.new_address_released && !f.new_address_held,
+                "{mode:?}: node a's DEL of the late sandbox did not free the new pod's address, so the guarded checks cannot fail: {f:?}"
+            ),
+            Mode::Chained | Mode::Delegate => {
+                assert!(
+                    f.old_dels_at_primary == 0 && !f.new_address_released && f.new_address_held,
+                    "{mode:?}: a DEL of the late sandbox reached the shared handle while the new pod lived (its ADD: {add:?}): {f:?}"
+                );
+                assert!(
+                    f.old_del_after_zero,
+                    "{mode:?}: the late sandbox's DEL never reached node a's primary once the name was free: {f:?}"
+                );
+            }
+            Mode::Audit => unreachable!(),
+        }
+        if *mode == Mode::Delegate {
+            assert!(
+                f.guard_outcomes_after_zero.iter().any(|o| o == "replayed") && f.deferred_left == 0,
+                "{mode:?}: a deferred DEL of the late sandbox was not replayed once the name was free: {f:?}"
+            );
+        }
+    }
+    node.down_keeping_logs();
+    mark_reports_passed();
+}
+
+/// A late ADD of a force-deleted pod across two nodes, through both kubelets: unguarded and
+/// in both modes with the API server's view on.
+#[test]
+fn late_add_two_nodes_containerd2() {
+    sys::skip_unless_root!(TOOLS);
+    run_late_add_two_nodes("containerd2");
+}

@@ -16,7 +16,10 @@
 #   bash scripts/node.sh down                 # leaves no process, mount, netns, link or chain
 #   bash scripts/node.sh build [--runtime R]  # only builds (or finds cached) the components
 #   bash scripts/node.sh restart kubelet|containerd [--kill]   # --kill: SIGKILL, not SIGTERM
-#   bash scripts/node.sh guard install delegate|chained IMAGE   # the DaemonSet, as an operator applies it
+#   bash scripts/node.sh stop kubelet | start kubelet   # a node's kubelet gone, then back (failover)
+#   bash scripts/node.sh guard install delegate|chained IMAGE [--api-view]   # the DaemonSet, as an
+#                                             # operator applies it; --api-view: with the API
+#                                             # server's view on (podKeyScope "cluster")
 #   bash scripts/node.sh guard uninstall IMAGE                  # the uninstall DaemonSet, then gone
 #   bash scripts/node.sh multus install thin|thick   # multus v4 in front of the node's network
 #   bash scripts/node.sh multus remove
@@ -35,7 +38,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$repo/scripts/lib/packages.sh"
 . "$repo/scripts/lib/node-build.sh"
-help_if_asked "${BASH_SOURCE[0]}" 32 "${1:-}"
+help_if_asked "${BASH_SOURCE[0]}" 35 "${1:-}"
 
 W=${SANDBOX_GUARD_NODE_DIR:-/var/tmp/sandbox-guard-node}
 NODE_NAME=sg-node
@@ -93,6 +96,11 @@ NODE_OWN_HOST_DIRS=(/var/lib/kubelet /run/nri)
 # The model primary's IPAM store (calico's etcd: handles and addresses for the whole cluster),
 # shared by both nodes, outside their own dirs; endpoints stay in each node's stateDir.
 IPAM_DIR=$W/ipam
+
+# Args write_overlay adds to the installer's (guard install --api-view), and whether its mounts
+# of the node's CNI dirs at the host's paths are read-only (only the probe reads them otherwise).
+OVERLAY_ADD_ARGS=()
+OVERLAY_CNI_READ_ONLY=true
 
 # The node a command acts on (--node): a, or b, whose dirs the host sees under NODE_B_DIR
 # and whose commands run in its mount namespace (NODE_EXEC).
@@ -767,6 +775,18 @@ cmd_restart() {
   esac
 }
 
+# stop kubelet, start kubelet: a node whose kubelet stopped answering (its containers run
+# on under containerd), and the kubelet back later, which then tears down what the API no
+# longer has for it.
+cmd_stop_start() {
+  [[ -e $W/run ]] || die "no node is up in $W"
+  [[ ${2:-} == kubelet ]] || die "$1 takes kubelet"
+  case $1 in
+    stop) stop "kubelet$NODE_SUFFIX" ;;
+    start) start_kubelet ;;
+  esac
+}
+
 # kustomize takes a base by a relative path only.
 relative_to() { # TARGET FROM
   local from=$2 up=''
@@ -787,7 +807,7 @@ arg_index() {
 # manifests for this node, as an operator of a node with its own dirs writes one: the image
 # (imported, never pulled), the node's CNI bin and conf dirs, the guard's state and log under
 # the work dir (so that down leaves nothing on the host), and each ARG (--name=value) put in
-# place of the installer's arg of that name.
+# place of the installer's arg of that name; each arg of OVERLAY_ADD_ARGS (an array) is added.
 write_overlay() {
   local dir=$1 base=$2 daemonset=$3 image=$4 arg index
   shift 4
@@ -807,13 +827,18 @@ images:
 patches:
   - path: node.yaml
 YAML
-  if (($#)); then
+  if (($# + ${#OVERLAY_ADD_ARGS[@]})); then
     printf '  - target: { kind: DaemonSet, name: %s }\n    patch: |-\n' "$daemonset" >>"$dir/kustomization.yaml"
     for arg in "$@"; do
       index=$(arg_index "$base" "${arg%%=*}=")
       [[ -n $index ]] || die "the DaemonSet $daemonset has no ${arg%%=*} arg to set"
       printf '      - { op: replace, path: /spec/template/spec/containers/0/args/%s, value: "%s" }\n' \
         "$index" "$arg" >>"$dir/kustomization.yaml"
+    done
+    # Single-quoted YAML: an arg may hold JSON's double quotes (never a single quote here).
+    for arg in "${OVERLAY_ADD_ARGS[@]}"; do
+      printf "      - { op: add, path: /spec/template/spec/containers/0/args/-, value: '%s' }\n" \
+        "$arg" >>"$dir/kustomization.yaml"
     done
   fi
   # The installer reads the state dir at the host root it is given plus the entry's path.
@@ -832,8 +857,8 @@ spec:
             - { name: cni-state, mountPath: /host$W/guard, readOnly: true }
 $(if [[ $daemonset == sandbox-guard ]]; then
   # containerd names its dirs as the host sees them: the probe finds them under /host.
-  echo "            - { name: cni-bin, mountPath: /host$W/cni/bin, readOnly: true }"
-  echo "            - { name: cni-conf, mountPath: /host$W/cni/net.d, readOnly: true }"
+  echo "            - { name: cni-bin, mountPath: /host$W/cni/bin, readOnly: $OVERLAY_CNI_READ_ONLY }"
+  echo "            - { name: cni-conf, mountPath: /host$W/cni/net.d, readOnly: $OVERLAY_CNI_READ_ONLY }"
 fi)
       volumes:
 $(if [[ $daemonset == sandbox-guard ]]; then
@@ -857,6 +882,25 @@ cmd_guard() {
       image=${3:-}
       [[ ($mode == delegate || $mode == chained) && -n $image ]] ||
         die "guard install takes delegate|chained and an image imported into the node"
+      case ${4:-} in
+        '') ;;
+        --api-view)
+          # The API server's view on, as the manifest's commented-out args turn it on. The
+          # host reaches no Service address here (no kube-proxy): the API server's own, which
+          # its certificate names. The model primary keys its IPAM handle by pod name across
+          # the cluster (calico 2.1), hence podKeyScope "cluster". The conf dir as the host
+          # names it (under /host, where the overlay mounts it): the entry names the kubeconfig
+          # by it, and the base's /etc/cni/net.d is another dir on this host. containerd then
+          # answers for that conf dir, and the binaries go into the bin dir it names: both
+          # mounts writable.
+          # shellcheck disable=SC2016 # $(NODE_NAME) is kubelet's to expand, from the pod's env.
+          OVERLAY_ADD_ARGS=(--api-credentials=/var/run/secrets/sandbox-guard
+            '--node-name=$(NODE_NAME)' "--api-server=https://127.0.0.1:$APISERVER_PORT"
+            '--entry={"podKeyScope":"cluster"}' "--conf-dir=/host$W/cni/net.d")
+          OVERLAY_CNI_READ_ONLY=false
+          ;;
+        *) die "guard install takes --api-view after the image, or nothing" ;;
+      esac
       write_overlay "$W/overlay-guard" "$repo/conf-examples/kubernetes" sandbox-guard "$image" \
         --mode="$mode" --state-dir="$GUARD_STATE" --log-file="$W/guard/log/sandbox-guard.log"
       kubectl_ apply -k "$W/overlay-guard" >&2
@@ -1125,8 +1169,8 @@ case ${1:-} in
     fi
     select_node "$node"
     if [[ $NODE == b ]]; then
-      [[ ${1:-} == env || ${1:-} == restart || ${1:-} == crictl || ${1:-} == ctr ]] ||
-        die "--node b goes with env, restart, crictl or ctr, not '${1:-}'"
+      [[ ${1:-} == env || ${1:-} == restart || ${1:-} == stop || ${1:-} == start || ${1:-} == crictl || ${1:-} == ctr ]] ||
+        die "--node b goes with env, restart, stop, start, crictl or ctr, not '${1:-}'"
       [[ -e $NODE_B_MOUNT_NS ]] || die "node b is not up in $W (bash scripts/node.sh up --nodes 2)"
     fi
     ;;
@@ -1150,6 +1194,7 @@ case ${1:-} in
     shift
     cmd_restart "$@"
     ;;
+  stop | start) cmd_stop_start "$@" ;;
   env) cmd_env ;;
   guard)
     shift
@@ -1182,5 +1227,5 @@ case ${1:-} in
     shift
     ctr_ "$@"
     ;;
-  *) die "usage: scripts/node.sh [--node a|b] up [--runtime containerd16|containerd2] [--nodes 2] | down | build | restart kubelet|containerd [--kill] | guard install|uninstall ... | multus install thin|thick | multus remove | primary bridge|model|cilium-chained | env | kubectl ... | crictl ... | ctr ..." ;;
+  *) die "usage: scripts/node.sh [--node a|b] up [--runtime containerd16|containerd2] [--nodes 2] | down | build | restart kubelet|containerd [--kill] | stop|start kubelet | guard install|uninstall ... | multus install thin|thick | multus remove | primary bridge|model|cilium-chained | env | kubectl ... | crictl ... | ctr ..." ;;
 esac

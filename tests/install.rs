@@ -744,10 +744,40 @@ fn turning_the_view_off_says_which_held_dels_now_reach_the_primary() {
         "the turn-off did not name the held DEL: {said}"
     );
 
-    // Gone while the DEL is held with it, as an earlier release left it on turn-off: the
-    // install writes the sign again, in a folder of its own.
+    // Gone while the DEL is held with it, as an earlier release left it on turn-off, and
+    // another network names its path: nothing is written, that network asks with it.
     std::fs::remove_dir_all(kubeconfig.parent().unwrap()).unwrap();
+    let other = node.conf().join("20-other.conflist");
+    std::fs::write(
+        &other,
+        serde_json::json!({"cniVersion": "1.0.0", "name": "other", "plugins": [
+            {"type": "bridge"},
+            {"type": "sandbox-guard", "kubeconfig": kubeconfig.to_str().unwrap()},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
     let out = run("--install", &node.conf(), &node.bin(), &strs(&args(false)));
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        !kubeconfig.exists(),
+        "the sign was written while {} names the file: {}",
+        other.display(),
+        stderr_of(&out)
+    );
+    std::fs::remove_file(&other).unwrap();
+    // Then with nothing naming it: the install writes the sign again, in a folder of its own,
+    // finding the held DEL in the entry's own stateDir (no --state-dir given this time).
+    let without_state_dir: Vec<String> = Node::args(Some("delegate"), None)
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let out = run(
+        "--install",
+        &node.conf(),
+        &node.bin(),
+        &strs(&without_state_dir),
+    );
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert_eq!(
         std::fs::read_to_string(&kubeconfig).unwrap(),
@@ -792,6 +822,18 @@ fn turning_the_view_off_says_which_held_dels_now_reach_the_primary() {
     assert!(
         !kubeconfig.exists(),
         "the installer's kubeconfig stayed (or holds the off sign) while the entry names another: {}",
+        stderr_of(&out)
+    );
+
+    // A `null` kubeconfig is none, as the plugin reads it: the file is turned off.
+    run_ok("--install", &node.conf(), &node.bin(), &strs(&args(true)));
+    let mut none = args(false);
+    none.extend(["--entry".into(), r#"{"kubeconfig": null}"#.into()]);
+    let out = run("--install", &node.conf(), &node.bin(), &strs(&none));
+    assert_eq!(
+        std::fs::read_to_string(&kubeconfig).unwrap_or_default(),
+        sandbox_guard::state::deferred::VIEW_OFF,
+        "{}",
         stderr_of(&out)
     );
 }

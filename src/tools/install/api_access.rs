@@ -146,9 +146,54 @@ pub fn refresh(access: &ApiAccess, conf_dir: &Path) -> Result<Option<String>, St
 /// (`network::under_host_root`) and compared by inode, so another spelling of the same file
 /// counts. Reads only regular files, at most `MAX_NETWORK_FILE` bytes, never blocking.
 pub fn named_in(conf_dir: &Path, host_root: &Path, also: &[&Path]) -> Option<PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-    let identity = |path: &Path| std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
     let ours = identity(&kubeconfig_path(conf_dir))?;
+    let names_ours = |value: &str| {
+        super::network::under_host_root(host_root, Path::new(value))
+            .is_some_and(|resolved| identity(&resolved) == Some(ours))
+    };
+    network_files(conf_dir, also).into_iter().find(|file| {
+        match read_network_file(file, host_root) {
+            Some(doc) => names_kubeconfig(&doc, &names_ours),
+            None => true,
+        }
+    })
+}
+
+/// Whether a network file names the kubeconfig's path while no file is there (so no inode
+/// to compare): a `kubeconfig` key whose value is `<conf dir>/sandbox-guard.d/kubeconfig`,
+/// its conf dir resolved as the host resolves it; or a file that cannot be read, which may.
+pub fn names_path(conf_dir: &Path, host_root: &Path, also: &[&Path]) -> bool {
+    let Some(ours) = identity(conf_dir) else {
+        return true;
+    };
+    let names_ours = |value: &str| {
+        let value = Path::new(value);
+        let ends = value.file_name().is_some_and(|n| n == KUBECONFIG_FILE)
+            && value
+                .parent()
+                .and_then(Path::file_name)
+                .is_some_and(|n| n == KUBECONFIG_DIR);
+        ends && value
+            .parent()
+            .and_then(Path::parent)
+            .and_then(|dir| super::network::under_host_root(host_root, dir))
+            .is_some_and(|resolved| identity(&resolved) == Some(ours))
+    };
+    network_files(conf_dir, also)
+        .iter()
+        .any(|file| match read_network_file(file, host_root) {
+            Some(doc) => names_kubeconfig(&doc, &names_ours),
+            None => true,
+        })
+}
+
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The files libcni loads from the conf dir, the drop-ins in its network folders, and `also`.
+fn network_files(conf_dir: &Path, also: &[&Path]) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = Vec::new();
     for entry in std::fs::read_dir(conf_dir).into_iter().flatten().flatten() {
         let path = entry.path();
@@ -162,16 +207,7 @@ pub fn named_in(conf_dir: &Path, host_root: &Path, also: &[&Path]) -> Option<Pat
         }
     }
     files.extend(also.iter().map(|file| file.to_path_buf()));
-    let names_ours = |value: &str| {
-        super::network::under_host_root(host_root, Path::new(value))
-            .is_some_and(|resolved| identity(&resolved) == Some(ours))
-    };
     files
-        .into_iter()
-        .find(|file| match read_network_file(file, host_root) {
-            Some(doc) => names_kubeconfig(&doc, &names_ours),
-            None => true,
-        })
 }
 
 /// The most a network file is read of: libcni's are a few KiB.

@@ -125,11 +125,14 @@ fn forget_api_access(options: &Options, installed: &Installed, say: &mut dyn FnM
         return;
     }
     let dir = options.conf_dir.display();
+    // Only a path counts: `null` or "" is how a ConfigMap says none, as the plugin reads it.
     let another = installed
         .entry
         .as_ref()
         .and_then(|e| e.get("kubeconfig"))
-        .map(|k| k.as_str().unwrap_or("(not a path)").to_string());
+        .and_then(|k| k.as_str())
+        .filter(|k| !k.is_empty())
+        .map(str::to_string);
     if let Some(another) = another {
         match api_access::remove(&options.conf_dir) {
             Ok(removed) if !removed.is_empty() => {
@@ -145,7 +148,13 @@ fn forget_api_access(options: &Options, installed: &Installed, say: &mut dyn FnM
         }
         return;
     }
-    let held = held_with_the_kubeconfig(options);
+    let held = held_with_the_kubeconfig(options, installed.entry.as_ref());
+    // Absent, the file is named by no inode: a network naming its path keeps it unwritten.
+    if !held.is_empty()
+        && api_access::names_path(&options.conf_dir, &options.host_root, &[&installed.file])
+    {
+        return;
+    }
     match api_access::turn_off(&options.conf_dir, !held.is_empty()) {
         Ok(Some(wrote)) => {
             say(wrote);
@@ -167,9 +176,10 @@ fn forget_api_access(options: &Options, installed: &Installed, say: &mut dyn FnM
 }
 
 /// The pods whose DELs delegate mode holds for the API server's pod with the installer's
-/// kubeconfig, read from the guard's state dir (none where it cannot be read).
-fn held_with_the_kubeconfig(options: &Options) -> Vec<String> {
-    let (_, seen) = state_dir(options, None);
+/// kubeconfig, read from the guard's state dir, the entry's own `stateDir` first (none where
+/// it cannot be read). Paths compare by their components, so `//` or `/./` in either match.
+fn held_with_the_kubeconfig(options: &Options, entry: Option<&Json>) -> Vec<String> {
+    let (_, seen) = state_dir(options, entry);
     let (_, kubeconfig) = kubeconfig_entry_key(&options.conf_dir, &options.host_root);
     let Ok(store) = crate::state::Store::open_read_only(&seen) else {
         return Vec::new();
@@ -184,10 +194,11 @@ fn held_with_the_kubeconfig(options: &Options) -> Vec<String> {
             _ => None,
         })
         .filter(|entry| {
-            entry
-                .moved_to
-                .as_ref()
-                .is_some_and(|moved| kubeconfig.as_str() == moved.kubeconfig.to_str())
+            entry.moved_to.as_ref().is_some_and(|moved| {
+                kubeconfig
+                    .as_str()
+                    .is_some_and(|k| Path::new(k) == moved.kubeconfig)
+            })
         })
         .map(|entry| entry.key.pod())
         .collect()

@@ -232,14 +232,14 @@ pub fn still_moved(inv: &Invocation, entry: &DeferredDel) -> bool {
     if candidates.is_empty() {
         if held_with == HeldWith::TurnedOff {
             warn(format!(
-                "the kubeconfig {} this DEL was held with says the API server's view is turned off, and network {} names no other: the local rule decides its replay",
+                "the kubeconfig {} this DEL was held with says the API server's view is turned off, and network {} names no other kubeconfig there to ask: the local rule decides its replay",
                 moved.kubeconfig.display(),
                 inv.conf.network,
             ));
             return false;
         }
         warn(format!(
-            "the kubeconfig {} this DEL was held with is gone and network {} names no other: the DEL stays held (sandbox-guard --doctor says how out)",
+            "the kubeconfig {} this DEL was held with is gone and network {} names no other kubeconfig there to ask: the DEL stays held (sandbox-guard --doctor says how out)",
             moved.kubeconfig.display(),
             inv.conf.network,
         ));

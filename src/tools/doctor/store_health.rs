@@ -218,9 +218,9 @@ pub(super) fn check_deferred(
             "each stays held, and each delegate-mode verb on this state dir asks again with the kubeconfig it was held \
              with, or the one the verb's own network names. Make one of them answer (a token that may get pods in the \
              pod's namespace). Only if the API server's view is off for good, write {} into the file each was held \
-             with, owned by root and writable by it alone (the installer does when it turns the view off): the next \
-             verb replays them by the local rule, which frees what the primary holds under the name even where a pod \
-             of that name lives on another node",
+             with, owned by root and writable by it alone (the installer does when it turns the view off), and take \
+             any other kubeconfig out of the networks here: the next verb replays them by the local rule, which frees \
+             what the primary holds under the name even where a pod of that name lives on another node",
             VIEW_OFF.trim_end()
         );
         report.add(
@@ -842,9 +842,14 @@ mod pending_add_tests {
 }
 
 /// The held DELs' kubeconfigs, each asked once per namespace (for a pod of the entry's, as
-/// the plugin asks) however many entries name it.
+/// the plugin asks) however many entries name it; a failure that is not the API's refusal
+/// (a timeout, no connection, a kubeconfig that cannot be used) is kept for the kubeconfig,
+/// so an API that does not answer costs one bound per kubeconfig, not per namespace.
 #[derive(Default)]
-struct Answers(std::collections::BTreeMap<(std::path::PathBuf, String), Result<(), String>>);
+struct Answers {
+    by_namespace: std::collections::BTreeMap<(std::path::PathBuf, String), Result<(), String>>,
+    failed: std::collections::BTreeMap<std::path::PathBuf, String>,
+}
 
 impl Answers {
     fn probe(
@@ -852,14 +857,28 @@ impl Answers {
         kubeconfig: &Path,
         key: &crate::state::ownership::PodKey,
     ) -> Result<(), String> {
-        self.0
-            .entry((kubeconfig.to_path_buf(), key.pod_namespace.clone()))
-            .or_insert_with(|| crate::tools::api::get_pod(&key.pod(), kubeconfig).map(|_| ()))
-            .clone()
+        if let Some(why) = self.failed.get(kubeconfig) {
+            return Err(why.clone());
+        }
+        let slot = (kubeconfig.to_path_buf(), key.pod_namespace.clone());
+        if let Some(answer) = self.by_namespace.get(&slot) {
+            return answer.clone();
+        }
+        let answer = crate::tools::api::get_pod(&key.pod(), kubeconfig).map(|_| ());
+        match &answer {
+            Err(why) if !why.contains("HTTP 403") => {
+                self.failed.insert(kubeconfig.to_path_buf(), why.clone());
+            }
+            _ => {
+                self.by_namespace.insert(slot, answer.clone());
+            }
+        }
+        answer
     }
 
     /// Why a held DEL's sweep can get no answer, or `None` when one of the kubeconfigs it
-    /// would ask with answers: the one it was held with, or one a network here names.
+    /// would ask with answers, or the off sign lets it go: the one it was held with, or one a
+    /// network here names.
     fn none_answers(
         &mut self,
         moved: &crate::state::deferred::MovedTo,
@@ -867,15 +886,16 @@ impl Answers {
         networks: &[std::path::PathBuf],
     ) -> Option<String> {
         let held_with = moved.held_with();
-        if held_with == HeldWith::TurnedOff {
-            return None;
-        }
         let mut why = vec![match held_with {
             HeldWith::Gone => format!(
                 "it was held with {}, which is gone",
                 moved.kubeconfig.display()
             ),
-            _ => match self.probe(&moved.kubeconfig, key) {
+            HeldWith::TurnedOff => format!(
+                "it was held with {}, which holds the off sign, but a network here names another kubeconfig, which it asks instead",
+                moved.kubeconfig.display()
+            ),
+            HeldWith::Present => match self.probe(&moved.kubeconfig, key) {
                 Ok(()) => return None,
                 Err(e) => format!(
                     "it was held with {}, with which the API server cannot be asked: {e}",
@@ -883,10 +903,15 @@ impl Answers {
                 ),
             },
         }];
-        for other in networks.iter().filter(|k| **k != moved.kubeconfig) {
-            if crate::state::deferred::held_with_at(other) != HeldWith::Present {
-                continue;
-            }
+        let others: Vec<&std::path::PathBuf> = networks
+            .iter()
+            .filter(|k| **k != moved.kubeconfig)
+            .filter(|k| crate::state::deferred::held_with_at(k) == HeldWith::Present)
+            .collect();
+        if held_with == HeldWith::TurnedOff && others.is_empty() {
+            return None;
+        }
+        for other in others {
             match self.probe(other, key) {
                 Ok(()) => return None,
                 Err(e) => why.push(format!(

@@ -3660,6 +3660,138 @@ fn pod_gone(node: &Node, namespace: &str, pod: &str) -> bool {
     !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("NotFound")
 }
 
+/// A StatefulSet pod made again on node b while node a's old sandbox of it lives on: what
+/// the failover and the late ADD share from node a's teardown of that sandbox on.
+struct Moved<'a> {
+    ns: &'a str,
+    pod: &'a str,
+    old: &'a str,
+    old_veth: &'a str,
+    new_ip: &'a str,
+    new_on: &'a str,
+    /// Node a's primary's trace and the guard's log, counted before the sequence.
+    calls_before: usize,
+    log_before: usize,
+}
+
+impl Moved<'_> {
+    /// Waits for node a's kubelet's DEL of the old sandbox (at the primary, or held by the
+    /// guard), leaves room for its retries, and reads what they did.
+    fn torn_down(&self, node: &Node, which: &str) -> FailoverFigures {
+        let handle = format!("{}.{}", self.ns, self.pod);
+        let held = |log: &[LogEntry]| {
+            log.iter().skip(self.log_before).any(|e| {
+                is_of(e, "DEL", self.old)
+                    && matches!(e.outcome(), Some(Outcome::Refused | Outcome::Deferred))
+            })
+        };
+        node.wait_until(
+            &format!("node a's kubelet's DEL of the {which} sandbox"),
+            Duration::from_secs(180),
+            || {
+                del_at_primary(&node.primary_calls(), self.calls_before, self.old)
+                    || held(&guard_log(node))
+            },
+        );
+        // Room for kubelet's retries (its pod worker's, every few seconds) to come.
+        std::thread::sleep(Duration::from_secs(20));
+
+        let calls = node.primary_calls();
+        let log = guard_log(node);
+        let ipam = PathBuf::from(node.var("IPAM_DIR"));
+        let old_sandbox_state = sandboxes(node, self.ns)
+            .into_iter()
+            .find(|(id, _, _)| id == self.old)
+            .map_or(
+                "gone",
+                |(_, _, ready)| if ready { "ready" } else { "not-ready" },
+            )
+            .to_string();
+        FailoverFigures {
+            old_dels_at_primary: calls
+                .lines()
+                .skip(self.calls_before)
+                .filter(|l| is_call(l, "DEL", self.old))
+                .count(),
+            new_address_released: calls.lines().skip(self.calls_before).any(|l| {
+                l.trim()
+                    == format!(
+                        "DEL by {} releases {} of handle {handle}",
+                        self.old, self.new_ip
+                    )
+            }),
+            new_address_held: fs::read_to_string(ipam.join("ips").join(self.new_ip))
+                .is_ok_and(|holder| holder == handle),
+            guard_outcomes: outcomes_of(&log, self.log_before, Some("DEL"), self.old),
+            old_sandbox_state,
+            old_veth_left: !self.old_veth.is_empty()
+                && Path::new("/sys/class/net").join(self.old_veth).exists(),
+            old_deferred: deferred_sandboxes(Path::new(node.var("GUARD_STATE")))
+                .contains(&self.old.to_string()),
+            new_on: self.new_on.to_string(),
+            new_ip: self.new_ip.to_string(),
+            old: self.old.to_string(),
+            old_veth: self.old_veth.to_string(),
+            ..FailoverFigures::default()
+        }
+    }
+
+    /// The StatefulSet scaled to zero, so that the name is free in the whole cluster; then,
+    /// guarded, the old sandbox's DEL must reach node a's primary: chained, by kubelet's
+    /// retries (its pod worker's, and its container GC's once a minute); delegate, by the
+    /// replay a pod's ADD on node a runs.
+    fn after_the_name_is_free(
+        &self,
+        node: &Node,
+        mode: Mode,
+        which: &str,
+        figures: &mut FailoverFigures,
+    ) {
+        let calls_at_zero = node.primary_calls().lines().count();
+        let log_at_zero = guard_log(node).len();
+        let zero = Instant::now();
+        node.kubectl_ok(&["-n", self.ns, "scale", "statefulset", "db", "--replicas=0"]);
+        node.wait_until("db-0 gone from the API", Duration::from_secs(120), || {
+            pod_gone(node, self.ns, self.pod)
+        });
+        if mode != Mode::Unguarded {
+            node.kubectl_ok(&["uncordon", "sg-node"]);
+            if mode == Mode::Delegate {
+                node.apply(&pinned_pod(
+                    "trigger",
+                    self.ns,
+                    "sg-node",
+                    node.var("PAUSE_IMAGE"),
+                ));
+                wait_ready_pod(node, self.ns, "trigger", None);
+            }
+            node.wait_until(
+                &format!("the {which} sandbox's DEL at node a's primary once the name is free"),
+                Duration::from_secs(150),
+                || del_at_primary(&node.primary_calls(), calls_at_zero, &figures.old),
+            );
+            figures.old_del_after_zero = true;
+            figures.seconds_to_old_del = zero.elapsed().as_secs_f64();
+            std::thread::sleep(Duration::from_secs(3));
+            figures.guard_outcomes_after_zero =
+                outcomes_of(&guard_log(node), log_at_zero, None, &figures.old);
+        }
+        figures.deferred_left = deferred_dels(Path::new(node.var("GUARD_STATE")));
+    }
+
+    fn clean_up(&self, node: &Node) {
+        node.kubectl_ok(&["uncordon", "sg-node"]);
+        node.kubectl_ok(&["uncordon", "sg-node-b"]);
+        node.kubectl_ok(&[
+            "delete",
+            "namespace",
+            self.ns,
+            "--wait=true",
+            "--timeout=300s",
+        ]);
+    }
+}
+
 /// The failover of seed 001's primary across two nodes, in one mode: db-0 (a StatefulSet of
 /// one) runs on node a; node a's kubelet stops; the pod is force deleted, as the task "Force
 /// Delete StatefulSet Pods" says to for a node that stopped answering, and the StatefulSet
@@ -3706,88 +3838,22 @@ fn run_failover_mode(node: &Node, mode: Mode) -> FailoverFigures {
 
     // Node a's kubelet tears the old sandbox down once it finds its pod gone from the API:
     // its DEL reaches the primary, or the guard holds it.
-    let held = |log: &[LogEntry]| {
-        log.iter().skip(log_before).any(|e| {
-            is_of(e, "DEL", &old)
-                && matches!(e.outcome(), Some(Outcome::Refused | Outcome::Deferred))
-        })
+    let moved = Moved {
+        ns: &ns,
+        pod,
+        old: &old,
+        old_veth: &old_veth,
+        new_ip: &second.ip,
+        new_on: &new_on,
+        calls_before,
+        log_before,
     };
-    node.wait_until(
-        "node a's kubelet's DEL of the old sandbox",
-        Duration::from_secs(180),
-        || del_at_primary(&node.primary_calls(), calls_before, &old) || held(&guard_log(node)),
-    );
-    // Room for kubelet's retries (its pod worker's, every few seconds) to come.
-    std::thread::sleep(Duration::from_secs(20));
-
-    let calls = node.primary_calls();
-    let log = guard_log(node);
-    let ipam = PathBuf::from(node.var("IPAM_DIR"));
-    let old_sandbox_state = sandboxes(node, &ns)
-        .into_iter()
-        .find(|(id, _, _)| *id == old)
-        .map_or(
-            "gone",
-            |(_, _, ready)| if ready { "ready" } else { "not-ready" },
-        )
-        .to_string();
-    let mut figures = FailoverFigures {
-        old_dels_at_primary: calls
-            .lines()
-            .skip(calls_before)
-            .filter(|l| is_call(l, "DEL", &old))
-            .count(),
-        new_address_released: calls
-            .lines()
-            .skip(calls_before)
-            .any(|l| l.trim() == format!("DEL by {old} releases {} of handle {handle}", second.ip)),
-        new_address_held: fs::read_to_string(ipam.join("ips").join(&second.ip))
-            .is_ok_and(|holder| holder == handle),
-        guard_outcomes: outcomes_of(&log, log_before, Some("DEL"), &old),
-        old_sandbox_state,
-        old_veth_left: !old_veth.is_empty() && Path::new("/sys/class/net").join(&old_veth).exists(),
-        old_deferred: deferred_sandboxes(Path::new(node.var("GUARD_STATE"))).contains(&old),
-        new_on,
-        new_ip: second.ip.clone(),
-        old,
-        old_veth,
-        ..FailoverFigures::default()
-    };
-
+    let mut figures = moved.torn_down(node, "old");
     // The name free in the whole cluster: node b's own DEL of the new pod, then the API
     // without db-0.
-    let calls_at_zero = node.primary_calls().lines().count();
-    let log_at_zero = guard_log(node).len();
-    let zero = Instant::now();
-    node.kubectl_ok(&["-n", &ns, "scale", "statefulset", "db", "--replicas=0"]);
-    node.wait_until("db-0 gone from the API", Duration::from_secs(120), || {
-        pod_gone(node, &ns, pod)
-    });
-    if mode != Mode::Unguarded {
-        node.kubectl_ok(&["uncordon", "sg-node"]);
-        if mode == Mode::Delegate {
-            // The replay runs on the node's next verb: a pod's ADD on node a.
-            node.apply(&pinned_pod("trigger", &ns, "sg-node", image));
-            wait_ready_pod(node, &ns, "trigger", None);
-        }
-        // Chained: kubelet's retries of the refused DEL (its pod worker's, and its container
-        // GC's once a minute) pass once the API has no db-0.
-        node.wait_until(
-            "the old sandbox's DEL at node a's primary once the name is free",
-            Duration::from_secs(150),
-            || del_at_primary(&node.primary_calls(), calls_at_zero, &figures.old),
-        );
-        figures.old_del_after_zero = true;
-        figures.seconds_to_old_del = zero.elapsed().as_secs_f64();
-        std::thread::sleep(Duration::from_secs(3));
-        figures.guard_outcomes_after_zero =
-            outcomes_of(&guard_log(node), log_at_zero, None, &figures.old);
-    }
-    figures.deferred_left = deferred_dels(Path::new(node.var("GUARD_STATE")));
+    moved.after_the_name_is_free(node, mode, "old", &mut figures);
     eprintln!("   {}: {figures:?}", mode.name());
-    node.kubectl_ok(&["uncordon", "sg-node"]);
-    node.kubectl_ok(&["uncordon", "sg-node-b"]);
-    node.kubectl_ok(&["delete", "namespace", &ns, "--wait=true", "--timeout=300s"]);
+    moved.clean_up(node);
     figures
 }
 
@@ -4377,83 +4443,21 @@ fn run_late_add_mode(node: &Node, mode: Mode) -> (FailoverFigures, Vec<String>) 
     let new_on = node_of(node, &ns, pod);
 
     // The held ADD completes, then node a's kubelet finds its pod gone and tears it down.
-    let held = |log: &[LogEntry]| {
-        log.iter().skip(log_before).any(|e| {
-            is_of(e, "DEL", &late)
-                && matches!(e.outcome(), Some(Outcome::Refused | Outcome::Deferred))
-        })
+    let moved = Moved {
+        ns: &ns,
+        pod,
+        old: &late,
+        old_veth: &late_veth,
+        new_ip: &second.ip,
+        new_on: &new_on,
+        calls_before,
+        log_before,
     };
-    node.wait_until(
-        "node a's kubelet's DEL of the late sandbox",
-        Duration::from_secs(180),
-        || del_at_primary(&node.primary_calls(), calls_before, &late) || held(&guard_log(node)),
-    );
-    std::thread::sleep(Duration::from_secs(20));
-
-    let calls = node.primary_calls();
-    let log = guard_log(node);
-    let ipam = PathBuf::from(node.var("IPAM_DIR"));
-    let late_sandbox_state = sandboxes(node, &ns)
-        .into_iter()
-        .find(|(id, _, _)| *id == late)
-        .map_or(
-            "gone",
-            |(_, _, ready)| if ready { "ready" } else { "not-ready" },
-        )
-        .to_string();
-    let add_outcomes = outcomes_of(&log, log_before, Some("ADD"), &late);
-    let mut figures = FailoverFigures {
-        old_dels_at_primary: calls
-            .lines()
-            .skip(calls_before)
-            .filter(|l| is_call(l, "DEL", &late))
-            .count(),
-        new_address_released: calls.lines().skip(calls_before).any(|l| {
-            l.trim() == format!("DEL by {late} releases {} of handle {handle}", second.ip)
-        }),
-        new_address_held: fs::read_to_string(ipam.join("ips").join(&second.ip))
-            .is_ok_and(|holder| holder == handle),
-        guard_outcomes: outcomes_of(&log, log_before, Some("DEL"), &late),
-        old_sandbox_state: late_sandbox_state,
-        old_veth_left: !late_veth.is_empty()
-            && Path::new("/sys/class/net").join(&late_veth).exists(),
-        old_deferred: deferred_sandboxes(Path::new(node.var("GUARD_STATE"))).contains(&late),
-        new_on,
-        new_ip: second.ip.clone(),
-        old: late,
-        old_veth: late_veth,
-        ..FailoverFigures::default()
-    };
-
-    let calls_at_zero = node.primary_calls().lines().count();
-    let log_at_zero = guard_log(node).len();
-    let zero = Instant::now();
-    node.kubectl_ok(&["-n", &ns, "scale", "statefulset", "db", "--replicas=0"]);
-    node.wait_until("db-0 gone from the API", Duration::from_secs(120), || {
-        pod_gone(node, &ns, pod)
-    });
-    if mode != Mode::Unguarded {
-        node.kubectl_ok(&["uncordon", "sg-node"]);
-        if mode == Mode::Delegate {
-            node.apply(&pinned_pod("trigger", &ns, "sg-node", image));
-            wait_ready_pod(node, &ns, "trigger", None);
-        }
-        node.wait_until(
-            "the late sandbox's DEL at node a's primary once the name is free",
-            Duration::from_secs(150),
-            || del_at_primary(&node.primary_calls(), calls_at_zero, &figures.old),
-        );
-        figures.old_del_after_zero = true;
-        figures.seconds_to_old_del = zero.elapsed().as_secs_f64();
-        std::thread::sleep(Duration::from_secs(3));
-        figures.guard_outcomes_after_zero =
-            outcomes_of(&guard_log(node), log_at_zero, None, &figures.old);
-    }
-    figures.deferred_left = deferred_dels(Path::new(node.var("GUARD_STATE")));
+    let mut figures = moved.torn_down(node, "late");
+    let add_outcomes = outcomes_of(&guard_log(node), log_before, Some("ADD"), &late);
+    moved.after_the_name_is_free(node, mode, "late", &mut figures);
     eprintln!("   {}: late ADD {add_outcomes:?}, {figures:?}", mode.name());
-    node.kubectl_ok(&["uncordon", "sg-node"]);
-    node.kubectl_ok(&["uncordon", "sg-node-b"]);
-    node.kubectl_ok(&["delete", "namespace", &ns, "--wait=true", "--timeout=300s"]);
+    moved.clean_up(node);
     (figures, add_outcomes)
 }
 

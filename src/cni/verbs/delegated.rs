@@ -21,6 +21,7 @@ use serde_json::value::RawValue;
 use super::Invocation;
 use super::api_check;
 use super::judgement::{self, Judgement, Stale};
+use super::old_interface;
 use super::pending;
 use super::replay::worker;
 use crate::cni::config::StaleDelPolicy;
@@ -28,8 +29,6 @@ use crate::cni::delegate::{Delegate, EnvOverride};
 use crate::cni::env::Attachment;
 use crate::cni::log::{CAUSE_STALE_DEL, CAUSE_SUPERSEDED, Level, Outcome};
 use crate::error::{GuardError, Kind, Result};
-use crate::kernel::link_facts::LinkFacts;
-use crate::kernel::teardown::{self, Teardown};
 use crate::state::checkpoint::{self, AttachmentId};
 use crate::state::deferred::{self, DeferredDel};
 use crate::state::ownership::{self, AddVerdict, Owner, PodKey};
@@ -252,10 +251,10 @@ fn del_locked(
                 }
                 Err(err) => return Err(err),
             };
-            let netns = teardown_netns(attachment, &deferred);
-            let live = live_netns(&store, &deferred.id(), &netns);
+            let recorded = recorded_of(attachment, &deferred);
+            let live = old_interface::live_netns(&store, &deferred.container_id, recorded.netns);
             drop(store);
-            return remove_stale_interface(inv, attachment, &deferred, &netns, &live)
+            return remove_stale_interface(inv, attachment, &deferred, &recorded, &live)
                 .map(|()| false);
         }
         Judgement::Go(plan) => plan,
@@ -573,18 +572,7 @@ fn new_entry(
         ("", Some(record)) => record.netns.clone(),
         (netns, _) => netns.to_string(),
     };
-    let observed = record.and_then(|r| match &r.links {
-        Some(LinkFacts::Observed(facts)) => facts.mac.clone(),
-        _ => None,
-    });
-    // Else the MAC the result gives the interface inside a sandbox.
-    let mac = observed.or_else(|| {
-        let view = crate::cni::result::ResultView::parse(prev_result.as_deref()?).ok()?;
-        view.interfaces
-            .into_iter()
-            .find(|i| i.name == attachment.ifname && i.sandbox.is_some())
-            .and_then(|i| i.mac)
-    });
+    let mac = old_interface::recorded_mac(record, prev_result.as_deref(), &attachment.ifname);
     DeferredDel {
         key: key.clone(),
         container_id: attachment.container_id.clone(),
@@ -618,69 +606,24 @@ fn new_entry(
     }
 }
 
-/// The netns (device, inode) of every live sandbox the store knows but `stale`'s, when `netns`
-/// is a namespace at all: a stale DEL's teardown must never reach into one of them. The stale
-/// sandbox's own other interfaces (an owner of several, `podKey: "name"`) are no live
-/// sandbox's: its DEL of each comes next. A rare path (stale DELs), so it may list the records.
-fn live_netns(store: &Store, stale: &AttachmentId, netns: &str) -> Vec<(u64, u64)> {
-    if crate::kernel::netns::netns_identity(netns).is_none() {
-        return Vec::new();
-    }
-    let Ok(records) = store.list_records() else {
-        return Vec::new();
-    };
-    records
-        .into_iter()
-        .filter_map(|(_, loaded)| match loaded {
-            Loaded::Valid(record) if record.container_id != stale.container_id => record
-                .identity
-                .map(|id| (id.netns_dev, id.netns_inode))
-                .or_else(|| crate::kernel::netns::netns_identity(&record.netns)),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The netns a deferred DEL's interface is removed from: the DEL's own, else (a repeated DEL
-/// without one) the entry's, unless the entry is of another boot.
-fn teardown_netns(attachment: &Attachment, entry: &DeferredDel) -> String {
-    if attachment.netns.is_empty() {
-        let now = crate::clock::boot_id();
-        entry.netns_in_this_boot(now.as_deref()).to_string()
+/// The old sandbox's interface as its deferred DEL recorded it.
+fn recorded_of<'a>(
+    attachment: &'a Attachment,
+    entry: &'a DeferredDel,
+) -> old_interface::Recorded<'a> {
+    let now = crate::clock::boot_id();
+    let netns = if attachment.netns.is_empty() {
+        entry.netns_in_this_boot(now.as_deref())
     } else {
-        attachment.netns.clone()
-    }
-}
-
-/// Takes the deferred sandbox's interface out of `netns` (never one of `live`), if it is
-/// provably the one checkpointed (`kernel::teardown`): what became of it, for the log.
-fn remove_interface_of(
-    attachment: &Attachment,
-    deferred: &DeferredDel,
-    netns: &str,
-    live: &[(u64, u64)],
-) -> Result<String> {
-    let identity = deferred.identity.as_ref();
-    let recorded = teardown::Recorded {
-        netns,
-        if_name: &attachment.ifname,
-        mac: deferred.mac.as_deref(),
-        netns_id: identity.map(|id| (id.netns_dev, id.netns_inode)),
-        netns_cookie: identity.and_then(|id| id.netns_cookie),
-        if_index: identity.and_then(|id| id.if_index),
-        if_kind: identity.and_then(|id| id.if_kind.as_deref()),
+        &attachment.netns
     };
-    teardown::remove_interface(&recorded, live).map(|outcome| match outcome {
-        Teardown::Removed => format!(
-            "removed {} ({}) from its netns {netns}",
-            attachment.ifname,
-            deferred.mac.as_deref().unwrap_or("no MAC recorded")
-        ),
-        Teardown::Absent => "its interface is gone already".to_string(),
-        Teardown::LeftAlone(why) => {
-            format!("nothing removed from {netns}: {why}; the primary's replay tears it down")
-        }
-    })
+    let this_boot = old_interface::of_this_boot(entry.deferred_in_boot.as_deref());
+    old_interface::Recorded {
+        netns,
+        mac: entry.mac.as_deref(),
+        identity: entry.identity.as_ref(),
+        this_boot,
+    }
 }
 
 /// The error of a deferred DEL whose interface could not be removed: the runtime retries.
@@ -723,14 +666,14 @@ fn remove_stale_interface(
     inv: &Invocation,
     attachment: &Attachment,
     deferred: &DeferredDel,
-    netns: &str,
+    recorded: &old_interface::Recorded,
     live: &[(u64, u64)],
 ) -> Result<()> {
     let fields = [
         ("cause", CAUSE_STALE_DEL),
         ("owner", deferred.owner.as_str()),
     ];
-    match remove_interface_of(attachment, deferred, netns, live) {
+    match old_interface::remove(attachment, recorded, live) {
         Ok(text) => {
             let subject = inv.subject(Some(attachment), Some(deferred.key.pod()));
             inv.log.event_with(Level::Warn, inv.verb, &subject, Outcome::Deferred, &fields, &format!(
@@ -744,7 +687,7 @@ fn remove_stale_interface(
             attachment,
             deferred.key.pod(),
             &fields,
-            netns,
+            recorded.netns,
             err,
         )),
     }
@@ -824,10 +767,10 @@ fn hold_moved(
     // Kept first: a crash here leaves the owner and its entry, and the runtime's retry finds
     // the entry (`held_before`) and forgets the owner.
     judgement::forget_planned(&store, &plan)?;
-    let netns = teardown_netns(attachment, &entry);
-    let live = live_netns(&store, &entry.id(), &netns);
+    let recorded = recorded_of(attachment, &entry);
+    let live = old_interface::live_netns(&store, &entry.container_id, recorded.netns);
     drop(store);
-    match remove_interface_of(attachment, &entry, &netns, &live) {
+    match old_interface::remove(attachment, &recorded, &live) {
         Ok(done) => {
             moved.log_deferred(inv, attachment, &done);
             Ok(())
@@ -842,7 +785,7 @@ fn hold_moved(
                 attachment,
                 moved.key.pod(),
                 &fields,
-                &netns,
+                recorded.netns,
                 err,
             ))
         }

@@ -9,6 +9,7 @@ pub mod gc;
 pub mod ip_conflict;
 mod judgement;
 pub mod mode;
+mod old_interface;
 pub mod pending;
 pub mod replay;
 pub mod status;

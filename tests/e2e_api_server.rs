@@ -528,10 +528,12 @@ fn failover_del(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> 
     let wrap = |call: Cni| keys.in_mode(call, delegate);
     let uid_1 = api.pod_on(&name, THIS_NODE);
     let old = container_id();
-    wrap(store.add(&old, &pod(&name, &uid_1))).run().assert_ok();
+    // The old sandbox's netns with its eth0, as the runtime and primary left it.
+    let (add, sandbox) = store.add(&old, &pod(&name, &uid_1)).in_pod_netns();
+    wrap(add).run().assert_ok();
     api.force_delete(&name);
     let uid_2 = api.pod_on(&name, "node-b");
-    let reply = wrap(store.del(&old, &pod(&name, &uid_1))).run();
+    let reply = wrap(store.del(&old, &pod(&name, &uid_1)).netns(&sandbox.path())).run();
     let passed = match delegate {
         Some(primary) => primary.dels(&old) > 0,
         None => reply.succeeded(),
@@ -540,6 +542,12 @@ fn failover_del(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> 
         api.force_delete(&name);
         return (true, "passed".into());
     }
+    // Held, in either mode: the old sandbox's interface is taken out of its netns at once.
+    assert!(
+        !sandbox.netns.try_exec(&["ip", "link", "show", "eth0"]),
+        "the old sandbox kept its eth0 while its DEL was held: {}",
+        reply.stdout
+    );
     let answer = match delegate {
         // Deferred: answered with success, kept for the primary with the API's pod it waits
         // for, and forgotten as the pod's owner.

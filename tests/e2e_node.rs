@@ -4107,6 +4107,11 @@ fn run_failover(runtime: &'static str) {
                     "{mode:?}: a DEL of the old pod reached the shared handle while the new pod lived, or the guard did not hold one ({held}): {f:?}"
                 );
                 assert!(
+                    !f.old_veth.is_empty() && !f.old_veth_left,
+                    "{mode:?}: node a kept the old sandbox's interface (host veth {}) while its DEL was held: {f:?}",
+                    f.old_veth
+                );
+                assert!(
                     f.old_del_after_zero,
                     "{mode:?}: the old sandbox's DEL never reached node a's primary once the name was free: {f:?}"
                 );
@@ -4529,6 +4534,11 @@ fn run_late_add_two_nodes(runtime: &'static str) {
                 assert!(
                     f.old_dels_at_primary == 0 && !f.new_address_released && f.new_address_held,
                     "{mode:?}: a DEL of the late sandbox reached the shared handle while the new pod lived (its ADD: {add:?}): {f:?}"
+                );
+                assert!(
+                    !f.old_veth.is_empty() && !f.old_veth_left,
+                    "{mode:?}: node a kept the late sandbox's interface (host veth {}) while its DEL was held: {f:?}",
+                    f.old_veth
                 );
                 assert!(
                     f.old_del_after_zero,

@@ -113,7 +113,7 @@ impl Moved {
         [("cause", CAUSE_NAME_MOVED), ("owner", self.uid.as_str())]
     }
 
-    /// Chained mode's answer (and delegate mode's where it cannot defer): refused.
+    /// Delegate mode's answer where it cannot defer: refused.
     pub fn refuse(self, inv: &Invocation, attachment: &Attachment) -> GuardError {
         let subject = inv.subject(Some(attachment), Some(self.key.pod()));
         inv.log.event_with(
@@ -125,6 +125,37 @@ impl Moved {
             &self.error.msg,
         );
         self.error
+    }
+
+    /// Chained mode's: refused, once the old sandbox's interface was taken out of its netns
+    /// here (`removed`: what became of it, or why it could not be removed).
+    pub fn refuse_removed(
+        self,
+        inv: &Invocation,
+        attachment: &Attachment,
+        removed: std::result::Result<String, GuardError>,
+    ) -> GuardError {
+        let subject = inv.subject(Some(attachment), Some(self.key.pod()));
+        let (level, done) = match removed {
+            Ok(done) => (Level::Warn, done),
+            Err(err) => (
+                Level::Error,
+                format!(
+                    "{} could not be removed from its netns: {}",
+                    attachment.ifname, err.msg
+                ),
+            ),
+        };
+        inv.log.event_with(
+            level,
+            inv.verb,
+            &subject,
+            Outcome::Refused,
+            &self.fields(),
+            &format!("{}; {done}", self.error.msg),
+        );
+        let details = format!("{} On this node, {done}.", self.error.details);
+        self.error.with_details(details)
     }
 
     /// Delegate mode's: deferred until the name is free (`still_moved`), its interface

@@ -3,15 +3,19 @@
 //! This plugin is last in the chain, so it runs first on DEL: refusing here keeps the DEL
 //! from ever reaching the primary plugin, which would release the newer sandbox's IP. Every
 //! other DEL must pass, even when the store cannot be written: a teardown is never held up
-//! for the guard's own bookkeeping.
+//! for the guard's own bookkeeping. A DEL refused because the pod's name moved (rule 7) has
+//! its sandbox's interface removed here first.
 
 use super::api_check;
 use super::judgement::{self, Judgement};
+use super::old_interface;
 use crate::cni::config::StaleDelPolicy;
 use crate::cni::env::Attachment;
 use crate::cni::verbs::Invocation;
 use crate::error::Result;
+use crate::state::checkpoint::AttachmentId;
 use crate::state::ledger::Handled;
+use crate::state::{Loaded, Store};
 
 pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
     let mut asked_api = false;
@@ -32,7 +36,8 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             asked_api = true;
             moved = api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref());
             if let Some(moved) = moved.take_if(|_| inv.conf.stale_del == StaleDelPolicy::Refuse) {
-                return Err(moved.refuse(inv, attachment));
+                let removed = remove_old_interface(inv, attachment, &plan.id);
+                return Err(moved.refuse_removed(inv, attachment, removed));
             }
             continue;
         }
@@ -75,4 +80,36 @@ fn decide(
             Ok(())
         }
     }
+}
+
+/// A DEL rule 7 refuses is of a sandbox whose pod the API no longer has under that name: the
+/// runtime keeps retrying it, with the sandbox's netns, until the name is free, which can take
+/// as long as the newer pod lives. Its interface is taken out here meanwhile, as the primary's
+/// DEL would, so the old netns stops answering for the pod's address; the primary's state of
+/// the name waits for that DEL.
+fn remove_old_interface(
+    inv: &Invocation,
+    attachment: &Attachment,
+    id: &AttachmentId,
+) -> Result<String> {
+    let store = Store::open_read_only(&inv.conf.state_dir)?;
+    let Loaded::Valid(record) = store.load_record(id)? else {
+        return Ok("no record of its interface here, so nothing was removed".to_string());
+    };
+    let mac = old_interface::recorded_mac(
+        Some(&record),
+        Some(&*record.prev_result),
+        &attachment.ifname,
+    );
+    let netns = old_interface::netns_of(attachment, &record.netns, record.boot_id.as_deref());
+    let this_boot = old_interface::of_this_boot(record.boot_id.as_deref());
+    let recorded = old_interface::Recorded {
+        netns,
+        mac: mac.as_deref(),
+        identity: record.identity.as_ref(),
+        this_boot,
+    };
+    let live = old_interface::live_netns(&store, &record.container_id, netns);
+    drop(store);
+    old_interface::remove(attachment, &recorded, &live)
 }

@@ -15,7 +15,10 @@
 //!   replays it to the primary, once.
 //! - A late ADD: db-1 (UID 3) is force deleted while its sandbox is made, after db-1 (UID 4)
 //!   took the name here; UID 3's ADD is refused (the delegate's primary never sees it), where
-//!   without a kubeconfig, and in audit mode, it takes the name.
+//!   without a kubeconfig, and in audit mode, it takes the name. On a node without the name
+//!   (the pod made again on node-b), delegate mode under `podKeyScope: "cluster"` refuses it
+//!   before its primary runs; without a kubeconfig, in audit mode, under `"node"` and chained
+//!   (whose ADD comes after the primary's) it goes through.
 //! - The API server stopped (SIGSTOP: it takes connections and never answers) and killed: an
 //!   ADD that asks (the name owned here by another pod UID) and a DEL that asks (the owner's)
 //!   pass within the bound, and the log says the local rule decided alone.
@@ -898,6 +901,37 @@ fn late_add(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> bool
     took
 }
 
+/// A late ADD on a node without the name: the pod force deleted while its sandbox was made
+/// here, and made again on node-b. Whether the late ADD went through (answered 0).
+fn late_add_elsewhere(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> bool {
+    let name = format!("web-{}", &container_id()[..6]);
+    let store = Store::new();
+    let uid_1 = api.pod_on(&name, THIS_NODE);
+    api.force_delete(&name);
+    api.pod_on(&name, "node-b");
+    let late = container_id();
+    let reply = keys
+        .in_mode(store.add(&late, &pod(&name, &uid_1)), delegate)
+        .run();
+    if !reply.succeeded() {
+        let err = reply.assert_error(104);
+        assert!(err.msg.contains(&uid_1), "{}", err.text());
+    }
+    if let Some(primary) = delegate {
+        let at_primary = primary
+            .started()
+            .iter()
+            .any(|(verb, c)| verb == "ADD" && *c == late);
+        assert_eq!(
+            at_primary,
+            reply.succeeded(),
+            "the late ADD reaches the primary exactly when it goes through"
+        );
+    }
+    api.force_delete(&name);
+    reply.succeeded()
+}
+
 #[test]
 fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     sys::skip_unless_root!(&["openssl", "curl"]);
@@ -1029,6 +1063,46 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
             keys.kubeconfig.is_none() || keys.stale_del == "audit",
             "{label}"
         );
+    }
+    // On a node without the name, only delegate mode asks (before its primary runs), and only
+    // for a primary keyed across the cluster.
+    for (label, keys, primary) in [
+        (
+            "no kubeconfig, delegate",
+            &unguarded,
+            Some(RecordingPrimary::new()),
+        ),
+        (
+            "audit mode (control), delegate",
+            &audit,
+            Some(RecordingPrimary::new()),
+        ),
+        (
+            "podKeyScope node, delegate",
+            &node,
+            Some(RecordingPrimary::new()),
+        ),
+        ("podKeyScope cluster, chained", &cluster, None),
+        (
+            "podKeyScope cluster, delegate",
+            &cluster,
+            Some(RecordingPrimary::new()),
+        ),
+    ] {
+        let went = late_add_elsewhere(&api, keys, primary.as_ref());
+        report.push(format!(
+            "late ADD on a node without the name, its pod made again on node-b, {label}: {}",
+            if went {
+                "went through"
+            } else {
+                "refused before the primary ran"
+            }
+        ));
+        let refusing = keys.kubeconfig.is_some()
+            && keys.stale_del == "refuse"
+            && keys.scope == "cluster"
+            && primary.is_some();
+        assert_eq!(went, !refusing, "{label}");
     }
 
     installers_kubeconfig(&api, &mut report);

@@ -3893,7 +3893,8 @@ fn install_guard_api_view(node: &Node, mode: Mode, b: &BTreeMap<String, String>)
 /// What the verbs that ask the API took on node a, answered and with the API server stopped.
 #[derive(Debug, Default)]
 struct ApiStoppedFigures {
-    /// RunPodSandbox of a name with no owner here (no ask), of the same name for another pod
+    /// RunPodSandbox of a name with no owner here (which asks in delegate mode only, under
+    /// `podKeyScope: "cluster"`), of the same name for another pod
     /// UID (the ADD asks), then StopPodSandbox of that one (the owner's DEL asks), in ms:
     /// with the API answering, then with it stopped.
     answered_ms: [f64; 3],
@@ -4080,7 +4081,7 @@ fn run_failover(runtime: &'static str) {
     );
     write_report(
         &format!("api-stopped-two-nodes-{runtime}"),
-        "Node a's verbs through its containerd (crictl runp, runp, stopp: an ADD of a new name, an ADD of that name for another pod UID, which asks, and the owner's DEL, which asks), in ms.\n\n| runtime | mode | API answering: ADD / ADD that asks / DEL that asks | its api-unanswered lines | API stopped (SIGSTOP): ADD / ADD that asks / DEL that asks | its api-unanswered lines |\n| --- | --- | --- | ---: | --- | ---: |",
+        "Node a's verbs through its containerd (crictl runp, runp, stopp: an ADD of a new name, which asks in delegate mode only, an ADD of that name for another pod UID, which asks, and the owner's DEL, which asks), in ms.\n\n| runtime | mode | API answering: ADD / ADD that asks / DEL that asks | its api-unanswered lines | API stopped (SIGSTOP): ADD / ADD that asks / DEL that asks | its api-unanswered lines |\n| --- | --- | --- | ---: | --- | ---: |",
         &stopped_table,
     );
     for (mode, f, stopped) in &all {

@@ -36,7 +36,9 @@
 //!    or not yet placed, for one keyed per node.
 //! 8. An ADD whose pod name has an owner of another pod UID is refused when the API's pod of
 //!    that name has another UID than the ADD's (`late_add`): a force-deleted pod's sandbox
-//!    coming late.
+//!    coming late. In delegate mode, for a primary keyed across the cluster, so is one of a
+//!    name with no owner here: asked before the primary runs, its pod may live on another
+//!    node.
 //!
 //! Where the API does not answer in time, rules 1-6 decide alone.
 //!

@@ -305,23 +305,37 @@ fn kubeconfig_at(path: &std::path::Path) -> HeldWith {
     crate::state::deferred::held_with_at(path)
 }
 
-/// Rule 8, before the ADD takes the name: refused when the name's owner here is of another pod
-/// UID and the API server's pod of the name has another UID than this ADD's. Read without the
-/// store's lock. A name the API has no pod of is let go: a static pod's mirror may not be
-/// there yet.
+/// Whether rule 8 asks about an ADD of pod UID `uid` whose name's owner here is of pod UID
+/// `owner` (`None`: no owner, or one whose pod UID is unknown). An owner of another pod UID: the
+/// answer keeps the name here with the pod that has it. No owner: only a primary keyed
+/// across the cluster can be hurt by this ADD, and only before it runs, so only where the
+/// guard runs first: delegate mode with no plugin before it (chained, or delegate mode after
+/// another plugin, it comes after the primary's ADD).
+fn late_add_asks(inv: &Invocation, uid: &str, owner: Option<&str>) -> bool {
+    match owner {
+        Some(owner) => owner != uid,
+        None => {
+            inv.conf.pod_key_scope == PodKeyScope::Cluster
+                && inv.conf.delegate.is_some()
+                && inv.conf.prev_result.is_none()
+        }
+    }
+}
+
+/// Rule 8, before the ADD takes the name: refused when the API server's pod of the name has
+/// another UID than this ADD's, asked where `late_add_asks`. Read without the store's lock. A
+/// name the API has no pod of is let go: a static pod's mirror may not be there yet.
 pub fn refuse_late_add(inv: &Invocation, attachment: &Attachment, key: &PodKey) -> Result<()> {
     let (Some(_), Some(uid)) = (&inv.conf.kubeconfig, attachment.pod.uid.as_deref()) else {
         return Ok(());
     };
-    let Ok(store) = Store::open_read_only(&inv.conf.state_dir) else {
-        return Ok(());
-    };
-    let owner_uid = match store.load_owner(key) {
-        Ok(Loaded::Valid(owner)) => owner.pod_uid,
-        _ => None,
-    };
-    drop(store);
-    if owner_uid.as_deref().is_none_or(|owner| owner == uid) {
+    let owner_uid = Store::open_read_only(&inv.conf.state_dir)
+        .ok()
+        .and_then(|store| match store.load_owner(key) {
+            Ok(Loaded::Valid(owner)) => owner.pod_uid,
+            _ => None,
+        });
+    if !late_add_asks(inv, uid, owner_uid.as_deref()) {
         return Ok(());
     }
     let Some(pod) = ask_for_verb(inv, attachment, key) else {

@@ -4379,10 +4379,9 @@ fn run_pod_gc_two_nodes(runtime: &'static str) {
     mark_reports_passed();
 }
 
-/// The pod GC's threshold across two nodes: about nine minutes (kubelet's container GC once
-/// a minute, twice in chained mode), in the long run.
+/// The pod GC's threshold across two nodes: about six minutes (kubelet's container GC once
+/// a minute, twice in chained mode).
 #[test]
-#[ignore = "long run: bash scripts/test.sh --long (README, CI's minutes)"]
 fn pod_gc_threshold_two_nodes_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_pod_gc_two_nodes("containerd2");

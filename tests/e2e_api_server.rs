@@ -778,6 +778,63 @@ fn held_asks_with_the_networks_kubeconfig(
     );
 }
 
+/// Delegate mode, one pod name's two DELs held with two kubeconfigs: s1's (the older) with
+/// the first, s2's with the second; then the installer's off sign written over the first, and a
+/// sweep by a network that names no kubeconfig. The second still shows the name on node-b's
+/// pod, so neither DEL may go; once the API has no pod of the name, both do.
+fn held_with_two_kubeconfigs_one_turned_off(
+    api: &Api,
+    kubeconfig: &Path,
+    primary: &RecordingPrimary,
+) {
+    let dir = sys::TempDir::new("sg-api-two");
+    let (first, second) = two_kubeconfigs(&dir, kubeconfig);
+    let name = format!("db-{}", &container_id()[..6]);
+    let store = Store::new();
+    let (s1, s2) = (container_id(), container_id());
+    for (sandbox, keys) in [(&s1, &first), (&s2, &second)] {
+        let uid = api.pod_on(&name, THIS_NODE);
+        keys.in_mode(store.add(sandbox, &pod(&name, &uid)), Some(primary))
+            .run()
+            .assert_ok();
+        api.force_delete(&name);
+        api.pod_on(&name, "node-b");
+        keys.in_mode(store.del(sandbox, &pod(&name, &uid)), Some(primary))
+            .run()
+            .assert_ok();
+        assert!(store.wait_for_replays(Duration::from_secs(60)));
+        api.force_delete(&name);
+    }
+    api.pod_on(&name, "node-b");
+    assert_eq!(
+        (primary.dels(&s1), primary.dels(&s2)),
+        (0, 0),
+        "the DELs of db's sandboxes were not both held"
+    );
+    fs::write(
+        first.kubeconfig.as_ref().unwrap(),
+        r#"{"apiServerView": "off"}"#,
+    )
+    .unwrap();
+    let none = Keys {
+        kubeconfig: None,
+        ..second.clone()
+    };
+    sweep_with(&store, &none, primary, "sweep-two-a");
+    assert_eq!(
+        (primary.dels(&s1), primary.dels(&s2)),
+        (0, 0),
+        "the off sign over one kubeconfig released the name's DELs while the other shows node-b's pod"
+    );
+    api.force_delete(&name);
+    sweep_with(&store, &none, primary, "sweep-two-b");
+    assert_eq!(
+        (primary.dels(&s1), primary.dels(&s2)),
+        (1, 1),
+        "the API has no pod of the name: both replayed"
+    );
+}
+
 /// Two copies of the plugin's kubeconfig in `dir`, each private to root: the keys a DEL is
 /// held with (`first`), and those of the network that sweeps later (`second`).
 fn two_kubeconfigs(dir: &sys::TempDir, kubeconfig: &Path) -> (Keys, Keys) {
@@ -1043,6 +1100,8 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     report.push("delegate, a held DEL whose kubeconfig's token the API server refuses while the network names one that answers: asked with that one, held while node-b's pod lived, replayed after".into());
     held_asks_with_the_networks_kubeconfig(&api, &kubeconfig, &RecordingPrimary::new());
     report.push("delegate, a held DEL whose kubeconfig went while the network names another: asked with that one, held while node-b's pod lived, replayed after".into());
+    held_with_two_kubeconfigs_one_turned_off(&api, &kubeconfig, &RecordingPrimary::new());
+    report.push("delegate, one name's two DELs held with two kubeconfigs, the older's then holding the off sign, swept by a network naming none: both held while the other showed node-b's pod, both replayed after".into());
     for (label, keys, primary) in [
         ("no kubeconfig, chained", &unguarded, None),
         ("audit mode (control), chained", &audit, None),

@@ -555,8 +555,6 @@ pub(crate) fn wait_until(
     child: &mut Child,
     deadline: Option<Instant>,
 ) -> std::io::Result<Option<std::process::ExitStatus>> {
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    use std::os::fd::AsFd;
     let Some(deadline) = deadline else {
         return child.wait().map(Some);
     };
@@ -565,6 +563,17 @@ pub(crate) fn wait_until(
         return Ok(Some(status));
     }
     let exited = pidfd(child);
+    wait_on(child, deadline, exited)
+}
+
+/// `wait_until`'s loop, woken by `exited` (the child's pidfd) or, without one, every 5 ms.
+fn wait_on(
+    child: &mut Child,
+    deadline: Instant,
+    exited: Option<std::os::fd::OwnedFd>,
+) -> std::io::Result<Option<std::process::ExitStatus>> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
     let mut woken = false;
     loop {
         if let Some(status) = child.try_wait()? {
@@ -617,6 +626,40 @@ fn kill_group(child: &mut Child) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both ways of waiting: the child's exit seen well before the deadline, and a child that
+    /// outlives it left running (`None`), without a pidfd (kernels before 5.3) as with one.
+    #[test]
+    fn waits_for_the_exit_or_the_deadline_with_and_without_a_pidfd() {
+        for with_pidfd in [true, false] {
+            let mut quick = std::process::Command::new("sleep")
+                .arg("0.05")
+                .spawn()
+                .unwrap();
+            // A kernel without pidfds waits the fallback's way both times.
+            let exited = with_pidfd.then(|| pidfd(&quick)).flatten();
+            let started = Instant::now();
+            let status = wait_on(&mut quick, started + Duration::from_secs(10), exited).unwrap();
+            assert!(status.is_some_and(|s| s.success()), "pidfd {with_pidfd}");
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "pidfd {with_pidfd}"
+            );
+
+            let mut slow = std::process::Command::new("sleep")
+                .arg("10")
+                .spawn()
+                .unwrap();
+            let exited = with_pidfd.then(|| pidfd(&slow)).flatten();
+            let started = Instant::now();
+            let status = wait_on(&mut slow, started + Duration::from_millis(100), exited).unwrap();
+            assert!(status.is_none(), "pidfd {with_pidfd}: {status:?}");
+            assert!(started.elapsed() >= Duration::from_millis(100));
+            assert!(slow.try_wait().unwrap().is_none(), "left running");
+            let _ = slow.kill();
+            let _ = slow.wait();
+        }
+    }
 
     fn delegate(object: Value, runtime: Option<Value>) -> Result<Delegate> {
         let runtime = runtime.and_then(|r| r.as_object().cloned());

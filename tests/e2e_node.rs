@@ -4379,8 +4379,8 @@ fn run_pod_gc_two_nodes(runtime: &'static str) {
     mark_reports_passed();
 }
 
-/// The pod GC's threshold across two nodes: about six minutes (kubelet's container GC once
-/// a minute, twice in chained mode).
+/// The pod GC's threshold across two nodes (kubelet's container GC once a minute, twice in
+/// chained mode).
 #[test]
 fn pod_gc_threshold_two_nodes_containerd2() {
     sys::skip_unless_root!(TOOLS);

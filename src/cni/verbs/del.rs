@@ -101,8 +101,8 @@ fn remove_old_interface(
         Some(&*record.prev_result),
         &attachment.ifname,
     );
-    let netns = old_interface::netns_of(attachment, &record.netns, record.boot_id.as_deref());
-    let this_boot = old_interface::of_this_boot(record.boot_id.as_deref());
+    let this_boot = store.of_this_boot(record.boot_id.as_deref());
+    let netns = old_interface::netns_of(attachment, &record.netns, this_boot);
     let recorded = old_interface::Recorded {
         netns,
         mac: mac.as_deref(),

@@ -251,7 +251,7 @@ fn del_locked(
                 }
                 Err(err) => return Err(err),
             };
-            let recorded = recorded_of(attachment, &deferred);
+            let recorded = recorded_of(&store, attachment, &deferred);
             let live = old_interface::live_netns(&store, &deferred.container_id, recorded.netns);
             drop(store);
             return remove_stale_interface(inv, attachment, &deferred, &recorded, &live)
@@ -608,16 +608,16 @@ fn new_entry(
 
 /// The old sandbox's interface as its deferred DEL recorded it.
 fn recorded_of<'a>(
+    store: &Store,
     attachment: &'a Attachment,
     entry: &'a DeferredDel,
 ) -> old_interface::Recorded<'a> {
-    let now = crate::clock::boot_id();
     let netns = if attachment.netns.is_empty() {
-        entry.netns_in_this_boot(now.as_deref())
+        entry.netns_in_this_boot(store.boot_id())
     } else {
         &attachment.netns
     };
-    let this_boot = old_interface::of_this_boot(entry.deferred_in_boot.as_deref());
+    let this_boot = store.of_this_boot(entry.deferred_in_boot.as_deref());
     old_interface::Recorded {
         netns,
         mac: entry.mac.as_deref(),
@@ -767,7 +767,7 @@ fn hold_moved(
     // Kept first: a crash here leaves the owner and its entry, and the runtime's retry finds
     // the entry (`held_before`) and forgets the owner.
     judgement::forget_planned(&store, &plan)?;
-    let recorded = recorded_of(attachment, &entry);
+    let recorded = recorded_of(&store, attachment, &entry);
     let live = old_interface::live_netns(&store, &entry.container_id, recorded.netns);
     drop(store);
     match old_interface::remove(attachment, &recorded, &live) {

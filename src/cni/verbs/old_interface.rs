@@ -18,7 +18,8 @@ pub struct Recorded<'a> {
     pub netns: &'a str,
     pub mac: Option<&'a str>,
     pub identity: Option<&'a SandboxIdentity>,
-    /// Recorded in this boot (`of_this_boot`).
+    /// Recorded in this boot (`Store::of_this_boot`): a netns's device, inode and cookie and a
+    /// link's index count again from each boot, so an identity of another proves nothing.
     pub this_boot: bool,
 }
 
@@ -43,27 +44,13 @@ pub fn recorded_mac(
 }
 
 /// The netns a DEL's interface is removed from: the DEL's own, else (a repeated DEL without
-/// one) the recorded path, unless it was recorded in another boot (`recorded_in`).
-pub fn netns_of<'a>(
-    attachment: &'a Attachment,
-    recorded: &'a str,
-    recorded_in: Option<&str>,
-) -> &'a str {
-    if !attachment.netns.is_empty() {
-        return &attachment.netns;
+/// one) the recorded path, unless it was recorded in another boot (`Store::of_this_boot`).
+pub fn netns_of<'a>(attachment: &'a Attachment, recorded: &'a str, this_boot: bool) -> &'a str {
+    match (attachment.netns.as_str(), this_boot) {
+        ("", true) => recorded,
+        ("", false) => "",
+        (own, _) => own,
     }
-    if of_this_boot(recorded_in) {
-        recorded
-    } else {
-        ""
-    }
-}
-
-/// Whether what was recorded in boot `recorded_in` is of this boot (an unknown boot counts as
-/// this one). A netns's device, inode and cookie, a link's index, count again from each boot:
-/// an identity of another boot proves nothing.
-pub fn of_this_boot(recorded_in: Option<&str>) -> bool {
-    !matches!((recorded_in, crate::clock::boot_id()), (Some(then), Some(now)) if then != now)
 }
 
 /// The netns (device, inode) of every live sandbox the store knows but `container_id`'s, when

@@ -151,12 +151,7 @@ pub fn named_in(conf_dir: &Path, host_root: &Path, also: &[&Path]) -> Option<Pat
         super::network::under_host_root(host_root, Path::new(value))
             .is_some_and(|resolved| identity(&resolved) == Some(ours))
     };
-    network_files(conf_dir, also).into_iter().find(|file| {
-        match read_network_file(file, host_root) {
-            Some(doc) => names_kubeconfig(&doc, &names_ours),
-            None => true,
-        }
-    })
+    first_naming(conf_dir, host_root, also, &names_ours)
 }
 
 /// Whether a network file names the kubeconfig's path while no file is there (so no inode
@@ -179,12 +174,23 @@ pub fn names_path(conf_dir: &Path, host_root: &Path, also: &[&Path]) -> bool {
             .and_then(|dir| super::network::under_host_root(host_root, dir))
             .is_some_and(|resolved| identity(&resolved) == Some(ours))
     };
-    network_files(conf_dir, also)
-        .iter()
-        .any(|file| match read_network_file(file, host_root) {
-            Some(doc) => names_kubeconfig(&doc, &names_ours),
+    first_naming(conf_dir, host_root, also, &names_ours).is_some()
+}
+
+/// The first network file (`network_files`) with a `kubeconfig` key `names` takes for ours,
+/// or one that cannot be read or parsed, which may name it.
+fn first_naming(
+    conf_dir: &Path,
+    host_root: &Path,
+    also: &[&Path],
+    names: &dyn Fn(&str) -> bool,
+) -> Option<PathBuf> {
+    network_files(conf_dir, also).into_iter().find(|file| {
+        match read_network_file(file, host_root) {
+            Some(doc) => names_kubeconfig(&doc, names),
             None => true,
-        })
+        }
+    })
 }
 
 fn identity(path: &Path) -> Option<(u64, u64)> {

@@ -3,6 +3,17 @@
 //! binaries are built on: the plugin (src/main.rs) and the operator's commands
 //! (src/bin/sandbox-guard-ctl.rs); so are its tests and its bench.
 
+/// `eprintln!` that cannot abort the plugin. Its stderr is often a pipe of the runtime that
+/// ran it (libcni reads it into a buffer), and a runtime that exits mid-call leaves that pipe
+/// without a reader: a line nobody can read is dropped, where `eprintln!` would panic.
+#[macro_export]
+macro_rules! stderr_line {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod clock;
 pub mod cni;
 pub mod error;

@@ -13,6 +13,7 @@ use sandbox_guard::cni::env::{CniEnv, Verb};
 use sandbox_guard::cni::verbs::{self as commands, Invocation};
 use sandbox_guard::cni::{log, version};
 use sandbox_guard::error::{GuardError, Kind, Result};
+use sandbox_guard::stderr_line;
 use sandbox_guard::{CTL_BINARY, cni};
 
 /// The process's entry, in place of std's. std's start-up prepares to report a stack
@@ -111,7 +112,7 @@ fn run_ctl(args: &[OsString]) -> i32 {
     let ctl = match std::env::current_exe() {
         Ok(exe) => exe.with_file_name(CTL_BINARY),
         Err(err) => {
-            eprintln!(
+            stderr_line!(
                 "sandbox-guard: cannot find this binary to run {CTL_BINARY} beside it ({err}); run {CTL_BINARY} itself"
             );
             return 127;
@@ -128,7 +129,7 @@ fn run_ctl(args: &[OsString]) -> i32 {
         },
         Err(_) => (126, "a path or argument holds a NUL byte".to_string()),
     };
-    eprintln!(
+    stderr_line!(
         "sandbox-guard: the operator's commands are in {}, and {err}; put the {CTL_BINARY} of this build there \
          (scripts/build.sh builds both, the image holds both)",
         ctl.display()
@@ -139,7 +140,7 @@ fn run_ctl(args: &[OsString]) -> i32 {
 /// Run by a person without CNI_COMMAND: what the reference plugins' skel prints then, on
 /// stderr, exit status 0.
 fn about() -> i32 {
-    eprintln!(
+    stderr_line!(
         "CNI sandbox-guard plugin v{}\nCNI protocol versions supported: {}\nRun 'sandbox-guard --help' for the operator's commands.",
         env!("CARGO_PKG_VERSION"),
         version::SUPPORTED.join(", ")
@@ -206,7 +207,7 @@ fn run_replay_worker(handed: &str) -> i32 {
 }
 
 fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<String>> {
-    let env = CniEnv::from_process().inspect_err(|err| eprintln!("sandbox-guard: {err}"))?;
+    let env = CniEnv::from_process().inspect_err(|err| stderr_line!("sandbox-guard: {err}"))?;
     let conf = match env.verb {
         Verb::Version => None,
         verb => {
@@ -221,7 +222,7 @@ fn dispatch(stdin: &[u8], requested_version: Option<&str>) -> Result<Option<Stri
     };
     let Some(conf) = conf else {
         let delegated = commands::delegated::version(stdin, requested_version)
-            .inspect_err(|err| eprintln!("sandbox-guard: {err}"))?;
+            .inspect_err(|err| stderr_line!("sandbox-guard: {err}"))?;
         return Ok(Some(
             delegated.unwrap_or_else(|| version::version_reply(requested_version)),
         ));

@@ -58,7 +58,7 @@ impl Invocation {
         match store.rekey(&self.conf.network, self.conf.pod_key, stray) {
             Err(err) if self.verb == Verb::Add => Err(err),
             Err(err) => {
-                eprintln!(
+                stderr_line!(
                     "sandbox-guard: the store's files could not be moved to podKey {:?} yet: {err}",
                     self.conf.pod_key.name()
                 );

@@ -145,7 +145,7 @@ impl Log {
             open_append(path)
                 .map_err(|e| {
                     // A broken log must not fail the pod's network setup.
-                    eprintln!(
+                    stderr_line!(
                         "sandbox-guard: cannot open logFile {}: {e}; logging to stderr only",
                         path.display()
                     );
@@ -217,7 +217,8 @@ impl Log {
             self.append(&event.line(self.options.format), note);
         }
         if level != Level::Info {
-            eprint!("{}", event.line(LogFormat::Text));
+            // Never a panic: the runtime that reads our stderr may be gone.
+            let _ = std::io::stderr().write_all(event.line(LogFormat::Text).as_bytes());
         }
     }
 }
@@ -385,7 +386,7 @@ impl Log {
                         rotated = true;
                         continue;
                     }
-                    Err(e) => eprintln!(
+                    Err(e) => stderr_line!(
                         "sandbox-guard: cannot rotate logFile {}: {e}",
                         path.display()
                     ),
@@ -405,7 +406,8 @@ impl Log {
 
 /// A line that could not be written within the bound goes to stderr, saying why.
 fn not_in_file(path: &Path, why: &str, line: &str) {
-    eprint!(
+    let _ = write!(
+        std::io::stderr(),
         "sandbox-guard: this line is not in logFile {} ({why}): {line}",
         path.display()
     );

@@ -97,7 +97,7 @@ pub fn count_rejected(state_dir: &Path, metrics_file: &Path, verb: Verb, reason:
             },
         ),
         Ok(_) => {}
-        Err(err) => eprintln!(
+        Err(err) => stderr_line!(
             "sandbox-guard: this rejected {} is not counted: {err}",
             verb.name()
         ),
@@ -143,7 +143,7 @@ fn commit_tally(store: &Store, metrics_file: &Path, tally: Tally) {
             .map_err(|e| format!("cannot write metricsFile {}: {e}", metrics_file.display()))
     });
     if let Err(why) = written {
-        eprintln!("sandbox-guard: {why}");
+        stderr_line!("sandbox-guard: {why}");
     }
 }
 
@@ -160,7 +160,7 @@ pub fn flush(inv: &Invocation, succeeded: bool) {
     // it) must not wait as long again only to be counted.
     match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout.min(FLUSH_WAIT)) {
         Ok(store) => commit(inv, &store, succeeded && !inv.metrics_committed.get()),
-        Err(err) => eprintln!(
+        Err(err) => stderr_line!(
             "sandbox-guard: the metrics of this {} are not counted: {err}",
             inv.verb.name()
         ),

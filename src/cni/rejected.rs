@@ -31,7 +31,7 @@ fn reason(kind: Kind) -> Option<&'static str> {
 /// Logs and counts `err`, the refusal of `stdin` as the config of `verb`.
 pub fn record(verb: Verb, attachment: Option<&Attachment>, stdin: &[u8], err: &GuardError) {
     let Some(reason) = reason(err.kind) else {
-        eprintln!("sandbox-guard: {err}");
+        stderr_line!("sandbox-guard: {err}");
         return;
     };
     let found = Salvaged::from(stdin);
@@ -68,7 +68,7 @@ pub fn record(verb: Verb, attachment: Option<&Attachment>, stdin: &[u8], err: &G
         };
         match state_dir {
             Some(state_dir) => metrics::count_rejected(&state_dir, &metrics_file, verb, reason),
-            None => eprintln!(
+            None => stderr_line!(
                 "sandbox-guard: this rejected {} is not counted: its stateDir is not usable",
                 verb.name()
             ),

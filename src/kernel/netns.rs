@@ -298,7 +298,9 @@ mod tests {
     #[test]
     fn our_own_namespace_has_one_cookie() {
         let Some(cookie) = netns_cookie("/proc/self/ns/net") else {
-            eprintln!("SKIPPED our_own_namespace_has_one_cookie: no SO_NETNS_COOKIE or setns here");
+            stderr_line!(
+                "SKIPPED our_own_namespace_has_one_cookie: no SO_NETNS_COOKIE or setns here"
+            );
             return;
         };
         assert_eq!(netns_cookie("/proc/thread-self/ns/net"), Some(cookie));
@@ -321,7 +323,7 @@ mod tests {
             Ok(fs::read_link("/proc/thread-self/ns/net").unwrap())
         }) {
             Ok(seen) => assert_eq!(seen, before),
-            Err(err) => eprintln!(
+            Err(err) => stderr_line!(
                 "SKIPPED the_thread_comes_back_from_inside: setns needs CAP_SYS_ADMIN ({err})"
             ),
         }

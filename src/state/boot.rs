@@ -94,7 +94,7 @@ pub fn enter(root: &Path, moved_aside: impl FnOnce()) -> Result<Option<String>> 
             bring_back_unstamped(root, &marker.boot_id)?;
         }
         Some(Err(reason)) => {
-            eprintln!(
+            stderr_line!(
                 "sandbox-guard: {} does not decode ({reason}); its folders are taken as this boot's",
                 root.join(BOOT).display()
             );
@@ -161,7 +161,7 @@ fn bring_back_unstamped(root: &Path, boot: &str) -> Result<()> {
     if unstamped.is_empty() {
         return Ok(());
     }
-    eprintln!(
+    stderr_line!(
         "sandbox-guard: {} ownerships a release that knows no boot wrote since the marker stay live",
         unstamped.len()
     );
@@ -241,7 +241,7 @@ fn move_aside(root: &Path, boot: &str) -> Result<()> {
             };
             // History only: a failure here must not stop the verbs.
             if let Err(e) = removed {
-                eprintln!("sandbox-guard: cannot remove {}: {e}", path.display());
+                stderr_line!("sandbox-guard: cannot remove {}: {e}", path.display());
             }
         }
     }

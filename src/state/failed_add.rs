@@ -33,7 +33,7 @@ pub fn mark(state_dir: &Path, id: &AttachmentId, error: &GuardError) {
         Err(_) => return,
         // Never written through: the store refuses a linked or odd state dir, and so does its note.
         Ok(meta) if !meta.is_dir() => {
-            eprintln!(
+            stderr_line!(
                 "sandbox-guard: the ADD failed and {} is not a plain directory, so no note of it is written",
                 state_dir.display()
             );
@@ -47,7 +47,7 @@ pub fn mark(state_dir: &Path, id: &AttachmentId, error: &GuardError) {
     if let super::boot::LiveFolders::Previous(_) =
         super::boot::live_folders(state_dir, now.as_deref())
     {
-        eprintln!(
+        stderr_line!(
             "sandbox-guard: the ADD failed before any verb of this boot could mark {}, so no note of it is written",
             state_dir.display()
         );
@@ -79,7 +79,7 @@ pub fn mark(state_dir: &Path, id: &AttachmentId, error: &GuardError) {
             .map_err(|e| GuardError::io("note the failed ADD in", &path, e))
     });
     if let Err(e) = written {
-        eprintln!(
+        stderr_line!(
             "sandbox-guard: the ADD failed (code {}) and that could not be noted ({}); the runtime's cleanup DEL of \
              sandbox {} may be refused as stale while a newer sandbox owns the pod",
             error.code(),

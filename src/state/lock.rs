@@ -76,7 +76,7 @@ impl WaitNotice {
 
     pub fn hear(&self, holder: &str) {
         if !self.said.replace(true) {
-            eprintln!(
+            stderr_line!(
                 "sandbox-guard: {} is locked by {holder}; waiting up to {:.1}s",
                 self.dir,
                 self.wait.as_secs_f64()

@@ -68,7 +68,7 @@ fn decide(
                 // The refusal writes nothing else but the ledger's entry (`Store::sync` says
                 // whether it is synced).
                 let _ = store.sync().inspect_err(|err| {
-                    eprintln!("sandbox-guard: the refusal ledger could not be synced: {err}")
+                    stderr_line!("sandbox-guard: the refusal ledger could not be synced: {err}")
                 });
             }
             let err = judgement::refuse(inv, attachment, stale);

@@ -169,7 +169,7 @@ pub fn del(inv: &Invocation, delegate: &Delegate, attachment: &Attachment) -> Re
         // A store that takes no write (read-only, full) cannot make a lock file either; the
         // DEL goes on without one, as it does without writing (see `judgement::open`).
         Err(err) if err.kind != Kind::Busy => {
-            eprintln!("sandbox-guard: DEL goes on without its pod lock: {err}");
+            stderr_line!("sandbox-guard: DEL goes on without its pod lock: {err}");
             Vec::new()
         }
         Err(err) => return Err(err),
@@ -800,7 +800,7 @@ fn drop_own_deferred(inv: &Invocation, key: &PodKey, id: &AttachmentId) {
     let removed = Store::open(&inv.conf.state_dir, inv.conf.lock_timeout)
         .and_then(|store| store.remove_deferred(key, id));
     if let Err(err) = removed {
-        eprintln!(
+        stderr_line!(
             "sandbox-guard: the deferred DEL of {} could not be removed: {err}",
             id.container_id
         );

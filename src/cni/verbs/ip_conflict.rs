@@ -92,7 +92,7 @@ impl Claim {
     /// ADD that has been recorded already for it would not be worth it.
     pub fn record(self, store: &Store) -> Option<String> {
         if let Err(e) = store.record_ip_holders(&self.holders) {
-            eprintln!("sandbox-guard: cannot keep the address index: {e}");
+            stderr_line!("sandbox-guard: cannot keep the address index: {e}");
         }
         self.warning
     }

@@ -371,7 +371,9 @@ pub fn note_in_ledger(
         &owner.container_id,
         owner.generation,
     ) {
-        eprintln!("sandbox-guard: the stale DEL could not be counted in the refusal ledger: {err}");
+        stderr_line!(
+            "sandbox-guard: the stale DEL could not be counted in the refusal ledger: {err}"
+        );
     }
 }
 

@@ -85,7 +85,7 @@ pub fn note(
             })
         }
         Err(err) => {
-            eprintln!(
+            stderr_line!(
                 "sandbox-guard: the ADD goes on without its note ({err}); if it is cut off, the next DEL of the pod may reach the primary beside what it left"
             );
             None
@@ -96,7 +96,7 @@ pub fn note(
 /// Removes the note of the ADD that just committed or failed.
 pub fn clear(inv: &Invocation, key: &PodKey) {
     if let Err(err) = pending_add::clear(&inv.conf.state_dir, &key.digest()) {
-        eprintln!("sandbox-guard: the note of this ADD could not be removed: {err}");
+        stderr_line!("sandbox-guard: the note of this ADD could not be removed: {err}");
     }
 }
 
@@ -111,14 +111,14 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
     // The note is a safety net: a store that cannot read or remove it fails no verb.
     let forget = || {
         if let Err(err) = pending_add::clear(root, &digest) {
-            eprintln!("sandbox-guard: a note of a cut-off ADD could not be removed: {err}");
+            stderr_line!("sandbox-guard: a note of a cut-off ADD could not be removed: {err}");
         }
     };
     let mut note = match pending_add::load(root, &digest) {
         Ok(Loaded::Valid(note)) if !note.of_another_boot() && note.key == *key => note,
         Ok(Loaded::Missing) => return Ok(()),
         Err(err) => {
-            eprintln!("sandbox-guard: a note of a cut-off ADD could not be read: {err}");
+            stderr_line!("sandbox-guard: a note of a cut-off ADD could not be read: {err}");
             return Ok(());
         }
         // Unreadable, or of another boot (nothing of it runs): nothing to roll back by.
@@ -172,7 +172,7 @@ pub fn resolve(inv: &Invocation, current: &Delegate, key: &PodKey, verb: NextVer
             // Without its mark the sandbox's own DEL is judged as any; without the note's
             // removal the next verb gives the primary this DEL again, which it tolerates.
             if let Err(err) = pending_add::mark_rolled_back(root, &id) {
-                eprintln!("sandbox-guard: a rollback could not be marked: {err}");
+                stderr_line!("sandbox-guard: a rollback could not be marked: {err}");
             }
             forget();
             inv.log.event(Level::Warn, inv.verb, &note_subject(&note), Outcome::RolledBack, &format!(

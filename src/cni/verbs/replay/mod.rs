@@ -60,7 +60,7 @@ pub fn replay_key(
     while let Some(lock) = held.take() {
         // An ADD of the pod cut off while the lock was let go is rolled back first.
         if let Err(err) = pending::resolve(inv, delegate, &key, pending::NextVerb::Other) {
-            eprintln!(
+            stderr_line!(
                 "sandbox-guard: the deferred DELs of pod {} wait: {err}",
                 key.pod()
             );
@@ -69,7 +69,7 @@ pub fn replay_key(
         let pending = match due_entries(inv, &key) {
             Ok(pending) => pending,
             Err(err) => {
-                eprintln!(
+                stderr_line!(
                     "sandbox-guard: the deferred DELs of pod {} wait: {err}",
                     key.pod()
                 );
@@ -198,7 +198,7 @@ fn replay_one(inv: &Invocation, current: &Delegate, mut entry: DeferredDel) -> b
     let store = match Store::open(&inv.conf.state_dir, inv.conf.lock_timeout) {
         Ok(store) => store,
         Err(err) => {
-            eprintln!(
+            stderr_line!(
                 "sandbox-guard: the replayed DEL of {} could not be recorded: {err}",
                 entry.container_id
             );
@@ -359,7 +359,7 @@ fn roll_back_cut_off_adds(inv: &Invocation, delegate: &Delegate, until: Instant)
             continue;
         };
         if let Err(err) = pending::resolve(inv, delegate, &note.key, pending::NextVerb::Other) {
-            eprintln!("sandbox-guard: {err}");
+            stderr_line!("sandbox-guard: {err}");
         }
         lock.release_unused(root);
     }

@@ -72,7 +72,7 @@ pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bo
     let replaying = match replay_lock(root) {
         Ok(replaying) => replaying,
         Err(err) => {
-            eprintln!("sandbox-guard: no replay now, the deferred DELs wait: {err}");
+            stderr_line!("sandbox-guard: no replay now, the deferred DELs wait: {err}");
             return;
         }
     };
@@ -89,7 +89,7 @@ pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bo
                 wait_a_moment(child);
             }
             Err(err) => {
-                eprintln!(
+                stderr_line!(
                     "sandbox-guard: the replay worker could not start ({err}); replaying here"
                 );
                 let until = Instant::now() + inv.conf.replay_timeout;
@@ -104,7 +104,7 @@ pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bo
     }
     // Not waited for, GC's sweep neither: its replays run other pods' primaries.
     if let Err(err) = spawn(inv, &replaying, &[], gc) {
-        eprintln!("sandbox-guard: the replay worker could not start: {err}");
+        stderr_line!("sandbox-guard: the replay worker could not start: {err}");
     }
 }
 

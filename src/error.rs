@@ -45,6 +45,9 @@ pub enum Kind {
     DelegateBroken,
     /// Delegate mode: an ADD of a sandbox that a newer live sandbox of its pod has superseded.
     Superseded,
+    /// Delegate mode: the runtime that ran this verb is gone (nobody reads its answer), and
+    /// the primary was killed, as the runtime's own kill would have done.
+    Unheard,
 }
 
 #[derive(Debug)]
@@ -121,7 +124,7 @@ impl GuardError {
             Kind::Io | Kind::ReadOnly => 5,
             Kind::Decode => 6,
             Kind::InvalidConfig => 7,
-            Kind::StaleDel | Kind::Busy => 11,
+            Kind::StaleDel | Kind::Busy | Kind::Unheard => 11,
             Kind::NotAvailable => 50,
             Kind::CheckFailed => 100,
             Kind::SetAside => 101,

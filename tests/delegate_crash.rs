@@ -101,6 +101,9 @@ enum Kill {
     /// On entry to the guard's n-th call of a system call.
     AtNth(&'static str, usize),
     After(Duration),
+    /// The runtime that ran the guard exits this long in without killing it: nobody reads
+    /// its answer (a containerd restart can do that).
+    RuntimeGone(Duration),
 }
 
 /// A DEL that reached the primary: the run that handed it over, its index in the call log.
@@ -281,9 +284,11 @@ impl World {
                 running.kill();
                 running.wait()
             }
+            Kill::RuntimeGone(after) => call.spawn_runtime_gone_after(after).wait(),
         };
         let took = started.elapsed();
-        let killed = reply.status.signal() == Some(SIGKILL);
+        // Ended without a result the runtime took: killed, or answered to nobody.
+        let killed = reply.status.signal() == Some(SIGKILL) || matches!(kill, Kill::RuntimeGone(_));
         if !killed {
             reply.assert_ok();
         }
@@ -818,6 +823,45 @@ fn an_add_cut_off_anywhere_is_rolled_back_by_the_pods_next_verb() {
             (interrupted.killed, interrupted.took)
         });
     }
+}
+
+/// The runtime that ran an ADD exits before it could kill the guard (a containerd restart can)
+/// while the primary hangs. Nobody reads the answer, so the guard ends the call as that kill
+/// would have: the primary and what it started killed, the note kept, so that the pod's next
+/// verb rolls it back. The pod's verbs then go on at once rather than wait behind its lock
+/// for as long as the primary hangs.
+#[test]
+fn an_add_whose_runtime_is_gone_ends_and_is_rolled_back() {
+    sys::skip_unless_root!(TOOLS);
+    // Longer than the harness waits for a guard exec: a guard that waits for it hangs.
+    const HANGS_SECONDS: f64 = 120.0;
+    let (mut world, [owner]) = World::with_sandboxes();
+    let (cut_off, unheard) = world.newer_sandbox(
+        &owner.pod,
+        Kill::RuntimeGone(Duration::from_secs(1)),
+        Some(HANGS_SECONDS),
+    );
+    let logged = world
+        .store
+        .log_lines()
+        .iter()
+        .any(|line| line.raw.contains("nobody reads its answer"));
+    assert!(
+        unheard.reply.status.code() == Some(1) && logged,
+        "the guard did not end the call whose runtime is gone: {:?}, logged: {logged}",
+        unheard.reply.status
+    );
+    let left = processes_of(&cut_off.container);
+    assert!(
+        left.is_empty(),
+        "processes of the unheard ADD outlived it: {left:?}"
+    );
+    world.assert_consistent(&[], "the runtime gone during an ADD");
+
+    // Its note kept: the owner's DEL gives the primary the unheard sandbox's DEL first.
+    world.assert_owners_del_rolls_back_first(&owner, &cut_off);
+    let (next, _) = world.newer_sandbox(&owner.pod, Kill::Never, None);
+    assert!(next.has_interface(), "the next sandbox has no interface");
 }
 
 /// Runs `add` (its primary waiting for a slow IPAM child), kills the guard a second in and

@@ -177,6 +177,7 @@ impl Delegate {
     /// back as it wrote it (`Kind::Delegate`, `GuardError::verbatim`). Its stderr is ours.
     /// No timeout of our own for the runtime's own call: the runtime bounds it, and when it
     /// kills the guard the primary dies with it, as it would had the runtime run it directly.
+    /// A runtime gone before it could kill us ends the call too (`Kind::Unheard`).
     pub fn call(
         &self,
         network: &str,
@@ -362,42 +363,66 @@ impl Delegate {
     /// Everything the primary writes to stdout until it closes it, or the deadline. With a
     /// deadline (a replay), reading also ends once the primary itself has exited: a daemon it
     /// forked may hold its stdout open for good, and the primary's answer is complete then.
+    /// Without one (the runtime's own call), it ends when nobody reads the guard's own
+    /// stdout any more (`Kind::Unheard`).
     fn read_reply(&self, child: &mut Child, deadline: Option<Instant>) -> Result<Vec<u8>> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         let mut reply = Vec::new();
         let Some(mut out) = child.stdout.take() else {
             return Ok(reply);
         };
+        // The runtime that ran us can exit before it kills the plugins it runs (a containerd
+        // restart); the primary's answer then reaches nobody, yet waiting for it would hold
+        // the pod's lock for as long as the primary hangs. A pipe's writer polls POLLERR once
+        // its reader is gone, a socket's POLLHUP; a file never does.
+        let answer_to = std::io::stdout();
+        let mut watch_answer = deadline.is_none();
         let mut chunk = [0u8; 8192];
         let mut exited = false;
         loop {
-            if let Some(deadline) = deadline {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() && !exited {
-                    return Err(self.expired());
+            let wait = match deadline {
+                None => PollTimeout::NONE,
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() && !exited {
+                        return Err(self.expired());
+                    }
+                    // Short rounds: between them, whether the primary has exited.
+                    if exited {
+                        PollTimeout::ZERO
+                    } else {
+                        PollTimeout::from(left.as_millis().clamp(1, 50) as u16)
+                    }
                 }
-                // Short rounds: between them, whether the primary has exited.
-                let wait = if exited {
-                    nix::poll::PollTimeout::ZERO
-                } else {
-                    nix::poll::PollTimeout::from(left.as_millis().clamp(1, 50) as u16)
-                };
-                let mut fds = [nix::poll::PollFd::new(
-                    out.as_fd(),
-                    nix::poll::PollFlags::POLLIN,
-                )];
-                match nix::poll::poll(&mut fds, wait) {
-                    Ok(0) if exited => return Ok(reply),
-                    Ok(0) | Err(nix::errno::Errno::EINTR) => {
-                        exited = matches!(child.try_wait(), Ok(Some(_)));
-                        continue;
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        return Err(self.broken(format!(
-                            "cannot wait for the answer of {}: {e}",
-                            self.plugin_type
-                        )));
-                    }
+            };
+            let mut fds = [
+                PollFd::new(out.as_fd(), PollFlags::POLLIN),
+                PollFd::new(answer_to.as_fd(), PollFlags::empty()),
+            ];
+            let watched = if watch_answer { 2 } else { 1 };
+            match poll(&mut fds[..watched], wait) {
+                Ok(0) if exited => return Ok(reply),
+                Ok(0) | Err(nix::errno::Errno::EINTR) => {
+                    exited = deadline.is_some() && matches!(child.try_wait(), Ok(Some(_)));
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    return Err(self.broken(format!(
+                        "cannot wait for the answer of {}: {e}",
+                        self.plugin_type
+                    )));
+                }
+            }
+            if watch_answer {
+                let ours = fds[1].revents().unwrap_or(PollFlags::empty());
+                if ours.contains(PollFlags::POLLNVAL) {
+                    watch_answer = false;
+                } else if ours.intersects(PollFlags::POLLERR | PollFlags::POLLHUP) {
+                    return Err(self.unheard());
+                }
+                if fds[0].revents().is_none_or(|theirs| theirs.is_empty()) {
+                    continue;
                 }
             }
             match out.read(&mut chunk) {
@@ -418,6 +443,20 @@ impl Delegate {
                 )));
             }
         }
+    }
+
+    fn unheard(&self) -> GuardError {
+        GuardError::new(
+            Kind::Unheard,
+            format!(
+                "the runtime that ran this call is gone (nobody reads its answer), so the primary {} was killed with its process group",
+                self.plugin_type
+            ),
+        )
+        .with_details(
+            "As the runtime's own kill would have ended it. The runtime runs the pod's verbs again once it is back; \
+             the pod's next verb rolls back what a cut-off ADD left at the primary.",
+        )
     }
 
     fn expired(&self) -> GuardError {

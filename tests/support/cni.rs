@@ -976,6 +976,17 @@ impl Cni {
     }
 
     pub fn spawn(&self) -> Running {
+        self.spawn_read_for(None)
+    }
+
+    /// `spawn`, the read ends of its stdout and stderr closed `after` in, unread: as when the
+    /// runtime that ran the plugin exits before it could kill it (a containerd restart;
+    /// libcni's exec reads both through pipes).
+    pub fn spawn_runtime_gone_after(&self, after: Duration) -> Running {
+        self.spawn_read_for(Some(after))
+    }
+
+    fn spawn_read_for(&self, gone_after: Option<Duration>) -> Running {
         let mut command = match self.wrapper.split_first() {
             Some((program, args)) => {
                 let mut wrapped = Command::new(program);
@@ -1003,8 +1014,18 @@ impl Cni {
         let writer = std::thread::spawn(move || {
             let _ = pipe.write_all(&stdin);
         });
-        let stdout = drain(child.stdout.take().unwrap());
-        let stderr = drain(child.stderr.take().unwrap());
+        let (stdout, stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let (stdout, stderr) = match gone_after {
+            None => (drain(stdout), drain(stderr)),
+            Some(after) => (
+                std::thread::spawn(move || {
+                    std::thread::sleep(after);
+                    drop((stdout, stderr));
+                    Vec::new()
+                }),
+                std::thread::spawn(Vec::new),
+            ),
+        };
         Running {
             pid: child.id(),
             child,

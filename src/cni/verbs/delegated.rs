@@ -69,7 +69,10 @@ fn add_locked(
     };
     let noted = pending::note(inv, delegate, attachment, key);
     let added = run_and_checkpoint(inv, delegate, attachment, Some(key), noted.as_ref());
-    if noted.is_some() {
+    // A primary killed because the runtime is gone left what it had made: the note stays,
+    // as when the runtime's kill ends us, and the pod's next verb rolls that back.
+    let cut_off = matches!(&added, Err(err) if err.kind == Kind::Unheard);
+    if noted.is_some() && !cut_off {
         pending::clear(inv, key);
     }
     let output = added?;

@@ -483,7 +483,7 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
     turn_off();
     assert_eq!(
         fs::read_to_string(&written).unwrap(),
-        sandbox_guard::state::deferred::VIEW_OFF,
+        sandbox_guard::state::held::VIEW_OFF,
         "the kubeconfig, once no network names it"
     );
     assert_eq!(
@@ -653,7 +653,7 @@ fn held_until_the_view_is_turned_off(api: &Api, kubeconfig: &Path, primary: &Rec
         0,
         "the file gone (moved by the operator) and a config naming none (cached from before the view): still held"
     );
-    fs::write(&own, sandbox_guard::state::deferred::VIEW_OFF).unwrap();
+    fs::write(&own, sandbox_guard::state::held::VIEW_OFF).unwrap();
     sweep(&on, "sweep-off");
     assert_eq!(
         primary.dels(&old),
@@ -733,7 +733,7 @@ fn held_with_a_turned_off_file_while_the_network_names_another(
     let (held_with, network) = two_kubeconfigs(&dir, kubeconfig);
     let first = held_with.kubeconfig.clone().unwrap();
     let (name, old, store) = held_on_node_b(api, &held_with, primary);
-    fs::write(&first, sandbox_guard::state::deferred::VIEW_OFF).unwrap();
+    fs::write(&first, sandbox_guard::state::held::VIEW_OFF).unwrap();
     sweep_with(&store, &network, primary, "sweep-offother");
     assert_eq!(
         primary.dels(&old),

@@ -723,7 +723,7 @@ fn turning_the_view_off_says_which_held_dels_now_reach_the_primary() {
     let sandbox_guard::state::Loaded::Valid(mut held) = loaded else {
         panic!("the deferred DEL does not read back")
     };
-    held.moved_to = Some(sandbox_guard::state::deferred::MovedTo {
+    held.moved_to = Some(sandbox_guard::state::held::MovedTo {
         pod_uid: "the-pod-on-node-b".into(),
         node: Some("node-b".into()),
         kubeconfig: kubeconfig.clone(),
@@ -736,7 +736,7 @@ fn turning_the_view_off_says_which_held_dels_now_reach_the_primary() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert_eq!(
         std::fs::read_to_string(&kubeconfig).unwrap(),
-        sandbox_guard::state::deferred::VIEW_OFF
+        sandbox_guard::state::held::VIEW_OFF
     );
     let said = stderr_of(&out);
     assert!(
@@ -781,7 +781,7 @@ fn turning_the_view_off_says_which_held_dels_now_reach_the_primary() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert_eq!(
         std::fs::read_to_string(&kubeconfig).unwrap(),
-        sandbox_guard::state::deferred::VIEW_OFF,
+        sandbox_guard::state::held::VIEW_OFF,
         "{}",
         stderr_of(&out)
     );
@@ -832,7 +832,7 @@ fn turning_the_view_off_says_which_held_dels_now_reach_the_primary() {
     let out = run("--install", &node.conf(), &node.bin(), &strs(&none));
     assert_eq!(
         std::fs::read_to_string(&kubeconfig).unwrap_or_default(),
-        sandbox_guard::state::deferred::VIEW_OFF,
+        sandbox_guard::state::held::VIEW_OFF,
         "{}",
         stderr_of(&out)
     );

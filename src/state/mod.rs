@@ -35,6 +35,7 @@ pub mod checkpoint;
 pub mod deferred;
 pub mod entry_text;
 pub mod failed_add;
+pub mod held;
 pub mod ip_index;
 pub mod journal;
 pub mod ledger;

@@ -181,7 +181,7 @@ struct DeferredFields<'a> {
     deferred_for_owner: &'a str,
     /// Held for the API server's pod of the name (rule 7): `deferredForOwner` is its UID.
     #[serde(skip_serializing_if = "Option::is_none")]
-    held_for_api_pod: Option<&'a crate::state::deferred::MovedTo>,
+    held_for_api_pod: Option<&'a crate::state::held::MovedTo>,
     attempts: u32,
     last_error: Option<&'a str>,
     last_attempt_at: Option<&'a str>,

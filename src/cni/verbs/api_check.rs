@@ -9,7 +9,8 @@ use crate::cni::log::{CAUSE_LATE_ADD, CAUSE_NAME_MOVED, Level, Outcome};
 use crate::cni::pod_in_api::{self, Asked, PodInApi};
 use crate::cni::verbs::Invocation;
 use crate::error::{GuardError, Kind, Result};
-use crate::state::deferred::{DeferredDel, HeldWith};
+use crate::state::deferred::DeferredDel;
+use crate::state::held::HeldWith;
 use crate::state::ownership::{self, ApiPod, PodKey, PodKeyScope};
 use crate::state::{Loaded, Store};
 
@@ -77,8 +78,8 @@ pub struct Moved {
 }
 
 /// What a held DEL keeps of its hold, for the replay to ask again as this network asked.
-pub fn moved_to(inv: &Invocation, moved: &Moved) -> Option<crate::state::deferred::MovedTo> {
-    Some(crate::state::deferred::MovedTo {
+pub fn moved_to(inv: &Invocation, moved: &Moved) -> Option<crate::state::held::MovedTo> {
+    Some(crate::state::held::MovedTo {
         pod_uid: moved.uid.clone(),
         node: moved.node.clone(),
         kubeconfig: inv.conf.kubeconfig.clone()?,
@@ -302,7 +303,7 @@ pub fn still_moved(inv: &Invocation, entry: &DeferredDel) -> bool {
 
 /// What the kubeconfig at `path` says: `HeldWith` read for any path.
 fn kubeconfig_at(path: &std::path::Path) -> HeldWith {
-    crate::state::deferred::held_with_at(path)
+    crate::state::held::held_with_at(path)
 }
 
 /// Whether rule 8 asks about an ADD of pod UID `uid` whose name's owner here is of pod UID

@@ -73,7 +73,7 @@ struct Context {
 /// Reads `path`. A relative path inside it is relative to its folder, as kubectl reads it.
 pub fn load(path: &Path) -> Result<Credentials, String> {
     let text = read_trusted(path, true)?;
-    if crate::state::deferred::is_view_off(&text) {
+    if crate::state::held::is_view_off(&text) {
         return Err(format!(
             "{} holds {{\"apiServerView\": \"off\"}}, the sign that the API server's view is turned off: no ask is made with it",
             path.display()
@@ -277,7 +277,7 @@ mod tests {
     #[test]
     fn the_installers_off_sign_is_said_as_such() {
         use std::os::unix::fs::PermissionsExt;
-        let (_dir, path) = write(crate::state::deferred::VIEW_OFF);
+        let (_dir, path) = write(crate::state::held::VIEW_OFF);
         fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
         let err = load(&path).err().unwrap();
         assert!(err.contains("view is turned off"), "{err}");

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::finding::{Finding, Report, Severity, capped};
 use crate::state::checkpoint::Checkpoint;
-use crate::state::deferred::{HeldWith, VIEW_OFF};
+use crate::state::held::{HeldWith, VIEW_OFF};
 use crate::state::ownership::Ownership;
 use crate::state::pending_add::{self, Standing};
 use crate::state::{Loaded, Store, surely_absent};
@@ -718,10 +718,10 @@ mod tests {
         let now = crate::clock::rfc3339(crate::clock::unix_seconds() - 60);
         let (broken, off) = (dir.join("broken"), dir.join("off"));
         std::fs::write(&broken, "{}").unwrap();
-        std::fs::write(&off, crate::state::deferred::VIEW_OFF).unwrap();
+        std::fs::write(&off, crate::state::held::VIEW_OFF).unwrap();
         for (pod, kubeconfig) in [("db-0", dir.join("gone")), ("db-1", broken), ("db-2", off)] {
             let mut held = entry(pod, now.clone(), 0);
-            held.moved_to = Some(crate::state::deferred::MovedTo {
+            held.moved_to = Some(crate::state::held::MovedTo {
                 pod_uid: "u2".into(),
                 node: Some("node-b".into()),
                 kubeconfig,
@@ -881,7 +881,7 @@ impl Answers {
     /// network here names.
     fn none_answers(
         &mut self,
-        moved: &crate::state::deferred::MovedTo,
+        moved: &crate::state::held::MovedTo,
         key: &crate::state::ownership::PodKey,
         networks: &[std::path::PathBuf],
     ) -> Option<String> {
@@ -906,7 +906,7 @@ impl Answers {
         let others: Vec<&std::path::PathBuf> = networks
             .iter()
             .filter(|k| **k != moved.kubeconfig)
-            .filter(|k| crate::state::deferred::held_with_at(k) == HeldWith::Present)
+            .filter(|k| crate::state::held::held_with_at(k) == HeldWith::Present)
             .collect();
         if held_with == HeldWith::TurnedOff && others.is_empty() {
             return None;

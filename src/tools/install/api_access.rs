@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use base64::Engine as _;
 
 use super::files::{self, Keep};
-use crate::state::deferred::VIEW_OFF;
+use crate::state::held::VIEW_OFF;
 
 /// The kubeconfig's folder in the conf dir, and its name there.
 pub const KUBECONFIG_DIR: &str = "sandbox-guard.d";

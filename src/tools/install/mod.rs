@@ -96,8 +96,7 @@ fn refresh_api_access(options: &Options, say: &mut dyn FnMut(String)) -> Option<
             // The view is asked for: an off sign left from before must not release the DELs
             // held with the file while it cannot be written. Gone, they stay held.
             let path = api_access::kubeconfig_path(&options.conf_dir);
-            if crate::state::deferred::held_with_at(&path)
-                == crate::state::deferred::HeldWith::TurnedOff
+            if crate::state::held::held_with_at(&path) == crate::state::held::HeldWith::TurnedOff
                 && files::remove(&path).is_ok_and(|removed| removed)
             {
                 say(format!(

@@ -864,6 +864,51 @@ fn an_add_whose_runtime_is_gone_ends_and_is_rolled_back() {
     assert!(next.has_interface(), "the next sandbox has no interface");
 }
 
+/// How a meta plugin (multus thin; the multus daemon for thick) runs the guard: it reads the
+/// guard's stdout into a buffer, as libcni does, and answers its own runtime once the guard
+/// has exited. A shell's command substitution plays it; `$0` is the guard.
+const META_PLUGIN: &str = r#"out=$("$0" 2>/dev/null); s=$?; printf '%s\n' "$out"; exit $s"#;
+
+/// The runtime kills a meta plugin on its deadline or shutdown (Go's `exec.CommandContext`:
+/// SIGKILL to the direct child only) while the guard under it runs an ADD whose primary
+/// hangs. Nobody reads the guard's answer then: it ends the call as if its own runtime were
+/// gone, and the owner's DEL rolls that ADD back first.
+#[test]
+fn an_add_under_a_meta_plugin_its_runtime_killed_ends_and_is_rolled_back() {
+    sys::skip_unless_root!(TOOLS);
+    let (mut world, [owner]) = World::with_sandboxes();
+    let cut_off = Sandbox {
+        container: container_id(),
+        pod: Pod::new(&owner.pod.namespace, &owner.pod.name),
+        netns: sys::Netns::new("sgdc"),
+        result: Value::Null,
+    };
+    let add = world
+        .store
+        .add(&cut_off.container, &cut_off.pod)
+        .netns(&cut_off.netns.path().to_string_lossy())
+        .no_prev_result();
+    let call = world
+        .primary
+        .wrap_with_slow_ipam(add, 120.0)
+        .wrapped_in(&["sh", "-c", META_PLUGIN]);
+    // Returns once the primary's call is over: at once when the guard ends it, after the
+    // IPAM child's 120 s when it waits.
+    let killed = world.run(call, Kill::After(Duration::from_secs(1)));
+    assert!(killed.killed, "the meta plugin had exited before its kill");
+    let gone_by = Instant::now() + Duration::from_secs(10);
+    while !processes_of(&cut_off.container).is_empty() && Instant::now() < gone_by {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left = processes_of(&cut_off.container);
+    assert!(
+        left.is_empty(),
+        "the guard under the killed meta plugin ran on: {left:?} ({:?} after the kill)",
+        killed.took
+    );
+    world.assert_owners_del_rolls_back_first(&owner, &cut_off);
+}
+
 /// Runs `add` (its primary waiting for a slow IPAM child), kills the guard a second in and
 /// returns once it is dead, the IPAM child still running; its reply is reaped by the thread
 /// returned (the guard's stderr is the primary's too: only once that child is gone).

@@ -251,6 +251,10 @@ impl Delegate {
         env: &EnvOverride,
         deadline: Option<Instant>,
     ) -> Result<Vec<u8>> {
+        // A runtime gone while the guard waited for the pod's lock: no primary for nobody.
+        if deadline.is_none() && answer_unread() {
+            return Err(self.unheard(false));
+        }
         let mut command = Command::new(path);
         // A config that fits a pipe is in it before the primary runs: an exec'd primary has
         // all of it whatever happens to the guard, and a cut-off ADD's note can take the
@@ -336,11 +340,16 @@ impl Delegate {
             }))
         };
         let outcome = self.read_reply(&mut child, deadline).and_then(|reply| {
-            let status = wait_until(&mut child, deadline)
-                .map_err(|e| self.broken(format!("cannot wait for {}: {e}", path.display())))?
-                .ok_or_else(|| self.expired())?;
+            let status = self.wait_for_exit(&mut child, deadline)?;
             Ok((reply, status))
         });
+        // A primary that failed as the runtime left (on the stderr pipe they share, say) was
+        // cut off with it: its ADD keeps its note.
+        let outcome = match outcome {
+            Ok((_, status)) if status.success() => outcome,
+            _ if deadline.is_none() && answer_unread() => Err(self.unheard(true)),
+            _ => outcome,
+        };
         if outcome.is_err() {
             kill_group(&mut child);
         } else if deadline.is_some() {
@@ -419,7 +428,7 @@ impl Delegate {
                 if ours.contains(PollFlags::POLLNVAL) {
                     watch_answer = false;
                 } else if ours.intersects(PollFlags::POLLERR | PollFlags::POLLHUP) {
-                    return Err(self.unheard());
+                    return Err(self.unheard(true));
                 }
                 if fds[0].revents().is_none_or(|theirs| theirs.is_empty()) {
                     continue;
@@ -445,11 +454,36 @@ impl Delegate {
         }
     }
 
-    fn unheard(&self) -> GuardError {
+    /// The primary's exit once it has closed its stdout: by `deadline`, else (the runtime's
+    /// own call) for as long as the answer has a reader, which is looked at each second.
+    fn wait_for_exit(
+        &self,
+        child: &mut Child,
+        deadline: Option<Instant>,
+    ) -> Result<std::process::ExitStatus> {
+        loop {
+            let until = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
+            let waited = wait_until(child, Some(until))
+                .map_err(|e| self.broken(format!("cannot wait for {}: {e}", self.plugin_type)))?;
+            match waited {
+                Some(status) => return Ok(status),
+                None if deadline.is_some() => return Err(self.expired()),
+                None if answer_unread() => return Err(self.unheard(true)),
+                None => {}
+            }
+        }
+    }
+
+    /// `ran`: whether the primary was started (and then killed).
+    fn unheard(&self, ran: bool) -> GuardError {
+        let primary = match ran {
+            true => "was killed with its process group",
+            false => "was not run",
+        };
         GuardError::new(
             Kind::Unheard,
             format!(
-                "the runtime that ran this call is gone (nobody reads its answer), so the primary {} was killed with its process group",
+                "the runtime that ran this call is gone (nobody reads its answer), so the primary {} {primary}",
                 self.plugin_type
             ),
         )
@@ -550,6 +584,19 @@ impl Delegate {
             names::shorten(&search)
         )))
     }
+}
+
+/// Whether nobody can read the guard's answer any more: its stdout a pipe without a reader
+/// (`POLLERR`) or a stream socket whose peer closed (`POLLHUP`). A file, `/dev/null`, a TCP
+/// or datagram socket never says so.
+fn answer_unread() -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let stdout = std::io::stdout();
+    let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::empty())];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+        && fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP))
 }
 
 /// In the primary's process before its exec: its pid into `path`.

@@ -208,6 +208,22 @@ impl World {
         (sandbox, outcome)
     }
 
+    /// A newer sandbox of `pod`'s name (a new pod UID), not ADDed yet, and its ADD's call.
+    fn unstarted_sandbox(&self, pod: &Pod) -> (Sandbox, Cni) {
+        let sandbox = Sandbox {
+            container: container_id(),
+            pod: Pod::new(&pod.namespace, &pod.name),
+            netns: sys::Netns::new("sgdc"),
+            result: Value::Null,
+        };
+        let add = self
+            .store
+            .add(&sandbox.container, &sandbox.pod)
+            .netns(&sandbox.netns.path().to_string_lossy())
+            .no_prev_result();
+        (sandbox, add)
+    }
+
     /// A newer sandbox of `owner`'s pod whose ADD is cut off half a second in, while its
     /// primary waits `ipam_seconds` for a child of its own; and the path of its note.
     fn cut_off_beside(&mut self, owner: &Sandbox, ipam_seconds: f64) -> (Sandbox, PathBuf) {
@@ -877,17 +893,7 @@ const META_PLUGIN: &str = r#"out=$("$0" 2>/dev/null); s=$?; printf '%s\n' "$out"
 fn an_add_under_a_meta_plugin_its_runtime_killed_ends_and_is_rolled_back() {
     sys::skip_unless_root!(TOOLS);
     let (mut world, [owner]) = World::with_sandboxes();
-    let cut_off = Sandbox {
-        container: container_id(),
-        pod: Pod::new(&owner.pod.namespace, &owner.pod.name),
-        netns: sys::Netns::new("sgdc"),
-        result: Value::Null,
-    };
-    let add = world
-        .store
-        .add(&cut_off.container, &cut_off.pod)
-        .netns(&cut_off.netns.path().to_string_lossy())
-        .no_prev_result();
+    let (cut_off, add) = world.unstarted_sandbox(&owner.pod);
     let call = world
         .primary
         .wrap_with_slow_ipam(add, 120.0)
@@ -938,17 +944,7 @@ fn a_cut_off_add_shows_in_the_dump_the_doctor_and_the_downgrade() {
     sys::skip_unless_root!(TOOLS);
     let (mut world, [owner]) = World::with_sandboxes();
     // Killed while its primary waits for its IPAM child, which the dump then finds running.
-    let cut_off = Sandbox {
-        container: container_id(),
-        pod: Pod::new(&owner.pod.namespace, &owner.pod.name),
-        netns: sys::Netns::new("sgdc"),
-        result: Value::Null,
-    };
-    let add = world
-        .store
-        .add(&cut_off.container, &cut_off.pod)
-        .netns(cut_off.netns.path().to_str().unwrap())
-        .no_prev_result();
+    let (cut_off, add) = world.unstarted_sandbox(&owner.pod);
     let reaped = cut_off_while_ipam_runs(world.primary.wrap_with_slow_ipam(add, 5.0));
     let state_dir = world.store.state_dir.to_str().unwrap().to_string();
     let guard = |args: &[&str]| {

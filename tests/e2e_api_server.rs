@@ -605,6 +605,78 @@ fn failover_del(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> 
     (false, answer)
 }
 
+/// A copy of `kubeconfig` in `dir` that a test may turn off, the keys naming it, and the same
+/// keys naming no kubeconfig (a config cached from before the view).
+fn own_kubeconfig(dir: &sys::TempDir, kubeconfig: &Path) -> (PathBuf, Keys, Keys) {
+    let own = dir.path.join("kubeconfig");
+    fs::copy(kubeconfig, &own).unwrap();
+    fs::set_permissions(&own, fs::Permissions::from_mode(0o600)).unwrap();
+    let on = Keys {
+        kubeconfig: Some(own.clone()),
+        scope: "cluster",
+        stale_del: "refuse",
+    };
+    let none = Keys {
+        kubeconfig: None,
+        ..on.clone()
+    };
+    (own, on, none)
+}
+
+/// Chained mode, a DEL rule 7 refused (db's pod moved to node-b), retried as kubelet retries
+/// it. With the API server stopped (SIGSTOP) the retry is refused again, within the ask's
+/// bound, rather than let through by the local rule; so it is by a config naming no
+/// kubeconfig while the file is there (an ADD's config, cached from before the view). Once
+/// the file holds the installer's off sign the local rule decides, and the DEL passes.
+fn chained_held_while_the_api_is_stopped(api: &Api, kubeconfig: &Path) {
+    let dir = sys::TempDir::new("sg-api-chained");
+    let (own, on, cached) = own_kubeconfig(&dir, kubeconfig);
+    let name = format!("db-{}", &container_id()[..6]);
+    let store = Store::new();
+    let uid_1 = api.pod_on(&name, THIS_NODE);
+    let old = container_id();
+    on.on(store.add(&old, &pod(&name, &uid_1)))
+        .run()
+        .assert_ok();
+    api.force_delete(&name);
+    let uid_2 = api.pod_on(&name, "node-b");
+    let del = |keys: &Keys| keys.on(store.del(&old, &pod(&name, &uid_1))).run();
+    let first = del(&on).assert_error(11);
+    assert!(first.msg.contains(&uid_2), "{}", first.text());
+    // The record keeps the hold, and the dump says so.
+    let row = store
+        .dump()
+        .into_iter()
+        .find(|row| row["containerId"] == old.as_str())
+        .expect("the refused sandbox's record");
+    let reason = row["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("its DEL is refused") && reason.contains(&uid_2),
+        "{row}"
+    );
+
+    api.signal_apiserver("STOP");
+    let stopped = del(&on);
+    api.signal_apiserver("CONT");
+    let err = stopped.assert_error(11);
+    assert!(
+        err.msg.contains("first held") && err.msg.contains(&uid_2),
+        "the retry with the API server stopped was not refused as held: {}",
+        err.text()
+    );
+    let said = fs::read_to_string(&store.log_file).unwrap();
+    assert!(
+        said.contains("could not be asked, so the DELs of pod"),
+        "{said}"
+    );
+    let err = del(&cached).assert_error(11);
+    assert!(err.msg.contains("first held"), "{}", err.text());
+
+    fs::write(&own, sandbox_guard::state::held::VIEW_OFF).unwrap();
+    del(&on).assert_ok();
+    api.force_delete(&name);
+}
+
 /// Delegate mode, a DEL held by rule 7 (db's pod moved to node-b) and the sweeps of what
 /// follows. A config without a `kubeconfig` while the file is there (the config of an ADD
 /// from before the view was on, which CRI-O and multus hand to the DEL) keeps it held; so does
@@ -614,18 +686,7 @@ fn failover_del(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> 
 /// reaches the primary.
 fn held_until_the_view_is_turned_off(api: &Api, kubeconfig: &Path, primary: &RecordingPrimary) {
     let dir = sys::TempDir::new("sg-api-off");
-    let own = dir.path.join("kubeconfig");
-    fs::copy(kubeconfig, &own).unwrap();
-    fs::set_permissions(&own, fs::Permissions::from_mode(0o600)).unwrap();
-    let on = Keys {
-        kubeconfig: Some(own.clone()),
-        scope: "cluster",
-        stale_del: "refuse",
-    };
-    let off = Keys {
-        kubeconfig: None,
-        ..on.clone()
-    };
+    let (own, on, off) = own_kubeconfig(&dir, kubeconfig);
     let (name, old, store) = held_on_node_b(api, &on, primary);
     let sweep = |keys: &Keys, pod_name: &str| sweep_with(&store, keys, primary, pod_name);
     sweep(&on, "sweep-held");
@@ -1086,6 +1147,8 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
             keys.kubeconfig.is_none() || keys.stale_del == "audit" || keys.scope == "node";
         assert_eq!(passed, harm_expected, "{label}: {answer}");
     }
+    chained_held_while_the_api_is_stopped(&api, &kubeconfig);
+    report.push("chained, a DEL refused by rule 7 and retried: refused again with the API server stopped (SIGSTOP) and with a config naming no kubeconfig while the file was there; passed once the file held the installer's off sign".into());
     held_with_an_older_deferral(&api, &cluster, &RecordingPrimary::new());
     report.push("delegate, a stale DEL waiting when the owner's DEL is held: neither replayed while node-b's pod lived, both after".into());
     held_until_the_view_is_turned_off(&api, &kubeconfig, &RecordingPrimary::new());

@@ -93,6 +93,11 @@ pub struct Checkpoint {
     /// The boot its sandbox lives in; absent in earlier releases' records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
+    /// Chained mode: the API server's pod of the name when a DEL of this sandbox was first
+    /// refused by rule 7. Its retries stay refused until an answer frees the name or the
+    /// view is turned off: an API server that stops answering cannot let them through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<crate::state::held::MovedTo>,
 }
 
 /// The sandbox's netns and interface as ADD found them. A netns path can come to name another

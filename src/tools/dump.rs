@@ -718,6 +718,19 @@ fn record_rows(
                     ));
                     row.superseded_by = Some(other);
                 }
+                if let (Some(held), None) = (&record.held, &row.reason) {
+                    let node = held
+                        .node
+                        .as_deref()
+                        .map_or(String::new(), |node| format!(" on node {node}"));
+                    row.reason = Some(format!(
+                        "its DEL is refused: pod {} was pod UID {}{node} in the API server when the DEL was first refused \
+                         (rule 7); retries stay refused until the API server answers that no other pod has the name, or the view is \
+                         turned off",
+                        crate::names::pod_text(row.pod_namespace, row.pod_name),
+                        held.pod_uid,
+                    ));
+                }
                 if let Some(boot) = store.ended_with(record.boot_id.as_deref()) {
                     row.status = Status::PreviousBoot;
                     row.reason = Some(ended_reason(store, boot, "record"));

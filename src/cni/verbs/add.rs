@@ -149,6 +149,7 @@ fn add(inv: &Invocation, attachment: &Attachment, prev_result: &RawValue) -> Res
         links: Some(links),
         identity,
         boot_id: store.boot_id().map(str::to_string),
+        held: None,
     };
     // Re-ADDed under another pod name: the key its old record held is no longer this
     // interface's. Released first, so no crash leaves an owner whose record names another key.

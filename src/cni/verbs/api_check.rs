@@ -10,7 +10,7 @@ use crate::cni::pod_in_api::{self, Asked, PodInApi};
 use crate::cni::verbs::Invocation;
 use crate::error::{GuardError, Kind, Result};
 use crate::state::deferred::DeferredDel;
-use crate::state::held::HeldWith;
+use crate::state::held::{HeldWith, MovedTo};
 use crate::state::ownership::{self, ApiPod, PodKey, PodKeyScope};
 use crate::state::{Loaded, Store};
 
@@ -78,8 +78,8 @@ pub struct Moved {
 }
 
 /// What a held DEL keeps of its hold, for the replay to ask again as this network asked.
-pub fn moved_to(inv: &Invocation, moved: &Moved) -> Option<crate::state::held::MovedTo> {
-    Some(crate::state::held::MovedTo {
+pub fn moved_to(inv: &Invocation, moved: &Moved) -> Option<MovedTo> {
+    Some(MovedTo {
         pod_uid: moved.uid.clone(),
         node: moved.node.clone(),
         kubeconfig: inv.conf.kubeconfig.clone()?,
@@ -90,25 +90,48 @@ pub fn moved_to(inv: &Invocation, moved: &Moved) -> Option<crate::state::held::M
 
 /// A held DEL's own entry, found again (its retry after the sandbox was forgotten): held as
 /// before, without asking, so an API that does not answer now cannot let it through.
-pub fn held_before(entry: &crate::state::deferred::DeferredDel) -> Option<Moved> {
+pub fn held_before(entry: &DeferredDel) -> Option<Moved> {
     let moved = entry.moved_to.as_ref()?;
-    Some(Moved {
-        key: entry.key.clone(),
-        uid: moved.pod_uid.clone(),
-        node: moved.node.clone(),
-        error: GuardError::new(
-            Kind::StaleDel,
-            format!(
-                "stale DEL refused: pod {} was pod UID {} in the API server when this DEL was first held",
-                entry.key.pod(),
-                moved.pod_uid
-            ),
+    Some(Moved::held(
+        &entry.key,
+        moved,
+        "The DEL is kept for the primary until the API server has no other pod of that name.",
+    ))
+}
+
+/// Chained mode's retry of a DEL rule 7 refused (`held`, kept in its record): refused again
+/// unless an answer now frees the name (`still_held`).
+pub fn held_in_record(inv: &Invocation, key: &PodKey, uid: &str, held: &MovedTo) -> Option<Moved> {
+    still_held(inv, key, uid, held).then(|| {
+        Moved::held(
+            key,
+            held,
+            "Refused until the API server answers that no other pod has that name (the StatefulSet scaled down, or the \
+             pod deleted), or the view is turned off; an API server that does not answer keeps it refused. The runtime \
+             retries the DEL.",
         )
-        .with_details("The DEL is kept for the primary until the API server has no other pod of that name."),
     })
 }
 
 impl Moved {
+    /// A hold made before, kept in `moved`.
+    fn held(key: &PodKey, moved: &MovedTo, details: &str) -> Moved {
+        Moved {
+            key: key.clone(),
+            uid: moved.pod_uid.clone(),
+            node: moved.node.clone(),
+            error: GuardError::new(
+                Kind::StaleDel,
+                format!(
+                    "stale DEL refused: pod {} was pod UID {} in the API server when this DEL was first held",
+                    key.pod(),
+                    moved.pod_uid
+                ),
+            )
+            .with_details(details),
+        }
+    }
+
     /// The log's fields: `owner=` is the API's pod UID, not a container ID.
     fn fields(&self) -> [(&'static str, &str); 2] {
         [("cause", CAUSE_NAME_MOVED), ("owner", self.uid.as_str())]
@@ -237,6 +260,12 @@ pub fn still_moved(inv: &Invocation, entry: &DeferredDel) -> bool {
     let (Some(moved), Some(uid)) = (&entry.moved_to, entry.pod_uid.as_deref()) else {
         return false;
     };
+    still_held(inv, &entry.key, uid, moved)
+}
+
+/// `still_moved` for the hold `moved` of pod UID `uid`'s DEL under `key`, a deferred entry's
+/// or a refused record's.
+fn still_held(inv: &Invocation, key: &PodKey, uid: &str, moved: &MovedTo) -> bool {
     let held_with = moved.held_with();
     let this_network = inv
         .conf
@@ -252,7 +281,7 @@ pub fn still_moved(inv: &Invocation, entry: &DeferredDel) -> bool {
     .flatten()
     .collect();
     let warn = |text: String| {
-        let subject = inv.subject(None, Some(entry.key.pod()));
+        let subject = inv.subject(None, Some(key.pod()));
         inv.log.event(
             Level::Warn,
             inv.verb,
@@ -264,7 +293,7 @@ pub fn still_moved(inv: &Invocation, entry: &DeferredDel) -> bool {
     if candidates.is_empty() {
         if held_with == HeldWith::TurnedOff {
             warn(format!(
-                "the kubeconfig {} this DEL was held with says the API server's view is turned off, and network {} names no other kubeconfig there to ask: the local rule decides its replay",
+                "the kubeconfig {} this DEL was held with says the API server's view is turned off, and network {} names no other kubeconfig there to ask: the local rule decides it",
                 moved.kubeconfig.display(),
                 inv.conf.network,
             ));
@@ -285,7 +314,7 @@ pub fn still_moved(inv: &Invocation, entry: &DeferredDel) -> bool {
         if !unanswered.is_empty() && started.elapsed() >= pod_in_api::API_BOUND / 2 {
             break;
         }
-        match pod_in_api::ask(kubeconfig, &entry.key.pod_namespace, &entry.key.pod_name) {
+        match pod_in_api::ask(kubeconfig, &key.pod_namespace, &key.pod_name) {
             Asked::Answered(answer) => {
                 let scope = PodKeyScope::from_name(&moved.scope);
                 return ownership::name_moved(uid, api_pod(&answer), scope, &moved.this_node);
@@ -294,8 +323,8 @@ pub fn still_moved(inv: &Invocation, entry: &DeferredDel) -> bool {
         }
     }
     warn(format!(
-        "the API server could not be asked, so the deferred DELs of pod {} stay held: {}",
-        entry.key.pod(),
+        "the API server could not be asked, so the DELs of pod {} held for it stay held: {}",
+        key.pod(),
         unanswered.join("; ")
     ));
     true

@@ -28,23 +28,50 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
         let mut judged = judgement::judge(inv, attachment, &store)?;
         if let Judgement::Go(plan) = &judged
             && !asked_api
-            && plan.asks_api(inv)
+            && (plan.held.is_some() || plan.asks_api(inv))
         {
             // Asked without the store's lock, then judged again: a newer ADD of the pod may
             // have come in meanwhile.
             drop(store);
             asked_api = true;
-            moved = api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref());
-            if let Some(moved) = moved.take_if(|_| inv.conf.stale_del == StaleDelPolicy::Refuse) {
-                let removed = remove_old_interface(inv, attachment, &plan.id);
-                return Err(moved.refuse_removed(inv, attachment, removed));
-            }
+            moved = match (&plan.held, plan.keys.first(), plan.pod_uid.as_deref()) {
+                (Some(held), Some(key), Some(uid)) => {
+                    api_check::held_in_record(inv, key, uid, held)
+                }
+                _ => api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref()),
+            };
             continue;
         }
         if let (Judgement::Go(plan), Some(moved)) = (&mut judged, moved.take()) {
+            if inv.conf.stale_del == StaleDelPolicy::Refuse {
+                if plan.held.is_none() {
+                    hold(inv, &store, &plan.id, &moved);
+                }
+                drop(store);
+                let removed = remove_old_interface(inv, attachment, &plan.id);
+                return Err(moved.refuse_removed(inv, attachment, removed));
+            }
             plan.audit_moved(moved);
         }
         return decide(inv, attachment, store, unwritable, judged);
+    }
+}
+
+/// Keeps the first rule-7 refusal of `id` in its record, so that its retries are not let
+/// through by an API server that stops answering. A store that takes no write keeps none:
+/// its retries are asked as the first was.
+fn hold(inv: &Invocation, store: &Store, id: &AttachmentId, moved: &api_check::Moved) {
+    if !store.is_writable() {
+        return;
+    }
+    let Ok(Loaded::Valid(mut record)) = store.load_record(id) else {
+        return;
+    };
+    record.held = api_check::moved_to(inv, moved);
+    if record.held.is_some()
+        && let Err(err) = store.save_record(&record)
+    {
+        stderr_line!("sandbox-guard: the refusal could not be kept in the sandbox's record: {err}");
     }
 }
 

@@ -35,6 +35,8 @@ pub struct Plan {
     audited_key: Option<(PodKey, Ownership)>,
     /// The deleting sandbox's pod UID: CNI_ARGS', else its record's.
     pub pod_uid: Option<String>,
+    /// Chained mode: its record's rule-7 hold, kept from an earlier refusal.
+    pub held: Option<Box<crate::state::held::MovedTo>>,
     /// What `audited` is for: `cause=` of its log line.
     audited_cause: &'static str,
 }
@@ -108,9 +110,11 @@ pub fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) -> Result
     // The record says which key this container took at ADD, whatever CNI_ARGS say now.
     let mut corrupt_record = None;
     let mut pod_uid = attachment.pod.uid.clone();
+    let mut held = None;
     let (record_key, deleter) = match store.load_record(&id)? {
         Loaded::Valid(record) => {
             pod_uid = pod_uid.or(record.pod_uid.clone());
+            held = record.held.clone().map(Box::new);
             (record.pod_key(inv.conf.pod_key), Deleter::Recorded)
         }
         Loaded::Missing => {
@@ -231,6 +235,7 @@ pub fn judge(inv: &Invocation, attachment: &Attachment, store: &Store) -> Result
         audited,
         audited_key,
         pod_uid,
+        held,
         audited_cause: CAUSE_STALE_DEL,
     }))
 }

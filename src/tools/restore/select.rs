@@ -224,6 +224,7 @@ mod tests {
             prev_result: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
             links: None,
             boot_id: None,
+            held: None,
         };
         let old = record("old", "/proc/self/ns/net");
         let key = old

@@ -932,6 +932,59 @@ fn an_upgrade_wraps_cilium_cni_and_keeps_the_deferred_dels_plugin() {
     assert_eq!(deferred_for(), before, "the deferred DEL's plugin changed");
 }
 
+/// A chained DEL refused because the API server showed the pod's name on another pod keeps
+/// that hold in its record, and CRI-O hands its retries the cached config of its ADD, which
+/// names the installer's kubeconfig: an uninstall removing that file would hold them for good.
+/// It writes the off sign there instead, and says whose DELs now go by the local rule.
+#[test]
+fn an_uninstall_leaves_the_off_sign_where_chained_dels_are_held() {
+    let node = Node::with("calico");
+    let state = sys::TempDir::new("sginstch");
+    let state_dir = state.path.join("state");
+    let sa = state.path.join("sa");
+    std::fs::create_dir(&sa).unwrap();
+    std::fs::write(sa.join("token"), "t").unwrap();
+    std::fs::write(sa.join("ca.crt"), "PEM").unwrap();
+    let mut args: Vec<String> = Node::args(Some("chained"), None)
+        .into_iter()
+        .map(String::from)
+        .collect();
+    args.extend(["--state-dir".into(), state_dir.display().to_string()]);
+    args.extend(["--api-credentials".into(), sa.display().to_string()]);
+    args.extend(["--api-server".into(), "https://127.0.0.1:6443".into()]);
+    run_ok("--install", &node.conf(), &node.bin(), &strs(&args));
+    let kubeconfig = node.conf().join("sandbox-guard.d/kubeconfig");
+    assert!(kubeconfig.is_file());
+    let store = cni::Store::with_state_dir(state_dir.clone(), &state.path);
+    store
+        .add(&cni::container_id(), &cni::Pod::new("lijiaob", "etcd1-0"))
+        .run()
+        .assert_ok();
+    // Refused by rule 7, as the record keeps it.
+    let kept = sandbox_guard::state::Store::open(&state_dir, Duration::from_secs(5)).unwrap();
+    let (_, loaded) = kept.list_records().unwrap().pop().unwrap();
+    let sandbox_guard::state::Loaded::Valid(mut record) = loaded else {
+        panic!("the record does not read back")
+    };
+    record.held = Some(sandbox_guard::state::held::MovedTo {
+        pod_uid: "the-pod-on-node-b".into(),
+        node: Some("node-b".into()),
+        kubeconfig: kubeconfig.clone(),
+        scope: "cluster".into(),
+        this_node: "node-a".into(),
+    });
+    kept.save_record(&record).unwrap();
+    drop(kept);
+
+    let out = run_ok("--uninstall", &node.conf(), &node.bin(), &[]);
+    assert_eq!(
+        std::fs::read_to_string(&kubeconfig).ok().as_deref(),
+        Some(sandbox_guard::state::held::VIEW_OFF),
+        "the kubeconfig DELs are held with was not turned off: {out}"
+    );
+    assert!(out.contains("lijiaob/etcd1-0"), "{out}");
+}
+
 /// A stale DEL deferred on calico's network in delegate mode: ADD A, ADD B of one pod, then
 /// A's DEL. Returns A.
 fn defer_a_stale_del(state_dir: &Path, scratch: &Path) -> String {

@@ -367,8 +367,21 @@ fn check_deleted_holders(
 fn check_interfaces(root: &str, live: &[LiveRecord], report: &mut Report) {
     let mut missing = Vec::new();
     let mut unreadable = Vec::new();
+    let mut held = Vec::new();
     for entry in live {
         let record = &entry.record;
+        // Chained mode took its interface out on purpose when the API server's pod of the
+        // name moved (rule 7): restoring it would give back the address the DEL is held for.
+        if let Some(moved) = &record.held {
+            held.push(format!(
+                "sandbox {} of pod {}: its DEL is held for pod UID {} in the API server (kubeconfig {})",
+                record.container_id,
+                pod_text(record.pod_namespace.as_deref(), record.pod_name.as_deref()),
+                moved.pod_uid,
+                moved.kubeconfig.display()
+            ));
+            continue;
+        }
         let Ok(view) = ResultView::parse(&record.prev_result) else {
             continue;
         };
@@ -396,6 +409,22 @@ fn check_interfaces(root: &str, live: &[LiveRecord], report: &mut Report) {
             )),
             Err(e) => unreadable.push(e.msg),
         }
+    }
+    if !held.is_empty() {
+        let mut finding = Finding::new(
+            Severity::Warning,
+            "held-by-api",
+            format!(
+                "{root}: {} sandboxes' DELs are refused because the API server shows their pod's name on another pod; \
+                 their interfaces were taken out on purpose",
+                held.len()
+            ),
+        )
+        .fix("each DEL passes once the API server answers that no other pod has the name (the StatefulSet scaled down, or \
+              the pod deleted); without an API server, write {\"apiServerView\": \"off\"} over the kubeconfig named (a file \
+              of root's, mode 0600), and the next retry goes by the local rule. Never `--restore` them");
+        finding.evidence = capped(held);
+        report.add(finding);
     }
     if !missing.is_empty() {
         let mut finding = Finding::new(

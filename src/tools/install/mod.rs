@@ -174,33 +174,43 @@ fn forget_api_access(options: &Options, installed: &Installed, say: &mut dyn FnM
     }
 }
 
-/// The pods whose DELs delegate mode holds for the API server's pod with the installer's
-/// kubeconfig, read from the guard's state dir, the entry's own `stateDir` first (none where
-/// it cannot be read). Paths compare by their components, so `//` or `/./` in either match.
+/// The pods whose DELs are held for the API server's pod with the installer's kubeconfig
+/// (delegate mode's deferred entries, chained mode's records), read from the guard's state
+/// dir, the entry's own `stateDir` first (none where it cannot be read). Paths compare by
+/// their components, so `//` or `/./` in either match.
 fn held_with_the_kubeconfig(options: &Options, entry: Option<&Json>) -> Vec<String> {
     let (_, seen) = state_dir(options, entry);
     let (_, kubeconfig) = kubeconfig_entry_key(&options.conf_dir, &options.host_root);
+    let Some(kubeconfig) = kubeconfig.as_str() else {
+        return Vec::new();
+    };
+    let ours = |held: Option<&crate::state::held::MovedTo>| {
+        held.is_some_and(|moved| Path::new(kubeconfig) == moved.kubeconfig)
+    };
     let Ok(store) = crate::state::Store::open_read_only(&seen) else {
         return Vec::new();
     };
-    let Ok(deferred) = store.list_deferred() else {
-        return Vec::new();
-    };
-    deferred
+    let deferred = store
+        .list_deferred()
+        .unwrap_or_default()
         .into_iter()
         .filter_map(|(_, loaded)| match loaded {
-            crate::state::Loaded::Valid(entry) => Some(entry),
+            crate::state::Loaded::Valid(entry) if ours(entry.moved_to.as_ref()) => {
+                Some(entry.key.pod())
+            }
             _ => None,
-        })
-        .filter(|entry| {
-            entry.moved_to.as_ref().is_some_and(|moved| {
-                kubeconfig
-                    .as_str()
-                    .is_some_and(|k| Path::new(k) == moved.kubeconfig)
-            })
-        })
-        .map(|entry| entry.key.pod())
-        .collect()
+        });
+    let refused = store
+        .list_records()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(_, loaded)| match loaded {
+            crate::state::Loaded::Valid(record) if ours(record.held.as_ref()) => Some(
+                crate::names::pod_text(record.pod_namespace.as_deref(), record.pod_name.as_deref()),
+            ),
+            _ => None,
+        });
+    deferred.chain(refused).collect()
 }
 
 /// Why an install did not happen, as counted in the installer's metrics.
@@ -1291,6 +1301,11 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
             networks.push(found.net);
         }
     }
+    // The entry's own stateDir, read before the entry goes: where DELs held with the
+    // kubeconfig are kept.
+    let guard_entry = networks
+        .iter()
+        .find_map(|net| edit::guard_entry(&net.list()));
     // A file taken back in place past one page is refused (restore): before any other is
     // written, so that a refusal leaves the node as it was.
     for net in &networks {
@@ -1352,13 +1367,29 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
         }
     }
     // After the network files: a kubeconfig that cannot be removed is said, never a reason
-    // to stop before the binaries.
-    match api_access::remove(&options.conf_dir) {
-        Ok(removed) => done.extend(removed),
-        Err(e) => done.push(format!(
-            "warning: cannot remove the plugin's kubeconfig under {}: {e}",
-            options.conf_dir.display()
-        )),
+    // to stop before the binaries. One that DELs are held with (chained mode's, which
+    // CRI-O's cached configs still reach) takes the off sign instead: gone, it would hold
+    // them for good.
+    let held = held_with_the_kubeconfig(options, guard_entry.as_ref());
+    if !held.is_empty() {
+        match api_access::turn_off(&options.conf_dir, true) {
+            Ok(wrote) => done.extend(wrote.into_iter().chain([format!(
+                "the DELs of {} held with it go by the local rule at their next retry",
+                held.join(", ")
+            )])),
+            Err(e) => done.push(format!(
+                "warning: cannot turn off the plugin's kubeconfig under {}: {e}; DELs held with it stay held",
+                options.conf_dir.display()
+            )),
+        }
+    } else {
+        match api_access::remove(&options.conf_dir) {
+            Ok(removed) => done.extend(removed),
+            Err(e) => done.push(format!(
+                "warning: cannot remove the plugin's kubeconfig under {}: {e}",
+                options.conf_dir.display()
+            )),
+        }
     }
     remove_binary(options, other_dirs, &mut done)?;
     Ok(done)

@@ -68,7 +68,16 @@ pub fn select(
     for (path, loaded) in listed {
         match loaded {
             Loaded::Valid(record) if wanted(&record.container_id) => {
-                if let Some(why) = of_another_boot(&store, &record) {
+                let why_not = of_another_boot(&store, &record).or_else(|| {
+                    record.held.as_ref().map(|moved| {
+                        format!(
+                            "its DEL is held because the API server shows pod {} under its pod's name (chained mode took its \
+                             interface out on purpose)",
+                            moved.pod_uid
+                        )
+                    })
+                });
+                if let Some(why) = why_not {
                     selected.push(Selected::Unusable(Row {
                         container_id: record.container_id.clone(),
                         if_name: record.if_name.clone(),

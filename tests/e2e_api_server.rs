@@ -635,14 +635,52 @@ fn chained_held_while_the_api_is_stopped(api: &Api, kubeconfig: &Path) {
     let store = Store::new();
     let uid_1 = api.pod_on(&name, THIS_NODE);
     let old = container_id();
-    on.on(store.add(&old, &pod(&name, &uid_1)))
-        .run()
-        .assert_ok();
+    let (add, sandbox) = store.add(&old, &pod(&name, &uid_1)).in_pod_netns();
+    on.on(add).run().assert_ok();
     api.force_delete(&name);
     let uid_2 = api.pod_on(&name, "node-b");
-    let del = |keys: &Keys| keys.on(store.del(&old, &pod(&name, &uid_1))).run();
+    let del = |keys: &Keys| {
+        keys.on(store.del(&old, &pod(&name, &uid_1)).netns(&sandbox.path()))
+            .run()
+    };
     let first = del(&on).assert_error(11);
     assert!(first.msg.contains(&uid_2), "{}", first.text());
+    // The doctor does not take the interface rule 7 took out for a lost one, and `--restore`
+    // will not give it back.
+    let ctl = |args: &[&str]| {
+        let out = Command::new(Path::new(cni::BIN).with_file_name("sandbox-guard-ctl"))
+            .args(args)
+            .args(["--state-dir", store.state_dir.to_str().unwrap()])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let doctor: Value = serde_json::from_str(&ctl(&[
+        "--doctor",
+        "--output",
+        "json",
+        "--conf-dir",
+        dir.path.to_str().unwrap(),
+        "--runtime-socket",
+        "none",
+    ]))
+    .unwrap();
+    let findings = doctor["findings"].as_array().cloned().unwrap_or_default();
+    let of = |check: &str, severity: &str| {
+        findings
+            .iter()
+            .filter(|f| f["check"] == check && f["severity"] == severity)
+            .map(Value::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert!(of("sandbox-interfaces", "error").is_empty(), "{doctor}");
+    let held = of("held-by-api", "warning");
+    assert!(
+        held.len() == 1 && held[0].contains(&old) && held[0].contains("apiServerView"),
+        "{doctor}"
+    );
+    let restore = ctl(&["--restore", "--dry-run", "--all"]);
+    assert!(restore.contains("held"), "{restore}");
     // The record keeps the hold, and the dump says so.
     let row = store
         .dump()
@@ -662,6 +700,12 @@ fn chained_held_while_the_api_is_stopped(api: &Api, kubeconfig: &Path) {
     assert!(
         err.msg.contains("first held") && err.msg.contains(&uid_2),
         "the retry with the API server stopped was not refused as held: {}",
+        err.text()
+    );
+    // The way out is named: the file and the sign to write there.
+    assert!(
+        err.details.contains(own.to_str().unwrap()) && err.details.contains("apiServerView"),
+        "{}",
         err.text()
     );
     let said = fs::read_to_string(&store.log_file).unwrap();

@@ -100,15 +100,25 @@ pub fn held_before(entry: &DeferredDel) -> Option<Moved> {
 }
 
 /// Chained mode's retry of a DEL rule 7 refused (`held`, kept in its record): refused again
-/// unless an answer now frees the name (`still_held`).
+/// unless an answer now frees the name (`still_held`). Judged by this DEL's own
+/// `podKeyScope` and node name: its network is the one that held it.
 pub fn held_in_record(inv: &Invocation, key: &PodKey, uid: &str, held: &MovedTo) -> Option<Moved> {
-    still_held(inv, key, uid, held).then(|| {
+    let now = MovedTo {
+        scope: inv.conf.pod_key_scope.name().to_string(),
+        this_node: this_node(inv),
+        ..held.clone()
+    };
+    still_held(inv, key, uid, &now).then(|| {
         Moved::held(
             key,
             held,
-            "Refused until the API server answers that no other pod has that name (the StatefulSet scaled down, or the \
-             pod deleted), or the view is turned off; an API server that does not answer keeps it refused. The runtime \
-             retries the DEL.",
+            &format!(
+                "Refused until the API server answers that no other pod has that name (the StatefulSet scaled down, or the \
+                 pod deleted); an API server that does not answer keeps it refused. Without one, write {} over {} (a file of \
+                 root's, not writable by others) and the next retry goes by the local rule. The runtime retries the DEL.",
+                crate::state::held::VIEW_OFF.trim_end(),
+                held.kubeconfig.display()
+            ),
         )
     })
 }

@@ -18,7 +18,7 @@ use crate::state::ledger::Handled;
 use crate::state::{Loaded, Store};
 
 pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
-    let mut asked_api = false;
+    let (mut asked_api, mut asked_held) = (false, false);
     let mut moved = None;
     loop {
         let Some((store, unwritable)) = judgement::open(inv, attachment)? else {
@@ -26,9 +26,11 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             return Ok(());
         };
         let mut judged = judgement::judge(inv, attachment, &store)?;
+        // A hold a concurrent DEL of this sandbox wrote after this one asked is asked as a
+        // hold too: an unanswered ask of ours must not let it go.
         if let Judgement::Go(plan) = &judged
-            && !asked_api
-            && (plan.held.is_some() || plan.asks_api(inv))
+            && moved.is_none()
+            && ((plan.held.is_some() && !asked_held) || (!asked_api && plan.asks_api(inv)))
         {
             // Asked without the store's lock, then judged again: a newer ADD of the pod may
             // have come in meanwhile.
@@ -36,6 +38,7 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             asked_api = true;
             moved = match (&plan.held, plan.keys.first(), plan.pod_uid.as_deref()) {
                 (Some(held), Some(key), Some(uid)) => {
+                    asked_held = true;
                     api_check::held_in_record(inv, key, uid, held)
                 }
                 _ => api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref()),

@@ -721,6 +721,33 @@ fn chained_held_while_the_api_is_stopped(api: &Api, kubeconfig: &Path) {
     api.force_delete(&name);
 }
 
+/// Chained mode, a sandbox whose ADD named no pod UID (its record has none), refused by rule
+/// 7 on a DEL that named one: its retry without a pod UID is held while the API server has
+/// any pod of the name, and passes once it has none.
+fn chained_held_without_a_pod_uid(api: &Api, kubeconfig: &Path) {
+    let dir = sys::TempDir::new("sg-api-nouid");
+    let (_, on, _) = own_kubeconfig(&dir, kubeconfig);
+    let name = format!("db-{}", &container_id()[..6]);
+    let store = Store::new();
+    let uid_1 = api.pod_on(&name, THIS_NODE);
+    let old = container_id();
+    on.on(store.add(&old, &pod(&name, ""))).run().assert_ok();
+    api.force_delete(&name);
+    let uid_2 = api.pod_on(&name, "node-b");
+    on.on(store.del(&old, &pod(&name, &uid_1)))
+        .run()
+        .assert_error(11);
+    let retry = || on.on(store.del(&old, &pod(&name, ""))).run();
+    let err = retry().assert_error(11);
+    assert!(
+        err.msg.contains("first held") && err.msg.contains(&uid_2),
+        "{}",
+        err.text()
+    );
+    api.force_delete(&name);
+    retry().assert_ok();
+}
+
 /// Delegate mode, a DEL held by rule 7 (db's pod moved to node-b) and the sweeps of what
 /// follows. A config without a `kubeconfig` while the file is there (the config of an ADD
 /// from before the view was on, which CRI-O and multus hand to the DEL) keeps it held; so does
@@ -1192,7 +1219,8 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
         assert_eq!(passed, harm_expected, "{label}: {answer}");
     }
     chained_held_while_the_api_is_stopped(&api, &kubeconfig);
-    report.push("chained, a DEL refused by rule 7 and retried: refused again with the API server stopped (SIGSTOP) and with a config naming no kubeconfig while the file was there; passed once the file held the installer's off sign".into());
+    chained_held_without_a_pod_uid(&api, &kubeconfig);
+    report.push("chained, a DEL refused by rule 7 and retried: refused again with the API server stopped (SIGSTOP) and with a config naming no kubeconfig while the file was there; passed once the file held the installer's off sign; a retry without a pod UID held while the API had a pod of the name, passed once it had none".into());
     held_with_an_older_deferral(&api, &cluster, &RecordingPrimary::new());
     report.push("delegate, a stale DEL waiting when the owner's DEL is held: neither replayed while node-b's pod lived, both after".into());
     held_until_the_view_is_turned_off(&api, &kubeconfig, &RecordingPrimary::new());

@@ -101,11 +101,16 @@ pub fn held_before(entry: &DeferredDel) -> Option<Moved> {
 
 /// Chained mode's retry of a DEL rule 7 refused (`held`, kept in its record): refused again
 /// unless an answer now frees the name (`still_held`). Judged by this DEL's own
-/// `podKeyScope` and node name: its network is the one that held it.
+/// `podKeyScope` and `nodeName`: its network is the one that held it.
 pub fn held_in_record(inv: &Invocation, key: &PodKey, uid: &str, held: &MovedTo) -> Option<Moved> {
     let now = MovedTo {
         scope: inv.conf.pod_key_scope.name().to_string(),
-        this_node: this_node(inv),
+        // The host name stands in for a `nodeName` only where the hold had none either.
+        this_node: inv
+            .conf
+            .node_name
+            .clone()
+            .unwrap_or_else(|| held.this_node.clone()),
         ..held.clone()
     };
     still_held(inv, key, uid, &now).then(|| {

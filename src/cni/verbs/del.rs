@@ -36,11 +36,15 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
             // have come in meanwhile.
             drop(store);
             asked_api = true;
-            moved = match (&plan.held, plan.keys.first(), plan.pod_uid.as_deref()) {
-                (Some(held), Some(key), Some(uid)) => {
-                    asked_held = true;
-                    api_check::held_in_record(inv, key, uid, held)
-                }
+            asked_held |= plan.held.is_some();
+            moved = match (&plan.held, plan.keys.first()) {
+                // A retry that cannot say its pod UID is held while any pod has the name.
+                (Some(held), Some(key)) => api_check::held_in_record(
+                    inv,
+                    key,
+                    plan.pod_uid.as_deref().unwrap_or_default(),
+                    held,
+                ),
                 _ => api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref()),
             };
             continue;

@@ -423,7 +423,7 @@ fn check_interfaces(root: &str, live: &[LiveRecord], report: &mut Report) {
         .fix("each DEL passes once the API server answers that no other pod has the name (the StatefulSet scaled down, or \
               the pod deleted); without an API server, write {\"apiServerView\": \"off\"} over the kubeconfig named (a file \
               of root's, mode 0600), and the next retry goes by the local rule. Never `--restore` them");
-        finding.evidence = capped(held);
+        finding.evidence = capped(held.clone());
         report.add(finding);
     }
     if !missing.is_empty() {
@@ -440,8 +440,13 @@ fn check_interfaces(root: &str, live: &[LiveRecord], report: &mut Report) {
             Severity::Ok,
             "sandbox-interfaces",
             format!(
-                "{root}: every live sandbox ({}) has its interfaces",
-                live.len()
+                "{root}: every live sandbox ({}) has its interfaces{}",
+                live.len() - held.len(),
+                match held.len() {
+                    0 => String::new(),
+                    n =>
+                        format!(" ({n} more held for the API server, without theirs: held-by-api)"),
+                }
             ),
         ));
     }

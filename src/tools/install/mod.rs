@@ -148,51 +148,74 @@ fn forget_api_access(options: &Options, installed: &Installed, say: &mut dyn FnM
         return;
     }
     let held = held_with_the_kubeconfig(options, installed.entry.as_ref());
+    let may_hold = held.as_ref().is_none_or(|pods| !pods.is_empty());
     // Absent, the file is named by no inode: a network naming its path keeps it unwritten.
-    if !held.is_empty()
-        && api_access::names_path(&options.conf_dir, &options.host_root, &[&installed.file])
+    if may_hold && api_access::names_path(&options.conf_dir, &options.host_root, &[&installed.file])
     {
         return;
     }
-    match api_access::turn_off(&options.conf_dir, !held.is_empty()) {
-        Ok(Some(wrote)) => {
-            say(wrote);
-            if !held.is_empty() {
-                say(format!(
-                    "warning: {} DELs were held with it for the API server's pod ({}): each now reaches the primary at the \
-                     node's next verb, which frees what the primary holds under the pod's name, though a pod of that name \
-                     may live on another node",
-                    held.len(),
-                    held.join(", ")
-                ));
-            }
-        }
+    if may_hold {
+        turn_off_for(&options.conf_dir, held.as_deref(), say);
+        return;
+    }
+    match api_access::turn_off(&options.conf_dir, false) {
+        Ok(Some(wrote)) => say(wrote),
         Ok(None) => {}
         Err(e) => say(format!(
-            "warning: cannot turn off the kubeconfig an earlier install wrote under {dir}: {e}; DELs held with it stay held"
+            "warning: cannot turn off the kubeconfig an earlier install wrote under {dir}: {e}"
+        )),
+    }
+}
+
+/// Writes the off sign over the installer's kubeconfig for the DELs held with it (`held`:
+/// their pods; `None`: the state dir could not be read), and says what follows for them.
+fn turn_off_for(conf_dir: &Path, held: Option<&[String]>, say: &mut dyn FnMut(String)) {
+    let whose = match held {
+        Some(pods) => format!(
+            "{} DELs were held with it ({})",
+            pods.len(),
+            pods.join(", ")
+        ),
+        None => "the state dir cannot be read, so DELs may be held with it".to_string(),
+    };
+    match api_access::turn_off(conf_dir, true) {
+        Ok(Some(wrote)) => {
+            say(wrote);
+            say(format!(
+                "warning: {whose}: each now goes by the local rule (chained mode's at its next retry, delegate mode's at the \
+                 node's next verb), which lets it free what the primary holds under the pod's name, though a pod of that name \
+                 may live on another node"
+            ));
+        }
+        Ok(None) => say(format!(
+            "warning: {whose}, and the off sign could not be put in place of {} (not a regular file): they stay held",
+            conf_dir.display()
+        )),
+        Err(e) => say(format!(
+            "warning: {whose}, and the kubeconfig under {} cannot be turned off: {e}; they stay held",
+            conf_dir.display()
         )),
     }
 }
 
 /// The pods whose DELs are held for the API server's pod with the installer's kubeconfig
 /// (delegate mode's deferred entries, chained mode's records), read from the guard's state
-/// dir, the entry's own `stateDir` first (none where it cannot be read). Paths compare by
+/// dir, the entry's own `stateDir` first; `None` where it cannot be read. Paths compare by
 /// their components, so `//` or `/./` in either match.
-fn held_with_the_kubeconfig(options: &Options, entry: Option<&Json>) -> Vec<String> {
+fn held_with_the_kubeconfig(options: &Options, entry: Option<&Json>) -> Option<Vec<String>> {
     let (_, seen) = state_dir(options, entry);
     let (_, kubeconfig) = kubeconfig_entry_key(&options.conf_dir, &options.host_root);
-    let Some(kubeconfig) = kubeconfig.as_str() else {
-        return Vec::new();
-    };
+    let kubeconfig = kubeconfig.as_str().unwrap_or_default().to_string();
+    if crate::state::surely_absent(&seen) {
+        return Some(Vec::new());
+    }
     let ours = |held: Option<&crate::state::held::MovedTo>| {
-        held.is_some_and(|moved| Path::new(kubeconfig) == moved.kubeconfig)
+        held.is_some_and(|moved| Path::new(&kubeconfig) == moved.kubeconfig)
     };
-    let Ok(store) = crate::state::Store::open_read_only(&seen) else {
-        return Vec::new();
-    };
+    let store = crate::state::Store::open_read_only(&seen).ok()?;
     let deferred = store
         .list_deferred()
-        .unwrap_or_default()
+        .ok()?
         .into_iter()
         .filter_map(|(_, loaded)| match loaded {
             crate::state::Loaded::Valid(entry) if ours(entry.moved_to.as_ref()) => {
@@ -200,17 +223,14 @@ fn held_with_the_kubeconfig(options: &Options, entry: Option<&Json>) -> Vec<Stri
             }
             _ => None,
         });
-    let refused = store
-        .list_records()
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|(_, loaded)| match loaded {
-            crate::state::Loaded::Valid(record) if ours(record.held.as_ref()) => Some(
-                crate::names::pod_text(record.pod_namespace.as_deref(), record.pod_name.as_deref()),
-            ),
-            _ => None,
-        });
-    deferred.chain(refused).collect()
+    let records = store.list_records().ok()?;
+    let refused = records.into_iter().filter_map(|(_, loaded)| match loaded {
+        crate::state::Loaded::Valid(record) if ours(record.held.as_ref()) => Some(
+            crate::names::pod_text(record.pod_namespace.as_deref(), record.pod_name.as_deref()),
+        ),
+        _ => None,
+    });
+    Some(deferred.chain(refused).collect())
 }
 
 /// Why an install did not happen, as counted in the installer's metrics.
@@ -1371,17 +1391,10 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
     // CRI-O's cached configs still reach) takes the off sign instead: gone, it would hold
     // them for good.
     let held = held_with_the_kubeconfig(options, guard_entry.as_ref());
-    if !held.is_empty() {
-        match api_access::turn_off(&options.conf_dir, true) {
-            Ok(wrote) => done.extend(wrote.into_iter().chain([format!(
-                "the DELs of {} held with it go by the local rule at their next retry",
-                held.join(", ")
-            )])),
-            Err(e) => done.push(format!(
-                "warning: cannot turn off the plugin's kubeconfig under {}: {e}; DELs held with it stay held",
-                options.conf_dir.display()
-            )),
-        }
+    if held.as_ref().is_none_or(|pods| !pods.is_empty()) {
+        turn_off_for(&options.conf_dir, held.as_deref(), &mut |line| {
+            done.push(line)
+        });
     } else {
         match api_access::remove(&options.conf_dir) {
             Ok(removed) => done.extend(removed),

@@ -743,6 +743,14 @@ fn turning_the_view_off_says_which_held_dels_now_reach_the_primary() {
         said.contains("warning: 1 DELs") && said.contains("lijiaob/etcd1-0"),
         "the turn-off did not name the held DEL: {said}"
     );
+    // Looked at again (as the watch does), the sign already there: nothing to warn of.
+    let again = stderr_of(&run(
+        "--install",
+        &node.conf(),
+        &node.bin(),
+        &strs(&args(false)),
+    ));
+    assert!(!again.contains("stay held"), "{again}");
 
     // Gone while the DEL is held with it, as an earlier release left it on turn-off, and
     // another network names its path: nothing is written, that network asks with it.

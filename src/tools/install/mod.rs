@@ -187,6 +187,10 @@ fn turn_off_for(conf_dir: &Path, held: Option<&[String]>, say: &mut dyn FnMut(St
                  may live on another node"
             ));
         }
+        // Already the sign (an earlier turn-off, or every look of the watch): nothing new.
+        Ok(None)
+            if crate::state::held::held_with_at(&api_access::kubeconfig_path(conf_dir))
+                == crate::state::held::HeldWith::TurnedOff => {}
         Ok(None) => say(format!(
             "warning: {whose}, and the off sign could not be put in place of {} (not a regular file): they stay held",
             conf_dir.display()

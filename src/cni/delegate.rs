@@ -427,7 +427,7 @@ impl Delegate {
                 let ours = fds[1].revents().unwrap_or(PollFlags::empty());
                 if ours.contains(PollFlags::POLLNVAL) {
                     watch_answer = false;
-                } else if ours.intersects(PollFlags::POLLERR | PollFlags::POLLHUP) {
+                } else if reader_gone(ours) {
                     return Err(self.unheard(true));
                 }
                 if fds[0].revents().is_none_or(|theirs| theirs.is_empty()) {
@@ -594,9 +594,13 @@ fn answer_unread() -> bool {
     let stdout = std::io::stdout();
     let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::empty())];
     matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
-        && fds[0]
-            .revents()
-            .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP))
+        && fds[0].revents().is_some_and(reader_gone)
+}
+
+/// What poll says of the guard's stdout once nobody reads it.
+fn reader_gone(revents: nix::poll::PollFlags) -> bool {
+    use nix::poll::PollFlags;
+    revents.intersects(PollFlags::POLLERR | PollFlags::POLLHUP)
 }
 
 /// In the primary's process before its exec: its pid into `path`.

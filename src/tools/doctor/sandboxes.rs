@@ -129,6 +129,7 @@ pub fn check(
             _ => None,
         })
         .collect();
+    check_held(&root_display, &valid, report);
     let live = check_namespaces(&root_display, valid, &index, users, &owners, report);
     check_shared_addresses(&root_display, &live, report);
     check_deleted_holders(&root_display, &store, &index, &live, users, report);
@@ -159,7 +160,7 @@ fn check_namespaces(
             ))
         })
         .collect();
-    let total = records.len();
+    let mut total = records.len();
     let mut gone = Vec::new();
     let mut live = Vec::new();
     for record in records {
@@ -174,6 +175,11 @@ fn check_namespaces(
         );
         let inode = recorded_inode.get(&key).copied();
         let state = netns_state(&record.netns, inode, Some(users));
+        // A held DEL did come (`held-by-api`): deleting its record would drop the hold.
+        if state == NetnsState::Gone && record.held.is_some() {
+            total -= 1;
+            continue;
+        }
         if state == NetnsState::Gone {
             gone.push(format!(
                 "{}: sandbox {} of pod {} ({}), netns {} (added {})",
@@ -364,22 +370,53 @@ fn check_deleted_holders(
     }
 }
 
-fn check_interfaces(root: &str, live: &[LiveRecord], report: &mut Report) {
-    let mut missing = Vec::new();
-    let mut unreadable = Vec::new();
-    let mut held = Vec::new();
-    for entry in live {
-        let record = &entry.record;
-        // Chained mode took its interface out on purpose when the API server's pod of the
-        // name moved (rule 7): restoring it would give back the address the DEL is held for.
-        if let Some(moved) = &record.held {
-            held.push(format!(
+/// Chained mode's DELs that rule 7 refuses while the API server shows the pod's name on
+/// another pod, whether or not their namespace is still there: their interfaces were taken
+/// out on purpose, and their records hold the refusal.
+fn check_held(root: &str, records: &[Checkpoint], report: &mut Report) {
+    let held: Vec<String> = records
+        .iter()
+        .filter_map(|record| {
+            let moved = record.held.as_ref()?;
+            Some(format!(
                 "sandbox {} of pod {}: its DEL is held for pod UID {} in the API server (kubeconfig {})",
                 record.container_id,
                 pod_text(record.pod_namespace.as_deref(), record.pod_name.as_deref()),
                 moved.pod_uid,
                 moved.kubeconfig.display()
-            ));
+            ))
+        })
+        .collect();
+    if held.is_empty() {
+        return;
+    }
+    let mut finding = Finding::new(
+        Severity::Warning,
+        "held-by-api",
+        format!(
+            "{root}: {} sandboxes' DELs are refused because the API server shows their pod's name on another pod; \
+             their interfaces were taken out on purpose",
+            held.len()
+        ),
+    )
+    .fix("each DEL passes once the API server answers that no other pod has the name (the StatefulSet scaled down, or \
+          the pod deleted); without an API server, write {\"apiServerView\": \"off\"} over the kubeconfig named (a file \
+          of root's, mode 0600), and the next retry goes by the local rule. Never `--restore` them, nor delete their \
+          record files: that drops the hold");
+    finding.evidence = capped(held);
+    report.add(finding);
+}
+
+fn check_interfaces(root: &str, live: &[LiveRecord], report: &mut Report) {
+    let mut missing = Vec::new();
+    let mut unreadable = Vec::new();
+    let mut held = 0;
+    for entry in live {
+        let record = &entry.record;
+        // Chained mode took its interface out on purpose when the API server's pod of the
+        // name moved (rule 7): `held-by-api` lists it.
+        if record.held.is_some() {
+            held += 1;
             continue;
         }
         let Ok(view) = ResultView::parse(&record.prev_result) else {
@@ -410,22 +447,6 @@ fn check_interfaces(root: &str, live: &[LiveRecord], report: &mut Report) {
             Err(e) => unreadable.push(e.msg),
         }
     }
-    if !held.is_empty() {
-        let mut finding = Finding::new(
-            Severity::Warning,
-            "held-by-api",
-            format!(
-                "{root}: {} sandboxes' DELs are refused because the API server shows their pod's name on another pod; \
-                 their interfaces were taken out on purpose",
-                held.len()
-            ),
-        )
-        .fix("each DEL passes once the API server answers that no other pod has the name (the StatefulSet scaled down, or \
-              the pod deleted); without an API server, write {\"apiServerView\": \"off\"} over the kubeconfig named (a file \
-              of root's, mode 0600), and the next retry goes by the local rule. Never `--restore` them");
-        finding.evidence = capped(held.clone());
-        report.add(finding);
-    }
     if !missing.is_empty() {
         let mut finding = Finding::new(
             Severity::Error,
@@ -441,8 +462,8 @@ fn check_interfaces(root: &str, live: &[LiveRecord], report: &mut Report) {
             "sandbox-interfaces",
             format!(
                 "{root}: every live sandbox ({}) has its interfaces{}",
-                live.len() - held.len(),
-                match held.len() {
+                live.len() - held,
+                match held {
                     0 => String::new(),
                     n =>
                         format!(" ({n} more held for the API server, without theirs: held-by-api)"),

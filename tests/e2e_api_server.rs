@@ -1072,6 +1072,32 @@ fn held_with_an_older_deferral(api: &Api, keys: &Keys, primary: &RecordingPrimar
     assert_eq!((primary.dels(&s1), primary.dels(&s2)), (1, 1));
 }
 
+/// Delegate mode, a DEL held while node-b's pod has the name, on a node where no other pod
+/// comes or goes afterwards: the runtime's STATUS (containerd 2.0.1+, CRI-O 1.32+, for a
+/// network at cniVersion 1.1.0) sweeps it to the primary once the API has no pod of the name.
+fn held_replayed_at_status(api: &Api, keys: &Keys, primary: &RecordingPrimary) {
+    let (name, old, store) = held_on_node_b(api, keys, primary);
+    let status = || {
+        keys.in_mode(store.cni("STATUS", ""), Some(primary))
+            .run()
+            .assert_ok();
+        assert!(store.wait_for_replays(Duration::from_secs(60)));
+    };
+    status();
+    assert_eq!(
+        primary.dels(&old),
+        0,
+        "held while node-b's pod has the name"
+    );
+    api.force_delete(&name);
+    status();
+    assert_eq!(
+        primary.dels(&old),
+        1,
+        "the name free in the API: the runtime's STATUS did not sweep the held DEL to the primary"
+    );
+}
+
 /// A late ADD: the pod force deleted while its sandbox was made, after the new pod's ADD
 /// here. Whether the late ADD took the name (it answered 0 and owns the pod).
 fn late_add(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> bool {
@@ -1248,6 +1274,8 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     report.push("delegate, a held DEL whose kubeconfig's token the API server refuses while the network names one that answers: asked with that one, held while node-b's pod lived, replayed after".into());
     held_asks_with_the_networks_kubeconfig(&api, &kubeconfig, &RecordingPrimary::new());
     report.push("delegate, a held DEL whose kubeconfig went while the network names another: asked with that one, held while node-b's pod lived, replayed after".into());
+    held_replayed_at_status(&api, &cluster, &RecordingPrimary::new());
+    report.push("delegate, a held DEL on a node where no other verb came: held at the runtime's STATUS while node-b's pod lived, replayed at the next STATUS after".into());
     held_with_two_kubeconfigs_one_turned_off(&api, &kubeconfig, &RecordingPrimary::new());
     report.push("delegate, one name's two DELs held with two kubeconfigs, the older's then holding the off sign, swept by a network naming none: both held while the other showed node-b's pod, both replayed after".into());
     for (label, keys, primary) in [

@@ -340,7 +340,11 @@ pub fn status(inv: &Invocation, delegate: &Delegate) -> Result<()> {
         )
         .with_details(err.details),
     })?;
-    super::status::run(inv)
+    super::status::run(inv)?;
+    // The runtime asks for STATUS whether or not pods come and go: on a node where no other
+    // verb comes, this is where the deferred DELs of names freed since get their sweep.
+    worker::start(inv, delegate, Vec::new(), false);
+    Ok(())
 }
 
 /// VERSION in delegate mode, when the runtime sends the network's configuration with it:

@@ -148,13 +148,13 @@ fn forget_api_access(options: &Options, installed: &Installed, say: &mut dyn FnM
         return;
     }
     let held = held_with_the_kubeconfig(options, installed.entry.as_ref());
-    let may_hold = held.as_ref().is_none_or(|pods| !pods.is_empty());
+    let any_held = may_hold(held.as_deref());
     // Absent, the file is named by no inode: a network naming its path keeps it unwritten.
-    if may_hold && api_access::names_path(&options.conf_dir, &options.host_root, &[&installed.file])
+    if any_held && api_access::names_path(&options.conf_dir, &options.host_root, &[&installed.file])
     {
         return;
     }
-    if may_hold {
+    if any_held {
         turn_off_for(&options.conf_dir, held.as_deref(), say);
         return;
     }
@@ -200,6 +200,12 @@ fn turn_off_for(conf_dir: &Path, held: Option<&[String]>, say: &mut dyn FnMut(St
             conf_dir.display()
         )),
     }
+}
+
+/// Whether DELs may be held with the installer's kubeconfig: `held` (`held_with_the_kubeconfig`)
+/// names some, or the state dir could not be read.
+fn may_hold(held: Option<&[String]>) -> bool {
+    held.is_none_or(|pods| !pods.is_empty())
 }
 
 /// The pods whose DELs are held for the API server's pod with the installer's kubeconfig
@@ -1395,7 +1401,7 @@ pub fn uninstall(options: &Options) -> Result<Vec<String>, String> {
     // CRI-O's cached configs still reach) takes the off sign instead: gone, it would hold
     // them for good.
     let held = held_with_the_kubeconfig(options, guard_entry.as_ref());
-    if held.as_ref().is_none_or(|pods| !pods.is_empty()) {
+    if may_hold(held.as_deref()) {
         turn_off_for(&options.conf_dir, held.as_deref(), &mut |line| {
             done.push(line)
         });

@@ -761,6 +761,50 @@ fn chained_held_without_a_pod_uid(api: &Api, kubeconfig: &Path) {
     retry().assert_ok();
 }
 
+/// Chained mode, two DELs of one sandbox at once (kubelet's retry while the runtime still runs
+/// the first): one asks with a kubeconfig whose server takes the connection and never
+/// answers, the other with one that answers that the name moved, and writes the hold while the
+/// first still waits. The first, judged before the hold was there, finds it when it judges
+/// again and asks as a hold: refused, never let through by its own unanswered ask.
+fn chained_concurrent_dels_one_unanswered(api: &Api, kubeconfig: &Path) {
+    let dir = sys::TempDir::new("sg-api-race");
+    let (_, on, _) = own_kubeconfig(&dir, kubeconfig);
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut config: Value = serde_json::from_str(&fs::read_to_string(kubeconfig).unwrap()).unwrap();
+    config["clusters"][0]["cluster"]["server"] =
+        json!(format!("https://{}", silent.local_addr().unwrap()));
+    let silent_path = dir.path.join("silent.kubeconfig");
+    fs::write(&silent_path, config.to_string()).unwrap();
+    fs::set_permissions(&silent_path, fs::Permissions::from_mode(0o600)).unwrap();
+    let unanswered = Keys {
+        kubeconfig: Some(silent_path),
+        ..on.clone()
+    };
+    let name = format!("db-{}", &container_id()[..6]);
+    let store = Store::new();
+    let uid_1 = api.pod_on(&name, THIS_NODE);
+    let old = container_id();
+    on.on(store.add(&old, &pod(&name, &uid_1)))
+        .run()
+        .assert_ok();
+    api.force_delete(&name);
+    let uid_2 = api.pod_on(&name, "node-b");
+    let del = |keys: &Keys| keys.on(store.del(&old, &pod(&name, &uid_1)));
+    let started = Instant::now();
+    let waiting = del(&unanswered).spawn();
+    // Well inside the first's ask (its bound is 1 s): it has judged, and waits for its answer.
+    std::thread::sleep(Duration::from_millis(300));
+    let answered = del(&on).run().assert_error(11);
+    assert!(answered.msg.contains(&uid_2), "{}", answered.text());
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "the answered DEL ended after the other's ask could have: no race was run"
+    );
+    let raced = waiting.wait().assert_error(11);
+    assert!(raced.msg.contains(&uid_2), "{}", raced.text());
+    api.force_delete(&name);
+}
+
 /// Delegate mode, a DEL held by rule 7 (db's pod moved to node-b) and the sweeps of what
 /// follows. A config without a `kubeconfig` while the file is there (the config of an ADD
 /// from before the view was on, which CRI-O and multus hand to the DEL) keeps it held; so does
@@ -1259,7 +1303,8 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     }
     chained_held_while_the_api_is_stopped(&api, &kubeconfig);
     chained_held_without_a_pod_uid(&api, &kubeconfig);
-    report.push("chained, a DEL refused by rule 7 and retried: refused again with the API server stopped (SIGSTOP) and with a config naming no kubeconfig while the file was there; passed once the file held the installer's off sign; a retry without a pod UID held while the API had a pod of the name, passed once it had none".into());
+    chained_concurrent_dels_one_unanswered(&api, &kubeconfig);
+    report.push("chained, a DEL refused by rule 7 and retried: refused again with the API server stopped (SIGSTOP) and with a config naming no kubeconfig while the file was there; passed once the file held the installer's off sign; a retry without a pod UID held while the API had a pod of the name, passed once it had none; of two DELs at once, the one whose ask got no answer refused once the other's answer held the name".into());
     held_with_an_older_deferral(&api, &cluster, &RecordingPrimary::new());
     report.push("delegate, a stale DEL waiting when the owner's DEL is held: neither replayed while node-b's pod lived, both after".into());
     held_until_the_view_is_turned_off(&api, &kubeconfig, &RecordingPrimary::new());

@@ -880,6 +880,44 @@ fn an_add_whose_runtime_is_gone_ends_and_is_rolled_back() {
     assert!(next.has_interface(), "the next sandbox has no interface");
 }
 
+/// A primary that closes its stdout and goes on running (a daemon it forks, a hung child it
+/// waits for) while the runtime that ran the guard is gone: the guard has read the primary's
+/// whole answer and waits for it to exit; nobody reads the guard's own answer, so it ends the
+/// call as the runtime's kill would have, the primary's group with it, rather than wait for as
+/// long as the primary runs.
+#[test]
+fn an_add_whose_primary_closed_its_stdout_and_hangs_ends_when_the_runtime_is_gone() {
+    sys::skip_unless_root!(TOOLS);
+    let (world, [owner]) = World::with_sandboxes();
+    let (hanging, add) = world.unstarted_sandbox(&owner.pod);
+    let bin_dir = sys::TempDir::new("sgdc-bin");
+    let plugin = bin_dir.path.join("closes-stdout");
+    // Longer than the harness waits for a guard exec: a guard that waits for it hangs.
+    std::fs::write(
+        &plugin,
+        "#!/bin/sh\ncat >/dev/null\nexec >&-\nexec sleep 120\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&plugin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let reply = add
+        .config("delegate", Some(json!({"type": "closes-stdout"})))
+        .env("CNI_PATH", Some(bin_dir.path.to_str().unwrap()))
+        .spawn_runtime_gone_after(Duration::from_secs(1))
+        .wait();
+    assert_eq!(reply.status.code(), Some(1), "{reply:?}");
+    let logged = world
+        .store
+        .log_lines()
+        .iter()
+        .any(|line| line.raw.contains("nobody reads its answer"));
+    assert!(logged, "the guard did not say why it ended the call");
+    let left = processes_of(&hanging.container);
+    assert!(
+        left.is_empty(),
+        "the primary outlived the unheard ADD: {left:?}"
+    );
+}
+
 /// How a meta plugin (multus thin; the multus daemon for thick) runs the guard: it reads the
 /// guard's stdout into a buffer, as libcni does, and answers its own runtime once the guard
 /// has exited. A shell's command substitution plays it; `$0` is the guard.

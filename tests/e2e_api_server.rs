@@ -1118,7 +1118,8 @@ fn held_with_an_older_deferral(api: &Api, keys: &Keys, primary: &RecordingPrimar
 
 /// Delegate mode, a DEL held while node-b's pod has the name, on a node where no other pod
 /// comes or goes afterwards: the runtime's STATUS (containerd 2.0.1+, CRI-O 1.32+, for a
-/// network at cniVersion 1.1.0) sweeps it to the primary once the API has no pod of the name.
+/// network at cniVersion 1.1.0) sweeps it to the primary once the API has no pod of the name,
+/// at most once a minute (kubelet asks every 5 s; each sweep asks the API server).
 fn held_replayed_at_status(api: &Api, keys: &Keys, primary: &RecordingPrimary) {
     let (name, old, store) = held_on_node_b(api, keys, primary);
     let status = || {
@@ -1127,6 +1128,16 @@ fn held_replayed_at_status(api: &Api, keys: &Keys, primary: &RecordingPrimary) {
             .assert_ok();
         assert!(store.wait_for_replays(Duration::from_secs(60)));
     };
+    // The last sweep's stamp, set back as if a minute had gone by.
+    let a_minute_on = || {
+        fs::File::options()
+            .write(true)
+            .open(store.state_dir.join("sweep.lock"))
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - Duration::from_secs(120))
+            .unwrap();
+    };
+    a_minute_on();
     status();
     assert_eq!(
         primary.dels(&old),
@@ -1134,6 +1145,13 @@ fn held_replayed_at_status(api: &Api, keys: &Keys, primary: &RecordingPrimary) {
         "held while node-b's pod has the name"
     );
     api.force_delete(&name);
+    status();
+    assert_eq!(
+        primary.dels(&old),
+        0,
+        "a STATUS within a minute of the last sweep started another"
+    );
+    a_minute_on();
     status();
     assert_eq!(
         primary.dels(&old),
@@ -1320,7 +1338,7 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     held_asks_with_the_networks_kubeconfig(&api, &kubeconfig, &RecordingPrimary::new());
     report.push("delegate, a held DEL whose kubeconfig went while the network names another: asked with that one, held while node-b's pod lived, replayed after".into());
     held_replayed_at_status(&api, &cluster, &RecordingPrimary::new());
-    report.push("delegate, a held DEL on a node where no other verb came: held at the runtime's STATUS while node-b's pod lived, replayed at the next STATUS after".into());
+    report.push("delegate, a held DEL on a node where no other verb came: held at the runtime's STATUS while node-b's pod lived; after, no sweep at a STATUS within a minute of the last, replayed at the next".into());
     held_with_two_kubeconfigs_one_turned_off(&api, &kubeconfig, &RecordingPrimary::new());
     report.push("delegate, one name's two DELs held with two kubeconfigs, the older's then holding the off sign, swept by a network naming none: both held while the other showed node-b's pod, both replayed after".into());
     for (label, keys, primary) in [

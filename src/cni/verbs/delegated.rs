@@ -343,7 +343,7 @@ pub fn status(inv: &Invocation, delegate: &Delegate) -> Result<()> {
     super::status::run(inv)?;
     // The runtime asks for STATUS whether or not pods come and go: on a node where no other
     // verb comes, this is where the deferred DELs of names freed since get their sweep.
-    worker::start(inv, delegate, Vec::new(), false);
+    worker::start_for_status(inv, delegate);
     Ok(())
 }
 

@@ -53,6 +53,10 @@ const MAX_HANDED: usize = 15;
 const OWN_REPLAY_WAIT: Duration = Duration::from_secs(1);
 /// No replay starts after a worker has run this long; the next verb starts a new one.
 const WORKER_LIFETIME: Duration = Duration::from_secs(600);
+/// The least time between two sweeps a STATUS starts: the runtime asks for STATUS every few
+/// seconds whether or not pods change, and a sweep asks the API server about every held pod
+/// name (and logs each one it gets no answer for).
+const STATUS_SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// Starts the workers there is work for: one for the `handed` pod locks' replays (waited for
 /// at most `OWN_REPLAY_WAIT`), and a sweeping one when deferred DELs wait and no sweep runs
@@ -106,6 +110,19 @@ pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bo
     if let Err(err) = spawn(inv, &replaying, &[], gc) {
         stderr_line!("sandbox-guard: the replay worker could not start: {err}");
     }
+}
+
+/// STATUS's part: a sweep, when deferred DELs wait and no sweep has started within
+/// `STATUS_SWEEP_EVERY` (the sweeping worker stamps `sweep.lock` as it starts).
+pub fn start_for_status(inv: &Invocation, delegate: &Delegate) {
+    let swept = std::fs::symlink_metadata(inv.conf.state_dir.join(SWEEP_LOCK))
+        .and_then(|meta| meta.modified())
+        .ok()
+        .and_then(|at| at.elapsed().ok());
+    if swept.is_some_and(|ago| ago < STATUS_SWEEP_EVERY) {
+        return;
+    }
+    start(inv, delegate, Vec::new(), false);
 }
 
 /// `replay.lock`, shared, if no command holds it exclusively now.
@@ -171,9 +188,12 @@ pub fn run(inv: &Invocation, delegate: &Delegate, handed: &str) {
         }
         return;
     }
-    let Some(_sweeping) = try_lock(root, SWEEP_LOCK) else {
+    let Some(sweeping) = try_lock(root, SWEEP_LOCK) else {
         return;
     };
+    // When this sweep started, for `start_for_status`; a file it cannot stamp costs only a
+    // STATUS sweep more.
+    let _ = sweeping.set_modified(std::time::SystemTime::now());
     super::sweep(inv, delegate, until, !gc);
     collect_temp_files(root, inv.conf.lock_timeout);
 }

@@ -128,6 +128,13 @@ pub fn check(
             Loaded::Valid(record) => Some(record),
             _ => None,
         })
+        .map(|mut record| {
+            // A hold ends with its boot: no verb judges by that record any more.
+            if store.ended_with(record.boot_id.as_deref()).is_some() {
+                record.held = None;
+            }
+            record
+        })
         .collect();
     check_held(&root_display, &valid, report);
     let live = check_namespaces(&root_display, valid, &index, users, &owners, report);
@@ -195,7 +202,10 @@ fn check_namespaces(
         let identity = netns_inode(&record.netns)
             .or(inode)
             .map_or_else(|| record.netns.clone(), |i| format!("inode {i}"));
+        // A held DEL's interface was taken out on purpose: its addresses are not in use there.
         let addresses = ResultView::parse(&record.prev_result)
+            .ok()
+            .filter(|_| record.held.is_none())
             .map(|v| v.ips.iter().map(|ip| ip.address.ip()).collect())
             .unwrap_or_default();
         live.push(LiveRecord {
@@ -233,7 +243,7 @@ fn check_namespaces(
         else {
             continue;
         };
-        if owner.container_id == record.container_id {
+        if owner.container_id == record.container_id || record.held.is_some() {
             continue;
         }
         report.add(
@@ -401,8 +411,9 @@ fn check_held(root: &str, records: &[Checkpoint], report: &mut Report) {
     )
     .fix("each DEL passes once the API server answers that no other pod has the name (the StatefulSet scaled down, or \
           the pod deleted); without an API server, write {\"apiServerView\": \"off\"} over the kubeconfig named (a file \
-          of root's, mode 0600), and the next retry goes by the local rule. Never `--restore` them, nor delete their \
-          record files: that drops the hold");
+          of root's, mode 0600), and the next retry goes by the local rule. Never `--restore` them. Delete a record's \
+          files only once `crictl pods` no longer lists its sandbox (no DEL comes for it then): before, that drops the \
+          hold");
     finding.evidence = capped(held);
     report.add(finding);
 }

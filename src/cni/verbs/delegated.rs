@@ -13,7 +13,8 @@
 //! - Replays run in the replay worker (`replay::worker`), off every pod's critical path: the
 //!   DEL that frees a pod key hands it that key's lock and waits a moment at most; every ADD,
 //!   DEL and GC starts a sweep of the deferred DELs whose pod's name is free when none runs
-//!   (one directory read when any wait), so none waits for its pod to come back to the node.
+//!   (one directory read when any wait), so none waits for its pod to come back to the node;
+//!   so does a STATUS, at most once a minute (the runtime asks for it every few seconds).
 //!   Each primary run gets `replayTimeoutSeconds`, then is killed with its process group.
 
 use serde_json::value::RawValue;

@@ -24,6 +24,8 @@
 //!   pass within the bound, and the log says the local rule decided alone.
 //! - The installer's kubeconfig from the shipped manifest's ServiceAccount (`installers_kubeconfig`).
 
+#[path = "support/boot.rs"]
+mod boot;
 #[path = "support/cni.rs"]
 mod cni;
 #[path = "support/primary.rs"]
@@ -1163,6 +1165,59 @@ fn held_replayed_at_status(api: &Api, keys: &Keys, primary: &RecordingPrimary) {
     );
 }
 
+/// Delegate mode, a stale DEL deferred (db's pod's sandbox made again here), then the node
+/// down: its pod force deleted and made again on node-b, the node rebooted (its owners here
+/// end with the boot; no DEL of the newer sandbox comes). The first sweep of the new boot finds
+/// the name free here; it must not replay the old DEL while node-b's pod has the name, and
+/// does once the API has none.
+fn deferred_waits_after_a_reboot_while_the_pod_lives_elsewhere(
+    api: &Api,
+    keys: &Keys,
+    primary: &RecordingPrimary,
+) {
+    let name = format!("db-{}", &container_id()[..6]);
+    let store = Store::new();
+    let (before, after) = (boot::Boot::new(1), boot::Boot::new(2));
+    let in_boot = |boot: &boot::Boot, call: Cni| boot.cni(keys.in_mode(call, Some(primary)));
+    let uid_1 = api.pod_on(&name, THIS_NODE);
+    let (s1, s2) = (container_id(), container_id());
+    in_boot(&before, store.add(&s1, &pod(&name, &uid_1)))
+        .run()
+        .assert_ok();
+    in_boot(&before, store.add(&s2, &pod(&name, &uid_1)))
+        .run()
+        .assert_ok();
+    in_boot(&before, store.del(&s1, &pod(&name, &uid_1)))
+        .run()
+        .assert_ok();
+    assert!(store.wait_for_replays(Duration::from_secs(60)));
+    assert_eq!(primary.dels(&s1), 0, "s1's stale DEL was not deferred");
+    api.force_delete(&name);
+    api.pod_on(&name, "node-b");
+    let sweep = |pod_name: &str| {
+        in_boot(
+            &after,
+            store.add(&container_id(), &Pod::new(NAMESPACE, pod_name)),
+        )
+        .run()
+        .assert_ok();
+        assert!(store.wait_for_replays(Duration::from_secs(60)));
+    };
+    sweep("sweep-reboot-1");
+    assert_eq!(
+        primary.dels(&s1),
+        0,
+        "the first sweep after the reboot replayed the old DEL while node-b's pod has the name"
+    );
+    api.force_delete(&name);
+    sweep("sweep-reboot-2");
+    assert_eq!(
+        primary.dels(&s1),
+        1,
+        "the name free in the API: the old DEL was not replayed"
+    );
+}
+
 /// A late ADD: the pod force deleted while its sandbox was made, after the new pod's ADD
 /// here. Whether the late ADD took the name (it answered 0 and owns the pod).
 fn late_add(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> bool {
@@ -1341,6 +1396,12 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     held_asks_with_the_networks_kubeconfig(&api, &kubeconfig, &RecordingPrimary::new());
     report.push("delegate, a held DEL whose kubeconfig went while the network names another: asked with that one, held while node-b's pod lived, replayed after".into());
     held_replayed_at_status(&api, &cluster, &RecordingPrimary::new());
+    deferred_waits_after_a_reboot_while_the_pod_lives_elsewhere(
+        &api,
+        &cluster,
+        &RecordingPrimary::new(),
+    );
+    report.push("delegate, a stale DEL deferred, then the node rebooted while its pod moved to node-b: not replayed by the new boot's sweep while node-b's pod lived, replayed after".into());
     report.push("delegate, a held DEL on a node where no other verb came: held at the runtime's STATUS while node-b's pod lived; after, no sweep at a STATUS within a minute of the last, replayed at the next".into());
     held_with_two_kubeconfigs_one_turned_off(&api, &kubeconfig, &RecordingPrimary::new());
     report.push("delegate, one name's two DELs held with two kubeconfigs, the older's then holding the off sign, swept by a network naming none: both held while the other showed node-b's pod, both replayed after".into());

@@ -345,6 +345,30 @@ fn still_held(inv: &Invocation, key: &PodKey, uid: &str, moved: &MovedTo) -> boo
     true
 }
 
+/// Before deferred DELs no answer has held are replayed (nobody owns their pod's name here
+/// any more): whether the API server shows the pod of that name on another node, where a
+/// primary keyed across the cluster (`podKeyScope: "cluster"`) keeps what any DEL of the name
+/// would free. So it is after a failover while this node was down: its owners here ended with
+/// the boot, and no DEL of theirs was asked about. The sweeping network's own entries only,
+/// with its kubeconfig; no answer leaves the local rule to decide, and is logged.
+pub fn lives_elsewhere(inv: &Invocation, key: &PodKey) -> bool {
+    if inv.conf.pod_key_scope != PodKeyScope::Cluster || key.network != inv.conf.network {
+        return false;
+    }
+    let Some(kubeconfig) = inv.conf.kubeconfig.as_deref() else {
+        return false;
+    };
+    let then = "the local rule alone decides the replay of its deferred DELs";
+    let Some(pod) = ask(inv, None, kubeconfig, key, then) else {
+        return false;
+    };
+    pod.found
+        && pod
+            .node_name
+            .as_deref()
+            .is_some_and(|there| there != this_node(inv))
+}
+
 /// What the kubeconfig at `path` says: `HeldWith` read for any path.
 fn kubeconfig_at(path: &std::path::Path) -> HeldWith {
     crate::state::held::held_with_at(path)

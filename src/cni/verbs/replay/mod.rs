@@ -93,6 +93,10 @@ pub fn replay_key(
                 lock.release_unused(root);
                 return;
             }
+            if held.is_empty() && super::api_check::lives_elsewhere(inv, &key) {
+                lock.release_unused(root);
+                return;
+            }
         }
         let now = crate::clock::boot_nanos();
         let next = pending.into_iter().find(|entry| {

@@ -1209,6 +1209,21 @@ fn deferred_waits_after_a_reboot_while_the_pod_lives_elsewhere(
         0,
         "the first sweep after the reboot replayed the old DEL while node-b's pod has the name"
     );
+    // No answer (the API server stopped, as while kube-proxy's rules are not back yet): it
+    // still waits, and says so.
+    api.signal_apiserver("STOP");
+    sweep("sweep-reboot-stopped");
+    api.signal_apiserver("CONT");
+    assert_eq!(
+        primary.dels(&s1),
+        0,
+        "a sweep whose ask got no answer replayed the old DEL while node-b's pod has the name"
+    );
+    let said = fs::read_to_string(&store.log_file).unwrap();
+    assert!(
+        said.contains("its deferred DELs wait for a later sweep"),
+        "{said}"
+    );
     api.force_delete(&name);
     sweep("sweep-reboot-2");
     assert_eq!(
@@ -1396,13 +1411,13 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     held_asks_with_the_networks_kubeconfig(&api, &kubeconfig, &RecordingPrimary::new());
     report.push("delegate, a held DEL whose kubeconfig went while the network names another: asked with that one, held while node-b's pod lived, replayed after".into());
     held_replayed_at_status(&api, &cluster, &RecordingPrimary::new());
+    report.push("delegate, a held DEL on a node where no other verb came: held at the runtime's STATUS while node-b's pod lived; after, no sweep at a STATUS within a minute of the last, replayed at the next".into());
     deferred_waits_after_a_reboot_while_the_pod_lives_elsewhere(
         &api,
         &cluster,
         &RecordingPrimary::new(),
     );
-    report.push("delegate, a stale DEL deferred, then the node rebooted while its pod moved to node-b: not replayed by the new boot's sweep while node-b's pod lived, replayed after".into());
-    report.push("delegate, a held DEL on a node where no other verb came: held at the runtime's STATUS while node-b's pod lived; after, no sweep at a STATUS within a minute of the last, replayed at the next".into());
+    report.push("delegate, a stale DEL deferred, then the node rebooted while its pod moved to node-b: not replayed by the new boot's sweeps while node-b's pod lived, nor by one whose ask the stopped API server left unanswered; replayed after".into());
     held_with_two_kubeconfigs_one_turned_off(&api, &kubeconfig, &RecordingPrimary::new());
     report.push("delegate, one name's two DELs held with two kubeconfigs, the older's then holding the off sign, swept by a network naming none: both held while the other showed node-b's pod, both replayed after".into());
     for (label, keys, primary) in [

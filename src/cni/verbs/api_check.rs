@@ -346,27 +346,31 @@ fn still_held(inv: &Invocation, key: &PodKey, uid: &str, moved: &MovedTo) -> boo
 }
 
 /// Before deferred DELs no answer has held are replayed (nobody owns their pod's name here
-/// any more): whether the API server shows the pod of that name on another node, where a
-/// primary keyed across the cluster (`podKeyScope: "cluster"`) keeps what any DEL of the name
-/// would free. So it is after a failover while this node was down: its owners here ended with
-/// the boot, and no DEL of theirs was asked about. The sweeping network's own entries only,
-/// with its kubeconfig; no answer leaves the local rule to decide, and is logged.
-pub fn lives_elsewhere(inv: &Invocation, key: &PodKey) -> bool {
+/// any more), of pod UIDs `uids`: whether they wait. Under `podKeyScope: "cluster"` a primary
+/// keeps what any DEL of the name would free wherever the pod lives, and after a failover while
+/// this node was down its owners here ended with the boot, unasked. So they wait while the
+/// API server shows a pod of the name of another pod UID that is not on this node (on another,
+/// or not yet placed), and while no answer comes (logged): a replay blocks no teardown, and
+/// failing open could free a live pod's state. The installer's turn-off sign in the
+/// kubeconfig leaves them to the local rule. The sweeping network's own entries only.
+pub fn replay_waits(inv: &Invocation, key: &PodKey, uids: &[&str]) -> bool {
     if inv.conf.pod_key_scope != PodKeyScope::Cluster || key.network != inv.conf.network {
         return false;
     }
     let Some(kubeconfig) = inv.conf.kubeconfig.as_deref() else {
         return false;
     };
-    let then = "the local rule alone decides the replay of its deferred DELs";
-    let Some(pod) = ask(inv, None, kubeconfig, key, then) else {
+    if kubeconfig_at(kubeconfig) == HeldWith::TurnedOff {
         return false;
+    }
+    let then = "its deferred DELs wait for a later sweep";
+    let Some(pod) = ask(inv, None, kubeconfig, key, then) else {
+        return true;
     };
+    let this = this_node(inv);
     pod.found
-        && pod
-            .node_name
-            .as_deref()
-            .is_some_and(|there| there != this_node(inv))
+        && pod.uid.as_deref().is_none_or(|uid| !uids.contains(&uid))
+        && pod.node_name.as_deref() != Some(this.as_str())
 }
 
 /// What the kubeconfig at `path` says: `HeldWith` read for any path.

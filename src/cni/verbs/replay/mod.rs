@@ -56,6 +56,8 @@ pub fn replay_key(
     // for (rule 7). While it does, none of the key's entries is replayed: any DEL of the name
     // would free what that pod holds in a primary keyed across the cluster.
     let mut api_asked = false;
+    // With no held entry: asked once, before the first due replay (`replay_waits`).
+    let mut asks_for_all = false;
     let mut held = Some(lock);
     while let Some(lock) = held.take() {
         // An ADD of the pod cut off while the lock was let go is rolled back first.
@@ -93,11 +95,9 @@ pub fn replay_key(
                 lock.release_unused(root);
                 return;
             }
-            if held.is_empty() && super::api_check::lives_elsewhere(inv, &key) {
-                lock.release_unused(root);
-                return;
-            }
+            asks_for_all = held.is_empty();
         }
+        let pending_uids: Vec<String> = pending.iter().filter_map(|e| e.pod_uid.clone()).collect();
         let now = crate::clock::boot_nanos();
         let next = pending.into_iter().find(|entry| {
             !tried.contains(&entry.id().file_name())
@@ -107,6 +107,14 @@ pub fn replay_key(
             lock.release_unused(root);
             return;
         };
+        if asks_for_all {
+            asks_for_all = false;
+            let uids: Vec<&str> = pending_uids.iter().map(String::as_str).collect();
+            if super::api_check::replay_waits(inv, &key, &uids) {
+                lock.release_unused(root);
+                return;
+            }
+        }
         // An operator command waiting for `replay.lock` goes before the next replay.
         if Instant::now() >= until || crate::state::replays_awaited(root) {
             return;

@@ -30,6 +30,8 @@ struct LiveRecord {
     /// are one namespace, not two pods sharing an address.
     identity: String,
     addresses: Vec<IpAddr>,
+    /// A held DEL's interfaces, taken out on purpose (rule 7): gone from the namespace.
+    taken_out: bool,
 }
 
 pub fn check(
@@ -202,10 +204,17 @@ fn check_namespaces(
         let identity = netns_inode(&record.netns)
             .or(inode)
             .map_or_else(|| record.netns.clone(), |i| format!("inode {i}"));
-        // A held DEL's interface was taken out on purpose: its addresses are not in use there.
+        // A held DEL's interface taken out on purpose holds no address. The removal can have
+        // been skipped (no netns cookie, another boot's record), so the namespace is looked at.
+        let taken_out = record.held.is_some() && {
+            let names = recorded_interfaces(&record);
+            let count = names.len();
+            absent_interfaces(&netns_path(&record, &state), names)
+                .is_ok_and(|absent| absent.len() == count)
+        };
         let addresses = ResultView::parse(&record.prev_result)
             .ok()
-            .filter(|_| record.held.is_none())
+            .filter(|_| !taken_out)
             .map(|v| v.ips.iter().map(|ip| ip.address.ip()).collect())
             .unwrap_or_default();
         live.push(LiveRecord {
@@ -213,6 +222,7 @@ fn check_namespaces(
             state,
             identity,
             addresses,
+            taken_out,
         });
     }
     if gone.is_empty() {
@@ -243,7 +253,7 @@ fn check_namespaces(
         else {
             continue;
         };
-        if owner.container_id == record.container_id || record.held.is_some() {
+        if owner.container_id == record.container_id || entry.taken_out {
             continue;
         }
         report.add(
@@ -430,23 +440,11 @@ fn check_interfaces(root: &str, live: &[LiveRecord], report: &mut Report) {
             held += 1;
             continue;
         }
-        let Ok(view) = ResultView::parse(&record.prev_result) else {
+        if ResultView::parse(&record.prev_result).is_err() {
             continue;
-        };
-        let mut names: Vec<String> = view
-            .interfaces
-            .iter()
-            .filter(|i| i.sandbox.as_deref().is_some_and(|s| !s.is_empty()))
-            .map(|i| i.name.clone())
-            .collect();
-        if names.is_empty() {
-            names.push(record.if_name.clone());
         }
-        let path = match &entry.state {
-            NetnsState::HeldBy(pids) => format!("/proc/{}/ns/net", pids[0]),
-            _ => record.netns.clone(),
-        };
-        match absent_interfaces(&path, names) {
+        let path = netns_path(record, &entry.state);
+        match absent_interfaces(&path, recorded_interfaces(record)) {
             Ok(absent) if absent.is_empty() => {}
             Ok(absent) => missing.push(format!(
                 "sandbox {} of pod {}: {} missing from netns {}",
@@ -499,6 +497,31 @@ fn check_interfaces(root: &str, live: &[LiveRecord], report: &mut Report) {
 
 /// The names among `names` that do not exist in the namespace at `netns`, asked of the
 /// kernel from inside it.
+/// The interfaces `record`'s result puts in the sandbox, else its `CNI_IFNAME`.
+fn recorded_interfaces(record: &Checkpoint) -> Vec<String> {
+    let mut names: Vec<String> = ResultView::parse(&record.prev_result)
+        .map(|view| {
+            view.interfaces
+                .iter()
+                .filter(|i| i.sandbox.as_deref().is_some_and(|s| !s.is_empty()))
+                .map(|i| i.name.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    if names.is_empty() {
+        names.push(record.if_name.clone());
+    }
+    names
+}
+
+/// Where `record`'s namespace can be entered: a process of it, where its path is gone.
+fn netns_path(record: &Checkpoint, state: &NetnsState) -> String {
+    match state {
+        NetnsState::HeldBy(pids) => format!("/proc/{}/ns/net", pids[0]),
+        _ => record.netns.clone(),
+    }
+}
+
 fn absent_interfaces(netns: &str, names: Vec<String>) -> crate::error::Result<Vec<String>> {
     netlink::with_pod_netns(Path::new(netns), |kernel| {
         let mut absent = Vec::new();

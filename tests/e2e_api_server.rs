@@ -1203,6 +1203,21 @@ fn deferred_waits_after_a_reboot_while_the_pod_lives_elsewhere(
         .assert_ok();
         assert!(store.wait_for_replays(Duration::from_secs(60)));
     };
+    // The first sweep by another network on the node, whose primary has the same type.
+    in_boot(
+        &after,
+        store
+            .add(&container_id(), &Pod::new(NAMESPACE, "sweep-reboot-0"))
+            .config("name", Some(json!("other-net"))),
+    )
+    .run()
+    .assert_ok();
+    assert!(store.wait_for_replays(Duration::from_secs(60)));
+    assert_eq!(
+        primary.dels(&s1),
+        0,
+        "another network's sweep after the reboot replayed the old DEL while node-b's pod has the name"
+    );
     sweep("sweep-reboot-1");
     assert_eq!(
         primary.dels(&s1),

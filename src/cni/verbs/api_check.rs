@@ -352,9 +352,14 @@ fn still_held(inv: &Invocation, key: &PodKey, uid: &str, moved: &MovedTo) -> boo
 /// API server shows a pod of the name of another pod UID that is not on this node (on another,
 /// or not yet placed), and while no answer comes (logged): a replay blocks no teardown, and
 /// failing open could free a live pod's state. The installer's turn-off sign in the
-/// kubeconfig leaves them to the local rule. The sweeping network's own entries only.
+/// kubeconfig leaves them to the local rule. Judged by the sweeping network's config: another
+/// network's entries it replays have its primary's type (`free_here`), so the same state. A
+/// kubeconfig left unanswered is not asked again by this process (one sweep): each further
+/// key would wait its bound for the same outcome.
 pub fn replay_waits(inv: &Invocation, key: &PodKey, uids: &[&str]) -> bool {
-    if inv.conf.pod_key_scope != PodKeyScope::Cluster || key.network != inv.conf.network {
+    static UNANSWERED: std::sync::Mutex<Vec<std::path::PathBuf>> =
+        std::sync::Mutex::new(Vec::new());
+    if inv.conf.pod_key_scope != PodKeyScope::Cluster {
         return false;
     }
     let Some(kubeconfig) = inv.conf.kubeconfig.as_deref() else {
@@ -363,8 +368,17 @@ pub fn replay_waits(inv: &Invocation, key: &PodKey, uids: &[&str]) -> bool {
     if kubeconfig_at(kubeconfig) == HeldWith::TurnedOff {
         return false;
     }
+    let unanswered = || {
+        UNANSWERED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    };
+    if unanswered().iter().any(|path| path == kubeconfig) {
+        return true;
+    }
     let then = "its deferred DELs wait for a later sweep";
     let Some(pod) = ask(inv, None, kubeconfig, key, then) else {
+        unanswered().push(kubeconfig.to_path_buf());
         return true;
     };
     let this = this_node(inv);

@@ -495,8 +495,6 @@ fn check_interfaces(root: &str, live: &[LiveRecord], report: &mut Report) {
     }
 }
 
-/// The names among `names` that do not exist in the namespace at `netns`, asked of the
-/// kernel from inside it.
 /// The interfaces `record`'s result puts in the sandbox, else its `CNI_IFNAME`.
 fn recorded_interfaces(record: &Checkpoint) -> Vec<String> {
     let mut names: Vec<String> = ResultView::parse(&record.prev_result)
@@ -522,6 +520,8 @@ fn netns_path(record: &Checkpoint, state: &NetnsState) -> String {
     }
 }
 
+/// The names among `names` that do not exist in the namespace at `netns`, asked of the
+/// kernel from inside it.
 fn absent_interfaces(netns: &str, names: Vec<String>) -> crate::error::Result<Vec<String>> {
     netlink::with_pod_netns(Path::new(netns), |kernel| {
         let mut absent = Vec::new();

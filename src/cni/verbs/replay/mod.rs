@@ -82,20 +82,22 @@ pub fn replay_key(
             api_asked = true;
             // Each kubeconfig the key's DELs were held with is asked: one that says the view
             // is off must not release a DEL another still holds.
-            let mut held = std::collections::BTreeMap::new();
+            let mut by_kubeconfig = std::collections::BTreeMap::new();
             for entry in &pending {
                 if let Some(moved) = &entry.moved_to {
-                    held.entry(moved.kubeconfig.as_path()).or_insert(entry);
+                    by_kubeconfig
+                        .entry(moved.kubeconfig.as_path())
+                        .or_insert(entry);
                 }
             }
-            if held
+            if by_kubeconfig
                 .values()
                 .any(|entry| super::api_check::still_moved(inv, entry))
             {
                 lock.release_unused(root);
                 return;
             }
-            asks_for_all = held.is_empty();
+            asks_for_all = by_kubeconfig.is_empty();
         }
         let pending_uids: Vec<String> = pending.iter().filter_map(|e| e.pod_uid.clone()).collect();
         let now = crate::clock::boot_nanos();
@@ -107,6 +109,10 @@ pub fn replay_key(
             lock.release_unused(root);
             return;
         };
+        // An operator command waiting for `replay.lock` goes before the next replay.
+        if Instant::now() >= until || crate::state::replays_awaited(root) {
+            return;
+        }
         if asks_for_all {
             asks_for_all = false;
             let uids: Vec<&str> = pending_uids.iter().map(String::as_str).collect();
@@ -114,10 +120,6 @@ pub fn replay_key(
                 lock.release_unused(root);
                 return;
             }
-        }
-        // An operator command waiting for `replay.lock` goes before the next replay.
-        if Instant::now() >= until || crate::state::replays_awaited(root) {
-            return;
         }
         tried.insert(entry.id().file_name());
         if !replay_one(inv, delegate, entry) {

@@ -751,6 +751,22 @@ fn turning_the_view_off_says_which_held_dels_now_reach_the_primary() {
         &strs(&args(false)),
     ));
     assert!(!again.contains("stay held"), "{again}");
+    // The sign in a file others may write, which the plugin does not trust (an operator's
+    // `echo` under umask 002): it is written again, 0600, so the held DEL is let go.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o664)).unwrap();
+    let untrusted = stderr_of(&run(
+        "--install",
+        &node.conf(),
+        &node.bin(),
+        &strs(&args(false)),
+    ));
+    assert!(
+        untrusted.contains("wrote") && !untrusted.contains("stay held"),
+        "{untrusted}"
+    );
+    let mode = std::fs::metadata(&kubeconfig).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{untrusted}");
 
     // Gone while the DEL is held with it, as an earlier release left it on turn-off, and
     // another network names its path: nothing is written, that network asks with it.

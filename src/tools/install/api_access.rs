@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use base64::Engine as _;
 
 use super::files::{self, Keep};
-use crate::state::held::VIEW_OFF;
+use crate::state::held::{HeldWith, VIEW_OFF, held_with_at};
 
 /// The kubeconfig's folder in the conf dir, and its name there.
 pub const KUBECONFIG_DIR: &str = "sandbox-guard.d";
@@ -254,33 +254,50 @@ fn names_kubeconfig(doc: &serde_json::Value, names_ours: &dyn Fn(&str) -> bool) 
     }
 }
 
+/// What `turn_off` found or did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TurnedOff {
+    /// The sign was written; says where.
+    Wrote(String),
+    /// The plugin already reads the sign there.
+    Already,
+    /// No kubeconfig, and none was asked for.
+    NothingThere,
+    /// Its folder or file is not one the sign may be written through (a symlink, a
+    /// directory) or cannot be looked at.
+    CannotPlace,
+}
+
 /// Puts `VIEW_OFF` in place of the kubeconfig under `conf_dir` (its token is bound to a pod
 /// that no longer renews it): the sign that lets the DELs held with it go by the local rule.
 /// The file stays, so that sign outlives the view. Where no kubeconfig is, the sign is
 /// written only when `for_held` (DELs are held with the file: an earlier release removed it
 /// on turn-off), its folder made 0700 as `refresh` makes it. Never through a folder or file
-/// that is a symlink. Says what it wrote.
-pub fn turn_off(conf_dir: &Path, for_held: bool) -> io::Result<Option<String>> {
+/// that is a symlink. Whether the sign is already there is the plugin's own reading of the
+/// file (`held_with_at`): a sign it would not trust (another spelling is fine, a file others
+/// may write is not) is written again.
+pub fn turn_off(conf_dir: &Path, for_held: bool) -> io::Result<TurnedOff> {
     let dir = conf_dir.join(KUBECONFIG_DIR);
     let path = dir.join(KUBECONFIG_FILE);
+    if held_with_at(&path) == HeldWith::TurnedOff {
+        return Ok(TurnedOff::Already);
+    }
     match std::fs::symlink_metadata(&dir) {
         Ok(meta) if meta.is_dir() => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound && for_held => {
             std::fs::DirBuilder::new().mode(0o700).create(&dir)?
         }
-        _ => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(TurnedOff::NothingThere),
+        _ => return Ok(TurnedOff::CannotPlace),
     }
     match std::fs::symlink_metadata(&path) {
-        Ok(meta) if meta.is_file() => {
-            if std::fs::read(&path)? == VIEW_OFF.as_bytes() {
-                return Ok(None);
-            }
-        }
+        Ok(meta) if meta.is_file() => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound && for_held => {}
-        _ => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(TurnedOff::NothingThere),
+        _ => return Ok(TurnedOff::CannotPlace),
     }
     files::write_atomic(&path, VIEW_OFF.as_bytes(), Keep::mode(0o600))?;
-    Ok(Some(format!(
+    Ok(TurnedOff::Wrote(format!(
         "wrote {} over the kubeconfig {}: the API server's view is off, and the DELs held with it replay by the local rule",
         VIEW_OFF.trim_end(),
         path.display()
@@ -483,7 +500,7 @@ mod tests {
         let err = refresh(&access(&dir), &conf).unwrap_err();
         assert!(err.contains("not a directory"), "{err}");
         assert!(remove(&conf).unwrap().is_empty());
-        assert!(turn_off(&conf, true).unwrap().is_none());
+        assert_eq!(turn_off(&conf, true).unwrap(), TurnedOff::CannotPlace);
         assert_eq!(std::fs::read_dir(&other).unwrap().count(), 0);
     }
 
@@ -491,32 +508,50 @@ mod tests {
     fn turned_off_the_kubeconfig_holds_the_sign_once_and_only_where_one_was() {
         let dir = Dir::new();
         let conf = dir.0.join("conf");
-        assert!(
-            turn_off(&conf, false).unwrap().is_none(),
+        assert_eq!(
+            turn_off(&conf, false).unwrap(),
+            TurnedOff::NothingThere,
             "no folder, nothing written"
         );
         std::fs::create_dir(conf.join(KUBECONFIG_DIR)).unwrap();
-        assert!(
-            turn_off(&conf, false).unwrap().is_none(),
+        assert_eq!(
+            turn_off(&conf, false).unwrap(),
+            TurnedOff::NothingThere,
             "no kubeconfig, nothing written"
         );
         assert!(!kubeconfig_path(&conf).exists());
         std::fs::write(dir.0.join("sa/token"), "t").unwrap();
         std::fs::write(dir.0.join("sa/ca.crt"), "PEM").unwrap();
         refresh(&access(&dir), &conf).unwrap();
-        assert!(turn_off(&conf, false).unwrap().is_some());
+        assert!(matches!(
+            turn_off(&conf, false).unwrap(),
+            TurnedOff::Wrote(_)
+        ));
         let path = kubeconfig_path(&conf);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), VIEW_OFF);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
-        assert!(turn_off(&conf, true).unwrap().is_none(), "already off");
+        assert_eq!(turn_off(&conf, true).unwrap(), TurnedOff::Already);
+        // The sign as an operator may write it: another spelling is the sign; a file others
+        // may write is not one the plugin trusts, so it is written again, 0600.
+        std::fs::write(&path, r#"{"apiServerView":"off"}"#).unwrap();
+        assert_eq!(turn_off(&conf, true).unwrap(), TurnedOff::Already);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o664)).unwrap();
+        assert!(matches!(
+            turn_off(&conf, true).unwrap(),
+            TurnedOff::Wrote(_)
+        ));
+        assert_eq!(held_with_at(&path), HeldWith::TurnedOff);
         // On again: the sign is replaced by the kubeconfig.
         assert!(refresh(&access(&dir), &conf).unwrap().is_some());
         assert!(crate::tools::api::kubeconfig::load(&path).is_ok());
         // Gone while DELs are held with it (an earlier release removed it): the sign is
         // written, its folder made 0700.
         std::fs::remove_dir_all(conf.join(KUBECONFIG_DIR)).unwrap();
-        assert!(turn_off(&conf, true).unwrap().is_some());
+        assert!(matches!(
+            turn_off(&conf, true).unwrap(),
+            TurnedOff::Wrote(_)
+        ));
         assert_eq!(std::fs::read_to_string(&path).unwrap(), VIEW_OFF);
         let dir_mode = std::fs::metadata(conf.join(KUBECONFIG_DIR))
             .unwrap()

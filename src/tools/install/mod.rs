@@ -23,6 +23,7 @@ mod watch;
 use std::path::{Path, PathBuf};
 
 pub use api_access::ApiAccess;
+use api_access::TurnedOff;
 use bin_dirs::BinDirs;
 use edit::DROPIN_FILE;
 pub use edit::{Entry, Mode, entry_keys};
@@ -159,8 +160,8 @@ fn forget_api_access(options: &Options, installed: &Installed, say: &mut dyn FnM
         return;
     }
     match api_access::turn_off(&options.conf_dir, false) {
-        Ok(Some(wrote)) => say(wrote),
-        Ok(None) => {}
+        Ok(TurnedOff::Wrote(wrote)) => say(wrote),
+        Ok(_) => {}
         Err(e) => say(format!(
             "warning: cannot turn off the kubeconfig an earlier install wrote under {dir}: {e}"
         )),
@@ -179,7 +180,7 @@ fn turn_off_for(conf_dir: &Path, held: Option<&[String]>, say: &mut dyn FnMut(St
         None => "the state dir cannot be read, so DELs may be held with it".to_string(),
     };
     match api_access::turn_off(conf_dir, true) {
-        Ok(Some(wrote)) => {
+        Ok(TurnedOff::Wrote(wrote)) => {
             say(wrote);
             say(format!(
                 "warning: {whose}: each now goes by the local rule (chained mode's at its next retry, delegate mode's at the \
@@ -188,10 +189,8 @@ fn turn_off_for(conf_dir: &Path, held: Option<&[String]>, say: &mut dyn FnMut(St
             ));
         }
         // Already the sign (an earlier turn-off, or every look of the watch): nothing new.
-        Ok(None)
-            if crate::state::held::held_with_at(&api_access::kubeconfig_path(conf_dir))
-                == crate::state::held::HeldWith::TurnedOff => {}
-        Ok(None) => say(format!(
+        Ok(TurnedOff::Already) => {}
+        Ok(TurnedOff::NothingThere | TurnedOff::CannotPlace) => say(format!(
             "warning: {whose}, and the off sign could not be put in place of {} (not a regular file): they stay held",
             conf_dir.display()
         )),

@@ -1248,6 +1248,66 @@ fn deferred_waits_after_a_reboot_while_the_pod_lives_elsewhere(
     );
 }
 
+/// Delegate mode under `podKeyScope: "cluster"`, the API server stopped: the owner's DEL of a
+/// name whose older sandbox's DEL is deferred goes by the local rule once its own ask got no
+/// answer, and the deferred DEL waits for an answer (`replay_waits`). While the runtime waits
+/// for that DEL, no other process asks the API server for it: a second ask would add its bound
+/// to the DEL's answer for the outcome the first already gave. The deferred DEL is replayed
+/// once the API answers.
+fn owners_del_unanswered_asks_once(api: &Api, keys: &Keys, primary: &RecordingPrimary) {
+    let name = format!("db-{}", &container_id()[..6]);
+    let store = Store::new();
+    let wrap = |call: Cni| keys.in_mode(call, Some(primary));
+    let uid = api.pod_on(&name, THIS_NODE);
+    let (s1, s2) = (container_id(), container_id());
+    wrap(store.add(&s1, &pod(&name, &uid))).run().assert_ok();
+    wrap(store.add(&s2, &pod(&name, &uid))).run().assert_ok();
+    wrap(store.del(&s1, &pod(&name, &uid))).run().assert_ok();
+    assert!(store.wait_for_replays(Duration::from_secs(60)));
+    assert_eq!(primary.dels(&s1), 0, "s1's stale DEL was not deferred");
+    let before = fs::read_to_string(&store.log_file).unwrap().lines().count();
+    api.signal_apiserver("STOP");
+    let started = Instant::now();
+    wrap(store.del(&s2, &pod(&name, &uid))).run().assert_ok();
+    let took = started.elapsed();
+    // What the DEL's process and the processes it started logged by the time it answered;
+    // a sweep it started and did not wait for asks later.
+    let said_by_then = fs::read_to_string(&store.log_file).unwrap();
+    assert!(store.wait_for_replays(Duration::from_secs(60)));
+    api.signal_apiserver("CONT");
+    let asks: Vec<&str> = said_by_then
+        .lines()
+        .skip(before)
+        .filter(|line| line.contains("outcome=api-unanswered"))
+        .collect();
+    println!(
+        "   the owner's DEL with the API server stopped and a deferred DEL: {} ms, {} unanswered asks by then",
+        took.as_millis(),
+        asks.len()
+    );
+    assert_eq!(
+        asks.len(),
+        1,
+        "the API server was asked again while the runtime waited for the owner's DEL: {asks:#?}"
+    );
+    assert_eq!(
+        primary.dels(&s2),
+        1,
+        "the owner's DEL did not reach the primary"
+    );
+    assert_eq!(
+        primary.dels(&s1),
+        0,
+        "the deferred DEL was replayed with no answer from the API server"
+    );
+    sweep_with(&store, keys, primary, &format!("{name}-sweep"));
+    assert_eq!(
+        primary.dels(&s1),
+        1,
+        "the deferred DEL was not replayed once the API server answered"
+    );
+}
+
 /// A late ADD: the pod force deleted while its sandbox was made, after the new pod's ADD
 /// here. Whether the late ADD took the name (it answered 0 and owns the pod).
 fn late_add(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> bool {
@@ -1433,6 +1493,8 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
         &RecordingPrimary::new(),
     );
     report.push("delegate, a stale DEL deferred, then the node rebooted while its pod moved to node-b: not replayed by the new boot's sweeps while node-b's pod lived, nor by one whose ask the stopped API server left unanswered; replayed after".into());
+    owners_del_unanswered_asks_once(&api, &cluster, &RecordingPrimary::new());
+    report.push("delegate, the owner's DEL of a name whose older sandbox's DEL waits, the API server stopped: passed by the local rule after its one ask, nobody else asked before it answered, the deferred DEL replayed once the API answered".into());
     held_with_two_kubeconfigs_one_turned_off(&api, &kubeconfig, &RecordingPrimary::new());
     report.push("delegate, one name's two DELs held with two kubeconfigs, the older's then holding the off sign, swept by a network naming none: both held while the other showed node-b's pod, both replayed after".into());
     for (label, keys, primary) in [

@@ -26,6 +26,7 @@ fn ask(
     match pod_in_api::ask(kubeconfig, &key.pod_namespace, &key.pod_name) {
         Asked::Answered(pod) => Some(pod),
         Asked::Unknown(why) => {
+            unanswered().push(kubeconfig.to_path_buf());
             let subject = inv.subject(attachment, Some(key.pod()));
             inv.log.event(
                 Level::Warn,
@@ -345,6 +346,15 @@ fn still_held(inv: &Invocation, key: &PodKey, uid: &str, moved: &MovedTo) -> boo
     true
 }
 
+/// The kubeconfigs this process asked with and got no answer from in time (`ask`).
+fn unanswered() -> std::sync::MutexGuard<'static, Vec<std::path::PathBuf>> {
+    static UNANSWERED: std::sync::Mutex<Vec<std::path::PathBuf>> =
+        std::sync::Mutex::new(Vec::new());
+    UNANSWERED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Before deferred DELs no answer has held are replayed (nobody owns their pod's name here
 /// any more), of pod UIDs `uids`: whether they wait. Under `podKeyScope: "cluster"` a primary
 /// keeps what any DEL of the name would free wherever the pod lives, and after a failover while
@@ -353,38 +363,38 @@ fn still_held(inv: &Invocation, key: &PodKey, uid: &str, moved: &MovedTo) -> boo
 /// or not yet placed), and while no answer comes (logged): a replay blocks no teardown, and
 /// failing open could free a live pod's state. The installer's turn-off sign in the
 /// kubeconfig leaves them to the local rule. Judged by the sweeping network's config: another
-/// network's entries it replays have its primary's type (`free_here`), so the same state. A
-/// kubeconfig left unanswered is not asked again by this process (one sweep): each further
-/// key would wait its bound for the same outcome.
+/// network's entries it replays have its primary's type (`free_here`), so the same state.
 pub fn replay_waits(inv: &Invocation, key: &PodKey, uids: &[&str]) -> bool {
-    static UNANSWERED: std::sync::Mutex<Vec<std::path::PathBuf>> =
-        std::sync::Mutex::new(Vec::new());
-    if inv.conf.pod_key_scope != PodKeyScope::Cluster {
-        return false;
-    }
-    let Some(kubeconfig) = inv.conf.kubeconfig.as_deref() else {
+    let Some(kubeconfig) = asked_before_replays(inv) else {
         return false;
     };
-    if kubeconfig_at(kubeconfig) == HeldWith::TurnedOff {
-        return false;
-    }
-    let unanswered = || {
-        UNANSWERED
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    };
-    if unanswered().iter().any(|path| path == kubeconfig) {
+    if replays_wait_unanswered(inv) {
         return true;
     }
     let then = "its deferred DELs wait for a later sweep";
     let Some(pod) = ask(inv, None, kubeconfig, key, then) else {
-        unanswered().push(kubeconfig.to_path_buf());
         return true;
     };
     let this = this_node(inv);
     pod.found
         && pod.uid.as_deref().is_none_or(|uid| !uids.contains(&uid))
         && pod.node_name.as_deref() != Some(this.as_str())
+}
+
+/// Whether `replay_waits` waits without asking: this process asked with the kubeconfig it
+/// asks with and got no answer (the DEL that freed the name, or this sweep's key before), so
+/// a new ask would wait its bound for the same outcome.
+pub fn replays_wait_unanswered(inv: &Invocation) -> bool {
+    asked_before_replays(inv).is_some_and(|kubeconfig| unanswered().iter().any(|p| p == kubeconfig))
+}
+
+/// The kubeconfig `replay_waits` asks with, where it asks.
+fn asked_before_replays(inv: &Invocation) -> Option<&std::path::Path> {
+    if inv.conf.pod_key_scope != PodKeyScope::Cluster {
+        return None;
+    }
+    let kubeconfig = inv.conf.kubeconfig.as_deref()?;
+    (kubeconfig_at(kubeconfig) != HeldWith::TurnedOff).then_some(kubeconfig)
 }
 
 /// What the kubeconfig at `path` says: `HeldWith` read for any path.

@@ -65,6 +65,16 @@ const STATUS_SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// replayed here.
 pub fn start(inv: &Invocation, delegate: &Delegate, handed: Vec<PodLock>, gc: bool) {
     let root = &inv.conf.state_dir;
+    // This DEL's own ask got no answer: the handed keys' replays would wait for one, after
+    // asking again while the runtime waits for this DEL. The sweep asks later, unwaited.
+    let handed = if !handed.is_empty() && super::super::api_check::replays_wait_unanswered(inv) {
+        for lock in handed {
+            lock.release_unused(root);
+        }
+        Vec::new()
+    } else {
+        handed
+    };
     // GC's sweep also rolls back ADDs cut off at the primary; the others do so on their way.
     let waiting = |root: &Path| anything_deferred(root) || (gc && anything_pending(root));
     if handed.is_empty() && !waiting(root) {

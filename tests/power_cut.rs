@@ -116,6 +116,11 @@ enum Build<'a> {
 impl Build<'_> {
     /// `call` run under `boot`, by this build.
     fn run(self, boot: &Boot, call: Cni) -> cni::Reply {
+        self.wrap(boot, call).run()
+    }
+
+    /// `call` under `boot`, by this build, to run.
+    fn wrap(self, boot: &Boot, call: Cni) -> Cni {
         let mut wrapper = boot.wrapper();
         if let Build::Control(binary) = self {
             // The wrapper's shell gets the tested binary as $1; it runs the control instead.
@@ -124,7 +129,7 @@ impl Build<'_> {
                 wrapper[last].replace("exec \"$@\"", &format!("exec {}", binary.display()));
         }
         let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-        call.wrapped_in(&wrapper).run()
+        call.wrapped_in(&wrapper)
     }
 }
 
@@ -232,7 +237,7 @@ impl Cast {
             old: [
                 vec![id('a'), id('b')],
                 vec![id('c'), id('d')],
-                vec![id('e')],
+                vec![id('e'), id('f')],
             ],
             new: [id('1'), id('2'), id('3')],
         }
@@ -254,7 +259,8 @@ struct Recorded {
 
 /// Before the cut, in one boot: db-0's sandbox a, then b (the pod force-deleted and made
 /// again: b's ADD before a's DEL), a's DEL and its repeat from RemovePodSandbox (deferred:
-/// b owns the pod); web-0's c torn down as a pod is (its DEL passes), then d; cache-0's e.
+/// b owns the pod); web-0's c torn down as a pod is (its DEL passes), then d; cache-0's e,
+/// then f, whose ADD the power cut ends while the primary has it (`cut_off_at_the_primary`).
 fn record(
     build: Build,
     cast: &Cast,
@@ -290,6 +296,14 @@ fn record(
     verb(store.del(&cast.old[1][0], web).netns(""));
     verb(store.add(&cast.old[1][1], web));
     verb(store.add(&cast.old[2][0], cache));
+    cut_off_at_the_primary(
+        build.wrap(
+            &boot,
+            primary.wrap_with_slow_ipam(store.add(&cast.old[2][1], cache), 600.0),
+        ),
+        &cast.old[2][1],
+        primary,
+    );
     let_go(store);
     recording.stop();
     let calls_before = std::fs::read_to_string(&primary.call_log).unwrap_or_default();
@@ -306,6 +320,67 @@ fn record(
         deferred,
         torn_down,
     }
+}
+
+/// Runs `add` (of sandbox `container`) until the primary has logged it, then kills every
+/// process of that ADD at once, the guard's and the primary's (its environment names the
+/// sandbox), as the power cut ends them: nothing of the ADD writes after. Its sandbox is one
+/// the runtime still has after the reboot (its metadata made before the network), so it gets
+/// the old sandboxes' DELs; a runtime that lost it sends none, which asks less of the guard.
+fn cut_off_at_the_primary(add: Cni, container: &str, primary: &CountingPrimary) {
+    let running = add.spawn();
+    let at_primary = format!("ADD cid={container} ");
+    let logged = || {
+        std::fs::read_to_string(&primary.call_log)
+            .unwrap_or_default()
+            .lines()
+            .any(|line| line.starts_with(&at_primary))
+    };
+    for _ in 0..800 {
+        if logged() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert!(
+        logged(),
+        "the cut-off ADD of {container} never reached the primary"
+    );
+    let marker = format!("CNI_CONTAINERID={container}").into_bytes();
+    let of_the_add = || -> Vec<i32> {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|env| env.split(|&b| b == 0).any(|var| var == marker))
+            })
+            .collect()
+    };
+    for _ in 0..400 {
+        let pids = of_the_add();
+        if pids.is_empty() {
+            break;
+        }
+        for pid in pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert!(
+        of_the_add().is_empty(),
+        "the cut-off ADD's processes outlived their kill"
+    );
+    let reply = running.wait();
+    assert!(
+        !reply.status.success(),
+        "the cut-off ADD answered: {reply:?}"
+    );
 }
 
 /// The cuts to play: every number of writes the disk may have held, or (`at_flushes`) those
@@ -361,7 +436,14 @@ impl Drop for Mounted {
     }
 }
 
-/// Plays the next boot on the disk of `cut`; the harm it finds.
+/// What one play found: the harm, and whether the disk held the note of the ADD the power
+/// cut ended at the primary.
+struct Played {
+    harm: Vec<String>,
+    noted: bool,
+}
+
+/// Plays the next boot on the disk of `cut`.
 fn play_cut(
     build: Build,
     cast: &Cast,
@@ -370,7 +452,7 @@ fn play_cut(
     store: &Store,
     work: &Path,
     (writes, subset, order): Cut,
-) -> Vec<String> {
+) -> Played {
     let image = work.join("cut.img");
     let _ = std::fs::remove_file(&image);
     let (upto, seed) = (writes.to_string(), subset.unwrap_or_default().to_string());
@@ -390,6 +472,9 @@ fn play_cut(
     }
     sys::run(blockrec().to_str().unwrap(), &args);
     let mounted = Mounted::new(&image, store.state_dir.parent().unwrap());
+    let noted = cni::walk(&store.state_dir.join("pending-adds"))
+        .iter()
+        .any(|path| path.is_file());
     std::fs::write(&primary.call_log, &recorded.calls_before).unwrap();
     let boot = Boot::new(0xb);
     let mut harm = Vec::new();
@@ -529,7 +614,7 @@ fn play_cut(
     }
     let_go(store);
     drop(mounted);
-    harm
+    Played { harm, noted }
 }
 
 /// Ends the replay workers and waits for them to go: each runs in the mount namespace of the
@@ -560,8 +645,9 @@ type Harmed = BTreeMap<Cut, Vec<String>>;
 
 /// Records the sequence with `build` and plays every cut in `orders`; with `subsets`, each cut
 /// at a flush again with a random half of the writes since the one before lost (a drive's
-/// volatile cache), in the first order. Returns how many plays ran, and the harm.
-fn run(build: Build, orders: &[Order], subsets: bool) -> (usize, Harmed) {
+/// volatile cache), in the first order. Returns how many plays ran, the harm, and in how many
+/// plays the disk held the cut-off ADD's note.
+fn run(build: Build, orders: &[Order], subsets: bool) -> (usize, Harmed, usize) {
     let work = sys::TempDir::new("sgcut");
     let mnt = work.path.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
@@ -581,15 +667,16 @@ fn run(build: Build, orders: &[Order], subsets: bool) -> (usize, Harmed) {
                 .map(|&writes| (writes, Some(0x5eed + writes as u64), orders[0])),
         );
     }
-    let mut harmed = BTreeMap::new();
+    let (mut harmed, mut noted) = (BTreeMap::new(), 0);
     for &cut in &plays {
-        let harm = play_cut(build, &cast, &recorded, &primary, &store, &work.path, cut);
-        if !harm.is_empty() {
-            harmed.insert(cut, harm);
+        let played = play_cut(build, &cast, &recorded, &primary, &store, &work.path, cut);
+        noted += usize::from(played.noted);
+        if !played.harm.is_empty() {
+            harmed.insert(cut, played.harm);
         }
     }
     eprintln!(
-        "{} plays over {} writes (deferral acknowledged at write {:?}, the runtime's teardowns at {:?}); harm at {} plays",
+        "{} plays over {} writes (deferral acknowledged at write {:?}, the runtime's teardowns at {:?}; the cut-off ADD's note on the disk in {noted}); harm at {} plays",
         plays.len(),
         cuts(&recorded.log, false).last().unwrap_or(&0),
         recorded
@@ -604,14 +691,19 @@ fn run(build: Build, orders: &[Order], subsets: bool) -> (usize, Harmed) {
             .collect::<Vec<_>>(),
         harmed.len()
     );
-    (plays.len(), harmed)
+    (plays.len(), harmed, noted)
 }
 
 #[test]
 fn at_every_cut_of_the_write_log_the_next_boot_decides_without_harm() {
     sys::skip_unless_root!(TOOLS);
-    let (cuts, harmed) = run(Build::Tested, &[Order::SameUid, Order::NewUid], true);
+    let (cuts, harmed, noted) = run(Build::Tested, &[Order::SameUid, Order::NewUid], true);
     assert!(cuts > 10, "only {cuts} cuts: nothing was recorded?");
+    // Played both with and without it on the disk.
+    assert!(
+        noted > 0 && noted < cuts,
+        "the cut-off ADD's note was on the disk in {noted} of {cuts} plays"
+    );
     assert!(
         harmed.is_empty(),
         "harm at {} of {cuts} cuts: {harmed:#?}",
@@ -624,7 +716,7 @@ fn at_every_cut_of_the_write_log_the_next_boot_decides_without_harm() {
 fn a_build_without_the_deferrals_sync_loses_a_deferred_del() {
     sys::skip_unless_root!(TOOLS);
     let control = control_binary();
-    let (cuts, harmed) = run(Build::Control(&control), &[Order::SameUid], false);
+    let (cuts, harmed, _) = run(Build::Control(&control), &[Order::SameUid], false);
     let lost = harmed
         .values()
         .flatten()

@@ -1308,6 +1308,86 @@ fn owners_del_unanswered_asks_once(api: &Api, keys: &Keys, primary: &RecordingPr
     );
 }
 
+/// Delegate mode: the node rebooted while its pod was made again on node-b, and the API
+/// server does not answer when kubelet stops the old sandbox (a DEL with an empty netns; the
+/// Service address not reachable yet). Under `podKeyScope: "cluster"` (`keys`) the DEL is
+/// answered with success and kept: the primary gets it neither then nor at a sweep while the
+/// API is silent or shows node-b's pod, and does once the name is free in the API. Under
+/// `podKeyScope: "node"` (`node_keys`) the local rule decides it as before: it reaches the
+/// primary at once.
+fn an_old_boots_del_unanswered_waits(
+    api: &Api,
+    keys: &Keys,
+    node_keys: &Keys,
+    primary: &RecordingPrimary,
+) {
+    for (scope_keys, kept) in [(keys, true), (node_keys, false)] {
+        let name = format!("db-{}", &container_id()[..6]);
+        let store = Store::new();
+        let (before, after) = (boot::Boot::new(3), boot::Boot::new(4));
+        let in_boot =
+            |boot: &boot::Boot, call: Cni| boot.cni(scope_keys.in_mode(call, Some(primary)));
+        let uid_1 = api.pod_on(&name, THIS_NODE);
+        let old = container_id();
+        in_boot(&before, store.add(&old, &pod(&name, &uid_1)))
+            .run()
+            .assert_ok();
+        api.force_delete(&name);
+        api.pod_on(&name, "node-b");
+        api.signal_apiserver("STOP");
+        let del = in_boot(&after, store.del(&old, &pod(&name, &uid_1)).netns("")).run();
+        // The sweep it started asks too; done before the API answers again.
+        assert!(store.wait_for_replays(Duration::from_secs(60)));
+        api.signal_apiserver("CONT");
+        del.assert_ok();
+        let said = fs::read_to_string(&store.log_file).unwrap();
+        if !kept {
+            assert_eq!(
+                primary.dels(&old),
+                1,
+                "podKeyScope node: the old boot's DEL did not go by the local rule: {said}"
+            );
+            continue;
+        }
+        assert_eq!(
+            primary.dels(&old),
+            0,
+            "the old boot's DEL reached the primary while the API server was silent and node-b's pod had the name"
+        );
+        assert!(said.contains("is of the boot before this one"), "{said}");
+        let rows = after.dump(&store.state_dir);
+        assert!(
+            rows.iter().any(|row| row["containerId"] == old.as_str()
+                && row["reason"]
+                    .as_str()
+                    .is_some_and(|why| why.contains("of a sandbox of the boot before"))),
+            "the dump does not say why the old boot's DEL waits: {rows:#?}"
+        );
+        let sweep = |pod_name: &str| {
+            in_boot(
+                &after,
+                store.add(&container_id(), &Pod::new(NAMESPACE, pod_name)),
+            )
+            .run()
+            .assert_ok();
+            assert!(store.wait_for_replays(Duration::from_secs(60)));
+        };
+        sweep(&format!("{name}-sweep-1"));
+        assert_eq!(
+            primary.dels(&old),
+            0,
+            "a sweep replayed the old boot's DEL while node-b's pod has the name"
+        );
+        api.force_delete(&name);
+        sweep(&format!("{name}-sweep-2"));
+        assert_eq!(
+            primary.dels(&old),
+            1,
+            "the name free in the API: the old boot's DEL was not replayed"
+        );
+    }
+}
+
 /// A late ADD: the pod force deleted while its sandbox was made, after the new pod's ADD
 /// here. Whether the late ADD took the name (it answered 0 and owns the pod).
 fn late_add(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> bool {
@@ -1493,6 +1573,8 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
         &RecordingPrimary::new(),
     );
     report.push("delegate, a stale DEL deferred, then the node rebooted while its pod moved to node-b: not replayed by the new boot's sweeps while node-b's pod lived, nor by one whose ask the stopped API server left unanswered; replayed after".into());
+    an_old_boots_del_unanswered_waits(&api, &cluster, &node, &RecordingPrimary::new());
+    report.push("delegate, the node rebooted while its pod moved to node-b, the old sandbox's DEL with the API server stopped: podKeyScope cluster, kept (success) and replayed only once the name was free in the API; podKeyScope node, the local rule passed it at once".into());
     owners_del_unanswered_asks_once(&api, &cluster, &RecordingPrimary::new());
     report.push("delegate, the owner's DEL of a name whose older sandbox's DEL waits, the API server stopped: passed by the local rule after its one ask, nobody else asked before it answered, the deferred DEL replayed once the API answered".into());
     held_with_two_kubeconfigs_one_turned_off(&api, &kubeconfig, &RecordingPrimary::new());

@@ -225,6 +225,21 @@ pub fn previous_boot_dir(root: &Path, boot: &str) -> PathBuf {
     root.join(PREVIOUS_BOOT).join(boot)
 }
 
+/// Whether the boot before this one recorded the attachment whose record file is
+/// `record_name` (under `previous-boot/`): a sandbox that ended with that boot. Never through
+/// a symlink.
+pub fn recorded_in_previous_boot(root: &Path, record_name: &str) -> bool {
+    fs::read_dir(root.join(PREVIOUS_BOOT))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|boot| boot.file_type().is_ok_and(|kind| kind.is_dir()))
+        .any(|boot| {
+            fs::symlink_metadata(boot.path().join(super::RECORDS).join(record_name))
+                .is_ok_and(|meta| meta.is_file())
+        })
+}
+
 /// Renames each boot-scoped folder into `previous-boot/<boot>/`. Run again after a kill, it
 /// moves what is left; nothing here needs a sync: a power cut before the marker is durable
 /// leaves the old marker, and the next boot moves the folders again.

@@ -952,6 +952,10 @@ fn deferred_row(entry: &DeferredDel) -> Row<'_> {
                         .as_deref()
                         .map_or("not on a node".to_string(), |node| format!("node {node}"))
                 ),
+                None if entry.owner.is_empty() => format!(
+                    "DEL of a sandbox of the boot before kept from the primary since {}, the API server unanswered; replayed once nobody here owns the pod's name and the API server answers that it is on no other node{failures}",
+                    entry.deferred_at
+                ),
                 None => format!(
                     "stale DEL kept from the primary since {}, while sandbox {} owns the pod; replayed once the pod's name is free{failures}",
                     entry.deferred_at,

@@ -279,14 +279,19 @@ fn del_locked(
     {
         return hold_moved(inv, delegate, attachment, plan, moved).map(|()| false);
     }
-    if plan.asks_api(inv)
-        && let Some(moved) =
+    if plan.asks_api(inv) {
+        if let Some(moved) =
             api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref())
-    {
-        if inv.conf.stale_del == StaleDelPolicy::Audit {
-            plan.audit_moved(moved);
-        } else {
-            return hold_moved(inv, delegate, attachment, plan, moved).map(|()| false);
+        {
+            if inv.conf.stale_del == StaleDelPolicy::Audit {
+                plan.audit_moved(moved);
+            } else {
+                return hold_moved(inv, delegate, attachment, plan, moved).map(|()| false);
+            }
+        } else if unanswered_after_reboot(inv, &plan)
+            && kept_unanswered(inv, delegate, attachment, &plan)?
+        {
+            return Ok(false);
         }
     }
     pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
@@ -525,7 +530,8 @@ fn defer(
     let id = inv.attachment_id(attachment);
     let record = store.load_record(&id)?;
     let deferred = match store.load_deferred(&stale.key, &id)? {
-        Loaded::Valid(entry) => entry,
+        // One kept while nobody here owned the pod (`kept_unanswered`) waits for this owner now.
+        Loaded::Valid(entry) if !entry.owner.is_empty() => entry,
         _ => {
             let entry = new_entry(
                 inv,
@@ -798,6 +804,71 @@ fn hold_moved(
             ))
         }
     }
+}
+
+/// Whether a DEL rules 1-6 let go is of a sandbox of the boot before this one, asked about
+/// under `podKeyScope: "cluster"` without an answer. Its owner here ended with that boot
+/// unasked, so the local rule knows nothing of the name: the pod may have been made again on
+/// another node meanwhile, and the primary keeps its state of the name for the whole cluster.
+/// A DEL of this boot's sandbox still goes by the local rule: kept from the primary on every
+/// DEL of a node whose kubeconfig never answers, its pods' addresses would never come back.
+fn unanswered_after_reboot(inv: &Invocation, plan: &judgement::Plan) -> bool {
+    api_check::replays_wait_unanswered(inv)
+        && crate::state::boot::recorded_in_previous_boot(&inv.conf.state_dir, &plan.id.file_name())
+}
+
+/// Delegate mode's answer to `unanswered_after_reboot`: the DEL kept for the primary as a
+/// deferred DEL nobody here owns, durably, and the runtime answered with success; the replay
+/// asks before it replays (`api_check::replay_waits`) and waits while the API shows the name
+/// elsewhere or does not answer. Nothing of the ended boot's sandbox is left on the node to
+/// remove. Whether it was kept: where it cannot be, the local rule decides after all, as a
+/// teardown is never refused for an API that does not answer.
+fn kept_unanswered(
+    inv: &Invocation,
+    delegate: &Delegate,
+    attachment: &Attachment,
+    plan: &judgement::Plan,
+) -> Result<bool> {
+    let Some(key) = plan.keys.first() else {
+        return Ok(false);
+    };
+    let subject = inv.subject(Some(attachment), Some(key.pod()));
+    let kept = match judgement::open(inv, attachment)? {
+        Some((store, None)) => store.load_record(&plan.id).and_then(|record| {
+            let entry = new_entry(inv, attachment, key, "", &record, delegate);
+            store.save_deferred(&entry)?;
+            store.sync()?;
+            judgement::forget_planned(&store, plan)
+        }),
+        Some((_, Some(why))) => Err(why),
+        None => Err(GuardError::new(Kind::Io, "the state dir is gone")),
+    };
+    if let Err(why) = kept {
+        inv.log.event(
+            Level::Warn,
+            inv.verb,
+            &subject,
+            Outcome::ApiUnanswered,
+            &format!(
+                "the DEL of sandbox {} of the boot before could not be kept for an answer ({}): the local rule decides it",
+                attachment.container_id, why.msg
+            ),
+        );
+        return Ok(false);
+    }
+    inv.log.event(
+        Level::Warn,
+        inv.verb,
+        &subject,
+        Outcome::Deferred,
+        &format!(
+            "DEL deferred: sandbox {} is of the boot before this one, and the API server did not answer whether pod {} lives \
+             on another node now; the primary gets this DEL once it answers that it does not",
+            attachment.container_id,
+            key.pod()
+        ),
+    );
+    Ok(true)
 }
 
 fn drop_own_deferred(inv: &Invocation, key: &PodKey, id: &AttachmentId) {

@@ -170,6 +170,9 @@ pub(super) fn check_deferred(
                 "the API server showed the name on pod UID {}",
                 moved.pod_uid
             ),
+            None if entry.owner.is_empty() => {
+                "its sandbox was of the boot before and the API server did not answer".to_string()
+            }
             None => format!("{} owned the pod", entry.owner),
         };
         let what = format!(

@@ -1,7 +1,7 @@
 //! `--doctor` and the `ipConflict` check at ADD against real links and namespaces: the
 //! enslaved macvlan master, the node without a default route, two
-//! namespaces with one address and a namespace that outlived its DEL, stale DELs
-//! per pod, and a clean node that reports clean.
+//! namespaces with one address and a namespace that outlived its DEL, a held DEL's address
+//! with and without its interface, stale DELs per pod, and a clean node that reports clean.
 
 #[path = "support/cni.rs"]
 mod cni;
@@ -616,6 +616,69 @@ fn a_namespace_that_outlives_its_del_still_holds_the_address() {
     let report = doctor(None, &["--conf-dir", path_arg(&conf.path)]);
     report.none("deleted-netns", "error");
     report.one("deleted-netns", "ok");
+}
+
+/// A DEL rule 7 holds (chained mode) takes its sandbox's interface out on purpose: the old
+/// sandbox's recorded address is then in use nowhere, and a new sandbox of the name given it
+/// again (a sticky-IP primary) is no conflict. While the interface is still there (its removal
+/// skipped: no netns cookie, an identity mismatch) it is one; and an unheld record's address
+/// counts whether or not its interface is there, as before.
+#[test]
+fn a_held_records_address_conflicts_only_while_its_interface_is_there() {
+    sys::skip_unless_root!(TOOLS);
+    let store = Store::new();
+    let conf = conf_dir(&store, "bridge-host-local.conflist", |_| {});
+    let (ns_old, ns_new) = (pod_netns(), pod_netns());
+    let (old, new) = (container_id(), container_id());
+    // One name, two pods (each `Pod::new` is a new UID).
+    let (pod_old, pod_new) = (Pod::new("shop", "db-0"), Pod::new("shop", "db-0"));
+    add(&store, &old, &pod_old, &ns_old, "10.77.3.5/24")
+        .run()
+        .assert_ok();
+    add(&store, &new, &pod_new, &ns_new, "10.77.3.5/24")
+        .run()
+        .assert_ok();
+    let conflict = |report: &Diagnosis| {
+        report
+            .with("ip-conflict", "error")
+            .iter()
+            .map(text)
+            .any(|t| t.contains(&old) && t.contains(&new))
+    };
+    let args = ["--conf-dir", path_arg(&conf.path)];
+    // Not held, its interface taken out by hand: the recorded address still counts.
+    ns_old.exec(&["ip", "link", "delete", "eth0"]);
+    assert!(
+        conflict(&doctor(None, &args)),
+        "an unheld record's address stopped counting"
+    );
+    ns_old.exec(&[
+        "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
+    ]);
+    // Held, as rule 7 leaves a chained record, its interface still there: a conflict.
+    let library =
+        sandbox_guard::state::Store::open(&store.state_dir, std::time::Duration::from_secs(5))
+            .unwrap();
+    let path = store.record_path("k8s-pod-network", &old, "eth0");
+    let sandbox_guard::state::Loaded::Valid(mut record) = library.load_record_at(&path) else {
+        panic!("the old sandbox's record does not read back")
+    };
+    record.held = Some(sandbox_guard::state::held::MovedTo {
+        pod_uid: pod_new.uid.clone(),
+        node: Some("node-b".into()),
+        kubeconfig: store.state_dir.join("kubeconfig"),
+        scope: "node".into(),
+        this_node: "node-a".into(),
+    });
+    library.save_record(&record).unwrap();
+    drop(library);
+    let report = doctor(None, &args);
+    assert!(conflict(&report), "{}", report.raw);
+    // Taken out, as the hold does: no conflict.
+    ns_old.exec(&["ip", "link", "delete", "eth0"]);
+    let report = doctor(None, &args);
+    assert!(!conflict(&report), "{}", report.raw);
+    report.one("held-by-api", "warning");
 }
 
 #[test]

@@ -1085,6 +1085,23 @@ fn sweep_with(store: &Store, keys: &Keys, primary: &RecordingPrimary, pod_name: 
     assert!(store.wait_for_replays(Duration::from_secs(60)));
 }
 
+/// `sweep_with` under `boot`.
+fn sweep_in_boot(
+    boot: &boot::Boot,
+    store: &Store,
+    keys: &Keys,
+    primary: &RecordingPrimary,
+    pod_name: &str,
+) {
+    boot.cni(keys.in_mode(
+        store.add(&container_id(), &Pod::new(NAMESPACE, pod_name)),
+        Some(primary),
+    ))
+    .run()
+    .assert_ok();
+    assert!(store.wait_for_replays(Duration::from_secs(60)));
+}
+
 /// Delegate mode, a stale DEL already waiting when the owner's DEL is held: sandbox s1 of
 /// db's first pod, s2 of its second (s1's DEL deferred, s2 owns the name here), then the pod
 /// moves to node-b and s2's DEL comes. Neither DEL may reach the primary while node-b's pod
@@ -1194,15 +1211,7 @@ fn deferred_waits_after_a_reboot_while_the_pod_lives_elsewhere(
     assert_eq!(primary.dels(&s1), 0, "s1's stale DEL was not deferred");
     api.force_delete(&name);
     api.pod_on(&name, "node-b");
-    let sweep = |pod_name: &str| {
-        in_boot(
-            &after,
-            store.add(&container_id(), &Pod::new(NAMESPACE, pod_name)),
-        )
-        .run()
-        .assert_ok();
-        assert!(store.wait_for_replays(Duration::from_secs(60)));
-    };
+    let sweep = |pod_name: &str| sweep_in_boot(&after, &store, keys, primary, pod_name);
     // The first sweep by another network on the node, whose primary has the same type.
     in_boot(
         &after,
@@ -1363,15 +1372,7 @@ fn an_old_boots_del_unanswered_waits(
                     .is_some_and(|why| why.contains("of a sandbox of the boot before"))),
             "the dump does not say why the old boot's DEL waits: {rows:#?}"
         );
-        let sweep = |pod_name: &str| {
-            in_boot(
-                &after,
-                store.add(&container_id(), &Pod::new(NAMESPACE, pod_name)),
-            )
-            .run()
-            .assert_ok();
-            assert!(store.wait_for_replays(Duration::from_secs(60)));
-        };
+        let sweep = |pod_name: &str| sweep_in_boot(&after, &store, scope_keys, primary, pod_name);
         sweep(&format!("{name}-sweep-1"));
         assert_eq!(
             primary.dels(&old),

@@ -674,11 +674,17 @@ fn a_held_records_address_conflicts_only_while_its_interface_is_there() {
     drop(library);
     let report = doctor(None, &args);
     assert!(conflict(&report), "{}", report.raw);
+    let held = text(&report.one("held-by-api", "warning"));
+    assert!(held.contains("is still in netns"), "{held}");
     // Taken out, as the hold does: no conflict.
     ns_old.exec(&["ip", "link", "delete", "eth0"]);
     let report = doctor(None, &args);
     assert!(!conflict(&report), "{}", report.raw);
-    report.one("held-by-api", "warning");
+    let held = text(&report.one("held-by-api", "warning"));
+    assert!(
+        held.contains(&old) && !held.contains("is still in netns"),
+        "{held}"
+    );
 }
 
 #[test]

@@ -138,8 +138,9 @@ pub fn check(
             record
         })
         .collect();
-    check_held(&root_display, &valid, report);
+    let held = held_dels(&valid);
     let live = check_namespaces(&root_display, valid, &index, users, &owners, report);
+    check_held(&root_display, held, &live, report);
     check_shared_addresses(&root_display, &live, report);
     check_deleted_holders(&root_display, &store, &index, &live, users, report);
     check_interfaces(&root_display, &live, report);
@@ -393,18 +394,53 @@ fn check_deleted_holders(
 /// Chained mode's DELs that rule 7 refuses while the API server shows the pod's name on
 /// another pod, whether or not their namespace is still there: their interfaces were taken
 /// out on purpose, and their records hold the refusal.
-fn check_held(root: &str, records: &[Checkpoint], report: &mut Report) {
-    let held: Vec<String> = records
+/// A DEL rule 7 holds in chained mode: its sandbox's attachment, and what `held-by-api` says
+/// of it.
+struct HeldDel {
+    container_id: String,
+    if_name: String,
+    netns: String,
+    line: String,
+}
+
+fn held_dels(records: &[Checkpoint]) -> Vec<HeldDel> {
+    records
         .iter()
         .filter_map(|record| {
             let moved = record.held.as_ref()?;
-            Some(format!(
-                "sandbox {} of pod {}: its DEL is held for pod UID {} in the API server (kubeconfig {})",
-                record.container_id,
-                pod_text(record.pod_namespace.as_deref(), record.pod_name.as_deref()),
-                moved.pod_uid,
-                moved.kubeconfig.display()
-            ))
+            Some(HeldDel {
+                container_id: record.container_id.clone(),
+                if_name: record.if_name.clone(),
+                netns: record.netns.clone(),
+                line: format!(
+                    "sandbox {} of pod {}: its DEL is held for pod UID {} in the API server (kubeconfig {})",
+                    record.container_id,
+                    pod_text(record.pod_namespace.as_deref(), record.pod_name.as_deref()),
+                    moved.pod_uid,
+                    moved.kubeconfig.display()
+                ),
+            })
+        })
+        .collect()
+}
+
+fn check_held(root: &str, dels: Vec<HeldDel>, live: &[LiveRecord], report: &mut Report) {
+    let held: Vec<String> = dels
+        .into_iter()
+        .map(|del| {
+            // The removal is skipped without a netns cookie or on an identity mismatch.
+            let still_there = live.iter().any(|l| {
+                l.record.container_id == del.container_id
+                    && l.record.if_name == del.if_name
+                    && !l.taken_out
+            });
+            match still_there {
+                true => format!(
+                    "{}; its interface is still in netns {} (its removal was skipped), so its address is in use there",
+                    del.line, del.netns
+                ),
+                false => del.line,
+            }
         })
         .collect();
     if held.is_empty() {
@@ -415,7 +451,7 @@ fn check_held(root: &str, records: &[Checkpoint], report: &mut Report) {
         "held-by-api",
         format!(
             "{root}: {} sandboxes' DELs are refused because the API server shows their pod's name on another pod; \
-             their interfaces were taken out on purpose",
+             their interfaces are taken out on purpose where the guard could (any still there is named)",
             held.len()
         ),
     )

@@ -1321,16 +1321,21 @@ fn owners_del_unanswered_asks_once(api: &Api, keys: &Keys, primary: &RecordingPr
 /// server does not answer when kubelet stops the old sandbox (a DEL with an empty netns; the
 /// Service address not reachable yet). Under `podKeyScope: "cluster"` (`keys`) the DEL is
 /// answered with success and kept: the primary gets it neither then nor at a sweep while the
-/// API is silent or shows node-b's pod, and does once the name is free in the API. Under
-/// `podKeyScope: "node"` (`node_keys`) the local rule decides it as before: it reaches the
-/// primary at once.
+/// API is silent or shows node-b's pod, and does once the name is free in the API; its retry
+/// stays kept. Under `podKeyScope: "node"` (`node_keys`), and in audit mode (`audit_keys`), the
+/// local rule decides it as before: it reaches the primary at once.
 fn an_old_boots_del_unanswered_waits(
     api: &Api,
     keys: &Keys,
     node_keys: &Keys,
+    audit_keys: &Keys,
     primary: &RecordingPrimary,
 ) {
-    for (scope_keys, kept) in [(keys, true), (node_keys, false)] {
+    for (label, scope_keys, kept) in [
+        ("podKeyScope cluster", keys, true),
+        ("podKeyScope node", node_keys, false),
+        ("audit mode", audit_keys, false),
+    ] {
         let name = format!("db-{}", &container_id()[..6]);
         let store = Store::new();
         let (before, after) = (boot::Boot::new(3), boot::Boot::new(4));
@@ -1354,7 +1359,7 @@ fn an_old_boots_del_unanswered_waits(
             assert_eq!(
                 primary.dels(&old),
                 1,
-                "podKeyScope node: the old boot's DEL did not go by the local rule: {said}"
+                "{label}: the old boot's DEL did not go by the local rule: {said}"
             );
             continue;
         }
@@ -1364,6 +1369,12 @@ fn an_old_boots_del_unanswered_waits(
             "the old boot's DEL reached the primary while the API server was silent and node-b's pod had the name"
         );
         assert!(said.contains("is of the boot before this one"), "{said}");
+        // kubelet's retry (and the GC's): kept too, without asking.
+        in_boot(&after, store.del(&old, &pod(&name, &uid_1)).netns(""))
+            .run()
+            .assert_ok();
+        assert!(store.wait_for_replays(Duration::from_secs(60)));
+        assert_eq!(primary.dels(&old), 0, "the retry reached the primary");
         let rows = after.dump(&store.state_dir);
         assert!(
             rows.iter().any(|row| row["containerId"] == old.as_str()
@@ -1574,8 +1585,8 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
         &RecordingPrimary::new(),
     );
     report.push("delegate, a stale DEL deferred, then the node rebooted while its pod moved to node-b: not replayed by the new boot's sweeps while node-b's pod lived, nor by one whose ask the stopped API server left unanswered; replayed after".into());
-    an_old_boots_del_unanswered_waits(&api, &cluster, &node, &RecordingPrimary::new());
-    report.push("delegate, the node rebooted while its pod moved to node-b, the old sandbox's DEL with the API server stopped: podKeyScope cluster, kept (success) and replayed only once the name was free in the API; podKeyScope node, the local rule passed it at once".into());
+    an_old_boots_del_unanswered_waits(&api, &cluster, &node, &audit, &RecordingPrimary::new());
+    report.push("delegate, the node rebooted while its pod moved to node-b, the old sandbox's DEL with the API server stopped: podKeyScope cluster, kept (success), its retry kept, replayed only once the name was free in the API; podKeyScope node and audit mode, the local rule passed it at once".into());
     owners_del_unanswered_asks_once(&api, &cluster, &RecordingPrimary::new());
     report.push("delegate, the owner's DEL of a name whose older sandbox's DEL waits, the API server stopped: passed by the local rule after its one ask, nobody else asked before it answered, the deferred DEL replayed once the API answered".into());
     held_with_two_kubeconfigs_one_turned_off(&api, &kubeconfig, &RecordingPrimary::new());

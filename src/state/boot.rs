@@ -7,7 +7,8 @@
 //! So the records and ownerships of one boot need no sync: within the boot the page cache is
 //! the truth (a killed writer leaves a whole file or the old one, by rename), and a crash that
 //! loses unsynced writes starts a new boot, whose first writer moves the old boot's folders to
-//! `previous-boot/<its id>/`, where nothing judges by them. What outlives the boot (deferred
+//! `previous-boot/<its id>/`, where no owner is taken from them (delegate mode only looks
+//! there to tell a DEL of a sandbox of that boot, `recorded_in_previous_boot`). What outlives the boot (deferred
 //! DELs the primary has not yet received, the `podKey` markers) keeps its syncs.
 //!
 //! `<stateDir>/boot` names the boot the live folders belong to. It is made durable before
@@ -226,17 +227,33 @@ pub fn previous_boot_dir(root: &Path, boot: &str) -> PathBuf {
 }
 
 /// Whether the boot before this one recorded the attachment whose record file is
-/// `record_name` (under `previous-boot/`): a sandbox that ended with that boot. Never through
+/// `record_name` (under `previous-boot/`, in `records/` or a `records.<pid>` a run cut short
+/// left; a regular file, or the symlink an earlier release wrote): a sandbox that ended with
+/// that boot. Only what that boot's writeback reached its disk is found there. Never through
 /// a symlink.
 pub fn recorded_in_previous_boot(root: &Path, record_name: &str) -> bool {
-    fs::read_dir(root.join(PREVIOUS_BOOT))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|boot| boot.file_type().is_ok_and(|kind| kind.is_dir()))
-        .any(|boot| {
-            fs::symlink_metadata(boot.path().join(super::RECORDS).join(record_name))
-                .is_ok_and(|meta| meta.is_file())
+    let dirs = |path: &Path| -> Vec<PathBuf> {
+        fs::read_dir(path)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
+            .map(|entry| entry.path())
+            .collect()
+    };
+    let records_prefix = format!("{}.", super::RECORDS);
+    dirs(&root.join(PREVIOUS_BOOT))
+        .iter()
+        .flat_map(|boot| dirs(boot))
+        .filter(|folder| {
+            folder
+                .file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name == super::RECORDS || name.starts_with(&records_prefix))
+        })
+        .any(|folder| {
+            fs::symlink_metadata(folder.join(record_name))
+                .is_ok_and(|meta| meta.is_file() || meta.is_symlink())
         })
 }
 
@@ -289,5 +306,30 @@ mod tests {
         for bad in ["", "..", "a/b", "x", &"a".repeat(65)] {
             assert!(!plain_boot_id(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_sandbox_of_the_boot_before_is_found_in_any_records_folder_it_left() {
+        let root = std::env::temp_dir().join(format!("sg-prev-boot-{}", std::process::id()));
+        let boot = previous_boot_dir(&root, "6146a751-55d6-44c4-9b8c-89e6f319b004");
+        fs::create_dir_all(boot.join(crate::state::RECORDS)).unwrap();
+        fs::create_dir_all(boot.join("records.4242")).unwrap();
+        fs::write(boot.join(crate::state::RECORDS).join("net:a:eth0"), "{}").unwrap();
+        // An earlier release's record on a journal: a symlink whose target is its text.
+        std::os::unix::fs::symlink("{}", boot.join("records.4242").join("net:b:eth0")).unwrap();
+        assert!(recorded_in_previous_boot(&root, "net:a:eth0"));
+        assert!(recorded_in_previous_boot(&root, "net:b:eth0"));
+        assert!(!recorded_in_previous_boot(&root, "net:c:eth0"));
+        // Never through a symlinked folder.
+        let elsewhere = root.join("elsewhere");
+        fs::create_dir_all(elsewhere.join(crate::state::RECORDS)).unwrap();
+        fs::write(
+            elsewhere.join(crate::state::RECORDS).join("net:d:eth0"),
+            "{}",
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(&elsewhere, root.join(PREVIOUS_BOOT).join("linked")).unwrap();
+        assert!(!recorded_in_previous_boot(&root, "net:d:eth0"));
+        fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -943,6 +943,10 @@ fn deferred_row(entry: &DeferredDel) -> Row<'_> {
         ..empty_row(
             Status::Deferred,
             match &entry.moved_to {
+                Some(moved) if moved.pod_uid.is_empty() => format!(
+                    "DEL of a sandbox of the boot before kept from the primary since {}, the API server unanswered then; replayed once it answers that no other pod has the name{failures}",
+                    entry.deferred_at
+                ),
                 Some(moved) => format!(
                     "DEL kept from the primary since {}, while the API server shows the pod's name on pod UID {} ({}); replayed once it has no other pod of that name{failures}",
                     entry.deferred_at,
@@ -951,10 +955,6 @@ fn deferred_row(entry: &DeferredDel) -> Row<'_> {
                         .node
                         .as_deref()
                         .map_or("not on a node".to_string(), |node| format!("node {node}"))
-                ),
-                None if entry.owner.is_empty() => format!(
-                    "DEL of a sandbox of the boot before kept from the primary since {}, the API server unanswered; replayed once nobody here owns the pod's name and the API server answers that it is on no other node{failures}",
-                    entry.deferred_at
                 ),
                 None => format!(
                     "stale DEL kept from the primary since {}, while sandbox {} owns the pod; replayed once the pod's name is free{failures}",

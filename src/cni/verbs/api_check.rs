@@ -89,6 +89,18 @@ pub fn moved_to(inv: &Invocation, moved: &Moved) -> Option<MovedTo> {
     })
 }
 
+/// What a DEL kept for want of an answer keeps (`delegated::kept_unanswered`): a hold whose
+/// API pod is not known (`pod_uid` empty), asked again as any hold is (`still_moved`).
+pub fn unanswered_hold(inv: &Invocation) -> Option<MovedTo> {
+    Some(MovedTo {
+        pod_uid: String::new(),
+        node: None,
+        kubeconfig: inv.conf.kubeconfig.clone()?,
+        scope: inv.conf.pod_key_scope.name().to_string(),
+        this_node: this_node(inv),
+    })
+}
+
 /// A held DEL's own entry, found again (its retry after the sandbox was forgotten): held as
 /// before, without asking, so an API that does not answer now cannot let it through.
 pub fn held_before(entry: &DeferredDel) -> Option<Moved> {
@@ -138,11 +150,17 @@ impl Moved {
             node: moved.node.clone(),
             error: GuardError::new(
                 Kind::StaleDel,
-                format!(
-                    "stale DEL refused: pod {} was pod UID {} in the API server when this DEL was first held",
-                    key.pod(),
-                    moved.pod_uid
-                ),
+                match moved.pod_uid.as_str() {
+                    "" => format!(
+                        "stale DEL refused: the API server did not answer for pod {} when this DEL of a sandbox of the boot \
+                         before was first held",
+                        key.pod()
+                    ),
+                    uid => format!(
+                        "stale DEL refused: pod {} was pod UID {uid} in the API server when this DEL was first held",
+                        key.pod()
+                    ),
+                },
             )
             .with_details(details),
         }
@@ -208,11 +226,18 @@ impl Moved {
             &subject,
             Outcome::Deferred,
             &self.fields(),
-            &format!(
-                "DEL deferred: pod {} is now pod UID {} in the API server; the primary gets this DEL once the API has no other pod of that name; {done}",
-                self.key.pod(),
-                self.uid
-            ),
+            &match self.uid.as_str() {
+                "" => format!(
+                    "DEL deferred: the API server has not answered for pod {} since this DEL of a sandbox of the boot before \
+                     was first held; the primary gets it once the API answers that no other pod has that name; {done}",
+                    self.key.pod()
+                ),
+                uid => format!(
+                    "DEL deferred: pod {} is now pod UID {uid} in the API server; the primary gets this DEL once the API has \
+                     no other pod of that name; {done}",
+                    self.key.pod()
+                ),
+            },
         );
     }
 }

@@ -289,7 +289,7 @@ fn del_locked(
                 return hold_moved(inv, delegate, attachment, plan, moved).map(|()| false);
             }
         } else if unanswered_after_reboot(inv, &plan)
-            && kept_unanswered(inv, delegate, attachment, &plan)?
+            && kept_unanswered(inv, delegate, attachment, &plan)
         {
             return Ok(false);
         }
@@ -530,8 +530,17 @@ fn defer(
     let id = inv.attachment_id(attachment);
     let record = store.load_record(&id)?;
     let deferred = match store.load_deferred(&stale.key, &id)? {
-        // One kept while nobody here owned the pod (`kept_unanswered`) waits for this owner now.
-        Loaded::Valid(entry) if !entry.owner.is_empty() => entry,
+        // One kept while nobody here owned the pod (`kept_unanswered`) names this owner now,
+        // and keeps its hold.
+        Loaded::Valid(entry) if entry.owner.is_empty() => {
+            let entry = DeferredDel {
+                owner: stale.owner.container_id.clone(),
+                ..entry
+            };
+            store.save_deferred(&entry)?;
+            entry
+        }
+        Loaded::Valid(entry) => entry,
         _ => {
             let entry = new_entry(
                 inv,
@@ -813,35 +822,41 @@ fn hold_moved(
 /// A DEL of this boot's sandbox still goes by the local rule: kept from the primary on every
 /// DEL of a node whose kubeconfig never answers, its pods' addresses would never come back.
 fn unanswered_after_reboot(inv: &Invocation, plan: &judgement::Plan) -> bool {
-    api_check::replays_wait_unanswered(inv)
+    inv.conf.stale_del != StaleDelPolicy::Audit
+        && api_check::replays_wait_unanswered(inv)
         && crate::state::boot::recorded_in_previous_boot(&inv.conf.state_dir, &plan.id.file_name())
 }
 
 /// Delegate mode's answer to `unanswered_after_reboot`: the DEL kept for the primary as a
-/// deferred DEL nobody here owns, durably, and the runtime answered with success; the replay
-/// asks before it replays (`api_check::replay_waits`) and waits while the API shows the name
-/// elsewhere or does not answer. Nothing of the ended boot's sandbox is left on the node to
-/// remove. Whether it was kept: where it cannot be, the local rule decides after all, as a
-/// teardown is never refused for an API that does not answer.
+/// hold whose API pod is not known (`api_check::unanswered_hold`), durably, and the runtime
+/// answered with success; like any hold it is asked about again at each sweep
+/// (`api_check::still_moved`, with the kubeconfig it was kept with) and its retries stay held
+/// without asking; the off sign in that kubeconfig lets it go by the local rule. Nothing of
+/// the ended boot's sandbox is left on the node to remove. Whether it was kept: where it
+/// cannot be, the local rule decides after all, as a teardown is never refused for an API
+/// that does not answer.
 fn kept_unanswered(
     inv: &Invocation,
     delegate: &Delegate,
     attachment: &Attachment,
     plan: &judgement::Plan,
-) -> Result<bool> {
-    let Some(key) = plan.keys.first() else {
-        return Ok(false);
+) -> bool {
+    let (Some(key), Some(hold)) = (plan.keys.first(), api_check::unanswered_hold(inv)) else {
+        return false;
     };
     let subject = inv.subject(Some(attachment), Some(key.pod()));
-    let kept = match judgement::open(inv, attachment)? {
-        Some((store, None)) => store.load_record(&plan.id).and_then(|record| {
-            let entry = new_entry(inv, attachment, key, "", &record, delegate);
+    let kept = match judgement::open(inv, attachment) {
+        Ok(Some((store, None))) => store.load_record(&plan.id).and_then(|record| {
+            let entry = DeferredDel {
+                moved_to: Some(hold),
+                ..new_entry(inv, attachment, key, "", &record, delegate)
+            };
             store.save_deferred(&entry)?;
             store.sync()?;
             judgement::forget_planned(&store, plan)
         }),
-        Some((_, Some(why))) => Err(why),
-        None => Err(GuardError::new(Kind::Io, "the state dir is gone")),
+        Ok(Some((_, Some(why)))) | Err(why) => Err(why),
+        Ok(None) => Err(GuardError::new(Kind::Io, "the state dir is gone")),
     };
     if let Err(why) = kept {
         inv.log.event(
@@ -854,7 +869,7 @@ fn kept_unanswered(
                 attachment.container_id, why.msg
             ),
         );
-        return Ok(false);
+        return false;
     }
     inv.log.event(
         Level::Warn,
@@ -863,12 +878,12 @@ fn kept_unanswered(
         Outcome::Deferred,
         &format!(
             "DEL deferred: sandbox {} is of the boot before this one, and the API server did not answer whether pod {} lives \
-             on another node now; the primary gets this DEL once it answers that it does not",
+             on another node now; the primary gets this DEL once it answers that no other pod has that name",
             attachment.container_id,
             key.pod()
         ),
     );
-    Ok(true)
+    true
 }
 
 fn drop_own_deferred(inv: &Invocation, key: &PodKey, id: &AttachmentId) {

@@ -62,7 +62,7 @@ pub(super) fn check_boot(state_dir: &Path, store: &Store, report: &mut Report) {
     let kept = match kept.as_slice() {
         [] => String::new(),
         boots => format!(
-            "; {root}/{PREVIOUS_BOOT}/ keeps the state of the boot before ({}), which nothing judges by",
+            "; {root}/{PREVIOUS_BOOT}/ keeps the state of the boot before ({}), which no owner is taken from (a delegate-mode DEL the API server leaves unanswered looks there to tell a sandbox of that boot: keep it for this boot)",
             boots.join(", ")
         ),
     };
@@ -166,13 +166,13 @@ pub(super) fn check_deferred(
         };
         let since = crate::clock::parse_rfc3339(&entry.deferred_at).unwrap_or(now);
         let holder = match &entry.moved_to {
+            Some(moved) if moved.pod_uid.is_empty() => {
+                "its sandbox was of the boot before and the API server did not answer".to_string()
+            }
             Some(moved) => format!(
                 "the API server showed the name on pod UID {}",
                 moved.pod_uid
             ),
-            None if entry.owner.is_empty() => {
-                "its sandbox was of the boot before and the API server did not answer".to_string()
-            }
             None => format!("{} owned the pod", entry.owner),
         };
         let what = format!(

@@ -1400,6 +1400,59 @@ fn an_old_boots_del_unanswered_waits(
     }
 }
 
+/// Delegate mode under `podKeyScope: "cluster"`: after a reboot with the API server stopped,
+/// the old sandboxes of two pods are kept as holds. A sweep while it is still stopped asks for
+/// the first key it reaches and waits its bound, and keeps the second without asking again:
+/// each further key would wait the bound for the same outcome, holding its pod's lock.
+fn held_keys_ask_once_per_sweep_while_unanswered(
+    api: &Api,
+    keys: &Keys,
+    primary: &RecordingPrimary,
+) {
+    let store = Store::new();
+    let (before, after) = (boot::Boot::new(5), boot::Boot::new(6));
+    let in_boot = |boot: &boot::Boot, call: Cni| boot.cni(keys.in_mode(call, Some(primary)));
+    let mut olds = Vec::new();
+    for _ in 0..2 {
+        let name = format!("db-{}", &container_id()[..6]);
+        let uid = api.pod_on(&name, THIS_NODE);
+        let old = container_id();
+        in_boot(&before, store.add(&old, &pod(&name, &uid)))
+            .run()
+            .assert_ok();
+        api.force_delete(&name);
+        api.pod_on(&name, "node-b");
+        olds.push((old, name, uid));
+    }
+    api.signal_apiserver("STOP");
+    for (old, name, uid) in &olds {
+        in_boot(&after, store.del(old, &pod(name, uid)).netns(""))
+            .run()
+            .assert_ok();
+    }
+    assert!(store.wait_for_replays(Duration::from_secs(60)));
+    let before_sweep = fs::read_to_string(&store.log_file).unwrap().lines().count();
+    sweep_in_boot(&after, &store, keys, primary, "sweep-stopped");
+    api.signal_apiserver("CONT");
+    let said = fs::read_to_string(&store.log_file).unwrap();
+    let held: Vec<&str> = said
+        .lines()
+        .skip(before_sweep)
+        .filter(|line| line.contains("held for it stay held"))
+        .collect();
+    assert_eq!(held.len(), 2, "{held:#?}");
+    assert_eq!(
+        held.iter()
+            .filter(|line| line.contains("no answer earlier in this sweep"))
+            .count(),
+        1,
+        "the sweep asked again for the second held key: {held:#?}"
+    );
+    for (old, _, _) in &olds {
+        assert_eq!(primary.dels(old), 0, "{old}'s kept DEL reached the primary");
+    }
+}
+
 /// A late ADD: the pod force deleted while its sandbox was made, after the new pod's ADD
 /// here. Whether the late ADD took the name (it answered 0 and owns the pod).
 fn late_add(api: &Api, keys: &Keys, delegate: Option<&RecordingPrimary>) -> bool {
@@ -1587,6 +1640,8 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     report.push("delegate, a stale DEL deferred, then the node rebooted while its pod moved to node-b: not replayed by the new boot's sweeps while node-b's pod lived, nor by one whose ask the stopped API server left unanswered; replayed after".into());
     an_old_boots_del_unanswered_waits(&api, &cluster, &node, &audit, &RecordingPrimary::new());
     report.push("delegate, the node rebooted while its pod moved to node-b, the old sandbox's DEL with the API server stopped: podKeyScope cluster, kept (success), its retry kept, replayed only once the name was free in the API; podKeyScope node and audit mode, the local rule passed it at once".into());
+    held_keys_ask_once_per_sweep_while_unanswered(&api, &cluster, &RecordingPrimary::new());
+    report.push("delegate, two old sandboxes' DELs kept after a reboot, a sweep with the API server stopped: one ask, the second key kept without asking again".into());
     owners_del_unanswered_asks_once(&api, &cluster, &RecordingPrimary::new());
     report.push("delegate, the owner's DEL of a name whose older sandbox's DEL waits, the API server stopped: passed by the local rule after its one ask, nobody else asked before it answered, the deferred DEL replayed once the API answered".into());
     held_with_two_kubeconfigs_one_turned_off(&api, &kubeconfig, &RecordingPrimary::new());

@@ -26,7 +26,7 @@ fn ask(
     match pod_in_api::ask(kubeconfig, &key.pod_namespace, &key.pod_name) {
         Asked::Answered(pod) => Some(pod),
         Asked::Unknown(why) => {
-            unanswered().push(kubeconfig.to_path_buf());
+            note_unanswered(kubeconfig);
             let subject = inv.subject(attachment, Some(key.pod()));
             inv.log.event(
                 Level::Warn,
@@ -355,12 +355,23 @@ fn still_held(inv: &Invocation, key: &PodKey, uid: &str, moved: &MovedTo) -> boo
         if !unanswered.is_empty() && started.elapsed() >= pod_in_api::API_BOUND / 2 {
             break;
         }
+        // Each further held key of a sweep would wait its bound for the same outcome.
+        if went_unanswered(kubeconfig) {
+            unanswered.push(format!(
+                "with {}: no answer earlier in this sweep",
+                kubeconfig.display()
+            ));
+            continue;
+        }
         match pod_in_api::ask(kubeconfig, &key.pod_namespace, &key.pod_name) {
             Asked::Answered(answer) => {
                 let scope = PodKeyScope::from_name(&moved.scope);
                 return ownership::name_moved(uid, api_pod(&answer), scope, &moved.this_node);
             }
-            Asked::Unknown(why) => unanswered.push(format!("with {}: {why}", kubeconfig.display())),
+            Asked::Unknown(why) => {
+                note_unanswered(kubeconfig);
+                unanswered.push(format!("with {}: {why}", kubeconfig.display()));
+            }
         }
     }
     warn(format!(
@@ -371,13 +382,25 @@ fn still_held(inv: &Invocation, key: &PodKey, uid: &str, moved: &MovedTo) -> boo
     true
 }
 
-/// The kubeconfigs this process asked with and got no answer from in time (`ask`).
+/// The kubeconfigs this process asked with and got no answer from in time.
 fn unanswered() -> std::sync::MutexGuard<'static, Vec<std::path::PathBuf>> {
     static UNANSWERED: std::sync::Mutex<Vec<std::path::PathBuf>> =
         std::sync::Mutex::new(Vec::new());
     UNANSWERED
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn note_unanswered(kubeconfig: &std::path::Path) {
+    let mut list = unanswered();
+    if !list.iter().any(|path| path == kubeconfig) {
+        list.push(kubeconfig.to_path_buf());
+    }
+}
+
+/// Whether this process asked with `kubeconfig` and got no answer.
+fn went_unanswered(kubeconfig: &std::path::Path) -> bool {
+    unanswered().iter().any(|path| path == kubeconfig)
 }
 
 /// Before deferred DELs no answer has held are replayed (nobody owns their pod's name here
@@ -410,7 +433,7 @@ pub fn replay_waits(inv: &Invocation, key: &PodKey, uids: &[&str]) -> bool {
 /// asks with and got no answer (the DEL that freed the name, or this sweep's key before), so
 /// a new ask would wait its bound for the same outcome.
 pub fn replays_wait_unanswered(inv: &Invocation) -> bool {
-    asked_before_replays(inv).is_some_and(|kubeconfig| unanswered().iter().any(|p| p == kubeconfig))
+    asked_before_replays(inv).is_some_and(went_unanswered)
 }
 
 /// The kubeconfig `replay_waits` asks with, where it asks.

@@ -289,7 +289,7 @@ fn del_locked(
                 return hold_moved(inv, delegate, attachment, plan, moved).map(|()| false);
             }
         } else if unanswered_after_reboot(inv, &plan)
-            && kept_unanswered(inv, delegate, attachment, &plan)
+            && kept_unanswered(inv, delegate, attachment, &plan)?
         {
             return Ok(false);
         }
@@ -832,17 +832,18 @@ fn unanswered_after_reboot(inv: &Invocation, plan: &judgement::Plan) -> bool {
 /// answered with success; like any hold it is asked about again at each sweep
 /// (`api_check::still_moved`, with the kubeconfig it was kept with) and its retries stay held
 /// without asking; the off sign in that kubeconfig lets it go by the local rule. Nothing of
-/// the ended boot's sandbox is left on the node to remove. Whether it was kept: where it
-/// cannot be, the local rule decides after all, as a teardown is never refused for an API
-/// that does not answer.
+/// the ended boot's sandbox is left on the node to remove. Whether it was kept: where the
+/// store cannot be written, the local rule decides after all, as a teardown is never refused
+/// for an API that does not answer; a store busy past `lockTimeoutSeconds` fails the DEL, as
+/// any DEL's, and the runtime's retry asks again.
 fn kept_unanswered(
     inv: &Invocation,
     delegate: &Delegate,
     attachment: &Attachment,
     plan: &judgement::Plan,
-) -> bool {
+) -> Result<bool> {
     let (Some(key), Some(hold)) = (plan.keys.first(), api_check::unanswered_hold(inv)) else {
-        return false;
+        return Ok(false);
     };
     let subject = inv.subject(Some(attachment), Some(key.pod()));
     let kept = match judgement::open(inv, attachment) {
@@ -855,7 +856,9 @@ fn kept_unanswered(
             store.sync()?;
             judgement::forget_planned(&store, plan)
         }),
-        Ok(Some((_, Some(why)))) | Err(why) => Err(why),
+        Ok(Some((_, Some(why)))) => Err(why),
+        Err(why) if why.kind == Kind::Busy => return Err(why),
+        Err(why) => Err(why),
         Ok(None) => Err(GuardError::new(Kind::Io, "the state dir is gone")),
     };
     if let Err(why) = kept {
@@ -869,7 +872,7 @@ fn kept_unanswered(
                 attachment.container_id, why.msg
             ),
         );
-        return false;
+        return Ok(false);
     }
     inv.log.event(
         Level::Warn,
@@ -883,7 +886,7 @@ fn kept_unanswered(
             key.pod()
         ),
     );
-    true
+    Ok(true)
 }
 
 fn drop_own_deferred(inv: &Invocation, key: &PodKey, id: &AttachmentId) {

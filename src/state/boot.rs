@@ -8,8 +8,9 @@
 //! the truth (a killed writer leaves a whole file or the old one, by rename), and a crash that
 //! loses unsynced writes starts a new boot, whose first writer moves the old boot's folders to
 //! `previous-boot/<its id>/`, where no owner is taken from them (delegate mode only looks
-//! there to tell a DEL of a sandbox of that boot, `recorded_in_previous_boot`). What outlives the boot (deferred
-//! DELs the primary has not yet received, the `podKey` markers) keeps its syncs.
+//! there to tell a DEL of a sandbox of that boot, `recorded_in_previous_boot`). What outlives
+//! the boot (deferred DELs the primary has not yet received, the `podKey` markers) keeps its
+//! syncs.
 //!
 //! `<stateDir>/boot` names the boot the live folders belong to. It is made durable before
 //! the first entry of its boot is written, so a power cut never leaves a boot's unsynced

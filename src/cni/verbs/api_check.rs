@@ -242,21 +242,42 @@ impl Moved {
     }
 }
 
-/// Rule 7 for a DEL rules 1-6 let go, of pod UID `uid`: `Some` when the name has moved to
-/// another pod the primary's state reaches. Logs only an unanswered ask.
+/// What rule 7 found for a DEL.
+pub enum Rule7 {
+    /// The name moved to another pod the primary's state reaches.
+    Moved(Box<Moved>),
+    /// Not asked (no kubeconfig, pod UID or key), or the API's answer leaves the name here.
+    NotMoved,
+    /// Asked, and no answer came (logged).
+    Unanswered,
+}
+
+impl Rule7 {
+    pub fn moved(self) -> Option<Moved> {
+        match self {
+            Rule7::Moved(moved) => Some(*moved),
+            Rule7::NotMoved | Rule7::Unanswered => None,
+        }
+    }
+}
+
+/// Rule 7 for a DEL rules 1-6 let go, of pod UID `uid`: whether the name has moved to another
+/// pod the primary's state reaches. Logs only an unanswered ask.
 pub fn name_moved(
     inv: &Invocation,
     attachment: &Attachment,
     keys: &[PodKey],
     uid: Option<&str>,
-) -> Option<Moved> {
-    inv.conf.kubeconfig.as_ref()?;
-    let uid = uid?;
-    let key = keys.first()?;
-    let pod = ask_for_verb(inv, attachment, key)?;
+) -> Rule7 {
+    let (Some(_), Some(uid), Some(key)) = (&inv.conf.kubeconfig, uid, keys.first()) else {
+        return Rule7::NotMoved;
+    };
+    let Some(pod) = ask_for_verb(inv, attachment, key) else {
+        return Rule7::Unanswered;
+    };
     let node = this_node(inv);
     if !ownership::name_moved(uid, api_pod(&pod), inv.conf.pod_key_scope, &node) {
-        return None;
+        return Rule7::NotMoved;
     }
     let other_uid = pod.uid.clone().unwrap_or_default();
     let place = match pod.node_name.as_deref() {
@@ -281,12 +302,12 @@ pub fn name_moved(
         "{reach}, so this DEL would free what the newer pod holds in it. The runtime retries the DEL; it passes once the API \
          server has no other pod of that name (the StatefulSet scaled down, or the pod deleted)."
     ));
-    Some(Moved {
+    Rule7::Moved(Box::new(Moved {
         key: key.clone(),
         uid: other_uid,
         node: pod.node_name,
         error,
-    })
+    }))
 }
 
 /// For a deferred DEL held by rule 7: whether the name is still another pod's. Asked with the
@@ -434,6 +455,12 @@ pub fn replay_waits(inv: &Invocation, key: &PodKey, uids: &[&str]) -> bool {
 /// a new ask would wait its bound for the same outcome.
 pub fn replays_wait_unanswered(inv: &Invocation) -> bool {
     asked_before_replays(inv).is_some_and(went_unanswered)
+}
+
+/// Whether this network's replays ask the API server before they replay (`replay_waits`):
+/// `podKeyScope: "cluster"`, a kubeconfig, and not the off sign in it.
+pub fn replays_ask(inv: &Invocation) -> bool {
+    asked_before_replays(inv).is_some()
 }
 
 /// The kubeconfig `replay_waits` asks with, where it asks.

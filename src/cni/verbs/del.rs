@@ -45,7 +45,8 @@ pub fn run(inv: &Invocation, attachment: &Attachment) -> Result<()> {
                     plan.pod_uid.as_deref().unwrap_or_default(),
                     held,
                 ),
-                _ => api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref()),
+                _ => api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref())
+                    .moved(),
             };
             continue;
         }

@@ -20,7 +20,7 @@
 use serde_json::value::RawValue;
 
 use super::Invocation;
-use super::api_check;
+use super::api_check::{self, Rule7};
 use super::judgement::{self, Judgement, Stale};
 use super::old_interface;
 use super::pending;
@@ -280,18 +280,20 @@ fn del_locked(
         return hold_moved(inv, delegate, attachment, plan, moved).map(|()| false);
     }
     if plan.asks_api(inv) {
-        if let Some(moved) =
-            api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref())
-        {
-            if inv.conf.stale_del == StaleDelPolicy::Audit {
-                plan.audit_moved(moved);
-            } else {
-                return hold_moved(inv, delegate, attachment, plan, moved).map(|()| false);
+        match api_check::name_moved(inv, attachment, &plan.keys, plan.pod_uid.as_deref()) {
+            Rule7::Moved(moved) if inv.conf.stale_del == StaleDelPolicy::Audit => {
+                plan.audit_moved(*moved);
             }
-        } else if unanswered_after_reboot(inv, &plan)
-            && kept_unanswered(inv, delegate, attachment, &plan)?
-        {
-            return Ok(false);
+            Rule7::Moved(moved) => {
+                return hold_moved(inv, delegate, attachment, plan, *moved).map(|()| false);
+            }
+            Rule7::Unanswered
+                if of_the_boot_before(inv, &plan)
+                    && kept_unanswered(inv, delegate, attachment, &plan)? =>
+            {
+                return Ok(false);
+            }
+            Rule7::Unanswered | Rule7::NotMoved => {}
         }
     }
     pass_on(inv, delegate, inv.conf.prev_result.as_deref())?;
@@ -815,19 +817,20 @@ fn hold_moved(
     }
 }
 
-/// Whether a DEL rules 1-6 let go is of a sandbox of the boot before this one, asked about
-/// under `podKeyScope: "cluster"` without an answer. Its owner here ended with that boot
-/// unasked, so the local rule knows nothing of the name: the pod may have been made again on
-/// another node meanwhile, and the primary keeps its state of the name for the whole cluster.
-/// A DEL of this boot's sandbox still goes by the local rule: kept from the primary on every
-/// DEL of a node whose kubeconfig never answers, its pods' addresses would never come back.
-fn unanswered_after_reboot(inv: &Invocation, plan: &judgement::Plan) -> bool {
+/// For a DEL rules 1-6 let go and rule 7's ask left unanswered: whether it is of a sandbox
+/// of the boot before this one, under `podKeyScope: "cluster"` (not in audit mode). Its owner
+/// here ended with that boot unasked, so the local rule knows nothing of the name: the pod may
+/// have been made again on another node meanwhile, and the primary keeps its state of the
+/// name for the whole cluster. A DEL of this boot's sandbox still goes by the local rule: kept
+/// from the primary on every DEL of a node whose kubeconfig never answers, its pods'
+/// addresses would never come back.
+fn of_the_boot_before(inv: &Invocation, plan: &judgement::Plan) -> bool {
     inv.conf.stale_del != StaleDelPolicy::Audit
-        && api_check::replays_wait_unanswered(inv)
+        && api_check::replays_ask(inv)
         && crate::state::boot::recorded_in_previous_boot(&inv.conf.state_dir, &plan.id.file_name())
 }
 
-/// Delegate mode's answer to `unanswered_after_reboot`: the DEL kept for the primary as a
+/// Delegate mode's answer to `of_the_boot_before`: the DEL kept for the primary as a
 /// hold whose API pod is not known (`api_check::unanswered_hold`), durably, and the runtime
 /// answered with success; like any hold it is asked about again at each sweep
 /// (`api_check::still_moved`, with the kubeconfig it was kept with) and its retries stay held

@@ -391,9 +391,6 @@ fn check_deleted_holders(
     }
 }
 
-/// Chained mode's DELs that rule 7 refuses while the API server shows the pod's name on
-/// another pod, whether or not their namespace is still there: their interfaces were taken
-/// out on purpose, and their records hold the refusal.
 /// A DEL rule 7 holds in chained mode: its sandbox's attachment, and what `held-by-api` says
 /// of it.
 struct HeldDel {
@@ -424,6 +421,10 @@ fn held_dels(records: &[Checkpoint]) -> Vec<HeldDel> {
         .collect()
 }
 
+/// Chained mode's DELs that rule 7 refuses while the API server shows the pod's name on
+/// another pod, whether or not their namespace is still there: their interfaces taken out on
+/// purpose where they could be (`live` says which are still there), their records holding the
+/// refusal.
 fn check_held(root: &str, dels: Vec<HeldDel>, live: &[LiveRecord], report: &mut Report) {
     let held: Vec<String> = dels
         .into_iter()

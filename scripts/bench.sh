@@ -327,7 +327,7 @@ small_state=$work/state-small large_state=$work/state-large baseline_state=$work
 # One pod attachment: container, pod, UID, address and MACs all derive from a serial, so no two ADDs of the
 # run share any of them (a shared address would make every ADD look like the IP reuse the guard reports).
 # Kinds keep the serials of the phases below apart.
-readonly preflight_kind=1 fill_kind=2 round_kind=3 rss_kind=4 burst_kind=6 fs_kind=7 ask_owner_kind=12 ask_kind=13
+readonly preflight_kind=1 fill_kind=2 round_kind=3 rss_kind=4 burst_kind=6 fs_kind=7 again_kind=9 ask_owner_kind=12 ask_kind=13
 attachment() { # kind serial -> cid pod uid prev_result
   local serial=$(($1 * 1000000 + $2)) hex
   local a=$((serial >> 16 & 255)) b=$((serial >> 8 & 255)) c=$((serial & 255))
@@ -609,7 +609,8 @@ bursts '' "$work/state" 0
 # systems the bench makes itself (ext4 with its journal and XFS, on loop-mounted image files under
 # BENCH_BASE_DIR, so their flushes reach the same disk: a loop device's flush is an fsync of its image file)
 # and on BENCH_BASE_DIR's own. Every round runs the no-op, tuning's no-op ADD and, on each file system, the
-# commit and the guard's ADD then DEL, all in a random order; each ADD a fresh pod. Then the burst on each
+# commit and the guard's ADD then DEL, then the ADD of the same pod made again (below), and the baseline's
+# three where one is given, all in a random order; each round a fresh pod. Then the burst on each
 # loop-mounted file system.
 floor_fs=(base) fs_cases=()
 declare -A floor_dir=([base]=$work/floor) floor_name=()
@@ -647,7 +648,20 @@ for fs in "${floor_fs[@]}"; do
   "$commit_bin" "${floor_dir[$fs]}/commit" || die "the commit program failed in ${floor_dir[$fs]}/commit"
   "$kernel_add_bin" "${floor_dir[$fs]}/kernel-add" "$netns_path" "$ifname" preflight </dev/null >/dev/null ||
     die "the kernel_add program failed in ${floor_dir[$fs]}/kernel-add"
+  if [[ -n $baseline_bin ]]; then
+    guard_config config "${floor_dir[$fs]}/state-baseline"
+    baseline ADD "$config" >/dev/null && baseline DEL "$config" >/dev/null ||
+      die "the baseline's ADD/DEL in ${floor_dir[$fs]} failed"
+  fi
 done
+# The pod made again (a StatefulSet's, under a new UID) with the address it had, once its old sandbox's DEL
+# is through: a new sandbox whose ADD rewrites the address entry the old one left, as on a node where
+# addresses come back (a sticky-IP primary; any IPAM once its range wraps). Timed; its DEL is not.
+again() { # plugin label input
+  local cid=$cid_again uid=$uid_again
+  timed "$2" "$1" ADD "$3"
+  "$1" DEL "$3" >/dev/null || die "$1: the DEL of the pod made again failed"
+}
 # The text on stdin, as cni() gives it to a plugin: inside the timed command.
 # shellcheck disable=SC2317 # run through timed
 stdin_to() { # text command...
@@ -658,6 +672,7 @@ stdin_to() { # text command...
 floor_cases=(noop tuning)
 for fs in "${floor_fs[@]}"; do
   floor_cases+=("commit:$fs" "kernel:$fs" "guard:$fs")
+  [[ -z $baseline_bin ]] || floor_cases+=("baseline:$fs")
 done
 say "timing $FLOOR_ROUNDS rounds (+$WARMUP warm-up) of the floor on: ${floor_fs[*]}"
 for ((round = 0; round < WARMUP + FLOOR_ROUNDS; round++)); do
@@ -665,9 +680,12 @@ for ((round = 0; round < WARMUP + FLOOR_ROUNDS; round++)); do
     for label in "${!samples[@]}"; do [[ $label != floor_* ]] || unset "samples[$label]"; done
   fi
   attachment "$fs_kind" "$round"
+  printf -v cid_again '%064x' "$((again_kind * 1000000 + round))"
+  printf -v uid_again '%08x-0000-4000-8000-%012x' "$again_kind" "$round"
   plugin_config 'round_input[tuning]' tuning
   for fs in "${floor_fs[@]}"; do
     guard_config "round_input[$fs]" "${floor_dir[$fs]}/state"
+    guard_config "round_input[baseline:$fs]" "${floor_dir[$fs]}/state-baseline"
   done
   shuffled order "${floor_cases[@]}"
   for case in "${order[@]}"; do
@@ -681,6 +699,12 @@ for ((round = 0; round < WARMUP + FLOOR_ROUNDS; round++)); do
     guard:*)
       timed "floor_add_$fs" guard ADD "${round_input[$fs]}"
       timed "floor_del_$fs" guard DEL "${round_input[$fs]}"
+      again guard "floor_again_$fs" "${round_input[$fs]}"
+      ;;
+    baseline:*)
+      timed "floor_base_add_$fs" baseline ADD "${round_input[baseline:$fs]}"
+      timed "floor_base_del_$fs" baseline DEL "${round_input[baseline:$fs]}"
+      again baseline "floor_base_again_$fs" "${round_input[baseline:$fs]}"
       ;;
     esac
   done
@@ -1016,6 +1040,9 @@ for fs in "${floor_fs[@]}"; do
     "${p50[floor_add_$fs]} <= $MAX_ADD_EXECS * ${p50[floor_noop]}"
   verdict "DEL on ${floor_name[$fs]}: ${p50[floor_del_$fs]} ms is $(execs "floor_del_$fs")x the no-op's exec (<= $MAX_DEL_EXECS)" \
     "${p50[floor_del_$fs]} <= $MAX_DEL_EXECS * ${p50[floor_noop]}"
+  verdict "ADD of a pod made again with its address on ${floor_name[$fs]}: ${p50[floor_again_$fs]} ms is $(execs "floor_again_$fs")x the no-op's exec (<= $MAX_ADD_EXECS)" \
+    "${p50[floor_again_$fs]} <= $MAX_ADD_EXECS * ${p50[floor_noop]}"
+  [[ -z $baseline_bin ]] || printf 'INFO  %s\n' "the baseline on ${floor_name[$fs]}, in the same rounds: ADD ${p50[floor_base_add_$fs]} ms (this binary's $(calc "${p50[floor_add_$fs]} / ${p50[floor_base_add_$fs]}")x), DEL ${p50[floor_base_del_$fs]} ms ($(calc "${p50[floor_del_$fs]} / ${p50[floor_base_del_$fs]}")x), ADD of a pod made again ${p50[floor_base_again_$fs]} ms ($(calc "${p50[floor_again_$fs]} / ${p50[floor_base_again_$fs]}")x) (reported, not checked)"
   printf 'INFO  %s\n' "ADD on ${floor_name[$fs]}: $(above "floor_add_$fs") ms above the exec, $(commits "floor_add_$fs" "$fs")x one commit; DEL $(commits "floor_del_$fs" "$fs")x (reported, not checked)"
   printf 'INFO  %s\n' "ADD's kernel work alone (no parsing) on ${floor_name[$fs]}: $(above "floor_kernel_add_$fs") ms above the exec, $(commits "floor_kernel_add_$fs" "$fs")x one commit (reported, not checked)"
 done
@@ -1127,12 +1154,13 @@ for fs in "${fs_cases[@]}"; do burst_row "$fs, loop-mounted" "${fs}_"; done
 echo
 echo "The floor ($FLOOR_ROUNDS rounds in a random order, medians, ms): a static no-op exec ${p50[floor_noop]} ms, tuning's no-op ADD ${p50[floor_tuning_add]} ms in the same rounds; \"above\" is the median less the no-op's; one commit = about 700 bytes to a temp file, fdatasync, rename into place, fsync of the directory, by a static C program; ADD's kernel work = a static C program making ADD's system calls (the pod's link facts through netlink in its netns, the lock, the boot id and the store's marker read, the record, the owner and the address entry written as plain files of the guard's sizes, the record linked in from an O_TMPFILE and the others renamed into place, nothing synced; a subset of ADD's calls: none of its lookups of earlier entries) with none of its parsing, reported, not checked. Targets on every file system: ADD <= ${MAX_ADD_EXECS}x, DEL <= ${MAX_DEL_EXECS}x the no-op's exec."
 echo
-echo "| State on | One commit (above) | ADD's kernel work (above) | ADD (above) | DEL (above) | ADD's kernel work, commits | ADD, commits | DEL, commits | ADD / tuning ADD | DEL / tuning ADD |"
-echo "| --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |"
+echo "| State on | One commit (above) | ADD's kernel work (above) | ADD (above) | DEL (above) | ADD of a pod made again (above) | ADD's kernel work, commits | ADD, commits | DEL, commits | ADD / tuning ADD | DEL / tuning ADD |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |"
 for fs in "${floor_fs[@]}"; do
-  printf '| %s | %.2f (%.2f) | %.2f (%.2f) | %.2f (%.2f) | %.2f (%.2f) | %s x | %s x | %s x | %s | %s |\n' "${floor_name[$fs]}" \
+  printf '| %s | %.2f (%.2f) | %.2f (%.2f) | %.2f (%.2f) | %.2f (%.2f) | %.2f (%.2f) | %s x | %s x | %s x | %s | %s |\n' "${floor_name[$fs]}" \
     "${p50[floor_commit_$fs]}" "$(above "floor_commit_$fs")" "${p50[floor_kernel_add_$fs]}" "$(above "floor_kernel_add_$fs")" \
     "${p50[floor_add_$fs]}" "$(above "floor_add_$fs")" "${p50[floor_del_$fs]}" "$(above "floor_del_$fs")" \
+    "${p50[floor_again_$fs]}" "$(above "floor_again_$fs")" \
     "$(commits "floor_kernel_add_$fs" "$fs")" "$(commits "floor_add_$fs" "$fs")" "$(commits "floor_del_$fs" "$fs")" \
     "$(calc "${p50[floor_add_$fs]} / ${p50[floor_tuning_add]}")" "$(calc "${p50[floor_del_$fs]} / ${p50[floor_tuning_add]}")"
 done

@@ -219,7 +219,7 @@ pub fn write_unsynced(dir: &Path, name: &str, sealed: &[u8], new: bool) -> Resul
     .unwrap_or_else(|| {
         let temp = temp_path(dir);
         let written = write_temp(&temp, sealed, Durability::Hint)
-            .and_then(|file| fs::rename(&temp, &path).map(|()| file));
+            .and_then(|file| rename_over(&temp, &path).map(|()| file));
         if written.is_err() {
             let _ = fs::remove_file(&temp);
         }
@@ -259,12 +259,30 @@ pub enum Durability {
 pub fn replace(dir: &Path, name: &str, bytes: &[u8], durability: Durability) -> io::Result<()> {
     let temp = temp_path(dir);
     let written =
-        write_temp(&temp, bytes, durability).and_then(|_| fs::rename(&temp, dir.join(name)));
+        write_temp(&temp, bytes, durability).and_then(|_| rename_over(&temp, &dir.join(name)));
     if written.is_err() {
         // Leave nothing half-written behind, even on ENOSPC.
         let _ = fs::remove_file(&temp);
     }
     written
+}
+
+/// Puts `temp` at `path`, which holds the old file or the new one at every instant. Where
+/// `path` exists the two are exchanged and the old file, now under the temp name, unlinked:
+/// ext4 starts the writeback of a file renamed over another (`auto_da_alloc`), a disk write
+/// queued on every verb that rewrites an entry, which an exchange does not ask of it. Where
+/// the exchange cannot be made (no such `path`, a file system without it), a rename.
+pub fn rename_over(temp: &Path, path: &Path) -> io::Result<()> {
+    use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+    match renameat2(AT_FDCWD, temp, AT_FDCWD, path, RenameFlags::RENAME_EXCHANGE) {
+        Ok(()) => {
+            // Left behind (a kill here), it is a dead writer's temp file: nothing reads it,
+            // the next write of this pid replaces it and GC removes it.
+            let _ = fs::remove_file(temp);
+            Ok(())
+        }
+        Err(_) => fs::rename(temp, path),
+    }
 }
 
 /// Named by pid alone: a process writes one file at a time, and deriving the temp name from
@@ -380,5 +398,32 @@ mod tests {
                 .contains("checksum mismatch")
         );
         assert!(verify::<serde_json::Value>(b"{\"checksum\":").is_err());
+    }
+
+    /// An entry is replaced whole whether its name is free, a file or a link (the link, never
+    /// its target), and no temp file is left.
+    #[test]
+    fn replace_leaves_the_new_file_and_no_temp() {
+        let dir = std::env::temp_dir().join(format!("sg-sealed-replace-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let outside = dir.join("outside");
+        fs::write(&outside, "kept").unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("link")).unwrap();
+        for (name, round) in [("free", 1), ("free", 2), ("link", 1)] {
+            let bytes = format!("{name} {round}");
+            replace(&dir, name, bytes.as_bytes(), Durability::Hint).unwrap();
+            let meta = fs::symlink_metadata(dir.join(name)).unwrap();
+            assert!(meta.is_file(), "{name} {round}: {meta:?}");
+            assert_eq!(fs::read_to_string(dir.join(name)).unwrap(), bytes);
+        }
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "kept");
+        let mut left: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["free", "link", "outside"]);
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

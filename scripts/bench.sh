@@ -392,6 +392,9 @@ out=$(guard ADD "$config") || die "sandbox-guard ADD failed: $out"
 # $(...) drops a trailing newline, which a runtime's JSON decoder ignores too.
 [[ $out == "$prev_result" ]] || contract "ADD did not print prevResult byte for byte: $out"
 has_record "$(record_file "$small_state")" || contract "ADD wrote no $(record_file "$small_state")"
+# What every timed ADD must do too: read the pod's link from its netns.
+jq -e '.record.links.state == "observed"' "$(record_file "$small_state")" >/dev/null 2>&1 ||
+  contract "ADD recorded no link facts for $ifname in $netns_path"
 out=$(guard DEL "$config") || die "sandbox-guard DEL failed: $out"
 ! has_record "$(record_file "$small_state")" || contract "DEL left $(record_file "$small_state")"
 out=$(guard DEL "$config") || contract "a repeated DEL failed (DEL must be idempotent): $out"
@@ -453,6 +456,11 @@ if out=$(guard DEL "$ask_config"); then
 fi
 jq -e '.code == 11 and (.msg | contains("someone-else"))' <<<"$out" >/dev/null ||
   die "the owner's DEL was refused, not for the API's pod: $out"
+# Chained mode takes the refused sandbox's interface out of its netns (docs/api-server-check.md), and
+# this one is the bench's shared pod end: put back, or every later ADD would find no link to record.
+! ip -n "$netns" link show "$ifname" >/dev/null 2>&1 ||
+  contract "the owner's DEL refused by rule 7 left $ifname in its netns"
+ip -n "$netns" link show "$ifname" >/dev/null 2>&1 || ip link add "sgb$$" type veth peer name "$ifname" netns "$netns"
 out=$(guard DEL "$config") || die "the ask's preflight DEL, without the kubeconfig, failed: $out"
 # And rule 8's: an ADD of the name, owned here by a sandbox of another pod UID, while the API shows a third
 # UID, is refused (code 104), which only the answer can have said.
@@ -709,6 +717,8 @@ for ((round = 0; round < WARMUP + FLOOR_ROUNDS; round++)); do
     esac
   done
 done
+ip -n "$netns" link show "$ifname" >/dev/null 2>&1 ||
+  contract "$ifname left $netns_path during the rounds: the ADDs after that recorded no link facts"
 for ((k = 0; k < ${#fs_cases[@]}; k++)); do
   bursts "${fs_cases[k]}_" "$work/mnt-${fs_cases[k]}/state" $(((k + 1) * 100000))
 done

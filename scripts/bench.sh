@@ -664,9 +664,12 @@ for fs in "${floor_fs[@]}"; do
 done
 # The pod made again (a StatefulSet's, under a new UID) with the address it had, once its old sandbox's DEL
 # is through: a new sandbox whose ADD rewrites the address entry the old one left, as on a node where
-# addresses come back (a sticky-IP primary; any IPAM once its range wraps). Timed; its DEL is not.
-again() { # plugin label input
+# addresses come back (a sticky-IP primary; any IPAM once its range wraps). By then the kernel's flusher
+# has written that entry out (dirty pages expire after 30 s), so its file system is synced first, untimed.
+# Timed; its DEL is not.
+again() { # plugin label input state-dir
   local cid=$cid_again uid=$uid_again
+  sync -f "$4"
   timed "$2" "$1" ADD "$3"
   "$1" DEL "$3" >/dev/null || die "$1: the DEL of the pod made again failed"
 }
@@ -707,12 +710,12 @@ for ((round = 0; round < WARMUP + FLOOR_ROUNDS; round++)); do
     guard:*)
       timed "floor_add_$fs" guard ADD "${round_input[$fs]}"
       timed "floor_del_$fs" guard DEL "${round_input[$fs]}"
-      again guard "floor_again_$fs" "${round_input[$fs]}"
+      again guard "floor_again_$fs" "${round_input[$fs]}" "${floor_dir[$fs]}"
       ;;
     baseline:*)
       timed "floor_base_add_$fs" baseline ADD "${round_input[baseline:$fs]}"
       timed "floor_base_del_$fs" baseline DEL "${round_input[baseline:$fs]}"
-      again baseline "floor_base_again_$fs" "${round_input[baseline:$fs]}"
+      again baseline "floor_base_again_$fs" "${round_input[baseline:$fs]}" "${floor_dir[$fs]}"
       ;;
     esac
   done

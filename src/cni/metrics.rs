@@ -353,7 +353,7 @@ fn write_textfile(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
         .open(&temp)
         .and_then(|mut file| file.write_all(bytes))
-        .and_then(|()| crate::state::sealed::rename_over(&temp, path));
+        .and_then(|()| std::fs::rename(&temp, path));
     if written.is_err() {
         let _ = std::fs::remove_file(&temp);
     }

@@ -92,7 +92,7 @@ impl Store {
         for holder in holders {
             let name = entry_name(&holder.network, holder.address);
             let written =
-                sealed::replace(&dir, &name, &sealed::seal(holder), self.unsynced_entries());
+                sealed::replace(&dir, &name, &sealed::seal(holder), sealed::Durability::Hint);
             if let Err(e) = written {
                 first_failure.get_or_insert(crate::error::GuardError::io(
                     "record the holder of an address in",

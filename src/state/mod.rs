@@ -359,13 +359,7 @@ impl Store {
     pub fn save_record(&self, record: &Checkpoint) -> Result<()> {
         let name = record.id().file_name();
         let new = surely_absent(&self.records.join(&name));
-        let file = sealed::write_unsynced(
-            &self.records,
-            &name,
-            &sealed::seal(record),
-            new,
-            self.unsynced_entries(),
-        )?;
+        let file = sealed::write_unsynced(&self.records, &name, &sealed::seal(record), new)?;
         if self.durable
             && let Some(earlier) = self.unsynced_record.replace(Some(file))
         {
@@ -456,12 +450,13 @@ impl Store {
             boot_id: self.boot_now.clone(),
             ..owner.clone()
         };
-        let durability = match self.durable {
-            true => sealed::Durability::Durable,
-            false => sealed::Durability::ThisBoot,
-        };
-        sealed::replace(&self.owners, &name, &sealed::seal(&stamped), durability)
-            .map_err(|e| GuardError::io("write the ownership", &self.owners.join(&name), e))?;
+        sealed::replace(
+            &self.owners,
+            &name,
+            &sealed::seal(&stamped),
+            self.durability(),
+        )
+        .map_err(|e| GuardError::io("write the ownership", &self.owners.join(&name), e))?;
         self.mark_dirty(Dir::Owners);
         Ok(())
     }
@@ -472,15 +467,6 @@ impl Store {
         match self.durable {
             true => sealed::Durability::Durable,
             false => sealed::Durability::Hint,
-        }
-    }
-
-    /// How an entry of this boot's folders that is never synced is made: a hint where no boot
-    /// scopes the store, one of this boot's where a boot does.
-    fn unsynced_entries(&self) -> sealed::Durability {
-        match self.durable {
-            true => sealed::Durability::Hint,
-            false => sealed::Durability::ThisBoot,
         }
     }
 

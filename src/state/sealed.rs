@@ -209,13 +209,7 @@ pub fn write<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<()> {
 /// allocates the blocks at writeback): it then reads as corrupt, never as valid and wrong.
 /// `new`: `name` is known to be free, so the data goes into an unnamed file (O_TMPFILE)
 /// that is linked in once written: no temp name is created, renamed or left by a kill.
-pub fn write_unsynced(
-    dir: &Path,
-    name: &str,
-    sealed: &[u8],
-    new: bool,
-    durability: Durability,
-) -> Result<File> {
+pub fn write_unsynced(dir: &Path, name: &str, sealed: &[u8], new: bool) -> Result<File> {
     let path = dir.join(name);
     let written = if new {
         link_new(dir, &path, sealed)
@@ -225,7 +219,7 @@ pub fn write_unsynced(
     .unwrap_or_else(|| {
         let temp = temp_path(dir);
         let written = write_temp(&temp, sealed, Durability::Hint)
-            .and_then(|file| put_in_place(&temp, &path, durability).map(|()| file));
+            .and_then(|file| fs::rename(&temp, &path).map(|()| file));
         if written.is_err() {
             let _ = fs::remove_file(&temp);
         }
@@ -254,83 +248,23 @@ fn link_new(dir: &Path, path: &Path, bytes: &[u8]) -> Option<io::Result<File>> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
-    /// fsync before the name changes: the file survives a power cut.
+    /// fsync before the rename: the file survives a power cut.
     Durable,
-    /// No fsync: for hints that every reader verifies anyway and that outlive the boot (the
-    /// ledger, the counters, notes of cut-off ADDs). Renamed in, so ext4 writes the data out
-    /// before a rename that replaces another file commits: a power cut there leaves the old
-    /// file or the new one.
+    /// No fsync: for hints that every reader verifies anyway, where a power cut may lose
+    /// the newest version but never leaves a torn one.
     Hint,
-    /// No fsync and no writeback asked for: an entry of this boot's folders, which the next
-    /// boot's first writer moves aside, so a power cut leaves nothing a reader trusts.
-    ThisBoot,
 }
 
 /// Replaces `dir/name` atomically with `bytes` (temp file in the same directory, rename).
 pub fn replace(dir: &Path, name: &str, bytes: &[u8], durability: Durability) -> io::Result<()> {
     let temp = temp_path(dir);
-    let written = write_temp(&temp, bytes, durability)
-        .and_then(|_| put_in_place(&temp, &dir.join(name), durability));
+    let written =
+        write_temp(&temp, bytes, durability).and_then(|_| fs::rename(&temp, dir.join(name)));
     if written.is_err() {
         // Leave nothing half-written behind, even on ENOSPC.
         let _ = fs::remove_file(&temp);
     }
     written
-}
-
-/// Puts `temp` at `path`, which holds the old file or the new one at every instant. Where
-/// `path` holds a file the two are exchanged and the old one, now under the temp name,
-/// unlinked: ext4 starts the writeback of a file renamed over another (`auto_da_alloc`), a
-/// disk write queued by every verb that rewrites an entry, which an exchange does not ask
-/// of it. Where the exchange cannot be made (no such `path`, a file system without it), a
-/// rename; a directory at `path` is put back and refused, as rename refuses it.
-pub fn rename_over(temp: &Path, path: &Path) -> io::Result<()> {
-    if exchange(temp, path).is_err() {
-        return fs::rename(temp, path);
-    }
-    match fs::remove_file(temp) {
-        Err(e) if e.raw_os_error() == Some(nix::libc::EISDIR) => {
-            exchange(temp, path)?;
-            Err(e)
-        }
-        // Left behind (a kill, a failing unlink), it is a temp file like one a kill before a
-        // rename leaves: the next write of this pid replaces it and GC removes it.
-        _ => Ok(()),
-    }
-}
-
-/// renameat2(2) with RENAME_EXCHANGE, by system call: libc wrappers for it are not in every
-/// libc a static build may use.
-pub fn exchange(from: &Path, to: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let from = std::ffi::CString::new(from.as_os_str().as_bytes())?;
-    let to = std::ffi::CString::new(to.as_os_str().as_bytes())?;
-    // SAFETY: two NUL-terminated paths that live until the call returns; AT_FDCWD resolves
-    // them as open(2) would.
-    let rc = unsafe {
-        nix::libc::syscall(
-            nix::libc::SYS_renameat2,
-            nix::libc::AT_FDCWD,
-            from.as_ptr(),
-            nix::libc::AT_FDCWD,
-            to.as_ptr(),
-            nix::libc::RENAME_EXCHANGE,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// How a written file takes its name: after an fsync, or by a rename the file system may
-/// order after the data, or by an exchange that asks no writeback.
-fn put_in_place(temp: &Path, path: &Path, durability: Durability) -> io::Result<()> {
-    match durability {
-        Durability::Hint => fs::rename(temp, path),
-        Durability::Durable | Durability::ThisBoot => rename_over(temp, path),
-    }
 }
 
 /// Named by pid alone: a process writes one file at a time, and deriving the temp name from
@@ -446,40 +380,5 @@ mod tests {
                 .contains("checksum mismatch")
         );
         assert!(verify::<serde_json::Value>(b"{\"checksum\":").is_err());
-    }
-
-    /// An entry is replaced whole whether its name is free, a file or a link (the link, never
-    /// its target), however it is put in place, and no temp file is left; a directory at the
-    /// name is refused and stays.
-    #[test]
-    fn replace_leaves_the_new_file_and_no_temp() {
-        for durability in [Durability::Durable, Durability::Hint, Durability::ThisBoot] {
-            let dir = std::env::temp_dir().join(format!(
-                "sg-sealed-replace-{}-{durability:?}",
-                std::process::id()
-            ));
-            let _ = fs::remove_dir_all(&dir);
-            fs::create_dir_all(dir.join("a-dir")).unwrap();
-            let outside = dir.join("outside");
-            fs::write(&outside, "kept").unwrap();
-            std::os::unix::fs::symlink(&outside, dir.join("link")).unwrap();
-            for (name, round) in [("free", 1), ("free", 2), ("link", 1)] {
-                let bytes = format!("{name} {round}");
-                replace(&dir, name, bytes.as_bytes(), durability).unwrap();
-                let meta = fs::symlink_metadata(dir.join(name)).unwrap();
-                assert!(meta.is_file(), "{durability:?} {name} {round}: {meta:?}");
-                assert_eq!(fs::read_to_string(dir.join(name)).unwrap(), bytes);
-            }
-            assert!(replace(&dir, "a-dir", b"x", durability).is_err());
-            assert!(dir.join("a-dir").is_dir(), "{durability:?}");
-            assert_eq!(fs::read_to_string(&outside).unwrap(), "kept");
-            let mut left: Vec<_> = fs::read_dir(&dir)
-                .unwrap()
-                .map(|e| e.unwrap().file_name().into_string().unwrap())
-                .collect();
-            left.sort();
-            assert_eq!(left, ["a-dir", "free", "link", "outside"], "{durability:?}");
-            fs::remove_dir_all(&dir).unwrap();
-        }
     }
 }

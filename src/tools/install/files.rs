@@ -100,13 +100,13 @@ pub fn write_atomic_if(
         };
         match expect {
             Expect::Any => fs::rename(&temp, target).map(|()| true),
-            Expect::Bytes(_) => match crate::state::sealed::exchange(&temp, target) {
+            Expect::Bytes(_) => match rename2(&temp, target, nix::libc::RENAME_EXCHANGE) {
                 Ok(()) if expect.holds(&temp) => Ok(true),
                 Ok(()) => {
                     // Unless the other writer wrote yet again, its file goes back in place.
                     let ours = file.metadata()?.ino();
                     if fs::metadata(target).is_ok_and(|m| m.ino() == ours) {
-                        crate::state::sealed::exchange(&temp, target)?;
+                        rename2(&temp, target, nix::libc::RENAME_EXCHANGE)?;
                     }
                     Ok(false)
                 }
@@ -265,6 +265,31 @@ pub fn is_installer_temp(name: &str) -> bool {
         .any(|ext| file.ends_with(ext))
         || BINARIES.contains(&file);
     !tag.is_empty() && tag_ok && ours
+}
+
+/// renameat2(2) with `flags` (RENAME_EXCHANGE), by system call: libc
+/// wrappers for it are not in every libc a static build may use.
+fn rename2(from: &Path, to: &Path, flags: std::ffi::c_uint) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let from = std::ffi::CString::new(from.as_os_str().as_bytes())?;
+    let to = std::ffi::CString::new(to.as_os_str().as_bytes())?;
+    // SAFETY: two NUL-terminated paths that live until the call returns; AT_FDCWD resolves
+    // them as open(2) would.
+    let rc = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_renameat2,
+            nix::libc::AT_FDCWD,
+            from.as_ptr(),
+            nix::libc::AT_FDCWD,
+            to.as_ptr(),
+            flags,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 pub fn sync_dir(dir: &Path) -> io::Result<()> {

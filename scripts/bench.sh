@@ -327,7 +327,7 @@ written_bin() { # file dir -> the copy's path
 install_bin() { # file dir -> the copy's path, its pages dropped
   local to
   to=$(written_bin "$1" "$2") && sync -f "$to" && dd if="$to" iflag=nocache count=0 status=none || return 1
-  [[ $(fincore -n -b -o RES "$to") == 0 ]] || { say "the pages of $to stayed in the page cache"; return 1; }
+  (($(fincore -n -b -o RES "$to") == 0)) || { say "the pages of $to stayed in the page cache"; return 1; }
   echo "$to"
 }
 written_guard_bin=$(written_bin "$guard_bin" "$work/bin/written") || die "cannot copy $guard_bin"

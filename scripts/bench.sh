@@ -164,7 +164,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 2' INT TERM HUP
 
-need_packages containernetworking-plugins time iproute2 jq file e2fsprogs xfsprogs gcc libc6-dev openssl
+need_packages containernetworking-plugins time iproute2 jq file e2fsprogs xfsprogs gcc libc6-dev openssl util-linux-extra
 build_release
 build_baseline
 
@@ -316,18 +316,21 @@ done
 # Every binary the rounds exec is written whole into a bin dir of the bench's own, as an installer writes a
 # plugin into a node's, and its pages are then dropped from the page cache, so that each runs as on a node
 # after a reboot (the installer skips a binary whose bytes are there already; the first exec reads it back).
-# How an executable's pages came into the page cache changes what its exec costs, and of the states tried
-# this is the slower one for every binary here (docs/benchmarks.md). The plugin as an install leaves it, its
-# pages written whole, is timed beside it in the floor, reported, not checked.
+# How an executable's pages came into the page cache changes what its exec costs; of a node's two states
+# (written whole by an install, read back after a reboot) this was the slower for the plugin here
+# (docs/benchmarks.md). The plugin as an install leaves it, its pages written whole, is timed beside it in
+# the floor, reported, not checked.
 written_bin() { # file dir -> the copy's path
   local to
   to=$2/$(basename "$1")
-  mkdir -p "$2" && cat "$1" >"$to" && chmod 0755 "$to" && echo "$to"
+  mkdir -p "$2" && cat "$1" >"$to" && chmod 0755 "$to" && sync -f "$to" && echo "$to"
 }
 install_bin() { # file dir -> the copy's path, its pages dropped
   local to
-  to=$(written_bin "$1" "$2") && sync -f "$to" && dd if="$to" iflag=nocache count=0 status=none || return 1
-  (($(fincore -n -b -o RES "$to") == 0)) || { say "the pages of $to stayed in the page cache"; return 1; }
+  to=$(written_bin "$1" "$2") && dd if="$to" iflag=nocache count=0 status=none || return 1
+  local resident
+  resident=$(fincore -n -b -o RES "$to") || { say "fincore $to failed (util-linux-extra)"; return 1; }
+  ((resident == 0)) || { say "the pages of $to stayed in the page cache"; return 1; }
   echo "$to"
 }
 written_guard_bin=$(written_bin "$guard_bin" "$work/bin/written") || die "cannot copy $guard_bin"
@@ -491,7 +494,8 @@ jq -e '.code == 11 and (.msg | contains("someone-else"))' <<<"$out" >/dev/null |
 # this one is the bench's shared pod end: put back, or every later ADD would find no link to record.
 ! ip -n "$netns" link show "$ifname" >/dev/null 2>&1 ||
   contract "the owner's DEL refused by rule 7 left $ifname in its netns"
-ip -n "$netns" link show "$ifname" >/dev/null 2>&1 || ip link add "sgb$$" type veth peer name "$ifname" netns "$netns"
+ip -n "$netns" link show "$ifname" >/dev/null 2>&1 || ip link add "sgb$$" type veth peer name "$ifname" netns "$netns" ||
+  die "cannot put $ifname back into $netns_path"
 out=$(guard DEL "$config") || die "the ask's preflight DEL, without the kubeconfig, failed: $out"
 # And rule 8's: an ADD of the name, owned here by a sandbox of another pod UID, while the API shows a third
 # UID, is refused (code 104), which only the answer can have said.
@@ -684,6 +688,8 @@ for fs in "${floor_fs[@]}"; do
   attachment "$preflight_kind" 3
   guard_config config "${floor_dir[$fs]}/state"
   guard ADD "$config" >/dev/null && guard DEL "$config" >/dev/null || die "ADD/DEL in ${floor_dir[$fs]} failed"
+  compgen -G "${floor_dir[$fs]}/state/ips/$network:*" >/dev/null ||
+    contract "a DEL left no address entry in ${floor_dir[$fs]}: the ADD of a pod made again replaces none"
   "$commit_bin" "${floor_dir[$fs]}/commit" || die "the commit program failed in ${floor_dir[$fs]}/commit"
   "$kernel_add_bin" "${floor_dir[$fs]}/kernel-add" "$netns_path" "$ifname" preflight </dev/null >/dev/null ||
     die "the kernel_add program failed in ${floor_dir[$fs]}/kernel-add"
@@ -700,7 +706,7 @@ done
 # Timed; its DEL is not.
 again() { # plugin label input state-dir
   local cid=$cid_again uid=$uid_again
-  sync -f "$4"
+  sync -f "$4" || die "sync -f $4 failed"
   timed "$2" "$1" ADD "$3"
   "$1" DEL "$3" >/dev/null || die "$1: the DEL of the pod made again failed"
 }
@@ -879,10 +885,7 @@ readonly driver=$work/driver/libcni-driver primary_name='bridge + host-local'
 delegate_modes=(alone chained delegate)
 # With a baseline binary, its delegate mode too, in the same rounds: what this binary's own delegate-mode
 # work (the pending-ADD note among it) costs above the baseline's. libcni finds it by its type's name.
-if [[ -n $baseline_bin ]]; then
-  delegate_modes+=(delegate_baseline)
-  mkdir -p "$work/baseline-cni" && cp "$baseline_bin" "$work/baseline-cni/sandbox-guard"
-fi
+[[ -z $baseline_bin ]] || delegate_modes+=(delegate_baseline)
 readonly delegate_kind=5
 primary_bridge=sgbr$$
 declare -A mode_state=([chained]=$work/state-chained [delegate]=$work/state-delegate)
@@ -903,7 +906,7 @@ done
 mode_libcni() { # mode verb; the current attachment
   local bin_dir
   bin_dir=$(dirname "$guard_bin")
-  [[ $1 != delegate_baseline ]] || bin_dir=$work/baseline-cni
+  [[ $1 != delegate_baseline ]] || bin_dir=$(dirname "$baseline_bin")
   "$driver" -conflist "$work/$1.conflist" -bin-dir "$cni_dir:$bin_dir" -cache-dir "$work/cache" \
     -container-id "$cid" -netns "/run/netns/${mode_netns[$1]}" -ifname "$ifname" \
     -args "K8S_POD_NAMESPACE=$pod_namespace;K8S_POD_NAME=$pod;K8S_POD_INFRA_CONTAINER_ID=$cid;K8S_POD_UID=$uid" "$2"

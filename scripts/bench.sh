@@ -333,16 +333,18 @@ install_bin() { # file dir -> the copy's path, its pages dropped
   ((resident == 0)) || { say "the pages of $to stayed in the page cache"; return 1; }
   echo "$to"
 }
-written_guard_bin=$(written_bin "$guard_bin" "$work/bin/written") || die "cannot copy $guard_bin"
-linked_guard_bin=$guard_bin
-guard_bin=$(install_bin "$linked_guard_bin" "$work/bin/guard") || die "cannot copy $linked_guard_bin"
-[[ $(ctl_of "$linked_guard_bin") == "$linked_guard_bin" ]] ||
-  install_bin "$(ctl_of "$linked_guard_bin")" "$work/bin/guard" >/dev/null || die "cannot copy the ctl"
+plugin_with_ctl() { # copier plugin dir -> the plugin's copy, the ctl beside it copied too
+  local ctl
+  ctl=$(ctl_of "$2")
+  [[ $ctl == "$2" ]] || "$1" "$ctl" "$3" >/dev/null || return 1
+  "$1" "$2" "$3"
+}
+written_guard_bin=$(plugin_with_ctl written_bin "$guard_bin" "$work/bin/written") ||
+  die "cannot copy $guard_bin into $work/bin/written"
+guard_bin=$(plugin_with_ctl install_bin "$guard_bin" "$work/bin/guard") || die "cannot copy the plugin into $work/bin/guard"
 if [[ -n $baseline_bin ]]; then
-  linked_baseline_bin=$baseline_bin
-  baseline_bin=$(install_bin "$linked_baseline_bin" "$work/bin/baseline") || die "cannot copy $linked_baseline_bin"
-  [[ $(ctl_of "$linked_baseline_bin") == "$linked_baseline_bin" ]] ||
-    install_bin "$(ctl_of "$linked_baseline_bin")" "$work/bin/baseline" >/dev/null || die "cannot copy the ctl"
+  baseline_bin=$(plugin_with_ctl install_bin "$baseline_bin" "$work/bin/baseline") ||
+    die "cannot copy the baseline into $work/bin/baseline"
 fi
 noop_bin=$(install_bin "$noop_bin" "$work/bin") && commit_bin=$(install_bin "$commit_bin" "$work/bin") &&
   kernel_add_bin=$(install_bin "$kernel_add_bin" "$work/bin") || die "cannot copy the floor's programs"

@@ -5,7 +5,10 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use nix::sys::statfs::{BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC};
+use nix::sys::statfs::{BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, FsType};
+
+/// XFS's magic (the kernel's include/uapi/linux/magic.h), which nix names only on glibc.
+const XFS_MAGIC: FsType = FsType(0x5846_5342);
 
 /// What a state dir's file system does for a power cut.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,10 +37,12 @@ pub fn power_cut_of(dir: &std::path::Path) -> PowerCut {
     let Ok(fs) = nix::sys::statfs::statfs(existing) else {
         return PowerCut::Unknown;
     };
-    match fs.filesystem_type() {
-        XFS_SUPER_MAGIC | BTRFS_SUPER_MAGIC => return PowerCut::Journaled,
-        EXT4_SUPER_MAGIC => {}
-        _ => return PowerCut::Unknown,
+    let kind = fs.filesystem_type();
+    if kind == XFS_MAGIC || kind == BTRFS_SUPER_MAGIC {
+        return PowerCut::Journaled;
+    }
+    if kind != EXT4_SUPER_MAGIC {
+        return PowerCut::Unknown;
     }
     let Ok(meta) = std::fs::metadata(existing) else {
         return PowerCut::Unknown;

@@ -9,7 +9,7 @@
 # need_packages lists) that dpkg installed since this boot, whoever installed them, with the
 # dependencies that came since boot and are left orphaned; nothing the machine had when it
 # booted, and it refuses when apt would remove more. It also removes the
-# aarch64 Rust standard library and empties cargo's registry, Go's module and build caches,
+# musl and aarch64 Rust standard libraries and empties cargo's registry, Go's module and build caches,
 # the real node's cache (/var/cache/sg-node) and pip's cache. --keep-packages leaves the
 # packages (a run that measures only the builds). Run it with nothing else on the machine:
 # the figures are what an idle machine shows. The run's whole output is kept (the path is
@@ -90,9 +90,12 @@ if [[ -z $keep_packages ]]; then
   fi
 fi
 PATH="$HOME/.cargo/bin:$PATH"
-if rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu; then
-  rustup target remove aarch64-unknown-linux-gnu >&2
-fi
+# The release's musl triples and the cross build's: none is in a default toolchain.
+for triple in x86_64-unknown-linux-musl aarch64-unknown-linux-musl aarch64-unknown-linux-gnu; do
+  if rustup target list --installed 2>/dev/null | grep -qx "$triple"; then
+    rustup target remove "$triple" >&2
+  fi
+done
 go_caches=()
 if command -v go >/dev/null || [[ -x /usr/local/go/bin/go ]]; then
   go=$(command -v go || echo /usr/local/go/bin/go)
@@ -122,7 +125,7 @@ out=docs/runs/$(date -u +%Y-%m-%d)-$commit-ci-cold.md
   echo
   echo "- commit: $commit_line"
   echo "- run: $started to $ended UTC; machine booted $booted UTC; $(nproc) cores; load average $load_before before, $load_after after"
-  echo "- emptied: cargo's registry and git checkouts, Go's module and build caches (${go_caches[*]:-none}), /var/cache/sg-node, pip's cache; the aarch64 Rust standard library removed"
+  echo "- emptied: cargo's registry and git checkouts, Go's module and build caches (${go_caches[*]:-none}), /var/cache/sg-node, pip's cache; the musl and aarch64 Rust standard libraries removed"
   echo "- packages purged first (the scripts' own installs since boot, with their orphaned dependencies): ${purged[*]:-none}"
   echo "- tools: $(rustc --version), $( (/usr/local/go/bin/go version || go version) 2>/dev/null | head -1)"
   echo

@@ -14,6 +14,12 @@ macro_rules! stderr_line {
     }};
 }
 
+/// musl's allocator maps and unmaps a group of slots at a time, dozens of system calls in one
+/// ADD; dlmalloc takes the kernel's memory in segments of 64 KiB and more (docs/benchmarks.md).
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
 pub mod clock;
 pub mod cni;
 pub mod error;

@@ -1,6 +1,5 @@
 //! sandbox-guard, the CNI plugin the runtime execs: reads the CNI call and hands it to the
 //! library (src/lib.rs). An operator's command line goes to sandbox-guard-ctl beside it.
-#![cfg_attr(all(not(test), target_env = "gnu"), no_main)]
 
 use std::ffi::{CString, OsString};
 use std::io::{IsTerminal, Write};
@@ -16,74 +15,13 @@ use sandbox_guard::error::{GuardError, Kind, Result};
 use sandbox_guard::stderr_line;
 use sandbox_guard::{CTL_BINARY, cni};
 
-/// The process's entry, in place of std's. std's start-up prepares to report a stack
-/// overflow (it reads /proc/self/maps to find the main thread's stack, maps a signal stack
-/// and installs two handlers): 17 system calls on every pod start and stop, for a plugin
-/// whose input's depth serde_json already bounds. What the plugin needs of that start-up is
-/// done here; `std::process::exit` still flushes stdout, and the arguments and environment
-/// come from glibc's start-up as before (hence glibc only).
-#[cfg(all(not(test), target_env = "gnu"))]
-#[unsafe(no_mangle)]
-extern "C" fn main(
-    _argc: std::ffi::c_int,
-    _argv: *const *const std::ffi::c_char,
-) -> std::ffi::c_int {
-    standard_streams();
-    run()
-}
-
-/// Elsewhere std reads the arguments in its own start-up: it stays.
-#[cfg(not(any(test, target_env = "gnu")))]
+/// std's start-up runs first: fds 0-2 opened on /dev/null where the runtime closed one (so that
+/// no state file opened later becomes stdout), and SIGPIPE ignored (a reader gone away is an
+/// error to handle rather than a kill).
 fn main() {
     run()
 }
 
-/// Fds 0-2 open, on /dev/null where the runtime closed one, so that no state file opened
-/// later becomes stdout; and SIGPIPE ignored, so that a reader gone away (of stdout, or of a
-/// log line on stderr while a verb is under way) is an error to handle rather than a kill.
-/// As std's start-up does, down to aborting where it cannot tell.
-#[cfg(all(not(test), target_env = "gnu"))]
-fn standard_streams() {
-    use nix::libc;
-    let errno = || std::io::Error::last_os_error().raw_os_error();
-    let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
-        fd,
-        events: 0,
-        revents: 0,
-    });
-    // SAFETY: poll reads and writes only the three pollfds it is given; fcntl, open, dup2,
-    // close and signal take plain values and a NUL-terminated path. One thread runs here.
-    unsafe {
-        let closed = loop {
-            if libc::poll(fds.as_mut_ptr(), 3, 0) >= 0 {
-                break fds.map(|fd| fd.revents & libc::POLLNVAL != 0);
-            }
-            match errno() {
-                Some(libc::EINTR) => {}
-                // poll cannot take the three (a fd limit of 2): each fd is asked instead.
-                Some(libc::EINVAL | libc::EAGAIN | libc::ENOMEM) => {
-                    break [0, 1, 2].map(|fd| {
-                        libc::fcntl(fd, libc::F_GETFD) == -1 && errno() == Some(libc::EBADF)
-                    });
-                }
-                _ => std::process::abort(),
-            }
-        };
-        for (fd, closed) in (0..).zip(closed) {
-            if !closed {
-                continue;
-            }
-            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-            // Elsewhere than fd when fd holds what poll cannot use (an O_PATH descriptor).
-            if null < 0 || (null != fd && (libc::dup2(null, fd) != fd || libc::close(null) != 0)) {
-                std::process::abort();
-            }
-        }
-        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-    }
-}
-
-#[cfg_attr(test, allow(dead_code))]
 fn run() -> ! {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     if let Some(handed) = std::env::var_os(commands::replay::worker::WORKER_ENV) {

@@ -19,11 +19,13 @@ plugin_arch() {
   esac
 }
 
-# plugin_triple ARCH: the Rust target triple of x86_64 or arm64.
+# plugin_triple ARCH: the Rust target triple of x86_64 or arm64. musl, not glibc: a static
+# glibc program probes the CPU before `main` with CPUID instructions, each a trap to the
+# hypervisor on a virtual machine, on every exec of the plugin (docs/benchmarks.md).
 plugin_triple() {
   case $1 in
-    x86_64) echo x86_64-unknown-linux-gnu ;;
-    arm64) echo aarch64-unknown-linux-gnu ;;
+    x86_64) echo x86_64-unknown-linux-musl ;;
+    arm64) echo aarch64-unknown-linux-musl ;;
   esac
 }
 
@@ -35,8 +37,23 @@ qemu_user() {
   esac
 }
 
-# need_cross_toolchain ARCH: Debian's cross gcc for ARCH (the linker, printed) and the static
-# glibc it links against. Installs them as root; a user without them is told what to run.
+# need_musl_toolchain: what a build for this machine's own musl triple needs beyond rustup's
+# standard library for it: a C compiler for musl (Debian's musl-tools), for ring's C code in the
+# operator's HTTPS client. Installs it as root; a user without it is told what to run.
+need_musl_toolchain() {
+  if [[ $(id -u) == 0 ]]; then
+    need_packages musl-tools || return 1
+  elif ! command -v musl-gcc >/dev/null; then
+    echo "a static build needs Debian's musl-tools: run it once as root (sudo bash scripts/build.sh)" \
+      "or install it" >&2
+    return 1
+  fi
+}
+
+# need_cross_toolchain ARCH: Debian's cross gcc for ARCH (printed). It links the musl build
+# against the musl that rustup ships for the target, and compiles ring's C code, which takes
+# only memcpy and memset from a libc. Installs it as root; a user without it is told what to
+# run.
 need_cross_toolchain() {
   local arch=$1 linker
   local -a packages
@@ -82,13 +99,13 @@ build_plugin() {
     --config "$checkout/.cargo/static.toml" --target "$triple" --message-format=json-render-diagnostics)
   if [[ $arch != "$host" ]]; then
     linker=$(need_cross_toolchain "$arch") || return 1
-    build+=(--config "target.$triple.linker=\"$linker\"")
+    build=(env "CC_${triple//-/_}=$linker" "${build[@]}" --config "target.$triple.linker=\"$linker\"")
+  else
+    need_musl_toolchain || return 1
   fi
   local -a as_builder=()
   choose_builder "$checkout" || return 1
-  if [[ $arch != "$host" ]]; then
-    (cd "$checkout" && need_rust_target "$triple" "${as_builder[@]}") || return 1
-  fi
+  (cd "$checkout" && need_rust_target "$triple" "${as_builder[@]}") || return 1
   messages=$(cd "$checkout" && "${as_builder[@]}" "${build[@]}") || return 1
   bin=$(sed -n 's/.*"executable":"\([^"]*\/sandbox-guard\)".*/\1/p' <<<"$messages" | tail -n 1)
   if [[ -z $bin ]]; then

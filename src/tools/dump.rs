@@ -1068,6 +1068,9 @@ trait Sink {
 #[derive(Default)]
 struct JsonSink {
     written: usize,
+    /// One row's text. serde_json writes a row token by token; through `dyn Write` each token
+    /// is a call and a copy of its own, which musl's memcpy makes slow for the one-byte ones.
+    row: Vec<u8>,
 }
 
 impl Sink for JsonSink {
@@ -1085,8 +1088,9 @@ impl Sink for JsonSink {
     }
 
     fn render(&mut self, out: &mut dyn Write, row: &Row) -> io::Result<()> {
-        serde_json::to_writer(&mut *out, row)?;
-        Ok(())
+        self.row.clear();
+        serde_json::to_writer(&mut self.row, row)?;
+        out.write_all(&self.row)
     }
 
     fn finish(&mut self, out: &mut dyn Write, _root: &Path) -> io::Result<()> {

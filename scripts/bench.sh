@@ -136,8 +136,9 @@ build_baseline() {
     # Its target dir stays from one run to the next: only the sources are replaced.
     mkdir -p "$checkout" && find "$checkout" -mindepth 1 -maxdepth 1 ! -name target -exec rm -rf {} +
     git -C "$repo" archive "$BASELINE_REF" | tar -x -C "$checkout" || die "cannot export $BASELINE_REF"
-    # With the build library of its own tree: a ref is built as its release was (a tree from before the
-    # plugin moved to musl does not build for musl).
+    # With the build library of its own tree: a ref is built as its release was (48d30cf and the refs
+    # before it do not build for musl). Refs from e5adcfa on have one this script can source.
+    [[ -f $checkout/scripts/lib/build.sh ]] || die "$BASELINE_REF has no scripts/lib/build.sh: give BASELINE_BIN instead"
     baseline_bin=$(. "$checkout/scripts/lib/build.sh" && build_plugin "$checkout") ||
       die "cargo build of $BASELINE_REF failed"
   fi
@@ -168,7 +169,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 2' INT TERM HUP
 
-need_packages containernetworking-plugins time iproute2 jq file e2fsprogs xfsprogs gcc libc6-dev musl-tools openssl util-linux-extra
+need_packages containernetworking-plugins time iproute2 jq file e2fsprogs xfsprogs gcc libc6-dev musl-tools linux-libc-dev openssl util-linux-extra
 build_release
 build_baseline
 

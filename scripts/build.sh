@@ -5,8 +5,9 @@
 #
 #   bash scripts/build.sh [x86_64|arm64]
 #
-# A build for the other arch installs what it needs first: Debian's cross gcc and static
-# glibc (as root; a user is told the packages) and rustup's standard library for the target.
+# The binaries are static musl builds (scripts/lib/build.sh says why). A build installs what it
+# needs first (as root; a user is told the packages): Debian's musl-tools, or for the other arch
+# Debian's cross gcc, and rustup's standard library for the target.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

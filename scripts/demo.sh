@@ -7,7 +7,7 @@
 # so the old sandbox's late DEL tears down the new sandbox's network. Everything it creates
 # is removed on exit, also when interrupted.
 #
-# Needs root, a Rust toolchain (cargo, Rust >= 1.89) and a kernel with network namespaces and
+# Needs root, a Rust toolchain (cargo, Rust >= 1.93) and a kernel with network namespaces and
 # veth links; checks them before it installs anything. It then installs the Debian packages
 # it lacks (Go and Debian's libcni source, iproute2, iputils-ping) and builds the plugin with
 # the demo profile (release code without LTO; Cargo.toml), which a first run compiles once.

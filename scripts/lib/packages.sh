@@ -27,14 +27,14 @@ need_packages() {
 need_cargo() {
   [ -d "$HOME/.cargo/bin" ] && PATH="$HOME/.cargo/bin:$PATH"
   if ! command -v cargo >/dev/null; then
-    echo "cargo is not installed: install a Rust toolchain >= 1.89 (rustup) and rerun" >&2
+    echo "cargo is not installed: install a Rust toolchain >= 1.93 (rustup) and rerun" >&2
     exit 1
   fi
   # Cargo.toml's rust-version: an older toolchain fails far into the build otherwise.
   local have
   have=$(rustc --version 2>/dev/null | awk '{print $2}')
-  if [ -n "$have" ] && [ "$(printf '%s\n%s\n' 1.89 "$have" | sort -V | head -n 1)" != 1.89 ]; then
-    echo "rustc $have is older than the 1.89 this crate needs: update it (rustup update) and rerun" >&2
+  if [ -n "$have" ] && [ "$(printf '%s\n%s\n' 1.93 "$have" | sort -V | head -n 1)" != 1.93 ]; then
+    echo "rustc $have is older than the 1.93 this crate needs: update it (rustup update) and rerun" >&2
     exit 1
   fi
   # rustc links through the system's cc, proc macros and build scripts included.

@@ -76,10 +76,8 @@ publish_node_run() {
 }
 
 host=$(plugin_arch)
-# The tests run the binaries the nodes get, static musl builds for this machine's arch: rustup's
-# standard library for its musl triple and a C compiler for musl first.
-musl_toolchain() { need_musl_toolchain && need_rust_target "$(plugin_triple "$host")"; }
-timed "the musl toolchain (musl-tools, rustup's standard library)" musl_toolchain || {
+# The tests run the binaries the nodes get, static musl builds for this machine's arch.
+timed "the musl toolchain (musl-tools, rustup's standard library)" need_host_musl_build || {
   echo "the toolchain for the static $host build is missing (its message is above)" >&2
   exit 1
 }

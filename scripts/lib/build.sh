@@ -50,6 +50,12 @@ need_musl_toolchain() {
   fi
 }
 
+# need_host_musl_build: all a build for this machine's own musl triple needs, for whoever runs
+# cargo here as themselves (the tests, CI's clippy): musl-tools and rustup's standard library.
+need_host_musl_build() {
+  need_musl_toolchain && need_rust_target "$(plugin_triple "$(plugin_arch)")"
+}
+
 # need_cross_toolchain ARCH: Debian's cross gcc for ARCH (printed). It links the musl build
 # against the musl that rustup ships for the target, and compiles ring's C code, which takes
 # only memcpy and memset from a libc. Installs it as root; a user without it is told what to

@@ -681,6 +681,13 @@ fn table_row<'a>(table: &'a str, container: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no row of {container} in\n{table}"))
 }
 
+/// The JSON dump's row of `container`.
+fn row_of<'a>(rows: &'a [serde_json::Value], container: &str) -> &'a serde_json::Value {
+    rows.iter()
+        .find(|row| row["containerId"] == container)
+        .unwrap_or_else(|| panic!("no row of {container}: {rows:?}"))
+}
+
 /// Sandbox A, then B of the same pod, then A's stale DEL refused: (store, A, B).
 fn refused_incident() -> (cni::Store, String, String) {
     let cni::Incident {
@@ -702,15 +709,9 @@ fn refused_incident() -> (cni::Store, String, String) {
 fn the_dump_calls_a_superseded_sandbox_superseded() {
     let (store, a, b) = refused_incident();
     let rows = store.dump();
-    let row_of = |id: &str| {
-        rows.iter()
-            .find(|row| row["containerId"] == id)
-            .unwrap_or_else(|| panic!("no row of {id}: {rows:?}"))
-            .clone()
-    };
-    assert_eq!(row_of(&a)["status"], "superseded", "{rows:?}");
-    assert_eq!(row_of(&a)["supersededBy"], b.as_str(), "{rows:?}");
-    assert_eq!(row_of(&b)["status"], "ok", "{rows:?}");
+    assert_eq!(row_of(&rows, &a)["status"], "superseded", "{rows:?}");
+    assert_eq!(row_of(&rows, &a)["supersededBy"], b.as_str(), "{rows:?}");
+    assert_eq!(row_of(&rows, &b)["status"], "ok", "{rows:?}");
     let table = dump_table(&store);
     assert!(
         table_row(&table, &a).trim_end().ends_with("superseded"),
@@ -978,8 +979,8 @@ fn a_dump_cut_short_by_the_lock_says_its_rows_are_incomplete() {
 }
 
 /// A dump read slowly (`| less`) while its pod's other sandbox is added again shows one owner
-/// of the pod, not the one it saw before and the one it sees now: each row's ownership is
-/// read with its record.
+/// of the pod, not the one it saw before and the one it sees now: each pod's ownership is
+/// read once for all its rows.
 #[test]
 fn a_slowly_read_dump_shows_one_owner_per_pod_while_sandboxes_are_added() {
     use std::io::Read;
@@ -1003,6 +1004,77 @@ fn a_slowly_read_dump_shows_one_owner_per_pod_while_sandboxes_are_added() {
         .filter(|row| row["podName"] == "web-0" && row["owner"] == true)
         .collect();
     assert_eq!(owners.len(), 1, "{owners:?}");
+}
+
+/// Each owner file is read once, however many records stand on its pod, and no owner file is
+/// looked for that the owners folder does not hold: the dump of a large store reads each of
+/// its owners once, not once per record and pass.
+#[test]
+fn the_dump_reads_each_owner_file_once() {
+    sys::skip_unless_root!(&["strace"]);
+    let (store, _a, _b) = refused_incident();
+    for i in 0..3 {
+        let pod = cni::Pod::new("shop", &format!("db-{i}"));
+        store.add(&cni::container_id(), &pod).run().assert_ok();
+    }
+    let trace = sys::TempDir::new("sgtrace");
+    let log = trace.path.join("dump");
+    let out = std::process::Command::new("strace")
+        .args([
+            "-f",
+            "-qq",
+            "-o",
+            log.to_str().unwrap(),
+            "-e",
+            "trace=open,openat",
+        ])
+        .args([cni::BIN, "--dump-checkpoints", "--state-dir"])
+        .arg(&store.state_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let owners = store.state_dir.join("owners");
+    let prefix = format!("\"{}/", owners.display());
+    let mut opened: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter_map(|line| {
+            let at = line.find(&prefix)?;
+            let path = &line[at + 1..];
+            Some(path[..path.find('"')?].to_string())
+        })
+        .collect();
+    opened.sort();
+    let mut files: Vec<String> = store
+        .owner_files()
+        .iter()
+        .map(|path| path.display().to_string())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 4, "{files:?}");
+    assert_eq!(
+        opened, files,
+        "owner files the dump opened, against those there are"
+    );
+}
+
+/// An owner whose record is gone shows as such while its pod's other sandbox still has its
+/// record: that record's pod has an owner, but no record stands on it.
+#[test]
+fn the_dump_shows_an_owner_without_its_record_beside_its_pods_other_sandbox() {
+    let (store, a, b) = refused_incident();
+    std::fs::remove_file(store.record_path(cni::NETWORK, &b, "eth0")).unwrap();
+    for filters in [&[][..], &["--pod", "web-0"]] {
+        let rows = store.dump_filtered(filters);
+        assert_eq!(row_of(&rows, &a)["status"], "superseded", "{rows:?}");
+        assert_eq!(row_of(&rows, &a)["supersededBy"], b.as_str(), "{rows:?}");
+        assert_eq!(
+            row_of(&rows, &b)["status"],
+            "owner-without-record",
+            "{rows:?}"
+        );
+        assert_eq!(rows.len(), 2, "{rows:?}");
+    }
 }
 
 /// A records/ or owners/ folder that is a symlink (planted, or a mount gone wrong) is not

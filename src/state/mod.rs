@@ -435,6 +435,14 @@ impl Store {
         })
     }
 
+    /// Whether `load_owner` of its key gives the owner a listing read from `path`: filed
+    /// under its own key's digest, plain, and of this boot.
+    pub fn owner_stands(&self, path: &Path, owner: &Ownership) -> bool {
+        path.file_name() == Some(owner.key.digest().as_ref())
+            && plain_owner(owner)
+            && self.of_this_boot(owner.boot_id.as_deref())
+    }
+
     /// Replaces the ownership atomically; a durable store syncs the record's data first, so no
     /// crash leaves an owner whose record's data is lost.
     pub fn save_owner(&self, owner: &Ownership) -> Result<()> {

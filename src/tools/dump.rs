@@ -24,7 +24,7 @@ use crate::state::deferred::DeferredDel;
 use crate::state::ledger::LedgerEntry;
 use crate::state::lock::WaitNotice;
 use crate::state::ownership::Ownership;
-use crate::state::ownership::PodKey;
+use crate::state::ownership::{PodKey, PodKeyRule};
 use crate::state::pending_add::{self, PendingAdd, Standing};
 use crate::state::{Folder, Loaded, READ_BATCH, RECORDS, Store, read_entry_for_listing};
 use crate::tools::counted;
@@ -335,20 +335,12 @@ fn write_all(
     };
     // Every admitted record's place in the order and its file's name.
     let mut listed: Vec<Listed> = Vec::new();
-    // Records that own their pod key: when every owner file is one of them, no owner is
-    // without its record, and the owners need not be read one by one.
-    let mut owning = 0;
     let mut paths = store.record_paths()?;
     loop {
         let mut read = 0;
         let _lock = store.read_lock(lock_timeout, &on_wait)?;
         for path in paths.by_ref() {
-            owning += usize::from(list_record(
-                store,
-                filter,
-                &path.map_err(listing_error)?,
-                &mut listed,
-            ));
+            list_record(store, filter, &path.map_err(listing_error)?, &mut listed);
             read += 1;
             if read == READ_BATCH {
                 break;
@@ -359,6 +351,34 @@ fn write_all(
         }
     }
     drop(paths);
+    // Each owner file read once, after the records: a pod's rows all name the one ownership
+    // read of it, and a record listed above is judged against an owner at least as new. A
+    // plain vector sorted by key, with room for every file at once: a map's table, or a
+    // vector grown by doubling, would hold up to twice what the owners take.
+    let mut owners: Vec<Ownership> = Vec::with_capacity(store.count(Folder::Owners)?);
+    // Owner files that no `load_owner` would give (another boot's, misfiled): shown as rows
+    // of their own when no record stands for them, never taken as a pod's owner.
+    let mut unfiled: Vec<Ownership> = Vec::new();
+    store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |path| {
+        if let Loaded::Valid(owner) = read_entry_for_listing::<Ownership>(path) {
+            if store.owner_stands(path, &owner) {
+                owners.push(owner);
+            } else {
+                unfiled.push(owner);
+            }
+        }
+        None::<()>
+    })?;
+    owners.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    // The owners a listed record stands on; the others are looked at one by one.
+    let mut backed = vec![false; owners.len()];
+    for (key, container_id, if_name) in listed.iter().flat_map(Listed::owner_keys) {
+        if let Ok(at) = owners.binary_search_by(|owner| owner.key.cmp(&key))
+            && owners[at].holds(container_id, if_name)
+        {
+            backed[at] = true;
+        }
+    }
     let mut others = Rendered::default();
     // Then what no record stands for: set-aside files (by name) and owners without a record.
     for path in store.list_set_aside()? {
@@ -378,17 +398,13 @@ fn write_all(
             push_row(sink, &mut others, &row)?;
         }
     }
-    let orphans = if store.count(Folder::Owners)? > owning {
-        store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |path| {
-            match read_entry_for_listing::<Ownership>(path) {
-                Loaded::Valid(owner) if !store.owner_is_backed(&owner) => Some(owner),
-                _ => None,
-            }
-        })?
-    } else {
-        Vec::new()
-    };
-    for (_, owner) in &orphans {
+    let unbacked = owners
+        .iter()
+        .zip(&backed)
+        .filter(|(_, backed)| !**backed)
+        .map(|(owner, _)| owner)
+        .chain(&unfiled);
+    for owner in unbacked {
         let row = orphan_row(
             owner,
             store
@@ -400,7 +416,10 @@ fn write_all(
             row.pod_name,
             row.pod_uid,
             row.container_id,
-        ) {
+        ) && !{
+            let _lock = store.read_lock(lock_timeout, &on_wait)?;
+            store.owner_is_backed(owner)
+        } {
             push_row(sink, &mut others, &row)?;
         }
     }
@@ -474,20 +493,13 @@ fn write_all(
     let records = store.root().join(RECORDS);
     // Rows are on stdout: an error from here on leaves them short of the whole list.
     let mut written = false;
-    // Each pod key's ownership as first read: the rows of one pod may take several holds of
-    // the lock, and ADDs between them must not give one pod two owners in one dump. A pod's
-    // records are next to each other in the order, so the map holds one pod's keys.
-    let mut owners: HashMap<PodKey, Option<Ownership>> = HashMap::new();
     let mut lock = None;
     let mut loads = 0;
-    for (at, record) in listed.iter().enumerate() {
+    for record in &listed {
         let key = record.key();
         while let Some(other) = others_left.next_if(|at| at.key(&others.keys) < key) {
             sink.separate(&mut pending)?;
             pending.extend_from_slice(&others.bytes[other.row.clone()]);
-        }
-        if at > 0 && !listed[at - 1].same_pod(record) {
-            owners.clear();
         }
         if lock.is_none() {
             lock = Some(
@@ -502,7 +514,7 @@ fn write_all(
             store,
             filter,
             &ledger,
-            &mut owners,
+            &owners,
             &records.join(&record.file_name),
             &mut |row| {
                 sink.separate(&mut pending)?;
@@ -554,9 +566,11 @@ fn listing_error(e: io::Error) -> GuardError {
     GuardError::new(Kind::Io, format!("cannot list the records: {e}")).with_source(e)
 }
 
-/// Where a record's row sorts, and its file, from the first pass.
+/// Where a record's row sorts, its file, and the owners it can stand on, from the first pass.
 struct Listed {
     no_pod: bool,
+    keyed: bool,
+    network: String,
     namespace: String,
     pod: String,
     container_id: String,
@@ -577,21 +591,32 @@ impl Listed {
         }
     }
 
-    fn same_pod(&self, other: &Listed) -> bool {
-        (self.no_pod, &self.namespace, &self.pod) == (other.no_pod, &other.namespace, &other.pod)
+    /// The pod keys of each `podKey` rule this record's owner may be filed under, each with
+    /// the interface that would stand on it (none for a record of no pod or a damaged one).
+    fn owner_keys(&self) -> impl Iterator<Item = (PodKey, &str, &str)> {
+        let rules: &[_] = if self.keyed {
+            &PodKeyRule::CHOICES
+        } else {
+            &[]
+        };
+        rules.iter().map(|(_, rule)| {
+            let key = rule.key(&self.network, &self.namespace, &self.pod, &self.if_name);
+            (key, self.container_id.as_str(), self.if_name.as_str())
+        })
     }
 }
 
-/// Reads the record at `path` and lists it if the filter admits it; returns whether the
-/// record owns its pod key, filtered or not.
-fn list_record(store: &Store, filter: &Filter, path: &Path, listed: &mut Vec<Listed>) -> bool {
+/// Reads the record at `path` and lists it if the filter admits it.
+fn list_record(store: &Store, filter: &Filter, path: &Path, listed: &mut Vec<Listed>) {
     let file_name = path.file_name().unwrap_or_default().to_os_string();
     match store.load_record_at(path) {
         Loaded::Valid(record) => {
-            let (owner, _) = owner_of(store, &mut HashMap::new(), &record);
             if filter.admits(&record) {
                 listed.push(Listed {
                     no_pod: record.pod_name.is_none(),
+                    // A pod key needs both (`checkpoint::pod_key`).
+                    keyed: record.pod_name.is_some() && record.pod_namespace.is_some(),
+                    network: record.network.clone(),
                     namespace: record.pod_namespace.clone().unwrap_or_default(),
                     pod: record.pod_name.clone().unwrap_or_default(),
                     container_id: record.container_id.clone(),
@@ -599,8 +624,6 @@ fn list_record(store: &Store, filter: &Filter, path: &Path, listed: &mut Vec<Lis
                     file_name,
                 });
             }
-            // Each owner file once, by its first interface.
-            owner.is_some_and(|owner| owner.interfaces().first() == Some(&record.if_name.as_str()))
         }
         Loaded::Corrupt { .. } => {
             // Shown with what its name tells, as its row is.
@@ -613,6 +636,8 @@ fn list_record(store: &Store, filter: &Filter, path: &Path, listed: &mut Vec<Lis
                     .unwrap_or_default();
                 listed.push(Listed {
                     no_pod: true,
+                    keyed: false,
+                    network: String::new(),
                     namespace: String::new(),
                     pod: String::new(),
                     container_id,
@@ -620,9 +645,8 @@ fn list_record(store: &Store, filter: &Filter, path: &Path, listed: &mut Vec<Lis
                     file_name,
                 });
             }
-            false
         }
-        Loaded::Missing => false,
+        Loaded::Missing => {}
     }
 }
 
@@ -686,28 +710,23 @@ fn push_row(sink: &mut dyn Sink, rows: &mut Rendered, row: &Row) -> io::Result<(
 }
 
 /// Hands `emit` the row of the record at `path` if the filter admits it, as it is now. Its
-/// ownership is the one this dump read of its pod key first (`owners`), not taken from the
-/// first pass: another sandbox of its pod may have been added since, and the rows of one pod
-/// must name one owner.
+/// ownership is the one this dump read of its pod key (`owners`), once for all the pod's rows.
 fn record_rows(
     store: &Store,
     filter: &Filter,
     ledger: &HashMap<PodKey, LedgerEntry>,
-    owners: &mut HashMap<PodKey, Option<Ownership>>,
+    owners: &[Ownership],
     path: &Path,
     emit: &mut dyn FnMut(&Row) -> io::Result<()>,
 ) -> io::Result<()> {
     match store.load_record_at(path) {
         Loaded::Valid(record) => {
-            let (owner, superseded_by) = owner_of(store, owners, &record);
-            let owner_key = owner.map(|owner| owner.key);
+            let (owner, superseded_by) = owner_of(owners, &record);
+            let owner_key = owner.map(|owner| &owner.key);
             if filter.admits(&record) {
                 let view = ResultView::parse(&record.prev_result).ok();
                 let mut row = record_row(&record, owner_key.is_some(), &view);
-                row.stale_dels = owner_key
-                    .as_ref()
-                    .and_then(|key| ledger.get(key))
-                    .map(StaleDels::of);
+                row.stale_dels = owner_key.and_then(|key| ledger.get(key)).map(StaleDels::of);
                 if let Some(other) = superseded_by {
                     row.status = Status::Superseded;
                     row.reason = Some(format!(
@@ -758,30 +777,25 @@ fn record_rows(
 /// The ownership of the record's pod that stands on this very attachment, under whichever
 /// `podKey` rule its network follows (the dump reads no config); else the container that
 /// owns the pod instead, as `--restore` finds it.
-fn owner_of(
-    store: &Store,
-    read: &mut HashMap<PodKey, Option<Ownership>>,
+fn owner_of<'a>(
+    owners: &'a [Ownership],
     record: &Checkpoint,
-) -> (Option<Ownership>, Option<String>) {
-    let owners: Vec<Ownership> = record
+) -> (Option<&'a Ownership>, Option<String>) {
+    let of_pod: Vec<&Ownership> = record
         .pod_keys()
-        .into_iter()
+        .iter()
         .filter_map(|key| {
-            read.entry(key)
-                .or_insert_with_key(|key| match store.load_owner(key) {
-                    Ok(Loaded::Valid(owner)) => Some(owner),
-                    _ => None,
-                })
-                .clone()
+            let at = owners.binary_search_by(|owner| owner.key.cmp(key)).ok()?;
+            Some(&owners[at])
         })
         .collect();
-    let own = owners
+    let own = of_pod
         .iter()
         .find(|owner| owner.holds(&record.container_id, &record.if_name))
-        .cloned();
+        .copied();
     let other = match own {
         Some(_) => None,
-        None => owners
+        None => of_pod
             .iter()
             .find(|owner| owner.container_id != record.container_id)
             .map(|owner| owner.container_id.clone()),

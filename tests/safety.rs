@@ -597,8 +597,12 @@ fn temp_files_of_killed_writers_are_reported_and_collected() {
     let dead_files = [
         store.state_dir.join(format!("records/.{dead}.tmp")),
         store.state_dir.join(format!("owners/.{dead}.tmp")),
+        // Delegate mode's folders, as a runtime's timeout leaves them.
+        store.state_dir.join(format!("pending-adds/.{dead}.tmp")),
+        store.state_dir.join(format!("rolled-back/.{dead}.tmp")),
     ];
     for path in &dead_files {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, testdata::fixture_bytes("checkpoints/truncated.json")).unwrap();
     }
     // A writer still at work (this test process stands in for it).
@@ -611,7 +615,7 @@ fn temp_files_of_killed_writers_are_reported_and_collected() {
     let warned =
         finding(&findings, "store-temp-files", "warning").unwrap_or_else(|| panic!("{findings:?}"));
     assert!(
-        warned["summary"].as_str().unwrap().contains("2 temp files"),
+        warned["summary"].as_str().unwrap().contains("4 temp files"),
         "{warned}"
     );
 

@@ -787,6 +787,11 @@ impl Store {
             &self.ledger,
         ];
         let (index, pod_keys) = (self.root.join(IPS), self.root.join(rekey::POD_KEYS));
+        // Delegate mode's notes and marks, written by rename like the rest.
+        let (notes, marks) = (
+            self.root.join(pending_add::PENDING_ADDS),
+            self.root.join(pending_add::ROLLED_BACK),
+        );
         // Each pod key's deferred DELs have a folder of their own.
         let deferred_keys: Vec<PathBuf> = fs::read_dir(self.root.join(deferred::DEFERRED))
             .into_iter()
@@ -796,7 +801,7 @@ impl Store {
             .collect();
         for dir in folders
             .into_iter()
-            .chain([&index, &pod_keys])
+            .chain([&index, &pod_keys, &notes, &marks])
             .chain(&deferred_keys)
         {
             let Ok(entries) = fs::read_dir(dir) else {

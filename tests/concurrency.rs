@@ -203,20 +203,20 @@ fn concurrent_execs_match_a_serial_replay_of_the_log() {
     assert_eq!(store.owner_files().len(), model.owner_by_pod.len());
 }
 
-/// A dump taken while ADDs of the same pod names change their owners names one owner per
-/// pod: every row of a pod is judged against the one ownership the dump read of it, however
-/// many holds of the lock its rows took to read.
-#[test]
-fn a_dump_during_adds_names_one_owner_per_pod() {
-    sys::skip_unless_root!(&["ip"]);
-    const PODS: usize = 2;
-    const SANDBOXES_PER_POD: usize = 16;
-    let store = Store::new();
-    let sandboxes: Vec<Sandbox> = (0..PODS * SANDBOXES_PER_POD)
+/// `per_pod` sandboxes of each of `pods` pods `<prefix>-<n>`, added in turn, each in a netns
+/// of its own.
+fn added_sandboxes(
+    store: &Store,
+    namespace: &str,
+    prefix: &str,
+    pods: usize,
+    per_pod: usize,
+) -> Vec<Sandbox> {
+    (0..pods * per_pod)
         .map(|i| {
             let (container, pod) = (
                 container_id(),
-                Pod::new("dump", &format!("db-{}", i % PODS)),
+                Pod::new(namespace, &format!("{prefix}-{}", i % pods)),
             );
             let (add, netns) = store.add(&container, &pod).in_pod_netns();
             add.run().assert_ok();
@@ -226,7 +226,19 @@ fn a_dump_during_adds_names_one_owner_per_pod() {
                 netns,
             }
         })
-        .collect();
+        .collect()
+}
+
+/// A dump taken while ADDs of the same pod names change their owners names one owner per
+/// pod: every row of a pod is judged against the one ownership the dump read of it, however
+/// many holds of the lock its rows took to read.
+#[test]
+fn a_dump_during_adds_names_one_owner_per_pod() {
+    sys::skip_unless_root!(&["ip"]);
+    const PODS: usize = 2;
+    const SANDBOXES_PER_POD: usize = 16;
+    let store = Store::new();
+    let sandboxes = added_sandboxes(&store, "dump", "db", PODS, SANDBOXES_PER_POD);
     let adding = std::sync::atomic::AtomicBool::new(true);
     let (dumps, torn) = std::thread::scope(|scope| {
         let dumper = scope.spawn(|| {
@@ -275,4 +287,61 @@ fn a_dump_during_adds_names_one_owner_per_pod() {
         torn.is_empty(),
         "dumps named other than one owner for a pod (the owning row's and the supersededBy of the others): {torn:?}"
     );
+}
+
+/// A dump taken while sandboxes of the same pod names are added and deleted shows no owner
+/// without its record: each hold of the lock sees every owner with its record, and the dump
+/// judges each owner in the hold it read it in.
+#[test]
+fn a_dump_during_adds_and_dels_shows_no_owner_without_its_record() {
+    sys::skip_unless_root!(&["ip"]);
+    const PODS: usize = 3;
+    let store = Store::new();
+    let sandboxes = added_sandboxes(&store, "churn", "web", PODS, 4);
+    let churning = std::sync::atomic::AtomicBool::new(true);
+    let (dumps, orphans) = std::thread::scope(|scope| {
+        let dumper = scope.spawn(|| {
+            let (mut dumps, mut orphans) = (0, Vec::new());
+            while churning.load(std::sync::atomic::Ordering::Relaxed) {
+                orphans.extend(
+                    store
+                        .dump()
+                        .into_iter()
+                        .filter(|row| row["status"] == "owner-without-record"),
+                );
+                dumps += 1;
+            }
+            (dumps, orphans)
+        });
+        let workload = Workload {
+            workers: 4,
+            ops_per_worker: 100,
+            seed: 0xc4_07,
+        };
+        workload.run(|rng| {
+            let sandbox = &sandboxes[rng.below(sandboxes.len() as u64) as usize];
+            let verb = if rng.below(2) == 0 { "ADD" } else { "DEL" };
+            let reply = store
+                .cni(verb, &sandbox.container)
+                .pod(&sandbox.pod)
+                .netns(&sandbox.netns.path())
+                .run();
+            // A DEL of a sandbox whose pod another one took since is stale: refused.
+            if !reply.succeeded() {
+                reply.assert_error(11);
+            }
+        });
+        churning.store(false, std::sync::atomic::Ordering::Relaxed);
+        dumper.join().unwrap()
+    });
+    eprintln!("{dumps} dumps during the ADDs and DELs");
+    assert!(
+        dumps >= 10,
+        "only {dumps} dumps ran during the ADDs and DELs"
+    );
+    assert!(
+        orphans.is_empty(),
+        "dumps showed owners without their record: {orphans:?}"
+    );
+    store.assert_every_owner_has_its_record();
 }

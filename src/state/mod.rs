@@ -415,9 +415,18 @@ impl Store {
     }
 
     pub fn load_owner(&self, key: &PodKey) -> Result<Loaded<Ownership>> {
-        let loaded = sealed::read_any::<Ownership>(&self.owner_path(key))?;
-        // A digest collision or a file copied by hand would name another key.
-        Ok(match loaded {
+        Ok(self.judge_owner(key, self.read_owner_file(key)?))
+    }
+
+    /// The owner file of `key` as it is, before `judge_owner`.
+    pub fn read_owner_file(&self, key: &PodKey) -> Result<Loaded<Ownership>> {
+        sealed::read_any::<Ownership>(&self.owner_path(key))
+    }
+
+    /// What `load_owner` makes of `key`'s owner file, read as `loaded`.
+    pub fn judge_owner(&self, key: &PodKey, loaded: Loaded<Ownership>) -> Loaded<Ownership> {
+        match loaded {
+            // A digest collision or a file copied by hand would name another key.
             Loaded::Valid(owner) if owner.key != *key => Loaded::Corrupt {
                 path: self.owner_path(key),
                 reason: format!(
@@ -432,15 +441,7 @@ impl Store {
             // Copied from another boot's store: its sandbox has ended with that boot.
             Loaded::Valid(owner) if !self.of_this_boot(owner.boot_id.as_deref()) => Loaded::Missing,
             other => other,
-        })
-    }
-
-    /// Whether `load_owner` of its key gives the owner a listing read from `path`: filed
-    /// under its own key's digest, plain, and of this boot.
-    pub fn owner_stands(&self, path: &Path, owner: &Ownership) -> bool {
-        path.file_name() == Some(owner.key.digest().as_ref())
-            && plain_owner(owner)
-            && self.of_this_boot(owner.boot_id.as_deref())
+        }
     }
 
     /// Replaces the ownership atomically; a durable store syncs the record's data first, so no

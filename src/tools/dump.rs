@@ -54,6 +54,16 @@ impl Filter {
         )
     }
 
+    /// Whether the row of `owner` without its record (`orphan_row`) would be shown.
+    fn admits_owner(&self, owner: &Ownership) -> bool {
+        self.admits_fields(
+            Some(&owner.key.pod_namespace),
+            Some(&owner.key.pod_name),
+            owner.pod_uid.as_deref(),
+            Some(&owner.container_id),
+        )
+    }
+
     fn admits_fields(
         &self,
         namespace: Option<&str>,
@@ -351,34 +361,17 @@ fn write_all(
         }
     }
     drop(paths);
-    // Each owner file read once, after the records: a pod's rows all name the one ownership
-    // read of it, and a record listed above is judged against an owner at least as new. A
-    // plain vector sorted by key, with room for every file at once: a map's table, or a
-    // vector grown by doubling, would hold up to twice what the owners take.
-    let mut owners: Vec<Ownership> = Vec::with_capacity(store.count(Folder::Owners)?);
-    // Owner files that no `load_owner` would give (another boot's, misfiled): shown as rows
-    // of their own when no record stands for them, never taken as a pod's owner.
-    let mut unfiled: Vec<Ownership> = Vec::new();
-    store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |path| {
-        if let Loaded::Valid(owner) = read_entry_for_listing::<Ownership>(path) {
-            if store.owner_stands(path, &owner) {
-                owners.push(owner);
-            } else {
-                unfiled.push(owner);
-            }
-        }
-        None::<()>
-    })?;
-    owners.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-    // The owners a listed record stands on; the others are looked at one by one.
-    let mut backed = vec![false; owners.len()];
-    for (key, container_id, if_name) in listed.iter().flat_map(Listed::owner_keys) {
-        if let Ok(at) = owners.binary_search_by(|owner| owner.key.cmp(&key))
-            && owners[at].holds(container_id, if_name)
-        {
-            backed[at] = true;
-        }
-    }
+    // Stable: records of equal keys keep the order they were read in.
+    listed.sort_by(|a, b| a.key().cmp(&b.key()));
+    // The owner files the second pass reads by name, each with its pod's rows: those of the
+    // keys the listed records can stand on, under either podKey rule.
+    let mut named: Vec<String> = listed
+        .iter()
+        .flat_map(Listed::owner_keys)
+        .map(|(key, ..)| key.digest())
+        .collect();
+    named.sort_unstable();
+    named.dedup();
     let mut others = Rendered::default();
     // Then what no record stands for: set-aside files (by name) and owners without a record.
     for path in store.list_set_aside()? {
@@ -398,30 +391,27 @@ fn write_all(
             push_row(sink, &mut others, &row)?;
         }
     }
-    let unbacked = owners
-        .iter()
-        .zip(&backed)
-        .filter(|(_, backed)| !**backed)
-        .map(|(owner, _)| owner)
-        .chain(&unfiled);
-    for owner in unbacked {
-        let row = orphan_row(
-            owner,
-            store
-                .ended_with(owner.boot_id.as_deref())
-                .map(|boot| ended_reason(store, boot, "ownership")),
-        );
-        if filter.admits_fields(
-            row.pod_namespace,
-            row.pod_name,
-            row.pod_uid,
-            row.container_id,
-        ) && !{
-            let _lock = store.read_lock(lock_timeout, &on_wait)?;
-            store.owner_is_backed(owner)
-        } {
-            push_row(sink, &mut others, &row)?;
+    // The other owner files are read here, once each, and judged in the same hold of the lock.
+    let orphans = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |path| {
+        let is_named = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .is_some_and(|name| named.binary_search_by(|d| d.as_str().cmp(name)).is_ok());
+        if is_named {
+            return None;
         }
+        match read_entry_for_listing::<Ownership>(path) {
+            Loaded::Valid(owner)
+                if filter.admits_owner(&owner) && !store.owner_is_backed(&owner) =>
+            {
+                Some(owner)
+            }
+            _ => None,
+        }
+    })?;
+    drop(named);
+    for (_, owner) in &orphans {
+        orphan_row_into(store, sink, &mut others, owner)?;
     }
     let deferred = {
         let _lock = store.read_lock(lock_timeout, &on_wait)?;
@@ -483,24 +473,23 @@ fn write_all(
     others
         .at
         .sort_by(|a, b| a.key(&others.keys).cmp(&b.key(&others.keys)));
-    // Stable: records of equal keys keep the order they were read in.
-    listed.sort_by(|a, b| a.key().cmp(&b.key()));
 
     let mut out = io::stdout().lock();
     let mut pending = Vec::with_capacity(PENDING_BYTES);
     sink.begin(&mut pending)?;
-    let mut others_left = others.at.iter().peekable();
+    let mut others_at = 0;
+    // The owners of the pod whose rows are being written, read with its first row, and those
+    // of them no record stands on, rendered to go between its rows.
+    let mut owners: HashMap<PodKey, Option<Ownership>> = HashMap::new();
+    let (mut pod_orphans, mut pod_orphans_at) = (Rendered::default(), 0);
     let records = store.root().join(RECORDS);
     // Rows are on stdout: an error from here on leaves them short of the whole list.
     let mut written = false;
     let mut lock = None;
     let mut loads = 0;
-    for record in &listed {
+    for (at, record) in listed.iter().enumerate() {
         let key = record.key();
-        while let Some(other) = others_left.next_if(|at| at.key(&others.keys) < key) {
-            sink.separate(&mut pending)?;
-            pending.extend_from_slice(&others.bytes[other.row.clone()]);
-        }
+        let first_of_pod = at == 0 || !listed[at - 1].same_pod(record);
         if lock.is_none() {
             lock = Some(
                 store
@@ -508,13 +497,35 @@ fn write_all(
                     .map_err(|e| cut_short(e.into(), written))?,
             );
         }
+        if first_of_pod {
+            owners.clear();
+            let pod = listed[at..]
+                .iter()
+                .take_while(|other| other.same_pod(record));
+            // They sort after those of the pods before: appended, the rows stay in order.
+            let from = pod_orphans.at.len();
+            for owner in read_pod_owners(store, filter, pod, &mut owners) {
+                orphan_row_into(store, sink, &mut pod_orphans, &owner)?;
+            }
+            let keys = &pod_orphans.keys;
+            pod_orphans.at[from..].sort_by(|a, b| a.key(keys).cmp(&b.key(keys)));
+        }
+        write_before(
+            sink,
+            &mut pending,
+            [
+                (&pod_orphans, &mut pod_orphans_at),
+                (&others, &mut others_at),
+            ],
+            Some(&key),
+        )?;
         // A record removed since the first pass is not found and is left out, as `ls` or
         // `ps` leave out what went between listing it and reading it.
         record_rows(
             store,
             filter,
             &ledger,
-            &owners,
+            &mut owners,
             &records.join(&record.file_name),
             &mut |row| {
                 sink.separate(&mut pending)?;
@@ -531,14 +542,97 @@ fn write_all(
         }
     }
     drop(lock);
-    for other in others_left {
-        sink.separate(&mut pending)?;
-        pending.extend_from_slice(&others.bytes[other.row.clone()]);
-    }
+    write_before(
+        sink,
+        &mut pending,
+        [
+            (&pod_orphans, &mut pod_orphans_at),
+            (&others, &mut others_at),
+        ],
+        None,
+    )?;
     sink.finish(&mut pending, store.root())?;
     out.write_all(&pending)?;
     out.flush()?;
     Ok(())
+}
+
+/// Writes the rows of `sources` (each sorted, from its cursor on) that sort before `bound`,
+/// all of them without one, in order; on equal keys the earlier source first.
+fn write_before(
+    sink: &mut dyn Sink,
+    pending: &mut Vec<u8>,
+    mut sources: [(&Rendered, &mut usize); 2],
+    bound: Option<&SortKey>,
+) -> io::Result<()> {
+    loop {
+        let next = sources
+            .iter()
+            .enumerate()
+            .filter_map(|(source, (rows, at))| {
+                let row = rows.at.get(**at)?;
+                Some((source, row.key(&rows.keys)))
+            })
+            .filter(|(_, key)| bound.is_none_or(|bound| key < bound))
+            .min_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
+        let Some((source, _)) = next else {
+            return Ok(());
+        };
+        let (rows, at) = &mut sources[source];
+        sink.separate(pending)?;
+        pending.extend_from_slice(&rows.bytes[rows.at[**at].row.clone()]);
+        **at += 1;
+    }
+}
+
+/// Reads the owner files of the keys `pod`'s records can stand on (its rows, next to each
+/// other in the order) into `owners` as `load_owner` gives them, and returns those that no
+/// record stands on, judged in the same hold of the lock as the read.
+fn read_pod_owners<'a>(
+    store: &Store,
+    filter: &Filter,
+    pod: impl Iterator<Item = &'a Listed> + Clone,
+    owners: &mut HashMap<PodKey, Option<Ownership>>,
+) -> Vec<Ownership> {
+    let mut orphans = Vec::new();
+    for (key, ..) in pod.clone().flat_map(Listed::owner_keys) {
+        if owners.contains_key(&key) {
+            continue;
+        }
+        let read = store.read_owner_file(&key).unwrap_or(Loaded::Missing);
+        if let Loaded::Valid(owner) = &read {
+            let stood_on = pod.clone().flat_map(Listed::owner_keys).any(
+                |(stands_on, container_id, if_name)| {
+                    stands_on == owner.key && owner.holds(container_id, if_name)
+                },
+            );
+            if !stood_on && filter.admits_owner(owner) && !store.owner_is_backed(owner) {
+                orphans.push(owner.clone());
+            }
+        }
+        let judged = match store.judge_owner(&key, read) {
+            Loaded::Valid(owner) => Some(owner),
+            _ => None,
+        };
+        owners.insert(key, judged);
+    }
+    orphans
+}
+
+/// Renders `owner`'s row, an ownership no record stands on, into `rows`.
+fn orphan_row_into(
+    store: &Store,
+    sink: &mut dyn Sink,
+    rows: &mut Rendered,
+    owner: &Ownership,
+) -> io::Result<()> {
+    let row = orphan_row(
+        owner,
+        store
+            .ended_with(owner.boot_id.as_deref())
+            .map(|boot| ended_reason(store, boot, "ownership")),
+    );
+    push_row(sink, rows, &row)
 }
 
 /// The error that stopped the dump, saying the rows it wrote are not all of them when it had
@@ -589,6 +683,10 @@ impl Listed {
                 self.if_name.as_bytes(),
             ],
         }
+    }
+
+    fn same_pod(&self, other: &Listed) -> bool {
+        (self.no_pod, &self.namespace, &self.pod) == (other.no_pod, &other.namespace, &other.pod)
     }
 
     /// The pod keys of each `podKey` rule this record's owner may be filed under, each with
@@ -715,18 +813,21 @@ fn record_rows(
     store: &Store,
     filter: &Filter,
     ledger: &HashMap<PodKey, LedgerEntry>,
-    owners: &[Ownership],
+    owners: &mut HashMap<PodKey, Option<Ownership>>,
     path: &Path,
     emit: &mut dyn FnMut(&Row) -> io::Result<()>,
 ) -> io::Result<()> {
     match store.load_record_at(path) {
         Loaded::Valid(record) => {
-            let (owner, superseded_by) = owner_of(owners, &record);
-            let owner_key = owner.map(|owner| &owner.key);
+            let (owner, superseded_by) = owner_of(store, owners, &record);
+            let owner_key = owner.map(|owner| owner.key);
             if filter.admits(&record) {
                 let view = ResultView::parse(&record.prev_result).ok();
                 let mut row = record_row(&record, owner_key.is_some(), &view);
-                row.stale_dels = owner_key.and_then(|key| ledger.get(key)).map(StaleDels::of);
+                row.stale_dels = owner_key
+                    .as_ref()
+                    .and_then(|key| ledger.get(key))
+                    .map(StaleDels::of);
                 if let Some(other) = superseded_by {
                     row.status = Status::Superseded;
                     row.reason = Some(format!(
@@ -777,25 +878,30 @@ fn record_rows(
 /// The ownership of the record's pod that stands on this very attachment, under whichever
 /// `podKey` rule its network follows (the dump reads no config); else the container that
 /// owns the pod instead, as `--restore` finds it.
-fn owner_of<'a>(
-    owners: &'a [Ownership],
+fn owner_of(
+    store: &Store,
+    read: &mut HashMap<PodKey, Option<Ownership>>,
     record: &Checkpoint,
-) -> (Option<&'a Ownership>, Option<String>) {
-    let of_pod: Vec<&Ownership> = record
+) -> (Option<Ownership>, Option<String>) {
+    let owners: Vec<Ownership> = record
         .pod_keys()
-        .iter()
+        .into_iter()
         .filter_map(|key| {
-            let at = owners.binary_search_by(|owner| owner.key.cmp(key)).ok()?;
-            Some(&owners[at])
+            read.entry(key)
+                .or_insert_with_key(|key| match store.load_owner(key) {
+                    Ok(Loaded::Valid(owner)) => Some(owner),
+                    _ => None,
+                })
+                .clone()
         })
         .collect();
-    let own = of_pod
+    let own = owners
         .iter()
         .find(|owner| owner.holds(&record.container_id, &record.if_name))
-        .copied();
+        .cloned();
     let other = match own {
         Some(_) => None,
-        None => of_pod
+        None => owners
             .iter()
             .find(|owner| owner.container_id != record.container_id)
             .map(|owner| owner.container_id.clone()),

@@ -789,7 +789,7 @@ for ((k = 0; k < ${#fs_cases[@]}; k++)); do
 done
 
 # --- Dump over the large store. ---
-dump() { "${launcher[@]}" "$(ctl_of "$guard_bin")" --dump-checkpoints --state-dir "$large_state" --output "$1"; }
+dump() { "${launcher[@]}" "$(ctl_of "${2:-$guard_bin}")" --dump-checkpoints --state-dir "$large_state" --output "$1"; } # output [plugin]
 dumped=$(dump json | jq length) || contract "--dump-checkpoints --output json is not a JSON array"
 [[ ${dumped:-0} -eq $LARGE_RECORDS ]] || contract "the JSON dump lists ${dumped:-0} records, the store holds $LARGE_RECORDS"
 lines=$(dump table | wc -l) || contract "--dump-checkpoints --output table failed"
@@ -798,6 +798,12 @@ say "timing $DUMP_RUNS dumps of each output over $LARGE_RECORDS records"
 for ((run = 0; run < DUMP_RUNS; run++)); do
   timed dump_json dump json
   timed dump_table dump table
+  # The baseline's ctl over the same store, in turn with this one's: a change to the dump shows
+  # against it in the same minutes, not against another run's figure.
+  if [[ -n $baseline_bin ]]; then
+    timed baseline_dump_json dump json "$baseline_bin"
+    timed baseline_dump_table dump table "$baseline_bin"
+  fi
 done
 
 # --- 50 hung deferred DELs: the slowest unrelated verb. A delegate-mode store holds HUNG_ENTRIES deferred
@@ -1184,6 +1190,10 @@ row "sandbox-guard ADD, $LARGE_RECORDS records" guard_add_large "$add_growth x A
 row "sandbox-guard DEL, $LARGE_RECORDS records" guard_del_large "$del_growth x DEL, $SMALL_RECORDS records"
 row "\`--dump-checkpoints --output json\`, $LARGE_RECORDS records" dump_json '-'
 row "\`--dump-checkpoints --output table\`, $LARGE_RECORDS records" dump_table '-'
+[[ -z ${p50[baseline_dump_json]:-} ]] || {
+  row "baseline \`--dump-checkpoints --output json\`" baseline_dump_json "this binary's: $(calc "${p50[dump_json]} / ${p50[baseline_dump_json]}")x"
+  row "baseline \`--dump-checkpoints --output table\`" baseline_dump_table "this binary's: $(calc "${p50[dump_table]} / ${p50[baseline_dump_table]}")x"
+}
 row "sandbox-guard ADD that asks the API server (a record of another pod UID)" guard_add_ask "$(calc "${p50[guard_add_ask]} - ${p50[guard_add_small]}") ms above ADD, $SMALL_RECORDS records"
 row "sandbox-guard DEL that asks the API server (the owner's)" guard_del_ask "$(calc "${p50[guard_del_ask]} - ${p50[guard_del_small]}") ms above DEL, $SMALL_RECORDS records"
 [[ -z ${p50[baseline_add_ask]:-} ]] || {

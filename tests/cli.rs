@@ -1016,6 +1016,13 @@ fn the_dump_reads_each_owner_file_once() {
         let pod = cni::Pod::new("shop", &format!("db-{i}"));
         store.add(&cni::container_id(), &pod).run().assert_ok();
     }
+    // And an owner whose pod has no record left: no listed record names its file.
+    let lonely = cni::container_id();
+    store
+        .add(&lonely, &cni::Pod::new("zz", "lonely-0"))
+        .run()
+        .assert_ok();
+    std::fs::remove_file(store.record_path(cni::NETWORK, &lonely, "eth0")).unwrap();
     let trace = sys::TempDir::new("sgtrace");
     let log = trace.path.join("dump");
     let out = std::process::Command::new("strace")
@@ -1053,7 +1060,7 @@ fn the_dump_reads_each_owner_file_once() {
         .map(|path| path.display().to_string())
         .collect();
     files.sort();
-    assert_eq!(files.len(), 4, "{files:?}");
+    assert_eq!(files.len(), 5, "{files:?}");
     assert_eq!(
         opened, files,
         "owner files the dump opened, against those there are"
@@ -1077,6 +1084,49 @@ fn the_dump_shows_an_owner_without_its_record_beside_its_pods_other_sandbox() {
         );
         assert_eq!(rows.len(), 2, "{rows:?}");
     }
+}
+
+/// An owner file moved by hand over another pod's (Q's ownership, its record gone, in P's
+/// file) is shown as Q's owner without its record where Q's rows sort, and keeps no other
+/// pod's rows from their places.
+#[test]
+fn a_misfiled_owner_keeps_every_row_in_its_place() {
+    let store = cni::Store::new();
+    let owner_file_of = |name: &str| {
+        store
+            .owner_files()
+            .into_iter()
+            .find(|path| {
+                std::fs::read_to_string(path)
+                    .unwrap()
+                    .contains(&format!("\"podName\":\"{name}\""))
+            })
+            .unwrap_or_else(|| panic!("no owner file of {name}"))
+    };
+    let (p, q, r) = (
+        cni::Pod::new("a", "p-0"),
+        cni::Pod::new("z", "q-0"),
+        cni::Pod::new("m", "r-0"),
+    );
+    let [cp, cq, r1, r2] = std::array::from_fn(|_| cni::container_id());
+    for (container, pod) in [(&cp, &p), (&cq, &q), (&r1, &r), (&r2, &r)] {
+        store.add(container, pod).run().assert_ok();
+    }
+    // R's owner and Q's lose their records; Q's owner file goes over P's.
+    for container in [&r2, &cq] {
+        std::fs::remove_file(store.record_path(cni::NETWORK, container, "eth0")).unwrap();
+    }
+    std::fs::rename(owner_file_of("q-0"), owner_file_of("p-0")).unwrap();
+    let rows = store.dump();
+    let pods: Vec<String> = rows
+        .iter()
+        .map(|row| format!("{}/{}", row["podNamespace"], row["podName"]))
+        .collect();
+    let mut sorted = pods.clone();
+    sorted.sort();
+    assert_eq!(pods, sorted, "{rows:?}");
+    assert_eq!(row_of(&rows, &r2)["status"], "owner-without-record");
+    assert_eq!(row_of(&rows, &cq)["status"], "owner-without-record");
 }
 
 /// A records/ or owners/ folder that is a symlink (planted, or a mount gone wrong) is not

@@ -140,7 +140,7 @@ pub fn late_add(uid: &str, api: Option<ApiPod>) -> bool {
 /// Identifies a pod by name across sandboxes, and one of its interfaces when the rule says so.
 /// The release before `podKey` wrote every key with its ifname: those files read as
 /// `NameAndIfname` keys.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodKey {
     pub network: String,

@@ -325,7 +325,8 @@ impl From<io::Error> for DumpError {
 /// each one, so what is shown is the record as it is then, and no more than a batch of rendered
 /// rows is held. Each batch is written with the lock let go, so a reader that stops reading
 /// (`| less` left open) holds up no ADD or DEL. The few rows that stand for no record (set-aside
-/// files, owners without a record, deferred DELs) are rendered in the first pass and merged in.
+/// files, owners without a record, deferred DELs) are rendered before the second pass, or with
+/// their pod's first row there, and merged in.
 fn write_all(
     store: &Store,
     filter: &Filter,
@@ -392,7 +393,7 @@ fn write_all(
         }
     }
     // The other owner files are read here, once each, and judged in the same hold of the lock.
-    let orphans = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |path| {
+    let mut orphans = store.read_in_batches(Folder::Owners, lock_timeout, &on_wait, |path| {
         let is_named = path
             .file_name()
             .and_then(|name| name.to_str())
@@ -410,6 +411,9 @@ fn write_all(
         }
     })?;
     drop(named);
+    // A listing that runs across renames into the folder may return a name twice.
+    orphans.sort_by(|a, b| a.0.cmp(&b.0));
+    orphans.dedup_by(|a, b| a.0 == b.0);
     for (_, owner) in &orphans {
         orphan_row_into(store, sink, &mut others, owner)?;
     }
@@ -502,13 +506,13 @@ fn write_all(
             let pod = listed[at..]
                 .iter()
                 .take_while(|other| other.same_pod(record));
-            // They sort after those of the pods before: appended, the rows stay in order.
-            let from = pod_orphans.at.len();
             for owner in read_pod_owners(store, filter, pod, &mut owners) {
                 orphan_row_into(store, sink, &mut pod_orphans, &owner)?;
             }
+            // Sorted with the rows not yet written: an owner file copied under another pod's
+            // name holds a row that sorts with that pod's.
             let keys = &pod_orphans.keys;
-            pod_orphans.at[from..].sort_by(|a, b| a.key(keys).cmp(&b.key(keys)));
+            pod_orphans.at[pod_orphans_at..].sort_by(|a, b| a.key(keys).cmp(&b.key(keys)));
         }
         write_before(
             sink,

@@ -509,15 +509,36 @@ fn legacy_results_of_the_primary_pass_through_and_a_malformed_one_writes_nothing
     );
 }
 
-/// Processes whose command line holds `needle` (a test's own sleep, left by a killed primary).
+/// Processes whose command line holds `needle` (a test's own sleep, left by a killed primary),
+/// but for one the kernel holds a SIGKILL for: the kill was sent, and on a busy machine the
+/// process runs to its exit moments after `kill` returned.
 fn processes_with(needle: &str) -> Vec<String> {
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
-        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
-        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
-        .filter(|cmdline| cmdline.contains(needle))
+        .filter_map(|entry| {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            (cmdline.contains(needle) && !killed(&entry.path())).then_some(cmdline)
+        })
         .collect()
+}
+
+/// Whether SIGKILL is pending for the process at `/proc/<pid>` (in its own set or its thread
+/// group's), or the process is gone.
+fn killed(proc_dir: &std::path::Path) -> bool {
+    let Ok(status) = std::fs::read_to_string(proc_dir.join("status")) else {
+        return true;
+    };
+    const SIGKILL_BIT: u64 = 1 << (9 - 1);
+    status
+        .lines()
+        .filter_map(|line| {
+            line.strip_prefix("SigPnd:")
+                .or_else(|| line.strip_prefix("ShdPnd:"))
+        })
+        .filter_map(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .any(|mask| mask & SIGKILL_BIT != 0)
 }
 
 /// A replay that hangs is the worker's to wait for, never the runtime's: the owner's DEL and

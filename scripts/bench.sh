@@ -18,8 +18,8 @@
 # exec, with the state on journaled ext4 and XFS made on loop-mounted image files and on BENCH_BASE_DIR's
 # own file system, FLOOR_ROUNDS (300) rounds in a random order, medians; ADD at most 1.5x and DEL at most
 # 1.3x the no-op's exec on each of them. Reported beside them, not checked: ADD's kernel work (a static
-# C program making ADD's system calls with none of its parsing) and tuning's rows (tuning is a Go exec,
-# not a floor). --rounds N sets FLOOR_ROUNDS; --quick runs every phase with few rounds and a small store (a few
+# C program making ADD's system calls with none of its parsing), the plugin's own exec (VERSION), and
+# tuning's rows (tuning is a Go exec, not a floor). --rounds N sets FLOOR_ROUNDS; --quick runs every phase with few rounds and a small store (a few
 # minutes) and skips delegate mode's cost.
 #
 # Knobs (environment): ITERATIONS (400) timed rounds of each phase, WARMUP (20) discarded rounds,
@@ -736,7 +736,7 @@ stdin_to() { # text command...
   shift
   "$@" <<<"$text"
 }
-floor_cases=(noop noop_glibc tuning written)
+floor_cases=(noop noop_glibc tuning written version)
 for fs in "${floor_fs[@]}"; do
   floor_cases+=("commit:$fs" "kernel:$fs" "guard:$fs")
   [[ -z $baseline_bin ]] || floor_cases+=("baseline:$fs")
@@ -761,6 +761,7 @@ for ((round = 0; round < WARMUP + FLOOR_ROUNDS; round++)); do
     case $case in
     noop) timed floor_noop stdin_to "${round_input[tuning]}" "$noop_bin" ;;
     noop_glibc) timed floor_noop_glibc stdin_to "${round_input[tuning]}" "$noop_glibc_bin" ;;
+    version) timed floor_version guard VERSION "$version_input" ;;
     written)
       timed floor_written_add cni "$written_guard_bin" ADD "${round_input[written]}"
       timed floor_written_del cni "$written_guard_bin" DEL "${round_input[written]}"
@@ -1123,7 +1124,10 @@ for fs in "${floor_fs[@]}"; do
   [[ -z $baseline_bin ]] || printf 'INFO  %s\n' "the baseline on ${floor_name[$fs]}, in the same rounds: ADD ${p50[floor_base_add_$fs]} ms (this binary's $(calc "${p50[floor_add_$fs]} / ${p50[floor_base_add_$fs]}")x), DEL ${p50[floor_base_del_$fs]} ms ($(calc "${p50[floor_del_$fs]} / ${p50[floor_base_del_$fs]}")x), ADD of a pod made again ${p50[floor_base_again_$fs]} ms ($(calc "${p50[floor_again_$fs]} / ${p50[floor_base_again_$fs]}")x) (reported, not checked)"
   printf 'INFO  %s\n' "ADD on ${floor_name[$fs]}: $(above "floor_add_$fs") ms above the exec, $(commits "floor_add_$fs" "$fs")x one commit; DEL $(commits "floor_del_$fs" "$fs")x (reported, not checked)"
   printf 'INFO  %s\n' "ADD's kernel work alone (no parsing) on ${floor_name[$fs]}: $(above "floor_kernel_add_$fs") ms above the exec, $(commits "floor_kernel_add_$fs" "$fs")x one commit (reported, not checked)"
+  # What no parsing, lookup or checksum can go below: this binary's own exec plus ADD's kernel work.
+  printf 'INFO  %s\n' "the plugin's exec alone (VERSION) plus ADD's kernel work on ${floor_name[$fs]}: $(calc "(${p50[floor_version]} + ${p50[floor_kernel_add_$fs]} - ${p50[floor_noop]}) / ${p50[floor_noop]}")x the no-op's exec, the least an ADD of this binary could take here (reported, not checked)"
 done
+printf 'INFO  %s\n' "the plugin's exec alone (VERSION, no state): ${p50[floor_version]} ms, $(execs floor_version)x the no-op's exec (reported, not checked)"
 printf 'INFO  %s\n' "the same no-op linked against glibc: ${p50[floor_noop_glibc]} ms, $(calc "${p50[floor_noop_glibc]} / ${p50[floor_noop]}")x the floor's; against it, ADD $(calc "${p50[floor_add_base]} / ${p50[floor_noop_glibc]}")x and DEL $(calc "${p50[floor_del_base]} / ${p50[floor_noop_glibc]}")x on ${floor_name[base]} (reported, not checked)"
 printf 'INFO  %s\n' "the plugin as an install leaves it, its pages written whole ($written_guard_bin), state on ${floor_name[base]}: ADD ${p50[floor_written_add]} ms ($(calc "${p50[floor_written_add]} / ${p50[floor_add_base]}")x the one read back), DEL ${p50[floor_written_del]} ms ($(calc "${p50[floor_written_del]} / ${p50[floor_del_base]}")x) (reported, not checked)"
 verdict "ADD with $LARGE_RECORDS records is ${add_growth}x ADD with $SMALL_RECORDS (<= $MAX_GROWTH_RATIO)" \

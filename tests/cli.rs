@@ -1086,6 +1086,28 @@ fn the_dump_shows_an_owner_without_its_record_beside_its_pods_other_sandbox() {
     }
 }
 
+/// An owner whose record sits only under another file name (copied aside by hand, the
+/// original gone) has no record in the store's eyes: DEL and GC read the record by its own
+/// name. The dump shows the owner without its record, beside the copy's row.
+#[test]
+fn an_owner_whose_record_is_only_under_another_name_is_shown_without_its_record() {
+    let (store, a, b) = refused_incident();
+    let record = store.record_path(cni::NETWORK, &b, "eth0");
+    let mut aside = record.clone().into_os_string();
+    aside.push(".bak");
+    std::fs::rename(&record, &aside).unwrap();
+    for filters in [&[][..], &["--pod", "web-0"]] {
+        let rows = store.dump_filtered(filters);
+        assert!(
+            rows.iter()
+                .any(|row| row["containerId"] == b.as_str()
+                    && row["status"] == "owner-without-record"),
+            "{rows:?}"
+        );
+        assert_eq!(row_of(&rows, &a)["supersededBy"], b.as_str(), "{rows:?}");
+    }
+}
+
 /// An owner file moved by hand over another pod's (Q's ownership, its record gone, in P's
 /// file) is shown as Q's owner without its record where Q's rows sort, and keeps no other
 /// pod's rows from their places.

@@ -605,11 +605,13 @@ fn read_pod_owners<'a>(
         }
         let read = store.read_owner_file(&key).unwrap_or(Loaded::Missing);
         if let Loaded::Valid(owner) = &read {
-            let stood_on = pod.clone().flat_map(Listed::owner_keys).any(
-                |(stands_on, container_id, if_name)| {
+            let stood_on = pod
+                .clone()
+                .filter(|listed| listed.at_its_name)
+                .flat_map(Listed::owner_keys)
+                .any(|(stands_on, container_id, if_name)| {
                     stands_on == owner.key && owner.holds(container_id, if_name)
-                },
-            );
+                });
             if !stood_on && filter.admits_owner(owner) && !store.owner_is_backed(owner) {
                 orphans.push(owner.clone());
             }
@@ -668,6 +670,8 @@ fn listing_error(e: io::Error) -> GuardError {
 struct Listed {
     no_pod: bool,
     keyed: bool,
+    /// Filed under its own name, where DEL and GC look for it: only then does it back its owner.
+    at_its_name: bool,
     network: String,
     namespace: String,
     pod: String,
@@ -718,6 +722,7 @@ fn list_record(store: &Store, filter: &Filter, path: &Path, listed: &mut Vec<Lis
                     no_pod: record.pod_name.is_none(),
                     // A pod key needs both (`checkpoint::pod_key`).
                     keyed: record.pod_name.is_some() && record.pod_namespace.is_some(),
+                    at_its_name: file_name.to_str() == Some(record.id().file_name().as_str()),
                     network: record.network.clone(),
                     namespace: record.pod_namespace.clone().unwrap_or_default(),
                     pod: record.pod_name.clone().unwrap_or_default(),
@@ -739,6 +744,7 @@ fn list_record(store: &Store, filter: &Filter, path: &Path, listed: &mut Vec<Lis
                 listed.push(Listed {
                     no_pod: true,
                     keyed: false,
+                    at_its_name: false,
                     network: String::new(),
                     namespace: String::new(),
                     pod: String::new(),

@@ -239,47 +239,39 @@ fn a_dump_during_adds_names_one_owner_per_pod() {
     const SANDBOXES_PER_POD: usize = 16;
     let store = Store::new();
     let sandboxes = added_sandboxes(&store, "dump", "db", PODS, SANDBOXES_PER_POD);
-    let adding = std::sync::atomic::AtomicBool::new(true);
-    let (dumps, torn) = std::thread::scope(|scope| {
-        let dumper = scope.spawn(|| {
-            let mut dumps = 0;
-            let mut torn = Vec::new();
-            while adding.load(std::sync::atomic::Ordering::Relaxed) {
-                let mut named: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-                for row in store.dump() {
-                    let pod = format!("{}/{}", row["podNamespace"], row["podName"]);
-                    let owner = if row["owner"] == true {
-                        row["containerId"].as_str()
-                    } else {
-                        row["supersededBy"].as_str()
-                    };
-                    named
-                        .entry(pod)
-                        .or_default()
-                        .extend(owner.map(str::to_string));
-                }
-                // Every sandbox was added before the dumps: each pod has an owner throughout.
-                assert_eq!(named.len(), PODS, "a dump without every pod: {named:?}");
-                torn.extend(named.into_iter().filter(|(_, owners)| owners.len() != 1));
-                dumps += 1;
-            }
-            (dumps, torn)
-        });
-        let workload = Workload {
-            workers: 4,
-            ops_per_worker: 150,
-            seed: 0xd0_4d,
-        };
-        workload.run(|rng| {
-            let sandbox = &sandboxes[rng.below(sandboxes.len() as u64) as usize];
-            store
-                .add(&sandbox.container, &sandbox.pod)
-                .netns(&sandbox.netns.path())
-                .run()
-                .assert_ok();
-        });
-        adding.store(false, std::sync::atomic::Ordering::Relaxed);
-        dumper.join().unwrap()
+    let workload = Workload {
+        workers: 4,
+        ops_per_worker: 150,
+        seed: 0xd0_4d,
+    };
+    let add = |rng: &mut cni::SeededRng| {
+        let sandbox = &sandboxes[rng.below(sandboxes.len() as u64) as usize];
+        store
+            .add(&sandbox.container, &sandbox.pod)
+            .netns(&sandbox.netns.path())
+            .run()
+            .assert_ok();
+    };
+    let (dumps, torn) = dumps_during(&store, workload, add, |rows| {
+        let mut named: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for row in rows {
+            let pod = format!("{}/{}", row["podNamespace"], row["podName"]);
+            let owner = if row["owner"] == true {
+                row["containerId"].as_str()
+            } else {
+                row["supersededBy"].as_str()
+            };
+            named
+                .entry(pod)
+                .or_default()
+                .extend(owner.map(str::to_string));
+        }
+        // Every sandbox was added before the dumps: each pod has an owner throughout.
+        assert_eq!(named.len(), PODS, "a dump without every pod: {named:?}");
+        named
+            .into_iter()
+            .filter(|(_, owners)| owners.len() != 1)
+            .collect()
     });
     eprintln!("{dumps} dumps during the ADDs");
     assert!(dumps >= 10, "only {dumps} dumps ran during the ADDs");
@@ -287,6 +279,30 @@ fn a_dump_during_adds_names_one_owner_per_pod() {
         torn.is_empty(),
         "dumps named other than one owner for a pod (the owning row's and the supersededBy of the others): {torn:?}"
     );
+}
+
+/// Runs `workload` with `op` while another thread dumps the store again and again; what
+/// `found` picks from each dump's rows is gathered. Returns how many dumps ran, and that.
+fn dumps_during<T: Send>(
+    store: &Store,
+    workload: Workload,
+    op: impl Fn(&mut cni::SeededRng) + Sync,
+    found: impl Fn(Vec<serde_json::Value>) -> Vec<T> + Sync,
+) -> (usize, Vec<T>) {
+    let running = std::sync::atomic::AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        let dumper = scope.spawn(|| {
+            let (mut dumps, mut gathered) = (0, Vec::new());
+            while running.load(std::sync::atomic::Ordering::Relaxed) {
+                gathered.extend(found(store.dump()));
+                dumps += 1;
+            }
+            (dumps, gathered)
+        });
+        workload.run(op);
+        running.store(false, std::sync::atomic::Ordering::Relaxed);
+        dumper.join().unwrap()
+    })
 }
 
 /// A dump taken while sandboxes of the same pod names are added and deleted shows no owner
@@ -299,41 +315,28 @@ fn a_dump_during_adds_and_dels_shows_no_owner_without_its_record() {
     const PODS: usize = 3;
     let store = Store::new();
     let sandboxes = added_sandboxes(&store, "churn", "web", PODS, 4);
-    let churning = std::sync::atomic::AtomicBool::new(true);
-    let (dumps, orphans) = std::thread::scope(|scope| {
-        let dumper = scope.spawn(|| {
-            let (mut dumps, mut orphans) = (0, Vec::new());
-            while churning.load(std::sync::atomic::Ordering::Relaxed) {
-                orphans.extend(
-                    store
-                        .dump()
-                        .into_iter()
-                        .filter(|row| row["status"] == "owner-without-record"),
-                );
-                dumps += 1;
-            }
-            (dumps, orphans)
-        });
-        let workload = Workload {
-            workers: 4,
-            ops_per_worker: 100,
-            seed: 0xc4_07,
-        };
-        workload.run(|rng| {
-            let sandbox = &sandboxes[rng.below(sandboxes.len() as u64) as usize];
-            let verb = if rng.below(2) == 0 { "ADD" } else { "DEL" };
-            let reply = store
-                .cni(verb, &sandbox.container)
-                .pod(&sandbox.pod)
-                .netns(&sandbox.netns.path())
-                .run();
-            // A DEL of a sandbox whose pod another one took since is stale: refused.
-            if !reply.succeeded() {
-                reply.assert_error(11);
-            }
-        });
-        churning.store(false, std::sync::atomic::Ordering::Relaxed);
-        dumper.join().unwrap()
+    let workload = Workload {
+        workers: 4,
+        ops_per_worker: 100,
+        seed: 0xc4_07,
+    };
+    let churn = |rng: &mut cni::SeededRng| {
+        let sandbox = &sandboxes[rng.below(sandboxes.len() as u64) as usize];
+        let verb = if rng.below(2) == 0 { "ADD" } else { "DEL" };
+        let reply = store
+            .cni(verb, &sandbox.container)
+            .pod(&sandbox.pod)
+            .netns(&sandbox.netns.path())
+            .run();
+        // A DEL of a sandbox whose pod another one took since is stale: refused.
+        if !reply.succeeded() {
+            reply.assert_error(11);
+        }
+    };
+    let (dumps, orphans) = dumps_during(&store, workload, churn, |rows| {
+        rows.into_iter()
+            .filter(|row| row["status"] == "owner-without-record")
+            .collect()
     });
     eprintln!("{dumps} dumps during the ADDs and DELs");
     assert!(

@@ -1105,6 +1105,8 @@ fn an_owner_whose_record_is_only_under_another_name_is_shown_without_its_record(
             "{rows:?}"
         );
         assert_eq!(row_of(&rows, &a)["supersededBy"], b.as_str(), "{rows:?}");
+        // A's record, the copy's row and the owner's.
+        assert_eq!(rows.len(), 3, "{rows:?}");
     }
 }
 

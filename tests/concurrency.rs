@@ -289,6 +289,14 @@ fn dumps_during<T: Send>(
     op: impl Fn(&mut cni::SeededRng) + Sync,
     found: impl Fn(Vec<serde_json::Value>) -> Vec<T> + Sync,
 ) -> (usize, Vec<T>) {
+    /// Stops the dumper however the workload ends: a panicking op then fails the test
+    /// rather than leaving the scope waiting for the dumper for good.
+    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     let running = std::sync::atomic::AtomicBool::new(true);
     std::thread::scope(|scope| {
         let dumper = scope.spawn(|| {
@@ -299,8 +307,10 @@ fn dumps_during<T: Send>(
             }
             (dumps, gathered)
         });
-        workload.run(op);
-        running.store(false, std::sync::atomic::Ordering::Relaxed);
+        {
+            let _stop = Stop(&running);
+            workload.run(op);
+        }
         dumper.join().unwrap()
     })
 }

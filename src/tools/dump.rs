@@ -591,7 +591,7 @@ fn write_before(
 
 /// Reads the owner files of the keys `pod`'s records can stand on (its rows, next to each
 /// other in the order) into `owners` as `load_owner` gives them, and returns those that no
-/// record stands on, judged in the same hold of the lock as the read.
+/// record filed under its own name stands on, judged in the same hold of the lock as the read.
 fn read_pod_owners<'a>(
     store: &Store,
     filter: &Filter,

@@ -19,8 +19,8 @@
 # own file system, FLOOR_ROUNDS (300) rounds in a random order, medians; ADD at most 1.5x and DEL at most
 # 1.3x the no-op's exec on each of them. Reported beside them, not checked: ADD's kernel work (a static
 # C program making ADD's system calls with none of its parsing), the plugin's own exec (VERSION), and
-# tuning's rows (tuning is a Go exec, not a floor). --rounds N sets FLOOR_ROUNDS; --quick runs every phase with few rounds and a small store (a few
-# minutes) and skips delegate mode's cost.
+# tuning's rows (tuning is a Go exec, not a floor). --rounds N sets FLOOR_ROUNDS; --quick runs every
+# phase with few rounds and a small store (a few minutes) and skips delegate mode's cost.
 #
 # Knobs (environment): ITERATIONS (400) timed rounds of each phase, WARMUP (20) discarded rounds,
 # LARGE_RECORDS (10000), SMALL_RECORDS (10), DUMP_RUNS (7), RSS_RUNS (5), BENCH_BASE_DIR (/var/lib) where

@@ -688,17 +688,20 @@ fn row_of<'a>(rows: &'a [serde_json::Value], container: &str) -> &'a serde_json:
         .unwrap_or_else(|| panic!("no row of {container}: {rows:?}"))
 }
 
+/// Sandbox A of pod `namespace`/`name` added, then B of the same pod.
+fn superseded_incident(namespace: &str, name: &str) -> cni::Incident {
+    let incident = cni::Incident::of(namespace, name);
+    let store = &incident.store;
+    store.add(&incident.a, &incident.pod_a).run().assert_ok();
+    store.add(&incident.b, &incident.pod_b).run().assert_ok();
+    incident
+}
+
 /// Sandbox A, then B of the same pod, then A's stale DEL refused: (store, A, B).
 fn refused_incident() -> (cni::Store, String, String) {
     let cni::Incident {
-        store,
-        pod_a,
-        pod_b,
-        a,
-        b,
-    } = cni::Incident::of("shop", "web-0");
-    store.add(&a, &pod_a).run().assert_ok();
-    store.add(&b, &pod_b).run().assert_ok();
+        store, pod_a, a, b, ..
+    } = superseded_incident("shop", "web-0");
     store.del(&a, &pod_a).run().assert_error(11);
     (store, a, b)
 }
@@ -985,14 +988,8 @@ fn a_dump_cut_short_by_the_lock_says_its_rows_are_incomplete() {
 fn a_slowly_read_dump_shows_one_owner_per_pod_while_sandboxes_are_added() {
     use std::io::Read;
     let cni::Incident {
-        store,
-        pod_a,
-        pod_b,
-        a,
-        b,
-    } = cni::Incident::of("zz-last", "web-0");
-    store.add(&a, &pod_a).run().assert_ok();
-    store.add(&b, &pod_b).run().assert_ok();
+        store, pod_a, a, ..
+    } = superseded_incident("zz-last", "web-0");
     let (mut dump, mut stdout, mut head) = dump_waiting_on_its_pipe(&store, &[]);
     // The dump waits on the full pipe, far before the pod's rows: A takes the pod back.
     store.add(&a, &pod_a).run().assert_ok();
@@ -1084,6 +1081,26 @@ fn the_dump_shows_an_owner_without_its_record_beside_its_pods_other_sandbox() {
         );
         assert_eq!(rows.len(), 2, "{rows:?}");
     }
+}
+
+/// A sandbox whose pod's owner has lost its record is told the truth: its DEL drops that
+/// ownership and passes (the verb's repair), not "refused until the owner is gone". The DEL
+/// run after the dump is the evidence.
+#[test]
+fn a_superseded_sandbox_whose_owner_has_no_record_is_told_its_del_passes() {
+    let cni::Incident {
+        store, pod_a, a, b, ..
+    } = superseded_incident("shop", "web-0");
+    std::fs::remove_file(store.record_path(cni::NETWORK, &b, "eth0")).unwrap();
+    let rows = store.dump();
+    let reason = row_of(&rows, &a)["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!reason.contains("refused until"), "{reason}");
+    assert!(reason.contains("passes"), "{reason}");
+    assert_eq!(row_of(&rows, &a)["supersededBy"], b.as_str(), "{rows:?}");
+    store.del(&a, &pod_a).run().assert_ok();
 }
 
 /// An owner whose record sits only under another file name (copied aside by hand, the

@@ -839,14 +839,20 @@ fn record_rows(
                     .and_then(|key| ledger.get(key))
                     .map(StaleDels::of);
                 if let Some(other) = superseded_by {
+                    let pod = crate::names::pod_text(row.pod_namespace, row.pod_name);
+                    let short = crate::names::short_id(&other.container_id);
                     row.status = Status::Superseded;
-                    row.reason = Some(format!(
-                        "pod {} belongs to sandbox {} now: this sandbox's DEL is stale (chained: refused until {} is gone; delegate: deferred)",
-                        crate::names::pod_text(row.pod_namespace, row.pod_name),
-                        crate::names::short_id(&other),
-                        crate::names::short_id(&other),
-                    ));
-                    row.superseded_by = Some(other);
+                    // The verbs judge an owner without its record as gone (`judge_del`'s repair).
+                    row.reason = Some(if store.owner_is_backed(&other) {
+                        format!(
+                            "pod {pod} belongs to sandbox {short} now: this sandbox's DEL is stale (chained: refused until {short} is gone; delegate: deferred)"
+                        )
+                    } else {
+                        format!(
+                            "pod {pod} was taken by sandbox {short}, whose record is gone: this sandbox's DEL drops that ownership and passes"
+                        )
+                    });
+                    row.superseded_by = Some(other.container_id);
                 }
                 if let (Some(held), None) = (&record.held, &row.reason) {
                     let node = held
@@ -886,13 +892,13 @@ fn record_rows(
 }
 
 /// The ownership of the record's pod that stands on this very attachment, under whichever
-/// `podKey` rule its network follows (the dump reads no config); else the container that
-/// owns the pod instead, as `--restore` finds it.
+/// `podKey` rule its network follows (the dump reads no config); else the ownership of the
+/// container that owns the pod instead, as `--restore` finds it.
 fn owner_of(
     store: &Store,
     read: &mut HashMap<PodKey, Option<Ownership>>,
     record: &Checkpoint,
-) -> (Option<Ownership>, Option<String>) {
+) -> (Option<Ownership>, Option<Ownership>) {
     let owners: Vec<Ownership> = record
         .pod_keys()
         .into_iter()
@@ -914,7 +920,7 @@ fn owner_of(
         None => owners
             .iter()
             .find(|owner| owner.container_id != record.container_id)
-            .map(|owner| owner.container_id.clone()),
+            .cloned(),
     };
     (own, other)
 }

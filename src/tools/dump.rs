@@ -23,8 +23,9 @@ use crate::state::checkpoint::{Checkpoint, split_file_name};
 use crate::state::deferred::DeferredDel;
 use crate::state::ledger::LedgerEntry;
 use crate::state::lock::WaitNotice;
-use crate::state::ownership::Ownership;
-use crate::state::ownership::{PodKey, PodKeyRule};
+use crate::state::ownership::{
+    DelVerdict, Deleter, Owner, Ownership, PodKey, PodKeyRule, judge_del,
+};
 use crate::state::pending_add::{self, PendingAdd, Standing};
 use crate::state::{Folder, Loaded, READ_BATCH, RECORDS, Store, read_entry_for_listing};
 use crate::tools::counted;
@@ -842,16 +843,21 @@ fn record_rows(
                     let pod = crate::names::pod_text(row.pod_namespace, row.pod_name);
                     let short = crate::names::short_id(&other.container_id);
                     row.status = Status::Superseded;
-                    // The verbs judge an owner without its record as gone (`judge_del`'s repair).
-                    row.reason = Some(if store.owner_is_backed(&other) {
-                        format!(
-                            "pod {pod} belongs to sandbox {short} now: this sandbox's DEL is stale (chained: refused until {short} is gone; delegate: deferred)"
-                        )
-                    } else {
-                        format!(
-                            "pod {pod} was taken by sandbox {short}, whose record is gone: this sandbox's DEL drops that ownership and passes"
-                        )
-                    });
+                    // Told as the verbs would judge this sandbox's DEL now.
+                    let found = Owner {
+                        ownership: &other,
+                        backed: store.owner_is_backed(&other),
+                    };
+                    row.reason = Some(
+                        match judge_del(&record.container_id, Deleter::Recorded, Some(found)) {
+                            DelVerdict::Repair(_) => format!(
+                                "pod {pod} was taken by sandbox {short}, whose record is gone: this sandbox's DEL drops that ownership and passes"
+                            ),
+                            _ => format!(
+                                "pod {pod} belongs to sandbox {short} now: this sandbox's DEL is stale (chained: refused until {short} is gone; delegate: deferred)"
+                            ),
+                        },
+                    );
                     row.superseded_by = Some(other.container_id);
                 }
                 if let (Some(held), None) = (&record.held, &row.reason) {

@@ -81,13 +81,28 @@ timed "the musl toolchain (musl-tools, rustup's standard library)" need_host_mus
   echo "the toolchain for the static $host build is missing (its message is above)" >&2
   exit 1
 }
+# The tests run the binaries the nodes get: the static release for this machine's arch, built
+# once here and named to every test in SANDBOX_GUARD_BINS (tests/support/cni.rs). The test
+# binaries are cargo test's own debug build: under the release profile each of them was
+# linked with fat LTO, about half of the test build's time for nothing the tests exec
+# (docs/runs/2026-12-07-e25c2a9-test-build-profiles.md).
+build_tested() {
+  local bin
+  bin=$(SUDO_USER='' build_plugin . "$host") || return 1
+  SANDBOX_GUARD_BINS=$(dirname "$bin")
+  export SANDBOX_GUARD_BINS
+}
+timed "the static release for $host, which the tests run" build_tested || {
+  echo "the static $host release build failed (its messages are above)" >&2
+  exit 1
+}
+tests=(cargo test --no-fail-fast --config .cargo/static.toml --target "$(plugin_triple "$host")")
 if [[ -n $long ]]; then
   timed "the node's Go builds" bash -c 'bash scripts/node.sh build --runtime containerd2 &&
     bash scripts/node.sh build --runtime containerd16'
   rm -f target/real-node-*.md target/real-node-*.passed
   status=0
-  timed "the long run" cargo test --release --no-fail-fast --config .cargo/static.toml \
-    --target "$(plugin_triple "$host")" --test e2e_node -- "--${only:+include-}ignored" --test-threads=1 ${only:+"$only"} || status=$?
+  timed "the long run" "${tests[@]}" --test e2e_node -- "--${only:+include-}ignored" --test-threads=1 ${only:+"$only"} || status=$?
   publish_node_run "long${only:+-$only}" "Long run of $(git rev-parse --short HEAD)${only:+ (tests named *$only*)}" \
     "bash scripts/test.sh --long${only:+ $only}" "$status"
   exit "$status"
@@ -137,17 +152,14 @@ if ! timed "the node's Go builds" bash scripts/node.sh build --runtime container
   echo "the node's Go builds failed: the real-node tests will fail and say why" >&2
 fi
 
-# The tests run the binary the nodes get: static, for this machine's target. One test process
-# at a time per binary keeps the kernel-touching suites from racing each other for the same
-# names and keeps the timing of the crash test honest on 2 cores.
-timed "the Rust test build" cargo test --release --no-run --config .cargo/static.toml \
-  --target "$(plugin_triple "$host")"
+# One test process at a time per binary keeps the kernel-touching suites from racing each
+# other for the same names and keeps the timing of the crash test honest on 2 cores.
+timed "the Rust test build" "${tests[@]}" --no-run
 rm -f target/real-node-*.md target/real-node-*.passed
 # The output is kept (target/tests.log) and, when a test fails, its panics end the run's
 # output: CI keeps only the head and the tail of what a run prints, and its clone is gone.
 run_tests() {
-  cargo test --release --no-fail-fast --config .cargo/static.toml \
-    --target "$(plugin_triple "$host")" -- --test-threads=1 2>&1 | tee target/tests.log
+  "${tests[@]}" -- --test-threads=1 2>&1 | tee target/tests.log
   return "${PIPESTATUS[0]}"
 }
 status=0

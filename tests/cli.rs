@@ -614,7 +614,7 @@ fn lock_timeout_is_an_option_of_every_mode() {
 #[test]
 fn without_cni_command_it_prints_the_about_line_as_skel_does() {
     for command in [None, Some("")] {
-        let mut run = std::process::Command::new(cni::BIN);
+        let mut run = std::process::Command::new(cni::bin());
         run.env_clear()
             .env("CNI_CONTAINERID", "abc")
             .env("CNI_IFNAME", "eth0")
@@ -923,7 +923,7 @@ fn dump_waiting_on_its_pipe(
             .run()
             .assert_ok();
     }
-    let mut dump = Command::new(cni::BIN)
+    let mut dump = Command::new(cni::bin())
         .args(["--dump-checkpoints", "--output", "json", "--state-dir"])
         .arg(&store.state_dir)
         .args(args)
@@ -1031,7 +1031,7 @@ fn the_dump_reads_each_owner_file_once() {
             "-e",
             "trace=open,openat",
         ])
-        .args([cni::BIN, "--dump-checkpoints", "--state-dir"])
+        .args([cni::bin(), "--dump-checkpoints", "--state-dir"])
         .arg(&store.state_dir)
         .output()
         .unwrap();
@@ -1296,9 +1296,6 @@ fn the_committed_man_page_is_what_the_binary_renders() {
     assert!(committed.starts_with(".TH SANDBOX-GUARD 1"));
 }
 
-/// The operator's binary, which the plugin execs from beside itself.
-const CTL: &str = env!("CARGO_BIN_EXE_sandbox-guard-ctl");
-
 /// Text only the operator's commands hold: their usage, the dump's, the installer's and the
 /// doctor's words, and the ARP and neighbour discovery `--restore` sends.
 const OPERATOR_TEXT: [&str; 6] = [
@@ -1315,8 +1312,8 @@ const OPERATOR_TEXT: [&str; 6] = [
 /// the plugin's.
 #[test]
 fn the_plugin_binary_carries_none_of_the_operator_commands() {
-    let plugin = std::fs::read(cni::BIN).unwrap();
-    let ctl = std::fs::read(CTL).unwrap();
+    let plugin = std::fs::read(cni::bin()).unwrap();
+    let ctl = std::fs::read(cni::ctl()).unwrap();
     let holds = |bytes: &[u8], text: &str| {
         // A format string is stored in pieces: the longest piece without a `{}` stands for it.
         let piece = text
@@ -1326,8 +1323,12 @@ fn the_plugin_binary_carries_none_of_the_operator_commands() {
         bytes.windows(piece.len()).any(|w| w == piece.as_bytes())
     };
     for text in OPERATOR_TEXT {
-        assert!(holds(&ctl, text), "{CTL} lacks {text:?}: a stale marker");
-        assert!(!holds(&plugin, text), "{} holds {text:?}", cni::BIN);
+        assert!(
+            holds(&ctl, text),
+            "{} lacks {text:?}: a stale marker",
+            cni::ctl()
+        );
+        assert!(!holds(&plugin, text), "{} holds {text:?}", cni::bin());
     }
 }
 
@@ -1337,7 +1338,7 @@ fn the_plugin_binary_carries_none_of_the_operator_commands() {
 #[test]
 fn the_plugin_hands_a_command_line_to_the_operator_binary_beside_it() {
     let through_plugin = guard(&["--version"]);
-    let direct = std::process::Command::new(CTL)
+    let direct = std::process::Command::new(cni::ctl())
         .arg("--version")
         .output()
         .unwrap();
@@ -1346,7 +1347,7 @@ fn the_plugin_hands_a_command_line_to_the_operator_binary_beside_it() {
 
     let dir = TempDir::new();
     let link = Path::new(dir.path()).join("sandbox-guard");
-    std::os::unix::fs::symlink(cni::BIN, &link).unwrap();
+    std::os::unix::fs::symlink(cni::bin(), &link).unwrap();
     let linked = std::process::Command::new(&link)
         .args(["--dump-checkpoints", "--state-dir", dir.path()])
         .output()
@@ -1355,7 +1356,7 @@ fn the_plugin_hands_a_command_line_to_the_operator_binary_beside_it() {
 
     let alone = TempDir::new();
     let copy = Path::new(alone.path()).join("sandbox-guard");
-    std::fs::copy(cni::BIN, &copy).unwrap();
+    std::fs::copy(cni::bin(), &copy).unwrap();
     let out = std::process::Command::new(&copy)
         .arg("--doctor")
         .output()
@@ -1392,7 +1393,7 @@ fn the_plugin_hands_a_command_line_to_the_operator_binary_beside_it() {
 /// reads, at the config's version, saying which type to name.
 #[test]
 fn the_operator_binary_run_as_a_plugin_answers_a_cni_error() {
-    let mut run = std::process::Command::new(CTL)
+    let mut run = std::process::Command::new(cni::ctl())
         .env("CNI_COMMAND", "ADD")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -1719,7 +1719,7 @@ fn the_downgrade_never_runs_beside_a_replay() {
     let marker = i.store.state_dir.join("pod-keys").join(cni::NETWORK);
     let before = std::fs::read(&marker).unwrap();
     let downgrade = || {
-        std::process::Command::new(cni::BIN)
+        std::process::Command::new(cni::bin())
             .args(["--downgrade", "--lock-timeout", "1", "--state-dir"])
             .arg(&i.store.state_dir)
             .output()
@@ -1922,7 +1922,7 @@ fn a_waiting_downgrade_goes_before_the_workers_next_replays() {
         !i.store.replay_workers().is_empty(),
         "the slow replays outlast the owner's DEL"
     );
-    let done = std::process::Command::new(cni::BIN)
+    let done = std::process::Command::new(cni::bin())
         .args(["--downgrade", "--lock-timeout", "60", "--state-dir"])
         .arg(&i.store.state_dir)
         .output()

@@ -986,7 +986,7 @@ fn a_cut_off_add_shows_in_the_dump_the_doctor_and_the_downgrade() {
     let reaped = cut_off_while_ipam_runs(world.primary.wrap_with_slow_ipam(add, 5.0));
     let state_dir = world.store.state_dir.to_str().unwrap().to_string();
     let guard = |args: &[&str]| {
-        let out = std::process::Command::new(cni::BIN)
+        let out = std::process::Command::new(cni::bin())
             .args(args)
             .args(["--state-dir", &state_dir])
             .output()

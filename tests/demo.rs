@@ -26,7 +26,7 @@ fn the_readme_demo_plays_all_three_acts() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = Command::new("bash")
         .arg(repo.join("scripts/demo.sh"))
-        .env("DEMO_PLUGIN", cni::BIN)
+        .env("DEMO_PLUGIN", cni::bin())
         .output()
         .unwrap();
     let (stdout, stderr) = (

@@ -296,7 +296,10 @@ fn the_downgrade_script_turns_every_symlink_back_into_the_file_of_the_release_be
     std::os::unix::fs::symlink("/etc/hostname", &planted).unwrap();
 
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
-    sys::run("sh", &[script, store.state_dir.to_str().unwrap(), cni::BIN]);
+    sys::run(
+        "sh",
+        &[script, store.state_dir.to_str().unwrap(), cni::bin()],
+    );
     assert!(
         is_symlink(&planted),
         "a link the store did not write is left alone"
@@ -346,7 +349,7 @@ fn the_downgrade_puts_back_the_records_an_older_release_set_aside() {
     .unwrap();
 
     let said = sys::run(
-        cni::BIN,
+        cni::bin(),
         &[
             "--downgrade",
             "--state-dir",

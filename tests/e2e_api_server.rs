@@ -328,7 +328,7 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
         .as_str()
         .unwrap()
         .to_string();
-    let ctl = Path::new(cni::BIN).with_file_name("sandbox-guard-ctl");
+    let ctl = cni::ctl();
     let install_args = |extra: &[&str]| -> Vec<String> {
         let mut args: Vec<String> = [
             "--install",
@@ -356,7 +356,7 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
         args
     };
     let args = install_args(&[]);
-    let out = Command::new(&ctl).args(&args).output().unwrap();
+    let out = Command::new(ctl).args(&args).output().unwrap();
     sys::assert_succeeded("sandbox-guard-ctl", &["--install"], &out);
     let written = conf.join("sandbox-guard.d/kubeconfig");
     let mode = fs::metadata(&written).unwrap().permissions().mode() & 0o777;
@@ -378,7 +378,7 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
     assert_eq!(entry["nodeName"], THIS_NODE, "{entry:#}");
     let get = |kubeconfig: &Path| {
         let out = sys::run(
-            ctl.to_str().unwrap(),
+            ctl,
             &[
                 "--get-pod",
                 &format!("{NAMESPACE}/none-0"),
@@ -393,7 +393,7 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
 
     // Renewed: kubelet swaps the projected volume's files; the watch copies the new token
     // without waiting for its next look at the conf dir.
-    let watch = Command::new(&ctl)
+    let watch = Command::new(ctl)
         .args(install_args(&["--watch"]))
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -419,7 +419,7 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
         let at = off.iter().position(|a| a == flag).unwrap();
         off.drain(at..at + 2);
     }
-    let out = Command::new(&ctl).args(&off).output().unwrap();
+    let out = Command::new(ctl).args(&off).output().unwrap();
     sys::assert_succeeded("sandbox-guard-ctl", &["--install"], &out);
     let list: Value =
         serde_json::from_slice(&fs::read(conf.join("10-api.conflist")).unwrap()).unwrap();
@@ -463,7 +463,7 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
     .unwrap();
     // An install without --api-credentials, no watch running: the entry loses the key.
     let turn_off = || {
-        let out = Command::new(&ctl).args(&off).output().unwrap();
+        let out = Command::new(ctl).args(&off).output().unwrap();
         sys::assert_succeeded("sandbox-guard-ctl", &["--install"], &out);
         let list: Value =
             serde_json::from_slice(&fs::read(conf.join("10-api.conflist")).unwrap()).unwrap();
@@ -493,11 +493,11 @@ fn installers_kubeconfig(api: &Api, report: &mut Vec<String>) {
         0o600
     );
     report.push("installer: run without --api-credentials, the entry's kubeconfig key is gone and the file holds the turn-off sign".into());
-    let out = Command::new(&ctl).args(install_args(&[])).output().unwrap();
+    let out = Command::new(ctl).args(install_args(&[])).output().unwrap();
     sys::assert_succeeded("sandbox-guard-ctl", &["--install"], &out);
     assert!(holds(&second));
 
-    let out = Command::new(&ctl)
+    let out = Command::new(ctl)
         .args([
             "--uninstall",
             "--runtime-socket",
@@ -650,7 +650,7 @@ fn chained_held_while_the_api_is_stopped(api: &Api, kubeconfig: &Path) {
     // The doctor does not take the interface rule 7 took out for a lost one, and `--restore`
     // will not give it back.
     let ctl = |args: &[&str]| {
-        let out = Command::new(Path::new(cni::BIN).with_file_name("sandbox-guard-ctl"))
+        let out = Command::new(cni::ctl())
             .args(args)
             .args(["--state-dir", store.state_dir.to_str().unwrap()])
             .output()
@@ -1528,7 +1528,7 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
     let kubeconfig = api.plugin_kubeconfig(&dir.path);
 
     // The role allows get on pods and nothing else, and the token is what the plugin reads.
-    let ctl = Path::new(cni::BIN).with_file_name("sandbox-guard-ctl");
+    let ctl = cni::ctl();
     let as_plugin = |args: &[&str]| {
         Command::new(api.var("PATH_KUBECTL"))
             .arg("--kubeconfig")
@@ -1549,7 +1549,7 @@ fn the_api_servers_pod_decides_a_del_or_add_the_store_cannot() {
         );
     }
     let missing = sys::run(
-        ctl.to_str().unwrap(),
+        ctl,
         &[
             "--get-pod",
             &format!("{NAMESPACE}/none-0"),

@@ -74,7 +74,7 @@ impl Drop for Registry {
 /// is static when scripts/test.sh builds it (CI); a plain `cargo test` makes a dynamic one.
 fn binary_is_static() -> bool {
     let out = Command::new("readelf")
-        .args(["-lW", cni::BIN])
+        .args(["-lW", cni::bin()])
         .output()
         .expect("run readelf");
     !String::from_utf8_lossy(&out.stdout).contains("program interpreter")
@@ -90,7 +90,7 @@ fn the_image_installs_and_uninstalls_the_guard_as_the_daemonset_runs_it() {
         );
         println!(
             "SKIPPED the_image_installs_and_uninstalls_the_guard_as_the_daemonset_runs_it: {} is not static (run scripts/test.sh)",
-            cni::BIN
+            cni::bin()
         );
         return;
     }
@@ -105,7 +105,7 @@ fn the_image_installs_and_uninstalls_the_guard_as_the_daemonset_runs_it() {
     let built = Command::new("bash")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/image.sh"))
         .args(["", &tag, "--push"])
-        .env("SANDBOX_GUARD_BIN", cni::BIN)
+        .env("SANDBOX_GUARD_BIN", cni::bin())
         .env("SANDBOX_GUARD_IMAGE_ARCHIVE", &archive)
         .env("SANDBOX_GUARD_TLS_VERIFY", "false")
         .output()
@@ -180,12 +180,12 @@ fn the_image_installs_and_uninstalls_the_guard_as_the_daemonset_runs_it() {
     );
     assert_eq!(
         std::fs::read(bin_dir.join("sandbox-guard")).unwrap(),
-        std::fs::read(cni::BIN).unwrap(),
+        std::fs::read(cni::bin()).unwrap(),
         "the image installs itself"
     );
     assert_eq!(
         std::fs::read(bin_dir.join("sandbox-guard-ctl")).unwrap(),
-        std::fs::read(env!("CARGO_BIN_EXE_sandbox-guard-ctl")).unwrap(),
+        std::fs::read(cni::ctl()).unwrap(),
         "the image installs the operator's binary beside the plugin"
     );
     run(&["--uninstall", "--remove-binary"]);

@@ -478,7 +478,7 @@ fn guard_image_archive(tag: &str) -> PathBuf {
         .arg(repo().join("scripts/image.sh"))
         .arg(std::env::consts::ARCH)
         .arg(tag)
-        .env("SANDBOX_GUARD_BIN", cni::BIN)
+        .env("SANDBOX_GUARD_BIN", cni::bin())
         .output()
         .expect("run scripts/image.sh");
     sys::assert_succeeded("scripts/image.sh", &[tag], &out);

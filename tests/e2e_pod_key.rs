@@ -252,15 +252,15 @@ fn the_new_pod_survives_an_upgrade_and_a_downgrade(mode: Mode, old_binary: &std:
         .unwrap_or_else(|e| panic!("ADD B: {}", e.stderr));
     stale_del("the previous release");
     let across_upgrade = with_an_add_in_flight(&net, &conflist, || {
-        install_guard(&net, std::path::Path::new(cni::BIN))
+        install_guard(&net, std::path::Path::new(cni::bin()))
     });
     stale_del("after the upgrade");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
     let across_downgrade = with_an_add_in_flight(&net, &conflist, || {
-        sys::run("sh", &[script, net.state_dir.to_str().unwrap(), cni::BIN]);
+        sys::run("sh", &[script, net.state_dir.to_str().unwrap(), cni::bin()]);
     });
     install_guard(&net, old_binary);
-    sys::run("sh", &[script, net.state_dir.to_str().unwrap(), cni::BIN]);
+    sys::run("sh", &[script, net.state_dir.to_str().unwrap(), cni::bin()]);
     stale_del("after the way back");
     assert_result_matches_kernel(&new_result, &new);
     for (n, in_flight) in [across_upgrade, across_downgrade].iter().enumerate() {

@@ -328,7 +328,7 @@ fn conflist(plugins: Vec<Value>) -> String {
 fn link_plugins(dir: &Path) {
     std::os::unix::fs::symlink("/usr/lib/cni/bridge", dir.join("bridge")).unwrap();
     std::os::unix::fs::symlink("/usr/lib/cni/portmap", dir.join("portmap")).unwrap();
-    std::os::unix::fs::symlink(cni::BIN, dir.join("sandbox-guard")).unwrap();
+    std::os::unix::fs::symlink(cni::bin(), dir.join("sandbox-guard")).unwrap();
 }
 
 /// Writes `text` to `file` through a temp file, as installers do.
@@ -763,7 +763,7 @@ fn the_watch_follows_the_runtimes_plugin_dir_without_a_conf_dir_event() {
     let out = cni::guard(&[&["--install"][..], &flags].concat());
     assert!(out.status.success(), "{}", said(&out));
     let (metrics, log) = (dir.path.join("install.prom"), dir.path.join("watch.log"));
-    let mut watch = Command::new(cni::BIN)
+    let mut watch = Command::new(cni::bin())
         .args(["--install", "--watch"])
         .args(flags)
         .arg("--metrics-file")
@@ -1175,7 +1175,7 @@ fn gke_with_plugins_in_opt_cni_bin_too_guards_where_containerd_looks() {
         assert!(out.status.success(), "{said}");
         assert_eq!(
             fs::read(gke_bin.join("sandbox-guard")).ok(),
-            fs::read(cni::BIN).ok(),
+            fs::read(cni::bin()).ok(),
             "{said}"
         );
         assert!(!opt_bin.join("sandbox-guard").exists(), "{said}");
@@ -1232,7 +1232,7 @@ fn a_k3s_upgrade_under_the_watch_ends_guarded_in_the_new_release() {
         if !asked {
             args.push("--runtime-socket=none".to_string());
         }
-        let mut watch = Command::new(cni::BIN)
+        let mut watch = Command::new(cni::bin())
             .args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -1280,7 +1280,7 @@ fn a_k3s_upgrade_under_the_watch_ends_guarded_in_the_new_release() {
                     .all(|l| !l.contains("not ready")),
             "asked {asked}:\n{said}"
         );
-        assert_eq!(fs::read(&new_guard).ok(), fs::read(cni::BIN).ok());
+        assert_eq!(fs::read(&new_guard).ok(), fs::read(cni::bin()).ok());
         let _ = watch.kill();
         let _ = watch.wait();
     }
@@ -1333,7 +1333,7 @@ fn install_puts_the_guard_where_containerd_searches(version: Version) {
     assert!(out.status.success(), "{version:?}: {says}");
     assert_eq!(
         fs::read(bin.join("sandbox-guard")).ok(),
-        fs::read(cni::BIN).ok(),
+        fs::read(cni::bin()).ok(),
         "{version:?}: {says}"
     );
     assert!(!elsewhere.join("sandbox-guard").exists(), "{version:?}");
@@ -1493,7 +1493,7 @@ fn an_uninstall_after_a_k3s_upgrade_stands_the_watch_down() {
     let file = host.join("var/lib/rancher/k3s/agent/etc/cni/net.d/10-flannel.conflist");
     let root = format!("--host-root={}", host.display());
     let log = dir.path.join("watch.log");
-    let mut watch = Command::new(cni::BIN)
+    let mut watch = Command::new(cni::bin())
         .args([
             "--install",
             "--watch",

@@ -304,11 +304,11 @@ fn the_binary_is_copied_once_and_removed_only_when_asked() {
     node.install("chained", None);
     assert_eq!(
         std::fs::read(&binary).unwrap(),
-        std::fs::read(cni::BIN).unwrap()
+        std::fs::read(cni::bin()).unwrap()
     );
     assert_eq!(
         std::fs::read(&ctl).unwrap(),
-        std::fs::read(env!("CARGO_BIN_EXE_sandbox-guard-ctl")).unwrap(),
+        std::fs::read(cni::ctl()).unwrap(),
         "the operator's binary goes beside the plugin"
     );
     assert_eq!(cni::mode(&binary), 0o755);
@@ -432,7 +432,7 @@ impl Watcher {
 
     /// A watcher with `extra` arguments, started once it logged `first`.
     fn start_with(node: &Node, mode: &str, extra: &[&str], first: &str) -> Watcher {
-        let mut child = Command::new(cni::BIN)
+        let mut child = Command::new(cni::bin())
             .args([
                 "--install",
                 "--watch",
@@ -2159,7 +2159,7 @@ fn a_killed_installers_temp_files_do_not_stop_the_next_one() {
     std::fs::write(node.bin().join(".sandbox-guard.1.tmp"), b"\x7fELF").unwrap();
     let (conf, bin) = (node.conf(), node.bin());
     let out = Command::new("unshare")
-        .args(["--pid", "--fork", cni::BIN, "--install", "--conf-dir"])
+        .args(["--pid", "--fork", cni::bin(), "--install", "--conf-dir"])
         .args([&conf, Path::new("--bin-dir"), &bin])
         .args(LOG)
         .output()
@@ -3537,7 +3537,7 @@ fn taking_the_guard_out_never_writes_back_a_network_the_primary_rewrote_meanwhil
         std::fs::create_dir_all(&state_dir).unwrap();
         let worker = std::fs::File::create(state_dir.join("replay.lock")).unwrap();
         worker.lock_shared().unwrap();
-        let installer = Command::new(cni::BIN)
+        let installer = Command::new(cni::bin())
             .arg(verb)
             .args(["--conf-dir", node.conf().to_str().unwrap()])
             .args(["--bin-dir", node.bin().to_str().unwrap()])

@@ -1261,7 +1261,7 @@ fn a_downgrade_killed_at_any_step_keeps_every_owner_and_runs_again_to_the_same_s
         };
         let downgrade = |store: &Store, killed_at: Option<(&str, usize)>| {
             let state_dir = store.state_dir.to_str().unwrap();
-            let command = [cni::BIN, "--downgrade", "--state-dir", state_dir];
+            let command = [cni::bin(), "--downgrade", "--state-dir", state_dir];
             let (trace, inject) =
                 killed_at.map_or((String::new(), String::new()), |(calls, nth)| {
                     (
@@ -1394,7 +1394,7 @@ fn a_downgrade_killed_at_any_step_keeps_every_owner_and_runs_again_to_the_same_s
 fn downgrade_script(store: &Store) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/downgrade-owners.sh");
     let out = std::process::Command::new("sh")
-        .args([script, store.state_dir.to_str().unwrap(), cni::BIN])
+        .args([script, store.state_dir.to_str().unwrap(), cni::bin()])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -1535,11 +1535,11 @@ fn a_downgrade_killed_at_any_step_runs_again_to_the_same_ledger() {
                     "/dev/null",
                     &format!("--trace={syscalls}"),
                     &format!("--inject={syscalls}:signal=SIGKILL:when={nth}"),
-                    cni::BIN,
+                    cni::bin(),
                 ]);
                 strace
             }
-            None => std::process::Command::new(cni::BIN),
+            None => std::process::Command::new(cni::bin()),
         };
         command
             .args(["--downgrade", "--lock-timeout", "5", "--state-dir"])

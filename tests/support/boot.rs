@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::cni::{BIN, Cni, Store};
+use crate::cni::{Cni, Store, bin};
 use crate::sys;
 
 /// A boot id of the test's own, in a file to bind-mount over the kernel's.
@@ -55,7 +55,7 @@ impl Boot {
         let wrapper = self.wrapper();
         Command::new(&wrapper[0])
             .args(&wrapper[1..])
-            .arg(BIN)
+            .arg(bin())
             .args(args)
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")

@@ -23,11 +23,48 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-guard");
+/// The plugin under test: the release build `scripts/test.sh` makes once and names in
+/// `SANDBOX_GUARD_BINS` (the binaries the nodes get, whatever profile built the tests), else
+/// the one cargo built for these tests.
+pub fn bin() -> &'static str {
+    &under_test().0
+}
+
+/// The operator's binary beside the plugin under test.
+pub fn ctl() -> &'static str {
+    &under_test().1
+}
+
+fn under_test() -> &'static (String, String) {
+    static BINARIES: OnceLock<(String, String)> = OnceLock::new();
+    BINARIES.get_or_init(|| match std::env::var_os("SANDBOX_GUARD_BINS") {
+        Some(dir) => {
+            let dir = Path::new(&dir)
+                .canonicalize()
+                .unwrap_or_else(|e| panic!("SANDBOX_GUARD_BINS={dir:?}: {e}"));
+            let named = |name: &str| {
+                let path = dir.join(name);
+                assert!(
+                    path.is_file(),
+                    "SANDBOX_GUARD_BINS={} holds no {name}",
+                    dir.display()
+                );
+                path.to_str().expect("a UTF-8 path").to_owned()
+            };
+            (named("sandbox-guard"), named("sandbox-guard-ctl"))
+        }
+        None => (
+            env!("CARGO_BIN_EXE_sandbox-guard").to_owned(),
+            env!("CARGO_BIN_EXE_sandbox-guard-ctl").to_owned(),
+        ),
+    })
+}
+
 pub const SUPPORTED_VERSIONS: [&str; 7] = [
     "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
 ];
@@ -464,18 +501,18 @@ pub fn doctor_findings(
 /// Runs the operator CLI (`--dump-checkpoints`, `--restore`, `--doctor`, `--help`) and
 /// returns what it said, whatever its exit status.
 pub fn guard(args: &[&str]) -> Output {
-    guard_command(BIN, args)
+    guard_command(bin(), args)
         .output()
-        .unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
+        .unwrap_or_else(|e| panic!("cannot exec {}: {e}", bin()))
 }
 
 /// `guard` with these environment variables besides PATH (e.g. the doctor's CNI_PATH).
 pub fn guard_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = guard_command(BIN, args);
+    let mut command = guard_command(bin(), args);
     command.envs(env.iter().copied());
     command
         .output()
-        .unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
+        .unwrap_or_else(|e| panic!("cannot exec {}: {e}", bin()))
 }
 
 /// `guard`, panicking with both streams unless it exits 0.
@@ -488,20 +525,20 @@ pub fn guard_ok(args: &[&str]) -> Output {
 /// `guard` inside `netns` (through `ip netns exec`, which also gives it that namespace's
 /// /sys/class/net).
 pub fn guard_in(netns: &Netns, args: &[&str]) -> Output {
-    let mut wrapped = vec!["netns", "exec", netns.name.as_str(), BIN];
+    let mut wrapped = vec!["netns", "exec", netns.name.as_str(), bin()];
     wrapped.extend_from_slice(args);
     guard_command("ip", &wrapped)
         .output()
-        .unwrap_or_else(|e| panic!("cannot exec {BIN} in {}: {e}", netns.name))
+        .unwrap_or_else(|e| panic!("cannot exec {} in {}: {e}", bin(), netns.name))
 }
 
 /// The operator CLI left running with its stdout piped and unread, as behind a pager nobody
 /// scrolls; the caller kills it.
 pub fn spawn_guard(args: &[&str]) -> Child {
-    guard_command(BIN, args)
+    guard_command(bin(), args)
         .stdout(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"))
+        .unwrap_or_else(|e| panic!("cannot exec {}: {e}", bin()))
 }
 
 /// `--dump-checkpoints --output json` of `state_dir` with extra filter arguments; panics
@@ -990,10 +1027,10 @@ impl Cni {
         let mut command = match self.wrapper.split_first() {
             Some((program, args)) => {
                 let mut wrapped = Command::new(program);
-                wrapped.args(args).arg(BIN);
+                wrapped.args(args).arg(bin());
                 wrapped
             }
-            None => Command::new(BIN),
+            None => Command::new(bin()),
         };
         command
             .env_clear()
@@ -1007,7 +1044,7 @@ impl Cni {
         }
         let mut child = command
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot exec {BIN}: {e}"));
+            .unwrap_or_else(|e| panic!("cannot exec {}: {e}", bin()));
         let stdin = self.stdin_bytes();
         let mut pipe = child.stdin.take().unwrap();
         // A plugin may stop reading early (oversized input) and exit: a broken pipe is its answer.

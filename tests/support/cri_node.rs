@@ -610,7 +610,7 @@ fn link_cni_plugins(bin_dir: &Path, primary: Primary) {
     let plugins = [
         ("loopback", PathBuf::from("/usr/lib/cni/loopback")),
         (primary.plugin_type(), primary.executable()),
-        ("sandbox-guard", PathBuf::from(crate::cni::BIN)),
+        ("sandbox-guard", PathBuf::from(crate::cni::bin())),
     ];
     let ipam = (primary == Primary::ReferenceMacvlan)
         .then(|| ("host-local", PathBuf::from("/usr/lib/cni/host-local")));

@@ -404,7 +404,7 @@ impl Network {
                         .join("tests/cri")
                         .join(format!("{needed}-plugin"));
                     let target = if needed == "sandbox-guard" {
-                        PathBuf::from(cni::BIN)
+                        PathBuf::from(cni::bin())
                     } else if model.exists() {
                         model
                     } else {

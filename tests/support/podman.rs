@@ -79,7 +79,7 @@ impl PodmanEnv {
         let env = PodmanEnv {
             guard_state_dir: root.join("guard-state"),
             guard_log: root.join("guard.log"),
-            guard_bin: PathBuf::from(cni::BIN),
+            guard_bin: PathBuf::from(cni::bin()),
             ipam_data_dir: root.join("ipam"),
             containers_conf: root.join("containers.conf"),
             storage_conf: root.join("storage.conf"),

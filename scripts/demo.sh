@@ -70,7 +70,7 @@ command -v ip >/dev/null && command -v unshare >/dev/null && check_veth
 
 build_guard() {
 	local started=$SECONDS
-	# tests/demo.rs hands over the plugin it built, its ctl beside it: CI plays the demo
+	# tests/demo.rs hands over the plugin under test, its ctl beside it: CI plays the demo
 	# without building the crate a second time.
 	if [[ -n ${DEMO_PLUGIN:-} ]]; then
 		guard_bin=$DEMO_PLUGIN

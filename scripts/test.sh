@@ -81,16 +81,16 @@ timed "the musl toolchain (musl-tools, rustup's standard library)" need_host_mus
   echo "the toolchain for the static $host build is missing (its message is above)" >&2
   exit 1
 }
-# The tests run the binaries the nodes get: the static release for this machine's arch, built
-# once here and named to every test in SANDBOX_GUARD_BINS (tests/support/cni.rs). The test
-# binaries are cargo test's own debug build: under the release profile each of them was
-# linked with fat LTO, about half of the test build's time for nothing the tests exec
+# The tests run the binaries the nodes get: the static release for this machine's arch,
+# built once here and named to every test in SANDBOX_GUARD_RELEASE_DIR (tests/support/cni.rs).
+# The test binaries are cargo test's own debug build: under the release profile each of them
+# was linked with fat LTO, about half of the test build's time for nothing the tests exec
 # (docs/runs/2026-12-07-e25c2a9-test-build-profiles.md).
 build_tested() {
   local bin
   bin=$(SUDO_USER='' build_plugin . "$host") || return 1
-  SANDBOX_GUARD_BINS=$(dirname "$bin")
-  export SANDBOX_GUARD_BINS
+  SANDBOX_GUARD_RELEASE_DIR=$(dirname "$bin")
+  export SANDBOX_GUARD_RELEASE_DIR
 }
 timed "the static release for $host, which the tests run" build_tested || {
   echo "the static $host release build failed (its messages are above)" >&2

@@ -1312,7 +1312,17 @@ const OPERATOR_TEXT: [&str; 6] = [
 /// the plugin's.
 #[test]
 fn the_plugin_binary_carries_none_of_the_operator_commands() {
+    // Under CI, cargo's build is refused before it could be skipped.
     let plugin = std::fs::read(cni::bin()).unwrap();
+    if cni::cargo_built() && cfg!(debug_assertions) {
+        use std::io::Write as _;
+        // Straight to stderr, as sys's skips: the harness swallows a passing test's output.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED the_plugin_binary_carries_none_of_the_operator_commands: cargo's debug plugin keeps the code the release's LTO drops; name a release build in SANDBOX_GUARD_RELEASE_DIR (scripts/test.sh does)"
+        );
+        return;
+    }
     let ctl = std::fs::read(cni::ctl()).unwrap();
     let holds = |bytes: &[u8], text: &str| {
         // A format string is stored in pieces: the longest piece without a `{}` stands for it.

@@ -26,10 +26,10 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// The plugin under test: the release build `scripts/test.sh` makes once and names in
-/// `SANDBOX_GUARD_BINS` (the binaries the nodes get, whatever profile built the tests), else
+/// `SANDBOX_GUARD_RELEASE_DIR` (the binaries the nodes get, whatever profile built the tests), else
 /// the one cargo built for these tests.
 pub fn bin() -> &'static str {
     &under_test().0
@@ -40,29 +40,72 @@ pub fn ctl() -> &'static str {
     &under_test().1
 }
 
+/// Whether the binaries under test are the ones cargo built for these tests.
+pub fn cargo_built() -> bool {
+    std::env::var_os("SANDBOX_GUARD_RELEASE_DIR").is_none()
+}
+
 fn under_test() -> &'static (String, String) {
     static BINARIES: OnceLock<(String, String)> = OnceLock::new();
-    BINARIES.get_or_init(|| match std::env::var_os("SANDBOX_GUARD_BINS") {
+    BINARIES.get_or_init(|| match std::env::var_os("SANDBOX_GUARD_RELEASE_DIR") {
         Some(dir) => {
             let dir = Path::new(&dir)
                 .canonicalize()
-                .unwrap_or_else(|e| panic!("SANDBOX_GUARD_BINS={dir:?}: {e}"));
+                .unwrap_or_else(|e| panic!("SANDBOX_GUARD_RELEASE_DIR={dir:?}: {e}"));
             let named = |name: &str| {
                 let path = dir.join(name);
                 assert!(
                     path.is_file(),
-                    "SANDBOX_GUARD_BINS={} holds no {name}",
+                    "SANDBOX_GUARD_RELEASE_DIR={} holds no {name}",
                     dir.display()
                 );
-                path.to_str().expect("a UTF-8 path").to_owned()
+                path
             };
-            (named("sandbox-guard"), named("sandbox-guard-ctl"))
+            let (plugin, ctl) = (named("sandbox-guard"), named("sandbox-guard-ctl"));
+            // A directory left in the variable would test an old build of this source.
+            let mut newest = (SystemTime::UNIX_EPOCH, PathBuf::new());
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            for source in ["src", "Cargo.toml", "Cargo.lock"] {
+                newest_file(&root.join(source), &mut newest);
+            }
+            for binary in [&plugin, &ctl] {
+                let built = std::fs::metadata(binary).and_then(|m| m.modified()).unwrap();
+                assert!(
+                    built >= newest.0,
+                    "{} is older than {}: rebuild it (bash scripts/build.sh) or unset SANDBOX_GUARD_RELEASE_DIR",
+                    binary.display(),
+                    newest.1.display()
+                );
+            }
+            let text = |path: PathBuf| path.to_str().expect("a UTF-8 path").to_owned();
+            (text(plugin), text(ctl))
         }
-        None => (
-            env!("CARGO_BIN_EXE_sandbox-guard").to_owned(),
-            env!("CARGO_BIN_EXE_sandbox-guard-ctl").to_owned(),
-        ),
+        None => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "under CI the tests run the release binaries that scripts/test.sh builds and names in SANDBOX_GUARD_RELEASE_DIR, which is unset"
+            );
+            (
+                env!("CARGO_BIN_EXE_sandbox-guard").to_owned(),
+                env!("CARGO_BIN_EXE_sandbox-guard-ctl").to_owned(),
+            )
+        }
     })
+}
+
+/// The file under `path` changed last, if it changed after `newest`.
+fn newest_file(path: &Path, newest: &mut (SystemTime, PathBuf)) {
+    let meta = std::fs::symlink_metadata(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path).unwrap() {
+            newest_file(&entry.unwrap().path(), newest);
+        }
+    } else if let Ok(modified) = meta.modified()
+        && modified > newest.0
+    {
+        *newest = (modified, path.to_owned());
+    }
 }
 
 pub const SUPPORTED_VERSIONS: [&str; 7] = [

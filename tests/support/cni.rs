@@ -26,7 +26,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// The plugin under test: the release build `scripts/test.sh` makes once and names in
 /// `SANDBOX_GUARD_RELEASE_DIR` (the binaries the nodes get, whatever profile built the tests), else
@@ -63,20 +63,8 @@ fn under_test() -> &'static (String, String) {
             };
             let (plugin, ctl) = (named("sandbox-guard"), named("sandbox-guard-ctl"));
             // A directory left in the variable would test an old build of this source.
-            let mut newest = (SystemTime::UNIX_EPOCH, PathBuf::new());
-            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-            for source in ["src", "Cargo.toml", "Cargo.lock"] {
-                newest_file(&root.join(source), &mut newest);
-            }
-            for binary in [&plugin, &ctl] {
-                let built = std::fs::metadata(binary).and_then(|m| m.modified()).unwrap();
-                assert!(
-                    built >= newest.0,
-                    "{} is older than {}: rebuild it (bash scripts/build.sh) or unset SANDBOX_GUARD_RELEASE_DIR",
-                    binary.display(),
-                    newest.1.display()
-                );
-            }
+            assert_built_from_this_source(&plugin);
+            assert_built_from_this_source(&ctl);
             let text = |path: PathBuf| path.to_str().expect("a UTF-8 path").to_owned();
             (text(plugin), text(ctl))
         }
@@ -93,18 +81,54 @@ fn under_test() -> &'static (String, String) {
     })
 }
 
-/// The file under `path` changed last, if it changed after `newest`.
-fn newest_file(path: &Path, newest: &mut (SystemTime, PathBuf)) {
-    let meta = std::fs::symlink_metadata(path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    if meta.is_dir() {
-        for entry in std::fs::read_dir(path).unwrap() {
-            newest_file(&entry.unwrap().path(), newest);
+/// Refuses `binary` unless the source files cargo built it from, as its dep-info beside it
+/// lists them (cargo's own view: a file only the tests compile is not among them), are this
+/// checkout's and none changed after it.
+fn assert_built_from_this_source(binary: &Path) {
+    let dep_info = binary.with_extension("d");
+    let text = std::fs::read_to_string(&dep_info).unwrap_or_else(|e| {
+        panic!(
+            "cannot read {}: {e}; SANDBOX_GUARD_RELEASE_DIR must be the directory cargo built the release in (bash scripts/build.sh)",
+            dep_info.display()
+        )
+    });
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified());
+    let built = modified(binary).unwrap();
+    // The first line: the binary, a colon, its sources separated by spaces (a space in a
+    // path escaped with a backslash).
+    let line = text.lines().next().unwrap_or_default();
+    let listed = line.split_once(": ").map_or("", |(_, sources)| sources);
+    let mut sources = vec![String::new()];
+    let mut chars = listed.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => sources.last_mut().unwrap().extend(chars.next()),
+            ' ' => sources.push(String::new()),
+            _ => sources.last_mut().unwrap().push(c),
         }
-    } else if let Ok(modified) = meta.modified()
-        && modified > newest.0
-    {
-        *newest = (modified, path.to_owned());
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .canonicalize()
+        .unwrap();
+    let ours = sources
+        .iter()
+        .filter(|source| !source.is_empty())
+        .map(Path::new)
+        .filter(|source| source.canonicalize().is_ok_and(|s| s.starts_with(&root)))
+        .count();
+    assert!(
+        ours > 0,
+        "{} was not built from {}: build this checkout's release (bash scripts/build.sh) and name its directory",
+        binary.display(),
+        root.display()
+    );
+    for source in sources.iter().filter(|source| !source.is_empty()) {
+        let changed = modified(Path::new(source));
+        assert!(
+            changed.as_ref().is_ok_and(|changed| *changed <= built),
+            "{} is older than {source} it is built from, or that file is gone: rebuild it (bash scripts/build.sh) or unset SANDBOX_GUARD_RELEASE_DIR",
+            binary.display()
+        );
     }
 }
 

@@ -1853,7 +1853,7 @@ fn run_runtime(runtime: &'static str) {
 /// containerd 1.6 with the kubelet it needs (1.34: scripts/lib/node-build.sh) is a second
 /// Kubernetes build, which a cold CI run cannot fit: the long run has it.
 #[test]
-#[ignore = "long run: bash scripts/test.sh --long (README, CI's minutes)"]
+#[ignore = "long run: bash scripts/test.sh --long (docs/development.md, CI's minutes)"]
 fn kubelet_sequences_containerd16() {
     sys::skip_unless_root!(TOOLS);
     run_runtime("containerd16");
@@ -2220,7 +2220,7 @@ fn run_multus(runtime: &'static str) {
 /// model as its cluster network), built from its module (scripts/lib/node-build.sh); the
 /// guard installed by its DaemonSet into the cluster network multus delegates to.
 #[test]
-#[ignore = "long run: bash scripts/test.sh --long (README, CI's minutes)"]
+#[ignore = "long run: bash scripts/test.sh --long (docs/development.md, CI's minutes)"]
 fn multus_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_multus("containerd2");
@@ -2267,7 +2267,7 @@ fn run_bridge(runtime: &'static str) {
 }
 
 #[test]
-#[ignore = "long run: bash scripts/test.sh --long (README, CI's minutes)"]
+#[ignore = "long run: bash scripts/test.sh --long (docs/development.md, CI's minutes)"]
 fn bridge_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_bridge("containerd2");
@@ -2512,7 +2512,7 @@ fn run_cilium_chained(runtime: &'static str) {
 }
 
 #[test]
-#[ignore = "long run: bash scripts/test.sh --long (README, CI's minutes)"]
+#[ignore = "long run: bash scripts/test.sh --long (docs/development.md, CI's minutes)"]
 fn cilium_chained_on_pod_named_veths_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_cilium_chained("containerd2");
@@ -3069,7 +3069,7 @@ fn run_slow_add(runtime: &'static str) {
 /// An ADD past kubelet's RunPodSandbox deadline on containerd 2.2: about ten minutes, in the
 /// long run.
 #[test]
-#[ignore = "long run: bash scripts/test.sh --long (README, CI's minutes)"]
+#[ignore = "long run: bash scripts/test.sh --long (docs/development.md, CI's minutes)"]
 fn slow_add_past_kubelet_deadline_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_slow_add("containerd2");
@@ -3377,7 +3377,7 @@ fn run_pod_gc(runtime: &'static str) {
 
 /// The pod GC's threshold path on containerd 2.2: about eight minutes, in the long run.
 #[test]
-#[ignore = "long run: bash scripts/test.sh --long (README, CI's minutes)"]
+#[ignore = "long run: bash scripts/test.sh --long (docs/development.md, CI's minutes)"]
 fn pod_gc_threshold_containerd2() {
     sys::skip_unless_root!(TOOLS);
     run_pod_gc("containerd2");

@@ -1,8 +1,8 @@
 //! README's demo, run as a newcomer runs it (`bash scripts/demo.sh`), with the plugin under
-//! test (`cni::bin()`) handed to it in place of its own build. The demo checks every act itself (the
-//! unguarded DEL cuts the new pod off; the chained guard refuses it; delegate mode defers and
-//! replays it) and exits non-zero, saying which, when one goes otherwise: a demo nobody runs
-//! can fail for days unseen.
+//! test (`cni::bin()`) handed to it in place of its own build. The demo checks every act
+//! itself (the unguarded DEL cuts the new pod off; the chained guard refuses it; delegate mode
+//! defers and replays it) and exits non-zero, saying which, when one goes otherwise: a demo
+//! nobody runs can fail for days unseen.
 
 #[path = "support/cni.rs"]
 mod cni;

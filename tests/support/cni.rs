@@ -29,8 +29,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The plugin under test: the release build `scripts/test.sh` makes once and names in
-/// `SANDBOX_GUARD_RELEASE_DIR` (the binaries the nodes get, whatever profile built the tests), else
-/// the one cargo built for these tests.
+/// `SANDBOX_GUARD_RELEASE_DIR` (the binaries the nodes get, whatever profile built the
+/// tests), else the one cargo built for these tests.
 pub fn bin() -> &'static str {
     &under_test().0
 }

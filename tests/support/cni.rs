@@ -107,22 +107,19 @@ fn assert_built_from_this_source(binary: &Path) {
             _ => sources.last_mut().unwrap().push(c),
         }
     }
+    sources.retain(|source| !source.is_empty());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .canonicalize()
         .unwrap();
-    let ours = sources
-        .iter()
-        .filter(|source| !source.is_empty())
-        .map(Path::new)
-        .filter(|source| source.canonicalize().is_ok_and(|s| s.starts_with(&root)))
-        .count();
     assert!(
-        ours > 0,
+        sources.iter().any(|source| Path::new(source)
+            .canonicalize()
+            .is_ok_and(|s| s.starts_with(&root))),
         "{} was not built from {}: build this checkout's release (bash scripts/build.sh) and name its directory",
         binary.display(),
         root.display()
     );
-    for source in sources.iter().filter(|source| !source.is_empty()) {
+    for source in &sources {
         let changed = modified(Path::new(source));
         assert!(
             changed.as_ref().is_ok_and(|changed| *changed <= built),
